@@ -1,0 +1,1 @@
+//! Placeholder: see ARCHITECTURE.md. This crate is built by a later issue.

@@ -1,0 +1,527 @@
+//! The event catalogue: everything that happens to a run, as records.
+//!
+//! An [`Event`] is an envelope (`run_id`, `seq`, `at`) around an [`EventKind`]
+//! whose JSON tag is the dotted name (`{"type": "tool.call", "data": {…}}`).
+//! Events are observations: replaying them never calls a model, a tool or a
+//! hook again. [`LiveEvent`]s (`model.delta`, `tool.progress`) are pushed to
+//! subscribers and never persisted.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::budget::{BudgetLimits, BudgetUsage, Limit};
+use crate::config::{RunConfig, ToolSpec};
+use crate::{Message, Usage};
+
+/// One persisted event of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// The run.
+    pub run_id: Uuid,
+    /// Position in the run's log: 1, 2, 3 … with no gaps.
+    pub seq: u64,
+    /// When it was recorded (UTC).
+    pub at: DateTime<Utc>,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// The catalogue. The serde tag is the event's dotted name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum EventKind {
+    /// The run was admitted: its goal and configuration.
+    #[serde(rename = "session.start")]
+    SessionStart {
+        /// The goal, the first user message.
+        goal: String,
+        /// Configuration for the whole run.
+        config: RunConfig,
+    },
+    /// A planner proposed steps.
+    #[serde(rename = "plan.draft")]
+    PlanDraft {
+        /// Step descriptions.
+        steps: Vec<String>,
+        /// Tokens the planner's model call used (zero for the default planner).
+        usage: Usage,
+        /// Its cost in USD micros.
+        cost_usd_micros: u64,
+    },
+    /// The drafted plan became the active plan.
+    #[serde(rename = "plan.commit")]
+    PlanCommit {
+        /// Step descriptions; an empty plan finishes the run (`PLANNING → DONE`).
+        steps: Vec<String>,
+    },
+    /// A step began, with the tool list frozen for it.
+    #[serde(rename = "step.start")]
+    StepStart {
+        /// Zero-based index in the plan.
+        index: usize,
+        /// The step's description.
+        description: String,
+        /// The tools the model is offered during this step, frozen.
+        tools: Vec<ToolSpec>,
+    },
+    /// A step ended.
+    #[serde(rename = "step.end")]
+    StepEnd {
+        /// Zero-based index in the plan.
+        index: usize,
+        /// The model's final text for the step (empty when skipped).
+        answer: String,
+        /// True when a hook skipped the step.
+        #[serde(default)]
+        skipped: bool,
+    },
+    /// A model call was sent.
+    #[serde(rename = "model.call")]
+    ModelCall {
+        /// Model name.
+        model: String,
+        /// Messages in the request (after repair).
+        messages: usize,
+        /// Whether the wrap-up notice was attached (last call of the turn).
+        wrap_up: bool,
+        /// Name of the tool the call forced, if any.
+        forced_tool: Option<String>,
+    },
+    /// The model answered.
+    #[serde(rename = "model.response")]
+    ModelResponse {
+        /// The assistant message, appended to the conversation.
+        message: Message,
+        /// Tokens used.
+        usage: Usage,
+        /// Provider stop reason (`end_turn`, `tool_use`, `max_tokens`, …).
+        stop_reason: String,
+        /// Active time of the call in ms.
+        duration_ms: u64,
+        /// Cost in USD micros.
+        cost_usd_micros: u64,
+    },
+    /// A tool call was decided on (after hooks and policies), before it runs.
+    #[serde(rename = "tool.call")]
+    ToolCall(ToolCallRecord),
+    /// A tool call produced a result.
+    #[serde(rename = "tool.result")]
+    ToolResult {
+        /// The call.
+        call_id: String,
+        /// Result text the model sees (JSON serialised).
+        content: String,
+        /// Policy reminder shown to the model before `content`.
+        reminder: Option<String>,
+        /// Active time of the call in ms (0 for external results).
+        duration_ms: u64,
+    },
+    /// A tool call failed; the model sees `message` as an error result.
+    #[serde(rename = "tool.error")]
+    ToolError {
+        /// The call.
+        call_id: String,
+        /// Why.
+        error: ToolErrorKind,
+        /// The text the model sees.
+        message: String,
+        /// Active time spent in ms.
+        duration_ms: u64,
+    },
+    /// A call waits for a person.
+    #[serde(rename = "approval.requested")]
+    ApprovalRequested {
+        /// The call.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// Arguments shown to the approver.
+        input: Value,
+        /// Hash the decision must quote (see [`crate::args_hash`]).
+        args_hash: String,
+    },
+    /// A person decided.
+    #[serde(rename = "approval.resolved")]
+    ApprovalResolved {
+        /// The call.
+        call_id: String,
+        /// The arguments hash the decision was made on.
+        args_hash: String,
+        /// The decision.
+        decision: Decision,
+        /// Who decided, free text.
+        by: Option<String>,
+    },
+    /// The user's next message arrived.
+    #[serde(rename = "input.received")]
+    InputReceived {
+        /// Message text.
+        text: String,
+    },
+    /// A guardrail rejected text.
+    #[serde(rename = "guardrail.tripped")]
+    GuardrailTripped {
+        /// Input or output.
+        stage: GuardrailStage,
+        /// Guardrail name.
+        guardrail: String,
+        /// Its reason.
+        reason: String,
+        /// For output: the marked re-ask appended to the conversation.
+        reask: Option<String>,
+    },
+    /// The context was shrunk; `messages` is the whole new context.
+    #[serde(rename = "context.compacted")]
+    ContextCompacted {
+        /// Strategy name.
+        strategy: String,
+        /// Messages removed.
+        removed: usize,
+        /// The conversation after compaction, exactly.
+        messages: Vec<Message>,
+        /// Tokens a summarising call used.
+        usage: Usage,
+        /// Its cost in USD micros.
+        cost_usd_micros: u64,
+    },
+    /// A budget limit was reached.
+    #[serde(rename = "budget.warn")]
+    BudgetWarn {
+        /// Which limit.
+        limit: Limit,
+        /// Usage at that moment.
+        usage: BudgetUsage,
+        /// Limits in force.
+        limits: BudgetLimits,
+    },
+    /// Limits were raised.
+    #[serde(rename = "budget.extended")]
+    BudgetExtended {
+        /// The new limits in force.
+        limits: BudgetLimits,
+    },
+    /// The run parked at a pull point.
+    #[serde(rename = "session.pause")]
+    SessionPause {
+        /// Where it waits.
+        pull_point: PullPoint,
+    },
+    /// An operator resumed a paused run.
+    #[serde(rename = "session.resume")]
+    SessionResume {
+        /// Who, free text.
+        by: Option<String>,
+    },
+    /// The run was cancelled (terminal).
+    #[serde(rename = "session.cancel")]
+    SessionCancel {
+        /// Why.
+        reason: String,
+    },
+    /// The run finished (terminal).
+    #[serde(rename = "session.complete")]
+    SessionComplete {
+        /// How.
+        outcome: Outcome,
+    },
+    /// Something failed; when `fatal` the run is done.
+    #[serde(rename = "error")]
+    Error {
+        /// What failed.
+        message: String,
+        /// Whether the run ended because of it.
+        fatal: bool,
+    },
+    /// A hook changed, cancelled, skipped or paused something.
+    #[serde(rename = "hook.applied")]
+    HookApplied {
+        /// Topic it ran on.
+        topic: HookTopic,
+        /// Hook name.
+        hook: String,
+        /// What it did.
+        effect: HookEffect,
+    },
+}
+
+impl EventKind {
+    /// The dotted name, e.g. `tool.call`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::SessionStart { .. } => "session.start",
+            EventKind::PlanDraft { .. } => "plan.draft",
+            EventKind::PlanCommit { .. } => "plan.commit",
+            EventKind::StepStart { .. } => "step.start",
+            EventKind::StepEnd { .. } => "step.end",
+            EventKind::ModelCall { .. } => "model.call",
+            EventKind::ModelResponse { .. } => "model.response",
+            EventKind::ToolCall(_) => "tool.call",
+            EventKind::ToolResult { .. } => "tool.result",
+            EventKind::ToolError { .. } => "tool.error",
+            EventKind::ApprovalRequested { .. } => "approval.requested",
+            EventKind::ApprovalResolved { .. } => "approval.resolved",
+            EventKind::InputReceived { .. } => "input.received",
+            EventKind::GuardrailTripped { .. } => "guardrail.tripped",
+            EventKind::ContextCompacted { .. } => "context.compacted",
+            EventKind::BudgetWarn { .. } => "budget.warn",
+            EventKind::BudgetExtended { .. } => "budget.extended",
+            EventKind::SessionPause { .. } => "session.pause",
+            EventKind::SessionResume { .. } => "session.resume",
+            EventKind::SessionCancel { .. } => "session.cancel",
+            EventKind::SessionComplete { .. } => "session.complete",
+            EventKind::Error { .. } => "error",
+            EventKind::HookApplied { .. } => "hook.applied",
+        }
+    }
+}
+
+/// The decided form of one tool call, recorded before it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallRecord {
+    /// Call id from the model's tool use.
+    pub call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments after hooks (what will run).
+    pub input: Value,
+    /// SHA-256 of the canonical JSON of `input`, hex.
+    pub args_hash: String,
+    /// `{run_id}:{call_id}`, handed to the tool so a re-run is recognisable.
+    pub idempotency_key: String,
+    /// What happens next.
+    pub disposition: Disposition,
+}
+
+/// How a tool call proceeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Disposition {
+    /// A worker runs it now.
+    Run {
+        /// Reminder from a `remind` policy.
+        reminder: Option<String>,
+    },
+    /// The caller runs it; the run parks at `awaiting_tool`.
+    External,
+    /// A person must approve it first; the run parks at `awaiting_approval`.
+    Approval,
+    /// It will not run (a policy denied it, a hook cancelled or skipped it,
+    /// the tool is unknown); a `tool.error` follows at once.
+    Refused,
+}
+
+/// Why a tool call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolErrorKind {
+    /// The model named a tool that is not in the step's tool list.
+    UnknownTool,
+    /// The tool is listed but no longer registered on this worker.
+    Unavailable,
+    /// Arguments failed the tool's JSON Schema.
+    InvalidArguments,
+    /// The tool returned an error.
+    Failed,
+    /// The tool returned output that is not valid JSON.
+    InvalidOutput,
+    /// The tool panicked.
+    Panicked,
+    /// The tool did not finish within its timeout.
+    Timeout,
+    /// A policy denied the call.
+    Denied,
+    /// A person rejected the call.
+    Rejected,
+    /// A hook cancelled or skipped the call.
+    Cancelled,
+    /// The worker died while a non-idempotent call ran; nobody knows whether
+    /// it took effect.
+    OutcomeUnknown,
+    /// The run's budget has no room for another tool call.
+    BudgetExceeded,
+}
+
+/// A person's decision on an approval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Decision {
+    /// Run the call as proposed.
+    Approve,
+    /// Do not run it; the model sees the reason.
+    Reject {
+        /// Shown to the model.
+        reason: String,
+    },
+    /// Run it with these arguments instead.
+    Edit {
+        /// Replacement arguments.
+        input: Value,
+    },
+}
+
+/// Where a parked run waits. JSON: `{"kind": "awaiting_approval", "call_ids": […]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PullPoint {
+    /// External tool results are due.
+    AwaitingTool {
+        /// Calls without a result.
+        call_ids: Vec<String>,
+    },
+    /// Approvals are due (external results may be due too).
+    AwaitingApproval {
+        /// Calls awaiting a decision.
+        call_ids: Vec<String>,
+    },
+    /// A conversational run answered; the user's next message is due.
+    AwaitingInput,
+    /// Paused; budget extension or an operator's resume is due.
+    Paused {
+        /// Why.
+        reason: PauseReason,
+    },
+}
+
+impl PullPoint {
+    /// `awaiting_tool`, `awaiting_approval`, `awaiting_input` or `paused`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PullPoint::AwaitingTool { .. } => "awaiting_tool",
+            PullPoint::AwaitingApproval { .. } => "awaiting_approval",
+            PullPoint::AwaitingInput => "awaiting_input",
+            PullPoint::Paused { .. } => "paused",
+        }
+    }
+}
+
+/// Why a run is paused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PauseReason {
+    /// A budget limit was reached.
+    Budget {
+        /// Which.
+        limit: Limit,
+    },
+    /// The turn used all its model calls and the model still wants tools.
+    TurnLimit,
+    /// A hook asked for human review.
+    Hook {
+        /// Hook name.
+        hook: String,
+        /// Its reason.
+        reason: String,
+    },
+    /// An operator paused the run.
+    Operator {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The goal was reached.
+    Succeeded {
+        /// The final answer text.
+        answer: String,
+        /// Validated structured output, when the run has an output schema.
+        output: Option<Value>,
+    },
+    /// The run failed.
+    Failed {
+        /// Why.
+        error: String,
+    },
+    /// The run was cancelled by its caller or a hook.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Input or output guardrail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardrailStage {
+    /// Checks the goal and user messages.
+    Input,
+    /// Checks the model's answer.
+    Output,
+}
+
+/// The ten hook topics of the harness contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookTopic {
+    /// Before the planner drafts.
+    BeforePlan,
+    /// After the plan is drafted, before it is committed.
+    AfterPlan,
+    /// Before a step starts.
+    BeforeStep,
+    /// After a step ends.
+    AfterStep,
+    /// Before a tool call is decided; may change its arguments.
+    BeforeToolCall,
+    /// After a tool call produced a result; may change the result text.
+    AfterToolCall,
+    /// After a failure.
+    OnError,
+    /// When the run parks.
+    OnPause,
+    /// When a budget limit is reached.
+    OnBudgetExceeded,
+    /// When the run finishes.
+    OnComplete,
+}
+
+/// What a hook did, as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HookEffect {
+    /// It changed the payload to this.
+    Modified {
+        /// The payload after the hook.
+        payload: Value,
+    },
+    /// It cancelled the transition.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// It skipped the next step (or the tool call).
+    Skipped,
+    /// It asked for human review: the run pauses.
+    Paused {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Events pushed to live subscribers only; never persisted, never replayed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum LiveEvent {
+    /// A streamed piece of the model's answer.
+    #[serde(rename = "model.delta")]
+    ModelDelta {
+        /// `text` or `thinking`.
+        channel: String,
+        /// The piece.
+        delta: String,
+    },
+    /// Progress reported by a running tool.
+    #[serde(rename = "tool.progress")]
+    ToolProgress {
+        /// The call.
+        call_id: String,
+        /// Free text.
+        message: String,
+    },
+}

@@ -1,0 +1,65 @@
+//! glia-proto: the contract every other glia crate speaks.
+//!
+//! - [`content`]: content blocks, messages, usage;
+//! - [`event`]: the event catalogue and its envelope;
+//! - [`state`]: `RunState` and its one transition function [`RunState::apply`];
+//! - [`budget`]: limits, usage arithmetic, prices;
+//! - [`repair`]: building a provider-valid message list from any history;
+//! - [`marker`]: text glia inserts into conversations, and its predicate;
+//! - [`config`]: a run's configuration, tool specs and policies.
+//!
+//! Pure: no I/O and no async runtime.
+
+#![warn(missing_docs)]
+
+pub mod budget;
+pub mod config;
+pub mod content;
+pub mod event;
+pub mod marker;
+pub mod repair;
+pub mod state;
+
+pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing};
+pub use config::{PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec};
+pub use content::{ContentBlock, Message, Role, Usage};
+pub use event::{
+    Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent, Outcome, PauseReason,
+    PullPoint, ToolCallRecord, ToolErrorKind,
+};
+pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Name of the forced tool through which a run with an output schema answers.
+pub const OUTPUT_TOOL: &str = "final_output";
+
+/// `value` as JSON with object keys sorted at every level and no whitespace:
+/// the form hashed by [`args_hash`] and matched by policy regexes.
+///
+/// ```
+/// let v = serde_json::json!({"b": 1, "a": {"d": [2], "c": null}});
+/// assert_eq!(glia_proto::canonical_json(&v), r#"{"a":{"c":null,"d":[2]},"b":1}"#);
+/// ```
+pub fn canonical_json(value: &Value) -> String {
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(map) => {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                Value::Object(entries.into_iter().map(|(k, v)| (k.clone(), sorted(v))).collect())
+            }
+            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    sorted(value).to_string()
+}
+
+/// SHA-256 of [`canonical_json`] of `input`, lowercase hex (64 chars). An
+/// approval binds to this hash.
+pub fn args_hash(input: &Value) -> String {
+    let digest = Sha256::digest(canonical_json(input).as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}

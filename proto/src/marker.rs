@@ -1,0 +1,78 @@
+//! Text that glia itself writes into a conversation, and the one predicate that
+//! recognises it.
+//!
+//! Every insert (a synthetic tool result, a policy reminder, the wrap-up notice,
+//! a compaction summary, a re-ask, a step note) starts with a byte-stable
+//! marker `⟦glia:KIND⟧ `. [`is_machine_text`] answers for all of them at once;
+//! it matches only the registered kinds, so unmarked text can never pass as
+//! glia's own. A new kind of inserted text starts with an entry in [`Insert`].
+
+/// The registry of inserted text kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Insert {
+    /// A result glia wrote for a tool call that has none (crash, lost result).
+    Synthetic,
+    /// A tool call whose outcome is unknown after a crash.
+    OutcomeUnknown,
+    /// A policy reminder prepended to a tool result.
+    Reminder,
+    /// The notice before the last model call of a turn.
+    WrapUp,
+    /// A compaction summary standing for older turns.
+    Summary,
+    /// A re-ask after a rejected answer (guardrail or structured output).
+    Reask,
+    /// A plan step note.
+    Step,
+    /// A placeholder that keeps roles alternating.
+    Filler,
+}
+
+impl Insert {
+    const ALL: [Insert; 8] = [
+        Insert::Synthetic,
+        Insert::OutcomeUnknown,
+        Insert::Reminder,
+        Insert::WrapUp,
+        Insert::Summary,
+        Insert::Reask,
+        Insert::Step,
+        Insert::Filler,
+    ];
+
+    /// The marker, e.g. `⟦glia:reminder⟧ `.
+    pub fn marker(self) -> &'static str {
+        match self {
+            Insert::Synthetic => "⟦glia:synthetic⟧ ",
+            Insert::OutcomeUnknown => "⟦glia:outcome-unknown⟧ ",
+            Insert::Reminder => "⟦glia:reminder⟧ ",
+            Insert::WrapUp => "⟦glia:wrap-up⟧ ",
+            Insert::Summary => "⟦glia:summary⟧ ",
+            Insert::Reask => "⟦glia:re-ask⟧ ",
+            Insert::Step => "⟦glia:step⟧ ",
+            Insert::Filler => "⟦glia:filler⟧ ",
+        }
+    }
+
+    /// `body` with this kind's marker in front.
+    ///
+    /// ```
+    /// use glia_proto::marker::{Insert, is_machine_text};
+    /// let t = Insert::WrapUp.wrap("Answer now.");
+    /// assert!(is_machine_text(&t));
+    /// assert!(!is_machine_text("Answer now."));
+    /// ```
+    pub fn wrap(self, body: &str) -> String {
+        format!("{}{}", self.marker(), body)
+    }
+}
+
+/// Which inserted kind `text` is, if any.
+pub fn classify(text: &str) -> Option<Insert> {
+    Insert::ALL.into_iter().find(|k| text.starts_with(k.marker()))
+}
+
+/// True when `text` was written by glia, not by a person, a model or a tool.
+pub fn is_machine_text(text: &str) -> bool {
+    classify(text).is_some()
+}

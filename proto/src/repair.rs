@@ -1,0 +1,237 @@
+//! Request repair: turn any stored history into a message list a provider
+//! accepts.
+//!
+//! Histories break: a worker dies between a tool call and its result, a result
+//! arrives for a call that was compacted away, thinking from old turns piles
+//! up. Repair happens when the prompt is built, never in the log, and is a
+//! pure function, so the same history always gives byte-identical requests.
+//!
+//! The output satisfies the providers' rules (Anthropic Messages and OpenAI
+//! Chat Completions alike): it starts and ends with a user turn, roles
+//! alternate, no message or text block is empty, every tool use is answered in
+//! the very next user turn (answers first, in call order), there are no orphan
+//! results, tool use ids are unique, and only the last assistant turn keeps its
+//! thinking blocks.
+
+use std::collections::HashSet;
+
+use crate::marker::Insert;
+use crate::{ContentBlock, Message, Role};
+
+/// The text of the synthetic error result given to a tool use that has no
+/// recorded result.
+pub fn synthetic_result_text() -> String {
+    Insert::Synthetic.wrap("No result was recorded for this tool call (the run was interrupted before it finished). Its outcome is unknown.")
+}
+
+/// Build a provider-valid message list from `history`. See the module docs for
+/// the rules.
+///
+/// ```
+/// use glia_proto::{ContentBlock, Message, Role, repair::repair};
+/// let call = Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse {
+///     id: "t1".into(), name: "lookup".into(), input: serde_json::json!({}) }] };
+/// // A crash left the call without a result:
+/// let fixed = repair(&[Message::user("find it"), call]);
+/// assert_eq!(fixed.len(), 3);
+/// assert!(matches!(&fixed[2].content[0], ContentBlock::ToolResult { is_error: true, .. }));
+/// ```
+pub fn repair(history: &[Message]) -> Vec<Message> {
+    let last_assistant = history.iter().rposition(|m| m.role == Role::Assistant);
+    let mut out: Vec<Message> = Vec::with_capacity(history.len() + 2);
+    let mut seen_ids: HashSet<String> = HashSet::new();
+    let mut open: Vec<String> = Vec::new();
+
+    for (i, m) in history.iter().enumerate() {
+        match m.role {
+            Role::Assistant => {
+                let blocks: Vec<ContentBlock> = m
+                    .content
+                    .iter()
+                    .filter(|b| match b {
+                        ContentBlock::Text { text } => !text.is_empty(),
+                        ContentBlock::Thinking { .. } => Some(i) == last_assistant,
+                        ContentBlock::ToolUse { id, .. } => !id.is_empty() && seen_ids.insert(id.clone()),
+                        ContentBlock::ToolResult { .. } => false,
+                    })
+                    .cloned()
+                    .collect();
+                if blocks.is_empty() {
+                    continue;
+                }
+                if !open.is_empty() {
+                    out.push(results_turn(&mut open, Vec::new()));
+                }
+                match out.last_mut() {
+                    Some(prev) if prev.role == Role::Assistant => prev.content.extend(blocks),
+                    _ => out.push(Message { role: Role::Assistant, content: blocks }),
+                }
+                if let Some(prev) = out.last() {
+                    open = prev.tool_uses().map(|(id, _, _)| id.to_owned()).collect();
+                }
+            }
+            Role::User => {
+                let mut answers: Vec<ContentBlock> = Vec::new();
+                let mut others: Vec<ContentBlock> = Vec::new();
+                for b in &m.content {
+                    match b {
+                        ContentBlock::ToolResult { tool_use_id, .. } => {
+                            let answered = answers.iter().any(|a| matches!(a, ContentBlock::ToolResult { tool_use_id: t, .. } if t == tool_use_id));
+                            if open.contains(tool_use_id) && !answered {
+                                answers.push(b.clone());
+                            }
+                        }
+                        ContentBlock::Text { text } if !text.is_empty() => others.push(b.clone()),
+                        _ => {}
+                    }
+                }
+                if !open.is_empty() {
+                    out.push(results_turn(&mut open, answers));
+                    if let Some(prev) = out.last_mut() {
+                        prev.content.extend(others);
+                    }
+                    continue;
+                }
+                if others.is_empty() {
+                    continue;
+                }
+                match out.last_mut() {
+                    Some(prev) if prev.role == Role::User => prev.content.extend(others),
+                    _ => out.push(Message { role: Role::User, content: others }),
+                }
+            }
+        }
+    }
+    if !open.is_empty() {
+        out.push(results_turn(&mut open, Vec::new()));
+    }
+    if out.first().is_none_or(|m| m.role != Role::User) {
+        out.insert(0, Message::user(Insert::Filler.wrap("(earlier conversation omitted)")));
+    }
+    if out.last().is_some_and(|m| m.role == Role::Assistant) {
+        out.push(Message::user(Insert::Filler.wrap("Continue.")));
+    }
+    out
+}
+
+/// One user turn answering every id in `open` (call order): the given answer
+/// where there is one, a synthetic error result otherwise. Clears `open`.
+fn results_turn(open: &mut Vec<String>, answers: Vec<ContentBlock>) -> Message {
+    let content = open
+        .drain(..)
+        .map(|id| {
+            answers
+                .iter()
+                .find(|a| matches!(a, ContentBlock::ToolResult { tool_use_id, .. } if *tool_use_id == id))
+                .cloned()
+                .unwrap_or(ContentBlock::ToolResult { tool_use_id: id, content: synthetic_result_text(), is_error: true })
+        })
+        .collect();
+    Message { role: Role::User, content }
+}
+
+/// Why a request is not valid, as a provider would reject it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRequest {
+    /// No messages at all.
+    #[error("messages: at least one message is required")]
+    Empty,
+    /// The first message is not a user turn.
+    #[error("messages.0: the first message must use the user role")]
+    FirstNotUser,
+    /// The last message is not a user turn.
+    #[error("messages.{0}: the last message must use the user role")]
+    LastNotUser(usize),
+    /// Two consecutive messages have the same role.
+    #[error("messages.{0}: roles must alternate between user and assistant")]
+    NotAlternating(usize),
+    /// A message has no content, or a text block is empty.
+    #[error("messages.{0}: content must be non-empty (text blocks too)")]
+    EmptyContent(usize),
+    /// A tool use is not answered in the next user turn.
+    #[error("messages.{0}: tool_use {1} has no tool_result in the next user turn")]
+    Unanswered(usize, String),
+    /// A tool result answers no tool use of the previous assistant turn.
+    #[error("messages.{0}: tool_result {1} answers no tool_use in the previous assistant turn")]
+    Orphan(usize, String),
+    /// A tool use id appears twice.
+    #[error("messages.{0}: tool_use id {1} is not unique")]
+    DuplicateId(usize, String),
+    /// A block appears in a role that cannot carry it.
+    #[error("messages.{0}: {1} blocks are not allowed in this role")]
+    WrongRole(usize, &'static str),
+    /// Thinking in an assistant turn other than the last one.
+    #[error("messages.{0}: thinking from earlier turns must be removed")]
+    StaleThinking(usize),
+    /// Tool results must come before other blocks in a user turn.
+    #[error("messages.{0}: tool_result blocks must come first in the user turn")]
+    ResultsNotFirst(usize),
+}
+
+/// Check `messages` the way the provider APIs do; the scripted provider runs
+/// this on every request. See the module docs for the rules.
+pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
+    if messages.is_empty() {
+        return Err(InvalidRequest::Empty);
+    }
+    if messages[0].role != Role::User {
+        return Err(InvalidRequest::FirstNotUser);
+    }
+    let last = messages.len() - 1;
+    if messages[last].role != Role::User {
+        return Err(InvalidRequest::LastNotUser(last));
+    }
+    let last_assistant = messages.iter().rposition(|m| m.role == Role::Assistant);
+    let mut ids: HashSet<&str> = HashSet::new();
+    let mut open: Vec<&str> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 && messages[i - 1].role == m.role {
+            return Err(InvalidRequest::NotAlternating(i));
+        }
+        if m.content.is_empty() || m.content.iter().any(|b| matches!(b, ContentBlock::Text { text } if text.is_empty())) {
+            return Err(InvalidRequest::EmptyContent(i));
+        }
+        match m.role {
+            Role::Assistant => {
+                for b in &m.content {
+                    match b {
+                        ContentBlock::ToolResult { .. } => return Err(InvalidRequest::WrongRole(i, "tool_result")),
+                        ContentBlock::Thinking { .. } if Some(i) != last_assistant => return Err(InvalidRequest::StaleThinking(i)),
+                        ContentBlock::ToolUse { id, .. } => {
+                            if !ids.insert(id) {
+                                return Err(InvalidRequest::DuplicateId(i, id.clone()));
+                            }
+                            open.push(id);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Role::User => {
+                let mut seen_other = false;
+                let mut answered: Vec<&str> = Vec::new();
+                for b in &m.content {
+                    match b {
+                        ContentBlock::ToolResult { tool_use_id, .. } => {
+                            if seen_other {
+                                return Err(InvalidRequest::ResultsNotFirst(i));
+                            }
+                            if !open.contains(&tool_use_id.as_str()) || answered.contains(&tool_use_id.as_str()) {
+                                return Err(InvalidRequest::Orphan(i, tool_use_id.clone()));
+                            }
+                            answered.push(tool_use_id);
+                        }
+                        ContentBlock::ToolUse { .. } => return Err(InvalidRequest::WrongRole(i, "tool_use")),
+                        ContentBlock::Thinking { .. } => return Err(InvalidRequest::WrongRole(i, "thinking")),
+                        ContentBlock::Text { .. } => seen_other = true,
+                    }
+                }
+                if let Some(missing) = open.iter().find(|id| !answered.contains(id)) {
+                    return Err(InvalidRequest::Unanswered(i - 1, (*missing).to_owned()));
+                }
+                open.clear();
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,636 @@
+//! `RunState` and its one transition function, [`RunState::apply`].
+//!
+//! The state machine is the harness contract's: `IDLE → PLANNING → EXECUTING ⇄
+//! AWAITING_TOOL`, `EXECUTING → REFLECTING → EXECUTING | PLANNING | DONE`, and
+//! `PLANNING → DONE`. A run that waits is additionally *parked* at one of four
+//! pull points. Nothing else mutates a `RunState`: the loop records an event
+//! and applies it, replay applies the same events, so the same log gives the
+//! same state, always.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::budget::{BudgetLimits, BudgetUsage};
+use crate::config::{RunConfig, ToolSpec};
+use crate::event::{Decision, Disposition, Event, EventKind, GuardrailStage, Outcome, PauseReason, PullPoint, ToolCallRecord};
+use crate::marker::Insert;
+use crate::{ContentBlock, Message, Role, args_hash, OUTPUT_TOOL};
+
+/// The six states of the harness contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Not started.
+    Idle,
+    /// Drafting (or redrafting) the plan.
+    Planning,
+    /// Working on a step: model calls.
+    Executing,
+    /// The model asked for tools; their results are due.
+    AwaitingTool,
+    /// A step ended; next step, replan or done.
+    Reflecting,
+    /// Finished, failed or cancelled. Terminal.
+    Done,
+}
+
+/// Where a tool call's approval stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    /// Not needed.
+    NotNeeded,
+    /// Needed, not yet requested.
+    Due,
+    /// Requested; waiting for a person.
+    Requested,
+    /// Approved (possibly with edited arguments).
+    Approved,
+    /// Rejected.
+    Rejected,
+}
+
+/// One tool use of the current model turn and how far it got.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingCall {
+    /// Call id.
+    pub call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments (the model's, then as decided by hooks or an approver's edit).
+    pub input: Value,
+    /// Hash of `input`.
+    pub args_hash: String,
+    /// Set by `tool.call`; `None` until then.
+    pub disposition: Option<Disposition>,
+    /// Approval progress.
+    pub approval: ApprovalStatus,
+    /// Set by `tool.result` / `tool.error`: the text the model sees, and whether
+    /// it is an error.
+    pub result: Option<(String, bool)>,
+}
+
+impl PendingCall {
+    /// True when the loop (not a person or the caller) must act on this call:
+    /// decide it, run it, or record a rejection.
+    pub fn needs_worker(&self) -> bool {
+        if self.result.is_some() {
+            return false;
+        }
+        match &self.disposition {
+            None => true,
+            Some(Disposition::Run { .. }) | Some(Disposition::Refused) => true,
+            Some(Disposition::External) => false,
+            Some(Disposition::Approval) => {
+                matches!(self.approval, ApprovalStatus::Due | ApprovalStatus::Approved | ApprovalStatus::Rejected)
+            }
+        }
+    }
+}
+
+/// Everything needed to continue a run; derived from its events alone.
+/// Serialised as JSON it is the run's checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    /// The run.
+    pub run_id: Uuid,
+    /// Sequence of the last applied event (0 before `session.start`).
+    pub head_seq: u64,
+    /// State-machine phase.
+    pub phase: Phase,
+    /// Set while the run waits at a pull point.
+    pub parked: Option<PullPoint>,
+    /// The goal.
+    pub goal: String,
+    /// Configuration from `session.start`.
+    pub config: RunConfig,
+    /// The conversation as the model will see it (before request repair).
+    pub messages: Vec<Message>,
+    /// Committed plan.
+    pub plan: Vec<String>,
+    /// Index of the current step.
+    pub step: Option<usize>,
+    /// The current step's frozen tool list.
+    pub step_tools: Vec<ToolSpec>,
+    /// Model calls in the current turn.
+    pub turn_calls: u32,
+    /// Re-asks in the current turn.
+    pub reasks: u32,
+    /// The tool uses of the last model turn until all have results.
+    pub batch: Vec<PendingCall>,
+    /// Limits in force.
+    pub limits: BudgetLimits,
+    /// Consumption so far.
+    pub usage: BudgetUsage,
+    /// Validated structured output, once accepted.
+    pub output: Option<Value>,
+    /// Text of the last step's answer.
+    pub answer: String,
+    /// Set when `phase == Done`.
+    pub outcome: Option<Outcome>,
+}
+
+/// Where a run stands, for callers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    /// A worker can advance it now.
+    Runnable,
+    /// It waits at a pull point.
+    Parked(PullPoint),
+    /// It is over.
+    Done(Outcome),
+}
+
+/// Why an event cannot be applied. The state is unchanged when this is returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    /// The event belongs to another run.
+    #[error("event for run {got} applied to run {expected}")]
+    WrongRun {
+        /// This run.
+        expected: Uuid,
+        /// The event's run.
+        got: Uuid,
+    },
+    /// The event's sequence is not `head_seq + 1`.
+    #[error("event seq {got} out of order: expected {expected}")]
+    OutOfOrder {
+        /// `head_seq + 1`.
+        expected: u64,
+        /// The event's seq.
+        got: u64,
+    },
+    /// The run is done; nothing more can happen to it.
+    #[error("run is done; {event} not allowed")]
+    Finished {
+        /// Event name.
+        event: &'static str,
+    },
+    /// The event is not allowed in the current phase or pull point.
+    #[error("{event} not allowed in phase {phase:?} (parked: {parked}): {reason}")]
+    Illegal {
+        /// Event name.
+        event: &'static str,
+        /// Phase at the time.
+        phase: Phase,
+        /// Pull point at the time, or `none`.
+        parked: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The event names a tool call that is not in the current batch.
+    #[error("unknown tool call {call_id}")]
+    UnknownCall {
+        /// The call id.
+        call_id: String,
+    },
+    /// An approval decision quotes arguments other than the ones pending.
+    #[error("approval for {call_id} was made on other arguments (hash {got}, pending {expected})")]
+    ArgsMismatch {
+        /// The call id.
+        call_id: String,
+        /// Hash of the pending arguments.
+        expected: String,
+        /// Hash the decision quoted.
+        got: String,
+    },
+}
+
+impl RunState {
+    /// A run that has not started: phase `Idle`, `head_seq` 0.
+    pub fn new(run_id: Uuid) -> Self {
+        RunState {
+            run_id,
+            head_seq: 0,
+            phase: Phase::Idle,
+            parked: None,
+            goal: String::new(),
+            config: RunConfig::default(),
+            messages: Vec::new(),
+            plan: Vec::new(),
+            step: None,
+            step_tools: Vec::new(),
+            turn_calls: 0,
+            reasks: 0,
+            batch: Vec::new(),
+            limits: BudgetLimits::default(),
+            usage: BudgetUsage::default(),
+            output: None,
+            answer: String::new(),
+            outcome: None,
+        }
+    }
+
+    /// Rebuild a state from a log. Fails on the first event that cannot apply.
+    ///
+    /// ```
+    /// use glia_proto::{Event, EventKind, RunConfig, RunState, Phase};
+    /// let run_id = uuid::Uuid::nil();
+    /// let start = Event { run_id, seq: 1, at: chrono::DateTime::UNIX_EPOCH,
+    ///     kind: EventKind::SessionStart { goal: "hi".into(), config: RunConfig::default() } };
+    /// let state = RunState::replay(run_id, &[start]).unwrap();
+    /// assert_eq!(state.phase, Phase::Planning);
+    /// ```
+    pub fn replay(run_id: Uuid, events: &[Event]) -> Result<RunState, TransitionError> {
+        let mut state = RunState::new(run_id);
+        for e in events {
+            state.apply(e)?;
+        }
+        Ok(state)
+    }
+
+    /// Where the run stands.
+    pub fn status(&self) -> Status {
+        if let Some(outcome) = &self.outcome {
+            return Status::Done(outcome.clone());
+        }
+        match &self.parked {
+            Some(p) => Status::Parked(p.clone()),
+            None => Status::Runnable,
+        }
+    }
+
+    /// A pending call of the current batch.
+    pub fn call(&self, call_id: &str) -> Option<&PendingCall> {
+        self.batch.iter().find(|c| c.call_id == call_id)
+    }
+
+    /// The one transition function. Validates `event` against the current
+    /// state and applies it, or returns why not and leaves `self` unchanged.
+    pub fn apply(&mut self, event: &Event) -> Result<(), TransitionError> {
+        let name = event.kind.name();
+        if self.head_seq > 0 && event.run_id != self.run_id {
+            return Err(TransitionError::WrongRun { expected: self.run_id, got: event.run_id });
+        }
+        if event.seq != self.head_seq + 1 {
+            return Err(TransitionError::OutOfOrder { expected: self.head_seq + 1, got: event.seq });
+        }
+        if self.phase == Phase::Done {
+            return Err(TransitionError::Finished { event: name });
+        }
+        let illegal = |s: &Self, reason: &str| TransitionError::Illegal {
+            event: name,
+            phase: s.phase,
+            parked: s.parked.as_ref().map_or("none", PullPoint::name),
+            reason: reason.to_owned(),
+        };
+        let not_parked = |s: &Self| if s.parked.is_some() { Err(illegal(s, "run is parked")) } else { Ok(()) };
+
+        match &event.kind {
+            EventKind::SessionStart { goal, config } => {
+                if self.phase != Phase::Idle {
+                    return Err(illegal(self, "run already started"));
+                }
+                self.run_id = event.run_id;
+                self.goal = goal.clone();
+                self.config = config.clone();
+                self.limits = config.budget;
+                self.messages = vec![Message::user(goal.clone())];
+                self.phase = Phase::Planning;
+            }
+            EventKind::PlanDraft { usage, cost_usd_micros, .. } => {
+                not_parked(self)?;
+                if !matches!(self.phase, Phase::Planning | Phase::Reflecting) {
+                    return Err(illegal(self, "a plan is drafted while planning or reflecting"));
+                }
+                self.usage.tokens += *usage;
+                self.usage.cost_usd_micros = self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
+                self.phase = Phase::Planning;
+            }
+            EventKind::PlanCommit { steps } => {
+                not_parked(self)?;
+                if self.phase != Phase::Planning {
+                    return Err(illegal(self, "a plan is committed while planning"));
+                }
+                if steps.is_empty() {
+                    return Err(illegal(self, "an empty plan is not committed; the run completes instead"));
+                }
+                self.plan = steps.clone();
+                self.step = None;
+                self.phase = Phase::Executing;
+            }
+            EventKind::StepStart { index, description, tools } => {
+                not_parked(self)?;
+                let expected = match self.phase {
+                    Phase::Executing if self.step.is_none() => 0,
+                    Phase::Reflecting => self.step.map_or(0, |s| s + 1),
+                    _ => return Err(illegal(self, "a step starts after plan.commit or step.end")),
+                };
+                if *index != expected || *index >= self.plan.len() {
+                    return Err(illegal(self, &format!("step {index} out of order (expected {expected} of {})", self.plan.len())));
+                }
+                self.step = Some(*index);
+                self.step_tools = tools.clone();
+                self.turn_calls = 0;
+                self.reasks = 0;
+                if self.plan.len() > 1 {
+                    let note = Insert::Step.wrap(&format!("Step {} of {}: {}", index + 1, self.plan.len(), description));
+                    push_user_text(&mut self.messages, note);
+                }
+                self.phase = Phase::Executing;
+            }
+            EventKind::StepEnd { index, answer, .. } => {
+                not_parked(self)?;
+                if self.phase != Phase::Executing || self.step != Some(*index) {
+                    return Err(illegal(self, "step.end closes the current step while executing"));
+                }
+                self.answer = answer.clone();
+                self.phase = Phase::Reflecting;
+            }
+            EventKind::ModelCall { .. } => {
+                not_parked(self)?;
+                if self.phase != Phase::Executing || self.step.is_none() {
+                    return Err(illegal(self, "model calls happen while executing a step"));
+                }
+                if self.messages.last().is_none_or(|m| m.role != Role::User) {
+                    return Err(illegal(self, "a model call needs the conversation to end with a user turn"));
+                }
+                self.turn_calls += 1;
+                self.usage.turns += 1;
+            }
+            EventKind::ModelResponse { message, usage, duration_ms, cost_usd_micros, .. } => {
+                not_parked(self)?;
+                if self.phase != Phase::Executing {
+                    return Err(illegal(self, "a model response arrives while executing"));
+                }
+                if message.role != Role::Assistant {
+                    return Err(illegal(self, "a model response is an assistant message"));
+                }
+                if self.messages.last().is_none_or(|m| m.role != Role::User) {
+                    return Err(illegal(self, "a model response follows a model call"));
+                }
+                let batch: Vec<PendingCall> = message
+                    .tool_uses()
+                    .map(|(id, name, input)| PendingCall {
+                        call_id: id.to_owned(),
+                        name: name.to_owned(),
+                        input: input.clone(),
+                        args_hash: args_hash(input),
+                        disposition: None,
+                        approval: ApprovalStatus::NotNeeded,
+                        result: None,
+                    })
+                    .collect();
+                let mut ids: Vec<&str> = batch.iter().map(|c| c.call_id.as_str()).collect();
+                ids.sort_unstable();
+                if ids.windows(2).any(|w| w[0] == w[1]) {
+                    return Err(illegal(self, "duplicate tool call ids in one response"));
+                }
+                self.usage.tokens += *usage;
+                self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
+                self.usage.cost_usd_micros = self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
+                self.messages.push(message.clone());
+                if !batch.is_empty() {
+                    self.batch = batch;
+                    self.phase = Phase::AwaitingTool;
+                }
+            }
+            EventKind::ToolCall(ToolCallRecord { call_id, input, args_hash: hash, disposition, .. }) => {
+                if self.phase != Phase::AwaitingTool {
+                    return Err(illegal(self, "tool.call follows a model response with tool uses"));
+                }
+                not_parked(self)?;
+                let call = self.batch.iter().find(|c| &c.call_id == call_id).ok_or_else(|| TransitionError::UnknownCall { call_id: call_id.clone() })?;
+                if call.disposition.is_some() {
+                    return Err(illegal(self, &format!("tool call {call_id} already decided")));
+                }
+                if *hash != args_hash(input) {
+                    return Err(illegal(self, &format!("tool call {call_id}: args_hash does not match its input")));
+                }
+                let counts = matches!(disposition, Disposition::Run { .. } | Disposition::External);
+                let call = self.batch.iter_mut().find(|c| &c.call_id == call_id).expect("checked above");
+                call.input = input.clone();
+                call.args_hash = hash.clone();
+                call.disposition = Some(disposition.clone());
+                if *disposition == Disposition::Approval {
+                    call.approval = ApprovalStatus::Due;
+                }
+                if counts {
+                    self.usage.tool_calls += 1;
+                }
+            }
+            EventKind::ApprovalRequested { call_id, args_hash: hash, .. } => {
+                let call = self.pending(call_id)?;
+                if call.approval != ApprovalStatus::Due {
+                    return Err(illegal(self, &format!("approval for {call_id} is not due")));
+                }
+                if &call.args_hash != hash {
+                    return Err(TransitionError::ArgsMismatch { call_id: call_id.clone(), expected: call.args_hash.clone(), got: hash.clone() });
+                }
+                self.pending_mut(call_id).approval = ApprovalStatus::Requested;
+            }
+            EventKind::ApprovalResolved { call_id, args_hash: hash, decision, .. } => {
+                let call = self.pending(call_id)?;
+                if call.approval != ApprovalStatus::Requested {
+                    return Err(illegal(self, &format!("approval for {call_id} is not pending")));
+                }
+                if &call.args_hash != hash {
+                    return Err(TransitionError::ArgsMismatch { call_id: call_id.clone(), expected: call.args_hash.clone(), got: hash.clone() });
+                }
+                let call = self.pending_mut(call_id);
+                match decision {
+                    Decision::Approve => call.approval = ApprovalStatus::Approved,
+                    Decision::Edit { input } => {
+                        call.input = input.clone();
+                        call.args_hash = args_hash(input);
+                        call.approval = ApprovalStatus::Approved;
+                    }
+                    Decision::Reject { .. } => call.approval = ApprovalStatus::Rejected,
+                }
+                if call.approval == ApprovalStatus::Approved {
+                    self.usage.tool_calls += 1;
+                }
+                self.refresh_tool_park();
+            }
+            EventKind::ToolResult { call_id, content, reminder, duration_ms } => {
+                let call = self.pending(call_id)?;
+                let may = match &call.disposition {
+                    Some(Disposition::Run { .. }) | Some(Disposition::External) => true,
+                    Some(Disposition::Approval) => call.approval == ApprovalStatus::Approved,
+                    _ => false,
+                };
+                if !may || call.result.is_some() {
+                    return Err(illegal(self, &format!("tool call {call_id} cannot take a result now")));
+                }
+                if self.parked.is_some() && call.disposition != Some(Disposition::External) {
+                    return Err(illegal(self, "run is parked"));
+                }
+                if call.name == OUTPUT_TOOL {
+                    self.output = Some(call.input.clone());
+                }
+                let seen = match reminder {
+                    Some(r) => format!("{}\n\n{content}", Insert::Reminder.wrap(r)),
+                    None => content.clone(),
+                };
+                self.pending_mut(call_id).result = Some((seen, false));
+                self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
+                self.finish_batch_if_complete();
+            }
+            EventKind::ToolError { call_id, message, duration_ms, .. } => {
+                let call = self.pending(call_id)?;
+                if call.disposition.is_none() || call.result.is_some() {
+                    return Err(illegal(self, &format!("tool call {call_id} cannot take an error now")));
+                }
+                if self.parked.is_some() && call.disposition != Some(Disposition::External) {
+                    return Err(illegal(self, "run is parked"));
+                }
+                self.pending_mut(call_id).result = Some((message.clone(), true));
+                self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
+                self.finish_batch_if_complete();
+            }
+            EventKind::InputReceived { text } => {
+                if self.parked != Some(PullPoint::AwaitingInput) {
+                    return Err(illegal(self, "input is taken at awaiting_input"));
+                }
+                push_user_text(&mut self.messages, text.clone());
+                self.parked = None;
+                self.turn_calls = 0;
+                self.reasks = 0;
+                self.phase = Phase::Executing;
+            }
+            EventKind::GuardrailTripped { stage, reask, .. } => match (stage, reask) {
+                (GuardrailStage::Output, Some(text)) => {
+                    not_parked(self)?;
+                    if self.phase != Phase::Executing {
+                        return Err(illegal(self, "an answer is re-asked while executing"));
+                    }
+                    push_user_text(&mut self.messages, text.clone());
+                    self.reasks += 1;
+                }
+                _ => {}
+            },
+            EventKind::ContextCompacted { messages, usage, cost_usd_micros, .. } => {
+                not_parked(self)?;
+                if self.phase != Phase::Executing {
+                    return Err(illegal(self, "the context is compacted before a model call"));
+                }
+                if messages.last().is_none_or(|m| m.role != Role::User) {
+                    return Err(illegal(self, "a compacted context ends with a user turn"));
+                }
+                self.messages = messages.clone();
+                self.usage.tokens += *usage;
+                self.usage.cost_usd_micros = self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
+            }
+            EventKind::BudgetWarn { .. } | EventKind::Error { .. } | EventKind::HookApplied { .. } => {}
+            EventKind::BudgetExtended { limits } => {
+                self.limits = *limits;
+            }
+            EventKind::SessionPause { pull_point } => {
+                not_parked(self)?;
+                match pull_point {
+                    PullPoint::AwaitingTool { call_ids } | PullPoint::AwaitingApproval { call_ids } => {
+                        if self.phase != Phase::AwaitingTool || self.tool_park().as_ref() != Some(pull_point) {
+                            return Err(illegal(self, &format!("nothing to wait for at {} {call_ids:?}", pull_point.name())));
+                        }
+                    }
+                    PullPoint::AwaitingInput => {
+                        if self.phase != Phase::Reflecting || !self.config.conversational {
+                            return Err(illegal(self, "a conversational run waits for input after a step ends"));
+                        }
+                    }
+                    PullPoint::Paused { .. } => {}
+                }
+                self.parked = Some(pull_point.clone());
+            }
+            EventKind::SessionResume { .. } => {
+                let Some(PullPoint::Paused { reason }) = &self.parked else {
+                    return Err(illegal(self, "only a paused run is resumed"));
+                };
+                if *reason == PauseReason::TurnLimit {
+                    self.turn_calls = 0;
+                }
+                self.parked = None;
+            }
+            EventKind::SessionCancel { reason } => {
+                self.parked = None;
+                self.phase = Phase::Done;
+                self.outcome = Some(Outcome::Cancelled { reason: reason.clone() });
+            }
+            EventKind::SessionComplete { outcome } => {
+                let legal = match outcome {
+                    Outcome::Succeeded { .. } => {
+                        self.parked.is_none() && matches!(self.phase, Phase::Planning | Phase::Reflecting) || self.parked == Some(PullPoint::AwaitingInput)
+                    }
+                    Outcome::Failed { .. } | Outcome::Cancelled { .. } => self.phase != Phase::Idle,
+                };
+                if !legal {
+                    return Err(illegal(self, "a run completes from planning, reflecting or awaiting_input; it fails from anywhere"));
+                }
+                self.parked = None;
+                self.phase = Phase::Done;
+                self.outcome = Some(outcome.clone());
+            }
+        }
+        self.head_seq = event.seq;
+        Ok(())
+    }
+
+    fn pending(&self, call_id: &str) -> Result<&PendingCall, TransitionError> {
+        if self.phase != Phase::AwaitingTool {
+            return Err(TransitionError::UnknownCall { call_id: call_id.to_owned() });
+        }
+        self.call(call_id).ok_or_else(|| TransitionError::UnknownCall { call_id: call_id.to_owned() })
+    }
+
+    fn pending_mut(&mut self, call_id: &str) -> &mut PendingCall {
+        self.batch.iter_mut().find(|c| c.call_id == call_id).expect("pending() checked the call exists")
+    }
+
+    /// The pull point the current tool batch implies: approvals first, then
+    /// external results; `None` when the loop can act.
+    pub fn tool_park(&self) -> Option<PullPoint> {
+        if self.phase != Phase::AwaitingTool || self.batch.iter().any(PendingCall::needs_worker) {
+            return None;
+        }
+        let awaiting: Vec<String> =
+            self.batch.iter().filter(|c| c.approval == ApprovalStatus::Requested).map(|c| c.call_id.clone()).collect();
+        if !awaiting.is_empty() {
+            return Some(PullPoint::AwaitingApproval { call_ids: awaiting });
+        }
+        let external: Vec<String> = self
+            .batch
+            .iter()
+            .filter(|c| c.result.is_none() && c.disposition == Some(Disposition::External))
+            .map(|c| c.call_id.clone())
+            .collect();
+        (!external.is_empty()).then_some(PullPoint::AwaitingTool { call_ids: external })
+    }
+
+    /// After a payload arrives at a tool pull point: stay parked on what is
+    /// still due, or unpark when the loop can act.
+    fn refresh_tool_park(&mut self) {
+        if matches!(self.parked, Some(PullPoint::AwaitingTool { .. } | PullPoint::AwaitingApproval { .. })) {
+            self.parked = self.tool_park();
+        }
+    }
+
+    /// When every call of the batch has a result: append them as one user
+    /// turn, in call order, and go back to executing.
+    fn finish_batch_if_complete(&mut self) {
+        if self.batch.iter().any(|c| c.result.is_none()) {
+            self.refresh_tool_park();
+            return;
+        }
+        let results = self
+            .batch
+            .drain(..)
+            .map(|c| {
+                let (content, is_error) = c.result.expect("checked above");
+                ContentBlock::ToolResult { tool_use_id: c.call_id, content, is_error }
+            })
+            .collect();
+        self.messages.push(Message { role: Role::User, content: results });
+        self.parked = None;
+        self.phase = Phase::Executing;
+    }
+}
+
+/// Append `text` as a user turn, or as a new block of the last message when
+/// that is already a user turn (roles must alternate).
+fn push_user_text(messages: &mut Vec<Message>, text: String) {
+    match messages.last_mut() {
+        Some(m) if m.role == Role::User => m.content.push(ContentBlock::Text { text }),
+        _ => messages.push(Message::user(text)),
+    }
+}
