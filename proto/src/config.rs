@@ -46,6 +46,8 @@ pub struct RunConfig {
     pub max_reasks: u32,
     /// Prices for cost accounting; `None` counts cost as zero.
     pub pricing: Option<Pricing>,
+    /// Output token cap per model call.
+    pub max_tokens: u32,
 }
 
 impl Default for RunConfig {
@@ -63,6 +65,7 @@ impl Default for RunConfig {
             output_schema: None,
             max_reasks: DEFAULT_MAX_REASKS,
             pricing: None,
+            max_tokens: 4096,
         }
     }
 }

@@ -415,6 +415,11 @@ pub enum PauseReason {
         /// Its reason.
         reason: String,
     },
+    /// The provider refuses further calls for now (spending cap reached).
+    Provider {
+        /// The provider's message.
+        reason: String,
+    },
     /// An operator paused the run.
     Operator {
         /// Why.
@@ -523,5 +528,49 @@ pub enum LiveEvent {
         call_id: String,
         /// Free text.
         message: String,
+    },
+}
+
+/// A payload that moves a parked run on, posted by a person or a client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Resume {
+    /// A decision on a call waiting at `awaiting_approval`.
+    Approval {
+        /// The call.
+        call_id: String,
+        /// [`crate::args_hash`] of the arguments the person saw.
+        args_hash: String,
+        /// The decision.
+        decision: Decision,
+        /// Who decided.
+        #[serde(default)]
+        by: Option<String>,
+    },
+    /// The result of an external tool call waiting at `awaiting_tool`.
+    ToolResult {
+        /// The call.
+        call_id: String,
+        /// Result text.
+        content: String,
+        /// True when the tool failed.
+        #[serde(default)]
+        is_error: bool,
+    },
+    /// The user's next message, at `awaiting_input`.
+    Input {
+        /// Message text.
+        text: String,
+    },
+    /// Raise limits (each `Some(n)` adds `n`); a run paused by its budget resumes.
+    ExtendBudget {
+        /// Amounts to add.
+        extra: BudgetLimits,
+    },
+    /// Resume a paused run as it is.
+    Resume {
+        /// Who.
+        #[serde(default)]
+        by: Option<String>,
     },
 }

@@ -115,7 +115,7 @@ pub struct RunState {
     pub step_tools: Vec<ToolSpec>,
     /// Model calls in the current turn.
     pub turn_calls: u32,
-    /// Re-asks in the current turn.
+    /// Rejected answers in the current turn (guardrails, invalid output).
     pub reasks: u32,
     /// The tool uses of the last model turn until all have results.
     pub batch: Vec<PendingCall>,
@@ -322,6 +322,7 @@ impl RunState {
                 }
                 self.step = Some(*index);
                 self.step_tools = tools.clone();
+                self.output = None;
                 self.turn_calls = 0;
                 self.reasks = 0;
                 if self.plan.len() > 1 {
@@ -489,17 +490,17 @@ impl RunState {
                 self.reasks = 0;
                 self.phase = Phase::Executing;
             }
-            EventKind::GuardrailTripped { stage, reask, .. } => match (stage, reask) {
-                (GuardrailStage::Output, Some(text)) => {
-                    not_parked(self)?;
-                    if self.phase != Phase::Executing {
-                        return Err(illegal(self, "an answer is re-asked while executing"));
+            EventKind::GuardrailTripped { stage: GuardrailStage::Output, reask, .. } => {
+                not_parked(self)?;
+                if let Some(text) = reask {
+                    if self.phase != Phase::Executing || self.messages.last().is_none_or(|m| m.role != Role::Assistant) {
+                        return Err(illegal(self, "an answer is re-asked after the model answered"));
                     }
                     push_user_text(&mut self.messages, text.clone());
-                    self.reasks += 1;
                 }
-                _ => {}
-            },
+                self.reasks += 1;
+            }
+            EventKind::GuardrailTripped { stage: GuardrailStage::Input, .. } => {}
             EventKind::ContextCompacted { messages, usage, cost_usd_micros, .. } => {
                 not_parked(self)?;
                 if self.phase != Phase::Executing {

@@ -1,0 +1,21 @@
+//! glia-worker: the agent loop and what it calls.
+//!
+//! - [`agent`]: the loop, [`agent::Agent::advance`], read top to bottom;
+//! - [`provider`]: the provider boundary and the offline [`provider::ScriptedProvider`];
+//! - [`tool`]: typed tools, schema validation, the registry;
+//! - [`hooks`]: the ten hook topics;
+//! - [`policy`]: declarative tool policies and guardrails;
+//! - [`compact`]: context compaction strategies;
+//! - [`planner`]: the single-step and model planners.
+
+#![warn(missing_docs)]
+
+pub mod agent;
+pub mod compact;
+pub mod hooks;
+pub mod planner;
+pub mod policy;
+pub mod provider;
+pub mod tool;
+
+pub use agent::{Agent, AgentError, Clock, EventSink, FixedClock, SinkError, SystemClock};

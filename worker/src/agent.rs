@@ -1,0 +1,870 @@
+//! The agent loop. Read this file top to bottom to know what a run does.
+//!
+//! [`Agent::advance`] takes a run's state (fresh, or rebuilt from its log or
+//! checkpoint), applies an optional resume payload, and drives the run until
+//! it parks at a pull point or finishes. Every step is an event: the loop
+//! builds it, applies it to the state through the one transition function
+//! ([`RunState::apply`]) and hands it to an [`EventSink`]. The loop never
+//! changes the state any other way, so replaying the sink's log gives the same
+//! state, and a run parked here can be resumed anywhere from its JSON alone.
+//!
+//! One iteration, by phase:
+//! - `planning`: `before_plan` hooks, the planner drafts, `after_plan` hooks,
+//!   commit (or finish when there is nothing to do);
+//! - `executing`: start the step (`before_step` hooks, tool list frozen);
+//!   check the budget and the turn's model-call cap; compact if the compactor
+//!   says so; call the model; or, once the model answered without tools,
+//!   check the answer (structured output, output guardrails) and end the step;
+//! - `awaiting_tool`: settle calls a crash interrupted; decide each new call
+//!   (`before_tool_call` hooks, policies, budget); request approvals; run the
+//!   runnable calls concurrently and record their results in call order
+//!   (`after_tool_call` hooks); park for approvals and external results;
+//! - `reflecting`: a conversational run waits for input; otherwise the
+//!   planner picks the next step, replans, or the run completes.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use glia_proto::marker::Insert;
+use glia_proto::repair::repair;
+use glia_proto::{
+    ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent,
+    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Resume, Role, RunConfig, RunState, Status,
+    ToolCallRecord, ToolErrorKind, ToolSpec, TransitionError, args_hash, canonical_json,
+};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::compact::Compactor;
+use crate::hooks::{Fired, Hooks, Verdict};
+use crate::planner::{Draft, ModelPlanner, PlanError, Planner, Reflection, SinglePlanner};
+use crate::policy::{CompiledPolicies, Guardrail};
+use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
+use crate::tool::{ToolContext, ToolFailure, ToolRegistry};
+
+/// Where the loop's events go: a Vec in tests, Postgres in the fleet.
+///
+/// `record` is called once per event, in order, after the event has been
+/// applied to the state. If it fails, the in-memory state is ahead of the log:
+/// drop it and rebuild from the log.
+#[async_trait]
+pub trait EventSink: Send + Sync {
+    /// Persist one event.
+    async fn record(&mut self, event: &Event) -> Result<(), SinkError>;
+    /// Push a live-only event (a model delta). Default: drop it.
+    fn live(&self, _event: &LiveEvent) {}
+}
+
+/// A sink that could not persist an event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("event sink failed: {0}")]
+pub struct SinkError(pub String);
+
+#[async_trait]
+impl EventSink for Vec<Event> {
+    async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
+        self.push(event.clone());
+        Ok(())
+    }
+}
+
+/// Source of event timestamps and of durations (active time).
+pub trait Clock: Send + Sync {
+    /// Now, UTC.
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// A clock that never moves: deterministic logs for tests and replays.
+#[derive(Debug, Clone, Copy)]
+pub struct FixedClock(pub DateTime<Utc>);
+
+impl Clock for FixedClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.0
+    }
+}
+
+/// Why the loop stopped without reaching a pull point or the end.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AgentError {
+    /// An event could not be applied: a resume payload that does not fit the
+    /// run's state (wrong pull point, unknown call, stale approval). Nothing
+    /// was recorded for it.
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    /// A resume payload was refused before it became an event.
+    #[error("invalid resume: {0}")]
+    InvalidResume(String),
+    /// The run configuration is invalid; the run was not started.
+    #[error("invalid run config: {0}")]
+    Config(String),
+    /// The sink failed; rebuild the state from the log before going on.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    /// A transient provider failure; the run stays runnable, retry later.
+    #[error("provider unavailable: {0}")]
+    Provider(ProviderError),
+    /// `advance` was called on a run that has not started.
+    #[error("the run has not started")]
+    NotStarted,
+}
+
+/// The loop and everything it calls: provider, tools, hooks, guardrails,
+/// compactor, clock. Shared by every run a worker drives.
+///
+/// ```
+/// # async fn demo() {
+/// use std::sync::Arc;
+/// use glia_worker::agent::Agent;
+/// use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
+/// use glia_proto::{RunConfig, Status, Outcome};
+/// let agent = Agent::new(Arc::new(ScriptedProvider::new(vec![ScriptedTurn::text("4")])));
+/// let mut log = Vec::new();
+/// let (state, status) = agent.run(uuid::Uuid::now_v7(), "2+2?", RunConfig::default(), &mut log).await.unwrap();
+/// assert!(matches!(status, Status::Done(Outcome::Succeeded { ref answer, .. }) if answer == "4"));
+/// assert_eq!(state.head_seq as usize, log.len());
+/// # }
+/// ```
+pub struct Agent {
+    provider: Arc<dyn Provider>,
+    tools: ToolRegistry,
+    hooks: Hooks,
+    input_guardrails: Vec<Guardrail>,
+    output_guardrails: Vec<Guardrail>,
+    compactor: Option<Box<dyn Compactor>>,
+    clock: Arc<dyn Clock>,
+}
+
+/// The state being advanced, the sink, and the clock: every event goes
+/// through [`Run::record`].
+struct Run<'a> {
+    state: &'a mut RunState,
+    sink: &'a mut dyn EventSink,
+    clock: &'a dyn Clock,
+}
+
+impl Run<'_> {
+    /// Stamp, apply, persist.
+    async fn record(&mut self, kind: EventKind) -> Result<(), AgentError> {
+        let event = Event { run_id: self.state.run_id, seq: self.state.head_seq + 1, at: self.clock.now(), kind };
+        self.state.apply(&event)?;
+        self.sink.record(&event).await?;
+        Ok(())
+    }
+
+    fn elapsed_ms(&self, since: DateTime<Utc>) -> u64 {
+        u64::try_from((self.clock.now() - since).num_milliseconds()).unwrap_or(0)
+    }
+}
+
+/// What deciding one tool call led to.
+enum Decided {
+    Recorded,
+    BudgetBlocked(glia_proto::Limit),
+}
+
+impl Agent {
+    /// An agent with no tools, hooks, guardrails or compactor, on the system clock.
+    pub fn new(provider: Arc<dyn Provider>) -> Self {
+        Agent {
+            provider,
+            tools: ToolRegistry::default(),
+            hooks: Hooks::default(),
+            input_guardrails: Vec::new(),
+            output_guardrails: Vec::new(),
+            compactor: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Use these tools.
+    pub fn with_tools(mut self, tools: ToolRegistry) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// Use these hooks.
+    pub fn with_hooks(mut self, hooks: Hooks) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    /// Add a guardrail over the goal and user messages.
+    pub fn with_input_guardrail(mut self, g: Guardrail) -> Self {
+        self.input_guardrails.push(g);
+        self
+    }
+
+    /// Add a guardrail over the model's answers.
+    pub fn with_output_guardrail(mut self, g: Guardrail) -> Self {
+        self.output_guardrails.push(g);
+        self
+    }
+
+    /// Compact the context with `c`.
+    pub fn with_compactor(mut self, c: impl Compactor + 'static) -> Self {
+        self.compactor = Some(Box::new(c));
+        self
+    }
+
+    /// Take timestamps and durations from `clock`.
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The registered tools.
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.tools
+    }
+
+    /// Start a run and drive it to its first pull point or its end.
+    pub async fn run(&self, run_id: Uuid, goal: &str, config: RunConfig, sink: &mut dyn EventSink) -> Result<(RunState, Status), AgentError> {
+        let mut state = self.start(run_id, goal, config, sink).await?;
+        let status = self.advance(&mut state, None, sink).await?;
+        Ok((state, status))
+    }
+
+    /// Validate `config` and record `session.start` (and, if an input
+    /// guardrail rejects the goal, `guardrail.tripped` and a failed
+    /// `session.complete`). Errors: [`AgentError::Config`] before anything is
+    /// recorded.
+    pub async fn start(&self, run_id: Uuid, goal: &str, config: RunConfig, sink: &mut dyn EventSink) -> Result<RunState, AgentError> {
+        self.check_config(&config)?;
+        let mut state = RunState::new(run_id);
+        let mut run = Run { state: &mut state, sink, clock: &*self.clock };
+        run.record(EventKind::SessionStart { goal: goal.to_owned(), config }).await?;
+        if let Some((guardrail, reason)) = self.check_input(goal) {
+            run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason: reason.clone(), reask: None }).await?;
+            self.fail(&mut run, format!("goal rejected: {reason}")).await?;
+        }
+        Ok(state)
+    }
+
+    /// Drive the run from its current state until it parks or ends.
+    ///
+    /// `input` is the payload for the pull point the run is parked at (an
+    /// approval decision, an external tool result, the user's message, a
+    /// budget extension or a resume). A payload that does not fit is refused
+    /// with a typed error and nothing is recorded.
+    pub async fn advance(&self, state: &mut RunState, input: Option<Resume>, sink: &mut dyn EventSink) -> Result<Status, AgentError> {
+        if state.phase == Phase::Idle {
+            return Err(AgentError::NotStarted);
+        }
+        // Calls that were cleared to run before this advance but have no
+        // result: a worker died while they ran.
+        let interrupted: Vec<String> = state
+            .batch
+            .iter()
+            .filter(|c| c.result.is_none())
+            .filter(|c| matches!(c.disposition, Some(Disposition::Run { .. })) || c.approval == ApprovalStatus::Approved)
+            .map(|c| c.call_id.clone())
+            .collect();
+        let mut run = Run { state, sink, clock: &*self.clock };
+        if let Some(input) = input {
+            self.accept(&mut run, input).await?;
+        }
+        while run.state.status() == Status::Runnable {
+            let before = run.state.head_seq;
+            match run.state.phase {
+                Phase::Idle | Phase::Done => break,
+                Phase::Planning => self.plan(&mut run).await?,
+                Phase::Executing => {
+                    let answered = run.state.messages.last().is_some_and(|m| m.role == Role::Assistant);
+                    match run.state.step {
+                        None => self.start_step(&mut run, 0).await?,
+                        Some(_) if answered || run.state.output.is_some() => self.conclude(&mut run).await?,
+                        Some(_) => self.model_turn(&mut run).await?,
+                    }
+                }
+                Phase::AwaitingTool => self.tool_calls(&mut run, &interrupted).await?,
+                Phase::Reflecting => self.reflect(&mut run).await?,
+            }
+            assert!(run.state.head_seq > before, "the loop made no progress in phase {:?}", run.state.phase);
+        }
+        Ok(run.state.status())
+    }
+
+    /// Cancel the run (terminal). A run that is already done is left as is.
+    pub async fn cancel(&self, state: &mut RunState, reason: &str, sink: &mut dyn EventSink) -> Result<Status, AgentError> {
+        if state.phase != Phase::Done {
+            let mut run = Run { state, sink, clock: &*self.clock };
+            run.record(EventKind::SessionCancel { reason: reason.to_owned() }).await?;
+        }
+        Ok(state.status())
+    }
+
+    /// Close a conversational run waiting at `awaiting_input`: it completes
+    /// with its last answer.
+    pub async fn close(&self, state: &mut RunState, sink: &mut dyn EventSink) -> Result<Status, AgentError> {
+        let mut run = Run { state, sink, clock: &*self.clock };
+        if run.state.parked != Some(PullPoint::AwaitingInput) {
+            return Err(AgentError::InvalidResume("only a run waiting at awaiting_input is closed".into()));
+        }
+        self.complete(&mut run).await?;
+        Ok(state.status())
+    }
+
+    // ----- resume payloads -------------------------------------------------
+
+    async fn accept(&self, run: &mut Run<'_>, input: Resume) -> Result<(), AgentError> {
+        match input {
+            Resume::Approval { call_id, args_hash, decision, by } => {
+                let reason = match &decision {
+                    Decision::Reject { reason } => Some(reason.clone()),
+                    _ => None,
+                };
+                run.record(EventKind::ApprovalResolved { call_id: call_id.clone(), args_hash, decision, by }).await?;
+                if let Some(reason) = reason {
+                    let message = format!("A person rejected this call: {reason}");
+                    run.record(EventKind::ToolError { call_id, error: ToolErrorKind::Rejected, message, duration_ms: 0 }).await?;
+                }
+            }
+            Resume::ToolResult { call_id, content, is_error } => {
+                let external = run.state.call(&call_id).is_some_and(|c| c.disposition == Some(Disposition::External));
+                if !external {
+                    return Err(AgentError::InvalidResume(format!("{call_id} is not an external tool call awaiting a result")));
+                }
+                let kind = if is_error {
+                    EventKind::ToolError { call_id, error: ToolErrorKind::Failed, message: content, duration_ms: 0 }
+                } else {
+                    EventKind::ToolResult { call_id, content, reminder: None, duration_ms: 0 }
+                };
+                run.record(kind).await?;
+            }
+            Resume::Input { text } => {
+                if run.state.parked != Some(PullPoint::AwaitingInput) {
+                    return Err(AgentError::InvalidResume("the run is not waiting for input".into()));
+                }
+                if text.trim().is_empty() {
+                    return Err(AgentError::InvalidResume("the message is empty".into()));
+                }
+                match self.check_input(&text) {
+                    Some((guardrail, reason)) => {
+                        run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason, reask: None }).await?
+                    }
+                    None => run.record(EventKind::InputReceived { text }).await?,
+                }
+            }
+            Resume::ExtendBudget { extra } => {
+                let limits = run.state.limits.extended_by(&extra);
+                run.record(EventKind::BudgetExtended { limits }).await?;
+                if matches!(run.state.parked, Some(PullPoint::Paused { reason: PauseReason::Budget { .. } })) {
+                    run.record(EventKind::SessionResume { by: None }).await?;
+                }
+            }
+            Resume::Resume { by } => run.record(EventKind::SessionResume { by }).await?,
+        }
+        Ok(())
+    }
+
+    // ----- planning --------------------------------------------------------
+
+    async fn plan(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
+        let fired = self.fire(run, HookTopic::BeforePlan, json!({ "goal": run.state.goal })).await?;
+        let draft = match fired.verdict {
+            Verdict::Cancel(reason) => return run.record(EventKind::SessionCancel { reason }).await,
+            Verdict::Skip => SinglePlanner.draft(run.state, &*self.provider).await,
+            _ => self.planner(run.state).draft(run.state, &*self.provider).await,
+        };
+        match draft {
+            Ok(draft) => self.commit_plan(run, draft).await,
+            Err(e) => self.planning_failed(run, e).await,
+        }
+    }
+
+    async fn commit_plan(&self, run: &mut Run<'_>, draft: Draft) -> Result<(), AgentError> {
+        let cost_usd_micros = self.cost(run.state, &draft.usage);
+        run.record(EventKind::PlanDraft { steps: draft.steps.clone(), usage: draft.usage, cost_usd_micros }).await?;
+        let fired = self.fire(run, HookTopic::AfterPlan, json!({ "steps": draft.steps })).await?;
+        if let Verdict::Cancel(reason) = fired.verdict {
+            return run.record(EventKind::SessionCancel { reason }).await;
+        }
+        let steps: Vec<String> = serde_json::from_value(fired.payload["steps"].clone()).unwrap_or(draft.steps);
+        if steps.is_empty() {
+            return self.complete(run).await;
+        }
+        run.record(EventKind::PlanCommit { steps }).await
+    }
+
+    async fn planning_failed(&self, run: &mut Run<'_>, e: PlanError) -> Result<(), AgentError> {
+        match e {
+            PlanError::Provider(e) => self.provider_failed(run, e).await,
+            PlanError::Invalid(why) => self.fail(run, why).await,
+        }
+    }
+
+    fn planner(&self, state: &RunState) -> &dyn Planner {
+        match state.config.planner {
+            PlannerKind::Single => &SinglePlanner,
+            PlannerKind::Model => &ModelPlanner,
+        }
+    }
+
+    // ----- executing a step ------------------------------------------------
+
+    async fn start_step(&self, run: &mut Run<'_>, index: usize) -> Result<(), AgentError> {
+        let description = run.state.plan[index].clone();
+        let fired = self.fire(run, HookTopic::BeforeStep, json!({ "index": index, "description": description })).await?;
+        if let Verdict::Cancel(reason) = fired.verdict {
+            return run.record(EventKind::SessionCancel { reason }).await;
+        }
+        let description = fired.payload["description"].as_str().map_or(description, str::to_owned);
+        let tools = self.step_tools(&run.state.config);
+        run.record(EventKind::StepStart { index, description, tools }).await?;
+        if fired.verdict == Verdict::Skip {
+            run.record(EventKind::StepEnd { index, answer: String::new(), skipped: true }).await?;
+        }
+        Ok(())
+    }
+
+    /// The tools offered for a step, frozen in `step.start`: the worker's
+    /// registered tools the config allows, the external tools, and the output
+    /// tool when the run has an output schema.
+    fn step_tools(&self, config: &RunConfig) -> Vec<ToolSpec> {
+        let mut tools: Vec<ToolSpec> = self
+            .tools
+            .specs()
+            .into_iter()
+            .filter(|t| config.tools.as_ref().is_none_or(|allowed| allowed.contains(&t.name)))
+            .collect();
+        tools.extend(config.external_tools.iter().cloned().map(|t| ToolSpec { external: true, ..t }));
+        if let Some(schema) = &config.output_schema {
+            tools.push(ToolSpec {
+                name: OUTPUT_TOOL.into(),
+                description: "Give your final answer by calling this tool with arguments matching its schema.".into(),
+                input_schema: schema.clone(),
+                idempotent: true,
+                timeout_ms: 0,
+                external: false,
+            });
+        }
+        tools
+    }
+
+    async fn model_turn(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
+        let config = run.state.config.clone();
+        if let Some(limit) = run.state.limits.exhausted(&run.state.usage) {
+            return self.budget_pause(run, limit).await;
+        }
+        if run.state.turn_calls >= config.max_model_calls_per_turn {
+            return self.pause(run, PauseReason::TurnLimit).await;
+        }
+        if let Some(compactor) = &self.compactor
+            && compactor.should_compact(&run.state.messages)
+        {
+            match compactor.compact(&run.state.messages, &*self.provider, &config.model).await {
+                Ok(c) => {
+                    let cost_usd_micros = self.cost(run.state, &c.usage);
+                    let strategy = compactor.name().to_owned();
+                    let kind = EventKind::ContextCompacted { strategy, removed: c.removed, messages: c.messages, usage: c.usage, cost_usd_micros };
+                    return run.record(kind).await;
+                }
+                Err(e) => return self.provider_failed(run, e).await,
+            }
+        }
+        let wrap_up = run.state.turn_calls + 1 == config.max_model_calls_per_turn;
+        let forced = (config.output_schema.is_some() && run.state.reasks > 0).then(|| OUTPUT_TOOL.to_owned());
+        let request = build_request(run.state, wrap_up, forced.clone());
+        run.record(EventKind::ModelCall { model: config.model.clone(), messages: request.messages.len(), wrap_up, forced_tool: forced }).await?;
+        let started = run.clock.now();
+        let sink: &dyn EventSink = &*run.sink;
+        let live = |delta: LiveEvent| sink.live(&delta);
+        let response = self.provider.generate(&request, &live).await;
+        let duration_ms = run.elapsed_ms(started);
+        match response {
+            Ok(r) => {
+                let cost_usd_micros = self.cost(run.state, &r.usage);
+                run.record(EventKind::ModelResponse { message: r.message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros }).await
+            }
+            Err(e) => self.provider_failed(run, e).await,
+        }
+    }
+
+    /// The model answered without calling tools (or its structured output was
+    /// accepted): check the answer and end the step, or re-ask.
+    async fn conclude(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
+        let index = run.state.step.expect("a step is running");
+        if let Some(output) = &run.state.output {
+            let answer = canonical_json(output);
+            return self.end_step(run, index, answer).await;
+        }
+        let answer = run.state.messages.last().map(|m| m.text()).unwrap_or_default();
+        if run.state.config.output_schema.is_some() {
+            let reason = format!("the answer must be given by calling {OUTPUT_TOOL}");
+            return self.reject_answer(run, "output_schema", reason).await;
+        }
+        if let Some((name, reason)) = self.output_guardrails.iter().find_map(|g| g.check(&answer).err().map(|r| (g.name.clone(), r))) {
+            return self.reject_answer(run, &name, reason).await;
+        }
+        self.end_step(run, index, answer).await
+    }
+
+    async fn reject_answer(&self, run: &mut Run<'_>, guardrail: &str, reason: String) -> Result<(), AgentError> {
+        let out_of_reasks = run.state.reasks >= run.state.config.max_reasks;
+        let reask = (!out_of_reasks).then(|| Insert::Reask.wrap(&format!("Your answer was rejected ({reason}). Answer again.")));
+        run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Output, guardrail: guardrail.to_owned(), reason: reason.clone(), reask })
+            .await?;
+        if out_of_reasks {
+            return self.fail(run, format!("answer rejected by {guardrail}: {reason}")).await;
+        }
+        Ok(())
+    }
+
+    async fn end_step(&self, run: &mut Run<'_>, index: usize, answer: String) -> Result<(), AgentError> {
+        run.record(EventKind::StepEnd { index, answer: answer.clone(), skipped: false }).await?;
+        let fired = self.fire(run, HookTopic::AfterStep, json!({ "index": index, "answer": answer })).await?;
+        let hook = fired.effects.last().map(|(h, _)| h.clone()).unwrap_or_default();
+        match fired.verdict {
+            Verdict::Cancel(reason) => run.record(EventKind::SessionCancel { reason }).await,
+            Verdict::Pause(reason) => self.pause(run, PauseReason::Hook { hook, reason }).await,
+            _ => Ok(()),
+        }
+    }
+
+    // ----- tool calls ------------------------------------------------------
+
+    async fn tool_calls(&self, run: &mut Run<'_>, interrupted: &[String]) -> Result<(), AgentError> {
+        // 1. Calls a crash interrupted: re-run idempotent ones, give the
+        //    others an "outcome unknown" result.
+        for call_id in interrupted {
+            let Some(call) = run.state.call(call_id).filter(|c| c.result.is_none()) else { continue };
+            let idempotent = run.state.step_tools.iter().any(|t| t.name == call.name && t.idempotent);
+            if !idempotent {
+                let message = Insert::OutcomeUnknown
+                    .wrap("The worker stopped while this call was running; whether it took effect is unknown. Check before repeating it.");
+                let kind = EventKind::ToolError { call_id: call_id.clone(), error: ToolErrorKind::OutcomeUnknown, message, duration_ms: 0 };
+                run.record(kind).await?;
+            }
+        }
+        // 2. Decide each new call, in call order.
+        let mut blocked = None;
+        let undecided: Vec<String> = run.state.batch.iter().filter(|c| c.disposition.is_none()).map(|c| c.call_id.clone()).collect();
+        for call_id in undecided {
+            if let Decided::BudgetBlocked(limit) = self.decide(run, &call_id).await? {
+                blocked = Some(limit);
+                break;
+            }
+            if run.state.phase == Phase::Done {
+                return Ok(());
+            }
+        }
+        // 3. Approvals decided on before a crash but not requested, and
+        //    rejections whose result was not recorded.
+        let due: Vec<(String, String, Value, String)> = run
+            .state
+            .batch
+            .iter()
+            .filter(|c| c.approval == ApprovalStatus::Due)
+            .map(|c| (c.call_id.clone(), c.name.clone(), c.input.clone(), c.args_hash.clone()))
+            .collect();
+        for (call_id, tool, input, args_hash) in due {
+            run.record(EventKind::ApprovalRequested { call_id, tool, input, args_hash }).await?;
+        }
+        let rejected: Vec<String> = run
+            .state
+            .batch
+            .iter()
+            .filter(|c| c.result.is_none() && c.approval == ApprovalStatus::Rejected)
+            .map(|c| c.call_id.clone())
+            .collect();
+        for call_id in rejected {
+            let message = "A person rejected this call.".to_owned();
+            run.record(EventKind::ToolError { call_id, error: ToolErrorKind::Rejected, message, duration_ms: 0 }).await?;
+        }
+        // 4. Run what may run, concurrently; record results in call order.
+        self.execute(run).await?;
+        // 5. Park on what is still due.
+        if let Some(limit) = blocked {
+            return self.budget_pause(run, limit).await;
+        }
+        if run.state.phase == Phase::AwaitingTool
+            && let Some(pull_point) = run.state.tool_park()
+        {
+            run.record(EventKind::SessionPause { pull_point: pull_point.clone() }).await?;
+            self.observe(HookTopic::OnPause, json!({ "pull_point": pull_point }));
+        }
+        Ok(())
+    }
+
+    /// Hooks, then policies, then the budget decide one call; records
+    /// `tool.call` and, for a refused call, its `tool.error`, for an approval
+    /// its `approval.requested`.
+    async fn decide(&self, run: &mut Run<'_>, call_id: &str) -> Result<Decided, AgentError> {
+        let call = run.state.call(call_id).expect("undecided call is in the batch").clone();
+        let fired = self.fire(run, HookTopic::BeforeToolCall, json!({ "call_id": call.call_id, "name": call.name, "input": call.input })).await?;
+        let input = fired.payload.get("input").cloned().unwrap_or(call.input.clone());
+        let spec = run.state.step_tools.iter().find(|t| t.name == call.name).cloned();
+        let refusal = |kind, message: String| (Disposition::Refused, Some((kind, message)));
+        let (disposition, refused) = match (&fired.verdict, &spec) {
+            (Verdict::Cancel(reason), _) => refusal(ToolErrorKind::Cancelled, format!("A hook cancelled this call: {reason}")),
+            (Verdict::Skip, _) => refusal(ToolErrorKind::Cancelled, "A hook skipped this call.".into()),
+            (_, None) => {
+                let names: Vec<&str> = run.state.step_tools.iter().map(|t| t.name.as_str()).collect();
+                refusal(ToolErrorKind::UnknownTool, format!("Unknown tool {:?}. Available tools: {}.", call.name, names.join(", ")))
+            }
+            (_, Some(_)) if call.name == OUTPUT_TOOL => match self.check_output(&run.state.config, &input) {
+                Ok(()) => (Disposition::Run { reminder: None }, None),
+                Err(reason) => {
+                    let out_of_reasks = run.state.reasks >= run.state.config.max_reasks;
+                    let kind = EventKind::GuardrailTripped { stage: GuardrailStage::Output, guardrail: "output_schema".into(), reason: reason.clone(), reask: None };
+                    run.record(kind).await?;
+                    if out_of_reasks {
+                        self.fail(run, format!("structured output rejected: {reason}")).await?;
+                        return Ok(Decided::Recorded);
+                    }
+                    let text = Insert::Reask.wrap(&format!("The arguments do not match the output schema: {reason}. Call {OUTPUT_TOOL} again."));
+                    refusal(ToolErrorKind::InvalidArguments, text)
+                }
+            },
+            (_, Some(spec)) => match CompiledPolicies::new(&run.state.config.policies).map(|p| p.decide(&call.name, &input)) {
+                Err(e) => refusal(ToolErrorKind::Denied, format!("Denied: {e}")),
+                Ok(PolicyAction::Deny { reason }) => refusal(ToolErrorKind::Denied, format!("Denied by policy: {reason}")),
+                Ok(PolicyAction::RequireApproval) => (Disposition::Approval, None),
+                Ok(_) if spec.external => (Disposition::External, None),
+                Ok(PolicyAction::Remind { text }) => (Disposition::Run { reminder: Some(text) }, None),
+                Ok(PolicyAction::Allow) => (Disposition::Run { reminder: None }, None),
+            },
+        };
+        if disposition != Disposition::Refused
+            && let Some(limit) = run.state.limits.exhausted_for_tool(&run.state.usage)
+        {
+            return Ok(Decided::BudgetBlocked(limit));
+        }
+        let hash = args_hash(&input);
+        let idempotency_key = format!("{}:{}", run.state.run_id, call.call_id);
+        let record = ToolCallRecord { call_id: call.call_id.clone(), name: call.name.clone(), input: input.clone(), args_hash: hash.clone(), idempotency_key, disposition: disposition.clone() };
+        run.record(EventKind::ToolCall(record)).await?;
+        if let Some((error, message)) = refused {
+            run.record(EventKind::ToolError { call_id: call.call_id, error, message, duration_ms: 0 }).await?;
+        } else if disposition == Disposition::Approval {
+            run.record(EventKind::ApprovalRequested { call_id: call.call_id, tool: call.name, input, args_hash: hash }).await?;
+        }
+        Ok(Decided::Recorded)
+    }
+
+    /// Run every call that is cleared and has no result, concurrently, then
+    /// record the results in call order.
+    async fn execute(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
+        let ready: Vec<(String, String, Value, Option<String>)> = run
+            .state
+            .batch
+            .iter()
+            .filter(|c| c.result.is_none())
+            .filter_map(|c| match &c.disposition {
+                Some(Disposition::Run { reminder }) => Some((c.call_id.clone(), c.name.clone(), c.input.clone(), reminder.clone())),
+                Some(Disposition::Approval) if c.approval == ApprovalStatus::Approved => Some((c.call_id.clone(), c.name.clone(), c.input.clone(), None)),
+                _ => None,
+            })
+            .collect();
+        if ready.is_empty() {
+            return Ok(());
+        }
+        let run_id = run.state.run_id;
+        let clock = run.clock;
+        let outcomes = futures::future::join_all(ready.iter().map(|(call_id, name, input, _)| {
+            let ctx = ToolContext { run_id, call_id: call_id.clone(), idempotency_key: format!("{run_id}:{call_id}") };
+            async move {
+                let started = clock.now();
+                let result = if name == OUTPUT_TOOL {
+                    Ok("Output accepted.".to_owned())
+                } else {
+                    self.tools.execute(name, input.clone(), ctx).await
+                };
+                (result, u64::try_from((clock.now() - started).num_milliseconds()).unwrap_or(0))
+            }
+        }))
+        .await;
+        for ((call_id, name, _, reminder), (result, duration_ms)) in ready.into_iter().zip(outcomes) {
+            let (content, is_error) = match &result {
+                Ok(text) => (text.clone(), false),
+                Err(f) => (f.message.clone(), true),
+            };
+            let fired = self.fire(run, HookTopic::AfterToolCall, json!({ "call_id": call_id, "name": name, "content": content, "is_error": is_error })).await?;
+            let content = fired.payload["content"].as_str().map_or(content, str::to_owned);
+            let kind = match result {
+                Ok(_) => EventKind::ToolResult { call_id, content, reminder, duration_ms },
+                Err(ToolFailure { kind, .. }) => EventKind::ToolError { call_id, error: kind, message: content, duration_ms },
+            };
+            run.record(kind).await?;
+        }
+        Ok(())
+    }
+
+    // ----- reflecting ------------------------------------------------------
+
+    async fn reflect(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
+        if run.state.config.conversational {
+            run.record(EventKind::SessionPause { pull_point: PullPoint::AwaitingInput }).await?;
+            self.observe(HookTopic::OnPause, json!({ "pull_point": PullPoint::AwaitingInput }));
+            return Ok(());
+        }
+        match self.planner(run.state).reflect(run.state, &*self.provider).await {
+            Ok(Reflection::Next) => {
+                let next = run.state.step.map_or(0, |s| s + 1);
+                self.start_step(run, next).await
+            }
+            Ok(Reflection::Replan(draft)) => self.commit_plan(run, draft).await,
+            Ok(Reflection::Done) => self.complete(run).await,
+            Err(e) => self.planning_failed(run, e).await,
+        }
+    }
+
+    // ----- endings and pauses ----------------------------------------------
+
+    async fn complete(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
+        let outcome = Outcome::Succeeded { answer: run.state.answer.clone(), output: run.state.output.clone() };
+        run.record(EventKind::SessionComplete { outcome: outcome.clone() }).await?;
+        self.observe(HookTopic::OnComplete, json!({ "outcome": outcome }));
+        Ok(())
+    }
+
+    async fn fail(&self, run: &mut Run<'_>, error: String) -> Result<(), AgentError> {
+        run.record(EventKind::Error { message: error.clone(), fatal: true }).await?;
+        self.observe(HookTopic::OnError, json!({ "message": error }));
+        let outcome = Outcome::Failed { error };
+        run.record(EventKind::SessionComplete { outcome: outcome.clone() }).await?;
+        self.observe(HookTopic::OnComplete, json!({ "outcome": outcome }));
+        Ok(())
+    }
+
+    /// Transient failures leave the run runnable (the caller retries); a
+    /// spending cap pauses it; anything else fails it.
+    async fn provider_failed(&self, run: &mut Run<'_>, e: ProviderError) -> Result<(), AgentError> {
+        match e {
+            e if e.is_transient() => {
+                run.record(EventKind::Error { message: e.to_string(), fatal: false }).await?;
+                self.observe(HookTopic::OnError, json!({ "message": e.to_string() }));
+                Err(AgentError::Provider(e))
+            }
+            ProviderError::SpendCap(reason) => self.pause(run, PauseReason::Provider { reason }).await,
+            e => self.fail(run, format!("model call failed: {e}")).await,
+        }
+    }
+
+    async fn budget_pause(&self, run: &mut Run<'_>, limit: glia_proto::Limit) -> Result<(), AgentError> {
+        self.observe(HookTopic::OnBudgetExceeded, json!({ "limit": limit, "usage": run.state.usage, "limits": run.state.limits }));
+        run.record(EventKind::BudgetWarn { limit, usage: run.state.usage, limits: run.state.limits }).await?;
+        self.pause(run, PauseReason::Budget { limit }).await
+    }
+
+    async fn pause(&self, run: &mut Run<'_>, reason: PauseReason) -> Result<(), AgentError> {
+        let pull_point = PullPoint::Paused { reason };
+        run.record(EventKind::SessionPause { pull_point: pull_point.clone() }).await?;
+        self.observe(HookTopic::OnPause, json!({ "pull_point": pull_point }));
+        Ok(())
+    }
+
+    // ----- hooks, guardrails, helpers --------------------------------------
+
+    /// Fire an intercepting topic and record the effects it honours.
+    async fn fire(&self, run: &mut Run<'_>, topic: HookTopic, payload: Value) -> Result<Fired, AgentError> {
+        let mut fired = self.hooks.fire(topic, payload.clone());
+        if !honours(topic, &fired.verdict) {
+            fired.verdict = Verdict::Continue;
+        }
+        for (hook, effect) in fired.effects.clone() {
+            if honours_effect(topic, &effect) {
+                run.record(EventKind::HookApplied { topic, hook, effect }).await?;
+            }
+        }
+        if !matches!(topic, HookTopic::AfterPlan | HookTopic::BeforeStep | HookTopic::BeforeToolCall | HookTopic::AfterToolCall) {
+            fired.payload = payload;
+        }
+        Ok(fired)
+    }
+
+    /// Fire an observing topic: subscribers see the payload; nothing they do
+    /// changes the run.
+    fn observe(&self, topic: HookTopic, payload: Value) {
+        let _ = self.hooks.fire(topic, payload);
+    }
+
+    fn check_input(&self, text: &str) -> Option<(String, String)> {
+        self.input_guardrails.iter().find_map(|g| g.check(text).err().map(|r| (g.name.clone(), r)))
+    }
+
+    fn check_output(&self, config: &RunConfig, output: &Value) -> Result<(), String> {
+        let schema = config.output_schema.as_ref().ok_or("the run has no output schema")?;
+        let validator = jsonschema::validator_for(schema).map_err(|e| e.to_string())?;
+        let problems: Vec<String> = validator.iter_errors(output).map(|e| format!("{} at '{}'", e, e.instance_path())).collect();
+        if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
+    }
+
+    fn cost(&self, state: &RunState, usage: &glia_proto::Usage) -> u64 {
+        state.config.pricing.map_or(0, |p| p.cost_usd_micros(usage))
+    }
+
+    fn check_config(&self, config: &RunConfig) -> Result<(), AgentError> {
+        CompiledPolicies::new(&config.policies).map_err(|e| AgentError::Config(e.to_string()))?;
+        if let Some(schema) = &config.output_schema {
+            jsonschema::validator_for(schema).map_err(|e| AgentError::Config(format!("output_schema: {e}")))?;
+        }
+        if config.max_model_calls_per_turn == 0 {
+            return Err(AgentError::Config("max_model_calls_per_turn must be at least 1".into()));
+        }
+        if let Some(allowed) = &config.tools
+            && let Some(missing) = allowed.iter().find(|n| self.tools.spec(n).is_none())
+        {
+            return Err(AgentError::Config(format!("tool {missing} is not registered on this worker")));
+        }
+        for t in &config.external_tools {
+            if self.tools.spec(&t.name).is_some() || t.name == OUTPUT_TOOL {
+                return Err(AgentError::Config(format!("external tool {} clashes with a registered tool", t.name)));
+            }
+            jsonschema::validator_for(&t.input_schema).map_err(|e| AgentError::Config(format!("external tool {}: {e}", t.name)))?;
+        }
+        Ok(())
+    }
+}
+
+/// Which verdicts take effect on a topic (see the table in [`crate::hooks`]).
+fn honours(topic: HookTopic, verdict: &Verdict) -> bool {
+    use HookTopic::*;
+    match verdict {
+        Verdict::Continue => true,
+        Verdict::Cancel(_) => matches!(topic, BeforePlan | AfterPlan | BeforeStep | AfterStep | BeforeToolCall),
+        Verdict::Skip => matches!(topic, BeforePlan | BeforeStep | BeforeToolCall),
+        Verdict::Pause(_) => matches!(topic, AfterStep),
+    }
+}
+
+fn honours_effect(topic: HookTopic, effect: &HookEffect) -> bool {
+    use HookTopic::*;
+    match effect {
+        HookEffect::Modified { .. } => matches!(topic, AfterPlan | BeforeStep | BeforeToolCall | AfterToolCall),
+        HookEffect::Cancelled { reason } => honours(topic, &Verdict::Cancel(reason.clone())),
+        HookEffect::Skipped => honours(topic, &Verdict::Skip),
+        HookEffect::Paused { reason } => honours(topic, &Verdict::Pause(reason.clone())),
+    }
+}
+
+/// The request for the next model call: a pure function of the state, so a
+/// resumed run sends byte-identical requests. History is repaired; the step's
+/// frozen tools are offered; on the turn's last call a wrap-up notice is added.
+pub fn build_request(state: &RunState, wrap_up: bool, forced_tool: Option<String>) -> ModelRequest {
+    let mut messages = repair(&state.messages);
+    if wrap_up && let Some(last) = messages.last_mut() {
+        let notice = Insert::WrapUp.wrap("This is your last model call for this turn. Finish now: give your answer without calling tools.");
+        last.content.push(ContentBlock::Text { text: notice });
+    }
+    ModelRequest {
+        model: state.config.model.clone(),
+        system: state.config.system.clone(),
+        messages,
+        tools: state.step_tools.clone(),
+        tool_choice: forced_tool.map_or(ToolChoice::Auto, |name| ToolChoice::Tool { name }),
+        max_tokens: state.config.max_tokens,
+    }
+}

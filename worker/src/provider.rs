@@ -1,0 +1,295 @@
+//! The provider boundary: one request in, one response out, deltas streamed
+//! to a callback on the way. Tiny on purpose: a new provider is one file.
+//!
+//! [`ScriptedProvider`] is the offline, deterministic provider. It serves a
+//! script of responses in order and checks every request the way the real
+//! APIs do, panicking on a violation so the whole test suite guards the
+//! "every request is valid" invariant.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use glia_proto::repair::validate;
+use glia_proto::{ContentBlock, LiveEvent, Message, Role, ToolSpec, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Which tool the model must (or may) call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// The model must call this tool.
+    Tool {
+        /// Tool name; must be in the request's tool list.
+        name: String,
+    },
+}
+
+/// One model call. `messages` are already repaired.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRequest {
+    /// Model name.
+    pub model: String,
+    /// System prompt, the stable prefix.
+    pub system: String,
+    /// Conversation, starting and ending with a user turn.
+    pub messages: Vec<Message>,
+    /// Tools offered (frozen for the step).
+    pub tools: Vec<ToolSpec>,
+    /// Tool choice.
+    pub tool_choice: ToolChoice,
+    /// Output token cap.
+    pub max_tokens: u32,
+}
+
+/// The model's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelResponse {
+    /// Assistant message.
+    pub message: Message,
+    /// Tokens used by the call.
+    pub usage: Usage,
+    /// Provider stop reason: `end_turn`, `tool_use`, `max_tokens`, `refusal`, …
+    pub stop_reason: String,
+}
+
+/// Why a model call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProviderError {
+    /// The provider rejected the request as malformed (HTTP 400). Not retried.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// Network error, 5xx, overload: retrying later may succeed.
+    #[error("transient provider failure: {0}")]
+    Transient(String),
+    /// Rate limited (429); retry after `retry_after_ms`.
+    #[error("rate limited; retry after {retry_after_ms} ms")]
+    RateLimited {
+        /// Wait before the next call, ms.
+        retry_after_ms: u64,
+    },
+    /// The account's spending cap is reached; retrying will not help.
+    #[error("spending cap reached: {0}")]
+    SpendCap(String),
+    /// The script has no more responses (scripted provider only).
+    #[error("script exhausted after {0} responses")]
+    ScriptExhausted(usize),
+}
+
+impl ProviderError {
+    /// True when the same call may succeed later.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ProviderError::Transient(_) | ProviderError::RateLimited { .. })
+    }
+}
+
+/// A model provider.
+///
+/// ```
+/// # async fn demo() {
+/// use glia_worker::provider::{ModelRequest, Provider, ScriptedProvider, ScriptedTurn, ToolChoice};
+/// use glia_proto::Message;
+/// let p = ScriptedProvider::new(vec![ScriptedTurn::text("hello")]);
+/// let req = ModelRequest { model: "m".into(), system: String::new(), messages: vec![Message::user("hi")],
+///     tools: vec![], tool_choice: ToolChoice::Auto, max_tokens: 1024 };
+/// let resp = p.generate(&req, &|_| {}).await.unwrap();
+/// assert_eq!(resp.message.text(), "hello");
+/// # }
+/// ```
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// Send `request`; call `live` with each streamed delta as it arrives.
+    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError>;
+}
+
+/// One scripted response. JSON: `{"text": "…"}`, `{"tool_calls": [{"name":
+/// "lookup", "input": {…}}]}`, `{"thinking": "…", "text": "…"}`, or
+/// `{"error": "transient"}` (also `rate_limited`, `spend_cap`, `invalid`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScriptedTurn {
+    /// Thinking block text.
+    pub thinking: Option<String>,
+    /// Text block.
+    pub text: Option<String>,
+    /// Tool uses, in order.
+    pub tool_calls: Vec<ScriptedCall>,
+    /// Usage to report; when absent, estimated as characters / 4.
+    pub usage: Option<Usage>,
+    /// Stop reason; default `tool_use` when there are tool calls, else `end_turn`.
+    pub stop_reason: Option<String>,
+    /// Fail this call instead of answering.
+    pub error: Option<String>,
+}
+
+impl ScriptedTurn {
+    /// A text answer.
+    pub fn text(text: &str) -> Self {
+        ScriptedTurn { text: Some(text.into()), ..Default::default() }
+    }
+
+    /// A turn that calls one tool.
+    pub fn call(name: &str, input: Value) -> Self {
+        ScriptedTurn { tool_calls: vec![ScriptedCall { id: None, name: name.into(), input }], ..Default::default() }
+    }
+
+    /// A turn that calls several tools at once.
+    pub fn calls(calls: &[(&str, Value)]) -> Self {
+        ScriptedTurn {
+            tool_calls: calls.iter().map(|(n, i)| ScriptedCall { id: None, name: (*n).into(), input: i.clone() }).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// One scripted tool use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedCall {
+    /// Call id; default `call_{n}` counting from 1 across the script.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Tool name.
+    pub name: String,
+    /// Arguments.
+    #[serde(default = "empty_object")]
+    pub input: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+/// The offline provider. Thread-safe; serves turns in order.
+#[derive(Debug, Default)]
+pub struct ScriptedProvider {
+    turns: Vec<ScriptedTurn>,
+    state: Mutex<ScriptState>,
+}
+
+#[derive(Debug, Default)]
+struct ScriptState {
+    next: usize,
+    calls: usize,
+    requests: Vec<ModelRequest>,
+}
+
+impl ScriptedProvider {
+    /// A provider serving `turns` in order.
+    pub fn new(turns: Vec<ScriptedTurn>) -> Self {
+        ScriptedProvider { turns, state: Mutex::default() }
+    }
+
+    /// Parse a script file's JSON: an array of [`ScriptedTurn`].
+    pub fn from_json(json: &str) -> Result<Self, serde_json::Error> {
+        Ok(Self::new(serde_json::from_str(json)?))
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<ModelRequest> {
+        self.state.lock().expect("scripted provider lock").requests.clone()
+    }
+
+    /// Turns served so far.
+    pub fn served(&self) -> usize {
+        self.state.lock().expect("scripted provider lock").next
+    }
+}
+
+/// Check a request the way the provider APIs do. The message rules are
+/// [`glia_proto::repair::validate`]'s; on top: tool names match
+/// `^[a-zA-Z0-9_-]{1,64}$` and are unique, a forced tool is in the list, the
+/// output cap is positive.
+pub fn validate_request(request: &ModelRequest) -> Result<(), String> {
+    validate(&request.messages).map_err(|e| e.to_string())?;
+    let mut names = HashSet::new();
+    for t in &request.tools {
+        let ok = !t.name.is_empty() && t.name.len() <= 64 && t.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !ok {
+            return Err(format!("tools: invalid tool name {:?}", t.name));
+        }
+        if !names.insert(t.name.as_str()) {
+            return Err(format!("tools: tool names must be unique ({})", t.name));
+        }
+        if !t.input_schema.is_object() {
+            return Err(format!("tools.{}: input_schema must be an object", t.name));
+        }
+    }
+    if let ToolChoice::Tool { name } = &request.tool_choice
+        && !names.contains(name.as_str())
+    {
+        return Err(format!("tool_choice: tool {name:?} is not in the tool list"));
+    }
+    if request.max_tokens == 0 {
+        return Err("max_tokens: must be at least 1".into());
+    }
+    Ok(())
+}
+
+fn estimate_tokens(text_len: usize) -> u64 {
+    (text_len as u64).div_ceil(4)
+}
+
+#[async_trait]
+impl Provider for ScriptedProvider {
+    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
+        if let Err(why) = validate_request(request) {
+            panic!(
+                "scripted provider: the request would be rejected by the provider: {why}\nmessages: {}",
+                serde_json::to_string_pretty(&request.messages).unwrap_or_default()
+            );
+        }
+        let (turn, first_call) = {
+            let mut st = self.state.lock().expect("scripted provider lock");
+            st.requests.push(request.clone());
+            let Some(turn) = self.turns.get(st.next).cloned() else {
+                return Err(ProviderError::ScriptExhausted(st.next));
+            };
+            st.next += 1;
+            let first = st.calls;
+            st.calls += turn.tool_calls.len();
+            (turn, first)
+        };
+        if let Some(kind) = &turn.error {
+            return Err(match kind.as_str() {
+                "rate_limited" => ProviderError::RateLimited { retry_after_ms: 1000 },
+                "spend_cap" => ProviderError::SpendCap("scripted spending cap".into()),
+                "invalid" => ProviderError::InvalidRequest("scripted invalid request".into()),
+                other => ProviderError::Transient(format!("scripted {other} failure")),
+            });
+        }
+        let mut content = Vec::new();
+        if let Some(thinking) = &turn.thinking {
+            live(LiveEvent::ModelDelta { channel: "thinking".into(), delta: thinking.clone() });
+            content.push(ContentBlock::Thinking { thinking: thinking.clone(), signature: "scripted".into() });
+        }
+        if let Some(text) = &turn.text {
+            for piece in text.split_inclusive(' ') {
+                live(LiveEvent::ModelDelta { channel: "text".into(), delta: piece.to_owned() });
+            }
+            content.push(ContentBlock::Text { text: text.clone() });
+        }
+        for (i, call) in turn.tool_calls.iter().enumerate() {
+            let id = call.id.clone().unwrap_or_else(|| format!("call_{}", first_call + i + 1));
+            content.push(ContentBlock::ToolUse { id, name: call.name.clone(), input: call.input.clone() });
+        }
+        if content.is_empty() {
+            content.push(ContentBlock::text("(no answer)"));
+        }
+        let message = Message { role: Role::Assistant, content };
+        let usage = turn.usage.unwrap_or_else(|| Usage {
+            input_tokens: estimate_tokens(serde_json::to_string(&request.messages).map_or(0, |s| s.len()) + request.system.len()),
+            output_tokens: estimate_tokens(serde_json::to_string(&message).map_or(0, |s| s.len())),
+            ..Usage::default()
+        });
+        let stop_reason = turn
+            .stop_reason
+            .clone()
+            .unwrap_or_else(|| if turn.tool_calls.is_empty() { "end_turn".into() } else { "tool_use".into() });
+        Ok(ModelResponse { message, usage, stop_reason })
+    }
+}
