@@ -1,1 +1,178 @@
-fn main() {}
+//! `glia`: the command line. Thin: parsing and printing; the work is in the
+//! library crates.
+
+mod demo;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use glia_proto::{Decision, Event, EventKind, PullPoint, Resume, RunConfig, RunState, Status};
+use glia_worker::agent::{EventSink, SinkError};
+use glia_worker::provider::ScriptedProvider;
+use glia_worker::{Agent, async_trait};
+
+#[derive(Parser)]
+#[command(name = "glia", version, about = "Durable, resumable LLM agent runs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one scripted run in this process and print its events as they happen.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Script of model responses (JSON array; see ScriptedTurn).
+    #[arg(long)]
+    script: PathBuf,
+    /// Run configuration (JSON RunConfig); default: no policies, no budget.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print events as JSON lines instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Approve every approval request (default: stop at the first one).
+    #[arg(long, conflicts_with = "reject")]
+    approve: bool,
+    /// Reject every approval request with this reason.
+    #[arg(long, value_name = "REASON")]
+    reject: Option<String>,
+    /// User messages for a conversational run, posted in order at each
+    /// awaiting_input; when they run out the run is closed.
+    #[arg(long = "reply", value_name = "TEXT")]
+    replies: Vec<String>,
+    /// Results for external tool calls, posted in order at each awaiting_tool.
+    #[arg(long = "tool-result", value_name = "TEXT")]
+    tool_results: Vec<String>,
+    /// Write the run's state (its checkpoint) here when it stops parked.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// The goal.
+    goal: String,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Run(args) => run(args).await,
+    }
+}
+
+/// Prints each event when the loop records it.
+struct Printer {
+    json: bool,
+}
+
+#[async_trait]
+impl EventSink for Printer {
+    async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
+        if self.json {
+            println!("{}", serde_json::to_string(event).map_err(|e| SinkError(e.to_string()))?);
+        } else {
+            println!("{:>4}  {:<18} {}", event.seq, event.kind.name(), describe(&event.kind));
+        }
+        Ok(())
+    }
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let script = std::fs::read_to_string(&args.script).with_context(|| format!("reading {}", args.script.display()))?;
+    let provider = ScriptedProvider::from_json(&script).with_context(|| format!("parsing script {}", args.script.display()))?;
+    let config: RunConfig = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?
+        }
+        None => RunConfig::default(),
+    };
+    let agent = Agent::new(Arc::new(provider)).with_tools(demo::tools());
+    let mut sink = Printer { json: args.json };
+    let (mut state, mut status) = agent.run(uuid::Uuid::now_v7(), &args.goal, config, &mut sink).await?;
+    let mut replies = args.replies.into_iter();
+    let mut tool_results = args.tool_results.into_iter();
+    loop {
+        let Status::Parked(pull_point) = &status else { break };
+        let input = match pull_point {
+            PullPoint::AwaitingApproval { call_ids } if args.approve || args.reject.is_some() => {
+                let call = state.call(&call_ids[0]).context("approval for an unknown call")?;
+                let decision = match &args.reject {
+                    Some(reason) => Decision::Reject { reason: reason.clone() },
+                    None => Decision::Approve,
+                };
+                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision, by: Some("cli".into()) }
+            }
+            PullPoint::AwaitingTool { call_ids } => match tool_results.next() {
+                Some(content) => Resume::ToolResult { call_id: call_ids[0].clone(), content, is_error: false },
+                None => break,
+            },
+            PullPoint::AwaitingInput => match replies.next() {
+                Some(text) => Resume::Input { text },
+                None => {
+                    status = agent.close(&mut state, &mut sink).await?;
+                    break;
+                }
+            },
+            _ => break,
+        };
+        status = agent.advance(&mut state, Some(input), &mut sink).await?;
+    }
+    finish(&state, &status, args.checkpoint.as_deref(), args.json)
+}
+
+fn finish(state: &RunState, status: &Status, checkpoint: Option<&std::path::Path>, json: bool) -> Result<()> {
+    if let Status::Parked(pull_point) = status {
+        if let Some(path) = checkpoint {
+            std::fs::write(path, serde_json::to_vec_pretty(state)?).with_context(|| format!("writing {}", path.display()))?;
+        }
+        if !json {
+            eprintln!("parked at {} (run {}){}", pull_point.name(), state.run_id, checkpoint.map_or(String::new(), |p| format!("; checkpoint in {}", p.display())));
+        }
+        return Ok(());
+    }
+    match &state.outcome {
+        Some(glia_proto::Outcome::Failed { error }) => bail!("run failed: {error}"),
+        _ => Ok(()),
+    }
+}
+
+/// One line about an event, for people.
+fn describe(kind: &EventKind) -> String {
+    fn clip(s: &str) -> String {
+        let one_line = s.replace('\n', " ");
+        if one_line.chars().count() > 100 { format!("{}…", one_line.chars().take(100).collect::<String>()) } else { one_line }
+    }
+    match kind {
+        EventKind::SessionStart { goal, config } => format!("goal: {} (model {})", clip(goal), config.model),
+        EventKind::PlanDraft { steps, .. } | EventKind::PlanCommit { steps } => format!("{} step(s): {}", steps.len(), clip(&steps.join(" | "))),
+        EventKind::StepStart { index, description, tools } => format!("#{index} {} ({} tools)", clip(description), tools.len()),
+        EventKind::StepEnd { index, answer, skipped } => format!("#{index}{} {}", if *skipped { " skipped" } else { "" }, clip(answer)),
+        EventKind::ModelCall { model, messages, wrap_up, .. } => format!("{model}, {messages} messages{}", if *wrap_up { ", wrap-up" } else { "" }),
+        EventKind::ModelResponse { message, usage, stop_reason, .. } => {
+            let calls: Vec<String> = message.tool_uses().map(|(id, name, _)| format!("{name}#{id}")).collect();
+            let text = clip(&message.text());
+            format!("[{stop_reason}] {}{} (in {} / out {} tokens)", text, if calls.is_empty() { String::new() } else { format!(" calls {}", calls.join(", ")) }, usage.input_tokens, usage.output_tokens)
+        }
+        EventKind::ToolCall(c) => format!("{}#{} {} → {:?}", c.name, c.call_id, clip(&c.input.to_string()), c.disposition),
+        EventKind::ToolResult { call_id, content, .. } => format!("#{call_id} {}", clip(content)),
+        EventKind::ToolError { call_id, error, message, .. } => format!("#{call_id} {error:?}: {}", clip(message)),
+        EventKind::ApprovalRequested { call_id, tool, input, .. } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
+        EventKind::ApprovalResolved { call_id, decision, by, .. } => format!("#{call_id} {decision:?} by {}", by.as_deref().unwrap_or("?")),
+        EventKind::InputReceived { text } => clip(text),
+        EventKind::GuardrailTripped { stage, guardrail, reason, .. } => format!("{stage:?} {guardrail}: {}", clip(reason)),
+        EventKind::ContextCompacted { strategy, removed, .. } => format!("{strategy}: removed {removed} messages"),
+        EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),
+        EventKind::BudgetExtended { limits } => format!("{limits:?}"),
+        EventKind::SessionPause { pull_point } => format!("{}", serde_json::to_string(pull_point).unwrap_or_default()),
+        EventKind::SessionResume { by } => format!("by {}", by.as_deref().unwrap_or("?")),
+        EventKind::SessionCancel { reason } => clip(reason),
+        EventKind::SessionComplete { outcome } => clip(&serde_json::to_string(outcome).unwrap_or_default()),
+        EventKind::Error { message, fatal } => format!("{}{}", if *fatal { "fatal: " } else { "" }, clip(message)),
+        EventKind::HookApplied { topic, hook, effect } => format!("{topic:?} {hook}: {}", clip(&serde_json::to_string(effect).unwrap_or_default())),
+    }
+}

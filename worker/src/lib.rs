@@ -18,4 +18,5 @@ pub mod policy;
 pub mod provider;
 pub mod tool;
 
+pub use async_trait::async_trait;
 pub use agent::{Agent, AgentError, Clock, EventSink, FixedClock, SinkError, SystemClock};

@@ -184,6 +184,15 @@ impl ScriptedProvider {
         ScriptedProvider { turns, state: Mutex::default() }
     }
 
+    /// Skip the first `n` turns, as if they had been served: a provider for a
+    /// run resumed in a fresh process after `n` model calls. Default call ids
+    /// continue counting from the skipped turns.
+    pub fn starting_at(self, n: usize) -> Self {
+        let calls = self.turns.iter().take(n).map(|t| t.tool_calls.len()).sum();
+        let n = n.min(self.turns.len());
+        ScriptedProvider { turns: self.turns, state: Mutex::new(ScriptState { next: n, calls, requests: Vec::new() }) }
+    }
+
     /// Parse a script file's JSON: an array of [`ScriptedTurn`].
     pub fn from_json(json: &str) -> Result<Self, serde_json::Error> {
         Ok(Self::new(serde_json::from_str(json)?))

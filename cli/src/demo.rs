@@ -1,0 +1,102 @@
+//! The tools `glia run` offers scripts: small, deterministic, offline.
+
+use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// An arithmetic operation.
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum Op {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+/// Arguments of `calculator`.
+#[derive(Deserialize, JsonSchema)]
+struct CalcArgs {
+    op: Op,
+    a: f64,
+    b: f64,
+}
+
+struct Calculator;
+
+impl Tool for Calculator {
+    type Args = CalcArgs;
+    type Output = Value;
+    fn name(&self) -> &str {
+        "calculator"
+    }
+    fn description(&self) -> &str {
+        "Apply add, sub, mul or div to two numbers."
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+    async fn call(&self, args: CalcArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
+        let value = match args.op {
+            Op::Add => args.a + args.b,
+            Op::Sub => args.a - args.b,
+            Op::Mul => args.a * args.b,
+            Op::Div if args.b == 0.0 => return Err(ToolFailure::failed("division by zero")),
+            Op::Div => args.a / args.b,
+        };
+        Ok(json!({ "result": value }))
+    }
+}
+
+/// Arguments of `get_order` and `refund_order`.
+#[derive(Deserialize, JsonSchema)]
+struct OrderArgs {
+    /// Order id, e.g. `A1`.
+    order_id: String,
+}
+
+struct GetOrder;
+
+impl Tool for GetOrder {
+    type Args = OrderArgs;
+    type Output = Value;
+    fn name(&self) -> &str {
+        "get_order"
+    }
+    fn description(&self) -> &str {
+        "Look up an order by id."
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+    async fn call(&self, args: OrderArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
+        match args.order_id.as_str() {
+            "A1" => Ok(json!({ "order_id": "A1", "item": "headphones", "amount_usd": 59.0, "status": "delivered" })),
+            other => Err(ToolFailure::failed(format!("no order {other}"))),
+        }
+    }
+}
+
+struct RefundOrder;
+
+impl Tool for RefundOrder {
+    type Args = OrderArgs;
+    type Output = Value;
+    fn name(&self) -> &str {
+        "refund_order"
+    }
+    fn description(&self) -> &str {
+        "Refund an order in full."
+    }
+    async fn call(&self, args: OrderArgs, ctx: ToolContext) -> Result<Value, ToolFailure> {
+        Ok(json!({ "order_id": args.order_id, "refunded": true, "idempotency_key": ctx.idempotency_key }))
+    }
+}
+
+/// `calculator`, `get_order`, `refund_order`.
+pub fn tools() -> ToolRegistry {
+    let mut tools = ToolRegistry::default();
+    tools.register(Calculator).register(GetOrder).register(RefundOrder);
+    tools
+}

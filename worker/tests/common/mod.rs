@@ -1,0 +1,204 @@
+//! Shared fixtures for the loop tests: a few tools, an agent builder, log helpers.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use glia_proto::{Event, EventKind, Policy, PolicyAction, RunConfig, RunState, ToolSpec};
+use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
+use glia_worker::tool::{DynTool, Tool, ToolContext, ToolFailure, ToolRegistry};
+use glia_worker::{Agent, FixedClock};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+pub fn epoch() -> DateTime<Utc> {
+    DateTime::UNIX_EPOCH
+}
+
+pub fn run_id() -> Uuid {
+    Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001)
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct AddArgs {
+    pub a: i64,
+    pub b: i64,
+}
+
+/// Adds two integers; idempotent.
+pub struct Add;
+impl Tool for Add {
+    type Args = AddArgs;
+    type Output = Value;
+    fn name(&self) -> &str {
+        "add"
+    }
+    fn description(&self) -> &str {
+        "Add two integers."
+    }
+    fn idempotent(&self) -> bool {
+        true
+    }
+    async fn call(&self, args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
+        Ok(json!({ "sum": args.a + args.b }))
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct RefundArgs {
+    pub order: String,
+    pub amount: u64,
+}
+
+/// Issues a refund; not idempotent; counts its executions.
+pub struct Refund(pub Arc<AtomicUsize>);
+impl Tool for Refund {
+    type Args = RefundArgs;
+    type Output = Value;
+    fn name(&self) -> &str {
+        "refund"
+    }
+    fn description(&self) -> &str {
+        "Refund an order."
+    }
+    async fn call(&self, args: RefundArgs, ctx: ToolContext) -> Result<Value, ToolFailure> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(json!({ "refunded": args.amount, "order": args.order, "key": ctx.idempotency_key }))
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct Empty {}
+
+/// Sleeps longer than its timeout.
+pub struct Slow;
+impl Tool for Slow {
+    type Args = Empty;
+    type Output = String;
+    fn name(&self) -> &str {
+        "slow"
+    }
+    fn description(&self) -> &str {
+        "Never finishes in time."
+    }
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+    async fn call(&self, _args: Empty, _ctx: ToolContext) -> Result<String, ToolFailure> {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        Ok("late".into())
+    }
+}
+
+/// Panics.
+pub struct Crashy;
+impl Tool for Crashy {
+    type Args = Empty;
+    type Output = String;
+    fn name(&self) -> &str {
+        "crashy"
+    }
+    fn description(&self) -> &str {
+        "Panics."
+    }
+    async fn call(&self, _args: Empty, _ctx: ToolContext) -> Result<String, ToolFailure> {
+        panic!("index out of bounds in crashy")
+    }
+}
+
+/// Returns an error.
+pub struct Failing;
+impl Tool for Failing {
+    type Args = Empty;
+    type Output = String;
+    fn name(&self) -> &str {
+        "failing"
+    }
+    fn description(&self) -> &str {
+        "Fails."
+    }
+    async fn call(&self, _args: Empty, _ctx: ToolContext) -> Result<String, ToolFailure> {
+        Err(ToolFailure::failed("database unavailable"))
+    }
+}
+
+/// A run-time tool that returns text which claims to be JSON but is not.
+pub struct Garbage;
+impl DynTool for Garbage {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "garbage".into(),
+            description: "Returns broken JSON.".into(),
+            input_schema: json!({"type": "object"}),
+            idempotent: false,
+            timeout_ms: 1000,
+            external: false,
+        }
+    }
+    fn call_raw(&self, _input: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<String, ToolFailure>> {
+        async { Ok("{\"flights\": [1, 2,".to_owned()) }.boxed()
+    }
+}
+
+/// All the fixture tools; `refunds` counts refund executions.
+pub fn tools(refunds: Arc<AtomicUsize>) -> ToolRegistry {
+    let mut t = ToolRegistry::default();
+    t.register(Add).register(Refund(refunds)).register(Slow).register(Crashy).register(Failing);
+    t.register_dyn(Arc::new(Garbage)).unwrap();
+    t
+}
+
+/// An agent over `script` with the fixture tools and a fixed clock.
+pub fn agent(script: Vec<ScriptedTurn>) -> (Agent, Arc<ScriptedProvider>) {
+    agent_at(script, 0)
+}
+
+/// Like [`agent`] but the provider resumes after `served` turns, as a fresh process would.
+pub fn agent_at(script: Vec<ScriptedTurn>, served: usize) -> (Agent, Arc<ScriptedProvider>) {
+    let provider = Arc::new(ScriptedProvider::new(script).starting_at(served));
+    let agent = Agent::new(provider.clone()).with_tools(tools(Arc::default())).with_clock(FixedClock(epoch()));
+    (agent, provider)
+}
+
+/// A config where `refund` needs approval and `ask_customer` is external.
+pub fn approval_config() -> RunConfig {
+    RunConfig {
+        policies: vec![Policy { tool: "refund".into(), args: None, action: PolicyAction::RequireApproval }],
+        external_tools: vec![ToolSpec {
+            name: "ask_customer".into(),
+            description: "Ask the customer a question; answered by the client.".into(),
+            input_schema: json!({"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]}),
+            idempotent: false,
+            timeout_ms: 0,
+            external: true,
+        }],
+        ..RunConfig::default()
+    }
+}
+
+/// Dotted names of `log`, in order.
+pub fn names(log: &[Event]) -> Vec<&'static str> {
+    log.iter().map(|e| e.kind.name()).collect()
+}
+
+/// Model responses recorded in `log` (how many scripted turns were served).
+pub fn served(log: &[Event]) -> usize {
+    log.iter().filter(|e| matches!(e.kind, EventKind::ModelResponse { .. })).count()
+}
+
+/// Replay `log` and check it equals `state`.
+pub fn assert_replays(log: &[Event], state: &RunState) {
+    let replayed = RunState::replay(state.run_id, log).expect("log replays");
+    assert_eq!(&replayed, state, "replaying the log must give the live state");
+}
+
+/// Serialise to JSON and back, as a checkpoint would.
+pub fn through_json(state: &RunState) -> RunState {
+    serde_json::from_str(&serde_json::to_string(state).unwrap()).unwrap()
+}

@@ -1,0 +1,158 @@
+//! Each pull point: park, serialise the state to JSON, drop every object,
+//! resume in a fresh context from the JSON alone; the log must be identical to
+//! an uninterrupted run's.
+
+mod common;
+
+use common::*;
+use glia_proto::{BudgetLimits, Decision, Limit, Outcome, PauseReason, PullPoint, Resume, RunConfig, RunState, Status};
+use glia_worker::provider::ScriptedTurn;
+use serde_json::json;
+
+/// What to post at each park: a function of the parked state.
+type Payload = fn(&RunState) -> Resume;
+
+/// The whole run in one process: park, post, continue.
+async fn uninterrupted(script: &[ScriptedTurn], config: &RunConfig, payloads: &[Payload]) -> (Vec<glia_proto::Event>, RunState) {
+    let (agent, _) = agent(script.to_vec());
+    let mut log = Vec::new();
+    let (mut state, _) = agent.run(run_id(), "help me", config.clone(), &mut log).await.unwrap();
+    for payload in payloads {
+        let input = payload(&state);
+        agent.advance(&mut state, Some(input), &mut log).await.unwrap();
+    }
+    (log, state)
+}
+
+/// The same run, but at every park the state goes through JSON and every
+/// object (agent, provider, tools, state) is dropped and built anew.
+async fn interrupted(script: &[ScriptedTurn], config: &RunConfig, payloads: &[Payload]) -> (Vec<glia_proto::Event>, RunState) {
+    let mut log = Vec::new();
+    let mut checkpoint = {
+        let (agent, _) = agent(script.to_vec());
+        let (state, status) = agent.run(run_id(), "help me", config.clone(), &mut log).await.unwrap();
+        assert!(matches!(status, Status::Parked(_)), "expected a park, got {status:?}");
+        serde_json::to_string(&state).unwrap()
+    };
+    for payload in payloads {
+        let mut state: RunState = serde_json::from_str(&checkpoint).unwrap();
+        let (agent, _) = agent_at(script.to_vec(), served(&log));
+        let input = payload(&state);
+        agent.advance(&mut state, Some(input), &mut log).await.unwrap();
+        checkpoint = serde_json::to_string(&state).unwrap();
+    }
+    (log, serde_json::from_str(&checkpoint).unwrap())
+}
+
+async fn same_log_either_way(script: Vec<ScriptedTurn>, config: RunConfig, payloads: &[Payload]) -> (Vec<glia_proto::Event>, RunState) {
+    let (log_a, state_a) = uninterrupted(&script, &config, payloads).await;
+    let (log_b, state_b) = interrupted(&script, &config, payloads).await;
+    assert_eq!(log_a, log_b, "resuming from JSON must give the same log");
+    assert_eq!(state_a, state_b);
+    assert_replays(&log_a, &state_a);
+    (log_a, state_a)
+}
+
+fn approve(state: &RunState) -> Resume {
+    let call = &state.batch[0];
+    Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Approve, by: Some("ana".into()) }
+}
+
+#[tokio::test]
+async fn awaiting_approval() {
+    let script = vec![ScriptedTurn::call("refund", json!({"order": "A1", "amount": 30})), ScriptedTurn::text("Refunded 30.")];
+    let (log, state) = same_log_either_way(script, approval_config(), &[approve]).await;
+    let names = names(&log);
+    let parked_at = names.iter().position(|n| *n == "session.pause").unwrap();
+    assert_eq!(&names[parked_at - 2..parked_at + 3], ["tool.call", "approval.requested", "session.pause", "approval.resolved", "tool.result"]);
+    assert!(matches!(state.outcome, Some(Outcome::Succeeded { ref answer, .. }) if answer == "Refunded 30."));
+}
+
+#[tokio::test]
+async fn awaiting_approval_edit_and_reject() {
+    fn edit(state: &RunState) -> Resume {
+        let call = &state.batch[0];
+        Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Edit { input: json!({"order": "A1", "amount": 10}) }, by: None }
+    }
+    fn reject(state: &RunState) -> Resume {
+        let call = &state.batch[0];
+        Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Reject { reason: "too much".into() }, by: None }
+    }
+    let script = vec![
+        ScriptedTurn::call("refund", json!({"order": "A1", "amount": 30})),
+        ScriptedTurn::call("refund", json!({"order": "A1", "amount": 3000})),
+        ScriptedTurn::text("Refunded 10; the second refund was refused."),
+    ];
+    let (log, _) = same_log_either_way(script, approval_config(), &[edit, reject]).await;
+    let results: Vec<_> = log
+        .iter()
+        .filter_map(|e| match &e.kind {
+            glia_proto::EventKind::ToolResult { content, .. } => Some(content.clone()),
+            glia_proto::EventKind::ToolError { message, error, .. } => Some(format!("{error:?}: {message}")),
+            _ => None,
+        })
+        .collect();
+    assert!(results[0].contains("\"refunded\":10"), "the edited arguments ran: {results:?}");
+    assert_eq!(results[1], "Rejected: A person rejected this call: too much");
+}
+
+#[tokio::test]
+async fn awaiting_tool() {
+    fn answer(state: &RunState) -> Resume {
+        Resume::ToolResult { call_id: state.batch[0].call_id.clone(), content: "Order A1, please.".into(), is_error: false }
+    }
+    let script = vec![ScriptedTurn::call("ask_customer", json!({"question": "Which order?"})), ScriptedTurn::text("Thanks, looking at A1.")];
+    let (log, state) = same_log_either_way(script, approval_config(), &[answer]).await;
+    assert!(names(&log).contains(&"session.pause"));
+    let pause = log.iter().find_map(|e| match &e.kind {
+        glia_proto::EventKind::SessionPause { pull_point } => Some(pull_point.clone()),
+        _ => None,
+    });
+    assert_eq!(pause, Some(PullPoint::AwaitingTool { call_ids: vec!["call_1".into()] }));
+    assert_eq!(state.status(), Status::Done(Outcome::Succeeded { answer: "Thanks, looking at A1.".into(), output: None }));
+}
+
+#[tokio::test]
+async fn awaiting_input() {
+    fn say(_: &RunState) -> Resume {
+        Resume::Input { text: "I want a refund for A1.".into() }
+    }
+    let script = vec![ScriptedTurn::text("How can I help?"), ScriptedTurn::text("Sure, A1 it is.")];
+    let config = RunConfig { conversational: true, ..RunConfig::default() };
+    let (log, state) = same_log_either_way(script, config, &[say]).await;
+    assert_eq!(state.parked, Some(PullPoint::AwaitingInput));
+    assert_eq!(names(&log).iter().filter(|n| **n == "input.received").count(), 1);
+    assert_eq!(state.messages.len(), 4);
+}
+
+#[tokio::test]
+async fn paused_by_budget() {
+    fn extend(_: &RunState) -> Resume {
+        Resume::ExtendBudget { extra: BudgetLimits { max_turns: Some(1), ..BudgetLimits::default() } }
+    }
+    let script = vec![ScriptedTurn::call("add", json!({"a": 2, "b": 3})), ScriptedTurn::text("5")];
+    let config = RunConfig { budget: BudgetLimits { max_turns: Some(1), ..BudgetLimits::default() }, ..RunConfig::default() };
+    let (log, state) = same_log_either_way(script, config, &[extend]).await;
+    let names = names(&log);
+    let warn = names.iter().position(|n| *n == "budget.warn").unwrap();
+    assert_eq!(&names[warn..warn + 4], ["budget.warn", "session.pause", "budget.extended", "session.resume"]);
+    assert!(log.iter().any(|e| matches!(&e.kind, glia_proto::EventKind::SessionPause { pull_point: PullPoint::Paused { reason: PauseReason::Budget { limit: Limit::Turns } } })));
+    assert_eq!(state.usage.turns, 2);
+    assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })));
+}
+
+#[tokio::test]
+async fn paused_at_turn_limit_then_resumed() {
+    fn resume(_: &RunState) -> Resume {
+        Resume::Resume { by: Some("ops".into()) }
+    }
+    let script = vec![
+        ScriptedTurn::call("add", json!({"a": 1, "b": 1})),
+        ScriptedTurn::call("add", json!({"a": 2, "b": 2})),
+        ScriptedTurn::text("done"),
+    ];
+    let config = RunConfig { max_model_calls_per_turn: 2, ..RunConfig::default() };
+    let (log, state) = same_log_either_way(script, config, &[resume]).await;
+    assert!(log.iter().any(|e| matches!(&e.kind, glia_proto::EventKind::SessionPause { pull_point: PullPoint::Paused { reason: PauseReason::TurnLimit } })));
+    assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })));
+}
