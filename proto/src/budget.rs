@@ -102,10 +102,18 @@ impl BudgetLimits {
         checks.into_iter().find(|(max, used, _)| max.is_some_and(|m| *used >= m)).map(|(_, _, l)| l)
     }
 
+    /// The first limit that blocks one more model call: every limit but
+    /// `max_tool_calls` (a model out of tool calls may still answer).
+    pub fn exhausted_for_model(&self, usage: &BudgetUsage) -> Option<Limit> {
+        let without_tools = BudgetLimits { max_tool_calls: None, ..*self };
+        without_tools.exhausted(usage)
+    }
+
     /// The first limit that blocks one more tool call: only `max_tool_calls`,
     /// `max_active_ms` and `max_cost_usd_micros` apply to tools.
     pub fn exhausted_for_tool(&self, usage: &BudgetUsage) -> Option<Limit> {
-        self.exhausted(usage).filter(|l| matches!(l, Limit::ToolCalls | Limit::ActiveTime | Limit::Cost))
+        let tool_limits = BudgetLimits { max_tool_calls: self.max_tool_calls, max_active_ms: self.max_active_ms, max_cost_usd_micros: self.max_cost_usd_micros, ..Default::default() };
+        tool_limits.exhausted(usage)
     }
 
     /// These limits raised by `extra`: each field of `extra` that is `Some(n)`

@@ -325,7 +325,9 @@ impl RunState {
                 self.output = None;
                 self.turn_calls = 0;
                 self.reasks = 0;
-                if self.plan.len() > 1 {
+                // Every step opens with a user turn: the goal for a single
+                // first step, a marked step note otherwise.
+                if self.plan.len() > 1 || self.messages.last().is_some_and(|m| m.role == Role::Assistant) {
                     let note = Insert::Step.wrap(&format!("Step {} of {}: {}", index + 1, self.plan.len(), description));
                     push_user_text(&mut self.messages, note);
                 }

@@ -455,7 +455,7 @@ impl Agent {
 
     async fn model_turn(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
         let config = run.state.config.clone();
-        if let Some(limit) = run.state.limits.exhausted(&run.state.usage) {
+        if let Some(limit) = run.state.limits.exhausted_for_model(&run.state.usage) {
             return self.budget_pause(run, limit).await;
         }
         if run.state.turn_calls >= config.max_model_calls_per_turn {

@@ -1,0 +1,228 @@
+//! Bad input never crashes a run: a tool returning invalid JSON, panicking,
+//! timing out or failing, a model calling an unknown tool or passing invalid
+//! arguments, an illegal transition, a stale or duplicate approval, a crash
+//! between a tool call and its result. Each gives a typed error or an error
+//! result the model sees, and the run stays resumable.
+
+mod common;
+
+use common::*;
+use glia_proto::{
+    ContentBlock, Decision, Disposition, Event, EventKind, Outcome, PullPoint, Resume, RunConfig, RunState, Status, ToolErrorKind,
+    TransitionError,
+};
+use glia_worker::AgentError;
+use glia_worker::provider::ScriptedTurn;
+use serde_json::json;
+
+/// The tool errors in `log`, in order.
+fn tool_errors(log: &[Event]) -> Vec<(ToolErrorKind, String)> {
+    log.iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolError { error, message, .. } => Some((*error, message.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_tool_failure_becomes_an_error_result_the_model_sees() {
+    let script = vec![
+        ScriptedTurn::calls(&[
+            ("garbage", json!({})),
+            ("crashy", json!({})),
+            ("slow", json!({})),
+            ("failing", json!({})),
+            ("no_such_tool", json!({"x": 1})),
+            ("add", json!({"a": "two", "b": 3})),
+            ("add", json!({"a": 2})),
+        ]),
+        ScriptedTurn::text("Everything failed, sorry."),
+    ];
+    let (agent, provider) = agent(script);
+    let mut log = Vec::new();
+    let (state, status) = agent.run(run_id(), "try everything", RunConfig::default(), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })), "{status:?}");
+    let kinds: Vec<ToolErrorKind> = tool_errors(&log).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        kinds,
+        [
+            ToolErrorKind::UnknownTool,
+            ToolErrorKind::InvalidOutput,
+            ToolErrorKind::Panicked,
+            ToolErrorKind::Timeout,
+            ToolErrorKind::Failed,
+            ToolErrorKind::InvalidArguments,
+            ToolErrorKind::InvalidArguments,
+        ],
+        "refusals are recorded as decided, executions in call order"
+    );
+    let messages: Vec<String> = tool_errors(&log).into_iter().map(|(_, m)| m).collect();
+    assert!(messages[0].starts_with("Unknown tool \"no_such_tool\". Available tools:"), "{}", messages[0]);
+    assert!(messages[1].contains("invalid JSON"), "{}", messages[1]);
+    assert!(messages[2].contains("crashy crashed: index out of bounds"), "{}", messages[2]);
+    assert!(messages[3].contains("timed out after 50 ms"), "{}", messages[3]);
+    assert_eq!(messages[4], "database unavailable");
+    assert!(messages[5].contains("\"two\" is not of type \"integer\""), "{}", messages[5]);
+    assert!(messages[6].contains("\"b\" is a required property"), "{}", messages[6]);
+
+    // The model saw all seven as error results in one user turn, in call order.
+    let second = &provider.requests()[1];
+    let results = &second.messages.last().unwrap().content;
+    assert_eq!(results.len(), 7);
+    let ids: Vec<&str> = results
+        .iter()
+        .map(|b| match b {
+            ContentBlock::ToolResult { tool_use_id, is_error: true, .. } => tool_use_id.as_str(),
+            other => panic!("expected an error result, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(ids, ["call_1", "call_2", "call_3", "call_4", "call_5", "call_6", "call_7"]);
+    assert_replays(&log, &state);
+}
+
+#[tokio::test]
+async fn illegal_transitions_are_typed_errors_and_change_nothing() {
+    let (agent, _) = agent(vec![ScriptedTurn::call("refund", json!({"order": "A1", "amount": 30})), ScriptedTurn::text("ok")]);
+    let mut log = Vec::new();
+    let (mut state, status) = agent.run(run_id(), "refund", approval_config(), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Parked(PullPoint::AwaitingApproval { .. })));
+    let before = state.clone();
+    let len = log.len();
+
+    // An approval on other arguments than the ones pending.
+    let stale = Resume::Approval { call_id: "call_1".into(), args_hash: glia_proto::args_hash(&json!({"order": "A1", "amount": 3})), decision: Decision::Approve, by: None };
+    let err = agent.advance(&mut state, Some(stale), &mut log).await.unwrap_err();
+    assert!(matches!(err, AgentError::Transition(TransitionError::ArgsMismatch { .. })), "{err:?}");
+    // An approval for a call that does not exist.
+    let unknown = Resume::Approval { call_id: "call_9".into(), args_hash: String::new(), decision: Decision::Approve, by: None };
+    let err = agent.advance(&mut state, Some(unknown), &mut log).await.unwrap_err();
+    assert!(matches!(err, AgentError::Transition(TransitionError::UnknownCall { .. })), "{err:?}");
+    // A user message while the run waits for an approval.
+    let err = agent.advance(&mut state, Some(Resume::Input { text: "hello?".into() }), &mut log).await.unwrap_err();
+    assert!(matches!(err, AgentError::InvalidResume(_)), "{err:?}");
+    // A tool result for a call that is not external.
+    let err = agent.advance(&mut state, Some(Resume::ToolResult { call_id: "call_1".into(), content: "done".into(), is_error: false }), &mut log).await.unwrap_err();
+    assert!(matches!(err, AgentError::InvalidResume(_)), "{err:?}");
+    // Resuming a run that is not paused.
+    let err = agent.advance(&mut state, Some(Resume::Resume { by: None }), &mut log).await.unwrap_err();
+    assert!(matches!(err, AgentError::Transition(TransitionError::Illegal { event: "session.resume", .. })), "{err:?}");
+
+    assert_eq!(state, before, "refused payloads leave the state unchanged");
+    assert_eq!(log.len(), len, "and record nothing");
+
+    // The run is still resumable: the right decision goes through, a second one is refused.
+    let call = state.call("call_1").unwrap().clone();
+    let approve = Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Approve, by: None };
+    let status = agent.advance(&mut state, Some(approve.clone()), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })));
+    let err = agent.advance(&mut state, Some(approve), &mut log).await.unwrap_err();
+    assert!(matches!(err, AgentError::Transition(TransitionError::Finished { .. })), "{err:?}");
+    assert_replays(&log, &state);
+}
+
+#[test]
+fn transition_rejects_out_of_order_and_foreign_events() {
+    let start = Event {
+        run_id: run_id(),
+        seq: 1,
+        at: epoch(),
+        kind: EventKind::SessionStart { goal: "g".into(), config: RunConfig::default() },
+    };
+    let mut state = RunState::replay(run_id(), std::slice::from_ref(&start)).unwrap();
+    let dup = start.clone();
+    assert_eq!(state.apply(&dup), Err(TransitionError::OutOfOrder { expected: 2, got: 1 }));
+    let foreign = Event { run_id: uuid::Uuid::nil(), seq: 2, ..start.clone() };
+    assert!(matches!(state.apply(&foreign), Err(TransitionError::WrongRun { .. })));
+    let early_answer = Event { seq: 2, kind: EventKind::StepEnd { index: 0, answer: "x".into(), skipped: false }, ..start.clone() };
+    assert!(matches!(state.apply(&early_answer), Err(TransitionError::Illegal { event: "step.end", .. })));
+    let restart = Event { seq: 2, ..start };
+    assert!(matches!(state.apply(&restart), Err(TransitionError::Illegal { event: "session.start", .. })));
+    assert_eq!(state.head_seq, 1);
+}
+
+/// A worker died after `tool.call` was durable but before the result: cut the
+/// log there and advance from a state rebuilt from the cut log.
+async fn crash_after_tool_call(tool: &str, input: serde_json::Value) -> (Vec<Event>, RunState) {
+    let script = vec![ScriptedTurn::call(tool, input), ScriptedTurn::text("done")];
+    let (agent, _) = agent(script.clone());
+    let mut full = Vec::new();
+    agent.run(run_id(), "go", RunConfig::default(), &mut full).await.unwrap();
+    let cut = full.iter().position(|e| matches!(e.kind, EventKind::ToolCall(_))).unwrap() + 1;
+    let mut log = full[..cut].to_vec();
+    let mut state = RunState::replay(run_id(), &log).unwrap();
+    assert!(matches!(state.call("call_1").unwrap().disposition, Some(Disposition::Run { .. })));
+    let (fresh, _) = agent_at(script, served(&log));
+    let status = fresh.advance(&mut state, None, &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })));
+    assert_replays(&log, &state);
+    (log, state)
+}
+
+#[tokio::test]
+async fn interrupted_idempotent_call_is_run_again_with_the_same_key() {
+    let (log, _) = crash_after_tool_call("add", json!({"a": 1, "b": 2})).await;
+    let result = log.iter().find_map(|e| match &e.kind {
+        EventKind::ToolResult { call_id, content, .. } => Some((call_id.clone(), content.clone())),
+        _ => None,
+    });
+    assert_eq!(result, Some(("call_1".into(), "{\"sum\":3}".into())));
+}
+
+#[tokio::test]
+async fn interrupted_non_idempotent_call_gets_outcome_unknown() {
+    let (log, _) = crash_after_tool_call("refund", json!({"order": "A1", "amount": 5})).await;
+    let errors = tool_errors(&log);
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].0, ToolErrorKind::OutcomeUnknown);
+    assert!(glia_proto::marker::is_machine_text(&errors[0].1));
+    assert!(!names(&log).contains(&"tool.result"), "a non-idempotent call is never re-run");
+}
+
+#[tokio::test]
+async fn script_exhaustion_fails_the_run_with_a_clear_error() {
+    let (agent, _) = agent(vec![]);
+    let mut log = Vec::new();
+    let (_, status) = agent.run(run_id(), "go", RunConfig::default(), &mut log).await.unwrap();
+    assert_eq!(status, Status::Done(Outcome::Failed { error: "model call failed: script exhausted after 0 responses".into() }));
+}
+
+#[tokio::test]
+async fn transient_provider_failure_leaves_the_run_runnable() {
+    let script = vec![ScriptedTurn { error: Some("transient".into()), ..Default::default() }, ScriptedTurn::text("ok now")];
+    let (agent, _) = agent(script);
+    let mut log = Vec::new();
+    let mut state = agent.start(run_id(), "go", RunConfig::default(), &mut log).await.unwrap();
+    let err = agent.advance(&mut state, None, &mut log).await.unwrap_err();
+    assert!(matches!(err, AgentError::Provider(_)), "{err:?}");
+    assert_eq!(state.status(), Status::Runnable);
+    let status = agent.advance(&mut state, None, &mut log).await.unwrap();
+    assert_eq!(status, Status::Done(Outcome::Succeeded { answer: "ok now".into(), output: None }));
+    assert_replays(&log, &state);
+}
+
+#[tokio::test]
+async fn spend_cap_pauses_the_run() {
+    let script = vec![ScriptedTurn { error: Some("spend_cap".into()), ..Default::default() }, ScriptedTurn::text("ok")];
+    let (agent, _) = agent(script);
+    let mut log = Vec::new();
+    let (mut state, status) = agent.run(run_id(), "go", RunConfig::default(), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Parked(PullPoint::Paused { .. })), "{status:?}");
+    let status = agent.advance(&mut state, Some(Resume::Resume { by: None }), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })));
+}
+
+#[tokio::test]
+async fn invalid_config_is_refused_before_anything_is_recorded() {
+    let (agent, _) = agent(vec![]);
+    let mut log = Vec::new();
+    let bad_policy = RunConfig {
+        policies: vec![glia_proto::Policy { tool: "*".into(), args: Some("(unclosed".into()), action: glia_proto::PolicyAction::Allow }],
+        ..RunConfig::default()
+    };
+    let err = agent.start(run_id(), "go", bad_policy, &mut log).await.unwrap_err();
+    assert!(matches!(err, AgentError::Config(ref m) if m.contains("invalid regex")), "{err:?}");
+    let unknown_tool = RunConfig { tools: Some(vec!["nope".into()]), ..RunConfig::default() };
+    assert!(matches!(agent.start(run_id(), "go", unknown_tool, &mut log).await, Err(AgentError::Config(_))));
+    assert!(log.is_empty());
+}
