@@ -63,3 +63,6 @@ pub fn args_hash(input: &Value) -> String {
     let digest = Sha256::digest(canonical_json(input).as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod state_tests;
