@@ -46,12 +46,20 @@ use crate::tool::{ToolContext, ToolFailure, ToolRegistry};
 /// Where the loop's events go: a Vec in tests, Postgres in the fleet.
 ///
 /// `record` is called once per event, in order, after the event has been
-/// applied to the state. If it fails, the in-memory state is ahead of the log:
+/// applied to the state; a sink may buffer. `commit` is a durability barrier:
+/// the loop calls it before anything with an outside effect (a model call, a
+/// tool execution) and before `advance` returns, with the state as of the last
+/// recorded event. If either fails, the in-memory state is ahead of the log:
 /// drop it and rebuild from the log.
 #[async_trait]
 pub trait EventSink: Send + Sync {
-    /// Persist one event.
+    /// Accept one event (persist it now, or buffer it until `commit`).
     async fn record(&mut self, event: &Event) -> Result<(), SinkError>;
+    /// Make every event recorded so far durable. `state` is the run's state
+    /// after the last of them. Default: nothing to do.
+    async fn commit(&mut self, _state: &RunState) -> Result<(), SinkError> {
+        Ok(())
+    }
     /// Push a live-only event (a model delta). Default: drop it.
     fn live(&self, _event: &LiveEvent) {}
 }
@@ -163,6 +171,12 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Durability barrier: see [`EventSink::commit`].
+    async fn commit(&mut self) -> Result<(), AgentError> {
+        self.sink.commit(self.state).await?;
+        Ok(())
+    }
+
     fn elapsed_ms(&self, since: DateTime<Utc>) -> u64 {
         u64::try_from((self.clock.now() - since).num_milliseconds()).unwrap_or(0)
     }
@@ -249,6 +263,7 @@ impl Agent {
             run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason: reason.clone(), reask: None }).await?;
             self.fail(&mut run, format!("goal rejected: {reason}")).await?;
         }
+        run.commit().await?;
         Ok(state)
     }
 
@@ -293,6 +308,7 @@ impl Agent {
             }
             assert!(run.state.head_seq > before, "the loop made no progress in phase {:?}", run.state.phase);
         }
+        run.commit().await?;
         Ok(run.state.status())
     }
 
@@ -301,6 +317,7 @@ impl Agent {
         if state.phase != Phase::Done {
             let mut run = Run { state, sink, clock: &*self.clock };
             run.record(EventKind::SessionCancel { reason: reason.to_owned() }).await?;
+            run.commit().await?;
         }
         Ok(state.status())
     }
@@ -313,6 +330,7 @@ impl Agent {
             return Err(AgentError::InvalidResume("only a run waiting at awaiting_input is closed".into()));
         }
         self.complete(&mut run).await?;
+        run.commit().await?;
         Ok(state.status())
     }
 
@@ -478,6 +496,7 @@ impl Agent {
         let forced = (config.output_schema.is_some() && run.state.reasks > 0).then(|| OUTPUT_TOOL.to_owned());
         let request = build_request(run.state, wrap_up, forced.clone());
         run.record(EventKind::ModelCall { model: config.model.clone(), messages: request.messages.len(), wrap_up, forced_tool: forced }).await?;
+        run.commit().await?;
         let started = run.clock.now();
         let sink: &dyn EventSink = &*run.sink;
         let live = |delta: LiveEvent| sink.live(&delta);
@@ -671,6 +690,7 @@ impl Agent {
         if ready.is_empty() {
             return Ok(());
         }
+        run.commit().await?;
         let run_id = run.state.run_id;
         let clock = run.clock;
         let outcomes = futures::future::join_all(ready.iter().map(|(call_id, name, input, _)| {
@@ -746,6 +766,7 @@ impl Agent {
             e if e.is_transient() => {
                 run.record(EventKind::Error { message: e.to_string(), fatal: false }).await?;
                 self.observe(HookTopic::OnError, json!({ "message": e.to_string() }));
+                run.commit().await?;
                 Err(AgentError::Provider(e))
             }
             ProviderError::SpendCap(reason) => self.pause(run, PauseReason::Provider { reason }).await,
