@@ -1,1 +1,408 @@
-//! Placeholder: see ARCHITECTURE.md. This crate is built by a later issue.
+//! glia-backends: the three ports of the fleet and their adapters.
+//!
+//! - [`EventLog`]: the truth. Runs, their append-only event logs, leases,
+//!   checkpoints, the inbox of posted payloads, approvals, the outbox of jobs.
+//!   Adapters: [`memory::MemoryLog`]; Postgres (`postgres` module).
+//! - [`JobQueue`]: wake-ups. A [`Job`] names a run and the head sequence it
+//!   expects. Adapters: [`memory::MemoryQueue`]; RabbitMQ (`rabbit` module).
+//! - [`Ledger`]: fast shared counters and signals: cancellation flags and live
+//!   deltas. Adapters: [`memory::MemoryLedger`]; Redis (`redis` module).
+//!
+//! Losing a queued job or a ledger key never loses a run: the reconciler
+//! re-enqueues runnable runs from the log.
+
+#![warn(missing_docs)]
+
+pub mod conformance;
+pub mod memory;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use futures::stream::BoxStream;
+use glia_proto::{Event, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, Status};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// A wake-up for a run: "run `run_id` has something to do; its head was
+/// `head_seq` when this was sent". JSON on the wire: `{"run_id": "…", "head_seq": 7}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Job {
+    /// The run.
+    pub run_id: Uuid,
+    /// Head sequence when the job was written.
+    pub head_seq: u64,
+}
+
+/// Where a run stands, coarsely, for listing and filtering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// A worker can advance it.
+    Runnable,
+    /// It waits at a pull point.
+    Parked,
+    /// Finished, failed or cancelled.
+    Done,
+}
+
+impl RunStatus {
+    /// The status of `state`.
+    pub fn of(state: &RunState) -> RunStatus {
+        match state.status() {
+            Status::Runnable => RunStatus::Runnable,
+            Status::Parked(_) => RunStatus::Parked,
+            Status::Done(_) => RunStatus::Done,
+        }
+    }
+
+    /// `runnable`, `parked`, `done`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Runnable => "runnable",
+            RunStatus::Parked => "parked",
+            RunStatus::Done => "done",
+        }
+    }
+}
+
+/// A run's row: identity and a summary of its state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// The run.
+    pub run_id: Uuid,
+    /// Owning tenant; a run is visible only to it.
+    pub tenant: String,
+    /// Batch it belongs to.
+    pub batch_id: Option<Uuid>,
+    /// The goal.
+    pub goal: String,
+    /// Coarse status.
+    pub status: RunStatus,
+    /// State-machine phase.
+    pub phase: Phase,
+    /// Where it waits, when parked.
+    pub pull_point: Option<PullPoint>,
+    /// How it ended, when done.
+    pub outcome: Option<Outcome>,
+    /// Sequence of its last event.
+    pub head_seq: u64,
+    /// When it was admitted.
+    pub created_at: DateTime<Utc>,
+    /// When its last event was committed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl RunSummary {
+    /// The summary of `state`, keeping identity fields from `self`.
+    pub fn updated(&self, state: &RunState, now: DateTime<Utc>) -> RunSummary {
+        RunSummary {
+            status: RunStatus::of(state),
+            phase: state.phase,
+            pull_point: state.parked.clone(),
+            outcome: state.outcome.clone(),
+            head_seq: state.head_seq,
+            updated_at: now,
+            ..self.clone()
+        }
+    }
+}
+
+/// A run to admit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    /// Owning tenant.
+    pub tenant: String,
+    /// Per-tenant idempotency key: admitting the same key twice returns the
+    /// first run.
+    pub idempotency_key: Option<String>,
+    /// Batch it belongs to.
+    pub batch_id: Option<Uuid>,
+    /// Its `session.start` event (seq 1), already validated by applying it to
+    /// a fresh [`RunState`].
+    pub start: Event,
+}
+
+/// Which runs to list. Results are ordered by `run_id` (UUIDv7: creation
+/// order); `after` is the last `run_id` of the previous page.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunFilter {
+    /// Only this tenant's runs (`None`: all tenants, for admins).
+    pub tenant: Option<String>,
+    /// Only runs with this status.
+    pub status: Option<RunStatus>,
+    /// Only runs of this batch.
+    pub batch_id: Option<Uuid>,
+    /// Page cursor.
+    pub after: Option<Uuid>,
+    /// Page size (at most 1,000).
+    pub limit: usize,
+}
+
+/// A worker's exclusive, expiring claim on a run. Every commit is fenced by
+/// `token`: a lease that lapsed and was taken over can no longer write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The run.
+    pub run_id: Uuid,
+    /// Worker id, free text.
+    pub owner: String,
+    /// Fencing token, new for every acquisition.
+    pub token: Uuid,
+    /// When it lapses unless renewed.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A payload posted to a parked run, waiting for a worker to apply it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InboxItem {
+    /// Position in the run's inbox (increasing).
+    pub id: i64,
+    /// The payload.
+    pub payload: Resume,
+}
+
+/// A tool call waiting for (or past) a person's decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRow {
+    /// The run.
+    pub run_id: Uuid,
+    /// Its tenant.
+    pub tenant: String,
+    /// The call.
+    pub call_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Arguments to approve.
+    pub input: Value,
+    /// Hash a decision must quote.
+    pub args_hash: String,
+    /// `pending` or `decided`.
+    pub status: ApprovalStatus,
+    /// When it was requested.
+    pub requested_at: DateTime<Utc>,
+}
+
+/// Where an approval stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    /// Waiting for a person.
+    Pending,
+    /// A decision was posted.
+    Decided,
+}
+
+/// Which approvals to list: oldest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ApprovalFilter {
+    /// Only this tenant's.
+    pub tenant: Option<String>,
+    /// Only this tool's.
+    pub tool: Option<String>,
+    /// Only this run's.
+    pub run_id: Option<Uuid>,
+    /// Only pending ones when true.
+    pub pending_only: bool,
+    /// Page size.
+    pub limit: usize,
+}
+
+/// Why an [`EventLog`] call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogError {
+    /// No such run.
+    #[error("run {0} not found")]
+    NotFound(Uuid),
+    /// The run's head is not where the commit expected it: someone else
+    /// extended it. Nothing was written.
+    #[error("run {run_id}: head is {actual}, commit expected {expected}")]
+    Conflict {
+        /// The run.
+        run_id: Uuid,
+        /// Head the commit was built on.
+        expected: u64,
+        /// Head in the log.
+        actual: u64,
+    },
+    /// The lease lapsed or was taken over; nothing was written.
+    #[error("run {0}: lease lost")]
+    LeaseLost(Uuid),
+    /// Another worker holds the run's lease.
+    #[error("run {run_id}: leased by {owner} until {until}")]
+    LeaseHeld {
+        /// The run.
+        run_id: Uuid,
+        /// The holder.
+        owner: String,
+        /// When its lease lapses.
+        until: DateTime<Utc>,
+    },
+    /// The same payload was already posted (e.g. a second approval decision).
+    #[error("run {run_id}: {what} was already posted")]
+    Duplicate {
+        /// The run.
+        run_id: Uuid,
+        /// What, e.g. `approval call_3`.
+        what: String,
+    },
+    /// The events do not apply to the run's state (a bug in the caller).
+    #[error("run {run_id}: invalid events: {reason}")]
+    Invalid {
+        /// The run.
+        run_id: Uuid,
+        /// The transition error.
+        reason: String,
+    },
+    /// The backing store failed (connection, timeout, corrupt row).
+    #[error("event log unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The run store. Postgres in the fleet, [`memory::MemoryLog`] in `glia dev`.
+///
+/// Every write that causes work writes a [`Job`] to the outbox in the same
+/// transaction; a relay publishes outbox jobs after commit.
+#[async_trait]
+pub trait EventLog: Send + Sync {
+    /// Admit a run: its row, `session.start` and a job, atomically. With an
+    /// idempotency key already used by the tenant, returns that run and
+    /// `false`, writing nothing.
+    async fn create_run(&self, new: NewRun) -> Result<(RunSummary, bool), LogError>;
+
+    /// One run's summary. Errors: [`LogError::NotFound`].
+    async fn get_run(&self, run_id: Uuid) -> Result<RunSummary, LogError>;
+
+    /// A page of runs.
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError>;
+
+    /// Events with `seq > after`, in order, at most `limit`.
+    async fn events(&self, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError>;
+
+    /// The run's state: its latest checkpoint plus the events after it.
+    async fn load(&self, run_id: Uuid) -> Result<RunState, LogError>;
+
+    /// Take the run's lease for `ttl`. Errors: [`LogError::LeaseHeld`] when
+    /// another unexpired lease exists.
+    async fn acquire(&self, run_id: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError>;
+
+    /// Extend a lease. Errors: [`LogError::LeaseLost`].
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError>;
+
+    /// Give a lease up. Releasing a lost lease is not an error.
+    async fn release(&self, lease: &Lease) -> Result<(), LogError>;
+
+    /// Append `events` (consecutive, starting at the stored head + 1) in one
+    /// transaction fenced by the head and `lease`; update the run's summary
+    /// from `state` (its state after the events); mark inbox items `consumed`;
+    /// record approvals requested and resolved. Writes a checkpoint now and
+    /// then, never on every commit. Errors: [`LogError::Conflict`],
+    /// [`LogError::LeaseLost`]; nothing is written then.
+    async fn commit(&self, lease: &Lease, events: &[Event], state: &RunState, consumed: &[i64]) -> Result<(), LogError>;
+
+    /// Queue a payload for a parked run and write a job. A payload with a
+    /// dedupe key already used for the run (an approval or an external
+    /// result for the same call) is refused with [`LogError::Duplicate`].
+    /// Validation against the run's state is the caller's.
+    async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError>;
+
+    /// The run's unconsumed inbox items, oldest first.
+    async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError>;
+
+    /// Approvals, oldest first.
+    async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError>;
+
+    /// Up to `limit` outbox jobs not yet relayed, oldest first, with their ids.
+    async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError>;
+
+    /// Mark outbox jobs relayed.
+    async fn outbox_done(&self, ids: &[i64]) -> Result<(), LogError>;
+
+    /// Runs that have work (runnable, or with unconsumed inbox items) and no
+    /// live lease: the reconciler re-enqueues them.
+    async fn orphaned(&self, limit: usize) -> Result<Vec<Job>, LogError>;
+
+    /// True when the store answers.
+    async fn ready(&self) -> Result<(), LogError>;
+}
+
+/// The dedupe key of a payload: approvals and external results are accepted
+/// once per call; other payloads are not deduplicated.
+pub fn dedupe_key(payload: &Resume) -> Option<String> {
+    match payload {
+        Resume::Approval { call_id, .. } => Some(format!("approval:{call_id}")),
+        Resume::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
+        _ => None,
+    }
+}
+
+/// Why a [`JobQueue`] call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    /// The broker is unreachable or the channel closed; retry.
+    #[error("job queue unavailable: {0}")]
+    Unavailable(String),
+    /// The broker did not confirm a publish.
+    #[error("publish not confirmed: {0}")]
+    NotConfirmed(String),
+    /// The queue is closed for good (shutdown).
+    #[error("job queue closed")]
+    Closed,
+}
+
+/// Acknowledges one delivery.
+#[async_trait]
+pub trait Acker: Send + Sync {
+    /// The job is handled (or safely dropped).
+    async fn ack(&self) -> Result<(), QueueError>;
+    /// The job could not be handled; `requeue` puts it back, otherwise it is
+    /// dead-lettered.
+    async fn nack(&self, requeue: bool) -> Result<(), QueueError>;
+}
+
+/// One job handed to a consumer.
+pub struct Delivery {
+    /// The job.
+    pub job: Job,
+    /// True when the broker delivered it before.
+    pub redelivered: bool,
+    /// Its acknowledgement handle.
+    pub acker: Box<dyn Acker>,
+}
+
+/// Run jobs. RabbitMQ in the fleet, [`memory::MemoryQueue`] in `glia dev`.
+#[async_trait]
+pub trait JobQueue: Send + Sync {
+    /// Publish a job, persistent, and wait for the broker's confirm.
+    async fn publish(&self, job: &Job) -> Result<(), QueueError>;
+    /// Wait for the next job. Reconnects on its own; errors only when closed.
+    async fn next(&self) -> Result<Delivery, QueueError>;
+    /// Jobs waiting in the queue.
+    async fn depth(&self) -> Result<u64, QueueError>;
+}
+
+/// Why a [`Ledger`] call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// The ledger store is unreachable.
+    #[error("ledger unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Fast shared signals: cancellation flags and live deltas. Redis in the
+/// fleet, [`memory::MemoryLedger`] in `glia dev`. Losing it loses no run.
+#[async_trait]
+pub trait Ledger: Send + Sync {
+    /// Flag a run as cancelled and notify subscribers.
+    async fn cancel(&self, run_id: Uuid) -> Result<(), LedgerError>;
+    /// True when the run is flagged as cancelled.
+    async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError>;
+    /// Push a live event to the run's subscribers (best effort).
+    async fn publish_live(&self, run_id: Uuid, event: &LiveEvent) -> Result<(), LedgerError>;
+    /// Live events of a run from now on.
+    async fn subscribe_live(&self, run_id: Uuid) -> Result<BoxStream<'static, LiveEvent>, LedgerError>;
+    /// True when the store answers.
+    async fn ready(&self) -> Result<(), LedgerError>;
+}

@@ -1,0 +1,241 @@
+//! The [`EventLog`] contract as executable checks. Every adapter's tests call
+//! each of these against a fresh, isolated instance (the memory twin in
+//! `tests/memory.rs`, Postgres in its own database per test), so the twin and
+//! the real adapter cannot drift apart.
+//!
+//! Each check panics with a message on the first violation.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use glia_proto::{
+    ContentBlock, Decision, Disposition, Event, EventKind, Message, Outcome, PullPoint, Resume, Role, RunConfig, RunState, ToolCallRecord,
+    Usage, args_hash,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, LogError, NewRun, RunFilter, RunStatus};
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn at() -> DateTime<Utc> {
+    DateTime::UNIX_EPOCH
+}
+
+/// A realistic log that parks at `awaiting_approval` for call `c1`
+/// (`park_at` events), then finishes (`all`).
+pub struct SampleLog {
+    /// The run.
+    pub run_id: Uuid,
+    /// Every event up to and including the `session.pause`.
+    pub parked: Vec<Event>,
+    /// The events after the approval, to the end.
+    pub rest: Vec<Event>,
+}
+
+/// Build a [`SampleLog`] for a new run.
+pub fn sample_log() -> SampleLog {
+    let run_id = Uuid::now_v7();
+    let input = json!({"order": "A1", "amount": 30});
+    let hash = args_hash(&input);
+    let kinds = vec![
+        EventKind::SessionStart { goal: "refund A1".into(), config: RunConfig::default() },
+        EventKind::PlanDraft { steps: vec!["Reach the goal.".into()], usage: Usage::default(), cost_usd_micros: 0 },
+        EventKind::PlanCommit { steps: vec!["Reach the goal.".into()] },
+        EventKind::StepStart { index: 0, description: "Reach the goal.".into(), tools: vec![] },
+        EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
+        EventKind::ModelResponse {
+            message: Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "c1".into(), name: "refund".into(), input: input.clone() }] },
+            usage: Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() },
+            stop_reason: "tool_use".into(),
+            duration_ms: 3,
+            cost_usd_micros: 7,
+        },
+        EventKind::ToolCall(ToolCallRecord {
+            call_id: "c1".into(),
+            name: "refund".into(),
+            input: input.clone(),
+            args_hash: hash.clone(),
+            idempotency_key: format!("{run_id}:c1"),
+            disposition: Disposition::Approval,
+        }),
+        EventKind::ApprovalRequested { call_id: "c1".into(), tool: "refund".into(), input, args_hash: hash.clone() },
+        EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: vec!["c1".into()] } },
+    ];
+    let rest = vec![
+        EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: Some("ana".into()) },
+        EventKind::ToolResult { call_id: "c1".into(), content: "{\"refunded\":30}".into(), reminder: None, duration_ms: 1 },
+        EventKind::ModelCall { model: "m".into(), messages: 3, wrap_up: false, forced_tool: None },
+        EventKind::ModelResponse { message: Message::assistant("Refunded."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 2, cost_usd_micros: 0 },
+        EventKind::StepEnd { index: 0, answer: "Refunded.".into(), skipped: false },
+        EventKind::SessionComplete { outcome: Outcome::Succeeded { answer: "Refunded.".into(), output: None } },
+    ];
+    let stamp = |(i, kind): (usize, EventKind)| Event { run_id, seq: i as u64 + 1, at: at(), kind };
+    let parked: Vec<Event> = kinds.into_iter().enumerate().map(stamp).collect();
+    let n = parked.len();
+    let rest = rest.into_iter().enumerate().map(|(i, k)| stamp((i + n, k))).collect();
+    SampleLog { run_id, parked, rest }
+}
+
+fn new_run(tenant: &str, key: Option<&str>, start: &Event) -> NewRun {
+    NewRun { tenant: tenant.into(), idempotency_key: key.map(str::to_owned), batch_id: None, start: start.clone() }
+}
+
+fn state_after(run_id: Uuid, events: &[Event]) -> RunState {
+    RunState::replay(run_id, events).expect("sample log replays")
+}
+
+/// Admit, then admit again with the same key: the first run comes back,
+/// nothing new is written; another tenant's same key is a different run.
+pub async fn admits_runs_idempotently(log: &dyn EventLog) {
+    let a = sample_log();
+    let (first, created) = log.create_run(new_run("t1", Some("k1"), &a.parked[0])).await.unwrap();
+    assert!(created);
+    assert_eq!((first.run_id, first.head_seq, first.status), (a.run_id, 1, RunStatus::Runnable));
+    let b = sample_log();
+    let (again, created) = log.create_run(new_run("t1", Some("k1"), &b.parked[0])).await.unwrap();
+    assert!(!created, "same tenant, same key: the first run");
+    assert_eq!(again.run_id, a.run_id);
+    assert!(matches!(log.get_run(b.run_id).await, Err(LogError::NotFound(_))), "nothing written for the second");
+    let (other, created) = log.create_run(new_run("t2", Some("k1"), &b.parked[0])).await.unwrap();
+    assert!(created && other.run_id == b.run_id, "keys are per tenant");
+    let jobs = log.outbox(100).await.unwrap();
+    assert!(jobs.iter().any(|(_, j)| *j == Job { run_id: a.run_id, head_seq: 1 }), "admission writes a job");
+}
+
+/// Commits are fenced by the head and the lease; a lapsed lease can be taken
+/// over and then writes nothing.
+pub async fn commits_are_fenced(log: &dyn EventLog) {
+    let s = sample_log();
+    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w1", TTL).await.unwrap();
+    assert!(matches!(log.acquire(s.run_id, "w2", TTL).await, Err(LogError::LeaseHeld { .. })));
+    let first = &s.parked[1..5];
+    log.commit(&lease, first, &state_after(s.run_id, &s.parked[..5]), &[]).await.unwrap();
+    // The same events again: the head moved.
+    let err = log.commit(&lease, first, &state_after(s.run_id, &s.parked[..5]), &[]).await.unwrap_err();
+    assert!(matches!(err, LogError::Conflict { expected: 1, actual: 5, .. }), "{err:?}");
+    log.release(&lease).await.unwrap();
+    // Released: another worker takes it; the old lease cannot write.
+    let lease2 = log.acquire(s.run_id, "w2", TTL).await.unwrap();
+    let err = log.commit(&lease, &s.parked[5..6], &state_after(s.run_id, &s.parked[..6]), &[]).await.unwrap_err();
+    assert!(matches!(err, LogError::LeaseLost(_)), "{err:?}");
+    log.commit(&lease2, &s.parked[5..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
+    assert_eq!(log.get_run(s.run_id).await.unwrap().head_seq, s.parked.len() as u64);
+    // A lapsed lease is taken over.
+    log.release(&lease2).await.unwrap();
+    let short = log.acquire(s.run_id, "w3", Duration::from_millis(50)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(matches!(log.renew(&short, TTL).await, Err(LogError::LeaseLost(_))));
+    let taken = log.acquire(s.run_id, "w4", TTL).await.unwrap();
+    assert_ne!(taken.token, short.token);
+    log.release(&taken).await.unwrap();
+}
+
+/// `load` equals the replay of `events`; `events` pages by `after`; the
+/// summary follows the state.
+pub async fn load_equals_replay(log: &dyn EventLog) {
+    let s = sample_log();
+    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    for i in 1..s.parked.len() {
+        log.commit(&lease, &s.parked[i..i + 1], &state_after(s.run_id, &s.parked[..=i]), &[]).await.unwrap();
+    }
+    let all = log.events(s.run_id, 0, 1000).await.unwrap();
+    assert_eq!(all, s.parked);
+    assert_eq!(log.events(s.run_id, 3, 2).await.unwrap(), s.parked[3..5].to_vec());
+    assert!(log.events(s.run_id, 100, 10).await.unwrap().is_empty());
+    let loaded = log.load(s.run_id).await.unwrap();
+    assert_eq!(loaded, state_after(s.run_id, &s.parked));
+    let summary = log.get_run(s.run_id).await.unwrap();
+    assert_eq!(summary.status, RunStatus::Parked);
+    assert_eq!(summary.pull_point, Some(PullPoint::AwaitingApproval { call_ids: vec!["c1".into()] }));
+    log.commit(&lease, &s.rest, &state_after(s.run_id, &[s.parked.clone(), s.rest.clone()].concat()), &[]).await.unwrap();
+    let done = log.get_run(s.run_id).await.unwrap();
+    assert_eq!(done.status, RunStatus::Done);
+    assert!(matches!(done.outcome, Some(Outcome::Succeeded { .. })));
+    assert_eq!(log.load(s.run_id).await.unwrap().head_seq, (s.parked.len() + s.rest.len()) as u64);
+}
+
+/// Approvals appear when requested, a decision is accepted once, the inbox
+/// holds it until a commit consumes it.
+pub async fn inbox_and_approvals(log: &dyn EventLog) {
+    let s = sample_log();
+    let tenant = format!("t-{}", s.run_id);
+    log.create_run(new_run(&tenant, None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
+    log.release(&lease).await.unwrap();
+    let filter = ApprovalFilter { tenant: Some(tenant.clone()), pending_only: true, limit: 10, ..Default::default() };
+    let pending = log.approvals(&filter).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!((pending[0].call_id.as_str(), pending[0].tool.as_str()), ("c1", "refund"));
+    let decision = Resume::Approval { call_id: "c1".into(), args_hash: pending[0].args_hash.clone(), decision: Decision::Approve, by: None };
+    let id = log.post(s.run_id, decision.clone()).await.unwrap();
+    assert!(matches!(log.post(s.run_id, decision.clone()).await, Err(LogError::Duplicate { .. })), "the first decision wins");
+    assert!(log.approvals(&filter).await.unwrap().is_empty(), "decided approvals leave the pending queue");
+    let all = log.approvals(&ApprovalFilter { tenant: Some(tenant), limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(all[0].status, ApprovalStatus::Decided);
+    let inbox = log.inbox(s.run_id).await.unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!((inbox[0].id, &inbox[0].payload), (id, &decision));
+    assert!(log.orphaned(1000).await.unwrap().iter().any(|j| j.run_id == s.run_id), "a parked run with a payload has work");
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    let full = [s.parked.clone(), s.rest.clone()].concat();
+    log.commit(&lease, &s.rest, &state_after(s.run_id, &full), &[id]).await.unwrap();
+    assert!(log.inbox(s.run_id).await.unwrap().is_empty(), "consumed with the commit");
+    assert!(matches!(log.post(Uuid::now_v7(), decision).await, Err(LogError::NotFound(_))));
+}
+
+/// The outbox drains; runnable runs without a live lease are orphaned; parked
+/// and leased runs are not.
+pub async fn outbox_and_orphans(log: &dyn EventLog) {
+    let s = sample_log();
+    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let jobs = log.outbox(10_000).await.unwrap();
+    let ours: Vec<i64> = jobs.iter().filter(|(_, j)| j.run_id == s.run_id).map(|(id, _)| *id).collect();
+    assert_eq!(ours.len(), 1);
+    log.outbox_done(&ours).await.unwrap();
+    assert!(!log.outbox(10_000).await.unwrap().iter().any(|(_, j)| j.run_id == s.run_id));
+    assert!(log.orphaned(10_000).await.unwrap().contains(&Job { run_id: s.run_id, head_seq: 1 }), "runnable, no lease");
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    assert!(!log.orphaned(10_000).await.unwrap().iter().any(|j| j.run_id == s.run_id), "leased");
+    log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
+    log.release(&lease).await.unwrap();
+    assert!(!log.orphaned(10_000).await.unwrap().iter().any(|j| j.run_id == s.run_id), "parked without payloads");
+}
+
+/// Listing filters by tenant, status and batch, and pages by run id.
+pub async fn lists_runs(log: &dyn EventLog) {
+    let tenant = format!("list-{}", Uuid::now_v7());
+    let batch = Uuid::now_v7();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let s = sample_log();
+        let new = NewRun { tenant: tenant.clone(), idempotency_key: None, batch_id: (i % 2 == 0).then_some(batch), start: s.parked[0].clone() };
+        log.create_run(new).await.unwrap();
+        ids.push(s.run_id);
+    }
+    let page = |after, limit| RunFilter { tenant: Some(tenant.clone()), after, limit, ..Default::default() };
+    let first = log.list_runs(&page(None, 3)).await.unwrap();
+    assert_eq!(first.iter().map(|r| r.run_id).collect::<Vec<_>>(), ids[..3]);
+    let second = log.list_runs(&page(Some(ids[2]), 3)).await.unwrap();
+    assert_eq!(second.iter().map(|r| r.run_id).collect::<Vec<_>>(), ids[3..]);
+    let batched = log.list_runs(&RunFilter { batch_id: Some(batch), limit: 100, ..page(None, 100) }).await.unwrap();
+    assert_eq!(batched.len(), 3);
+    let parked = log.list_runs(&RunFilter { status: Some(RunStatus::Parked), ..page(None, 100) }).await.unwrap();
+    assert!(parked.is_empty());
+    let other = log.list_runs(&RunFilter { tenant: Some("nobody".into()), limit: 100, ..Default::default() }).await.unwrap();
+    assert!(other.is_empty());
+}
+
+/// Run every check, each on a fresh log from `fresh`.
+pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn() -> F) {
+    admits_runs_idempotently(&fresh().await).await;
+    commits_are_fenced(&fresh().await).await;
+    load_equals_replay(&fresh().await).await;
+    inbox_and_approvals(&fresh().await).await;
+    outbox_and_orphans(&fresh().await).await;
+    lists_runs(&fresh().await).await;
+}

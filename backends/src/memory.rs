@@ -1,0 +1,397 @@
+//! In-memory twins of the three ports, for `glia dev` and fast unit tests.
+//! They keep the same contract as the real adapters (the [`crate::conformance`]
+//! suite runs against both) but nothing survives the process.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use glia_proto::{Event, EventKind, LiveEvent, Resume, RunState};
+use tokio::sync::{broadcast, mpsc};
+use uuid::Uuid;
+
+use crate::{
+    Acker, ApprovalFilter, ApprovalRow, ApprovalStatus, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError,
+    NewRun, QueueError, RunFilter, RunStatus, RunSummary, dedupe_key,
+};
+
+struct Record {
+    summary: RunSummary,
+    state: RunState,
+    events: Vec<Event>,
+    lease: Option<Lease>,
+    inbox: Vec<(InboxItem, Option<String>, bool)>,
+}
+
+#[derive(Default)]
+struct Inner {
+    runs: HashMap<Uuid, Record>,
+    keys: HashMap<(String, String), Uuid>,
+    approvals: Vec<ApprovalRow>,
+    outbox: BTreeMap<i64, Job>,
+    next_id: i64,
+}
+
+impl Inner {
+    fn id(&mut self) -> i64 {
+        self.next_id += 1;
+        self.next_id
+    }
+}
+
+/// The event log in memory.
+#[derive(Default)]
+pub struct MemoryLog {
+    inner: Mutex<Inner>,
+}
+
+fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn ttl_of(ttl: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX)
+}
+
+#[async_trait]
+impl EventLog for MemoryLog {
+    async fn create_run(&self, new: NewRun) -> Result<(RunSummary, bool), LogError> {
+        let mut inner = lock(&self.inner);
+        let run_id = new.start.run_id;
+        if let Some(key) = &new.idempotency_key
+            && let Some(existing) = inner.keys.get(&(new.tenant.clone(), key.clone()))
+        {
+            return Ok((inner.runs[existing].summary.clone(), false));
+        }
+        let state = RunState::replay(run_id, std::slice::from_ref(&new.start)).map_err(|e| LogError::Invalid { run_id, reason: e.to_string() })?;
+        let now = Utc::now();
+        let summary = RunSummary {
+            run_id,
+            tenant: new.tenant.clone(),
+            batch_id: new.batch_id,
+            goal: state.goal.clone(),
+            status: RunStatus::of(&state),
+            phase: state.phase,
+            pull_point: None,
+            outcome: None,
+            head_seq: 1,
+            created_at: now,
+            updated_at: now,
+        };
+        if inner.runs.contains_key(&run_id) {
+            return Err(LogError::Invalid { run_id, reason: "run id already exists".into() });
+        }
+        if let Some(key) = new.idempotency_key {
+            inner.keys.insert((new.tenant, key), run_id);
+        }
+        inner.runs.insert(run_id, Record { summary: summary.clone(), state, events: vec![new.start], lease: None, inbox: Vec::new() });
+        let id = inner.id();
+        inner.outbox.insert(id, Job { run_id, head_seq: 1 });
+        Ok((summary, true))
+    }
+
+    async fn get_run(&self, run_id: Uuid) -> Result<RunSummary, LogError> {
+        lock(&self.inner).runs.get(&run_id).map(|r| r.summary.clone()).ok_or(LogError::NotFound(run_id))
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError> {
+        let inner = lock(&self.inner);
+        let mut runs: Vec<RunSummary> = inner
+            .runs
+            .values()
+            .map(|r| &r.summary)
+            .filter(|s| filter.tenant.as_ref().is_none_or(|t| &s.tenant == t))
+            .filter(|s| filter.status.is_none_or(|st| s.status == st))
+            .filter(|s| filter.batch_id.is_none_or(|b| s.batch_id == Some(b)))
+            .filter(|s| filter.after.is_none_or(|a| s.run_id > a))
+            .cloned()
+            .collect();
+        runs.sort_by_key(|s| s.run_id);
+        runs.truncate(filter.limit.clamp(1, 1000));
+        Ok(runs)
+    }
+
+    async fn events(&self, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError> {
+        let inner = lock(&self.inner);
+        let r = inner.runs.get(&run_id).ok_or(LogError::NotFound(run_id))?;
+        Ok(r.events.iter().skip(after as usize).take(limit).cloned().collect())
+    }
+
+    async fn load(&self, run_id: Uuid) -> Result<RunState, LogError> {
+        lock(&self.inner).runs.get(&run_id).map(|r| r.state.clone()).ok_or(LogError::NotFound(run_id))
+    }
+
+    async fn acquire(&self, run_id: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
+        let mut inner = lock(&self.inner);
+        let r = inner.runs.get_mut(&run_id).ok_or(LogError::NotFound(run_id))?;
+        let now = Utc::now();
+        if let Some(held) = &r.lease
+            && held.expires_at > now
+        {
+            return Err(LogError::LeaseHeld { run_id, owner: held.owner.clone(), until: held.expires_at });
+        }
+        let lease = Lease { run_id, owner: owner.to_owned(), token: Uuid::now_v7(), expires_at: now + ttl_of(ttl) };
+        r.lease = Some(lease.clone());
+        Ok(lease)
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
+        let mut inner = lock(&self.inner);
+        let r = inner.runs.get_mut(&lease.run_id).ok_or(LogError::NotFound(lease.run_id))?;
+        let now = Utc::now();
+        match &mut r.lease {
+            Some(held) if held.token == lease.token && held.expires_at > now => {
+                held.expires_at = now + ttl_of(ttl);
+                Ok(held.clone())
+            }
+            _ => Err(LogError::LeaseLost(lease.run_id)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LogError> {
+        let mut inner = lock(&self.inner);
+        if let Some(r) = inner.runs.get_mut(&lease.run_id)
+            && r.lease.as_ref().is_some_and(|l| l.token == lease.token)
+        {
+            r.lease = None;
+        }
+        Ok(())
+    }
+
+    async fn commit(&self, lease: &Lease, events: &[Event], state: &RunState, consumed: &[i64]) -> Result<(), LogError> {
+        let mut inner = lock(&self.inner);
+        let run_id = lease.run_id;
+        let r = inner.runs.get_mut(&run_id).ok_or(LogError::NotFound(run_id))?;
+        if !r.lease.as_ref().is_some_and(|l| l.token == lease.token && l.expires_at > Utc::now()) {
+            return Err(LogError::LeaseLost(run_id));
+        }
+        let head = r.summary.head_seq;
+        if let Some(first) = events.first()
+            && first.seq != head + 1
+        {
+            return Err(LogError::Conflict { run_id, expected: first.seq - 1, actual: head });
+        }
+        let mut next = r.state.clone();
+        for e in events {
+            next.apply(e).map_err(|err| LogError::Invalid { run_id, reason: err.to_string() })?;
+        }
+        if next.head_seq != state.head_seq {
+            return Err(LogError::Invalid { run_id, reason: "state does not match the events".into() });
+        }
+        r.events.extend_from_slice(events);
+        r.summary = r.summary.updated(&next, Utc::now());
+        r.state = next;
+        for (item, _, done) in &mut r.inbox {
+            if consumed.contains(&item.id) {
+                *done = true;
+            }
+        }
+        let tenant = r.summary.tenant.clone();
+        for e in events {
+            match &e.kind {
+                EventKind::ApprovalRequested { call_id, tool, input, args_hash } => inner.approvals.push(ApprovalRow {
+                    run_id,
+                    tenant: tenant.clone(),
+                    call_id: call_id.clone(),
+                    tool: tool.clone(),
+                    input: input.clone(),
+                    args_hash: args_hash.clone(),
+                    status: ApprovalStatus::Pending,
+                    requested_at: e.at,
+                }),
+                EventKind::ApprovalResolved { call_id, .. } => {
+                    for a in inner.approvals.iter_mut().filter(|a| a.run_id == run_id && &a.call_id == call_id) {
+                        a.status = ApprovalStatus::Decided;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
+        let mut inner = lock(&self.inner);
+        let id = inner.id();
+        let key = dedupe_key(&payload);
+        let r = inner.runs.get_mut(&run_id).ok_or(LogError::NotFound(run_id))?;
+        if let Some(k) = &key
+            && r.inbox.iter().any(|(_, d, _)| d.as_ref() == Some(k))
+        {
+            return Err(LogError::Duplicate { run_id, what: k.replace(':', " ") });
+        }
+        r.inbox.push((InboxItem { id, payload: payload.clone() }, key, false));
+        let head_seq = r.summary.head_seq;
+        if let Resume::Approval { call_id, .. } = &payload {
+            for a in inner.approvals.iter_mut().filter(|a| a.run_id == run_id && &a.call_id == call_id) {
+                a.status = ApprovalStatus::Decided;
+            }
+        }
+        let job_id = inner.id();
+        inner.outbox.insert(job_id, Job { run_id, head_seq });
+        Ok(id)
+    }
+
+    async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError> {
+        let inner = lock(&self.inner);
+        let r = inner.runs.get(&run_id).ok_or(LogError::NotFound(run_id))?;
+        Ok(r.inbox.iter().filter(|(_, _, done)| !done).map(|(i, _, _)| i.clone()).collect())
+    }
+
+    async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
+        let inner = lock(&self.inner);
+        let mut rows: Vec<ApprovalRow> = inner
+            .approvals
+            .iter()
+            .filter(|a| filter.tenant.as_ref().is_none_or(|t| &a.tenant == t))
+            .filter(|a| filter.tool.as_ref().is_none_or(|t| &a.tool == t))
+            .filter(|a| filter.run_id.is_none_or(|r| a.run_id == r))
+            .filter(|a| !filter.pending_only || a.status == ApprovalStatus::Pending)
+            .cloned()
+            .collect();
+        rows.sort_by_key(|a| a.requested_at);
+        rows.truncate(filter.limit.clamp(1, 1000));
+        Ok(rows)
+    }
+
+    async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {
+        Ok(lock(&self.inner).outbox.iter().take(limit).map(|(id, job)| (*id, *job)).collect())
+    }
+
+    async fn outbox_done(&self, ids: &[i64]) -> Result<(), LogError> {
+        let mut inner = lock(&self.inner);
+        for id in ids {
+            inner.outbox.remove(id);
+        }
+        Ok(())
+    }
+
+    async fn orphaned(&self, limit: usize) -> Result<Vec<Job>, LogError> {
+        let inner = lock(&self.inner);
+        let now = Utc::now();
+        let mut jobs: Vec<Job> = inner
+            .runs
+            .values()
+            .filter(|r| r.summary.status == RunStatus::Runnable || r.inbox.iter().any(|(_, _, done)| !done))
+            .filter(|r| r.summary.status != RunStatus::Done)
+            .filter(|r| r.lease.as_ref().is_none_or(|l| l.expires_at <= now))
+            .map(|r| Job { run_id: r.summary.run_id, head_seq: r.summary.head_seq })
+            .collect();
+        jobs.sort_by_key(|j| j.run_id);
+        jobs.truncate(limit);
+        Ok(jobs)
+    }
+
+    async fn ready(&self) -> Result<(), LogError> {
+        Ok(())
+    }
+}
+
+/// The job queue in memory: an unbounded channel shared by every consumer.
+pub struct MemoryQueue {
+    tx: mpsc::UnboundedSender<(Job, bool)>,
+    rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<(Job, bool)>>,
+    depth: std::sync::Arc<AtomicU64>,
+}
+
+impl Default for MemoryQueue {
+    fn default() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        MemoryQueue { tx, rx: tokio::sync::Mutex::new(rx), depth: Default::default() }
+    }
+}
+
+struct MemoryAcker {
+    job: Job,
+    tx: mpsc::UnboundedSender<(Job, bool)>,
+    depth: std::sync::Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl Acker for MemoryAcker {
+    async fn ack(&self) -> Result<(), QueueError> {
+        Ok(())
+    }
+
+    async fn nack(&self, requeue: bool) -> Result<(), QueueError> {
+        if requeue {
+            self.depth.fetch_add(1, Ordering::SeqCst);
+            self.tx.send((self.job, true)).map_err(|_| QueueError::Closed)?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl JobQueue for MemoryQueue {
+    async fn publish(&self, job: &Job) -> Result<(), QueueError> {
+        self.depth.fetch_add(1, Ordering::SeqCst);
+        self.tx.send((*job, false)).map_err(|_| QueueError::Closed)
+    }
+
+    async fn next(&self) -> Result<Delivery, QueueError> {
+        let (job, redelivered) = self.rx.lock().await.recv().await.ok_or(QueueError::Closed)?;
+        self.depth.fetch_sub(1, Ordering::SeqCst);
+        let acker = MemoryAcker { job, tx: self.tx.clone(), depth: self.depth.clone() };
+        Ok(Delivery { job, redelivered, acker: Box::new(acker) })
+    }
+
+    async fn depth(&self) -> Result<u64, QueueError> {
+        Ok(self.depth.load(Ordering::SeqCst))
+    }
+}
+
+/// The ledger in memory.
+#[derive(Default)]
+pub struct MemoryLedger {
+    cancelled: Mutex<HashSet<Uuid>>,
+    live: Mutex<HashMap<Uuid, broadcast::Sender<LiveEvent>>>,
+}
+
+impl MemoryLedger {
+    fn channel(&self, run_id: Uuid) -> broadcast::Sender<LiveEvent> {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|_, tx| tx.receiver_count() > 0);
+        live.entry(run_id).or_insert_with(|| broadcast::channel(1024).0).clone()
+    }
+}
+
+#[async_trait]
+impl Ledger for MemoryLedger {
+    async fn cancel(&self, run_id: Uuid) -> Result<(), LedgerError> {
+        self.cancelled.lock().unwrap_or_else(|e| e.into_inner()).insert(run_id);
+        Ok(())
+    }
+
+    async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError> {
+        Ok(self.cancelled.lock().unwrap_or_else(|e| e.into_inner()).contains(&run_id))
+    }
+
+    async fn publish_live(&self, run_id: Uuid, event: &LiveEvent) -> Result<(), LedgerError> {
+        let _ = self.channel(run_id).send(event.clone());
+        Ok(())
+    }
+
+    async fn subscribe_live(&self, run_id: Uuid) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
+        let rx = self.channel(run_id).subscribe();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(e) => return Some((e, rx)),
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn ready(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+}
