@@ -2,11 +2,11 @@
 //!
 //! - [`EventLog`]: the truth. Runs, their append-only event logs, leases,
 //!   checkpoints, the inbox of posted payloads, approvals, the outbox of jobs.
-//!   Adapters: [`memory::MemoryLog`]; Postgres (`postgres` module).
+//!   Adapters: [`memory::MemoryLog`]; Postgres ([`postgres`]).
 //! - [`JobQueue`]: wake-ups. A [`Job`] names a run and the head sequence it
-//!   expects. Adapters: [`memory::MemoryQueue`]; RabbitMQ (`rabbit` module).
+//!   expects. Adapters: [`memory::MemoryQueue`]; RabbitMQ ([`rabbitmq`]).
 //! - [`Ledger`]: fast shared counters and signals: cancellation flags and live
-//!   deltas. Adapters: [`memory::MemoryLedger`]; Redis (`redis` module).
+//!   deltas. Adapters: [`memory::MemoryLedger`]; Redis ([`redis_ledger`]).
 //!
 //! Losing a queued job or a ledger key never loses a run: the reconciler
 //! re-enqueues runnable runs from the log.
@@ -15,6 +15,9 @@
 
 pub mod conformance;
 pub mod memory;
+pub mod postgres;
+pub mod rabbitmq;
+pub mod redis_ledger;
 
 use std::time::Duration;
 
