@@ -573,4 +573,12 @@ pub enum Resume {
         #[serde(default)]
         by: Option<String>,
     },
+    /// Close a conversational run waiting at `awaiting_input`: it completes
+    /// with its last answer.
+    Close,
+    /// Cancel the run (terminal), wherever it stands.
+    Cancel {
+        /// Why.
+        reason: String,
+    },
 }

@@ -325,13 +325,7 @@ impl Agent {
     /// Close a conversational run waiting at `awaiting_input`: it completes
     /// with its last answer.
     pub async fn close(&self, state: &mut RunState, sink: &mut dyn EventSink) -> Result<Status, AgentError> {
-        let mut run = Run { state, sink, clock: &*self.clock };
-        if run.state.parked != Some(PullPoint::AwaitingInput) {
-            return Err(AgentError::InvalidResume("only a run waiting at awaiting_input is closed".into()));
-        }
-        self.complete(&mut run).await?;
-        run.commit().await?;
-        Ok(state.status())
+        self.advance(state, Some(Resume::Close), sink).await
     }
 
     // ----- resume payloads -------------------------------------------------
@@ -383,6 +377,13 @@ impl Agent {
                 }
             }
             Resume::Resume { by } => run.record(EventKind::SessionResume { by }).await?,
+            Resume::Close => {
+                if run.state.parked != Some(PullPoint::AwaitingInput) {
+                    return Err(AgentError::InvalidResume("only a run waiting at awaiting_input is closed".into()));
+                }
+                self.complete(run).await?;
+            }
+            Resume::Cancel { reason } => run.record(EventKind::SessionCancel { reason }).await?,
         }
         Ok(())
     }

@@ -6,12 +6,14 @@
 //! - [`hooks`]: the ten hook topics;
 //! - [`policy`]: declarative tool policies and guardrails;
 //! - [`compact`]: context compaction strategies;
-//! - [`planner`]: the single-step and model planners.
+//! - [`planner`]: the single-step and model planners;
+//! - [`fleet`]: the job consumer of a `glia worker` process.
 
 #![warn(missing_docs)]
 
 pub mod agent;
 pub mod compact;
+pub mod fleet;
 pub mod hooks;
 pub mod planner;
 pub mod policy;

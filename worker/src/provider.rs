@@ -302,3 +302,57 @@ impl Provider for ScriptedProvider {
         Ok(ModelResponse { message, usage, stop_reason })
     }
 }
+
+/// Scripts by name, served statelessly: a request for model `script:NAME`
+/// gets turn *k* of script `NAME`, where *k* is the number of assistant turns
+/// already in the request. Any worker, in any process, after any restart,
+/// answers a run's request the same way, which is what a fleet of stateless
+/// workers needs. Default call ids are `call_{k}_{i}`.
+///
+/// Unlike [`ScriptedProvider`] it does not panic on an invalid request: it
+/// answers [`ProviderError::InvalidRequest`], so the run fails loudly with
+/// the reason in its log and the worker process stays up.
+#[derive(Debug, Clone, Default)]
+pub struct ScriptLibrary {
+    scripts: std::collections::HashMap<String, Vec<ScriptedTurn>>,
+}
+
+impl ScriptLibrary {
+    /// Add (or replace) the script `name`.
+    pub fn insert(&mut self, name: &str, turns: Vec<ScriptedTurn>) -> &mut Self {
+        self.scripts.insert(name.to_owned(), turns);
+        self
+    }
+
+    /// Every `*.json` file of `dir` (a JSON array of [`ScriptedTurn`]), named
+    /// by its file stem. Errors name the file that failed.
+    pub fn from_dir(dir: &std::path::Path) -> Result<Self, String> {
+        let mut lib = ScriptLibrary::default();
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        for entry in entries {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            if path.extension().is_some_and(|x| x == "json") {
+                let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+                let turns = serde_json::from_str(&text).map_err(|e| format!("parsing {}: {e}", path.display()))?;
+                let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+                lib.insert(&name, turns);
+            }
+        }
+        Ok(lib)
+    }
+}
+
+#[async_trait]
+impl Provider for ScriptLibrary {
+    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
+        validate_request(request).map_err(ProviderError::InvalidRequest)?;
+        let name = request.model.strip_prefix("script:").unwrap_or(&request.model);
+        let script = self.scripts.get(name).ok_or_else(|| ProviderError::InvalidRequest(format!("no script named {name:?}")))?;
+        let k = request.messages.iter().filter(|m| m.role == Role::Assistant).count();
+        let mut turn = script.get(k).cloned().ok_or(ProviderError::ScriptExhausted(k))?;
+        for (i, call) in turn.tool_calls.iter_mut().enumerate() {
+            call.id.get_or_insert_with(|| format!("call_{k}_{}", i + 1));
+        }
+        ScriptedProvider::new(vec![turn]).generate(request, live).await
+    }
+}

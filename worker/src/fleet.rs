@@ -1,0 +1,266 @@
+//! The job consumer: what a `glia worker` process does with each job.
+//!
+//! For every job: skip it if stale; take the run's lease (held elsewhere →
+//! drop, the holder or the reconciler carries on); ack the job at once, so a
+//! long model call or tool never meets the broker's consumer timeout;
+//! heartbeat the lease; rebuild the run from its checkpoint; apply each
+//! unconsumed inbox payload and advance the run to its next pull point,
+//! committing every step fenced by the lease; release. N jobs at a time.
+//!
+//! A commit that fails (lease lost, head moved) abandons the in-memory state:
+//! the log is the truth and the next job rebuilds from it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use glia_backends::{Delivery, EventLog, Job, JobQueue, Lease, Ledger, LogError, RunStatus};
+use glia_proto::{Event, LiveEvent, Resume, RunState, Status};
+use tokio::sync::{Semaphore, watch};
+use tracing::{debug, info, warn};
+
+use crate::agent::{Agent, AgentError, EventSink, SinkError};
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Worker id recorded as lease owner, e.g. `host-pid`.
+    pub id: String,
+    /// Jobs handled at once.
+    pub concurrency: usize,
+    /// Lease length; renewed every third of it.
+    pub lease_ttl: Duration,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions { id: format!("worker-{}", std::process::id()), concurrency: 16, lease_ttl: Duration::from_secs(30) }
+    }
+}
+
+/// What became of one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// The run was advanced; its status afterwards.
+    Advanced(RunStatus),
+    /// The job named a head the run has moved past and it has nothing to do.
+    Stale,
+    /// Another worker holds the run.
+    Held,
+    /// The run does not exist or is done.
+    Gone,
+    /// The lease was lost or the head moved mid-way; the work is abandoned.
+    Abandoned,
+    /// The log or queue failed; the job was requeued.
+    Retry,
+}
+
+/// A worker: the agent plus the three ports.
+pub struct Worker {
+    agent: Arc<Agent>,
+    log: Arc<dyn EventLog>,
+    queue: Arc<dyn JobQueue>,
+    ledger: Arc<dyn Ledger>,
+    options: WorkerOptions,
+}
+
+impl Worker {
+    /// A worker over these ports.
+    pub fn new(agent: Arc<Agent>, log: Arc<dyn EventLog>, queue: Arc<dyn JobQueue>, ledger: Arc<dyn Ledger>, options: WorkerOptions) -> Self {
+        Worker { agent, log, queue, ledger, options }
+    }
+
+    /// Consume jobs until `shutdown` turns true; then stop taking jobs, let
+    /// the ones in hand finish their current step, release their leases and
+    /// return.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let slots = Arc::new(Semaphore::new(self.options.concurrency.max(1)));
+        info!(worker = %self.options.id, concurrency = self.options.concurrency, "worker started");
+        loop {
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => p.expect("semaphore never closes"),
+                _ = shutdown.wait_for(|s| *s) => break,
+            };
+            let delivery = tokio::select! {
+                d = self.queue.next() => d,
+                _ = shutdown.wait_for(|s| *s) => break,
+            };
+            match delivery {
+                Ok(delivery) => {
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        let handled = me.handle(delivery).await;
+                        debug!(?handled, "job handled");
+                        drop(permit);
+                    });
+                }
+                Err(e) => {
+                    warn!(error = %e, "job queue closed");
+                    break;
+                }
+            }
+        }
+        let _ = slots.acquire_many(self.options.concurrency.max(1) as u32).await;
+        info!(worker = %self.options.id, "worker stopped");
+    }
+
+    /// Handle one delivery: lease, ack, advance, release.
+    pub async fn handle(&self, delivery: Delivery) -> Handled {
+        let Job { run_id, head_seq } = delivery.job;
+        let summary = match self.log.get_run(run_id).await {
+            Ok(s) => s,
+            Err(LogError::NotFound(_)) => return ack(delivery, Handled::Gone).await,
+            Err(e) => {
+                warn!(%run_id, error = %e, "event log unavailable; requeueing the job");
+                let _ = delivery.acker.nack(true).await;
+                return Handled::Retry;
+            }
+        };
+        if summary.status == RunStatus::Done {
+            return ack(delivery, Handled::Gone).await;
+        }
+        if head_seq < summary.head_seq && summary.status != RunStatus::Runnable && self.log.inbox(run_id).await.is_ok_and(|i| i.is_empty()) {
+            return ack(delivery, Handled::Stale).await;
+        }
+        let lease = match self.log.acquire(run_id, &self.options.id, self.options.lease_ttl).await {
+            Ok(lease) => lease,
+            Err(LogError::LeaseHeld { .. }) => return ack(delivery, Handled::Held).await,
+            Err(LogError::NotFound(_)) => return ack(delivery, Handled::Gone).await,
+            Err(e) => {
+                warn!(%run_id, error = %e, "could not take the lease; requeueing the job");
+                let _ = delivery.acker.nack(true).await;
+                return Handled::Retry;
+            }
+        };
+        // Holding the lease, the job has done its part: ack now.
+        let _ = delivery.acker.ack().await;
+        let (stop_heartbeat, heartbeat) = self.heartbeat(lease.clone());
+        let handled = self.drive(&lease).await;
+        let _ = stop_heartbeat.send(true);
+        let _ = heartbeat.await;
+        if handled != Handled::Retry {
+            if let Err(e) = self.log.release(&lease).await {
+                warn!(%run_id, error = %e, "release failed; the lease will lapse");
+            }
+        }
+        handled
+    }
+
+    /// Renew the lease every third of its length until told to stop.
+    fn heartbeat(&self, mut lease: Lease) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = watch::channel(false);
+        let log = self.log.clone();
+        let ttl = self.options.lease_ttl;
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(ttl / 3) => {}
+                    _ = rx.wait_for(|s| *s) => return,
+                }
+                match log.renew(&lease, ttl).await {
+                    Ok(renewed) => lease = renewed,
+                    Err(e) => {
+                        warn!(run_id = %lease.run_id, error = %e, "lease renewal failed; commits will be refused");
+                        return;
+                    }
+                }
+            }
+        });
+        (tx, task)
+    }
+
+    /// Apply inbox payloads and advance until the run parks or ends.
+    async fn drive(&self, lease: &Lease) -> Handled {
+        let run_id = lease.run_id;
+        let mut state = match self.log.load(run_id).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(%run_id, error = %e, "could not load the run");
+                return Handled::Abandoned;
+            }
+        };
+        loop {
+            let inbox = match self.log.inbox(run_id).await {
+                Ok(items) => items,
+                Err(e) => {
+                    warn!(%run_id, error = %e, "could not read the inbox");
+                    return Handled::Abandoned;
+                }
+            };
+            let mut sink = LogSink { log: self.log.clone(), ledger: self.ledger.clone(), lease: lease.clone(), buffer: Vec::new(), consumed: Vec::new() };
+            let result = if let Some(item) = inbox.into_iter().next() {
+                sink.consumed.push(item.id);
+                let payload: Resume = item.payload;
+                match self.agent.advance(&mut state, Some(payload), &mut sink).await {
+                    Err(AgentError::InvalidResume(why)) => {
+                        warn!(%run_id, item = item.id, %why, "payload no longer fits the run; dropped");
+                        sink.commit(&state).await.map(|_| state.status()).map_err(AgentError::from)
+                    }
+                    Err(AgentError::Transition(why)) => {
+                        warn!(%run_id, item = item.id, %why, "payload no longer fits the run; dropped");
+                        sink.commit(&state).await.map(|_| state.status()).map_err(AgentError::from)
+                    }
+                    other => other,
+                }
+            } else if state.status() == Status::Runnable {
+                self.agent.advance(&mut state, None, &mut sink).await
+            } else {
+                return Handled::Advanced(RunStatus::of(&state));
+            };
+            match result {
+                Ok(_) => {}
+                Err(AgentError::Provider(e)) => {
+                    // Keep the lease until it lapses: the reconciler retries after it.
+                    warn!(%run_id, error = %e, "provider unavailable; retrying after the lease lapses");
+                    return Handled::Retry;
+                }
+                Err(e) => {
+                    warn!(%run_id, error = %e, "abandoning the run's current work");
+                    return Handled::Abandoned;
+                }
+            }
+        }
+    }
+}
+
+async fn ack(delivery: Delivery, handled: Handled) -> Handled {
+    let _ = delivery.acker.ack().await;
+    handled
+}
+
+/// Buffers a step's events and commits them to the event log, fenced by the
+/// lease, at each of the loop's durability barriers.
+struct LogSink {
+    log: Arc<dyn EventLog>,
+    ledger: Arc<dyn Ledger>,
+    lease: Lease,
+    buffer: Vec<Event>,
+    consumed: Vec<i64>,
+}
+
+#[async_trait]
+impl EventSink for LogSink {
+    async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
+        self.buffer.push(event.clone());
+        Ok(())
+    }
+
+    async fn commit(&mut self, state: &RunState) -> Result<(), SinkError> {
+        if self.buffer.is_empty() && self.consumed.is_empty() {
+            return Ok(());
+        }
+        self.log.commit(&self.lease, &self.buffer, state, &self.consumed).await.map_err(|e| SinkError(e.to_string()))?;
+        self.buffer.clear();
+        self.consumed.clear();
+        Ok(())
+    }
+
+    fn live(&self, event: &LiveEvent) {
+        let ledger = self.ledger.clone();
+        let run_id = self.lease.run_id;
+        let event = event.clone();
+        tokio::spawn(async move {
+            let _ = ledger.publish_live(run_id, &event).await;
+        });
+    }
+}
