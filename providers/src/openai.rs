@@ -198,7 +198,7 @@ fn embedded_error(v: &Value, raw: &[u8]) -> Option<CallError> {
     let is_error = v.get("error").is_some_and(|e| !e.is_null()) || v["object"] == "error";
     is_error.then(|| {
         let mut f = error_object(raw);
-        f.status = v["error"]["code"].as_u64().and_then(|c| u16::try_from(c).ok()).filter(|c| *c >= 400).unwrap_or(200);
+        f.status = v["error"]["code"].as_u64().or_else(|| v["code"].as_u64()).and_then(|c| u16::try_from(c).ok()).filter(|c| *c >= 400).unwrap_or(200);
         f.classify()
     })
 }

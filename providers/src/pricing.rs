@@ -13,10 +13,11 @@
 //! }
 //! ```
 //!
-//! A model is found by its exact name, else by the longest listed name it
-//! extends with `-` (a dated snapshot such as `claude-sonnet-4-5-20250929`
-//! uses `claude-sonnet-4-5`), else by the provider's `"*"` entry. Missing
-//! token kinds cost nothing.
+//! A model is found by its exact name, else as a dated snapshot of a listed
+//! name (`claude-sonnet-4-5-20250929` and `gpt-4o-2024-08-06` use
+//! `claude-sonnet-4-5` and `gpt-4o`; `-latest` too — but `gpt-4o-mini` is not
+//! `gpt-4o`), else by the provider's `"*"` entry. Missing token kinds cost
+//! nothing.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -75,6 +76,14 @@ fn micros(provider: &str, model: &str, kind: &'static str, usd: f64) -> Result<u
     Ok((usd * 1_000_000.0).round() as u64)
 }
 
+/// `20250929`, `2024-08-06` or `latest`: what follows a model name in a
+/// snapshot name.
+fn is_snapshot_suffix(rest: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let parts: Vec<&str> = rest.split('-').collect();
+    rest == "latest" || (digits(rest) && rest.len() >= 6) || (parts.len() == 3 && parts[0].len() == 4 && parts.iter().all(|p| digits(p)))
+}
+
 impl PriceTable {
     /// Parse the JSON format above.
     ///
@@ -116,8 +125,7 @@ impl PriceTable {
         }
         table
             .iter()
-            .filter(|(name, _)| model.strip_prefix(name.as_str()).is_some_and(|rest| rest.starts_with('-')))
-            .max_by_key(|(name, _)| name.len())
+            .find(|(name, _)| model.strip_prefix(name.as_str()).and_then(|rest| rest.strip_prefix('-')).is_some_and(is_snapshot_suffix))
             .map(|(_, p)| *p)
             .or_else(|| table.get("*").copied())
     }

@@ -43,9 +43,9 @@ pub struct Elision {
     pub replacement: Message,
     /// Calls made beyond the refused one to find it.
     pub extra_calls: usize,
-    /// Tokens the refused call and the probes consumed (already included in
-    /// the returned response's usage).
-    pub extra_usage: Usage,
+    /// Tokens of every call made for this turn: the refused call, the
+    /// probes and the answer (the returned response's usage is this).
+    pub usage: Usage,
 }
 
 /// Told about every elision, so it can be recorded.
@@ -174,8 +174,8 @@ impl RefusalIsolator {
             None => return Ok((ModelResponse { usage: spent, ..refusal }, None)),
         };
         let original = request.messages[lo].clone();
-        let elision = Elision { index: lo, replacement: elide(&original), original, extra_calls: calls, extra_usage: spent };
-        Ok((ModelResponse { usage: answer.usage + spent, ..answer }, Some(elision)))
+        let elision = Elision { index: lo, replacement: elide(&original), original, extra_calls: calls, usage: spent };
+        Ok((ModelResponse { usage: spent, ..answer }, Some(elision)))
     }
 }
 

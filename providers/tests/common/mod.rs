@@ -247,3 +247,10 @@ pub fn request(model: &str) -> ModelRequest {
         max_tokens: 1024,
     }
 }
+
+impl ScaledClock {
+    /// Now, for tests that hold the concrete type.
+    pub fn now_ms_for_test(&self) -> u64 {
+        Clock::now_ms(self)
+    }
+}

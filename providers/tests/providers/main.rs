@@ -1,0 +1,31 @@
+//! Adapter, retry, config, price and refusal tests against fixture files and
+//! a local HTTP server.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod anthropic;
+mod config;
+mod openai;
+mod pricing;
+mod refusal;
+mod retry;
+
+use common::{Deltas, chunked, fixture};
+use glia_proto::LiveEvent;
+use glia_providers::error::CallError;
+use glia_worker::provider::ModelResponse;
+
+/// Decode a fixture stream in one chunk with `decode`, collecting deltas.
+pub fn decode_fixture<F>(path: &str, decode: F) -> (Result<ModelResponse, CallError>, Deltas)
+where
+    F: for<'a> Fn(glia_providers::http::ByteStream<'static>, &'a (dyn Fn(LiveEvent) + Send + Sync)) -> futures::future::BoxFuture<'a, Result<ModelResponse, CallError>>,
+{
+    let bytes = fixture(path);
+    let deltas = Deltas::default();
+    let result = {
+        let live = |e: LiveEvent| deltas.push(e);
+        futures::executor::block_on(decode(chunked(&bytes, &[]), &live))
+    };
+    (result, deltas)
+}
