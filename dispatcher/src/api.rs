@@ -1,0 +1,787 @@
+//! The endpoints. JSON in and out; every error is an [`ApiError`].
+//!
+//! | endpoint | scope | success | errors besides auth (401/403) and bad input (400/413/415/422) |
+//! |---|---|---|---|
+//! | `POST /v1/runs` | submit | 201 run (200 on an idempotent repeat) | 409 `idempotency_conflict`, 422 `invalid_request` |
+//! | `GET /v1/runs` | any | 200 page | – |
+//! | `GET /v1/runs/{id}` | any | 200 run | 404 `run_not_found` |
+//! | `GET /v1/runs/{id}/events` | any | 200 page | 404 `run_not_found` |
+//! | `GET /v1/runs/{id}/events/stream` | any | 200 SSE | 404 `run_not_found`, 400 `invalid_header` |
+//! | `GET /v1/approvals` | approve | 200 page | – |
+//! | `POST /v1/approvals` | approve | 200 per-item results | – |
+//! | `POST /v1/runs/{id}/approvals/{call_id}` | approve | 202 | 404 `run_not_found` / `call_not_found` / `approval_not_found`, 409 `already_decided` / `stale_args` / `run_finished` |
+//! | `POST /v1/runs/{id}/tool-results/{call_id}` | submit | 202 | 404 `run_not_found` / `call_not_found`, 409 `not_external` / `already_answered` / `run_finished` |
+//! | `POST /v1/runs/{id}/messages` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` |
+//! | `POST /v1/runs/{id}/resume` | submit or approve | 202 | 404, 409 `not_paused` / `already_posted` / `run_finished` |
+//! | `POST /v1/runs/{id}/cancel` | submit | 202 | 404, 409 `run_finished`, 503 `ledger_unavailable` |
+//! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | none | 200 | 503 `not_ready` |
+//!
+//! Any handler may answer 503 `log_unavailable` / `queue_unavailable` when a
+//! backing store fails.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use glia_backends::{ApprovalFilter, ApprovalRow, NewRun, RunFilter, RunStatus, RunSummary};
+use glia_proto::{ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, PauseReason, PullPoint, Resume, RunConfig, RunState};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::auth::{Principal, Scope};
+use crate::docs::{ApiDoc, ApprovalRowDoc, BudgetLimitsDoc, DecisionDoc, EventDoc, RunConfigDoc, RunSummaryDoc};
+use crate::error::{ApiError, ErrorBody, ErrorDetail};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, OptJson};
+use crate::{App, stream};
+
+/// Every endpoint with its OpenAPI description.
+pub fn routes() -> OpenApiRouter<App> {
+    use utoipa::OpenApi;
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(create_run, list_runs))
+        .routes(routes!(get_run))
+        .routes(routes!(list_events))
+        .routes(routes!(stream::stream_events))
+        .routes(routes!(list_approvals, decide_bulk))
+        .routes(routes!(decide))
+        .routes(routes!(post_tool_result))
+        .routes(routes!(post_message))
+        .routes(routes!(resume))
+        .routes(routes!(cancel))
+        .routes(routes!(close))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi_json))
+}
+
+// ----- shapes ----------------------------------------------------------------
+
+/// Body of `POST /v1/runs`: `{"goal": "…", "config": {…}, "batch_id": "…"}`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRun {
+    /// The goal, the run's first user message; not blank.
+    pub goal: String,
+    /// The run's configuration (all fields optional).
+    #[serde(default)]
+    #[schema(value_type = RunConfigDoc)]
+    pub config: RunConfig,
+    /// Batch the run belongs to.
+    #[serde(default)]
+    pub batch_id: Option<Uuid>,
+}
+
+/// A page of runs, ordered by id (creation order).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunPage {
+    /// The runs.
+    #[schema(value_type = Vec<RunSummaryDoc>)]
+    pub runs: Vec<RunSummary>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next: Option<Uuid>,
+}
+
+/// Query of `GET /v1/runs`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListRunsQuery {
+    /// `runnable`, `parked` or `done`.
+    #[param(value_type = Option<String>)]
+    pub status: Option<RunStatus>,
+    /// Only runs of this batch.
+    pub batch_id: Option<Uuid>,
+    /// Only this tenant's runs (admins only; others always see their own).
+    pub tenant: Option<String>,
+    /// Cursor: the `next` of the previous page.
+    pub after: Option<Uuid>,
+    /// Page size, 1 to 1,000 (default 100).
+    pub limit: Option<usize>,
+}
+
+/// Query of `GET /v1/runs/{id}/events`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only events with `seq > after` (default 0).
+    pub after: Option<u64>,
+    /// Page size, 1 to 1,000 (default 100).
+    pub limit: Option<usize>,
+}
+
+/// A page of a run's events.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventPage {
+    /// Events in `seq` order.
+    #[schema(value_type = Vec<EventDoc>)]
+    pub events: Vec<Event>,
+    /// Pass as `after` for the next page (the last seq returned, or the `after` asked).
+    pub next_after: u64,
+    /// The run's head sequence when the page was read.
+    pub head_seq: u64,
+}
+
+/// Which approvals to list.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatusFilter {
+    /// Waiting for a decision (default).
+    #[default]
+    Pending,
+    /// Pending and decided.
+    All,
+}
+
+/// Query of `GET /v1/approvals`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsQuery {
+    /// `pending` (default) or `all`.
+    #[param(value_type = Option<String>)]
+    pub status: Option<ApprovalStatusFilter>,
+    /// Only this tool's.
+    pub tool: Option<String>,
+    /// Only this run's.
+    pub run_id: Option<Uuid>,
+    /// Page size, 1 to 1,000 (default 100).
+    pub limit: Option<usize>,
+}
+
+/// Approvals, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalPage {
+    /// The approvals.
+    #[schema(value_type = Vec<ApprovalRowDoc>)]
+    pub approvals: Vec<ApprovalRow>,
+}
+
+/// What a person decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionKind {
+    /// Run the call as proposed.
+    Approve,
+    /// Do not run it; the model sees `reason`.
+    Reject,
+    /// Run it with `input` instead.
+    Edit,
+}
+
+/// Body of `POST /v1/runs/{id}/approvals/{call_id}`:
+/// `{"decision": "approve"|"reject"|"edit", "reason": "…", "input": {…}, "args_hash": "…"}`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// The decision.
+    pub decision: DecisionKind,
+    /// For `reject`: shown to the model (default "no reason given").
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// For `edit` (required there, refused elsewhere): the replacement arguments, a JSON object.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// The `args_hash` the person saw; when given it must match the pending
+    /// call's, else 409 `stale_args`.
+    #[serde(default)]
+    pub args_hash: Option<String>,
+}
+
+impl DecisionBody {
+    fn to_decision(&self) -> Result<Decision, ApiError> {
+        match (self.decision, &self.input) {
+            (DecisionKind::Edit, Some(input @ Value::Object(_))) => Ok(Decision::Edit { input: input.clone() }),
+            (DecisionKind::Edit, Some(_)) => Err(ApiError::Invalid("`input` of an edit must be a JSON object".into())),
+            (DecisionKind::Edit, None) => Err(ApiError::Invalid("an edit needs `input`, the replacement arguments".into())),
+            (_, Some(_)) => Err(ApiError::Invalid("`input` is only for `edit`".into())),
+            (DecisionKind::Approve, None) => Ok(Decision::Approve),
+            (DecisionKind::Reject, None) => {
+                let reason = self.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).unwrap_or("no reason given");
+                Ok(Decision::Reject { reason: reason.to_owned() })
+            }
+        }
+    }
+}
+
+/// One decision of a bulk request.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkDecision {
+    /// The run.
+    pub run_id: Uuid,
+    /// The call.
+    pub call_id: String,
+    /// The decision.
+    pub decision: DecisionKind,
+    /// As in [`DecisionBody`].
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// As in [`DecisionBody`].
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// As in [`DecisionBody`].
+    #[serde(default)]
+    pub args_hash: Option<String>,
+}
+
+/// Body of `POST /v1/approvals`: `{"decisions": [{run_id, call_id, decision, …}, …]}` (at most 100).
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkDecisions {
+    /// The decisions, applied in order, each on its own.
+    pub decisions: Vec<BulkDecision>,
+}
+
+/// The outcome of one bulk decision.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct BulkItemResult {
+    /// The run.
+    pub run_id: Uuid,
+    /// The call.
+    pub call_id: String,
+    /// The status the single endpoint would have answered (202, 404, 409 …).
+    pub status: u16,
+    /// Set on success.
+    pub accepted: Option<Accepted>,
+    /// Set on failure.
+    pub error: Option<ErrorDetail>,
+}
+
+/// Answer of `POST /v1/approvals`: one result per decision, in order.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct BulkResults {
+    /// The results.
+    pub results: Vec<BulkItemResult>,
+}
+
+/// A payload was posted; a worker will apply it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+pub struct Accepted {
+    /// The run.
+    pub run_id: Uuid,
+    /// The call, for approvals and tool results.
+    pub call_id: Option<String>,
+    /// Inbox item ids written (two for an extension of a run paused for a
+    /// reason other than its budget: the extension, then the resume).
+    pub inbox_ids: Vec<i64>,
+    /// Payload kinds posted, in order: `approval`, `tool_result`, `input`,
+    /// `extend_budget`, `resume`, `close`, `cancel`.
+    pub kinds: Vec<String>,
+    /// For approvals: the decision as posted.
+    #[schema(value_type = Option<DecisionDoc>)]
+    pub decision: Option<Decision>,
+}
+
+/// Body of `POST /v1/runs/{id}/tool-results/{call_id}`: `{"content": "…", "is_error": false}`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolResultBody {
+    /// Result text the model sees (serialise JSON results to a string).
+    pub content: String,
+    /// True when the tool failed.
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// Body of `POST /v1/runs/{id}/messages`: `{"text": "…"}`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageBody {
+    /// The user's next message; not blank.
+    pub text: String,
+}
+
+/// Body of `POST /v1/runs/{id}/resume` (may be empty): `{"extend": {"max_turns": 10}}`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeBody {
+    /// Amounts to add to the limits (each set field adds). Absent or all
+    /// null: resume as is.
+    #[serde(default)]
+    #[schema(value_type = Option<BudgetLimitsDoc>)]
+    pub extend: Option<BudgetLimits>,
+}
+
+/// Body of `POST /v1/runs/{id}/cancel` (may be empty): `{"reason": "…"}`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Why; recorded in `session.cancel` (default "cancelled by <who>").
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Answer of `/healthz` and `/readyz`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` or `ready`.
+    pub status: String,
+    /// For `/readyz`: `event_log`, `job_queue`, `ledger` → `ok` or the failure.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checks: BTreeMap<String, String>,
+}
+
+/// Answer of a failed `/readyz`: the error plus every check.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct NotReady {
+    /// `{"code": "not_ready", "message": "job_queue: …"}`.
+    pub error: ErrorDetail,
+    /// Each check → `ok` or its failure.
+    pub checks: BTreeMap<String, String>,
+}
+
+// ----- helpers -----------------------------------------------------------------
+
+/// The run, if `p` may see it; another tenant's run is 404, like a missing one.
+pub(crate) async fn visible_run(app: &App, p: &Principal, run_id: Uuid) -> Result<RunSummary, ApiError> {
+    let run = app.log.get_run(run_id).await?;
+    if p.sees(&run.tenant) { Ok(run) } else { Err(ApiError::RunNotFound(run_id)) }
+}
+
+fn page(limit: Option<usize>, app: &App) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(app.limits.default_page),
+        Some(n) if (1..=app.limits.max_page).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::InvalidQuery(format!("limit {n} is outside 1..={}", app.limits.max_page))),
+    }
+}
+
+fn not_done(run: &RunSummary) -> Result<(), ApiError> {
+    if run.status == RunStatus::Done { Err(ApiError::RunFinished(run.run_id)) } else { Ok(()) }
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
+    let bad = |reason: &str| ApiError::InvalidHeader { name: "Idempotency-Key", reason: reason.to_owned() };
+    let s = v.to_str().map_err(|_| bad("not visible ASCII"))?.trim();
+    if s.is_empty() || s.len() > 255 {
+        return Err(bad("must be 1 to 255 characters"));
+    }
+    if !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad("must be visible ASCII without spaces"));
+    }
+    Ok(Some(s.to_owned()))
+}
+
+static TOOL_NAME: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
+
+/// Checks a worker would otherwise fail on late: the dispatcher refuses them at admission.
+fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::Invalid(m));
+    if req.goal.trim().is_empty() {
+        return bad("`goal` is blank".into());
+    }
+    let c = &req.config;
+    if c.model.trim().is_empty() {
+        return bad("`config.model` is blank".into());
+    }
+    if c.max_model_calls_per_turn == 0 {
+        return bad("`config.max_model_calls_per_turn` must be at least 1".into());
+    }
+    if c.max_tokens == 0 {
+        return bad("`config.max_tokens` must be at least 1".into());
+    }
+    let mut names = std::collections::HashSet::new();
+    for t in &c.external_tools {
+        if !TOOL_NAME.is_match(&t.name) {
+            return bad(format!("external tool name {:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name));
+        }
+        if !names.insert(t.name.as_str()) {
+            return bad(format!("external tool {:?} is listed twice", t.name));
+        }
+        if !t.input_schema.is_object() {
+            return bad(format!("external tool {:?}: `input_schema` must be a JSON Schema object", t.name));
+        }
+    }
+    for (i, p) in c.policies.iter().enumerate() {
+        if p.tool.trim().is_empty() {
+            return bad(format!("policy {i}: `tool` is blank (use \"*\" for any tool)"));
+        }
+        if let Some(re) = &p.args
+            && let Err(e) = regex::RegexBuilder::new(re).size_limit(1 << 20).build()
+        {
+            return bad(format!("policy {i}: `args` is not a valid regex: {e}"));
+        }
+    }
+    if let Some(schema) = &c.output_schema
+        && !schema.is_object()
+        && !schema.is_boolean()
+    {
+        return bad("`config.output_schema` must be a JSON Schema (an object)".into());
+    }
+    Ok(())
+}
+
+async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static str), glia_backends::LogError> {
+    let kind = match &payload {
+        Resume::Approval { .. } => "approval",
+        Resume::ToolResult { .. } => "tool_result",
+        Resume::Input { .. } => "input",
+        Resume::ExtendBudget { .. } => "extend_budget",
+        Resume::Resume { .. } => "resume",
+        Resume::Close => "close",
+        Resume::Cancel { .. } => "cancel",
+    };
+    let id = app.log.post(run_id, payload).await?;
+    app.metrics().posted(kind);
+    app.wake_relay();
+    Ok((id, kind))
+}
+
+// ----- runs ----------------------------------------------------------------------
+
+/// Admit a run.
+///
+/// Builds its `session.start` (run id: a new UUIDv7), validates it, and
+/// writes the run, the event and its job atomically; answers only after the
+/// commit. With an `Idempotency-Key` already used by the tenant: 200 with
+/// that run (409 `idempotency_conflict` when goal, config or batch differ).
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Per-tenant idempotency key, 1 to 255 visible ASCII characters")),
+    responses(
+        (status = 201, description = "Admitted", body = RunSummaryDoc),
+        (status = 200, description = "Idempotent repeat: the existing run", body = RunSummaryDoc),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn create_run(State(app): State<App>, p: Principal, headers: HeaderMap, ApiJson(req): ApiJson<CreateRun>) -> Result<Response, ApiError> {
+    p.require(Scope::Submit)?;
+    let key = idempotency_key(&headers)?;
+    validate_run(&req)?;
+    let run_id = Uuid::now_v7();
+    let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: req.goal.clone(), config: req.config.clone() } };
+    RunState::new(run_id).apply(&start).map_err(|e| ApiError::Invalid(e.to_string()))?;
+    let new = NewRun { tenant: p.tenant.clone(), idempotency_key: key.clone(), batch_id: req.batch_id, start };
+    let (run, created) = app.log.create_run(new).await?;
+    if !created {
+        let first = app.log.events(run.run_id, 0, 1).await?;
+        let same = match first.first().map(|e| &e.kind) {
+            Some(EventKind::SessionStart { goal, config }) => *goal == req.goal && *config == req.config && run.batch_id == req.batch_id,
+            _ => false,
+        };
+        if !same {
+            return Err(ApiError::IdempotencyConflict(key.unwrap_or_default()));
+        }
+        return Ok((StatusCode::OK, Json(run)).into_response());
+    }
+    app.metrics().runs_admitted.inc();
+    app.wake_relay();
+    let location = HeaderValue::from_str(&format!("/v1/runs/{}", run.run_id)).expect("a uuid path is a valid header");
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(run)).into_response())
+}
+
+/// List runs visible to the caller, by id (creation order), with filters and a cursor.
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", params(ListRunsQuery),
+    responses((status = 200, body = RunPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list_runs(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<ListRunsQuery>) -> Result<Json<RunPage>, ApiError> {
+    let limit = page(q.limit, &app)?;
+    let tenant = if p.is_admin() { q.tenant } else { Some(p.tenant.clone()) };
+    let filter = RunFilter { tenant, status: q.status, batch_id: q.batch_id, after: q.after, limit };
+    let runs = app.log.list_runs(&filter).await?;
+    let next = (runs.len() == limit).then(|| runs.last().map(|r| r.run_id)).flatten();
+    Ok(Json(RunPage { runs, next }))
+}
+
+/// One run's summary.
+#[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs", params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 200, body = RunSummaryDoc), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn get_run(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<RunSummary>, ApiError> {
+    Ok(Json(visible_run(&app, &p, id).await?))
+}
+
+/// A page of a run's events with `seq > after`.
+#[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "runs", params(("id" = Uuid, Path, description = "Run id"), EventsQuery),
+    responses((status = 200, body = EventPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list_events(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, ApiQuery(q): ApiQuery<EventsQuery>) -> Result<Json<EventPage>, ApiError> {
+    let limit = page(q.limit, &app)?;
+    let run = visible_run(&app, &p, id).await?;
+    let after = q.after.unwrap_or(0);
+    let events = app.log.events(id, after, limit).await?;
+    let next_after = events.last().map_or(after, |e| e.seq);
+    Ok(Json(EventPage { head_seq: run.head_seq.max(next_after), events, next_after }))
+}
+
+// ----- approvals ---------------------------------------------------------------------
+
+/// The approval queue, oldest first.
+#[utoipa::path(get, path = "/v1/approvals", tag = "approvals", params(ApprovalsQuery),
+    responses((status = 200, body = ApprovalPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list_approvals(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<ApprovalsQuery>) -> Result<Json<ApprovalPage>, ApiError> {
+    p.require(Scope::Approve)?;
+    let limit = page(q.limit, &app)?;
+    let filter = ApprovalFilter {
+        tenant: p.tenant_filter(),
+        tool: q.tool,
+        run_id: q.run_id,
+        pending_only: q.status.unwrap_or_default() == ApprovalStatusFilter::Pending,
+        limit,
+    };
+    Ok(Json(ApprovalPage { approvals: app.log.approvals(&filter).await? }))
+}
+
+async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, body: &DecisionBody) -> Result<Accepted, ApiError> {
+    let run = visible_run(app, p, run_id).await?;
+    let decision = body.to_decision()?;
+    not_done(&run)?;
+    let state = app.log.load(run_id).await?;
+    let Some(call) = state.call(&call_id) else {
+        let filter = ApprovalFilter { run_id: Some(run_id), limit: app.limits.max_page, ..Default::default() };
+        let known = app.log.approvals(&filter).await?.iter().any(|a| a.call_id == call_id);
+        return Err(if known { ApiError::AlreadyDecided { run_id, call_id } } else { ApiError::CallNotFound { run_id, call_id } });
+    };
+    match call.approval {
+        ApprovalStatus::Requested => {}
+        ApprovalStatus::Approved | ApprovalStatus::Rejected => return Err(ApiError::AlreadyDecided { run_id, call_id }),
+        ApprovalStatus::NotNeeded | ApprovalStatus::Due => return Err(ApiError::ApprovalNotFound { run_id, call_id }),
+    }
+    if let Some(got) = &body.args_hash
+        && *got != call.args_hash
+    {
+        return Err(ApiError::StaleArgs { expected: call.args_hash.clone(), got: got.clone() });
+    }
+    let payload = Resume::Approval { call_id: call_id.clone(), args_hash: call.args_hash.clone(), decision: decision.clone(), by: Some(p.by()) };
+    let (id, kind) = post(app, run_id, payload).await.map_err(|e| match e {
+        glia_backends::LogError::Duplicate { .. } => ApiError::AlreadyDecided { run_id, call_id: call_id.clone() },
+        e => e.into(),
+    })?;
+    Ok(Accepted { run_id, call_id: Some(call_id), inbox_ids: vec![id], kinds: vec![kind.into()], decision: Some(decision) })
+}
+
+/// Decide one approval: approve, reject (with a reason the model sees) or
+/// edit (replacement arguments). The first decision wins; a second answers
+/// 409 `already_decided`. The decision binds to the pending call's
+/// `args_hash` (quote it as `args_hash` to refuse a stale view: 409 `stale_args`).
+#[utoipa::path(post, path = "/v1/runs/{id}/approvals/{call_id}", tag = "approvals", request_body = DecisionBody,
+    params(("id" = Uuid, Path, description = "Run id"), ("call_id" = String, Path, description = "Tool call id")),
+    responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn decide(State(app): State<App>, p: Principal, ApiPath((id, call_id)): ApiPath<(Uuid, String)>, ApiJson(body): ApiJson<DecisionBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    p.require(Scope::Approve)?;
+    Ok((StatusCode::ACCEPTED, Json(decide_one(&app, &p, id, call_id, &body).await?)))
+}
+
+/// Decide many approvals; each is validated and posted on its own, and its
+/// result carries the status the single endpoint would have answered.
+#[utoipa::path(post, path = "/v1/approvals", tag = "approvals", request_body = BulkDecisions,
+    responses((status = 200, body = BulkResults), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn decide_bulk(State(app): State<App>, p: Principal, ApiJson(body): ApiJson<BulkDecisions>) -> Result<Json<BulkResults>, ApiError> {
+    p.require(Scope::Approve)?;
+    if body.decisions.len() > app.limits.max_bulk {
+        return Err(ApiError::Invalid(format!("at most {} decisions per request", app.limits.max_bulk)));
+    }
+    let mut results = Vec::with_capacity(body.decisions.len());
+    for d in body.decisions {
+        let single = DecisionBody { decision: d.decision, reason: d.reason, input: d.input, args_hash: d.args_hash };
+        let result = match decide_one(&app, &p, d.run_id, d.call_id.clone(), &single).await {
+            Ok(accepted) => BulkItemResult { run_id: d.run_id, call_id: d.call_id, status: 202, accepted: Some(accepted), error: None },
+            Err(e) => BulkItemResult { run_id: d.run_id, call_id: d.call_id, status: e.status().as_u16(), accepted: None, error: Some(e.body().error) },
+        };
+        results.push(result);
+    }
+    Ok(Json(BulkResults { results }))
+}
+
+// ----- payloads --------------------------------------------------------------------
+
+/// Post the result of an external (client-executed) tool call.
+#[utoipa::path(post, path = "/v1/runs/{id}/tool-results/{call_id}", tag = "payloads", request_body = ToolResultBody,
+    params(("id" = Uuid, Path, description = "Run id"), ("call_id" = String, Path, description = "Tool call id")),
+    responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn post_tool_result(State(app): State<App>, p: Principal, ApiPath((id, call_id)): ApiPath<(Uuid, String)>, ApiJson(body): ApiJson<ToolResultBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    p.require(Scope::Submit)?;
+    let run = visible_run(&app, &p, id).await?;
+    not_done(&run)?;
+    let state = app.log.load(id).await?;
+    let call = state.call(&call_id).ok_or_else(|| ApiError::CallNotFound { run_id: id, call_id: call_id.clone() })?;
+    if call.disposition != Some(Disposition::External) {
+        return Err(ApiError::NotExternal(call_id));
+    }
+    if call.result.is_some() {
+        return Err(ApiError::AlreadyAnswered(call_id));
+    }
+    let payload = Resume::ToolResult { call_id: call_id.clone(), content: body.content, is_error: body.is_error };
+    let (inbox_id, kind) = post(&app, id, payload).await.map_err(|e| match e {
+        glia_backends::LogError::Duplicate { .. } => ApiError::AlreadyAnswered(call_id.clone()),
+        e => e.into(),
+    })?;
+    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: Some(call_id), inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
+}
+
+/// Post the user's next message to a run parked at `awaiting_input`.
+#[utoipa::path(post, path = "/v1/runs/{id}/messages", tag = "payloads", request_body = MessageBody,
+    params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn post_message(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, ApiJson(body): ApiJson<MessageBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    p.require(Scope::Submit)?;
+    let run = visible_run(&app, &p, id).await?;
+    if body.text.trim().is_empty() {
+        return Err(ApiError::Invalid("`text` is blank".into()));
+    }
+    not_done(&run)?;
+    if run.pull_point != Some(PullPoint::AwaitingInput) {
+        return Err(ApiError::NotAwaitingInput(id));
+    }
+    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close)) {
+        return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
+    }
+    let (inbox_id, kind) = post(&app, id, Resume::Input { text: body.text }).await?;
+    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
+}
+
+/// Resume a paused run, optionally extending its budget first.
+///
+/// With `extend` (amounts added to the current limits) the run gets an
+/// `extend_budget` payload, which also resumes a run paused by its budget; a
+/// run paused for another reason additionally gets a `resume`. Without it,
+/// a `resume`. A run resumed while still over budget pauses again.
+#[utoipa::path(post, path = "/v1/runs/{id}/resume", tag = "payloads", request_body(content = ResumeBody, description = "May be empty"),
+    params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<ResumeBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    p.require_any(&[Scope::Submit, Scope::Approve])?;
+    let run = visible_run(&app, &p, id).await?;
+    not_done(&run)?;
+    let Some(PullPoint::Paused { reason }) = &run.pull_point else { return Err(ApiError::NotPaused(id)) };
+    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::ExtendBudget { .. } | Resume::Resume { .. })) {
+        return Err(ApiError::AlreadyPosted { run_id: id, what: "a resume".into() });
+    }
+    let extend = body.extend.filter(|l| *l != BudgetLimits::default());
+    let mut payloads = Vec::new();
+    if let Some(extra) = extend {
+        payloads.push(Resume::ExtendBudget { extra });
+    }
+    if extend.is_none() || !matches!(reason, PauseReason::Budget { .. }) {
+        payloads.push(Resume::Resume { by: Some(p.by()) });
+    }
+    let mut accepted = Accepted { run_id: id, call_id: None, inbox_ids: vec![], kinds: vec![], decision: None };
+    for payload in payloads {
+        let (inbox_id, kind) = post(&app, id, payload).await?;
+        accepted.inbox_ids.push(inbox_id);
+        accepted.kinds.push(kind.into());
+    }
+    Ok((StatusCode::ACCEPTED, Json(accepted)))
+}
+
+/// Cancel a run.
+///
+/// Posts a `cancel` payload (durable: the worker that next holds the run
+/// records `session.cancel` and the run is done) and sets the run's cancel
+/// flag in the ledger, so a worker busy with the run stops cooperatively: an
+/// in-flight model stream is aborted; a running tool finishes or times out
+/// and its result is kept. A second cancel while the first waits in the
+/// inbox answers 202 with the same inbox id.
+#[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "payloads", request_body(content = CancelBody, description = "May be empty"),
+    params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 503, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<CancelBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    p.require(Scope::Submit)?;
+    let run = visible_run(&app, &p, id).await?;
+    not_done(&run)?;
+    let reason = body.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).map_or_else(|| format!("cancelled by {}", p.by()), str::to_owned);
+    let pending = app.log.inbox(id).await?.into_iter().find(|i| matches!(i.payload, Resume::Cancel { .. }));
+    let inbox_id = match pending {
+        Some(item) => item.id,
+        None => post(&app, id, Resume::Cancel { reason: reason.clone() }).await?.0,
+    };
+    // The durable part is done; the flag only makes a busy worker stop sooner.
+    if let Err(e) = app.ledger.cancel(id).await {
+        tracing::warn!(run_id = %id, "cancel flag not set (the posted cancel still applies): {e}");
+    }
+    app.metrics().cancels_requested.inc();
+    tracing::info!(run_id = %id, by = %p.by(), %reason, "cancel requested");
+    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec!["cancel".into()], decision: None })))
+}
+
+/// Close a conversational run waiting at `awaiting_input`: it completes with
+/// its last answer.
+#[utoipa::path(post, path = "/v1/runs/{id}/close", tag = "payloads",
+    params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    p.require(Scope::Submit)?;
+    let run = visible_run(&app, &p, id).await?;
+    not_done(&run)?;
+    if run.pull_point != Some(PullPoint::AwaitingInput) {
+        return Err(ApiError::NotAwaitingInput(id));
+    }
+    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close)) {
+        return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
+    }
+    let (inbox_id, kind) = post(&app, id, Resume::Close).await?;
+    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
+}
+
+// ----- ops ---------------------------------------------------------------------------
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok".into(), checks: BTreeMap::new() })
+}
+
+/// Readiness: the event log, the job queue and the ledger answer within
+/// [`crate::Limits::ready_timeout`]. 503 `not_ready` names the failures.
+#[utoipa::path(get, path = "/readyz", tag = "ops", responses((status = 200, body = Health), (status = 503, body = NotReady)))]
+pub async fn readyz(State(app): State<App>) -> Response {
+    let t = app.limits.ready_timeout;
+    let timed = |r: Result<Result<(), String>, tokio::time::error::Elapsed>| match r {
+        Ok(Ok(())) => "ok".to_owned(),
+        Ok(Err(e)) => e,
+        Err(_) => format!("no answer within {} ms", t.as_millis()),
+    };
+    let (log, queue, ledger) = tokio::join!(
+        tokio::time::timeout(t, async { app.log.ready().await.map_err(|e| e.to_string()) }),
+        tokio::time::timeout(t, async { app.queue.depth().await.map(|_| ()).map_err(|e| e.to_string()) }),
+        tokio::time::timeout(t, async { app.ledger.ready().await.map_err(|e| e.to_string()) }),
+    );
+    let checks: BTreeMap<String, String> =
+        [("event_log", timed(log)), ("job_queue", timed(queue)), ("ledger", timed(ledger))].into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    let failed: Vec<String> = checks.iter().filter(|(_, v)| *v != "ok").map(|(k, v)| format!("{k}: {v}")).collect();
+    if failed.is_empty() {
+        return Json(Health { status: "ready".into(), checks }).into_response();
+    }
+    let error = ApiError::NotReady(failed.join("; ")).body().error;
+    (StatusCode::SERVICE_UNAVAILABLE, Json(NotReady { error, checks })).into_response()
+}
+
+/// Prometheus metrics, OpenMetrics text format.
+#[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, content_type = "application/openmetrics-text", body = String)))]
+pub async fn metrics(State(app): State<App>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], app.metrics().encode()).into_response()
+}
+
+static OPENAPI: LazyLock<String> = LazyLock::new(|| crate::openapi().to_string());
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/openapi.json", tag = "ops", responses((status = 200, description = "OpenAPI 3.1 document", content_type = "application/json", body = serde_json::Value)))]
+pub async fn openapi_json() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI.as_str()).into_response()
+}

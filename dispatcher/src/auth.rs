@@ -1,0 +1,227 @@
+//! Bearer tokens: each configured token maps to a [`Principal`] (a tenant and
+//! its [`Scope`]s). A run is visible only to its tenant; `admin` sees every
+//! tenant. With no tokens configured ([`Auth::open`]) every request acts as an
+//! admin of tenant [`OPEN_TENANT`], and the server must bind a loopback
+//! address only (see [`crate::App::requires_loopback`] and [`crate::serve`]).
+//!
+//! Which endpoint needs which scope:
+//!
+//! | scope | endpoints |
+//! |---|---|
+//! | any valid token | `GET /v1/runs`, `GET /v1/runs/{id}`, events, stream |
+//! | `submit` | `POST /v1/runs`, tool results, messages, close, cancel, resume |
+//! | `approve` | `GET /v1/approvals`, decisions (single and bulk), resume |
+//! | `admin` | everything, across tenants |
+//!
+//! `/healthz`, `/readyz`, `/metrics` and `/openapi.json` need no token.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::App;
+use crate::error::ApiError;
+
+/// The tenant every request acts as when no tokens are configured.
+pub const OPEN_TENANT: &str = "default";
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Admit runs, post tool results and messages, cancel and resume.
+    Submit,
+    /// See the approval queue, decide approvals, resume.
+    Approve,
+    /// Everything, across tenants.
+    Admin,
+}
+
+impl Scope {
+    /// `submit`, `approve` or `admin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Submit => "submit",
+            Scope::Approve => "approve",
+            Scope::Admin => "admin",
+        }
+    }
+
+    /// Parse `submit`, `approve` or `admin`.
+    pub fn parse(s: &str) -> Result<Scope, AuthError> {
+        match s.trim() {
+            "submit" => Ok(Scope::Submit),
+            "approve" => Ok(Scope::Approve),
+            "admin" => Ok(Scope::Admin),
+            other => Err(AuthError::UnknownScope(other.to_owned())),
+        }
+    }
+}
+
+/// Who a request acts as. JSON (in a token file):
+/// `{"tenant": "acme", "scopes": ["submit", "approve"], "name": "ana"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    /// The tenant; it owns the runs this principal admits.
+    pub tenant: String,
+    /// What it may do.
+    pub scopes: Vec<Scope>,
+    /// Shown as `by` on decisions and resumes; the tenant when absent.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl Principal {
+    /// True when it has `scope` (admin has every scope).
+    pub fn has(&self, scope: Scope) -> bool {
+        self.scopes.contains(&Scope::Admin) || self.scopes.contains(&scope)
+    }
+
+    /// True for an admin, who sees every tenant.
+    pub fn is_admin(&self) -> bool {
+        self.scopes.contains(&Scope::Admin)
+    }
+
+    /// `Ok` when it has `scope`, else [`ApiError::Forbidden`].
+    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+        if self.has(scope) { Ok(()) } else { Err(ApiError::forbidden(scope)) }
+    }
+
+    /// `Ok` when it has any of `scopes`, else [`ApiError::Forbidden`] naming the first.
+    pub fn require_any(&self, scopes: &[Scope]) -> Result<(), ApiError> {
+        if scopes.iter().any(|s| self.has(*s)) {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("` or `")))
+        }
+    }
+
+    /// True when it may see runs of `tenant`.
+    pub fn sees(&self, tenant: &str) -> bool {
+        self.is_admin() || self.tenant == tenant
+    }
+
+    /// Tenant filter for listings: `None` (all tenants) for admins.
+    pub fn tenant_filter(&self) -> Option<String> {
+        (!self.is_admin()).then(|| self.tenant.clone())
+    }
+
+    /// Name recorded as `by`.
+    pub fn by(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.tenant.clone())
+    }
+}
+
+/// Why a token configuration is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// A scope other than `submit`, `approve`, `admin`.
+    #[error("unknown scope {0:?} (expected submit, approve or admin)")]
+    UnknownScope(String),
+    /// A token spec not of the form `TOKEN:TENANT:SCOPE[,SCOPE…]`.
+    #[error("bad token spec {0:?}: expected TOKEN:TENANT:SCOPE[,SCOPE...]")]
+    BadSpec(String),
+    /// A token file that is not `{"TOKEN": {"tenant": …, "scopes": […]}}`.
+    #[error("bad token file: {0}")]
+    BadFile(String),
+    /// An empty token, tenant or scope list.
+    #[error("empty token, tenant or scope list")]
+    Empty,
+}
+
+/// The configured tokens. Cheap to clone. Tokens are kept only as SHA-256
+/// digests, and looked up by digest.
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    tokens: Arc<HashMap<[u8; 32], Principal>>,
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl Auth {
+    /// No tokens: every request is an admin of [`OPEN_TENANT`]; loopback only.
+    pub fn open() -> Auth {
+        Auth::default()
+    }
+
+    /// These tokens. Errors: [`AuthError::Empty`] for an empty token, tenant or scope list.
+    pub fn from_tokens(tokens: impl IntoIterator<Item = (String, Principal)>) -> Result<Auth, AuthError> {
+        let mut map = HashMap::new();
+        for (token, principal) in tokens {
+            if token.is_empty() || principal.tenant.is_empty() || principal.scopes.is_empty() {
+                return Err(AuthError::Empty);
+            }
+            map.insert(digest(&token), principal);
+        }
+        Ok(Auth { tokens: Arc::new(map) })
+    }
+
+    /// Parse one `TOKEN:TENANT:SCOPE[,SCOPE…]` spec (e.g. from a repeated
+    /// `--token` flag), e.g. `s3cret:acme:submit,approve`.
+    pub fn parse_spec(spec: &str) -> Result<(String, Principal), AuthError> {
+        let mut parts = spec.splitn(3, ':');
+        let (Some(token), Some(tenant), Some(scopes)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(AuthError::BadSpec(spec.chars().take(8).collect::<String>() + "…"));
+        };
+        if token.is_empty() || tenant.is_empty() || scopes.is_empty() {
+            return Err(AuthError::Empty);
+        }
+        let scopes = scopes.split(',').map(Scope::parse).collect::<Result<Vec<_>, _>>()?;
+        Ok((token.to_owned(), Principal { tenant: tenant.to_owned(), scopes, name: None }))
+    }
+
+    /// Parse a token file: `{"TOKEN": {"tenant": "acme", "scopes": ["submit"], "name": "ci"}, …}`.
+    pub fn from_json(json: &str) -> Result<Auth, AuthError> {
+        let map: HashMap<String, Principal> = serde_json::from_str(json).map_err(|e| AuthError::BadFile(e.to_string()))?;
+        Auth::from_tokens(map)
+    }
+
+    /// True when no tokens are configured.
+    pub fn is_open(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Number of configured tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when no tokens are configured (same as [`Auth::is_open`]).
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The principal for an `Authorization` header value. Errors:
+    /// [`ApiError::MissingToken`] (absent, or not `Bearer …`),
+    /// [`ApiError::InvalidToken`] (not configured).
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, ApiError> {
+        if self.is_open() {
+            return Ok(Principal { tenant: OPEN_TENANT.to_owned(), scopes: vec![Scope::Admin], name: None });
+        }
+        let value = authorization.ok_or(ApiError::MissingToken)?.trim();
+        let (scheme, token) = value.split_once(' ').ok_or(ApiError::MissingToken)?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(ApiError::MissingToken);
+        }
+        self.tokens.get(&digest(token.trim())).cloned().ok_or(ApiError::InvalidToken)
+    }
+}
+
+impl FromRequestParts<App> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, Self::Rejection> {
+        let header = match parts.headers.get(header::AUTHORIZATION) {
+            Some(v) => Some(v.to_str().map_err(|_| ApiError::InvalidToken)?),
+            None => None,
+        };
+        app.auth.authenticate(header)
+    }
+}

@@ -1,0 +1,267 @@
+//! Every error the API answers, as one enum with a stable snake_case code.
+//!
+//! On the wire every error is
+//! `{"error": {"code": "stable_snake_case", "message": "human text"}}` with the
+//! HTTP status of [`ApiError::status`]. Codes never change meaning; messages
+//! may. Bad input is always a 4xx: a 5xx means a backing store failed
+//! (`*_unavailable`, 503) or a bug (`internal`, 500).
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use glia_backends::{LedgerError, LogError, QueueError};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::auth::Scope;
+
+/// The JSON body of every error: `{"error": {"code": …, "message": …}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// Code and message of an [`ErrorBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable snake_case code, e.g. `run_not_found` (see [`ApiError::code`]).
+    pub code: String,
+    /// Human-readable explanation; not stable.
+    pub message: String,
+}
+
+/// Why a request failed. [`ApiError::status`] and [`ApiError::code`] give its
+/// HTTP status and stable code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// 401 `missing_token`: no `Authorization: Bearer …` header.
+    #[error("missing bearer token: send `Authorization: Bearer <token>`")]
+    MissingToken,
+    /// 401 `invalid_token`: the token is not configured.
+    #[error("invalid bearer token")]
+    InvalidToken,
+    /// 403 `forbidden`: the token lacks a scope the endpoint needs.
+    #[error("this token lacks the `{0}` scope")]
+    Forbidden(String),
+    /// 404 `route_not_found`: no such endpoint.
+    #[error("no route {0}")]
+    RouteNotFound(String),
+    /// 405 `method_not_allowed`.
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+    /// 404 `run_not_found`: no such run, or it belongs to another tenant.
+    #[error("run {0} not found")]
+    RunNotFound(Uuid),
+    /// 404 `call_not_found`: the run has no such tool call in its current batch.
+    #[error("run {run_id} has no pending tool call {call_id}")]
+    CallNotFound {
+        /// The run.
+        run_id: Uuid,
+        /// The call.
+        call_id: String,
+    },
+    /// 404 `approval_not_found`: the call exists but no approval was requested for it.
+    #[error("tool call {call_id} of run {run_id} does not wait for an approval")]
+    ApprovalNotFound {
+        /// The run.
+        run_id: Uuid,
+        /// The call.
+        call_id: String,
+    },
+    /// 409 `already_decided`: a decision for this call was already posted.
+    #[error("tool call {call_id} of run {run_id} was already decided")]
+    AlreadyDecided {
+        /// The run.
+        run_id: Uuid,
+        /// The call.
+        call_id: String,
+    },
+    /// 409 `stale_args`: the decision quotes an `args_hash` other than the pending one.
+    #[error("the decision was made on other arguments (hash {got}); the pending arguments hash to {expected}")]
+    StaleArgs {
+        /// Hash of the pending arguments.
+        expected: String,
+        /// Hash the decision quoted.
+        got: String,
+    },
+    /// 409 `not_external`: a result was posted for a call a worker runs itself.
+    #[error("tool call {0} is not an external tool call")]
+    NotExternal(String),
+    /// 409 `already_answered`: the external call already has a result (posted or recorded).
+    #[error("tool call {0} already has a result")]
+    AlreadyAnswered(String),
+    /// 409 `not_awaiting_input`: a message was posted to a run not parked at `awaiting_input`.
+    #[error("run {0} is not waiting for a user message")]
+    NotAwaitingInput(Uuid),
+    /// 409 `not_paused`: resume was posted to a run not parked at `paused`.
+    #[error("run {0} is not paused")]
+    NotPaused(Uuid),
+    /// 409 `already_posted`: an equivalent payload waits in the run's inbox.
+    #[error("run {run_id}: {what} was already posted and waits for a worker")]
+    AlreadyPosted {
+        /// The run.
+        run_id: Uuid,
+        /// What.
+        what: String,
+    },
+    /// 409 `run_finished`: the run is done; nothing more can be posted.
+    #[error("run {0} is finished")]
+    RunFinished(Uuid),
+    /// 409 `idempotency_conflict`: the `Idempotency-Key` was used for a different request.
+    #[error("Idempotency-Key {0:?} was already used with a different goal, config or batch")]
+    IdempotencyConflict(String),
+    /// 400 `malformed_json`: the body is not JSON.
+    #[error("malformed JSON body: {0}")]
+    MalformedJson(String),
+    /// 422 `invalid_body`: JSON of the wrong shape (wrong types, missing or unknown fields).
+    #[error("invalid request body: {0}")]
+    InvalidBody(String),
+    /// 415 `unsupported_media_type`: a body without `Content-Type: application/json`.
+    #[error("expected `Content-Type: application/json`")]
+    UnsupportedMediaType,
+    /// 413 `body_too_large`: the body exceeds the limit (bytes).
+    #[error("request body exceeds {0} bytes")]
+    BodyTooLarge(usize),
+    /// 400 `invalid_body`-like failure reading the body (aborted upload).
+    #[error("could not read the request body: {0}")]
+    BodyRead(String),
+    /// 400 `invalid_query`: query parameters of the wrong shape.
+    #[error("invalid query: {0}")]
+    InvalidQuery(String),
+    /// 400 `invalid_path`: a path parameter of the wrong shape (e.g. a run id that is not a UUID).
+    #[error("invalid path: {0}")]
+    InvalidPath(String),
+    /// 400 `invalid_header`: a header of the wrong shape.
+    #[error("invalid header {name}: {reason}")]
+    InvalidHeader {
+        /// Header name.
+        name: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// 422 `invalid_request`: well-formed JSON whose values are not acceptable.
+    #[error("{0}")]
+    Invalid(String),
+    /// 503 `log_unavailable`: the event log (Postgres) failed.
+    #[error("event log unavailable: {0}")]
+    LogUnavailable(String),
+    /// 503 `queue_unavailable`: the job queue (RabbitMQ) failed.
+    #[error("job queue unavailable: {0}")]
+    QueueUnavailable(String),
+    /// 503 `ledger_unavailable`: the ledger (Redis) failed.
+    #[error("ledger unavailable: {0}")]
+    LedgerUnavailable(String),
+    /// 503 `not_ready`: a readiness check failed.
+    #[error("not ready: {0}")]
+    NotReady(String),
+    /// 500 `internal`: a bug; the message says what.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// 403 for a missing scope.
+    pub fn forbidden(scope: Scope) -> ApiError {
+        ApiError::Forbidden(scope.as_str().to_owned())
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        use ApiError::*;
+        match self {
+            MissingToken | InvalidToken => StatusCode::UNAUTHORIZED,
+            Forbidden(_) => StatusCode::FORBIDDEN,
+            RouteNotFound(_) | RunNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_)
+            | AlreadyPosted { .. } | RunFinished(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
+            MalformedJson(_) | BodyRead(_) | InvalidQuery(_) | InvalidPath(_) | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
+            InvalidBody(_) | Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            LogUnavailable(_) | QueueUnavailable(_) | LedgerUnavailable(_) | NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable snake_case code.
+    pub fn code(&self) -> &'static str {
+        use ApiError::*;
+        match self {
+            MissingToken => "missing_token",
+            InvalidToken => "invalid_token",
+            Forbidden(_) => "forbidden",
+            RouteNotFound(_) => "route_not_found",
+            MethodNotAllowed => "method_not_allowed",
+            RunNotFound(_) => "run_not_found",
+            CallNotFound { .. } => "call_not_found",
+            ApprovalNotFound { .. } => "approval_not_found",
+            AlreadyDecided { .. } => "already_decided",
+            StaleArgs { .. } => "stale_args",
+            NotExternal(_) => "not_external",
+            AlreadyAnswered(_) => "already_answered",
+            NotAwaitingInput(_) => "not_awaiting_input",
+            NotPaused(_) => "not_paused",
+            AlreadyPosted { .. } => "already_posted",
+            RunFinished(_) => "run_finished",
+            IdempotencyConflict(_) => "idempotency_conflict",
+            MalformedJson(_) => "malformed_json",
+            InvalidBody(_) => "invalid_body",
+            UnsupportedMediaType => "unsupported_media_type",
+            BodyTooLarge(_) => "body_too_large",
+            BodyRead(_) => "body_unreadable",
+            InvalidQuery(_) => "invalid_query",
+            InvalidPath(_) => "invalid_path",
+            InvalidHeader { .. } => "invalid_header",
+            Invalid(_) => "invalid_request",
+            LogUnavailable(_) => "log_unavailable",
+            QueueUnavailable(_) => "queue_unavailable",
+            LedgerUnavailable(_) => "ledger_unavailable",
+            NotReady(_) => "not_ready",
+            Internal(_) => "internal",
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody { error: ErrorDetail { code: self.code().to_owned(), message: self.to_string() } }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!(code = self.code(), "{self}");
+        }
+        let mut response = (status, Json(self.body())).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<LogError> for ApiError {
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::NotFound(run_id) => ApiError::RunNotFound(run_id),
+            LogError::Unavailable(m) => ApiError::LogUnavailable(m),
+            LogError::Duplicate { run_id, what } => ApiError::AlreadyPosted { run_id, what },
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> Self {
+        ApiError::QueueUnavailable(e.to_string())
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(e: LedgerError) -> Self {
+        ApiError::LedgerUnavailable(e.to_string())
+    }
+}

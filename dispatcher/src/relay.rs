@@ -1,0 +1,178 @@
+//! Getting jobs onto the queue: the outbox relay and the reconciler.
+//!
+//! - [`relay`] publishes outbox jobs (written in the same transaction as the
+//!   writes that cause them) with publisher confirms, then marks them done.
+//!   A job published but not marked (crash in between) is published again:
+//!   jobs are wake-ups, and a worker drops a duplicate or stale one, so
+//!   at-least-once is safe. Several dispatchers may relay the same outbox.
+//! - [`reconcile`] re-enqueues runs the log says have work but no live lease
+//!   ([`glia_backends::EventLog::orphaned`]): the job was lost (broker
+//!   restarted, dead-lettered) or the worker died and its lease lapsed.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use glia_backends::{Job, LogError, QueueError};
+use uuid::Uuid;
+
+use crate::App;
+
+/// Why a relay pass stopped early. Jobs confirmed before the failure are marked done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RelayError {
+    /// Reading or marking the outbox failed.
+    #[error("relay: {0}")]
+    Log(#[from] LogError),
+    /// Publishing failed.
+    #[error("relay: {0}")]
+    Queue(#[from] QueueError),
+}
+
+/// One relay pass: take up to [`crate::Limits::relay_batch`] outbox jobs,
+/// publish them (up to 32 in flight, each confirmed), mark the confirmed ones
+/// done. Returns how many were relayed.
+pub async fn relay_once(app: &App) -> Result<usize, RelayError> {
+    let jobs = app.log.outbox(app.limits.relay_batch).await?;
+    if jobs.is_empty() {
+        return Ok(0);
+    }
+    let results: Vec<(i64, Result<(), QueueError>)> =
+        futures::stream::iter(jobs).map(|(id, job)| async move { (id, app.queue.publish(&job).await) }).buffer_unordered(32).collect().await;
+    let mut done = Vec::with_capacity(results.len());
+    let mut failed = None;
+    for (id, r) in results {
+        match r {
+            Ok(()) => done.push(id),
+            Err(e) => failed = Some(e),
+        }
+    }
+    if !done.is_empty() {
+        app.log.outbox_done(&done).await?;
+        app.metrics().jobs_relayed.inc_by(done.len() as u64);
+    }
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(done.len()),
+    }
+}
+
+/// Relay forever: a pass whenever the dispatcher wrote something
+/// ([`App::wake_relay`]) and at least every [`crate::Limits::relay_poll`]
+/// (default 10 ms; that catches jobs written by workers and other
+/// dispatchers). Failures are logged and retried with backoff up to 5 s.
+/// Never returns; abort the task to stop it.
+pub async fn relay(app: App) {
+    let mut backoff = Duration::ZERO;
+    loop {
+        match relay_once(&app).await {
+            Ok(n) if n == app.limits.relay_batch => {
+                backoff = Duration::ZERO;
+                continue;
+            }
+            Ok(_) => backoff = Duration::ZERO,
+            Err(e) => {
+                app.metrics().relay_errors.inc();
+                backoff = (backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));
+                tracing::warn!("{e}; retrying in {} ms", backoff.as_millis());
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+        }
+        tokio::select! {
+            _ = app.woken() => {}
+            _ = tokio::time::sleep(app.limits.relay_poll) => {}
+        }
+    }
+}
+
+/// Why a reconciler tick failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReconcileError {
+    /// Reading orphaned runs failed.
+    #[error("reconcile: {0}")]
+    Log(#[from] LogError),
+    /// Publishing a job failed.
+    #[error("reconcile: {0}")]
+    Queue(#[from] QueueError),
+}
+
+/// Orphaned runs looked at per tick.
+pub const RECONCILE_BATCH: usize = 1000;
+
+/// Re-enqueues orphaned runs, at most once per `grace` each.
+///
+/// A run reported orphaned is published when it has stayed orphaned at the
+/// same head for `grace` since it was first seen (so a job that is merely
+/// waiting in a long queue is not duplicated every tick), then again only
+/// after another `grace`. With `grace` zero every orphan is published on
+/// every tick.
+pub struct Reconciler {
+    app: App,
+    grace: Duration,
+    seen: HashMap<Uuid, (u64, Instant)>,
+}
+
+impl Reconciler {
+    /// A reconciler over `app`.
+    pub fn new(app: App, grace: Duration) -> Reconciler {
+        Reconciler { app, grace, seen: HashMap::new() }
+    }
+
+    /// One pass: relay leftover outbox jobs, then publish the jobs of runs
+    /// orphaned for at least `grace` (up to [`RECONCILE_BATCH`]). Returns the
+    /// jobs published by the second step.
+    pub async fn tick(&mut self) -> Result<Vec<Job>, ReconcileError> {
+        if let Err(e) = relay_once(&self.app).await {
+            tracing::warn!("reconciler: leftover outbox not relayed: {e}");
+        }
+        let orphans = self.app.log.orphaned(RECONCILE_BATCH).await?;
+        let now = Instant::now();
+        let mut current = HashMap::with_capacity(orphans.len());
+        let mut due = Vec::new();
+        for job in orphans {
+            let since = match self.seen.get(&job.run_id) {
+                Some((head, since)) if *head == job.head_seq => *since,
+                _ => now,
+            };
+            if now.duration_since(since) >= self.grace {
+                due.push(job);
+                current.insert(job.run_id, (job.head_seq, now));
+            } else {
+                current.insert(job.run_id, (job.head_seq, since));
+            }
+        }
+        self.seen = current;
+        let mut published = Vec::with_capacity(due.len());
+        for job in due {
+            if let Err(e) = self.app.queue.publish(&job).await {
+                // Not published: look at it again next tick.
+                self.seen.remove(&job.run_id);
+                if published.is_empty() {
+                    return Err(e.into());
+                }
+                tracing::warn!("reconciler: {e}");
+                break;
+            }
+            tracing::info!(run_id = %job.run_id, head_seq = job.head_seq, "re-enqueued orphaned run");
+            published.push(job);
+        }
+        self.app.metrics().jobs_reconciled.inc_by(published.len() as u64);
+        Ok(published)
+    }
+}
+
+/// Reconcile forever, a [`Reconciler::tick`] every `every`, with `grace` =
+/// `every`: a run orphaned for a whole period is re-enqueued. Failures are
+/// logged. Never returns; abort the task to stop it.
+pub async fn reconcile(app: App, every: Duration) {
+    let mut r = Reconciler::new(app, every.mul_f64(0.9));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = r.tick().await {
+            tracing::warn!("{e}");
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Shared test harness: the dispatcher over the in-memory twins, a request
+//! helper, and hand-built worker commits that park runs at pull points.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use chrono::Utc;
+use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
+use glia_backends::{EventLog, JobQueue, RunFilter};
+use glia_dispatcher::{App, Auth, Principal, Scope};
+use glia_proto::{
+    ContentBlock, Disposition, Event, EventKind, Limit, Message, Outcome, PauseReason, PullPoint, Role, RunState, ToolCallRecord, Usage,
+    args_hash,
+};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use uuid::Uuid;
+
+/// Tokens: tenant `a` has a submitter, an approver; tenant `b` a submitter
+/// with both scopes; `admin` sees everything.
+pub const SUB_A: &str = "tok-sub-a";
+pub const APP_A: &str = "tok-app-a";
+pub const SUB_B: &str = "tok-sub-b";
+pub const ADMIN: &str = "tok-admin";
+
+pub struct H {
+    pub app: App,
+    pub router: Router,
+    pub log: Arc<MemoryLog>,
+    pub queue: Arc<MemoryQueue>,
+    pub ledger: Arc<MemoryLedger>,
+}
+
+pub fn auth() -> Auth {
+    let p = |t: &str, s: &[Scope]| Principal { tenant: t.into(), scopes: s.to_vec(), name: None };
+    Auth::from_tokens([
+        (SUB_A.to_owned(), p("a", &[Scope::Submit])),
+        (APP_A.to_owned(), Principal { name: Some("ana".into()), ..p("a", &[Scope::Approve]) }),
+        (SUB_B.to_owned(), p("b", &[Scope::Submit, Scope::Approve])),
+        (ADMIN.to_owned(), p("ops", &[Scope::Admin])),
+    ])
+    .unwrap()
+}
+
+pub fn harness() -> H {
+    harness_with(auth())
+}
+
+pub fn harness_with(auth: Auth) -> H {
+    let log = Arc::new(MemoryLog::default());
+    let queue = Arc::new(MemoryQueue::default());
+    let ledger = Arc::new(MemoryLedger::default());
+    let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth);
+    let router = glia_dispatcher::router(app.clone());
+    H { app, router, log, queue, ledger }
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: axum::http::HeaderMap,
+    pub body: Value,
+    pub text: String,
+}
+
+impl Reply {
+    /// The error code of a JSON error body (panics when the body is not one).
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or_else(|| panic!("not a JSON error body ({}): {}", self.status, self.text))
+    }
+}
+
+pub async fn send(router: &Router, req: Request<Body>) -> Reply {
+    let res = router.clone().oneshot(req).await.unwrap();
+    let status = res.status();
+    let headers = res.headers().clone();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Reply { status, headers, body, text }
+}
+
+pub fn request(method: Method, uri: &str, token: Option<&str>, body: Option<&Value>) -> Request<Body> {
+    let mut b = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    match body {
+        Some(v) => b.header(header::CONTENT_TYPE, "application/json").body(Body::from(v.to_string())).unwrap(),
+        None => b.body(Body::empty()).unwrap(),
+    }
+}
+
+pub async fn get(h: &H, uri: &str, token: &str) -> Reply {
+    send(&h.router, request(Method::GET, uri, Some(token), None)).await
+}
+
+pub async fn post(h: &H, uri: &str, token: &str, body: Value) -> Reply {
+    send(&h.router, request(Method::POST, uri, Some(token), Some(&body))).await
+}
+
+/// Admit a run through the API; returns its id.
+pub async fn create(h: &H, token: &str, body: Value) -> Uuid {
+    let r = post(h, "/v1/runs", token, body).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    r.body["run_id"].as_str().unwrap().parse().unwrap()
+}
+
+pub fn conversational() -> Value {
+    json!({"goal": "chat", "config": {"conversational": true}})
+}
+
+/// Append `kinds` to the run as a worker would: lease, commit, release.
+pub async fn commit(log: &dyn EventLog, run_id: Uuid, kinds: Vec<EventKind>) {
+    commit_consuming(log, run_id, kinds, &[]).await
+}
+
+pub async fn commit_consuming(log: &dyn EventLog, run_id: Uuid, kinds: Vec<EventKind>, consumed: &[i64]) {
+    let mut state = log.load(run_id).await.unwrap();
+    let lease = log.acquire(run_id, "test-worker", Duration::from_secs(30)).await.unwrap();
+    let mut events = Vec::new();
+    for kind in kinds {
+        let e = Event { run_id, seq: state.head_seq + 1, at: Utc::now(), kind };
+        state.apply(&e).unwrap_or_else(|err| panic!("test log does not apply: {err}"));
+        events.push(e);
+    }
+    log.commit(&lease, &events, &state, consumed).await.unwrap();
+    log.release(&lease).await.unwrap();
+}
+
+/// Planning to the first model call of a single-step plan.
+pub fn to_model_call() -> Vec<EventKind> {
+    vec![
+        EventKind::PlanDraft { steps: vec!["Reach the goal.".into()], usage: Usage::default(), cost_usd_micros: 0 },
+        EventKind::PlanCommit { steps: vec!["Reach the goal.".into()] },
+        EventKind::StepStart { index: 0, description: "Reach the goal.".into(), tools: vec![] },
+        EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
+    ]
+}
+
+fn tool_use_response(calls: &[(&str, &str, Value)]) -> EventKind {
+    let content = calls.iter().map(|(id, name, input)| ContentBlock::ToolUse { id: (*id).into(), name: (*name).into(), input: input.clone() }).collect();
+    EventKind::ModelResponse {
+        message: Message { role: Role::Assistant, content },
+        usage: Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() },
+        stop_reason: "tool_use".into(),
+        duration_ms: 3,
+        cost_usd_micros: 7,
+    }
+}
+
+fn tool_call(run_id: Uuid, id: &str, name: &str, input: &Value, disposition: Disposition) -> EventKind {
+    EventKind::ToolCall(ToolCallRecord {
+        call_id: id.into(),
+        name: name.into(),
+        input: input.clone(),
+        args_hash: args_hash(input),
+        idempotency_key: format!("{run_id}:{id}"),
+        disposition,
+    })
+}
+
+/// Park the run at awaiting_approval for `calls` (id, tool, input).
+pub async fn park_for_approval(log: &dyn EventLog, run_id: Uuid, calls: &[(&str, &str, Value)]) {
+    let mut kinds = to_model_call();
+    kinds.push(tool_use_response(calls));
+    for (id, name, input) in calls {
+        kinds.push(tool_call(run_id, id, name, input, Disposition::Approval));
+        kinds.push(EventKind::ApprovalRequested { call_id: (*id).into(), tool: (*name).into(), input: input.clone(), args_hash: args_hash(input) });
+    }
+    let ids = calls.iter().map(|(id, _, _)| (*id).to_owned()).collect();
+    kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: ids } });
+    commit(log, run_id, kinds).await
+}
+
+/// Park the run at awaiting_tool: `external` are external calls, `ran` a call a worker ran.
+pub async fn park_for_tool(log: &dyn EventLog, run_id: Uuid) {
+    let input = json!({"q": "weather"});
+    let mut kinds = to_model_call();
+    kinds.push(tool_use_response(&[("ext1", "lookup", input.clone()), ("run1", "calc", json!({"x": 1}))]));
+    kinds.push(tool_call(run_id, "ext1", "lookup", &input, Disposition::External));
+    kinds.push(tool_call(run_id, "run1", "calc", &json!({"x": 1}), Disposition::Run { reminder: None }));
+    kinds.push(EventKind::ToolResult { call_id: "run1".into(), content: "1".into(), reminder: None, duration_ms: 1 });
+    kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingTool { call_ids: vec!["ext1".into()] } });
+    commit(log, run_id, kinds).await
+}
+
+/// Park a conversational run at awaiting_input.
+pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
+    let mut kinds = to_model_call();
+    kinds.push(EventKind::ModelResponse { message: Message::assistant("Hello."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0 });
+    kinds.push(EventKind::StepEnd { index: 0, answer: "Hello.".into(), skipped: false });
+    kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingInput });
+    commit(log, run_id, kinds).await
+}
+
+/// Pause the run (budget or operator).
+pub async fn park_paused(log: &dyn EventLog, run_id: Uuid, budget: bool) {
+    let reason = if budget { PauseReason::Budget { limit: Limit::Turns } } else { PauseReason::Operator { reason: "look".into() } };
+    commit(log, run_id, vec![EventKind::SessionPause { pull_point: PullPoint::Paused { reason } }]).await
+}
+
+/// Finish a run from planning.
+pub async fn finish(log: &dyn EventLog, run_id: Uuid) {
+    let outcome = Outcome::Failed { error: "test".into() };
+    commit(log, run_id, vec![EventKind::SessionComplete { outcome }]).await
+}
+
+/// Everything the dispatcher could have written, to compare before/after.
+#[derive(Debug, PartialEq)]
+pub struct Snapshot {
+    pub runs: Vec<(Uuid, u64)>,
+    pub inboxes: Vec<(Uuid, usize)>,
+    pub outbox: usize,
+    pub queued: u64,
+    pub cancelled: Vec<Uuid>,
+}
+
+pub async fn snapshot(h: &H) -> Snapshot {
+    use glia_backends::Ledger;
+    let runs = h.log.list_runs(&RunFilter { limit: 1000, ..Default::default() }).await.unwrap();
+    let mut inboxes = Vec::new();
+    let mut cancelled = Vec::new();
+    for r in &runs {
+        inboxes.push((r.run_id, h.log.inbox(r.run_id).await.unwrap().len()));
+        if h.ledger.is_cancelled(r.run_id).await.unwrap() {
+            cancelled.push(r.run_id);
+        }
+    }
+    Snapshot {
+        runs: runs.iter().map(|r| (r.run_id, r.head_seq)).collect(),
+        inboxes,
+        outbox: h.log.outbox(100_000).await.unwrap().len(),
+        queued: h.queue.depth().await.unwrap(),
+        cancelled,
+    }
+}
+
+pub fn state_of(events: &[Event]) -> RunState {
+    RunState::replay(events[0].run_id, events).unwrap()
+}
