@@ -47,11 +47,13 @@ fn parse<T: DeserializeOwned>(headers: &HeaderMap, bytes: &[u8]) -> Result<T, Ap
     if !is_json(headers) {
         return Err(ApiError::UnsupportedMediaType);
     }
-    serde_json::from_slice(bytes).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => ApiError::InvalidBody(e.to_string()),
-        serde_json::error::Category::Io => ApiError::BodyRead(e.to_string()),
-        _ => ApiError::MalformedJson(e.to_string()),
-    })
+    // Syntax first, so a truncated body is `malformed_json` even when its
+    // start already has the wrong shape; then the shape: every body is an object.
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    if !value.is_object() {
+        return Err(ApiError::InvalidBody("the body must be a JSON object".into()));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::InvalidBody(e.to_string()))
 }
 
 impl<T: DeserializeOwned> FromRequest<App> for ApiJson<T> {

@@ -1,0 +1,144 @@
+//! External tool results, user messages, resume with budget extension, close, cancel.
+
+mod common;
+
+use axum::http::{Method, StatusCode};
+use common::*;
+use glia_backends::{EventLog, Job, JobQueue, Ledger};
+use glia_proto::{BudgetLimits, Resume};
+use serde_json::json;
+
+#[tokio::test]
+async fn external_tool_result_is_posted_once() {
+    let h = harness();
+    let id = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_for_tool(&*h.log, id).await;
+    let r = post(&h, &format!("/v1/runs/{id}/tool-results/ext1"), SUB_A, json!({"content": "{\"temp\": 20}"})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(r.body["kinds"], json!(["tool_result"]));
+    let inbox = h.log.inbox(id).await.unwrap();
+    assert_eq!(inbox[0].payload, Resume::ToolResult { call_id: "ext1".into(), content: "{\"temp\": 20}".into(), is_error: false });
+    let before = snapshot(&h).await;
+    for (call, body, status, code) in [
+        ("ext1", json!({"content": "again"}), StatusCode::CONFLICT, "already_answered"),
+        ("run1", json!({"content": "x"}), StatusCode::CONFLICT, "not_external"),
+        ("nope", json!({"content": "x"}), StatusCode::NOT_FOUND, "call_not_found"),
+        ("ext1", json!({"content": {"temp": 20}}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
+        ("ext1", json!({"content": "x", "is_error": "yes"}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
+    ] {
+        let r = post(&h, &format!("/v1/runs/{id}/tool-results/{call}"), SUB_A, body.clone()).await;
+        assert_eq!((r.status, r.code()), (status, code), "{call} {body}: {}", r.text);
+    }
+    let r = post(&h, &format!("/v1/runs/{id}/tool-results/ext1"), APP_A, json!({"content": "x"})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "forbidden"));
+    assert_eq!(snapshot(&h).await, before);
+    // An error result.
+    let id2 = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_for_tool(&*h.log, id2).await;
+    let r = post(&h, &format!("/v1/runs/{id2}/tool-results/ext1"), SUB_A, json!({"content": "boom", "is_error": true})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    assert_eq!(h.log.inbox(id2).await.unwrap()[0].payload, Resume::ToolResult { call_id: "ext1".into(), content: "boom".into(), is_error: true });
+}
+
+#[tokio::test]
+async fn messages_only_at_awaiting_input() {
+    let h = harness();
+    let id = create(&h, SUB_A, conversational()).await;
+    let early = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "hi"})).await;
+    assert_eq!((early.status, early.code()), (StatusCode::CONFLICT, "not_awaiting_input"));
+    park_for_input(&*h.log, id).await;
+    let blank = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "  "})).await;
+    assert_eq!((blank.status, blank.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"));
+    let r = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "next question"})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Input { text: "next question".into() });
+    let again = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "and another"})).await;
+    assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "already_posted"));
+    let close = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), None)).await;
+    assert_eq!((close.status, close.code()), (StatusCode::CONFLICT, "already_posted"));
+    assert_eq!(h.log.inbox(id).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn close_a_conversation() {
+    let h = harness();
+    let id = create(&h, SUB_A, conversational()).await;
+    let early = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), None)).await;
+    assert_eq!((early.status, early.code()), (StatusCode::CONFLICT, "not_awaiting_input"));
+    park_for_input(&*h.log, id).await;
+    let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), None)).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Close);
+}
+
+#[tokio::test]
+async fn resume_with_and_without_extension() {
+    let h = harness();
+    // Not paused.
+    let id = create(&h, SUB_A, json!({"goal": "g"})).await;
+    let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/resume"), Some(SUB_A), None)).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "not_paused"));
+    // Paused by budget + extension: one extend_budget payload (which resumes it).
+    park_paused(&*h.log, id, true).await;
+    let r = post(&h, &format!("/v1/runs/{id}/resume"), APP_A, json!({"extend": {"max_turns": 10}})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(r.body["kinds"], json!(["extend_budget"]));
+    let extra = BudgetLimits { max_turns: Some(10), ..Default::default() };
+    assert_eq!(h.log.inbox(id).await.unwrap().iter().map(|i| i.payload.clone()).collect::<Vec<_>>(), vec![Resume::ExtendBudget { extra }]);
+    let again = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/resume"), Some(SUB_A), None)).await;
+    assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "already_posted"));
+    // Paused by an operator, no body: a resume.
+    let id2 = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_paused(&*h.log, id2, false).await;
+    let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{id2}/resume"), Some(SUB_A), None)).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(h.log.inbox(id2).await.unwrap()[0].payload, Resume::Resume { by: Some("a".into()) });
+    // Paused by an operator, with an extension: extend, then resume.
+    let id3 = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_paused(&*h.log, id3, false).await;
+    let r = post(&h, &format!("/v1/runs/{id3}/resume"), SUB_A, json!({"extend": {"max_cost_usd_micros": 5000000}})).await;
+    assert_eq!(r.body["kinds"], json!(["extend_budget", "resume"]));
+    assert_eq!(h.log.inbox(id3).await.unwrap().len(), 2);
+    // Wrong shapes.
+    let id4 = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_paused(&*h.log, id4, true).await;
+    for body in [json!({"extend": {"max_turns": -1}}), json!({"extend": 5}), json!({"resume": true})] {
+        let r = post(&h, &format!("/v1/runs/{id4}/resume"), SUB_A, body.clone()).await;
+        assert_eq!((r.status, r.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"), "{body}");
+    }
+    assert!(h.log.inbox(id4).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn cancel_posts_a_cancel_and_sets_the_flag() {
+    let h = harness();
+    let id = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_for_approval(&*h.log, id, &[("c1", "refund", json!({"amount": 1}))]).await;
+    let r = post(&h, &format!("/v1/runs/{id}/cancel"), SUB_A, json!({"reason": "changed my mind"})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Cancel { reason: "changed my mind".into() });
+    assert!(h.ledger.is_cancelled(id).await.unwrap());
+    assert!(h.log.outbox(100).await.unwrap().iter().any(|(_, j)| *j == Job { run_id: id, head_seq: 9 }), "a job wakes a worker");
+    // Twice: the same inbox item.
+    let again = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/cancel"), Some(SUB_A), None)).await;
+    assert_eq!(again.status, StatusCode::ACCEPTED);
+    assert_eq!(again.body["inbox_ids"], r.body["inbox_ids"]);
+    assert_eq!(h.log.inbox(id).await.unwrap().len(), 1);
+    // A finished run cannot be cancelled, or take any payload.
+    let done = create(&h, SUB_A, json!({"goal": "g"})).await;
+    finish(&*h.log, done).await;
+    let before = snapshot(&h).await;
+    for (uri, body) in [
+        (format!("/v1/runs/{done}/cancel"), json!({})),
+        (format!("/v1/runs/{done}/resume"), json!({})),
+        (format!("/v1/runs/{done}/messages"), json!({"text": "hi"})),
+        (format!("/v1/runs/{done}/close"), json!({})),
+        (format!("/v1/runs/{done}/tool-results/c1"), json!({"content": "x"})),
+        (format!("/v1/runs/{done}/approvals/c1"), json!({"decision": "approve"})),
+    ] {
+        let r = post(&h, &uri, ADMIN, body).await;
+        assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "run_finished"), "{uri}");
+    }
+    assert_eq!(snapshot(&h).await, before);
+    assert_eq!(h.queue.depth().await.unwrap(), 0);
+}
