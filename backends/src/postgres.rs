@@ -1,1 +1,1100 @@
-//! (being written)
+//! The Postgres event log, [`PgLog`]: the fleet's truth.
+//!
+//! ## Schema
+//!
+//! Migrations are embedded (`backends/migrations/V*__*.sql`, refinery) and
+//! applied by [`PgLog::connect`] under a Postgres advisory lock, so processes
+//! starting together do not race. Tables: `runs` (identity, a summary of the
+//! state, head sequence, lease, idempotency key unique per tenant), `events`
+//! (`(run_id, seq)` primary key; UPDATE, DELETE and TRUNCATE are rejected by
+//! a trigger), `blobs` (large payloads by SHA-256), `checkpoints`,
+//! `approvals`, `batches`, `inbox`, `outbox`.
+//!
+//! ## Writes
+//!
+//! Every write is one transaction. [`EventLog::commit`] locks the run row
+//! (`SELECT … FOR NO KEY UPDATE`: the `FOR UPDATE` lock that still lets
+//! concurrent foreign-key checks, e.g. a `post` into the inbox, through),
+//! checks the lease (token and expiry, by the database clock) and the head,
+//! then sends its writes pipelined: blobs, the events (one multi-row insert),
+//! the run summary, approvals, consumed inbox items and, now and then, a
+//! checkpoint. Its cost is proportional to the events it appends, whatever
+//! the run's history; the state is never rewritten per step.
+//!
+//! ## Checkpoints
+//!
+//! The commit whose events cross a multiple of [`PgOptions::checkpoint_every`]
+//! writes a checkpoint: the latest checkpoint plus the events since (read in
+//! the same transaction) with the new events applied, i.e. the state the log
+//! says, not the caller's claim. A commit only checks the events' envelope
+//! (run, consecutive sequences, `state.head_seq`); this is where transitions
+//! are verified: events that do not apply make that commit fail with
+//! [`LogError::Invalid`]. Only the latest checkpoint is kept, so a run's
+//! storage stays linear. [`EventLog::load`] is the latest checkpoint plus a
+//! replay of the events after it; a checkpoint that no longer parses (e.g.
+//! after `RunState` changed) is ignored and the whole log is replayed.
+//!
+//! ## Payloads
+//!
+//! An event's payload is `serde_json` of its [`glia_proto::EventKind`], as
+//! `jsonb`; one whose JSON is longer than [`PgOptions::blob_threshold`], or
+//! which contains U+0000 (which `jsonb` cannot hold), is stored in `blobs` by
+//! the SHA-256 of its JSON and read back transparently (and verified). An
+//! event's time is stored to the microsecond plus its remaining nanoseconds,
+//! so events round-trip exactly.
+//!
+//! ## Errors
+//!
+//! Connection problems, timeouts (pool, statement, call) and rows that do not
+//! decode are [`LogError::Unavailable`]; nothing here panics on bad data.
+//! Values Postgres refuses (class 22, e.g. a NUL byte in a tenant name) are
+//! [`LogError::Invalid`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Transaction};
+use glia_proto::{Event, EventKind, Phase, Resume, RunState};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{FromSql, ToSql};
+use tokio_postgres::{Config, NoTls, Row};
+use uuid::Uuid;
+
+use crate::{
+    ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, NewRun, RunFilter, RunStatus, RunSummary,
+    dedupe_key,
+};
+
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+/// Advisory lock key held while migrations run ("glia" in ASCII).
+const MIGRATION_LOCK: i64 = 0x676c_6961;
+
+/// Longest lease handed out; longer TTLs are capped (about ten years).
+const MAX_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
+
+/// How a [`PgLog`] connects and where it draws its lines. Every timeout is
+/// set: deadpool has none unless told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgOptions {
+    /// Most pooled connections (default 16; at least 1).
+    pub max_connections: usize,
+    /// Longest wait for a free pooled connection (default 10 s); then the call
+    /// fails with [`LogError::Unavailable`].
+    pub wait_timeout: Duration,
+    /// Longest time to open a connection: TCP, startup and authentication
+    /// (default 5 s). Also the pool's create timeout.
+    pub connect_timeout: Duration,
+    /// Longest time to check a returned connection before reuse (default 5 s).
+    pub recycle_timeout: Duration,
+    /// Server-side `statement_timeout` of pooled connections (default 30 s): a
+    /// longer statement is cancelled by the server. Migrations run without it.
+    pub statement_timeout: Duration,
+    /// Server-side `idle_in_transaction_session_timeout` (default 60 s): a
+    /// session left idle inside a transaction is closed, releasing its locks.
+    pub idle_in_transaction_timeout: Duration,
+    /// Client-side bound on one [`EventLog`] call, from asking the pool to the
+    /// last answer (default 60 s): covers a network that stopped answering,
+    /// which no server-side timeout can.
+    pub call_timeout: Duration,
+    /// A checkpoint is written by the commit whose events cross a multiple of
+    /// this many events (default 64; at least 1).
+    pub checkpoint_every: u64,
+    /// Event payloads whose JSON is longer than this many bytes go to `blobs`
+    /// (default 64 KiB).
+    pub blob_threshold: usize,
+    /// `application_name` reported to the server unless the URL sets one
+    /// (default `glia`).
+    pub application_name: String,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            max_connections: 16,
+            wait_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            recycle_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+            idle_in_transaction_timeout: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(60),
+            checkpoint_every: 64,
+            blob_threshold: 64 * 1024,
+            application_name: "glia".into(),
+        }
+    }
+}
+
+/// The event log in Postgres: a pool of connections to one database whose
+/// schema [`PgLog::connect`] migrated. Cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct PgLog {
+    pool: Pool,
+    call_timeout: Duration,
+    checkpoint_every: u64,
+    blob_threshold: usize,
+}
+
+impl std::fmt::Debug for PgLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLog").field("pool", &self.pool.status()).finish_non_exhaustive()
+    }
+}
+
+impl PgLog {
+    /// Connect to `url` (`postgres://user[:password]@host[:port]/db[?…]`,
+    /// plain TCP or a Unix socket, no TLS), apply pending migrations and build
+    /// the pool. Errors: [`LogError::Unavailable`] for a malformed URL, an
+    /// unreachable server or a failed migration.
+    pub async fn connect(url: &str, options: PgOptions) -> Result<PgLog, LogError> {
+        let config: Config = url.parse().map_err(|e| LogError::Unavailable(format!("invalid database url: {e}")))?;
+        PgLog::connect_with(config, options).await
+    }
+
+    /// [`PgLog::connect`] with a parsed configuration.
+    pub async fn connect_with(mut config: Config, options: PgOptions) -> Result<PgLog, LogError> {
+        config.connect_timeout(options.connect_timeout);
+        config.keepalives_idle(Duration::from_secs(30));
+        if config.get_application_name().is_none() {
+            config.application_name(options.application_name.as_str());
+        }
+        migrate(&config).await?;
+
+        let mut session = config;
+        let limits = format!(
+            "-c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+            options.statement_timeout.as_millis().max(1),
+            options.idle_in_transaction_timeout.as_millis().max(1)
+        );
+        let combined = match session.get_options() {
+            Some(own) if !own.trim().is_empty() => format!("{own} {limits}"),
+            _ => limits,
+        };
+        session.options(combined);
+        let manager = Manager::from_config(session, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(options.max_connections.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(options.wait_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.recycle_timeout))
+            .build()
+            .map_err(|e| LogError::Unavailable(format!("building the connection pool: {e}")))?;
+        Ok(PgLog {
+            pool,
+            call_timeout: options.call_timeout,
+            checkpoint_every: options.checkpoint_every.max(1),
+            blob_threshold: options.blob_threshold,
+        })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Client, LogError> {
+        self.pool.get().await.map_err(|e| match e {
+            PoolError::Backend(e) => unavailable("connecting", &e),
+            other => LogError::Unavailable(format!("database connection: {other}")),
+        })
+    }
+
+    /// Run `call` within the call timeout.
+    async fn bounded<T>(&self, what: &str, call: impl Future<Output = Result<T, LogError>>) -> Result<T, LogError> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(LogError::Unavailable(format!("{what}: no answer within {:?}", self.call_timeout))),
+        }
+    }
+
+    /// The state the log says after `events`, for a checkpoint: the stored
+    /// state (checkpoint + replay) with `events` applied.
+    async fn checkpoint_state(&self, tx: &Transaction<'_>, run_id: Uuid, events: &[Event], claimed: &RunState) -> Result<RunState, LogError> {
+        let mut state = rebuild(tx, run_id).await?.ok_or_else(|| corrupt(format!("run {run_id} has no events")))?;
+        for e in events {
+            state.apply(e).map_err(|err| LogError::Invalid { run_id, reason: err.to_string() })?;
+        }
+        if state != *claimed {
+            tracing::warn!(%run_id, seq = state.head_seq, "the committed state differs from the log's; checkpointing the log's");
+        }
+        Ok(state)
+    }
+}
+
+/// Apply pending migrations on a dedicated connection, holding an advisory
+/// lock so that concurrent starts apply them once.
+async fn migrate(config: &Config) -> Result<(), LogError> {
+    let (mut client, connection) = config.connect(NoTls).await.map_err(|e| unavailable("connecting for migrations", &e))?;
+    let driver = tokio::spawn(connection);
+    let result = async {
+        client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await.map_err(|e| unavailable("migration lock", &e))?;
+        let report = embedded::migrations::runner()
+            .run_async(&mut client)
+            .await
+            .map_err(|e| LogError::Unavailable(format!("migrations: {e}")));
+        let _ = client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await;
+        for m in report?.applied_migrations() {
+            tracing::info!(migration = %m, "applied");
+        }
+        Ok(())
+    }
+    .await;
+    drop(client);
+    let _ = driver.await;
+    result
+}
+
+// ---------------------------------------------------------------------------
+// Errors and row decoding
+
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.code() {
+        Some(code) => format!("{e} (SQLSTATE {})", code.code()),
+        None => e.to_string(),
+    }
+}
+
+fn unavailable(what: &str, e: &tokio_postgres::Error) -> LogError {
+    LogError::Unavailable(format!("{what}: {}", describe(e)))
+}
+
+/// A failed write: values Postgres refuses (class 22, data exceptions) are the
+/// caller's; anything else is the store's.
+fn write_error(run_id: Uuid, what: &str, e: &tokio_postgres::Error) -> LogError {
+    match e.code() {
+        Some(code) if code.code().starts_with("22") => LogError::Invalid { run_id, reason: format!("{what}: {}", describe(e)) },
+        _ => unavailable(what, e),
+    }
+}
+
+fn corrupt(what: String) -> LogError {
+    LogError::Unavailable(format!("corrupt row: {what}"))
+}
+
+fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, LogError> {
+    row.try_get(name).map_err(|e| corrupt(format!("column {name}: {e}")))
+}
+
+fn seq_of(value: i64, what: &str) -> Result<u64, LogError> {
+    u64::try_from(value).map_err(|_| corrupt(format!("{what} is negative ({value})")))
+}
+
+/// A `usize` count as a SQL `LIMIT`.
+fn sql_limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A `u64` sequence as a SQL bound (sequences above `i64::MAX` do not exist).
+fn sql_seq(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `serde_json` of a value, as a `jsonb` text, or as bytes when it contains
+/// U+0000 (which `jsonb` rejects).
+struct JsonCell {
+    text: Option<String>,
+    raw: Option<Vec<u8>>,
+}
+
+impl JsonCell {
+    fn of<T: Serialize>(value: &T) -> Result<JsonCell, serde_json::Error> {
+        let json = serde_json::to_string(value)?;
+        Ok(if has_nul(&json) { JsonCell { text: None, raw: Some(json.into_bytes()) } } else { JsonCell { text: Some(json), raw: None } })
+    }
+
+    fn decode<T: DeserializeOwned>(text: Option<String>, raw: Option<Vec<u8>>) -> Result<T, String> {
+        match (text, raw) {
+            (Some(text), _) => serde_json::from_str(&text).map_err(|e| e.to_string()),
+            (None, Some(raw)) => serde_json::from_slice(&raw).map_err(|e| e.to_string()),
+            (None, None) => Err("no JSON".into()),
+        }
+    }
+}
+
+/// True when serialised JSON holds an escaped U+0000 (or a literal `\u0000`,
+/// which is harmless to treat alike).
+fn has_nul(json: &str) -> bool {
+    json.contains("\\u0000")
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn phase_name(phase: Phase) -> Result<String, LogError> {
+    match serde_json::to_value(phase) {
+        Ok(Value::String(s)) => Ok(s),
+        other => Err(LogError::Unavailable(format!("phase {phase:?} does not serialise to a name: {other:?}"))),
+    }
+}
+
+fn parse_status(s: &str) -> Result<RunStatus, LogError> {
+    match s {
+        "runnable" => Ok(RunStatus::Runnable),
+        "parked" => Ok(RunStatus::Parked),
+        "done" => Ok(RunStatus::Done),
+        other => Err(corrupt(format!("unknown run status {other:?}"))),
+    }
+}
+
+fn optional_json<T: DeserializeOwned>(row: &Row, name: &str) -> Result<Option<T>, LogError> {
+    col::<Option<String>>(row, name)?
+        .map(|text| serde_json::from_str(&text).map_err(|e| corrupt(format!("column {name}: {e}"))))
+        .transpose()
+}
+
+const SUMMARY_COLUMNS: &str =
+    "id, tenant, batch_id, goal, status, phase, pull_point::text AS pull_point, outcome::text AS outcome, head_seq, created_at, updated_at";
+
+fn summary(row: &Row) -> Result<RunSummary, LogError> {
+    let phase: String = col(row, "phase")?;
+    Ok(RunSummary {
+        run_id: col(row, "id")?,
+        tenant: col(row, "tenant")?,
+        batch_id: col(row, "batch_id")?,
+        goal: col(row, "goal")?,
+        status: parse_status(col(row, "status")?)?,
+        phase: serde_json::from_value(Value::String(phase)).map_err(|e| corrupt(format!("column phase: {e}")))?,
+        pull_point: optional_json(row, "pull_point")?,
+        outcome: optional_json(row, "outcome")?,
+        head_seq: seq_of(col(row, "head_seq")?, "head_seq")?,
+        created_at: col(row, "created_at")?,
+        updated_at: col(row, "updated_at")?,
+    })
+}
+
+/// The summary columns a commit writes from a state.
+struct SummaryColumns {
+    status: &'static str,
+    phase: String,
+    pull_point: Option<Value>,
+    outcome: Option<Value>,
+    head_seq: i64,
+}
+
+impl SummaryColumns {
+    fn of(state: &RunState) -> Result<SummaryColumns, LogError> {
+        let invalid = |e: serde_json::Error| LogError::Invalid { run_id: state.run_id, reason: format!("state does not serialise: {e}") };
+        Ok(SummaryColumns {
+            status: RunStatus::of(state).as_str(),
+            phase: phase_name(state.phase)?,
+            pull_point: state.parked.as_ref().map(serde_json::to_value).transpose().map_err(invalid)?,
+            outcome: state.outcome.as_ref().map(serde_json::to_value).transpose().map_err(invalid)?,
+            head_seq: sql_seq(state.head_seq),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Events: encoding, reading, rebuilding state
+
+/// Events as the columns of one multi-row insert, and the blobs they need.
+struct EncodedEvents {
+    seqs: Vec<i64>,
+    kinds: Vec<&'static str>,
+    ats: Vec<DateTime<Utc>>,
+    at_nanos: Vec<i32>,
+    payloads: Vec<Option<String>>,
+    blob_hashes: Vec<Option<String>>,
+    /// `(hash, bytes)`, sorted by hash and deduplicated, so concurrent
+    /// inserts of the same blobs take their locks in the same order.
+    blobs: Vec<(String, Vec<u8>)>,
+}
+
+fn encode_events(run_id: Uuid, events: &[Event], blob_threshold: usize) -> Result<EncodedEvents, LogError> {
+    let invalid = |reason: String| LogError::Invalid { run_id, reason };
+    let mut out = EncodedEvents {
+        seqs: Vec::with_capacity(events.len()),
+        kinds: Vec::with_capacity(events.len()),
+        ats: Vec::with_capacity(events.len()),
+        at_nanos: Vec::with_capacity(events.len()),
+        payloads: Vec::with_capacity(events.len()),
+        blob_hashes: Vec::with_capacity(events.len()),
+        blobs: Vec::new(),
+    };
+    for e in events {
+        let seq = i64::try_from(e.seq).map_err(|_| invalid(format!("seq {} out of range", e.seq)))?;
+        let json = serde_json::to_string(&e.kind).map_err(|err| invalid(format!("event {} does not serialise: {err}", e.seq)))?;
+        // Postgres keeps microseconds; the nanoseconds below are stored apart.
+        let sub_micro = e.at.timestamp_subsec_nanos() % 1000;
+        out.seqs.push(seq);
+        out.kinds.push(e.kind.name());
+        out.ats.push(e.at - chrono::Duration::nanoseconds(i64::from(sub_micro)));
+        out.at_nanos.push(sub_micro as i32);
+        if json.len() > blob_threshold || has_nul(&json) {
+            let bytes = json.into_bytes();
+            let hash = sha256_hex(&bytes);
+            out.payloads.push(None);
+            out.blob_hashes.push(Some(hash.clone()));
+            out.blobs.push((hash, bytes));
+        } else {
+            out.payloads.push(Some(json));
+            out.blob_hashes.push(None);
+        }
+    }
+    out.blobs.sort_by(|a, b| a.0.cmp(&b.0));
+    out.blobs.dedup_by(|a, b| a.0 == b.0);
+    Ok(out)
+}
+
+const INSERT_BLOBS: &str = "INSERT INTO blobs (hash, bytes) SELECT * FROM unnest($1::text[], $2::bytea[]) ON CONFLICT (hash) DO NOTHING";
+
+const INSERT_EVENTS: &str = "INSERT INTO events (run_id, seq, kind, at, at_nanos, payload, blob_hash) \
+     SELECT $1, t.seq, t.kind, t.at, t.at_nanos, t.payload::jsonb, t.blob_hash \
+     FROM unnest($2::bigint[], $3::text[], $4::timestamptz[], $5::int4[], $6::text[], $7::text[]) \
+     AS t(seq, kind, at, at_nanos, payload, blob_hash)";
+
+/// Insert encoded events (and their blobs first) in `tx`.
+async fn write_events(tx: &Transaction<'_>, run_id: Uuid, enc: &EncodedEvents) -> Result<u64, tokio_postgres::Error> {
+    let insert = tx.prepare_cached(INSERT_EVENTS).await?;
+    let params: [&(dyn ToSql + Sync); 7] = [&run_id, &enc.seqs, &enc.kinds, &enc.ats, &enc.at_nanos, &enc.payloads, &enc.blob_hashes];
+    if enc.blobs.is_empty() {
+        return tx.execute(&insert, &params).await;
+    }
+    let blobs = tx.prepare_cached(INSERT_BLOBS).await?;
+    let hashes: Vec<&str> = enc.blobs.iter().map(|(h, _)| h.as_str()).collect();
+    let bytes: Vec<&[u8]> = enc.blobs.iter().map(|(_, b)| b.as_slice()).collect();
+    // Pipelined, blobs first (the events reference them): requests go out in
+    // the order the futures are first polled.
+    let (_, n) = futures::future::try_join(tx.execute(&blobs, &[&hashes, &bytes]), tx.execute(&insert, &params)).await?;
+    Ok(n)
+}
+
+const READ_EVENTS: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
+     FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash \
+     WHERE e.run_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3";
+
+fn decode_event(run_id: Uuid, row: &Row) -> Result<Event, LogError> {
+    let seq = seq_of(col(row, "seq")?, "seq")?;
+    let bad = |what: String| corrupt(format!("event {run_id}/{seq}: {what}"));
+    let kind: EventKind = match (col::<Option<String>>(row, "payload")?, col::<Option<String>>(row, "blob_hash")?) {
+        (Some(json), _) => serde_json::from_str(&json).map_err(|e| bad(e.to_string()))?,
+        (None, Some(hash)) => {
+            let bytes: Vec<u8> = col::<Option<Vec<u8>>>(row, "bytes")?.ok_or_else(|| bad(format!("blob {hash} is missing")))?;
+            if sha256_hex(&bytes) != hash {
+                return Err(bad(format!("blob {hash} does not match its hash")));
+            }
+            serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?
+        }
+        (None, None) => return Err(bad("no payload".into())),
+    };
+    let name: String = col(row, "kind")?;
+    if name != kind.name() {
+        return Err(bad(format!("kind {name} but payload {}", kind.name())));
+    }
+    let at: DateTime<Utc> = col(row, "at")?;
+    let nanos: i32 = col(row, "at_nanos")?;
+    let at = at.checked_add_signed(chrono::Duration::nanoseconds(i64::from(nanos))).ok_or_else(|| bad("time out of range".into()))?;
+    Ok(Event { run_id, seq, at, kind })
+}
+
+async fn read_events(c: &impl GenericClient, run_id: Uuid, after: u64, limit: i64) -> Result<Vec<Event>, LogError> {
+    let st = c.prepare_cached(READ_EVENTS).await.map_err(|e| unavailable("reading events", &e))?;
+    let rows = c.query(&st, &[&run_id, &sql_seq(after), &limit]).await.map_err(|e| unavailable("reading events", &e))?;
+    rows.iter().map(|row| decode_event(run_id, row)).collect()
+}
+
+const LATEST_CHECKPOINT: &str =
+    "SELECT seq, state::text AS state, state_raw FROM checkpoints WHERE run_id = $1 ORDER BY seq DESC LIMIT 1";
+
+fn decode_checkpoint(run_id: Uuid, row: &Row) -> Result<RunState, String> {
+    let seq: i64 = row.try_get("seq").map_err(|e| e.to_string())?;
+    let text: Option<String> = row.try_get("state").map_err(|e| e.to_string())?;
+    let raw: Option<Vec<u8>> = row.try_get("state_raw").map_err(|e| e.to_string())?;
+    let state: RunState = JsonCell::decode(text, raw)?;
+    if state.run_id != run_id || sql_seq(state.head_seq) != seq {
+        return Err(format!("checkpoint at {seq} holds run {} at {}", state.run_id, state.head_seq));
+    }
+    Ok(state)
+}
+
+/// The run's state from the log: its latest usable checkpoint plus a replay
+/// of the events after it. `None` when the run has no events (no such run).
+async fn rebuild(c: &impl GenericClient, run_id: Uuid) -> Result<Option<RunState>, LogError> {
+    let st = c.prepare_cached(LATEST_CHECKPOINT).await.map_err(|e| unavailable("reading the checkpoint", &e))?;
+    let checkpoint = match c.query_opt(&st, &[&run_id]).await.map_err(|e| unavailable("reading the checkpoint", &e))? {
+        Some(row) => match decode_checkpoint(run_id, &row) {
+            Ok(state) => Some(state),
+            Err(reason) => {
+                tracing::warn!(%run_id, %reason, "unusable checkpoint; replaying the whole log");
+                None
+            }
+        },
+        None => None,
+    };
+    let after = checkpoint.as_ref().map_or(0, |s| s.head_seq);
+    let events = read_events(c, run_id, after, i64::MAX).await?;
+    if checkpoint.is_none() && events.is_empty() {
+        return Ok(None);
+    }
+    let mut state = checkpoint.unwrap_or_else(|| RunState::new(run_id));
+    for e in &events {
+        state.apply(e).map_err(|err| corrupt(format!("event {run_id}/{} does not apply: {err}", e.seq)))?;
+    }
+    Ok(Some(state))
+}
+
+async fn run_exists(c: &impl GenericClient, run_id: Uuid) -> Result<bool, LogError> {
+    let st = c.prepare_cached("SELECT 1 FROM runs WHERE id = $1").await.map_err(|e| unavailable("reading runs", &e))?;
+    Ok(c.query_opt(&st, &[&run_id]).await.map_err(|e| unavailable("reading runs", &e))?.is_some())
+}
+
+/// Check a commit's envelope: events of this run, consecutive, ending at
+/// `state.head_seq`.
+fn check_envelope(run_id: Uuid, events: &[Event], state: &RunState) -> Result<(), LogError> {
+    let invalid = |reason: String| Err(LogError::Invalid { run_id, reason });
+    if state.run_id != run_id {
+        return invalid(format!("state is of run {}", state.run_id));
+    }
+    let Some(first) = events.first() else { return Ok(()) };
+    if first.seq < 1 {
+        return invalid("event seq 0".into());
+    }
+    for (i, e) in events.iter().enumerate() {
+        if e.run_id != run_id {
+            return invalid(format!("event {} is of run {}", e.seq, e.run_id));
+        }
+        if e.seq != first.seq + i as u64 {
+            return invalid(format!("events are not consecutive: {} after {}", e.seq, first.seq + i as u64 - 1));
+        }
+    }
+    let last = first.seq + events.len() as u64 - 1;
+    if state.head_seq != last {
+        return invalid(format!("state is at {} but the events end at {last}", state.head_seq));
+    }
+    Ok(())
+}
+
+/// An optional pipelined statement.
+async fn maybe<F>(statement: Option<F>) -> Result<u64, tokio_postgres::Error>
+where
+    F: Future<Output = Result<u64, tokio_postgres::Error>>,
+{
+    match statement {
+        Some(f) => f.await,
+        None => Ok(0),
+    }
+}
+
+/// Duration as Postgres seconds for `make_interval(secs => …)`.
+fn ttl_secs(ttl: Duration) -> f64 {
+    ttl.min(MAX_TTL).as_secs_f64()
+}
+
+// ---------------------------------------------------------------------------
+// SQL
+
+const INSERT_BATCH: &str = "INSERT INTO batches (id, tenant) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING";
+const BATCH_TENANT: &str = "SELECT tenant FROM batches WHERE id = $1";
+
+const INSERT_OUTBOX: &str = "INSERT INTO outbox (job) VALUES ($1)";
+
+const LOCK_RUN: &str = "SELECT head_seq, tenant, lease_token, coalesce(lease_expires_at > now(), false) AS live \
+     FROM runs WHERE id = $1 FOR NO KEY UPDATE";
+
+const UPDATE_SUMMARY: &str = "UPDATE runs SET status = $2, phase = $3, pull_point = $4, outcome = $5, head_seq = $6, updated_at = now() \
+     WHERE id = $1";
+
+const INSERT_APPROVALS: &str = "INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, requested_at) \
+     SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::json[], $6::text[], $7::timestamptz[])";
+
+const DECIDE_APPROVALS: &str = "UPDATE approvals SET status = 'decided', decided_at = now() \
+     WHERE run_id = $1 AND call_id = ANY($2) AND status = 'pending'";
+
+const CONSUME_INBOX: &str = "UPDATE inbox SET consumed = true WHERE run_id = $1 AND id = ANY($2) AND NOT consumed";
+
+const INSERT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, seq, state, state_raw) VALUES ($1, $2, $3::text::jsonb, $4) \
+     ON CONFLICT (run_id, seq) DO NOTHING";
+const PRUNE_CHECKPOINTS: &str = "DELETE FROM checkpoints WHERE run_id = $1 AND seq < $2";
+
+const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) VALUES ($1, $2, $3::text::jsonb, $4) \
+     ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING \
+     RETURNING id, (SELECT head_seq FROM runs WHERE id = $1) AS head_seq";
+
+const TAKE_LEASE: &str = "UPDATE runs SET lease_owner = $2, lease_token = $3, lease_expires_at = now() + make_interval(secs => $4) \
+     WHERE id = $1 AND (lease_expires_at IS NULL OR lease_expires_at <= now()) RETURNING lease_expires_at";
+const LEASE_HOLDER: &str =
+    "SELECT lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live FROM runs WHERE id = $1";
+
+#[async_trait]
+impl EventLog for PgLog {
+    /// One transaction: the batch (created on first use; a batch of another
+    /// tenant is [`LogError::Invalid`]), the run row, `session.start` and a
+    /// job. A concurrent admission with the same tenant and key waits for
+    /// the first and returns it (`ON CONFLICT DO NOTHING`); a reused run id is
+    /// [`LogError::Invalid`]. The summary's goal has U+0000 replaced (the
+    /// event keeps it).
+    async fn create_run(&self, new: NewRun) -> Result<(RunSummary, bool), LogError> {
+        let run_id = new.start.run_id;
+        let state = RunState::replay(run_id, std::slice::from_ref(&new.start)).map_err(|e| LogError::Invalid { run_id, reason: e.to_string() })?;
+        let encoded = encode_events(run_id, std::slice::from_ref(&new.start), self.blob_threshold)?;
+        let columns = SummaryColumns::of(&state)?;
+        let goal = state.goal.replace('\0', "\u{FFFD}");
+        let job = serde_json::to_value(Job { run_id, head_seq: state.head_seq }).map_err(|e| LogError::Unavailable(e.to_string()))?;
+        self.bounded("create_run", async {
+            let fail = |e: tokio_postgres::Error| write_error(run_id, "create_run", &e);
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(fail)?;
+            if let Some(batch) = new.batch_id {
+                let insert = tx.prepare_cached(INSERT_BATCH).await.map_err(fail)?;
+                let owner = tx.prepare_cached(BATCH_TENANT).await.map_err(fail)?;
+                let (_, row) = futures::future::try_join(tx.execute(&insert, &[&batch, &new.tenant]), tx.query_one(&owner, &[&batch]))
+                    .await
+                    .map_err(fail)?;
+                let tenant: String = col(&row, "tenant")?;
+                if tenant != new.tenant {
+                    return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
+                }
+            }
+            let insert = tx
+                .prepare_cached(&format!(
+                    "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+                     RETURNING {SUMMARY_COLUMNS}"
+                ))
+                .await
+                .map_err(fail)?;
+            let params: [&(dyn ToSql + Sync); 10] = [
+                &run_id,
+                &new.tenant,
+                &new.idempotency_key,
+                &new.batch_id,
+                &goal,
+                &columns.status,
+                &columns.phase,
+                &columns.pull_point,
+                &columns.outcome,
+                &columns.head_seq,
+            ];
+            let inserted = match tx.query_opt(&insert, &params).await {
+                Ok(row) => row,
+                Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                    return Err(LogError::Invalid { run_id, reason: "run id already exists".into() });
+                }
+                Err(e) => return Err(fail(e)),
+            };
+            let Some(row) = inserted else {
+                // The key is taken (possibly by a transaction that just
+                // committed): return that run, writing nothing.
+                let existing = tx
+                    .prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE tenant = $1 AND idempotency_key = $2"))
+                    .await
+                    .map_err(fail)?;
+                let row = tx
+                    .query_opt(&existing, &[&new.tenant, &new.idempotency_key])
+                    .await
+                    .map_err(fail)?
+                    .ok_or_else(|| LogError::Unavailable("idempotency key conflict without a run".into()))?;
+                let found = summary(&row)?;
+                tx.rollback().await.map_err(fail)?;
+                return Ok((found, false));
+            };
+            let created = summary(&row)?;
+            let outbox = tx.prepare_cached(INSERT_OUTBOX).await.map_err(fail)?;
+            futures::future::try_join(write_events(&tx, run_id, &encoded), tx.execute(&outbox, &[&job])).await.map_err(fail)?;
+            tx.commit().await.map_err(fail)?;
+            Ok((created, true))
+        })
+        .await
+    }
+
+    async fn get_run(&self, run_id: Uuid) -> Result<RunSummary, LogError> {
+        self.bounded("get_run", async {
+            let client = self.client().await?;
+            let st = client.prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = $1")).await.map_err(|e| unavailable("get_run", &e))?;
+            let row = client.query_opt(&st, &[&run_id]).await.map_err(|e| unavailable("get_run", &e))?;
+            summary(&row.ok_or(LogError::NotFound(run_id))?)
+        })
+        .await
+    }
+
+    /// Filters become SQL predicates (one cached statement per combination).
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError> {
+        let mut sql = format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE true");
+        let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+        let mut and = |column: &str, value: Box<dyn ToSql + Sync + Send>, sql: &mut String| {
+            params.push(value);
+            sql.push_str(&format!(" AND {column} ${}", params.len()));
+        };
+        if let Some(tenant) = &filter.tenant {
+            and("tenant =", Box::new(tenant.clone()), &mut sql);
+        }
+        if let Some(status) = filter.status {
+            and("status =", Box::new(status.as_str()), &mut sql);
+        }
+        if let Some(batch) = filter.batch_id {
+            and("batch_id =", Box::new(batch), &mut sql);
+        }
+        if let Some(after) = filter.after {
+            and("id >", Box::new(after), &mut sql);
+        }
+        params.push(Box::new(sql_limit(filter.limit.clamp(1, 1000))));
+        sql.push_str(&format!(" ORDER BY id LIMIT ${}", params.len()));
+        self.bounded("list_runs", async {
+            let client = self.client().await?;
+            let st = client.prepare_cached(&sql).await.map_err(|e| unavailable("list_runs", &e))?;
+            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
+            let rows = client.query(&st, &refs).await.map_err(|e| unavailable("list_runs", &e))?;
+            rows.iter().map(summary).collect()
+        })
+        .await
+    }
+
+    /// Payloads stored in blobs are read back (and their hash verified).
+    async fn events(&self, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError> {
+        self.bounded("events", async {
+            let client = self.client().await?;
+            let events = read_events(&client, run_id, after, sql_limit(limit)).await?;
+            if events.is_empty() && !run_exists(&client, run_id).await? {
+                return Err(LogError::NotFound(run_id));
+            }
+            Ok(events)
+        })
+        .await
+    }
+
+    /// Reads the latest checkpoint and the events after it (at most about
+    /// `checkpoint_every` plus one commit's).
+    async fn load(&self, run_id: Uuid) -> Result<RunState, LogError> {
+        self.bounded("load", async {
+            let client = self.client().await?;
+            rebuild(&client, run_id).await?.ok_or(LogError::NotFound(run_id))
+        })
+        .await
+    }
+
+    /// Expiry is `now() + ttl` by the database clock (TTL capped at about ten
+    /// years); the token is a new UUIDv7.
+    async fn acquire(&self, run_id: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
+        let token = Uuid::now_v7();
+        let secs = ttl_secs(ttl);
+        self.bounded("acquire", async {
+            let fail = |e: tokio_postgres::Error| write_error(run_id, "acquire", &e);
+            let client = self.client().await?;
+            let take = client.prepare_cached(TAKE_LEASE).await.map_err(fail)?;
+            let holder = client.prepare_cached(LEASE_HOLDER).await.map_err(fail)?;
+            // A lease released or lapsed between the two statements is taken
+            // on the next round.
+            for _ in 0..3 {
+                if let Some(row) = client.query_opt(&take, &[&run_id, &owner, &token, &secs]).await.map_err(fail)? {
+                    return Ok(Lease { run_id, owner: owner.to_owned(), token, expires_at: col(&row, "lease_expires_at")? });
+                }
+                let row = client.query_opt(&holder, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
+                if col(&row, "live")? {
+                    let until: Option<DateTime<Utc>> = col(&row, "lease_expires_at")?;
+                    return Err(LogError::LeaseHeld {
+                        run_id,
+                        owner: col::<Option<String>>(&row, "lease_owner")?.unwrap_or_default(),
+                        until: until.ok_or_else(|| corrupt("live lease without expiry".into()))?,
+                    });
+                }
+            }
+            Err(LogError::Unavailable(format!("run {run_id}: lease contended")))
+        })
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
+        let secs = ttl_secs(ttl);
+        let run_id = lease.run_id;
+        self.bounded("renew", async {
+            let fail = |e: tokio_postgres::Error| unavailable("renew", &e);
+            let client = self.client().await?;
+            let st = client
+                .prepare_cached(
+                    "UPDATE runs SET lease_expires_at = now() + make_interval(secs => $3) \
+                     WHERE id = $1 AND lease_token = $2 AND lease_expires_at > now() RETURNING lease_owner, lease_expires_at",
+                )
+                .await
+                .map_err(fail)?;
+            match client.query_opt(&st, &[&run_id, &lease.token, &secs]).await.map_err(fail)? {
+                Some(row) => Ok(Lease {
+                    run_id,
+                    owner: col::<Option<String>>(&row, "lease_owner")?.unwrap_or_default(),
+                    token: lease.token,
+                    expires_at: col(&row, "lease_expires_at")?,
+                }),
+                None if run_exists(&client, run_id).await? => Err(LogError::LeaseLost(run_id)),
+                None => Err(LogError::NotFound(run_id)),
+            }
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LogError> {
+        self.bounded("release", async {
+            let fail = |e: tokio_postgres::Error| unavailable("release", &e);
+            let client = self.client().await?;
+            let st = client
+                .prepare_cached("UPDATE runs SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2")
+                .await
+                .map_err(fail)?;
+            client.execute(&st, &[&lease.run_id, &lease.token]).await.map_err(fail)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// One transaction, see the module documentation. A commit without
+    /// events only consumes inbox items; its `state.head_seq` must equal the
+    /// head ([`LogError::Conflict`] otherwise). Transitions are verified when
+    /// a checkpoint is written, not on every commit.
+    async fn commit(&self, lease: &Lease, events: &[Event], state: &RunState, consumed: &[i64]) -> Result<(), LogError> {
+        let run_id = lease.run_id;
+        check_envelope(run_id, events, state)?;
+        let encoded = encode_events(run_id, events, self.blob_threshold)?;
+        let columns = SummaryColumns::of(state)?;
+        let (mut calls, mut tools, mut inputs, mut hashes, mut requested_at) = (vec![], vec![], vec![], vec![], vec![]);
+        let mut resolved: Vec<&str> = Vec::new();
+        for e in events {
+            match &e.kind {
+                EventKind::ApprovalRequested { call_id, tool, input, args_hash } => {
+                    calls.push(call_id.as_str());
+                    tools.push(tool.as_str());
+                    inputs.push(input);
+                    hashes.push(args_hash.as_str());
+                    requested_at.push(e.at);
+                }
+                EventKind::ApprovalResolved { call_id, .. } => resolved.push(call_id.as_str()),
+                _ => {}
+            }
+        }
+        self.bounded("commit", async {
+            let fail = |e: tokio_postgres::Error| write_error(run_id, "commit", &e);
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(fail)?;
+            let lock = tx.prepare_cached(LOCK_RUN).await.map_err(fail)?;
+            let row = tx.query_opt(&lock, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
+            let token: Option<Uuid> = col(&row, "lease_token")?;
+            if token != Some(lease.token) || !col::<bool>(&row, "live")? {
+                return Err(LogError::LeaseLost(run_id));
+            }
+            let head = seq_of(col(&row, "head_seq")?, "head_seq")?;
+            match events.first() {
+                Some(first) if first.seq != head + 1 => return Err(LogError::Conflict { run_id, expected: first.seq - 1, actual: head }),
+                None if state.head_seq != head => return Err(LogError::Conflict { run_id, expected: state.head_seq, actual: head }),
+                _ => {}
+            }
+            let tenant: String = col(&row, "tenant")?;
+
+            let every = self.checkpoint_every;
+            let checkpoint = if !events.is_empty() && state.head_seq / every > head / every {
+                let rebuilt = self.checkpoint_state(&tx, run_id, events, state).await?;
+                let cell = JsonCell::of(&rebuilt).map_err(|e| LogError::Invalid { run_id, reason: format!("state does not serialise: {e}") })?;
+                Some((sql_seq(rebuilt.head_seq), cell))
+            } else {
+                None
+            };
+
+            let update = tx.prepare_cached(UPDATE_SUMMARY).await.map_err(fail)?;
+            let approve = tx.prepare_cached(INSERT_APPROVALS).await.map_err(fail)?;
+            let decide = tx.prepare_cached(DECIDE_APPROVALS).await.map_err(fail)?;
+            let consume = tx.prepare_cached(CONSUME_INBOX).await.map_err(fail)?;
+            let save = tx.prepare_cached(INSERT_CHECKPOINT).await.map_err(fail)?;
+            let prune = tx.prepare_cached(PRUNE_CHECKPOINTS).await.map_err(fail)?;
+            let has_events = !events.is_empty();
+            let summary_params: [&(dyn ToSql + Sync); 6] =
+                [&run_id, &columns.status, &columns.phase, &columns.pull_point, &columns.outcome, &columns.head_seq];
+            let approval_params: [&(dyn ToSql + Sync); 7] = [&run_id, &tenant, &calls, &tools, &inputs, &hashes, &requested_at];
+            let decide_params: [&(dyn ToSql + Sync); 2] = [&run_id, &resolved];
+            let consume_params: [&(dyn ToSql + Sync); 2] = [&run_id, &consumed];
+            let (checkpoint_seq, checkpoint_text, checkpoint_raw) = match &checkpoint {
+                Some((seq, cell)) => (*seq, cell.text.as_deref(), cell.raw.as_deref()),
+                None => (0, None, None),
+            };
+            let save_params: [&(dyn ToSql + Sync); 4] = [&run_id, &checkpoint_seq, &checkpoint_text, &checkpoint_raw];
+            let prune_params: [&(dyn ToSql + Sync); 2] = [&run_id, &checkpoint_seq];
+            // Pipelined: each request is sent when its future is first polled,
+            // in this order; the order only matters inside `write_events`.
+            futures::try_join!(
+                maybe(has_events.then(|| write_events(&tx, run_id, &encoded))),
+                maybe(has_events.then(|| tx.execute(&update, &summary_params))),
+                maybe((!calls.is_empty()).then(|| tx.execute(&approve, &approval_params))),
+                maybe((!resolved.is_empty()).then(|| tx.execute(&decide, &decide_params))),
+                maybe((!consumed.is_empty()).then(|| tx.execute(&consume, &consume_params))),
+                maybe(checkpoint.is_some().then(|| tx.execute(&save, &save_params))),
+                maybe(checkpoint.is_some().then(|| tx.execute(&prune, &prune_params))),
+            )
+            .map_err(fail)?;
+            tx.commit().await.map_err(fail)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// One transaction: the inbox row (a taken dedupe key is
+    /// [`LogError::Duplicate`]; a concurrent duplicate waits for the first and
+    /// then is refused), the approval marked decided, and a job with the
+    /// current head.
+    async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
+        let key = dedupe_key(&payload);
+        let cell = JsonCell::of(&payload).map_err(|e| LogError::Invalid { run_id, reason: format!("payload does not serialise: {e}") })?;
+        let decided: Vec<&str> = match &payload {
+            Resume::Approval { call_id, .. } => vec![call_id.as_str()],
+            _ => vec![],
+        };
+        self.bounded("post", async {
+            let fail = |e: tokio_postgres::Error| write_error(run_id, "post", &e);
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(fail)?;
+            let insert = tx.prepare_cached(INSERT_INBOX).await.map_err(fail)?;
+            let row = match tx.query_opt(&insert, &[&run_id, &key, &cell.text, &cell.raw]).await {
+                Ok(row) => row,
+                Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => return Err(LogError::NotFound(run_id)),
+                Err(e) => return Err(fail(e)),
+            };
+            let Some(row) = row else {
+                let what = key.as_deref().unwrap_or("payload").replace(':', " ");
+                return Err(LogError::Duplicate { run_id, what });
+            };
+            let id: i64 = col(&row, "id")?;
+            let head = seq_of(col::<Option<i64>>(&row, "head_seq")?.ok_or(LogError::NotFound(run_id))?, "head_seq")?;
+            let job = serde_json::to_value(Job { run_id, head_seq: head }).map_err(|e| LogError::Unavailable(e.to_string()))?;
+            let decide = tx.prepare_cached(DECIDE_APPROVALS).await.map_err(fail)?;
+            let outbox = tx.prepare_cached(INSERT_OUTBOX).await.map_err(fail)?;
+            let decide_params: [&(dyn ToSql + Sync); 2] = [&run_id, &decided];
+            let outbox_params: [&(dyn ToSql + Sync); 1] = [&job];
+            futures::try_join!(maybe((!decided.is_empty()).then(|| tx.execute(&decide, &decide_params))), tx.execute(&outbox, &outbox_params))
+                .map_err(fail)?;
+            tx.commit().await.map_err(fail)?;
+            Ok(id)
+        })
+        .await
+    }
+
+    async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError> {
+        self.bounded("inbox", async {
+            let client = self.client().await?;
+            let st = client
+                .prepare_cached("SELECT id, payload::text AS payload, payload_raw FROM inbox WHERE run_id = $1 AND NOT consumed ORDER BY id")
+                .await
+                .map_err(|e| unavailable("inbox", &e))?;
+            let rows = client.query(&st, &[&run_id]).await.map_err(|e| unavailable("inbox", &e))?;
+            if rows.is_empty() && !run_exists(&client, run_id).await? {
+                return Err(LogError::NotFound(run_id));
+            }
+            rows.iter()
+                .map(|row| {
+                    let id: i64 = col(row, "id")?;
+                    let payload = JsonCell::decode(col(row, "payload")?, col(row, "payload_raw")?).map_err(|e| corrupt(format!("inbox item {id}: {e}")))?;
+                    Ok(InboxItem { id, payload })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// Oldest first by request time (the event's), then by insertion.
+    async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
+        let mut sql = String::from(
+            "SELECT run_id, tenant, call_id, tool, input::text AS input, args_hash, status, requested_at FROM approvals WHERE true",
+        );
+        let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+        let mut and = |column: &str, value: Box<dyn ToSql + Sync + Send>, sql: &mut String| {
+            params.push(value);
+            sql.push_str(&format!(" AND {column} = ${}", params.len()));
+        };
+        if let Some(tenant) = &filter.tenant {
+            and("tenant", Box::new(tenant.clone()), &mut sql);
+        }
+        if let Some(tool) = &filter.tool {
+            and("tool", Box::new(tool.clone()), &mut sql);
+        }
+        if let Some(run) = filter.run_id {
+            and("run_id", Box::new(run), &mut sql);
+        }
+        if filter.pending_only {
+            sql.push_str(" AND status = 'pending'");
+        }
+        params.push(Box::new(sql_limit(filter.limit.clamp(1, 1000))));
+        sql.push_str(&format!(" ORDER BY requested_at, id LIMIT ${}", params.len()));
+        self.bounded("approvals", async {
+            let client = self.client().await?;
+            let st = client.prepare_cached(&sql).await.map_err(|e| unavailable("approvals", &e))?;
+            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
+            let rows = client.query(&st, &refs).await.map_err(|e| unavailable("approvals", &e))?;
+            rows.iter()
+                .map(|row| {
+                    let status: String = col(row, "status")?;
+                    let input: String = col(row, "input")?;
+                    Ok(ApprovalRow {
+                        run_id: col(row, "run_id")?,
+                        tenant: col(row, "tenant")?,
+                        call_id: col(row, "call_id")?,
+                        tool: col(row, "tool")?,
+                        input: serde_json::from_str(&input).map_err(|e| corrupt(format!("approval input: {e}")))?,
+                        args_hash: col(row, "args_hash")?,
+                        status: match status.as_str() {
+                            "pending" => ApprovalStatus::Pending,
+                            "decided" => ApprovalStatus::Decided,
+                            other => return Err(corrupt(format!("unknown approval status {other:?}"))),
+                        },
+                        requested_at: col(row, "requested_at")?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {
+        self.bounded("outbox", async {
+            let client = self.client().await?;
+            let st = client.prepare_cached("SELECT id, job::text AS job FROM outbox ORDER BY id LIMIT $1").await.map_err(|e| unavailable("outbox", &e))?;
+            let rows = client.query(&st, &[&sql_limit(limit)]).await.map_err(|e| unavailable("outbox", &e))?;
+            rows.iter()
+                .map(|row| {
+                    let id: i64 = col(row, "id")?;
+                    let job: String = col(row, "job")?;
+                    Ok((id, serde_json::from_str(&job).map_err(|e| corrupt(format!("outbox job {id}: {e}")))?))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// Relayed jobs are deleted.
+    async fn outbox_done(&self, ids: &[i64]) -> Result<(), LogError> {
+        self.bounded("outbox_done", async {
+            let client = self.client().await?;
+            let st = client.prepare_cached("DELETE FROM outbox WHERE id = ANY($1)").await.map_err(|e| unavailable("outbox_done", &e))?;
+            client.execute(&st, &[&ids]).await.map_err(|e| unavailable("outbox_done", &e))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Runs not done, runnable or with unconsumed inbox items, whose lease is
+    /// absent or expired by the database clock; by run id.
+    async fn orphaned(&self, limit: usize) -> Result<Vec<Job>, LogError> {
+        self.bounded("orphaned", async {
+            let client = self.client().await?;
+            let st = client
+                .prepare_cached(
+                    "SELECT id, head_seq FROM runs r \
+                     WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
+                     AND (status = 'runnable' OR EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed)) \
+                     ORDER BY id LIMIT $1",
+                )
+                .await
+                .map_err(|e| unavailable("orphaned", &e))?;
+            let rows = client.query(&st, &[&sql_limit(limit)]).await.map_err(|e| unavailable("orphaned", &e))?;
+            rows.iter().map(|row| Ok(Job { run_id: col(row, "id")?, head_seq: seq_of(col(row, "head_seq")?, "head_seq")? })).collect()
+        })
+        .await
+    }
+
+    async fn ready(&self) -> Result<(), LogError> {
+        self.bounded("ready", async {
+            let client = self.client().await?;
+            client.simple_query("SELECT 1").await.map_err(|e| unavailable("ready", &e))?;
+            Ok(())
+        })
+        .await
+    }
+}

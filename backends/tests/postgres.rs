@@ -1,0 +1,526 @@
+//! The Postgres event log against a real server (`GLIA_DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`, which must be allowed to
+//! create databases). Every test works in a database of its own, created
+//! for it and dropped when it ends, also when it fails, so tests run in
+//! parallel and leave nothing behind.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use glia_backends::conformance::{self, sample_log};
+use glia_backends::postgres::{PgLog, PgOptions};
+use glia_backends::{ApprovalFilter, ApprovalStatus, EventLog, Lease, LogError, NewRun, RunFilter};
+use glia_proto::{
+    ContentBlock, Decision, Disposition, Event, EventKind, Message, Resume, Role, RunConfig, RunState, ToolCallRecord, Usage, args_hash,
+};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::sync::Barrier;
+use tokio_postgres::{Client, Config, NoTls};
+use uuid::Uuid;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn admin_config() -> Config {
+    let url = std::env::var("GLIA_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    url.parse().expect("GLIA_DATABASE_URL is a postgres:// URL")
+}
+
+async fn connect(config: &Config) -> Client {
+    let (client, connection) = config.connect(NoTls).await.expect("connect to postgres");
+    tokio::spawn(connection);
+    client
+}
+
+/// A database of its own, dropped (with its connections) when this is.
+struct TestDb {
+    name: String,
+    admin: Config,
+}
+
+impl TestDb {
+    async fn new() -> TestDb {
+        let admin = admin_config();
+        let name = format!("glia_test_{}", Uuid::now_v7().simple());
+        connect(&admin).await.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create a test database");
+        TestDb { name, admin }
+    }
+
+    fn config(&self) -> Config {
+        let mut config = self.admin.clone();
+        config.dbname(&self.name);
+        config
+    }
+
+    async fn log(&self) -> PgLog {
+        self.log_with(PgOptions::default()).await
+    }
+
+    async fn log_with(&self, options: PgOptions) -> PgLog {
+        PgLog::connect_with(self.config(), options).await.expect("PgLog::connect")
+    }
+
+    /// A plain connection, for looking under the adapter.
+    async fn sql(&self) -> Client {
+        connect(&self.config()).await
+    }
+
+    async fn count(&self, query: &str) -> i64 {
+        self.sql().await.query_one(query, &[]).await.expect(query).get(0)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let (name, admin) = (self.name.clone(), self.admin.clone());
+        // Drop runs inside the test's runtime: use a thread with its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async move {
+                let (client, connection) = admin.connect(NoTls).await.ok()?;
+                tokio::spawn(connection);
+                client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(()))) {
+            eprintln!("could not drop test database {}", self.name);
+        }
+    }
+}
+
+fn new_run(tenant: &str, key: Option<&str>, start: &Event) -> NewRun {
+    NewRun { tenant: tenant.into(), idempotency_key: key.map(str::to_owned), batch_id: None, start: start.clone() }
+}
+
+fn replay(events: &[Event]) -> RunState {
+    RunState::replay(events[0].run_id, events).expect("the log replays")
+}
+
+/// Times that exercise the storage of `at`: now (nanoseconds), just before
+/// Postgres' epoch (2000) and just after the Unix epoch, both with
+/// sub-microsecond parts.
+fn at(i: usize) -> DateTime<Utc> {
+    match i % 3 {
+        0 => Utc::now(),
+        1 => DateTime::from_timestamp(946_684_799, 999_999_999).expect("valid time"),
+        _ => DateTime::from_timestamp(0, 1_500).expect("valid time"),
+    }
+}
+
+/// A valid log of `n` events: start, plan, one step, then rounds of model
+/// call → tool use → tool call → tool result (`result(round)`).
+fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> String) -> Vec<Event> {
+    let mut kinds = vec![
+        EventKind::SessionStart { goal: "look things up".into(), config: RunConfig::default() },
+        EventKind::PlanDraft { steps: vec!["Reach the goal.".into()], usage: Usage::default(), cost_usd_micros: 0 },
+        EventKind::PlanCommit { steps: vec!["Reach the goal.".into()] },
+        EventKind::StepStart { index: 0, description: "Reach the goal.".into(), tools: vec![] },
+    ];
+    let mut round = 0;
+    while kinds.len() < n {
+        let call_id = format!("c{round}");
+        let input = json!({"round": round, "query": format!("item {round}")});
+        kinds.push(EventKind::ModelCall { model: "m".into(), messages: 1 + 2 * round, wrap_up: false, forced_tool: None });
+        kinds.push(EventKind::ModelResponse {
+            message: Message {
+                role: Role::Assistant,
+                content: vec![ContentBlock::ToolUse { id: call_id.clone(), name: "lookup".into(), input: input.clone() }],
+            },
+            usage: Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() },
+            stop_reason: "tool_use".into(),
+            duration_ms: 3,
+            cost_usd_micros: 7,
+        });
+        kinds.push(EventKind::ToolCall(ToolCallRecord {
+            call_id: call_id.clone(),
+            name: "lookup".into(),
+            args_hash: args_hash(&input),
+            input,
+            idempotency_key: format!("{run_id}:{call_id}"),
+            disposition: Disposition::Run { reminder: None },
+        }));
+        kinds.push(EventKind::ToolResult { call_id, content: result(round), reminder: None, duration_ms: 1 });
+        round += 1;
+    }
+    kinds.truncate(n);
+    kinds.into_iter().enumerate().map(|(i, kind)| Event { run_id, seq: i as u64 + 1, at: at(i), kind }).collect()
+}
+
+/// Admit `events[0]`, take a lease and commit the rest one event at a time.
+async fn commit_one_by_one(log: &PgLog, events: &[Event]) -> Lease {
+    log.create_run(new_run("t", None, &events[0])).await.unwrap();
+    let lease = log.acquire(events[0].run_id, "w", TTL).await.unwrap();
+    let mut state = replay(&events[..1]);
+    for e in &events[1..] {
+        state.apply(e).unwrap();
+        log.commit(&lease, std::slice::from_ref(e), &state, &[]).await.unwrap();
+    }
+    lease
+}
+
+#[tokio::test]
+async fn postgres_log_conformance() {
+    let dbs = Mutex::new(Vec::new());
+    let dbs = &dbs;
+    conformance::all(move || async move {
+        let db = TestDb::new().await;
+        let log = db.log().await;
+        dbs.lock().unwrap_or_else(|e| e.into_inner()).push(db);
+        log
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn events_reject_update_delete_and_truncate() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let s = sample_log();
+    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let sql = db.sql().await;
+    for statement in ["UPDATE events SET kind = 'tampered'", "DELETE FROM events", "TRUNCATE events", "UPDATE blobs SET bytes = ''"] {
+        let err = sql.batch_execute(statement).await.expect_err(statement);
+        let message = err.as_db_error().map(|e| e.message().to_owned()).unwrap_or_default();
+        assert!(message.contains("append-only"), "{statement}: {err}");
+    }
+    assert_eq!(log.events(s.run_id, 0, 10).await.unwrap(), s.parked[..1].to_vec(), "the log is untouched");
+}
+
+#[tokio::test]
+async fn large_payloads_go_to_blobs_and_read_back_identical() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let big = format!("{}é✓", "x".repeat(200 * 1024));
+    let run_id = Uuid::now_v7();
+    // Round 0's result is large; round 1's holds U+0000, which jsonb refuses.
+    let events = tool_loop(run_id, 12, |round| match round {
+        0 => big.clone(),
+        1 => "before\0after".into(),
+        _ => format!("small {round}"),
+    });
+    commit_one_by_one(&log, &events).await;
+    assert_eq!(log.events(run_id, 0, 100).await.unwrap(), events, "events round-trip exactly, time included");
+    assert_eq!(log.load(run_id).await.unwrap(), replay(&events));
+
+    let sql = db.sql().await;
+    let rows = sql.query("SELECT seq, blob_hash FROM events WHERE payload IS NULL ORDER BY seq", &[]).await.unwrap();
+    assert_eq!(rows.len(), 2, "only the large and the NUL payloads left the row");
+    let large = rows.iter().map(|r| r.get::<_, i64>(0) as usize).find(|seq| matches!(&events[seq - 1].kind, EventKind::ToolResult { content, .. } if content.len() > 1000));
+    let large = large.expect("the large result is in a blob");
+    let json = serde_json::to_vec(&events[large - 1].kind).unwrap();
+    let hash: String = Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect();
+    let stored: Vec<u8> = sql.query_one("SELECT bytes FROM blobs WHERE hash = $1", &[&hash]).await.expect("blob by its SHA-256").get(0);
+    assert_eq!(stored, json);
+
+    // Content-addressed: a second run with the same large start shares it.
+    let goal = "g".repeat(100 * 1024);
+    for _ in 0..2 {
+        let start = Event { run_id: Uuid::now_v7(), seq: 1, at: at(0), kind: EventKind::SessionStart { goal: goal.clone(), config: RunConfig::default() } };
+        log.create_run(new_run("t", None, &start)).await.unwrap();
+        assert_eq!(log.events(start.run_id, 0, 10).await.unwrap(), vec![start.clone()]);
+        assert_eq!(log.get_run(start.run_id).await.unwrap().goal, goal);
+    }
+    assert_eq!(db.count("SELECT count(*) FROM blobs").await, 3);
+}
+
+#[tokio::test]
+async fn nul_characters_round_trip_everywhere() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let start = Event {
+        run_id: Uuid::now_v7(),
+        seq: 1,
+        at: at(0),
+        kind: EventKind::SessionStart { goal: "nul \0 goal".into(), config: RunConfig::default() },
+    };
+    let (summary, _) = log.create_run(new_run("t", None, &start)).await.unwrap();
+    assert_eq!(summary.goal, "nul \u{FFFD} goal", "the summary's goal is sanitised");
+    assert_eq!(log.events(start.run_id, 0, 10).await.unwrap(), vec![start.clone()], "the event is exact");
+    assert_eq!(log.load(start.run_id).await.unwrap().goal, "nul \0 goal");
+    let payload = Resume::ToolResult { call_id: "c\u{1}".into(), content: "a\0b".into(), is_error: false };
+    let id = log.post(start.run_id, payload.clone()).await.unwrap();
+    let inbox = log.inbox(start.run_id).await.unwrap();
+    assert_eq!((inbox[0].id, &inbox[0].payload), (id, &payload));
+    let refused = log.create_run(new_run("bad\0tenant", None, &Event { run_id: Uuid::now_v7(), ..start.clone() })).await;
+    assert!(matches!(refused, Err(LogError::Invalid { .. })), "{refused:?}");
+}
+
+#[tokio::test]
+async fn checkpoints_are_amortised_and_load_equals_replay() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let run_id = Uuid::now_v7();
+    let events = tool_loop(run_id, 201, |round| format!("result {round}"));
+    commit_one_by_one(&log, &events).await;
+    let replayed = replay(&events);
+    assert_eq!(log.load(run_id).await.unwrap(), replayed);
+    assert_eq!(log.events(run_id, 0, 1000).await.unwrap(), events);
+
+    let sql = db.sql().await;
+    let seqs: Vec<i64> = sql.query("SELECT seq FROM checkpoints WHERE run_id = $1", &[&run_id]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(seqs, vec![192], "one checkpoint, the latest multiple of 64");
+    let state: serde_json::Value = sql.query_one("SELECT state FROM checkpoints WHERE run_id = $1", &[&run_id]).await.unwrap().get(0);
+    assert_eq!(serde_json::from_value::<RunState>(state).unwrap(), replay(&events[..192]), "the checkpoint is the state at its seq");
+
+    // load() starts from the checkpoint: a doctored one shows through…
+    sql.execute("UPDATE checkpoints SET state = jsonb_set(state, '{goal}', '\"doctored\"') WHERE run_id = $1", &[&run_id]).await.unwrap();
+    assert_eq!(log.load(run_id).await.unwrap().goal, "doctored");
+    // …and one that no longer parses is ignored: the whole log is replayed.
+    sql.execute("UPDATE checkpoints SET state = '{\"from\": \"an older glia\"}' WHERE run_id = $1", &[&run_id]).await.unwrap();
+    assert_eq!(log.load(run_id).await.unwrap(), replayed);
+}
+
+#[tokio::test]
+async fn a_checkpoint_commit_refuses_events_that_do_not_apply() {
+    let db = TestDb::new().await;
+    let log = db.log_with(PgOptions { checkpoint_every: 4, ..PgOptions::default() }).await;
+    let run_id = Uuid::now_v7();
+    let events = tool_loop(run_id, 8, |round| format!("result {round}"));
+    let lease = commit_one_by_one(&log, &events[..3]).await;
+    // seq 4 (crossing 4) claims a tool result out of nowhere: envelope fine,
+    // transition not.
+    let bogus = Event { kind: EventKind::ToolResult { call_id: "nope".into(), content: String::new(), reminder: None, duration_ms: 0 }, ..events[3].clone() };
+    let mut claimed = replay(&events[..3]);
+    claimed.head_seq = 4;
+    let err = log.commit(&lease, &[bogus], &claimed, &[]).await.unwrap_err();
+    assert!(matches!(err, LogError::Invalid { .. }), "{err:?}");
+    assert_eq!(log.get_run(run_id).await.unwrap().head_seq, 3, "nothing written");
+    // A broken envelope is refused on any commit.
+    let err = log.commit(&lease, &events[4..5], &replay(&events[..5]), &[]).await.unwrap_err();
+    assert!(matches!(err, LogError::Conflict { expected: 4, actual: 3, .. }), "{err:?}");
+    let err = log.commit(&lease, &[events[3].clone(), events[5].clone()], &replay(&events[..6]), &[]).await.unwrap_err();
+    assert!(matches!(err, LogError::Invalid { .. }), "a gap: {err:?}");
+    log.commit(&lease, &events[3..], &replay(&events), &[]).await.unwrap();
+    assert_eq!(log.load(run_id).await.unwrap(), replay(&events));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commits_on_the_same_head_one_wins() {
+    let db = TestDb::new().await;
+    // Two pools: two processes, as far as Postgres can tell.
+    let (a, b) = (db.log().await, db.log().await);
+    let run_id = Uuid::now_v7();
+    let events = tool_loop(run_id, 31, |round| format!("result {round}"));
+    a.create_run(new_run("t", None, &events[0])).await.unwrap();
+    let mut lease = a.acquire(run_id, "w1", TTL).await.unwrap();
+    let mut state = replay(&events[..1]);
+    for i in 1..events.len() {
+        state.apply(&events[i]).unwrap();
+        // Every fifth round the lease changed hands in between: the old
+        // holder races the new one.
+        let (first, second) = if i % 5 == 0 {
+            a.release(&lease).await.unwrap();
+            let taken = b.acquire(run_id, "w2", TTL).await.unwrap();
+            (std::mem::replace(&mut lease, taken.clone()), taken)
+        } else {
+            (lease.clone(), lease.clone())
+        };
+        let barrier = Arc::new(Barrier::new(2));
+        let racers = [(a.clone(), first), (b.clone(), second)].map(|(log, lease)| {
+            let (barrier, batch, state) = (barrier.clone(), events[i..=i].to_vec(), state.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                log.commit(&lease, &batch, &state, &[]).await
+            })
+        });
+        let mut results = Vec::new();
+        for racer in racers {
+            results.push(racer.await.unwrap());
+        }
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "round {i}: {results:?}");
+        for r in &results {
+            match r {
+                Ok(()) => {}
+                Err(LogError::Conflict { expected, actual, .. }) => assert_eq!((*expected, *actual), (i as u64, i as u64 + 1)),
+                Err(LogError::LeaseLost(_)) => assert_eq!(i % 5, 0, "only a replaced lease is lost"),
+                Err(other) => panic!("round {i}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(a.events(run_id, 0, 1000).await.unwrap(), events, "one event per seq, in order");
+    assert_eq!(db.count("SELECT count(DISTINCT seq) FROM events").await, events.len() as i64);
+    assert_eq!(b.load(run_id).await.unwrap(), replay(&events));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicate_admissions_make_one_run() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let barrier = Arc::new(Barrier::new(8));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (log, barrier) = (log.clone(), barrier.clone());
+            let start = sample_log().parked[0].clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                (start.run_id, log.create_run(new_run("t", Some("same-key"), &start)).await)
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        let (tried, result) = task.await.unwrap();
+        let (summary, created) = result.expect("a duplicate admission is not an error");
+        outcomes.push((tried, summary.run_id, created));
+    }
+    assert_eq!(outcomes.iter().filter(|o| o.2).count(), 1, "{outcomes:?}");
+    let winner = outcomes.iter().find(|o| o.2).unwrap().1;
+    assert!(outcomes.iter().all(|o| o.1 == winner), "everyone gets the first run");
+    for (tried, _, created) in &outcomes {
+        if !created {
+            assert!(matches!(log.get_run(*tried).await, Err(LogError::NotFound(_))), "nothing written for a duplicate");
+        }
+    }
+    let runs = log.list_runs(&RunFilter { tenant: Some("t".into()), limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(log.outbox(100).await.unwrap().len(), 1, "one job");
+    assert_eq!(db.count("SELECT count(*) FROM events").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_approval_decisions_one_is_accepted() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let s = sample_log();
+    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[]).await.unwrap();
+    log.release(&lease).await.unwrap();
+    let hash = log.approvals(&ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap()[0].args_hash.clone();
+    let barrier = Arc::new(Barrier::new(8));
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (log, barrier) = (log.clone(), barrier.clone());
+            let decision = if i % 2 == 0 { Decision::Approve } else { Decision::Reject { reason: format!("no ({i})") } };
+            let payload = Resume::Approval { call_id: "c1".into(), args_hash: hash.clone(), decision, by: Some(format!("person {i}")) };
+            tokio::spawn(async move {
+                barrier.wait().await;
+                (payload.clone(), log.post(s.run_id, payload).await)
+            })
+        })
+        .collect();
+    let mut accepted = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            (payload, Ok(id)) => accepted.push((id, payload)),
+            (_, Err(LogError::Duplicate { what, .. })) => assert_eq!(what, "approval c1"),
+            (_, Err(other)) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(accepted.len(), 1, "exactly one decision wins");
+    let inbox = log.inbox(s.run_id).await.unwrap();
+    assert_eq!(inbox.iter().map(|i| (i.id, i.payload.clone())).collect::<Vec<_>>(), accepted);
+    let rows = log.approvals(&ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.status).collect::<Vec<_>>(), vec![ApprovalStatus::Decided]);
+    let jobs = log.outbox(100).await.unwrap();
+    assert_eq!(jobs.len(), 2, "admission and the one accepted decision: {jobs:?}");
+    assert_eq!(jobs[1].1.head_seq, s.parked.len() as u64);
+}
+
+#[tokio::test]
+async fn bad_rows_are_errors_not_panics() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let s = sample_log();
+    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let sql = db.sql().await;
+    sql.execute("UPDATE runs SET phase = 'dancing'", &[]).await.unwrap();
+    assert!(matches!(log.get_run(s.run_id).await, Err(LogError::Unavailable(_))));
+    assert!(matches!(log.list_runs(&RunFilter { limit: 10, ..Default::default() }).await, Err(LogError::Unavailable(_))));
+    sql.execute("UPDATE outbox SET job = '{\"run\": 1}'", &[]).await.unwrap();
+    assert!(matches!(log.outbox(10).await, Err(LogError::Unavailable(_))));
+    log.post(s.run_id, Resume::Input { text: "hi".into() }).await.unwrap();
+    sql.execute("UPDATE inbox SET payload = '{\"kind\": \"dance\"}'", &[]).await.unwrap();
+    assert!(matches!(log.inbox(s.run_id).await, Err(LogError::Unavailable(_))));
+}
+
+#[tokio::test]
+async fn connection_problems_are_unavailable() {
+    let options = PgOptions { connect_timeout: Duration::from_secs(2), ..PgOptions::default() };
+    let refused = PgLog::connect("postgres://postgres@127.0.0.1:1/postgres", options.clone()).await;
+    assert!(matches!(refused, Err(LogError::Unavailable(_))), "{refused:?}");
+    let malformed = PgLog::connect("postgres://[not a url", options).await;
+    assert!(matches!(malformed, Err(LogError::Unavailable(_))), "{malformed:?}");
+
+    // A statement that outlives the statement timeout (a commit waiting for
+    // a row another session holds) is cancelled: Unavailable, nothing written.
+    let db = TestDb::new().await;
+    let log = db.log_with(PgOptions { statement_timeout: Duration::from_millis(200), ..PgOptions::default() }).await;
+    let s = sample_log();
+    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    let mut holder = db.sql().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", &[&s.run_id]).await.unwrap();
+    let err = log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[]).await.unwrap_err();
+    assert!(matches!(&err, LogError::Unavailable(m) if m.contains("57014")), "{err:?}");
+    tx.rollback().await.unwrap();
+    assert_eq!(log.get_run(s.run_id).await.unwrap().head_seq, 1);
+    log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_starts_migrate_once() {
+    let db = TestDb::new().await;
+    let (a, b, c) = tokio::join!(db.log(), db.log(), db.log());
+    for log in [&a, &b, &c] {
+        log.ready().await.unwrap();
+    }
+    assert_eq!(db.count("SELECT count(*) FROM refinery_schema_history").await, 1);
+    let again = db.log().await;
+    again.ready().await.unwrap();
+    assert_eq!(db.count("SELECT count(*) FROM refinery_schema_history").await, 1);
+}
+
+#[tokio::test]
+async fn leases_use_the_database_clock_and_fence() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let s = sample_log();
+    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w1", TTL).await.unwrap();
+    let db_now: DateTime<Utc> = db.sql().await.query_one("SELECT now()", &[]).await.unwrap().get(0);
+    assert!(lease.expires_at > db_now && lease.expires_at <= db_now + chrono::Duration::seconds(31));
+    match log.acquire(s.run_id, "w2", TTL).await {
+        Err(LogError::LeaseHeld { owner, until, .. }) => assert_eq!((owner.as_str(), until), ("w1", lease.expires_at)),
+        other => panic!("{other:?}"),
+    }
+    let renewed = log.renew(&lease, Duration::from_secs(60)).await.unwrap();
+    assert_eq!((renewed.token, renewed.owner.as_str()), (lease.token, "w1"));
+    assert!(renewed.expires_at > lease.expires_at);
+    assert!(matches!(log.acquire(Uuid::now_v7(), "w", TTL).await, Err(LogError::NotFound(_))));
+    assert!(matches!(log.renew(&Lease { run_id: Uuid::now_v7(), ..lease.clone() }, TTL).await, Err(LogError::NotFound(_))));
+    // A lease the database clock says has lapsed: set its expiry in the past.
+    db.sql().await.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second'", &[]).await.unwrap();
+    assert!(matches!(log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[]).await, Err(LogError::LeaseLost(_))));
+    assert_eq!(log.orphaned(10).await.unwrap().len(), 1, "a lapsed lease leaves the run to the reconciler");
+    let taken = log.acquire(s.run_id, "w2", TTL).await.unwrap();
+    assert_ne!(taken.token, lease.token);
+    log.release(&lease).await.unwrap();
+    assert!(log.orphaned(10).await.unwrap().is_empty(), "releasing a lost lease leaves the new one alone");
+}
+
+/// Tool arguments with floats that need 17 significant digits. serde_json
+/// without its `float_roundtrip` feature parses about one such float in ten
+/// one ULP off, so the replayed arguments hash differently and `load` fails.
+#[tokio::test]
+#[ignore = "needs serde_json's `float_roundtrip` feature in the workspace"]
+async fn float_arguments_round_trip() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let run_id = Uuid::now_v7();
+    let mut events = tool_loop(run_id, 8, |round| format!("result {round}"));
+    let input = json!({"amount": 212.918_907_267_134_6_f64, "rate": 479.607_564_269_825_96_f64});
+    if let EventKind::ModelResponse { message, .. } = &mut events[5].kind {
+        message.content = vec![ContentBlock::ToolUse { id: "c0".into(), name: "lookup".into(), input: input.clone() }];
+    }
+    if let EventKind::ToolCall(call) = &mut events[6].kind {
+        call.args_hash = args_hash(&input);
+        call.input = input;
+    }
+    commit_one_by_one(&log, &events).await;
+    assert_eq!(log.events(run_id, 0, 100).await.unwrap(), events);
+    assert_eq!(log.load(run_id).await.unwrap(), replay(&events));
+}
