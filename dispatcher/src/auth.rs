@@ -123,9 +123,13 @@ pub enum AuthError {
     /// A scope other than `submit`, `approve`, `admin`.
     #[error("unknown scope {0:?} (expected submit, approve or admin)")]
     UnknownScope(String),
-    /// A token spec not of the form `TOKEN:TENANT:SCOPE[,SCOPE…]`.
-    #[error("bad token spec {0:?}: expected TOKEN:TENANT:SCOPE[,SCOPE...]")]
-    BadSpec(String),
+    /// A token spec not of the form `TOKEN:TENANT:SCOPE[,SCOPE…]` (the spec
+    /// itself is not echoed: it holds a secret).
+    #[error("bad token spec: expected TOKEN:TENANT:SCOPE[,SCOPE...], got {parts} ':'-separated part(s)")]
+    BadSpec {
+        /// How many parts it had.
+        parts: usize,
+    },
     /// A token file that is not `{"TOKEN": {"tenant": …, "scopes": […]}}`.
     #[error("bad token file: {0}")]
     BadFile(String),
@@ -168,7 +172,7 @@ impl Auth {
     pub fn parse_spec(spec: &str) -> Result<(String, Principal), AuthError> {
         let mut parts = spec.splitn(3, ':');
         let (Some(token), Some(tenant), Some(scopes)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(AuthError::BadSpec(spec.chars().take(8).collect::<String>() + "…"));
+            return Err(AuthError::BadSpec { parts: spec.split(':').count() });
         };
         if token.is_empty() || tenant.is_empty() || scopes.is_empty() {
             return Err(AuthError::Empty);
@@ -223,5 +227,39 @@ impl FromRequestParts<App> for Principal {
             None => None,
         };
         app.auth.authenticate(header)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_specs_and_files() {
+        let (token, p) = Auth::parse_spec("s3cret:acme:submit,approve").unwrap();
+        assert_eq!((token.as_str(), p.tenant.as_str(), p.scopes.as_slice()), ("s3cret", "acme", &[Scope::Submit, Scope::Approve][..]));
+        assert_eq!(Auth::parse_spec("s3cret:acme:root"), Err(AuthError::UnknownScope("root".into())));
+        let err = Auth::parse_spec("s3cret:acme").unwrap_err();
+        assert_eq!(err, AuthError::BadSpec { parts: 2 });
+        assert!(!err.to_string().contains("s3cret"), "the token is not echoed");
+        assert_eq!(Auth::parse_spec("::submit"), Err(AuthError::Empty));
+        let auth = Auth::from_json(r#"{"t1": {"tenant": "acme", "scopes": ["admin"], "name": "ops"}}"#).unwrap();
+        assert_eq!(auth.len(), 1);
+        let p = auth.authenticate(Some("Bearer t1")).unwrap();
+        assert!(p.is_admin() && p.has(Scope::Submit) && p.sees("anyone"));
+        assert_eq!(p.by(), "ops");
+        assert!(matches!(Auth::from_json("[]"), Err(AuthError::BadFile(_))));
+        assert!(matches!(Auth::from_json(r#"{"t": {"tenant": "a", "scopes": []}}"#), Err(AuthError::Empty)));
+    }
+
+    #[test]
+    fn scopes_and_tenants() {
+        let p = Principal { tenant: "a".into(), scopes: vec![Scope::Submit], name: None };
+        assert!(p.require(Scope::Submit).is_ok());
+        assert_eq!(p.require(Scope::Approve), Err(ApiError::Forbidden("approve".into())));
+        assert!(p.require_any(&[Scope::Approve, Scope::Submit]).is_ok());
+        assert!(p.sees("a") && !p.sees("b"));
+        assert_eq!(p.tenant_filter(), Some("a".into()));
+        assert!(Auth::open().authenticate(None).unwrap().is_admin());
     }
 }

@@ -1,0 +1,264 @@
+//! Health, readiness, metrics, the OpenAPI document; relay and reconciler.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::http::{Method, StatusCode, header};
+use common::*;
+use futures::stream::BoxStream;
+use glia_backends::memory::MemoryLog;
+use glia_backends::{Delivery, EventLog, Job, JobQueue, Ledger, LedgerError, QueueError};
+use glia_dispatcher::{App, Reconciler};
+use glia_proto::{LiveEvent, Resume};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+struct DownQueue;
+
+#[async_trait]
+impl JobQueue for DownQueue {
+    async fn publish(&self, _: &Job) -> Result<(), QueueError> {
+        Err(QueueError::Unavailable("broker down".into()))
+    }
+    async fn next(&self) -> Result<Delivery, QueueError> {
+        std::future::pending().await
+    }
+    async fn depth(&self) -> Result<u64, QueueError> {
+        Err(QueueError::Unavailable("broker down".into()))
+    }
+}
+
+struct DownLedger;
+
+#[async_trait]
+impl Ledger for DownLedger {
+    async fn cancel(&self, _: Uuid) -> Result<(), LedgerError> {
+        Err(LedgerError::Unavailable("redis down".into()))
+    }
+    async fn is_cancelled(&self, _: Uuid) -> Result<bool, LedgerError> {
+        Err(LedgerError::Unavailable("redis down".into()))
+    }
+    async fn publish_live(&self, _: Uuid, _: &LiveEvent) -> Result<(), LedgerError> {
+        Err(LedgerError::Unavailable("redis down".into()))
+    }
+    async fn subscribe_live(&self, _: Uuid) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
+        Err(LedgerError::Unavailable("redis down".into()))
+    }
+    async fn ready(&self) -> Result<(), LedgerError> {
+        Err(LedgerError::Unavailable("redis down".into()))
+    }
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let h = harness();
+    let r = send(&h.router, request(Method::GET, "/healthz", None, None)).await;
+    assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::OK, Some("ok")));
+    let r = send(&h.router, request(Method::GET, "/readyz", None, None)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["checks"], json!({"event_log": "ok", "job_queue": "ok", "ledger": "ok"}));
+
+    let app = App::new(Arc::new(MemoryLog::default()), Arc::new(DownQueue), Arc::new(DownLedger), auth());
+    let router = glia_dispatcher::router(app);
+    let r = send(&router, request(Method::GET, "/readyz", None, None)).await;
+    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
+    assert_eq!(r.body["checks"]["event_log"], "ok");
+    assert!(r.body["checks"]["job_queue"].as_str().unwrap().contains("broker down"));
+    assert!(r.body["checks"]["ledger"].as_str().unwrap().contains("redis down"));
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("job_queue") && msg.contains("ledger") && !msg.contains("event_log"), "{msg}");
+    // Health does not depend on the ports.
+    assert_eq!(send(&router, request(Method::GET, "/healthz", None, None)).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn cancel_works_without_a_ledger() {
+    // The posted cancel is the durable part; the flag is best effort.
+    let log = Arc::new(MemoryLog::default());
+    let app = App::new(log.clone(), Arc::new(glia_backends::memory::MemoryQueue::default()), Arc::new(DownLedger), auth());
+    let router = glia_dispatcher::router(app);
+    let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": "g"})))).await;
+    let id = r.body["run_id"].as_str().unwrap();
+    let c = send(&router, request(Method::POST, &format!("/v1/runs/{id}/cancel"), Some(SUB_A), None)).await;
+    assert_eq!(c.status, StatusCode::ACCEPTED, "{}", c.text);
+    let id: Uuid = id.parse().unwrap();
+    assert!(matches!(log.inbox(id).await.unwrap()[0].payload, Resume::Cancel { .. }));
+}
+
+#[tokio::test]
+async fn metrics_count_requests_admissions_and_payloads() {
+    let h = harness();
+    let id = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_for_approval(&*h.log, id, &[("c1", "refund", json!({"amount": 1}))]).await;
+    post(&h, &format!("/v1/runs/{id}/approvals/c1"), APP_A, json!({"decision": "approve"})).await;
+    get(&h, "/nope", SUB_A).await;
+    let r = send(&h.router, request(Method::GET, "/metrics", None, None)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("application/openmetrics-text"));
+    let text = r.text;
+    for line in [
+        "glia_dispatcher_runs_admitted_total 1",
+        r#"glia_dispatcher_payloads_posted_total{kind="approval"} 1"#,
+        r#"glia_dispatcher_http_requests_total{route="/v1/runs",method="POST",status="201"} 1"#,
+        r#"glia_dispatcher_http_requests_total{route="/v1/runs/{id}/approvals/{call_id}",method="POST",status="202"} 1"#,
+        r#"glia_dispatcher_http_requests_total{route="unmatched",method="GET",status="404"} 1"#,
+        "# TYPE glia_dispatcher_http_request_duration_seconds histogram",
+        "# TYPE glia_dispatcher_sse_streams gauge",
+        "# EOF",
+    ] {
+        assert!(text.lines().any(|l| l == line || l.starts_with(line)), "missing {line:?} in\n{text}");
+    }
+}
+
+/// Every endpoint the API promises, as (method, OpenAPI path).
+const ENDPOINTS: &[(&str, &str)] = &[
+    ("post", "/v1/runs"),
+    ("get", "/v1/runs"),
+    ("get", "/v1/runs/{id}"),
+    ("get", "/v1/runs/{id}/events"),
+    ("get", "/v1/runs/{id}/events/stream"),
+    ("get", "/v1/approvals"),
+    ("post", "/v1/approvals"),
+    ("post", "/v1/runs/{id}/approvals/{call_id}"),
+    ("post", "/v1/runs/{id}/tool-results/{call_id}"),
+    ("post", "/v1/runs/{id}/messages"),
+    ("post", "/v1/runs/{id}/resume"),
+    ("post", "/v1/runs/{id}/cancel"),
+    ("post", "/v1/runs/{id}/close"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+];
+
+#[tokio::test]
+async fn openapi_documents_every_route_and_every_documented_route_exists() {
+    let h = harness();
+    let r = send(&h.router, request(Method::GET, "/openapi.json", None, None)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let doc = r.body;
+    assert_eq!(doc, glia_dispatcher::openapi());
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    let paths = doc["paths"].as_object().unwrap();
+    let mut documented = Vec::new();
+    for (path, item) in paths {
+        for method in item.as_object().unwrap().keys().filter(|k| ["get", "post", "put", "delete", "patch"].contains(&k.as_str())) {
+            documented.push((method.clone(), path.clone()));
+        }
+    }
+    documented.sort();
+    let mut expected: Vec<(String, String)> = ENDPOINTS.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    expected.sort();
+    assert_eq!(documented, expected, "the document lists exactly the API's endpoints");
+    // Each documented route is served (not a route_not_found / method_not_allowed).
+    for (method, path) in &documented {
+        let uri = path.replace("{id}", &Uuid::now_v7().to_string()).replace("{call_id}", "c1");
+        let m: Method = method.to_uppercase().parse().unwrap();
+        let r = send(&h.router, request(m.clone(), &uri, Some(ADMIN), None)).await;
+        if r.status.is_client_error() {
+            assert!(!["route_not_found", "method_not_allowed"].contains(&r.code()), "{method} {path} is not routed: {}", r.text);
+        }
+    }
+    // Every referenced schema exists; the hand-written ones are in.
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for name in ["RunSummary", "Event", "RunConfig", "BudgetLimits", "ApprovalRow", "Decision", "ErrorBody", "CreateRun", "Accepted"] {
+        assert!(schemas.contains_key(name), "missing schema {name}");
+    }
+    let text = doc.to_string();
+    for reference in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+        let name = reference.split('"').next().unwrap();
+        assert!(schemas.contains_key(name), "dangling $ref {name}");
+    }
+    assert!(doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer");
+}
+
+fn assert_required(schema: &Value, instance: &Value, what: &str) {
+    for field in schema["required"].as_array().unwrap() {
+        assert!(instance.get(field.as_str().unwrap()).is_some(), "{what} lacks documented field {field}: {instance}");
+    }
+    for key in instance.as_object().unwrap().keys() {
+        assert!(schema["properties"].get(key).is_some(), "{what} has undocumented field {key}");
+    }
+}
+
+#[tokio::test]
+async fn hand_written_schemas_match_the_real_json() {
+    let h = harness();
+    let doc = glia_dispatcher::openapi();
+    let schemas = &doc["components"]["schemas"];
+    let id = create(&h, SUB_A, json!({"goal": "g", "config": {"budget": {"max_turns": 3}}})).await;
+    park_for_approval(&*h.log, id, &[("c1", "refund", json!({"amount": 1}))]).await;
+    let run = get(&h, &format!("/v1/runs/{id}"), SUB_A).await.body;
+    assert_required(&schemas["RunSummary"], &run, "RunSummary");
+    let events = get(&h, &format!("/v1/runs/{id}/events"), SUB_A).await.body;
+    let types: Vec<Value> = schemas["Event"]["properties"]["type"]["enum"].as_array().unwrap().clone();
+    for e in events["events"].as_array().unwrap() {
+        assert_required(&schemas["Event"], e, "Event");
+        assert!(types.contains(&e["type"]), "{} not in the documented types", e["type"]);
+    }
+    let approvals = get(&h, "/v1/approvals", APP_A).await.body;
+    assert_required(&schemas["ApprovalRow"], &approvals["approvals"][0], "ApprovalRow");
+    let config = serde_json::to_value(glia_proto::RunConfig::default()).unwrap();
+    for key in config.as_object().unwrap().keys() {
+        assert!(schemas["RunConfig"]["properties"].get(key).is_some(), "RunConfig field {key} undocumented");
+    }
+    let limits = serde_json::to_value(glia_proto::BudgetLimits::default()).unwrap();
+    for key in limits.as_object().unwrap().keys() {
+        assert!(schemas["BudgetLimits"]["properties"].get(key).is_some(), "BudgetLimits field {key} undocumented");
+    }
+}
+
+#[tokio::test]
+async fn relay_keeps_jobs_until_the_queue_confirms() {
+    let log = Arc::new(MemoryLog::default());
+    let down = App::new(log.clone(), Arc::new(DownQueue), Arc::new(glia_backends::memory::MemoryLedger::default()), auth());
+    let router = glia_dispatcher::router(down.clone());
+    let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": "g"})))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "admission does not wait for the broker");
+    assert!(glia_dispatcher::relay_once(&down).await.is_err());
+    assert_eq!(log.outbox(10).await.unwrap().len(), 1, "kept for the next pass");
+    let queue = Arc::new(glia_backends::memory::MemoryQueue::default());
+    let up = App::new(log.clone(), queue.clone(), Arc::new(glia_backends::memory::MemoryLedger::default()), auth());
+    assert_eq!(glia_dispatcher::relay_once(&up).await.unwrap(), 1);
+    assert!(log.outbox(10).await.unwrap().is_empty());
+    assert_eq!(queue.depth().await.unwrap(), 1);
+    assert_eq!(up.metrics().jobs_relayed.get(), 1);
+}
+
+#[tokio::test]
+async fn reconciler_requeues_runs_whose_job_or_worker_was_lost() {
+    let h = harness();
+    let lost_job = create(&h, SUB_A, json!({"goal": "lost job"})).await;
+    let leased = create(&h, SUB_A, json!({"goal": "worker alive"})).await;
+    let dead_worker = create(&h, SUB_A, json!({"goal": "worker died"})).await;
+    let parked = create(&h, SUB_A, json!({"goal": "parked"})).await;
+    let parked_with_payload = create(&h, SUB_A, json!({"goal": "parked, decided"})).await;
+    park_for_approval(&*h.log, parked, &[("c1", "refund", json!({"amount": 1}))]).await;
+    park_for_approval(&*h.log, parked_with_payload, &[("c1", "refund", json!({"amount": 1}))]).await;
+    post(&h, &format!("/v1/runs/{parked_with_payload}/approvals/c1"), APP_A, json!({"decision": "approve"})).await;
+    // Every job was relayed and then lost.
+    glia_dispatcher::relay_once(&h.app).await.unwrap();
+    while h.queue.depth().await.unwrap() > 0 {
+        h.queue.next().await.unwrap();
+    }
+    let _alive = h.log.acquire(leased, "w1", Duration::from_secs(60)).await.unwrap();
+    let _lapsing = h.log.acquire(dead_worker, "w2", Duration::from_millis(30)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+
+    // With a grace period, a first sighting publishes nothing.
+    let mut patient = Reconciler::new(h.app.clone(), Duration::from_secs(3600));
+    assert!(patient.tick().await.unwrap().is_empty());
+    let mut r = Reconciler::new(h.app.clone(), Duration::ZERO);
+    let mut jobs: Vec<Uuid> = r.tick().await.unwrap().iter().map(|j| j.run_id).collect();
+    jobs.sort();
+    let mut expected = vec![lost_job, dead_worker, parked_with_payload];
+    expected.sort();
+    assert_eq!(jobs, expected);
+    assert_eq!(h.queue.depth().await.unwrap(), 3);
+    assert_eq!(h.app.metrics().jobs_reconciled.get(), 3);
+    let published = h.queue.next().await.unwrap().job;
+    assert!(expected.contains(&published.run_id));
+}
