@@ -317,10 +317,7 @@ impl<W: Wire> HttpProvider<W> {
                             o.rate_limit_wait(self.wire.provider(), &request.model, waited);
                         }
                     }
-                    match permit {
-                        Some(p) => Some((limiter.clone(), key, p)),
-                        None => None,
-                    }
+                    permit.map(|p| (limiter.clone(), key, p))
                 }
                 None => None,
             };

@@ -176,7 +176,8 @@ async fn non_streaming_over_http() {
 
 #[tokio::test]
 async fn each_http_error_kind_is_classified() {
-    let cases: Vec<(u16, &str, fn(&CallError) -> bool, fn(&ProviderError) -> bool)> = vec![
+    type Case = (u16, &'static str, fn(&CallError) -> bool, fn(&ProviderError) -> bool);
+    let cases: Vec<Case> = vec![
         (400, "invalid_request", |e| matches!(e, CallError::InvalidRequest { status: 400, .. }), |p| matches!(p, ProviderError::InvalidRequest(_))),
         (401, "auth", |e| matches!(e, CallError::Auth { status: 401, .. }), |p| matches!(p, ProviderError::InvalidRequest(_))),
         (402, "spend_cap", |e| matches!(e, CallError::SpendCap { .. }), |p| matches!(p, ProviderError::SpendCap(_))),
