@@ -1,1 +1,320 @@
-//! (being written)
+//! The Redis adapter of [`Ledger`]: cancellation flags and live deltas.
+//!
+//! # Keys and channels
+//!
+//! Everything lives under a key prefix `P` ([`RedisLedger::connect`]):
+//!
+//! | name | kind | holds |
+//! |---|---|---|
+//! | `P:cancel:{run_id}` | string key, TTL ([`RedisLedger::with_cancel_ttl`], default 7 days) | `1` while the run is flagged cancelled |
+//! | `P:cancelled` | pub/sub channel | a run's id (text) each time it is cancelled |
+//! | `P:live:{run_id}` | pub/sub channel | the run's [`LiveEvent`]s as JSON |
+//!
+//! Redis is not the truth: a cancellation is also recorded in the run's log,
+//! so a flag lost with a flushed or restarted Redis only delays it.
+//!
+//! # Connections
+//!
+//! Commands go through one [`ConnectionManager`] (multiplexed, reconnects on
+//! its own). It returns the error of a command that was in flight when the
+//! connection dropped and reconnects behind it, so idempotent calls
+//! ([`Ledger::cancel`], [`Ledger::is_cancelled`], [`Ledger::ready`]) are
+//! retried once; [`Ledger::publish_live`] is not (a delta sent twice would
+//! show twice; live deltas are best effort). Every command is bounded by a
+//! response timeout ([`OP_TIMEOUT`]).
+//!
+//! Each subscription ([`Ledger::subscribe_live`],
+//! [`RedisLedger::subscribe_cancellations`]) has a dedicated pub/sub
+//! connection of its own, pinged when idle; when it drops, the stream
+//! reconnects and resubscribes with backoff and goes on. Messages published
+//! while it was away are lost (live deltas are best effort; the persisted
+//! events are read from the event log).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use glia_proto::LiveEvent;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
+use redis::{Client, RedisError, RedisResult, RetryMethod};
+use tracing::{debug, warn};
+use uuid::Uuid;
+
+use crate::{Ledger, LedgerError};
+
+/// Bound on one command's answer, and on opening a connection.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a subscription may stay silent before its connection is pinged.
+pub const PING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Default lifetime of a cancellation flag.
+pub const DEFAULT_CANCEL_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The ledger on Redis. See the [module documentation](self) for the key
+/// layout and the reconnect behaviour. Cheap to share (`Arc`); the command
+/// connection is multiplexed.
+pub struct RedisLedger {
+    client: Client,
+    conn: ConnectionManager,
+    prefix: String,
+    cancel_ttl: Duration,
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> LedgerError {
+    LedgerError::Unavailable(format!("{what}: {e}"))
+}
+
+/// True when the error may be the connection manager reporting the drop of
+/// the command's connection: worth one more try on the new connection.
+fn retryable(e: &RedisError) -> bool {
+    !matches!(e.retry_method(), RetryMethod::NoRetry)
+}
+
+fn backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+}
+
+impl RedisLedger {
+    /// Connect to Redis at `url` (`redis://[:password@]host:port[/db]`) with
+    /// every key and channel under `key_prefix` (e.g. `glia`; no trailing
+    /// colon).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] for a malformed URL, or when Redis
+    /// does not answer within a few attempts ([`OP_TIMEOUT`] each).
+    pub async fn connect(url: &str, key_prefix: &str) -> Result<RedisLedger, LedgerError> {
+        let client = Client::open(url).map_err(|e| unavailable("redis url", e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(OP_TIMEOUT))
+            .set_response_timeout(Some(OP_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(100))
+            .set_max_delay(Duration::from_secs(1));
+        let conn = ConnectionManager::new_with_config(client.clone(), config).await.map_err(|e| unavailable("connect", e))?;
+        Ok(RedisLedger { client, conn, prefix: key_prefix.to_owned(), cancel_ttl: DEFAULT_CANCEL_TTL })
+    }
+
+    /// Keep cancellation flags for `ttl` (whole seconds, at least one)
+    /// instead of [`DEFAULT_CANCEL_TTL`].
+    pub fn with_cancel_ttl(mut self, ttl: Duration) -> RedisLedger {
+        self.cancel_ttl = ttl;
+        self
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Key of a run's cancellation flag: `P:cancel:{run_id}`.
+    pub fn cancel_key(&self, run_id: Uuid) -> String {
+        format!("{}:cancel:{run_id}", self.prefix)
+    }
+
+    /// Channel announcing cancellations (payload: the run id): `P:cancelled`.
+    pub fn cancel_channel(&self) -> String {
+        format!("{}:cancelled", self.prefix)
+    }
+
+    /// Channel of a run's live events (payload: [`LiveEvent`] JSON):
+    /// `P:live:{run_id}`.
+    pub fn live_channel(&self, run_id: Uuid) -> String {
+        format!("{}:live:{run_id}", self.prefix)
+    }
+
+    /// Ids of runs cancelled from now on, by any process, as they are
+    /// flagged. Same delivery rules as [`Ledger::subscribe_live`]: returns
+    /// once subscribed; survives reconnects, missing what was announced
+    /// meanwhile (check [`Ledger::is_cancelled`] for runs that matter).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the first subscription
+    /// fails.
+    pub async fn subscribe_cancellations(&self) -> Result<BoxStream<'static, Uuid>, LedgerError> {
+        subscription(self.client.clone(), self.cancel_channel(), |bytes| std::str::from_utf8(bytes).ok()?.parse().ok()).await
+    }
+
+    /// Run an idempotent command, once more if the first try met a dropped
+    /// connection.
+    async fn idempotent<T, F, Fut>(&self, what: &str, op: F) -> Result<T, LedgerError>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        match op(self.conn.clone()).await {
+            Ok(v) => Ok(v),
+            Err(e) if retryable(&e) => {
+                debug!(error = %e, what, "redis: retrying once");
+                op(self.conn.clone()).await.map_err(|e| unavailable(what, e))
+            }
+            Err(e) => Err(unavailable(what, e)),
+        }
+    }
+}
+
+#[async_trait]
+impl Ledger for RedisLedger {
+    /// `SET P:cancel:{run_id} 1 EX ttl` and `PUBLISH P:cancelled run_id`, in
+    /// one transaction. Idempotent (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn cancel(&self, run_id: Uuid) -> Result<(), LedgerError> {
+        let key = self.cancel_key(run_id);
+        let channel = self.cancel_channel();
+        let ttl = self.cancel_ttl.as_secs().max(1);
+        self.idempotent("cancel", |mut conn| {
+            let (key, channel) = (key.clone(), channel.clone());
+            async move {
+                redis::pipe()
+                    .atomic()
+                    .cmd("SET")
+                    .arg(&key)
+                    .arg(1)
+                    .arg("EX")
+                    .arg(ttl)
+                    .ignore()
+                    .cmd("PUBLISH")
+                    .arg(&channel)
+                    .arg(run_id.to_string())
+                    .ignore()
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+        })
+        .await
+    }
+
+    /// `EXISTS P:cancel:{run_id}` (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError> {
+        let key = self.cancel_key(run_id);
+        self.idempotent("is_cancelled", |mut conn| {
+            let key = key.clone();
+            async move { redis::cmd("EXISTS").arg(&key).query_async::<bool>(&mut conn).await }
+        })
+        .await
+    }
+
+    /// `PUBLISH P:live:{run_id} <event JSON>`; nobody listening is fine. Not
+    /// retried (a duplicate delta would show).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer; the
+    /// caller may ignore it (best effort).
+    async fn publish_live(&self, run_id: Uuid, event: &LiveEvent) -> Result<(), LedgerError> {
+        let payload = serde_json::to_vec(event).map_err(|e| unavailable("encode live event", e))?;
+        let mut conn = self.conn.clone();
+        redis::cmd("PUBLISH")
+            .arg(self.live_channel(run_id))
+            .arg(payload)
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable("publish_live", e))
+    }
+
+    /// The run's live events published after this returns, on a dedicated
+    /// pub/sub connection owned by the stream (dropping the stream closes
+    /// it). The stream does not end: it resubscribes after a disconnect,
+    /// missing what was published meanwhile. Payloads that are not a
+    /// [`LiveEvent`] are skipped.
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the first subscription
+    /// fails.
+    async fn subscribe_live(&self, run_id: Uuid) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
+        subscription(self.client.clone(), self.live_channel(run_id), |bytes| serde_json::from_slice(bytes).ok()).await
+    }
+
+    /// `PING` (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn ready(&self) -> Result<(), LedgerError> {
+        self.idempotent("ping", |mut conn| async move { redis::cmd("PING").query_async::<()>(&mut conn).await }).await
+    }
+}
+
+/// Open a pub/sub connection and subscribe it to `channel`, bounded by
+/// [`OP_TIMEOUT`].
+async fn open_subscription(client: &Client, channel: &str) -> RedisResult<(PubSubSink, PubSubStream)> {
+    let open = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(channel).await?;
+        Ok(pubsub.split())
+    };
+    match tokio::time::timeout(OP_TIMEOUT, open).await {
+        Ok(r) => r,
+        Err(_) => Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "subscribe timed out"))),
+    }
+}
+
+/// A never-ending stream of `channel`'s messages decoded by `decode`
+/// (undecodable ones skipped), resubscribing on a new connection after a
+/// disconnect. Returns once the first subscription is confirmed.
+async fn subscription<T: Send + 'static>(
+    client: Client,
+    channel: String,
+    decode: fn(&[u8]) -> Option<T>,
+) -> Result<BoxStream<'static, T>, LedgerError> {
+    let first = open_subscription(&client, &channel).await.map_err(|e| unavailable(&format!("subscribe {channel}"), e))?;
+    struct State {
+        client: Client,
+        channel: String,
+        link: Option<(PubSubSink, PubSubStream)>,
+    }
+    let state = State { client, channel, link: Some(first) };
+    let stream = futures::stream::unfold(state, move |mut st| async move {
+        let mut delays = backoff().build();
+        loop {
+            let Some((sink, messages)) = st.link.as_mut() else {
+                match open_subscription(&st.client, &st.channel).await {
+                    Ok(link) => {
+                        debug!(channel = %st.channel, "redis: resubscribed");
+                        st.link = Some(link);
+                        delays = backoff().build();
+                    }
+                    Err(e) => {
+                        let delay = delays.next().unwrap_or(Duration::from_secs(5));
+                        warn!(channel = %st.channel, error = %e, ?delay, "redis: resubscribe failed; retrying");
+                        tokio::time::sleep(delay).await;
+                    }
+                }
+                continue;
+            };
+            enum Next {
+                Message(Option<redis::Msg>),
+                Idle,
+            }
+            let next = tokio::select! {
+                msg = messages.next() => Next::Message(msg),
+                _ = tokio::time::sleep(PING_INTERVAL) => Next::Idle,
+            };
+            match next {
+                Next::Idle => match tokio::time::timeout(OP_TIMEOUT, sink.ping::<redis::Value>()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        warn!(channel = %st.channel, error = %e, "redis: subscription ping failed; reconnecting");
+                        st.link = None;
+                    }
+                    Err(_) => {
+                        warn!(channel = %st.channel, "redis: subscription ping timed out; reconnecting");
+                        st.link = None;
+                    }
+                },
+                Next::Message(Some(msg)) => match decode(msg.get_payload_bytes()) {
+                    Some(item) => return Some((item, st)),
+                    None => warn!(channel = %st.channel, "redis: undecodable message skipped"),
+                },
+                Next::Message(None) => {
+                    warn!(channel = %st.channel, "redis: subscription connection lost; resubscribing");
+                    st.link = None;
+                }
+            }
+        }
+    });
+    Ok(stream.boxed())
+}

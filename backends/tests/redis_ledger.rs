@@ -1,0 +1,302 @@
+//! The Redis ledger against a real Redis: `GLIA_REDIS_URL` (default
+//! `redis://127.0.0.1:6379`). Each test uses its own key prefix
+//! (`glia-test-<uuid>`) and deletes its keys at the end, pass or fail.
+//!
+//! `ledger_survives_a_redis_restart` starts a private `redis-server` of its
+//! own on a free port (no persistence), kills and restarts it, and never
+//! touches the Redis at `GLIA_REDIS_URL`.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use glia_backends::redis_ledger::RedisLedger;
+use glia_backends::{Ledger, LedgerError};
+use glia_proto::LiveEvent;
+use uuid::Uuid;
+
+fn url() -> String {
+    std::env::var("GLIA_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn prefix() -> String {
+    format!("glia-test-{}", Uuid::now_v7())
+}
+
+fn delta(text: &str) -> LiveEvent {
+    LiveEvent::ModelDelta { channel: "text".into(), delta: text.into() }
+}
+
+/// Await `fut`, failing the test if it takes longer than `secs` (a bound on
+/// a hang, not a timing assertion).
+async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), fut).await.unwrap_or_else(|_| panic!("{what}: nothing within {secs}s"))
+}
+
+async fn next<T>(stream: &mut BoxStream<'static, T>) -> T {
+    within(10, "stream item", stream.next()).await.expect("the stream does not end")
+}
+
+/// Poll `check` every 50 ms until it holds, failing after `secs`.
+async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not within {secs}s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.expect("connect to Redis at GLIA_REDIS_URL")
+}
+
+/// Deletes every key under a test's prefix when dropped, even when the test
+/// panicked (on a thread of its own with its own runtime).
+struct Cleanup {
+    url: String,
+    prefix: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (url, prefix) = (self.url.clone(), self.prefix.clone());
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async {
+                let Ok(client) = redis::Client::open(url.as_str()) else { return };
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return };
+                let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut conn).await.unwrap_or_default();
+                if !keys.is_empty() {
+                    let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
+                }
+            })
+        });
+        let _ = done.join();
+    }
+}
+
+async fn connect() -> (RedisLedger, Cleanup) {
+    let prefix = prefix();
+    let ledger = RedisLedger::connect(&url(), &prefix).await.expect("connect to Redis at GLIA_REDIS_URL");
+    (ledger, Cleanup { url: url(), prefix })
+}
+
+#[tokio::test]
+async fn cancellation_flag_with_ttl_and_notification() {
+    let (ledger, _cleanup) = connect().await;
+    let mut cancellations = ledger.subscribe_cancellations().await.unwrap();
+    let (run, other) = (Uuid::now_v7(), Uuid::now_v7());
+    assert!(!ledger.is_cancelled(run).await.unwrap());
+
+    ledger.cancel(run).await.unwrap();
+    assert!(ledger.is_cancelled(run).await.unwrap());
+    assert!(!ledger.is_cancelled(other).await.unwrap(), "flags are per run");
+    assert_eq!(next(&mut cancellations).await, run, "subscribers hear of the cancellation");
+    ledger.cancel(run).await.expect("cancelling twice is fine");
+    assert_eq!(next(&mut cancellations).await, run);
+
+    // The flag is a key with the default TTL (7 days).
+    let mut conn = raw(&url()).await;
+    let ttl: i64 = redis::cmd("TTL").arg(ledger.cancel_key(run)).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 6 * 24 * 3600 && ttl <= 7 * 24 * 3600, "ttl {ttl}");
+
+    // A short TTL expires.
+    let short = RedisLedger::connect(&url(), ledger.prefix()).await.unwrap().with_cancel_ttl(Duration::from_secs(1));
+    short.cancel(other).await.unwrap();
+    assert!(short.is_cancelled(other).await.unwrap());
+    assert_eq!(next(&mut cancellations).await, other, "every ledger on the prefix shares the channel");
+    eventually(10, "flag expired", || async { !short.is_cancelled(other).await.unwrap() }).await;
+}
+
+#[tokio::test]
+async fn live_events_fan_out_per_run() {
+    let (ledger, _cleanup) = connect().await;
+    let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+    ledger.publish_live(a, &delta("nobody listens")).await.expect("publishing to no subscriber is fine");
+
+    let mut a1 = ledger.subscribe_live(a).await.unwrap();
+    let mut a2 = ledger.subscribe_live(a).await.unwrap();
+    let mut b1 = ledger.subscribe_live(b).await.unwrap();
+    let progress = LiveEvent::ToolProgress { call_id: "c1".into(), message: "half way".into() };
+    ledger.publish_live(a, &delta("Hel")).await.unwrap();
+    // A payload that is not a live event is skipped by subscribers.
+    let mut conn = raw(&url()).await;
+    let _: i64 = redis::cmd("PUBLISH").arg(ledger.live_channel(a)).arg("garbage").query_async(&mut conn).await.unwrap();
+    ledger.publish_live(a, &delta("lo")).await.unwrap();
+    ledger.publish_live(a, &progress).await.unwrap();
+    ledger.publish_live(b, &delta("for b")).await.unwrap();
+
+    for sub in [&mut a1, &mut a2] {
+        assert_eq!(next(sub).await, delta("Hel"));
+        assert_eq!(next(sub).await, delta("lo"));
+        assert_eq!(next(sub).await, progress);
+    }
+    assert_eq!(next(&mut b1).await, delta("for b"), "b hears only b's events");
+
+    // A subscription opened later does not replay earlier events.
+    let mut late = ledger.subscribe_live(a).await.unwrap();
+    ledger.publish_live(a, &delta("!")).await.unwrap();
+    assert_eq!(next(&mut late).await, delta("!"));
+
+    // Dropping a stream closes its subscription.
+    let subscribers = |conn: redis::aio::MultiplexedConnection, channel: String| async move {
+        let mut conn = conn;
+        let (_, n): (String, i64) = redis::cmd("PUBSUB").arg("NUMSUB").arg(channel).query_async(&mut conn).await.unwrap();
+        n
+    };
+    assert_eq!(subscribers(conn.clone(), ledger.live_channel(a)).await, 3);
+    drop((a1, a2, late));
+    eventually(10, "subscriptions closed", || {
+        let count = subscribers(conn.clone(), ledger.live_channel(a));
+        async move { count.await == 0 }
+    })
+    .await;
+    assert_eq!(subscribers(conn.clone(), ledger.live_channel(b)).await, 1);
+}
+
+#[tokio::test]
+async fn ready_and_connect_errors() {
+    let (ledger, _cleanup) = connect().await;
+    ledger.ready().await.unwrap();
+    let err = RedisLedger::connect(&format!("redis://127.0.0.1:{}", free_port()), "x").await.err().expect("nothing listens");
+    assert!(matches!(err, LedgerError::Unavailable(_)), "{err}");
+    let err = RedisLedger::connect("not a url", "x").await.err().expect("bad url");
+    assert!(matches!(err, LedgerError::Unavailable(_)), "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// A private redis-server, restarted under the ledger.
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `redis-server` of this test's own on a free port, without persistence,
+/// in a temporary directory.
+struct PrivateRedis {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    fn new() -> PrivateRedis {
+        let dir = std::env::temp_dir().join(format!("glia-redis-{}", Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        PrivateRedis { port: free_port(), dir, child: None }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn start(&mut self) -> std::io::Result<()> {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    async fn wait_ready(&self) {
+        let client = redis::Client::open(self.url()).unwrap();
+        eventually(30, "private redis-server up", || {
+            let client = client.clone();
+            async move {
+                match client.get_multiplexed_async_connection().await {
+                    Ok(mut c) => redis::cmd("PING").query_async::<String>(&mut c).await.is_ok(),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn ledger_survives_a_redis_restart() {
+    let mut redis = PrivateRedis::new();
+    if let Err(e) = redis.start() {
+        eprintln!("\n!!!!!!!! SKIPPED ledger_survives_a_redis_restart: cannot run redis-server: {e} !!!!!!!!\n");
+        return;
+    }
+    redis.wait_ready().await;
+    let ledger = RedisLedger::connect(&redis.url(), "glia").await.unwrap();
+    let run = Uuid::now_v7();
+    let mut live = ledger.subscribe_live(run).await.unwrap();
+    let mut cancellations = ledger.subscribe_cancellations().await.unwrap();
+    ledger.cancel(run).await.unwrap();
+    assert_eq!(next(&mut cancellations).await, run);
+    ledger.publish_live(run, &delta("before")).await.unwrap();
+    assert_eq!(next(&mut live).await, delta("before"));
+
+    redis.kill();
+    let err = within(30, "is_cancelled while Redis is down", ledger.is_cancelled(run)).await.expect_err("Redis is down");
+    assert!(matches!(err, LedgerError::Unavailable(_)), "{err}");
+    assert!(matches!(within(30, "ready while down", ledger.ready()).await, Err(LedgerError::Unavailable(_))));
+
+    redis.start().unwrap();
+    redis.wait_ready().await;
+    // The same ledger reconnects on its own.
+    eventually(30, "ledger answers again", || async { ledger.ready().await.is_ok() }).await;
+    assert!(!ledger.is_cancelled(run).await.unwrap(), "a restarted Redis without persistence lost the flag (the log keeps the truth)");
+    ledger.cancel(run).await.unwrap();
+    assert!(ledger.is_cancelled(run).await.unwrap());
+
+    // Subscriptions opened before the restart resubscribe by themselves;
+    // what was published while they were away is lost, so publish until
+    // one arrives.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        ledger.publish_live(run, &delta("after")).await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(200), live.next()).await {
+            Ok(Some(event)) => {
+                assert_eq!(event, delta("after"));
+                break;
+            }
+            Ok(None) => panic!("the live stream ended"),
+            Err(_) => assert!(Instant::now() < deadline, "live subscription did not come back"),
+        }
+    }
+    eprintln!("live subscription back after {tries} publishes");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        ledger.cancel(run).await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(200), cancellations.next()).await {
+            Ok(Some(id)) => {
+                assert_eq!(id, run);
+                break;
+            }
+            Ok(None) => panic!("the cancellation stream ended"),
+            Err(_) => assert!(Instant::now() < deadline, "cancellation subscription did not come back"),
+        }
+    }
+    redis.kill();
+}
