@@ -71,6 +71,9 @@ use crate::{
     dedupe_key,
 };
 
+/// `backends/migrations/V<n>__<name>.sql`, compiled in. Edits to an
+/// existing file rebuild the crate; a new file is only picked up once this
+/// file (or anything else in the crate) is rebuilt.
 mod embedded {
     refinery::embed_migrations!("migrations");
 }
@@ -585,6 +588,38 @@ fn ttl_secs(ttl: Duration) -> f64 {
     ttl.min(MAX_TTL).as_secs_f64()
 }
 
+/// A `SELECT` with optional `AND` predicates, each bound to the next
+/// numbered parameter, so only the filters in use reach the planner.
+struct Select {
+    sql: String,
+    params: Vec<Box<dyn ToSql + Sync + Send>>,
+}
+
+impl Select {
+    fn new(sql: impl Into<String>) -> Select {
+        Select { sql: sql.into(), params: Vec::new() }
+    }
+
+    /// `AND {predicate} $n`, e.g. `and("tenant =", tenant)`.
+    fn and(&mut self, predicate: &str, value: impl ToSql + Sync + Send + 'static) {
+        self.params.push(Box::new(value));
+        self.sql.push_str(&format!(" AND {predicate} ${}", self.params.len()));
+    }
+
+    /// Append `ORDER BY {order} LIMIT $n` and run it.
+    async fn rows(mut self, log: &PgLog, what: &str, order: &str, limit: usize) -> Result<Vec<Row>, LogError> {
+        self.params.push(Box::new(sql_limit(limit)));
+        self.sql.push_str(&format!(" ORDER BY {order} LIMIT ${}", self.params.len()));
+        log.bounded(what, async {
+            let client = log.client().await?;
+            let st = client.prepare_cached(&self.sql).await.map_err(|e| unavailable(what, &e))?;
+            let params: Vec<&(dyn ToSql + Sync)> = self.params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
+            client.query(&st, &params).await.map_err(|e| unavailable(what, &e))
+        })
+        .await
+    }
+}
+
 // ---------------------------------------------------------------------------
 // SQL
 
@@ -715,34 +750,21 @@ impl EventLog for PgLog {
 
     /// Filters become SQL predicates (one cached statement per combination).
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError> {
-        let mut sql = format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE true");
-        let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-        let mut and = |column: &str, value: Box<dyn ToSql + Sync + Send>, sql: &mut String| {
-            params.push(value);
-            sql.push_str(&format!(" AND {column} ${}", params.len()));
-        };
+        let mut select = Select::new(format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE true"));
         if let Some(tenant) = &filter.tenant {
-            and("tenant =", Box::new(tenant.clone()), &mut sql);
+            select.and("tenant =", tenant.clone());
         }
         if let Some(status) = filter.status {
-            and("status =", Box::new(status.as_str()), &mut sql);
+            select.and("status =", status.as_str());
         }
         if let Some(batch) = filter.batch_id {
-            and("batch_id =", Box::new(batch), &mut sql);
+            select.and("batch_id =", batch);
         }
         if let Some(after) = filter.after {
-            and("id >", Box::new(after), &mut sql);
+            select.and("id >", after);
         }
-        params.push(Box::new(sql_limit(filter.limit.clamp(1, 1000))));
-        sql.push_str(&format!(" ORDER BY id LIMIT ${}", params.len()));
-        self.bounded("list_runs", async {
-            let client = self.client().await?;
-            let st = client.prepare_cached(&sql).await.map_err(|e| unavailable("list_runs", &e))?;
-            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
-            let rows = client.query(&st, &refs).await.map_err(|e| unavailable("list_runs", &e))?;
-            rows.iter().map(summary).collect()
-        })
-        .await
+        let rows = select.rows(self, "list_runs", "id", filter.limit.clamp(1, 1000)).await?;
+        rows.iter().map(summary).collect()
     }
 
     /// Payloads stored in blobs are read back (and their hash verified).
@@ -991,55 +1013,42 @@ impl EventLog for PgLog {
 
     /// Oldest first by request time (the event's), then by insertion.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
-        let mut sql = String::from(
+        let mut select = Select::new(
             "SELECT run_id, tenant, call_id, tool, input::text AS input, args_hash, status, requested_at FROM approvals WHERE true",
         );
-        let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-        let mut and = |column: &str, value: Box<dyn ToSql + Sync + Send>, sql: &mut String| {
-            params.push(value);
-            sql.push_str(&format!(" AND {column} = ${}", params.len()));
-        };
         if let Some(tenant) = &filter.tenant {
-            and("tenant", Box::new(tenant.clone()), &mut sql);
+            select.and("tenant =", tenant.clone());
         }
         if let Some(tool) = &filter.tool {
-            and("tool", Box::new(tool.clone()), &mut sql);
+            select.and("tool =", tool.clone());
         }
         if let Some(run) = filter.run_id {
-            and("run_id", Box::new(run), &mut sql);
+            select.and("run_id =", run);
         }
         if filter.pending_only {
-            sql.push_str(" AND status = 'pending'");
+            select.sql.push_str(" AND status = 'pending'");
         }
-        params.push(Box::new(sql_limit(filter.limit.clamp(1, 1000))));
-        sql.push_str(&format!(" ORDER BY requested_at, id LIMIT ${}", params.len()));
-        self.bounded("approvals", async {
-            let client = self.client().await?;
-            let st = client.prepare_cached(&sql).await.map_err(|e| unavailable("approvals", &e))?;
-            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
-            let rows = client.query(&st, &refs).await.map_err(|e| unavailable("approvals", &e))?;
-            rows.iter()
-                .map(|row| {
-                    let status: String = col(row, "status")?;
-                    let input: String = col(row, "input")?;
-                    Ok(ApprovalRow {
-                        run_id: col(row, "run_id")?,
-                        tenant: col(row, "tenant")?,
-                        call_id: col(row, "call_id")?,
-                        tool: col(row, "tool")?,
-                        input: serde_json::from_str(&input).map_err(|e| corrupt(format!("approval input: {e}")))?,
-                        args_hash: col(row, "args_hash")?,
-                        status: match status.as_str() {
-                            "pending" => ApprovalStatus::Pending,
-                            "decided" => ApprovalStatus::Decided,
-                            other => return Err(corrupt(format!("unknown approval status {other:?}"))),
-                        },
-                        requested_at: col(row, "requested_at")?,
-                    })
+        let rows = select.rows(self, "approvals", "requested_at, id", filter.limit.clamp(1, 1000)).await?;
+        rows.iter()
+            .map(|row| {
+                let status: String = col(row, "status")?;
+                let input: String = col(row, "input")?;
+                Ok(ApprovalRow {
+                    run_id: col(row, "run_id")?,
+                    tenant: col(row, "tenant")?,
+                    call_id: col(row, "call_id")?,
+                    tool: col(row, "tool")?,
+                    input: serde_json::from_str(&input).map_err(|e| corrupt(format!("approval input: {e}")))?,
+                    args_hash: col(row, "args_hash")?,
+                    status: match status.as_str() {
+                        "pending" => ApprovalStatus::Pending,
+                        "decided" => ApprovalStatus::Decided,
+                        other => return Err(corrupt(format!("unknown approval status {other:?}"))),
+                    },
+                    requested_at: col(row, "requested_at")?,
                 })
-                .collect()
-        })
-        .await
+            })
+            .collect()
     }
 
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use glia_backends::conformance::{self, sample_log};
+use glia_backends::conformance::{self, SampleLog, sample_log};
 use glia_backends::postgres::{PgLog, PgOptions};
 use glia_backends::{ApprovalFilter, ApprovalStatus, EventLog, Lease, LogError, NewRun, RunFilter};
 use glia_proto::{
@@ -160,6 +160,15 @@ async fn commit_one_by_one(log: &PgLog, events: &[Event]) -> Lease {
     lease
 }
 
+/// A fresh database, a log on it, and the sample run admitted.
+async fn admitted(options: PgOptions) -> (TestDb, PgLog, SampleLog) {
+    let db = TestDb::new().await;
+    let log = db.log_with(options).await;
+    let s = sample_log();
+    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    (db, log, s)
+}
+
 #[tokio::test]
 async fn postgres_log_conformance() {
     let dbs = Mutex::new(Vec::new());
@@ -175,10 +184,7 @@ async fn postgres_log_conformance() {
 
 #[tokio::test]
 async fn events_reject_update_delete_and_truncate() {
-    let db = TestDb::new().await;
-    let log = db.log().await;
-    let s = sample_log();
-    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let (db, log, s) = admitted(PgOptions::default()).await;
     let sql = db.sql().await;
     for statement in ["UPDATE events SET kind = 'tampered'", "DELETE FROM events", "TRUNCATE events", "UPDATE blobs SET bytes = ''"] {
         let err = sql.batch_execute(statement).await.expect_err(statement);
@@ -381,10 +387,7 @@ async fn concurrent_duplicate_admissions_make_one_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_approval_decisions_one_is_accepted() {
-    let db = TestDb::new().await;
-    let log = db.log().await;
-    let s = sample_log();
-    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let (_db, log, s) = admitted(PgOptions::default()).await;
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
     log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[]).await.unwrap();
     log.release(&lease).await.unwrap();
@@ -421,10 +424,7 @@ async fn concurrent_approval_decisions_one_is_accepted() {
 
 #[tokio::test]
 async fn bad_rows_are_errors_not_panics() {
-    let db = TestDb::new().await;
-    let log = db.log().await;
-    let s = sample_log();
-    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let (db, log, s) = admitted(PgOptions::default()).await;
     let sql = db.sql().await;
     sql.execute("UPDATE runs SET phase = 'dancing'", &[]).await.unwrap();
     assert!(matches!(log.get_run(s.run_id).await, Err(LogError::Unavailable(_))));
@@ -446,10 +446,7 @@ async fn connection_problems_are_unavailable() {
 
     // A statement that outlives the statement timeout (a commit waiting for
     // a row another session holds) is cancelled: Unavailable, nothing written.
-    let db = TestDb::new().await;
-    let log = db.log_with(PgOptions { statement_timeout: Duration::from_millis(200), ..PgOptions::default() }).await;
-    let s = sample_log();
-    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let (db, log, s) = admitted(PgOptions { statement_timeout: Duration::from_millis(200), ..PgOptions::default() }).await;
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
     let mut holder = db.sql().await;
     let tx = holder.transaction().await.unwrap();
@@ -476,10 +473,7 @@ async fn concurrent_starts_migrate_once() {
 
 #[tokio::test]
 async fn leases_use_the_database_clock_and_fence() {
-    let db = TestDb::new().await;
-    let log = db.log().await;
-    let s = sample_log();
-    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    let (db, log, s) = admitted(PgOptions::default()).await;
     let lease = log.acquire(s.run_id, "w1", TTL).await.unwrap();
     let db_now: DateTime<Utc> = db.sql().await.query_one("SELECT now()", &[]).await.unwrap().get(0);
     assert!(lease.expires_at > db_now && lease.expires_at <= db_now + chrono::Duration::seconds(31));
