@@ -316,7 +316,7 @@ pub struct ResumeBody {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
-    /// Why; recorded in `session.cancel` (default "cancelled by <who>").
+    /// Why; recorded in `session.cancel` (default `cancelled by NAME`).
     #[serde(default)]
     pub reason: Option<String>,
 }

@@ -6,7 +6,7 @@
 //! ([`EventLog::post`]). It never writes events itself except the
 //! `session.start` of a new run: workers apply inbox items through the loop
 //! and commit what happens. Every write that causes work writes a job to the
-//! outbox in the same transaction; [`relay`] publishes outbox jobs to the
+//! outbox in the same transaction; [`relay()`] publishes outbox jobs to the
 //! [`JobQueue`] and [`reconcile`] re-enqueues runs whose job or worker was lost.
 //!
 //! To serve it (what `glia dispatcher` and `glia dev` do):
@@ -139,7 +139,7 @@ impl App {
         &self.metrics
     }
 
-    /// Wake the [`relay`] now (after a write that put a job in the outbox).
+    /// Wake the [`relay()`] now (after a write that put a job in the outbox).
     pub fn wake_relay(&self) {
         self.wake.notify_one();
     }
@@ -213,7 +213,7 @@ pub enum ServeError {
 /// Serve [`router`] on `listener` until `shutdown` resolves (then finish
 /// in-flight requests). With no tokens configured it refuses a non-loopback
 /// listener ([`ServeError::NotLoopback`]) and logs a warning that it serves
-/// loopback only. Does not start [`relay`] or [`reconcile`]: spawn those.
+/// loopback only. Does not start [`relay()`] or [`reconcile()`]: spawn those.
 pub async fn serve(app: App, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
     let addr = listener.local_addr()?;
     if app.requires_loopback() {
