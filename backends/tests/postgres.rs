@@ -500,7 +500,6 @@ async fn leases_use_the_database_clock_and_fence() {
 /// without its `float_roundtrip` feature parses about one such float in ten
 /// one ULP off, so the replayed arguments hash differently and `load` fails.
 #[tokio::test]
-#[ignore = "needs serde_json's `float_roundtrip` feature in the workspace"]
 async fn float_arguments_round_trip() {
     let db = TestDb::new().await;
     let log = db.log().await;

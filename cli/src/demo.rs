@@ -1,4 +1,10 @@
-//! The tools `glia run` offers scripts: small, deterministic, offline.
+//! The tools `glia run`, `glia worker` and `glia dev` offer scripts: small,
+//! deterministic, offline.
+//!
+//! `refund_order` has a side effect a test can count: with
+//! `GLIA_DEMO_EFFECTS=FILE` it appends `refund <idempotency key>` to FILE, and
+//! with `GLIA_DEMO_TOOL_DELAY_MS=N` it takes N ms first (a window for fault
+//! injection).
 
 use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use schemars::JsonSchema;
@@ -90,6 +96,14 @@ impl Tool for RefundOrder {
         "Refund an order in full."
     }
     async fn call(&self, args: OrderArgs, ctx: ToolContext) -> Result<Value, ToolFailure> {
+        if let Some(ms) = std::env::var("GLIA_DEMO_TOOL_DELAY_MS").ok().and_then(|v| v.parse().ok()) {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
+        if let Ok(path) = std::env::var("GLIA_DEMO_EFFECTS") {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| ToolFailure::failed(format!("effects file: {e}")))?;
+            writeln!(file, "refund {}", ctx.idempotency_key).map_err(|e| ToolFailure::failed(format!("effects file: {e}")))?;
+        }
         Ok(json!({ "order_id": args.order_id, "refunded": true, "idempotency_key": ctx.idempotency_key }))
     }
 }

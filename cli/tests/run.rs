@@ -8,7 +8,7 @@ fn glia(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_glia")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("glia runs")
 }
 
-const SCRIPT: &str = "../examples/refund.script.json";
+const SCRIPT: &str = "../examples/scripts/refund.json";
 const CONFIG: &str = "../examples/refund.config.json";
 
 #[test]

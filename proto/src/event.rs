@@ -309,8 +309,14 @@ pub enum Disposition {
     /// A person must approve it first; the run parks at `awaiting_approval`.
     Approval,
     /// It will not run (a policy denied it, a hook cancelled or skipped it,
-    /// the tool is unknown); a `tool.error` follows at once.
-    Refused,
+    /// the tool is unknown); a `tool.error` with this kind and message
+    /// follows at once.
+    Refused {
+        /// Why.
+        error: ToolErrorKind,
+        /// The text the model sees.
+        message: String,
+    },
 }
 
 /// Why a tool call failed.

@@ -198,6 +198,9 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
                         ContentBlock::ToolResult { .. } => return Err(InvalidRequest::WrongRole(i, "tool_result")),
                         ContentBlock::Thinking { .. } if Some(i) != last_assistant => return Err(InvalidRequest::StaleThinking(i)),
                         ContentBlock::ToolUse { id, .. } => {
+                            if id.is_empty() {
+                                return Err(InvalidRequest::EmptyContent(i));
+                            }
                             if !ids.insert(id) {
                                 return Err(InvalidRequest::DuplicateId(i, id.clone()));
                             }

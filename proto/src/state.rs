@@ -64,6 +64,10 @@ pub struct PendingCall {
     pub args_hash: String,
     /// Set by `tool.call`; `None` until then.
     pub disposition: Option<Disposition>,
+    /// The step's tool list marks this tool as executed by the caller: after
+    /// an approval its result is posted, not run by a worker.
+    #[serde(default)]
+    pub external: bool,
     /// Approval progress.
     pub approval: ApprovalStatus,
     /// Set by `tool.result` / `tool.error`: the text the model sees, and whether
@@ -80,12 +84,25 @@ impl PendingCall {
         }
         match &self.disposition {
             None => true,
-            Some(Disposition::Run { .. }) | Some(Disposition::Refused) => true,
+            Some(Disposition::Run { .. }) | Some(Disposition::Refused { .. }) => true,
             Some(Disposition::External) => false,
-            Some(Disposition::Approval) => {
-                matches!(self.approval, ApprovalStatus::Due | ApprovalStatus::Approved | ApprovalStatus::Rejected)
-            }
+            Some(Disposition::Approval) => match self.approval {
+                ApprovalStatus::Due | ApprovalStatus::Rejected => true,
+                ApprovalStatus::Approved => !self.external,
+                ApprovalStatus::NotNeeded | ApprovalStatus::Requested => false,
+            },
         }
+    }
+
+    /// True when the caller, not a worker, produces this call's result: an
+    /// external call, or an approved call of an external tool.
+    pub fn awaits_caller(&self) -> bool {
+        self.result.is_none()
+            && match &self.disposition {
+                Some(Disposition::External) => true,
+                Some(Disposition::Approval) => self.external && self.approval == ApprovalStatus::Approved,
+                _ => false,
+            }
     }
 }
 
@@ -371,6 +388,7 @@ impl RunState {
                         input: input.clone(),
                         args_hash: args_hash(input),
                         disposition: None,
+                        external: self.step_tools.iter().any(|t| t.name == name && t.external),
                         approval: ApprovalStatus::NotNeeded,
                         result: None,
                     })
@@ -401,7 +419,9 @@ impl RunState {
                 if *hash != args_hash(input) {
                     return Err(illegal(self, &format!("tool call {call_id}: args_hash does not match its input")));
                 }
-                let counts = matches!(disposition, Disposition::Run { .. } | Disposition::External);
+                // A call counts against `max_tool_calls` when it is decided,
+                // approvals included, so approvals cannot overrun the budget.
+                let counts = matches!(disposition, Disposition::Run { .. } | Disposition::External | Disposition::Approval);
                 let call = self.batch.iter_mut().find(|c| &c.call_id == call_id).expect("checked above");
                 call.input = input.clone();
                 call.args_hash = hash.clone();
@@ -441,9 +461,6 @@ impl RunState {
                     }
                     Decision::Reject { .. } => call.approval = ApprovalStatus::Rejected,
                 }
-                if call.approval == ApprovalStatus::Approved {
-                    self.usage.tool_calls += 1;
-                }
                 self.refresh_tool_park();
             }
             EventKind::ToolResult { call_id, content, reminder, duration_ms } => {
@@ -456,7 +473,7 @@ impl RunState {
                 if !may || call.result.is_some() {
                     return Err(illegal(self, &format!("tool call {call_id} cannot take a result now")));
                 }
-                if self.parked.is_some() && call.disposition != Some(Disposition::External) {
+                if self.parked.is_some() && !call.awaits_caller() {
                     return Err(illegal(self, "run is parked"));
                 }
                 if call.name == OUTPUT_TOOL {
@@ -475,7 +492,7 @@ impl RunState {
                 if call.disposition.is_none() || call.result.is_some() {
                     return Err(illegal(self, &format!("tool call {call_id} cannot take an error now")));
                 }
-                if self.parked.is_some() && call.disposition != Some(Disposition::External) {
+                if self.parked.is_some() && !call.awaits_caller() {
                     return Err(illegal(self, "run is parked"));
                 }
                 self.pending_mut(call_id).result = Some((message.clone(), true));
@@ -490,6 +507,7 @@ impl RunState {
                 self.parked = None;
                 self.turn_calls = 0;
                 self.reasks = 0;
+                self.output = None;
                 self.phase = Phase::Executing;
             }
             EventKind::GuardrailTripped { stage: GuardrailStage::Output, reask, .. } => {
@@ -591,12 +609,7 @@ impl RunState {
         if !awaiting.is_empty() {
             return Some(PullPoint::AwaitingApproval { call_ids: awaiting });
         }
-        let external: Vec<String> = self
-            .batch
-            .iter()
-            .filter(|c| c.result.is_none() && c.disposition == Some(Disposition::External))
-            .map(|c| c.call_id.clone())
-            .collect();
+        let external: Vec<String> = self.batch.iter().filter(|c| c.awaits_caller()).map(|c| c.call_id.clone()).collect();
         (!external.is_empty()).then_some(PullPoint::AwaitingTool { call_ids: external })
     }
 

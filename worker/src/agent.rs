@@ -283,7 +283,7 @@ impl Agent {
             .batch
             .iter()
             .filter(|c| c.result.is_none())
-            .filter(|c| matches!(c.disposition, Some(Disposition::Run { .. })) || c.approval == ApprovalStatus::Approved)
+            .filter(|c| matches!(c.disposition, Some(Disposition::Run { .. })) || (c.approval == ApprovalStatus::Approved && !c.external))
             .map(|c| c.call_id.clone())
             .collect();
         let mut run = Run { state, sink, clock: &*self.clock };
@@ -344,7 +344,7 @@ impl Agent {
                 }
             }
             Resume::ToolResult { call_id, content, is_error } => {
-                let external = run.state.call(&call_id).is_some_and(|c| c.disposition == Some(Disposition::External));
+                let external = run.state.call(&call_id).is_some_and(|c| c.awaits_caller());
                 if !external {
                     return Err(AgentError::InvalidResume(format!("{call_id} is not an external tool call awaiting a result")));
                 }
@@ -580,8 +580,21 @@ impl Agent {
                 return Ok(());
             }
         }
-        // 3. Approvals decided on before a crash but not requested, and
-        //    rejections whose result was not recorded.
+        // 3. Refusals, approvals requests and rejections a crash cut short
+        //    (decided, but their follow-up event was not recorded).
+        let refused: Vec<(String, ToolErrorKind, String)> = run
+            .state
+            .batch
+            .iter()
+            .filter(|c| c.result.is_none())
+            .filter_map(|c| match &c.disposition {
+                Some(Disposition::Refused { error, message }) => Some((c.call_id.clone(), *error, message.clone())),
+                _ => None,
+            })
+            .collect();
+        for (call_id, error, message) in refused {
+            run.record(EventKind::ToolError { call_id, error, message, duration_ms: 0 }).await?;
+        }
         let due: Vec<(String, String, Value, String)> = run
             .state
             .batch
@@ -626,8 +639,8 @@ impl Agent {
         let fired = self.fire(run, HookTopic::BeforeToolCall, json!({ "call_id": call.call_id, "name": call.name, "input": call.input })).await?;
         let input = fired.payload.get("input").cloned().unwrap_or(call.input.clone());
         let spec = run.state.step_tools.iter().find(|t| t.name == call.name).cloned();
-        let refusal = |kind, message: String| (Disposition::Refused, Some((kind, message)));
-        let (disposition, refused) = match (&fired.verdict, &spec) {
+        let refusal = |error, message: String| Disposition::Refused { error, message };
+        let disposition = match (&fired.verdict, &spec) {
             (Verdict::Cancel(reason), _) => refusal(ToolErrorKind::Cancelled, format!("A hook cancelled this call: {reason}")),
             (Verdict::Skip, _) => refusal(ToolErrorKind::Cancelled, "A hook skipped this call.".into()),
             (_, None) => {
@@ -635,7 +648,7 @@ impl Agent {
                 refusal(ToolErrorKind::UnknownTool, format!("Unknown tool {:?}. Available tools: {}.", call.name, names.join(", ")))
             }
             (_, Some(_)) if call.name == OUTPUT_TOOL => match self.check_output(&run.state.config, &input) {
-                Ok(()) => (Disposition::Run { reminder: None }, None),
+                Ok(()) => Disposition::Run { reminder: None },
                 Err(reason) => {
                     let out_of_reasks = run.state.reasks >= run.state.config.max_reasks;
                     let kind = EventKind::GuardrailTripped { stage: GuardrailStage::Output, guardrail: "output_schema".into(), reason: reason.clone(), reask: None };
@@ -651,13 +664,13 @@ impl Agent {
             (_, Some(spec)) => match CompiledPolicies::new(&run.state.config.policies).map(|p| p.decide(&call.name, &input)) {
                 Err(e) => refusal(ToolErrorKind::Denied, format!("Denied: {e}")),
                 Ok(PolicyAction::Deny { reason }) => refusal(ToolErrorKind::Denied, format!("Denied by policy: {reason}")),
-                Ok(PolicyAction::RequireApproval) => (Disposition::Approval, None),
-                Ok(_) if spec.external => (Disposition::External, None),
-                Ok(PolicyAction::Remind { text }) => (Disposition::Run { reminder: Some(text) }, None),
-                Ok(PolicyAction::Allow) => (Disposition::Run { reminder: None }, None),
+                Ok(PolicyAction::RequireApproval) => Disposition::Approval,
+                Ok(_) if spec.external => Disposition::External,
+                Ok(PolicyAction::Remind { text }) => Disposition::Run { reminder: Some(text) },
+                Ok(PolicyAction::Allow) => Disposition::Run { reminder: None },
             },
         };
-        if disposition != Disposition::Refused
+        if !matches!(disposition, Disposition::Refused { .. })
             && let Some(limit) = run.state.limits.exhausted_for_tool(&run.state.usage)
         {
             return Ok(Decided::BudgetBlocked(limit));
@@ -666,7 +679,7 @@ impl Agent {
         let idempotency_key = format!("{}:{}", run.state.run_id, call.call_id);
         let record = ToolCallRecord { call_id: call.call_id.clone(), name: call.name.clone(), input: input.clone(), args_hash: hash.clone(), idempotency_key, disposition: disposition.clone() };
         run.record(EventKind::ToolCall(record)).await?;
-        if let Some((error, message)) = refused {
+        if let Disposition::Refused { error, message } = disposition {
             run.record(EventKind::ToolError { call_id: call.call_id, error, message, duration_ms: 0 }).await?;
         } else if disposition == Disposition::Approval {
             run.record(EventKind::ApprovalRequested { call_id: call.call_id, tool: call.name, input, args_hash: hash }).await?;
@@ -684,7 +697,9 @@ impl Agent {
             .filter(|c| c.result.is_none())
             .filter_map(|c| match &c.disposition {
                 Some(Disposition::Run { reminder }) => Some((c.call_id.clone(), c.name.clone(), c.input.clone(), reminder.clone())),
-                Some(Disposition::Approval) if c.approval == ApprovalStatus::Approved => Some((c.call_id.clone(), c.name.clone(), c.input.clone(), None)),
+                Some(Disposition::Approval) if c.approval == ApprovalStatus::Approved && !c.external => {
+                    Some((c.call_id.clone(), c.name.clone(), c.input.clone(), None))
+                }
                 _ => None,
             })
             .collect();

@@ -156,3 +156,21 @@ async fn paused_at_turn_limit_then_resumed() {
     assert!(log.iter().any(|e| matches!(&e.kind, glia_proto::EventKind::SessionPause { pull_point: PullPoint::Paused { reason: PauseReason::TurnLimit } })));
     assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })));
 }
+
+#[tokio::test]
+async fn an_approved_external_call_goes_back_to_the_caller() {
+    fn answer(state: &RunState) -> Resume {
+        Resume::ToolResult { call_id: state.batch[0].call_id.clone(), content: "Order A1, please.".into(), is_error: false }
+    }
+    let mut config = approval_config();
+    config.policies.push(glia_proto::Policy { tool: "ask_customer".into(), args: None, action: glia_proto::PolicyAction::RequireApproval });
+    let script = vec![ScriptedTurn::call("ask_customer", json!({"question": "Which order?"})), ScriptedTurn::text("Thanks.")];
+    let (log, state) = same_log_either_way(script, config, &[approve, answer]).await;
+    // After the approval the run stays parked, now at awaiting_tool, and the
+    // posted result (not a worker) answers the call.
+    let names = names(&log);
+    let resolved = names.iter().position(|n| *n == "approval.resolved").unwrap();
+    assert_eq!(&names[resolved..resolved + 2], ["approval.resolved", "tool.result"]);
+    assert!(!log.iter().any(|e| matches!(e.kind, glia_proto::EventKind::ToolError { .. })));
+    assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })));
+}

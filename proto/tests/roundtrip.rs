@@ -1,0 +1,569 @@
+//! JSON round trips of the contract's types are exact: parsing what was
+//! serialised gives the same value, and serialising that again gives the same
+//! bytes.
+//!
+//! JSON numbers are generated as `i64` / `u64` only, so float formatting cannot
+//! make equality flaky. `Option<Value>` fields are never `Some(Value::Null)`:
+//! serde reads a JSON `null` as `None`, so that one value cannot round-trip
+//! (see `option_of_null_reads_back_as_none`).
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+
+use chrono::{DateTime, Utc};
+use glia_proto::{
+    BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic,
+    Limit, Message, Outcome, PauseReason, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, Resume, Role, RunConfig,
+    ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
+};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::TestRunner;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+// ----- strategies ------------------------------------------------------------
+
+/// Strings that stress the encoder: empty, plain, escapes, markers, emoji and
+/// arbitrary Unicode (control characters included).
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        "[a-z_.]{1,12}",
+        Just("⟦glia:synthetic⟧ \"quoted\"\n\t\\ ✓ 🦀 \u{0}".to_owned()),
+        "\\PC{0,16}",
+        any::<String>(),
+    ]
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        text().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(text(), inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// An optional JSON value that is never `Some(Value::Null)`.
+fn optional_json() -> impl Strategy<Value = Option<Value>> {
+    prop::option::of(json_value().prop_filter("Some(null) reads back as None", |v| !v.is_null()))
+}
+
+fn uuid() -> impl Strategy<Value = Uuid> {
+    any::<u128>().prop_map(Uuid::from_u128)
+}
+
+/// Any instant from year 1 to year 9999, to the nanosecond.
+fn instant() -> impl Strategy<Value = DateTime<Utc>> {
+    (-62_135_596_800i64..=253_402_300_799, 0u32..1_000_000_000)
+        .prop_map(|(secs, nanos)| DateTime::from_timestamp(secs, nanos).expect("in chrono's range"))
+}
+
+fn role() -> impl Strategy<Value = Role> {
+    prop_oneof![Just(Role::User), Just(Role::Assistant)]
+}
+
+fn content_block() -> impl Strategy<Value = ContentBlock> {
+    prop_oneof![
+        text().prop_map(|text| ContentBlock::Text { text }),
+        (text(), text(), json_value()).prop_map(|(id, name, input)| ContentBlock::ToolUse { id, name, input }),
+        (text(), text(), any::<bool>())
+            .prop_map(|(tool_use_id, content, is_error)| ContentBlock::ToolResult { tool_use_id, content, is_error }),
+        (text(), text()).prop_map(|(thinking, signature)| ContentBlock::Thinking { thinking, signature }),
+    ]
+}
+
+fn message() -> impl Strategy<Value = Message> {
+    (role(), prop::collection::vec(content_block(), 0..4)).prop_map(|(role, content)| Message { role, content })
+}
+
+fn usage() -> impl Strategy<Value = Usage> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(input_tokens, output_tokens, cache_write_tokens, cache_read_tokens)| Usage {
+            input_tokens,
+            output_tokens,
+            cache_write_tokens,
+            cache_read_tokens,
+        },
+    )
+}
+
+fn budget_limits() -> impl Strategy<Value = BudgetLimits> {
+    let o = || prop::option::of(any::<u64>());
+    (o(), o(), o(), o(), o(), o(), o(), o()).prop_map(
+        |(max_turns, max_tool_calls, max_active_ms, max_input_tokens, max_output_tokens, max_cache_write_tokens, max_cache_read_tokens, max_cost_usd_micros)| {
+            BudgetLimits {
+                max_turns,
+                max_tool_calls,
+                max_active_ms,
+                max_input_tokens,
+                max_output_tokens,
+                max_cache_write_tokens,
+                max_cache_read_tokens,
+                max_cost_usd_micros,
+            }
+        },
+    )
+}
+
+fn budget_usage() -> impl Strategy<Value = BudgetUsage> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), usage(), any::<u64>()).prop_map(
+        |(turns, tool_calls, active_ms, tokens, cost_usd_micros)| BudgetUsage { turns, tool_calls, active_ms, tokens, cost_usd_micros },
+    )
+}
+
+fn limit() -> impl Strategy<Value = Limit> {
+    prop_oneof![
+        Just(Limit::Turns),
+        Just(Limit::ToolCalls),
+        Just(Limit::ActiveTime),
+        Just(Limit::InputTokens),
+        Just(Limit::OutputTokens),
+        Just(Limit::CacheWriteTokens),
+        Just(Limit::CacheReadTokens),
+        Just(Limit::Cost),
+    ]
+}
+
+fn pricing() -> impl Strategy<Value = Pricing> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>())
+        .prop_map(|(input, output, cache_write, cache_read)| Pricing { input, output, cache_write, cache_read })
+}
+
+fn tool_spec() -> impl Strategy<Value = ToolSpec> {
+    (text(), text(), json_value(), any::<bool>(), any::<u64>(), any::<bool>()).prop_map(
+        |(name, description, input_schema, idempotent, timeout_ms, external)| ToolSpec {
+            name,
+            description,
+            input_schema,
+            idempotent,
+            timeout_ms,
+            external,
+        },
+    )
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    let action = prop_oneof![
+        Just(PolicyAction::Allow),
+        text().prop_map(|reason| PolicyAction::Deny { reason }),
+        Just(PolicyAction::RequireApproval),
+        text().prop_map(|text| PolicyAction::Remind { text }),
+    ];
+    (text(), prop::option::of(text()), action).prop_map(|(tool, args, action)| Policy { tool, args, action })
+}
+
+fn run_config() -> impl Strategy<Value = RunConfig> {
+    let tools = (
+        text(),
+        text(),
+        prop::option::of(prop::collection::vec(text(), 0..3)),
+        prop::collection::vec(tool_spec(), 0..3),
+        prop::collection::vec(policy(), 0..3),
+    );
+    let knobs = (
+        budget_limits(),
+        any::<u32>(),
+        any::<bool>(),
+        prop_oneof![Just(PlannerKind::Single), Just(PlannerKind::Model)],
+        optional_json(),
+        any::<u32>(),
+        prop::option::of(pricing()),
+        any::<u32>(),
+    );
+    (tools, knobs).prop_map(
+        |(
+            (model, system, tools, external_tools, policies),
+            (budget, max_model_calls_per_turn, conversational, planner, output_schema, max_reasks, pricing, max_tokens),
+        )| RunConfig {
+            model,
+            system,
+            tools,
+            external_tools,
+            policies,
+            budget,
+            max_model_calls_per_turn,
+            conversational,
+            planner,
+            output_schema,
+            max_reasks,
+            pricing,
+            max_tokens,
+        },
+    )
+}
+
+fn disposition() -> impl Strategy<Value = Disposition> {
+    prop_oneof![
+        prop::option::of(text()).prop_map(|reminder| Disposition::Run { reminder }),
+        Just(Disposition::External),
+        Just(Disposition::Approval),
+        (tool_error_kind(), text()).prop_map(|(error, message)| Disposition::Refused { error, message }),
+    ]
+}
+
+fn tool_error_kind() -> impl Strategy<Value = ToolErrorKind> {
+    prop::sample::select(vec![
+        ToolErrorKind::UnknownTool,
+        ToolErrorKind::Unavailable,
+        ToolErrorKind::InvalidArguments,
+        ToolErrorKind::Failed,
+        ToolErrorKind::InvalidOutput,
+        ToolErrorKind::Panicked,
+        ToolErrorKind::Timeout,
+        ToolErrorKind::Denied,
+        ToolErrorKind::Rejected,
+        ToolErrorKind::Cancelled,
+        ToolErrorKind::OutcomeUnknown,
+        ToolErrorKind::BudgetExceeded,
+    ])
+}
+
+fn decision() -> impl Strategy<Value = Decision> {
+    prop_oneof![
+        Just(Decision::Approve),
+        text().prop_map(|reason| Decision::Reject { reason }),
+        json_value().prop_map(|input| Decision::Edit { input }),
+    ]
+}
+
+fn call_ids() -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec(text(), 0..3)
+}
+
+fn pause_reason() -> impl Strategy<Value = PauseReason> {
+    prop_oneof![
+        limit().prop_map(|limit| PauseReason::Budget { limit }),
+        Just(PauseReason::TurnLimit),
+        (text(), text()).prop_map(|(hook, reason)| PauseReason::Hook { hook, reason }),
+        text().prop_map(|reason| PauseReason::Provider { reason }),
+        text().prop_map(|reason| PauseReason::Operator { reason }),
+    ]
+}
+
+fn pull_point() -> impl Strategy<Value = PullPoint> {
+    prop_oneof![
+        call_ids().prop_map(|call_ids| PullPoint::AwaitingTool { call_ids }),
+        call_ids().prop_map(|call_ids| PullPoint::AwaitingApproval { call_ids }),
+        Just(PullPoint::AwaitingInput),
+        pause_reason().prop_map(|reason| PullPoint::Paused { reason }),
+    ]
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        (text(), optional_json()).prop_map(|(answer, output)| Outcome::Succeeded { answer, output }),
+        text().prop_map(|error| Outcome::Failed { error }),
+        text().prop_map(|reason| Outcome::Cancelled { reason }),
+    ]
+}
+
+fn hook_topic() -> impl Strategy<Value = HookTopic> {
+    prop::sample::select(vec![
+        HookTopic::BeforePlan,
+        HookTopic::AfterPlan,
+        HookTopic::BeforeStep,
+        HookTopic::AfterStep,
+        HookTopic::BeforeToolCall,
+        HookTopic::AfterToolCall,
+        HookTopic::OnError,
+        HookTopic::OnPause,
+        HookTopic::OnBudgetExceeded,
+        HookTopic::OnComplete,
+    ])
+}
+
+fn hook_effect() -> impl Strategy<Value = HookEffect> {
+    prop_oneof![
+        json_value().prop_map(|payload| HookEffect::Modified { payload }),
+        text().prop_map(|reason| HookEffect::Cancelled { reason }),
+        Just(HookEffect::Skipped),
+        text().prop_map(|reason| HookEffect::Paused { reason }),
+    ]
+}
+
+fn steps() -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec(text(), 0..4)
+}
+
+fn event_kind() -> impl Strategy<Value = EventKind> {
+    prop_oneof![
+        (text(), run_config()).prop_map(|(goal, config)| EventKind::SessionStart { goal, config }),
+        (steps(), usage(), any::<u64>())
+            .prop_map(|(steps, usage, cost_usd_micros)| EventKind::PlanDraft { steps, usage, cost_usd_micros }),
+        steps().prop_map(|steps| EventKind::PlanCommit { steps }),
+        (any::<usize>(), text(), prop::collection::vec(tool_spec(), 0..3))
+            .prop_map(|(index, description, tools)| EventKind::StepStart { index, description, tools }),
+        (any::<usize>(), text(), any::<bool>()).prop_map(|(index, answer, skipped)| EventKind::StepEnd { index, answer, skipped }),
+        (text(), any::<usize>(), any::<bool>(), prop::option::of(text())).prop_map(|(model, messages, wrap_up, forced_tool)| {
+            EventKind::ModelCall { model, messages, wrap_up, forced_tool }
+        }),
+        (message(), usage(), text(), any::<u64>(), any::<u64>()).prop_map(
+            |(message, usage, stop_reason, duration_ms, cost_usd_micros)| EventKind::ModelResponse {
+                message,
+                usage,
+                stop_reason,
+                duration_ms,
+                cost_usd_micros,
+            }
+        ),
+        (text(), text(), json_value(), text(), text(), disposition()).prop_map(
+            |(call_id, name, input, args_hash, idempotency_key, disposition)| EventKind::ToolCall(ToolCallRecord {
+                call_id,
+                name,
+                input,
+                args_hash,
+                idempotency_key,
+                disposition,
+            })
+        ),
+        (text(), text(), prop::option::of(text()), any::<u64>())
+            .prop_map(|(call_id, content, reminder, duration_ms)| EventKind::ToolResult { call_id, content, reminder, duration_ms }),
+        (text(), tool_error_kind(), text(), any::<u64>())
+            .prop_map(|(call_id, error, message, duration_ms)| EventKind::ToolError { call_id, error, message, duration_ms }),
+        (text(), text(), json_value(), text())
+            .prop_map(|(call_id, tool, input, args_hash)| EventKind::ApprovalRequested { call_id, tool, input, args_hash }),
+        (text(), text(), decision(), prop::option::of(text()))
+            .prop_map(|(call_id, args_hash, decision, by)| EventKind::ApprovalResolved { call_id, args_hash, decision, by }),
+        text().prop_map(|text| EventKind::InputReceived { text }),
+        (prop_oneof![Just(GuardrailStage::Input), Just(GuardrailStage::Output)], text(), text(), prop::option::of(text()))
+            .prop_map(|(stage, guardrail, reason, reask)| EventKind::GuardrailTripped { stage, guardrail, reason, reask }),
+        (text(), any::<usize>(), prop::collection::vec(message(), 0..3), usage(), any::<u64>()).prop_map(
+            |(strategy, removed, messages, usage, cost_usd_micros)| EventKind::ContextCompacted {
+                strategy,
+                removed,
+                messages,
+                usage,
+                cost_usd_micros,
+            }
+        ),
+        (limit(), budget_usage(), budget_limits()).prop_map(|(limit, usage, limits)| EventKind::BudgetWarn { limit, usage, limits }),
+        budget_limits().prop_map(|limits| EventKind::BudgetExtended { limits }),
+        pull_point().prop_map(|pull_point| EventKind::SessionPause { pull_point }),
+        prop::option::of(text()).prop_map(|by| EventKind::SessionResume { by }),
+        text().prop_map(|reason| EventKind::SessionCancel { reason }),
+        outcome().prop_map(|outcome| EventKind::SessionComplete { outcome }),
+        (text(), any::<bool>()).prop_map(|(message, fatal)| EventKind::Error { message, fatal }),
+        (hook_topic(), text(), hook_effect()).prop_map(|(topic, hook, effect)| EventKind::HookApplied { topic, hook, effect }),
+    ]
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    (uuid(), any::<u64>(), instant(), event_kind()).prop_map(|(run_id, seq, at, kind)| Event { run_id, seq, at, kind })
+}
+
+fn resume() -> impl Strategy<Value = Resume> {
+    prop_oneof![
+        (text(), text(), decision(), prop::option::of(text()))
+            .prop_map(|(call_id, args_hash, decision, by)| Resume::Approval { call_id, args_hash, decision, by }),
+        (text(), text(), any::<bool>()).prop_map(|(call_id, content, is_error)| Resume::ToolResult { call_id, content, is_error }),
+        text().prop_map(|text| Resume::Input { text }),
+        budget_limits().prop_map(|extra| Resume::ExtendBudget { extra }),
+        prop::option::of(text()).prop_map(|by| Resume::Resume { by }),
+        Just(Resume::Close),
+        text().prop_map(|reason| Resume::Cancel { reason }),
+    ]
+}
+
+// ----- the property ----------------------------------------------------------
+
+/// Serialise, parse, compare; serialise again, compare the bytes.
+fn assert_round_trip<T>(value: &T) -> Result<(), TestCaseError>
+where
+    T: Serialize + DeserializeOwned + PartialEq + Debug,
+{
+    let json = serde_json::to_string(value).map_err(|e| TestCaseError::fail(format!("serialise: {e}")))?;
+    let back: T = serde_json::from_str(&json).map_err(|e| TestCaseError::fail(format!("parse {json}: {e}")))?;
+    prop_assert_eq!(&back, value, "JSON: {}", json);
+    let again = serde_json::to_string(&back).map_err(|e| TestCaseError::fail(format!("serialise again: {e}")))?;
+    prop_assert_eq!(again, json);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn content_blocks_round_trip(block in content_block()) {
+        assert_round_trip(&block)?;
+    }
+
+    #[test]
+    fn messages_round_trip(message in message()) {
+        assert_round_trip(&message)?;
+    }
+
+    #[test]
+    fn usage_round_trips(usage in usage()) {
+        assert_round_trip(&usage)?;
+    }
+
+    #[test]
+    fn events_round_trip(event in event()) {
+        assert_round_trip(&event)?;
+    }
+
+    #[test]
+    fn run_configs_round_trip(config in run_config()) {
+        assert_round_trip(&config)?;
+    }
+
+    #[test]
+    fn budget_limits_round_trip(limits in budget_limits()) {
+        assert_round_trip(&limits)?;
+    }
+
+    #[test]
+    fn pull_points_round_trip(pull_point in pull_point()) {
+        assert_round_trip(&pull_point)?;
+    }
+
+    #[test]
+    fn resumes_round_trip(resume in resume()) {
+        assert_round_trip(&resume)?;
+    }
+
+    /// A whole log, as one JSON array, round-trips too.
+    #[test]
+    fn event_logs_round_trip(log in prop::collection::vec(event(), 0..6)) {
+        assert_round_trip(&log)?;
+    }
+}
+
+// ----- coverage of the catalogue ---------------------------------------------
+
+/// The position of `kind`'s variant in [`event_kind`]. Exhaustive on purpose:
+/// a new variant does not compile until it is given a strategy and an index.
+fn variant_index(kind: &EventKind) -> usize {
+    match kind {
+        EventKind::SessionStart { .. } => 0,
+        EventKind::PlanDraft { .. } => 1,
+        EventKind::PlanCommit { .. } => 2,
+        EventKind::StepStart { .. } => 3,
+        EventKind::StepEnd { .. } => 4,
+        EventKind::ModelCall { .. } => 5,
+        EventKind::ModelResponse { .. } => 6,
+        EventKind::ToolCall(_) => 7,
+        EventKind::ToolResult { .. } => 8,
+        EventKind::ToolError { .. } => 9,
+        EventKind::ApprovalRequested { .. } => 10,
+        EventKind::ApprovalResolved { .. } => 11,
+        EventKind::InputReceived { .. } => 12,
+        EventKind::GuardrailTripped { .. } => 13,
+        EventKind::ContextCompacted { .. } => 14,
+        EventKind::BudgetWarn { .. } => 15,
+        EventKind::BudgetExtended { .. } => 16,
+        EventKind::SessionPause { .. } => 17,
+        EventKind::SessionResume { .. } => 18,
+        EventKind::SessionCancel { .. } => 19,
+        EventKind::SessionComplete { .. } => 20,
+        EventKind::Error { .. } => 21,
+        EventKind::HookApplied { .. } => 22,
+    }
+}
+
+/// The same for [`resume`].
+fn resume_variant_index(resume: &Resume) -> usize {
+    match resume {
+        Resume::Approval { .. } => 0,
+        Resume::ToolResult { .. } => 1,
+        Resume::Input { .. } => 2,
+        Resume::ExtendBudget { .. } => 3,
+        Resume::Resume { .. } => 4,
+        Resume::Close => 5,
+        Resume::Cancel { .. } => 6,
+    }
+}
+
+/// The variant indices `strategy` produces over a fixed sample.
+fn variants_seen<T: Debug>(strategy: impl Strategy<Value = T>, index: fn(&T) -> usize) -> BTreeSet<usize> {
+    let mut runner = TestRunner::deterministic();
+    (0..2_000).map(|_| index(&strategy.new_tree(&mut runner).expect("a value").current())).collect()
+}
+
+#[test]
+fn the_strategies_cover_every_variant() {
+    assert_eq!(variants_seen(event_kind(), variant_index), (0..23).collect());
+    assert_eq!(variants_seen(resume(), resume_variant_index), (0..7).collect());
+}
+
+// ----- the wire format, pinned -----------------------------------------------
+
+fn envelope(kind: EventKind) -> Event {
+    Event { run_id: Uuid::nil(), seq: 7, at: DateTime::UNIX_EPOCH, kind }
+}
+
+#[test]
+fn a_tool_call_serialises_with_its_dotted_name() {
+    let event = envelope(EventKind::ToolCall(ToolCallRecord {
+        call_id: "call_1".into(),
+        name: "add".into(),
+        input: json!({"a": 1, "b": 2}),
+        args_hash: glia_proto::args_hash(&json!({"a": 1, "b": 2})),
+        idempotency_key: "run:call_1".into(),
+        disposition: Disposition::Run { reminder: None },
+    }));
+    let value = serde_json::to_value(&event).unwrap();
+    assert_eq!(value["type"], "tool.call");
+    assert_eq!(value["seq"], 7);
+    assert_eq!(value["run_id"], "00000000-0000-0000-0000-000000000000");
+    assert_eq!(value["at"], "1970-01-01T00:00:00Z");
+    assert_eq!(value["data"]["call_id"], "call_1");
+    assert_eq!(value["data"]["disposition"], json!({"kind": "run", "reminder": null}));
+    let text = serde_json::to_string(&event).unwrap();
+    assert!(text.contains(r#""type":"tool.call""#), "{text}");
+}
+
+#[test]
+fn every_event_serialises_under_its_name() {
+    let kinds = [
+        EventKind::SessionStart { goal: "hi".into(), config: RunConfig::default() },
+        EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
+        EventKind::ApprovalResolved { call_id: "c".into(), args_hash: "h".into(), decision: Decision::Approve, by: None },
+        EventKind::SessionPause { pull_point: PullPoint::AwaitingInput },
+        EventKind::SessionComplete { outcome: Outcome::Failed { error: "x".into() } },
+        EventKind::Error { message: "boom".into(), fatal: true },
+        EventKind::HookApplied { topic: HookTopic::BeforeToolCall, hook: "h".into(), effect: HookEffect::Skipped },
+    ];
+    let expected = ["session.start", "model.call", "approval.resolved", "session.pause", "session.complete", "error", "hook.applied"];
+    for (kind, name) in kinds.into_iter().zip(expected) {
+        assert_eq!(kind.name(), name);
+        let value = serde_json::to_value(envelope(kind)).unwrap();
+        assert_eq!(value["type"], name, "{value}");
+    }
+}
+
+#[test]
+fn a_pause_event_has_the_documented_shape() {
+    let event = envelope(EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: vec!["call_2".into()] } });
+    assert_eq!(
+        serde_json::to_value(&event).unwrap(),
+        json!({
+            "run_id": "00000000-0000-0000-0000-000000000000",
+            "seq": 7,
+            "at": "1970-01-01T00:00:00Z",
+            "type": "session.pause",
+            "data": {"pull_point": {"kind": "awaiting_approval", "call_ids": ["call_2"]}},
+        })
+    );
+}
+
+/// Pins the one value that does not round-trip, so a change in serde's
+/// behaviour is noticed: `Some(Value::Null)` in an `Option<Value>` field is
+/// written as `null` and read back as `None`.
+#[test]
+fn option_of_null_reads_back_as_none() {
+    let outcome = Outcome::Succeeded { answer: "a".into(), output: Some(Value::Null) };
+    let back: Outcome = serde_json::from_str(&serde_json::to_string(&outcome).unwrap()).unwrap();
+    assert_eq!(back, Outcome::Succeeded { answer: "a".into(), output: None });
+}
