@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::{Delivery, Job, JobQueue, QueueError};
-use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use uuid::Uuid;
@@ -243,9 +243,13 @@ async fn undecodable_body_is_dead_lettered_and_skipped() {
     let (q, _cleanup) = connect(&opts).await;
     let conn = Connection::connect(&url(), ConnectionProperties::default()).await.unwrap();
     let ch = conn.create_channel().await.unwrap();
-    ch.basic_publish("".into(), opts.queue.as_str().into(), BasicPublishOptions::default(), b"not a job", BasicProperties::default())
+    // Confirmed, so it is in the queue before the good job.
+    ch.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    let confirm = ch
+        .basic_publish("".into(), opts.queue.as_str().into(), BasicPublishOptions::default(), b"not a job", BasicProperties::default())
         .await
         .unwrap();
+    assert!(confirm.await.unwrap().is_ack());
     let good = job(3);
     q.publish(&good).await.unwrap();
     let d = next(&q).await;
