@@ -1,7 +1,9 @@
 //! `glia`: the command line. Thin: parsing and printing; the work is in the
 //! library crates.
 
+mod client;
 mod demo;
+mod fleet;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,6 +26,43 @@ struct Cli {
 enum Command {
     /// Run one scripted run in this process and print its events as they happen.
     Run(RunArgs),
+    /// Serve the HTTP API, relay the outbox and reconcile lost runs.
+    Dispatcher {
+        #[command(flatten)]
+        urls: fleet::Urls,
+        #[command(flatten)]
+        args: fleet::DispatcherArgs,
+    },
+    /// Take run jobs from the queue and advance runs.
+    Worker {
+        #[command(flatten)]
+        urls: fleet::Urls,
+        #[command(flatten)]
+        args: fleet::WorkerArgs,
+    },
+    /// Dispatcher and workers in one process, on in-memory ports.
+    Dev {
+        #[command(flatten)]
+        urls: fleet::Urls,
+        /// Use the real services at the URLs instead of in-memory ports.
+        #[arg(long)]
+        services: bool,
+        /// Workers to start.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[command(flatten)]
+        worker: fleet::WorkerArgs,
+        #[command(flatten)]
+        dispatcher: fleet::DispatcherArgs,
+    },
+    /// Create a run on a dispatcher and stream its events.
+    Submit(client::SubmitArgs),
+    /// List and inspect runs on a dispatcher.
+    #[command(subcommand)]
+    Runs(client::RunsCommand),
+    /// List and decide pending approvals on a dispatcher.
+    #[command(subcommand)]
+    Approvals(client::ApprovalsCommand),
 }
 
 #[derive(clap::Args)]
@@ -59,8 +98,15 @@ struct RunArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_writer(std::io::stderr).init();
     match Cli::parse().command {
         Command::Run(args) => run(args).await,
+        Command::Dispatcher { urls, args } => fleet::dispatcher(urls, args).await,
+        Command::Worker { urls, args } => fleet::worker(urls, args).await,
+        Command::Dev { urls, services, workers, worker, dispatcher } => fleet::dev(urls, services, workers, worker, dispatcher).await,
+        Command::Submit(args) => client::submit(args).await,
+        Command::Runs(cmd) => client::runs(cmd).await,
+        Command::Approvals(cmd) => client::approvals(cmd).await,
     }
 }
 
@@ -142,7 +188,7 @@ fn finish(state: &RunState, status: &Status, checkpoint: Option<&std::path::Path
 }
 
 /// One line about an event, for people.
-fn describe(kind: &EventKind) -> String {
+pub(crate) fn describe(kind: &EventKind) -> String {
     fn clip(s: &str) -> String {
         let one_line = s.replace('\n', " ");
         if one_line.chars().count() > 100 { format!("{}…", one_line.chars().take(100).collect::<String>()) } else { one_line }

@@ -1,0 +1,188 @@
+//! The server side of the CLI: `glia dispatcher`, `glia worker`, `glia dev`.
+//! Each builds the three ports from URLs (or in memory) and runs the
+//! library's services until SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
+use glia_backends::postgres::{PgLog, PgOptions};
+use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
+use glia_backends::redis_ledger::RedisLedger;
+use glia_backends::{EventLog, JobQueue, Ledger};
+use glia_worker::Agent;
+use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::provider::ScriptLibrary;
+use tokio::sync::watch;
+use tracing::info;
+
+/// Service URLs.
+#[derive(Args, Clone)]
+pub struct Urls {
+    /// Postgres URL.
+    #[arg(long, env = "GLIA_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pub database_url: String,
+    /// RabbitMQ URL.
+    #[arg(long, env = "GLIA_AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp_url: String,
+    /// Redis URL.
+    #[arg(long, env = "GLIA_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// Name of the run-job queue (its dead-letter queue is `NAME.dlq`).
+    #[arg(long, env = "GLIA_QUEUE", default_value = "glia.jobs")]
+    pub queue: String,
+    /// Prefix of every Redis key.
+    #[arg(long, env = "GLIA_REDIS_PREFIX", default_value = "glia")]
+    pub redis_prefix: String,
+}
+
+/// The three ports.
+pub struct Ports {
+    pub log: Arc<dyn EventLog>,
+    pub queue: Arc<dyn JobQueue>,
+    pub ledger: Arc<dyn Ledger>,
+}
+
+impl Ports {
+    /// Connect to the real services (migrations run on connect).
+    pub async fn connect(urls: &Urls) -> Result<Ports> {
+        let log = PgLog::connect(&urls.database_url, PgOptions::default()).await.context("connecting to Postgres")?;
+        let queue = RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone())).await.context("connecting to RabbitMQ")?;
+        let ledger = RedisLedger::connect(&urls.redis_url, &urls.redis_prefix).await.context("connecting to Redis")?;
+        Ok(Ports { log: Arc::new(log), queue: Arc::new(queue), ledger: Arc::new(ledger) })
+    }
+
+    /// In-memory twins: nothing survives the process.
+    pub fn memory() -> Ports {
+        Ports { log: Arc::new(MemoryLog::default()), queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()) }
+    }
+}
+
+/// Options of the worker side.
+#[derive(Args, Clone)]
+pub struct WorkerArgs {
+    /// Directory of scripts (`NAME.json`) served to runs whose model is `script:NAME`.
+    #[arg(long, default_value = "examples/scripts")]
+    pub scripts: PathBuf,
+    /// Runs advanced at once per worker.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Lease length in ms.
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ms: u64,
+    /// Worker id (lease owner); default `HOST-PID`.
+    #[arg(long)]
+    pub id: Option<String>,
+}
+
+impl WorkerArgs {
+    fn agent(&self) -> Result<Arc<Agent>> {
+        let scripts = ScriptLibrary::from_dir(&self.scripts).map_err(anyhow::Error::msg)?;
+        Ok(Arc::new(Agent::new(Arc::new(scripts)).with_tools(crate::demo::tools())))
+    }
+
+    fn options(&self, n: usize) -> WorkerOptions {
+        let base = self.id.clone().unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+        WorkerOptions { id: if n == 0 { base } else { format!("{base}-{n}") }, concurrency: self.concurrency, lease_ttl: Duration::from_millis(self.lease_ms) }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).unwrap_or_else(|_| "glia".into())
+}
+
+/// Turns true on SIGINT or SIGTERM.
+fn shutdown_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        info!("shutting down");
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+/// Options of the dispatcher side.
+#[derive(Args, Clone)]
+pub struct DispatcherArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// A bearer token, `TOKEN:TENANT:SCOPE[,SCOPE…]` (scopes: submit,
+    /// approve, admin); repeatable. With none the dispatcher serves loopback
+    /// only and every request acts as admin.
+    #[arg(long = "token", env = "GLIA_TOKENS", value_delimiter = ' ')]
+    pub tokens: Vec<String>,
+    /// A token file: `{"TOKEN": {"tenant": …, "scopes": […]}, …}`.
+    #[arg(long)]
+    pub tokens_file: Option<PathBuf>,
+    /// Seconds between reconciler passes.
+    #[arg(long, default_value_t = 2)]
+    pub reconcile_every: u64,
+}
+
+impl DispatcherArgs {
+    fn auth(&self) -> Result<glia_dispatcher::Auth> {
+        let mut specs = Vec::new();
+        for spec in self.tokens.iter().filter(|s| !s.is_empty()) {
+            specs.push(glia_dispatcher::Auth::parse_spec(spec).context("parsing --token")?);
+        }
+        if let Some(path) = &self.tokens_file {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            if !specs.is_empty() {
+                bail!("give tokens either with --token or with --tokens-file, not both");
+            }
+            return glia_dispatcher::Auth::from_json(&text).with_context(|| format!("parsing {}", path.display()));
+        }
+        Ok(glia_dispatcher::Auth::from_tokens(specs)?)
+    }
+}
+
+async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
+    let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?);
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    tokio::spawn(glia_dispatcher::relay(app.clone()));
+    tokio::spawn(glia_dispatcher::reconcile(app.clone(), Duration::from_secs(args.reconcile_every.max(1))));
+    let mut stop = shutdown.clone();
+    glia_dispatcher::serve(app, listener, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    })
+    .await?;
+    Ok(())
+}
+
+/// `glia dispatcher`: the HTTP API, the outbox relay and the reconciler.
+pub async fn dispatcher(urls: Urls, args: DispatcherArgs) -> Result<()> {
+    let ports = Ports::connect(&urls).await?;
+    serve_dispatcher(&ports, &args, shutdown_signal()).await
+}
+
+/// `glia worker`: consume run jobs until SIGTERM, then finish the current
+/// steps, release leases and exit.
+pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
+    let ports = Ports::connect(&urls).await?;
+    let worker = Arc::new(Worker::new(args.agent()?, ports.log, ports.queue, ports.ledger, args.options(0)));
+    worker.run(shutdown_signal()).await;
+    Ok(())
+}
+
+/// `glia dev`: dispatcher and `workers` workers in one process on the
+/// in-memory ports (or on the services with `--services`).
+pub async fn dev(urls: Urls, services: bool, workers: usize, worker_args: WorkerArgs, dispatcher_args: DispatcherArgs) -> Result<()> {
+    let ports = if services { Ports::connect(&urls).await? } else { Ports::memory() };
+    let shutdown = shutdown_signal();
+    let agent = worker_args.agent()?;
+    for n in 0..workers.max(1) {
+        let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n)));
+        tokio::spawn(w.run(shutdown.clone()));
+    }
+    serve_dispatcher(&ports, &dispatcher_args, shutdown).await
+}

@@ -1,0 +1,307 @@
+//! Harness for end-to-end tests: a dispatcher and workers as real `glia`
+//! processes against the machine's Postgres, RabbitMQ and Redis, each test
+//! isolated by its own database, queue name and Redis key prefix, all removed
+//! when the test ends.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+pub fn env_or(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_owned())
+}
+
+pub fn admin_url() -> String {
+    env_or("GLIA_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+}
+
+pub fn amqp_url() -> String {
+    env_or("GLIA_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+}
+
+pub fn redis_url() -> String {
+    env_or("GLIA_REDIS_URL", "redis://127.0.0.1:6379")
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The HTTP side of a fleet: what a client sees.
+#[derive(Clone)]
+pub struct Api {
+    pub name: String,
+    pub dir: PathBuf,
+    pub server: String,
+}
+
+/// One isolated fleet: database, queue, key prefix, scripts, effects file,
+/// and the processes started on them. Dropping it kills the processes and
+/// removes what it created.
+pub struct Fleet {
+    pub api: Api,
+    pub name: String,
+    pub db_url: String,
+    pub dir: PathBuf,
+    pub server: String,
+    dispatcher_port: u16,
+    pub dispatcher: Option<Child>,
+    pub workers: Vec<Child>,
+    pub extra_env: Vec<(String, String)>,
+    pub amqp_url: String,
+    pub redis_url: String,
+}
+
+fn psql(url: &str, sql: &str) {
+    let out = Command::new("psql").args([url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql]).output().expect("psql runs");
+    assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn db_url_for(admin: &str, db: &str) -> String {
+    match admin.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{db}"),
+        None => format!("{admin}/{db}"),
+    }
+}
+
+impl Fleet {
+    /// Create the database and the scripts directory; start nothing yet.
+    pub fn new(scripts: &[(&str, Value)]) -> Fleet {
+        let name = format!("glia_e2e_{}", Uuid::now_v7().simple());
+        psql(&admin_url(), &format!("CREATE DATABASE {name}"));
+        let dir = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(dir.join("scripts")).unwrap();
+        for (script, turns) in scripts {
+            std::fs::write(dir.join("scripts").join(format!("{script}.json")), serde_json::to_vec(turns).unwrap()).unwrap();
+        }
+        let port = free_port();
+        Fleet {
+            api: Api { name: name.clone(), dir: dir.clone(), server: format!("http://127.0.0.1:{port}") },
+            db_url: db_url_for(&admin_url(), &name),
+            name,
+            dir,
+            server: format!("http://127.0.0.1:{port}"),
+            dispatcher_port: port,
+            dispatcher: None,
+            workers: Vec::new(),
+            extra_env: Vec::new(),
+            amqp_url: amqp_url(),
+            redis_url: redis_url(),
+        }
+    }
+
+    pub fn effects_file(&self) -> PathBuf {
+        self.dir.join("effects.log")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
+        cmd.args(args)
+            .env("GLIA_DATABASE_URL", &self.db_url)
+            .env("GLIA_AMQP_URL", &self.amqp_url)
+            .env("GLIA_REDIS_URL", &self.redis_url)
+            .env("GLIA_QUEUE", &self.name)
+            .env("GLIA_REDIS_PREFIX", &self.name)
+            .env("GLIA_DEMO_EFFECTS", self.effects_file())
+            .env("RUST_LOG", env_or("GLIA_E2E_LOG", "warn"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// Start the dispatcher and wait until it answers.
+    pub fn start_dispatcher(&mut self) {
+        let listen = format!("127.0.0.1:{}", self.dispatcher_port);
+        let child = self.command(&["dispatcher", "--listen", &listen, "--reconcile-every", "1"]).spawn().expect("dispatcher starts");
+        self.dispatcher = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if http("GET", &format!("{}/healthz", self.server), None).is_ok_and(|(s, _)| s == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("dispatcher did not come up");
+    }
+
+    /// Start one more worker process.
+    pub fn start_worker(&mut self, lease_ms: u64) {
+        let scripts = self.dir.join("scripts");
+        let id = format!("w{}", self.workers.len());
+        let child = self
+            .command(&["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &id])
+            .spawn()
+            .expect("worker starts");
+        self.workers.push(child);
+    }
+
+    /// `kill -9` worker `i` and start a replacement in its place.
+    pub fn kill_and_replace_worker(&mut self, i: usize, lease_ms: u64) {
+        let fresh = self.spawn_worker_child(i, lease_ms);
+        let mut old = std::mem::replace(&mut self.workers[i], fresh);
+        let _ = old.kill();
+        let _ = old.wait();
+    }
+
+    fn spawn_worker_child(&self, i: usize, lease_ms: u64) -> Child {
+        let scripts = self.dir.join("scripts");
+        self.command(&["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &format!("w{i}-{}", Uuid::now_v7().simple())])
+            .spawn()
+            .expect("worker starts")
+    }
+
+}
+
+impl std::ops::Deref for Fleet {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+impl Api {
+    pub fn effects_file(&self) -> PathBuf {
+        self.dir.join("effects.log")
+    }
+
+    pub fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        http("POST", &format!("{}{path}", self.server), Some(body)).expect("dispatcher answers")
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        http("GET", &format!("{}{path}", self.server), None).expect("dispatcher answers")
+    }
+
+    pub fn submit(&self, goal: &str, config: Value) -> String {
+        let (status, body) = self.post("/v1/runs", json!({ "goal": goal, "config": config }));
+        assert!(status == 201 || status == 200, "create run: {status} {body}");
+        body["run_id"].as_str().expect("run_id").to_owned()
+    }
+
+    /// All events of a run.
+    pub fn events(&self, run_id: &str) -> Vec<Value> {
+        let (status, body) = self.get(&format!("/v1/runs/{run_id}/events?after=0&limit=1000"));
+        assert_eq!(status, 200, "{body}");
+        body["events"].as_array().or(body.as_array()).cloned().unwrap_or_default()
+    }
+
+    /// Lines of the effects file.
+    pub fn effects(&self) -> Vec<String> {
+        std::fs::read_to_string(self.effects_file()).unwrap_or_default().lines().map(str::to_owned).collect()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for mut c in self.workers.drain(..).chain(self.dispatcher.take()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        psql(&admin_url(), &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        for q in [self.name.clone(), format!("{}.dlq", self.name)] {
+            let _ = Command::new("rabbitmqctl").args(["delete_queue", &q]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        }
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!("redis-cli -u '{}' --scan --pattern '{}*' | xargs -r redis-cli -u '{}' del >/dev/null", self.redis_url, self.name, self.redis_url))
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A blocking JSON HTTP call: `(status, body)`.
+pub fn http(method: &str, url: &str, body: Option<Value>) -> Result<(u16, Value), String> {
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().map_err(|e| e.to_string())?;
+    let mut req = client.request(method.parse().unwrap(), url);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let text = resp.text().map_err(|e| e.to_string())?;
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+/// The scripts of the mixed batch, by name.
+pub fn mixed_scripts() -> Vec<(&'static str, Value)> {
+    vec![
+        ("plain", json!([{"tool_calls": [{"name": "calculator", "input": {"op": "add", "a": 2, "b": 3}}]}, {"text": "5"}])),
+        ("approval", json!([{"tool_calls": [{"name": "get_order", "input": {"order_id": "A1"}}]}, {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}])),
+        ("external", json!([{"tool_calls": [{"name": "ask_customer", "input": {"question": "Which order?"}}]}, {"text": "Thanks."}])),
+        ("chat", json!([{"text": "How can I help?"}, {"text": "Done, goodbye."}])),
+        ("budget", json!([{"tool_calls": [{"name": "calculator", "input": {"op": "mul", "a": 6, "b": 7}}]}, {"text": "42"}])),
+    ]
+}
+
+/// The config for a run of script `name` in the mixed batch.
+pub fn mixed_config(name: &str) -> Value {
+    let mut c = json!({
+        "model": format!("script:{name}"),
+        "policies": [{"tool": "refund_order", "action": {"kind": "require_approval"}}],
+        "external_tools": [{"name": "ask_customer", "description": "Ask the customer.", "input_schema": {"type": "object"}, "external": true}],
+    });
+    match name {
+        "chat" => c["conversational"] = json!(true),
+        "budget" => c["budget"] = json!({"max_turns": 1}),
+        _ => {}
+    }
+    c
+}
+
+/// Post whatever the run waits for until it is done; returns the final run.
+/// `chat` runs get one reply and are then closed.
+pub fn drive(fleet: &Api, run_id: &str, deadline: Instant) -> Value {
+    let mut replies = 0;
+    let mut last_posted: HashMap<String, Instant> = HashMap::new();
+    loop {
+        assert!(Instant::now() < deadline, "run {run_id} did not finish: {}", fleet.get(&format!("/v1/runs/{run_id}")).1);
+        let (status, run) = fleet.get(&format!("/v1/runs/{run_id}"));
+        assert_eq!(status, 200, "{run}");
+        if run["status"] == "done" {
+            return run;
+        }
+        if run["status"] != "parked" {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let pp = &run["pull_point"];
+        let key = format!("{}:{}", run["head_seq"], pp);
+        if last_posted.get(&key).is_some_and(|t| t.elapsed() < Duration::from_secs(5)) {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let (path, body) = match pp["kind"].as_str().unwrap_or("") {
+            "awaiting_approval" => (format!("/v1/runs/{run_id}/approvals/{}", pp["call_ids"][0].as_str().unwrap()), json!({"decision": "approve"})),
+            "awaiting_tool" => (format!("/v1/runs/{run_id}/tool-results/{}", pp["call_ids"][0].as_str().unwrap()), json!({"content": "Order A1."})),
+            "awaiting_input" if replies == 0 => {
+                replies += 1;
+                (format!("/v1/runs/{run_id}/messages"), json!({"text": "Refund A1, please."}))
+            }
+            "awaiting_input" => (format!("/v1/runs/{run_id}/close"), json!({})),
+            "paused" => (format!("/v1/runs/{run_id}/resume"), json!({"extend": {"max_turns": 5}})),
+            other => panic!("unknown pull point {other}"),
+        };
+        let (status, answer) = fleet.post(&path, body);
+        assert!(status < 300 || status == 409, "{path}: {status} {answer}");
+        last_posted.insert(key, Instant::now());
+    }
+}
+
+/// Every event log is gap- and duplicate-free and replays.
+pub fn check_log(fleet: &Api, run_id: &str) -> Vec<glia_proto::Event> {
+    let events: Vec<glia_proto::Event> = fleet.events(run_id).into_iter().map(|v| serde_json::from_value(v).expect("event parses")).collect();
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.seq, i as u64 + 1, "run {run_id}: seq {} at position {i}", e.seq);
+    }
+    glia_proto::RunState::replay(events[0].run_id, &events).unwrap_or_else(|e| panic!("run {run_id} does not replay: {e}"));
+    events
+}
