@@ -1,4 +1,6 @@
 //! Per-run budgets: limits, the usage counted against them, and the check.
+//! (Per-tenant daily caps are counted across runs by the fleet; a run they
+//! stop pauses with [`Limit::TenantDailyCost`] or [`Limit::TenantDailyTokens`].)
 //!
 //! Units: turns and tool calls are counts, active time is milliseconds a worker
 //! spent on the run (model and tool time; parked time never counts), tokens are
@@ -45,7 +47,15 @@ pub struct BudgetUsage {
     pub cost_usd_micros: u64,
 }
 
-/// Which limit a check hit.
+/// Which limit a check hit: one of the run's own ([`BudgetLimits`]) or one of
+/// its tenant's daily caps, which the fleet counts across runs (the worker's
+/// budget gate).
+///
+/// ```
+/// use glia_proto::budget::Limit;
+/// assert_eq!(serde_json::to_string(&Limit::TenantDailyCost).unwrap(), r#""tenant_daily_cost""#);
+/// assert_eq!(Limit::TenantDailyTokens.to_string(), "tenant_daily_tokens");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Limit {
@@ -65,6 +75,11 @@ pub enum Limit {
     CacheReadTokens,
     /// `max_cost_usd_micros`.
     Cost,
+    /// The tenant's daily cost cap (USD micros, all its runs, per UTC day).
+    TenantDailyCost,
+    /// The tenant's daily token cap (tokens of every kind, all its runs, per
+    /// UTC day).
+    TenantDailyTokens,
 }
 
 impl std::fmt::Display for Limit {
