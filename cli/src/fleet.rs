@@ -16,7 +16,8 @@ use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::{EventLog, JobQueue, Ledger};
 use glia_worker::Agent;
 use glia_worker::fleet::{Worker, WorkerOptions};
-use glia_worker::provider::ScriptLibrary;
+use glia_providers::RateLimits;
+use glia_worker::provider::{Provider, ScriptLibrary};
 use tokio::sync::watch;
 use tracing::info;
 
@@ -65,9 +66,21 @@ impl Ports {
 /// Options of the worker side.
 #[derive(Args, Clone)]
 pub struct WorkerArgs {
-    /// Directory of scripts (`NAME.json`) served to runs whose model is `script:NAME`.
-    #[arg(long, default_value = "examples/scripts")]
+    /// Directory of scripts (`NAME.json`) served to runs whose model is
+    /// `script:NAME`; used unless --provider names a real provider.
+    #[arg(long, default_value = "examples/scripts", conflicts_with = "provider")]
     pub scripts: PathBuf,
+    #[command(flatten)]
+    pub provider: crate::provider::ProviderArgs,
+    /// Fleet-wide requests per minute per provider, model and key (0 = no limit).
+    #[arg(long, default_value_t = 0, requires = "provider")]
+    pub rpm: u64,
+    /// Fleet-wide input tokens per minute per provider, model and key (0 = no limit).
+    #[arg(long, default_value_t = 0, requires = "provider")]
+    pub input_tpm: u64,
+    /// Fleet-wide output tokens per minute per provider, model and key (0 = no limit).
+    #[arg(long, default_value_t = 0, requires = "provider")]
+    pub output_tpm: u64,
     /// Runs advanced at once per worker.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
@@ -80,9 +93,21 @@ pub struct WorkerArgs {
 }
 
 impl WorkerArgs {
-    fn agent(&self) -> Result<Arc<Agent>> {
-        let scripts = ScriptLibrary::from_dir(&self.scripts).map_err(anyhow::Error::msg)?;
-        Ok(Arc::new(Agent::new(Arc::new(scripts)).with_tools(crate::demo::tools())))
+    /// The agent: scripts, or the real provider of `--provider` (with the
+    /// fleet-wide rate limiter in Redis when `redis` is given: URL and key
+    /// prefix). A missing API key fails before anything connects.
+    async fn agent(&self, redis: Option<(&str, &str)>) -> Result<Arc<Agent>> {
+        self.provider.check()?;
+        let provider: Arc<dyn Provider> = match self.provider.provider {
+            None => Arc::new(ScriptLibrary::from_dir(&self.scripts).map_err(anyhow::Error::msg)?),
+            Some(kind) => {
+                let limits = RateLimits { requests_per_minute: self.rpm, input_tokens_per_minute: self.input_tpm, output_tokens_per_minute: self.output_tpm, resume_spacing_ms: None };
+                let prefix = redis.map(|(_, p)| format!("{p}:")).unwrap_or_default();
+                let limiter = redis.map(|(url, _)| (url, prefix.as_str(), limits));
+                self.provider.fleet_provider(kind, limiter).await?
+            }
+        };
+        Ok(Arc::new(Agent::new(provider).with_tools(crate::demo::tools())))
     }
 
     fn options(&self, n: usize) -> WorkerOptions {
@@ -168,18 +193,20 @@ pub async fn dispatcher(urls: Urls, args: DispatcherArgs) -> Result<()> {
 /// `glia worker`: consume run jobs until SIGTERM, then finish the current
 /// steps, release leases and exit.
 pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
+    let agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix))).await?;
     let ports = Ports::connect(&urls).await?;
-    let worker = Arc::new(Worker::new(args.agent()?, ports.log, ports.queue, ports.ledger, args.options(0)));
+    let worker = Arc::new(Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0)));
     worker.run(shutdown_signal()).await;
     Ok(())
 }
 
 /// `glia dev`: dispatcher and `workers` workers in one process on the
-/// in-memory ports (or on the services with `--services`).
+/// in-memory ports (or on the services with `--services`; only then is a real
+/// provider rate-limited through Redis).
 pub async fn dev(urls: Urls, services: bool, workers: usize, worker_args: WorkerArgs, dispatcher_args: DispatcherArgs) -> Result<()> {
+    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str()))).await?;
     let ports = if services { Ports::connect(&urls).await? } else { Ports::memory() };
     let shutdown = shutdown_signal();
-    let agent = worker_args.agent()?;
     for n in 0..workers.max(1) {
         let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n)));
         tokio::spawn(w.run(shutdown.clone()));

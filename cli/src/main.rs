@@ -4,6 +4,7 @@
 mod client;
 mod demo;
 mod fleet;
+mod provider;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use glia_proto::{Decision, Event, EventKind, PullPoint, Resume, RunConfig, RunState, Status};
 use glia_worker::agent::{EventSink, SinkError};
-use glia_worker::provider::ScriptedProvider;
+use glia_worker::provider::{Provider, ScriptedProvider};
 use glia_worker::{Agent, async_trait};
 
 #[derive(Parser)]
@@ -24,7 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one scripted run in this process and print its events as they happen.
+    /// Run one run in this process, on a script or a real provider, and
+    /// print its events as they happen.
     Run(RunArgs),
     /// Serve the HTTP API, relay the outbox and reconcile lost runs.
     Dispatcher {
@@ -66,13 +68,20 @@ enum Command {
 }
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("model_source").required(true).args(["script", "provider"])))]
 struct RunArgs {
-    /// Script of model responses (JSON array; see ScriptedTurn).
+    /// Script of model responses (JSON array; see ScriptedTurn). Exactly one
+    /// of --script and --provider.
     #[arg(long)]
-    script: PathBuf,
+    script: Option<PathBuf>,
+    #[command(flatten)]
+    provider: provider::ProviderArgs,
     /// Run configuration (JSON RunConfig); default: no policies, no budget.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Model name, instead of the config's.
+    #[arg(long)]
+    model: Option<String>,
     /// Print events as JSON lines instead of text.
     #[arg(long)]
     json: bool,
@@ -128,22 +137,42 @@ impl EventSink for Printer {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
-    let script = std::fs::read_to_string(&args.script).with_context(|| format!("reading {}", args.script.display()))?;
-    let provider = ScriptedProvider::from_json(&script).with_context(|| format!("parsing script {}", args.script.display()))?;
-    let config: RunConfig = match &args.config {
+    let mut config: RunConfig = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             serde_json::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?
         }
         None => RunConfig::default(),
     };
-    let agent = Agent::new(Arc::new(provider)).with_tools(demo::tools());
+    if let Some(model) = &args.model {
+        config.model.clone_from(model);
+    }
+    args.provider.check()?;
+    let provider: Arc<dyn Provider> = match (&args.script, args.provider.provider) {
+        (Some(path), _) => {
+            let script = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            Arc::new(ScriptedProvider::from_json(&script).with_context(|| format!("parsing script {}", path.display()))?)
+        }
+        (None, Some(kind)) => {
+            if config.model == RunConfig::default().model {
+                bail!("name the {} model to call: --model NAME, or \"model\" in --config", kind.name());
+            }
+            let provider = glia_providers::from_config(&args.provider.config(kind))?;
+            if let Some(path) = &args.provider.prices {
+                let table = glia_providers::PriceTable::from_file(path)?;
+                let pricing = table.pricing(kind.name(), &config.model);
+                config.pricing = Some(pricing.with_context(|| format!("{} has no price for {}/{}", path.display(), kind.name(), config.model))?);
+            }
+            provider
+        }
+        (None, None) => unreachable!("clap requires --script or --provider"),
+    };
+    let agent = Agent::new(provider).with_tools(demo::tools());
     let mut sink = Printer { json: args.json };
     let (mut state, mut status) = agent.run(uuid::Uuid::now_v7(), &args.goal, config, &mut sink).await?;
     let mut replies = args.replies.into_iter();
     let mut tool_results = args.tool_results.into_iter();
-    loop {
-        let Status::Parked(pull_point) = &status else { break };
+    while let Status::Parked(pull_point) = &status {
         let input = match pull_point {
             PullPoint::AwaitingApproval { call_ids } if args.approve || args.reject.is_some() => {
                 let call = state.call(&call_ids[0]).context("approval for an unknown call")?;
@@ -199,6 +228,8 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         EventKind::StepStart { index, description, tools } => format!("#{index} {} ({} tools)", clip(description), tools.len()),
         EventKind::StepEnd { index, answer, skipped } => format!("#{index}{} {}", if *skipped { " skipped" } else { "" }, clip(answer)),
         EventKind::ModelCall { model, messages, wrap_up, .. } => format!("{model}, {messages} messages{}", if *wrap_up { ", wrap-up" } else { "" }),
+        EventKind::ModelRetry(r) => format!("attempt {} failed ({}), retrying in {} ms: {}", r.attempt, r.cause, r.delay_ms, clip(&r.message)),
+        EventKind::MessageElided { index, reason } => format!("message {index}: {}", clip(reason)),
         EventKind::ModelResponse { message, usage, stop_reason, .. } => {
             let calls: Vec<String> = message.tool_uses().map(|(id, name, _)| format!("{name}#{id}")).collect();
             let text = clip(&message.text());
@@ -214,7 +245,7 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         EventKind::ContextCompacted { strategy, removed, .. } => format!("{strategy}: removed {removed} messages"),
         EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),
         EventKind::BudgetExtended { limits } => format!("{limits:?}"),
-        EventKind::SessionPause { pull_point } => format!("{}", serde_json::to_string(pull_point).unwrap_or_default()),
+        EventKind::SessionPause { pull_point } => serde_json::to_string(pull_point).unwrap_or_default(),
         EventKind::SessionResume { by } => format!("by {}", by.as_deref().unwrap_or("?")),
         EventKind::SessionCancel { reason } => clip(reason),
         EventKind::SessionComplete { outcome } => clip(&serde_json::to_string(outcome).unwrap_or_default()),

@@ -23,7 +23,7 @@ pub enum Role {
 /// JSON: `{"type": "text", "text": "…"}`, `{"type": "tool_use", "id": "…",
 /// "name": "…", "input": {…}}`, `{"type": "tool_result", "tool_use_id": "…",
 /// "content": "…", "is_error": false}`, `{"type": "thinking", "thinking": "…",
-/// "signature": "…"}`.
+/// "signature": "…"}`, `{"type": "redacted_thinking", "data": "…"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
@@ -59,6 +59,13 @@ pub enum ContentBlock {
         /// Opaque provider signature; empty when the provider gives none.
         #[serde(default)]
         signature: String,
+    },
+    /// Model reasoning the provider encrypted (Anthropic's
+    /// `redacted_thinking`): opaque, never shown, but sent back unchanged
+    /// with the last assistant turn like [`ContentBlock::Thinking`].
+    RedactedThinking {
+        /// The provider's encrypted payload.
+        data: String,
     },
 }
 

@@ -3,8 +3,8 @@
 //! An [`Event`] is an envelope (`run_id`, `seq`, `at`) around an [`EventKind`]
 //! whose JSON tag is the dotted name (`{"type": "tool.call", "data": {…}}`).
 //! Events are observations: replaying them never calls a model, a tool or a
-//! hook again. [`LiveEvent`]s (`model.delta`, `tool.progress`) are pushed to
-//! subscribers and never persisted.
+//! hook again. [`LiveEvent`]s (`model.delta`, `model.discard`,
+//! `tool.progress`) are pushed to subscribers and never persisted.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -89,6 +89,25 @@ pub enum EventKind {
         wrap_up: bool,
         /// Name of the tool the call forced, if any.
         forced_tool: Option<String>,
+    },
+    /// An attempt of the model call in flight failed and was retried: recorded
+    /// after `model.call`, before the `model.response` (or the `error`) of
+    /// the same call, one per failed attempt. Changes nothing in the state;
+    /// the text a failed attempt streamed was discarded (see
+    /// [`LiveEvent::ModelDiscard`]).
+    #[serde(rename = "model.retry")]
+    ModelRetry(Retry),
+    /// A message of the conversation was replaced by a marked elision
+    /// ([`crate::repair::elide`]) because the provider refused to process it.
+    /// Recorded while a model call is in flight, before its `model.response`,
+    /// so a resumed run sends the elided history.
+    #[serde(rename = "message.elided")]
+    MessageElided {
+        /// Index of the message in the run's conversation
+        /// ([`crate::RunState::messages`]).
+        index: usize,
+        /// Why, e.g. `provider refusal`.
+        reason: String,
     },
     /// The model answered.
     #[serde(rename = "model.response")]
@@ -257,6 +276,8 @@ impl EventKind {
             EventKind::StepStart { .. } => "step.start",
             EventKind::StepEnd { .. } => "step.end",
             EventKind::ModelCall { .. } => "model.call",
+            EventKind::ModelRetry(_) => "model.retry",
+            EventKind::MessageElided { .. } => "message.elided",
             EventKind::ModelResponse { .. } => "model.response",
             EventKind::ToolCall(_) => "tool.call",
             EventKind::ToolResult { .. } => "tool.result",
@@ -276,6 +297,20 @@ impl EventKind {
             EventKind::HookApplied { .. } => "hook.applied",
         }
     }
+}
+
+/// One failed attempt of a model call that was retried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retry {
+    /// The attempt that failed, from 1.
+    pub attempt: u32,
+    /// A short, stable label of the failure: `rate_limited`, `overloaded`,
+    /// `server`, `network`, `stream_cut`, …
+    pub cause: String,
+    /// The failure as the provider described it (never holds a key).
+    pub message: String,
+    /// Wait before the next attempt, in ms.
+    pub delay_ms: u64,
 }
 
 /// The decided form of one tool call, recorded before it runs.
@@ -526,6 +561,16 @@ pub enum LiveEvent {
         channel: String,
         /// The piece.
         delta: String,
+    },
+    /// An attempt of the model call failed and will be retried: drop the
+    /// text and thinking streamed since the call (or the last discard)
+    /// began; the next attempt streams its answer from the start.
+    #[serde(rename = "model.discard")]
+    ModelDiscard {
+        /// The attempt that failed, from 1.
+        attempt: u32,
+        /// Its short failure label (as in [`Retry::cause`]).
+        cause: String,
     },
     /// Progress reported by a running tool.
     #[serde(rename = "tool.progress")]

@@ -25,7 +25,7 @@ pub use config::{PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec};
 pub use content::{ContentBlock, Message, Role, Usage};
 pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent, Outcome, PauseReason,
-    PullPoint, Resume, ToolCallRecord, ToolErrorKind,
+    PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
 };
 pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
 

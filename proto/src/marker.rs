@@ -2,7 +2,7 @@
 //! recognises it.
 //!
 //! Every insert (a synthetic tool result, a policy reminder, the wrap-up notice,
-//! a compaction summary, a re-ask, a step note) starts with a byte-stable
+//! a compaction summary, a re-ask, a step note, an elision) starts with a byte-stable
 //! marker `⟦glia:KIND⟧ `. [`is_machine_text`] answers for all of them at once;
 //! it matches only the registered kinds, so unmarked text can never pass as
 //! glia's own. A new kind of inserted text starts with an entry in [`Insert`].
@@ -26,10 +26,13 @@ pub enum Insert {
     Step,
     /// A placeholder that keeps roles alternating.
     Filler,
+    /// The stand-in for a message a provider refused to process
+    /// (`message.elided`; see [`crate::repair::elide`]).
+    Elided,
 }
 
 impl Insert {
-    const ALL: [Insert; 8] = [
+    const ALL: [Insert; 9] = [
         Insert::Synthetic,
         Insert::OutcomeUnknown,
         Insert::Reminder,
@@ -38,6 +41,7 @@ impl Insert {
         Insert::Reask,
         Insert::Step,
         Insert::Filler,
+        Insert::Elided,
     ];
 
     /// The marker, e.g. `⟦glia:reminder⟧ `.
@@ -51,6 +55,7 @@ impl Insert {
             Insert::Reask => "⟦glia:re-ask⟧ ",
             Insert::Step => "⟦glia:step⟧ ",
             Insert::Filler => "⟦glia:filler⟧ ",
+            Insert::Elided => "⟦glia:elided⟧ ",
         }
     }
 

@@ -11,7 +11,10 @@
 //! alternate, no message or text block is empty, every tool use is answered in
 //! the very next user turn (answers first, in call order), there are no orphan
 //! results, tool use ids are unique, and only the last assistant turn keeps its
-//! thinking blocks.
+//! thinking blocks (plain and redacted).
+//!
+//! [`elide`] is the other text glia writes in place of history: the marked
+//! stand-in for a message a provider refused to process.
 
 use std::collections::HashSet;
 
@@ -37,8 +40,24 @@ pub fn synthetic_result_text() -> String {
 /// assert!(matches!(&fixed[2].content[0], ContentBlock::ToolResult { is_error: true, .. }));
 /// ```
 pub fn repair(history: &[Message]) -> Vec<Message> {
+    repair_traced(history).0
+}
+
+/// [`repair`], also telling where each output message came from:
+/// `origins[k]` lists, in order, the indices of the `history` messages whose
+/// blocks make up output message `k` (several when turns were merged; empty
+/// for a turn glia wrote: a filler, or synthetic results only).
+///
+/// ```
+/// use glia_proto::{Message, repair::repair_traced};
+/// let (messages, origins) = repair_traced(&[Message::assistant("hi"), Message::user("a"), Message::user("b")]);
+/// assert_eq!(messages.len(), 3); // a filler user turn first
+/// assert_eq!(origins, vec![vec![], vec![0], vec![1, 2]]);
+/// ```
+pub fn repair_traced(history: &[Message]) -> (Vec<Message>, Vec<Vec<usize>>) {
     let last_assistant = history.iter().rposition(|m| m.role == Role::Assistant);
     let mut out: Vec<Message> = Vec::with_capacity(history.len() + 2);
+    let mut origins: Vec<Vec<usize>> = Vec::with_capacity(history.len() + 2);
     let mut seen_ids: HashSet<String> = HashSet::new();
     let mut open: Vec<String> = Vec::new();
 
@@ -50,7 +69,7 @@ pub fn repair(history: &[Message]) -> Vec<Message> {
                     .iter()
                     .filter(|b| match b {
                         ContentBlock::Text { text } => !text.is_empty(),
-                        ContentBlock::Thinking { .. } => Some(i) == last_assistant,
+                        ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => Some(i) == last_assistant,
                         ContentBlock::ToolUse { id, .. } => !id.is_empty() && seen_ids.insert(id.clone()),
                         ContentBlock::ToolResult { .. } => false,
                     })
@@ -61,10 +80,17 @@ pub fn repair(history: &[Message]) -> Vec<Message> {
                 }
                 if !open.is_empty() {
                     out.push(results_turn(&mut open, Vec::new()));
+                    origins.push(Vec::new());
                 }
                 match out.last_mut() {
-                    Some(prev) if prev.role == Role::Assistant => prev.content.extend(blocks),
-                    _ => out.push(Message { role: Role::Assistant, content: blocks }),
+                    Some(prev) if prev.role == Role::Assistant => {
+                        prev.content.extend(blocks);
+                        origins.last_mut().expect("one origin list per message").push(i);
+                    }
+                    _ => {
+                        out.push(Message { role: Role::Assistant, content: blocks });
+                        origins.push(vec![i]);
+                    }
                 }
                 if let Some(prev) = out.last() {
                     open = prev.tool_uses().map(|(id, _, _)| id.to_owned()).collect();
@@ -86,7 +112,9 @@ pub fn repair(history: &[Message]) -> Vec<Message> {
                     }
                 }
                 if !open.is_empty() {
+                    let contributed = !answers.is_empty() || !others.is_empty();
                     out.push(results_turn(&mut open, answers));
+                    origins.push(if contributed { vec![i] } else { Vec::new() });
                     if let Some(prev) = out.last_mut() {
                         prev.content.extend(others);
                     }
@@ -96,22 +124,73 @@ pub fn repair(history: &[Message]) -> Vec<Message> {
                     continue;
                 }
                 match out.last_mut() {
-                    Some(prev) if prev.role == Role::User => prev.content.extend(others),
-                    _ => out.push(Message { role: Role::User, content: others }),
+                    Some(prev) if prev.role == Role::User => {
+                        prev.content.extend(others);
+                        origins.last_mut().expect("one origin list per message").push(i);
+                    }
+                    _ => {
+                        out.push(Message { role: Role::User, content: others });
+                        origins.push(vec![i]);
+                    }
                 }
             }
         }
     }
     if !open.is_empty() {
         out.push(results_turn(&mut open, Vec::new()));
+        origins.push(Vec::new());
     }
     if out.first().is_none_or(|m| m.role != Role::User) {
         out.insert(0, Message::user(Insert::Filler.wrap("(earlier conversation omitted)")));
+        origins.insert(0, Vec::new());
     }
     if out.last().is_some_and(|m| m.role == Role::Assistant) {
         out.push(Message::user(Insert::Filler.wrap("Continue.")));
+        origins.push(Vec::new());
     }
-    out
+    (out, origins)
+}
+
+/// The text that stands for a message a provider refused to process.
+pub fn elision_text() -> String {
+    Insert::Elided.wrap("A message was elided here because the model provider refused to process it.")
+}
+
+/// `message` with its content replaced by the marked elision notice
+/// ([`elision_text`]), keeping its role and its tool-use / tool-result ids so
+/// pairing stays valid: the first text block becomes the notice, other text
+/// and thinking are dropped, a tool use keeps its id and name with input
+/// `{"elided": true}`, a tool result keeps its id and error flag with the
+/// notice as content. A message left with no block gets the notice.
+///
+/// ```
+/// use glia_proto::{Message, marker::{Insert, classify}, repair::elide};
+/// let e = elide(&Message::user("something the provider refuses"));
+/// assert_eq!(classify(&e.text()), Some(Insert::Elided));
+/// assert_eq!(elide(&e), e); // eliding twice changes nothing
+/// ```
+pub fn elide(message: &Message) -> Message {
+    let mut content = Vec::new();
+    let mut has_text = false;
+    for b in &message.content {
+        match b {
+            ContentBlock::Text { .. } if !has_text => {
+                has_text = true;
+                content.push(ContentBlock::text(elision_text()));
+            }
+            ContentBlock::Text { .. } | ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => {}
+            ContentBlock::ToolUse { id, name, .. } => {
+                content.push(ContentBlock::ToolUse { id: id.clone(), name: name.clone(), input: serde_json::json!({ "elided": true }) })
+            }
+            ContentBlock::ToolResult { tool_use_id, is_error, .. } => {
+                content.push(ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content: elision_text(), is_error: *is_error })
+            }
+        }
+    }
+    if content.is_empty() {
+        content.push(ContentBlock::text(elision_text()));
+    }
+    Message { role: message.role, content }
 }
 
 /// One user turn answering every id in `open` (call order): the given answer
@@ -196,7 +275,9 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
                 for b in &m.content {
                     match b {
                         ContentBlock::ToolResult { .. } => return Err(InvalidRequest::WrongRole(i, "tool_result")),
-                        ContentBlock::Thinking { .. } if Some(i) != last_assistant => return Err(InvalidRequest::StaleThinking(i)),
+                        ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } if Some(i) != last_assistant => {
+                            return Err(InvalidRequest::StaleThinking(i));
+                        }
                         ContentBlock::ToolUse { id, .. } => {
                             if id.is_empty() {
                                 return Err(InvalidRequest::EmptyContent(i));
@@ -226,6 +307,7 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
                         }
                         ContentBlock::ToolUse { .. } => return Err(InvalidRequest::WrongRole(i, "tool_use")),
                         ContentBlock::Thinking { .. } => return Err(InvalidRequest::WrongRole(i, "thinking")),
+                        ContentBlock::RedactedThinking { .. } => return Err(InvalidRequest::WrongRole(i, "redacted_thinking")),
                         ContentBlock::Text { .. } => seen_other = true,
                     }
                 }

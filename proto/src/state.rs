@@ -15,6 +15,7 @@ use crate::budget::{BudgetLimits, BudgetUsage};
 use crate::config::{RunConfig, ToolSpec};
 use crate::event::{Decision, Disposition, Event, EventKind, GuardrailStage, Outcome, PauseReason, PullPoint, ToolCallRecord};
 use crate::marker::Insert;
+use crate::repair::elide;
 use crate::{ContentBlock, Message, Role, args_hash, OUTPUT_TOOL};
 
 /// The six states of the harness contract.
@@ -369,6 +370,22 @@ impl RunState {
                 self.turn_calls += 1;
                 self.usage.turns += 1;
             }
+            EventKind::ModelRetry(_) => {
+                not_parked(self)?;
+                if !self.model_call_in_flight() {
+                    return Err(illegal(self, "a retry belongs to a model call in flight (after model.call, before model.response)"));
+                }
+            }
+            EventKind::MessageElided { index, .. } => {
+                not_parked(self)?;
+                if !self.model_call_in_flight() {
+                    return Err(illegal(self, "a message is elided while a model call is in flight"));
+                }
+                let Some(message) = self.messages.get(*index) else {
+                    return Err(illegal(self, &format!("no message {index} to elide (the conversation has {})", self.messages.len())));
+                };
+                self.messages[*index] = elide(message);
+            }
             EventKind::ModelResponse { message, usage, duration_ms, cost_usd_micros, .. } => {
                 not_parked(self)?;
                 if self.phase != Phase::Executing {
@@ -585,6 +602,12 @@ impl RunState {
         }
         self.head_seq = event.seq;
         Ok(())
+    }
+
+    /// True between a `model.call` and its answer: executing a step, at
+    /// least one call made this turn, the conversation ending with a user turn.
+    fn model_call_in_flight(&self) -> bool {
+        self.phase == Phase::Executing && self.step.is_some() && self.turn_calls > 0 && self.messages.last().is_some_and(|m| m.role == Role::User)
     }
 
     fn pending(&self, call_id: &str) -> Result<&PendingCall, TransitionError> {

@@ -13,8 +13,8 @@ use std::fmt::Debug;
 use chrono::{DateTime, Utc};
 use glia_proto::{
     BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic,
-    Limit, Message, Outcome, PauseReason, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, Resume, Role, RunConfig,
-    ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
+    Limit, LiveEvent, Message, Outcome, PauseReason, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, Resume, Role, RunConfig,
+    Retry, ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -80,6 +80,7 @@ fn content_block() -> impl Strategy<Value = ContentBlock> {
         (text(), text(), any::<bool>())
             .prop_map(|(tool_use_id, content, is_error)| ContentBlock::ToolResult { tool_use_id, content, is_error }),
         (text(), text()).prop_map(|(thinking, signature)| ContentBlock::Thinking { thinking, signature }),
+        text().prop_map(|data| ContentBlock::RedactedThinking { data }),
     ]
 }
 
@@ -308,6 +309,9 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         (text(), any::<usize>(), any::<bool>(), prop::option::of(text())).prop_map(|(model, messages, wrap_up, forced_tool)| {
             EventKind::ModelCall { model, messages, wrap_up, forced_tool }
         }),
+        (any::<u32>(), text(), text(), any::<u64>())
+            .prop_map(|(attempt, cause, message, delay_ms)| EventKind::ModelRetry(Retry { attempt, cause, message, delay_ms })),
+        (any::<usize>(), text()).prop_map(|(index, reason)| EventKind::MessageElided { index, reason }),
         (message(), usage(), text(), any::<u64>(), any::<u64>()).prop_map(
             |(message, usage, stop_reason, duration_ms, cost_usd_micros)| EventKind::ModelResponse {
                 message,
@@ -469,6 +473,8 @@ fn variant_index(kind: &EventKind) -> usize {
         EventKind::SessionComplete { .. } => 20,
         EventKind::Error { .. } => 21,
         EventKind::HookApplied { .. } => 22,
+        EventKind::ModelRetry(_) => 23,
+        EventKind::MessageElided { .. } => 24,
     }
 }
 
@@ -493,7 +499,7 @@ fn variants_seen<T: Debug>(strategy: impl Strategy<Value = T>, index: fn(&T) -> 
 
 #[test]
 fn the_strategies_cover_every_variant() {
-    assert_eq!(variants_seen(event_kind(), variant_index), (0..23).collect());
+    assert_eq!(variants_seen(event_kind(), variant_index), (0..25).collect());
     assert_eq!(variants_seen(resume(), resume_variant_index), (0..7).collect());
 }
 
@@ -534,8 +540,11 @@ fn every_event_serialises_under_its_name() {
         EventKind::SessionComplete { outcome: Outcome::Failed { error: "x".into() } },
         EventKind::Error { message: "boom".into(), fatal: true },
         EventKind::HookApplied { topic: HookTopic::BeforeToolCall, hook: "h".into(), effect: HookEffect::Skipped },
+        EventKind::ModelRetry(Retry { attempt: 1, cause: "rate_limited".into(), message: "slow down".into(), delay_ms: 3000 }),
+        EventKind::MessageElided { index: 2, reason: "provider refusal".into() },
     ];
-    let expected = ["session.start", "model.call", "approval.resolved", "session.pause", "session.complete", "error", "hook.applied"];
+    let expected =
+        ["session.start", "model.call", "approval.resolved", "session.pause", "session.complete", "error", "hook.applied", "model.retry", "message.elided"];
     for (kind, name) in kinds.into_iter().zip(expected) {
         assert_eq!(kind.name(), name);
         let value = serde_json::to_value(envelope(kind)).unwrap();
@@ -566,4 +575,21 @@ fn option_of_null_reads_back_as_none() {
     let outcome = Outcome::Succeeded { answer: "a".into(), output: Some(Value::Null) };
     let back: Outcome = serde_json::from_str(&serde_json::to_string(&outcome).unwrap()).unwrap();
     assert_eq!(back, Outcome::Succeeded { answer: "a".into(), output: None });
+}
+
+#[test]
+fn retries_elisions_and_discards_have_the_documented_shape() {
+    let retry = envelope(EventKind::ModelRetry(Retry { attempt: 2, cause: "overloaded".into(), message: "busy".into(), delay_ms: 1500 }));
+    assert_eq!(
+        serde_json::to_value(&retry).unwrap()["data"],
+        json!({"attempt": 2, "cause": "overloaded", "message": "busy", "delay_ms": 1500})
+    );
+    let elided = envelope(EventKind::MessageElided { index: 3, reason: "provider refusal".into() });
+    assert_eq!(serde_json::to_value(&elided).unwrap()["data"], json!({"index": 3, "reason": "provider refusal"}));
+    let discard = LiveEvent::ModelDiscard { attempt: 1, cause: "stream_cut".into() };
+    let value = serde_json::to_value(&discard).unwrap();
+    assert_eq!(value, json!({"type": "model.discard", "data": {"attempt": 1, "cause": "stream_cut"}}));
+    assert_eq!(serde_json::from_value::<LiveEvent>(value).unwrap(), discard);
+    let block = ContentBlock::RedactedThinking { data: "EmwKAhgB".into() };
+    assert_eq!(serde_json::to_value(&block).unwrap(), json!({"type": "redacted_thinking", "data": "EmwKAhgB"}));
 }

@@ -10,7 +10,8 @@
 //!
 //! Stream: `message_start` (usage: input and cache tokens), per block
 //! `content_block_start` / `content_block_delta` (`text_delta`,
-//! `input_json_delta`, `thinking_delta`, `signature_delta`) /
+//! `input_json_delta`, `thinking_delta`, `signature_delta`; a
+//! `redacted_thinking` block arrives whole in its start event) /
 //! `content_block_stop`, `message_delta` (stop reason, cumulative usage),
 //! `message_stop`; `ping` and unknown events are ignored; an `error` event
 //! after the 200 is classified like an HTTP error. Usage fields in a later
@@ -69,7 +70,7 @@ fn ephemeral() -> Value {
 
 impl Anthropic {
     /// The request body's `messages`. Thinking blocks go back only with
-    /// their signature; a tool input that is not an object (arguments a
+    /// their signature, redacted thinking with its data as received; a tool input that is not an object (arguments a
     /// model sent as invalid JSON) goes back as `{"invalid_arguments": raw}`.
     fn messages(&self, messages: &[Message]) -> Vec<Value> {
         let mut out: Vec<Value> = messages
@@ -95,6 +96,7 @@ impl Anthropic {
                             Some(json!({ "type": "thinking", "thinking": thinking, "signature": signature }))
                         }
                         ContentBlock::Thinking { .. } => None,
+                        ContentBlock::RedactedThinking { data } => Some(json!({ "type": "redacted_thinking", "data": data })),
                     })
                     .collect();
                 let role = match m.role {
@@ -107,6 +109,7 @@ impl Anthropic {
         if self.cache.conversation
             && let Some(last) = out.last_mut().and_then(|m| m["content"].as_array_mut()).and_then(|c| c.last_mut())
             && last["type"] != "thinking"
+            && last["type"] != "redacted_thinking"
         {
             last["cache_control"] = ephemeral();
         }
@@ -219,6 +222,7 @@ pub fn decode_message(body: &[u8]) -> Result<ModelResponse, CallError> {
                 thinking: b["thinking"].as_str().unwrap_or_default().to_owned(),
                 signature: b["signature"].as_str().unwrap_or_default().to_owned(),
             }),
+            Some("redacted_thinking") => blocks.push(ContentBlock::RedactedThinking { data: b["data"].as_str().unwrap_or_default().to_owned() }),
             _ => {}
         }
     }
@@ -233,7 +237,7 @@ fn response(mut content: Vec<ContentBlock>, usage: Usage, stop_reason: String) -
     if content.is_empty() {
         content.push(ContentBlock::text("(no answer)"));
     }
-    ModelResponse { message: Message { role: Role::Assistant, content }, usage, stop_reason }
+    ModelResponse::new(Message { role: Role::Assistant, content }, usage, stop_reason)
 }
 
 /// An `error` event (or error body) classified like an HTTP failure.
@@ -249,6 +253,7 @@ enum Block {
     Text(String),
     Tool { id: String, name: String, json: String },
     Thinking { thinking: String, signature: String },
+    Redacted(String),
     Ignored,
 }
 
@@ -290,6 +295,7 @@ impl Assembly {
                         thinking: b["thinking"].as_str().unwrap_or_default().to_owned(),
                         signature: b["signature"].as_str().unwrap_or_default().to_owned(),
                     },
+                    Some("redacted_thinking") => Block::Redacted(b["data"].as_str().unwrap_or_default().to_owned()),
                     _ => Block::Ignored,
                 };
                 self.blocks.insert(index.unwrap_or(self.blocks.len() as u64), block);
@@ -334,6 +340,7 @@ impl Assembly {
             match block {
                 Block::Text(text) => content.push(ContentBlock::Text { text }),
                 Block::Thinking { thinking, signature } => content.push(ContentBlock::Thinking { thinking, signature }),
+                Block::Redacted(data) => content.push(ContentBlock::RedactedThinking { data }),
                 Block::Tool { id, name, json } => {
                     let parsed = if json.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str::<Value>(&json) };
                     match parsed {

@@ -119,7 +119,7 @@ impl ProviderConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     /// The API key variable is unset or empty.
-    #[error("no API key for the {kind} provider: set the environment variable {var} (or name another one in api_key_env)")]
+    #[error("no API key for the {kind} provider: set the environment variable {var} (or name another variable with api_key_env / --api-key-env)")]
     MissingKey {
         /// The variable that was read.
         var: String,

@@ -144,19 +144,24 @@ impl CallError {
     }
 }
 
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl From<CallError> for ProviderError {
     /// Rate limits keep their wait (in ms; 1 s when the provider gave
-    /// none); spending caps become [`ProviderError::SpendCap`]; other
-    /// retryable failures [`ProviderError::Transient`]; the rest
-    /// [`ProviderError::InvalidRequest`] (the run fails with the message).
+    /// none); spending caps become [`ProviderError::SpendCap`]; a rejected
+    /// key [`ProviderError::Auth`] (both pause the run); other retryable
+    /// failures [`ProviderError::Transient`] with the provider's wait hint;
+    /// the rest [`ProviderError::InvalidRequest`] (the run fails with the
+    /// message).
     fn from(e: CallError) -> Self {
         match e {
-            CallError::RateLimited { retry_after, .. } => {
-                ProviderError::RateLimited { retry_after_ms: retry_after.map_or(1000, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)) }
-            }
-            CallError::WaitTooLong { wait } => ProviderError::RateLimited { retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX) },
+            CallError::RateLimited { retry_after, .. } => ProviderError::RateLimited { retry_after_ms: retry_after.map_or(1000, millis) },
+            CallError::WaitTooLong { wait } => ProviderError::RateLimited { retry_after_ms: millis(wait) },
             CallError::SpendCap { message } => ProviderError::SpendCap(message),
-            e if e.is_retryable() => ProviderError::Transient(e.to_string()),
+            CallError::Auth { status, message } => ProviderError::Auth(format!("HTTP {status}: {message}")),
+            e if e.is_retryable() => ProviderError::Transient { retry_after_ms: e.retry_after().map(millis), message: e.to_string() },
             e => ProviderError::InvalidRequest(e.to_string()),
         }
     }

@@ -6,7 +6,7 @@
 //! everything about transport, retries and rate limits lives here, so the two
 //! adapters behave the same way.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use glia_proto::{LiveEvent, Usage};
+use glia_proto::{LiveEvent, Pricing, Retry, Usage};
 use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
@@ -24,6 +24,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{ApiKey, redact};
 use crate::error::{CallError, Failure, retry_after, should_retry};
 use crate::metrics::ProviderMetrics;
+use crate::pricing::PriceTable;
 use crate::ratelimit::{RateCost, RateKey, RateLimiter};
 
 /// The live-delta callback of [`Provider::generate`].
@@ -100,8 +101,9 @@ pub struct RetryEvent {
     pub delay: Duration,
 }
 
-/// Sees what happens inside one call: retries and rate-limit waits. The
-/// worker records these as events; tests collect them.
+/// Sees what happens inside one call: retries and rate-limit waits, for
+/// logs and tests. (The loop records retries from
+/// [`ModelResponse::retries`].)
 pub trait CallObserver: Send + Sync {
     /// An attempt failed and will be retried after `event.delay`.
     fn retry(&self, event: &RetryEvent) {
@@ -128,6 +130,7 @@ pub struct HttpProvider<W> {
     limiter: Option<Arc<RateLimiter>>,
     observer: Option<Arc<dyn CallObserver>>,
     metrics: Option<ProviderMetrics>,
+    prices: Option<Arc<PriceTable>>,
 }
 
 impl<W: Wire> std::fmt::Debug for HttpProvider<W> {
@@ -166,6 +169,7 @@ impl<W: Wire> HttpProvider<W> {
             limiter: None,
             observer: None,
             metrics: None,
+            prices: None,
         }
     }
 
@@ -211,6 +215,13 @@ impl<W: Wire> HttpProvider<W> {
         self
     }
 
+    /// Price calls with `table` when a run's config has no pricing
+    /// ([`Provider::pricing`]).
+    pub fn with_prices(mut self, table: PriceTable) -> Self {
+        self.prices = Some(Arc::new(table));
+        self
+    }
+
     /// The endpoint URL.
     pub fn url(&self) -> &str {
         &self.url
@@ -227,9 +238,21 @@ impl<W: Wire> HttpProvider<W> {
         RateKey::new(self.wire.provider(), model, self.key.as_ref())
     }
 
-    /// Send `request`, retrying per the policy. Errors are typed
+    /// Send `request`, retrying per the policy. Each failed attempt that is
+    /// retried is listed in the answer's [`ModelResponse::retries`] and
+    /// streamed as a [`LiveEvent::ModelDiscard`]. Errors are typed
     /// [`CallError`]s; [`Provider::generate`] converts them.
     pub async fn call(&self, request: &ModelRequest, live: &LiveFn<'_>) -> Result<ModelResponse, CallError> {
+        let retries = Mutex::new(Vec::new());
+        let result = self.call_recording(request, live, &retries).await;
+        result.map(|mut r| {
+            r.retries = retries.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            r
+        })
+    }
+
+    /// [`HttpProvider::call`], collecting the retries in `retries`.
+    async fn call_recording(&self, request: &ModelRequest, live: &LiveFn<'_>, retries: &Mutex<Vec<Retry>>) -> Result<ModelResponse, CallError> {
         let mut owned;
         let request = match &self.model {
             Some(m) if *m != request.model => {
@@ -240,7 +263,7 @@ impl<W: Wire> HttpProvider<W> {
             _ => request,
         };
         let provider = self.wire.provider();
-        let result = self.retrying(request, live).await;
+        let result = self.retrying(request, live, retries).await;
         if let Some(m) = &self.metrics {
             m.request(provider, &request.model, result.as_ref().err().map_or("ok", CallError::kind));
             if let Ok(r) = &result {
@@ -252,7 +275,7 @@ impl<W: Wire> HttpProvider<W> {
 
     /// The backon retry loop around [`HttpProvider::attempt`], boxed here
     /// (outside any `async fn`) so the future is provably `Send`.
-    fn retrying<'a>(&'a self, request: &'a ModelRequest, live: &'a LiveFn<'a>) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
+    fn retrying<'a>(&'a self, request: &'a ModelRequest, live: &'a LiveFn<'a>, retries: &'a Mutex<Vec<Retry>>) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
         let provider = self.wire.provider();
         let call_id: Arc<str> = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)).into();
         let attempt = Arc::new(AtomicU32::new(0));
@@ -296,6 +319,9 @@ impl<W: Wire> HttpProvider<W> {
             if let Some(o) = &self.observer {
                 o.retry(&event);
             }
+            let retry = Retry { attempt: event.attempt, cause: e.kind().to_owned(), message: e.to_string(), delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX) };
+            live(LiveEvent::ModelDiscard { attempt: retry.attempt, cause: retry.cause.clone() });
+            retries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(retry);
         });
         Box::pin(future)
     }
@@ -367,8 +393,33 @@ impl<W: Wire> HttpProvider<W> {
 
 #[async_trait::async_trait]
 impl<W: Wire> Provider for HttpProvider<W> {
+    /// [`HttpProvider::call`], with its error converted; a transient error
+    /// that survived retries says how many attempts were made.
     async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
-        self.call(request, live).await.map_err(ProviderError::from)
+        let retries = Mutex::new(Vec::new());
+        let result = self.call_recording(request, live, &retries).await;
+        let retries = retries.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match result {
+            Ok(mut r) => {
+                r.retries = retries;
+                Ok(r)
+            }
+            Err(e) => {
+                let mut e = ProviderError::from(e);
+                if let ProviderError::Transient { message, .. } = &mut e
+                    && !retries.is_empty()
+                {
+                    message.push_str(&format!(" (after {} attempts)", retries.len() + 1));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The price table's entry for this provider and the model the call
+    /// uses (the configured override, else `model`).
+    fn pricing(&self, model: &str) -> Option<Pricing> {
+        self.prices.as_ref()?.pricing(self.wire.provider(), self.model.as_deref().unwrap_or(model))
     }
 }
 

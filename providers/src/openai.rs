@@ -92,7 +92,7 @@ impl OpenAi {
                         let content = if *is_error { format!("Error: {content}") } else { content.clone() };
                         out.push(json!({ "role": "tool", "tool_call_id": tool_use_id, "content": content }));
                     }
-                    ContentBlock::Thinking { .. } => {}
+                    ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => {}
                 }
             }
             let text = texts.join("\n");
@@ -367,7 +367,7 @@ fn build(text: String, thinking: String, calls: Vec<(String, String, String)>, f
     if !content.iter().any(|b| !matches!(b, ContentBlock::Thinking { .. })) {
         content.push(ContentBlock::text("(no answer)"));
     }
-    Ok(ModelResponse { message: Message { role: Role::Assistant, content }, usage, stop_reason: stop })
+    Ok(ModelResponse::new(Message { role: Role::Assistant, content }, usage, stop))
 }
 
 /// Decode a non-streaming completion (or an error object with status 200).

@@ -12,25 +12,21 @@
 //!
 //! An elided message keeps its role and its tool-use / tool-result ids, so
 //! pairing stays valid; its text, tool input and tool result are replaced by
-//! a marked notice ([`Insert::Summary`] until the marker registry has an
-//! elision kind). Elisions are remembered, so later calls through the same
-//! isolator send the repaired message directly; the worker should also
-//! record each [`Elision`] reported to the [`ElisionObserver`] in the run's
-//! log so a resumed run stays repaired.
+//! a marked notice ([`glia_proto::marker::Insert::Elided`], see
+//! [`glia_proto::repair::elide`]). The answer lists the elided request
+//! messages in [`ModelResponse::elided`]; the loop records a `message.elided`
+//! event for each, so a resumed run — in any process — sends the elided
+//! history. Elisions are also remembered here, so later calls through the
+//! same isolator that were not recorded (a planner's, a compactor's) send
+//! the repaired message directly. Each [`Elision`] is reported to the
+//! [`ElisionObserver`], if any, with the original message.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use glia_proto::marker::Insert;
-use glia_proto::{ContentBlock, LiveEvent, Message, Usage};
+pub use glia_proto::repair::{elide, elision_text};
+use glia_proto::{LiveEvent, Message, Pricing, Usage};
 use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
-use serde_json::json;
-
-
-/// The text that stands for an elided message.
-pub fn elision_text() -> String {
-    Insert::Summary.wrap("A message was elided here because the model provider refused to process it.")
-}
 
 /// One message replaced by an elision.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,29 +48,6 @@ pub struct Elision {
 pub trait ElisionObserver: Send + Sync {
     /// `elision` was applied to a request.
     fn elided(&self, elision: &Elision);
-}
-
-/// `m` with its content replaced by the elision notice; ids kept.
-pub fn elide(m: &Message) -> Message {
-    let mut content = Vec::new();
-    let mut has_text = false;
-    for b in &m.content {
-        match b {
-            ContentBlock::Text { .. } if !has_text => {
-                has_text = true;
-                content.push(ContentBlock::text(elision_text()));
-            }
-            ContentBlock::Text { .. } | ContentBlock::Thinking { .. } => {}
-            ContentBlock::ToolUse { id, name, .. } => content.push(ContentBlock::ToolUse { id: id.clone(), name: name.clone(), input: json!({ "elided": true }) }),
-            ContentBlock::ToolResult { tool_use_id, is_error, .. } => {
-                content.push(ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content: elision_text(), is_error: *is_error })
-            }
-        }
-    }
-    if content.is_empty() {
-        content.push(ContentBlock::text(elision_text()));
-    }
-    Message { role: m.role, content }
 }
 
 fn refused(r: &ModelResponse) -> bool {
@@ -117,16 +90,19 @@ impl RefusalIsolator {
         serde_json::to_string(m).unwrap_or_default()
     }
 
-    /// `request` with the elisions found earlier applied.
-    fn repaired(&self, request: &ModelRequest) -> ModelRequest {
+    /// `request` with the elisions found earlier applied, and the indices
+    /// of the messages they replaced.
+    fn repaired(&self, request: &ModelRequest) -> (ModelRequest, Vec<usize>) {
         let known = self.known.lock().expect("elision table lock");
         let mut r = request.clone();
-        for m in &mut r.messages {
+        let mut elided = Vec::new();
+        for (i, m) in r.messages.iter_mut().enumerate() {
             if let Some(e) = known.get(&Self::fingerprint(m)) {
                 *m = e.clone();
+                elided.push(i);
             }
         }
-        r
+        (r, elided)
     }
 
     fn with_elided(request: &ModelRequest, range: std::ops::Range<usize>) -> ModelRequest {
@@ -181,24 +157,43 @@ impl RefusalIsolator {
 
 #[async_trait::async_trait]
 impl Provider for RefusalIsolator {
+    /// The answer to `request` (with known elisions applied); after a
+    /// refusal, the answer to the request with the culprit elided. The
+    /// answer's `retries` are the first call's; its `elided` lists every
+    /// request message replaced. Listeners are told to discard the streamed
+    /// refusal ([`LiveEvent::ModelDiscard`] with cause `refusal`) before the
+    /// new answer's text arrives in one delta.
     async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
-        let request = self.repaired(request);
-        let first = self.inner.generate(&request, live).await?;
+        let (request, mut elided) = self.repaired(request);
+        let mut first = self.inner.generate(&request, live).await?;
         if !refused(&first) || request.messages.is_empty() || self.max_extra_calls == 0 {
+            first.elided.extend(elided);
             return Ok(first);
         }
-        let (answer, elision) = self.isolate(&request, first).await?;
+        let retries = std::mem::take(&mut first.retries);
+        let refused_attempt = u32::try_from(retries.len()).unwrap_or(u32::MAX).saturating_add(1);
+        let (mut answer, elision) = self.isolate(&request, first).await?;
         if let Some(e) = &elision {
             tracing::warn!(index = e.index, extra_calls = e.extra_calls, "provider refusal isolated; message elided");
             self.known.lock().expect("elision table lock").insert(Self::fingerprint(&e.original), e.replacement.clone());
             if let Some(o) = &self.observer {
                 o.elided(e);
             }
+            elided.push(e.index);
+            live(LiveEvent::ModelDiscard { attempt: refused_attempt, cause: "refusal".into() });
             let text = answer.message.text();
             if !text.is_empty() {
                 live(LiveEvent::ModelDelta { channel: "text".into(), delta: text });
             }
         }
+        elided.sort_unstable();
+        elided.dedup();
+        answer.retries = retries;
+        answer.elided = elided;
         Ok(answer)
+    }
+
+    fn pricing(&self, model: &str) -> Option<Pricing> {
+        self.inner.pricing(model)
     }
 }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use glia_proto::marker::Insert;
-use glia_proto::repair::repair;
+use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
     ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent,
     OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Resume, Role, RunConfig, RunState, Status,
@@ -505,6 +505,21 @@ impl Agent {
         let duration_ms = run.elapsed_ms(started);
         match response {
             Ok(r) => {
+                // What happened inside the call, in order: failed attempts,
+                // then messages elided to get past a refusal (request indices
+                // mapped back to the conversation messages they came from).
+                for retry in r.retries {
+                    run.record(EventKind::ModelRetry(retry)).await?;
+                }
+                if !r.elided.is_empty() {
+                    let (_, origins) = repair_traced(&run.state.messages);
+                    let mut elided: Vec<usize> = r.elided.iter().filter_map(|k| origins.get(*k)).flatten().copied().collect();
+                    elided.sort_unstable();
+                    elided.dedup();
+                    for index in elided {
+                        run.record(EventKind::MessageElided { index, reason: "the model provider refused to process it".into() }).await?;
+                    }
+                }
                 let cost_usd_micros = self.cost(run.state, &r.usage);
                 run.record(EventKind::ModelResponse { message: r.message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros }).await
             }
@@ -776,7 +791,8 @@ impl Agent {
     }
 
     /// Transient failures leave the run runnable (the caller retries); a
-    /// spending cap pauses it; anything else fails it.
+    /// spending cap or a rejected API key pauses it (an operator resumes it
+    /// once fixed); anything else fails it.
     async fn provider_failed(&self, run: &mut Run<'_>, e: ProviderError) -> Result<(), AgentError> {
         match e {
             e if e.is_transient() => {
@@ -786,6 +802,7 @@ impl Agent {
                 Err(AgentError::Provider(e))
             }
             ProviderError::SpendCap(reason) => self.pause(run, PauseReason::Provider { reason }).await,
+            e @ ProviderError::Auth(_) => self.pause(run, PauseReason::Provider { reason: e.to_string() }).await,
             e => self.fail(run, format!("model call failed: {e}")).await,
         }
     }
@@ -839,8 +856,9 @@ impl Agent {
         if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
     }
 
+    /// The run's prices, else the provider's (an operator's price table).
     fn cost(&self, state: &RunState, usage: &glia_proto::Usage) -> u64 {
-        state.config.pricing.map_or(0, |p| p.cost_usd_micros(usage))
+        state.config.pricing.or_else(|| self.provider.pricing(&state.config.model)).map_or(0, |p| p.cost_usd_micros(usage))
     }
 
     fn check_config(&self, config: &RunConfig) -> Result<(), AgentError> {

@@ -125,7 +125,7 @@ impl Compactor for Summarize {
                     ContentBlock::Text { text } => format!("{:?}: {text}", m.role),
                     ContentBlock::ToolUse { name, input, .. } => format!("tool call {name}({input})"),
                     ContentBlock::ToolResult { content, is_error, .. } => format!("tool {}: {content}", if *is_error { "error" } else { "result" }),
-                    ContentBlock::Thinking { .. } => continue,
+                    ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => continue,
                 };
                 transcript.push_str(&line);
                 transcript.push('\n');

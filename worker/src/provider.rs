@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use glia_proto::repair::validate;
-use glia_proto::{ContentBlock, LiveEvent, Message, Role, ToolSpec, Usage};
+use glia_proto::{ContentBlock, LiveEvent, Message, Pricing, Retry, Role, ToolSpec, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -51,10 +51,27 @@ pub struct ModelRequest {
 pub struct ModelResponse {
     /// Assistant message.
     pub message: Message,
-    /// Tokens used by the call.
+    /// Tokens used by the call (every attempt and probe it took).
     pub usage: Usage,
     /// Provider stop reason: `end_turn`, `tool_use`, `max_tokens`, `refusal`, …
     pub stop_reason: String,
+    /// Attempts that failed and were retried before this answer, in order.
+    /// The loop records each as `model.retry` before `model.response`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retries: Vec<Retry>,
+    /// Indices into the request's `messages` of messages the provider
+    /// refused to process and that were replaced by an elision
+    /// ([`glia_proto::repair::elide`]) to get this answer. The loop records
+    /// `message.elided` for the conversation messages they came from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub elided: Vec<usize>,
+}
+
+impl ModelResponse {
+    /// An answer with no retries and no elisions.
+    pub fn new(message: Message, usage: Usage, stop_reason: impl Into<String>) -> Self {
+        ModelResponse { message, usage, stop_reason: stop_reason.into(), retries: Vec::new(), elided: Vec::new() }
+    }
 }
 
 /// Why a model call failed.
@@ -64,8 +81,18 @@ pub enum ProviderError {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// Network error, 5xx, overload: retrying later may succeed.
-    #[error("transient provider failure: {0}")]
-    Transient(String),
+    #[error("transient provider failure: {message}")]
+    Transient {
+        /// What failed.
+        message: String,
+        /// The provider's wait hint (`retry-after`), in ms, when it gave one.
+        retry_after_ms: Option<u64>,
+    },
+    /// The API key is missing, wrong or lacks permission (HTTP 401 / 403).
+    /// Not retried: the run pauses until an operator fixes the key and
+    /// resumes it.
+    #[error("authentication failed: {0}")]
+    Auth(String),
     /// Rate limited (429); retry after `retry_after_ms`.
     #[error("rate limited; retry after {retry_after_ms} ms")]
     RateLimited {
@@ -81,13 +108,31 @@ pub enum ProviderError {
 }
 
 impl ProviderError {
+    /// A transient failure with no wait hint.
+    pub fn transient(message: impl Into<String>) -> Self {
+        ProviderError::Transient { message: message.into(), retry_after_ms: None }
+    }
+
     /// True when the same call may succeed later.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ProviderError::Transient(_) | ProviderError::RateLimited { .. })
+        matches!(self, ProviderError::Transient { .. } | ProviderError::RateLimited { .. })
+    }
+
+    /// How long the provider asked us to wait before the next call, in ms.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            ProviderError::Transient { retry_after_ms, .. } => *retry_after_ms,
+            ProviderError::RateLimited { retry_after_ms } => Some(*retry_after_ms),
+            _ => None,
+        }
     }
 }
 
 /// A model provider.
+///
+/// A provider that retries failed attempts itself reports each one in
+/// [`ModelResponse::retries`] and tells live listeners to drop what the
+/// failed attempt streamed with [`LiveEvent::ModelDiscard`].
 ///
 /// ```
 /// # async fn demo() {
@@ -104,11 +149,20 @@ impl ProviderError {
 pub trait Provider: Send + Sync {
     /// Send `request`; call `live` with each streamed delta as it arrives.
     async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError>;
+
+    /// The prices of calls to `model`, for runs whose config names none (an
+    /// operator's price table). Default: none, so such calls cost nothing.
+    fn pricing(&self, model: &str) -> Option<Pricing> {
+        let _ = model;
+        None
+    }
 }
 
 /// One scripted response. JSON: `{"text": "…"}`, `{"tool_calls": [{"name":
 /// "lookup", "input": {…}}]}`, `{"thinking": "…", "text": "…"}`, or
-/// `{"error": "transient"}` (also `rate_limited`, `spend_cap`, `invalid`).
+/// `{"error": "transient"}` (also `rate_limited`, `spend_cap`, `auth`,
+/// `invalid`). `retries` and `elided` make the answer report failed attempts
+/// and elided request messages, as a real provider would.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScriptedTurn {
@@ -124,6 +178,11 @@ pub struct ScriptedTurn {
     pub stop_reason: Option<String>,
     /// Fail this call instead of answering.
     pub error: Option<String>,
+    /// Failed attempts to report before the answer (each also streams a
+    /// [`LiveEvent::ModelDiscard`]).
+    pub retries: Vec<Retry>,
+    /// Request message indices to report as elided.
+    pub elided: Vec<usize>,
 }
 
 impl ScriptedTurn {
@@ -268,8 +327,13 @@ impl Provider for ScriptedProvider {
                 "rate_limited" => ProviderError::RateLimited { retry_after_ms: 1000 },
                 "spend_cap" => ProviderError::SpendCap("scripted spending cap".into()),
                 "invalid" => ProviderError::InvalidRequest("scripted invalid request".into()),
-                other => ProviderError::Transient(format!("scripted {other} failure")),
+                "auth" => ProviderError::Auth("scripted invalid API key".into()),
+                other => ProviderError::transient(format!("scripted {other} failure")),
             });
+        }
+        for retry in &turn.retries {
+            live(LiveEvent::ModelDelta { channel: "text".into(), delta: "(an attempt that fails) ".into() });
+            live(LiveEvent::ModelDiscard { attempt: retry.attempt, cause: retry.cause.clone() });
         }
         let mut content = Vec::new();
         if let Some(thinking) = &turn.thinking {
@@ -299,7 +363,7 @@ impl Provider for ScriptedProvider {
             .stop_reason
             .clone()
             .unwrap_or_else(|| if turn.tool_calls.is_empty() { "end_turn".into() } else { "tool_use".into() });
-        Ok(ModelResponse { message, usage, stop_reason })
+        Ok(ModelResponse { message, usage, stop_reason, retries: turn.retries, elided: turn.elided })
     }
 }
 

@@ -62,6 +62,50 @@ fn thinking_with_signature_and_usage_counted_once() {
 }
 
 #[test]
+fn redacted_thinking_is_kept_whole() {
+    let (r, deltas) = decode("redacted_thinking.sse");
+    let r = r.unwrap();
+    assert!(matches!(&r.message.content[0], ContentBlock::Thinking { thinking, .. } if thinking == "I should look the order up first."));
+    assert_eq!(
+        r.message.content[1],
+        ContentBlock::RedactedThinking { data: "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpPkNRj2YfWXGmKDxH4mPnZ5sQ7vB5URj2pWmRiRVvXyzETZA0gHmrCIkFtnXCg".into() }
+    );
+    assert_eq!(r.message.content[2], ContentBlock::ToolUse { id: "toolu_01Redacted".into(), name: "lookup_order".into(), input: json!({"order_id": "A1"}) });
+    assert_eq!(r.usage, usage(210, 95, 0, 0));
+    // Nothing of the redacted block is streamed.
+    assert_eq!(deltas.joined("thinking"), "I should look the order up first.");
+    // Non-streaming answers carry it too.
+    let body = json!({"type": "message", "role": "assistant", "content": [{"type": "redacted_thinking", "data": "opaque=="}, {"type": "text", "text": "Hi."}],
+        "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 2}});
+    let r = anthropic::decode_message(body.to_string().as_bytes()).unwrap();
+    assert_eq!(r.message.content, vec![ContentBlock::RedactedThinking { data: "opaque==".into() }, ContentBlock::text("Hi.")]);
+}
+
+#[test]
+fn redacted_thinking_is_sent_back_with_the_last_assistant_turn() {
+    let turn = decode("redacted_thinking.sse").0.unwrap().message;
+    let mut req = request("claude-sonnet-4-5");
+    req.messages.push(turn);
+    req.messages.push(glia_proto::Message {
+        role: Role::User,
+        content: vec![ContentBlock::ToolResult { tool_use_id: "toolu_01Redacted".into(), content: "{\"status\": \"shipped\"}".into(), is_error: false }],
+    });
+    glia_proto::repair::validate(&req.messages).unwrap();
+    let body = Anthropic::default().body(&req, true);
+    let assistant = &body["messages"][1]["content"];
+    assert_eq!(assistant[0]["type"], "thinking");
+    assert_eq!(assistant[1], json!({"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpPkNRj2YfWXGmKDxH4mPnZ5sQ7vB5URj2pWmRiRVvXyzETZA0gHmrCIkFtnXCg"}));
+    assert_eq!(assistant[2]["type"], "tool_use");
+    // The cache breakpoint stays on the last block of the conversation.
+    assert_eq!(body["messages"][2]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
+    // A redacted block is never the one that carries a breakpoint.
+    let mut only = request("claude-sonnet-4-5");
+    only.messages = vec![glia_proto::Message { role: Role::Assistant, content: vec![ContentBlock::RedactedThinking { data: "x".into() }] }];
+    let body = Anthropic::default().body(&only, false);
+    assert!(body["messages"][0]["content"][0].get("cache_control").is_none());
+}
+
+#[test]
 fn multibyte_text_and_tool_input_decode_exactly() {
     let r = decode("multibyte.sse").0.unwrap();
     assert_eq!(r.message.text(), "東京の天気は晴れ ☀️ — 気温 21°C 🎉");
@@ -179,14 +223,14 @@ async fn each_http_error_kind_is_classified() {
     type Case = (u16, &'static str, fn(&CallError) -> bool, fn(&ProviderError) -> bool);
     let cases: Vec<Case> = vec![
         (400, "invalid_request", |e| matches!(e, CallError::InvalidRequest { status: 400, .. }), |p| matches!(p, ProviderError::InvalidRequest(_))),
-        (401, "auth", |e| matches!(e, CallError::Auth { status: 401, .. }), |p| matches!(p, ProviderError::InvalidRequest(_))),
+        (401, "auth", |e| matches!(e, CallError::Auth { status: 401, .. }), |p| matches!(p, ProviderError::Auth(m) if m.starts_with("HTTP 401"))),
         (402, "spend_cap", |e| matches!(e, CallError::SpendCap { .. }), |p| matches!(p, ProviderError::SpendCap(_))),
-        (403, "auth", |e| matches!(e, CallError::Auth { status: 403, .. }), |p| matches!(p, ProviderError::InvalidRequest(_))),
+        (403, "auth", |e| matches!(e, CallError::Auth { status: 403, .. }), |p| matches!(p, ProviderError::Auth(_))),
         (404, "invalid_request", |e| matches!(e, CallError::InvalidRequest { status: 404, .. }), |p| matches!(p, ProviderError::InvalidRequest(_))),
         (413, "invalid_request", |e| matches!(e, CallError::InvalidRequest { status: 413, .. }), |p| matches!(p, ProviderError::InvalidRequest(_))),
         (429, "rate_limited", |e| matches!(e, CallError::RateLimited { retry_after: None, .. }), |p| matches!(p, ProviderError::RateLimited { retry_after_ms: 1000 })),
-        (500, "server", |e| matches!(e, CallError::Server { status: 500, .. }), |p| matches!(p, ProviderError::Transient(_))),
-        (529, "overloaded", |e| matches!(e, CallError::Overloaded { status: 529, .. }), |p| matches!(p, ProviderError::Transient(_))),
+        (500, "server", |e| matches!(e, CallError::Server { status: 500, .. }), |p| matches!(p, ProviderError::Transient { retry_after_ms: None, .. })),
+        (529, "overloaded", |e| matches!(e, CallError::Overloaded { status: 529, .. }), |p| matches!(p, ProviderError::Transient { retry_after_ms: None, .. })),
     ];
     for (status, kind, is_call, is_provider) in cases {
         let server = Server::replay(vec![Reply::json(status, fixture(&format!("anthropic/error_{status}.json")))]).await;

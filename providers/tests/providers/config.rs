@@ -14,7 +14,7 @@ fn a_missing_key_is_a_clear_error() {
     assert_eq!(e, ConfigError::MissingKey { var: "GLIA_TEST_KEY_THAT_IS_NOT_SET".into(), kind: "anthropic" });
     assert_eq!(
         e.to_string(),
-        "no API key for the anthropic provider: set the environment variable GLIA_TEST_KEY_THAT_IS_NOT_SET (or name another one in api_key_env)"
+        "no API key for the anthropic provider: set the environment variable GLIA_TEST_KEY_THAT_IS_NOT_SET (or name another variable with api_key_env / --api-key-env)"
     );
     config.allow_missing_key = true;
     assert!(from_config(&config).is_ok(), "keyless local servers are allowed when asked for");

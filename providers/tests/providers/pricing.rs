@@ -49,3 +49,25 @@ fn the_shipped_example_file_loads() {
     assert!(t.pricing("anthropic", "claude-sonnet-4-5").is_some());
     assert!(t.pricing("openai", "gpt-4o").is_some());
 }
+
+#[test]
+fn a_provider_prices_runs_from_its_table() {
+    use std::sync::Arc;
+
+    use glia_providers::http::{HttpProvider, http_client};
+    use glia_providers::{Anthropic, RefusalIsolator};
+    use glia_worker::provider::Provider;
+
+    let table = PriceTable::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/prices.example.json")).unwrap();
+    let http = HttpProvider::new(Anthropic::default(), http_client().unwrap(), "http://127.0.0.1:9", None);
+    assert_eq!(http.pricing("claude-sonnet-4-5"), None, "no table, no price");
+    let http = http.with_prices(table.clone());
+    assert_eq!(http.pricing("claude-sonnet-4-5"), table.pricing("anthropic", "claude-sonnet-4-5"));
+    assert_eq!(http.pricing("gpt-4o"), None, "another provider's model");
+    // The configured model override is what gets priced.
+    let pinned = HttpProvider::new(Anthropic::default(), http_client().unwrap(), "http://127.0.0.1:9", None).with_prices(table.clone()).with_model("claude-opus-4-1");
+    assert_eq!(pinned.pricing("claude-sonnet-4-5"), table.pricing("anthropic", "claude-opus-4-1"));
+    // The refusal isolator asks the provider it wraps.
+    let wrapped = RefusalIsolator::new(Arc::new(http));
+    assert_eq!(wrapped.pricing("claude-haiku-4-5").unwrap().input, 1_000_000);
+}

@@ -16,11 +16,12 @@ struct Filter {
 
 #[async_trait::async_trait]
 impl Provider for Filter {
-    async fn generate(&self, request: &ModelRequest, _live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
+    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let bad = serde_json::to_string(&request.messages).unwrap().matches("FORBIDDEN").count();
         let (text, stop) = if bad > 0 { ("I can't help with that.", "refusal") } else { ("Here is the answer.", "end_turn") };
-        Ok(ModelResponse { message: Message::assistant(text), usage: Usage { input_tokens: 10, output_tokens: 1, ..Usage::default() }, stop_reason: stop.into() })
+        live(LiveEvent::ModelDelta { channel: "text".into(), delta: text.into() });
+        Ok(ModelResponse::new(Message::assistant(text), Usage { input_tokens: 10, output_tokens: 1, ..Usage::default() }, stop))
     }
 }
 
@@ -71,7 +72,10 @@ async fn the_refused_message_is_found_elided_and_reported() {
     assert!(is_machine_text(&elision_text()));
     // Every call is charged: the answer's usage includes the refusal and the probes.
     assert_eq!(r.usage.input_tokens, 10 * calls as u64);
-    // The next turn sends the elided history directly: one call.
+    // The answer names the elided request message, for the loop to record.
+    assert_eq!(r.elided, vec![5]);
+    // The next turn sends the elided history directly: one call, and the
+    // answer says which message it elided on the way.
     let before = inner.calls.load(Ordering::SeqCst);
     let mut next = history(&[5]);
     next.push(Message::assistant("Here is the answer."));
@@ -79,6 +83,12 @@ async fn the_refused_message_is_found_elided_and_reported() {
     let r = isolator.generate(&request(next), &|_| {}).await.unwrap();
     assert_eq!(r.stop_reason, "end_turn");
     assert_eq!(inner.calls.load(Ordering::SeqCst) - before, 1);
+    assert_eq!(r.elided, vec![5]);
+    // A history already elided (as the loop recorded it) needs nothing.
+    let mut recorded = history(&[5]);
+    recorded[5] = e.replacement.clone();
+    let r = isolator.generate(&request(recorded), &|_| {}).await.unwrap();
+    assert_eq!((r.stop_reason.as_str(), r.elided.len()), ("end_turn", 0));
 }
 
 #[tokio::test]
@@ -100,4 +110,23 @@ async fn two_culprits_give_up_within_the_bound() {
     let r = isolator.generate(&request(history(&[2, 7])), &|_| {}).await.unwrap();
     assert_eq!(r.stop_reason, "refusal", "no single message explains it: the refusal stands");
     assert!(inner.calls.load(Ordering::SeqCst) <= 5);
+}
+
+#[tokio::test]
+async fn listeners_drop_the_streamed_refusal_and_see_the_answer() {
+    let isolator = RefusalIsolator::new(Arc::new(Filter::default()));
+    let live = Mutex::new(Vec::new());
+    let r = isolator.generate(&request(history(&[3])), &|e| live.lock().unwrap().push(e)).await.unwrap();
+    assert_eq!(r.elided, vec![3]);
+    assert!(r.retries.is_empty());
+    let live = live.into_inner().unwrap();
+    assert_eq!(
+        live,
+        vec![
+            LiveEvent::ModelDelta { channel: "text".into(), delta: "I can't help with that.".into() },
+            LiveEvent::ModelDiscard { attempt: 1, cause: "refusal".into() },
+            LiveEvent::ModelDelta { channel: "text".into(), delta: "Here is the answer.".into() },
+        ],
+        "the probes stream nothing"
+    );
 }

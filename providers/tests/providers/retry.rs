@@ -4,6 +4,7 @@ use std::time::Duration;
 use glia_providers::error::CallError;
 use glia_providers::http::{CallObserver, HttpProvider, RetryEvent, RetryPolicy, http_client};
 use glia_providers::{Anthropic, ApiKey, OpenAi, ProviderMetrics};
+use glia_proto::LiveEvent;
 use glia_worker::provider::{Provider, ProviderError};
 
 use crate::common::{Reply, Server, StepClock, fixture, request};
@@ -170,5 +171,63 @@ async fn network_errors_are_retried() {
     let e = p.call(&request("m"), &|_| {}).await.unwrap_err();
     assert!(matches!(e, CallError::Network { .. }), "{e:?}");
     assert_eq!(events.0.lock().unwrap().len(), 2);
-    assert!(matches!(ProviderError::from(e), ProviderError::Transient(_)));
+    assert!(matches!(ProviderError::from(e), ProviderError::Transient { .. }));
+}
+
+#[tokio::test]
+async fn retries_are_reported_with_the_answer_and_discarded_live() {
+    let s = setup(vec![err(529).header("retry-after", "2"), Reply::sse(fixture("anthropic/cut.sse")), ok()], RetryPolicy::default()).await;
+    let live = Mutex::new(Vec::new());
+    let r = s.provider.generate(&request("m"), &|e| live.lock().unwrap().push(e)).await.unwrap();
+    let sleeps = s.clock.sleeps();
+    assert_eq!(r.retries.len(), 2);
+    let summary: Vec<(u32, &str, u64)> = r.retries.iter().map(|x| (x.attempt, x.cause.as_str(), x.delay_ms)).collect();
+    assert_eq!(summary, vec![(1, "overloaded", sleeps[0].as_millis() as u64), (2, "stream_cut", sleeps[1].as_millis() as u64)]);
+    assert!(r.retries[0].message.contains("529"), "{:?}", r.retries[0]);
+    assert!(!r.retries.iter().any(|x| x.message.contains("sk-ant-retry-test")));
+    // Listeners are told to drop what each failed attempt streamed, before
+    // the next attempt's text: the cut stream's text comes before discard 2.
+    let live = live.into_inner().unwrap();
+    let discards: Vec<usize> = live.iter().enumerate().filter(|(_, e)| matches!(e, LiveEvent::ModelDiscard { .. })).map(|(i, _)| i).collect();
+    assert_eq!(discards.len(), 2);
+    assert_eq!(live[discards[1]], LiveEvent::ModelDiscard { attempt: 2, cause: "stream_cut".into() });
+    let after: String = live[discards[1]..]
+        .iter()
+        .filter_map(|e| match e {
+            LiveEvent::ModelDelta { channel, delta } if channel == "text" => Some(delta.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(after, r.message.text());
+    // `call` reports them the same way.
+    let s = setup(vec![err(500), ok()], RetryPolicy { min_delay: Duration::from_millis(10), ..RetryPolicy::default() }).await;
+    let r = s.provider.call(&request("m"), &|_| {}).await.unwrap();
+    assert_eq!(r.retries.iter().map(|x| x.cause.as_str()).collect::<Vec<_>>(), vec!["server"]);
+}
+
+#[tokio::test]
+async fn a_failure_after_retries_says_how_many_attempts_and_keeps_the_hint() {
+    let policy = RetryPolicy { max_retries: 2, min_delay: Duration::from_millis(10), ..RetryPolicy::default() };
+    let s = setup(vec![err(500), err(500), err(500)], policy).await;
+    let e = s.provider.generate(&request("m"), &|_| {}).await.unwrap_err();
+    assert!(matches!(&e, ProviderError::Transient { message, retry_after_ms: None } if message.ends_with("(after 3 attempts)")), "{e:?}");
+    // A server error whose hint is too long to wait for in place goes back
+    // to the loop with the hint.
+    let s = setup(vec![err(529).header("retry-after", "300"), ok()], RetryPolicy::default()).await;
+    let e = s.provider.generate(&request("m"), &|_| {}).await.unwrap_err();
+    assert_eq!(e.retry_after_ms(), Some(300_000));
+    assert!(matches!(e, ProviderError::Transient { retry_after_ms: Some(300_000), .. }), "{e:?}");
+    assert!(e.is_transient());
+    assert_eq!(s.server.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn a_rejected_key_is_not_retried() {
+    let s = setup(vec![err(401), ok()], RetryPolicy::default()).await;
+    let e = s.provider.generate(&request("m"), &|_| {}).await.unwrap_err();
+    assert!(matches!(&e, ProviderError::Auth(m) if m.contains("401")), "{e:?}");
+    assert!(!e.is_transient());
+    assert!(!e.to_string().contains("sk-ant-retry-test"));
+    assert_eq!(s.server.seen().len(), 1);
+    assert!(s.clock.sleeps().is_empty());
 }
