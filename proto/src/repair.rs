@@ -82,16 +82,7 @@ pub fn repair_traced(history: &[Message]) -> (Vec<Message>, Vec<Vec<usize>>) {
                     out.push(results_turn(&mut open, Vec::new()));
                     origins.push(Vec::new());
                 }
-                match out.last_mut() {
-                    Some(prev) if prev.role == Role::Assistant => {
-                        prev.content.extend(blocks);
-                        origins.last_mut().expect("one origin list per message").push(i);
-                    }
-                    _ => {
-                        out.push(Message { role: Role::Assistant, content: blocks });
-                        origins.push(vec![i]);
-                    }
-                }
+                append(&mut out, &mut origins, Role::Assistant, blocks, i);
                 if let Some(prev) = out.last() {
                     open = prev.tool_uses().map(|(id, _, _)| id.to_owned()).collect();
                 }
@@ -123,16 +114,7 @@ pub fn repair_traced(history: &[Message]) -> (Vec<Message>, Vec<Vec<usize>>) {
                 if others.is_empty() {
                     continue;
                 }
-                match out.last_mut() {
-                    Some(prev) if prev.role == Role::User => {
-                        prev.content.extend(others);
-                        origins.last_mut().expect("one origin list per message").push(i);
-                    }
-                    _ => {
-                        out.push(Message { role: Role::User, content: others });
-                        origins.push(vec![i]);
-                    }
-                }
+                append(&mut out, &mut origins, Role::User, others, i);
             }
         }
     }
@@ -191,6 +173,21 @@ pub fn elide(message: &Message) -> Message {
         content.push(ContentBlock::text(elision_text()));
     }
     Message { role: message.role, content }
+}
+
+/// Add `blocks` of history message `i` to the last output message when it has
+/// `role` (roles must alternate), else as a new message; track the origin.
+fn append(out: &mut Vec<Message>, origins: &mut Vec<Vec<usize>>, role: Role, blocks: Vec<ContentBlock>, i: usize) {
+    match out.last_mut() {
+        Some(prev) if prev.role == role => {
+            prev.content.extend(blocks);
+            origins.last_mut().expect("one origin list per message").push(i);
+        }
+        _ => {
+            out.push(Message { role, content: blocks });
+            origins.push(vec![i]);
+        }
+    }
 }
 
 /// One user turn answering every id in `open` (call order): the given answer
