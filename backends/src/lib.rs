@@ -5,11 +5,15 @@
 //!   Adapters: [`memory::MemoryLog`]; Postgres ([`postgres`]).
 //! - [`JobQueue`]: wake-ups. A [`Job`] names a run and the head sequence it
 //!   expects. Adapters: [`memory::MemoryQueue`]; RabbitMQ ([`rabbitmq`]).
-//! - [`Ledger`]: fast shared counters and signals: cancellation flags and live
-//!   deltas. Adapters: [`memory::MemoryLedger`]; Redis ([`redis_ledger`]).
+//! - [`Ledger`]: fast shared counters and signals: cancellation flags, live
+//!   deltas, and budget counters (per-tenant daily spend, reserved before a
+//!   model call and settled after). Adapters: [`memory::MemoryLedger`]; Redis
+//!   ([`redis_ledger`]).
 //!
 //! Losing a queued job or a ledger key never loses a run: the reconciler
-//! re-enqueues runnable runs from the log.
+//! re-enqueues runnable runs from the log, and a missing budget counter is
+//! rebuilt from the log ([`EventLog::tenant_usage`], [`Ledger::seed`]) before
+//! it is used.
 
 #![warn(missing_docs)]
 
@@ -22,9 +26,9 @@ pub mod redis_ledger;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use futures::stream::BoxStream;
-use glia_proto::{Event, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, Status};
+use glia_proto::{Event, EventKind, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, Status, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -327,6 +331,13 @@ pub trait EventLog: Send + Sync {
     /// live lease: the reconciler re-enqueues them.
     async fn orphaned(&self, limit: usize) -> Result<Vec<Job>, LogError>;
 
+    /// What `tenant`'s runs spent on models during the UTC day `day`: the
+    /// usage and cost of every `model.response`, `plan.draft` and
+    /// `context.compacted` event (see [`Spend::of_event`]) whose time falls in
+    /// `[day 00:00, next day 00:00)` UTC. Used to rebuild a missing budget
+    /// counter ([`Ledger::seed`]). An unknown tenant spent nothing.
+    async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError>;
+
     /// True when the store answers.
     async fn ready(&self) -> Result<(), LogError>;
 }
@@ -394,8 +405,126 @@ pub enum LedgerError {
     Unavailable(String),
 }
 
-/// Fast shared signals: cancellation flags and live deltas. Redis in the
-/// fleet, [`memory::MemoryLedger`] in `glia dev`. Losing it loses no run.
+/// An amount of model spend: what a call is estimated to cost, what it did
+/// cost, or what a budget scope has used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Spend {
+    /// Tokens of every kind: uncached input, output, cache write and cache
+    /// read ([`Usage::total`]).
+    pub tokens: u64,
+    /// Cost in USD micros (1 USD = 1,000,000).
+    pub cost_usd_micros: u64,
+}
+
+impl Spend {
+    /// Nothing spent.
+    pub const ZERO: Spend = Spend { tokens: 0, cost_usd_micros: 0 };
+
+    /// The spend of a call that used `usage` and cost `cost_usd_micros`.
+    pub fn of(usage: &Usage, cost_usd_micros: u64) -> Spend {
+        Spend { tokens: usage.total(), cost_usd_micros }
+    }
+
+    /// The model spend an event records: `model.response`, `plan.draft` and
+    /// `context.compacted` carry usage and cost; every other event `None`.
+    pub fn of_event(kind: &EventKind) -> Option<Spend> {
+        match kind {
+            EventKind::ModelResponse { usage, cost_usd_micros, .. }
+            | EventKind::PlanDraft { usage, cost_usd_micros, .. }
+            | EventKind::ContextCompacted { usage, cost_usd_micros, .. } => Some(Spend::of(usage, *cost_usd_micros)),
+            _ => None,
+        }
+    }
+
+    /// Both amounts added, saturating.
+    pub fn saturating_add(self, other: Spend) -> Spend {
+        Spend { tokens: self.tokens.saturating_add(other.tokens), cost_usd_micros: self.cost_usd_micros.saturating_add(other.cost_usd_micros) }
+    }
+}
+
+/// The caps of one budget scope; `None` is uncapped. Same units as [`Spend`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SpendCap {
+    /// Most tokens (every kind).
+    pub tokens: Option<u64>,
+    /// Most USD micros.
+    pub cost_usd_micros: Option<u64>,
+}
+
+/// Which cap of a [`SpendCap`] refused a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CapKind {
+    /// [`SpendCap::cost_usd_micros`].
+    Cost,
+    /// [`SpendCap::tokens`].
+    Tokens,
+}
+
+/// The answer to [`Ledger::reserve`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservation {
+    /// The amount is reserved (or was already, under this request id).
+    Granted {
+        /// The scope's counter now, this reservation included.
+        used: Spend,
+    },
+    /// The amount does not fit; nothing was written.
+    Exceeded {
+        /// The scope's counter.
+        used: Spend,
+        /// The cap that refused it (cost is checked first).
+        cap: CapKind,
+    },
+    /// The scope has no counter (new day, or Redis restarted or flushed);
+    /// nothing was written. Seed it from the log ([`EventLog::tenant_usage`],
+    /// [`Ledger::seed`]) and reserve again.
+    Missing,
+}
+
+/// The answer to [`Ledger::settle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// The request's amount is final (now, or already by an earlier settle).
+    Settled {
+        /// The scope's counter now.
+        used: Spend,
+    },
+    /// The scope has no counter; nothing was written. Seed it and settle again.
+    Missing,
+}
+
+/// The budget scope of a tenant's UTC day: `tenant:{tenant}:day:{YYYY-MM-DD}`.
+///
+/// ```
+/// let day = chrono::NaiveDate::from_ymd_opt(2025, 3, 9).unwrap();
+/// assert_eq!(glia_backends::tenant_day_scope("acme", day), "tenant:acme:day:2025-03-09");
+/// ```
+pub fn tenant_day_scope(tenant: &str, day: NaiveDate) -> String {
+    format!("tenant:{tenant}:day:{}", day.format("%Y-%m-%d"))
+}
+
+/// Fast shared signals and counters: cancellation flags, live deltas and
+/// budget counters. Redis in the fleet, [`memory::MemoryLedger`] in `glia
+/// dev`. Losing it loses no run.
+///
+/// # Budget counters
+///
+/// A budget *scope* (e.g. [`tenant_day_scope`]) has a counter of [`Spend`]
+/// used so far, and remembers the request ids it has seen while the counter
+/// lives. A model call is *reserved* before it is made, under a request id
+/// that is the same for every retry of the same call, then *settled* with
+/// what it actually cost: the reservation is replaced by the actual amount.
+/// Repeating a reserve or a settle under the same request id changes nothing,
+/// so a caller that lost an answer (a dropped connection) simply asks again.
+///
+/// A counter is created only by [`Ledger::seed`], from the event log, with a
+/// time to live; [`Ledger::reserve`] and [`Ledger::settle`] on a scope without
+/// one answer `Missing` and write nothing, so a counter lost to a restart or
+/// a flush is never silently restarted from zero.
+///
+/// The budget methods have default implementations that answer
+/// [`LedgerError::Unavailable`], for ledgers that keep no budgets.
 #[async_trait]
 pub trait Ledger: Send + Sync {
     /// Flag a run as cancelled and notify subscribers.
@@ -408,4 +537,40 @@ pub trait Ledger: Send + Sync {
     async fn subscribe_live(&self, run_id: Uuid) -> Result<BoxStream<'static, LiveEvent>, LedgerError>;
     /// True when the store answers.
     async fn ready(&self) -> Result<(), LedgerError>;
+
+    /// Reserve `amount` in `scope` under `request_id`, atomically: granted
+    /// when, for each capped kind, the counter is below the cap and the
+    /// counter plus `amount` does not pass it (a zero amount asks whether any
+    /// room is left). A request id the scope has already seen is
+    /// [`Reservation::Granted`] again with nothing written, whatever the
+    /// caps say now. Amounts and caps are exact below 2^53.
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the store does not answer;
+    /// the reservation may or may not have been made, and asking again with
+    /// the same request id is safe.
+    async fn reserve(&self, scope: &str, request_id: &str, amount: Spend, cap: SpendCap) -> Result<Reservation, LedgerError> {
+        let _ = (scope, request_id, amount, cap);
+        Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
+    }
+
+    /// Settle the call `request_id` at `actual`: its reservation (if the
+    /// counter still holds one) is replaced by `actual`; a request id the
+    /// counter has not seen (its reservation was lost with an earlier
+    /// counter, or spend that was never reserved) adds `actual`; an already
+    /// settled one changes nothing. The counter never goes below zero.
+    ///
+    /// Errors: as [`Ledger::reserve`]; settling again is safe.
+    async fn settle(&self, scope: &str, request_id: &str, actual: Spend) -> Result<Settlement, LedgerError> {
+        let _ = (scope, request_id, actual);
+        Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
+    }
+
+    /// Create `scope`'s counter at `used`, living `ttl` (whole seconds, at
+    /// least one), unless it exists. True when this call created it.
+    ///
+    /// Errors: as [`Ledger::reserve`]; seeding again is safe.
+    async fn seed(&self, scope: &str, used: Spend, ttl: Duration) -> Result<bool, LedgerError> {
+        let _ = (scope, used, ttl);
+        Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
+    }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{NaiveDate, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use glia_proto::{Event, EventKind, LiveEvent, Resume, RunState};
@@ -16,8 +16,8 @@ use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
 use crate::{
-    Acker, ApprovalFilter, ApprovalRow, ApprovalStatus, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError,
-    NewRun, QueueError, RunFilter, RunStatus, RunSummary, dedupe_key,
+    Acker, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
+    LogError, NewRun, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Spend, SpendCap, dedupe_key,
 };
 
 struct Record {
@@ -287,6 +287,21 @@ impl EventLog for MemoryLog {
         Ok(jobs)
     }
 
+    async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
+        let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
+        let end = start + chrono::Duration::days(1);
+        let inner = lock(&self.inner);
+        let spend = inner
+            .runs
+            .values()
+            .filter(|r| r.summary.tenant == tenant)
+            .flat_map(|r| &r.events)
+            .filter(|e| e.at >= start && e.at < end)
+            .filter_map(|e| Spend::of_event(&e.kind))
+            .fold(Spend::ZERO, Spend::saturating_add);
+        Ok(spend)
+    }
+
     async fn ready(&self) -> Result<(), LogError> {
         Ok(())
     }
@@ -346,14 +361,38 @@ impl JobQueue for MemoryQueue {
     }
 }
 
-/// The ledger in memory.
+/// The ledger in memory. Budget counters follow the same rules as the Redis
+/// adapter's (see [`Ledger`]); an expired counter is missing.
 #[derive(Default)]
 pub struct MemoryLedger {
     cancelled: Mutex<HashSet<Uuid>>,
     live: Mutex<HashMap<Uuid, broadcast::Sender<LiveEvent>>>,
+    budgets: Mutex<HashMap<String, Counter>>,
+}
+
+/// One budget scope's counter and the request ids it has seen: `Some(amount)`
+/// reserved, `None` settled.
+struct Counter {
+    used: Spend,
+    requests: HashMap<String, Option<Spend>>,
+    expires_at: std::time::Instant,
 }
 
 impl MemoryLedger {
+    /// Drop every budget counter, as a flushed or restarted Redis would
+    /// (for tests of the rebuild from the log).
+    pub fn forget_budgets(&self) {
+        self.budget_counters().clear();
+    }
+
+    /// The budget counters, expired ones removed.
+    fn budget_counters(&self) -> std::sync::MutexGuard<'_, HashMap<String, Counter>> {
+        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        budgets.retain(|_, c| c.expires_at > now);
+        budgets
+    }
+
     fn channel(&self, run_id: Uuid) -> broadcast::Sender<LiveEvent> {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         live.retain(|_, tx| tx.receiver_count() > 0);
@@ -393,5 +432,50 @@ impl Ledger for MemoryLedger {
 
     async fn ready(&self) -> Result<(), LedgerError> {
         Ok(())
+    }
+
+    async fn reserve(&self, scope: &str, request_id: &str, amount: Spend, cap: SpendCap) -> Result<Reservation, LedgerError> {
+        let mut budgets = self.budget_counters();
+        let Some(c) = budgets.get_mut(scope) else { return Ok(Reservation::Missing) };
+        if c.requests.contains_key(request_id) {
+            return Ok(Reservation::Granted { used: c.used });
+        }
+        let refuses = |cap: Option<u64>, used: u64, amount: u64| cap.is_some_and(|cap| used >= cap || used.saturating_add(amount) > cap);
+        if refuses(cap.cost_usd_micros, c.used.cost_usd_micros, amount.cost_usd_micros) {
+            return Ok(Reservation::Exceeded { used: c.used, cap: CapKind::Cost });
+        }
+        if refuses(cap.tokens, c.used.tokens, amount.tokens) {
+            return Ok(Reservation::Exceeded { used: c.used, cap: CapKind::Tokens });
+        }
+        c.used = c.used.saturating_add(amount);
+        c.requests.insert(request_id.to_owned(), Some(amount));
+        Ok(Reservation::Granted { used: c.used })
+    }
+
+    async fn settle(&self, scope: &str, request_id: &str, actual: Spend) -> Result<Settlement, LedgerError> {
+        let mut budgets = self.budget_counters();
+        let Some(c) = budgets.get_mut(scope) else { return Ok(Settlement::Missing) };
+        let reserved = match c.requests.get(request_id) {
+            Some(None) => return Ok(Settlement::Settled { used: c.used }),
+            Some(Some(amount)) => *amount,
+            None => Spend::ZERO,
+        };
+        c.used = Spend {
+            tokens: c.used.tokens.saturating_sub(reserved.tokens).saturating_add(actual.tokens),
+            cost_usd_micros: c.used.cost_usd_micros.saturating_sub(reserved.cost_usd_micros).saturating_add(actual.cost_usd_micros),
+        };
+        c.requests.insert(request_id.to_owned(), None);
+        Ok(Settlement::Settled { used: c.used })
+    }
+
+    async fn seed(&self, scope: &str, used: Spend, ttl: Duration) -> Result<bool, LedgerError> {
+        let mut budgets = self.budget_counters();
+        if budgets.contains_key(scope) {
+            return Ok(false);
+        }
+        let now = std::time::Instant::now();
+        let expires_at = now.checked_add(ttl.max(Duration::from_secs(1))).unwrap_or(now + Duration::from_secs(100 * 365 * 24 * 3600));
+        budgets.insert(scope.to_owned(), Counter { used, requests: HashMap::new(), expires_at });
+        Ok(true)
     }
 }

@@ -54,7 +54,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Transaction};
 use glia_proto::{Event, EventKind, Phase, Resume, RunState};
 use serde::Serialize;
@@ -67,7 +67,7 @@ use tokio_postgres::{Config, NoTls, Row};
 use uuid::Uuid;
 
 use crate::{
-    ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, NewRun, RunFilter, RunStatus, RunSummary,
+    ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, NewRun, RunFilter, RunStatus, RunSummary, Spend,
     dedupe_key,
 };
 
@@ -466,6 +466,20 @@ async fn write_events(tx: &Transaction<'_>, run_id: Uuid, enc: &EncodedEvents) -
     let (_, n) = futures::future::try_join(tx.execute(&blobs, &[&hashes, &bytes]), tx.execute(&insert, &params)).await?;
     Ok(n)
 }
+
+/// A tenant's model spend in `[$2, $3)` from events of kinds `$4`: token and
+/// cost sums of inline payloads (as text: they may pass `bigint`), and the
+/// bytes of payloads stored in blobs. See [`PgLog::tenant_usage`].
+const TENANT_USAGE: &str = "SELECT \
+       coalesce(sum(coalesce((e.payload #>> '{data,usage,input_tokens}')::numeric, 0) \
+                  + coalesce((e.payload #>> '{data,usage,output_tokens}')::numeric, 0) \
+                  + coalesce((e.payload #>> '{data,usage,cache_write_tokens}')::numeric, 0) \
+                  + coalesce((e.payload #>> '{data,usage,cache_read_tokens}')::numeric, 0)), 0)::text AS tokens, \
+       coalesce(sum((e.payload #>> '{data,cost_usd_micros}')::numeric), 0)::text AS cost, \
+       coalesce(array_agg(b.bytes) FILTER (WHERE e.payload IS NULL), '{}') AS blobs \
+     FROM runs r JOIN events e ON e.run_id = r.id LEFT JOIN blobs b ON b.hash = e.blob_hash \
+     WHERE r.tenant = $1::text AND r.updated_at >= $2::timestamptz - interval '1 hour' \
+       AND e.at >= $2::timestamptz AND e.at < $3::timestamptz AND e.kind = ANY($4::text[])";
 
 const READ_EVENTS: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
      FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash \
@@ -1094,6 +1108,35 @@ impl EventLog for PgLog {
                 .map_err(|e| unavailable("orphaned", &e))?;
             let rows = client.query(&st, &[&sql_limit(limit)]).await.map_err(|e| unavailable("orphaned", &e))?;
             rows.iter().map(|row| Ok(Job { run_id: col(row, "id")?, head_seq: seq_of(col(row, "head_seq")?, "head_seq")? })).collect()
+        })
+        .await
+    }
+
+    /// One statement (one snapshot) over the tenant's runs updated since an
+    /// hour before the day began (event times are the workers' clocks,
+    /// `updated_at` the database's): inline payloads are summed by the
+    /// database from their `usage` and `cost_usd_micros`; payloads stored in
+    /// `blobs` (rare: large or NUL-carrying) are decoded here. A rebuild, not
+    /// a per-step cost: it reads every event of the tenant's recently active
+    /// runs.
+    async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
+        let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
+        let end = start + chrono::Duration::days(1);
+        let kinds: Vec<&str> = vec!["model.response", "plan.draft", "context.compacted"];
+        self.bounded("tenant_usage", async {
+            let client = self.client().await?;
+            let st = client.prepare_cached(TENANT_USAGE).await.map_err(|e| unavailable("tenant_usage", &e))?;
+            let row = client.query_one(&st, &[&tenant, &start, &end, &kinds]).await.map_err(|e| unavailable("tenant_usage", &e))?;
+            let number = |name: &str| -> Result<u64, LogError> {
+                let text: String = col(&row, name)?;
+                text.parse().map_err(|_| corrupt(format!("tenant_usage: {name} is {text:?}")))
+            };
+            let mut spend = Spend { tokens: number("tokens")?, cost_usd_micros: number("cost")? };
+            for bytes in col::<Vec<Vec<u8>>>(&row, "blobs")? {
+                let kind: EventKind = serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("tenant_usage: blob: {e}")))?;
+                spend = spend.saturating_add(Spend::of_event(&kind).unwrap_or_default());
+            }
+            Ok(spend)
         })
         .await
     }

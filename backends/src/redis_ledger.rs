@@ -1,4 +1,5 @@
-//! The Redis adapter of [`Ledger`]: cancellation flags and live deltas.
+//! The Redis adapter of [`Ledger`]: cancellation flags, live deltas and
+//! budget counters.
 //!
 //! # Keys and channels
 //!
@@ -9,17 +10,31 @@
 //! | `P:cancel:{run_id}` | string key, TTL ([`RedisLedger::with_cancel_ttl`], default 7 days) | `1` while the run is flagged cancelled |
 //! | `P:cancelled` | pub/sub channel | a run's id (text) each time it is cancelled |
 //! | `P:live:{run_id}` | pub/sub channel | the run's [`LiveEvent`]s as JSON |
+//! | `P:budget:{scope}` | hash, TTL given to [`Ledger::seed`] | a budget scope's counter and the request ids it has seen |
 //!
 //! Redis is not the truth: a cancellation is also recorded in the run's log,
-//! so a flag lost with a flushed or restarted Redis only delays it.
+//! so a flag lost with a flushed or restarted Redis only delays it; a budget
+//! counter is rebuilt from the log.
+//!
+//! # Budget counters
+//!
+//! A scope's hash has the fields `tokens` and `cost` (the counter, decimal
+//! integers) and one field `req:{request_id}` per request seen: `r:{tokens}:{cost}`
+//! while reserved, `s` once settled. Counter and request ids live and die
+//! together: one key, one TTL, set by [`Ledger::seed`] (reservations and
+//! settlements do not extend it), so a flush can never keep the ids and lose
+//! the counter or the other way round. Each operation is one Lua script
+//! ([`redis::Script`]: `EVALSHA`, reloaded after a restart), atomic on the
+//! server. Amounts and caps are exact below 2^53 (Lua numbers are doubles).
+//! Memory: a few dozen bytes per model call per scope, gone with the TTL.
 //!
 //! # Connections
 //!
 //! Commands go through one [`ConnectionManager`] (multiplexed, reconnects on
 //! its own). It returns the error of a command that was in flight when the
 //! connection dropped and reconnects behind it, so idempotent calls
-//! ([`Ledger::cancel`], [`Ledger::is_cancelled`], [`Ledger::ready`]) are
-//! retried once; [`Ledger::publish_live`] is not (a delta sent twice would
+//! ([`Ledger::cancel`], [`Ledger::is_cancelled`], [`Ledger::ready`], and the
+//! budget scripts, idempotent per request id) are retried once; [`Ledger::publish_live`] is not (a delta sent twice would
 //! show twice; live deltas are best effort). Every command is bounded by a
 //! response timeout ([`OP_TIMEOUT`]).
 //!
@@ -38,11 +53,11 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use glia_proto::LiveEvent;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
-use redis::{Client, RedisError, RedisResult, RetryMethod};
+use redis::{Client, RedisError, RedisResult, RetryMethod, Script};
 use tracing::{debug, warn};
 use uuid::Uuid;
 
-use crate::{Ledger, LedgerError};
+use crate::{CapKind, Ledger, LedgerError, Reservation, Settlement, Spend, SpendCap};
 
 /// Bound on one command's answer, and on opening a connection.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -53,6 +68,58 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Default lifetime of a cancellation flag.
 pub const DEFAULT_CANCEL_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Largest amount or cap the budget scripts count exactly (Lua numbers are
+/// doubles); larger ones are clamped to it.
+const EXACT_MAX: u64 = 1 << 53;
+
+/// Reserve. KEYS[1] the scope's hash; ARGV: request id, tokens, cost, token
+/// cap, cost cap (caps `-1` when absent). Returns `{status, tokens, cost,
+/// cap}`: status 0 missing, 1 granted, 2 exceeded; cap 1 cost, 2 tokens.
+const RESERVE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, 0, 0} end
+local used_t = tonumber(redis.call('HGET', KEYS[1], 'tokens') or '0')
+local used_c = tonumber(redis.call('HGET', KEYS[1], 'cost') or '0')
+local field = 'req:' .. ARGV[1]
+if redis.call('HEXISTS', KEYS[1], field) == 1 then return {1, used_t, used_c, 0} end
+local add_t, add_c = tonumber(ARGV[2]), tonumber(ARGV[3])
+local cap_t, cap_c = tonumber(ARGV[4]), tonumber(ARGV[5])
+if cap_c >= 0 and (used_c >= cap_c or used_c + add_c > cap_c) then return {2, used_t, used_c, 1} end
+if cap_t >= 0 and (used_t >= cap_t or used_t + add_t > cap_t) then return {2, used_t, used_c, 2} end
+local t = redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[2])
+local c = redis.call('HINCRBY', KEYS[1], 'cost', ARGV[3])
+redis.call('HSET', KEYS[1], field, 'r:' .. ARGV[2] .. ':' .. ARGV[3])
+return {1, t, c, 0}
+";
+
+/// Settle. KEYS[1] the scope's hash; ARGV: request id, tokens, cost.
+/// Returns `{status, tokens, cost}`: status 0 missing, 1 settled.
+const SETTLE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, 0} end
+local used_t = tonumber(redis.call('HGET', KEYS[1], 'tokens') or '0')
+local used_c = tonumber(redis.call('HGET', KEYS[1], 'cost') or '0')
+local field = 'req:' .. ARGV[1]
+local rec = redis.call('HGET', KEYS[1], field)
+if rec == 's' then return {1, used_t, used_c} end
+local res_t, res_c = 0, 0
+if rec then
+  local t, c = string.match(rec, '^r:(%d+):(%d+)$')
+  res_t, res_c = tonumber(t) or 0, tonumber(c) or 0
+end
+used_t = math.max(0, used_t - res_t + tonumber(ARGV[2]))
+used_c = math.max(0, used_c - res_c + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.0f', used_t), 'cost', string.format('%.0f', used_c), field, 's')
+return {1, used_t, used_c}
+";
+
+/// Seed. KEYS[1] the scope's hash; ARGV: tokens, cost, TTL in seconds.
+/// Returns 1 when it created the counter, 0 when it existed.
+const SEED: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'tokens', ARGV[1], 'cost', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+";
+
 /// The ledger on Redis. See the [module documentation](self) for the key
 /// layout and the reconnect behaviour. Cheap to share (`Arc`); the command
 /// connection is multiplexed.
@@ -61,6 +128,28 @@ pub struct RedisLedger {
     conn: ConnectionManager,
     prefix: String,
     cancel_ttl: Duration,
+    scripts: Scripts,
+}
+
+/// The budget scripts, hashed once.
+struct Scripts {
+    reserve: Script,
+    settle: Script,
+    seed: Script,
+}
+
+fn exact(n: u64) -> u64 {
+    n.min(EXACT_MAX)
+}
+
+/// A cap as the scripts take it: `-1` for none.
+fn cap_arg(cap: Option<u64>) -> i64 {
+    cap.map_or(-1, |c| exact(c) as i64)
+}
+
+/// A counter value a script returned (never negative; clamp defensively).
+fn counted(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> LedgerError {
@@ -97,7 +186,8 @@ impl RedisLedger {
             .set_min_delay(Duration::from_millis(100))
             .set_max_delay(Duration::from_secs(1));
         let conn = ConnectionManager::new_with_config(client.clone(), config).await.map_err(|e| unavailable("connect", e))?;
-        Ok(RedisLedger { client, conn, prefix: key_prefix.to_owned(), cancel_ttl: DEFAULT_CANCEL_TTL })
+        let scripts = Scripts { reserve: Script::new(RESERVE), settle: Script::new(SETTLE), seed: Script::new(SEED) };
+        Ok(RedisLedger { client, conn, prefix: key_prefix.to_owned(), cancel_ttl: DEFAULT_CANCEL_TTL, scripts })
     }
 
     /// Keep cancellation flags for `ttl` (whole seconds, at least one)
@@ -115,6 +205,11 @@ impl RedisLedger {
     /// Key of a run's cancellation flag: `P:cancel:{run_id}`.
     pub fn cancel_key(&self, run_id: Uuid) -> String {
         format!("{}:cancel:{run_id}", self.prefix)
+    }
+
+    /// Key of a budget scope's counter: `P:budget:{scope}`.
+    pub fn budget_key(&self, scope: &str) -> String {
+        format!("{}:budget:{scope}", self.prefix)
     }
 
     /// Channel announcing cancellations (payload: the run id): `P:cancelled`.
@@ -235,6 +330,68 @@ impl Ledger for RedisLedger {
     /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
     async fn ready(&self) -> Result<(), LedgerError> {
         self.idempotent("ping", |mut conn| async move { redis::cmd("PING").query_async::<()>(&mut conn).await }).await
+    }
+
+    /// One script on `P:budget:{scope}` (see the module documentation);
+    /// idempotent per request id, so retried once.
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer or
+    /// answers something else than the script's reply.
+    async fn reserve(&self, scope: &str, request_id: &str, amount: Spend, cap: SpendCap) -> Result<Reservation, LedgerError> {
+        let key = self.budget_key(scope);
+        let (tokens, cost) = (exact(amount.tokens), exact(amount.cost_usd_micros));
+        let (cap_tokens, cap_cost) = (cap_arg(cap.tokens), cap_arg(cap.cost_usd_micros));
+        let reply: (i64, i64, i64, i64) = self
+            .idempotent("reserve", |mut conn| {
+                let mut invocation = self.scripts.reserve.key(&key);
+                invocation.arg(request_id).arg(tokens).arg(cost).arg(cap_tokens).arg(cap_cost);
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        let used = Spend { tokens: counted(reply.1), cost_usd_micros: counted(reply.2) };
+        match reply {
+            (0, ..) => Ok(Reservation::Missing),
+            (1, ..) => Ok(Reservation::Granted { used }),
+            (2, _, _, 1) => Ok(Reservation::Exceeded { used, cap: CapKind::Cost }),
+            (2, _, _, 2) => Ok(Reservation::Exceeded { used, cap: CapKind::Tokens }),
+            other => Err(unavailable("reserve", format!("unexpected script reply {other:?}"))),
+        }
+    }
+
+    /// One script on `P:budget:{scope}`; idempotent per request id, so
+    /// retried once.
+    ///
+    /// Errors: as [`Ledger::reserve`].
+    async fn settle(&self, scope: &str, request_id: &str, actual: Spend) -> Result<Settlement, LedgerError> {
+        let key = self.budget_key(scope);
+        let (tokens, cost) = (exact(actual.tokens), exact(actual.cost_usd_micros));
+        let reply: (i64, i64, i64) = self
+            .idempotent("settle", |mut conn| {
+                let mut invocation = self.scripts.settle.key(&key);
+                invocation.arg(request_id).arg(tokens).arg(cost);
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        match reply {
+            (0, ..) => Ok(Settlement::Missing),
+            (1, t, c) => Ok(Settlement::Settled { used: Spend { tokens: counted(t), cost_usd_micros: counted(c) } }),
+            other => Err(unavailable("settle", format!("unexpected script reply {other:?}"))),
+        }
+    }
+
+    /// One script: `HSET` and `EXPIRE` unless the key exists. Retried once.
+    ///
+    /// Errors: as [`Ledger::reserve`].
+    async fn seed(&self, scope: &str, used: Spend, ttl: Duration) -> Result<bool, LedgerError> {
+        let key = self.budget_key(scope);
+        let (tokens, cost) = (exact(used.tokens), exact(used.cost_usd_micros));
+        let ttl = ttl.as_secs().max(1);
+        self.idempotent("seed", |mut conn| {
+            let mut invocation = self.scripts.seed.key(&key);
+            invocation.arg(tokens).arg(cost).arg(ttl);
+            async move { invocation.invoke_async::<i64>(&mut conn).await.map(|created| created == 1) }
+        })
+        .await
     }
 }
 

@@ -15,7 +15,8 @@ use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::{EventLog, JobQueue, Ledger};
 use glia_worker::Agent;
-use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::budget_gate::TenantCaps;
+use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
 use glia_providers::RateLimits;
 use glia_worker::provider::{Provider, ScriptLibrary};
 use tokio::sync::watch;
@@ -90,6 +91,11 @@ pub struct WorkerArgs {
     /// Worker id (lease owner); default `HOST-PID`.
     #[arg(long)]
     pub id: Option<String>,
+    /// Per-tenant daily caps, a JSON file: `{"TENANT": {"daily_cost_usd_micros":
+    /// N, "daily_tokens": N}}` (either field may be left out; tenants not
+    /// listed are uncapped), counted across the fleet in the ledger.
+    #[arg(long, value_name = "FILE")]
+    pub tenant_caps: Option<PathBuf>,
 }
 
 impl WorkerArgs {
@@ -110,10 +116,27 @@ impl WorkerArgs {
         Ok(Arc::new(Agent::new(provider).with_tools(crate::demo::tools())))
     }
 
+    /// The `--tenant-caps` file, parsed (`None` without the flag).
+    fn tenant_caps(&self) -> Result<Option<TenantCaps>> {
+        let Some(path) = &self.tenant_caps else { return Ok(None) };
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let caps = TenantCaps::from_json(&text).with_context(|| format!("parsing {}", path.display()))?;
+        Ok(Some(caps))
+    }
+
     fn options(&self, n: usize) -> WorkerOptions {
         let base = self.id.clone().unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
         WorkerOptions { id: if n == 0 { base } else { format!("{base}-{n}") }, concurrency: self.concurrency, lease_ttl: Duration::from_millis(self.lease_ms) }
     }
+}
+
+/// `agent` gated by the tenants' daily caps over `ports` (a [`LedgerGate`]),
+/// when `--tenant-caps` was given; unchanged otherwise.
+fn with_caps(agent: Arc<Agent>, caps: Option<TenantCaps>, ports: &Ports) -> Result<Arc<Agent>> {
+    let Some(caps) = caps else { return Ok(agent) };
+    let agent = Arc::try_unwrap(agent).map_err(|_| anyhow::anyhow!("the agent is shared before its budget gate is set"))?;
+    info!(tenants = caps.0.len(), "tenant daily caps enforced");
+    Ok(Arc::new(agent.with_budget_gate(Arc::new(LedgerGate::new(ports.ledger.clone(), ports.log.clone(), caps)))))
 }
 
 fn hostname() -> String {
@@ -193,8 +216,10 @@ pub async fn dispatcher(urls: Urls, args: DispatcherArgs) -> Result<()> {
 /// `glia worker`: consume run jobs until SIGTERM, then finish the current
 /// steps, release leases and exit.
 pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
+    let caps = args.tenant_caps()?;
     let agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix))).await?;
     let ports = Ports::connect(&urls).await?;
+    let agent = with_caps(agent, caps, &ports)?;
     let worker = Arc::new(Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0)));
     worker.run(shutdown_signal()).await;
     Ok(())
@@ -204,8 +229,10 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
 /// in-memory ports (or on the services with `--services`; only then is a real
 /// provider rate-limited through Redis).
 pub async fn dev(urls: Urls, services: bool, workers: usize, worker_args: WorkerArgs, dispatcher_args: DispatcherArgs) -> Result<()> {
+    let caps = worker_args.tenant_caps()?;
     let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str()))).await?;
     let ports = if services { Ports::connect(&urls).await? } else { Ports::memory() };
+    let agent = with_caps(agent, caps, &ports)?;
     let shutdown = shutdown_signal();
     for n in 0..workers.max(1) {
         let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n)));

@@ -13,8 +13,10 @@
 //!   commit (or finish when there is nothing to do);
 //! - `executing`: start the step (`before_step` hooks, tool list frozen);
 //!   check the budget and the turn's model-call cap; compact if the compactor
-//!   says so; call the model; or, once the model answered without tools,
-//!   check the answer (structured output, output guardrails) and end the step;
+//!   says so; reserve the call with the budget gate (tenant caps, see
+//!   [`crate::budget_gate`]); call the model and settle; or, once the model
+//!   answered without tools, check the answer (structured output, output
+//!   guardrails) and end the step;
 //! - `awaiting_tool`: settle calls a crash interrupted; decide each new call
 //!   (`before_tool_call` hooks, policies, budget); request approvals; run the
 //!   runnable calls concurrently and record their results in call order
@@ -36,6 +38,7 @@ use glia_proto::{
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::budget_gate::{self, BudgetGate, GateDecision, GateError, Spend};
 use crate::compact::Compactor;
 use crate::hooks::{Fired, Hooks, Verdict};
 use crate::planner::{Draft, ModelPlanner, PlanError, Planner, Reflection, SinglePlanner};
@@ -126,6 +129,10 @@ pub enum AgentError {
     /// `advance` was called on a run that has not started.
     #[error("the run has not started")]
     NotStarted,
+    /// The budget gate could not decide before a model call; the run stays
+    /// runnable, retry later.
+    #[error(transparent)]
+    Budget(#[from] GateError),
 }
 
 /// The loop and everything it calls: provider, tools, hooks, guardrails,
@@ -152,6 +159,7 @@ pub struct Agent {
     output_guardrails: Vec<Guardrail>,
     compactor: Option<Box<dyn Compactor>>,
     clock: Arc<dyn Clock>,
+    budget_gate: Option<Arc<dyn BudgetGate>>,
 }
 
 /// The state being advanced, the sink, and the clock: every event goes
@@ -199,6 +207,7 @@ impl Agent {
             output_guardrails: Vec::new(),
             compactor: None,
             clock: Arc::new(SystemClock),
+            budget_gate: None,
         }
     }
 
@@ -235,6 +244,14 @@ impl Agent {
     /// Take timestamps and durations from `clock`.
     pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Count model spend across runs with `gate` (see
+    /// [`crate::budget_gate`]): each model call is reserved before it is made
+    /// and settled after; a refusal pauses the run like its own budget does.
+    pub fn with_budget_gate(mut self, gate: Arc<dyn BudgetGate>) -> Self {
+        self.budget_gate = Some(gate);
         self
     }
 
@@ -406,6 +423,7 @@ impl Agent {
     async fn commit_plan(&self, run: &mut Run<'_>, draft: Draft) -> Result<(), AgentError> {
         let cost_usd_micros = self.cost(run.state, &draft.usage);
         run.record(EventKind::PlanDraft { steps: draft.steps.clone(), usage: draft.usage, cost_usd_micros }).await?;
+        self.settle_unreserved(run, Spend::of(&draft.usage, cost_usd_micros)).await;
         let fired = self.fire(run, HookTopic::AfterPlan, json!({ "steps": draft.steps })).await?;
         if let Verdict::Cancel(reason) = fired.verdict {
             return run.record(EventKind::SessionCancel { reason }).await;
@@ -488,7 +506,9 @@ impl Agent {
                     let cost_usd_micros = self.cost(run.state, &c.usage);
                     let strategy = compactor.name().to_owned();
                     let kind = EventKind::ContextCompacted { strategy, removed: c.removed, messages: c.messages, usage: c.usage, cost_usd_micros };
-                    return run.record(kind).await;
+                    run.record(kind).await?;
+                    self.settle_unreserved(run, Spend::of(&c.usage, cost_usd_micros)).await;
+                    return Ok(());
                 }
                 Err(e) => return self.provider_failed(run, e).await,
             }
@@ -496,6 +516,11 @@ impl Agent {
         let wrap_up = run.state.turn_calls + 1 == config.max_model_calls_per_turn;
         let forced = (config.output_schema.is_some() && run.state.reasks > 0).then(|| OUTPUT_TOOL.to_owned());
         let request = build_request(run.state, wrap_up, forced.clone());
+        // Same id for every retry of this call: the seq its model.call gets.
+        let request_id = format!("{}:{}", run.state.run_id, run.state.head_seq + 1);
+        if let Some(limit) = self.reserve(run, &request_id, &request).await? {
+            return self.budget_pause(run, limit).await;
+        }
         run.record(EventKind::ModelCall { model: config.model.clone(), messages: request.messages.len(), wrap_up, forced_tool: forced }).await?;
         run.commit().await?;
         let started = run.clock.now();
@@ -521,9 +546,15 @@ impl Agent {
                     }
                 }
                 let cost_usd_micros = self.cost(run.state, &r.usage);
-                run.record(EventKind::ModelResponse { message: r.message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros }).await
+                let spent = Spend::of(&r.usage, cost_usd_micros);
+                run.record(EventKind::ModelResponse { message: r.message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros }).await?;
+                self.settle(run, &request_id, spent).await;
+                Ok(())
             }
-            Err(e) => self.provider_failed(run, e).await,
+            Err(e) => {
+                self.settle(run, &request_id, Spend::ZERO).await;
+                self.provider_failed(run, e).await
+            }
         }
     }
 
@@ -818,6 +849,44 @@ impl Agent {
         run.record(EventKind::SessionPause { pull_point: pull_point.clone() }).await?;
         self.observe(HookTopic::OnPause, json!({ "pull_point": pull_point }));
         Ok(())
+    }
+
+    // ----- the budget gate (spend counted across runs) ---------------------
+
+    /// Reserve room for `request` with the budget gate, if there is one:
+    /// `Some(limit)` when refused. A gate that cannot decide leaves the run
+    /// runnable: what is recorded is committed and the error returned.
+    async fn reserve(&self, run: &mut Run<'_>, request_id: &str, request: &ModelRequest) -> Result<Option<glia_proto::Limit>, AgentError> {
+        let Some(gate) = &self.budget_gate else { return Ok(None) };
+        let usage = budget_gate::estimate_usage(request);
+        let estimate = Spend::of(&usage, self.cost(run.state, &usage));
+        match gate.reserve(run.state, request_id, estimate).await {
+            Ok(GateDecision::Granted) => Ok(None),
+            Ok(GateDecision::Exceeded(limit)) => Ok(Some(limit)),
+            Err(e) => {
+                run.commit().await?;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Settle `request_id` at `actual` with the budget gate, if there is one.
+    /// A failure is logged, not fatal: the reservation, if the counter holds
+    /// one, stands for the actual amount.
+    async fn settle(&self, run: &Run<'_>, request_id: &str, actual: Spend) {
+        if let Some(gate) = &self.budget_gate
+            && let Err(e) = gate.settle(run.state, request_id, actual).await
+        {
+            tracing::warn!(run_id = %run.state.run_id, request_id, error = %e, "budget not settled");
+        }
+    }
+
+    /// Count spend nothing was reserved for (a plan draft, a compaction),
+    /// under the id of the event just recorded.
+    async fn settle_unreserved(&self, run: &Run<'_>, spent: Spend) {
+        if spent != Spend::ZERO {
+            self.settle(run, &format!("{}:{}", run.state.run_id, run.state.head_seq), spent).await;
+        }
     }
 
     // ----- hooks, guardrails, helpers --------------------------------------

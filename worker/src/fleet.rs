@@ -9,17 +9,27 @@
 //!
 //! A commit that fails (lease lost, head moved) abandons the in-memory state:
 //! the log is the truth and the next job rebuilds from it.
+//!
+//! Tenants' daily caps are enforced across the fleet by [`LedgerGate`], the
+//! agent's budget gate: counters in the ledger (Redis), rebuilt from the
+//! event log when missing.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use glia_backends::{Delivery, EventLog, Job, JobQueue, Lease, Ledger, LogError, RunStatus};
-use glia_proto::{Event, LiveEvent, Resume, RunState, Status};
+use chrono::NaiveDate;
+use glia_backends::{
+    CapKind, Delivery, EventLog, Job, JobQueue, Lease, Ledger, LedgerError, LogError, Reservation, RunStatus, Settlement, tenant_day_scope,
+};
+use glia_proto::{Event, Limit, LiveEvent, Resume, RunState, Status};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
+use uuid::Uuid;
 
-use crate::agent::{Agent, AgentError, EventSink, SinkError};
+use crate::agent::{Agent, AgentError, Clock, EventSink, SinkError, SystemClock};
+use crate::budget_gate::{BudgetGate, GateDecision, GateError, Spend, TenantCap, TenantCaps};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -138,10 +148,10 @@ impl Worker {
         let handled = self.drive(&lease).await;
         let _ = stop_heartbeat.send(true);
         let _ = heartbeat.await;
-        if handled != Handled::Retry {
-            if let Err(e) = self.log.release(&lease).await {
-                warn!(%run_id, error = %e, "release failed; the lease will lapse");
-            }
+        if handled != Handled::Retry
+            && let Err(e) = self.log.release(&lease).await
+        {
+            warn!(%run_id, error = %e, "release failed; the lease will lapse");
         }
         handled
     }
@@ -214,6 +224,10 @@ impl Worker {
                     warn!(%run_id, error = %e, "provider unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
+                Err(AgentError::Budget(e)) => {
+                    warn!(%run_id, error = %e, "budget gate unavailable; retrying after the lease lapses");
+                    return Handled::Retry;
+                }
                 Err(e) => {
                     warn!(%run_id, error = %e, "abandoning the run's current work");
                     return Handled::Abandoned;
@@ -262,5 +276,153 @@ impl EventSink for LogSink {
         tokio::spawn(async move {
             let _ = ledger.publish_live(run_id, &event).await;
         });
+    }
+}
+
+/// How long a tenant's daily budget counter lives in the ledger by default:
+/// two days, so the counter of a day outlives it.
+pub const DEFAULT_BUDGET_TTL: Duration = Duration::from_secs(2 * 24 * 3600);
+
+/// The fleet's [`BudgetGate`]: each tenant's daily caps ([`TenantCaps`])
+/// counted in the [`Ledger`] under [`tenant_day_scope`] of the current UTC
+/// day (by the gate's clock), shared by every worker.
+///
+/// The tenant of a run is read from its summary in the event log (once per
+/// run, then remembered). A tenant without caps costs nothing: no ledger
+/// call. When the day's counter is missing (first use of the day, or Redis
+/// restarted or flushed) it is seeded with what the tenant's runs spent that
+/// day according to the log ([`EventLog::tenant_usage`]) and the call is
+/// asked again. A flush forgets only what was in flight at that moment:
+/// calls then running count again once they return and settle (other calls
+/// may be let through meanwhile), and spend settled but not yet committed to
+/// the log is not counted that day.
+///
+/// Caps can be changed while running ([`LedgerGate::set_caps`]); a tenant
+/// that was uncapped for a while is not counted meanwhile, so its counter,
+/// if it already existed that day, misses that spend.
+pub struct LedgerGate {
+    ledger: Arc<dyn Ledger>,
+    log: Arc<dyn EventLog>,
+    caps: RwLock<TenantCaps>,
+    tenants: Mutex<HashMap<Uuid, String>>,
+    clock: Arc<dyn Clock>,
+    ttl: Duration,
+}
+
+/// Runs whose tenant a [`LedgerGate`] remembers before it forgets them all.
+const REMEMBERED_TENANTS: usize = 100_000;
+
+/// How many times a gate seeds a counter that keeps disappearing before it
+/// gives up.
+const SEED_ATTEMPTS: usize = 3;
+
+fn gate_error(e: impl std::fmt::Display) -> GateError {
+    GateError(e.to_string())
+}
+
+impl LedgerGate {
+    /// A gate over these ports with these caps, on the system clock, with
+    /// counters living [`DEFAULT_BUDGET_TTL`].
+    pub fn new(ledger: Arc<dyn Ledger>, log: Arc<dyn EventLog>, caps: TenantCaps) -> LedgerGate {
+        LedgerGate {
+            ledger,
+            log,
+            caps: RwLock::new(caps),
+            tenants: Mutex::new(HashMap::new()),
+            clock: Arc::new(SystemClock),
+            ttl: DEFAULT_BUDGET_TTL,
+        }
+    }
+
+    /// Take the day from `clock` (use the agent's, so that the day of a
+    /// reservation is the day of its events).
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> LedgerGate {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Keep counters for `ttl` instead of [`DEFAULT_BUDGET_TTL`].
+    pub fn with_ttl(mut self, ttl: Duration) -> LedgerGate {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Replace the caps, e.g. to let paused runs of a tenant go on today.
+    pub fn set_caps(&self, caps: TenantCaps) {
+        *self.caps.write().unwrap_or_else(|e| e.into_inner()) = caps;
+    }
+
+    /// The tenant's caps, when it has any.
+    fn cap_of(&self, tenant: &str) -> Option<TenantCap> {
+        self.caps.read().unwrap_or_else(|e| e.into_inner()).get(tenant).copied()
+    }
+
+    /// The run's tenant, from its summary (remembered).
+    async fn tenant(&self, run_id: Uuid) -> Result<String, GateError> {
+        if let Some(t) = self.tenants.lock().unwrap_or_else(|e| e.into_inner()).get(&run_id) {
+            return Ok(t.clone());
+        }
+        let tenant = self.log.get_run(run_id).await.map_err(gate_error)?.tenant;
+        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        if tenants.len() >= REMEMBERED_TENANTS {
+            tenants.clear();
+        }
+        tenants.insert(run_id, tenant.clone());
+        Ok(tenant)
+    }
+
+    /// The capped tenant of the run, its caps, today and today's scope; `None`
+    /// for an uncapped tenant.
+    async fn scope(&self, state: &RunState) -> Result<Option<(String, TenantCap, NaiveDate, String)>, GateError> {
+        if self.caps.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            return Ok(None);
+        }
+        let tenant = self.tenant(state.run_id).await?;
+        let Some(cap) = self.cap_of(&tenant) else { return Ok(None) };
+        let day = self.clock.now().date_naive();
+        let scope = tenant_day_scope(&tenant, day);
+        Ok(Some((tenant, cap, day, scope)))
+    }
+
+    /// Create the day's counter from the log, unless another worker did.
+    async fn seed(&self, tenant: &str, day: NaiveDate, scope: &str) -> Result<(), GateError> {
+        let used = self.log.tenant_usage(tenant, day).await.map_err(gate_error)?;
+        let created = self.ledger.seed(scope, used, self.ttl).await.map_err(gate_error)?;
+        if created {
+            info!(tenant, %day, tokens = used.tokens, cost_usd_micros = used.cost_usd_micros, "budget counter rebuilt from the log");
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl BudgetGate for LedgerGate {
+    /// Errors: the log or the ledger did not answer.
+    async fn reserve(&self, state: &RunState, request_id: &str, estimate: Spend) -> Result<GateDecision, GateError> {
+        let Some((tenant, cap, day, scope)) = self.scope(state).await? else { return Ok(GateDecision::Granted) };
+        for _ in 0..SEED_ATTEMPTS {
+            match self.ledger.reserve(&scope, request_id, estimate, cap.spend_cap()).await.map_err(gate_error)? {
+                Reservation::Granted { .. } => return Ok(GateDecision::Granted),
+                Reservation::Exceeded { cap: CapKind::Cost, .. } => return Ok(GateDecision::Exceeded(Limit::TenantDailyCost)),
+                Reservation::Exceeded { cap: CapKind::Tokens, .. } => return Ok(GateDecision::Exceeded(Limit::TenantDailyTokens)),
+                Reservation::Missing => self.seed(&tenant, day, &scope).await?,
+            }
+        }
+        Err(gate_error(LedgerError::Unavailable(format!("{scope}: the counter disappeared {SEED_ATTEMPTS} times"))))
+    }
+
+    /// Settles into the counter of the day it is now (a call that spanned
+    /// midnight counts on the day it returned, as its event does).
+    ///
+    /// Errors: the log or the ledger did not answer.
+    async fn settle(&self, state: &RunState, request_id: &str, actual: Spend) -> Result<(), GateError> {
+        let Some((tenant, _, day, scope)) = self.scope(state).await? else { return Ok(()) };
+        for _ in 0..SEED_ATTEMPTS {
+            match self.ledger.settle(&scope, request_id, actual).await.map_err(gate_error)? {
+                Settlement::Settled { .. } => return Ok(()),
+                Settlement::Missing => self.seed(&tenant, day, &scope).await?,
+            }
+        }
+        Err(gate_error(LedgerError::Unavailable(format!("{scope}: the counter disappeared {SEED_ATTEMPTS} times"))))
     }
 }

@@ -7,11 +7,13 @@
 //! - [`policy`]: declarative tool policies and guardrails;
 //! - [`compact`]: context compaction strategies;
 //! - [`planner`]: the single-step and model planners;
-//! - [`fleet`]: the job consumer of a `glia worker` process.
+//! - [`fleet`]: the job consumer of a `glia worker` process;
+//! - [`budget_gate`]: spend counted across runs (per-tenant daily caps).
 
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod budget_gate;
 pub mod compact;
 pub mod fleet;
 pub mod hooks;
