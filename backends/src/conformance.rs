@@ -60,7 +60,7 @@ pub fn sample_log() -> SampleLog {
             idempotency_key: format!("{run_id}:c1"),
             disposition: Disposition::Approval,
         }),
-        EventKind::ApprovalRequested { call_id: "c1".into(), tool: "refund".into(), input, args_hash: hash.clone() },
+        EventKind::ApprovalRequested { call_id: "c1".into(), tool: "refund".into(), input, args_hash: hash.clone(), expires_at: None },
         EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: vec!["c1".into()] } },
     ];
     let rest = vec![

@@ -22,6 +22,7 @@ pub mod memory;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod redis_ledger;
+pub mod testkit;
 
 use std::time::Duration;
 
@@ -190,6 +191,12 @@ pub struct ApprovalRow {
     pub status: ApprovalStatus,
     /// When it was requested.
     pub requested_at: DateTime<Utc>,
+    /// When it expires, if the run set an approval timeout.
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Past its deadline and handed to a second line of approvers; still pending.
+    #[serde(default)]
+    pub escalated: bool,
 }
 
 /// Where an approval stands.
@@ -213,6 +220,9 @@ pub struct ApprovalFilter {
     pub run_id: Option<Uuid>,
     /// Only pending ones when true.
     pub pending_only: bool,
+    /// Only pending, not yet escalated ones whose deadline is at or before
+    /// this time (what the reconciler expires).
+    pub expired_by: Option<DateTime<Utc>>,
     /// Page size.
     pub limit: usize,
 }
@@ -320,6 +330,10 @@ pub trait EventLog: Send + Sync {
 
     /// Approvals, oldest first.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError>;
+
+    /// Mark a pending approval escalated (idempotent). Errors:
+    /// [`LogError::NotFound`] when the run has no such approval.
+    async fn escalate(&self, run_id: Uuid, call_id: &str) -> Result<(), LogError>;
 
     /// Up to `limit` outbox jobs not yet relayed, oldest first, with their ids.
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError>;

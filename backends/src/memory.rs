@@ -194,7 +194,7 @@ impl EventLog for MemoryLog {
         let tenant = r.summary.tenant.clone();
         for e in events {
             match &e.kind {
-                EventKind::ApprovalRequested { call_id, tool, input, args_hash } => inner.approvals.push(ApprovalRow {
+                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at } => inner.approvals.push(ApprovalRow {
                     run_id,
                     tenant: tenant.clone(),
                     call_id: call_id.clone(),
@@ -203,6 +203,8 @@ impl EventLog for MemoryLog {
                     args_hash: args_hash.clone(),
                     status: ApprovalStatus::Pending,
                     requested_at: e.at,
+                    expires_at: *expires_at,
+                    escalated: false,
                 }),
                 EventKind::ApprovalResolved { call_id, .. } => {
                     for a in inner.approvals.iter_mut().filter(|a| a.run_id == run_id && &a.call_id == call_id) {
@@ -252,11 +254,21 @@ impl EventLog for MemoryLog {
             .filter(|a| filter.tool.as_ref().is_none_or(|t| &a.tool == t))
             .filter(|a| filter.run_id.is_none_or(|r| a.run_id == r))
             .filter(|a| !filter.pending_only || a.status == ApprovalStatus::Pending)
+            .filter(|a| {
+                filter.expired_by.is_none_or(|t| a.status == ApprovalStatus::Pending && !a.escalated && a.expires_at.is_some_and(|e| e <= t))
+            })
             .cloned()
             .collect();
         rows.sort_by_key(|a| a.requested_at);
         rows.truncate(filter.limit.clamp(1, 1000));
         Ok(rows)
+    }
+
+    async fn escalate(&self, run_id: Uuid, call_id: &str) -> Result<(), LogError> {
+        let mut inner = lock(&self.inner);
+        let row = inner.approvals.iter_mut().find(|a| a.run_id == run_id && a.call_id == call_id).ok_or(LogError::NotFound(run_id))?;
+        row.escalated = true;
+        Ok(())
     }
 
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {

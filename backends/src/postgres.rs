@@ -648,8 +648,8 @@ const LOCK_RUN: &str = "SELECT head_seq, tenant, lease_token, coalesce(lease_exp
 const UPDATE_SUMMARY: &str = "UPDATE runs SET status = $2, phase = $3, pull_point = $4, outcome = $5, head_seq = $6, updated_at = now() \
      WHERE id = $1";
 
-const INSERT_APPROVALS: &str = "INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, requested_at) \
-     SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::json[], $6::text[], $7::timestamptz[])";
+const INSERT_APPROVALS: &str = "INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, requested_at, expires_at) \
+     SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::json[], $6::text[], $7::timestamptz[], $8::timestamptz[])";
 
 const DECIDE_APPROVALS: &str = "UPDATE approvals SET status = 'decided', decided_at = now() \
      WHERE run_id = $1 AND call_id = ANY($2) AND status = 'pending'";
@@ -886,10 +886,12 @@ impl EventLog for PgLog {
         let encoded = encode_events(run_id, events, self.blob_threshold)?;
         let columns = SummaryColumns::of(state)?;
         let (mut calls, mut tools, mut inputs, mut hashes, mut requested_at) = (vec![], vec![], vec![], vec![], vec![]);
+        let mut expires: Vec<Option<DateTime<Utc>>> = Vec::new();
         let mut resolved: Vec<&str> = Vec::new();
         for e in events {
             match &e.kind {
-                EventKind::ApprovalRequested { call_id, tool, input, args_hash } => {
+                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at } => {
+                    expires.push(*expires_at);
                     calls.push(call_id.as_str());
                     tools.push(tool.as_str());
                     inputs.push(input);
@@ -936,7 +938,7 @@ impl EventLog for PgLog {
             let has_events = !events.is_empty();
             let summary_params: [&(dyn ToSql + Sync); 6] =
                 [&run_id, &columns.status, &columns.phase, &columns.pull_point, &columns.outcome, &columns.head_seq];
-            let approval_params: [&(dyn ToSql + Sync); 7] = [&run_id, &tenant, &calls, &tools, &inputs, &hashes, &requested_at];
+            let approval_params: [&(dyn ToSql + Sync); 8] = [&run_id, &tenant, &calls, &tools, &inputs, &hashes, &requested_at, &expires];
             let decide_params: [&(dyn ToSql + Sync); 2] = [&run_id, &resolved];
             let consume_params: [&(dyn ToSql + Sync); 2] = [&run_id, &consumed];
             let (checkpoint_seq, checkpoint_text, checkpoint_raw) = match &checkpoint {
@@ -1028,7 +1030,7 @@ impl EventLog for PgLog {
     /// Oldest first by request time (the event's), then by insertion.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
         let mut select = Select::new(
-            "SELECT run_id, tenant, call_id, tool, input::text AS input, args_hash, status, requested_at FROM approvals WHERE true",
+            "SELECT run_id, tenant, call_id, tool, input::text AS input, args_hash, status, requested_at, expires_at, escalated FROM approvals WHERE true",
         );
         if let Some(tenant) = &filter.tenant {
             select.and("tenant =", tenant.clone());
@@ -1041,6 +1043,10 @@ impl EventLog for PgLog {
         }
         if filter.pending_only {
             select.sql.push_str(" AND status = 'pending'");
+        }
+        if let Some(t) = filter.expired_by {
+            select.sql.push_str(" AND status = 'pending' AND NOT escalated");
+            select.and("expires_at <=", t);
         }
         let rows = select.rows(self, "approvals", "requested_at, id", filter.limit.clamp(1, 1000)).await?;
         rows.iter()
@@ -1060,9 +1066,23 @@ impl EventLog for PgLog {
                         other => return Err(corrupt(format!("unknown approval status {other:?}"))),
                     },
                     requested_at: col(row, "requested_at")?,
+                    expires_at: col(row, "expires_at")?,
+                    escalated: col(row, "escalated")?,
                 })
             })
             .collect()
+    }
+
+    async fn escalate(&self, run_id: Uuid, call_id: &str) -> Result<(), LogError> {
+        self.bounded("escalate", async {
+            let client = self.client().await?;
+            let n = client
+                .execute("UPDATE approvals SET escalated = true WHERE run_id = $1 AND call_id = $2", &[&run_id, &call_id])
+                .await
+                .map_err(|e| unavailable("escalate", &e))?;
+            if n == 0 { Err(LogError::NotFound(run_id)) } else { Ok(()) }
+        })
+        .await
     }
 
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {

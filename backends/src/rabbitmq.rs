@@ -98,8 +98,8 @@ pub struct QueueOptions {
     pub delivery_limit: u32,
     /// First delay before reconnecting after a failure.
     pub reconnect_min: Duration,
-    /// Largest delay between reconnection attempts (the backoff doubles up
-    /// to this, with jitter).
+    /// Largest delay between reconnection attempts, jitter included (the
+    /// backoff doubles towards it, jittered between half of it and it).
     pub reconnect_max: Duration,
     /// Attempts per [`JobQueue::publish`] (and per [`JobQueue::depth`] or
     /// dead-letter call) before it gives up with
@@ -144,11 +144,18 @@ impl QueueOptions {
         format!("{}.dlx", self.queue)
     }
 
-    fn backoff(&self) -> ExponentialBuilder {
-        ExponentialBuilder::default()
-            .with_min_delay(self.reconnect_min)
-            .with_max_delay(self.reconnect_max.max(self.reconnect_min))
-            .with_jitter()
+    /// Delays between attempts: from `reconnect_min`, doubling, jittered,
+    /// never over `reconnect_max`; at most `times` of them (`None`: no end).
+    /// backon adds its jitter (up to 100 %) after capping, so it is given
+    /// half the cap, and each delay is clamped as well.
+    fn delays(&self, times: Option<usize>) -> impl Iterator<Item = Duration> + use<> {
+        let max = self.reconnect_max.max(self.reconnect_min);
+        let builder = ExponentialBuilder::default().with_min_delay(self.reconnect_min).with_max_delay((max / 2).max(self.reconnect_min)).with_jitter();
+        let builder = match times {
+            Some(n) => builder.with_max_times(n),
+            None => builder.without_max_times(),
+        };
+        builder.build().map(move |d| d.min(max))
     }
 }
 
@@ -500,7 +507,7 @@ impl RabbitQueue {
         F: Fn(Arc<PubLink>) -> Fut,
         Fut: Future<Output = Result<T, Attempt>>,
     {
-        let mut delays = self.opts.backoff().with_max_times(self.opts.publish_attempts - 1).build();
+        let mut delays = self.opts.delays(Some(self.opts.publish_attempts - 1));
         let mut shutdown = self.shutdown.subscribe();
         loop {
             let (err, generation) = match self.publisher_link().await {
@@ -603,7 +610,7 @@ impl JobQueue for RabbitQueue {
             slot = self.consumer.lock() => slot,
             _ = shutdown.wait_for(|down| *down) => return Err(QueueError::Closed),
         };
-        let mut delays = self.opts.backoff().without_max_times().build();
+        let mut delays = self.opts.delays(None);
         loop {
             if self.is_shut_down() {
                 return Err(QueueError::Closed);
@@ -715,5 +722,26 @@ impl Acker for RabbitAcker {
     async fn nack(&self, requeue: bool) -> Result<(), QueueError> {
         let r = self.acker.nack(BasicNackOptions { multiple: false, requeue }).await;
         self.settled("nack", r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_delays_grow_jittered_and_stay_within_the_bounds() {
+        let mut o = QueueOptions::new("q");
+        o.reconnect_min = Duration::from_millis(100);
+        o.reconnect_max = Duration::from_secs(5);
+        for _ in 0..50 {
+            let delays: Vec<Duration> = o.delays(None).take(20).collect();
+            assert!(delays.iter().all(|d| *d >= o.reconnect_min && *d <= o.reconnect_max), "{delays:?}");
+            assert!(delays[10..].iter().all(|d| *d >= o.reconnect_max / 2), "the cap is reached: {delays:?}");
+        }
+        assert_eq!(o.delays(Some(4)).count(), 4);
+        // A floor above half the cap still never exceeds the cap.
+        o.reconnect_min = Duration::from_secs(4);
+        assert!(o.delays(None).take(20).all(|d| d <= o.reconnect_max));
     }
 }

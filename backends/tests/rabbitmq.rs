@@ -4,9 +4,10 @@
 //! exchange at the end, pass or fail.
 //!
 //! `consumer_resumes_after_broker_restart` starts a private RabbitMQ node of
-//! its own (own node name, AMQP and distribution ports, data and log
-//! directories under a temporary directory), kills and restarts it, and
-//! never touches the broker at `GLIA_AMQP_URL`. It stops the node cleanly
+//! its own ([`glia_backends::testkit::PrivateRabbit`]: own node name, AMQP
+//! and distribution ports, data and log directories under a temporary
+//! directory), stops and restarts it, and never touches the broker at
+//! `GLIA_AMQP_URL`. It stops the node cleanly
 //! (SIGTERM to its start script); `GLIA_TEST_BROKER_SIGKILL_AFTER=<secs>`
 //! makes it wait that long and SIGKILL the node instead (with less than
 //! about 180 s, RabbitMQ 3.10 may lose the freshly declared queue: see the
@@ -14,15 +15,11 @@
 //! its directory behind for inspection.
 
 use std::collections::HashSet;
-use std::fs::File;
-use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
+use glia_backends::testkit::{PrivateRabbit, free_port};
 use glia_backends::{Delivery, Job, JobQueue, QueueError};
 use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -338,156 +335,18 @@ async fn unreachable_broker_is_unavailable_and_close_ends_next() {
 }
 
 // ---------------------------------------------------------------------------
-// A private RabbitMQ node, restarted under a consumer.
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// The `rabbitmq-server` script to run directly (the Debian wrapper in
-/// /usr/sbin switches to the `rabbitmq` user and its home, which we do not
-/// want for a private node).
-fn rabbitmq_server() -> Option<PathBuf> {
-    let candidates = ["/usr/lib/rabbitmq/bin/rabbitmq-server", "/usr/local/sbin/rabbitmq-server", "/usr/sbin/rabbitmq-server"];
-    candidates.iter().map(PathBuf::from).find(|p| p.exists())
-}
-
-/// One RabbitMQ node of this test's own: node name `glia-test-<id>@localhost`,
-/// free AMQP and distribution ports, config, cookie (HOME), data and logs in
-/// a temporary directory. It shares only the machine's epmd.
-struct PrivateBroker {
-    script: PathBuf,
-    dir: PathBuf,
-    node: String,
-    port: u16,
-    dist_port: u16,
-    child: Option<Child>,
-}
-
-impl PrivateBroker {
-    fn new(script: PathBuf) -> PrivateBroker {
-        let id = Uuid::now_v7().simple().to_string();
-        let dir = std::env::temp_dir().join(format!("glia-rabbit-{id}"));
-        std::fs::create_dir_all(dir.join("log")).unwrap();
-        let (port, dist_port) = (free_port(), free_port());
-        std::fs::write(dir.join("rabbitmq.conf"), format!("listeners.tcp.local = 127.0.0.1:{port}\n")).unwrap();
-        // An empty env file, so the system's rabbitmq-env.conf is not read.
-        std::fs::write(dir.join("rabbitmq-env.conf"), "").unwrap();
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
-        PrivateBroker { script, dir, node: format!("glia-test-{}@localhost", &id[id.len() - 12..]), port, dist_port, child: None }
-    }
-
-    fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
-    }
-
-    fn start(&mut self) {
-        let out = File::options().create(true).append(true).open(self.dir.join("server.out")).unwrap();
-        let err = out.try_clone().unwrap();
-        let d = |p: &str| self.dir.join(p);
-        let child = Command::new(&self.script)
-            .current_dir(&self.dir)
-            .env("HOME", &self.dir)
-            .env("RABBITMQ_CONF_ENV_FILE", d("rabbitmq-env.conf"))
-            .env("RABBITMQ_NODENAME", &self.node)
-            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
-            .env("RABBITMQ_NODE_PORT", self.port.to_string())
-            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
-            .env("RABBITMQ_CONFIG_FILE", d("rabbitmq.conf"))
-            .env("RABBITMQ_ADVANCED_CONFIG_FILE", d("advanced.config"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", d("enabled_plugins"))
-            .env("RABBITMQ_MNESIA_BASE", d("mnesia"))
-            .env("RABBITMQ_LOG_BASE", d("log"))
-            .env("RABBITMQ_PID_FILE", d("node.pid"))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            // Its own process group, so the script and its Erlang VM die together.
-            .process_group(0)
-            .spawn()
-            .expect("spawn rabbitmq-server");
-        self.child = Some(child);
-    }
-
-    /// Poll until the node accepts an AMQP connection.
-    async fn wait_ready(&mut self, secs: u64) {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            if let Ok(Ok(conn)) =
-                tokio::time::timeout(Duration::from_secs(5), Connection::connect(&self.url(), ConnectionProperties::default())).await
-            {
-                let _ = conn.close(200, "ready".into()).await;
-                return;
-            }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("private rabbitmq node exited with {status}:\n{}", tail(&self.dir.join("server.out")));
-            }
-            assert!(Instant::now() < deadline, "private rabbitmq node not ready within {secs}s:\n{}", tail(&self.dir.join("server.out")));
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    /// Stop the node the way `rabbitmqctl stop` or a service manager does:
-    /// SIGTERM to the start script, which shuts the Erlang VM down cleanly.
-    /// Waits up to 60 s, then kills.
-    async fn stop(&mut self) {
-        let Some(child) = self.child.as_mut() else { return };
-        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if child.try_wait().ok().flatten().is_some() {
-                self.child = None;
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        eprintln!("private rabbitmq node did not stop within 60s; killing it");
-        self.kill();
-    }
-
-    /// SIGKILL the node's whole process group (the script and its VM).
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-KILL").arg("--").arg(format!("-{}", child.id())).status();
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for PrivateBroker {
-    fn drop(&mut self) {
-        if std::env::var_os("GLIA_TEST_KEEP_BROKER").is_some() {
-            eprintln!(
-                "GLIA_TEST_KEEP_BROKER: leaving node {} (pid {:?}) and {}",
-                self.node,
-                self.child.as_ref().map(|c| c.id()),
-                self.dir.display()
-            );
-            return;
-        }
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
+// A private RabbitMQ node (glia_backends::testkit), restarted under a consumer.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_resumes_after_broker_restart() {
-    let Some(script) = rabbitmq_server() else {
+    let Some(mut broker) = PrivateRabbit::new() else {
         eprintln!("\n!!!!!!!! SKIPPED consumer_resumes_after_broker_restart: no rabbitmq-server script found !!!!!!!!\n");
         return;
     };
     let started = Instant::now();
-    let mut broker = PrivateBroker::new(script);
-    broker.start();
-    broker.wait_ready(120).await;
-    eprintln!("private node {} on port {} ready after {:?}", broker.node, broker.port, started.elapsed());
+    broker.start().expect("spawn rabbitmq-server");
+    broker.wait_ready(Duration::from_secs(120)).await;
+    eprintln!("private node {} on port {} ready after {:?}", broker.node(), broker.port(), started.elapsed());
 
     let mut opts = options("restart");
     opts.publish_attempts = 3;
@@ -552,8 +411,8 @@ async fn consumer_resumes_after_broker_restart() {
     });
 
     let restart = Instant::now();
-    broker.start(); // same node name, ports and data directory
-    broker.wait_ready(120).await;
+    broker.start().expect("spawn rabbitmq-server"); // same node name, ports and data directory
+    broker.wait_ready(Duration::from_secs(120)).await;
     eprintln!("private node restarted on the same data in {:?}", restart.elapsed());
 
     // The publisher reconnects; a caller retries what failed (here: until

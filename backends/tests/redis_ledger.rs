@@ -3,16 +3,16 @@
 //! (`glia-test-<uuid>`) and deletes its keys at the end, pass or fail.
 //!
 //! `ledger_survives_a_redis_restart` starts a private `redis-server` of its
-//! own on a free port (no persistence), kills and restarts it, and never
-//! touches the Redis at `GLIA_REDIS_URL`.
+//! own ([`glia_backends::testkit::PrivateRedis`]: a free port, no
+//! persistence), kills and restarts it, and never touches the Redis at
+//! `GLIA_REDIS_URL`.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use glia_backends::redis_ledger::RedisLedger;
+use glia_backends::testkit::{PrivateRedis, free_port};
 use glia_backends::{Ledger, LedgerError};
 use glia_proto::LiveEvent;
 use uuid::Uuid;
@@ -171,72 +171,7 @@ async fn ready_and_connect_errors() {
 }
 
 // ---------------------------------------------------------------------------
-// A private redis-server, restarted under the ledger.
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A `redis-server` of this test's own on a free port, without persistence,
-/// in a temporary directory.
-struct PrivateRedis {
-    port: u16,
-    dir: std::path::PathBuf,
-    child: Option<Child>,
-}
-
-impl PrivateRedis {
-    fn new() -> PrivateRedis {
-        let dir = std::env::temp_dir().join(format!("glia-redis-{}", Uuid::now_v7().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        PrivateRedis { port: free_port(), dir, child: None }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn start(&mut self) -> std::io::Result<()> {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    async fn wait_ready(&self) {
-        let client = redis::Client::open(self.url()).unwrap();
-        eventually(30, "private redis-server up", || {
-            let client = client.clone();
-            async move {
-                match client.get_multiplexed_async_connection().await {
-                    Ok(mut c) => redis::cmd("PING").query_async::<String>(&mut c).await.is_ok(),
-                    Err(_) => false,
-                }
-            }
-        })
-        .await;
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+// A private redis-server (glia_backends::testkit), restarted under the ledger.
 
 #[tokio::test]
 async fn ledger_survives_a_redis_restart() {
@@ -245,7 +180,7 @@ async fn ledger_survives_a_redis_restart() {
         eprintln!("\n!!!!!!!! SKIPPED ledger_survives_a_redis_restart: cannot run redis-server: {e} !!!!!!!!\n");
         return;
     }
-    redis.wait_ready().await;
+    redis.wait_ready(Duration::from_secs(30)).await;
     let ledger = RedisLedger::connect(&redis.url(), "glia").await.unwrap();
     let run = Uuid::now_v7();
     let mut live = ledger.subscribe_live(run).await.unwrap();
@@ -261,7 +196,7 @@ async fn ledger_survives_a_redis_restart() {
     assert!(matches!(within(30, "ready while down", ledger.ready()).await, Err(LedgerError::Unavailable(_))));
 
     redis.start().unwrap();
-    redis.wait_ready().await;
+    redis.wait_ready(Duration::from_secs(30)).await;
     // The same ledger reconnects on its own.
     eventually(30, "ledger answers again", || async { ledger.ready().await.is_ok() }).await;
     assert!(!ledger.is_cancelled(run).await.unwrap(), "a restarted Redis without persistence lost the flag (the log keeps the truth)");

@@ -528,6 +528,7 @@ pub async fn list_approvals(State(app): State<App>, p: Principal, ApiQuery(q): A
         tool: q.tool,
         run_id: q.run_id,
         pending_only: q.status.unwrap_or_default() == ApprovalStatusFilter::Pending,
+        expired_by: None,
         limit,
     };
     Ok(Json(ApprovalPage { approvals: app.log.approvals(&filter).await? }))

@@ -146,7 +146,9 @@ foreign_schema!(
             "output_schema": {"description": "JSON Schema of the final answer."},
             "max_reasks": {"type": "integer", "minimum": 0},
             "pricing": {"type": ["object", "null"]},
-            "max_tokens": {"type": "integer", "minimum": 1}
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "description": "How long an approval may wait, ms; null waits forever."},
+            "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."}
         }
     }));
 
@@ -206,7 +208,9 @@ foreign_schema!(
             "input": {"description": "Arguments to approve."},
             "args_hash": {"type": "string", "description": "SHA-256 of the canonical JSON of `input`, hex; quote it in a decision."},
             "status": {"enum": ["pending", "decided"]},
-            "requested_at": {"type": "string", "format": "date-time"}
+            "requested_at": {"type": "string", "format": "date-time"},
+            "expires_at": {"type": ["string", "null"], "format": "date-time", "description": "Deadline from the run's approval_timeout_ms."},
+            "escalated": {"type": "boolean", "description": "Past its deadline and escalated; still pending."}
         }
     }));
 

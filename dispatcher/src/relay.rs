@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use glia_backends::{Job, LogError, QueueError};
+use glia_backends::{ApprovalFilter, Job, LogError, QueueError};
+use glia_proto::{ApprovalTimeout, Decision, Resume};
 use uuid::Uuid;
 
 use crate::App;
@@ -126,6 +127,9 @@ impl Reconciler {
         if let Err(e) = relay_once(&self.app).await {
             tracing::warn!("reconciler: leftover outbox not relayed: {e}");
         }
+        if let Err(e) = self.expire_approvals().await {
+            tracing::warn!("reconciler: approvals not expired: {e}");
+        }
         let orphans = self.app.log.orphaned(RECONCILE_BATCH).await?;
         let now = Instant::now();
         let mut current = HashMap::with_capacity(orphans.len());
@@ -159,6 +163,35 @@ impl Reconciler {
         }
         self.app.metrics().jobs_reconciled.inc_by(published.len() as u64);
         Ok(published)
+    }
+}
+
+impl Reconciler {
+    /// Approvals past their deadline: rejected (the model sees "approval
+    /// expired") or escalated, as the run's `on_approval_timeout` says. A
+    /// decision that lands first wins; the rejection is then a duplicate and
+    /// ignored. Returns how many were handled.
+    pub async fn expire_approvals(&mut self) -> Result<usize, LogError> {
+        let filter = ApprovalFilter { expired_by: Some(chrono::Utc::now()), limit: RECONCILE_BATCH, ..ApprovalFilter::default() };
+        let expired = self.app.log.approvals(&filter).await?;
+        let mut handled = 0;
+        for row in expired {
+            let state = self.app.log.load(row.run_id).await?;
+            match state.config.on_approval_timeout {
+                ApprovalTimeout::Escalate => self.app.log.escalate(row.run_id, &row.call_id).await?,
+                ApprovalTimeout::Reject => {
+                    let decision = Decision::Reject { reason: "the approval expired before anyone decided".into() };
+                    let payload = Resume::Approval { call_id: row.call_id.clone(), args_hash: row.args_hash.clone(), decision, by: Some("reconciler".into()) };
+                    match self.app.log.post(row.run_id, payload).await {
+                        Ok(_) | Err(LogError::Duplicate { .. }) => self.app.wake_relay(),
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            tracing::info!(run_id = %row.run_id, call_id = %row.call_id, action = ?state.config.on_approval_timeout, "approval expired");
+            handled += 1;
+        }
+        Ok(handled)
     }
 }
 

@@ -12,7 +12,7 @@ use futures::stream::BoxStream;
 use glia_backends::memory::MemoryLog;
 use glia_backends::{Delivery, EventLog, Job, JobQueue, Ledger, LedgerError, QueueError};
 use glia_dispatcher::{App, Reconciler};
-use glia_proto::{LiveEvent, Resume};
+use glia_proto::{EventKind, LiveEvent, Resume};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -261,4 +261,46 @@ async fn reconciler_requeues_runs_whose_job_or_worker_was_lost() {
     assert_eq!(h.app.metrics().jobs_reconciled.get(), 3);
     let published = h.queue.next().await.unwrap().job;
     assert!(expected.contains(&published.run_id));
+}
+
+/// A run parked at an approval whose deadline has passed, with `action`.
+async fn parked_with_expired_approval(h: &common::H, action: glia_proto::ApprovalTimeout) -> Uuid {
+    let mut s = glia_backends::conformance::sample_log();
+    let mut events = s.parked.clone();
+    if let EventKind::SessionStart { config, .. } = &mut events[0].kind {
+        config.approval_timeout_ms = Some(1);
+        config.on_approval_timeout = action;
+    }
+    for e in &mut events {
+        if let EventKind::ApprovalRequested { expires_at, .. } = &mut e.kind {
+            *expires_at = Some(chrono::Utc::now() - chrono::Duration::seconds(1));
+        }
+    }
+    s.parked = events;
+    let start = s.parked[0].clone();
+    h.log.create_run(glia_backends::NewRun { tenant: "a".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
+    let lease = h.log.acquire(s.run_id, "w", Duration::from_secs(30)).await.unwrap();
+    let state = glia_proto::RunState::replay(s.run_id, &s.parked).unwrap();
+    h.log.commit(&lease, &s.parked[1..], &state, &[]).await.unwrap();
+    h.log.release(&lease).await.unwrap();
+    s.run_id
+}
+
+#[tokio::test]
+async fn reconciler_rejects_or_escalates_expired_approvals() {
+    let h = common::harness();
+    let rejected = parked_with_expired_approval(&h, glia_proto::ApprovalTimeout::Reject).await;
+    let escalated = parked_with_expired_approval(&h, glia_proto::ApprovalTimeout::Escalate).await;
+    let mut r = Reconciler::new(h.app.clone(), Duration::from_secs(3600));
+    assert_eq!(r.expire_approvals().await.unwrap(), 2);
+    let inbox = h.log.inbox(rejected).await.unwrap();
+    assert!(
+        matches!(&inbox[0].payload, glia_proto::Resume::Approval { decision: glia_proto::Decision::Reject { reason }, .. } if reason.contains("expired")),
+        "{inbox:?}"
+    );
+    assert!(h.log.inbox(escalated).await.unwrap().is_empty(), "escalation posts nothing");
+    let rows = h.log.approvals(&glia_backends::ApprovalFilter { run_id: Some(escalated), limit: 10, ..Default::default() }).await.unwrap();
+    assert!(rows[0].escalated && rows[0].status == glia_backends::ApprovalStatus::Pending);
+    // Nothing left to expire: the rejection is decided, the escalation is marked.
+    assert_eq!(r.expire_approvals().await.unwrap(), 0);
 }

@@ -48,6 +48,21 @@ pub struct RunConfig {
     pub pricing: Option<Pricing>,
     /// Output token cap per model call.
     pub max_tokens: u32,
+    /// How long an approval may wait, in ms; `None` waits forever.
+    pub approval_timeout_ms: Option<u64>,
+    /// What the reconciler does with an approval past its deadline.
+    pub on_approval_timeout: ApprovalTimeout,
+}
+
+/// What happens to an approval nobody decided in time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalTimeout {
+    /// Reject it; the model sees "approval expired".
+    #[default]
+    Reject,
+    /// Keep it pending but mark it escalated, for a second line of approvers.
+    Escalate,
 }
 
 impl Default for RunConfig {
@@ -66,6 +81,8 @@ impl Default for RunConfig {
             max_reasks: DEFAULT_MAX_REASKS,
             pricing: None,
             max_tokens: 4096,
+            approval_timeout_ms: None,
+            on_approval_timeout: ApprovalTimeout::Reject,
         }
     }
 }

@@ -161,6 +161,9 @@ pub enum EventKind {
         input: Value,
         /// Hash the decision must quote (see [`crate::args_hash`]).
         args_hash: String,
+        /// When the approval expires (`RunConfig::approval_timeout_ms`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at: Option<DateTime<Utc>>,
     },
     /// A person decided.
     #[serde(rename = "approval.resolved")]

@@ -12,7 +12,7 @@ use std::fmt::Debug;
 
 use chrono::{DateTime, Utc};
 use glia_proto::{
-    BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic,
+    ApprovalTimeout, BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic,
     Limit, LiveEvent, Message, Outcome, PauseReason, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, Resume, Role, RunConfig,
     Retry, ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
 };
@@ -182,10 +182,12 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
         prop::option::of(pricing()),
         any::<u32>(),
     );
-    (tools, knobs).prop_map(
+    let approvals = (prop::option::of(any::<u64>()), prop_oneof![Just(ApprovalTimeout::Reject), Just(ApprovalTimeout::Escalate)]);
+    (tools, knobs, approvals).prop_map(
         |(
             (model, system, tools, external_tools, policies),
             (budget, max_model_calls_per_turn, conversational, planner, output_schema, max_reasks, pricing, max_tokens),
+            (approval_timeout_ms, on_approval_timeout),
         )| RunConfig {
             model,
             system,
@@ -200,6 +202,8 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
             max_reasks,
             pricing,
             max_tokens,
+            approval_timeout_ms,
+            on_approval_timeout,
         },
     )
 }
@@ -336,7 +340,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         (text(), tool_error_kind(), text(), any::<u64>())
             .prop_map(|(call_id, error, message, duration_ms)| EventKind::ToolError { call_id, error, message, duration_ms }),
         (text(), text(), json_value(), text())
-            .prop_map(|(call_id, tool, input, args_hash)| EventKind::ApprovalRequested { call_id, tool, input, args_hash }),
+            .prop_map(|(call_id, tool, input, args_hash)| EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at: Some(DateTime::UNIX_EPOCH) }),
         (text(), text(), decision(), prop::option::of(text()))
             .prop_map(|(call_id, args_hash, decision, by)| EventKind::ApprovalResolved { call_id, args_hash, decision, by }),
         text().prop_map(|text| EventKind::InputReceived { text }),

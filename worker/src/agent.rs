@@ -649,7 +649,8 @@ impl Agent {
             .map(|c| (c.call_id.clone(), c.name.clone(), c.input.clone(), c.args_hash.clone()))
             .collect();
         for (call_id, tool, input, args_hash) in due {
-            run.record(EventKind::ApprovalRequested { call_id, tool, input, args_hash }).await?;
+            let expires_at = approval_deadline(run);
+            run.record(EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at }).await?;
         }
         let rejected: Vec<String> = run
             .state
@@ -728,7 +729,8 @@ impl Agent {
         if let Disposition::Refused { error, message } = disposition {
             run.record(EventKind::ToolError { call_id: call.call_id, error, message, duration_ms: 0 }).await?;
         } else if disposition == Disposition::Approval {
-            run.record(EventKind::ApprovalRequested { call_id: call.call_id, tool: call.name, input, args_hash: hash }).await?;
+            let expires_at = approval_deadline(run);
+            run.record(EventKind::ApprovalRequested { call_id: call.call_id, tool: call.name, input, args_hash: hash, expires_at }).await?;
         }
         Ok(Decided::Recorded)
     }
@@ -951,6 +953,12 @@ impl Agent {
         }
         Ok(())
     }
+}
+
+/// When an approval requested now expires, per the run's config.
+fn approval_deadline(run: &Run<'_>) -> Option<DateTime<Utc>> {
+    let ms = run.state.config.approval_timeout_ms?;
+    Some(run.clock.now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 2)))
 }
 
 /// Which verdicts take effect on a topic (see the table in [`crate::hooks`]).

@@ -23,7 +23,7 @@ use chrono::NaiveDate;
 use glia_backends::{
     CapKind, Delivery, EventLog, Job, JobQueue, Lease, Ledger, LedgerError, LogError, Reservation, RunStatus, Settlement, tenant_day_scope,
 };
-use glia_proto::{Event, Limit, LiveEvent, Resume, RunState, Status};
+use glia_proto::{Event, Limit, LiveEvent, Phase, Resume, RunState, Status};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 use uuid::Uuid;
@@ -189,6 +189,7 @@ impl Worker {
                 return Handled::Abandoned;
             }
         };
+        let mut cancelled = false;
         loop {
             let inbox = match self.log.inbox(run_id).await {
                 Ok(items) => items,
@@ -213,7 +214,9 @@ impl Worker {
                     other => other,
                 }
             } else if state.status() == Status::Runnable {
-                self.agent.advance(&mut state, None, &mut sink).await
+                // Cancelled by flag with no cancel in the inbox: cancel it here.
+                let input = cancelled.then(|| Resume::Cancel { reason: "cancelled".into() });
+                self.agent.advance(&mut state, input, &mut sink).await
             } else {
                 return Handled::Advanced(RunStatus::of(&state));
             };
@@ -228,6 +231,17 @@ impl Worker {
                     warn!(%run_id, error = %e, "budget gate unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
+                Err(AgentError::Sink(SinkError(why))) if why == CANCELLED => {
+                    cancelled = true;
+                    // Everything recorded so far is committed; pick up the cancel.
+                    state = match self.log.load(run_id).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            warn!(%run_id, error = %e, "could not reload the cancelled run");
+                            return Handled::Abandoned;
+                        }
+                    };
+                }
                 Err(e) => {
                     warn!(%run_id, error = %e, "abandoning the run's current work");
                     return Handled::Abandoned;
@@ -241,6 +255,9 @@ async fn ack(delivery: Delivery, handled: Handled) -> Handled {
     let _ = delivery.acker.ack().await;
     handled
 }
+
+/// What [`LogSink::commit`] answers when the run was cancelled mid-advance.
+const CANCELLED: &str = "run cancelled";
 
 /// Buffers a step's events and commits them to the event log, fenced by the
 /// lease, at each of the loop's durability barriers.
@@ -266,6 +283,12 @@ impl EventSink for LogSink {
         self.log.commit(&self.lease, &self.buffer, state, &self.consumed).await.map_err(|e| SinkError(e.to_string()))?;
         self.buffer.clear();
         self.consumed.clear();
+        // Cooperative cancellation: at each durability barrier (before a model
+        // call or a tool execution), stop if the run was cancelled meanwhile;
+        // the worker then applies the posted cancel from the inbox.
+        if state.phase != Phase::Done && self.ledger.is_cancelled(self.lease.run_id).await.unwrap_or(false) {
+            return Err(SinkError(CANCELLED.into()));
+        }
         Ok(())
     }
 

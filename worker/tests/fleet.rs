@@ -42,9 +42,26 @@ impl Tool for Add {
     }
 }
 
+struct Nap;
+impl Tool for Nap {
+    type Args = AddArgs;
+    type Output = Value;
+    fn name(&self) -> &str {
+        "nap"
+    }
+    fn description(&self) -> &str {
+        "Sleep a little."
+    }
+    async fn call(&self, _args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        Ok(json!({}))
+    }
+}
+
 struct Fleet {
     log: Arc<MemoryLog>,
     queue: Arc<MemoryQueue>,
+    ledger: Arc<MemoryLedger>,
     stop: watch::Sender<bool>,
 }
 
@@ -55,6 +72,9 @@ fn scripts() -> ScriptLibrary {
     lib.insert("external", vec![ScriptedTurn::call("ask", json!({"q": "which?"})), ScriptedTurn::text("thanks")]);
     lib.insert("chat", vec![ScriptedTurn::text("hello"), ScriptedTurn::text("bye")]);
     lib.insert("budget", vec![ScriptedTurn::call("add", json!({"a": 1, "b": 1})), ScriptedTurn::text("2")]);
+    let mut long: Vec<ScriptedTurn> = (0..20).map(|i| ScriptedTurn::call("nap", json!({"a": i, "b": 0}))).collect();
+    long.push(ScriptedTurn::text("rested"));
+    lib.insert("long", long);
     lib
 }
 
@@ -78,7 +98,7 @@ impl Fleet {
         let ledger = Arc::new(MemoryLedger::default());
         let (stop, rx) = watch::channel(false);
         let mut tools = ToolRegistry::default();
-        tools.register(Add);
+        tools.register(Add).register(Nap);
         let agent = Arc::new(Agent::new(Arc::new(scripts())).with_tools(tools));
         for i in 0..workers {
             let options = WorkerOptions { id: format!("w{i}"), concurrency: 4, lease_ttl };
@@ -103,7 +123,7 @@ impl Fleet {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         });
-        Fleet { log, queue, stop }
+        Fleet { log, queue, ledger, stop }
     }
 
     async fn submit(&self, script: &str) -> Uuid {
@@ -206,5 +226,23 @@ async fn a_lapsed_lease_is_taken_over_by_the_reconciler() {
     let state = fleet.drive(run_id).await;
     assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })), "{:?}", state.outcome);
     check_log(&fleet.log.events(run_id, 0, 1000).await.unwrap());
+    let _ = fleet.stop.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_stops_a_running_run_at_its_next_step() {
+    use glia_backends::Ledger;
+    let fleet = Fleet::start(1, Duration::from_secs(30));
+    let run_id = fleet.submit("long").await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // What the dispatcher does on POST /cancel: post the cancel, raise the flag.
+    fleet.log.post(run_id, Resume::Cancel { reason: "stop".into() }).await.unwrap();
+    fleet.ledger.cancel(run_id).await.unwrap();
+    let state = fleet.wait_parked_or_done(run_id).await;
+    assert_eq!(state.outcome, Some(Outcome::Cancelled { reason: "stop".into() }));
+    let events = fleet.log.events(run_id, 0, 10_000).await.unwrap();
+    let naps = events.iter().filter(|e| matches!(e.kind, EventKind::ToolResult { .. })).count();
+    assert!(naps < 20, "the run stopped early, after {naps} naps");
+    check_log(&events);
     let _ = fleet.stop.send(true);
 }

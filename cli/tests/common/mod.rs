@@ -1,14 +1,17 @@
 //! Harness for end-to-end tests: a dispatcher and workers as real `glia`
-//! processes against the machine's Postgres, RabbitMQ and Redis, each test
-//! isolated by its own database, queue name and Redis key prefix, all removed
-//! when the test ends.
+//! processes against the machine's Postgres, RabbitMQ and Redis (or a
+//! private broker: set [`Fleet::amqp_url`] before starting processes), each
+//! test isolated by its own database, queue name and Redis key prefix, all
+//! removed when the test ends.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use glia_proto::{EventKind, ToolErrorKind};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -198,6 +201,22 @@ impl Api {
     pub fn effects(&self) -> Vec<String> {
         std::fs::read_to_string(self.effects_file()).unwrap_or_default().lines().map(str::to_owned).collect()
     }
+
+    /// How many runs are done (the fleet's database holds only its runs).
+    pub fn done_runs(&self) -> usize {
+        let (status, body) = self.get("/v1/runs?status=done&limit=1000");
+        assert_eq!(status, 200, "{body}");
+        body["runs"].as_array().map_or(0, Vec::len)
+    }
+
+    /// The value of an unlabelled metric of the dispatcher's `/metrics`
+    /// (e.g. `glia_dispatcher_relay_errors_total`); 0 when absent.
+    pub fn metric(&self, name: &str) -> f64 {
+        let (status, body) = self.get("/metrics");
+        assert_eq!(status, 200, "{body}");
+        let text = body.as_str().unwrap_or_default();
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+    }
 }
 
 impl Drop for Fleet {
@@ -207,15 +226,35 @@ impl Drop for Fleet {
             let _ = c.wait();
         }
         psql(&admin_url(), &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
-        for q in [self.name.clone(), format!("{}.dlq", self.name)] {
-            let _ = Command::new("rabbitmqctl").args(["delete_queue", &q]).stdout(Stdio::null()).stderr(Stdio::null()).status();
-        }
+        delete_queue_topology(&self.amqp_url, &self.name);
         let _ = Command::new("sh")
             .arg("-c")
             .arg(format!("redis-cli -u '{}' --scan --pattern '{}*' | xargs -r redis-cli -u '{}' del >/dev/null", self.redis_url, self.name, self.redis_url))
             .status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Delete the fleet's queue, dead-letter queue and exchange on the broker
+/// at `url` (whichever broker the fleet used), on a thread and runtime of its
+/// own; a broker that is gone is ignored.
+fn delete_queue_topology(url: &str, queue: &str) {
+    use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
+    let (url, mut opts) = (url.to_owned(), QueueOptions::new(queue));
+    opts.publish_attempts = 1;
+    opts.connect_timeout = Duration::from_secs(5);
+    let done = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            if let Ok(q) = RabbitQueue::connect(&url, opts).await {
+                if let Err(e) = q.delete_topology().await {
+                    eprintln!("cleanup of queue {}: {e}", q.options().queue);
+                }
+                q.close().await;
+            }
+        })
+    });
+    let _ = done.join();
 }
 
 /// A blocking JSON HTTP call: `(status, body)`.
@@ -304,4 +343,65 @@ pub fn check_log(fleet: &Api, run_id: &str) -> Vec<glia_proto::Event> {
     }
     glia_proto::RunState::replay(events[0].run_id, &events).unwrap_or_else(|e| panic!("run {run_id} does not replay: {e}"));
     events
+}
+
+/// The kinds of run a mixed batch cycles through (see [`mixed_scripts`]).
+pub const KINDS: [&str; 5] = ["plain", "approval", "external", "chat", "budget"];
+
+/// Submit one run of `kind` (numbered `i` in its goal); returns its id.
+pub fn submit_kind(fleet: &Api, kind: &str, i: usize) -> String {
+    fleet.submit(&format!("{kind} #{i}"), mixed_config(kind))
+}
+
+/// Submit `n` runs cycling through the kinds and drive them all from a few
+/// client threads; returns `(kind, run_id, final run)`.
+pub fn batch(fleet: &Api, n: usize, deadline: Instant) -> Vec<(String, String, Value)> {
+    let runs: Vec<(String, String)> = (0..n)
+        .map(|i| {
+            let kind = KINDS[i % KINDS.len()];
+            (kind.to_owned(), submit_kind(fleet, kind, i))
+        })
+        .collect();
+    drive_all(fleet, &runs, deadline)
+}
+
+/// Drive `runs` (`(kind, run_id)`) to the end from a few client threads;
+/// returns `(kind, run_id, final run)`.
+pub fn drive_all(fleet: &Api, runs: &[(String, String)], deadline: Instant) -> Vec<(String, String, Value)> {
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for chunk in runs.chunks(runs.len().div_ceil(8).max(1)) {
+            let results = &results;
+            s.spawn(move || {
+                for (kind, run_id) in chunk {
+                    let run = drive(fleet, run_id, deadline);
+                    results.lock().unwrap().push((kind.clone(), run_id.clone(), run));
+                }
+            });
+        }
+    });
+    results.into_inner().unwrap()
+}
+
+/// The checks every batch ends with: all completed as expected, logs without
+/// gaps or duplicates, each refund executed at most once. Returns how often
+/// each refund ran.
+pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<String, usize> {
+    let mut outcome_unknown = 0;
+    for (kind, run_id, run) in results {
+        assert_eq!(run["outcome"]["kind"], "succeeded", "{kind} run {run_id}: {run}");
+        let events = check_log(fleet, run_id);
+        outcome_unknown += events.iter().filter(|e| matches!(e.kind, EventKind::ToolError { error: ToolErrorKind::OutcomeUnknown, .. })).count();
+    }
+    let mut refunds: HashMap<String, usize> = HashMap::new();
+    for line in fleet.effects() {
+        *refunds.entry(line).or_default() += 1;
+    }
+    for (key, n) in &refunds {
+        assert_eq!(*n, 1, "{key} executed {n} times");
+    }
+    let approval_runs = results.iter().filter(|(k, _, _)| k == "approval").count();
+    assert!(refunds.len() <= approval_runs);
+    assert_eq!(refunds.len() + outcome_unknown, approval_runs, "every refund either ran once or is recorded as outcome unknown");
+    refunds
 }
