@@ -366,3 +366,108 @@ impl Drop for PrivateRedis {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The admin Postgres URL tests connect with: `GLIA_DATABASE_URL`, default
+/// `postgres://postgres@127.0.0.1:5432/postgres`.
+pub fn postgres_admin_config() -> tokio_postgres::Config {
+    let url = std::env::var("GLIA_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    url.parse().expect("GLIA_DATABASE_URL is a postgres:// URL")
+}
+
+/// A plain connection to `config`, its connection task spawned.
+pub async fn postgres_connect(config: &tokio_postgres::Config) -> tokio_postgres::Client {
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect to postgres");
+    tokio::spawn(connection);
+    client
+}
+
+/// A Postgres database of its own (`glia_test_<uuid>`), dropped with its
+/// connections when this is, even after a panic.
+pub struct TestDb {
+    /// Database name.
+    pub name: String,
+    admin: tokio_postgres::Config,
+}
+
+impl TestDb {
+    /// Create the database.
+    pub async fn new() -> TestDb {
+        let admin = postgres_admin_config();
+        let name = format!("glia_test_{}", Uuid::now_v7().simple());
+        postgres_connect(&admin).await.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create a test database");
+        TestDb { name, admin }
+    }
+
+    /// Connection settings for this database.
+    pub fn config(&self) -> tokio_postgres::Config {
+        let mut config = self.admin.clone();
+        config.dbname(&self.name);
+        config
+    }
+
+    /// A [`crate::postgres::PgLog`] on this database, default options.
+    pub async fn log(&self) -> crate::postgres::PgLog {
+        self.log_with(crate::postgres::PgOptions::default()).await
+    }
+
+    /// A [`crate::postgres::PgLog`] on this database with `options`.
+    pub async fn log_with(&self, options: crate::postgres::PgOptions) -> crate::postgres::PgLog {
+        crate::postgres::PgLog::connect_with(self.config(), options).await.expect("PgLog::connect")
+    }
+
+    /// A plain connection, for looking under the adapter.
+    pub async fn sql(&self) -> tokio_postgres::Client {
+        postgres_connect(&self.config()).await
+    }
+
+    /// The single `bigint` a query returns.
+    pub async fn count(&self, query: &str) -> i64 {
+        self.sql().await.query_one(query, &[]).await.expect(query).get(0)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let (name, admin) = (self.name.clone(), self.admin.clone());
+        // Drop runs inside the test's runtime: use a thread with its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async move {
+                let (client, connection) = admin.connect(tokio_postgres::NoTls).await.ok()?;
+                tokio::spawn(connection);
+                client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(()))) {
+            eprintln!("could not drop test database {}", self.name);
+        }
+    }
+}
+
+/// Deletes every Redis key under `prefix:` at `url` when dropped, even when
+/// the test panicked (on a thread of its own with its own runtime).
+pub struct RedisKeys {
+    /// Redis URL.
+    pub url: String,
+    /// Key prefix (without the `:`).
+    pub prefix: String,
+}
+
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        let (url, prefix) = (self.url.clone(), self.prefix.clone());
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async {
+                let Ok(client) = redis::Client::open(url.as_str()) else { return };
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return };
+                let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut conn).await.unwrap_or_default();
+                if !keys.is_empty() {
+                    let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
+                }
+            })
+        });
+        let _ = done.join();
+    }
+}

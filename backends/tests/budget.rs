@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use glia_backends::memory::MemoryLedger;
 use glia_backends::redis_ledger::RedisLedger;
+use glia_backends::testkit::RedisKeys;
 use glia_backends::{CapKind, Ledger, Reservation, Settlement, Spend, SpendCap};
 use uuid::Uuid;
 
@@ -156,40 +157,16 @@ fn url() -> String {
 }
 
 /// A ledger under a fresh key prefix, and a guard deleting its keys.
-async fn redis_ledger() -> (RedisLedger, Cleanup) {
+async fn redis_ledger() -> (RedisLedger, RedisKeys) {
     let prefix = format!("glia-test-{}", Uuid::now_v7());
     let ledger = RedisLedger::connect(&url(), &prefix).await.expect("Redis at GLIA_REDIS_URL");
-    (ledger, Cleanup { url: url(), prefix })
+    (ledger, RedisKeys { url: url(), prefix })
 }
 
 async fn raw() -> redis::aio::MultiplexedConnection {
     redis::Client::open(url()).unwrap().get_multiplexed_async_connection().await.expect("connect to Redis at GLIA_REDIS_URL")
 }
 
-/// Deletes every key under a test's prefix when dropped, even when the test
-/// panicked (on a thread of its own with its own runtime).
-struct Cleanup {
-    url: String,
-    prefix: String,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (url, prefix) = (self.url.clone(), self.prefix.clone());
-        let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(async {
-                let Ok(client) = redis::Client::open(url.as_str()) else { return };
-                let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return };
-                let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut conn).await.unwrap_or_default();
-                if !keys.is_empty() {
-                    let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
-                }
-            })
-        });
-        let _ = done.join();
-    }
-}
 
 #[tokio::test]
 async fn redis_reserve_and_settle_are_idempotent() {

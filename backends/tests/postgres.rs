@@ -17,78 +17,11 @@ use glia_proto::{
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::Barrier;
-use tokio_postgres::{Client, Config, NoTls};
+use glia_backends::testkit::TestDb;
 use uuid::Uuid;
 
 const TTL: Duration = Duration::from_secs(30);
 
-fn admin_config() -> Config {
-    let url = std::env::var("GLIA_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    url.parse().expect("GLIA_DATABASE_URL is a postgres:// URL")
-}
-
-async fn connect(config: &Config) -> Client {
-    let (client, connection) = config.connect(NoTls).await.expect("connect to postgres");
-    tokio::spawn(connection);
-    client
-}
-
-/// A database of its own, dropped (with its connections) when this is.
-struct TestDb {
-    name: String,
-    admin: Config,
-}
-
-impl TestDb {
-    async fn new() -> TestDb {
-        let admin = admin_config();
-        let name = format!("glia_test_{}", Uuid::now_v7().simple());
-        connect(&admin).await.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create a test database");
-        TestDb { name, admin }
-    }
-
-    fn config(&self) -> Config {
-        let mut config = self.admin.clone();
-        config.dbname(&self.name);
-        config
-    }
-
-    async fn log(&self) -> PgLog {
-        self.log_with(PgOptions::default()).await
-    }
-
-    async fn log_with(&self, options: PgOptions) -> PgLog {
-        PgLog::connect_with(self.config(), options).await.expect("PgLog::connect")
-    }
-
-    /// A plain connection, for looking under the adapter.
-    async fn sql(&self) -> Client {
-        connect(&self.config()).await
-    }
-
-    async fn count(&self, query: &str) -> i64 {
-        self.sql().await.query_one(query, &[]).await.expect(query).get(0)
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let (name, admin) = (self.name.clone(), self.admin.clone());
-        // Drop runs inside the test's runtime: use a thread with its own.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-            runtime.block_on(async move {
-                let (client, connection) = admin.connect(NoTls).await.ok()?;
-                tokio::spawn(connection);
-                client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Some(()))) {
-            eprintln!("could not drop test database {}", self.name);
-        }
-    }
-}
 
 fn new_run(tenant: &str, key: Option<&str>, start: &Event) -> NewRun {
     NewRun { tenant: tenant.into(), idempotency_key: key.map(str::to_owned), batch_id: None, start: start.clone() }

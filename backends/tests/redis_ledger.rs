@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use glia_backends::redis_ledger::RedisLedger;
-use glia_backends::testkit::{PrivateRedis, free_port};
+use glia_backends::testkit::{PrivateRedis, RedisKeys, free_port};
 use glia_backends::{Ledger, LedgerError};
 use glia_proto::LiveEvent;
 use uuid::Uuid;
@@ -56,35 +56,11 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.expect("connect to Redis at GLIA_REDIS_URL")
 }
 
-/// Deletes every key under a test's prefix when dropped, even when the test
-/// panicked (on a thread of its own with its own runtime).
-struct Cleanup {
-    url: String,
-    prefix: String,
-}
 
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (url, prefix) = (self.url.clone(), self.prefix.clone());
-        let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(async {
-                let Ok(client) = redis::Client::open(url.as_str()) else { return };
-                let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return };
-                let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut conn).await.unwrap_or_default();
-                if !keys.is_empty() {
-                    let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
-                }
-            })
-        });
-        let _ = done.join();
-    }
-}
-
-async fn connect() -> (RedisLedger, Cleanup) {
+async fn connect() -> (RedisLedger, RedisKeys) {
     let prefix = prefix();
     let ledger = RedisLedger::connect(&url(), &prefix).await.expect("connect to Redis at GLIA_REDIS_URL");
-    (ledger, Cleanup { url: url(), prefix })
+    (ledger, RedisKeys { url: url(), prefix })
 }
 
 #[tokio::test]
