@@ -2,9 +2,12 @@
 //! user messages, budget pauses, lost leases. (The same scenarios run against
 //! the real services in the end-to-end tests.)
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{Add, AddArgs};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{EventLog, JobQueue, NewRun, RunFilter, RunStatus};
 use glia_proto::{BudgetLimits, Decision, Event, EventKind, Outcome, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState, ToolSpec};
@@ -12,35 +15,9 @@ use glia_worker::fleet::{Worker, WorkerOptions};
 use glia_worker::provider::{ScriptLibrary, ScriptedTurn};
 use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_worker::Agent;
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use uuid::Uuid;
-
-#[derive(Deserialize, JsonSchema)]
-struct AddArgs {
-    a: i64,
-    b: i64,
-}
-
-struct Add;
-impl Tool for Add {
-    type Args = AddArgs;
-    type Output = Value;
-    fn name(&self) -> &str {
-        "add"
-    }
-    fn description(&self) -> &str {
-        "Add."
-    }
-    fn idempotent(&self) -> bool {
-        true
-    }
-    async fn call(&self, args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
-        Ok(json!({"sum": args.a + args.b}))
-    }
-}
 
 struct Nap;
 impl Tool for Nap {

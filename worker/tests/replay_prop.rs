@@ -22,10 +22,13 @@
 //! (steps end on fresh answers, budgets hold), and the cases they found are
 //! pinned as plain tests at the end.
 
+mod common;
+
 use std::future::Future;
 use std::sync::Arc;
 
 use chrono::DateTime;
+use common::Add;
 use glia_proto::{
     ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, PauseReason, PlannerKind, Policy,
     PolicyAction, PullPoint, Resume, RunConfig, RunState, Status, ToolSpec,
@@ -53,32 +56,6 @@ const MAX_STEPS: usize = 48;
 const WORDS: &[&str] = &["ok", "42", "héllo ✓ 🦀", "please review", "BAD", "shout it", "cancel", "secret", "ask them", ""];
 
 // ----- tools -----------------------------------------------------------------
-
-#[derive(Deserialize, JsonSchema)]
-struct AddArgs {
-    a: i64,
-    b: i64,
-}
-
-/// Adds two integers; idempotent.
-struct Add;
-
-impl Tool for Add {
-    type Args = AddArgs;
-    type Output = Value;
-    fn name(&self) -> &str {
-        "add"
-    }
-    fn description(&self) -> &str {
-        "Add two integers."
-    }
-    fn idempotent(&self) -> bool {
-        true
-    }
-    async fn call(&self, args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
-        Ok(json!({ "sum": args.a.wrapping_add(args.b) }))
-    }
-}
 
 #[derive(Deserialize, JsonSchema)]
 struct EchoArgs {

@@ -46,7 +46,7 @@ impl Tool for Add {
         true
     }
     async fn call(&self, args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
-        Ok(json!({ "sum": args.a + args.b }))
+        Ok(json!({ "sum": args.a.wrapping_add(args.b) }))
     }
 }
 
