@@ -357,13 +357,20 @@ pub trait EventLog: Send + Sync {
 }
 
 /// The dedupe key of a payload: approvals and external results are accepted
-/// once per call; other payloads are not deduplicated.
+/// once per call; other payloads are not deduplicated. An approval's key
+/// carries the arguments hash too, so a later call that reuses a call id
+/// (some providers number ids per response) can still be decided.
 pub fn dedupe_key(payload: &Resume) -> Option<String> {
     match payload {
-        Resume::Approval { call_id, .. } => Some(format!("approval:{call_id}")),
+        Resume::Approval { call_id, args_hash, .. } => Some(format!("approval:{call_id}:{args_hash}")),
         Resume::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
         _ => None,
     }
+}
+
+/// What a dedupe key names, for [`LogError::Duplicate`]: `approval call_3`.
+pub fn dedupe_what(key: &str) -> String {
+    key.splitn(3, ':').take(2).collect::<Vec<_>>().join(" ")
 }
 
 /// Why a [`JobQueue`] call failed.

@@ -225,7 +225,7 @@ impl EventLog for MemoryLog {
         if let Some(k) = &key
             && r.inbox.iter().any(|(_, d, _)| d.as_ref() == Some(k))
         {
-            return Err(LogError::Duplicate { run_id, what: k.replace(':', " ") });
+            return Err(LogError::Duplicate { run_id, what: crate::dedupe_what(k) });
         }
         r.inbox.push((InboxItem { id, payload: payload.clone() }, key, false));
         let head_seq = r.summary.head_seq;

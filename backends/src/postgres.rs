@@ -987,7 +987,7 @@ impl EventLog for PgLog {
                 Err(e) => return Err(fail(e)),
             };
             let Some(row) = row else {
-                let what = key.as_deref().unwrap_or("payload").replace(':', " ");
+                let what = key.as_deref().map_or_else(|| "payload".to_owned(), crate::dedupe_what);
                 return Err(LogError::Duplicate { run_id, what });
             };
             let id: i64 = col(&row, "id")?;

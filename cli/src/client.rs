@@ -23,7 +23,8 @@ pub struct Server {
 }
 
 impl Server {
-    fn request(&self, client: &Client, method: Method, path: &str) -> RequestBuilder {
+    /// A request to `path` on the dispatcher, with the bearer token.
+    pub fn request(&self, client: &Client, method: Method, path: &str) -> RequestBuilder {
         let req = client.request(method, format!("{}{}", self.server.trim_end_matches('/'), path));
         match &self.token {
             Some(t) => req.bearer_auth(t),
@@ -33,7 +34,7 @@ impl Server {
 }
 
 /// Turn a non-2xx answer into an error carrying the dispatcher's JSON error.
-async fn checked(resp: Response) -> Result<Value> {
+pub async fn checked(resp: Response) -> Result<Value> {
     let status = resp.status();
     let body: Value = resp.json().await.unwrap_or(Value::Null);
     if !status.is_success() {

@@ -73,6 +73,11 @@ pub struct WorkerArgs {
     pub scripts: PathBuf,
     #[command(flatten)]
     pub provider: crate::provider::ProviderArgs,
+    /// A recording directory (tau-bench: `gpt-4o-airline.json` and
+    /// `tools.json`): serve runs whose model is `replay:ID` from it, with its
+    /// recorded tools (see `glia batch`). Instead of scripts and providers.
+    #[arg(long, value_name = "DIR", conflicts_with = "provider")]
+    pub replay: Option<PathBuf>,
     /// Fleet-wide requests per minute per provider, model and key (0 = no limit).
     #[arg(long, default_value_t = 0, requires = "provider")]
     pub rpm: u64,
@@ -103,6 +108,11 @@ impl WorkerArgs {
     /// fleet-wide rate limiter in Redis when `redis` is given: URL and key
     /// prefix). A missing API key fails before anything connects.
     async fn agent(&self, redis: Option<(&str, &str)>) -> Result<Arc<Agent>> {
+        if let Some(dir) = &self.replay {
+            let recording = glia_replay::tau::load_dir(dir)?;
+            info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
+            return replay_agent(&recording);
+        }
         self.provider.check()?;
         let provider: Arc<dyn Provider> = match self.provider.provider {
             None => Arc::new(ScriptLibrary::from_dir(&self.scripts).map_err(anyhow::Error::msg)?),
@@ -127,6 +137,50 @@ impl WorkerArgs {
     fn options(&self, n: usize) -> WorkerOptions {
         let base = self.id.clone().unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
         WorkerOptions { id: if n == 0 { base } else { format!("{base}-{n}") }, concurrency: self.concurrency, lease_ttl: Duration::from_millis(self.lease_ms) }
+    }
+}
+
+/// An agent that replays `recording`: its provider and its recorded tools.
+pub fn replay_agent(recording: &glia_replay::Recording) -> Result<Arc<Agent>> {
+    Ok(Arc::new(Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?)))
+}
+
+/// A dispatcher and workers in this process on in-memory ports, serving on
+/// an ephemeral loopback port; stopped when dropped.
+pub struct Embedded {
+    /// The dispatcher's base URL, `http://127.0.0.1:PORT`.
+    pub url: String,
+    stop: watch::Sender<bool>,
+}
+
+impl Embedded {
+    /// Start `workers` workers (each advancing `concurrency` runs at once)
+    /// that replay `recording`, and a dispatcher for them.
+    pub async fn start(recording: &glia_replay::Recording, workers: usize, concurrency: usize) -> Result<Embedded> {
+        let agent = replay_agent(recording)?;
+        let ports = Ports::memory();
+        let (stop, shutdown) = watch::channel(false);
+        for n in 0..workers.max(1) {
+            let options = WorkerOptions { id: format!("embedded-{n}"), concurrency: concurrency.max(1), lease_ttl: Duration::from_secs(30) };
+            let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), options));
+            tokio::spawn(w.run(shutdown.clone()));
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), glia_dispatcher::Auth::from_tokens(Vec::new())?);
+        tokio::spawn(glia_dispatcher::relay(app.clone()));
+        tokio::spawn(glia_dispatcher::reconcile(app.clone(), Duration::from_secs(2)));
+        let mut stopped = shutdown.clone();
+        tokio::spawn(glia_dispatcher::serve(app, listener, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+        Ok(Embedded { url, stop })
+    }
+}
+
+impl Drop for Embedded {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
     }
 }
 

@@ -1,6 +1,7 @@
 //! `glia`: the command line. Thin: parsing and printing; the work is in the
 //! library crates.
 
+mod batch;
 mod client;
 mod demo;
 mod fleet;
@@ -65,6 +66,10 @@ enum Command {
     /// List and decide pending approvals on a dispatcher.
     #[command(subcommand)]
     Approvals(client::ApprovalsCommand),
+    /// Replay a recording's conversations through a fleet (embedded, or a
+    /// dispatcher at --server), as their customers and approvers; print a
+    /// summary. Fails when a run diverged from its recording or failed.
+    Batch(batch::BatchArgs),
 }
 
 #[derive(clap::Args)]
@@ -107,8 +112,11 @@ struct RunArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_writer(std::io::stderr).init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    // A batch draws a progress bar on stderr: only warnings go there too.
+    let default_level = if matches!(cli.command, Command::Batch(_)) { "warn" } else { "info" };
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into())).with_writer(std::io::stderr).init();
+    match cli.command {
         Command::Run(args) => run(args).await,
         Command::Dispatcher { urls, args } => fleet::dispatcher(urls, args).await,
         Command::Worker { urls, args } => fleet::worker(urls, args).await,
@@ -116,6 +124,7 @@ async fn main() -> Result<()> {
         Command::Submit(args) => client::submit(args).await,
         Command::Runs(cmd) => client::runs(cmd).await,
         Command::Approvals(cmd) => client::approvals(cmd).await,
+        Command::Batch(args) => batch::batch(args).await,
     }
 }
 

@@ -321,6 +321,16 @@ pub struct CancelBody {
     pub reason: Option<String>,
 }
 
+/// Body of `POST /v1/runs/{id}/close` (may be empty): `{"text": "…"}`, the
+/// user's last message.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CloseBody {
+    /// Recorded as the user's last message before the run completes.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
 /// Answer of `/healthz` and `/readyz`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct Health {
@@ -429,7 +439,7 @@ async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static
         Resume::Input { .. } => "input",
         Resume::ExtendBudget { .. } => "extend_budget",
         Resume::Resume { .. } => "resume",
-        Resume::Close => "close",
+        Resume::Close { .. } => "close",
         Resume::Cancel { .. } => "cancel",
     };
     let id = app.log.post(run_id, payload).await?;
@@ -643,7 +653,7 @@ pub async fn post_message(State(app): State<App>, p: Principal, ApiPath(id): Api
     if run.pull_point != Some(PullPoint::AwaitingInput) {
         return Err(ApiError::NotAwaitingInput(id));
     }
-    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close)) {
+    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. })) {
         return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
     }
     let (inbox_id, kind) = post(&app, id, Resume::Input { text: body.text }).await?;
@@ -719,24 +729,34 @@ pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec!["cancel".into()], decision: None })))
 }
 
-/// Close a conversational run waiting at `awaiting_input`: it completes with
-/// its last answer.
-#[utoipa::path(post, path = "/v1/runs/{id}/close", tag = "payloads",
+/// Close a conversational run waiting at `awaiting_input`, or a run paused by
+/// its budget: it completes with its last answer. An optional body
+/// `{"text": "…"}` (only at `awaiting_input`) records the user's last words
+/// first; no model call follows them.
+#[utoipa::path(post, path = "/v1/runs/{id}/close", tag = "payloads", request_body(content = CloseBody, description = "May be empty"),
     params(("id" = Uuid, Path, description = "Run id")),
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<CloseBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     p.require(Scope::Submit)?;
     let run = visible_run(&app, &p, id).await?;
     not_done(&run)?;
-    if run.pull_point != Some(PullPoint::AwaitingInput) {
+    let closable = match &run.pull_point {
+        Some(PullPoint::AwaitingInput) => true,
+        Some(PullPoint::Paused { reason: PauseReason::Budget { .. } }) => body.text.is_none(),
+        _ => false,
+    };
+    if !closable {
         return Err(ApiError::NotAwaitingInput(id));
     }
-    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close)) {
+    if body.text.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        return Err(ApiError::Invalid("text: the closing message is empty".into()));
+    }
+    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. })) {
         return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
     }
-    let (inbox_id, kind) = post(&app, id, Resume::Close).await?;
+    let (inbox_id, kind) = post(&app, id, Resume::Close { text: body.text }).await?;
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
 }
 

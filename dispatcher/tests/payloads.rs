@@ -68,7 +68,31 @@ async fn close_a_conversation() {
     park_for_input(&*h.log, id).await;
     let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), None)).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
-    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Close);
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Close { text: None });
+}
+
+#[tokio::test]
+async fn close_with_last_words_or_at_a_budget_pause() {
+    let h = harness();
+    let id = create(&h, SUB_A, conversational()).await;
+    park_for_input(&*h.log, id).await;
+    let blank = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), Some(&json!({ "text": "  " })))).await;
+    assert_eq!((blank.status, blank.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"));
+    let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), Some(&json!({ "text": "Thanks, bye!" })))).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Close { text: Some("Thanks, bye!".into()) });
+
+    let paused = create(&h, SUB_A, conversational()).await;
+    park_paused(&*h.log, paused, true).await;
+    let words = send(&h.router, request(Method::POST, &format!("/v1/runs/{paused}/close"), Some(SUB_A), Some(&json!({ "text": "bye" })))).await;
+    assert_eq!((words.status, words.code()), (StatusCode::CONFLICT, "not_awaiting_input"), "closing words only at awaiting_input");
+    let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{paused}/close"), Some(SUB_A), None)).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+
+    let operator = create(&h, SUB_A, conversational()).await;
+    park_paused(&*h.log, operator, false).await;
+    let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{operator}/close"), Some(SUB_A), None)).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "not_awaiting_input"), "an operator's pause is resumed, not closed");
 }
 
 #[tokio::test]

@@ -116,6 +116,12 @@ pub struct ToolSpec {
     /// Executed by the caller, not by a worker.
     #[serde(default)]
     pub external: bool,
+    /// When a call of this tool succeeds, the run completes with the call's
+    /// result as its answer and the model is not called again: a hand-off
+    /// (LangChain's `return_direct`; tau-bench's terminate tools, such as
+    /// `transfer_to_human_agents`). A failed call does not end the run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub return_direct: bool,
 }
 
 fn default_timeout_ms() -> u64 {

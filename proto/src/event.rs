@@ -627,9 +627,17 @@ pub enum Resume {
         #[serde(default)]
         by: Option<String>,
     },
-    /// Close a conversational run waiting at `awaiting_input`: it completes
-    /// with its last answer.
-    Close,
+    /// Close a conversational run waiting at `awaiting_input`, or a run
+    /// paused by its budget that is not to be extended: it completes with its
+    /// last answer. JSON: `{"kind": "close"}` or, with the user's last words
+    /// (a farewell that needs no answer; only at `awaiting_input`),
+    /// `{"kind": "close", "text": "Thanks, bye!"}`: they are recorded as
+    /// `input.received` first, and no model call follows.
+    Close {
+        /// The user's last message, recorded before the run completes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+    },
     /// Cancel the run (terminal), wherever it stands.
     Cancel {
         /// Why.

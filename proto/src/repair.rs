@@ -10,8 +10,11 @@
 //! Chat Completions alike): it starts and ends with a user turn, roles
 //! alternate, no message or text block is empty, every tool use is answered in
 //! the very next user turn (answers first, in call order), there are no orphan
-//! results, tool use ids are unique, and only the last assistant turn keeps its
-//! thinking blocks (plain and redacted).
+//! results, tool use ids are unique within their turn, and only the last
+//! assistant turn keeps its thinking blocks (plain and redacted). An id may
+//! come back in a later turn: some providers number call ids per response
+//! (`call_0`), and recorded conversations reuse them; an adapter whose API
+//! wants ids unique across the request renames repeats on the wire.
 //!
 //! [`elide`] is the other text glia writes in place of history: the marked
 //! stand-in for a message a provider refused to process.
@@ -64,6 +67,11 @@ pub fn repair_traced(history: &[Message]) -> (Vec<Message>, Vec<Vec<usize>>) {
     for (i, m) in history.iter().enumerate() {
         match m.role {
             Role::Assistant => {
+                // Ids are unique per turn; this message starts a new turn
+                // unless it merges into the assistant turn before it.
+                if !open.is_empty() || out.last().is_none_or(|m| m.role == Role::User) {
+                    seen_ids.clear();
+                }
                 let blocks: Vec<ContentBlock> = m
                     .content
                     .iter()
@@ -231,7 +239,7 @@ pub enum InvalidRequest {
     #[error("messages.{0}: tool_result {1} answers no tool_use in the previous assistant turn")]
     Orphan(usize, String),
     /// A tool use id appears twice.
-    #[error("messages.{0}: tool_use id {1} is not unique")]
+    #[error("messages.{0}: tool_use id {1} is not unique within its turn")]
     DuplicateId(usize, String),
     /// A block appears in a role that cannot carry it.
     #[error("messages.{0}: {1} blocks are not allowed in this role")]
@@ -258,7 +266,6 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
         return Err(InvalidRequest::LastNotUser(last));
     }
     let last_assistant = messages.iter().rposition(|m| m.role == Role::Assistant);
-    let mut ids: HashSet<&str> = HashSet::new();
     let mut open: Vec<&str> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         if i > 0 && messages[i - 1].role == m.role {
@@ -269,6 +276,7 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
         }
         match m.role {
             Role::Assistant => {
+                let mut ids: HashSet<&str> = HashSet::new();
                 for b in &m.content {
                     match b {
                         ContentBlock::ToolResult { .. } => return Err(InvalidRequest::WrongRole(i, "tool_result")),

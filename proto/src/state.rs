@@ -587,13 +587,17 @@ impl RunState {
             }
             EventKind::SessionComplete { outcome } => {
                 let legal = match outcome {
-                    Outcome::Succeeded { .. } => {
-                        self.parked.is_none() && matches!(self.phase, Phase::Planning | Phase::Reflecting) || self.parked == Some(PullPoint::AwaitingInput)
-                    }
+                    // Never with tool calls outstanding: from planning,
+                    // executing (a closing message, a tool that returns
+                    // directly), reflecting, awaiting_input, or paused.
+                    Outcome::Succeeded { .. } => match &self.parked {
+                        None => matches!(self.phase, Phase::Planning | Phase::Executing | Phase::Reflecting),
+                        Some(p) => matches!(p, PullPoint::AwaitingInput | PullPoint::Paused { .. }),
+                    },
                     Outcome::Failed { .. } | Outcome::Cancelled { .. } => self.phase != Phase::Idle,
                 };
                 if !legal {
-                    return Err(illegal(self, "a run completes from planning, reflecting or awaiting_input; it fails from anywhere"));
+                    return Err(illegal(self, "a run completes with no tool call outstanding; it fails from anywhere"));
                 }
                 self.parked = None;
                 self.phase = Phase::Done;

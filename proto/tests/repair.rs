@@ -271,17 +271,42 @@ proptest! {
         prop_assert_eq!(kept, expected);
     }
 
-    /// Tool uses: the first of each non-empty id, from assistant turns, in order.
+    /// Tool uses: kept in order, ids unique within each assistant turn, and
+    /// every tool use whose id appears once in the history is kept.
     #[test]
-    fn tool_uses_are_deduplicated_in_order(h in history()) {
+    fn tool_uses_are_deduplicated_per_turn(h in history()) {
         let fixed = repair(&h);
-        let mut seen = HashSet::new();
-        let expected: Vec<&ContentBlock> = tool_uses(&h)
-            .into_iter()
-            .filter(|b| matches!(b, ContentBlock::ToolUse { id, .. } if !id.is_empty() && seen.insert(id.clone())))
-            .collect();
-        prop_assert_eq!(tool_uses(&fixed), expected);
+        let original = tool_uses(&h);
+        let kept = tool_uses(&fixed);
+        let mut rest = original.iter();
+        for k in &kept {
+            prop_assert!(rest.any(|o| o == k), "kept tool uses are a subsequence of the history's");
+        }
+        for m in fixed.iter().filter(|m| m.role == Role::Assistant) {
+            let ids: Vec<&str> = m.tool_uses().map(|(id, _, _)| id).collect();
+            prop_assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len(), "ids repeat within a turn");
+        }
+        let id_of = |b: &ContentBlock| match b { ContentBlock::ToolUse { id, .. } => id.clone(), _ => String::new() };
+        for o in &original {
+            let id = id_of(o);
+            if !id.is_empty() && original.iter().filter(|b| id_of(b) == id).count() == 1 {
+                prop_assert!(kept.contains(o), "a tool use with a unique id is kept");
+            }
+        }
     }
+}
+
+#[test]
+fn an_id_may_come_back_in_a_later_turn() {
+    // Some providers number call ids per response (`call_0`).
+    let call = |input: i64| Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "call_0".into(), name: "add".into(), input: serde_json::json!({ "a": input }) }] };
+    let result = |text: &str| Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: "call_0".into(), content: text.into(), is_error: false }] };
+    let history = vec![Message::user("go"), call(1), result("1"), call(2), result("2")];
+    assert_eq!(repair(&history), history);
+    assert_eq!(validate(&history), Ok(()));
+    let mut twice = call(1);
+    twice.content.push(twice.content[0].clone());
+    assert!(validate(&[Message::user("go"), twice, result("1")]).is_err(), "within a turn, ids stay unique");
 }
 
 #[test]

@@ -150,6 +150,7 @@ fn tool_spec() -> impl Strategy<Value = ToolSpec> {
             idempotent,
             timeout_ms,
             external,
+            return_direct: false,
         },
     )
 }
@@ -378,7 +379,7 @@ fn resume() -> impl Strategy<Value = Resume> {
         text().prop_map(|text| Resume::Input { text }),
         budget_limits().prop_map(|extra| Resume::ExtendBudget { extra }),
         prop::option::of(text()).prop_map(|by| Resume::Resume { by }),
-        Just(Resume::Close),
+        prop::option::of(text()).prop_map(|text| Resume::Close { text }),
         text().prop_map(|reason| Resume::Cancel { reason }),
     ]
 }
@@ -490,7 +491,7 @@ fn resume_variant_index(resume: &Resume) -> usize {
         Resume::Input { .. } => 2,
         Resume::ExtendBudget { .. } => 3,
         Resume::Resume { .. } => 4,
-        Resume::Close => 5,
+        Resume::Close { .. } => 5,
         Resume::Cancel { .. } => 6,
     }
 }

@@ -18,7 +18,7 @@
 //! event replace earlier ones (they are cumulative), so nothing is counted
 //! twice. A stream that ends before `message_stop` is [`CallError::StreamCut`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -72,10 +72,25 @@ impl Anthropic {
     /// The request body's `messages`. Thinking blocks go back only with
     /// their signature, redacted thinking with its data as received; a tool input that is not an object (arguments a
     /// model sent as invalid JSON) goes back as `{"invalid_arguments": raw}`.
+    ///
+    /// The API wants tool use ids unique across the request; glia only keeps
+    /// them unique per turn, so a repeated id goes out as `{id}_{n}` (its
+    /// `n`-th repeat), in its tool use and in the result that answers it.
     fn messages(&self, messages: &[Message]) -> Vec<Value> {
+        let mut repeats: HashMap<&str, usize> = HashMap::new();
+        let mut wire_ids: HashMap<&str, String> = HashMap::new();
         let mut out: Vec<Value> = messages
             .iter()
             .map(|m| {
+                if m.role == Role::Assistant {
+                    wire_ids.clear();
+                    for (id, _, _) in m.tool_uses() {
+                        let n = repeats.entry(id).or_insert(0);
+                        wire_ids.insert(id, if *n == 0 { id.to_owned() } else { format!("{id}_{n}") });
+                        *n += 1;
+                    }
+                }
+                let wire = |id: &str| wire_ids.get(id).cloned().unwrap_or_else(|| id.to_owned());
                 let content: Vec<Value> = m
                     .content
                     .iter()
@@ -83,10 +98,10 @@ impl Anthropic {
                         ContentBlock::Text { text } => Some(json!({ "type": "text", "text": text })),
                         ContentBlock::ToolUse { id, name, input } => {
                             let input = if input.is_object() { input.clone() } else { json!({ "invalid_arguments": input }) };
-                            Some(json!({ "type": "tool_use", "id": id, "name": name, "input": input }))
+                            Some(json!({ "type": "tool_use", "id": wire(id), "name": name, "input": input }))
                         }
                         ContentBlock::ToolResult { tool_use_id, content, is_error } => {
-                            let mut v = json!({ "type": "tool_result", "tool_use_id": tool_use_id, "content": content });
+                            let mut v = json!({ "type": "tool_result", "tool_use_id": wire(tool_use_id), "content": content });
                             if *is_error {
                                 v["is_error"] = json!(true);
                             }
@@ -382,5 +397,14 @@ mod tests {
         read_usage(&json!({"input_tokens": 10, "cache_read_input_tokens": 5, "output_tokens": 1}), &mut u);
         read_usage(&json!({"output_tokens": 7, "cache_read_input_tokens": null}), &mut u);
         assert_eq!(u, usage(10, 7, 0, 5));
+    }
+
+    #[test]
+    fn a_repeated_tool_use_id_is_renamed_on_the_wire() {
+        let call = || Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "call_0".into(), name: "add".into(), input: json!({}) }] };
+        let result = || Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: "call_0".into(), content: "1".into(), is_error: false }] };
+        let wire = Anthropic { cache: CachePolicy { tools: false, system: false, conversation: false }, ..Anthropic::default() }.messages(&[Message::user("go"), call(), result(), call(), result()]);
+        let ids: Vec<&str> = wire.iter().skip(1).map(|m| m["content"][0]["id"].as_str().or(m["content"][0]["tool_use_id"].as_str()).unwrap()).collect();
+        assert_eq!(ids, ["call_0", "call_0", "call_0_1", "call_0_1"]);
     }
 }

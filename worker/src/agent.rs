@@ -314,9 +314,11 @@ impl Agent {
                 Phase::Planning => self.plan(&mut run).await?,
                 Phase::Executing => {
                     let answered = run.state.messages.last().is_some_and(|m| m.role == Role::Assistant);
+                    let returned = returned_directly(run.state);
                     match run.state.step {
                         None => self.start_step(&mut run, 0).await?,
                         Some(_) if answered || run.state.output.is_some() => self.conclude(&mut run).await?,
+                        Some(_) if returned.is_some() => self.complete(&mut run, returned).await?,
                         Some(_) => self.model_turn(&mut run).await?,
                     }
                 }
@@ -342,7 +344,7 @@ impl Agent {
     /// Close a conversational run waiting at `awaiting_input`: it completes
     /// with its last answer.
     pub async fn close(&self, state: &mut RunState, sink: &mut dyn EventSink) -> Result<Status, AgentError> {
-        self.advance(state, Some(Resume::Close), sink).await
+        self.advance(state, Some(Resume::Close { text: None }), sink).await
     }
 
     // ----- resume payloads -------------------------------------------------
@@ -376,15 +378,7 @@ impl Agent {
                 if run.state.parked != Some(PullPoint::AwaitingInput) {
                     return Err(AgentError::InvalidResume("the run is not waiting for input".into()));
                 }
-                if text.trim().is_empty() {
-                    return Err(AgentError::InvalidResume("the message is empty".into()));
-                }
-                match self.check_input(&text) {
-                    Some((guardrail, reason)) => {
-                        run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason, reask: None }).await?
-                    }
-                    None => run.record(EventKind::InputReceived { text }).await?,
-                }
+                self.user_message(run, text).await?;
             }
             Resume::ExtendBudget { extra } => {
                 let limits = run.state.limits.extended_by(&extra);
@@ -394,15 +388,36 @@ impl Agent {
                 }
             }
             Resume::Resume { by } => run.record(EventKind::SessionResume { by }).await?,
-            Resume::Close => {
-                if run.state.parked != Some(PullPoint::AwaitingInput) {
-                    return Err(AgentError::InvalidResume("only a run waiting at awaiting_input is closed".into()));
+            Resume::Close { text } => {
+                let at_input = run.state.parked == Some(PullPoint::AwaitingInput);
+                let budget_paused = matches!(run.state.parked, Some(PullPoint::Paused { reason: PauseReason::Budget { .. } }));
+                if !at_input && !budget_paused {
+                    return Err(AgentError::InvalidResume("only a run waiting at awaiting_input or paused by its budget is closed".into()));
                 }
-                self.complete(run).await?;
+                if let Some(text) = text {
+                    if !at_input {
+                        return Err(AgentError::InvalidResume("a closing message is taken at awaiting_input only".into()));
+                    }
+                    self.user_message(run, text).await?;
+                }
+                self.complete(run, None).await?;
             }
             Resume::Cancel { reason } => run.record(EventKind::SessionCancel { reason }).await?,
         }
         Ok(())
+    }
+
+    /// The user's message at `awaiting_input`: refused when blank, recorded
+    /// as `input.received`, or as `guardrail.tripped` when an input
+    /// guardrail rejects it (the run stays at `awaiting_input`).
+    async fn user_message(&self, run: &mut Run<'_>, text: String) -> Result<(), AgentError> {
+        if text.trim().is_empty() {
+            return Err(AgentError::InvalidResume("the message is empty".into()));
+        }
+        match self.check_input(&text) {
+            Some((guardrail, reason)) => run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason, reask: None }).await,
+            None => run.record(EventKind::InputReceived { text }).await,
+        }
     }
 
     // ----- planning --------------------------------------------------------
@@ -430,7 +445,7 @@ impl Agent {
         }
         let steps: Vec<String> = serde_json::from_value(fired.payload["steps"].clone()).unwrap_or(draft.steps);
         if steps.is_empty() {
-            return self.complete(run).await;
+            return self.complete(run, None).await;
         }
         run.record(EventKind::PlanCommit { steps }).await
     }
@@ -485,6 +500,7 @@ impl Agent {
                 idempotent: true,
                 timeout_ms: 0,
                 external: false,
+                return_direct: false,
             });
         }
         tools
@@ -723,7 +739,7 @@ impl Agent {
             return Ok(Decided::BudgetBlocked(limit));
         }
         let hash = args_hash(&input);
-        let idempotency_key = format!("{}:{}", run.state.run_id, call.call_id);
+        let idempotency_key = idempotency_key(run.state, &call.call_id);
         let record = ToolCallRecord { call_id: call.call_id.clone(), name: call.name.clone(), input: input.clone(), args_hash: hash.clone(), idempotency_key, disposition: disposition.clone() };
         run.record(EventKind::ToolCall(record)).await?;
         if let Disposition::Refused { error, message } = disposition {
@@ -757,8 +773,9 @@ impl Agent {
         run.commit().await?;
         let run_id = run.state.run_id;
         let clock = run.clock;
-        let outcomes = futures::future::join_all(ready.iter().map(|(call_id, name, input, _)| {
-            let ctx = ToolContext { run_id, call_id: call_id.clone(), idempotency_key: format!("{run_id}:{call_id}") };
+        let keys: Vec<String> = ready.iter().map(|(call_id, ..)| idempotency_key(run.state, call_id)).collect();
+        let outcomes = futures::future::join_all(ready.iter().zip(keys).map(|((call_id, name, input, _), idempotency_key)| {
+            let ctx = ToolContext { run_id, call_id: call_id.clone(), idempotency_key };
             async move {
                 let started = clock.now();
                 let result = if name == OUTPUT_TOOL {
@@ -800,15 +817,17 @@ impl Agent {
                 self.start_step(run, next).await
             }
             Ok(Reflection::Replan(draft)) => self.commit_plan(run, draft).await,
-            Ok(Reflection::Done) => self.complete(run).await,
+            Ok(Reflection::Done) => self.complete(run, None).await,
             Err(e) => self.planning_failed(run, e).await,
         }
     }
 
     // ----- endings and pauses ----------------------------------------------
 
-    async fn complete(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
-        let outcome = Outcome::Succeeded { answer: run.state.answer.clone(), output: run.state.output.clone() };
+    /// Complete the run with `answer`, or with the last step's answer.
+    async fn complete(&self, run: &mut Run<'_>, answer: Option<String>) -> Result<(), AgentError> {
+        let answer = answer.unwrap_or_else(|| run.state.answer.clone());
+        let outcome = Outcome::Succeeded { answer, output: run.state.output.clone() };
         run.record(EventKind::SessionComplete { outcome: outcome.clone() }).await?;
         self.observe(HookTopic::OnComplete, json!({ "outcome": outcome }));
         Ok(())
@@ -956,6 +975,31 @@ impl Agent {
 }
 
 /// When an approval requested now expires, per the run's config.
+/// `{run_id}:{turn}:{call_id}`, where `turn` counts the run's model calls so
+/// far: the same when a crash makes a worker run the call again, different for
+/// a later call that reuses the id (some providers number call ids per
+/// response, e.g. `call_0`).
+fn idempotency_key(state: &RunState, call_id: &str) -> String {
+    format!("{}:{}:{call_id}", state.run_id, state.usage.turns)
+}
+
+/// The result of the last tool batch's first successful call of a tool that
+/// returns directly ([`ToolSpec::return_direct`]), when the conversation ends
+/// with that batch: the run completes with it instead of calling the model.
+fn returned_directly(state: &RunState) -> Option<String> {
+    let [.., asked, results] = state.messages.as_slice() else { return None };
+    if asked.role != Role::Assistant || results.role != Role::User {
+        return None;
+    }
+    let direct = |id: &str| {
+        asked.tool_uses().any(|(use_id, name, _)| use_id == id && state.step_tools.iter().any(|t| t.name == name && t.return_direct))
+    };
+    results.content.iter().find_map(|block| match block {
+        ContentBlock::ToolResult { tool_use_id, content, is_error: false } if direct(tool_use_id) => Some(content.clone()),
+        _ => None,
+    })
+}
+
 fn approval_deadline(run: &Run<'_>) -> Option<DateTime<Utc>> {
     let ms = run.state.config.approval_timeout_ms?;
     Some(run.clock.now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 2)))

@@ -87,6 +87,7 @@ impl ModelPlanner {
             idempotent: true,
             timeout_ms: 0,
             external: false,
+            return_direct: false,
         };
         let request = ModelRequest {
             model: state.config.model.clone(),

@@ -105,6 +105,11 @@ pub enum ProviderError {
     /// The script has no more responses (scripted provider only).
     #[error("script exhausted after {0} responses")]
     ScriptExhausted(usize),
+    /// A replayed recording disagrees with the request (replay provider
+    /// only): the text names the first differing message. Not retried; the
+    /// run fails with it.
+    #[error("replay diverged: {0}")]
+    Diverged(String),
 }
 
 impl ProviderError {

@@ -122,6 +122,7 @@ impl<T: Tool> DynTool for Typed<T> {
             idempotent: self.0.idempotent(),
             timeout_ms: u64::try_from(self.0.timeout().as_millis()).unwrap_or(u64::MAX),
             external: false,
+            return_direct: false,
         }
     }
 

@@ -57,8 +57,8 @@ fn scripts() -> ScriptLibrary {
 
 fn config(script: &str) -> RunConfig {
     let mut c = RunConfig { model: format!("script:{script}"), ..RunConfig::default() };
-    c.external_tools.push(ToolSpec { name: "ask".into(), description: "Ask the client.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true });
-    c.external_tools.push(ToolSpec { name: "refund".into(), description: "Refund.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true });
+    c.external_tools.push(ToolSpec { name: "ask".into(), description: "Ask the client.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true, return_direct: false });
+    c.external_tools.push(ToolSpec { name: "refund".into(), description: "Refund.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true, return_direct: false });
     c.policies.push(Policy { tool: "refund".into(), args: None, action: PolicyAction::RequireApproval });
     match script {
         "chat" => c.conversational = true,
@@ -139,7 +139,7 @@ impl Fleet {
                 }
                 Some(PullPoint::AwaitingInput) if replies == 1 => {
                     replies += 1;
-                    Resume::Close
+                    Resume::Close { text: None }
                 }
                 Some(PullPoint::AwaitingInput) => Resume::Cancel { reason: "conversation over".into() },
                 Some(PullPoint::Paused { .. }) => Resume::ExtendBudget { extra: BudgetLimits { max_turns: Some(5), ..BudgetLimits::default() } },

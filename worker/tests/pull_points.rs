@@ -174,3 +174,96 @@ async fn an_approved_external_call_goes_back_to_the_caller() {
     assert!(!log.iter().any(|e| matches!(e.kind, glia_proto::EventKind::ToolError { .. })));
     assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })));
 }
+
+#[tokio::test]
+async fn closing_words_end_a_conversation_without_a_model_call() {
+    fn bye(_: &RunState) -> Resume {
+        Resume::Close { text: Some("Thanks, that's all!".into()) }
+    }
+    let script = vec![ScriptedTurn::text("How can I help?")];
+    let config = RunConfig { conversational: true, ..RunConfig::default() };
+    let (log, state) = same_log_either_way(script, config, &[bye]).await;
+    assert_eq!(names(&log)[names(&log).len() - 2..], ["input.received", "session.complete"]);
+    assert_eq!(served(&log), 1, "no model call after the closing words");
+    assert_eq!(state.messages.last().unwrap().text(), "Thanks, that's all!");
+    assert_eq!(state.outcome, Some(Outcome::Succeeded { answer: "How can I help?".into(), output: None }));
+}
+
+#[tokio::test]
+async fn a_run_paused_by_its_budget_can_be_closed_but_takes_no_closing_words() {
+    fn close(_: &RunState) -> Resume {
+        Resume::Close { text: None }
+    }
+    let script = vec![ScriptedTurn::call("add", json!({"a": 2, "b": 3})), ScriptedTurn::text("5")];
+    let config = RunConfig { budget: BudgetLimits { max_turns: Some(1), ..BudgetLimits::default() }, ..RunConfig::default() };
+    let (agent, _) = agent(script.clone());
+    let mut log = Vec::new();
+    let (mut state, status) = agent.run(run_id(), "help me", config.clone(), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Parked(PullPoint::Paused { reason: PauseReason::Budget { .. } })));
+    let words = agent.advance(&mut state, Some(Resume::Close { text: Some("bye".into()) }), &mut log).await;
+    assert!(matches!(words, Err(glia_worker::AgentError::InvalidResume(_))), "{words:?}");
+    let (log, state) = same_log_either_way(script, config, &[close]).await;
+    assert_eq!(names(&log).last(), Some(&"session.complete"));
+    assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })));
+    assert_eq!(state.usage.turns, 1);
+}
+
+/// A tool that hands the conversation to a person: `return_direct`.
+struct Handoff;
+impl glia_worker::tool::DynTool for Handoff {
+    fn spec(&self) -> glia_proto::ToolSpec {
+        glia_proto::ToolSpec {
+            name: "handoff".into(),
+            description: "Transfer to a human agent.".into(),
+            input_schema: json!({"type": "object"}),
+            idempotent: true,
+            timeout_ms: 1000,
+            external: false,
+            return_direct: true,
+        }
+    }
+    fn returns_json(&self) -> bool {
+        false
+    }
+    fn call_raw(&self, _input: serde_json::Value, _ctx: glia_worker::tool::ToolContext) -> futures::future::BoxFuture<'static, Result<String, glia_worker::tool::ToolFailure>> {
+        Box::pin(async { Ok("Transfer successful".to_owned()) })
+    }
+}
+
+#[tokio::test]
+async fn a_return_direct_tool_ends_the_run_with_its_result() {
+    let script = vec![ScriptedTurn::call("add", json!({"a": 1, "b": 1})), ScriptedTurn::call("handoff", json!({})), ScriptedTurn::text("never asked")];
+    let mut tools = glia_worker::tool::ToolRegistry::default();
+    tools.register(Add);
+    tools.register_dyn(std::sync::Arc::new(Handoff)).unwrap();
+    let provider = std::sync::Arc::new(glia_worker::provider::ScriptedProvider::new(script));
+    let agent = glia_worker::Agent::new(provider.clone()).with_tools(tools).with_clock(glia_worker::FixedClock(epoch()));
+    let mut log = Vec::new();
+    let (state, status) = agent.run(run_id(), "help me", RunConfig { conversational: true, ..RunConfig::default() }, &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(_)), "{status:?}");
+    assert_eq!(provider.served(), 2, "the model is not called after the hand-off");
+    assert_eq!(state.outcome, Some(Outcome::Succeeded { answer: "Transfer successful".into(), output: None }));
+    assert_eq!(names(&log)[names(&log).len() - 3..], ["tool.call", "tool.result", "session.complete"]);
+    assert_replays(&log, &state);
+}
+
+#[tokio::test]
+async fn a_call_id_reused_in_a_later_turn_gets_its_own_idempotency_key() {
+    let call = |a: i64| ScriptedTurn {
+        tool_calls: vec![glia_worker::provider::ScriptedCall { id: Some("call_0".into()), name: "add".into(), input: json!({"a": a, "b": 1}) }],
+        ..ScriptedTurn::default()
+    };
+    let (agent, _) = agent(vec![call(1), call(2), ScriptedTurn::text("3")]);
+    let mut log = Vec::new();
+    let (state, _) = agent.run(run_id(), "add twice", RunConfig::default(), &mut log).await.unwrap();
+    let keys: Vec<String> = log
+        .iter()
+        .filter_map(|e| match &e.kind {
+            glia_proto::EventKind::ToolCall(c) => Some(c.idempotency_key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(keys, [format!("{}:1:call_0", state.run_id), format!("{}:2:call_0", state.run_id)]);
+    assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })));
+    assert_replays(&log, &state);
+}

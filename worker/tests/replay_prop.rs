@@ -113,6 +113,7 @@ fn lookup_spec() -> ToolSpec {
         idempotent: false,
         timeout_ms: 1000,
         external: true,
+        return_direct: false,
     }
 }
 
@@ -483,7 +484,8 @@ fn misfit(pull_point: &PullPoint) -> Resume {
         },
         PullPoint::AwaitingTool { .. } => Resume::ToolResult { call_id: "no_such_call".into(), content: "x".into(), is_error: false },
         PullPoint::AwaitingInput => Resume::Input { text: "  \n ".into() },
-        PullPoint::Paused { .. } => Resume::Close,
+        // A closing message is only taken at awaiting_input.
+        PullPoint::Paused { .. } => Resume::Close { text: Some("bye".into()) },
     }
 }
 

@@ -59,6 +59,7 @@ fn config(script: &str) -> RunConfig {
         idempotent: false,
         timeout_ms: 0,
         external: true,
+        return_direct: false,
     });
     c
 }

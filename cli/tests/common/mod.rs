@@ -59,6 +59,8 @@ pub struct Fleet {
     pub extra_env: Vec<(String, String)>,
     pub amqp_url: String,
     pub redis_url: String,
+    /// Arguments added to every `glia worker` command (e.g. `--replay DIR`).
+    pub worker_args: Vec<String>,
 }
 
 fn psql(url: &str, sql: &str) {
@@ -96,6 +98,7 @@ impl Fleet {
             extra_env: Vec::new(),
             amqp_url: amqp_url(),
             redis_url: redis_url(),
+            worker_args: Vec::new(),
         }
     }
 
@@ -142,6 +145,7 @@ impl Fleet {
         let id = format!("w{}", self.workers.len());
         let child = self
             .command(&["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &id])
+            .args(&self.worker_args)
             .spawn()
             .expect("worker starts");
         self.workers.push(child);
@@ -158,6 +162,7 @@ impl Fleet {
     fn spawn_worker_child(&self, i: usize, lease_ms: u64) -> Child {
         let scripts = self.dir.join("scripts");
         self.command(&["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &format!("w{i}-{}", Uuid::now_v7().simple())])
+            .args(&self.worker_args)
             .spawn()
             .expect("worker starts")
     }

@@ -139,6 +139,7 @@ impl DynTool for Garbage {
             idempotent: false,
             timeout_ms: 1000,
             external: false,
+            return_direct: false,
         }
     }
     fn call_raw(&self, _input: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<String, ToolFailure>> {
@@ -177,6 +178,7 @@ pub fn approval_config() -> RunConfig {
             idempotent: false,
             timeout_ms: 0,
             external: true,
+            return_direct: false,
         }],
         ..RunConfig::default()
     }

@@ -1,0 +1,408 @@
+//! `glia batch FILE`: replay a recording's conversations through a fleet, as
+//! its customers and approvers, over the dispatcher's HTTP API.
+//!
+//! Without `--server` it starts the embedded fleet (dispatcher and workers in
+//! this process, in-memory ports); with it, it drives a running dispatcher
+//! whose workers were started with `--replay` on the same recording. The
+//! driver keeps each run's state by applying the run's events (the same
+//! transition function the workers use), answers each pull point from the
+//! recording, and checks every finished run against it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use chrono::{DateTime, Utc};
+use clap::{Args, ValueEnum};
+use futures::StreamExt;
+use glia_proto::{ApprovalStatus, Event, EventKind, Outcome, PauseReason, PullPoint, RunState};
+use glia_replay::{Conversation, CustomerMove, Recording};
+use indicatif::{ProgressBar, ProgressStyle};
+use reqwest::{Client, Method};
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::client::{Server, checked};
+
+/// Who decides approvals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ApproveMode {
+    /// The driver approves each call through the API after `--approve-delay-ms`.
+    Auto,
+    /// People decide, with `glia approvals` or the API; the driver waits.
+    Manual,
+}
+
+/// `glia batch`.
+#[derive(Args)]
+pub struct BatchArgs {
+    /// The recording: tau-bench trajectories (`gpt-4o-airline.json`), with
+    /// `tools.json` beside it.
+    pub file: PathBuf,
+    /// The tool list, when not `tools.json` beside FILE.
+    #[arg(long)]
+    pub tools: Option<PathBuf>,
+    /// How approvals are decided.
+    #[arg(long, value_enum, default_value_t = ApproveMode::Auto)]
+    pub approve: ApproveMode,
+    /// With `--approve auto`: wait this long (ms) after an approval is
+    /// requested before approving it.
+    #[arg(long, default_value_t = 0)]
+    pub approve_delay_ms: u64,
+    /// Replay only the first N conversations.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Drive the dispatcher at this URL (its workers run `glia worker
+    /// --replay` on the same recording) instead of the embedded fleet.
+    #[arg(long, env = "GLIA_SERVER")]
+    pub server: Option<String>,
+    /// Bearer token for `--server` (scopes submit and approve).
+    #[arg(long, env = "GLIA_TOKEN")]
+    pub token: Option<String>,
+    /// Embedded fleet: workers to start.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Embedded fleet: runs each worker advances at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Print the summary as JSON on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Divergences and failures to print in full (the rest are counted).
+    #[arg(long, default_value_t = 5)]
+    pub show: usize,
+}
+
+/// How one run ended, as the driver judges it.
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    Reproduced,
+    Diverged(String),
+    Failed(String),
+}
+
+/// One conversation being replayed.
+struct Tracked {
+    conversation: Arc<Conversation>,
+    state: RunState,
+    /// Head sequence at which the driver last posted something.
+    acted_at: u64,
+    /// Approvals first seen (for the delay) and posted (for the latency).
+    seen: HashMap<String, Instant>,
+    posted: HashMap<String, DateTime<Utc>>,
+    verdict: Option<Verdict>,
+}
+
+/// The batch's counters.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Summary {
+    /// Conversations replayed.
+    pub runs: usize,
+    /// Runs whose whole conversation equals the recording.
+    pub reproduced: usize,
+    /// Runs that parted from the recording.
+    pub diverged: usize,
+    /// Runs that failed or stopped for another reason.
+    pub failed: usize,
+    /// Model calls answered.
+    pub model_calls: usize,
+    /// Tool calls decided (`tool.call` events).
+    pub tool_calls: usize,
+    /// Tool results and errors recorded.
+    pub tool_results: usize,
+    /// Approvals resolved.
+    pub approvals: usize,
+    /// Customer messages posted (including closing words).
+    pub customer_turns: usize,
+    /// Approval posted → `approval.resolved` recorded, ms.
+    pub approval_resume_p50_ms: Option<f64>,
+    /// The same, 99th percentile.
+    pub approval_resume_p99_ms: Option<f64>,
+    /// Submit of the first run to the end of the last, seconds.
+    pub wall_s: f64,
+    /// Steps (model calls + tool results) per second of wall time.
+    pub steps_per_s: f64,
+}
+
+#[derive(Deserialize)]
+struct RunPage {
+    runs: Vec<RunRow>,
+    next: Option<Uuid>,
+}
+
+#[derive(Deserialize)]
+struct RunRow {
+    run_id: Uuid,
+    head_seq: u64,
+}
+
+#[derive(Deserialize)]
+struct EventPage {
+    events: Vec<Event>,
+}
+
+/// `glia batch`: returns an error (non-zero exit) when a run diverged or failed.
+pub async fn batch(args: BatchArgs) -> Result<()> {
+    let tools = args.tools.clone().unwrap_or_else(|| args.file.with_file_name(glia_replay::tau::TOOLS));
+    let recording = glia_replay::tau::load(&args.file, &tools)?;
+    let (server, _fleet) = match &args.server {
+        Some(url) => (Server { server: url.clone(), token: args.token.clone() }, None),
+        None => {
+            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency).await?;
+            (Server { server: fleet.url.clone(), token: None }, Some(fleet))
+        }
+    };
+    let summary = drive(&server, &recording, &args).await?;
+    let (diverged, failed) = (summary.diverged, summary.failed);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print_table(&summary);
+    }
+    if diverged + failed > 0 {
+        bail!("{diverged} run(s) diverged and {failed} failed of {}", summary.runs);
+    }
+    Ok(())
+}
+
+async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Result<Summary> {
+    let client = Client::builder().pool_max_idle_per_host(64).build()?;
+    let conversations: Vec<Arc<Conversation>> = recording.conversations().iter().take(args.limit.unwrap_or(usize::MAX)).cloned().collect();
+    let batch_id = Uuid::now_v7();
+    let started = Instant::now();
+    let bar = ProgressBar::new(conversations.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs done  {msg}")?.progress_chars("=> "));
+
+    // Submit every conversation (idempotent per batch and conversation).
+    let submitted: Vec<Result<(Uuid, Arc<Conversation>)>> = futures::stream::iter(conversations.iter().cloned())
+        .map(|c| {
+            let (client, config) = (client.clone(), recording.run_config(&c));
+            async move {
+                let body = json!({ "goal": c.goal(), "config": config, "batch_id": batch_id });
+                let req = server.request(&client, Method::POST, "/v1/runs").header("Idempotency-Key", format!("{batch_id}:{}", c.id)).json(&body);
+                let run = checked(req.send().await.context("connecting to the dispatcher")?).await?;
+                let id: Uuid = serde_json::from_value(run["run_id"].clone()).context("the dispatcher's answer has no run_id")?;
+                Ok((id, c))
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let mut runs: HashMap<Uuid, Tracked> = HashMap::new();
+    for s in submitted {
+        let (id, conversation) = s?;
+        let tracked = Tracked { conversation, state: RunState::new(id), acted_at: 0, seen: HashMap::new(), posted: HashMap::new(), verdict: None };
+        runs.insert(id, tracked);
+    }
+
+    let mut summary = Summary { runs: runs.len(), ..Summary::default() };
+    let mut latencies_ms: Vec<f64> = Vec::new();
+    let delay = Duration::from_millis(args.approve_delay_ms);
+    let mut idle = Duration::from_millis(1);
+    loop {
+        let mut progressed = false;
+        // 1. Catch up with every run that moved.
+        for row in list_batch(&client, server, batch_id).await? {
+            let Some(t) = runs.get_mut(&row.run_id) else { continue };
+            if row.head_seq <= t.state.head_seq {
+                continue;
+            }
+            progressed = true;
+            for event in events_after(&client, server, row.run_id, t.state.head_seq).await? {
+                match &event.kind {
+                    EventKind::ModelResponse { .. } => summary.model_calls += 1,
+                    EventKind::ToolCall(_) => summary.tool_calls += 1,
+                    EventKind::ToolResult { .. } | EventKind::ToolError { .. } => summary.tool_results += 1,
+                    EventKind::ApprovalResolved { call_id, args_hash, .. } => {
+                        summary.approvals += 1;
+                        if let Some(posted) = t.posted.remove(&format!("{call_id}:{args_hash}")) {
+                            latencies_ms.push((event.at - posted).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+                        }
+                    }
+                    _ => {}
+                }
+                t.state.apply(&event).with_context(|| format!("run {}: event {} does not apply", row.run_id, event.seq))?;
+            }
+        }
+        // 2. Answer every run that waits for the driver.
+        let mut pending_approvals = 0;
+        let mut done = 0;
+        for (id, t) in runs.iter_mut() {
+            if t.verdict.is_none() {
+                t.verdict = judge(t);
+                if t.verdict.is_some() {
+                    bar.inc(1);
+                }
+            }
+            if t.verdict.is_some() {
+                done += 1;
+                continue;
+            }
+            pending_approvals += t.state.batch.iter().filter(|c| c.approval == ApprovalStatus::Requested).count();
+            if t.acted_at == t.state.head_seq {
+                continue;
+            }
+            match t.state.parked.clone() {
+                Some(PullPoint::AwaitingApproval { call_ids }) if args.approve == ApproveMode::Auto => {
+                    let mut all = true;
+                    for call_id in call_ids {
+                        let Some(call) = t.state.call(&call_id) else { continue };
+                        let first_seen = *t.seen.entry(format!("{call_id}:{}", call.args_hash)).or_insert_with(Instant::now);
+                        if first_seen.elapsed() < delay {
+                            all = false;
+                            continue;
+                        }
+                        let key = format!("{call_id}:{}", call.args_hash);
+                        if t.posted.contains_key(&key) {
+                            continue;
+                        }
+                        t.posted.insert(key, Utc::now());
+                        let body = json!({ "decision": "approve", "args_hash": call.args_hash });
+                        let path = format!("/v1/runs/{id}/approvals/{call_id}");
+                        checked(server.request(&client, Method::POST, &path).json(&body).send().await?).await.with_context(|| format!("approving {call_id} of run {id}"))?;
+                        progressed = true;
+                    }
+                    if all {
+                        t.acted_at = t.state.head_seq;
+                    }
+                }
+                Some(PullPoint::AwaitingInput | PullPoint::Paused { reason: PauseReason::Budget { .. } }) => {
+                    let (path, body) = match t.conversation.customer_move(&t.state.messages) {
+                        CustomerMove::Say(text) => ("messages", json!({ "text": text })),
+                        CustomerMove::Close(Some(text)) => ("close", json!({ "text": text })),
+                        CustomerMove::Close(None) => ("close", json!({})),
+                        CustomerMove::Diverged(why) => {
+                            t.verdict = Some(Verdict::Diverged(why.clone()));
+                            bar.inc(1);
+                            let cancel = json!({ "reason": format!("replay diverged: {why}") });
+                            checked(server.request(&client, Method::POST, &format!("/v1/runs/{id}/cancel")).json(&cancel).send().await?).await?;
+                            continue;
+                        }
+                    };
+                    if body.get("text").is_some() {
+                        summary.customer_turns += 1;
+                    }
+                    checked(server.request(&client, Method::POST, &format!("/v1/runs/{id}/{path}")).json(&body).send().await?).await.with_context(|| format!("posting to run {id}"))?;
+                    t.acted_at = t.state.head_seq;
+                    progressed = true;
+                }
+                _ => {}
+            }
+        }
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
+        let steps = summary.model_calls + summary.tool_results;
+        bar.set_message(format!("{:.0} steps/s  {pending_approvals} approvals pending", steps as f64 / secs));
+        if done == runs.len() {
+            break;
+        }
+        // Poll fast while runs move, back off to 50 ms while they wait.
+        idle = if progressed { Duration::from_millis(1) } else { (idle * 2).min(Duration::from_millis(50)) };
+        if !progressed {
+            tokio::time::sleep(idle).await;
+        }
+    }
+    bar.finish();
+    summary.wall_s = started.elapsed().as_secs_f64();
+    summary.steps_per_s = (summary.model_calls + summary.tool_results) as f64 / summary.wall_s.max(1e-9);
+    latencies_ms.sort_by(f64::total_cmp);
+    summary.approval_resume_p50_ms = percentile(&latencies_ms, 0.50);
+    summary.approval_resume_p99_ms = percentile(&latencies_ms, 0.99);
+    let mut shown = 0;
+    let mut ids: Vec<&Uuid> = runs.keys().collect();
+    ids.sort();
+    for id in ids {
+        let t = &runs[id];
+        match t.verdict.as_ref().expect("every run is judged") {
+            Verdict::Reproduced => summary.reproduced += 1,
+            Verdict::Diverged(why) | Verdict::Failed(why) => {
+                if matches!(t.verdict, Some(Verdict::Diverged(_))) {
+                    summary.diverged += 1;
+                } else {
+                    summary.failed += 1;
+                }
+                if shown < args.show {
+                    shown += 1;
+                    eprintln!("run {id} (conversation {}): {why}", t.conversation.id);
+                }
+            }
+        }
+    }
+    Ok(summary)
+}
+
+/// The verdict on a finished run, `None` while it goes on.
+fn judge(t: &Tracked) -> Option<Verdict> {
+    match t.state.outcome.as_ref()? {
+        Outcome::Succeeded { .. } => Some(match t.conversation.check_complete(&t.state.messages) {
+            Ok(()) => Verdict::Reproduced,
+            Err(why) => Verdict::Diverged(why),
+        }),
+        Outcome::Failed { error } if error.contains("replay diverged") => Some(Verdict::Diverged(error.clone())),
+        Outcome::Failed { error } => Some(Verdict::Failed(error.clone())),
+        Outcome::Cancelled { reason } => Some(Verdict::Failed(format!("cancelled: {reason}"))),
+    }
+}
+
+async fn list_batch(client: &Client, server: &Server, batch_id: Uuid) -> Result<Vec<RunRow>> {
+    let mut rows = Vec::new();
+    let mut after: Option<Uuid> = None;
+    loop {
+        let mut path = format!("/v1/runs?batch_id={batch_id}&limit=500");
+        if let Some(a) = after {
+            path.push_str(&format!("&after={a}"));
+        }
+        let page: RunPage = serde_json::from_value(checked(server.request(client, Method::GET, &path).send().await?).await?)?;
+        rows.extend(page.runs);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(rows),
+        }
+    }
+}
+
+async fn events_after(client: &Client, server: &Server, run_id: Uuid, after: u64) -> Result<Vec<Event>> {
+    let mut events = Vec::new();
+    let mut after = after;
+    loop {
+        let path = format!("/v1/runs/{run_id}/events?after={after}&limit=500");
+        let page: EventPage = serde_json::from_value::<EventPage>(checked(server.request(client, Method::GET, &path).send().await?).await?)?;
+        let Some(last) = page.events.last() else { return Ok(events) };
+        after = last.seq;
+        events.extend(page.events);
+    }
+}
+
+/// The `q` quantile (nearest rank) of sorted values.
+pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+fn print_table(s: &Summary) {
+    let ms = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.1} ms"));
+    let rows: Vec<(&str, String)> = vec![
+        ("runs", s.runs.to_string()),
+        ("reproduced", s.reproduced.to_string()),
+        ("diverged", s.diverged.to_string()),
+        ("failed", s.failed.to_string()),
+        ("model calls", s.model_calls.to_string()),
+        ("tool calls", s.tool_calls.to_string()),
+        ("approvals", s.approvals.to_string()),
+        ("customer turns", s.customer_turns.to_string()),
+        ("approval→resume p50", ms(s.approval_resume_p50_ms)),
+        ("approval→resume p99", ms(s.approval_resume_p99_ms)),
+        ("wall time", format!("{:.2} s", s.wall_s)),
+        ("steps/s", format!("{:.0}", s.steps_per_s)),
+    ];
+    println!("{:<22} {:>12}", "", "");
+    for (k, v) in rows {
+        println!("{k:<22} {v:>12}");
+    }
+}
+

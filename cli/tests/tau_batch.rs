@@ -1,0 +1,151 @@
+//! The main job: the 200 tau-bench airline conversations replayed by
+//! `glia batch`, on the embedded fleet and on the real one (dispatcher and
+//! two worker processes on Postgres, RabbitMQ and Redis), also with a worker
+//! killed by `kill -9` in the middle of the batch. Every run must reproduce
+//! its recording exactly.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Fleet;
+use serde_json::Value;
+
+fn recording_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/tau-bench-airline")
+}
+
+fn trajectories() -> String {
+    recording_dir().join("gpt-4o-airline.json").to_str().unwrap().to_owned()
+}
+
+/// `glia batch --json ARGS…`: exit status and the parsed summary.
+fn batch(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
+    cmd.arg("batch").arg(trajectories()).arg("--json").args(args).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+fn summary(out: std::process::Output) -> Value {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "glia batch failed: {}\n{stderr}", out.status);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("summary is not JSON ({e}): {}\n{stderr}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The totals of the recording: every conversation, model turn, tool call,
+/// approval (consequential calls) and customer message, reproduced.
+fn assert_whole_recording(s: &Value) {
+    assert_eq!(s["runs"], 200, "{s}");
+    assert_eq!(s["reproduced"], 200, "{s}");
+    assert_eq!(s["diverged"], 0, "{s}");
+    assert_eq!(s["failed"], 0, "{s}");
+    assert_eq!(s["model_calls"], 2454, "{s}");
+    assert_eq!(s["tool_calls"], 1164, "{s}");
+    assert_eq!(s["tool_results"], 1164, "{s}");
+    assert_eq!(s["approvals"], 250, "{s}");
+    assert_eq!(s["customer_turns"], 1290, "{s}");
+    assert!(s["approval_resume_p50_ms"].as_f64().is_some(), "{s}");
+}
+
+#[test]
+fn embedded_batch_reproduces_all_200_conversations() {
+    assert_whole_recording(&summary(batch(&[]).output().unwrap()));
+}
+
+#[test]
+fn a_diverging_run_fails_the_batch_and_names_the_message() {
+    // The driver's copy of the recording has one customer message changed;
+    // the fleet (`glia dev`, in-memory) replays the original, so that run's
+    // next model call sees a history the recording does not have.
+    let dir = tempdir();
+    let text = std::fs::read_to_string(recording_dir().join("gpt-4o-airline.json")).unwrap();
+    let mut all: Vec<Value> = serde_json::from_str(&text).unwrap();
+    all.truncate(3);
+    let traj = all[1]["traj"].as_array_mut().unwrap();
+    let second_user = traj.iter().enumerate().filter(|(_, m)| m["role"] == "user").nth(1).unwrap().0;
+    traj[second_user]["content"] = Value::String("Something the customer never said.".into());
+    let file = dir.join("gpt-4o-airline.json");
+    std::fs::write(&file, serde_json::to_string(&all).unwrap()).unwrap();
+    std::fs::copy(recording_dir().join("tools.json"), dir.join("tools.json")).unwrap();
+
+    let port = common::free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let mut dev = Command::new(env!("CARGO_BIN_EXE_glia"))
+        .args(["dev", "--replay", recording_dir().to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while common::http("GET", &format!("{server}/healthz"), None).is_err() {
+        assert!(Instant::now() < deadline, "glia dev did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_glia"))
+        .args(["batch", file.to_str().unwrap(), "--server", &server, "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = dev.kill();
+    let _ = dev.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a diverged run fails the batch");
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((s["runs"].as_u64(), s["reproduced"].as_u64(), s["diverged"].as_u64(), s["failed"].as_u64()), (Some(3), Some(2), Some(1), Some(0)), "{s}");
+    let id = format!("{}-{}", all[1]["task_id"], all[1]["trial"]);
+    assert!(stderr.contains(&format!("(conversation {id}): model call failed: replay diverged: conversation {id}: message 2 (recording message {second_user}): expected user: \"")), "{stderr}");
+    assert!(stderr.contains("got user: \"Something the customer never said.\""), "{stderr}");
+    assert!(stderr.contains("1 run(s) diverged and 0 failed of 3"), "{stderr}");
+}
+
+#[test]
+fn an_unreachable_dispatcher_is_named() {
+    let out = Command::new(env!("CARGO_BIN_EXE_glia"))
+        .args(["batch", &trajectories(), "--server", &format!("http://127.0.0.1:{}", common::free_port()), "--limit", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to the dispatcher"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn tempdir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("glia-batch-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn replay_fleet() -> Fleet {
+    let mut fleet = Fleet::new(&[]);
+    fleet.worker_args = vec!["--replay".into(), recording_dir().to_str().unwrap().into()];
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    fleet.start_worker(2_000);
+    fleet
+}
+
+#[test]
+fn real_fleet_reproduces_all_200_conversations() {
+    let fleet = replay_fleet();
+    assert_whole_recording(&summary(batch(&["--server", &fleet.server]).output().unwrap()));
+}
+
+#[test]
+fn real_fleet_reproduces_all_200_with_a_worker_killed_mid_batch() {
+    let mut fleet = replay_fleet();
+    let child = batch(&["--server", &fleet.server]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while fleet.done_runs() < 40 {
+        assert!(Instant::now() < deadline, "the batch made no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done_at_kill = fleet.done_runs();
+    assert!(done_at_kill < 200, "the batch ended before the kill");
+    let mut victim = fleet.workers.remove(1);
+    victim.kill().unwrap(); // SIGKILL
+    victim.wait().unwrap();
+    assert_whole_recording(&summary(child.wait_with_output().unwrap()));
+}
