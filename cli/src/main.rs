@@ -4,6 +4,7 @@
 mod client;
 mod demo;
 mod fleet;
+mod observe;
 mod provider;
 
 use std::path::PathBuf;
@@ -21,6 +22,9 @@ use glia_worker::{Agent, async_trait};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log format on stderr: `text` or `json` (one object per line, with the run id and seq).
+    #[arg(long, global = true, value_enum, env = "GLIA_LOG_FORMAT", default_value = "text")]
+    log_format: observe::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -107,8 +111,9 @@ struct RunArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_writer(std::io::stderr).init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    observe::init_logging(cli.log_format);
+    match cli.command {
         Command::Run(args) => run(args).await,
         Command::Dispatcher { urls, args } => fleet::dispatcher(urls, args).await,
         Command::Worker { urls, args } => fleet::worker(urls, args).await,
