@@ -339,7 +339,7 @@ impl RunObserver {
 
     /// Observe one recorded event.
     pub fn record(&mut self, event: &Event) {
-        tracing::debug!(seq = event.seq, event = event.kind.name(), "recorded");
+        tracing::debug!(target: "glia_worker::run", seq = event.seq, event = event.kind.name(), "recorded");
         let m = self.metrics.clone();
         let m = m.as_deref();
         if event.seq == 2
@@ -407,7 +407,7 @@ impl RunObserver {
                 }
             }
             EventKind::Error { fatal, message } => {
-                tracing::warn!(seq = event.seq, fatal, %message, "run error recorded");
+                tracing::warn!(target: "glia_worker::run", seq = event.seq, fatal, %message, "run error recorded");
                 self.end_model_call(m, if *fatal { "failed" } else { "transient" });
             }
             EventKind::ToolCall(call) => {
@@ -469,7 +469,7 @@ impl RunObserver {
                 }
             }
             EventKind::SessionPause { pull_point } => {
-                tracing::info!(seq = event.seq, pull_point = pull_point.name(), "run parked");
+                tracing::info!(target: "glia_worker::run", seq = event.seq, pull_point = pull_point.name(), "run parked");
                 // A spend cap or a rejected key pauses the run mid-call.
                 self.end_model_call(m, "paused");
                 if let Some(m) = m {
@@ -490,7 +490,7 @@ impl RunObserver {
     }
 
     fn completed(&mut self, m: Option<&WorkerMetrics>, seq: u64, outcome: &str) {
-        tracing::info!(seq, outcome, "run ended");
+        tracing::info!(target: "glia_worker::run", seq, outcome, "run ended");
         self.step = None;
         if let Some(m) = m {
             m.runs_completed.get_or_create(&OutcomeLabel { outcome: outcome.into() }).inc();
