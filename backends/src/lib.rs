@@ -359,8 +359,8 @@ pub trait EventLog: Send + Sync {
     /// True when the store answers.
     async fn ready(&self) -> Result<(), LogError>;
 
-    /// Counts for the fleet's gauges at `now`: runs by status and pull
-    /// point, pending approvals and those past their deadline. The default
+    /// Counts for the fleet's gauges at `now`: runs not done by status and
+    /// pull point, pending approvals and those past their deadline. The default
     /// pages through [`EventLog::list_runs`] and [`EventLog::approvals`]
     /// (fine for the in-memory twin); the Postgres adapter counts in SQL.
     async fn gauges(&self, now: DateTime<Utc>) -> Result<LogGauges, LogError> {
@@ -368,7 +368,7 @@ pub trait EventLog: Send + Sync {
         let mut filter = RunFilter { limit: 1000, ..RunFilter::default() };
         loop {
             let page = self.list_runs(&filter).await?;
-            for run in &page {
+            for run in page.iter().filter(|r| r.status != RunStatus::Done) {
                 *g.runs.entry(RunGaugeKey::of(run.status, run.pull_point.as_ref())).or_default() += 1;
             }
             match page.last() {
@@ -389,7 +389,7 @@ pub trait EventLog: Send + Sync {
 /// `paused`; empty otherwise).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RunGaugeKey {
-    /// `runnable`, `parked` or `done`.
+    /// `runnable` or `parked`.
     pub status: &'static str,
     /// The pull point's kind for parked runs, else empty.
     pub pull_point: String,
@@ -405,7 +405,7 @@ impl RunGaugeKey {
 /// Counts of the event log for the dispatcher's gauges ([`EventLog::gauges`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LogGauges {
-    /// Runs by status and pull point; buckets with no runs may be absent.
+    /// Runs not done, by status and pull point; buckets with no runs may be absent.
     pub runs: std::collections::BTreeMap<RunGaugeKey, u64>,
     /// Approvals waiting for a decision.
     pub approvals_pending: u64,

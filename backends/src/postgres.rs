@@ -1174,15 +1174,16 @@ impl EventLog for PgLog {
         .await
     }
 
-    /// Two counting queries (runs grouped by status and pull point kind;
-    /// pending approvals), each an index scan.
+    /// Two counting queries: runs not done (the `runs_live` partial index)
+    /// grouped by status and pull point kind; pending approvals (the
+    /// `approvals_pending` partial index).
     async fn gauges(&self, now: DateTime<Utc>) -> Result<LogGauges, LogError> {
         self.bounded("gauges", async {
             let fail = |e: tokio_postgres::Error| unavailable("gauges", &e);
             let client = self.client().await?;
             let mut g = LogGauges::default();
             let runs = client
-                .query("SELECT status, coalesce(pull_point->>'kind', '') AS pull_point, count(*) AS n FROM runs GROUP BY 1, 2", &[])
+                .query("SELECT status, coalesce(pull_point->>'kind', '') AS pull_point, count(*) AS n FROM runs WHERE status <> 'done' GROUP BY 1, 2", &[])
                 .await
                 .map_err(fail)?;
             for row in runs {

@@ -30,13 +30,49 @@ pub enum LogFormat {
     Json,
 }
 
-/// Install the global subscriber: stderr, `RUST_LOG` (default `info`), in `format`.
+/// Install the global subscriber: stderr, `RUST_LOG` (default `info`), in
+/// `format`. Built with the `otlp` feature and with
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans are also exported over OTLP/HTTP
+/// (service name from `OTEL_SERVICE_NAME`, default `glia`).
 pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+    let text = (format == LogFormat::Text).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+    let json = (format == LogFormat::Json).then(|| tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(false).with_writer(std::io::stderr));
+    let registry = tracing_subscriber::registry().with(filter).with(text).with(json);
+    #[cfg(feature = "otlp")]
+    let registry = registry.with(otlp::layer());
+    registry.init();
+}
+
+/// The OTLP span exporter (feature `otlp`).
+#[cfg(feature = "otlp")]
+mod otlp {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
+    /// A layer exporting spans to `OTEL_EXPORTER_OTLP_ENDPOINT` over
+    /// OTLP/HTTP (batched), or `None` when the variable is unset or the
+    /// exporter cannot be built (reported on stderr).
+    pub fn layer<S>() -> Option<tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT")?;
+        let exporter = match opentelemetry_otlp::SpanExporter::builder().with_http().build() {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("OTLP export disabled: {e}");
+                return None;
+            }
+        };
+        let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "glia".into());
+        let resource = opentelemetry_sdk::Resource::builder().with_service_name(service).build();
+        let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
+        let tracer = provider.tracer("glia");
+        opentelemetry::global::set_tracer_provider(provider);
+        Some(tracing_opentelemetry::layer().with_tracer(tracer))
     }
 }
 

@@ -13,7 +13,7 @@
 //! | `glia_dispatcher_relay_errors_total` | counter | – | failed relay passes |
 //! | `glia_dispatcher_jobs_reconciled_total` | counter | – | jobs re-enqueued by the reconciler |
 //! | `glia_dispatcher_sse_streams` | gauge | – | open SSE streams |
-//! | `glia_dispatcher_runs` | gauge | `status` (`runnable`, `parked`, `done`), `pull_point` (parked runs: `awaiting_approval`, `awaiting_tool`, `awaiting_input`, `paused`; else empty) | runs in the event log (sampled) |
+//! | `glia_dispatcher_runs` | gauge | `status` (`runnable`, `parked`), `pull_point` (parked runs: `awaiting_approval`, `awaiting_tool`, `awaiting_input`, `paused`; else empty) | runs not done (sampled; ended runs are `glia_worker_runs_completed_total`) |
 //! | `glia_dispatcher_approvals_pending` | gauge | – | approvals waiting for a decision (sampled) |
 //! | `glia_dispatcher_approvals_overdue` | gauge | – | pending approvals past their deadline (sampled) |
 //! | `glia_dispatcher_approval_oldest_age_seconds` | gauge | – | age of the oldest pending approval (sampled) |
@@ -71,7 +71,7 @@ pub struct PayloadLabels {
 /// Labels of `runs`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RunLabels {
-    /// `runnable`, `parked`, `done`.
+    /// `runnable`, `parked`.
     pub status: String,
     /// The pull point of parked runs, else empty.
     pub pull_point: String,
@@ -121,7 +121,7 @@ pub struct Metrics {
     pub jobs_reconciled: Counter,
     /// Open SSE streams.
     pub sse_streams: Gauge,
-    /// Runs by status and pull point (sampled).
+    /// Runs not done, by status and pull point (sampled).
     pub runs: Family<RunLabels, Gauge>,
     /// Pending approvals (sampled).
     pub approvals_pending: Gauge,
@@ -181,7 +181,7 @@ impl Metrics {
         registry.register("relay_errors", "Relay passes that failed (event log or queue unavailable)", m.relay_errors.clone());
         registry.register("jobs_reconciled", "Jobs re-enqueued by the reconciler for orphaned runs", m.jobs_reconciled.clone());
         registry.register("sse_streams", "Open SSE event streams", m.sse_streams.clone());
-        registry.register("runs", "Runs in the event log by status and pull point (sampled)", m.runs.clone());
+        registry.register("runs", "Runs not done in the event log, by status and pull point (sampled)", m.runs.clone());
         registry.register("approvals_pending", "Approvals waiting for a decision (sampled)", m.approvals_pending.clone());
         registry.register("approvals_overdue", "Pending approvals past their deadline (sampled)", m.approvals_overdue.clone());
         registry.register("approval_oldest_age_seconds", "Seconds the oldest pending approval has waited (sampled)", m.approval_oldest_age.clone());
@@ -215,8 +215,7 @@ impl Metrics {
 
 /// Every bucket of `runs`, so a bucket that empties reads 0 instead of
 /// keeping its last value.
-const RUN_BUCKETS: [(&str, &str); 6] =
-    [("runnable", ""), ("parked", "awaiting_approval"), ("parked", "awaiting_tool"), ("parked", "awaiting_input"), ("parked", "paused"), ("done", "")];
+const RUN_BUCKETS: [(&str, &str); 5] = [("runnable", ""), ("parked", "awaiting_approval"), ("parked", "awaiting_tool"), ("parked", "awaiting_input"), ("parked", "paused")];
 
 /// Refresh the sampled gauges once: [`glia_backends::EventLog::gauges`] and
 /// [`glia_backends::JobQueue::stats`]. A failing source is counted in

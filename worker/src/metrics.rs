@@ -42,8 +42,10 @@
 //! per model call (`gen_ai.operation.name` = `chat`, `gen_ai.provider.name`,
 //! `gen_ai.request.model`, `gen_ai.usage.input_tokens`,
 //! `gen_ai.usage.output_tokens`, `gen_ai.response.finish_reasons`),
-//! `execute_tool {tool}` per tool call (`gen_ai.tool.name`,
-//! `gen_ai.tool.call.id`, `error.type`) and `glia.step` per plan step.
+//! `execute_tool {tool}` per tool call a worker runs (`gen_ai.tool.name`,
+//! `gen_ai.tool.call.id`, `error.type`), and `glia.step` per plan step (one
+//! span per job that advances the step: a step that parks ends its span)
+//! — all inside the worker's `job` span, which carries `run_id`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -333,6 +335,12 @@ impl RunObserver {
         }
     }
 
+    /// The span a model or tool call belongs to: the current step's, else
+    /// the current one (the worker's `job` span).
+    fn parent(&self) -> Option<tracing::Id> {
+        self.step.as_ref().and_then(Span::id).or_else(|| Span::current().id())
+    }
+
     fn tool_name(&self, call_id: &str) -> String {
         self.tools.get(call_id).cloned().unwrap_or_else(|| "unknown".into())
     }
@@ -360,7 +368,7 @@ impl RunObserver {
             EventKind::ModelCall { model, .. } => {
                 self.model.clone_from(model);
                 let span = tracing::info_span!(
-                    parent: self.step.as_ref().and_then(Span::id),
+                    parent: self.parent(),
                     "chat",
                     otel.name = %format!("chat {model}"),
                     "gen_ai.operation.name" = "chat",
@@ -414,7 +422,7 @@ impl RunObserver {
                 self.tools.insert(call.call_id.clone(), call.name.clone());
                 if matches!(call.disposition, Disposition::Run { .. }) {
                     let span = tracing::info_span!(
-                        parent: self.step.as_ref().and_then(Span::id),
+                        parent: self.parent(),
                         "execute_tool",
                         otel.name = %format!("execute_tool {}", call.name),
                         "gen_ai.operation.name" = "execute_tool",
