@@ -742,6 +742,17 @@ impl Acker for RabbitAcker {
     }
 }
 
+/// The message header carrying a job's publish time, ms since the Unix epoch.
+pub const ENQUEUED_HEADER: &str = "x-glia-enqueued-ms";
+
+/// The publish time a delivery carries in [`ENQUEUED_HEADER`], if any.
+fn enqueued_at(props: &BasicProperties) -> Option<chrono::DateTime<chrono::Utc>> {
+    match props.headers().as_ref()?.inner().get(ENQUEUED_HEADER)? {
+        AMQPValue::LongLongInt(ms) => chrono::DateTime::from_timestamp_millis(*ms),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -763,13 +774,3 @@ mod tests {
     }
 }
 
-/// The message header carrying a job's publish time, ms since the Unix epoch.
-pub const ENQUEUED_HEADER: &str = "x-glia-enqueued-ms";
-
-/// The publish time a delivery carries in [`ENQUEUED_HEADER`], if any.
-fn enqueued_at(props: &BasicProperties) -> Option<chrono::DateTime<chrono::Utc>> {
-    match props.headers().as_ref()?.inner().get(ENQUEUED_HEADER)? {
-        AMQPValue::LongLongInt(ms) => chrono::DateTime::from_timestamp_millis(*ms),
-        _ => None,
-    }
-}
