@@ -112,7 +112,7 @@ struct RunArgs {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    observe::init_logging(cli.log_format);
+    let _telemetry = observe::init_logging(cli.log_format);
     match cli.command {
         Command::Run(args) => run(args).await,
         Command::Dispatcher { urls, args } => fleet::dispatcher(urls, args).await,

@@ -33,8 +33,9 @@ pub enum LogFormat {
 /// Install the global subscriber: stderr, `RUST_LOG` (default `info`), in
 /// `format`. Built with the `otlp` feature and with
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans are also exported over OTLP/HTTP
-/// (service name from `OTEL_SERVICE_NAME`, default `glia`).
-pub fn init_logging(format: LogFormat) {
+/// (service name from `OTEL_SERVICE_NAME`, default `glia`). Keep the
+/// returned guard until exit: dropping it flushes the spans not yet sent.
+pub fn init_logging(format: LogFormat) -> Telemetry {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
@@ -42,8 +43,33 @@ pub fn init_logging(format: LogFormat) {
     let json = (format == LogFormat::Json).then(|| tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(false).with_writer(std::io::stderr));
     let registry = tracing_subscriber::registry().with(filter).with(text).with(json);
     #[cfg(feature = "otlp")]
-    let registry = registry.with(otlp::layer());
-    registry.init();
+    {
+        let (layer, provider) = otlp::layer().unzip();
+        registry.with(layer).init();
+        Telemetry { provider }
+    }
+    #[cfg(not(feature = "otlp"))]
+    {
+        registry.init();
+        Telemetry {}
+    }
+}
+
+/// Flushes exported spans when dropped (a no-op without the `otlp` feature).
+pub struct Telemetry {
+    #[cfg(feature = "otlp")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        #[cfg(feature = "otlp")]
+        if let Some(p) = self.provider.take()
+            && let Err(e) = p.shutdown()
+        {
+            eprintln!("OTLP export: flushing spans at exit failed: {e}");
+        }
+    }
 }
 
 /// The OTLP span exporter (feature `otlp`).
@@ -53,9 +79,10 @@ mod otlp {
     use opentelemetry_sdk::trace::SdkTracerProvider;
 
     /// A layer exporting spans to `OTEL_EXPORTER_OTLP_ENDPOINT` over
-    /// OTLP/HTTP (batched), or `None` when the variable is unset or the
-    /// exporter cannot be built (reported on stderr).
-    pub fn layer<S>() -> Option<tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>>
+    /// OTLP/HTTP (batched) and its provider (to flush at exit), or `None`
+    /// when the variable is unset or the exporter cannot be built (reported
+    /// on stderr).
+    pub fn layer<S>() -> Option<(tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>, SdkTracerProvider)>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
@@ -71,8 +98,8 @@ mod otlp {
         let resource = opentelemetry_sdk::Resource::builder().with_service_name(service).build();
         let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
         let tracer = provider.tracer("glia");
-        opentelemetry::global::set_tracer_provider(provider);
-        Some(tracing_opentelemetry::layer().with_tracer(tracer))
+        opentelemetry::global::set_tracer_provider(provider.clone());
+        Some((tracing_opentelemetry::layer().with_tracer(tracer), provider))
     }
 }
 
