@@ -15,7 +15,7 @@ use glia_proto::{
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, LogError, NewRun, RunFilter, RunStatus};
+use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, LogError, NewRun, RunFilter, RunGaugeKey, RunStatus};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -110,6 +110,7 @@ pub async fn commits_are_fenced(log: &dyn EventLog) {
     let s = sample_log();
     log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
     let lease = log.acquire(s.run_id, "w1", TTL).await.unwrap();
+    assert!(!lease.taken_over, "a fresh run's lease is not a takeover");
     assert!(matches!(log.acquire(s.run_id, "w2", TTL).await, Err(LogError::LeaseHeld { .. })));
     let first = &s.parked[1..5];
     log.commit(&lease, first, &state_after(s.run_id, &s.parked[..5]), &[]).await.unwrap();
@@ -119,6 +120,7 @@ pub async fn commits_are_fenced(log: &dyn EventLog) {
     log.release(&lease).await.unwrap();
     // Released: another worker takes it; the old lease cannot write.
     let lease2 = log.acquire(s.run_id, "w2", TTL).await.unwrap();
+    assert!(!lease2.taken_over, "a released lease is not taken over");
     let err = log.commit(&lease, &s.parked[5..6], &state_after(s.run_id, &s.parked[..6]), &[]).await.unwrap_err();
     assert!(matches!(err, LogError::LeaseLost(_)), "{err:?}");
     log.commit(&lease2, &s.parked[5..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
@@ -130,6 +132,7 @@ pub async fn commits_are_fenced(log: &dyn EventLog) {
     assert!(matches!(log.renew(&short, TTL).await, Err(LogError::LeaseLost(_))));
     let taken = log.acquire(s.run_id, "w4", TTL).await.unwrap();
     assert_ne!(taken.token, short.token);
+    assert!(taken.taken_over, "the lapsed lease was taken over");
     log.release(&taken).await.unwrap();
 }
 
@@ -167,6 +170,10 @@ pub async fn inbox_and_approvals(log: &dyn EventLog) {
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
     log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
     log.release(&lease).await.unwrap();
+    let gauges = log.gauges(Utc::now()).await.unwrap();
+    let parked = RunGaugeKey { status: "parked", pull_point: "awaiting_approval".into() };
+    assert!(gauges.runs.get(&parked).is_some_and(|n| *n >= 1), "{gauges:?}");
+    assert!(gauges.approvals_pending >= 1 && gauges.oldest_approval_age_seconds >= 0.0, "{gauges:?}");
     let filter = ApprovalFilter { tenant: Some(tenant.clone()), pending_only: true, limit: 10, ..Default::default() };
     let pending = log.approvals(&filter).await.unwrap();
     assert_eq!(pending.len(), 1);
@@ -175,6 +182,8 @@ pub async fn inbox_and_approvals(log: &dyn EventLog) {
     let id = log.post(s.run_id, decision.clone()).await.unwrap();
     assert!(matches!(log.post(s.run_id, decision.clone()).await, Err(LogError::Duplicate { .. })), "the first decision wins");
     assert!(log.approvals(&filter).await.unwrap().is_empty(), "decided approvals leave the pending queue");
+    let after = log.gauges(Utc::now()).await.unwrap();
+    assert_eq!(after.approvals_pending, gauges.approvals_pending - 1, "a decided approval is no longer pending");
     let all = log.approvals(&ApprovalFilter { tenant: Some(tenant), limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(all[0].status, ApprovalStatus::Decided);
     let inbox = log.inbox(s.run_id).await.unwrap();

@@ -161,6 +161,10 @@ pub struct Lease {
     pub token: Uuid,
     /// When it lapses unless renewed.
     pub expires_at: DateTime<Utc>,
+    /// True when this acquisition took over a lease that lapsed without
+    /// being released (its holder died or stalled); false for a free run and
+    /// for a renewed lease.
+    pub taken_over: bool,
 }
 
 /// A payload posted to a parked run, waiting for a worker to apply it.
@@ -354,6 +358,61 @@ pub trait EventLog: Send + Sync {
 
     /// True when the store answers.
     async fn ready(&self) -> Result<(), LogError>;
+
+    /// Counts for the fleet's gauges at `now`: runs not done by status and
+    /// pull point, pending approvals and those past their deadline. The default
+    /// pages through [`EventLog::list_runs`] and [`EventLog::approvals`]
+    /// (fine for the in-memory twin); the Postgres adapter counts in SQL.
+    async fn gauges(&self, now: DateTime<Utc>) -> Result<LogGauges, LogError> {
+        let mut g = LogGauges::default();
+        let mut filter = RunFilter { limit: 1000, ..RunFilter::default() };
+        loop {
+            let page = self.list_runs(&filter).await?;
+            for run in page.iter().filter(|r| r.status != RunStatus::Done) {
+                *g.runs.entry(RunGaugeKey::of(run.status, run.pull_point.as_ref())).or_default() += 1;
+            }
+            match page.last() {
+                Some(last) if page.len() == filter.limit => filter.after = Some(last.run_id),
+                _ => break,
+            }
+        }
+        let pending = self.approvals(&ApprovalFilter { pending_only: true, limit: 1000, ..ApprovalFilter::default() }).await?;
+        g.approvals_pending = pending.len() as u64;
+        g.approvals_overdue = pending.iter().filter(|a| a.expires_at.is_some_and(|t| t <= now)).count() as u64;
+        g.oldest_approval_age_seconds = pending.iter().map(|a| (now - a.requested_at).num_milliseconds().max(0) as f64 / 1000.0).fold(0.0, f64::max);
+        Ok(g)
+    }
+}
+
+/// A bucket of [`LogGauges::runs`]: a status and, for parked runs, the kind
+/// of pull point (`awaiting_approval`, `awaiting_tool`, `awaiting_input`,
+/// `paused`; empty otherwise).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunGaugeKey {
+    /// `runnable` or `parked`.
+    pub status: &'static str,
+    /// The pull point's kind for parked runs, else empty.
+    pub pull_point: String,
+}
+
+impl RunGaugeKey {
+    /// The bucket of a run with this status and pull point.
+    pub fn of(status: RunStatus, pull_point: Option<&PullPoint>) -> RunGaugeKey {
+        RunGaugeKey { status: status.as_str(), pull_point: pull_point.filter(|_| status == RunStatus::Parked).map(|p| p.name().to_owned()).unwrap_or_default() }
+    }
+}
+
+/// Counts of the event log for the dispatcher's gauges ([`EventLog::gauges`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogGauges {
+    /// Runs not done, by status and pull point; buckets with no runs may be absent.
+    pub runs: std::collections::BTreeMap<RunGaugeKey, u64>,
+    /// Approvals waiting for a decision.
+    pub approvals_pending: u64,
+    /// Pending approvals whose deadline has passed (escalated ones included).
+    pub approvals_overdue: u64,
+    /// Age of the oldest pending approval in seconds (0 with none).
+    pub oldest_approval_age_seconds: f64,
 }
 
 /// The dedupe key of a payload: approvals and external results are accepted
@@ -405,6 +464,21 @@ pub struct Delivery {
     pub redelivered: bool,
     /// Its acknowledgement handle.
     pub acker: Box<dyn Acker>,
+    /// When it was published, if the queue records it (RabbitMQ does, in a
+    /// message header; the in-memory twin does not): the start of the job's
+    /// lag (enqueued → taken by a worker).
+    pub enqueued_at: Option<DateTime<Utc>>,
+}
+
+/// What a queue holds and who consumes it, for metrics and autoscaling.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Jobs ready in the queue (not counting delivered, unacked ones).
+    pub ready: u64,
+    /// Consumers attached to the queue, when the queue knows.
+    pub consumers: Option<u64>,
+    /// Jobs in the dead-letter queue, when there is one.
+    pub dead_lettered: Option<u64>,
 }
 
 /// Run jobs. RabbitMQ in the fleet, [`memory::MemoryQueue`] in `glia dev`.
@@ -416,6 +490,11 @@ pub trait JobQueue: Send + Sync {
     async fn next(&self) -> Result<Delivery, QueueError>;
     /// Jobs waiting in the queue.
     async fn depth(&self) -> Result<u64, QueueError>;
+    /// Ready jobs, consumers and dead-lettered jobs. The default knows only
+    /// [`JobQueue::depth`].
+    async fn stats(&self) -> Result<QueueStats, QueueError> {
+        Ok(QueueStats { ready: self.depth().await?, consumers: None, dead_lettered: None })
+    }
 }
 
 /// Why a [`Ledger`] call failed.

@@ -135,7 +135,7 @@ impl EventLog for MemoryLog {
         {
             return Err(LogError::LeaseHeld { run_id, owner: held.owner.clone(), until: held.expires_at });
         }
-        let lease = Lease { run_id, owner: owner.to_owned(), token: Uuid::now_v7(), expires_at: now + ttl_of(ttl) };
+        let lease = Lease { run_id, owner: owner.to_owned(), token: Uuid::now_v7(), expires_at: now + ttl_of(ttl), taken_over: r.lease.is_some() };
         r.lease = Some(lease.clone());
         Ok(lease)
     }
@@ -365,7 +365,7 @@ impl JobQueue for MemoryQueue {
         let (job, redelivered) = self.rx.lock().await.recv().await.ok_or(QueueError::Closed)?;
         self.depth.fetch_sub(1, Ordering::SeqCst);
         let acker = MemoryAcker { job, tx: self.tx.clone(), depth: self.depth.clone() };
-        Ok(Delivery { job, redelivered, acker: Box::new(acker) })
+        Ok(Delivery { job, redelivered, acker: Box::new(acker), enqueued_at: None })
     }
 
     async fn depth(&self) -> Result<u64, QueueError> {

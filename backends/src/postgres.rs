@@ -67,7 +67,7 @@ use tokio_postgres::{Config, NoTls, Row};
 use uuid::Uuid;
 
 use crate::{
-    ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, NewRun, RunFilter, RunStatus, RunSummary, Spend,
+    ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, LogGauges, NewRun, RunGaugeKey, RunFilter, RunStatus, RunSummary, Spend,
     dedupe_key,
 };
 
@@ -664,8 +664,11 @@ const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payl
      ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING \
      RETURNING id, (SELECT head_seq FROM runs WHERE id = $1) AS head_seq";
 
-const TAKE_LEASE: &str = "UPDATE runs SET lease_owner = $2, lease_token = $3, lease_expires_at = now() + make_interval(secs => $4) \
-     WHERE id = $1 AND (lease_expires_at IS NULL OR lease_expires_at <= now()) RETURNING lease_expires_at";
+// `old` is the row before the update: a lease that lapsed (expiry set, not
+// released) is being taken over.
+const TAKE_LEASE: &str = "UPDATE runs r SET lease_owner = $2, lease_token = $3, lease_expires_at = now() + make_interval(secs => $4) \
+     FROM runs old WHERE r.id = $1 AND old.id = r.id AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()) \
+     RETURNING r.lease_expires_at, old.lease_expires_at IS NOT NULL AS taken_over";
 const LEASE_HOLDER: &str =
     "SELECT lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live FROM runs WHERE id = $1";
 
@@ -818,7 +821,7 @@ impl EventLog for PgLog {
             // on the next round.
             for _ in 0..3 {
                 if let Some(row) = client.query_opt(&take, &[&run_id, &owner, &token, &secs]).await.map_err(fail)? {
-                    return Ok(Lease { run_id, owner: owner.to_owned(), token, expires_at: col(&row, "lease_expires_at")? });
+                    return Ok(Lease { run_id, owner: owner.to_owned(), token, expires_at: col(&row, "lease_expires_at")?, taken_over: col(&row, "taken_over")? });
                 }
                 let row = client.query_opt(&holder, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
                 if col(&row, "live")? {
@@ -854,6 +857,7 @@ impl EventLog for PgLog {
                     owner: col::<Option<String>>(&row, "lease_owner")?.unwrap_or_default(),
                     token: lease.token,
                     expires_at: col(&row, "lease_expires_at")?,
+                    taken_over: false,
                 }),
                 None if run_exists(&client, run_id).await? => Err(LogError::LeaseLost(run_id)),
                 None => Err(LogError::NotFound(run_id)),
@@ -1166,6 +1170,42 @@ impl EventLog for PgLog {
             let client = self.client().await?;
             client.simple_query("SELECT 1").await.map_err(|e| unavailable("ready", &e))?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Two counting queries: runs not done (the `runs_live` partial index)
+    /// grouped by status and pull point kind; pending approvals (the
+    /// `approvals_pending` partial index).
+    async fn gauges(&self, now: DateTime<Utc>) -> Result<LogGauges, LogError> {
+        self.bounded("gauges", async {
+            let fail = |e: tokio_postgres::Error| unavailable("gauges", &e);
+            let client = self.client().await?;
+            let mut g = LogGauges::default();
+            let runs = client
+                .query("SELECT status, coalesce(pull_point->>'kind', '') AS pull_point, count(*) AS n FROM runs WHERE status <> 'done' GROUP BY 1, 2", &[])
+                .await
+                .map_err(fail)?;
+            for row in runs {
+                let status = parse_status(&col::<String>(&row, "status")?)?;
+                let pull_point: String = col(&row, "pull_point")?;
+                let n: i64 = col(&row, "n")?;
+                let key = RunGaugeKey { status: status.as_str(), pull_point: if status == RunStatus::Parked { pull_point } else { String::new() } };
+                *g.runs.entry(key).or_default() += n as u64;
+            }
+            let row = client
+                .query_one(
+                    "SELECT count(*) AS pending, count(*) FILTER (WHERE expires_at <= $1) AS overdue, \
+                     coalesce(extract(epoch FROM $1 - min(requested_at))::float8, 0) AS oldest \
+                     FROM approvals WHERE status = 'pending'",
+                    &[&now],
+                )
+                .await
+                .map_err(fail)?;
+            g.approvals_pending = col::<i64>(&row, "pending")? as u64;
+            g.approvals_overdue = col::<i64>(&row, "overdue")? as u64;
+            g.oldest_approval_age_seconds = col::<f64>(&row, "oldest")?.max(0.0);
+            Ok(g)
         })
         .await
     }

@@ -79,7 +79,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::sync::{Mutex, watch};
 use tracing::{debug, warn};
 
-use crate::{Acker, Delivery, Job, JobQueue, QueueError};
+use crate::{Acker, Delivery, Job, JobQueue, QueueError, QueueStats};
 
 /// How a [`RabbitQueue`] names, sizes and retries things.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,6 +332,7 @@ impl RabbitQueue {
                     Ok(job) => Ok(Some(Delivery {
                         job,
                         redelivered: d.redelivered,
+                        enqueued_at: enqueued_at(&d.properties),
                         acker: Box::new(RabbitAcker { acker: d.acker, _channel: ch }),
                     })),
                     Err(e) => {
@@ -537,6 +538,11 @@ impl RabbitQueue {
     }
 
     async fn message_count(&self, queue: &str) -> Result<u64, QueueError> {
+        Ok(self.counts(queue).await?.0)
+    }
+
+    /// Messages ready in `queue` and its consumers (a passive declare).
+    async fn counts(&self, queue: &str) -> Result<(u64, u64), QueueError> {
         self.on_publisher_link(|link| async move {
             // A passive declare of a missing queue closes its channel: use a
             // throwaway one, never the confirm channel.
@@ -545,7 +551,7 @@ impl RabbitQueue {
             match ch.queue_declare(short(queue), passive, FieldTable::default()).await {
                 Ok(q) => {
                     let _ = ch.close(200, short("done")).await;
-                    Ok(u64::from(q.message_count()))
+                    Ok((u64::from(q.message_count()), u64::from(q.consumer_count())))
                 }
                 Err(e) if e.is_amqp_soft_error() => Err(Attempt::Fail(unavailable(&format!("queue {queue}"), e))),
                 Err(e) => Err(Attempt::Retry(unavailable(&format!("queue {queue}"), e))),
@@ -555,7 +561,9 @@ impl RabbitQueue {
     }
 
     async fn publish_once(&self, link: Arc<PubLink>, body: &[u8]) -> Result<(), Attempt> {
-        let props = BasicProperties::default().with_delivery_mode(2).with_content_type(short("application/json"));
+        let mut headers = FieldTable::default();
+        headers.insert(short(ENQUEUED_HEADER), AMQPValue::LongLongInt(chrono::Utc::now().timestamp_millis()));
+        let props = BasicProperties::default().with_delivery_mode(2).with_content_type(short("application/json")).with_headers(headers);
         let confirm = link
             .channel
             .basic_publish(short(""), short(&self.opts.queue), BasicPublishOptions { mandatory: true, immediate: false }, body, props)
@@ -647,7 +655,8 @@ impl JobQueue for RabbitQueue {
                 Some(Ok(d)) => match serde_json::from_slice::<Job>(&d.data) {
                     Ok(job) => {
                         let acker = RabbitAcker { acker: d.acker, _channel: link.channel.clone() };
-                        return Ok(Delivery { job, redelivered: d.redelivered, acker: Box::new(acker) });
+                        let enqueued_at = enqueued_at(&d.properties);
+                        return Ok(Delivery { job, redelivered: d.redelivered, acker: Box::new(acker), enqueued_at });
                     }
                     Err(e) => {
                         warn!(queue = %self.opts.queue, error = %e, "rabbitmq consumer: body is not a job; dead-lettering it");
@@ -680,6 +689,14 @@ impl JobQueue for RabbitQueue {
     /// exist; [`QueueError::Closed`] after [`RabbitQueue::close`].
     async fn depth(&self) -> Result<u64, QueueError> {
         self.message_count(&self.opts.queue).await
+    }
+
+    /// Two passive declares: the job queue (ready jobs, consumers) and
+    /// `<queue>.dlq` (dead-lettered jobs). Errors as [`JobQueue::depth`].
+    async fn stats(&self) -> Result<QueueStats, QueueError> {
+        let (ready, consumers) = self.counts(&self.opts.queue).await?;
+        let dead_lettered = self.dead_letter_depth().await?;
+        Ok(QueueStats { ready, consumers: Some(consumers), dead_lettered: Some(dead_lettered) })
     }
 }
 
@@ -725,6 +742,17 @@ impl Acker for RabbitAcker {
     }
 }
 
+/// The message header carrying a job's publish time, ms since the Unix epoch.
+pub const ENQUEUED_HEADER: &str = "x-glia-enqueued-ms";
+
+/// The publish time a delivery carries in [`ENQUEUED_HEADER`], if any.
+fn enqueued_at(props: &BasicProperties) -> Option<chrono::DateTime<chrono::Utc>> {
+    match props.headers().as_ref()?.inner().get(ENQUEUED_HEADER)? {
+        AMQPValue::LongLongInt(ms) => chrono::DateTime::from_timestamp_millis(*ms),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -745,3 +773,4 @@ mod tests {
         assert!(o.delays(None).take(20).all(|d| d <= o.reconnect_max));
     }
 }
+

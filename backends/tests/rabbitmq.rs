@@ -107,9 +107,13 @@ async fn publish_consume_ack_round_trip() {
         q.publish(j).await.expect("publish");
     }
     assert_eq!(q.depth().await.unwrap(), 3, "three confirmed jobs wait in the queue");
+    let stats = q.stats().await.unwrap();
+    assert_eq!((stats.ready, stats.dead_lettered), (3, Some(0)), "{stats:?}");
     for j in &jobs {
         let d = next(&q).await;
         assert_eq!(&d.job, j, "one consumer gets the jobs in publish order");
+        let lag = chrono::Utc::now() - d.enqueued_at.expect("the publish time travels with the job");
+        assert!(lag.num_seconds().abs() < 60, "lag {lag}");
         assert!(!d.redelivered);
         d.acker.ack().await.expect("ack");
         d.acker.ack().await.expect("a second ack is a no-op");

@@ -17,6 +17,7 @@ use glia_backends::{EventLog, JobQueue, Ledger};
 use glia_worker::Agent;
 use glia_worker::budget_gate::TenantCaps;
 use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
+use glia_worker::metrics::WorkerMetrics;
 use glia_providers::RateLimits;
 use glia_worker::provider::{Provider, ScriptLibrary};
 use tokio::sync::watch;
@@ -101,13 +102,17 @@ pub struct WorkerArgs {
     /// listed are uncapped), counted across the fleet in the ledger.
     #[arg(long, value_name = "FILE")]
     pub tenant_caps: Option<PathBuf>,
+    /// Serve this worker's Prometheus metrics (`/metrics`) and `/healthz`
+    /// on this address, e.g. `0.0.0.0:9464` (default: not served).
+    #[arg(long, env = "GLIA_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl WorkerArgs {
     /// The agent: scripts, or the real provider of `--provider` (with the
     /// fleet-wide rate limiter in Redis when `redis` is given: URL and key
     /// prefix). A missing API key fails before anything connects.
-    async fn agent(&self, redis: Option<(&str, &str)>) -> Result<Arc<Agent>> {
+    async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>) -> Result<Arc<Agent>> {
         if let Some(dir) = &self.replay {
             let recording = glia_replay::tau::load_dir(dir)?;
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
@@ -120,10 +125,20 @@ impl WorkerArgs {
                 let limits = RateLimits { requests_per_minute: self.rpm, input_tokens_per_minute: self.input_tpm, output_tokens_per_minute: self.output_tpm, resume_spacing_ms: None };
                 let prefix = redis.map(|(_, p)| format!("{p}:")).unwrap_or_default();
                 let limiter = redis.map(|(url, _)| (url, prefix.as_str(), limits));
-                self.provider.fleet_provider(kind, limiter).await?
+                self.provider.fleet_provider(kind, limiter, metrics).await?
             }
         };
         Ok(Arc::new(Agent::new(provider).with_tools(crate::demo::tools())))
+    }
+
+    /// Metric handles labelled with this worker's provider, the provider
+    /// adapter's own metrics registered alongside; `None` without
+    /// `--metrics-listen`.
+    fn metrics(&self) -> Option<(WorkerMetrics, glia_providers::ProviderMetrics)> {
+        self.metrics_listen?;
+        let mut m = WorkerMetrics::new(self.provider.provider.map_or("scripted", |k| k.name()));
+        let provider = glia_providers::ProviderMetrics::register(m.registry_mut());
+        Some((m, provider))
     }
 
     /// The `--tenant-caps` file, parsed (`None` without the flag).
@@ -229,6 +244,10 @@ pub struct DispatcherArgs {
     /// Seconds between reconciler passes.
     #[arg(long, default_value_t = 2)]
     pub reconcile_every: u64,
+    /// Ms between samples of the gauges read from Postgres and RabbitMQ
+    /// (runs by status, approvals, queue depth and consumers).
+    #[arg(long, env = "GLIA_METRICS_SAMPLE_MS", default_value_t = 5000)]
+    pub metrics_sample_ms: u64,
 }
 
 impl DispatcherArgs {
@@ -253,6 +272,7 @@ async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, shutdown: watch:
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     tokio::spawn(glia_dispatcher::relay(app.clone()));
     tokio::spawn(glia_dispatcher::reconcile(app.clone(), Duration::from_secs(args.reconcile_every.max(1))));
+    tokio::spawn(glia_dispatcher::sample(app.clone(), Duration::from_millis(args.metrics_sample_ms.max(100))));
     let mut stop = shutdown.clone();
     glia_dispatcher::serve(app, listener, async move {
         let _ = stop.wait_for(|s| *s).await;
@@ -271,11 +291,23 @@ pub async fn dispatcher(urls: Urls, args: DispatcherArgs) -> Result<()> {
 /// steps, release leases and exit.
 pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     let caps = args.tenant_caps()?;
-    let agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix))).await?;
+    let (metrics, provider_metrics) = args.metrics().unzip();
+    let agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics).await?;
     let ports = Ports::connect(&urls).await?;
     let agent = with_caps(agent, caps, &ports)?;
-    let worker = Arc::new(Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0)));
-    worker.run(shutdown_signal()).await;
+    let shutdown = shutdown_signal();
+    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0));
+    if let (Some(metrics), Some(addr)) = (metrics, args.metrics_listen) {
+        let metrics = Arc::new(metrics);
+        worker = worker.with_metrics(metrics.clone());
+        let listener = crate::observe::serve_metrics(addr, metrics, shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = listener.await {
+                tracing::error!("metrics endpoint: {e:#}");
+            }
+        });
+    }
+    Arc::new(worker).run(shutdown).await;
     Ok(())
 }
 
@@ -284,7 +316,7 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
 /// provider rate-limited through Redis).
 pub async fn dev(urls: Urls, services: bool, workers: usize, worker_args: WorkerArgs, dispatcher_args: DispatcherArgs) -> Result<()> {
     let caps = worker_args.tenant_caps()?;
-    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str()))).await?;
+    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str())), None).await?;
     let ports = if services { Ports::connect(&urls).await? } else { Ports::memory() };
     let agent = with_caps(agent, caps, &ports)?;
     let shutdown = shutdown_signal();

@@ -5,6 +5,7 @@ mod batch;
 mod client;
 mod demo;
 mod fleet;
+mod observe;
 mod provider;
 
 use std::path::PathBuf;
@@ -22,6 +23,9 @@ use glia_worker::{Agent, async_trait};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log format on stderr: `text` or `json` (one object per line, with the run id and seq).
+    #[arg(long, global = true, value_enum, env = "GLIA_LOG_FORMAT", default_value = "text")]
+    log_format: observe::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -115,7 +119,7 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
     // A batch draws a progress bar on stderr: only warnings go there too.
     let default_level = if matches!(cli.command, Command::Batch(_)) { "warn" } else { "info" };
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into())).with_writer(std::io::stderr).init();
+    let _telemetry = observe::init_logging(cli.log_format, default_level);
     match cli.command {
         Command::Run(args) => run(args).await,
         Command::Dispatcher { urls, args } => fleet::dispatcher(urls, args).await,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use glia_providers::http::{HttpProvider, Wire};
-use glia_providers::{PriceTable, ProviderConfig, ProviderKind, RateLimiter, RateLimits, RefusalIsolator};
+use glia_providers::{PriceTable, ProviderConfig, ProviderKind, ProviderMetrics, RateLimiter, RateLimits, RefusalIsolator};
 use glia_worker::provider::Provider;
 
 /// Options naming a real model provider.
@@ -72,9 +72,9 @@ impl ProviderArgs {
 
     /// A provider for a fleet worker: retries, refusal isolation, prices from
     /// `--prices` for runs whose config has none, and the fleet-wide rate
-    /// limiter when `limiter` is given. A missing key fails first, before
-    /// anything connects.
-    pub async fn fleet_provider(&self, kind: ProviderKind, limiter: Option<(&str, &str, RateLimits)>) -> Result<Arc<dyn Provider>> {
+    /// limiter when `limiter` is given, counted in `metrics` when given. A
+    /// missing key fails first, before anything connects.
+    pub async fn fleet_provider(&self, kind: ProviderKind, limiter: Option<(&str, &str, RateLimits)>, metrics: Option<ProviderMetrics>) -> Result<Arc<dyn Provider>> {
         let config = self.config(kind);
         config.api_key()?;
         let prices = self.price_table()?;
@@ -85,13 +85,17 @@ impl ProviderArgs {
             None => None,
         };
         Ok(match kind {
-            ProviderKind::Anthropic => assemble(glia_providers::anthropic_provider(&config)?, limiter, prices),
-            ProviderKind::Openai => assemble(glia_providers::openai_provider(&config)?, limiter, prices),
+            ProviderKind::Anthropic => assemble(glia_providers::anthropic_provider(&config)?, limiter, prices, metrics),
+            ProviderKind::Openai => assemble(glia_providers::openai_provider(&config)?, limiter, prices, metrics),
         })
     }
 }
 
-fn assemble<W: Wire>(provider: HttpProvider<W>, limiter: Option<Arc<RateLimiter>>, prices: Option<PriceTable>) -> Arc<dyn Provider> {
+fn assemble<W: Wire>(provider: HttpProvider<W>, limiter: Option<Arc<RateLimiter>>, prices: Option<PriceTable>, metrics: Option<ProviderMetrics>) -> Arc<dyn Provider> {
+    let provider = match metrics {
+        Some(m) => provider.with_metrics(m),
+        None => provider,
+    };
     let provider = match limiter {
         Some(l) => provider.with_rate_limiter(l),
         None => provider,

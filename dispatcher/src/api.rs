@@ -544,14 +544,19 @@ pub async fn list_approvals(State(app): State<App>, p: Principal, ApiQuery(q): A
     Ok(Json(ApprovalPage { approvals: app.log.approvals(&filter).await? }))
 }
 
+/// The approval row of `call_id` in run `run_id`, if the log has one.
+async fn approval_row(app: &App, run_id: Uuid, call_id: &str) -> Result<Option<ApprovalRow>, glia_backends::LogError> {
+    let filter = ApprovalFilter { run_id: Some(run_id), limit: app.limits.max_page, ..Default::default() };
+    Ok(app.log.approvals(&filter).await?.into_iter().find(|a| a.call_id == call_id))
+}
+
 async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, body: &DecisionBody) -> Result<Accepted, ApiError> {
     let run = visible_run(app, p, run_id).await?;
     let decision = body.to_decision()?;
     not_done(&run)?;
     let state = app.log.load(run_id).await?;
     let Some(call) = state.call(&call_id) else {
-        let filter = ApprovalFilter { run_id: Some(run_id), limit: app.limits.max_page, ..Default::default() };
-        let known = app.log.approvals(&filter).await?.iter().any(|a| a.call_id == call_id);
+        let known = approval_row(app, run_id, &call_id).await?.is_some();
         return Err(if known { ApiError::AlreadyDecided { run_id, call_id } } else { ApiError::CallNotFound { run_id, call_id } });
     };
     match call.approval {
@@ -569,6 +574,14 @@ async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, bod
         glia_backends::LogError::Duplicate { .. } => ApiError::AlreadyDecided { run_id, call_id: call_id.clone() },
         e => e.into(),
     })?;
+    if let Ok(Some(row)) = approval_row(app, run_id, &call_id).await {
+        let label = match &decision {
+            Decision::Approve => "approve",
+            Decision::Reject { .. } => "reject",
+            Decision::Edit { .. } => "edit",
+        };
+        app.metrics().approval_waited(label, chrono::Utc::now() - row.requested_at);
+    }
     Ok(Accepted { run_id, call_id: Some(call_id), inbox_ids: vec![id], kinds: vec![kind.into()], decision: Some(decision) })
 }
 

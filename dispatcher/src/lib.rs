@@ -52,7 +52,7 @@ use tokio::sync::Notify;
 
 pub use auth::{Auth, AuthError, OPEN_TENANT, Principal, Scope};
 pub use error::{ApiError, ErrorBody, ErrorDetail};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, sample};
 pub use relay::{RECONCILE_BATCH, ReconcileError, Reconciler, RelayError, reconcile, relay, relay_once};
 
 /// Size and pacing limits. [`Limits::default`] is what production uses.

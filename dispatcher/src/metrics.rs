@@ -13,6 +13,20 @@
 //! | `glia_dispatcher_relay_errors_total` | counter | – | failed relay passes |
 //! | `glia_dispatcher_jobs_reconciled_total` | counter | – | jobs re-enqueued by the reconciler |
 //! | `glia_dispatcher_sse_streams` | gauge | – | open SSE streams |
+//! | `glia_dispatcher_runs` | gauge | `status` (`runnable`, `parked`), `pull_point` (parked runs: `awaiting_approval`, `awaiting_tool`, `awaiting_input`, `paused`; else empty) | runs not done (sampled; ended runs are `glia_worker_runs_completed_total`) |
+//! | `glia_dispatcher_approvals_pending` | gauge | – | approvals waiting for a decision (sampled) |
+//! | `glia_dispatcher_approvals_overdue` | gauge | – | pending approvals past their deadline (sampled) |
+//! | `glia_dispatcher_approval_oldest_age_seconds` | gauge | – | age of the oldest pending approval (sampled) |
+//! | `glia_dispatcher_approval_wait_seconds` | histogram | `decision` (`approve`, `reject`, `edit`, `expired`) | approval requested → decided (or expired by the reconciler) |
+//! | `glia_dispatcher_queue_messages` | gauge | – | jobs ready in the run-job queue (sampled) |
+//! | `glia_dispatcher_queue_consumers` | gauge | – | consumers (workers) on the run-job queue (sampled; RabbitMQ only) |
+//! | `glia_dispatcher_queue_dead_lettered` | gauge | – | jobs in the dead-letter queue (sampled; RabbitMQ only) |
+//! | `glia_dispatcher_sample_errors_total` | counter | `source` (`log`, `queue`) | failed samples |
+//!
+//! The sampled gauges are refreshed by [`sample`] (every 5 s in `glia
+//! dispatcher`): one passive queue declare per queue and two counting
+//! queries, whatever the number of scrapes. With several dispatchers each
+//! reports the same fleet-wide values: aggregate them with `max`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -20,6 +34,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use glia_backends::RunGaugeKey;
+
+use crate::App;
 
 /// Labels of `http_requests_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -48,6 +68,34 @@ pub struct PayloadLabels {
     pub kind: String,
 }
 
+/// Labels of `runs`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunLabels {
+    /// `runnable`, `parked`.
+    pub status: String,
+    /// The pull point of parked runs, else empty.
+    pub pull_point: String,
+}
+
+/// Label `decision` of `approval_wait_seconds`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// `approve`, `reject`, `edit`, or `expired` (rejected or escalated by the reconciler).
+    pub decision: String,
+}
+
+/// Label `source` of `sample_errors_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    /// `log` or `queue`.
+    pub source: String,
+}
+
+fn wait_histogram() -> Histogram {
+    // 1 s … ~4.5 days.
+    Histogram::new(exponential_buckets(1.0, 3.0, 12))
+}
+
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 14))
 }
@@ -73,6 +121,24 @@ pub struct Metrics {
     pub jobs_reconciled: Counter,
     /// Open SSE streams.
     pub sse_streams: Gauge,
+    /// Runs not done, by status and pull point (sampled).
+    pub runs: Family<RunLabels, Gauge>,
+    /// Pending approvals (sampled).
+    pub approvals_pending: Gauge,
+    /// Pending approvals past their deadline (sampled).
+    pub approvals_overdue: Gauge,
+    /// Seconds the oldest pending approval has waited (sampled).
+    pub approval_oldest_age: Gauge<f64, AtomicU64>,
+    /// Seconds from approval request to decision, by decision.
+    pub approval_wait: Family<DecisionLabels, Histogram, fn() -> Histogram>,
+    /// Jobs ready in the run-job queue (sampled).
+    pub queue_messages: Gauge,
+    /// Consumers on the run-job queue (sampled).
+    pub queue_consumers: Gauge,
+    /// Jobs in the dead-letter queue (sampled).
+    pub queue_dead_lettered: Gauge,
+    /// Failed samples, by source.
+    pub sample_errors: Family<SourceLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -95,6 +161,15 @@ impl Metrics {
             relay_errors: Counter::default(),
             jobs_reconciled: Counter::default(),
             sse_streams: Gauge::default(),
+            runs: Family::default(),
+            approvals_pending: Gauge::default(),
+            approvals_overdue: Gauge::default(),
+            approval_oldest_age: Gauge::default(),
+            approval_wait: Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+            queue_messages: Gauge::default(),
+            queue_consumers: Gauge::default(),
+            queue_dead_lettered: Gauge::default(),
+            sample_errors: Family::default(),
             registry: Registry::default(),
         };
         registry.register("http_requests", "HTTP requests answered, by route template, method and status", m.http_requests.clone());
@@ -106,6 +181,15 @@ impl Metrics {
         registry.register("relay_errors", "Relay passes that failed (event log or queue unavailable)", m.relay_errors.clone());
         registry.register("jobs_reconciled", "Jobs re-enqueued by the reconciler for orphaned runs", m.jobs_reconciled.clone());
         registry.register("sse_streams", "Open SSE event streams", m.sse_streams.clone());
+        registry.register("runs", "Runs not done in the event log, by status and pull point (sampled)", m.runs.clone());
+        registry.register("approvals_pending", "Approvals waiting for a decision (sampled)", m.approvals_pending.clone());
+        registry.register("approvals_overdue", "Pending approvals past their deadline (sampled)", m.approvals_overdue.clone());
+        registry.register("approval_oldest_age_seconds", "Seconds the oldest pending approval has waited (sampled)", m.approval_oldest_age.clone());
+        registry.register("approval_wait_seconds", "Seconds from an approval request to its decision, by decision (expired: by the reconciler)", m.approval_wait.clone());
+        registry.register("queue_messages", "Jobs ready in the run-job queue (sampled)", m.queue_messages.clone());
+        registry.register("queue_consumers", "Consumers (workers) attached to the run-job queue (sampled)", m.queue_consumers.clone());
+        registry.register("queue_dead_lettered", "Jobs in the dead-letter queue (sampled)", m.queue_dead_lettered.clone());
+        registry.register("sample_errors", "Failed samples of the sampled gauges, by source (log, queue)", m.sample_errors.clone());
         Metrics { registry, ..m }
     }
 
@@ -114,11 +198,70 @@ impl Metrics {
         self.payloads_posted.get_or_create(&PayloadLabels { kind: kind.to_owned() }).inc();
     }
 
+    /// Observe an approval decided (or expired) `waited` after it was requested.
+    pub fn approval_waited(&self, decision: &str, waited: chrono::TimeDelta) {
+        let secs = waited.num_milliseconds().max(0) as f64 / 1000.0;
+        self.approval_wait.get_or_create(&DecisionLabels { decision: decision.to_owned() }).observe(secs);
+    }
+
     /// The OpenMetrics text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Every bucket of `runs`, so a bucket that empties reads 0 instead of
+/// keeping its last value.
+const RUN_BUCKETS: [(&str, &str); 5] = [("runnable", ""), ("parked", "awaiting_approval"), ("parked", "awaiting_tool"), ("parked", "awaiting_input"), ("parked", "paused")];
+
+/// Refresh the sampled gauges once: [`glia_backends::EventLog::gauges`] and
+/// [`glia_backends::JobQueue::stats`]. A failing source is counted in
+/// `sample_errors_total` and its gauges keep their last values.
+pub async fn sample_once(app: &App) {
+    let m = app.metrics();
+    match app.log.gauges(chrono::Utc::now()).await {
+        Ok(g) => {
+            for (status, pull_point) in RUN_BUCKETS {
+                let key = RunGaugeKey { status, pull_point: pull_point.to_owned() };
+                let n = g.runs.get(&key).copied().unwrap_or(0);
+                m.runs.get_or_create(&RunLabels { status: status.to_owned(), pull_point: pull_point.to_owned() }).set(n as i64);
+            }
+            m.approvals_pending.set(g.approvals_pending as i64);
+            m.approvals_overdue.set(g.approvals_overdue as i64);
+            m.approval_oldest_age.set(g.oldest_approval_age_seconds);
+        }
+        Err(e) => {
+            tracing::warn!("metrics: sampling the event log failed: {e}");
+            m.sample_errors.get_or_create(&SourceLabels { source: "log".into() }).inc();
+        }
+    }
+    match app.queue.stats().await {
+        Ok(q) => {
+            m.queue_messages.set(q.ready as i64);
+            if let Some(c) = q.consumers {
+                m.queue_consumers.set(c as i64);
+            }
+            if let Some(d) = q.dead_lettered {
+                m.queue_dead_lettered.set(d as i64);
+            }
+        }
+        Err(e) => {
+            tracing::warn!("metrics: sampling the job queue failed: {e}");
+            m.sample_errors.get_or_create(&SourceLabels { source: "queue".into() }).inc();
+        }
+    }
+}
+
+/// Refresh the sampled gauges every `every` ([`sample_once`]). Never
+/// returns; abort the task to stop it.
+pub async fn sample(app: App, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        sample_once(&app).await;
     }
 }

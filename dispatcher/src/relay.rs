@@ -189,6 +189,7 @@ impl Reconciler {
                 }
             }
             tracing::info!(run_id = %row.run_id, call_id = %row.call_id, action = ?state.config.on_approval_timeout, "approval expired");
+            self.app.metrics().approval_waited("expired", chrono::Utc::now() - row.requested_at);
             handled += 1;
         }
         Ok(handled)

@@ -28,7 +28,10 @@ use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
+use tracing::Instrument;
+
 use crate::agent::{Agent, AgentError, Clock, EventSink, SinkError, SystemClock};
+use crate::metrics::{RunObserver, WorkerMetrics};
 use crate::budget_gate::{BudgetGate, GateDecision, GateError, Spend, TenantCap, TenantCaps};
 
 /// How a worker runs.
@@ -65,6 +68,20 @@ pub enum Handled {
     Retry,
 }
 
+impl Handled {
+    /// `advanced`, `stale`, `held`, `gone`, `abandoned`, `retry`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Handled::Advanced(_) => "advanced",
+            Handled::Stale => "stale",
+            Handled::Held => "held",
+            Handled::Gone => "gone",
+            Handled::Abandoned => "abandoned",
+            Handled::Retry => "retry",
+        }
+    }
+}
+
 /// A worker: the agent plus the three ports.
 pub struct Worker {
     agent: Arc<Agent>,
@@ -72,12 +89,20 @@ pub struct Worker {
     queue: Arc<dyn JobQueue>,
     ledger: Arc<dyn Ledger>,
     options: WorkerOptions,
+    metrics: Option<Arc<WorkerMetrics>>,
 }
 
 impl Worker {
     /// A worker over these ports.
     pub fn new(agent: Arc<Agent>, log: Arc<dyn EventLog>, queue: Arc<dyn JobQueue>, ledger: Arc<dyn Ledger>, options: WorkerOptions) -> Self {
-        Worker { agent, log, queue, ledger, options }
+        Worker { agent, log, queue, ledger, options, metrics: None }
+    }
+
+    /// Count jobs, runs, model and tool calls in `metrics` (see
+    /// [`crate::metrics`]).
+    pub fn with_metrics(mut self, metrics: Arc<WorkerMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Consume jobs until `shutdown` turns true; then stop taking jobs, let
@@ -85,6 +110,9 @@ impl Worker {
     /// return.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let slots = Arc::new(Semaphore::new(self.options.concurrency.max(1)));
+        if let Some(m) = &self.metrics {
+            m.slots.set(self.options.concurrency.max(1) as i64);
+        }
         info!(worker = %self.options.id, concurrency = self.options.concurrency, "worker started");
         loop {
             let permit = tokio::select! {
@@ -98,11 +126,22 @@ impl Worker {
             match delivery {
                 Ok(delivery) => {
                     let me = self.clone();
-                    tokio::spawn(async move {
-                        let handled = me.handle(delivery).await;
-                        debug!(?handled, "job handled");
-                        drop(permit);
-                    });
+                    let span = tracing::info_span!("job", run_id = %delivery.job.run_id, head_seq = delivery.job.head_seq, worker = %self.options.id);
+                    tokio::spawn(
+                        async move {
+                            if let Some(m) = &me.metrics {
+                                m.busy_slots.inc();
+                            }
+                            let handled = me.handle(delivery).await;
+                            debug!(?handled, "job handled");
+                            if let Some(m) = &me.metrics {
+                                m.busy_slots.dec();
+                                m.job(handled.name());
+                            }
+                            drop(permit);
+                        }
+                        .instrument(span),
+                    );
                 }
                 Err(e) => {
                     warn!(error = %e, "job queue closed");
@@ -117,6 +156,9 @@ impl Worker {
     /// Handle one delivery: lease, ack, advance, release.
     pub async fn handle(&self, delivery: Delivery) -> Handled {
         let Job { run_id, head_seq } = delivery.job;
+        if let (Some(m), Some(at)) = (&self.metrics, delivery.enqueued_at) {
+            m.job_lag.observe((chrono::Utc::now() - at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6);
+        }
         let summary = match self.log.get_run(run_id).await {
             Ok(s) => s,
             Err(LogError::NotFound(_)) => return ack(delivery, Handled::Gone).await,
@@ -142,6 +184,12 @@ impl Worker {
                 return Handled::Retry;
             }
         };
+        if lease.taken_over {
+            info!(%run_id, "took over a lapsed lease");
+            if let Some(m) = &self.metrics {
+                m.lease_takeovers.inc();
+            }
+        }
         // Holding the lease, the job has done its part: ack now.
         let _ = delivery.acker.ack().await;
         let (stop_heartbeat, heartbeat) = self.heartbeat(lease.clone());
@@ -198,7 +246,14 @@ impl Worker {
                     return Handled::Abandoned;
                 }
             };
-            let mut sink = LogSink { log: self.log.clone(), ledger: self.ledger.clone(), lease: lease.clone(), buffer: Vec::new(), consumed: Vec::new() };
+            let mut sink = LogSink {
+                log: self.log.clone(),
+                ledger: self.ledger.clone(),
+                lease: lease.clone(),
+                buffer: Vec::new(),
+                consumed: Vec::new(),
+                observer: RunObserver::new(self.metrics.clone(), &state),
+            };
             let result = if let Some(item) = inbox.into_iter().next() {
                 sink.consumed.push(item.id);
                 let payload: Resume = item.payload;
@@ -267,11 +322,13 @@ struct LogSink {
     lease: Lease,
     buffer: Vec<Event>,
     consumed: Vec<i64>,
+    observer: RunObserver,
 }
 
 #[async_trait]
 impl EventSink for LogSink {
     async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
+        self.observer.record(event);
         self.buffer.push(event.clone());
         Ok(())
     }
@@ -293,6 +350,7 @@ impl EventSink for LogSink {
     }
 
     fn live(&self, event: &LiveEvent) {
+        self.observer.live(event);
         let ledger = self.ledger.clone();
         let run_id = self.lease.run_id;
         let event = event.clone();

@@ -8,7 +8,8 @@
 //! - [`compact`]: context compaction strategies;
 //! - [`planner`]: the single-step and model planners;
 //! - [`fleet`]: the job consumer of a `glia worker` process;
-//! - [`budget_gate`]: spend counted across runs (per-tenant daily caps).
+//! - [`budget_gate`]: spend counted across runs (per-tenant daily caps);
+//! - [`metrics`]: a worker's Prometheus metrics and GenAI spans, derived from recorded events.
 
 #![warn(missing_docs)]
 
@@ -17,6 +18,7 @@ pub mod budget_gate;
 pub mod compact;
 pub mod fleet;
 pub mod hooks;
+pub mod metrics;
 pub mod planner;
 pub mod policy;
 pub mod provider;

@@ -1,0 +1,529 @@
+//! A worker's Prometheus metrics (prometheus-client; OpenMetrics text served
+//! by `glia worker --metrics-listen ADDR` at `/metrics`), and the GenAI
+//! tracing spans of the runs it advances.
+//!
+//! Nothing here is called by the loop: [`RunObserver`] derives everything
+//! from the events the worker's sink records (and the live deltas it
+//! forwards), and [`crate::fleet::Worker`] counts its own job handling.
+//! Events are observed when the loop records them, so work that is
+//! abandoned (lease lost) and redone elsewhere is counted twice — as the
+//! model calls it made were.
+//!
+//! Labels are bounded: provider, model, tool, outcome and cause names —
+//! never a run, call or tenant id. prometheus-client appends `_total` to
+//! counters.
+//!
+//! | metric | type | labels | meaning |
+//! |---|---|---|---|
+//! | `glia_worker_runs_started_total` | counter | – | runs whose first step a worker recorded |
+//! | `glia_worker_runs_completed_total` | counter | `outcome` (`succeeded`, `failed`, `cancelled`) | runs ended |
+//! | `glia_worker_steps_total` | counter | – | plan steps ended |
+//! | `glia_worker_model_calls_total` | counter | `provider`, `model`, `outcome` (`ok`, `transient`, `failed`, `paused`) | model calls, after the provider's own retries |
+//! | `glia_worker_model_time_to_first_token_seconds` | histogram | `provider`, `model` | `model.call` → first streamed delta of the attempt that answered |
+//! | `glia_worker_model_duration_seconds` | histogram | `provider`, `model` | whole call (`model.response` `duration_ms`) |
+//! | `glia_worker_model_tokens_total` | counter | `provider`, `model`, `kind` (`input`, `output`, `cache_write`, `cache_read`) | tokens used |
+//! | `glia_worker_model_cost_usd_micros_total` | counter | `provider`, `model` | cost in USD micros (1 USD = 1,000,000) |
+//! | `glia_worker_model_retries_total` | counter | `provider`, `model`, `cause` | failed attempts retried (`model.retry`) |
+//! | `glia_worker_rate_limit_wait_seconds_total` | counter | `provider`, `model` | time waited before retrying a rate-limited attempt |
+//! | `glia_worker_tool_calls_total` | counter | `tool`, `outcome` (`ok` or the `tool.error` kind) | tool calls finished |
+//! | `glia_worker_tool_duration_seconds` | histogram | `tool` | active time of tools a worker ran |
+//! | `glia_worker_approvals_requested_total` | counter | `tool` | calls parked for a person |
+//! | `glia_worker_approvals_resolved_total` | counter | `decision` (`approve`, `reject`, `edit`) | decisions applied |
+//! | `glia_worker_budget_pauses_total` | counter | `limit` | runs paused by a budget limit |
+//! | `glia_worker_pauses_total` | counter | `pull_point` | runs parked, by pull point |
+//! | `glia_worker_jobs_total` | counter | `result` (`advanced`, `stale`, `held`, `gone`, `abandoned`, `retry`) | jobs handled |
+//! | `glia_worker_job_lag_seconds` | histogram | – | job published → taken by this worker |
+//! | `glia_worker_lease_takeovers_total` | counter | – | leases taken over after they lapsed unreleased |
+//! | `glia_worker_busy_slots` | gauge | – | jobs in hand |
+//! | `glia_worker_slots` | gauge | – | jobs this worker handles at once |
+//!
+//! Spans (through `tracing`; exported by OTLP when the binary is built with
+//! it) follow the OpenTelemetry GenAI semantic conventions: `chat {model}`
+//! per model call (`gen_ai.operation.name` = `chat`, `gen_ai.provider.name`,
+//! `gen_ai.request.model`, `gen_ai.usage.input_tokens`,
+//! `gen_ai.usage.output_tokens`, `gen_ai.response.finish_reasons`),
+//! `execute_tool {tool}` per tool call a worker runs (`gen_ai.tool.name`,
+//! `gen_ai.tool.call.id`, `error.type`), and `glia.step` per plan step (one
+//! span per job that advances the step: a step that parks ends its span)
+//! — all inside the worker's `job` span, which carries `run_id`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use glia_proto::{Decision, Disposition, Event, EventKind, LiveEvent, Outcome, RunState};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tracing::Span;
+use tracing::field::Empty;
+
+/// Labels of model metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// Provider: `scripted`, `anthropic`, `openai`.
+    pub provider: String,
+    /// Model name from the run's config.
+    pub model: String,
+}
+
+/// Labels of model metrics with one more dimension.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelOutcomeLabels {
+    /// Provider.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// `ok`, `transient`, `failed`, `paused`.
+    pub outcome: String,
+}
+
+/// Labels of `model_tokens_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    /// Provider.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// `input`, `output`, `cache_write`, `cache_read`.
+    pub kind: String,
+}
+
+/// Labels of `model_retries_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    /// Provider.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// Short failure label: `rate_limited`, `overloaded`, `server`, `network`, …
+    pub cause: String,
+}
+
+/// Labels of `tool_calls_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabels {
+    /// Tool name.
+    pub tool: String,
+    /// `ok` or the error kind (`failed`, `invalid_arguments`, `rejected`, …).
+    pub outcome: String,
+}
+
+/// One label, named by the metric (`tool`, `outcome`, `limit`, …).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolName {
+    /// Tool name.
+    pub tool: String,
+}
+
+/// Label `outcome`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `succeeded`, `failed`, `cancelled`.
+    pub outcome: String,
+}
+
+/// Label `decision`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabel {
+    /// `approve`, `reject`, `edit`.
+    pub decision: String,
+}
+
+/// Label `limit`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// The budget limit, e.g. `turns`, `cost_usd_micros`, `tenant_daily_cost`.
+    pub limit: String,
+}
+
+/// Label `pull_point`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PullPointLabel {
+    /// `awaiting_tool`, `awaiting_approval`, `awaiting_input`, `paused`.
+    pub pull_point: String,
+}
+
+/// Label `result`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabel {
+    /// What became of the job: `advanced`, `stale`, `held`, `gone`, `abandoned`, `retry`.
+    pub result: String,
+}
+
+type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn model_buckets() -> Histogram {
+    // 10 ms … ~5.5 min.
+    Histogram::new(exponential_buckets(0.01, 2.0, 16))
+}
+
+fn short_buckets() -> Histogram {
+    // 1 ms … ~16 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// The worker's metric handles and their registry. Share it in an `Arc`.
+pub struct WorkerMetrics {
+    registry: Registry,
+    provider: String,
+    /// Runs whose first step a worker recorded.
+    pub runs_started: Counter,
+    /// Runs ended, by outcome.
+    pub runs_completed: Family<OutcomeLabel, Counter>,
+    /// Plan steps ended.
+    pub steps: Counter,
+    /// Model calls by outcome.
+    pub model_calls: Family<ModelOutcomeLabels, Counter>,
+    /// Seconds from `model.call` to the first streamed delta.
+    pub model_ttft: Hist<ModelLabels>,
+    /// Seconds a model call took.
+    pub model_duration: Hist<ModelLabels>,
+    /// Tokens by kind.
+    pub model_tokens: Family<TokenLabels, Counter>,
+    /// Cost in USD micros.
+    pub model_cost: Family<ModelLabels, Counter>,
+    /// Retried attempts by cause.
+    pub model_retries: Family<RetryLabels, Counter>,
+    /// Seconds waited before retrying rate-limited attempts.
+    pub rate_limit_wait: Family<ModelLabels, Counter<f64>>,
+    /// Tool calls by tool and outcome.
+    pub tool_calls: Family<ToolLabels, Counter>,
+    /// Seconds of tool execution.
+    pub tool_duration: Hist<ToolName>,
+    /// Approvals requested, by tool.
+    pub approvals_requested: Family<ToolName, Counter>,
+    /// Approvals resolved, by decision.
+    pub approvals_resolved: Family<DecisionLabel, Counter>,
+    /// Budget pauses by limit.
+    pub budget_pauses: Family<LimitLabel, Counter>,
+    /// Runs parked, by pull point.
+    pub pauses: Family<PullPointLabel, Counter>,
+    /// Jobs handled, by result.
+    pub jobs: Family<JobLabel, Counter>,
+    /// Seconds from publish to take.
+    pub job_lag: Histogram,
+    /// Lapsed leases taken over.
+    pub lease_takeovers: Counter,
+    /// Jobs in hand.
+    pub busy_slots: Gauge,
+    /// Jobs handled at once.
+    pub slots: Gauge,
+}
+
+impl WorkerMetrics {
+    /// Fresh handles, registered under `glia_worker_`; `provider` labels
+    /// every model metric (a worker talks to one provider: `scripted`,
+    /// `anthropic`, `openai`).
+    pub fn new(provider: &str) -> WorkerMetrics {
+        let mut registry = Registry::with_prefix("glia_worker");
+        let m = WorkerMetrics {
+            registry: Registry::default(),
+            provider: provider.to_owned(),
+            runs_started: Counter::default(),
+            runs_completed: Family::default(),
+            steps: Counter::default(),
+            model_calls: Family::default(),
+            model_ttft: Family::new_with_constructor(model_buckets as fn() -> Histogram),
+            model_duration: Family::new_with_constructor(model_buckets as fn() -> Histogram),
+            model_tokens: Family::default(),
+            model_cost: Family::default(),
+            model_retries: Family::default(),
+            rate_limit_wait: Family::default(),
+            tool_calls: Family::default(),
+            tool_duration: Family::new_with_constructor(short_buckets as fn() -> Histogram),
+            approvals_requested: Family::default(),
+            approvals_resolved: Family::default(),
+            budget_pauses: Family::default(),
+            pauses: Family::default(),
+            jobs: Family::default(),
+            job_lag: short_buckets(),
+            lease_takeovers: Counter::default(),
+            busy_slots: Gauge::default(),
+            slots: Gauge::default(),
+        };
+        let r = &mut registry;
+        r.register("runs_started", "Runs whose first step a worker recorded", m.runs_started.clone());
+        r.register("runs_completed", "Runs ended, by outcome (succeeded, failed, cancelled)", m.runs_completed.clone());
+        r.register("steps", "Plan steps ended", m.steps.clone());
+        r.register("model_calls", "Model calls by provider, model and outcome (ok, transient, failed, paused), after provider retries", m.model_calls.clone());
+        r.register("model_time_to_first_token_seconds", "Seconds from the model call to the first streamed delta of the attempt that answered", m.model_ttft.clone());
+        r.register("model_duration_seconds", "Seconds a model call took, retries included", m.model_duration.clone());
+        r.register("model_tokens", "Tokens used by model calls, by kind (input, output, cache_write, cache_read)", m.model_tokens.clone());
+        r.register("model_cost_usd_micros", "Cost of model calls in USD micros (1 USD = 1,000,000)", m.model_cost.clone());
+        r.register("model_retries", "Failed model call attempts that were retried, by cause", m.model_retries.clone());
+        r.register("rate_limit_wait_seconds", "Seconds waited before retrying rate-limited model call attempts", m.rate_limit_wait.clone());
+        r.register("tool_calls", "Tool calls finished, by tool and outcome (ok or the tool.error kind)", m.tool_calls.clone());
+        r.register("tool_duration_seconds", "Seconds of tool execution on the worker, by tool", m.tool_duration.clone());
+        r.register("approvals_requested", "Tool calls parked for a person's approval, by tool", m.approvals_requested.clone());
+        r.register("approvals_resolved", "Approval decisions applied to runs, by decision", m.approvals_resolved.clone());
+        r.register("budget_pauses", "Runs paused because a budget limit was reached, by limit", m.budget_pauses.clone());
+        r.register("pauses", "Runs parked, by pull point", m.pauses.clone());
+        r.register("jobs", "Jobs handled, by result (advanced, stale, held, gone, abandoned, retry)", m.jobs.clone());
+        r.register("job_lag_seconds", "Seconds from a job's publication to a worker taking it", m.job_lag.clone());
+        r.register("lease_takeovers", "Run leases taken over after their holder let them lapse", m.lease_takeovers.clone());
+        r.register("busy_slots", "Jobs this worker has in hand", m.busy_slots.clone());
+        r.register("slots", "Jobs this worker handles at once (its concurrency)", m.slots.clone());
+        WorkerMetrics { registry, ..m }
+    }
+
+    /// The registry, to add more metrics (e.g. the providers' own) before the
+    /// handles are shared.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// The OpenMetrics text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Count one handled job.
+    pub fn job(&self, result: &str) {
+        self.jobs.get_or_create(&JobLabel { result: result.to_owned() }).inc();
+    }
+
+    fn model(&self, model: &str) -> ModelLabels {
+        ModelLabels { provider: self.provider.clone(), model: model.to_owned() }
+    }
+
+    fn model_call(&self, model: &str, outcome: &str) {
+        self.model_calls.get_or_create(&ModelOutcomeLabels { provider: self.provider.clone(), model: model.to_owned(), outcome: outcome.to_owned() }).inc();
+    }
+}
+
+/// The model call in flight, between `model.call` and its end.
+struct InFlight {
+    started: Instant,
+    first_token: Option<Duration>,
+    span: Span,
+}
+
+/// Watches one run's recorded events and live deltas for a worker: counts
+/// them in [`WorkerMetrics`] (when given), logs each at debug level with its
+/// `seq`, and opens and closes the GenAI spans (see the module docs).
+pub struct RunObserver {
+    metrics: Option<Arc<WorkerMetrics>>,
+    provider: String,
+    model: String,
+    /// Tool name by call id: the calls pending when the observer was made,
+    /// and those recorded since.
+    tools: HashMap<String, String>,
+    in_flight: Mutex<Option<InFlight>>,
+    step: Option<Span>,
+    tool_spans: HashMap<String, (Span, Instant)>,
+}
+
+impl RunObserver {
+    /// An observer of the run in `state` (its model and pending calls).
+    pub fn new(metrics: Option<Arc<WorkerMetrics>>, state: &RunState) -> RunObserver {
+        let provider = metrics.as_ref().map_or_else(String::new, |m| m.provider.clone());
+        RunObserver {
+            metrics,
+            provider,
+            model: state.config.model.clone(),
+            tools: state.batch.iter().map(|c| (c.call_id.clone(), c.name.clone())).collect(),
+            in_flight: Mutex::new(None),
+            step: None,
+            tool_spans: HashMap::new(),
+        }
+    }
+
+    /// The span a model or tool call belongs to: the current step's, else
+    /// the current one (the worker's `job` span).
+    fn parent(&self) -> Option<tracing::Id> {
+        self.step.as_ref().and_then(Span::id).or_else(|| Span::current().id())
+    }
+
+    fn tool_name(&self, call_id: &str) -> String {
+        self.tools.get(call_id).cloned().unwrap_or_else(|| "unknown".into())
+    }
+
+    /// Observe one recorded event.
+    pub fn record(&mut self, event: &Event) {
+        tracing::debug!(target: "glia_worker::run", seq = event.seq, event = event.kind.name(), "recorded");
+        let m = self.metrics.clone();
+        let m = m.as_deref();
+        if event.seq == 2
+            && let Some(m) = m
+        {
+            m.runs_started.inc();
+        }
+        match &event.kind {
+            EventKind::StepStart { index, description, .. } => {
+                self.step = Some(tracing::info_span!("glia.step", "glia.step.index" = index, "glia.step.description" = %description));
+            }
+            EventKind::StepEnd { .. } => {
+                self.step = None;
+                if let Some(m) = m {
+                    m.steps.inc();
+                }
+            }
+            EventKind::ModelCall { model, .. } => {
+                self.model.clone_from(model);
+                let span = tracing::info_span!(
+                    parent: self.parent(),
+                    "chat",
+                    otel.name = %format!("chat {model}"),
+                    "gen_ai.operation.name" = "chat",
+                    "gen_ai.provider.name" = %self.provider,
+                    "gen_ai.request.model" = %model,
+                    "gen_ai.usage.input_tokens" = Empty,
+                    "gen_ai.usage.output_tokens" = Empty,
+                    "gen_ai.response.finish_reasons" = Empty,
+                    "error.type" = Empty,
+                );
+                *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some(InFlight { started: Instant::now(), first_token: None, span });
+            }
+            EventKind::ModelRetry(retry) => {
+                if let Some(m) = m {
+                    m.model_retries.get_or_create(&RetryLabels { provider: self.provider.clone(), model: self.model.clone(), cause: retry.cause.clone() }).inc();
+                    if retry.cause == "rate_limited" {
+                        m.rate_limit_wait.get_or_create(&m.model(&self.model)).inc_by(retry.delay_ms as f64 / 1000.0);
+                    }
+                }
+            }
+            EventKind::ModelResponse { usage, stop_reason, duration_ms, cost_usd_micros, .. } => {
+                let call = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(call) = &call {
+                    call.span.record("gen_ai.usage.input_tokens", usage.input_tokens);
+                    call.span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+                    call.span.record("gen_ai.response.finish_reasons", stop_reason.as_str());
+                }
+                if let Some(m) = m {
+                    let labels = m.model(&self.model);
+                    m.model_call(&self.model, "ok");
+                    m.model_duration.get_or_create(&labels).observe(*duration_ms as f64 / 1000.0);
+                    if let Some(ttft) = call.and_then(|c| c.first_token) {
+                        m.model_ttft.get_or_create(&labels).observe(ttft.as_secs_f64());
+                    }
+                    m.model_cost.get_or_create(&labels).inc_by(*cost_usd_micros);
+                    for (kind, n) in [
+                        ("input", usage.input_tokens),
+                        ("output", usage.output_tokens),
+                        ("cache_write", usage.cache_write_tokens),
+                        ("cache_read", usage.cache_read_tokens),
+                    ] {
+                        m.model_tokens.get_or_create(&TokenLabels { provider: self.provider.clone(), model: self.model.clone(), kind: kind.into() }).inc_by(n);
+                    }
+                }
+            }
+            EventKind::Error { fatal, message } => {
+                tracing::warn!(target: "glia_worker::run", seq = event.seq, fatal, %message, "run error recorded");
+                self.end_model_call(m, if *fatal { "failed" } else { "transient" });
+            }
+            EventKind::ToolCall(call) => {
+                self.tools.insert(call.call_id.clone(), call.name.clone());
+                if matches!(call.disposition, Disposition::Run { .. }) {
+                    let span = tracing::info_span!(
+                        parent: self.parent(),
+                        "execute_tool",
+                        otel.name = %format!("execute_tool {}", call.name),
+                        "gen_ai.operation.name" = "execute_tool",
+                        "gen_ai.tool.name" = %call.name,
+                        "gen_ai.tool.call.id" = %call.call_id,
+                        "error.type" = Empty,
+                    );
+                    self.tool_spans.insert(call.call_id.clone(), (span, Instant::now()));
+                }
+            }
+            EventKind::ToolResult { call_id, duration_ms, .. } => {
+                let tool = self.tool_name(call_id);
+                let ran = self.tool_spans.remove(call_id).is_some();
+                if let Some(m) = m {
+                    m.tool_calls.get_or_create(&ToolLabels { tool: tool.clone(), outcome: "ok".into() }).inc();
+                    if ran {
+                        m.tool_duration.get_or_create(&ToolName { tool }).observe(*duration_ms as f64 / 1000.0);
+                    }
+                }
+            }
+            EventKind::ToolError { call_id, error, duration_ms, .. } => {
+                let tool = self.tool_name(call_id);
+                let kind = serde_json::to_value(error).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_else(|| "unknown".into());
+                let ran = self.tool_spans.remove(call_id).inspect(|(span, _)| {
+                    span.record("error.type", kind.as_str());
+                });
+                if let Some(m) = m {
+                    m.tool_calls.get_or_create(&ToolLabels { tool: tool.clone(), outcome: kind }).inc();
+                    if ran.is_some() {
+                        m.tool_duration.get_or_create(&ToolName { tool }).observe(*duration_ms as f64 / 1000.0);
+                    }
+                }
+            }
+            EventKind::ApprovalRequested { tool, .. } => {
+                if let Some(m) = m {
+                    m.approvals_requested.get_or_create(&ToolName { tool: tool.clone() }).inc();
+                }
+            }
+            EventKind::ApprovalResolved { decision, .. } => {
+                let decision = match decision {
+                    Decision::Approve => "approve",
+                    Decision::Reject { .. } => "reject",
+                    _ => "edit",
+                };
+                if let Some(m) = m {
+                    m.approvals_resolved.get_or_create(&DecisionLabel { decision: decision.into() }).inc();
+                }
+            }
+            EventKind::BudgetWarn { limit, .. } => {
+                if let Some(m) = m {
+                    m.budget_pauses.get_or_create(&LimitLabel { limit: limit.to_string() }).inc();
+                }
+            }
+            EventKind::SessionPause { pull_point } => {
+                tracing::info!(target: "glia_worker::run", seq = event.seq, pull_point = pull_point.name(), "run parked");
+                // A spend cap or a rejected key pauses the run mid-call.
+                self.end_model_call(m, "paused");
+                if let Some(m) = m {
+                    m.pauses.get_or_create(&PullPointLabel { pull_point: pull_point.name().into() }).inc();
+                }
+            }
+            EventKind::SessionCancel { .. } => self.completed(m, event.seq, "cancelled"),
+            EventKind::SessionComplete { outcome } => {
+                let outcome = match outcome {
+                    Outcome::Succeeded { .. } => "succeeded",
+                    Outcome::Failed { .. } => "failed",
+                    Outcome::Cancelled { .. } => "cancelled",
+                };
+                self.completed(m, event.seq, outcome);
+            }
+            _ => {}
+        }
+    }
+
+    fn completed(&mut self, m: Option<&WorkerMetrics>, seq: u64, outcome: &str) {
+        tracing::info!(target: "glia_worker::run", seq, outcome, "run ended");
+        self.step = None;
+        if let Some(m) = m {
+            m.runs_completed.get_or_create(&OutcomeLabel { outcome: outcome.into() }).inc();
+        }
+    }
+
+    /// A model call in flight ended without an answer.
+    fn end_model_call(&self, m: Option<&WorkerMetrics>, outcome: &str) {
+        let Some(call) = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        call.span.record("error.type", outcome);
+        if let Some(m) = m {
+            m.model_call(&self.model, outcome);
+            m.model_duration.get_or_create(&m.model(&self.model)).observe(call.started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Observe one live event: the first delta of a call is its time to
+    /// first token; a discard (the attempt failed) starts that over.
+    pub fn live(&self, event: &LiveEvent) {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(call) = in_flight.as_mut() else { return };
+        match event {
+            LiveEvent::ModelDelta { .. } if call.first_token.is_none() => call.first_token = Some(call.started.elapsed()),
+            LiveEvent::ModelDiscard { .. } => call.first_token = None,
+            _ => {}
+        }
+    }
+}
