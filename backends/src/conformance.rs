@@ -60,7 +60,7 @@ pub fn sample_log() -> SampleLog {
             idempotency_key: format!("{run_id}:c1"),
             disposition: Disposition::Approval,
         }),
-        EventKind::ApprovalRequested { call_id: "c1".into(), tool: "refund".into(), input, args_hash: hash.clone(), expires_at: None },
+        EventKind::ApprovalRequested { call_id: "c1".into(), tool: "refund".into(), input, args_hash: hash.clone(), expires_at: None, interrupted: false },
         EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: vec!["c1".into()] } },
     ];
     let rest = vec![
@@ -178,7 +178,7 @@ pub async fn inbox_and_approvals(log: &dyn EventLog) {
     let pending = log.approvals(&filter).await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!((pending[0].call_id.as_str(), pending[0].tool.as_str()), ("c1", "refund"));
-    let decision = Resume::Approval { call_id: "c1".into(), args_hash: pending[0].args_hash.clone(), decision: Decision::Approve, by: None };
+    let decision = Resume::Approval { call_id: "c1".into(), args_hash: pending[0].args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
     let id = log.post(s.run_id, decision.clone()).await.unwrap();
     assert!(matches!(log.post(s.run_id, decision.clone()).await, Err(LogError::Duplicate { .. })), "the first decision wins");
     assert!(log.approvals(&filter).await.unwrap().is_empty(), "decided approvals leave the pending queue");

@@ -415,12 +415,15 @@ pub struct LogGauges {
     pub oldest_approval_age_seconds: f64,
 }
 
-/// The dedupe key of a payload: approvals and external results are accepted
-/// once per call; other payloads are not deduplicated. An approval's key
-/// carries the arguments hash too, so a later call that reuses a call id
-/// (some providers number ids per response) can still be decided.
+/// The dedupe key of a payload: approvals are accepted once per approval
+/// request (its `request_seq`; without one, per call and arguments hash),
+/// external results once per call; other payloads are not deduplicated. So
+/// a call that is asked about again (after a crash), or a later call that
+/// reuses a call id (some providers number ids per response), can still be
+/// decided.
 pub fn dedupe_key(payload: &Resume) -> Option<String> {
     match payload {
+        Resume::Approval { call_id, request_seq: Some(seq), .. } => Some(format!("approval:{call_id}:{seq}")),
         Resume::Approval { call_id, args_hash, .. } => Some(format!("approval:{call_id}:{args_hash}")),
         Resume::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
         _ => None,

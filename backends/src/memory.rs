@@ -194,7 +194,7 @@ impl EventLog for MemoryLog {
         let tenant = r.summary.tenant.clone();
         for e in events {
             match &e.kind {
-                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at } => inner.approvals.push(ApprovalRow {
+                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, .. } => inner.approvals.push(ApprovalRow {
                     run_id,
                     tenant: tenant.clone(),
                     call_id: call_id.clone(),

@@ -894,7 +894,7 @@ impl EventLog for PgLog {
         let mut resolved: Vec<&str> = Vec::new();
         for e in events {
             match &e.kind {
-                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at } => {
+                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, .. } => {
                     expires.push(*expires_at);
                     calls.push(call_id.as_str());
                     tools.push(tool.as_str());

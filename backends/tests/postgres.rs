@@ -330,7 +330,7 @@ async fn concurrent_approval_decisions_one_is_accepted() {
         .map(|i| {
             let (log, barrier) = (log.clone(), barrier.clone());
             let decision = if i % 2 == 0 { Decision::Approve } else { Decision::Reject { reason: format!("no ({i})") } };
-            let payload = Resume::Approval { call_id: "c1".into(), args_hash: hash.clone(), decision, by: Some(format!("person {i}")) };
+            let payload = Resume::Approval { call_id: "c1".into(), args_hash: hash.clone(), decision, by: Some(format!("person {i}")), request_seq: None };
             tokio::spawn(async move {
                 barrier.wait().await;
                 (payload.clone(), log.post(s.run_id, payload).await)

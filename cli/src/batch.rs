@@ -216,9 +216,10 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
                     EventKind::ModelResponse { .. } => summary.model_calls += 1,
                     EventKind::ToolCall(_) => summary.tool_calls += 1,
                     EventKind::ToolResult { .. } | EventKind::ToolError { .. } => summary.tool_results += 1,
-                    EventKind::ApprovalResolved { call_id, args_hash, .. } => {
+                    EventKind::ApprovalResolved { call_id, .. } => {
                         summary.approvals += 1;
-                        if let Some(posted) = t.posted.remove(&format!("{call_id}:{args_hash}")) {
+                        let request = t.state.call(call_id).and_then(|c| c.requested_seq).unwrap_or(0);
+                        if let Some(posted) = t.posted.remove(&format!("{call_id}@{request}")) {
                             latencies_ms.push((event.at - posted).num_microseconds().unwrap_or(0) as f64 / 1000.0);
                         }
                     }
@@ -250,12 +251,13 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
                     let mut all = true;
                     for call_id in call_ids {
                         let Some(call) = t.state.call(&call_id) else { continue };
-                        let first_seen = *t.seen.entry(format!("{call_id}:{}", call.args_hash)).or_insert_with(Instant::now);
+                        // One approval request of the call (a crash may ask again).
+                        let key = format!("{call_id}@{}", call.requested_seq.unwrap_or(0));
+                        let first_seen = *t.seen.entry(key.clone()).or_insert_with(Instant::now);
                         if first_seen.elapsed() < delay {
                             all = false;
                             continue;
                         }
-                        let key = format!("{call_id}:{}", call.args_hash);
                         if t.posted.contains_key(&key) {
                             continue;
                         }

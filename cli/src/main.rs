@@ -2,6 +2,7 @@
 //! library crates.
 
 mod batch;
+mod bench;
 mod client;
 mod demo;
 mod fleet;
@@ -74,6 +75,10 @@ enum Command {
     /// dispatcher at --server), as their customers and approvers; print a
     /// summary. Fails when a run diverged from its recording or failed.
     Batch(batch::BatchArgs),
+    /// Measure the fleet on the real services (see BENCHMARKS.md); prints
+    /// JSON.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[derive(clap::Args)]
@@ -129,6 +134,7 @@ async fn main() -> Result<()> {
         Command::Runs(cmd) => client::runs(cmd).await,
         Command::Approvals(cmd) => client::approvals(cmd).await,
         Command::Batch(args) => batch::batch(args).await,
+        Command::Bench(cmd) => bench::bench(cmd).await,
     }
 }
 
@@ -193,7 +199,7 @@ async fn run(args: RunArgs) -> Result<()> {
                     Some(reason) => Decision::Reject { reason: reason.clone() },
                     None => Decision::Approve,
                 };
-                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision, by: Some("cli".into()) }
+                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision, by: Some("cli".into()), request_seq: None }
             }
             PullPoint::AwaitingTool { call_ids } => match tool_results.next() {
                 Some(content) => Resume::ToolResult { call_id: call_ids[0].clone(), content, is_error: false },

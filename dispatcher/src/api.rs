@@ -569,7 +569,7 @@ async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, bod
     {
         return Err(ApiError::StaleArgs { expected: call.args_hash.clone(), got: got.clone() });
     }
-    let payload = Resume::Approval { call_id: call_id.clone(), args_hash: call.args_hash.clone(), decision: decision.clone(), by: Some(p.by()) };
+    let payload = Resume::Approval { call_id: call_id.clone(), args_hash: call.args_hash.clone(), decision: decision.clone(), by: Some(p.by()), request_seq: call.requested_seq };
     let (id, kind) = post(app, run_id, payload).await.map_err(|e| match e {
         glia_backends::LogError::Duplicate { .. } => ApiError::AlreadyDecided { run_id, call_id: call_id.clone() },
         e => e.into(),

@@ -135,7 +135,7 @@ foreign_schema!(
             "tools": {"type": ["array", "null"], "items": {"type": "string"}, "description": "Registered tools this run may call; null = all."},
             "external_tools": {"type": "array", "items": {"type": "object", "required": ["name", "description", "input_schema"], "properties": {
                 "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": {"type": "string"}, "input_schema": {"type": "object"},
-                "idempotent": {"type": "boolean"}, "timeout_ms": {"type": "integer", "minimum": 0}, "external": {"type": "boolean"}}}},
+                "idempotent": {"type": "boolean"}, "timeout_ms": {"type": "integer", "minimum": 0}, "external": {"type": "boolean"}, "return_direct": {"type": "boolean", "description": "A successful call ends the run with its result (a hand-off)."}}}},
             "policies": {"type": "array", "items": {"type": "object", "required": ["tool", "action"], "properties": {
                 "tool": {"type": "string"}, "args": {"type": ["string", "null"], "description": "Regex over the arguments' canonical JSON."},
                 "action": {"type": "object", "required": ["kind"], "properties": {"kind": {"enum": ["allow", "deny", "require_approval", "remind"]}, "reason": {"type": "string"}, "text": {"type": "string"}}}}}},
@@ -148,7 +148,8 @@ foreign_schema!(
             "pricing": {"type": ["object", "null"]},
             "max_tokens": {"type": "integer", "minimum": 1},
             "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "description": "How long an approval may wait, ms; null waits forever."},
-            "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."}
+            "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."},
+            "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."}
         }
     }));
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use glia_backends::{ApprovalFilter, Job, LogError, QueueError};
-use glia_proto::{ApprovalTimeout, Decision, Resume};
+use glia_proto::{ApprovalStatus, ApprovalTimeout, Decision, Resume};
 use uuid::Uuid;
 
 use crate::App;
@@ -181,7 +181,10 @@ impl Reconciler {
                 ApprovalTimeout::Escalate => self.app.log.escalate(row.run_id, &row.call_id).await?,
                 ApprovalTimeout::Reject => {
                     let decision = Decision::Reject { reason: "the approval expired before anyone decided".into() };
-                    let payload = Resume::Approval { call_id: row.call_id.clone(), args_hash: row.args_hash.clone(), decision, by: Some("reconciler".into()) };
+                    // The request it answers: the call's pending one, when
+                    // the run still waits on it.
+                    let request_seq = state.call(&row.call_id).filter(|c| c.approval == ApprovalStatus::Requested).and_then(|c| c.requested_seq);
+                    let payload = Resume::Approval { call_id: row.call_id.clone(), args_hash: row.args_hash.clone(), decision, by: Some("reconciler".into()), request_seq };
                     match self.app.log.post(row.run_id, payload).await {
                         Ok(_) | Err(LogError::Duplicate { .. }) => self.app.wake_relay(),
                         Err(e) => return Err(e),

@@ -57,7 +57,7 @@ async fn a_decision_is_posted_bound_to_the_pending_hash_and_the_first_wins() {
     assert_eq!(inbox.len(), 1);
     assert_eq!(
         inbox[0].payload,
-        Resume::Approval { call_id: "c1".into(), args_hash: args_hash(&input), decision: Decision::Approve, by: Some("ana".into()) }
+        Resume::Approval { call_id: "c1".into(), args_hash: args_hash(&input), decision: Decision::Approve, by: Some("ana".into()), request_seq: h.log.load(id).await.unwrap().call("c1").unwrap().requested_seq }
     );
     assert_eq!(snapshot(&h).await.outbox, outbox_before + 1, "the post wrote a job");
     // A second decision: 409, nothing written.
@@ -179,7 +179,7 @@ async fn three_parallel_calls_decided_out_of_order_each_bind_to_their_own_call()
     // A worker applying them in inbox order (whatever it is) ends with each call decided as asked.
     let mut kinds = Vec::new();
     for item in &inbox {
-        let Resume::Approval { call_id, args_hash, decision, by } = item.payload.clone() else { unreachable!() };
+        let Resume::Approval { call_id, args_hash, decision, by, request_seq: Some(_) } = item.payload.clone() else { unreachable!() };
         kinds.push(EventKind::ApprovalResolved { call_id, args_hash, decision, by });
     }
     let ids: Vec<i64> = inbox.iter().map(|i| i.id).collect();

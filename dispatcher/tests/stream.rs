@@ -168,7 +168,7 @@ fn park_for_approval_kinds(run_id: Uuid, calls: &[(&str, &str, Value)], out: &mu
             idempotency_key: format!("{run_id}:{id}"),
             disposition: Disposition::Approval,
         }));
-        out.push(EventKind::ApprovalRequested { call_id: (*id).into(), tool: (*name).into(), input: input.clone(), args_hash: args_hash(input), expires_at: None });
+        out.push(EventKind::ApprovalRequested { call_id: (*id).into(), tool: (*name).into(), input: input.clone(), args_hash: args_hash(input), expires_at: None, interrupted: false });
     }
     out.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: calls.iter().map(|c| c.0.to_owned()).collect() } });
 }

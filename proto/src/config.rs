@@ -52,6 +52,23 @@ pub struct RunConfig {
     pub approval_timeout_ms: Option<u64>,
     /// What the reconciler does with an approval past its deadline.
     pub on_approval_timeout: ApprovalTimeout,
+    /// What happens to a non-idempotent call whose worker died while it ran
+    /// (an idempotent one simply runs again with the same idempotency key).
+    pub on_interrupted_call: InterruptedCall,
+}
+
+/// What happens to a non-idempotent tool call a crash interrupted: it was
+/// cleared and started, and nobody knows whether it took effect.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InterruptedCall {
+    /// Give the model an `outcome_unknown` error result at once.
+    #[default]
+    OutcomeUnknown,
+    /// Ask a person (`approval.requested` with `interrupted: true`): approve
+    /// to run it again after checking it did not take effect, reject to give
+    /// the model the `outcome_unknown` result.
+    RequireApproval,
 }
 
 /// What happens to an approval nobody decided in time.
@@ -83,6 +100,7 @@ impl Default for RunConfig {
             max_tokens: 4096,
             approval_timeout_ms: None,
             on_approval_timeout: ApprovalTimeout::Reject,
+            on_interrupted_call: InterruptedCall::OutcomeUnknown,
         }
     }
 }

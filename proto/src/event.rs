@@ -164,6 +164,11 @@ pub enum EventKind {
         /// When the approval expires (`RunConfig::approval_timeout_ms`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expires_at: Option<DateTime<Utc>>,
+        /// The call was cleared and started, then its worker died before a
+        /// result (`RunConfig::on_interrupted_call`): approving runs it again,
+        /// rejecting leaves its outcome unknown.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        interrupted: bool,
     },
     /// A person decided.
     #[serde(rename = "approval.resolved")]
@@ -600,6 +605,12 @@ pub enum Resume {
         /// Who decided.
         #[serde(default)]
         by: Option<String>,
+        /// The `seq` of the `approval.requested` this decision answers (the
+        /// dispatcher fills it in): a decision on an earlier request of the
+        /// same call is refused, and concurrent decisions are deduplicated
+        /// per request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_seq: Option<u64>,
     },
     /// The result of an external tool call waiting at `awaiting_tool`.
     ToolResult {

@@ -74,6 +74,13 @@ pub struct PendingCall {
     /// Set by `tool.result` / `tool.error`: the text the model sees, and whether
     /// it is an error.
     pub result: Option<(String, bool)>,
+    /// Seq of the call's latest `approval.requested`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_seq: Option<u64>,
+    /// A crash interrupted the call and a person was asked whether to run it
+    /// again (`approval.requested` with `interrupted`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 impl PendingCall {
@@ -85,7 +92,8 @@ impl PendingCall {
         }
         match &self.disposition {
             None => true,
-            Some(Disposition::Run { .. }) | Some(Disposition::Refused { .. }) => true,
+            Some(Disposition::Run { .. }) => self.approval != ApprovalStatus::Requested,
+            Some(Disposition::Refused { .. }) => true,
             Some(Disposition::External) => false,
             Some(Disposition::Approval) => match self.approval {
                 ApprovalStatus::Due | ApprovalStatus::Rejected => true,
@@ -408,6 +416,8 @@ impl RunState {
                         external: self.step_tools.iter().any(|t| t.name == name && t.external),
                         approval: ApprovalStatus::NotNeeded,
                         result: None,
+                        requested_seq: None,
+                        interrupted: false,
                     })
                     .collect();
                 let mut ids: Vec<&str> = batch.iter().map(|c| c.call_id.as_str()).collect();
@@ -450,15 +460,27 @@ impl RunState {
                     self.usage.tool_calls += 1;
                 }
             }
-            EventKind::ApprovalRequested { call_id, args_hash: hash, .. } => {
+            EventKind::ApprovalRequested { call_id, args_hash: hash, interrupted, .. } => {
                 let call = self.pending(call_id)?;
-                if call.approval != ApprovalStatus::Due {
+                let due = if *interrupted {
+                    // A cleared call without a result: run, or approved.
+                    call.result.is_none()
+                        && matches!(call.disposition, Some(Disposition::Run { .. } | Disposition::Approval))
+                        && matches!(call.approval, ApprovalStatus::NotNeeded | ApprovalStatus::Approved)
+                        && !call.external
+                } else {
+                    call.approval == ApprovalStatus::Due
+                };
+                if !due {
                     return Err(illegal(self, &format!("approval for {call_id} is not due")));
                 }
                 if &call.args_hash != hash {
                     return Err(TransitionError::ArgsMismatch { call_id: call_id.clone(), expected: call.args_hash.clone(), got: hash.clone() });
                 }
-                self.pending_mut(call_id).approval = ApprovalStatus::Requested;
+                let call = self.pending_mut(call_id);
+                call.approval = ApprovalStatus::Requested;
+                call.requested_seq = Some(event.seq);
+                call.interrupted |= *interrupted;
             }
             EventKind::ApprovalResolved { call_id, args_hash: hash, decision, .. } => {
                 let call = self.pending(call_id)?;

@@ -136,7 +136,7 @@ fn approval_pull_point_binds_to_the_argument_hash() {
     let [c, r] = respond(tool_use("t1"));
     log.ok(c).ok(r).ok(call("t1", Disposition::Approval));
     let hash = args_hash(&json!({}));
-    log.ok(EventKind::ApprovalRequested { call_id: "t1".into(), tool: "t".into(), input: json!({}), args_hash: hash.clone(), expires_at: None });
+    log.ok(EventKind::ApprovalRequested { call_id: "t1".into(), tool: "t".into(), input: json!({}), args_hash: hash.clone(), expires_at: None, interrupted: false });
     let park = log.state.tool_park().unwrap();
     assert_eq!(park, PullPoint::AwaitingApproval { call_ids: vec!["t1".into()] });
     log.ok(EventKind::SessionPause { pull_point: park });

@@ -12,7 +12,7 @@ use std::fmt::Debug;
 
 use chrono::{DateTime, Utc};
 use glia_proto::{
-    ApprovalTimeout, BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic,
+    ApprovalTimeout, BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall,
     Limit, LiveEvent, Message, Outcome, PauseReason, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, Resume, Role, RunConfig,
     Retry, ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
 };
@@ -183,12 +183,16 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
         prop::option::of(pricing()),
         any::<u32>(),
     );
-    let approvals = (prop::option::of(any::<u64>()), prop_oneof![Just(ApprovalTimeout::Reject), Just(ApprovalTimeout::Escalate)]);
+    let approvals = (
+        prop::option::of(any::<u64>()),
+        prop_oneof![Just(ApprovalTimeout::Reject), Just(ApprovalTimeout::Escalate)],
+        prop_oneof![Just(InterruptedCall::OutcomeUnknown), Just(InterruptedCall::RequireApproval)],
+    );
     (tools, knobs, approvals).prop_map(
         |(
             (model, system, tools, external_tools, policies),
             (budget, max_model_calls_per_turn, conversational, planner, output_schema, max_reasks, pricing, max_tokens),
-            (approval_timeout_ms, on_approval_timeout),
+            (approval_timeout_ms, on_approval_timeout, on_interrupted_call),
         )| RunConfig {
             model,
             system,
@@ -205,6 +209,7 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
             max_tokens,
             approval_timeout_ms,
             on_approval_timeout,
+            on_interrupted_call,
         },
     )
 }
@@ -341,7 +346,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         (text(), tool_error_kind(), text(), any::<u64>())
             .prop_map(|(call_id, error, message, duration_ms)| EventKind::ToolError { call_id, error, message, duration_ms }),
         (text(), text(), json_value(), text())
-            .prop_map(|(call_id, tool, input, args_hash)| EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at: Some(DateTime::UNIX_EPOCH) }),
+            .prop_map(|(call_id, tool, input, args_hash)| EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at: Some(DateTime::UNIX_EPOCH), interrupted: false }),
         (text(), text(), decision(), prop::option::of(text()))
             .prop_map(|(call_id, args_hash, decision, by)| EventKind::ApprovalResolved { call_id, args_hash, decision, by }),
         text().prop_map(|text| EventKind::InputReceived { text }),
@@ -374,7 +379,7 @@ fn event() -> impl Strategy<Value = Event> {
 fn resume() -> impl Strategy<Value = Resume> {
     prop_oneof![
         (text(), text(), decision(), prop::option::of(text()))
-            .prop_map(|(call_id, args_hash, decision, by)| Resume::Approval { call_id, args_hash, decision, by }),
+            .prop_map(|(call_id, args_hash, decision, by)| Resume::Approval { call_id, args_hash, decision, by, request_seq: None }),
         (text(), text(), any::<bool>()).prop_map(|(call_id, content, is_error)| Resume::ToolResult { call_id, content, is_error }),
         text().prop_map(|text| Resume::Input { text }),
         budget_limits().prop_map(|extra| Resume::ExtendBudget { extra }),

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use glia_proto::{BudgetLimits, ContentBlock, Message, Policy, PolicyAction, Role, RunConfig, ToolSpec};
+use glia_proto::{BudgetLimits, ContentBlock, InterruptedCall, Message, Policy, PolicyAction, Role, RunConfig, ToolSpec};
 use glia_worker::tool::ToolRegistry;
 
 use crate::provider::ReplayProvider;
@@ -223,8 +223,9 @@ impl Recording {
 
     /// The configuration that replays `conversation`: model
     /// `replay:{id}`, its system prompt, the recorded tools only, approval
-    /// for the consequential tools, the original harness's turn limit, and
-    /// conversational (the customer answers at `awaiting_input`).
+    /// for the consequential tools (and for running one again after a
+    /// crash), the original harness's turn limit, and conversational (the
+    /// customer answers at `awaiting_input`).
     pub fn run_config(&self, conversation: &Conversation) -> RunConfig {
         let policies = self
             .require_approval
@@ -240,6 +241,9 @@ impl Recording {
             // Above any recorded turn, so no wrap-up notice changes a request.
             max_model_calls_per_turn: u32::try_from(self.max_turns.unwrap_or(64)).unwrap_or(u32::MAX).saturating_add(1).max(64),
             conversational: true,
+            // A consequential call a crash interrupted is retried only on
+            // a person's word (recorded tools are safe to run again).
+            on_interrupted_call: InterruptedCall::RequireApproval,
             ..RunConfig::default()
         }
     }

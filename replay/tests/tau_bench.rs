@@ -28,7 +28,7 @@ async fn drive(agent: &Agent, recording: &Recording, conversation: &Conversation
         let input = match pull_point {
             PullPoint::AwaitingApproval { call_ids } => {
                 let call = state.call(&call_ids[0]).unwrap();
-                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: decide(&call.name), by: None }
+                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: decide(&call.name), by: None, request_seq: None }
             }
             PullPoint::AwaitingInput | PullPoint::Paused { reason: PauseReason::Budget { .. } } => match conversation.customer_move(&state.messages) {
                 CustomerMove::Say(text) => Resume::Input { text },
@@ -80,7 +80,7 @@ async fn a_rejected_approval_diverges_at_the_tool_result() {
         let input = match pull_point {
             PullPoint::AwaitingApproval { call_ids } => {
                 let call = state.call(&call_ids[0]).unwrap();
-                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Reject { reason: "no".into() }, by: None }
+                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Reject { reason: "no".into() }, by: None, request_seq: None }
             }
             _ => match conversation.customer_move(&state.messages) {
                 CustomerMove::Say(text) => Resume::Input { text },

@@ -31,7 +31,7 @@ use chrono::{DateTime, Utc};
 use glia_proto::marker::Insert;
 use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
-    ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent,
+    ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall, LiveEvent,
     OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Resume, Role, RunConfig, RunState, Status,
     ToolCallRecord, ToolErrorKind, ToolSpec, TransitionError, args_hash, canonical_json,
 };
@@ -295,11 +295,12 @@ impl Agent {
             return Err(AgentError::NotStarted);
         }
         // Calls that were cleared to run before this advance but have no
-        // result: a worker died while they ran.
+        // result: a worker died while they ran. (A call waiting for a
+        // person's word on running it again is not cleared.)
         let interrupted: Vec<String> = state
             .batch
             .iter()
-            .filter(|c| c.result.is_none())
+            .filter(|c| c.result.is_none() && c.approval != ApprovalStatus::Requested)
             .filter(|c| matches!(c.disposition, Some(Disposition::Run { .. })) || (c.approval == ApprovalStatus::Approved && !c.external))
             .map(|c| c.call_id.clone())
             .collect();
@@ -351,15 +352,29 @@ impl Agent {
 
     async fn accept(&self, run: &mut Run<'_>, input: Resume) -> Result<(), AgentError> {
         match input {
-            Resume::Approval { call_id, args_hash, decision, by } => {
+            Resume::Approval { call_id, args_hash, decision, by, request_seq } => {
+                let call = run.state.call(&call_id);
+                if let (Some(seq), Some(call)) = (request_seq, call)
+                    && call.requested_seq != Some(seq)
+                {
+                    return Err(AgentError::InvalidResume(format!("the decision answers approval request {seq} of {call_id}, not the pending one")));
+                }
+                let interrupted = call.is_some_and(|c| c.interrupted);
                 let reason = match &decision {
                     Decision::Reject { reason } => Some(reason.clone()),
                     _ => None,
                 };
                 run.record(EventKind::ApprovalResolved { call_id: call_id.clone(), args_hash, decision, by }).await?;
                 if let Some(reason) = reason {
-                    let message = format!("A person rejected this call: {reason}");
-                    run.record(EventKind::ToolError { call_id, error: ToolErrorKind::Rejected, message, duration_ms: 0 }).await?;
+                    let kind = if interrupted {
+                        let message = Insert::OutcomeUnknown.wrap(&format!(
+                            "The worker stopped while this call was running, and a person chose not to run it again: {reason}. Whether it took effect is unknown."
+                        ));
+                        EventKind::ToolError { call_id, error: ToolErrorKind::OutcomeUnknown, message, duration_ms: 0 }
+                    } else {
+                        EventKind::ToolError { call_id, error: ToolErrorKind::Rejected, message: format!("A person rejected this call: {reason}"), duration_ms: 0 }
+                    };
+                    run.record(kind).await?;
                 }
             }
             Resume::ToolResult { call_id, content, is_error } => {
@@ -618,17 +633,27 @@ impl Agent {
     // ----- tool calls ------------------------------------------------------
 
     async fn tool_calls(&self, run: &mut Run<'_>, interrupted: &[String]) -> Result<(), AgentError> {
-        // 1. Calls a crash interrupted: re-run idempotent ones, give the
-        //    others an "outcome unknown" result.
+        // 1. Calls a crash interrupted: re-run idempotent ones; for the
+        //    others, by the run's policy, an "outcome unknown" result or a
+        //    person's word on running them again.
         for call_id in interrupted {
-            let Some(call) = run.state.call(call_id).filter(|c| c.result.is_none()) else { continue };
+            let Some(call) = run.state.call(call_id).filter(|c| c.result.is_none()).cloned() else { continue };
             let idempotent = run.state.step_tools.iter().any(|t| t.name == call.name && t.idempotent);
-            if !idempotent {
-                let message = Insert::OutcomeUnknown
-                    .wrap("The worker stopped while this call was running; whether it took effect is unknown. Check before repeating it.");
-                let kind = EventKind::ToolError { call_id: call_id.clone(), error: ToolErrorKind::OutcomeUnknown, message, duration_ms: 0 };
-                run.record(kind).await?;
+            if idempotent {
+                continue;
             }
+            let kind = match run.state.config.on_interrupted_call {
+                InterruptedCall::OutcomeUnknown => {
+                    let message = Insert::OutcomeUnknown
+                        .wrap("The worker stopped while this call was running; whether it took effect is unknown. Check before repeating it.");
+                    EventKind::ToolError { call_id: call_id.clone(), error: ToolErrorKind::OutcomeUnknown, message, duration_ms: 0 }
+                }
+                InterruptedCall::RequireApproval => {
+                    let expires_at = approval_deadline(run);
+                    EventKind::ApprovalRequested { call_id: call.call_id, tool: call.name, input: call.input, args_hash: call.args_hash, expires_at, interrupted: true }
+                }
+            };
+            run.record(kind).await?;
         }
         // 2. Decide each new call, in call order.
         let mut blocked = None;
@@ -666,7 +691,7 @@ impl Agent {
             .collect();
         for (call_id, tool, input, args_hash) in due {
             let expires_at = approval_deadline(run);
-            run.record(EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at }).await?;
+            run.record(EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted: false }).await?;
         }
         let rejected: Vec<String> = run
             .state
@@ -746,7 +771,7 @@ impl Agent {
             run.record(EventKind::ToolError { call_id: call.call_id, error, message, duration_ms: 0 }).await?;
         } else if disposition == Disposition::Approval {
             let expires_at = approval_deadline(run);
-            run.record(EventKind::ApprovalRequested { call_id: call.call_id, tool: call.name, input, args_hash: hash, expires_at }).await?;
+            run.record(EventKind::ApprovalRequested { call_id: call.call_id, tool: call.name, input, args_hash: hash, expires_at, interrupted: false }).await?;
         }
         Ok(Decided::Recorded)
     }
@@ -760,7 +785,9 @@ impl Agent {
             .iter()
             .filter(|c| c.result.is_none())
             .filter_map(|c| match &c.disposition {
-                Some(Disposition::Run { reminder }) => Some((c.call_id.clone(), c.name.clone(), c.input.clone(), reminder.clone())),
+                Some(Disposition::Run { reminder }) if c.approval != ApprovalStatus::Requested => {
+                    Some((c.call_id.clone(), c.name.clone(), c.input.clone(), reminder.clone()))
+                }
                 Some(Disposition::Approval) if c.approval == ApprovalStatus::Approved && !c.external => {
                     Some((c.call_id.clone(), c.name.clone(), c.input.clone(), None))
                 }

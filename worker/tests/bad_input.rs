@@ -91,11 +91,11 @@ async fn illegal_transitions_are_typed_errors_and_change_nothing() {
     let len = log.len();
 
     // An approval on other arguments than the ones pending.
-    let stale = Resume::Approval { call_id: "call_1".into(), args_hash: glia_proto::args_hash(&json!({"order": "A1", "amount": 3})), decision: Decision::Approve, by: None };
+    let stale = Resume::Approval { call_id: "call_1".into(), args_hash: glia_proto::args_hash(&json!({"order": "A1", "amount": 3})), decision: Decision::Approve, by: None, request_seq: None };
     let err = agent.advance(&mut state, Some(stale), &mut log).await.unwrap_err();
     assert!(matches!(err, AgentError::Transition(TransitionError::ArgsMismatch { .. })), "{err:?}");
     // An approval for a call that does not exist.
-    let unknown = Resume::Approval { call_id: "call_9".into(), args_hash: String::new(), decision: Decision::Approve, by: None };
+    let unknown = Resume::Approval { call_id: "call_9".into(), args_hash: String::new(), decision: Decision::Approve, by: None, request_seq: None };
     let err = agent.advance(&mut state, Some(unknown), &mut log).await.unwrap_err();
     assert!(matches!(err, AgentError::Transition(TransitionError::UnknownCall { .. })), "{err:?}");
     // A user message while the run waits for an approval.
@@ -113,7 +113,7 @@ async fn illegal_transitions_are_typed_errors_and_change_nothing() {
 
     // The run is still resumable: the right decision goes through, a second one is refused.
     let call = state.call("call_1").unwrap().clone();
-    let approve = Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Approve, by: None };
+    let approve = Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
     let status = agent.advance(&mut state, Some(approve.clone()), &mut log).await.unwrap();
     assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })));
     let err = agent.advance(&mut state, Some(approve), &mut log).await.unwrap_err();
@@ -225,4 +225,48 @@ async fn invalid_config_is_refused_before_anything_is_recorded() {
     let unknown_tool = RunConfig { tools: Some(vec!["nope".into()]), ..RunConfig::default() };
     assert!(matches!(agent.start(run_id(), "go", unknown_tool, &mut log).await, Err(AgentError::Config(_))));
     assert!(log.is_empty());
+}
+
+/// With `on_interrupted_call: require_approval`, an interrupted
+/// non-idempotent call waits for a person: approved, it runs again (once);
+/// rejected, the model sees `outcome_unknown`; a decision on the request
+/// made before the crash is refused.
+#[tokio::test]
+async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
+    let config = RunConfig { on_interrupted_call: glia_proto::InterruptedCall::RequireApproval, ..RunConfig::default() };
+    let script = vec![ScriptedTurn::call("refund", json!({"order": "A1", "amount": 5})), ScriptedTurn::text("done")];
+    for approve in [true, false] {
+        let (agent, _) = agent(script.clone());
+        let mut full = Vec::new();
+        agent.run(run_id(), "go", config.clone(), &mut full).await.unwrap();
+        let cut = full.iter().position(|e| matches!(e.kind, EventKind::ToolCall(_))).unwrap() + 1;
+        let mut log = full[..cut].to_vec();
+        let mut state = RunState::replay(run_id(), &log).unwrap();
+        let refunds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let provider = std::sync::Arc::new(glia_worker::provider::ScriptedProvider::new(script.clone()).starting_at(served(&log)));
+        let fresh = glia_worker::Agent::new(provider).with_tools(tools(refunds.clone())).with_clock(glia_worker::FixedClock(epoch()));
+        let status = fresh.advance(&mut state, None, &mut log).await.unwrap();
+        assert_eq!(status, Status::Parked(PullPoint::AwaitingApproval { call_ids: vec!["call_1".into()] }));
+        assert!(log.iter().any(|e| matches!(&e.kind, EventKind::ApprovalRequested { interrupted: true, .. })));
+        assert_eq!(refunds.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing runs before the person's word");
+        let call = state.call("call_1").unwrap().clone();
+        assert!(call.interrupted);
+        let stale = Resume::Approval { call_id: "call_1".into(), args_hash: call.args_hash.clone(), decision: Decision::Approve, by: None, request_seq: Some(1) };
+        assert!(matches!(fresh.advance(&mut state, Some(stale), &mut log).await, Err(glia_worker::AgentError::InvalidResume(_))));
+        let decision = if approve { Decision::Approve } else { Decision::Reject { reason: "the refund went through".into() } };
+        let resume = Resume::Approval { call_id: "call_1".into(), args_hash: call.args_hash, decision, by: None, request_seq: call.requested_seq };
+        let status = fresh.advance(&mut state, Some(resume), &mut log).await.unwrap();
+        assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })), "{status:?}");
+        assert_replays(&log, &state);
+        if approve {
+            assert_eq!(refunds.load(std::sync::atomic::Ordering::SeqCst), 1, "run again once");
+            assert!(tool_errors(&log).is_empty());
+        } else {
+            assert_eq!(refunds.load(std::sync::atomic::Ordering::SeqCst), 0);
+            let errors = tool_errors(&log);
+            assert_eq!(errors.len(), 1);
+            assert_eq!(errors[0].0, ToolErrorKind::OutcomeUnknown);
+            assert!(errors[0].1.contains("the refund went through"), "{}", errors[0].1);
+        }
+    }
 }

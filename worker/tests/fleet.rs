@@ -130,7 +130,7 @@ impl Fleet {
                 None => return state,
                 Some(PullPoint::AwaitingApproval { call_ids }) => {
                     let c = state.call(&call_ids[0]).unwrap();
-                    Resume::Approval { call_id: c.call_id.clone(), args_hash: c.args_hash.clone(), decision: Decision::Approve, by: None }
+                    Resume::Approval { call_id: c.call_id.clone(), args_hash: c.args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None }
                 }
                 Some(PullPoint::AwaitingTool { call_ids }) => Resume::ToolResult { call_id: call_ids[0].clone(), content: "A1".into(), is_error: false },
                 Some(PullPoint::AwaitingInput) if replies == 0 => {

@@ -55,7 +55,7 @@ async fn same_log_either_way(script: Vec<ScriptedTurn>, config: RunConfig, paylo
 
 fn approve(state: &RunState) -> Resume {
     let call = &state.batch[0];
-    Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Approve, by: Some("ana".into()) }
+    Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Approve, by: Some("ana".into()), request_seq: None }
 }
 
 #[tokio::test]
@@ -72,11 +72,11 @@ async fn awaiting_approval() {
 async fn awaiting_approval_edit_and_reject() {
     fn edit(state: &RunState) -> Resume {
         let call = &state.batch[0];
-        Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Edit { input: json!({"order": "A1", "amount": 10}) }, by: None }
+        Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Edit { input: json!({"order": "A1", "amount": 10}) }, by: None, request_seq: None }
     }
     fn reject(state: &RunState) -> Resume {
         let call = &state.batch[0];
-        Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Reject { reason: "too much".into() }, by: None }
+        Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Reject { reason: "too much".into() }, by: None, request_seq: None }
     }
     let script = vec![
         ScriptedTurn::call("refund", json!({"order": "A1", "amount": 30})),

@@ -436,7 +436,7 @@ fn respond(state: &RunState, pull_point: &PullPoint, choices: &mut Choices<'_>, 
                     1 => Decision::Reject { reason: "not today".into() },
                     _ => Decision::Edit { input: edited(&call.name, choices) },
                 };
-                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision, by: Some("ana".into()) }
+                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision, by: Some("ana".into()), request_seq: None }
             } else {
                 let content = WORDS[choices.pick(WORDS.len())].to_owned();
                 Resume::ToolResult { call_id: call.call_id.clone(), content, is_error: choices.one_in(3) }
@@ -481,6 +481,7 @@ fn misfit(pull_point: &PullPoint) -> Resume {
             args_hash: "0".repeat(64),
             decision: Decision::Approve,
             by: None,
+         request_seq: None,
         },
         PullPoint::AwaitingTool { .. } => Resume::ToolResult { call_id: "no_such_call".into(), content: "x".into(), is_error: false },
         PullPoint::AwaitingInput => Resume::Input { text: "  \n ".into() },
@@ -772,7 +773,7 @@ fn approving_a_call_does_not_overrun_the_tool_budget() {
         };
         let (worker, mut state, mut log) = run_script(turns, config).await;
         let call = state.call("call_1").expect("the refund is pending").clone();
-        let approve = Resume::Approval { call_id: call.call_id, args_hash: call.args_hash, decision: Decision::Approve, by: None };
+        let approve = Resume::Approval { call_id: call.call_id, args_hash: call.args_hash, decision: Decision::Approve, by: None, request_seq: None };
         worker.advance(&mut state, Some(approve), &mut log).await.unwrap();
         assert!(
             state.usage.tool_calls <= 1,

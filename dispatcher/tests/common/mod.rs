@@ -170,7 +170,7 @@ pub async fn park_for_approval(log: &dyn EventLog, run_id: Uuid, calls: &[(&str,
     kinds.push(tool_use_response(calls));
     for (id, name, input) in calls {
         kinds.push(tool_call(run_id, id, name, input, Disposition::Approval));
-        kinds.push(EventKind::ApprovalRequested { call_id: (*id).into(), tool: (*name).into(), input: input.clone(), args_hash: args_hash(input), expires_at: None });
+        kinds.push(EventKind::ApprovalRequested { call_id: (*id).into(), tool: (*name).into(), input: input.clone(), args_hash: args_hash(input), expires_at: None, interrupted: false });
     }
     let ids = calls.iter().map(|(id, _, _)| (*id).to_owned()).collect();
     kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: ids } });

@@ -1,0 +1,570 @@
+//! `glia bench`: the measurements behind `BENCHMARKS.md`, on the real
+//! services. Each makes its own database, queue and Redis key prefix and
+//! removes the database and queue afterwards; each prints one JSON object of
+//! results on stdout (medians over `--repeat` rounds where it repeats).
+//!
+//! - `steps`: durable step throughput of the whole fleet (dispatcher and
+//!   workers on Postgres, RabbitMQ, Redis) on the agent-step workload, beside
+//!   the raw single-row insert rate of the same Postgres.
+//! - `growth`: one long run; commit latency and bytes written per step early
+//!   and late.
+//! - `memory`: resident memory of a `glia worker` process advancing many
+//!   runs at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use futures::StreamExt;
+use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
+use glia_backends::redis_ledger::RedisLedger;
+use glia_backends::testkit::TestDb;
+use glia_backends::{EventLog, JobQueue, NewRun};
+use glia_proto::{Event, EventKind, Policy, PolicyAction, RunConfig, RunState};
+use glia_worker::agent::{EventSink, SinkError};
+use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::provider::{ScriptLibrary, ScriptedProvider, ScriptedTurn};
+use glia_worker::{Agent, async_trait};
+use reqwest::{Client, Method};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::batch::percentile;
+use crate::client::{Server, checked};
+use crate::fleet::Urls;
+
+/// `glia bench …`.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Durable steps per second of the fleet on the agent-step workload, and
+    /// the raw Postgres single-row insert rate at the same concurrency.
+    Steps(StepsArgs),
+    /// One long run: step commit latency and bytes written per step, early
+    /// versus late.
+    Growth(GrowthArgs),
+    /// Resident memory of a worker process advancing many runs at once.
+    Memory(MemoryArgs),
+}
+
+/// `glia bench steps`.
+#[derive(Args)]
+pub struct StepsArgs {
+    #[command(flatten)]
+    urls: Urls,
+    /// Runs per round.
+    #[arg(long, default_value_t = 400)]
+    runs: usize,
+    /// Tool turns per run (then a final answer); the first tool call needs
+    /// an approval.
+    #[arg(long, default_value_t = 10)]
+    turns: usize,
+    /// Workers (in this process, each with its own connections).
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Runs each worker advances at once.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Rounds; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Seconds of raw inserts per measurement.
+    #[arg(long, default_value_t = 3)]
+    raw_seconds: u64,
+}
+
+/// `glia bench growth`.
+#[derive(Args)]
+pub struct GrowthArgs {
+    /// Tool turns of the run.
+    #[arg(long, default_value_t = 400)]
+    turns: usize,
+    /// Turns averaged around each measuring point (turn 10 and the last).
+    #[arg(long, default_value_t = 10)]
+    window: usize,
+}
+
+/// `glia bench memory`.
+#[derive(Args)]
+pub struct MemoryArgs {
+    #[command(flatten)]
+    urls: Urls,
+    /// Runs in flight at once (the worker's concurrency).
+    #[arg(long, default_value_t = 64)]
+    runs: usize,
+    /// How long each run's one tool call takes (ms), so that every run is
+    /// in flight at the same time.
+    #[arg(long, default_value_t = 3000)]
+    tool_ms: u64,
+}
+
+/// Run one benchmark.
+pub async fn bench(cmd: BenchCommand) -> Result<()> {
+    let result = match cmd {
+        BenchCommand::Steps(args) => serde_json::to_value(steps(&args).await?)?,
+        BenchCommand::Growth(args) => serde_json::to_value(growth(&args).await?)?,
+        BenchCommand::Memory(args) => serde_json::to_value(memory(&args).await?)?,
+    };
+    println!("{}", serde_json::to_string_pretty(&result)?);
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    percentile(&v, 0.5).unwrap_or(0.0)
+}
+
+// ----- steps -------------------------------------------------------------------
+
+/// One round of `steps`.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepsRound {
+    /// Durable steps (model responses and tool results, each committed) per second.
+    pub steps_per_s: f64,
+    /// Runs finished per second.
+    pub runs_per_s: f64,
+    /// Approval posted (inbox row committed) → `approval.resolved` committed, ms.
+    pub approval_resume_p50_ms: f64,
+    /// The same, 99th percentile.
+    pub approval_resume_p99_ms: f64,
+    /// Raw single-row inserts per second, one connection.
+    pub raw_inserts_per_s_1: f64,
+    /// Raw single-row inserts per second at the fleet's concurrency.
+    pub raw_inserts_per_s_c: f64,
+    /// Steps committed in the round.
+    pub steps: i64,
+    /// Wall time of the round (submit to last run done), s.
+    pub wall_s: f64,
+}
+
+/// `steps`: medians over the rounds, and the rounds.
+#[derive(Debug, Serialize)]
+pub struct StepsResult {
+    /// Workload.
+    pub runs: usize,
+    /// Tool turns per run.
+    pub turns: usize,
+    /// Workers.
+    pub workers: usize,
+    /// Runs per worker at once.
+    pub concurrency: usize,
+    /// Connections of the raw insert comparison (runs in flight).
+    pub raw_concurrency: usize,
+    /// Median durable steps/s.
+    pub steps_per_s: f64,
+    /// Median runs/s.
+    pub runs_per_s: f64,
+    /// Median of the rounds' approval → resume p50, ms.
+    pub approval_resume_p50_ms: f64,
+    /// Median of the rounds' approval → resume p99, ms.
+    pub approval_resume_p99_ms: f64,
+    /// Median raw inserts/s on one connection.
+    pub raw_inserts_per_s_1: f64,
+    /// Median raw inserts/s at `raw_concurrency`.
+    pub raw_inserts_per_s_c: f64,
+    /// steps/s ÷ raw inserts/s at the same concurrency.
+    pub ratio_to_raw: f64,
+    /// Every round.
+    pub rounds: Vec<StepsRound>,
+}
+
+/// The agent-step script: an approval-gated call, `turns - 1` more tool
+/// calls, a final answer.
+fn step_script(turns: usize) -> Vec<ScriptedTurn> {
+    let mut script = vec![ScriptedTurn::call("get_order", json!({ "order_id": "A1" }))];
+    script.extend((1..turns).map(|i| ScriptedTurn::call("calculator", json!({ "expression": format!("{i} + 1") }))));
+    script.push(ScriptedTurn::text("done"));
+    script
+}
+
+fn step_config(model: &str, turns: usize) -> RunConfig {
+    RunConfig {
+        model: model.into(),
+        policies: vec![Policy { tool: "get_order".into(), args: None, action: PolicyAction::RequireApproval }],
+        max_model_calls_per_turn: u32::try_from(turns + 2).unwrap_or(u32::MAX),
+        ..RunConfig::default()
+    }
+}
+
+/// The fleet of one round: a dispatcher and workers in this process, on a
+/// private database, queue and key prefix.
+struct BenchFleet {
+    db: TestDb,
+    server: Server,
+    queue_name: String,
+    amqp_url: String,
+    stop: watch::Sender<bool>,
+}
+
+impl BenchFleet {
+    async fn start(urls: &Urls, agent: Arc<Agent>, workers: usize, concurrency: usize) -> Result<BenchFleet> {
+        let db = TestDb::new().await;
+        let name = format!("glia_bench_{}", Uuid::now_v7().simple());
+        let (stop, shutdown) = watch::channel(false);
+        let ports = |log: glia_backends::postgres::PgLog| {
+            let (amqp, redis, queue, prefix) = (urls.amqp_url.clone(), urls.redis_url.clone(), name.clone(), name.clone());
+            async move {
+                let queue = RabbitQueue::connect(&amqp, QueueOptions::new(queue)).await.context("connecting to RabbitMQ")?;
+                let ledger = RedisLedger::connect(&redis, &prefix).await.context("connecting to Redis")?;
+                anyhow::Ok((Arc::new(log) as Arc<dyn EventLog>, Arc::new(queue) as Arc<dyn JobQueue>, Arc::new(ledger) as Arc<dyn glia_backends::Ledger>))
+            }
+        };
+        let (log, queue, ledger) = ports(db.log().await).await?;
+        let app = glia_dispatcher::App::new(log, queue, ledger, glia_dispatcher::Auth::from_tokens(Vec::new())?);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let server = Server { server: format!("http://{}", listener.local_addr()?), token: None };
+        tokio::spawn(glia_dispatcher::relay(app.clone()));
+        tokio::spawn(glia_dispatcher::reconcile(app.clone(), Duration::from_secs(2)));
+        let mut stopped = shutdown.clone();
+        tokio::spawn(glia_dispatcher::serve(app, listener, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+        for n in 0..workers.max(1) {
+            let (log, queue, ledger) = ports(db.log().await).await?;
+            let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
+            tokio::spawn(Arc::new(Worker::new(agent.clone(), log, queue, ledger, options)).run(shutdown.clone()));
+        }
+        Ok(BenchFleet { db, server, queue_name: name, amqp_url: urls.amqp_url.clone(), stop })
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Ok(q) = RabbitQueue::connect(&self.amqp_url, QueueOptions::new(self.queue_name.clone())).await {
+            let _ = q.delete_topology().await;
+            q.close().await;
+        }
+        drop(self.db);
+    }
+}
+
+async fn steps(args: &StepsArgs) -> Result<StepsResult> {
+    let mut library = ScriptLibrary::default();
+    library.insert("bench", step_script(args.turns));
+    let agent = Arc::new(Agent::new(Arc::new(library)).with_tools(crate::demo::tools()));
+    let raw_concurrency = args.runs.min(args.workers.max(1) * args.concurrency);
+    let mut rounds = Vec::new();
+    for round in 0..args.repeat.max(1) {
+        let fleet = BenchFleet::start(&args.urls, agent.clone(), args.workers, args.concurrency).await?;
+        let result = steps_round(args, &fleet, raw_concurrency).await;
+        fleet.stop().await;
+        let result = result?;
+        eprintln!("round {}: {:.0} steps/s, approval→resume p50 {:.1} ms", round + 1, result.steps_per_s, result.approval_resume_p50_ms);
+        rounds.push(result);
+    }
+    let m = |f: fn(&StepsRound) -> f64| median(rounds.iter().map(f).collect());
+    let steps_per_s = m(|r| r.steps_per_s);
+    let raw_c = m(|r| r.raw_inserts_per_s_c);
+    Ok(StepsResult {
+        runs: args.runs,
+        turns: args.turns,
+        workers: args.workers,
+        concurrency: args.concurrency,
+        raw_concurrency,
+        steps_per_s,
+        runs_per_s: m(|r| r.runs_per_s),
+        approval_resume_p50_ms: m(|r| r.approval_resume_p50_ms),
+        approval_resume_p99_ms: m(|r| r.approval_resume_p99_ms),
+        raw_inserts_per_s_1: m(|r| r.raw_inserts_per_s_1),
+        raw_inserts_per_s_c: raw_c,
+        ratio_to_raw: if raw_c > 0.0 { steps_per_s / raw_c } else { 0.0 },
+        rounds,
+    })
+}
+
+async fn steps_round(args: &StepsArgs, fleet: &BenchFleet, raw_concurrency: usize) -> Result<StepsRound> {
+    let client = Client::builder().pool_max_idle_per_host(64).build()?;
+    let sql = fleet.db.sql().await;
+    let config = step_config("script:bench", args.turns);
+    let started = Instant::now();
+    let created: Vec<Result<Value>> = futures::stream::iter(0..args.runs)
+        .map(|i| {
+            let (client, server, config) = (client.clone(), &fleet.server, config.clone());
+            async move {
+                let req = server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("bench run {i}"), "config": config }));
+                checked(req.send().await.context("connecting to the dispatcher")?).await
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    for c in created {
+        c?;
+    }
+    // Approve whatever waits, until every run is done.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let page = checked(fleet.server.request(&client, Method::GET, "/v1/approvals?limit=500").send().await?).await?;
+        let decisions: Vec<Value> = page["approvals"]
+            .as_array()
+            .map(|a| a.iter().map(|x| json!({ "run_id": x["run_id"], "call_id": x["call_id"], "decision": "approve", "args_hash": x["args_hash"] })).collect())
+            .unwrap_or_default();
+        for chunk in decisions.chunks(100) {
+            checked(fleet.server.request(&client, Method::POST, "/v1/approvals").json(&json!({ "decisions": chunk })).send().await?).await?;
+        }
+        let done: i64 = sql.query_one("SELECT count(*) FROM runs WHERE status = 'done'", &[]).await?.get(0);
+        if done as usize >= args.runs {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the round did not finish in 10 minutes ({done} of {} runs done)", args.runs);
+        }
+        if decisions.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    let steps: i64 = sql.query_one("SELECT count(*) FROM events WHERE kind IN ('model.response', 'tool.result', 'tool.error')", &[]).await?.get(0);
+    let failed: i64 = sql.query_one("SELECT count(*) FROM events WHERE kind = 'error'", &[]).await?.get(0);
+    if failed > 0 {
+        bail!("{failed} runs recorded an error; the workload is broken");
+    }
+    let mut latencies: Vec<f64> = sql
+        .query(
+            "SELECT (extract(epoch FROM (e.at - i.created_at)) * 1000)::float8 FROM inbox i JOIN events e \
+             ON e.run_id = i.run_id AND e.kind = 'approval.resolved' AND e.payload->>'call_id' = i.payload->>'call_id' \
+             WHERE i.payload->>'kind' = 'approval'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get::<_, f64>(0))
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let raw_1 = raw_inserts(&fleet.db, 1, Duration::from_secs(args.raw_seconds)).await?;
+    let raw_c = raw_inserts(&fleet.db, raw_concurrency, Duration::from_secs(args.raw_seconds)).await?;
+    Ok(StepsRound {
+        steps_per_s: steps as f64 / wall_s,
+        runs_per_s: args.runs as f64 / wall_s,
+        approval_resume_p50_ms: percentile(&latencies, 0.5).unwrap_or(0.0),
+        approval_resume_p99_ms: percentile(&latencies, 0.99).unwrap_or(0.0),
+        raw_inserts_per_s_1: raw_1,
+        raw_inserts_per_s_c: raw_c,
+        steps,
+        wall_s,
+    })
+}
+
+/// Single-row autocommit inserts (a small JSON payload, like an event) on
+/// `connections` connections for `duration`: rows per second.
+async fn raw_inserts(db: &TestDb, connections: usize, duration: Duration) -> Result<f64> {
+    db.sql().await.batch_execute("CREATE TABLE IF NOT EXISTS raw_inserts (id bigserial PRIMARY KEY, run_id uuid NOT NULL, payload jsonb NOT NULL)").await?;
+    let payload = json!({ "type": "tool.result", "data": { "call_id": "call_1", "content": "{\"order_id\":\"A1\",\"status\":\"shipped\"}", "duration_ms": 0 } });
+    let mut clients = Vec::new();
+    for _ in 0..connections.max(1) {
+        clients.push(db.sql().await);
+    }
+    let started = Instant::now();
+    let until = started + duration;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|client| {
+            let payload = payload.clone();
+            tokio::spawn(async move {
+                let insert = client.prepare("INSERT INTO raw_inserts (run_id, payload) VALUES ($1, $2)").await?;
+                let mut n = 0u64;
+                while Instant::now() < until {
+                    client.execute(&insert, &[&Uuid::now_v7(), &payload]).await?;
+                    n += 1;
+                }
+                anyhow::Ok(n)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+// ----- growth ------------------------------------------------------------------
+
+/// `growth`: the commit of each step of one long run.
+#[derive(Debug, Serialize)]
+pub struct GrowthResult {
+    /// Tool turns of the run.
+    pub turns: usize,
+    /// Median commit latency around turn 10, ms.
+    pub early_commit_ms: f64,
+    /// Median commit latency over the last turns, ms.
+    pub late_commit_ms: f64,
+    /// late ÷ early.
+    pub latency_ratio: f64,
+    /// Median WAL bytes per commit around turn 10.
+    pub early_wal_bytes: f64,
+    /// Median WAL bytes per commit over the last turns.
+    pub late_wal_bytes: f64,
+    /// Mean WAL bytes per commit around turn 10 (checkpoints included).
+    pub early_wal_bytes_mean: f64,
+    /// Mean WAL bytes per commit over the last turns (checkpoints included).
+    pub late_wal_bytes_mean: f64,
+    /// Commits measured.
+    pub commits: usize,
+}
+
+/// Commits each step to Postgres under a lease, timing the commit and
+/// reading the WAL position around it.
+struct MeasuringSink {
+    log: glia_backends::postgres::PgLog,
+    lease: glia_backends::Lease,
+    sql: tokio_postgres::Client,
+    buffer: Vec<Event>,
+    /// (model calls so far, commit ms, WAL bytes).
+    samples: Vec<(u64, f64, f64)>,
+}
+
+/// The server's WAL position, in bytes.
+async fn wal_position(sql: &tokio_postgres::Client) -> Result<i64, SinkError> {
+    let row = sql.query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint", &[]).await.map_err(|e| SinkError(e.to_string()))?;
+    Ok(row.get(0))
+}
+
+#[async_trait]
+impl EventSink for MeasuringSink {
+    async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
+        self.buffer.push(event.clone());
+        Ok(())
+    }
+
+    async fn commit(&mut self, state: &RunState) -> Result<(), SinkError> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let before = wal_position(&self.sql).await?;
+        let started = Instant::now();
+        self.log.commit(&self.lease, &self.buffer, state, &[]).await.map_err(|e| SinkError(e.to_string()))?;
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        let after = wal_position(&self.sql).await?;
+        self.samples.push((state.usage.turns, ms, (after - before) as f64));
+        self.buffer.clear();
+        Ok(())
+    }
+}
+
+async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let mut script: Vec<ScriptedTurn> = (0..args.turns).map(|i| ScriptedTurn::call("calculator", json!({ "expression": format!("{i} + 1") }))).collect();
+    script.push(ScriptedTurn::text("done"));
+    let agent = Agent::new(Arc::new(ScriptedProvider::new(script))).with_tools(crate::demo::tools());
+    let config = RunConfig { max_model_calls_per_turn: u32::try_from(args.turns + 2).unwrap_or(u32::MAX), ..RunConfig::default() };
+    let run_id = Uuid::now_v7();
+    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { goal: "a long run".into(), config } };
+    log.create_run(NewRun { tenant: "bench".into(), idempotency_key: None, batch_id: None, start }).await?;
+    let lease = log.acquire(run_id, "bench", Duration::from_secs(3600)).await?;
+    let mut state = log.load(run_id).await?;
+    let sql = db.sql().await;
+    let mut sink = MeasuringSink { log, lease, sql, buffer: Vec::new(), samples: Vec::new() };
+    agent.advance(&mut state, None, &mut sink).await?;
+    if !matches!(state.outcome, Some(glia_proto::Outcome::Succeeded { .. })) {
+        bail!("the long run did not succeed: {:?}", state.outcome);
+    }
+    let window = |from: u64, to: u64| -> (Vec<f64>, Vec<f64>) {
+        let picked: Vec<&(u64, f64, f64)> = sink.samples.iter().filter(|(t, _, _)| *t >= from && *t < to).collect();
+        (picked.iter().map(|s| s.1).collect(), picked.iter().map(|s| s.2).collect())
+    };
+    let half = (args.window / 2) as u64;
+    let turns = args.turns as u64;
+    let (early_ms, early_wal) = window(10u64.saturating_sub(half), 10 + half);
+    let (late_ms, late_wal) = window(turns.saturating_sub(args.window as u64), turns + 1);
+    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let (early_wal_mean, late_wal_mean) = (mean(&early_wal), mean(&late_wal));
+    let (early, late) = (median(early_ms), median(late_ms));
+    Ok(GrowthResult {
+        turns: args.turns,
+        early_commit_ms: early,
+        late_commit_ms: late,
+        latency_ratio: if early > 0.0 { late / early } else { 0.0 },
+        early_wal_bytes: median(early_wal),
+        late_wal_bytes: median(late_wal),
+        early_wal_bytes_mean: early_wal_mean,
+        late_wal_bytes_mean: late_wal_mean,
+        commits: sink.samples.len(),
+    })
+}
+
+// ----- memory ------------------------------------------------------------------
+
+/// `memory`: a worker process's resident set.
+#[derive(Debug, Serialize)]
+pub struct MemoryResult {
+    /// Runs in flight at the peak.
+    pub runs: usize,
+    /// Resident set before any run, MiB.
+    pub idle_rss_mib: f64,
+    /// Largest resident set while the runs were in flight, MiB.
+    pub peak_rss_mib: f64,
+    /// (peak − idle) ÷ runs, KiB.
+    pub per_run_kib: f64,
+}
+
+fn rss_kib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
+    // The worker process serves scripts from a directory of its own.
+    let dir = std::env::temp_dir().join(format!("glia-bench-{}", Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir)?;
+    let script = vec![ScriptedTurn::call("refund_order", json!({ "order_id": "A1" })), ScriptedTurn::text("done")];
+    std::fs::write(dir.join("slow.json"), serde_json::to_vec(&script)?)?;
+    let mut library = ScriptLibrary::default();
+    library.insert("slow", script);
+    // The dispatcher in this process, no workers of its own.
+    let fleet = BenchFleet::start(&args.urls, Arc::new(Agent::new(Arc::new(library))), 0, 1).await;
+    let fleet = fleet?;
+    let _ = fleet.stop.send(false);
+    let db_url = match args.urls.database_url.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{}", fleet.db.name),
+        None => bail!("the database URL {} names no database", args.urls.database_url),
+    };
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["worker", "--scripts", dir.to_str().unwrap_or_default(), "--concurrency", &args.runs.to_string(), "--id", "bench-memory"])
+        .env("GLIA_DATABASE_URL", &db_url)
+        .env("GLIA_AMQP_URL", &args.urls.amqp_url)
+        .env("GLIA_REDIS_URL", &args.urls.redis_url)
+        .env("GLIA_QUEUE", &fleet.queue_name)
+        .env("GLIA_REDIS_PREFIX", &fleet.queue_name)
+        .env("GLIA_DEMO_TOOL_DELAY_MS", args.tool_ms.to_string())
+        .env("GLIA_DEMO_EFFECTS", dir.join("effects.log"))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .context("starting a worker process")?;
+    let result = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let pid = child.id();
+        let idle = rss_kib(pid).context("reading the worker's resident set")?;
+        let client = Client::new();
+        let config = RunConfig { model: "script:slow".into(), ..RunConfig::default() };
+        for i in 0..args.runs {
+            let req = fleet.server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("memory run {i}"), "config": config }));
+            checked(req.send().await?).await?;
+        }
+        let sql = fleet.db.sql().await;
+        let mut peak = idle;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            peak = peak.max(rss_kib(pid).unwrap_or(0.0));
+            let done: i64 = sql.query_one("SELECT count(*) FROM runs WHERE status = 'done'", &[]).await?.get(0);
+            if done as usize >= args.runs {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{done} of {} runs done after 2 minutes", args.runs);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        anyhow::Ok(MemoryResult { runs: args.runs, idle_rss_mib: idle / 1024.0, peak_rss_mib: peak / 1024.0, per_run_kib: (peak - idle) / args.runs.max(1) as f64 })
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    fleet.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
