@@ -58,7 +58,9 @@ pub enum Handled {
     Advanced(RunStatus),
     /// The job named a head the run has moved past and it has nothing to do.
     Stale,
-    /// Another worker holds the run.
+    /// Another worker holds the run; the job is published again a little
+    /// later ([`RETRY_HELD_AFTER`]), in case the holder lets go without
+    /// having seen what the job announced.
     Held,
     /// The run does not exist or is done.
     Gone,
@@ -176,7 +178,10 @@ impl Worker {
         }
         let lease = match self.log.acquire(run_id, &self.options.id, self.options.lease_ttl).await {
             Ok(lease) => lease,
-            Err(LogError::LeaseHeld { .. }) => return ack(delivery, Handled::Held).await,
+            Err(LogError::LeaseHeld { .. }) => {
+                self.publish_later(Job { run_id, head_seq }, RETRY_HELD_AFTER.min(self.options.lease_ttl));
+                return ack(delivery, Handled::Held).await;
+            }
             Err(LogError::NotFound(_)) => return ack(delivery, Handled::Gone).await,
             Err(e) => {
                 warn!(%run_id, error = %e, "could not take the lease; requeueing the job");
@@ -193,15 +198,33 @@ impl Worker {
         // Holding the lease, the job has done its part: ack now.
         let _ = delivery.acker.ack().await;
         let (stop_heartbeat, heartbeat) = self.heartbeat(lease.clone());
-        let handled = self.drive(&lease).await;
+        let (handled, retry_after) = self.drive(&lease).await;
         let _ = stop_heartbeat.send(true);
         let _ = heartbeat.await;
-        if handled != Handled::Retry
-            && let Err(e) = self.log.release(&lease).await
-        {
+        // A transient failure without a wait hint keeps the lease until it
+        // lapses (the reconciler retries then); with a hint, let go and
+        // come back when the provider said to.
+        let keep = handled == Handled::Retry && retry_after.is_none();
+        if !keep && let Err(e) = self.log.release(&lease).await {
             warn!(%run_id, error = %e, "release failed; the lease will lapse");
         }
+        if let Some(delay) = retry_after {
+            self.publish_later(Job { run_id, head_seq: 0 }, delay);
+        }
         handled
+    }
+
+    /// Publish `job` again after `delay`, on a task of its own. If this
+    /// process dies first, the reconciler re-enqueues the run once its lease
+    /// lapses, as after any crash.
+    fn publish_later(&self, job: Job, delay: Duration) {
+        let queue = self.queue.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Err(e) = queue.publish(&job).await {
+                warn!(run_id = %job.run_id, error = %e, "could not publish the retried job; the reconciler will");
+            }
+        });
     }
 
     /// Renew the lease every third of its length until told to stop.
@@ -227,8 +250,16 @@ impl Worker {
         (tx, task)
     }
 
-    /// Apply inbox payloads and advance until the run parks or ends.
-    async fn drive(&self, lease: &Lease) -> Handled {
+    /// Apply inbox payloads and advance until the run parks or ends. With
+    /// [`Handled::Retry`] after a transient provider failure, the provider's
+    /// wait hint.
+    async fn drive(&self, lease: &Lease) -> (Handled, Option<Duration>) {
+        let mut retry_after = None;
+        let handled = self.drive_inner(lease, &mut retry_after).await;
+        (handled, retry_after)
+    }
+
+    async fn drive_inner(&self, lease: &Lease, retry_after: &mut Option<Duration>) -> Handled {
         let run_id = lease.run_id;
         let mut state = match self.log.load(run_id).await {
             Ok(s) => s,
@@ -257,7 +288,7 @@ impl Worker {
             let result = if let Some(item) = inbox.into_iter().next() {
                 sink.consumed.push(item.id);
                 let payload: Resume = item.payload;
-                match self.agent.advance(&mut state, Some(payload), &mut sink).await {
+                match self.advance_or_cancel(run_id, &mut state, Some(payload), &mut sink).await {
                     Err(AgentError::InvalidResume(why)) => {
                         warn!(%run_id, item = item.id, %why, "payload no longer fits the run; dropped");
                         sink.commit(&state).await.map(|_| state.status()).map_err(AgentError::from)
@@ -271,15 +302,18 @@ impl Worker {
             } else if state.status() == Status::Runnable {
                 // Cancelled by flag with no cancel in the inbox: cancel it here.
                 let input = cancelled.then(|| Resume::Cancel { reason: "cancelled".into() });
-                self.agent.advance(&mut state, input, &mut sink).await
+                self.advance_or_cancel(run_id, &mut state, input, &mut sink).await
             } else {
                 return Handled::Advanced(RunStatus::of(&state));
             };
             match result {
                 Ok(_) => {}
                 Err(AgentError::Provider(e)) => {
-                    // Keep the lease until it lapses: the reconciler retries after it.
-                    warn!(%run_id, error = %e, "provider unavailable; retrying after the lease lapses");
+                    *retry_after = e.retry_after_ms().map(Duration::from_millis);
+                    match retry_after {
+                        Some(d) => warn!(%run_id, error = %e, "provider unavailable; retrying in {} ms, as it asked", d.as_millis()),
+                        None => warn!(%run_id, error = %e, "provider unavailable; retrying after the lease lapses"),
+                    }
                     return Handled::Retry;
                 }
                 Err(AgentError::Budget(e)) => {
@@ -305,6 +339,35 @@ impl Worker {
         }
     }
 }
+
+impl Worker {
+    /// [`Agent::advance`], abandoned as soon as the run's cancel flag is
+    /// raised: an in-flight model stream (or tool) is dropped rather than
+    /// waited for. Nothing is lost: only committed events count, and the
+    /// caller reloads the run and applies the posted cancel.
+    async fn advance_or_cancel(&self, run_id: Uuid, state: &mut RunState, input: Option<Resume>, sink: &mut LogSink) -> Result<Status, AgentError> {
+        let ledger = self.ledger.clone();
+        let flagged = async move {
+            loop {
+                tokio::time::sleep(CANCEL_POLL).await;
+                if ledger.is_cancelled(run_id).await.unwrap_or(false) {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            result = self.agent.advance(state, input, sink) => result,
+            () = flagged => Err(AgentError::Sink(SinkError(CANCELLED.into()))),
+        }
+    }
+}
+
+/// How long a job for a run another worker holds waits before it is
+/// published again.
+pub const RETRY_HELD_AFTER: Duration = Duration::from_millis(500);
+
+/// How often a worker looks at the cancel flag of a run it is advancing.
+pub const CANCEL_POLL: Duration = Duration::from_millis(200);
 
 async fn ack(delivery: Delivery, handled: Handled) -> Handled {
     let _ = delivery.acker.ack().await;

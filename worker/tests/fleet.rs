@@ -70,13 +70,19 @@ fn config(script: &str) -> RunConfig {
 
 impl Fleet {
     fn start(workers: usize, lease_ttl: Duration) -> Fleet {
+        Fleet::start_with(workers, lease_ttl, Arc::new(scripts()), true)
+    }
+
+    /// A fleet whose workers call `provider`; without `reconcile`, lost jobs
+    /// are not re-enqueued (the outbox is still relayed).
+    fn start_with(workers: usize, lease_ttl: Duration, provider: Arc<dyn glia_worker::provider::Provider>, reconcile: bool) -> Fleet {
         let log = Arc::new(MemoryLog::default());
         let queue = Arc::new(MemoryQueue::default());
         let ledger = Arc::new(MemoryLedger::default());
         let (stop, rx) = watch::channel(false);
         let mut tools = ToolRegistry::default();
         tools.register(Add).register(Nap);
-        let agent = Arc::new(Agent::new(Arc::new(scripts())).with_tools(tools));
+        let agent = Arc::new(Agent::new(provider).with_tools(tools));
         for i in 0..workers {
             let options = WorkerOptions { id: format!("w{i}"), concurrency: 4, lease_ttl };
             let worker = Arc::new(Worker::new(agent.clone(), log.clone(), queue.clone(), ledger.clone(), options));
@@ -92,7 +98,7 @@ impl Fleet {
                     l.outbox_done(&[id]).await.unwrap();
                 }
                 tick += 1;
-                if tick % 20 == 0 {
+                if reconcile && tick % 20 == 0 {
                     for job in l.orphaned(100).await.unwrap() {
                         q.publish(&job).await.unwrap();
                     }
@@ -221,5 +227,112 @@ async fn a_cancel_stops_a_running_run_at_its_next_step() {
     let naps = events.iter().filter(|e| matches!(e.kind, EventKind::ToolResult { .. })).count();
     assert!(naps < 20, "the run stopped early, after {naps} naps");
     check_log(&events);
+    let _ = fleet.stop.send(true);
+}
+
+/// A provider that answers `plain` turns from the scripts, but first hangs
+/// (`hang`) or fails once with a wait hint (`flaky`).
+struct Awkward {
+    scripts: ScriptLibrary,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+#[glia_worker::async_trait]
+impl glia_worker::provider::Provider for Awkward {
+    async fn generate(
+        &self,
+        request: &glia_worker::provider::ModelRequest,
+        live: &(dyn Fn(glia_proto::LiveEvent) + Send + Sync),
+    ) -> Result<glia_worker::provider::ModelResponse, glia_worker::provider::ProviderError> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        match request.model.as_str() {
+            "hang" => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                unreachable!("nobody waits an hour")
+            }
+            "flaky" if n == 0 => Err(glia_worker::provider::ProviderError::Transient { message: "overloaded".into(), retry_after_ms: Some(100) }),
+            _ => {
+                let request = glia_worker::provider::ModelRequest { model: "script:plain".into(), ..request.clone() };
+                self.scripts.generate(&request, live).await
+            }
+        }
+    }
+}
+
+fn awkward() -> Arc<Awkward> {
+    Arc::new(Awkward { scripts: scripts(), calls: Default::default() })
+}
+
+async fn submit_model(fleet: &Fleet, model: &str) -> Uuid {
+    let run_id = Uuid::now_v7();
+    let config = RunConfig { model: model.into(), ..RunConfig::default() };
+    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { goal: "go".into(), config } };
+    fleet.log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
+    run_id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_aborts_a_model_call_in_flight() {
+    use glia_backends::Ledger;
+    let fleet = Fleet::start_with(1, Duration::from_secs(30), awkward(), true);
+    let run_id = submit_model(&fleet, "hang").await;
+    // Wait until the model call is in flight (durable `model.call`).
+    for _ in 0..400 {
+        if fleet.log.events(run_id, 0, 100).await.unwrap().iter().any(|e| matches!(e.kind, EventKind::ModelCall { .. })) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let asked = std::time::Instant::now();
+    fleet.log.post(run_id, Resume::Cancel { reason: "stop".into() }).await.unwrap();
+    fleet.ledger.cancel(run_id).await.unwrap();
+    let state = fleet.wait_parked_or_done(run_id).await;
+    assert_eq!(state.outcome, Some(Outcome::Cancelled { reason: "stop".into() }));
+    assert!(asked.elapsed() < Duration::from_secs(5), "the hanging call was abandoned, not waited for");
+    check_log(&fleet.log.events(run_id, 0, 1000).await.unwrap());
+    let _ = fleet.stop.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_is_retried_when_the_provider_says_not_when_the_lease_lapses() {
+    // No reconciler: only the worker's own retry can bring the run back.
+    let fleet = Fleet::start_with(1, Duration::from_secs(30), awkward(), false);
+    let run_id = submit_model(&fleet, "flaky").await;
+    let started = std::time::Instant::now();
+    let state = fleet.wait_parked_or_done(run_id).await;
+    assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })), "{:?}", state.outcome);
+    assert!(started.elapsed() < Duration::from_secs(10), "retried after the hint (100 ms), long before the 30 s lease lapsed");
+    let events = fleet.log.events(run_id, 0, 1000).await.unwrap();
+    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::Error { fatal: false, .. })));
+    check_log(&events);
+    let _ = fleet.stop.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_for_a_run_held_elsewhere_is_retried_later() {
+    // No reconciler: only the worker's own retry can bring the job back.
+    let fleet = Fleet::start_with(1, Duration::from_secs(30), Arc::new(scripts()), false);
+    let run_id = fleet.submit("approval").await;
+    let state = fleet.wait_parked_or_done(run_id).await;
+    let call = state.batch[0].clone();
+    // Another holder (a worker about to let go) has the run when the
+    // decision's job arrives.
+    let other = fleet.log.acquire(run_id, "other", Duration::from_secs(60)).await.unwrap();
+    let decision = Resume::Approval { call_id: call.call_id, args_hash: call.args_hash, decision: glia_proto::Decision::Approve, by: None, request_seq: call.requested_seq };
+    fleet.log.post(run_id, decision).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    fleet.log.release(&other).await.unwrap();
+    // The refund is external: the approved call now waits for its result.
+    let started = std::time::Instant::now();
+    for _ in 0..400 {
+        if fleet.log.inbox(run_id).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(fleet.log.inbox(run_id).await.unwrap().is_empty(), "the decision was applied");
+    assert!(started.elapsed() < Duration::from_secs(4), "long before the other lease (60 s) would have lapsed");
+    let state = fleet.log.load(run_id).await.unwrap();
+    assert_eq!(state.batch[0].approval, glia_proto::ApprovalStatus::Approved);
     let _ = fleet.stop.send(true);
 }
