@@ -152,19 +152,9 @@ pub struct StepsResult {
     pub concurrency: usize,
     /// Connections of the raw insert comparison (runs in flight).
     pub raw_concurrency: usize,
-    /// Median durable steps/s.
-    pub steps_per_s: f64,
-    /// Median runs/s.
-    pub runs_per_s: f64,
-    /// Median of the rounds' approval → resume p50, ms.
-    pub approval_resume_p50_ms: f64,
-    /// Median of the rounds' approval → resume p99, ms.
-    pub approval_resume_p99_ms: f64,
-    /// Median raw inserts/s on one connection.
-    pub raw_inserts_per_s_1: f64,
-    /// Median raw inserts/s at `raw_concurrency`.
-    pub raw_inserts_per_s_c: f64,
-    /// steps/s ÷ raw inserts/s at the same concurrency.
+    /// Each figure's median over the rounds.
+    pub median: StepsRound,
+    /// Median steps/s ÷ median raw inserts/s at the same concurrency.
     pub ratio_to_raw: f64,
     /// Every round.
     pub rounds: Vec<StepsRound>,
@@ -221,8 +211,10 @@ impl BenchFleet {
         tokio::spawn(glia_dispatcher::serve(app, listener, async move {
             let _ = stopped.wait_for(|s| *s).await;
         }));
-        for n in 0..workers.max(1) {
-            let (log, queue, ledger) = ports(db.log().await).await?;
+        for n in 0..workers {
+            // A connection per run in flight, so no commit waits for one.
+            let options = glia_backends::postgres::PgOptions { max_connections: concurrency.max(1), ..Default::default() };
+            let (log, queue, ledger) = ports(db.log_with(options).await).await?;
             let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
             tokio::spawn(Arc::new(Worker::new(agent.clone(), log, queue, ledger, options)).run(shutdown.clone()));
         }
@@ -248,33 +240,34 @@ async fn steps(args: &StepsArgs) -> Result<StepsResult> {
     let mut rounds = Vec::new();
     for round in 0..args.repeat.max(1) {
         let fleet = BenchFleet::start(&args.urls, agent.clone(), args.workers, args.concurrency).await?;
-        let result = steps_round(args, &fleet, raw_concurrency).await;
+        let result = steps_round(args, &fleet).await;
         fleet.stop().await;
-        let result = result?;
+        let mut result = result?;
+        // The raw rate, on a database of its own once the fleet is gone.
+        let raw_db = TestDb::new().await;
+        let seconds = Duration::from_secs(args.raw_seconds);
+        result.raw_inserts_per_s_1 = raw_inserts(&raw_db, 1, seconds).await?;
+        result.raw_inserts_per_s_c = raw_inserts(&raw_db, raw_concurrency, seconds).await?;
+        drop(raw_db);
         eprintln!("round {}: {:.0} steps/s, approval→resume p50 {:.1} ms", round + 1, result.steps_per_s, result.approval_resume_p50_ms);
         rounds.push(result);
     }
     let m = |f: fn(&StepsRound) -> f64| median(rounds.iter().map(f).collect());
-    let steps_per_s = m(|r| r.steps_per_s);
-    let raw_c = m(|r| r.raw_inserts_per_s_c);
-    Ok(StepsResult {
-        runs: args.runs,
-        turns: args.turns,
-        workers: args.workers,
-        concurrency: args.concurrency,
-        raw_concurrency,
-        steps_per_s,
+    let medians = StepsRound {
+        steps_per_s: m(|r| r.steps_per_s),
         runs_per_s: m(|r| r.runs_per_s),
         approval_resume_p50_ms: m(|r| r.approval_resume_p50_ms),
         approval_resume_p99_ms: m(|r| r.approval_resume_p99_ms),
         raw_inserts_per_s_1: m(|r| r.raw_inserts_per_s_1),
-        raw_inserts_per_s_c: raw_c,
-        ratio_to_raw: if raw_c > 0.0 { steps_per_s / raw_c } else { 0.0 },
-        rounds,
-    })
+        raw_inserts_per_s_c: m(|r| r.raw_inserts_per_s_c),
+        steps: median(rounds.iter().map(|r| r.steps as f64).collect()) as i64,
+        wall_s: m(|r| r.wall_s),
+    };
+    let ratio_to_raw = if medians.raw_inserts_per_s_c > 0.0 { medians.steps_per_s / medians.raw_inserts_per_s_c } else { 0.0 };
+    Ok(StepsResult { runs: args.runs, turns: args.turns, workers: args.workers, concurrency: args.concurrency, raw_concurrency, median: medians, ratio_to_raw, rounds })
 }
 
-async fn steps_round(args: &StepsArgs, fleet: &BenchFleet, raw_concurrency: usize) -> Result<StepsRound> {
+async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound> {
     let client = Client::builder().pool_max_idle_per_host(64).build()?;
     let sql = fleet.db.sql().await;
     let config = step_config("script:bench", args.turns);
@@ -324,7 +317,7 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet, raw_concurrency: usiz
     let mut latencies: Vec<f64> = sql
         .query(
             "SELECT (extract(epoch FROM (e.at - i.created_at)) * 1000)::float8 FROM inbox i JOIN events e \
-             ON e.run_id = i.run_id AND e.kind = 'approval.resolved' AND e.payload->>'call_id' = i.payload->>'call_id' \
+             ON e.run_id = i.run_id AND e.kind = 'approval.resolved' AND e.payload->'data'->>'call_id' = i.payload->>'call_id' \
              WHERE i.payload->>'kind' = 'approval'",
             &[],
         )
@@ -333,15 +326,13 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet, raw_concurrency: usiz
         .map(|r| r.get::<_, f64>(0))
         .collect();
     latencies.sort_by(f64::total_cmp);
-    let raw_1 = raw_inserts(&fleet.db, 1, Duration::from_secs(args.raw_seconds)).await?;
-    let raw_c = raw_inserts(&fleet.db, raw_concurrency, Duration::from_secs(args.raw_seconds)).await?;
     Ok(StepsRound {
         steps_per_s: steps as f64 / wall_s,
         runs_per_s: args.runs as f64 / wall_s,
         approval_resume_p50_ms: percentile(&latencies, 0.5).unwrap_or(0.0),
         approval_resume_p99_ms: percentile(&latencies, 0.99).unwrap_or(0.0),
-        raw_inserts_per_s_1: raw_1,
-        raw_inserts_per_s_c: raw_c,
+        raw_inserts_per_s_1: 0.0,
+        raw_inserts_per_s_c: 0.0,
         steps,
         wall_s,
     })
@@ -401,6 +392,10 @@ pub struct GrowthResult {
     pub early_wal_bytes_mean: f64,
     /// Mean WAL bytes per commit over the last turns (checkpoints included).
     pub late_wal_bytes_mean: f64,
+    /// Mean JSON bytes of the events each commit wrote, around turn 10.
+    pub early_event_bytes: f64,
+    /// The same over the last turns.
+    pub late_event_bytes: f64,
     /// Commits measured.
     pub commits: usize,
 }
@@ -412,8 +407,8 @@ struct MeasuringSink {
     lease: glia_backends::Lease,
     sql: tokio_postgres::Client,
     buffer: Vec<Event>,
-    /// (model calls so far, commit ms, WAL bytes).
-    samples: Vec<(u64, f64, f64)>,
+    /// (model calls so far, commit ms, WAL bytes, event JSON bytes).
+    samples: Vec<(u64, f64, f64, f64)>,
 }
 
 /// The server's WAL position, in bytes.
@@ -438,7 +433,8 @@ impl EventSink for MeasuringSink {
         self.log.commit(&self.lease, &self.buffer, state, &[]).await.map_err(|e| SinkError(e.to_string()))?;
         let ms = started.elapsed().as_secs_f64() * 1000.0;
         let after = wal_position(&self.sql).await?;
-        self.samples.push((state.usage.turns, ms, (after - before) as f64));
+        let json: usize = self.buffer.iter().map(|e| serde_json::to_string(&e.kind).map_or(0, |s| s.len())).sum();
+        self.samples.push((state.usage.turns, ms, (after - before) as f64, json as f64));
         self.buffer.clear();
         Ok(())
     }
@@ -462,14 +458,14 @@ async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
     if !matches!(state.outcome, Some(glia_proto::Outcome::Succeeded { .. })) {
         bail!("the long run did not succeed: {:?}", state.outcome);
     }
-    let window = |from: u64, to: u64| -> (Vec<f64>, Vec<f64>) {
-        let picked: Vec<&(u64, f64, f64)> = sink.samples.iter().filter(|(t, _, _)| *t >= from && *t < to).collect();
-        (picked.iter().map(|s| s.1).collect(), picked.iter().map(|s| s.2).collect())
+    let window = |from: u64, to: u64| -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let picked: Vec<&(u64, f64, f64, f64)> = sink.samples.iter().filter(|(t, ..)| *t >= from && *t < to).collect();
+        (picked.iter().map(|s| s.1).collect(), picked.iter().map(|s| s.2).collect(), picked.iter().map(|s| s.3).collect())
     };
     let half = (args.window / 2) as u64;
     let turns = args.turns as u64;
-    let (early_ms, early_wal) = window(10u64.saturating_sub(half), 10 + half);
-    let (late_ms, late_wal) = window(turns.saturating_sub(args.window as u64), turns + 1);
+    let (early_ms, early_wal, early_json) = window(10u64.saturating_sub(half), 10 + half);
+    let (late_ms, late_wal, late_json) = window(turns.saturating_sub(args.window as u64), turns + 1);
     let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
     let (early_wal_mean, late_wal_mean) = (mean(&early_wal), mean(&late_wal));
     let (early, late) = (median(early_ms), median(late_ms));
@@ -482,6 +478,8 @@ async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
         late_wal_bytes: median(late_wal),
         early_wal_bytes_mean: early_wal_mean,
         late_wal_bytes_mean: late_wal_mean,
+        early_event_bytes: mean(&early_json),
+        late_event_bytes: mean(&late_json),
         commits: sink.samples.len(),
     })
 }

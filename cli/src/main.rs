@@ -123,7 +123,12 @@ struct RunArgs {
 async fn main() -> Result<()> {
     let cli = Cli::parse();
     // A batch draws a progress bar on stderr: only warnings go there too.
-    let default_level = if matches!(cli.command, Command::Batch(_)) { "warn" } else { "info" };
+    // A benchmark prints JSON; the pools it tears down would only warn.
+    let default_level = match cli.command {
+        Command::Batch(_) => "warn",
+        Command::Bench(_) => "error",
+        _ => "info",
+    };
     let _telemetry = observe::init_logging(cli.log_format, default_level);
     match cli.command {
         Command::Run(args) => run(args).await,

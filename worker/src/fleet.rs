@@ -367,7 +367,7 @@ impl Worker {
 pub const RETRY_HELD_AFTER: Duration = Duration::from_millis(500);
 
 /// How often a worker looks at the cancel flag of a run it is advancing.
-pub const CANCEL_POLL: Duration = Duration::from_millis(200);
+pub const CANCEL_POLL: Duration = Duration::from_secs(1);
 
 async fn ack(delivery: Delivery, handled: Handled) -> Handled {
     let _ = delivery.acker.ack().await;
