@@ -149,3 +149,57 @@ fn real_fleet_reproduces_all_200_with_a_worker_killed_mid_batch() {
     victim.wait().unwrap();
     assert_whole_recording(&summary(child.wait_with_output().unwrap()));
 }
+
+/// `--approve manual`: the batch waits while people decide with
+/// `glia approvals list` and `glia approvals approve`.
+#[test]
+fn manual_approvals_are_left_to_people_on_the_cli() {
+    const CONSEQUENTIAL: [&str; 6] =
+        ["book_reservation", "cancel_reservation", "update_reservation_flights", "update_reservation_baggages", "update_reservation_passengers", "send_certificate"];
+    let all: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(recording_dir().join("gpt-4o-airline.json")).unwrap()).unwrap();
+    let n = 8;
+    let expected_approvals: usize = all[..n]
+        .iter()
+        .flat_map(|c| c["traj"].as_array().unwrap().iter())
+        .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+        .filter(|c| CONSEQUENTIAL.contains(&c["function"]["name"].as_str().unwrap()))
+        .count();
+    assert!(expected_approvals > 0);
+
+    let port = common::free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let mut dev = Command::new(env!("CARGO_BIN_EXE_glia"))
+        .args(["dev", "--replay", recording_dir().to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while common::http("GET", &format!("{server}/healthz"), None).is_err() {
+        assert!(Instant::now() < deadline, "glia dev did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut child = batch(&["--server", &server, "--approve", "manual", "--limit", &n.to_string()]).spawn().unwrap();
+    let glia = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_glia")).args(args).args(["--server", &server]).stdin(Stdio::null()).output().unwrap();
+        assert!(out.status.success(), "glia {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut approved = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the batch did not finish");
+        for line in glia(&["approvals", "list"]).lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            glia(&["approvals", "approve", fields[0], fields[1]]);
+            approved += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = summary(child.wait_with_output().unwrap());
+    let _ = dev.kill();
+    let _ = dev.wait();
+    assert_eq!((s["runs"].as_u64(), s["reproduced"].as_u64()), (Some(n as u64), Some(n as u64)), "{s}");
+    assert_eq!(s["approvals"], expected_approvals, "{s}");
+    assert_eq!(approved, expected_approvals, "every approval was a person's, on the CLI");
+}

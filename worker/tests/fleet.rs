@@ -40,6 +40,8 @@ struct Fleet {
     queue: Arc<MemoryQueue>,
     ledger: Arc<MemoryLedger>,
     stop: watch::Sender<bool>,
+    agent: Arc<Agent>,
+    lease_ttl: Duration,
 }
 
 fn scripts() -> ScriptLibrary {
@@ -83,11 +85,6 @@ impl Fleet {
         let mut tools = ToolRegistry::default();
         tools.register(Add).register(Nap);
         let agent = Arc::new(Agent::new(provider).with_tools(tools));
-        for i in 0..workers {
-            let options = WorkerOptions { id: format!("w{i}"), concurrency: 4, lease_ttl };
-            let worker = Arc::new(Worker::new(agent.clone(), log.clone(), queue.clone(), ledger.clone(), options));
-            tokio::spawn(worker.run(rx.clone()));
-        }
         // Relay and reconciler, as the dispatcher runs them.
         let (l, q, mut r) = (log.clone(), queue.clone(), rx.clone());
         tokio::spawn(async move {
@@ -106,7 +103,18 @@ impl Fleet {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         });
-        Fleet { log, queue, ledger, stop }
+        let fleet = Fleet { log, queue, ledger, stop, agent, lease_ttl };
+        fleet.spawn_workers(workers);
+        fleet
+    }
+
+    /// Start `n` more workers.
+    fn spawn_workers(&self, n: usize) {
+        for i in 0..n {
+            let options = WorkerOptions { id: format!("w{i}-{}", Uuid::now_v7().simple()), concurrency: 4, lease_ttl: self.lease_ttl };
+            let worker = Arc::new(Worker::new(self.agent.clone(), self.log.clone(), self.queue.clone(), self.ledger.clone(), options));
+            tokio::spawn(worker.run(self.stop.subscribe()));
+        }
     }
 
     async fn submit(&self, script: &str) -> Uuid {
@@ -202,10 +210,11 @@ async fn stale_and_duplicate_jobs_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_lease_is_taken_over_by_the_reconciler() {
-    let fleet = Fleet::start(1, Duration::from_millis(300));
+    let fleet = Fleet::start(0, Duration::from_millis(300));
     let run_id = fleet.submit("plain").await;
-    // Steal the lease as a dead worker would hold it, before anyone runs the job.
+    // The lease as a dead worker would hold it, before any worker runs the job.
     let _dead = fleet.log.acquire(run_id, "dead-worker", Duration::from_millis(200)).await.unwrap();
+    fleet.spawn_workers(1);
     let state = fleet.drive(run_id).await;
     assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })), "{:?}", state.outcome);
     check_log(&fleet.log.events(run_id, 0, 1000).await.unwrap());
