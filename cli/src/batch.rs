@@ -264,7 +264,7 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
                         t.posted.insert(key, Utc::now());
                         let body = json!({ "decision": "approve", "args_hash": call.args_hash });
                         let path = format!("/v1/runs/{id}/approvals/{call_id}");
-                        checked(server.request(&client, Method::POST, &path).json(&body).send().await?).await.with_context(|| format!("approving {call_id} of run {id}"))?;
+                        post(&client, server, &path, &body).await.with_context(|| format!("approving {call_id} of run {id}"))?;
                         progressed = true;
                     }
                     if all {
@@ -280,14 +280,14 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
                             t.verdict = Some(Verdict::Diverged(why.clone()));
                             bar.inc(1);
                             let cancel = json!({ "reason": format!("replay diverged: {why}") });
-                            checked(server.request(&client, Method::POST, &format!("/v1/runs/{id}/cancel")).json(&cancel).send().await?).await?;
+                            post(&client, server, &format!("/v1/runs/{id}/cancel"), &cancel).await.with_context(|| format!("cancelling run {id}"))?;
                             continue;
                         }
                     };
                     if body.get("text").is_some() {
                         summary.customer_turns += 1;
                     }
-                    checked(server.request(&client, Method::POST, &format!("/v1/runs/{id}/{path}")).json(&body).send().await?).await.with_context(|| format!("posting to run {id}"))?;
+                    post(&client, server, &format!("/v1/runs/{id}/{path}"), &body).await.with_context(|| format!("posting to run {id}"))?;
                     t.acted_at = t.state.head_seq;
                     progressed = true;
                 }
@@ -346,6 +346,17 @@ fn judge(t: &Tracked) -> Option<Verdict> {
         Outcome::Failed { error } => Some(Verdict::Failed(error.clone())),
         Outcome::Cancelled { reason } => Some(Verdict::Failed(format!("cancelled: {reason}"))),
     }
+}
+
+/// POST `body` to `path`. A 409 is not an error here: someone else (a
+/// person, the reconciler, a finished run) acted first, and the run's events
+/// will tell the driver what happened.
+async fn post(client: &Client, server: &Server, path: &str, body: &serde_json::Value) -> Result<()> {
+    let resp = server.request(client, Method::POST, path).json(body).send().await.context("connecting to the dispatcher")?;
+    if resp.status() == reqwest::StatusCode::CONFLICT {
+        return Ok(());
+    }
+    checked(resp).await.map(|_| ())
 }
 
 async fn list_batch(client: &Client, server: &Server, batch_id: Uuid) -> Result<Vec<RunRow>> {
