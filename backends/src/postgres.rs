@@ -23,10 +23,15 @@
 //!
 //! ## Checkpoints
 //!
-//! The commit whose events cross a multiple of [`PgOptions::checkpoint_every`]
-//! writes a checkpoint: the latest checkpoint plus the events since (read in
-//! the same transaction) with the new events applied, i.e. the state the log
-//! says, not the caller's claim. A commit only checks the events' envelope
+//! The commit whose events cross a checkpoint position writes a checkpoint.
+//! Positions are [`PgOptions::checkpoint_every`] apart at first, then a
+//! quarter of the history apart ([`next_checkpoint`]): a checkpoint's size
+//! grows with the history and so does the gap to the next, so checkpoints
+//! cost each event about the same however long the run, and a load replays
+//! at most about a quarter of the history on top of one. A checkpoint is
+//! the latest checkpoint plus the events since (read in the same
+//! transaction) with the new events applied, i.e. the state the log says,
+//! not the caller's claim. A commit only checks the events' envelope
 //! (run, consecutive sequences, `state.head_seq`); this is where transitions
 //! are verified: events that do not apply make that commit fail with
 //! [`LogError::Invalid`]. Only the latest checkpoint is kept, so a run's
@@ -108,8 +113,9 @@ pub struct PgOptions {
     /// last answer (default 60 s): covers a network that stopped answering,
     /// which no server-side timeout can.
     pub call_timeout: Duration,
-    /// A checkpoint is written by the commit whose events cross a multiple of
-    /// this many events (default 64; at least 1).
+    /// The first checkpoint is written at this many events, and the next ones
+    /// at least this many apart (default 64; at least 1); see
+    /// [`next_checkpoint`].
     pub checkpoint_every: u64,
     /// Event payloads whose JSON is longer than this many bytes go to `blobs`
     /// (default 64 KiB).
@@ -226,6 +232,27 @@ impl PgLog {
         }
         Ok(state)
     }
+}
+
+/// The first checkpoint position after `seq`: positions start at `every` and
+/// are `every` apart until a quarter of a position exceeds `every`; from
+/// there each is a quarter beyond the last (64, 128, 192, 256, 320, 400,
+/// 500, 625, … for 64).
+///
+/// ```
+/// use glia_backends::postgres::next_checkpoint;
+/// assert_eq!(next_checkpoint(0, 64), 64);
+/// assert_eq!(next_checkpoint(64, 64), 128);
+/// assert_eq!(next_checkpoint(300, 64), 320);
+/// assert_eq!(next_checkpoint(400, 64), 500);
+/// ```
+pub fn next_checkpoint(seq: u64, every: u64) -> u64 {
+    let every = every.max(1);
+    let mut position = every;
+    while position <= seq {
+        position += (position / 4).max(every);
+    }
+    position
 }
 
 /// Apply pending migrations on a dedicated connection, holding an advisory
@@ -798,7 +825,7 @@ impl EventLog for PgLog {
     }
 
     /// Reads the latest checkpoint and the events after it (at most about
-    /// `checkpoint_every` plus one commit's).
+    /// `max(checkpoint_every, history / 4)` plus one commit's).
     async fn load(&self, run_id: Uuid) -> Result<RunState, LogError> {
         self.bounded("load", async {
             let client = self.client().await?;
@@ -924,8 +951,7 @@ impl EventLog for PgLog {
             }
             let tenant: String = col(&row, "tenant")?;
 
-            let every = self.checkpoint_every;
-            let checkpoint = if !events.is_empty() && state.head_seq / every > head / every {
+            let checkpoint = if !events.is_empty() && state.head_seq >= next_checkpoint(head, self.checkpoint_every) {
                 let rebuilt = self.checkpoint_state(&tx, run_id, events, state).await?;
                 let cell = JsonCell::of(&rebuilt).map_err(|e| LogError::Invalid { run_id, reason: format!("state does not serialise: {e}") })?;
                 Some((sql_seq(rebuilt.head_seq), cell))

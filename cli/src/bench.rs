@@ -81,7 +81,8 @@ pub struct GrowthArgs {
     /// Tool turns of the run.
     #[arg(long, default_value_t = 400)]
     turns: usize,
-    /// Turns averaged around each measuring point (turn 10 and the last).
+    /// Turns compared around each measuring point (turn 10, and the last
+    /// turns).
     #[arg(long, default_value_t = 10)]
     window: usize,
 }
@@ -378,21 +379,23 @@ async fn raw_inserts(db: &TestDb, connections: usize, duration: Duration) -> Res
 pub struct GrowthResult {
     /// Tool turns of the run.
     pub turns: usize,
-    /// Median commit latency around turn 10, ms.
+    /// Median over the turns around turn 10 of a turn's commit latency (its
+    /// two steps' commits), ms.
     pub early_commit_ms: f64,
-    /// Median commit latency over the last turns, ms.
+    /// The same over the last turns, ms.
     pub late_commit_ms: f64,
     /// late ÷ early.
     pub latency_ratio: f64,
-    /// Median WAL bytes per commit around turn 10.
+    /// Median WAL bytes of a turn's commits, around turn 10.
     pub early_wal_bytes: f64,
-    /// Median WAL bytes per commit over the last turns.
+    /// The same over the last turns.
     pub late_wal_bytes: f64,
-    /// Mean WAL bytes per commit around turn 10 (checkpoints included).
+    /// Mean WAL bytes of a turn's commits around turn 10 (state checkpoints,
+    /// every 64 events, included).
     pub early_wal_bytes_mean: f64,
-    /// Mean WAL bytes per commit over the last turns (checkpoints included).
+    /// The same over the last turns.
     pub late_wal_bytes_mean: f64,
-    /// Mean JSON bytes of the events each commit wrote, around turn 10.
+    /// Mean JSON bytes of the events a turn's commits wrote, around turn 10.
     pub early_event_bytes: f64,
     /// The same over the last turns.
     pub late_event_bytes: f64,
@@ -458,9 +461,18 @@ async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
     if !matches!(state.outcome, Some(glia_proto::Outcome::Succeeded { .. })) {
         bail!("the long run did not succeed: {:?}", state.outcome);
     }
+    // A turn is two steps (a model call, a tool execution), each committed:
+    // sum each turn's commits, then compare turns.
+    let mut per_turn: std::collections::BTreeMap<u64, (f64, f64, f64)> = std::collections::BTreeMap::new();
+    for (turn, ms, wal, json) in &sink.samples {
+        let t = per_turn.entry(*turn).or_default();
+        t.0 += ms;
+        t.1 += wal;
+        t.2 += json;
+    }
     let window = |from: u64, to: u64| -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-        let picked: Vec<&(u64, f64, f64, f64)> = sink.samples.iter().filter(|(t, ..)| *t >= from && *t < to).collect();
-        (picked.iter().map(|s| s.1).collect(), picked.iter().map(|s| s.2).collect(), picked.iter().map(|s| s.3).collect())
+        let picked: Vec<&(f64, f64, f64)> = per_turn.range(from..to).map(|(_, v)| v).collect();
+        (picked.iter().map(|s| s.0).collect(), picked.iter().map(|s| s.1).collect(), picked.iter().map(|s| s.2).collect())
     };
     let half = (args.window / 2) as u64;
     let turns = args.turns as u64;
