@@ -390,9 +390,14 @@ pub struct TestDb {
 }
 
 impl TestDb {
-    /// Create the database.
+    /// Create the database, on the server of `GLIA_DATABASE_URL`.
     pub async fn new() -> TestDb {
-        let admin = postgres_admin_config();
+        TestDb::on(postgres_admin_config()).await
+    }
+
+    /// Create the database on the server `admin` connects to (its database
+    /// is only used to create and drop this one).
+    pub async fn on(admin: tokio_postgres::Config) -> TestDb {
         let name = format!("glia_test_{}", Uuid::now_v7().simple());
         postgres_connect(&admin).await.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create a test database");
         TestDb { name, admin }

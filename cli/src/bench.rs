@@ -78,6 +78,8 @@ pub struct StepsArgs {
 /// `glia bench growth`.
 #[derive(Args)]
 pub struct GrowthArgs {
+    #[command(flatten)]
+    urls: Urls,
     /// Tool turns of the run.
     #[arg(long, default_value_t = 400)]
     turns: usize,
@@ -110,6 +112,12 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
     };
     println!("{}", serde_json::to_string_pretty(&result)?);
     Ok(())
+}
+
+/// A database of its own on the server of `url`, dropped with the value.
+async fn private_db(url: &str) -> Result<TestDb> {
+    let admin: tokio_postgres::Config = url.parse().with_context(|| format!("parsing the database URL {url}"))?;
+    Ok(TestDb::on(admin).await)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -191,7 +199,7 @@ struct BenchFleet {
 
 impl BenchFleet {
     async fn start(urls: &Urls, agent: Arc<Agent>, workers: usize, concurrency: usize) -> Result<BenchFleet> {
-        let db = TestDb::new().await;
+        let db = private_db(&urls.database_url).await?;
         let name = format!("glia_bench_{}", Uuid::now_v7().simple());
         let (stop, shutdown) = watch::channel(false);
         let ports = |log: glia_backends::postgres::PgLog| {
@@ -245,7 +253,7 @@ async fn steps(args: &StepsArgs) -> Result<StepsResult> {
         fleet.stop().await;
         let mut result = result?;
         // The raw rate, on a database of its own once the fleet is gone.
-        let raw_db = TestDb::new().await;
+        let raw_db = private_db(&args.urls.database_url).await?;
         let seconds = Duration::from_secs(args.raw_seconds);
         result.raw_inserts_per_s_1 = raw_inserts(&raw_db, 1, seconds).await?;
         result.raw_inserts_per_s_c = raw_inserts(&raw_db, raw_concurrency, seconds).await?;
@@ -444,7 +452,7 @@ impl EventSink for MeasuringSink {
 }
 
 async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
-    let db = TestDb::new().await;
+    let db = private_db(&args.urls.database_url).await?;
     let log = db.log().await;
     let mut script: Vec<ScriptedTurn> = (0..args.turns).map(|i| ScriptedTurn::call("calculator", json!({ "expression": format!("{i} + 1") }))).collect();
     script.push(ScriptedTurn::text("done"));
