@@ -197,6 +197,23 @@ pub async fn inbox_and_approvals(log: &dyn EventLog) {
     assert!(matches!(log.post(Uuid::now_v7(), decision).await, Err(LogError::NotFound(_))));
 }
 
+/// A run that ends (here: cancelled) while an approval waits takes the
+/// approval out of the pending queue.
+pub async fn ending_a_run_closes_its_approvals(log: &dyn EventLog) {
+    let s = sample_log();
+    let tenant = format!("t-{}", s.run_id);
+    log.create_run(new_run(&tenant, None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
+    let filter = ApprovalFilter { tenant: Some(tenant), pending_only: true, limit: 10, ..Default::default() };
+    assert_eq!(log.approvals(&filter).await.unwrap().len(), 1);
+    let cancel = Event { run_id: s.run_id, seq: s.parked.len() as u64 + 1, at: Utc::now(), kind: EventKind::SessionCancel { reason: "stop".into() } };
+    let all = [s.parked.clone(), vec![cancel.clone()]].concat();
+    log.commit(&lease, &[cancel], &state_after(s.run_id, &all), &[]).await.unwrap();
+    assert!(log.approvals(&filter).await.unwrap().is_empty(), "a finished run has no pending approvals");
+    assert_eq!(log.gauges(Utc::now()).await.unwrap().approvals_pending, 0);
+}
+
 /// The outbox drains; runnable runs without a live lease are orphaned; parked
 /// and leased runs are not.
 pub async fn outbox_and_orphans(log: &dyn EventLog) {
@@ -245,6 +262,7 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     commits_are_fenced(&fresh().await).await;
     load_equals_replay(&fresh().await).await;
     inbox_and_approvals(&fresh().await).await;
+    ending_a_run_closes_its_approvals(&fresh().await).await;
     outbox_and_orphans(&fresh().await).await;
     lists_runs(&fresh().await).await;
 }

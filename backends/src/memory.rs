@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{NaiveDate, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use glia_proto::{Event, EventKind, LiveEvent, Resume, RunState};
+use glia_proto::{Event, EventKind, LiveEvent, Phase, Resume, RunState};
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
@@ -212,6 +212,11 @@ impl EventLog for MemoryLog {
                     }
                 }
                 _ => {}
+            }
+        }
+        if state.phase == Phase::Done {
+            for a in inner.approvals.iter_mut().filter(|a| a.run_id == run_id) {
+                a.status = ApprovalStatus::Decided;
             }
         }
         Ok(())

@@ -681,6 +681,9 @@ const INSERT_APPROVALS: &str = "INSERT INTO approvals (run_id, tenant, call_id, 
 const DECIDE_APPROVALS: &str = "UPDATE approvals SET status = 'decided', decided_at = now() \
      WHERE run_id = $1 AND call_id = ANY($2) AND status = 'pending'";
 
+/// A run that ended leaves nothing to decide.
+const CLOSE_APPROVALS: &str = "UPDATE approvals SET status = 'decided', decided_at = now() WHERE run_id = $1 AND status = 'pending'";
+
 const CONSUME_INBOX: &str = "UPDATE inbox SET consumed = true WHERE run_id = $1 AND id = ANY($2) AND NOT consumed";
 
 const INSERT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, seq, state, state_raw) VALUES ($1, $2, $3::text::jsonb, $4) \
@@ -962,6 +965,9 @@ impl EventLog for PgLog {
             let update = tx.prepare_cached(UPDATE_SUMMARY).await.map_err(fail)?;
             let approve = tx.prepare_cached(INSERT_APPROVALS).await.map_err(fail)?;
             let decide = tx.prepare_cached(DECIDE_APPROVALS).await.map_err(fail)?;
+            let close = tx.prepare_cached(CLOSE_APPROVALS).await.map_err(fail)?;
+            let ended = state.phase == Phase::Done;
+            let close_params: [&(dyn ToSql + Sync); 1] = [&run_id];
             let consume = tx.prepare_cached(CONSUME_INBOX).await.map_err(fail)?;
             let save = tx.prepare_cached(INSERT_CHECKPOINT).await.map_err(fail)?;
             let prune = tx.prepare_cached(PRUNE_CHECKPOINTS).await.map_err(fail)?;
@@ -984,6 +990,7 @@ impl EventLog for PgLog {
                 maybe(has_events.then(|| tx.execute(&update, &summary_params))),
                 maybe((!calls.is_empty()).then(|| tx.execute(&approve, &approval_params))),
                 maybe((!resolved.is_empty()).then(|| tx.execute(&decide, &decide_params))),
+                maybe(ended.then(|| tx.execute(&close, &close_params))),
                 maybe((!consumed.is_empty()).then(|| tx.execute(&consume, &consume_params))),
                 maybe(checkpoint.is_some().then(|| tx.execute(&save, &save_params))),
                 maybe(checkpoint.is_some().then(|| tx.execute(&prune, &prune_params))),

@@ -148,6 +148,9 @@ struct EventPage {
 pub async fn batch(args: BatchArgs) -> Result<()> {
     let tools = args.tools.clone().unwrap_or_else(|| args.file.with_file_name(glia_replay::tau::TOOLS));
     let recording = glia_replay::tau::load(&args.file, &tools)?;
+    if recording.conversations().is_empty() || args.limit == Some(0) {
+        bail!("{} holds no conversations to replay", args.file.display());
+    }
     let (server, _fleet) = match &args.server {
         Some(url) => (Server { server: url.clone(), token: args.token.clone() }, None),
         None => {
@@ -169,7 +172,7 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
 }
 
 async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Result<Summary> {
-    let client = Client::builder().pool_max_idle_per_host(64).build()?;
+    let client = crate::client::http_client()?;
     let conversations: Vec<Arc<Conversation>> = recording.conversations().iter().take(args.limit.unwrap_or(usize::MAX)).cloned().collect();
     let batch_id = Uuid::now_v7();
     let started = Instant::now();
@@ -296,7 +299,7 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
         }
         let secs = started.elapsed().as_secs_f64().max(1e-9);
         let steps = summary.model_calls + summary.tool_results;
-        bar.set_message(format!("{:.0} steps/s  {pending_approvals} approvals pending", steps as f64 / secs));
+        bar.set_message(format!("{:.0} steps/s  approvals pending: {pending_approvals}", steps as f64 / secs));
         if done == runs.len() {
             break;
         }
@@ -413,7 +416,6 @@ fn print_table(s: &Summary) {
         ("wall time", format!("{:.2} s", s.wall_s)),
         ("steps/s", format!("{:.0}", s.steps_per_s)),
     ];
-    println!("{:<22} {:>12}", "", "");
     for (k, v) in rows {
         println!("{k:<22} {v:>12}");
     }

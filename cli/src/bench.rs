@@ -26,7 +26,7 @@ use glia_worker::agent::{EventSink, SinkError};
 use glia_worker::fleet::{Worker, WorkerOptions};
 use glia_worker::provider::{ScriptLibrary, ScriptedProvider, ScriptedTurn};
 use glia_worker::{Agent, async_trait};
-use reqwest::{Client, Method};
+use reqwest::Method;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -277,7 +277,7 @@ async fn steps(args: &StepsArgs) -> Result<StepsResult> {
 }
 
 async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound> {
-    let client = Client::builder().pool_max_idle_per_host(64).build()?;
+    let client = crate::client::http_client()?;
     let sql = fleet.db.sql().await;
     let config = step_config("script:bench", args.turns);
     let started = Instant::now();
@@ -557,7 +557,7 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let pid = child.id();
         let idle = rss_kib(pid).context("reading the worker's resident set")?;
-        let client = Client::new();
+        let client = crate::client::http_client()?;
         let config = RunConfig { model: "script:slow".into(), ..RunConfig::default() };
         for i in 0..args.runs {
             let req = fleet.server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("memory run {i}"), "config": config }));

@@ -33,6 +33,18 @@ impl Server {
     }
 }
 
+/// An HTTP client for the dispatcher: a dispatcher that does not answer is
+/// an error after 10 s (connect) or 60 s (a whole request), never a hang.
+/// Streams (`events/stream`) are read without the request timeout.
+pub fn http_client() -> Result<Client> {
+    Ok(Client::builder().connect_timeout(std::time::Duration::from_secs(10)).timeout(std::time::Duration::from_secs(60)).pool_max_idle_per_host(64).build()?)
+}
+
+/// A client for long-lived streams: connect timeout only.
+fn stream_client() -> Result<Client> {
+    Ok(Client::builder().connect_timeout(std::time::Duration::from_secs(10)).build()?)
+}
+
 /// Turn a non-2xx answer into an error carrying the dispatcher's JSON error.
 pub async fn checked(resp: Response) -> Result<Value> {
     let status = resp.status();
@@ -73,7 +85,7 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
             .with_context(|| format!("parsing config {}", p.display()))?,
         None => RunConfig::default(),
     };
-    let client = Client::new();
+    let client = http_client()?;
     let mut req = args.server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": args.goal, "config": config }));
     if let Some(key) = &args.idempotency_key {
         req = req.header("Idempotency-Key", key);
@@ -85,7 +97,7 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
         return Ok(());
     }
     eprintln!("run {run_id}");
-    follow(&client, &args.server, &run_id, args.json).await
+    follow(&stream_client()?, &args.server, &run_id, args.json).await
 }
 
 /// Print a run's events from the SSE stream until it parks or ends.
@@ -153,7 +165,7 @@ pub enum RunsCommand {
 
 /// Run a `glia runs` command.
 pub async fn runs(cmd: RunsCommand) -> Result<()> {
-    let client = Client::new();
+    let client = http_client()?;
     match cmd {
         RunsCommand::List { server, status, limit } => {
             let mut path = format!("/v1/runs?limit={limit}");
@@ -217,7 +229,7 @@ pub enum ApprovalsCommand {
 
 /// Run a `glia approvals` command.
 pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
-    let client = Client::new();
+    let client = http_client()?;
     match cmd {
         ApprovalsCommand::List { server, tool } => {
             let mut path = "/v1/approvals?status=pending".to_owned();

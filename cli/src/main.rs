@@ -125,7 +125,8 @@ async fn main() -> Result<()> {
     // A batch draws a progress bar on stderr: only warnings go there too.
     // A benchmark prints JSON; the pools it tears down would only warn.
     let default_level = match cli.command {
-        Command::Batch(_) => "warn",
+        // (The embedded dispatcher's "no tokens, loopback only" is expected.)
+        Command::Batch(_) => "warn,glia_dispatcher=error",
         Command::Bench(_) => "error",
         _ => "info",
     };

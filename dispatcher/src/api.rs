@@ -749,7 +749,8 @@ pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
 #[utoipa::path(post, path = "/v1/runs/{id}/close", tag = "payloads", request_body(content = CloseBody, description = "May be empty"),
     params(("id" = Uuid, Path, description = "Run id")),
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<CloseBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     p.require(Scope::Submit)?;

@@ -101,18 +101,24 @@ pub enum ReconcileError {
 /// Orphaned runs looked at per tick.
 pub const RECONCILE_BATCH: usize = 1000;
 
-/// Re-enqueues orphaned runs, at most once per `grace` each.
+/// Re-enqueues orphaned runs, backing off per run.
 ///
 /// A run reported orphaned is published when it has stayed orphaned at the
 /// same head for `grace` since it was first seen (so a job that is merely
-/// waiting in a long queue is not duplicated every tick), then again only
-/// after another `grace`. With `grace` zero every orphan is published on
-/// every tick.
+/// waiting in a long queue is not duplicated every tick), then again after
+/// twice as long, four times, … up to [`MAX_REQUEUE_BACKOFF`]: with no worker
+/// consuming, or a backlog longer than `grace`, the queue gains a few
+/// duplicates per run, not one per run per tick. With `grace` zero every
+/// orphan is published on every tick.
 pub struct Reconciler {
     app: App,
     grace: Duration,
-    seen: HashMap<Uuid, (u64, Instant)>,
+    /// Run → (head seen, when it was last published or first seen, times published).
+    seen: HashMap<Uuid, (u64, Instant, u32)>,
 }
+
+/// The longest wait between two re-enqueues of the same orphaned run.
+pub const MAX_REQUEUE_BACKOFF: Duration = Duration::from_secs(300);
 
 impl Reconciler {
     /// A reconciler over `app`.
@@ -135,15 +141,16 @@ impl Reconciler {
         let mut current = HashMap::with_capacity(orphans.len());
         let mut due = Vec::new();
         for job in orphans {
-            let since = match self.seen.get(&job.run_id) {
-                Some((head, since)) if *head == job.head_seq => *since,
-                _ => now,
+            let (since, published) = match self.seen.get(&job.run_id) {
+                Some((head, since, published)) if *head == job.head_seq => (*since, *published),
+                _ => (now, 0),
             };
-            if now.duration_since(since) >= self.grace {
+            let wait = if self.grace.is_zero() { Duration::ZERO } else { (self.grace * 2u32.saturating_pow(published.min(16))).min(MAX_REQUEUE_BACKOFF.max(self.grace)) };
+            if now.duration_since(since) >= wait {
                 due.push(job);
-                current.insert(job.run_id, (job.head_seq, now));
+                current.insert(job.run_id, (job.head_seq, now, published + 1));
             } else {
-                current.insert(job.run_id, (job.head_seq, since));
+                current.insert(job.run_id, (job.head_seq, since, published));
             }
         }
         self.seen = current;

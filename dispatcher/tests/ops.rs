@@ -304,3 +304,24 @@ async fn reconciler_rejects_or_escalates_expired_approvals() {
     // Nothing left to expire: the rejection is decided, the escalation is marked.
     assert_eq!(r.expire_approvals().await.unwrap(), 0);
 }
+
+/// With no worker consuming, an orphaned run is re-enqueued with a growing
+/// wait (grace, 2×, 4×, …), not on every tick: the queue does not fill up
+/// with duplicates while the fleet is down.
+#[tokio::test]
+async fn reconciler_backs_off_per_run() {
+    let h = common::harness();
+    let id = create(&h, SUB_A, json!({"goal": "nobody runs me"})).await;
+    glia_dispatcher::relay_once(&h.app).await.unwrap();
+    h.queue.next().await.unwrap(); // the job is lost
+    let mut r = Reconciler::new(h.app.clone(), Duration::from_millis(100));
+    let started = std::time::Instant::now();
+    let mut published = 0;
+    while started.elapsed() < Duration::from_millis(1600) {
+        published += r.tick().await.unwrap().iter().filter(|j| j.run_id == id).count();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Due at ~100, ~300, ~700 and ~1500 ms (a slow machine only makes it fewer);
+    // without the back-off it would be ~15.
+    assert!((2..=4).contains(&published), "published {published} times");
+}
