@@ -178,6 +178,7 @@ pub async fn inbox_and_approvals(log: &dyn EventLog) {
     let pending = log.approvals(&filter).await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!((pending[0].call_id.as_str(), pending[0].tool.as_str()), ("c1", "refund"));
+    assert!(!pending[0].interrupted);
     let decision = Resume::Approval { call_id: "c1".into(), args_hash: pending[0].args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
     let id = log.post(s.run_id, decision.clone()).await.unwrap();
     assert!(matches!(log.post(s.run_id, decision.clone()).await, Err(LogError::Duplicate { .. })), "the first decision wins");
@@ -195,6 +196,27 @@ pub async fn inbox_and_approvals(log: &dyn EventLog) {
     log.commit(&lease, &s.rest, &state_after(s.run_id, &full), &[id]).await.unwrap();
     assert!(log.inbox(s.run_id).await.unwrap().is_empty(), "consumed with the commit");
     assert!(matches!(log.post(Uuid::now_v7(), decision).await, Err(LogError::NotFound(_))));
+}
+
+/// A call a crash interrupted, asked about again, shows as such in the
+/// approval queue.
+pub async fn an_interrupted_call_is_marked_in_the_queue(log: &dyn EventLog) {
+    let mut s = sample_log();
+    let tenant = format!("t-{}", s.run_id);
+    for e in &mut s.parked {
+        match &mut e.kind {
+            EventKind::ToolCall(record) => record.disposition = Disposition::Run { reminder: None },
+            EventKind::ApprovalRequested { interrupted, .. } => *interrupted = true,
+            _ => {}
+        }
+    }
+    log.create_run(new_run(&tenant, None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
+    let filter = ApprovalFilter { tenant: Some(tenant), pending_only: true, limit: 10, ..Default::default() };
+    let pending = log.approvals(&filter).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert!(pending[0].interrupted, "{:?}", pending[0]);
 }
 
 /// A run that ends (here: cancelled) while an approval waits takes the
@@ -263,6 +285,7 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     load_equals_replay(&fresh().await).await;
     inbox_and_approvals(&fresh().await).await;
     ending_a_run_closes_its_approvals(&fresh().await).await;
+    an_interrupted_call_is_marked_in_the_queue(&fresh().await).await;
     outbox_and_orphans(&fresh().await).await;
     lists_runs(&fresh().await).await;
 }

@@ -201,6 +201,10 @@ pub struct ApprovalRow {
     /// Past its deadline and handed to a second line of approvers; still pending.
     #[serde(default)]
     pub escalated: bool,
+    /// The call already started once and its worker died: it may have taken
+    /// effect. Approving runs it again; rejecting leaves its outcome unknown.
+    #[serde(default)]
+    pub interrupted: bool,
 }
 
 /// Where an approval stands.

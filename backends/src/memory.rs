@@ -194,7 +194,7 @@ impl EventLog for MemoryLog {
         let tenant = r.summary.tenant.clone();
         for e in events {
             match &e.kind {
-                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, .. } => inner.approvals.push(ApprovalRow {
+                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted } => inner.approvals.push(ApprovalRow {
                     run_id,
                     tenant: tenant.clone(),
                     call_id: call_id.clone(),
@@ -205,6 +205,7 @@ impl EventLog for MemoryLog {
                     requested_at: e.at,
                     expires_at: *expires_at,
                     escalated: false,
+                    interrupted: *interrupted,
                 }),
                 EventKind::ApprovalResolved { call_id, .. } => {
                     for a in inner.approvals.iter_mut().filter(|a| a.run_id == run_id && &a.call_id == call_id) {

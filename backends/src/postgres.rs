@@ -675,8 +675,8 @@ const LOCK_RUN: &str = "SELECT head_seq, tenant, lease_token, coalesce(lease_exp
 const UPDATE_SUMMARY: &str = "UPDATE runs SET status = $2, phase = $3, pull_point = $4, outcome = $5, head_seq = $6, updated_at = now() \
      WHERE id = $1";
 
-const INSERT_APPROVALS: &str = "INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, requested_at, expires_at) \
-     SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::json[], $6::text[], $7::timestamptz[], $8::timestamptz[])";
+const INSERT_APPROVALS: &str = "INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, requested_at, expires_at, interrupted) \
+     SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::json[], $6::text[], $7::timestamptz[], $8::timestamptz[], $9::bool[])";
 
 const DECIDE_APPROVALS: &str = "UPDATE approvals SET status = 'decided', decided_at = now() \
      WHERE run_id = $1 AND call_id = ANY($2) AND status = 'pending'";
@@ -921,11 +921,13 @@ impl EventLog for PgLog {
         let columns = SummaryColumns::of(state)?;
         let (mut calls, mut tools, mut inputs, mut hashes, mut requested_at) = (vec![], vec![], vec![], vec![], vec![]);
         let mut expires: Vec<Option<DateTime<Utc>>> = Vec::new();
+        let mut interruptions: Vec<bool> = Vec::new();
         let mut resolved: Vec<&str> = Vec::new();
         for e in events {
             match &e.kind {
-                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, .. } => {
+                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted } => {
                     expires.push(*expires_at);
+                    interruptions.push(*interrupted);
                     calls.push(call_id.as_str());
                     tools.push(tool.as_str());
                     inputs.push(input);
@@ -974,7 +976,7 @@ impl EventLog for PgLog {
             let has_events = !events.is_empty();
             let summary_params: [&(dyn ToSql + Sync); 6] =
                 [&run_id, &columns.status, &columns.phase, &columns.pull_point, &columns.outcome, &columns.head_seq];
-            let approval_params: [&(dyn ToSql + Sync); 8] = [&run_id, &tenant, &calls, &tools, &inputs, &hashes, &requested_at, &expires];
+            let approval_params: [&(dyn ToSql + Sync); 9] = [&run_id, &tenant, &calls, &tools, &inputs, &hashes, &requested_at, &expires, &interruptions];
             let decide_params: [&(dyn ToSql + Sync); 2] = [&run_id, &resolved];
             let consume_params: [&(dyn ToSql + Sync); 2] = [&run_id, &consumed];
             let (checkpoint_seq, checkpoint_text, checkpoint_raw) = match &checkpoint {
@@ -1067,7 +1069,7 @@ impl EventLog for PgLog {
     /// Oldest first by request time (the event's), then by insertion.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
         let mut select = Select::new(
-            "SELECT run_id, tenant, call_id, tool, input::text AS input, args_hash, status, requested_at, expires_at, escalated FROM approvals WHERE true",
+            "SELECT run_id, tenant, call_id, tool, input::text AS input, args_hash, status, requested_at, expires_at, escalated, interrupted FROM approvals WHERE true",
         );
         if let Some(tenant) = &filter.tenant {
             select.and("tenant =", tenant.clone());
@@ -1105,6 +1107,7 @@ impl EventLog for PgLog {
                     requested_at: col(row, "requested_at")?,
                     expires_at: col(row, "expires_at")?,
                     escalated: col(row, "escalated")?,
+                    interrupted: col(row, "interrupted")?,
                 })
             })
             .collect()

@@ -239,7 +239,9 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
             let body = checked(server.request(&client, Method::GET, &path).send().await?).await?;
             let rows = body["approvals"].as_array().or(body.as_array()).cloned().unwrap_or_default();
             for a in rows {
-                println!("{}  {}  {}  {}", a["run_id"].as_str().unwrap_or("?"), a["call_id"].as_str().unwrap_or("?"), a["tool"].as_str().unwrap_or("?"), a["input"]);
+                // An interrupted call may already have taken effect: say so.
+                let again = if a["interrupted"].as_bool() == Some(true) { "  (ran once, interrupted: check before running it again)" } else { "" };
+                println!("{}  {}  {}  {}{again}", a["run_id"].as_str().unwrap_or("?"), a["call_id"].as_str().unwrap_or("?"), a["tool"].as_str().unwrap_or("?"), a["input"]);
             }
         }
         ApprovalsCommand::Approve { server, run_id, call_id } => decide(&client, &server, &run_id, &call_id, json!({ "decision": "approve" })).await?,

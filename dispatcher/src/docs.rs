@@ -211,7 +211,8 @@ foreign_schema!(
             "status": {"enum": ["pending", "decided"]},
             "requested_at": {"type": "string", "format": "date-time"},
             "expires_at": {"type": ["string", "null"], "format": "date-time", "description": "Deadline from the run's approval_timeout_ms."},
-            "escalated": {"type": "boolean", "description": "Past its deadline and escalated; still pending."}
+            "escalated": {"type": "boolean", "description": "Past its deadline and escalated; still pending."},
+            "interrupted": {"type": "boolean", "description": "The call started once and its worker died: it may have taken effect. Approve to run it again, reject to leave its outcome unknown."}
         }
     }));
 
