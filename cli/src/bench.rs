@@ -233,9 +233,14 @@ impl BenchFleet {
     async fn stop(self) {
         let _ = self.stop.send(true);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if let Ok(q) = RabbitQueue::connect(&self.amqp_url, QueueOptions::new(self.queue_name.clone())).await {
-            let _ = q.delete_topology().await;
-            q.close().await;
+        match RabbitQueue::connect(&self.amqp_url, QueueOptions::new(self.queue_name.clone())).await {
+            Ok(q) => {
+                if let Err(e) = q.delete_topology().await {
+                    eprintln!("bench: queue {} not deleted: {e}", self.queue_name);
+                }
+                q.close().await;
+            }
+            Err(e) => eprintln!("bench: queue {} not deleted: {e}", self.queue_name),
         }
         drop(self.db);
     }
