@@ -296,11 +296,11 @@ impl Agent {
         }
         // Calls that were cleared to run before this advance but have no
         // result: a worker died while they ran. (A call waiting for a
-        // person's word on running it again is not cleared.)
+        // person's word on running it again, or refused it, is not cleared.)
         let interrupted: Vec<String> = state
             .batch
             .iter()
-            .filter(|c| c.result.is_none() && c.approval != ApprovalStatus::Requested)
+            .filter(|c| c.result.is_none() && !matches!(c.approval, ApprovalStatus::Requested | ApprovalStatus::Rejected))
             .filter(|c| matches!(c.disposition, Some(Disposition::Run { .. })) || (c.approval == ApprovalStatus::Approved && !c.external))
             .map(|c| c.call_id.clone())
             .collect();
@@ -693,16 +693,22 @@ impl Agent {
             let expires_at = approval_deadline(run);
             run.record(EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted: false }).await?;
         }
-        let rejected: Vec<String> = run
+        let rejected: Vec<(String, bool)> = run
             .state
             .batch
             .iter()
             .filter(|c| c.result.is_none() && c.approval == ApprovalStatus::Rejected)
-            .map(|c| c.call_id.clone())
+            .map(|c| (c.call_id.clone(), c.interrupted))
             .collect();
-        for call_id in rejected {
-            let message = "A person rejected this call.".to_owned();
-            run.record(EventKind::ToolError { call_id, error: ToolErrorKind::Rejected, message, duration_ms: 0 }).await?;
+        for (call_id, interrupted) in rejected {
+            let kind = if interrupted {
+                let message = Insert::OutcomeUnknown
+                    .wrap("The worker stopped while this call was running, and a person chose not to run it again. Whether it took effect is unknown.");
+                EventKind::ToolError { call_id, error: ToolErrorKind::OutcomeUnknown, message, duration_ms: 0 }
+            } else {
+                EventKind::ToolError { call_id, error: ToolErrorKind::Rejected, message: "A person rejected this call.".to_owned(), duration_ms: 0 }
+            };
+            run.record(kind).await?;
         }
         // 4. Run what may run, concurrently; record results in call order.
         self.execute(run).await?;

@@ -267,6 +267,16 @@ async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
             assert_eq!(errors.len(), 1);
             assert_eq!(errors[0].0, ToolErrorKind::OutcomeUnknown);
             assert!(errors[0].1.contains("the refund went through"), "{}", errors[0].1);
+            // A crash right after the rejection was recorded: the recovery
+            // still reports an unknown outcome, not a plain rejection.
+            let cut = log.iter().rposition(|e| matches!(e.kind, EventKind::ApprovalResolved { .. })).unwrap() + 1;
+            let mut again = log[..cut].to_vec();
+            let mut state = RunState::replay(run_id(), &again).unwrap();
+            let provider = std::sync::Arc::new(glia_worker::provider::ScriptedProvider::new(script.clone()).starting_at(served(&again)));
+            let fresh = glia_worker::Agent::new(provider).with_tools(tools(refunds.clone())).with_clock(glia_worker::FixedClock(epoch()));
+            fresh.advance(&mut state, None, &mut again).await.unwrap();
+            assert_eq!(tool_errors(&again)[0].0, ToolErrorKind::OutcomeUnknown);
+            assert_eq!(refunds.load(std::sync::atomic::Ordering::SeqCst), 0);
         }
     }
 }
