@@ -128,7 +128,13 @@ impl Fleet {
         for _ in 0..2000 {
             let s = self.log.get_run(run_id).await.unwrap();
             if s.status != RunStatus::Runnable && self.log.inbox(run_id).await.unwrap().is_empty() {
-                return self.log.load(run_id).await.unwrap();
+                // The three reads are not one snapshot: a worker may have
+                // consumed a payload in between. Settled means the state
+                // itself waits or is done.
+                let state = self.log.load(run_id).await.unwrap();
+                if state.status() != glia_proto::Status::Runnable {
+                    return state;
+                }
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
