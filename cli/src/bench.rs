@@ -214,12 +214,7 @@ impl BenchFleet {
         let app = glia_dispatcher::App::new(log, queue, ledger, glia_dispatcher::Auth::from_tokens(Vec::new())?);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let server = Server { server: format!("http://{}", listener.local_addr()?), token: None };
-        tokio::spawn(glia_dispatcher::relay(app.clone()));
-        tokio::spawn(glia_dispatcher::reconcile(app.clone(), Duration::from_secs(2)));
-        let mut stopped = shutdown.clone();
-        tokio::spawn(glia_dispatcher::serve(app, listener, async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }));
+        tokio::spawn(crate::fleet::run_dispatcher(app, listener, Duration::from_secs(2), Duration::from_secs(5), shutdown.clone()));
         for n in 0..workers {
             // A connection per run in flight, so no commit waits for one.
             let options = glia_backends::postgres::PgOptions { max_connections: concurrency.max(1), ..Default::default() };

@@ -183,12 +183,7 @@ impl Embedded {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
         let url = format!("http://{}", listener.local_addr()?);
         let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), glia_dispatcher::Auth::from_tokens(Vec::new())?);
-        tokio::spawn(glia_dispatcher::relay(app.clone()));
-        tokio::spawn(glia_dispatcher::reconcile(app.clone(), Duration::from_secs(2)));
-        let mut stopped = shutdown.clone();
-        tokio::spawn(glia_dispatcher::serve(app, listener, async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }));
+        tokio::spawn(run_dispatcher(app, listener, Duration::from_secs(2), Duration::from_secs(5), shutdown));
         Ok(Embedded { url, stop })
     }
 }
@@ -270,12 +265,25 @@ impl DispatcherArgs {
 async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
     let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?);
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let every = Duration::from_secs(args.reconcile_every.max(1));
+    run_dispatcher(app, listener, every, Duration::from_millis(args.metrics_sample_ms.max(100)), shutdown).await
+}
+
+/// The dispatcher: the outbox relay, the reconciler (every `reconcile_every`)
+/// and the metrics sampler (every `sample_every`) in the background, and the
+/// HTTP API on `listener` until `shutdown` turns true.
+pub async fn run_dispatcher(
+    app: glia_dispatcher::App,
+    listener: tokio::net::TcpListener,
+    reconcile_every: Duration,
+    sample_every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<()> {
     tokio::spawn(glia_dispatcher::relay(app.clone()));
-    tokio::spawn(glia_dispatcher::reconcile(app.clone(), Duration::from_secs(args.reconcile_every.max(1))));
-    tokio::spawn(glia_dispatcher::sample(app.clone(), Duration::from_millis(args.metrics_sample_ms.max(100))));
-    let mut stop = shutdown.clone();
+    tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
+    tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
     glia_dispatcher::serve(app, listener, async move {
-        let _ = stop.wait_for(|s| *s).await;
+        let _ = shutdown.wait_for(|s| *s).await;
     })
     .await?;
     Ok(())

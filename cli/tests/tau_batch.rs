@@ -70,26 +70,13 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
     std::fs::write(&file, serde_json::to_string(&all).unwrap()).unwrap();
     std::fs::copy(recording_dir().join("tools.json"), dir.join("tools.json")).unwrap();
 
-    let port = common::free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let mut dev = Command::new(env!("CARGO_BIN_EXE_glia"))
-        .args(["dev", "--replay", recording_dir().to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while common::http("GET", &format!("{server}/healthz"), None).is_err() {
-        assert!(Instant::now() < deadline, "glia dev did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let dev = Dev::start();
+    let server = dev.server.clone();
     let out = Command::new(env!("CARGO_BIN_EXE_glia"))
         .args(["batch", file.to_str().unwrap(), "--server", &server, "--json"])
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let _ = dev.kill();
-    let _ = dev.wait();
     let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a diverged run fails the batch");
@@ -110,6 +97,40 @@ fn an_unreachable_dispatcher_is_named() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to the dispatcher"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `glia dev --replay` on the vendored recording (in-memory fleet), as a
+/// process on a free port; killed when dropped.
+struct Dev {
+    child: std::process::Child,
+    server: String,
+}
+
+impl Dev {
+    fn start() -> Dev {
+        let port = common::free_port();
+        let server = format!("http://127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_glia"))
+            .args(["dev", "--replay", recording_dir().to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let dev = Dev { child, server };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while common::http("GET", &format!("{}/healthz", dev.server), None).is_err() {
+            assert!(Instant::now() < deadline, "glia dev did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        dev
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn tempdir() -> PathBuf {
@@ -166,19 +187,8 @@ fn manual_approvals_are_left_to_people_on_the_cli() {
         .count();
     assert!(expected_approvals > 0);
 
-    let port = common::free_port();
-    let server = format!("http://127.0.0.1:{port}");
-    let mut dev = Command::new(env!("CARGO_BIN_EXE_glia"))
-        .args(["dev", "--replay", recording_dir().to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while common::http("GET", &format!("{server}/healthz"), None).is_err() {
-        assert!(Instant::now() < deadline, "glia dev did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let dev = Dev::start();
+    let server = dev.server.clone();
     let mut child = batch(&["--server", &server, "--approve", "manual", "--limit", &n.to_string()]).spawn().unwrap();
     let glia = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_glia")).args(args).args(["--server", &server]).stdin(Stdio::null()).output().unwrap();
@@ -197,8 +207,6 @@ fn manual_approvals_are_left_to_people_on_the_cli() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let s = summary(child.wait_with_output().unwrap());
-    let _ = dev.kill();
-    let _ = dev.wait();
     assert_eq!((s["runs"].as_u64(), s["reproduced"].as_u64()), (Some(n as u64), Some(n as u64)), "{s}");
     assert_eq!(s["approvals"], expected_approvals, "{s}");
     assert_eq!(approved, expected_approvals, "every approval was a person's, on the CLI");
