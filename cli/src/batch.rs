@@ -115,6 +115,10 @@ pub struct Summary {
     pub tool_results: usize,
     /// Approvals resolved.
     pub approvals: usize,
+    /// Of the approvals, those asked again because a worker died while the
+    /// approved call ran (`approval.requested` with `interrupted`): the
+    /// recording's own approvals are `approvals - interrupted_approvals`.
+    pub interrupted_approvals: usize,
     /// Customer messages posted (including closing words).
     pub customer_turns: usize,
     /// Approval posted → `approval.resolved` recorded, ms.
@@ -219,6 +223,7 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
                     EventKind::ModelResponse { .. } => summary.model_calls += 1,
                     EventKind::ToolCall(_) => summary.tool_calls += 1,
                     EventKind::ToolResult { .. } | EventKind::ToolError { .. } => summary.tool_results += 1,
+                    EventKind::ApprovalRequested { interrupted: true, .. } => summary.interrupted_approvals += 1,
                     EventKind::ApprovalResolved { call_id, .. } => {
                         summary.approvals += 1;
                         let request = t.state.call(call_id).and_then(|c| c.requested_seq).unwrap_or(0);
@@ -410,6 +415,7 @@ fn print_table(s: &Summary) {
         ("model calls", s.model_calls.to_string()),
         ("tool calls", s.tool_calls.to_string()),
         ("approvals", s.approvals.to_string()),
+        ("  after interruption", s.interrupted_approvals.to_string()),
         ("customer turns", s.customer_turns.to_string()),
         ("approval→resume p50", ms(s.approval_resume_p50_ms)),
         ("approval→resume p99", ms(s.approval_resume_p99_ms)),
