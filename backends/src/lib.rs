@@ -421,7 +421,7 @@ pub struct LogGauges {
 
 /// The dedupe key of a payload: approvals are accepted once per approval
 /// request (its `request_seq`; without one, per call and arguments hash),
-/// external results once per call; other payloads are not deduplicated. So
+/// escalations once per approval request, external results once per call; other payloads are not deduplicated. So
 /// a call that is asked about again (after a crash), or a later call that
 /// reuses a call id (some providers number ids per response), can still be
 /// decided.
@@ -430,6 +430,7 @@ pub fn dedupe_key(payload: &Resume) -> Option<String> {
         Resume::Approval { call_id, request_seq: Some(seq), .. } => Some(format!("approval:{call_id}:{seq}")),
         Resume::Approval { call_id, args_hash, .. } => Some(format!("approval:{call_id}:{args_hash}")),
         Resume::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
+        Resume::Escalate { call_id, request_seq, .. } => Some(format!("escalate:{call_id}:{}", request_seq.unwrap_or(0))),
         _ => None,
     }
 }

@@ -204,6 +204,25 @@ pub enum ApprovalsCommand {
         #[arg(long)]
         tool: Option<String>,
     },
+    /// Decided, expired and escalated approvals, newest first, from the
+    /// run logs: resolution, decider, decision time, wait, edits.
+    History {
+        #[command(flatten)]
+        server: Server,
+        /// Only this tool's.
+        #[arg(long)]
+        tool: Option<String>,
+        /// Only this resolution: approved, edited, rejected, expired,
+        /// abandoned, pending, or escalated.
+        #[arg(long)]
+        resolution: Option<String>,
+        /// At most this many (1 to 1,000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print CSV (one header row) instead of a table.
+        #[arg(long)]
+        csv: bool,
+    },
     /// Approve a call.
     Approve {
         #[command(flatten)]
@@ -232,16 +251,64 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
     let client = http_client()?;
     match cmd {
         ApprovalsCommand::List { server, tool } => {
-            let mut path = "/v1/approvals?status=pending".to_owned();
-            if let Some(t) = tool {
-                path.push_str(&format!("&tool={t}"));
-            }
-            let body = checked(server.request(&client, Method::GET, &path).send().await?).await?;
+            let mut query = vec![("status", "pending".to_owned())];
+            query.extend(tool.map(|t| ("tool", t)));
+            let body = checked(server.request(&client, Method::GET, "/v1/approvals").query(&query).send().await?).await?;
             let rows = body["approvals"].as_array().or(body.as_array()).cloned().unwrap_or_default();
+            let now = chrono::Utc::now();
             for a in rows {
-                // An interrupted call may already have taken effect: say so.
-                let again = if a["interrupted"].as_bool() == Some(true) { "  (ran once, interrupted: check before running it again)" } else { "" };
-                println!("{}  {}  {}  {}{again}", a["run_id"].as_str().unwrap_or("?"), a["call_id"].as_str().unwrap_or("?"), a["tool"].as_str().unwrap_or("?"), a["input"]);
+                println!(
+                    "{}  {}  {}  {}{}{}",
+                    a["run_id"].as_str().unwrap_or("?"),
+                    a["call_id"].as_str().unwrap_or("?"),
+                    a["tool"].as_str().unwrap_or("?"),
+                    a["input"],
+                    deadline_mark(&a, now),
+                    // An interrupted call may already have taken effect: say so.
+                    if a["interrupted"].as_bool() == Some(true) { "  [interrupted: may already have run; check before running it again]" } else { "" },
+                );
+            }
+        }
+        ApprovalsCommand::History { server, tool, resolution, limit, csv } => {
+            let mut query = vec![("limit", limit.to_string())];
+            query.extend(tool.map(|t| ("tool", t)));
+            query.extend(resolution.map(|r| ("resolution", r)));
+            if csv {
+                query.push(("format", "csv".into()));
+                let resp = server.request(&client, Method::GET, "/v1/approvals/history").query(&query).send().await?;
+                let status = resp.status();
+                let text = resp.text().await?;
+                anyhow::ensure!(status.is_success(), "dispatcher answered {status}: {text}");
+                print!("{text}");
+                return Ok(());
+            }
+            let body = checked(server.request(&client, Method::GET, "/v1/approvals/history").query(&query).send().await?).await?;
+            println!("{:<20}  {:<36}  {:<10}  {:<16}  {:<9}  {:<12}  {:>8}  DETAIL", "REQUESTED", "RUN", "CALL", "TOOL", "RESULT", "BY", "WAIT");
+            for r in body["approvals"].as_array().cloned().unwrap_or_default() {
+                let wait = r["wait_ms"].as_i64().map_or_else(|| "?".into(), |ms| human_ms(ms));
+                let mut detail = Vec::new();
+                if r["escalated_at"].is_string() {
+                    detail.push("escalated".to_owned());
+                }
+                if r["interrupted"].as_bool() == Some(true) {
+                    detail.push("interrupted".to_owned());
+                }
+                match r["decision"]["kind"].as_str() {
+                    Some("reject") => detail.push(format!("reason: {}", r["decision"]["reason"].as_str().unwrap_or(""))),
+                    Some("edit") => detail.push(format!("edited: {} -> {}", r["input"], r["decision"]["input"])),
+                    _ => {}
+                }
+                println!(
+                    "{:<20}  {:<36}  {:<10}  {:<16}  {:<9}  {:<12}  {:>8}  {}",
+                    r["requested_at"].as_str().unwrap_or("?").chars().take(19).collect::<String>(),
+                    r["run_id"].as_str().unwrap_or("?"),
+                    r["call_id"].as_str().unwrap_or("?"),
+                    r["tool"].as_str().unwrap_or("?"),
+                    r["resolution"].as_str().unwrap_or("?"),
+                    r["decided_by"].as_str().unwrap_or("-"),
+                    wait,
+                    detail.join("; "),
+                );
             }
         }
         ApprovalsCommand::Approve { server, run_id, call_id } => decide(&client, &server, &run_id, &call_id, json!({ "decision": "approve" })).await?,
@@ -250,6 +317,25 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `  [due in 4m 10s]`, `  [OVERDUE by 12s]`, `  [escalated]` or nothing
+/// (no deadline), for an approval row of `GET /v1/approvals`.
+fn deadline_mark(row: &Value, now: chrono::DateTime<chrono::Utc>) -> String {
+    let escalated = if row["escalated"].as_bool() == Some(true) { "  [escalated]" } else { "" };
+    let Some(at) = row["expires_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) else { return escalated.to_owned() };
+    let left = (at.with_timezone(&chrono::Utc) - now).num_milliseconds();
+    if left > 0 { format!("  [due in {}]{escalated}", human_ms(left)) } else { format!("  [OVERDUE by {}]{escalated}", human_ms(-left)) }
+}
+
+/// `950ms`, `12s`, `4m 10s`, `2h 05m`.
+fn human_ms(ms: i64) -> String {
+    match ms {
+        ..1000 => format!("{ms}ms"),
+        1000..60_000 => format!("{}s", ms / 1000),
+        60_000..3_600_000 => format!("{}m {:02}s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{}h {:02}m", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
 }
 
 async fn decide(client: &Client, server: &Server, run_id: &str, call_id: &str, body: Value) -> Result<()> {

@@ -9,6 +9,7 @@
 //! | `GET /v1/runs/{id}/events/stream` | any | 200 SSE | 404 `run_not_found`, 400 `invalid_header` |
 //! | `GET /v1/approvals` | approve | 200 page | – |
 //! | `POST /v1/approvals` | approve | 200 per-item results | – |
+//! | `GET /v1/approvals/history` | approve | 200 records (JSON or CSV) | – |
 //! | `POST /v1/runs/{id}/approvals/{call_id}` | approve | 202 | 404 `run_not_found` / `call_not_found` / `approval_not_found`, 409 `already_decided` / `stale_args` / `run_finished` |
 //! | `POST /v1/runs/{id}/tool-results/{call_id}` | submit | 202 | 404 `run_not_found` / `call_not_found`, 409 `not_external` / `already_answered` / `run_finished` |
 //! | `POST /v1/runs/{id}/messages` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` |
@@ -51,6 +52,7 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(list_events))
         .routes(routes!(stream::stream_events))
         .routes(routes!(list_approvals, decide_bulk))
+        .routes(routes!(approval_history))
         .routes(routes!(decide))
         .routes(routes!(post_tool_result))
         .routes(routes!(post_message))
@@ -163,7 +165,15 @@ pub struct ApprovalsQuery {
 pub struct ApprovalPage {
     /// The approvals.
     #[schema(value_type = Vec<ApprovalRowDoc>)]
-    pub approvals: Vec<ApprovalRow>,
+    pub approvals: Vec<crate::history::ApprovalView>,
+}
+
+/// Answer of `GET /v1/approvals/history`: newest request first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalHistory {
+    /// The records (see `glia_dispatcher::history::ApprovalRecord`).
+    #[schema(value_type = Vec<Object>)]
+    pub approvals: Vec<crate::history::ApprovalRecord>,
 }
 
 /// What a person decided.
@@ -441,6 +451,7 @@ async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static
         Resume::Resume { .. } => "resume",
         Resume::Close { .. } => "close",
         Resume::Cancel { .. } => "cancel",
+        Resume::Escalate { .. } => "escalate",
     };
     let id = app.log.post(run_id, payload).await?;
     app.metrics().posted(kind);
@@ -541,7 +552,25 @@ pub async fn list_approvals(State(app): State<App>, p: Principal, ApiQuery(q): A
         expired_by: None,
         limit,
     };
-    Ok(Json(ApprovalPage { approvals: app.log.approvals(&filter).await? }))
+    let rows = app.log.approvals(&filter).await?;
+    Ok(Json(ApprovalPage { approvals: crate::history::views(&*app.log, rows).await? }))
+}
+
+/// The approval history, read from the event log: every request with what
+/// became of it (approved, edited, rejected, expired, abandoned, pending),
+/// who decided and when, the wait, and escalation; newest first. With
+/// `format=csv`: the same as `text/csv` (see `history::to_csv`).
+#[utoipa::path(get, path = "/v1/approvals/history", tag = "approvals", params(crate::history::HistoryQuery),
+    responses((status = 200, body = ApprovalHistory), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn approval_history(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<crate::history::HistoryQuery>) -> Result<Response, ApiError> {
+    p.require(Scope::Approve)?;
+    let records = crate::history::history(&*app.log, p.tenant_filter(), &q).await?;
+    match q.format.as_deref() {
+        None | Some("json") => Ok(Json(ApprovalHistory { approvals: records }).into_response()),
+        Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], crate::history::to_csv(&records)).into_response()),
+        Some(other) => Err(ApiError::InvalidQuery(format!("format {other:?} is not json or csv"))),
+    }
 }
 
 /// The approval row of `call_id` in run `run_id`, if the log has one.
@@ -550,7 +579,7 @@ async fn approval_row(app: &App, run_id: Uuid, call_id: &str) -> Result<Option<A
     Ok(app.log.approvals(&filter).await?.into_iter().find(|a| a.call_id == call_id))
 }
 
-async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, body: &DecisionBody) -> Result<Accepted, ApiError> {
+pub(crate) async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, body: &DecisionBody) -> Result<Accepted, ApiError> {
     let run = visible_run(app, p, run_id).await?;
     let decision = body.to_decision()?;
     not_done(&run)?;
@@ -579,6 +608,7 @@ async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, bod
             Decision::Approve => "approve",
             Decision::Reject { .. } => "reject",
             Decision::Edit { .. } => "edit",
+            Decision::Expire => "expire",
         };
         app.metrics().approval_waited(label, chrono::Utc::now() - row.requested_at);
     }

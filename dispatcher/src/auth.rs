@@ -133,8 +133,8 @@ pub enum AuthError {
     /// A token file that is not `{"TOKEN": {"tenant": …, "scopes": […]}}`.
     #[error("bad token file: {0}")]
     BadFile(String),
-    /// An empty token, tenant or scope list.
-    #[error("empty token, tenant or scope list")]
+    /// An empty token, tenant, scope list or name.
+    #[error("empty token, tenant, scope list or name")]
     Empty,
 }
 
@@ -167,18 +167,38 @@ impl Auth {
         Ok(Auth { tokens: Arc::new(map) })
     }
 
-    /// Parse one `TOKEN:TENANT:SCOPE[,SCOPE…]` spec (e.g. from a repeated
-    /// `--token` flag), e.g. `s3cret:acme:submit,approve`.
+    /// Parse one `TOKEN:TENANT:SCOPE[,SCOPE…][:NAME]` spec (e.g. from a
+    /// repeated `--token` flag), e.g. `s3cret:acme:submit,approve` or, with
+    /// the principal's name (recorded as the decider of its decisions;
+    /// may itself hold `:`), `s3cret:acme:approve:ana@acme.example`. The
+    /// three-part form keeps its meaning (the name is then the tenant).
     pub fn parse_spec(spec: &str) -> Result<(String, Principal), AuthError> {
-        let mut parts = spec.splitn(3, ':');
+        let mut parts = spec.splitn(4, ':');
         let (Some(token), Some(tenant), Some(scopes)) = (parts.next(), parts.next(), parts.next()) else {
             return Err(AuthError::BadSpec { parts: spec.split(':').count() });
         };
-        if token.is_empty() || tenant.is_empty() || scopes.is_empty() {
+        let name = parts.next();
+        if token.is_empty() || tenant.is_empty() || scopes.is_empty() || name.is_some_and(|n| n.trim().is_empty()) {
             return Err(AuthError::Empty);
         }
         let scopes = scopes.split(',').map(Scope::parse).collect::<Result<Vec<_>, _>>()?;
-        Ok((token.to_owned(), Principal { tenant: tenant.to_owned(), scopes, name: None }))
+        Ok((token.to_owned(), Principal { tenant: tenant.to_owned(), scopes, name: name.map(|n| n.trim().to_owned()) }))
+    }
+
+    /// The principal of a token by its SHA-256 digest (what an inbox session
+    /// cookie carries instead of the token); `None` once the token is no
+    /// longer configured. With no tokens configured: the open admin.
+    pub fn by_digest(&self, digest: &[u8; 32]) -> Option<Principal> {
+        if self.is_open() {
+            return Some(Principal { tenant: OPEN_TENANT.to_owned(), scopes: vec![Scope::Admin], name: None });
+        }
+        self.tokens.get(digest).cloned()
+    }
+
+    /// The SHA-256 digest of `token` and its principal, if configured.
+    pub fn lookup(&self, token: &str) -> Option<([u8; 32], Principal)> {
+        let d = digest(token.trim());
+        self.by_digest(&d).map(|p| (d, p))
     }
 
     /// Parse a token file: `{"TOKEN": {"tenant": "acme", "scopes": ["submit"], "name": "ci"}, …}`.
@@ -243,6 +263,9 @@ mod tests {
         assert_eq!(err, AuthError::BadSpec { parts: 2 });
         assert!(!err.to_string().contains("s3cret"), "the token is not echoed");
         assert_eq!(Auth::parse_spec("::submit"), Err(AuthError::Empty));
+        let (_, named) = Auth::parse_spec("s3cret:acme:approve:ana@acme.example").unwrap();
+        assert_eq!((named.tenant.as_str(), named.by()), ("acme", "ana@acme.example".to_owned()));
+        assert_eq!(Auth::parse_spec("s3cret:acme:approve: "), Err(AuthError::Empty));
         let auth = Auth::from_json(r#"{"t1": {"tenant": "acme", "scopes": ["admin"], "name": "ops"}}"#).unwrap();
         assert_eq!(auth.len(), 1);
         let p = auth.authenticate(Some("Bearer t1")).unwrap();

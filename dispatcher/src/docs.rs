@@ -82,7 +82,7 @@ pub fn foreign_schemas() -> Vec<(&'static str, Value)> {
 const PULL_POINTS: [&str; 4] = ["awaiting_tool", "awaiting_approval", "awaiting_input", "paused"];
 
 /// Event type names of the catalogue (persisted events).
-pub const EVENT_TYPES: [&str; 23] = [
+pub const EVENT_TYPES: [&str; 24] = [
     "session.start",
     "plan.draft",
     "plan.commit",
@@ -95,6 +95,7 @@ pub const EVENT_TYPES: [&str; 23] = [
     "tool.error",
     "approval.requested",
     "approval.resolved",
+    "approval.escalated",
     "input.received",
     "guardrail.tripped",
     "context.compacted",
@@ -212,7 +213,11 @@ foreign_schema!(
             "requested_at": {"type": "string", "format": "date-time"},
             "expires_at": {"type": ["string", "null"], "format": "date-time", "description": "Deadline from the run's approval_timeout_ms."},
             "escalated": {"type": "boolean", "description": "Past its deadline and escalated; still pending."},
-            "interrupted": {"type": "boolean", "description": "The call started once and its worker died: it may have taken effect. Approve to run it again, reject to leave its outcome unknown."}
+            "interrupted": {"type": "boolean", "description": "The call started once and its worker died: it may have taken effect. Approve to run it again, reject to leave its outcome unknown."},
+            "decision": {"description": "The decision as recorded in the event log (null while pending).", "oneOf": [{"$ref": "#/components/schemas/Decision"}, {"type": "null"}]},
+            "decided_by": {"type": ["string", "null"], "description": "Who decided: the token's principal name; `reconciler` for an expiry."},
+            "decided_at": {"type": ["string", "null"], "format": "date-time"},
+            "escalated_at": {"type": ["string", "null"], "format": "date-time", "description": "When `approval.escalated` was recorded."}
         }
     }));
 
@@ -221,5 +226,5 @@ foreign_schema!(
     DecisionDoc, "Decision", json!({
         "type": "object",
         "required": ["kind"],
-        "properties": {"kind": {"enum": ["approve", "reject", "edit"]}, "reason": {"type": "string"}, "input": {}}
+        "properties": {"kind": {"enum": ["approve", "reject", "edit", "expire"]}, "reason": {"type": "string"}, "input": {}}
     }));

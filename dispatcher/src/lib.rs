@@ -34,6 +34,8 @@ pub mod auth;
 pub mod docs;
 pub mod error;
 pub mod extract;
+pub mod history;
+pub mod inbox;
 pub mod metrics;
 pub mod relay;
 mod stream;
@@ -111,6 +113,8 @@ pub struct App {
     pub auth: Auth,
     /// Size and pacing limits.
     pub limits: Limits,
+    /// The inbox's session key and cookie settings.
+    pub inbox: Arc<inbox::InboxConfig>,
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
 }
@@ -118,7 +122,22 @@ pub struct App {
 impl App {
     /// An app over these ports with [`Limits::default`] and fresh [`Metrics`].
     pub fn new(log: Arc<dyn EventLog>, queue: Arc<dyn JobQueue>, ledger: Arc<dyn Ledger>, auth: Auth) -> App {
-        App { log, queue, ledger, auth, limits: Limits::default(), metrics: Arc::new(Metrics::new()), wake: Arc::new(Notify::new()) }
+        App {
+            log,
+            queue,
+            ledger,
+            auth,
+            limits: Limits::default(),
+            inbox: Arc::new(inbox::InboxConfig::default()),
+            metrics: Arc::new(Metrics::new()),
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The same app with this inbox configuration (session key, cookies).
+    pub fn with_inbox(mut self, config: inbox::InboxConfig) -> App {
+        self.inbox = Arc::new(config);
+        self
     }
 
     /// The same app with other limits.
@@ -158,6 +177,7 @@ pub fn router(app: App) -> Router {
     let (routes, _) = api::routes().split_for_parts();
     let limit = app.limits.max_body_bytes;
     routes
+        .merge(inbox::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(app.clone(), track))

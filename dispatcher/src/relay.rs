@@ -184,13 +184,23 @@ impl Reconciler {
         let mut handled = 0;
         for row in expired {
             let state = self.app.log.load(row.run_id).await?;
+            // The request it concerns: the call's pending one, when the run
+            // still waits on it.
+            let request_seq = state.call(&row.call_id).filter(|c| c.approval == ApprovalStatus::Requested).and_then(|c| c.requested_seq);
             match state.config.on_approval_timeout {
-                ApprovalTimeout::Escalate => self.app.log.escalate(row.run_id, &row.call_id).await?,
+                ApprovalTimeout::Escalate => {
+                    // The event first (`approval.escalated`, recorded by a
+                    // worker), then the row's flag: a crash in between
+                    // posts again, and the duplicate is refused.
+                    let payload = Resume::Escalate { call_id: row.call_id.clone(), request_seq, expires_at: row.expires_at };
+                    match self.app.log.post(row.run_id, payload).await {
+                        Ok(_) | Err(LogError::Duplicate { .. }) => self.app.wake_relay(),
+                        Err(e) => return Err(e),
+                    }
+                    self.app.log.escalate(row.run_id, &row.call_id).await?
+                }
                 ApprovalTimeout::Reject => {
-                    let decision = Decision::Reject { reason: "the approval expired before anyone decided".into() };
-                    // The request it answers: the call's pending one, when
-                    // the run still waits on it.
-                    let request_seq = state.call(&row.call_id).filter(|c| c.approval == ApprovalStatus::Requested).and_then(|c| c.requested_seq);
+                    let decision = Decision::Expire;
                     let payload = Resume::Approval { call_id: row.call_id.clone(), args_hash: row.args_hash.clone(), decision, by: Some("reconciler".into()), request_seq };
                     match self.app.log.post(row.run_id, payload).await {
                         Ok(_) | Err(LogError::Duplicate { .. }) => self.app.wake_relay(),

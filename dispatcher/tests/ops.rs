@@ -122,6 +122,7 @@ const ENDPOINTS: &[(&str, &str)] = &[
     ("get", "/v1/runs/{id}/events/stream"),
     ("get", "/v1/approvals"),
     ("post", "/v1/approvals"),
+    ("get", "/v1/approvals/history"),
     ("post", "/v1/runs/{id}/approvals/{call_id}"),
     ("post", "/v1/runs/{id}/tool-results/{call_id}"),
     ("post", "/v1/runs/{id}/messages"),
@@ -295,10 +296,14 @@ async fn reconciler_rejects_or_escalates_expired_approvals() {
     assert_eq!(r.expire_approvals().await.unwrap(), 2);
     let inbox = h.log.inbox(rejected).await.unwrap();
     assert!(
-        matches!(&inbox[0].payload, glia_proto::Resume::Approval { decision: glia_proto::Decision::Reject { reason }, .. } if reason.contains("expired")),
-        "{inbox:?}"
+        matches!(&inbox[0].payload, glia_proto::Resume::Approval { decision: glia_proto::Decision::Expire, by: Some(by), .. } if by == "reconciler"),
+        "an expiry is told as an expiry, not as a person's rejection: {inbox:?}"
     );
-    assert!(h.log.inbox(escalated).await.unwrap().is_empty(), "escalation posts nothing");
+    let posted = h.log.inbox(escalated).await.unwrap();
+    assert!(
+        matches!(&posted[..], [glia_backends::InboxItem { payload: glia_proto::Resume::Escalate { call_id, request_seq: Some(_), .. }, .. }] if call_id == "c1"),
+        "an escalation is posted for the worker to record as approval.escalated: {posted:?}"
+    );
     let rows = h.log.approvals(&glia_backends::ApprovalFilter { run_id: Some(escalated), limit: 10, ..Default::default() }).await.unwrap();
     assert!(rows[0].escalated && rows[0].status == glia_backends::ApprovalStatus::Pending);
     // Nothing left to expire: the rejection is decided, the escalation is marked.

@@ -182,6 +182,18 @@ pub enum EventKind {
         /// Who decided, free text.
         by: Option<String>,
     },
+    /// An approval passed its deadline with no decision and was handed to a
+    /// second line of approvers (`on_approval_timeout: escalate`); it stays
+    /// pending. Recorded by the worker from a [`Resume::Escalate`] the
+    /// reconciler posts; no state changes.
+    #[serde(rename = "approval.escalated")]
+    ApprovalEscalated {
+        /// The call.
+        call_id: String,
+        /// The deadline that passed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at: Option<DateTime<Utc>>,
+    },
     /// The user's next message arrived.
     #[serde(rename = "input.received")]
     InputReceived {
@@ -292,6 +304,7 @@ impl EventKind {
             EventKind::ToolError { .. } => "tool.error",
             EventKind::ApprovalRequested { .. } => "approval.requested",
             EventKind::ApprovalResolved { .. } => "approval.resolved",
+            EventKind::ApprovalEscalated { .. } => "approval.escalated",
             EventKind::InputReceived { .. } => "input.received",
             EventKind::GuardrailTripped { .. } => "guardrail.tripped",
             EventKind::ContextCompacted { .. } => "context.compacted",
@@ -391,6 +404,9 @@ pub enum ToolErrorKind {
     OutcomeUnknown,
     /// The run's budget has no room for another tool call.
     BudgetExceeded,
+    /// Its approval passed its deadline with no decision
+    /// ([`Decision::Expire`]); the call did not run.
+    Expired,
 }
 
 /// A person's decision on an approval.
@@ -409,6 +425,11 @@ pub enum Decision {
         /// Replacement arguments.
         input: Value,
     },
+    /// Nobody decided before the approval's deadline
+    /// (`on_approval_timeout: reject`): the call does not run, and the model
+    /// is told it expired, not that a person rejected it. Posted by the
+    /// dispatcher's reconciler only. JSON: `{"kind": "expire"}`.
+    Expire,
 }
 
 /// Where a parked run waits. JSON: `{"kind": "awaiting_approval", "call_ids": […]}`.
@@ -648,6 +669,19 @@ pub enum Resume {
         /// The user's last message, recorded before the run completes.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         text: Option<String>,
+    },
+    /// Record that the pending approval of `call_id` passed its deadline and
+    /// was escalated (`approval.escalated`); the run stays parked. Posted by
+    /// the dispatcher's reconciler; dropped when the call no longer waits.
+    Escalate {
+        /// The call.
+        call_id: String,
+        /// The `seq` of the `approval.requested` it concerns.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_seq: Option<u64>,
+        /// The deadline that passed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at: Option<DateTime<Utc>>,
     },
     /// Cancel the run (terminal), wherever it stands.
     Cancel {

@@ -498,9 +498,14 @@ impl RunState {
                         call.args_hash = args_hash(input);
                         call.approval = ApprovalStatus::Approved;
                     }
-                    Decision::Reject { .. } => call.approval = ApprovalStatus::Rejected,
+                    Decision::Reject { .. } | Decision::Expire => call.approval = ApprovalStatus::Rejected,
                 }
                 self.refresh_tool_park();
+            }
+            EventKind::ApprovalEscalated { call_id, .. } => {
+                if self.pending(call_id)?.approval != ApprovalStatus::Requested {
+                    return Err(illegal(self, &format!("approval for {call_id} is not pending")));
+                }
             }
             EventKind::ToolResult { call_id, content, reminder, duration_ms } => {
                 let call = self.pending(call_id)?;

@@ -237,6 +237,7 @@ fn tool_error_kind() -> impl Strategy<Value = ToolErrorKind> {
         ToolErrorKind::Cancelled,
         ToolErrorKind::OutcomeUnknown,
         ToolErrorKind::BudgetExceeded,
+        ToolErrorKind::Expired,
     ])
 }
 
@@ -245,6 +246,7 @@ fn decision() -> impl Strategy<Value = Decision> {
         Just(Decision::Approve),
         text().prop_map(|reason| Decision::Reject { reason }),
         json_value().prop_map(|input| Decision::Edit { input }),
+        Just(Decision::Expire),
     ]
 }
 
@@ -369,6 +371,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         outcome().prop_map(|outcome| EventKind::SessionComplete { outcome }),
         (text(), any::<bool>()).prop_map(|(message, fatal)| EventKind::Error { message, fatal }),
         (hook_topic(), text(), hook_effect()).prop_map(|(topic, hook, effect)| EventKind::HookApplied { topic, hook, effect }),
+        text().prop_map(|call_id| EventKind::ApprovalEscalated { call_id, expires_at: Some(DateTime::UNIX_EPOCH) }),
     ]
 }
 
@@ -386,6 +389,7 @@ fn resume() -> impl Strategy<Value = Resume> {
         prop::option::of(text()).prop_map(|by| Resume::Resume { by }),
         prop::option::of(text()).prop_map(|text| Resume::Close { text }),
         text().prop_map(|reason| Resume::Cancel { reason }),
+        (text(), prop::option::of(any::<u64>())).prop_map(|(call_id, request_seq)| Resume::Escalate { call_id, request_seq, expires_at: Some(DateTime::UNIX_EPOCH) }),
     ]
 }
 
@@ -485,6 +489,7 @@ fn variant_index(kind: &EventKind) -> usize {
         EventKind::HookApplied { .. } => 22,
         EventKind::ModelRetry(_) => 23,
         EventKind::MessageElided { .. } => 24,
+        EventKind::ApprovalEscalated { .. } => 25,
     }
 }
 
@@ -498,6 +503,7 @@ fn resume_variant_index(resume: &Resume) -> usize {
         Resume::Resume { .. } => 4,
         Resume::Close { .. } => 5,
         Resume::Cancel { .. } => 6,
+        Resume::Escalate { .. } => 7,
     }
 }
 
@@ -509,8 +515,8 @@ fn variants_seen<T: Debug>(strategy: impl Strategy<Value = T>, index: fn(&T) -> 
 
 #[test]
 fn the_strategies_cover_every_variant() {
-    assert_eq!(variants_seen(event_kind(), variant_index), (0..25).collect());
-    assert_eq!(variants_seen(resume(), resume_variant_index), (0..7).collect());
+    assert_eq!(variants_seen(event_kind(), variant_index), (0..26).collect());
+    assert_eq!(variants_seen(resume(), resume_variant_index), (0..8).collect());
 }
 
 // ----- the wire format, pinned -----------------------------------------------
@@ -552,9 +558,20 @@ fn every_event_serialises_under_its_name() {
         EventKind::HookApplied { topic: HookTopic::BeforeToolCall, hook: "h".into(), effect: HookEffect::Skipped },
         EventKind::ModelRetry(Retry { attempt: 1, cause: "rate_limited".into(), message: "slow down".into(), delay_ms: 3000 }),
         EventKind::MessageElided { index: 2, reason: "provider refusal".into() },
+        EventKind::ApprovalEscalated { call_id: "c".into(), expires_at: None },
     ];
-    let expected =
-        ["session.start", "model.call", "approval.resolved", "session.pause", "session.complete", "error", "hook.applied", "model.retry", "message.elided"];
+    let expected = [
+        "session.start",
+        "model.call",
+        "approval.resolved",
+        "session.pause",
+        "session.complete",
+        "error",
+        "hook.applied",
+        "model.retry",
+        "message.elided",
+        "approval.escalated",
+    ];
     for (kind, name) in kinds.into_iter().zip(expected) {
         assert_eq!(kind.name(), name);
         let value = serde_json::to_value(envelope(kind)).unwrap();

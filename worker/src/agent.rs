@@ -362,11 +362,18 @@ impl Agent {
                 let interrupted = call.is_some_and(|c| c.interrupted);
                 let reason = match &decision {
                     Decision::Reject { reason } => Some(reason.clone()),
+                    Decision::Expire => Some(String::new()),
                     _ => None,
                 };
+                let expired = decision == Decision::Expire;
                 run.record(EventKind::ApprovalResolved { call_id: call_id.clone(), args_hash, decision, by }).await?;
                 if let Some(reason) = reason {
-                    let kind = if interrupted {
+                    let kind = if expired {
+                        let also = if interrupted { " The worker had stopped while this call was running, so whether its first attempt took effect is unknown." } else { "" };
+                        let message = format!("No decision before the deadline: this call needed a person's approval, nobody decided in time, and it was not run.{also}");
+                        let error = if interrupted { ToolErrorKind::OutcomeUnknown } else { ToolErrorKind::Expired };
+                        EventKind::ToolError { call_id, error, message, duration_ms: 0 }
+                    } else if interrupted {
                         let message = Insert::OutcomeUnknown.wrap(&format!(
                             "The worker stopped while this call was running, and a person chose not to run it again: {reason}. Whether it took effect is unknown."
                         ));
@@ -418,6 +425,15 @@ impl Agent {
                 self.complete(run, None).await?;
             }
             Resume::Cancel { reason } => run.record(EventKind::SessionCancel { reason }).await?,
+            Resume::Escalate { call_id, request_seq, expires_at } => {
+                let call = run.state.call(&call_id).filter(|c| c.approval == ApprovalStatus::Requested);
+                match call {
+                    Some(c) if request_seq.is_none_or(|seq| c.requested_seq == Some(seq)) => {
+                        run.record(EventKind::ApprovalEscalated { call_id, expires_at }).await?
+                    }
+                    _ => return Err(AgentError::InvalidResume(format!("the approval of {call_id} is no longer pending"))),
+                }
+            }
         }
         Ok(())
     }

@@ -465,7 +465,8 @@ impl RunObserver {
                 let decision = match decision {
                     Decision::Approve => "approve",
                     Decision::Reject { .. } => "reject",
-                    _ => "edit",
+                    Decision::Expire => "expire",
+                    Decision::Edit { .. } => "edit",
                 };
                 if let Some(m) = m {
                     m.approvals_resolved.get_or_create(&DecisionLabel { decision: decision.into() }).inc();

@@ -96,6 +96,34 @@ async fn awaiting_approval_edit_and_reject() {
     assert_eq!(results[1], "Rejected: A person rejected this call: too much");
 }
 
+/// A deadline that passed: an escalation is recorded and leaves the run
+/// parked; an expiry is told to the model as an expiry (no decision before
+/// the deadline), not as a person's rejection.
+#[tokio::test]
+async fn awaiting_approval_escalated_then_expired() {
+    fn escalate(state: &RunState) -> Resume {
+        let call = &state.batch[0];
+        Resume::Escalate { call_id: call.call_id.clone(), request_seq: call.requested_seq, expires_at: None }
+    }
+    fn expire(state: &RunState) -> Resume {
+        let call = &state.batch[0];
+        Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Expire, by: Some("reconciler".into()), request_seq: call.requested_seq }
+    }
+    let script = vec![ScriptedTurn::call("refund", json!({"order": "A1", "amount": 30})), ScriptedTurn::text("Nobody approved the refund in time.")];
+    let (log, state) = same_log_either_way(script, approval_config(), &[escalate, expire]).await;
+    let names = names(&log);
+    let escalated = names.iter().position(|n| *n == "approval.escalated").expect("approval.escalated recorded");
+    assert_eq!(names[escalated + 1], "approval.resolved", "the escalation moved nothing: the run stayed parked until the expiry");
+    let error = log.iter().find_map(|e| match &e.kind {
+        glia_proto::EventKind::ToolError { error, message, .. } => Some((*error, message.clone())),
+        _ => None,
+    });
+    let (kind, message) = error.expect("the call got an error result");
+    assert_eq!(kind, glia_proto::ToolErrorKind::Expired);
+    assert!(message.starts_with("No decision before the deadline") && !message.contains("rejected"), "{message}");
+    assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })));
+}
+
 #[tokio::test]
 async fn awaiting_tool() {
     fn answer(state: &RunState) -> Resume {

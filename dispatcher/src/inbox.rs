@@ -1,0 +1,921 @@
+//! The approvals inbox: server-rendered HTML pages under `/inbox` for the
+//! people who decide approvals.
+//!
+//! | page | what |
+//! |---|---|
+//! | `GET /inbox/login`, `POST /inbox/login` | sign in with an API token (scope `approve` or `admin`) |
+//! | `GET /inbox` | the queue: pending approvals oldest first, filters, bulk decisions; live (SSE at `/inbox/stream`) |
+//! | `GET /inbox/runs/{run}/calls/{call}` | one approval: the run's context, the arguments, approve / reject / edit |
+//! | `POST /inbox/runs/{run}/calls/{call}/edit` | an edit's preview: validated against the tool's schema, shown as a diff |
+//! | `POST /inbox/runs/{run}/calls/{call}/decide` | post a decision (then the run's page) |
+//! | `POST /inbox/decide` | approve or reject the selected approvals |
+//! | `GET /inbox/runs/{run}` | a run: status, conversation, events (refreshes while it moves) |
+//! | `GET /inbox/history` | decided, expired and escalated approvals from the event log; `?format=csv` |
+//! | `POST /inbox/logout` | sign out |
+//!
+//! Invariants:
+//!
+//! - **Sessions** are stateless signed cookies (`glia_inbox`): the SHA-256
+//!   digest of the token (never the token), an expiry and a random nonce,
+//!   HMAC-SHA256-signed with [`InboxConfig::session_key`]. Each request looks
+//!   the digest up in the configured tokens again, so removing a token ends
+//!   its sessions. The cookie is `HttpOnly`, `SameSite=Strict`, `Path=/inbox`
+//!   (and `Secure` with [`InboxConfig::secure_cookies`]). Dispatcher replicas
+//!   behind one address must share the key (`GLIA_SESSION_KEY`).
+//! - **CSRF**: every form carries a token (HMAC of the session nonce); every
+//!   POST must carry it and, when the browser sends `Origin` or
+//!   `Sec-Fetch-Site`, come from the same origin. Sign-in (no session yet)
+//!   is checked by origin.
+//! - **Tenants**: a session acts as its token's principal: it sees and
+//!   decides only its tenant's runs (another tenant's run is a 404), and
+//!   decisions record its name as the decider (`approval.resolved.by`).
+//! - **Decisions** go through the same path as `POST
+//!   /v1/runs/{id}/approvals/{call_id}` ([`crate::api::decide_one`]): first
+//!   decision wins, bound to the arguments hash the page showed.
+//! - **Untrusted text** (goals, model text, tool arguments and results) is
+//!   only ever rendered by minijinja with HTML auto-escaping; no template
+//!   marks such text safe. Pages send a `Content-Security-Policy` allowing
+//!   only this server's own script and style (no inline script).
+//!
+//! Templates are `dispatcher/templates/*.html` (compiled in); the script is
+//! `dispatcher/templates/inbox.js`, plain JavaScript with no build step.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use chrono::{DateTime, Utc};
+use glia_backends::{ApprovalFilter, ApprovalRow, LogError};
+use glia_proto::{ContentBlock, Event, EventKind, Message, RunState, ToolSpec, args_hash};
+use hmac::{Hmac, Mac};
+use minijinja::{Environment, context};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::Sha256;
+use uuid::Uuid;
+
+use crate::App;
+use crate::api::{DecisionBody, DecisionKind, decide_one, visible_run};
+use crate::auth::{Principal, Scope};
+use crate::error::ApiError;
+use crate::history::{self, HistoryQuery};
+
+/// The session cookie's name.
+pub const COOKIE: &str = "glia_inbox";
+
+/// Inbox settings, part of [`App`].
+#[derive(Clone)]
+pub struct InboxConfig {
+    /// Signs session cookies and CSRF tokens (HMAC-SHA256). Default: 32
+    /// random bytes per process; set the same key on every replica.
+    pub session_key: [u8; 32],
+    /// How long a sign-in lasts (default 8 h).
+    pub session_ttl: Duration,
+    /// Add `Secure` to the cookie (set when served over HTTPS).
+    pub secure_cookies: bool,
+}
+
+impl Default for InboxConfig {
+    fn default() -> Self {
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).expect("the OS random source works");
+        InboxConfig { session_key: key, session_ttl: Duration::from_secs(8 * 3600), secure_cookies: false }
+    }
+}
+
+impl InboxConfig {
+    /// A configuration whose session key is derived from `secret` (SHA-256
+    /// of it), e.g. `GLIA_SESSION_KEY`, so replicas agree.
+    pub fn with_secret(secret: &str) -> InboxConfig {
+        use sha2::Digest;
+        InboxConfig { session_key: Sha256::digest(secret.as_bytes()).into(), ..InboxConfig::default() }
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> Vec<u8> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.session_key).expect("any key length");
+        for p in parts {
+            mac.update(p);
+            mac.update(b"\0");
+        }
+        mac.finalize().into_bytes().to_vec()
+    }
+}
+
+/// What a session cookie carries (signed, not encrypted: nothing secret).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Claims {
+    /// SHA-256 of the token, hex.
+    d: String,
+    /// Expiry, Unix seconds.
+    e: i64,
+    /// Random nonce (CSRF tokens derive from it).
+    n: String,
+}
+
+/// A signed-in approver.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// Who.
+    pub principal: Principal,
+    /// The form token of this session.
+    pub csrf: String,
+}
+
+fn sign_cookie(cfg: &InboxConfig, claims: &Claims) -> String {
+    let body = B64.encode(serde_json::to_vec(claims).expect("claims serialise"));
+    let sig = B64.encode(cfg.mac(&[b"session", body.as_bytes()]));
+    format!("{body}.{sig}")
+}
+
+fn csrf_of(cfg: &InboxConfig, nonce: &str) -> String {
+    B64.encode(cfg.mac(&[b"csrf", nonce.as_bytes()]))
+}
+
+/// Constant-time comparison of two byte strings.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// The session of a request, if its cookie is valid, unexpired, and its
+/// token still configured with scope `approve`.
+fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
+    let raw = cookie_value(headers, COOKIE)?;
+    let (body, sig) = raw.split_once('.')?;
+    let want = app.inbox.mac(&[b"session", body.as_bytes()]);
+    if !same(&B64.decode(sig).ok()?, &want) {
+        return None;
+    }
+    let claims: Claims = serde_json::from_slice(&B64.decode(body).ok()?).ok()?;
+    if claims.e <= Utc::now().timestamp() {
+        return None;
+    }
+    let digest: [u8; 32] = hex_decode(&claims.d)?.try_into().ok()?;
+    let principal = app.auth.by_digest(&digest)?;
+    principal.has(Scope::Approve).then(|| Session { principal, csrf: csrf_of(&app.inbox, &claims.n) })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    (s.len() % 2 == 0).then_some(())?;
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Refuse a POST another site made: `Sec-Fetch-Site` other than
+/// `same-origin`/`none`, or an `Origin` whose host is not this request's `Host`.
+fn same_origin(headers: &HeaderMap) -> bool {
+    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
+        && site != "same-origin"
+        && site != "none"
+    {
+        return false;
+    }
+    match (headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()), headers.get(header::HOST).and_then(|v| v.to_str().ok())) {
+        (Some("null"), _) => false,
+        (Some(origin), Some(host)) => origin.split_once("://").map(|(_, h)| h) == Some(host),
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
+}
+
+// ----- templates -------------------------------------------------------------------------
+
+static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
+    let mut env = Environment::new();
+    for (name, source) in [
+        ("base.html", include_str!("../templates/base.html")),
+        ("login.html", include_str!("../templates/login.html")),
+        ("queue.html", include_str!("../templates/queue.html")),
+        ("rows.html", include_str!("../templates/rows.html")),
+        ("detail.html", include_str!("../templates/detail.html")),
+        ("edit.html", include_str!("../templates/edit.html")),
+        ("run.html", include_str!("../templates/run.html")),
+        ("history.html", include_str!("../templates/history.html")),
+        ("error.html", include_str!("../templates/error.html")),
+    ] {
+        env.add_template(name, source).expect("the inbox templates parse");
+    }
+    // `.html` names are auto-escaped (minijinja's default); say so explicitly.
+    env.set_auto_escape_callback(|name| if name.ends_with(".html") { minijinja::AutoEscape::Html } else { minijinja::AutoEscape::None });
+    env.add_filter("pretty", |v: minijinja::Value| -> String {
+        serde_json::to_value(&v).ok().and_then(|j| serde_json::to_string_pretty(&j).ok()).unwrap_or_default()
+    });
+    env
+});
+
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+fn html(status: StatusCode, template: &str, ctx: minijinja::Value) -> Response {
+    match TEMPLATES.get_template(template).and_then(|t| t.render(ctx)) {
+        Ok(body) => {
+            let mut r = (status, body).into_response();
+            let h = r.headers_mut();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+            h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+            h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+            h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
+        Err(e) => {
+            tracing::error!("inbox template {template}: {e:#}");
+            (StatusCode::INTERNAL_SERVER_ERROR, "the page could not be rendered").into_response()
+        }
+    }
+}
+
+fn error_page(s: Option<&Session>, status: StatusCode, message: &str) -> Response {
+    html(status, "error.html", context! { who => s.map(|s| s.principal.by()), csrf => s.map(|s| s.csrf.clone()), status => status.as_u16(), message })
+}
+
+fn api_error_page(s: &Session, e: ApiError) -> Response {
+    error_page(Some(s), e.status(), &e.body().error.message)
+}
+
+fn log_error_page(s: &Session, e: LogError) -> Response {
+    api_error_page(s, ApiError::from(e))
+}
+
+fn to_login() -> Response {
+    Redirect::to("/inbox/login").into_response()
+}
+
+// ----- routes ----------------------------------------------------------------------------
+
+/// The inbox's routes (merged into [`crate::router`]).
+pub fn routes() -> Router<App> {
+    Router::new()
+        .route("/inbox", get(queue))
+        .route("/inbox/", get(|| async { Redirect::to("/inbox") }))
+        .route("/inbox/login", get(login_page).post(login))
+        .route("/inbox/logout", post(logout))
+        .route("/inbox/rows", get(rows))
+        .route("/inbox/stream", get(stream))
+        .route("/inbox/decide", post(decide_bulk))
+        .route("/inbox/history", get(history_page))
+        .route("/inbox/runs/{run}", get(run_page))
+        .route("/inbox/runs/{run}/calls/{call}", get(detail))
+        .route("/inbox/runs/{run}/calls/{call}/edit", post(edit_preview))
+        .route("/inbox/runs/{run}/calls/{call}/decide", post(decide))
+        .route("/inbox/static/inbox.js", get(|| async { static_file("text/javascript; charset=utf-8", include_str!("../templates/inbox.js")) }))
+        .route("/inbox/static/inbox.css", get(|| async { static_file("text/css; charset=utf-8", include_str!("../templates/inbox.css")) }))
+}
+
+fn static_file(kind: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, kind), (header::CACHE_CONTROL, "max-age=300")], body).into_response()
+}
+
+/// The fields of a URL-encoded form body, in order (repeated names kept).
+fn form(body: &Bytes) -> Vec<(String, String)> {
+    form_urlencoded::parse(body).into_owned().collect()
+}
+
+fn field<'a>(f: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    f.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// The session of a POST with a valid CSRF token from the same origin.
+fn checked_post(app: &App, headers: &HeaderMap, f: &[(String, String)]) -> Result<Session, Response> {
+    if !same_origin(headers) {
+        return Err(error_page(None, StatusCode::FORBIDDEN, "cross-site request refused"));
+    }
+    let s = session(app, headers).ok_or_else(to_login)?;
+    match field(f, "csrf") {
+        Some(t) if same(t.as_bytes(), s.csrf.as_bytes()) => Ok(s),
+        _ => Err(error_page(Some(&s), StatusCode::FORBIDDEN, "missing or wrong form token (CSRF): reload the page and try again")),
+    }
+}
+
+// ----- sign-in ---------------------------------------------------------------------------
+
+async fn login_page(State(app): State<App>, headers: HeaderMap) -> Response {
+    if session(&app, &headers).is_some() {
+        return Redirect::to("/inbox").into_response();
+    }
+    html(StatusCode::OK, "login.html", context! { error => None::<String> })
+}
+
+async fn login(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+    if !same_origin(&headers) {
+        return error_page(None, StatusCode::FORBIDDEN, "cross-site request refused");
+    }
+    let f = form(&body);
+    let token = field(&f, "token").unwrap_or("").trim();
+    let fail = |m: &str| html(StatusCode::UNAUTHORIZED, "login.html", context! { error => m });
+    if app.auth.is_open() {
+        return fail("this dispatcher has no API tokens configured; the inbox needs tokens (start it with --token TOKEN:TENANT:approve:NAME)");
+    }
+    let Some((digest, principal)) = app.auth.lookup(token) else { return fail("unknown token") };
+    if !principal.has(Scope::Approve) {
+        return fail("this token may not decide approvals (it needs scope approve or admin)");
+    }
+    let mut nonce = [0u8; 16];
+    if getrandom::fill(&mut nonce).is_err() {
+        return error_page(None, StatusCode::SERVICE_UNAVAILABLE, "no random source");
+    }
+    let ttl = app.inbox.session_ttl;
+    let claims = Claims { d: hex(&digest), e: Utc::now().timestamp() + ttl.as_secs() as i64, n: hex(&nonce) };
+    let secure = if app.inbox.secure_cookies { "; Secure" } else { "" };
+    let cookie = format!("{COOKIE}={}; Path=/inbox; HttpOnly; SameSite=Strict; Max-Age={}{secure}", sign_cookie(&app.inbox, &claims), ttl.as_secs());
+    tracing::info!(tenant = %principal.tenant, who = %principal.by(), "inbox sign-in");
+    let mut r = Redirect::to("/inbox").into_response();
+    r.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&cookie).expect("cookie is ASCII"));
+    r
+}
+
+async fn logout(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(r) = checked_post(&app, &headers, &form(&body)) {
+        return r;
+    }
+    let mut r = Redirect::to("/inbox/login").into_response();
+    let cookie = format!("{COOKIE}=; Path=/inbox; HttpOnly; SameSite=Strict; Max-Age=0");
+    r.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&cookie).expect("cookie is ASCII"));
+    r
+}
+
+// ----- the queue -------------------------------------------------------------------------
+
+/// Filters of the queue (query string).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct QueueFilter {
+    /// Only this tool's.
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// Only runs of this agent (model).
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// Only this batch's runs.
+    #[serde(default)]
+    pub batch: Option<String>,
+    /// Only those waiting at least this many minutes.
+    #[serde(default)]
+    pub min_age: Option<String>,
+}
+
+/// One queue row as the templates see it.
+#[derive(Debug, Clone, Serialize)]
+struct Item {
+    run_id: Uuid,
+    call_id: String,
+    tool: String,
+    args_hash: String,
+    summary: String,
+    goal: String,
+    agent: String,
+    batch_id: Option<Uuid>,
+    requested_at: DateTime<Utc>,
+    age: String,
+    deadline: Option<String>,
+    overdue: bool,
+    expires_at: Option<DateTime<Utc>>,
+    escalated: bool,
+    interrupted: bool,
+}
+
+/// A short one-line summary of tool arguments: `k: v` pairs, cut at 120 characters.
+fn summarize(input: &Value) -> String {
+    let s = match input {
+        Value::Object(m) => m.iter().map(|(k, v)| format!("{k}: {}", v.as_str().map_or_else(|| v.to_string(), str::to_owned))).collect::<Vec<_>>().join(", "),
+        other => other.to_string(),
+    };
+    if s.chars().count() > 120 { format!("{}…", s.chars().take(119).collect::<String>()) } else { s }
+}
+
+/// `950ms`, `12s`, `4m 10s`, `2h 05m`, `3d 04h`.
+pub fn human(ms: i64) -> String {
+    let ms = ms.max(0);
+    match ms {
+        ..1000 => format!("{ms}ms"),
+        1000..60_000 => format!("{}s", ms / 1000),
+        60_000..3_600_000 => format!("{}m {:02}s", ms / 60_000, ms % 60_000 / 1000),
+        3_600_000..86_400_000 => format!("{}h {:02}m", ms / 3_600_000, ms % 3_600_000 / 60_000),
+        _ => format!("{}d {:02}h", ms / 86_400_000, ms % 86_400_000 / 3_600_000),
+    }
+}
+
+/// The pending approvals `s` may see that pass `f`, oldest first.
+async fn pending(app: &App, s: &Session, f: &QueueFilter) -> Result<Vec<Item>, LogError> {
+    let filter = ApprovalFilter {
+        tenant: s.principal.tenant_filter(),
+        tool: f.tool.clone().filter(|t| !t.is_empty()),
+        pending_only: true,
+        limit: 1000,
+        ..ApprovalFilter::default()
+    };
+    let rows = app.log.approvals(&filter).await?;
+    let now = Utc::now();
+    let mut runs: HashMap<Uuid, Option<(String, String, Option<Uuid>)>> = HashMap::new();
+    let mut items = Vec::new();
+    let min_age_ms = f.min_age.as_deref().and_then(|m| m.trim().parse::<i64>().ok()).map(|m| m * 60_000);
+    let batch = f.batch.as_deref().map(str::trim).filter(|b| !b.is_empty());
+    for row in rows {
+        if !runs.contains_key(&row.run_id) {
+            let info = match (app.log.get_run(row.run_id).await, app.log.load(row.run_id).await) {
+                (Ok(run), Ok(state)) => Some((run.goal, state.config.model, run.batch_id)),
+                (Err(LogError::NotFound(_)), _) | (_, Err(LogError::NotFound(_))) => None,
+                (Err(e), _) | (_, Err(e)) => return Err(e),
+            };
+            runs.insert(row.run_id, info);
+        }
+        let Some((goal, agent, batch_id)) = runs[&row.run_id].clone() else { continue };
+        let age_ms = (now - row.requested_at).num_milliseconds();
+        if f.agent.as_deref().is_some_and(|a| !a.is_empty() && a != agent)
+            || batch.is_some_and(|b| batch_id.map(|id| id.to_string()).as_deref() != Some(b))
+            || min_age_ms.is_some_and(|m| age_ms < m)
+        {
+            continue;
+        }
+        items.push(item(row, goal, agent, batch_id, now));
+    }
+    Ok(items)
+}
+
+fn item(row: ApprovalRow, goal: String, agent: String, batch_id: Option<Uuid>, now: DateTime<Utc>) -> Item {
+    let left = row.expires_at.map(|t| (t - now).num_milliseconds());
+    Item {
+        summary: summarize(&row.input),
+        age: human((now - row.requested_at).num_milliseconds()),
+        deadline: left.map(|l| if l > 0 { format!("in {}", human(l)) } else { format!("overdue by {}", human(-l)) }),
+        overdue: left.is_some_and(|l| l <= 0),
+        run_id: row.run_id,
+        call_id: row.call_id,
+        tool: row.tool,
+        args_hash: row.args_hash,
+        goal,
+        agent,
+        batch_id,
+        requested_at: row.requested_at,
+        expires_at: row.expires_at,
+        escalated: row.escalated,
+        interrupted: row.interrupted,
+    }
+}
+
+async fn queue(State(app): State<App>, headers: HeaderMap, Query(f): Query<QueueFilter>) -> Response {
+    let Some(s) = session(&app, &headers) else { return to_login() };
+    let items = match pending(&app, &s, &f).await {
+        Ok(items) => items,
+        Err(e) => return log_error_page(&s, e),
+    };
+    let query = serde_urlencoded_query(&f);
+    html(StatusCode::OK, "queue.html", context! { who => s.principal.by(), tenant => s.principal.tenant, csrf => s.csrf, items, filter => f, query })
+}
+
+fn serde_urlencoded_query(f: &QueueFilter) -> String {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in [("tool", &f.tool), ("agent", &f.agent), ("batch", &f.batch), ("min_age", &f.min_age)] {
+        if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+            q.append_pair(k, v);
+        }
+    }
+    q.finish()
+}
+
+/// The queue's rows alone (what the page swaps in when the stream says the queue changed).
+async fn rows(State(app): State<App>, headers: HeaderMap, Query(f): Query<QueueFilter>) -> Response {
+    let Some(s) = session(&app, &headers) else { return StatusCode::UNAUTHORIZED.into_response() };
+    match pending(&app, &s, &f).await {
+        Ok(items) => html(StatusCode::OK, "rows.html", context! { items }),
+        Err(e) => log_error_page(&s, e),
+    }
+}
+
+/// Server-sent events: `event: queue` whenever the set of pending approvals
+/// the session sees changes (checked every 500 ms), with the count as data;
+/// keep-alive comments every 15 s.
+async fn stream(State(app): State<App>, headers: HeaderMap) -> Response {
+    let Some(s) = session(&app, &headers) else { return StatusCode::UNAUTHORIZED.into_response() };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(4);
+    tokio::spawn(async move {
+        let mut last: Option<Vec<(Uuid, String)>> = None;
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            let filter = ApprovalFilter { tenant: s.principal.tenant_filter(), pending_only: true, limit: 1000, ..ApprovalFilter::default() };
+            let Ok(rows) = app.log.approvals(&filter).await else { continue };
+            let now: Vec<(Uuid, String)> = rows.into_iter().map(|r| (r.run_id, r.call_id)).collect();
+            if last.as_ref() != Some(&now) {
+                let first = last.is_none();
+                let n = now.len();
+                last = Some(now);
+                if !first && tx.send(Ok(SseEvent::default().event("queue").data(n.to_string()))).await.is_err() {
+                    return;
+                }
+            }
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    Sse::new(tokio_stream_from(rx)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+fn tokio_stream_from<T: Send + 'static>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures::Stream<Item = T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+async fn decide_bulk(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+    let f = form(&body);
+    let s = match checked_post(&app, &headers, &f) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let decision = match field(&f, "decision") {
+        Some("approve") => DecisionKind::Approve,
+        Some("reject") => DecisionKind::Reject,
+        _ => return error_page(Some(&s), StatusCode::BAD_REQUEST, "choose approve or reject"),
+    };
+    let reason = field(&f, "reason").map(str::trim).filter(|r| !r.is_empty()).map(str::to_owned);
+    if decision == DecisionKind::Reject && reason.is_none() {
+        return error_page(Some(&s), StatusCode::BAD_REQUEST, "a rejection needs a reason (the model sees it)");
+    }
+    let items: Vec<&str> = f.iter().filter(|(k, _)| k == "item").map(|(_, v)| v.as_str()).collect();
+    if items.is_empty() {
+        return error_page(Some(&s), StatusCode::BAD_REQUEST, "select at least one approval");
+    }
+    if items.len() > app.limits.max_bulk {
+        return error_page(Some(&s), StatusCode::BAD_REQUEST, &format!("at most {} approvals at once", app.limits.max_bulk));
+    }
+    let mut failed = Vec::new();
+    for it in items {
+        // `RUN_ID CALL_ID ARGS_HASH`: call ids may hold anything but spaces are
+        // not produced by providers; the hash binds the decision to what was shown.
+        let mut parts = it.splitn(3, ' ');
+        let (Some(run), Some(call), Some(hash)) = (parts.next(), parts.next(), parts.next()) else {
+            failed.push(format!("{it}: malformed selection"));
+            continue;
+        };
+        let Ok(run_id) = run.parse::<Uuid>() else {
+            failed.push(format!("{run}: not a run id"));
+            continue;
+        };
+        let body = DecisionBody { decision, reason: reason.clone(), input: None, args_hash: Some(hash.to_owned()) };
+        if let Err(e) = decide_one(&app, &s.principal, run_id, call.to_owned(), &body).await {
+            failed.push(format!("{run} {call}: {}", e.body().error.message));
+        }
+    }
+    if failed.is_empty() {
+        Redirect::to("/inbox").into_response()
+    } else {
+        error_page(Some(&s), StatusCode::CONFLICT, &format!("some decisions were not posted:\n{}", failed.join("\n")))
+    }
+}
+
+// ----- one approval ----------------------------------------------------------------------
+
+/// A message of the conversation as the templates see it.
+#[derive(Debug, Clone, Serialize)]
+struct Line {
+    role: String,
+    kind: String,
+    text: String,
+}
+
+fn lines(messages: &[Message]) -> Vec<Line> {
+    let mut out = Vec::new();
+    for m in messages {
+        let role = serde_json::to_value(m.role).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        for b in &m.content {
+            let (kind, text) = match b {
+                ContentBlock::Text { text, .. } => ("text", text.clone()),
+                ContentBlock::ToolUse { name, input, .. } => ("tool_use", format!("{name}({input})")),
+                ContentBlock::ToolResult { content, is_error, .. } => (if *is_error { "tool_error" } else { "tool_result" }, content.clone()),
+                _ => continue,
+            };
+            out.push(Line { role: role.clone(), kind: kind.into(), text });
+        }
+    }
+    out
+}
+
+/// The tool's JSON Schema as the run knows it (step tools, then external tools).
+fn tool_schema(state: &RunState, tool: &str) -> Option<Value> {
+    let find = |specs: &[ToolSpec]| specs.iter().find(|t| t.name == tool).map(|t| t.input_schema.clone());
+    find(&state.step_tools).or_else(|| find(&state.config.external_tools))
+}
+
+struct Loaded {
+    state: RunState,
+    row: ApprovalRow,
+}
+
+async fn load_call(app: &App, s: &Session, run_id: Uuid, call_id: &str) -> Result<Loaded, Response> {
+    let run = visible_run(app, &s.principal, run_id).await.map_err(|e| api_error_page(s, e))?;
+    let filter = ApprovalFilter { run_id: Some(run.run_id), limit: 1000, ..ApprovalFilter::default() };
+    let rows = app.log.approvals(&filter).await.map_err(|e| log_error_page(s, e))?;
+    let row = rows.into_iter().rev().find(|r| r.call_id == call_id).ok_or_else(|| error_page(Some(s), StatusCode::NOT_FOUND, "no such approval"))?;
+    let state = app.log.load(run_id).await.map_err(|e| log_error_page(s, e))?;
+    Ok(Loaded { state, row })
+}
+
+async fn detail(State(app): State<App>, headers: HeaderMap, Path((run_id, call_id)): Path<(Uuid, String)>) -> Response {
+    let Some(s) = session(&app, &headers) else { return to_login() };
+    let Loaded { state, row } = match load_call(&app, &s, run_id, &call_id).await {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let record = match history::run_records(&*app.log, &match app.log.get_run(run_id).await {
+        Ok(r) => r,
+        Err(e) => return log_error_page(&s, e),
+    })
+    .await
+    {
+        Ok(records) => records.into_iter().rev().find(|r| r.call_id == call_id),
+        Err(e) => return log_error_page(&s, e),
+    };
+    let conversation = lines(&state.messages);
+    let recent: Vec<Line> = conversation.iter().rev().take(12).rev().cloned().collect();
+    let earlier_results: Vec<Line> = conversation.iter().filter(|l| l.kind != "text").cloned().collect();
+    let pending = row.status == glia_backends::ApprovalStatus::Pending;
+    let schema = tool_schema(&state, &row.tool);
+    let item = item(row, state.goal.clone(), state.config.model.clone(), None, Utc::now());
+    html(
+        StatusCode::OK,
+        "detail.html",
+        context! { who => s.principal.by(), csrf => s.csrf, item, pending, record, goal => state.goal, recent, earlier_results,
+                   input => serde_json::to_string_pretty(&record_input(&state, &call_id)).unwrap_or_default(), schema, error => None::<String> },
+    )
+}
+
+/// The arguments of the call as the run holds them (the pending call's).
+fn record_input(state: &RunState, call_id: &str) -> Value {
+    state.call(call_id).map(|c| c.input.clone()).unwrap_or(Value::Null)
+}
+
+/// Parse and check edited arguments: a JSON object valid against the tool's schema.
+fn check_edit(text: &str, schema: Option<&Value>) -> Result<Value, String> {
+    let input: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    if !input.is_object() {
+        return Err("the arguments must be a JSON object".into());
+    }
+    if let Some(schema) = schema {
+        let validator = jsonschema::validator_for(schema).map_err(|e| format!("the tool's schema is unusable: {e}"))?;
+        let errors: Vec<String> = validator.iter_errors(&input).map(|e| format!("{}: {}", e.instance_path(), e)).collect();
+        if !errors.is_empty() {
+            return Err(format!("the arguments do not match the tool's schema: {}", errors.join("; ")));
+        }
+    }
+    Ok(input)
+}
+
+/// A line diff of two pretty-printed JSON values: (`+`, `-` or ` `, line).
+fn diff(old: &Value, new: &Value) -> Vec<(String, String)> {
+    let a = serde_json::to_string_pretty(old).unwrap_or_default();
+    let b = serde_json::to_string_pretty(new).unwrap_or_default();
+    similar::TextDiff::from_lines(&a, &b)
+        .iter_all_changes()
+        .map(|c| {
+            let tag = match c.tag() {
+                similar::ChangeTag::Delete => "-",
+                similar::ChangeTag::Insert => "+",
+                similar::ChangeTag::Equal => " ",
+            };
+            (tag.to_owned(), c.value().trim_end_matches('\n').to_owned())
+        })
+        .collect()
+}
+
+async fn edit_preview(State(app): State<App>, headers: HeaderMap, Path((run_id, call_id)): Path<(Uuid, String)>, body: Bytes) -> Response {
+    let f = form(&body);
+    let s = match checked_post(&app, &headers, &f) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let Loaded { state, row } = match load_call(&app, &s, run_id, &call_id).await {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let schema = tool_schema(&state, &row.tool);
+    let text = field(&f, "input").unwrap_or("");
+    match check_edit(text, schema.as_ref()) {
+        Ok(input) => {
+            let old = record_input(&state, &call_id);
+            let lines = diff(&old, &input);
+            let item = item(row, state.goal.clone(), state.config.model.clone(), None, Utc::now());
+            html(
+                StatusCode::OK,
+                "edit.html",
+                context! { who => s.principal.by(), csrf => s.csrf, item, lines, input => serde_json::to_string(&input).unwrap_or_default(), new_hash => args_hash(&input) },
+            )
+        }
+        Err(message) => error_page(Some(&s), StatusCode::UNPROCESSABLE_ENTITY, &message),
+    }
+}
+
+async fn decide(State(app): State<App>, headers: HeaderMap, Path((run_id, call_id)): Path<(Uuid, String)>, body: Bytes) -> Response {
+    let f = form(&body);
+    let s = match checked_post(&app, &headers, &f) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let args_hash = field(&f, "args_hash").map(str::to_owned);
+    let body = match field(&f, "decision") {
+        Some("approve") => DecisionBody { decision: DecisionKind::Approve, reason: None, input: None, args_hash },
+        Some("reject") => {
+            let reason = field(&f, "reason").map(str::trim).unwrap_or("");
+            if reason.is_empty() {
+                return error_page(Some(&s), StatusCode::BAD_REQUEST, "a rejection needs a reason (the model sees it)");
+            }
+            DecisionBody { decision: DecisionKind::Reject, reason: Some(reason.to_owned()), input: None, args_hash }
+        }
+        Some("edit") => {
+            let Ok(input) = serde_json::from_str::<Value>(field(&f, "input").unwrap_or("")) else {
+                return error_page(Some(&s), StatusCode::BAD_REQUEST, "the edited arguments are not valid JSON");
+            };
+            // Bound to the arguments the preview showed.
+            if field(&f, "new_args_hash") != Some(args_hash_str(&input).as_str()) {
+                return error_page(Some(&s), StatusCode::CONFLICT, "the edited arguments differ from the previewed ones: preview again");
+            }
+            let schema = match load_call(&app, &s, run_id, &call_id).await {
+                Ok(l) => tool_schema(&l.state, &l.row.tool),
+                Err(r) => return r,
+            };
+            if let Err(m) = check_edit(&input.to_string(), schema.as_ref()) {
+                return error_page(Some(&s), StatusCode::UNPROCESSABLE_ENTITY, &m);
+            }
+            DecisionBody { decision: DecisionKind::Edit, reason: None, input: Some(input), args_hash }
+        }
+        _ => return error_page(Some(&s), StatusCode::BAD_REQUEST, "choose approve, reject or edit"),
+    };
+    match decide_one(&app, &s.principal, run_id, call_id, &body).await {
+        Ok(_) => Redirect::to(&format!("/inbox/runs/{run_id}")).into_response(),
+        Err(e) => api_error_page(&s, e),
+    }
+}
+
+fn args_hash_str(v: &Value) -> String {
+    args_hash(v)
+}
+
+// ----- a run -----------------------------------------------------------------------------
+
+/// An event as the run page shows it.
+#[derive(Debug, Clone, Serialize)]
+struct EventLine {
+    seq: u64,
+    at: String,
+    kind: String,
+    detail: String,
+}
+
+fn event_line(e: &Event) -> EventLine {
+    let detail = match &e.kind {
+        EventKind::ToolCall(c) => format!("{} {}", c.name, c.input),
+        EventKind::ToolResult { call_id, content, .. } => format!("{call_id}: {content}"),
+        EventKind::ToolError { call_id, message, .. } => format!("{call_id}: {message}"),
+        EventKind::ApprovalRequested { call_id, tool, .. } => format!("{call_id} {tool}"),
+        EventKind::ApprovalResolved { call_id, decision, by, .. } => {
+            format!("{call_id} {} by {}", serde_json::to_string(decision).unwrap_or_default(), by.as_deref().unwrap_or("?"))
+        }
+        EventKind::ApprovalEscalated { call_id, .. } => call_id.clone(),
+        EventKind::SessionComplete { outcome } => serde_json::to_string(outcome).unwrap_or_default(),
+        EventKind::SessionPause { pull_point } => pull_point.name().to_owned(),
+        EventKind::InputReceived { text } => text.clone(),
+        _ => String::new(),
+    };
+    let detail = if detail.chars().count() > 300 { format!("{}…", detail.chars().take(299).collect::<String>()) } else { detail };
+    EventLine { seq: e.seq, at: e.at.format("%H:%M:%S%.3f").to_string(), kind: e.kind.name().to_owned(), detail }
+}
+
+async fn run_page(State(app): State<App>, headers: HeaderMap, Path(run_id): Path<Uuid>) -> Response {
+    let Some(s) = session(&app, &headers) else { return to_login() };
+    let run = match visible_run(&app, &s.principal, run_id).await {
+        Ok(r) => r,
+        Err(e) => return api_error_page(&s, e),
+    };
+    let (events, state) = match (history::all_events(&*app.log, run_id).await, app.log.load(run_id).await) {
+        (Ok(e), Ok(st)) => (e, st),
+        (Err(e), _) | (_, Err(e)) => return log_error_page(&s, e),
+    };
+    let events: Vec<EventLine> = events.iter().map(event_line).collect();
+    let status = serde_json::to_value(run.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+    let pull_point = run.pull_point.as_ref().map(|p| p.name().to_owned());
+    let done = run.status == glia_backends::RunStatus::Done;
+    html(
+        StatusCode::OK,
+        "run.html",
+        context! { who => s.principal.by(), csrf => s.csrf, run_id, goal => run.goal, status, pull_point, done,
+                   agent => state.config.model, answer => state.answer, conversation => lines(&state.messages), events, head => run.head_seq },
+    )
+}
+
+// ----- history ---------------------------------------------------------------------------
+
+async fn history_page(State(app): State<App>, headers: HeaderMap, Query(q): Query<HistoryQuery>) -> Response {
+    let Some(s) = session(&app, &headers) else { return to_login() };
+    let records = match history::history(&*app.log, s.principal.tenant_filter(), &q).await {
+        Ok(r) => r,
+        Err(e) => return log_error_page(&s, e),
+    };
+    if q.format.as_deref() == Some("csv") {
+        return (
+            [(header::CONTENT_TYPE, "text/csv; charset=utf-8"), (header::CONTENT_DISPOSITION, "attachment; filename=\"approvals.csv\"")],
+            history::to_csv(&records),
+        )
+            .into_response();
+    }
+    let mut csv_query = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in [("tool", &q.tool), ("agent", &q.agent), ("resolution", &q.resolution), ("decided_by", &q.decided_by)] {
+        if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+            csv_query.append_pair(k, v);
+        }
+    }
+    csv_query.append_pair("format", "csv");
+    let rows: Vec<_> = records
+        .iter()
+        .map(|r| {
+            let reason = match &r.decision {
+                Some(glia_proto::Decision::Reject { reason }) => Some(reason.clone()),
+                _ => None,
+            };
+            context! { r => r, wait => human(r.wait_ms), reason, edited => r.edited_input().map(|v| diff(&r.input, v)) }
+        })
+        .collect();
+    html(StatusCode::OK, "history.html", context! { who => s.principal.by(), csrf => s.csrf, rows, q => q, csv_query => csv_query.finish() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins() {
+        let mut h = HeaderMap::new();
+        assert!(same_origin(&h), "no Origin (non-browser client): allowed; the CSRF token still applies");
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
+        assert!(same_origin(&h));
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:9999"));
+        assert!(!same_origin(&h));
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
+        h.insert("sec-fetch-site", HeaderValue::from_static("same-site"));
+        assert!(!same_origin(&h));
+    }
+
+    #[test]
+    fn templates_escape_untrusted_text() {
+        let out = TEMPLATES.get_template("rows.html").unwrap().render(context! { items => vec![Item {
+            run_id: Uuid::nil(),
+            call_id: "c1".into(),
+            tool: "<b>t</b>".into(),
+            args_hash: "h".into(),
+            summary: "<script>alert(1)</script><img src=x onerror=alert(2)>".into(),
+            goal: "\"goal\"".into(),
+            agent: "a".into(),
+            batch_id: None,
+            requested_at: Utc::now(),
+            age: "1s".into(),
+            deadline: None,
+            overdue: false,
+            expires_at: None,
+            escalated: false,
+            interrupted: true,
+        }] }).unwrap();
+        assert!(!out.contains("<script>") && !out.contains("<img") && !out.contains("<b>"), "{out}");
+        assert!(out.contains("&lt;script&gt;") && out.contains("&lt;img"), "{out}");
+    }
+
+    #[test]
+    fn edits_are_checked_against_the_schema() {
+        let schema = serde_json::json!({"type": "object", "properties": {"amount": {"type": "integer", "maximum": 100}}, "required": ["amount"]});
+        assert!(check_edit(r#"{"amount": 5}"#, Some(&schema)).is_ok());
+        assert!(check_edit(r#"{"amount": 500}"#, Some(&schema)).unwrap_err().contains("schema"));
+        assert!(check_edit("[1]", None).unwrap_err().contains("object"));
+        assert!(check_edit("{", None).unwrap_err().contains("JSON"));
+        let d = diff(&serde_json::json!({"amount": 5}), &serde_json::json!({"amount": 6}));
+        assert!(d.contains(&("-".into(), "  \"amount\": 5".into())) && d.contains(&("+".into(), "  \"amount\": 6".into())), "{d:?}");
+    }
+
+    #[test]
+    fn cookies_are_signed() {
+        let cfg = InboxConfig::with_secret("k");
+        let claims = Claims { d: "00".repeat(32), e: i64::MAX, n: "n".into() };
+        let c = sign_cookie(&cfg, &claims);
+        let (body, sig) = c.split_once('.').unwrap();
+        assert!(same(&B64.decode(sig).unwrap(), &cfg.mac(&[b"session", body.as_bytes()])));
+        assert!(!same(&B64.decode(sig).unwrap(), &InboxConfig::with_secret("other").mac(&[b"session", body.as_bytes()])));
+    }
+}

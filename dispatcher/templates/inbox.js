@@ -1,0 +1,47 @@
+// glia inbox: live queue (server-sent events) and run-page refresh.
+// Plain JavaScript, no build step. Fragments come from the server already
+// escaped; they are inserted only from same-origin responses.
+(function () {
+  "use strict";
+  function refreshRows(tbody) {
+    var checked = {};
+    tbody.querySelectorAll("input[name=item]:checked").forEach(function (c) { checked[c.value] = true; });
+    fetch(tbody.dataset.rows, { credentials: "same-origin" }).then(function (r) {
+      if (!r.ok) { throw new Error("rows: " + r.status); }
+      return r.text();
+    }).then(function (html) {
+      tbody.innerHTML = html;
+      tbody.querySelectorAll("input[name=item]").forEach(function (c) { if (checked[c.value]) { c.checked = true; } });
+      var count = document.getElementById("count");
+      if (count) { count.textContent = String(tbody.querySelectorAll("tr.item").length); }
+    }).catch(function (e) { console.warn(e); });
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    var tbody = document.querySelector("[data-live]");
+    if (tbody && window.EventSource) {
+      var es = new EventSource(tbody.dataset.live);
+      es.addEventListener("queue", function () { refreshRows(tbody); });
+    }
+    var all = document.getElementById("select-all");
+    if (all) {
+      all.addEventListener("change", function () {
+        document.querySelectorAll("input[name=item]").forEach(function (c) { c.checked = all.checked; });
+      });
+    }
+    var run = document.querySelector("[data-refresh]");
+    if (run) {
+      var every = parseInt(run.dataset.refresh, 10) || 1000;
+      var timer = setInterval(function () {
+        fetch(location.href, { credentials: "same-origin" }).then(function (r) { return r.text(); }).then(function (html) {
+          var doc = new DOMParser().parseFromString(html, "text/html");
+          var fresh = doc.getElementById("run");
+          if (fresh) {
+            run.replaceWith(fresh);
+            run = fresh;
+            if (!fresh.dataset.refresh) { clearInterval(timer); }
+          }
+        }).catch(function (e) { console.warn(e); });
+      }, every);
+    }
+  });
+})();
