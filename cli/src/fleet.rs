@@ -228,14 +228,23 @@ pub struct DispatcherArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// A bearer token, `TOKEN:TENANT:SCOPE[,SCOPE…]` (scopes: submit,
-    /// approve, admin); repeatable. With none the dispatcher serves loopback
-    /// only and every request acts as admin.
+    /// A bearer token, `TOKEN:TENANT:SCOPE[,SCOPE…][:NAME]` (scopes: submit,
+    /// approve, admin; NAME, the principal recorded as the decider of its
+    /// approvals, defaults to the tenant); repeatable. With none the
+    /// dispatcher serves loopback only and every request acts as admin.
     #[arg(long = "token", env = "GLIA_TOKENS", value_delimiter = ' ')]
     pub tokens: Vec<String>,
     /// A token file: `{"TOKEN": {"tenant": …, "scopes": […]}, …}`.
     #[arg(long)]
     pub tokens_file: Option<PathBuf>,
+    /// Secret the inbox's session cookies are signed with; give every
+    /// replica behind one address the same one. Default: random per process
+    /// (sessions end when it restarts).
+    #[arg(long, env = "GLIA_SESSION_KEY", hide_env_values = true)]
+    pub session_key: Option<String>,
+    /// Mark the inbox's session cookie `Secure` (when served over HTTPS).
+    #[arg(long)]
+    pub secure_cookies: bool,
     /// Seconds between reconciler passes.
     #[arg(long, default_value_t = 2)]
     pub reconcile_every: u64,
@@ -263,7 +272,12 @@ impl DispatcherArgs {
 }
 
 async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
-    let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?);
+    let mut inbox = match &args.session_key {
+        Some(key) if !key.is_empty() => glia_dispatcher::inbox::InboxConfig::with_secret(key),
+        _ => glia_dispatcher::inbox::InboxConfig::default(),
+    };
+    inbox.secure_cookies = args.secure_cookies;
+    let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?).with_inbox(inbox);
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let every = Duration::from_secs(args.reconcile_every.max(1));
     run_dispatcher(app, listener, every, Duration::from_millis(args.metrics_sample_ms.max(100)), shutdown).await

@@ -265,6 +265,7 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         EventKind::ToolError { call_id, error, message, .. } => format!("#{call_id} {error:?}: {}", clip(message)),
         EventKind::ApprovalRequested { call_id, tool, input, .. } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
         EventKind::ApprovalResolved { call_id, decision, by, .. } => format!("#{call_id} {decision:?} by {}", by.as_deref().unwrap_or("?")),
+        EventKind::ApprovalEscalated { call_id, expires_at } => format!("#{call_id} deadline {} passed: escalated", expires_at.map_or_else(|| "?".into(), |t| t.to_rfc3339())),
         EventKind::InputReceived { text } => clip(text),
         EventKind::GuardrailTripped { stage, guardrail, reason, .. } => format!("{stage:?} {guardrail}: {}", clip(reason)),
         EventKind::ContextCompacted { strategy, removed, .. } => format!("{strategy}: removed {removed} messages"),
