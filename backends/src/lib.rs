@@ -23,6 +23,7 @@ pub mod postgres;
 pub mod rabbitmq;
 pub mod redis_ledger;
 pub mod testkit;
+pub mod webhooks;
 
 use std::time::Duration;
 

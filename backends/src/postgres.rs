@@ -205,7 +205,7 @@ impl PgLog {
         })
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Client, LogError> {
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, LogError> {
         self.pool.get().await.map_err(|e| match e {
             PoolError::Backend(e) => unavailable("connecting", &e),
             other => LogError::Unavailable(format!("database connection: {other}")),
@@ -213,7 +213,7 @@ impl PgLog {
     }
 
     /// Run `call` within the call timeout.
-    async fn bounded<T>(&self, what: &str, call: impl Future<Output = Result<T, LogError>>) -> Result<T, LogError> {
+    pub(crate) async fn bounded<T>(&self, what: &str, call: impl Future<Output = Result<T, LogError>>) -> Result<T, LogError> {
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(LogError::Unavailable(format!("{what}: no answer within {:?}", self.call_timeout))),
@@ -288,7 +288,7 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-fn unavailable(what: &str, e: &tokio_postgres::Error) -> LogError {
+pub(crate) fn unavailable(what: &str, e: &tokio_postgres::Error) -> LogError {
     LogError::Unavailable(format!("{what}: {}", describe(e)))
 }
 
@@ -305,7 +305,7 @@ fn corrupt(what: String) -> LogError {
     LogError::Unavailable(format!("corrupt row: {what}"))
 }
 
-fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, LogError> {
+pub(crate) fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, LogError> {
     row.try_get(name).map_err(|e| corrupt(format!("column {name}: {e}")))
 }
 

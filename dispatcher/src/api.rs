@@ -10,6 +10,7 @@
 //! | `GET /v1/approvals` | approve | 200 page | – |
 //! | `POST /v1/approvals` | approve | 200 per-item results | – |
 //! | `GET /v1/approvals/history` | approve | 200 records (JSON or CSV) | – |
+//! | `POST`, `GET /v1/webhooks`, `DELETE /v1/webhooks/{id}`, `GET /v1/webhooks/{id}/deliveries` | submit or approve | see [`crate::webhooks`] | |
 //! | `POST /v1/runs/{id}/approvals/{call_id}` | approve | 202 | 404 `run_not_found` / `call_not_found` / `approval_not_found`, 409 `already_decided` / `stale_args` / `run_finished` |
 //! | `POST /v1/runs/{id}/tool-results/{call_id}` | submit | 202 | 404 `run_not_found` / `call_not_found`, 409 `not_external` / `already_answered` / `run_finished` |
 //! | `POST /v1/runs/{id}/messages` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` |
@@ -53,6 +54,9 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(stream::stream_events))
         .routes(routes!(list_approvals, decide_bulk))
         .routes(routes!(approval_history))
+        .routes(routes!(crate::webhooks::create, crate::webhooks::list))
+        .routes(routes!(crate::webhooks::delete))
+        .routes(routes!(crate::webhooks::deliveries))
         .routes(routes!(decide))
         .routes(routes!(post_tool_result))
         .routes(routes!(post_message))

@@ -36,6 +36,7 @@ pub mod error;
 pub mod extract;
 pub mod history;
 pub mod inbox;
+pub mod webhooks;
 pub mod metrics;
 pub mod relay;
 mod stream;
@@ -115,6 +116,8 @@ pub struct App {
     pub limits: Limits,
     /// The inbox's session key and cookie settings.
     pub inbox: Arc<inbox::InboxConfig>,
+    /// Webhook store, receiver policy and public URL.
+    pub webhooks: Arc<webhooks::WebhookConfig>,
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
 }
@@ -129,9 +132,16 @@ impl App {
             auth,
             limits: Limits::default(),
             inbox: Arc::new(inbox::InboxConfig::default()),
+            webhooks: Arc::new(webhooks::WebhookConfig::default()),
             metrics: Arc::new(Metrics::new()),
             wake: Arc::new(Notify::new()),
         }
+    }
+
+    /// The same app with these webhook settings (store, policy, public URL).
+    pub fn with_webhooks(mut self, config: webhooks::WebhookConfig) -> App {
+        self.webhooks = Arc::new(config);
+        self
     }
 
     /// The same app with this inbox configuration (session key, cookies).
