@@ -343,3 +343,86 @@ async fn decide(client: &Client, server: &Server, run_id: &str, call_id: &str, b
     eprintln!("decision posted");
     Ok(())
 }
+
+/// `glia webhooks`.
+#[derive(Subcommand)]
+pub enum WebhooksCommand {
+    /// Subscribe a URL; prints the subscription and its signing secret (shown once).
+    Create {
+        #[command(flatten)]
+        server: Server,
+        /// Receiver URL.
+        url: String,
+        /// An event type (repeatable; default all): approval.requested,
+        /// approval.escalated, approval.expired, approval.resolved,
+        /// run.completed, run.failed.
+        #[arg(long = "event")]
+        events: Vec<String>,
+        /// Post Slack messages (incoming-webhook format) linking to the inbox.
+        #[arg(long)]
+        slack: bool,
+    },
+    /// The tenant's subscriptions.
+    List {
+        #[command(flatten)]
+        server: Server,
+    },
+    /// Remove a subscription.
+    Delete {
+        #[command(flatten)]
+        server: Server,
+        /// Subscription id.
+        id: String,
+    },
+    /// A subscription's delivery log, newest first.
+    Deliveries {
+        #[command(flatten)]
+        server: Server,
+        /// Subscription id.
+        id: String,
+    },
+}
+
+/// Run a `glia webhooks` command.
+pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
+    let client = http_client()?;
+    match cmd {
+        WebhooksCommand::Create { server, url, events, slack } => {
+            let mut body = json!({ "url": url, "format": if slack { "slack" } else { "standard" } });
+            if !events.is_empty() {
+                body["events"] = json!(events);
+            }
+            let created = checked(server.request(&client, Method::POST, "/v1/webhooks").json(&body).send().await?).await?;
+            println!("{}", serde_json::to_string_pretty(&created)?);
+            eprintln!("keep the secret: it is not shown again");
+        }
+        WebhooksCommand::List { server } => {
+            let body = checked(server.request(&client, Method::GET, "/v1/webhooks").send().await?).await?;
+            for w in body["webhooks"].as_array().cloned().unwrap_or_default() {
+                println!("{}  {:<8}  {}  {}", w["id"].as_str().unwrap_or("?"), w["format"].as_str().unwrap_or("?"), w["url"].as_str().unwrap_or("?"), w["events"]);
+            }
+        }
+        WebhooksCommand::Delete { server, id } => {
+            let resp = server.request(&client, Method::DELETE, &format!("/v1/webhooks/{id}")).send().await?;
+            if !resp.status().is_success() {
+                checked(resp).await?;
+            }
+            eprintln!("deleted");
+        }
+        WebhooksCommand::Deliveries { server, id } => {
+            let body = checked(server.request(&client, Method::GET, &format!("/v1/webhooks/{id}/deliveries")).send().await?).await?;
+            for d in body["deliveries"].as_array().cloned().unwrap_or_default() {
+                println!(
+                    "{}  {:<18}  {:<9}  attempts {:<3}  {}  {}",
+                    d["created_at"].as_str().unwrap_or("?").chars().take(19).collect::<String>(),
+                    d["event_type"].as_str().unwrap_or("?"),
+                    d["status"].as_str().unwrap_or("?"),
+                    d["attempts"],
+                    d["last_status"].as_u64().map_or_else(|| "-".to_owned(), |s| s.to_string()),
+                    d["last_error"].as_str().unwrap_or(""),
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -48,6 +48,8 @@ pub struct Ports {
     pub log: Arc<dyn EventLog>,
     pub queue: Arc<dyn JobQueue>,
     pub ledger: Arc<dyn Ledger>,
+    /// Webhook subscriptions and deliveries (Postgres only).
+    pub webhooks: Option<Arc<dyn glia_backends::webhooks::WebhookStore>>,
 }
 
 impl Ports {
@@ -56,12 +58,13 @@ impl Ports {
         let log = PgLog::connect(&urls.database_url, PgOptions::default()).await.context("connecting to Postgres")?;
         let queue = RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone())).await.context("connecting to RabbitMQ")?;
         let ledger = RedisLedger::connect(&urls.redis_url, &urls.redis_prefix).await.context("connecting to Redis")?;
-        Ok(Ports { log: Arc::new(log), queue: Arc::new(queue), ledger: Arc::new(ledger) })
+        let log = Arc::new(log);
+        Ok(Ports { log: log.clone(), queue: Arc::new(queue), ledger: Arc::new(ledger), webhooks: Some(log) })
     }
 
     /// In-memory twins: nothing survives the process.
     pub fn memory() -> Ports {
-        Ports { log: Arc::new(MemoryLog::default()), queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()) }
+        Ports { log: Arc::new(MemoryLog::default()), queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()), webhooks: None }
     }
 }
 
@@ -245,6 +248,16 @@ pub struct DispatcherArgs {
     /// Mark the inbox's session cookie `Secure` (when served over HTTPS).
     #[arg(long)]
     pub secure_cookies: bool,
+    /// This dispatcher's address as approvers reach it (links to the inbox
+    /// in Slack webhook messages), e.g. `https://glia.example.com`.
+    #[arg(long, env = "GLIA_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// Let tenants' webhooks reach loopback and private addresses (refused by default).
+    #[arg(long)]
+    pub webhook_allow_private: bool,
+    /// A host tenants' webhooks may reach whatever it resolves to; repeatable.
+    #[arg(long = "webhook-allow-host")]
+    pub webhook_allow_hosts: Vec<String>,
     /// Seconds between reconciler passes.
     #[arg(long, default_value_t = 2)]
     pub reconcile_every: u64,
@@ -277,7 +290,12 @@ async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, shutdown: watch:
         _ => glia_dispatcher::inbox::InboxConfig::default(),
     };
     inbox.secure_cookies = args.secure_cookies;
-    let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?).with_inbox(inbox);
+    let webhooks = glia_dispatcher::webhooks::WebhookConfig {
+        store: ports.webhooks.clone(),
+        policy: glia_dispatcher::webhooks::WebhookPolicy { allow_private: args.webhook_allow_private, allow_hosts: args.webhook_allow_hosts.clone() },
+        public_url: Some(args.public_url.clone().unwrap_or_else(|| format!("http://{}", args.listen))),
+    };
+    let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?).with_inbox(inbox).with_webhooks(webhooks);
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let every = Duration::from_secs(args.reconcile_every.max(1));
     run_dispatcher(app, listener, every, Duration::from_millis(args.metrics_sample_ms.max(100)), shutdown).await
@@ -296,6 +314,9 @@ pub async fn run_dispatcher(
     tokio::spawn(glia_dispatcher::relay(app.clone()));
     tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
     tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
+    if app.webhooks.store.is_some() {
+        tokio::spawn(glia_dispatcher::webhooks::deliver(app.clone(), glia_dispatcher::webhooks::DeliveryOptions::default()));
+    }
     glia_dispatcher::serve(app, listener, async move {
         let _ = shutdown.wait_for(|s| *s).await;
     })

@@ -71,6 +71,9 @@ enum Command {
     /// List and decide pending approvals on a dispatcher.
     #[command(subcommand)]
     Approvals(client::ApprovalsCommand),
+    /// Manage the tenant's webhook subscriptions and read their delivery log.
+    #[command(subcommand)]
+    Webhooks(client::WebhooksCommand),
     /// Replay a recording's conversations through a fleet (embedded, or a
     /// dispatcher at --server), as their customers and approvers; print a
     /// summary. Fails when a run diverged from its recording or failed.
@@ -139,6 +142,7 @@ async fn main() -> Result<()> {
         Command::Submit(args) => client::submit(args).await,
         Command::Runs(cmd) => client::runs(cmd).await,
         Command::Approvals(cmd) => client::approvals(cmd).await,
+        Command::Webhooks(cmd) => client::webhooks(cmd).await,
         Command::Batch(args) => batch::batch(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
     }
