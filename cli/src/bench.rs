@@ -47,6 +47,20 @@ pub enum BenchCommand {
     Growth(GrowthArgs),
     /// Resident memory of a worker process advancing many runs at once.
     Memory(MemoryArgs),
+    /// Decision posted → `approval.resolved` committed by a worker, for
+    /// decisions made in the inbox (its HTML form, with session cookie and
+    /// CSRF token) and through the JSON API, interleaved.
+    Approvals(ApprovalsArgs),
+}
+
+/// `glia bench approvals`.
+#[derive(Args)]
+pub struct ApprovalsArgs {
+    #[command(flatten)]
+    urls: Urls,
+    /// Decisions per path (inbox and API each).
+    #[arg(long, default_value_t = 100)]
+    decisions: usize,
 }
 
 /// `glia bench steps`.
@@ -109,6 +123,7 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Steps(args) => serde_json::to_value(steps(&args).await?)?,
         BenchCommand::Growth(args) => serde_json::to_value(growth(&args).await?)?,
         BenchCommand::Memory(args) => serde_json::to_value(memory(&args).await?)?,
+        BenchCommand::Approvals(args) => serde_json::to_value(approvals(&args).await?)?,
     };
     println!("{}", serde_json::to_string_pretty(&result)?);
     Ok(())
@@ -199,6 +214,11 @@ struct BenchFleet {
 
 impl BenchFleet {
     async fn start(urls: &Urls, agent: Arc<Agent>, workers: usize, concurrency: usize) -> Result<BenchFleet> {
+        BenchFleet::start_with(urls, agent, workers, concurrency, None).await
+    }
+
+    /// [`BenchFleet::start`] with one bearer token (`TOKEN:TENANT:SCOPES[:NAME]`).
+    async fn start_with(urls: &Urls, agent: Arc<Agent>, workers: usize, concurrency: usize, token: Option<&str>) -> Result<BenchFleet> {
         let db = private_db(&urls.database_url).await?;
         let name = format!("glia_bench_{}", Uuid::now_v7().simple());
         let (stop, shutdown) = watch::channel(false);
@@ -211,9 +231,10 @@ impl BenchFleet {
             }
         };
         let (log, queue, ledger) = ports(db.log().await).await?;
-        let app = glia_dispatcher::App::new(log, queue, ledger, glia_dispatcher::Auth::from_tokens(Vec::new())?);
+        let specs = token.map(glia_dispatcher::Auth::parse_spec).transpose()?;
+        let app = glia_dispatcher::App::new(log, queue, ledger, glia_dispatcher::Auth::from_tokens(specs)?);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let server = Server { server: format!("http://{}", listener.local_addr()?), token: None };
+        let server = Server { server: format!("http://{}", listener.local_addr()?), token: token.map(|t| t.split(':').next().unwrap_or_default().to_owned()) };
         tokio::spawn(crate::fleet::run_dispatcher(app, listener, Duration::from_secs(2), Duration::from_secs(5), shutdown.clone()));
         for n in 0..workers {
             // A connection per run in flight, so no commit waits for one.
@@ -585,4 +606,139 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
     fleet.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+// ----- approvals -----------------------------------------------------------------
+
+/// Latencies of one decision path, ms.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathLatency {
+    /// Decisions measured.
+    pub decisions: usize,
+    /// Median decision → `approval.resolved`, ms.
+    pub p50_ms: f64,
+    /// 90th percentile, ms.
+    pub p90_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// Median time the decision request itself took (answer received), ms.
+    pub request_p50_ms: f64,
+}
+
+/// `approvals`: the inbox path beside the API path.
+#[derive(Debug, Serialize)]
+pub struct ApprovalsResult {
+    /// Decisions posted through the inbox's HTML form.
+    pub inbox: PathLatency,
+    /// Decisions posted through `POST /v1/runs/{id}/approvals/{call_id}`.
+    pub api: PathLatency,
+}
+
+const BENCH_TOKEN: &str = "bench-approver:bench:submit,approve:bench-approver";
+
+async fn approvals(args: &ApprovalsArgs) -> Result<ApprovalsResult> {
+    let mut library = ScriptLibrary::default();
+    library.insert("bench", step_script(1));
+    let agent = Arc::new(Agent::new(Arc::new(library)).with_tools(crate::demo::tools()));
+    let fleet = BenchFleet::start_with(&args.urls, agent, 1, 16, Some(BENCH_TOKEN)).await?;
+    let result = approvals_round(args, &fleet).await;
+    fleet.stop().await;
+    result
+}
+
+/// Sign in to the inbox: the session cookie and the form token.
+async fn inbox_session(server: &Server) -> Result<(String, String)> {
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
+    let token = server.token.clone().unwrap_or_default();
+    let resp = client.post(format!("{}/inbox/login", server.server)).form(&[("token", token.as_str())]).send().await?;
+    let cookie = resp
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::to_owned)
+        .context("the inbox set no session cookie")?;
+    let page = client.get(format!("{}/inbox", server.server)).header(reqwest::header::COOKIE, &cookie).send().await?.text().await?;
+    let csrf = page.split("name=\"csrf\" value=\"").nth(1).and_then(|s| s.split('"').next()).context("no form token on the queue page")?.to_owned();
+    Ok((cookie, csrf))
+}
+
+async fn approvals_round(args: &ApprovalsArgs, fleet: &BenchFleet) -> Result<ApprovalsResult> {
+    let client = crate::client::http_client()?;
+    let form_client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
+    let (cookie, csrf) = inbox_session(&fleet.server).await?;
+    let sql = fleet.db.sql().await;
+    let config = step_config("script:bench", 1);
+    let n = args.decisions.max(1) * 2;
+    let mut runs = Vec::with_capacity(n);
+    for i in 0..n {
+        let req = fleet.server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("approval bench {i}"), "config": config }));
+        runs.push(checked(req.send().await?).await?["run_id"].as_str().context("run id")?.to_owned());
+    }
+    // Wait until every run waits for its approval.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let pending = loop {
+        let page = checked(fleet.server.request(&client, Method::GET, "/v1/approvals?limit=1000").send().await?).await?;
+        let rows = page["approvals"].as_array().cloned().unwrap_or_default();
+        if rows.len() >= n {
+            break rows;
+        }
+        if Instant::now() > deadline {
+            bail!("only {} of {n} runs reached their approval", rows.len());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (mut inbox, mut api, mut inbox_req, mut api_req) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (i, row) in pending.iter().enumerate() {
+        let (run_id, call_id, hash) = (row["run_id"].as_str().unwrap_or(""), row["call_id"].as_str().unwrap_or(""), row["args_hash"].as_str().unwrap_or(""));
+        let sent = chrono::Utc::now();
+        let t = Instant::now();
+        let via_inbox = i % 2 == 0;
+        if via_inbox {
+            let resp = form_client
+                .post(format!("{}/inbox/runs/{run_id}/calls/{call_id}/decide", fleet.server.server))
+                .header(reqwest::header::COOKIE, &cookie)
+                .form(&[("csrf", csrf.as_str()), ("decision", "approve"), ("args_hash", hash)])
+                .send()
+                .await?;
+            if resp.status() != reqwest::StatusCode::SEE_OTHER {
+                bail!("the inbox refused the decision: {} {}", resp.status(), resp.text().await.unwrap_or_default());
+            }
+        } else {
+            let req = fleet.server.request(&client, Method::POST, &format!("/v1/runs/{run_id}/approvals/{call_id}")).json(&json!({ "decision": "approve", "args_hash": hash }));
+            checked(req.send().await?).await?;
+        }
+        let request_ms = t.elapsed().as_secs_f64() * 1000.0;
+        // Wait for the worker's commit of `approval.resolved`, then take its time.
+        let run: Uuid = run_id.parse()?;
+        let at: chrono::DateTime<chrono::Utc> = loop {
+            let row = sql.query_opt("SELECT at FROM events WHERE run_id = $1 AND kind = 'approval.resolved'", &[&run]).await?;
+            if let Some(row) = row {
+                break row.get(0);
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("run {run_id} did not record its decision within a minute");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        let ms = (at - sent).num_microseconds().unwrap_or(0) as f64 / 1000.0;
+        if via_inbox {
+            inbox.push(ms);
+            inbox_req.push(request_ms);
+        } else {
+            api.push(ms);
+            api_req.push(request_ms);
+        }
+    }
+    let summarize = |mut v: Vec<f64>, req: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        PathLatency {
+            decisions: v.len(),
+            p50_ms: percentile(&v, 0.5).unwrap_or(0.0),
+            p90_ms: percentile(&v, 0.9).unwrap_or(0.0),
+            p99_ms: percentile(&v, 0.99).unwrap_or(0.0),
+            request_p50_ms: median(req),
+        }
+    };
+    Ok(ApprovalsResult { inbox: summarize(inbox, inbox_req), api: summarize(api, api_req) })
 }
