@@ -79,6 +79,14 @@ async fn a_decision_is_posted_bound_to_the_pending_hash_and_the_first_wins() {
     .await;
     let late = post(&h, &format!("/v1/runs/{id}/approvals/c1"), APP_A, json!({"decision": "approve"})).await;
     assert_eq!((late.status, late.code()), (StatusCode::CONFLICT, "already_decided"));
+    // The row carries the decision, the decider and the time, from the log.
+    let rows = get(&h, &format!("/v1/approvals?status=all&run_id={id}"), APP_A).await;
+    let row = &rows.body["approvals"][0];
+    assert_eq!((&row["status"], &row["decision"], &row["decided_by"]), (&json!("decided"), &json!({"kind": "approve"}), &json!("ana")), "{row}");
+    assert!(row["decided_at"].is_string(), "{row}");
+    let history = get(&h, "/v1/approvals/history", APP_A).await;
+    assert_eq!(history.body["approvals"][0]["resolution"], "approved", "{}", history.body);
+    assert_eq!(get(&h, "/v1/approvals/history", SUB_B).await.body["approvals"], json!([]), "another tenant sees none of it");
 }
 
 #[tokio::test]
