@@ -173,8 +173,22 @@ async fn count(c: &Client, css: &str) -> usize {
     c.find_all(Locator::Css(css)).await.map_or(0, |v| v.len())
 }
 
+/// The text of the first element matching `css`. The run page replaces its
+/// content while the run moves, so an element found may go stale before it
+/// is read: then it is found again.
 async fn text(c: &Client, css: &str) -> String {
-    c.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).text().await.unwrap()
+    let mut last = None;
+    for _ in 0..20 {
+        match c.find(Locator::Css(css)).await {
+            Ok(e) => match e.text().await {
+                Ok(t) => return t,
+                Err(err) => last = Some(err.to_string()),
+            },
+            Err(err) => last = Some(err.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{css}: {}", last.unwrap_or_default())
 }
 
 async fn sign_in(c: &Client, server: &str, token: &str) {

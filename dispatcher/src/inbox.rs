@@ -503,9 +503,9 @@ async fn rows(State(app): State<App>, headers: HeaderMap, Query(f): Query<QueueF
     }
 }
 
-/// Server-sent events: `event: queue` whenever the set of pending approvals
-/// the session sees changes (checked every 500 ms), with the count as data;
-/// keep-alive comments every 15 s.
+/// Server-sent events: `event: queue` when the stream opens and whenever the
+/// set of pending approvals the session sees changes (checked every 500 ms),
+/// with the count as data; keep-alive comments every 15 s.
 async fn stream(State(app): State<App>, headers: HeaderMap) -> Response {
     let Some(s) = session(&app, &headers) else { return StatusCode::UNAUTHORIZED.into_response() };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(4);
@@ -517,11 +517,13 @@ async fn stream(State(app): State<App>, headers: HeaderMap) -> Response {
             let filter = ApprovalFilter { tenant: s.principal.tenant_filter(), pending_only: true, limit: 1000, ..ApprovalFilter::default() };
             let Ok(rows) = app.log.approvals(&filter).await else { continue };
             let now: Vec<(Uuid, String)> = rows.into_iter().map(|r| (r.run_id, r.call_id)).collect();
+            // The first snapshot is sent too: the page was rendered before
+            // the stream opened, and approvals that arrived in between must
+            // not wait for the next change.
             if last.as_ref() != Some(&now) {
-                let first = last.is_none();
                 let n = now.len();
                 last = Some(now);
-                if !first && tx.send(Ok(SseEvent::default().event("queue").data(n.to_string()))).await.is_err() {
+                if tx.send(Ok(SseEvent::default().event("queue").data(n.to_string()))).await.is_err() {
                     return;
                 }
             }
@@ -651,12 +653,14 @@ async fn detail(State(app): State<App>, headers: HeaderMap, Path((run_id, call_i
     let earlier_results: Vec<Line> = conversation.iter().filter(|l| l.kind != "text").cloned().collect();
     let pending = row.status == glia_backends::ApprovalStatus::Pending;
     let schema = tool_schema(&state, &row.tool);
+    // The pending call's arguments; once decided, those the approver was shown.
+    let shown_input = state.call(&call_id).map_or_else(|| row.input.clone(), |c| c.input.clone());
     let item = item(row, state.goal.clone(), state.config.model.clone(), None, Utc::now());
     html(
         StatusCode::OK,
         "detail.html",
         context! { who => s.principal.by(), csrf => s.csrf, item, pending, record, goal => state.goal, recent, earlier_results,
-                   input => serde_json::to_string_pretty(&record_input(&state, &call_id)).unwrap_or_default(), schema, error => None::<String> },
+                   input => serde_json::to_string_pretty(&shown_input).unwrap_or_default(), schema, error => None::<String> },
     )
 }
 
@@ -746,7 +750,7 @@ async fn decide(State(app): State<App>, headers: HeaderMap, Path((run_id, call_i
                 return error_page(Some(&s), StatusCode::BAD_REQUEST, "the edited arguments are not valid JSON");
             };
             // Bound to the arguments the preview showed.
-            if field(&f, "new_args_hash") != Some(args_hash_str(&input).as_str()) {
+            if field(&f, "new_args_hash") != Some(glia_proto::args_hash(&input).as_str()) {
                 return error_page(Some(&s), StatusCode::CONFLICT, "the edited arguments differ from the previewed ones: preview again");
             }
             let schema = match load_call(&app, &s, run_id, &call_id).await {
@@ -766,9 +770,6 @@ async fn decide(State(app): State<App>, headers: HeaderMap, Path((run_id, call_i
     }
 }
 
-fn args_hash_str(v: &Value) -> String {
-    args_hash(v)
-}
 
 // ----- a run -----------------------------------------------------------------------------
 

@@ -3,6 +3,11 @@
 // escaped; they are inserted only from same-origin responses.
 (function () {
   "use strict";
+  function keys(el) {
+    return Array.prototype.map.call(el.querySelectorAll("tr.item"), function (tr) {
+      return tr.dataset.run + "/" + tr.dataset.call;
+    }).join(" ");
+  }
   function refreshRows(tbody) {
     var checked = {};
     tbody.querySelectorAll("input[name=item]:checked").forEach(function (c) { checked[c.value] = true; });
@@ -10,6 +15,11 @@
       if (!r.ok) { throw new Error("rows: " + r.status); }
       return r.text();
     }).then(function (html) {
+      // Replace the rows only when the set of approvals changed, so that a
+      // row someone is about to click stays where it is.
+      var fresh = document.createElement("tbody");
+      fresh.innerHTML = html;
+      if (keys(fresh) === keys(tbody)) { return; }
       tbody.innerHTML = html;
       tbody.querySelectorAll("input[name=item]").forEach(function (c) { if (checked[c.value]) { c.checked = true; } });
       var count = document.getElementById("count");

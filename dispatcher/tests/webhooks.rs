@@ -21,7 +21,7 @@ use glia_backends::testkit::TestDb;
 use glia_backends::{EventLog, NewRun};
 use glia_dispatcher::webhooks::{DeliveryOptions, WebhookConfig, WebhookPolicy, deliver};
 use glia_dispatcher::{App, router};
-use glia_proto::{Decision, EventKind, Outcome, RunState, ToolErrorKind};
+use glia_proto::{Decision, EventKind, RunState, ToolErrorKind};
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 
@@ -120,7 +120,6 @@ async fn deliveries_are_signed_durable_and_survive_a_receiver_outage() {
     ])
     .await;
     let _ = parked_run(&*log, "b").await;
-    let _ = Outcome::Cancelled { reason: String::new() };
 
     // The deliverer runs while the receiver is down: attempts fail and are retried.
     let options = DeliveryOptions { poll: Duration::from_millis(20), base_backoff: Duration::from_millis(50), max_backoff: Duration::from_millis(400), timeout: Duration::from_secs(2), max_attempts: 10_000, ..DeliveryOptions::default() };
