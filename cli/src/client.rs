@@ -426,3 +426,18 @@ pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_marks() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T12:00:00Z").unwrap().with_timezone(&chrono::Utc);
+        assert_eq!(deadline_mark(&json!({}), now), "");
+        assert_eq!(deadline_mark(&json!({"expires_at": "2026-01-01T12:04:10Z"}), now), "  [due in 4m 10s]");
+        assert_eq!(deadline_mark(&json!({"expires_at": "2026-01-01T11:59:48Z", "escalated": true}), now), "  [OVERDUE by 12s]  [escalated]");
+        assert_eq!(human_ms(950), "950ms");
+        assert_eq!(human_ms(7_500_000), "2h 05m");
+    }
+}
