@@ -3,7 +3,7 @@
 //! A subscription names a tenant, a receiver URL, a signing secret, the event
 //! types it wants and a payload format. Deliveries are written by the event
 //! log itself, in the transaction that appends the event (Postgres: the
-//! `events_webhooks` trigger of migration V13), so a notification exists
+//! `events_webhooks` trigger of migration V6), so a notification exists
 //! exactly when its event does; the dispatcher's deliverer
 //! (`glia_dispatcher::webhooks`) claims due deliveries, sends them and
 //! records each attempt here. A receiver that is down loses nothing: the
