@@ -51,6 +51,7 @@ pub fn sample_log() -> SampleLog {
             stop_reason: "tool_use".into(),
             duration_ms: 3,
             cost_usd_micros: 7,
+            rejected: None,
         },
         EventKind::ToolCall(ToolCallRecord {
             call_id: "c1".into(),
@@ -67,7 +68,7 @@ pub fn sample_log() -> SampleLog {
         EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: Some("ana".into()) },
         EventKind::ToolResult { call_id: "c1".into(), content: "{\"refunded\":30}".into(), reminder: None, duration_ms: 1 },
         EventKind::ModelCall { model: "m".into(), messages: 3, wrap_up: false, forced_tool: None },
-        EventKind::ModelResponse { message: Message::assistant("Refunded."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 2, cost_usd_micros: 0 },
+        EventKind::ModelResponse { message: Message::assistant("Refunded."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 2, cost_usd_micros: 0, rejected: None },
         EventKind::StepEnd { index: 0, answer: "Refunded.".into(), skipped: false },
         EventKind::SessionComplete { outcome: Outcome::Succeeded { answer: "Refunded.".into(), output: None } },
     ];

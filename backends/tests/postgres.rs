@@ -65,6 +65,7 @@ fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> String) -> Vec<Ev
             stop_reason: "tool_use".into(),
             duration_ms: 3,
             cost_usd_micros: 7,
+            rejected: None,
         });
         kinds.push(EventKind::ToolCall(ToolCallRecord {
             call_id: call_id.clone(),

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::budget::{BudgetLimits, Pricing};
+use crate::stop::StopPolicy;
 
 /// Default cap on model calls within one turn (one user input to one answer).
 pub const DEFAULT_MAX_MODEL_CALLS_PER_TURN: u32 = 16;
@@ -55,6 +56,10 @@ pub struct RunConfig {
     /// What happens to a non-idempotent call whose worker died while it ran
     /// (an idempotent one simply runs again with the same idempotency key).
     pub on_interrupted_call: InterruptedCall,
+    /// What the loop does with an answer that is not a finished turn (cut off
+    /// by the output limit, empty, refused, filtered, an unknown stop
+    /// reason): re-ask, pause or fail, per class. See [`crate::stop`].
+    pub stop_reasons: StopPolicy,
 }
 
 /// What happens to a non-idempotent tool call a crash interrupted: it was
@@ -101,6 +106,7 @@ impl Default for RunConfig {
             approval_timeout_ms: None,
             on_approval_timeout: ApprovalTimeout::Reject,
             on_interrupted_call: InterruptedCall::OutcomeUnknown,
+            stop_reasons: StopPolicy::default(),
         }
     }
 }

@@ -150,6 +150,7 @@ fn tool_use_response(calls: &[(&str, &str, Value)]) -> EventKind {
         stop_reason: "tool_use".into(),
         duration_ms: 3,
         cost_usd_micros: 7,
+        rejected: None,
     }
 }
 
@@ -192,7 +193,7 @@ pub async fn park_for_tool(log: &dyn EventLog, run_id: Uuid) {
 /// Park a conversational run at awaiting_input.
 pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
     let mut kinds = to_model_call();
-    kinds.push(EventKind::ModelResponse { message: Message::assistant("Hello."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0 });
+    kinds.push(EventKind::ModelResponse { message: Message::assistant("Hello."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None });
     kinds.push(EventKind::StepEnd { index: 0, answer: "Hello.".into(), skipped: false });
     kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingInput });
     commit(log, run_id, kinds).await
