@@ -14,7 +14,10 @@
 //! - `executing`: start the step (`before_step` hooks, tool list frozen);
 //!   check the budget and the turn's model-call cap; compact if the compactor
 //!   says so; reserve the call with the budget gate (tenant caps, see
-//!   [`crate::budget_gate`]); call the model and settle; or, once the model
+//!   [`crate::budget_gate`]); call the model and settle; judge why it
+//!   stopped (an answer that is not a finished turn — cut off, empty,
+//!   refused, filtered, an unknown reason — is rejected and re-asked, paused
+//!   or failed per the run's stop policy, [`glia_proto::stop`]); or, once the model
 //!   answered without tools, check the answer (structured output, output
 //!   guardrails) and end the step;
 //! - `awaiting_tool`: settle calls a crash interrupted; decide each new call
@@ -32,8 +35,8 @@ use glia_proto::marker::Insert;
 use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
     ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall, LiveEvent,
-    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Resume, Role, RunConfig, RunState, Status,
-    ToolCallRecord, ToolErrorKind, ToolSpec, TransitionError, args_hash, canonical_json,
+    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, RejectedAnswer, Resume, Role, RunConfig, RunState, Status,
+    StopAction, StopClass, ToolCallRecord, ToolErrorKind, ToolSpec, TransitionError, args_hash, canonical_json,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -576,11 +579,23 @@ impl Agent {
                         run.record(EventKind::MessageElided { index, reason: "the model provider refused to process it".into() }).await?;
                     }
                 }
+                // Why the model stopped decides whether this is an answer:
+                // anything but a finished turn or a tool call is rejected
+                // (kept in the event, not in the conversation) and the run's
+                // stop policy re-asks, pauses or fails it.
+                let rejected = judge_stop(run.state, &r.stop_reason, &r.message);
+                let action = rejected.as_ref().map(|j| (j.action, j.class));
                 let cost_usd_micros = self.cost(run.state, &r.usage);
                 let spent = Spend::of(&r.usage, cost_usd_micros);
-                run.record(EventKind::ModelResponse { message: r.message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros }).await?;
+                let stop_reason = r.stop_reason.clone();
+                run.record(EventKind::ModelResponse { message: r.message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros, rejected })
+                    .await?;
                 self.settle(run, &request_id, spent).await;
-                Ok(())
+                match action {
+                    None | Some((StopAction::Reask, _)) => Ok(()),
+                    Some((StopAction::Pause, _)) => self.pause(run, PauseReason::ModelStop { stop_reason }).await,
+                    Some((StopAction::Fail, class)) => self.fail(run, format!("{} (stop reason {stop_reason:?})", class.describe())).await,
+                }
             }
             Err(e) => {
                 self.settle(run, &request_id, Spend::ZERO).await;
@@ -1005,6 +1020,26 @@ impl Agent {
         }
         Ok(())
     }
+}
+
+/// Whether an answer that stopped for `stop_reason` is accepted: `None` for
+/// a finished answer or a tool call; otherwise the rejection the run's stop
+/// policy ([`RunConfig::stop_reasons`], see [`glia_proto::stop`]) gives it.
+/// A re-ask with no re-asks left (`max_reasks`) fails instead.
+fn judge_stop(state: &RunState, stop_reason: &str, message: &glia_proto::Message) -> Option<RejectedAnswer> {
+    let class = StopClass::of(stop_reason, message);
+    let action = match state.config.stop_reasons.action(class)? {
+        StopAction::Reask if state.reasks >= state.config.max_reasks => StopAction::Fail,
+        action => action,
+    };
+    let reask = (action == StopAction::Reask).then(|| {
+        let hint = match class {
+            StopClass::Truncated => " Give a shorter answer, or fewer and smaller tool calls at once.",
+            _ => "",
+        };
+        Insert::Reask.wrap(&format!("Your previous answer was not accepted: {} (stop reason {stop_reason:?}).{hint} Answer again.", class.describe()))
+    });
+    Some(RejectedAnswer { class, action, reask })
 }
 
 /// When an approval requested now expires, per the run's config.
