@@ -98,10 +98,10 @@ async fn anthropic_two_turn_tool_conversation() {
     }
     // Usage with cache tokens, and cost from the price table ($3 / $15 / $3.75 / $0.30 per MTok).
     let r = responses(&log);
-    assert_eq!(r[0].0, Usage { input_tokens: 380, output_tokens: 48, cache_write_tokens: 1200, cache_read_tokens: 0 });
+    assert_eq!(r[0].0, Usage { input_tokens: 380, output_tokens: 48, cache_write_tokens: 1200, cache_read_tokens: 0, estimated: false });
     // 380×3 + 48×15 + 1200×3.75 = 1140 + 720 + 4500 micros.
     assert_eq!(r[0].1, 6360);
-    assert_eq!(r[1].0, Usage { input_tokens: 40, output_tokens: 9, cache_write_tokens: 0, cache_read_tokens: 1580 });
+    assert_eq!(r[1].0, Usage { input_tokens: 40, output_tokens: 9, cache_write_tokens: 0, cache_read_tokens: 1580, estimated: false });
     // 40×3 + 9×15 + 1580×0.3 = 120 + 135 + 474.
     assert_eq!(r[1].1, 729);
 }
@@ -114,10 +114,10 @@ async fn openai_two_turn_tool_conversation() {
     assert_eq!(seen[0].body, fixture_json("openai/loop_request1.json"), "first request:\n{}", serde_json::to_string_pretty(&seen[0].body).unwrap());
     assert_eq!(seen[1].body, fixture_json("openai/loop_request2.json"), "second request:\n{}", serde_json::to_string_pretty(&seen[1].body).unwrap());
     let r = responses(&log);
-    assert_eq!(r[0].0, Usage { input_tokens: 380, output_tokens: 48, cache_write_tokens: 0, cache_read_tokens: 0 });
+    assert_eq!(r[0].0, Usage { input_tokens: 380, output_tokens: 48, cache_write_tokens: 0, cache_read_tokens: 0, estimated: false });
     // 380×2.5 + 48×10 = 950 + 480.
     assert_eq!(r[0].1, 1430);
-    assert_eq!(r[1].0, Usage { input_tokens: 164, output_tokens: 9, cache_write_tokens: 0, cache_read_tokens: 256 });
+    assert_eq!(r[1].0, Usage { input_tokens: 164, output_tokens: 9, cache_write_tokens: 0, cache_read_tokens: 256, estimated: false });
     // 164×2.5 + 9×10 + 256×1.25 = 410 + 90 + 320.
     assert_eq!(r[1].1, 820);
 }
