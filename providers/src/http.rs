@@ -399,7 +399,8 @@ impl<W: Wire> HttpProvider<W> {
 #[async_trait::async_trait]
 impl<W: Wire> Provider for HttpProvider<W> {
     /// [`HttpProvider::call`], with its error converted; a transient error
-    /// that survived retries says how many attempts were made.
+    /// or a malformed answer that survived retries says how many attempts
+    /// were made.
     async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
         let retries = Mutex::new(Vec::new());
         let result = self.call_recording(request, live, &retries).await;
@@ -411,7 +412,7 @@ impl<W: Wire> Provider for HttpProvider<W> {
             }
             Err(e) => {
                 let mut e = ProviderError::from(e);
-                if let ProviderError::Transient { message, .. } = &mut e
+                if let ProviderError::Transient { message, .. } | ProviderError::Malformed(message) = &mut e
                     && !retries.is_empty()
                 {
                     message.push_str(&format!(" (after {} attempts)", retries.len() + 1));

@@ -159,3 +159,145 @@ async fn invalid_arguments_to_a_registered_tool_are_an_invalid_arguments_error()
     assert_eq!(e.kind, ToolErrorKind::InvalidArguments);
     assert!(e.message.contains("not of type \"object\""), "{}", e.message);
 }
+
+// ----- honest outcomes over HTTP: the loop and each adapter together -----
+
+/// Run `goal` against a local server answering with `replies` in order (the last repeated).
+async fn run_against<W: Wire>(wire: W, base_suffix: &str, model: &str, replies: Vec<Reply>, config: RunConfig) -> (Vec<common::Seen>, Vec<Event>, Status) {
+    let last = replies.len() - 1;
+    let server = Server::start(move |n, _| replies[n.min(last)].clone(), None).await;
+    let quick = glia_providers::RetryPolicy {
+        max_retries: 2,
+        min_delay: std::time::Duration::from_millis(1),
+        max_delay: std::time::Duration::from_millis(2),
+        ..glia_providers::RetryPolicy::default()
+    };
+    let http = HttpProvider::new(wire, http_client().unwrap(), &format!("{}{base_suffix}", server.base), None).with_retry(quick);
+    let mut log: Vec<Event> = Vec::new();
+    let config = RunConfig { model: model.into(), ..config };
+    let (state, status) = agent(Arc::new(http)).run(Uuid::now_v7(), "What is 2 + 40?", config, &mut log).await.unwrap();
+    assert_eq!(glia_proto::RunState::replay(state.run_id, &log).unwrap(), state, "the log replays to the live state");
+    (server.seen(), log, status)
+}
+
+fn tool_calls(log: &[Event]) -> Vec<(String, String, Value)> {
+    log.iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolCall(c) => Some((c.call_id.clone(), c.name.clone(), c.input.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// An OpenAI stream whose two calls share index 0 (Ollama), calling `add` twice.
+fn shared_index_adds() -> Vec<u8> {
+    String::from_utf8(fixture("openai/shared_index.sse"))
+        .unwrap()
+        .replace("get_order", "add")
+        .replace("calculator", "add")
+        .replace(r#"{\"order_id\": \"A1\"}"#, r#"{\"a\": 2, \"b\": 40}"#)
+        .replace(r#"{\"op\": \"add\", \"a\": 1, \"b\": 2}"#, r#"{\"a\": 1, \"b\": 2}"#)
+        .into_bytes()
+}
+
+#[tokio::test]
+async fn openai_two_calls_sharing_an_index_both_run() {
+    let replies = vec![Reply::sse(shared_index_adds()), Reply::sse(fixture("openai/loop_turn2.sse"))];
+    let (seen, log, status) = run_against(OpenAi::default(), "/v1", "gpt-4o", replies, RunConfig::default()).await;
+    assert_succeeded(&status);
+    assert_eq!(tool_calls(&log), vec![("call_a".into(), "add".into(), json!({"a": 2, "b": 40})), ("call_b".into(), "add".into(), json!({"a": 1, "b": 2}))]);
+    // Both results go back, each paired with its own call.
+    let tool_messages: Vec<&Value> = seen[1].body["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "tool").collect();
+    assert_eq!(tool_messages.iter().map(|m| m["tool_call_id"].as_str().unwrap()).collect::<Vec<_>>(), ["call_a", "call_b"]);
+}
+
+#[tokio::test]
+async fn anthropic_tool_input_given_at_block_start_reaches_the_tool() {
+    let first = String::from_utf8(fixture("anthropic/input_in_block_start.sse")).unwrap().replace("get_order", "add").replace(r#"{"order_id": "A1"}"#, r#"{"a": 2, "b": 40}"#);
+    let replies = vec![Reply::sse(first.into_bytes()), Reply::sse(fixture("anthropic/loop_turn2.sse"))];
+    let (_, log, status) = run_against(Anthropic::default(), "", "claude-sonnet-4-5", replies, RunConfig::default()).await;
+    assert_succeeded(&status);
+    assert_eq!(tool_calls(&log), vec![("toolu_S1".into(), "add".into(), json!({"a": 2, "b": 40}))]);
+    assert!(log.iter().any(|e| matches!(&e.kind, EventKind::ToolResult { content, .. } if content.contains("42"))));
+}
+
+/// The output cap cut a tool call: by default the answer is rejected and
+/// re-asked (the cut call never runs); with `fail` the run fails; it never
+/// completes as succeeded on the cut answer. Both adapters.
+#[tokio::test]
+async fn a_tool_call_cut_by_the_output_cap_never_runs_and_never_succeeds() {
+    let cut_openai = String::from_utf8(fixture("openai/length_mid_tool.sse")).unwrap().replace("get_order", "add").into_bytes();
+    let cut_anthropic = fixture("anthropic/max_tokens_mid_tool.sse");
+    let cases: Vec<(&str, Vec<u8>, Vec<u8>)> = vec![
+        ("openai", cut_openai, fixture("openai/loop_turn2.sse")),
+        ("anthropic", cut_anthropic, fixture("anthropic/loop_turn2.sse")),
+    ];
+    for (provider, cut, answer) in cases {
+        let run = |replies: Vec<Reply>, config: RunConfig| async move {
+            match provider {
+                "openai" => run_against(OpenAi::default(), "/v1", "gpt-4o", replies, config).await,
+                _ => run_against(Anthropic::default(), "", "claude-sonnet-4-5", replies, config).await,
+            }
+        };
+        // Default policy: re-ask; the model's next, finished answer completes the run.
+        let (seen, log, status) = run(vec![Reply::sse(cut.clone()), Reply::sse(answer.clone())], RunConfig::default()).await;
+        assert_succeeded(&status);
+        assert!(tool_calls(&log).is_empty(), "{provider}: the cut call never ran");
+        let rejected: Vec<_> = log.iter().filter_map(|e| match &e.kind { EventKind::ModelResponse { rejected: Some(r), stop_reason, .. } => Some((r.class, r.action, stop_reason.clone())), _ => None }).collect();
+        assert_eq!(rejected, vec![(glia_proto::StopClass::Truncated, glia_proto::StopAction::Reask, "max_tokens".to_owned())], "{provider}");
+        assert!(seen[1].body.to_string().contains("cut off by the output limit"), "{provider}: the model is told why");
+        // The model keeps being cut off: the run fails with the reason, never succeeds.
+        let (_, _, status) = run(vec![Reply::sse(cut.clone())], RunConfig::default()).await;
+        assert!(matches!(&status, Status::Done(Outcome::Failed { error }) if error.contains("cut off by the output limit")), "{provider}: {status:?}");
+        let fail_at_once = RunConfig { stop_reasons: glia_proto::StopPolicy { truncated: glia_proto::StopAction::Fail, ..Default::default() }, ..RunConfig::default() };
+        let (seen, _, status) = run(vec![Reply::sse(cut.clone())], fail_at_once).await;
+        assert!(matches!(&status, Status::Done(Outcome::Failed { .. })), "{provider}: {status:?}");
+        assert_eq!(seen.len(), 1, "{provider}");
+    }
+}
+
+#[tokio::test]
+async fn finish_reason_error_is_retried_and_never_the_answer() {
+    let replies = vec![Reply::sse(fixture("openai/finish_error.sse")), Reply::sse(fixture("openai/loop_turn2.sse"))];
+    let (_, log, status) = run_against(OpenAi::default(), "/v1", "gpt-4o", replies, RunConfig::default()).await;
+    assert_succeeded(&status);
+    let retries: Vec<_> = log.iter().filter_map(|e| match &e.kind { EventKind::ModelRetry(r) => Some(r.cause.clone()), _ => None }).collect();
+    assert_eq!(retries, ["server"]);
+    assert!(!log.iter().any(|e| matches!(&e.kind, EventKind::ModelResponse { message, .. } if message.text().contains("par"))), "the partial text is never an answer");
+}
+
+#[tokio::test]
+async fn a_persistently_malformed_answer_fails_the_run_with_the_reason() {
+    for (provider, stream) in [("openai", fixture("openai/malformed_renamed.sse")), ("anthropic", fixture("anthropic/malformed_repeated_start.sse"))] {
+        let (seen, log, status) = match provider {
+            "openai" => run_against(OpenAi::default(), "/v1", "gpt-4o", vec![Reply::sse(stream)], RunConfig::default()).await,
+            _ => run_against(Anthropic::default(), "", "claude-sonnet-4-5", vec![Reply::sse(stream)], RunConfig::default()).await,
+        };
+        assert!(
+            matches!(&status, Status::Done(Outcome::Failed { error }) if error.contains("malformed answer") && error.contains("after 3 attempts")),
+            "{provider}: {status:?}"
+        );
+        assert_eq!(seen.len(), 3, "{provider}: retried a bounded number of times");
+        assert!(!log.iter().any(|e| matches!(e.kind, EventKind::ModelResponse { .. } | EventKind::ToolCall(_))), "{provider}: nothing of it was acted on");
+    }
+}
+
+/// A server that reports no usage: the estimate is marked, counted, and trips
+/// the run's token budget after the first call. Both adapters.
+#[tokio::test]
+async fn estimated_usage_trips_a_token_budget() {
+    let budget = glia_proto::BudgetLimits { max_turns: Some(6), max_output_tokens: Some(50), max_input_tokens: Some(50), ..Default::default() };
+    let config = RunConfig { budget, ..RunConfig::default() };
+    for provider in ["openai", "anthropic"] {
+        let (seen, log, status) = match provider {
+            "openai" => run_against(OpenAi::default(), "/v1", "llama3", vec![Reply::sse(fixture("openai/no_usage_tools.sse"))], config.clone()).await,
+            _ => run_against(Anthropic::default(), "", "claude-sonnet-4-5", vec![Reply::sse(fixture("anthropic/no_usage.sse"))], config.clone()).await,
+        };
+        let Status::Parked(glia_proto::PullPoint::Paused { reason: glia_proto::PauseReason::Budget { limit } }) = status else { panic!("{provider}: {status:?}") };
+        assert!(matches!(limit, glia_proto::Limit::InputTokens | glia_proto::Limit::OutputTokens), "{provider}: {limit:?}");
+        assert_eq!(seen.len(), 1, "{provider}: the budget stops the run after the first call");
+        let r = responses(&log);
+        assert!(r[0].0.estimated && r[0].0.output_tokens > 50, "{provider}: {:?}", r[0].0);
+        assert!(log.iter().any(|e| matches!(e.kind, EventKind::BudgetWarn { .. })), "{provider}");
+    }
+}
