@@ -255,10 +255,18 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         EventKind::ModelCall { model, messages, wrap_up, .. } => format!("{model}, {messages} messages{}", if *wrap_up { ", wrap-up" } else { "" }),
         EventKind::ModelRetry(r) => format!("attempt {} failed ({}), retrying in {} ms: {}", r.attempt, r.cause, r.delay_ms, clip(&r.message)),
         EventKind::MessageElided { index, reason } => format!("message {index}: {}", clip(reason)),
-        EventKind::ModelResponse { message, usage, stop_reason, .. } => {
+        EventKind::ModelResponse { message, usage, stop_reason, rejected, .. } => {
             let calls: Vec<String> = message.tool_uses().map(|(id, name, _)| format!("{name}#{id}")).collect();
             let text = clip(&message.text());
-            format!("[{stop_reason}] {}{} (in {} / out {} tokens)", text, if calls.is_empty() { String::new() } else { format!(" calls {}", calls.join(", ")) }, usage.input_tokens, usage.output_tokens)
+            let rejected = rejected.as_ref().map_or(String::new(), |r| format!(" rejected ({}: {})", r.class.label(), r.action.label()));
+            let estimated = if usage.estimated { ", estimated" } else { "" };
+            format!(
+                "[{stop_reason}]{rejected} {}{} (in {} / out {} tokens{estimated})",
+                text,
+                if calls.is_empty() { String::new() } else { format!(" calls {}", calls.join(", ")) },
+                usage.input_tokens,
+                usage.output_tokens
+            )
         }
         EventKind::ToolCall(c) => format!("{}#{} {} → {:?}", c.name, c.call_id, clip(&c.input.to_string()), c.disposition),
         EventKind::ToolResult { call_id, content, .. } => format!("#{call_id} {}", clip(content)),
