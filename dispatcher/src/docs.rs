@@ -149,7 +149,13 @@ foreign_schema!(
             "max_tokens": {"type": "integer", "minimum": 1},
             "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "description": "How long an approval may wait, ms; null waits forever."},
             "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."},
-            "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."}
+            "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."},
+            "stop_reasons": {"type": "object", "additionalProperties": false,
+                "description": "What the loop does with an answer that is not a finished turn, per class (defaults: truncated and empty re-ask; refusal, content_filter, context_window and unknown fail). No class can be made to succeed.",
+                "properties": {
+                    "truncated": {"enum": ["reask", "pause", "fail"]}, "empty": {"enum": ["reask", "pause", "fail"]},
+                    "refusal": {"enum": ["reask", "pause", "fail"]}, "content_filter": {"enum": ["reask", "pause", "fail"]},
+                    "context_window": {"enum": ["reask", "pause", "fail"]}, "unknown": {"enum": ["reask", "pause", "fail"]}}}
         }
     }));
 

@@ -25,7 +25,7 @@
 //! a retryable provider error, so an errored stream is retried and, if it
 //! keeps failing, leaves the run runnable for a later attempt.
 //!
-//! A re-ask appends a marked notice (`⟦glia:reask⟧`) to the conversation's
+//! A re-ask appends a marked notice (`⟦glia:re-ask⟧`) to the conversation's
 //! last user turn and calls the model again; it shares `max_reasks` with the
 //! output guardrails, and once they are used up the answer fails the run.
 //! A pause parks the run at `paused` ([`crate::PauseReason::ModelStop`]); a

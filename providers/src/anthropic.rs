@@ -38,6 +38,7 @@
 //! | `content_block_stop` for a block never started, or twice | malformed; a block never stopped before `message_stop` is kept |
 //! | `message_delta` | stop reason (verbatim: `end_turn`, `max_tokens`, `stop_sequence`, `tool_use`, `pause_turn`, `refusal`, `model_context_window_exceeded`, …; see [`glia_proto::stop`]) and usage; later counts replace earlier ones (they are cumulative), so nothing is counted twice |
 //! | no stop reason by `message_stop` | malformed |
+//! | stop reason `tool_use` with no `tool_use` block, or two `tool_use` blocks with one id | malformed |
 //! | no usage in any event (compatible servers) | estimated and marked `estimated` ([`crate::estimate`]) |
 //! | `ping`, unknown event types | ignored (the API's versioning policy adds event types) |
 //! | `error` event after the 200 | classified like an HTTP error |
@@ -286,7 +287,16 @@ fn response(blocks: Vec<Block>, usage: Usage, stop_reason: String) -> Result<Mod
             }
         }
     }
-    Ok(ModelResponse::new(Message { role: Role::Assistant, content }, usage, stop_reason))
+    let message = Message { role: Role::Assistant, content };
+    let mut ids: Vec<&str> = message.tool_uses().map(|(id, _, _)| id).collect();
+    ids.sort_unstable();
+    if let Some(pair) = ids.windows(2).find(|w| w[0] == w[1]) {
+        return Err(malformed(format!("two tool_use blocks share the id {:?}", pair[0])));
+    }
+    if stop_reason == "tool_use" && ids.is_empty() {
+        return Err(malformed("stop_reason tool_use but no tool_use block"));
+    }
+    Ok(ModelResponse::new(message, usage, stop_reason))
 }
 
 /// A tool's input: given whole at `content_block_start`, or by

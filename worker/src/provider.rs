@@ -185,7 +185,8 @@ pub struct ScriptedTurn {
     pub text: Option<String>,
     /// Tool uses, in order.
     pub tool_calls: Vec<ScriptedCall>,
-    /// Usage to report; when absent, estimated as characters / 4.
+    /// Usage to report; when absent, estimated as characters / 4 and marked
+    /// [`Usage::estimated`].
     pub usage: Option<Usage>,
     /// Stop reason; default `tool_use` when there are tool calls, else `end_turn`.
     pub stop_reason: Option<String>,
@@ -371,6 +372,7 @@ impl Provider for ScriptedProvider {
         let usage = turn.usage.unwrap_or_else(|| Usage {
             input_tokens: estimate_tokens(serde_json::to_string(&request.messages).map_or(0, |s| s.len()) + request.system.len()),
             output_tokens: estimate_tokens(serde_json::to_string(&message).map_or(0, |s| s.len())),
+            estimated: true,
             ..Usage::default()
         });
         let stop_reason = turn

@@ -152,6 +152,13 @@ fn anthropic_shapes_that_cannot_be_mapped_are_malformed() {
     let body = json!({"type": "message", "role": "assistant", "content": [{"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}}],
         "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 2}});
     malformed(anthropic::decode_message(body.to_string().as_bytes()), "server_tool_use");
+    let body = json!({"type": "message", "role": "assistant", "content": [{"type": "text", "text": "Let me check."}],
+        "stop_reason": "tool_use", "usage": {"input_tokens": 5, "output_tokens": 2}});
+    malformed(anthropic::decode_message(body.to_string().as_bytes()), "no tool_use block");
+    let call = json!({"type": "tool_use", "id": "toolu_1", "name": "add", "input": {}});
+    let body = json!({"type": "message", "role": "assistant", "content": [call, call],
+        "stop_reason": "tool_use", "usage": {"input_tokens": 5, "output_tokens": 2}});
+    malformed(anthropic::decode_message(body.to_string().as_bytes()), "share the id");
 }
 
 // ----- over HTTP: retried, then typed; usage estimated ---------------------
