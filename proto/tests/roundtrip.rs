@@ -602,6 +602,34 @@ fn a_pause_event_has_the_documented_shape() {
     );
 }
 
+#[test]
+fn a_rejected_answer_with_estimated_usage_has_the_documented_shape() {
+    let event = envelope(EventKind::ModelResponse {
+        message: Message::assistant("The answer is par"),
+        usage: Usage { input_tokens: 12, output_tokens: 5, estimated: true, ..Usage::default() },
+        stop_reason: "max_tokens".into(),
+        duration_ms: 9,
+        cost_usd_micros: 0,
+        rejected: Some(RejectedAnswer { class: StopClass::Truncated, action: StopAction::Reask, reask: Some("again".into()) }),
+    });
+    let v = serde_json::to_value(&event).unwrap();
+    assert_eq!(v["data"]["usage"], json!({"input_tokens": 12, "output_tokens": 5, "cache_write_tokens": 0, "cache_read_tokens": 0, "estimated": true}));
+    assert_eq!(v["data"]["rejected"], json!({"class": "truncated", "action": "reask", "reask": "again"}));
+    // An accepted answer with reported usage keeps the shape it always had.
+    let plain = envelope(EventKind::ModelResponse {
+        message: Message::assistant("4"),
+        usage: Usage::default(),
+        stop_reason: "end_turn".into(),
+        duration_ms: 9,
+        cost_usd_micros: 0,
+        rejected: None,
+    });
+    let v = serde_json::to_value(&plain).unwrap();
+    assert!(v["data"].get("rejected").is_none() && v["data"]["usage"].get("estimated").is_none(), "{v}");
+    let pause = PauseReason::ModelStop { stop_reason: "refusal".into() };
+    assert_eq!(serde_json::to_value(&pause).unwrap(), json!({"kind": "model_stop", "stop_reason": "refusal"}));
+}
+
 /// Pins the one value that does not round-trip, so a change in serde's
 /// behaviour is noticed: `Some(Value::Null)` in an `Option<Value>` field is
 /// written as `null` and read back as `None`.
