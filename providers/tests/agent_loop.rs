@@ -301,3 +301,35 @@ async fn estimated_usage_trips_a_token_budget() {
         assert!(log.iter().any(|e| matches!(e.kind, EventKind::BudgetWarn { .. })), "{provider}");
     }
 }
+
+/// Tenant caps count estimated usage too: a run against a server that
+/// reports none spends its estimate in the tenant's daily token counter, so
+/// its next call is refused once the estimate passes the cap.
+#[tokio::test]
+async fn estimated_usage_counts_against_the_tenant_daily_cap() {
+    use glia_backends::memory::{MemoryLedger, MemoryLog};
+    use glia_backends::{EventLog, NewRun};
+    use glia_worker::budget_gate::{TenantCap, TenantCaps};
+    use glia_worker::fleet::LedgerGate;
+
+    let server = Server::replay(vec![Reply::sse(fixture("openai/no_usage_tools.sse")), Reply::sse(fixture("openai/loop_turn2.sse"))]).await;
+    let http = HttpProvider::new(OpenAi::default(), http_client().unwrap(), &server.base, None);
+    let log = Arc::new(MemoryLog::default());
+    let caps = TenantCaps([("t".to_owned(), TenantCap { daily_cost_usd_micros: None, daily_tokens: Some(300) })].into());
+    let gate = Arc::new(LedgerGate::new(Arc::new(MemoryLedger::default()), log.clone(), caps).with_clock(FixedClock(chrono::DateTime::UNIX_EPOCH)));
+    let agent = agent(Arc::new(http)).with_budget_gate(gate);
+    // Each call reserves about 150 tokens (its request, and a 10-token output cap): the first fits the cap of 300.
+    let config = RunConfig { model: "llama3".into(), max_tokens: 10, ..RunConfig::default() };
+    let run_id = Uuid::now_v7();
+    let start = Event { run_id, seq: 1, at: chrono::DateTime::UNIX_EPOCH, kind: EventKind::SessionStart { goal: "What is 2 + 40?".into(), config: config.clone() } };
+    log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
+    let mut events: Vec<Event> = Vec::new();
+    let (_, status) = agent.run(run_id, "What is 2 + 40?", config, &mut events).await.unwrap();
+    let r = responses(&events);
+    assert!(r[0].0.estimated && r[0].0.total() > 300, "{:?}", r[0].0);
+    assert_eq!(
+        status,
+        Status::Parked(glia_proto::PullPoint::Paused { reason: glia_proto::PauseReason::Budget { limit: glia_proto::Limit::TenantDailyTokens } })
+    );
+    assert_eq!(server.seen().len(), 1, "the second call was refused before it was made");
+}
