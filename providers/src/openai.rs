@@ -290,7 +290,6 @@ fn assemble_args(call: &CallBuf) -> Result<Result<Value, String>, CallError> {
     if pieces.len() > 1 && as_object(pieces[0]).is_some_and(|v| v.as_object().is_some_and(serde_json::Map::is_empty)) {
         found.extend(readings(&pieces[1..]));
     }
-    found.dedup();
     found.sort_by_key(Value::to_string);
     found.dedup();
     match found.len() {
