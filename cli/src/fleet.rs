@@ -1,6 +1,14 @@
 //! The server side of the CLI: `glia dispatcher`, `glia worker`, `glia dev`.
 //! Each builds the three ports from URLs (or in memory) and runs the
 //! library's services until SIGINT/SIGTERM.
+//!
+//! `glia dispatcher` and `glia worker` start while a service is down: each
+//! port is connected in the background, retried with backoff and logged
+//! ([`Ports::connect_waiting`]); meanwhile the dispatcher serves `/healthz`
+//! and a `/readyz` that names what it waits for (every other request answers
+//! 503 `not_ready`, see [`glia_dispatcher::startup`]), and a worker with
+//! `--metrics-listen` does the same on its metrics address. Once connected,
+//! `/readyz` checks the live ports on each call.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,12 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use clap::Args;
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::postgres::{PgLog, PgOptions};
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
-use glia_backends::{EventLog, JobQueue, Ledger};
+use glia_backends::{EVENT_LOG, EventLog, JOB_QUEUE, JobQueue, LEDGER, Ledger};
+use glia_dispatcher::{Gate, Startup};
 use glia_worker::Agent;
 use glia_worker::budget_gate::TenantCaps;
 use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
@@ -21,7 +31,7 @@ use glia_worker::metrics::WorkerMetrics;
 use glia_providers::RateLimits;
 use glia_worker::provider::{Provider, ScriptLibrary};
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Service URLs.
 #[derive(Args, Clone)]
@@ -59,9 +69,81 @@ impl Ports {
         Ok(Ports { log: Arc::new(log), queue: Arc::new(queue), ledger: Arc::new(ledger) })
     }
 
+    /// Connect to the real services, waiting for each as long as it takes:
+    /// the three connect concurrently, each retried with backoff (500 ms
+    /// doubling to 5 s, plus up to as much again of random jitter) while it fails, each failure logged and
+    /// kept in `startup` (`connecting: <error>`, then `ok`) for `/readyz`.
+    /// `None` when `shutdown` turned true first.
+    ///
+    /// Errors: a URL that cannot be parsed (waiting would not help).
+    pub async fn connect_waiting(urls: &Urls, startup: &Startup, mut shutdown: watch::Receiver<bool>) -> Result<Option<Ports>> {
+        urls.check()?;
+        let connect = async {
+            let (log, queue, ledger) = tokio::join!(
+                wait_for(EVENT_LOG, "Postgres", startup, || PgLog::connect(&urls.database_url, PgOptions::default())),
+                wait_for(JOB_QUEUE, "RabbitMQ", startup, || RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone()))),
+                wait_for(LEDGER, "Redis", startup, || RedisLedger::connect(&urls.redis_url, &urls.redis_prefix)),
+            );
+            Ports { log: Arc::new(log), queue: Arc::new(queue), ledger: Arc::new(ledger) }
+        };
+        tokio::select! {
+            ports = connect => Ok(Some(ports)),
+            _ = shutdown.wait_for(|s| *s) => Ok(None),
+        }
+    }
+
     /// In-memory twins: nothing survives the process.
     pub fn memory() -> Ports {
         Ports { log: Arc::new(MemoryLog::default()), queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()) }
+    }
+}
+
+impl Urls {
+    /// Each URL parses and has a scheme its client speaks (`postgres`/
+    /// `postgresql`, `amqp`/`amqps`, `redis`/`rediss`/`unix`/`redis+unix`).
+    pub fn check(&self) -> Result<()> {
+        self.database_url.parse::<tokio_postgres::Config>().map_err(|e| anyhow::anyhow!("--database-url is not a Postgres URL: {e}"))?;
+        let scheme = |flag: &str, url: &str, allowed: &[&str]| -> Result<()> {
+            let parsed = reqwest::Url::parse(url).with_context(|| format!("{flag} is not a URL"))?;
+            if !allowed.contains(&parsed.scheme()) {
+                bail!("{flag} has scheme {:?}; expected one of {}", parsed.scheme(), allowed.join(", "));
+            }
+            Ok(())
+        };
+        scheme("--amqp-url", &self.amqp_url, &["amqp", "amqps"])?;
+        scheme("--redis-url", &self.redis_url, &["redis", "rediss", "unix", "redis+unix"])
+    }
+}
+
+/// Call `connect` until it succeeds, sleeping with backoff (500 ms doubling
+/// to 5 s, plus up to as much again of random jitter) after each failure, which is logged and recorded in
+/// `startup` under `name`; `ok` there once connected.
+async fn wait_for<T, E, F, Fut>(name: &str, service: &str, startup: &Startup, mut connect: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let max = Duration::from_secs(5);
+    let mut delays = ExponentialBuilder::default().with_min_delay(Duration::from_millis(500)).with_max_delay(max).with_jitter().without_max_times().build();
+    let mut failures = 0u32;
+    loop {
+        match connect().await {
+            Ok(t) => {
+                startup.set(name, "ok");
+                if failures > 0 {
+                    info!(dependency = name, "connected to {service} after {failures} failed attempt(s)");
+                }
+                return t;
+            }
+            Err(e) => {
+                failures += 1;
+                let delay = delays.next().unwrap_or(max);
+                startup.set(name, format!("connecting: {e}"));
+                warn!(dependency = name, "{service} unavailable ({e}); retrying in {} ms (attempt {failures})", delay.as_millis());
+                tokio::time::sleep(delay).await;
+            }
+        }
     }
 }
 
@@ -279,9 +361,7 @@ pub async fn run_dispatcher(
     sample_every: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    tokio::spawn(glia_dispatcher::relay(app.clone()));
-    tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
-    tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
+    spawn_background(&app, reconcile_every, sample_every);
     glia_dispatcher::serve(app, listener, async move {
         let _ = shutdown.wait_for(|s| *s).await;
     })
@@ -289,31 +369,71 @@ pub async fn run_dispatcher(
     Ok(())
 }
 
+/// The dispatcher's background tasks: the outbox relay, the reconciler
+/// (every `reconcile_every`) and the metrics sampler (every `sample_every`).
+fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sample_every: Duration) {
+    tokio::spawn(glia_dispatcher::relay(app.clone()));
+    tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
+    tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
+}
+
 /// `glia dispatcher`: the HTTP API, the outbox relay and the reconciler.
+/// It listens at once and connects to the services in the background
+/// ([`Ports::connect_waiting`]), answering 503 `not_ready` (and `/readyz`
+/// naming what it waits for) until they answer.
 pub async fn dispatcher(urls: Urls, args: DispatcherArgs) -> Result<()> {
-    let ports = Ports::connect(&urls).await?;
-    serve_dispatcher(&ports, &args, shutdown_signal()).await
+    urls.check()?;
+    let auth = args.auth()?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let shutdown = shutdown_signal();
+    let gate = Gate::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]), auth.is_open());
+    let mut stop = shutdown.clone();
+    let mut server = tokio::spawn(glia_dispatcher::serve_gate(gate.clone(), listener, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }));
+    let ports = tokio::select! {
+        served = &mut server => return Ok(served.context("the HTTP server task")??),
+        ports = Ports::connect_waiting(&urls, gate.startup(), shutdown.clone()) => ports?,
+    };
+    if let Some(ports) = ports {
+        let app = glia_dispatcher::App::new(ports.log, ports.queue, ports.ledger, auth);
+        spawn_background(&app, Duration::from_secs(args.reconcile_every.max(1)), Duration::from_millis(args.metrics_sample_ms.max(100)));
+        gate.open(app);
+        info!("dispatcher ready: Postgres, RabbitMQ and Redis connected");
+    }
+    server.await.context("the HTTP server task")??;
+    Ok(())
 }
 
 /// `glia worker`: consume run jobs until SIGTERM, then finish the current
 /// steps, release leases and exit.
+///
+/// It connects to the services in the background ([`Ports::connect_waiting`]);
+/// with `--metrics-listen`, `/healthz` answers from the start and `/readyz`
+/// names what it waits for (then checks the live ports).
 pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     let caps = args.tenant_caps()?;
+    urls.check()?;
     let (metrics, provider_metrics) = args.metrics().unzip();
-    let agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics).await?;
-    let ports = Ports::connect(&urls).await?;
-    let agent = with_caps(agent, caps, &ports)?;
+    let metrics = metrics.map(Arc::new);
     let shutdown = shutdown_signal();
-    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0));
-    if let (Some(metrics), Some(addr)) = (metrics, args.metrics_listen) {
-        let metrics = Arc::new(metrics);
-        worker = worker.with_metrics(metrics.clone());
-        let listener = crate::observe::serve_metrics(addr, metrics, shutdown.clone());
+    let readiness = crate::observe::Readiness::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]));
+    if let (Some(metrics), Some(addr)) = (&metrics, args.metrics_listen) {
+        let listener = crate::observe::serve_metrics(addr, metrics.clone(), readiness.clone(), shutdown.clone());
         tokio::spawn(async move {
             if let Err(e) = listener.await {
                 tracing::error!("metrics endpoint: {e:#}");
             }
         });
+    }
+    let agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics).await?;
+    let Some(ports) = Ports::connect_waiting(&urls, readiness.startup(), shutdown.clone()).await? else { return Ok(()) };
+    readiness.connected(&ports);
+    info!("worker ready: Postgres, RabbitMQ and Redis connected");
+    let agent = with_caps(agent, caps, &ports)?;
+    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0));
+    if let Some(metrics) = metrics {
+        worker = worker.with_metrics(metrics);
     }
     Arc::new(worker).run(shutdown).await;
     Ok(())
