@@ -118,7 +118,7 @@ impl Urls {
 /// Call `connect` until it succeeds, sleeping with backoff (500 ms doubling
 /// to 5 s, plus up to as much again of random jitter) after each failure, which is logged and recorded in
 /// `startup` under `name`; `ok` there once connected.
-async fn wait_for<T, E, F, Fut>(name: &str, service: &str, startup: &Startup, mut connect: F) -> T
+pub(crate) async fn wait_for<T, E, F, Fut>(name: &str, service: &str, startup: &Startup, mut connect: F) -> T
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,
@@ -193,8 +193,9 @@ pub struct WorkerArgs {
 impl WorkerArgs {
     /// The agent: scripts, or the real provider of `--provider` (with the
     /// fleet-wide rate limiter in Redis when `redis` is given: URL and key
-    /// prefix). A missing API key fails before anything connects.
-    async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>) -> Result<Arc<Agent>> {
+    /// prefix; its connection is waited for and reported in `startup`). A
+    /// missing API key fails before anything connects.
+    async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>, startup: &Startup) -> Result<Arc<Agent>> {
         if let Some(dir) = &self.replay {
             let recording = glia_replay::tau::load_dir(dir)?;
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
@@ -206,7 +207,7 @@ impl WorkerArgs {
             Some(kind) => {
                 let limits = RateLimits { requests_per_minute: self.rpm, input_tokens_per_minute: self.input_tpm, output_tokens_per_minute: self.output_tpm, resume_spacing_ms: None };
                 let prefix = redis.map(|(_, p)| format!("{p}:")).unwrap_or_default();
-                let limiter = redis.map(|(url, _)| (url, prefix.as_str(), limits));
+                let limiter = redis.map(|(url, _)| (url, prefix.as_str(), limits, startup));
                 self.provider.fleet_provider(kind, limiter, metrics).await?
             }
         };
@@ -426,7 +427,11 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
             }
         });
     }
-    let agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics).await?;
+    let mut stop = shutdown.clone();
+    let agent = tokio::select! {
+        agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics, readiness.startup()) => agent?,
+        _ = stop.wait_for(|s| *s) => return Ok(()),
+    };
     let Some(ports) = Ports::connect_waiting(&urls, readiness.startup(), shutdown.clone()).await? else { return Ok(()) };
     readiness.connected(&ports);
     info!("worker ready: Postgres, RabbitMQ and Redis connected");
@@ -444,7 +449,7 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
 /// provider rate-limited through Redis).
 pub async fn dev(urls: Urls, services: bool, workers: usize, worker_args: WorkerArgs, dispatcher_args: DispatcherArgs) -> Result<()> {
     let caps = worker_args.tenant_caps()?;
-    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str())), None).await?;
+    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str())), None, &Startup::default()).await?;
     let ports = if services { Ports::connect(&urls).await? } else { Ports::memory() };
     let agent = with_caps(agent, caps, &ports)?;
     let shutdown = shutdown_signal();

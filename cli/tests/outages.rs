@@ -8,7 +8,8 @@
 //!   error and the runs still unfinished;
 //! - a dispatcher and a worker started while RabbitMQ (a private node) is
 //!   down stay up, answer `/readyz` 503 naming the broker, become ready once
-//!   it starts, and a run submitted then completes.
+//!   it starts, and a run submitted then completes; when the broker goes
+//!   away later, both report not ready until it is back.
 //!
 //! Real processes on the machine's Postgres, RabbitMQ and Redis (the broker
 //! test on a private node of its own), each test isolated by [`Fleet`].
@@ -239,7 +240,8 @@ fn dispatcher_and_worker_started_while_the_broker_is_down_become_ready() {
     assert!(fleet.workers[0].try_wait().unwrap().is_none(), "the worker exited");
 
     broker.start().expect("spawn rabbitmq-server");
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(broker.wait_ready(Duration::from_secs(120)));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(broker.wait_ready(Duration::from_secs(120)));
     let ready = wait_status(&dispatcher_ready, 200, Duration::from_secs(60));
     assert_eq!(ready["checks"]["job_queue"], "ok", "{ready}");
     wait_status(&worker_ready, 200, Duration::from_secs(60));
@@ -248,5 +250,23 @@ fn dispatcher_and_worker_started_while_the_broker_is_down_become_ready() {
     let run = drive(&fleet, &run_id, Instant::now() + Duration::from_secs(60));
     assert_eq!(run["outcome"]["kind"], "succeeded", "{run}");
     check_log(&fleet, &run_id);
+
+    // Readiness follows the broker later too: not ready while it is gone,
+    // ready again once it is back, and the same processes carry on.
+    rt.block_on(broker.stop());
+    for url in [&dispatcher_ready, &worker_ready] {
+        let body = wait_status(url, 503, Duration::from_secs(60));
+        assert_ne!(body["checks"]["job_queue"], "ok", "{body}");
+        assert_eq!(body["checks"]["event_log"], "ok", "{body}");
+    }
+    broker.start().expect("spawn rabbitmq-server again");
+    rt.block_on(broker.wait_ready(Duration::from_secs(120)));
+    wait_status(&dispatcher_ready, 200, Duration::from_secs(60));
+    wait_status(&worker_ready, 200, Duration::from_secs(60));
+    let run_id = submit_kind(&fleet, "plain", 1);
+    let run = drive(&fleet, &run_id, Instant::now() + Duration::from_secs(60));
+    assert_eq!(run["outcome"]["kind"], "succeeded", "{run}");
+    assert!(fleet.dispatcher.as_mut().unwrap().try_wait().unwrap().is_none(), "the dispatcher exited");
+    assert!(fleet.workers[0].try_wait().unwrap().is_none(), "the worker exited");
     drop(fleet);
 }
