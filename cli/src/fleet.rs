@@ -61,15 +61,8 @@ pub struct Ports {
 }
 
 impl Ports {
-    /// Connect to the real services (migrations run on connect).
-    pub async fn connect(urls: &Urls) -> Result<Ports> {
-        let log = PgLog::connect(&urls.database_url, PgOptions::default()).await.context("connecting to Postgres")?;
-        let queue = RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone())).await.context("connecting to RabbitMQ")?;
-        let ledger = RedisLedger::connect(&urls.redis_url, &urls.redis_prefix).await.context("connecting to Redis")?;
-        Ok(Ports { log: Arc::new(log), queue: Arc::new(queue), ledger: Arc::new(ledger) })
-    }
-
-    /// Connect to the real services, waiting for each as long as it takes:
+    /// Connect to the real services (migrations run on connect), waiting for
+    /// each as long as it takes:
     /// the three connect concurrently, each retried with backoff (500 ms
     /// doubling to 5 s, plus up to as much again of random jitter) while it fails, each failure logged and
     /// kept in `startup` (`connecting: <error>`, then `ok`) for `/readyz`.
@@ -449,10 +442,18 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
 /// provider rate-limited through Redis).
 pub async fn dev(urls: Urls, services: bool, workers: usize, worker_args: WorkerArgs, dispatcher_args: DispatcherArgs) -> Result<()> {
     let caps = worker_args.tenant_caps()?;
-    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str())), None, &Startup::default()).await?;
-    let ports = if services { Ports::connect(&urls).await? } else { Ports::memory() };
-    let agent = with_caps(agent, caps, &ports)?;
     let shutdown = shutdown_signal();
+    let startup = Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]);
+    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str())), None, &startup).await?;
+    let ports = match services {
+        // Waits for the services (logging why), like `glia dispatcher` and `glia worker`.
+        true => match Ports::connect_waiting(&urls, &startup, shutdown.clone()).await? {
+            Some(ports) => ports,
+            None => return Ok(()),
+        },
+        false => Ports::memory(),
+    };
+    let agent = with_caps(agent, caps, &ports)?;
     for n in 0..workers.max(1) {
         let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n)));
         tokio::spawn(w.run(shutdown.clone()));
