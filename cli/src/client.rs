@@ -271,6 +271,10 @@ fn stream_client() -> Result<Client> {
 /// A stream with nothing (not even a keep-alive) for this long is broken.
 const STREAM_IDLE: Duration = Duration::from_secs(45);
 
+/// A stream open this long worked: an outage is counted afresh after it
+/// breaks (a stream that breaks sooner without an event counts on).
+const HEALTHY_STREAM: Duration = Duration::from_secs(15);
+
 /// `glia submit`.
 #[derive(Args)]
 pub struct SubmitArgs {
@@ -324,15 +328,18 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
 /// outcome when it ended. A stream that breaks (the dispatcher restarted, a
 /// proxy cut it, nothing arrived for [`STREAM_IDLE`]) is resumed after the
 /// last printed seq (`Last-Event-ID`), so every event is printed once and in
-/// order; an outage longer than `--max-outage-secs` without a new event is
-/// an [`Unreachable`] error.
+/// order. Reconnecting fails with [`Unreachable`] once the stream has been
+/// broken for `--max-outage-secs` (streams that break at once without
+/// delivering an event do not restart the count).
 async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> Result<Option<Outcome>> {
     let path = format!("/v1/runs/{run_id}/events/stream");
     let mut last: u64 = 0;
-    // Since when no event arrived although the stream was broken.
+    // Since when the stream has been broken: from the first break after a
+    // working stream (one that delivered an event or stayed open for
+    // HEALTHY_STREAM) until the next working one.
     let mut outage: Option<Instant> = None;
     loop {
-        let since = *outage.get_or_insert_with(Instant::now);
+        let since = outage.unwrap_or_else(Instant::now);
         let resp = server
             .retrying(since, || async {
                 let mut req = server.request(client, Method::GET, &path);
@@ -353,6 +360,8 @@ async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> R
                 Ok(resp)
             })
             .await?;
+        let connected = Instant::now();
+        let before = last;
         let mut stream = resp.bytes_stream().eventsource();
         let why = loop {
             let msg = match tokio::time::timeout(STREAM_IDLE, stream.next()).await {
@@ -373,7 +382,6 @@ async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> R
                 continue; // already printed before a reconnect
             }
             last = event.seq;
-            outage = None;
             if json {
                 println!("{}", msg.data);
             } else {
@@ -389,6 +397,9 @@ async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> R
                 _ => {}
             }
         };
+        if last > before || connected.elapsed() >= HEALTHY_STREAM || outage.is_none() {
+            outage = Some(Instant::now());
+        }
         tracing::warn!(server = %server.server, %run_id, after = last, "event stream broken ({why}); resuming");
     }
 }
@@ -525,4 +536,81 @@ async fn decide(client: &Client, server: &Server, run_id: &str, call_id: &str, b
     answer.checked()?;
     eprintln!("decision posted");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use axum::Router;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::post;
+
+    use super::*;
+
+    /// A dispatcher stand-in on a loopback port whose `POST /v1/runs` fails
+    /// with `failing` for the first `failures` requests, then answers 201
+    /// echoing the `Idempotency-Key`; returns its URL and the request count.
+    async fn flaky(failures: u32, failing: StatusCode) -> (String, Arc<AtomicU32>) {
+        let seen = Arc::new(AtomicU32::new(0));
+        let count = seen.clone();
+        let app = Router::new().route(
+            "/v1/runs",
+            post(move |headers: HeaderMap| {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n < failures {
+                        let body = json!({"error": {"code": "not_ready", "message": "starting"}});
+                        return (failing, [(reqwest::header::RETRY_AFTER, "0")], axum::Json(body));
+                    }
+                    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+                    (StatusCode::CREATED, [(reqwest::header::RETRY_AFTER, "0")], axum::Json(json!({"run_id": key})))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, seen)
+    }
+
+    fn server(url: &str, max_outage_secs: u64) -> Server {
+        Server { server: url.to_owned(), token: None, max_outage_secs }
+    }
+
+    #[tokio::test]
+    async fn transient_answers_are_retried_with_the_same_idempotency_key() {
+        for status in [StatusCode::BAD_GATEWAY, StatusCode::SERVICE_UNAVAILABLE, StatusCode::GATEWAY_TIMEOUT] {
+            let (url, seen) = flaky(2, status).await;
+            let answer = server(&url, 30).call(&http_client().unwrap(), Method::POST, "/v1/runs", Some(&json!({})), &[("Idempotency-Key", "k1")]).await.unwrap();
+            assert_eq!((answer.status, answer.attempts, seen.load(Ordering::SeqCst)), (StatusCode::CREATED, 3, 3), "{status}");
+            assert_eq!(answer.body["run_id"], "k1", "every attempt carried the key");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_not_retried() {
+        let (url, seen) = flaky(1, StatusCode::CONFLICT).await;
+        let answer = server(&url, 30).call(&http_client().unwrap(), Method::POST, "/v1/runs", Some(&json!({})), &[]).await.unwrap();
+        assert_eq!((answer.status, answer.attempts, seen.load(Ordering::SeqCst)), (StatusCode::CONFLICT, 1, 1));
+        assert!(answer.checked().unwrap_err().to_string().contains("409 Conflict: not_ready: starting"));
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_the_error_names_the_server_and_the_last_error() {
+        let (url, _) = flaky(u32::MAX, StatusCode::SERVICE_UNAVAILABLE).await;
+        let err = server(&url, 1).call(&http_client().unwrap(), Method::POST, "/v1/runs", Some(&json!({})), &[]).await.unwrap_err();
+        let unreachable = err.downcast_ref::<Unreachable>().expect("an Unreachable error");
+        assert!(unreachable.attempts > 1 && unreachable.waited >= Duration::from_secs(1), "{unreachable:?}");
+        assert_eq!(unreachable.last, "503 Service Unavailable: starting");
+        assert!(err.to_string().starts_with(&format!("the dispatcher at {url} did not answer for ")), "{err}");
+
+        // Nobody listening: the connection error, with its cause.
+        let closed = format!("http://127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+        let err = server(&closed, 0).get(&http_client().unwrap(), "/v1/runs").await.unwrap_err();
+        let unreachable = err.downcast_ref::<Unreachable>().expect("an Unreachable error");
+        assert_eq!(unreachable.attempts, 1, "a bound of 0 tries once");
+        assert!(unreachable.last.contains("onnection refused"), "{unreachable:?}");
+    }
 }
