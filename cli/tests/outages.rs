@@ -9,7 +9,10 @@
 //! - a dispatcher and a worker started while RabbitMQ (a private node) is
 //!   down stay up, answer `/readyz` 503 naming the broker, become ready once
 //!   it starts, and a run submitted then completes; when the broker goes
-//!   away later, both report not ready until it is back.
+//!   away later, both report not ready until it is back;
+//! - the same when Postgres (the machine's, reachable only once the test
+//!   opens a port forwarding to it) and Redis (a private server started
+//!   late) are down at start.
 //!
 //! Real processes on the machine's Postgres, RabbitMQ and Redis (the broker
 //! test on a private node of its own), each test isolated by [`Fleet`].
@@ -23,7 +26,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use glia_backends::testkit::PrivateRabbit;
+use glia_backends::testkit::{PrivateRabbit, PrivateRedis};
 use glia_proto::{Event, EventKind, Outcome};
 use serde_json::{Value, json};
 
@@ -210,34 +213,11 @@ fn dispatcher_and_worker_started_while_the_broker_is_down_become_ready() {
     let mut broker = broker;
     let mut fleet = Fleet::new(&mixed_scripts());
     fleet.amqp_url = broker.url();
-    let metrics = format!("127.0.0.1:{}", free_port());
-    fleet.worker_args = vec!["--metrics-listen".into(), metrics.clone()];
-
-    fleet.spawn_dispatcher();
-    fleet.start_worker(10_000);
-    let dispatcher_ready = format!("{}/readyz", fleet.server);
-    let worker_ready = format!("http://{metrics}/readyz");
-    for (who, url) in [("dispatcher", &dispatcher_ready), ("worker", &worker_ready)] {
-        // Up (liveness) and not ready, naming the broker after a failed attempt.
-        wait_status(&url.replace("/readyz", "/healthz"), 200, Duration::from_secs(60));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let (status, body) = http("GET", url, None).unwrap();
-            assert_eq!(status, 503, "{who} ready without a broker: {body}");
-            assert_eq!(body["error"]["code"], "not_ready", "{body}");
-            if body["checks"]["job_queue"].as_str().is_some_and(|s| s.starts_with("connecting: ")) {
-                assert!(body["error"]["message"].as_str().unwrap().contains("job_queue"), "{body}");
-                break;
-            }
-            assert!(Instant::now() < deadline, "{who} never reported the broker's failure: {body}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    let (dispatcher_ready, worker_ready) = start_not_ready(&mut fleet, &["job_queue"]);
     // The API refuses work meanwhile with a retryable answer.
     let (status, body) = fleet.post("/v1/runs", json!({"goal": "too early"}));
     assert_eq!((status, body["error"]["code"].as_str()), (503, Some("not_ready")), "{body}");
-    assert!(fleet.dispatcher.as_mut().unwrap().try_wait().unwrap().is_none(), "the dispatcher exited");
-    assert!(fleet.workers[0].try_wait().unwrap().is_none(), "the worker exited");
+    assert_alive(&mut fleet);
 
     broker.start().expect("spawn rabbitmq-server");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -266,7 +246,102 @@ fn dispatcher_and_worker_started_while_the_broker_is_down_become_ready() {
     let run_id = submit_kind(&fleet, "plain", 1);
     let run = drive(&fleet, &run_id, Instant::now() + Duration::from_secs(60));
     assert_eq!(run["outcome"]["kind"], "succeeded", "{run}");
+    assert_alive(&mut fleet);
+    drop(fleet);
+}
+
+/// Forward connections on 127.0.0.1:`port` to `target`, from now on: the
+/// machine's Postgres, reachable at an address that was dead until now (a
+/// server that comes up). Runs until the test process ends.
+fn forward(port: u16, target: (String, u16)) {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind the forwarding port");
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let Ok(server) = TcpStream::connect((target.0.as_str(), target.1)) else { continue };
+            for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+            }
+        }
+    });
+}
+
+/// Start the fleet's dispatcher and one worker (with `--metrics-listen`)
+/// while the services in `failing` are down; wait until both are live
+/// (`/healthz` 200) and report each of `failing` on `/readyz` (503).
+/// Returns the dispatcher's and the worker's `/readyz` URLs.
+fn start_not_ready(fleet: &mut Fleet, failing: &[&str]) -> (String, String) {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    fleet.worker_args = vec!["--metrics-listen".into(), metrics.clone()];
+    fleet.spawn_dispatcher();
+    fleet.start_worker(10_000);
+    let (dispatcher_ready, worker_ready) = (format!("{}/readyz", fleet.server), format!("http://{metrics}/readyz"));
+    for (who, url) in [("dispatcher", &dispatcher_ready), ("worker", &worker_ready)] {
+        wait_status(&url.replace("/readyz", "/healthz"), 200, Duration::from_secs(60));
+        wait_not_ready(who, url, failing);
+    }
+    (dispatcher_ready, worker_ready)
+}
+
+/// Neither the dispatcher nor the first worker has exited.
+fn assert_alive(fleet: &mut Fleet) {
     assert!(fleet.dispatcher.as_mut().unwrap().try_wait().unwrap().is_none(), "the dispatcher exited");
     assert!(fleet.workers[0].try_wait().unwrap().is_none(), "the worker exited");
+}
+
+/// Poll `url` (a `/readyz`) until it answers 503 with every check in
+/// `failing` reporting a failed connection attempt; panics otherwise.
+fn wait_not_ready(who: &str, url: &str, failing: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = http("GET", url, None).unwrap_or((0, Value::Null));
+        if status != 0 {
+            assert_eq!(status, 503, "{who} ready too early: {body}");
+            assert_eq!(body["error"]["code"], "not_ready", "{body}");
+            if failing.iter().all(|k| body["checks"][k].as_str().is_some_and(|s| s.starts_with("connecting: "))) {
+                let message = body["error"]["message"].as_str().unwrap();
+                assert!(failing.iter().all(|k| message.contains(k)), "{message}");
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{who} never reported {failing:?} failing: {status} {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn dispatcher_and_worker_wait_for_postgres_and_redis_at_start() {
+    let mut redis = PrivateRedis::new();
+    let mut fleet = Fleet::new(&mixed_scripts());
+    // Postgres at a port nobody listens on yet; Redis not started yet.
+    let admin: tokio_postgres::Config = admin_url().parse().expect("GLIA_DATABASE_URL parses");
+    let host = match &admin.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("this test needs Postgres over TCP, not {other:?}"),
+    };
+    let target = (host, admin.get_ports().first().copied().unwrap_or(5432));
+    let pg_port = free_port();
+    fleet.db_url = format!("postgres://{}@127.0.0.1:{pg_port}/{}", admin.get_user().unwrap_or("postgres"), fleet.name);
+    fleet.redis_url = redis.url();
+    let (dispatcher_ready, worker_ready) = start_not_ready(&mut fleet, &["event_log", "ledger"]);
+    assert_alive(&mut fleet);
+
+    forward(pg_port, target);
+    if let Err(e) = redis.start() {
+        eprintln!("\n!!!!!!!! SKIPPED the rest of dispatcher_and_worker_wait_for_postgres_and_redis_at_start: redis-server not runnable ({e}) !!!!!!!!\n");
+        return;
+    }
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(redis.wait_ready(Duration::from_secs(30)));
+    wait_status(&dispatcher_ready, 200, Duration::from_secs(60));
+    wait_status(&worker_ready, 200, Duration::from_secs(60));
+
+    let run_id = submit_kind(&fleet, "plain", 0);
+    let run = drive(&fleet, &run_id, Instant::now() + Duration::from_secs(60));
+    assert_eq!(run["outcome"]["kind"], "succeeded", "{run}");
+    check_log(&fleet, &run_id);
     drop(fleet);
 }
