@@ -17,7 +17,9 @@
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | none | 200 | 503 `not_ready` |
 //!
 //! Any handler may answer 503 `log_unavailable` / `queue_unavailable` when a
-//! backing store fails.
+//! backing store fails, and every route but `/healthz` and `/readyz` answers
+//! 503 `not_ready` (with `Retry-After: 1`) while the dispatcher is still
+//! connecting to its services at start ([`crate::startup`]).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
