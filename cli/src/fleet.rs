@@ -53,7 +53,8 @@ pub struct Urls {
     pub redis_prefix: String,
 }
 
-/// The three ports.
+/// The three ports (cheap to clone: shared handles).
+#[derive(Clone)]
 pub struct Ports {
     pub log: Arc<dyn EventLog>,
     pub queue: Arc<dyn JobQueue>,

@@ -18,7 +18,6 @@ use anyhow::{Context, Result};
 use axum::Router;
 use axum::http::header;
 use axum::routing::get;
-use glia_backends::{EventLog, JobQueue, Ledger};
 use glia_dispatcher::Startup;
 use glia_worker::metrics::WorkerMetrics;
 use tokio::sync::watch;
@@ -117,7 +116,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 #[derive(Clone)]
 pub struct Readiness {
     startup: Startup,
-    ports: Arc<OnceLock<(Arc<dyn EventLog>, Arc<dyn JobQueue>, Arc<dyn Ledger>)>>,
+    ports: Arc<OnceLock<crate::fleet::Ports>>,
 }
 
 impl Readiness {
@@ -133,13 +132,13 @@ impl Readiness {
 
     /// From now on check `ports` themselves.
     pub fn connected(&self, ports: &crate::fleet::Ports) {
-        let _ = self.ports.set((ports.log.clone(), ports.queue.clone(), ports.ledger.clone()));
+        let _ = self.ports.set(ports.clone());
     }
 
     /// Each service → `ok` or why not.
     pub async fn checks(&self) -> std::collections::BTreeMap<String, String> {
         match self.ports.get() {
-            Some((log, queue, ledger)) => glia_backends::readiness(log.as_ref(), queue.as_ref(), ledger.as_ref(), glia_dispatcher::Limits::default().ready_timeout).await,
+            Some(p) => glia_backends::readiness(p.log.as_ref(), p.queue.as_ref(), p.ledger.as_ref(), glia_dispatcher::Limits::default().ready_timeout).await,
             None => self.startup.checks(),
         }
     }
