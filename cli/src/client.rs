@@ -597,6 +597,33 @@ mod tests {
         assert!(answer.checked().unwrap_err().to_string().contains("409 Conflict: not_ready: starting"));
     }
 
+    /// A decision whose first attempt landed but whose answer was lost: the
+    /// retry finds the call decided (409 `already_decided`), which is the
+    /// decision having been posted; without a retry the same 409 is an error.
+    #[tokio::test]
+    async fn a_decision_repeated_after_a_lost_answer_is_done() {
+        let seen = Arc::new(AtomicU32::new(0));
+        let count = seen.clone();
+        let app = Router::new().route(
+            "/v1/runs/{run}/approvals/{call}",
+            post(move || {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let (status, code) = if n == 0 { (StatusCode::BAD_GATEWAY, "upstream") } else { (StatusCode::CONFLICT, "already_decided") };
+                    (status, axum::Json(json!({"error": {"code": code, "message": "…"}})))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let client = http_client().unwrap();
+        decide(&client, &server(&url, 30), "r1", "c1", json!({"decision": "approve"})).await.expect("a repeat after a lost answer is done");
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+        let err = decide(&client, &server(&url, 30), "r1", "c1", json!({"decision": "approve"})).await.expect_err("decided by someone else");
+        assert!(err.to_string().contains("already_decided"), "{err}");
+    }
+
     #[tokio::test]
     async fn past_the_bound_the_error_names_the_server_and_the_last_error() {
         let (url, _) = flaky(u32::MAX, StatusCode::SERVICE_UNAVAILABLE).await;
