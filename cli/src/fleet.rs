@@ -63,11 +63,10 @@ pub struct Ports {
 
 impl Ports {
     /// Connect to the real services (migrations run on connect), waiting for
-    /// each as long as it takes:
-    /// the three connect concurrently, each retried with backoff (500 ms
-    /// doubling to 5 s, plus up to as much again of random jitter) while it fails, each failure logged and
-    /// kept in `startup` (`connecting: <error>`, then `ok`) for `/readyz`.
-    /// `None` when `shutdown` turned true first.
+    /// each as long as it takes: the three connect concurrently, each
+    /// retried with backoff ([`wait_for`]) while it fails, each failure
+    /// logged and kept in `startup` (`connecting: <error>`, then `ok`) for
+    /// `/readyz`. `None` when `shutdown` turned true first.
     ///
     /// Errors: a URL that cannot be parsed (waiting would not help).
     pub async fn connect_waiting(urls: &Urls, startup: &Startup, mut shutdown: watch::Receiver<bool>) -> Result<Option<Ports>> {
@@ -109,9 +108,10 @@ impl Urls {
     }
 }
 
-/// Call `connect` until it succeeds, sleeping with backoff (500 ms doubling
-/// to 5 s, plus up to as much again of random jitter) after each failure, which is logged and recorded in
-/// `startup` under `name`; `ok` there once connected.
+/// Call `connect` until it succeeds, sleeping with backoff after each
+/// failure (500 ms doubling to 5 s, plus up to as much again of random
+/// jitter); each failure is logged and recorded in `startup` under `name`
+/// (`connecting: <error>`), `ok` once connected.
 pub(crate) async fn wait_for<T, E, F, Fut>(name: &str, service: &str, startup: &Startup, mut connect: F) -> T
 where
     E: std::fmt::Display,
