@@ -327,7 +327,7 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
                         t.posted.insert(key, Utc::now());
                         let body = json!({ "decision": "approve", "args_hash": call.args_hash });
                         let path = format!("/v1/runs/{id}/approvals/{call_id}");
-                        post(client, server, &path, &body).await.with_context(|| format!("approving {call_id} of run {id}"))?;
+                        post(client, server, *id, None, &path, &body).await.with_context(|| format!("approving {call_id} of run {id}"))?;
                         progressed = true;
                     }
                     if all {
@@ -343,14 +343,14 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
                             t.verdict = Some(Verdict::Diverged(why.clone()));
                             bar.inc(1);
                             let cancel = json!({ "reason": format!("replay diverged: {why}") });
-                            post(client, server, &format!("/v1/runs/{id}/cancel"), &cancel).await.with_context(|| format!("cancelling run {id}"))?;
+                            post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/cancel"), &cancel).await.with_context(|| format!("cancelling run {id}"))?;
                             continue;
                         }
                     };
                     if body.get("text").is_some() {
                         summary.customer_turns += 1;
                     }
-                    post(client, server, &format!("/v1/runs/{id}/{path}"), &body).await.with_context(|| format!("posting to run {id}"))?;
+                    post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/{path}"), &body).await.with_context(|| format!("posting to run {id}"))?;
                     t.acted_at = t.state.head_seq;
                     progressed = true;
                 }
@@ -411,16 +411,37 @@ fn judge(t: &Tracked) -> Option<Verdict> {
     }
 }
 
-/// POST `body` to `path`, retried through an outage. A 409 is not an error
-/// here: someone else (a person, the reconciler, a finished run, or this
-/// post's own earlier attempt whose answer was lost) acted first, and the
-/// run's events will tell the driver what happened.
-async fn post(client: &Client, server: &Server, path: &str, body: &serde_json::Value) -> Result<()> {
-    let answer = server.call(client, Method::POST, path, Some(body), &[]).await?;
-    if answer.status == reqwest::StatusCode::CONFLICT {
-        return Ok(());
+/// POST `body` (a payload for run `run_id`) to `path`, retried through an
+/// outage. With `head` (the run's head when the driver decided to post; for
+/// payloads the dispatcher does not deduplicate once consumed: messages,
+/// closes, cancels) the run is read again before each retry: when its head
+/// moved past `head`, the lost attempt landed and was consumed (or someone
+/// else answered), and nothing is posted again (a message posted again
+/// would be taken as the customer's next one). Decisions need no `head`:
+/// the dispatcher accepts one per approval request. A 409
+/// is not an error here: someone else (a person, the reconciler, a finished
+/// run, or this post's own earlier attempt still pending) acted first, and
+/// the run's events will tell the driver what happened.
+async fn post(client: &Client, server: &Server, run_id: Uuid, head: Option<u64>, path: &str, body: &serde_json::Value) -> Result<()> {
+    let attempts = std::sync::atomic::AtomicU32::new(0);
+    let answer = server
+        .retrying(Instant::now(), || async {
+            if let Some(head) = head
+                && attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0
+            {
+                let (status, run) = server.send_once(client, Method::GET, &format!("/v1/runs/{run_id}"), None, &[]).await?;
+                if status.is_success() && run["head_seq"].as_u64().is_some_and(|h| h != head) {
+                    return Ok(None);
+                }
+            }
+            server.send_once(client, Method::POST, path, Some(body), &[]).await.map(Some)
+        })
+        .await?;
+    match answer {
+        None => Ok(()),
+        Some((status, _)) if status == reqwest::StatusCode::CONFLICT => Ok(()),
+        Some((status, body)) => crate::client::Answer { status, body, attempts: 1 }.checked().map(|_| ()),
     }
-    answer.checked().map(|_| ())
 }
 
 async fn list_batch(client: &Client, server: &Server, batch_id: Uuid) -> Result<Vec<RunRow>> {

@@ -13,10 +13,14 @@
 //! - `POST /v1/runs` always carries an `Idempotency-Key` (`--idempotency-key`,
 //!   else a fresh UUID per invocation): a retry after a lost answer returns the
 //!   run the first attempt created (200) instead of creating another.
-//! - Payload posts (approvals, tool results, messages, resume, close) are
-//!   deduplicated by the dispatcher per call or pull point: a repeat answers
-//!   409 (`already_decided`, `already_posted`). After a retry such a 409 means
-//!   the lost attempt landed, and is reported as done.
+//! - Decisions and external tool results are deduplicated by the dispatcher
+//!   per approval request and call: a repeat answers 409 (`already_decided`,
+//!   `already_answered`); after a retry such a 409 means the lost attempt
+//!   landed, and is reported as done. Messages, closes and resumes are
+//!   refused (409 `already_posted`) only while the first is still pending:
+//!   once consumed, the run may park again and accept the same text as a new
+//!   message. `glia batch` therefore re-reads the run before each retry of
+//!   one and does not post again when the run moved on.
 //! - The event stream resumes with `Last-Event-ID` = the last printed seq: no
 //!   event is lost or printed twice across reconnects.
 
@@ -206,34 +210,40 @@ impl Server {
         }
     }
 
-    /// `method path` with an optional JSON body and extra headers, retried
-    /// through an outage ([`Server::retrying`]); the whole answer is read
-    /// inside each attempt, so an answer cut off is retried too. Only send
-    /// requests whose repeat is harmless (reads, idempotent or deduplicated
-    /// posts: see the module documentation).
+    /// One attempt of `method path` with an optional JSON body and extra
+    /// headers: the status and the JSON body (`Null` when not JSON), read
+    /// whole. A transport failure, a body cut off or a 502/503/504 is an
+    /// [`Attempt::Transient`] (with the `Retry-After` hint).
+    pub async fn send_once(&self, client: &Client, method: Method, path: &str, body: Option<&Value>, headers: &[(&str, &str)]) -> Result<(StatusCode, Value), Attempt> {
+        let mut req = self.request(client, method, path);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.map_err(Attempt::from_reqwest)?;
+        let status = resp.status();
+        if transient_status(status) {
+            let hint = retry_after(&resp);
+            let text = resp.text().await.unwrap_or_default();
+            let detail: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let why = detail["error"]["message"].as_str().map_or_else(|| text.chars().take(200).collect(), str::to_owned);
+            return Err(Attempt::Transient(format!("{status}: {why}"), hint));
+        }
+        let bytes = resp.bytes().await.map_err(Attempt::from_reqwest)?;
+        Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+    }
+
+    /// [`Server::send_once`] retried through an outage ([`Server::retrying`]).
+    /// Only send requests whose repeat is harmless (reads, idempotent or
+    /// deduplicated posts: see the module documentation).
     pub async fn call(&self, client: &Client, method: Method, path: &str, body: Option<&Value>, headers: &[(&str, &str)]) -> Result<Answer> {
         let attempts = AtomicU32::new(0);
         let (status, body) = self
-            .retrying(Instant::now(), || async {
+            .retrying(Instant::now(), || {
                 attempts.fetch_add(1, Ordering::Relaxed);
-                let mut req = self.request(client, method.clone(), path);
-                for (name, value) in headers {
-                    req = req.header(*name, *value);
-                }
-                if let Some(b) = body {
-                    req = req.json(b);
-                }
-                let resp = req.send().await.map_err(Attempt::from_reqwest)?;
-                let status = resp.status();
-                if transient_status(status) {
-                    let hint = retry_after(&resp);
-                    let text = resp.text().await.unwrap_or_default();
-                    let detail: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                    let why = detail["error"]["message"].as_str().map_or_else(|| text.chars().take(200).collect(), str::to_owned);
-                    return Err(Attempt::Transient(format!("{status}: {why}"), hint));
-                }
-                let bytes = resp.bytes().await.map_err(Attempt::from_reqwest)?;
-                Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+                self.send_once(client, method.clone(), path, body, headers)
             })
             .await?;
         Ok(Answer { status, body, attempts: attempts.load(Ordering::Relaxed) })
