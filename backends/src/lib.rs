@@ -681,3 +681,29 @@ pub trait Ledger: Send + Sync {
         Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
     }
 }
+
+/// Name of the [`EventLog`] in readiness checks.
+pub const EVENT_LOG: &str = "event_log";
+/// Name of the [`JobQueue`] in readiness checks.
+pub const JOB_QUEUE: &str = "job_queue";
+/// Name of the [`Ledger`] in readiness checks.
+pub const LEDGER: &str = "ledger";
+
+/// Whether each port answers within `timeout`: [`EVENT_LOG`]
+/// ([`EventLog::ready`]), [`JOB_QUEUE`] ([`JobQueue::depth`], a passive
+/// declare on RabbitMQ) and [`LEDGER`] ([`Ledger::ready`]) → `ok`, the
+/// port's error, or `no answer within N ms`. The three run concurrently.
+/// What `/readyz` of the dispatcher and of a worker report.
+pub async fn readiness(log: &dyn EventLog, queue: &dyn JobQueue, ledger: &dyn Ledger, timeout: Duration) -> std::collections::BTreeMap<String, String> {
+    let timed = |r: Result<Result<(), String>, tokio::time::error::Elapsed>| match r {
+        Ok(Ok(())) => "ok".to_owned(),
+        Ok(Err(e)) => e,
+        Err(_) => format!("no answer within {} ms", timeout.as_millis()),
+    };
+    let (l, q, d) = futures::join!(
+        tokio::time::timeout(timeout, async { log.ready().await.map_err(|e| e.to_string()) }),
+        tokio::time::timeout(timeout, async { queue.depth().await.map(|_| ()).map_err(|e| e.to_string()) }),
+        tokio::time::timeout(timeout, async { ledger.ready().await.map_err(|e| e.to_string()) }),
+    );
+    [(EVENT_LOG, timed(l)), (JOB_QUEUE, timed(q)), (LEDGER, timed(d))].into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}

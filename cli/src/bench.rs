@@ -213,7 +213,7 @@ impl BenchFleet {
         let (log, queue, ledger) = ports(db.log().await).await?;
         let app = glia_dispatcher::App::new(log, queue, ledger, glia_dispatcher::Auth::from_tokens(Vec::new())?);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let server = Server { server: format!("http://{}", listener.local_addr()?), token: None };
+        let server = Server { server: format!("http://{}", listener.local_addr()?), token: None, max_outage_secs: 0 };
         tokio::spawn(crate::fleet::run_dispatcher(app, listener, Duration::from_secs(2), Duration::from_secs(5), shutdown.clone()));
         for n in 0..workers {
             // A connection per run in flight, so no commit waits for one.

@@ -1,6 +1,14 @@
 //! The server side of the CLI: `glia dispatcher`, `glia worker`, `glia dev`.
 //! Each builds the three ports from URLs (or in memory) and runs the
 //! library's services until SIGINT/SIGTERM.
+//!
+//! `glia dispatcher` and `glia worker` start while a service is down: each
+//! port is connected in the background, retried with backoff and logged
+//! ([`Ports::connect_waiting`]); meanwhile the dispatcher serves `/healthz`
+//! and a `/readyz` that names what it waits for (every other request answers
+//! 503 `not_ready`, see [`glia_dispatcher::startup`]), and a worker with
+//! `--metrics-listen` does the same on its metrics address. Once connected,
+//! `/readyz` checks the live ports on each call.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,12 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use clap::Args;
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::postgres::{PgLog, PgOptions};
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
-use glia_backends::{EventLog, JobQueue, Ledger};
+use glia_backends::{EVENT_LOG, EventLog, JOB_QUEUE, JobQueue, LEDGER, Ledger};
+use glia_dispatcher::{Gate, Startup};
 use glia_worker::Agent;
 use glia_worker::budget_gate::TenantCaps;
 use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
@@ -21,7 +31,7 @@ use glia_worker::metrics::WorkerMetrics;
 use glia_providers::RateLimits;
 use glia_worker::provider::{Provider, ScriptLibrary};
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Service URLs.
 #[derive(Args, Clone)]
@@ -43,7 +53,8 @@ pub struct Urls {
     pub redis_prefix: String,
 }
 
-/// The three ports.
+/// The three ports (cheap to clone: shared handles).
+#[derive(Clone)]
 pub struct Ports {
     pub log: Arc<dyn EventLog>,
     pub queue: Arc<dyn JobQueue>,
@@ -51,17 +62,82 @@ pub struct Ports {
 }
 
 impl Ports {
-    /// Connect to the real services (migrations run on connect).
-    pub async fn connect(urls: &Urls) -> Result<Ports> {
-        let log = PgLog::connect(&urls.database_url, PgOptions::default()).await.context("connecting to Postgres")?;
-        let queue = RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone())).await.context("connecting to RabbitMQ")?;
-        let ledger = RedisLedger::connect(&urls.redis_url, &urls.redis_prefix).await.context("connecting to Redis")?;
-        Ok(Ports { log: Arc::new(log), queue: Arc::new(queue), ledger: Arc::new(ledger) })
+    /// Connect to the real services (migrations run on connect), waiting for
+    /// each as long as it takes: the three connect concurrently, each
+    /// retried with backoff ([`wait_for`]) while it fails, each failure
+    /// logged and kept in `startup` (`connecting: <error>`, then `ok`) for
+    /// `/readyz`. `None` when `shutdown` turned true first.
+    ///
+    /// Errors: a URL that cannot be parsed (waiting would not help).
+    pub async fn connect_waiting(urls: &Urls, startup: &Startup, mut shutdown: watch::Receiver<bool>) -> Result<Option<Ports>> {
+        urls.check()?;
+        let connect = async {
+            let (log, queue, ledger) = tokio::join!(
+                wait_for(EVENT_LOG, "Postgres", startup, || PgLog::connect(&urls.database_url, PgOptions::default())),
+                wait_for(JOB_QUEUE, "RabbitMQ", startup, || RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone()))),
+                wait_for(LEDGER, "Redis", startup, || RedisLedger::connect(&urls.redis_url, &urls.redis_prefix)),
+            );
+            Ports { log: Arc::new(log), queue: Arc::new(queue), ledger: Arc::new(ledger) }
+        };
+        tokio::select! {
+            ports = connect => Ok(Some(ports)),
+            _ = shutdown.wait_for(|s| *s) => Ok(None),
+        }
     }
 
     /// In-memory twins: nothing survives the process.
     pub fn memory() -> Ports {
         Ports { log: Arc::new(MemoryLog::default()), queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()) }
+    }
+}
+
+impl Urls {
+    /// Each URL parses and has a scheme its client speaks (`postgres`/
+    /// `postgresql`, `amqp`/`amqps`, `redis`/`rediss`/`unix`/`redis+unix`).
+    pub fn check(&self) -> Result<()> {
+        self.database_url.parse::<tokio_postgres::Config>().map_err(|e| anyhow::anyhow!("--database-url is not a Postgres URL: {e}"))?;
+        let scheme = |flag: &str, url: &str, allowed: &[&str]| -> Result<()> {
+            let parsed = reqwest::Url::parse(url).with_context(|| format!("{flag} is not a URL"))?;
+            if !allowed.contains(&parsed.scheme()) {
+                bail!("{flag} has scheme {:?}; expected one of {}", parsed.scheme(), allowed.join(", "));
+            }
+            Ok(())
+        };
+        scheme("--amqp-url", &self.amqp_url, &["amqp", "amqps"])?;
+        scheme("--redis-url", &self.redis_url, &["redis", "rediss", "unix", "redis+unix"])
+    }
+}
+
+/// Call `connect` until it succeeds, sleeping with backoff after each
+/// failure (500 ms doubling to 5 s, plus up to as much again of random
+/// jitter); each failure is logged and recorded in `startup` under `name`
+/// (`connecting: <error>`), `ok` once connected.
+pub(crate) async fn wait_for<T, E, F, Fut>(name: &str, service: &str, startup: &Startup, mut connect: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let max = Duration::from_secs(5);
+    let mut delays = ExponentialBuilder::default().with_min_delay(Duration::from_millis(500)).with_max_delay(max).with_jitter().without_max_times().build();
+    let mut failures = 0u32;
+    loop {
+        match connect().await {
+            Ok(t) => {
+                startup.set(name, "ok");
+                if failures > 0 {
+                    info!(dependency = name, "connected to {service} after {failures} failed attempt(s)");
+                }
+                return t;
+            }
+            Err(e) => {
+                failures += 1;
+                let delay = delays.next().unwrap_or(max);
+                startup.set(name, format!("connecting: {e}"));
+                warn!(dependency = name, "{service} unavailable ({e}); retrying in {} ms (attempt {failures})", delay.as_millis());
+                tokio::time::sleep(delay).await;
+            }
+        }
     }
 }
 
@@ -111,8 +187,9 @@ pub struct WorkerArgs {
 impl WorkerArgs {
     /// The agent: scripts, or the real provider of `--provider` (with the
     /// fleet-wide rate limiter in Redis when `redis` is given: URL and key
-    /// prefix). A missing API key fails before anything connects.
-    async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>) -> Result<Arc<Agent>> {
+    /// prefix; its connection is waited for and reported in `startup`). A
+    /// missing API key fails before anything connects.
+    async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>, startup: &Startup) -> Result<Arc<Agent>> {
         if let Some(dir) = &self.replay {
             let recording = glia_replay::tau::load_dir(dir)?;
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
@@ -124,7 +201,7 @@ impl WorkerArgs {
             Some(kind) => {
                 let limits = RateLimits { requests_per_minute: self.rpm, input_tokens_per_minute: self.input_tpm, output_tokens_per_minute: self.output_tpm, resume_spacing_ms: None };
                 let prefix = redis.map(|(_, p)| format!("{p}:")).unwrap_or_default();
-                let limiter = redis.map(|(url, _)| (url, prefix.as_str(), limits));
+                let limiter = redis.map(|(url, _)| (url, prefix.as_str(), limits, startup));
                 self.provider.fleet_provider(kind, limiter, metrics).await?
             }
         };
@@ -279,9 +356,7 @@ pub async fn run_dispatcher(
     sample_every: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    tokio::spawn(glia_dispatcher::relay(app.clone()));
-    tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
-    tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
+    spawn_background(&app, reconcile_every, sample_every);
     glia_dispatcher::serve(app, listener, async move {
         let _ = shutdown.wait_for(|s| *s).await;
     })
@@ -289,31 +364,75 @@ pub async fn run_dispatcher(
     Ok(())
 }
 
+/// The dispatcher's background tasks: the outbox relay, the reconciler
+/// (every `reconcile_every`) and the metrics sampler (every `sample_every`).
+fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sample_every: Duration) {
+    tokio::spawn(glia_dispatcher::relay(app.clone()));
+    tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
+    tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
+}
+
 /// `glia dispatcher`: the HTTP API, the outbox relay and the reconciler.
+/// It listens at once and connects to the services in the background
+/// ([`Ports::connect_waiting`]), answering 503 `not_ready` (and `/readyz`
+/// naming what it waits for) until they answer.
 pub async fn dispatcher(urls: Urls, args: DispatcherArgs) -> Result<()> {
-    let ports = Ports::connect(&urls).await?;
-    serve_dispatcher(&ports, &args, shutdown_signal()).await
+    urls.check()?;
+    let auth = args.auth()?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let shutdown = shutdown_signal();
+    let gate = Gate::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]), auth.is_open());
+    let mut stop = shutdown.clone();
+    let mut server = tokio::spawn(glia_dispatcher::serve_gate(gate.clone(), listener, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }));
+    let ports = tokio::select! {
+        served = &mut server => return Ok(served.context("the HTTP server task")??),
+        ports = Ports::connect_waiting(&urls, gate.startup(), shutdown.clone()) => ports?,
+    };
+    if let Some(ports) = ports {
+        let app = glia_dispatcher::App::new(ports.log, ports.queue, ports.ledger, auth);
+        spawn_background(&app, Duration::from_secs(args.reconcile_every.max(1)), Duration::from_millis(args.metrics_sample_ms.max(100)));
+        gate.open(app);
+        info!("dispatcher ready: Postgres, RabbitMQ and Redis connected");
+    }
+    server.await.context("the HTTP server task")??;
+    Ok(())
 }
 
 /// `glia worker`: consume run jobs until SIGTERM, then finish the current
 /// steps, release leases and exit.
+///
+/// It connects to the services in the background ([`Ports::connect_waiting`]);
+/// with `--metrics-listen`, `/healthz` answers from the start and `/readyz`
+/// names what it waits for (then checks the live ports).
 pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     let caps = args.tenant_caps()?;
+    urls.check()?;
     let (metrics, provider_metrics) = args.metrics().unzip();
-    let agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics).await?;
-    let ports = Ports::connect(&urls).await?;
-    let agent = with_caps(agent, caps, &ports)?;
+    let metrics = metrics.map(Arc::new);
     let shutdown = shutdown_signal();
-    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0));
-    if let (Some(metrics), Some(addr)) = (metrics, args.metrics_listen) {
-        let metrics = Arc::new(metrics);
-        worker = worker.with_metrics(metrics.clone());
-        let listener = crate::observe::serve_metrics(addr, metrics, shutdown.clone());
+    let readiness = crate::observe::Readiness::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]));
+    if let (Some(metrics), Some(addr)) = (&metrics, args.metrics_listen) {
+        let listener = crate::observe::serve_metrics(addr, metrics.clone(), readiness.clone(), shutdown.clone());
         tokio::spawn(async move {
             if let Err(e) = listener.await {
                 tracing::error!("metrics endpoint: {e:#}");
             }
         });
+    }
+    let mut stop = shutdown.clone();
+    let agent = tokio::select! {
+        agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics, readiness.startup()) => agent?,
+        _ = stop.wait_for(|s| *s) => return Ok(()),
+    };
+    let Some(ports) = Ports::connect_waiting(&urls, readiness.startup(), shutdown.clone()).await? else { return Ok(()) };
+    readiness.connected(&ports);
+    info!("worker ready: Postgres, RabbitMQ and Redis connected");
+    let agent = with_caps(agent, caps, &ports)?;
+    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0));
+    if let Some(metrics) = metrics {
+        worker = worker.with_metrics(metrics);
     }
     Arc::new(worker).run(shutdown).await;
     Ok(())
@@ -324,10 +443,18 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
 /// provider rate-limited through Redis).
 pub async fn dev(urls: Urls, services: bool, workers: usize, worker_args: WorkerArgs, dispatcher_args: DispatcherArgs) -> Result<()> {
     let caps = worker_args.tenant_caps()?;
-    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str())), None).await?;
-    let ports = if services { Ports::connect(&urls).await? } else { Ports::memory() };
-    let agent = with_caps(agent, caps, &ports)?;
     let shutdown = shutdown_signal();
+    let startup = Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]);
+    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str())), None, &startup).await?;
+    let ports = match services {
+        // Waits for the services (logging why), like `glia dispatcher` and `glia worker`.
+        true => match Ports::connect_waiting(&urls, &startup, shutdown.clone()).await? {
+            Some(ports) => ports,
+            None => return Ok(()),
+        },
+        false => Ports::memory(),
+    };
+    let agent = with_caps(agent, caps, &ports)?;
     for n in 0..workers.max(1) {
         let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n)));
         tokio::spawn(w.run(shutdown.clone()));

@@ -10,12 +10,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Fleet;
+use common::{recording_dir, replay_fleet};
 use serde_json::Value;
-
-fn recording_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/tau-bench-airline")
-}
 
 fn trajectories() -> String {
     recording_dir().join("gpt-4o-airline.json").to_str().unwrap().to_owned()
@@ -93,15 +89,21 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
     assert!(stderr.contains("1 run(s) diverged and 0 failed of 3"), "{stderr}");
 }
 
+/// Nobody listens: after `--max-outage-secs` of retries the error names the
+/// server, the bound and the last error, and that nothing was submitted.
 #[test]
 fn an_unreachable_dispatcher_is_named() {
+    let server = format!("http://127.0.0.1:{}", common::free_port());
     let out = Command::new(env!("CARGO_BIN_EXE_glia"))
-        .args(["batch", &trajectories(), "--server", &format!("http://127.0.0.1:{}", common::free_port()), "--limit", "1"])
+        .args(["batch", &trajectories(), "--server", &server, "--limit", "1", "--max-outage-secs", "1"])
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to the dispatcher"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stderr.contains(&format!("the dispatcher at {server} did not answer for")), "{stderr}");
+    assert!(stderr.contains("--max-outage-secs 1); last error: ") && stderr.contains("onnection refused"), "{stderr}");
+    assert!(stderr.contains("0 run(s) still unfinished and 1 conversation(s) not submitted"), "{stderr}");
 }
 
 /// `glia dev --replay` on the vendored recording (in-memory fleet), as a
@@ -142,15 +144,6 @@ fn tempdir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("glia-batch-{}", uuid::Uuid::now_v7().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn replay_fleet() -> Fleet {
-    let mut fleet = Fleet::new(&[]);
-    fleet.worker_args = vec!["--replay".into(), recording_dir().to_str().unwrap().into()];
-    fleet.start_dispatcher();
-    fleet.start_worker(2_000);
-    fleet.start_worker(2_000);
-    fleet
 }
 
 #[test]

@@ -17,7 +17,9 @@
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | none | 200 | 503 `not_ready` |
 //!
 //! Any handler may answer 503 `log_unavailable` / `queue_unavailable` when a
-//! backing store fails.
+//! backing store fails, and every route but `/healthz` and `/readyz` answers
+//! 503 `not_ready` (with `Retry-After: 1`) while the dispatcher is still
+//! connecting to its services at start ([`crate::startup`]).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -779,6 +781,11 @@ pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
 pub async fn healthz() -> Json<Health> {
+    healthz_answer()
+}
+
+/// The answer of `/healthz`: `{"status": "ok"}`.
+pub fn healthz_answer() -> Json<Health> {
     Json(Health { status: "ok".into(), checks: BTreeMap::new() })
 }
 
@@ -786,19 +793,15 @@ pub async fn healthz() -> Json<Health> {
 /// [`crate::Limits::ready_timeout`]. 503 `not_ready` names the failures.
 #[utoipa::path(get, path = "/readyz", tag = "ops", responses((status = 200, body = Health), (status = 503, body = NotReady)))]
 pub async fn readyz(State(app): State<App>) -> Response {
-    let t = app.limits.ready_timeout;
-    let timed = |r: Result<Result<(), String>, tokio::time::error::Elapsed>| match r {
-        Ok(Ok(())) => "ok".to_owned(),
-        Ok(Err(e)) => e,
-        Err(_) => format!("no answer within {} ms", t.as_millis()),
-    };
-    let (log, queue, ledger) = tokio::join!(
-        tokio::time::timeout(t, async { app.log.ready().await.map_err(|e| e.to_string()) }),
-        tokio::time::timeout(t, async { app.queue.depth().await.map(|_| ()).map_err(|e| e.to_string()) }),
-        tokio::time::timeout(t, async { app.ledger.ready().await.map_err(|e| e.to_string()) }),
-    );
-    let checks: BTreeMap<String, String> =
-        [("event_log", timed(log)), ("job_queue", timed(queue)), ("ledger", timed(ledger))].into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    readiness_answer(glia_backends::readiness(app.log.as_ref(), app.queue.as_ref(), app.ledger.as_ref(), app.limits.ready_timeout).await)
+}
+
+/// The answer of a readiness probe from its checks (dependency → `ok` or
+/// why not): 200 [`Health`] `ready` when every check is `ok`, else 503
+/// [`NotReady`] (`not_ready`, the message naming each failing dependency).
+/// Served by the dispatcher's `/readyz`, while it starts, and by a worker's
+/// `--metrics-listen`.
+pub fn readiness_answer(checks: BTreeMap<String, String>) -> Response {
     let failed: Vec<String> = checks.iter().filter(|(_, v)| *v != "ok").map(|(k, v)| format!("{k}: {v}")).collect();
     if failed.is_empty() {
         return Json(Health { status: "ready".into(), checks }).into_response();

@@ -106,7 +106,9 @@ impl Fleet {
         self.dir.join("effects.log")
     }
 
-    fn command(&self, args: &[&str]) -> Command {
+    /// `glia ARGS` with the fleet's environment (services, queue, prefix),
+    /// stdin and stdout closed, stderr inherited.
+    pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
         cmd.args(args)
             .env("GLIA_DATABASE_URL", &self.db_url)
@@ -124,19 +126,26 @@ impl Fleet {
         cmd
     }
 
-    /// Start the dispatcher and wait until it answers.
+    /// Start the dispatcher and wait until it is ready (`/readyz` 200).
     pub fn start_dispatcher(&mut self) {
+        self.spawn_dispatcher();
+        wait_status(&format!("{}/readyz", self.server), 200, Duration::from_secs(60));
+    }
+
+    /// Start the dispatcher without waiting for it.
+    pub fn spawn_dispatcher(&mut self) {
         let listen = format!("127.0.0.1:{}", self.dispatcher_port);
         let child = self.command(&["dispatcher", "--listen", &listen, "--reconcile-every", "1"]).spawn().expect("dispatcher starts");
         self.dispatcher = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if http("GET", &format!("{}/healthz", self.server), None).is_ok_and(|(s, _)| s == 200) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("dispatcher did not come up");
+    }
+
+    /// `kill -9` the dispatcher, then start a new one on the same address
+    /// and wait until it is ready.
+    pub fn restart_dispatcher(&mut self) {
+        let mut old = self.dispatcher.take().expect("a dispatcher runs");
+        old.kill().expect("kill -9 the dispatcher");
+        old.wait().unwrap();
+        self.start_dispatcher();
     }
 
     /// Start one more worker process.
@@ -262,6 +271,20 @@ fn delete_queue_topology(url: &str, queue: &str) {
     let _ = done.join();
 }
 
+/// Poll `url` until it answers `status` (panics after `timeout` with the
+/// last answer).
+pub fn wait_status(url: &str, status: u16, timeout: Duration) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let answer = http("GET", url, None);
+        match &answer {
+            Ok((s, body)) if *s == status => return body.clone(),
+            _ => assert!(Instant::now() < deadline, "{url} did not answer {status} within {timeout:?}: {answer:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A blocking JSON HTTP call: `(status, body)`.
 pub fn http(method: &str, url: &str, body: Option<Value>) -> Result<(u16, Value), String> {
     let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().map_err(|e| e.to_string())?;
@@ -273,6 +296,22 @@ pub fn http(method: &str, url: &str, body: Option<Value>) -> Result<(u16, Value)
     let status = resp.status().as_u16();
     let text = resp.text().map_err(|e| e.to_string())?;
     Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+/// The vendored tau-bench airline recording (`examples/tau-bench-airline`).
+pub fn recording_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/tau-bench-airline")
+}
+
+/// A fleet replaying [`recording_dir`]: a dispatcher and two `--replay`
+/// workers (2 s leases), started and ready.
+pub fn replay_fleet() -> Fleet {
+    let mut fleet = Fleet::new(&[]);
+    fleet.worker_args = vec!["--replay".into(), recording_dir().to_str().unwrap().into()];
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    fleet.start_worker(2_000);
+    fleet
 }
 
 /// The scripts of the mixed batch, by name.
