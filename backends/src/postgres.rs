@@ -690,6 +690,8 @@ const INSERT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, seq, state, st
      ON CONFLICT (run_id, seq) DO NOTHING";
 const PRUNE_CHECKPOINTS: &str = "DELETE FROM checkpoints WHERE run_id = $1 AND seq < $2";
 
+const LOCK_FOR_POST: &str = "SELECT status, EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = 'cancel' AND NOT consumed) AS cancel_pending \
+     FROM runs WHERE id = $1 FOR NO KEY UPDATE";
 const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) VALUES ($1, $2, $3::text::jsonb, $4) \
      ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING \
      RETURNING id, (SELECT head_seq FROM runs WHERE id = $1) AS head_seq";
@@ -1019,6 +1021,19 @@ impl EventLog for PgLog {
             let fail = |e: tokio_postgres::Error| write_error(run_id, "post", &e);
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(fail)?;
+            // Serialised with the run's other posts and its commits (which
+            // lock the row too): a cancel or the end is seen here.
+            let lock = tx.prepare_cached(LOCK_FOR_POST).await.map_err(fail)?;
+            let run = tx.query_opt(&lock, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
+            if col::<String>(&run, "status")? == "done" {
+                return Err(LogError::Finished(run_id));
+            }
+            if col::<bool>(&run, "cancel_pending")? {
+                return Err(match key.as_deref() {
+                    Some(crate::CANCEL_KEY) => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
+                    _ => LogError::Cancelled(run_id),
+                });
+            }
             let insert = tx.prepare_cached(INSERT_INBOX).await.map_err(fail)?;
             let row = match tx.query_opt(&insert, &[&run_id, &key, &cell.text, &cell.raw]).await {
                 Ok(row) => row,

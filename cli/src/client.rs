@@ -85,6 +85,8 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
             .with_context(|| format!("parsing config {}", p.display()))?,
         None => RunConfig::default(),
     };
+    // What the dispatcher would refuse (422) is refused here, before anything is sent.
+    config.validate().map_err(|e| anyhow::anyhow!("invalid run config: {e}"))?;
     let client = http_client()?;
     let mut req = args.server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": args.goal, "config": config }));
     if let Some(key) = &args.idempotency_key {

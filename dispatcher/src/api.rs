@@ -9,10 +9,11 @@
 //! | `GET /v1/runs/{id}/events/stream` | any | 200 SSE | 404 `run_not_found`, 400 `invalid_header` |
 //! | `GET /v1/approvals` | approve | 200 page | – |
 //! | `POST /v1/approvals` | approve | 200 per-item results | – |
-//! | `POST /v1/runs/{id}/approvals/{call_id}` | approve | 202 | 404 `run_not_found` / `call_not_found` / `approval_not_found`, 409 `already_decided` / `stale_args` / `run_finished` |
-//! | `POST /v1/runs/{id}/tool-results/{call_id}` | submit | 202 | 404 `run_not_found` / `call_not_found`, 409 `not_external` / `already_answered` / `run_finished` |
-//! | `POST /v1/runs/{id}/messages` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` |
-//! | `POST /v1/runs/{id}/resume` | submit or approve | 202 | 404, 409 `not_paused` / `already_posted` / `run_finished` |
+//! | `POST /v1/runs/{id}/approvals/{call_id}` | approve | 202 | 404 `run_not_found` / `call_not_found` / `approval_not_found`, 409 `already_decided` / `stale_args` / `run_finished` / `run_cancelled` |
+//! | `POST /v1/runs/{id}/tool-results/{call_id}` | submit | 202 | 404 `run_not_found` / `call_not_found`, 409 `not_external` / `already_answered` / `run_finished` / `run_cancelled` |
+//! | `POST /v1/runs/{id}/messages` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` / `run_cancelled` |
+//! | `POST /v1/runs/{id}/resume` | submit or approve | 202 | 404, 409 `not_paused` / `already_posted` / `run_finished` / `run_cancelled` |
+//! | `POST /v1/runs/{id}/close` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/cancel` | submit | 202 | 404, 409 `run_finished`, 503 `ledger_unavailable` |
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | none | 200 | 503 `not_ready` |
 //!
@@ -383,53 +384,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(s.to_owned()))
 }
 
-static TOOL_NAME: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
-
-/// Checks a worker would otherwise fail on late: the dispatcher refuses them at admission.
+/// Checks a worker would otherwise fail on late: the dispatcher refuses them
+/// at admission, naming the field ([`RunConfig::validate`]: tool and output
+/// schemas are compiled as JSON Schema).
 fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
-    let bad = |m: String| Err(ApiError::Invalid(m));
     if req.goal.trim().is_empty() {
-        return bad("`goal` is blank".into());
+        return Err(ApiError::InvalidField { field: "goal".into(), reason: "is blank".into() });
     }
-    let c = &req.config;
-    if c.model.trim().is_empty() {
-        return bad("`config.model` is blank".into());
-    }
-    if c.max_model_calls_per_turn == 0 {
-        return bad("`config.max_model_calls_per_turn` must be at least 1".into());
-    }
-    if c.max_tokens == 0 {
-        return bad("`config.max_tokens` must be at least 1".into());
-    }
-    let mut names = std::collections::HashSet::new();
-    for t in &c.external_tools {
-        if !TOOL_NAME.is_match(&t.name) {
-            return bad(format!("external tool name {:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name));
-        }
-        if !names.insert(t.name.as_str()) {
-            return bad(format!("external tool {:?} is listed twice", t.name));
-        }
-        if !t.input_schema.is_object() {
-            return bad(format!("external tool {:?}: `input_schema` must be a JSON Schema object", t.name));
-        }
-    }
-    for (i, p) in c.policies.iter().enumerate() {
-        if p.tool.trim().is_empty() {
-            return bad(format!("policy {i}: `tool` is blank (use \"*\" for any tool)"));
-        }
-        if let Some(re) = &p.args
-            && let Err(e) = regex::RegexBuilder::new(re).size_limit(1 << 20).build()
-        {
-            return bad(format!("policy {i}: `args` is not a valid regex: {e}"));
-        }
-    }
-    if let Some(schema) = &c.output_schema
-        && !schema.is_object()
-        && !schema.is_boolean()
-    {
-        return bad("`config.output_schema` must be a JSON Schema (an object)".into());
-    }
-    Ok(())
+    req.config.validate().map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason })
 }
 
 async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static str), glia_backends::LogError> {
@@ -568,6 +530,17 @@ async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, bod
         && *got != call.args_hash
     {
         return Err(ApiError::StaleArgs { expected: call.args_hash.clone(), got: got.clone() });
+    }
+    // Edited arguments are checked like the model's: against the tool's schema.
+    if let Decision::Edit { input } = &decision
+        && let Some(spec) = state.step_tools.iter().find(|t| t.name == call.name)
+        && let Ok(validator) = jsonschema::validator_for(&spec.input_schema)
+    {
+        let problems: Vec<String> = validator.iter_errors(input).map(|e| format!("{} at '{}'", e, e.instance_path())).collect();
+        if !problems.is_empty() {
+            let reason = format!("does not match the input schema of {}: {}", call.name, problems.join("; "));
+            return Err(ApiError::InvalidField { field: "input".into(), reason });
+        }
     }
     let payload = Resume::Approval { call_id: call_id.clone(), args_hash: call.args_hash.clone(), decision: decision.clone(), by: Some(p.by()), request_seq: call.requested_seq };
     let (id, kind) = post(app, run_id, payload).await.map_err(|e| match e {
@@ -714,9 +687,12 @@ pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
 /// Posts a `cancel` payload (durable: the worker that next holds the run
 /// records `session.cancel` and the run is done) and sets the run's cancel
 /// flag in the ledger, so a worker busy with the run stops cooperatively: an
-/// in-flight model stream is aborted; a running tool finishes or times out
-/// and its result is kept. A second cancel while the first waits in the
-/// inbox answers 202 with the same inbox id.
+/// in-flight model stream is aborted; a tool call already running may
+/// finish within its grace period (`cancel_grace_ms` of its tool, default
+/// 5 s) and its result is recorded; one still running then is abandoned
+/// with an `outcome_unknown` error. A second cancel while the first waits in
+/// the inbox answers 202 with the same inbox id; any other payload posted
+/// from now on answers 409 `run_cancelled`.
 #[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "payloads", request_body(content = CancelBody, description = "May be empty"),
     params(("id" = Uuid, Path, description = "Run id")),
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
@@ -731,7 +707,19 @@ pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
     let pending = app.log.inbox(id).await?.into_iter().find(|i| matches!(i.payload, Resume::Cancel { .. }));
     let inbox_id = match pending {
         Some(item) => item.id,
-        None => post(&app, id, Resume::Cancel { reason: reason.clone() }).await?.0,
+        None => match post(&app, id, Resume::Cancel { reason: reason.clone() }).await {
+            Ok((inbox_id, _)) => inbox_id,
+            // A concurrent cancel got there first: answer with it.
+            Err(glia_backends::LogError::Duplicate { .. }) => app
+                .log
+                .inbox(id)
+                .await?
+                .into_iter()
+                .find(|i| matches!(i.payload, Resume::Cancel { .. }))
+                .map(|i| i.id)
+                .ok_or(ApiError::RunFinished(id))?,
+            Err(e) => return Err(e.into()),
+        },
     };
     // The durable part is done; the flag only makes a busy worker stop sooner.
     if let Err(e) = app.ledger.cancel(id).await {
