@@ -222,7 +222,7 @@ async fn invalid_config_is_refused_before_anything_is_recorded() {
         ..RunConfig::default()
     };
     let err = agent.start(run_id(), "go", bad_policy, &mut log).await.unwrap_err();
-    assert!(matches!(err, AgentError::Config(ref m) if m.contains("invalid regex")), "{err:?}");
+    assert!(matches!(err, AgentError::Config(ref m) if m.contains("policies[0].args: not a valid regex")), "{err:?}");
     let unknown_tool = RunConfig { tools: Some(vec!["nope".into()]), ..RunConfig::default() };
     assert!(matches!(agent.start(run_id(), "go", unknown_tool, &mut log).await, Err(AgentError::Config(_))));
     assert!(log.is_empty());
