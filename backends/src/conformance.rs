@@ -302,6 +302,11 @@ pub async fn lists_runs(log: &dyn EventLog) {
     assert!(parked.is_empty());
     let other = log.list_runs(&RunFilter { tenant: Some("nobody".into()), limit: 100, ..Default::default() }).await.unwrap();
     assert!(other.is_empty());
+    // Filters no stored name can match (U+0000) match nothing; they are not errors.
+    let nul = log.list_runs(&RunFilter { tenant: Some("a\0b".into()), limit: 100, ..Default::default() }).await;
+    assert!(nul.is_ok_and(|r| r.is_empty()));
+    let nul = log.approvals(&ApprovalFilter { tenant: Some("a\0".into()), tool: Some("t\0".into()), limit: 100, ..Default::default() }).await;
+    assert!(nul.is_ok_and(|r| r.is_empty()));
 }
 
 /// Run every check, each on a fresh log from `fresh`.

@@ -798,7 +798,11 @@ impl EventLog for PgLog {
     }
 
     /// Filters become SQL predicates (one cached statement per combination).
+    /// A tenant filter with U+0000 (which `text` cannot hold) matches nothing.
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError> {
+        if filter.tenant.as_deref().is_some_and(|t| t.contains('\0')) {
+            return Ok(Vec::new());
+        }
         let mut select = Select::new(format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE true"));
         if let Some(tenant) = &filter.tenant {
             select.and("tenant =", tenant.clone());
@@ -1082,7 +1086,11 @@ impl EventLog for PgLog {
     }
 
     /// Oldest first by request time (the event's), then by insertion.
+    /// A tenant or tool filter with U+0000 (which `text` cannot hold) matches nothing.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
+        if [&filter.tenant, &filter.tool].into_iter().flatten().any(|t| t.contains('\0')) {
+            return Ok(Vec::new());
+        }
         let mut select = Select::new(
             "SELECT run_id, tenant, call_id, tool, input::text AS input, args_hash, status, requested_at, expires_at, escalated, interrupted FROM approvals WHERE true",
         );

@@ -71,6 +71,7 @@ pub fn routes() -> OpenApiRouter<App> {
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
     /// The goal, the run's first user message; not blank.
+    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
     pub goal: String,
     /// The run's configuration (all fields optional).
     #[serde(default)]
@@ -97,7 +98,7 @@ pub struct RunPage {
 #[serde(deny_unknown_fields)]
 pub struct ListRunsQuery {
     /// `runnable`, `parked` or `done`.
-    #[param(value_type = Option<String>)]
+    #[param(inline, value_type = Option<crate::docs::RunStatusDoc>)]
     pub status: Option<RunStatus>,
     /// Only runs of this batch.
     pub batch_id: Option<Uuid>,
@@ -106,6 +107,7 @@ pub struct ListRunsQuery {
     /// Cursor: the `next` of the previous page.
     pub after: Option<Uuid>,
     /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -117,6 +119,7 @@ pub struct EventsQuery {
     /// Only events with `seq > after` (default 0).
     pub after: Option<u64>,
     /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -149,13 +152,14 @@ pub enum ApprovalStatusFilter {
 #[serde(deny_unknown_fields)]
 pub struct ApprovalsQuery {
     /// `pending` (default) or `all`.
-    #[param(value_type = Option<String>)]
+    #[param(inline, value_type = Option<ApprovalStatusFilter>)]
     pub status: Option<ApprovalStatusFilter>,
     /// Only this tool's.
     pub tool: Option<String>,
     /// Only this run's.
     pub run_id: Option<Uuid>,
     /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -181,7 +185,10 @@ pub enum DecisionKind {
 
 /// Body of `POST /v1/runs/{id}/approvals/{call_id}`:
 /// `{"decision": "approve"|"reject"|"edit", "reason": "…", "input": {…}, "args_hash": "…"}`.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+/// Documented by the hand-written [`crate::docs::DecisionBodyDoc`] (`input`
+/// is required for `edit` and refused otherwise, which a derived schema
+/// cannot say).
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionBody {
     /// The decision.
@@ -214,8 +221,9 @@ impl DecisionBody {
     }
 }
 
-/// One decision of a bulk request.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+/// One decision of a bulk request (documented by the hand-written
+/// [`crate::docs::BulkDecisionDoc`], as [`DecisionBody`]).
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BulkDecision {
     /// The run.
@@ -239,7 +247,8 @@ pub struct BulkDecision {
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BulkDecisions {
-    /// The decisions, applied in order, each on its own.
+    /// The decisions, applied in order, each on its own; at most 100.
+    #[schema(value_type = Vec<crate::docs::BulkDecisionDoc>, max_items = 100)]
     pub decisions: Vec<BulkDecision>,
 }
 
@@ -299,6 +308,7 @@ pub struct ToolResultBody {
 #[serde(deny_unknown_fields)]
 pub struct MessageBody {
     /// The user's next message; not blank.
+    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
     pub text: String,
 }
 
@@ -327,8 +337,9 @@ pub struct CancelBody {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CloseBody {
-    /// Recorded as the user's last message before the run completes.
+    /// Recorded as the user's last message before the run completes; not blank.
     #[serde(default)]
+    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
     pub text: Option<String>,
 }
 
@@ -349,6 +360,26 @@ pub struct NotReady {
     pub error: ErrorDetail,
     /// Each check → `ok` or its failure.
     pub checks: BTreeMap<String, String>,
+}
+
+/// The component schema each request body is checked against (see [`crate::extract::Documented`]).
+macro_rules! documented {
+    ($($ty:ty => $name:literal),* $(,)?) => {
+        $(impl crate::extract::Documented for $ty {
+            const SCHEMA: &'static str = $name;
+        })*
+    };
+}
+
+documented! {
+    CreateRun => "CreateRun",
+    DecisionBody => "DecisionBody",
+    BulkDecisions => "BulkDecisions",
+    ToolResultBody => "ToolResultBody",
+    MessageBody => "MessageBody",
+    ResumeBody => "ResumeBody",
+    CancelBody => "CancelBody",
+    CloseBody => "CloseBody",
 }
 
 // ----- helpers -----------------------------------------------------------------
@@ -513,8 +544,8 @@ async fn approval_row(app: &App, run_id: Uuid, call_id: &str) -> Result<Option<A
 }
 
 async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, body: &DecisionBody) -> Result<Accepted, ApiError> {
-    let run = visible_run(app, p, run_id).await?;
     let decision = body.to_decision()?;
+    let run = visible_run(app, p, run_id).await?;
     not_done(&run)?;
     let state = app.log.load(run_id).await?;
     let Some(call) = state.call(&call_id) else {
@@ -562,7 +593,7 @@ async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, bod
 /// edit (replacement arguments). The first decision wins; a second answers
 /// 409 `already_decided`. The decision binds to the pending call's
 /// `args_hash` (quote it as `args_hash` to refuse a stale view: 409 `stale_args`).
-#[utoipa::path(post, path = "/v1/runs/{id}/approvals/{call_id}", tag = "approvals", request_body = DecisionBody,
+#[utoipa::path(post, path = "/v1/runs/{id}/approvals/{call_id}", tag = "approvals", request_body = crate::docs::DecisionBodyDoc,
     params(("id" = Uuid, Path, description = "Run id"), ("call_id" = String, Path, description = "Tool call id")),
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
@@ -583,9 +614,14 @@ pub async fn decide_bulk(State(app): State<App>, p: Principal, ApiJson(body): Ap
     if body.decisions.len() > app.limits.max_bulk {
         return Err(ApiError::Invalid(format!("at most {} decisions per request", app.limits.max_bulk)));
     }
+    // The shape of every decision first: a malformed one refuses the whole request.
+    let singles: Vec<DecisionBody> =
+        body.decisions.iter().map(|d| DecisionBody { decision: d.decision, reason: d.reason.clone(), input: d.input.clone(), args_hash: d.args_hash.clone() }).collect();
+    for (i, single) in singles.iter().enumerate() {
+        single.to_decision().map_err(|e| ApiError::InvalidField { field: format!("decisions[{i}].input"), reason: e.to_string() })?;
+    }
     let mut results = Vec::with_capacity(body.decisions.len());
-    for d in body.decisions {
-        let single = DecisionBody { decision: d.decision, reason: d.reason, input: d.input, args_hash: d.args_hash };
+    for (d, single) in body.decisions.into_iter().zip(singles) {
         let result = match decide_one(&app, &p, d.run_id, d.call_id.clone(), &single).await {
             Ok(accepted) => BulkItemResult { run_id: d.run_id, call_id: d.call_id, status: 202, accepted: Some(accepted), error: None },
             Err(e) => BulkItemResult { run_id: d.run_id, call_id: d.call_id, status: e.status().as_u16(), accepted: None, error: Some(e.body().error) },

@@ -126,6 +126,15 @@ pub enum ApiError {
     /// 422 `invalid_body`: JSON of the wrong shape (wrong types, missing or unknown fields).
     #[error("invalid request body: {0}")]
     InvalidBody(String),
+    /// 422 `invalid_body` naming the place (`field` in the body): the body
+    /// does not conform to its schema in the OpenAPI document.
+    #[error("invalid request body: {field}: {reason}")]
+    BodyAt {
+        /// Path of the offending value from the body's root, e.g. `config.budget`.
+        field: String,
+        /// What the document's schema says is wrong.
+        reason: String,
+    },
     /// 415 `unsupported_media_type`: a body without `Content-Type: application/json`.
     #[error("expected `Content-Type: application/json`")]
     UnsupportedMediaType,
@@ -195,7 +204,7 @@ impl ApiError {
             AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_)
             | AlreadyPosted { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
             MalformedJson(_) | BodyRead(_) | InvalidQuery(_) | InvalidPath(_) | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
-            InvalidBody(_) | Invalid(_) | InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            InvalidBody(_) | BodyAt { .. } | Invalid(_) | InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             LogUnavailable(_) | QueueUnavailable(_) | LedgerUnavailable(_) | NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -226,7 +235,7 @@ impl ApiError {
             RunCancelled(_) => "run_cancelled",
             IdempotencyConflict(_) => "idempotency_conflict",
             MalformedJson(_) => "malformed_json",
-            InvalidBody(_) => "invalid_body",
+            InvalidBody(_) | BodyAt { .. } => "invalid_body",
             UnsupportedMediaType => "unsupported_media_type",
             BodyTooLarge(_) => "body_too_large",
             BodyRead(_) => "body_unreadable",
@@ -245,7 +254,7 @@ impl ApiError {
     /// The JSON body.
     pub fn body(&self) -> ErrorBody {
         let field = match self {
-            ApiError::InvalidField { field, .. } => Some(field.clone()),
+            ApiError::InvalidField { field, .. } | ApiError::BodyAt { field, .. } => Some(field.clone()),
             _ => None,
         };
         ErrorBody { error: ErrorDetail { code: self.code().to_owned(), message: self.to_string(), field } }
