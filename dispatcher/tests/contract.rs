@@ -104,16 +104,8 @@ async fn after_a_cancel_every_payload_endpoint_answers_409() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edited_arguments_must_match_the_tools_schema() {
     let real = Real::start().await;
-    let spec = ToolSpec {
-        name: "refund".into(),
-        description: "Refund an order.".into(),
-        input_schema: json!({"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"], "additionalProperties": false}),
-        idempotent: false,
-        timeout_ms: 1000,
-        external: true,
-        return_direct: false,
-        cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
-    };
+    let schema = json!({"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"], "additionalProperties": false});
+    let spec = ToolSpec { external: true, ..ToolSpec::new("refund", "Refund an order.", schema) };
     let id = real.create(SUB_B, json!({"goal": "refund", "config": {"external_tools": [spec]}})).await;
     park_for_approval_with_tools(&*real.log, id, &[("c1", "refund", json!({"amount": 1}))], vec![spec.clone()]).await;
     let bad = real.post(&format!("/v1/runs/{id}/approvals/c1"), SUB_B, json!({"decision": "edit", "input": {"amount": "all of it"}})).await;

@@ -149,6 +149,24 @@ pub struct ToolSpec {
     pub cancel_grace_ms: u64,
 }
 
+impl ToolSpec {
+    /// A tool the worker runs, with the defaults: not idempotent, a 30 s
+    /// timeout, no hand-off, a [`DEFAULT_CANCEL_GRACE_MS`] grace. Set
+    /// `external: true` (struct update) for a tool the caller executes.
+    pub fn new(name: impl Into<String>, description: impl Into<String>, input_schema: Value) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            input_schema,
+            idempotent: false,
+            timeout_ms: default_timeout_ms(),
+            external: false,
+            return_direct: false,
+            cancel_grace_ms: DEFAULT_CANCEL_GRACE_MS,
+        }
+    }
+}
+
 /// Default [`ToolSpec::cancel_grace_ms`]: 5 s.
 pub const DEFAULT_CANCEL_GRACE_MS: u64 = 5_000;
 

@@ -24,16 +24,8 @@ const AGAINST_SCHEMA: &str = r#"{"ticker": 5, "extra": true}"#;
 const VALID: &str = r#"{"ticker": "MSFT"}"#;
 
 fn config() -> RunConfig {
-    let spec = ToolSpec {
-        name: "get_stock".into(),
-        description: "The stock price of a ticker.".into(),
-        input_schema: json!({"type": "object", "properties": {"ticker": {"type": "string"}}, "required": ["ticker"], "additionalProperties": false}),
-        idempotent: false,
-        timeout_ms: 30_000,
-        external: true,
-        return_direct: false,
-        cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
-    };
+    let schema = json!({"type": "object", "properties": {"ticker": {"type": "string"}}, "required": ["ticker"], "additionalProperties": false});
+    let spec = ToolSpec { external: true, ..ToolSpec::new("get_stock", "The stock price of a ticker.", schema) };
     RunConfig { model: "m".into(), external_tools: vec![spec], max_tokens: 256, ..RunConfig::default() }
 }
 
