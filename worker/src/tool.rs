@@ -162,7 +162,13 @@ pub fn check_arguments(name: &str, validator: &jsonschema::Validator, input: &Va
     let again = format!("Call {name} again with a JSON object matching its input schema.");
     let problem = match input {
         Value::Object(_) => {
-            let problems: Vec<String> = validator.iter_errors(input).map(|e| format!("{} at '{}'", e, e.instance_path())).collect();
+            let problems: Vec<String> = validator
+                .iter_errors(input)
+                .map(|e| match e.instance_path().to_string() {
+                    at if at.is_empty() => e.to_string(),
+                    at => format!("{e} at '{at}'"),
+                })
+                .collect();
             if problems.is_empty() {
                 return Ok(());
             }
