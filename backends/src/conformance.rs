@@ -237,6 +237,32 @@ pub async fn ending_a_run_closes_its_approvals(log: &dyn EventLog) {
     assert_eq!(log.gauges(Utc::now()).await.unwrap().approvals_pending, 0);
 }
 
+/// Once a cancel is posted nothing else is taken (a second cancel is a
+/// duplicate); once the run is done, nothing at all.
+pub async fn nothing_is_taken_after_a_cancel(log: &dyn EventLog) {
+    let s = sample_log();
+    log.create_run(new_run(&format!("t-{}", s.run_id), None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
+    let hash = args_hash(&json!({"order": "A1", "amount": 30}));
+    let approval = Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None };
+    let cancel = log.post(s.run_id, Resume::Cancel { reason: "stop".into() }).await.unwrap();
+    let refused = log.post(s.run_id, approval.clone()).await;
+    assert!(matches!(refused, Err(LogError::Cancelled(id)) if id == s.run_id), "an approval after a cancel: {refused:?}");
+    let refused = log.post(s.run_id, Resume::Resume { by: None }).await;
+    assert!(matches!(refused, Err(LogError::Cancelled(_))), "a resume after a cancel: {refused:?}");
+    let again = log.post(s.run_id, Resume::Cancel { reason: "again".into() }).await;
+    assert!(matches!(again, Err(LogError::Duplicate { .. })), "a second cancel: {again:?}");
+    assert_eq!(log.inbox(s.run_id).await.unwrap().iter().map(|i| i.id).collect::<Vec<_>>(), [cancel], "only the cancel waits");
+    let end = Event { run_id: s.run_id, seq: s.parked.len() as u64 + 1, at: Utc::now(), kind: EventKind::SessionCancel { reason: "stop".into() } };
+    let all = [s.parked.clone(), vec![end.clone()]].concat();
+    log.commit(&lease, &[end], &state_after(s.run_id, &all), &[cancel]).await.unwrap();
+    let refused = log.post(s.run_id, approval).await;
+    assert!(matches!(refused, Err(LogError::Finished(_))), "an approval to a finished run: {refused:?}");
+    let refused = log.post(s.run_id, Resume::Cancel { reason: "late".into() }).await;
+    assert!(matches!(refused, Err(LogError::Finished(_))), "a cancel to a finished run: {refused:?}");
+}
+
 /// The outbox drains; runnable runs without a live lease are orphaned; parked
 /// and leased runs are not.
 pub async fn outbox_and_orphans(log: &dyn EventLog) {
@@ -277,6 +303,11 @@ pub async fn lists_runs(log: &dyn EventLog) {
     assert!(parked.is_empty());
     let other = log.list_runs(&RunFilter { tenant: Some("nobody".into()), limit: 100, ..Default::default() }).await.unwrap();
     assert!(other.is_empty());
+    // Filters no stored name can match (U+0000) match nothing; they are not errors.
+    let nul = log.list_runs(&RunFilter { tenant: Some("a\0b".into()), limit: 100, ..Default::default() }).await;
+    assert!(nul.is_ok_and(|r| r.is_empty()));
+    let nul = log.approvals(&ApprovalFilter { tenant: Some("a\0".into()), tool: Some("t\0".into()), limit: 100, ..Default::default() }).await;
+    assert!(nul.is_ok_and(|r| r.is_empty()));
 }
 
 /// Run every check, each on a fresh log from `fresh`.
@@ -286,6 +317,7 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     load_equals_replay(&fresh().await).await;
     inbox_and_approvals(&fresh().await).await;
     ending_a_run_closes_its_approvals(&fresh().await).await;
+    nothing_is_taken_after_a_cancel(&fresh().await).await;
     an_interrupted_call_is_marked_in_the_queue(&fresh().await).await;
     outbox_and_orphans(&fresh().await).await;
     lists_runs(&fresh().await).await;

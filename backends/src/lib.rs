@@ -273,6 +273,13 @@ pub enum LogError {
         /// What, e.g. `approval call_3`.
         what: String,
     },
+    /// A cancel waits in the run's inbox: no other payload is taken (the
+    /// run ends cancelled as soon as a worker applies it).
+    #[error("run {0} is being cancelled; nothing but the cancel is taken")]
+    Cancelled(Uuid),
+    /// The run is done: no payload is taken.
+    #[error("run {0} is finished")]
+    Finished(Uuid),
     /// The events do not apply to the run's state (a bug in the caller).
     #[error("run {run_id}: invalid events: {reason}")]
     Invalid {
@@ -329,8 +336,13 @@ pub trait EventLog: Send + Sync {
 
     /// Queue a payload for a parked run and write a job. A payload with a
     /// dedupe key already used for the run (an approval or an external
-    /// result for the same call) is refused with [`LogError::Duplicate`].
-    /// Validation against the run's state is the caller's.
+    /// result for the same call, a second cancel) is refused with
+    /// [`LogError::Duplicate`]. Atomically with the write, and serialised
+    /// with other posts and commits of the run: a run that is done refuses
+    /// every payload ([`LogError::Finished`]); a run with a cancel waiting in
+    /// its inbox refuses every other payload ([`LogError::Cancelled`]), so
+    /// nothing posted after a cancel is accepted. Other validation against
+    /// the run's state is the caller's.
     async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError>;
 
     /// The run's unconsumed inbox items, oldest first.
@@ -421,7 +433,8 @@ pub struct LogGauges {
 
 /// The dedupe key of a payload: approvals are accepted once per approval
 /// request (its `request_seq`; without one, per call and arguments hash),
-/// external results once per call; other payloads are not deduplicated. So
+/// external results once per call, a cancel once ([`CANCEL_KEY`]); other
+/// payloads are not deduplicated. So
 /// a call that is asked about again (after a crash), or a later call that
 /// reuses a call id (some providers number ids per response), can still be
 /// decided.
@@ -430,9 +443,14 @@ pub fn dedupe_key(payload: &Resume) -> Option<String> {
         Resume::Approval { call_id, request_seq: Some(seq), .. } => Some(format!("approval:{call_id}:{seq}")),
         Resume::Approval { call_id, args_hash, .. } => Some(format!("approval:{call_id}:{args_hash}")),
         Resume::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
+        Resume::Cancel { .. } => Some(CANCEL_KEY.to_owned()),
         _ => None,
     }
 }
+
+/// The dedupe key of a cancel: one cancel waits in an inbox at a time, and
+/// while it waits [`EventLog::post`] takes nothing else ([`LogError::Cancelled`]).
+pub const CANCEL_KEY: &str = "cancel";
 
 /// What a dedupe key names, for [`LogError::Duplicate`]: `approval call_3`.
 pub fn dedupe_what(key: &str) -> String {

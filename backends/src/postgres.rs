@@ -690,6 +690,8 @@ const INSERT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, seq, state, st
      ON CONFLICT (run_id, seq) DO NOTHING";
 const PRUNE_CHECKPOINTS: &str = "DELETE FROM checkpoints WHERE run_id = $1 AND seq < $2";
 
+const LOCK_FOR_POST: &str = "SELECT status, EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = 'cancel' AND NOT consumed) AS cancel_pending \
+     FROM runs WHERE id = $1 FOR NO KEY UPDATE";
 const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) VALUES ($1, $2, $3::text::jsonb, $4) \
      ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING \
      RETURNING id, (SELECT head_seq FROM runs WHERE id = $1) AS head_seq";
@@ -796,7 +798,11 @@ impl EventLog for PgLog {
     }
 
     /// Filters become SQL predicates (one cached statement per combination).
+    /// A tenant filter with U+0000 (which `text` cannot hold) matches nothing.
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError> {
+        if filter.tenant.as_deref().is_some_and(|t| t.contains('\0')) {
+            return Ok(Vec::new());
+        }
         let mut select = Select::new(format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE true"));
         if let Some(tenant) = &filter.tenant {
             select.and("tenant =", tenant.clone());
@@ -1019,6 +1025,19 @@ impl EventLog for PgLog {
             let fail = |e: tokio_postgres::Error| write_error(run_id, "post", &e);
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(fail)?;
+            // Serialised with the run's other posts and its commits (which
+            // lock the row too): a cancel or the end is seen here.
+            let lock = tx.prepare_cached(LOCK_FOR_POST).await.map_err(fail)?;
+            let run = tx.query_opt(&lock, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
+            if col::<String>(&run, "status")? == "done" {
+                return Err(LogError::Finished(run_id));
+            }
+            if col::<bool>(&run, "cancel_pending")? {
+                return Err(match key.as_deref() {
+                    Some(crate::CANCEL_KEY) => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
+                    _ => LogError::Cancelled(run_id),
+                });
+            }
             let insert = tx.prepare_cached(INSERT_INBOX).await.map_err(fail)?;
             let row = match tx.query_opt(&insert, &[&run_id, &key, &cell.text, &cell.raw]).await {
                 Ok(row) => row,
@@ -1067,7 +1086,11 @@ impl EventLog for PgLog {
     }
 
     /// Oldest first by request time (the event's), then by insertion.
+    /// A tenant or tool filter with U+0000 (which `text` cannot hold) matches nothing.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
+        if [&filter.tenant, &filter.tool].into_iter().flatten().any(|t| t.contains('\0')) {
+            return Ok(Vec::new());
+        }
         let mut select = Select::new(
             "SELECT run_id, tenant, call_id, tool, input::text AS input, args_hash, status, requested_at, expires_at, escalated, interrupted FROM approvals WHERE true",
         );

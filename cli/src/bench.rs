@@ -173,7 +173,7 @@ pub struct StepsResult {
 /// calls, a final answer.
 fn step_script(turns: usize) -> Vec<ScriptedTurn> {
     let mut script = vec![ScriptedTurn::call("get_order", json!({ "order_id": "A1" }))];
-    script.extend((1..turns).map(|i| ScriptedTurn::call("calculator", json!({ "expression": format!("{i} + 1") }))));
+    script.extend((1..turns).map(|i| ScriptedTurn::call("calculator", json!({ "op": "add", "a": i, "b": 1 }))));
     script.push(ScriptedTurn::text("done"));
     script
 }
@@ -454,7 +454,7 @@ impl EventSink for MeasuringSink {
 async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
     let db = private_db(&args.urls.database_url).await?;
     let log = db.log().await;
-    let mut script: Vec<ScriptedTurn> = (0..args.turns).map(|i| ScriptedTurn::call("calculator", json!({ "expression": format!("{i} + 1") }))).collect();
+    let mut script: Vec<ScriptedTurn> = (0..args.turns).map(|i| ScriptedTurn::call("calculator", json!({ "op": "add", "a": i, "b": 1 }))).collect();
     script.push(ScriptedTurn::text("done"));
     let agent = Agent::new(Arc::new(ScriptedProvider::new(script))).with_tools(crate::demo::tools());
     let config = RunConfig { max_model_calls_per_turn: u32::try_from(args.turns + 2).unwrap_or(u32::MAX), ..RunConfig::default() };

@@ -316,6 +316,8 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
             .with_context(|| format!("parsing config {}", p.display()))?,
         None => RunConfig::default(),
     };
+    // What the dispatcher would refuse (422) is refused here, before anything is sent.
+    config.validate().map_err(|e| anyhow::anyhow!("invalid run config: {e}"))?;
     let client = http_client()?;
     let key = args.idempotency_key.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     let body = json!({ "goal": args.goal, "config": config });

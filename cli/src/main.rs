@@ -172,6 +172,7 @@ async fn run(args: RunArgs) -> Result<()> {
     if let Some(model) = &args.model {
         config.model.clone_from(model);
     }
+    config.validate().map_err(|e| anyhow::anyhow!("invalid run config: {e}"))?;
     args.provider.check()?;
     let provider: Arc<dyn Provider> = match (&args.script, args.provider.provider) {
         (Some(path), _) => {

@@ -177,6 +177,7 @@ pub fn openapi() -> serde_json::Value {
     for (name, schema) in docs::foreign_schemas() {
         json["components"]["schemas"][name] = schema;
     }
+    docs::complete(&mut json);
     json
 }
 

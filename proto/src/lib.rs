@@ -23,7 +23,10 @@ pub mod state;
 pub mod stop;
 
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing};
-pub use config::{ApprovalTimeout, InterruptedCall, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec};
+pub use config::{
+    ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema,
+    json_type,
+};
 pub use content::{ContentBlock, Message, Role, Usage};
 pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent, Outcome, PauseReason,

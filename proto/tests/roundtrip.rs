@@ -152,6 +152,7 @@ fn tool_spec() -> impl Strategy<Value = ToolSpec> {
             timeout_ms,
             external,
             return_direct: false,
+            cancel_grace_ms: timeout_ms / 2,
         },
     )
 }

@@ -139,7 +139,7 @@ async fn arguments_that_are_not_json_give_the_model_an_error_result() {
         })
         .expect("the broken call got an error result");
     assert_eq!(kind, ToolErrorKind::InvalidArguments, "{message}");
-    assert!(message.contains("not of type \"object\""), "{message}");
+    assert!(message.contains("not valid JSON"), "{message}");
     // The second request sends the raw arguments back, paired with the error result.
     let second = &server.seen()[1].body;
     let messages = second["messages"].as_array().unwrap();
@@ -157,7 +157,7 @@ async fn invalid_arguments_to_a_registered_tool_are_an_invalid_arguments_error()
     let ctx = ToolContext { run_id: Uuid::now_v7(), call_id: "c1".into(), idempotency_key: "k".into() };
     let e = tools.execute("add", Value::String("{\"a\": 2, b: 40}".into()), ctx).await.unwrap_err();
     assert_eq!(e.kind, ToolErrorKind::InvalidArguments);
-    assert!(e.message.contains("not of type \"object\""), "{}", e.message);
+    assert!(e.message.contains("not valid JSON"), "{}", e.message);
 }
 
 // ----- honest outcomes over HTTP: the loop and each adapter together -----

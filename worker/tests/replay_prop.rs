@@ -114,6 +114,7 @@ fn lookup_spec() -> ToolSpec {
         timeout_ms: 1000,
         external: true,
         return_direct: false,
+        cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
     }
 }
 
