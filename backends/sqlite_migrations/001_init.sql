@@ -103,19 +103,16 @@ CREATE TABLE outbox (
     created_at  INTEGER NOT NULL
 ) STRICT;
 
--- The job queue (`SqliteQueue`): ready when not taken and not dead; a taken
--- job is deleted by its ack. Jobs a previous process had taken and not acked
--- are ready again when the file is opened.
+-- The job queue (`SqliteQueue`): jobs not yet acknowledged, oldest first.
+-- Which are handed out is kept in process (one process per file): at open,
+-- every job not dead-lettered is ready again.
 CREATE TABLE jobs (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id       TEXT NOT NULL,
     head_seq     INTEGER NOT NULL,
     enqueued_at  INTEGER NOT NULL,
-    deliveries   INTEGER NOT NULL DEFAULT 0,
-    taken        INTEGER NOT NULL DEFAULT 0,
     dead         INTEGER NOT NULL DEFAULT 0
 ) STRICT;
-CREATE INDEX jobs_ready ON jobs (id) WHERE taken = 0 AND dead = 0;
 
 -- The ledger (`SqliteLedger`): cancellation flags and budget counters.
 CREATE TABLE cancels (

@@ -29,12 +29,19 @@
 //! another connection (a reader checkpointing the WAL, `sqlite3` opened by
 //! an operator) holds a lock.
 //!
+//! Writes whose loss is harmless are made with `synchronous=NORMAL` for that
+//! one write (they survive a crash of the process, not necessarily a power
+//! cut): jobs and their acks (wake-ups; the reconciler finds runs with work
+//! from the log), outbox marks (a job relayed twice is dropped as stale) and
+//! leases. So a step costs one sync: its commit.
+//!
 //! One process at a time: [`SqliteLog::open`] takes an exclusive advisory
 //! lock on `FILE.lock` (released by the kernel when the process dies, also by
 //! `kill -9`), and a second process opening the same file is refused with a
-//! clear error. Jobs the previous process had taken and not acknowledged are
-//! ready again at open.
-//!
+//! clear error. Holding it, open lets the previous process's leases lapse
+//! (the next acquisition reports a takeover) and makes every job not acked
+//! ready again.
+
 //! ## Tables and invariants
 //!
 //! The Postgres schema's (`runs`, append-only `events` enforced by triggers,
@@ -110,11 +117,22 @@ struct Store {
     path: PathBuf,
     writer: Pool,
     readers: Pool,
+    /// Ready jobs, oldest first, with the deliveries each had in this process.
+    ready: std::sync::Mutex<std::collections::VecDeque<Ready>>,
     jobs_ready: Notify,
     live: MemoryLedger,
     checkpoint_every: u64,
     delivery_limit: u32,
     _lock: File,
+}
+
+/// A ready job of the queue.
+#[derive(Debug, Clone, Copy)]
+struct Ready {
+    id: i64,
+    job: Job,
+    enqueued_at: i64,
+    deliveries: u32,
 }
 
 /// The event log on a SQLite file. Cheap to clone. [`SqliteLog::queue`] and
@@ -172,8 +190,8 @@ fn pool(path: &Path, size: usize, options: &SqliteOptions, pragmas: String) -> R
 
 impl SqliteLog {
     /// Open (creating if needed) the store at `path`: take the file lock,
-    /// set WAL mode, apply pending migrations, make the jobs a previous
-    /// process had taken ready again, build the pools.
+    /// set WAL mode, apply pending migrations, let the leases of the previous
+    /// process lapse, make its jobs ready again, build the pools.
     ///
     /// Errors: [`LogError::Unavailable`] naming the cause — the directory
     /// does not exist or is not writable, another process has the file open
@@ -183,7 +201,7 @@ impl SqliteLog {
     pub async fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<SqliteLog, LogError> {
         let path = path.as_ref().to_owned();
         let setup_path = path.clone();
-        let lock = tokio::task::spawn_blocking(move || prepare(&setup_path)).await.map_err(|e| LogError::Unavailable(format!("opening {}: {e}", path.display())))??;
+        let (lock, ready) = tokio::task::spawn_blocking(move || prepare(&setup_path)).await.map_err(|e| LogError::Unavailable(format!("opening {}: {e}", path.display())))??;
         let busy = options.busy_timeout.as_millis().max(1);
         let common = format!("PRAGMA busy_timeout = {busy}; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;");
         let writer = pool(&path, 1, &options, common.clone())?;
@@ -192,6 +210,7 @@ impl SqliteLog {
             path,
             writer,
             readers,
+            ready: std::sync::Mutex::new(ready),
             jobs_ready: Notify::new(),
             live: MemoryLedger::default(),
             checkpoint_every: options.checkpoint_every.max(1),
@@ -217,8 +236,9 @@ impl SqliteLog {
     }
 }
 
-/// Lock, WAL, migrations, and taken jobs back to ready (blocking).
-fn prepare(path: &Path) -> Result<File, LogError> {
+/// Lock, WAL, migrations; the leases of the previous process lapse; the
+/// jobs not dead-lettered, ready (blocking).
+fn prepare(path: &Path) -> Result<(File, std::collections::VecDeque<Ready>), LogError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| LogError::Unavailable(format!("{}: {what}: {e}", path.display()));
     let lock = File::options().create(true).truncate(false).write(true).open(lock_path(path)).map_err(|e| fail("creating its lock file", &e))?;
     match lock.try_lock() {
@@ -236,8 +256,19 @@ fn prepare(path: &Path) -> Result<File, LogError> {
     conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;").map_err(|e| fail("pragmas", &e))?;
     let migrations = Migrations::new(MIGRATIONS.iter().map(|sql| M::up(sql)).collect());
     migrations.to_latest(&mut conn).map_err(|e| fail("migrations", &e))?;
-    conn.execute("UPDATE jobs SET taken = 0 WHERE taken = 1", []).map_err(|e| fail("releasing taken jobs", &e))?;
-    Ok(lock)
+    // We hold the file lock: every lease in the file is a dead process's.
+    // They lapse now (an acquisition reports the takeover).
+    let now = nanos(Utc::now());
+    conn.execute("UPDATE runs SET lease_expires_at = ?1 WHERE lease_expires_at > ?1", [now]).map_err(|e| fail("lapsing old leases", &e))?;
+    let mut st = conn.prepare("SELECT id, run_id, head_seq, enqueued_at FROM jobs WHERE dead = 0 ORDER BY id").map_err(|e| fail("reading jobs", &e))?;
+    let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?))).map_err(|e| fail("reading jobs", &e))?;
+    let mut ready = std::collections::VecDeque::new();
+    for row in rows {
+        let (id, run, head, enqueued_at) = row.map_err(|e| fail("reading jobs", &e))?;
+        let job = Job { run_id: uuid_of(&run, "job run id")?, head_seq: u64_of(head, "head_seq")? };
+        ready.push_back(Ready { id, job, enqueued_at, deliveries: 0 });
+    }
+    Ok((lock, ready))
 }
 
 // ---------------------------------------------------------------------------
@@ -248,6 +279,22 @@ impl Store {
     async fn write<T: Send + 'static>(&self, what: &'static str, f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static) -> Result<T, LogError> {
         let conn = self.writer.get().await.map_err(|e| LogError::Unavailable(format!("{what}: sqlite writer: {e}")))?;
         conn.interact(f).await.map_err(|e| LogError::Unavailable(format!("{what}: {e}")))?
+    }
+
+    /// [`Store::write`] with `synchronous = NORMAL` for this write only: it
+    /// survives a crash of the process (the WAL is written) but a power cut
+    /// may take it back. For writes whose loss is harmless: jobs and their
+    /// acks (wake-ups: the reconciler finds runs with work from the log),
+    /// outbox marks (a job relayed twice is dropped as stale), leases (the
+    /// leases of a process that died lapse at the next open).
+    async fn write_relaxed<T: Send + 'static>(&self, what: &'static str, f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static) -> Result<T, LogError> {
+        self.write(what, move |conn| {
+            conn.execute_batch("PRAGMA synchronous = NORMAL").map_err(db(what))?;
+            let result = f(conn);
+            conn.execute_batch("PRAGMA synchronous = FULL").map_err(db(what))?;
+            result
+        })
+        .await
     }
 
     /// Run `f` on a reader connection, on the blocking pool.
@@ -636,7 +683,7 @@ impl EventLog for SqliteLog {
     async fn acquire(&self, run_id: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
         let owner = owner.to_owned();
         self.store
-            .write("acquire", move |conn| {
+            .write_relaxed("acquire", move |conn| {
                 let tx = immediate(conn)?;
                 let now = Utc::now();
                 let held: Option<(Option<String>, Option<i64>)> = tx
@@ -662,7 +709,7 @@ impl EventLog for SqliteLog {
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
         let lease = lease.clone();
         self.store
-            .write("renew", move |conn| {
+            .write_relaxed("renew", move |conn| {
                 let now = nanos(Utc::now());
                 let expires_at = now.saturating_add(ttl_nanos(ttl));
                 let n = conn
@@ -681,7 +728,7 @@ impl EventLog for SqliteLog {
     async fn release(&self, lease: &Lease) -> Result<(), LogError> {
         let (run_id, token) = (lease.run_id, lease.token);
         self.store
-            .write("release", move |conn| {
+            .write_relaxed("release", move |conn| {
                 conn.prepare_cached("UPDATE runs SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL WHERE id = ?1 AND lease_token = ?2")
                     .and_then(|mut st| st.execute(params![run_id.to_string(), token.to_string()]))
                     .map_err(db("release"))?;
@@ -897,7 +944,7 @@ impl EventLog for SqliteLog {
     async fn outbox_done(&self, ids: &[i64]) -> Result<(), LogError> {
         let ids = ids.to_vec();
         self.store
-            .write("outbox_done", move |conn| {
+            .write_relaxed("outbox_done", move |conn| {
                 let tx = immediate(conn)?;
                 {
                     let mut st = tx.prepare_cached("DELETE FROM outbox WHERE id = ?1").map_err(db("outbox_done"))?;
@@ -1109,113 +1156,97 @@ fn queue_error(e: LogError) -> QueueError {
 
 struct SqliteAcker {
     store: Arc<Store>,
-    id: i64,
+    ready: Ready,
 }
 
 #[async_trait]
 impl Acker for SqliteAcker {
-    /// Deletes the job.
+    /// Deletes the job (a relaxed write: see [`SqliteQueue`]).
     async fn ack(&self) -> Result<(), QueueError> {
-        let id = self.id;
+        let id = self.ready.id;
         self.store
-            .write("ack", move |conn| conn.execute("DELETE FROM jobs WHERE id = ?1", [id]).map(|_| ()).map_err(db("ack")))
+            .write_relaxed("ack", move |conn| {
+                conn.prepare_cached("DELETE FROM jobs WHERE id = ?1").and_then(|mut st| st.execute([id])).map(|_| ()).map_err(db("ack"))
+            })
             .await
             .map_err(queue_error)
     }
 
-    /// Requeued: ready again (and consumers woken); otherwise dead-lettered
-    /// (kept, marked dead, counted in [`QueueStats::dead_lettered`]).
+    /// Requeued: ready again, first in line; otherwise dead-lettered (kept,
+    /// marked dead, counted in [`QueueStats::dead_lettered`]).
     async fn nack(&self, requeue: bool) -> Result<(), QueueError> {
-        let id = self.id;
-        self.store
-            .write("nack", move |conn| {
-                let sql = if requeue { "UPDATE jobs SET taken = 0 WHERE id = ?1" } else { "UPDATE jobs SET taken = 0, dead = 1 WHERE id = ?1" };
-                conn.execute(sql, [id]).map(|_| ()).map_err(db("nack"))
-            })
-            .await
-            .map_err(queue_error)?;
         if requeue {
-            self.store.jobs_ready.notify_waiters();
+            self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).push_front(self.ready);
+            self.store.jobs_ready.notify_one();
+            return Ok(());
         }
-        Ok(())
+        let id = self.ready.id;
+        self.store.write_relaxed("nack", move |conn| conn.execute("UPDATE jobs SET dead = 1 WHERE id = ?1", [id]).map(|_| ()).map_err(db("nack"))).await.map_err(queue_error)
     }
 }
 
-/// How long an idle consumer waits before looking at the table again (jobs
-/// published in this process wake it at once).
-const QUEUE_POLL: Duration = Duration::from_millis(500);
-
+/// The job queue. Jobs are rows of the store's file, written with a relaxed
+/// sync (`synchronous = NORMAL` for that write): a job survives a crash of
+/// the process, and one lost to a power cut is a lost wake-up, which the
+/// dispatcher's reconciler replaces from the log. Which jobs are ready is
+/// kept in process (one process per file): [`JobQueue::next`] takes the
+/// oldest without touching the file, an ack deletes the row, and every job
+/// not acked is ready again when the file is opened next.
 #[async_trait]
 impl JobQueue for SqliteQueue {
-    /// Durable when it returns (one committed transaction).
     async fn publish(&self, job: &Job) -> Result<(), QueueError> {
         let job = *job;
-        self.store
-            .write("publish", move |conn| {
-                conn.prepare_cached("INSERT INTO jobs (run_id, head_seq, enqueued_at) VALUES (?1, ?2, ?3)")
-                    .and_then(|mut st| st.execute(params![job.run_id.to_string(), i64_of(job.head_seq), nanos(Utc::now())]))
-                    .map(|_| ())
+        let enqueued_at = nanos(Utc::now());
+        let id = self
+            .store
+            .write_relaxed("publish", move |conn| {
+                conn.prepare_cached("INSERT INTO jobs (run_id, head_seq, enqueued_at) VALUES (?1, ?2, ?3) RETURNING id")
+                    .and_then(|mut st| st.query_row(params![job.run_id.to_string(), i64_of(job.head_seq), enqueued_at], |r| r.get::<_, i64>(0)))
                     .map_err(db("publish"))
             })
             .await
             .map_err(queue_error)?;
-        self.store.jobs_ready.notify_waiters();
+        self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).push_back(Ready { id, job, enqueued_at, deliveries: 0 });
+        self.store.jobs_ready.notify_one();
         Ok(())
     }
 
-    /// The oldest ready job, taken (marked so no other consumer gets it);
-    /// one delivered [`SqliteOptions::delivery_limit`] times already is
-    /// dead-lettered instead. Waits for a publish otherwise.
+    /// The oldest ready job; one already delivered
+    /// [`SqliteOptions::delivery_limit`] times in this process is
+    /// dead-lettered instead. Waits for a publish or a requeue otherwise.
     async fn next(&self) -> Result<Delivery, QueueError> {
-        let limit = i64::from(self.store.delivery_limit);
         loop {
-            let woken = self.store.jobs_ready.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            let taken = self
-                .store
-                .write("next", move |conn| {
-                    let tx = immediate(conn)?;
-                    tx.execute("UPDATE jobs SET dead = 1 WHERE taken = 0 AND dead = 0 AND deliveries >= ?1", [limit]).map_err(db("next"))?;
-                    let row: Option<(i64, String, i64, i64, i64)> = tx
-                        .prepare_cached(
-                            "UPDATE jobs SET taken = 1, deliveries = deliveries + 1 \
-                             WHERE id = (SELECT id FROM jobs WHERE taken = 0 AND dead = 0 ORDER BY id LIMIT 1) \
-                             RETURNING id, run_id, head_seq, enqueued_at, deliveries",
-                        )
-                        .and_then(|mut st| st.query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))).optional())
-                        .map_err(db("next"))?;
-                    tx.commit().map_err(db("next"))?;
-                    row.map(|(id, run, head, at, deliveries)| Ok((id, Job { run_id: uuid_of(&run, "job run id")?, head_seq: u64_of(head, "head_seq")? }, at, deliveries)))
-                        .transpose()
-                })
-                .await
-                .map_err(queue_error)?;
-            if let Some((id, job, enqueued_at, deliveries)) = taken {
-                let acker = SqliteAcker { store: self.store.clone(), id };
-                return Ok(Delivery { job, redelivered: deliveries > 1, acker: Box::new(acker), enqueued_at: Some(time(enqueued_at)) });
+            let next = self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            let Some(mut ready) = next else {
+                self.store.jobs_ready.notified().await;
+                continue;
+            };
+            if ready.deliveries >= self.store.delivery_limit {
+                let id = ready.id;
+                self.store
+                    .write_relaxed("dead-letter", move |conn| conn.execute("UPDATE jobs SET dead = 1 WHERE id = ?1", [id]).map(|_| ()).map_err(db("dead-letter")))
+                    .await
+                    .map_err(queue_error)?;
+                continue;
             }
-            let _ = tokio::time::timeout(QUEUE_POLL, woken).await;
+            ready.deliveries += 1;
+            let acker = SqliteAcker { store: self.store.clone(), ready };
+            return Ok(Delivery { job: ready.job, redelivered: ready.deliveries > 1, acker: Box::new(acker), enqueued_at: Some(time(ready.enqueued_at)) });
         }
     }
 
     async fn depth(&self) -> Result<u64, QueueError> {
-        Ok(self.stats().await?.ready)
+        Ok(self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).len() as u64)
     }
 
     /// Ready and dead-lettered jobs; consumers are not tracked.
     async fn stats(&self) -> Result<QueueStats, QueueError> {
-        let (ready, dead) = self
+        let dead = self
             .store
-            .read("queue stats", |conn| {
-                conn.query_row("SELECT count(*) FILTER (WHERE taken = 0 AND dead = 0), count(*) FILTER (WHERE dead = 1) FROM jobs", [], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
-                })
-                .map_err(db("queue stats"))
-            })
+            .read("queue stats", |conn| conn.query_row("SELECT count(*) FROM jobs WHERE dead = 1", [], |r| r.get::<_, i64>(0)).map_err(db("queue stats")))
             .await
             .map_err(queue_error)?;
-        Ok(QueueStats { ready: ready.max(0) as u64, consumers: None, dead_lettered: Some(dead.max(0) as u64) })
+        Ok(QueueStats { ready: self.depth().await?, consumers: None, dead_lettered: Some(dead.max(0) as u64) })
     }
 }
 

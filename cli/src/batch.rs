@@ -2,7 +2,9 @@
 //! its customers and approvers, over the dispatcher's HTTP API.
 //!
 //! Without `--server` it starts the embedded fleet (dispatcher and workers in
-//! this process, in-memory ports); with it, it drives a running dispatcher
+//! this process) on a SQLite file: a new one in a temporary directory, or the
+//! one named by `--data`, where a batch that was interrupted (killed) goes on
+//! from where each run's log ends; with `--server`, it drives a running dispatcher
 //! whose workers were started with `--replay` on the same recording. The
 //! driver keeps each run's state by applying the run's events (the same
 //! transition function the workers use), answers each pull point from the
@@ -62,6 +64,12 @@ pub struct BatchArgs {
     /// Bearer token for `--server` (scopes submit and approve).
     #[arg(long, env = "GLIA_TOKEN")]
     pub token: Option<String>,
+    /// Embedded fleet: keep the runs in this SQLite file (default: a new
+    /// file in a temporary directory, removed at the end). Run the batch
+    /// again with the same file and it resumes: runs already admitted are
+    /// not admitted again, each continues from its log.
+    #[arg(long, value_name = "PATH", conflicts_with = "server")]
+    pub data: Option<PathBuf>,
     /// Embedded fleet: workers to start.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -119,7 +127,8 @@ pub struct Summary {
     /// approved call ran (`approval.requested` with `interrupted`): the
     /// recording's own approvals are `approvals - interrupted_approvals`.
     pub interrupted_approvals: usize,
-    /// Customer messages posted (including closing words).
+    /// Customer messages the runs received (`input.received`, including
+    /// closing words).
     pub customer_turns: usize,
     /// Approval posted → `approval.resolved` recorded, ms.
     pub approval_resume_p50_ms: Option<f64>,
@@ -158,11 +167,17 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
     let (server, _fleet) = match &args.server {
         Some(url) => (Server { server: url.clone(), token: args.token.clone() }, None),
         None => {
-            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency).await?;
+            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency, args.data.as_deref()).await?;
             (Server { server: fleet.url.clone(), token: None }, Some(fleet))
         }
     };
-    let summary = drive(&server, &recording, &args).await?;
+    // On a named data file the batch is the same batch every time, so a
+    // second invocation finds the runs of the first (idempotency keys).
+    let batch_id = match &args.data {
+        Some(_) => stable_batch_id(&args.file, &tools, args.limit)?,
+        None => Uuid::now_v7(),
+    };
+    let summary = drive(&server, &recording, &args, batch_id).await?;
     let (diverged, failed) = (summary.diverged, summary.failed);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -175,10 +190,24 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
     Ok(())
 }
 
-async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Result<Summary> {
+/// The batch id of a recording (trajectories, tools, limit): the first 16
+/// bytes of their SHA-256, as a custom (version 8) UUID.
+fn stable_batch_id(file: &std::path::Path, tools: &std::path::Path, limit: Option<usize>) -> Result<Uuid> {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for path in [file, tools] {
+        hash.update(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?);
+    }
+    hash.update(format!("limit={limit:?}"));
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    Ok(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+}
+
+async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, batch_id: Uuid) -> Result<Summary> {
     let client = crate::client::http_client()?;
     let conversations: Vec<Arc<Conversation>> = recording.conversations().iter().take(args.limit.unwrap_or(usize::MAX)).cloned().collect();
-    let batch_id = Uuid::now_v7();
     let started = Instant::now();
     let bar = ProgressBar::new(conversations.len() as u64);
     bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs done  {msg}")?.progress_chars("=> "));
@@ -224,6 +253,7 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
                     EventKind::ToolCall(_) => summary.tool_calls += 1,
                     EventKind::ToolResult { .. } | EventKind::ToolError { .. } => summary.tool_results += 1,
                     EventKind::ApprovalRequested { interrupted: true, .. } => summary.interrupted_approvals += 1,
+                    EventKind::InputReceived { .. } => summary.customer_turns += 1,
                     EventKind::ApprovalResolved { call_id, .. } => {
                         summary.approvals += 1;
                         let request = t.state.call(call_id).and_then(|c| c.requested_seq).unwrap_or(0);
@@ -292,9 +322,6 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
                             continue;
                         }
                     };
-                    if body.get("text").is_some() {
-                        summary.customer_turns += 1;
-                    }
                     post(&client, server, &format!("/v1/runs/{id}/{path}"), &body).await.with_context(|| format!("posting to run {id}"))?;
                     t.acted_at = t.state.head_seq;
                     progressed = true;
