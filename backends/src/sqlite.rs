@@ -8,9 +8,12 @@
 //!
 //! - `rusqlite` with the `bundled` feature: the maintained SQLite binding,
 //!   with SQLite compiled in, so the single node needs nothing installed.
-//! - `deadpool-sqlite` (the deadpool family that already pools Postgres
-//!   connections here): every call runs on Tokio's blocking pool
-//!   (`interact`), never on the async runtime's threads. Two pools: **one
+//! - `deadpool` (which already pools Postgres connections here) with
+//!   `deadpool-sync`: every call runs on Tokio's blocking pool (`interact`),
+//!   never on the async runtime's threads. The manager is the few lines of
+//!   [`SqliteManager`] rather than `deadpool-sqlite`'s, whose recycle check
+//!   runs a query (one more trip through the blocking pool) at every
+//!   checkout; a connection to a local file does not go stale. Two pools: **one
 //!   writer connection** (so writes are serialised in process, and a write
 //!   transaction never waits for a lock another connection holds) and a pool
 //!   of **readers** (`query_only`), which in WAL mode read the last
@@ -59,7 +62,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
-use deadpool_sqlite::{Hook, HookError, Pool, PoolConfig, Runtime, Timeouts};
+use deadpool::Runtime;
+use deadpool::managed::{Metrics, PoolConfig, RecycleError, RecycleResult, Timeouts};
+use deadpool_sync::SyncWrapper;
 use futures::stream::BoxStream;
 use glia_proto::{Event, EventKind, LiveEvent, Phase, Resume, RunState};
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
@@ -172,18 +177,40 @@ fn lock_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Opens connections to the file with the given pragmas; a connection is
+/// reused as long as its mutex is not poisoned (a call panicked in it).
+struct SqliteManager {
+    path: PathBuf,
+    pragmas: String,
+}
+
+impl deadpool::managed::Manager for SqliteManager {
+    type Type = SyncWrapper<Connection>;
+    type Error = rusqlite::Error;
+
+    async fn create(&self) -> Result<Self::Type, Self::Error> {
+        let (path, pragmas) = (self.path.clone(), self.pragmas.clone());
+        SyncWrapper::new(Runtime::Tokio1, move || {
+            let conn = Connection::open(path)?;
+            conn.execute_batch(&pragmas)?;
+            Ok(conn)
+        })
+        .await
+    }
+
+    async fn recycle(&self, conn: &mut Self::Type, _: &Metrics) -> RecycleResult<Self::Error> {
+        if conn.is_mutex_poisoned() { Err(RecycleError::message("a call panicked holding the connection")) } else { Ok(()) }
+    }
+}
+
+type Pool = deadpool::managed::Pool<SqliteManager>;
+
 fn pool(path: &Path, size: usize, options: &SqliteOptions, pragmas: String) -> Result<Pool, LogError> {
-    let config = deadpool_sqlite::Config { path: path.to_owned(), pool: None };
-    let mut pool_config = PoolConfig::new(size.max(1));
-    pool_config.timeouts = Timeouts { wait: Some(options.wait_timeout), create: Some(Duration::from_secs(10)), recycle: Some(Duration::from_secs(10)) };
-    config
-        .builder(Runtime::Tokio1)
-        .map_err(|e| LogError::Unavailable(format!("sqlite pool: {e}")))?
-        .config(pool_config)
-        .post_create(Hook::sync_fn(move |conn, _| {
-            let conn = conn.lock().map_err(|_| HookError::message("connection mutex poisoned"))?;
-            conn.execute_batch(&pragmas).map_err(HookError::Backend)
-        }))
+    let mut config = PoolConfig::new(size.max(1));
+    config.timeouts = Timeouts { wait: Some(options.wait_timeout), create: Some(Duration::from_secs(10)), recycle: Some(Duration::from_secs(10)) };
+    Pool::builder(SqliteManager { path: path.to_owned(), pragmas })
+        .config(config)
+        .runtime(Runtime::Tokio1)
         .build()
         .map_err(|e| LogError::Unavailable(format!("sqlite pool: {e}")))
 }

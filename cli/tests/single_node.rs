@@ -197,6 +197,19 @@ fn serve_killed_and_started_again_continues_every_run() {
     }
     let results = drive_all(&node.api, &runs, Instant::now() + Duration::from_secs(120));
     check_batch(&node.api, &results);
+    // The rest of the API after the restarts: SSE (`glia submit` streams a
+    // run's events to its end) and the dispatcher's metrics.
+    let config = dir.path().join("plain.json");
+    std::fs::write(&config, common::mixed_config("plain").to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_glia"))
+        .args(["submit", "--server", &node.api.server, "--json", "--config", config.to_str().unwrap(), "Add 2 and 3."])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let streamed = String::from_utf8_lossy(&out.stdout);
+    assert!(streamed.lines().any(|l| l.contains("\"session.complete\"")), "{streamed}");
+    assert!(node.api.metric("glia_dispatcher_jobs_relayed_total") > 0.0);
 }
 
 /// Runs of a single node, parked at every kind of pull point or done, are
