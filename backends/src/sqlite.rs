@@ -125,6 +125,9 @@ struct Store {
     /// Ready jobs, oldest first, with the deliveries each had in this process.
     ready: std::sync::Mutex<std::collections::VecDeque<Ready>>,
     jobs_ready: Notify,
+    /// Recent runs' states, each the log's own (rebuilt from it, then kept
+    /// up to date by applying every committed event), by run.
+    states: std::sync::Mutex<std::collections::HashMap<Uuid, RunState>>,
     live: MemoryLedger,
     checkpoint_every: u64,
     delivery_limit: u32,
@@ -239,6 +242,7 @@ impl SqliteLog {
             readers,
             ready: std::sync::Mutex::new(ready),
             jobs_ready: Notify::new(),
+            states: Default::default(),
             live: MemoryLedger::default(),
             checkpoint_every: options.checkpoint_every.max(1),
             delivery_limit: options.delivery_limit.max(1),
@@ -301,7 +305,39 @@ fn prepare(path: &Path) -> Result<(File, std::collections::VecDeque<Ready>), Log
 // ---------------------------------------------------------------------------
 // Calls, errors, values
 
+/// Most run states kept in memory; past it the cache starts over.
+const STATE_CACHE: usize = 4096;
+
 impl Store {
+    /// The cached state of `run_id` if it is at `head`.
+    fn cached(&self, run_id: Uuid, head: u64) -> Option<RunState> {
+        self.states.lock().unwrap_or_else(|e| e.into_inner()).get(&run_id).filter(|s| s.head_seq == head).cloned()
+    }
+
+    /// Keep `state` (the log's), unless the run is done.
+    fn remember(&self, state: RunState) {
+        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        if state.phase == Phase::Done {
+            states.remove(&state.run_id);
+            return;
+        }
+        if states.len() >= STATE_CACHE && !states.contains_key(&state.run_id) {
+            states.clear();
+        }
+        states.insert(state.run_id, state);
+    }
+
+    /// Bring a cached state past committed `events` (dropping it if they do
+    /// not follow it or do not apply, or the run is done).
+    fn advance(&self, run_id: Uuid, events: &[Event]) {
+        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = states.get_mut(&run_id) else { return };
+        let follows = events.first().is_some_and(|e| e.seq == state.head_seq + 1);
+        if !follows || events.iter().any(|e| state.apply(e).is_err()) || state.phase == Phase::Done {
+            states.remove(&run_id);
+        }
+    }
+
     /// Run `f` on the writer connection, on the blocking pool.
     async fn write<T: Send + 'static>(&self, what: &'static str, f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static) -> Result<T, LogError> {
         let conn = self.writer.get().await.map_err(|e| LogError::Unavailable(format!("{what}: sqlite writer: {e}")))?;
@@ -697,12 +733,26 @@ impl EventLog for SqliteLog {
             .await
     }
 
-    /// The latest checkpoint plus the events after it, in one read transaction.
+    /// The state kept in memory when it is at the run's head (one process
+    /// owns the file, so it is the log's: rebuilt from it, then advanced by
+    /// every commit); otherwise the latest checkpoint plus the events after
+    /// it, in one read transaction.
     async fn load(&self, run_id: Uuid) -> Result<RunState, LogError> {
+        let store = self.store.clone();
         self.store
             .read("load", move |conn| {
                 let tx = conn.transaction().map_err(db("load"))?;
-                rebuild(&tx, run_id)?.ok_or(LogError::NotFound(run_id))
+                let head: i64 = tx
+                    .prepare_cached("SELECT head_seq FROM runs WHERE id = ?1")
+                    .and_then(|mut st| st.query_row([run_id.to_string()], |r| r.get(0)).optional())
+                    .map_err(db("load"))?
+                    .ok_or(LogError::NotFound(run_id))?;
+                if let Some(state) = store.cached(run_id, u64_of(head, "head_seq")?) {
+                    return Ok(state);
+                }
+                let state = rebuild(&tx, run_id)?.ok_or(LogError::NotFound(run_id))?;
+                store.remember(state.clone());
+                Ok(state)
             })
             .await
     }
@@ -787,6 +837,7 @@ impl EventLog for SqliteLog {
         let claimed = state.clone();
         let consumed = consumed.to_vec();
         let every = self.store.checkpoint_every;
+        let store = self.store.clone();
         self.store
             .write("commit", move |conn| {
                 let tx = immediate(conn)?;
@@ -848,6 +899,9 @@ impl EventLog for SqliteLog {
                     tx.execute("DELETE FROM checkpoints WHERE run_id = ?1 AND seq < ?2", params![id, i64_of(seq)]).map_err(db("commit"))?;
                 }
                 tx.commit().map_err(db("commit"))?;
+                if !events.is_empty() {
+                    store.advance(run_id, &events);
+                }
                 Ok(())
             })
             .await
