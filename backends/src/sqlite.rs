@@ -67,7 +67,7 @@ use deadpool::managed::{Metrics, PoolConfig, RecycleError, RecycleResult, Timeou
 use deadpool_sync::SyncWrapper;
 use futures::stream::BoxStream;
 use glia_proto::{Event, EventKind, LiveEvent, Phase, Resume, RunState};
-use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Row, Savepoint, params};
 use rusqlite_migration::{M, Migrations};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
@@ -120,7 +120,7 @@ impl Default for SqliteOptions {
 /// deltas, and the file lock (held while any adapter lives).
 struct Store {
     path: PathBuf,
-    writer: Pool,
+    writer: std::sync::mpsc::Sender<WriteJob>,
     readers: Pool,
     /// Ready jobs, oldest first, with the deliveries each had in this process.
     ready: std::sync::Mutex<std::collections::VecDeque<Ready>>,
@@ -234,7 +234,7 @@ impl SqliteLog {
         let (lock, ready) = tokio::task::spawn_blocking(move || prepare(&setup_path)).await.map_err(|e| LogError::Unavailable(format!("opening {}: {e}", path.display())))??;
         let busy = options.busy_timeout.as_millis().max(1);
         let common = format!("PRAGMA busy_timeout = {busy}; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;");
-        let writer = pool(&path, 1, &options, common.clone())?;
+        let writer = spawn_writer(&path, &common)?;
         let readers = pool(&path, options.readers, &options, format!("{common} PRAGMA query_only = ON;"))?;
         let store = Store {
             path,
@@ -264,6 +264,77 @@ impl SqliteLog {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.store.path
+    }
+}
+
+/// What a queued write does on the writer's connection: its work, whether
+/// it succeeded, and how to answer once the batch's outcome is known.
+/// Given no connection, it does nothing and answers with the batch's error.
+type RunJob = Box<dyn FnOnce(Option<&mut Connection>) -> (bool, Finish) + Send>;
+type Finish = Box<dyn FnOnce(Result<(), LogError>) + Send>;
+
+/// A write queued for the writer thread.
+struct WriteJob {
+    relaxed: bool,
+    run: RunJob,
+}
+
+/// Most writes committed together.
+const WRITE_BATCH: usize = 128;
+
+/// The writer: one connection on a thread of its own. It takes every write
+/// queued (up to [`WRITE_BATCH`]), runs them in one `BEGIN IMMEDIATE`
+/// transaction, each in a savepoint (a write that fails is rolled back
+/// alone), commits once — one sync for the batch: group commit — and then
+/// answers each. It stops when the store is dropped.
+fn spawn_writer(path: &Path, pragmas: &str) -> Result<std::sync::mpsc::Sender<WriteJob>, LogError> {
+    let conn = Connection::open(path).map_err(|e| LogError::Unavailable(format!("{}: opening the writer: {e}", path.display())))?;
+    conn.execute_batch(pragmas).map_err(|e| LogError::Unavailable(format!("{}: writer pragmas: {e}", path.display())))?;
+    let (tx, rx) = std::sync::mpsc::channel::<WriteJob>();
+    std::thread::Builder::new()
+        .name("glia-sqlite-writer".into())
+        .spawn(move || writer_loop(conn, rx))
+        .map_err(|e| LogError::Unavailable(format!("starting the sqlite writer: {e}")))?;
+    Ok(tx)
+}
+
+fn writer_loop(mut conn: Connection, jobs: std::sync::mpsc::Receiver<WriteJob>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < WRITE_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let sync = if batch.iter().all(|j| j.relaxed) { "PRAGMA synchronous = NORMAL" } else { "PRAGMA synchronous = FULL" };
+        let begun = conn.execute_batch(sync).and_then(|()| conn.execute_batch("BEGIN IMMEDIATE")).map_err(db("begin"));
+        if let Err(e) = begun {
+            let _ = conn.execute_batch("ROLLBACK");
+            for job in batch {
+                let (_, finish) = (job.run)(None);
+                finish(Err(e.clone()));
+            }
+            continue;
+        }
+        let mut finishes = Vec::with_capacity(batch.len());
+        for job in batch {
+            if conn.execute_batch("SAVEPOINT job").is_err() {
+                finishes.push((job.run)(None).1);
+                continue;
+            }
+            let (ok, finish) = (job.run)(Some(&mut conn));
+            let end = if ok { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
+            let _ = conn.execute_batch(end);
+            finishes.push(finish);
+        }
+        let committed = conn.execute_batch("COMMIT").map_err(db("commit"));
+        if committed.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for finish in finishes {
+            finish(committed.clone());
+        }
     }
 }
 
@@ -338,26 +409,47 @@ impl Store {
         }
     }
 
-    /// Run `f` on the writer connection, on the blocking pool.
+    /// Run `f` on the writer thread, inside the batch transaction of the
+    /// writes queued with it, its own savepoint around it; answered once
+    /// that transaction committed (`synchronous = FULL`: on disk).
     async fn write<T: Send + 'static>(&self, what: &'static str, f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static) -> Result<T, LogError> {
-        let conn = self.writer.get().await.map_err(|e| LogError::Unavailable(format!("{what}: sqlite writer: {e}")))?;
-        conn.interact(f).await.map_err(|e| LogError::Unavailable(format!("{what}: {e}")))?
+        self.write_with(what, false, f).await
     }
 
-    /// [`Store::write`] with `synchronous = NORMAL` for this write only: it
-    /// survives a crash of the process (the WAL is written) but a power cut
-    /// may take it back. For writes whose loss is harmless: jobs and their
-    /// acks (wake-ups: the reconciler finds runs with work from the log),
-    /// outbox marks (a job relayed twice is dropped as stale), leases (the
-    /// leases of a process that died lapse at the next open).
+    /// [`Store::write`] for writes whose loss is harmless: a batch made only
+    /// of these commits with `synchronous = NORMAL` (it survives a crash of
+    /// the process, the WAL is written, but a power cut may take it back).
+    /// Jobs and their acks (wake-ups: the reconciler finds runs with work
+    /// from the log), outbox marks (a job relayed twice is dropped as
+    /// stale), leases (the leases of a process that died lapse at the next
+    /// open).
     async fn write_relaxed<T: Send + 'static>(&self, what: &'static str, f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static) -> Result<T, LogError> {
-        self.write(what, move |conn| {
-            conn.execute_batch("PRAGMA synchronous = NORMAL").map_err(db(what))?;
-            let result = f(conn);
-            conn.execute_batch("PRAGMA synchronous = FULL").map_err(db(what))?;
-            result
-        })
-        .await
+        self.write_with(what, true, f).await
+    }
+
+    async fn write_with<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        relaxed: bool,
+        f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static,
+    ) -> Result<T, LogError> {
+        let (answer, answered) = tokio::sync::oneshot::channel::<Result<T, LogError>>();
+        let run: RunJob = Box::new(move |conn: Option<&mut Connection>| {
+            let result = match conn {
+                None => Err(LogError::Unavailable(format!("{what}: not run"))),
+                Some(conn) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))) {
+                    Ok(result) => result,
+                    Err(_) => Err(LogError::Unavailable(format!("{what}: the write panicked"))),
+                },
+            };
+            let ok = result.is_ok();
+            let finish: Finish = Box::new(move |committed: Result<(), LogError>| {
+                let _ = answer.send(committed.and(result));
+            });
+            (ok, finish)
+        });
+        self.writer.send(WriteJob { relaxed, run }).map_err(|_| LogError::Unavailable(format!("{what}: the sqlite writer stopped")))?;
+        answered.await.map_err(|_| LogError::Unavailable(format!("{what}: the sqlite writer stopped")))?
     }
 
     /// Run `f` on a reader connection, on the blocking pool.
@@ -377,8 +469,10 @@ fn corrupt(what: String) -> LogError {
     LogError::Unavailable(format!("corrupt row: {what}"))
 }
 
-fn immediate(conn: &mut Connection) -> Result<Transaction<'_>, LogError> {
-    conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db("begin"))
+/// One write's own atomic unit inside the writer's batch transaction: a
+/// savepoint, rolled back when dropped uncommitted.
+fn immediate(conn: &mut Connection) -> Result<Savepoint<'_>, LogError> {
+    conn.savepoint().map_err(db("savepoint"))
 }
 
 /// Nanoseconds since the epoch (saturating outside 1677–2262).
@@ -497,7 +591,7 @@ fn rebuild(conn: &Connection, run_id: Uuid) -> Result<Option<RunState>, LogError
 }
 
 /// Insert events (already checked consecutive) in `tx`.
-fn insert_events(tx: &Transaction<'_>, run_id: Uuid, events: &[(u64, &'static str, i64, String)]) -> Result<(), LogError> {
+fn insert_events(tx: &Connection, run_id: Uuid, events: &[(u64, &'static str, i64, String)]) -> Result<(), LogError> {
     let mut st = tx.prepare_cached("INSERT INTO events (run_id, seq, kind, at, payload) VALUES (?1, ?2, ?3, ?4, ?5)").map_err(db("writing events"))?;
     let id = run_id.to_string();
     for (seq, kind, at, payload) in events {
@@ -513,7 +607,7 @@ fn encode_events(run_id: Uuid, events: &[Event]) -> Result<Vec<(u64, &'static st
 /// The run's row, no lease. `columns`: status, phase, pull point, outcome.
 #[allow(clippy::too_many_arguments)]
 fn insert_run(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     run_id: Uuid,
     tenant: &str,
     idempotency_key: Option<&str>,
@@ -548,7 +642,7 @@ fn insert_run(
     Ok(())
 }
 
-fn insert_outbox(tx: &Transaction<'_>, job: Job, now: i64) -> Result<(), LogError> {
+fn insert_outbox(tx: &Connection, job: Job, now: i64) -> Result<(), LogError> {
     tx.prepare_cached("INSERT INTO outbox (run_id, head_seq, created_at) VALUES (?1, ?2, ?3)")
         .and_then(|mut st| st.execute(params![job.run_id.to_string(), i64_of(job.head_seq), now]))
         .map_err(db("writing the outbox"))?;
@@ -556,7 +650,7 @@ fn insert_outbox(tx: &Transaction<'_>, job: Job, now: i64) -> Result<(), LogErro
 }
 
 /// Create the batch on first use; a batch of another tenant is refused.
-fn claim_batch(tx: &Transaction<'_>, run_id: Uuid, batch: Uuid, tenant: &str, now: i64) -> Result<(), LogError> {
+fn claim_batch(tx: &Connection, run_id: Uuid, batch: Uuid, tenant: &str, now: i64) -> Result<(), LogError> {
     tx.execute("INSERT INTO batches (id, tenant, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (id) DO NOTHING", params![batch.to_string(), tenant, now])
         .map_err(db("writing the batch"))?;
     let owner: String = tx.query_row("SELECT tenant FROM batches WHERE id = ?1", [batch.to_string()], |r| r.get(0)).map_err(db("reading the batch"))?;
@@ -566,7 +660,7 @@ fn claim_batch(tx: &Transaction<'_>, run_id: Uuid, batch: Uuid, tenant: &str, no
     Ok(())
 }
 
-fn insert_approval(tx: &Transaction<'_>, run_id: Uuid, tenant: &str, a: &ApprovalRecord) -> Result<(), LogError> {
+fn insert_approval(tx: &Connection, run_id: Uuid, tenant: &str, a: &ApprovalRecord) -> Result<(), LogError> {
     tx.prepare_cached(
         "INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, status, requested_at, expires_at, escalated, interrupted) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -837,8 +931,8 @@ impl EventLog for SqliteLog {
         let claimed = state.clone();
         let consumed = consumed.to_vec();
         let every = self.store.checkpoint_every;
-        let store = self.store.clone();
-        self.store
+        let committed = self
+            .store
             .write("commit", move |conn| {
                 let tx = immediate(conn)?;
                 let now = nanos(Utc::now());
@@ -899,12 +993,13 @@ impl EventLog for SqliteLog {
                     tx.execute("DELETE FROM checkpoints WHERE run_id = ?1 AND seq < ?2", params![id, i64_of(seq)]).map_err(db("commit"))?;
                 }
                 tx.commit().map_err(db("commit"))?;
-                if !events.is_empty() {
-                    store.advance(run_id, &events);
-                }
-                Ok(())
+                Ok(events)
             })
-            .await
+            .await?;
+        if !committed.is_empty() {
+            self.store.advance(run_id, &committed);
+        }
+        Ok(())
     }
 
     /// One transaction: the inbox row (a used dedupe key is
@@ -1343,7 +1438,7 @@ fn spend_of(tokens: i64, cost: i64) -> Spend {
 }
 
 /// The live counter of `scope` (expired ones deleted first), in `tx`.
-fn counter(tx: &Transaction<'_>, scope: &str) -> Result<Option<Spend>, LogError> {
+fn counter(tx: &Connection, scope: &str) -> Result<Option<Spend>, LogError> {
     let now = nanos(Utc::now());
     tx.execute("DELETE FROM budgets WHERE scope = ?1 AND expires_at <= ?2", params![scope, now]).map_err(db("budget"))?;
     tx.query_row("SELECT tokens, cost_usd_micros FROM budgets WHERE scope = ?1", [scope], |r| Ok(spend_of(r.get(0)?, r.get(1)?)))
@@ -1351,7 +1446,7 @@ fn counter(tx: &Transaction<'_>, scope: &str) -> Result<Option<Spend>, LogError>
         .map_err(db("budget"))
 }
 
-fn set_counter(tx: &Transaction<'_>, scope: &str, used: Spend) -> Result<(), LogError> {
+fn set_counter(tx: &Connection, scope: &str, used: Spend) -> Result<(), LogError> {
     tx.execute("UPDATE budgets SET tokens = ?2, cost_usd_micros = ?3 WHERE scope = ?1", params![scope, i64_of(used.tokens), i64_of(used.cost_usd_micros)])
         .map_err(db("budget"))?;
     Ok(())

@@ -161,3 +161,28 @@ async fn export_then_import_keeps_the_run_whole() {
     let (src_dir, dst_dir) = (TempDir::new(), TempDir::new());
     conformance::export_import_round_trip(&open(&src_dir).await, &open(&dst_dir).await).await;
 }
+
+/// Writes queued together are committed together, each in its own
+/// savepoint: of concurrent identical decisions exactly one is accepted, of
+/// concurrent commits on the same head exactly one wins, and the failures
+/// leave nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_batched_together_fail_alone() {
+    let dir = TempDir::new();
+    let log = open(&dir).await;
+    let s = sample_log();
+    log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start: s.parked[0].clone() }).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    let state = RunState::replay(s.run_id, &s.parked).unwrap();
+    let commits = (0..16).map(|_| log.commit(&lease, &s.parked[1..], &state, &[]));
+    let won = futures::future::join_all(commits).await;
+    assert_eq!(won.iter().filter(|r| r.is_ok()).count(), 1, "{won:?}");
+    assert!(won.iter().filter_map(|r| r.as_ref().err()).all(|e| matches!(e, LogError::Conflict { .. })), "{won:?}");
+    assert_eq!(log.events(s.run_id, 0, 100).await.unwrap(), s.parked);
+    let hash = log.approvals(&glia_backends::ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap()[0].args_hash.clone();
+    let decision = Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None };
+    let posts = (0..16).map(|_| log.post(s.run_id, decision.clone()));
+    let posted = futures::future::join_all(posts).await;
+    assert_eq!(posted.iter().filter(|r| r.is_ok()).count(), 1, "{posted:?}");
+    assert_eq!(log.inbox(s.run_id).await.unwrap().len(), 1);
+}
