@@ -207,7 +207,43 @@ impl Embedded {
         embedded.url = format!("http://{}", listener.local_addr()?);
         let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), glia_dispatcher::Auth::from_tokens(Vec::new())?);
         tokio::spawn(run_dispatcher(app, listener, Duration::from_secs(1), Duration::from_secs(5), shutdown));
+        if data.is_some() {
+            applied_what_was_posted(ports.log.as_ref()).await?;
+        }
         Ok(embedded)
+    }
+}
+
+/// Wait (up to a minute) until the workers have applied every payload a
+/// previous process posted to the runs that are not done. A driver that
+/// resumes answers each run from its log: an answer its previous
+/// incarnation posted and the workers had not applied yet would otherwise
+/// be posted again, and land at the run's next pull point.
+async fn applied_what_was_posted(log: &dyn EventLog) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut waiting = 0;
+        let mut filter = glia_backends::RunFilter { limit: 1000, ..Default::default() };
+        loop {
+            let page = log.list_runs(&filter).await.context("listing runs")?;
+            for run in page.iter().filter(|r| r.status != glia_backends::RunStatus::Done) {
+                if !log.inbox(run.run_id).await.context("reading an inbox")?.is_empty() {
+                    waiting += 1;
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() == filter.limit => filter.after = Some(last.run_id),
+                _ => break,
+            }
+        }
+        if waiting == 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            tracing::warn!(runs = waiting, "payloads posted before the restart are still not applied; resuming anyway");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
