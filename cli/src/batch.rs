@@ -19,7 +19,7 @@ use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
-use glia_proto::{ApprovalStatus, Event, EventKind, Outcome, PauseReason, PullPoint, RunState};
+use glia_proto::{ApprovalStatus, Event, EventKind, Limit, Outcome, PauseReason, PullPoint, RunState};
 use glia_replay::{Conversation, CustomerMove, Recording};
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Client, Method};
@@ -102,6 +102,13 @@ struct Tracked {
     seen: HashMap<String, Instant>,
     posted: HashMap<String, DateTime<Utc>>,
     verdict: Option<Verdict>,
+    /// `model.call` events without a `model.response` after them: calls a
+    /// crash interrupted and the worker made again. Each counts as a turn
+    /// (`RunState::apply`), so a conversation the recording ends at the turn
+    /// limit would reach it early.
+    interrupted_model_calls: u64,
+    /// Turns already added to the run's budget for those.
+    turns_extended: u64,
 }
 
 /// The batch's counters.
@@ -127,6 +134,9 @@ pub struct Summary {
     /// approved call ran (`approval.requested` with `interrupted`): the
     /// recording's own approvals are `approvals - interrupted_approvals`.
     pub interrupted_approvals: usize,
+    /// Model turns given back to runs that reached their turn limit only
+    /// because model calls a crash interrupted were made again.
+    pub turns_given_back: usize,
     /// Customer messages the runs received (`input.received`, including
     /// closing words).
     pub customer_turns: usize,
@@ -230,7 +240,16 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, batch_i
     let mut runs: HashMap<Uuid, Tracked> = HashMap::new();
     for s in submitted {
         let (id, conversation) = s?;
-        let tracked = Tracked { conversation, state: RunState::new(id), acted_at: 0, seen: HashMap::new(), posted: HashMap::new(), verdict: None };
+        let tracked = Tracked {
+            conversation,
+            state: RunState::new(id),
+            acted_at: 0,
+            seen: HashMap::new(),
+            posted: HashMap::new(),
+            verdict: None,
+            interrupted_model_calls: 0,
+            turns_extended: 0,
+        };
         runs.insert(id, tracked);
     }
 
@@ -249,7 +268,11 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, batch_i
             progressed = true;
             for event in events_after(&client, server, row.run_id, t.state.head_seq).await? {
                 match &event.kind {
-                    EventKind::ModelResponse { .. } => summary.model_calls += 1,
+                    EventKind::ModelCall { .. } => t.interrupted_model_calls += 1,
+                    EventKind::ModelResponse { .. } => {
+                        summary.model_calls += 1;
+                        t.interrupted_model_calls = t.interrupted_model_calls.saturating_sub(1);
+                    }
                     EventKind::ToolCall(_) => summary.tool_calls += 1,
                     EventKind::ToolResult { .. } | EventKind::ToolError { .. } => summary.tool_results += 1,
                     EventKind::ApprovalRequested { interrupted: true, .. } => summary.interrupted_approvals += 1,
@@ -308,6 +331,17 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, batch_i
                     if all {
                         t.acted_at = t.state.head_seq;
                     }
+                }
+                // Out of turns only because crashed calls were made again:
+                // give those turns back, as an operator would.
+                Some(PullPoint::Paused { reason: PauseReason::Budget { limit: Limit::Turns } }) if t.interrupted_model_calls > t.turns_extended => {
+                    let extra = t.interrupted_model_calls - t.turns_extended;
+                    let body = json!({ "extend": { "max_turns": extra } });
+                    post(&client, server, &format!("/v1/runs/{id}/resume"), &body).await.with_context(|| format!("extending run {id}"))?;
+                    t.turns_extended += extra;
+                    summary.turns_given_back += extra as usize;
+                    t.acted_at = t.state.head_seq;
+                    progressed = true;
                 }
                 Some(PullPoint::AwaitingInput | PullPoint::Paused { reason: PauseReason::Budget { .. } }) => {
                     let (path, body) = match t.conversation.customer_move(&t.state.messages) {
@@ -443,6 +477,7 @@ fn print_table(s: &Summary) {
         ("tool calls", s.tool_calls.to_string()),
         ("approvals", s.approvals.to_string()),
         ("  after interruption", s.interrupted_approvals.to_string()),
+        ("turns given back", s.turns_given_back.to_string()),
         ("customer turns", s.customer_turns.to_string()),
         ("approval→resume p50", ms(s.approval_resume_p50_ms)),
         ("approval→resume p99", ms(s.approval_resume_p99_ms)),
