@@ -8,16 +8,21 @@
 //!
 //! - `rusqlite` with the `bundled` feature: the maintained SQLite binding,
 //!   with SQLite compiled in, so the single node needs nothing installed.
-//! - `deadpool` (which already pools Postgres connections here) with
-//!   `deadpool-sync`: every call runs on Tokio's blocking pool (`interact`),
-//!   never on the async runtime's threads. The manager is the few lines of
-//!   [`SqliteManager`] rather than `deadpool-sqlite`'s, whose recycle check
+//! - **One writer connection**, on a thread of its own, with group commit:
+//!   the writes queued while the last batch was syncing run in the next
+//!   batch's one `BEGIN IMMEDIATE` transaction, each in a savepoint of its
+//!   own (a write that fails is rolled back alone), then one `COMMIT` — one
+//!   sync for the batch — and each caller gets its answer. So writes are
+//!   serialised in process, never wait for a lock another connection holds,
+//!   and commits of many runs share a sync.
+//! - **Readers**: a pool (`deadpool`, which already pools Postgres
+//!   connections here, with `deadpool-sync`) of `query_only` connections;
+//!   every call runs on Tokio's blocking pool (`interact`), never on the
+//!   async runtime's threads; in WAL mode they read the last committed state
+//!   while the writer writes. The manager is the few lines of
+//!   `SqliteManager` rather than `deadpool-sqlite`'s, whose recycle check
 //!   runs a query (one more trip through the blocking pool) at every
-//!   checkout; a connection to a local file does not go stale. Two pools: **one
-//!   writer connection** (so writes are serialised in process, and a write
-//!   transaction never waits for a lock another connection holds) and a pool
-//!   of **readers** (`query_only`), which in WAL mode read the last
-//!   committed state while the writer writes.
+//!   checkout; a connection to a local file does not go stale.
 //! - `rusqlite_migration`: migrations (`backends/sqlite_migrations/*.sql`,
 //!   compiled in) applied at open, tracked in `PRAGMA user_version`.
 //!
@@ -28,15 +33,15 @@
 //! survived power loss, not only a crash of the process. (`NORMAL` would sync
 //! only at checkpoints of the WAL: a power cut could take back the last
 //! committed steps, which then run again — a tool call twice.) Every write
-//! is one `BEGIN IMMEDIATE` transaction; `busy_timeout` covers the moments
+//! is committed (with its batch) before it is answered; `busy_timeout` covers the moments
 //! another connection (a reader checkpointing the WAL, `sqlite3` opened by
 //! an operator) holds a lock.
 //!
-//! Writes whose loss is harmless are made with `synchronous=NORMAL` for that
-//! one write (they survive a crash of the process, not necessarily a power
-//! cut): jobs and their acks (wake-ups; the reconciler finds runs with work
-//! from the log), outbox marks (a job relayed twice is dropped as stale) and
-//! leases. So a step costs one sync: its commit.
+//! A batch made only of writes whose loss is harmless commits with
+//! `synchronous=NORMAL` (it survives a crash of the process, not
+//! necessarily a power cut): jobs and their acks (wake-ups; the reconciler
+//! finds runs with work from the log), outbox marks (a job relayed twice is
+//! dropped as stale) and leases.
 //!
 //! One process at a time: [`SqliteLog::open`] takes an exclusive advisory
 //! lock on `FILE.lock` (released by the kernel when the process dies, also by
