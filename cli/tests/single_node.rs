@@ -34,6 +34,13 @@ fn done_runs(data: &Path) -> usize {
     conn.query_row("SELECT count(*) FROM runs WHERE status = 'done'", [], |r| r.get::<_, i64>(0)).map_or(0, |n| n as usize)
 }
 
+/// Jobs in the data file's queue (taken and not yet acked included).
+fn queued_jobs(data: &Path) -> i64 {
+    let conn = rusqlite::Connection::open_with_flags(data, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.query_row("SELECT count(*) FROM jobs WHERE dead = 0", [], |r| r.get(0)).unwrap()
+}
+
 /// Every run of the data file, whole.
 fn records(data: &Path) -> Vec<RunRecord> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -171,7 +178,8 @@ fn submit_mixed(api: &Api, n: usize, from: usize) -> Vec<(String, String)> {
 
 /// Killed twice while runs are in flight (tools take 30 ms), started again
 /// each time: every run finishes, logs are whole, each refund ran at most
-/// once (or is recorded as an unknown outcome).
+/// once (or is recorded as an unknown outcome). Then stale and duplicate
+/// jobs change nothing, and SSE and metrics answer.
 #[test]
 fn serve_killed_and_started_again_continues_every_run() {
     let dir = TempDir::new();
@@ -197,6 +205,31 @@ fn serve_killed_and_started_again_continues_every_run() {
     }
     let results = drive_all(&node.api, &runs, Instant::now() + Duration::from_secs(120));
     check_batch(&node.api, &results);
+    // Stale and duplicate jobs change nothing: with the node stopped, queue
+    // for every run a stale job (head 1) and its current head twice, then
+    // start it again and wait until it has taken and acked them all.
+    let logs: Vec<Vec<Value>> = runs.iter().map(|(_, id)| node.api.events(id)).collect();
+    let effects = node.api.effects();
+    node.kill();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let log = SqliteLog::open(&node.data, SqliteOptions::default()).await.unwrap();
+        for (_, id) in &runs {
+            let run_id: uuid::Uuid = id.parse().unwrap();
+            let head = log.get_run(run_id).await.unwrap().head_seq;
+            for head_seq in [1, head, head] {
+                glia_backends::JobQueue::publish(&log.queue(), &glia_backends::Job { run_id, head_seq }).await.unwrap();
+            }
+        }
+    });
+    node.start();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while queued_jobs(&node.data) > 0 {
+        assert!(Instant::now() < deadline, "{} jobs still queued", queued_jobs(&node.data));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(runs.iter().map(|(_, id)| node.api.events(id)).collect::<Vec<_>>(), logs, "no log moved");
+    assert_eq!(node.api.effects(), effects, "no tool ran again");
     // The rest of the API after the restarts: SSE (`glia submit` streams a
     // run's events to its end) and the dispatcher's metrics.
     let config = dir.path().join("plain.json");
