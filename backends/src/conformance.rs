@@ -15,6 +15,7 @@ use glia_proto::{
 use serde_json::json;
 use uuid::Uuid;
 
+use crate::archive::{Archive, Imported};
 use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, LogError, NewRun, RunFilter, RunGaugeKey, RunStatus};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -308,6 +309,41 @@ pub async fn lists_runs(log: &dyn EventLog) {
     assert!(nul.is_ok_and(|r| r.is_empty()));
     let nul = log.approvals(&ApprovalFilter { tenant: Some("a\0".into()), tool: Some("t\0".into()), limit: 100, ..Default::default() }).await;
     assert!(nul.is_ok_and(|r| r.is_empty()));
+}
+
+/// A run exported from one file and imported into another is the same run:
+/// log, state, approvals, inbox (and its dedupe keys), idempotency key; a
+/// second import changes nothing; a runnable run gets a job.
+pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
+    let s = sample_log();
+    let tenant = format!("t-{}", s.run_id);
+    src.create_run(NewRun { tenant, idempotency_key: Some("k".into()), batch_id: Some(Uuid::now_v7()), start: s.parked[0].clone() }).await.unwrap();
+    let lease = src.acquire(s.run_id, "w", TTL).await.unwrap();
+    src.commit(&lease, &s.parked[1..], &RunState::replay(s.run_id, &s.parked).unwrap(), &[]).await.unwrap();
+    let pending = src.approvals(&ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap();
+    let decision = Resume::Approval { call_id: "c1".into(), args_hash: pending[0].args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
+    src.post(s.run_id, decision.clone()).await.unwrap();
+
+    let record = src.export_run(s.run_id).await.unwrap();
+    assert_eq!(record.events, s.parked);
+    assert_eq!(dst.import_run(&record).await.unwrap(), Imported::Created);
+    assert_eq!(dst.import_run(&record).await.unwrap(), Imported::AlreadyPresent);
+    let back = dst.export_run(s.run_id).await.unwrap();
+    assert!((back.created_at - record.created_at).abs() < chrono::Duration::microseconds(1), "admission time kept (to the microsecond)");
+    assert_eq!(crate::archive::RunRecord { created_at: record.created_at, ..back }, record, "the same record back");
+    assert_eq!(dst.load(s.run_id).await.unwrap(), src.load(s.run_id).await.unwrap());
+    let summary = dst.get_run(s.run_id).await.unwrap();
+    assert_eq!((summary.head_seq, summary.batch_id), (s.parked.len() as u64, record.batch_id));
+    assert!(matches!(dst.post(s.run_id, decision).await, Err(LogError::Duplicate { .. })), "the decision was already posted");
+    assert!(dst.outbox(100).await.unwrap().iter().any(|(_, j)| j.run_id == s.run_id), "a job for the run with a payload waiting");
+    assert!(dst.acquire(s.run_id, "w2", TTL).await.is_ok(), "no lease travels");
+
+    let mut broken = record.clone();
+    broken.run_id = Uuid::now_v7();
+    assert!(matches!(dst.import_run(&broken).await, Err(LogError::Invalid { .. })), "events of another run");
+    let mut longer = record.clone();
+    longer.events.truncate(3);
+    assert!(matches!(dst.import_run(&longer).await, Err(LogError::Conflict { .. })), "present at another head");
 }
 
 /// Run every check, each on a fresh log from `fresh`.

@@ -2,13 +2,17 @@
 //!
 //! - [`EventLog`]: the truth. Runs, their append-only event logs, leases,
 //!   checkpoints, the inbox of posted payloads, approvals, the outbox of jobs.
-//!   Adapters: [`memory::MemoryLog`]; Postgres ([`postgres`]).
+//!   Adapters: [`memory::MemoryLog`]; Postgres ([`postgres`]); SQLite
+//!   ([`sqlite`], the single node).
 //! - [`JobQueue`]: wake-ups. A [`Job`] names a run and the head sequence it
-//!   expects. Adapters: [`memory::MemoryQueue`]; RabbitMQ ([`rabbitmq`]).
+//!   expects. Adapters: [`memory::MemoryQueue`]; RabbitMQ ([`rabbitmq`]);
+//!   SQLite ([`sqlite::SqliteQueue`]).
 //! - [`Ledger`]: fast shared counters and signals: cancellation flags, live
 //!   deltas, and budget counters (per-tenant daily spend, reserved before a
 //!   model call and settled after). Adapters: [`memory::MemoryLedger`]; Redis
-//!   ([`redis_ledger`]).
+//!   ([`redis_ledger`]); SQLite ([`sqlite::SqliteLedger`]).
+//!
+//! [`archive`] moves whole runs between event logs (`glia export`/`import`).
 //!
 //! Losing a queued job or a ledger key never loses a run: the reconciler
 //! re-enqueues runnable runs from the log, and a missing budget counter is
@@ -17,11 +21,13 @@
 
 #![warn(missing_docs)]
 
+pub mod archive;
 pub mod conformance;
 pub mod memory;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod redis_ledger;
+pub mod sqlite;
 pub mod testkit;
 
 use std::time::Duration;

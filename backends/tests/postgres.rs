@@ -452,3 +452,15 @@ async fn float_arguments_round_trip() {
     assert_eq!(log.events(run_id, 0, 100).await.unwrap(), events);
     assert_eq!(log.load(run_id).await.unwrap(), replay(&events));
 }
+
+/// Runs move whole from a single node's SQLite file to Postgres and back.
+#[tokio::test]
+async fn runs_move_between_sqlite_and_postgres() {
+    use glia_backends::sqlite::{SqliteLog, SqliteOptions};
+    let dir = glia_backends::testkit::TempDir::new();
+    let sqlite = SqliteLog::open(dir.db(), SqliteOptions::default()).await.unwrap();
+    let db = TestDb::new().await;
+    let pg = db.log().await;
+    conformance::export_import_round_trip(&sqlite, &pg).await;
+    conformance::export_import_round_trip(&pg, &sqlite).await;
+}

@@ -2,7 +2,9 @@
 //! its customers and approvers, over the dispatcher's HTTP API.
 //!
 //! Without `--server` it starts the embedded fleet (dispatcher and workers in
-//! this process, in-memory ports); with it, it drives a running dispatcher
+//! this process) on a SQLite file: a new one in a temporary directory, or the
+//! one named by `--data`, where a batch that was interrupted (killed) goes on
+//! from where each run's log ends; with `--server`, it drives a running dispatcher
 //! whose workers were started with `--replay` on the same recording. The
 //! driver keeps each run's state by applying the run's events (the same
 //! transition function the workers use), answers each pull point from the
@@ -26,7 +28,7 @@ use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
-use glia_proto::{ApprovalStatus, Event, EventKind, Outcome, PauseReason, PullPoint, RunState};
+use glia_proto::{ApprovalStatus, Event, EventKind, Limit, Outcome, PauseReason, PullPoint, RunState};
 use glia_replay::{Conversation, CustomerMove, Recording};
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Client, Method};
@@ -76,6 +78,12 @@ pub struct BatchArgs {
     /// before giving up; 0 gives up at the first failure.
     #[arg(long, env = "GLIA_MAX_OUTAGE_SECS", default_value_t = DEFAULT_MAX_OUTAGE_SECS)]
     pub max_outage_secs: u64,
+    /// Embedded fleet: keep the runs in this SQLite file (default: a new
+    /// file in a temporary directory, removed at the end). Run the batch
+    /// again with the same file and it resumes: runs already admitted are
+    /// not admitted again, each continues from its log.
+    #[arg(long, value_name = "PATH", conflicts_with = "server")]
+    pub data: Option<PathBuf>,
     /// Embedded fleet: workers to start.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -108,6 +116,13 @@ struct Tracked {
     seen: HashMap<String, Instant>,
     posted: HashMap<String, DateTime<Utc>>,
     verdict: Option<Verdict>,
+    /// `model.call` events without a `model.response` after them: calls a
+    /// crash interrupted and the worker made again. Each counts as a turn
+    /// (`RunState::apply`), so a conversation the recording ends at the turn
+    /// limit would reach it early.
+    interrupted_model_calls: u64,
+    /// Turns already added to the run's budget for those.
+    turns_extended: u64,
 }
 
 /// The batch's counters.
@@ -133,7 +148,11 @@ pub struct Summary {
     /// approved call ran (`approval.requested` with `interrupted`): the
     /// recording's own approvals are `approvals - interrupted_approvals`.
     pub interrupted_approvals: usize,
-    /// Customer messages posted (including closing words).
+    /// Model turns given back to runs that reached their turn limit only
+    /// because model calls a crash interrupted were made again.
+    pub turns_given_back: usize,
+    /// Customer messages the runs received (`input.received`, including
+    /// closing words).
     pub customer_turns: usize,
     /// Approval posted → `approval.resolved` recorded, ms.
     pub approval_resume_p50_ms: Option<f64>,
@@ -172,11 +191,17 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
     let (server, _fleet) = match &args.server {
         Some(url) => (Server { server: url.clone(), token: args.token.clone(), max_outage_secs: args.max_outage_secs }, None),
         None => {
-            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency).await?;
+            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency, args.data.as_deref()).await?;
             (Server { server: fleet.url.clone(), token: None, max_outage_secs: args.max_outage_secs }, Some(fleet))
         }
     };
-    let summary = drive(&server, &recording, &args).await?;
+    // On a named data file the batch is the same batch every time, so a
+    // second invocation finds the runs of the first (idempotency keys).
+    let batch_id = match &args.data {
+        Some(_) => stable_batch_id(&args.file, &tools, args.limit)?,
+        None => Uuid::now_v7(),
+    };
+    let summary = drive(&server, &recording, &args, batch_id).await?;
     let (diverged, failed) = (summary.diverged, summary.failed);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -189,10 +214,24 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
     Ok(())
 }
 
-async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Result<Summary> {
+/// The batch id of a recording (trajectories, tools, limit): the first 16
+/// bytes of their SHA-256, as a custom (version 8) UUID.
+fn stable_batch_id(file: &std::path::Path, tools: &std::path::Path, limit: Option<usize>) -> Result<Uuid> {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for path in [file, tools] {
+        hash.update(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?);
+    }
+    hash.update(format!("limit={limit:?}"));
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    Ok(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+}
+
+async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, batch_id: Uuid) -> Result<Summary> {
     let client = crate::client::http_client()?;
     let conversations: Vec<Arc<Conversation>> = recording.conversations().iter().take(args.limit.unwrap_or(usize::MAX)).cloned().collect();
-    let batch_id = Uuid::now_v7();
     let started = Instant::now();
     let bar = ProgressBar::new(conversations.len() as u64);
     bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs done  {msg}")?.progress_chars("=> "));
@@ -218,7 +257,7 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
     for s in submitted {
         match s {
             Ok((id, conversation)) => {
-                let tracked = Tracked { conversation, state: RunState::new(id), acted_at: 0, seen: HashMap::new(), posted: HashMap::new(), verdict: None };
+                let tracked = Tracked { conversation, state: RunState::new(id), acted_at: 0, seen: HashMap::new(), posted: HashMap::new(), verdict: None, interrupted_model_calls: 0, turns_extended: 0 };
                 runs.insert(id, tracked);
             }
             Err(e) => not_submitted.push(e),
@@ -275,10 +314,15 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
             progressed = true;
             for event in events_after(client, server, row.run_id, t.state.head_seq).await? {
                 match &event.kind {
-                    EventKind::ModelResponse { .. } => summary.model_calls += 1,
+                    EventKind::ModelCall { .. } => t.interrupted_model_calls += 1,
+                    EventKind::ModelResponse { .. } => {
+                        summary.model_calls += 1;
+                        t.interrupted_model_calls = t.interrupted_model_calls.saturating_sub(1);
+                    }
                     EventKind::ToolCall(_) => summary.tool_calls += 1,
                     EventKind::ToolResult { .. } | EventKind::ToolError { .. } => summary.tool_results += 1,
                     EventKind::ApprovalRequested { interrupted: true, .. } => summary.interrupted_approvals += 1,
+                    EventKind::InputReceived { .. } => summary.customer_turns += 1,
                     EventKind::ApprovalResolved { call_id, .. } => {
                         summary.approvals += 1;
                         let request = t.state.call(call_id).and_then(|c| c.requested_seq).unwrap_or(0);
@@ -334,6 +378,17 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
                         t.acted_at = t.state.head_seq;
                     }
                 }
+                // Out of turns only because crashed calls were made again:
+                // give those turns back, as an operator would.
+                Some(PullPoint::Paused { reason: PauseReason::Budget { limit: Limit::Turns } }) if t.interrupted_model_calls > t.turns_extended => {
+                    let extra = t.interrupted_model_calls - t.turns_extended;
+                    let body = json!({ "extend": { "max_turns": extra } });
+                    post(&client, server, &format!("/v1/runs/{id}/resume"), &body).await.with_context(|| format!("extending run {id}"))?;
+                    t.turns_extended += extra;
+                    summary.turns_given_back += extra as usize;
+                    t.acted_at = t.state.head_seq;
+                    progressed = true;
+                }
                 Some(PullPoint::AwaitingInput | PullPoint::Paused { reason: PauseReason::Budget { .. } }) => {
                     let (path, body) = match t.conversation.customer_move(&t.state.messages) {
                         CustomerMove::Say(text) => ("messages", json!({ "text": text })),
@@ -347,9 +402,6 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
                             continue;
                         }
                     };
-                    if body.get("text").is_some() {
-                        summary.customer_turns += 1;
-                    }
                     post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/{path}"), &body).await.with_context(|| format!("posting to run {id}"))?;
                     t.acted_at = t.state.head_seq;
                     progressed = true;
@@ -493,6 +545,7 @@ fn print_table(s: &Summary) {
         ("tool calls", s.tool_calls.to_string()),
         ("approvals", s.approvals.to_string()),
         ("  after interruption", s.interrupted_approvals.to_string()),
+        ("turns given back", s.turns_given_back.to_string()),
         ("customer turns", s.customer_turns.to_string()),
         ("approval→resume p50", ms(s.approval_resume_p50_ms)),
         ("approval→resume p99", ms(s.approval_resume_p99_ms)),

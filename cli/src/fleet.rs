@@ -11,7 +11,7 @@
 //! `/readyz` checks the live ports on each call.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::postgres::{PgLog, PgOptions};
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
+use glia_backends::sqlite::{SqliteLog, SqliteOptions};
 use glia_backends::{EVENT_LOG, EventLog, JOB_QUEUE, JobQueue, LEDGER, Ledger};
 use glia_dispatcher::{Gate, Startup};
 use glia_worker::Agent;
@@ -83,6 +84,13 @@ impl Ports {
             ports = connect => Ok(Some(ports)),
             _ = shutdown.wait_for(|s| *s) => Ok(None),
         }
+    }
+
+    /// The single node's store: all three ports on the SQLite file at
+    /// `path` (created if missing; one process at a time).
+    pub async fn sqlite(path: &Path) -> Result<Ports> {
+        let log = SqliteLog::open(path, SqliteOptions::default()).await.with_context(|| format!("opening the data file {}", path.display()))?;
+        Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: Arc::new(log) })
     }
 
     /// In-memory twins: nothing survives the process.
@@ -237,37 +245,91 @@ pub fn replay_agent(recording: &glia_replay::Recording) -> Result<Arc<Agent>> {
     Ok(Arc::new(Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?)))
 }
 
-/// A dispatcher and workers in this process on in-memory ports, serving on
-/// an ephemeral loopback port; stopped when dropped.
+/// A dispatcher and workers in this process on one SQLite file (the single
+/// node), serving on an ephemeral loopback port; stopped when dropped.
 pub struct Embedded {
     /// The dispatcher's base URL, `http://127.0.0.1:PORT`.
     pub url: String,
     stop: watch::Sender<bool>,
+    /// The temporary directory of the data file, when none was named:
+    /// removed when dropped.
+    scratch: Option<PathBuf>,
 }
 
 impl Embedded {
     /// Start `workers` workers (each advancing `concurrency` runs at once)
-    /// that replay `recording`, and a dispatcher for them.
-    pub async fn start(recording: &glia_replay::Recording, workers: usize, concurrency: usize) -> Result<Embedded> {
+    /// that replay `recording`, and a dispatcher for them, on the SQLite file
+    /// `data` (runs already in it continue), or on a new file in a temporary
+    /// directory of its own.
+    pub async fn start(recording: &glia_replay::Recording, workers: usize, concurrency: usize, data: Option<&Path>) -> Result<Embedded> {
         let agent = replay_agent(recording)?;
-        let ports = Ports::memory();
+        let (path, scratch) = match data {
+            Some(path) => (path.to_owned(), None),
+            None => {
+                let dir = std::env::temp_dir().join(format!("glia-batch-{}", uuid::Uuid::now_v7().simple()));
+                std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+                (dir.join("glia.db"), Some(dir))
+            }
+        };
+        let mut embedded = Embedded { url: String::new(), stop: watch::channel(false).0, scratch };
+        let ports = Ports::sqlite(&path).await?;
         let (stop, shutdown) = watch::channel(false);
+        embedded.stop = stop;
         for n in 0..workers.max(1) {
             let options = WorkerOptions { id: format!("embedded-{n}"), concurrency: concurrency.max(1), lease_ttl: Duration::from_secs(30) };
             let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), options));
             tokio::spawn(w.run(shutdown.clone()));
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
-        let url = format!("http://{}", listener.local_addr()?);
+        embedded.url = format!("http://{}", listener.local_addr()?);
         let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), glia_dispatcher::Auth::from_tokens(Vec::new())?);
-        tokio::spawn(run_dispatcher(app, listener, Duration::from_secs(2), Duration::from_secs(5), shutdown));
-        Ok(Embedded { url, stop })
+        tokio::spawn(run_dispatcher(app, listener, Duration::from_secs(1), Duration::from_secs(5), shutdown));
+        if data.is_some() {
+            applied_what_was_posted(ports.log.as_ref()).await?;
+        }
+        Ok(embedded)
+    }
+}
+
+/// Wait (up to a minute) until the workers have applied every payload a
+/// previous process posted to the runs that are not done. A driver that
+/// resumes answers each run from its log: an answer its previous
+/// incarnation posted and the workers had not applied yet would otherwise
+/// be posted again, and land at the run's next pull point.
+async fn applied_what_was_posted(log: &dyn EventLog) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut waiting = 0;
+        let mut filter = glia_backends::RunFilter { limit: 1000, ..Default::default() };
+        loop {
+            let page = log.list_runs(&filter).await.context("listing runs")?;
+            for run in page.iter().filter(|r| r.status != glia_backends::RunStatus::Done) {
+                if !log.inbox(run.run_id).await.context("reading an inbox")?.is_empty() {
+                    waiting += 1;
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() == filter.limit => filter.after = Some(last.run_id),
+                _ => break,
+            }
+        }
+        if waiting == 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            tracing::warn!(runs = waiting, "payloads posted before the restart are still not applied; resuming anyway");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 impl Drop for Embedded {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        if let Some(dir) = &self.scratch {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -438,26 +500,76 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     Ok(())
 }
 
-/// `glia dev`: dispatcher and `workers` workers in one process on the
-/// in-memory ports (or on the services with `--services`; only then is a real
-/// provider rate-limited through Redis).
-pub async fn dev(urls: Urls, services: bool, workers: usize, worker_args: WorkerArgs, dispatcher_args: DispatcherArgs) -> Result<()> {
+/// What `glia dev` and `glia serve` run in their one process.
+#[derive(Args, Clone)]
+pub struct NodeArgs {
+    /// Workers to start.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+    #[command(flatten)]
+    pub dispatcher: DispatcherArgs,
+}
+
+/// Where `glia dev` / `glia serve` keep their runs.
+pub enum Store {
+    /// In-memory twins: nothing survives the process.
+    Memory,
+    /// The services at the URLs.
+    Services(Urls),
+    /// The single node: one SQLite file.
+    Sqlite(PathBuf),
+}
+
+/// `glia dev` and `glia serve`: dispatcher and `workers` workers in one
+/// process, on the in-memory ports, the services (`--services`; only then is
+/// a real provider rate-limited through Redis), or one SQLite file (`--data`:
+/// durable; killed and started again, every run continues from its log).
+/// With `--metrics-listen`, the workers' metrics are served there (the
+/// dispatcher's are at `/metrics` of the API).
+pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
+    let NodeArgs { workers, worker: worker_args, dispatcher: dispatcher_args } = node;
     let caps = worker_args.tenant_caps()?;
+    let (metrics, provider_metrics) = worker_args.metrics().unzip();
+    let redis = match &store {
+        Store::Services(urls) => Some((urls.redis_url.as_str(), urls.redis_prefix.as_str())),
+        _ => None,
+    };
     let shutdown = shutdown_signal();
-    let startup = Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]);
-    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str())), None, &startup).await?;
-    let ports = match services {
+    let readiness = crate::observe::Readiness::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]));
+    let startup = readiness.startup().clone();
+    let agent = worker_args.agent(redis, provider_metrics, &startup).await?;
+    let ports = match &store {
+        Store::Memory => Ports::memory(),
         // Waits for the services (logging why), like `glia dispatcher` and `glia worker`.
-        true => match Ports::connect_waiting(&urls, &startup, shutdown.clone()).await? {
+        Store::Services(urls) => match Ports::connect_waiting(urls, &startup, shutdown.clone()).await? {
             Some(ports) => ports,
             None => return Ok(()),
         },
-        false => Ports::memory(),
+        Store::Sqlite(path) => {
+            let ports = Ports::sqlite(path).await?;
+            info!(data = %path.display(), "single node on a SQLite file");
+            ports
+        }
     };
     let agent = with_caps(agent, caps, &ports)?;
+    readiness.connected(&ports);
+    let metrics = metrics.map(Arc::new);
+    if let (Some(metrics), Some(addr)) = (&metrics, worker_args.metrics_listen) {
+        let listener = crate::observe::serve_metrics(addr, metrics.clone(), readiness.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = listener.await {
+                tracing::error!("metrics endpoint: {e:#}");
+            }
+        });
+    }
     for n in 0..workers.max(1) {
-        let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n)));
-        tokio::spawn(w.run(shutdown.clone()));
+        let mut w = Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n));
+        if let Some(metrics) = &metrics {
+            w = w.with_metrics(metrics.clone());
+        }
+        tokio::spawn(Arc::new(w).run(shutdown.clone()));
     }
     serve_dispatcher(&ports, &dispatcher_args, shutdown).await
 }

@@ -449,3 +449,44 @@ pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<
     assert_eq!(refunds.len() + outcome_unknown, approval_runs, "every refund either ran once or is recorded as outcome unknown");
     refunds
 }
+
+// ---------------------------------------------------------------------------
+// The tau-bench recording and `glia batch`
+
+pub fn trajectories() -> String {
+    recording_dir().join("gpt-4o-airline.json").to_str().unwrap().to_owned()
+}
+
+/// `glia batch --json ARGS…` on the vendored recording, output piped.
+pub fn glia_batch(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
+    cmd.arg("batch").arg(trajectories()).arg("--json").args(args).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+pub fn summary(out: std::process::Output) -> Value {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "glia batch failed: {}\n{stderr}", out.status);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("summary is not JSON ({e}): {}\n{stderr}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The totals of the recording: every conversation, model turn, tool call,
+/// approval (consequential calls) and customer message, reproduced (the
+/// approval latency, which a resumed batch may not see, is not checked).
+pub fn assert_whole_recording(s: &Value) {
+    assert_eq!(s["runs"], 200, "{s}");
+    assert_eq!(s["reproduced"], 200, "{s}");
+    assert_eq!(s["diverged"], 0, "{s}");
+    assert_eq!(s["failed"], 0, "{s}");
+    assert_eq!(s["model_calls"], 2454, "{s}");
+    assert_eq!(s["tool_calls"], 1164, "{s}");
+    assert_eq!(s["tool_results"], 1164, "{s}");
+    // A worker killed while an approved consequential call ran asks again
+    // (`on_interrupted_call`); every approval beyond the recording's 250
+    // must be such a re-approval, and each call still has one result.
+    let approvals = s["approvals"].as_u64().unwrap();
+    let interrupted = s["interrupted_approvals"].as_u64().unwrap();
+    assert_eq!(approvals - interrupted, 250, "{s}");
+    assert_eq!(s["customer_turns"], 1290, "{s}");
+}
+
