@@ -383,7 +383,7 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
                 Some(PullPoint::Paused { reason: PauseReason::Budget { limit: Limit::Turns } }) if t.interrupted_model_calls > t.turns_extended => {
                     let extra = t.interrupted_model_calls - t.turns_extended;
                     let body = json!({ "extend": { "max_turns": extra } });
-                    post(&client, server, &format!("/v1/runs/{id}/resume"), &body).await.with_context(|| format!("extending run {id}"))?;
+                    post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/resume"), &body).await.with_context(|| format!("extending run {id}"))?;
                     t.turns_extended += extra;
                     summary.turns_given_back += extra as usize;
                     t.acted_at = t.state.head_seq;
