@@ -15,6 +15,7 @@ use glia_proto::{
 use serde_json::json;
 use uuid::Uuid;
 
+use crate::archive::{Archive, Imported};
 use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, LogError, NewRun, RunFilter, RunGaugeKey, RunStatus};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -51,6 +52,7 @@ pub fn sample_log() -> SampleLog {
             stop_reason: "tool_use".into(),
             duration_ms: 3,
             cost_usd_micros: 7,
+            rejected: None,
         },
         EventKind::ToolCall(ToolCallRecord {
             call_id: "c1".into(),
@@ -67,7 +69,7 @@ pub fn sample_log() -> SampleLog {
         EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: Some("ana".into()) },
         EventKind::ToolResult { call_id: "c1".into(), content: "{\"refunded\":30}".into(), reminder: None, duration_ms: 1 },
         EventKind::ModelCall { model: "m".into(), messages: 3, wrap_up: false, forced_tool: None },
-        EventKind::ModelResponse { message: Message::assistant("Refunded."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 2, cost_usd_micros: 0 },
+        EventKind::ModelResponse { message: Message::assistant("Refunded."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 2, cost_usd_micros: 0, rejected: None },
         EventKind::StepEnd { index: 0, answer: "Refunded.".into(), skipped: false },
         EventKind::SessionComplete { outcome: Outcome::Succeeded { answer: "Refunded.".into(), output: None } },
     ];
@@ -236,6 +238,32 @@ pub async fn ending_a_run_closes_its_approvals(log: &dyn EventLog) {
     assert_eq!(log.gauges(Utc::now()).await.unwrap().approvals_pending, 0);
 }
 
+/// Once a cancel is posted nothing else is taken (a second cancel is a
+/// duplicate); once the run is done, nothing at all.
+pub async fn nothing_is_taken_after_a_cancel(log: &dyn EventLog) {
+    let s = sample_log();
+    log.create_run(new_run(&format!("t-{}", s.run_id), None, &s.parked[0])).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
+    let hash = args_hash(&json!({"order": "A1", "amount": 30}));
+    let approval = Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None };
+    let cancel = log.post(s.run_id, Resume::Cancel { reason: "stop".into() }).await.unwrap();
+    let refused = log.post(s.run_id, approval.clone()).await;
+    assert!(matches!(refused, Err(LogError::Cancelled(id)) if id == s.run_id), "an approval after a cancel: {refused:?}");
+    let refused = log.post(s.run_id, Resume::Resume { by: None }).await;
+    assert!(matches!(refused, Err(LogError::Cancelled(_))), "a resume after a cancel: {refused:?}");
+    let again = log.post(s.run_id, Resume::Cancel { reason: "again".into() }).await;
+    assert!(matches!(again, Err(LogError::Duplicate { .. })), "a second cancel: {again:?}");
+    assert_eq!(log.inbox(s.run_id).await.unwrap().iter().map(|i| i.id).collect::<Vec<_>>(), [cancel], "only the cancel waits");
+    let end = Event { run_id: s.run_id, seq: s.parked.len() as u64 + 1, at: Utc::now(), kind: EventKind::SessionCancel { reason: "stop".into() } };
+    let all = [s.parked.clone(), vec![end.clone()]].concat();
+    log.commit(&lease, &[end], &state_after(s.run_id, &all), &[cancel]).await.unwrap();
+    let refused = log.post(s.run_id, approval).await;
+    assert!(matches!(refused, Err(LogError::Finished(_))), "an approval to a finished run: {refused:?}");
+    let refused = log.post(s.run_id, Resume::Cancel { reason: "late".into() }).await;
+    assert!(matches!(refused, Err(LogError::Finished(_))), "a cancel to a finished run: {refused:?}");
+}
+
 /// The outbox drains; runnable runs without a live lease are orphaned; parked
 /// and leased runs are not.
 pub async fn outbox_and_orphans(log: &dyn EventLog) {
@@ -276,6 +304,46 @@ pub async fn lists_runs(log: &dyn EventLog) {
     assert!(parked.is_empty());
     let other = log.list_runs(&RunFilter { tenant: Some("nobody".into()), limit: 100, ..Default::default() }).await.unwrap();
     assert!(other.is_empty());
+    // Filters no stored name can match (U+0000) match nothing; they are not errors.
+    let nul = log.list_runs(&RunFilter { tenant: Some("a\0b".into()), limit: 100, ..Default::default() }).await;
+    assert!(nul.is_ok_and(|r| r.is_empty()));
+    let nul = log.approvals(&ApprovalFilter { tenant: Some("a\0".into()), tool: Some("t\0".into()), limit: 100, ..Default::default() }).await;
+    assert!(nul.is_ok_and(|r| r.is_empty()));
+}
+
+/// A run exported from one file and imported into another is the same run:
+/// log, state, approvals, inbox (and its dedupe keys), idempotency key; a
+/// second import changes nothing; a runnable run gets a job.
+pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
+    let s = sample_log();
+    let tenant = format!("t-{}", s.run_id);
+    src.create_run(NewRun { tenant, idempotency_key: Some("k".into()), batch_id: Some(Uuid::now_v7()), start: s.parked[0].clone() }).await.unwrap();
+    let lease = src.acquire(s.run_id, "w", TTL).await.unwrap();
+    src.commit(&lease, &s.parked[1..], &RunState::replay(s.run_id, &s.parked).unwrap(), &[]).await.unwrap();
+    let pending = src.approvals(&ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap();
+    let decision = Resume::Approval { call_id: "c1".into(), args_hash: pending[0].args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
+    src.post(s.run_id, decision.clone()).await.unwrap();
+
+    let record = src.export_run(s.run_id).await.unwrap();
+    assert_eq!(record.events, s.parked);
+    assert_eq!(dst.import_run(&record).await.unwrap(), Imported::Created);
+    assert_eq!(dst.import_run(&record).await.unwrap(), Imported::AlreadyPresent);
+    let back = dst.export_run(s.run_id).await.unwrap();
+    assert!((back.created_at - record.created_at).abs() < chrono::Duration::microseconds(1), "admission time kept (to the microsecond)");
+    assert_eq!(crate::archive::RunRecord { created_at: record.created_at, ..back }, record, "the same record back");
+    assert_eq!(dst.load(s.run_id).await.unwrap(), src.load(s.run_id).await.unwrap());
+    let summary = dst.get_run(s.run_id).await.unwrap();
+    assert_eq!((summary.head_seq, summary.batch_id), (s.parked.len() as u64, record.batch_id));
+    assert!(matches!(dst.post(s.run_id, decision).await, Err(LogError::Duplicate { .. })), "the decision was already posted");
+    assert!(dst.outbox(100).await.unwrap().iter().any(|(_, j)| j.run_id == s.run_id), "a job for the run with a payload waiting");
+    assert!(dst.acquire(s.run_id, "w2", TTL).await.is_ok(), "no lease travels");
+
+    let mut broken = record.clone();
+    broken.run_id = Uuid::now_v7();
+    assert!(matches!(dst.import_run(&broken).await, Err(LogError::Invalid { .. })), "events of another run");
+    let mut longer = record.clone();
+    longer.events.truncate(3);
+    assert!(matches!(dst.import_run(&longer).await, Err(LogError::Conflict { .. })), "present at another head");
 }
 
 /// Run every check, each on a fresh log from `fresh`.
@@ -285,6 +353,7 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     load_equals_replay(&fresh().await).await;
     inbox_and_approvals(&fresh().await).await;
     ending_a_run_closes_its_approvals(&fresh().await).await;
+    nothing_is_taken_after_a_cancel(&fresh().await).await;
     an_interrupted_call_is_marked_in_the_queue(&fresh().await).await;
     outbox_and_orphans(&fresh().await).await;
     lists_runs(&fresh().await).await;

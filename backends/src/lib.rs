@@ -2,13 +2,17 @@
 //!
 //! - [`EventLog`]: the truth. Runs, their append-only event logs, leases,
 //!   checkpoints, the inbox of posted payloads, approvals, the outbox of jobs.
-//!   Adapters: [`memory::MemoryLog`]; Postgres ([`postgres`]).
+//!   Adapters: [`memory::MemoryLog`]; Postgres ([`postgres`]); SQLite
+//!   ([`sqlite`], the single node).
 //! - [`JobQueue`]: wake-ups. A [`Job`] names a run and the head sequence it
-//!   expects. Adapters: [`memory::MemoryQueue`]; RabbitMQ ([`rabbitmq`]).
+//!   expects. Adapters: [`memory::MemoryQueue`]; RabbitMQ ([`rabbitmq`]);
+//!   SQLite ([`sqlite::SqliteQueue`]).
 //! - [`Ledger`]: fast shared counters and signals: cancellation flags, live
 //!   deltas, and budget counters (per-tenant daily spend, reserved before a
 //!   model call and settled after). Adapters: [`memory::MemoryLedger`]; Redis
-//!   ([`redis_ledger`]).
+//!   ([`redis_ledger`]); SQLite ([`sqlite::SqliteLedger`]).
+//!
+//! [`archive`] moves whole runs between event logs (`glia export`/`import`).
 //!
 //! Losing a queued job or a ledger key never loses a run: the reconciler
 //! re-enqueues runnable runs from the log, and a missing budget counter is
@@ -17,11 +21,13 @@
 
 #![warn(missing_docs)]
 
+pub mod archive;
 pub mod conformance;
 pub mod memory;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod redis_ledger;
+pub mod sqlite;
 pub mod testkit;
 pub mod webhooks;
 
@@ -274,6 +280,13 @@ pub enum LogError {
         /// What, e.g. `approval call_3`.
         what: String,
     },
+    /// A cancel waits in the run's inbox: no other payload is taken (the
+    /// run ends cancelled as soon as a worker applies it).
+    #[error("run {0} is being cancelled; nothing but the cancel is taken")]
+    Cancelled(Uuid),
+    /// The run is done: no payload is taken.
+    #[error("run {0} is finished")]
+    Finished(Uuid),
     /// The events do not apply to the run's state (a bug in the caller).
     #[error("run {run_id}: invalid events: {reason}")]
     Invalid {
@@ -330,8 +343,13 @@ pub trait EventLog: Send + Sync {
 
     /// Queue a payload for a parked run and write a job. A payload with a
     /// dedupe key already used for the run (an approval or an external
-    /// result for the same call) is refused with [`LogError::Duplicate`].
-    /// Validation against the run's state is the caller's.
+    /// result for the same call, a second cancel) is refused with
+    /// [`LogError::Duplicate`]. Atomically with the write, and serialised
+    /// with other posts and commits of the run: a run that is done refuses
+    /// every payload ([`LogError::Finished`]); a run with a cancel waiting in
+    /// its inbox refuses every other payload ([`LogError::Cancelled`]), so
+    /// nothing posted after a cancel is accepted. Other validation against
+    /// the run's state is the caller's.
     async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError>;
 
     /// The run's unconsumed inbox items, oldest first.
@@ -422,7 +440,8 @@ pub struct LogGauges {
 
 /// The dedupe key of a payload: approvals are accepted once per approval
 /// request (its `request_seq`; without one, per call and arguments hash),
-/// escalations once per approval request, external results once per call; other payloads are not deduplicated. So
+/// escalations once per approval request, external results once per call,
+/// a cancel once ([`CANCEL_KEY`]); other payloads are not deduplicated. So
 /// a call that is asked about again (after a crash), or a later call that
 /// reuses a call id (some providers number ids per response), can still be
 /// decided.
@@ -432,9 +451,14 @@ pub fn dedupe_key(payload: &Resume) -> Option<String> {
         Resume::Approval { call_id, args_hash, .. } => Some(format!("approval:{call_id}:{args_hash}")),
         Resume::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
         Resume::Escalate { call_id, request_seq, .. } => Some(format!("escalate:{call_id}:{}", request_seq.unwrap_or(0))),
+        Resume::Cancel { .. } => Some(CANCEL_KEY.to_owned()),
         _ => None,
     }
 }
+
+/// The dedupe key of a cancel: one cancel waits in an inbox at a time, and
+/// while it waits [`EventLog::post`] takes nothing else ([`LogError::Cancelled`]).
+pub const CANCEL_KEY: &str = "cancel";
 
 /// What a dedupe key names, for [`LogError::Duplicate`]: `approval call_3`.
 pub fn dedupe_what(key: &str) -> String {
@@ -682,4 +706,30 @@ pub trait Ledger: Send + Sync {
         let _ = (scope, used, ttl);
         Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
     }
+}
+
+/// Name of the [`EventLog`] in readiness checks.
+pub const EVENT_LOG: &str = "event_log";
+/// Name of the [`JobQueue`] in readiness checks.
+pub const JOB_QUEUE: &str = "job_queue";
+/// Name of the [`Ledger`] in readiness checks.
+pub const LEDGER: &str = "ledger";
+
+/// Whether each port answers within `timeout`: [`EVENT_LOG`]
+/// ([`EventLog::ready`]), [`JOB_QUEUE`] ([`JobQueue::depth`], a passive
+/// declare on RabbitMQ) and [`LEDGER`] ([`Ledger::ready`]) → `ok`, the
+/// port's error, or `no answer within N ms`. The three run concurrently.
+/// What `/readyz` of the dispatcher and of a worker report.
+pub async fn readiness(log: &dyn EventLog, queue: &dyn JobQueue, ledger: &dyn Ledger, timeout: Duration) -> std::collections::BTreeMap<String, String> {
+    let timed = |r: Result<Result<(), String>, tokio::time::error::Elapsed>| match r {
+        Ok(Ok(())) => "ok".to_owned(),
+        Ok(Err(e)) => e,
+        Err(_) => format!("no answer within {} ms", timeout.as_millis()),
+    };
+    let (l, q, d) = futures::join!(
+        tokio::time::timeout(timeout, async { log.ready().await.map_err(|e| e.to_string()) }),
+        tokio::time::timeout(timeout, async { queue.depth().await.map(|_| ()).map_err(|e| e.to_string()) }),
+        tokio::time::timeout(timeout, async { ledger.ready().await.map_err(|e| e.to_string()) }),
+    );
+    [(EVENT_LOG, timed(l)), (JOB_QUEUE, timed(q)), (LEDGER, timed(d))].into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }

@@ -228,10 +228,16 @@ impl EventLog for MemoryLog {
         let id = inner.id();
         let key = dedupe_key(&payload);
         let r = inner.runs.get_mut(&run_id).ok_or(LogError::NotFound(run_id))?;
+        if r.summary.status == RunStatus::Done {
+            return Err(LogError::Finished(run_id));
+        }
         if let Some(k) = &key
             && r.inbox.iter().any(|(_, d, _)| d.as_ref() == Some(k))
         {
             return Err(LogError::Duplicate { run_id, what: crate::dedupe_what(k) });
+        }
+        if r.inbox.iter().any(|(_, d, done)| !done && d.as_deref() == Some(crate::CANCEL_KEY)) {
+            return Err(LogError::Cancelled(run_id));
         }
         r.inbox.push((InboxItem { id, payload: payload.clone() }, key, false));
         let head_seq = r.summary.head_seq;

@@ -355,14 +355,14 @@ fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn phase_name(phase: Phase) -> Result<String, LogError> {
+pub(crate) fn phase_name(phase: Phase) -> Result<String, LogError> {
     match serde_json::to_value(phase) {
         Ok(Value::String(s)) => Ok(s),
         other => Err(LogError::Unavailable(format!("phase {phase:?} does not serialise to a name: {other:?}"))),
     }
 }
 
-fn parse_status(s: &str) -> Result<RunStatus, LogError> {
+pub(crate) fn parse_status(s: &str) -> Result<RunStatus, LogError> {
     match s {
         "runnable" => Ok(RunStatus::Runnable),
         "parked" => Ok(RunStatus::Parked),
@@ -589,7 +589,7 @@ async fn run_exists(c: &impl GenericClient, run_id: Uuid) -> Result<bool, LogErr
 
 /// Check a commit's envelope: events of this run, consecutive, ending at
 /// `state.head_seq`.
-fn check_envelope(run_id: Uuid, events: &[Event], state: &RunState) -> Result<(), LogError> {
+pub(crate) fn check_envelope(run_id: Uuid, events: &[Event], state: &RunState) -> Result<(), LogError> {
     let invalid = |reason: String| Err(LogError::Invalid { run_id, reason });
     if state.run_id != run_id {
         return invalid(format!("state is of run {}", state.run_id));
@@ -690,6 +690,8 @@ const INSERT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, seq, state, st
      ON CONFLICT (run_id, seq) DO NOTHING";
 const PRUNE_CHECKPOINTS: &str = "DELETE FROM checkpoints WHERE run_id = $1 AND seq < $2";
 
+const LOCK_FOR_POST: &str = "SELECT status, EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = 'cancel' AND NOT consumed) AS cancel_pending \
+     FROM runs WHERE id = $1 FOR NO KEY UPDATE";
 const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) VALUES ($1, $2, $3::text::jsonb, $4) \
      ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING \
      RETURNING id, (SELECT head_seq FROM runs WHERE id = $1) AS head_seq";
@@ -796,7 +798,11 @@ impl EventLog for PgLog {
     }
 
     /// Filters become SQL predicates (one cached statement per combination).
+    /// A tenant filter with U+0000 (which `text` cannot hold) matches nothing.
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError> {
+        if filter.tenant.as_deref().is_some_and(|t| t.contains('\0')) {
+            return Ok(Vec::new());
+        }
         let mut select = Select::new(format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE true"));
         if let Some(tenant) = &filter.tenant {
             select.and("tenant =", tenant.clone());
@@ -1019,6 +1025,19 @@ impl EventLog for PgLog {
             let fail = |e: tokio_postgres::Error| write_error(run_id, "post", &e);
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(fail)?;
+            // Serialised with the run's other posts and its commits (which
+            // lock the row too): a cancel or the end is seen here.
+            let lock = tx.prepare_cached(LOCK_FOR_POST).await.map_err(fail)?;
+            let run = tx.query_opt(&lock, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
+            if col::<String>(&run, "status")? == "done" {
+                return Err(LogError::Finished(run_id));
+            }
+            if col::<bool>(&run, "cancel_pending")? {
+                return Err(match key.as_deref() {
+                    Some(crate::CANCEL_KEY) => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
+                    _ => LogError::Cancelled(run_id),
+                });
+            }
             let insert = tx.prepare_cached(INSERT_INBOX).await.map_err(fail)?;
             let row = match tx.query_opt(&insert, &[&run_id, &key, &cell.text, &cell.raw]).await {
                 Ok(row) => row,
@@ -1067,7 +1086,11 @@ impl EventLog for PgLog {
     }
 
     /// Oldest first by request time (the event's), then by insertion.
+    /// A tenant or tool filter with U+0000 (which `text` cannot hold) matches nothing.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
+        if [&filter.tenant, &filter.tool].into_iter().flatten().any(|t| t.contains('\0')) {
+            return Ok(Vec::new());
+        }
         let mut select = Select::new(
             "SELECT run_id, tenant, call_id, tool, input::text AS input, args_hash, status, requested_at, expires_at, escalated, interrupted FROM approvals WHERE true",
         );
@@ -1242,6 +1265,155 @@ impl EventLog for PgLog {
             g.approvals_overdue = col::<i64>(&row, "overdue")? as u64;
             g.oldest_approval_age_seconds = col::<f64>(&row, "oldest")?.max(0.0);
             Ok(g)
+        })
+        .await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Export and import
+
+#[async_trait]
+impl crate::archive::Archive for PgLog {
+    /// One `REPEATABLE READ` transaction: the row, every event (blobs read
+    /// back), approvals and inbox items.
+    async fn export_run(&self, run_id: Uuid) -> Result<crate::archive::RunRecord, LogError> {
+        use crate::archive::{ApprovalRecord, InboxRecord, RunRecord};
+        self.bounded("export_run", async {
+            let fail = |e: tokio_postgres::Error| unavailable("export_run", &e);
+            let mut client = self.client().await?;
+            let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).read_only(true).start().await.map_err(fail)?;
+            let row = tx
+                .query_opt("SELECT tenant, idempotency_key, batch_id, created_at FROM runs WHERE id = $1", &[&run_id])
+                .await
+                .map_err(fail)?
+                .ok_or(LogError::NotFound(run_id))?;
+            let events = read_events(&tx, run_id, 0, i64::MAX).await?;
+            let approvals = tx
+                .query(
+                    "SELECT call_id, tool, input::text AS input, args_hash, status, requested_at, expires_at, escalated, interrupted \
+                     FROM approvals WHERE run_id = $1 ORDER BY id",
+                    &[&run_id],
+                )
+                .await
+                .map_err(fail)?
+                .iter()
+                .map(|a| {
+                    Ok(ApprovalRecord {
+                        call_id: col(a, "call_id")?,
+                        tool: col(a, "tool")?,
+                        input: serde_json::from_str(&col::<String>(a, "input")?).map_err(|e| corrupt(format!("approval input: {e}")))?,
+                        args_hash: col(a, "args_hash")?,
+                        status: if col::<String>(a, "status")? == "pending" { ApprovalStatus::Pending } else { ApprovalStatus::Decided },
+                        requested_at: col(a, "requested_at")?,
+                        expires_at: col(a, "expires_at")?,
+                        escalated: col(a, "escalated")?,
+                        interrupted: col(a, "interrupted")?,
+                    })
+                })
+                .collect::<Result<Vec<_>, LogError>>()?;
+            let inbox = tx
+                .query("SELECT id, payload::text AS payload, payload_raw, dedupe_key, consumed FROM inbox WHERE run_id = $1 ORDER BY id", &[&run_id])
+                .await
+                .map_err(fail)?
+                .iter()
+                .map(|i| {
+                    let id: i64 = col(i, "id")?;
+                    let payload = JsonCell::decode(col(i, "payload")?, col(i, "payload_raw")?).map_err(|e| corrupt(format!("inbox item {id}: {e}")))?;
+                    Ok(InboxRecord { payload, dedupe_key: col(i, "dedupe_key")?, consumed: col(i, "consumed")? })
+                })
+                .collect::<Result<Vec<_>, LogError>>()?;
+            Ok(RunRecord {
+                run_id,
+                tenant: col(&row, "tenant")?,
+                idempotency_key: col(&row, "idempotency_key")?,
+                batch_id: col(&row, "batch_id")?,
+                created_at: col(&row, "created_at")?,
+                events,
+                approvals,
+                inbox,
+            })
+        })
+        .await
+    }
+
+    /// One transaction; see [`crate::archive::Archive::import_run`].
+    async fn import_run(&self, run: &crate::archive::RunRecord) -> Result<crate::archive::Imported, LogError> {
+        use crate::archive::Imported;
+        let run_id = run.run_id;
+        let state = run.validate()?;
+        let has_work = run.has_work(&state);
+        let encoded = encode_events(run_id, &run.events, self.blob_threshold)?;
+        let columns = SummaryColumns::of(&state)?;
+        let goal = state.goal.replace('\0', "\u{FFFD}");
+        let updated_at = run.events.last().map_or(run.created_at, |e| e.at);
+        self.bounded("import_run", async {
+            let fail = |e: tokio_postgres::Error| write_error(run_id, "import_run", &e);
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(fail)?;
+            if let Some(row) = tx.query_opt("SELECT head_seq FROM runs WHERE id = $1 FOR UPDATE", &[&run_id]).await.map_err(fail)? {
+                let head = seq_of(col(&row, "head_seq")?, "head_seq")?;
+                return if head == state.head_seq { Ok(Imported::AlreadyPresent) } else { Err(LogError::Conflict { run_id, expected: state.head_seq, actual: head }) };
+            }
+            if let Some(key) = &run.idempotency_key
+                && let Some(other) = tx.query_opt("SELECT id FROM runs WHERE tenant = $1 AND idempotency_key = $2", &[&run.tenant, key]).await.map_err(fail)?
+            {
+                let other: Uuid = col(&other, "id")?;
+                return Err(LogError::Invalid { run_id, reason: format!("tenant {} already uses idempotency key {key:?} for run {other}", run.tenant) });
+            }
+            if let Some(batch) = run.batch_id {
+                tx.execute(INSERT_BATCH, &[&batch, &run.tenant]).await.map_err(fail)?;
+                let owner: String = col(&tx.query_one(BATCH_TENANT, &[&batch]).await.map_err(fail)?, "tenant")?;
+                if owner != run.tenant {
+                    return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
+                }
+            }
+            tx.execute(
+                "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                &[
+                    &run_id,
+                    &run.tenant,
+                    &run.idempotency_key,
+                    &run.batch_id,
+                    &goal,
+                    &columns.status,
+                    &columns.phase,
+                    &columns.pull_point,
+                    &columns.outcome,
+                    &columns.head_seq,
+                    &run.created_at,
+                    &updated_at,
+                ],
+            )
+            .await
+            .map_err(fail)?;
+            write_events(&tx, run_id, &encoded).await.map_err(fail)?;
+            for a in &run.approvals {
+                let status = if a.status == ApprovalStatus::Pending { "pending" } else { "decided" };
+                tx.execute(
+                    "INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, status, requested_at, expires_at, escalated, interrupted) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                    &[&run_id, &run.tenant, &a.call_id, &a.tool, &a.input, &a.args_hash, &status, &a.requested_at, &a.expires_at, &a.escalated, &a.interrupted],
+                )
+                .await
+                .map_err(fail)?;
+            }
+            for item in &run.inbox {
+                let cell = JsonCell::of(&item.payload).map_err(|e| LogError::Invalid { run_id, reason: format!("payload does not serialise: {e}") })?;
+                tx.execute(
+                    "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw, consumed) VALUES ($1, $2, $3::text::jsonb, $4, $5)",
+                    &[&run_id, &item.dedupe_key, &cell.text, &cell.raw, &item.consumed],
+                )
+                .await
+                .map_err(fail)?;
+            }
+            if has_work {
+                let job = serde_json::to_value(Job { run_id, head_seq: state.head_seq }).map_err(|e| LogError::Unavailable(e.to_string()))?;
+                tx.execute(INSERT_OUTBOX, &[&job]).await.map_err(fail)?;
+            }
+            tx.commit().await.map_err(fail)?;
+            Ok(Imported::Created)
         })
         .await
     }

@@ -476,3 +476,41 @@ impl Drop for RedisKeys {
         let _ = done.join();
     }
 }
+
+/// A temporary directory of a test's own (`glia-sqlite-<uuid>` in the
+/// temporary directory) for a single node's SQLite file, removed with
+/// everything in it when dropped, even after a panic.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Create it.
+    pub fn new() -> TempDir {
+        let path = std::env::temp_dir().join(format!("glia-sqlite-{}", Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&path).expect("create a temporary directory");
+        TempDir { path }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `DIR/node.db`: where a test's single node keeps its file.
+    pub fn db(&self) -> PathBuf {
+        self.path.join("node.db")
+    }
+}
+
+impl Default for TempDir {
+    fn default() -> Self {
+        TempDir::new()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

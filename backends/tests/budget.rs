@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use glia_backends::memory::MemoryLedger;
 use glia_backends::redis_ledger::RedisLedger;
-use glia_backends::testkit::RedisKeys;
+use glia_backends::sqlite::{SqliteLedger, SqliteLog, SqliteOptions};
+use glia_backends::testkit::{RedisKeys, TempDir};
 use glia_backends::{CapKind, Ledger, Reservation, Settlement, Spend, SpendCap};
 use uuid::Uuid;
 
@@ -147,6 +148,55 @@ async fn memory_counters_expire() {
     ledger.seed("s", spend(1, 1), Duration::from_secs(1)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(ledger.reserve("s", "r", Spend::ZERO, SpendCap::default()).await.unwrap(), Reservation::Missing);
+}
+
+// ---------------------------------------------------------------------------
+// SQLite (the single node): the same checks, and counters that survive a
+// restart of the process.
+
+async fn sqlite_ledger(dir: &TempDir) -> SqliteLedger {
+    SqliteLog::open(dir.db(), SqliteOptions::default()).await.unwrap().ledger()
+}
+
+#[tokio::test]
+async fn sqlite_reserve_and_settle_are_idempotent() {
+    let dir = TempDir::new();
+    reserve_and_settle_are_idempotent(&sqlite_ledger(&dir).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_caps_refuse_what_does_not_fit() {
+    let dir = TempDir::new();
+    caps_refuse_what_does_not_fit(&sqlite_ledger(&dir).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_missing_then_seeded_then_granted() {
+    let dir = TempDir::new();
+    missing_then_seeded_then_granted(&sqlite_ledger(&dir).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_concurrent_reservations_never_pass_the_cap() {
+    let dir = TempDir::new();
+    concurrent_reservations_never_pass_the_cap(Arc::new(sqlite_ledger(&dir).await)).await;
+}
+
+#[tokio::test]
+async fn sqlite_counters_survive_a_restart_and_expire() {
+    let dir = TempDir::new();
+    let scope = "tenant:t:day:2025-03-12";
+    {
+        let ledger = sqlite_ledger(&dir).await;
+        ledger.seed(scope, spend(10, 1), DAY).await.unwrap();
+        ledger.reserve(scope, "r1", spend(5, 2), SpendCap::default()).await.unwrap();
+        ledger.seed("short", spend(1, 1), Duration::from_secs(1)).await.unwrap();
+    }
+    let ledger = sqlite_ledger(&dir).await;
+    assert_eq!(ledger.reserve(scope, "r1", spend(5, 2), SpendCap::default()).await.unwrap(), Reservation::Granted { used: spend(15, 3) }, "the request id is remembered");
+    assert_eq!(ledger.settle(scope, "r1", spend(1, 1)).await.unwrap(), Settlement::Settled { used: spend(11, 2) });
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(ledger.reserve("short", "r", Spend::ZERO, SpendCap::default()).await.unwrap(), Reservation::Missing, "expired");
 }
 
 // ---------------------------------------------------------------------------

@@ -65,6 +65,7 @@ fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> String) -> Vec<Ev
             stop_reason: "tool_use".into(),
             duration_ms: 3,
             cost_usd_micros: 7,
+            rejected: None,
         });
         kinds.push(EventKind::ToolCall(ToolCallRecord {
             call_id: call_id.clone(),
@@ -450,4 +451,16 @@ async fn float_arguments_round_trip() {
     commit_one_by_one(&log, &events).await;
     assert_eq!(log.events(run_id, 0, 100).await.unwrap(), events);
     assert_eq!(log.load(run_id).await.unwrap(), replay(&events));
+}
+
+/// Runs move whole from a single node's SQLite file to Postgres and back.
+#[tokio::test]
+async fn runs_move_between_sqlite_and_postgres() {
+    use glia_backends::sqlite::{SqliteLog, SqliteOptions};
+    let dir = glia_backends::testkit::TempDir::new();
+    let sqlite = SqliteLog::open(dir.db(), SqliteOptions::default()).await.unwrap();
+    let db = TestDb::new().await;
+    let pg = db.log().await;
+    conformance::export_import_round_trip(&sqlite, &pg).await;
+    conformance::export_import_round_trip(&pg, &sqlite).await;
 }

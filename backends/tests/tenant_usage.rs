@@ -63,6 +63,7 @@ fn run_log(run_id: Uuid, plan: Spent, compacted: Spent, response: Spent, answer:
                 stop_reason: "end_turn".into(),
                 duration_ms: 1,
                 cost_usd_micros: response.cost,
+                rejected: None,
             },
         ),
     ];
@@ -87,7 +88,7 @@ async fn sums_a_tenants_day(log: &dyn EventLog) {
     // Plan the nanosecond before the day (out), compaction and response at its first instant (in).
     admit(log, "a", run_log(Uuid::now_v7(), spent(at(-1, 23, 59, 59, 999_999_999), 1, 2, 3), spent(at(0, 0, 0, 0, 0), 2, 3, 1), Spent {
         at: at(0, 0, 0, 0, 0),
-        tokens: Usage { input_tokens: 10, output_tokens: 5, cache_write_tokens: 2, cache_read_tokens: 1 },
+        tokens: Usage { input_tokens: 10, output_tokens: 5, cache_write_tokens: 2, cache_read_tokens: 1, estimated: false },
         cost: 7,
     }, "one"))
     .await;

@@ -2,11 +2,22 @@
 //! its customers and approvers, over the dispatcher's HTTP API.
 //!
 //! Without `--server` it starts the embedded fleet (dispatcher and workers in
-//! this process, in-memory ports); with it, it drives a running dispatcher
+//! this process) on a SQLite file: a new one in a temporary directory, or the
+//! one named by `--data`, where a batch that was interrupted (killed) goes on
+//! from where each run's log ends; with `--server`, it drives a running dispatcher
 //! whose workers were started with `--replay` on the same recording. The
 //! driver keeps each run's state by applying the run's events (the same
 //! transition function the workers use), answers each pull point from the
 //! recording, and checks every finished run against it.
+//!
+//! A dispatcher that restarts or is briefly unreachable does not end the
+//! batch: every request is retried through the outage
+//! ([`Server::retrying`], bounded by `--max-outage-secs`), submissions carry
+//! an idempotency key per batch and conversation, payload posts are
+//! deduplicated by the dispatcher, and the driver re-reads each run's events
+//! after the last seq it applied, so it carries on where it was. Past the
+//! bound it fails naming the server, the last error and the runs still
+//! unfinished.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,7 +28,7 @@ use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
-use glia_proto::{ApprovalStatus, Event, EventKind, Outcome, PauseReason, PullPoint, RunState};
+use glia_proto::{ApprovalStatus, Event, EventKind, Limit, Outcome, PauseReason, PullPoint, RunState};
 use glia_replay::{Conversation, CustomerMove, Recording};
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Client, Method};
@@ -25,7 +36,7 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::client::{Server, checked};
+use crate::client::{DEFAULT_MAX_OUTAGE_SECS, Server, Unreachable};
 
 /// Who decides approvals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -62,6 +73,17 @@ pub struct BatchArgs {
     /// Bearer token for `--server` (scopes submit and approve).
     #[arg(long, env = "GLIA_TOKEN")]
     pub token: Option<String>,
+    /// With `--server`: keep retrying (with backoff) a dispatcher that cannot
+    /// be reached, times out or answers 502/503/504 for this many seconds
+    /// before giving up; 0 gives up at the first failure.
+    #[arg(long, env = "GLIA_MAX_OUTAGE_SECS", default_value_t = DEFAULT_MAX_OUTAGE_SECS)]
+    pub max_outage_secs: u64,
+    /// Embedded fleet: keep the runs in this SQLite file (default: a new
+    /// file in a temporary directory, removed at the end). Run the batch
+    /// again with the same file and it resumes: runs already admitted are
+    /// not admitted again, each continues from its log.
+    #[arg(long, value_name = "PATH", conflicts_with = "server")]
+    pub data: Option<PathBuf>,
     /// Embedded fleet: workers to start.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -94,6 +116,13 @@ struct Tracked {
     seen: HashMap<String, Instant>,
     posted: HashMap<String, DateTime<Utc>>,
     verdict: Option<Verdict>,
+    /// `model.call` events without a `model.response` after them: calls a
+    /// crash interrupted and the worker made again. Each counts as a turn
+    /// (`RunState::apply`), so a conversation the recording ends at the turn
+    /// limit would reach it early.
+    interrupted_model_calls: u64,
+    /// Turns already added to the run's budget for those.
+    turns_extended: u64,
 }
 
 /// The batch's counters.
@@ -119,7 +148,11 @@ pub struct Summary {
     /// approved call ran (`approval.requested` with `interrupted`): the
     /// recording's own approvals are `approvals - interrupted_approvals`.
     pub interrupted_approvals: usize,
-    /// Customer messages posted (including closing words).
+    /// Model turns given back to runs that reached their turn limit only
+    /// because model calls a crash interrupted were made again.
+    pub turns_given_back: usize,
+    /// Customer messages the runs received (`input.received`, including
+    /// closing words).
     pub customer_turns: usize,
     /// Approval posted → `approval.resolved` recorded, ms.
     pub approval_resume_p50_ms: Option<f64>,
@@ -156,13 +189,19 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
         bail!("{} holds no conversations to replay", args.file.display());
     }
     let (server, _fleet) = match &args.server {
-        Some(url) => (Server { server: url.clone(), token: args.token.clone() }, None),
+        Some(url) => (Server { server: url.clone(), token: args.token.clone(), max_outage_secs: args.max_outage_secs }, None),
         None => {
-            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency).await?;
-            (Server { server: fleet.url.clone(), token: None }, Some(fleet))
+            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency, args.data.as_deref()).await?;
+            (Server { server: fleet.url.clone(), token: None, max_outage_secs: args.max_outage_secs }, Some(fleet))
         }
     };
-    let summary = drive(&server, &recording, &args).await?;
+    // On a named data file the batch is the same batch every time, so a
+    // second invocation finds the runs of the first (idempotency keys).
+    let batch_id = match &args.data {
+        Some(_) => stable_batch_id(&args.file, &tools, args.limit)?,
+        None => Uuid::now_v7(),
+    };
+    let summary = drive(&server, &recording, &args, batch_id).await?;
     let (diverged, failed) = (summary.diverged, summary.failed);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -175,10 +214,24 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
     Ok(())
 }
 
-async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Result<Summary> {
+/// The batch id of a recording (trajectories, tools, limit): the first 16
+/// bytes of their SHA-256, as a custom (version 8) UUID.
+fn stable_batch_id(file: &std::path::Path, tools: &std::path::Path, limit: Option<usize>) -> Result<Uuid> {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for path in [file, tools] {
+        hash.update(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?);
+    }
+    hash.update(format!("limit={limit:?}"));
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    Ok(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+}
+
+async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, batch_id: Uuid) -> Result<Summary> {
     let client = crate::client::http_client()?;
     let conversations: Vec<Arc<Conversation>> = recording.conversations().iter().take(args.limit.unwrap_or(usize::MAX)).cloned().collect();
-    let batch_id = Uuid::now_v7();
     let started = Instant::now();
     let bar = ProgressBar::new(conversations.len() as u64);
     bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs done  {msg}")?.progress_chars("=> "));
@@ -189,8 +242,9 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
             let (client, config) = (client.clone(), recording.run_config(&c));
             async move {
                 let body = json!({ "goal": c.goal(), "config": config, "batch_id": batch_id });
-                let req = server.request(&client, Method::POST, "/v1/runs").header("Idempotency-Key", format!("{batch_id}:{}", c.id)).json(&body);
-                let run = checked(req.send().await.context("connecting to the dispatcher")?).await?;
+                let key = format!("{batch_id}:{}", c.id);
+                let answer = server.call(&client, Method::POST, "/v1/runs", Some(&body), &[("Idempotency-Key", &key)]).await;
+                let run = answer.and_then(|a| a.checked()).with_context(|| format!("submitting conversation {}", c.id))?;
                 let id: Uuid = serde_json::from_value(run["run_id"].clone()).context("the dispatcher's answer has no run_id")?;
                 Ok((id, c))
             }
@@ -199,12 +253,52 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
         .collect()
         .await;
     let mut runs: HashMap<Uuid, Tracked> = HashMap::new();
+    let mut not_submitted = Vec::new();
     for s in submitted {
-        let (id, conversation) = s?;
-        let tracked = Tracked { conversation, state: RunState::new(id), acted_at: 0, seen: HashMap::new(), posted: HashMap::new(), verdict: None };
-        runs.insert(id, tracked);
+        match s {
+            Ok((id, conversation)) => {
+                let tracked = Tracked { conversation, state: RunState::new(id), acted_at: 0, seen: HashMap::new(), posted: HashMap::new(), verdict: None, interrupted_model_calls: 0, turns_extended: 0 };
+                runs.insert(id, tracked);
+            }
+            Err(e) => not_submitted.push(e),
+        }
     }
+    if let Some(first) = not_submitted.into_iter().next() {
+        bar.abandon();
+        return Err(stranded(first, &runs, conversations.len() - runs.len()));
+    }
+    match poll(&client, server, batch_id, &mut runs, args, &bar, started).await {
+        Ok(summary) => Ok(summary),
+        Err(e) => {
+            bar.abandon();
+            Err(stranded(e, &runs, 0))
+        }
+    }
+}
 
+/// The error that ends a batch early, and, when the dispatcher could not be
+/// reached, which runs are left unfinished (ids and conversations: they
+/// carry on with the fleet; a later `glia batch` submits new ones) and how
+/// many conversations were never submitted.
+fn stranded(e: anyhow::Error, runs: &HashMap<Uuid, Tracked>, not_submitted: usize) -> anyhow::Error {
+    if !e.chain().any(|c| c.is::<Unreachable>()) {
+        return e;
+    }
+    let mut open: Vec<(&Uuid, &Tracked)> = runs.iter().filter(|(_, t)| t.verdict.is_none()).collect();
+    open.sort_by_key(|(id, _)| **id);
+    let mut text = format!("{} run(s) still unfinished", open.len());
+    if not_submitted > 0 {
+        text.push_str(&format!(" and {not_submitted} conversation(s) not submitted"));
+    }
+    if !open.is_empty() {
+        let list: Vec<String> = open.iter().map(|(id, t)| format!("{id} (conversation {})", t.conversation.id)).collect();
+        text.push_str(&format!(": {}", list.join(", ")));
+    }
+    e.context(text)
+}
+
+/// Catch up with, answer and judge every run until all are judged.
+async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashMap<Uuid, Tracked>, args: &BatchArgs, bar: &ProgressBar, started: Instant) -> Result<Summary> {
     let mut summary = Summary { runs: runs.len(), ..Summary::default() };
     let mut latencies_ms: Vec<f64> = Vec::new();
     let delay = Duration::from_millis(args.approve_delay_ms);
@@ -212,18 +306,23 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
     loop {
         let mut progressed = false;
         // 1. Catch up with every run that moved.
-        for row in list_batch(&client, server, batch_id).await? {
+        for row in list_batch(client, server, batch_id).await? {
             let Some(t) = runs.get_mut(&row.run_id) else { continue };
             if row.head_seq <= t.state.head_seq {
                 continue;
             }
             progressed = true;
-            for event in events_after(&client, server, row.run_id, t.state.head_seq).await? {
+            for event in events_after(client, server, row.run_id, t.state.head_seq).await? {
                 match &event.kind {
-                    EventKind::ModelResponse { .. } => summary.model_calls += 1,
+                    EventKind::ModelCall { .. } => t.interrupted_model_calls += 1,
+                    EventKind::ModelResponse { .. } => {
+                        summary.model_calls += 1;
+                        t.interrupted_model_calls = t.interrupted_model_calls.saturating_sub(1);
+                    }
                     EventKind::ToolCall(_) => summary.tool_calls += 1,
                     EventKind::ToolResult { .. } | EventKind::ToolError { .. } => summary.tool_results += 1,
                     EventKind::ApprovalRequested { interrupted: true, .. } => summary.interrupted_approvals += 1,
+                    EventKind::InputReceived { .. } => summary.customer_turns += 1,
                     EventKind::ApprovalResolved { call_id, .. } => {
                         summary.approvals += 1;
                         let request = t.state.call(call_id).and_then(|c| c.requested_seq).unwrap_or(0);
@@ -272,12 +371,23 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
                         t.posted.insert(key, Utc::now());
                         let body = json!({ "decision": "approve", "args_hash": call.args_hash });
                         let path = format!("/v1/runs/{id}/approvals/{call_id}");
-                        post(&client, server, &path, &body).await.with_context(|| format!("approving {call_id} of run {id}"))?;
+                        post(client, server, *id, None, &path, &body).await.with_context(|| format!("approving {call_id} of run {id}"))?;
                         progressed = true;
                     }
                     if all {
                         t.acted_at = t.state.head_seq;
                     }
+                }
+                // Out of turns only because crashed calls were made again:
+                // give those turns back, as an operator would.
+                Some(PullPoint::Paused { reason: PauseReason::Budget { limit: Limit::Turns } }) if t.interrupted_model_calls > t.turns_extended => {
+                    let extra = t.interrupted_model_calls - t.turns_extended;
+                    let body = json!({ "extend": { "max_turns": extra } });
+                    post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/resume"), &body).await.with_context(|| format!("extending run {id}"))?;
+                    t.turns_extended += extra;
+                    summary.turns_given_back += extra as usize;
+                    t.acted_at = t.state.head_seq;
+                    progressed = true;
                 }
                 Some(PullPoint::AwaitingInput | PullPoint::Paused { reason: PauseReason::Budget { .. } }) => {
                     let (path, body) = match t.conversation.customer_move(&t.state.messages) {
@@ -288,14 +398,11 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs) -> Resu
                             t.verdict = Some(Verdict::Diverged(why.clone()));
                             bar.inc(1);
                             let cancel = json!({ "reason": format!("replay diverged: {why}") });
-                            post(&client, server, &format!("/v1/runs/{id}/cancel"), &cancel).await.with_context(|| format!("cancelling run {id}"))?;
+                            post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/cancel"), &cancel).await.with_context(|| format!("cancelling run {id}"))?;
                             continue;
                         }
                     };
-                    if body.get("text").is_some() {
-                        summary.customer_turns += 1;
-                    }
-                    post(&client, server, &format!("/v1/runs/{id}/{path}"), &body).await.with_context(|| format!("posting to run {id}"))?;
+                    post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/{path}"), &body).await.with_context(|| format!("posting to run {id}"))?;
                     t.acted_at = t.state.head_seq;
                     progressed = true;
                 }
@@ -356,15 +463,37 @@ fn judge(t: &Tracked) -> Option<Verdict> {
     }
 }
 
-/// POST `body` to `path`. A 409 is not an error here: someone else (a
-/// person, the reconciler, a finished run) acted first, and the run's events
-/// will tell the driver what happened.
-async fn post(client: &Client, server: &Server, path: &str, body: &serde_json::Value) -> Result<()> {
-    let resp = server.request(client, Method::POST, path).json(body).send().await.context("connecting to the dispatcher")?;
-    if resp.status() == reqwest::StatusCode::CONFLICT {
-        return Ok(());
+/// POST `body` (a payload for run `run_id`) to `path`, retried through an
+/// outage. With `head` (the run's head when the driver decided to post; for
+/// payloads the dispatcher does not deduplicate once consumed: messages,
+/// closes, cancels) the run is read again before each retry: when its head
+/// moved past `head`, the lost attempt landed and was consumed (or someone
+/// else answered), and nothing is posted again (a message posted again
+/// would be taken as the customer's next one). Decisions need no `head`:
+/// the dispatcher accepts one per approval request. A 409
+/// is not an error here: someone else (a person, the reconciler, a finished
+/// run, or this post's own earlier attempt still pending) acted first, and
+/// the run's events will tell the driver what happened.
+async fn post(client: &Client, server: &Server, run_id: Uuid, head: Option<u64>, path: &str, body: &serde_json::Value) -> Result<()> {
+    let attempts = std::sync::atomic::AtomicU32::new(0);
+    let answer = server
+        .retrying(Instant::now(), || async {
+            if let Some(head) = head
+                && attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0
+            {
+                let (status, run) = server.send_once(client, Method::GET, &format!("/v1/runs/{run_id}"), None, &[]).await?;
+                if status.is_success() && run["head_seq"].as_u64().is_some_and(|h| h != head) {
+                    return Ok(None);
+                }
+            }
+            server.send_once(client, Method::POST, path, Some(body), &[]).await.map(Some)
+        })
+        .await?;
+    match answer {
+        None => Ok(()),
+        Some((status, _)) if status == reqwest::StatusCode::CONFLICT => Ok(()),
+        Some((status, body)) => crate::client::Answer { status, body, attempts: 1 }.checked().map(|_| ()),
     }
-    checked(resp).await.map(|_| ())
 }
 
 async fn list_batch(client: &Client, server: &Server, batch_id: Uuid) -> Result<Vec<RunRow>> {
@@ -375,7 +504,7 @@ async fn list_batch(client: &Client, server: &Server, batch_id: Uuid) -> Result<
         if let Some(a) = after {
             path.push_str(&format!("&after={a}"));
         }
-        let page: RunPage = serde_json::from_value(checked(server.request(client, Method::GET, &path).send().await?).await?)?;
+        let page: RunPage = serde_json::from_value(server.get(client, &path).await?)?;
         rows.extend(page.runs);
         match page.next {
             Some(next) => after = Some(next),
@@ -389,7 +518,7 @@ async fn events_after(client: &Client, server: &Server, run_id: Uuid, after: u64
     let mut after = after;
     loop {
         let path = format!("/v1/runs/{run_id}/events?after={after}&limit=500");
-        let page: EventPage = serde_json::from_value::<EventPage>(checked(server.request(client, Method::GET, &path).send().await?).await?)?;
+        let page: EventPage = serde_json::from_value::<EventPage>(server.get(client, &path).await?)?;
         let Some(last) = page.events.last() else { return Ok(events) };
         after = last.seq;
         events.extend(page.events);
@@ -416,6 +545,7 @@ fn print_table(s: &Summary) {
         ("tool calls", s.tool_calls.to_string()),
         ("approvals", s.approvals.to_string()),
         ("  after interruption", s.interrupted_approvals.to_string()),
+        ("turns given back", s.turns_given_back.to_string()),
         ("customer turns", s.customer_turns.to_string()),
         ("approval→resume p50", ms(s.approval_resume_p50_ms)),
         ("approval→resume p99", ms(s.approval_resume_p99_ms)),

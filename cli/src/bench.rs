@@ -5,7 +5,9 @@
 //!
 //! - `steps`: durable step throughput of the whole fleet (dispatcher and
 //!   workers on Postgres, RabbitMQ, Redis) on the agent-step workload, beside
-//!   the raw single-row insert rate of the same Postgres.
+//!   the raw single-row insert rate of the same Postgres; with `--target
+//!   sqlite` the same for the single node (dispatcher and workers on one
+//!   SQLite file), `--target both` one after the other in the same run.
 //! - `growth`: one long run; commit latency and bytes written per step early
 //!   and late.
 //! - `memory`: resident memory of a `glia worker` process advancing many
@@ -19,7 +21,7 @@ use clap::{Args, Subcommand};
 use futures::StreamExt;
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
-use glia_backends::testkit::TestDb;
+use glia_backends::testkit::{TempDir, TestDb};
 use glia_backends::{EventLog, JobQueue, NewRun};
 use glia_proto::{Event, EventKind, Policy, PolicyAction, RunConfig, RunState};
 use glia_worker::agent::{EventSink, SinkError};
@@ -63,11 +65,25 @@ pub struct ApprovalsArgs {
     decisions: usize,
 }
 
+/// What `glia bench steps` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// The fleet: Postgres, RabbitMQ, Redis.
+    Fleet,
+    /// The single node: one SQLite file (in a temporary directory).
+    Sqlite,
+    /// Both, the fleet first, in the same run; prints `{"fleet": …, "sqlite": …}`.
+    Both,
+}
+
 /// `glia bench steps`.
 #[derive(Args)]
 pub struct StepsArgs {
     #[command(flatten)]
     urls: Urls,
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = Target::Fleet)]
+    target: Target,
     /// Runs per round.
     #[arg(long, default_value_t = 400)]
     runs: usize,
@@ -120,7 +136,11 @@ pub struct MemoryArgs {
 /// Run one benchmark.
 pub async fn bench(cmd: BenchCommand) -> Result<()> {
     let result = match cmd {
-        BenchCommand::Steps(args) => serde_json::to_value(steps(&args).await?)?,
+        BenchCommand::Steps(args) => match args.target {
+            Target::Fleet => serde_json::to_value(steps(&args, Target::Fleet).await?)?,
+            Target::Sqlite => serde_json::to_value(steps(&args, Target::Sqlite).await?)?,
+            Target::Both => json!({ "fleet": steps(&args, Target::Fleet).await?, "sqlite": steps(&args, Target::Sqlite).await? }),
+        },
         BenchCommand::Growth(args) => serde_json::to_value(growth(&args).await?)?,
         BenchCommand::Memory(args) => serde_json::to_value(memory(&args).await?)?,
         BenchCommand::Approvals(args) => serde_json::to_value(approvals(&args).await?)?,
@@ -188,7 +208,7 @@ pub struct StepsResult {
 /// calls, a final answer.
 fn step_script(turns: usize) -> Vec<ScriptedTurn> {
     let mut script = vec![ScriptedTurn::call("get_order", json!({ "order_id": "A1" }))];
-    script.extend((1..turns).map(|i| ScriptedTurn::call("calculator", json!({ "expression": format!("{i} + 1") }))));
+    script.extend((1..turns).map(|i| ScriptedTurn::call("calculator", json!({ "op": "add", "a": i, "b": 1 }))));
     script.push(ScriptedTurn::text("done"));
     script
 }
@@ -202,17 +222,24 @@ fn step_config(model: &str, turns: usize) -> RunConfig {
     }
 }
 
-/// The fleet of one round: a dispatcher and workers in this process, on a
-/// private database, queue and key prefix.
+/// Where a round's runs are kept.
+enum BenchStore {
+    /// The fleet's services: a private database, queue and key prefix.
+    Fleet { db: TestDb, sql: tokio_postgres::Client, queue_name: String, amqp_url: String },
+    /// The single node: a SQLite file in a temporary directory.
+    Sqlite { dir: TempDir },
+}
+
+/// The fleet of one round: a dispatcher and workers in this process.
 struct BenchFleet {
-    db: TestDb,
+    store: BenchStore,
     server: Server,
-    queue_name: String,
-    amqp_url: String,
     stop: watch::Sender<bool>,
 }
 
 impl BenchFleet {
+    /// On the services: private database, queue and key prefix; each worker
+    /// with its own connections.
     async fn start(urls: &Urls, agent: Arc<Agent>, workers: usize, concurrency: usize) -> Result<BenchFleet> {
         BenchFleet::start_with(urls, agent, workers, concurrency, None).await
     }
@@ -231,11 +258,7 @@ impl BenchFleet {
             }
         };
         let (log, queue, ledger) = ports(db.log().await).await?;
-        let specs = token.map(glia_dispatcher::Auth::parse_spec).transpose()?;
-        let app = glia_dispatcher::App::new(log, queue, ledger, glia_dispatcher::Auth::from_tokens(specs)?);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let server = Server { server: format!("http://{}", listener.local_addr()?), token: token.map(|t| t.split(':').next().unwrap_or_default().to_owned()) };
-        tokio::spawn(crate::fleet::run_dispatcher(app, listener, Duration::from_secs(2), Duration::from_secs(5), shutdown.clone()));
+        let server = serve(log, queue, ledger, token, shutdown.clone()).await?;
         for n in 0..workers {
             // A connection per run in flight, so no commit waits for one.
             let options = glia_backends::postgres::PgOptions { max_connections: concurrency.max(1), ..Default::default() };
@@ -243,43 +266,135 @@ impl BenchFleet {
             let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
             tokio::spawn(Arc::new(Worker::new(agent.clone(), log, queue, ledger, options)).run(shutdown.clone()));
         }
-        Ok(BenchFleet { db, server, queue_name: name, amqp_url: urls.amqp_url.clone(), stop })
+        let sql = db.sql().await;
+        Ok(BenchFleet { store: BenchStore::Fleet { db, sql, queue_name: name, amqp_url: urls.amqp_url.clone() }, server, stop })
+    }
+
+    /// The single node: dispatcher and workers on one SQLite file (as
+    /// `glia serve` runs them).
+    async fn start_sqlite(agent: Arc<Agent>, workers: usize, concurrency: usize) -> Result<BenchFleet> {
+        let dir = TempDir::new();
+        let ports = crate::fleet::Ports::sqlite(&dir.db()).await?;
+        let (stop, shutdown) = watch::channel(false);
+        let server = serve(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), None, shutdown.clone()).await?;
+        for n in 0..workers {
+            let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
+            tokio::spawn(Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), options)).run(shutdown.clone()));
+        }
+        Ok(BenchFleet { store: BenchStore::Sqlite { dir }, server, stop })
     }
 
     async fn stop(self) {
         let _ = self.stop.send(true);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        match RabbitQueue::connect(&self.amqp_url, QueueOptions::new(self.queue_name.clone())).await {
-            Ok(q) => {
-                if let Err(e) = q.delete_topology().await {
-                    eprintln!("bench: queue {} not deleted: {e}", self.queue_name);
+        if let BenchStore::Fleet { queue_name, amqp_url, .. } = &self.store {
+            match RabbitQueue::connect(amqp_url, QueueOptions::new(queue_name.clone())).await {
+                Ok(q) => {
+                    if let Err(e) = q.delete_topology().await {
+                        eprintln!("bench: queue {queue_name} not deleted: {e}");
+                    }
+                    q.close().await;
                 }
-                q.close().await;
+                Err(e) => eprintln!("bench: queue {queue_name} not deleted: {e}"),
             }
-            Err(e) => eprintln!("bench: queue {} not deleted: {e}", self.queue_name),
         }
-        drop(self.db);
+    }
+
+    /// A count from the store (`SELECT count(*) …`, the same SQL on both).
+    async fn count(&self, sql: &'static str) -> Result<i64> {
+        match &self.store {
+            BenchStore::Fleet { sql: client, .. } => Ok(client.query_one(sql, &[]).await?.get(0)),
+            BenchStore::Sqlite { dir } => {
+                let path = dir.db();
+                tokio::task::spawn_blocking(move || {
+                    let conn = rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+                    conn.busy_timeout(Duration::from_secs(5))?;
+                    anyhow::Ok(conn.query_row(sql, [], |r| r.get(0))?)
+                })
+                .await?
+            }
+        }
+    }
+
+    /// Approval posted (inbox row committed) → `approval.resolved`
+    /// committed, ms, each.
+    async fn approval_latencies(&self) -> Result<Vec<f64>> {
+        match &self.store {
+            BenchStore::Fleet { sql, .. } => Ok(sql
+                .query(
+                    "SELECT (extract(epoch FROM (e.at - i.created_at)) * 1000)::float8 FROM inbox i JOIN events e \
+                     ON e.run_id = i.run_id AND e.kind = 'approval.resolved' AND e.payload->'data'->>'call_id' = i.payload->>'call_id' \
+                     WHERE i.payload->>'kind' = 'approval'",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get::<_, f64>(0))
+                .collect()),
+            BenchStore::Sqlite { dir } => {
+                let path = dir.db();
+                tokio::task::spawn_blocking(move || {
+                    let conn = rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+                    conn.busy_timeout(Duration::from_secs(5))?;
+                    let mut st = conn.prepare(
+                        "SELECT (e.at - i.created_at) / 1e6 FROM inbox i JOIN events e \
+                         ON e.run_id = i.run_id AND e.kind = 'approval.resolved' AND json_extract(e.payload, '$.data.call_id') = json_extract(i.payload, '$.call_id') \
+                         WHERE json_extract(i.payload, '$.kind') = 'approval'",
+                    )?;
+                    let rows = st.query_map([], |r| r.get::<_, f64>(0))?.collect::<Result<Vec<f64>, _>>()?;
+                    anyhow::Ok(rows)
+                })
+                .await?
+            }
+        }
     }
 }
 
-async fn steps(args: &StepsArgs) -> Result<StepsResult> {
+/// A dispatcher on the ports, on an ephemeral loopback port.
+/// A dispatcher on a loopback port, open or with one bearer token
+/// (`TOKEN:TENANT:SCOPES[:NAME]`, which the returned client then sends).
+async fn serve(
+    log: Arc<dyn EventLog>,
+    queue: Arc<dyn JobQueue>,
+    ledger: Arc<dyn glia_backends::Ledger>,
+    token: Option<&str>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Server> {
+    let specs = token.map(glia_dispatcher::Auth::parse_spec).transpose()?;
+    let app = glia_dispatcher::App::new(log, queue, ledger, glia_dispatcher::Auth::from_tokens(specs)?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let token = token.map(|t| t.split(':').next().unwrap_or_default().to_owned());
+    let server = Server { server: format!("http://{}", listener.local_addr()?), token, max_outage_secs: 0 };
+    tokio::spawn(crate::fleet::run_dispatcher(app, listener, Duration::from_secs(2), Duration::from_secs(5), shutdown));
+    Ok(server)
+}
+
+async fn steps(args: &StepsArgs, target: Target) -> Result<StepsResult> {
     let mut library = ScriptLibrary::default();
     library.insert("bench", step_script(args.turns));
     let agent = Arc::new(Agent::new(Arc::new(library)).with_tools(crate::demo::tools()));
     let raw_concurrency = args.runs.min(args.workers.max(1) * args.concurrency);
     let mut rounds = Vec::new();
     for round in 0..args.repeat.max(1) {
-        let fleet = BenchFleet::start(&args.urls, agent.clone(), args.workers, args.concurrency).await?;
+        let fleet = match target {
+            Target::Sqlite => BenchFleet::start_sqlite(agent.clone(), args.workers, args.concurrency).await?,
+            _ => BenchFleet::start(&args.urls, agent.clone(), args.workers, args.concurrency).await?,
+        };
         let result = steps_round(args, &fleet).await;
         fleet.stop().await;
         let mut result = result?;
-        // The raw rate, on a database of its own once the fleet is gone.
-        let raw_db = private_db(&args.urls.database_url).await?;
+        // The raw rate, on a store of its own once the fleet is gone.
         let seconds = Duration::from_secs(args.raw_seconds);
-        result.raw_inserts_per_s_1 = raw_inserts(&raw_db, 1, seconds).await?;
-        result.raw_inserts_per_s_c = raw_inserts(&raw_db, raw_concurrency, seconds).await?;
-        drop(raw_db);
-        eprintln!("round {}: {:.0} steps/s, approval→resume p50 {:.1} ms", round + 1, result.steps_per_s, result.approval_resume_p50_ms);
+        if target == Target::Sqlite {
+            result.raw_inserts_per_s_1 = raw_sqlite_inserts(1, seconds).await?;
+            result.raw_inserts_per_s_c = raw_sqlite_inserts(raw_concurrency, seconds).await?;
+        } else {
+            let raw_db = private_db(&args.urls.database_url).await?;
+            result.raw_inserts_per_s_1 = raw_inserts(&raw_db, 1, seconds).await?;
+            result.raw_inserts_per_s_c = raw_inserts(&raw_db, raw_concurrency, seconds).await?;
+            drop(raw_db);
+        }
+        eprintln!("{target:?} round {}: {:.0} steps/s, approval→resume p50 {:.1} ms", round + 1, result.steps_per_s, result.approval_resume_p50_ms);
         rounds.push(result);
     }
     let m = |f: fn(&StepsRound) -> f64| median(rounds.iter().map(f).collect());
@@ -299,7 +414,6 @@ async fn steps(args: &StepsArgs) -> Result<StepsResult> {
 
 async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound> {
     let client = crate::client::http_client()?;
-    let sql = fleet.db.sql().await;
     let config = step_config("script:bench", args.turns);
     let started = Instant::now();
     let created: Vec<Result<Value>> = futures::stream::iter(0..args.runs)
@@ -327,7 +441,7 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound>
         for chunk in decisions.chunks(100) {
             checked(fleet.server.request(&client, Method::POST, "/v1/approvals").json(&json!({ "decisions": chunk })).send().await?).await?;
         }
-        let done: i64 = sql.query_one("SELECT count(*) FROM runs WHERE status = 'done'", &[]).await?.get(0);
+        let done = fleet.count("SELECT count(*) FROM runs WHERE status = 'done'").await?;
         if done as usize >= args.runs {
             break;
         }
@@ -339,22 +453,12 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound>
         }
     }
     let wall_s = started.elapsed().as_secs_f64();
-    let steps: i64 = sql.query_one("SELECT count(*) FROM events WHERE kind IN ('model.response', 'tool.result', 'tool.error')", &[]).await?.get(0);
-    let failed: i64 = sql.query_one("SELECT count(*) FROM events WHERE kind = 'error'", &[]).await?.get(0);
+    let steps = fleet.count("SELECT count(*) FROM events WHERE kind IN ('model.response', 'tool.result', 'tool.error')").await?;
+    let failed = fleet.count("SELECT count(*) FROM events WHERE kind = 'error'").await?;
     if failed > 0 {
         bail!("{failed} runs recorded an error; the workload is broken");
     }
-    let mut latencies: Vec<f64> = sql
-        .query(
-            "SELECT (extract(epoch FROM (e.at - i.created_at)) * 1000)::float8 FROM inbox i JOIN events e \
-             ON e.run_id = i.run_id AND e.kind = 'approval.resolved' AND e.payload->'data'->>'call_id' = i.payload->>'call_id' \
-             WHERE i.payload->>'kind' = 'approval'",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get::<_, f64>(0))
-        .collect();
+    let mut latencies = fleet.approval_latencies().await?;
     latencies.sort_by(f64::total_cmp);
     Ok(StepsRound {
         steps_per_s: steps as f64 / wall_s,
@@ -394,11 +498,52 @@ async fn raw_inserts(db: &TestDb, connections: usize, duration: Duration) -> Res
             })
         })
         .collect();
+    rate(tasks, started).await
+}
+
+/// Rows per second since `started`: the sum of the tasks' counts.
+async fn rate(tasks: Vec<tokio::task::JoinHandle<Result<u64>>>, started: Instant) -> Result<f64> {
     let mut total = 0;
     for t in tasks {
         total += t.await??;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Single-row autocommit inserts (the same payload as [`raw_inserts`]) into
+/// a new SQLite file in WAL mode with `synchronous = FULL` (as the single
+/// node commits steps), from `connections` threads, each with its own
+/// connection, for `duration`: rows per second. SQLite has one writer at a
+/// time; more connections only contend for it.
+async fn raw_sqlite_inserts(connections: usize, duration: Duration) -> Result<f64> {
+    let dir = TempDir::new();
+    let path = dir.db();
+    {
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
+        conn.execute_batch("CREATE TABLE raw_inserts (id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, payload TEXT NOT NULL)")?;
+    }
+    let payload = json!({ "type": "tool.result", "data": { "call_id": "call_1", "content": "{\"order_id\":\"A1\",\"status\":\"shipped\"}", "duration_ms": 0 } }).to_string();
+    let started = Instant::now();
+    let until = started + duration;
+    let tasks: Vec<_> = (0..connections.max(1))
+        .map(|_| {
+            let (path, payload) = (path.clone(), payload.clone());
+            tokio::task::spawn_blocking(move || {
+                let conn = rusqlite::Connection::open(&path)?;
+                conn.execute_batch("PRAGMA synchronous = FULL")?;
+                conn.busy_timeout(Duration::from_secs(30))?;
+                let mut insert = conn.prepare("INSERT INTO raw_inserts (run_id, payload) VALUES (?1, ?2)")?;
+                let mut n = 0u64;
+                while Instant::now() < until {
+                    insert.execute(rusqlite::params![Uuid::now_v7().to_string(), payload])?;
+                    n += 1;
+                }
+                anyhow::Ok(n)
+            })
+        })
+        .collect();
+    rate(tasks, started).await
 }
 
 // ----- growth ------------------------------------------------------------------
@@ -475,7 +620,7 @@ impl EventSink for MeasuringSink {
 async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
     let db = private_db(&args.urls.database_url).await?;
     let log = db.log().await;
-    let mut script: Vec<ScriptedTurn> = (0..args.turns).map(|i| ScriptedTurn::call("calculator", json!({ "expression": format!("{i} + 1") }))).collect();
+    let mut script: Vec<ScriptedTurn> = (0..args.turns).map(|i| ScriptedTurn::call("calculator", json!({ "op": "add", "a": i, "b": 1 }))).collect();
     script.push(ScriptedTurn::text("done"));
     let agent = Agent::new(Arc::new(ScriptedProvider::new(script))).with_tools(crate::demo::tools());
     let config = RunConfig { max_model_calls_per_turn: u32::try_from(args.turns + 2).unwrap_or(u32::MAX), ..RunConfig::default() };
@@ -557,8 +702,9 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
     let fleet = BenchFleet::start(&args.urls, Arc::new(Agent::new(Arc::new(library))), 0, 1).await;
     let fleet = fleet?;
     let _ = fleet.stop.send(false);
+    let BenchStore::Fleet { db, queue_name, .. } = &fleet.store else { bail!("the memory benchmark runs on the fleet") };
     let db_url = match args.urls.database_url.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{}", fleet.db.name),
+        Some((base, _)) => format!("{base}/{}", db.name),
         None => bail!("the database URL {} names no database", args.urls.database_url),
     };
     let mut child = std::process::Command::new(std::env::current_exe()?)
@@ -566,8 +712,8 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
         .env("GLIA_DATABASE_URL", &db_url)
         .env("GLIA_AMQP_URL", &args.urls.amqp_url)
         .env("GLIA_REDIS_URL", &args.urls.redis_url)
-        .env("GLIA_QUEUE", &fleet.queue_name)
-        .env("GLIA_REDIS_PREFIX", &fleet.queue_name)
+        .env("GLIA_QUEUE", queue_name)
+        .env("GLIA_REDIS_PREFIX", queue_name)
         .env("GLIA_DEMO_TOOL_DELAY_MS", args.tool_ms.to_string())
         .env("GLIA_DEMO_EFFECTS", dir.join("effects.log"))
         .env("RUST_LOG", "warn")
@@ -584,12 +730,11 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
             let req = fleet.server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("memory run {i}"), "config": config }));
             checked(req.send().await?).await?;
         }
-        let sql = fleet.db.sql().await;
         let mut peak = idle;
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             peak = peak.max(rss_kib(pid).unwrap_or(0.0));
-            let done: i64 = sql.query_one("SELECT count(*) FROM runs WHERE status = 'done'", &[]).await?.get(0);
+            let done = fleet.count("SELECT count(*) FROM runs WHERE status = 'done'").await?;
             if done as usize >= args.runs {
                 break;
             }
@@ -667,7 +812,7 @@ async fn approvals_round(args: &ApprovalsArgs, fleet: &BenchFleet) -> Result<App
     let client = crate::client::http_client()?;
     let form_client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
     let (cookie, csrf) = inbox_session(&fleet.server).await?;
-    let sql = fleet.db.sql().await;
+    let BenchStore::Fleet { sql, .. } = &fleet.store else { bail!("the approvals benchmark runs on the fleet") };
     let config = step_config("script:bench", 1);
     let n = args.decisions.max(1) * 2;
     let mut runs = Vec::with_capacity(n);

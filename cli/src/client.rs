@@ -1,17 +1,48 @@
-//! The HTTP client side of the CLI: `glia submit`, `glia runs`, `glia approvals`.
-//! It speaks the dispatcher's JSON API and nothing else.
+//! The HTTP client side of the CLI: `glia submit`, `glia runs`, `glia approvals`
+//! (and the requests of `glia batch --server`). It speaks the dispatcher's JSON
+//! API and nothing else.
+//!
+//! Every client waits out a bounded outage of the dispatcher instead of dying
+//! ([`Server::retrying`]): a connection error, a timeout, a broken answer or a
+//! 502/503/504 is retried with exponential backoff (200 ms doubling to 3 s, plus
+//! up to as much again of random jitter; a `Retry-After` is honoured) until the dispatcher answers or
+//! `--max-outage-secs` (default 120 s) have passed since the outage began;
+//! then the error names the server, the time waited and the last error
+//! ([`Unreachable`]). What makes a retry safe:
+//!
+//! - `POST /v1/runs` always carries an `Idempotency-Key` (`--idempotency-key`,
+//!   else a fresh UUID per invocation): a retry after a lost answer returns the
+//!   run the first attempt created (200) instead of creating another.
+//! - Decisions and external tool results are deduplicated by the dispatcher
+//!   per approval request and call: a repeat answers 409 (`already_decided`,
+//!   `already_answered`); after a retry such a 409 means the lost attempt
+//!   landed, and is reported as done. Messages, closes and resumes are
+//!   refused (409 `already_posted`) only while the first is still pending:
+//!   once consumed, the run may park again and accept the same text as a new
+//!   message. `glia batch` therefore re-reads the run before each retry of
+//!   one and does not post again when the run moved on.
+//! - The event stream resumes with `Last-Event-ID` = the last printed seq: no
+//!   event is lost or printed twice across reconnects.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use backon::{ExponentialBuilder, Retryable};
 use clap::{Args, Subcommand};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
-use glia_proto::{Event, RunConfig};
-use reqwest::{Client, Method, RequestBuilder, Response};
+use glia_proto::{Event, EventKind, Outcome, RunConfig};
+use reqwest::{Client, Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
 
-/// Where the dispatcher is and who we are.
+/// Default of `--max-outage-secs`: how long a client waits for a dispatcher
+/// that does not answer (seconds).
+pub const DEFAULT_MAX_OUTAGE_SECS: u64 = 120;
+
+/// Where the dispatcher is, who we are, and how long to wait for it.
 #[derive(Args, Clone)]
 pub struct Server {
     /// Dispatcher base URL.
@@ -20,6 +51,103 @@ pub struct Server {
     /// Bearer token.
     #[arg(long, env = "GLIA_TOKEN")]
     pub token: Option<String>,
+    /// Keep retrying (with backoff) a dispatcher that cannot be reached, times
+    /// out or answers 502/503/504 for this many seconds before giving up;
+    /// 0 gives up at the first failure.
+    #[arg(long, env = "GLIA_MAX_OUTAGE_SECS", default_value_t = DEFAULT_MAX_OUTAGE_SECS)]
+    pub max_outage_secs: u64,
+}
+
+/// The dispatcher did not answer within the outage bound.
+#[derive(Debug, thiserror::Error)]
+#[error("the dispatcher at {server} did not answer for {:.1} s ({attempts} attempt(s), --max-outage-secs {max_outage_secs}); last error: {last}", waited.as_secs_f64())]
+pub struct Unreachable {
+    /// The dispatcher's base URL.
+    pub server: String,
+    /// From the first failure of the outage to giving up.
+    pub waited: Duration,
+    /// Attempts made in this outage.
+    pub attempts: u32,
+    /// The bound, seconds.
+    pub max_outage_secs: u64,
+    /// What the last attempt got (a connection error, a timeout, a 503…).
+    pub last: String,
+}
+
+/// Why one attempt failed.
+pub enum Attempt {
+    /// Worth retrying: the dispatcher is unreachable, restarting or behind a
+    /// gateway that cannot reach it. With the `Retry-After` hint, if any.
+    Transient(String, Option<Duration>),
+    /// Not worth retrying: the dispatcher answered and refused, or the
+    /// request itself is wrong.
+    Fatal(anyhow::Error),
+}
+
+impl Attempt {
+    /// A reqwest failure: transient unless the request could not be built or
+    /// redirected (those fail the same way every time).
+    pub fn from_reqwest(e: reqwest::Error) -> Attempt {
+        if e.is_builder() || e.is_redirect() {
+            return Attempt::Fatal(anyhow::Error::new(e));
+        }
+        Attempt::Transient(error_chain(&e), None)
+    }
+}
+
+/// An error and its sources on one line (reqwest's own message omits the
+/// cause, e.g. "Connection refused").
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// A status worth retrying: the dispatcher is restarting or not ready (503),
+/// or a gateway in front of it cannot reach it (502, 504).
+pub fn transient_status(status: StatusCode) -> bool {
+    matches!(status, StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT)
+}
+
+/// The `Retry-After` of an answer, in seconds form (the dispatcher's).
+fn retry_after(resp: &Response) -> Option<Duration> {
+    resp.headers().get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// A dispatcher's complete answer: status and JSON body (`Null` when the
+/// body is not JSON), and how many attempts it took.
+#[derive(Debug)]
+pub struct Answer {
+    /// The HTTP status (never a transient one: those are retried).
+    pub status: StatusCode,
+    /// The body as JSON.
+    pub body: Value,
+    /// 1 when the first attempt was answered.
+    pub attempts: u32,
+}
+
+impl Answer {
+    /// The body of a 2xx answer, else an error carrying the dispatcher's
+    /// JSON error (`dispatcher answered 409 Conflict: already_posted: …`).
+    pub fn checked(self) -> Result<Value> {
+        if !self.status.is_success() {
+            bail!("dispatcher answered {}: {}: {}", self.status, self.code(), self.body["error"]["message"].as_str().unwrap_or(""));
+        }
+        Ok(self.body)
+    }
+
+    /// The dispatcher's error code (`already_posted`…), `unknown` without one.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("unknown")
+    }
 }
 
 impl Server {
@@ -31,31 +159,131 @@ impl Server {
             None => req,
         }
     }
+
+    /// The outage bound (`--max-outage-secs`).
+    pub fn max_outage(&self) -> Duration {
+        Duration::from_secs(self.max_outage_secs)
+    }
+
+    /// Run `attempt` until it succeeds, fails for good, or the outage that
+    /// began at `since` has lasted longer than [`Server::max_outage`]:
+    /// transient failures are retried with exponential backoff (200 ms
+    /// doubling to 3 s, plus up to as much again of jitter; at least the
+    /// `Retry-After` hint) and
+    /// logged as warnings. Errors: the fatal error, or [`Unreachable`] with
+    /// the last transient failure.
+    pub async fn retrying<T, F, Fut>(&self, since: Instant, mut attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Attempt>>,
+    {
+        let bound = self.max_outage();
+        let attempts = AtomicU32::new(0);
+        let backoff = ExponentialBuilder::default().with_min_delay(Duration::from_millis(200)).with_max_delay(Duration::from_secs(3)).with_jitter().without_max_times();
+        let result = (|| {
+            attempts.fetch_add(1, Ordering::Relaxed);
+            attempt()
+        })
+        .retry(backoff)
+        .when(|e| matches!(e, Attempt::Transient(..)) && since.elapsed() < bound)
+        .adjust(|e, delay| match e {
+            Attempt::Transient(_, Some(hint)) => delay.map(|d| d.max(*hint)),
+            _ => delay,
+        })
+        .notify(|e, delay| {
+            if let Attempt::Transient(why, _) = e {
+                tracing::warn!(server = %self.server, "dispatcher unavailable ({why}); retrying in {} ms", delay.as_millis());
+            }
+        })
+        .await;
+        match result {
+            Ok(t) => Ok(t),
+            Err(Attempt::Fatal(e)) => Err(e),
+            Err(Attempt::Transient(last, _)) => Err(Unreachable {
+                server: self.server.clone(),
+                waited: since.elapsed(),
+                attempts: attempts.load(Ordering::Relaxed),
+                max_outage_secs: self.max_outage_secs,
+                last,
+            }
+            .into()),
+        }
+    }
+
+    /// One attempt of `method path` with an optional JSON body and extra
+    /// headers: the status and the JSON body (`Null` when not JSON), read
+    /// whole. A transport failure, a body cut off or a 502/503/504 is an
+    /// [`Attempt::Transient`] (with the `Retry-After` hint).
+    pub async fn send_once(&self, client: &Client, method: Method, path: &str, body: Option<&Value>, headers: &[(&str, &str)]) -> Result<(StatusCode, Value), Attempt> {
+        let mut req = self.request(client, method, path);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.map_err(Attempt::from_reqwest)?;
+        let status = resp.status();
+        if transient_status(status) {
+            let hint = retry_after(&resp);
+            let text = resp.text().await.unwrap_or_default();
+            let detail: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let why = detail["error"]["message"].as_str().map_or_else(|| text.chars().take(200).collect(), str::to_owned);
+            return Err(Attempt::Transient(format!("{status}: {why}"), hint));
+        }
+        let bytes = resp.bytes().await.map_err(Attempt::from_reqwest)?;
+        Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+    }
+
+    /// [`Server::send_once`] retried through an outage ([`Server::retrying`]).
+    /// Only send requests whose repeat is harmless (reads, idempotent or
+    /// deduplicated posts: see the module documentation).
+    pub async fn call(&self, client: &Client, method: Method, path: &str, body: Option<&Value>, headers: &[(&str, &str)]) -> Result<Answer> {
+        let attempts = AtomicU32::new(0);
+        let (status, body) = self
+            .retrying(Instant::now(), || {
+                attempts.fetch_add(1, Ordering::Relaxed);
+                self.send_once(client, method.clone(), path, body, headers)
+            })
+            .await?;
+        Ok(Answer { status, body, attempts: attempts.load(Ordering::Relaxed) })
+    }
+
+    /// GET `path`: the body of a 2xx answer (see [`Server::call`], [`Answer::checked`]).
+    pub async fn get(&self, client: &Client, path: &str) -> Result<Value> {
+        self.call(client, Method::GET, path, None, &[]).await?.checked()
+    }
 }
 
-/// An HTTP client for the dispatcher: a dispatcher that does not answer is
-/// an error after 10 s (connect) or 60 s (a whole request), never a hang.
-/// Streams (`events/stream`) are read without the request timeout.
-pub fn http_client() -> Result<Client> {
-    Ok(Client::builder().connect_timeout(std::time::Duration::from_secs(10)).timeout(std::time::Duration::from_secs(60)).pool_max_idle_per_host(64).build()?)
-}
-
-/// A client for long-lived streams: connect timeout only.
-fn stream_client() -> Result<Client> {
-    Ok(Client::builder().connect_timeout(std::time::Duration::from_secs(10)).build()?)
-}
-
-/// Turn a non-2xx answer into an error carrying the dispatcher's JSON error.
+/// Turn a raw non-2xx answer into an error carrying the dispatcher's JSON
+/// error; for requests sent without [`Server::call`] (the benchmarks, whose
+/// dispatcher runs in the same process).
 pub async fn checked(resp: Response) -> Result<Value> {
     let status = resp.status();
     let body: Value = resp.json().await.unwrap_or(Value::Null);
-    if !status.is_success() {
-        let code = body["error"]["code"].as_str().unwrap_or("unknown");
-        let message = body["error"]["message"].as_str().unwrap_or("");
-        bail!("dispatcher answered {status}: {code}: {message}");
-    }
-    Ok(body)
+    Answer { status, body, attempts: 1 }.checked()
 }
+
+/// An HTTP client for the dispatcher: a dispatcher that does not answer is
+/// a failed attempt after 10 s (connect) or 60 s (a whole request), never a
+/// hang. Streams (`events/stream`) are read without the request timeout.
+pub fn http_client() -> Result<Client> {
+    Ok(Client::builder().connect_timeout(Duration::from_secs(10)).timeout(Duration::from_secs(60)).pool_max_idle_per_host(64).build()?)
+}
+
+/// A client for long-lived streams: connect timeout only (the dispatcher
+/// sends a keep-alive comment every 15 s; a stream silent for
+/// [`STREAM_IDLE`] is taken as broken and resumed).
+fn stream_client() -> Result<Client> {
+    Ok(Client::builder().connect_timeout(Duration::from_secs(10)).build()?)
+}
+
+/// A stream with nothing (not even a keep-alive) for this long is broken.
+const STREAM_IDLE: Duration = Duration::from_secs(45);
+
+/// A stream open this long worked: an outage is counted afresh after it
+/// breaks (a stream that breaks sooner without an event counts on).
+const HEALTHY_STREAM: Duration = Duration::from_secs(15);
 
 /// `glia submit`.
 #[derive(Args)]
@@ -66,6 +294,8 @@ pub struct SubmitArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Idempotency key: submitting the same key twice gives the same run.
+    /// Default: a fresh key per invocation, so that retries within one
+    /// invocation never create a second run.
     #[arg(long)]
     idempotency_key: Option<String>,
     /// Print events as JSON lines.
@@ -78,56 +308,112 @@ pub struct SubmitArgs {
     goal: String,
 }
 
-/// Create a run and stream its events until it parks or ends.
+/// Create a run and stream its events until it parks or ends. Exits with an
+/// error when the run failed or was cancelled.
 pub async fn submit(args: SubmitArgs) -> Result<()> {
     let config: RunConfig = match &args.config {
         Some(p) => serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
             .with_context(|| format!("parsing config {}", p.display()))?,
         None => RunConfig::default(),
     };
+    // What the dispatcher would refuse (422) is refused here, before anything is sent.
+    config.validate().map_err(|e| anyhow::anyhow!("invalid run config: {e}"))?;
     let client = http_client()?;
-    let mut req = args.server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": args.goal, "config": config }));
-    if let Some(key) = &args.idempotency_key {
-        req = req.header("Idempotency-Key", key);
-    }
-    let run = checked(req.send().await.context("connecting to the dispatcher")?).await?;
+    let key = args.idempotency_key.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let body = json!({ "goal": args.goal, "config": config });
+    let answer = args.server.call(&client, Method::POST, "/v1/runs", Some(&body), &[("Idempotency-Key", &key)]).await.context("submitting the run")?;
+    let run = answer.checked()?;
     let run_id = run["run_id"].as_str().context("the dispatcher's answer has no run_id")?.to_owned();
     if args.detach {
         println!("{run_id}");
         return Ok(());
     }
     eprintln!("run {run_id}");
-    follow(&stream_client()?, &args.server, &run_id, args.json).await
+    match follow(&stream_client()?, &args.server, &run_id, args.json).await.with_context(|| format!("following run {run_id}"))? {
+        Some(Outcome::Failed { error }) => bail!("run {run_id} failed: {error}"),
+        Some(Outcome::Cancelled { reason }) => bail!("run {run_id} was cancelled: {reason}"),
+        _ => Ok(()),
+    }
 }
 
-/// Print a run's events from the SSE stream until it parks or ends.
-async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> Result<()> {
-    let resp = server.request(client, Method::GET, &format!("/v1/runs/{run_id}/events/stream")).send().await?;
-    if !resp.status().is_success() {
-        checked(resp).await?;
-        return Ok(());
+/// Print a run's events from the SSE stream until it parks or ends; the
+/// outcome when it ended. A stream that breaks (the dispatcher restarted, a
+/// proxy cut it, nothing arrived for [`STREAM_IDLE`]) is resumed after the
+/// last printed seq (`Last-Event-ID`), so every event is printed once and in
+/// order. Reconnecting fails with [`Unreachable`] once the stream has been
+/// broken for `--max-outage-secs` (streams that break at once without
+/// delivering an event do not restart the count).
+async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> Result<Option<Outcome>> {
+    let path = format!("/v1/runs/{run_id}/events/stream");
+    let mut last: u64 = 0;
+    // Since when the stream has been broken: from the first break after a
+    // working stream (one that delivered an event or stayed open for
+    // HEALTHY_STREAM) until the next working one.
+    let mut outage: Option<Instant> = None;
+    loop {
+        let since = outage.unwrap_or_else(Instant::now);
+        let resp = server
+            .retrying(since, || async {
+                let mut req = server.request(client, Method::GET, &path);
+                if last > 0 {
+                    req = req.header("Last-Event-ID", last.to_string());
+                }
+                let resp = req.send().await.map_err(Attempt::from_reqwest)?;
+                let status = resp.status();
+                if transient_status(status) {
+                    let hint = retry_after(&resp);
+                    return Err(Attempt::Transient(format!("{status}"), hint));
+                }
+                if !status.is_success() {
+                    let body: Value = resp.json().await.unwrap_or(Value::Null);
+                    let answer = Answer { status, body, attempts: 1 };
+                    return Err(Attempt::Fatal(answer.checked().expect_err("not a success")));
+                }
+                Ok(resp)
+            })
+            .await?;
+        let connected = Instant::now();
+        let before = last;
+        let mut stream = resp.bytes_stream().eventsource();
+        let why = loop {
+            let msg = match tokio::time::timeout(STREAM_IDLE, stream.next()).await {
+                Err(_) => break format!("nothing received for {} s", STREAM_IDLE.as_secs()),
+                Ok(None) => break "the stream ended before the run did".to_owned(),
+                Ok(Some(Err(e))) => break format!("reading the event stream: {e}"),
+                Ok(Some(Ok(msg))) => msg,
+            };
+            if msg.event == "error" {
+                // The dispatcher could not read the log: its answer says why; try again.
+                break format!("the dispatcher reported: {}", msg.data);
+            }
+            if msg.event == "live" || msg.data.is_empty() {
+                continue;
+            }
+            let event: Event = serde_json::from_str(&msg.data).with_context(|| format!("the event stream sent an event glia cannot read: {}", msg.data))?;
+            if event.seq <= last {
+                continue; // already printed before a reconnect
+            }
+            last = event.seq;
+            if json {
+                println!("{}", msg.data);
+            } else {
+                println!("{:>4}  {:<18} {}", event.seq, event.kind.name(), crate::describe(&event.kind));
+            }
+            match event.kind {
+                EventKind::SessionPause { pull_point } => {
+                    eprintln!("parked at {}", pull_point.name());
+                    return Ok(None);
+                }
+                EventKind::SessionComplete { outcome } => return Ok(Some(outcome)),
+                EventKind::SessionCancel { reason } => return Ok(Some(Outcome::Cancelled { reason })),
+                _ => {}
+            }
+        };
+        if last > before || connected.elapsed() >= HEALTHY_STREAM || outage.is_none() {
+            outage = Some(Instant::now());
+        }
+        tracing::warn!(server = %server.server, %run_id, after = last, "event stream broken ({why}); resuming");
     }
-    let mut stream = resp.bytes_stream().eventsource();
-    while let Some(msg) = stream.next().await {
-        let msg = msg.context("reading the event stream")?;
-        if msg.event == "live" || msg.data.is_empty() {
-            continue;
-        }
-        let Ok(event) = serde_json::from_str::<Event>(&msg.data) else { continue };
-        if json {
-            println!("{}", msg.data);
-        } else {
-            println!("{:>4}  {:<18} {}", event.seq, event.kind.name(), crate::describe(&event.kind));
-        }
-        if let glia_proto::EventKind::SessionPause { pull_point } = &event.kind {
-            eprintln!("parked at {}", pull_point.name());
-            return Ok(());
-        }
-        if matches!(event.kind, glia_proto::EventKind::SessionComplete { .. } | glia_proto::EventKind::SessionCancel { .. }) {
-            return Ok(());
-        }
-    }
-    Ok(())
 }
 
 /// `glia runs`.
@@ -172,18 +458,18 @@ pub async fn runs(cmd: RunsCommand) -> Result<()> {
             if let Some(s) = status {
                 path.push_str(&format!("&status={s}"));
             }
-            let body = checked(server.request(&client, Method::GET, &path).send().await?).await?;
+            let body = server.get(&client, &path).await?;
             let runs = body["runs"].as_array().or(body.as_array()).cloned().unwrap_or_default();
             for r in runs {
                 println!("{}  {:<9} head {:>4}  {}", r["run_id"].as_str().unwrap_or("?"), r["status"].as_str().unwrap_or("?"), r["head_seq"], r["goal"].as_str().unwrap_or(""));
             }
         }
         RunsCommand::Get { server, run_id } => {
-            let body = checked(server.request(&client, Method::GET, &format!("/v1/runs/{run_id}")).send().await?).await?;
+            let body = server.get(&client, &format!("/v1/runs/{run_id}")).await?;
             println!("{}", serde_json::to_string_pretty(&body)?);
         }
         RunsCommand::Events { server, run_id, after } => {
-            let body = checked(server.request(&client, Method::GET, &format!("/v1/runs/{run_id}/events?after={after}&limit=1000")).send().await?).await?;
+            let body = server.get(&client, &format!("/v1/runs/{run_id}/events?after={after}&limit=1000")).await?;
             let events = body["events"].as_array().or(body.as_array()).cloned().unwrap_or_default();
             for e in events {
                 println!("{e}");
@@ -251,9 +537,11 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
     let client = http_client()?;
     match cmd {
         ApprovalsCommand::List { server, tool } => {
-            let mut query = vec![("status", "pending".to_owned())];
-            query.extend(tool.map(|t| ("tool", t)));
-            let body = checked(server.request(&client, Method::GET, "/v1/approvals").query(&query).send().await?).await?;
+            let mut path = "/v1/approvals?status=pending".to_owned();
+            if let Some(t) = tool {
+                path.push_str(&format!("&tool={t}"));
+            }
+            let body = server.get(&client, &path).await?;
             let rows = body["approvals"].as_array().or(body.as_array()).cloned().unwrap_or_default();
             let now = chrono::Utc::now();
             for a in rows {
@@ -339,7 +627,13 @@ fn human_ms(ms: i64) -> String {
 }
 
 async fn decide(client: &Client, server: &Server, run_id: &str, call_id: &str, body: Value) -> Result<()> {
-    checked(server.request(client, Method::POST, &format!("/v1/runs/{run_id}/approvals/{call_id}")).json(&body).send().await?).await?;
+    let answer = server.call(client, Method::POST, &format!("/v1/runs/{run_id}/approvals/{call_id}"), Some(&body), &[]).await?;
+    // A retry whose earlier attempt landed (its answer lost) finds the call decided.
+    if answer.attempts > 1 && answer.status == StatusCode::CONFLICT && answer.code() == "already_decided" {
+        eprintln!("decision posted (the approval is decided; an earlier attempt's answer was lost, so check `glia runs events {run_id}` for whose decision it was)");
+        return Ok(());
+    }
+    answer.checked()?;
     eprintln!("decision posted");
     Ok(())
 }
@@ -429,7 +723,106 @@ pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use axum::Router;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::post;
+
     use super::*;
+
+    /// A dispatcher stand-in on a loopback port whose `POST /v1/runs` fails
+    /// with `failing` for the first `failures` requests, then answers 201
+    /// echoing the `Idempotency-Key`; returns its URL and the request count.
+    async fn flaky(failures: u32, failing: StatusCode) -> (String, Arc<AtomicU32>) {
+        let seen = Arc::new(AtomicU32::new(0));
+        let count = seen.clone();
+        let app = Router::new().route(
+            "/v1/runs",
+            post(move |headers: HeaderMap| {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n < failures {
+                        let body = json!({"error": {"code": "not_ready", "message": "starting"}});
+                        return (failing, [(reqwest::header::RETRY_AFTER, "0")], axum::Json(body));
+                    }
+                    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+                    (StatusCode::CREATED, [(reqwest::header::RETRY_AFTER, "0")], axum::Json(json!({"run_id": key})))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, seen)
+    }
+
+    fn server(url: &str, max_outage_secs: u64) -> Server {
+        Server { server: url.to_owned(), token: None, max_outage_secs }
+    }
+
+    #[tokio::test]
+    async fn transient_answers_are_retried_with_the_same_idempotency_key() {
+        for status in [StatusCode::BAD_GATEWAY, StatusCode::SERVICE_UNAVAILABLE, StatusCode::GATEWAY_TIMEOUT] {
+            let (url, seen) = flaky(2, status).await;
+            let answer = server(&url, 30).call(&http_client().unwrap(), Method::POST, "/v1/runs", Some(&json!({})), &[("Idempotency-Key", "k1")]).await.unwrap();
+            assert_eq!((answer.status, answer.attempts, seen.load(Ordering::SeqCst)), (StatusCode::CREATED, 3, 3), "{status}");
+            assert_eq!(answer.body["run_id"], "k1", "every attempt carried the key");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_not_retried() {
+        let (url, seen) = flaky(1, StatusCode::CONFLICT).await;
+        let answer = server(&url, 30).call(&http_client().unwrap(), Method::POST, "/v1/runs", Some(&json!({})), &[]).await.unwrap();
+        assert_eq!((answer.status, answer.attempts, seen.load(Ordering::SeqCst)), (StatusCode::CONFLICT, 1, 1));
+        assert!(answer.checked().unwrap_err().to_string().contains("409 Conflict: not_ready: starting"));
+    }
+
+    /// A decision whose first attempt landed but whose answer was lost: the
+    /// retry finds the call decided (409 `already_decided`), which is the
+    /// decision having been posted; without a retry the same 409 is an error.
+    #[tokio::test]
+    async fn a_decision_repeated_after_a_lost_answer_is_done() {
+        let seen = Arc::new(AtomicU32::new(0));
+        let count = seen.clone();
+        let app = Router::new().route(
+            "/v1/runs/{run}/approvals/{call}",
+            post(move || {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let (status, code) = if n == 0 { (StatusCode::BAD_GATEWAY, "upstream") } else { (StatusCode::CONFLICT, "already_decided") };
+                    (status, axum::Json(json!({"error": {"code": code, "message": "…"}})))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let client = http_client().unwrap();
+        decide(&client, &server(&url, 30), "r1", "c1", json!({"decision": "approve"})).await.expect("a repeat after a lost answer is done");
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+        let err = decide(&client, &server(&url, 30), "r1", "c1", json!({"decision": "approve"})).await.expect_err("decided by someone else");
+        assert!(err.to_string().contains("already_decided"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_the_error_names_the_server_and_the_last_error() {
+        let (url, _) = flaky(u32::MAX, StatusCode::SERVICE_UNAVAILABLE).await;
+        let err = server(&url, 1).call(&http_client().unwrap(), Method::POST, "/v1/runs", Some(&json!({})), &[]).await.unwrap_err();
+        let unreachable = err.downcast_ref::<Unreachable>().expect("an Unreachable error");
+        assert!(unreachable.attempts > 1 && unreachable.waited >= Duration::from_secs(1), "{unreachable:?}");
+        assert_eq!(unreachable.last, "503 Service Unavailable: starting");
+        assert!(err.to_string().starts_with(&format!("the dispatcher at {url} did not answer for ")), "{err}");
+
+        // Nobody listening: the connection error, with its cause.
+        let closed = format!("http://127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+        let err = server(&closed, 0).get(&http_client().unwrap(), "/v1/runs").await.unwrap_err();
+        let unreachable = err.downcast_ref::<Unreachable>().expect("an Unreachable error");
+        assert_eq!(unreachable.attempts, 1, "a bound of 0 tries once");
+        assert!(unreachable.last.contains("onnection refused"), "{unreachable:?}");
+    }
 
     #[test]
     fn deadline_marks() {

@@ -1,19 +1,30 @@
 //! The server side of the CLI: `glia dispatcher`, `glia worker`, `glia dev`.
 //! Each builds the three ports from URLs (or in memory) and runs the
 //! library's services until SIGINT/SIGTERM.
+//!
+//! `glia dispatcher` and `glia worker` start while a service is down: each
+//! port is connected in the background, retried with backoff and logged
+//! ([`Ports::connect_waiting`]); meanwhile the dispatcher serves `/healthz`
+//! and a `/readyz` that names what it waits for (every other request answers
+//! 503 `not_ready`, see [`glia_dispatcher::startup`]), and a worker with
+//! `--metrics-listen` does the same on its metrics address. Once connected,
+//! `/readyz` checks the live ports on each call.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use clap::Args;
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::postgres::{PgLog, PgOptions};
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
-use glia_backends::{EventLog, JobQueue, Ledger};
+use glia_backends::sqlite::{SqliteLog, SqliteOptions};
+use glia_backends::{EVENT_LOG, EventLog, JOB_QUEUE, JobQueue, LEDGER, Ledger};
+use glia_dispatcher::{Gate, Startup};
 use glia_worker::Agent;
 use glia_worker::budget_gate::TenantCaps;
 use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
@@ -21,7 +32,7 @@ use glia_worker::metrics::WorkerMetrics;
 use glia_providers::RateLimits;
 use glia_worker::provider::{Provider, ScriptLibrary};
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Service URLs.
 #[derive(Args, Clone)]
@@ -43,7 +54,8 @@ pub struct Urls {
     pub redis_prefix: String,
 }
 
-/// The three ports.
+/// The three ports (cheap to clone: shared handles).
+#[derive(Clone)]
 pub struct Ports {
     pub log: Arc<dyn EventLog>,
     pub queue: Arc<dyn JobQueue>,
@@ -53,18 +65,90 @@ pub struct Ports {
 }
 
 impl Ports {
-    /// Connect to the real services (migrations run on connect).
-    pub async fn connect(urls: &Urls) -> Result<Ports> {
-        let log = PgLog::connect(&urls.database_url, PgOptions::default()).await.context("connecting to Postgres")?;
-        let queue = RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone())).await.context("connecting to RabbitMQ")?;
-        let ledger = RedisLedger::connect(&urls.redis_url, &urls.redis_prefix).await.context("connecting to Redis")?;
-        let log = Arc::new(log);
-        Ok(Ports { log: log.clone(), queue: Arc::new(queue), ledger: Arc::new(ledger), webhooks: Some(log) })
+    /// Connect to the real services (migrations run on connect), waiting for
+    /// each as long as it takes: the three connect concurrently, each
+    /// retried with backoff ([`wait_for`]) while it fails, each failure
+    /// logged and kept in `startup` (`connecting: <error>`, then `ok`) for
+    /// `/readyz`. `None` when `shutdown` turned true first.
+    ///
+    /// Errors: a URL that cannot be parsed (waiting would not help).
+    pub async fn connect_waiting(urls: &Urls, startup: &Startup, mut shutdown: watch::Receiver<bool>) -> Result<Option<Ports>> {
+        urls.check()?;
+        let connect = async {
+            let (log, queue, ledger) = tokio::join!(
+                wait_for(EVENT_LOG, "Postgres", startup, || PgLog::connect(&urls.database_url, PgOptions::default())),
+                wait_for(JOB_QUEUE, "RabbitMQ", startup, || RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone()))),
+                wait_for(LEDGER, "Redis", startup, || RedisLedger::connect(&urls.redis_url, &urls.redis_prefix)),
+            );
+            let log = Arc::new(log);
+            Ports { log: log.clone(), queue: Arc::new(queue), ledger: Arc::new(ledger), webhooks: Some(log) }
+        };
+        tokio::select! {
+            ports = connect => Ok(Some(ports)),
+            _ = shutdown.wait_for(|s| *s) => Ok(None),
+        }
+    }
+
+    /// The single node's store: all three ports on the SQLite file at
+    /// `path` (created if missing; one process at a time).
+    pub async fn sqlite(path: &Path) -> Result<Ports> {
+        let log = SqliteLog::open(path, SqliteOptions::default()).await.with_context(|| format!("opening the data file {}", path.display()))?;
+        Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: Arc::new(log), webhooks: None })
     }
 
     /// In-memory twins: nothing survives the process.
     pub fn memory() -> Ports {
         Ports { log: Arc::new(MemoryLog::default()), queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()), webhooks: None }
+    }
+}
+
+impl Urls {
+    /// Each URL parses and has a scheme its client speaks (`postgres`/
+    /// `postgresql`, `amqp`/`amqps`, `redis`/`rediss`/`unix`/`redis+unix`).
+    pub fn check(&self) -> Result<()> {
+        self.database_url.parse::<tokio_postgres::Config>().map_err(|e| anyhow::anyhow!("--database-url is not a Postgres URL: {e}"))?;
+        let scheme = |flag: &str, url: &str, allowed: &[&str]| -> Result<()> {
+            let parsed = reqwest::Url::parse(url).with_context(|| format!("{flag} is not a URL"))?;
+            if !allowed.contains(&parsed.scheme()) {
+                bail!("{flag} has scheme {:?}; expected one of {}", parsed.scheme(), allowed.join(", "));
+            }
+            Ok(())
+        };
+        scheme("--amqp-url", &self.amqp_url, &["amqp", "amqps"])?;
+        scheme("--redis-url", &self.redis_url, &["redis", "rediss", "unix", "redis+unix"])
+    }
+}
+
+/// Call `connect` until it succeeds, sleeping with backoff after each
+/// failure (500 ms doubling to 5 s, plus up to as much again of random
+/// jitter); each failure is logged and recorded in `startup` under `name`
+/// (`connecting: <error>`), `ok` once connected.
+pub(crate) async fn wait_for<T, E, F, Fut>(name: &str, service: &str, startup: &Startup, mut connect: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let max = Duration::from_secs(5);
+    let mut delays = ExponentialBuilder::default().with_min_delay(Duration::from_millis(500)).with_max_delay(max).with_jitter().without_max_times().build();
+    let mut failures = 0u32;
+    loop {
+        match connect().await {
+            Ok(t) => {
+                startup.set(name, "ok");
+                if failures > 0 {
+                    info!(dependency = name, "connected to {service} after {failures} failed attempt(s)");
+                }
+                return t;
+            }
+            Err(e) => {
+                failures += 1;
+                let delay = delays.next().unwrap_or(max);
+                startup.set(name, format!("connecting: {e}"));
+                warn!(dependency = name, "{service} unavailable ({e}); retrying in {} ms (attempt {failures})", delay.as_millis());
+                tokio::time::sleep(delay).await;
+            }
+        }
     }
 }
 
@@ -114,8 +198,9 @@ pub struct WorkerArgs {
 impl WorkerArgs {
     /// The agent: scripts, or the real provider of `--provider` (with the
     /// fleet-wide rate limiter in Redis when `redis` is given: URL and key
-    /// prefix). A missing API key fails before anything connects.
-    async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>) -> Result<Arc<Agent>> {
+    /// prefix; its connection is waited for and reported in `startup`). A
+    /// missing API key fails before anything connects.
+    async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>, startup: &Startup) -> Result<Arc<Agent>> {
         if let Some(dir) = &self.replay {
             let recording = glia_replay::tau::load_dir(dir)?;
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
@@ -127,7 +212,7 @@ impl WorkerArgs {
             Some(kind) => {
                 let limits = RateLimits { requests_per_minute: self.rpm, input_tokens_per_minute: self.input_tpm, output_tokens_per_minute: self.output_tpm, resume_spacing_ms: None };
                 let prefix = redis.map(|(_, p)| format!("{p}:")).unwrap_or_default();
-                let limiter = redis.map(|(url, _)| (url, prefix.as_str(), limits));
+                let limiter = redis.map(|(url, _)| (url, prefix.as_str(), limits, startup));
                 self.provider.fleet_provider(kind, limiter, metrics).await?
             }
         };
@@ -163,37 +248,91 @@ pub fn replay_agent(recording: &glia_replay::Recording) -> Result<Arc<Agent>> {
     Ok(Arc::new(Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?)))
 }
 
-/// A dispatcher and workers in this process on in-memory ports, serving on
-/// an ephemeral loopback port; stopped when dropped.
+/// A dispatcher and workers in this process on one SQLite file (the single
+/// node), serving on an ephemeral loopback port; stopped when dropped.
 pub struct Embedded {
     /// The dispatcher's base URL, `http://127.0.0.1:PORT`.
     pub url: String,
     stop: watch::Sender<bool>,
+    /// The temporary directory of the data file, when none was named:
+    /// removed when dropped.
+    scratch: Option<PathBuf>,
 }
 
 impl Embedded {
     /// Start `workers` workers (each advancing `concurrency` runs at once)
-    /// that replay `recording`, and a dispatcher for them.
-    pub async fn start(recording: &glia_replay::Recording, workers: usize, concurrency: usize) -> Result<Embedded> {
+    /// that replay `recording`, and a dispatcher for them, on the SQLite file
+    /// `data` (runs already in it continue), or on a new file in a temporary
+    /// directory of its own.
+    pub async fn start(recording: &glia_replay::Recording, workers: usize, concurrency: usize, data: Option<&Path>) -> Result<Embedded> {
         let agent = replay_agent(recording)?;
-        let ports = Ports::memory();
+        let (path, scratch) = match data {
+            Some(path) => (path.to_owned(), None),
+            None => {
+                let dir = std::env::temp_dir().join(format!("glia-batch-{}", uuid::Uuid::now_v7().simple()));
+                std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+                (dir.join("glia.db"), Some(dir))
+            }
+        };
+        let mut embedded = Embedded { url: String::new(), stop: watch::channel(false).0, scratch };
+        let ports = Ports::sqlite(&path).await?;
         let (stop, shutdown) = watch::channel(false);
+        embedded.stop = stop;
         for n in 0..workers.max(1) {
             let options = WorkerOptions { id: format!("embedded-{n}"), concurrency: concurrency.max(1), lease_ttl: Duration::from_secs(30) };
             let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), options));
             tokio::spawn(w.run(shutdown.clone()));
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
-        let url = format!("http://{}", listener.local_addr()?);
+        embedded.url = format!("http://{}", listener.local_addr()?);
         let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), glia_dispatcher::Auth::from_tokens(Vec::new())?);
-        tokio::spawn(run_dispatcher(app, listener, Duration::from_secs(2), Duration::from_secs(5), shutdown));
-        Ok(Embedded { url, stop })
+        tokio::spawn(run_dispatcher(app, listener, Duration::from_secs(1), Duration::from_secs(5), shutdown));
+        if data.is_some() {
+            applied_what_was_posted(ports.log.as_ref()).await?;
+        }
+        Ok(embedded)
+    }
+}
+
+/// Wait (up to a minute) until the workers have applied every payload a
+/// previous process posted to the runs that are not done. A driver that
+/// resumes answers each run from its log: an answer its previous
+/// incarnation posted and the workers had not applied yet would otherwise
+/// be posted again, and land at the run's next pull point.
+async fn applied_what_was_posted(log: &dyn EventLog) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut waiting = 0;
+        let mut filter = glia_backends::RunFilter { limit: 1000, ..Default::default() };
+        loop {
+            let page = log.list_runs(&filter).await.context("listing runs")?;
+            for run in page.iter().filter(|r| r.status != glia_backends::RunStatus::Done) {
+                if !log.inbox(run.run_id).await.context("reading an inbox")?.is_empty() {
+                    waiting += 1;
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() == filter.limit => filter.after = Some(last.run_id),
+                _ => break,
+            }
+        }
+        if waiting == 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            tracing::warn!(runs = waiting, "payloads posted before the restart are still not applied; resuming anyway");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 impl Drop for Embedded {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        if let Some(dir) = &self.scratch {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -284,18 +423,27 @@ impl DispatcherArgs {
     }
 }
 
+impl DispatcherArgs {
+    /// `app` with the inbox's session settings and the webhooks' store,
+    /// receiver policy and public URL from these options.
+    fn configure(&self, app: glia_dispatcher::App, webhooks: Option<Arc<dyn glia_backends::webhooks::WebhookStore>>) -> glia_dispatcher::App {
+        let mut inbox = match &self.session_key {
+            Some(key) if !key.is_empty() => glia_dispatcher::inbox::InboxConfig::with_secret(key),
+            _ => glia_dispatcher::inbox::InboxConfig::default(),
+        };
+        inbox.secure_cookies = self.secure_cookies;
+        let webhooks = glia_dispatcher::webhooks::WebhookConfig {
+            store: webhooks,
+            policy: glia_dispatcher::webhooks::WebhookPolicy { allow_private: self.webhook_allow_private, allow_hosts: self.webhook_allow_hosts.clone() },
+            public_url: Some(self.public_url.clone().unwrap_or_else(|| format!("http://{}", self.listen))),
+        };
+        app.with_inbox(inbox).with_webhooks(webhooks)
+    }
+}
+
 async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
-    let mut inbox = match &args.session_key {
-        Some(key) if !key.is_empty() => glia_dispatcher::inbox::InboxConfig::with_secret(key),
-        _ => glia_dispatcher::inbox::InboxConfig::default(),
-    };
-    inbox.secure_cookies = args.secure_cookies;
-    let webhooks = glia_dispatcher::webhooks::WebhookConfig {
-        store: ports.webhooks.clone(),
-        policy: glia_dispatcher::webhooks::WebhookPolicy { allow_private: args.webhook_allow_private, allow_hosts: args.webhook_allow_hosts.clone() },
-        public_url: Some(args.public_url.clone().unwrap_or_else(|| format!("http://{}", args.listen))),
-    };
-    let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?).with_inbox(inbox).with_webhooks(webhooks);
+    let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?);
+    let app = args.configure(app, ports.webhooks.clone());
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let every = Duration::from_secs(args.reconcile_every.max(1));
     run_dispatcher(app, listener, every, Duration::from_millis(args.metrics_sample_ms.max(100)), shutdown).await
@@ -311,12 +459,7 @@ pub async fn run_dispatcher(
     sample_every: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    tokio::spawn(glia_dispatcher::relay(app.clone()));
-    tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
-    tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
-    if app.webhooks.store.is_some() {
-        tokio::spawn(glia_dispatcher::webhooks::deliver(app.clone(), glia_dispatcher::webhooks::DeliveryOptions::default()));
-    }
+    spawn_background(&app, reconcile_every, sample_every);
     glia_dispatcher::serve(app, listener, async move {
         let _ = shutdown.wait_for(|s| *s).await;
     })
@@ -324,48 +467,153 @@ pub async fn run_dispatcher(
     Ok(())
 }
 
+/// The dispatcher's background tasks: the outbox relay, the reconciler
+/// (every `reconcile_every`) and the metrics sampler (every `sample_every`).
+fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sample_every: Duration) {
+    tokio::spawn(glia_dispatcher::relay(app.clone()));
+    tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
+    tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
+    if app.webhooks.store.is_some() {
+        tokio::spawn(glia_dispatcher::webhooks::deliver(app.clone(), glia_dispatcher::webhooks::DeliveryOptions::default()));
+    }
+}
+
 /// `glia dispatcher`: the HTTP API, the outbox relay and the reconciler.
+/// It listens at once and connects to the services in the background
+/// ([`Ports::connect_waiting`]), answering 503 `not_ready` (and `/readyz`
+/// naming what it waits for) until they answer.
 pub async fn dispatcher(urls: Urls, args: DispatcherArgs) -> Result<()> {
-    let ports = Ports::connect(&urls).await?;
-    serve_dispatcher(&ports, &args, shutdown_signal()).await
+    urls.check()?;
+    let auth = args.auth()?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let shutdown = shutdown_signal();
+    let gate = Gate::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]), auth.is_open());
+    let mut stop = shutdown.clone();
+    let mut server = tokio::spawn(glia_dispatcher::serve_gate(gate.clone(), listener, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }));
+    let ports = tokio::select! {
+        served = &mut server => return Ok(served.context("the HTTP server task")??),
+        ports = Ports::connect_waiting(&urls, gate.startup(), shutdown.clone()) => ports?,
+    };
+    if let Some(ports) = ports {
+        let app = args.configure(glia_dispatcher::App::new(ports.log, ports.queue, ports.ledger, auth), ports.webhooks);
+        spawn_background(&app, Duration::from_secs(args.reconcile_every.max(1)), Duration::from_millis(args.metrics_sample_ms.max(100)));
+        gate.open(app);
+        info!("dispatcher ready: Postgres, RabbitMQ and Redis connected");
+    }
+    server.await.context("the HTTP server task")??;
+    Ok(())
 }
 
 /// `glia worker`: consume run jobs until SIGTERM, then finish the current
 /// steps, release leases and exit.
+///
+/// It connects to the services in the background ([`Ports::connect_waiting`]);
+/// with `--metrics-listen`, `/healthz` answers from the start and `/readyz`
+/// names what it waits for (then checks the live ports).
 pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     let caps = args.tenant_caps()?;
+    urls.check()?;
     let (metrics, provider_metrics) = args.metrics().unzip();
-    let agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics).await?;
-    let ports = Ports::connect(&urls).await?;
-    let agent = with_caps(agent, caps, &ports)?;
+    let metrics = metrics.map(Arc::new);
     let shutdown = shutdown_signal();
-    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0));
-    if let (Some(metrics), Some(addr)) = (metrics, args.metrics_listen) {
-        let metrics = Arc::new(metrics);
-        worker = worker.with_metrics(metrics.clone());
-        let listener = crate::observe::serve_metrics(addr, metrics, shutdown.clone());
+    let readiness = crate::observe::Readiness::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]));
+    if let (Some(metrics), Some(addr)) = (&metrics, args.metrics_listen) {
+        let listener = crate::observe::serve_metrics(addr, metrics.clone(), readiness.clone(), shutdown.clone());
         tokio::spawn(async move {
             if let Err(e) = listener.await {
                 tracing::error!("metrics endpoint: {e:#}");
             }
         });
     }
+    let mut stop = shutdown.clone();
+    let agent = tokio::select! {
+        agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics, readiness.startup()) => agent?,
+        _ = stop.wait_for(|s| *s) => return Ok(()),
+    };
+    let Some(ports) = Ports::connect_waiting(&urls, readiness.startup(), shutdown.clone()).await? else { return Ok(()) };
+    readiness.connected(&ports);
+    info!("worker ready: Postgres, RabbitMQ and Redis connected");
+    let agent = with_caps(agent, caps, &ports)?;
+    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0));
+    if let Some(metrics) = metrics {
+        worker = worker.with_metrics(metrics);
+    }
     Arc::new(worker).run(shutdown).await;
     Ok(())
 }
 
-/// `glia dev`: dispatcher and `workers` workers in one process on the
-/// in-memory ports (or on the services with `--services`; only then is a real
-/// provider rate-limited through Redis).
-pub async fn dev(urls: Urls, services: bool, workers: usize, worker_args: WorkerArgs, dispatcher_args: DispatcherArgs) -> Result<()> {
+/// What `glia dev` and `glia serve` run in their one process.
+#[derive(Args, Clone)]
+pub struct NodeArgs {
+    /// Workers to start.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+    #[command(flatten)]
+    pub dispatcher: DispatcherArgs,
+}
+
+/// Where `glia dev` / `glia serve` keep their runs.
+pub enum Store {
+    /// In-memory twins: nothing survives the process.
+    Memory,
+    /// The services at the URLs.
+    Services(Urls),
+    /// The single node: one SQLite file.
+    Sqlite(PathBuf),
+}
+
+/// `glia dev` and `glia serve`: dispatcher and `workers` workers in one
+/// process, on the in-memory ports, the services (`--services`; only then is
+/// a real provider rate-limited through Redis), or one SQLite file (`--data`:
+/// durable; killed and started again, every run continues from its log).
+/// With `--metrics-listen`, the workers' metrics are served there (the
+/// dispatcher's are at `/metrics` of the API).
+pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
+    let NodeArgs { workers, worker: worker_args, dispatcher: dispatcher_args } = node;
     let caps = worker_args.tenant_caps()?;
-    let agent = worker_args.agent(services.then_some((urls.redis_url.as_str(), urls.redis_prefix.as_str())), None).await?;
-    let ports = if services { Ports::connect(&urls).await? } else { Ports::memory() };
-    let agent = with_caps(agent, caps, &ports)?;
+    let (metrics, provider_metrics) = worker_args.metrics().unzip();
+    let redis = match &store {
+        Store::Services(urls) => Some((urls.redis_url.as_str(), urls.redis_prefix.as_str())),
+        _ => None,
+    };
     let shutdown = shutdown_signal();
+    let readiness = crate::observe::Readiness::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]));
+    let startup = readiness.startup().clone();
+    let agent = worker_args.agent(redis, provider_metrics, &startup).await?;
+    let ports = match &store {
+        Store::Memory => Ports::memory(),
+        // Waits for the services (logging why), like `glia dispatcher` and `glia worker`.
+        Store::Services(urls) => match Ports::connect_waiting(urls, &startup, shutdown.clone()).await? {
+            Some(ports) => ports,
+            None => return Ok(()),
+        },
+        Store::Sqlite(path) => {
+            let ports = Ports::sqlite(path).await?;
+            info!(data = %path.display(), "single node on a SQLite file");
+            ports
+        }
+    };
+    let agent = with_caps(agent, caps, &ports)?;
+    readiness.connected(&ports);
+    let metrics = metrics.map(Arc::new);
+    if let (Some(metrics), Some(addr)) = (&metrics, worker_args.metrics_listen) {
+        let listener = crate::observe::serve_metrics(addr, metrics.clone(), readiness.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = listener.await {
+                tracing::error!("metrics endpoint: {e:#}");
+            }
+        });
+    }
     for n in 0..workers.max(1) {
-        let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n)));
-        tokio::spawn(w.run(shutdown.clone()));
+        let mut w = Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n));
+        if let Some(metrics) = &metrics {
+            w = w.with_metrics(metrics.clone());
+        }
+        tokio::spawn(Arc::new(w).run(shutdown.clone()));
     }
     serve_dispatcher(&ports, &dispatcher_args, shutdown).await
 }

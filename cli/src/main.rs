@@ -1,6 +1,7 @@
 //! `glia`: the command line. Thin: parsing and printing; the work is in the
 //! library crates.
 
+mod archive;
 mod batch;
 mod bench;
 mod client;
@@ -48,21 +49,37 @@ enum Command {
         #[command(flatten)]
         args: fleet::WorkerArgs,
     },
-    /// Dispatcher and workers in one process, on in-memory ports.
+    /// Dispatcher and workers in one process, on in-memory ports (or on a
+    /// SQLite file with --data, or the services with --services).
     Dev {
         #[command(flatten)]
         urls: fleet::Urls,
         /// Use the real services at the URLs instead of in-memory ports.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "data")]
         services: bool,
-        /// Workers to start.
-        #[arg(long, default_value_t = 2)]
-        workers: usize,
+        /// Keep everything in this SQLite file (created if missing): durable,
+        /// like `glia serve`.
+        #[arg(long, value_name = "FILE")]
+        data: Option<PathBuf>,
         #[command(flatten)]
-        worker: fleet::WorkerArgs,
-        #[command(flatten)]
-        dispatcher: fleet::DispatcherArgs,
+        node: fleet::NodeArgs,
     },
+    /// The single node: dispatcher and workers in one process on one SQLite
+    /// file. Durable: killed at any moment and started again, every run
+    /// continues from where its log ends.
+    Serve {
+        /// The data file (created if missing; one process at a time).
+        #[arg(long, value_name = "FILE", env = "GLIA_DATA")]
+        data: PathBuf,
+        #[command(flatten)]
+        node: fleet::NodeArgs,
+    },
+    /// Write runs to a file (JSON Lines, format glia-runs version 1), from a
+    /// single node's file (--data) or a fleet's Postgres (--database-url).
+    Export(archive::ExportArgs),
+    /// Read runs written by `glia export` into a single node's file (--data)
+    /// or a fleet's Postgres (--database-url); the runs continue there.
+    Import(archive::ImportArgs),
     /// Create a run on a dispatcher and stream its events.
     Submit(client::SubmitArgs),
     /// List and inspect runs on a dispatcher.
@@ -138,7 +155,17 @@ async fn main() -> Result<()> {
         Command::Run(args) => run(args).await,
         Command::Dispatcher { urls, args } => fleet::dispatcher(urls, args).await,
         Command::Worker { urls, args } => fleet::worker(urls, args).await,
-        Command::Dev { urls, services, workers, worker, dispatcher } => fleet::dev(urls, services, workers, worker, dispatcher).await,
+        Command::Dev { urls, services, data, node } => {
+            let store = match (data, services) {
+                (Some(path), _) => fleet::Store::Sqlite(path),
+                (None, true) => fleet::Store::Services(urls),
+                (None, false) => fleet::Store::Memory,
+            };
+            fleet::dev(store, node).await
+        }
+        Command::Serve { data, node } => fleet::dev(fleet::Store::Sqlite(data), node).await,
+        Command::Export(args) => archive::export(args).await,
+        Command::Import(args) => archive::import(args).await,
         Command::Submit(args) => client::submit(args).await,
         Command::Runs(cmd) => client::runs(cmd).await,
         Command::Approvals(cmd) => client::approvals(cmd).await,
@@ -176,6 +203,7 @@ async fn run(args: RunArgs) -> Result<()> {
     if let Some(model) = &args.model {
         config.model.clone_from(model);
     }
+    config.validate().map_err(|e| anyhow::anyhow!("invalid run config: {e}"))?;
     args.provider.check()?;
     let provider: Arc<dyn Provider> = match (&args.script, args.provider.provider) {
         (Some(path), _) => {
@@ -259,10 +287,18 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         EventKind::ModelCall { model, messages, wrap_up, .. } => format!("{model}, {messages} messages{}", if *wrap_up { ", wrap-up" } else { "" }),
         EventKind::ModelRetry(r) => format!("attempt {} failed ({}), retrying in {} ms: {}", r.attempt, r.cause, r.delay_ms, clip(&r.message)),
         EventKind::MessageElided { index, reason } => format!("message {index}: {}", clip(reason)),
-        EventKind::ModelResponse { message, usage, stop_reason, .. } => {
+        EventKind::ModelResponse { message, usage, stop_reason, rejected, .. } => {
             let calls: Vec<String> = message.tool_uses().map(|(id, name, _)| format!("{name}#{id}")).collect();
             let text = clip(&message.text());
-            format!("[{stop_reason}] {}{} (in {} / out {} tokens)", text, if calls.is_empty() { String::new() } else { format!(" calls {}", calls.join(", ")) }, usage.input_tokens, usage.output_tokens)
+            let rejected = rejected.as_ref().map_or(String::new(), |r| format!(" rejected ({}: {})", r.class.label(), r.action.label()));
+            let estimated = if usage.estimated { ", estimated" } else { "" };
+            format!(
+                "[{stop_reason}]{rejected} {}{} (in {} / out {} tokens{estimated})",
+                text,
+                if calls.is_empty() { String::new() } else { format!(" calls {}", calls.join(", ")) },
+                usage.input_tokens,
+                usage.output_tokens
+            )
         }
         EventKind::ToolCall(c) => format!("{}#{} {} → {:?}", c.name, c.call_id, clip(&c.input.to_string()), c.disposition),
         EventKind::ToolResult { call_id, content, .. } => format!("#{call_id} {}", clip(content)),

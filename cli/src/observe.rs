@@ -6,15 +6,19 @@
 //!   `RUST_LOG` filters (default `info`; `glia_worker=debug` logs every
 //!   recorded event).
 //! - `glia worker --metrics-listen ADDR` serves `/metrics` (OpenMetrics
-//!   text, [`glia_worker::metrics`]) and `/healthz` on ADDR.
+//!   text, [`glia_worker::metrics`]), `/healthz` (liveness: 200 while the
+//!   process runs) and `/readyz` (200 when Postgres, RabbitMQ and Redis
+//!   answer; 503 `not_ready` naming each that does not, also while the
+//!   worker is still connecting at start) on ADDR.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
 use axum::Router;
 use axum::http::header;
 use axum::routing::get;
+use glia_dispatcher::Startup;
 use glia_worker::metrics::WorkerMetrics;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
@@ -106,14 +110,54 @@ mod otlp {
 /// The content type of the OpenMetrics text format.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Serve `/metrics` and `/healthz` on `addr` until `shutdown` turns true.
-pub async fn serve_metrics(addr: SocketAddr, metrics: Arc<WorkerMetrics>, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+/// A worker's readiness: while it connects, each service's state at start;
+/// once connected, whether its ports answer now
+/// ([`glia_backends::readiness`], 2 s per check). Cheap to clone.
+#[derive(Clone)]
+pub struct Readiness {
+    startup: Startup,
+    ports: Arc<OnceLock<crate::fleet::Ports>>,
+}
+
+impl Readiness {
+    /// Not connected yet; `startup` is kept current by the connecting code.
+    pub fn new(startup: Startup) -> Readiness {
+        Readiness { startup, ports: Arc::new(OnceLock::new()) }
+    }
+
+    /// The services' states at start, for the connecting code to update.
+    pub fn startup(&self) -> &Startup {
+        &self.startup
+    }
+
+    /// From now on check `ports` themselves.
+    pub fn connected(&self, ports: &crate::fleet::Ports) {
+        let _ = self.ports.set(ports.clone());
+    }
+
+    /// Each service → `ok` or why not.
+    pub async fn checks(&self) -> std::collections::BTreeMap<String, String> {
+        match self.ports.get() {
+            Some(p) => glia_backends::readiness(p.log.as_ref(), p.queue.as_ref(), p.ledger.as_ref(), glia_dispatcher::Limits::default().ready_timeout).await,
+            None => self.startup.checks(),
+        }
+    }
+}
+
+/// Serve `/metrics`, `/healthz` and `/readyz` (same answers as the
+/// dispatcher's: [`glia_dispatcher::api::readiness_answer`]) on `addr` until
+/// `shutdown` turns true.
+pub async fn serve_metrics(addr: SocketAddr, metrics: Arc<WorkerMetrics>, readiness: Readiness, mut shutdown: watch::Receiver<bool>) -> Result<()> {
     let app = Router::new()
         .route("/metrics", get(move || {
             let metrics = metrics.clone();
             async move { ([(header::CONTENT_TYPE, OPENMETRICS)], metrics.encode()) }
         }))
-        .route("/healthz", get(|| async { "ok" }));
+        .route("/healthz", get(|| async { glia_dispatcher::api::healthz_answer() }))
+        .route("/readyz", get(move || {
+            let readiness = readiness.clone();
+            async move { glia_dispatcher::api::readiness_answer(readiness.checks().await) }
+        }));
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding --metrics-listen {addr}"))?;
     tracing::info!(%addr, "worker metrics listening");
     axum::serve(listener, app)

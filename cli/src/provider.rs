@@ -72,15 +72,19 @@ impl ProviderArgs {
 
     /// A provider for a fleet worker: retries, refusal isolation, prices from
     /// `--prices` for runs whose config has none, and the fleet-wide rate
-    /// limiter when `limiter` is given, counted in `metrics` when given. A
-    /// missing key fails first, before anything connects.
-    pub async fn fleet_provider(&self, kind: ProviderKind, limiter: Option<(&str, &str, RateLimits)>, metrics: Option<ProviderMetrics>) -> Result<Arc<dyn Provider>> {
+    /// limiter when `limiter` is given (Redis URL, key prefix, limits, and
+    /// where to report its connection: a Redis that is down is waited for,
+    /// retried with backoff, as `rate_limiter` in `/readyz`), counted in
+    /// `metrics` when given. A missing key fails first, before anything
+    /// connects.
+    pub async fn fleet_provider(&self, kind: ProviderKind, limiter: Option<(&str, &str, RateLimits, &glia_dispatcher::Startup)>, metrics: Option<ProviderMetrics>) -> Result<Arc<dyn Provider>> {
         let config = self.config(kind);
         config.api_key()?;
         let prices = self.price_table()?;
         let limiter = match limiter {
-            Some((url, prefix, limits)) => {
-                Some(Arc::new(RateLimiter::connect(url, prefix, limits).await.context("connecting the provider rate limiter to Redis")?))
+            Some((url, prefix, limits, startup)) => {
+                let connect = || RateLimiter::connect(url, prefix, limits);
+                Some(Arc::new(crate::fleet::wait_for("rate_limiter", "Redis (the provider rate limiter)", startup, connect).await))
             }
             None => None,
         };

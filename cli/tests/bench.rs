@@ -22,6 +22,13 @@ fn steps_growth_and_memory_report_measurements() {
     assert!(m["raw_inserts_per_s_1"].as_f64().unwrap() > 0.0 && m["raw_inserts_per_s_c"].as_f64().unwrap() > 0.0, "{s}");
     assert_eq!(s["raw_concurrency"], 6, "{s}");
 
+    // The single node, on a SQLite file of its own, in the same shape.
+    let s = bench(&["steps", "--target", "sqlite", "--runs", "6", "--turns", "3", "--repeat", "1", "--raw-seconds", "1", "--concurrency", "4"]);
+    let m = &s["median"];
+    assert_eq!(m["steps"], 6 * (2 * 3 + 1), "{s}");
+    assert!(m["steps_per_s"].as_f64().unwrap() > 0.0 && m["approval_resume_p50_ms"].as_f64().unwrap() > 0.0, "{s}");
+    assert!(m["raw_inserts_per_s_1"].as_f64().unwrap() > 0.0 && m["raw_inserts_per_s_c"].as_f64().unwrap() > 0.0, "{s}");
+
     let g = bench(&["growth", "--turns", "30", "--window", "4"]);
     assert_eq!(g["commits"], 2 * 30 + 2, "{g}");
     for k in ["early_commit_ms", "late_commit_ms", "early_wal_bytes", "late_wal_bytes", "early_event_bytes", "late_event_bytes"] {

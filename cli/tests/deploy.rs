@@ -61,6 +61,8 @@ fn exported_series() -> BTreeSet<String> {
     let _ = worker.model_tokens.get_or_create(&w::TokenLabels { provider: s(), model: s(), kind: s() });
     let _ = worker.model_cost.get_or_create(&model());
     let _ = worker.model_retries.get_or_create(&w::RetryLabels { provider: s(), model: s(), cause: s() });
+    let _ = worker.model_stops.get_or_create(&w::StopLabels { provider: s(), model: s(), stop: s(), action: s() });
+    let _ = worker.model_usage_estimated.get_or_create(&model());
     let _ = worker.rate_limit_wait.get_or_create(&model());
     let _ = worker.tool_calls.get_or_create(&w::ToolLabels { tool: s(), outcome: s() });
     let _ = worker.tool_duration.get_or_create(&w::ToolName { tool: s() });

@@ -61,3 +61,31 @@ fn bad_files_give_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("parsing script"));
 }
+
+/// A config whose schemas do not compile is refused before anything runs or
+/// is sent, by `glia run` and by `glia submit` (no dispatcher listens on the
+/// port given: the refusal comes first), naming the field.
+#[test]
+fn invalid_schemas_are_refused_before_anything_runs() {
+    let dir = std::env::temp_dir().join(format!("glia-cli-schema-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (r#"{"external_tools": [{"name": "ext", "description": "d", "input_schema": {"type": "notatype", "properties": 5}}]}"#, "external_tools[0].input_schema"),
+        (r##"{"output_schema": {"type": "bogus", "$ref": "#/nope"}}"##, "output_schema"),
+    ];
+    for (i, (config, field)) in cases.iter().enumerate() {
+        let path = dir.join(format!("config{i}.json"));
+        std::fs::write(&path, config).unwrap();
+        let path = path.to_str().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let server = format!("http://127.0.0.1:{port}");
+        for args in [vec!["run", "--script", SCRIPT, "--config", path, "goal"], vec!["submit", "--server", &server, "--config", path, "goal"]] {
+            let out = glia(&args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?}");
+            assert!(stderr.contains(&format!("invalid run config: {field}: ")), "{args:?}: {stderr}");
+            assert!(out.stdout.is_empty(), "{args:?}: nothing ran: {}", String::from_utf8_lossy(&out.stdout));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,53 +10,14 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Fleet;
+use common::{assert_whole_recording, glia_batch as batch, recording_dir, replay_fleet, summary, trajectories};
 use serde_json::Value;
-
-fn recording_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/tau-bench-airline")
-}
-
-fn trajectories() -> String {
-    recording_dir().join("gpt-4o-airline.json").to_str().unwrap().to_owned()
-}
-
-/// `glia batch --json ARGS…`: exit status and the parsed summary.
-fn batch(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
-    cmd.arg("batch").arg(trajectories()).arg("--json").args(args).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd
-}
-
-fn summary(out: std::process::Output) -> Value {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "glia batch failed: {}\n{stderr}", out.status);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("summary is not JSON ({e}): {}\n{stderr}", String::from_utf8_lossy(&out.stdout)))
-}
-
-/// The totals of the recording: every conversation, model turn, tool call,
-/// approval (consequential calls) and customer message, reproduced.
-fn assert_whole_recording(s: &Value) {
-    assert_eq!(s["runs"], 200, "{s}");
-    assert_eq!(s["reproduced"], 200, "{s}");
-    assert_eq!(s["diverged"], 0, "{s}");
-    assert_eq!(s["failed"], 0, "{s}");
-    assert_eq!(s["model_calls"], 2454, "{s}");
-    assert_eq!(s["tool_calls"], 1164, "{s}");
-    assert_eq!(s["tool_results"], 1164, "{s}");
-    // A worker killed while an approved consequential call ran asks again
-    // (`on_interrupted_call`); every approval beyond the recording's 250
-    // must be such a re-approval, and each call still has one result.
-    let approvals = s["approvals"].as_u64().unwrap();
-    let interrupted = s["interrupted_approvals"].as_u64().unwrap();
-    assert_eq!(approvals - interrupted, 250, "{s}");
-    assert_eq!(s["customer_turns"], 1290, "{s}");
-    assert!(s["approval_resume_p50_ms"].as_f64().is_some(), "{s}");
-}
 
 #[test]
 fn embedded_batch_reproduces_all_200_conversations() {
-    assert_whole_recording(&summary(batch(&[]).output().unwrap()));
+    let s = summary(batch(&[]).output().unwrap());
+    assert_whole_recording(&s);
+    assert!(s["approval_resume_p50_ms"].as_f64().is_some(), "{s}");
 }
 
 #[test]
@@ -93,15 +54,21 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
     assert!(stderr.contains("1 run(s) diverged and 0 failed of 3"), "{stderr}");
 }
 
+/// Nobody listens: after `--max-outage-secs` of retries the error names the
+/// server, the bound and the last error, and that nothing was submitted.
 #[test]
 fn an_unreachable_dispatcher_is_named() {
+    let server = format!("http://127.0.0.1:{}", common::free_port());
     let out = Command::new(env!("CARGO_BIN_EXE_glia"))
-        .args(["batch", &trajectories(), "--server", &format!("http://127.0.0.1:{}", common::free_port()), "--limit", "1"])
+        .args(["batch", &trajectories(), "--server", &server, "--limit", "1", "--max-outage-secs", "1"])
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to the dispatcher"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stderr.contains(&format!("the dispatcher at {server} did not answer for")), "{stderr}");
+    assert!(stderr.contains("--max-outage-secs 1); last error: ") && stderr.contains("onnection refused"), "{stderr}");
+    assert!(stderr.contains("0 run(s) still unfinished and 1 conversation(s) not submitted"), "{stderr}");
 }
 
 /// `glia dev --replay` on the vendored recording (in-memory fleet), as a
@@ -144,19 +111,12 @@ fn tempdir() -> PathBuf {
     dir
 }
 
-fn replay_fleet() -> Fleet {
-    let mut fleet = Fleet::new(&[]);
-    fleet.worker_args = vec!["--replay".into(), recording_dir().to_str().unwrap().into()];
-    fleet.start_dispatcher();
-    fleet.start_worker(2_000);
-    fleet.start_worker(2_000);
-    fleet
-}
-
 #[test]
 fn real_fleet_reproduces_all_200_conversations() {
     let fleet = replay_fleet();
-    assert_whole_recording(&summary(batch(&["--server", &fleet.server]).output().unwrap()));
+    let s = summary(batch(&["--server", &fleet.server]).output().unwrap());
+    assert_whole_recording(&s);
+    assert!(s["approval_resume_p50_ms"].as_f64().is_some(), "{s}");
 }
 
 #[test]

@@ -11,15 +11,18 @@
 //! | `POST /v1/approvals` | approve | 200 per-item results | – |
 //! | `GET /v1/approvals/history` | approve | 200 records (JSON or CSV) | – |
 //! | `POST`, `GET /v1/webhooks`, `DELETE /v1/webhooks/{id}`, `GET /v1/webhooks/{id}/deliveries` | submit or approve | see [`crate::webhooks`] | |
-//! | `POST /v1/runs/{id}/approvals/{call_id}` | approve | 202 | 404 `run_not_found` / `call_not_found` / `approval_not_found`, 409 `already_decided` / `stale_args` / `run_finished` |
-//! | `POST /v1/runs/{id}/tool-results/{call_id}` | submit | 202 | 404 `run_not_found` / `call_not_found`, 409 `not_external` / `already_answered` / `run_finished` |
-//! | `POST /v1/runs/{id}/messages` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` |
-//! | `POST /v1/runs/{id}/resume` | submit or approve | 202 | 404, 409 `not_paused` / `already_posted` / `run_finished` |
+//! | `POST /v1/runs/{id}/approvals/{call_id}` | approve | 202 | 404 `run_not_found` / `call_not_found` / `approval_not_found`, 409 `already_decided` / `stale_args` / `run_finished` / `run_cancelled` |
+//! | `POST /v1/runs/{id}/tool-results/{call_id}` | submit | 202 | 404 `run_not_found` / `call_not_found`, 409 `not_external` / `already_answered` / `run_finished` / `run_cancelled` |
+//! | `POST /v1/runs/{id}/messages` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` / `run_cancelled` |
+//! | `POST /v1/runs/{id}/resume` | submit or approve | 202 | 404, 409 `not_paused` / `already_posted` / `run_finished` / `run_cancelled` |
+//! | `POST /v1/runs/{id}/close` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/cancel` | submit | 202 | 404, 409 `run_finished`, 503 `ledger_unavailable` |
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | none | 200 | 503 `not_ready` |
 //!
 //! Any handler may answer 503 `log_unavailable` / `queue_unavailable` when a
-//! backing store fails.
+//! backing store fails, and every route but `/healthz` and `/readyz` answers
+//! 503 `not_ready` (with `Retry-After: 1`) while the dispatcher is still
+//! connecting to its services at start ([`crate::startup`]).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -76,6 +79,7 @@ pub fn routes() -> OpenApiRouter<App> {
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
     /// The goal, the run's first user message; not blank.
+    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
     pub goal: String,
     /// The run's configuration (all fields optional).
     #[serde(default)]
@@ -102,7 +106,7 @@ pub struct RunPage {
 #[serde(deny_unknown_fields)]
 pub struct ListRunsQuery {
     /// `runnable`, `parked` or `done`.
-    #[param(value_type = Option<String>)]
+    #[param(inline, value_type = Option<crate::docs::RunStatusDoc>)]
     pub status: Option<RunStatus>,
     /// Only runs of this batch.
     pub batch_id: Option<Uuid>,
@@ -111,6 +115,7 @@ pub struct ListRunsQuery {
     /// Cursor: the `next` of the previous page.
     pub after: Option<Uuid>,
     /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -122,6 +127,7 @@ pub struct EventsQuery {
     /// Only events with `seq > after` (default 0).
     pub after: Option<u64>,
     /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -154,13 +160,14 @@ pub enum ApprovalStatusFilter {
 #[serde(deny_unknown_fields)]
 pub struct ApprovalsQuery {
     /// `pending` (default) or `all`.
-    #[param(value_type = Option<String>)]
+    #[param(inline, value_type = Option<ApprovalStatusFilter>)]
     pub status: Option<ApprovalStatusFilter>,
     /// Only this tool's.
     pub tool: Option<String>,
     /// Only this run's.
     pub run_id: Option<Uuid>,
     /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
@@ -194,7 +201,10 @@ pub enum DecisionKind {
 
 /// Body of `POST /v1/runs/{id}/approvals/{call_id}`:
 /// `{"decision": "approve"|"reject"|"edit", "reason": "…", "input": {…}, "args_hash": "…"}`.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+/// Documented by the hand-written [`crate::docs::DecisionBodyDoc`] (`input`
+/// is required for `edit` and refused otherwise, which a derived schema
+/// cannot say).
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionBody {
     /// The decision.
@@ -227,8 +237,9 @@ impl DecisionBody {
     }
 }
 
-/// One decision of a bulk request.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+/// One decision of a bulk request (documented by the hand-written
+/// [`crate::docs::BulkDecisionDoc`], as [`DecisionBody`]).
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BulkDecision {
     /// The run.
@@ -252,7 +263,8 @@ pub struct BulkDecision {
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BulkDecisions {
-    /// The decisions, applied in order, each on its own.
+    /// The decisions, applied in order, each on its own; at most 100.
+    #[schema(value_type = Vec<crate::docs::BulkDecisionDoc>, max_items = 100)]
     pub decisions: Vec<BulkDecision>,
 }
 
@@ -312,6 +324,7 @@ pub struct ToolResultBody {
 #[serde(deny_unknown_fields)]
 pub struct MessageBody {
     /// The user's next message; not blank.
+    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
     pub text: String,
 }
 
@@ -340,8 +353,9 @@ pub struct CancelBody {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CloseBody {
-    /// Recorded as the user's last message before the run completes.
+    /// Recorded as the user's last message before the run completes; not blank.
     #[serde(default)]
+    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
     pub text: Option<String>,
 }
 
@@ -362,6 +376,27 @@ pub struct NotReady {
     pub error: ErrorDetail,
     /// Each check → `ok` or its failure.
     pub checks: BTreeMap<String, String>,
+}
+
+/// The component schema each request body is checked against (see [`crate::extract::Documented`]).
+macro_rules! documented {
+    ($($ty:ty => $name:literal),* $(,)?) => {
+        $(impl crate::extract::Documented for $ty {
+            const SCHEMA: &'static str = $name;
+        })*
+    };
+}
+
+documented! {
+    CreateRun => "CreateRun",
+    DecisionBody => "DecisionBody",
+    BulkDecisions => "BulkDecisions",
+    ToolResultBody => "ToolResultBody",
+    MessageBody => "MessageBody",
+    ResumeBody => "ResumeBody",
+    CancelBody => "CancelBody",
+    CloseBody => "CloseBody",
+    crate::webhooks::NewSubscription => "NewSubscription",
 }
 
 // ----- helpers -----------------------------------------------------------------
@@ -397,53 +432,14 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(s.to_owned()))
 }
 
-static TOOL_NAME: LazyLock<regex::Regex> = LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
-
-/// Checks a worker would otherwise fail on late: the dispatcher refuses them at admission.
+/// Checks a worker would otherwise fail on late: the dispatcher refuses them
+/// at admission, naming the field ([`RunConfig::validate`]: tool and output
+/// schemas are compiled as JSON Schema).
 fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
-    let bad = |m: String| Err(ApiError::Invalid(m));
     if req.goal.trim().is_empty() {
-        return bad("`goal` is blank".into());
+        return Err(ApiError::InvalidField { field: "goal".into(), reason: "is blank".into() });
     }
-    let c = &req.config;
-    if c.model.trim().is_empty() {
-        return bad("`config.model` is blank".into());
-    }
-    if c.max_model_calls_per_turn == 0 {
-        return bad("`config.max_model_calls_per_turn` must be at least 1".into());
-    }
-    if c.max_tokens == 0 {
-        return bad("`config.max_tokens` must be at least 1".into());
-    }
-    let mut names = std::collections::HashSet::new();
-    for t in &c.external_tools {
-        if !TOOL_NAME.is_match(&t.name) {
-            return bad(format!("external tool name {:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name));
-        }
-        if !names.insert(t.name.as_str()) {
-            return bad(format!("external tool {:?} is listed twice", t.name));
-        }
-        if !t.input_schema.is_object() {
-            return bad(format!("external tool {:?}: `input_schema` must be a JSON Schema object", t.name));
-        }
-    }
-    for (i, p) in c.policies.iter().enumerate() {
-        if p.tool.trim().is_empty() {
-            return bad(format!("policy {i}: `tool` is blank (use \"*\" for any tool)"));
-        }
-        if let Some(re) = &p.args
-            && let Err(e) = regex::RegexBuilder::new(re).size_limit(1 << 20).build()
-        {
-            return bad(format!("policy {i}: `args` is not a valid regex: {e}"));
-        }
-    }
-    if let Some(schema) = &c.output_schema
-        && !schema.is_object()
-        && !schema.is_boolean()
-    {
-        return bad("`config.output_schema` must be a JSON Schema (an object)".into());
-    }
-    Ok(())
+    req.config.validate().map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason })
 }
 
 async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static str), glia_backends::LogError> {
@@ -584,8 +580,8 @@ async fn approval_row(app: &App, run_id: Uuid, call_id: &str) -> Result<Option<A
 }
 
 pub(crate) async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, body: &DecisionBody) -> Result<Accepted, ApiError> {
-    let run = visible_run(app, p, run_id).await?;
     let decision = body.to_decision()?;
+    let run = visible_run(app, p, run_id).await?;
     not_done(&run)?;
     let state = app.log.load(run_id).await?;
     let Some(call) = state.call(&call_id) else {
@@ -601,6 +597,17 @@ pub(crate) async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: 
         && *got != call.args_hash
     {
         return Err(ApiError::StaleArgs { expected: call.args_hash.clone(), got: got.clone() });
+    }
+    // Edited arguments are checked like the model's: against the tool's schema.
+    if let Decision::Edit { input } = &decision
+        && let Some(spec) = state.step_tools.iter().find(|t| t.name == call.name)
+        && let Ok(validator) = jsonschema::validator_for(&spec.input_schema)
+    {
+        let problems: Vec<String> = validator.iter_errors(input).map(|e| format!("{} at '{}'", e, e.instance_path())).collect();
+        if !problems.is_empty() {
+            let reason = format!("does not match the input schema of {}: {}", call.name, problems.join("; "));
+            return Err(ApiError::InvalidField { field: "input".into(), reason });
+        }
     }
     let payload = Resume::Approval { call_id: call_id.clone(), args_hash: call.args_hash.clone(), decision: decision.clone(), by: Some(p.by()), request_seq: call.requested_seq };
     let (id, kind) = post(app, run_id, payload).await.map_err(|e| match e {
@@ -623,7 +630,7 @@ pub(crate) async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: 
 /// edit (replacement arguments). The first decision wins; a second answers
 /// 409 `already_decided`. The decision binds to the pending call's
 /// `args_hash` (quote it as `args_hash` to refuse a stale view: 409 `stale_args`).
-#[utoipa::path(post, path = "/v1/runs/{id}/approvals/{call_id}", tag = "approvals", request_body = DecisionBody,
+#[utoipa::path(post, path = "/v1/runs/{id}/approvals/{call_id}", tag = "approvals", request_body = crate::docs::DecisionBodyDoc,
     params(("id" = Uuid, Path, description = "Run id"), ("call_id" = String, Path, description = "Tool call id")),
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
@@ -644,9 +651,14 @@ pub async fn decide_bulk(State(app): State<App>, p: Principal, ApiJson(body): Ap
     if body.decisions.len() > app.limits.max_bulk {
         return Err(ApiError::Invalid(format!("at most {} decisions per request", app.limits.max_bulk)));
     }
+    // The shape of every decision first: a malformed one refuses the whole request.
+    let singles: Vec<DecisionBody> =
+        body.decisions.iter().map(|d| DecisionBody { decision: d.decision, reason: d.reason.clone(), input: d.input.clone(), args_hash: d.args_hash.clone() }).collect();
+    for (i, single) in singles.iter().enumerate() {
+        single.to_decision().map_err(|e| ApiError::InvalidField { field: format!("decisions[{i}].input"), reason: e.to_string() })?;
+    }
     let mut results = Vec::with_capacity(body.decisions.len());
-    for d in body.decisions {
-        let single = DecisionBody { decision: d.decision, reason: d.reason, input: d.input, args_hash: d.args_hash };
+    for (d, single) in body.decisions.into_iter().zip(singles) {
         let result = match decide_one(&app, &p, d.run_id, d.call_id.clone(), &single).await {
             Ok(accepted) => BulkItemResult { run_id: d.run_id, call_id: d.call_id, status: 202, accepted: Some(accepted), error: None },
             Err(e) => BulkItemResult { run_id: d.run_id, call_id: d.call_id, status: e.status().as_u16(), accepted: None, error: Some(e.body().error) },
@@ -748,9 +760,12 @@ pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
 /// Posts a `cancel` payload (durable: the worker that next holds the run
 /// records `session.cancel` and the run is done) and sets the run's cancel
 /// flag in the ledger, so a worker busy with the run stops cooperatively: an
-/// in-flight model stream is aborted; a running tool finishes or times out
-/// and its result is kept. A second cancel while the first waits in the
-/// inbox answers 202 with the same inbox id.
+/// in-flight model stream is aborted; a tool call already running may
+/// finish within its grace period (`cancel_grace_ms` of its tool, default
+/// 5 s) and its result is recorded; one still running then is abandoned
+/// with an `outcome_unknown` error. A second cancel while the first waits in
+/// the inbox answers 202 with the same inbox id; any other payload posted
+/// from now on answers 409 `run_cancelled`.
 #[utoipa::path(post, path = "/v1/runs/{id}/cancel", tag = "payloads", request_body(content = CancelBody, description = "May be empty"),
     params(("id" = Uuid, Path, description = "Run id")),
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
@@ -765,7 +780,19 @@ pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
     let pending = app.log.inbox(id).await?.into_iter().find(|i| matches!(i.payload, Resume::Cancel { .. }));
     let inbox_id = match pending {
         Some(item) => item.id,
-        None => post(&app, id, Resume::Cancel { reason: reason.clone() }).await?.0,
+        None => match post(&app, id, Resume::Cancel { reason: reason.clone() }).await {
+            Ok((inbox_id, _)) => inbox_id,
+            // A concurrent cancel got there first: answer with it.
+            Err(glia_backends::LogError::Duplicate { .. }) => app
+                .log
+                .inbox(id)
+                .await?
+                .into_iter()
+                .find(|i| matches!(i.payload, Resume::Cancel { .. }))
+                .map(|i| i.id)
+                .ok_or(ApiError::RunFinished(id))?,
+            Err(e) => return Err(e.into()),
+        },
     };
     // The durable part is done; the flag only makes a busy worker stop sooner.
     if let Err(e) = app.ledger.cancel(id).await {
@@ -813,6 +840,11 @@ pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
 pub async fn healthz() -> Json<Health> {
+    healthz_answer()
+}
+
+/// The answer of `/healthz`: `{"status": "ok"}`.
+pub fn healthz_answer() -> Json<Health> {
     Json(Health { status: "ok".into(), checks: BTreeMap::new() })
 }
 
@@ -820,19 +852,15 @@ pub async fn healthz() -> Json<Health> {
 /// [`crate::Limits::ready_timeout`]. 503 `not_ready` names the failures.
 #[utoipa::path(get, path = "/readyz", tag = "ops", responses((status = 200, body = Health), (status = 503, body = NotReady)))]
 pub async fn readyz(State(app): State<App>) -> Response {
-    let t = app.limits.ready_timeout;
-    let timed = |r: Result<Result<(), String>, tokio::time::error::Elapsed>| match r {
-        Ok(Ok(())) => "ok".to_owned(),
-        Ok(Err(e)) => e,
-        Err(_) => format!("no answer within {} ms", t.as_millis()),
-    };
-    let (log, queue, ledger) = tokio::join!(
-        tokio::time::timeout(t, async { app.log.ready().await.map_err(|e| e.to_string()) }),
-        tokio::time::timeout(t, async { app.queue.depth().await.map(|_| ()).map_err(|e| e.to_string()) }),
-        tokio::time::timeout(t, async { app.ledger.ready().await.map_err(|e| e.to_string()) }),
-    );
-    let checks: BTreeMap<String, String> =
-        [("event_log", timed(log)), ("job_queue", timed(queue)), ("ledger", timed(ledger))].into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    readiness_answer(glia_backends::readiness(app.log.as_ref(), app.queue.as_ref(), app.ledger.as_ref(), app.limits.ready_timeout).await)
+}
+
+/// The answer of a readiness probe from its checks (dependency → `ok` or
+/// why not): 200 [`Health`] `ready` when every check is `ok`, else 503
+/// [`NotReady`] (`not_ready`, the message naming each failing dependency).
+/// Served by the dispatcher's `/readyz`, while it starts, and by a worker's
+/// `--metrics-listen`.
+pub fn readiness_answer(checks: BTreeMap<String, String>) -> Response {
     let failed: Vec<String> = checks.iter().filter(|(_, v)| *v != "ok").map(|(k, v)| format!("{k}: {v}")).collect();
     if failed.is_empty() {
         return Json(Health { status: "ready".into(), checks }).into_response();

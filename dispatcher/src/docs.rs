@@ -76,19 +76,159 @@ pub fn foreign_schemas() -> Vec<(&'static str, Value)> {
         ("Event", EventDoc::json()),
         ("ApprovalRow", ApprovalRowDoc::json()),
         ("Decision", DecisionDoc::json()),
+        ("DecisionBody", DecisionBodyDoc::json()),
+        ("BulkDecision", BulkDecisionDoc::json()),
+        ("SseEvent", SseEventDoc::json()),
+        ("LiveEvent", LiveEventDoc::json()),
+        ("ToolInputSchema", ToolInputSchemaDoc::json()),
+        ("JsonSchemaNode", json_schema_node()),
     ]
 }
+
+/// A JSON Schema `pattern` for a string that is not blank: it holds a
+/// character other than Unicode White_Space (what Rust's `str::trim`
+/// removes), spelled out so every regex dialect reads it the same way.
+pub const NOT_BLANK: &str = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]";
+
+/// The documented maximum of the API's unsigned 64-bit integer fields.
+pub const MAX_U64: u64 = u64::MAX;
+
+/// A run's status, as a query parameter: `runnable`, `parked` or `done`.
+#[derive(utoipa::ToSchema)]
+#[schema(as = RunStatus)]
+#[allow(dead_code)]
+pub enum RunStatusDoc {
+    /// A worker can advance it now.
+    #[schema(rename = "runnable")]
+    Runnable,
+    /// It waits at a pull point.
+    #[schema(rename = "parked")]
+    Parked,
+    /// It is over.
+    #[schema(rename = "done")]
+    Done,
+}
+
+fn count(max: u64) -> Value {
+    json!({"type": "integer", "minimum": 0, "maximum": max})
+}
+
+fn decision_json(bulk: bool) -> Value {
+    let mut properties = json!({
+        "decision": {"enum": ["approve", "reject", "edit"]},
+        "reason": {"type": ["string", "null"], "description": "For `reject`: shown to the model (default \"no reason given\")."},
+        "input": {"description": "For `edit` (required there, absent or null otherwise): the replacement arguments, a JSON object; a worker-side check against the tool's input schema answers 422 with `field: input`."},
+        "args_hash": {"type": ["string", "null"], "description": "The `args_hash` the person saw; when given it must match the pending call's, else 409 `stale_args`."}
+    });
+    let mut required = vec!["decision"];
+    if bulk {
+        properties["run_id"] = json!({"type": "string", "format": "uuid"});
+        properties["call_id"] = json!({"type": "string"});
+        required.extend(["run_id", "call_id"]);
+    }
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": required,
+        "properties": properties,
+        "oneOf": [
+            {"required": ["decision", "input"], "properties": {"decision": {"const": "edit"}, "input": {"type": "object"}}},
+            {"properties": {"decision": {"enum": ["approve", "reject"]}, "input": {"type": "null"}}}
+        ]
+    })
+}
+
+foreign_schema!(
+    /// Body of `POST /v1/runs/{id}/approvals/{call_id}` (`crate::api::DecisionBody`).
+    DecisionBodyDoc, "DecisionBody", decision_json(false));
+
+foreign_schema!(
+    /// One decision of `POST /v1/approvals` (`crate::api::BulkDecision`).
+    BulkDecisionDoc, "BulkDecision", decision_json(true));
+
+foreign_schema!(
+    /// `glia_proto::LiveEvent`: a live-only event of the SSE stream.
+    LiveEventDoc, "LiveEvent", json!({
+        "type": "object",
+        "required": ["type", "data"],
+        "properties": {"type": {"enum": ["model.delta", "model.discard", "tool.progress"]}, "data": {"type": "object"}}
+    }));
+
+foreign_schema!(
+    /// One frame of `GET /v1/runs/{id}/events/stream` (text/event-stream), as
+    /// an SSE parser reads it: `event: event` frames carry a persisted
+    /// [`glia_proto::Event`] as JSON with `id` = its seq; `event: live`
+    /// frames carry a [`glia_proto::LiveEvent`] and no id of their own (a
+    /// parser repeats the last one). Keep-alive comments are not events.
+    SseEventDoc, "SseEvent", json!({
+        "description": "One server-sent event: `event: event` (a persisted event, JSON in `data`, `id` = its seq) or `event: live` (a live delta, no id of its own).",
+        "oneOf": [
+            {"type": "object", "required": ["event", "data", "id"], "properties": {
+                "event": {"const": "event"},
+                "id": {"type": "string", "pattern": "^[0-9]+$"},
+                "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/Event"}}}},
+            {"type": "object", "required": ["event", "data"], "properties": {
+                "event": {"const": "live"},
+                "id": {"type": "string"},
+                "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/LiveEvent"}}}}
+        ]
+    }));
+
+/// The part of JSON Schema the document describes inside tool schemas (a
+/// property's schema): the common keywords with the types their
+/// meta-schema (2020-12) gives them, one level deep (an array's `items` is
+/// described by type and description only). Other keywords and deeper
+/// nesting are accepted too: the dispatcher compiles the whole schema and
+/// answers 422 naming the field when it does not compile.
+fn json_schema_node() -> Value {
+    let simple = json!({"enum": ["array", "boolean", "integer", "null", "number", "object", "string"]});
+    let types = json!({"anyOf": [simple, {"type": "array", "items": simple, "minItems": 1, "uniqueItems": true}]});
+    // The meta-schema's nonNegativeInteger: no maximum.
+    let n = json!({"type": "integer", "minimum": 0});
+    json!({
+        "type": ["object", "boolean"],
+        "properties": {
+            "type": types,
+            "description": {"type": "string"},
+            "items": {"type": ["object", "boolean"], "properties": {"type": types, "description": {"type": "string"}}},
+            "enum": {"type": "array"},
+            "minimum": {"type": "number"},
+            "maximum": {"type": "number"},
+            "minLength": n, "maxLength": n, "minItems": n, "maxItems": n
+        }
+    })
+}
+
+foreign_schema!(
+    /// A tool's input schema (or a run's output schema): a JSON Schema
+    /// (2020-12 unless `$schema` names another draft) of a JSON object. It
+    /// must compile, with references inside the schema only; a reference to
+    /// another document is refused, never fetched.
+    ToolInputSchemaDoc, "ToolInputSchema", json!({
+        "description": "A JSON Schema (2020-12 unless `$schema` names another draft) of the tool's arguments, which are a JSON object: `type` must be `object`. It must compile; references to other documents are refused (422 naming the field).",
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {"const": "object"},
+            "description": {"type": "string"},
+            "properties": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonSchemaNode"}},
+            "required": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
+            "additionalProperties": {"$ref": "#/components/schemas/JsonSchemaNode"}
+        }
+    }));
 
 const PULL_POINTS: [&str; 4] = ["awaiting_tool", "awaiting_approval", "awaiting_input", "paused"];
 
 /// Event type names of the catalogue (persisted events).
-pub const EVENT_TYPES: [&str; 24] = [
+pub const EVENT_TYPES: [&str; 26] = [
     "session.start",
     "plan.draft",
     "plan.commit",
     "step.start",
     "step.end",
     "model.call",
+    "model.retry",
+    "message.elided",
     "model.response",
     "tool.call",
     "tool.result",
@@ -110,7 +250,7 @@ pub const EVENT_TYPES: [&str; 24] = [
 ];
 
 fn limits_json() -> Value {
-    let n = json!({"type": ["integer", "null"], "minimum": 0});
+    let n = json!({"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64});
     json!({
         "type": "object",
         "description": "Budget limits; null or absent = unlimited. Units: counts, milliseconds of active time, tokens, USD micros (1 USD = 1,000,000).",
@@ -131,26 +271,40 @@ foreign_schema!(
         "type": "object",
         "description": "A run's configuration, recorded in session.start. Every field is optional (defaults: model `scripted`, 16 model calls per turn, 2 re-asks, 4096 max tokens).",
         "properties": {
-            "model": {"type": "string"},
+            "model": {"type": "string", "pattern": NOT_BLANK},
             "system": {"type": "string"},
             "tools": {"type": ["array", "null"], "items": {"type": "string"}, "description": "Registered tools this run may call; null = all."},
-            "external_tools": {"type": "array", "items": {"type": "object", "required": ["name", "description", "input_schema"], "properties": {
-                "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": {"type": "string"}, "input_schema": {"type": "object"},
-                "idempotent": {"type": "boolean"}, "timeout_ms": {"type": "integer", "minimum": 0}, "external": {"type": "boolean"}, "return_direct": {"type": "boolean", "description": "A successful call ends the run with its result (a hand-off)."}}}},
+            "external_tools": {"type": "array", "description": "Tools the caller executes; names distinct, not `final_output`.", "items": {"type": "object", "required": ["name", "description", "input_schema"], "properties": {
+                "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$", "not": {"const": "final_output"}}, "description": {"type": "string"}, "input_schema": {"$ref": "#/components/schemas/ToolInputSchema"},
+                "idempotent": {"type": "boolean"}, "timeout_ms": count(MAX_U64), "external": {"type": "boolean"}, "return_direct": {"type": "boolean", "description": "A successful call ends the run with its result (a hand-off)."},
+                "cancel_grace_ms": {"type": "integer", "minimum": 0, "maximum": MAX_U64, "description": "How long a call already running when the run is cancelled may finish, ms (default 5000); then it is abandoned as outcome_unknown."}}}},
             "policies": {"type": "array", "items": {"type": "object", "required": ["tool", "action"], "properties": {
-                "tool": {"type": "string"}, "args": {"type": ["string", "null"], "description": "Regex over the arguments' canonical JSON."},
-                "action": {"type": "object", "required": ["kind"], "properties": {"kind": {"enum": ["allow", "deny", "require_approval", "remind"]}, "reason": {"type": "string"}, "text": {"type": "string"}}}}}},
+                "tool": {"type": "string", "pattern": NOT_BLANK, "description": "A tool name, or `*` for any."}, "args": {"type": ["string", "null"], "format": "regex", "description": "Regex (Rust `regex` syntax, which differs from ECMA 262 in lookaround and backreferences, both refused) over the arguments' canonical JSON; one that does not compile is refused (422 naming the field)."},
+                "action": {"type": "object", "required": ["kind"], "description": "`deny` needs `reason` (shown to the model), `remind` needs `text`; other fields are ignored.",
+                    "properties": {"kind": {"enum": ["allow", "deny", "require_approval", "remind"]}},
+                    "oneOf": [
+                        {"properties": {"kind": {"enum": ["allow", "require_approval"]}}},
+                        {"required": ["reason"], "properties": {"kind": {"const": "deny"}, "reason": {"type": "string"}}},
+                        {"required": ["text"], "properties": {"kind": {"const": "remind"}, "text": {"type": "string"}}}
+                    ]}}}},
             "budget": {"$ref": "#/components/schemas/BudgetLimits"},
-            "max_model_calls_per_turn": {"type": "integer", "minimum": 1},
+            "max_model_calls_per_turn": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
             "conversational": {"type": "boolean"},
             "planner": {"enum": ["single", "model"]},
-            "output_schema": {"description": "JSON Schema of the final answer."},
-            "max_reasks": {"type": "integer", "minimum": 0},
-            "pricing": {"type": ["object", "null"]},
-            "max_tokens": {"type": "integer", "minimum": 1},
-            "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "description": "How long an approval may wait, ms; null waits forever."},
+            "output_schema": {"description": "JSON Schema of the final answer, given as the arguments of a forced tool: a schema of a JSON object, like a tool's.", "anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
+            "max_reasks": count(u64::from(u32::MAX)),
+            "pricing": {"type": ["object", "null"], "description": "USD micros per million tokens; null counts cost as zero.", "required": ["input", "output", "cache_write", "cache_read"],
+                "properties": {"input": count(MAX_U64), "output": count(MAX_U64), "cache_write": count(MAX_U64), "cache_read": count(MAX_U64)}},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
+            "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64, "description": "How long an approval may wait, ms; null waits forever."},
             "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."},
-            "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."}
+            "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."},
+            "stop_reasons": {"type": "object", "additionalProperties": false,
+                "description": "What the loop does with an answer that is not a finished turn, per class (defaults: truncated and empty re-ask; refusal, content_filter, context_window and unknown fail). No class can be made to succeed.",
+                "properties": {
+                    "truncated": {"enum": ["reask", "pause", "fail"]}, "empty": {"enum": ["reask", "pause", "fail"]},
+                    "refusal": {"enum": ["reask", "pause", "fail"]}, "content_filter": {"enum": ["reask", "pause", "fail"]},
+                    "context_window": {"enum": ["reask", "pause", "fail"]}, "unknown": {"enum": ["reask", "pause", "fail"]}}}
         }
     }));
 
@@ -228,3 +382,38 @@ foreign_schema!(
         "required": ["kind"],
         "properties": {"kind": {"enum": ["approve", "reject", "edit", "expire"]}, "reason": {"type": "string"}, "input": {}}
     }));
+
+/// What the handlers' annotations cannot say, added to the generated
+/// document: headers are strings on the wire, never null (`Last-Event-ID` an
+/// event seq, `Idempotency-Key` 1 to 255 visible ASCII characters); integer
+/// parameters stop at [`MAX_U64`]; and every `/v1` operation may
+/// answer 503 when a backing store fails (`log_unavailable`,
+/// `queue_unavailable`, `ledger_unavailable`).
+pub fn complete(doc: &mut Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else { return };
+    for (path, item) in paths.iter_mut() {
+        let Some(operations) = item.as_object_mut() else { continue };
+        for operation in operations.values_mut() {
+            for param in operation.get_mut("parameters").and_then(Value::as_array_mut).into_iter().flatten() {
+                let name = param["name"].as_str().unwrap_or_default().to_owned();
+                let schema = &mut param["schema"];
+                match name.as_str() {
+                    "Last-Event-ID" => *schema = json!({"type": "integer", "minimum": 0, "maximum": MAX_U64}),
+                    "Idempotency-Key" => *schema = json!({"type": "string", "pattern": "^[!-~]{1,255}$"}),
+                    _ if schema["type"] == "integer" && schema.get("maximum").is_none() => schema["maximum"] = json!(MAX_U64),
+                    _ => {}
+                }
+            }
+            if path.starts_with("/v1/")
+                && let Some(responses) = operation.get_mut("responses").and_then(Value::as_object_mut)
+            {
+                responses.entry("503").or_insert_with(|| {
+                    json!({
+                        "description": "A backing store failed: `log_unavailable` (Postgres), `queue_unavailable` (RabbitMQ) or `ledger_unavailable` (Redis); retry later.",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+                    })
+                });
+            }
+        }
+    }
+}

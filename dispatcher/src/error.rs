@@ -29,6 +29,11 @@ pub struct ErrorDetail {
     pub code: String,
     /// Human-readable explanation; not stable.
     pub message: String,
+    /// For a value that is not acceptable (422 `invalid_request`): the
+    /// field, as a path from the body's root, e.g.
+    /// `config.external_tools[1].input_schema`. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
 }
 
 /// Why a request failed. [`ApiError::status`] and [`ApiError::code`] give its
@@ -108,6 +113,10 @@ pub enum ApiError {
     /// 409 `run_finished`: the run is done; nothing more can be posted.
     #[error("run {0} is finished")]
     RunFinished(Uuid),
+    /// 409 `run_cancelled`: a cancel was posted and waits for a worker;
+    /// nothing but the cancel is taken (the run ends cancelled).
+    #[error("run {0} is being cancelled; nothing more is taken")]
+    RunCancelled(Uuid),
     /// 409 `idempotency_conflict`: the `Idempotency-Key` was used for a different request.
     #[error("Idempotency-Key {0:?} was already used with a different goal, config or batch")]
     IdempotencyConflict(String),
@@ -117,6 +126,15 @@ pub enum ApiError {
     /// 422 `invalid_body`: JSON of the wrong shape (wrong types, missing or unknown fields).
     #[error("invalid request body: {0}")]
     InvalidBody(String),
+    /// 422 `invalid_body` naming the place (`field` in the body): the body
+    /// does not conform to its schema in the OpenAPI document.
+    #[error("invalid request body: {field}: {reason}")]
+    BodyAt {
+        /// Path of the offending value from the body's root, e.g. `config.budget`.
+        field: String,
+        /// What the document's schema says is wrong.
+        reason: String,
+    },
     /// 415 `unsupported_media_type`: a body without `Content-Type: application/json`.
     #[error("expected `Content-Type: application/json`")]
     UnsupportedMediaType,
@@ -143,6 +161,15 @@ pub enum ApiError {
     /// 422 `invalid_request`: well-formed JSON whose values are not acceptable.
     #[error("{0}")]
     Invalid(String),
+    /// 422 `invalid_request` naming the field (`field` in the body): e.g.
+    /// `config.external_tools[1].input_schema: not a valid JSON Schema: …`.
+    #[error("{field}: {reason}")]
+    InvalidField {
+        /// Path of the field from the body's root.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// 503 `log_unavailable`: the event log (Postgres) failed.
     #[error("event log unavailable: {0}")]
     LogUnavailable(String),
@@ -175,9 +202,9 @@ impl ApiError {
             RouteNotFound(_) | RunNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_)
-            | AlreadyPosted { .. } | RunFinished(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
+            | AlreadyPosted { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
             MalformedJson(_) | BodyRead(_) | InvalidQuery(_) | InvalidPath(_) | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
-            InvalidBody(_) | Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            InvalidBody(_) | BodyAt { .. } | Invalid(_) | InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             LogUnavailable(_) | QueueUnavailable(_) | LedgerUnavailable(_) | NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -205,16 +232,17 @@ impl ApiError {
             NotPaused(_) => "not_paused",
             AlreadyPosted { .. } => "already_posted",
             RunFinished(_) => "run_finished",
+            RunCancelled(_) => "run_cancelled",
             IdempotencyConflict(_) => "idempotency_conflict",
             MalformedJson(_) => "malformed_json",
-            InvalidBody(_) => "invalid_body",
+            InvalidBody(_) | BodyAt { .. } => "invalid_body",
             UnsupportedMediaType => "unsupported_media_type",
             BodyTooLarge(_) => "body_too_large",
             BodyRead(_) => "body_unreadable",
             InvalidQuery(_) => "invalid_query",
             InvalidPath(_) => "invalid_path",
             InvalidHeader { .. } => "invalid_header",
-            Invalid(_) => "invalid_request",
+            Invalid(_) | InvalidField { .. } => "invalid_request",
             LogUnavailable(_) => "log_unavailable",
             QueueUnavailable(_) => "queue_unavailable",
             LedgerUnavailable(_) => "ledger_unavailable",
@@ -225,7 +253,11 @@ impl ApiError {
 
     /// The JSON body.
     pub fn body(&self) -> ErrorBody {
-        ErrorBody { error: ErrorDetail { code: self.code().to_owned(), message: self.to_string() } }
+        let field = match self {
+            ApiError::InvalidField { field, .. } | ApiError::BodyAt { field, .. } => Some(field.clone()),
+            _ => None,
+        };
+        ErrorBody { error: ErrorDetail { code: self.code().to_owned(), message: self.to_string(), field } }
     }
 }
 
@@ -249,6 +281,8 @@ impl From<LogError> for ApiError {
             LogError::NotFound(run_id) => ApiError::RunNotFound(run_id),
             LogError::Unavailable(m) => ApiError::LogUnavailable(m),
             LogError::Duplicate { run_id, what } => ApiError::AlreadyPosted { run_id, what },
+            LogError::Cancelled(run_id) => ApiError::RunCancelled(run_id),
+            LogError::Finished(run_id) => ApiError::RunFinished(run_id),
             other => ApiError::Internal(other.to_string()),
         }
     }

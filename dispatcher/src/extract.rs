@@ -1,6 +1,9 @@
 //! Extractors that turn every malformed request into an [`ApiError`] (JSON,
 //! stable code) instead of axum's plain-text rejections.
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
@@ -43,20 +46,73 @@ async fn body(req: Request, app: &App) -> Result<(HeaderMap, Bytes), ApiError> {
     Ok((headers, bytes))
 }
 
-fn parse<T: DeserializeOwned>(headers: &HeaderMap, bytes: &[u8]) -> Result<T, ApiError> {
+/// A request body the OpenAPI document describes: the name of its component
+/// schema. [`ApiJson`] and [`OptJson`] check every body against it before
+/// it is deserialised, so what the document refuses the server refuses
+/// (serde alone would take, e.g., an array for a struct).
+pub trait Documented {
+    /// Name of the component in `#/components/schemas`.
+    const SCHEMA: &'static str;
+}
+
+/// Every component schema of the document, compiled once (references
+/// resolve within the document).
+static VALIDATORS: LazyLock<HashMap<String, jsonschema::Validator>> = LazyLock::new(|| {
+    let doc = crate::openapi();
+    let names: Vec<String> = doc["components"]["schemas"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
+    names
+        .into_iter()
+        .map(|name| {
+            let root = serde_json::json!({"$ref": format!("#/components/schemas/{name}"), "components": doc["components"].clone()});
+            let validator = jsonschema::validator_for(&root).unwrap_or_else(|e| panic!("component schema {name} compiles: {e}"));
+            (name, validator)
+        })
+        .collect()
+});
+
+/// Check `value` against the document's schema `name`. Errors: 422
+/// `invalid_body` naming the first offending place (`config.budget: … is
+/// not of type "object"`).
+fn conforms(name: &str, value: &serde_json::Value) -> Result<(), ApiError> {
+    let Some(validator) = VALIDATORS.get(name) else { return Err(ApiError::Internal(format!("no schema {name} in the OpenAPI document"))) };
+    match validator.iter_errors(value).next() {
+        None => Ok(()),
+        Some(e) => {
+            let pointer = e.instance_path().to_string();
+            let mut field = String::new();
+            for token in pointer.split('/').skip(1) {
+                let token = token.replace("~1", "/").replace("~0", "~");
+                if !field.is_empty() && token.bytes().all(|b| b.is_ascii_digit()) {
+                    field.push_str(&format!("[{token}]"));
+                } else {
+                    if !field.is_empty() {
+                        field.push('.');
+                    }
+                    field.push_str(&token);
+                }
+            }
+            let reason = e.to_string();
+            Err(if field.is_empty() { ApiError::InvalidBody(reason) } else { ApiError::BodyAt { field, reason } })
+        }
+    }
+}
+
+fn parse<T: DeserializeOwned + Documented>(headers: &HeaderMap, bytes: &[u8]) -> Result<T, ApiError> {
     if !is_json(headers) {
         return Err(ApiError::UnsupportedMediaType);
     }
     // Syntax first, so a truncated body is `malformed_json` even when its
     // start already has the wrong shape; then the shape: every body is an object.
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
     if !value.is_object() {
         return Err(ApiError::InvalidBody("the body must be a JSON object".into()));
     }
+    integral_numbers(&mut value);
+    conforms(T::SCHEMA, &value)?;
     serde_json::from_value(value).map_err(|e| ApiError::InvalidBody(e.to_string()))
 }
 
-impl<T: DeserializeOwned> FromRequest<App> for ApiJson<T> {
+impl<T: DeserializeOwned + Documented> FromRequest<App> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, app: &App) -> Result<Self, Self::Rejection> {
@@ -65,7 +121,7 @@ impl<T: DeserializeOwned> FromRequest<App> for ApiJson<T> {
     }
 }
 
-impl<T: DeserializeOwned + Default> FromRequest<App> for OptJson<T> {
+impl<T: DeserializeOwned + Default + Documented> FromRequest<App> for OptJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, app: &App) -> Result<Self, Self::Rejection> {
@@ -118,5 +174,33 @@ mod mime_lite {
         pub fn is_json(&self) -> bool {
             self.ty == "application" && (self.subtype == "json" || self.subtype.ends_with("+json"))
         }
+    }
+}
+
+/// JSON Schema (and so the OpenAPI document) counts a number with a zero
+/// fraction as an integer (`5.0` is an `integer`); serde's integer fields do
+/// not. Rewrite such numbers that fit an `i64` or `u64` as integers
+/// everywhere in the body, so that what the document allows is what the
+/// server accepts. (The same number, in JSON terms.)
+fn integral_numbers(value: &mut serde_json::Value) {
+    // 2^64 and -2^63, exactly representable as f64.
+    const U64_END: f64 = 18_446_744_073_709_551_616.0;
+    const I64_MIN: f64 = -9_223_372_036_854_775_808.0;
+    match value {
+        serde_json::Value::Number(n) if n.is_f64() => {
+            let Some(f) = n.as_f64() else { return };
+            if f.fract() != 0.0 {
+                return;
+            }
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            if (0.0..U64_END).contains(&f) {
+                *n = serde_json::Number::from(f as u64);
+            } else if (I64_MIN..0.0).contains(&f) {
+                *n = serde_json::Number::from(f as i64);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(integral_numbers),
+        serde_json::Value::Object(map) => map.values_mut().for_each(integral_numbers),
+        _ => {}
     }
 }

@@ -39,6 +39,7 @@ pub mod inbox;
 pub mod webhooks;
 pub mod metrics;
 pub mod relay;
+pub mod startup;
 mod stream;
 
 use std::future::Future;
@@ -57,6 +58,7 @@ pub use auth::{Auth, AuthError, OPEN_TENANT, Principal, Scope};
 pub use error::{ApiError, ErrorBody, ErrorDetail};
 pub use metrics::{Metrics, sample};
 pub use relay::{RECONCILE_BATCH, ReconcileError, Reconciler, RelayError, reconcile, relay, relay_once};
+pub use startup::{Gate, Startup, serve_gate};
 
 /// Size and pacing limits. [`Limits::default`] is what production uses.
 #[derive(Debug, Clone, PartialEq)]
@@ -205,6 +207,7 @@ pub fn openapi() -> serde_json::Value {
     for (name, schema) in docs::foreign_schemas() {
         json["components"]["schemas"][name] = schema;
     }
+    docs::complete(&mut json);
     json
 }
 
@@ -245,14 +248,27 @@ pub enum ServeError {
 /// listener ([`ServeError::NotLoopback`]) and logs a warning that it serves
 /// loopback only. Does not start [`relay()`] or [`reconcile()`]: spawn those.
 pub async fn serve(app: App, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+    let (open, tokens) = (app.requires_loopback(), app.auth.len());
+    serve_router(router(app), open, tokens, listener, shutdown).await
+}
+
+/// Serve `router` with the loopback rule of [`serve`] (`requires_loopback`:
+/// no tokens are configured).
+pub(crate) async fn serve_router(
+    router: Router,
+    requires_loopback: bool,
+    tokens: usize,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let addr = listener.local_addr()?;
-    if app.requires_loopback() {
+    if requires_loopback {
         if !addr.ip().is_loopback() {
             return Err(ServeError::NotLoopback(addr));
         }
         tracing::warn!(%addr, "no API tokens configured: serving on loopback only; every request acts as admin of tenant `{OPEN_TENANT}`");
     }
-    tracing::info!(%addr, tokens = app.auth.len(), "dispatcher listening");
-    axum::serve(listener, router(app)).with_graceful_shutdown(shutdown).await?;
+    tracing::info!(%addr, tokens, "dispatcher listening");
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }

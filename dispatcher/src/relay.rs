@@ -204,6 +204,8 @@ impl Reconciler {
                     let payload = Resume::Approval { call_id: row.call_id.clone(), args_hash: row.args_hash.clone(), decision, by: Some("reconciler".into()), request_seq };
                     match self.app.log.post(row.run_id, payload).await {
                         Ok(_) | Err(LogError::Duplicate { .. }) => self.app.wake_relay(),
+                        // The run is ending anyway (its approvals close with it).
+                        Err(LogError::Cancelled(_) | LogError::Finished(_)) => continue,
                         Err(e) => return Err(e),
                     }
                 }

@@ -65,7 +65,7 @@ fn live(e: &LiveEvent) -> SseEvent {
 #[utoipa::path(get, path = "/v1/runs/{id}/events/stream", tag = "runs",
     params(("id" = Uuid, Path, description = "Run id"),
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq"), StreamQuery),
-    responses((status = 200, description = "Server-sent events", content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "Server-sent events; the schema describes one event (frame) of the stream", content_type = "text/event-stream", body = crate::docs::SseEventDoc),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn stream_events(State(app): State<App>, p: Principal, headers: HeaderMap, ApiPath(id): ApiPath<Uuid>, ApiQuery(q): ApiQuery<StreamQuery>) -> Result<Response, ApiError> {

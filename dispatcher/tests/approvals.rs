@@ -98,9 +98,9 @@ async fn refusals_unknown_call_stale_hash_bad_decisions() {
     let cases = [
         ("c404", json!({"decision": "approve"}), StatusCode::NOT_FOUND, "call_not_found"),
         ("c1", json!({"decision": "approve", "args_hash": "deadbeef"}), StatusCode::CONFLICT, "stale_args"),
-        ("c1", json!({"decision": "edit"}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
-        ("c1", json!({"decision": "edit", "input": [1]}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
-        ("c1", json!({"decision": "approve", "input": {"amount": 5}}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
+        ("c1", json!({"decision": "edit"}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
+        ("c1", json!({"decision": "edit", "input": [1]}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
+        ("c1", json!({"decision": "approve", "input": {"amount": 5}}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
         ("c1", json!({"decision": "maybe"}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
         ("c1", json!({"decision": "approve", "extra": 1}), StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
     ];
@@ -228,5 +228,5 @@ async fn bulk_decisions_report_per_item() {
     // Too many decisions at once.
     let many: Vec<_> = (0..101).map(|_| json!({"run_id": r1, "call_id": "c1", "decision": "approve"})).collect();
     let r = post(&h, "/v1/approvals", APP_A, json!({"decisions": many})).await;
-    assert_eq!((r.status, r.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"));
+    assert_eq!((r.status, r.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"));
 }

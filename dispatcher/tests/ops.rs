@@ -74,6 +74,36 @@ async fn health_and_readiness() {
     assert_eq!(send(&router, request(Method::GET, "/healthz", None, None)).await.status, StatusCode::OK);
 }
 
+/// A dispatcher still connecting: live, not ready (naming what it waits
+/// for), every other route 503 `not_ready` with `Retry-After`; once the
+/// gate opens, the app answers, readiness included.
+#[tokio::test]
+async fn a_starting_dispatcher_is_live_but_not_ready_until_its_gate_opens() {
+    let startup = glia_dispatcher::Startup::new(&["event_log", "job_queue", "ledger"]);
+    startup.set("event_log", "ok");
+    startup.set("job_queue", "connecting: broker down");
+    let gate = glia_dispatcher::Gate::new(startup.clone(), false);
+    let router = gate.router();
+    assert_eq!(send(&router, request(Method::GET, "/healthz", None, None)).await.status, StatusCode::OK);
+    let r = send(&router, request(Method::GET, "/readyz", None, None)).await;
+    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
+    assert_eq!(r.body["checks"], json!({"event_log": "ok", "job_queue": "connecting: broker down", "ledger": "connecting"}));
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("job_queue: connecting: broker down") && msg.contains("ledger: connecting") && !msg.contains("event_log"), "{msg}");
+    let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": "g"})))).await;
+    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
+    assert_eq!(r.headers.get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("1"));
+    assert!(!gate.is_open());
+
+    let h = harness();
+    gate.open(h.app.clone());
+    assert!(gate.is_open());
+    let r = send(&router, request(Method::GET, "/readyz", None, None)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": "g"})))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+}
+
 #[tokio::test]
 async fn cancel_works_without_a_ledger() {
     // The posted cancel is the durable part; the flag is best effort.

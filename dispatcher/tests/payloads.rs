@@ -48,7 +48,7 @@ async fn messages_only_at_awaiting_input() {
     assert_eq!((early.status, early.code()), (StatusCode::CONFLICT, "not_awaiting_input"));
     park_for_input(&*h.log, id).await;
     let blank = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "  "})).await;
-    assert_eq!((blank.status, blank.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"));
+    assert_eq!((blank.status, blank.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"));
     let r = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "next question"})).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Input { text: "next question".into() });
@@ -77,7 +77,7 @@ async fn close_with_last_words_or_at_a_budget_pause() {
     let id = create(&h, SUB_A, conversational()).await;
     park_for_input(&*h.log, id).await;
     let blank = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), Some(&json!({ "text": "  " })))).await;
-    assert_eq!((blank.status, blank.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"));
+    assert_eq!((blank.status, blank.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"));
     let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), Some(&json!({ "text": "Thanks, bye!" })))).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Close { text: Some("Thanks, bye!".into()) });

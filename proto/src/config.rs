@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::budget::{BudgetLimits, Pricing};
+use crate::stop::StopPolicy;
 
 /// Default cap on model calls within one turn (one user input to one answer).
 pub const DEFAULT_MAX_MODEL_CALLS_PER_TURN: u32 = 16;
@@ -55,6 +56,10 @@ pub struct RunConfig {
     /// What happens to a non-idempotent call whose worker died while it ran
     /// (an idempotent one simply runs again with the same idempotency key).
     pub on_interrupted_call: InterruptedCall,
+    /// What the loop does with an answer that is not a finished turn (cut off
+    /// by the output limit, empty, refused, filtered, an unknown stop
+    /// reason): re-ask, pause or fail, per class. See [`crate::stop`].
+    pub stop_reasons: StopPolicy,
 }
 
 /// What happens to a non-idempotent tool call a crash interrupted: it was
@@ -101,6 +106,7 @@ impl Default for RunConfig {
             approval_timeout_ms: None,
             on_approval_timeout: ApprovalTimeout::Reject,
             on_interrupted_call: InterruptedCall::OutcomeUnknown,
+            stop_reasons: StopPolicy::default(),
         }
     }
 }
@@ -140,10 +146,151 @@ pub struct ToolSpec {
     /// `transfer_to_human_agents`). A failed call does not end the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub return_direct: bool,
+    /// How long a call of this tool that is already running when its run is
+    /// cancelled may go on, in ms, so that its result is recorded; a call
+    /// still running at the end of it is abandoned (and its task aborted)
+    /// with an `outcome_unknown` error. Default [`DEFAULT_CANCEL_GRACE_MS`].
+    /// The call's own `timeout_ms` still applies.
+    #[serde(default = "default_cancel_grace_ms")]
+    pub cancel_grace_ms: u64,
 }
+
+impl ToolSpec {
+    /// A tool the worker runs, with the defaults: not idempotent, a 30 s
+    /// timeout, no hand-off, a [`DEFAULT_CANCEL_GRACE_MS`] grace. Set
+    /// `external: true` (struct update) for a tool the caller executes.
+    pub fn new(name: impl Into<String>, description: impl Into<String>, input_schema: Value) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            input_schema,
+            idempotent: false,
+            timeout_ms: default_timeout_ms(),
+            external: false,
+            return_direct: false,
+            cancel_grace_ms: DEFAULT_CANCEL_GRACE_MS,
+        }
+    }
+}
+
+/// Default [`ToolSpec::cancel_grace_ms`]: 5 s.
+pub const DEFAULT_CANCEL_GRACE_MS: u64 = 5_000;
 
 fn default_timeout_ms() -> u64 {
     30_000
+}
+
+fn default_cancel_grace_ms() -> u64 {
+    DEFAULT_CANCEL_GRACE_MS
+}
+
+/// A run configuration glia cannot run: the offending field, as a path from
+/// the config (`external_tools[1].input_schema`, `output_schema`,
+/// `policies[0].args`), and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct ConfigError {
+    /// Path of the field from the config's root, e.g. `external_tools[1].input_schema`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn config_error(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError { field: field.into(), reason: reason.into() }
+}
+
+/// Tool names both provider APIs accept.
+static TOOL_NAME: std::sync::LazyLock<regex::Regex> =
+    std::sync::LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
+
+/// Compile `schema` as the JSON Schema of a tool's arguments (or of a run's
+/// final output, which the model gives as the arguments of a forced tool).
+///
+/// Tool arguments are a JSON object in both provider APIs (Anthropic
+/// `tools[].input_schema`, OpenAI `tools[].function.parameters`), so the
+/// schema must be an object that passes its meta-schema (the draft its
+/// `$schema` names, default 2020-12), compiles, and has `"type": "object"`. References are resolved within the schema only: a `$ref`
+/// to another document (`https://…`, `file:…`) is an error, never fetched
+/// or read. Errors: the reason, as text.
+pub fn compile_tool_schema(schema: &Value) -> Result<jsonschema::Validator, String> {
+    let Some(object) = schema.as_object() else {
+        return Err(format!("must be a JSON Schema object, not {}", json_type(schema)));
+    };
+    let validator = jsonschema::validator_for(schema).map_err(|e| format!("not a valid JSON Schema: {e}"))?;
+    if object.get("type") != Some(&Value::String("object".into())) {
+        return Err("must describe a JSON object: tool arguments are one (set \"type\": \"object\")".into());
+    }
+    Ok(validator)
+}
+
+/// The JSON type name of `value`: `null`, `boolean`, `number`, `string`, `array`, `object`.
+pub fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+impl RunConfig {
+    /// Every check that needs no worker: the model is named; the per-turn
+    /// caps are at least 1; external tools have valid, distinct names (not
+    /// [`crate::OUTPUT_TOOL`]) and input schemas that compile
+    /// ([`compile_tool_schema`]); policies name a tool and their `args`
+    /// regexes compile; the output schema compiles. The dispatcher runs it at
+    /// admission (422), the CLI before it submits or runs, the worker before
+    /// `session.start`.
+    ///
+    /// Errors: the first problem, naming its field.
+    ///
+    /// ```
+    /// let mut config = glia_proto::RunConfig::default();
+    /// config.output_schema = Some(serde_json::json!({"type": "bogus"}));
+    /// assert_eq!(config.validate().unwrap_err().field, "output_schema");
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.model.trim().is_empty() {
+            return Err(config_error("model", "is blank"));
+        }
+        if self.max_model_calls_per_turn == 0 {
+            return Err(config_error("max_model_calls_per_turn", "must be at least 1"));
+        }
+        if self.max_tokens == 0 {
+            return Err(config_error("max_tokens", "must be at least 1"));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, t) in self.external_tools.iter().enumerate() {
+            let field = |f: &str| format!("external_tools[{i}].{f}");
+            if !TOOL_NAME.is_match(&t.name) {
+                return Err(config_error(field("name"), format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name)));
+            }
+            if t.name == crate::OUTPUT_TOOL {
+                return Err(config_error(field("name"), format!("{:?} is reserved for the output schema's tool", t.name)));
+            }
+            if !names.insert(t.name.as_str()) {
+                return Err(config_error(field("name"), format!("{:?} is listed twice", t.name)));
+            }
+            compile_tool_schema(&t.input_schema).map_err(|reason| config_error(field("input_schema"), reason))?;
+        }
+        for (i, p) in self.policies.iter().enumerate() {
+            if p.tool.trim().is_empty() {
+                return Err(config_error(format!("policies[{i}].tool"), "is blank (use \"*\" for any tool)"));
+            }
+            if let Some(re) = &p.args
+                && let Err(e) = regex::RegexBuilder::new(re).size_limit(1 << 20).build()
+            {
+                return Err(config_error(format!("policies[{i}].args"), format!("not a valid regex: {e}")));
+            }
+        }
+        if let Some(schema) = &self.output_schema {
+            compile_tool_schema(schema).map_err(|reason| config_error("output_schema", reason))?;
+        }
+        Ok(())
+    }
 }
 
 /// A declarative rule over tool calls: tool name (exact, or `*` for any) and

@@ -142,6 +142,12 @@ pub struct Usage {
     /// Input tokens read from the prompt cache.
     #[serde(default)]
     pub cache_read_tokens: u64,
+    /// True when some of these counts are glia's estimate, not the
+    /// provider's report (a server that sent no usage; see
+    /// `glia_providers::estimate`). Budgets and tenant caps count estimated
+    /// tokens like reported ones. A sum is estimated when any part is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 impl Usage {
@@ -159,6 +165,7 @@ impl std::ops::Add for Usage {
             output_tokens: self.output_tokens.saturating_add(o.output_tokens),
             cache_write_tokens: self.cache_write_tokens.saturating_add(o.cache_write_tokens),
             cache_read_tokens: self.cache_read_tokens.saturating_add(o.cache_read_tokens),
+            estimated: self.estimated || o.estimated,
         }
     }
 }

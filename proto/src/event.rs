@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::budget::{BudgetLimits, BudgetUsage, Limit};
 use crate::config::{RunConfig, ToolSpec};
+use crate::stop::RejectedAnswer;
 use crate::{Message, Usage};
 
 /// One persisted event of a run.
@@ -122,6 +123,14 @@ pub enum EventKind {
         duration_ms: u64,
         /// Cost in USD micros.
         cost_usd_micros: u64,
+        /// Set when the loop did not accept the answer (its stop reason is
+        /// not a finished turn; see [`crate::stop`]): the message is kept
+        /// here but not added to the conversation, its tool calls are not
+        /// run, and `rejected.action` says what follows (a re-ask notice,
+        /// `session.pause`, or a failed `session.complete`). Usage and cost
+        /// count either way.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rejected: Option<RejectedAnswer>,
     },
     /// A tool call was decided on (after hooks and policies), before it runs.
     #[serde(rename = "tool.call")]
@@ -489,6 +498,13 @@ pub enum PauseReason {
     Provider {
         /// The provider's message.
         reason: String,
+    },
+    /// The model's answer was not a finished turn and the run's stop policy
+    /// says pause (`RunConfig::stop_reasons`; see [`crate::stop`]). A resume
+    /// calls the model again.
+    ModelStop {
+        /// The recorded stop reason, e.g. `max_tokens`, `refusal`.
+        stop_reason: String,
     },
     /// An operator paused the run.
     Operator {

@@ -6,7 +6,8 @@
 //! - [`budget`]: limits, usage arithmetic, prices;
 //! - [`repair`]: building a provider-valid message list from any history;
 //! - [`marker`]: text glia inserts into conversations, and its predicate;
-//! - [`config`]: a run's configuration, tool specs and policies.
+//! - [`config`]: a run's configuration, tool specs and policies;
+//! - [`stop`]: stop reasons as outcomes: classes, the run's policy.
 //!
 //! Pure: no I/O and no async runtime.
 
@@ -19,14 +20,19 @@ pub mod event;
 pub mod marker;
 pub mod repair;
 pub mod state;
+pub mod stop;
 
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing};
-pub use config::{ApprovalTimeout, InterruptedCall, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec};
+pub use config::{
+    ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema,
+    json_type,
+};
 pub use content::{ContentBlock, Message, Role, Usage};
 pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent, Outcome, PauseReason,
     PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
 };
+pub use stop::{RejectedAnswer, StopAction, StopClass, StopPolicy};
 pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
 
 use serde_json::Value;

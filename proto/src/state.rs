@@ -16,6 +16,7 @@ use crate::config::{RunConfig, ToolSpec};
 use crate::event::{Decision, Disposition, Event, EventKind, GuardrailStage, Outcome, PauseReason, PullPoint, ToolCallRecord};
 use crate::marker::Insert;
 use crate::repair::elide;
+use crate::stop::StopAction;
 use crate::{ContentBlock, Message, Role, args_hash, OUTPUT_TOOL};
 
 /// The six states of the harness contract.
@@ -394,7 +395,7 @@ impl RunState {
                 };
                 self.messages[*index] = elide(message);
             }
-            EventKind::ModelResponse { message, usage, duration_ms, cost_usd_micros, .. } => {
+            EventKind::ModelResponse { message, usage, duration_ms, cost_usd_micros, rejected, .. } => {
                 not_parked(self)?;
                 if self.phase != Phase::Executing {
                     return Err(illegal(self, "a model response arrives while executing"));
@@ -405,8 +406,15 @@ impl RunState {
                 if self.messages.last().is_none_or(|m| m.role != Role::User) {
                     return Err(illegal(self, "a model response follows a model call"));
                 }
+                if let Some(r) = rejected
+                    && (r.action == StopAction::Reask) != r.reask.is_some()
+                {
+                    return Err(illegal(self, "a re-asked answer carries its notice, and only a re-asked one"));
+                }
+                // A rejected answer's calls are never run: no batch.
                 let batch: Vec<PendingCall> = message
                     .tool_uses()
+                    .filter(|_| rejected.is_none())
                     .map(|(id, name, input)| PendingCall {
                         call_id: id.to_owned(),
                         name: name.to_owned(),
@@ -428,7 +436,17 @@ impl RunState {
                 self.usage.tokens += *usage;
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.usage.cost_usd_micros = self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
-                self.messages.push(message.clone());
+                match rejected {
+                    // Not an answer: counted, kept in the log, not in the
+                    // conversation; a re-ask notice goes to the last user turn.
+                    Some(r) => {
+                        if let Some(text) = &r.reask {
+                            push_user_text(&mut self.messages, text.clone());
+                            self.reasks += 1;
+                        }
+                    }
+                    None => self.messages.push(message.clone()),
+                }
                 if !batch.is_empty() {
                     self.batch = batch;
                     self.phase = Phase::AwaitingTool;

@@ -56,7 +56,7 @@ fn step(index: usize) -> EventKind {
 fn respond(message: Message) -> [EventKind; 2] {
     [
         EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
-        EventKind::ModelResponse { message, usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 0, cost_usd_micros: 0 },
+        EventKind::ModelResponse { message, usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 0, cost_usd_micros: 0, rejected: None },
     ]
 }
 
@@ -212,4 +212,36 @@ fn budget_limits_report_which_limit() {
     let more = limits.extended_by(&BudgetLimits { max_output_tokens: Some(50), max_turns: Some(9), ..BudgetLimits::default() });
     assert_eq!(more.max_output_tokens, Some(150));
     assert_eq!(more.max_turns, None, "an unlimited limit stays unlimited");
+}
+
+#[test]
+fn a_rejected_answer_counts_but_never_joins_the_conversation_or_runs_its_calls() {
+    let rejected = |action, reask: Option<&str>| EventKind::ModelResponse {
+        message: tool_use("t1"),
+        usage: Usage { output_tokens: 7, estimated: true, ..Usage::default() },
+        stop_reason: "max_tokens".into(),
+        duration_ms: 3,
+        cost_usd_micros: 11,
+        rejected: Some(RejectedAnswer { class: StopClass::Truncated, action, reask: reask.map(str::to_owned) }),
+    };
+    let mut log = Log::new();
+    log.ok(start(false)).ok(commit(&["s"])).ok(step(0));
+    log.ok(EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None });
+    // A re-ask must carry its notice, and only a re-ask may.
+    log.refused(rejected(StopAction::Reask, None));
+    log.refused(rejected(StopAction::Fail, Some("x")));
+    log.ok(rejected(StopAction::Reask, Some("⟦glia:reask⟧ cut off")));
+    assert_eq!(log.phase(), Phase::Executing, "no batch: the cut call is not run");
+    assert!(log.state.batch.is_empty());
+    assert_eq!(log.state.messages.len(), 1, "the notice joins the goal's user turn");
+    assert_eq!(log.state.messages[0].text(), "g\n⟦glia:reask⟧ cut off");
+    assert_eq!((log.state.reasks, log.state.usage.tokens.output_tokens, log.state.usage.cost_usd_micros), (1, 7, 11));
+    assert!(log.state.usage.tokens.estimated, "estimated usage stays marked in the run's totals");
+    // A pause: parked at paused for the model stop; a resume calls the model again.
+    log.ok(EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None });
+    log.ok(rejected(StopAction::Pause, None));
+    log.ok(EventKind::SessionPause { pull_point: PullPoint::Paused { reason: PauseReason::ModelStop { stop_reason: "max_tokens".into() } } });
+    log.ok(EventKind::SessionResume { by: None });
+    log.ok(EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None });
+    assert_eq!(log.state.usage.turns, 3);
 }

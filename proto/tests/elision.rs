@@ -57,7 +57,7 @@ fn retry(attempt: u32) -> EventKind {
 }
 
 fn answer(message: Message) -> EventKind {
-    EventKind::ModelResponse { message, usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 0, cost_usd_micros: 0 }
+    EventKind::ModelResponse { message, usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 0, cost_usd_micros: 0, rejected: None }
 }
 
 #[test]

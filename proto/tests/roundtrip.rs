@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use glia_proto::{
     ApprovalTimeout, BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall,
     Limit, LiveEvent, Message, Outcome, PauseReason, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, Resume, Role, RunConfig,
-    Retry, ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
+    RejectedAnswer, Retry, StopAction, StopClass, StopPolicy, ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -89,12 +89,13 @@ fn message() -> impl Strategy<Value = Message> {
 }
 
 fn usage() -> impl Strategy<Value = Usage> {
-    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
-        |(input_tokens, output_tokens, cache_write_tokens, cache_read_tokens)| Usage {
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>()).prop_map(
+        |(input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, estimated)| Usage {
             input_tokens,
             output_tokens,
             cache_write_tokens,
             cache_read_tokens,
+            estimated,
         },
     )
 }
@@ -151,6 +152,7 @@ fn tool_spec() -> impl Strategy<Value = ToolSpec> {
             timeout_ms,
             external,
             return_direct: false,
+            cancel_grace_ms: timeout_ms / 2,
         },
     )
 }
@@ -187,12 +189,15 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
         prop::option::of(any::<u64>()),
         prop_oneof![Just(ApprovalTimeout::Reject), Just(ApprovalTimeout::Escalate)],
         prop_oneof![Just(InterruptedCall::OutcomeUnknown), Just(InterruptedCall::RequireApproval)],
+        (stop_action(), stop_action(), stop_action(), stop_action(), stop_action(), stop_action()).prop_map(
+            |(truncated, empty, refusal, content_filter, context_window, unknown)| StopPolicy { truncated, empty, refusal, content_filter, context_window, unknown },
+        ),
     );
     (tools, knobs, approvals).prop_map(
         |(
             (model, system, tools, external_tools, policies),
             (budget, max_model_calls_per_turn, conversational, planner, output_schema, max_reasks, pricing, max_tokens),
-            (approval_timeout_ms, on_approval_timeout, on_interrupted_call),
+            (approval_timeout_ms, on_approval_timeout, on_interrupted_call, stop_reasons),
         )| RunConfig {
             model,
             system,
@@ -210,8 +215,27 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
             approval_timeout_ms,
             on_approval_timeout,
             on_interrupted_call,
+            stop_reasons,
         },
     )
+}
+
+fn stop_action() -> impl Strategy<Value = StopAction> {
+    prop_oneof![Just(StopAction::Reask), Just(StopAction::Pause), Just(StopAction::Fail)]
+}
+
+fn rejected_answer() -> impl Strategy<Value = RejectedAnswer> {
+    let class = prop_oneof![
+        Just(StopClass::Answer),
+        Just(StopClass::ToolUse),
+        Just(StopClass::Truncated),
+        Just(StopClass::Empty),
+        Just(StopClass::Refusal),
+        Just(StopClass::ContentFilter),
+        Just(StopClass::ContextWindow),
+        Just(StopClass::Unknown),
+    ];
+    (class, stop_action(), prop::option::of(text())).prop_map(|(class, action, reask)| RejectedAnswer { class, action, reask })
 }
 
 fn disposition() -> impl Strategy<Value = Disposition> {
@@ -261,6 +285,7 @@ fn pause_reason() -> impl Strategy<Value = PauseReason> {
         (text(), text()).prop_map(|(hook, reason)| PauseReason::Hook { hook, reason }),
         text().prop_map(|reason| PauseReason::Provider { reason }),
         text().prop_map(|reason| PauseReason::Operator { reason }),
+        text().prop_map(|stop_reason| PauseReason::ModelStop { stop_reason }),
     ]
 }
 
@@ -324,13 +349,14 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         (any::<u32>(), text(), text(), any::<u64>())
             .prop_map(|(attempt, cause, message, delay_ms)| EventKind::ModelRetry(Retry { attempt, cause, message, delay_ms })),
         (any::<usize>(), text()).prop_map(|(index, reason)| EventKind::MessageElided { index, reason }),
-        (message(), usage(), text(), any::<u64>(), any::<u64>()).prop_map(
-            |(message, usage, stop_reason, duration_ms, cost_usd_micros)| EventKind::ModelResponse {
+        (message(), usage(), text(), any::<u64>(), any::<u64>(), prop::option::of(rejected_answer())).prop_map(
+            |(message, usage, stop_reason, duration_ms, cost_usd_micros, rejected)| EventKind::ModelResponse {
                 message,
                 usage,
                 stop_reason,
                 duration_ms,
                 cost_usd_micros,
+                rejected,
             }
         ),
         (text(), text(), json_value(), text(), text(), disposition()).prop_map(
@@ -592,6 +618,34 @@ fn a_pause_event_has_the_documented_shape() {
             "data": {"pull_point": {"kind": "awaiting_approval", "call_ids": ["call_2"]}},
         })
     );
+}
+
+#[test]
+fn a_rejected_answer_with_estimated_usage_has_the_documented_shape() {
+    let event = envelope(EventKind::ModelResponse {
+        message: Message::assistant("The answer is par"),
+        usage: Usage { input_tokens: 12, output_tokens: 5, estimated: true, ..Usage::default() },
+        stop_reason: "max_tokens".into(),
+        duration_ms: 9,
+        cost_usd_micros: 0,
+        rejected: Some(RejectedAnswer { class: StopClass::Truncated, action: StopAction::Reask, reask: Some("again".into()) }),
+    });
+    let v = serde_json::to_value(&event).unwrap();
+    assert_eq!(v["data"]["usage"], json!({"input_tokens": 12, "output_tokens": 5, "cache_write_tokens": 0, "cache_read_tokens": 0, "estimated": true}));
+    assert_eq!(v["data"]["rejected"], json!({"class": "truncated", "action": "reask", "reask": "again"}));
+    // An accepted answer with reported usage keeps the shape it always had.
+    let plain = envelope(EventKind::ModelResponse {
+        message: Message::assistant("4"),
+        usage: Usage::default(),
+        stop_reason: "end_turn".into(),
+        duration_ms: 9,
+        cost_usd_micros: 0,
+        rejected: None,
+    });
+    let v = serde_json::to_value(&plain).unwrap();
+    assert!(v["data"].get("rejected").is_none() && v["data"]["usage"].get("estimated").is_none(), "{v}");
+    let pause = PauseReason::ModelStop { stop_reason: "refusal".into() };
+    assert_eq!(serde_json::to_value(&pause).unwrap(), json!({"kind": "model_stop", "stop_reason": "refusal"}));
 }
 
 /// Pins the one value that does not round-trip, so a change in serde's

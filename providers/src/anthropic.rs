@@ -8,15 +8,41 @@
 //! last block of the conversation carries one so the next turn reads the
 //! whole history from the cache — three of the four breakpoints allowed.
 //!
-//! Stream: `message_start` (usage: input and cache tokens), per block
-//! `content_block_start` / `content_block_delta` (`text_delta`,
-//! `input_json_delta`, `thinking_delta`, `signature_delta`; a
-//! `redacted_thinking` block arrives whole in its start event) /
-//! `content_block_stop`, `message_delta` (stop reason, cumulative usage),
-//! `message_stop`; `ping` and unknown events are ignored; an `error` event
-//! after the 200 is classified like an HTTP error. Usage fields in a later
-//! event replace earlier ones (they are cumulative), so nothing is counted
-//! twice. A stream that ends before `message_stop` is [`CallError::StreamCut`].
+//! # Stream grammar
+//!
+//! `message_start`, then per content block `content_block_start` /
+//! `content_block_delta`… / `content_block_stop`, then `message_delta`
+//! (stop reason, cumulative usage) and `message_stop`. Every shape, and
+//! what glia does with it — what it cannot map exactly is
+//! [`CallError::Malformed`] (retried, then the run fails with the reason),
+//! never dropped, merged or overwritten content:
+//!
+//! | shape | glia |
+//! |---|---|
+//! | `message_start` | usage: input and cache tokens |
+//! | a second `message_start` | malformed |
+//! | `content_block_start` at a new `index` (`text`, `tool_use`, `thinking`, `redacted_thinking`) | a block at that position; a `redacted_thinking` block arrives whole |
+//! | … at an index already started | malformed (never overwritten) |
+//! | … without an index | malformed |
+//! | … of another type (`server_tool_use`, `document`, …) | malformed: glia cannot represent it, and dropping it would lose content |
+//! | … `tool_use` without a name | malformed; without an id, one is made up (`toolu_glia_…`) |
+//! | indexes out of order (1 before 0), or with gaps | blocks ordered by index |
+//! | `tool_use` input given whole in `content_block_start` (`"input": {…}`), no deltas | that input (some compatible servers do this) |
+//! | … `"input": {}` then `input_json_delta` pieces | the pieces, appended and parsed |
+//! | … a non-empty start input and deltas that parse to the same object | that object |
+//! | … a non-empty start input and different or unreadable deltas | malformed |
+//! | … deltas that do not parse (cut off by `max_tokens`, or not JSON) | kept raw as a JSON string; a `max_tokens` stop makes the loop reject the whole answer ([`glia_proto::stop`]) |
+//! | `text_delta` / `thinking_delta` / `signature_delta` / `input_json_delta` for a block of its kind | appended |
+//! | a delta of the wrong kind for its block, or of an unknown kind (`citations_delta`, …) | malformed |
+//! | a delta for an index that never started, or after its `content_block_stop` | malformed |
+//! | `content_block_stop` for a block never started, or twice | malformed; a block never stopped before `message_stop` is kept |
+//! | `message_delta` | stop reason (verbatim: `end_turn`, `max_tokens`, `stop_sequence`, `tool_use`, `pause_turn`, `refusal`, `model_context_window_exceeded`, …; see [`glia_proto::stop`]) and usage; later counts replace earlier ones (they are cumulative), so nothing is counted twice |
+//! | no stop reason by `message_stop` | malformed |
+//! | stop reason `tool_use` with no `tool_use` block, or two `tool_use` blocks with one id | malformed |
+//! | no usage in any event (compatible servers) | estimated and marked `estimated` ([`crate::estimate`]) |
+//! | `ping`, unknown event types | ignored (the API's versioning policy adds event types) |
+//! | `error` event after the 200 | classified like an HTTP error |
+//! | the stream ends before `message_stop` | [`CallError::StreamCut`] (retried) |
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -29,7 +55,7 @@ use serde_json::{Map, Value, json};
 
 use crate::config::ApiKey;
 use crate::error::{CallError, Failure};
-use crate::http::{ByteStream, LiveFn, Wire, cut, error_object, json_event, sse};
+use crate::http::{ByteStream, LiveFn, Wire, cut, error_object, json_event, malformed, sse};
 #[cfg(test)]
 use crate::http::usage;
 
@@ -200,59 +226,100 @@ impl Wire for Anthropic {
     }
 }
 
-/// Usage from a `usage` object. Fields absent or null are `None`, so a
-/// later event only replaces what it carries.
-fn read_usage(u: &Value, into: &mut Usage) {
+/// Usage from a `usage` object. Fields absent or null are left as they
+/// are, so a later event only replaces what it carries. Returns which of
+/// input (any of the three input counts) and output it carried.
+fn read_usage(u: &Value, into: &mut Usage) -> (bool, bool) {
     let field = |name: &str| u.get(name).and_then(Value::as_u64);
+    let mut input = false;
     if let Some(n) = field("input_tokens") {
         into.input_tokens = n;
+        input = true;
     }
-    if let Some(n) = field("output_tokens") {
-        into.output_tokens = n;
-    }
+    let output = field("output_tokens").inspect(|n| into.output_tokens = *n).is_some();
     if let Some(n) = field("cache_creation_input_tokens") {
         into.cache_write_tokens = n;
+        input = true;
     }
     if let Some(n) = field("cache_read_input_tokens") {
         into.cache_read_tokens = n;
+        input = true;
     }
+    (input, output)
 }
 
 /// Decode a non-streaming Messages answer (or an error body with status 200).
+///
+/// Errors: [`CallError::InvalidResponse`] for a body that is not a message,
+/// [`CallError::Malformed`] for a block type glia does not support, a
+/// `tool_use` block without a name, or a missing `stop_reason`.
 pub fn decode_message(body: &[u8]) -> Result<ModelResponse, CallError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| CallError::InvalidResponse { message: format!("answer is not JSON: {e}") })?;
     if v["type"] == "error" {
         return Err(stream_failure(body));
     }
     let mut blocks = Vec::new();
-    for b in v["content"].as_array().ok_or_else(|| CallError::InvalidResponse { message: "answer has no content array".into() })? {
-        match b["type"].as_str() {
-            Some("text") => blocks.push(ContentBlock::text(b["text"].as_str().unwrap_or_default())),
-            Some("tool_use") => blocks.push(ContentBlock::ToolUse {
-                id: b["id"].as_str().unwrap_or_default().to_owned(),
-                name: b["name"].as_str().unwrap_or_default().to_owned(),
-                input: b.get("input").cloned().unwrap_or_else(|| json!({})),
-            }),
-            Some("thinking") => blocks.push(ContentBlock::Thinking {
-                thinking: b["thinking"].as_str().unwrap_or_default().to_owned(),
-                signature: b["signature"].as_str().unwrap_or_default().to_owned(),
-            }),
-            Some("redacted_thinking") => blocks.push(ContentBlock::RedactedThinking { data: b["data"].as_str().unwrap_or_default().to_owned() }),
-            _ => {}
-        }
+    for (i, b) in v["content"].as_array().ok_or_else(|| CallError::InvalidResponse { message: "answer has no content array".into() })?.iter().enumerate() {
+        let kind = start_block(i as u64, b)?;
+        blocks.push(Block { kind, closed: true });
     }
     let mut u = Usage::default();
-    read_usage(&v["usage"], &mut u);
-    let stop_reason = v["stop_reason"].as_str().unwrap_or("end_turn").to_owned();
-    Ok(response(blocks, u, stop_reason))
+    let (input, output) = read_usage(&v["usage"], &mut u);
+    u.estimated = !(input && output);
+    let stop_reason = v["stop_reason"].as_str().ok_or_else(|| malformed("the answer has no stop_reason"))?.to_owned();
+    response(blocks, u, stop_reason)
 }
 
-fn response(mut content: Vec<ContentBlock>, usage: Usage, stop_reason: String) -> ModelResponse {
-    content.retain(|b| !matches!(b, ContentBlock::Text { text } if text.is_empty()));
-    if content.is_empty() {
-        content.push(ContentBlock::text("(no answer)"));
+/// The assistant message of the assembled blocks (in index order). Empty
+/// text blocks are left out; nothing else is.
+fn response(blocks: Vec<Block>, usage: Usage, stop_reason: String) -> Result<ModelResponse, CallError> {
+    let mut content = Vec::new();
+    for (index, block) in blocks.into_iter().enumerate() {
+        match block.kind {
+            Kind::Text(text) if text.is_empty() => {}
+            Kind::Text(text) => content.push(ContentBlock::Text { text }),
+            Kind::Thinking { thinking, signature } => content.push(ContentBlock::Thinking { thinking, signature }),
+            Kind::Redacted(data) => content.push(ContentBlock::RedactedThinking { data }),
+            Kind::Tool { id, name, start_input, json } => {
+                let input = tool_input(index, &name, start_input, &json)?;
+                let id = if id.is_empty() { format!("toolu_glia_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..)) } else { id };
+                content.push(ContentBlock::ToolUse { id, name, input });
+            }
+        }
     }
-    ModelResponse::new(Message { role: Role::Assistant, content }, usage, stop_reason)
+    let message = Message { role: Role::Assistant, content };
+    let mut ids: Vec<&str> = message.tool_uses().map(|(id, _, _)| id).collect();
+    ids.sort_unstable();
+    if let Some(pair) = ids.windows(2).find(|w| w[0] == w[1]) {
+        return Err(malformed(format!("two tool_use blocks share the id {:?}", pair[0])));
+    }
+    if stop_reason == "tool_use" && ids.is_empty() {
+        return Err(malformed("stop_reason tool_use but no tool_use block"));
+    }
+    Ok(ModelResponse::new(message, usage, stop_reason))
+}
+
+/// A tool's input: given whole at `content_block_start`, or by
+/// `input_json_delta` pieces — not both unless they agree. Pieces that do
+/// not parse (cut off by the output cap, or not JSON) are kept raw as a JSON
+/// string.
+fn tool_input(index: usize, name: &str, start_input: Value, json: &str) -> Result<Value, CallError> {
+    let given_at_start = start_input.as_object().is_some_and(|m| !m.is_empty());
+    if json.trim().is_empty() {
+        return match start_input {
+            Value::Null => Ok(json!({})),
+            v @ Value::Object(_) => Ok(v),
+            other => Err(malformed(format!("tool_use block {index} ({name}) starts with input {other}, not an object"))),
+        };
+    }
+    match serde_json::from_str::<Value>(json) {
+        Ok(v) if given_at_start && v != start_input => {
+            Err(malformed(format!("tool_use block {index} ({name}) has input {start_input} at its start and {v} from its deltas")))
+        }
+        Ok(v) => Ok(v),
+        Err(_) if given_at_start => Err(malformed(format!("tool_use block {index} ({name}) has input at its start and unreadable deltas"))),
+        Err(_) => Ok(Value::String(json.to_owned())),
+    }
 }
 
 /// An `error` event (or error body) classified like an HTTP failure.
@@ -262,14 +329,48 @@ fn stream_failure(data: &[u8]) -> CallError {
     f.classify()
 }
 
-/// One content block being assembled.
+/// The content of one block being assembled.
 #[derive(Debug)]
-enum Block {
+enum Kind {
     Text(String),
-    Tool { id: String, name: String, json: String },
+    Tool { id: String, name: String, start_input: Value, json: String },
     Thinking { thinking: String, signature: String },
     Redacted(String),
-    Ignored,
+}
+
+impl Kind {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Text(_) => "text",
+            Kind::Tool { .. } => "tool_use",
+            Kind::Thinking { .. } => "thinking",
+            Kind::Redacted(_) => "redacted_thinking",
+        }
+    }
+}
+
+/// One content block: its content and whether `content_block_stop` came.
+#[derive(Debug)]
+struct Block {
+    kind: Kind,
+    closed: bool,
+}
+
+/// A block as `content_block_start` (or a non-streamed answer) gives it.
+fn start_block(index: u64, b: &Value) -> Result<Kind, CallError> {
+    let text = |field: &str| b[field].as_str().unwrap_or_default().to_owned();
+    Ok(match b["type"].as_str() {
+        Some("text") => Kind::Text(text("text")),
+        Some("tool_use") => {
+            if text("name").is_empty() {
+                return Err(malformed(format!("tool_use block {index} has no name")));
+            }
+            Kind::Tool { id: text("id"), name: text("name"), start_input: b.get("input").cloned().unwrap_or(Value::Null), json: String::new() }
+        }
+        Some("thinking") => Kind::Thinking { thinking: text("thinking"), signature: text("signature") },
+        Some("redacted_thinking") => Kind::Redacted(text("data")),
+        other => return Err(malformed(format!("content block {index} has type {}, which glia does not support", other.unwrap_or("(none)")))),
+    })
 }
 
 /// The stream state: blocks by index, usage so far, stop reason.
@@ -277,6 +378,8 @@ enum Block {
 struct Assembly {
     blocks: BTreeMap<u64, Block>,
     usage: Usage,
+    /// Whether any event carried input / output counts.
+    usage_seen: (bool, bool),
     stop_reason: Option<String>,
     started: bool,
     stopped: bool,
@@ -292,83 +395,87 @@ impl Assembly {
         let index = v["index"].as_u64();
         match kind {
             "message_start" => {
+                if self.started {
+                    return Err(malformed("a second message_start"));
+                }
                 self.started = true;
-                read_usage(&v["message"]["usage"], &mut self.usage);
+                self.note_usage(&v["message"]["usage"]);
             }
             "content_block_start" => {
-                let b = &v["content_block"];
-                let block = match b["type"].as_str() {
-                    Some("text") => {
-                        let text = b["text"].as_str().unwrap_or_default().to_owned();
-                        if !text.is_empty() {
-                            live(LiveEvent::ModelDelta { channel: "text".into(), delta: text.clone() });
-                        }
-                        Block::Text(text)
-                    }
-                    Some("tool_use") => Block::Tool { id: b["id"].as_str().unwrap_or_default().to_owned(), name: b["name"].as_str().unwrap_or_default().to_owned(), json: String::new() },
-                    Some("thinking") => Block::Thinking {
-                        thinking: b["thinking"].as_str().unwrap_or_default().to_owned(),
-                        signature: b["signature"].as_str().unwrap_or_default().to_owned(),
-                    },
-                    Some("redacted_thinking") => Block::Redacted(b["data"].as_str().unwrap_or_default().to_owned()),
-                    _ => Block::Ignored,
-                };
-                self.blocks.insert(index.unwrap_or(self.blocks.len() as u64), block);
+                let index = index.ok_or_else(|| malformed("content_block_start without an index"))?;
+                if self.blocks.contains_key(&index) {
+                    return Err(malformed(format!("content block {index} started twice")));
+                }
+                let block = start_block(index, &v["content_block"])?;
+                if let Kind::Text(text) = &block
+                    && !text.is_empty()
+                {
+                    live(LiveEvent::ModelDelta { channel: "text".into(), delta: text.clone() });
+                }
+                self.blocks.insert(index, Block { kind: block, closed: false });
             }
             "content_block_delta" => {
                 let d = &v["delta"];
-                let piece = |field: &str| d[field].as_str().unwrap_or_default();
-                match (index.and_then(|i| self.blocks.get_mut(&i)), d["type"].as_str()) {
-                    (Some(Block::Text(text)), Some("text_delta")) => {
-                        text.push_str(piece("text"));
-                        live(LiveEvent::ModelDelta { channel: "text".into(), delta: piece("text").to_owned() });
-                    }
-                    (Some(Block::Tool { json, .. }), Some("input_json_delta")) => json.push_str(piece("partial_json")),
-                    (Some(Block::Thinking { thinking, .. }), Some("thinking_delta")) => {
-                        thinking.push_str(piece("thinking"));
-                        live(LiveEvent::ModelDelta { channel: "thinking".into(), delta: piece("thinking").to_owned() });
-                    }
-                    (Some(Block::Thinking { signature, .. }), Some("signature_delta")) => signature.push_str(piece("signature")),
-                    _ => tracing::debug!(data, "ignored content_block_delta"),
+                let delta_type = d["type"].as_str().unwrap_or("(none)");
+                let Some(block) = index.and_then(|i| self.blocks.get_mut(&i)) else {
+                    return Err(malformed(format!("a {delta_type} for content block {index:?}, which never started")));
+                };
+                if block.closed {
+                    return Err(malformed(format!("a {delta_type} for content block {index:?} after its content_block_stop")));
                 }
+                let piece = |field: &str| d[field].as_str().map(str::to_owned).ok_or_else(|| malformed(format!("a {delta_type} without {field}")));
+                match (&mut block.kind, delta_type) {
+                    (Kind::Text(text), "text_delta") => {
+                        let p = piece("text")?;
+                        text.push_str(&p);
+                        live(LiveEvent::ModelDelta { channel: "text".into(), delta: p });
+                    }
+                    (Kind::Tool { json, .. }, "input_json_delta") => json.push_str(&piece("partial_json")?),
+                    (Kind::Thinking { thinking, .. }, "thinking_delta") => {
+                        let p = piece("thinking")?;
+                        thinking.push_str(&p);
+                        live(LiveEvent::ModelDelta { channel: "thinking".into(), delta: p });
+                    }
+                    (Kind::Thinking { signature, .. }, "signature_delta") => signature.push_str(&piece("signature")?),
+                    (kind, _) => return Err(malformed(format!("a {delta_type} for {} block {index:?}", kind.name()))),
+                }
+            }
+            "content_block_stop" => {
+                let Some(block) = index.and_then(|i| self.blocks.get_mut(&i)) else {
+                    return Err(malformed(format!("content_block_stop for block {index:?}, which never started")));
+                };
+                if block.closed {
+                    return Err(malformed(format!("content block {index:?} stopped twice")));
+                }
+                block.closed = true;
             }
             "message_delta" => {
                 if let Some(reason) = v["delta"]["stop_reason"].as_str() {
                     self.stop_reason = Some(reason.to_owned());
                 }
-                read_usage(&v["usage"], &mut self.usage);
+                self.note_usage(&v["usage"]);
             }
             "message_stop" => self.stopped = true,
             "error" => return Err(stream_failure(data.as_bytes())),
-            _ => {}
+            // Anthropic's versioning policy: new event types may appear; they carry no content glia knows.
+            _ => tracing::debug!(event = kind, "ignored stream event"),
         }
         Ok(())
+    }
+
+    fn note_usage(&mut self, u: &Value) {
+        let (input, output) = read_usage(u, &mut self.usage);
+        self.usage_seen.0 |= input;
+        self.usage_seen.1 |= output;
     }
 
     fn finish(self) -> Result<ModelResponse, CallError> {
         if !self.stopped {
             return Err(cut(if self.started { "no message_stop event" } else { "no message_start event" }));
         }
-        let stop_reason = self.stop_reason.unwrap_or_else(|| "end_turn".into());
-        let mut content = Vec::new();
-        for block in self.blocks.into_values() {
-            match block {
-                Block::Text(text) => content.push(ContentBlock::Text { text }),
-                Block::Thinking { thinking, signature } => content.push(ContentBlock::Thinking { thinking, signature }),
-                Block::Redacted(data) => content.push(ContentBlock::RedactedThinking { data }),
-                Block::Tool { id, name, json } => {
-                    let parsed = if json.trim().is_empty() { Ok(json!({})) } else { serde_json::from_str::<Value>(&json) };
-                    match parsed {
-                        Ok(input) => content.push(ContentBlock::ToolUse { id, name, input }),
-                        // The output cap cut the tool input: the call is incomplete, drop it.
-                        Err(_) if stop_reason == "max_tokens" => tracing::warn!(tool = %name, "tool input cut off by max_tokens; call dropped"),
-                        Err(_) => content.push(ContentBlock::ToolUse { id, name, input: Value::String(json) }),
-                    }
-                }
-                Block::Ignored => {}
-            }
-        }
-        Ok(response(content, self.usage, stop_reason))
+        let stop_reason = self.stop_reason.ok_or_else(|| malformed("the stream ended without a stop_reason"))?;
+        let usage = Usage { estimated: !(self.usage_seen.0 && self.usage_seen.1), ..self.usage };
+        response(self.blocks.into_values().collect(), usage, stop_reason)
     }
 }
 

@@ -91,6 +91,20 @@ pub enum CallError {
         /// Where it stopped.
         message: String,
     },
+    /// The answer's stream breaks its own grammar in a way glia cannot map
+    /// exactly (see the grammar tables in [`crate::anthropic`] and
+    /// [`crate::openai`]): a delta for a block that never started, a block
+    /// started twice, a tool call renamed mid-stream, arguments that can be
+    /// read more than one way, an unsupported block type, a missing stop
+    /// reason. Retried like a transient failure (a new attempt usually
+    /// streams cleanly); when retries run out the run fails with this
+    /// reason ([`ProviderError::Malformed`]). Nothing is dropped, merged or
+    /// overwritten to make an answer fit.
+    #[error("malformed answer: {message}")]
+    Malformed {
+        /// What could not be mapped, and where.
+        message: String,
+    },
     /// The provider answered with something that is not its documented
     /// format (bad JSON, an event out of order). Not retried.
     #[error("invalid response from provider: {message}")]
@@ -112,7 +126,12 @@ impl CallError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            CallError::RateLimited { .. } | CallError::Overloaded { .. } | CallError::Server { .. } | CallError::Network { .. } | CallError::StreamCut { .. }
+            CallError::RateLimited { .. }
+                | CallError::Overloaded { .. }
+                | CallError::Server { .. }
+                | CallError::Network { .. }
+                | CallError::StreamCut { .. }
+                | CallError::Malformed { .. }
         )
     }
 
@@ -127,7 +146,8 @@ impl CallError {
 
     /// A short, stable label for metrics and retry events: `rate_limited`,
     /// `overloaded`, `server`, `network`, `stream_cut`, `invalid_request`,
-    /// `auth`, `spend_cap`, `invalid_response`, `wait_too_long`.
+    /// `auth`, `spend_cap`, `malformed_answer`, `invalid_response`,
+    /// `wait_too_long`.
     pub fn kind(&self) -> &'static str {
         match self {
             CallError::InvalidRequest { .. } => "invalid_request",
@@ -138,6 +158,7 @@ impl CallError {
             CallError::SpendCap { .. } => "spend_cap",
             CallError::Network { .. } => "network",
             CallError::StreamCut { .. } => "stream_cut",
+            CallError::Malformed { .. } => "malformed_answer",
             CallError::InvalidResponse { .. } => "invalid_response",
             CallError::WaitTooLong { .. } => "wait_too_long",
         }
@@ -151,7 +172,9 @@ fn millis(d: Duration) -> u64 {
 impl From<CallError> for ProviderError {
     /// Rate limits keep their wait (in ms; 1 s when the provider gave
     /// none); spending caps become [`ProviderError::SpendCap`]; a rejected
-    /// key [`ProviderError::Auth`] (both pause the run); other retryable
+    /// key [`ProviderError::Auth`] (both pause the run); a malformed answer
+    /// that survived its retries [`ProviderError::Malformed`] (the run
+    /// fails with the reason); other retryable
     /// failures [`ProviderError::Transient`] with the provider's wait hint;
     /// the rest [`ProviderError::InvalidRequest`] (the run fails with the
     /// message).
@@ -161,6 +184,7 @@ impl From<CallError> for ProviderError {
             CallError::WaitTooLong { wait } => ProviderError::RateLimited { retry_after_ms: millis(wait) },
             CallError::SpendCap { message } => ProviderError::SpendCap(message),
             CallError::Auth { status, message } => ProviderError::Auth(format!("HTTP {status}: {message}")),
+            CallError::Malformed { message } => ProviderError::Malformed(message),
             e if e.is_retryable() => ProviderError::Transient { retry_after_ms: e.retry_after().map(millis), message: e.to_string() },
             e => ProviderError::InvalidRequest(e.to_string()),
         }

@@ -44,7 +44,9 @@ pub trait Wire: Send + Sync + 'static {
     fn headers(&self, key: Option<&ApiKey>) -> Vec<(HeaderName, HeaderValue)>;
     /// The JSON body for `request`; `stream` asks for server-sent events.
     fn body(&self, request: &ModelRequest, stream: bool) -> Value;
-    /// Decode a complete (non-streaming) JSON answer.
+    /// Decode a complete (non-streaming) JSON answer. Usage the answer did
+    /// not carry is returned marked [`Usage::estimated`] with those counts
+    /// at zero; the engine estimates them ([`crate::estimate::fill_missing`]).
     fn decode_body(&self, body: &[u8]) -> Result<ModelResponse, CallError>;
     /// Decode a server-sent-event answer, calling `live` with each delta.
     fn decode_stream<'a>(&'a self, chunks: ByteStream<'a>, live: &'a LiveFn<'a>) -> BoxFuture<'a, Result<ModelResponse, CallError>>;
@@ -381,20 +383,24 @@ impl<W: Wire> HttpProvider<W> {
             return Err(failure(status, &headers, &body, key, self.clock.now_ms()).classify());
         }
         let is_sse = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
-        if self.stream && is_sse {
+        let mut answer = if self.stream && is_sse {
             let chunks = response.bytes_stream().map_err(network).boxed();
-            self.wire.decode_stream(chunks, live).await
+            self.wire.decode_stream(chunks, live).await?
         } else {
             let body = response.bytes().await.map_err(network)?;
-            self.wire.decode_body(&body)
-        }
+            self.wire.decode_body(&body)?
+        };
+        // Counts the provider did not report are estimated (marked so).
+        crate::estimate::fill_missing(&mut answer.usage, request, &answer.message);
+        Ok(answer)
     }
 }
 
 #[async_trait::async_trait]
 impl<W: Wire> Provider for HttpProvider<W> {
     /// [`HttpProvider::call`], with its error converted; a transient error
-    /// that survived retries says how many attempts were made.
+    /// or a malformed answer that survived retries says how many attempts
+    /// were made.
     async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
         let retries = Mutex::new(Vec::new());
         let result = self.call_recording(request, live, &retries).await;
@@ -406,7 +412,7 @@ impl<W: Wire> Provider for HttpProvider<W> {
             }
             Err(e) => {
                 let mut e = ProviderError::from(e);
-                if let ProviderError::Transient { message, .. } = &mut e
+                if let ProviderError::Transient { message, .. } | ProviderError::Malformed(message) = &mut e
                     && !retries.is_empty()
                 {
                     message.push_str(&format!(" (after {} attempts)", retries.len() + 1));
@@ -479,6 +485,11 @@ pub(crate) fn cut(what: &str) -> CallError {
     CallError::StreamCut { message: what.to_owned() }
 }
 
+/// A stream that breaks its grammar: [`CallError::Malformed`].
+pub(crate) fn malformed(what: impl Into<String>) -> CallError {
+    CallError::Malformed { message: what.into() }
+}
+
 /// Parse an SSE `data:` payload as JSON.
 pub(crate) fn json_event(data: &str) -> Result<Value, CallError> {
     serde_json::from_str(data).map_err(|e| CallError::InvalidResponse { message: format!("event data is not JSON ({e}): {}", data.chars().take(200).collect::<String>()) })
@@ -503,5 +514,5 @@ pub(crate) fn sse(chunks: ByteStream<'_>) -> BoxStream<'_, Result<eventsource_st
 
 /// Usage with every field at least zero; a helper for adapters.
 pub(crate) fn usage(input: u64, output: u64, cache_write: u64, cache_read: u64) -> Usage {
-    Usage { input_tokens: input, output_tokens: output, cache_write_tokens: cache_write, cache_read_tokens: cache_read }
+    Usage { input_tokens: input, output_tokens: output, cache_write_tokens: cache_write, cache_read_tokens: cache_read, estimated: false }
 }

@@ -10,6 +10,9 @@
 //!   `x-should-retry`, rate-limit permits, metrics;
 //! - [`ratelimit`]: fleet-wide token buckets and cooldowns in Redis;
 //! - [`pricing`]: the operator's price table, cost in USD micros;
+//! - [`estimate`]: token usage when a provider reports none (tiktoken-rs
+//!   for OpenAI models, a conservative bytes/3 otherwise), marked
+//!   `estimated`;
 //! - [`refusal`]: isolating and eliding the one message a provider refuses;
 //! - [`config`]: which provider, where, and the API key (from an environment
 //!   variable; never printed);
@@ -29,6 +32,7 @@ pub mod anthropic;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod estimate;
 pub mod http;
 pub mod metrics;
 pub mod openai;

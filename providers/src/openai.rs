@@ -9,22 +9,46 @@
 //! message with `content` and `tool_calls` (arguments as a JSON string).
 //! Thinking is never sent back. Streaming asks for
 //! `stream_options: {"include_usage": true}`, so the last chunk before
-//! `[DONE]` carries usage (with empty `choices`).
+//! `[DONE]` carries usage (with empty `choices`); an answer with no usage
+//! at all gets an estimate marked `estimated` ([`crate::estimate`]).
 //!
-//! Stream assembly: text from `delta.content`, reasoning from
-//! `delta.reasoning_content` / `delta.reasoning` (vLLM, DeepSeek,
-//! OpenRouter), refusals from `delta.refusal`, tool calls by `index`
-//! (several in parallel, interleaved). Server quirks handled: arguments in
-//! the same chunk as the id and name; a placeholder `{}` followed by the real
-//! object; arguments re-sent cumulatively; an empty-string id or name on
-//! continuation chunks; arguments as a JSON object instead of a string; a
-//! missing id (one is made up, unique). Arguments that do not assemble into a
-//! JSON object are kept as a JSON string, so the tool's argument check gives
-//! the model an error result — never `{}`. An `error` object inside the
-//! stream is classified like an HTTP error; a stream that ends without a
-//! finish reason is [`CallError::StreamCut`].
-
-use std::collections::BTreeMap;
+//! # Stream grammar
+//!
+//! A stream is `data:` chunks ending with `data: [DONE]`. Every shape a
+//! chunk may take, and what glia does with it — what it cannot map exactly
+//! is [`CallError::Malformed`] (retried, then the run fails with the
+//! reason), never dropped, merged or overwritten content:
+//!
+//! | shape | glia |
+//! |---|---|
+//! | `choices[i]` with `index` 0 (or none) | the answer |
+//! | `choices[i]` with another `index` | malformed: glia asks for one choice |
+//! | `delta.content` / `delta.reasoning_content` / `delta.reasoning` / `delta.refusal` | text / thinking / refusal text (stop reason `refusal`), appended |
+//! | `delta.tool_calls[k]` with a non-empty `id` new at its `index` | starts a call at that index |
+//! | … with a non-empty `id` different from the call open at its `index` | starts another call at the same index (Ollama sends parallel calls all at `index` 0): both kept, in order |
+//! | … with the `id` of the call open at its `index`, or an empty / no `id` | continues the call open at that index |
+//! | … with the `id` of a call at another index | malformed (one id, two calls) |
+//! | … with no `index` | continues the last call; a new `id` starts the next one |
+//! | … starting with a `function.name` and no `id` | starts a call; an id is made up (`call_…`, unique) |
+//! | … continuing with no call open at its `index` and no id or name | malformed (a delta for a call that never started) |
+//! | … repeating the call's `function.name`, or an empty name | nothing new |
+//! | … with a different `function.name` | malformed (never renamed) |
+//! | `function.arguments` as string pieces | appended |
+//! | … sent whole in the first chunk (same chunk as id and name) | taken whole |
+//! | … re-sent cumulatively (each piece repeats all before it) | the last piece |
+//! | … a placeholder empty object (`{}`) then the real arguments | the real arguments (only an empty object is a placeholder) |
+//! | … as a JSON object instead of a string | taken as that object's text |
+//! | … a JSON string holding an object (double-encoded) | the object |
+//! | … that more than one of the readings above turns into different objects | malformed (ambiguous) |
+//! | … that no reading turns into an object | kept raw as a JSON string: the tool's argument check gives the model an error result, never `{}` |
+//! | `delta.function_call` (legacy functions) | one call, like a tool call with no id |
+//! | indexes out of order (1 before 0), interleaved pieces | routed by index; calls ordered by index, then by start |
+//! | `finish_reason` | the stop reason: `stop` → `end_turn` (`tool_use` when calls arrived), `tool_calls` / `function_call` → `tool_use` (malformed if no call arrived), `length` → `max_tokens`, `content_filter` and any other as sent; see [`glia_proto::stop`] |
+//! | `finish_reason: "error"` (gateways such as OpenRouter) | a retryable provider error ([`CallError::Server`]), never an answer |
+//! | an `error` object (top level or in a chunk) | classified like an HTTP error |
+//! | `usage` on any chunk | the last one wins (cached prompt tokens are cache reads) |
+//! | `[DONE]` with no `finish_reason` (vLLM) | the answer ends normally: `end_turn` / `tool_use` |
+//! | end of stream with neither `finish_reason` nor `[DONE]` | [`CallError::StreamCut`] (retried) |
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -35,7 +59,7 @@ use serde_json::{Map, Value, json};
 
 use crate::config::ApiKey;
 use crate::error::CallError;
-use crate::http::{ByteStream, LiveFn, Wire, cut, error_object, json_event, sse, usage};
+use crate::http::{ByteStream, LiveFn, Wire, cut, error_object, json_event, malformed, sse, usage};
 
 /// Which body field carries the output cap.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -181,16 +205,26 @@ fn read_usage(u: &Value) -> Option<Usage> {
     Some(usage(prompt - cached, output, 0, cached))
 }
 
-fn stop_reason(finish: Option<&str>, has_calls: bool, refused: bool) -> String {
-    match finish {
+/// The usage to report: the provider's, or one marked `estimated` (all
+/// counts zero, filled by [`crate::estimate::fill_missing`]).
+fn reported_or_estimated(u: Option<Usage>) -> Usage {
+    u.unwrap_or(Usage { estimated: true, ..Usage::default() })
+}
+
+/// The normalised stop reason (see the grammar table and
+/// [`glia_proto::stop`]).
+fn stop_reason(finish: Option<&str>, has_calls: bool, refused: bool) -> Result<String, CallError> {
+    Ok(match finish {
         _ if refused => "refusal".into(),
+        Some("tool_calls" | "function_call") if !has_calls => {
+            return Err(malformed(format!("finish_reason {:?} but no tool call arrived", finish.unwrap_or_default())));
+        }
         Some("tool_calls" | "function_call") => "tool_use".into(),
         Some("stop") | None if has_calls => "tool_use".into(),
         Some("stop") | None => "end_turn".into(),
         Some("length") => "max_tokens".into(),
-        Some("content_filter") => "refusal".into(),
         Some(other) => other.to_owned(),
-    }
+    })
 }
 
 /// An error object inside a 200 answer, if `v` is one.
@@ -203,28 +237,66 @@ fn embedded_error(v: &Value, raw: &[u8]) -> Option<CallError> {
     })
 }
 
-/// One tool call being assembled.
-#[derive(Debug, Default)]
-struct CallBuf {
-    id: String,
-    name: String,
-    args: String,
+/// A finish reason that is a failure, not a stop: OpenRouter and other
+/// gateways end a 200 stream with `finish_reason: "error"` when the
+/// upstream failed mid-answer.
+fn error_finish(reason: &str) -> CallError {
+    CallError::Server { status: 200, retry_after: None, message: format!("the provider ended the answer with finish_reason {reason:?}") }
 }
 
-/// Add an `arguments` fragment to `buf`, recognising the quirks: a
-/// fragment that repeats everything so far (cumulative re-send) replaces
-/// it, and so does an object arriving after a complete one (placeholder
-/// `{}` first).
-fn push_args(buf: &mut String, fragment: &str) {
-    if fragment.is_empty() {
-        return;
+/// One tool call being assembled: where it sits (`index`), who it is (`id`,
+/// `name`) and its `arguments` pieces as they arrived.
+#[derive(Debug, Default, Clone)]
+struct CallBuf {
+    index: u64,
+    id: String,
+    name: String,
+    pieces: Vec<String>,
+}
+
+/// The index given to a legacy `delta.function_call` (never a real index).
+const FUNCTION_CALL_INDEX: u64 = u64::MAX;
+
+/// A JSON object read from `text`: the object itself, or a JSON string
+/// holding one (double-encoded).
+fn as_object(text: &str) -> Option<Value> {
+    match serde_json::from_str::<Value>(text.trim()).ok()? {
+        v @ Value::Object(_) => Some(v),
+        Value::String(inner) => serde_json::from_str::<Value>(&inner).ok().filter(Value::is_object),
+        _ => None,
     }
-    let replaces = (!buf.is_empty() && fragment.starts_with(buf.as_str()))
-        || (fragment.trim_start().starts_with('{') && serde_json::from_str::<Value>(buf).is_ok_and(|v| v.is_object()));
-    if replaces {
-        buf.clear();
+}
+
+/// The arguments of a call from its pieces, per the grammar: appended, sent
+/// whole, cumulative, or after a placeholder object. `Ok(Ok(object))` when
+/// every reading that gives an object gives the same one; `Ok(Err(raw))`
+/// (the pieces appended) when none does; [`CallError::Malformed`] when two
+/// readings give different objects.
+fn assemble_args(call: &CallBuf) -> Result<Result<Value, String>, CallError> {
+    let pieces: Vec<&str> = call.pieces.iter().map(String::as_str).filter(|p| !p.is_empty()).collect();
+    let appended: String = pieces.concat();
+    if pieces.iter().all(|p| p.trim().is_empty()) {
+        return Ok(Ok(json!({})));
     }
-    buf.push_str(fragment);
+    let readings = |ps: &[&str]| -> Vec<Value> {
+        let mut out: Vec<Value> = as_object(&ps.concat()).into_iter().collect();
+        let cumulative = ps.len() > 1 && ps.windows(2).all(|w| w[1].starts_with(w[0]));
+        if cumulative && let Some(v) = ps.last().and_then(|last| as_object(last)) {
+            out.push(v);
+        }
+        out
+    };
+    let mut found = readings(&pieces);
+    if pieces.len() > 1 && as_object(pieces[0]).is_some_and(|v| v.as_object().is_some_and(serde_json::Map::is_empty)) {
+        found.extend(readings(&pieces[1..]));
+    }
+    found.sort_by_key(Value::to_string);
+    found.dedup();
+    match found.len() {
+        0 => Ok(Err(appended)),
+        1 => Ok(Ok(found.remove(0))),
+        n => Err(malformed(format!("the arguments of tool call {:?} ({}) read {n} different ways: {:?}", call.id, call.name, pieces))),
+    }
 }
 
 /// A made-up call id for servers that send none; unique within a run.
@@ -232,30 +304,13 @@ fn fresh_id() -> String {
     format!("call_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..))
 }
 
-/// Parse assembled arguments. Empty means no arguments; a JSON string
-/// holding an object (double-encoded) is unwrapped; anything else that is
-/// not an object is kept raw, as a JSON string.
-fn parse_args(raw: &str) -> Result<Value, String> {
-    let raw_trimmed = raw.trim();
-    if raw_trimmed.is_empty() {
-        return Ok(json!({}));
-    }
-    match serde_json::from_str::<Value>(raw_trimmed) {
-        Ok(v @ Value::Object(_)) => Ok(v),
-        Ok(Value::String(inner)) => match serde_json::from_str::<Value>(&inner) {
-            Ok(v @ Value::Object(_)) => Ok(v),
-            _ => Err(raw.to_owned()),
-        },
-        _ => Err(raw.to_owned()),
-    }
-}
-
 /// The stream state.
 #[derive(Debug, Default)]
 struct Assembly {
     text: String,
     thinking: String,
-    calls: BTreeMap<u64, CallBuf>,
+    /// Calls in the order they started.
+    calls: Vec<CallBuf>,
     finish: Option<String>,
     refused: bool,
     usage: Option<Usage>,
@@ -263,34 +318,60 @@ struct Assembly {
 }
 
 impl Assembly {
-    fn tool_delta(&mut self, tc: &Value) {
+    /// One `delta.tool_calls[k]` entry (or a legacy `function_call`).
+    fn tool_delta(&mut self, tc: &Value) -> Result<(), CallError> {
         let id = tc["id"].as_str().filter(|s| !s.is_empty());
-        let index = tc["index"].as_u64().unwrap_or_else(|| {
-            // No index: a new id starts a call, anything else continues the last.
-            let last = self.calls.keys().next_back().copied();
-            match (id, last) {
-                (Some(id), Some(i)) if self.calls[&i].id != id => i + 1,
-                (_, Some(i)) => i,
+        let f = &tc["function"];
+        let name = f["name"].as_str().filter(|s| !s.is_empty());
+        let index = match tc["index"].as_u64() {
+            Some(i) => i,
+            // No index: a new id starts the next call, anything else continues the last.
+            None => match (id, self.calls.last()) {
+                (Some(id), Some(last)) if !last.id.is_empty() && last.id != id => last.index + 1,
+                (_, Some(last)) => last.index,
                 (_, None) => 0,
+            },
+        };
+        if let Some(id) = id
+            && let Some(other) = self.calls.iter().find(|c| c.id == id && c.index != index)
+        {
+            return Err(malformed(format!("tool call id {id:?} given at index {index} and at index {}", other.index)));
+        }
+        let open = self.calls.iter().rposition(|c| c.index == index);
+        let continues = match (open, id) {
+            (Some(k), Some(id)) => self.calls[k].id.is_empty() || self.calls[k].id == id,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let k = match open {
+            Some(k) if continues => k,
+            _ => {
+                if id.is_none() && name.is_none() {
+                    return Err(malformed(format!("a tool call delta for index {index}, where no call started (no id, no name)")));
+                }
+                self.calls.push(CallBuf { index, ..CallBuf::default() });
+                self.calls.len() - 1
             }
-        });
-        let call = self.calls.entry(index).or_default();
+        };
+        let call = &mut self.calls[k];
         if let Some(id) = id
             && call.id.is_empty()
         {
             call.id = id.to_owned();
         }
-        let f = &tc["function"];
-        if let Some(name) = f["name"].as_str().filter(|s| !s.is_empty())
-            && call.name.is_empty()
-        {
-            call.name = name.to_owned();
+        match name {
+            Some(name) if call.name.is_empty() => call.name = name.to_owned(),
+            Some(name) if call.name != name => {
+                return Err(malformed(format!("tool call {:?} at index {index} renamed from {:?} to {name:?}", call.id, call.name)));
+            }
+            _ => {}
         }
         match &f["arguments"] {
-            Value::String(s) => push_args(&mut call.args, s),
+            Value::String(s) => call.pieces.push(s.clone()),
             Value::Null => {}
-            object => call.args = object.to_string(),
+            whole => call.pieces.push(whole.to_string()),
         }
+        Ok(())
     }
 
     fn handle(&mut self, data: &str, live: &LiveFn<'_>) -> Result<(), CallError> {
@@ -305,7 +386,11 @@ impl Assembly {
         if let Some(u) = v.get("usage").and_then(read_usage) {
             self.usage = Some(u);
         }
-        for choice in v["choices"].as_array().into_iter().flatten().filter(|c| c["index"].as_u64().unwrap_or(0) == 0) {
+        for choice in v["choices"].as_array().into_iter().flatten() {
+            let n = choice["index"].as_u64().unwrap_or(0);
+            if n != 0 {
+                return Err(malformed(format!("a chunk for choice {n}; glia asks for one choice")));
+            }
             let d = &choice["delta"];
             if let Some(t) = d["content"].as_str().filter(|t| !t.is_empty()) {
                 self.text.push_str(t);
@@ -321,10 +406,15 @@ impl Assembly {
                 live(LiveEvent::ModelDelta { channel: "text".into(), delta: t.to_owned() });
             }
             for tc in d["tool_calls"].as_array().into_iter().flatten() {
-                self.tool_delta(tc);
+                self.tool_delta(tc)?;
             }
-            if let Some(reason) = choice["finish_reason"].as_str() {
-                self.finish = Some(reason.to_owned());
+            if d["function_call"].is_object() {
+                self.tool_delta(&json!({ "index": FUNCTION_CALL_INDEX, "function": d["function_call"] }))?;
+            }
+            match choice["finish_reason"].as_str() {
+                Some(reason @ "error") => return Err(error_finish(reason)),
+                Some(reason) => self.finish = Some(reason.to_owned()),
+                None => {}
             }
         }
         Ok(())
@@ -334,14 +424,14 @@ impl Assembly {
         if !self.done && self.finish.is_none() {
             return Err(cut("no finish_reason and no [DONE]"));
         }
-        let calls = self.calls.into_values().map(|c| (c.id, c.name, c.args)).collect();
-        build(self.text, self.thinking, calls, self.finish.as_deref(), self.refused, self.usage.unwrap_or_default())
+        build(self.text, self.thinking, self.calls, self.finish.as_deref(), self.refused, reported_or_estimated(self.usage))
     }
 }
 
-/// Assemble the assistant message from its parts.
-fn build(text: String, thinking: String, calls: Vec<(String, String, String)>, finish: Option<&str>, refused: bool, usage: Usage) -> Result<ModelResponse, CallError> {
-    let stop = stop_reason(finish, !calls.is_empty(), refused);
+/// Assemble the assistant message from its parts. Calls are ordered by
+/// index, then by start; none is dropped.
+fn build(text: String, thinking: String, mut calls: Vec<CallBuf>, finish: Option<&str>, refused: bool, usage: Usage) -> Result<ModelResponse, CallError> {
+    let stop = stop_reason(finish, !calls.is_empty(), refused)?;
     let mut content = Vec::new();
     if !thinking.is_empty() {
         content.push(ContentBlock::Thinking { thinking, signature: String::new() });
@@ -349,23 +439,20 @@ fn build(text: String, thinking: String, calls: Vec<(String, String, String)>, f
     if !text.is_empty() {
         content.push(ContentBlock::Text { text });
     }
-    for (id, name, args) in calls {
-        if name.is_empty() {
-            return Err(CallError::InvalidResponse { message: format!("tool call {id:?} has no function name") });
+    calls.sort_by_key(|c| c.index);
+    for call in calls {
+        if call.name.is_empty() {
+            return Err(malformed(format!("tool call {:?} at index {} has no function name", call.id, call.index)));
         }
-        let id = if id.is_empty() { fresh_id() } else { id };
-        match parse_args(&args) {
-            Ok(input) => content.push(ContentBlock::ToolUse { id, name, input }),
-            Err(_) if stop == "max_tokens" => tracing::warn!(tool = %name, "tool arguments cut off by the output cap; call dropped"),
+        let input = match assemble_args(&call)? {
+            Ok(object) => object,
             Err(raw) => {
-                tracing::warn!(tool = %name, "tool arguments are not a JSON object; the call gets an error result");
-                content.push(ContentBlock::ToolUse { id, name, input: Value::String(raw) });
+                tracing::warn!(tool = %call.name, stop = %stop, "tool arguments are not a JSON object; kept raw");
+                Value::String(raw)
             }
-        }
-    }
-    let stop = if stop == "tool_use" && !content.iter().any(|b| matches!(b, ContentBlock::ToolUse { .. })) { "max_tokens".into() } else { stop };
-    if !content.iter().any(|b| !matches!(b, ContentBlock::Thinking { .. })) {
-        content.push(ContentBlock::text("(no answer)"));
+        };
+        let id = if call.id.is_empty() { fresh_id() } else { call.id };
+        content.push(ContentBlock::ToolUse { id, name: call.name, input });
     }
     Ok(ModelResponse::new(Message { role: Role::Assistant, content }, usage, stop))
 }
@@ -377,24 +464,39 @@ pub fn decode_completion(body: &[u8]) -> Result<ModelResponse, CallError> {
         return Err(e);
     }
     let choice = v["choices"].get(0).ok_or_else(|| CallError::InvalidResponse { message: "answer has no choices".into() })?;
+    if v["choices"].as_array().is_some_and(|c| c.len() > 1) {
+        return Err(malformed("an answer with several choices; glia asks for one"));
+    }
+    let finish = choice["finish_reason"].as_str();
+    if let Some(reason @ "error") = finish {
+        return Err(error_finish(reason));
+    }
     let m = &choice["message"];
     let refusal = m["refusal"].as_str().filter(|r| !r.is_empty());
     let text = m["content"].as_str().or(refusal).unwrap_or_default().to_owned();
     let thinking = m["reasoning_content"].as_str().or_else(|| m["reasoning"].as_str()).unwrap_or_default().to_owned();
+    let legacy = m["function_call"].is_object().then(|| json!({ "index": FUNCTION_CALL_INDEX, "function": m["function_call"] }));
     let calls = m["tool_calls"]
         .as_array()
         .into_iter()
         .flatten()
-        .map(|c| {
+        .chain(legacy.as_ref())
+        .enumerate()
+        .map(|(k, c)| {
             let args = match &c["function"]["arguments"] {
                 Value::String(s) => s.clone(),
                 Value::Null => String::new(),
                 other => other.to_string(),
             };
-            (c["id"].as_str().unwrap_or_default().to_owned(), c["function"]["name"].as_str().unwrap_or_default().to_owned(), args)
+            CallBuf {
+                index: c["index"].as_u64().unwrap_or(k as u64),
+                id: c["id"].as_str().unwrap_or_default().to_owned(),
+                name: c["function"]["name"].as_str().unwrap_or_default().to_owned(),
+                pieces: vec![args],
+            }
         })
         .collect();
-    build(text, thinking, calls, choice["finish_reason"].as_str(), refusal.is_some(), v.get("usage").and_then(read_usage).unwrap_or_default())
+    build(text, thinking, calls, finish, refusal.is_some(), reported_or_estimated(v.get("usage").and_then(read_usage)))
 }
 
 /// Decode a Chat Completions event stream, calling `live` with text and
@@ -415,26 +517,23 @@ pub async fn decode_stream(chunks: ByteStream<'_>, live: &LiveFn<'_>) -> Result<
 mod tests {
     use super::*;
 
+    fn args(pieces: &[&str]) -> Result<Result<Value, String>, CallError> {
+        assemble_args(&CallBuf { index: 0, id: "c".into(), name: "f".into(), pieces: pieces.iter().map(|p| (*p).to_owned()).collect() })
+    }
+
     #[test]
-    fn argument_quirks() {
-        let mut b = String::new();
-        for f in ["{\"a\"", ":1}"] {
-            push_args(&mut b, f);
-        }
-        assert_eq!(b, "{\"a\":1}");
-        let mut b = String::new();
-        for f in ["{}", "{\"a\":1}"] {
-            push_args(&mut b, f);
-        }
-        assert_eq!(b, "{\"a\":1}");
-        let mut b = String::new();
-        for f in ["{\"a", "{\"a\":", "{\"a\":1}"] {
-            push_args(&mut b, f);
-        }
-        assert_eq!(b, "{\"a\":1}");
-        assert_eq!(parse_args(""), Ok(json!({})));
-        assert_eq!(parse_args("\"{\\\"a\\\":1}\""), Ok(json!({"a": 1})));
-        assert_eq!(parse_args("{\"a\":"), Err("{\"a\":".into()));
+    fn argument_readings() {
+        assert_eq!(args(&["{\"a\"", ":1}"]).unwrap(), Ok(json!({"a": 1})), "appended");
+        assert_eq!(args(&["{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "whole");
+        assert_eq!(args(&["{}", "{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "placeholder");
+        assert_eq!(args(&["{\"a", "{\"a\":", "{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "cumulative");
+        assert_eq!(args(&["{}", "{\"a", "{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "placeholder then cumulative");
+        assert_eq!(args(&["{\"a\":1}", "{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "whole, re-sent");
+        assert_eq!(args(&[""]).unwrap(), Ok(json!({})), "no arguments");
+        assert_eq!(args(&["\"{\\\"a\\\":1}\""]).unwrap(), Ok(json!({"a": 1})), "double-encoded");
+        assert_eq!(args(&["{\"a\":"]).unwrap(), Err("{\"a\":".into()), "cut: kept raw");
+        // Only an empty object is a placeholder: real arguments are never overwritten.
+        assert_eq!(args(&["{\"a\":1}", "{\"b\":2}"]).unwrap(), Err("{\"a\":1}{\"b\":2}".into()));
     }
 
     #[test]

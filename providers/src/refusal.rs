@@ -51,7 +51,7 @@ pub trait ElisionObserver: Send + Sync {
 }
 
 fn refused(r: &ModelResponse) -> bool {
-    r.stop_reason == "refusal"
+    matches!(r.stop_reason.as_str(), "refusal" | "content_filter")
 }
 
 /// A provider wrapper that isolates and elides refused messages.

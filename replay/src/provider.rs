@@ -66,6 +66,7 @@ impl Provider for ReplayProvider {
         let usage = Usage {
             input_tokens: estimate_tokens(request_chars),
             output_tokens: estimate_tokens(answer.content.iter().map(block_chars).sum()),
+            estimated: true,
             ..Usage::default()
         };
         Ok(ModelResponse::new(answer.clone(), usage, if calls > 0 { "tool_use" } else { "end_turn" }))

@@ -114,6 +114,7 @@ fn build(entries: Vec<Entry>, tools: Vec<RawTool>) -> Result<Recording, Recordin
             ToolSpec {
                 idempotent: !CONSEQUENTIAL.contains(&name.as_str()),
                 return_direct: TERMINATE.contains(&name.as_str()),
+                cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
                 description: t.function.description,
                 input_schema: t.function.parameters,
                 timeout_ms: 30_000,

@@ -14,7 +14,10 @@
 //! - `executing`: start the step (`before_step` hooks, tool list frozen);
 //!   check the budget and the turn's model-call cap; compact if the compactor
 //!   says so; reserve the call with the budget gate (tenant caps, see
-//!   [`crate::budget_gate`]); call the model and settle; or, once the model
+//!   [`crate::budget_gate`]); call the model and settle; judge why it
+//!   stopped (an answer that is not a finished turn — cut off, empty,
+//!   refused, filtered, an unknown reason — is rejected and re-asked, paused
+//!   or failed per the run's stop policy, [`glia_proto::stop`]); or, once the model
 //!   answered without tools, check the answer (structured output, output
 //!   guardrails) and end the step;
 //! - `awaiting_tool`: settle calls a crash interrupted; decide each new call
@@ -28,12 +31,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use glia_proto::marker::Insert;
 use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
     ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall, LiveEvent,
-    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Resume, Role, RunConfig, RunState, Status,
-    ToolCallRecord, ToolErrorKind, ToolSpec, TransitionError, args_hash, canonical_json,
+    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, RejectedAnswer, Resume, Role, RunConfig, RunState, Status,
+    StopAction, StopClass, ToolCallRecord, ToolErrorKind, ToolSpec, TransitionError, args_hash, canonical_json,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -65,6 +70,14 @@ pub trait EventSink: Send + Sync {
     }
     /// Push a live-only event (a model delta). Default: drop it.
     fn live(&self, _event: &LiveEvent) {}
+    /// Resolves once the run has been cancelled from outside (the fleet's
+    /// ledger flag). The loop then aborts a model call in flight at once,
+    /// lets running tool calls finish within their grace period
+    /// ([`ToolSpec::cancel_grace_ms`]), records what they returned, and stops
+    /// with [`AgentError::Cancelled`]. Default: never.
+    fn cancelled(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::pending())
+    }
 }
 
 /// A sink that could not persist an event.
@@ -133,6 +146,12 @@ pub enum AgentError {
     /// runnable, retry later.
     #[error(transparent)]
     Budget(#[from] GateError),
+    /// The run was cancelled while it advanced ([`EventSink::cancelled`]):
+    /// everything recorded is committed (tool calls that finished within
+    /// their grace period with their results, the others as
+    /// `outcome_unknown`); the caller applies the cancel.
+    #[error("the run was cancelled")]
+    Cancelled,
 }
 
 /// The loop and everything it calls: provider, tools, hooks, guardrails,
@@ -183,6 +202,16 @@ impl Run<'_> {
     async fn commit(&mut self) -> Result<(), AgentError> {
         self.sink.commit(self.state).await?;
         Ok(())
+    }
+
+    /// `work`, unless the run is cancelled first ([`EventSink::cancelled`]):
+    /// then `work` is dropped (a model stream is aborted at once) and the
+    /// answer is [`AgentError::Cancelled`].
+    async fn unless_cancelled<T>(&self, work: impl Future<Output = T>) -> Result<T, AgentError> {
+        tokio::select! {
+            done = work => Ok(done),
+            () = self.sink.cancelled() => Err(AgentError::Cancelled),
+        }
     }
 
     fn elapsed_ms(&self, since: DateTime<Utc>) -> u64 {
@@ -458,7 +487,7 @@ impl Agent {
         let draft = match fired.verdict {
             Verdict::Cancel(reason) => return run.record(EventKind::SessionCancel { reason }).await,
             Verdict::Skip => SinglePlanner.draft(run.state, &*self.provider).await,
-            _ => self.planner(run.state).draft(run.state, &*self.provider).await,
+            _ => run.unless_cancelled(self.planner(run.state).draft(run.state, &*self.provider)).await?,
         };
         match draft {
             Ok(draft) => self.commit_plan(run, draft).await,
@@ -532,6 +561,7 @@ impl Agent {
                 timeout_ms: 0,
                 external: false,
                 return_direct: false,
+                cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
             });
         }
         tools
@@ -548,7 +578,7 @@ impl Agent {
         if let Some(compactor) = &self.compactor
             && compactor.should_compact(&run.state.messages)
         {
-            match compactor.compact(&run.state.messages, &*self.provider, &config.model).await {
+            match run.unless_cancelled(compactor.compact(&run.state.messages, &*self.provider, &config.model)).await? {
                 Ok(c) => {
                     let cost_usd_micros = self.cost(run.state, &c.usage);
                     let strategy = compactor.name().to_owned();
@@ -573,7 +603,9 @@ impl Agent {
         let started = run.clock.now();
         let sink: &dyn EventSink = &*run.sink;
         let live = |delta: LiveEvent| sink.live(&delta);
-        let response = self.provider.generate(&request, &live).await;
+        // A cancel aborts the stream at once; `model.call` is durable, the
+        // reservation stands for what the aborted call may have cost.
+        let response = run.unless_cancelled(self.provider.generate(&request, &live)).await?;
         let duration_ms = run.elapsed_ms(started);
         match response {
             Ok(r) => {
@@ -592,11 +624,23 @@ impl Agent {
                         run.record(EventKind::MessageElided { index, reason: "the model provider refused to process it".into() }).await?;
                     }
                 }
+                // Why the model stopped decides whether this is an answer:
+                // anything but a finished turn or a tool call is rejected
+                // (kept in the event, not in the conversation) and the run's
+                // stop policy re-asks, pauses or fails it.
+                let rejected = judge_stop(run.state, &r.stop_reason, &r.message);
+                let action = rejected.as_ref().map(|j| (j.action, j.class));
                 let cost_usd_micros = self.cost(run.state, &r.usage);
                 let spent = Spend::of(&r.usage, cost_usd_micros);
-                run.record(EventKind::ModelResponse { message: r.message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros }).await?;
+                let stop_reason = r.stop_reason.clone();
+                run.record(EventKind::ModelResponse { message: r.message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros, rejected })
+                    .await?;
                 self.settle(run, &request_id, spent).await;
-                Ok(())
+                match action {
+                    None | Some((StopAction::Reask, _)) => Ok(()),
+                    Some((StopAction::Pause, _)) => self.pause(run, PauseReason::ModelStop { stop_reason }).await,
+                    Some((StopAction::Fail, class)) => self.fail(run, format!("{} (stop reason {stop_reason:?})", class.describe())).await,
+                }
             }
             Err(e) => {
                 self.settle(run, &request_id, Spend::ZERO).await;
@@ -750,6 +794,12 @@ impl Agent {
         let input = fired.payload.get("input").cloned().unwrap_or(call.input.clone());
         let spec = run.state.step_tools.iter().find(|t| t.name == call.name).cloned();
         let refusal = |error, message: String| Disposition::Refused { error, message };
+        // Every tool's arguments, external ones included, are checked against
+        // its schema before anyone acts on them: malformed JSON or a schema
+        // violation is an error result the model sees and can correct, never
+        // a payload for a client or an approver. (The output tool is checked
+        // as structured output below.)
+        let invalid = spec.as_ref().filter(|t| t.name != OUTPUT_TOOL).and_then(|t| invalid_arguments(t, &input));
         let disposition = match (&fired.verdict, &spec) {
             (Verdict::Cancel(reason), _) => refusal(ToolErrorKind::Cancelled, format!("A hook cancelled this call: {reason}")),
             (Verdict::Skip, _) => refusal(ToolErrorKind::Cancelled, "A hook skipped this call.".into()),
@@ -771,6 +821,7 @@ impl Agent {
                     refusal(ToolErrorKind::InvalidArguments, text)
                 }
             },
+            (_, Some(_)) if invalid.is_some() => refusal(ToolErrorKind::InvalidArguments, invalid.clone().unwrap_or_default()),
             (_, Some(spec)) => match CompiledPolicies::new(&run.state.config.policies).map(|p| p.decide(&call.name, &input)) {
                 Err(e) => refusal(ToolErrorKind::Denied, format!("Denied: {e}")),
                 Ok(PolicyAction::Deny { reason }) => refusal(ToolErrorKind::Denied, format!("Denied by policy: {reason}")),
@@ -823,19 +874,39 @@ impl Agent {
         let run_id = run.state.run_id;
         let clock = run.clock;
         let keys: Vec<String> = ready.iter().map(|(call_id, ..)| idempotency_key(run.state, call_id)).collect();
+        // Each call's grace period after a cancel, from the step's frozen tool list.
+        let grace = |name: &str| {
+            let ms = run.state.step_tools.iter().find(|t| t.name == name).map_or(glia_proto::DEFAULT_CANCEL_GRACE_MS, |t| t.cancel_grace_ms);
+            std::time::Duration::from_millis(ms)
+        };
+        // A cancel while the calls run does not stop them: each may finish
+        // within its grace period and its result is recorded; a call still
+        // running then is abandoned (its task aborted) as `outcome_unknown`.
+        let cancel = run.sink.cancelled().shared();
         let outcomes = futures::future::join_all(ready.iter().zip(keys).map(|((call_id, name, input, _), idempotency_key)| {
             let ctx = ToolContext { run_id, call_id: call_id.clone(), idempotency_key };
+            let (cancel, grace) = (cancel.clone(), grace(name));
             async move {
                 let started = clock.now();
-                let result = if name == OUTPUT_TOOL {
-                    Ok("Output accepted.".to_owned())
-                } else {
-                    self.tools.execute(name, input.clone(), ctx).await
+                let work = async {
+                    if name == OUTPUT_TOOL { Ok("Output accepted.".to_owned()) } else { self.tools.execute(name, input.clone(), ctx).await }
+                };
+                let result = tokio::select! {
+                    result = work => result,
+                    () = async { cancel.await; tokio::time::sleep(grace).await } => Err(ToolFailure {
+                        kind: ToolErrorKind::OutcomeUnknown,
+                        message: Insert::OutcomeUnknown.wrap(&format!(
+                            "The run was cancelled while this call was running, and it did not finish within its grace period of {} ms; whether it took effect is unknown.",
+                            grace.as_millis()
+                        )),
+                    }),
                 };
                 (result, u64::try_from((clock.now() - started).num_milliseconds()).unwrap_or(0))
             }
         }))
         .await;
+        let cancelled = cancel.peek().is_some();
+        drop(cancel);
         for ((call_id, name, _, reminder), (result, duration_ms)) in ready.into_iter().zip(outcomes) {
             let (content, is_error) = match &result {
                 Ok(text) => (text.clone(), false),
@@ -849,6 +920,10 @@ impl Agent {
             };
             run.record(kind).await?;
         }
+        if cancelled {
+            run.commit().await?;
+            return Err(AgentError::Cancelled);
+        }
         Ok(())
     }
 
@@ -860,7 +935,7 @@ impl Agent {
             self.observe(HookTopic::OnPause, json!({ "pull_point": PullPoint::AwaitingInput }));
             return Ok(());
         }
-        match self.planner(run.state).reflect(run.state, &*self.provider).await {
+        match run.unless_cancelled(self.planner(run.state).reflect(run.state, &*self.provider)).await? {
             Ok(Reflection::Next) => {
                 let next = run.state.step.map_or(0, |s| s + 1);
                 self.start_step(run, next).await
@@ -1001,25 +1076,48 @@ impl Agent {
     }
 
     fn check_config(&self, config: &RunConfig) -> Result<(), AgentError> {
+        config.validate().map_err(|e| AgentError::Config(e.to_string()))?;
         CompiledPolicies::new(&config.policies).map_err(|e| AgentError::Config(e.to_string()))?;
-        if let Some(schema) = &config.output_schema {
-            jsonschema::validator_for(schema).map_err(|e| AgentError::Config(format!("output_schema: {e}")))?;
-        }
-        if config.max_model_calls_per_turn == 0 {
-            return Err(AgentError::Config("max_model_calls_per_turn must be at least 1".into()));
-        }
         if let Some(allowed) = &config.tools
             && let Some(missing) = allowed.iter().find(|n| self.tools.spec(n).is_none())
         {
             return Err(AgentError::Config(format!("tool {missing} is not registered on this worker")));
         }
         for t in &config.external_tools {
-            if self.tools.spec(&t.name).is_some() || t.name == OUTPUT_TOOL {
+            if self.tools.spec(&t.name).is_some() {
                 return Err(AgentError::Config(format!("external tool {} clashes with a registered tool", t.name)));
             }
-            jsonschema::validator_for(&t.input_schema).map_err(|e| AgentError::Config(format!("external tool {}: {e}", t.name)))?;
         }
         Ok(())
+    }
+}
+
+/// Whether an answer that stopped for `stop_reason` is accepted: `None` for
+/// a finished answer or a tool call; otherwise the rejection the run's stop
+/// policy ([`RunConfig::stop_reasons`], see [`glia_proto::stop`]) gives it.
+/// A re-ask with no re-asks left (`max_reasks`) fails instead.
+fn judge_stop(state: &RunState, stop_reason: &str, message: &glia_proto::Message) -> Option<RejectedAnswer> {
+    let class = StopClass::of(stop_reason, message);
+    let action = match state.config.stop_reasons.action(class)? {
+        StopAction::Reask if state.reasks >= state.config.max_reasks => StopAction::Fail,
+        action => action,
+    };
+    let reask = (action == StopAction::Reask).then(|| {
+        let hint = match class {
+            StopClass::Truncated => " Give a shorter answer, or fewer and smaller tool calls at once.",
+            _ => "",
+        };
+        Insert::Reask.wrap(&format!("Your previous answer was not accepted: {} (stop reason {stop_reason:?}).{hint} Answer again.", class.describe()))
+    });
+    Some(RejectedAnswer { class, action, reask })
+}
+
+/// Why `input` is not acceptable as arguments of `spec`, as the model will
+/// read it (see [`crate::tool::check_arguments`]); `None` when it is.
+fn invalid_arguments(spec: &ToolSpec, input: &Value) -> Option<String> {
+    match jsonschema::validator_for(&spec.input_schema) {
+        Ok(validator) => crate::tool::check_arguments(&spec.name, &validator, input).err(),
+        Err(e) => Some(format!("Tool {} cannot be called: its input schema does not compile ({e}).", spec.name)),
     }
 }
 

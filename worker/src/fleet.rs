@@ -288,7 +288,7 @@ impl Worker {
             let result = if let Some(item) = inbox.into_iter().next() {
                 sink.consumed.push(item.id);
                 let payload: Resume = item.payload;
-                match self.advance_or_cancel(run_id, &mut state, Some(payload), &mut sink).await {
+                match self.agent.advance(&mut state, Some(payload), &mut sink).await {
                     Err(AgentError::InvalidResume(why)) => {
                         warn!(%run_id, item = item.id, %why, "payload no longer fits the run; dropped");
                         sink.commit(&state).await.map(|_| state.status()).map_err(AgentError::from)
@@ -302,7 +302,7 @@ impl Worker {
             } else if state.status() == Status::Runnable {
                 // Cancelled by flag with no cancel in the inbox: cancel it here.
                 let input = cancelled.then(|| Resume::Cancel { reason: "cancelled".into() });
-                self.advance_or_cancel(run_id, &mut state, input, &mut sink).await
+                self.agent.advance(&mut state, input, &mut sink).await
             } else {
                 return Handled::Advanced(RunStatus::of(&state));
             };
@@ -320,7 +320,9 @@ impl Worker {
                     warn!(%run_id, error = %e, "budget gate unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
-                Err(AgentError::Sink(SinkError(why))) if why == CANCELLED => {
+                // The loop saw the cancel flag (while a model call or tools
+                // ran, or at a commit); what it recorded is committed.
+                Err(e) if is_cancel(&e) => {
                     cancelled = true;
                     // Everything recorded so far is committed; pick up the cancel.
                     state = match self.log.load(run_id).await {
@@ -340,33 +342,12 @@ impl Worker {
     }
 }
 
-impl Worker {
-    /// [`Agent::advance`], abandoned as soon as the run's cancel flag is
-    /// raised: an in-flight model stream (or tool) is dropped rather than
-    /// waited for. Nothing is lost: only committed events count, and the
-    /// caller reloads the run and applies the posted cancel.
-    async fn advance_or_cancel(&self, run_id: Uuid, state: &mut RunState, input: Option<Resume>, sink: &mut LogSink) -> Result<Status, AgentError> {
-        let ledger = self.ledger.clone();
-        let flagged = async move {
-            loop {
-                tokio::time::sleep(CANCEL_POLL).await;
-                if ledger.is_cancelled(run_id).await.unwrap_or(false) {
-                    return;
-                }
-            }
-        };
-        tokio::select! {
-            result = self.agent.advance(state, input, sink) => result,
-            () = flagged => Err(AgentError::Sink(SinkError(CANCELLED.into()))),
-        }
-    }
-}
-
 /// How long a job for a run another worker holds waits before it is
 /// published again.
 pub const RETRY_HELD_AFTER: Duration = Duration::from_millis(500);
 
-/// How often a worker looks at the cancel flag of a run it is advancing.
+/// How often a worker looks at the cancel flag of a run it is advancing
+/// (while a model call or a tool runs; also at every commit).
 pub const CANCEL_POLL: Duration = Duration::from_secs(1);
 
 async fn ack(delivery: Delivery, handled: Handled) -> Handled {
@@ -376,6 +357,16 @@ async fn ack(delivery: Delivery, handled: Handled) -> Handled {
 
 /// What [`LogSink::commit`] answers when the run was cancelled mid-advance.
 const CANCELLED: &str = "run cancelled";
+
+/// True when `advance` stopped because the run was cancelled: the loop saw
+/// the flag, or a commit did.
+fn is_cancel(e: &AgentError) -> bool {
+    match e {
+        AgentError::Cancelled => true,
+        AgentError::Sink(SinkError(why)) => why == CANCELLED,
+        _ => false,
+    }
+}
 
 /// Buffers a step's events and commits them to the event log, fenced by the
 /// lease, at each of the loop's durability barriers.
@@ -410,6 +401,20 @@ impl EventSink for LogSink {
             return Err(SinkError(CANCELLED.into()));
         }
         Ok(())
+    }
+
+    /// Polls the run's cancel flag in the ledger every [`CANCEL_POLL`] (a
+    /// ledger that does not answer counts as not cancelled).
+    fn cancelled(&self) -> futures::future::BoxFuture<'_, ()> {
+        let (ledger, run_id) = (self.ledger.clone(), self.lease.run_id);
+        Box::pin(async move {
+            loop {
+                tokio::time::sleep(CANCEL_POLL).await;
+                if ledger.is_cancelled(run_id).await.unwrap_or(false) {
+                    return;
+                }
+            }
+        })
     }
 
     fn live(&self, event: &LiveEvent) {

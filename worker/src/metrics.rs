@@ -23,6 +23,8 @@
 //! | `glia_worker_model_duration_seconds` | histogram | `provider`, `model` | whole call (`model.response` `duration_ms`) |
 //! | `glia_worker_model_tokens_total` | counter | `provider`, `model`, `kind` (`input`, `output`, `cache_write`, `cache_read`) | tokens used |
 //! | `glia_worker_model_cost_usd_micros_total` | counter | `provider`, `model` | cost in USD micros (1 USD = 1,000,000) |
+//! | `glia_worker_model_stops_total` | counter | `provider`, `model`, `stop` (the [`glia_proto::StopClass`] label: `answer`, `tool_use`, `truncated`, `empty`, `refusal`, `content_filter`, `context_window`, `unknown`), `action` (`proceed`, `reask`, `pause`, `fail`) | model answers by why the model stopped and what the loop did |
+//! | `glia_worker_model_usage_estimated_total` | counter | `provider`, `model` | model answers whose usage glia estimated (the provider reported none) |
 //! | `glia_worker_model_retries_total` | counter | `provider`, `model`, `cause` | failed attempts retried (`model.retry`) |
 //! | `glia_worker_rate_limit_wait_seconds_total` | counter | `provider`, `model` | time waited before retrying a rate-limited attempt |
 //! | `glia_worker_tool_calls_total` | counter | `tool`, `outcome` (`ok` or the `tool.error` kind) | tool calls finished |
@@ -51,7 +53,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use glia_proto::{Decision, Disposition, Event, EventKind, LiveEvent, Outcome, RunState};
+use glia_proto::{Decision, Disposition, Event, EventKind, LiveEvent, Outcome, RunState, StopClass};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -90,6 +92,20 @@ pub struct TokenLabels {
     pub model: String,
     /// `input`, `output`, `cache_write`, `cache_read`.
     pub kind: String,
+}
+
+/// Labels of `model_stops_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StopLabels {
+    /// Provider.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// The stop class label (`answer`, `truncated`, `refusal`, …; unknown
+    /// provider words are `unknown`, so the set is bounded).
+    pub stop: String,
+    /// `proceed`, `reask`, `pause`, `fail`.
+    pub action: String,
 }
 
 /// Labels of `model_retries_total`.
@@ -186,6 +202,10 @@ pub struct WorkerMetrics {
     pub model_tokens: Family<TokenLabels, Counter>,
     /// Cost in USD micros.
     pub model_cost: Family<ModelLabels, Counter>,
+    /// Model answers by stop class and the loop's action.
+    pub model_stops: Family<StopLabels, Counter>,
+    /// Model answers whose usage was estimated.
+    pub model_usage_estimated: Family<ModelLabels, Counter>,
     /// Retried attempts by cause.
     pub model_retries: Family<RetryLabels, Counter>,
     /// Seconds waited before retrying rate-limited attempts.
@@ -231,6 +251,8 @@ impl WorkerMetrics {
             model_duration: Family::new_with_constructor(model_buckets as fn() -> Histogram),
             model_tokens: Family::default(),
             model_cost: Family::default(),
+            model_stops: Family::default(),
+            model_usage_estimated: Family::default(),
             model_retries: Family::default(),
             rate_limit_wait: Family::default(),
             tool_calls: Family::default(),
@@ -254,6 +276,8 @@ impl WorkerMetrics {
         r.register("model_duration_seconds", "Seconds a model call took, retries included", m.model_duration.clone());
         r.register("model_tokens", "Tokens used by model calls, by kind (input, output, cache_write, cache_read)", m.model_tokens.clone());
         r.register("model_cost_usd_micros", "Cost of model calls in USD micros (1 USD = 1,000,000)", m.model_cost.clone());
+        r.register("model_stops", "Model answers by stop class (answer, tool_use, truncated, empty, refusal, content_filter, context_window, unknown) and the loop's action (proceed, reask, pause, fail)", m.model_stops.clone());
+        r.register("model_usage_estimated", "Model answers whose token usage glia estimated because the provider reported none", m.model_usage_estimated.clone());
         r.register("model_retries", "Failed model call attempts that were retried, by cause", m.model_retries.clone());
         r.register("rate_limit_wait_seconds", "Seconds waited before retrying rate-limited model call attempts", m.rate_limit_wait.clone());
         r.register("tool_calls", "Tool calls finished, by tool and outcome (ok or the tool.error kind)", m.tool_calls.clone());
@@ -389,7 +413,7 @@ impl RunObserver {
                     }
                 }
             }
-            EventKind::ModelResponse { usage, stop_reason, duration_ms, cost_usd_micros, .. } => {
+            EventKind::ModelResponse { message, usage, stop_reason, duration_ms, cost_usd_micros, rejected } => {
                 let call = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take();
                 if let Some(call) = &call {
                     call.span.record("gen_ai.usage.input_tokens", usage.input_tokens);
@@ -404,6 +428,14 @@ impl RunObserver {
                         m.model_ttft.get_or_create(&labels).observe(ttft.as_secs_f64());
                     }
                     m.model_cost.get_or_create(&labels).inc_by(*cost_usd_micros);
+                    let stop = rejected.as_ref().map_or_else(|| StopClass::of(stop_reason, message), |r| r.class);
+                    let action = rejected.as_ref().map_or("proceed", |r| r.action.label());
+                    m.model_stops
+                        .get_or_create(&StopLabels { provider: self.provider.clone(), model: self.model.clone(), stop: stop.label().into(), action: action.into() })
+                        .inc();
+                    if usage.estimated {
+                        m.model_usage_estimated.get_or_create(&labels).inc();
+                    }
                     for (kind, n) in [
                         ("input", usage.input_tokens),
                         ("output", usage.output_tokens),

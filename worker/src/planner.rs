@@ -88,6 +88,7 @@ impl ModelPlanner {
             timeout_ms: 0,
             external: false,
             return_direct: false,
+            cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         };
         let request = ModelRequest {
             model: state.config.model.clone(),

@@ -102,6 +102,13 @@ pub enum ProviderError {
     /// The account's spending cap is reached; retrying will not help.
     #[error("spending cap reached: {0}")]
     SpendCap(String),
+    /// The provider's answer could not be mapped exactly (a stream that
+    /// breaks its own grammar: a tool call's identity or arguments that are
+    /// ambiguous, a delta for a block that never started, a repeated start).
+    /// The provider retried it a bounded number of times; the run fails with
+    /// this reason rather than act on a guess.
+    #[error("malformed answer from the provider: {0}")]
+    Malformed(String),
     /// The script has no more responses (scripted provider only).
     #[error("script exhausted after {0} responses")]
     ScriptExhausted(usize),
@@ -166,7 +173,8 @@ pub trait Provider: Send + Sync {
 /// One scripted response. JSON: `{"text": "…"}`, `{"tool_calls": [{"name":
 /// "lookup", "input": {…}}]}`, `{"thinking": "…", "text": "…"}`, or
 /// `{"error": "transient"}` (also `rate_limited`, `spend_cap`, `auth`,
-/// `invalid`). `retries` and `elided` make the answer report failed attempts
+/// `invalid`, `malformed`). `stop_reason` makes the answer stop for that
+/// reason (`max_tokens`, `refusal`, …; see [`glia_proto::stop`]). `retries` and `elided` make the answer report failed attempts
 /// and elided request messages, as a real provider would.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -177,7 +185,8 @@ pub struct ScriptedTurn {
     pub text: Option<String>,
     /// Tool uses, in order.
     pub tool_calls: Vec<ScriptedCall>,
-    /// Usage to report; when absent, estimated as characters / 4.
+    /// Usage to report; when absent, estimated as characters / 4 and marked
+    /// [`Usage::estimated`].
     pub usage: Option<Usage>,
     /// Stop reason; default `tool_use` when there are tool calls, else `end_turn`.
     pub stop_reason: Option<String>,
@@ -333,6 +342,7 @@ impl Provider for ScriptedProvider {
                 "spend_cap" => ProviderError::SpendCap("scripted spending cap".into()),
                 "invalid" => ProviderError::InvalidRequest("scripted invalid request".into()),
                 "auth" => ProviderError::Auth("scripted invalid API key".into()),
+                "malformed" => ProviderError::Malformed("scripted malformed answer".into()),
                 other => ProviderError::transient(format!("scripted {other} failure")),
             });
         }
@@ -362,6 +372,7 @@ impl Provider for ScriptedProvider {
         let usage = turn.usage.unwrap_or_else(|| Usage {
             input_tokens: estimate_tokens(serde_json::to_string(&request.messages).map_or(0, |s| s.len()) + request.system.len()),
             output_tokens: estimate_tokens(serde_json::to_string(&message).map_or(0, |s| s.len())),
+            estimated: true,
             ..Usage::default()
         });
         let stop_reason = turn

@@ -86,6 +86,12 @@ pub trait Tool: Send + Sync + 'static {
     fn timeout(&self) -> Duration {
         Duration::from_secs(30)
     }
+    /// How long a call already running when its run is cancelled may go on
+    /// so that its result is recorded (see [`ToolSpec::cancel_grace_ms`]).
+    /// Default: [`glia_proto::DEFAULT_CANCEL_GRACE_MS`].
+    fn cancel_grace(&self) -> Duration {
+        Duration::from_millis(glia_proto::DEFAULT_CANCEL_GRACE_MS)
+    }
     /// Run the call.
     fn call(&self, args: Self::Args, ctx: ToolContext) -> impl Future<Output = Result<Self::Output, ToolFailure>> + Send;
 }
@@ -123,6 +129,7 @@ impl<T: Tool> DynTool for Typed<T> {
             timeout_ms: u64::try_from(self.0.timeout().as_millis()).unwrap_or(u64::MAX),
             external: false,
             return_direct: false,
+            cancel_grace_ms: u64::try_from(self.0.cancel_grace().as_millis()).unwrap_or(u64::MAX),
         }
     }
 
@@ -140,6 +147,53 @@ impl<T: Tool> DynTool for Typed<T> {
             })
         }
         .boxed()
+    }
+}
+
+/// Check a tool call's arguments: a JSON object its input schema accepts.
+///
+/// The provider adapters hand over arguments that did not parse as a JSON
+/// object as a JSON string holding the raw text, so a string is reported as
+/// malformed JSON (with the parser's reason) or as JSON of the wrong type.
+/// Errors: the text the model sees as the call's error result, naming every
+/// problem (`5 is not of type "string" at '/ticker'`) and asking it to call
+/// again.
+pub fn check_arguments(name: &str, validator: &jsonschema::Validator, input: &Value) -> Result<(), String> {
+    let again = format!("Call {name} again with a JSON object matching its input schema.");
+    let problem = match input {
+        Value::Object(_) => {
+            let problems: Vec<String> = validator
+                .iter_errors(input)
+                .map(|e| match e.instance_path().to_string() {
+                    at if at.is_empty() => e.to_string(),
+                    at => format!("{e} at '{at}'"),
+                })
+                .collect();
+            if problems.is_empty() {
+                return Ok(());
+            }
+            problems.join("; ")
+        }
+        Value::String(raw) => match serde_json::from_str::<Value>(raw) {
+            Err(e) => format!("the arguments are not valid JSON ({e}): {}", clip(raw, 200)),
+            Ok(v) => format!("the arguments must be a JSON object, not {}", glia_proto::json_type(&v)),
+        },
+        other => format!("the arguments must be a JSON object, not {}", glia_proto::json_type(other)),
+    };
+    Err(format!("Invalid arguments for {name}: {problem}. {again}"))
+}
+
+/// At most `max` characters of `text`, with `…` when cut.
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max { text.to_owned() } else { format!("{}…", text.chars().take(max).collect::<String>()) }
+}
+
+/// A tool's task, aborted when its call is given up (timed out, or dropped).
+struct AbortOnDrop(tokio::task::JoinHandle<Result<String, ToolFailure>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -198,24 +252,22 @@ impl ToolRegistry {
 
     /// Run one call: validate `input`, run the tool on its own task under its
     /// timeout, check the output. Every failure is a [`ToolFailure`].
+    ///
+    /// Dropping the returned future (the loop abandons a call whose run was
+    /// cancelled and whose grace period ran out) aborts the tool's task.
     pub async fn execute(&self, name: &str, input: Value, ctx: ToolContext) -> Result<String, ToolFailure> {
         let Some(entry) = self.tools.get(name) else {
             return Err(ToolFailure { kind: ToolErrorKind::Unavailable, message: format!("tool {name} is not available on this worker") });
         };
-        let problems: Vec<String> = entry.validator.iter_errors(&input).map(|e| format!("{} at '{}'", e, e.instance_path())).collect();
-        if !problems.is_empty() {
-            return Err(ToolFailure {
-                kind: ToolErrorKind::InvalidArguments,
-                message: format!("invalid arguments for {name}: {}", problems.join("; ")),
-            });
+        if let Err(message) = check_arguments(name, &entry.validator, &input) {
+            return Err(ToolFailure { kind: ToolErrorKind::InvalidArguments, message });
         }
         let timeout = Duration::from_millis(entry.spec.timeout_ms);
         let returns_json = entry.tool.returns_json();
-        let mut task = tokio::spawn(entry.tool.call_raw(input, ctx));
-        let joined = match tokio::time::timeout(timeout, &mut task).await {
+        let mut task = AbortOnDrop(tokio::spawn(entry.tool.call_raw(input, ctx)));
+        let joined = match tokio::time::timeout(timeout, &mut task.0).await {
             Ok(joined) => joined,
             Err(_) => {
-                task.abort();
                 return Err(ToolFailure { kind: ToolErrorKind::Timeout, message: format!("tool {name} timed out after {} ms", timeout.as_millis()) });
             }
         };

@@ -48,23 +48,24 @@ async fn every_tool_failure_becomes_an_error_result_the_model_sees() {
         kinds,
         [
             ToolErrorKind::UnknownTool,
+            ToolErrorKind::InvalidArguments,
+            ToolErrorKind::InvalidArguments,
             ToolErrorKind::InvalidOutput,
             ToolErrorKind::Panicked,
             ToolErrorKind::Timeout,
             ToolErrorKind::Failed,
-            ToolErrorKind::InvalidArguments,
-            ToolErrorKind::InvalidArguments,
         ],
         "refusals are recorded as decided, executions in call order"
     );
     let messages: Vec<String> = tool_errors(&log).into_iter().map(|(_, m)| m).collect();
     assert!(messages[0].starts_with("Unknown tool \"no_such_tool\". Available tools:"), "{}", messages[0]);
-    assert!(messages[1].contains("invalid JSON"), "{}", messages[1]);
-    assert!(messages[2].contains("crashy crashed: index out of bounds"), "{}", messages[2]);
-    assert!(messages[3].contains("timed out after 50 ms"), "{}", messages[3]);
-    assert_eq!(messages[4], "database unavailable");
-    assert!(messages[5].contains("\"two\" is not of type \"integer\""), "{}", messages[5]);
-    assert!(messages[6].contains("\"b\" is a required property"), "{}", messages[6]);
+    // Arguments the schema refuses are refused when the call is decided, before anything runs.
+    assert!(messages[1].contains("\"two\" is not of type \"integer\""), "{}", messages[1]);
+    assert!(messages[2].contains("\"b\" is a required property"), "{}", messages[2]);
+    assert!(messages[3].contains("invalid JSON"), "{}", messages[3]);
+    assert!(messages[4].contains("crashy crashed: index out of bounds"), "{}", messages[4]);
+    assert!(messages[5].contains("timed out after 50 ms"), "{}", messages[5]);
+    assert_eq!(messages[6], "database unavailable");
 
     // The model saw all seven as error results in one user turn, in call order.
     let second = &provider.requests()[1];
@@ -221,7 +222,7 @@ async fn invalid_config_is_refused_before_anything_is_recorded() {
         ..RunConfig::default()
     };
     let err = agent.start(run_id(), "go", bad_policy, &mut log).await.unwrap_err();
-    assert!(matches!(err, AgentError::Config(ref m) if m.contains("invalid regex")), "{err:?}");
+    assert!(matches!(err, AgentError::Config(ref m) if m.contains("policies[0].args: not a valid regex")), "{err:?}");
     let unknown_tool = RunConfig { tools: Some(vec!["nope".into()]), ..RunConfig::default() };
     assert!(matches!(agent.start(run_id(), "go", unknown_tool, &mut log).await, Err(AgentError::Config(_))));
     assert!(log.is_empty());

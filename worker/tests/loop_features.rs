@@ -229,7 +229,7 @@ async fn model_planner_drafts_commits_and_replans() {
 #[tokio::test]
 async fn budget_counts_cost_in_usd_micros_and_pauses_on_it() {
     let pricing = Pricing { input: 3_000_000, output: 15_000_000, cache_write: 3_750_000, cache_read: 300_000 };
-    let usage = glia_proto::Usage { input_tokens: 1000, output_tokens: 100, cache_write_tokens: 0, cache_read_tokens: 2000 };
+    let usage = glia_proto::Usage { input_tokens: 1000, output_tokens: 100, cache_write_tokens: 0, cache_read_tokens: 2000, ..Default::default() };
     let script = vec![
         ScriptedTurn { usage: Some(usage), ..ScriptedTurn::call("add", json!({"a": 1, "b": 1})) },
         ScriptedTurn { usage: Some(usage), ..ScriptedTurn::text("2") },

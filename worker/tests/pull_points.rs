@@ -248,6 +248,7 @@ impl glia_worker::tool::DynTool for Handoff {
             timeout_ms: 1000,
             external: false,
             return_direct: true,
+            cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         }
     }
     fn returns_json(&self) -> bool {

@@ -31,7 +31,7 @@ use chrono::DateTime;
 use common::Add;
 use glia_proto::{
     ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, PauseReason, PlannerKind, Policy,
-    PolicyAction, PullPoint, Resume, RunConfig, RunState, Status, ToolSpec,
+    PolicyAction, PullPoint, Resume, RunConfig, RunState, Status, StopAction, StopPolicy, ToolSpec,
 };
 use glia_worker::compact::{DropOldest, Summarize};
 use glia_worker::hooks::{Hooks, Verdict};
@@ -114,6 +114,7 @@ fn lookup_spec() -> ToolSpec {
         timeout_ms: 1000,
         external: true,
         return_direct: false,
+        cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
     }
 }
 
@@ -159,6 +160,9 @@ enum Turn {
     Final { valid: bool },
     /// A provider failure: `transient`, `rate_limited` or `spend_cap`.
     Fail(&'static str),
+    /// An answer that stopped for a reason that is not a finished turn
+    /// (`max_tokens`, `refusal`, `content_filter`, an unknown one).
+    BadStop(&'static str),
 }
 
 impl Turn {
@@ -177,6 +181,7 @@ impl Turn {
             Turn::Final { valid: true } => ScriptedTurn::call("final_output", json!({ "answer": "forty-two" })),
             Turn::Final { valid: false } => ScriptedTurn::call("final_output", json!({ "answer": 42 })),
             Turn::Fail(kind) => ScriptedTurn { error: Some((*kind).to_owned()), ..ScriptedTurn::default() },
+            Turn::BadStop(reason) => ScriptedTurn { stop_reason: Some((*reason).to_owned()), ..ScriptedTurn::text("the answer is par") },
         }
     }
 }
@@ -229,6 +234,7 @@ fn turn() -> impl Strategy<Value = Turn> {
         1 => steps.prop_map(Turn::Plan),
         1 => any::<bool>().prop_map(|valid| Turn::Final { valid }),
         1 => prop::sample::select(vec!["transient", "rate_limited", "spend_cap"]).prop_map(Turn::Fail),
+        1 => prop::sample::select(vec!["max_tokens", "refusal", "content_filter", "eos"]).prop_map(Turn::BadStop),
     ]
 }
 
@@ -291,6 +297,12 @@ fn config(s: &Scenario) -> RunConfig {
         planner: s.planner,
         output_schema: s.structured.then(output_schema),
         max_reasks: 1,
+        // Cut-off answers re-asked or paused, refusals failed or paused, by the scenario's first choice.
+        stop_reasons: StopPolicy {
+            truncated: if s.choices[0] % 2 == 0 { StopAction::Reask } else { StopAction::Pause },
+            refusal: if s.choices[0] % 3 == 0 { StopAction::Pause } else { StopAction::Fail },
+            ..StopPolicy::default()
+        },
         ..RunConfig::default()
     }
 }
@@ -603,15 +615,17 @@ fn check_replay(run: &Driven) -> Result<(), TestCaseError> {
 }
 
 /// A step never ends on an answer the model gave before the step started or
-/// before the user's latest message: a model response lies in between.
+/// before the user's latest message: an accepted model response (not a
+/// rejected one, see `glia_proto::stop`) lies in between.
 fn check_fresh_answers(log: &[Event]) -> Result<(), TestCaseError> {
     let mut answered = false;
     for e in log {
         match &e.kind {
             EventKind::StepStart { .. } | EventKind::InputReceived { .. } => answered = false,
-            EventKind::ModelResponse { .. } => answered = true,
+            // A rejected answer (a bad stop) is no answer: a step never ends on it.
+            EventKind::ModelResponse { rejected, .. } => answered = rejected.is_none(),
             EventKind::StepEnd { index, skipped: false, answer } => {
-                prop_assert!(answered, "step {} ended at seq {} on {:?} without asking the model\nlog: {:#?}", index, e.seq, answer, names(log));
+                prop_assert!(answered, "step {} ended at seq {} on {:?} without an accepted answer\nlog: {:#?}", index, e.seq, answer, names(log));
             }
             _ => {}
         }
@@ -721,7 +735,7 @@ fn the_scenarios_reach_every_pull_point_and_disposition() {
     }
     let expected = [
         "awaiting_tool", "awaiting_approval", "awaiting_input", "paused budget", "paused turn_limit", "paused hook",
-        "paused provider", "Run", "External", "Approval", "Refused", "approval.resolved", "tool.error",
+        "paused provider", "paused model_stop", "Run", "External", "Approval", "Refused", "approval.resolved", "tool.error",
         "context.compacted", "guardrail.tripped", "hook.applied", "input.received", "budget.extended",
         "session.cancel", "session.complete", "error",
     ];

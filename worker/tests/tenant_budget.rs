@@ -60,6 +60,7 @@ fn config(script: &str) -> RunConfig {
         timeout_ms: 0,
         external: true,
         return_direct: false,
+        cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
     });
     c
 }

@@ -106,7 +106,9 @@ impl Fleet {
         self.dir.join("effects.log")
     }
 
-    fn command(&self, args: &[&str]) -> Command {
+    /// `glia ARGS` with the fleet's environment (services, queue, prefix),
+    /// stdin and stdout closed, stderr inherited.
+    pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
         cmd.args(args)
             .env("GLIA_DATABASE_URL", &self.db_url)
@@ -124,19 +126,26 @@ impl Fleet {
         cmd
     }
 
-    /// Start the dispatcher and wait until it answers.
+    /// Start the dispatcher and wait until it is ready (`/readyz` 200).
     pub fn start_dispatcher(&mut self) {
+        self.spawn_dispatcher();
+        wait_status(&format!("{}/readyz", self.server), 200, Duration::from_secs(60));
+    }
+
+    /// Start the dispatcher without waiting for it.
+    pub fn spawn_dispatcher(&mut self) {
         let listen = format!("127.0.0.1:{}", self.dispatcher_port);
         let child = self.command(&["dispatcher", "--listen", &listen, "--reconcile-every", "1"]).spawn().expect("dispatcher starts");
         self.dispatcher = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if http("GET", &format!("{}/healthz", self.server), None).is_ok_and(|(s, _)| s == 200) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("dispatcher did not come up");
+    }
+
+    /// `kill -9` the dispatcher, then start a new one on the same address
+    /// and wait until it is ready.
+    pub fn restart_dispatcher(&mut self) {
+        let mut old = self.dispatcher.take().expect("a dispatcher runs");
+        old.kill().expect("kill -9 the dispatcher");
+        old.wait().unwrap();
+        self.start_dispatcher();
     }
 
     /// Start one more worker process.
@@ -262,6 +271,20 @@ fn delete_queue_topology(url: &str, queue: &str) {
     let _ = done.join();
 }
 
+/// Poll `url` until it answers `status` (panics after `timeout` with the
+/// last answer).
+pub fn wait_status(url: &str, status: u16, timeout: Duration) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let answer = http("GET", url, None);
+        match &answer {
+            Ok((s, body)) if *s == status => return body.clone(),
+            _ => assert!(Instant::now() < deadline, "{url} did not answer {status} within {timeout:?}: {answer:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A blocking JSON HTTP call: `(status, body)`.
 pub fn http(method: &str, url: &str, body: Option<Value>) -> Result<(u16, Value), String> {
     let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().map_err(|e| e.to_string())?;
@@ -273,6 +296,22 @@ pub fn http(method: &str, url: &str, body: Option<Value>) -> Result<(u16, Value)
     let status = resp.status().as_u16();
     let text = resp.text().map_err(|e| e.to_string())?;
     Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+/// The vendored tau-bench airline recording (`examples/tau-bench-airline`).
+pub fn recording_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/tau-bench-airline")
+}
+
+/// A fleet replaying [`recording_dir`]: a dispatcher and two `--replay`
+/// workers (2 s leases), started and ready.
+pub fn replay_fleet() -> Fleet {
+    let mut fleet = Fleet::new(&[]);
+    fleet.worker_args = vec!["--replay".into(), recording_dir().to_str().unwrap().into()];
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    fleet.start_worker(2_000);
+    fleet
 }
 
 /// The scripts of the mixed batch, by name.
@@ -410,3 +449,44 @@ pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<
     assert_eq!(refunds.len() + outcome_unknown, approval_runs, "every refund either ran once or is recorded as outcome unknown");
     refunds
 }
+
+// ---------------------------------------------------------------------------
+// The tau-bench recording and `glia batch`
+
+pub fn trajectories() -> String {
+    recording_dir().join("gpt-4o-airline.json").to_str().unwrap().to_owned()
+}
+
+/// `glia batch --json ARGS…` on the vendored recording, output piped.
+pub fn glia_batch(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
+    cmd.arg("batch").arg(trajectories()).arg("--json").args(args).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+pub fn summary(out: std::process::Output) -> Value {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "glia batch failed: {}\n{stderr}", out.status);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("summary is not JSON ({e}): {}\n{stderr}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The totals of the recording: every conversation, model turn, tool call,
+/// approval (consequential calls) and customer message, reproduced (the
+/// approval latency, which a resumed batch may not see, is not checked).
+pub fn assert_whole_recording(s: &Value) {
+    assert_eq!(s["runs"], 200, "{s}");
+    assert_eq!(s["reproduced"], 200, "{s}");
+    assert_eq!(s["diverged"], 0, "{s}");
+    assert_eq!(s["failed"], 0, "{s}");
+    assert_eq!(s["model_calls"], 2454, "{s}");
+    assert_eq!(s["tool_calls"], 1164, "{s}");
+    assert_eq!(s["tool_results"], 1164, "{s}");
+    // A worker killed while an approved consequential call ran asks again
+    // (`on_interrupted_call`); every approval beyond the recording's 250
+    // must be such a re-approval, and each call still has one result.
+    let approvals = s["approvals"].as_u64().unwrap();
+    let interrupted = s["interrupted_approvals"].as_u64().unwrap();
+    assert_eq!(approvals - interrupted, 250, "{s}");
+    assert_eq!(s["customer_turns"], 1290, "{s}");
+}
+

@@ -134,10 +134,15 @@ pub async fn commit_consuming(log: &dyn EventLog, run_id: Uuid, kinds: Vec<Event
 
 /// Planning to the first model call of a single-step plan.
 pub fn to_model_call() -> Vec<EventKind> {
+    to_model_call_with(vec![])
+}
+
+/// Planning to the first model call of a single-step plan offering `tools`.
+pub fn to_model_call_with(tools: Vec<glia_proto::ToolSpec>) -> Vec<EventKind> {
     vec![
         EventKind::PlanDraft { steps: vec!["Reach the goal.".into()], usage: Usage::default(), cost_usd_micros: 0 },
         EventKind::PlanCommit { steps: vec!["Reach the goal.".into()] },
-        EventKind::StepStart { index: 0, description: "Reach the goal.".into(), tools: vec![] },
+        EventKind::StepStart { index: 0, description: "Reach the goal.".into(), tools },
         EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
     ]
 }
@@ -150,6 +155,7 @@ fn tool_use_response(calls: &[(&str, &str, Value)]) -> EventKind {
         stop_reason: "tool_use".into(),
         duration_ms: 3,
         cost_usd_micros: 7,
+        rejected: None,
     }
 }
 
@@ -166,7 +172,12 @@ fn tool_call(run_id: Uuid, id: &str, name: &str, input: &Value, disposition: Dis
 
 /// Park the run at awaiting_approval for `calls` (id, tool, input).
 pub async fn park_for_approval(log: &dyn EventLog, run_id: Uuid, calls: &[(&str, &str, Value)]) {
-    let mut kinds = to_model_call();
+    park_for_approval_with_tools(log, run_id, calls, vec![]).await
+}
+
+/// Park the run at awaiting_approval for `calls`, its step offering `tools`.
+pub async fn park_for_approval_with_tools(log: &dyn EventLog, run_id: Uuid, calls: &[(&str, &str, Value)], tools: Vec<glia_proto::ToolSpec>) {
+    let mut kinds = to_model_call_with(tools);
     kinds.push(tool_use_response(calls));
     for (id, name, input) in calls {
         kinds.push(tool_call(run_id, id, name, input, Disposition::Approval));
@@ -192,7 +203,7 @@ pub async fn park_for_tool(log: &dyn EventLog, run_id: Uuid) {
 /// Park a conversational run at awaiting_input.
 pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
     let mut kinds = to_model_call();
-    kinds.push(EventKind::ModelResponse { message: Message::assistant("Hello."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0 });
+    kinds.push(EventKind::ModelResponse { message: Message::assistant("Hello."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None });
     kinds.push(EventKind::StepEnd { index: 0, answer: "Hello.".into(), skipped: false });
     kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingInput });
     commit(log, run_id, kinds).await
@@ -243,3 +254,56 @@ pub async fn snapshot(h: &H) -> Snapshot {
 pub fn state_of(events: &[Event]) -> RunState {
     RunState::replay(events[0].run_id, events).unwrap()
 }
+
+/// The dispatcher over the real adapters: Postgres (a database of its own),
+/// RabbitMQ (a queue of its own, deleted by [`Real::cleanup`]) and Redis (a key prefix of
+/// its own, deleted on drop), with the tokens of [`auth`].
+pub struct Real {
+    pub app: App,
+    pub router: Router,
+    pub log: Arc<glia_backends::postgres::PgLog>,
+    pub queue: Arc<glia_backends::rabbitmq::RabbitQueue>,
+    pub ledger: Arc<glia_backends::redis_ledger::RedisLedger>,
+    _keys: glia_backends::testkit::RedisKeys,
+    _db: glia_backends::testkit::TestDb,
+}
+
+impl Real {
+    /// Connect to the machine's services (`GLIA_DATABASE_URL`,
+    /// `GLIA_AMQP_URL`, `GLIA_REDIS_URL`, or their local defaults).
+    pub async fn start() -> Real {
+        let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
+        let name = format!("glia_dt_{}", Uuid::now_v7().simple());
+        let db = glia_backends::testkit::TestDb::new().await;
+        let options = glia_backends::postgres::PgOptions { max_connections: 4, ..Default::default() };
+        let log = Arc::new(db.log_with(options).await);
+        let amqp = env("GLIA_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+        let queue = Arc::new(glia_backends::rabbitmq::RabbitQueue::connect(&amqp, glia_backends::rabbitmq::QueueOptions::new(&name)).await.expect("RabbitMQ"));
+        let redis = env("GLIA_REDIS_URL", "redis://127.0.0.1:6379");
+        let ledger = Arc::new(glia_backends::redis_ledger::RedisLedger::connect(&redis, &name).await.expect("Redis"));
+        let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth());
+        let router = glia_dispatcher::router(app.clone());
+        Real { app, router, log, queue, ledger, _keys: glia_backends::testkit::RedisKeys { url: redis, prefix: name }, _db: db }
+    }
+
+    pub async fn post(&self, uri: &str, token: &str, body: Value) -> Reply {
+        send(&self.router, request(Method::POST, uri, Some(token), Some(&body))).await
+    }
+
+    pub async fn get(&self, uri: &str, token: &str) -> Reply {
+        send(&self.router, request(Method::GET, uri, Some(token), None)).await
+    }
+
+    /// Delete the test's queues (the database and Redis keys go on drop).
+    pub async fn cleanup(self) {
+        let _ = self.queue.delete_topology().await;
+    }
+
+    /// Admit a run through the API; returns its id.
+    pub async fn create(&self, token: &str, body: Value) -> Uuid {
+        let r = self.post("/v1/runs", token, body).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        r.body["run_id"].as_str().unwrap().parse().unwrap()
+    }
+}
+

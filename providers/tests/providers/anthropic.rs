@@ -12,7 +12,7 @@ fn decode(path: &str) -> (Result<ModelResponse, CallError>, Deltas) {
 }
 
 fn usage(i: u64, o: u64, w: u64, r: u64) -> glia_proto::Usage {
-    glia_proto::Usage { input_tokens: i, output_tokens: o, cache_write_tokens: w, cache_read_tokens: r }
+    glia_proto::Usage { input_tokens: i, output_tokens: o, cache_write_tokens: w, cache_read_tokens: r, estimated: false }
 }
 
 #[test]
@@ -115,10 +115,15 @@ fn multibyte_text_and_tool_input_decode_exactly() {
 }
 
 #[test]
-fn max_tokens_inside_a_tool_input_drops_the_incomplete_call() {
+fn max_tokens_inside_a_tool_input_keeps_the_cut_call_raw() {
+    // Nothing is dropped: the cut call stays, raw, and the stop reason tells
+    // the loop to reject the whole answer (glia_proto::stop).
     let r = decode("max_tokens_mid_tool.sse").0.unwrap();
     assert_eq!(r.stop_reason, "max_tokens");
-    assert_eq!(r.message.content, vec![ContentBlock::text("I will write the file.")]);
+    assert_eq!(r.message.content[0], ContentBlock::text("I will write the file."));
+    let (id, name, input) = r.message.tool_uses().next().unwrap();
+    assert_eq!((id, name), ("toolu_01Write", "write_file"));
+    assert!(matches!(input, serde_json::Value::String(raw) if raw.starts_with("{\"path\": \"notes.txt\"")), "{input:?}");
 }
 
 #[test]

@@ -6,6 +6,7 @@ mod common;
 
 mod anthropic;
 mod config;
+mod grammar;
 mod openai;
 mod pricing;
 mod refusal;

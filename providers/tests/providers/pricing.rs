@@ -25,11 +25,11 @@ fn prices_are_usd_micros_per_million_tokens() {
 fn cost_counts_every_token_kind_rounded_up() {
     let t = PriceTable::from_json(TABLE).unwrap();
     // The anthropic/tools.sse answer: 472 input, 61 output, 1830 cache write.
-    let u = Usage { input_tokens: 472, output_tokens: 61, cache_write_tokens: 1830, cache_read_tokens: 0 };
+    let u = Usage { input_tokens: 472, output_tokens: 61, cache_write_tokens: 1830, cache_read_tokens: 0, estimated: false };
     // 472×3 + 61×15 + 1830×3.75 = 1416 + 915 + 6862.5 micros → 9194.
     assert_eq!(t.cost_usd_micros("anthropic", "claude-sonnet-4-5", &u), Some(9194));
     // The openai/tools.sse answer: 510 uncached input, 61 output, 1792 cached.
-    let u = Usage { input_tokens: 510, output_tokens: 61, cache_write_tokens: 0, cache_read_tokens: 1792 };
+    let u = Usage { input_tokens: 510, output_tokens: 61, cache_write_tokens: 0, cache_read_tokens: 1792, estimated: false };
     // 510×2.5 + 61×10 + 1792×1.25 = 1275 + 610 + 2240.
     assert_eq!(t.cost_usd_micros("openai", "gpt-4o", &u), Some(4125));
     assert_eq!(t.cost_usd_micros("openai", "o3", &u), None);

@@ -153,7 +153,7 @@ async fn a_cut_stream_is_retried_and_charged_once() {
     let s = setup(vec![Reply::sse(fixture("anthropic/cut.sse")), Reply::sse(fixture("anthropic/error_after_200.sse")), ok()], RetryPolicy::default()).await;
     let r = s.provider.call(&request("m"), &|_| {}).await.unwrap();
     // Only the complete answer's usage is returned (and so charged).
-    assert_eq!(r.usage, glia_proto::Usage { input_tokens: 472, output_tokens: 61, cache_write_tokens: 1830, cache_read_tokens: 0 });
+    assert_eq!(r.usage, glia_proto::Usage { input_tokens: 472, output_tokens: 61, cache_write_tokens: 1830, cache_read_tokens: 0, estimated: false });
     let kinds: Vec<&str> = s.events.0.lock().unwrap().iter().map(|e| e.error.kind()).collect();
     assert_eq!(kinds, vec!["stream_cut", "overloaded"]);
 }

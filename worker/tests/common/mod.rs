@@ -140,6 +140,7 @@ impl DynTool for Garbage {
             timeout_ms: 1000,
             external: false,
             return_direct: false,
+            cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         }
     }
     fn call_raw(&self, _input: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<String, ToolFailure>> {
@@ -179,6 +180,7 @@ pub fn approval_config() -> RunConfig {
             timeout_ms: 0,
             external: true,
             return_direct: false,
+            cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         }],
         ..RunConfig::default()
     }

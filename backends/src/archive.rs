@@ -1,0 +1,225 @@
+//! Moving runs between event logs: a single node's SQLite file and a
+//! fleet's Postgres, either way (`glia export`, `glia import`).
+//!
+//! ## The format (version 1)
+//!
+//! JSON Lines, UTF-8. The first line is an [`ArchiveHeader`]:
+//! `{"format": "glia-runs", "version": 1, "exported_at": "…", "source": "sqlite:node.db"}`.
+//! Every further line is one [`RunRecord`]: the run's identity (id, tenant,
+//! idempotency key, batch, admission time), its whole event log (each event as
+//! the API serves it: `{"run_id", "seq", "at", "type", "data"}`), its
+//! approvals (pending and decided, with deadlines, escalation and
+//! interruption marks) and its inbox (payloads posted and not yet applied,
+//! and the dedupe keys of those applied, so a decision is still accepted only
+//! once). Leases, checkpoints, outbox and queued jobs are not carried: the
+//! importing log has no lease on the run, rebuilds state from the events, and
+//! writes a job for each run that has work.
+//!
+//! A reader refuses a file whose `format` is not `glia-runs` or whose
+//! `version` it does not know; new fields are added only with a new version.
+//!
+//! ## Guarantees
+//!
+//! [`Archive::import_run`] is one transaction per run, and idempotent: a run
+//! already present at the same head is left alone ([`Imported::AlreadyPresent`]),
+//! so an interrupted import can be run again. The events must replay
+//! ([`RunRecord::validate`]); a run present at another head is
+//! [`LogError::Conflict`]. Export a node while it is stopped (the SQLite file
+//! lock enforces it); runs exported from a live fleet are each a consistent
+//! snapshot, but may have moved on since.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use glia_proto::{Event, Resume, RunState};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::{ApprovalStatus, EventLog, LogError};
+
+/// `format` of the header line.
+pub const FORMAT: &str = "glia-runs";
+/// The version this build writes and reads.
+pub const VERSION: u32 = 1;
+
+/// The first line of an export.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveHeader {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`VERSION`] when written by this build.
+    pub version: u32,
+    /// When the export started.
+    pub exported_at: DateTime<Utc>,
+    /// Where the runs came from, free text (`sqlite:PATH`, `postgres:HOST/DB`).
+    pub source: String,
+}
+
+impl ArchiveHeader {
+    /// A header for an export from `source`, now.
+    pub fn new(source: impl Into<String>) -> ArchiveHeader {
+        ArchiveHeader { format: FORMAT.into(), version: VERSION, exported_at: Utc::now(), source: source.into() }
+    }
+
+    /// Parse and check a header line. Errors name what is wrong: not JSON,
+    /// another format, an unknown version.
+    pub fn parse(line: &str) -> Result<ArchiveHeader, String> {
+        let header: ArchiveHeader = serde_json::from_str(line).map_err(|e| format!("the first line is not a glia-runs header: {e}"))?;
+        if header.format != FORMAT {
+            return Err(format!("format is {:?}, expected {FORMAT:?}", header.format));
+        }
+        if header.version != VERSION {
+            return Err(format!("version {} of {FORMAT} is not supported (this build reads version {VERSION})", header.version));
+        }
+        Ok(header)
+    }
+}
+
+/// One run, whole.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRecord {
+    /// The run.
+    pub run_id: Uuid,
+    /// Owning tenant.
+    pub tenant: String,
+    /// Its per-tenant idempotency key, if it was admitted with one.
+    pub idempotency_key: Option<String>,
+    /// Its batch.
+    pub batch_id: Option<Uuid>,
+    /// When it was admitted.
+    pub created_at: DateTime<Utc>,
+    /// The whole log, seq 1 first.
+    pub events: Vec<Event>,
+    /// Its approvals, oldest first.
+    pub approvals: Vec<ApprovalRecord>,
+    /// Its inbox, oldest first.
+    pub inbox: Vec<InboxRecord>,
+}
+
+/// An approval of a [`RunRecord`] (the run and tenant are the record's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRecord {
+    /// The call.
+    pub call_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Arguments to approve.
+    pub input: Value,
+    /// Hash a decision must quote.
+    pub args_hash: String,
+    /// `pending` or `decided`.
+    pub status: ApprovalStatus,
+    /// When it was requested.
+    pub requested_at: DateTime<Utc>,
+    /// Its deadline, if any.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Handed to a second line of approvers.
+    pub escalated: bool,
+    /// Asks about a call a crash interrupted.
+    pub interrupted: bool,
+}
+
+/// An inbox item of a [`RunRecord`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboxRecord {
+    /// The payload.
+    pub payload: Resume,
+    /// Its dedupe key ([`crate::dedupe_key`]).
+    pub dedupe_key: Option<String>,
+    /// Already applied to the run.
+    pub consumed: bool,
+}
+
+impl ApprovalRecord {
+    /// The approval an `approval.requested` event asks for (pending); `None`
+    /// for any other event.
+    pub fn requested(e: &Event) -> Option<ApprovalRecord> {
+        match &e.kind {
+            glia_proto::EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted } => Some(ApprovalRecord {
+                call_id: call_id.clone(),
+                tool: tool.clone(),
+                input: input.clone(),
+                args_hash: args_hash.clone(),
+                status: ApprovalStatus::Pending,
+                requested_at: e.at,
+                expires_at: *expires_at,
+                escalated: false,
+                interrupted: *interrupted,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl From<crate::ApprovalRow> for ApprovalRecord {
+    fn from(a: crate::ApprovalRow) -> ApprovalRecord {
+        ApprovalRecord {
+            call_id: a.call_id,
+            tool: a.tool,
+            input: a.input,
+            args_hash: a.args_hash,
+            status: a.status,
+            requested_at: a.requested_at,
+            expires_at: a.expires_at,
+            escalated: a.escalated,
+            interrupted: a.interrupted,
+        }
+    }
+}
+
+impl RunRecord {
+    /// The run's state after its events. Errors ([`LogError::Invalid`]): no
+    /// events, an event of another run, sequences not 1, 2, 3 …, events that
+    /// do not apply.
+    pub fn validate(&self) -> Result<RunState, LogError> {
+        let invalid = |reason: String| LogError::Invalid { run_id: self.run_id, reason };
+        if self.events.is_empty() {
+            return Err(invalid("no events".into()));
+        }
+        for (i, e) in self.events.iter().enumerate() {
+            if e.run_id != self.run_id {
+                return Err(invalid(format!("event {} is of run {}", e.seq, e.run_id)));
+            }
+            if e.seq != i as u64 + 1 {
+                return Err(invalid(format!("event at position {} has seq {}", i + 1, e.seq)));
+            }
+        }
+        RunState::replay(self.run_id, &self.events).map_err(|e| invalid(format!("the log does not replay: {e}")))
+    }
+
+    /// True when the run has work a worker should be woken for: not done,
+    /// and runnable or with unapplied inbox items (what
+    /// [`EventLog::orphaned`] looks for).
+    pub fn has_work(&self, state: &RunState) -> bool {
+        let status = crate::RunStatus::of(state);
+        status != crate::RunStatus::Done && (status == crate::RunStatus::Runnable || self.inbox.iter().any(|i| !i.consumed))
+    }
+}
+
+/// What [`Archive::import_run`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Imported {
+    /// The run was written (and a job, when it has work).
+    Created,
+    /// The run was already there at the same head; nothing written.
+    AlreadyPresent,
+}
+
+/// An event log whose runs can be exported and imported whole.
+#[async_trait]
+pub trait Archive: EventLog {
+    /// One run, read in one snapshot. Errors: [`LogError::NotFound`].
+    async fn export_run(&self, run_id: Uuid) -> Result<RunRecord, LogError>;
+
+    /// Write a run exported elsewhere, in one transaction: its row (no lease),
+    /// events, approvals, inbox, and a job when it has work
+    /// ([`RunRecord::has_work`]). Errors: [`LogError::Invalid`] (see
+    /// [`RunRecord::validate`]; also an idempotency key the tenant already
+    /// uses for another run, or a batch of another tenant);
+    /// [`LogError::Conflict`] when the run exists at another head.
+    async fn import_run(&self, run: &RunRecord) -> Result<Imported, LogError>;
+}

@@ -1,0 +1,188 @@
+//! The single node's SQLite adapters: the event log contract (the same
+//! conformance suite as Postgres and the twin), the job queue, what survives
+//! closing and opening the file again, and the guards (one process per file,
+//! append-only events). Each test works on a file in a directory of its own.
+
+use std::time::Duration;
+
+use glia_backends::conformance::{self, sample_log};
+use glia_backends::sqlite::{SqliteLog, SqliteOptions};
+use glia_backends::testkit::TempDir;
+use glia_backends::{EventLog, Job, JobQueue, Ledger, LogError, NewRun};
+use glia_proto::{Decision, Resume, RunState};
+use uuid::Uuid;
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn open(dir: &TempDir) -> SqliteLog {
+    SqliteLog::open(dir.db(), SqliteOptions::default()).await.expect("open the store")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_log_conformance() {
+    let dirs = std::sync::Mutex::new(Vec::new());
+    conformance::all(|| {
+        let dir = TempDir::new();
+        let path = dir.db();
+        dirs.lock().unwrap().push(dir);
+        async move { SqliteLog::open(path, SqliteOptions::default()).await.unwrap() }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_second_process_cannot_open_the_same_file() {
+    let dir = TempDir::new();
+    let first = open(&dir).await;
+    let err = SqliteLog::open(dir.db(), SqliteOptions::default()).await.unwrap_err();
+    assert!(matches!(&err, LogError::Unavailable(m) if m.contains("in use by another glia process")), "{err}");
+    drop(first);
+    open(&dir).await;
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_named() {
+    let dir = TempDir::new();
+    std::fs::write(dir.db(), b"these are not the pages you are looking for, not at all, no").unwrap();
+    let err = SqliteLog::open(dir.db(), SqliteOptions::default()).await.unwrap_err();
+    assert!(err.to_string().contains(dir.db().to_str().unwrap()), "{err}");
+    let missing = dir.path().join("no/such/dir/node.db");
+    assert!(SqliteLog::open(&missing, SqliteOptions::default()).await.unwrap_err().to_string().contains("no/such/dir"));
+}
+
+#[tokio::test]
+async fn events_are_append_only() {
+    let dir = TempDir::new();
+    let log = open(&dir).await;
+    let s = sample_log();
+    log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start: s.parked[0].clone() }).await.unwrap();
+    drop(log);
+    let conn = rusqlite::Connection::open(dir.db()).unwrap();
+    for sql in ["UPDATE events SET kind = 'x'", "DELETE FROM events"] {
+        let err = conn.execute(sql, []).unwrap_err();
+        assert!(err.to_string().contains("append-only"), "{sql}: {err}");
+    }
+}
+
+/// Everything committed is there after the file is closed and opened again:
+/// runs, events, state, approvals, the inbox, cancellation flags, queued jobs.
+#[tokio::test]
+async fn what_was_committed_survives_a_restart() {
+    let dir = TempDir::new();
+    let s = sample_log();
+    let decision;
+    {
+        let log = open(&dir).await;
+        log.create_run(NewRun { tenant: "t".into(), idempotency_key: Some("k".into()), batch_id: None, start: s.parked[0].clone() }).await.unwrap();
+        let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+        log.commit(&lease, &s.parked[1..], &RunState::replay(s.run_id, &s.parked).unwrap(), &[]).await.unwrap();
+        let approvals = log.approvals(&glia_backends::ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap();
+        decision = Resume::Approval { call_id: "c1".into(), args_hash: approvals[0].args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
+        log.post(s.run_id, decision.clone()).await.unwrap();
+        log.ledger().cancel(s.run_id).await.unwrap();
+        log.queue().publish(&Job { run_id: s.run_id, head_seq: 9 }).await.unwrap();
+        // Lease held when the process "dies": it lapses, nothing releases it.
+    }
+    let log = open(&dir).await;
+    assert_eq!(log.events(s.run_id, 0, 100).await.unwrap(), s.parked);
+    assert_eq!(log.load(s.run_id).await.unwrap(), RunState::replay(s.run_id, &s.parked).unwrap());
+    assert_eq!(log.inbox(s.run_id).await.unwrap()[0].payload, decision);
+    assert!(matches!(log.post(s.run_id, decision).await, Err(LogError::Duplicate { .. })), "still decided once");
+    assert!(log.ledger().is_cancelled(s.run_id).await.unwrap());
+    let delivery = log.queue().next().await.unwrap();
+    assert_eq!(delivery.job, Job { run_id: s.run_id, head_seq: 9 });
+    let s2 = sample_log();
+    let (again, created) = log.create_run(NewRun { tenant: "t".into(), idempotency_key: Some("k".into()), batch_id: None, start: s2.parked[0].clone() }).await.unwrap();
+    assert!(!created && again.run_id == s.run_id, "the idempotency key is remembered");
+}
+
+/// A taken job is not handed out twice; ack removes it; nack requeues or
+/// dead-letters it; a job taken by a process that died is ready again when
+/// the file is opened next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_delivers_each_job_once_and_again_after_a_restart() {
+    let dir = TempDir::new();
+    let (a, b, c) = (Job { run_id: Uuid::now_v7(), head_seq: 1 }, Job { run_id: Uuid::now_v7(), head_seq: 2 }, Job { run_id: Uuid::now_v7(), head_seq: 3 });
+    {
+        let log = open(&dir).await;
+        let queue = log.queue();
+        // A consumer waiting before the publish is woken by it.
+        let waiting = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.next().await.map(|d| (d.job, d.redelivered, d.enqueued_at.is_some())) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for job in [a, b, c] {
+            queue.publish(&job).await.unwrap();
+        }
+        let first = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken by the publish").unwrap().unwrap();
+        assert_eq!(first, (a, false, true));
+        let second = queue.next().await.unwrap();
+        assert_eq!(second.job, b);
+        second.acker.nack(true).await.unwrap();
+        let again = queue.next().await.unwrap();
+        assert_eq!((again.job, again.redelivered), (b, true));
+        again.acker.nack(false).await.unwrap();
+        let stats = queue.stats().await.unwrap();
+        assert_eq!((stats.ready, stats.dead_lettered), (1, Some(1)), "c ready, b dead-lettered, a taken");
+        let third = queue.next().await.unwrap();
+        assert_eq!(third.job, c);
+        third.acker.ack().await.unwrap();
+        assert_eq!(queue.depth().await.unwrap(), 0);
+        // `a` is taken and never acked: the process dies.
+    }
+    let log = open(&dir).await;
+    let queue = log.queue();
+    let d = queue.next().await.unwrap();
+    assert_eq!(d.job, a, "taken, not acked: ready again");
+    d.acker.ack().await.unwrap();
+    let nothing = tokio::time::timeout(Duration::from_millis(700), queue.next()).await;
+    assert!(nothing.is_err(), "acked and dead-lettered jobs are not delivered");
+}
+
+/// A job nobody acks is dead-lettered after the delivery limit.
+#[tokio::test]
+async fn a_job_past_its_delivery_limit_is_dead_lettered() {
+    let dir = TempDir::new();
+    let log = SqliteLog::open(dir.db(), SqliteOptions { delivery_limit: 2, ..SqliteOptions::default() }).await.unwrap();
+    let queue = log.queue();
+    let job = Job { run_id: Uuid::now_v7(), head_seq: 1 };
+    queue.publish(&job).await.unwrap();
+    for _ in 0..2 {
+        queue.next().await.unwrap().acker.nack(true).await.unwrap();
+    }
+    assert!(tokio::time::timeout(Duration::from_millis(700), queue.next()).await.is_err());
+    assert_eq!(queue.stats().await.unwrap().dead_lettered, Some(1));
+}
+
+/// A run moves from one file to another whole.
+#[tokio::test]
+async fn export_then_import_keeps_the_run_whole() {
+    let (src_dir, dst_dir) = (TempDir::new(), TempDir::new());
+    conformance::export_import_round_trip(&open(&src_dir).await, &open(&dst_dir).await).await;
+}
+
+/// Writes queued together are committed together, each in its own
+/// savepoint: of concurrent identical decisions exactly one is accepted, of
+/// concurrent commits on the same head exactly one wins, and the failures
+/// leave nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_batched_together_fail_alone() {
+    let dir = TempDir::new();
+    let log = open(&dir).await;
+    let s = sample_log();
+    log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start: s.parked[0].clone() }).await.unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    let state = RunState::replay(s.run_id, &s.parked).unwrap();
+    let commits = (0..16).map(|_| log.commit(&lease, &s.parked[1..], &state, &[]));
+    let won = futures::future::join_all(commits).await;
+    assert_eq!(won.iter().filter(|r| r.is_ok()).count(), 1, "{won:?}");
+    assert!(won.iter().filter_map(|r| r.as_ref().err()).all(|e| matches!(e, LogError::Conflict { .. })), "{won:?}");
+    assert_eq!(log.events(s.run_id, 0, 100).await.unwrap(), s.parked);
+    let hash = log.approvals(&glia_backends::ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap()[0].args_hash.clone();
+    let decision = Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None };
+    let posts = (0..16).map(|_| log.post(s.run_id, decision.clone()));
+    let posted = futures::future::join_all(posts).await;
+    assert_eq!(posted.iter().filter(|r| r.is_ok()).count(), 1, "{posted:?}");
+    assert_eq!(log.inbox(s.run_id).await.unwrap().len(), 1);
+}
