@@ -1021,11 +1021,25 @@ impl EventLog for SqliteLog {
                 let tx = immediate(conn)?;
                 let now = nanos(Utc::now());
                 let id = run_id.to_string();
-                let head: i64 = tx
-                    .prepare_cached("SELECT head_seq FROM runs WHERE id = ?1")
-                    .and_then(|mut st| st.query_row([&id], |r| r.get(0)).optional())
+                // The writer is the only one: the run's status and a waiting
+                // cancel cannot change between this read and the insert.
+                let (head, status, cancel_pending): (i64, String, bool) = tx
+                    .prepare_cached(
+                        "SELECT head_seq, status, EXISTS (SELECT 1 FROM inbox WHERE run_id = ?1 AND dedupe_key = 'cancel' AND consumed = 0) \
+                         FROM runs WHERE id = ?1",
+                    )
+                    .and_then(|mut st| st.query_row([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional())
                     .map_err(db("post"))?
                     .ok_or(LogError::NotFound(run_id))?;
+                if status == "done" {
+                    return Err(LogError::Finished(run_id));
+                }
+                if cancel_pending {
+                    return Err(match key.as_deref() {
+                        Some(crate::CANCEL_KEY) => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
+                        _ => LogError::Cancelled(run_id),
+                    });
+                }
                 if let Some(k) = &key {
                     let taken = tx
                         .prepare_cached("SELECT 1 FROM inbox WHERE run_id = ?1 AND dedupe_key = ?2")

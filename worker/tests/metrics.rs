@@ -6,28 +6,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::run_id;
-use glia_proto::{BudgetLimits, Event, LiveEvent, Retry, RunConfig, RunState, Status};
-use glia_worker::agent::{EventSink, SinkError};
-use glia_worker::async_trait;
+use common::{Observed, run_id};
+use glia_proto::{BudgetLimits, Retry, RunConfig, RunState, Status};
 use glia_worker::metrics::{RunObserver, WorkerMetrics};
 use glia_worker::provider::ScriptedTurn;
 use serde_json::json;
 
-/// Hands everything to the observer, as the worker's sink does.
-struct Observed(RunObserver);
-
-#[async_trait]
-impl EventSink for Observed {
-    async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
-        self.0.record(event);
-        Ok(())
-    }
-
-    fn live(&self, event: &LiveEvent) {
-        self.0.live(event);
-    }
-}
 
 /// The value of the sample `series` (name and labels, exactly as encoded).
 fn sample(metrics: &WorkerMetrics, series: &str) -> Option<f64> {

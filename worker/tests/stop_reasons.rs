@@ -8,12 +8,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::run_id;
+use common::{Observed, run_id};
 use glia_proto::{
-    Event, EventKind, LiveEvent, Outcome, PauseReason, PullPoint, RejectedAnswer, Resume, RunConfig, RunState, Status, StopAction, StopClass, StopPolicy,
+    Event, EventKind, Outcome, PauseReason, PullPoint, RejectedAnswer, Resume, RunConfig, RunState, Status, StopAction, StopClass, StopPolicy,
 };
-use glia_worker::agent::{EventSink, SinkError};
-use glia_worker::async_trait;
 use glia_worker::metrics::{RunObserver, WorkerMetrics};
 use glia_worker::provider::ScriptedTurn;
 use serde_json::json;
@@ -135,20 +133,6 @@ fn the_stop_policy_refuses_unknown_fields_and_has_safe_defaults() {
     ));
 }
 
-/// Hands everything to the observer, as the worker's sink does.
-struct Observed(RunObserver);
-
-#[async_trait]
-impl EventSink for Observed {
-    async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
-        self.0.record(event);
-        Ok(())
-    }
-
-    fn live(&self, event: &LiveEvent) {
-        self.0.live(event);
-    }
-}
 
 #[tokio::test]
 async fn metrics_say_why_the_model_stopped_and_what_the_loop_did() {

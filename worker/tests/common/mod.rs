@@ -206,3 +206,18 @@ pub fn assert_replays(log: &[Event], state: &RunState) {
 pub fn through_json(state: &RunState) -> RunState {
     serde_json::from_str(&serde_json::to_string(state).unwrap()).unwrap()
 }
+
+/// Hands everything to the observer, as the worker's sink does.
+pub struct Observed(pub glia_worker::metrics::RunObserver);
+
+#[glia_worker::async_trait]
+impl glia_worker::agent::EventSink for Observed {
+    async fn record(&mut self, event: &Event) -> Result<(), glia_worker::agent::SinkError> {
+        self.0.record(event);
+        Ok(())
+    }
+
+    fn live(&self, event: &glia_proto::LiveEvent) {
+        self.0.live(event);
+    }
+}
