@@ -11,7 +11,7 @@
 //! `msg_id` (at-least-once; receivers deduplicate on `webhook-id`).
 //!
 //! Only the Postgres adapter implements [`WebhookStore`]; `glia dev` (the
-//! in-memory twins) has no webhooks.
+//! in-memory twins) and `glia serve` (SQLite) have no webhooks.
 
 use std::time::Duration;
 
