@@ -567,7 +567,7 @@ pub async fn approval_history(State(app): State<App>, p: Principal, ApiQuery(q):
     p.require(Scope::Approve)?;
     let records = crate::history::history(&*app.log, p.tenant_filter(), &q).await?;
     match q.format.as_deref() {
-        None | Some("json") => Ok(Json(ApprovalHistory { approvals: records }).into_response()),
+        None | Some("" | "json") => Ok(Json(ApprovalHistory { approvals: records }).into_response()),
         Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], crate::history::to_csv(&records)).into_response()),
         Some(other) => Err(ApiError::InvalidQuery(format!("format {other:?} is not json or csv"))),
     }

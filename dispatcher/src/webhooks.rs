@@ -8,7 +8,8 @@
 //! | `DELETE /v1/webhooks/{id}` | submit or approve | 204 | 404 `route_not_found` (no such subscription of the tenant) |
 //! | `GET /v1/webhooks/{id}/deliveries` | submit or approve | 200 the delivery log, newest first | – |
 //!
-//! On a fleet without the Postgres event log every one answers 503 `not_ready`.
+//! On a dispatcher without the Postgres event log (`glia dev`, `glia serve`)
+//! every one answers 404 `route_not_found`: the feature does not exist there.
 //!
 //! **Signatures** follow Standard Webhooks (<https://www.standardwebhooks.com>):
 //! headers `webhook-id` (the delivery's `msg_id`, the same on every retry),
@@ -121,7 +122,7 @@ pub struct Deliveries {
 }
 
 fn store(app: &App) -> Result<&Arc<dyn WebhookStore>, ApiError> {
-    app.webhooks.store.as_ref().ok_or_else(|| ApiError::NotReady("webhooks need the Postgres event log (in-memory fleets have none)".into()))
+    app.webhooks.store.as_ref().ok_or_else(|| ApiError::RouteNotFound("webhooks: not available on this dispatcher (they need the Postgres event log)".into()))
 }
 
 fn tenant_of(p: &Principal) -> Option<&str> {
@@ -211,7 +212,7 @@ fn check_events(events: Option<Vec<String>>) -> Result<Vec<String>, ApiError> {
 /// signing secret, shown this once.
 #[utoipa::path(post, path = "/v1/webhooks", tag = "webhooks", request_body = NewSubscription,
     responses((status = 201, body = Created), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
-        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn create(State(app): State<App>, p: Principal, ApiJson(body): ApiJson<NewSubscription>) -> Result<Response, ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
@@ -226,7 +227,7 @@ pub async fn create(State(app): State<App>, p: Principal, ApiJson(body): ApiJson
 
 /// The caller's tenant's subscriptions (an admin's: every tenant's); no secrets.
 #[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks",
-    responses((status = 200, body = Subscriptions), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    responses((status = 200, body = Subscriptions), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(State(app): State<App>, p: Principal) -> Result<Json<Subscriptions>, ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
@@ -245,7 +246,7 @@ pub async fn delete(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
 /// A subscription's delivery log, newest first: status, attempts, last HTTP
 /// status or error, next attempt.
 #[utoipa::path(get, path = "/v1/webhooks/{id}/deliveries", tag = "webhooks", params(("id" = Uuid, Path, description = "Subscription id")),
-    responses((status = 200, body = Deliveries), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    responses((status = 200, body = Deliveries), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn deliveries(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<Deliveries>, ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
