@@ -561,15 +561,14 @@ pub async fn list_approvals(State(app): State<App>, p: Principal, ApiQuery(q): A
 /// who decided and when, the wait, and escalation; newest first. With
 /// `format=csv`: the same as `text/csv` (see `history::to_csv`).
 #[utoipa::path(get, path = "/v1/approvals/history", tag = "approvals", params(crate::history::HistoryQuery),
-    responses((status = 200, body = ApprovalHistory), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    responses((status = 200, description = "The records: JSON, or CSV with `format=csv`", content((ApprovalHistory = "application/json"), (String = "text/csv"))), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn approval_history(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<crate::history::HistoryQuery>) -> Result<Response, ApiError> {
     p.require(Scope::Approve)?;
     let records = crate::history::history(&*app.log, p.tenant_filter(), &q).await?;
-    match q.format.as_deref() {
-        None | Some("" | "json") => Ok(Json(ApprovalHistory { approvals: records }).into_response()),
-        Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], crate::history::to_csv(&records)).into_response()),
-        Some(other) => Err(ApiError::InvalidQuery(format!("format {other:?} is not json or csv"))),
+    match q.format {
+        None | Some(crate::history::HistoryFormat::Json) => Ok(Json(ApprovalHistory { approvals: records }).into_response()),
+        Some(crate::history::HistoryFormat::Csv) => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], crate::history::to_csv(&records)).into_response()),
     }
 }
 

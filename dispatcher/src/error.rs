@@ -52,6 +52,10 @@ pub enum ApiError {
     /// 404 `route_not_found`: no such endpoint.
     #[error("no route {0}")]
     RouteNotFound(String),
+    /// 404 `not_available`: a feature this dispatcher does not have (webhooks
+    /// without the Postgres event log); the message says which.
+    #[error("{0}")]
+    NotAvailable(String),
     /// 405 `method_not_allowed`.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
@@ -199,7 +203,7 @@ impl ApiError {
         match self {
             MissingToken | InvalidToken => StatusCode::UNAUTHORIZED,
             Forbidden(_) => StatusCode::FORBIDDEN,
-            RouteNotFound(_) | RunNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
+            RouteNotFound(_) | NotAvailable(_) | RunNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_)
             | AlreadyPosted { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
@@ -220,6 +224,7 @@ impl ApiError {
             InvalidToken => "invalid_token",
             Forbidden(_) => "forbidden",
             RouteNotFound(_) => "route_not_found",
+            NotAvailable(_) => "not_available",
             MethodNotAllowed => "method_not_allowed",
             RunNotFound(_) => "run_not_found",
             CallNotFound { .. } => "call_not_found",

@@ -264,7 +264,18 @@ pub struct HistoryQuery {
     pub limit: Option<usize>,
     /// `json` (default) or `csv` (for `GET /v1/approvals/history`).
     #[serde(default)]
-    pub format: Option<String>,
+    #[param(inline)]
+    pub format: Option<HistoryFormat>,
+}
+
+/// How `GET /v1/approvals/history` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HistoryFormat {
+    /// `{"approvals": [...]}`.
+    Json,
+    /// CSV, see [`to_csv`].
+    Csv,
 }
 
 impl HistoryQuery {

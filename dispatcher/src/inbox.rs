@@ -831,7 +831,7 @@ async fn history_page(State(app): State<App>, headers: HeaderMap, Query(q): Quer
         Ok(r) => r,
         Err(e) => return log_error_page(&s, e),
     };
-    if q.format.as_deref() == Some("csv") {
+    if q.format == Some(history::HistoryFormat::Csv) {
         return (
             [(header::CONTENT_TYPE, "text/csv; charset=utf-8"), (header::CONTENT_DISPOSITION, "attachment; filename=\"approvals.csv\"")],
             history::to_csv(&records),

@@ -9,7 +9,7 @@
 //! | `GET /v1/webhooks/{id}/deliveries` | submit or approve | 200 the delivery log, newest first | – |
 //!
 //! On a dispatcher without the Postgres event log (`glia dev`, `glia serve`)
-//! every one answers 404 `route_not_found`: the feature does not exist there.
+//! every one answers 404 `not_available`.
 //!
 //! **Signatures** follow Standard Webhooks (<https://www.standardwebhooks.com>):
 //! headers `webhook-id` (the delivery's `msg_id`, the same on every retry),
@@ -122,7 +122,7 @@ pub struct Deliveries {
 }
 
 fn store(app: &App) -> Result<&Arc<dyn WebhookStore>, ApiError> {
-    app.webhooks.store.as_ref().ok_or_else(|| ApiError::RouteNotFound("webhooks: not available on this dispatcher (they need the Postgres event log)".into()))
+    app.webhooks.store.as_ref().ok_or_else(|| ApiError::NotAvailable("webhooks are not available on this dispatcher (they need the Postgres event log)".into()))
 }
 
 fn tenant_of(p: &Principal) -> Option<&str> {
