@@ -7,7 +7,8 @@
 //! - `GET /healthz` answers 200 (the process lives: liveness);
 //! - `GET /readyz` answers 503 `not_ready` with each dependency's state
 //!   (`event_log`, `job_queue`, `ledger` → `ok`, `connecting`, or
-//!   `connecting: <last error>`), the same shape as the app's own `/readyz`;
+//!   `connecting: <last error>`) and `api: starting` (so it never says ready
+//!   before the API serves), the same shape as the app's own `/readyz`;
 //! - every other request answers 503 `not_ready` with `Retry-After: 1`, which
 //!   clients retry.
 //!
@@ -103,9 +104,9 @@ impl Gate {
 fn starting(req: Request, startup: &Startup) -> Response {
     match req.uri().path() {
         "/healthz" => api::healthz_answer().into_response(),
-        "/readyz" => api::readiness_answer(startup.checks()),
+        "/readyz" => api::readiness_answer(starting_checks(startup)),
         _ => {
-            let waiting: Vec<String> = startup.checks().into_iter().filter(|(_, v)| v != "ok").map(|(k, v)| format!("{k}: {v}")).collect();
+            let waiting: Vec<String> = starting_checks(startup).into_iter().filter(|(_, v)| v != "ok").map(|(k, v)| format!("{k}: {v}")).collect();
             let error = crate::ApiError::NotReady(format!("the dispatcher is starting; waiting for {}", waiting.join("; ")));
             let mut resp = error.into_response();
             debug_assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -113,6 +114,16 @@ fn starting(req: Request, startup: &Startup) -> Response {
             resp
         }
     }
+}
+
+/// The dependencies' states while the gate is shut, plus `api: starting`:
+/// every service may already answer `ok` while the app is still being built
+/// (between the last connect and [`Gate::open`]), and a dispatcher that
+/// refuses requests must not report ready.
+fn starting_checks(startup: &Startup) -> BTreeMap<String, String> {
+    let mut checks = startup.checks();
+    checks.insert("api".to_owned(), "starting".to_owned());
+    checks
 }
 
 /// Serve `gate`'s router on `listener` until `shutdown` resolves, with the

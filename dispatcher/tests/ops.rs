@@ -87,13 +87,20 @@ async fn a_starting_dispatcher_is_live_but_not_ready_until_its_gate_opens() {
     assert_eq!(send(&router, request(Method::GET, "/healthz", None, None)).await.status, StatusCode::OK);
     let r = send(&router, request(Method::GET, "/readyz", None, None)).await;
     assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
-    assert_eq!(r.body["checks"], json!({"event_log": "ok", "job_queue": "connecting: broker down", "ledger": "connecting"}));
+    assert_eq!(r.body["checks"], json!({"api": "starting", "event_log": "ok", "job_queue": "connecting: broker down", "ledger": "connecting"}));
     let msg = r.body["error"]["message"].as_str().unwrap();
     assert!(msg.contains("job_queue: connecting: broker down") && msg.contains("ledger: connecting") && !msg.contains("event_log"), "{msg}");
     let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": "g"})))).await;
     assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
     assert_eq!(r.headers.get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("1"));
     assert!(!gate.is_open());
+    // Every service connected but the app not yet serving: still not ready,
+    // so nobody is told "ready" and then refused.
+    startup.set("job_queue", "ok");
+    startup.set("ledger", "ok");
+    let r = send(&router, request(Method::GET, "/readyz", None, None)).await;
+    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"), "{}", r.text);
+    assert_eq!(r.body["checks"]["api"], "starting");
 
     let h = harness();
     gate.open(h.app.clone());
