@@ -153,6 +153,23 @@ impl ApprovalRecord {
             _ => None,
         }
     }
+
+    /// The index row of this approval of `run_id` (of `tenant`).
+    pub fn into_row(self, run_id: Uuid, tenant: String) -> crate::ApprovalRow {
+        crate::ApprovalRow {
+            run_id,
+            tenant,
+            call_id: self.call_id,
+            tool: self.tool,
+            input: self.input,
+            args_hash: self.args_hash,
+            status: self.status,
+            requested_at: self.requested_at,
+            expires_at: self.expires_at,
+            escalated: self.escalated,
+            interrupted: self.interrupted,
+        }
+    }
 }
 
 impl From<crate::ApprovalRow> for ApprovalRecord {

@@ -194,19 +194,9 @@ impl EventLog for MemoryLog {
         let tenant = r.summary.tenant.clone();
         for e in events {
             match &e.kind {
-                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted } => inner.approvals.push(ApprovalRow {
-                    run_id,
-                    tenant: tenant.clone(),
-                    call_id: call_id.clone(),
-                    tool: tool.clone(),
-                    input: input.clone(),
-                    args_hash: args_hash.clone(),
-                    status: ApprovalStatus::Pending,
-                    requested_at: e.at,
-                    expires_at: *expires_at,
-                    escalated: false,
-                    interrupted: *interrupted,
-                }),
+                EventKind::ApprovalRequested { .. } => {
+                    inner.approvals.extend(crate::archive::ApprovalRecord::requested(e).map(|a| a.into_row(run_id, tenant.clone())));
+                }
                 EventKind::ApprovalResolved { call_id, .. } => {
                     for a in inner.approvals.iter_mut().filter(|a| a.run_id == run_id && &a.call_id == call_id) {
                         a.status = ApprovalStatus::Decided;
