@@ -428,15 +428,13 @@ pub fn drive_all(fleet: &Api, runs: &[(String, String)], deadline: Instant) -> V
 }
 
 /// The checks every batch ends with: all completed as expected, logs without
-/// gaps or duplicates, each refund executed at most once. Returns how often
-/// each refund ran.
+/// gaps or duplicates, each refund executed at most once (by the tool's own
+/// effects file), and per approval run exactly one outcome in the log: a
+/// result whose refund the effects file shows, or an outcome-unknown error (a
+/// kill between the refund and its recorded result leaves the effect *and*
+/// the outcome-unknown error: the run could not know, and says so). Returns
+/// how often each refund ran.
 pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<String, usize> {
-    let mut outcome_unknown = 0;
-    for (kind, run_id, run) in results {
-        assert_eq!(run["outcome"]["kind"], "succeeded", "{kind} run {run_id}: {run}");
-        let events = check_log(fleet, run_id);
-        outcome_unknown += events.iter().filter(|e| matches!(e.kind, EventKind::ToolError { error: ToolErrorKind::OutcomeUnknown, .. })).count();
-    }
     let mut refunds: HashMap<String, usize> = HashMap::new();
     for line in fleet.effects() {
         *refunds.entry(line).or_default() += 1;
@@ -444,9 +442,30 @@ pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<
     for (key, n) in &refunds {
         assert_eq!(*n, 1, "{key} executed {n} times");
     }
-    let approval_runs = results.iter().filter(|(k, _, _)| k == "approval").count();
-    assert!(refunds.len() <= approval_runs);
-    assert_eq!(refunds.len() + outcome_unknown, approval_runs, "every refund either ran once or is recorded as outcome unknown");
+    for (kind, run_id, run) in results {
+        assert_eq!(run["outcome"]["kind"], "succeeded", "{kind} run {run_id}: {run}");
+        let events = check_log(fleet, run_id);
+        let unknown = events.iter().filter(|e| matches!(e.kind, EventKind::ToolError { error: ToolErrorKind::OutcomeUnknown, .. })).count();
+        let recorded: Vec<String> = events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::ToolResult { content, .. } => serde_json::from_str::<Value>(content).ok(),
+                _ => None,
+            })
+            .filter(|v| v["refunded"] == true)
+            .map(|v| v["idempotency_key"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        for key in &recorded {
+            assert!(refunds.contains_key(&format!("refund {key}")), "run {run_id}: a result is recorded for refund {key}, which never ran");
+        }
+        let executed = refunds.keys().filter(|k| k.contains(run_id.as_str())).count();
+        if kind == "approval" {
+            assert_eq!(recorded.len() + unknown, 1, "run {run_id}: the refund has {} results and {unknown} outcome-unknown errors", recorded.len());
+            assert!(executed <= 1, "run {run_id}: {executed} refunds ran");
+        } else {
+            assert_eq!(executed, 0, "{kind} run {run_id} ran a refund");
+        }
+    }
     refunds
 }
 
