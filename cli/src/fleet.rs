@@ -193,6 +193,46 @@ pub struct WorkerArgs {
     /// on this address, e.g. `0.0.0.0:9464` (default: not served).
     #[arg(long, env = "GLIA_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub catalogue: CatalogueArgs,
+}
+
+/// The operator's catalogue (`glia_worker::catalogue`): providers, MCP
+/// servers, HTTP tool origins.
+#[derive(Args, Clone, Default)]
+pub struct CatalogueArgs {
+    /// The operator's catalogue, a TOML file: model providers, MCP servers
+    /// (stdio commands or streamable HTTP URLs; secrets as environment
+    /// variable names) and the origins HTTP tools may call. Checked at
+    /// start (unknown keys, missing variables: an error naming the key);
+    /// runs naming anything it lacks are refused.
+    #[arg(long, env = "GLIA_CATALOGUE", value_name = "FILE")]
+    pub catalogue: Option<PathBuf>,
+}
+
+impl CatalogueArgs {
+    /// The catalogue, parsed and checked; `None` without `--catalogue`.
+    pub fn load(&self) -> Result<Option<glia_worker::catalogue::Catalogue>> {
+        let Some(path) = &self.catalogue else { return Ok(None) };
+        Ok(Some(glia_worker::catalogue::Catalogue::load(path).map_err(|e| anyhow::anyhow!("invalid catalogue: {e}"))?))
+    }
+
+    /// The dispatcher's admission check against the catalogue, if any.
+    pub fn admission(&self) -> Result<Option<glia_dispatcher::Admission>> {
+        Ok(self.load()?.map(|c| -> glia_dispatcher::Admission { Arc::new(move |config| c.admit(config)) }))
+    }
+
+    /// `agent` offering the catalogue's MCP and HTTP tools (its MCP servers
+    /// started); unchanged without `--catalogue`. Every environment variable
+    /// the catalogue names must be set.
+    fn equip(&self, agent: Agent) -> Result<Agent> {
+        let Some(catalogue) = self.load()? else { return Ok(agent) };
+        if let Err((key, reason)) = catalogue.check_environment() {
+            bail!("invalid catalogue: {}: {key}: {reason}", self.catalogue.as_deref().unwrap_or(Path::new("")).display());
+        }
+        info!(mcp_servers = catalogue.mcp_servers.len(), http_origins = catalogue.http.allowed_origins.len(), "operator catalogue loaded");
+        Ok(agent.with_tool_sources(Arc::new(glia_worker::tool_sources::ToolSources::start(catalogue))))
+    }
 }
 
 impl WorkerArgs {
@@ -204,7 +244,8 @@ impl WorkerArgs {
         if let Some(dir) = &self.replay {
             let recording = glia_replay::tau::load_dir(dir)?;
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
-            return replay_agent(&recording);
+            let agent = Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?);
+            return Ok(Arc::new(self.catalogue.equip(agent)?));
         }
         self.provider.check()?;
         let provider: Arc<dyn Provider> = match self.provider.provider {
@@ -216,7 +257,7 @@ impl WorkerArgs {
                 self.provider.fleet_provider(kind, limiter, metrics).await?
             }
         };
-        Ok(Arc::new(Agent::new(provider).with_tools(crate::demo::tools())))
+        Ok(Arc::new(self.catalogue.equip(Agent::new(provider).with_tools(crate::demo::tools()))?))
     }
 
     /// Metric handles labelled with this worker's provider, the provider
@@ -441,9 +482,10 @@ impl DispatcherArgs {
     }
 }
 
-async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, shutdown: watch::Receiver<bool>) -> Result<()> {
+async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, admission: Option<glia_dispatcher::Admission>, shutdown: watch::Receiver<bool>) -> Result<()> {
     let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?);
-    let app = args.configure(app, ports.webhooks.clone());
+    let mut app = args.configure(app, ports.webhooks.clone());
+    app.admission = admission;
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let every = Duration::from_secs(args.reconcile_every.max(1));
     run_dispatcher(app, listener, every, Duration::from_millis(args.metrics_sample_ms.max(100)), shutdown).await
@@ -482,9 +524,10 @@ fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sampl
 /// It listens at once and connects to the services in the background
 /// ([`Ports::connect_waiting`]), answering 503 `not_ready` (and `/readyz`
 /// naming what it waits for) until they answer.
-pub async fn dispatcher(urls: Urls, args: DispatcherArgs) -> Result<()> {
+pub async fn dispatcher(urls: Urls, args: DispatcherArgs, catalogue: CatalogueArgs) -> Result<()> {
     urls.check()?;
     let auth = args.auth()?;
+    let admission = catalogue.admission()?;
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let shutdown = shutdown_signal();
     let gate = Gate::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]), auth.is_open());
@@ -497,7 +540,8 @@ pub async fn dispatcher(urls: Urls, args: DispatcherArgs) -> Result<()> {
         ports = Ports::connect_waiting(&urls, gate.startup(), shutdown.clone()) => ports?,
     };
     if let Some(ports) = ports {
-        let app = args.configure(glia_dispatcher::App::new(ports.log, ports.queue, ports.ledger, auth), ports.webhooks);
+        let mut app = args.configure(glia_dispatcher::App::new(ports.log, ports.queue, ports.ledger, auth), ports.webhooks);
+        app.admission = admission;
         spawn_background(&app, Duration::from_secs(args.reconcile_every.max(1)), Duration::from_millis(args.metrics_sample_ms.max(100)));
         gate.open(app);
         info!("dispatcher ready: Postgres, RabbitMQ and Redis connected");
@@ -536,11 +580,15 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     readiness.connected(&ports);
     info!("worker ready: Postgres, RabbitMQ and Redis connected");
     let agent = with_caps(agent, caps, &ports)?;
+    let agent_sources = agent.tool_sources().cloned();
     let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0));
     if let Some(metrics) = metrics {
         worker = worker.with_metrics(metrics);
     }
     Arc::new(worker).run(shutdown).await;
+    if let Some(sources) = agent_sources {
+        sources.shutdown().await;
+    }
     Ok(())
 }
 
@@ -615,5 +663,10 @@ pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
         }
         tokio::spawn(Arc::new(w).run(shutdown.clone()));
     }
-    serve_dispatcher(&ports, &dispatcher_args, shutdown).await
+    let sources = agent.tool_sources().cloned();
+    let served = serve_dispatcher(&ports, &dispatcher_args, worker_args.catalogue.admission()?, shutdown).await;
+    if let Some(sources) = sources {
+        sources.shutdown().await;
+    }
+    served
 }

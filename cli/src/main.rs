@@ -41,6 +41,8 @@ enum Command {
         urls: fleet::Urls,
         #[command(flatten)]
         args: fleet::DispatcherArgs,
+        #[command(flatten)]
+        catalogue: fleet::CatalogueArgs,
     },
     /// Take run jobs from the queue and advance runs.
     Worker {
@@ -153,7 +155,7 @@ async fn main() -> Result<()> {
     let _telemetry = observe::init_logging(cli.log_format, default_level);
     match cli.command {
         Command::Run(args) => run(args).await,
-        Command::Dispatcher { urls, args } => fleet::dispatcher(urls, args).await,
+        Command::Dispatcher { urls, args, catalogue } => fleet::dispatcher(urls, args, catalogue).await,
         Command::Worker { urls, args } => fleet::worker(urls, args).await,
         Command::Dev { urls, services, data, node } => {
             let store = match (data, services) {

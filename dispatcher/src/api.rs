@@ -435,11 +435,16 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// Checks a worker would otherwise fail on late: the dispatcher refuses them
 /// at admission, naming the field ([`RunConfig::validate`]: tool and output
 /// schemas are compiled as JSON Schema).
-fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
+fn validate_run(app: &App, req: &CreateRun) -> Result<(), ApiError> {
     if req.goal.trim().is_empty() {
         return Err(ApiError::InvalidField { field: "goal".into(), reason: "is blank".into() });
     }
-    req.config.validate().map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason })
+    let invalid = |e: glia_proto::ConfigError| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason };
+    req.config.validate().map_err(invalid)?;
+    match &app.admission {
+        Some(admit) => admit(&req.config).map_err(invalid),
+        None => Ok(()),
+    }
 }
 
 async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static str), glia_backends::LogError> {
@@ -478,7 +483,7 @@ async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static
 pub async fn create_run(State(app): State<App>, p: Principal, headers: HeaderMap, ApiJson(req): ApiJson<CreateRun>) -> Result<Response, ApiError> {
     p.require(Scope::Submit)?;
     let key = idempotency_key(&headers)?;
-    validate_run(&req)?;
+    validate_run(&app, &req)?;
     let run_id = Uuid::now_v7();
     let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: req.goal.clone(), config: req.config.clone() } };
     RunState::new(run_id).apply(&start).map_err(|e| ApiError::Invalid(e.to_string()))?;

@@ -101,6 +101,10 @@ impl Default for Limits {
     }
 }
 
+/// An admission check of a run's config: `Err` names the field (from the
+/// config's root) and why.
+pub type Admission = Arc<dyn Fn(&glia_proto::RunConfig) -> Result<(), glia_proto::ConfigError> + Send + Sync>;
+
 /// Everything a handler needs: the three ports, the tokens, the limits, the
 /// metrics and the relay's wake-up. Cheap to clone (all `Arc`s). Build it with
 /// [`App::new`]; the fields are public for reading and for swapping limits.
@@ -120,6 +124,10 @@ pub struct App {
     pub inbox: Arc<inbox::InboxConfig>,
     /// Webhook store, receiver policy and public URL.
     pub webhooks: Arc<webhooks::WebhookConfig>,
+    /// The operator's admission check of a run's config against the fleet's
+    /// catalogue (MCP servers, HTTP tool origins, providers: `glia
+    /// dispatcher --catalogue`); `None` admits every valid config.
+    pub admission: Option<Admission>,
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
 }
@@ -135,6 +143,7 @@ impl App {
             limits: Limits::default(),
             inbox: Arc::new(inbox::InboxConfig::default()),
             webhooks: Arc::new(webhooks::WebhookConfig::default()),
+            admission: None,
             metrics: Arc::new(Metrics::new()),
             wake: Arc::new(Notify::new()),
         }
@@ -149,6 +158,14 @@ impl App {
     /// The same app with this inbox configuration (session key, cookies).
     pub fn with_inbox(mut self, config: inbox::InboxConfig) -> App {
         self.inbox = Arc::new(config);
+        self
+    }
+
+    /// The same app refusing configs `check` refuses (422 naming
+    /// `config.FIELD`), e.g. a run naming an MCP server or HTTP origin the
+    /// operator's catalogue lacks.
+    pub fn with_admission(mut self, check: Admission) -> App {
+        self.admission = Some(check);
         self
     }
 

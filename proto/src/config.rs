@@ -6,6 +6,8 @@ use serde_json::Value;
 
 use crate::budget::{BudgetLimits, Pricing};
 use crate::stop::StopPolicy;
+use crate::tool_sources::{HttpTool, McpToolSource, ToolPolicy, ToolSource};
+use std::collections::BTreeMap;
 
 /// Default cap on model calls within one turn (one user input to one answer).
 pub const DEFAULT_MAX_MODEL_CALLS_PER_TURN: u32 = 16;
@@ -60,6 +62,21 @@ pub struct RunConfig {
     /// by the output limit, empty, refused, filtered, an unknown stop
     /// reason): re-ask, pause or fail, per class. See [`crate::stop`].
     pub stop_reasons: StopPolicy,
+    /// Tools of the operator's MCP servers this run may use, by catalogue
+    /// server name and an explicit allow list ([`crate::tool_sources`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mcp: Vec<McpToolSource>,
+    /// Tools the worker runs as JSON POSTs to catalogue-allowed origins.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub http_tools: Vec<HttpTool>,
+    /// Per-tool overrides (approval, idempotency, timeout) by tool name, for
+    /// MCP tools (over their annotations) and HTTP tools.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_policy: BTreeMap<String, ToolPolicy>,
+    /// Name of a model provider in the operator's catalogue; `None` = the
+    /// worker's default provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
 }
 
 /// What happens to a non-idempotent tool call a crash interrupted: it was
@@ -107,6 +124,10 @@ impl Default for RunConfig {
             on_approval_timeout: ApprovalTimeout::Reject,
             on_interrupted_call: InterruptedCall::OutcomeUnknown,
             stop_reasons: StopPolicy::default(),
+            mcp: Vec::new(),
+            http_tools: Vec::new(),
+            tool_policy: BTreeMap::new(),
+            provider: None,
         }
     }
 }
@@ -153,6 +174,12 @@ pub struct ToolSpec {
     /// The call's own `timeout_ms` still applies.
     #[serde(default = "default_cancel_grace_ms")]
     pub cancel_grace_ms: u64,
+    /// Where the worker gets the tool from, for tools of MCP servers and
+    /// HTTP tools (set by the worker when it freezes a step's tools; `None`
+    /// for the worker's registered tools and for external tools, where a
+    /// config may not set it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ToolSource>,
 }
 
 impl ToolSpec {
@@ -169,6 +196,7 @@ impl ToolSpec {
             external: false,
             return_direct: false,
             cancel_grace_ms: DEFAULT_CANCEL_GRACE_MS,
+            source: None,
         }
     }
 }
@@ -237,6 +265,65 @@ pub fn json_type(value: &Value) -> &'static str {
 }
 
 impl RunConfig {
+    /// The checks of [`crate::tool_sources`] fields that need no catalogue:
+    /// MCP sources name a server and at least one valid tool, listed once;
+    /// HTTP tools have valid names distinct from every other tool, compiling
+    /// schemas, `http(s)` URLs and non-zero limits; policies name a tool and
+    /// set a non-zero timeout; the provider name is not blank. `names` holds
+    /// the tool names taken so far.
+    fn validate_tool_sources<'a>(&'a self, names: &mut std::collections::HashSet<&'a str>) -> Result<(), ConfigError> {
+        let mut servers = std::collections::HashSet::new();
+        for (i, source) in self.mcp.iter().enumerate() {
+            if source.server.trim().is_empty() {
+                return Err(config_error(format!("mcp[{i}].server"), "is blank"));
+            }
+            if !servers.insert(source.server.as_str()) {
+                return Err(config_error(format!("mcp[{i}].server"), format!("{:?} is listed twice; merge the allow lists", source.server)));
+            }
+            if source.allow.is_empty() {
+                return Err(config_error(format!("mcp[{i}].allow"), "is empty: list the server's tools the model may call"));
+            }
+            let mut allowed = std::collections::HashSet::new();
+            for (j, name) in source.allow.iter().enumerate() {
+                if !TOOL_NAME.is_match(name) {
+                    return Err(config_error(format!("mcp[{i}].allow[{j}]"), format!("{name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$")));
+                }
+                if !allowed.insert(name.as_str()) {
+                    return Err(config_error(format!("mcp[{i}].allow[{j}]"), format!("{name:?} is listed twice")));
+                }
+            }
+        }
+        for (i, t) in self.http_tools.iter().enumerate() {
+            let field = |f: &str| format!("http_tools[{i}].{f}");
+            if !TOOL_NAME.is_match(&t.name) {
+                return Err(config_error(field("name"), format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name)));
+            }
+            if t.name == crate::OUTPUT_TOOL || !names.insert(t.name.as_str()) {
+                return Err(config_error(field("name"), format!("{:?} is taken by another tool", t.name)));
+            }
+            compile_tool_schema(&t.input_schema).map_err(|reason| config_error(field("input_schema"), reason))?;
+            crate::tool_sources::url_origin(&t.url).map_err(|reason| config_error(field("url"), reason))?;
+            if t.timeout_ms == 0 {
+                return Err(config_error(field("timeout_ms"), "must be at least 1"));
+            }
+            if t.max_response_bytes == 0 {
+                return Err(config_error(field("max_response_bytes"), "must be at least 1"));
+            }
+        }
+        for (name, policy) in &self.tool_policy {
+            if !TOOL_NAME.is_match(name) {
+                return Err(config_error(format!("tool_policy.{name}"), "must name a tool (^[a-zA-Z0-9_-]{1,64}$)"));
+            }
+            if policy.timeout_ms == Some(0) {
+                return Err(config_error(format!("tool_policy.{name}.timeout_ms"), "must be at least 1"));
+            }
+        }
+        if self.provider.as_ref().is_some_and(|p| p.trim().is_empty()) {
+            return Err(config_error("provider", "is blank"));
+        }
+        Ok(())
+    }
+
     /// Every check that needs no worker: the model is named; the per-turn
     /// caps are at least 1; external tools have valid, distinct names (not
     /// [`crate::OUTPUT_TOOL`]) and input schemas that compile
@@ -275,7 +362,11 @@ impl RunConfig {
                 return Err(config_error(field("name"), format!("{:?} is listed twice", t.name)));
             }
             compile_tool_schema(&t.input_schema).map_err(|reason| config_error(field("input_schema"), reason))?;
+            if t.source.is_some() {
+                return Err(config_error(field("source"), "is set by the worker; an external tool has none"));
+            }
         }
+        self.validate_tool_sources(&mut names)?;
         for (i, p) in self.policies.iter().enumerate() {
             if p.tool.trim().is_empty() {
                 return Err(config_error(format!("policies[{i}].tool"), "is blank (use \"*\" for any tool)"));

@@ -7,7 +7,8 @@
 //! - [`repair`]: building a provider-valid message list from any history;
 //! - [`marker`]: text glia inserts into conversations, and its predicate;
 //! - [`config`]: a run's configuration, tool specs and policies;
-//! - [`stop`]: stop reasons as outcomes: classes, the run's policy.
+//! - [`stop`]: stop reasons as outcomes: classes, the run's policy;
+//! - [`tool_sources`]: MCP and HTTP tools a run names, per-tool policy.
 //!
 //! Pure: no I/O and no async runtime.
 
@@ -21,6 +22,7 @@ pub mod marker;
 pub mod repair;
 pub mod state;
 pub mod stop;
+pub mod tool_sources;
 
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing};
 pub use config::{
@@ -32,6 +34,7 @@ pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent, Outcome, PauseReason,
     PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
 };
+pub use tool_sources::{HttpTool, McpToolSource, ToolPolicy, ToolSource};
 pub use stop::{RejectedAnswer, StopAction, StopClass, StopPolicy};
 pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
 

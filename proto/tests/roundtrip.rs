@@ -153,6 +153,7 @@ fn tool_spec() -> impl Strategy<Value = ToolSpec> {
             external,
             return_direct: false,
             cancel_grace_ms: timeout_ms / 2,
+            source: None,
         },
     )
 }
@@ -216,6 +217,7 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
             on_approval_timeout,
             on_interrupted_call,
             stop_reasons,
+            ..RunConfig::default()
         },
     )
 }

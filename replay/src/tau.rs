@@ -119,6 +119,7 @@ fn build(entries: Vec<Entry>, tools: Vec<RawTool>) -> Result<Recording, Recordin
                 input_schema: t.function.parameters,
                 timeout_ms: 30_000,
                 external: false,
+                source: None,
                 name,
             }
         })

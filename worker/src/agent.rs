@@ -38,7 +38,7 @@ use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
     ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall, LiveEvent,
     OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, RejectedAnswer, Resume, Role, RunConfig, RunState, Status,
-    StopAction, StopClass, ToolCallRecord, ToolErrorKind, ToolSpec, TransitionError, args_hash, canonical_json,
+    StopAction, StopClass, ToolCallRecord, ToolErrorKind, ToolSource, ToolSpec, TransitionError, args_hash, canonical_json,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -50,6 +50,7 @@ use crate::planner::{Draft, ModelPlanner, PlanError, Planner, Reflection, Single
 use crate::policy::{CompiledPolicies, Guardrail};
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
 use crate::tool::{ToolContext, ToolFailure, ToolRegistry};
+use crate::tool_sources::{OfferError, ToolSources};
 
 /// Where the loop's events go: a Vec in tests, Postgres in the fleet.
 ///
@@ -146,6 +147,10 @@ pub enum AgentError {
     /// runnable, retry later.
     #[error(transparent)]
     Budget(#[from] GateError),
+    /// A tool source (an MCP server) could not list the step's tools; the
+    /// run stays runnable, retry later.
+    #[error("tool source unavailable: {0}")]
+    ToolSource(String),
     /// The run was cancelled while it advanced ([`EventSink::cancelled`]):
     /// everything recorded is committed (tool calls that finished within
     /// their grace period with their results, the others as
@@ -179,6 +184,7 @@ pub struct Agent {
     compactor: Option<Box<dyn Compactor>>,
     clock: Arc<dyn Clock>,
     budget_gate: Option<Arc<dyn BudgetGate>>,
+    sources: Option<Arc<ToolSources>>,
 }
 
 /// The state being advanced, the sink, and the clock: every event goes
@@ -237,6 +243,7 @@ impl Agent {
             compactor: None,
             clock: Arc::new(SystemClock),
             budget_gate: None,
+            sources: None,
         }
     }
 
@@ -282,6 +289,18 @@ impl Agent {
     pub fn with_budget_gate(mut self, gate: Arc<dyn BudgetGate>) -> Self {
         self.budget_gate = Some(gate);
         self
+    }
+
+    /// Offer the MCP and HTTP tools runs name, under the operator's
+    /// catalogue ([`crate::tool_sources`]).
+    pub fn with_tool_sources(mut self, sources: Arc<ToolSources>) -> Self {
+        self.sources = Some(sources);
+        self
+    }
+
+    /// The MCP and HTTP tool sources, if any (to stop their servers at shutdown).
+    pub fn tool_sources(&self) -> Option<&Arc<ToolSources>> {
+        self.sources.as_ref()
     }
 
     /// The registered tools.
@@ -527,13 +546,17 @@ impl Agent {
     // ----- executing a step ------------------------------------------------
 
     async fn start_step(&self, run: &mut Run<'_>, index: usize) -> Result<(), AgentError> {
+        let tools = match self.step_tools(&run.state.config).await {
+            Ok(tools) => tools,
+            Err(OfferError::Unavailable(why)) => return Err(AgentError::ToolSource(why)),
+            Err(OfferError::Invalid(why)) => return self.fail(run, format!("the run's tools cannot be offered: {why}")).await,
+        };
         let description = run.state.plan[index].clone();
         let fired = self.fire(run, HookTopic::BeforeStep, json!({ "index": index, "description": description })).await?;
         if let Verdict::Cancel(reason) = fired.verdict {
             return run.record(EventKind::SessionCancel { reason }).await;
         }
         let description = fired.payload["description"].as_str().map_or(description, str::to_owned);
-        let tools = self.step_tools(&run.state.config);
         run.record(EventKind::StepStart { index, description, tools }).await?;
         if fired.verdict == Verdict::Skip {
             run.record(EventKind::StepEnd { index, answer: String::new(), skipped: true }).await?;
@@ -542,9 +565,11 @@ impl Agent {
     }
 
     /// The tools offered for a step, frozen in `step.start`: the worker's
-    /// registered tools the config allows, the external tools, and the output
-    /// tool when the run has an output schema.
-    fn step_tools(&self, config: &RunConfig) -> Vec<ToolSpec> {
+    /// registered tools the config allows, the external tools, the MCP and
+    /// HTTP tools the config names (listed from their servers now, each
+    /// with its source and schema hash), and the output tool when the run
+    /// has an output schema.
+    async fn step_tools(&self, config: &RunConfig) -> Result<Vec<ToolSpec>, OfferError> {
         let mut tools: Vec<ToolSpec> = self
             .tools
             .specs()
@@ -552,6 +577,15 @@ impl Agent {
             .filter(|t| config.tools.as_ref().is_none_or(|allowed| allowed.contains(&t.name)))
             .collect();
         tools.extend(config.external_tools.iter().cloned().map(|t| ToolSpec { external: true, ..t }));
+        if !config.mcp.is_empty() || !config.http_tools.is_empty() {
+            let sources = self.sources.as_ref().ok_or_else(|| OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into()))?;
+            for spec in sources.offered(config).await? {
+                if tools.iter().any(|t| t.name == spec.name) {
+                    return Err(OfferError::Invalid(format!("two tools of the run are named {:?}", spec.name)));
+                }
+                tools.push(spec);
+            }
+        }
         if let Some(schema) = &config.output_schema {
             tools.push(ToolSpec {
                 name: OUTPUT_TOOL.into(),
@@ -562,9 +596,10 @@ impl Agent {
                 external: false,
                 return_direct: false,
                 cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+                source: None,
             });
         }
-        tools
+        Ok(tools)
     }
 
     async fn model_turn(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
@@ -826,6 +861,7 @@ impl Agent {
                 Err(e) => refusal(ToolErrorKind::Denied, format!("Denied: {e}")),
                 Ok(PolicyAction::Deny { reason }) => refusal(ToolErrorKind::Denied, format!("Denied by policy: {reason}")),
                 Ok(PolicyAction::RequireApproval) => Disposition::Approval,
+                Ok(_) if spec.source.as_ref().is_some_and(ToolSource::requires_approval) => Disposition::Approval,
                 Ok(_) if spec.external => Disposition::External,
                 Ok(PolicyAction::Remind { text }) => Disposition::Run { reminder: Some(text) },
                 Ok(PolicyAction::Allow) => Disposition::Run { reminder: None },
@@ -883,13 +919,22 @@ impl Agent {
         // within its grace period and its result is recorded; a call still
         // running then is abandoned (its task aborted) as `outcome_unknown`.
         let cancel = run.sink.cancelled().shared();
+        let (sink, step_tools) = (&*run.sink, &run.state.step_tools);
         let outcomes = futures::future::join_all(ready.iter().zip(keys).map(|((call_id, name, input, _), idempotency_key)| {
             let ctx = ToolContext { run_id, call_id: call_id.clone(), idempotency_key };
             let (cancel, grace) = (cancel.clone(), grace(name));
+            // MCP and HTTP tools run through the worker's tool sources;
+            // an MCP tool's progress notifications become live `tool.progress`.
+            let sourced = step_tools.iter().find(|t| t.name == *name && t.source.is_some()).zip(self.sources.as_deref());
             async move {
                 let started = clock.now();
+                let progress = |message: String| sink.live(&LiveEvent::ToolProgress { call_id: ctx.call_id.clone(), message });
                 let work = async {
-                    if name == OUTPUT_TOOL { Ok("Output accepted.".to_owned()) } else { self.tools.execute(name, input.clone(), ctx).await }
+                    match sourced {
+                        _ if name == OUTPUT_TOOL => Ok("Output accepted.".to_owned()),
+                        Some((spec, sources)) => sources.execute(spec, input.clone(), &ctx, &progress).await,
+                        None => self.tools.execute(name, input.clone(), ctx.clone()).await,
+                    }
                 };
                 let result = tokio::select! {
                     result = work => result,
@@ -1082,6 +1127,13 @@ impl Agent {
             && let Some(missing) = allowed.iter().find(|n| self.tools.spec(n).is_none())
         {
             return Err(AgentError::Config(format!("tool {missing} is not registered on this worker")));
+        }
+        if !config.mcp.is_empty() || !config.http_tools.is_empty() || config.provider.is_some() {
+            match &self.sources {
+                Some(sources) => sources.admit(config).map_err(|e| AgentError::Config(e.to_string()))?,
+                None if config.provider.is_some() && config.mcp.is_empty() && config.http_tools.is_empty() => {}
+                None => return Err(AgentError::Config("mcp, http_tools: this worker has no catalogue (glia worker --catalogue FILE)".into())),
+            }
         }
         for t in &config.external_tools {
             if self.tools.spec(&t.name).is_some() {

@@ -320,6 +320,10 @@ impl Worker {
                     warn!(%run_id, error = %e, "budget gate unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
+                Err(AgentError::ToolSource(e)) => {
+                    warn!(%run_id, error = %e, "a tool source is unavailable; retrying after the lease lapses");
+                    return Handled::Retry;
+                }
                 // The loop saw the cancel flag (while a model call or tools
                 // ran, or at a commit); what it recorded is committed.
                 Err(e) if is_cancel(&e) => {

@@ -9,20 +9,28 @@
 //! - [`planner`]: the single-step and model planners;
 //! - [`fleet`]: the job consumer of a `glia worker` process;
 //! - [`budget_gate`]: spend counted across runs (per-tenant daily caps);
+//! - [`catalogue`]: the operator's catalogue (providers, MCP servers, HTTP origins);
+//! - [`mcp`]: the MCP client (rmcp), one supervised connection per catalogue server;
+//! - [`http_tool`]: HTTP tools (JSON POST);
+//! - [`tool_sources`]: a run's MCP and HTTP tools as step tools, and their calls;
 //! - [`metrics`]: a worker's Prometheus metrics and GenAI spans, derived from recorded events.
 
 #![warn(missing_docs)]
 
 pub mod agent;
 pub mod budget_gate;
+pub mod catalogue;
 pub mod compact;
 pub mod fleet;
 pub mod hooks;
+pub mod http_tool;
+pub mod mcp;
 pub mod metrics;
 pub mod planner;
 pub mod policy;
 pub mod provider;
 pub mod tool;
+pub mod tool_sources;
 
 pub use async_trait::async_trait;
 pub use agent::{Agent, AgentError, Clock, EventSink, FixedClock, SinkError, SystemClock};

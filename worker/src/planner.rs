@@ -89,6 +89,7 @@ impl ModelPlanner {
             external: false,
             return_direct: false,
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+            source: None,
         };
         let request = ModelRequest {
             model: state.config.model.clone(),

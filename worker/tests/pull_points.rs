@@ -249,6 +249,7 @@ impl glia_worker::tool::DynTool for Handoff {
             external: false,
             return_direct: true,
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+            source: None,
         }
     }
     fn returns_json(&self) -> bool {

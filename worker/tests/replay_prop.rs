@@ -115,6 +115,7 @@ fn lookup_spec() -> ToolSpec {
         external: true,
         return_direct: false,
         cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+        source: None,
     }
 }
 

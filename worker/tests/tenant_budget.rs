@@ -61,6 +61,7 @@ fn config(script: &str) -> RunConfig {
         external: true,
         return_direct: false,
         cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+        source: None,
     });
     c
 }

@@ -141,6 +141,7 @@ impl DynTool for Garbage {
             external: false,
             return_direct: false,
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+            source: None,
         }
     }
     fn call_raw(&self, _input: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<String, ToolFailure>> {
@@ -181,6 +182,7 @@ pub fn approval_config() -> RunConfig {
             external: true,
             return_direct: false,
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+            source: None,
         }],
         ..RunConfig::default()
     }

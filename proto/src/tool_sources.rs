@@ -1,0 +1,159 @@
+//! Tool sources a tenant's run may name: tools of MCP servers and HTTP tools,
+//! and per-tool policy. The tenant side of the trust boundary: a run names a
+//! server or a URL; the worker's operator catalogue (`glia worker
+//! --catalogue FILE`, `glia_worker::catalogue`) says which servers exist, how
+//! they are started or reached, which secrets they get, and which origins
+//! HTTP tools may call. Nothing here can carry a command, an environment
+//! variable, a header value or a secret: every type rejects unknown fields.
+//!
+//! JSON example (fields of [`crate::RunConfig`]):
+//! `{"mcp": [{"server": "files", "allow": ["read_text_file", "list_directory"]}],
+//!   "http_tools": [{"name": "lookup", "description": "Look an order up.",
+//!     "input_schema": {"type": "object"}, "url": "https://orders.example.com/lookup", "idempotent": true}],
+//!   "tool_policy": {"write_file": {"requires_approval": true}}}`
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The tools of one catalogue MCP server that a run may use.
+///
+/// `allow` is an explicit list of the server's tool names (no wildcard): a
+/// server that adds a tool later does not widen what a reviewed run offers.
+/// It must not be empty. A listed tool the server does not offer is left out
+/// of the step's tools (the server may be older); the model is offered the
+/// tool under its own MCP name, so two sources offering the same name are an
+/// error at step start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolSource {
+    /// Name of an MCP server in the operator's catalogue (`[mcp_servers.NAME]`).
+    pub server: String,
+    /// Tool names of that server the model is offered, at least one.
+    pub allow: Vec<String>,
+}
+
+/// A tool the worker runs as a JSON POST to a URL: the body is the call's
+/// arguments object; the answer must be a 2xx with a JSON body (at most
+/// `max_response_bytes`), which is the result the model sees. The request
+/// carries `Idempotency-Key: {run_id}:{turn}:{call_id}`. Transport failures
+/// and 5xx/429 answers are retried (with backoff, within `timeout_ms`) only
+/// when `idempotent`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpTool {
+    /// Name the model calls it by, `^[a-zA-Z0-9_-]{1,64}$`.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON Schema of the arguments object (`"type": "object"`).
+    pub input_schema: Value,
+    /// `http://` or `https://` URL; its origin (scheme, host, port) must be
+    /// one the catalogue allows (`[http] allowed_origins`).
+    pub url: String,
+    /// Safe to send twice with the same idempotency key (enables retries and
+    /// re-running after a crash). Default false.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// Time for the whole call, retries included, in ms. Default 30 000.
+    #[serde(default = "default_http_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Largest response body accepted, in bytes; a larger one is a tool
+    /// error. Default 1 MiB.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: u64,
+}
+
+fn default_http_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_max_response_bytes() -> u64 {
+    1 << 20
+}
+
+/// How a tool is run, overriding its defaults (an MCP tool's annotations:
+/// `readOnlyHint` or `idempotentHint` make it idempotent, `destructiveHint`
+/// makes it require approval; an HTTP tool's own fields). Unset fields keep
+/// the default.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolPolicy {
+    /// A person approves each call before it runs (`awaiting_approval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires_approval: Option<bool>,
+    /// Safe to run again with the same idempotency key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    /// Per-call timeout in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Where a tool offered in a step comes from, frozen with it in `step.start`
+/// ([`crate::ToolSpec::source`]): the worker routes each call by it, and a
+/// reader sees which server version of the schema the model was shown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ToolSource {
+    /// A tool of a catalogue MCP server.
+    Mcp {
+        /// Catalogue server name.
+        server: String,
+        /// The tool's name on that server.
+        tool: String,
+        /// [`crate::args_hash`] of the input schema the server listed.
+        schema_hash: String,
+        /// Calls need a person's approval (annotation or policy).
+        #[serde(default)]
+        requires_approval: bool,
+    },
+    /// An HTTP tool of the run's config.
+    Http {
+        /// The URL it posts to.
+        url: String,
+        /// Largest response body accepted, in bytes.
+        max_response_bytes: u64,
+        /// Calls need a person's approval (policy).
+        #[serde(default)]
+        requires_approval: bool,
+    },
+}
+
+impl ToolSource {
+    /// Whether calls of the tool need a person's approval.
+    pub fn requires_approval(&self) -> bool {
+        match self {
+            ToolSource::Mcp { requires_approval, .. } | ToolSource::Http { requires_approval, .. } => *requires_approval,
+        }
+    }
+}
+
+/// The origin of an `http://` or `https://` URL: `scheme://host[:port]`,
+/// lowercased, the default port left out. Errors: why the URL is not one.
+///
+/// ```
+/// assert_eq!(glia_proto::tool_sources::url_origin("https://API.example.com/v1/x?y").unwrap(), "https://api.example.com");
+/// assert_eq!(glia_proto::tool_sources::url_origin("http://127.0.0.1:8080/t").unwrap(), "http://127.0.0.1:8080");
+/// assert!(glia_proto::tool_sources::url_origin("https://user:pw@host/").is_err());
+/// ```
+pub fn url_origin(url: &str) -> Result<String, String> {
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("{url:?} is not an absolute URL"))?;
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme != "http" && scheme != "https" {
+        return Err(format!("{url:?}: only http and https URLs are allowed"));
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    if authority.contains('@') {
+        return Err(format!("{url:?}: credentials in the URL are not allowed (the catalogue holds secrets)"));
+    }
+    if authority.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{url:?} has an invalid host"));
+    }
+    let authority = authority.to_ascii_lowercase();
+    let default_port = if scheme == "https" { ":443" } else { ":80" };
+    let authority = authority.strip_suffix(default_port).unwrap_or(&authority);
+    Ok(format!("{scheme}://{authority}"))
+}

@@ -1,0 +1,320 @@
+//! The operator's catalogue: the one file that says what a worker may start
+//! and reach on a tenant's behalf (`glia worker --catalogue fleet.toml`, also
+//! `glia dev`, `glia serve`, and `glia dispatcher` for admission checks).
+//!
+//! The trust boundary: a run (the tenant's side, [`glia_proto::tool_sources`])
+//! only names things: a provider, an MCP server, an HTTP tool URL. The
+//! catalogue (the operator's side) defines them: the command a stdio server
+//! is started with, the URL of a streamable HTTP server, the origins HTTP
+//! tools may post to, and the *names* of the environment variables that hold
+//! secrets (API keys, child environment, header values). Secret values are
+//! read from the worker's environment when a server is started or a request
+//! is sent; they are never stored in the catalogue value, an event, a log
+//! line or an API answer.
+//!
+//! Format (TOML; every table rejects unknown keys, errors name the path):
+//!
+//! ```toml
+//! [providers.claude]
+//! kind = "anthropic"                  # or "openai" (any OpenAI-compatible API)
+//! base_url = "https://api.anthropic.com"
+//! api_key_env = "ANTHROPIC_API_KEY"   # name of the variable, never the key
+//! requests_per_minute = 50            # optional
+//! tokens_per_minute = 100000          # optional
+//!
+//! [mcp_servers.files]
+//! transport = "stdio"
+//! command = "npx"
+//! args = ["@modelcontextprotocol/server-filesystem", "/srv/data"]
+//! env = { API_TOKEN = "FILES_TOKEN" } # child's API_TOKEN = the worker's $FILES_TOKEN
+//!
+//! [mcp_servers.search]
+//! transport = "streamable_http"
+//! url = "https://mcp.example.com/mcp"
+//! headers = { Authorization = "SEARCH_AUTH" } # header value = the worker's $SEARCH_AUTH
+//!
+//! [http]
+//! allowed_origins = ["https://orders.example.com"]
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use glia_proto::{ConfigError, RunConfig};
+use serde::{Deserialize, Serialize};
+
+/// The operator's catalogue. Holds names of environment variables, never
+/// their values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Catalogue {
+    /// Model providers by name (`RunConfig::provider`).
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderEntry>,
+    /// MCP servers by name (`RunConfig::mcp[].server`).
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerEntry>,
+    /// What HTTP tools may reach.
+    #[serde(default)]
+    pub http: HttpAllow,
+}
+
+/// A model provider.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderEntry {
+    /// Wire format.
+    pub kind: ProviderKind,
+    /// API base URL, e.g. `https://api.anthropic.com`.
+    pub base_url: String,
+    /// Name of the environment variable holding the API key.
+    pub api_key_env: String,
+    /// Requests a minute this worker may send, if limited.
+    #[serde(default)]
+    pub requests_per_minute: Option<u32>,
+    /// Tokens a minute this worker may use, if limited.
+    #[serde(default)]
+    pub tokens_per_minute: Option<u32>,
+}
+
+/// A provider's wire format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// Anthropic Messages API.
+    Anthropic,
+    /// OpenAI Chat Completions (and compatible servers).
+    Openai,
+}
+
+/// How an MCP server is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum McpTransport {
+    /// A child process the worker starts, speaking JSON-RPC on stdin/stdout.
+    Stdio,
+    /// A server at a URL (MCP streamable HTTP transport).
+    StreamableHttp,
+}
+
+/// An MCP server. `stdio` needs `command` (and may set `args`, `env`, `cwd`);
+/// `streamable_http` needs `url` (and may set `headers`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerEntry {
+    /// How it is reached.
+    pub transport: McpTransport,
+    /// Program to start (stdio), looked up on `PATH` when not a path.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Its arguments (stdio).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Child environment (stdio): variable name in the child → name of the
+    /// worker's environment variable whose value it gets. The child
+    /// inherits nothing else but `PATH` and `HOME`.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of the child (stdio).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Server URL (streamable HTTP).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Request headers (streamable HTTP): header name → name of the worker's
+    /// environment variable whose value it gets.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// What HTTP tools may reach.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpAllow {
+    /// Origins (`scheme://host[:port]`) an HTTP tool's URL may have.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+}
+
+/// A catalogue that cannot be used: where (file), which key (a dotted path,
+/// `mcp_servers.files.comand`) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{origin}: {path}: {reason}")]
+pub struct CatalogueError {
+    /// The file (or `<text>`).
+    pub origin: String,
+    /// Dotted path of the offending key; empty for the whole file.
+    pub path: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+static NAME: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
+static ENV_NAME: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| regex::Regex::new("^[A-Za-z_][A-Za-z0-9_]*$").expect("valid regex"));
+
+impl Catalogue {
+    /// Read and check a catalogue file ([`Catalogue::parse`]).
+    pub fn load(path: &Path) -> Result<Catalogue, CatalogueError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| CatalogueError { origin: origin.clone(), path: String::new(), reason: e.to_string() })?;
+        Catalogue::parse(&text, &origin)
+    }
+
+    /// Parse TOML and check it ([`Catalogue::check`]). Unknown keys and
+    /// wrong types are errors naming the key's path. `origin` names the
+    /// source in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Catalogue, CatalogueError> {
+        let error = |path: String, reason: String| CatalogueError { origin: origin.to_owned(), path, reason };
+        let deserializer = toml::Deserializer::parse(text).map_err(|e| error(String::new(), e.message().to_owned()))?;
+        let catalogue: Catalogue = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let reason = match e.inner().message() {
+                m if m.is_empty() => e.inner().to_string(),
+                m => m.to_owned(),
+            };
+            error(if path == "." { String::new() } else { path }, reason)
+        })?;
+        catalogue.check().map_err(|(path, reason)| error(path, reason))?;
+        Ok(catalogue)
+    }
+
+    /// The checks past the format: names are `^[a-zA-Z0-9_-]{1,64}$`; each
+    /// MCP server has what its transport needs and nothing of the other's;
+    /// URLs are `http(s)`; environment variable names are valid; allowed
+    /// origins are origins. Errors: (dotted path, reason).
+    pub fn check(&self) -> Result<(), (String, String)> {
+        for (name, p) in &self.providers {
+            let at = |k: &str| format!("providers.{name}.{k}");
+            if !NAME.is_match(name) {
+                return Err((format!("providers.{name}"), "names are ^[a-zA-Z0-9_-]{1,64}$".into()));
+            }
+            glia_proto::tool_sources::url_origin(&p.base_url).map_err(|r| (at("base_url"), r))?;
+            check_env_name(&p.api_key_env).map_err(|r| (at("api_key_env"), r))?;
+            if p.requests_per_minute == Some(0) || p.tokens_per_minute == Some(0) {
+                return Err((at("requests_per_minute"), "rate limits must be at least 1 (leave them out for no limit)".into()));
+            }
+        }
+        for (name, s) in &self.mcp_servers {
+            let at = |k: &str| format!("mcp_servers.{name}.{k}");
+            if !NAME.is_match(name) {
+                return Err((format!("mcp_servers.{name}"), "names are ^[a-zA-Z0-9_-]{1,64}$".into()));
+            }
+            match s.transport {
+                McpTransport::Stdio => {
+                    match &s.command {
+                        Some(c) if !c.trim().is_empty() => {}
+                        _ => return Err((at("command"), "a stdio server needs a command".into())),
+                    }
+                    if s.url.is_some() {
+                        return Err((at("url"), "is for streamable_http servers; a stdio server has a command".into()));
+                    }
+                    if !s.headers.is_empty() {
+                        return Err((at("headers"), "are for streamable_http servers".into()));
+                    }
+                    for (var, source) in &s.env {
+                        check_env_name(var).map_err(|r| (at(&format!("env.{var}")), r))?;
+                        check_env_name(source).map_err(|r| (at(&format!("env.{var}")), r))?;
+                    }
+                }
+                McpTransport::StreamableHttp => {
+                    let Some(url) = &s.url else { return Err((at("url"), "a streamable_http server needs a url".into())) };
+                    glia_proto::tool_sources::url_origin(url).map_err(|r| (at("url"), r))?;
+                    if s.command.is_some() || !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
+                        return Err((at("command"), "command, args, env and cwd are for stdio servers".into()));
+                    }
+                    for (header, source) in &s.headers {
+                        if reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                            return Err((at(&format!("headers.{header}")), "is not a valid header name".into()));
+                        }
+                        check_env_name(source).map_err(|r| (at(&format!("headers.{header}")), r))?;
+                    }
+                }
+            }
+        }
+        for (i, origin) in self.http.allowed_origins.iter().enumerate() {
+            let at = format!("http.allowed_origins[{i}]");
+            let normal = glia_proto::tool_sources::url_origin(origin).map_err(|r| (at.clone(), r))?;
+            if normal != origin.trim_end_matches('/').to_ascii_lowercase() && format!("{normal}/") != origin.to_ascii_lowercase() {
+                return Err((at, format!("{origin:?} is not an origin (scheme://host[:port], no path); did you mean {normal:?}?")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every environment variable the catalogue names is set in this
+    /// process (checked at worker start, so a missing secret is a startup
+    /// error naming the key, not a failed call later). Errors: (dotted
+    /// path, reason); the reason names the variable, never a value.
+    pub fn check_environment(&self) -> Result<(), (String, String)> {
+        let set = |var: &str| std::env::var_os(var).is_some();
+        for (name, p) in &self.providers {
+            if !set(&p.api_key_env) {
+                return Err((format!("providers.{name}.api_key_env"), format!("the environment variable {} is not set", p.api_key_env)));
+            }
+        }
+        for (name, s) in &self.mcp_servers {
+            for (var, source) in &s.env {
+                if !set(source) {
+                    return Err((format!("mcp_servers.{name}.env.{var}"), format!("the environment variable {source} is not set")));
+                }
+            }
+            for (header, source) in &s.headers {
+                if !set(source) {
+                    return Err((format!("mcp_servers.{name}.headers.{header}"), format!("the environment variable {source} is not set")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a run's tool sources and provider are all in the catalogue:
+    /// each `mcp[i].server` names a server, each `http_tools[i].url` has an
+    /// allowed origin, `provider` names a provider. The dispatcher refuses
+    /// such a run at admission (422 naming the field); the worker checks
+    /// again before `session.start`.
+    ///
+    /// ```
+    /// let catalogue = glia_worker::catalogue::Catalogue::parse("[http]\nallowed_origins = [\"https://a.example\"]", "<text>").unwrap();
+    /// let mut config = glia_proto::RunConfig::default();
+    /// config.mcp.push(glia_proto::McpToolSource { server: "files".into(), allow: vec!["read".into()] });
+    /// assert_eq!(catalogue.admit(&config).unwrap_err().field, "mcp[0].server");
+    /// ```
+    pub fn admit(&self, config: &RunConfig) -> Result<(), ConfigError> {
+        for (i, source) in config.mcp.iter().enumerate() {
+            if !self.mcp_servers.contains_key(&source.server) {
+                return Err(ConfigError {
+                    field: format!("mcp[{i}].server"),
+                    reason: format!("{:?} is not an MCP server in this fleet's catalogue", source.server),
+                });
+            }
+        }
+        for (i, tool) in config.http_tools.iter().enumerate() {
+            let field = format!("http_tools[{i}].url");
+            let origin = glia_proto::tool_sources::url_origin(&tool.url).map_err(|reason| ConfigError { field: field.clone(), reason })?;
+            if !self.origin_allowed(&origin) {
+                return Err(ConfigError { field, reason: format!("{origin} is not an origin this fleet's catalogue allows HTTP tools to call") });
+            }
+        }
+        if let Some(provider) = &config.provider
+            && !self.providers.contains_key(provider)
+        {
+            return Err(ConfigError { field: "provider".into(), reason: format!("{provider:?} is not a provider in this fleet's catalogue") });
+        }
+        Ok(())
+    }
+
+    /// The JSON Schema of the catalogue file (TOML read as JSON), as
+    /// written to `schemas/catalogue.schema.json` for editors.
+    pub fn json_schema() -> serde_json::Value {
+        schemars::schema_for!(Catalogue).to_value()
+    }
+
+    /// Whether HTTP tools may call `origin` (as [`glia_proto::tool_sources::url_origin`] gives it).
+    pub fn origin_allowed(&self, origin: &str) -> bool {
+        self.http.allowed_origins.iter().any(|o| glia_proto::tool_sources::url_origin(o).is_ok_and(|o| o == origin))
+    }
+}
+
+fn check_env_name(name: &str) -> Result<(), String> {
+    if ENV_NAME.is_match(name) { Ok(()) } else { Err(format!("{name:?} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")) }
+}

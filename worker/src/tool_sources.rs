@@ -1,0 +1,171 @@
+//! The tools a run's config names from outside the worker's registry: MCP
+//! server tools ([`crate::mcp`]) and HTTP tools ([`crate::http_tool`]),
+//! under the operator's [`Catalogue`]. [`ToolSources::offered`] turns a
+//! config's sources into the [`ToolSpec`]s a step offers (each with its
+//! [`ToolSource`], so the step's frozen tool list says where every call
+//! goes); [`ToolSources::execute`] runs a call of one.
+//!
+//! Defaults and policy: an MCP tool is idempotent when annotated
+//! `readOnlyHint` or `idempotentHint`, needs approval when annotated
+//! `destructiveHint: true` (and not read-only), and has a 30 s timeout; an
+//! HTTP tool takes its own fields. `RunConfig::tool_policy` overrides any of
+//! these per tool name.
+
+use std::time::Duration;
+
+use glia_proto::{ConfigError, RunConfig, ToolErrorKind, ToolSource, ToolSpec, args_hash};
+use serde_json::Value;
+
+use crate::catalogue::Catalogue;
+use crate::http_tool::{HttpCall, HttpTools};
+use crate::mcp::McpHub;
+use crate::tool::{ToolContext, ToolFailure};
+
+/// Default timeout of an MCP tool call, in ms.
+pub const DEFAULT_MCP_TIMEOUT_MS: u64 = 30_000;
+
+/// Why a step's tools could not be assembled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OfferError {
+    /// A server could not list its tools (down, slow, broken): the run
+    /// stays runnable and is tried again later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The config cannot work on this fleet (two tools with one name, a
+    /// server the catalogue lacks): the run fails with this reason.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The catalogue, its MCP servers and the HTTP tools' client: one per worker.
+pub struct ToolSources {
+    catalogue: Catalogue,
+    mcp: McpHub,
+    http: HttpTools,
+    connect_wait: Duration,
+}
+
+impl ToolSources {
+    /// Start the catalogue's MCP servers ([`McpHub::start`]). Needs a Tokio runtime.
+    pub fn start(catalogue: Catalogue) -> ToolSources {
+        let mcp = McpHub::start(&catalogue);
+        ToolSources { catalogue, mcp, http: HttpTools::new(), connect_wait: Duration::from_secs(10) }
+    }
+
+    /// How long assembling a step's tools waits for a server that is not
+    /// connected (starting, or restarting after it died). Default 10 s.
+    pub fn with_connect_wait(mut self, wait: Duration) -> Self {
+        self.connect_wait = wait;
+        self
+    }
+
+    /// The catalogue.
+    pub fn catalogue(&self) -> &Catalogue {
+        &self.catalogue
+    }
+
+    /// The MCP servers.
+    pub fn mcp(&self) -> &McpHub {
+        &self.mcp
+    }
+
+    /// [`Catalogue::admit`].
+    pub fn admit(&self, config: &RunConfig) -> Result<(), ConfigError> {
+        self.catalogue.admit(config)
+    }
+
+    /// Stop the MCP servers.
+    pub async fn shutdown(&self) {
+        self.mcp.shutdown().await;
+    }
+
+    /// The specs of every MCP tool (`tools/list` now, filtered by each
+    /// source's allow list, in allow-list order; an allowed tool the server
+    /// does not list is left out) and HTTP tool `config` names, with
+    /// annotations and `tool_policy` applied.
+    pub async fn offered(&self, config: &RunConfig) -> Result<Vec<ToolSpec>, OfferError> {
+        let mut specs = Vec::new();
+        for source in &config.mcp {
+            if !self.mcp.has(&source.server) {
+                return Err(OfferError::Invalid(format!("MCP server {:?} is not in this worker's catalogue", source.server)));
+            }
+            let listed = self.mcp.list_tools(&source.server, self.connect_wait).await.map_err(OfferError::Unavailable)?;
+            for name in &source.allow {
+                let Some(tool) = listed.iter().find(|t| t.name == *name) else {
+                    tracing::warn!(server = %source.server, tool = %name, "an allowed MCP tool is not offered by its server; left out");
+                    continue;
+                };
+                let input_schema = Value::Object((*tool.input_schema).clone());
+                if let Err(reason) = glia_proto::compile_tool_schema(&input_schema) {
+                    tracing::warn!(server = %source.server, tool = %name, %reason, "an MCP tool's input schema does not compile; left out");
+                    continue;
+                }
+                let hints = tool.annotations.as_ref();
+                let read_only = hints.and_then(|a| a.read_only_hint) == Some(true);
+                let idempotent = read_only || hints.and_then(|a| a.idempotent_hint) == Some(true);
+                let destructive = !read_only && hints.and_then(|a| a.destructive_hint) == Some(true);
+                let policy = config.tool_policy.get(name.as_str()).cloned().unwrap_or_default();
+                let description = tool.description.as_deref().map(str::to_owned).or_else(|| tool.title.clone()).unwrap_or_default();
+                specs.push(ToolSpec {
+                    idempotent: policy.idempotent.unwrap_or(idempotent),
+                    timeout_ms: policy.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS),
+                    source: Some(ToolSource::Mcp {
+                        server: source.server.clone(),
+                        tool: name.clone(),
+                        schema_hash: args_hash(&input_schema),
+                        requires_approval: policy.requires_approval.unwrap_or(destructive),
+                    }),
+                    ..ToolSpec::new(name.clone(), description, input_schema)
+                });
+            }
+        }
+        for tool in &config.http_tools {
+            let policy = config.tool_policy.get(&tool.name).cloned().unwrap_or_default();
+            specs.push(ToolSpec {
+                idempotent: policy.idempotent.unwrap_or(tool.idempotent),
+                timeout_ms: policy.timeout_ms.unwrap_or(tool.timeout_ms),
+                source: Some(ToolSource::Http {
+                    url: tool.url.clone(),
+                    max_response_bytes: tool.max_response_bytes,
+                    requires_approval: policy.requires_approval.unwrap_or(false),
+                }),
+                ..ToolSpec::new(tool.name.clone(), tool.description.clone(), tool.input_schema.clone())
+            });
+        }
+        let mut names = std::collections::HashSet::new();
+        if let Some(clash) = specs.iter().find(|s| !names.insert(s.name.as_str()) || s.name == glia_proto::OUTPUT_TOOL) {
+            return Err(OfferError::Invalid(format!("two tools of the run are named {:?}", clash.name)));
+        }
+        Ok(specs)
+    }
+
+    /// Run one call of `spec` (which has a [`ToolSource`]) within its
+    /// timeout; `progress` gets each progress report's text. Errors: the
+    /// [`ToolFailure`] the model sees.
+    pub async fn execute(&self, spec: &ToolSpec, input: Value, ctx: &ToolContext, progress: &(dyn Fn(String) + Send + Sync)) -> Result<String, ToolFailure> {
+        let timeout = Duration::from_millis(spec.timeout_ms.max(1));
+        match &spec.source {
+            Some(ToolSource::Mcp { server, tool, .. }) => self.mcp.call(server, tool, input, &ctx.idempotency_key, timeout, progress).await,
+            Some(ToolSource::Http { url, max_response_bytes, .. }) => {
+                let allowed = glia_proto::tool_sources::url_origin(url).is_ok_and(|o| self.catalogue.origin_allowed(&o));
+                if !allowed {
+                    return Err(ToolFailure {
+                        kind: ToolErrorKind::Denied,
+                        message: format!("HTTP tool {}: {url} is not at an origin the catalogue allows", spec.name),
+                    });
+                }
+                let call = HttpCall {
+                    tool: &spec.name,
+                    url,
+                    input: &input,
+                    idempotency_key: &ctx.idempotency_key,
+                    idempotent: spec.idempotent,
+                    timeout,
+                    max_response_bytes: *max_response_bytes,
+                };
+                self.http.call(call).await
+            }
+            None => Err(ToolFailure { kind: ToolErrorKind::Unavailable, message: format!("tool {} has no source on this worker", spec.name) }),
+        }
+    }
+}
