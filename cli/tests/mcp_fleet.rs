@@ -1,0 +1,218 @@
+//! A fleet with the operator's catalogue: `glia dispatcher --catalogue` and
+//! two `glia worker --catalogue` processes on the real services, runs whose
+//! config names real MCP servers (server-everything and server-filesystem,
+//! from npm: `npm ci --prefix .ci/mcp`) and an HTTP tool, with an approval
+//! policy. Both workers are `kill -9`ed while tool calls are in flight; every
+//! run completes, and the destructive tool (`move_file`) never runs twice:
+//! the servers' own stdin, recorded by `tee`, is the ledger of the calls they
+//! received.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use glia_proto::{EventKind, ToolErrorKind};
+use serde_json::{Value, json};
+
+const RUNS: usize = 20;
+
+fn package(name: &str) -> Option<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.ci/mcp/node_modules/@modelcontextprotocol").join(name).join("dist/index.js");
+    if path.exists() {
+        return Some(path.canonicalize().unwrap().display().to_string());
+    }
+    if std::env::var("GLIA_REQUIRE_MCP").is_ok_and(|v| v == "1") {
+        panic!("{} is missing: npm ci --prefix .ci/mcp", path.display());
+    }
+    eprintln!("skipped: {} is not installed (npm ci --prefix .ci/mcp)", path.display());
+    None
+}
+
+/// An HTTP tool server on a thread of its own: answers `{"order": N, "status": "shipped"}`
+/// and records each request's Idempotency-Key.
+fn lookup_server() -> (String, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    listener.set_nonblocking(true).unwrap();
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async move {
+            let app = axum::Router::new().route(
+                "/lookup",
+                axum::routing::post(move |headers: axum::http::HeaderMap, axum::Json(body): axum::Json<Value>| {
+                    let record = record.clone();
+                    async move {
+                        let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+                        record.lock().unwrap().push(key);
+                        axum::Json(json!({"order": body["order"], "status": "shipped"}))
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    (base, seen)
+}
+
+/// Every JSON-RPC message the servers received, from the `tee` files.
+fn wire(dir: &Path, prefix: &str) -> Vec<Value> {
+    let mut messages = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap().to_string_lossy().starts_with(prefix) {
+            let text = std::fs::read_to_string(&path).unwrap();
+            messages.extend(text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()));
+        }
+    }
+    messages
+}
+
+/// How often each idempotency key was called, per tool.
+fn calls_by_key(messages: &[Value], tool: &str) -> HashMap<String, usize> {
+    let mut by_key = HashMap::new();
+    for m in messages.iter().filter(|m| m["method"] == "tools/call" && m["params"]["name"] == tool) {
+        *by_key.entry(m["params"]["_meta"]["glia/idempotency_key"].as_str().unwrap_or_default().to_owned()).or_insert(0) += 1;
+    }
+    by_key
+}
+
+#[test]
+fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
+    let (Some(everything), Some(filesystem)) = (package("server-everything"), package("server-filesystem")) else { return };
+    let (lookup, lookups) = lookup_server();
+    let scripts: Vec<(String, Value)> = (0..RUNS)
+        .map(|i| {
+            (
+                format!("mcp{i}"),
+                json!([
+                    {"tool_calls": [
+                        {"name": "trigger-long-running-operation", "input": {"duration": 1.5, "steps": 3}},
+                        {"name": "lookup", "input": {"order": i}}
+                    ]},
+                    {"tool_calls": [{"name": "move_file", "input": {"source": "SRC", "destination": "DST"}}]},
+                    {"text": "done"}
+                ]),
+            )
+        })
+        .collect();
+    let named: Vec<(&str, Value)> = scripts.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+    let mut fleet = Fleet::new(&named);
+    let files = fleet.dir.join("files");
+    let wire_dir = fleet.dir.join("wire");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::create_dir_all(&wire_dir).unwrap();
+    let files = files.canonicalize().unwrap();
+    // Each run moves a file of its own: the scripts get their paths.
+    for (i, (name, _)) in scripts.iter().enumerate() {
+        std::fs::write(files.join(format!("src-{i}.txt")), format!("run {i}")).unwrap();
+        let path = fleet.dir.join("scripts").join(format!("{name}.json"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text.replace("SRC", &files.join(format!("src-{i}.txt")).display().to_string()).replace("DST", &files.join(format!("dst-{i}.txt")).display().to_string());
+        std::fs::write(&path, text).unwrap();
+    }
+    let tee = |name: &str, command: String| format!("tee {}/{name}.$$ | exec {command}", wire_dir.display());
+    let catalogue = format!(
+        "[mcp_servers.everything]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\n\n\
+         [mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\n\n\
+         [http]\nallowed_origins = [{lookup:?}]\n",
+        tee("everything", format!("node {everything} stdio")),
+        tee("files", format!("node {filesystem} {}", files.display())),
+    );
+    let catalogue_path = fleet.dir.join("fleet.toml");
+    std::fs::write(&catalogue_path, catalogue).unwrap();
+    fleet.worker_args = vec!["--catalogue".into(), catalogue_path.display().to_string()];
+    fleet.extra_env.push(("GLIA_CATALOGUE".into(), catalogue_path.display().to_string()));
+    fleet.start_dispatcher();
+    let lease_ms = 2_000;
+    fleet.start_worker(lease_ms);
+    fleet.start_worker(lease_ms);
+
+    let config = |i: usize| {
+        json!({
+            "model": format!("script:mcp{i}"),
+            "mcp": [
+                {"server": "everything", "allow": ["trigger-long-running-operation"]},
+                {"server": "files", "allow": ["move_file"]}
+            ],
+            "http_tools": [{"name": "lookup", "description": "Look an order up.", "url": format!("{lookup}/lookup"), "idempotent": true,
+                "input_schema": {"type": "object", "properties": {"order": {"type": "integer"}}, "required": ["order"]}}],
+            "tool_policy": {"move_file": {"requires_approval": true}}
+        })
+    };
+    // The dispatcher knows the catalogue too: a server it lacks is refused.
+    let (status, body) = fleet.post("/v1/runs", json!({"goal": "g", "config": {"mcp": [{"server": "shell", "allow": ["run"]}]}}));
+    assert_eq!((status, body["field"].as_str()), (422, Some("config.mcp[0].server")), "{body}");
+
+    let runs: Vec<(String, String)> = (0..RUNS).map(|i| (format!("mcp{i}"), fleet.submit(&format!("order {i}"), config(i)))).collect();
+    // Kill both workers (one after the other, each replaced) once several
+    // long-running MCP calls are in flight: recorded, without a result.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(Instant::now() < deadline, "no MCP calls in flight");
+        let in_flight = runs
+            .iter()
+            .filter(|(_, id)| {
+                let events = fleet.events(id);
+                let started = events.iter().any(|e| e["type"] == "tool.call" && e["data"]["name"] == "trigger-long-running-operation");
+                let ended = events.iter().any(|e| (e["type"] == "tool.result" || e["type"] == "tool.error") && e["data"]["call_id"] == "call_1");
+                started && !ended
+            })
+            .count();
+        if in_flight >= 4 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fleet.kill_and_replace_worker(0, lease_ms);
+    fleet.kill_and_replace_worker(1, lease_ms);
+
+    let results = drive_all(&fleet, &runs, Instant::now() + Duration::from_secs(240));
+    assert_eq!(results.len(), RUNS);
+    let everything_calls = wire(&wire_dir, "everything.");
+    let move_calls = calls_by_key(&wire(&wire_dir, "files."), "move_file");
+    for (_, run_id, run) in &results {
+        assert_eq!(run["outcome"]["kind"], "succeeded", "run {run_id}: {run}");
+        let events = check_log(&fleet, run_id);
+        let step_tools = events.iter().find_map(|e| match &e.kind {
+            EventKind::StepStart { tools, .. } => Some(tools.clone()),
+            _ => None,
+        });
+        assert!(step_tools.unwrap().iter().all(|t| t.source.is_some()), "every tool of the step has its source");
+        let moves: Vec<&glia_proto::ToolCallRecord> = events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::ToolCall(c) if c.name == "move_file" => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(moves.len(), 1, "run {run_id}: one move_file call");
+        assert!(events.iter().any(|e| matches!(&e.kind, EventKind::ApprovalRequested { tool, .. } if tool == "move_file")), "run {run_id}: approval asked");
+        let ran = move_calls.get(&moves[0].idempotency_key).copied().unwrap_or(0);
+        assert!(ran <= 1, "run {run_id}: the destructive tool ran {ran} times");
+        let outcome = events.iter().find_map(|e| match &e.kind {
+            EventKind::ToolResult { call_id, content, .. } if *call_id == moves[0].call_id => Some(Ok(content.clone())),
+            EventKind::ToolError { call_id, error, .. } if *call_id == moves[0].call_id => Some(Err(*error)),
+            _ => None,
+        });
+        match outcome {
+            Some(Ok(_)) => assert_eq!(ran, 1, "run {run_id}: a result for a call the server never received"),
+            Some(Err(ToolErrorKind::OutcomeUnknown)) => {}
+            other => panic!("run {run_id}: move_file outcome {other:?}"),
+        }
+    }
+    // Both workers died with calls in flight: some idempotent call ran again
+    // (with its key), and the HTTP tool's keys are the runs' keys.
+    let long = calls_by_key(&everything_calls, "trigger-long-running-operation");
+    assert!(long.values().any(|n| *n >= 2), "an interrupted idempotent MCP call ran again with the same key: {long:?}");
+    let lookups = lookups.lock().unwrap();
+    assert!(lookups.len() >= RUNS && lookups.iter().all(|k| k.contains(':')), "{lookups:?}");
+    let moved = (0..RUNS).filter(|i| files.join(format!("dst-{i}.txt")).exists()).count();
+    assert_eq!(moved, move_calls.values().sum::<usize>(), "every move the servers received took effect once");
+}
