@@ -44,7 +44,7 @@ async fn unknown_servers_hosts_and_providers_are_refused_naming_the_field() {
     for (config, field) in cases {
         let reply = post(&h, "/v1/runs", SUB_A, json!({"goal": "g", "config": config})).await;
         assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{field}: {}", reply.text);
-        assert!(reply.body["field"].as_str().is_some_and(|f| f.starts_with(field)), "{field}: {}", reply.text);
+        assert!(reply.body["error"]["field"].as_str().is_some_and(|f| f.starts_with(field)), "{field}: {}", reply.text);
     }
     assert!(h.log.list_runs(&RunFilter::default()).await.unwrap().is_empty(), "nothing stored");
 
