@@ -217,6 +217,16 @@ impl CatalogueArgs {
         Ok(Some(glia_worker::catalogue::Catalogue::load(path).map_err(|e| anyhow::anyhow!("invalid catalogue: {e}"))?))
     }
 
+    /// The catalogue, parsed and checked, with every environment variable
+    /// it names set (what a worker needs); `None` without `--catalogue`.
+    pub fn checked(&self) -> Result<Option<glia_worker::catalogue::Catalogue>> {
+        let Some(catalogue) = self.load()? else { return Ok(None) };
+        if let Err((key, reason)) = catalogue.check_environment() {
+            bail!("invalid catalogue: {}: {key}: {reason}", self.catalogue.as_deref().unwrap_or(Path::new("")).display());
+        }
+        Ok(Some(catalogue))
+    }
+
     /// The dispatcher's admission check against the catalogue, if any.
     pub fn admission(&self) -> Result<Option<glia_dispatcher::Admission>> {
         Ok(self.load()?.map(|c| -> glia_dispatcher::Admission { Arc::new(move |config| c.admit(config)) }))
@@ -226,10 +236,7 @@ impl CatalogueArgs {
     /// started); unchanged without `--catalogue`. Every environment variable
     /// the catalogue names must be set.
     fn equip(&self, agent: Agent) -> Result<Agent> {
-        let Some(catalogue) = self.load()? else { return Ok(agent) };
-        if let Err((key, reason)) = catalogue.check_environment() {
-            bail!("invalid catalogue: {}: {key}: {reason}", self.catalogue.as_deref().unwrap_or(Path::new("")).display());
-        }
+        let Some(catalogue) = self.checked()? else { return Ok(agent) };
         info!(mcp_servers = catalogue.mcp_servers.len(), http_origins = catalogue.http.allowed_origins.len(), "operator catalogue loaded");
         Ok(agent.with_tool_sources(Arc::new(glia_worker::tool_sources::ToolSources::start(catalogue))))
     }
@@ -241,6 +248,8 @@ impl WorkerArgs {
     /// prefix; its connection is waited for and reported in `startup`). A
     /// missing API key fails before anything connects.
     async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>, startup: &Startup) -> Result<Arc<Agent>> {
+        // The operator's catalogue is checked first: a bad one stops the worker before anything else.
+        self.catalogue.checked()?;
         if let Some(dir) = &self.replay {
             let recording = glia_replay::tau::load_dir(dir)?;
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");

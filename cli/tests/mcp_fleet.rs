@@ -221,3 +221,35 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
     let moved = (0..RUNS).filter(|i| files.join(format!("dst-{i}.txt")).exists()).count();
     assert_eq!(moved, move_calls.values().sum::<usize>(), "every move the servers received took effect once");
 }
+
+/// A catalogue with an unknown key stops `glia worker` and `glia
+/// dispatcher` at start, naming the file and the key; so does a secret
+/// variable that is not set (for the worker, which needs the values).
+#[test]
+fn a_bad_catalogue_is_a_startup_error_naming_the_key() {
+    let dir = std::env::temp_dir().join(format!("glia-catalogue-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("fleet.toml");
+    std::fs::write(&bad, "[mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"npx\"\nargz = [\"x\"]\n").unwrap();
+    let unset = dir.join("unset.toml");
+    std::fs::write(&unset, "[mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"npx\"\nenv = { TOKEN = \"GLIA_TEST_NEVER_SET_VARIABLE\" }\n").unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_glia"))
+            .args(args)
+            .env("GLIA_DATABASE_URL", "postgres://127.0.0.1:1/none")
+            .env_remove("GLIA_CATALOGUE")
+            .env_remove("GLIA_TEST_NEVER_SET_VARIABLE")
+            .output()
+            .expect("glia runs");
+        assert!(!out.status.success(), "{args:?} started with a bad catalogue");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let path = bad.display().to_string();
+    for command in ["worker", "dispatcher"] {
+        let err = run(&[command, "--catalogue", &path]);
+        assert!(err.contains(&format!("{path}: mcp_servers.files.argz: unknown field `argz`")), "{command}: {err}");
+    }
+    let err = run(&["worker", "--catalogue", &unset.display().to_string()]);
+    assert!(err.contains("mcp_servers.files.env.TOKEN") && err.contains("GLIA_TEST_NEVER_SET_VARIABLE is not set"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -311,9 +311,10 @@ foreign_schema!(
             "http_tools": {"type": "array", "description": "Tools run as a JSON POST of the arguments to `url` (an origin the operator's catalogue allows), with an Idempotency-Key header; retried only when idempotent.",
                 "items": {"type": "object", "additionalProperties": false, "required": ["name", "description", "input_schema", "url"], "properties": {
                     "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$", "not": {"const": "final_output"}}, "description": {"type": "string"}, "input_schema": {"$ref": "#/components/schemas/ToolInputSchema"},
-                    "url": {"type": "string", "pattern": "^[hH][tT][tT][pP][sS]?://"}, "idempotent": {"type": "boolean"},
+                    "url": {"type": "string", "pattern": "^[hH][tT][tT][pP][sS]?://[^/?#@\\s]+([/?#]\\S*)?$"}, "idempotent": {"type": "boolean"},
                     "timeout_ms": {"type": "integer", "minimum": 1, "maximum": MAX_U64}, "max_response_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_U64}}}},
             "tool_policy": {"type": "object", "description": "Per tool name: overrides of an MCP tool's annotations (readOnlyHint/idempotentHint: idempotent; destructiveHint: requires approval) or an HTTP tool's fields.",
+                "propertyNames": {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
                 "additionalProperties": {"type": "object", "additionalProperties": false, "properties": {
                     "requires_approval": {"type": ["boolean", "null"]}, "idempotent": {"type": ["boolean", "null"]}, "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}},
             "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider of the operator's catalogue; null = the worker's default."}
