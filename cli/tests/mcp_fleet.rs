@@ -122,19 +122,33 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
     let tee = |name: &str, command: String| format!("tee {}/{name}.$$ | exec {command}", wire_dir.display());
     let catalogue = format!(
         "[mcp_servers.everything]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\n\n\
-         [mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\n\n\
+         [mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\nenv = {{ GLIA_PROBE = \"GLIA_TEST_MCP_SECRET\" }}\n\n\
          [http]\nallowed_origins = [{lookup:?}]\n",
         tee("everything", format!("node {everything} stdio")),
-        tee("files", format!("node {filesystem} {}", files.display())),
+        format!("echo probe=$GLIA_PROBE >&2; {}", tee("files", format!("node {filesystem} {}", files.display()))),
     );
     let catalogue_path = fleet.dir.join("fleet.toml");
     std::fs::write(&catalogue_path, catalogue).unwrap();
     fleet.worker_args = vec!["--catalogue".into(), catalogue_path.display().to_string()];
     fleet.extra_env.push(("GLIA_CATALOGUE".into(), catalogue_path.display().to_string()));
+    // A secret the files server gets in its environment (and prints to its
+    // stderr): it must reach no event and no log line.
+    let secret = format!("s3cret-{}", uuid::Uuid::now_v7().simple());
+    fleet.extra_env.push(("GLIA_TEST_MCP_SECRET".into(), secret.clone()));
     fleet.start_dispatcher();
     let lease_ms = 2_000;
     fleet.start_worker(lease_ms);
     fleet.start_worker(lease_ms);
+    // A third worker logging at debug level to a file.
+    let log_path = fleet.dir.join("worker-debug.log");
+    let scripts_dir = fleet.dir.join("scripts").display().to_string();
+    let mut logged = fleet
+        .command(&["worker", "--scripts", &scripts_dir, "--lease-ms", &lease_ms.to_string(), "--id", "w-logged"])
+        .args(&fleet.worker_args)
+        .env("RUST_LOG", "debug")
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("worker starts");
 
     let config = |i: usize| {
         json!({
@@ -220,6 +234,14 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
     assert!(lookups.len() >= RUNS && lookups.iter().all(|k| k.contains(':')), "{lookups:?}");
     let moved = (0..RUNS).filter(|i| files.join(format!("dst-{i}.txt")).exists()).count();
     assert_eq!(moved, move_calls.values().sum::<usize>(), "every move the servers received took effect once");
+    let _ = logged.kill();
+    let _ = logged.wait();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("probe=[redacted]"), "the server's stderr is logged, the secret redacted");
+    assert!(!log.contains(&secret), "a secret reached the worker's log");
+    for (_, run_id, _) in &results {
+        assert!(!serde_json::to_string(&fleet.events(run_id)).unwrap().contains(&secret), "a secret reached an event of run {run_id}");
+    }
 }
 
 /// A catalogue with an unknown key stops `glia worker` and `glia
