@@ -4,13 +4,11 @@
 //! jobs delivered twice or stale. RabbitMQ restarted mid-batch is in
 //! `broker_restart.rs` (it boots a private node, which takes a while).
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
+use glia_testkit::fleet::*;
 use glia_proto::EventKind;
 
 #[test]
