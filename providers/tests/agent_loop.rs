@@ -13,10 +13,8 @@ use glia_proto::{Event, EventKind, Outcome, RunConfig, Status, ToolErrorKind, Us
 use glia_providers::http::{HttpProvider, http_client};
 use glia_providers::{Anthropic, ApiKey, OpenAi, PriceTable, RefusalIsolator, Wire};
 use glia_worker::provider::Provider;
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
+use glia_worker::tool::{ToolContext, ToolRegistry};
 use glia_worker::{Agent, FixedClock};
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -211,10 +211,23 @@ impl Fleet {
 
     fn spawn_worker_child(&self, i: usize, lease_ms: u64) -> Child {
         let scripts = self.dir.join("scripts");
-        self.logged(&format!("w{i}"), &["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &format!("w{i}-{}", Uuid::now_v7().simple())])
-            .args(&self.worker_args)
-            .spawn()
-            .expect("worker starts")
+        self.logged(
+            &format!("w{i}"),
+            &[
+                "worker",
+                "--scripts",
+                scripts.to_str().unwrap(),
+                "--lease-ms",
+                &lease_ms.to_string(),
+                "--concurrency",
+                "8",
+                "--id",
+                &format!("w{i}-{}", Uuid::now_v7().simple()),
+            ],
+        )
+        .args(&self.worker_args)
+        .spawn()
+        .expect("worker starts")
     }
 
     /// `kill -9` worker `i` without replacing it (see [`Fleet::replace_worker`]).
@@ -403,7 +416,10 @@ pub fn replay_fleet() -> Fleet {
 pub fn mixed_scripts() -> Vec<(&'static str, Value)> {
     vec![
         ("plain", json!([{"tool_calls": [{"name": "calculator", "input": {"op": "add", "a": 2, "b": 3}}]}, {"text": "5"}])),
-        ("approval", json!([{"tool_calls": [{"name": "get_order", "input": {"order_id": "A1"}}]}, {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}])),
+        (
+            "approval",
+            json!([{"tool_calls": [{"name": "get_order", "input": {"order_id": "A1"}}]}, {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]),
+        ),
         ("external", json!([{"tool_calls": [{"name": "ask_customer", "input": {"question": "Which order?"}}]}, {"text": "Thanks."}])),
         ("chat", json!([{"text": "How can I help?"}, {"text": "Done, goodbye."}])),
         ("budget", json!([{"tool_calls": [{"name": "calculator", "input": {"op": "mul", "a": 6, "b": 7}}]}, {"text": "42"}])),
@@ -595,4 +611,3 @@ pub fn assert_whole_recording(s: &Value) {
     assert_eq!(approvals - interrupted, 250, "{s}");
     assert_eq!(s["customer_turns"], 1290, "{s}");
 }
-

@@ -53,7 +53,12 @@ impl Reply {
     /// A 200 event stream, written in chunks of 7 bytes 200 µs apart (so
     /// network reads split events, lines and characters).
     pub fn sse(bytes: Vec<u8>) -> Self {
-        Reply { status: 200, headers: vec![("content-type".into(), "text/event-stream".into())], chunks: bytes.chunks(7).map(<[u8]>::to_vec).collect(), delay: Duration::from_micros(200) }
+        Reply {
+            status: 200,
+            headers: vec![("content-type".into(), "text/event-stream".into())],
+            chunks: bytes.chunks(7).map(<[u8]>::to_vec).collect(),
+            delay: Duration::from_micros(200),
+        }
     }
 
     /// A JSON body with `status`, in one chunk.

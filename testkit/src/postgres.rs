@@ -38,7 +38,8 @@ impl PrivatePostgres {
         if let Ok(dir) = std::env::var("GLIA_PG_BIN") {
             return Some(PathBuf::from(dir));
         }
-        let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql").ok()?.filter_map(|e| Some(e.ok()?.path().join("bin"))).filter(|p| p.join("initdb").exists()).collect();
+        let mut found: Vec<PathBuf> =
+            std::fs::read_dir("/usr/lib/postgresql").ok()?.filter_map(|e| Some(e.ok()?.path().join("bin"))).filter(|p| p.join("initdb").exists()).collect();
         found.sort_by_key(|p| p.parent().and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok()).unwrap_or(0));
         found.pop()
     }
@@ -57,9 +58,14 @@ impl PrivatePostgres {
             assert!(ok, "chown postgres {}", dir.display());
         }
         let pg = PrivatePostgres { bin, dir, port: crate::free_port(), as_postgres };
-        let out = pg.tool("initdb").args(["-D"]).arg(pg.data()).args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]).output().expect("initdb runs");
+        let out =
+            pg.tool("initdb").args(["-D"]).arg(pg.data()).args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]).output().expect("initdb runs");
         assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
-        let conf = format!("port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nmax_connections = 60\nfsync = on\nshared_buffers = 32MB\n", pg.port, pg.dir.display());
+        let conf = format!(
+            "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nmax_connections = 60\nfsync = on\nshared_buffers = 32MB\n",
+            pg.port,
+            pg.dir.display()
+        );
         let path = pg.data().join("postgresql.auto.conf");
         std::fs::write(&path, conf).expect("write the cluster's config");
         if as_postgres {
@@ -109,7 +115,14 @@ impl PrivatePostgres {
     /// Start the cluster (`pg_ctl start -w`) and wait until it accepts
     /// connections (crash recovery included). Panics with the log on failure.
     pub fn start(&self) {
-        let out = self.tool("pg_ctl").args(["start", "-w", "-t", "120", "-D"]).arg(self.data()).arg("-l").arg(self.dir.join("server.log")).output().expect("pg_ctl runs");
+        let out = self
+            .tool("pg_ctl")
+            .args(["start", "-w", "-t", "120", "-D"])
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.dir.join("server.log"))
+            .output()
+            .expect("pg_ctl runs");
         assert!(out.status.success(), "pg_ctl start: {}\n{}", String::from_utf8_lossy(&out.stderr), self.log_tail());
         let deadline = Instant::now() + Duration::from_secs(120);
         while !self.accepts() {

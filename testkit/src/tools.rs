@@ -16,12 +16,12 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-/// Arguments of [`Add`].
+// Arguments of `Add`: two integers. (Plain comments, not doc comments:
+// schemars would put docs into the tool's JSON schema, which recorded
+// provider requests pin.)
 #[derive(Deserialize, JsonSchema)]
 pub struct AddArgs {
-    /// First addend.
     pub a: i64,
-    /// Second addend.
     pub b: i64,
 }
 
@@ -45,7 +45,7 @@ impl Tool for Add {
     }
 }
 
-/// Arguments of [`SlowTool`] and [`LedgerTool`]: any object.
+// Arguments of `SlowTool` and `LedgerTool`: any object (see `AddArgs`).
 #[derive(Deserialize, JsonSchema)]
 pub struct AnyArgs {}
 

@@ -49,7 +49,7 @@ const REFUND_MS: u64 = 800;
 /// Client threads driving runs.
 const CLIENTS: usize = 4;
 /// The kinds of run, cycled through by the clients.
-const KINDS: [&str; 6] = ["plain", "approval", "external", "chat", "budget", "cancel"];
+const KINDS: [&str; 7] = ["plain", "approval", "external", "chat", "budget", "cancel", "reapprove"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -62,7 +62,8 @@ enum Fault {
     RedisFlush,
 }
 
-const FAULTS: [Fault; 7] = [Fault::KillWorker, Fault::KillDispatcher, Fault::PauseWorker, Fault::RabbitRestart, Fault::PostgresFast, Fault::PostgresImmediate, Fault::RedisFlush];
+const FAULTS: [Fault; 7] =
+    [Fault::KillWorker, Fault::KillDispatcher, Fault::PauseWorker, Fault::RabbitRestart, Fault::PostgresFast, Fault::PostgresImmediate, Fault::RedisFlush];
 
 /// The private services of a round.
 struct Services {
@@ -133,17 +134,36 @@ struct Submitted {
 /// Submit a run of `kind` (idempotently, so a retry after an outage creates
 /// it once); `None` past the deadline.
 fn submit(server: &str, kind: &str, n: usize, seed: u64, deadline: Instant) -> Option<String> {
-    let config_kind = if kind == "cancel" { "external" } else { kind };
-    let body = json!({"goal": format!("{kind} #{n}"), "config": mixed_config(config_kind)});
+    let mut config = match kind {
+        "cancel" => mixed_config("external"),
+        "reapprove" => mixed_config("approval"),
+        _ => mixed_config(kind),
+    };
+    if kind == "reapprove" {
+        config["on_interrupted_call"] = json!("require_approval");
+    }
+    let body = json!({"goal": format!("{kind} #{n}"), "config": config});
     let key = format!("chaos-{seed}-{n}");
     let (status, run) = call_through("POST", &format!("{server}/v1/runs"), Some(&body), Some(&key), deadline)?;
     assert!(status == 201 || status == 200, "submit {kind}: {status} {run}");
     Some(run["run_id"].as_str()?.to_owned())
 }
 
+/// Whether the approval pending for `call_id` is an interrupted call's
+/// re-approval (`approval.requested` with `interrupted: true`).
+fn interrupted(server: &str, run_id: &str, call_id: &str, deadline: Instant) -> Option<bool> {
+    let (_, body) = call_through("GET", &format!("{server}/v1/runs/{run_id}/events?after=0&limit=1000"), None, None, deadline)?;
+    let events = body["events"].as_array().or(body.as_array())?.clone();
+    let last = events.iter().rev().find(|e| e["type"] == "approval.requested" && e["data"]["call_id"] == call_id)?;
+    Some(last["data"]["interrupted"] == true)
+}
+
 /// Drive a run to its end through outages; returns the final run, or `None`
-/// when it is not done by `deadline` (stuck).
-fn drive(server: &str, kind: &str, run_id: &str, deadline: Instant) -> Option<Value> {
+/// when it is not done by `deadline` (stuck). An interrupted call's
+/// re-approval is decided the way an operator would: the refund's ledger
+/// (`effects`) is checked, and the call approved to run again only when its
+/// effect is not there, rejected (outcome unknown to the model) when it is.
+fn drive(server: &str, kind: &str, run_id: &str, effects: &std::path::Path, deadline: Instant) -> Option<Value> {
     let mut replies = 0;
     let mut posted: HashMap<String, Instant> = HashMap::new();
     loop {
@@ -163,7 +183,12 @@ fn drive(server: &str, kind: &str, run_id: &str, deadline: Instant) -> Option<Va
         }
         let (path, body) = match (pp["kind"].as_str().unwrap_or(""), kind) {
             ("awaiting_tool", "cancel") => (format!("/v1/runs/{run_id}/cancel"), json!({"reason": "chaos cancel"})),
-            ("awaiting_approval", _) => (format!("/v1/runs/{run_id}/approvals/{}", pp["call_ids"][0].as_str().unwrap()), json!({"decision": "approve"})),
+            ("awaiting_approval", _) => {
+                let call_id = pp["call_ids"][0].as_str().unwrap();
+                let took_effect = std::fs::read_to_string(effects).unwrap_or_default().lines().any(|l| l.contains(run_id) && l.contains(call_id));
+                let decision = if interrupted(server, run_id, call_id, deadline)? && took_effect { "reject" } else { "approve" };
+                (format!("/v1/runs/{run_id}/approvals/{call_id}"), json!({"decision": decision}))
+            }
             ("awaiting_tool", _) => (format!("/v1/runs/{run_id}/tool-results/{}", pp["call_ids"][0].as_str().unwrap()), json!({"content": "Order A1."})),
             ("awaiting_input", _) if replies == 0 => {
                 replies += 1;
@@ -262,11 +287,11 @@ impl Figures {
 }
 
 /// Wait until a fresh probe run completes; returns how long it took.
-fn probe(server: &str, seed: u64, n: usize) -> (Duration, Option<(String, String)>) {
+fn probe(server: &str, effects: &std::path::Path, seed: u64, n: usize) -> (Duration, Option<(String, String)>) {
     let start = Instant::now();
     let deadline = start + Duration::from_secs(180);
     let Some(id) = submit(server, "plain", 1_000_000 + n, seed, deadline) else { return (start.elapsed(), None) };
-    drive(server, "plain", &id, deadline);
+    drive(server, "plain", &id, effects, deadline);
     (start.elapsed(), Some(("plain".to_owned(), id)))
 }
 
@@ -284,6 +309,8 @@ fn round(seed: u64, faults: usize) -> Figures {
     }
     let server = fleet.server.clone();
     let db_url = fleet.db_url.clone();
+    let effects = fleet.effects_file();
+    let effects = effects.as_path();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut figures = Figures { seed, ..Figures::default() };
 
@@ -302,7 +329,7 @@ fn round(seed: u64, faults: usize) -> Figures {
                     let deadline = Instant::now() + Duration::from_secs(600);
                     let Some(id) = submit(&server, kind, n, seed, deadline) else { continue };
                     submitted.lock().unwrap().runs.push((kind.to_owned(), id.clone()));
-                    let last = drive(&server, kind, &id, deadline);
+                    let last = drive(&server, kind, &id, effects, deadline);
                     finals.lock().unwrap().insert(id, last);
                 }
             });
@@ -356,7 +383,7 @@ fn round(seed: u64, faults: usize) -> Figures {
                 }
             }
             drop(f);
-            let (took, run) = probe(&server, seed, i);
+            let (took, run) = probe(&server, effects, seed, i);
             eprintln!("seed {seed}: fault {i} {fault:?}: recovered in {took:?}");
             figures.recovery_ms.entry(format!("{fault:?}")).or_default().push(took.as_millis() as u64);
             probes.lock().unwrap().extend(run);
@@ -371,7 +398,7 @@ fn round(seed: u64, faults: usize) -> Figures {
     let finals = finals.into_inner().unwrap();
     for (_, id) in &probes {
         let deadline = Instant::now() + Duration::from_secs(60);
-        let run = drive(&server, "plain", id, deadline);
+        let run = drive(&server, "plain", id, effects, deadline);
         if run.is_none() {
             figures.stuck.push(id.clone());
         }
@@ -390,7 +417,11 @@ fn round(seed: u64, faults: usize) -> Figures {
             figures.lost.push(id.clone());
             continue;
         }
-        let final_run = finals.get(id).cloned().flatten().or_else(|| call("GET", &format!("{server}/v1/runs/{id}"), None, None).map(|(_, v)| v).filter(|v| v["status"] == "done"));
+        let final_run = finals
+            .get(id)
+            .cloned()
+            .flatten()
+            .or_else(|| call("GET", &format!("{server}/v1/runs/{id}"), None, None).map(|(_, v)| v).filter(|v| v["status"] == "done"));
         let Some(run) = final_run else {
             figures.stuck.push(format!("{kind} {id}"));
             continue;
@@ -409,31 +440,36 @@ fn round(seed: u64, faults: usize) -> Figures {
         figures.steps += events.len();
         // Per refund call: executions in the ledger versus results in the log.
         let mut calls: BTreeMap<String, (usize, usize)> = BTreeMap::new(); // call id → (results, outcome-unknown)
-        let mut requested = 0;
+        let mut requested = 0usize;
         for e in &events {
             match &e.kind {
-                EventKind::ToolResult { call_id, content, .. } if content.contains("refunded") => calls.entry(call_id.clone()).or_default().0 += 1,
+                EventKind::ToolResult { call_id, content, .. } => {
+                    let Ok(v) = serde_json::from_str::<Value>(content) else { continue };
+                    if v["refunded"] != true {
+                        continue;
+                    }
+                    calls.entry(call_id.clone()).or_default().0 += 1;
+                    let key = v["idempotency_key"].as_str().unwrap_or_default();
+                    if !ledger.contains_key(key) {
+                        figures.results_without_execution.push(format!("{id}: {key}"));
+                    }
+                }
                 EventKind::ToolError { call_id, error: ToolErrorKind::OutcomeUnknown, .. } => calls.entry(call_id.clone()).or_default().1 += 1,
-                EventKind::ApprovalRequested { .. } => requested += 1,
+                EventKind::ApprovalRequested { interrupted: true, .. } => requested += 1,
                 _ => {}
             }
         }
-        figures.reapprovals += requested.saturating_sub(usize::from(kind == "approval"));
+        figures.reapprovals += requested;
+        let executed_here = ledger.keys().filter(|k| k.contains(id.as_str())).count();
         for (call_id, (results, unknown)) in &calls {
             figures.refund_calls += 1;
             figures.outcome_unknown += unknown;
-            let key = format!("{id}:{call_id}");
-            let executed = ledger.get(&key).copied().unwrap_or(0);
-            if *results > 0 && executed == 0 {
-                figures.results_without_execution.push(key.clone());
-            }
             if results + unknown != 1 {
-                figures.unsurfaced.push(format!("{key}: {results} results, {unknown} outcome-unknown, {executed} executions"));
+                figures.unsurfaced.push(format!("{id} {call_id}: {results} results, {unknown} outcome-unknown, {executed_here} executions"));
             }
         }
-        let executed_here = ledger.keys().filter(|k| k.starts_with(id.as_str())).count();
-        if kind == "approval" && calls.is_empty() && executed_here > 0 {
-            figures.unsurfaced.push(format!("{id}: {executed_here} refund executions, no outcome in the log"));
+        if executed_here > calls.len() {
+            figures.unsurfaced.push(format!("{id}: {executed_here} refund executions, {} calls with an outcome in the log", calls.len()));
         }
     }
     drop(fleet);

@@ -46,6 +46,7 @@ impl Deltas {
     }
 }
 
+#[allow(unused_imports)]
 pub use glia_testkit::http::{Reply, Seen, Server, fixture, fixture_json};
 
 /// A clock whose sleeps return at once, recording the duration and moving

@@ -25,7 +25,8 @@ pub fn run_id() -> Uuid {
     Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001)
 }
 
-pub use glia_testkit::tools::Add;
+#[allow(unused_imports)]
+pub use glia_testkit::tools::{Add, AddArgs};
 
 #[derive(Deserialize, JsonSchema)]
 pub struct RefundArgs {
