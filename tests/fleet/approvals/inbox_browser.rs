@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder, Locator};
 use glia_testkit::fleet::{Fleet, free_port};
+use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
 const TOKEN_A: &str = "inbox-tok-a";

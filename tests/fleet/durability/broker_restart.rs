@@ -52,7 +52,8 @@ fn restart_mid_batch(api: &Api, broker: &Mutex<PrivateRabbit>) -> Outage {
 
     // Admission needs only Postgres: these get 201 and their jobs wait in
     // the outbox until the broker is back.
-    let submitted_while_down: Vec<(String, String)> = KINDS.iter().enumerate().map(|(i, kind)| (kind.to_string(), submit_kind(api, kind, 1000 + i))).collect();
+    let submitted_while_down: Vec<(String, String)> =
+        KINDS.iter().enumerate().map(|(i, kind)| (kind.to_string(), submit_kind(api, kind, 1000 + i))).collect();
     std::thread::sleep(DOWN_FOR);
 
     let starting = Instant::now();

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use glia_proto::EventKind;
 use glia_testkit::fleet::*;
+use glia_proto::EventKind;
 
 #[test]
 fn fifty_mixed_runs_on_a_dispatcher_and_two_worker_processes() {
@@ -104,8 +104,7 @@ fn duplicate_and_stale_jobs_change_nothing() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         use glia_backends::JobQueue;
-        let queue =
-            glia_backends::rabbitmq::RabbitQueue::connect(&fleet.amqp_url, glia_backends::rabbitmq::QueueOptions::new(fleet.name.clone())).await.unwrap();
+        let queue = glia_backends::rabbitmq::RabbitQueue::connect(&fleet.amqp_url, glia_backends::rabbitmq::QueueOptions::new(fleet.name.clone())).await.unwrap();
         for (_, id, run) in &results {
             let run_id = id.parse().unwrap();
             let head = run["head_seq"].as_u64().unwrap();

@@ -23,9 +23,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use glia_proto::{Event, EventKind, Outcome};
 use glia_testkit::fleet::*;
 use glia_testkit::isolation::{PrivateRabbit, PrivateRedis};
+use glia_proto::{Event, EventKind, Outcome};
 use serde_json::{Value, json};
 
 /// Wait for `child` to exit (panics after `timeout`, killing it).
@@ -94,11 +94,7 @@ fn batch_carries_on_across_two_dispatcher_restarts() {
     let stderr = std::fs::read_to_string(&err).unwrap();
     assert!(status.success(), "glia batch failed ({status}):\n{stderr}");
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap_or_else(|e| panic!("summary is not JSON ({e}):\n{stderr}"));
-    assert_eq!(
-        (summary["runs"].as_u64(), summary["reproduced"].as_u64(), summary["diverged"].as_u64(), summary["failed"].as_u64()),
-        (Some(n as u64), Some(n as u64), Some(0), Some(0)),
-        "{summary}"
-    );
+    assert_eq!((summary["runs"].as_u64(), summary["reproduced"].as_u64(), summary["diverged"].as_u64(), summary["failed"].as_u64()), (Some(n as u64), Some(n as u64), Some(0), Some(0)), "{summary}");
     // The client saw the outages and waited.
     assert!(stderr.contains("dispatcher unavailable"), "no retry was logged:\n{stderr}");
     // No run was lost or submitted twice: the fleet holds exactly the batch's runs, all done.

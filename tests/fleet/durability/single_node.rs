@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use glia_testkit::fleet::{Api, Fleet, KINDS, assert_whole_recording, check_batch, drive_all, glia_batch, mixed_scripts, submit_kind, summary};
 use glia_backends::archive::{Archive, RunRecord};
 use glia_backends::sqlite::{SqliteLog, SqliteOptions};
+use glia_testkit::isolation::TempDir;
 use glia_backends::{EventLog, RunFilter};
 use glia_proto::{Disposition, EventKind};
-use glia_testkit::fleet::{Api, Fleet, KINDS, assert_whole_recording, check_batch, drive_all, glia_batch, mixed_scripts, submit_kind, summary};
-use glia_testkit::isolation::TempDir;
 use serde_json::Value;
 
 /// A number in `range`, different on every call (no seed to pin: the kill

@@ -47,12 +47,7 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
     let s: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((s["runs"].as_u64(), s["reproduced"].as_u64(), s["diverged"].as_u64(), s["failed"].as_u64()), (Some(3), Some(2), Some(1), Some(0)), "{s}");
     let id = format!("{}-{}", all[1]["task_id"], all[1]["trial"]);
-    assert!(
-        stderr.contains(&format!(
-            "(conversation {id}): model call failed: replay diverged: conversation {id}: message 2 (recording message {second_user}): expected user: \""
-        )),
-        "{stderr}"
-    );
+    assert!(stderr.contains(&format!("(conversation {id}): model call failed: replay diverged: conversation {id}: message 2 (recording message {second_user}): expected user: \"")), "{stderr}");
     assert!(stderr.contains("got user: \"Something the customer never said.\""), "{stderr}");
     assert!(stderr.contains("1 run(s) diverged and 0 failed of 3"), "{stderr}");
 }
@@ -143,14 +138,8 @@ fn real_fleet_reproduces_all_200_with_a_worker_killed_mid_batch() {
 /// `glia approvals list` and `glia approvals approve`.
 #[test]
 fn manual_approvals_are_left_to_people_on_the_cli() {
-    const CONSEQUENTIAL: [&str; 6] = [
-        "book_reservation",
-        "cancel_reservation",
-        "update_reservation_flights",
-        "update_reservation_baggages",
-        "update_reservation_passengers",
-        "send_certificate",
-    ];
+    const CONSEQUENTIAL: [&str; 6] =
+        ["book_reservation", "cancel_reservation", "update_reservation_flights", "update_reservation_baggages", "update_reservation_passengers", "send_certificate"];
     let all: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(recording_dir().join("gpt-4o-airline.json")).unwrap()).unwrap();
     let n = 8;
     let expected_approvals: usize = all[..n]

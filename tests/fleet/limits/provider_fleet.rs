@@ -8,9 +8,9 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use glia_testkit::fleet::*;
 use glia_proto::{EventKind, Outcome, RunState, Status};
 use glia_providers::PriceTable;
-use glia_testkit::fleet::*;
 use glia_testkit::http::{Reply, Server, fixture};
 use serde_json::json;
 
@@ -71,8 +71,7 @@ fn a_worker_on_a_real_provider_retries_a_429_and_shares_the_cooldown_through_red
 
     // The rate limiter's buckets and the 429's cooldown live in Redis under
     // the fleet's prefix, for every worker to respect.
-    let keys =
-        Command::new("redis-cli").args(["-u", &fleet.redis_url, "--scan", "--pattern", &format!("{}:rl:*", fleet.name)]).output().expect("redis-cli runs");
+    let keys = Command::new("redis-cli").args(["-u", &fleet.redis_url, "--scan", "--pattern", &format!("{}:rl:*", fleet.name)]).output().expect("redis-cli runs");
     let keys = String::from_utf8_lossy(&keys.stdout);
     assert!(keys.lines().any(|k| k.contains("{anthropic:claude-sonnet-4-5:") && k.ends_with(":bucket")), "rate-limit keys: {keys:?}");
     assert!(keys.lines().any(|k| k.contains("{anthropic:claude-sonnet-4-5:") && k.ends_with(":cooldown")), "rate-limit keys: {keys:?}");

@@ -31,9 +31,7 @@ fn prometheus_bin() -> PathBuf {
     }
     let found = std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("prometheus")).find(|p| p.is_file()));
     found.unwrap_or_else(|| {
-        panic!(
-            "prometheus not found on the PATH: install the Debian package (`apt-get install -y prometheus`; .ci/run does) or set GLIA_PROMETHEUS to the binary"
-        )
+        panic!("prometheus not found on the PATH: install the Debian package (`apt-get install -y prometheus`; .ci/run does) or set GLIA_PROMETHEUS to the binary")
     })
 }
 
@@ -191,10 +189,7 @@ fn with_bool_marks_top_level_comparisons_only() {
 fn extra_scripts() -> Vec<(&'static str, Value)> {
     vec![
         ("tool_error", json!([{"tool_calls": [{"name": "calculator", "input": {"op": "pow", "a": "two"}}]}, {"text": "I could not compute that."}])),
-        (
-            "retry",
-            json!([{"retries": [{"attempt": 1, "cause": "rate_limited", "message": "429 Too Many Requests", "delay_ms": 1500}], "text": "Answered after a retry."}]),
-        ),
+        ("retry", json!([{"retries": [{"attempt": 1, "cause": "rate_limited", "message": "429 Too Many Requests", "delay_ms": 1500}], "text": "Answered after a retry."}])),
         ("model_error", json!([{"error": "invalid"}])),
     ]
 }
@@ -278,13 +273,7 @@ fn prometheus_scrapes_the_fleet_and_every_dashboard_and_alert_query_returns_data
         if empty.is_empty() {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} expressions return no data:\n{}",
-            empty.len(),
-            exprs.len(),
-            empty.iter().map(|(w, e)| format!("  {w}: {e}")).collect::<Vec<_>>().join("\n")
-        );
+        assert!(Instant::now() < deadline, "{} of {} expressions return no data:\n{}", empty.len(), exprs.len(), empty.iter().map(|(w, e)| format!("  {w}: {e}")).collect::<Vec<_>>().join("\n"));
         std::thread::sleep(Duration::from_secs(1));
     }
     eprintln!("{} dashboard and alert expressions return data", exprs.len());
