@@ -13,7 +13,8 @@ use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{EventLog, JobQueue, RunFilter};
 use glia_dispatcher::{App, Auth, Principal, Scope};
 use glia_proto::{
-    ContentBlock, Disposition, Event, EventKind, Limit, Message, Outcome, PauseReason, PullPoint, Role, RunState, ToolCallRecord, Usage, args_hash,
+    ContentBlock, Disposition, Event, EventKind, Limit, Message, Outcome, PauseReason, PullPoint, Role, RunState, ToolCallRecord, Usage,
+    args_hash,
 };
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -180,14 +181,7 @@ pub async fn park_for_approval_with_tools(log: &dyn EventLog, run_id: Uuid, call
     kinds.push(tool_use_response(calls));
     for (id, name, input) in calls {
         kinds.push(tool_call(run_id, id, name, input, Disposition::Approval));
-        kinds.push(EventKind::ApprovalRequested {
-            call_id: (*id).into(),
-            tool: (*name).into(),
-            input: input.clone(),
-            args_hash: args_hash(input),
-            expires_at: None,
-            interrupted: false,
-        });
+        kinds.push(EventKind::ApprovalRequested { call_id: (*id).into(), tool: (*name).into(), input: input.clone(), args_hash: args_hash(input), expires_at: None, interrupted: false });
     }
     let ids = calls.iter().map(|(id, _, _)| (*id).to_owned()).collect();
     kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: ids } });
@@ -209,14 +203,7 @@ pub async fn park_for_tool(log: &dyn EventLog, run_id: Uuid) {
 /// Park a conversational run at awaiting_input.
 pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
     let mut kinds = to_model_call();
-    kinds.push(EventKind::ModelResponse {
-        message: Message::assistant("Hello."),
-        usage: Usage::default(),
-        stop_reason: "end_turn".into(),
-        duration_ms: 1,
-        cost_usd_micros: 0,
-        rejected: None,
-    });
+    kinds.push(EventKind::ModelResponse { message: Message::assistant("Hello."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None });
     kinds.push(EventKind::StepEnd { index: 0, answer: "Hello.".into(), skipped: false });
     kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingInput });
     commit(log, run_id, kinds).await
@@ -319,3 +306,4 @@ impl Real {
         r.body["run_id"].as_str().unwrap().parse().unwrap()
     }
 }
+

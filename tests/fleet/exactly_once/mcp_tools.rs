@@ -7,21 +7,19 @@
 //! the servers' own stdin, recorded by `tee`, is the ledger of the calls they
 //! received.
 
-mod common;
-
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
 use glia_proto::{EventKind, ToolErrorKind};
+use glia_testkit::fleet::*;
+use glia_testkit::http::{Reply, Server};
 use serde_json::{Value, json};
 
 const RUNS: usize = 20;
 
 fn package(name: &str) -> Option<String> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.ci/mcp/node_modules/@modelcontextprotocol").join(name).join("dist/index.js");
+    let path = glia_testkit::workspace_root().join(".ci/mcp/node_modules/@modelcontextprotocol").join(name).join("dist/index.js");
     if path.exists() {
         return Some(path.canonicalize().unwrap().display().to_string());
     }
@@ -30,35 +28,6 @@ fn package(name: &str) -> Option<String> {
     }
     eprintln!("skipped: {} is not installed (npm ci --prefix .ci/mcp)", path.display());
     None
-}
-
-/// An HTTP tool server on a thread of its own: answers `{"order": N, "status": "shipped"}`
-/// and records each request's Idempotency-Key.
-fn lookup_server() -> (String, Arc<Mutex<Vec<String>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    listener.set_nonblocking(true).unwrap();
-    let record = seen.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(async move {
-            let app = axum::Router::new().route(
-                "/lookup",
-                axum::routing::post(move |headers: axum::http::HeaderMap, axum::Json(body): axum::Json<Value>| {
-                    let record = record.clone();
-                    async move {
-                        let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-                        record.lock().unwrap().push(key);
-                        axum::Json(json!({"order": body["order"], "status": "shipped"}))
-                    }
-                }),
-            );
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    (base, seen)
 }
 
 /// Every JSON-RPC message the servers received, from the `tee` files.
@@ -86,7 +55,9 @@ fn calls_by_key(messages: &[Value], tool: &str) -> HashMap<String, usize> {
 #[test]
 fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
     let (Some(everything), Some(filesystem)) = (package("server-everything"), package("server-filesystem")) else { return };
-    let (lookup, lookups) = lookup_server();
+    // The HTTP tool's endpoint: answers every call, records each request.
+    let lookup_server = Server::background(vec![Reply::json(200, br#"{"status":"shipped"}"#.to_vec()); 10 * RUNS]);
+    let lookup = lookup_server.base.clone();
     let scripts: Vec<(String, Value)> = (0..RUNS)
         .map(|i| {
             (
@@ -230,7 +201,7 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
     // (with its key), and the HTTP tool's keys are the runs' keys.
     let long = calls_by_key(&everything_calls, "trigger-long-running-operation");
     assert!(long.values().any(|n| *n >= 2), "an interrupted idempotent MCP call ran again with the same key: {long:?}");
-    let lookups = lookups.lock().unwrap();
+    let lookups: Vec<String> = lookup_server.seen().iter().map(|r| r.header("idempotency-key").unwrap_or_default().to_owned()).collect();
     assert!(lookups.len() >= RUNS && lookups.iter().all(|k| k.contains(':')), "{lookups:?}");
     let moved = (0..RUNS).filter(|i| files.join(format!("dst-{i}.txt")).exists()).count();
     assert_eq!(moved, move_calls.values().sum::<usize>(), "every move the servers received took effect once");
@@ -256,7 +227,7 @@ fn a_bad_catalogue_is_a_startup_error_naming_the_key() {
     let unset = dir.join("unset.toml");
     std::fs::write(&unset, "[mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"npx\"\nenv = { TOKEN = \"GLIA_TEST_NEVER_SET_VARIABLE\" }\n").unwrap();
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_glia"))
+        let out = std::process::Command::new(glia_testkit::bin::glia_bin())
             .args(args)
             .env("GLIA_DATABASE_URL", "postgres://127.0.0.1:1/none")
             .env_remove("GLIA_CATALOGUE")
