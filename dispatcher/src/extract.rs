@@ -91,6 +91,13 @@ fn conforms(name: &str, value: &serde_json::Value) -> Result<(), ApiError> {
                     field.push_str(&token);
                 }
             }
+            // An unknown key is named itself: `config.compactor: unknown field`.
+            if let jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } = e.kind()
+                && let Some(key) = unexpected.first()
+            {
+                let field = if field.is_empty() { key.clone() } else { format!("{field}.{key}") };
+                return Err(ApiError::BodyAt { field, reason: "unknown field".into() });
+            }
             let reason = e.to_string();
             Err(if field.is_empty() { ApiError::InvalidBody(reason) } else { ApiError::BodyAt { field, reason } })
         }
@@ -109,7 +116,7 @@ fn parse<T: DeserializeOwned + Documented>(headers: &HeaderMap, bytes: &[u8]) ->
     }
     integral_numbers(&mut value);
     conforms(T::SCHEMA, &value)?;
-    serde_json::from_value(value).map_err(|e| ApiError::InvalidBody(e.to_string()))
+    glia_proto::strict::from_json_value(value).map_err(|e| if e.path.is_empty() { ApiError::InvalidBody(e.reason) } else { ApiError::BodyAt { field: e.path, reason: e.reason } })
 }
 
 impl<T: DeserializeOwned + Documented> FromRequest<App> for ApiJson<T> {
