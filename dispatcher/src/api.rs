@@ -501,6 +501,7 @@ async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static
     responses(
         (status = 201, description = "Admitted", body = RunSummaryDoc),
         (status = 200, description = "Idempotent repeat: the existing run", body = RunSummaryDoc),
+        (status = 404, description = "`agent_not_found`: the tenant has no such agent or version", body = ErrorBody),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]

@@ -492,3 +492,53 @@ pub fn complete(doc: &mut Value) {
         }
     }
 }
+
+/// The configuration file types as standalone JSON Schema documents (2020-12),
+/// by file name: `run-config.schema.json` ([`glia_proto::RunConfig`]) and
+/// `agent.schema.json` ([`glia_proto::AgentDefinition`]). Each is the
+/// component `/openapi.json` serves, with the components it references under
+/// `$defs`. `glia schemas` writes them to `schemas/`.
+pub fn config_schemas() -> Vec<(&'static str, Value)> {
+    let doc = crate::openapi();
+    let components = &doc["components"]["schemas"];
+    [("run-config.schema.json", "RunConfig"), ("agent.schema.json", "AgentDefinition")]
+        .into_iter()
+        .map(|(file, root)| {
+            let mut defs = serde_json::Map::new();
+            let mut todo = vec![root.to_owned()];
+            while let Some(name) = todo.pop() {
+                if defs.contains_key(&name) {
+                    continue;
+                }
+                let mut schema = components[&name].clone();
+                rebase_refs(&mut schema, &mut todo);
+                defs.insert(name, schema);
+            }
+            let doc = json!({
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "$id": format!("https://glia.invalid/schemas/{file}"),
+                "title": root,
+                "$ref": format!("#/$defs/{root}"),
+                "$defs": Value::Object(defs.into_iter().collect::<std::collections::BTreeMap<_, _>>().into_iter().collect()),
+            });
+            (file, doc)
+        })
+        .collect()
+}
+
+/// Point `#/components/schemas/X` references at `#/$defs/X`, noting each X.
+fn rebase_refs(value: &mut Value, found: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(r)) = map.get_mut("$ref")
+                && let Some(name) = r.strip_prefix("#/components/schemas/")
+            {
+                found.push(name.to_owned());
+                *r = format!("#/$defs/{name}");
+            }
+            map.values_mut().for_each(|v| rebase_refs(v, found));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| rebase_refs(v, found)),
+        _ => {}
+    }
+}

@@ -397,3 +397,19 @@ async fn reconciler_backs_off_per_run() {
     // without the back-off it would be ~15.
     assert!((2..=4).contains(&published), "published {published} times");
 }
+
+/// `schemas/` holds exactly what `glia schemas` writes: the configuration
+/// types' JSON Schemas as `/openapi.json` serves them.
+#[test]
+fn schemas_directory_is_current() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas");
+    for (file, schema) in glia_dispatcher::docs::config_schemas() {
+        let path = dir.join(file);
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        let expected = format!("{}\n", serde_json::to_string_pretty(&schema).unwrap());
+        assert!(written == expected, "{} is stale or missing: regenerate with `cargo run -p glia-cli -- schemas` (writes schemas/) and commit it", path.display());
+        // Each compiles as a JSON Schema and refuses an unknown top-level key.
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        assert!(!validator.is_valid(&json!({"name": "a", "model": "m", "command": "/bin/sh"})), "{file} refuses unknown keys");
+    }
+}

@@ -153,7 +153,7 @@ impl Fleet {
         let scripts = self.dir.join("scripts");
         let id = format!("w{}", self.workers.len());
         let child = self
-            .command(&["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &id])
+            .command(&["worker", "--demo", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &id])
             .args(&self.worker_args)
             .spawn()
             .expect("worker starts");
@@ -170,7 +170,7 @@ impl Fleet {
 
     fn spawn_worker_child(&self, i: usize, lease_ms: u64) -> Child {
         let scripts = self.dir.join("scripts");
-        self.command(&["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &format!("w{i}-{}", Uuid::now_v7().simple())])
+        self.command(&["worker", "--demo", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &format!("w{i}-{}", Uuid::now_v7().simple())])
             .args(&self.worker_args)
             .spawn()
             .expect("worker starts")
@@ -509,3 +509,42 @@ pub fn assert_whole_recording(s: &Value) {
     assert_eq!(s["customer_turns"], 1290, "{s}");
 }
 
+
+/// `glia dev` as a process on a free port, started with `args` (after `dev`)
+/// in `dir`, waited for until `/healthz` answers; killed when dropped.
+pub struct DevProcess {
+    child: Child,
+    /// Its base URL.
+    pub server: String,
+}
+
+impl DevProcess {
+    pub fn start(dir: &std::path::Path, args: &[&str]) -> DevProcess {
+        let port = free_port();
+        let server = format!("http://127.0.0.1:{port}");
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_glia"))
+            .current_dir(dir)
+            .arg("dev")
+            .args(args)
+            .args(["--listen", &listen])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let dev = DevProcess { child, server };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http("GET", &format!("{}/healthz", dev.server), None).is_err() {
+            assert!(Instant::now() < deadline, "glia dev did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        dev
+    }
+}
+
+impl Drop for DevProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
