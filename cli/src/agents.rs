@@ -104,7 +104,14 @@ pub async fn agents(cmd: AgentsCommand) -> Result<()> {
                 let answer = server.call(&client, Method::PUT, &format!("/v1/agents/{}", def.name), Some(&body), &[]).await?;
                 let created = answer.status == reqwest::StatusCode::CREATED;
                 let v = answer.checked().with_context(|| format!("applying {}", file.display()))?;
-                println!("{}: agent {} {} (version {}, {})", file.display(), def.name, if created { "created" } else { "unchanged" }, v["version"], v["content_hash"].as_str().unwrap_or(""));
+                println!(
+                    "{}: agent {} {} (version {}, {})",
+                    file.display(),
+                    def.name,
+                    if created { "created" } else { "unchanged" },
+                    v["version"],
+                    v["content_hash"].as_str().unwrap_or("")
+                );
             }
             Ok(())
         }

@@ -45,9 +45,14 @@ fn apply_is_idempotent_and_runs_record_the_agent() {
     assert!(stderr.contains("b.toml: invalid agent definition: command: unknown field"), "{stderr}");
     assert!(refused.stdout.is_empty(), "nothing applied: {}", String::from_utf8_lossy(&refused.stdout));
     std::fs::remove_file(dir.join("b.toml")).unwrap();
-    std::fs::write(dir.join("c.toml"), text.replace("deny = '(?i)internal note'", "deny = '(unclosed'").replace("name = \"support\"", "name = \"other\"")).unwrap();
+    std::fs::write(dir.join("c.toml"), text.replace("deny = '(?i)internal note'", "deny = '(unclosed'").replace("name = \"support\"", "name = \"other\""))
+        .unwrap();
     let refused = glia(&dev, &["agents", "apply", dir.to_str().unwrap()]);
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("c.toml: invalid agent definition: guardrails.output[0].deny: not a valid regex"), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("c.toml: invalid agent definition: guardrails.output[0].deny: not a valid regex"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     std::fs::remove_file(dir.join("c.toml")).unwrap();
     let v2 = ok(&glia(&dev, &["agents", "apply", dir.to_str().unwrap()]));
     assert!(v2.contains("agent support created (version 2"), "{v2}");

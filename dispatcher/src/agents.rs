@@ -76,7 +76,12 @@ fn read_scope(p: &Principal) -> Result<(), ApiError> {
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn put_agent(State(app): State<App>, p: Principal, ApiPath(name): ApiPath<String>, ApiJson(def): ApiJson<AgentDefinition>) -> Result<Response, ApiError> {
+pub async fn put_agent(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(def): ApiJson<AgentDefinition>,
+) -> Result<Response, ApiError> {
     p.require(Scope::Agents)?;
     if def.name != name {
         return Err(ApiError::InvalidField { field: "name".into(), reason: format!("{:?} differs from the path's {name:?}", def.name) });

@@ -121,7 +121,10 @@ async fn registry_contract(log: Arc<dyn EventLog>) {
         (with(support(), "/output_schema", json!({"type": "string"})), "output_schema.type"),
         (with(support(), "/compaction/threshold", json!(5)), "compaction.threshold"),
         (with(support(), "/budget/max_turns", json!("many")), "budget.max_turns"),
-        (with(support(), "/external_tools", json!([{"name": "t", "description": "", "input_schema": {"type": "object"}, "timeout": 5}])), "external_tools[0].timeout"),
+        (
+            with(support(), "/external_tools", json!([{"name": "t", "description": "", "input_schema": {"type": "object"}, "timeout": 5}])),
+            "external_tools[0].timeout",
+        ),
         (with(support(), "/policies", json!([{"tool": "get_order", "args": "[", "action": {"kind": "allow"}}])), "policies[0].args"),
         (with(support(), "/name", json!("other")), "name"),
         (with(support(), "/tools", json!(["get_order", "get_order"])), "tools[1]"),
@@ -154,10 +157,18 @@ async fn registry_contract(log: Arc<dyn EventLog>) {
         (json!({"goal": "g", "agent": "nobody"}), StatusCode::NOT_FOUND, Value::Null),
         (json!({"goal": "g", "agent": "support@0"}), StatusCode::UNPROCESSABLE_ENTITY, json!("agent")),
         (json!({"goal": "g", "agent": "support", "config": {"model": "x"}}), StatusCode::UNPROCESSABLE_ENTITY, json!("config")),
-        (json!({"goal": "g", "config": {"agent": {"name": "support", "version": 1, "content_hash": hash}}}), StatusCode::UNPROCESSABLE_ENTITY, json!("config.agent")),
+        (
+            json!({"goal": "g", "config": {"agent": {"name": "support", "version": 1, "content_hash": hash}}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!("config.agent"),
+        ),
         (json!({"goal": "g", "config": {"compactor": {"max_tokens": 5}}}), StatusCode::UNPROCESSABLE_ENTITY, json!("config.compactor")),
         (json!({"goal": "g", "config": {"budget": {"max_turn": 5}}}), StatusCode::UNPROCESSABLE_ENTITY, json!("config.budget.max_turn")),
-        (json!({"goal": "g", "config": {"guardrails": {"input": [{"name": "n", "deny": "("}]}}}), StatusCode::UNPROCESSABLE_ENTITY, json!("config.guardrails.input[0].deny")),
+        (
+            json!({"goal": "g", "config": {"guardrails": {"input": [{"name": "n", "deny": "("}]}}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!("config.guardrails.input[0].deny"),
+        ),
     ] {
         let reply = send(&r, request(Method::POST, "/v1/runs", Some(SUB_B), Some(&body))).await;
         assert_eq!(reply.status, status, "{body}: {}", reply.text);

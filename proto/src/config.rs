@@ -25,7 +25,8 @@ pub struct RunConfig {
     pub model: String,
     /// Stable system prompt (the cacheable prefix).
     pub system: String,
-    /// Names of the worker's registered tools this run may call; `None` = all.
+    /// Names of the worker's registered tools this run may call; `None` = all the
+    /// worker has (`glia worker` has the demo tools only with `--demo`).
     pub tools: Option<Vec<String>>,
     /// Client-executed tools: the run parks at `awaiting_tool` until a result
     /// is posted.

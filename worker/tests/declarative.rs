@@ -97,7 +97,8 @@ async fn declared_compaction_drops_the_oldest_turns() {
     let mut script: Vec<ScriptedTurn> = (0..6).map(|i| ScriptedTurn::call("add", json!({"a": i, "b": 1000 + i}))).collect();
     script.push(ScriptedTurn::text("All sums done."));
     let (agent, provider) = agent(script);
-    let config: RunConfig = glia_proto::strict::from_json_value(json!({"tools": ["add"], "compaction": {"strategy": "drop_oldest", "max_tokens": 150, "keep_recent": 1}})).unwrap();
+    let config: RunConfig =
+        glia_proto::strict::from_json_value(json!({"tools": ["add"], "compaction": {"strategy": "drop_oldest", "max_tokens": 150, "keep_recent": 1}})).unwrap();
     let mut log = Vec::new();
     let (state, status) = agent.run(run_id(), "sum things", config, &mut log).await.unwrap();
     assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })), "{status:?}");
