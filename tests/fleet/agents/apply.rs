@@ -4,20 +4,58 @@
 //! field before anything is sent, and a run started from the agent records
 //! its version and hash and runs with exactly the agent's tools and rules.
 
-mod common;
-
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use glia_testkit::bin::glia_bin;
+use glia_testkit::fleet::{free_port, http};
 use serde_json::Value;
 
-fn glia(dev: &common::DevProcess, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_glia")).current_dir(repo()).args(args).env("GLIA_SERVER", &dev.server).env("RUST_LOG", "warn").output().unwrap()
+/// `glia dev` as a process on a free port, started with `args` in the
+/// workspace root; killed when dropped.
+struct Dev {
+    child: std::process::Child,
+    server: String,
+}
+
+impl Dev {
+    fn start(args: &[&str]) -> Dev {
+        let port = free_port();
+        let server = format!("http://127.0.0.1:{port}");
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(glia_bin())
+            .current_dir(repo())
+            .arg("dev")
+            .args(args)
+            .args(["--listen", &listen])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let dev = Dev { child, server };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http("GET", &format!("{}/healthz", dev.server), None).is_err() {
+            assert!(Instant::now() < deadline, "glia dev did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        dev
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn glia(dev: &Dev, args: &[&str]) -> Output {
+    Command::new(glia_bin()).current_dir(repo()).args(args).env("GLIA_SERVER", &dev.server).env("RUST_LOG", "warn").output().unwrap()
 }
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    glia_testkit::workspace_root()
 }
 
 fn ok(out: &Output) -> String {
@@ -27,7 +65,7 @@ fn ok(out: &Output) -> String {
 
 #[test]
 fn apply_is_idempotent_and_runs_record_the_agent() {
-    let dev = common::DevProcess::start(&repo(), &["--demo", "--workers", "1"]);
+    let dev = Dev::start(&["--demo", "--workers", "1"]);
     let first = ok(&glia(&dev, &["agents", "apply", "examples/agents"]));
     assert!(first.contains("agent support created (version 1, sha256:"), "{first}");
     let again = ok(&glia(&dev, &["agents", "apply", "examples/agents/support.toml"]));
@@ -67,7 +105,7 @@ fn apply_is_idempotent_and_runs_record_the_agent() {
     let run_id = ok(&glia(&dev, &["submit", "--agent", "support@1", "--detach", "Refund order A1"])).trim().to_owned();
     let deadline = Instant::now() + Duration::from_secs(30);
     let events = loop {
-        let (_, body) = common::http("GET", &format!("{}/v1/runs/{run_id}/events", dev.server), None).unwrap();
+        let (_, body) = http("GET", &format!("{}/v1/runs/{run_id}/events", dev.server), None).unwrap();
         let events = body["events"].as_array().cloned().unwrap_or_default();
         if events.iter().any(|e| e["type"] == "approval.requested") {
             break events;
