@@ -5,50 +5,12 @@
 //! its version and hash and runs with exactly the agent's tools and rules.
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use glia_testkit::bin::glia_bin;
-use glia_testkit::fleet::{free_port, http};
+use glia_testkit::fleet::{Dev, http};
 use serde_json::Value;
-
-/// `glia dev` as a process on a free port, started with `args` in the
-/// workspace root; killed when dropped.
-struct Dev {
-    child: std::process::Child,
-    server: String,
-}
-
-impl Dev {
-    fn start(args: &[&str]) -> Dev {
-        let port = free_port();
-        let server = format!("http://127.0.0.1:{port}");
-        let listen = format!("127.0.0.1:{port}");
-        let child = Command::new(glia_bin())
-            .current_dir(repo())
-            .arg("dev")
-            .args(args)
-            .args(["--listen", &listen])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        let dev = Dev { child, server };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while http("GET", &format!("{}/healthz", dev.server), None).is_err() {
-            assert!(Instant::now() < deadline, "glia dev did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        dev
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn glia(dev: &Dev, args: &[&str]) -> Output {
     Command::new(glia_bin()).current_dir(repo()).args(args).env("GLIA_SERVER", &dev.server).env("RUST_LOG", "warn").output().unwrap()
