@@ -37,6 +37,7 @@ pub mod extract;
 pub mod history;
 pub mod inbox;
 pub mod webhooks;
+pub mod agents;
 pub mod metrics;
 pub mod relay;
 pub mod startup;
