@@ -357,4 +357,37 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     an_interrupted_call_is_marked_in_the_queue(&fresh().await).await;
     outbox_and_orphans(&fresh().await).await;
     lists_runs(&fresh().await).await;
+    agent_versions(&fresh().await).await;
+}
+
+/// The agent registry: the same content again is the same version (nothing
+/// written), new content the next version, versions immutable and per
+/// tenant, the latest listed per name; concurrent puts get distinct versions
+/// for distinct content.
+pub async fn agent_versions(log: &dyn EventLog) {
+    let (a1, created) = log.put_agent("t1", "support", r#"{"v":1}"#, "sha256:1").await.unwrap();
+    assert!(created);
+    assert_eq!((a1.version, a1.tenant.as_str(), a1.definition.as_str()), (1, "t1", r#"{"v":1}"#));
+    let (again, created) = log.put_agent("t1", "support", r#"{"v":1}"#, "sha256:1").await.unwrap();
+    assert!(!created, "same content, same version");
+    assert_eq!(again, a1);
+    let (a2, created) = log.put_agent("t1", "support", r#"{"v":2}"#, "sha256:2").await.unwrap();
+    assert!(created);
+    assert_eq!(a2.version, 2);
+    assert_eq!(log.get_agent("t1", "support", None).await.unwrap().unwrap().version, 2, "latest");
+    assert_eq!(log.get_agent("t1", "support", Some(1)).await.unwrap().unwrap(), a1, "versions are immutable");
+    assert_eq!(log.get_agent("t1", "support", Some(3)).await.unwrap(), None);
+    assert_eq!(log.get_agent("t2", "support", None).await.unwrap(), None, "per tenant");
+    let (other, _) = log.put_agent("t2", "support", r#"{"v":9}"#, "sha256:9").await.unwrap();
+    assert_eq!(other.version, 1, "another tenant's agent of the same name");
+    log.put_agent("t1", "billing", r#"{"v":1}"#, "sha256:1").await.unwrap();
+    let listed: Vec<(String, u32)> = log.list_agents("t1").await.unwrap().into_iter().map(|a| (a.name, a.version)).collect();
+    assert_eq!(listed, vec![("billing".to_owned(), 1), ("support".to_owned(), 2)]);
+    let puts = (0..6).map(|i| async move { log.put_agent("t1", "race", &format!("{{\"v\":{}}}", i % 3), &format!("sha256:r{}", i % 3)).await.unwrap() });
+    let results = futures::future::join_all(puts).await;
+    let mut versions: Vec<u32> = results.iter().filter(|(_, created)| *created).map(|(a, _)| a.version).collect();
+    versions.sort_unstable();
+    assert_eq!(versions, (1..=versions.len() as u32).collect::<Vec<_>>(), "created versions are consecutive and distinct");
+    let latest = log.get_agent("t1", "race", None).await.unwrap().unwrap();
+    assert_eq!(latest.version as usize, versions.len());
 }

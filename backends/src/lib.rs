@@ -242,6 +242,23 @@ pub struct ApprovalFilter {
     pub limit: usize,
 }
 
+/// One immutable version of a registered agent definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentVersion {
+    /// Owning tenant (definitions are per tenant).
+    pub tenant: String,
+    /// Agent name.
+    pub name: String,
+    /// Version, from 1.
+    pub version: u32,
+    /// `sha256:` and the hex SHA-256 of the canonical JSON.
+    pub content_hash: String,
+    /// The definition's canonical JSON text.
+    pub definition: String,
+    /// When this version was registered.
+    pub created_at: DateTime<Utc>,
+}
+
 /// Why an [`EventLog`] call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LogError {
@@ -381,6 +398,22 @@ pub trait EventLog: Send + Sync {
 
     /// True when the store answers.
     async fn ready(&self) -> Result<(), LogError>;
+
+    /// Register version of `tenant`'s agent `name`: `definition` is its
+    /// canonical JSON (an `AgentDefinition`, already validated) and
+    /// `content_hash` its hash. When the agent's latest version has the same
+    /// hash, that version is returned with `false` and nothing is written;
+    /// otherwise the definition becomes the next version (1 for a new name),
+    /// returned with `true`. Versions are immutable; concurrent puts of one
+    /// name are serialised (each distinct content gets its own version, the
+    /// same content one).
+    async fn put_agent(&self, tenant: &str, name: &str, definition: &str, content_hash: &str) -> Result<(AgentVersion, bool), LogError>;
+
+    /// One version of `tenant`'s agent `name` (`None`: the latest); `Ok(None)` when absent.
+    async fn get_agent(&self, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError>;
+
+    /// The latest version of each of `tenant`'s agents, by name.
+    async fn list_agents(&self, tenant: &str) -> Result<Vec<AgentVersion>, LogError>;
 
     /// Counts for the fleet's gauges at `now`: runs not done by status and
     /// pull point, pending approvals and those past their deadline. The default

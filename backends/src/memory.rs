@@ -16,7 +16,7 @@ use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
 use crate::{
-    Acker, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
+    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
     LogError, NewRun, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Spend, SpendCap, dedupe_key,
 };
 
@@ -35,6 +35,7 @@ struct Inner {
     approvals: Vec<ApprovalRow>,
     outbox: BTreeMap<i64, Job>,
     next_id: i64,
+    agents: BTreeMap<(String, String), Vec<AgentVersion>>,
 }
 
 impl Inner {
@@ -318,6 +319,40 @@ impl EventLog for MemoryLog {
 
     async fn ready(&self) -> Result<(), LogError> {
         Ok(())
+    }
+
+    async fn put_agent(&self, tenant: &str, name: &str, definition: &str, content_hash: &str) -> Result<(AgentVersion, bool), LogError> {
+        let mut inner = lock(&self.inner);
+        let versions = inner.agents.entry((tenant.to_owned(), name.to_owned())).or_default();
+        if let Some(last) = versions.last()
+            && last.content_hash == content_hash
+        {
+            return Ok((last.clone(), false));
+        }
+        let version = AgentVersion {
+            tenant: tenant.to_owned(),
+            name: name.to_owned(),
+            version: u32::try_from(versions.len() + 1).map_err(|_| LogError::Unavailable("too many versions".into()))?,
+            content_hash: content_hash.to_owned(),
+            definition: definition.to_owned(),
+            created_at: Utc::now(),
+        };
+        versions.push(version.clone());
+        Ok((version, true))
+    }
+
+    async fn get_agent(&self, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError> {
+        let inner = lock(&self.inner);
+        let Some(versions) = inner.agents.get(&(tenant.to_owned(), name.to_owned())) else { return Ok(None) };
+        Ok(match version {
+            None => versions.last().cloned(),
+            Some(v) => versions.iter().find(|a| a.version == v).cloned(),
+        })
+    }
+
+    async fn list_agents(&self, tenant: &str) -> Result<Vec<AgentVersion>, LogError> {
+        let inner = lock(&self.inner);
+        Ok(inner.agents.iter().filter(|((t, _), _)| t == tenant).filter_map(|(_, versions)| versions.last().cloned()).collect())
     }
 }
 

@@ -72,7 +72,7 @@ use tokio_postgres::{Config, NoTls, Row};
 use uuid::Uuid;
 
 use crate::{
-    ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, LogGauges, NewRun, RunGaugeKey, RunFilter, RunStatus, RunSummary, Spend,
+    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, LogGauges, NewRun, RunGaugeKey, RunFilter, RunStatus, RunSummary, Spend,
     dedupe_key,
 };
 
@@ -299,6 +299,22 @@ fn write_error(run_id: Uuid, what: &str, e: &tokio_postgres::Error) -> LogError 
         Some(code) if code.code().starts_with("22") => LogError::Invalid { run_id, reason: format!("{what}: {}", describe(e)) },
         _ => unavailable(what, e),
     }
+}
+
+/// One version of an agent: `$3` the version, NULL for the latest.
+const AGENT_ROW: &str = "SELECT tenant, name, version, content_hash, definition, created_at FROM agents \
+                         WHERE tenant = $1 AND name = $2 AND ($3::int IS NULL OR version = $3) ORDER BY version DESC LIMIT 1";
+
+fn agent_of(row: &Row) -> Result<AgentVersion, LogError> {
+    let version: i32 = col(row, "version")?;
+    Ok(AgentVersion {
+        tenant: col(row, "tenant")?,
+        name: col(row, "name")?,
+        version: u32::try_from(version).map_err(|_| corrupt(format!("agent version {version}")))?,
+        content_hash: col(row, "content_hash")?,
+        definition: col(row, "definition")?,
+        created_at: col(row, "created_at")?,
+    })
 }
 
 fn corrupt(what: String) -> LogError {
@@ -1202,6 +1218,62 @@ impl EventLog for PgLog {
     /// `blobs` (rare: large or NUL-carrying) are decoded here. A rebuild, not
     /// a per-step cost: it reads every event of the tenant's recently active
     /// runs.
+    async fn put_agent(&self, tenant: &str, name: &str, definition: &str, content_hash: &str) -> Result<(AgentVersion, bool), LogError> {
+        self.bounded("put_agent", async {
+            let fail = |e: tokio_postgres::Error| unavailable("put_agent", &e);
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(fail)?;
+            // One writer per (tenant, name) at a time: the read of the latest version and the insert cannot interleave.
+            tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 7))", &[&tenant, &name]).await.map_err(fail)?;
+            let latest = tx.query_opt(AGENT_ROW, &[&tenant, &name, &None::<i32>]).await.map_err(fail)?;
+            if let Some(row) = latest {
+                let last = agent_of(&row)?;
+                if last.content_hash == content_hash {
+                    return Ok((last, false));
+                }
+            }
+            let row = tx
+                .query_one(
+                    "INSERT INTO agents (tenant, name, version, content_hash, definition) \
+                     SELECT $1, $2, COALESCE(MAX(version), 0) + 1, $3, $4 FROM agents WHERE tenant = $1 AND name = $2 \
+                     RETURNING tenant, name, version, content_hash, definition, created_at",
+                    &[&tenant, &name, &content_hash, &definition],
+                )
+                .await
+                .map_err(fail)?;
+            let version = agent_of(&row)?;
+            tx.commit().await.map_err(fail)?;
+            Ok((version, true))
+        })
+        .await
+    }
+
+    async fn get_agent(&self, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError> {
+        let version = version.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
+        self.bounded("get_agent", async {
+            let client = self.client().await?;
+            let row = client.query_opt(AGENT_ROW, &[&tenant, &name, &version]).await.map_err(|e| unavailable("get_agent", &e))?;
+            row.as_ref().map(agent_of).transpose()
+        })
+        .await
+    }
+
+    async fn list_agents(&self, tenant: &str) -> Result<Vec<AgentVersion>, LogError> {
+        self.bounded("list_agents", async {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT DISTINCT ON (name) tenant, name, version, content_hash, definition, created_at FROM agents \
+                     WHERE tenant = $1 ORDER BY name, version DESC",
+                    &[&tenant],
+                )
+                .await
+                .map_err(|e| unavailable("list_agents", &e))?;
+            rows.iter().map(agent_of).collect()
+        })
+        .await
+    }
+
     async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
         let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
         let end = start + chrono::Duration::days(1);

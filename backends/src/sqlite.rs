@@ -82,13 +82,13 @@ use crate::archive::{ApprovalRecord, Archive, Imported, InboxRecord, RunRecord};
 use crate::memory::MemoryLedger;
 use crate::postgres::next_checkpoint;
 use crate::{
-    Acker, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
+    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
     LogError, LogGauges, NewRun, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey, RunStatus, RunSummary, Settlement, Spend, SpendCap,
     dedupe_key,
 };
 
 /// The migrations, in order; never edit one that shipped, add the next.
-const MIGRATIONS: &[&str] = &[include_str!("../sqlite_migrations/001_init.sql")];
+const MIGRATIONS: &[&str] = &[include_str!("../sqlite_migrations/001_init.sql"), include_str!("../sqlite_migrations/002_agents.sql")];
 
 /// How a store is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -689,6 +689,30 @@ fn insert_approval(tx: &Connection, run_id: Uuid, tenant: &str, a: &ApprovalReco
     Ok(())
 }
 
+/// One version of an agent (`None`: the latest).
+fn agent_row(conn: &Connection, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError> {
+    let mut st = conn
+        .prepare_cached(
+            "SELECT tenant, name, version, content_hash, definition, created_at FROM agents \
+             WHERE tenant = ?1 AND name = ?2 AND (?3 IS NULL OR version = ?3) ORDER BY version DESC LIMIT 1",
+        )
+        .map_err(db("get_agent"))?;
+    let mut rows = st.query(params![tenant, name, version]).map_err(db("get_agent"))?;
+    rows.next().map_err(db("get_agent"))?.map(agent_of).transpose()
+}
+
+fn agent_of(row: &Row<'_>) -> Result<AgentVersion, LogError> {
+    let version: i64 = get(row, "version")?;
+    Ok(AgentVersion {
+        tenant: get(row, "tenant")?,
+        name: get(row, "name")?,
+        version: u32::try_from(version).map_err(|_| corrupt(format!("agent version {version}")))?,
+        content_hash: get(row, "content_hash")?,
+        definition: get(row, "definition")?,
+        created_at: time(get(row, "created_at")?),
+    })
+}
+
 fn approval_row(row: &Row<'_>) -> Result<ApprovalRow, LogError> {
     let status: String = get(row, "status")?;
     Ok(ApprovalRow {
@@ -1175,6 +1199,56 @@ impl EventLog for SqliteLog {
 
     /// Reads the spending events of the tenant's runs updated since the day
     /// began and sums them in Rust ([`Spend::of_event`]).
+    async fn put_agent(&self, tenant: &str, name: &str, definition: &str, content_hash: &str) -> Result<(AgentVersion, bool), LogError> {
+        let (tenant, name, definition, content_hash) = (tenant.to_owned(), name.to_owned(), definition.to_owned(), content_hash.to_owned());
+        self.store
+            .write("put_agent", move |conn| {
+                // The writer thread runs one write at a time: read and insert cannot interleave with another put.
+                if let Some(last) = agent_row(conn, &tenant, &name, None)?
+                    && last.content_hash == content_hash
+                {
+                    return Ok((last, false));
+                }
+                let version: i64 = conn
+                    .query_row("SELECT COALESCE(MAX(version), 0) + 1 FROM agents WHERE tenant = ?1 AND name = ?2", params![tenant, name], |r| r.get(0))
+                    .map_err(db("put_agent"))?;
+                let now = Utc::now();
+                conn.execute(
+                    "INSERT INTO agents (tenant, name, version, content_hash, definition, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![tenant, name, version, content_hash, definition, nanos(now)],
+                )
+                .map_err(db("put_agent"))?;
+                let version = u32::try_from(version).map_err(|_| corrupt(format!("agent {name}: version {version}")))?;
+                Ok((AgentVersion { tenant, name, version, content_hash, definition, created_at: time(nanos(now)) }, true))
+            })
+            .await
+    }
+
+    async fn get_agent(&self, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError> {
+        let (tenant, name) = (tenant.to_owned(), name.to_owned());
+        self.store.read("get_agent", move |conn| agent_row(conn, &tenant, &name, version)).await
+    }
+
+    async fn list_agents(&self, tenant: &str) -> Result<Vec<AgentVersion>, LogError> {
+        let tenant = tenant.to_owned();
+        self.store
+            .read("list_agents", move |conn| {
+                let mut st = conn
+                    .prepare_cached(
+                        "SELECT tenant, name, version, content_hash, definition, created_at FROM agents a WHERE tenant = ?1 \
+                         AND version = (SELECT MAX(version) FROM agents b WHERE b.tenant = a.tenant AND b.name = a.name) ORDER BY name",
+                    )
+                    .map_err(db("list_agents"))?;
+                let mut rows = st.query(params![tenant]).map_err(db("list_agents"))?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next().map_err(db("list_agents"))? {
+                    out.push(agent_of(row)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
     async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
         let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
         let end = start + chrono::Duration::days(1);

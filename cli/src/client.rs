@@ -290,9 +290,13 @@ const HEALTHY_STREAM: Duration = Duration::from_secs(15);
 pub struct SubmitArgs {
     #[command(flatten)]
     server: Server,
-    /// Run configuration (JSON RunConfig).
-    #[arg(long)]
+    /// Run configuration (a RunConfig, `.toml` or JSON, parsed strictly).
+    #[arg(long, conflicts_with = "agent")]
     config: Option<PathBuf>,
+    /// A registered agent: `NAME` (its latest version) or `NAME@VERSION`;
+    /// the run's config is the definition's.
+    #[arg(long, value_name = "NAME[@VERSION]")]
+    agent: Option<String>,
     /// Idempotency key: submitting the same key twice gives the same run.
     /// Default: a fresh key per invocation, so that retries within one
     /// invocation never create a second run.
@@ -311,16 +315,14 @@ pub struct SubmitArgs {
 /// Create a run and stream its events until it parks or ends. Exits with an
 /// error when the run failed or was cancelled.
 pub async fn submit(args: SubmitArgs) -> Result<()> {
-    let config: RunConfig = match &args.config {
-        Some(p) => serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-            .with_context(|| format!("parsing config {}", p.display()))?,
-        None => RunConfig::default(),
-    };
     // What the dispatcher would refuse (422) is refused here, before anything is sent.
-    config.validate().map_err(|e| anyhow::anyhow!("invalid run config: {e}"))?;
+    let body = match (&args.config, &args.agent) {
+        (_, Some(agent)) => json!({ "goal": args.goal, "agent": agent }),
+        (Some(p), None) => json!({ "goal": args.goal, "config": crate::agents::read_config(p)? }),
+        (None, None) => json!({ "goal": args.goal, "config": RunConfig::default() }),
+    };
     let client = http_client()?;
     let key = args.idempotency_key.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-    let body = json!({ "goal": args.goal, "config": config });
     let answer = args.server.call(&client, Method::POST, "/v1/runs", Some(&body), &[("Idempotency-Key", &key)]).await.context("submitting the run")?;
     let run = answer.checked()?;
     let run_id = run["run_id"].as_str().context("the dispatcher's answer has no run_id")?.to_owned();

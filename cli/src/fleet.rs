@@ -175,6 +175,11 @@ pub struct WorkerArgs {
     /// Fleet-wide output tokens per minute per provider, model and key (0 = no limit).
     #[arg(long, default_value_t = 0, requires = "provider")]
     pub output_tpm: u64,
+    /// Offer runs the demo tools (calculator, get_order, refund_order; see
+    /// `examples/`). Without it a worker offers only the tools a run's config
+    /// or agent names from what the worker has (none but recorded ones).
+    #[arg(long)]
+    pub demo: bool,
     /// Runs advanced at once per worker.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
@@ -266,7 +271,8 @@ impl WorkerArgs {
                 self.provider.fleet_provider(kind, limiter, metrics).await?
             }
         };
-        Ok(Arc::new(self.catalogue.equip(Agent::new(provider).with_tools(crate::demo::tools()))?))
+        let agent = Agent::new(provider);
+        Ok(Arc::new(self.catalogue.equip(if self.demo { agent.with_tools(crate::demo::tools()) } else { agent })?))
     }
 
     /// Metric handles labelled with this worker's provider, the provider

@@ -1,6 +1,7 @@
 //! `glia`: the command line. Thin: parsing and printing; the work is in the
 //! library crates.
 
+mod agents;
 mod archive;
 mod batch;
 mod bench;
@@ -101,6 +102,12 @@ enum Command {
     /// JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Register and inspect agent definitions on a dispatcher.
+    #[command(subcommand)]
+    Agents(agents::AgentsCommand),
+    /// Write the JSON Schemas of the configuration files (run config, agent
+    /// definition) to a directory, for editors.
+    Schemas(agents::SchemasArgs),
 }
 
 #[derive(clap::Args)]
@@ -112,9 +119,13 @@ struct RunArgs {
     script: Option<PathBuf>,
     #[command(flatten)]
     provider: provider::ProviderArgs,
-    /// Run configuration (JSON RunConfig); default: no policies, no budget.
+    /// Run configuration (a RunConfig, `.toml` or JSON, parsed strictly);
+    /// default: no policies, no budget.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Offer the demo tools (calculator, get_order, refund_order) to the run.
+    #[arg(long)]
+    demo: bool,
     /// Model name, instead of the config's.
     #[arg(long)]
     model: Option<String>,
@@ -174,6 +185,8 @@ async fn main() -> Result<()> {
         Command::Webhooks(cmd) => client::webhooks(cmd).await,
         Command::Batch(args) => batch::batch(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
+        Command::Agents(cmd) => agents::agents(cmd).await,
+        Command::Schemas(args) => agents::schemas(args),
     }
 }
 
@@ -196,10 +209,7 @@ impl EventSink for Printer {
 
 async fn run(args: RunArgs) -> Result<()> {
     let mut config: RunConfig = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?
-        }
+        Some(path) => agents::read_strict(path, "run config")?,
         None => RunConfig::default(),
     };
     if let Some(model) = &args.model {
@@ -226,7 +236,7 @@ async fn run(args: RunArgs) -> Result<()> {
         }
         (None, None) => unreachable!("clap requires --script or --provider"),
     };
-    let agent = Agent::new(provider).with_tools(demo::tools());
+    let agent = if args.demo { Agent::new(provider).with_tools(demo::tools()) } else { Agent::new(provider) };
     let mut sink = Printer { json: args.json };
     let (mut state, mut status) = agent.run(uuid::Uuid::now_v7(), &args.goal, config, &mut sink).await?;
     let mut replies = args.replies.into_iter();

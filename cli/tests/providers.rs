@@ -52,7 +52,7 @@ fn openai_compatible_run_against_a_local_server() {
     let base = format!("{}/v1", server.base);
     let key = "sk-cli-openai-test-0123456789";
     let out = run(glia()
-        .args(["run", "--json", "--provider", "openai", "--base-url", &base, "--api-key-env", "GLIA_CLI_TEST_OPENAI_KEY"])
+        .args(["run", "--demo", "--json", "--provider", "openai", "--base-url", &base, "--api-key-env", "GLIA_CLI_TEST_OPENAI_KEY"])
         .args(["--prices", PRICES, "--model", "gpt-4o", "What is 2 + 40?"])
         .env("GLIA_CLI_TEST_OPENAI_KEY", key));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -86,7 +86,7 @@ fn anthropic_run_against_a_local_server() {
     let config = std::env::temp_dir().join(format!("glia-cli-anthropic-{}.json", std::process::id()));
     std::fs::write(&config, json!({"model": "claude-sonnet-4-5", "system": "You are a careful calculator.", "max_tokens": 1024}).to_string()).unwrap();
     let out = run(glia()
-        .args(["run", "--provider", "anthropic", "--base-url", &server.base, "--config", config.to_str().unwrap(), "What is 2 + 40?"])
+        .args(["run", "--demo", "--provider", "anthropic", "--base-url", &server.base, "--config", config.to_str().unwrap(), "What is 2 + 40?"])
         .env("ANTHROPIC_API_KEY", "sk-ant-cli-test-0123456789"));
     std::fs::remove_file(&config).unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -133,7 +133,7 @@ fn a_missing_key_names_the_variable_to_set() {
 fn a_keyless_local_server_needs_allow_missing_key() {
     let server = Local::streams(&["openai/loop_turn2.sse"]);
     let base = format!("{}/v1", server.base);
-    let out = run(glia().args(["run", "--json", "--provider", "openai", "--base-url", &base, "--allow-missing-key", "--model", "llama3", "hi"]).env_remove("OPENAI_API_KEY"));
+    let out = run(glia().args(["run", "--demo", "--json", "--provider", "openai", "--base-url", &base, "--allow-missing-key", "--model", "llama3", "hi"]).env_remove("OPENAI_API_KEY"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(answer(&events(&out)).contains("42"));
     assert_eq!(server.seen()[0].header("authorization"), None);
@@ -181,7 +181,7 @@ fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
     let listen = format!("127.0.0.1:{port}");
     let _dev = Child(
         glia()
-            .args(["dev", "--listen", &listen, "--workers", "1", "--provider", "anthropic", "--base-url", &server.base, "--allow-missing-key", "--prices", PRICES])
+            .args(["dev", "--demo", "--listen", &listen, "--workers", "1", "--provider", "anthropic", "--base-url", &server.base, "--allow-missing-key", "--prices", PRICES])
             .env_remove("ANTHROPIC_API_KEY")
             .stdout(Stdio::null())
             .stderr(Stdio::null())

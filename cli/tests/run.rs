@@ -13,7 +13,7 @@ const CONFIG: &str = "../examples/refund.config.json";
 
 #[test]
 fn prints_events_as_text() {
-    let out = glia(&["run", "--script", SCRIPT, "--config", CONFIG, "--approve", "Refund order A1"]);
+    let out = glia(&["run", "--demo", "--script", SCRIPT, "--config", CONFIG, "--approve", "Refund order A1"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     let names: Vec<&str> = text.lines().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
@@ -25,7 +25,7 @@ fn prints_events_as_text() {
 
 #[test]
 fn json_lines_replay_to_the_final_state() {
-    let out = glia(&["run", "--json", "--script", SCRIPT, "--config", CONFIG, "--approve", "Refund order A1"]);
+    let out = glia(&["run", "--demo", "--json", "--script", SCRIPT, "--config", CONFIG, "--approve", "Refund order A1"]);
     assert!(out.status.success());
     let events: Vec<Event> = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let state = RunState::replay(events[0].run_id, &events).unwrap();
@@ -37,7 +37,7 @@ fn stops_parked_and_writes_a_checkpoint() {
     let dir = std::env::temp_dir().join(format!("glia-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let checkpoint = dir.join("state.json");
-    let out = glia(&["run", "--script", SCRIPT, "--config", CONFIG, "--checkpoint", checkpoint.to_str().unwrap(), "Refund order A1"]);
+    let out = glia(&["run", "--demo", "--script", SCRIPT, "--config", CONFIG, "--checkpoint", checkpoint.to_str().unwrap(), "Refund order A1"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("parked at awaiting_approval"));
     let state: RunState = serde_json::from_slice(&std::fs::read(&checkpoint).unwrap()).unwrap();
@@ -47,7 +47,7 @@ fn stops_parked_and_writes_a_checkpoint() {
 
 #[test]
 fn rejection_reaches_the_model() {
-    let out = glia(&["run", "--json", "--script", SCRIPT, "--config", CONFIG, "--reject", "not eligible", "Refund order A1"]);
+    let out = glia(&["run", "--demo", "--json", "--script", SCRIPT, "--config", CONFIG, "--reject", "not eligible", "Refund order A1"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("A person rejected this call: not eligible"));
 }
@@ -72,6 +72,9 @@ fn invalid_schemas_are_refused_before_anything_runs() {
     let cases = [
         (r#"{"external_tools": [{"name": "ext", "description": "d", "input_schema": {"type": "notatype", "properties": 5}}]}"#, "external_tools[0].input_schema"),
         (r##"{"output_schema": {"type": "bogus", "$ref": "#/nope"}}"##, "output_schema"),
+        (r#"{"compactor": {"max_tokens": 5}}"#, "compactor"),
+        (r#"{"budget": {"max_turns": "five"}}"#, "budget.max_turns"),
+        (r#"{"guardrails": {"output": [{"name": "n", "deny": "("}]}}"#, "guardrails.output[0].deny"),
     ];
     for (i, (config, field)) in cases.iter().enumerate() {
         let path = dir.join(format!("config{i}.json"));

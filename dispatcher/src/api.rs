@@ -70,6 +70,9 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(readyz))
         .routes(routes!(metrics))
         .routes(routes!(openapi_json))
+        .routes(routes!(crate::agents::put_agent, crate::agents::get_agent))
+        .routes(routes!(crate::agents::list_agents))
+        .routes(routes!(crate::agents::get_version))
 }
 
 // ----- shapes ----------------------------------------------------------------
@@ -88,6 +91,13 @@ pub struct CreateRun {
     /// Batch the run belongs to.
     #[serde(default)]
     pub batch_id: Option<Uuid>,
+    /// A registered agent of the caller's tenant, `name` (its latest
+    /// version) or `name@VERSION`: the run's config is the definition's, with
+    /// the version and content hash recorded in `session.start`. Not
+    /// combined with `config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}(@[0-9]+)?$")]
+    pub agent: Option<String>,
 }
 
 /// A page of runs, ordered by id (creation order).
@@ -435,16 +445,39 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// Checks a worker would otherwise fail on late: the dispatcher refuses them
 /// at admission, naming the field ([`RunConfig::validate`]: tool and output
 /// schemas are compiled as JSON Schema).
-fn validate_run(app: &App, req: &CreateRun) -> Result<(), ApiError> {
+fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
     if req.goal.trim().is_empty() {
         return Err(ApiError::InvalidField { field: "goal".into(), reason: "is blank".into() });
     }
-    let invalid = |e: glia_proto::ConfigError| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason };
-    req.config.validate().map_err(invalid)?;
-    match &app.admission {
-        Some(admit) => admit(&req.config).map_err(invalid),
-        None => Ok(()),
+    if req.config.agent.is_some() {
+        return Err(ApiError::InvalidField { field: "config.agent".into(), reason: "is set by the dispatcher: name the agent in `agent`".into() });
     }
+    req.config.validate().map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason })
+}
+
+/// The config a run request admits: its `config`, or, with `agent`, the
+/// resolved definition of the tenant's agent ([`crate::agents::resolve`]).
+/// The one place a run's config is decided; every way of creating a run
+/// goes through it. Errors: 422 `config` when both are given, 404 for an
+/// unknown agent.
+pub(crate) async fn run_config(app: &App, tenant: &str, req: &CreateRun) -> Result<RunConfig, ApiError> {
+    validate_run(req)?;
+    let Some(agent) = &req.agent else {
+        // The operator's catalogue: MCP servers, HTTP tool origins, providers.
+        if let Some(admit) = &app.admission {
+            admit(&req.config).map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason })?;
+        }
+        return Ok(req.config.clone());
+    };
+    if req.config != RunConfig::default() {
+        return Err(ApiError::InvalidField { field: "config".into(), reason: "cannot be combined with `agent` (the definition is the config)".into() });
+    }
+    let config = crate::agents::resolve(app, tenant, agent).await?;
+    config.validate().map_err(|e| ApiError::InvalidField { field: format!("agent ({agent}).{}", e.field), reason: e.reason })?;
+    if let Some(admit) = &app.admission {
+        admit(&config).map_err(|e| ApiError::InvalidField { field: format!("agent ({agent}).{}", e.field), reason: e.reason })?;
+    }
+    Ok(config)
 }
 
 async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static str), glia_backends::LogError> {
@@ -477,22 +510,23 @@ async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static
     responses(
         (status = 201, description = "Admitted", body = RunSummaryDoc),
         (status = 200, description = "Idempotent repeat: the existing run", body = RunSummaryDoc),
+        (status = 404, description = "`agent_not_found`: the tenant has no such agent or version", body = ErrorBody),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn create_run(State(app): State<App>, p: Principal, headers: HeaderMap, ApiJson(req): ApiJson<CreateRun>) -> Result<Response, ApiError> {
     p.require(Scope::Submit)?;
     let key = idempotency_key(&headers)?;
-    validate_run(&app, &req)?;
+    let config = run_config(&app, &p.tenant, &req).await?;
     let run_id = Uuid::now_v7();
-    let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: req.goal.clone(), config: req.config.clone() } };
+    let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: req.goal.clone(), config: config.clone() } };
     RunState::new(run_id).apply(&start).map_err(|e| ApiError::Invalid(e.to_string()))?;
     let new = NewRun { tenant: p.tenant.clone(), idempotency_key: key.clone(), batch_id: req.batch_id, start };
     let (run, created) = app.log.create_run(new).await?;
     if !created {
         let first = app.log.events(run.run_id, 0, 1).await?;
         let same = match first.first().map(|e| &e.kind) {
-            Some(EventKind::SessionStart { goal, config }) => *goal == req.goal && *config == req.config && run.batch_id == req.batch_id,
+            Some(EventKind::SessionStart { goal, config: first }) => *goal == req.goal && *first == config && run.batch_id == req.batch_id,
             _ => false,
         };
         if !same {

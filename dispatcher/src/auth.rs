@@ -38,25 +38,29 @@ pub enum Scope {
     Submit,
     /// See the approval queue, decide approvals, resume.
     Approve,
+    /// Register agent definitions (`PUT /v1/agents/{name}`) for its tenant.
+    Agents,
     /// Everything, across tenants.
     Admin,
 }
 
 impl Scope {
-    /// `submit`, `approve` or `admin`.
+    /// `submit`, `approve`, `agents` or `admin`.
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::Submit => "submit",
             Scope::Approve => "approve",
+            Scope::Agents => "agents",
             Scope::Admin => "admin",
         }
     }
 
-    /// Parse `submit`, `approve` or `admin`.
+    /// Parse `submit`, `approve`, `agents` or `admin`.
     pub fn parse(s: &str) -> Result<Scope, AuthError> {
         match s.trim() {
             "submit" => Ok(Scope::Submit),
             "approve" => Ok(Scope::Approve),
+            "agents" => Ok(Scope::Agents),
             "admin" => Ok(Scope::Admin),
             other => Err(AuthError::UnknownScope(other.to_owned())),
         }

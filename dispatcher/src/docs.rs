@@ -24,6 +24,7 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
         (name = "runs", description = "Admission, listing, event logs and streams"),
         (name = "approvals", description = "The approval queue and decisions"),
         (name = "payloads", description = "Tool results, messages, resume, cancel"),
+        (name = "agents", description = "The agent registry: versioned agent definitions"),
         (name = "ops", description = "Health, readiness, metrics, this document")
     )
 )]
@@ -72,6 +73,12 @@ pub fn foreign_schemas() -> Vec<(&'static str, Value)> {
     vec![
         ("BudgetLimits", BudgetLimitsDoc::json()),
         ("RunConfig", RunConfigDoc::json()),
+        ("ToolSpec", ToolSpecDoc::json()),
+        ("Policy", PolicyDoc::json()),
+        ("Guardrails", GuardrailsDoc::json()),
+        ("CompactionSpec", CompactionSpecDoc::json()),
+        ("AgentRef", AgentRefDoc::json()),
+        ("AgentDefinition", AgentDefinitionDoc::json()),
         ("RunSummary", RunSummaryDoc::json()),
         ("Event", EventDoc::json()),
         ("ApprovalRow", ApprovalRowDoc::json()),
@@ -253,6 +260,7 @@ fn limits_json() -> Value {
     let n = json!({"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64});
     json!({
         "type": "object",
+        "additionalProperties": false,
         "description": "Budget limits; null or absent = unlimited. Units: counts, milliseconds of active time, tokens, USD micros (1 USD = 1,000,000).",
         "properties": {
             "max_turns": n, "max_tool_calls": n, "max_active_ms": n, "max_input_tokens": n,
@@ -269,31 +277,21 @@ foreign_schema!(
     /// `glia_proto::RunConfig`.
     RunConfigDoc, "RunConfig", json!({
         "type": "object",
-        "description": "A run's configuration, recorded in session.start. Every field is optional (defaults: model `scripted`, 16 model calls per turn, 2 re-asks, 4096 max tokens).",
+        "additionalProperties": false,
+        "description": "A run's configuration, recorded in session.start. Every field is optional (defaults: model `scripted`, 16 model calls per turn, 2 re-asks, 4096 max tokens). Unknown fields are refused (422 naming the field).",
         "properties": {
             "model": {"type": "string", "pattern": NOT_BLANK},
             "system": {"type": "string"},
-            "tools": {"type": ["array", "null"], "items": {"type": "string"}, "description": "Registered tools this run may call; null = all."},
-            "external_tools": {"type": "array", "description": "Tools the caller executes; names distinct, not `final_output`.", "items": {"type": "object", "required": ["name", "description", "input_schema"], "properties": {
-                "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$", "not": {"const": "final_output"}}, "description": {"type": "string"}, "input_schema": {"$ref": "#/components/schemas/ToolInputSchema"},
-                "idempotent": {"type": "boolean"}, "timeout_ms": count(MAX_U64), "external": {"type": "boolean"}, "return_direct": {"type": "boolean", "description": "A successful call ends the run with its result (a hand-off)."},
-                "cancel_grace_ms": {"type": "integer", "minimum": 0, "maximum": MAX_U64, "description": "How long a call already running when the run is cancelled may finish, ms (default 5000); then it is abandoned as outcome_unknown."}}}},
-            "policies": {"type": "array", "items": {"type": "object", "required": ["tool", "action"], "properties": {
-                "tool": {"type": "string", "pattern": NOT_BLANK, "description": "A tool name, or `*` for any."}, "args": {"type": ["string", "null"], "format": "regex", "description": "Regex (Rust `regex` syntax, which differs from ECMA 262 in lookaround and backreferences, both refused) over the arguments' canonical JSON; one that does not compile is refused (422 naming the field)."},
-                "action": {"type": "object", "required": ["kind"], "description": "`deny` needs `reason` (shown to the model), `remind` needs `text`; other fields are ignored.",
-                    "properties": {"kind": {"enum": ["allow", "deny", "require_approval", "remind"]}},
-                    "oneOf": [
-                        {"properties": {"kind": {"enum": ["allow", "require_approval"]}}},
-                        {"required": ["reason"], "properties": {"kind": {"const": "deny"}, "reason": {"type": "string"}}},
-                        {"required": ["text"], "properties": {"kind": {"const": "remind"}, "text": {"type": "string"}}}
-                    ]}}}},
+            "tools": {"type": ["array", "null"], "items": {"type": "string"}, "description": "Registered tools this run may call; null = all the worker has (a worker has none but recorded ones unless started with `--demo`)."},
+            "external_tools": {"type": "array", "description": "Tools the caller executes; names distinct, not `final_output`.", "items": {"$ref": "#/components/schemas/ToolSpec"}},
+            "policies": {"type": "array", "items": {"$ref": "#/components/schemas/Policy"}},
             "budget": {"$ref": "#/components/schemas/BudgetLimits"},
             "max_model_calls_per_turn": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
             "conversational": {"type": "boolean"},
             "planner": {"enum": ["single", "model"]},
             "output_schema": {"description": "JSON Schema of the final answer, given as the arguments of a forced tool: a schema of a JSON object, like a tool's.", "anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
             "max_reasks": count(u64::from(u32::MAX)),
-            "pricing": {"type": ["object", "null"], "description": "USD micros per million tokens; null counts cost as zero.", "required": ["input", "output", "cache_write", "cache_read"],
+            "pricing": {"type": ["object", "null"], "additionalProperties": false, "description": "USD micros per million tokens; null counts cost as zero.", "required": ["input", "output", "cache_write", "cache_read"],
                 "properties": {"input": count(MAX_U64), "output": count(MAX_U64), "cache_write": count(MAX_U64), "cache_read": count(MAX_U64)}},
             "max_tokens": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
             "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64, "description": "How long an approval may wait, ms; null waits forever."},
@@ -317,7 +315,84 @@ foreign_schema!(
                 "propertyNames": {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
                 "additionalProperties": {"type": "object", "additionalProperties": false, "properties": {
                     "requires_approval": {"type": ["boolean", "null"]}, "idempotent": {"type": ["boolean", "null"]}, "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}},
-            "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider of the operator's catalogue; null = the worker's default."}
+            "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider of the operator's catalogue; null = the worker's default."},
+            "guardrails": {"$ref": "#/components/schemas/Guardrails"},
+            "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
+            "agent": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/AgentRef"}],
+                "description": "The agent definition the run was resolved from (set by the dispatcher from `agent`; refused in a request's config)."}
+        }
+    }));
+
+foreign_schema!(
+    /// `glia_proto::ToolSpec`.
+    ToolSpecDoc, "ToolSpec", json!({"type": "object", "additionalProperties": false, "required": ["name", "description", "input_schema"], "properties": {
+        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$", "not": {"const": "final_output"}}, "description": {"type": "string"}, "input_schema": {"$ref": "#/components/schemas/ToolInputSchema"},
+        "idempotent": {"type": "boolean"}, "timeout_ms": count(MAX_U64), "external": {"type": "boolean"}, "return_direct": {"type": "boolean", "description": "A successful call ends the run with its result (a hand-off)."},
+        "cancel_grace_ms": {"type": "integer", "minimum": 0, "maximum": MAX_U64, "description": "How long a call already running when the run is cancelled may finish, ms (default 5000); then it is abandoned as outcome_unknown."}}}));
+
+foreign_schema!(
+    /// `glia_proto::Policy`.
+    PolicyDoc, "Policy", json!({"type": "object", "additionalProperties": false, "required": ["tool", "action"], "properties": {
+        "tool": {"type": "string", "pattern": NOT_BLANK, "description": "A tool name, or `*` for any."}, "args": {"type": ["string", "null"], "format": "regex", "description": "Regex (Rust `regex` syntax, which differs from ECMA 262 in lookaround and backreferences, both refused) over the arguments' canonical JSON; one that does not compile is refused (422 naming the field)."},
+        "action": {"type": "object", "required": ["kind"], "description": "`deny` needs `reason` (shown to the model), `remind` needs `text`; other fields are refused.",
+            "properties": {"kind": {"enum": ["allow", "deny", "require_approval", "remind"]}, "reason": {"type": "string"}, "text": {"type": "string"}},
+            "additionalProperties": false,
+            "oneOf": [
+                {"properties": {"kind": {"enum": ["allow", "require_approval"]}, "reason": false, "text": false}},
+                {"required": ["reason"], "properties": {"kind": {"const": "deny"}, "text": false}},
+                {"required": ["text"], "properties": {"kind": {"const": "remind"}, "reason": false}}
+            ]}}}));
+
+fn text_rule_json() -> Value {
+    json!({"type": "object", "additionalProperties": false, "required": ["name", "deny"], "properties": {
+        "name": {"type": "string", "pattern": NOT_BLANK, "description": "Recorded in guardrail.tripped."},
+        "deny": {"type": "string", "format": "regex", "description": "Rust `regex` syntax; a match anywhere rejects the text. One that does not compile is refused (422 naming the field)."},
+        "reason": {"type": ["string", "null"], "description": "Shown to the model (output) or recorded (input); default `matches NAME`."}}})
+}
+
+foreign_schema!(
+    /// `glia_proto::Guardrails`.
+    GuardrailsDoc, "Guardrails", json!({"type": "object", "additionalProperties": false,
+        "description": "Declarative guardrails the worker checks: input rules and max_input_chars on the goal and user messages, output rules and max_output_chars on answers. A trip is recorded as guardrail.tripped.",
+        "properties": {
+            "input": {"type": "array", "items": text_rule_json()}, "output": {"type": "array", "items": text_rule_json()},
+            "max_input_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}, "max_output_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}));
+
+foreign_schema!(
+    /// `glia_proto::CompactionSpec`.
+    CompactionSpecDoc, "CompactionSpec", json!({"type": "object", "additionalProperties": false, "required": ["strategy", "max_tokens"],
+        "description": "Before a model call whose context is estimated (JSON bytes / 4) above max_tokens, the oldest turns are dropped or summarised, keeping the goal and keep_recent turns. Recorded as context.compacted.",
+        "properties": {"strategy": {"enum": ["drop_oldest", "summarize"]}, "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_U64}, "keep_recent": count(MAX_U64)}}));
+
+foreign_schema!(
+    /// `glia_proto::AgentRef`.
+    AgentRefDoc, "AgentRef", json!({"type": "object", "additionalProperties": false, "required": ["name", "version", "content_hash"], "properties": {
+        "name": {"type": "string"}, "version": {"type": "integer", "minimum": 1, "maximum": u32::MAX}, "content_hash": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}}}));
+
+foreign_schema!(
+    /// `glia_proto::AgentDefinition`.
+    AgentDefinitionDoc, "AgentDefinition", json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["name", "model"],
+        "description": "An agent: reviewed, versioned configuration (a TOML file, or this JSON). It names models, tools and rules; it can never name a command, an address or a secret. Unknown fields are refused (422 naming the field).",
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"},
+            "description": {"type": "string"},
+            "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider named in the operator's catalogue; null = the worker's."},
+            "model": {"type": "string", "pattern": NOT_BLANK},
+            "system": {"type": "string"},
+            "tools": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": "The worker's tools the agent may call; exactly these are offered."},
+            "external_tools": {"type": "array", "items": {"$ref": "#/components/schemas/ToolSpec"}},
+            "policies": {"type": "array", "items": {"$ref": "#/components/schemas/Policy"}},
+            "guardrails": {"$ref": "#/components/schemas/Guardrails"},
+            "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
+            "budget": {"$ref": "#/components/schemas/BudgetLimits"},
+            "planner": {"enum": ["single", "model"]},
+            "output_schema": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
+            "conversational": {"type": "boolean"},
+            "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": u32::MAX},
+            "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64}
         }
     }));
 
@@ -428,5 +503,55 @@ pub fn complete(doc: &mut Value) {
                 });
             }
         }
+    }
+}
+
+/// The configuration file types as standalone JSON Schema documents (2020-12),
+/// by file name: `run-config.schema.json` ([`glia_proto::RunConfig`]) and
+/// `agent.schema.json` ([`glia_proto::AgentDefinition`]). Each is the
+/// component `/openapi.json` serves, with the components it references under
+/// `$defs`. `glia schemas` writes them to `schemas/`.
+pub fn config_schemas() -> Vec<(&'static str, Value)> {
+    let doc = crate::openapi();
+    let components = &doc["components"]["schemas"];
+    [("run-config.schema.json", "RunConfig"), ("agent.schema.json", "AgentDefinition")]
+        .into_iter()
+        .map(|(file, root)| {
+            let mut defs = serde_json::Map::new();
+            let mut todo = vec![root.to_owned()];
+            while let Some(name) = todo.pop() {
+                if defs.contains_key(&name) {
+                    continue;
+                }
+                let mut schema = components[&name].clone();
+                rebase_refs(&mut schema, &mut todo);
+                defs.insert(name, schema);
+            }
+            let doc = json!({
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "$id": format!("https://glia.invalid/schemas/{file}"),
+                "title": root,
+                "$ref": format!("#/$defs/{root}"),
+                "$defs": Value::Object(defs.into_iter().collect::<std::collections::BTreeMap<_, _>>().into_iter().collect()),
+            });
+            (file, doc)
+        })
+        .collect()
+}
+
+/// Point `#/components/schemas/X` references at `#/$defs/X`, noting each X.
+fn rebase_refs(value: &mut Value, found: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(r)) = map.get_mut("$ref")
+                && let Some(name) = r.strip_prefix("#/components/schemas/")
+            {
+                found.push(name.to_owned());
+                *r = format!("#/$defs/{name}");
+            }
+            map.values_mut().for_each(|v| rebase_refs(v, found));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| rebase_refs(v, found)),
+        _ => {}
     }
 }

@@ -59,6 +59,9 @@ pub enum ApiError {
     /// 405 `method_not_allowed`.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
+    /// 404 `agent_not_found`: the tenant has no such agent (or version).
+    #[error("agent {0} not found")]
+    AgentNotFound(String),
     /// 404 `run_not_found`: no such run, or it belongs to another tenant.
     #[error("run {0} not found")]
     RunNotFound(Uuid),
@@ -203,7 +206,7 @@ impl ApiError {
         match self {
             MissingToken | InvalidToken => StatusCode::UNAUTHORIZED,
             Forbidden(_) => StatusCode::FORBIDDEN,
-            RouteNotFound(_) | NotAvailable(_) | RunNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
+            RouteNotFound(_) | NotAvailable(_) | AgentNotFound(_) | RunNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_)
             | AlreadyPosted { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
@@ -226,6 +229,7 @@ impl ApiError {
             RouteNotFound(_) => "route_not_found",
             NotAvailable(_) => "not_available",
             MethodNotAllowed => "method_not_allowed",
+            AgentNotFound(_) => "agent_not_found",
             RunNotFound(_) => "run_not_found",
             CallNotFound { .. } => "call_not_found",
             ApprovalNotFound { .. } => "approval_not_found",

@@ -77,23 +77,46 @@ fn conforms(name: &str, value: &serde_json::Value) -> Result<(), ApiError> {
     let Some(validator) = VALIDATORS.get(name) else { return Err(ApiError::Internal(format!("no schema {name} in the OpenAPI document"))) };
     match validator.iter_errors(value).next() {
         None => Ok(()),
-        Some(e) => {
-            let pointer = e.instance_path().to_string();
-            let mut field = String::new();
-            for token in pointer.split('/').skip(1) {
-                let token = token.replace("~1", "/").replace("~0", "~");
-                if !field.is_empty() && token.bytes().all(|b| b.is_ascii_digit()) {
-                    field.push_str(&format!("[{token}]"));
-                } else {
-                    if !field.is_empty() {
-                        field.push('.');
-                    }
-                    field.push_str(&token);
-                }
+        Some(e) => Err(located(&e)),
+    }
+}
+
+/// The error of a failed check, naming the place: inside an `anyOf` or
+/// `oneOf` (an optional object is `anyOf: [null, {…}]`) the branch error
+/// that names the deepest place is the one the caller meant; an unknown key
+/// is named itself (`config.compactor: unknown field`).
+fn located(e: &jsonschema::ValidationError<'_>) -> ApiError {
+    let (field, reason) = place(e);
+    if field.is_empty() { ApiError::InvalidBody(reason) } else { ApiError::BodyAt { field, reason } }
+}
+
+/// `(field, reason)` of a schema error; see [`located`].
+fn place(e: &jsonschema::ValidationError<'_>) -> (String, String) {
+    use jsonschema::error::ValidationErrorKind as Kind;
+    let pointer = e.instance_path().to_string();
+    let mut field = String::new();
+    for token in pointer.split('/').skip(1) {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        if !field.is_empty() && token.bytes().all(|b| b.is_ascii_digit()) {
+            field.push_str(&format!("[{token}]"));
+        } else {
+            if !field.is_empty() {
+                field.push('.');
             }
-            let reason = e.to_string();
-            Err(if field.is_empty() { ApiError::InvalidBody(reason) } else { ApiError::BodyAt { field, reason } })
+            field.push_str(&token);
         }
+    }
+    match e.kind() {
+        Kind::AnyOf { context } | Kind::OneOfNotValid { context } => {
+            match context.iter().flatten().map(place).max_by_key(|(f, _)| f.len()) {
+                Some(deepest) if deepest.0.len() > field.len() => deepest,
+                _ => (field, e.to_string()),
+            }
+        }
+        Kind::AdditionalProperties { unexpected } if !unexpected.is_empty() => {
+            (if field.is_empty() { unexpected[0].clone() } else { format!("{field}.{}", unexpected[0]) }, "unknown field".into())
+        }
+        _ => (field, e.to_string()),
     }
 }
 
@@ -109,7 +132,7 @@ fn parse<T: DeserializeOwned + Documented>(headers: &HeaderMap, bytes: &[u8]) ->
     }
     integral_numbers(&mut value);
     conforms(T::SCHEMA, &value)?;
-    serde_json::from_value(value).map_err(|e| ApiError::InvalidBody(e.to_string()))
+    glia_proto::strict::from_json_value(value).map_err(|e| if e.path.is_empty() { ApiError::InvalidBody(e.reason) } else { ApiError::BodyAt { field: e.path, reason: e.reason } })
 }
 
 impl<T: DeserializeOwned + Documented> FromRequest<App> for ApiJson<T> {

@@ -28,6 +28,8 @@
 //! [`auth`]; the OpenAPI 3.1 document is [`openapi`] (served at `/openapi.json`).
 
 #![warn(missing_docs)]
+// The run-config schema (docs.rs) is one `json!` literal deeper than the default limit.
+#![recursion_limit = "256"]
 
 pub mod api;
 pub mod auth;
@@ -37,6 +39,7 @@ pub mod extract;
 pub mod history;
 pub mod inbox;
 pub mod webhooks;
+pub mod agents;
 pub mod metrics;
 pub mod relay;
 pub mod startup;

@@ -174,6 +174,10 @@ const ENDPOINTS: &[(&str, &str)] = &[
     ("get", "/readyz"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
+    ("put", "/v1/agents/{name}"),
+    ("get", "/v1/agents"),
+    ("get", "/v1/agents/{name}"),
+    ("get", "/v1/agents/{name}/versions/{version}"),
 ];
 
 #[tokio::test]
@@ -197,7 +201,7 @@ async fn openapi_documents_every_route_and_every_documented_route_exists() {
     assert_eq!(documented, expected, "the document lists exactly the API's endpoints");
     // Each documented route is served (not a route_not_found / method_not_allowed).
     for (method, path) in &documented {
-        let uri = path.replace("{id}", &Uuid::now_v7().to_string()).replace("{call_id}", "c1");
+        let uri = path.replace("{id}", &Uuid::now_v7().to_string()).replace("{call_id}", "c1").replace("{name}", "support").replace("{version}", "1");
         let m: Method = method.to_uppercase().parse().unwrap();
         let r = send(&h.router, request(m.clone(), &uri, Some(ADMIN), None)).await;
         if r.status.is_client_error() {
@@ -246,6 +250,28 @@ async fn hand_written_schemas_match_the_real_json() {
     let config = serde_json::to_value(glia_proto::RunConfig::default()).unwrap();
     for key in config.as_object().unwrap().keys() {
         assert!(schemas["RunConfig"]["properties"].get(key).is_some(), "RunConfig field {key} undocumented");
+    }
+    // Every field of the strict configuration types is documented, and the
+    // documents refuse unknown fields as the types do.
+    let full: glia_proto::AgentDefinition = glia_proto::strict::from_json_value(json!({"name": "a", "model": "m", "provider": "p", "max_tokens": 5,
+        "approval_timeout_ms": 1, "output_schema": {"type": "object"}, "compaction": {"strategy": "summarize", "max_tokens": 9},
+        "guardrails": {"input": [{"name": "n", "deny": "x", "reason": "r"}], "output": [], "max_input_chars": 3, "max_output_chars": 4}})).unwrap();
+    let definition = serde_json::to_value(&full).unwrap();
+    for key in definition.as_object().unwrap().keys() {
+        assert!(schemas["AgentDefinition"]["properties"].get(key).is_some(), "AgentDefinition field {key} undocumented");
+    }
+    for key in definition["guardrails"].as_object().unwrap().keys() {
+        assert!(schemas["Guardrails"]["properties"].get(key).is_some(), "Guardrails field {key} undocumented");
+    }
+    for key in definition["compaction"].as_object().unwrap().keys() {
+        assert!(schemas["CompactionSpec"]["properties"].get(key).is_some(), "CompactionSpec field {key} undocumented");
+    }
+    let resolved = serde_json::to_value(full.resolve(Some(glia_proto::AgentRef { name: "a".into(), version: 1, content_hash: "h".into() }))).unwrap();
+    for key in resolved.as_object().unwrap().keys() {
+        assert!(schemas["RunConfig"]["properties"].get(key).is_some(), "RunConfig field {key} undocumented");
+    }
+    for name in ["RunConfig", "AgentDefinition", "BudgetLimits", "ToolSpec", "Policy", "Guardrails", "CompactionSpec", "AgentRef"] {
+        assert_eq!(schemas[name]["additionalProperties"], json!(false), "{name} refuses unknown fields");
     }
     let limits = serde_json::to_value(glia_proto::BudgetLimits::default()).unwrap();
     for key in limits.as_object().unwrap().keys() {
@@ -370,4 +396,20 @@ async fn reconciler_backs_off_per_run() {
     // Due at ~100, ~300, ~700 and ~1500 ms (a slow machine only makes it fewer);
     // without the back-off it would be ~15.
     assert!((2..=4).contains(&published), "published {published} times");
+}
+
+/// `schemas/` holds exactly what `glia schemas` writes: the configuration
+/// types' JSON Schemas as `/openapi.json` serves them.
+#[test]
+fn schemas_directory_is_current() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas");
+    for (file, schema) in glia_dispatcher::docs::config_schemas() {
+        let path = dir.join(file);
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        let expected = format!("{}\n", serde_json::to_string_pretty(&schema).unwrap());
+        assert!(written == expected, "{} is stale or missing: regenerate with `cargo run -p glia-cli -- schemas` (writes schemas/) and commit it", path.display());
+        // Each compiles as a JSON Schema and refuses an unknown top-level key.
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        assert!(!validator.is_valid(&json!({"name": "a", "model": "m", "command": "/bin/sh"})), "{file} refuses unknown keys");
+    }
 }

@@ -12,7 +12,7 @@ use crate::Usage;
 
 /// Limits of one run. `None` means unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct BudgetLimits {
     /// Model calls.
     pub max_turns: Option<u64>,
@@ -159,6 +159,7 @@ impl BudgetLimits {
 /// $3.75, cache read $0.30 is `Pricing { input: 3_000_000, output: 15_000_000,
 /// cache_write: 3_750_000, cache_read: 300_000 }`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Pricing {
     /// USD micros per million uncached input tokens.
     pub input: u64,

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::agent::{AgentRef, CompactionSpec, Guardrails};
 use crate::budget::{BudgetLimits, Pricing};
 use crate::stop::StopPolicy;
 use crate::tool_sources::{HttpTool, McpToolSource, ToolPolicy, ToolSource};
@@ -20,13 +21,14 @@ pub const DEFAULT_MAX_REASKS: u32 = 2;
 /// "policies": [{"tool": "refund", "action": {"kind": "require_approval"}}],
 /// "budget": {"max_turns": 20}, "conversational": true}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RunConfig {
     /// Provider model name, e.g. `claude-sonnet-4-5`.
     pub model: String,
     /// Stable system prompt (the cacheable prefix).
     pub system: String,
-    /// Names of the worker's registered tools this run may call; `None` = all.
+    /// Names of the worker's registered tools this run may call; `None` = all the
+    /// worker has (`glia worker` has the demo tools only with `--demo`).
     pub tools: Option<Vec<String>>,
     /// Client-executed tools: the run parks at `awaiting_tool` until a result
     /// is posted.
@@ -62,6 +64,17 @@ pub struct RunConfig {
     /// by the output limit, empty, refused, filtered, an unknown stop
     /// reason): re-ask, pause or fail, per class. See [`crate::stop`].
     pub stop_reasons: StopPolicy,
+    /// Declarative guardrails over the goal, user messages and answers
+    /// (see [`crate::agent::Guardrails`]); empty by default.
+    #[serde(skip_serializing_if = "Guardrails::is_empty")]
+    pub guardrails: Guardrails,
+    /// Declarative compaction before model calls; `None` never compacts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionSpec>,
+    /// The agent definition this config was resolved from (name, version,
+    /// content hash), recorded so a run never depends on the registry later.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentRef>,
     /// Tools of the operator's MCP servers this run may use, by catalogue
     /// server name and an explicit allow list ([`crate::tool_sources`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -124,6 +137,9 @@ impl Default for RunConfig {
             on_approval_timeout: ApprovalTimeout::Reject,
             on_interrupted_call: InterruptedCall::OutcomeUnknown,
             stop_reasons: StopPolicy::default(),
+            guardrails: Guardrails::default(),
+            compaction: None,
+            agent: None,
             mcp: Vec::new(),
             http_tools: Vec::new(),
             tool_policy: BTreeMap::new(),
@@ -145,6 +161,7 @@ pub enum PlannerKind {
 
 /// A tool as the model sees it (the request's tool list) plus how glia runs it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ToolSpec {
     /// Name, `^[a-zA-Z0-9_-]{1,64}$`.
     pub name: String,
@@ -224,12 +241,12 @@ pub struct ConfigError {
     pub reason: String,
 }
 
-fn config_error(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn config_error(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError { field: field.into(), reason: reason.into() }
 }
 
 /// Tool names both provider APIs accept.
-static TOOL_NAME: std::sync::LazyLock<regex::Regex> =
+pub(crate) static TOOL_NAME: std::sync::LazyLock<regex::Regex> =
     std::sync::LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
 
 /// Compile `schema` as the JSON Schema of a tool's arguments (or of a run's
@@ -380,6 +397,10 @@ impl RunConfig {
         if let Some(schema) = &self.output_schema {
             compile_tool_schema(schema).map_err(|reason| config_error("output_schema", reason))?;
         }
+        self.guardrails.compile().map_err(|e| config_error(format!("guardrails.{}", e.field), e.reason))?;
+        if let Some(c) = &self.compaction {
+            c.validate().map_err(|e| config_error(format!("compaction.{}", e.field), e.reason))?;
+        }
         Ok(())
     }
 }
@@ -387,6 +408,7 @@ impl RunConfig {
 /// A declarative rule over tool calls: tool name (exact, or `*` for any) and
 /// an optional regex over the arguments' canonical JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Policy {
     /// Tool name or `*`.
     pub tool: String,
@@ -400,7 +422,7 @@ pub struct Policy {
 
 /// The effect of a matching [`Policy`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PolicyAction {
     /// Run the call.
     Allow,

@@ -8,12 +8,15 @@
 //! - [`marker`]: text glia inserts into conversations, and its predicate;
 //! - [`config`]: a run's configuration, tool specs and policies;
 //! - [`stop`]: stop reasons as outcomes: classes, the run's policy;
+//! - [`agent`]: agent definitions, declarative guardrails and compaction;
+//! - [`strict`]: parsing configuration strictly, errors naming the path.
 //! - [`tool_sources`]: MCP and HTTP tools a run names, per-tool policy.
 //!
 //! Pure: no I/O and no async runtime.
 
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod budget;
 pub mod config;
 pub mod content;
@@ -23,7 +26,9 @@ pub mod repair;
 pub mod state;
 pub mod stop;
 pub mod tool_sources;
+pub mod strict;
 
+pub use agent::{AgentDefinition, AgentRef, CompactionSpec, CompactionStrategy, Guardrails, TextRule};
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing};
 pub use config::{
     ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema,

@@ -12,6 +12,7 @@ use std::fmt::Debug;
 
 use chrono::{DateTime, Utc};
 use glia_proto::{
+    AgentRef, CompactionSpec, CompactionStrategy, Guardrails, TextRule,
     ApprovalTimeout, BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall,
     Limit, LiveEvent, Message, Outcome, PauseReason, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, Resume, Role, RunConfig,
     RejectedAnswer, Retry, StopAction, StopClass, StopPolicy, ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
@@ -193,12 +194,13 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
         (stop_action(), stop_action(), stop_action(), stop_action(), stop_action(), stop_action()).prop_map(
             |(truncated, empty, refusal, content_filter, context_window, unknown)| StopPolicy { truncated, empty, refusal, content_filter, context_window, unknown },
         ),
+        prop_oneof![Just((Guardrails::default(), None, None)), Just(agent_parts())],
     );
     (tools, knobs, approvals).prop_map(
         |(
             (model, system, tools, external_tools, policies),
             (budget, max_model_calls_per_turn, conversational, planner, output_schema, max_reasks, pricing, max_tokens),
-            (approval_timeout_ms, on_approval_timeout, on_interrupted_call, stop_reasons),
+            (approval_timeout_ms, on_approval_timeout, on_interrupted_call, stop_reasons, (guardrails, compaction, agent)),
         )| RunConfig {
             model,
             system,
@@ -217,9 +219,20 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
             on_approval_timeout,
             on_interrupted_call,
             stop_reasons,
+            guardrails,
+            compaction,
+            agent,
             ..RunConfig::default()
         },
     )
+}
+
+/// Declarative guardrails, compaction and an agent stamp, as a definition resolves them.
+fn agent_parts() -> (Guardrails, Option<CompactionSpec>, Option<AgentRef>) {
+    let rule = TextRule { name: "no-digits".into(), deny: r"\d+".into(), reason: Some("no numbers".into()) };
+    let guardrails = Guardrails { input: vec![rule.clone()], output: vec![rule], max_input_chars: Some(10), max_output_chars: None };
+    let compaction = CompactionSpec { strategy: CompactionStrategy::Summarize, max_tokens: 1000, keep_recent: 1 };
+    (guardrails, Some(compaction), Some(AgentRef { name: "a".into(), version: 2, content_hash: "sha256:00".into() }))
 }
 
 fn stop_action() -> impl Strategy<Value = StopAction> {

@@ -21,8 +21,10 @@
 //! the deadline), none failed (each ends as its kind must: cancelled runs
 //! cancelled, the rest succeeded), no duplicate or missing sequence number,
 //! every log replays; per refund call, executions in the tool's ledger
-//! versus results in the log: never two executions, and every call without
-//! a recorded result surfaced as outcome-unknown.
+//! versus results in the log: never two executions, a second delivery of a
+//! call's idempotency key only where a person approved re-running it (the
+//! refund tool answers it from the first, as a payments API does), and
+//! every call without a recorded result surfaced as outcome-unknown.
 //!
 //! `cargo test -p glia-e2e --test chaos` runs the short round: a fixed seed
 //! and a random one (printed), `GLIA_CHAOS_FAULTS` faults each (default 6).
@@ -239,6 +241,7 @@ struct Figures {
     seq_errors: Vec<String>,
     refund_calls: usize,
     executions: usize,
+    replays: usize,
     double_executions: Vec<String>,
     results_without_execution: Vec<String>,
     outcome_unknown: usize,
@@ -260,9 +263,10 @@ impl Figures {
         eprintln!("runs: {}, events: {}", self.runs, self.steps);
         eprintln!("lost: {}, stuck: {}, failed: {}, duplicate/missing seqs: {}", self.lost.len(), self.stuck.len(), self.failed.len(), self.seq_errors.len());
         eprintln!(
-            "refund calls: {}, executions in the ledger: {}, double executions: {}, results without execution: {}, outcome-unknown: {}, re-approvals: {}, interrupted and not surfaced: {}",
+            "refund calls: {}, executions in the ledger: {}, late deliveries answered by the idempotency key: {}, double executions: {}, results without execution: {}, outcome-unknown: {}, re-approvals: {}, interrupted and not surfaced: {}",
             self.refund_calls,
             self.executions,
+            self.replays,
             self.double_executions.len(),
             self.results_without_execution.len(),
             self.outcome_unknown,
@@ -406,11 +410,19 @@ fn round(seed: u64, faults: usize) -> Figures {
     all.extend(probes);
     let in_db: Vec<String> = sql(&db_url, "SELECT id FROM runs").unwrap_or_default().lines().map(str::to_owned).collect();
     figures.runs = all.len();
+    // The ledger: `refund KEY` when the tool applied a refund, `replay KEY`
+    // when a later delivery of an applied key was answered from the first.
     let mut ledger: HashMap<String, usize> = HashMap::new();
+    let mut replays: HashMap<String, usize> = HashMap::new();
     for line in fleet.effects() {
-        *ledger.entry(line.trim_start_matches("refund ").to_owned()).or_default() += 1;
+        match line.split_once(' ') {
+            Some(("refund", key)) => *ledger.entry(key.to_owned()).or_default() += 1,
+            Some(("replay", key)) => *replays.entry(key.to_owned()).or_default() += 1,
+            _ => panic!("ledger line {line:?}"),
+        }
     }
     figures.executions = ledger.values().sum();
+    figures.replays = replays.values().sum();
     figures.double_executions = ledger.iter().filter(|(_, n)| **n > 1).map(|(k, n)| format!("{k} ×{n}")).collect();
     for (kind, id) in &all {
         if !in_db.contains(id) {
@@ -441,6 +453,7 @@ fn round(seed: u64, faults: usize) -> Figures {
         // Per refund call: executions in the ledger versus results in the log.
         let mut calls: BTreeMap<String, (usize, usize)> = BTreeMap::new(); // call id → (results, outcome-unknown)
         let mut requested = 0usize;
+        let mut reapproved: std::collections::HashSet<String> = Default::default();
         for e in &events {
             match &e.kind {
                 EventKind::ToolResult { call_id, content, .. } => {
@@ -455,11 +468,24 @@ fn round(seed: u64, faults: usize) -> Figures {
                     }
                 }
                 EventKind::ToolError { call_id, error: ToolErrorKind::OutcomeUnknown, .. } => calls.entry(call_id.clone()).or_default().1 += 1,
-                EventKind::ApprovalRequested { interrupted: true, .. } => requested += 1,
+                EventKind::ApprovalRequested { interrupted: true, call_id, .. } => {
+                    requested += 1;
+                    reapproved.insert(call_id.clone());
+                }
                 _ => {}
             }
         }
         figures.reapprovals += requested;
+        // A second delivery of a key is allowed only where a person approved
+        // running an interrupted call again (a worker frozen past its lease
+        // can still deliver the call it started); anywhere else it means
+        // the fleet ran a consequential call twice.
+        for key in replays.keys().filter(|k| k.starts_with(id.as_str())) {
+            let call = key.splitn(3, ':').nth(2).unwrap_or_default();
+            if !reapproved.contains(call) {
+                figures.double_executions.push(format!("{key}: delivered again without a re-approval"));
+            }
+        }
         let executed_here = ledger.keys().filter(|k| k.contains(id.as_str())).count();
         for (call_id, (results, unknown)) in &calls {
             figures.refund_calls += 1;

@@ -11,8 +11,10 @@
 //! - [`approvals`]: the approval inbox, in a real browser;
 //! - [`limits`]: the provider's rate limits, retries and prices, fleet-wide;
 //! - [`observability`]: every dashboard and alert expression has data in a
-//!   real Prometheus.
+//!   real Prometheus;
+//! - [`agents`]: agent definitions applied from files, runs started from them.
 
+mod agents;
 mod approvals;
 mod durability;
 mod exactly_once;

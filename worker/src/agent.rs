@@ -45,6 +45,7 @@ use uuid::Uuid;
 
 use crate::budget_gate::{self, BudgetGate, GateDecision, GateError, Spend};
 use crate::compact::Compactor;
+use glia_proto::agent::CompiledGuardrails;
 use crate::hooks::{Fired, Hooks, Verdict};
 use crate::planner::{Draft, ModelPlanner, PlanError, Planner, Reflection, SinglePlanner};
 use crate::policy::{CompiledPolicies, Guardrail};
@@ -323,8 +324,9 @@ impl Agent {
         self.check_config(&config)?;
         let mut state = RunState::new(run_id);
         let mut run = Run { state: &mut state, sink, clock: &*self.clock };
+        let declared = self.declared_guardrails(&config)?;
         run.record(EventKind::SessionStart { goal: goal.to_owned(), config }).await?;
-        if let Some((guardrail, reason)) = self.check_input(goal) {
+        if let Some((guardrail, reason)) = self.check_input(&declared, goal) {
             run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason: reason.clone(), reask: None }).await?;
             self.fail(&mut run, format!("goal rejected: {reason}")).await?;
         }
@@ -493,7 +495,8 @@ impl Agent {
         if text.trim().is_empty() {
             return Err(AgentError::InvalidResume("the message is empty".into()));
         }
-        match self.check_input(&text) {
+        let declared = self.declared_guardrails(&run.state.config)?;
+        match self.check_input(&declared, &text) {
             Some((guardrail, reason)) => run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason, reask: None }).await,
             None => run.record(EventKind::InputReceived { text }).await,
         }
@@ -502,6 +505,15 @@ impl Agent {
     // ----- planning --------------------------------------------------------
 
     async fn plan(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
+        // A run admitted elsewhere (the dispatcher records its session.start):
+        // its goal meets the input guardrails here, before anything else.
+        if run.state.head_seq == 1 {
+            let declared = self.declared_guardrails(&run.state.config)?;
+            if let Some((guardrail, reason)) = self.check_input(&declared, &run.state.goal.clone()) {
+                run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason: reason.clone(), reask: None }).await?;
+                return self.fail(run, format!("goal rejected: {reason}")).await;
+            }
+        }
         let fired = self.fire(run, HookTopic::BeforePlan, json!({ "goal": run.state.goal })).await?;
         let draft = match fired.verdict {
             Verdict::Cancel(reason) => return run.record(EventKind::SessionCancel { reason }).await,
@@ -610,7 +622,9 @@ impl Agent {
         if run.state.turn_calls >= config.max_model_calls_per_turn {
             return self.pause(run, PauseReason::TurnLimit).await;
         }
-        if let Some(compactor) = &self.compactor
+        // The run's declarative compaction, else the worker's compactor.
+        let declared = config.compaction.as_ref().map(crate::compact::from_spec);
+        if let Some(compactor) = declared.as_deref().or(self.compactor.as_deref())
             && compactor.should_compact(&run.state.messages)
         {
             match run.unless_cancelled(compactor.compact(&run.state.messages, &*self.provider, &config.model)).await? {
@@ -697,7 +711,9 @@ impl Agent {
             let reason = format!("the answer must be given by calling {OUTPUT_TOOL}");
             return self.reject_answer(run, "output_schema", reason).await;
         }
-        if let Some((name, reason)) = self.output_guardrails.iter().find_map(|g| g.check(&answer).err().map(|r| (g.name.clone(), r))) {
+        let declared = self.declared_guardrails(&run.state.config)?;
+        let tripped = declared.check_output(&answer).err();
+        if let Some((name, reason)) = tripped.or_else(|| self.output_guardrails.iter().find_map(|g| g.check(&answer).err().map(|r| (g.name.clone(), r)))) {
             return self.reject_answer(run, &name, reason).await;
         }
         self.end_step(run, index, answer).await
@@ -1104,8 +1120,16 @@ impl Agent {
         let _ = self.hooks.fire(topic, payload);
     }
 
-    fn check_input(&self, text: &str) -> Option<(String, String)> {
-        self.input_guardrails.iter().find_map(|g| g.check(text).err().map(|r| (g.name.clone(), r)))
+    /// The run's declarative guardrails (`RunConfig::guardrails`), compiled;
+    /// they were checked before `session.start`.
+    fn declared_guardrails(&self, config: &RunConfig) -> Result<CompiledGuardrails, AgentError> {
+        config.guardrails.compile().map_err(|e| AgentError::Config(format!("guardrails.{e}")))
+    }
+
+    /// The first input guardrail that rejects `text`: the run's declared
+    /// ones, then the worker's.
+    fn check_input(&self, declared: &CompiledGuardrails, text: &str) -> Option<(String, String)> {
+        declared.check_input(text).err().or_else(|| self.input_guardrails.iter().find_map(|g| g.check(text).err().map(|r| (g.name.clone(), r))))
     }
 
     fn check_output(&self, config: &RunConfig, output: &Value) -> Result<(), String> {

@@ -118,16 +118,19 @@ impl TenantCap {
 /// let caps = TenantCaps::from_json(r#"{"acme": {"daily_cost_usd_micros": 5000000}}"#).unwrap();
 /// assert_eq!(caps.get("acme").unwrap().daily_cost_usd_micros, Some(5_000_000));
 /// assert!(caps.get("globex").is_none());
+/// let e = TenantCaps::from_json(r#"{"acme": {"daily_tokenz": 5}}"#).unwrap_err();
+/// assert_eq!(e.to_string(), "acme.daily_tokenz: unknown field");
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TenantCaps(pub HashMap<String, TenantCap>);
 
 impl TenantCaps {
-    /// Parse the JSON form. Errors: malformed JSON, an unknown field, a
-    /// negative or fractional amount.
-    pub fn from_json(text: &str) -> Result<TenantCaps, serde_json::Error> {
-        serde_json::from_str(text)
+    /// Parse the JSON form, strictly ([`glia_proto::strict`]). Errors:
+    /// malformed JSON, an unknown field, a negative or fractional amount,
+    /// naming the path (`acme.daily_tokenz: unknown field`).
+    pub fn from_json(text: &str) -> Result<TenantCaps, glia_proto::strict::ParseError> {
+        glia_proto::strict::from_json_str(text)
     }
 
     /// The tenant's caps, when it has any.

@@ -8,7 +8,7 @@
 
 use async_trait::async_trait;
 use glia_proto::marker::{Insert, classify};
-use glia_proto::{ContentBlock, LiveEvent, Message, Role, Usage};
+use glia_proto::{CompactionSpec, CompactionStrategy, ContentBlock, LiveEvent, Message, Role, Usage};
 
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
 
@@ -32,6 +32,14 @@ pub trait Compactor: Send + Sync {
     fn should_compact(&self, messages: &[Message]) -> bool;
     /// Compact `messages`; may call `provider` with `model`.
     async fn compact(&self, messages: &[Message], provider: &dyn Provider, model: &str) -> Result<Compaction, ProviderError>;
+}
+
+/// The compactor a run's declarative [`CompactionSpec`] (`RunConfig::compaction`) describes.
+pub fn from_spec(spec: &CompactionSpec) -> Box<dyn Compactor> {
+    match spec.strategy {
+        CompactionStrategy::DropOldest => Box::new(DropOldest { max_tokens: spec.max_tokens, keep_recent: spec.keep_recent }),
+        CompactionStrategy::Summarize => Box::new(Summarize { max_tokens: spec.max_tokens, keep_recent: spec.keep_recent }),
+    }
 }
 
 /// Rough token estimate: serialised JSON length / 4.

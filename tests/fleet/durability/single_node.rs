@@ -131,7 +131,7 @@ impl Node {
     fn start(&mut self) {
         let port = self.api.server.rsplit(':').next().unwrap().to_owned();
         let child = Command::new(glia_testkit::bin::glia_bin())
-            .args(["serve", "--data", self.data.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}"), "--reconcile-every", "1"])
+            .args(["serve", "--demo", "--data", self.data.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}"), "--reconcile-every", "1"])
             .args(["--scripts", self.api.dir.join("scripts").to_str().unwrap(), "--lease-ms", "2000"])
             .env("GLIA_DEMO_EFFECTS", self.api.effects_file())
             .env("GLIA_DEMO_TOOL_DELAY_MS", "30")

@@ -34,7 +34,7 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
     std::fs::write(&file, serde_json::to_string(&all).unwrap()).unwrap();
     std::fs::copy(recording_dir().join("tools.json"), dir.join("tools.json")).unwrap();
 
-    let dev = Dev::start();
+    let dev = glia_testkit::fleet::Dev::start(&["--replay", recording_dir().to_str().unwrap()]);
     let server = dev.server.clone();
     let out = Command::new(glia_testkit::bin::glia_bin())
         .args(["batch", file.to_str().unwrap(), "--server", &server, "--json"])
@@ -67,40 +67,6 @@ fn an_unreachable_dispatcher_is_named() {
     assert!(stderr.contains(&format!("the dispatcher at {server} did not answer for")), "{stderr}");
     assert!(stderr.contains("--max-outage-secs 1); last error: ") && stderr.contains("onnection refused"), "{stderr}");
     assert!(stderr.contains("0 run(s) still unfinished and 1 conversation(s) not submitted"), "{stderr}");
-}
-
-/// `glia dev --replay` on the vendored recording (in-memory fleet), as a
-/// process on a free port; killed when dropped.
-struct Dev {
-    child: std::process::Child,
-    server: String,
-}
-
-impl Dev {
-    fn start() -> Dev {
-        let port = glia_testkit::fleet::free_port();
-        let server = format!("http://127.0.0.1:{port}");
-        let child = Command::new(glia_testkit::bin::glia_bin())
-            .args(["dev", "--replay", recording_dir().to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        let dev = Dev { child, server };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while glia_testkit::fleet::http("GET", &format!("{}/healthz", dev.server), None).is_err() {
-            assert!(Instant::now() < deadline, "glia dev did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        dev
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn tempdir() -> PathBuf {
@@ -150,7 +116,7 @@ fn manual_approvals_are_left_to_people_on_the_cli() {
         .count();
     assert!(expected_approvals > 0);
 
-    let dev = Dev::start();
+    let dev = glia_testkit::fleet::Dev::start(&["--replay", recording_dir().to_str().unwrap()]);
     let server = dev.server.clone();
     let mut child = batch(&["--server", &server, "--approve", "manual", "--limit", &n.to_string()]).spawn().unwrap();
     let glia = |args: &[&str]| {

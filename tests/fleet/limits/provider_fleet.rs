@@ -26,7 +26,7 @@ fn a_worker_on_a_real_provider_retries_a_429_and_shares_the_cooldown_through_red
     let mut fleet = Fleet::new(&[]);
     fleet.start_dispatcher();
     let worker = Command::new(glia_testkit::bin::glia_bin())
-        .args(["worker", "--provider", "anthropic", "--base-url", &server.base, "--allow-missing-key", "--prices", PRICES])
+        .args(["worker", "--demo", "--provider", "anthropic", "--base-url", &server.base, "--allow-missing-key", "--prices", PRICES])
         .args(["--rpm", "600", "--id", "real-provider", "--concurrency", "2"])
         .current_dir(glia_testkit::workspace_root().join("cli"))
         .env("GLIA_DATABASE_URL", &fleet.db_url)

@@ -1,0 +1,161 @@
+//! `glia agents apply|list|show`, `glia schemas`, and reading configuration
+//! files strictly (`glia run --config`, `glia submit --config`).
+//!
+//! Files are TOML (`.toml`) or JSON (anything else); both are parsed by
+//! [`glia_proto::strict`], so an unknown key or a wrong type is an error
+//! naming the file and the field (`agents/support.toml: guardrails.input[0].dny:
+//! unknown field`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use glia_proto::{AgentDefinition, RunConfig};
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::client::{Server, http_client};
+
+/// Parse `path` strictly as `T` (`what` it is, for errors): TOML when it
+/// ends in `.toml`, else JSON. Errors name the file and the field
+/// (`a.json: invalid run config: compactor: unknown field`).
+pub fn read_strict<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let parsed = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("toml")) {
+        glia_proto::strict::from_toml_str(&text)
+    } else {
+        glia_proto::strict::from_json_str(&text)
+    };
+    parsed.map_err(|e| anyhow::anyhow!("{}: invalid {what}: {e}", path.display()))
+}
+
+/// A run configuration file (`--config`), parsed strictly and validated.
+pub fn read_config(path: &Path) -> Result<RunConfig> {
+    let config: RunConfig = read_strict(path, "run config")?;
+    config.validate().map_err(|e| anyhow::anyhow!("{}: invalid run config: {e}", path.display()))?;
+    Ok(config)
+}
+
+/// `glia agents`.
+#[derive(Subcommand)]
+pub enum AgentsCommand {
+    /// Register agent definitions (a `.toml` or `.json` file, or every such
+    /// file in a directory) on a dispatcher. Idempotent: content already
+    /// registered as the latest version is `unchanged`; new content becomes
+    /// the next version. Every file is checked before anything is sent.
+    Apply {
+        #[command(flatten)]
+        server: Server,
+        /// A definition file, or a directory of them.
+        path: PathBuf,
+    },
+    /// List the tenant's agents (latest version of each).
+    List {
+        #[command(flatten)]
+        server: Server,
+    },
+    /// Print an agent's definition (`NAME`: the latest; `NAME@VERSION`).
+    Show {
+        #[command(flatten)]
+        server: Server,
+        /// `NAME` or `NAME@VERSION`.
+        agent: String,
+    },
+}
+
+/// The definition files at `path`: the file itself, or a directory's
+/// `.toml` and `.json` files, by name.
+fn definition_files(path: &Path) -> Result<Vec<PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "toml" || e == "json"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("{}: no .toml or .json definitions", path.display());
+    }
+    Ok(files)
+}
+
+/// Run a `glia agents` command.
+pub async fn agents(cmd: AgentsCommand) -> Result<()> {
+    let client = http_client()?;
+    match cmd {
+        AgentsCommand::Apply { server, path } => {
+            let mut definitions = Vec::new();
+            let mut names = std::collections::HashMap::new();
+            for file in definition_files(&path)? {
+                let def: AgentDefinition = read_strict(&file, "agent definition")?;
+                def.validate().map_err(|e| anyhow::anyhow!("{}: invalid agent definition: {e}", file.display()))?;
+                if let Some(other) = names.insert(def.name.clone(), file.clone()) {
+                    bail!("{} and {} both define agent {:?}", other.display(), file.display(), def.name);
+                }
+                definitions.push((file, def));
+            }
+            for (file, def) in definitions {
+                let body = serde_json::to_value(&def)?;
+                let answer = server.call(&client, Method::PUT, &format!("/v1/agents/{}", def.name), Some(&body), &[]).await?;
+                let created = answer.status == reqwest::StatusCode::CREATED;
+                let v = answer.checked().with_context(|| format!("applying {}", file.display()))?;
+                println!(
+                    "{}: agent {} {} (version {}, {})",
+                    file.display(),
+                    def.name,
+                    if created { "created" } else { "unchanged" },
+                    v["version"],
+                    v["content_hash"].as_str().unwrap_or("")
+                );
+            }
+            Ok(())
+        }
+        AgentsCommand::List { server } => {
+            let list = server.call(&client, Method::GET, "/v1/agents", None, &[]).await?.checked()?;
+            println!("{:<24} {:>7}  {:<28} DESCRIPTION", "NAME", "VERSION", "MODEL");
+            for a in list["agents"].as_array().into_iter().flatten() {
+                let d = &a["definition"];
+                println!("{:<24} {:>7}  {:<28} {}", text(&a["name"]), a["version"], text(&d["model"]), text(&d["description"]));
+            }
+            Ok(())
+        }
+        AgentsCommand::Show { server, agent } => {
+            let path = match agent.split_once('@') {
+                Some((name, v)) => format!("/v1/agents/{name}/versions/{v}"),
+                None => format!("/v1/agents/{agent}"),
+            };
+            let v = server.call(&client, Method::GET, &path, None, &[]).await?.checked()?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(())
+        }
+    }
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+/// `glia schemas`.
+#[derive(Args)]
+pub struct SchemasArgs {
+    /// Directory to write the schemas to.
+    #[arg(long, default_value = "schemas")]
+    pub out: PathBuf,
+}
+
+/// Write the JSON Schema of each configuration file type (the same schemas
+/// `/openapi.json` serves), for editors to validate files with.
+pub fn schemas(args: SchemasArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    for (file, schema) in glia_dispatcher::docs::config_schemas() {
+        let path = args.out.join(file);
+        std::fs::write(&path, format!("{}\n", serde_json::to_string_pretty(&schema)?)).with_context(|| format!("writing {}", path.display()))?;
+        println!("{}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,378 @@
+//! Agent definitions: an agent as reviewed, versioned configuration.
+//!
+//! An [`AgentDefinition`] is a TOML file (or the same shape as JSON over the
+//! API) that resolves to a [`RunConfig`]. The registry (`PUT
+//! /v1/agents/{name}`) keeps immutable versions keyed by the definition's
+//! [`AgentDefinition::content_hash`]; a run started from one records an
+//! [`AgentRef`] (name, version, hash) in its config, so it never depends on
+//! what the registry holds later.
+//!
+//! Trust boundary: a definition is tenant input. It names tools, models and
+//! rules; it can never name a command, an address or a secret (unknown
+//! fields are refused, `command` included). Those live in the operator's
+//! catalogue on the workers.
+//!
+//! ```toml
+//! name = "support"
+//! description = "Answers order questions"
+//! model = "claude-sonnet-4-5"
+//! system = "You are a support agent."
+//! tools = ["get_order"]
+//! conversational = true
+//! [budget]
+//! max_turns = 20
+//! [[guardrails.input]]
+//! name = "no-card-numbers"
+//! deny = '\b\d{4}[ -]?\d{4}[ -]?\d{4}[ -]?\d{4}\b'
+//! [compaction]
+//! strategy = "drop_oldest"
+//! max_tokens = 50000
+//! ```
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::budget::BudgetLimits;
+use crate::config::{ConfigError, PlannerKind, Policy, RunConfig, TOOL_NAME, ToolSpec, config_error};
+
+/// Agent names: `^[a-z0-9][a-z0-9_-]{0,63}$`.
+static AGENT_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new("^[a-z0-9][a-z0-9_-]{0,63}$").expect("valid regex"));
+
+/// Largest regex program a guardrail or policy may compile to, in bytes.
+pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+/// One agent, as a tenant writes it. Resolves to a [`RunConfig`] with
+/// [`AgentDefinition::resolve`]; fields not given take the run defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentDefinition {
+    /// Registry name, `^[a-z0-9][a-z0-9_-]{0,63}$`.
+    pub name: String,
+    /// What the agent is for, for people.
+    #[serde(default)]
+    pub description: String,
+    /// A provider named in the operator's catalogue (e.g. `anthropic`);
+    /// `None` = the worker's provider. Recorded with the definition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Provider model name.
+    pub model: String,
+    /// System prompt.
+    #[serde(default)]
+    pub system: String,
+    /// Names of the worker's tools the agent may call; exactly these are offered.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Tools the caller executes (the run parks at `awaiting_tool`).
+    #[serde(default)]
+    pub external_tools: Vec<ToolSpec>,
+    /// Tool-call policies, first match wins.
+    #[serde(default)]
+    pub policies: Vec<Policy>,
+    /// Declarative guardrails.
+    #[serde(default)]
+    pub guardrails: Guardrails,
+    /// Declarative compaction; `None` never compacts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionSpec>,
+    /// Per-run budget.
+    #[serde(default)]
+    pub budget: BudgetLimits,
+    /// Which planner drafts the plan.
+    #[serde(default)]
+    pub planner: PlannerKind,
+    /// JSON Schema of the final answer (a JSON object), given through a forced tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    /// Parks for the next user message after each answer.
+    #[serde(default)]
+    pub conversational: bool,
+    /// Output token cap per model call; `None` = the run default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// How long an approval may wait, in ms; `None` = forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout_ms: Option<u64>,
+}
+
+/// The definition a run was resolved from, recorded in its config
+/// (`session.start`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRef {
+    /// Agent name.
+    pub name: String,
+    /// Registry version, from 1.
+    pub version: u32,
+    /// [`AgentDefinition::content_hash`]: `sha256:` and 64 hex digits.
+    pub content_hash: String,
+}
+
+impl AgentDefinition {
+    /// `sha256:` and the hex SHA-256 of the definition's canonical JSON (keys
+    /// sorted, defaults written out): the same content, however written (TOML
+    /// or JSON, defaults spelled or omitted), has the same hash.
+    pub fn content_hash(&self) -> String {
+        let value = serde_json::to_value(self).expect("a definition serialises");
+        format!("sha256:{:x}", Sha256::digest(crate::canonical_json(&value).as_bytes()))
+    }
+
+    /// The run configuration this definition describes, stamped with
+    /// `agent` when given. Tools are exactly [`AgentDefinition::tools`]
+    /// (an empty list offers no worker tools).
+    pub fn resolve(&self, agent: Option<AgentRef>) -> RunConfig {
+        let defaults = RunConfig::default();
+        RunConfig {
+            model: self.model.clone(),
+            system: self.system.clone(),
+            tools: Some(self.tools.clone()),
+            external_tools: self.external_tools.clone(),
+            policies: self.policies.clone(),
+            budget: self.budget,
+            conversational: self.conversational,
+            planner: self.planner,
+            output_schema: self.output_schema.clone(),
+            max_tokens: self.max_tokens.unwrap_or(defaults.max_tokens),
+            approval_timeout_ms: self.approval_timeout_ms,
+            guardrails: self.guardrails.clone(),
+            compaction: self.compaction.clone(),
+            agent,
+            ..defaults
+        }
+    }
+
+    /// Every check that needs no worker: the name, the model, tool names
+    /// (valid, distinct), and everything [`RunConfig::validate`] checks
+    /// (schemas compile, guardrail and policy regexes compile). Errors name
+    /// the field as written in the definition (`guardrails.input[0].deny`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !AGENT_NAME.is_match(&self.name) {
+            return Err(config_error("name", format!("{:?} must match ^[a-z0-9][a-z0-9_-]{{0,63}}$", self.name)));
+        }
+        if let Some(p) = &self.provider
+            && p.trim().is_empty()
+        {
+            return Err(config_error("provider", "is blank"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, t) in self.tools.iter().enumerate() {
+            if !TOOL_NAME.is_match(t) {
+                return Err(config_error(format!("tools[{i}]"), format!("{t:?} must match ^[a-zA-Z0-9_-]{{1,64}}$")));
+            }
+            if !seen.insert(t.as_str()) {
+                return Err(config_error(format!("tools[{i}]"), format!("{t:?} is listed twice")));
+            }
+        }
+        self.resolve(None).validate()
+    }
+}
+
+/// Declarative guardrails, checked by the worker: input rules and
+/// `max_input_chars` see the goal and each user message; output rules and
+/// `max_output_chars` see each final answer (a rejected answer is re-asked
+/// like any rejected answer). A trip is recorded as `guardrail.tripped` with
+/// the rule's name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Guardrails {
+    /// Rules over the goal and user messages.
+    pub input: Vec<TextRule>,
+    /// Rules over the model's answers.
+    pub output: Vec<TextRule>,
+    /// Longest goal or user message, in characters (Unicode scalar values).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_input_chars: Option<usize>,
+    /// Longest answer, in characters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_output_chars: Option<usize>,
+}
+
+/// A rule that rejects text its regex matches (searched anywhere in the
+/// text; Rust `regex` syntax, no look-around or back-references).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextRule {
+    /// Recorded in `guardrail.tripped`, e.g. `no-card-numbers`.
+    pub name: String,
+    /// The regex; a match rejects the text.
+    pub deny: String,
+    /// Shown to the model (output) or the caller (input); default: "matches {name}".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// [`Guardrails`] compiled: what the worker checks.
+#[derive(Debug, Clone, Default)]
+pub struct CompiledGuardrails {
+    input: Vec<(TextRule, Regex)>,
+    output: Vec<(TextRule, Regex)>,
+    max_input_chars: Option<usize>,
+    max_output_chars: Option<usize>,
+}
+
+impl Guardrails {
+    /// True when there is nothing to check.
+    pub fn is_empty(&self) -> bool {
+        self == &Guardrails::default()
+    }
+
+    /// Compile every regex. Errors name the field from the guardrails
+    /// (`input[1].deny`, `output[0].name`).
+    pub fn compile(&self) -> Result<CompiledGuardrails, ConfigError> {
+        fn rules(list: &[TextRule], side: &str) -> Result<Vec<(TextRule, Regex)>, ConfigError> {
+            list.iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    if r.name.trim().is_empty() {
+                        return Err(config_error(format!("{side}[{i}].name"), "is blank"));
+                    }
+                    let re = regex::RegexBuilder::new(&r.deny)
+                        .size_limit(REGEX_SIZE_LIMIT)
+                        .build()
+                        .map_err(|e| config_error(format!("{side}[{i}].deny"), format!("not a valid regex: {e}")))?;
+                    Ok((r.clone(), re))
+                })
+                .collect()
+        }
+        for (field, max) in [("max_input_chars", self.max_input_chars), ("max_output_chars", self.max_output_chars)] {
+            if max == Some(0) {
+                return Err(config_error(field, "must be at least 1"));
+            }
+        }
+        Ok(CompiledGuardrails {
+            input: rules(&self.input, "input")?,
+            output: rules(&self.output, "output")?,
+            max_input_chars: self.max_input_chars,
+            max_output_chars: self.max_output_chars,
+        })
+    }
+}
+
+impl CompiledGuardrails {
+    fn check(rules: &[(TextRule, Regex)], max: Option<usize>, limit_name: &str, text: &str) -> Result<(), (String, String)> {
+        if let Some(max) = max {
+            let chars = text.chars().count();
+            if chars > max {
+                return Err((limit_name.to_owned(), format!("{chars} characters, more than the {max} allowed")));
+            }
+        }
+        match rules.iter().find(|(_, re)| re.is_match(text)) {
+            Some((rule, _)) => Err((rule.name.clone(), rule.reason.clone().unwrap_or_else(|| format!("matches {}", rule.name)))),
+            None => Ok(()),
+        }
+    }
+
+    /// Check a goal or user message: `Err((guardrail name, reason))` on the
+    /// first trip (the length limit is named `max_input_chars`).
+    pub fn check_input(&self, text: &str) -> Result<(), (String, String)> {
+        Self::check(&self.input, self.max_input_chars, "max_input_chars", text)
+    }
+
+    /// Check an answer, like [`CompiledGuardrails::check_input`].
+    pub fn check_output(&self, text: &str) -> Result<(), (String, String)> {
+        Self::check(&self.output, self.max_output_chars, "max_output_chars", text)
+    }
+}
+
+/// Declarative compaction: before a model call whose context is estimated
+/// above `max_tokens` (serialised JSON bytes / 4), remove the oldest
+/// (assistant, user) turns, keeping the goal and the `keep_recent` latest
+/// turns; `summarize` replaces them with a summary the run's model writes.
+/// Recorded as `context.compacted`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionSpec {
+    /// `drop_oldest` or `summarize`.
+    pub strategy: CompactionStrategy,
+    /// Token threshold (estimated).
+    pub max_tokens: u64,
+    /// Turns always kept; default 2.
+    #[serde(default = "default_keep_recent")]
+    pub keep_recent: usize,
+}
+
+fn default_keep_recent() -> usize {
+    2
+}
+
+/// How [`CompactionSpec`] shrinks a context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompactionStrategy {
+    /// Remove the oldest turns, leaving a marked note.
+    DropOldest,
+    /// Summarise the oldest turns through the model.
+    Summarize,
+}
+
+impl CompactionSpec {
+    /// `max_tokens` at least 1. Errors name the field (`max_tokens`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_tokens == 0 {
+            return Err(config_error("max_tokens", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strict::{from_json_value, from_toml_str};
+
+    const TOML: &str = r#"
+name = "support"
+model = "m"
+tools = ["get_order"]
+[budget]
+max_turns = 5
+[[guardrails.input]]
+name = "no-cards"
+deny = '\d{16}'
+[compaction]
+strategy = "drop_oldest"
+max_tokens = 100
+"#;
+
+    #[test]
+    fn toml_and_json_twins_resolve_and_hash_alike() {
+        let def: AgentDefinition = from_toml_str(TOML).unwrap();
+        def.validate().unwrap();
+        let json = serde_json::json!({"name": "support", "model": "m", "tools": ["get_order"], "budget": {"max_turns": 5},
+            "guardrails": {"input": [{"name": "no-cards", "deny": "\\d{16}"}]}, "compaction": {"strategy": "drop_oldest", "max_tokens": 100, "keep_recent": 2},
+            "conversational": false});
+        let twin: AgentDefinition = from_json_value(json).unwrap();
+        assert_eq!(def.content_hash(), twin.content_hash());
+        let r = AgentRef { name: "support".into(), version: 1, content_hash: def.content_hash() };
+        let config = def.resolve(Some(r.clone()));
+        assert_eq!(config.tools, Some(vec!["get_order".to_owned()]));
+        assert_eq!(config.agent, Some(r));
+        let g = config.guardrails.compile().unwrap();
+        assert_eq!(g.check_input("card 1234567812345678"), Err(("no-cards".into(), "matches no-cards".into())));
+        assert!(g.check_input("hello").is_ok());
+        let mut other = def.clone();
+        other.system = "x".into();
+        assert_ne!(other.content_hash(), def.content_hash());
+    }
+
+    #[test]
+    fn bad_definitions_name_the_field() {
+        let e = from_toml_str::<AgentDefinition>(&format!("command = \"rm -rf /\"\n{TOML}")).unwrap_err();
+        assert_eq!(e.to_string(), "command: unknown field");
+        let e = from_toml_str::<AgentDefinition>(&TOML.replace("max_tokens = 100", "max_tokens = 100\nthreshold = 3")).unwrap_err();
+        assert_eq!(e.path, "compaction.threshold");
+        let mut def: AgentDefinition = from_toml_str(TOML).unwrap();
+        def.guardrails.output.push(TextRule { name: "bad".into(), deny: "(".into(), reason: None });
+        assert_eq!(def.validate().unwrap_err().field, "guardrails.output[0].deny");
+        def.guardrails.output.clear();
+        def.output_schema = Some(serde_json::json!({"type": "object", "properties": {"a": {"type": "nope"}}}));
+        assert_eq!(def.validate().unwrap_err().field, "output_schema");
+        def.output_schema = None;
+        def.name = "Bad Name".into();
+        assert_eq!(def.validate().unwrap_err().field, "name");
+    }
+}
