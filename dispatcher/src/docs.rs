@@ -20,10 +20,12 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
         license(name = "MIT")
     ),
     modifiers(&BearerAuth),
+    components(schemas(crate::batches::BatchSpec, crate::batches::BatchItem, crate::batches::ItemResult)),
     tags(
         (name = "runs", description = "Admission, listing, event logs and streams"),
         (name = "approvals", description = "The approval queue and decisions"),
         (name = "payloads", description = "Tool results, messages, resume, cancel"),
+        (name = "batches", description = "Many goals with one configuration: submit (JSON or JSON Lines), progress, results, cancel, pause, resume"),
         (name = "ops", description = "Health, readiness, metrics, this document")
     )
 )]
