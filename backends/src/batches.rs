@@ -176,8 +176,10 @@ pub struct Submitted {
     /// The batch (the earlier one on an idempotent repeat).
     pub batch: Batch,
     /// False on an idempotent repeat: nothing was stored, and the caller
-    /// compares [`Batch::request_hash`] with the repeat's.
+    /// compares [`Batch::request_hash`] with [`Submitted::upload_hash`].
     pub created: bool,
+    /// The hash this submission's stream ended with ([`Upload::Done`]).
+    pub upload_hash: String,
 }
 
 /// An active batch with items to admit, as the admission loop sees it.
@@ -420,7 +422,7 @@ mod pg {
                     .query_one(&format!("SELECT {BATCH_COLUMNS} FROM batches WHERE tenant = $1 AND idempotency_key = $2"), &[&new.tenant, &new.idempotency_key])
                     .await
                     .map_err(fail)?;
-                return Ok(Submitted { batch: batch(&row)?, created: false });
+                return Ok(Submitted { batch: batch(&row)?, created: false, upload_hash: request_hash });
             }
             let row = tx
                 .query_one(
@@ -430,7 +432,7 @@ mod pg {
                 .await
                 .map_err(fail)?;
             tx.commit().await.map_err(fail)?;
-            Ok(Submitted { batch: batch(&row)?, created: true })
+            Ok(Submitted { batch: batch(&row)?, created: true, upload_hash: request_hash })
         }
 
         async fn batch(&self, tenant: Option<&str>, id: Uuid) -> Result<Option<Batch>, LogError> {

@@ -546,7 +546,7 @@ pub async fn create(State(app): State<App>, p: Principal, request: Request) -> R
         let new = new_batch(&p, key.clone(), &spec);
         let upload = jsonl_upload(lines, app.batches.admission.max_items);
         let submitted = store.submit(new, upload).await.map_err(|e| submit_error(e, true))?;
-        let hash = submitted.batch.request_hash.clone();
+        let hash = submitted.upload_hash.clone();
         (submitted, hash)
     } else {
         if !is_json(&headers) {
