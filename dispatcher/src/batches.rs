@@ -778,7 +778,7 @@ pub async fn results(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<
 /// stream ends after the frame that shows it completed or cancelled with no
 /// run left.
 #[utoipa::path(get, path = "/v1/batches/{id}/stream", tag = "batches", params(("id" = Uuid, Path, description = "Batch id")),
-    responses((status = 200, description = "`event: progress`, `data: BatchView`", content_type = "text/event-stream", body = String), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 200, description = "Server-sent events; the schema describes one event (frame) of the stream", content_type = "text/event-stream", body = crate::docs::BatchProgressEventDoc), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn stream(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Response, ApiError> {
     let batch = visible_batch(&app, &p, id).await?;

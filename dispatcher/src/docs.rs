@@ -81,6 +81,7 @@ pub fn foreign_schemas() -> Vec<(&'static str, Value)> {
         ("DecisionBody", DecisionBodyDoc::json()),
         ("BulkDecision", BulkDecisionDoc::json()),
         ("SseEvent", SseEventDoc::json()),
+        ("BatchProgressEvent", BatchProgressEventDoc::json()),
         ("LiveEvent", LiveEventDoc::json()),
         ("ToolInputSchema", ToolInputSchemaDoc::json()),
         ("JsonSchemaNode", json_schema_node()),
@@ -174,6 +175,17 @@ foreign_schema!(
                 "id": {"type": "string"},
                 "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/LiveEvent"}}}}
         ]
+    }));
+
+foreign_schema!(
+    /// One frame of `GET /v1/batches/{id}/stream` (text/event-stream):
+    /// `event: progress` with a `BatchView` as JSON in `data`.
+    BatchProgressEventDoc, "BatchProgressEvent", json!({
+        "description": "One server-sent event: `event: progress`, the batch's view as JSON in `data`.",
+        "type": "object", "required": ["event", "data"], "properties": {
+            "event": {"const": "progress"},
+            "id": {"type": "string"},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/BatchView"}}}
     }));
 
 /// The part of JSON Schema the document describes inside tool schemas (a
@@ -396,6 +408,12 @@ pub fn complete(doc: &mut Value) {
     for (path, item) in paths.iter_mut() {
         let Some(operations) = item.as_object_mut() else { continue };
         for operation in operations.values_mut() {
+            // A body documented "May be empty" is optional: an empty one means the defaults.
+            if let Some(body) = operation.get_mut("requestBody").and_then(Value::as_object_mut)
+                && body.get("description").and_then(Value::as_str) == Some("May be empty")
+            {
+                body.insert("required".into(), json!(false));
+            }
             for param in operation.get_mut("parameters").and_then(Value::as_array_mut).into_iter().flatten() {
                 let name = param["name"].as_str().unwrap_or_default().to_owned();
                 let schema = &mut param["schema"];
