@@ -305,3 +305,41 @@ fn bench_fairness() {
     );
     authed(&fleet, "tok-a", "POST", &format!("/v1/batches/{id}/cancel"), Some("{}".into()));
 }
+
+#[test]
+fn the_cli_submits_watches_and_collects_a_batch() {
+    let mut fleet = Fleet::new(&[("answer", json!([{"text": "ok"}]))]);
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    let config = fleet.dir.join("config.json");
+    std::fs::write(&config, json!({"model": "script:answer"}).to_string()).unwrap();
+    let good = fleet.dir.join("items.jsonl");
+    std::fs::write(&good, items(25).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let glia = |args: &[&str]| {
+        let mut all = vec!["batch"];
+        all.extend_from_slice(args);
+        let out = fleet.command(&all).env("GLIA_SERVER", &fleet.server).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, out, err) = glia(&["submit", "--config", config.to_str().unwrap(), good.to_str().unwrap(), "--max-in-flight", "4", "--wait"]);
+    assert!(ok, "{err}");
+    let id = out.trim().to_owned();
+    assert!(err.contains(&format!("batch {id}: completed")), "{err}");
+    // Re-attach by id, collect.
+    let (ok, _, err) = glia(&["status", &id, "--wait"]);
+    assert!(ok && err.contains("completed"), "{err}");
+    let (ok, out, err) = glia(&["results", &id]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().filter(|l| serde_json::from_str::<Value>(l).unwrap()["status"] == "succeeded").count(), 25);
+    let (ok, out, _) = glia(&["list"]);
+    assert!(ok && out.contains(&id), "{out}");
+    // A bad line is reported with its line in the file; nothing is stored.
+    let bad = fleet.dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"custom_id\": \"a\", \"goal\": \"g\"}\n{\"custom_id\": \"b\", \"goal\": \"g\"}\n{\"custom_id\": \"a\", \"goal\": \"g\"}\n").unwrap();
+    let (ok, _, err) = glia(&["submit", "--config", config.to_str().unwrap(), bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("bad.jsonl line 3, custom_id"), "{err}");
+    let (ok, _, err) = glia(&["submit", "--agent", "triage@2", good.to_str().unwrap()]);
+    assert!(!ok && err.contains("unknown agent"), "{err}");
+    let (_, out, _) = glia(&["list"]);
+    assert_eq!(out.lines().count(), 1, "refused batches are not stored: {out}");
+}
