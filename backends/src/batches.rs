@@ -182,13 +182,16 @@ pub struct Submitted {
     pub upload_hash: String,
 }
 
-/// An active batch with items to admit, as the admission loop sees it.
+/// A batch with items waiting or runs in flight, as the admission loop sees
+/// it (a paused or cancelled one still holds its runs' slots).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lane {
     /// The batch.
     pub batch_id: Uuid,
     /// Its tenant.
     pub tenant: String,
+    /// Only an active batch admits.
+    pub state: BatchState,
     /// Its own cap on runs in flight.
     pub max_in_flight: Option<u32>,
     /// Its spend cap.
@@ -270,7 +273,7 @@ pub trait BatchStore: Send + Sync {
     /// Runs of the batch not done (items `running`).
     async fn live_runs(&self, id: Uuid) -> Result<Vec<Uuid>, LogError>;
 
-    /// Active batches with items waiting, with their in-flight counts.
+    /// Batches with items waiting or runs in flight, with their counts.
     async fn lanes(&self) -> Result<Vec<Lane>, LogError>;
 
     /// Claim up to `limit` waiting items of `batch` in order (`admitting`;
@@ -570,11 +573,12 @@ mod pg {
                 let client = self.client().await?;
                 let rows = client
                     .query(
-                        "SELECT b.id, b.tenant, b.max_in_flight, b.cap_tokens, b.cap_usd_micros, \
+                        "SELECT b.id, b.tenant, b.state, b.max_in_flight, b.cap_tokens, b.cap_usd_micros, \
                                 (SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.state IN ('admitting', 'running')) AS in_flight, \
                                 (SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.state IN ('queued', 'admitting')) AS waiting \
-                         FROM batches b WHERE b.managed AND b.state = 'active' \
-                           AND EXISTS (SELECT 1 FROM batch_items i WHERE i.batch_id = b.id AND i.state IN ('queued', 'admitting')) \
+                         FROM batches b WHERE b.managed AND b.id IN ( \
+                             SELECT batch_id FROM batch_items WHERE state IN ('queued', 'admitting') \
+                             UNION SELECT batch_id FROM batch_items WHERE state = 'running') \
                          ORDER BY b.id",
                         &[],
                     )
@@ -585,6 +589,7 @@ mod pg {
                         Ok(Lane {
                             batch_id: col(row, "id")?,
                             tenant: col(row, "tenant")?,
+                            state: BatchState::parse(&col::<String>(row, "state")?)?,
                             max_in_flight: col::<Option<i32>>(row, "max_in_flight")?.map(|v| v.max(1) as u32),
                             cap: SpendCap { tokens: number(row, "cap_tokens")?, cost_usd_micros: number(row, "cap_usd_micros")? },
                             in_flight: col::<i64>(row, "in_flight")?.max(0) as u64,

@@ -865,7 +865,8 @@ pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
 
 /// Slots granted per batch: weighted fair share of `free` slots across
 /// tenants, then across each tenant's batches (see the module doc).
-/// `lanes` are the admissible batches (active, under their spend cap).
+/// Every lane's `in_flight` counts as load; a lane is granted at most its
+/// `waiting` (the caller sets it to 0 for a batch that may not admit).
 pub fn share(lanes: &[Lane], free: u64, admission: &Admission) -> HashMap<Uuid, u64> {
     let mut tenant_load: HashMap<&str, u64> = HashMap::new();
     for lane in lanes {
@@ -907,12 +908,15 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
     let a = &app.batches.admission;
     store.sweep(1000).await?;
     let lanes = store.lanes().await?;
+    // Every batch's runs in flight count against the caps; only active
+    // batches under their spend cap are granted slots.
     let mut admissible = Vec::with_capacity(lanes.len());
     let mut in_flight = 0;
-    for lane in lanes {
+    for mut lane in lanes {
         in_flight += lane.in_flight;
-        if lane.cap != SpendCap::default() && reached(lane.cap, store.spend(lane.batch_id).await?) {
-            continue;
+        let capped = lane.waiting > 0 && lane.cap != SpendCap::default() && reached(lane.cap, store.spend(lane.batch_id).await?);
+        if lane.state != BatchState::Active || capped {
+            lane.waiting = 0;
         }
         admissible.push(lane);
     }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use common::{ADMIN, Reply, SUB_A, SUB_B, commit, finish, send};
-use glia_backends::batches::{BatchStore, Lane};
+use glia_backends::batches::{BatchState, BatchStore, Lane};
 use glia_backends::memory::{MemoryLedger, MemoryQueue};
 use glia_backends::postgres::PgLog;
 use glia_backends::testkit::{TestDb, postgres_connect};
@@ -244,7 +244,7 @@ async fn tenants_share_the_fleet_cap_fairly() {
 }
 
 fn lane(tenant: &str, in_flight: u64, waiting: u64, max: Option<u32>) -> Lane {
-    Lane { batch_id: Uuid::now_v7(), tenant: tenant.into(), max_in_flight: max, cap: SpendCap::default(), in_flight, waiting }
+    Lane { batch_id: Uuid::now_v7(), tenant: tenant.into(), state: BatchState::Active, max_in_flight: max, cap: SpendCap::default(), in_flight, waiting }
 }
 
 #[test]
@@ -317,4 +317,22 @@ async fn a_pass_that_died_after_creating_a_run_creates_no_second_one() {
     let results = get(&b, SUB_A, &format!("/v1/batches/{batch}/results")).await;
     let t0 = results.text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|l| l["custom_id"] == claimed[0].custom_id.as_str()).unwrap();
     assert_eq!(t0["run_id"], orphan.body["run_id"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_of_batches_with_nothing_left_to_admit_still_hold_their_slots() {
+    let b = harness(Admission { max_in_flight: 4, ..Admission::default() }).await;
+    let first = id_of(&post_json(&b, SUB_A, "/v1/batches", json!({"config": {}, "items": (0..3).map(item).collect::<Vec<_>>()})).await);
+    assert_eq!(admit_once(&b.app).await.unwrap(), 3);
+    // A paused batch's runs too.
+    let second = id_of(&post_json(&b, SUB_B, "/v1/batches", json!({"config": {}, "items": (0..5).map(item).collect::<Vec<_>>()})).await);
+    assert_eq!(admit_once(&b.app).await.unwrap(), 1, "the fleet cap counts the first batch's three runs");
+    post_json(&b, SUB_B, &format!("/v1/batches/{second}/pause"), json!({})).await;
+    let third = id_of(&post_json(&b, ADMIN, "/v1/batches", json!({"config": {}, "items": (0..5).map(item).collect::<Vec<_>>()})).await);
+    assert_eq!(admit_once(&b.app).await.unwrap(), 0, "the paused batch's run still holds its slot");
+    for run in batch_runs(&b, first).await {
+        succeed(&*b.log, run.run_id, "ok").await;
+    }
+    assert_eq!(admit_once(&b.app).await.unwrap(), 3);
+    assert_eq!(batch_runs(&b, third).await.len(), 3);
 }
