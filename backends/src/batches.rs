@@ -307,7 +307,8 @@ mod pg {
     use super::*;
     use crate::postgres::{PgLog, SPEND_COLUMNS, SPEND_KINDS, col, corrupt, spend_of_row, unavailable};
 
-    const BATCH_COLUMNS: &str = "id, tenant, spec, request_hash, state, max_in_flight, cap_tokens, cap_usd_micros, expires_at, items_total, created_at, updated_at";
+    const BATCH_COLUMNS: &str =
+        "id, tenant, spec, request_hash, state, max_in_flight, cap_tokens, cap_usd_micros, expires_at, items_total, created_at, updated_at";
 
     /// What a caller sees of an item: the item's own state, or its run's.
     const STATUS: &str = "CASE WHEN i.state IN ('queued', 'admitting') THEN 'queued' \
@@ -463,7 +464,8 @@ mod pg {
         async fn counts(&self, id: Uuid) -> Result<BTreeMap<String, u64>, LogError> {
             self.bounded("batch counts", async {
                 let client = self.client().await?;
-                let sql = format!("SELECT {STATUS} AS status, count(*) AS n FROM batch_items i LEFT JOIN runs r ON r.id = i.run_id WHERE i.batch_id = $1 GROUP BY 1");
+                let sql =
+                    format!("SELECT {STATUS} AS status, count(*) AS n FROM batch_items i LEFT JOIN runs r ON r.id = i.run_id WHERE i.batch_id = $1 GROUP BY 1");
                 let rows = client.query(&sql, &[&id]).await.map_err(|e| unavailable("batch counts", &e))?;
                 rows.iter().map(|row| Ok((col(row, "status")?, col::<i64>(row, "n")?.max(0) as u64))).collect()
             })
@@ -541,7 +543,14 @@ mod pg {
                 let row = tx
                     .query_opt(
                         &sql,
-                        &[&id, &tenant, &state.map(BatchState::as_str), &cap.is_some(), &to_i64(cap.and_then(|c| c.tokens)), &to_i64(cap.and_then(|c| c.cost_usd_micros))],
+                        &[
+                            &id,
+                            &tenant,
+                            &state.map(BatchState::as_str),
+                            &cap.is_some(),
+                            &to_i64(cap.and_then(|c| c.tokens)),
+                            &to_i64(cap.and_then(|c| c.cost_usd_micros)),
+                        ],
                     )
                     .await
                     .map_err(fail)?;
@@ -617,7 +626,9 @@ mod pg {
                     .map_err(|e| unavailable("claim batch items", &e))?;
                 let mut claims: Vec<Claim> = rows
                     .iter()
-                    .map(|row| Ok(Claim { batch_id: batch, n: col::<i32>(row, "n")?.max(0) as u64, custom_id: col(row, "custom_id")?, goal: col(row, "goal")? }))
+                    .map(|row| {
+                        Ok(Claim { batch_id: batch, n: col::<i32>(row, "n")?.max(0) as u64, custom_id: col(row, "custom_id")?, goal: col(row, "goal")? })
+                    })
                     .collect::<Result<_, LogError>>()?;
                 claims.sort_by_key(|c| c.n);
                 Ok(claims)

@@ -224,7 +224,13 @@ async fn command(cmd: BatchCommand) -> Result<()> {
         BatchCommand::List { server } => {
             let page = server.get(&client, "/v1/batches?limit=1000").await?;
             for b in page["batches"].as_array().cloned().unwrap_or_default() {
-                println!("{}  {:<9}  {:>7} items  {}", b["id"].as_str().unwrap_or("?"), b["status"].as_str().unwrap_or("?"), b["total"], b["created_at"].as_str().unwrap_or(""));
+                println!(
+                    "{}  {:<9}  {:>7} items  {}",
+                    b["id"].as_str().unwrap_or("?"),
+                    b["status"].as_str().unwrap_or("?"),
+                    b["total"],
+                    b["created_at"].as_str().unwrap_or("")
+                );
             }
         }
     }

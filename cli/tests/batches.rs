@@ -276,7 +276,13 @@ fn bench_fairness() {
         assert_eq!(status, 201, "{run}");
         run["run_id"].as_str().unwrap().to_owned()
     };
-    let idle: Vec<String> = (0..singles).map(|i| { let id = single(i); std::thread::sleep(Duration::from_millis(50)); id }).collect();
+    let idle: Vec<String> = (0..singles)
+        .map(|i| {
+            let id = single(i);
+            std::thread::sleep(Duration::from_millis(50));
+            id
+        })
+        .collect();
     let idle = first_step_secs(&fleet, "tok-b", &idle);
     let body: String = std::iter::once(json!({"config": {"model": "script:answer"}})).chain(items(5_000)).map(|l| format!("{l}\n")).collect();
     let (status, batch) = authed(&fleet, "tok-a", "POST", "/v1/batches", Some(body));
@@ -290,7 +296,13 @@ fn bench_fairness() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let busy: Vec<String> = (0..singles).map(|i| { let id = single(1000 + i); std::thread::sleep(Duration::from_millis(50)); id }).collect();
+    let busy: Vec<String> = (0..singles)
+        .map(|i| {
+            let id = single(1000 + i);
+            std::thread::sleep(Duration::from_millis(50));
+            id
+        })
+        .collect();
     let busy = first_step_secs(&fleet, "tok-b", &busy);
     let (_, v) = authed(&fleet, "tok-a", "GET", &format!("/v1/batches/{id}"), None);
     assert_ne!(v["status"], "completed", "A's batch still ran while B's runs were measured: {v}");
@@ -318,7 +330,8 @@ fn the_cli_submits_watches_and_collects_a_batch() {
     let glia = |args: &[&str]| {
         let mut all = vec!["batch"];
         all.extend_from_slice(args);
-        let out = fleet.command(&all).env("GLIA_SERVER", &fleet.server).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).output().unwrap();
+        let out =
+            fleet.command(&all).env("GLIA_SERVER", &fleet.server).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).output().unwrap();
         (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (ok, out, err) = glia(&["submit", "--config", config.to_str().unwrap(), good.to_str().unwrap(), "--max-in-flight", "4", "--wait"]);
@@ -335,7 +348,8 @@ fn the_cli_submits_watches_and_collects_a_batch() {
     assert!(ok && out.contains(&id), "{out}");
     // A bad line is reported with its line in the file; nothing is stored.
     let bad = fleet.dir.join("bad.jsonl");
-    std::fs::write(&bad, "{\"custom_id\": \"a\", \"goal\": \"g\"}\n{\"custom_id\": \"b\", \"goal\": \"g\"}\n{\"custom_id\": \"a\", \"goal\": \"g\"}\n").unwrap();
+    std::fs::write(&bad, "{\"custom_id\": \"a\", \"goal\": \"g\"}\n{\"custom_id\": \"b\", \"goal\": \"g\"}\n{\"custom_id\": \"a\", \"goal\": \"g\"}\n")
+        .unwrap();
     let (ok, _, err) = glia(&["submit", "--config", config.to_str().unwrap(), bad.to_str().unwrap()]);
     assert!(!ok && err.contains("bad.jsonl line 3, custom_id"), "{err}");
     let (ok, _, err) = glia(&["submit", "--agent", "triage@2", good.to_str().unwrap()]);

@@ -502,9 +502,12 @@ fn submit_error(e: SubmitError, jsonl: bool) -> ApiError {
         SubmitError::Input { item: Some(line), field, reason } => ApiError::InvalidField { field: place(line, field), reason },
         SubmitError::Input { item: None, field: Some(field), reason } => ApiError::InvalidField { field, reason },
         SubmitError::Input { item: None, field: None, reason } => ApiError::Invalid(reason),
-        SubmitError::DuplicateCustomId { line, custom_id } if jsonl => {
-            ApiError::InvalidLine { line, field: Some("custom_id".into()), code: "invalid_request", reason: format!("custom_id {custom_id:?} is used by an earlier line") }
-        }
+        SubmitError::DuplicateCustomId { line, custom_id } if jsonl => ApiError::InvalidLine {
+            line,
+            field: Some("custom_id".into()),
+            code: "invalid_request",
+            reason: format!("custom_id {custom_id:?} is used by an earlier line"),
+        },
         SubmitError::DuplicateCustomId { line, custom_id } => {
             ApiError::InvalidField { field: place(line, Some("custom_id".into())), reason: format!("custom_id {custom_id:?} is used by an earlier item") }
         }
@@ -540,7 +543,9 @@ pub async fn create(State(app): State<App>, p: Principal, request: Request) -> R
     let headers = request.headers().clone();
     let (submitted, hash) = if is_jsonl(&headers) {
         let mut lines = Lines::new(request.into_body(), &app.batches.admission);
-        let Some((line, first)) = lines.next_line().await? else { return Err(ApiError::InvalidBody("the upload is empty: line 1 must be the batch spec".into())) };
+        let Some((line, first)) = lines.next_line().await? else {
+            return Err(ApiError::InvalidBody("the upload is empty: line 1 must be the batch spec".into()));
+        };
         let spec: BatchSpec = parse_line(line, &first, "BatchSpec")?;
         check_spec(&spec)?;
         let new = new_batch(&p, key.clone(), &spec);
@@ -562,7 +567,9 @@ pub async fn create(State(app): State<App>, p: Principal, request: Request) -> R
         let env = template_env();
         let mut items = Vec::with_capacity(body.items.len());
         for (i, item) in body.items.into_iter().enumerate() {
-            items.push(prepare(item, i as u64, &env).map_err(|(field, reason)| submit_error(SubmitError::Input { item: Some(i as u64), field, reason }, false))?);
+            items.push(
+                prepare(item, i as u64, &env).map_err(|(field, reason)| submit_error(SubmitError::Input { item: Some(i as u64), field, reason }, false))?,
+            );
         }
         let mut chunks: Vec<Result<Upload, SubmitError>> = Vec::new();
         let mut rest = items.into_iter().peekable();
@@ -598,7 +605,8 @@ fn is_jsonl(headers: &HeaderMap) -> bool {
 /// Parse one line as the document's schema `name`: 400 `malformed_json` or
 /// 422 naming the line and the field.
 fn parse_line<T: serde::de::DeserializeOwned>(line: u64, text: &[u8], name: &str) -> Result<T, ApiError> {
-    let mut value: Value = serde_json::from_slice(text).map_err(|e| ApiError::InvalidLine { line, field: None, code: "malformed_json", reason: e.to_string() })?;
+    let mut value: Value =
+        serde_json::from_slice(text).map_err(|e| ApiError::InvalidLine { line, field: None, code: "malformed_json", reason: e.to_string() })?;
     if !value.is_object() {
         return Err(ApiError::InvalidLine { line, field: None, code: "invalid_body", reason: "each line must be a JSON object".into() });
     }
@@ -649,7 +657,12 @@ impl Lines {
                 return Ok(Some((self.line, line)));
             }
             if self.buf.len() > self.max_line {
-                return Err(ApiError::InvalidLine { line: self.line + 1, field: None, code: "invalid_body", reason: format!("longer than {} bytes", self.max_line) });
+                return Err(ApiError::InvalidLine {
+                    line: self.line + 1,
+                    field: None,
+                    code: "invalid_body",
+                    reason: format!("longer than {} bytes", self.max_line),
+                });
             }
             if self.ended {
                 if self.buf.iter().all(u8::is_ascii_whitespace) {
@@ -853,7 +866,12 @@ pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
     responses((status = 200, body = BatchView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<ResumeBatchBody>) -> Result<Json<BatchView>, ApiError> {
+pub async fn resume(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    OptJson(body): OptJson<ResumeBatchBody>,
+) -> Result<Json<BatchView>, ApiError> {
     p.require(Scope::Submit)?;
     let cap = body.spend_cap.map(SpendCap::from);
     let batch = store(&app)?.update(tenant_of(&p), id, Some(BatchState::Active), cap).await?.ok_or(ApiError::BatchNotFound(id))?;
@@ -943,7 +961,13 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
             async move { admit_item(app, &tenant, spec, claim).await }
         })
         .buffer_unordered(16)
-        .filter(|r| futures::future::ready(matches!(r, Ok(true))))
+        .filter(|r| {
+            if let Err(e) = r {
+                // The item stays `admitting`; a later pass claims it again when the claim lapses.
+                tracing::warn!("batch item not admitted (retried after the claim lapses): {e}");
+            }
+            futures::future::ready(matches!(r, Ok(true)))
+        })
         .count()
         .await;
     Ok(admitted as u64)

@@ -49,7 +49,11 @@ async fn jsonl(b: &B, token: &str, lines: &[Value], key: Option<&str>) -> Reply 
 }
 
 async fn post_raw(b: &B, token: &str, content_type: &str, body: String, key: Option<&str>) -> Reply {
-    let mut req = Request::builder().method(Method::POST).uri("/v1/batches").header(header::AUTHORIZATION, format!("Bearer {token}")).header(header::CONTENT_TYPE, content_type);
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/batches")
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(header::CONTENT_TYPE, content_type);
     if let Some(k) = key {
         req = req.header("idempotency-key", k);
     }
@@ -116,7 +120,12 @@ async fn a_bad_submission_is_refused_whole_and_stores_nothing() {
     let r = jsonl(&b, SUB_A, &[spec(), item(0), json!({"custom_id": "x", "goal": "g", "colour": "red"})], None).await;
     assert_eq!((r.status, r.body["error"]["line"].as_u64()), (StatusCode::UNPROCESSABLE_ENTITY, Some(3)), "{}", r.text);
     let r = jsonl(&b, SUB_A, &[spec(), json!({"custom_id": "x", "goal": "Ticket {{ missing }}", "inputs": {}})], None).await;
-    assert_eq!((r.status, r.body["error"]["line"].as_u64(), r.body["error"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some(2), Some("goal")), "{}", r.text);
+    assert_eq!(
+        (r.status, r.body["error"]["line"].as_u64(), r.body["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some(2), Some("goal")),
+        "{}",
+        r.text
+    );
 
     // An unknown agent, a config a run would refuse, no items.
     let r = jsonl(&b, SUB_A, &[json!({"agent": "triage@3"}), item(0)], None).await;
@@ -173,7 +182,13 @@ async fn succeed(log: &dyn EventLog, run_id: Uuid, answer: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn items_are_admitted_within_the_batch_cap_and_collected() {
     let b = harness(Admission { claim_lease: Duration::from_secs(30), ..Admission::default() }).await;
-    let r = post_json(&b, SUB_A, "/v1/batches", json!({"config": {"model": "script:x"}, "options": {"max_in_flight": 3}, "items": (0..10).map(item).collect::<Vec<_>>()})).await;
+    let r = post_json(
+        &b,
+        SUB_A,
+        "/v1/batches",
+        json!({"config": {"model": "script:x"}, "options": {"max_in_flight": 3}, "items": (0..10).map(item).collect::<Vec<_>>()}),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     let batch = id_of(&r);
     assert_eq!(admit_once(&b.app).await.unwrap(), 3);
@@ -196,7 +211,11 @@ async fn items_are_admitted_within_the_batch_cap_and_collected() {
             break;
         }
         for run in live {
-            if run.goal.ends_with('7') { finish(&*b.log, run.run_id).await } else { succeed(&*b.log, run.run_id, &format!("done: {}", run.goal)).await }
+            if run.goal.ends_with('7') {
+                finish(&*b.log, run.run_id).await
+            } else {
+                succeed(&*b.log, run.run_id, &format!("done: {}", run.goal)).await
+            }
             finished.insert(run.run_id);
         }
         admit_once(&b.app).await.unwrap();
@@ -271,7 +290,16 @@ async fn cancel_pause_resume_and_expiry() {
     // Paused: nothing starts; resumed: items start again.
     assert_eq!(post_json(&b, SUB_A, &format!("/v1/batches/{batch}/pause"), json!({})).await.body["status"], "paused");
     assert_eq!(admit_once(&b.app).await.unwrap(), 0);
-    let resumed = send(&b.router, Request::builder().method(Method::POST).uri(format!("/v1/batches/{batch}/resume")).header(header::AUTHORIZATION, format!("Bearer {SUB_A}")).body(Body::empty()).unwrap()).await;
+    let resumed = send(
+        &b.router,
+        Request::builder()
+            .method(Method::POST)
+            .uri(format!("/v1/batches/{batch}/resume"))
+            .header(header::AUTHORIZATION, format!("Bearer {SUB_A}"))
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
     assert_eq!(resumed.body["status"], "active", "{}", resumed.text);
     assert_eq!(admit_once(&b.app).await.unwrap(), 2);
     // Cancel: the two runs get a cancel, the four queued items are cancelled, nothing more starts.
@@ -279,7 +307,11 @@ async fn cancel_pause_resume_and_expiry() {
     assert_eq!(c.status, StatusCode::OK, "{}", c.text);
     assert_eq!((c.body["status"].as_str(), c.body["counts"]["cancelled"].as_u64()), (Some("cancelled"), Some(4)), "{}", c.text);
     for run in batch_runs(&b, batch).await {
-        assert!(b.log.inbox(run.run_id).await.unwrap().iter().any(|i| matches!(i.payload, glia_proto::Resume::Cancel { .. })), "run {} got a cancel", run.run_id);
+        assert!(
+            b.log.inbox(run.run_id).await.unwrap().iter().any(|i| matches!(i.payload, glia_proto::Resume::Cancel { .. })),
+            "run {} got a cancel",
+            run.run_id
+        );
     }
     assert_eq!(admit_once(&b.app).await.unwrap(), 0);
     assert_eq!(post_json(&b, SUB_A, &format!("/v1/batches/{batch}/resume"), json!({})).await.body["status"], "cancelled", "a cancel is final");
