@@ -475,21 +475,21 @@ mod pg {
         async fn spend(&self, id: Uuid) -> Result<Spend, LogError> {
             self.bounded("batch spend", async {
                 let client = self.client().await?;
+                // One statement, so one snapshot: an item the sweep moves from
+                // `running` to `finished` meanwhile is counted exactly once.
                 let row = client
                     .query_one(
-                        "SELECT coalesce(sum(tokens), 0)::bigint AS tokens, coalesce(sum(cost_usd_micros), 0)::bigint AS cost FROM batch_items WHERE batch_id = $1 AND state = 'finished'",
+                        "SELECT coalesce(sum(tokens) FILTER (WHERE state = 'finished'), 0)::bigint AS tokens, \
+                                coalesce(sum(cost_usd_micros) FILTER (WHERE state = 'finished'), 0)::bigint AS cost, \
+                                coalesce(array_agg(run_id) FILTER (WHERE state = 'running'), '{}') AS live \
+                         FROM batch_items WHERE batch_id = $1 AND state IN ('finished', 'running')",
                         &[&id],
                     )
                     .await
                     .map_err(|e| unavailable("batch spend", &e))?;
                 let mut spend = Spend { tokens: number(&row, "tokens")?.unwrap_or(0), cost_usd_micros: number(&row, "cost")?.unwrap_or(0) };
-                let live: Vec<Uuid> = client
-                    .query("SELECT run_id FROM batch_items WHERE batch_id = $1 AND state = 'running'", &[&id])
-                    .await
-                    .map_err(|e| unavailable("batch spend", &e))?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
+                // A live run's events only grow: read after the snapshot, they count at least what it had spent then.
+                let live: Vec<Uuid> = col(&row, "live")?;
                 for s in run_spend(&client, &live).await?.into_values() {
                     spend = spend.saturating_add(s);
                 }
