@@ -5,7 +5,7 @@
 //! creating a run and marking its item (no second run). Runs are moved on by
 //! hand-built worker commits (`common::commit`); the process-level tests
 //! (dispatcher killed mid-admission, workers, spend caps) are in
-//! `cli/tests/batches.rs`.
+//! `tests/fleet/durability/batches.rs`.
 
 mod common;
 

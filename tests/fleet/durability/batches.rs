@@ -5,12 +5,10 @@
 //! lets the batch complete. The 10,000-item run and the fairness
 //! measurement are `bench_*` (ignored; figures in BENCHMARKS.md).
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::*;
+use glia_testkit::fleet::*;
 use serde_json::{Value, json};
 
 /// POST a JSON Lines body to `/v1/batches`: `(status, answer)`.
@@ -177,7 +175,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// (elapsed, items/s, dispatcher RSS while admitting). `BENCH_ITEMS`
 /// overrides the count. Figures in BENCHMARKS.md.
 #[test]
-#[ignore = "benchmark: cargo test -p glia-cli --test batches -- --ignored bench_ten_thousand_items --nocapture"]
+#[ignore = "benchmark: cargo test -p glia-e2e --test fleet -- --ignored bench_ten_thousand_items --nocapture"]
 fn bench_ten_thousand_items() {
     let n: usize = std::env::var("BENCH_ITEMS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
     let mut fleet = Fleet::new(&[("answer", json!([{"text": "ok", "usage": {"input_tokens": 10, "output_tokens": 5}}]))]);
@@ -260,7 +258,7 @@ fn authed(api: &Api, token: &str, method: &str, path: &str, body: Option<String>
 /// Tenant B's single runs, submit → first step, while tenant A's
 /// 5,000-item batch runs and with the fleet idle; prints p50/p99 of each.
 #[test]
-#[ignore = "benchmark: cargo test -p glia-cli --test batches -- --ignored bench_fairness --nocapture"]
+#[ignore = "benchmark: cargo test -p glia-e2e --test fleet -- --ignored bench_fairness --nocapture"]
 fn bench_fairness() {
     let singles = 100;
     let mut fleet = Fleet::new(&[("answer", json!([{"text": "ok"}]))]);
