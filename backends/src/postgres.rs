@@ -57,6 +57,7 @@
 
 use std::future::Future;
 use std::time::Duration;
+use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
@@ -317,7 +318,7 @@ fn agent_of(row: &Row) -> Result<AgentVersion, LogError> {
     })
 }
 
-fn corrupt(what: String) -> LogError {
+pub(crate) fn corrupt(what: String) -> LogError {
     LogError::Unavailable(format!("corrupt row: {what}"))
 }
 
@@ -513,16 +514,38 @@ async fn write_events(tx: &Transaction<'_>, run_id: Uuid, enc: &EncodedEvents) -
 /// A tenant's model spend in `[$2, $3)` from events of kinds `$4`: token and
 /// cost sums of inline payloads (as text: they may pass `bigint`), and the
 /// bytes of payloads stored in blobs. See [`PgLog::tenant_usage`].
-const TENANT_USAGE: &str = "SELECT \
+/// The spend of the events `e` (with their blobs `b`) an aggregate query
+/// selects: `tokens` and `cost` as text, `blobs` the payloads stored as blobs
+/// (decoded by [`spend_of_row`]). Only the events of [`SPEND_KINDS`] carry spend.
+pub(crate) const SPEND_COLUMNS: &str = "\
        coalesce(sum(coalesce((e.payload #>> '{data,usage,input_tokens}')::numeric, 0) \
                   + coalesce((e.payload #>> '{data,usage,output_tokens}')::numeric, 0) \
                   + coalesce((e.payload #>> '{data,usage,cache_write_tokens}')::numeric, 0) \
                   + coalesce((e.payload #>> '{data,usage,cache_read_tokens}')::numeric, 0)), 0)::text AS tokens, \
        coalesce(sum((e.payload #>> '{data,cost_usd_micros}')::numeric), 0)::text AS cost, \
-       coalesce(array_agg(b.bytes) FILTER (WHERE e.payload IS NULL), '{}') AS blobs \
+       coalesce(array_agg(b.bytes) FILTER (WHERE e.payload IS NULL), '{}') AS blobs";
+
+/// Event kinds that carry model spend ([`Spend::of_event`]).
+pub(crate) const SPEND_KINDS: [&str; 3] = ["model.response", "plan.draft", "context.compacted"];
+
+/// The [`Spend`] of a row selected with [`SPEND_COLUMNS`].
+pub(crate) fn spend_of_row(row: &Row, what: &str) -> Result<Spend, LogError> {
+    let number = |name: &str| -> Result<u64, LogError> {
+        let text: String = col(row, name)?;
+        text.parse().map_err(|_| corrupt(format!("{what}: {name} is {text:?}")))
+    };
+    let mut spend = Spend { tokens: number("tokens")?, cost_usd_micros: number("cost")? };
+    for bytes in col::<Vec<Vec<u8>>>(row, "blobs")? {
+        let kind: EventKind = serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("{what}: blob: {e}")))?;
+        spend = spend.saturating_add(Spend::of_event(&kind).unwrap_or_default());
+    }
+    Ok(spend)
+}
+
+static TENANT_USAGE: LazyLock<String> = LazyLock::new(|| format!("SELECT {SPEND_COLUMNS} \
      FROM runs r JOIN events e ON e.run_id = r.id LEFT JOIN blobs b ON b.hash = e.blob_hash \
      WHERE r.tenant = $1::text AND r.updated_at >= $2::timestamptz - interval '1 hour' \
-       AND e.at >= $2::timestamptz AND e.at < $3::timestamptz AND e.kind = ANY($4::text[])";
+       AND e.at >= $2::timestamptz AND e.at < $3::timestamptz AND e.kind = ANY($4::text[])"));
 
 const READ_EVENTS: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
      FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash \
@@ -1277,21 +1300,12 @@ impl EventLog for PgLog {
     async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
         let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
         let end = start + chrono::Duration::days(1);
-        let kinds: Vec<&str> = vec!["model.response", "plan.draft", "context.compacted"];
+        let kinds = SPEND_KINDS.to_vec();
         self.bounded("tenant_usage", async {
             let client = self.client().await?;
-            let st = client.prepare_cached(TENANT_USAGE).await.map_err(|e| unavailable("tenant_usage", &e))?;
+            let st = client.prepare_cached(&TENANT_USAGE).await.map_err(|e| unavailable("tenant_usage", &e))?;
             let row = client.query_one(&st, &[&tenant, &start, &end, &kinds]).await.map_err(|e| unavailable("tenant_usage", &e))?;
-            let number = |name: &str| -> Result<u64, LogError> {
-                let text: String = col(&row, name)?;
-                text.parse().map_err(|_| corrupt(format!("tenant_usage: {name} is {text:?}")))
-            };
-            let mut spend = Spend { tokens: number("tokens")?, cost_usd_micros: number("cost")? };
-            for bytes in col::<Vec<Vec<u8>>>(&row, "blobs")? {
-                let kind: EventKind = serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("tenant_usage: blob: {e}")))?;
-                spend = spend.saturating_add(Spend::of_event(&kind).unwrap_or_default());
-            }
-            Ok(spend)
+            spend_of_row(&row, "tenant_usage")
         })
         .await
     }
