@@ -313,7 +313,7 @@ impl BenchFleet {
             // Committing in a transaction: a connection per run in flight, so
             // no commit waits for one.
             let max_connections = if variant == Variant::Transaction { concurrency.max(1) } else { pool.max(1) };
-            let options = glia_backends::postgres::PgOptions { max_connections, commit_mode: variant.commit_mode(), ..Default::default() };
+            let options = glia_backends::postgres::PgOptions { max_connections, commit_mode: variant.commit_mode(), group_lanes: urls.group_lanes.into(), ..Default::default() };
             let (log, queue, ledger) = ports(db.log_with(options).await).await?;
             let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
             tokio::spawn(Arc::new(Worker::new(agent.clone(), log, queue, ledger, options)).run(shutdown.clone()));
