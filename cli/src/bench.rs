@@ -120,12 +120,18 @@ pub struct StepsArgs {
 #[serde(rename_all = "snake_case")]
 pub enum Variant {
     /// `BEGIN`, lock the run row, the writes, `COMMIT`: four round trips and
-    /// one fsync per step; a connection per run in flight.
+    /// one fsync per step; a connection per run in flight; the cancel flag
+    /// read after each commit (the fleet before group commit).
     Transaction,
-    /// One fenced statement per step: one round trip, one fsync.
+    /// One fenced statement per step: one round trip, one fsync; the cancel
+    /// flag read after each commit.
     Statement,
-    /// Group commit: a worker's concurrent steps in one transaction, one
-    /// round trip and one fsync per group.
+    /// Group commit (a worker's concurrent steps in one transaction, one
+    /// round trip and one fsync per group); the cancel flag read after each
+    /// commit.
+    GroupSerial,
+    /// Group commit, the cancel flag read while the commit is in flight
+    /// (the default).
     Group,
 }
 
@@ -135,7 +141,7 @@ impl Variant {
         match self {
             Variant::Transaction => CommitMode::Transaction,
             Variant::Statement => CommitMode::Statement,
-            Variant::Group => CommitMode::Group,
+            Variant::GroupSerial | Variant::Group => CommitMode::Group,
         }
     }
 }
@@ -316,7 +322,8 @@ impl BenchFleet {
             let options = glia_backends::postgres::PgOptions { max_connections, commit_mode: variant.commit_mode(), group_lanes: urls.group_lanes.into(), ..Default::default() };
             let (log, queue, ledger) = ports(db.log_with(options).await).await?;
             let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
-            tokio::spawn(Arc::new(Worker::new(agent.clone(), log, queue, ledger, options)).run(shutdown.clone()));
+            let worker = Worker::new(agent.clone(), log, queue, ledger, options).with_serial_cancel_check(variant != Variant::Group);
+            tokio::spawn(Arc::new(worker).run(shutdown.clone()));
         }
         let sql = db.sql().await;
         Ok(BenchFleet { store: BenchStore::Fleet { db, sql, queue_name: name, amqp_url: urls.amqp_url.clone() }, server, stop })

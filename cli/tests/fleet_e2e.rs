@@ -150,9 +150,9 @@ impl Sql {
 
 /// A worker is killed while a group commit holding several runs' steps is in
 /// flight (its `BEGIN` and the first steps' statements executed, the group
-/// held up by the next statement): every step of that group is either all
-/// there or not at all, the runs finish on another worker, and no sequence
-/// number is written twice.
+/// held up by the next statement): the group is all there or not at all (for
+/// every run in it, each step whole), the runs finish on another worker, and
+/// no sequence number is written twice.
 ///
 /// How the group is held in flight: the test inserts, uncommitted, the next
 /// events of the run with the highest id (a group writes its runs in id
@@ -199,29 +199,47 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
         }
     }
     // Wait for a group held up on it with at least two other runs' steps written in it.
-    let in_flight: Vec<String> = loop {
+    let (pid, mut group): (i32, Vec<String>) = loop {
         assert!(Instant::now() < deadline, "no group commit of several runs was held in flight");
-        let waiting = sql.rows("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fence%'");
+        let waiting = sql.rows("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fence%'");
         let free: Vec<String> =
             sql.rows(&format!("SELECT id::text FROM runs WHERE id <> '{last}' FOR SHARE SKIP LOCKED")).iter().map(|r| r.get(0)).collect();
         let held: Vec<String> = runs.iter().filter(|r| **r != last && !free.contains(r)).cloned().collect();
-        if !waiting.is_empty() && held.len() >= 2 {
-            break held;
+        if let (Some(row), true) = (waiting.first(), held.len() >= 2) {
+            break (row.get(0), held);
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    eprintln!("held in flight: {} runs ahead of the held one", in_flight.len());
-    let heads_before: Vec<i64> = in_flight.iter().map(|r| sql.rows(&format!("SELECT head_seq FROM runs WHERE id = '{r}'"))[0].get(0)).collect();
+    eprintln!("held in flight: {} runs ahead of the held one", group.len());
+    group.push(last.clone());
+    let heads = |group: &[String]| -> Vec<(i64, i64)> {
+        let ids = group.iter().map(|r| format!("'{r}'")).collect::<Vec<_>>().join(",");
+        // One statement, one snapshot of the whole group.
+        let rows = sql.rows(&format!(
+            "SELECT id::text, head_seq, (SELECT coalesce(max(seq), 0) FROM events e WHERE e.run_id = r.id) FROM runs r WHERE id IN ({ids})"
+        ));
+        group.iter().map(|g| rows.iter().find(|r| r.get::<_, String>(0) == *g).map(|r| (r.get(1), r.get(2))).unwrap()).collect()
+    };
+    let before = heads(&group);
     let mut worker = fleet.workers.remove(0);
     worker.kill().expect("kill -9 the worker");
     worker.wait().unwrap();
     blocker.exec("ROLLBACK").unwrap();
-    // The group's writes went with it: each held run is where it was, with no event past its head.
-    for (run, head) in in_flight.iter().zip(&heads_before) {
-        let row = &sql.rows(&format!("SELECT head_seq, (SELECT coalesce(max(seq), 0) FROM events WHERE run_id = '{run}') FROM runs WHERE id = '{run}'"))[0];
-        let (now, max_seq): (i64, i64) = (row.get(0), row.get(1));
-        assert_eq!((now, max_seq), (*head, *head), "run {run}: the killed group's step is all there or not at all");
+    // The group's session ends: its statements and COMMIT were already sent,
+    // so it either commits once the held row is free or is rolled back when
+    // the server sees the client gone; either way all of the group, or none.
+    while !sql.rows(&format!("SELECT 1 FROM pg_stat_activity WHERE pid = {pid}")).is_empty() {
+        assert!(Instant::now() < deadline + Duration::from_secs(30), "the killed worker's session never ended");
+        std::thread::sleep(Duration::from_millis(10));
     }
+    let after = heads(&group);
+    for ((run, (head, max_seq)), (was, _)) in group.iter().zip(&after).zip(&before) {
+        assert_eq!(head, max_seq, "run {run}: a step is all there or not at all");
+        assert!(head >= was, "run {run}");
+    }
+    let moved = group.iter().zip(&after).zip(&before).filter(|((_, a), b)| a.0 > b.0).count();
+    assert!(moved == 0 || moved == group.len(), "the group committed for some runs only: before {before:?}, after {after:?}");
+    eprintln!("the killed group {}", if moved == 0 { "was rolled back" } else { "committed" });
     // Another worker finishes every run, each step once.
     fleet.start_worker(lease_ms);
     let deadline = Instant::now() + Duration::from_secs(120);
