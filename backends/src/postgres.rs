@@ -12,7 +12,10 @@
 //!
 //! ## Writes
 //!
-//! Every write is one transaction. [`EventLog::commit`] locks the run row
+//! Every write is one transaction. A step's commit is, by default, one
+//! fenced statement written in a group with the worker's other concurrent
+//! steps ([`CommitMode`], `postgres/group.rs`). Otherwise, and for commits
+//! that checkpoint, store blobs or carry no events, [`EventLog::commit`] locks the run row
 //! (`SELECT … FOR NO KEY UPDATE`: the `FOR UPDATE` lock that still lets
 //! concurrent foreign-key checks, e.g. a `post` into the inbox, through),
 //! checks the lease (token and expiry, by the database clock) and the head,
