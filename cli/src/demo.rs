@@ -2,9 +2,10 @@
 //! deterministic, offline.
 //!
 //! `refund_order` has a side effect a test can count: with
-//! `GLIA_DEMO_EFFECTS=FILE` it appends `refund <idempotency key>` to FILE, and
-//! with `GLIA_DEMO_TOOL_DELAY_MS=N` it takes N ms first (a window for fault
-//! injection).
+//! `GLIA_DEMO_EFFECTS=FILE` it appends `refund <idempotency key>` to FILE
+//! (`replay <key>` for a key already applied: it honours the key like a
+//! payments API), and with `GLIA_DEMO_TOOL_DELAY_MS=N` it takes N ms first
+//! (a window for fault injection).
 
 use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use schemars::JsonSchema;
@@ -100,12 +101,27 @@ impl Tool for RefundOrder {
             tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
         }
         if let Ok(path) = std::env::var("GLIA_DEMO_EFFECTS") {
-            use std::io::Write;
-            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| ToolFailure::failed(format!("effects file: {e}")))?;
-            writeln!(file, "refund {}", ctx.idempotency_key).map_err(|e| ToolFailure::failed(format!("effects file: {e}")))?;
+            record_refund(std::path::Path::new(&path), &ctx.idempotency_key).map_err(|e| ToolFailure::failed(format!("effects file {path}: {e}")))?;
         }
         Ok(json!({ "order_id": args.order_id, "refunded": true, "idempotency_key": ctx.idempotency_key }))
     }
+}
+
+/// Record a refund in the effects file the way a payments API honours an
+/// idempotency key: under an exclusive file lock (workers are separate
+/// processes), the first delivery of `key` appends `refund <key>` (applied),
+/// a later one `replay <key>` (answered from the first, nothing applied).
+/// A worker frozen past its lease (SIGSTOP, a stalled VM) can still deliver
+/// a call it started after another worker re-ran it on a re-approval; the
+/// key is what keeps the refund single (see RELIABILITY.md).
+fn record_refund(path: &std::path::Path, key: &str) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(path)?;
+    file.lock()?;
+    let mut ledger = String::new();
+    file.read_to_string(&mut ledger)?;
+    let applied = ledger.lines().any(|l| l.strip_prefix("refund ") == Some(key));
+    writeln!(file, "{} {key}", if applied { "replay" } else { "refund" })
 }
 
 /// `calculator`, `get_order`, `refund_order`.

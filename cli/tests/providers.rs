@@ -3,7 +3,6 @@
 //! answers (the fixtures of `providers/tests/fixtures`), and the clear error
 //! when no API key is configured.
 
-mod local;
 
 use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
@@ -11,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use glia_proto::{Event, EventKind, Outcome, RunState, Status};
 use glia_providers::PriceTable;
-use local::Local;
+use glia_testkit::http::Server as Local;
 use serde_json::json;
 
 const PRICES: &str = "../providers/prices.example.json";

@@ -1,5 +1,5 @@
 //! The inbox's sessions, forms and filters over HTTP (no browser; the
-//! browser story is `cli/tests/inbox_browser.rs`): the cookie's attributes,
+//! browser story is `tests/fleet/approvals/inbox_browser.rs`): the cookie's attributes,
 //! scope and tenant checks, CSRF and origin checks, tampered cookies, filters.
 
 mod common;

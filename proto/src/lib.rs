@@ -70,5 +70,7 @@ pub fn args_hash(input: &Value) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+pub mod testing;
+
 #[cfg(test)]
 mod state_tests;

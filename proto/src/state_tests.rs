@@ -1,45 +1,10 @@
 //! The harness contract's transitions, each one applied and checked, and the
 //! illegal ones refused with a typed error that leaves the state unchanged.
 
-use chrono::DateTime;
 use serde_json::json;
-use uuid::Uuid;
 
+use crate::testing::EventLog as Log;
 use crate::*;
-
-struct Log {
-    state: RunState,
-}
-
-impl Log {
-    fn new() -> Self {
-        Log { state: RunState::new(Uuid::nil()) }
-    }
-
-    fn event(&self, kind: EventKind) -> Event {
-        Event { run_id: Uuid::nil(), seq: self.state.head_seq + 1, at: DateTime::UNIX_EPOCH, kind }
-    }
-
-    fn ok(&mut self, kind: EventKind) -> &mut Self {
-        let e = self.event(kind);
-        if let Err(err) = self.state.apply(&e) {
-            panic!("{} should apply: {err}", e.kind.name());
-        }
-        self
-    }
-
-    fn refused(&mut self, kind: EventKind) -> TransitionError {
-        let before = self.state.clone();
-        let e = self.event(kind);
-        let err = self.state.apply(&e).expect_err("should be refused");
-        assert_eq!(self.state, before, "a refused event changes nothing");
-        err
-    }
-
-    fn phase(&self) -> Phase {
-        self.state.phase
-    }
-}
 
 fn start(conversational: bool) -> EventKind {
     EventKind::SessionStart { goal: "g".into(), config: RunConfig { conversational, ..RunConfig::default() } }

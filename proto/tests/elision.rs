@@ -1,51 +1,24 @@
 //! `model.retry`, `message.elided`, redacted thinking, and repair's trace of
 //! where each request message came from.
 
-use chrono::DateTime;
+use glia_proto::testing::EventLog as Log;
 use glia_proto::marker::{Insert, classify, is_machine_text};
 use glia_proto::repair::{InvalidRequest, elide, elision_text, repair, repair_traced, validate};
-use glia_proto::{ContentBlock, Event, EventKind, Message, Phase, PullPoint, Retry, Role, RunConfig, RunState, TransitionError, Usage};
+use glia_proto::{ContentBlock, EventKind, Message, Phase, PullPoint, Retry, Role, RunConfig, RunState, TransitionError, Usage};
 use proptest::prelude::*;
 use serde_json::json;
 use uuid::Uuid;
 
 // ----- the transition function -----------------------------------------------
 
-struct Log {
-    state: RunState,
-    events: Vec<Event>,
-}
-
-impl Log {
-    /// A run executing its one step, with a model call in flight.
-    fn in_flight() -> Self {
-        let mut log = Log { state: RunState::new(Uuid::nil()), events: Vec::new() };
-        log.ok(EventKind::SessionStart { goal: "find the order".into(), config: RunConfig::default() });
-        log.ok(EventKind::PlanCommit { steps: vec!["reach the goal".into()] });
-        log.ok(EventKind::StepStart { index: 0, description: "reach the goal".into(), tools: vec![] });
-        log.ok(call());
-        log
-    }
-
-    fn event(&self, kind: EventKind) -> Event {
-        Event { run_id: Uuid::nil(), seq: self.state.head_seq + 1, at: DateTime::UNIX_EPOCH, kind }
-    }
-
-    fn ok(&mut self, kind: EventKind) -> &mut Self {
-        let e = self.event(kind);
-        if let Err(err) = self.state.apply(&e) {
-            panic!("{} should apply: {err}", e.kind.name());
-        }
-        self.events.push(e);
-        self
-    }
-
-    fn refused(&mut self, kind: EventKind) -> TransitionError {
-        let before = self.state.clone();
-        let err = self.state.apply(&self.event(kind)).expect_err("should be refused");
-        assert_eq!(self.state, before, "a refused event changes nothing");
-        err
-    }
+/// A run executing its one step, with a model call in flight.
+fn in_flight() -> Log {
+    let mut log = Log::new();
+    log.ok(EventKind::SessionStart { goal: "find the order".into(), config: RunConfig::default() });
+    log.ok(EventKind::PlanCommit { steps: vec!["reach the goal".into()] });
+    log.ok(EventKind::StepStart { index: 0, description: "reach the goal".into(), tools: vec![] });
+    log.ok(call());
+    log
 }
 
 fn call() -> EventKind {
@@ -62,7 +35,7 @@ fn answer(message: Message) -> EventKind {
 
 #[test]
 fn a_retry_changes_nothing_but_the_head() {
-    let mut log = Log::in_flight();
+    let mut log = in_flight();
     let before = log.state.clone();
     log.ok(retry(1)).ok(retry(2));
     assert_eq!(log.state.head_seq, before.head_seq + 2);
@@ -85,14 +58,14 @@ fn a_retry_needs_a_model_call_in_flight() {
     log.ok(call()).ok(answer(Message::assistant("done")));
     assert!(matches!(log.refused(retry(1)), TransitionError::Illegal { .. }), "the call has its answer");
     // While parked.
-    let mut log = Log::in_flight();
+    let mut log = in_flight();
     log.ok(EventKind::SessionPause { pull_point: PullPoint::Paused { reason: glia_proto::PauseReason::TurnLimit } });
     assert!(matches!(log.refused(retry(1)), TransitionError::Illegal { .. }));
 }
 
 #[test]
 fn an_elision_replaces_the_named_message_and_survives_replay() {
-    let mut log = Log::in_flight();
+    let mut log = in_flight();
     log.ok(answer(Message {
         role: Role::Assistant,
         content: vec![ContentBlock::text("Looking it up."), ContentBlock::ToolUse { id: "t1".into(), name: "lookup".into(), input: json!({"q": "secret"}) }],
@@ -126,7 +99,7 @@ fn an_elision_replaces_the_named_message_and_survives_replay() {
 
 #[test]
 fn an_elision_of_a_missing_message_or_outside_a_call_is_refused() {
-    let mut log = Log::in_flight();
+    let mut log = in_flight();
     let err = log.refused(EventKind::MessageElided { index: 1, reason: "r".into() });
     assert!(matches!(err, TransitionError::Illegal { ref reason, .. } if reason.contains("no message 1")), "{err}");
     log.ok(answer(Message::assistant("ok")));

@@ -8,39 +8,15 @@ mod common;
 use std::sync::Arc;
 
 use common::{Reply, Server, fixture, fixture_json};
+use glia_testkit::tools::Add;
 use glia_proto::{Event, EventKind, Outcome, RunConfig, Status, ToolErrorKind, Usage};
 use glia_providers::http::{HttpProvider, http_client};
 use glia_providers::{Anthropic, ApiKey, OpenAi, PriceTable, RefusalIsolator, Wire};
 use glia_worker::provider::Provider;
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
+use glia_worker::tool::{ToolContext, ToolRegistry};
 use glia_worker::{Agent, FixedClock};
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
-
-#[derive(Deserialize, JsonSchema)]
-struct AddArgs {
-    a: i64,
-    b: i64,
-}
-
-/// Adds two integers.
-struct Add;
-
-impl Tool for Add {
-    type Args = AddArgs;
-    type Output = Value;
-    fn name(&self) -> &str {
-        "add"
-    }
-    fn description(&self) -> &str {
-        "Add two integers."
-    }
-    async fn call(&self, args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
-        Ok(json!({ "sum": args.a + args.b }))
-    }
-}
 
 fn agent(provider: Arc<dyn Provider>) -> Agent {
     let mut tools = ToolRegistry::default();

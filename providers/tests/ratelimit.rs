@@ -150,7 +150,10 @@ async fn fifty_runs_respect_a_fleet_wide_retry_after() {
     let clock = ScaledClock::new(T0, 10);
     let server = Server::start(
         |n, _| if n == 0 { Reply::json(429, fixture("anthropic/error_429.json")).header("retry-after", "16") } else { Reply::sse(fixture("anthropic/refusal.sse")) },
-        Some(clock.clone()),
+        Some({
+            let clock = clock.clone();
+            Arc::new(move || clock.now_ms_for_test())
+        }),
     )
     .await;
     let mut workers = Vec::new();

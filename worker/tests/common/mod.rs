@@ -25,30 +25,8 @@ pub fn run_id() -> Uuid {
     Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001)
 }
 
-#[derive(Deserialize, JsonSchema)]
-pub struct AddArgs {
-    pub a: i64,
-    pub b: i64,
-}
-
-/// Adds two integers; idempotent.
-pub struct Add;
-impl Tool for Add {
-    type Args = AddArgs;
-    type Output = Value;
-    fn name(&self) -> &str {
-        "add"
-    }
-    fn description(&self) -> &str {
-        "Add two integers."
-    }
-    fn idempotent(&self) -> bool {
-        true
-    }
-    async fn call(&self, args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
-        Ok(json!({ "sum": args.a.wrapping_add(args.b) }))
-    }
-}
+#[allow(unused_imports)]
+pub use glia_testkit::tools::{Add, AddArgs};
 
 #[derive(Deserialize, JsonSchema)]
 pub struct RefundArgs {

@@ -5,33 +5,30 @@
 //! fleet-wide rate limiter keeps its buckets and cooldown in Redis; the
 //! worker's price file prices the run.
 
-mod common;
-mod local;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use glia_testkit::fleet::*;
 use glia_proto::{EventKind, Outcome, RunState, Status};
 use glia_providers::PriceTable;
-use local::{Local, Reply};
+use glia_testkit::http::{Reply, Server, fixture};
 use serde_json::json;
 
 const PRICES: &str = "../providers/prices.example.json";
 
 #[test]
 fn a_worker_on_a_real_provider_retries_a_429_and_shares_the_cooldown_through_redis() {
-    let server = Local::serve(vec![
-        Reply::error("429 Too Many Requests", "anthropic/error_429.json").header("retry-after", "1"),
-        Reply::sse("anthropic/loop_turn1.sse"),
-        Reply::sse("anthropic/loop_turn2.sse"),
+    let server = Server::background(vec![
+        Reply::json(429, fixture("anthropic/error_429.json")).header("retry-after", "1"),
+        Reply::sse(fixture("anthropic/loop_turn1.sse")),
+        Reply::sse(fixture("anthropic/loop_turn2.sse")),
     ]);
     let mut fleet = Fleet::new(&[]);
     fleet.start_dispatcher();
-    let worker = Command::new(env!("CARGO_BIN_EXE_glia"))
+    let worker = Command::new(glia_testkit::bin::glia_bin())
         .args(["worker", "--provider", "anthropic", "--base-url", &server.base, "--allow-missing-key", "--prices", PRICES])
         .args(["--rpm", "600", "--id", "real-provider", "--concurrency", "2"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(glia_testkit::workspace_root().join("cli"))
         .env("GLIA_DATABASE_URL", &fleet.db_url)
         .env("GLIA_AMQP_URL", &fleet.amqp_url)
         .env("GLIA_REDIS_URL", &fleet.redis_url)
@@ -61,7 +58,7 @@ fn a_worker_on_a_real_provider_retries_a_429_and_shares_the_cooldown_through_red
     assert_eq!(server.seen().len(), 3);
 
     // Priced by the worker's table (the run's config names no prices).
-    let pricing = PriceTable::from_file(format!("{}/{PRICES}", env!("CARGO_MANIFEST_DIR"))).unwrap().pricing("anthropic", "claude-sonnet-4-5").unwrap();
+    let pricing = PriceTable::from_file(glia_testkit::workspace_root().join("cli").join(PRICES)).unwrap().pricing("anthropic", "claude-sonnet-4-5").unwrap();
     let costs: Vec<(glia_proto::Usage, u64)> = log
         .iter()
         .filter_map(|e| match &e.kind {

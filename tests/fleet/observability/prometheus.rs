@@ -11,18 +11,16 @@
 //! `x > bool 0`): the whole expression, thresholds included, is evaluated on
 //! the fleet's series.
 
-mod common;
-
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Fleet, KINDS, drive_all, free_port, http, mixed_config, mixed_scripts, submit_kind};
+use glia_testkit::fleet::{Fleet, KINDS, drive_all, free_port, http, mixed_config, mixed_scripts, submit_kind};
 use serde_json::{Value, json};
 
 /// The repository's `deploy/` directory.
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    glia_testkit::workspace_root().join("deploy")
 }
 
 /// The prometheus binary: `GLIA_PROMETHEUS`, else `prometheus` on the PATH

@@ -10,15 +10,13 @@
 //! refused; another tenant's token sees none of it. Screenshots of the queue
 //! and of an approval's page go to `docs/screenshots/`.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Fleet, free_port};
+use glia_testkit::fleet::{Fleet, free_port};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
@@ -199,7 +197,7 @@ async fn sign_in(c: &Client, server: &str, token: &str) {
 }
 
 fn screenshots_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/screenshots");
+    let dir = glia_testkit::workspace_root().join("docs/screenshots");
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -11,13 +11,11 @@
 //! `fleet_e2e.rs`. `GLIA_TEST_KEEP_BROKER=1` leaves the node's directory
 //! behind for inspection.
 
-mod common;
-
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::*;
-use glia_backends::testkit::PrivateRabbit;
+use glia_testkit::fleet::*;
+use glia_testkit::isolation::PrivateRabbit;
 
 /// How long the node stays down (a fault duration, not an assertion).
 const DOWN_FOR: Duration = Duration::from_secs(3);

@@ -3,17 +3,15 @@
 //! random moments and started again; and its runs moved to a fleet's
 //! Postgres with `glia export` / `glia import`, where they continue.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Api, Fleet, KINDS, assert_whole_recording, check_batch, drive_all, glia_batch, mixed_scripts, submit_kind, summary};
+use glia_testkit::fleet::{Api, Fleet, KINDS, assert_whole_recording, check_batch, drive_all, glia_batch, mixed_scripts, submit_kind, summary};
 use glia_backends::archive::{Archive, RunRecord};
 use glia_backends::sqlite::{SqliteLog, SqliteOptions};
-use glia_backends::testkit::TempDir;
+use glia_testkit::isolation::TempDir;
 use glia_backends::{EventLog, RunFilter};
 use glia_proto::{Disposition, EventKind};
 use serde_json::Value;
@@ -132,7 +130,7 @@ impl Node {
 
     fn start(&mut self) {
         let port = self.api.server.rsplit(':').next().unwrap().to_owned();
-        let child = Command::new(env!("CARGO_BIN_EXE_glia"))
+        let child = Command::new(glia_testkit::bin::glia_bin())
             .args(["serve", "--data", self.data.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}"), "--reconcile-every", "1"])
             .args(["--scripts", self.api.dir.join("scripts").to_str().unwrap(), "--lease-ms", "2000"])
             .env("GLIA_DEMO_EFFECTS", self.api.effects_file())
@@ -144,7 +142,7 @@ impl Node {
             .unwrap();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !common::http("GET", &format!("{}/readyz", self.api.server), None).is_ok_and(|(s, _)| s == 200) {
+        while !glia_testkit::fleet::http("GET", &format!("{}/readyz", self.api.server), None).is_ok_and(|(s, _)| s == 200) {
             assert!(Instant::now() < deadline, "glia serve did not come up");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -169,7 +167,7 @@ fn node_api(dir: &Path) -> Api {
     for (name, turns) in mixed_scripts() {
         std::fs::write(dir.join("scripts").join(format!("{name}.json")), serde_json::to_vec(&turns).unwrap()).unwrap();
     }
-    Api { name: "single-node".into(), dir: dir.to_owned(), server: format!("http://127.0.0.1:{}", common::free_port()) }
+    Api { name: "single-node".into(), dir: dir.to_owned(), server: format!("http://127.0.0.1:{}", glia_testkit::fleet::free_port()) }
 }
 
 fn submit_mixed(api: &Api, n: usize, from: usize) -> Vec<(String, String)> {
@@ -233,8 +231,8 @@ fn serve_killed_and_started_again_continues_every_run() {
     // The rest of the API after the restarts: SSE (`glia submit` streams a
     // run's events to its end) and the dispatcher's metrics.
     let config = dir.path().join("plain.json");
-    std::fs::write(&config, common::mixed_config("plain").to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_glia"))
+    std::fs::write(&config, glia_testkit::fleet::mixed_config("plain").to_string()).unwrap();
+    let out = Command::new(glia_testkit::bin::glia_bin())
         .args(["submit", "--server", &node.api.server, "--json", "--config", config.to_str().unwrap(), "Add 2 and 3."])
         .stdin(Stdio::null())
         .output()
@@ -253,7 +251,7 @@ fn serve_killed_and_started_again_continues_every_run() {
 fn runs_exported_from_a_single_node_continue_on_the_fleet() {
     let mut fleet = Fleet::new(&mixed_scripts());
     let data = fleet.dir.join("node.db");
-    let mut node = Node::new(Api { server: format!("http://127.0.0.1:{}", common::free_port()), ..fleet.api.clone() }, data.clone());
+    let mut node = Node::new(Api { server: format!("http://127.0.0.1:{}", glia_testkit::fleet::free_port()), ..fleet.api.clone() }, data.clone());
     node.start();
     let runs = submit_mixed(&node.api, 15, 0);
     // Wait until nothing moves: every run parked or done.
@@ -272,7 +270,7 @@ fn runs_exported_from_a_single_node_continue_on_the_fleet() {
 
     let export = fleet.dir.join("runs.jsonl");
     let glia = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_glia")).args(args).env("RUST_LOG", "warn").stdin(Stdio::null()).output().unwrap();
+        let out = Command::new(glia_testkit::bin::glia_bin()).args(args).env("RUST_LOG", "warn").stdin(Stdio::null()).output().unwrap();
         assert!(out.status.success(), "glia {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stderr).into_owned()
     };

@@ -4,13 +4,11 @@
 //! killed by `kill -9` in the middle of the batch. Every run must reproduce
 //! its recording exactly.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_whole_recording, glia_batch as batch, recording_dir, replay_fleet, summary, trajectories};
+use glia_testkit::fleet::{assert_whole_recording, glia_batch as batch, recording_dir, replay_fleet, summary, trajectories};
 use serde_json::Value;
 
 #[test]
@@ -38,7 +36,7 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
 
     let dev = Dev::start();
     let server = dev.server.clone();
-    let out = Command::new(env!("CARGO_BIN_EXE_glia"))
+    let out = Command::new(glia_testkit::bin::glia_bin())
         .args(["batch", file.to_str().unwrap(), "--server", &server, "--json"])
         .stdin(Stdio::null())
         .output()
@@ -58,8 +56,8 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
 /// server, the bound and the last error, and that nothing was submitted.
 #[test]
 fn an_unreachable_dispatcher_is_named() {
-    let server = format!("http://127.0.0.1:{}", common::free_port());
-    let out = Command::new(env!("CARGO_BIN_EXE_glia"))
+    let server = format!("http://127.0.0.1:{}", glia_testkit::fleet::free_port());
+    let out = Command::new(glia_testkit::bin::glia_bin())
         .args(["batch", &trajectories(), "--server", &server, "--limit", "1", "--max-outage-secs", "1"])
         .stdin(Stdio::null())
         .output()
@@ -80,9 +78,9 @@ struct Dev {
 
 impl Dev {
     fn start() -> Dev {
-        let port = common::free_port();
+        let port = glia_testkit::fleet::free_port();
         let server = format!("http://127.0.0.1:{port}");
-        let child = Command::new(env!("CARGO_BIN_EXE_glia"))
+        let child = Command::new(glia_testkit::bin::glia_bin())
             .args(["dev", "--replay", recording_dir().to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -90,7 +88,7 @@ impl Dev {
             .unwrap();
         let dev = Dev { child, server };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while common::http("GET", &format!("{}/healthz", dev.server), None).is_err() {
+        while glia_testkit::fleet::http("GET", &format!("{}/healthz", dev.server), None).is_err() {
             assert!(Instant::now() < deadline, "glia dev did not come up");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -156,7 +154,7 @@ fn manual_approvals_are_left_to_people_on_the_cli() {
     let server = dev.server.clone();
     let mut child = batch(&["--server", &server, "--approve", "manual", "--limit", &n.to_string()]).spawn().unwrap();
     let glia = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_glia")).args(args).args(["--server", &server]).stdin(Stdio::null()).output().unwrap();
+        let out = Command::new(glia_testkit::bin::glia_bin()).args(args).args(["--server", &server]).stdin(Stdio::null()).output().unwrap();
         assert!(out.status.success(), "glia {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };

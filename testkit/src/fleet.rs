@@ -1,9 +1,15 @@
-//! Harness for end-to-end tests: a dispatcher and workers as real `glia`
-//! processes against the machine's Postgres, RabbitMQ and Redis (or a
-//! private broker: set [`Fleet::amqp_url`] before starting processes), each
-//! test isolated by its own database, queue name and Redis key prefix, all
-//! removed when the test ends.
-#![allow(dead_code)]
+//! Process-level fleets: a dispatcher and workers as real `glia` processes
+//! against the machine's Postgres, RabbitMQ and Redis (or private instances:
+//! [`Fleet::on`] a private cluster, and set [`Fleet::amqp_url`] /
+//! [`Fleet::redis_url`] before starting processes), each fleet isolated by
+//! its own database, queue name and Redis key prefix, all removed when it is
+//! dropped. Each process's stderr is captured in `<dir>/logs/<role>.log`;
+//! when a test panics, the fleet prints the last lines of every log.
+//!
+//! The client side: submit runs, drive every pull point (approve, answer
+//! external tools, reply, close, resume), check each log (no gap, no
+//! duplicate, replays) and the refund tool's effects file (each refund at
+//! most once; per run exactly one outcome).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,32 +21,36 @@ use glia_proto::{EventKind, ToolErrorKind};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+/// `$key`, or `default` when unset.
 pub fn env_or(key: &str, default: &str) -> String {
     std::env::var(key).unwrap_or_else(|_| default.to_owned())
 }
 
+/// The machine's Postgres admin database (`GLIA_DATABASE_URL`).
 pub fn admin_url() -> String {
     env_or("GLIA_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 }
 
+/// The machine's RabbitMQ (`GLIA_AMQP_URL`).
 pub fn amqp_url() -> String {
     env_or("GLIA_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
 }
 
+/// The machine's Redis (`GLIA_REDIS_URL`).
 pub fn redis_url() -> String {
     env_or("GLIA_REDIS_URL", "redis://127.0.0.1:6379")
 }
 
-/// A port nobody listens on right now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+pub use crate::free_port;
 
 /// The HTTP side of a fleet: what a client sees.
 #[derive(Clone)]
 pub struct Api {
+    /// The fleet's name (database, queue and key prefix).
     pub name: String,
+    /// The fleet's directory (scripts, effects file, logs).
     pub dir: PathBuf,
+    /// The dispatcher's base URL.
     pub server: String,
 }
 
@@ -48,16 +58,28 @@ pub struct Api {
 /// and the processes started on them. Dropping it kills the processes and
 /// removes what it created.
 pub struct Fleet {
+    /// What a client sees.
     pub api: Api,
+    /// The fleet's name (database, queue and key prefix).
     pub name: String,
+    /// The Postgres admin database the fleet's database lives beside.
+    pub admin_url: String,
+    /// The fleet's database.
     pub db_url: String,
+    /// The fleet's directory.
     pub dir: PathBuf,
+    /// The dispatcher's base URL.
     pub server: String,
     dispatcher_port: u16,
+    /// The dispatcher process, when started.
     pub dispatcher: Option<Child>,
+    /// The worker processes, by index.
     pub workers: Vec<Child>,
+    /// Environment added to every process.
     pub extra_env: Vec<(String, String)>,
+    /// The broker the processes use.
     pub amqp_url: String,
+    /// The Redis the processes use.
     pub redis_url: String,
     /// Arguments added to every `glia worker` command (e.g. `--replay DIR`).
     pub worker_args: Vec<String>,
@@ -76,19 +98,28 @@ fn db_url_for(admin: &str, db: &str) -> String {
 }
 
 impl Fleet {
-    /// Create the database and the scripts directory; start nothing yet.
+    /// Create the database (on the machine's Postgres) and the scripts
+    /// directory; start nothing yet.
     pub fn new(scripts: &[(&str, Value)]) -> Fleet {
+        Fleet::on(&admin_url(), scripts)
+    }
+
+    /// [`Fleet::new`] on the Postgres whose admin database is `admin`
+    /// (e.g. a [`crate::PrivatePostgres`]).
+    pub fn on(admin: &str, scripts: &[(&str, Value)]) -> Fleet {
         let name = format!("glia_e2e_{}", Uuid::now_v7().simple());
-        psql(&admin_url(), &format!("CREATE DATABASE {name}"));
+        psql(admin, &format!("CREATE DATABASE {name}"));
         let dir = std::env::temp_dir().join(&name);
         std::fs::create_dir_all(dir.join("scripts")).unwrap();
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
         for (script, turns) in scripts {
             std::fs::write(dir.join("scripts").join(format!("{script}.json")), serde_json::to_vec(turns).unwrap()).unwrap();
         }
         let port = free_port();
         Fleet {
             api: Api { name: name.clone(), dir: dir.clone(), server: format!("http://127.0.0.1:{port}") },
-            db_url: db_url_for(&admin_url(), &name),
+            db_url: db_url_for(admin, &name),
+            admin_url: admin.to_owned(),
             name,
             dir,
             server: format!("http://127.0.0.1:{port}"),
@@ -102,14 +133,10 @@ impl Fleet {
         }
     }
 
-    pub fn effects_file(&self) -> PathBuf {
-        self.dir.join("effects.log")
-    }
-
     /// `glia ARGS` with the fleet's environment (services, queue, prefix),
     /// stdin and stdout closed, stderr inherited.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
+        let mut cmd = Command::new(crate::bin::glia_bin());
         cmd.args(args)
             .env("GLIA_DATABASE_URL", &self.db_url)
             .env("GLIA_AMQP_URL", &self.amqp_url)
@@ -132,10 +159,24 @@ impl Fleet {
         wait_status(&format!("{}/readyz", self.server), 200, Duration::from_secs(60));
     }
 
+    /// `glia ARGS` like [`Fleet::command`], stderr appended to
+    /// `<dir>/logs/<role>.log`.
+    pub fn logged(&self, role: &str, args: &[&str]) -> Command {
+        let mut cmd = self.command(args);
+        let log = std::fs::File::options().create(true).append(true).open(self.log_file(role)).expect("open the process log");
+        cmd.stderr(log);
+        cmd
+    }
+
+    /// Where [`Fleet::logged`] writes `role`'s stderr.
+    pub fn log_file(&self, role: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{role}.log"))
+    }
+
     /// Start the dispatcher without waiting for it.
     pub fn spawn_dispatcher(&mut self) {
         let listen = format!("127.0.0.1:{}", self.dispatcher_port);
-        let child = self.command(&["dispatcher", "--listen", &listen, "--reconcile-every", "1"]).spawn().expect("dispatcher starts");
+        let child = self.logged("dispatcher", &["dispatcher", "--listen", &listen, "--reconcile-every", "1"]).spawn().expect("dispatcher starts");
         self.dispatcher = Some(child);
     }
 
@@ -153,7 +194,7 @@ impl Fleet {
         let scripts = self.dir.join("scripts");
         let id = format!("w{}", self.workers.len());
         let child = self
-            .command(&["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &id])
+            .logged(&id, &["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &id])
             .args(&self.worker_args)
             .spawn()
             .expect("worker starts");
@@ -170,12 +211,60 @@ impl Fleet {
 
     fn spawn_worker_child(&self, i: usize, lease_ms: u64) -> Child {
         let scripts = self.dir.join("scripts");
-        self.command(&["worker", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &format!("w{i}-{}", Uuid::now_v7().simple())])
-            .args(&self.worker_args)
-            .spawn()
-            .expect("worker starts")
+        self.logged(
+            &format!("w{i}"),
+            &[
+                "worker",
+                "--scripts",
+                scripts.to_str().unwrap(),
+                "--lease-ms",
+                &lease_ms.to_string(),
+                "--concurrency",
+                "8",
+                "--id",
+                &format!("w{i}-{}", Uuid::now_v7().simple()),
+            ],
+        )
+        .args(&self.worker_args)
+        .spawn()
+        .expect("worker starts")
     }
 
+    /// `kill -9` worker `i` without replacing it (see [`Fleet::replace_worker`]).
+    pub fn kill_worker(&mut self, i: usize) {
+        let _ = self.workers[i].kill();
+        let _ = self.workers[i].wait();
+    }
+
+    /// Start a fresh worker process in slot `i` (after [`Fleet::kill_worker`]).
+    pub fn replace_worker(&mut self, i: usize, lease_ms: u64) {
+        self.workers[i] = self.spawn_worker_child(i, lease_ms);
+    }
+
+    /// `kill -9` the dispatcher without restarting it.
+    pub fn kill_dispatcher(&mut self) {
+        if let Some(mut d) = self.dispatcher.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+
+    /// Send `signal` (e.g. `"STOP"`, `"CONT"`) to worker `i`.
+    pub fn signal_worker(&self, i: usize, signal: &str) {
+        let ok = Command::new("kill").args([&format!("-{signal}"), &self.workers[i].id().to_string()]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} worker {i}");
+    }
+
+    /// The last `lines` lines of every process log, for failure messages.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(self.dir.join("logs")).map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect()).unwrap_or_default();
+        files.sort();
+        for f in files {
+            out.push_str(&format!("--- {} ---\n{}\n", f.display(), crate::isolation::tail(&f, lines)));
+        }
+        out
+    }
 }
 
 impl std::ops::Deref for Fleet {
@@ -186,18 +275,23 @@ impl std::ops::Deref for Fleet {
 }
 
 impl Api {
+    /// The demo refund tool's effects file (`GLIA_DEMO_EFFECTS`): one line
+    /// `refund <idempotency key>` per execution.
     pub fn effects_file(&self) -> PathBuf {
         self.dir.join("effects.log")
     }
 
+    /// POST JSON to the dispatcher: `(status, body)`.
     pub fn post(&self, path: &str, body: Value) -> (u16, Value) {
         http("POST", &format!("{}{path}", self.server), Some(body)).expect("dispatcher answers")
     }
 
+    /// GET from the dispatcher: `(status, body)`.
     pub fn get(&self, path: &str) -> (u16, Value) {
         http("GET", &format!("{}{path}", self.server), None).expect("dispatcher answers")
     }
 
+    /// Create a run; returns its id.
     pub fn submit(&self, goal: &str, config: Value) -> String {
         let (status, body) = self.post("/v1/runs", json!({ "goal": goal, "config": config }));
         assert!(status == 201 || status == 200, "create run: {status} {body}");
@@ -235,11 +329,15 @@ impl Api {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("fleet {} logs:\n{}", self.name, self.log_tails(30));
+        }
         for mut c in self.workers.drain(..).chain(self.dispatcher.take()) {
             let _ = c.kill();
             let _ = c.wait();
         }
-        psql(&admin_url(), &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let _ = Command::new("psql").args([&self.admin_url, "-qAtc", &drop]).output();
         delete_queue_topology(&self.amqp_url, &self.name);
         let _ = Command::new("sh")
             .arg("-c")
@@ -300,7 +398,7 @@ pub fn http(method: &str, url: &str, body: Option<Value>) -> Result<(u16, Value)
 
 /// The vendored tau-bench airline recording (`examples/tau-bench-airline`).
 pub fn recording_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/tau-bench-airline")
+    crate::workspace_root().join("examples/tau-bench-airline")
 }
 
 /// A fleet replaying [`recording_dir`]: a dispatcher and two `--replay`
@@ -318,7 +416,10 @@ pub fn replay_fleet() -> Fleet {
 pub fn mixed_scripts() -> Vec<(&'static str, Value)> {
     vec![
         ("plain", json!([{"tool_calls": [{"name": "calculator", "input": {"op": "add", "a": 2, "b": 3}}]}, {"text": "5"}])),
-        ("approval", json!([{"tool_calls": [{"name": "get_order", "input": {"order_id": "A1"}}]}, {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}])),
+        (
+            "approval",
+            json!([{"tool_calls": [{"name": "get_order", "input": {"order_id": "A1"}}]}, {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]),
+        ),
         ("external", json!([{"tool_calls": [{"name": "ask_customer", "input": {"question": "Which order?"}}]}, {"text": "Thanks."}])),
         ("chat", json!([{"text": "How can I help?"}, {"text": "Done, goodbye."}])),
         ("budget", json!([{"tool_calls": [{"name": "calculator", "input": {"op": "mul", "a": 6, "b": 7}}]}, {"text": "42"}])),
@@ -441,6 +542,7 @@ pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<
     }
     for (key, n) in &refunds {
         assert_eq!(*n, 1, "{key} executed {n} times");
+        assert!(!key.starts_with("replay "), "{key}: the refund was delivered a second time (no run here asks to re-run an interrupted call)");
     }
     for (kind, run_id, run) in results {
         assert_eq!(run["outcome"]["kind"], "succeeded", "{kind} run {run_id}: {run}");
@@ -472,17 +574,19 @@ pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<
 // ---------------------------------------------------------------------------
 // The tau-bench recording and `glia batch`
 
+/// The recording's trajectories file.
 pub fn trajectories() -> String {
     recording_dir().join("gpt-4o-airline.json").to_str().unwrap().to_owned()
 }
 
 /// `glia batch --json ARGS…` on the vendored recording, output piped.
 pub fn glia_batch(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
+    let mut cmd = Command::new(crate::bin::glia_bin());
     cmd.arg("batch").arg(trajectories()).arg("--json").args(args).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd
 }
 
+/// The JSON summary `glia batch --json` printed (panics with stderr when it failed).
 pub fn summary(out: std::process::Output) -> Value {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "glia batch failed: {}\n{stderr}", out.status);
@@ -508,4 +612,3 @@ pub fn assert_whole_recording(s: &Value) {
     assert_eq!(approvals - interrupted, 250, "{s}");
     assert_eq!(s["customer_turns"], 1290, "{s}");
 }
-

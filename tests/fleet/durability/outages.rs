@@ -17,16 +17,14 @@
 //! Real processes on the machine's Postgres, RabbitMQ and Redis (the broker
 //! test on a private node of its own), each test isolated by [`Fleet`].
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::*;
-use glia_backends::testkit::{PrivateRabbit, PrivateRedis};
+use glia_testkit::fleet::*;
+use glia_testkit::isolation::{PrivateRabbit, PrivateRedis};
 use glia_proto::{Event, EventKind, Outcome};
 use serde_json::{Value, json};
 
@@ -65,7 +63,7 @@ fn all_runs(api: &Api) -> Vec<Value> {
 /// in the fleet's directory (a pipe nobody reads could block the client).
 fn spawn_batch(fleet: &Fleet, n: usize, args: &[&str]) -> (Child, PathBuf, PathBuf) {
     let (out, err) = (fleet.dir.join("batch.out"), fleet.dir.join("batch.err"));
-    let child = Command::new(env!("CARGO_BIN_EXE_glia"))
+    let child = Command::new(glia_testkit::bin::glia_bin())
         .args(["batch", recording_dir().join("gpt-4o-airline.json").to_str().unwrap(), "--json", "--server", &fleet.server, "--limit", &n.to_string()])
         .args(args)
         .env("RUST_LOG", "warn")

@@ -1,0 +1,539 @@
+//! The chaos suite: a mixed workload on a dispatcher and three workers over
+//! PRIVATE Postgres, RabbitMQ and Redis instances, while a seeded schedule
+//! injects faults, then the fleet's guarantees checked against the event
+//! logs and the refund tool's own ledger, and printed as figures.
+//!
+//! Workload (client threads, each submitting and driving runs until the
+//! faults are over): scripted runs with a consequential refund behind an
+//! approval (the demo refund takes `GLIA_DEMO_TOOL_DELAY_MS` = 800 ms, so
+//! kills land mid-call), external tools answered by the client,
+//! conversational turns, budget pauses resumed, and cancels of parked runs.
+//!
+//! Faults, drawn from the seed: `kill -9` of a worker (aimed, when one is
+//! executing a refund, at that worker: the figures count how many kills
+//! landed mid-call) or of the dispatcher, SIGSTOP of a worker past its
+//! lease then SIGCONT, RabbitMQ stopped and started, Postgres stopped with
+//! `-m fast` and with `-m immediate` (a crash) and started, Redis FLUSHALL.
+//! After each fault, recovery is the time until a fresh probe run completes.
+//!
+//! Checked at the end (figures printed first, then asserted): no run lost
+//! (every submitted run is in the fleet), none stuck (every run done within
+//! the deadline), none failed (each ends as its kind must: cancelled runs
+//! cancelled, the rest succeeded), no duplicate or missing sequence number,
+//! every log replays; per refund call, executions in the tool's ledger
+//! versus results in the log: never two executions, a second delivery of a
+//! call's idempotency key only where a person approved re-running it (the
+//! refund tool answers it from the first, as a payments API does), and
+//! every call without a recorded result surfaced as outcome-unknown.
+//!
+//! `cargo test -p glia-e2e --test chaos` runs the short round: a fixed seed
+//! and a random one (printed), `GLIA_CHAOS_FAULTS` faults each (default 6).
+//! The long round: `GLIA_CHAOS_FAULTS=200 cargo test -p glia-e2e --test
+//! chaos -- --ignored --nocapture` (see RELIABILITY.md). Replay a seed with
+//! `GLIA_CHAOS_SEED=<seed>`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use glia_proto::{EventKind, ToolErrorKind};
+use glia_testkit::fleet::{Fleet, check_log, mixed_config, mixed_scripts};
+use glia_testkit::postgres::StopMode;
+use glia_testkit::{PrivatePostgres, PrivateRabbit, PrivateRedis};
+use serde_json::{Value, json};
+
+/// Worker leases in the chaos fleet (SIGSTOP holds a worker past this).
+const LEASE_MS: u64 = 2_000;
+/// How long the demo refund takes (the window for mid-call kills).
+const REFUND_MS: u64 = 800;
+/// Client threads driving runs.
+const CLIENTS: usize = 4;
+/// The kinds of run, cycled through by the clients.
+const KINDS: [&str; 7] = ["plain", "approval", "external", "chat", "budget", "cancel", "reapprove"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    KillWorker,
+    KillDispatcher,
+    PauseWorker,
+    RabbitRestart,
+    PostgresFast,
+    PostgresImmediate,
+    RedisFlush,
+}
+
+const FAULTS: [Fault; 7] =
+    [Fault::KillWorker, Fault::KillDispatcher, Fault::PauseWorker, Fault::RabbitRestart, Fault::PostgresFast, Fault::PostgresImmediate, Fault::RedisFlush];
+
+/// The private services of a round.
+struct Services {
+    pg: PrivatePostgres,
+    rabbit: PrivateRabbit,
+    redis: PrivateRedis,
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+}
+
+impl Services {
+    /// Start all three, or `None` (and say so) when one is not installed.
+    fn start() -> Option<Services> {
+        let Some(pg) = PrivatePostgres::start_new() else {
+            eprintln!("\n!!!!!!!! SKIPPED chaos: PostgreSQL server binaries not found !!!!!!!!\n");
+            return None;
+        };
+        let Some(mut rabbit) = PrivateRabbit::new() else {
+            eprintln!("\n!!!!!!!! SKIPPED chaos: rabbitmq-server not found !!!!!!!!\n");
+            return None;
+        };
+        let mut redis = PrivateRedis::new();
+        rabbit.start().expect("spawn rabbitmq-server");
+        redis.start().expect("spawn redis-server");
+        let rt = runtime();
+        rt.block_on(rabbit.wait_ready(Duration::from_secs(120)));
+        rt.block_on(redis.wait_ready(Duration::from_secs(30)));
+        Some(Services { pg, rabbit, redis })
+    }
+}
+
+/// One HTTP call that may fail while the dispatcher is down.
+fn call(method: &str, url: &str, body: Option<&Value>, key: Option<&str>) -> Option<(u16, Value)> {
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build().ok()?;
+    let mut req = client.request(method.parse().unwrap(), url);
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    let resp = req.send().ok()?;
+    let status = resp.status().as_u16();
+    let text = resp.text().ok()?;
+    Some((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+/// Retry `call` through outages (connection errors and 5xx) until `deadline`.
+fn call_through(method: &str, url: &str, body: Option<&Value>, key: Option<&str>, deadline: Instant) -> Option<(u16, Value)> {
+    loop {
+        match call(method, url, body, key) {
+            Some((s, v)) if s < 500 => return Some((s, v)),
+            _ if Instant::now() > deadline => return None,
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// What the clients did.
+#[derive(Default)]
+struct Submitted {
+    /// `(kind, run_id)` of every run the dispatcher admitted.
+    runs: Vec<(String, String)>,
+}
+
+/// Submit a run of `kind` (idempotently, so a retry after an outage creates
+/// it once); `None` past the deadline.
+fn submit(server: &str, kind: &str, n: usize, seed: u64, deadline: Instant) -> Option<String> {
+    let mut config = match kind {
+        "cancel" => mixed_config("external"),
+        "reapprove" => mixed_config("approval"),
+        _ => mixed_config(kind),
+    };
+    if kind == "reapprove" {
+        config["on_interrupted_call"] = json!("require_approval");
+    }
+    let body = json!({"goal": format!("{kind} #{n}"), "config": config});
+    let key = format!("chaos-{seed}-{n}");
+    let (status, run) = call_through("POST", &format!("{server}/v1/runs"), Some(&body), Some(&key), deadline)?;
+    assert!(status == 201 || status == 200, "submit {kind}: {status} {run}");
+    Some(run["run_id"].as_str()?.to_owned())
+}
+
+/// Whether the approval pending for `call_id` is an interrupted call's
+/// re-approval (`approval.requested` with `interrupted: true`).
+fn interrupted(server: &str, run_id: &str, call_id: &str, deadline: Instant) -> Option<bool> {
+    let (_, body) = call_through("GET", &format!("{server}/v1/runs/{run_id}/events?after=0&limit=1000"), None, None, deadline)?;
+    let events = body["events"].as_array().or(body.as_array())?.clone();
+    let last = events.iter().rev().find(|e| e["type"] == "approval.requested" && e["data"]["call_id"] == call_id)?;
+    Some(last["data"]["interrupted"] == true)
+}
+
+/// Drive a run to its end through outages; returns the final run, or `None`
+/// when it is not done by `deadline` (stuck). An interrupted call's
+/// re-approval is decided the way an operator would: the refund's ledger
+/// (`effects`) is checked, and the call approved to run again only when its
+/// effect is not there, rejected (outcome unknown to the model) when it is.
+fn drive(server: &str, kind: &str, run_id: &str, effects: &std::path::Path, deadline: Instant) -> Option<Value> {
+    let mut replies = 0;
+    let mut posted: HashMap<String, Instant> = HashMap::new();
+    loop {
+        let (status, run) = call_through("GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline)?;
+        assert_eq!(status, 200, "{run}");
+        if run["status"] == "done" {
+            return Some(run);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        let pp = &run["pull_point"];
+        let key = format!("{}:{}", run["head_seq"], pp);
+        if run["status"] != "parked" || posted.get(&key).is_some_and(|t| t.elapsed() < Duration::from_secs(3)) {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let (path, body) = match (pp["kind"].as_str().unwrap_or(""), kind) {
+            ("awaiting_tool", "cancel") => (format!("/v1/runs/{run_id}/cancel"), json!({"reason": "chaos cancel"})),
+            ("awaiting_approval", _) => {
+                let call_id = pp["call_ids"][0].as_str().unwrap();
+                let took_effect = std::fs::read_to_string(effects).unwrap_or_default().lines().any(|l| l.contains(run_id) && l.contains(call_id));
+                let decision = if interrupted(server, run_id, call_id, deadline)? && took_effect { "reject" } else { "approve" };
+                (format!("/v1/runs/{run_id}/approvals/{call_id}"), json!({"decision": decision}))
+            }
+            ("awaiting_tool", _) => (format!("/v1/runs/{run_id}/tool-results/{}", pp["call_ids"][0].as_str().unwrap()), json!({"content": "Order A1."})),
+            ("awaiting_input", _) if replies == 0 => {
+                replies += 1;
+                (format!("/v1/runs/{run_id}/messages"), json!({"text": "Refund A1, please."}))
+            }
+            ("awaiting_input", _) => (format!("/v1/runs/{run_id}/close"), json!({})),
+            ("paused", _) => (format!("/v1/runs/{run_id}/resume"), json!({"extend": {"max_turns": 5}})),
+            (other, _) => panic!("run {run_id}: unknown pull point {other}"),
+        };
+        let (status, answer) = call_through("POST", &format!("{server}{path}"), Some(&body), None, deadline)?;
+        assert!(status < 300 || status == 409, "{path}: {status} {answer}");
+        posted.insert(key, Instant::now());
+    }
+}
+
+/// `psql -qAtc SQL` on `url`; `None` while the database is down.
+fn sql(url: &str, query: &str) -> Option<String> {
+    let out = Command::new("psql").args([url, "-qAtc", query]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Lease owners of runs executing a refund now: the run's newest event is
+/// the approval of a call (the refund runs between it and its result).
+fn refunding_workers(db_url: &str) -> Vec<String> {
+    let q = "SELECT r.lease_owner FROM runs r WHERE r.status <> 'done' AND r.lease_owner IS NOT NULL \
+             AND (SELECT e.kind FROM events e WHERE e.run_id = r.id ORDER BY e.seq DESC LIMIT 1) = 'approval.resolved'";
+    sql(db_url, q).map(|s| s.lines().map(str::to_owned).collect()).unwrap_or_default()
+}
+
+/// The worker slot of a lease owner id (`w3` or `w3-<uuid>`).
+fn slot(owner: &str) -> Option<usize> {
+    owner.strip_prefix('w')?.split('-').next()?.parse().ok()
+}
+
+/// Figures of a round.
+#[derive(Default, Debug)]
+struct Figures {
+    seed: u64,
+    faults: BTreeMap<String, usize>,
+    recovery_ms: BTreeMap<String, Vec<u64>>,
+    worker_kills: usize,
+    mid_call_kills: usize,
+    runs: usize,
+    steps: usize,
+    lost: Vec<String>,
+    stuck: Vec<String>,
+    failed: Vec<String>,
+    seq_errors: Vec<String>,
+    refund_calls: usize,
+    executions: usize,
+    replays: usize,
+    double_executions: Vec<String>,
+    results_without_execution: Vec<String>,
+    outcome_unknown: usize,
+    reapprovals: usize,
+    unsurfaced: Vec<String>,
+}
+
+fn percentile(v: &[u64], p: f64) -> u64 {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s.get(((s.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0)
+}
+
+impl Figures {
+    fn print(&self) {
+        eprintln!("==== chaos round, seed {} (replay: GLIA_CHAOS_SEED={}) ====", self.seed, self.seed);
+        eprintln!("faults: {:?}", self.faults);
+        eprintln!("worker kills: {}, landed mid-refund: {}", self.worker_kills, self.mid_call_kills);
+        eprintln!("runs: {}, events: {}", self.runs, self.steps);
+        eprintln!("lost: {}, stuck: {}, failed: {}, duplicate/missing seqs: {}", self.lost.len(), self.stuck.len(), self.failed.len(), self.seq_errors.len());
+        eprintln!(
+            "refund calls: {}, executions in the ledger: {}, late deliveries answered by the idempotency key: {}, double executions: {}, results without execution: {}, outcome-unknown: {}, re-approvals: {}, interrupted and not surfaced: {}",
+            self.refund_calls,
+            self.executions,
+            self.replays,
+            self.double_executions.len(),
+            self.results_without_execution.len(),
+            self.outcome_unknown,
+            self.reapprovals,
+            self.unsurfaced.len()
+        );
+        for (kind, v) in &self.recovery_ms {
+            eprintln!("recovery {kind}: n={} p50={} ms p90={} ms max={} ms", v.len(), percentile(v, 0.5), percentile(v, 0.9), percentile(v, 1.0));
+        }
+    }
+
+    fn assert_clean(&self) {
+        let seed = self.seed;
+        assert!(self.lost.is_empty(), "seed {seed}: runs lost: {:?}", self.lost);
+        assert!(self.stuck.is_empty(), "seed {seed}: runs stuck: {:?}", self.stuck);
+        assert!(self.failed.is_empty(), "seed {seed}: runs failed: {:?}", self.failed);
+        assert!(self.seq_errors.is_empty(), "seed {seed}: logs: {:?}", self.seq_errors);
+        assert!(self.double_executions.is_empty(), "seed {seed}: refunds executed twice: {:?}", self.double_executions);
+        assert!(self.results_without_execution.is_empty(), "seed {seed}: results for refunds that never ran: {:?}", self.results_without_execution);
+        assert!(self.unsurfaced.is_empty(), "seed {seed}: interrupted refunds neither recorded nor outcome-unknown: {:?}", self.unsurfaced);
+    }
+}
+
+/// Wait until a fresh probe run completes; returns how long it took.
+fn probe(server: &str, effects: &std::path::Path, seed: u64, n: usize) -> (Duration, Option<(String, String)>) {
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(180);
+    let Some(id) = submit(server, "plain", 1_000_000 + n, seed, deadline) else { return (start.elapsed(), None) };
+    drive(server, "plain", &id, effects, deadline);
+    (start.elapsed(), Some(("plain".to_owned(), id)))
+}
+
+/// One round: `faults` faults drawn from `seed`.
+fn round(seed: u64, faults: usize) -> Figures {
+    let Some(services) = Services::start() else { return Figures { seed, ..Figures::default() } };
+    let Services { pg, mut rabbit, redis } = services;
+    let mut fleet = Fleet::on(&pg.admin_url(), &mixed_scripts());
+    fleet.amqp_url = rabbit.url();
+    fleet.redis_url = redis.url();
+    fleet.extra_env.push(("GLIA_DEMO_TOOL_DELAY_MS".into(), REFUND_MS.to_string()));
+    fleet.start_dispatcher();
+    for _ in 0..3 {
+        fleet.start_worker(LEASE_MS);
+    }
+    let server = fleet.server.clone();
+    let db_url = fleet.db_url.clone();
+    let effects = fleet.effects_file();
+    let effects = effects.as_path();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut figures = Figures { seed, ..Figures::default() };
+
+    let stop = AtomicBool::new(false);
+    let counter = AtomicUsize::new(0);
+    let submitted = Mutex::new(Submitted::default());
+    let finals: Mutex<HashMap<String, Option<Value>>> = Mutex::new(HashMap::new());
+    let probes = Mutex::new(Vec::new());
+    let fleet = Arc::new(Mutex::new(fleet));
+    std::thread::scope(|s| {
+        for _ in 0..CLIENTS {
+            s.spawn(|| {
+                while !stop.load(Ordering::SeqCst) {
+                    let n = counter.fetch_add(1, Ordering::SeqCst);
+                    let kind = KINDS[n % KINDS.len()];
+                    let deadline = Instant::now() + Duration::from_secs(600);
+                    let Some(id) = submit(&server, kind, n, seed, deadline) else { continue };
+                    submitted.lock().unwrap().runs.push((kind.to_owned(), id.clone()));
+                    let last = drive(&server, kind, &id, effects, deadline);
+                    finals.lock().unwrap().insert(id, last);
+                }
+            });
+        }
+        // The schedule.
+        for i in 0..faults {
+            std::thread::sleep(Duration::from_millis(rng.u64(500..2_500)));
+            let fault = FAULTS[rng.usize(..FAULTS.len())];
+            *figures.faults.entry(format!("{fault:?}")).or_default() += 1;
+            let mut f = fleet.lock().unwrap();
+            match fault {
+                Fault::KillWorker => {
+                    // Aim: wait up to 3 s for a worker executing a refund.
+                    let aim_until = Instant::now() + Duration::from_secs(3);
+                    let target = loop {
+                        if let Some(w) = refunding_workers(&db_url).iter().filter_map(|o| slot(o)).find(|w| *w < 3) {
+                            break Some(w);
+                        }
+                        if Instant::now() > aim_until {
+                            break None;
+                        }
+                        std::thread::sleep(Duration::from_millis(30));
+                    };
+                    let w = target.unwrap_or_else(|| rng.usize(..3));
+                    // Landed mid-call when, right at the kill, that worker still holds a refunding run.
+                    let mid = refunding_workers(&db_url).iter().any(|o| slot(o) == Some(w));
+                    f.kill_worker(w);
+                    figures.worker_kills += 1;
+                    figures.mid_call_kills += usize::from(mid);
+                    f.replace_worker(w, LEASE_MS);
+                }
+                Fault::KillDispatcher => f.restart_dispatcher(),
+                Fault::PauseWorker => {
+                    let w = rng.usize(..3);
+                    f.signal_worker(w, "STOP");
+                    std::thread::sleep(Duration::from_millis(LEASE_MS + 1_000));
+                    f.signal_worker(w, "CONT");
+                }
+                Fault::RabbitRestart => {
+                    let rt = runtime();
+                    rt.block_on(rabbit.stop());
+                    std::thread::sleep(Duration::from_millis(rng.u64(500..3_000)));
+                    rabbit.start().expect("spawn rabbitmq-server again");
+                    rt.block_on(rabbit.wait_ready(Duration::from_secs(120)));
+                }
+                Fault::PostgresFast => pg.restart(StopMode::Fast),
+                Fault::PostgresImmediate => pg.restart(StopMode::Immediate),
+                Fault::RedisFlush => {
+                    let ok = Command::new("redis-cli").args(["-p", &redis.port().to_string(), "FLUSHALL"]).output().is_ok_and(|o| o.status.success());
+                    assert!(ok, "redis-cli FLUSHALL");
+                }
+            }
+            drop(f);
+            let (took, run) = probe(&server, effects, seed, i);
+            eprintln!("seed {seed}: fault {i} {fault:?}: recovered in {took:?}");
+            figures.recovery_ms.entry(format!("{fault:?}")).or_default().push(took.as_millis() as u64);
+            probes.lock().unwrap().extend(run);
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+
+    // Checks, against the database of runs, the logs and the refund ledger.
+    let fleet = Arc::try_unwrap(fleet).ok().expect("no client holds the fleet").into_inner().unwrap();
+    let mut all = submitted.into_inner().unwrap().runs;
+    let probes = probes.into_inner().unwrap();
+    let finals = finals.into_inner().unwrap();
+    for (_, id) in &probes {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let run = drive(&server, "plain", id, effects, deadline);
+        if run.is_none() {
+            figures.stuck.push(id.clone());
+        }
+    }
+    all.extend(probes);
+    let in_db: Vec<String> = sql(&db_url, "SELECT id FROM runs").unwrap_or_default().lines().map(str::to_owned).collect();
+    figures.runs = all.len();
+    // The ledger: `refund KEY` when the tool applied a refund, `replay KEY`
+    // when a later delivery of an applied key was answered from the first.
+    let mut ledger: HashMap<String, usize> = HashMap::new();
+    let mut replays: HashMap<String, usize> = HashMap::new();
+    for line in fleet.effects() {
+        match line.split_once(' ') {
+            Some(("refund", key)) => *ledger.entry(key.to_owned()).or_default() += 1,
+            Some(("replay", key)) => *replays.entry(key.to_owned()).or_default() += 1,
+            _ => panic!("ledger line {line:?}"),
+        }
+    }
+    figures.executions = ledger.values().sum();
+    figures.replays = replays.values().sum();
+    figures.double_executions = ledger.iter().filter(|(_, n)| **n > 1).map(|(k, n)| format!("{k} ×{n}")).collect();
+    for (kind, id) in &all {
+        if !in_db.contains(id) {
+            figures.lost.push(id.clone());
+            continue;
+        }
+        let final_run = finals
+            .get(id)
+            .cloned()
+            .flatten()
+            .or_else(|| call("GET", &format!("{server}/v1/runs/{id}"), None, None).map(|(_, v)| v).filter(|v| v["status"] == "done"));
+        let Some(run) = final_run else {
+            figures.stuck.push(format!("{kind} {id}"));
+            continue;
+        };
+        let expected = if kind == "cancel" { "cancelled" } else { "succeeded" };
+        if run["outcome"]["kind"] != expected {
+            figures.failed.push(format!("{kind} {id}: {}", run["outcome"]));
+        }
+        let events = match std::panic::catch_unwind(|| check_log(&fleet, id)) {
+            Ok(events) => events,
+            Err(_) => {
+                figures.seq_errors.push(id.clone());
+                continue;
+            }
+        };
+        figures.steps += events.len();
+        // Per refund call: executions in the ledger versus results in the log.
+        let mut calls: BTreeMap<String, (usize, usize)> = BTreeMap::new(); // call id → (results, outcome-unknown)
+        let mut requested = 0usize;
+        let mut reapproved: std::collections::HashSet<String> = Default::default();
+        for e in &events {
+            match &e.kind {
+                EventKind::ToolResult { call_id, content, .. } => {
+                    let Ok(v) = serde_json::from_str::<Value>(content) else { continue };
+                    if v["refunded"] != true {
+                        continue;
+                    }
+                    calls.entry(call_id.clone()).or_default().0 += 1;
+                    let key = v["idempotency_key"].as_str().unwrap_or_default();
+                    if !ledger.contains_key(key) {
+                        figures.results_without_execution.push(format!("{id}: {key}"));
+                    }
+                }
+                EventKind::ToolError { call_id, error: ToolErrorKind::OutcomeUnknown, .. } => calls.entry(call_id.clone()).or_default().1 += 1,
+                EventKind::ApprovalRequested { interrupted: true, call_id, .. } => {
+                    requested += 1;
+                    reapproved.insert(call_id.clone());
+                }
+                _ => {}
+            }
+        }
+        figures.reapprovals += requested;
+        // A second delivery of a key is allowed only where a person approved
+        // running an interrupted call again (a worker frozen past its lease
+        // can still deliver the call it started); anywhere else it means
+        // the fleet ran a consequential call twice.
+        for key in replays.keys().filter(|k| k.starts_with(id.as_str())) {
+            let call = key.splitn(3, ':').nth(2).unwrap_or_default();
+            if !reapproved.contains(call) {
+                figures.double_executions.push(format!("{key}: delivered again without a re-approval"));
+            }
+        }
+        let executed_here = ledger.keys().filter(|k| k.contains(id.as_str())).count();
+        for (call_id, (results, unknown)) in &calls {
+            figures.refund_calls += 1;
+            figures.outcome_unknown += unknown;
+            if results + unknown != 1 {
+                figures.unsurfaced.push(format!("{id} {call_id}: {results} results, {unknown} outcome-unknown, {executed_here} executions"));
+            }
+        }
+        if executed_here > calls.len() {
+            figures.unsurfaced.push(format!("{id}: {executed_here} refund executions, {} calls with an outcome in the log", calls.len()));
+        }
+    }
+    drop(fleet);
+    drop(pg);
+    drop(redis);
+    rabbit.kill();
+    figures
+}
+
+fn faults_from_env(default: usize) -> usize {
+    std::env::var("GLIA_CHAOS_FAULTS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn seeds() -> Vec<u64> {
+    match std::env::var("GLIA_CHAOS_SEED").ok().and_then(|v| v.parse().ok()) {
+        Some(seed) => vec![seed],
+        None => vec![1, fastrand::u64(..)],
+    }
+}
+
+/// The short round (CI): a fixed seed and a random one, a few faults each.
+#[test]
+fn chaos_short_round() {
+    for seed in seeds() {
+        eprintln!("chaos: seed {seed} (replay with GLIA_CHAOS_SEED={seed})");
+        let figures = round(seed, faults_from_env(6));
+        figures.print();
+        figures.assert_clean();
+    }
+}
+
+/// The long round (RELIABILITY.md): `GLIA_CHAOS_FAULTS` faults (default 200).
+#[test]
+#[ignore = "long: GLIA_CHAOS_FAULTS=200 cargo test -p glia-e2e --test chaos -- --ignored --nocapture"]
+fn chaos_long_round() {
+    let seed = std::env::var("GLIA_CHAOS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("chaos: seed {seed} (replay with GLIA_CHAOS_SEED={seed})");
+    let figures = round(seed, faults_from_env(200));
+    figures.print();
+    figures.assert_clean();
+}

@@ -1,0 +1,3 @@
+//! Approvals: the inbox approves and rejects pending calls in a browser.
+
+mod inbox_browser;

@@ -1,0 +1,20 @@
+//! The fleet's guarantees, end to end: `glia dispatcher` and `glia worker`
+//! processes on real Postgres, RabbitMQ and Redis (private instances for the
+//! tests that stop or restart one), driven over HTTP like a client. One test
+//! binary, one module per guarantee:
+//!
+//! - [`durability`]: no run is lost or stuck, and no event is lost or
+//!   duplicated, across kills of workers and the dispatcher, broker and
+//!   database outages, and the single-node mode's restarts;
+//! - [`exactly_once`]: the recorded tau-bench batch reproduces exactly
+//!   (every call, result and approval), with a worker killed mid-batch;
+//! - [`approvals`]: the approval inbox, in a real browser;
+//! - [`limits`]: the provider's rate limits, retries and prices, fleet-wide;
+//! - [`observability`]: every dashboard and alert expression has data in a
+//!   real Prometheus.
+
+mod approvals;
+mod durability;
+mod exactly_once;
+mod limits;
+mod observability;
