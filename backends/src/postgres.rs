@@ -12,7 +12,10 @@
 //!
 //! ## Writes
 //!
-//! Every write is one transaction. [`EventLog::commit`] locks the run row
+//! Every write is one transaction. A step's commit is, by default, one
+//! fenced statement written in a group with the worker's other concurrent
+//! steps ([`CommitMode`], `postgres/group.rs`). Otherwise, and for commits
+//! that checkpoint, store blobs or carry no events, [`EventLog::commit`] locks the run row
 //! (`SELECT … FOR NO KEY UPDATE`: the `FOR UPDATE` lock that still lets
 //! concurrent foreign-key checks, e.g. a `post` into the inbox, through),
 //! checks the lease (token and expiry, by the database clock) and the head,
@@ -80,6 +83,8 @@ use crate::{
 /// `backends/migrations/V<n>__<name>.sql`, compiled in. Edits to an
 /// existing file rebuild the crate; a new file is only picked up once this
 /// file (or anything else in the crate) is rebuilt.
+mod group;
+
 mod embedded {
     refinery::embed_migrations!("migrations");
 }
@@ -124,6 +129,42 @@ pub struct PgOptions {
     /// `application_name` reported to the server unless the URL sets one
     /// (default `glia`).
     pub application_name: String,
+    /// How [`EventLog::commit`] writes a step (default [`CommitMode::Group`]).
+    pub commit_mode: CommitMode,
+    /// Group commit: most groups being written at once, each on its own
+    /// pooled connection (default 2; at least 1). While they are all busy,
+    /// new commits gather into the next group.
+    pub group_lanes: usize,
+    /// Group commit: most steps in one group (default 64; at least 1).
+    pub group_max: usize,
+}
+
+/// How [`EventLog::commit`] writes a step on Postgres. Every mode is equally
+/// durable (one synchronous commit covers the step) and fenced by the run's
+/// lease and head; they differ in round trips and fsyncs.
+///
+/// Commits that write a checkpoint, store a payload in `blobs` or carry no
+/// events take the [`CommitMode::Transaction`] path in every mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CommitMode {
+    /// An explicit transaction: `BEGIN`, lock the run row and check the lease
+    /// and head, the pipelined writes, `COMMIT` (four round trips).
+    Transaction,
+    /// One statement (`FENCED_COMMIT`): the run row's update, fenced by
+    /// id, lease token, lease expiry and head, drives the event insert and
+    /// the other writes in data-modifying CTEs; one round trip and one
+    /// fsync per step. Lease-lost and conflict are told apart by a read
+    /// only when the fence refuses.
+    Statement,
+    /// The step's statement joins a group: a worker's concurrent commits
+    /// (of any runs) are sent pipelined as `BEGIN; statement per step;
+    /// COMMIT` on one connection, one round trip and one fsync per group.
+    /// Each step is fenced by its own run's statement, so one run's lost
+    /// lease or moved head only fails that run's step; a statement that
+    /// errors (rolling the group back) makes the group's steps be written
+    /// again one statement each, so it fails only its own step.
+    #[default]
+    Group,
 }
 
 impl Default for PgOptions {
@@ -139,6 +180,9 @@ impl Default for PgOptions {
             checkpoint_every: 64,
             blob_threshold: 64 * 1024,
             application_name: "glia".into(),
+            commit_mode: CommitMode::Group,
+            group_lanes: 2,
+            group_max: 64,
         }
     }
 }
@@ -151,6 +195,8 @@ pub struct PgLog {
     call_timeout: Duration,
     checkpoint_every: u64,
     blob_threshold: usize,
+    commit_mode: CommitMode,
+    group: Option<group::Committer>,
 }
 
 impl std::fmt::Debug for PgLog {
@@ -198,11 +244,14 @@ impl PgLog {
             .recycle_timeout(Some(options.recycle_timeout))
             .build()
             .map_err(|e| LogError::Unavailable(format!("building the connection pool: {e}")))?;
+        let group = (options.commit_mode == CommitMode::Group).then(|| group::Committer::start(pool.clone(), options.call_timeout, options.group_lanes, options.group_max));
         Ok(PgLog {
             pool,
             call_timeout: options.call_timeout,
             checkpoint_every: options.checkpoint_every.max(1),
             blob_threshold: options.blob_threshold,
+            commit_mode: options.commit_mode,
+            group,
         })
     }
 
@@ -955,7 +1004,8 @@ impl EventLog for PgLog {
         .await
     }
 
-    /// One transaction, see the module documentation. A commit without
+    /// One transaction, see the module documentation; how it is written
+    /// depends on [`PgOptions::commit_mode`]. A commit without
     /// events only consumes inbox items; its `state.head_seq` must equal the
     /// head ([`LogError::Conflict`] otherwise). Transitions are verified when
     /// a checkpoint is written, not on every commit.
@@ -964,6 +1014,22 @@ impl EventLog for PgLog {
         check_envelope(run_id, events, state)?;
         let encoded = encode_events(run_id, events, self.blob_threshold)?;
         let columns = SummaryColumns::of(state)?;
+        let one_statement = self.commit_mode != CommitMode::Transaction
+            && encoded.blobs.is_empty()
+            && events.first().is_some_and(|first| state.head_seq < next_checkpoint(first.seq - 1, self.checkpoint_every));
+        if one_statement {
+            let step = group::Step::new(lease, events, state, consumed, encoded, columns);
+            return match &self.group {
+                Some(committer) => self.bounded("commit", committer.submit(step)).await,
+                None => {
+                    self.bounded("commit", async {
+                        let client = self.client().await?;
+                        group::write_alone(&client, &[&step]).await.pop().unwrap_or(Err(LogError::Unavailable("commit: no answer".into())))
+                    })
+                    .await
+                }
+            };
+        }
         let (mut calls, mut tools, mut inputs, mut hashes, mut requested_at) = (vec![], vec![], vec![], vec![], vec![]);
         let mut expires: Vec<Option<DateTime<Utc>>> = Vec::new();
         let mut interruptions: Vec<bool> = Vec::new();

@@ -52,6 +52,10 @@ pub struct Urls {
     /// Prefix of every Redis key.
     #[arg(long, env = "GLIA_REDIS_PREFIX", default_value = "glia")]
     pub redis_prefix: String,
+    /// Group commit on Postgres: most groups of step commits written at once,
+    /// each on its own pooled connection (see `PgOptions::group_lanes`).
+    #[arg(long, env = "GLIA_GROUP_LANES", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub group_lanes: u16,
 }
 
 /// The three ports (cheap to clone: shared handles).
@@ -78,7 +82,7 @@ impl Ports {
         urls.check()?;
         let connect = async {
             let (log, queue, ledger) = tokio::join!(
-                wait_for(EVENT_LOG, "Postgres", startup, || PgLog::connect(&urls.database_url, PgOptions::default())),
+                wait_for(EVENT_LOG, "Postgres", startup, || PgLog::connect(&urls.database_url, PgOptions { group_lanes: urls.group_lanes.into(), ..PgOptions::default() })),
                 wait_for(JOB_QUEUE, "RabbitMQ", startup, || RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone()))),
                 wait_for(LEDGER, "Redis", startup, || RedisLedger::connect(&urls.redis_url, &urls.redis_prefix)),
             );
