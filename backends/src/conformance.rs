@@ -163,6 +163,73 @@ pub async fn load_equals_replay(log: &dyn EventLog) {
     assert_eq!(log.load(s.run_id).await.unwrap().head_seq, (s.parked.len() + s.rest.len()) as u64);
 }
 
+/// Steps of many runs committed at once (what a worker does with its runs in
+/// flight, and what a group commit gathers into one transaction): each run
+/// gets its own answer. A stale lease and a moved head fail only their own
+/// step; every other run's steps are all written, in order, once; approvals
+/// requested, decided and consumed inbox items land on their own run.
+pub async fn concurrent_commits_across_runs(log: &dyn EventLog) {
+    const RUNS: usize = 12;
+    let runs: Vec<SampleLog> = (0..RUNS).map(|_| sample_log()).collect();
+    let mut leases = Vec::new();
+    for s in &runs {
+        log.create_run(new_run(&format!("t-{}", s.run_id), None, &s.parked[0])).await.unwrap();
+        leases.push(log.acquire(s.run_id, "w", TTL).await.unwrap());
+    }
+    // Run 0's lease changes hands: its old holder keeps committing.
+    log.release(&leases[0]).await.unwrap();
+    let fresh = log.acquire(runs[0].run_id, "w2", TTL).await.unwrap();
+    // One step at a time for every run, all runs at once.
+    for i in 1..runs[0].parked.len() {
+        let commits = runs.iter().zip(&leases).enumerate().map(|(n, (s, lease))| async move {
+            // Run 1 keeps committing its third event: a head it does not have.
+            let at = if n == 1 { 2 } else { i };
+            log.commit(lease, &s.parked[at..=at], &state_after(s.run_id, &s.parked[..=at]), &[]).await
+        });
+        let results = futures::future::join_all(commits).await;
+        for (n, r) in results.iter().enumerate() {
+            match (n, i, r) {
+                (0, _, Err(LogError::LeaseLost(_))) => {}
+                (1, _, Err(LogError::Conflict { expected: 2, actual: 1, .. })) => {}
+                (n, _, Ok(())) if n >= 2 => {}
+                other => panic!("step {i}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(log.get_run(runs[0].run_id).await.unwrap().head_seq, 1, "a stale lease writes nothing");
+    assert_eq!(log.events(runs[1].run_id, 0, 100).await.unwrap(), runs[1].parked[..1].to_vec(), "a moved head writes nothing");
+    // The fresh holder of run 0 writes from where the log is.
+    log.commit(&fresh, &runs[0].parked[1..], &state_after(runs[0].run_id, &runs[0].parked), &[]).await.unwrap();
+    // Decide every approval but run 1's (never requested), then finish all at once, consuming the decisions.
+    let mut decided = Vec::new();
+    for s in runs.iter().skip(2).chain(std::iter::once(&runs[0])) {
+        let pending = log.approvals(&ApprovalFilter { run_id: Some(s.run_id), pending_only: true, limit: 10, ..Default::default() }).await.unwrap();
+        assert_eq!(pending.len(), 1, "run {}: one approval requested", s.run_id);
+        let decision = Resume::Approval { call_id: "c1".into(), args_hash: pending[0].args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
+        decided.push((s, log.post(s.run_id, decision).await.unwrap()));
+    }
+    let finishing = decided.iter().map(|(s, id)| {
+        let lease = if s.run_id == runs[0].run_id { &fresh } else { &leases[runs.iter().position(|r| r.run_id == s.run_id).unwrap()] };
+        async move {
+            let full = [s.parked.clone(), s.rest.clone()].concat();
+            log.commit(lease, &s.rest, &state_after(s.run_id, &full), &[*id]).await
+        }
+    });
+    for r in futures::future::join_all(finishing).await {
+        r.unwrap();
+    }
+    for (s, _) in &decided {
+        let full = [s.parked.clone(), s.rest.clone()].concat();
+        assert_eq!(log.events(s.run_id, 0, 100).await.unwrap(), full, "run {}: every step once, in order", s.run_id);
+        assert_eq!(log.get_run(s.run_id).await.unwrap().status, RunStatus::Done);
+        assert!(log.inbox(s.run_id).await.unwrap().is_empty(), "run {}: its decision consumed", s.run_id);
+        let filter = ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() };
+        let approvals = log.approvals(&filter).await.unwrap();
+        assert_eq!(approvals.len(), 1);
+        assert_eq!(approvals[0].status, ApprovalStatus::Decided);
+    }
+}
+
 /// Approvals appear when requested, a decision is accepted once, the inbox
 /// holds it until a commit consumes it.
 pub async fn inbox_and_approvals(log: &dyn EventLog) {
@@ -350,6 +417,7 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
 pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn() -> F) {
     admits_runs_idempotently(&fresh().await).await;
     commits_are_fenced(&fresh().await).await;
+    concurrent_commits_across_runs(&fresh().await).await;
     load_equals_replay(&fresh().await).await;
     inbox_and_approvals(&fresh().await).await;
     ending_a_run_closes_its_approvals(&fresh().await).await;

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod archive;
+pub mod batches;
 pub mod conformance;
 pub mod memory;
 pub mod postgres;

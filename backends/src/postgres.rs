@@ -12,7 +12,10 @@
 //!
 //! ## Writes
 //!
-//! Every write is one transaction. [`EventLog::commit`] locks the run row
+//! Every write is one transaction. A step's commit is, by default, one
+//! fenced statement written in a group with the worker's other concurrent
+//! steps ([`CommitMode`], `postgres/group.rs`). Otherwise, and for commits
+//! that checkpoint, store blobs or carry no events, [`EventLog::commit`] locks the run row
 //! (`SELECT … FOR NO KEY UPDATE`: the `FOR UPDATE` lock that still lets
 //! concurrent foreign-key checks, e.g. a `post` into the inbox, through),
 //! checks the lease (token and expiry, by the database clock) and the head,
@@ -57,6 +60,7 @@
 
 use std::future::Future;
 use std::time::Duration;
+use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
@@ -79,6 +83,8 @@ use crate::{
 /// `backends/migrations/V<n>__<name>.sql`, compiled in. Edits to an
 /// existing file rebuild the crate; a new file is only picked up once this
 /// file (or anything else in the crate) is rebuilt.
+mod group;
+
 mod embedded {
     refinery::embed_migrations!("migrations");
 }
@@ -123,6 +129,42 @@ pub struct PgOptions {
     /// `application_name` reported to the server unless the URL sets one
     /// (default `glia`).
     pub application_name: String,
+    /// How [`EventLog::commit`] writes a step (default [`CommitMode::Group`]).
+    pub commit_mode: CommitMode,
+    /// Group commit: most groups being written at once, each on its own
+    /// pooled connection (default 2; at least 1). While they are all busy,
+    /// new commits gather into the next group.
+    pub group_lanes: usize,
+    /// Group commit: most steps in one group (default 64; at least 1).
+    pub group_max: usize,
+}
+
+/// How [`EventLog::commit`] writes a step on Postgres. Every mode is equally
+/// durable (one synchronous commit covers the step) and fenced by the run's
+/// lease and head; they differ in round trips and fsyncs.
+///
+/// Commits that write a checkpoint, store a payload in `blobs` or carry no
+/// events take the [`CommitMode::Transaction`] path in every mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CommitMode {
+    /// An explicit transaction: `BEGIN`, lock the run row and check the lease
+    /// and head, the pipelined writes, `COMMIT` (four round trips).
+    Transaction,
+    /// One statement (`FENCED_COMMIT`): the run row's update, fenced by
+    /// id, lease token, lease expiry and head, drives the event insert and
+    /// the other writes in data-modifying CTEs; one round trip and one
+    /// fsync per step. Lease-lost and conflict are told apart by a read
+    /// only when the fence refuses.
+    Statement,
+    /// The step's statement joins a group: a worker's concurrent commits
+    /// (of any runs) are sent pipelined as `BEGIN; statement per step;
+    /// COMMIT` on one connection, one round trip and one fsync per group.
+    /// Each step is fenced by its own run's statement, so one run's lost
+    /// lease or moved head only fails that run's step; a statement that
+    /// errors (rolling the group back) makes the group's steps be written
+    /// again one statement each, so it fails only its own step.
+    #[default]
+    Group,
 }
 
 impl Default for PgOptions {
@@ -138,6 +180,9 @@ impl Default for PgOptions {
             checkpoint_every: 64,
             blob_threshold: 64 * 1024,
             application_name: "glia".into(),
+            commit_mode: CommitMode::Group,
+            group_lanes: 2,
+            group_max: 64,
         }
     }
 }
@@ -150,6 +195,8 @@ pub struct PgLog {
     call_timeout: Duration,
     checkpoint_every: u64,
     blob_threshold: usize,
+    commit_mode: CommitMode,
+    group: Option<group::Committer>,
 }
 
 impl std::fmt::Debug for PgLog {
@@ -197,11 +244,14 @@ impl PgLog {
             .recycle_timeout(Some(options.recycle_timeout))
             .build()
             .map_err(|e| LogError::Unavailable(format!("building the connection pool: {e}")))?;
+        let group = (options.commit_mode == CommitMode::Group).then(|| group::Committer::start(pool.clone(), options.call_timeout, options.group_lanes, options.group_max));
         Ok(PgLog {
             pool,
             call_timeout: options.call_timeout,
             checkpoint_every: options.checkpoint_every.max(1),
             blob_threshold: options.blob_threshold,
+            commit_mode: options.commit_mode,
+            group,
         })
     }
 
@@ -317,7 +367,7 @@ fn agent_of(row: &Row) -> Result<AgentVersion, LogError> {
     })
 }
 
-fn corrupt(what: String) -> LogError {
+pub(crate) fn corrupt(what: String) -> LogError {
     LogError::Unavailable(format!("corrupt row: {what}"))
 }
 
@@ -513,16 +563,38 @@ async fn write_events(tx: &Transaction<'_>, run_id: Uuid, enc: &EncodedEvents) -
 /// A tenant's model spend in `[$2, $3)` from events of kinds `$4`: token and
 /// cost sums of inline payloads (as text: they may pass `bigint`), and the
 /// bytes of payloads stored in blobs. See [`PgLog::tenant_usage`].
-const TENANT_USAGE: &str = "SELECT \
+/// The spend of the events `e` (with their blobs `b`) an aggregate query
+/// selects: `tokens` and `cost` as text, `blobs` the payloads stored as blobs
+/// (decoded by [`spend_of_row`]). Only the events of [`SPEND_KINDS`] carry spend.
+pub(crate) const SPEND_COLUMNS: &str = "\
        coalesce(sum(coalesce((e.payload #>> '{data,usage,input_tokens}')::numeric, 0) \
                   + coalesce((e.payload #>> '{data,usage,output_tokens}')::numeric, 0) \
                   + coalesce((e.payload #>> '{data,usage,cache_write_tokens}')::numeric, 0) \
                   + coalesce((e.payload #>> '{data,usage,cache_read_tokens}')::numeric, 0)), 0)::text AS tokens, \
        coalesce(sum((e.payload #>> '{data,cost_usd_micros}')::numeric), 0)::text AS cost, \
-       coalesce(array_agg(b.bytes) FILTER (WHERE e.payload IS NULL), '{}') AS blobs \
+       coalesce(array_agg(b.bytes) FILTER (WHERE e.payload IS NULL), '{}') AS blobs";
+
+/// Event kinds that carry model spend ([`Spend::of_event`]).
+pub(crate) const SPEND_KINDS: [&str; 3] = ["model.response", "plan.draft", "context.compacted"];
+
+/// The [`Spend`] of a row selected with [`SPEND_COLUMNS`].
+pub(crate) fn spend_of_row(row: &Row, what: &str) -> Result<Spend, LogError> {
+    let number = |name: &str| -> Result<u64, LogError> {
+        let text: String = col(row, name)?;
+        text.parse().map_err(|_| corrupt(format!("{what}: {name} is {text:?}")))
+    };
+    let mut spend = Spend { tokens: number("tokens")?, cost_usd_micros: number("cost")? };
+    for bytes in col::<Vec<Vec<u8>>>(row, "blobs")? {
+        let kind: EventKind = serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("{what}: blob: {e}")))?;
+        spend = spend.saturating_add(Spend::of_event(&kind).unwrap_or_default());
+    }
+    Ok(spend)
+}
+
+static TENANT_USAGE: LazyLock<String> = LazyLock::new(|| format!("SELECT {SPEND_COLUMNS} \
      FROM runs r JOIN events e ON e.run_id = r.id LEFT JOIN blobs b ON b.hash = e.blob_hash \
      WHERE r.tenant = $1::text AND r.updated_at >= $2::timestamptz - interval '1 hour' \
-       AND e.at >= $2::timestamptz AND e.at < $3::timestamptz AND e.kind = ANY($4::text[])";
+       AND e.at >= $2::timestamptz AND e.at < $3::timestamptz AND e.kind = ANY($4::text[])"));
 
 const READ_EVENTS: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
      FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash \
@@ -932,7 +1004,8 @@ impl EventLog for PgLog {
         .await
     }
 
-    /// One transaction, see the module documentation. A commit without
+    /// One transaction, see the module documentation; how it is written
+    /// depends on [`PgOptions::commit_mode`]. A commit without
     /// events only consumes inbox items; its `state.head_seq` must equal the
     /// head ([`LogError::Conflict`] otherwise). Transitions are verified when
     /// a checkpoint is written, not on every commit.
@@ -941,6 +1014,22 @@ impl EventLog for PgLog {
         check_envelope(run_id, events, state)?;
         let encoded = encode_events(run_id, events, self.blob_threshold)?;
         let columns = SummaryColumns::of(state)?;
+        let one_statement = self.commit_mode != CommitMode::Transaction
+            && encoded.blobs.is_empty()
+            && events.first().is_some_and(|first| state.head_seq < next_checkpoint(first.seq - 1, self.checkpoint_every));
+        if one_statement {
+            let step = group::Step::new(lease, events, state, consumed, encoded, columns);
+            return match &self.group {
+                Some(committer) => self.bounded("commit", committer.submit(step)).await,
+                None => {
+                    self.bounded("commit", async {
+                        let client = self.client().await?;
+                        group::write_alone(&client, &[&step]).await.pop().unwrap_or(Err(LogError::Unavailable("commit: no answer".into())))
+                    })
+                    .await
+                }
+            };
+        }
         let (mut calls, mut tools, mut inputs, mut hashes, mut requested_at) = (vec![], vec![], vec![], vec![], vec![]);
         let mut expires: Vec<Option<DateTime<Utc>>> = Vec::new();
         let mut interruptions: Vec<bool> = Vec::new();
@@ -1277,21 +1366,12 @@ impl EventLog for PgLog {
     async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
         let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
         let end = start + chrono::Duration::days(1);
-        let kinds: Vec<&str> = vec!["model.response", "plan.draft", "context.compacted"];
+        let kinds = SPEND_KINDS.to_vec();
         self.bounded("tenant_usage", async {
             let client = self.client().await?;
-            let st = client.prepare_cached(TENANT_USAGE).await.map_err(|e| unavailable("tenant_usage", &e))?;
+            let st = client.prepare_cached(&TENANT_USAGE).await.map_err(|e| unavailable("tenant_usage", &e))?;
             let row = client.query_one(&st, &[&tenant, &start, &end, &kinds]).await.map_err(|e| unavailable("tenant_usage", &e))?;
-            let number = |name: &str| -> Result<u64, LogError> {
-                let text: String = col(&row, name)?;
-                text.parse().map_err(|_| corrupt(format!("tenant_usage: {name} is {text:?}")))
-            };
-            let mut spend = Spend { tokens: number("tokens")?, cost_usd_micros: number("cost")? };
-            for bytes in col::<Vec<Vec<u8>>>(&row, "blobs")? {
-                let kind: EventKind = serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("tenant_usage: blob: {e}")))?;
-                spend = spend.saturating_add(Spend::of_event(&kind).unwrap_or_default());
-            }
-            Ok(spend)
+            spend_of_row(&row, "tenant_usage")
         })
         .await
     }

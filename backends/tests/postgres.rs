@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use glia_backends::conformance::{self, SampleLog, sample_log};
-use glia_backends::postgres::{PgLog, PgOptions};
+use glia_backends::postgres::{CommitMode, PgLog, PgOptions};
 use glia_backends::{ApprovalFilter, ApprovalStatus, EventLog, Lease, LogError, NewRun, RunFilter};
 use glia_proto::{
     ContentBlock, Decision, Disposition, Event, EventKind, Message, Resume, Role, RunConfig, RunState, ToolCallRecord, Usage, args_hash,
@@ -105,15 +105,18 @@ async fn admitted(options: PgOptions) -> (TestDb, PgLog, SampleLog) {
 
 #[tokio::test]
 async fn postgres_log_conformance() {
-    let dbs = Mutex::new(Vec::new());
-    let dbs = &dbs;
-    conformance::all(move || async move {
-        let db = TestDb::new().await;
-        let log = db.log().await;
-        dbs.lock().unwrap_or_else(|e| e.into_inner()).push(db);
-        log
-    })
-    .await;
+    // Every way a step is written: the transaction, one statement, group commit.
+    for commit_mode in [CommitMode::Transaction, CommitMode::Statement, CommitMode::Group] {
+        let dbs = Mutex::new(Vec::new());
+        let dbs = &dbs;
+        conformance::all(move || async move {
+            let db = TestDb::new().await;
+            let log = db.log_with(PgOptions { commit_mode, max_connections: 4, ..PgOptions::default() }).await;
+            dbs.lock().unwrap_or_else(|e| e.into_inner()).push(db);
+            log
+        })
+        .await;
+    }
 }
 
 #[tokio::test]

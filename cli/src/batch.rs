@@ -52,7 +52,8 @@ pub enum ApproveMode {
 pub struct BatchArgs {
     /// The recording: tau-bench trajectories (`gpt-4o-airline.json`), with
     /// `tools.json` beside it.
-    pub file: PathBuf,
+    #[arg(required = true)]
+    pub file: Option<PathBuf>,
     /// The tool list, when not `tools.json` beside FILE.
     #[arg(long)]
     pub tools: Option<PathBuf>,
@@ -183,10 +184,11 @@ struct EventPage {
 
 /// `glia batch`: returns an error (non-zero exit) when a run diverged or failed.
 pub async fn batch(args: BatchArgs) -> Result<()> {
-    let tools = args.tools.clone().unwrap_or_else(|| args.file.with_file_name(glia_replay::tau::TOOLS));
-    let recording = glia_replay::tau::load(&args.file, &tools)?;
+    let Some(file) = args.file.clone() else { bail!("give a recording to replay, or a subcommand (glia batch --help)") };
+    let tools = args.tools.clone().unwrap_or_else(|| file.with_file_name(glia_replay::tau::TOOLS));
+    let recording = glia_replay::tau::load(&file, &tools)?;
     if recording.conversations().is_empty() || args.limit == Some(0) {
-        bail!("{} holds no conversations to replay", args.file.display());
+        bail!("{} holds no conversations to replay", file.display());
     }
     let (server, _fleet) = match &args.server {
         Some(url) => (Server { server: url.clone(), token: args.token.clone(), max_outage_secs: args.max_outage_secs }, None),
@@ -198,7 +200,7 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
     // On a named data file the batch is the same batch every time, so a
     // second invocation finds the runs of the first (idempotency keys).
     let batch_id = match &args.data {
-        Some(_) => stable_batch_id(&args.file, &tools, args.limit)?,
+        Some(_) => stable_batch_id(&file, &tools, args.limit)?,
         None => Uuid::now_v7(),
     };
     let summary = drive(&server, &recording, &args, batch_id).await?;

@@ -103,6 +103,47 @@ pub struct StepsArgs {
     /// Seconds of raw inserts per measurement.
     #[arg(long, default_value_t = 3)]
     raw_seconds: u64,
+    /// How the fleet's workers commit a step on Postgres, one or more
+    /// (comma-separated): each round runs every variant in turn, so their
+    /// figures are measured side by side. One result per variant.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "group")]
+    variants: Vec<Variant>,
+    /// Pooled Postgres connections of each worker in the `statement` and
+    /// `group` variants (`transaction` keeps one per run in flight, as
+    /// before group commit).
+    #[arg(long, default_value_t = 8)]
+    pool: usize,
+}
+
+/// A way for the fleet's workers to commit steps (`glia bench steps --variants`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Variant {
+    /// `BEGIN`, lock the run row, the writes, `COMMIT`: four round trips and
+    /// one fsync per step; a connection per run in flight; the cancel flag
+    /// read after each commit (the fleet before group commit).
+    Transaction,
+    /// One fenced statement per step: one round trip, one fsync; the cancel
+    /// flag read after each commit.
+    Statement,
+    /// Group commit (a worker's concurrent steps in one transaction, one
+    /// round trip and one fsync per group); the cancel flag read after each
+    /// commit.
+    GroupSerial,
+    /// Group commit, the cancel flag read while the commit is in flight
+    /// (the default).
+    Group,
+}
+
+impl Variant {
+    fn commit_mode(self) -> glia_backends::postgres::CommitMode {
+        use glia_backends::postgres::CommitMode;
+        match self {
+            Variant::Transaction => CommitMode::Transaction,
+            Variant::Statement => CommitMode::Statement,
+            Variant::GroupSerial | Variant::Group => CommitMode::Group,
+        }
+    }
 }
 
 /// `glia bench growth`.
@@ -137,9 +178,9 @@ pub struct MemoryArgs {
 pub async fn bench(cmd: BenchCommand) -> Result<()> {
     let result = match cmd {
         BenchCommand::Steps(args) => match args.target {
-            Target::Fleet => serde_json::to_value(steps(&args, Target::Fleet).await?)?,
-            Target::Sqlite => serde_json::to_value(steps(&args, Target::Sqlite).await?)?,
-            Target::Both => json!({ "fleet": steps(&args, Target::Fleet).await?, "sqlite": steps(&args, Target::Sqlite).await? }),
+            Target::Fleet => one_or_all(steps(&args, Target::Fleet).await?)?,
+            Target::Sqlite => one_or_all(steps(&args, Target::Sqlite).await?)?,
+            Target::Both => json!({ "fleet": one_or_all(steps(&args, Target::Fleet).await?)?, "sqlite": one_or_all(steps(&args, Target::Sqlite).await?)? }),
         },
         BenchCommand::Growth(args) => serde_json::to_value(growth(&args).await?)?,
         BenchCommand::Memory(args) => serde_json::to_value(memory(&args).await?)?,
@@ -147,6 +188,11 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
     };
     println!("{}", serde_json::to_string_pretty(&result)?);
     Ok(())
+}
+
+/// One variant's result as it is; several as a list.
+fn one_or_all(mut results: Vec<StepsResult>) -> Result<Value> {
+    Ok(if results.len() == 1 { serde_json::to_value(results.remove(0))? } else { serde_json::to_value(results)? })
 }
 
 /// A database of its own on the server of `url`, dropped with the value.
@@ -186,6 +232,8 @@ pub struct StepsRound {
 /// `steps`: medians over the rounds, and the rounds.
 #[derive(Debug, Serialize)]
 pub struct StepsResult {
+    /// How steps were committed (the fleet; `null` for the single node).
+    pub variant: Option<Variant>,
     /// Workload.
     pub runs: usize,
     /// Tool turns per run.
@@ -241,11 +289,19 @@ impl BenchFleet {
     /// On the services: private database, queue and key prefix; each worker
     /// with its own connections.
     async fn start(urls: &Urls, agent: Arc<Agent>, workers: usize, concurrency: usize) -> Result<BenchFleet> {
-        BenchFleet::start_with(urls, agent, workers, concurrency, None).await
+        BenchFleet::start_with(urls, agent, workers, concurrency, None, Variant::Group, concurrency).await
     }
 
     /// [`BenchFleet::start`] with one bearer token (`TOKEN:TENANT:SCOPES[:NAME]`).
-    async fn start_with(urls: &Urls, agent: Arc<Agent>, workers: usize, concurrency: usize, token: Option<&str>) -> Result<BenchFleet> {
+    async fn start_with(
+        urls: &Urls,
+        agent: Arc<Agent>,
+        workers: usize,
+        concurrency: usize,
+        token: Option<&str>,
+        variant: Variant,
+        pool: usize,
+    ) -> Result<BenchFleet> {
         let db = private_db(&urls.database_url).await?;
         let name = format!("glia_bench_{}", Uuid::now_v7().simple());
         let (stop, shutdown) = watch::channel(false);
@@ -260,11 +316,14 @@ impl BenchFleet {
         let (log, queue, ledger) = ports(db.log().await).await?;
         let server = serve(log, queue, ledger, token, shutdown.clone()).await?;
         for n in 0..workers {
-            // A connection per run in flight, so no commit waits for one.
-            let options = glia_backends::postgres::PgOptions { max_connections: concurrency.max(1), ..Default::default() };
+            // Committing in a transaction: a connection per run in flight, so
+            // no commit waits for one.
+            let max_connections = if variant == Variant::Transaction { concurrency.max(1) } else { pool.max(1) };
+            let options = glia_backends::postgres::PgOptions { max_connections, commit_mode: variant.commit_mode(), group_lanes: urls.group_lanes.into(), ..Default::default() };
             let (log, queue, ledger) = ports(db.log_with(options).await).await?;
             let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
-            tokio::spawn(Arc::new(Worker::new(agent.clone(), log, queue, ledger, options)).run(shutdown.clone()));
+            let worker = Worker::new(agent.clone(), log, queue, ledger, options).with_serial_cancel_check(variant != Variant::Group);
+            tokio::spawn(Arc::new(worker).run(shutdown.clone()));
         }
         let sql = db.sql().await;
         Ok(BenchFleet { store: BenchStore::Fleet { db, sql, queue_name: name, amqp_url: urls.amqp_url.clone() }, server, stop })
@@ -369,34 +428,59 @@ async fn serve(
     Ok(server)
 }
 
-async fn steps(args: &StepsArgs, target: Target) -> Result<StepsResult> {
+async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
     let mut library = ScriptLibrary::default();
     library.insert("bench", step_script(args.turns));
     let agent = Arc::new(Agent::new(Arc::new(library)).with_tools(crate::demo::tools()));
     let raw_concurrency = args.runs.min(args.workers.max(1) * args.concurrency);
-    let mut rounds = Vec::new();
+    let variants: Vec<Option<Variant>> = match target {
+        Target::Sqlite => vec![None],
+        _ => args.variants.iter().copied().map(Some).collect(),
+    };
+    let mut rounds: Vec<Vec<StepsRound>> = vec![Vec::new(); variants.len()];
     for round in 0..args.repeat.max(1) {
-        let fleet = match target {
-            Target::Sqlite => BenchFleet::start_sqlite(agent.clone(), args.workers, args.concurrency).await?,
-            _ => BenchFleet::start(&args.urls, agent.clone(), args.workers, args.concurrency).await?,
-        };
-        let result = steps_round(args, &fleet).await;
-        fleet.stop().await;
-        let mut result = result?;
+        // Every variant in turn, then the raw rate: side by side in each round.
+        let mut results = Vec::new();
+        for variant in &variants {
+            let fleet = match variant {
+                None => BenchFleet::start_sqlite(agent.clone(), args.workers, args.concurrency).await?,
+                Some(v) => BenchFleet::start_with(&args.urls, agent.clone(), args.workers, args.concurrency, None, *v, args.pool).await?,
+            };
+            let result = steps_round(args, &fleet).await;
+            fleet.stop().await;
+            results.push(result?);
+        }
         // The raw rate, on a store of its own once the fleet is gone.
         let seconds = Duration::from_secs(args.raw_seconds);
-        if target == Target::Sqlite {
-            result.raw_inserts_per_s_1 = raw_sqlite_inserts(1, seconds).await?;
-            result.raw_inserts_per_s_c = raw_sqlite_inserts(raw_concurrency, seconds).await?;
+        let (raw_1, raw_c) = if target == Target::Sqlite {
+            (raw_sqlite_inserts(1, seconds).await?, raw_sqlite_inserts(raw_concurrency, seconds).await?)
         } else {
             let raw_db = private_db(&args.urls.database_url).await?;
-            result.raw_inserts_per_s_1 = raw_inserts(&raw_db, 1, seconds).await?;
-            result.raw_inserts_per_s_c = raw_inserts(&raw_db, raw_concurrency, seconds).await?;
+            let raw = (raw_inserts(&raw_db, 1, seconds).await?, raw_inserts(&raw_db, raw_concurrency, seconds).await?);
             drop(raw_db);
+            raw
+        };
+        for (i, mut result) in results.into_iter().enumerate() {
+            result.raw_inserts_per_s_1 = raw_1;
+            result.raw_inserts_per_s_c = raw_c;
+            eprintln!(
+                "{target:?} {:?} round {}: {:.0} steps/s ({:.2} of raw {:.0}/s), approval→resume p50 {:.1} ms p99 {:.1} ms",
+                variants[i],
+                round + 1,
+                result.steps_per_s,
+                result.steps_per_s / raw_c.max(1.0),
+                raw_c,
+                result.approval_resume_p50_ms,
+                result.approval_resume_p99_ms
+            );
+            rounds[i].push(result);
         }
-        eprintln!("{target:?} round {}: {:.0} steps/s, approval→resume p50 {:.1} ms", round + 1, result.steps_per_s, result.approval_resume_p50_ms);
-        rounds.push(result);
     }
+    Ok(variants.into_iter().zip(rounds).map(|(variant, rounds)| summarise(args, variant, raw_concurrency, rounds)).collect())
+}
+
+/// Medians over a variant's rounds.
+fn summarise(args: &StepsArgs, variant: Option<Variant>, raw_concurrency: usize, rounds: Vec<StepsRound>) -> StepsResult {
     let m = |f: fn(&StepsRound) -> f64| median(rounds.iter().map(f).collect());
     let medians = StepsRound {
         steps_per_s: m(|r| r.steps_per_s),
@@ -409,7 +493,17 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<StepsResult> {
         wall_s: m(|r| r.wall_s),
     };
     let ratio_to_raw = if medians.raw_inserts_per_s_c > 0.0 { medians.steps_per_s / medians.raw_inserts_per_s_c } else { 0.0 };
-    Ok(StepsResult { runs: args.runs, turns: args.turns, workers: args.workers, concurrency: args.concurrency, raw_concurrency, median: medians, ratio_to_raw, rounds })
+    StepsResult {
+        variant,
+        runs: args.runs,
+        turns: args.turns,
+        workers: args.workers,
+        concurrency: args.concurrency,
+        raw_concurrency,
+        median: medians,
+        ratio_to_raw,
+        rounds,
+    }
 }
 
 async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound> {
@@ -785,7 +879,7 @@ async fn approvals(args: &ApprovalsArgs) -> Result<ApprovalsResult> {
     let mut library = ScriptLibrary::default();
     library.insert("bench", step_script(1));
     let agent = Arc::new(Agent::new(Arc::new(library)).with_tools(crate::demo::tools()));
-    let fleet = BenchFleet::start_with(&args.urls, agent, 1, 16, Some(BENCH_TOKEN)).await?;
+    let fleet = BenchFleet::start_with(&args.urls, agent, 1, 16, Some(BENCH_TOKEN), Variant::Group, 16).await?;
     let result = approvals_round(args, &fleet).await;
     fleet.stop().await;
     result

@@ -52,6 +52,10 @@ pub struct Urls {
     /// Prefix of every Redis key.
     #[arg(long, env = "GLIA_REDIS_PREFIX", default_value = "glia")]
     pub redis_prefix: String,
+    /// Group commit on Postgres: most groups of step commits written at once,
+    /// each on its own pooled connection (see `PgOptions::group_lanes`).
+    #[arg(long, env = "GLIA_GROUP_LANES", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub group_lanes: u16,
 }
 
 /// The three ports (cheap to clone: shared handles).
@@ -62,6 +66,8 @@ pub struct Ports {
     pub ledger: Arc<dyn Ledger>,
     /// Webhook subscriptions and deliveries (Postgres only).
     pub webhooks: Option<Arc<dyn glia_backends::webhooks::WebhookStore>>,
+    /// Batches and their items (Postgres only, for now).
+    pub batches: Option<Arc<dyn glia_backends::batches::BatchStore>>,
 }
 
 impl Ports {
@@ -76,12 +82,12 @@ impl Ports {
         urls.check()?;
         let connect = async {
             let (log, queue, ledger) = tokio::join!(
-                wait_for(EVENT_LOG, "Postgres", startup, || PgLog::connect(&urls.database_url, PgOptions::default())),
+                wait_for(EVENT_LOG, "Postgres", startup, || PgLog::connect(&urls.database_url, PgOptions { group_lanes: urls.group_lanes.into(), ..PgOptions::default() })),
                 wait_for(JOB_QUEUE, "RabbitMQ", startup, || RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone()))),
                 wait_for(LEDGER, "Redis", startup, || RedisLedger::connect(&urls.redis_url, &urls.redis_prefix)),
             );
             let log = Arc::new(log);
-            Ports { log: log.clone(), queue: Arc::new(queue), ledger: Arc::new(ledger), webhooks: Some(log) }
+            Ports { log: log.clone(), queue: Arc::new(queue), ledger: Arc::new(ledger), webhooks: Some(log.clone()), batches: Some(log) }
         };
         tokio::select! {
             ports = connect => Ok(Some(ports)),
@@ -93,12 +99,12 @@ impl Ports {
     /// `path` (created if missing; one process at a time).
     pub async fn sqlite(path: &Path) -> Result<Ports> {
         let log = SqliteLog::open(path, SqliteOptions::default()).await.with_context(|| format!("opening the data file {}", path.display()))?;
-        Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: Arc::new(log), webhooks: None })
+        Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: Arc::new(log), webhooks: None, batches: None })
     }
 
     /// In-memory twins: nothing survives the process.
     pub fn memory() -> Ports {
-        Ports { log: Arc::new(MemoryLog::default()), queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()), webhooks: None }
+        Ports { log: Arc::new(MemoryLog::default()), queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()), webhooks: None, batches: None }
     }
 }
 
@@ -456,6 +462,17 @@ pub struct DispatcherArgs {
     /// Seconds between reconciler passes.
     #[arg(long, default_value_t = 2)]
     pub reconcile_every: u64,
+    /// Most batch runs not done at once across all tenants; keep it below
+    /// the fleet's worker slots so single runs always find one.
+    #[arg(long, env = "GLIA_BATCH_MAX_IN_FLIGHT", default_value_t = 256)]
+    pub batch_max_in_flight: u32,
+    /// Most batch runs not done at once per tenant.
+    #[arg(long, env = "GLIA_BATCH_PER_TENANT", default_value_t = 128)]
+    pub batch_per_tenant: u32,
+    /// A tenant's fair-share weight for batch admission, `TENANT=WEIGHT`
+    /// (default 1); repeatable.
+    #[arg(long = "batch-weight", value_parser = parse_weight)]
+    pub batch_weights: Vec<(String, u32)>,
     /// Ms between samples of the gauges read from Postgres and RabbitMQ
     /// (runs by status, approvals, queue depth and consumers).
     #[arg(long, env = "GLIA_METRICS_SAMPLE_MS", default_value_t = 5000)]
@@ -480,9 +497,11 @@ impl DispatcherArgs {
 }
 
 impl DispatcherArgs {
-    /// `app` with the inbox's session settings and the webhooks' store,
-    /// receiver policy and public URL from these options.
-    fn configure(&self, app: glia_dispatcher::App, webhooks: Option<Arc<dyn glia_backends::webhooks::WebhookStore>>) -> glia_dispatcher::App {
+    /// `app` with the inbox's session settings, the webhooks' store,
+    /// receiver policy and public URL, and the batch store and admission
+    /// caps from these options.
+    fn configure(&self, app: glia_dispatcher::App, ports: &Ports) -> glia_dispatcher::App {
+        let webhooks = ports.webhooks.clone();
         let mut inbox = match &self.session_key {
             Some(key) if !key.is_empty() => glia_dispatcher::inbox::InboxConfig::with_secret(key),
             _ => glia_dispatcher::inbox::InboxConfig::default(),
@@ -493,13 +512,28 @@ impl DispatcherArgs {
             policy: glia_dispatcher::webhooks::WebhookPolicy { allow_private: self.webhook_allow_private, allow_hosts: self.webhook_allow_hosts.clone() },
             public_url: Some(self.public_url.clone().unwrap_or_else(|| format!("http://{}", self.listen))),
         };
-        app.with_inbox(inbox).with_webhooks(webhooks)
+        let admission = glia_dispatcher::batches::Admission {
+            max_in_flight: self.batch_max_in_flight.max(1),
+            per_tenant: self.batch_per_tenant.max(1),
+            weights: self.batch_weights.iter().cloned().collect(),
+            ..Default::default()
+        };
+        app.with_inbox(inbox).with_webhooks(webhooks).with_batches(glia_dispatcher::batches::BatchConfig { store: ports.batches.clone(), admission })
     }
+}
+
+fn parse_weight(s: &str) -> Result<(String, u32), String> {
+    let (tenant, weight) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected TENANT=WEIGHT"))?;
+    let weight: u32 = weight.parse().map_err(|_| format!("{s:?}: the weight must be a positive integer"))?;
+    if tenant.is_empty() || weight == 0 {
+        return Err(format!("{s:?}: expected TENANT=WEIGHT with a non-empty tenant and a weight of at least 1"));
+    }
+    Ok((tenant.to_owned(), weight))
 }
 
 async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, admission: Option<glia_dispatcher::Admission>, shutdown: watch::Receiver<bool>) -> Result<()> {
     let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?);
-    let mut app = args.configure(app, ports.webhooks.clone());
+    let mut app = args.configure(app, ports);
     app.admission = admission;
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let every = Duration::from_secs(args.reconcile_every.max(1));
@@ -533,6 +567,9 @@ fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sampl
     if app.webhooks.store.is_some() {
         tokio::spawn(glia_dispatcher::webhooks::deliver(app.clone(), glia_dispatcher::webhooks::DeliveryOptions::default()));
     }
+    if app.batches.store.is_some() {
+        tokio::spawn(glia_dispatcher::batches::admit(app.clone()));
+    }
 }
 
 /// `glia dispatcher`: the HTTP API, the outbox relay and the reconciler.
@@ -555,7 +592,7 @@ pub async fn dispatcher(urls: Urls, args: DispatcherArgs, catalogue: CatalogueAr
         ports = Ports::connect_waiting(&urls, gate.startup(), shutdown.clone()) => ports?,
     };
     if let Some(ports) = ports {
-        let mut app = args.configure(glia_dispatcher::App::new(ports.log, ports.queue, ports.ledger, auth), ports.webhooks);
+        let mut app = args.configure(glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), auth), &ports);
         app.admission = admission;
         spawn_background(&app, Duration::from_secs(args.reconcile_every.max(1)), Duration::from_millis(args.metrics_sample_ms.max(100)));
         gate.open(app);

@@ -4,6 +4,7 @@
 mod agents;
 mod archive;
 mod batch;
+mod batches;
 mod bench;
 mod client;
 mod demo;
@@ -97,7 +98,9 @@ enum Command {
     /// Replay a recording's conversations through a fleet (embedded, or a
     /// dispatcher at --server), as their customers and approvers; print a
     /// summary. Fails when a run diverged from its recording or failed.
-    Batch(batch::BatchArgs),
+    /// With a subcommand: batches on a dispatcher (submit, status, results,
+    /// cancel, pause, resume, list).
+    Batch(batches::BatchCli),
     /// Measure the fleet on the real services (see BENCHMARKS.md); prints
     /// JSON.
     #[command(subcommand)]
@@ -183,7 +186,7 @@ async fn main() -> Result<()> {
         Command::Runs(cmd) => client::runs(cmd).await,
         Command::Approvals(cmd) => client::approvals(cmd).await,
         Command::Webhooks(cmd) => client::webhooks(cmd).await,
-        Command::Batch(args) => batch::batch(args).await,
+        Command::Batch(cli) => batches::batch(cli).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Agents(cmd) => agents::agents(cmd).await,
         Command::Schemas(args) => agents::schemas(args),

@@ -21,6 +21,16 @@ fn steps_growth_and_memory_report_measurements() {
     assert!(m["approval_resume_p50_ms"].as_f64().unwrap() > 0.0, "{s}");
     assert!(m["raw_inserts_per_s_1"].as_f64().unwrap() > 0.0 && m["raw_inserts_per_s_c"].as_f64().unwrap() > 0.0, "{s}");
     assert_eq!(s["raw_concurrency"], 6, "{s}");
+    assert_eq!(s["variant"], "group", "{s}");
+
+    // Variants side by side: one result each, the same work done by each.
+    let s = bench(&["steps", "--runs", "4", "--turns", "2", "--repeat", "1", "--raw-seconds", "1", "--concurrency", "4", "--variants", "transaction,statement,group"]);
+    let variants: Vec<&str> = s.as_array().unwrap().iter().map(|v| v["variant"].as_str().unwrap()).collect();
+    assert_eq!(variants, ["transaction", "statement", "group"], "{s}");
+    for v in s.as_array().unwrap() {
+        assert_eq!(v["median"]["steps"], 4 * (2 * 2 + 1), "{s}");
+        assert!(v["ratio_to_raw"].as_f64().unwrap() > 0.0, "{s}");
+    }
 
     // The single node, on a SQLite file of its own, in the same shape.
     let s = bench(&["steps", "--target", "sqlite", "--runs", "6", "--turns", "3", "--repeat", "1", "--raw-seconds", "1", "--concurrency", "4"]);

@@ -74,6 +74,7 @@ fn exported_series() -> BTreeSet<String> {
     let dispatcher = glia_dispatcher::Metrics::new();
     let _ = dispatcher.http_requests.get_or_create(&d::HttpLabels { route: s(), method: s(), status: s() });
     let _ = dispatcher.http_duration.get_or_create(&d::RouteLabels { route: s(), method: s() });
+    let _ = dispatcher.batch_items.get_or_create(&d::BatchItemLabels { state: s(), pull_point: s() });
     dispatcher.posted("approval");
     let _ = dispatcher.runs.get_or_create(&d::RunLabels { status: s(), pull_point: s() });
     let _ = dispatcher.approval_wait.get_or_create(&d::DecisionLabels { decision: s() });
@@ -163,7 +164,7 @@ fn the_dashboard_has_the_sections_and_every_panel_uses_the_provisioned_datasourc
     let d = dashboard();
     assert_eq!(d["uid"], "glia-fleet");
     let rows: Vec<&str> = d["panels"].as_array().unwrap().iter().filter(|p| p["type"] == "row").filter_map(|p| p["title"].as_str()).collect();
-    assert_eq!(rows, ["Fleet overview", "Model and cost", "Tools", "Approvals queue", "Queue and workers", "Errors"]);
+    assert_eq!(rows, ["Fleet overview", "Model and cost", "Tools", "Approvals queue", "Queue and workers", "Errors", "Batches"]);
     let panels = panels(&d);
     let mut ids = BTreeSet::new();
     for p in &panels {

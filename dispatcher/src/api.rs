@@ -60,6 +60,13 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(crate::webhooks::create, crate::webhooks::list))
         .routes(routes!(crate::webhooks::delete))
         .routes(routes!(crate::webhooks::deliveries))
+        .routes(routes!(crate::batches::create, crate::batches::list))
+        .routes(routes!(crate::batches::get))
+        .routes(routes!(crate::batches::results))
+        .routes(routes!(crate::batches::stream))
+        .routes(routes!(crate::batches::cancel))
+        .routes(routes!(crate::batches::pause))
+        .routes(routes!(crate::batches::resume))
         .routes(routes!(decide))
         .routes(routes!(post_tool_result))
         .routes(routes!(post_message))
@@ -429,7 +436,7 @@ fn not_done(run: &RunSummary) -> Result<(), ApiError> {
     if run.status == RunStatus::Done { Err(ApiError::RunFinished(run.run_id)) } else { Ok(()) }
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
     let bad = |reason: &str| ApiError::InvalidHeader { name: "Idempotency-Key", reason: reason.to_owned() };
     let s = v.to_str().map_err(|_| bad("not visible ASCII"))?.trim();
@@ -445,7 +452,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// Checks a worker would otherwise fail on late: the dispatcher refuses them
 /// at admission, naming the field ([`RunConfig::validate`]: tool and output
 /// schemas are compiled as JSON Schema).
-fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
+pub(crate) fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
     if req.goal.trim().is_empty() {
         return Err(ApiError::InvalidField { field: "goal".into(), reason: "is blank".into() });
     }
@@ -517,11 +524,26 @@ async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static
 pub async fn create_run(State(app): State<App>, p: Principal, headers: HeaderMap, ApiJson(req): ApiJson<CreateRun>) -> Result<Response, ApiError> {
     p.require(Scope::Submit)?;
     let key = idempotency_key(&headers)?;
-    let config = run_config(&app, &p.tenant, &req).await?;
+    let (run, created) = admit_run(&app, &p.tenant, key, &req).await?;
+    if !created {
+        return Ok((StatusCode::OK, Json(run)).into_response());
+    }
+    let location = HeaderValue::from_str(&format!("/v1/runs/{}", run.run_id)).expect("a uuid path is a valid header");
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(run)).into_response())
+}
+
+/// Admit `req` as a run of `tenant`: what `POST /v1/runs` does after
+/// authentication, and what a batch's admission loop does for each item
+/// (so a batch accepts exactly what a single submit accepts). Answers the
+/// run and whether it was created (false: the idempotency key found an
+/// earlier run with the same goal, config and batch). Errors: 422 for a bad
+/// goal or config, 409 `idempotency_conflict`, 503 when the log fails.
+pub(crate) async fn admit_run(app: &App, tenant: &str, key: Option<String>, req: &CreateRun) -> Result<(RunSummary, bool), ApiError> {
+    let config = run_config(app, tenant, req).await?;
     let run_id = Uuid::now_v7();
     let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: req.goal.clone(), config: config.clone() } };
     RunState::new(run_id).apply(&start).map_err(|e| ApiError::Invalid(e.to_string()))?;
-    let new = NewRun { tenant: p.tenant.clone(), idempotency_key: key.clone(), batch_id: req.batch_id, start };
+    let new = NewRun { tenant: tenant.to_owned(), idempotency_key: key.clone(), batch_id: req.batch_id, start };
     let (run, created) = app.log.create_run(new).await?;
     if !created {
         let first = app.log.events(run.run_id, 0, 1).await?;
@@ -532,12 +554,11 @@ pub async fn create_run(State(app): State<App>, p: Principal, headers: HeaderMap
         if !same {
             return Err(ApiError::IdempotencyConflict(key.unwrap_or_default()));
         }
-        return Ok((StatusCode::OK, Json(run)).into_response());
+        return Ok((run, false));
     }
     app.metrics().runs_admitted.inc();
     app.wake_relay();
-    let location = HeaderValue::from_str(&format!("/v1/runs/{}", run.run_id)).expect("a uuid path is a valid header");
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(run)).into_response())
+    Ok((run, true))
 }
 
 /// List runs visible to the caller, by id (creation order), with filters and a cursor.
@@ -815,10 +836,18 @@ pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
     let run = visible_run(&app, &p, id).await?;
     not_done(&run)?;
     let reason = body.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).map_or_else(|| format!("cancelled by {}", p.by()), str::to_owned);
+    let inbox_id = cancel_run(&app, id, &reason, &p.by()).await?;
+    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec!["cancel".into()], decision: None })))
+}
+
+/// Post a cancel to run `id` (or find the one already waiting) and set its
+/// cancel flag: the durable part of `POST /v1/runs/{id}/cancel`, also used
+/// when a batch is cancelled. Answers the cancel's inbox id.
+pub(crate) async fn cancel_run(app: &App, id: Uuid, reason: &str, by: &str) -> Result<i64, ApiError> {
     let pending = app.log.inbox(id).await?.into_iter().find(|i| matches!(i.payload, Resume::Cancel { .. }));
     let inbox_id = match pending {
         Some(item) => item.id,
-        None => match post(&app, id, Resume::Cancel { reason: reason.clone() }).await {
+        None => match post(app, id, Resume::Cancel { reason: reason.to_owned() }).await {
             Ok((inbox_id, _)) => inbox_id,
             // A concurrent cancel got there first: answer with it.
             Err(glia_backends::LogError::Duplicate { .. }) => app
@@ -837,8 +866,8 @@ pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
         tracing::warn!(run_id = %id, "cancel flag not set (the posted cancel still applies): {e}");
     }
     app.metrics().cancels_requested.inc();
-    tracing::info!(run_id = %id, by = %p.by(), %reason, "cancel requested");
-    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec!["cancel".into()], decision: None })))
+    tracing::info!(run_id = %id, %by, %reason, "cancel requested");
+    Ok(inbox_id)
 }
 
 /// Close a conversational run waiting at `awaiting_input`, or a run paused by

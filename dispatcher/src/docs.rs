@@ -20,11 +20,13 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
         license(name = "MIT")
     ),
     modifiers(&BearerAuth),
+    components(schemas(crate::batches::BatchSpec, crate::batches::BatchItem, crate::batches::ItemResult)),
     tags(
         (name = "runs", description = "Admission, listing, event logs and streams"),
         (name = "approvals", description = "The approval queue and decisions"),
         (name = "payloads", description = "Tool results, messages, resume, cancel"),
         (name = "agents", description = "The agent registry: versioned agent definitions"),
+        (name = "batches", description = "Many goals with one configuration: submit (JSON or JSON Lines), progress, results, cancel, pause, resume"),
         (name = "ops", description = "Health, readiness, metrics, this document")
     )
 )]
@@ -86,6 +88,7 @@ pub fn foreign_schemas() -> Vec<(&'static str, Value)> {
         ("DecisionBody", DecisionBodyDoc::json()),
         ("BulkDecision", BulkDecisionDoc::json()),
         ("SseEvent", SseEventDoc::json()),
+        ("BatchProgressEvent", BatchProgressEventDoc::json()),
         ("LiveEvent", LiveEventDoc::json()),
         ("ToolInputSchema", ToolInputSchemaDoc::json()),
         ("JsonSchemaNode", json_schema_node()),
@@ -179,6 +182,17 @@ foreign_schema!(
                 "id": {"type": "string"},
                 "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/LiveEvent"}}}}
         ]
+    }));
+
+foreign_schema!(
+    /// One frame of `GET /v1/batches/{id}/stream` (text/event-stream):
+    /// `event: progress` with a `BatchView` as JSON in `data`.
+    BatchProgressEventDoc, "BatchProgressEvent", json!({
+        "description": "One server-sent event: `event: progress`, the batch's view as JSON in `data`.",
+        "type": "object", "required": ["event", "data"], "properties": {
+            "event": {"const": "progress"},
+            "id": {"type": "string"},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/BatchView"}}}
     }));
 
 /// The part of JSON Schema the document describes inside tool schemas (a
@@ -482,6 +496,12 @@ pub fn complete(doc: &mut Value) {
     for (path, item) in paths.iter_mut() {
         let Some(operations) = item.as_object_mut() else { continue };
         for operation in operations.values_mut() {
+            // A body documented "May be empty" is optional: an empty one means the defaults.
+            if let Some(body) = operation.get_mut("requestBody").and_then(Value::as_object_mut)
+                && body.get("description").and_then(Value::as_str) == Some("May be empty")
+            {
+                body.insert("required".into(), json!(false));
+            }
             for param in operation.get_mut("parameters").and_then(Value::as_array_mut).into_iter().flatten() {
                 let name = param["name"].as_str().unwrap_or_default().to_owned();
                 let schema = &mut param["schema"];

@@ -29,6 +29,9 @@ pub struct ErrorDetail {
     pub code: String,
     /// Human-readable explanation; not stable.
     pub message: String,
+    /// For an error in one line of a JSON Lines upload: its number, from 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
     /// For a value that is not acceptable (422 `invalid_request`): the
     /// field, as a path from the body's root, e.g.
     /// `config.external_tools[1].input_schema`. Absent otherwise.
@@ -62,6 +65,23 @@ pub enum ApiError {
     /// 404 `agent_not_found`: the tenant has no such agent (or version).
     #[error("agent {0} not found")]
     AgentNotFound(String),
+    /// 404 `batch_not_found`: no such batch, or it belongs to another tenant.
+    #[error("batch {0} not found")]
+    BatchNotFound(Uuid),
+    /// One line of a JSON Lines upload is bad: 400 `malformed_json` (not
+    /// JSON), 422 `invalid_body` (wrong shape) or 422 `invalid_request` (a
+    /// value refused); `line` and `field` say where.
+    #[error("line {line}{}: {reason}", field.as_deref().map(|f| format!(", {f}")).unwrap_or_default())]
+    InvalidLine {
+        /// Line number, from 1.
+        line: u64,
+        /// The field within the line, when one is to blame.
+        field: Option<String>,
+        /// `malformed_json`, `invalid_body` or `invalid_request`.
+        code: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// 404 `run_not_found`: no such run, or it belongs to another tenant.
     #[error("run {0} not found")]
     RunNotFound(Uuid),
@@ -206,7 +226,9 @@ impl ApiError {
         match self {
             MissingToken | InvalidToken => StatusCode::UNAUTHORIZED,
             Forbidden(_) => StatusCode::FORBIDDEN,
-            RouteNotFound(_) | NotAvailable(_) | AgentNotFound(_) | RunNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
+            InvalidLine { code: "malformed_json", .. } => StatusCode::BAD_REQUEST,
+            InvalidLine { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            RouteNotFound(_) | NotAvailable(_) | AgentNotFound(_) | RunNotFound(_) | BatchNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_)
             | AlreadyPosted { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
@@ -231,6 +253,8 @@ impl ApiError {
             MethodNotAllowed => "method_not_allowed",
             AgentNotFound(_) => "agent_not_found",
             RunNotFound(_) => "run_not_found",
+            BatchNotFound(_) => "batch_not_found",
+            InvalidLine { code, .. } => code,
             CallNotFound { .. } => "call_not_found",
             ApprovalNotFound { .. } => "approval_not_found",
             AlreadyDecided { .. } => "already_decided",
@@ -262,11 +286,12 @@ impl ApiError {
 
     /// The JSON body.
     pub fn body(&self) -> ErrorBody {
-        let field = match self {
-            ApiError::InvalidField { field, .. } | ApiError::BodyAt { field, .. } => Some(field.clone()),
-            _ => None,
+        let (field, line) = match self {
+            ApiError::InvalidField { field, .. } | ApiError::BodyAt { field, .. } => (Some(field.clone()), None),
+            ApiError::InvalidLine { line, field, .. } => (field.clone(), Some(*line)),
+            _ => (None, None),
         };
-        ErrorBody { error: ErrorDetail { code: self.code().to_owned(), message: self.to_string(), field } }
+        ErrorBody { error: ErrorDetail { code: self.code().to_owned(), message: self.to_string(), field, line } }
     }
 }
 

@@ -28,13 +28,13 @@ pub struct ApiQuery<T>(pub T);
 /// Path parameters; errors are 400 `invalid_path`.
 pub struct ApiPath<T>(pub T);
 
-fn is_json(headers: &HeaderMap) -> bool {
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     let Some(ct) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else { return false };
     let Ok(mime) = ct.parse::<mime_lite::Mime>() else { return false };
     mime.is_json()
 }
 
-async fn body(req: Request, app: &App) -> Result<(HeaderMap, Bytes), ApiError> {
+pub(crate) async fn body(req: Request, app: &App) -> Result<(HeaderMap, Bytes), ApiError> {
     let headers = req.headers().clone();
     let bytes = Bytes::from_request(req, app).await.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -73,7 +73,7 @@ static VALIDATORS: LazyLock<HashMap<String, jsonschema::Validator>> = LazyLock::
 /// Check `value` against the document's schema `name`. Errors: 422
 /// `invalid_body` naming the first offending place (`config.budget: … is
 /// not of type "object"`).
-fn conforms(name: &str, value: &serde_json::Value) -> Result<(), ApiError> {
+pub(crate) fn conforms(name: &str, value: &serde_json::Value) -> Result<(), ApiError> {
     let Some(validator) = VALIDATORS.get(name) else { return Err(ApiError::Internal(format!("no schema {name} in the OpenAPI document"))) };
     match validator.iter_errors(value).next() {
         None => Ok(()),
@@ -120,7 +120,7 @@ fn place(e: &jsonschema::ValidationError<'_>) -> (String, String) {
     }
 }
 
-fn parse<T: DeserializeOwned + Documented>(headers: &HeaderMap, bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse<T: DeserializeOwned + Documented>(headers: &HeaderMap, bytes: &[u8]) -> Result<T, ApiError> {
     if !is_json(headers) {
         return Err(ApiError::UnsupportedMediaType);
     }
@@ -205,7 +205,7 @@ mod mime_lite {
 /// not. Rewrite such numbers that fit an `i64` or `u64` as integers
 /// everywhere in the body, so that what the document allows is what the
 /// server accepts. (The same number, in JSON terms.)
-fn integral_numbers(value: &mut serde_json::Value) {
+pub(crate) fn integral_numbers(value: &mut serde_json::Value) {
     // 2^64 and -2^63, exactly representable as f64.
     const U64_END: f64 = 18_446_744_073_709_551_616.0;
     const I64_MIN: f64 = -9_223_372_036_854_775_808.0;

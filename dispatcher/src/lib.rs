@@ -33,6 +33,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod batches;
 pub mod docs;
 pub mod error;
 pub mod extract;
@@ -131,8 +132,11 @@ pub struct App {
     /// catalogue (MCP servers, HTTP tool origins, providers: `glia
     /// dispatcher --catalogue`); `None` admits every valid config.
     pub admission: Option<Admission>,
+    /// Batch store and admission settings.
+    pub batches: Arc<batches::BatchConfig>,
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
+    wake_admission: Arc<Notify>,
 }
 
 impl App {
@@ -147,9 +151,27 @@ impl App {
             inbox: Arc::new(inbox::InboxConfig::default()),
             webhooks: Arc::new(webhooks::WebhookConfig::default()),
             admission: None,
+            batches: Arc::new(batches::BatchConfig::default()),
             metrics: Arc::new(Metrics::new()),
             wake: Arc::new(Notify::new()),
+            wake_admission: Arc::new(Notify::new()),
         }
+    }
+
+    /// The same app with this batch store and these admission settings.
+    pub fn with_batches(mut self, config: batches::BatchConfig) -> App {
+        self.batches = Arc::new(config);
+        self
+    }
+
+    /// Wake the batch admission loop ([`batches::admit`]) now.
+    pub fn wake_admission(&self) {
+        self.wake_admission.notify_one();
+    }
+
+    /// Wait until [`App::wake_admission`] is called (or was called since the last wait).
+    pub(crate) async fn admission_woken(&self) {
+        self.wake_admission.notified().await
     }
 
     /// The same app with these webhook settings (store, policy, public URL).

@@ -77,6 +77,15 @@ pub struct RunLabels {
     pub pull_point: String,
 }
 
+/// Labels of `batch_items`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BatchItemLabels {
+    /// `queued`, `running`, `parked`, `succeeded`, `failed`, `cancelled`, `expired`.
+    pub state: String,
+    /// The pull point of parked items, else empty.
+    pub pull_point: String,
+}
+
 /// Label `decision` of `approval_wait_seconds`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
@@ -139,6 +148,8 @@ pub struct Metrics {
     pub queue_dead_lettered: Gauge,
     /// Failed samples, by source.
     pub sample_errors: Family<SourceLabels, Counter>,
+    /// Items of unfinished batches by state (sampled; no batch label).
+    pub batch_items: Family<BatchItemLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -170,6 +181,7 @@ impl Metrics {
             queue_consumers: Gauge::default(),
             queue_dead_lettered: Gauge::default(),
             sample_errors: Family::default(),
+            batch_items: Family::default(),
             registry: Registry::default(),
         };
         registry.register("http_requests", "HTTP requests answered, by route template, method and status", m.http_requests.clone());
@@ -190,6 +202,7 @@ impl Metrics {
         registry.register("queue_consumers", "Consumers (workers) attached to the run-job queue (sampled)", m.queue_consumers.clone());
         registry.register("queue_dead_lettered", "Jobs in the dead-letter queue (sampled)", m.queue_dead_lettered.clone());
         registry.register("sample_errors", "Failed samples of the sampled gauges, by source (log, queue)", m.sample_errors.clone());
+        registry.register("batch_items", "Items of batches not finished, by state and pull point (sampled)", m.batch_items.clone());
         Metrics { registry, ..m }
     }
 
@@ -236,6 +249,26 @@ pub async fn sample_once(app: &App) {
         Err(e) => {
             tracing::warn!("metrics: sampling the event log failed: {e}");
             m.sample_errors.get_or_create(&SourceLabels { source: "log".into() }).inc();
+        }
+    }
+    if let Some(store) = &app.batches.store {
+        match store.gauges().await {
+            Ok(by_status) => {
+                let counts = crate::batches::BatchCounts::of(&by_status);
+                let set = |state: &str, pull_point: &str, n: u64| {
+                    m.batch_items.get_or_create(&BatchItemLabels { state: state.to_owned(), pull_point: pull_point.to_owned() }).set(n as i64);
+                };
+                for (state, n) in [("queued", counts.queued), ("running", counts.running), ("succeeded", counts.succeeded), ("failed", counts.failed), ("cancelled", counts.cancelled), ("expired", counts.expired)] {
+                    set(state, "", n);
+                }
+                for pull_point in ["awaiting_approval", "awaiting_tool", "awaiting_input", "paused"] {
+                    set("parked", pull_point, counts.parked.get(pull_point).copied().unwrap_or(0));
+                }
+            }
+            Err(e) => {
+                tracing::warn!("metrics: sampling batches failed: {e}");
+                m.sample_errors.get_or_create(&SourceLabels { source: "batches".into() }).inc();
+            }
         }
     }
     match app.queue.stats().await {

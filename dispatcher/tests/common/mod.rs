@@ -281,7 +281,8 @@ impl Real {
         let queue = Arc::new(glia_backends::rabbitmq::RabbitQueue::connect(&amqp, glia_backends::rabbitmq::QueueOptions::new(&name)).await.expect("RabbitMQ"));
         let redis = env("GLIA_REDIS_URL", "redis://127.0.0.1:6379");
         let ledger = Arc::new(glia_backends::redis_ledger::RedisLedger::connect(&redis, &name).await.expect("Redis"));
-        let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth());
+        let batches = glia_dispatcher::batches::BatchConfig { store: Some(log.clone()), admission: Default::default() };
+        let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth()).with_batches(batches);
         let router = glia_dispatcher::router(app.clone());
         Real { app, router, log, queue, ledger, _keys: glia_backends::testkit::RedisKeys { url: redis, prefix: name }, _db: db }
     }

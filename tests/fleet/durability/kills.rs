@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use glia_testkit::fleet::*;
 use glia_proto::EventKind;
+use serde_json::{Value, json};
 
 #[test]
 fn fifty_mixed_runs_on_a_dispatcher_and_two_worker_processes() {
@@ -120,4 +121,140 @@ fn duplicate_and_stale_jobs_change_nothing() {
     drive(&fleet, &sentinel, Instant::now() + Duration::from_secs(60));
     let after: Vec<usize> = results.iter().map(|(_, id, _)| fleet.events(id).len()).collect();
     assert_eq!(before, after);
+}
+
+/// A session of the test's own on the fleet's database (blocking calls on a
+/// runtime of its own).
+struct Sql {
+    rt: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Sql {
+    fn connect(url: &str) -> Sql {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let client = rt.block_on(async {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+            tokio::spawn(connection);
+            client
+        });
+        Sql { rt, client }
+    }
+
+    fn rows(&self, sql: &str) -> Vec<tokio_postgres::Row> {
+        self.rt.block_on(self.client.query(sql, &[])).unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    fn exec(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        self.rt.block_on(self.client.batch_execute(sql))
+    }
+}
+
+/// A worker is killed while a group commit holding several runs' steps is in
+/// flight (its `BEGIN` and the first steps' statements executed, the group
+/// held up by the next statement): the group is all there or not at all (for
+/// every run in it, each step whole), the runs finish on another worker, and
+/// no sequence number is written twice.
+///
+/// How the group is held in flight: the test inserts, uncommitted, the next
+/// events of the run with the highest id (a group writes its runs in id
+/// order, so that run's statement comes last): the group's insert of that
+/// run's next event waits for the test's transaction. The runs ahead of it
+/// in the group are then locked by the group's open transaction, which the
+/// test sees (`FOR SHARE SKIP LOCKED` skips them). The worker writes one
+/// group at a time (`GLIA_GROUP_LANES=1`), so nothing else commits meanwhile.
+#[test]
+fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
+    let turns = 6;
+    let mut script: Vec<Value> = (0..turns).map(|i| json!({"tool_calls": [{"name": "calculator", "input": {"op": "add", "a": i, "b": 1}}]})).collect();
+    script.push(json!({"text": "done"}));
+    let mut fleet = Fleet::new(&[("long", Value::Array(script))]);
+    fleet.extra_env.push(("GLIA_DEMO_TOOL_DELAY_MS".into(), "20".into()));
+    // One group at a time: while the held group waits, the other runs' steps wait for it.
+    fleet.extra_env.push(("GLIA_GROUP_LANES".into(), "1".into()));
+    fleet.start_dispatcher();
+    let runs: Vec<String> = (0..8).map(|i| fleet.submit(&format!("long #{i}"), json!({"model": "script:long"}))).collect();
+    let last = runs.iter().max().unwrap().clone();
+    let sql = Sql::connect(&fleet.db_url);
+    let blocker = Sql::connect(&fleet.db_url);
+    let lease_ms = 1_500;
+    fleet.start_worker(lease_ms);
+
+    // Hold the last run's next events, once it is under way.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "the last run never started");
+        let head: i64 = sql.rows(&format!("SELECT head_seq FROM runs WHERE id = '{last}'"))[0].get(0);
+        if head < 3 {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        let hold = format!(
+            "BEGIN; INSERT INTO events (run_id, seq, kind, at, at_nanos, payload) \
+             SELECT '{last}', s, 'session.pause', now(), 0, '{{}}'::jsonb FROM generate_series({}, {}) AS s",
+            head + 1,
+            head + 40
+        );
+        match blocker.exec(&hold) {
+            Ok(()) => break,
+            Err(_) => blocker.exec("ROLLBACK").unwrap(), // the run moved on meanwhile
+        }
+    }
+    // Wait for a group held up on it with at least two other runs' steps written in it.
+    let (pid, mut group): (i32, Vec<String>) = loop {
+        assert!(Instant::now() < deadline, "no group commit of several runs was held in flight");
+        let waiting = sql.rows("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fence%'");
+        let free: Vec<String> =
+            sql.rows(&format!("SELECT id::text FROM runs WHERE id <> '{last}' FOR SHARE SKIP LOCKED")).iter().map(|r| r.get(0)).collect();
+        let held: Vec<String> = runs.iter().filter(|r| **r != last && !free.contains(r)).cloned().collect();
+        if let (Some(row), true) = (waiting.first(), held.len() >= 2) {
+            break (row.get(0), held);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    eprintln!("held in flight: {} runs ahead of the held one", group.len());
+    group.push(last.clone());
+    let heads = |group: &[String]| -> Vec<(i64, i64)> {
+        let ids = group.iter().map(|r| format!("'{r}'")).collect::<Vec<_>>().join(",");
+        // One statement, one snapshot of the whole group.
+        let rows = sql.rows(&format!(
+            "SELECT id::text, head_seq, (SELECT coalesce(max(seq), 0) FROM events e WHERE e.run_id = r.id) FROM runs r WHERE id IN ({ids})"
+        ));
+        group.iter().map(|g| rows.iter().find(|r| r.get::<_, String>(0) == *g).map(|r| (r.get(1), r.get(2))).unwrap()).collect()
+    };
+    let before = heads(&group);
+    let mut worker = fleet.workers.remove(0);
+    worker.kill().expect("kill -9 the worker");
+    worker.wait().unwrap();
+    blocker.exec("ROLLBACK").unwrap();
+    // The group's session ends: its statements and COMMIT were already sent,
+    // so it either commits once the held row is free or is rolled back when
+    // the server sees the client gone; either way all of the group, or none.
+    while !sql.rows(&format!("SELECT 1 FROM pg_stat_activity WHERE pid = {pid}")).is_empty() {
+        assert!(Instant::now() < deadline + Duration::from_secs(30), "the killed worker's session never ended");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = heads(&group);
+    for ((run, (head, max_seq)), (was, _)) in group.iter().zip(&after).zip(&before) {
+        assert_eq!(head, max_seq, "run {run}: a step is all there or not at all");
+        assert!(head >= was, "run {run}");
+    }
+    let moved = group.iter().zip(&after).zip(&before).filter(|((_, a), b)| a.0 > b.0).count();
+    assert!(moved == 0 || moved == group.len(), "the group committed for some runs only: before {before:?}, after {after:?}");
+    eprintln!("the killed group {}", if moved == 0 { "was rolled back" } else { "committed" });
+    // Another worker finishes every run, each step once.
+    fleet.start_worker(lease_ms);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while fleet.done_runs() < runs.len() {
+        assert!(Instant::now() < deadline, "runs did not finish after the kill: {} of {}", fleet.done_runs(), runs.len());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for run in &runs {
+        let events = check_log(&fleet, run);
+        let results = events.iter().filter(|e| matches!(e.kind, EventKind::ToolResult { .. })).count();
+        assert_eq!(results, turns, "run {run}: one result per tool turn");
+        assert!(matches!(events.last().unwrap().kind, EventKind::SessionComplete { .. }), "run {run} completed");
+    }
+    let duplicates: i64 = sql.rows("SELECT count(*) FROM (SELECT run_id, seq FROM events GROUP BY 1, 2 HAVING count(*) > 1) d")[0].get(0);
+    assert_eq!(duplicates, 0);
 }

@@ -3,6 +3,7 @@
 //! checks that every run completes, every log is gap- and duplicate-free and
 //! replays, and each refund ran at most once with exactly one outcome per run.
 
+mod batches;
 mod kills;
 mod broker_restart;
 mod outages;

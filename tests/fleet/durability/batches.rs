@@ -1,0 +1,357 @@
+//! Batches end to end: `glia dispatcher` and two `glia worker` processes on
+//! the real Postgres, RabbitMQ and Redis. A batch submitted as JSON Lines
+//! survives its dispatcher being killed with SIGKILL mid-admission (twice):
+//! every item runs, none twice. A spend cap stops admissions; raising it
+//! lets the batch complete. The 10,000-item run and the fairness
+//! measurement are `bench_*` (ignored; figures in BENCHMARKS.md).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use glia_testkit::fleet::*;
+use serde_json::{Value, json};
+
+/// POST a JSON Lines body to `/v1/batches`: `(status, answer)`.
+fn submit_jsonl(api: &Api, lines: impl Iterator<Item = Value>) -> (u16, Value) {
+    let body: String = lines.map(|l| format!("{l}\n")).collect();
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
+    let resp = client.post(format!("{}/v1/batches", api.server)).header("content-type", "application/jsonl").body(body).send().expect("dispatcher answers");
+    let status = resp.status().as_u16();
+    (status, serde_json::from_str(&resp.text().unwrap()).unwrap_or(Value::Null))
+}
+
+/// The batch's view, retried across a dispatcher restart.
+fn batch_view(api: &Api, id: &str) -> Value {
+    loop {
+        if let Ok((200, v)) = http("GET", &format!("{}/v1/batches/{id}", api.server), None) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Poll the batch until `done` holds of its view; panics after `limit`.
+fn wait_batch(api: &Api, id: &str, limit: Duration, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let v = batch_view(api, id);
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "batch {id}: {what} not within {limit:?}: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every run of the batch (all pages).
+fn runs_of(api: &Api, id: &str) -> Vec<Value> {
+    let mut runs = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (status, page) = api.get(&format!("/v1/runs?batch_id={id}&limit=1000{after}"));
+        assert_eq!(status, 200, "{page}");
+        runs.extend(page["runs"].as_array().unwrap().iter().cloned());
+        match page["next"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => return runs,
+        }
+    }
+}
+
+/// The results JSON Lines, parsed.
+fn results(api: &Api, id: &str) -> Vec<Value> {
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
+    let text = client.get(format!("{}/v1/batches/{id}/results", api.server)).send().unwrap().text().unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("a results line is JSON ({e}): {l}"))).collect()
+}
+
+fn items(n: usize) -> impl Iterator<Item = Value> {
+    (0..n).map(|i| json!({"custom_id": format!("item-{i}"), "goal": "Answer {{ i }}", "inputs": {"i": i}}))
+}
+
+fn assert_each_item_ran_once(api: &Api, id: &str, n: usize) {
+    let lines = results(api, id);
+    assert_eq!(lines.len(), n, "one results line per item");
+    let ids: BTreeSet<&str> = lines.iter().map(|l| l["custom_id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), n, "each custom_id once");
+    let failed: Vec<&Value> = lines.iter().filter(|l| l["status"] != "succeeded").collect();
+    assert!(failed.is_empty(), "every item succeeded: {failed:?}");
+    let runs = runs_of(api, id);
+    assert_eq!(runs.len(), n, "one run per item: none ran twice");
+    let goals: BTreeSet<&str> = runs.iter().map(|r| r["goal"].as_str().unwrap()).collect();
+    assert_eq!(goals.len(), n, "no goal has two runs");
+    let result_runs: BTreeSet<&str> = lines.iter().map(|l| l["run_id"].as_str().unwrap()).collect();
+    let log_runs: BTreeSet<&str> = runs.iter().map(|r| r["run_id"].as_str().unwrap()).collect();
+    assert_eq!(result_runs, log_runs, "the results name exactly the batch's runs");
+}
+
+#[test]
+fn a_dispatcher_killed_mid_admission_loses_no_item_and_runs_none_twice() {
+    let mut fleet = Fleet::new(&[("answer", json!([{"text": "ok"}]))]);
+    fleet.extra_env.push(("GLIA_BATCH_MAX_IN_FLIGHT".into(), "16".into()));
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    fleet.start_worker(2_000);
+    let n = 300;
+    let spec = json!({"config": {"model": "script:answer"}});
+    let (status, batch) = submit_jsonl(&fleet, std::iter::once(spec).chain(items(n)));
+    assert_eq!(status, 201, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    for round in 0..2 {
+        // Mid-admission: some items started, some still queued.
+        let started = 40 + round * 100;
+        wait_batch(&fleet, &id, Duration::from_secs(120), "admission under way", |v| {
+            let c = &v["counts"];
+            c["succeeded"].as_u64().unwrap_or(0) + c["running"].as_u64().unwrap_or(0) >= started as u64 && c["queued"].as_u64().unwrap_or(0) > 0
+        });
+        fleet.restart_dispatcher();
+    }
+    let done = wait_batch(&fleet, &id, Duration::from_secs(300), "completion", |v| v["status"] == "completed");
+    assert_eq!(done["counts"]["succeeded"], n, "{done}");
+    assert_each_item_ran_once(&fleet, &id, n);
+}
+
+#[test]
+fn a_spend_cap_stops_admissions_and_raising_it_completes_the_batch() {
+    // Each run makes one model call reporting 100 tokens.
+    let mut fleet = Fleet::new(&[("costly", json!([{"text": "ok", "usage": {"input_tokens": 60, "output_tokens": 40}}]))]);
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    fleet.start_worker(2_000);
+    let (n, in_flight, cap) = (40u64, 4u64, 1_000u64);
+    let spec = json!({"config": {"model": "script:costly"}, "options": {"max_in_flight": in_flight, "spend_cap": {"tokens": cap}}});
+    let (status, batch) = submit_jsonl(&fleet, std::iter::once(spec).chain(items(n as usize)));
+    assert_eq!(status, 201, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let held = wait_batch(&fleet, &id, Duration::from_secs(120), "the cap to stop admissions", |v| {
+        v["cap_reached"] == true && v["counts"]["running"] == 0 && v["counts"]["queued"].as_u64().unwrap_or(0) > 0
+    });
+    let spent = held["spend"]["tokens"].as_u64().unwrap();
+    assert!(spent >= cap, "admissions stop only at the cap: {held}");
+    assert!(spent <= cap + in_flight * 100, "at most one call per run in flight beyond the cap: {held}");
+    // Nothing more starts while the cap holds.
+    let again = batch_view(&fleet, &id);
+    assert_eq!(again["counts"]["queued"], held["counts"]["queued"]);
+    // Raise the cap: the batch completes.
+    let (status, resumed) = fleet.post(&format!("/v1/batches/{id}/resume"), json!({"spend_cap": {"tokens": 100_000}}));
+    assert_eq!(status, 200, "{resumed}");
+    let done = wait_batch(&fleet, &id, Duration::from_secs(180), "completion", |v| v["status"] == "completed");
+    assert_eq!((done["counts"]["succeeded"].as_u64(), done["spend"]["tokens"].as_u64()), (Some(n), Some(n * 100)), "{done}");
+    assert_each_item_ran_once(&fleet, &id, n as usize);
+}
+
+#[test]
+fn cancelling_a_batch_cancels_its_runs_and_its_queued_items() {
+    // Runs park for an external tool, so they are live when the batch is cancelled.
+    let script = json!([{"tool_calls": [{"name": "ask_customer", "input": {"question": "?"}}]}, {"text": "ok"}]);
+    let mut fleet = Fleet::new(&[("asks", script)]);
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    let config = json!({"model": "script:asks", "external_tools": [{"name": "ask_customer", "description": "Ask.", "input_schema": {"type": "object"}, "external": true}]});
+    let spec = json!({"config": config, "options": {"max_in_flight": 5}});
+    let (status, batch) = submit_jsonl(&fleet, std::iter::once(spec).chain(items(20)));
+    assert_eq!(status, 201, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    wait_batch(&fleet, &id, Duration::from_secs(60), "five parked runs", |v| v["counts"]["parked"]["awaiting_tool"] == 5);
+    let (status, cancelled) = fleet.post(&format!("/v1/batches/{id}/cancel"), json!({}));
+    assert_eq!(status, 200, "{cancelled}");
+    let done = wait_batch(&fleet, &id, Duration::from_secs(60), "every item cancelled", |v| v["counts"]["cancelled"] == 20);
+    assert_eq!(done["status"], "cancelled");
+    assert_eq!(runs_of(&fleet, &id).len(), 5, "nothing started after the cancel");
+    assert!(results(&fleet, &id).iter().all(|l| l["status"] == "cancelled"));
+}
+
+/// Resident set size of process `pid` in KiB (Linux `/proc`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// 10,000 scripted items through a dispatcher and two workers; prints JSON
+/// (elapsed, items/s, dispatcher RSS while admitting). `BENCH_ITEMS`
+/// overrides the count. Figures in BENCHMARKS.md.
+#[test]
+#[ignore = "benchmark: cargo test -p glia-e2e --test fleet -- --ignored bench_ten_thousand_items --nocapture"]
+fn bench_ten_thousand_items() {
+    let n: usize = std::env::var("BENCH_ITEMS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let mut fleet = Fleet::new(&[("answer", json!([{"text": "ok", "usage": {"input_tokens": 10, "output_tokens": 5}}]))]);
+    fleet.extra_env.push(("GLIA_BATCH_MAX_IN_FLIGHT".into(), "64".into()));
+    fleet.start_dispatcher();
+    fleet.start_worker(5_000);
+    fleet.start_worker(5_000);
+    let pid = fleet.dispatcher.as_ref().unwrap().id();
+    let rss_idle = rss_kib(pid);
+    let started = Instant::now();
+    let (status, batch) = submit_jsonl(&fleet, std::iter::once(json!({"config": {"model": "script:answer"}})).chain(items(n)));
+    assert_eq!(status, 201, "{batch}");
+    let submitted = started.elapsed();
+    let rss_after_submit = rss_kib(pid);
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let mut rss_max = rss_after_submit;
+    let mut samples = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        let v = batch_view(&fleet, &id);
+        let rss = rss_kib(pid);
+        rss_max = rss_max.max(rss);
+        samples.push((started.elapsed().as_secs_f64(), v["counts"]["succeeded"].as_u64().unwrap_or(0), rss));
+        if v["status"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not done: {v}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let elapsed = started.elapsed();
+    let results_started = Instant::now();
+    assert_each_item_ran_once(&fleet, &id, n);
+    let results_secs = results_started.elapsed().as_secs_f64();
+    let mid = samples.len() / 2;
+    println!(
+        "{}",
+        json!({
+            "items": n,
+            "submit_secs": submitted.as_secs_f64(),
+            "elapsed_secs": elapsed.as_secs_f64(),
+            "items_per_sec": n as f64 / elapsed.as_secs_f64(),
+            "results_and_checks_secs": results_secs,
+            "dispatcher_rss_kib": {"idle": rss_idle, "after_submit": rss_after_submit, "max_while_admitting": rss_max,
+                                   "at_10pct": samples[samples.len() / 10].2, "at_50pct": samples[mid].2, "at_90pct": samples[samples.len() * 9 / 10].2},
+        })
+    );
+}
+
+/// Seconds from submit to the first event after `session.start` of each run.
+fn first_step_secs(api: &Api, token: &str, run_ids: &[String]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for id in run_ids {
+        let events = loop {
+            let (_, page) = authed(api, token, "GET", &format!("/v1/runs/{id}/events?limit=2"), None);
+            let events = page["events"].as_array().cloned().unwrap_or_default();
+            if events.len() == 2 {
+                break events;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let at = |e: &Value| chrono::DateTime::parse_from_rfc3339(e["at"].as_str().unwrap()).unwrap();
+        out.push((at(&events[1]) - at(&events[0])).num_microseconds().unwrap() as f64 / 1e6);
+    }
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+fn authed(api: &Api, token: &str, method: &str, path: &str, body: Option<String>) -> (u16, Value) {
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
+    let mut req = client.request(method.parse().unwrap(), format!("{}{path}", api.server)).header("authorization", format!("Bearer {token}"));
+    if let Some(b) = body {
+        let ct = if path == "/v1/batches" { "application/jsonl" } else { "application/json" };
+        req = req.header("content-type", ct).body(b);
+    }
+    let resp = req.send().unwrap();
+    let status = resp.status().as_u16();
+    (status, serde_json::from_str(&resp.text().unwrap()).unwrap_or(Value::Null))
+}
+
+/// Tenant B's single runs, submit → first step, while tenant A's
+/// 5,000-item batch runs and with the fleet idle; prints p50/p99 of each.
+#[test]
+#[ignore = "benchmark: cargo test -p glia-e2e --test fleet -- --ignored bench_fairness --nocapture"]
+fn bench_fairness() {
+    let singles = 100;
+    let mut fleet = Fleet::new(&[("answer", json!([{"text": "ok"}]))]);
+    fleet.extra_env.push(("GLIA_TOKENS".into(), "tok-a:a:submit tok-b:b:submit".into()));
+    // Two workers of 8 slots: batches may hold 12 of the 16.
+    fleet.extra_env.push(("GLIA_BATCH_MAX_IN_FLIGHT".into(), "12".into()));
+    fleet.start_dispatcher();
+    fleet.start_worker(5_000);
+    fleet.start_worker(5_000);
+    let single = |i: usize| -> String {
+        let body = json!({"goal": format!("single {i}"), "config": {"model": "script:answer"}}).to_string();
+        let (status, run) = authed(&fleet, "tok-b", "POST", "/v1/runs", Some(body));
+        assert_eq!(status, 201, "{run}");
+        run["run_id"].as_str().unwrap().to_owned()
+    };
+    let idle: Vec<String> = (0..singles)
+        .map(|i| {
+            let id = single(i);
+            std::thread::sleep(Duration::from_millis(50));
+            id
+        })
+        .collect();
+    let idle = first_step_secs(&fleet, "tok-b", &idle);
+    let body: String = std::iter::once(json!({"config": {"model": "script:answer"}})).chain(items(5_000)).map(|l| format!("{l}\n")).collect();
+    let (status, batch) = authed(&fleet, "tok-a", "POST", "/v1/batches", Some(body));
+    assert_eq!(status, 201, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    // Wait until A's batch fills its slots, then submit B's runs while it runs.
+    loop {
+        let (_, v) = authed(&fleet, "tok-a", "GET", &format!("/v1/batches/{id}"), None);
+        if v["counts"]["running"].as_u64().unwrap_or(0) + v["counts"]["succeeded"].as_u64().unwrap_or(0) >= 12 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let busy: Vec<String> = (0..singles)
+        .map(|i| {
+            let id = single(1000 + i);
+            std::thread::sleep(Duration::from_millis(50));
+            id
+        })
+        .collect();
+    let busy = first_step_secs(&fleet, "tok-b", &busy);
+    let (_, v) = authed(&fleet, "tok-a", "GET", &format!("/v1/batches/{id}"), None);
+    assert_ne!(v["status"], "completed", "A's batch still ran while B's runs were measured: {v}");
+    println!(
+        "{}",
+        json!({
+            "singles": singles,
+            "idle": {"p50_ms": percentile(&idle, 0.5) * 1e3, "p99_ms": percentile(&idle, 0.99) * 1e3},
+            "during_5000_item_batch": {"p50_ms": percentile(&busy, 0.5) * 1e3, "p99_ms": percentile(&busy, 0.99) * 1e3},
+            "batch_progress_when_measured": v["counts"],
+        })
+    );
+    authed(&fleet, "tok-a", "POST", &format!("/v1/batches/{id}/cancel"), Some("{}".into()));
+}
+
+#[test]
+fn the_cli_submits_watches_and_collects_a_batch() {
+    let mut fleet = Fleet::new(&[("answer", json!([{"text": "ok"}]))]);
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    let config = fleet.dir.join("config.json");
+    std::fs::write(&config, json!({"model": "script:answer"}).to_string()).unwrap();
+    let good = fleet.dir.join("items.jsonl");
+    std::fs::write(&good, items(25).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let glia = |args: &[&str]| {
+        let mut all = vec!["batch"];
+        all.extend_from_slice(args);
+        let out =
+            fleet.command(&all).env("GLIA_SERVER", &fleet.server).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, out, err) = glia(&["submit", "--config", config.to_str().unwrap(), good.to_str().unwrap(), "--max-in-flight", "4", "--wait"]);
+    assert!(ok, "{err}");
+    let id = out.trim().to_owned();
+    assert!(err.contains(&format!("batch {id}: completed")), "{err}");
+    // Re-attach by id, collect.
+    let (ok, _, err) = glia(&["status", &id, "--wait"]);
+    assert!(ok && err.contains("completed"), "{err}");
+    let (ok, out, err) = glia(&["results", &id]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().filter(|l| serde_json::from_str::<Value>(l).unwrap()["status"] == "succeeded").count(), 25);
+    let (ok, out, _) = glia(&["list"]);
+    assert!(ok && out.contains(&id), "{out}");
+    // A bad line is reported with its line in the file; nothing is stored.
+    let bad = fleet.dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"custom_id\": \"a\", \"goal\": \"g\"}\n{\"custom_id\": \"b\", \"goal\": \"g\"}\n{\"custom_id\": \"a\", \"goal\": \"g\"}\n")
+        .unwrap();
+    let (ok, _, err) = glia(&["submit", "--config", config.to_str().unwrap(), bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("bad.jsonl line 3, custom_id"), "{err}");
+    let (ok, _, err) = glia(&["submit", "--agent", "triage@2", good.to_str().unwrap()]);
+    assert!(!ok && err.contains("agent triage@2 not found"), "{err}");
+    let (_, out, _) = glia(&["list"]);
+    assert_eq!(out.lines().count(), 1, "refused batches are not stored: {out}");
+}
