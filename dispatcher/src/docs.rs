@@ -317,18 +317,9 @@ foreign_schema!(
                     "truncated": {"enum": ["reask", "pause", "fail"]}, "empty": {"enum": ["reask", "pause", "fail"]},
                     "refusal": {"enum": ["reask", "pause", "fail"]}, "content_filter": {"enum": ["reask", "pause", "fail"]},
                     "context_window": {"enum": ["reask", "pause", "fail"]}, "unknown": {"enum": ["reask", "pause", "fail"]}}},
-            "mcp": {"type": "array", "description": "Tools of the operator's MCP servers: a catalogue server name and an explicit, non-empty allow list of its tool names. A server the catalogue lacks is refused (422 naming the field).",
-                "items": {"type": "object", "additionalProperties": false, "required": ["server", "allow"], "properties": {
-                    "server": {"type": "string", "pattern": NOT_BLANK}, "allow": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}}}}},
-            "http_tools": {"type": "array", "description": "Tools run as a JSON POST of the arguments to `url` (an origin the operator's catalogue allows), with an Idempotency-Key header; retried only when idempotent.",
-                "items": {"type": "object", "additionalProperties": false, "required": ["name", "description", "input_schema", "url"], "properties": {
-                    "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$", "not": {"const": "final_output"}}, "description": {"type": "string"}, "input_schema": {"$ref": "#/components/schemas/ToolInputSchema"},
-                    "url": {"type": "string", "pattern": "^[hH][tT][tT][pP][sS]?://[^/?#@\\s]+([/?#]\\S*)?$"}, "idempotent": {"type": "boolean"},
-                    "timeout_ms": {"type": "integer", "minimum": 1, "maximum": MAX_U64}, "max_response_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_U64}}}},
-            "tool_policy": {"type": "object", "description": "Per tool name: overrides of an MCP tool's annotations (readOnlyHint/idempotentHint: idempotent; destructiveHint: requires approval) or an HTTP tool's fields.",
-                "propertyNames": {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
-                "additionalProperties": {"type": "object", "additionalProperties": false, "properties": {
-                    "requires_approval": {"type": ["boolean", "null"]}, "idempotent": {"type": ["boolean", "null"]}, "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}},
+            "mcp": mcp_json(),
+            "http_tools": http_tools_json(),
+            "tool_policy": tool_policy_json(),
             "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider of the operator's catalogue; null = the worker's default."},
             "guardrails": {"$ref": "#/components/schemas/Guardrails"},
             "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
@@ -398,6 +389,9 @@ foreign_schema!(
             "system": {"type": "string"},
             "tools": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": "The worker's tools the agent may call; exactly these are offered."},
             "external_tools": {"type": "array", "items": {"$ref": "#/components/schemas/ToolSpec"}},
+            "mcp": mcp_json(),
+            "http_tools": http_tools_json(),
+            "tool_policy": tool_policy_json(),
             "policies": {"type": "array", "items": {"$ref": "#/components/schemas/Policy"}},
             "guardrails": {"$ref": "#/components/schemas/Guardrails"},
             "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
@@ -409,6 +403,30 @@ foreign_schema!(
             "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64}
         }
     }));
+
+/// `RunConfig.mcp` and `AgentDefinition.mcp` ([`glia_proto::McpToolSource`]).
+fn mcp_json() -> Value {
+    json!({"type": "array", "description": "Tools of the operator's MCP servers: a catalogue server name and an explicit, non-empty allow list of its tool names. A server the catalogue lacks is refused (422 naming the field).",
+                "items": {"type": "object", "additionalProperties": false, "required": ["server", "allow"], "properties": {
+                    "server": {"type": "string", "pattern": NOT_BLANK}, "allow": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}}}}})
+}
+
+/// `RunConfig.http_tools` and `AgentDefinition.http_tools` ([`glia_proto::HttpTool`]).
+fn http_tools_json() -> Value {
+    json!({"type": "array", "description": "Tools run as a JSON POST of the arguments to `url` (an origin the operator's catalogue allows), with an Idempotency-Key header; retried only when idempotent.",
+                "items": {"type": "object", "additionalProperties": false, "required": ["name", "description", "input_schema", "url"], "properties": {
+                    "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$", "not": {"const": "final_output"}}, "description": {"type": "string"}, "input_schema": {"$ref": "#/components/schemas/ToolInputSchema"},
+                    "url": {"type": "string", "pattern": "^[hH][tT][tT][pP][sS]?://[^/?#@\\s]+([/?#]\\S*)?$"}, "idempotent": {"type": "boolean"},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "maximum": MAX_U64}, "max_response_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_U64}}}})
+}
+
+/// `RunConfig.tool_policy` and `AgentDefinition.tool_policy` ([`glia_proto::ToolPolicy`]).
+fn tool_policy_json() -> Value {
+    json!({"type": "object", "description": "Per tool name: overrides of an MCP tool's annotations (readOnlyHint/idempotentHint: idempotent; destructiveHint: requires approval) or an HTTP tool's fields.",
+                "propertyNames": {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                "additionalProperties": {"type": "object", "additionalProperties": false, "properties": {
+                    "requires_approval": {"type": ["boolean", "null"]}, "idempotent": {"type": ["boolean", "null"]}, "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}})
+}
 
 fn pull_point_json() -> Value {
     json!({

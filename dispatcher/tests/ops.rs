@@ -263,7 +263,9 @@ async fn hand_written_schemas_match_the_real_json() {
     // documents refuse unknown fields as the types do.
     let full: glia_proto::AgentDefinition = glia_proto::strict::from_json_value(json!({"name": "a", "model": "m", "provider": "p", "max_tokens": 5,
         "approval_timeout_ms": 1, "output_schema": {"type": "object"}, "compaction": {"strategy": "summarize", "max_tokens": 9},
-        "guardrails": {"input": [{"name": "n", "deny": "x", "reason": "r"}], "output": [], "max_input_chars": 3, "max_output_chars": 4}})).unwrap();
+        "guardrails": {"input": [{"name": "n", "deny": "x", "reason": "r"}], "output": [], "max_input_chars": 3, "max_output_chars": 4},
+        "mcp": [{"server": "files", "allow": ["read_file"]}], "tool_policy": {"read_file": {"requires_approval": true}},
+        "http_tools": [{"name": "lookup", "description": "d", "input_schema": {"type": "object"}, "url": "https://tools.example/lookup"}]})).unwrap();
     let definition = serde_json::to_value(&full).unwrap();
     for key in definition.as_object().unwrap().keys() {
         assert!(schemas["AgentDefinition"]["properties"].get(key).is_some(), "AgentDefinition field {key} undocumented");

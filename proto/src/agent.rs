@@ -29,6 +29,7 @@
 //! max_tokens = 50000
 //! ```
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -38,6 +39,7 @@ use sha2::{Digest, Sha256};
 
 use crate::budget::BudgetLimits;
 use crate::config::{ConfigError, PlannerKind, Policy, RunConfig, TOOL_NAME, ToolSpec, config_error};
+use crate::tool_sources::{HttpTool, McpToolSource, ToolPolicy};
 
 /// Agent names: `^[a-z0-9][a-z0-9_-]{0,63}$`.
 static AGENT_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new("^[a-z0-9][a-z0-9_-]{0,63}$").expect("valid regex"));
@@ -70,6 +72,18 @@ pub struct AgentDefinition {
     /// Tools the caller executes (the run parks at `awaiting_tool`).
     #[serde(default)]
     pub external_tools: Vec<ToolSpec>,
+    /// Tools of the operator's MCP servers, by catalogue server name and an
+    /// explicit allow list (as [`RunConfig::mcp`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp: Vec<McpToolSource>,
+    /// Tools the worker runs as JSON POSTs to catalogue-allowed origins (as
+    /// [`RunConfig::http_tools`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http_tools: Vec<HttpTool>,
+    /// Per-tool approval, idempotency and timeout, by tool name (as
+    /// [`RunConfig::tool_policy`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_policy: BTreeMap<String, ToolPolicy>,
     /// Tool-call policies, first match wins.
     #[serde(default)]
     pub policies: Vec<Policy>,
@@ -131,6 +145,10 @@ impl AgentDefinition {
             system: self.system.clone(),
             tools: Some(self.tools.clone()),
             external_tools: self.external_tools.clone(),
+            mcp: self.mcp.clone(),
+            http_tools: self.http_tools.clone(),
+            tool_policy: self.tool_policy.clone(),
+            provider: self.provider.clone(),
             policies: self.policies.clone(),
             budget: self.budget,
             conversational: self.conversational,
