@@ -20,7 +20,8 @@
 //! (every submitted run is in the fleet), none stuck (every run done within
 //! the deadline), none failed (each ends as its kind must: cancelled runs
 //! cancelled, the rest succeeded), no duplicate or missing sequence number,
-//! every log replays; per refund call, executions in the tool's ledger
+//! every log replays; no model call past the run's turn budget (replayed
+//! from the log); per refund call, executions in the tool's ledger
 //! versus results in the log: never two executions, a second delivery of a
 //! call's idempotency key only where a person approved re-running it (the
 //! refund tool answers it from the first, as a payments API does), and
@@ -38,7 +39,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use glia_proto::{EventKind, ToolErrorKind};
+use glia_proto::{Event, EventKind, RunState, ToolErrorKind};
 use glia_testkit::fleet::{Fleet, check_log, mixed_config, mixed_scripts};
 use glia_testkit::postgres::StopMode;
 use glia_testkit::{PrivatePostgres, PrivateRabbit, PrivateRedis};
@@ -211,6 +212,24 @@ fn drive(server: &str, kind: &str, run_id: &str, effects: &std::path::Path, dead
     }
 }
 
+/// Budgets exact against the log: replaying it event by event, no model
+/// call starts once the run's turns (calls re-made after a crash included)
+/// have reached `max_turns`, with the limit as extended so far. The state
+/// machine itself does not refuse such an event, so this checks the worker.
+fn budget_overruns(run_id: &str, events: &[Event]) -> Vec<String> {
+    let mut state = RunState::new(events[0].run_id);
+    let mut out = Vec::new();
+    for e in events {
+        if let (EventKind::ModelCall { .. }, Some(max)) = (&e.kind, state.limits.max_turns)
+            && state.usage.turns >= max
+        {
+            out.push(format!("{run_id}: model call at seq {} with {} of {max} turns used", e.seq, state.usage.turns));
+        }
+        state.apply(e).unwrap_or_else(|err| panic!("run {run_id} seq {}: {err}", e.seq));
+    }
+    out
+}
+
 /// `psql -qAtc SQL` on `url`; `None` while the database is down.
 fn sql(url: &str, query: &str) -> Option<String> {
     let out = Command::new("psql").args([url, "-qAtc", query]).output().ok()?;
@@ -248,6 +267,7 @@ struct Figures {
     executions: usize,
     replays: usize,
     double_executions: Vec<String>,
+    budget_overruns: Vec<String>,
     results_without_execution: Vec<String>,
     outcome_unknown: usize,
     reapprovals: usize,
@@ -278,6 +298,7 @@ impl Figures {
             self.reapprovals,
             self.unsurfaced.len()
         );
+        eprintln!("model calls past the run's turn budget: {}", self.budget_overruns.len());
         for (kind, v) in &self.recovery_ms {
             eprintln!("recovery {kind}: n={} p50={} ms p90={} ms max={} ms", v.len(), percentile(v, 0.5), percentile(v, 0.9), percentile(v, 1.0));
         }
@@ -290,6 +311,7 @@ impl Figures {
         assert!(self.failed.is_empty(), "seed {seed}: runs failed: {:?}", self.failed);
         assert!(self.seq_errors.is_empty(), "seed {seed}: logs: {:?}", self.seq_errors);
         assert!(self.double_executions.is_empty(), "seed {seed}: refunds executed twice: {:?}", self.double_executions);
+        assert!(self.budget_overruns.is_empty(), "seed {seed}: budgets overrun: {:?}", self.budget_overruns);
         assert!(self.results_without_execution.is_empty(), "seed {seed}: results for refunds that never ran: {:?}", self.results_without_execution);
         assert!(self.unsurfaced.is_empty(), "seed {seed}: interrupted refunds neither recorded nor outcome-unknown: {:?}", self.unsurfaced);
     }
@@ -455,6 +477,7 @@ fn round(seed: u64, faults: usize) -> Figures {
             }
         };
         figures.steps += events.len();
+        figures.budget_overruns.extend(budget_overruns(id, &events));
         // Per refund call: executions in the ledger versus results in the log.
         let mut calls: BTreeMap<String, (usize, usize)> = BTreeMap::new(); // call id → (results, outcome-unknown)
         let mut requested = 0usize;
