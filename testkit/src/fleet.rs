@@ -98,6 +98,15 @@ fn db_url_for(admin: &str, db: &str) -> String {
 }
 
 impl Fleet {
+    /// How many runs worker `owner` (its `--id`, e.g. `w1`) holds a live
+    /// lease on right now, read from the fleet's database.
+    pub fn live_leases_of(&self, owner: &str) -> usize {
+        let sql = format!("SELECT count(*) FROM runs WHERE lease_owner = '{}' AND lease_expires_at > now()", owner.replace('\'', "''"));
+        let out = Command::new("psql").args([self.db_url.as_str(), "-v", "ON_ERROR_STOP=1", "-qAtc", &sql]).output().expect("psql runs");
+        assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count")
+    }
+
     /// Create the database (on the machine's Postgres) and the scripts
     /// directory; start nothing yet.
     pub fn new(scripts: &[(&str, Value)]) -> Fleet {
