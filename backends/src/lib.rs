@@ -698,6 +698,14 @@ pub trait Ledger: Send + Sync {
     async fn cancel(&self, run_id: Uuid) -> Result<(), LedgerError>;
     /// True when the run is flagged as cancelled.
     async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError>;
+    /// Set (`true`) or clear the run's operator-pause flag. The pause itself
+    /// is a `pause` payload in the run's inbox; the flag only tells the
+    /// worker advancing the run to look at its inbox at the next durability
+    /// barrier. A lost flag delays a pause until the run's next job.
+    async fn set_paused(&self, run_id: Uuid, paused: bool) -> Result<(), LedgerError>;
+    /// The run's flags as of now, in one read: what a worker checks at each
+    /// durability barrier.
+    async fn signal(&self, run_id: Uuid) -> Result<Signal, LedgerError>;
     /// Push a live event to the run's subscribers (best effort).
     async fn publish_live(&self, run_id: Uuid, event: &LiveEvent) -> Result<(), LedgerError>;
     /// Live events of a run from now on.
@@ -740,6 +748,16 @@ pub trait Ledger: Send + Sync {
         let _ = (scope, used, ttl);
         Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
     }
+}
+
+/// What [`Ledger::signal`] reads of a run: its cancel and operator-pause
+/// flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Signal {
+    /// Flagged cancelled ([`Ledger::cancel`]).
+    pub cancelled: bool,
+    /// Flagged for an operator pause ([`Ledger::set_paused`]).
+    pub paused: bool,
 }
 
 /// Name of the [`EventLog`] in readiness checks.

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::{
     Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
-    LogError, NewRun, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Spend, SpendCap, dedupe_key,
+    LogError, NewRun, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
 };
 
 struct Record {
@@ -415,6 +415,7 @@ impl JobQueue for MemoryQueue {
 #[derive(Default)]
 pub struct MemoryLedger {
     cancelled: Mutex<HashSet<Uuid>>,
+    paused: Mutex<HashSet<Uuid>>,
     live: Mutex<HashMap<Uuid, broadcast::Sender<LiveEvent>>>,
     budgets: Mutex<HashMap<String, Counter>>,
 }
@@ -458,6 +459,20 @@ impl Ledger for MemoryLedger {
 
     async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError> {
         Ok(self.cancelled.lock().unwrap_or_else(|e| e.into_inner()).contains(&run_id))
+    }
+
+    async fn set_paused(&self, run_id: Uuid, paused: bool) -> Result<(), LedgerError> {
+        let mut flags = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        if paused {
+            flags.insert(run_id);
+        } else {
+            flags.remove(&run_id);
+        }
+        Ok(())
+    }
+
+    async fn signal(&self, run_id: Uuid) -> Result<Signal, LedgerError> {
+        Ok(Signal { cancelled: self.is_cancelled(run_id).await?, paused: self.paused.lock().unwrap_or_else(|e| e.into_inner()).contains(&run_id) })
     }
 
     async fn publish_live(&self, run_id: Uuid, event: &LiveEvent) -> Result<(), LedgerError> {

@@ -8,6 +8,7 @@
 //! | name | kind | holds |
 //! |---|---|---|
 //! | `P:cancel:{run_id}` | string key, TTL ([`RedisLedger::with_cancel_ttl`], default 7 days) | `1` while the run is flagged cancelled |
+//! | `P:pause:{run_id}` | string key, the cancel flag's TTL | `1` while the run is flagged for an operator pause |
 //! | `P:cancelled` | pub/sub channel | a run's id (text) each time it is cancelled |
 //! | `P:live:{run_id}` | pub/sub channel | the run's [`LiveEvent`]s as JSON |
 //! | `P:budget:{scope}` | hash, TTL given to [`Ledger::seed`] | a budget scope's counter and the request ids it has seen |
@@ -57,7 +58,7 @@ use redis::{Client, RedisError, RedisResult, RetryMethod, Script};
 use tracing::{debug, warn};
 use uuid::Uuid;
 
-use crate::{CapKind, Ledger, LedgerError, Reservation, Settlement, Spend, SpendCap};
+use crate::{CapKind, Ledger, LedgerError, Reservation, Settlement, Signal, Spend, SpendCap};
 
 /// Bound on one command's answer, and on opening a connection.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -212,6 +213,11 @@ impl RedisLedger {
         format!("{}:budget:{scope}", self.prefix)
     }
 
+    /// Key of a run's operator-pause flag: `P:pause:{run_id}`.
+    pub fn pause_key(&self, run_id: Uuid) -> String {
+        format!("{}:pause:{run_id}", self.prefix)
+    }
+
     /// Channel announcing cancellations (payload: the run id): `P:cancelled`.
     pub fn cancel_channel(&self) -> String {
         format!("{}:cancelled", self.prefix)
@@ -292,6 +298,42 @@ impl Ledger for RedisLedger {
         self.idempotent("is_cancelled", |mut conn| {
             let key = key.clone();
             async move { redis::cmd("EXISTS").arg(&key).query_async::<bool>(&mut conn).await }
+        })
+        .await
+    }
+
+    /// `SET P:pause:{run_id} 1 EX ttl` (the cancel flag's TTL) or `DEL` it.
+    /// Idempotent (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn set_paused(&self, run_id: Uuid, paused: bool) -> Result<(), LedgerError> {
+        let key = self.pause_key(run_id);
+        let ttl = self.cancel_ttl.as_secs().max(1);
+        self.idempotent("set_paused", |mut conn| {
+            let key = key.clone();
+            async move {
+                if paused {
+                    redis::cmd("SET").arg(&key).arg(1).arg("EX").arg(ttl).query_async::<()>(&mut conn).await
+                } else {
+                    redis::cmd("DEL").arg(&key).query_async::<()>(&mut conn).await
+                }
+            }
+        })
+        .await
+    }
+
+    /// `EXISTS` of the cancel and of the pause flag, pipelined: one round
+    /// trip (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn signal(&self, run_id: Uuid) -> Result<Signal, LedgerError> {
+        let (cancel, pause) = (self.cancel_key(run_id), self.pause_key(run_id));
+        self.idempotent("signal", |mut conn| {
+            let (cancel, pause) = (cancel.clone(), pause.clone());
+            async move {
+                let (cancelled, paused): (bool, bool) = redis::pipe().cmd("EXISTS").arg(&cancel).cmd("EXISTS").arg(&pause).query_async(&mut conn).await?;
+                Ok(Signal { cancelled, paused })
+            }
         })
         .await
     }

@@ -83,7 +83,7 @@ use crate::memory::MemoryLedger;
 use crate::postgres::next_checkpoint;
 use crate::{
     Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
-    LogError, LogGauges, NewRun, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey, RunStatus, RunSummary, Settlement, Spend, SpendCap,
+    LogError, LogGauges, NewRun, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap,
     dedupe_key,
 };
 
@@ -1565,6 +1565,18 @@ impl Ledger for SqliteLedger {
             })
             .await
             .map_err(ledger_error)
+    }
+
+    /// Pause flags are kept in process, like live deltas: one process owns
+    /// the file, and after its restart every run's next job reads the inbox
+    /// (where the pause is) first.
+    async fn set_paused(&self, run_id: Uuid, paused: bool) -> Result<(), LedgerError> {
+        self.store.live.set_paused(run_id, paused).await
+    }
+
+    async fn signal(&self, run_id: Uuid) -> Result<Signal, LedgerError> {
+        let cancelled = self.is_cancelled(run_id).await?;
+        Ok(Signal { cancelled, ..self.store.live.signal(run_id).await? })
     }
 
     async fn publish_live(&self, run_id: Uuid, event: &LiveEvent) -> Result<(), LedgerError> {

@@ -449,6 +449,35 @@ pub enum RunsCommand {
         #[arg(long, default_value_t = 0)]
         after: u64,
     },
+    /// Pause a run at its next step boundary (an operator pause; `POST
+    /// /v1/runs/{id}/pause`).
+    Pause {
+        #[command(flatten)]
+        server: Server,
+        /// Run id.
+        run_id: String,
+        /// Why (default: `paused by NAME`).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume a paused run, or withdraw a pause not yet in effect (`POST
+    /// /v1/runs/{id}/resume`).
+    Resume {
+        #[command(flatten)]
+        server: Server,
+        /// Run id.
+        run_id: String,
+    },
+    /// Cancel a run (`POST /v1/runs/{id}/cancel`).
+    Cancel {
+        #[command(flatten)]
+        server: Server,
+        /// Run id.
+        run_id: String,
+        /// Why (default: `cancelled by NAME`).
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 /// Run a `glia runs` command.
@@ -476,6 +505,22 @@ pub async fn runs(cmd: RunsCommand) -> Result<()> {
             for e in events {
                 println!("{e}");
             }
+        }
+        // Repeats are harmless (a second pause or resume answers 409), so
+        // these go through the outage retry.
+        RunsCommand::Pause { server, run_id, reason } => {
+            let body = reason.map_or_else(|| json!({}), |r| json!({ "reason": r }));
+            let answer = server.call(&client, Method::POST, &format!("/v1/runs/{run_id}/pause"), Some(&body), &[]).await?.checked()?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+        }
+        RunsCommand::Resume { server, run_id } => {
+            let answer = server.call(&client, Method::POST, &format!("/v1/runs/{run_id}/resume"), Some(&json!({})), &[]).await?.checked()?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+        }
+        RunsCommand::Cancel { server, run_id, reason } => {
+            let body = reason.map_or_else(|| json!({}), |r| json!({ "reason": r }));
+            let answer = server.call(&client, Method::POST, &format!("/v1/runs/{run_id}/cancel"), Some(&body), &[]).await?.checked()?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
         }
     }
     Ok(())

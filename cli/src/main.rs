@@ -327,6 +327,7 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),
         EventKind::BudgetExtended { limits } => format!("{limits:?}"),
         EventKind::SessionPause { pull_point } => serde_json::to_string(pull_point).unwrap_or_default(),
+        EventKind::SessionPauseRequested { reason, by } => format!("{} (by {})", clip(reason), by.as_deref().unwrap_or("?")),
         EventKind::SessionResume { by } => format!("by {}", by.as_deref().unwrap_or("?")),
         EventKind::SessionCancel { reason } => clip(reason),
         EventKind::SessionComplete { outcome } => clip(&serde_json::to_string(outcome).unwrap_or_default()),

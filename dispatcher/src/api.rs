@@ -14,6 +14,7 @@
 //! | `POST /v1/runs/{id}/approvals/{call_id}` | approve | 202 | 404 `run_not_found` / `call_not_found` / `approval_not_found`, 409 `already_decided` / `stale_args` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/tool-results/{call_id}` | submit | 202 | 404 `run_not_found` / `call_not_found`, 409 `not_external` / `already_answered` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/messages` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` / `run_cancelled` |
+//! | `POST /v1/runs/{id}/pause` | submit | 202 | 404, 409 `already_paused` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/resume` | submit or approve | 202 | 404, 409 `not_paused` / `already_posted` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/close` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/cancel` | submit | 202 | 404, 409 `run_finished`, 503 `ledger_unavailable` |
@@ -70,6 +71,7 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(decide))
         .routes(routes!(post_tool_result))
         .routes(routes!(post_message))
+        .routes(routes!(pause))
         .routes(routes!(resume))
         .routes(routes!(cancel))
         .routes(routes!(close))
@@ -356,6 +358,16 @@ pub struct ResumeBody {
     pub extend: Option<BudgetLimits>,
 }
 
+/// Body of `POST /v1/runs/{id}/pause` (may be empty): `{"reason": "…"}`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseBody {
+    /// Why; recorded in `session.pause_requested` and in the pause reason
+    /// (default `paused by NAME`).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
 /// Body of `POST /v1/runs/{id}/cancel` (may be empty): `{"reason": "…"}`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -411,6 +423,7 @@ documented! {
     ToolResultBody => "ToolResultBody",
     MessageBody => "MessageBody",
     ResumeBody => "ResumeBody",
+    PauseBody => "PauseBody",
     CancelBody => "CancelBody",
     CloseBody => "CloseBody",
     crate::webhooks::NewSubscription => "NewSubscription",
@@ -493,6 +506,7 @@ async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static
         Resume::ToolResult { .. } => "tool_result",
         Resume::Input { .. } => "input",
         Resume::ExtendBudget { .. } => "extend_budget",
+        Resume::Pause { .. } => "pause",
         Resume::Resume { .. } => "resume",
         Resume::Close { .. } => "close",
         Resume::Cancel { .. } => "cancel",
@@ -793,9 +807,20 @@ pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
     p.require_any(&[Scope::Submit, Scope::Approve])?;
     let run = visible_run(&app, &p, id).await?;
     not_done(&run)?;
-    let Some(PullPoint::Paused { reason }) = &run.pull_point else { return Err(ApiError::NotPaused(id)) };
-    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::ExtendBudget { .. } | Resume::Resume { .. })) {
+    let inbox = app.log.inbox(id).await?;
+    if inbox.iter().any(|i| matches!(i.payload, Resume::ExtendBudget { .. } | Resume::Resume { .. })) {
         return Err(ApiError::AlreadyPosted { run_id: id, what: "a resume".into() });
+    }
+    let reason = match &run.pull_point {
+        Some(PullPoint::Paused { reason }) => reason.clone(),
+        // Pausing (requested, not yet in effect): a resume withdraws it.
+        _ => match operator_pause(&app, id, &inbox).await? {
+            Some(reason) => PauseReason::Operator { reason },
+            None => return Err(ApiError::NotPaused(id)),
+        },
+    };
+    if matches!(reason, PauseReason::Operator { .. }) {
+        unflag_pause(&app, id).await;
     }
     let extend = body.extend.filter(|l| *l != BudgetLimits::default());
     let mut payloads = Vec::new();
@@ -812,6 +837,95 @@ pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
         accepted.kinds.push(kind.into());
     }
     Ok((StatusCode::ACCEPTED, Json(accepted)))
+}
+
+/// Pause a run at its next step boundary (an operator pause).
+///
+/// Posts a `pause` payload and sets the run's pause flag in the ledger. A
+/// worker busy with the run sees the flag at its next durability barrier
+/// (after the model call or tool calls in flight finish; nothing is
+/// aborted), records `session.pause_requested` and parks the run at
+/// `paused` (reason `operator`). A run parked elsewhere (an approval, a
+/// tool result, a message) records the request now and pauses as soon as
+/// its payload lets it go on. `POST /v1/runs/{id}/resume` resumes it, or
+/// withdraws a pause not yet in effect.
+#[utoipa::path(post, path = "/v1/runs/{id}/pause", tag = "payloads", request_body(content = PauseBody, description = "May be empty"),
+    params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<PauseBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    p.require(Scope::Submit)?;
+    let run = visible_run(&app, &p, id).await?;
+    not_done(&run)?;
+    let reason = body.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).map_or_else(|| format!("paused by {}", p.by()), str::to_owned);
+    let inbox_id = pause_run(&app, id, &reason, &p.by()).await?.ok_or(ApiError::AlreadyPaused(id))?;
+    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec!["pause".into()], decision: None })))
+}
+
+/// The reason of the operator pause run `id` is under or about to be under:
+/// parked at `paused` by an operator, a `session.pause_requested` not yet
+/// in effect, or a `pause` waiting in `inbox` with no resume after it.
+pub(crate) async fn operator_pause(app: &App, id: Uuid, inbox: &[glia_backends::InboxItem]) -> Result<Option<String>, ApiError> {
+    let mut waiting = None;
+    for item in inbox {
+        match &item.payload {
+            Resume::Pause { reason, .. } => waiting = Some(reason.clone()),
+            Resume::Resume { .. } => waiting = None,
+            _ => {}
+        }
+    }
+    if waiting.is_some() {
+        return Ok(waiting);
+    }
+    let state = app.log.load(id).await?;
+    Ok(match state.parked {
+        Some(PullPoint::Paused { reason: PauseReason::Operator { reason } }) => Some(reason),
+        _ => state.pause_due,
+    })
+}
+
+/// Post a pause to run `id` and set its pause flag: the durable part of
+/// `POST /v1/runs/{id}/pause`, also used when a batch is paused or reaches
+/// its spend cap. `None` when the run is already paused or pausing.
+pub(crate) async fn pause_run(app: &App, id: Uuid, reason: &str, by: &str) -> Result<Option<i64>, ApiError> {
+    let inbox = app.log.inbox(id).await?;
+    if operator_pause(app, id, &inbox).await?.is_some() {
+        return Ok(None);
+    }
+    let (inbox_id, _) = post(app, id, Resume::Pause { reason: reason.to_owned(), by: Some(by.to_owned()) }).await?;
+    // The durable part is done; the flag only makes a busy worker look sooner.
+    if let Err(e) = app.ledger.set_paused(id, true).await {
+        tracing::warn!(run_id = %id, "pause flag not set (the posted pause applies at the run's next job): {e}");
+    }
+    tracing::info!(run_id = %id, %by, %reason, "pause requested");
+    Ok(Some(inbox_id))
+}
+
+/// Clear run `id`'s pause flag before a resume is posted. A flag left set
+/// costs a busy worker one reload of the run (it finds no pause posted).
+async fn unflag_pause(app: &App, id: Uuid) {
+    if let Err(e) = app.ledger.set_paused(id, false).await {
+        tracing::warn!(run_id = %id, "pause flag not cleared: {e}");
+    }
+}
+
+/// Resume run `id` if an operator pause whose reason `parked_by` accepts
+/// holds it or is about to (see [`operator_pause`]); true when a resume was
+/// posted. What a batch's resume does for the runs it paused.
+pub(crate) async fn resume_paused_by(app: &App, id: Uuid, by: &str, parked_by: impl Fn(&str) -> bool) -> Result<bool, ApiError> {
+    let inbox = app.log.inbox(id).await?;
+    if inbox.iter().any(|i| matches!(i.payload, Resume::Resume { .. })) && !inbox.iter().any(|i| matches!(i.payload, Resume::Pause { .. })) {
+        return Ok(false);
+    }
+    match operator_pause(app, id, &inbox).await? {
+        Some(reason) if parked_by(&reason) => {
+            unflag_pause(app, id).await;
+            post(app, id, Resume::Resume { by: Some(by.to_owned()) }).await?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
 }
 
 /// Cancel a run.

@@ -37,8 +37,16 @@
 //! dispatcher killed between creating a run and marking its item finds the
 //! run again when the claim lapses, so no item runs twice and none is lost.
 //! A batch whose spend reached its cap admits nothing more until the cap is
-//! raised (`POST /v1/batches/{id}/resume` with `spend_cap`). See
-//! `docs/batches.md`.
+//! raised (`POST /v1/batches/{id}/resume` with `spend_cap`): the pass that
+//! sees the cap reached pauses the batch.
+//!
+//! **Pause.** A paused batch admits nothing, and its runs get an operator
+//! pause (as `POST /v1/runs/{id}/pause`) with the reason `batch {id} paused
+//! by NAME` or, at the spend cap, `batch {id} reached its spend cap`: each
+//! parks at `paused` at its next step boundary, so spend stops growing
+//! within one model call per running run. Resuming the batch resumes only
+//! the runs whose pause carries one of its reasons (a run an operator paused
+//! on its own stays paused). See `docs/batches.md`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -64,7 +72,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::App;
-use crate::api::{CreateRun, admit_run, cancel_run, idempotency_key, run_config};
+use crate::api::{CreateRun, admit_run, cancel_run, idempotency_key, pause_run, resume_paused_by, run_config};
 use crate::auth::{Principal, Scope};
 use crate::docs::RunConfigDoc;
 use crate::error::{ApiError, ErrorBody};
@@ -850,14 +858,33 @@ pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
     Ok(Json(full_view(&app, &batch).await?))
 }
 
-/// Pause a batch: nothing more is started; runs already started go on.
+/// Pause a batch: nothing more is started, and every run of it not done
+/// gets an operator pause (see the module doc): it parks at `paused` at its
+/// next step boundary.
 #[utoipa::path(post, path = "/v1/batches/{id}/pause", tag = "batches", params(("id" = Uuid, Path, description = "Batch id")),
     responses((status = 200, body = BatchView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<BatchView>, ApiError> {
     p.require(Scope::Submit)?;
-    let batch = store(&app)?.update(tenant_of(&p), id, Some(BatchState::Paused), None).await?.ok_or(ApiError::BatchNotFound(id))?;
+    let store = store(&app)?;
+    let batch = store.update(tenant_of(&p), id, Some(BatchState::Paused), None).await?.ok_or(ApiError::BatchNotFound(id))?;
+    if batch.state == BatchState::Paused {
+        park_runs(&app, id, &format!("batch {id} paused by {}", p.by()), &p.by()).await?;
+    }
     Ok(Json(full_view(&app, &batch).await?))
+}
+
+/// Give every run of batch `id` not done an operator pause with `reason`
+/// (runs already paused or pausing, and runs that finished meanwhile, are
+/// left as they are).
+async fn park_runs(app: &App, id: Uuid, reason: &str, by: &str) -> Result<(), ApiError> {
+    for run_id in store(app)?.live_runs(id).await? {
+        match pause_run(app, run_id, reason, by).await {
+            Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Resume a paused batch, optionally replacing its spend cap (a batch that
@@ -876,7 +903,18 @@ pub async fn resume(
 ) -> Result<Json<BatchView>, ApiError> {
     p.require(Scope::Submit)?;
     let cap = body.spend_cap.map(SpendCap::from);
-    let batch = store(&app)?.update(tenant_of(&p), id, Some(BatchState::Active), cap).await?.ok_or(ApiError::BatchNotFound(id))?;
+    let store = store(&app)?;
+    let batch = store.update(tenant_of(&p), id, Some(BatchState::Active), cap).await?.ok_or(ApiError::BatchNotFound(id))?;
+    if batch.state == BatchState::Active {
+        // Only the runs this batch paused (its pause, or its spend cap).
+        let ours = format!("batch {id} ");
+        for run_id in store.live_runs(id).await? {
+            match resume_paused_by(&app, run_id, &p.by(), |reason| reason.starts_with(&ours)).await {
+                Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
     app.wake_admission();
     Ok(Json(full_view(&app, &batch).await?))
 }
@@ -934,7 +972,18 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
     let mut in_flight = 0;
     for mut lane in lanes {
         in_flight += lane.in_flight;
-        let capped = lane.waiting > 0 && lane.cap != SpendCap::default() && reached(lane.cap, store.spend(lane.batch_id).await?);
+        let capped = lane.state == BatchState::Active
+            && lane.waiting + lane.in_flight > 0
+            && lane.cap != SpendCap::default()
+            && reached(lane.cap, store.spend(lane.batch_id).await?);
+        if capped {
+            // The cap is reached: the batch pauses, and so do its runs.
+            let id = lane.batch_id;
+            if store.update(None, id, Some(BatchState::Paused), None).await?.is_some_and(|b| b.state == BatchState::Paused) {
+                tracing::info!(batch_id = %id, "spend cap reached; batch paused");
+                park_runs(app, id, &format!("batch {id} reached its spend cap"), "glia").await?;
+            }
+        }
         if lane.state != BatchState::Active || capped {
             lane.waiting = 0;
         }
@@ -993,7 +1042,15 @@ async fn admit_item(app: &App, tenant: &str, spec: Option<BatchSpec>, claim: Cla
         }
         Err(e) => return Err(e),
     };
-    if store.admitted(claim.batch_id, claim.n, run.run_id).await? == BatchState::Cancelled {
+    let state = store.admitted(claim.batch_id, claim.n, run.run_id).await?;
+    if state == BatchState::Paused {
+        // Paused while this item was admitted: its run pauses too.
+        match pause_run(app, run.run_id, &format!("batch {} paused", claim.batch_id), "glia").await {
+            Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if state == BatchState::Cancelled {
         match cancel_run(app, run.run_id, &format!("batch {} cancelled", claim.batch_id), "glia").await {
             Ok(_) | Err(ApiError::RunFinished(_)) => {}
             Err(e) => return Err(e),

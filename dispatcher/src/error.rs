@@ -126,9 +126,14 @@ pub enum ApiError {
     /// 409 `not_awaiting_input`: a message was posted to a run not parked at `awaiting_input`.
     #[error("run {0} is not waiting for a user message")]
     NotAwaitingInput(Uuid),
-    /// 409 `not_paused`: resume was posted to a run not parked at `paused`.
+    /// 409 `not_paused`: resume was posted to a run neither parked at
+    /// `paused` nor pausing.
     #[error("run {0} is not paused")]
     NotPaused(Uuid),
+    /// 409 `already_paused`: pause was posted to a run paused by an
+    /// operator or with a pause already requested.
+    #[error("run {0} is already paused or pausing")]
+    AlreadyPaused(Uuid),
     /// 409 `already_posted`: an equivalent payload waits in the run's inbox.
     #[error("run {run_id}: {what} was already posted and waits for a worker")]
     AlreadyPosted {
@@ -230,7 +235,7 @@ impl ApiError {
             InvalidLine { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             RouteNotFound(_) | NotAvailable(_) | AgentNotFound(_) | RunNotFound(_) | BatchNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_)
+            AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_) | AlreadyPaused(_)
             | AlreadyPosted { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
             MalformedJson(_) | BodyRead(_) | InvalidQuery(_) | InvalidPath(_) | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
             InvalidBody(_) | BodyAt { .. } | Invalid(_) | InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
@@ -263,6 +268,7 @@ impl ApiError {
             AlreadyAnswered(_) => "already_answered",
             NotAwaitingInput(_) => "not_awaiting_input",
             NotPaused(_) => "not_paused",
+            AlreadyPaused(_) => "already_paused",
             AlreadyPosted { .. } => "already_posted",
             RunFinished(_) => "run_finished",
             RunCancelled(_) => "run_cancelled",

@@ -41,6 +41,12 @@ impl Ledger for DownLedger {
     async fn is_cancelled(&self, _: Uuid) -> Result<bool, LedgerError> {
         Err(LedgerError::Unavailable("redis down".into()))
     }
+    async fn set_paused(&self, _: Uuid, _: bool) -> Result<(), LedgerError> {
+        Err(LedgerError::Unavailable("redis down".into()))
+    }
+    async fn signal(&self, _: Uuid) -> Result<glia_backends::Signal, LedgerError> {
+        Err(LedgerError::Unavailable("redis down".into()))
+    }
     async fn publish_live(&self, _: Uuid, _: &LiveEvent) -> Result<(), LedgerError> {
         Err(LedgerError::Unavailable("redis down".into()))
     }

@@ -257,7 +257,20 @@ pub enum EventKind {
         /// Where it waits.
         pull_point: PullPoint,
     },
-    /// An operator resumed a paused run.
+    /// An operator asked the run to pause: it parks at `paused` with
+    /// [`PauseReason::Operator`] at its next step boundary (at once when it
+    /// is runnable; after the payload it waits for when it is parked).
+    /// Recorded from a [`Resume::Pause`]; a `session.resume` before the
+    /// pause takes effect withdraws it.
+    #[serde(rename = "session.pause_requested")]
+    SessionPauseRequested {
+        /// Why, free text.
+        reason: String,
+        /// Who, free text.
+        by: Option<String>,
+    },
+    /// An operator resumed a paused run, or withdrew a pause not yet in
+    /// effect (`session.pause_requested`).
     #[serde(rename = "session.resume")]
     SessionResume {
         /// Who, free text.
@@ -320,6 +333,7 @@ impl EventKind {
             EventKind::BudgetWarn { .. } => "budget.warn",
             EventKind::BudgetExtended { .. } => "budget.extended",
             EventKind::SessionPause { .. } => "session.pause",
+            EventKind::SessionPauseRequested { .. } => "session.pause_requested",
             EventKind::SessionResume { .. } => "session.resume",
             EventKind::SessionCancel { .. } => "session.cancel",
             EventKind::SessionComplete { .. } => "session.complete",
@@ -669,7 +683,17 @@ pub enum Resume {
         /// Amounts to add.
         extra: BudgetLimits,
     },
-    /// Resume a paused run as it is.
+    /// Pause the run at its next step boundary (an operator pause; see
+    /// [`EventKind::SessionPauseRequested`]). JSON: `{"kind": "pause",
+    /// "reason": "…", "by": "…"}`.
+    Pause {
+        /// Why.
+        reason: String,
+        /// Who.
+        #[serde(default)]
+        by: Option<String>,
+    },
+    /// Resume a paused run as it is, or withdraw a pause not yet in effect.
     Resume {
         /// Who.
         #[serde(default)]

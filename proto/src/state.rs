@@ -156,6 +156,11 @@ pub struct RunState {
     pub answer: String,
     /// Set when `phase == Done`.
     pub outcome: Option<Outcome>,
+    /// The reason of an operator pause requested (`session.pause_requested`)
+    /// and not yet in effect: the loop records `session.pause` with
+    /// [`PauseReason::Operator`] as soon as the run is runnable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_due: Option<String>,
 }
 
 /// Where a run stands, for callers.
@@ -246,6 +251,7 @@ impl RunState {
             output: None,
             answer: String::new(),
             outcome: None,
+            pause_due: None,
         }
     }
 
@@ -612,19 +618,34 @@ impl RunState {
                             return Err(illegal(self, "a conversational run waits for input after a step ends"));
                         }
                     }
-                    PullPoint::Paused { .. } => {}
+                    PullPoint::Paused { reason } => {
+                        if matches!(reason, PauseReason::Operator { .. }) {
+                            if self.pause_due.is_none() {
+                                return Err(illegal(self, "an operator pause follows a session.pause_requested"));
+                            }
+                            self.pause_due = None;
+                        }
+                    }
                 }
                 self.parked = Some(pull_point.clone());
             }
-            EventKind::SessionResume { .. } => {
-                let Some(PullPoint::Paused { reason }) = &self.parked else {
-                    return Err(illegal(self, "only a paused run is resumed"));
-                };
-                if *reason == PauseReason::TurnLimit {
-                    self.turn_calls = 0;
+            EventKind::SessionPauseRequested { reason, .. } => {
+                if self.pause_due.is_some() || matches!(&self.parked, Some(PullPoint::Paused { reason: PauseReason::Operator { .. } })) {
+                    return Err(illegal(self, "the run is already paused or pausing"));
                 }
-                self.parked = None;
+                self.pause_due = Some(reason.clone());
             }
+            EventKind::SessionResume { .. } => match &self.parked {
+                Some(PullPoint::Paused { reason }) => {
+                    if *reason == PauseReason::TurnLimit {
+                        self.turn_calls = 0;
+                    }
+                    self.parked = None;
+                }
+                // A pause not yet in effect is withdrawn.
+                _ if self.pause_due.is_some() => self.pause_due = None,
+                _ => return Err(illegal(self, "only a paused or pausing run is resumed")),
+            },
             EventKind::SessionCancel { reason } => {
                 self.parked = None;
                 self.phase = Phase::Done;

@@ -154,7 +154,18 @@ fn awaiting_input_and_paused() {
     assert_eq!(log.phase(), Phase::Executing);
     let [c, r] = respond(Message::assistant("sure"));
     log.ok(c).ok(r);
-    log.ok(EventKind::SessionPause { pull_point: PullPoint::Paused { reason: PauseReason::Operator { reason: "lunch".into() } } });
+    let operator = EventKind::SessionPause { pull_point: PullPoint::Paused { reason: PauseReason::Operator { reason: "lunch".into() } } };
+    assert!(matches!(log.refused(operator.clone()), TransitionError::Illegal { .. }), "an operator pause is requested first");
+    // A request not yet in effect is withdrawn by a resume.
+    log.ok(EventKind::SessionPauseRequested { reason: "lunch".into(), by: Some("ops".into()) });
+    assert_eq!(log.state.pause_due.as_deref(), Some("lunch"));
+    assert!(matches!(log.refused(EventKind::SessionPauseRequested { reason: "again".into(), by: None }), TransitionError::Illegal { .. }));
+    log.ok(EventKind::SessionResume { by: None });
+    assert_eq!(log.state.pause_due, None);
+    log.ok(EventKind::SessionPauseRequested { reason: "lunch".into(), by: None });
+    log.ok(operator);
+    assert_eq!(log.state.pause_due, None, "the pause took effect");
+    assert!(matches!(log.refused(EventKind::SessionPauseRequested { reason: "again".into(), by: None }), TransitionError::Illegal { .. }), "already paused");
     let [c, _] = respond(Message::assistant("x"));
     assert!(matches!(log.refused(c), TransitionError::Illegal { .. }), "a parked run makes no model calls");
     assert!(matches!(log.refused(EventKind::InputReceived { text: "x".into() }), TransitionError::Illegal { .. }));

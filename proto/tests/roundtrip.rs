@@ -413,6 +413,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         (text(), any::<bool>()).prop_map(|(message, fatal)| EventKind::Error { message, fatal }),
         (hook_topic(), text(), hook_effect()).prop_map(|(topic, hook, effect)| EventKind::HookApplied { topic, hook, effect }),
         text().prop_map(|call_id| EventKind::ApprovalEscalated { call_id, expires_at: Some(DateTime::UNIX_EPOCH) }),
+        (text(), prop::option::of(text())).prop_map(|(reason, by)| EventKind::SessionPauseRequested { reason, by }),
     ]
 }
 
@@ -431,6 +432,7 @@ fn resume() -> impl Strategy<Value = Resume> {
         prop::option::of(text()).prop_map(|text| Resume::Close { text }),
         text().prop_map(|reason| Resume::Cancel { reason }),
         (text(), prop::option::of(any::<u64>())).prop_map(|(call_id, request_seq)| Resume::Escalate { call_id, request_seq, expires_at: Some(DateTime::UNIX_EPOCH) }),
+        (text(), prop::option::of(text())).prop_map(|(reason, by)| Resume::Pause { reason, by }),
     ]
 }
 
@@ -531,6 +533,7 @@ fn variant_index(kind: &EventKind) -> usize {
         EventKind::ModelRetry(_) => 23,
         EventKind::MessageElided { .. } => 24,
         EventKind::ApprovalEscalated { .. } => 25,
+        EventKind::SessionPauseRequested { .. } => 26,
     }
 }
 
@@ -545,6 +548,7 @@ fn resume_variant_index(resume: &Resume) -> usize {
         Resume::Close { .. } => 5,
         Resume::Cancel { .. } => 6,
         Resume::Escalate { .. } => 7,
+        Resume::Pause { .. } => 8,
     }
 }
 
@@ -556,8 +560,8 @@ fn variants_seen<T: Debug>(strategy: impl Strategy<Value = T>, index: fn(&T) -> 
 
 #[test]
 fn the_strategies_cover_every_variant() {
-    assert_eq!(variants_seen(event_kind(), variant_index), (0..26).collect());
-    assert_eq!(variants_seen(resume(), resume_variant_index), (0..8).collect());
+    assert_eq!(variants_seen(event_kind(), variant_index), (0..27).collect());
+    assert_eq!(variants_seen(resume(), resume_variant_index), (0..9).collect());
 }
 
 // ----- the wire format, pinned -----------------------------------------------

@@ -360,6 +360,12 @@ impl Agent {
         }
         while run.state.status() == Status::Runnable {
             let before = run.state.head_seq;
+            // An operator pause requested meanwhile (`session.pause_requested`)
+            // takes effect here, between steps, before any further effect.
+            if let Some(reason) = run.state.pause_due.clone() {
+                self.pause(&mut run, PauseReason::Operator { reason }).await?;
+                continue;
+            }
             match run.state.phase {
                 Phase::Idle | Phase::Done => break,
                 Phase::Planning => self.plan(&mut run).await?,
@@ -459,6 +465,7 @@ impl Agent {
                     run.record(EventKind::SessionResume { by: None }).await?;
                 }
             }
+            Resume::Pause { reason, by } => run.record(EventKind::SessionPauseRequested { reason, by }).await?,
             Resume::Resume { by } => run.record(EventKind::SessionResume { by }).await?,
             Resume::Close { text } => {
                 let at_input = run.state.parked == Some(PullPoint::AwaitingInput);

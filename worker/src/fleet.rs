@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::NaiveDate;
 use glia_backends::{
-    CapKind, Delivery, EventLog, Job, JobQueue, Lease, Ledger, LedgerError, LogError, Reservation, RunStatus, Settlement, tenant_day_scope,
+    CapKind, Delivery, EventLog, Job, JobQueue, Lease, Ledger, LedgerError, LogError, Reservation, RunStatus, Settlement, Signal, tenant_day_scope,
 };
 use glia_proto::{Event, Limit, LiveEvent, Phase, Resume, RunState, Status};
 use tokio::sync::{Semaphore, watch};
@@ -278,6 +278,9 @@ impl Worker {
             }
         };
         let mut cancelled = false;
+        // Set once the pause flag was seen: from then on the inbox alone
+        // says whether the run pauses (a flag without a posted pause is stale).
+        let mut pause_seen = false;
         loop {
             let inbox = match self.log.inbox(run_id).await {
                 Ok(items) => items,
@@ -294,6 +297,7 @@ impl Worker {
                 consumed: Vec::new(),
                 observer: RunObserver::new(self.metrics.clone(), &state),
                 serial_cancel_check: self.serial_cancel_check,
+                watch_pause: !pause_seen,
             };
             let result = if let Some(item) = inbox.into_iter().next() {
                 sink.consumed.push(item.id);
@@ -336,6 +340,18 @@ impl Worker {
                 }
                 // The loop saw the cancel flag (while a model call or tools
                 // ran, or at a commit); what it recorded is committed.
+                // The pause flag was seen at a commit: everything recorded is
+                // committed; the posted pause is next in the inbox.
+                Err(AgentError::Sink(SinkError(why))) if why == PAUSED => {
+                    pause_seen = true;
+                    state = match self.log.load(run_id).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            warn!(%run_id, error = %e, "could not reload the run to pause it");
+                            return Handled::Abandoned;
+                        }
+                    };
+                }
                 Err(e) if is_cancel(&e) => {
                     cancelled = true;
                     // Everything recorded so far is committed; pick up the cancel.
@@ -372,6 +388,10 @@ async fn ack(delivery: Delivery, handled: Handled) -> Handled {
 /// What [`LogSink::commit`] answers when the run was cancelled mid-advance.
 const CANCELLED: &str = "run cancelled";
 
+/// What [`LogSink::commit`] answers when the run's operator-pause flag is set
+/// and the run is neither parked nor pausing yet.
+const PAUSED: &str = "run pause requested";
+
 /// True when `advance` stopped because the run was cancelled: the loop saw
 /// the flag, or a commit did.
 fn is_cancel(e: &AgentError) -> bool {
@@ -392,6 +412,8 @@ struct LogSink {
     consumed: Vec<i64>,
     observer: RunObserver,
     serial_cancel_check: bool,
+    /// Look at the operator-pause flag at each commit.
+    watch_pause: bool,
 }
 
 #[async_trait]
@@ -416,20 +438,32 @@ impl EventSink for LogSink {
         // by the poll while a call runs ([`CANCEL_POLL`]).
         let run_id = self.lease.run_id;
         let ledger = &self.ledger;
-        let check = async { state.phase != Phase::Done && ledger.is_cancelled(run_id).await.unwrap_or(false) };
+        // The pause flag is read with it: a run neither parked nor pausing
+        // yet stops here too, and the worker applies the posted pause.
+        let check = async {
+            if state.phase == Phase::Done {
+                return Signal::default();
+            }
+            let signal = ledger.signal(run_id).await.unwrap_or_default();
+            let pausable = self.watch_pause && state.parked.is_none() && state.pause_due.is_none();
+            Signal { cancelled: signal.cancelled, paused: signal.paused && pausable }
+        };
         let commit = self.log.commit(&self.lease, &self.buffer, state, &self.consumed);
-        let (committed, cancelled) = if self.serial_cancel_check {
+        let (committed, signal) = if self.serial_cancel_check {
             let committed = commit.await;
-            let cancelled = committed.is_ok() && check.await;
-            (committed, cancelled)
+            let signal = if committed.is_ok() { check.await } else { Signal::default() };
+            (committed, signal)
         } else {
             futures::join!(commit, check)
         };
         committed.map_err(|e| SinkError(e.to_string()))?;
         self.buffer.clear();
         self.consumed.clear();
-        if cancelled {
+        if signal.cancelled {
             return Err(SinkError(CANCELLED.into()));
+        }
+        if signal.paused {
+            return Err(SinkError(PAUSED.into()));
         }
         Ok(())
     }
