@@ -13,7 +13,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::testkit::{PrivateRedis, RedisKeys, free_port};
-use glia_backends::{Ledger, LedgerError};
+use glia_backends::{Ledger, LedgerError, Signal};
 use glia_proto::LiveEvent;
 use uuid::Uuid;
 
@@ -88,6 +88,25 @@ async fn cancellation_flag_with_ttl_and_notification() {
     assert!(short.is_cancelled(other).await.unwrap());
     assert_eq!(next(&mut cancellations).await, other, "every ledger on the prefix shares the channel");
     eventually(10, "flag expired", || async { !short.is_cancelled(other).await.unwrap() }).await;
+}
+
+#[tokio::test]
+async fn pause_flag_is_read_with_the_cancel_flag_in_one_signal() {
+    let (ledger, _cleanup) = connect().await;
+    let (run, other) = (Uuid::now_v7(), Uuid::now_v7());
+    assert_eq!(ledger.signal(run).await.unwrap(), Signal::default());
+    ledger.set_paused(run, true).await.unwrap();
+    ledger.set_paused(run, true).await.expect("setting twice is fine");
+    assert_eq!(ledger.signal(run).await.unwrap(), Signal { cancelled: false, paused: true });
+    assert_eq!(ledger.signal(other).await.unwrap(), Signal::default(), "flags are per run");
+    ledger.cancel(run).await.unwrap();
+    assert_eq!(ledger.signal(run).await.unwrap(), Signal { cancelled: true, paused: true });
+    let mut conn = raw(&url()).await;
+    let ttl: i64 = redis::cmd("TTL").arg(ledger.pause_key(run)).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 6 * 24 * 3600 && ttl <= 7 * 24 * 3600, "the pause flag expires like the cancel flag: ttl {ttl}");
+    ledger.set_paused(run, false).await.unwrap();
+    ledger.set_paused(run, false).await.expect("clearing twice is fine");
+    assert_eq!(ledger.signal(run).await.unwrap(), Signal { cancelled: true, paused: false });
 }
 
 #[tokio::test]

@@ -89,6 +89,10 @@ async fn what_was_committed_survives_a_restart() {
     assert_eq!(log.inbox(s.run_id).await.unwrap()[0].payload, decision);
     assert!(matches!(log.post(s.run_id, decision).await, Err(LogError::Duplicate { .. })), "still decided once");
     assert!(log.ledger().is_cancelled(s.run_id).await.unwrap());
+    assert_eq!(log.ledger().signal(s.run_id).await.unwrap(), glia_backends::Signal { cancelled: true, paused: false });
+    log.ledger().set_paused(s.run_id, true).await.unwrap();
+    assert_eq!(log.ledger().signal(s.run_id).await.unwrap(), glia_backends::Signal { cancelled: true, paused: true });
+    log.ledger().set_paused(s.run_id, false).await.unwrap();
     let delivery = log.queue().next().await.unwrap();
     assert_eq!(delivery.job, Job { run_id: s.run_id, head_seq: 9 });
     let s2 = sample_log();

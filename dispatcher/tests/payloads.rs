@@ -5,7 +5,7 @@ mod common;
 use axum::http::{Method, StatusCode};
 use common::*;
 use glia_backends::{EventLog, Job, JobQueue, Ledger};
-use glia_proto::{BudgetLimits, Resume};
+use glia_proto::{BudgetLimits, EventKind, Resume};
 use serde_json::json;
 
 #[tokio::test]
@@ -131,6 +131,50 @@ async fn resume_with_and_without_extension() {
         assert_eq!((r.status, r.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"), "{body}");
     }
     assert!(h.log.inbox(id4).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn pause_posts_a_pause_sets_the_flag_and_a_resume_withdraws_or_resumes_it() {
+    let h = harness();
+    let id = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_for_approval(&*h.log, id, &[("c1", "refund", json!({"amount": 1}))]).await;
+    let r = post(&h, &format!("/v1/runs/{id}/pause"), SUB_A, json!({"reason": "audit"})).await;
+    assert_eq!((r.status, &r.body["kinds"]), (StatusCode::ACCEPTED, &json!(["pause"])), "{}", r.text);
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Pause { reason: "audit".into(), by: Some("a".into()) });
+    assert!(h.ledger.signal(id).await.unwrap().paused, "the flag tells a busy worker");
+    // Twice: refused while the first waits.
+    let again = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/pause"), Some(SUB_A), None)).await;
+    assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "already_paused"));
+    // A resume now withdraws it (posted after the pause) and clears the flag.
+    let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/resume"), Some(SUB_A), None)).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    let inbox: Vec<Resume> = h.log.inbox(id).await.unwrap().into_iter().map(|i| i.payload).collect();
+    assert_eq!(inbox, vec![Resume::Pause { reason: "audit".into(), by: Some("a".into()) }, Resume::Resume { by: Some("a".into()) }]);
+    assert!(!h.ledger.signal(id).await.unwrap().paused);
+    // Requested and recorded but not in effect (parked elsewhere): already pausing.
+    let pausing = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_for_approval(&*h.log, pausing, &[("c1", "refund", json!({"amount": 1}))]).await;
+    commit(&*h.log, pausing, vec![EventKind::SessionPauseRequested { reason: "x".into(), by: None }]).await;
+    let r = post(&h, &format!("/v1/runs/{pausing}/pause"), SUB_A, json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "already_paused"));
+    let r = post(&h, &format!("/v1/runs/{pausing}/resume"), SUB_A, json!({})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "a pending pause is withdrawn: {}", r.text);
+    // Paused by an operator: already paused; a finished run takes no pause.
+    let paused = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_paused(&*h.log, paused, false).await;
+    let r = post(&h, &format!("/v1/runs/{paused}/pause"), SUB_A, json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "already_paused"));
+    let done = create(&h, SUB_A, json!({"goal": "g"})).await;
+    finish(&*h.log, done).await;
+    let r = post(&h, &format!("/v1/runs/{done}/pause"), SUB_A, json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "run_finished"));
+    // Bad input and scopes.
+    let r = post(&h, &format!("/v1/runs/{id}/pause"), SUB_A, json!({"reasn": "x"})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"), "{}", r.text);
+    let r = post(&h, &format!("/v1/runs/{id}/pause"), APP_A, json!({})).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "pausing takes the submit scope");
+    let r = post(&h, &format!("/v1/runs/{id}/pause"), SUB_B, json!({})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "another tenant's run");
 }
 
 #[tokio::test]

@@ -245,6 +245,86 @@ async fn a_cancel_stops_a_running_run_at_its_next_step() {
     let _ = fleet.stop.send(true);
 }
 
+/// Wait for the `long` run to settle, resuming it each time it uses its
+/// turn's model calls (`paused` with reason `turn_limit`).
+async fn past_turn_limits(fleet: &Fleet, run_id: Uuid) -> RunState {
+    loop {
+        let state = fleet.wait_parked_or_done(run_id).await;
+        if state.parked != Some(PullPoint::Paused { reason: glia_proto::PauseReason::TurnLimit }) {
+            return state;
+        }
+        fleet.log.post(run_id, Resume::Resume { by: None }).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_parks_a_running_run_at_its_next_step_and_a_resume_finishes_it() {
+    use glia_backends::Ledger;
+    let fleet = Fleet::start(1, Duration::from_secs(30));
+    let run_id = fleet.submit("long").await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // What the dispatcher does on POST /pause: post the pause, raise the flag.
+    fleet.log.post(run_id, Resume::Pause { reason: "audit".into(), by: Some("ops".into()) }).await.unwrap();
+    fleet.ledger.set_paused(run_id, true).await.unwrap();
+    let state = fleet.wait_parked_or_done(run_id).await;
+    assert_eq!(state.parked, Some(PullPoint::Paused { reason: glia_proto::PauseReason::Operator { reason: "audit".into() } }));
+    let events = fleet.log.events(run_id, 0, 10_000).await.unwrap();
+    let naps = |events: &[Event]| events.iter().filter(|e| matches!(e.kind, EventKind::ToolResult { .. })).count();
+    assert!(naps(&events) < 20, "the run paused early, after {} naps", naps(&events));
+    let requested = events.iter().position(|e| matches!(e.kind, EventKind::SessionPauseRequested { .. })).expect("the request is recorded");
+    assert!(matches!(events[requested + 1].kind, EventKind::SessionPause { .. }), "and the pause follows it at once");
+    // Nothing happens while it is paused.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(fleet.log.events(run_id, 0, 10_000).await.unwrap().len(), events.len());
+    // What POST /resume does: clear the flag, post the resume.
+    fleet.ledger.set_paused(run_id, false).await.unwrap();
+    fleet.log.post(run_id, Resume::Resume { by: Some("ops".into()) }).await.unwrap();
+    let state = past_turn_limits(&fleet, run_id).await;
+    assert_eq!(state.outcome, Some(Outcome::Succeeded { answer: "rested".into(), output: None }));
+    let events = fleet.log.events(run_id, 0, 10_000).await.unwrap();
+    assert_eq!(naps(&events), 20, "every nap ran once");
+    check_log(&events);
+    let _ = fleet.stop.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_flag_without_a_posted_pause_changes_nothing() {
+    use glia_backends::Ledger;
+    let fleet = Fleet::start(1, Duration::from_secs(30));
+    let run_id = fleet.submit("long").await;
+    fleet.ledger.set_paused(run_id, true).await.unwrap();
+    let state = past_turn_limits(&fleet, run_id).await;
+    assert_eq!(state.outcome, Some(Outcome::Succeeded { answer: "rested".into(), output: None }), "a stale flag neither pauses nor stalls the run: {:?}", state.parked);
+    check_log(&fleet.log.events(run_id, 0, 10_000).await.unwrap());
+    let _ = fleet.stop.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_of_a_parked_run_takes_effect_once_its_payload_comes() {
+    let fleet = Fleet::start(1, Duration::from_secs(30));
+    let run_id = fleet.submit("approval").await;
+    let state = fleet.wait_parked_or_done(run_id).await;
+    let Some(PullPoint::AwaitingApproval { call_ids }) = state.parked.clone() else { panic!("parked for approval: {:?}", state.parked) };
+    fleet.log.post(run_id, Resume::Pause { reason: "audit".into(), by: None }).await.unwrap();
+    let state = fleet.wait_parked_or_done(run_id).await;
+    assert_eq!((state.pause_due.as_deref(), state.parked.as_ref().map(PullPoint::name)), (Some("audit"), Some("awaiting_approval")), "still waits for its approval");
+    let c = state.call(&call_ids[0]).unwrap();
+    let approval = Resume::Approval { call_id: c.call_id.clone(), args_hash: c.args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
+    fleet.log.post(run_id, approval).await.unwrap();
+    // The approved call is external: the run waits for its result, still pausing.
+    let state = fleet.wait_parked_or_done(run_id).await;
+    assert_eq!((state.pause_due.as_deref(), state.parked.as_ref().map(PullPoint::name)), (Some("audit"), Some("awaiting_tool")));
+    fleet.log.post(run_id, Resume::ToolResult { call_id: call_ids[0].clone(), content: "done".into(), is_error: false }).await.unwrap();
+    let state = fleet.wait_parked_or_done(run_id).await;
+    assert_eq!(state.parked, Some(PullPoint::Paused { reason: glia_proto::PauseReason::Operator { reason: "audit".into() } }), "paused once it could go on");
+    assert_eq!(state.messages.last().map(|m| m.role), Some(glia_proto::Role::User), "before the next model call");
+    fleet.log.post(run_id, Resume::Resume { by: None }).await.unwrap();
+    let state = fleet.drive(run_id).await;
+    assert_eq!(state.outcome, Some(Outcome::Succeeded { answer: "refunded".into(), output: None }));
+    check_log(&fleet.log.events(run_id, 0, 10_000).await.unwrap());
+    let _ = fleet.stop.send(true);
+}
+
 /// A provider that answers `plain` turns from the scripts, but first hangs
 /// (`hang`) or fails once with a wait hint (`flaky`).
 struct Awkward {

@@ -211,8 +211,15 @@ pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
 
 /// Pause the run (budget or operator).
 pub async fn park_paused(log: &dyn EventLog, run_id: Uuid, budget: bool) {
-    let reason = if budget { PauseReason::Budget { limit: Limit::Turns } } else { PauseReason::Operator { reason: "look".into() } };
-    commit(log, run_id, vec![EventKind::SessionPause { pull_point: PullPoint::Paused { reason } }]).await
+    let mut kinds = Vec::new();
+    let reason = if budget {
+        PauseReason::Budget { limit: Limit::Turns }
+    } else {
+        kinds.push(EventKind::SessionPauseRequested { reason: "look".into(), by: None });
+        PauseReason::Operator { reason: "look".into() }
+    };
+    kinds.push(EventKind::SessionPause { pull_point: PullPoint::Paused { reason } });
+    commit(log, run_id, kinds).await
 }
 
 /// Finish a run from planning.
