@@ -2,7 +2,9 @@
 //! the real Postgres, RabbitMQ and Redis. A batch submitted as JSON Lines
 //! survives its dispatcher being killed with SIGKILL mid-admission (twice):
 //! every item runs, none twice. A spend cap stops admissions; raising it
-//! lets the batch complete. The 10,000-item run and the fairness
+//! lets the batch complete. Pausing a batch parks its runs at `paused`;
+//! resuming it completes every item once, through a worker killed with
+//! SIGKILL. The 10,000-item run and the fairness
 //! measurement are `bench_*` (ignored; figures in BENCHMARKS.md).
 
 use std::collections::BTreeSet;
@@ -126,6 +128,7 @@ fn a_spend_cap_stops_admissions_and_raising_it_completes_the_batch() {
     let held = wait_batch(&fleet, &id, Duration::from_secs(120), "the cap to stop admissions", |v| {
         v["cap_reached"] == true && v["counts"]["running"] == 0 && v["counts"]["queued"].as_u64().unwrap_or(0) > 0
     });
+    assert_eq!(held["status"], "paused", "reaching the cap pauses the batch: {held}");
     let spent = held["spend"]["tokens"].as_u64().unwrap();
     assert!(spent >= cap, "admissions stop only at the cap: {held}");
     assert!(spent <= cap + in_flight * 100, "at most one call per run in flight beyond the cap: {held}");
@@ -138,6 +141,69 @@ fn a_spend_cap_stops_admissions_and_raising_it_completes_the_batch() {
     let done = wait_batch(&fleet, &id, Duration::from_secs(180), "completion", |v| v["status"] == "completed");
     assert_eq!((done["counts"]["succeeded"].as_u64(), done["spend"]["tokens"].as_u64()), (Some(n), Some(n * 100)), "{done}");
     assert_each_item_ran_once(&fleet, &id, n as usize);
+}
+
+#[test]
+fn pausing_a_batch_parks_its_runs_and_resuming_completes_it_through_a_worker_kill() {
+    // Three model calls and two tools per run; the consequential refund takes
+    // 300 ms and records each execution in the effects file.
+    let script = json!([
+        {"tool_calls": [{"name": "get_order", "input": {"order_id": "A1"}}]},
+        {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]},
+        {"text": "Refunded."}
+    ]);
+    let mut fleet = Fleet::new(&[("refunds", script)]);
+    fleet.extra_env.push(("GLIA_DEMO_TOOL_DELAY_MS".into(), "300".into()));
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    fleet.start_worker(2_000);
+    let n = 30;
+    let spec = json!({"config": {"model": "script:refunds"}, "options": {"max_in_flight": 6}});
+    let (status, batch) = submit_jsonl(&fleet, std::iter::once(spec).chain(items(n)));
+    assert_eq!(status, 201, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    wait_batch(&fleet, &id, Duration::from_secs(120), "runs under way", |v| v["counts"]["running"].as_u64().unwrap_or(0) >= 3);
+    let (status, paused) = fleet.post(&format!("/v1/batches/{id}/pause"), json!({}));
+    assert_eq!((status, &paused["status"]), (200, &json!("paused")), "{paused}");
+    // Every run not done parks at `paused` at its next step boundary.
+    let held = wait_batch(&fleet, &id, Duration::from_secs(60), "every live run parked", |v| {
+        v["counts"]["running"] == 0 && v["counts"]["parked"]["paused"].as_u64().unwrap_or(0) > 0
+    });
+    let parked: Vec<Value> = runs_of(&fleet, &id).into_iter().filter(|r| r["status"] != "done").collect();
+    assert_eq!(parked.len() as u64, held["counts"]["parked"]["paused"].as_u64().unwrap(), "{held}");
+    for run in &parked {
+        let reason = run["pull_point"]["reason"]["reason"].as_str().unwrap_or_default();
+        assert!(reason.starts_with(&format!("batch {id} paused by")), "an operator pause of the batch: {run}");
+    }
+    // Nothing moves while it is paused, even with a worker killed and replaced.
+    fleet.kill_worker(0);
+    fleet.replace_worker(0, 2_000);
+    std::thread::sleep(Duration::from_secs(2));
+    let still = batch_view(&fleet, &id);
+    assert_eq!(still["counts"], held["counts"], "nothing started or finished while paused");
+    // Resume; kill w1 while it holds a run.
+    let (status, resumed) = fleet.post(&format!("/v1/batches/{id}/resume"), json!({}));
+    assert_eq!((status, &resumed["status"]), (200, &json!("active")), "{resumed}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while fleet.live_leases_of("w1") == 0 {
+        assert!(Instant::now() < deadline, "worker w1 never held a run after the resume");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    fleet.kill_worker(1);
+    let done = wait_batch(&fleet, &id, Duration::from_secs(240), "completion", |v| v["status"] == "completed");
+    assert_eq!(done["counts"]["succeeded"], n, "{done}");
+    assert_each_item_ran_once(&fleet, &id, n);
+    // The refund ran at most once per run (an interrupted one is reported, not repeated).
+    let effects = fleet.effects();
+    let distinct: BTreeSet<&String> = effects.iter().collect();
+    assert_eq!(distinct.len(), effects.len(), "no refund executed twice: {effects:?}");
+    // Every refund the log does not show as done was cut short by the kill
+    // and is reported to the model as outcome_unknown.
+    let interrupted: usize = runs_of(&fleet, &id)
+        .iter()
+        .map(|r| fleet.events(r["run_id"].as_str().unwrap()).iter().filter(|e| e["type"] == "tool.error" && e["data"]["error"] == "outcome_unknown").count())
+        .sum();
+    assert!(effects.len() <= n && effects.len() + interrupted >= n, "{} refunds, {interrupted} interrupted, of {n}", effects.len());
 }
 
 #[test]
