@@ -104,6 +104,15 @@ impl PendingCall {
         }
     }
 
+    /// True when this call was cleared for a worker to run (by policy, or
+    /// approved) and has no result yet. Found at the start of an `advance`,
+    /// such a call was interrupted: a worker stopped while it ran.
+    pub fn cleared_without_result(&self) -> bool {
+        self.result.is_none()
+            && !matches!(self.approval, ApprovalStatus::Requested | ApprovalStatus::Rejected)
+            && (matches!(self.disposition, Some(Disposition::Run { .. })) || (self.approval == ApprovalStatus::Approved && !self.external))
+    }
+
     /// True when the caller, not a worker, produces this call's result: an
     /// external call, or an approved call of an external tool.
     pub fn awaits_caller(&self) -> bool {
@@ -282,6 +291,15 @@ impl RunState {
             Some(p) => Status::Parked(p.clone()),
             None => Status::Runnable,
         }
+    }
+
+    /// True when an operator pause may take effect now: no call is cleared
+    /// to run without a result (a pause there would make a clean stop look
+    /// like an interrupted call). A pause requested meanwhile waits for the
+    /// calls to run, so it lands between a step's tool results and the next
+    /// model call.
+    pub fn pausable(&self) -> bool {
+        !self.batch.iter().any(PendingCall::cleared_without_result)
     }
 
     /// A pending call of the current batch.
@@ -622,6 +640,9 @@ impl RunState {
                         if matches!(reason, PauseReason::Operator { .. }) {
                             if self.pause_due.is_none() {
                                 return Err(illegal(self, "an operator pause follows a session.pause_requested"));
+                            }
+                            if !self.pausable() {
+                                return Err(illegal(self, "an operator pause waits for the calls cleared to run"));
                             }
                             self.pause_due = None;
                         }

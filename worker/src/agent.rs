@@ -80,6 +80,13 @@ pub trait EventSink: Send + Sync {
     fn cancelled(&self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::pending())
     }
+    /// True when, as of the last `commit`, the run is flagged for an
+    /// operator pause that is not applied yet (the fleet's ledger flag; the
+    /// pause itself waits in the run's inbox). The loop then stops between
+    /// steps with [`AgentError::PauseFlagged`]. Default: never.
+    fn pause_flagged(&self) -> bool {
+        false
+    }
 }
 
 /// A sink that could not persist an event.
@@ -158,6 +165,11 @@ pub enum AgentError {
     /// `outcome_unknown`); the caller applies the cancel.
     #[error("the run was cancelled")]
     Cancelled,
+    /// The run is flagged for an operator pause ([`EventSink::pause_flagged`])
+    /// and stopped between steps: everything recorded is committed; the
+    /// caller applies the posted pause.
+    #[error("an operator pause was requested")]
+    PauseFlagged,
 }
 
 /// The loop and everything it calls: provider, tools, hooks, guardrails,
@@ -347,13 +359,7 @@ impl Agent {
         // Calls that were cleared to run before this advance but have no
         // result: a worker died while they ran. (A call waiting for a
         // person's word on running it again, or refused it, is not cleared.)
-        let interrupted: Vec<String> = state
-            .batch
-            .iter()
-            .filter(|c| c.result.is_none() && !matches!(c.approval, ApprovalStatus::Requested | ApprovalStatus::Rejected))
-            .filter(|c| matches!(c.disposition, Some(Disposition::Run { .. })) || (c.approval == ApprovalStatus::Approved && !c.external))
-            .map(|c| c.call_id.clone())
-            .collect();
+        let interrupted: Vec<String> = state.batch.iter().filter(|c| c.cleared_without_result()).map(|c| c.call_id.clone()).collect();
         let mut run = Run { state, sink, clock: &*self.clock };
         if let Some(input) = input {
             self.accept(&mut run, input).await?;
@@ -361,10 +367,17 @@ impl Agent {
         while run.state.status() == Status::Runnable {
             let before = run.state.head_seq;
             // An operator pause requested meanwhile (`session.pause_requested`)
-            // takes effect here, between steps, before any further effect.
-            if let Some(reason) = run.state.pause_due.clone() {
-                self.pause(&mut run, PauseReason::Operator { reason }).await?;
-                continue;
+            // takes effect here, before any further effect, unless calls are
+            // cleared to run: then after their results.
+            if run.state.pausable() {
+                if let Some(reason) = run.state.pause_due.clone() {
+                    self.pause(&mut run, PauseReason::Operator { reason }).await?;
+                    continue;
+                }
+                if run.sink.pause_flagged() {
+                    run.commit().await?;
+                    return Err(AgentError::PauseFlagged);
+                }
             }
             match run.state.phase {
                 Phase::Idle | Phase::Done => break,

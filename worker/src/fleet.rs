@@ -298,6 +298,7 @@ impl Worker {
                 observer: RunObserver::new(self.metrics.clone(), &state),
                 serial_cancel_check: self.serial_cancel_check,
                 watch_pause: !pause_seen,
+                pause_flagged: false,
             };
             let result = if let Some(item) = inbox.into_iter().next() {
                 sink.consumed.push(item.id);
@@ -340,9 +341,9 @@ impl Worker {
                 }
                 // The loop saw the cancel flag (while a model call or tools
                 // ran, or at a commit); what it recorded is committed.
-                // The pause flag was seen at a commit: everything recorded is
-                // committed; the posted pause is next in the inbox.
-                Err(AgentError::Sink(SinkError(why))) if why == PAUSED => {
+                // The pause flag was seen: everything recorded is committed;
+                // the posted pause is next in the inbox.
+                Err(AgentError::PauseFlagged) => {
                     pause_seen = true;
                     state = match self.log.load(run_id).await {
                         Ok(s) => s,
@@ -388,9 +389,6 @@ async fn ack(delivery: Delivery, handled: Handled) -> Handled {
 /// What [`LogSink::commit`] answers when the run was cancelled mid-advance.
 const CANCELLED: &str = "run cancelled";
 
-/// What [`LogSink::commit`] answers when the run's operator-pause flag is set
-/// and the run is neither parked nor pausing yet.
-const PAUSED: &str = "run pause requested";
 
 /// True when `advance` stopped because the run was cancelled: the loop saw
 /// the flag, or a commit did.
@@ -414,6 +412,8 @@ struct LogSink {
     serial_cancel_check: bool,
     /// Look at the operator-pause flag at each commit.
     watch_pause: bool,
+    /// The pause flag as of the last commit ([`EventSink::pause_flagged`]).
+    pause_flagged: bool,
 }
 
 #[async_trait]
@@ -438,15 +438,14 @@ impl EventSink for LogSink {
         // by the poll while a call runs ([`CANCEL_POLL`]).
         let run_id = self.lease.run_id;
         let ledger = &self.ledger;
-        // The pause flag is read with it: a run neither parked nor pausing
-        // yet stops here too, and the worker applies the posted pause.
+        // The pause flag is read with it; the loop asks for it between
+        // steps ([`EventSink::pause_flagged`]).
         let check = async {
             if state.phase == Phase::Done {
                 return Signal::default();
             }
             let signal = ledger.signal(run_id).await.unwrap_or_default();
-            let pausable = self.watch_pause && state.parked.is_none() && state.pause_due.is_none();
-            Signal { cancelled: signal.cancelled, paused: signal.paused && pausable }
+            Signal { cancelled: signal.cancelled, paused: signal.paused && self.watch_pause && state.pause_due.is_none() }
         };
         let commit = self.log.commit(&self.lease, &self.buffer, state, &self.consumed);
         let (committed, signal) = if self.serial_cancel_check {
@@ -459,11 +458,9 @@ impl EventSink for LogSink {
         committed.map_err(|e| SinkError(e.to_string()))?;
         self.buffer.clear();
         self.consumed.clear();
+        self.pause_flagged = signal.paused;
         if signal.cancelled {
             return Err(SinkError(CANCELLED.into()));
-        }
-        if signal.paused {
-            return Err(SinkError(PAUSED.into()));
         }
         Ok(())
     }
@@ -480,6 +477,10 @@ impl EventSink for LogSink {
                 }
             }
         })
+    }
+
+    fn pause_flagged(&self) -> bool {
+        self.pause_flagged
     }
 
     fn live(&self, event: &LiveEvent) {

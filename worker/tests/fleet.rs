@@ -283,6 +283,10 @@ async fn a_pause_parks_a_running_run_at_its_next_step_and_a_resume_finishes_it()
     assert_eq!(state.outcome, Some(Outcome::Succeeded { answer: "rested".into(), output: None }));
     let events = fleet.log.events(run_id, 0, 10_000).await.unwrap();
     assert_eq!(naps(&events), 20, "every nap ran once");
+    assert!(!events.iter().any(|e| matches!(e.kind, EventKind::ToolError { .. })), "a pause never lands between a call and its run (no call taken for interrupted)");
+    let calls = events.iter().filter(|e| matches!(e.kind, EventKind::ModelCall { .. })).count();
+    let turn_limit_pauses = events.iter().filter(|e| matches!(&e.kind, EventKind::SessionPause { pull_point: PullPoint::Paused { reason: glia_proto::PauseReason::TurnLimit } })).count();
+    assert_eq!(calls, 21, "no model call is recorded twice for the pause ({turn_limit_pauses} turn-limit pauses)");
     check_log(&events);
     let _ = fleet.stop.send(true);
 }
