@@ -38,7 +38,8 @@ use crate::{LogError, Spend, SpendCap};
 pub enum BatchState {
     /// Items are admitted as capacity allows.
     Active,
-    /// No new admissions; runs already admitted go on.
+    /// No new admissions; the dispatcher gives the runs admitted an operator
+    /// pause (they park at `paused` at their next step boundary).
     Paused,
     /// No new admissions; unadmitted items are `cancelled`, runs were cancelled.
     Cancelled,

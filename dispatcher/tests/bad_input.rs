@@ -55,6 +55,7 @@ fn endpoints(id: Uuid) -> Vec<Ep> {
         ep(Method::POST, format!("/v1/runs/{id}/tool-results/ext1"), Some(json!({"content": "x"})), Some(json!({"content": 1})), Some(APP_A), true, None),
         ep(Method::POST, format!("/v1/runs/{id}/messages"), Some(json!({"text": "hi"})), Some(json!({"text": []})), Some(APP_A), true, None),
         ep(Method::POST, format!("/v1/runs/{id}/resume"), Some(json!({})), Some(json!({"extend": "lots"})), None, true, None),
+        ep(Method::POST, format!("/v1/runs/{id}/pause"), Some(json!({"reason": "r"})), Some(json!({"reason": 5})), Some(APP_A), true, None),
         ep(Method::POST, format!("/v1/runs/{id}/cancel"), Some(json!({"reason": "r"})), Some(json!({"reason": 5})), Some(APP_A), true, None),
         ep(Method::POST, format!("/v1/runs/{id}/close"), None, None, Some(APP_A), true, None),
     ]

@@ -181,6 +181,7 @@ const ENDPOINTS: &[(&str, &str)] = &[
     ("post", "/v1/runs/{id}/approvals/{call_id}"),
     ("post", "/v1/runs/{id}/tool-results/{call_id}"),
     ("post", "/v1/runs/{id}/messages"),
+    ("post", "/v1/runs/{id}/pause"),
     ("post", "/v1/runs/{id}/resume"),
     ("post", "/v1/runs/{id}/cancel"),
     ("post", "/v1/runs/{id}/close"),

@@ -272,6 +272,8 @@ struct Figures {
     outcome_unknown: usize,
     reapprovals: usize,
     unsurfaced: Vec<String>,
+    /// Processes that exited without being killed by the schedule.
+    exits: Vec<String>,
 }
 
 fn percentile(v: &[u64], p: f64) -> u64 {
@@ -299,6 +301,7 @@ impl Figures {
             self.unsurfaced.len()
         );
         eprintln!("model calls past the run's turn budget: {}", self.budget_overruns.len());
+        eprintln!("processes that exited on their own: {} {:?}", self.exits.len(), self.exits);
         for (kind, v) in &self.recovery_ms {
             eprintln!("recovery {kind}: n={} p50={} ms p90={} ms max={} ms", v.len(), percentile(v, 0.5), percentile(v, 0.9), percentile(v, 1.0));
         }
@@ -313,6 +316,7 @@ impl Figures {
         assert!(self.double_executions.is_empty(), "seed {seed}: refunds executed twice: {:?}", self.double_executions);
         assert!(self.budget_overruns.is_empty(), "seed {seed}: budgets overrun: {:?}", self.budget_overruns);
         assert!(self.results_without_execution.is_empty(), "seed {seed}: results for refunds that never ran: {:?}", self.results_without_execution);
+        assert!(self.exits.is_empty(), "seed {seed}: processes exited on their own: {:?}", self.exits);
         assert!(self.unsurfaced.is_empty(), "seed {seed}: interrupted refunds neither recorded nor outcome-unknown: {:?}", self.unsurfaced);
     }
 }
@@ -418,6 +422,22 @@ fn round(seed: u64, faults: usize) -> Figures {
             eprintln!("seed {seed}: fault {i} {fault:?}: recovered in {took:?}");
             figures.recovery_ms.entry(format!("{fault:?}")).or_default().push(took.as_millis() as u64);
             probes.lock().unwrap().extend(run);
+            // A process the schedule did not kill must still be running (a
+            // worker that gives up on an outage is a finding); it is
+            // replaced so the round goes on.
+            let mut f = fleet.lock().unwrap();
+            for w in 0..f.workers.len() {
+                if let Ok(Some(status)) = f.workers[w].try_wait() {
+                    figures.exits.push(format!("after fault {i} ({fault:?}): worker w{w} exited ({status}); log: {}", f.log_tails(20)));
+                    f.replace_worker(w, LEASE_MS);
+                }
+            }
+            if let Some(Ok(Some(status))) = f.dispatcher.as_mut().map(|d| d.try_wait()) {
+                figures.exits.push(format!("after fault {i} ({fault:?}): the dispatcher exited ({status}); log: {}", f.log_tails(20)));
+                f.dispatcher = None;
+                f.start_dispatcher();
+            }
+            drop(f);
         }
         stop.store(true, Ordering::SeqCst);
     });
