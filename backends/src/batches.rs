@@ -18,7 +18,9 @@
 //! folds in the run: `queued`, `running`, `parked:{pull point}`,
 //! `succeeded`, `failed`, `cancelled`, `expired`.
 //!
-//! Only the Postgres adapter implements [`BatchStore`] for now.
+//! Postgres implements [`BatchStore`] ([`PgLog`](crate::postgres::PgLog)),
+//! and so does the in-memory twin [`MemoryBatches`] (over any event log).
+//! The SQLite single node does not yet.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -722,5 +724,348 @@ mod pg {
             })
             .await
         }
+    }
+}
+
+// ----- in memory ----------------------------------------------------------------------------
+
+/// The in-memory twin of [`BatchStore`], for `glia dev` and fast tests:
+/// batches and items in a mutex, runs read from the [`crate::EventLog`] it
+/// was made with (their status, outcome, pull point, and usage for spend).
+/// Nothing survives the process. Same semantics as the Postgres adapter,
+/// which the dispatcher's batch tests run against both.
+pub struct MemoryBatches {
+    log: std::sync::Arc<dyn crate::EventLog>,
+    inner: std::sync::Mutex<MemoryInner>,
+}
+
+#[derive(Default)]
+struct MemoryInner {
+    batches: BTreeMap<Uuid, (Batch, Vec<MemoryItem>)>,
+    keys: std::collections::HashMap<(String, String), Uuid>,
+}
+
+#[derive(Clone)]
+struct MemoryItem {
+    custom_id: String,
+    goal: String,
+    metadata: Option<String>,
+    state: ItemState,
+    run_id: Option<Uuid>,
+    spend: Spend,
+    error: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum ItemState {
+    Queued,
+    Admitting(DateTime<Utc>),
+    Running,
+    Finished,
+    Expired,
+    Cancelled,
+}
+
+impl MemoryBatches {
+    /// A store whose items' runs live in `log`.
+    pub fn new(log: std::sync::Arc<dyn crate::EventLog>) -> MemoryBatches {
+        MemoryBatches { log, inner: std::sync::Mutex::new(MemoryInner::default()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The item's status as a caller sees it, its run's outcome and pull point.
+    async fn view(&self, n: u64, item: &MemoryItem) -> Result<ItemView, LogError> {
+        let run = match item.run_id {
+            Some(id) if matches!(item.state, ItemState::Running | ItemState::Finished) => Some(self.log.get_run(id).await?),
+            _ => None,
+        };
+        let status = match (item.state, &run) {
+            (ItemState::Queued | ItemState::Admitting(_), _) => "queued".to_owned(),
+            (ItemState::Expired, _) => "expired".to_owned(),
+            (ItemState::Cancelled, _) => "cancelled".to_owned(),
+            (_, None) => "failed".to_owned(),
+            (_, Some(r)) => match (&r.outcome, &r.pull_point) {
+                (Some(o), _) => outcome_kind(o).to_owned(),
+                (None, Some(p)) if r.status == crate::RunStatus::Parked => format!("parked:{}", p.name()),
+                _ => "running".to_owned(),
+            },
+        };
+        Ok(ItemView {
+            n,
+            custom_id: item.custom_id.clone(),
+            metadata: item.metadata.clone(),
+            status,
+            run_id: item.run_id,
+            outcome: run.as_ref().and_then(|r| r.outcome.clone()),
+            pull_point: run.as_ref().and_then(|r| r.pull_point.clone()),
+            spend: (item.state == ItemState::Finished).then_some(item.spend),
+            error: item.error.clone(),
+        })
+    }
+
+    /// Items of batch `id` with their index, copied out of the lock.
+    fn items_of(&self, id: Uuid) -> Vec<(u64, MemoryItem)> {
+        self.lock().batches.get(&id).map(|(_, items)| items.iter().cloned().enumerate().map(|(n, i)| (n as u64, i)).collect()).unwrap_or_default()
+    }
+
+    async fn run_spend(&self, run_id: Uuid) -> Result<Spend, LogError> {
+        let state = self.log.load(run_id).await?;
+        Ok(Spend::of(&state.usage.tokens, state.usage.cost_usd_micros))
+    }
+}
+
+/// `succeeded`, `failed` or `cancelled`: the `kind` of an outcome's JSON.
+fn outcome_kind(o: &Outcome) -> &'static str {
+    match o {
+        Outcome::Succeeded { .. } => "succeeded",
+        Outcome::Failed { .. } => "failed",
+        Outcome::Cancelled { .. } => "cancelled",
+    }
+}
+
+fn visible(batch: &Batch, tenant: Option<&str>) -> bool {
+    tenant.is_none_or(|t| t == batch.tenant)
+}
+
+#[async_trait]
+impl BatchStore for MemoryBatches {
+    async fn submit(&self, new: NewBatch, mut upload: BoxStream<'_, Result<Upload, SubmitError>>) -> Result<Submitted, SubmitError> {
+        use futures::StreamExt;
+        let earlier = new.idempotency_key.as_ref().and_then(|k| self.lock().keys.get(&(new.tenant.clone(), k.clone())).copied());
+        let mut items: Vec<MemoryItem> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut hash = None;
+        while let Some(next) = upload.next().await {
+            match next? {
+                Upload::Done { request_hash } => {
+                    hash = Some(request_hash);
+                    break;
+                }
+                Upload::Items(_) if earlier.is_some() => {}
+                Upload::Items(chunk) => {
+                    for item in chunk {
+                        if !seen.insert(item.custom_id.clone()) {
+                            return Err(SubmitError::DuplicateCustomId { line: item.line, custom_id: item.custom_id });
+                        }
+                        let NewItem { custom_id, goal, metadata, .. } = item;
+                        items.push(MemoryItem { custom_id, goal, metadata, state: ItemState::Queued, run_id: None, spend: Spend::default(), error: None });
+                    }
+                }
+            }
+        }
+        let upload_hash = hash.ok_or(SubmitError::Truncated)?;
+        let mut inner = self.lock();
+        let key = new.idempotency_key.clone().map(|k| (new.tenant.clone(), k));
+        if let Some(id) = key.as_ref().and_then(|k| inner.keys.get(k)) {
+            let batch = inner.batches[id].0.clone();
+            return Ok(Submitted { batch, created: false, upload_hash });
+        }
+        let now = Utc::now();
+        let batch = Batch {
+            id: new.id,
+            tenant: new.tenant,
+            spec: new.spec,
+            request_hash: upload_hash.clone(),
+            state: BatchState::Active,
+            max_in_flight: new.max_in_flight,
+            cap: new.cap,
+            expires_at: new.expires_at,
+            items_total: items.len() as u64,
+            created_at: now,
+            updated_at: now,
+        };
+        if let Some(k) = key {
+            inner.keys.insert(k, batch.id);
+        }
+        inner.batches.insert(batch.id, (batch.clone(), items));
+        Ok(Submitted { batch, created: true, upload_hash })
+    }
+
+    async fn batch(&self, tenant: Option<&str>, id: Uuid) -> Result<Option<Batch>, LogError> {
+        Ok(self.lock().batches.get(&id).map(|(b, _)| b.clone()).filter(|b| visible(b, tenant)))
+    }
+
+    async fn batches(&self, tenant: Option<&str>, after: Option<Uuid>, limit: usize) -> Result<Vec<Batch>, LogError> {
+        let inner = self.lock();
+        let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        Ok(inner.batches.range((from, std::ops::Bound::Unbounded)).map(|(_, (b, _))| b).filter(|b| visible(b, tenant)).take(limit.clamp(1, 1000)).cloned().collect())
+    }
+
+    async fn counts(&self, id: Uuid) -> Result<BTreeMap<String, u64>, LogError> {
+        let mut counts = BTreeMap::new();
+        for (n, item) in self.items_of(id) {
+            *counts.entry(self.view(n, &item).await?.status).or_insert(0) += 1;
+        }
+        Ok(counts)
+    }
+
+    async fn spend(&self, id: Uuid) -> Result<Spend, LogError> {
+        let mut spend = Spend::default();
+        for (_, item) in self.items_of(id) {
+            match (item.state, item.run_id) {
+                (ItemState::Finished, _) => spend = spend.saturating_add(item.spend),
+                (ItemState::Running, Some(run_id)) => spend = spend.saturating_add(self.run_spend(run_id).await?),
+                _ => {}
+            }
+        }
+        Ok(spend)
+    }
+
+    async fn items(&self, id: Uuid, from: u64, limit: usize) -> Result<Vec<ItemView>, LogError> {
+        let mut out = Vec::new();
+        for (n, item) in self.items_of(id).into_iter().skip(from as usize).take(limit.clamp(1, 10_000)) {
+            out.push(self.view(n, &item).await?);
+        }
+        Ok(out)
+    }
+
+    async fn update(&self, tenant: Option<&str>, id: Uuid, state: Option<BatchState>, cap: Option<SpendCap>) -> Result<Option<Batch>, LogError> {
+        let mut inner = self.lock();
+        let Some((batch, items)) = inner.batches.get_mut(&id).filter(|(b, _)| visible(b, tenant)) else { return Ok(None) };
+        if batch.state != BatchState::Cancelled
+            && let Some(s) = state
+        {
+            batch.state = s;
+        }
+        if let Some(cap) = cap {
+            batch.cap = cap;
+        }
+        batch.updated_at = Utc::now();
+        if batch.state == BatchState::Cancelled {
+            for item in items.iter_mut().filter(|i| i.state == ItemState::Queued) {
+                item.state = ItemState::Cancelled;
+            }
+        }
+        Ok(Some(batch.clone()))
+    }
+
+    async fn live_runs(&self, id: Uuid) -> Result<Vec<Uuid>, LogError> {
+        Ok(self.items_of(id).into_iter().filter(|(_, i)| i.state == ItemState::Running).filter_map(|(_, i)| i.run_id).collect())
+    }
+
+    async fn lanes(&self) -> Result<Vec<Lane>, LogError> {
+        let inner = self.lock();
+        Ok(inner
+            .batches
+            .values()
+            .filter_map(|(b, items)| {
+                let in_flight = items.iter().filter(|i| matches!(i.state, ItemState::Admitting(_) | ItemState::Running)).count() as u64;
+                let waiting = items.iter().filter(|i| matches!(i.state, ItemState::Queued | ItemState::Admitting(_))).count() as u64;
+                (in_flight + waiting > 0).then(|| Lane {
+                    batch_id: b.id,
+                    tenant: b.tenant.clone(),
+                    state: b.state,
+                    max_in_flight: b.max_in_flight,
+                    cap: b.cap,
+                    in_flight,
+                    waiting,
+                })
+            })
+            .collect())
+    }
+
+    async fn claim(&self, batch: Uuid, limit: usize, lease: Duration) -> Result<Vec<Claim>, LogError> {
+        let now = Utc::now();
+        let lapsed = now - chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+        let mut inner = self.lock();
+        let Some((_, items)) = inner.batches.get_mut(&batch) else { return Ok(Vec::new()) };
+        let mut claims = Vec::new();
+        for (n, item) in items.iter_mut().enumerate() {
+            if claims.len() == limit {
+                break;
+            }
+            let claimable = match item.state {
+                ItemState::Queued => true,
+                ItemState::Admitting(at) => at < lapsed,
+                _ => false,
+            };
+            if claimable {
+                item.state = ItemState::Admitting(now);
+                claims.push(Claim { batch_id: batch, n: n as u64, custom_id: item.custom_id.clone(), goal: item.goal.clone() });
+            }
+        }
+        Ok(claims)
+    }
+
+    async fn admitted(&self, batch: Uuid, n: u64, run_id: Uuid) -> Result<BatchState, LogError> {
+        let mut inner = self.lock();
+        let Some((b, items)) = inner.batches.get_mut(&batch) else { return Err(LogError::NotFound(batch)) };
+        if let Some(item) = items.get_mut(n as usize)
+            && matches!(item.state, ItemState::Admitting(_) | ItemState::Queued | ItemState::Cancelled | ItemState::Expired)
+        {
+            item.state = ItemState::Running;
+            item.run_id = Some(run_id);
+        }
+        Ok(b.state)
+    }
+
+    async fn refused(&self, batch: Uuid, n: u64, error: &str) -> Result<(), LogError> {
+        let mut inner = self.lock();
+        if let Some(item) = inner.batches.get_mut(&batch).and_then(|(_, items)| items.get_mut(n as usize)) {
+            item.state = ItemState::Finished;
+            item.error = Some(error.to_owned());
+            item.spend = Spend::default();
+        }
+        Ok(())
+    }
+
+    async fn sweep(&self, limit: usize) -> Result<u64, LogError> {
+        let running: Vec<(Uuid, usize, Uuid)> = {
+            let inner = self.lock();
+            inner
+                .batches
+                .iter()
+                .flat_map(|(id, (_, items))| items.iter().enumerate().filter(|(_, i)| i.state == ItemState::Running).filter_map(move |(n, i)| Some((*id, n, i.run_id?))))
+                .collect()
+        };
+        let mut changed = 0;
+        for (batch, n, run_id) in running {
+            if changed as usize >= limit {
+                break;
+            }
+            if self.log.get_run(run_id).await?.status != crate::RunStatus::Done {
+                continue;
+            }
+            let spend = self.run_spend(run_id).await?;
+            let mut inner = self.lock();
+            if let Some(item) = inner.batches.get_mut(&batch).and_then(|(_, items)| items.get_mut(n)).filter(|i| i.state == ItemState::Running) {
+                item.state = ItemState::Finished;
+                item.spend = spend;
+                changed += 1;
+            }
+        }
+        let now = Utc::now();
+        let mut inner = self.lock();
+        let mut expired = 0;
+        for (_, items) in inner.batches.values_mut().filter(|(b, _)| b.expires_at.is_some_and(|at| at < now)) {
+            for item in items.iter_mut().filter(|i| i.state == ItemState::Queued) {
+                if expired >= limit {
+                    break;
+                }
+                item.state = ItemState::Expired;
+                expired += 1;
+            }
+        }
+        Ok(changed + expired as u64)
+    }
+
+    async fn gauges(&self) -> Result<BTreeMap<String, u64>, LogError> {
+        let open: Vec<Uuid> = self
+            .lock()
+            .batches
+            .iter()
+            .filter(|(_, (_, items))| items.iter().any(|i| matches!(i.state, ItemState::Queued | ItemState::Admitting(_) | ItemState::Running)))
+            .map(|(id, _)| *id)
+            .collect();
+        let mut gauges = BTreeMap::new();
+        for id in open {
+            for (status, n) in self.counts(id).await? {
+                *gauges.entry(status).or_insert(0) += n;
+            }
+        }
+        Ok(gauges)
     }
 }

@@ -459,3 +459,99 @@ pub async fn agent_versions(log: &dyn EventLog) {
     let latest = log.get_agent("t1", "race", None).await.unwrap().unwrap();
     assert_eq!(latest.version as usize, versions.len());
 }
+
+/// The [`BatchStore`](crate::batches::BatchStore) contract on `store`, whose
+/// items' runs live in `log` (a fresh instance of each): a submission
+/// stored whole or not at all, idempotent per tenant, tenant visibility,
+/// claims in order with leases, admission, refusal, lanes, live runs,
+/// sweep with spend, counts and item views, update and cancel.
+pub async fn batch_store(log: &dyn EventLog, store: &dyn crate::batches::BatchStore) {
+    use crate::batches::{BatchState, NewBatch, NewItem, SubmitError, Upload};
+    use futures::StreamExt;
+    let tenant = format!("t-{}", Uuid::now_v7());
+    let new = |key: Option<&str>| NewBatch {
+        id: Uuid::now_v7(),
+        tenant: tenant.clone(),
+        idempotency_key: key.map(str::to_owned),
+        spec: "{}".into(),
+        max_in_flight: Some(2),
+        cap: crate::SpendCap::default(),
+        expires_at: None,
+    };
+    let item = |i: u64| NewItem { custom_id: format!("c-{i}"), goal: format!("goal {i}"), metadata: Some(format!("{{\"i\":{i}}}")), line: i + 2 };
+    let upload = |chunks: Vec<Vec<NewItem>>, done: bool| {
+        let mut parts: Vec<Result<Upload, SubmitError>> = chunks.into_iter().map(|c| Ok(Upload::Items(c))).collect();
+        if done {
+            parts.push(Ok(Upload::Done { request_hash: "h1".into() }));
+        }
+        futures::stream::iter(parts).boxed()
+    };
+
+    // Refused whole: a repeated custom_id (across chunks), a cut-off upload.
+    let dup = new(None);
+    let err = store.submit(dup.clone(), upload(vec![vec![item(0), item(1)], vec![item(1)]], true)).await.unwrap_err();
+    assert!(matches!(err, SubmitError::DuplicateCustomId { line: 3, ref custom_id } if custom_id == "c-1"), "{err:?}");
+    assert_eq!(store.batch(None, dup.id).await.unwrap(), None, "nothing of a refused batch is stored");
+    let cut = new(None);
+    assert!(matches!(store.submit(cut.clone(), upload(vec![vec![item(0)]], false)).await, Err(SubmitError::Truncated)));
+    assert_eq!(store.batch(None, cut.id).await.unwrap(), None);
+
+    // Stored, then idempotent per tenant.
+    let first = new(Some("k"));
+    let s = store.submit(first.clone(), upload(vec![vec![item(0), item(1)], vec![item(2), item(3)]], true)).await.unwrap();
+    assert!(s.created);
+    assert_eq!((s.batch.items_total, s.batch.state, s.batch.request_hash.as_str(), s.upload_hash.as_str()), (4, BatchState::Active, "h1", "h1"));
+    let again = store.submit(new(Some("k")), upload(vec![vec![item(9)]], true)).await.unwrap();
+    assert!(!again.created && again.batch.id == first.id, "same tenant, same key: the first batch");
+    assert_eq!(store.batch(Some("someone-else"), first.id).await.unwrap(), None, "another tenant's batch is invisible");
+    assert!(store.batches(Some(&tenant), None, 10).await.unwrap().iter().any(|b| b.id == first.id));
+    let id = first.id;
+    assert_eq!(store.counts(id).await.unwrap(), [("queued".to_owned(), 4)].into());
+    let items = store.items(id, 1, 2).await.unwrap();
+    assert_eq!(items.iter().map(|i| (i.n, i.custom_id.as_str(), i.metadata.as_deref())).collect::<Vec<_>>(), [(1, "c-1", Some("{\"i\":1}")), (2, "c-2", Some("{\"i\":2}"))]);
+
+    // Claims come in order; a live claim is not taken again, a lapsed one is.
+    let claims = store.claim(id, 2, TTL).await.unwrap();
+    assert_eq!(claims.iter().map(|c| (c.n, c.goal.as_str())).collect::<Vec<_>>(), [(0, "goal 0"), (1, "goal 1")]);
+    let lane = store.lanes().await.unwrap().into_iter().find(|l| l.batch_id == id).expect("a lane for the batch");
+    assert_eq!((lane.in_flight, lane.waiting, lane.max_in_flight, lane.tenant.as_str()), (2, 4, Some(2), tenant.as_str()));
+    assert_eq!(store.claim(id, 1, TTL).await.unwrap().iter().map(|c| c.n).collect::<Vec<_>>(), [2]);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(store.claim(id, 1, Duration::from_millis(1)).await.unwrap().iter().map(|c| c.n).collect::<Vec<_>>(), [0], "a lapsed claim is taken again");
+
+    // Item 0 becomes a run; item 1 is refused.
+    let s0 = sample_log();
+    log.create_run(NewRun { tenant: tenant.clone(), idempotency_key: None, batch_id: Some(id), start: s0.parked[0].clone() }).await.unwrap();
+    assert_eq!(store.admitted(id, 0, s0.run_id).await.unwrap(), BatchState::Active);
+    store.refused(id, 1, "no such agent").await.unwrap();
+    assert_eq!(store.live_runs(id).await.unwrap(), [s0.run_id]);
+    let views = store.items(id, 0, 10).await.unwrap();
+    assert_eq!((views[0].status.as_str(), views[0].run_id), ("running", Some(s0.run_id)));
+    assert_eq!((views[1].status.as_str(), views[1].error.as_deref(), views[1].spend), ("failed", Some("no such agent"), Some(crate::Spend::default())));
+    // Parked, then done: the sweep folds its spend into the item.
+    let lease = log.acquire(s0.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s0.parked[1..], &state_after(s0.run_id, &s0.parked), &[]).await.unwrap();
+    assert_eq!(store.items(id, 0, 1).await.unwrap()[0].status, "parked:awaiting_approval");
+    let all = [s0.parked.clone(), s0.rest.clone()].concat();
+    let done = state_after(s0.run_id, &all);
+    log.commit(&lease, &s0.rest, &done, &[]).await.unwrap();
+    let spent = crate::Spend::of(&done.usage.tokens, done.usage.cost_usd_micros);
+    assert_eq!(store.spend(id).await.unwrap(), spent, "a live run's spend counts before the sweep");
+    assert!(store.sweep(100).await.unwrap() >= 1);
+    let view = &store.items(id, 0, 1).await.unwrap()[0];
+    assert_eq!((view.status.as_str(), view.spend), ("succeeded", Some(spent)));
+    assert!(matches!(view.outcome, Some(Outcome::Succeeded { .. })));
+    assert_eq!(store.spend(id).await.unwrap(), spent, "and the same after it");
+    assert!(store.live_runs(id).await.unwrap().is_empty());
+
+    // Pause keeps items queued; cancel cancels the queued ones and is final.
+    let paused = store.update(Some(&tenant), id, Some(BatchState::Paused), Some(crate::SpendCap { tokens: Some(5), cost_usd_micros: None })).await.unwrap().unwrap();
+    assert_eq!((paused.state, paused.cap.tokens), (BatchState::Paused, Some(5)));
+    assert_eq!(store.update(Some("someone-else"), id, Some(BatchState::Active), None).await.unwrap(), None);
+    let cancelled = store.update(None, id, Some(BatchState::Cancelled), None).await.unwrap().unwrap();
+    assert_eq!(cancelled.state, BatchState::Cancelled);
+    let counts = store.counts(id).await.unwrap();
+    assert_eq!((counts.get("cancelled"), counts.get("queued")), (Some(&1), Some(&1)), "item 3 was queued; item 2, claimed, shows queued: {counts:?}");
+    let still = store.update(None, id, Some(BatchState::Active), None).await.unwrap().unwrap();
+    assert_eq!(still.state, BatchState::Cancelled, "a cancelled batch stays cancelled");
+}

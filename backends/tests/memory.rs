@@ -7,3 +7,10 @@ use glia_backends::memory::MemoryLog;
 async fn memory_log_conformance() {
     conformance::all(|| async { MemoryLog::default() }).await;
 }
+
+#[tokio::test]
+async fn memory_batches_conformance() {
+    let log = std::sync::Arc::new(MemoryLog::default());
+    let store = glia_backends::batches::MemoryBatches::new(log.clone());
+    conformance::batch_store(&*log, &store).await;
+}

@@ -120,6 +120,13 @@ async fn postgres_log_conformance() {
 }
 
 #[tokio::test]
+async fn postgres_batches_conformance() {
+    let db = TestDb::new().await;
+    let log = db.log_with(PgOptions { max_connections: 4, ..PgOptions::default() }).await;
+    conformance::batch_store(&log, &log).await;
+}
+
+#[tokio::test]
 async fn events_reject_update_delete_and_truncate() {
     let (db, log, s) = admitted(PgOptions::default()).await;
     let sql = db.sql().await;

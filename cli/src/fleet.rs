@@ -66,7 +66,8 @@ pub struct Ports {
     pub ledger: Arc<dyn Ledger>,
     /// Webhook subscriptions and deliveries (Postgres only).
     pub webhooks: Option<Arc<dyn glia_backends::webhooks::WebhookStore>>,
-    /// Batches and their items (Postgres only, for now).
+    /// Batches and their items (Postgres, and the in-memory twin of `glia
+    /// dev`; not yet the SQLite single node).
     pub batches: Option<Arc<dyn glia_backends::batches::BatchStore>>,
 }
 
@@ -104,7 +105,9 @@ impl Ports {
 
     /// In-memory twins: nothing survives the process.
     pub fn memory() -> Ports {
-        Ports { log: Arc::new(MemoryLog::default()), queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()), webhooks: None, batches: None }
+        let log = Arc::new(MemoryLog::default());
+        let batches = Arc::new(glia_backends::batches::MemoryBatches::new(log.clone()));
+        Ports { log, queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()), webhooks: None, batches: Some(batches) }
     }
 }
 

@@ -320,7 +320,7 @@ pub struct Accepted {
     /// reason other than its budget: the extension, then the resume).
     pub inbox_ids: Vec<i64>,
     /// Payload kinds posted, in order: `approval`, `tool_result`, `input`,
-    /// `extend_budget`, `resume`, `close`, `cancel`.
+    /// `extend_budget`, `pause`, `resume`, `close`, `cancel`.
     pub kinds: Vec<String>,
     /// For approvals: the decision as posted.
     #[schema(value_type = Option<DecisionDoc>)]
@@ -811,24 +811,33 @@ pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
     if inbox.iter().any(|i| matches!(i.payload, Resume::ExtendBudget { .. } | Resume::Resume { .. })) {
         return Err(ApiError::AlreadyPosted { run_id: id, what: "a resume".into() });
     }
-    let reason = match &run.pull_point {
-        Some(PullPoint::Paused { reason }) => reason.clone(),
-        // Pausing (requested, not yet in effect): a resume withdraws it.
-        _ => match operator_pause(&app, id, &inbox).await? {
-            Some(reason) => PauseReason::Operator { reason },
-            None => return Err(ApiError::NotPaused(id)),
-        },
+    let operator = operator_pause(&app, id, &inbox).await?;
+    let parked = match &run.pull_point {
+        Some(PullPoint::Paused { reason }) => Some(reason.clone()),
+        _ => None,
     };
-    if matches!(reason, PauseReason::Operator { .. }) {
+    let mut payloads = Vec::new();
+    // An operator pause requested and not in effect yet: a first resume
+    // withdraws it (and clears the flag).
+    let pending = operator.is_some() && !matches!(parked, Some(PauseReason::Operator { .. }));
+    if operator.is_some() {
         unflag_pause(&app, id).await;
     }
-    let extend = body.extend.filter(|l| *l != BudgetLimits::default());
-    let mut payloads = Vec::new();
-    if let Some(extra) = extend {
-        payloads.push(Resume::ExtendBudget { extra });
-    }
-    if extend.is_none() || !matches!(reason, PauseReason::Budget { .. }) {
+    if pending {
         payloads.push(Resume::Resume { by: Some(p.by()) });
+    }
+    match parked {
+        None if pending => {}
+        None => return Err(ApiError::NotPaused(id)),
+        Some(reason) => {
+            let extend = body.extend.filter(|l| *l != BudgetLimits::default());
+            if let Some(extra) = extend {
+                payloads.push(Resume::ExtendBudget { extra });
+            }
+            if extend.is_none() || !matches!(reason, PauseReason::Budget { .. }) {
+                payloads.push(Resume::Resume { by: Some(p.by()) });
+            }
+        }
     }
     let mut accepted = Accepted { run_id: id, call_id: None, inbox_ids: vec![], kinds: vec![], decision: None };
     for payload in payloads {
@@ -863,20 +872,19 @@ pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec!["pause".into()], decision: None })))
 }
 
-/// The reason of the operator pause run `id` is under or about to be under:
-/// parked at `paused` by an operator, a `session.pause_requested` not yet
-/// in effect, or a `pause` waiting in `inbox` with no resume after it.
+/// The reason of the operator pause run `id` is under or about to be under,
+/// once the payloads waiting in `inbox` are applied: the last `pause` or
+/// `resume` there decides (a resume withdraws or ends a pause); with
+/// neither, the run's state: parked at `paused` by an operator, or a
+/// `session.pause_requested` not yet in effect.
 pub(crate) async fn operator_pause(app: &App, id: Uuid, inbox: &[glia_backends::InboxItem]) -> Result<Option<String>, ApiError> {
-    let mut waiting = None;
-    for item in inbox {
-        match &item.payload {
-            Resume::Pause { reason, .. } => waiting = Some(reason.clone()),
-            Resume::Resume { .. } => waiting = None,
-            _ => {}
-        }
-    }
-    if waiting.is_some() {
-        return Ok(waiting);
+    let last = inbox.iter().rev().find_map(|i| match &i.payload {
+        Resume::Pause { reason, .. } => Some(Some(reason.clone())),
+        Resume::Resume { .. } => Some(None),
+        _ => None,
+    });
+    if let Some(decided) = last {
+        return Ok(decided);
     }
     let state = app.log.load(id).await?;
     Ok(match state.parked {
@@ -915,9 +923,8 @@ async fn unflag_pause(app: &App, id: Uuid) {
 /// posted. What a batch's resume does for the runs it paused.
 pub(crate) async fn resume_paused_by(app: &App, id: Uuid, by: &str, parked_by: impl Fn(&str) -> bool) -> Result<bool, ApiError> {
     let inbox = app.log.inbox(id).await?;
-    if inbox.iter().any(|i| matches!(i.payload, Resume::Resume { .. })) && !inbox.iter().any(|i| matches!(i.payload, Resume::Pause { .. })) {
-        return Ok(false);
-    }
+    // One resume: it withdraws a pause not yet in effect, or ends one in
+    // effect (a run parked at another pause stays there).
     match operator_pause(app, id, &inbox).await? {
         Some(reason) if parked_by(&reason) => {
             unflag_pause(app, id).await;

@@ -11,7 +11,8 @@
 //! | `POST /v1/batches/{id}/cancel`, `/pause`, `/resume` | submit | 200 batch | 404 |
 //!
 //! Every endpoint answers 404 `not_available` on a dispatcher without a
-//! batch store (the in-memory and SQLite single node for now).
+//! batch store (the SQLite single node, `glia serve`, for now; `glia dev`
+//! has the in-memory twin).
 //!
 //! **Submission.** As JSON ([`CreateBatch`], at most
 //! [`crate::Limits::max_body_bytes`]) or as JSON Lines (`Content-Type:
@@ -870,6 +871,11 @@ pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
     let batch = store.update(tenant_of(&p), id, Some(BatchState::Paused), None).await?.ok_or(ApiError::BatchNotFound(id))?;
     if batch.state == BatchState::Paused {
         park_runs(&app, id, &format!("batch {id} paused by {}", p.by()), &p.by()).await?;
+        // Resumed meanwhile (a concurrent `resume` passed these runs before
+        // their pause was posted): take the pauses back.
+        if store.batch(None, id).await?.is_some_and(|b| b.state == BatchState::Active) {
+            resume_parked(&app, id, &p.by()).await?;
+        }
     }
     Ok(Json(full_view(&app, &batch).await?))
 }
@@ -880,6 +886,19 @@ pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
 async fn park_runs(app: &App, id: Uuid, reason: &str, by: &str) -> Result<(), ApiError> {
     for run_id in store(app)?.live_runs(id).await? {
         match pause_run(app, run_id, reason, by).await {
+            Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Resume the runs of batch `id` that one of its pauses (or its spend cap)
+/// holds or is about to hold; a run an operator paused on its own stays.
+async fn resume_parked(app: &App, id: Uuid, by: &str) -> Result<(), ApiError> {
+    let ours = format!("batch {id} ");
+    for run_id in store(app)?.live_runs(id).await? {
+        match resume_paused_by(app, run_id, by, |reason| reason.starts_with(&ours)).await {
             Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
             Err(e) => return Err(e),
         }
@@ -905,15 +924,11 @@ pub async fn resume(
     let cap = body.spend_cap.map(SpendCap::from);
     let store = store(&app)?;
     let batch = store.update(tenant_of(&p), id, Some(BatchState::Active), cap).await?.ok_or(ApiError::BatchNotFound(id))?;
-    if batch.state == BatchState::Active {
-        // Only the runs this batch paused (its pause, or its spend cap).
-        let ours = format!("batch {id} ");
-        for run_id in store.live_runs(id).await? {
-            match resume_paused_by(&app, run_id, &p.by(), |reason| reason.starts_with(&ours)).await {
-                Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
+    // Only the runs this batch paused (its pause, or its spend cap), and not
+    // while the cap is still reached: the next pass would pause them again.
+    let capped = batch.cap != SpendCap::default() && reached(batch.cap, store.spend(id).await?);
+    if batch.state == BatchState::Active && !capped {
+        resume_parked(&app, id, &p.by()).await?;
     }
     app.wake_admission();
     Ok(Json(full_view(&app, &batch).await?))
@@ -977,11 +992,17 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
             && lane.cap != SpendCap::default()
             && reached(lane.cap, store.spend(lane.batch_id).await?);
         if capped {
-            // The cap is reached: the batch pauses, and so do its runs.
+            // The cap is reached: its runs pause, then the batch. A pass that
+            // fails to park them all leaves the batch active, so the next
+            // pass tries again (runs already pausing are skipped).
             let id = lane.batch_id;
-            if store.update(None, id, Some(BatchState::Paused), None).await?.is_some_and(|b| b.state == BatchState::Paused) {
-                tracing::info!(batch_id = %id, "spend cap reached; batch paused");
-                park_runs(app, id, &format!("batch {id} reached its spend cap"), "glia").await?;
+            match park_runs(app, id, &format!("batch {id} reached its spend cap"), "glia").await {
+                Ok(()) => {
+                    if store.update(None, id, Some(BatchState::Paused), None).await?.is_some_and(|b| b.state == BatchState::Paused) {
+                        tracing::info!(batch_id = %id, "spend cap reached; batch paused");
+                    }
+                }
+                Err(e) => tracing::warn!(batch_id = %id, "spend cap reached; not every run was paused (retried next pass): {e}"),
             }
         }
         if lane.state != BatchState::Active || capped {
@@ -1048,6 +1069,14 @@ async fn admit_item(app: &App, tenant: &str, spec: Option<BatchSpec>, claim: Cla
         match pause_run(app, run.run_id, &format!("batch {} paused", claim.batch_id), "glia").await {
             Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
             Err(e) => return Err(e),
+        }
+        // Resumed meanwhile: take the pause back.
+        if store.batch(None, claim.batch_id).await?.is_some_and(|b| b.state == BatchState::Active) {
+            let ours = format!("batch {} ", claim.batch_id);
+            match resume_paused_by(app, run.run_id, "glia", |reason| reason.starts_with(&ours)).await {
+                Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     if state == BatchState::Cancelled {

@@ -241,7 +241,7 @@ foreign_schema!(
 const PULL_POINTS: [&str; 4] = ["awaiting_tool", "awaiting_approval", "awaiting_input", "paused"];
 
 /// Event type names of the catalogue (persisted events).
-pub const EVENT_TYPES: [&str; 26] = [
+pub const EVENT_TYPES: [&str; 27] = [
     "session.start",
     "plan.draft",
     "plan.commit",
@@ -263,6 +263,7 @@ pub const EVENT_TYPES: [&str; 26] = [
     "budget.warn",
     "budget.extended",
     "session.pause",
+    "session.pause_requested",
     "session.resume",
     "session.cancel",
     "session.complete",

@@ -794,6 +794,7 @@ fn event_line(e: &Event) -> EventLine {
         EventKind::ApprovalEscalated { call_id, .. } => call_id.clone(),
         EventKind::SessionComplete { outcome } => serde_json::to_string(outcome).unwrap_or_default(),
         EventKind::SessionPause { pull_point } => pull_point.name().to_owned(),
+        EventKind::SessionPauseRequested { reason, by } => format!("{reason} (by {})", by.as_deref().unwrap_or("?")),
         EventKind::InputReceived { text } => text.clone(),
         _ => String::new(),
     };

@@ -7,7 +7,7 @@
 //! | `glia_dispatcher_http_requests_total` | counter | `route` (template, or `unmatched`), `method`, `status` | requests answered |
 //! | `glia_dispatcher_http_request_duration_seconds` | histogram | `route`, `method` | time to the response head |
 //! | `glia_dispatcher_runs_admitted_total` | counter | – | runs created (idempotent repeats not counted) |
-//! | `glia_dispatcher_payloads_posted_total` | counter | `kind` (`approval`, `tool_result`, `input`, `extend_budget`, `resume`, `close`, `cancel`) | inbox payloads posted |
+//! | `glia_dispatcher_payloads_posted_total` | counter | `kind` (`approval`, `tool_result`, `input`, `extend_budget`, `pause`, `resume`, `close`, `cancel`) | inbox payloads posted |
 //! | `glia_dispatcher_cancels_requested_total` | counter | – | cancel flags set |
 //! | `glia_dispatcher_jobs_relayed_total` | counter | – | outbox jobs published and confirmed |
 //! | `glia_dispatcher_relay_errors_total` | counter | – | failed relay passes |
@@ -64,7 +64,7 @@ pub struct RouteLabels {
 /// Labels of `payloads_posted_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PayloadLabels {
-    /// Payload kind: `approval`, `tool_result`, `input`, `extend_budget`, `resume`, `close`, `cancel`.
+    /// Payload kind: `approval`, `tool_result`, `input`, `extend_budget`, `pause`, `resume`, `close`, `cancel`.
     pub kind: String,
 }
 

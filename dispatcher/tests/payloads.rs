@@ -159,11 +159,23 @@ async fn pause_posts_a_pause_sets_the_flag_and_a_resume_withdraws_or_resumes_it(
     assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "already_paused"));
     let r = post(&h, &format!("/v1/runs/{pausing}/resume"), SUB_A, json!({})).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "a pending pause is withdrawn: {}", r.text);
-    // Paused by an operator: already paused; a finished run takes no pause.
+    // Paused by an operator: already paused, until a resume waits in the inbox.
     let paused = create(&h, SUB_A, json!({"goal": "g"})).await;
     park_paused(&*h.log, paused, false).await;
     let r = post(&h, &format!("/v1/runs/{paused}/pause"), SUB_A, json!({})).await;
     assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "already_paused"));
+    let r = post(&h, &format!("/v1/runs/{paused}/resume"), SUB_A, json!({})).await;
+    assert_eq!(r.body["kinds"], json!(["resume"]), "{}", r.text);
+    let r = post(&h, &format!("/v1/runs/{paused}/pause"), SUB_A, json!({})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "the waiting resume ends that pause, so it pauses again after it: {}", r.text);
+    // Paused by its budget with a pause requested: the first resume withdraws
+    // the pause, the second resumes the budget pause.
+    let budget = create(&h, SUB_A, json!({"goal": "g"})).await;
+    park_paused(&*h.log, budget, true).await;
+    commit(&*h.log, budget, vec![EventKind::SessionPauseRequested { reason: "x".into(), by: None }]).await;
+    let r = post(&h, &format!("/v1/runs/{budget}/resume"), SUB_A, json!({})).await;
+    assert_eq!(r.body["kinds"], json!(["resume", "resume"]), "{}", r.text);
+    // A finished run takes no pause.
     let done = create(&h, SUB_A, json!({"goal": "g"})).await;
     finish(&*h.log, done).await;
     let r = post(&h, &format!("/v1/runs/{done}/pause"), SUB_A, json!({})).await;

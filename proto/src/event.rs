@@ -269,8 +269,10 @@ pub enum EventKind {
         /// Who, free text.
         by: Option<String>,
     },
-    /// An operator resumed a paused run, or withdrew a pause not yet in
-    /// effect (`session.pause_requested`).
+    /// An operator resumed a paused run or, when a pause is requested and not
+    /// yet in effect (`session.pause_requested`), withdrew that request (the
+    /// run stays where it is; a second resume resumes a run paused for
+    /// another reason).
     #[serde(rename = "session.resume")]
     SessionResume {
         /// Who, free text.

@@ -657,14 +657,15 @@ impl RunState {
                 self.pause_due = Some(reason.clone());
             }
             EventKind::SessionResume { .. } => match &self.parked {
+                // A pause not yet in effect is withdrawn first (a run parked
+                // at another pause stays there: a second resume resumes it).
+                _ if self.pause_due.is_some() => self.pause_due = None,
                 Some(PullPoint::Paused { reason }) => {
                     if *reason == PauseReason::TurnLimit {
                         self.turn_calls = 0;
                     }
                     self.parked = None;
                 }
-                // A pause not yet in effect is withdrawn.
-                _ if self.pause_due.is_some() => self.pause_due = None,
                 _ => return Err(illegal(self, "only a paused or pausing run is resumed")),
             },
             EventKind::SessionCancel { reason } => {

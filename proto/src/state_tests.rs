@@ -171,6 +171,15 @@ fn awaiting_input_and_paused() {
     assert!(matches!(log.refused(EventKind::InputReceived { text: "x".into() }), TransitionError::Illegal { .. }));
     log.ok(EventKind::SessionResume { by: None });
     assert_eq!(log.state.parked, None);
+    // Paused for another reason with a pause requested: a resume withdraws
+    // the request only; a second resumes the run.
+    let budget = PullPoint::Paused { reason: PauseReason::TurnLimit };
+    log.ok(EventKind::SessionPause { pull_point: budget.clone() });
+    log.ok(EventKind::SessionPauseRequested { reason: "audit".into(), by: None });
+    log.ok(EventKind::SessionResume { by: None });
+    assert_eq!((log.state.parked.as_ref(), log.state.pause_due.as_deref()), (Some(&budget), None));
+    log.ok(EventKind::SessionResume { by: None });
+    assert_eq!(log.state.parked, None);
     log.ok(EventKind::SessionCancel { reason: "bye".into() });
     assert_eq!(log.state.outcome, Some(Outcome::Cancelled { reason: "bye".into() }));
 }

@@ -278,9 +278,11 @@ impl Worker {
             }
         };
         let mut cancelled = false;
-        // Set once the pause flag was seen: from then on the inbox alone
-        // says whether the run pauses (a flag without a posted pause is stale).
-        let mut pause_seen = false;
+        // The last advance stopped on the pause flag; and whether that flag
+        // turned out stale (no pause posted): then it is not watched until
+        // the inbox holds something again.
+        let mut flag_seen = false;
+        let mut stale_flag = false;
         loop {
             let inbox = match self.log.inbox(run_id).await {
                 Ok(items) => items,
@@ -289,6 +291,11 @@ impl Worker {
                     return Handled::Abandoned;
                 }
             };
+            if std::mem::take(&mut flag_seen) {
+                stale_flag = !inbox.iter().any(|i| matches!(i.payload, Resume::Pause { .. }));
+            } else if !inbox.is_empty() {
+                stale_flag = false;
+            }
             let mut sink = LogSink {
                 log: self.log.clone(),
                 ledger: self.ledger.clone(),
@@ -297,7 +304,7 @@ impl Worker {
                 consumed: Vec::new(),
                 observer: RunObserver::new(self.metrics.clone(), &state),
                 serial_cancel_check: self.serial_cancel_check,
-                watch_pause: !pause_seen,
+                watch_pause: !stale_flag,
                 pause_flagged: false,
             };
             let result = if let Some(item) = inbox.into_iter().next() {
@@ -339,12 +346,10 @@ impl Worker {
                     warn!(%run_id, error = %e, "a tool source is unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
-                // The loop saw the cancel flag (while a model call or tools
-                // ran, or at a commit); what it recorded is committed.
                 // The pause flag was seen: everything recorded is committed;
                 // the posted pause is next in the inbox.
                 Err(AgentError::PauseFlagged) => {
-                    pause_seen = true;
+                    flag_seen = true;
                     state = match self.log.load(run_id).await {
                         Ok(s) => s,
                         Err(e) => {
@@ -353,6 +358,8 @@ impl Worker {
                         }
                     };
                 }
+                // The loop saw the cancel flag (while a model call or tools
+                // ran, or at a commit); what it recorded is committed.
                 Err(e) if is_cancel(&e) => {
                     cancelled = true;
                     // Everything recorded so far is committed; pick up the cancel.
@@ -388,7 +395,6 @@ async fn ack(delivery: Delivery, handled: Handled) -> Handled {
 
 /// What [`LogSink::commit`] answers when the run was cancelled mid-advance.
 const CANCELLED: &str = "run cancelled";
-
 
 /// True when `advance` stopped because the run was cancelled: the loop saw
 /// the flag, or a commit did.
