@@ -4,7 +4,7 @@
 //! every item runs, none twice. A spend cap stops admissions; raising it
 //! lets the batch complete. Pausing a batch parks its runs at `paused`;
 //! resuming it completes every item once, through a worker killed with
-//! SIGKILL. The 10,000-item run and the fairness
+//! SIGKILL. `glia dev` runs a batch from its in-memory store. The 10,000-item run and the fairness
 //! measurement are `bench_*` (ignored; figures in BENCHMARKS.md).
 
 use std::collections::BTreeSet;
@@ -207,6 +207,23 @@ fn pausing_a_batch_parks_its_runs_and_resuming_completes_it_through_a_worker_kil
     // Only the kill interrupts calls (a pause never lands between a call and
     // its run): at most one per run w1 held (its --concurrency is 8).
     assert!(interrupted <= 8, "{interrupted} calls interrupted by one worker kill");
+}
+
+/// `glia dev` serves batches from its in-memory store: submit, admit, run,
+/// collect, with the same API.
+#[test]
+fn glia_dev_runs_a_batch_in_memory() {
+    let dev = Dev::start(&["--demo", "--scripts", "examples/scripts"]);
+    let api = Api { name: "dev".into(), dir: std::env::temp_dir(), server: dev.server.clone() };
+    let n = 12;
+    let spec = json!({"config": {"model": "script:support"}, "options": {"max_in_flight": 4}});
+    let (status, batch) = submit_jsonl(&api, std::iter::once(spec).chain(items(n)));
+    assert_eq!(status, 201, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let done = wait_batch(&api, &id, Duration::from_secs(60), "completion", |v| v["status"] == "completed");
+    assert_eq!(done["counts"]["succeeded"], n, "{done}");
+    assert!(done["spend"]["tokens"].as_u64().unwrap_or(0) > 0, "spend is counted: {done}");
+    assert_each_item_ran_once(&api, &id, n);
 }
 
 #[test]
