@@ -346,27 +346,20 @@ impl Worker {
                     warn!(%run_id, error = %e, "a tool source is unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
-                // The pause flag was seen: everything recorded is committed;
-                // the posted pause is next in the inbox.
-                Err(AgentError::PauseFlagged) => {
-                    flag_seen = true;
-                    state = match self.log.load(run_id).await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            warn!(%run_id, error = %e, "could not reload the run to pause it");
-                            return Handled::Abandoned;
-                        }
-                    };
-                }
                 // The loop saw the cancel flag (while a model call or tools
-                // ran, or at a commit); what it recorded is committed.
-                Err(e) if is_cancel(&e) => {
-                    cancelled = true;
-                    // Everything recorded so far is committed; pick up the cancel.
+                // ran, or at a commit), or the pause flag between steps; what
+                // it recorded is committed. Reload, then pick up the cancel,
+                // or the posted pause next in the inbox.
+                Err(e) if is_cancel(&e) || matches!(e, AgentError::PauseFlagged) => {
+                    if is_cancel(&e) {
+                        cancelled = true;
+                    } else {
+                        flag_seen = true;
+                    }
                     state = match self.log.load(run_id).await {
                         Ok(s) => s,
                         Err(e) => {
-                            warn!(%run_id, error = %e, "could not reload the cancelled run");
+                            warn!(%run_id, error = %e, "could not reload the run after a cancel or pause flag");
                             return Handled::Abandoned;
                         }
                     };
