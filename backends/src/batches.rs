@@ -19,8 +19,10 @@
 //! `succeeded`, `failed`, `cancelled`, `expired`.
 //!
 //! Postgres implements [`BatchStore`] ([`PgLog`](crate::postgres::PgLog)),
-//! and so does the in-memory twin [`MemoryBatches`] (over any event log).
-//! The SQLite single node does not yet.
+//! and so do the single node's file ([`SqliteLog`](crate::sqlite::SqliteLog),
+//! in `sqlite/batches.rs`) and the in-memory twin [`MemoryBatches`] (over
+//! any event log); [`crate::conformance::batch_store`] holds all three to
+//! the same semantics.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -57,7 +59,7 @@ impl BatchState {
         }
     }
 
-    fn parse(s: &str) -> Result<BatchState, LogError> {
+    pub(crate) fn parse(s: &str) -> Result<BatchState, LogError> {
         match s {
             "active" => Ok(BatchState::Active),
             "paused" => Ok(BatchState::Paused),

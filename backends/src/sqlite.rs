@@ -47,18 +47,22 @@
 //! lock on `FILE.lock` (released by the kernel when the process dies, also by
 //! `kill -9`), and a second process opening the same file is refused with a
 //! clear error. Holding it, open lets the previous process's leases lapse
-//! (the next acquisition reports a takeover) and makes every job not acked
-//! ready again.
+//! (the next acquisition reports a takeover), makes every job not acked
+//! ready again, deletes its unfinished batch uploads and releases its batch
+//! admission claims (`sqlite/batches.rs`).
 
 //! ## Tables and invariants
 //!
 //! The Postgres schema's (`runs`, append-only `events` enforced by triggers,
-//! `checkpoints`, `approvals`, `inbox`, `outbox`, `batches`) plus `jobs`
-//! (the queue), `cancels` and `budgets`/`budget_requests` (the ledger). A
+//! `checkpoints`, `approvals`, `inbox`, `outbox`, `batches`, `batch_items`,
+//! `agents`) plus `jobs` (the queue), `cancels` and
+//! `budgets`/`budget_requests` (the ledger). A
 //! commit is fenced by the lease (token and expiry) and the head, like
 //! Postgres'; checkpoints follow [`crate::postgres::next_checkpoint`] and are
 //! where transitions are verified; only the latest is kept. Times are the
 //! process's clock (one node, one clock), stored in nanoseconds.
+
+mod batches;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -88,7 +92,11 @@ use crate::{
 };
 
 /// The migrations, in order; never edit one that shipped, add the next.
-const MIGRATIONS: &[&str] = &[include_str!("../sqlite_migrations/001_init.sql"), include_str!("../sqlite_migrations/002_agents.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../sqlite_migrations/001_init.sql"),
+    include_str!("../sqlite_migrations/002_agents.sql"),
+    include_str!("../sqlite_migrations/003_batches.sql"),
+];
 
 /// How a store is opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -363,6 +371,7 @@ fn prepare(path: &Path) -> Result<(File, std::collections::VecDeque<Ready>), Log
     conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;").map_err(|e| fail("pragmas", &e))?;
     let migrations = Migrations::new(MIGRATIONS.iter().map(|sql| M::up(sql)).collect());
     migrations.to_latest(&mut conn).map_err(|e| fail("migrations", &e))?;
+    batches::recover(&conn).map_err(|e| fail("recovering batch uploads and claims", &e))?;
     // We hold the file lock: every lease in the file is a dead process's.
     // They lapse now (an acquisition reports the takeover).
     let now = nanos(Utc::now());

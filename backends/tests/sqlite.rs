@@ -190,3 +190,79 @@ async fn writes_batched_together_fail_alone() {
     assert_eq!(posted.iter().filter(|r| r.is_ok()).count(), 1, "{posted:?}");
     assert_eq!(log.inbox(s.run_id).await.unwrap().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_batches_conformance() {
+    let dir = TempDir::new();
+    let log = open(&dir).await;
+    conformance::batch_store(&log, &log).await;
+}
+
+/// A batch upload whose caller goes away mid-upload leaves nothing and holds
+/// no idempotency key; one left by a process that died is deleted when the
+/// file is opened next; a submitted batch and its items survive a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_uploads_are_whole_across_dropped_callers_and_restarts() {
+    use futures::StreamExt;
+    use glia_backends::batches::{BatchStore, NewBatch, NewItem, Upload};
+    let dir = TempDir::new();
+    let new = |key: &str| NewBatch {
+        id: Uuid::now_v7(),
+        tenant: "t".into(),
+        idempotency_key: Some(key.into()),
+        spec: "{}".into(),
+        max_in_flight: None,
+        cap: glia_backends::SpendCap::default(),
+        expires_at: None,
+    };
+    let items = |n: u64| (0..n).map(|i| NewItem { custom_id: format!("c-{i}"), goal: format!("goal {i}"), metadata: None, line: i + 1 }).collect::<Vec<_>>();
+    let uploading = |dir: &TempDir| -> i64 {
+        let conn = rusqlite::Connection::open(dir.db()).unwrap();
+        conn.query_row("SELECT (SELECT count(*) FROM batches WHERE state = 'uploading') + (SELECT count(*) FROM batch_items)", [], |r| r.get(0)).unwrap()
+    };
+    let log = open(&dir).await;
+
+    // The caller goes away after the first chunk was written.
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    tx.unbounded_send(Ok(Upload::Items(items(3)))).unwrap();
+    let abandoned = new("k");
+    let mut submit = log.submit(abandoned.clone(), rx.boxed());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while uploading(&dir) < 4 {
+        assert!(std::time::Instant::now() < deadline, "the first chunk was never written");
+        let _ = tokio::time::timeout(Duration::from_millis(20), &mut submit).await;
+    }
+    assert_eq!(log.batch(None, abandoned.id).await.unwrap(), None, "an upload is invisible");
+    drop(submit);
+    while uploading(&dir) > 0 {
+        assert!(std::time::Instant::now() < deadline, "the abandoned upload was not deleted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(tx);
+
+    // The key was not held: the same key now creates a batch.
+    let upload = futures::stream::iter([Ok(Upload::Items(items(2))), Ok(Upload::Done { request_hash: "h".into() })]).boxed();
+    let first = log.submit(new("k"), upload).await.unwrap();
+    assert!(first.created);
+    drop(log);
+
+    // A process that died mid-upload left rows behind.
+    {
+        let conn = rusqlite::Connection::open(dir.db()).unwrap();
+        conn.execute_batch(&format!(
+            "INSERT INTO batches (id, tenant, created_at, state, idempotency_key) VALUES ('{}', 't', 0, 'uploading', 'k'); \
+             INSERT INTO batch_items (batch_id, n, custom_id, goal) SELECT id, 0, 'x', 'g' FROM batches WHERE state = 'uploading';",
+            Uuid::now_v7()
+        ))
+        .unwrap();
+    }
+    assert_eq!(uploading(&dir), 2 + 2, "two items of the first batch, the dead upload's row and item");
+    let log = open(&dir).await;
+    assert_eq!(uploading(&dir), 2, "the dead upload is gone; the batch's two items remain");
+    let batch = log.batch(Some("t"), first.batch.id).await.unwrap().expect("the batch survives the restart");
+    assert_eq!((batch.items_total, batch.request_hash.as_str()), (2, "h"));
+    assert_eq!(log.counts(batch.id).await.unwrap(), [("queued".to_owned(), 2)].into());
+    let again = futures::stream::iter([Ok(Upload::Items(items(5))), Ok(Upload::Done { request_hash: "h".into() })]).boxed();
+    let repeat = log.submit(new("k"), again).await.unwrap();
+    assert!(!repeat.created && repeat.batch.id == batch.id, "the key is remembered across the restart");
+}

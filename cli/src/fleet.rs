@@ -66,8 +66,8 @@ pub struct Ports {
     pub ledger: Arc<dyn Ledger>,
     /// Webhook subscriptions and deliveries (Postgres only).
     pub webhooks: Option<Arc<dyn glia_backends::webhooks::WebhookStore>>,
-    /// Batches and their items (Postgres, and the in-memory twin of `glia
-    /// dev`; not yet the SQLite single node).
+    /// Batches and their items (Postgres, the single node's SQLite file,
+    /// and the in-memory twin of `glia dev`).
     pub batches: Option<Arc<dyn glia_backends::batches::BatchStore>>,
 }
 
@@ -100,7 +100,8 @@ impl Ports {
     /// `path` (created if missing; one process at a time).
     pub async fn sqlite(path: &Path) -> Result<Ports> {
         let log = SqliteLog::open(path, SqliteOptions::default()).await.with_context(|| format!("opening the data file {}", path.display()))?;
-        Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: Arc::new(log), webhooks: None, batches: None })
+        let log = Arc::new(log);
+        Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: log.clone(), webhooks: None, batches: Some(log) })
     }
 
     /// In-memory twins: nothing survives the process.

@@ -397,7 +397,7 @@ impl Documented for ResumeBatchBody {
 // ----- helpers -----------------------------------------------------------------------
 
 fn store(app: &App) -> Result<&Arc<dyn BatchStore>, ApiError> {
-    app.batches.store.as_ref().ok_or_else(|| ApiError::NotAvailable("batches are not available on this dispatcher (they need the Postgres event log)".into()))
+    app.batches.store.as_ref().ok_or_else(|| ApiError::NotAvailable("batches are not available on this dispatcher (it was built without a batch store)".into()))
 }
 
 fn tenant_of(p: &Principal) -> Option<&str> {

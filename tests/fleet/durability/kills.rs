@@ -160,12 +160,13 @@ impl Sql {
 /// events of the run with the highest id (a group writes its runs in id
 /// order, so that run's statement comes last): the group's insert of that
 /// run's next event waits for the test's transaction. The runs ahead of it
-/// in the group are then locked by the group's open transaction, which the
-/// test sees (`FOR SHARE SKIP LOCKED` skips them). The worker writes one
-/// group at a time (`GLIA_GROUP_LANES=1`), so nothing else commits meanwhile.
+/// in the group are then updated by the group's open transaction, which the
+/// test sees (their visible rows' `xmax` is its transaction id). The worker
+/// writes one group at a time (`GLIA_GROUP_LANES=1`), so nothing else
+/// commits meanwhile.
 #[test]
 fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
-    let turns = 6;
+    let turns = 12;
     let mut script: Vec<Value> = (0..turns).map(|i| json!({"tool_calls": [{"name": "calculator", "input": {"op": "add", "a": i, "b": 1}}]})).collect();
     script.push(json!({"text": "done"}));
     let mut fleet = Fleet::new(&[("long", Value::Array(script))]);
@@ -180,11 +181,22 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
     let lease_ms = 1_500;
     fleet.start_worker(lease_ms);
 
-    // Hold the last run's next events, once it is under way.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(Instant::now() < deadline, "the last run never started");
-        let head: i64 = sql.rows(&format!("SELECT head_seq FROM runs WHERE id = '{last}'"))[0].get(0);
+    // Hold the last run's next events, once it is under way, and wait for a
+    // group held up on it with at least two other runs' steps written in it:
+    // the runs whose visible row version the group's open transaction has
+    // updated (`xmax` is its transaction id; a lease renewal or an acquire
+    // locking a row for a moment has another). A group caught with fewer
+    // (the last run's step came alone, or with one other) is let go and the
+    // next one is held.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut small = 0;
+    let (pid, mut group): (i32, Vec<String>) = 'hold: loop {
+        let row = &sql.rows(&format!("SELECT head_seq, status FROM runs WHERE id = '{last}'"))[0];
+        let (head, status): (i64, String) = (row.get(0), row.get(1));
+        assert!(
+            Instant::now() < deadline && status != "done",
+            "no group commit of several runs was held in flight ({small} groups caught held fewer; the last run is {status} at {head})"
+        );
         if head < 3 {
             std::thread::sleep(Duration::from_millis(5));
             continue;
@@ -195,22 +207,29 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
             head + 1,
             head + 40
         );
-        match blocker.exec(&hold) {
-            Ok(()) => break,
-            Err(_) => blocker.exec("ROLLBACK").unwrap(), // the run moved on meanwhile
+        if blocker.exec(&hold).is_err() {
+            blocker.exec("ROLLBACK").unwrap(); // the run moved on meanwhile
+            continue;
         }
-    }
-    // Wait for a group held up on it with at least two other runs' steps written in it.
-    let (pid, mut group): (i32, Vec<String>) = loop {
-        assert!(Instant::now() < deadline, "no group commit of several runs was held in flight");
-        let waiting = sql.rows("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fence%'");
-        let free: Vec<String> =
-            sql.rows(&format!("SELECT id::text FROM runs WHERE id <> '{last}' FOR SHARE SKIP LOCKED")).iter().map(|r| r.get(0)).collect();
-        let held: Vec<String> = runs.iter().filter(|r| **r != last && !free.contains(r)).cloned().collect();
-        if let (Some(row), true) = (waiting.first(), held.len() >= 2) {
-            break (row.get(0), held);
+        let attempt = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < attempt {
+            let waiting = sql.rows(
+                "SELECT pid, backend_xid::text FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fence%' AND backend_xid IS NOT NULL",
+            );
+            if let Some(row) = waiting.first() {
+                let (pid, xid): (i32, String) = (row.get(0), row.get(1));
+                let held: Vec<String> =
+                    sql.rows(&format!("SELECT id::text FROM runs WHERE id <> '{last}' AND xmax::text = '{xid}'")).iter().map(|r| r.get(0)).collect();
+                if held.len() >= 2 {
+                    break 'hold (pid, held);
+                }
+                small += 1;
+                break; // too small: let it go at once, hold the run's next step
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        blocker.exec("ROLLBACK").unwrap();
     };
     eprintln!("held in flight: {} runs ahead of the held one", group.len());
     group.push(last.clone());

@@ -117,18 +117,18 @@ fn a_batch_on_a_data_file_killed_three_times_still_reproduces_all_200() {
 
 /// `glia serve --data FILE` as a process on a free port, with the mixed
 /// batch's scripts; its effects go to the API's effects file.
-struct Node {
-    api: Api,
+pub(super) struct Node {
+    pub(super) api: Api,
     data: PathBuf,
     child: Option<Child>,
 }
 
 impl Node {
-    fn new(api: Api, data: PathBuf) -> Node {
+    pub(super) fn new(api: Api, data: PathBuf) -> Node {
         Node { api, data, child: None }
     }
 
-    fn start(&mut self) {
+    pub(super) fn start(&mut self) {
         let port = self.api.server.rsplit(':').next().unwrap().to_owned();
         let child = Command::new(glia_testkit::bin::glia_bin())
             .args(["serve", "--demo", "--data", self.data.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}"), "--reconcile-every", "1"])
@@ -148,7 +148,7 @@ impl Node {
         }
     }
 
-    fn kill(&mut self) {
+    pub(super) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().unwrap();
             c.wait().unwrap();
@@ -162,7 +162,7 @@ impl Drop for Node {
     }
 }
 
-fn node_api(dir: &Path) -> Api {
+pub(super) fn node_api(dir: &Path) -> Api {
     std::fs::create_dir_all(dir.join("scripts")).unwrap();
     for (name, turns) in mixed_scripts() {
         std::fs::write(dir.join("scripts").join(format!("{name}.json")), serde_json::to_vec(&turns).unwrap()).unwrap();
