@@ -29,7 +29,8 @@ ALTER TABLE batches ADD COLUMN updated_at INTEGER NOT NULL DEFAULT 0;
 CREATE UNIQUE INDEX batches_idempotency ON batches (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL AND managed = 1;
 CREATE INDEX batches_managed ON batches (tenant, id) WHERE managed = 1;
 
--- One row per item, in submission order (`n`, from 0); states as in V8.
+-- One row per item, in submission order (`n`, from 0); states as in V8,
+-- `config` as in V9.
 -- `claimed_at` in nanoseconds.
 CREATE TABLE batch_items (
     batch_id         TEXT NOT NULL REFERENCES batches (id),
@@ -37,6 +38,7 @@ CREATE TABLE batch_items (
     custom_id        TEXT NOT NULL,
     goal             TEXT NOT NULL,
     metadata         TEXT,
+    config           TEXT,
     state            TEXT NOT NULL DEFAULT 'queued' CHECK (state IN ('queued', 'admitting', 'running', 'finished', 'expired', 'cancelled')),
     run_id           TEXT REFERENCES runs (id),
     claimed_at       INTEGER,

@@ -97,6 +97,10 @@ pub struct NewItem {
     pub goal: String,
     /// JSON text of the item's metadata object, echoed in results.
     pub metadata: Option<String>,
+    /// JSON text of the item's configuration patch: a JSON merge patch
+    /// (RFC 7396) applied to the batch's run configuration for this item's
+    /// run; the store keeps it as given.
+    pub config: Option<String>,
     /// Where the item is in the caller's input (a JSON Lines line number, an
     /// array index), for errors; not stored.
     pub line: u64,
@@ -218,6 +222,8 @@ pub struct Claim {
     pub custom_id: String,
     /// Its goal.
     pub goal: String,
+    /// Its configuration patch ([`NewItem::config`]).
+    pub config: Option<String>,
 }
 
 /// One item with its run, for results.
@@ -391,8 +397,8 @@ mod pg {
                 .map_err(fail)?;
             let insert = tx
                 .prepare_cached(
-                    "INSERT INTO batch_items (batch_id, n, custom_id, goal, metadata) \
-                     SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[]) ON CONFLICT DO NOTHING RETURNING n",
+                    "INSERT INTO batch_items (batch_id, n, custom_id, goal, metadata, config) \
+                     SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[]) ON CONFLICT DO NOTHING RETURNING n",
                 )
                 .await
                 .map_err(fail)?;
@@ -410,7 +416,8 @@ mod pg {
                         let ids: Vec<&str> = items.iter().map(|i| i.custom_id.as_str()).collect();
                         let goals: Vec<&str> = items.iter().map(|i| i.goal.as_str()).collect();
                         let metadata: Vec<Option<&str>> = items.iter().map(|i| i.metadata.as_deref()).collect();
-                        let rows = tx.query(&insert, &[&new.id, &ns, &ids, &goals, &metadata]).await.map_err(|e| match e.code() {
+                        let configs: Vec<Option<&str>> = items.iter().map(|i| i.config.as_deref()).collect();
+                        let rows = tx.query(&insert, &[&new.id, &ns, &ids, &goals, &metadata, &configs]).await.map_err(|e| match e.code() {
                             Some(code) if code.code().starts_with("22") => {
                                 SubmitError::Input { item: None, field: None, reason: format!("an item has a value Postgres refuses: {e}") }
                             }
@@ -620,11 +627,16 @@ mod pg {
                 let client = self.client().await?;
                 let rows = client
                     .query(
-                        "UPDATE batch_items SET state = 'admitting', claimed_at = now() \
-                         WHERE batch_id = $1 AND n IN (SELECT n FROM batch_items \
+                        // The pick is a MATERIALIZED CTE: as an `IN (subquery)`
+                        // the planner may scan the subquery again per row, and
+                        // each scan skips the rows the last one locked, so more
+                        // than `$2` rows were claimed.
+                        "WITH picked AS MATERIALIZED (SELECT n FROM batch_items \
                              WHERE batch_id = $1 AND (state = 'queued' OR (state = 'admitting' AND claimed_at < now() - make_interval(secs => $3))) \
                              ORDER BY n LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                         RETURNING n, custom_id, goal",
+                         UPDATE batch_items i SET state = 'admitting', claimed_at = now() FROM picked \
+                         WHERE i.batch_id = $1 AND i.n = picked.n \
+                         RETURNING i.n, i.custom_id, i.goal, i.config",
                         &[&batch, &(limit as i64), &lease.as_secs_f64()],
                     )
                     .await
@@ -632,7 +644,13 @@ mod pg {
                 let mut claims: Vec<Claim> = rows
                     .iter()
                     .map(|row| {
-                        Ok(Claim { batch_id: batch, n: col::<i32>(row, "n")?.max(0) as u64, custom_id: col(row, "custom_id")?, goal: col(row, "goal")? })
+                        Ok(Claim {
+                            batch_id: batch,
+                            n: col::<i32>(row, "n")?.max(0) as u64,
+                            custom_id: col(row, "custom_id")?,
+                            goal: col(row, "goal")?,
+                            config: col(row, "config")?,
+                        })
                     })
                     .collect::<Result<_, LogError>>()?;
                 claims.sort_by_key(|c| c.n);
@@ -752,6 +770,7 @@ struct MemoryItem {
     custom_id: String,
     goal: String,
     metadata: Option<String>,
+    config: Option<String>,
     state: ItemState,
     run_id: Option<Uuid>,
     spend: Spend,
@@ -852,8 +871,8 @@ impl BatchStore for MemoryBatches {
                         if !seen.insert(item.custom_id.clone()) {
                             return Err(SubmitError::DuplicateCustomId { line: item.line, custom_id: item.custom_id });
                         }
-                        let NewItem { custom_id, goal, metadata, .. } = item;
-                        items.push(MemoryItem { custom_id, goal, metadata, state: ItemState::Queued, run_id: None, spend: Spend::default(), error: None });
+                        let NewItem { custom_id, goal, metadata, config, .. } = item;
+                        items.push(MemoryItem { custom_id, goal, metadata, config, state: ItemState::Queued, run_id: None, spend: Spend::default(), error: None });
                     }
                 }
             }
@@ -986,7 +1005,7 @@ impl BatchStore for MemoryBatches {
             };
             if claimable {
                 item.state = ItemState::Admitting(now);
-                claims.push(Claim { batch_id: batch, n: n as u64, custom_id: item.custom_id.clone(), goal: item.goal.clone() });
+                claims.push(Claim { batch_id: batch, n: n as u64, custom_id: item.custom_id.clone(), goal: item.goal.clone(), config: item.config.clone() });
             }
         }
         Ok(claims)

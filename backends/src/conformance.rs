@@ -478,7 +478,14 @@ pub async fn batch_store(log: &dyn EventLog, store: &dyn crate::batches::BatchSt
         cap: crate::SpendCap::default(),
         expires_at: None,
     };
-    let item = |i: u64| NewItem { custom_id: format!("c-{i}"), goal: format!("goal {i}"), metadata: Some(format!("{{\"i\":{i}}}")), line: i + 2 };
+    // Odd items carry a configuration patch, kept as given.
+    let item = |i: u64| NewItem {
+        custom_id: format!("c-{i}"),
+        goal: format!("goal {i}"),
+        metadata: Some(format!("{{\"i\":{i}}}")),
+        config: (i % 2 == 1).then(|| format!("{{\"model\":\"m-{i}\"}}")),
+        line: i + 2,
+    };
     let upload = |chunks: Vec<Vec<NewItem>>, done: bool| {
         let mut parts: Vec<Result<Upload, SubmitError>> = chunks.into_iter().map(|c| Ok(Upload::Items(c))).collect();
         if done {
@@ -512,7 +519,10 @@ pub async fn batch_store(log: &dyn EventLog, store: &dyn crate::batches::BatchSt
 
     // Claims come in order; a live claim is not taken again, a lapsed one is.
     let claims = store.claim(id, 2, TTL).await.unwrap();
-    assert_eq!(claims.iter().map(|c| (c.n, c.goal.as_str())).collect::<Vec<_>>(), [(0, "goal 0"), (1, "goal 1")]);
+    assert_eq!(
+        claims.iter().map(|c| (c.n, c.goal.as_str(), c.config.as_deref())).collect::<Vec<_>>(),
+        [(0, "goal 0", None), (1, "goal 1", Some("{\"model\":\"m-1\"}"))]
+    );
     let lane = store.lanes().await.unwrap().into_iter().find(|l| l.batch_id == id).expect("a lane for the batch");
     assert_eq!((lane.in_flight, lane.waiting, lane.max_in_flight, lane.tenant.as_str()), (2, 4, Some(2), tenant.as_str()));
     assert_eq!(store.claim(id, 1, TTL).await.unwrap().iter().map(|c| c.n).collect::<Vec<_>>(), [2]);

@@ -215,7 +215,7 @@ async fn batch_uploads_are_whole_across_dropped_callers_and_restarts() {
         cap: glia_backends::SpendCap::default(),
         expires_at: None,
     };
-    let items = |n: u64| (0..n).map(|i| NewItem { custom_id: format!("c-{i}"), goal: format!("goal {i}"), metadata: None, line: i + 1 }).collect::<Vec<_>>();
+    let items = |n: u64| (0..n).map(|i| NewItem { custom_id: format!("c-{i}"), goal: format!("goal {i}"), metadata: None, config: None, line: i + 1 }).collect::<Vec<_>>();
     let uploading = |dir: &TempDir| -> i64 {
         let conn = rusqlite::Connection::open(dir.db()).unwrap();
         conn.query_row("SELECT (SELECT count(*) FROM batches WHERE state = 'uploading') + (SELECT count(*) FROM batch_items)", [], |r| r.get(0)).unwrap()

@@ -5,19 +5,26 @@
 //! this process) on a SQLite file: a new one in a temporary directory, or the
 //! one named by `--data`, where a batch that was interrupted (killed) goes on
 //! from where each run's log ends; with `--server`, it drives a running dispatcher
-//! whose workers were started with `--replay` on the same recording. The
-//! driver keeps each run's state by applying the run's events (the same
-//! transition function the workers use), answers each pull point from the
-//! recording, and checks every finished run against it.
+//! whose workers were started with `--replay` on the same recording.
+//!
+//! The conversations go to the dispatcher as one batch (`POST /v1/batches`,
+//! JSON Lines): the recording's run configuration is the batch's, and each
+//! conversation is an item (`custom_id` = the conversation id) whose own
+//! config patch names its replay model and system prompt. The dispatcher
+//! admits the items progressively; the driver learns each item's run from
+//! the batch's results, keeps each run's state by applying the run's events
+//! (the same transition function the workers use), answers each pull point
+//! from the recording as the customer and the approver, and checks every
+//! finished run against the recording.
 //!
 //! A dispatcher that restarts or is briefly unreachable does not end the
 //! batch: every request is retried through the outage
-//! ([`Server::retrying`], bounded by `--max-outage-secs`), submissions carry
-//! an idempotency key per batch and conversation, payload posts are
-//! deduplicated by the dispatcher, and the driver re-reads each run's events
-//! after the last seq it applied, so it carries on where it was. Past the
-//! bound it fails naming the server, the last error and the runs still
-//! unfinished.
+//! ([`Server::retrying`], bounded by `--max-outage-secs`), the submission
+//! carries an idempotency key (stable for a `--data` file, so a second
+//! invocation finds the first one's batch), payload posts are deduplicated
+//! by the dispatcher, and the driver re-reads each run's events after the
+//! last seq it applied, so it carries on where it was. Past the bound it
+//! fails naming the server, the last error and the runs still unfinished.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -27,16 +34,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, ValueEnum};
-use futures::StreamExt;
-use glia_proto::{ApprovalStatus, Event, EventKind, Limit, Outcome, PauseReason, PullPoint, RunState};
+use glia_proto::{ApprovalStatus, Event, EventKind, Limit, Outcome, PauseReason, PullPoint, RunConfig, RunState};
 use glia_replay::{Conversation, CustomerMove, Recording};
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Client, Method};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::client::{DEFAULT_MAX_OUTAGE_SECS, Server, Unreachable};
+use crate::client::{Answer, DEFAULT_MAX_OUTAGE_SECS, Server, Unreachable};
 
 /// Who decides approvals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -126,6 +132,33 @@ struct Tracked {
     turns_extended: u64,
 }
 
+impl Tracked {
+    fn new(run_id: Uuid, conversation: Arc<Conversation>) -> Tracked {
+        Tracked {
+            conversation,
+            state: RunState::new(run_id),
+            acted_at: 0,
+            seen: HashMap::new(),
+            posted: HashMap::new(),
+            verdict: None,
+            interrupted_model_calls: 0,
+            turns_extended: 0,
+        }
+    }
+}
+
+/// The conversations of the batch by what the driver knows of them.
+#[derive(Default)]
+struct Items {
+    /// Items that became runs, by run id.
+    runs: HashMap<Uuid, Tracked>,
+    /// Items without a run yet, by custom id (the conversation id).
+    waiting: HashMap<String, Arc<Conversation>>,
+    /// Items the batch finished without a run (refused at admission,
+    /// expired, cancelled), with why.
+    not_run: Vec<(Arc<Conversation>, String)>,
+}
+
 /// The batch's counters.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct Summary {
@@ -182,6 +215,15 @@ struct EventPage {
     events: Vec<Event>,
 }
 
+/// A line of `GET /v1/batches/{id}/results`, the fields the driver reads.
+#[derive(Deserialize)]
+struct ItemRow {
+    custom_id: String,
+    run_id: Option<Uuid>,
+    status: String,
+    error: Option<String>,
+}
+
 /// `glia batch`: returns an error (non-zero exit) when a run diverged or failed.
 pub async fn batch(args: BatchArgs) -> Result<()> {
     let Some(file) = args.file.clone() else { bail!("give a recording to replay, or a subcommand (glia batch --help)") };
@@ -198,12 +240,12 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
         }
     };
     // On a named data file the batch is the same batch every time, so a
-    // second invocation finds the runs of the first (idempotency keys).
-    let batch_id = match &args.data {
-        Some(_) => stable_batch_id(&file, &tools, args.limit)?,
-        None => Uuid::now_v7(),
+    // second invocation finds the batch of the first (its idempotency key).
+    let key = match &args.data {
+        Some(_) => format!("glia-tau:{}", stable_batch_id(&file, &tools, args.limit)?),
+        None => format!("glia-tau:{}", Uuid::now_v7()),
     };
-    let summary = drive(&server, &recording, &args, batch_id).await?;
+    let summary = drive(&server, &recording, &args, &key).await?;
     let (diverged, failed) = (summary.diverged, summary.failed);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -216,7 +258,7 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The batch id of a recording (trajectories, tools, limit): the first 16
+/// The stable id of a recording (trajectories, tools, limit): the first 16
 /// bytes of their SHA-256, as a custom (version 8) UUID.
 fn stable_batch_id(file: &std::path::Path, tools: &std::path::Path, limit: Option<usize>) -> Result<Uuid> {
     use sha2::{Digest, Sha256};
@@ -231,66 +273,84 @@ fn stable_batch_id(file: &std::path::Path, tools: &std::path::Path, limit: Optio
     Ok(uuid::Builder::from_custom_bytes(bytes).into_uuid())
 }
 
-async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, batch_id: Uuid) -> Result<Summary> {
+async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, key: &str) -> Result<Summary> {
     let client = crate::client::http_client()?;
     let conversations: Vec<Arc<Conversation>> = recording.conversations().iter().take(args.limit.unwrap_or(usize::MAX)).cloned().collect();
     let started = Instant::now();
     let bar = ProgressBar::new(conversations.len() as u64);
     bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs done  {msg}")?.progress_chars("=> "));
-
-    // Submit every conversation (idempotent per batch and conversation).
-    let submitted: Vec<Result<(Uuid, Arc<Conversation>)>> = futures::stream::iter(conversations.iter().cloned())
-        .map(|c| {
-            let (client, config) = (client.clone(), recording.run_config(&c));
-            async move {
-                let body = json!({ "goal": c.goal(), "config": config, "batch_id": batch_id });
-                let key = format!("{batch_id}:{}", c.id);
-                let answer = server.call(&client, Method::POST, "/v1/runs", Some(&body), &[("Idempotency-Key", &key)]).await;
-                let run = answer.and_then(|a| a.checked()).with_context(|| format!("submitting conversation {}", c.id))?;
-                let id: Uuid = serde_json::from_value(run["run_id"].clone()).context("the dispatcher's answer has no run_id")?;
-                Ok((id, c))
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    let mut runs: HashMap<Uuid, Tracked> = HashMap::new();
-    let mut not_submitted = Vec::new();
-    for s in submitted {
-        match s {
-            Ok((id, conversation)) => {
-                let tracked = Tracked { conversation, state: RunState::new(id), acted_at: 0, seen: HashMap::new(), posted: HashMap::new(), verdict: None, interrupted_model_calls: 0, turns_extended: 0 };
-                runs.insert(id, tracked);
-            }
-            Err(e) => not_submitted.push(e),
+    let mut items = Items { waiting: conversations.iter().map(|c| (c.id.clone(), c.clone())).collect(), ..Items::default() };
+    let batch_id = match submit(&client, server, recording, &conversations, key).await {
+        Ok(id) => id,
+        Err(e) => {
+            bar.abandon();
+            return Err(stranded(e, &items, true));
         }
-    }
-    if let Some(first) = not_submitted.into_iter().next() {
-        bar.abandon();
-        return Err(stranded(first, &runs, conversations.len() - runs.len()));
-    }
-    match poll(&client, server, batch_id, &mut runs, args, &bar, started).await {
+    };
+    match poll(&client, server, batch_id, &mut items, args, &bar, started).await {
         Ok(summary) => Ok(summary),
         Err(e) => {
             bar.abandon();
-            Err(stranded(e, &runs, 0))
+            Err(stranded(e, &items, false))
         }
     }
 }
 
+/// Submit `conversations` as one batch and answer its id: JSON Lines, line
+/// 1 the recording's run configuration, then one item per conversation
+/// whose config patch is its replay model and system prompt (the only
+/// fields in which conversations' configurations differ). Retried through
+/// an outage; the idempotency key `key` makes a repeat answer the batch
+/// first stored.
+async fn submit(client: &Client, server: &Server, recording: &Recording, conversations: &[Arc<Conversation>], key: &str) -> Result<Uuid> {
+    let base = recording.run_config(&conversations[0]);
+    let mut upload = serde_json::to_vec(&json!({ "config": base }))?;
+    upload.push(b'\n');
+    for c in conversations {
+        let config = recording.run_config(c);
+        assert_eq!(RunConfig { model: base.model.clone(), system: base.system.clone(), ..config.clone() }, base, "conversation {} differs from the batch's config in more than its model and system prompt", c.id);
+        serde_json::to_writer(&mut upload, &json!({ "custom_id": c.id, "goal": c.goal(), "config": { "model": config.model, "system": config.system } }))?;
+        upload.push(b'\n');
+    }
+    let upload = bytes::Bytes::from(upload);
+    let (status, body) = server
+        .retrying(Instant::now(), || {
+            let req = server.request(client, Method::POST, "/v1/batches").header("content-type", "application/jsonl").header("idempotency-key", key).body(upload.clone());
+            server.bytes_once(req)
+        })
+        .await
+        .context("submitting the batch")?;
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let batch = Answer { status, body, attempts: 1 }.checked().context("submitting the batch")?;
+    serde_json::from_value(batch["id"].clone()).context("the dispatcher's answer has no batch id")
+}
+
+/// The batch's results (`GET /v1/batches/{id}/results`), one row per item.
+async fn results(client: &Client, server: &Server, batch_id: Uuid) -> Result<Vec<ItemRow>> {
+    let path = format!("/v1/batches/{batch_id}/results");
+    let (status, body) = server.retrying(Instant::now(), || server.bytes_once(server.request(client, Method::GET, &path))).await?;
+    if !status.is_success() {
+        Answer { status, body: serde_json::from_slice(&body).unwrap_or(Value::Null), attempts: 1 }.checked().with_context(|| format!("reading {path}"))?;
+    }
+    body.split(|&b| b == b'\n').filter(|line| !line.is_empty()).map(|line| serde_json::from_slice(line).with_context(|| format!("a line of {path}"))).collect()
+}
+
 /// The error that ends a batch early, and, when the dispatcher could not be
 /// reached, which runs are left unfinished (ids and conversations: they
-/// carry on with the fleet; a later `glia batch` submits new ones) and how
-/// many conversations were never submitted.
-fn stranded(e: anyhow::Error, runs: &HashMap<Uuid, Tracked>, not_submitted: usize) -> anyhow::Error {
+/// carry on with the fleet, and a later `glia batch` on the same `--data`
+/// file picks the batch up again) and how many conversations were not
+/// submitted (`unsubmitted`: the submission itself failed) or not started.
+fn stranded(e: anyhow::Error, items: &Items, unsubmitted: bool) -> anyhow::Error {
     if !e.chain().any(|c| c.is::<Unreachable>()) {
         return e;
     }
-    let mut open: Vec<(&Uuid, &Tracked)> = runs.iter().filter(|(_, t)| t.verdict.is_none()).collect();
+    let mut open: Vec<(&Uuid, &Tracked)> = items.runs.iter().filter(|(_, t)| t.verdict.is_none()).collect();
     open.sort_by_key(|(id, _)| **id);
     let mut text = format!("{} run(s) still unfinished", open.len());
-    if not_submitted > 0 {
-        text.push_str(&format!(" and {not_submitted} conversation(s) not submitted"));
+    match items.waiting.len() {
+        0 => {}
+        n if unsubmitted => text.push_str(&format!(" and {n} conversation(s) not submitted")),
+        n => text.push_str(&format!(" and {n} conversation(s) not started yet")),
     }
     if !open.is_empty() {
         let list: Vec<String> = open.iter().map(|(id, t)| format!("{id} (conversation {})", t.conversation.id)).collect();
@@ -299,16 +359,43 @@ fn stranded(e: anyhow::Error, runs: &HashMap<Uuid, Tracked>, not_submitted: usiz
     e.context(text)
 }
 
-/// Catch up with, answer and judge every run until all are judged.
-async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashMap<Uuid, Tracked>, args: &BatchArgs, bar: &ProgressBar, started: Instant) -> Result<Summary> {
-    let mut summary = Summary { runs: runs.len(), ..Summary::default() };
+/// Learn each item's run, then catch up with, answer and judge every run,
+/// until every item is judged.
+async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Items, args: &BatchArgs, bar: &ProgressBar, started: Instant) -> Result<Summary> {
+    let mut summary = Summary { runs: items.waiting.len() + items.runs.len(), ..Summary::default() };
     let mut latencies_ms: Vec<f64> = Vec::new();
     let delay = Duration::from_millis(args.approve_delay_ms);
     let mut idle = Duration::from_millis(1);
+    let mut results_read: Option<Instant> = None;
     loop {
         let mut progressed = false;
-        // 1. Catch up with every run that moved.
-        for row in list_batch(client, server, batch_id).await? {
+        let rows = list_batch(client, server, batch_id).await?;
+        // 1. Items admitted since the last look: their runs, from the
+        //    batch's results (read when an unknown run shows up, and each
+        //    second while items wait, to see those finished without a run).
+        let unknown = rows.iter().any(|r| !items.runs.contains_key(&r.run_id));
+        if !items.waiting.is_empty() && (unknown || results_read.is_none_or(|at| at.elapsed() >= Duration::from_secs(1))) {
+            for row in results(client, server, batch_id).await? {
+                let Some(conversation) = items.waiting.remove(&row.custom_id) else { continue };
+                match row.run_id {
+                    Some(run_id) => {
+                        items.runs.insert(run_id, Tracked::new(run_id, conversation));
+                        progressed = true;
+                    }
+                    None if matches!(row.status.as_str(), "failed" | "cancelled" | "expired") => {
+                        items.not_run.push((conversation, format!("{}: {}", row.status, row.error.unwrap_or_default())));
+                        bar.inc(1);
+                    }
+                    None => {
+                        items.waiting.insert(row.custom_id, conversation);
+                    }
+                }
+            }
+            results_read = Some(Instant::now());
+        }
+        let runs = &mut items.runs;
+        // 2. Catch up with every run that moved.
+        for row in rows {
             let Some(t) = runs.get_mut(&row.run_id) else { continue };
             if row.head_seq <= t.state.head_seq {
                 continue;
@@ -337,7 +424,7 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
                 t.state.apply(&event).with_context(|| format!("run {}: event {} does not apply", row.run_id, event.seq))?;
             }
         }
-        // 2. Answer every run that waits for the driver.
+        // 3. Answer every run that waits for the driver.
         let mut pending_approvals = 0;
         let mut done = 0;
         for (id, t) in runs.iter_mut() {
@@ -414,7 +501,7 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
         let secs = started.elapsed().as_secs_f64().max(1e-9);
         let steps = summary.model_calls + summary.tool_results;
         bar.set_message(format!("{:.0} steps/s  approvals pending: {pending_approvals}", steps as f64 / secs));
-        if done == runs.len() {
+        if done == runs.len() && items.waiting.is_empty() {
             break;
         }
         // Poll fast while runs move, back off to 50 ms while they wait.
@@ -430,10 +517,10 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
     summary.approval_resume_p50_ms = percentile(&latencies_ms, 0.50);
     summary.approval_resume_p99_ms = percentile(&latencies_ms, 0.99);
     let mut shown = 0;
-    let mut ids: Vec<&Uuid> = runs.keys().collect();
+    let mut ids: Vec<&Uuid> = items.runs.keys().collect();
     ids.sort();
     for id in ids {
-        let t = &runs[id];
+        let t = &items.runs[id];
         match t.verdict.as_ref().expect("every run is judged") {
             Verdict::Reproduced => summary.reproduced += 1,
             Verdict::Diverged(why) | Verdict::Failed(why) => {
@@ -447,6 +534,13 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, runs: &mut HashM
                     eprintln!("run {id} (conversation {}): {why}", t.conversation.id);
                 }
             }
+        }
+    }
+    for (conversation, why) in &items.not_run {
+        summary.failed += 1;
+        if shown < args.show {
+            shown += 1;
+            eprintln!("conversation {} was not run: {why}", conversation.id);
         }
     }
     Ok(summary)

@@ -222,6 +222,15 @@ impl Server {
         if let Some(b) = body {
             req = req.json(b);
         }
+        let (status, bytes) = self.bytes_once(req).await?;
+        Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+    }
+
+    /// One attempt of a request built with [`Server::request`] (any body):
+    /// the status and the body's bytes, read whole; transient failures as in
+    /// [`Server::send_once`]. For bodies that are not JSON (a JSON Lines
+    /// upload, the results of a batch).
+    pub async fn bytes_once(&self, req: RequestBuilder) -> Result<(StatusCode, bytes::Bytes), Attempt> {
         let resp = req.send().await.map_err(Attempt::from_reqwest)?;
         let status = resp.status();
         if transient_status(status) {
@@ -232,7 +241,7 @@ impl Server {
             return Err(Attempt::Transient(format!("{status}: {why}"), hint));
         }
         let bytes = resp.bytes().await.map_err(Attempt::from_reqwest)?;
-        Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+        Ok((status, bytes))
     }
 
     /// [`Server::send_once`] retried through an outage ([`Server::retrying`]).

@@ -352,6 +352,9 @@ impl Embedded {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
         embedded.url = format!("http://{}", listener.local_addr()?);
         let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), glia_dispatcher::Auth::from_tokens(Vec::new())?);
+        // One tenant on one machine: the tenant's cap is the fleet's.
+        let admission = glia_dispatcher::batches::Admission { per_tenant: glia_dispatcher::batches::Admission::default().max_in_flight, ..Default::default() };
+        let app = app.with_batches(glia_dispatcher::batches::BatchConfig { store: ports.batches.clone(), admission });
         tokio::spawn(run_dispatcher(app, listener, Duration::from_secs(1), Duration::from_secs(5), shutdown));
         if data.is_some() {
             applied_what_was_posted(ports.log.as_ref()).await?;

@@ -475,6 +475,16 @@ pub(crate) fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
     req.config.validate().map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason })
 }
 
+/// The operator's catalogue check of a config (MCP servers, HTTP tool
+/// origins, providers; see [`crate::App::admission`]). Errors: 422 naming
+/// `config.{field}`.
+pub(crate) fn catalogue_check(app: &App, config: &RunConfig) -> Result<(), ApiError> {
+    match &app.admission {
+        Some(admit) => admit(config).map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason }),
+        None => Ok(()),
+    }
+}
+
 /// The config a run request admits: its `config`, or, with `agent`, the
 /// resolved definition of the tenant's agent ([`crate::agents::resolve`]).
 /// The one place a run's config is decided; every way of creating a run
@@ -483,10 +493,7 @@ pub(crate) fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
 pub(crate) async fn run_config(app: &App, tenant: &str, req: &CreateRun) -> Result<RunConfig, ApiError> {
     validate_run(req)?;
     let Some(agent) = &req.agent else {
-        // The operator's catalogue: MCP servers, HTTP tool origins, providers.
-        if let Some(admit) = &app.admission {
-            admit(&req.config).map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason })?;
-        }
+        catalogue_check(app, &req.config)?;
         return Ok(req.config.clone());
     };
     if req.config != RunConfig::default() {

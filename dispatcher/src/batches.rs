@@ -73,7 +73,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::App;
-use crate::api::{CreateRun, admit_run, cancel_run, idempotency_key, pause_run, resume_paused_by, run_config};
+use crate::api::{CreateRun, admit_run, cancel_run, catalogue_check, idempotency_key, pause_run, resume_paused_by, run_config, validate_run};
 use crate::auth::{Principal, Scope};
 use crate::docs::RunConfigDoc;
 use crate::error::{ApiError, ErrorBody};
@@ -206,6 +206,13 @@ pub struct BatchItem {
     /// Echoed in the item's result.
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
+    /// This item's own configuration: a JSON merge patch (RFC 7396) applied
+    /// to the batch's `config` for its run (`{"model": "…", "system": "…"}`
+    /// changes those two; `null` removes a key, back to its default). The
+    /// result is checked at submit as `POST /v1/runs` checks a config; not
+    /// allowed in a batch that names an `agent`.
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<Map<String, Value>>,
 }
 
 /// Body of `POST /v1/batches` as JSON.
@@ -418,14 +425,54 @@ async fn check_spec(app: &App, tenant: &str, spec: &mut BatchSpec) -> Result<(),
     Ok(())
 }
 
-/// One item as stored: the goal rendered with its inputs, metadata as JSON text.
-fn prepare(item: BatchItem, line: u64, env: &minijinja::Environment<'_>) -> Result<NewItem, (Option<String>, String)> {
+/// How the items of one submission are checked.
+struct ItemRules {
+    /// Renders goals with their inputs (an unknown variable is an error).
+    env: minijinja::Environment<'static>,
+    /// The batch's config as JSON, the base of each item's patch; `None` in
+    /// a batch that names an agent (its items take no config).
+    base: Option<Value>,
+    /// For the catalogue check of each patched config.
+    app: App,
+}
+
+impl ItemRules {
+    fn new(app: &App, spec: &BatchSpec) -> ItemRules {
+        let mut env = minijinja::Environment::new();
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        let base = spec.agent.is_none().then(|| base_config(spec));
+        ItemRules { env, base, app: app.clone() }
+    }
+}
+
+/// The batch's config as JSON: what an item's patch applies to.
+fn base_config(spec: &BatchSpec) -> Value {
+    serde_json::to_value(spec.config.clone().unwrap_or_default()).expect("a config serialises")
+}
+
+/// `base` with an item's `patch` applied (RFC 7396). Errors: the place in
+/// the patched config that does not deserialize (`config.budget.max_turns:
+/// invalid type…`, `config: unknown field…`).
+fn patched_config(base: &Value, patch: &Map<String, Value>) -> Result<RunConfig, (Option<String>, String)> {
+    let mut merged = base.clone();
+    json_patch::merge(&mut merged, &Value::Object(patch.clone()));
+    serde_path_to_error::deserialize::<_, RunConfig>(merged).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "config".to_owned() } else { format!("config.{path}") };
+        (Some(field), e.into_inner().to_string())
+    })
+}
+
+/// One item as stored: the goal rendered with its inputs, metadata and the
+/// config patch as JSON text (the patched config checked as `POST /v1/runs`
+/// checks one).
+fn prepare(item: BatchItem, line: u64, rules: &ItemRules) -> Result<NewItem, (Option<String>, String)> {
     if item.custom_id.is_empty() || item.custom_id.chars().count() > 255 {
         return Err((Some("custom_id".into()), "must be 1 to 255 characters".into()));
     }
     let goal = match &item.inputs {
         None => item.goal,
-        Some(inputs) => env.render_str(&item.goal, inputs).map_err(|e| (Some("goal".into()), format!("rendering with inputs: {e}")))?,
+        Some(inputs) => rules.env.render_str(&item.goal, inputs).map_err(|e| (Some("goal".into()), format!("rendering with inputs: {e}")))?,
     };
     if goal.trim().is_empty() {
         return Err((Some("goal".into()), "is blank".into()));
@@ -433,14 +480,22 @@ fn prepare(item: BatchItem, line: u64, env: &minijinja::Environment<'_>) -> Resu
     if goal.contains('\0') || item.custom_id.contains('\0') {
         return Err((Some("goal".into()), "contains U+0000".into()));
     }
+    let config = match (&item.config, &rules.base) {
+        (None, _) => None,
+        (Some(_), None) => return Err((Some("config".into()), "cannot be combined with the batch's `agent` (the definition is the config)".into())),
+        (Some(patch), Some(base)) => {
+            let config = patched_config(base, patch)?;
+            let probe = CreateRun { goal: goal.clone(), config, batch_id: None, agent: None };
+            let checked = validate_run(&probe).and_then(|()| catalogue_check(&rules.app, &probe.config));
+            checked.map_err(|e| match e {
+                ApiError::InvalidField { field, reason } => (Some(field), reason),
+                other => (Some("config".into()), other.to_string()),
+            })?;
+            Some(serde_json::to_string(patch).expect("JSON serialises"))
+        }
+    };
     let metadata = item.metadata.map(|m| serde_json::to_string(&m).expect("JSON serialises"));
-    Ok(NewItem { custom_id: item.custom_id, goal, metadata, line })
-}
-
-fn template_env() -> minijinja::Environment<'static> {
-    let mut env = minijinja::Environment::new();
-    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-    env
+    Ok(NewItem { custom_id: item.custom_id, goal, metadata, config, line })
 }
 
 fn new_batch(p: &Principal, key: Option<String>, spec: &BatchSpec) -> NewBatch {
@@ -560,7 +615,7 @@ pub async fn create(State(app): State<App>, p: Principal, request: Request) -> R
         let mut spec: BatchSpec = parse_line(line, &first, "BatchSpec")?;
         check_spec(&app, &p.tenant, &mut spec).await?;
         let new = new_batch(&p, key.clone(), &spec);
-        let upload = jsonl_upload(lines, app.batches.admission.max_items);
+        let upload = jsonl_upload(lines, ItemRules::new(&app, &spec), app.batches.admission.max_items);
         let submitted = store.submit(new, upload).await.map_err(|e| submit_error(e, true))?;
         let hash = submitted.upload_hash.clone();
         (submitted, hash)
@@ -575,11 +630,11 @@ pub async fn create(State(app): State<App>, p: Principal, request: Request) -> R
         if body.items.len() as u64 > app.batches.admission.max_items {
             return Err(ApiError::InvalidField { field: "items".into(), reason: format!("at most {} items", app.batches.admission.max_items) });
         }
-        let env = template_env();
+        let rules = ItemRules::new(&app, &spec);
         let mut items = Vec::with_capacity(body.items.len());
         for (i, item) in body.items.into_iter().enumerate() {
             items.push(
-                prepare(item, i as u64, &env).map_err(|(field, reason)| submit_error(SubmitError::Input { item: Some(i as u64), field, reason }, false))?,
+                prepare(item, i as u64, &rules).map_err(|(field, reason)| submit_error(SubmitError::Input { item: Some(i as u64), field, reason }, false))?,
             );
         }
         let mut chunks: Vec<Result<Upload, SubmitError>> = Vec::new();
@@ -700,10 +755,9 @@ impl Lines {
 
 /// The items of a JSON Lines upload after its spec line, in chunks of
 /// [`CHUNK`], then [`Upload::Done`] with the hash of every byte.
-fn jsonl_upload(lines: Lines, max_items: u64) -> BoxStream<'static, Result<Upload, SubmitError>> {
-    let env = template_env();
-    futures::stream::unfold(Some((lines, env, 0u64)), move |state| async move {
-        let (mut lines, env, mut count) = state?;
+fn jsonl_upload(lines: Lines, rules: ItemRules, max_items: u64) -> BoxStream<'static, Result<Upload, SubmitError>> {
+    futures::stream::unfold(Some((lines, rules, 0u64)), move |state| async move {
+        let (mut lines, rules, mut count) = state?;
         let mut chunk = Vec::with_capacity(CHUNK);
         while chunk.len() < CHUNK {
             match lines.next_line().await {
@@ -718,7 +772,7 @@ fn jsonl_upload(lines: Lines, max_items: u64) -> BoxStream<'static, Result<Uploa
                         Ok(item) => item,
                         Err(e) => return Some((Err(SubmitError::Other(Box::new(e))), None)),
                     };
-                    match prepare(item, line, &env) {
+                    match prepare(item, line, &rules) {
                         Ok(item) => chunk.push(item),
                         Err((field, reason)) => return Some((Err(SubmitError::Input { item: Some(line), field, reason }), None)),
                     }
@@ -732,7 +786,7 @@ fn jsonl_upload(lines: Lines, max_items: u64) -> BoxStream<'static, Result<Uploa
             let request_hash = hex(&lines.hash.clone().finalize());
             return Some((Ok(Upload::Done { request_hash }), None));
         }
-        Some((Ok(Upload::Items(chunk)), Some((lines, env, count))))
+        Some((Ok(Upload::Items(chunk)), Some((lines, rules, count))))
     })
     .boxed()
 }
@@ -1052,7 +1106,23 @@ async fn admit_item(app: &App, tenant: &str, spec: Option<BatchSpec>, claim: Cla
         store.refused(claim.batch_id, claim.n, "the batch's stored specification cannot be read").await?;
         return Ok(false);
     };
-    let req = CreateRun { goal: claim.goal.clone(), config: spec.config.unwrap_or_default(), batch_id: Some(claim.batch_id), agent: spec.agent };
+    // The item's own config: its patch over the batch's (checked at submit;
+    // a stored patch that no longer applies refuses the item).
+    let config = match claim.config.as_deref().map(serde_json::from_str::<Map<String, Value>>) {
+        None => spec.config.clone().unwrap_or_default(),
+        Some(Ok(patch)) => match patched_config(&base_config(&spec), &patch) {
+            Ok(config) => config,
+            Err((field, reason)) => {
+                store.refused(claim.batch_id, claim.n, &format!("{}: {reason}", field.unwrap_or_default())).await?;
+                return Ok(false);
+            }
+        },
+        Some(Err(e)) => {
+            store.refused(claim.batch_id, claim.n, &format!("the item's stored config cannot be read: {e}")).await?;
+            return Ok(false);
+        }
+    };
+    let req = CreateRun { goal: claim.goal.clone(), config, batch_id: Some(claim.batch_id), agent: spec.agent };
     let key = format!("glia-batch:{}:{}", claim.batch_id, claim.custom_id);
     let run = match admit_run(app, tenant, Some(key), &req).await {
         Ok((run, _)) => run,

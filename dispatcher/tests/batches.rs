@@ -176,6 +176,58 @@ async fn an_agent_batch_runs_the_version_current_at_submit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_config_patches_the_batch_config_for_its_run_only() {
+    let b = harness(Admission::default()).await;
+    let base = json!({"config": {"model": "script:base", "system": "Shared.", "budget": {"max_turns": 7}}});
+    // A patch that makes a config a run would refuse is refused at submit, naming the line and the field.
+    for (bad, field) in [
+        (json!({"budget": {"max_turns": "seven"}}), "config.budget.max_turns"),
+        (json!({"compactor": {"keep": 3}}), "config.compactor"),
+        (json!({"model": ""}), "config.model"),
+    ] {
+        let r = jsonl(&b, SUB_A, &[base.clone(), item(0), json!({"custom_id": "bad", "goal": "g", "config": bad})], None).await;
+        assert_eq!(
+            (r.status, r.body["error"]["line"].as_u64(), r.body["error"]["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(3), Some(field)),
+            "{bad}: {}",
+            r.text
+        );
+    }
+    // Not with an agent (the definition is the config).
+    put_agent(&b, json!({"name": "triage", "model": "script:v1", "system": "One."})).await;
+    let r = post_json(&b, SUB_A, "/v1/batches", json!({"agent": "triage", "items": [{"custom_id": "a", "goal": "g", "config": {"model": "script:other"}}]})).await;
+    assert_eq!((r.status, r.body["error"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("items[0].config")), "{}", r.text);
+    assert_eq!((stored_batches(&b).await, stored_items(&b).await), (0, 0), "nothing of a refused batch is stored");
+
+    // Item 1 changes the model and the system prompt; `null` removes the budget (back to the default).
+    let items = [
+        json!({"custom_id": "plain", "goal": "g0"}),
+        json!({"custom_id": "own", "goal": "g1", "config": {"model": "script:own", "system": "Mine."}}),
+        json!({"custom_id": "unbudgeted", "goal": "g2", "config": {"budget": null}}),
+    ];
+    let r = jsonl(&b, SUB_A, &[&[base.clone()][..], &items[..]].concat(), None).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let batch = id_of(&r);
+    assert_eq!(admit_once(&b.app).await.unwrap(), 3);
+    let mut seen = std::collections::BTreeMap::new();
+    for run in batch_runs(&b, batch).await {
+        let first = b.log.events(run.run_id, 0, 1).await.unwrap();
+        let EventKind::SessionStart { config, goal } = &first[0].kind else { panic!("{:?}", first[0].kind) };
+        seen.insert(goal.clone(), (config.model.clone(), config.system.clone(), config.budget.max_turns));
+    }
+    let system = |s: &str| s.to_owned();
+    assert_eq!(
+        seen,
+        [
+            ("g0".to_owned(), ("script:base".to_owned(), system("Shared."), Some(7))),
+            ("g1".to_owned(), ("script:own".to_owned(), system("Mine."), Some(7))),
+            ("g2".to_owned(), ("script:base".to_owned(), system("Shared."), glia_proto::BudgetLimits::default().max_turns)),
+        ]
+        .into()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_is_idempotent_per_tenant() {
     let b = harness(Admission::default()).await;
     let lines: Vec<Value> = std::iter::once(spec()).chain((0..3).map(item)).collect();
