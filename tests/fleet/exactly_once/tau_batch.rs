@@ -81,6 +81,14 @@ fn real_fleet_reproduces_all_200_conversations() {
     let s = summary(batch(&["--server", &fleet.server]).output().unwrap());
     assert_whole_recording(&s);
     assert!(s["approval_resume_p50_ms"].as_f64().is_some(), "{s}");
+    // One first-class batch holds the 200 conversations, each item its own run.
+    let (status, page) = fleet.get("/v1/batches");
+    assert_eq!(status, 200, "{page}");
+    let batches = page["batches"].as_array().unwrap();
+    assert_eq!(batches.len(), 1, "{page}");
+    let (status, view) = fleet.get(&format!("/v1/batches/{}", batches[0]["id"].as_str().unwrap()));
+    assert_eq!(status, 200, "{view}");
+    assert_eq!((view["status"].as_str(), view["total"].as_u64(), view["counts"]["succeeded"].as_u64()), (Some("completed"), Some(200), Some(200)), "{view}");
 }
 
 #[test]
