@@ -23,7 +23,9 @@
 //! (reported with its `line` number), a bad item or a repeated `custom_id`
 //! refuses the whole batch with nothing stored. An item's goal may use its
 //! `inputs` as minijinja variables (`Summarise ticket {{ id }}`); an unknown
-//! variable is an error of that item.
+//! variable is an error of that item. An item's `config` is a JSON merge
+//! patch (RFC 7396) over the batch's config for its run alone, checked at
+//! submit as `POST /v1/runs` checks a config and applied at admission.
 //!
 //! **Admission** ([`admit`]): a background loop of every dispatcher. Each
 //! pass folds finished runs' spend into their items, expires items past the
