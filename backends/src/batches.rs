@@ -720,9 +720,12 @@ mod pg {
                     .map_err(fail)?;
                 let expired = client
                     .execute(
-                        "UPDATE batch_items SET state = 'expired' WHERE (batch_id, n) IN ( \
-                             SELECT i.batch_id, i.n FROM batch_items i JOIN batches b ON b.id = i.batch_id \
-                             WHERE i.state = 'queued' AND b.expires_at < now() LIMIT $1 FOR UPDATE OF i SKIP LOCKED)",
+                        // The rows are picked once, in a MATERIALIZED CTE: an
+                        // `IN (subquery LIMIT … SKIP LOCKED)` may be run again
+                        // by the plan and pass its limit (see `claim`).
+                        "WITH due AS MATERIALIZED (SELECT i.batch_id, i.n FROM batch_items i JOIN batches b ON b.id = i.batch_id \
+                             WHERE i.state = 'queued' AND b.expires_at < now() LIMIT $1 FOR UPDATE OF i SKIP LOCKED) \
+                         UPDATE batch_items SET state = 'expired' FROM due WHERE batch_items.batch_id = due.batch_id AND batch_items.n = due.n",
                         &[&(limit as i64)],
                     )
                     .await

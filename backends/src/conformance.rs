@@ -41,12 +41,12 @@ pub fn sample_log() -> SampleLog {
     let input = json!({"order": "A1", "amount": 30});
     let hash = args_hash(&input);
     let kinds = vec![
-        EventKind::SessionStart { goal: "refund A1".into(), config: RunConfig::default() },
+        EventKind::SessionStart { redactions: Vec::new(), goal: "refund A1".into(), config: RunConfig::default() },
         EventKind::PlanDraft { steps: vec!["Reach the goal.".into()], usage: Usage::default(), cost_usd_micros: 0 },
         EventKind::PlanCommit { steps: vec!["Reach the goal.".into()] },
         EventKind::StepStart { index: 0, description: "Reach the goal.".into(), tools: vec![] },
         EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
-        EventKind::ModelResponse {
+        EventKind::ModelResponse { redactions: Vec::new(),
             message: Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "c1".into(), name: "refund".into(), input: input.clone() }] },
             usage: Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() },
             stop_reason: "tool_use".into(),
@@ -69,7 +69,7 @@ pub fn sample_log() -> SampleLog {
         EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: Some("ana".into()) },
         EventKind::ToolResult { call_id: "c1".into(), content: "{\"refunded\":30}".into(), reminder: None, duration_ms: 1 },
         EventKind::ModelCall { model: "m".into(), messages: 3, wrap_up: false, forced_tool: None },
-        EventKind::ModelResponse { message: Message::assistant("Refunded."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 2, cost_usd_micros: 0, rejected: None },
+        EventKind::ModelResponse { redactions: Vec::new(), message: Message::assistant("Refunded."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 2, cost_usd_micros: 0, rejected: None },
         EventKind::StepEnd { index: 0, answer: "Refunded.".into(), skipped: false },
         EventKind::SessionComplete { outcome: Outcome::Succeeded { answer: "Refunded.".into(), output: None } },
     ];

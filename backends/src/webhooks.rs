@@ -241,7 +241,7 @@ mod pg {
             self.bounded("claim", async {
                 let client = self.client().await?;
                 let sql = format!(
-                    "WITH due AS (SELECT id FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= now() \
+                    "WITH due AS MATERIALIZED (SELECT id FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= now() \
                                   ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
                      UPDATE webhook_deliveries d SET next_attempt_at = now() + make_interval(secs => $2) \
                        FROM due, webhook_subscriptions s WHERE d.id = due.id AND s.id = d.subscription_id \

@@ -46,7 +46,7 @@ fn at(i: usize) -> DateTime<Utc> {
 /// call → tool use → tool call → tool result (`result(round)`).
 fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> String) -> Vec<Event> {
     let mut kinds = vec![
-        EventKind::SessionStart { goal: "look things up".into(), config: RunConfig::default() },
+        EventKind::SessionStart { redactions: Vec::new(), goal: "look things up".into(), config: RunConfig::default() },
         EventKind::PlanDraft { steps: vec!["Reach the goal.".into()], usage: Usage::default(), cost_usd_micros: 0 },
         EventKind::PlanCommit { steps: vec!["Reach the goal.".into()] },
         EventKind::StepStart { index: 0, description: "Reach the goal.".into(), tools: vec![] },
@@ -56,7 +56,7 @@ fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> String) -> Vec<Ev
         let call_id = format!("c{round}");
         let input = json!({"round": round, "query": format!("item {round}")});
         kinds.push(EventKind::ModelCall { model: "m".into(), messages: 1 + 2 * round, wrap_up: false, forced_tool: None });
-        kinds.push(EventKind::ModelResponse {
+        kinds.push(EventKind::ModelResponse { redactions: Vec::new(),
             message: Message {
                 role: Role::Assistant,
                 content: vec![ContentBlock::ToolUse { id: call_id.clone(), name: "lookup".into(), input: input.clone() }],
@@ -167,7 +167,7 @@ async fn large_payloads_go_to_blobs_and_read_back_identical() {
     // Content-addressed: a second run with the same large start shares it.
     let goal = "g".repeat(100 * 1024);
     for _ in 0..2 {
-        let start = Event { run_id: Uuid::now_v7(), seq: 1, at: at(0), kind: EventKind::SessionStart { goal: goal.clone(), config: RunConfig::default() } };
+        let start = Event { run_id: Uuid::now_v7(), seq: 1, at: at(0), kind: EventKind::SessionStart { redactions: Vec::new(), goal: goal.clone(), config: RunConfig::default() } };
         log.create_run(new_run("t", None, &start)).await.unwrap();
         assert_eq!(log.events(start.run_id, 0, 10).await.unwrap(), vec![start.clone()]);
         assert_eq!(log.get_run(start.run_id).await.unwrap().goal, goal);
@@ -183,7 +183,7 @@ async fn nul_characters_round_trip_everywhere() {
         run_id: Uuid::now_v7(),
         seq: 1,
         at: at(0),
-        kind: EventKind::SessionStart { goal: "nul \0 goal".into(), config: RunConfig::default() },
+        kind: EventKind::SessionStart { redactions: Vec::new(), goal: "nul \0 goal".into(), config: RunConfig::default() },
     };
     let (summary, _) = log.create_run(new_run("t", None, &start)).await.unwrap();
     assert_eq!(summary.goal, "nul \u{FFFD} goal", "the summary's goal is sanitised");
@@ -375,7 +375,7 @@ async fn bad_rows_are_errors_not_panics() {
     assert!(matches!(log.list_runs(&RunFilter { limit: 10, ..Default::default() }).await, Err(LogError::Unavailable(_))));
     sql.execute("UPDATE outbox SET job = '{\"run\": 1}'", &[]).await.unwrap();
     assert!(matches!(log.outbox(10).await, Err(LogError::Unavailable(_))));
-    log.post(s.run_id, Resume::Input { text: "hi".into() }).await.unwrap();
+    log.post(s.run_id, Resume::Input { text: "hi".into(), redactions: Vec::new() }).await.unwrap();
     sql.execute("UPDATE inbox SET payload = '{\"kind\": \"dance\"}'", &[]).await.unwrap();
     assert!(matches!(log.inbox(s.run_id).await, Err(LogError::Unavailable(_))));
 }

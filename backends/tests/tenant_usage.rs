@@ -40,7 +40,7 @@ fn spent(at: DateTime<Utc>, input_tokens: u64, output_tokens: u64, cost: u64) ->
 fn run_log(run_id: Uuid, plan: Spent, compacted: Spent, response: Spent, answer: &str) -> Vec<Event> {
     let steps = vec!["Do it.".to_owned()];
     let kinds = vec![
-        (plan.at, EventKind::SessionStart { goal: "g".into(), config: RunConfig::default() }),
+        (plan.at, EventKind::SessionStart { redactions: Vec::new(), goal: "g".into(), config: RunConfig::default() }),
         (plan.at, EventKind::PlanDraft { steps: steps.clone(), usage: plan.tokens, cost_usd_micros: plan.cost }),
         (plan.at, EventKind::PlanCommit { steps }),
         (plan.at, EventKind::StepStart { index: 0, description: "Do it.".into(), tools: vec![] }),
@@ -57,7 +57,7 @@ fn run_log(run_id: Uuid, plan: Spent, compacted: Spent, response: Spent, answer:
         (compacted.at, EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None }),
         (
             response.at,
-            EventKind::ModelResponse {
+            EventKind::ModelResponse { redactions: Vec::new(),
                 message: Message::assistant(answer),
                 usage: response.tokens,
                 stop_reason: "end_turn".into(),

@@ -719,7 +719,7 @@ async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
     let agent = Agent::new(Arc::new(ScriptedProvider::new(script))).with_tools(crate::demo::tools());
     let config = RunConfig { max_model_calls_per_turn: u32::try_from(args.turns + 2).unwrap_or(u32::MAX), ..RunConfig::default() };
     let run_id = Uuid::now_v7();
-    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { goal: "a long run".into(), config } };
+    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: "a long run".into(), config } };
     log.create_run(NewRun { tenant: "bench".into(), idempotency_key: None, batch_id: None, start }).await?;
     let lease = log.acquire(run_id, "bench", Duration::from_secs(3600)).await?;
     let mut state = log.load(run_id).await?;

@@ -246,32 +246,36 @@ impl CatalogueArgs {
     pub fn admission(&self) -> Result<Option<glia_dispatcher::Admission>> {
         Ok(self.load()?.map(|c| -> glia_dispatcher::Admission { Arc::new(move |config| c.admit(config)) }))
     }
+}
 
-    /// `agent` offering the catalogue's MCP and HTTP tools (its MCP servers
-    /// started); unchanged without `--catalogue`. Every environment variable
-    /// the catalogue names must be set.
-    fn equip(&self, agent: Agent) -> Result<Agent> {
-        let Some(catalogue) = self.checked()? else { return Ok(agent) };
-        info!(mcp_servers = catalogue.mcp_servers.len(), http_origins = catalogue.http.allowed_origins.len(), "operator catalogue loaded");
-        Ok(agent.with_tool_sources(Arc::new(glia_worker::tool_sources::ToolSources::start(catalogue))))
-    }
+/// `agent` offering `catalogue`'s MCP and HTTP tools (its MCP servers
+/// started); unchanged without one.
+fn equip(catalogue: Option<glia_worker::catalogue::Catalogue>, agent: Agent) -> Agent {
+    let Some(catalogue) = catalogue else { return agent };
+    info!(providers = catalogue.providers.len(), mcp_servers = catalogue.mcp_servers.len(), http_origins = catalogue.http.allowed_origins.len(), "operator catalogue loaded");
+    agent.with_tool_sources(Arc::new(glia_worker::tool_sources::ToolSources::start(catalogue)))
 }
 
 impl WorkerArgs {
     /// The agent: scripts, or the real provider of `--provider` (with the
     /// fleet-wide rate limiter in Redis when `redis` is given: URL and key
-    /// prefix; its connection is waited for and reported in `startup`). A
-    /// missing API key fails before anything connects.
+    /// prefix; its connection is waited for and reported in `startup`), for
+    /// runs that name no provider; the catalogue's `[providers.NAME]` for
+    /// runs that name one. A missing API key fails before anything connects.
     async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>, startup: &Startup) -> Result<Arc<Agent>> {
         // The operator's catalogue is checked first: a bad one stops the worker before anything else.
-        self.catalogue.checked()?;
+        let catalogue = self.catalogue.checked()?;
         if let Some(dir) = &self.replay {
             let recording = glia_replay::tau::load_dir(dir)?;
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
             let agent = Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?);
-            return Ok(Arc::new(self.catalogue.equip(agent)?));
+            return Ok(Arc::new(equip(catalogue, agent)));
         }
-        self.provider.check()?;
+        self.provider.check(catalogue.as_ref().is_some_and(|c| !c.providers.is_empty()))?;
+        let named = match &catalogue {
+            Some(c) => self.provider.catalogue_providers(c, redis.map(|(url, prefix)| (url, prefix, startup)), metrics.clone()).await?,
+            None => Vec::new(),
+        };
         let provider: Arc<dyn Provider> = match self.provider.provider {
             None => Arc::new(ScriptLibrary::from_dir(&self.scripts).map_err(anyhow::Error::msg)?),
             Some(kind) => {
@@ -281,8 +285,8 @@ impl WorkerArgs {
                 self.provider.fleet_provider(kind, limiter, metrics).await?
             }
         };
-        let agent = Agent::new(provider);
-        Ok(Arc::new(self.catalogue.equip(if self.demo { agent.with_tools(crate::demo::tools()) } else { agent })?))
+        let agent = named.into_iter().fold(Agent::new(provider), |agent, (name, p)| agent.with_named_provider(name, p));
+        Ok(Arc::new(equip(catalogue, if self.demo { agent.with_tools(crate::demo::tools()) } else { agent })))
     }
 
     /// Metric handles labelled with this worker's provider, the provider

@@ -219,7 +219,7 @@ async fn run(args: RunArgs) -> Result<()> {
         config.model.clone_from(model);
     }
     config.validate().map_err(|e| anyhow::anyhow!("invalid run config: {e}"))?;
-    args.provider.check()?;
+    args.provider.check(false)?;
     let provider: Arc<dyn Provider> = match (&args.script, args.provider.provider) {
         (Some(path), _) => {
             let script = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -259,7 +259,7 @@ async fn run(args: RunArgs) -> Result<()> {
                 None => break,
             },
             PullPoint::AwaitingInput => match replies.next() {
-                Some(text) => Resume::Input { text },
+                Some(text) => Resume::Input { text, redactions: Vec::new() },
                 None => {
                     status = agent.close(&mut state, &mut sink).await?;
                     break;
@@ -295,7 +295,7 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         if one_line.chars().count() > 100 { format!("{}…", one_line.chars().take(100).collect::<String>()) } else { one_line }
     }
     match kind {
-        EventKind::SessionStart { goal, config } => format!("goal: {} (model {})", clip(goal), config.model),
+        EventKind::SessionStart { goal, config, .. } => format!("goal: {} (model {})", clip(goal), config.model),
         EventKind::PlanDraft { steps, .. } | EventKind::PlanCommit { steps } => format!("{} step(s): {}", steps.len(), clip(&steps.join(" | "))),
         EventKind::StepStart { index, description, tools } => format!("#{index} {} ({} tools)", clip(description), tools.len()),
         EventKind::StepEnd { index, answer, skipped } => format!("#{index}{} {}", if *skipped { " skipped" } else { "" }, clip(answer)),
@@ -321,7 +321,7 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         EventKind::ApprovalRequested { call_id, tool, input, .. } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
         EventKind::ApprovalResolved { call_id, decision, by, .. } => format!("#{call_id} {decision:?} by {}", by.as_deref().unwrap_or("?")),
         EventKind::ApprovalEscalated { call_id, expires_at } => format!("#{call_id} deadline {} passed: escalated", expires_at.map_or_else(|| "?".into(), |t| t.to_rfc3339())),
-        EventKind::InputReceived { text } => clip(text),
+        EventKind::InputReceived { text, .. } => clip(text),
         EventKind::GuardrailTripped { stage, guardrail, reason, .. } => format!("{stage:?} {guardrail}: {}", clip(reason)),
         EventKind::ContextCompacted { strategy, removed, .. } => format!("{strategy}: removed {removed} messages"),
         EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use glia_providers::http::{HttpProvider, Wire};
 use glia_providers::{PriceTable, ProviderConfig, ProviderKind, ProviderMetrics, RateLimiter, RateLimits, RefusalIsolator};
+use glia_worker::catalogue::{Catalogue, ProviderKind as CatalogueKind};
 use glia_worker::provider::Provider;
 
 /// Options naming a real model provider.
@@ -30,22 +31,24 @@ pub struct ProviderArgs {
     #[arg(long, requires = "provider")]
     pub allow_missing_key: bool,
     /// Price table (JSON, USD per million tokens by provider and model; see
-    /// `providers/prices.example.json`) for the runs' cost accounting.
-    #[arg(long, value_name = "FILE", requires = "provider")]
+    /// `providers/prices.example.json`) for the runs' cost accounting: of
+    /// `--provider`'s calls and of the catalogue's providers'.
+    #[arg(long, value_name = "FILE")]
     pub prices: Option<PathBuf>,
 }
 
 impl ProviderArgs {
     /// Refuse provider options given without `--provider` (clap's
     /// `requires` is not enforced when `--provider` conflicts with another
-    /// option present, such as `--script`).
-    pub fn check(&self) -> Result<()> {
+    /// option present, such as `--script`); `--prices` also serves
+    /// `named_providers` (the catalogue's).
+    pub fn check(&self, named_providers: bool) -> Result<()> {
         if self.provider.is_none() {
             let given = [
                 ("--base-url", self.base_url.is_some()),
                 ("--api-key-env", self.api_key_env.is_some()),
                 ("--allow-missing-key", self.allow_missing_key),
-                ("--prices", self.prices.is_some()),
+                ("--prices", self.prices.is_some() && !named_providers),
             ];
             if let Some((name, _)) = given.iter().find(|(_, present)| *present) {
                 anyhow::bail!("{name} only applies with --provider");
@@ -92,6 +95,53 @@ impl ProviderArgs {
             ProviderKind::Anthropic => assemble(glia_providers::anthropic_provider(&config)?, limiter, prices, metrics),
             ProviderKind::Openai => assemble(glia_providers::openai_provider(&config)?, limiter, prices, metrics),
         })
+    }
+
+    /// The catalogue's providers (`[providers.NAME]`), each built as
+    /// [`ProviderArgs::fleet_provider`] builds `--provider`'s: its base URL,
+    /// the key from its variable, the `--prices` table, and, when `redis`
+    /// is given (URL, key prefix, where to report the connection), the
+    /// fleet-wide rate limiter with the entry's limits under the key prefix
+    /// `{prefix}:provider:{NAME}:`, so two entries of one kind never share
+    /// buckets. Without Redis the entry's limits are not enforced (a
+    /// warning says so). Errors: a key variable that is not set.
+    pub async fn catalogue_providers(&self, catalogue: &Catalogue, redis: Option<(&str, &str, &glia_dispatcher::Startup)>, metrics: Option<ProviderMetrics>) -> Result<Vec<(String, Arc<dyn Provider>)>> {
+        let prices = self.price_table()?;
+        let mut built = Vec::new();
+        for (name, entry) in &catalogue.providers {
+            let kind = match entry.kind {
+                CatalogueKind::Anthropic => ProviderKind::Anthropic,
+                CatalogueKind::Openai => ProviderKind::Openai,
+            };
+            let config = ProviderConfig { base_url: Some(entry.base_url.clone()), api_key_env: Some(entry.api_key_env.clone()), ..ProviderConfig::new(kind) };
+            config.api_key().with_context(|| format!("catalogue providers.{name}"))?;
+            let limits = RateLimits {
+                requests_per_minute: entry.requests_per_minute.map_or(0, u64::from),
+                input_tokens_per_minute: entry.input_tokens_per_minute.map_or(0, u64::from),
+                output_tokens_per_minute: entry.output_tokens_per_minute.map_or(0, u64::from),
+                resume_spacing_ms: None,
+            };
+            let limited = entry.requests_per_minute.or(entry.input_tokens_per_minute).or(entry.output_tokens_per_minute).is_some();
+            let limiter = match redis {
+                Some((url, prefix, startup)) => {
+                    let prefix = format!("{prefix}:provider:{name}:");
+                    let connect = || RateLimiter::connect(url, prefix.clone(), limits);
+                    Some(Arc::new(crate::fleet::wait_for("rate_limiter", "Redis (the provider rate limiter)", startup, connect).await))
+                }
+                None => {
+                    if limited {
+                        tracing::warn!(provider = %name, "the catalogue's rate limits are enforced only with Redis (glia worker, or glia dev --services)");
+                    }
+                    None
+                }
+            };
+            let provider = match kind {
+                ProviderKind::Anthropic => assemble(glia_providers::anthropic_provider(&config)?, limiter, prices.clone(), metrics.clone()),
+                ProviderKind::Openai => assemble(glia_providers::openai_provider(&config)?, limiter, prices.clone(), metrics.clone()),
+            };
+            built.push((name.clone(), provider));
+        }
+        Ok(built)
     }
 }
 

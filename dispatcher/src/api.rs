@@ -562,14 +562,19 @@ pub async fn create_run(State(app): State<App>, p: Principal, headers: HeaderMap
 pub(crate) async fn admit_run(app: &App, tenant: &str, key: Option<String>, req: &CreateRun) -> Result<(RunSummary, bool), ApiError> {
     let config = run_config(app, tenant, req).await?;
     let run_id = Uuid::now_v7();
-    let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: req.goal.clone(), config: config.clone() } };
+    // The goal is stored as the input redact rules leave it (so an
+    // idempotent repeat is compared as redacted: goals that differ only in
+    // what the rules remove are the same request).
+    let guardrails = config.guardrails.compile().map_err(|e| ApiError::Invalid(format!("config.guardrails.{e}")))?;
+    let (goal, redactions) = guardrails.redact_input(&req.goal);
+    let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: goal.clone(), config: config.clone(), redactions } };
     RunState::new(run_id).apply(&start).map_err(|e| ApiError::Invalid(e.to_string()))?;
     let new = NewRun { tenant: tenant.to_owned(), idempotency_key: key.clone(), batch_id: req.batch_id, start };
     let (run, created) = app.log.create_run(new).await?;
     if !created {
         let first = app.log.events(run.run_id, 0, 1).await?;
         let same = match first.first().map(|e| &e.kind) {
-            Some(EventKind::SessionStart { goal, config: first }) => *goal == req.goal && *first == config && run.batch_id == req.batch_id,
+            Some(EventKind::SessionStart { goal: first_goal, config: first, .. }) => *first_goal == goal && *first == config && run.batch_id == req.batch_id,
             _ => false,
         };
         if !same {
@@ -776,6 +781,20 @@ pub async fn post_tool_result(State(app): State<App>, p: Principal, ApiPath((id,
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: Some(call_id), inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
 }
 
+/// `text` (a user's message for run `id`) with the run's input redact rules
+/// applied (`Guardrails`, from its `session.start`), and what matched: the
+/// inbox never stores what they remove, and `input.received` lists the
+/// rules. Errors: 503 when the log fails.
+async fn redacted_input(app: &App, id: Uuid, text: String) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
+    let first = app.log.events(id, 0, 1).await?;
+    let Some(EventKind::SessionStart { config, .. }) = first.first().map(|e| &e.kind) else { return Ok((text, Vec::new())) };
+    if !config.guardrails.input.iter().any(|r| r.redact.is_some()) {
+        return Ok((text, Vec::new()));
+    }
+    let compiled = config.guardrails.compile().map_err(|e| ApiError::Invalid(format!("config.guardrails.{e}")))?;
+    Ok(compiled.redact_input(&text))
+}
+
 /// Post the user's next message to a run parked at `awaiting_input`.
 #[utoipa::path(post, path = "/v1/runs/{id}/messages", tag = "payloads", request_body = MessageBody,
     params(("id" = Uuid, Path, description = "Run id")),
@@ -795,7 +814,8 @@ pub async fn post_message(State(app): State<App>, p: Principal, ApiPath(id): Api
     if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. })) {
         return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
     }
-    let (inbox_id, kind) = post(&app, id, Resume::Input { text: body.text }).await?;
+    let (text, redactions) = redacted_input(&app, id, body.text).await?;
+    let (inbox_id, kind) = post(&app, id, Resume::Input { text, redactions }).await?;
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
 }
 
@@ -1026,7 +1046,14 @@ pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
     if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. })) {
         return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
     }
-    let (inbox_id, kind) = post(&app, id, Resume::Close { text: body.text }).await?;
+    let (text, redactions) = match body.text {
+        Some(text) => {
+            let (text, redactions) = redacted_input(&app, id, text).await?;
+            (Some(text), redactions)
+        }
+        None => (None, Vec::new()),
+    };
+    let (inbox_id, kind) = post(&app, id, Resume::Close { text, redactions }).await?;
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
 }
 

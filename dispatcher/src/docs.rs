@@ -350,16 +350,23 @@ foreign_schema!(
             ]}}}));
 
 fn text_rule_json() -> Value {
-    json!({"type": "object", "additionalProperties": false, "required": ["name", "deny"], "properties": {
-        "name": {"type": "string", "pattern": NOT_BLANK, "description": "Recorded in guardrail.tripped."},
+    json!({"type": "object", "additionalProperties": false, "required": ["name"],
+        "description": "Exactly one of `deny` and `redact`; `reason` goes with deny, `replacement` with redact.",
+        "oneOf": [
+            {"required": ["deny"], "properties": {"redact": false, "replacement": false}},
+            {"required": ["redact"], "properties": {"deny": false, "reason": false}}],
+        "properties": {
+        "name": {"type": "string", "pattern": NOT_BLANK, "description": "Recorded in guardrail.tripped and in the redactions of the event carrying redacted text."},
         "deny": {"type": "string", "format": "regex", "description": "Rust `regex` syntax; a match anywhere rejects the text. One that does not compile is refused (422 naming the field)."},
-        "reason": {"type": ["string", "null"], "description": "Shown to the model (output) or recorded (input); default `matches NAME`."}}})
+        "redact": {"type": "string", "format": "regex", "description": "Rust `regex` syntax; every match is replaced before the text is stored (the goal, a user message, the model's answer text). It must not match the empty string."},
+        "replacement": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "What a redact match becomes (literal, not blank); default `[redacted:NAME]`."},
+        "reason": {"type": ["string", "null"], "description": "Shown to the model (output) or recorded (input) when deny matches; default `matches NAME`."}}})
 }
 
 foreign_schema!(
     /// `glia_proto::Guardrails`.
     GuardrailsDoc, "Guardrails", json!({"type": "object", "additionalProperties": false,
-        "description": "Declarative guardrails the worker checks: input rules and max_input_chars on the goal and user messages, output rules and max_output_chars on answers. A trip is recorded as guardrail.tripped.",
+        "description": "Declarative guardrails: input rules and max_input_chars on the goal and user messages, output rules and max_output_chars on the model's text. A deny trip is recorded as guardrail.tripped; redactions are applied before the text is stored and listed in the event's redactions.",
         "properties": {
             "input": {"type": "array", "items": text_rule_json()}, "output": {"type": "array", "items": text_rule_json()},
             "max_input_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}, "max_output_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}));

@@ -387,7 +387,7 @@ mod tests {
     fn requests_are_completed_by_their_escalation_and_decision() {
         let config = RunConfig { model: "script:r".into(), ..RunConfig::default() };
         let events = vec![
-            ev(1, 0, EventKind::SessionStart { goal: "g".into(), config }),
+            ev(1, 0, EventKind::SessionStart { redactions: Vec::new(), goal: "g".into(), config }),
             ev(2, 10, requested("c1")),
             ev(3, 10, requested("c2")),
             ev(4, 20, EventKind::ApprovalEscalated { call_id: "c1".into(), expires_at: None }),

@@ -795,7 +795,7 @@ fn event_line(e: &Event) -> EventLine {
         EventKind::SessionComplete { outcome } => serde_json::to_string(outcome).unwrap_or_default(),
         EventKind::SessionPause { pull_point } => pull_point.name().to_owned(),
         EventKind::SessionPauseRequested { reason, by } => format!("{reason} (by {})", by.as_deref().unwrap_or("?")),
-        EventKind::InputReceived { text } => text.clone(),
+        EventKind::InputReceived { text, .. } => text.clone(),
         _ => String::new(),
     };
     let detail = if detail.chars().count() > 300 { format!("{}…", detail.chars().take(299).collect::<String>()) } else { detail };

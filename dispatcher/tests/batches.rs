@@ -212,7 +212,7 @@ async fn an_item_config_patches_the_batch_config_for_its_run_only() {
     let mut seen = std::collections::BTreeMap::new();
     for run in batch_runs(&b, batch).await {
         let first = b.log.events(run.run_id, 0, 1).await.unwrap();
-        let EventKind::SessionStart { config, goal } = &first[0].kind else { panic!("{:?}", first[0].kind) };
+        let EventKind::SessionStart { config, goal, .. } = &first[0].kind else { panic!("{:?}", first[0].kind) };
         seen.insert(goal.clone(), (config.model.clone(), config.system.clone(), config.budget.max_turns));
     }
     let system = |s: &str| s.to_owned();

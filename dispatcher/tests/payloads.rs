@@ -51,7 +51,7 @@ async fn messages_only_at_awaiting_input() {
     assert_eq!((blank.status, blank.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"));
     let r = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "next question"})).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
-    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Input { text: "next question".into() });
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Input { text: "next question".into(), redactions: Vec::new() });
     let again = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "and another"})).await;
     assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "already_posted"));
     let close = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), None)).await;
@@ -68,7 +68,7 @@ async fn close_a_conversation() {
     park_for_input(&*h.log, id).await;
     let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), None)).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
-    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Close { text: None });
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Close { text: None, redactions: Vec::new() });
 }
 
 #[tokio::test]
@@ -80,7 +80,7 @@ async fn close_with_last_words_or_at_a_budget_pause() {
     assert_eq!((blank.status, blank.code()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"));
     let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/close"), Some(SUB_A), Some(&json!({ "text": "Thanks, bye!" })))).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
-    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Close { text: Some("Thanks, bye!".into()) });
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Close { text: Some("Thanks, bye!".into()), redactions: Vec::new() });
 
     let paused = create(&h, SUB_A, conversational()).await;
     park_paused(&*h.log, paused, true).await;
@@ -221,4 +221,44 @@ async fn cancel_posts_a_cancel_and_sets_the_flag() {
     }
     assert_eq!(snapshot(&h).await, before);
     assert_eq!(h.queue.depth().await.unwrap(), 0);
+}
+
+/// A run's input redact rules apply before anything is stored: the goal in
+/// `session.start` (with what matched), user messages and closing words in
+/// the inbox. An idempotent repeat of the same submit finds the run.
+#[tokio::test]
+async fn input_redactions_apply_before_the_goal_and_messages_are_stored() {
+    let h = harness();
+    let rules = json!({"input": [{"name": "email", "redact": "[\\w.+-]+@[\\w-]+\\.[\\w.]+"}, {"name": "pin", "redact": "\\b\\d{4}\\b", "replacement": "****"}]});
+    let body = json!({"goal": "I am ann@example.com, pin 1234", "config": {"conversational": true, "guardrails": rules}});
+    let submit = |key: &'static str| {
+        let mut req = request(Method::POST, "/v1/runs", Some(SUB_A), Some(&body));
+        req.headers_mut().insert("idempotency-key", key.parse().unwrap());
+        send(&h.router, req)
+    };
+    let first = submit("redacted-once").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text);
+    let id: uuid::Uuid = first.body["run_id"].as_str().unwrap().parse().unwrap();
+    let events = h.log.events(id, 0, 1).await.unwrap();
+    let EventKind::SessionStart { goal, redactions, .. } = &events[0].kind else { panic!("{:?}", events[0].kind) };
+    assert_eq!(goal, "I am [redacted:email], pin ****");
+    let matched: Vec<(&str, usize)> = redactions.iter().map(|r| (r.guardrail.as_str(), r.count)).collect();
+    assert_eq!(matched, [("email", 1), ("pin", 1)]);
+    let again = submit("redacted-once").await;
+    assert_eq!((again.status, again.body["run_id"].clone()), (StatusCode::OK, first.body["run_id"].clone()), "{}", again.text);
+
+    park_for_input(&*h.log, id).await;
+    let r = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "write to bob@example.com"})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Input { text: "write to [redacted:email]".into(), redactions: vec![glia_proto::Redaction { guardrail: "email".into(), count: 1 }] });
+
+    let other = create(&h, SUB_A, json!({"goal": "chat", "config": {"conversational": true, "guardrails": rules}})).await;
+    park_for_input(&*h.log, other).await;
+    let r = send(&h.router, request(Method::POST, &format!("/v1/runs/{other}/close"), Some(SUB_A), Some(&json!({"text": "bye, 9876"})))).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(h.log.inbox(other).await.unwrap()[0].payload, Resume::Close { text: Some("bye, ****".into()), redactions: vec![glia_proto::Redaction { guardrail: "pin".into(), count: 1 }] });
+
+    let bad = post(&h, "/v1/runs", SUB_A, json!({"goal": "g", "config": {"guardrails": {"input": [{"name": "x", "redact": "a*"}]}}})).await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", bad.text);
+    assert!(bad.text.contains("guardrails.input[0].redact"), "{}", bad.text);
 }

@@ -24,7 +24,7 @@ async fn create_run_commits_run_event_and_job_before_answering() {
     let events = h.log.events(id, 0, 10).await.unwrap();
     assert_eq!(events.len(), 1);
     match &events[0].kind {
-        EventKind::SessionStart { goal, config } => {
+        EventKind::SessionStart { goal, config, .. } => {
             assert_eq!(goal, "refund A1");
             assert_eq!(config.model, "m1");
             assert_eq!(config.budget.max_turns, Some(5));

@@ -98,7 +98,7 @@ fn finish_after_approval() -> Vec<EventKind> {
         EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: args_hash(&input), decision: Decision::Approve, by: None },
         EventKind::ToolResult { call_id: "c1".into(), content: "ok".into(), reminder: None, duration_ms: 1 },
         EventKind::ModelCall { model: "m".into(), messages: 3, wrap_up: false, forced_tool: None },
-        EventKind::ModelResponse { message: Message::assistant("Done."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None },
+        EventKind::ModelResponse { redactions: Vec::new(), message: Message::assistant("Done."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None },
         EventKind::StepEnd { index: 0, answer: "Done.".into(), skipped: false },
         EventKind::SessionComplete { outcome: Outcome::Succeeded { answer: "Done.".into(), output: None } },
     ]
@@ -152,7 +152,7 @@ async fn resume_from_last_event_id_has_no_gap_and_no_duplicate() {
 fn park_for_approval_kinds(run_id: Uuid, calls: &[(&str, &str, Value)], out: &mut Vec<EventKind>) {
     use glia_proto::{ContentBlock, Disposition, PullPoint, Role, ToolCallRecord};
     let content = calls.iter().map(|(id, name, input)| ContentBlock::ToolUse { id: (*id).into(), name: (*name).into(), input: input.clone() }).collect();
-    out.push(EventKind::ModelResponse {
+    out.push(EventKind::ModelResponse { redactions: Vec::new(),
         message: Message { role: Role::Assistant, content },
         usage: Usage::default(),
         stop_reason: "tool_use".into(),

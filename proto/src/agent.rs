@@ -24,6 +24,9 @@
 //! [[guardrails.input]]
 //! name = "no-card-numbers"
 //! deny = '\b\d{4}[ -]?\d{4}[ -]?\d{4}[ -]?\d{4}\b'
+//! [[guardrails.input]]
+//! name = "email"
+//! redact = '[\w.+-]+@[\w-]+\.[\w.]+'      # replaced by [redacted:email]
 //! [compaction]
 //! strategy = "drop_oldest"
 //! max_tokens = 50000
@@ -189,11 +192,23 @@ impl AgentDefinition {
     }
 }
 
-/// Declarative guardrails, checked by the worker: input rules and
-/// `max_input_chars` see the goal and each user message; output rules and
-/// `max_output_chars` see each final answer (a rejected answer is re-asked
-/// like any rejected answer). A trip is recorded as `guardrail.tripped` with
-/// the rule's name.
+/// Declarative guardrails. Input rules and `max_input_chars` see the goal
+/// and each user message; output rules and `max_output_chars` see the
+/// model's answer text. A rule either denies or redacts:
+///
+/// - `deny`: the goal or message is refused, the final answer rejected (and
+///   re-asked like any rejected answer); recorded as `guardrail.tripped`
+///   with the rule's name.
+/// - `redact`: every match is replaced (`replacement`, default
+///   `[redacted:NAME]`) before the text is stored, so the raw text never
+///   enters the log: a goal before `session.start`, a user message before it
+///   is posted and before `input.received`, the text blocks of each model
+///   answer before `model.response` (a run with output redactions streams no
+///   text deltas). The event carrying the text lists the rules that matched
+///   and how often (`redactions`). Deny rules see the redacted text.
+///   Output rules see the text blocks of answers only: not thinking blocks
+///   (their signature binds their text), a `summarize` compaction's
+///   summary, a model planner's steps or structured output.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Guardrails {
@@ -209,25 +224,47 @@ pub struct Guardrails {
     pub max_output_chars: Option<usize>,
 }
 
-/// A rule that rejects text its regex matches (searched anywhere in the
-/// text; Rust `regex` syntax, no look-around or back-references).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A rule over text: exactly one of `deny` and `redact`, a regex searched
+/// anywhere in the text (Rust `regex` syntax, no look-around or
+/// back-references).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TextRule {
-    /// Recorded in `guardrail.tripped`, e.g. `no-card-numbers`.
+    /// Recorded in `guardrail.tripped` and `redactions`, e.g. `no-card-numbers`.
     pub name: String,
-    /// The regex; a match rejects the text.
-    pub deny: String,
-    /// Shown to the model (output) or the caller (input); default: "matches {name}".
+    /// A match rejects the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny: Option<String>,
+    /// Each match is replaced by `replacement`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redact: Option<String>,
+    /// What a `redact` match becomes (literal text); default `[redacted:NAME]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<String>,
+    /// Shown to the model (output) or the caller (input) when `deny`
+    /// matches; default: "matches {name}".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
-/// [`Guardrails`] compiled: what the worker checks.
+/// A redaction rule that matched: recorded in the event that carries the
+/// redacted text (`session.start`, `input.received`, `model.response`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Redaction {
+    /// The rule's name.
+    pub guardrail: String,
+    /// Matches replaced.
+    pub count: usize,
+}
+
+/// [`Guardrails`] compiled: what the dispatcher and the worker check.
 #[derive(Debug, Clone, Default)]
 pub struct CompiledGuardrails {
     input: Vec<(TextRule, Regex)>,
     output: Vec<(TextRule, Regex)>,
+    redact_input: Vec<(String, String, Regex)>,
+    redact_output: Vec<(String, String, Regex)>,
     max_input_chars: Option<usize>,
     max_output_chars: Option<usize>,
 }
@@ -239,34 +276,57 @@ impl Guardrails {
     }
 
     /// Compile every regex. Errors name the field from the guardrails
-    /// (`input[1].deny`, `output[0].name`).
+    /// (`input[1].deny`, `output[0].name`, `input[2]` for a rule with both
+    /// or neither of `deny` and `redact`).
     pub fn compile(&self) -> Result<CompiledGuardrails, ConfigError> {
-        fn rules(list: &[TextRule], side: &str) -> Result<Vec<(TextRule, Regex)>, ConfigError> {
-            list.iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    if r.name.trim().is_empty() {
-                        return Err(config_error(format!("{side}[{i}].name"), "is blank"));
-                    }
-                    let re = regex::RegexBuilder::new(&r.deny)
+        type Rules = (Vec<(TextRule, Regex)>, Vec<(String, String, Regex)>);
+        fn rules(list: &[TextRule], side: &str) -> Result<Rules, ConfigError> {
+            let (mut deny, mut redact) = (Vec::new(), Vec::new());
+            for (i, r) in list.iter().enumerate() {
+                if r.name.trim().is_empty() {
+                    return Err(config_error(format!("{side}[{i}].name"), "is blank"));
+                }
+                let compile = |pattern: &str, key: &str| {
+                    regex::RegexBuilder::new(pattern)
                         .size_limit(REGEX_SIZE_LIMIT)
                         .build()
-                        .map_err(|e| config_error(format!("{side}[{i}].deny"), format!("not a valid regex: {e}")))?;
-                    Ok((r.clone(), re))
-                })
-                .collect()
+                        .map_err(|e| config_error(format!("{side}[{i}].{key}"), format!("not a valid regex: {e}")))
+                };
+                match (&r.deny, &r.redact) {
+                    (Some(pattern), None) => {
+                        if r.replacement.is_some() {
+                            return Err(config_error(format!("{side}[{i}].replacement"), "is for redact rules"));
+                        }
+                        deny.push((r.clone(), compile(pattern, "deny")?));
+                    }
+                    (None, Some(pattern)) => {
+                        if r.reason.is_some() {
+                            return Err(config_error(format!("{side}[{i}].reason"), "is for deny rules (a redaction lets the text through)"));
+                        }
+                        let re = compile(pattern, "redact")?;
+                        if re.is_match("") {
+                            return Err(config_error(format!("{side}[{i}].redact"), "matches the empty string"));
+                        }
+                        // A blank replacement could leave a goal or message blank.
+                        if r.replacement.as_ref().is_some_and(|t| t.trim().is_empty()) {
+                            return Err(config_error(format!("{side}[{i}].replacement"), "is blank (a goal or message could be left blank)"));
+                        }
+                        let replacement = r.replacement.clone().unwrap_or_else(|| format!("[redacted:{}]", r.name));
+                        redact.push((r.name.clone(), replacement, re));
+                    }
+                    _ => return Err(config_error(format!("{side}[{i}]"), "give exactly one of deny and redact")),
+                }
+            }
+            Ok((deny, redact))
         }
         for (field, max) in [("max_input_chars", self.max_input_chars), ("max_output_chars", self.max_output_chars)] {
             if max == Some(0) {
                 return Err(config_error(field, "must be at least 1"));
             }
         }
-        Ok(CompiledGuardrails {
-            input: rules(&self.input, "input")?,
-            output: rules(&self.output, "output")?,
-            max_input_chars: self.max_input_chars,
-            max_output_chars: self.max_output_chars,
-        })
+        let (input, redact_input) = rules(&self.input, "input")?;
+        let (output, redact_output) = rules(&self.output, "output")?;
+        Ok(CompiledGuardrails { input, output, redact_input, redact_output, max_input_chars: self.max_input_chars, max_output_chars: self.max_output_chars })
     }
 }
 
@@ -284,6 +344,21 @@ impl CompiledGuardrails {
         }
     }
 
+    fn redact(rules: &[(String, String, Regex)], text: &str, redactions: &mut Vec<Redaction>) -> String {
+        let mut text = text.to_owned();
+        for (name, replacement, re) in rules {
+            let count = re.find_iter(&text).count();
+            if count > 0 {
+                text = re.replace_all(&text, regex::NoExpand(replacement)).into_owned();
+                match redactions.iter_mut().find(|r| &r.guardrail == name) {
+                    Some(r) => r.count += count,
+                    None => redactions.push(Redaction { guardrail: name.clone(), count }),
+                }
+            }
+        }
+        text
+    }
+
     /// Check a goal or user message: `Err((guardrail name, reason))` on the
     /// first trip (the length limit is named `max_input_chars`).
     pub fn check_input(&self, text: &str) -> Result<(), (String, String)> {
@@ -293,6 +368,25 @@ impl CompiledGuardrails {
     /// Check an answer, like [`CompiledGuardrails::check_input`].
     pub fn check_output(&self, text: &str) -> Result<(), (String, String)> {
         Self::check(&self.output, self.max_output_chars, "max_output_chars", text)
+    }
+
+    /// A goal or user message with the input redact rules applied, in rule
+    /// order, and what matched (empty when nothing did). Applying it again
+    /// changes nothing unless a replacement matches a rule.
+    pub fn redact_input(&self, text: &str) -> (String, Vec<Redaction>) {
+        let mut redactions = Vec::new();
+        (Self::redact(&self.redact_input, text, &mut redactions), redactions)
+    }
+
+    /// Model text with the output redact rules applied, adding what matched
+    /// to `redactions`.
+    pub fn redact_output(&self, text: &str, redactions: &mut Vec<Redaction>) -> String {
+        Self::redact(&self.redact_output, text, redactions)
+    }
+
+    /// Whether any output rule redacts (then no text deltas are streamed).
+    pub fn redacts_output(&self) -> bool {
+        !self.redact_output.is_empty()
     }
 }
 
@@ -384,7 +478,7 @@ max_tokens = 100
         let e = from_toml_str::<AgentDefinition>(&TOML.replace("max_tokens = 100", "max_tokens = 100\nthreshold = 3")).unwrap_err();
         assert_eq!(e.path, "compaction.threshold");
         let mut def: AgentDefinition = from_toml_str(TOML).unwrap();
-        def.guardrails.output.push(TextRule { name: "bad".into(), deny: "(".into(), reason: None });
+        def.guardrails.output.push(TextRule { name: "bad".into(), deny: Some("(".into()), ..TextRule::default() });
         assert_eq!(def.validate().unwrap_err().field, "guardrails.output[0].deny");
         def.guardrails.output.clear();
         def.output_schema = Some(serde_json::json!({"type": "object", "properties": {"a": {"type": "nope"}}}));

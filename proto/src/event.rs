@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::budget::{BudgetLimits, BudgetUsage, Limit};
 use crate::config::{RunConfig, ToolSpec};
+use crate::agent::Redaction;
 use crate::stop::RejectedAnswer;
 use crate::{Message, Usage};
 
@@ -37,10 +38,13 @@ pub enum EventKind {
     /// The run was admitted: its goal and configuration.
     #[serde(rename = "session.start")]
     SessionStart {
-        /// The goal, the first user message.
+        /// The goal, the first user message (after the input redact rules).
         goal: String,
         /// Configuration for the whole run.
         config: RunConfig,
+        /// The input redact rules that matched the goal (`Guardrails`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        redactions: Vec<Redaction>,
     },
     /// A planner proposed steps.
     #[serde(rename = "plan.draft")]
@@ -131,6 +135,10 @@ pub enum EventKind {
         /// count either way.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rejected: Option<RejectedAnswer>,
+        /// The output redact rules that matched the message's text blocks
+        /// (`Guardrails`); `message` holds the redacted text.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        redactions: Vec<Redaction>,
     },
     /// A tool call was decided on (after hooks and policies), before it runs.
     #[serde(rename = "tool.call")]
@@ -206,8 +214,11 @@ pub enum EventKind {
     /// The user's next message arrived.
     #[serde(rename = "input.received")]
     InputReceived {
-        /// Message text.
+        /// Message text (after the input redact rules).
         text: String,
+        /// The input redact rules that matched it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        redactions: Vec<Redaction>,
     },
     /// A guardrail rejected text.
     #[serde(rename = "guardrail.tripped")]
@@ -679,6 +690,10 @@ pub enum Resume {
     Input {
         /// Message text.
         text: String,
+        /// The input redact rules the dispatcher applied to it before
+        /// posting (`text` is what they left); `input.received` lists them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        redactions: Vec<Redaction>,
     },
     /// Raise limits (each `Some(n)` adds `n`); a run paused by its budget resumes.
     ExtendBudget {
@@ -711,6 +726,9 @@ pub enum Resume {
         /// The user's last message, recorded before the run completes.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         text: Option<String>,
+        /// The input redact rules applied to `text` before posting.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        redactions: Vec<Redaction>,
     },
     /// Record that the pending approval of `call_id` passed its deadline and
     /// was escalated (`approval.escalated`); the run stays parked. Posted by

@@ -28,7 +28,7 @@ pub mod stop;
 pub mod tool_sources;
 pub mod strict;
 
-pub use agent::{AgentDefinition, AgentRef, CompactionSpec, CompactionStrategy, Guardrails, TextRule};
+pub use agent::{AgentDefinition, AgentRef, CompactionSpec, CompactionStrategy, Guardrails, Redaction, TextRule};
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing};
 pub use config::{
     ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema,

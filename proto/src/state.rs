@@ -270,7 +270,7 @@ impl RunState {
     /// use glia_proto::{Event, EventKind, RunConfig, RunState, Phase};
     /// let run_id = uuid::Uuid::nil();
     /// let start = Event { run_id, seq: 1, at: chrono::DateTime::UNIX_EPOCH,
-    ///     kind: EventKind::SessionStart { goal: "hi".into(), config: RunConfig::default() } };
+    ///     kind: EventKind::SessionStart { redactions: Vec::new(), goal: "hi".into(), config: RunConfig::default() } };
     /// let state = RunState::replay(run_id, &[start]).unwrap();
     /// assert_eq!(state.phase, Phase::Planning);
     /// ```
@@ -329,7 +329,7 @@ impl RunState {
         let not_parked = |s: &Self| if s.parked.is_some() { Err(illegal(s, "run is parked")) } else { Ok(()) };
 
         match &event.kind {
-            EventKind::SessionStart { goal, config } => {
+            EventKind::SessionStart { goal, config, .. } => {
                 if self.phase != Phase::Idle {
                     return Err(illegal(self, "run already started"));
                 }
@@ -585,7 +585,7 @@ impl RunState {
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.finish_batch_if_complete();
             }
-            EventKind::InputReceived { text } => {
+            EventKind::InputReceived { text, .. } => {
                 if self.parked != Some(PullPoint::AwaitingInput) {
                     return Err(illegal(self, "input is taken at awaiting_input"));
                 }

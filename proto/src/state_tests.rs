@@ -7,7 +7,7 @@ use crate::testing::EventLog as Log;
 use crate::*;
 
 fn start(conversational: bool) -> EventKind {
-    EventKind::SessionStart { goal: "g".into(), config: RunConfig { conversational, ..RunConfig::default() } }
+    EventKind::SessionStart { redactions: Vec::new(), goal: "g".into(), config: RunConfig { conversational, ..RunConfig::default() } }
 }
 
 fn commit(steps: &[&str]) -> EventKind {
@@ -21,7 +21,7 @@ fn step(index: usize) -> EventKind {
 fn respond(message: Message) -> [EventKind; 2] {
     [
         EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
-        EventKind::ModelResponse { message, usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 0, cost_usd_micros: 0, rejected: None },
+        EventKind::ModelResponse { redactions: Vec::new(), message, usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 0, cost_usd_micros: 0, rejected: None },
     ]
 }
 
@@ -150,7 +150,7 @@ fn awaiting_input_and_paused() {
     log.ok(c).ok(r).ok(EventKind::StepEnd { index: 0, answer: "hi".into(), skipped: false });
     log.ok(EventKind::SessionPause { pull_point: PullPoint::AwaitingInput });
     assert!(matches!(log.refused(EventKind::SessionResume { by: None }), TransitionError::Illegal { .. }));
-    log.ok(EventKind::InputReceived { text: "more".into() });
+    log.ok(EventKind::InputReceived { redactions: Vec::new(), text: "more".into() });
     assert_eq!(log.phase(), Phase::Executing);
     let [c, r] = respond(Message::assistant("sure"));
     log.ok(c).ok(r);
@@ -168,7 +168,7 @@ fn awaiting_input_and_paused() {
     assert!(matches!(log.refused(EventKind::SessionPauseRequested { reason: "again".into(), by: None }), TransitionError::Illegal { .. }), "already paused");
     let [c, _] = respond(Message::assistant("x"));
     assert!(matches!(log.refused(c), TransitionError::Illegal { .. }), "a parked run makes no model calls");
-    assert!(matches!(log.refused(EventKind::InputReceived { text: "x".into() }), TransitionError::Illegal { .. }));
+    assert!(matches!(log.refused(EventKind::InputReceived { redactions: Vec::new(), text: "x".into() }), TransitionError::Illegal { .. }));
     log.ok(EventKind::SessionResume { by: None });
     assert_eq!(log.state.parked, None);
     // Paused for another reason with a pause requested: a resume withdraws
@@ -201,7 +201,7 @@ fn budget_limits_report_which_limit() {
 
 #[test]
 fn a_rejected_answer_counts_but_never_joins_the_conversation_or_runs_its_calls() {
-    let rejected = |action, reask: Option<&str>| EventKind::ModelResponse {
+    let rejected = |action, reask: Option<&str>| EventKind::ModelResponse { redactions: Vec::new(),
         message: tool_use("t1"),
         usage: Usage { output_tokens: 7, estimated: true, ..Usage::default() },
         stop_reason: "max_tokens".into(),

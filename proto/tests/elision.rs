@@ -14,7 +14,7 @@ use uuid::Uuid;
 /// A run executing its one step, with a model call in flight.
 fn in_flight() -> Log {
     let mut log = Log::new();
-    log.ok(EventKind::SessionStart { goal: "find the order".into(), config: RunConfig::default() });
+    log.ok(EventKind::SessionStart { redactions: Vec::new(), goal: "find the order".into(), config: RunConfig::default() });
     log.ok(EventKind::PlanCommit { steps: vec!["reach the goal".into()] });
     log.ok(EventKind::StepStart { index: 0, description: "reach the goal".into(), tools: vec![] });
     log.ok(call());
@@ -30,7 +30,7 @@ fn retry(attempt: u32) -> EventKind {
 }
 
 fn answer(message: Message) -> EventKind {
-    EventKind::ModelResponse { message, usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 0, cost_usd_micros: 0, rejected: None }
+    EventKind::ModelResponse { redactions: Vec::new(), message, usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 0, cost_usd_micros: 0, rejected: None }
 }
 
 #[test]
@@ -49,7 +49,7 @@ fn a_retry_changes_nothing_but_the_head() {
 fn a_retry_needs_a_model_call_in_flight() {
     // Before any model call of the step.
     let mut log = Log { state: RunState::new(Uuid::nil()), events: Vec::new() };
-    log.ok(EventKind::SessionStart { goal: "g".into(), config: RunConfig::default() });
+    log.ok(EventKind::SessionStart { redactions: Vec::new(), goal: "g".into(), config: RunConfig::default() });
     assert!(matches!(log.refused(retry(1)), TransitionError::Illegal { event: "model.retry", .. }));
     log.ok(EventKind::PlanCommit { steps: vec!["s".into()] });
     log.ok(EventKind::StepStart { index: 0, description: "s".into(), tools: vec![] });

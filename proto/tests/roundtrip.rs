@@ -229,7 +229,7 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
 
 /// Declarative guardrails, compaction and an agent stamp, as a definition resolves them.
 fn agent_parts() -> (Guardrails, Option<CompactionSpec>, Option<AgentRef>) {
-    let rule = TextRule { name: "no-digits".into(), deny: r"\d+".into(), reason: Some("no numbers".into()) };
+    let rule = TextRule { name: "no-digits".into(), deny: Some(r"\d+".into()), reason: Some("no numbers".into()), ..TextRule::default() };
     let guardrails = Guardrails { input: vec![rule.clone()], output: vec![rule], max_input_chars: Some(10), max_output_chars: None };
     let compaction = CompactionSpec { strategy: CompactionStrategy::Summarize, max_tokens: 1000, keep_recent: 1 };
     (guardrails, Some(compaction), Some(AgentRef { name: "a".into(), version: 2, content_hash: "sha256:00".into() }))
@@ -351,7 +351,7 @@ fn steps() -> impl Strategy<Value = Vec<String>> {
 
 fn event_kind() -> impl Strategy<Value = EventKind> {
     prop_oneof![
-        (text(), run_config()).prop_map(|(goal, config)| EventKind::SessionStart { goal, config }),
+        (text(), run_config()).prop_map(|(goal, config)| EventKind::SessionStart { redactions: Vec::new(), goal, config }),
         (steps(), usage(), any::<u64>())
             .prop_map(|(steps, usage, cost_usd_micros)| EventKind::PlanDraft { steps, usage, cost_usd_micros }),
         steps().prop_map(|steps| EventKind::PlanCommit { steps }),
@@ -365,7 +365,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
             .prop_map(|(attempt, cause, message, delay_ms)| EventKind::ModelRetry(Retry { attempt, cause, message, delay_ms })),
         (any::<usize>(), text()).prop_map(|(index, reason)| EventKind::MessageElided { index, reason }),
         (message(), usage(), text(), any::<u64>(), any::<u64>(), prop::option::of(rejected_answer())).prop_map(
-            |(message, usage, stop_reason, duration_ms, cost_usd_micros, rejected)| EventKind::ModelResponse {
+            |(message, usage, stop_reason, duration_ms, cost_usd_micros, rejected)| EventKind::ModelResponse { redactions: Vec::new(),
                 message,
                 usage,
                 stop_reason,
@@ -392,7 +392,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
             .prop_map(|(call_id, tool, input, args_hash)| EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at: Some(DateTime::UNIX_EPOCH), interrupted: false }),
         (text(), text(), decision(), prop::option::of(text()))
             .prop_map(|(call_id, args_hash, decision, by)| EventKind::ApprovalResolved { call_id, args_hash, decision, by }),
-        text().prop_map(|text| EventKind::InputReceived { text }),
+        text().prop_map(|text| EventKind::InputReceived { redactions: Vec::new(), text }),
         (prop_oneof![Just(GuardrailStage::Input), Just(GuardrailStage::Output)], text(), text(), prop::option::of(text()))
             .prop_map(|(stage, guardrail, reason, reask)| EventKind::GuardrailTripped { stage, guardrail, reason, reask }),
         (text(), any::<usize>(), prop::collection::vec(message(), 0..3), usage(), any::<u64>()).prop_map(
@@ -426,10 +426,10 @@ fn resume() -> impl Strategy<Value = Resume> {
         (text(), text(), decision(), prop::option::of(text()))
             .prop_map(|(call_id, args_hash, decision, by)| Resume::Approval { call_id, args_hash, decision, by, request_seq: None }),
         (text(), text(), any::<bool>()).prop_map(|(call_id, content, is_error)| Resume::ToolResult { call_id, content, is_error }),
-        text().prop_map(|text| Resume::Input { text }),
+        text().prop_map(|text| Resume::Input { text, redactions: Vec::new() }),
         budget_limits().prop_map(|extra| Resume::ExtendBudget { extra }),
         prop::option::of(text()).prop_map(|by| Resume::Resume { by }),
-        prop::option::of(text()).prop_map(|text| Resume::Close { text }),
+        prop::option::of(text()).prop_map(|text| Resume::Close { text, redactions: Vec::new() }),
         text().prop_map(|reason| Resume::Cancel { reason }),
         (text(), prop::option::of(any::<u64>())).prop_map(|(call_id, request_seq)| Resume::Escalate { call_id, request_seq, expires_at: Some(DateTime::UNIX_EPOCH) }),
         (text(), prop::option::of(text())).prop_map(|(reason, by)| Resume::Pause { reason, by }),
@@ -594,7 +594,7 @@ fn a_tool_call_serialises_with_its_dotted_name() {
 #[test]
 fn every_event_serialises_under_its_name() {
     let kinds = [
-        EventKind::SessionStart { goal: "hi".into(), config: RunConfig::default() },
+        EventKind::SessionStart { redactions: Vec::new(), goal: "hi".into(), config: RunConfig::default() },
         EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
         EventKind::ApprovalResolved { call_id: "c".into(), args_hash: "h".into(), decision: Decision::Approve, by: None },
         EventKind::SessionPause { pull_point: PullPoint::AwaitingInput },
@@ -641,7 +641,7 @@ fn a_pause_event_has_the_documented_shape() {
 
 #[test]
 fn a_rejected_answer_with_estimated_usage_has_the_documented_shape() {
-    let event = envelope(EventKind::ModelResponse {
+    let event = envelope(EventKind::ModelResponse { redactions: Vec::new(),
         message: Message::assistant("The answer is par"),
         usage: Usage { input_tokens: 12, output_tokens: 5, estimated: true, ..Usage::default() },
         stop_reason: "max_tokens".into(),
@@ -653,7 +653,7 @@ fn a_rejected_answer_with_estimated_usage_has_the_documented_shape() {
     assert_eq!(v["data"]["usage"], json!({"input_tokens": 12, "output_tokens": 5, "cache_write_tokens": 0, "cache_read_tokens": 0, "estimated": true}));
     assert_eq!(v["data"]["rejected"], json!({"class": "truncated", "action": "reask", "reask": "again"}));
     // An accepted answer with reported usage keeps the shape it always had.
-    let plain = envelope(EventKind::ModelResponse {
+    let plain = envelope(EventKind::ModelResponse { redactions: Vec::new(),
         message: Message::assistant("4"),
         usage: Usage::default(),
         stop_reason: "end_turn".into(),

@@ -297,7 +297,7 @@ async fn estimated_usage_counts_against_the_tenant_daily_cap() {
     // Each call reserves about 150 tokens (its request, and a 10-token output cap): the first fits the cap of 300.
     let config = RunConfig { model: "llama3".into(), max_tokens: 10, ..RunConfig::default() };
     let run_id = Uuid::now_v7();
-    let start = Event { run_id, seq: 1, at: chrono::DateTime::UNIX_EPOCH, kind: EventKind::SessionStart { goal: "What is 2 + 40?".into(), config: config.clone() } };
+    let start = Event { run_id, seq: 1, at: chrono::DateTime::UNIX_EPOCH, kind: EventKind::SessionStart { redactions: Vec::new(), goal: "What is 2 + 40?".into(), config: config.clone() } };
     log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
     let mut events: Vec<Event> = Vec::new();
     let (_, status) = agent.run(run_id, "What is 2 + 40?", config, &mut events).await.unwrap();

@@ -31,8 +31,8 @@ async fn drive(agent: &Agent, recording: &Recording, conversation: &Conversation
                 Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: decide(&call.name), by: None, request_seq: None }
             }
             PullPoint::AwaitingInput | PullPoint::Paused { reason: PauseReason::Budget { .. } } => match conversation.customer_move(&state.messages) {
-                CustomerMove::Say(text) => Resume::Input { text },
-                CustomerMove::Close(text) => Resume::Close { text },
+                CustomerMove::Say(text) => Resume::Input { text, redactions: Vec::new() },
+                CustomerMove::Close(text) => Resume::Close { text, redactions: Vec::new() },
                 CustomerMove::Diverged(why) => panic!("{}: {why}", conversation.id),
             },
             other => panic!("{}: parked at {other:?}", conversation.id),
@@ -83,7 +83,7 @@ async fn a_rejected_approval_diverges_at_the_tool_result() {
                 Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Reject { reason: "no".into() }, by: None, request_seq: None }
             }
             _ => match conversation.customer_move(&state.messages) {
-                CustomerMove::Say(text) => Resume::Input { text },
+                CustomerMove::Say(text) => Resume::Input { text, redactions: Vec::new() },
                 other => panic!("{other:?}"),
             },
         };

@@ -27,6 +27,7 @@
 //! - `reflecting`: a conversational run waits for input; otherwise the
 //!   planner picks the next step, replans, or the run completes.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -37,7 +38,7 @@ use glia_proto::marker::Insert;
 use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
     ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall, LiveEvent,
-    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, RejectedAnswer, Resume, Role, RunConfig, RunState, Status,
+    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Redaction, RejectedAnswer, Resume, Role, RunConfig, RunState, Status,
     StopAction, StopClass, ToolCallRecord, ToolErrorKind, ToolSource, ToolSpec, TransitionError, args_hash, canonical_json,
 };
 use serde_json::{Value, json};
@@ -190,6 +191,7 @@ pub enum AgentError {
 /// ```
 pub struct Agent {
     provider: Arc<dyn Provider>,
+    named: BTreeMap<String, Arc<dyn Provider>>,
     tools: ToolRegistry,
     hooks: Hooks,
     input_guardrails: Vec<Guardrail>,
@@ -249,6 +251,7 @@ impl Agent {
     pub fn new(provider: Arc<dyn Provider>) -> Self {
         Agent {
             provider,
+            named: BTreeMap::new(),
             tools: ToolRegistry::default(),
             hooks: Hooks::default(),
             input_guardrails: Vec::new(),
@@ -258,6 +261,15 @@ impl Agent {
             budget_gate: None,
             sources: None,
         }
+    }
+
+    /// Serve runs whose config names `provider = name` with `provider` (the
+    /// operator catalogue's `[providers.NAME]`); runs naming none use the
+    /// provider given to [`Agent::new`]. A run naming a provider the agent
+    /// lacks pauses at its first model call ([`ProviderError::NotConfigured`]).
+    pub fn with_named_provider(mut self, name: impl Into<String>, provider: Arc<dyn Provider>) -> Self {
+        self.named.insert(name.into(), provider);
+        self
     }
 
     /// Use these tools.
@@ -337,8 +349,9 @@ impl Agent {
         let mut state = RunState::new(run_id);
         let mut run = Run { state: &mut state, sink, clock: &*self.clock };
         let declared = self.declared_guardrails(&config)?;
-        run.record(EventKind::SessionStart { goal: goal.to_owned(), config }).await?;
-        if let Some((guardrail, reason)) = self.check_input(&declared, goal) {
+        let (goal, redactions) = declared.redact_input(goal);
+        run.record(EventKind::SessionStart { goal: goal.clone(), config, redactions }).await?;
+        if let Some((guardrail, reason)) = self.check_input(&declared, &goal) {
             run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason: reason.clone(), reask: None }).await?;
             self.fail(&mut run, format!("goal rejected: {reason}")).await?;
         }
@@ -414,7 +427,7 @@ impl Agent {
     /// Close a conversational run waiting at `awaiting_input`: it completes
     /// with its last answer.
     pub async fn close(&self, state: &mut RunState, sink: &mut dyn EventSink) -> Result<Status, AgentError> {
-        self.advance(state, Some(Resume::Close { text: None }), sink).await
+        self.advance(state, Some(Resume::Close { text: None, redactions: Vec::new() }), sink).await
     }
 
     // ----- resume payloads -------------------------------------------------
@@ -465,11 +478,11 @@ impl Agent {
                 };
                 run.record(kind).await?;
             }
-            Resume::Input { text } => {
+            Resume::Input { text, redactions } => {
                 if run.state.parked != Some(PullPoint::AwaitingInput) {
                     return Err(AgentError::InvalidResume("the run is not waiting for input".into()));
                 }
-                self.user_message(run, text).await?;
+                self.user_message(run, text, redactions).await?;
             }
             Resume::ExtendBudget { extra } => {
                 let limits = run.state.limits.extended_by(&extra);
@@ -480,7 +493,7 @@ impl Agent {
             }
             Resume::Pause { reason, by } => run.record(EventKind::SessionPauseRequested { reason, by }).await?,
             Resume::Resume { by } => run.record(EventKind::SessionResume { by }).await?,
-            Resume::Close { text } => {
+            Resume::Close { text, redactions } => {
                 let at_input = run.state.parked == Some(PullPoint::AwaitingInput);
                 let budget_paused = matches!(run.state.parked, Some(PullPoint::Paused { reason: PauseReason::Budget { .. } }));
                 if !at_input && !budget_paused {
@@ -490,7 +503,7 @@ impl Agent {
                     if !at_input {
                         return Err(AgentError::InvalidResume("a closing message is taken at awaiting_input only".into()));
                     }
-                    self.user_message(run, text).await?;
+                    self.user_message(run, text, redactions).await?;
                 }
                 self.complete(run, None).await?;
             }
@@ -511,14 +524,24 @@ impl Agent {
     /// The user's message at `awaiting_input`: refused when blank, recorded
     /// as `input.received`, or as `guardrail.tripped` when an input
     /// guardrail rejects it (the run stays at `awaiting_input`).
-    async fn user_message(&self, run: &mut Run<'_>, text: String) -> Result<(), AgentError> {
+    async fn user_message(&self, run: &mut Run<'_>, text: String, posted: Vec<Redaction>) -> Result<(), AgentError> {
         if text.trim().is_empty() {
             return Err(AgentError::InvalidResume("the message is empty".into()));
         }
+        // The dispatcher redacted it before posting (`posted`: what
+        // matched); redacting again covers payloads that reach the loop
+        // another way, and finds nothing in text already redacted.
         let declared = self.declared_guardrails(&run.state.config)?;
+        let (text, mut redactions) = declared.redact_input(&text);
+        for r in posted {
+            match redactions.iter_mut().find(|m| m.guardrail == r.guardrail) {
+                Some(m) => m.count += r.count,
+                None => redactions.push(r),
+            }
+        }
         match self.check_input(&declared, &text) {
             Some((guardrail, reason)) => run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason, reask: None }).await,
-            None => run.record(EventKind::InputReceived { text }).await,
+            None => run.record(EventKind::InputReceived { text, redactions }).await,
         }
     }
 
@@ -537,8 +560,8 @@ impl Agent {
         let fired = self.fire(run, HookTopic::BeforePlan, json!({ "goal": run.state.goal })).await?;
         let draft = match fired.verdict {
             Verdict::Cancel(reason) => return run.record(EventKind::SessionCancel { reason }).await,
-            Verdict::Skip => SinglePlanner.draft(run.state, &*self.provider).await,
-            _ => run.unless_cancelled(self.planner(run.state).draft(run.state, &*self.provider)).await?,
+            Verdict::Skip => SinglePlanner.draft(run.state, &*self.provider_for(run.state)).await,
+            _ => run.unless_cancelled(self.planner(run.state).draft(run.state, &*self.provider_for(run.state))).await?,
         };
         match draft {
             Ok(draft) => self.commit_plan(run, draft).await,
@@ -647,7 +670,7 @@ impl Agent {
         if let Some(compactor) = declared.as_deref().or(self.compactor.as_deref())
             && compactor.should_compact(&run.state.messages)
         {
-            match run.unless_cancelled(compactor.compact(&run.state.messages, &*self.provider, &config.model)).await? {
+            match run.unless_cancelled(compactor.compact(&run.state.messages, &*self.provider_for(run.state), &config.model)).await? {
                 Ok(c) => {
                     let cost_usd_micros = self.cost(run.state, &c.usage);
                     let strategy = compactor.name().to_owned();
@@ -671,10 +694,18 @@ impl Agent {
         run.commit().await?;
         let started = run.clock.now();
         let sink: &dyn EventSink = &*run.sink;
-        let live = |delta: LiveEvent| sink.live(&delta);
+        // Output redactions apply to the answer before it is recorded; its
+        // raw text must not stream out live meanwhile.
+        let declared = self.declared_guardrails(&config)?;
+        let redacting = declared.redacts_output();
+        let live = |delta: LiveEvent| {
+            if !(redacting && matches!(delta, LiveEvent::ModelDelta { ref channel, .. } if channel == "text")) {
+                sink.live(&delta);
+            }
+        };
         // A cancel aborts the stream at once; `model.call` is durable, the
         // reservation stands for what the aborted call may have cost.
-        let response = run.unless_cancelled(self.provider.generate(&request, &live)).await?;
+        let response = run.unless_cancelled(self.provider_for(run.state).generate(&request, &live)).await?;
         let duration_ms = run.elapsed_ms(started);
         match response {
             Ok(r) => {
@@ -702,7 +733,16 @@ impl Agent {
                 let cost_usd_micros = self.cost(run.state, &r.usage);
                 let spent = Spend::of(&r.usage, cost_usd_micros);
                 let stop_reason = r.stop_reason.clone();
-                run.record(EventKind::ModelResponse { message: r.message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros, rejected })
+                let mut redactions = Vec::new();
+                let mut message = r.message;
+                if redacting {
+                    for block in &mut message.content {
+                        if let ContentBlock::Text { text } = block {
+                            *text = declared.redact_output(text, &mut redactions);
+                        }
+                    }
+                }
+                run.record(EventKind::ModelResponse { message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros, rejected, redactions })
                     .await?;
                 self.settle(run, &request_id, spent).await;
                 match action {
@@ -1016,7 +1056,7 @@ impl Agent {
             self.observe(HookTopic::OnPause, json!({ "pull_point": PullPoint::AwaitingInput }));
             return Ok(());
         }
-        match run.unless_cancelled(self.planner(run.state).reflect(run.state, &*self.provider)).await? {
+        match run.unless_cancelled(self.planner(run.state).reflect(run.state, &*self.provider_for(run.state))).await? {
             Ok(Reflection::Next) => {
                 let next = run.state.step.map_or(0, |s| s + 1);
                 self.start_step(run, next).await
@@ -1059,7 +1099,7 @@ impl Agent {
                 Err(AgentError::Provider(e))
             }
             ProviderError::SpendCap(reason) => self.pause(run, PauseReason::Provider { reason }).await,
-            e @ ProviderError::Auth(_) => self.pause(run, PauseReason::Provider { reason: e.to_string() }).await,
+            e @ (ProviderError::Auth(_) | ProviderError::NotConfigured(_)) => self.pause(run, PauseReason::Provider { reason: e.to_string() }).await,
             e => self.fail(run, format!("model call failed: {e}")).await,
         }
     }
@@ -1161,7 +1201,17 @@ impl Agent {
 
     /// The run's prices, else the provider's (an operator's price table).
     fn cost(&self, state: &RunState, usage: &glia_proto::Usage) -> u64 {
-        state.config.pricing.or_else(|| self.provider.pricing(&state.config.model)).map_or(0, |p| p.cost_usd_micros(usage))
+        state.config.pricing.or_else(|| self.provider_for(state).pricing(&state.config.model)).map_or(0, |p| p.cost_usd_micros(usage))
+    }
+
+    /// The provider `state`'s run calls: the one its config names
+    /// (`RunConfig::provider`), else the default. A name this agent lacks
+    /// gives a provider whose every call is [`ProviderError::NotConfigured`].
+    fn provider_for(&self, state: &RunState) -> Arc<dyn Provider> {
+        match &state.config.provider {
+            None => self.provider.clone(),
+            Some(name) => self.named.get(name).cloned().unwrap_or_else(|| Arc::new(NotConfigured(name.clone()))),
+        }
     }
 
     fn check_config(&self, config: &RunConfig) -> Result<(), AgentError> {
@@ -1172,10 +1222,14 @@ impl Agent {
         {
             return Err(AgentError::Config(format!("tool {missing} is not registered on this worker")));
         }
-        if !config.mcp.is_empty() || !config.http_tools.is_empty() || config.provider.is_some() {
+        if let Some(name) = &config.provider
+            && !self.named.contains_key(name)
+        {
+            return Err(AgentError::Config(format!("provider: {name:?} is not a provider of this worker (the catalogue's [providers])")));
+        }
+        if !config.mcp.is_empty() || !config.http_tools.is_empty() {
             match &self.sources {
                 Some(sources) => sources.admit(config).map_err(|e| AgentError::Config(e.to_string()))?,
-                None if config.provider.is_some() && config.mcp.is_empty() && config.http_tools.is_empty() => {}
                 None => return Err(AgentError::Config("mcp, http_tools: this worker has no catalogue (glia worker --catalogue FILE)".into())),
             }
         }
@@ -1185,6 +1239,16 @@ impl Agent {
             }
         }
         Ok(())
+    }
+}
+
+/// The provider of a run naming one this worker lacks.
+struct NotConfigured(String);
+
+#[async_trait]
+impl Provider for NotConfigured {
+    async fn generate(&self, _: &ModelRequest, _: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<crate::provider::ModelResponse, ProviderError> {
+        Err(ProviderError::NotConfigured(self.0.clone()))
     }
 }
 

@@ -19,8 +19,9 @@
 //! kind = "anthropic"                  # or "openai" (any OpenAI-compatible API)
 //! base_url = "https://api.anthropic.com"
 //! api_key_env = "ANTHROPIC_API_KEY"   # name of the variable, never the key
-//! requests_per_minute = 50            # optional
-//! tokens_per_minute = 100000          # optional
+//! requests_per_minute = 50            # optional; the limits are this
+//! input_tokens_per_minute = 100000    # provider's own buckets, shared by
+//! output_tokens_per_minute = 20000    # every worker through Redis
 //!
 //! [mcp_servers.files]
 //! transport = "stdio"
@@ -69,12 +70,16 @@ pub struct ProviderEntry {
     pub base_url: String,
     /// Name of the environment variable holding the API key.
     pub api_key_env: String,
-    /// Requests a minute this worker may send, if limited.
+    /// Requests a minute the fleet may send it, if limited (counted in
+    /// Redis across workers, like `glia worker --rpm`).
     #[serde(default)]
     pub requests_per_minute: Option<u32>,
-    /// Tokens a minute this worker may use, if limited.
+    /// Input tokens a minute (uncached input plus cache writes), if limited.
     #[serde(default)]
-    pub tokens_per_minute: Option<u32>,
+    pub input_tokens_per_minute: Option<u32>,
+    /// Output tokens a minute, if limited.
+    #[serde(default)]
+    pub output_tokens_per_minute: Option<u32>,
 }
 
 /// A provider's wire format.
@@ -190,8 +195,10 @@ impl Catalogue {
             }
             glia_proto::tool_sources::url_origin(&p.base_url).map_err(|r| (at("base_url"), r))?;
             check_env_name(&p.api_key_env).map_err(|r| (at("api_key_env"), r))?;
-            if p.requests_per_minute == Some(0) || p.tokens_per_minute == Some(0) {
-                return Err((at("requests_per_minute"), "rate limits must be at least 1 (leave them out for no limit)".into()));
+            for (key, limit) in [("requests_per_minute", p.requests_per_minute), ("input_tokens_per_minute", p.input_tokens_per_minute), ("output_tokens_per_minute", p.output_tokens_per_minute)] {
+                if limit == Some(0) {
+                    return Err((at(key), "rate limits must be at least 1 (leave them out for no limit)".into()));
+                }
             }
         }
         for (name, s) in &self.mcp_servers {

@@ -347,7 +347,9 @@ pub struct RunObserver {
 impl RunObserver {
     /// An observer of the run in `state` (its model and pending calls).
     pub fn new(metrics: Option<Arc<WorkerMetrics>>, state: &RunState) -> RunObserver {
-        let provider = metrics.as_ref().map_or_else(String::new, |m| m.provider.clone());
+        // A run on a catalogue provider is labelled with its name (the
+        // operator's catalogue: a bounded set); others with the worker's.
+        let provider = state.config.provider.clone().unwrap_or_else(|| metrics.as_ref().map_or_else(String::new, |m| m.provider.clone()));
         RunObserver {
             metrics,
             provider,
@@ -413,7 +415,7 @@ impl RunObserver {
                     }
                 }
             }
-            EventKind::ModelResponse { message, usage, stop_reason, duration_ms, cost_usd_micros, rejected } => {
+            EventKind::ModelResponse { message, usage, stop_reason, duration_ms, cost_usd_micros, rejected, .. } => {
                 let call = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take();
                 if let Some(call) = &call {
                     call.span.record("gen_ai.usage.input_tokens", usage.input_tokens);

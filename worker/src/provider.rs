@@ -109,6 +109,11 @@ pub enum ProviderError {
     /// this reason rather than act on a guess.
     #[error("malformed answer from the provider: {0}")]
     Malformed(String),
+    /// The run names a provider (`RunConfig::provider`) this worker does not
+    /// have: its catalogue has no such `[providers]` entry. Not retried: the
+    /// run pauses until an operator adds it and resumes the run.
+    #[error("this worker has no provider {0:?} (the catalogue's [providers] lacks it)")]
+    NotConfigured(String),
     /// The script has no more responses (scripted provider only).
     #[error("script exhausted after {0} responses")]
     ScriptExhausted(usize),

@@ -100,7 +100,7 @@ async fn illegal_transitions_are_typed_errors_and_change_nothing() {
     let err = agent.advance(&mut state, Some(unknown), &mut log).await.unwrap_err();
     assert!(matches!(err, AgentError::Transition(TransitionError::UnknownCall { .. })), "{err:?}");
     // A user message while the run waits for an approval.
-    let err = agent.advance(&mut state, Some(Resume::Input { text: "hello?".into() }), &mut log).await.unwrap_err();
+    let err = agent.advance(&mut state, Some(Resume::Input { text: "hello?".into(), redactions: Vec::new() }), &mut log).await.unwrap_err();
     assert!(matches!(err, AgentError::InvalidResume(_)), "{err:?}");
     // A tool result for a call that is not external.
     let err = agent.advance(&mut state, Some(Resume::ToolResult { call_id: "call_1".into(), content: "done".into(), is_error: false }), &mut log).await.unwrap_err();
@@ -128,7 +128,7 @@ fn transition_rejects_out_of_order_and_foreign_events() {
         run_id: run_id(),
         seq: 1,
         at: epoch(),
-        kind: EventKind::SessionStart { goal: "g".into(), config: RunConfig::default() },
+        kind: EventKind::SessionStart { redactions: Vec::new(), goal: "g".into(), config: RunConfig::default() },
     };
     let mut state = RunState::replay(run_id(), std::slice::from_ref(&start)).unwrap();
     let dup = start.clone();

@@ -126,7 +126,7 @@ async fn a_cancel_lets_running_calls_finish_within_their_grace_and_abandons_the_
 
     let run_id = Uuid::now_v7();
     let config = RunConfig { model: "script:both".into(), ..RunConfig::default() };
-    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { goal: "sleep".into(), config } };
+    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: "sleep".into(), config } };
     log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
     until(Duration::from_secs(30), "both calls to run", async || stuck_started.load(Ordering::SeqCst)).await;
     // What the dispatcher does on POST /cancel.

@@ -66,11 +66,11 @@ async fn declared_input_rules_refuse_a_user_message_and_keep_the_run_waiting() {
     let mut log = Vec::new();
     let (mut state, status) = agent.run(run_id(), "hi", config(), &mut log).await.unwrap();
     assert_eq!(status, Status::Parked(PullPoint::AwaitingInput));
-    let status = agent.advance(&mut state, Some(Resume::Input { text: "my card is 4111 1111 1111 1111".into() }), &mut log).await.unwrap();
+    let status = agent.advance(&mut state, Some(Resume::Input { text: "my card is 4111 1111 1111 1111".into(), redactions: Vec::new() }), &mut log).await.unwrap();
     assert_eq!(status, Status::Parked(PullPoint::AwaitingInput), "a refused message leaves the run waiting");
     assert_eq!(trips(&log), vec![(GuardrailStage::Input, "no-card-numbers".into())]);
     assert_eq!(provider.served(), 1, "the refused message never reached the model");
-    let status = agent.advance(&mut state, Some(Resume::Input { text: "thanks".into() }), &mut log).await.unwrap();
+    let status = agent.advance(&mut state, Some(Resume::Input { text: "thanks".into(), redactions: Vec::new() }), &mut log).await.unwrap();
     assert_eq!(status, Status::Parked(PullPoint::AwaitingInput));
     assert_eq!(provider.served(), 2);
     assert_replays(&log, &state);
@@ -81,7 +81,7 @@ async fn a_goal_admitted_elsewhere_meets_the_declared_input_rules() {
     // The dispatcher records session.start; the worker's first advance checks the goal.
     let (agent, provider) = agent(vec![ScriptedTurn::text("never")]);
     let id = run_id();
-    let start = Event { run_id: id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: "refund 4111-1111-1111-1111".into(), config: config() } };
+    let start = Event { run_id: id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: "refund 4111-1111-1111-1111".into(), config: config() } };
     let mut state = RunState::new(id);
     state.apply(&start).unwrap();
     let mut log = vec![start];
@@ -118,9 +118,91 @@ async fn declared_compaction_drops_the_oldest_turns() {
 async fn a_config_with_a_bad_rule_is_refused_before_session_start() {
     let (agent, _) = agent(vec![]);
     let mut config = config();
-    config.guardrails.output[0].deny = "(".into();
+    config.guardrails.output[0].deny = Some("(".into());
     let mut log = Vec::new();
     let err = agent.start(run_id(), "hi", config, &mut log).await.unwrap_err();
     assert!(matches!(err, AgentError::Config(ref m) if m.contains("guardrails.output[0].deny")), "{err}");
     assert!(log.is_empty(), "nothing recorded");
+}
+
+const REDACTING: &str = r#"
+name = "redacting"
+model = "scripted"
+conversational = true
+[[guardrails.input]]
+name = "email"
+redact = '[\w.+-]+@[\w-]+\.[\w.]+'
+[[guardrails.input]]
+name = "no-card-numbers"
+deny = '\b(?:\d[ -]?){15}\d\b'
+[[guardrails.output]]
+name = "phone"
+redact = '\+?\d{2,3}[ -]\d{3}[ -]\d{4}'
+replacement = "[phone]"
+"#;
+
+/// Redact rules: matches are replaced before the text is recorded (goal,
+/// user message, the model's answer), the raw text reaches no event and no
+/// request, each event lists what matched, and no raw text streams live.
+#[tokio::test]
+async fn declared_redact_rules_replace_matches_before_anything_is_recorded() {
+    let def: AgentDefinition = glia_proto::strict::from_toml_str(REDACTING).unwrap();
+    def.validate().unwrap();
+    let (agent, provider) = agent(vec![ScriptedTurn::text("Call us on 44 207 1234 or +44 207 5678."), ScriptedTurn::text("Noted."), ScriptedTurn::text("Noted again.")]);
+    let mut sink = LiveSink::default();
+    let (mut state, status) = agent.run(run_id(), "I am ann@example.com, a.b@x.org wrote too", def.resolve(None), &mut sink).await.unwrap();
+    let live = sink.live.lock().unwrap().clone();
+    assert!(!live.iter().any(|d| matches!(d, glia_proto::LiveEvent::ModelDelta { channel, .. } if channel == "text")), "no text streams live: {live:?}");
+    let mut log = sink.log;
+    assert_eq!(status, Status::Parked(PullPoint::AwaitingInput));
+    let redactions = |e: &Event| match &e.kind {
+        EventKind::SessionStart { redactions, .. } | EventKind::InputReceived { redactions, .. } | EventKind::ModelResponse { redactions, .. } => {
+            redactions.iter().map(|r| (r.guardrail.clone(), r.count)).collect::<Vec<_>>()
+        }
+        _ => Vec::new(),
+    };
+    let EventKind::SessionStart { goal, .. } = &log[0].kind else { panic!() };
+    assert_eq!(goal, "I am [redacted:email], [redacted:email] wrote too");
+    assert_eq!(redactions(&log[0]), vec![("email".to_owned(), 2)]);
+    let response = log.iter().find(|e| matches!(e.kind, EventKind::ModelResponse { .. })).unwrap();
+    let EventKind::ModelResponse { message, .. } = &response.kind else { unreachable!() };
+    assert_eq!(message.text(), "Call us on [phone] or [phone].");
+    assert_eq!(redactions(response), vec![("phone".to_owned(), 2)]);
+
+    // A user message: redacted, then the deny rules see what is left.
+    agent.advance(&mut state, Some(Resume::Input { text: "mail me at bob@example.com".into(), redactions: Vec::new() }), &mut log).await.unwrap();
+    let input = log.iter().find(|e| matches!(e.kind, EventKind::InputReceived { .. })).unwrap();
+    assert!(matches!(&input.kind, EventKind::InputReceived { text, .. } if text == "mail me at [redacted:email]"), "{:?}", input.kind);
+    assert_eq!(redactions(input), vec![("email".to_owned(), 1)]);
+    // One the dispatcher redacted before posting: the rules it applied are listed.
+    let posted = vec![glia_proto::Redaction { guardrail: "email".into(), count: 2 }];
+    agent.advance(&mut state, Some(Resume::Input { text: "[redacted:email] or [redacted:email]".into(), redactions: posted }), &mut log).await.unwrap();
+    let input = log.iter().rev().find(|e| matches!(e.kind, EventKind::InputReceived { .. })).unwrap();
+    assert_eq!(redactions(input), vec![("email".to_owned(), 2)]);
+
+    let recorded = serde_json::to_string(&log).unwrap();
+    let sent = format!("{:?}", provider.requests());
+    for raw in ["ann@example.com", "a.b@x.org", "bob@example.com", "207 1234", "207 5678"] {
+        assert!(!recorded.contains(raw), "{raw} reached the log");
+        assert!(!sent.contains(raw), "{raw} reached the model");
+    }
+    assert_eq!(state.answer, "Noted again.");
+    assert_replays(&log, &state);
+}
+
+#[test]
+fn a_rule_must_deny_or_redact_and_a_redaction_must_match_something() {
+    let rule = |body: &str| -> String {
+        let text = format!("name = \"r\"\nmodel = \"m\"\n[[guardrails.output]]\nname = \"x\"\n{body}\n");
+        let def: AgentDefinition = glia_proto::strict::from_toml_str(&text).unwrap();
+        def.validate().map(|_| String::new()).unwrap_or_else(|e| e.to_string())
+    };
+    assert!(rule("deny = 'a'\nredact = 'b'").contains("guardrails.output[0]: give exactly one of deny and redact"), "{}", rule("deny = 'a'\nredact = 'b'"));
+    assert!(rule("").contains("guardrails.output[0]: give exactly one"));
+    assert!(rule("redact = 'a*'").contains("guardrails.output[0].redact: matches the empty string"));
+    assert!(rule("redact = '('").contains("guardrails.output[0].redact: not a valid regex"));
+    assert!(rule("deny = 'a'\nreplacement = 'b'").contains("guardrails.output[0].replacement"));
+    assert!(rule("redact = 'a'\nreason = 'b'").contains("guardrails.output[0].reason"));
+    assert!(rule("redact = 'a'\nreplacement = ' '").contains("guardrails.output[0].replacement: is blank"));
+    assert_eq!(rule("redact = 'a'\nreplacement = 'b'"), "");
 }

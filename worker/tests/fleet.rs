@@ -119,7 +119,7 @@ impl Fleet {
 
     async fn submit(&self, script: &str) -> Uuid {
         let run_id = Uuid::now_v7();
-        let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { goal: script.into(), config: config(script) } };
+        let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: script.into(), config: config(script) } };
         self.log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
         run_id
     }
@@ -155,11 +155,11 @@ impl Fleet {
                 Some(PullPoint::AwaitingTool { call_ids }) => Resume::ToolResult { call_id: call_ids[0].clone(), content: "A1".into(), is_error: false },
                 Some(PullPoint::AwaitingInput) if replies == 0 => {
                     replies += 1;
-                    Resume::Input { text: "refund please".into() }
+                    Resume::Input { text: "refund please".into(), redactions: Vec::new() }
                 }
                 Some(PullPoint::AwaitingInput) if replies == 1 => {
                     replies += 1;
-                    Resume::Close { text: None }
+                    Resume::Close { text: None, redactions: Vec::new() }
                 }
                 Some(PullPoint::AwaitingInput) => Resume::Cancel { reason: "conversation over".into() },
                 Some(PullPoint::Paused { .. }) => Resume::ExtendBudget { extra: BudgetLimits { max_turns: Some(5), ..BudgetLimits::default() } },
@@ -365,7 +365,7 @@ fn awkward() -> Arc<Awkward> {
 async fn submit_model(fleet: &Fleet, model: &str) -> Uuid {
     let run_id = Uuid::now_v7();
     let config = RunConfig { model: model.into(), ..RunConfig::default() };
-    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { goal: "go".into(), config } };
+    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: "go".into(), config } };
     fleet.log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
     run_id
 }

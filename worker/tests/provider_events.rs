@@ -5,37 +5,17 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use common::{Add, epoch, run_id};
+use common::{Add, LiveSink as Sink, epoch, run_id};
 use glia_proto::repair::elision_text;
 use glia_proto::{
     ContentBlock, Event, EventKind, LiveEvent, Outcome, PauseReason, Pricing, PullPoint, Resume, Retry, RunConfig, RunState, Status,
 };
-use glia_worker::agent::{EventSink, SinkError};
 use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError, ScriptedProvider, ScriptedTurn};
 use glia_worker::tool::ToolRegistry;
 use glia_worker::{Agent, FixedClock, async_trait};
 use serde_json::json;
-
-/// Keeps the events and the live events.
-#[derive(Default)]
-struct Sink {
-    log: Vec<Event>,
-    live: Mutex<Vec<LiveEvent>>,
-}
-
-#[async_trait]
-impl EventSink for Sink {
-    async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
-        self.log.push(event.clone());
-        Ok(())
-    }
-
-    fn live(&self, event: &LiveEvent) {
-        self.live.lock().unwrap().push(event.clone());
-    }
-}
 
 fn agent(provider: Arc<dyn Provider>) -> Agent {
     let mut tools = ToolRegistry::default();
@@ -108,7 +88,7 @@ async fn an_elided_message_is_recorded_and_stays_elided_after_a_resume() {
     assert_eq!(resumed, state);
     let provider2 = Arc::new(ScriptedProvider::new(turns).starting_at(2));
     let mut log2 = Vec::new();
-    let status = agent(provider2.clone()).advance(&mut resumed, Some(Resume::Input { text: "And now?".into() }), &mut log2).await.unwrap();
+    let status = agent(provider2.clone()).advance(&mut resumed, Some(Resume::Input { text: "And now?".into(), redactions: Vec::new() }), &mut log2).await.unwrap();
     assert_eq!(status, Status::Parked(PullPoint::AwaitingInput));
     let sent = &provider2.requests()[0].messages;
     assert_eq!(sent[2].content, vec![ContentBlock::ToolResult { tool_use_id: "call_1".into(), content: elision_text(), is_error: false }]);
@@ -179,4 +159,40 @@ async fn the_providers_prices_apply_when_the_run_names_none() {
     let mut log = Vec::new();
     agent(Arc::new(Priced(ScriptedProvider::new(vec![turn])))).run(run_id(), "hi", own, &mut log).await.unwrap();
     assert_eq!(cost(&log), 0);
+}
+
+#[tokio::test]
+async fn a_run_naming_a_provider_calls_that_one_and_one_this_worker_lacks_pauses() {
+    let usage = glia_proto::Usage { input_tokens: 1000, output_tokens: 500, ..Default::default() };
+    let named = || {
+        agent(Arc::new(ScriptedProvider::new(vec![ScriptedTurn::text("from the default")])))
+            .with_named_provider("priced", Arc::new(Priced(ScriptedProvider::new(vec![ScriptedTurn { usage: Some(usage), ..ScriptedTurn::text("from priced") }]))))
+    };
+    // `provider = "priced"`: its answer, its prices; the default is never called.
+    let config = RunConfig { model: "priced".into(), provider: Some("priced".into()), ..RunConfig::default() };
+    let mut log = Vec::new();
+    let (_, status) = named().run(run_id(), "hi", config.clone(), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(Outcome::Succeeded { ref answer, .. }) if answer == "from priced"), "{status:?}");
+    assert!(log.iter().any(|e| matches!(e.kind, EventKind::ModelResponse { cost_usd_micros: 2000, .. })), "{:?}", names(&log));
+    // No provider named: the default.
+    let mut log = Vec::new();
+    let (_, status) = named().run(run_id(), "hi", RunConfig::default(), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(Outcome::Succeeded { ref answer, .. }) if answer == "from the default"), "{status:?}");
+
+    // A name the worker lacks is refused before the run starts...
+    let lacking = || agent(Arc::new(ScriptedProvider::new(vec![ScriptedTurn::text("never")])));
+    let err = lacking().run(run_id(), "hi", config.clone(), &mut Vec::new()).await.unwrap_err();
+    assert!(err.to_string().contains("provider: \"priced\" is not a provider of this worker"), "{err}");
+    // ...and a run started elsewhere (the fleet's dispatcher records
+    // `session.start`) pauses at its first model call, never calling the
+    // default provider in its place; a worker that has it goes on.
+    let mut log = Vec::new();
+    let mut state = named().start(run_id(), "hi", config, &mut log).await.unwrap();
+    let status = lacking().advance(&mut state, None, &mut log).await.unwrap();
+    let Status::Parked(PullPoint::Paused { reason: PauseReason::Provider { reason } }) = &status else { panic!("{status:?}") };
+    assert!(reason.contains("no provider \"priced\""), "{reason}");
+    assert!(!log.iter().any(|e| matches!(e.kind, EventKind::ModelResponse { .. })), "{:?}", names(&log));
+    let status = named().advance(&mut state, Some(Resume::Resume { by: None }), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(Outcome::Succeeded { ref answer, .. }) if answer == "from priced"), "{status:?}");
+    assert_eq!(RunState::replay(run_id(), &log).unwrap(), state);
 }

@@ -143,7 +143,7 @@ async fn awaiting_tool() {
 #[tokio::test]
 async fn awaiting_input() {
     fn say(_: &RunState) -> Resume {
-        Resume::Input { text: "I want a refund for A1.".into() }
+        Resume::Input { text: "I want a refund for A1.".into(), redactions: Vec::new() }
     }
     let script = vec![ScriptedTurn::text("How can I help?"), ScriptedTurn::text("Sure, A1 it is.")];
     let config = RunConfig { conversational: true, ..RunConfig::default() };
@@ -206,7 +206,7 @@ async fn an_approved_external_call_goes_back_to_the_caller() {
 #[tokio::test]
 async fn closing_words_end_a_conversation_without_a_model_call() {
     fn bye(_: &RunState) -> Resume {
-        Resume::Close { text: Some("Thanks, that's all!".into()) }
+        Resume::Close { text: Some("Thanks, that's all!".into()), redactions: Vec::new() }
     }
     let script = vec![ScriptedTurn::text("How can I help?")];
     let config = RunConfig { conversational: true, ..RunConfig::default() };
@@ -220,7 +220,7 @@ async fn closing_words_end_a_conversation_without_a_model_call() {
 #[tokio::test]
 async fn a_run_paused_by_its_budget_can_be_closed_but_takes_no_closing_words() {
     fn close(_: &RunState) -> Resume {
-        Resume::Close { text: None }
+        Resume::Close { text: None, redactions: Vec::new() }
     }
     let script = vec![ScriptedTurn::call("add", json!({"a": 2, "b": 3})), ScriptedTurn::text("5")];
     let config = RunConfig { budget: BudgetLimits { max_turns: Some(1), ..BudgetLimits::default() }, ..RunConfig::default() };
@@ -228,7 +228,7 @@ async fn a_run_paused_by_its_budget_can_be_closed_but_takes_no_closing_words() {
     let mut log = Vec::new();
     let (mut state, status) = agent.run(run_id(), "help me", config.clone(), &mut log).await.unwrap();
     assert!(matches!(status, Status::Parked(PullPoint::Paused { reason: PauseReason::Budget { .. } })));
-    let words = agent.advance(&mut state, Some(Resume::Close { text: Some("bye".into()) }), &mut log).await;
+    let words = agent.advance(&mut state, Some(Resume::Close { text: Some("bye".into()), redactions: Vec::new() }), &mut log).await;
     assert!(matches!(words, Err(glia_worker::AgentError::InvalidResume(_))), "{words:?}");
     let (log, state) = same_log_either_way(script, config, &[close]).await;
     assert_eq!(names(&log).last(), Some(&"session.complete"));

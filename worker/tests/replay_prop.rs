@@ -461,7 +461,7 @@ fn respond(state: &RunState, pull_point: &PullPoint, choices: &mut Choices<'_>, 
             }
             *inputs_left -= 1;
             let text = ["and then?", "BAD idea", "thanks, 42", "please review"][choices.pick(4)];
-            Resume::Input { text: text.into() }
+            Resume::Input { text: text.into(), redactions: Vec::new() }
         }
         PullPoint::Paused { reason: PauseReason::Budget { .. } } => {
             let extra = BudgetLimits {
@@ -497,9 +497,9 @@ fn misfit(pull_point: &PullPoint) -> Resume {
          request_seq: None,
         },
         PullPoint::AwaitingTool { .. } => Resume::ToolResult { call_id: "no_such_call".into(), content: "x".into(), is_error: false },
-        PullPoint::AwaitingInput => Resume::Input { text: "  \n ".into() },
+        PullPoint::AwaitingInput => Resume::Input { text: "  \n ".into(), redactions: Vec::new() },
         // A closing message is only taken at awaiting_input.
-        PullPoint::Paused { .. } => Resume::Close { text: Some("bye".into()) },
+        PullPoint::Paused { .. } => Resume::Close { text: Some("bye".into()), redactions: Vec::new() },
     }
 }
 
@@ -768,7 +768,7 @@ fn a_structured_conversation_asks_the_model_about_the_next_message() {
         let config = RunConfig { conversational: true, output_schema: Some(output_schema()), ..RunConfig::default() };
         let (worker, mut state, mut log) = run_script(turns, config).await;
         assert_eq!(state.parked, Some(PullPoint::AwaitingInput));
-        worker.advance(&mut state, Some(Resume::Input { text: "and the second?".into() }), &mut log).await.unwrap();
+        worker.advance(&mut state, Some(Resume::Input { text: "and the second?".into(), redactions: Vec::new() }), &mut log).await.unwrap();
         assert_eq!(state.answer, r#"{"answer":"second"}"#, "the step ended on the stale output\nlog: {:#?}", names(&log));
         check_fresh_answers(&log).unwrap();
     });

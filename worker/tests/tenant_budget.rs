@@ -106,7 +106,7 @@ impl Fleet {
 
     async fn submit(&self, tenant: &str, script: &str) -> Uuid {
         let run_id = Uuid::now_v7();
-        let start = Event { run_id, seq: 1, at: noon(), kind: EventKind::SessionStart { goal: script.into(), config: config(script) } };
+        let start = Event { run_id, seq: 1, at: noon(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: script.into(), config: config(script) } };
         self.log.create_run(NewRun { tenant: tenant.into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
         run_id
     }

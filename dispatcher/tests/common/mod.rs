@@ -149,7 +149,7 @@ pub fn to_model_call_with(tools: Vec<glia_proto::ToolSpec>) -> Vec<EventKind> {
 
 fn tool_use_response(calls: &[(&str, &str, Value)]) -> EventKind {
     let content = calls.iter().map(|(id, name, input)| ContentBlock::ToolUse { id: (*id).into(), name: (*name).into(), input: input.clone() }).collect();
-    EventKind::ModelResponse {
+    EventKind::ModelResponse { redactions: Vec::new(),
         message: Message { role: Role::Assistant, content },
         usage: Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() },
         stop_reason: "tool_use".into(),
@@ -203,7 +203,7 @@ pub async fn park_for_tool(log: &dyn EventLog, run_id: Uuid) {
 /// Park a conversational run at awaiting_input.
 pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
     let mut kinds = to_model_call();
-    kinds.push(EventKind::ModelResponse { message: Message::assistant("Hello."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None });
+    kinds.push(EventKind::ModelResponse { redactions: Vec::new(), message: Message::assistant("Hello."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None });
     kinds.push(EventKind::StepEnd { index: 0, answer: "Hello.".into(), skipped: false });
     kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingInput });
     commit(log, run_id, kinds).await

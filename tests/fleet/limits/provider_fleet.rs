@@ -76,3 +76,50 @@ fn a_worker_on_a_real_provider_retries_a_429_and_shares_the_cooldown_through_red
     assert!(keys.lines().any(|k| k.contains("{anthropic:claude-sonnet-4-5:") && k.ends_with(":bucket")), "rate-limit keys: {keys:?}");
     assert!(keys.lines().any(|k| k.contains("{anthropic:claude-sonnet-4-5:") && k.ends_with(":cooldown")), "rate-limit keys: {keys:?}");
 }
+
+/// A run naming a catalogue provider (`"provider": "backup"`) is served by
+/// that provider: its base URL, the key from its variable, its own rate
+/// limiter buckets in Redis; a run naming none goes to `--provider`. The
+/// key reaches no event.
+#[test]
+fn a_run_naming_a_catalogue_provider_is_served_by_it_with_its_key_and_limits() {
+    let default = Server::streams(&["anthropic/loop_turn1.sse", "anthropic/loop_turn2.sse"]);
+    let backup = Server::streams(&["anthropic/loop_turn1.sse", "anthropic/loop_turn2.sse"]);
+    let mut fleet = Fleet::new(&[]);
+    let catalogue = fleet.dir.join("catalogue.toml");
+    let toml = format!("[providers.backup]\nkind = \"anthropic\"\nbase_url = \"{}\"\napi_key_env = \"GLIA_TEST_BACKUP_KEY\"\nrequests_per_minute = 600\n", backup.base);
+    std::fs::write(&catalogue, toml).unwrap();
+    const SECRET: &str = "sk-backup-7d1f0c";
+    fleet.start_dispatcher();
+    let worker = fleet
+        .command(&["worker", "--demo", "--provider", "anthropic", "--base-url", &default.base, "--allow-missing-key", "--id", "named", "--catalogue"])
+        .arg(&catalogue)
+        .current_dir(glia_testkit::workspace_root().join("cli"))
+        .env("GLIA_TEST_BACKUP_KEY", SECRET)
+        .env_remove("ANTHROPIC_API_KEY")
+        .spawn()
+        .expect("worker starts");
+    fleet.workers.push(worker);
+
+    let config = json!({"model": "claude-sonnet-4-5", "max_tokens": 1024, "provider": "backup"});
+    let run_id = fleet.submit("What is 2 + 40?", config);
+    drive(&fleet, &run_id, Instant::now() + Duration::from_secs(120));
+    let log = check_log(&fleet, &run_id);
+    let state = RunState::replay(log[0].run_id, &log).unwrap();
+    assert!(matches!(state.status(), Status::Done(Outcome::Succeeded { ref answer, .. }) if answer.contains("42")), "{:?}", state.status());
+    let seen = backup.seen();
+    assert_eq!((seen.len(), default.seen().len()), (2, 0), "the named provider served both calls");
+    assert!(seen.iter().all(|s| s.header("x-api-key") == Some(SECRET)), "the key came from the catalogue's variable");
+    let events = serde_json::to_string(&log).unwrap();
+    assert!(!events.contains(SECRET), "the key reached an event");
+
+    let keys = Command::new("redis-cli").args(["-u", &fleet.redis_url, "--scan", "--pattern", &format!("{}:provider:backup:rl:*", fleet.name)]).output().expect("redis-cli runs");
+    let keys = String::from_utf8_lossy(&keys.stdout);
+    assert!(keys.lines().any(|k| k.ends_with(":bucket")), "the entry's own rate-limit buckets: {keys:?}");
+
+    // A run naming no provider is the worker's default's.
+    let run_id = fleet.submit("What is 2 + 40?", json!({"model": "claude-sonnet-4-5", "max_tokens": 1024}));
+    drive(&fleet, &run_id, Instant::now() + Duration::from_secs(120));
+    check_log(&fleet, &run_id);
+    assert_eq!((backup.seen().len(), default.seen().len()), (2, 2));
+}

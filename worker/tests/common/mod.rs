@@ -187,6 +187,25 @@ pub fn through_json(state: &RunState) -> RunState {
     serde_json::from_str(&serde_json::to_string(state).unwrap()).unwrap()
 }
 
+/// Keeps the events and the live events.
+#[derive(Default)]
+pub struct LiveSink {
+    pub log: Vec<Event>,
+    pub live: std::sync::Mutex<Vec<glia_proto::LiveEvent>>,
+}
+
+#[glia_worker::async_trait]
+impl glia_worker::agent::EventSink for LiveSink {
+    async fn record(&mut self, event: &Event) -> Result<(), glia_worker::agent::SinkError> {
+        self.log.push(event.clone());
+        Ok(())
+    }
+
+    fn live(&self, event: &glia_proto::LiveEvent) {
+        self.live.lock().unwrap().push(event.clone());
+    }
+}
+
 /// Hands everything to the observer, as the worker's sink does.
 pub struct Observed(pub glia_worker::metrics::RunObserver);
 
