@@ -103,6 +103,13 @@ pub struct BatchArgs {
     /// Divergences and failures to print in full (the rest are counted).
     #[arg(long, default_value_t = 5)]
     pub show: usize,
+    /// Take the recorded tools from this MCP server instead of the workers'
+    /// own registry: a separate process (`glia replay-tools FILE`) the
+    /// workers call through their MCP client. With `--server`, a server of
+    /// the workers' catalogue serving this recording; on the embedded fleet,
+    /// glia starts it under this name.
+    #[arg(long, value_name = "NAME")]
+    pub mcp_server: Option<String>,
 }
 
 /// How one run ended, as the driver judges it.
@@ -235,14 +242,15 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
     let (server, _fleet) = match &args.server {
         Some(url) => (Server { server: url.clone(), token: args.token.clone(), max_outage_secs: args.max_outage_secs }, None),
         None => {
-            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency, args.data.as_deref()).await?;
+            let mcp = args.mcp_server.as_deref().map(|name| (name, file.as_path(), tools.as_path()));
+            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency, args.data.as_deref(), mcp).await?;
             (Server { server: fleet.url.clone(), token: None, max_outage_secs: args.max_outage_secs }, Some(fleet))
         }
     };
     // On a named data file the batch is the same batch every time, so a
     // second invocation finds the batch of the first (its idempotency key).
     let key = match &args.data {
-        Some(_) => format!("glia-tau:{}", stable_batch_id(&file, &tools, args.limit)?),
+        Some(_) => format!("glia-tau:{}", stable_batch_id(&file, &tools, args.limit, args.mcp_server.as_deref())?),
         None => format!("glia-tau:{}", Uuid::now_v7()),
     };
     let summary = drive(&server, &recording, &args, &key).await?;
@@ -260,13 +268,16 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
 
 /// The stable id of a recording (trajectories, tools, limit): the first 16
 /// bytes of their SHA-256, as a custom (version 8) UUID.
-fn stable_batch_id(file: &std::path::Path, tools: &std::path::Path, limit: Option<usize>) -> Result<Uuid> {
+fn stable_batch_id(file: &std::path::Path, tools: &std::path::Path, limit: Option<usize>, mcp_server: Option<&str>) -> Result<Uuid> {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new();
     for path in [file, tools] {
         hash.update(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?);
     }
     hash.update(format!("limit={limit:?}"));
+    if let Some(name) = mcp_server {
+        hash.update(format!("mcp_server={name}"));
+    }
     let digest = hash.finalize();
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
@@ -280,7 +291,7 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, key: &s
     let bar = ProgressBar::new(conversations.len() as u64);
     bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs done  {msg}")?.progress_chars("=> "));
     let mut items = Items { waiting: conversations.iter().map(|c| (c.id.clone(), c.clone())).collect(), ..Items::default() };
-    let batch_id = match submit(&client, server, recording, &conversations, key).await {
+    let batch_id = match submit(&client, server, recording, &conversations, key, args.mcp_server.as_deref()).await {
         Ok(id) => id,
         Err(e) => {
             bar.abandon();
@@ -302,12 +313,16 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, key: &s
 /// fields in which conversations' configurations differ). Retried through
 /// an outage; the idempotency key `key` makes a repeat answer the batch
 /// first stored.
-async fn submit(client: &Client, server: &Server, recording: &Recording, conversations: &[Arc<Conversation>], key: &str) -> Result<Uuid> {
-    let base = recording.run_config(&conversations[0]);
+async fn submit(client: &Client, server: &Server, recording: &Recording, conversations: &[Arc<Conversation>], key: &str, mcp_server: Option<&str>) -> Result<Uuid> {
+    let config_of = |c: &Conversation| match mcp_server {
+        Some(name) => recording.mcp_run_config(c, name),
+        None => recording.run_config(c),
+    };
+    let base = config_of(&conversations[0]);
     let mut upload = serde_json::to_vec(&json!({ "config": base }))?;
     upload.push(b'\n');
     for c in conversations {
-        let config = recording.run_config(c);
+        let config = config_of(c);
         assert_eq!(RunConfig { model: base.model.clone(), system: base.system.clone(), ..config.clone() }, base, "conversation {} differs from the batch's config in more than its model and system prompt", c.id);
         serde_json::to_writer(&mut upload, &json!({ "custom_id": c.id, "goal": c.goal(), "config": { "model": config.model, "system": config.system } }))?;
         upload.push(b'\n');

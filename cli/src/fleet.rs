@@ -313,9 +313,25 @@ impl WorkerArgs {
     }
 }
 
-/// An agent that replays `recording`: its provider and its recorded tools.
-pub fn replay_agent(recording: &glia_replay::Recording) -> Result<Arc<Agent>> {
-    Ok(Arc::new(Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?)))
+/// A catalogue with one stdio MCP server, `name`: this binary's `glia
+/// replay-tools FILE --tools TOOLS` (the recording's tools as a separate
+/// process).
+fn replay_tools_catalogue(name: &str, file: &Path, tools: &Path) -> Result<glia_worker::catalogue::Catalogue> {
+    use glia_worker::catalogue::{Catalogue, McpServerEntry, McpTransport};
+    let exe = std::env::current_exe().context("locating the glia binary")?;
+    let path = |p: &Path| std::path::absolute(p).map(|p| p.display().to_string()).with_context(|| format!("resolving {}", p.display()));
+    let entry = McpServerEntry {
+        transport: McpTransport::Stdio,
+        command: Some(exe.display().to_string()),
+        args: vec!["replay-tools".into(), path(file)?, "--tools".into(), path(tools)?],
+        env: Default::default(),
+        cwd: None,
+        url: None,
+        headers: Default::default(),
+    };
+    let catalogue = Catalogue { mcp_servers: [(name.to_owned(), entry)].into(), ..Catalogue::default() };
+    catalogue.check().map_err(|(key, reason)| anyhow::anyhow!("--mcp-server: {key}: {reason}"))?;
+    Ok(catalogue)
 }
 
 /// A dispatcher and workers in this process on one SQLite file (the single
@@ -333,9 +349,15 @@ impl Embedded {
     /// Start `workers` workers (each advancing `concurrency` runs at once)
     /// that replay `recording`, and a dispatcher for them, on the SQLite file
     /// `data` (runs already in it continue), or on a new file in a temporary
-    /// directory of its own.
-    pub async fn start(recording: &glia_replay::Recording, workers: usize, concurrency: usize, data: Option<&Path>) -> Result<Embedded> {
-        let agent = replay_agent(recording)?;
+    /// directory of its own. With `mcp` (a server name, the recording's
+    /// file and its tool list), the workers also have a catalogue naming
+    /// that MCP server: this binary's `glia replay-tools` on the recording.
+    pub async fn start(recording: &glia_replay::Recording, workers: usize, concurrency: usize, data: Option<&Path>, mcp: Option<(&str, &Path, &Path)>) -> Result<Embedded> {
+        let agent = Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?);
+        let agent = Arc::new(match mcp {
+            Some((name, file, tools)) => equip(Some(replay_tools_catalogue(name, file, tools)?), agent),
+            None => agent,
+        });
         let (path, scratch) = match data {
             Some(path) => (path.to_owned(), None),
             None => {

@@ -111,6 +111,16 @@ enum Command {
     /// Write the JSON Schemas of the configuration files (run config, agent
     /// definition) to a directory, for editors.
     Schemas(agents::SchemasArgs),
+    /// Serve a recording's tools as an MCP server on stdin/stdout (a
+    /// catalogue's stdio server): each call answers its recorded output.
+    /// For `glia batch --mcp-server` and `glia worker --replay --catalogue`.
+    ReplayTools {
+        /// The recording: tau-bench trajectories (`gpt-4o-airline.json`).
+        file: PathBuf,
+        /// The tool list, when not `tools.json` beside FILE.
+        #[arg(long)]
+        tools: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -164,6 +174,8 @@ async fn main() -> Result<()> {
         // (The embedded dispatcher's "no tokens, loopback only" is expected.)
         Command::Batch(_) => "warn,glia_dispatcher=error",
         Command::Bench(_) => "error",
+        // Its stdout is the MCP stream; logs go to stderr, which the worker logs.
+        Command::ReplayTools { .. } => "warn",
         _ => "info",
     };
     let _telemetry = observe::init_logging(cli.log_format, default_level);
@@ -190,6 +202,11 @@ async fn main() -> Result<()> {
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Agents(cmd) => agents::agents(cmd).await,
         Command::Schemas(args) => agents::schemas(args),
+        Command::ReplayTools { file, tools } => {
+            let tools = tools.unwrap_or_else(|| file.with_file_name(glia_replay::tau::TOOLS));
+            let recording = glia_replay::tau::load(&file, &tools)?;
+            glia_replay::mcp::serve_stdio(&recording).await.map_err(|e| anyhow::anyhow!("serving the recorded tools over MCP: {e}"))
+        }
     }
 }
 

@@ -433,7 +433,8 @@ fn tool_policy_json() -> Value {
     json!({"type": "object", "description": "Per tool name: overrides of an MCP tool's annotations (readOnlyHint/idempotentHint: idempotent; destructiveHint: requires approval) or an HTTP tool's fields.",
                 "propertyNames": {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
                 "additionalProperties": {"type": "object", "additionalProperties": false, "properties": {
-                    "requires_approval": {"type": ["boolean", "null"]}, "idempotent": {"type": ["boolean", "null"]}, "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}})
+                    "requires_approval": {"type": ["boolean", "null"]}, "idempotent": {"type": ["boolean", "null"]}, "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64},
+                    "return_direct": {"type": ["boolean", "null"], "description": "A successful call ends the run with its result as the answer (a hand-off)."}}}})
 }
 
 fn pull_point_json() -> Value {

@@ -87,6 +87,10 @@ pub struct ToolPolicy {
     /// Per-call timeout in ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// A successful call ends the run with its result as the answer
+    /// ([`crate::ToolSpec::return_direct`]: a hand-off tool); default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_direct: Option<bool>,
 }
 
 /// Where a tool offered in a step comes from, frozen with it in `step.start`

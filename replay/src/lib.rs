@@ -28,6 +28,7 @@
 //! assert_eq!(config.model, format!("replay:{}", first.id));
 //! ```
 
+pub mod mcp;
 mod provider;
 mod recording;
 pub mod tau;

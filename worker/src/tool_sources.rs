@@ -109,6 +109,7 @@ impl ToolSources {
                 specs.push(ToolSpec {
                     idempotent: policy.idempotent.unwrap_or(idempotent),
                     timeout_ms: policy.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS),
+                    return_direct: policy.return_direct.unwrap_or(false),
                     source: Some(ToolSource::Mcp {
                         server: source.server.clone(),
                         tool: name.clone(),
@@ -124,6 +125,7 @@ impl ToolSources {
             specs.push(ToolSpec {
                 idempotent: policy.idempotent.unwrap_or(tool.idempotent),
                 timeout_ms: policy.timeout_ms.unwrap_or(tool.timeout_ms),
+                return_direct: policy.return_direct.unwrap_or(false),
                 source: Some(ToolSource::Http {
                     url: tool.url.clone(),
                     max_response_bytes: tool.max_response_bytes,

@@ -4,6 +4,7 @@
 //! killed by `kill -9` in the middle of the batch. Every run must reproduce
 //! its recording exactly.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,11 +12,78 @@ use std::time::{Duration, Instant};
 use glia_testkit::fleet::{assert_whole_recording, glia_batch as batch, recording_dir, replay_fleet, summary, trajectories};
 use serde_json::Value;
 
+/// The main job on the embedded fleet, twice: with the recorded tools in the
+/// workers' own registry, and with them served over MCP by a separate
+/// process (`glia replay-tools`, which the workers start from their
+/// catalogue and call through their MCP client, the call id travelling in
+/// `_meta`). Both reproduce all 200 conversations, and their logs are the
+/// same event for event: only where the tools came from differs (the run
+/// config's tool sources, and the tool list frozen in `step.start`).
 #[test]
-fn embedded_batch_reproduces_all_200_conversations() {
-    let s = summary(batch(&[]).output().unwrap());
-    assert_whole_recording(&s);
-    assert!(s["approval_resume_p50_ms"].as_f64().is_some(), "{s}");
+fn embedded_batch_reproduces_all_200_with_recorded_tools_and_over_mcp_with_the_same_events() {
+    let dir = tempdir();
+    let logs = |name: &str, extra: &[&str]| -> BTreeMap<String, Vec<Value>> {
+        let data = dir.join(format!("{name}.db"));
+        let data = data.to_str().unwrap();
+        let s = summary(batch(&[&["--data", data][..], extra].concat()).output().unwrap());
+        assert_whole_recording(&s);
+        assert!(s["approval_resume_p50_ms"].as_f64().is_some(), "{s}");
+        let out = Command::new(glia_testkit::bin::glia_bin()).args(["export", "--data", data]).stdin(Stdio::null()).output().unwrap();
+        assert!(out.status.success(), "glia export: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|record| record["events"].is_array())
+            .map(|record| {
+                let run_id = record["run_id"].as_str().unwrap().to_owned();
+                let events: Vec<Value> = record["events"].as_array().unwrap().iter().map(|e| normalised(e, &run_id)).collect();
+                (events[0]["data"]["config"]["model"].as_str().unwrap().to_owned(), events)
+            })
+            .collect()
+    };
+    let recorded = logs("recorded", &[]);
+    let mcp = logs("mcp", &["--mcp-server", "recorded"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(recorded.len(), 200);
+    assert_eq!(recorded.keys().collect::<Vec<_>>(), mcp.keys().collect::<Vec<_>>());
+    for (conversation, events) in &recorded {
+        let other = &mcp[conversation];
+        let first = events.iter().zip(other).position(|(a, b)| a != b);
+        assert!(first.is_none() && events.len() == other.len(), "{conversation}: the logs differ at event {first:?} (lengths {} and {}): {:?} versus {:?}", events.len(), other.len(), first.map(|i| &events[i]), first.map(|i| &other[i]));
+    }
+}
+
+/// An event as JSON without what differs between two replays of one
+/// conversation by nature (run id, times, durations, active time) or by where its tools
+/// come from (the config's tool sources, `step.start`'s tool list beyond
+/// the names).
+fn normalised(event: &Value, run_id: &str) -> Value {
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                map.retain(|k, _| !matches!(k.as_str(), "at" | "duration_ms" | "active_ms") && !k.ends_with("_at"));
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut e: Value = serde_json::from_str(&event.to_string().replace(run_id, "RUN")).unwrap();
+    strip(&mut e);
+    match e["type"].as_str() {
+        Some("session.start") => {
+            let config = e["data"]["config"].as_object_mut().unwrap();
+            for key in ["tools", "mcp", "tool_policy"] {
+                config.remove(key);
+            }
+        }
+        Some("step.start") => {
+            let names: Vec<Value> = e["data"]["tools"].as_array().unwrap().iter().map(|t| t["name"].clone()).collect();
+            e["data"]["tools"] = Value::Array(names);
+        }
+        _ => {}
+    }
+    e
 }
 
 #[test]
