@@ -358,6 +358,10 @@ impl Embedded {
             Some((name, file, tools)) => equip(Some(replay_tools_catalogue(name, file, tools)?), agent),
             None => agent,
         });
+        // A tool server that cannot start fails the batch here, not its runs later.
+        if let (Some((name, ..)), Some(sources)) = (mcp, agent.tool_sources()) {
+            sources.mcp().list_tools(name, Duration::from_secs(30)).await.map_err(|e| anyhow::anyhow!("--mcp-server {name}: {e}"))?;
+        }
         let (path, scratch) = match data {
             Some(path) => (path.to_owned(), None),
             None => {

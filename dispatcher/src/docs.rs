@@ -430,11 +430,11 @@ fn http_tools_json() -> Value {
 
 /// `RunConfig.tool_policy` and `AgentDefinition.tool_policy` ([`glia_proto::ToolPolicy`]).
 fn tool_policy_json() -> Value {
-    json!({"type": "object", "description": "Per tool name: overrides of an MCP tool's annotations (readOnlyHint/idempotentHint: idempotent; destructiveHint: requires approval) or an HTTP tool's fields.",
+    json!({"type": "object", "description": "Per tool name: overrides of an MCP tool's annotations (readOnlyHint/idempotentHint: idempotent; destructiveHint: requires approval) or an HTTP tool's fields, and return_direct (a hand-off: the result ends the run, unchecked by output guardrails and the output schema). Ignored for the worker's own tools.",
                 "propertyNames": {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
                 "additionalProperties": {"type": "object", "additionalProperties": false, "properties": {
                     "requires_approval": {"type": ["boolean", "null"]}, "idempotent": {"type": ["boolean", "null"]}, "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64},
-                    "return_direct": {"type": ["boolean", "null"], "description": "A successful call ends the run with its result as the answer (a hand-off)."}}}})
+                    "return_direct": {"type": ["boolean", "null"], "description": "A successful call ends the run with its result as the answer (a hand-off); output guardrails and the output schema do not see it."}}}})
 }
 
 fn pull_point_json() -> Value {

@@ -82,8 +82,9 @@ pub struct RunConfig {
     /// Tools the worker runs as JSON POSTs to catalogue-allowed origins.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub http_tools: Vec<HttpTool>,
-    /// Per-tool overrides (approval, idempotency, timeout) by tool name, for
-    /// MCP tools (over their annotations) and HTTP tools.
+    /// Per-tool overrides (approval, idempotency, timeout, hand-off) by tool
+    /// name, for MCP tools (over their annotations) and HTTP tools; ignored
+    /// for the worker's own tools.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tool_policy: BTreeMap<String, ToolPolicy>,
     /// Name of a model provider in the operator's catalogue; `None` = the

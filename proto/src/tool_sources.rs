@@ -89,6 +89,8 @@ pub struct ToolPolicy {
     pub timeout_ms: Option<u64>,
     /// A successful call ends the run with its result as the answer
     /// ([`crate::ToolSpec::return_direct`]: a hand-off tool); default false.
+    /// That answer is not the model's: output guardrails, the output schema
+    /// and `after_step` hooks do not see it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_direct: Option<bool>,
 }

@@ -4,8 +4,8 @@
 //! fleet calls a team's real tool server.
 //!
 //! `tools/list` gives the recording's tools (name, description, input
-//! schema; the tools that need no approval are annotated `readOnlyHint`,
-//! the consequential ones `idempotentHint: false`). `tools/call` answers the
+//! schema; idempotent ones are annotated `readOnlyHint`, the others — the
+//! consequential tools — `idempotentHint: false`). `tools/call` answers the
 //! output recorded for the call: the call id is the last part of the
 //! idempotency key in `_meta` (`glia/idempotency_key` =
 //! `{run_id}:{turn}:{call_id}`, `glia_worker::mcp::IDEMPOTENCY_META_KEY`),

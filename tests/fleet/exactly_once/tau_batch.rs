@@ -55,8 +55,8 @@ fn embedded_batch_reproduces_all_200_with_recorded_tools_and_over_mcp_with_the_s
 
 /// An event as JSON without what differs between two replays of one
 /// conversation by nature (run id, times, durations, active time) or by where its tools
-/// come from (the config's tool sources, `step.start`'s tool list beyond
-/// the names).
+/// come from (the config's tool sources; in `step.start`, each tool's
+/// source and timeout).
 fn normalised(event: &Value, run_id: &str) -> Value {
     fn strip(v: &mut Value) {
         match v {
@@ -78,8 +78,12 @@ fn normalised(event: &Value, run_id: &str) -> Value {
             }
         }
         Some("step.start") => {
-            let names: Vec<Value> = e["data"]["tools"].as_array().unwrap().iter().map(|t| t["name"].clone()).collect();
-            e["data"]["tools"] = Value::Array(names);
+            // Where each tool comes from, and the MCP default timeout.
+            for tool in e["data"]["tools"].as_array_mut().unwrap() {
+                let tool = tool.as_object_mut().unwrap();
+                tool.remove("source");
+                tool.remove("timeout_ms");
+            }
         }
         _ => {}
     }
