@@ -19,7 +19,9 @@ use crate::error::ApiError;
 /// 422 `invalid_body`.
 pub struct ApiJson<T>(pub T);
 
-/// An optional JSON body: an empty body is `T::default()`; otherwise as [`ApiJson`].
+/// An optional JSON body: no body (or whitespace without a JSON content
+/// type) is `T::default()`; otherwise as [`ApiJson`] (so `\n` sent as JSON
+/// is 400 `malformed_json`).
 pub struct OptJson<T>(pub T);
 
 /// Query parameters; errors are 400 `invalid_query`.
@@ -149,7 +151,9 @@ impl<T: DeserializeOwned + Default + Documented> FromRequest<App> for OptJson<T>
 
     async fn from_request(req: Request, app: &App) -> Result<Self, Self::Rejection> {
         let (headers, bytes) = body(req, app).await?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        // No body is the default; a body that says it is JSON must be JSON
+        // (whitespace alone is not).
+        if bytes.is_empty() || (!is_json(&headers) && bytes.iter().all(u8::is_ascii_whitespace)) {
             return Ok(OptJson(T::default()));
         }
         parse(&headers, &bytes).map(OptJson)

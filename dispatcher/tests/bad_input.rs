@@ -111,6 +111,8 @@ async fn bad_input_to_every_endpoint_is_a_json_4xx_and_writes_nothing() {
             let ct = Some("application/json");
             cases.push(("malformed json".into(), raw(&ep.method, &ep.uri, Some(good_token), ct, "{\"goal\": "), StatusCode::BAD_REQUEST, "malformed_json"));
             cases.push(("not json at all".into(), raw(&ep.method, &ep.uri, Some(good_token), ct, "goal=g"), StatusCode::BAD_REQUEST, "malformed_json"));
+            // Whitespace is no body only when it does not claim to be JSON.
+            cases.push(("whitespace sent as json".into(), raw(&ep.method, &ep.uri, Some(good_token), ct, "\n"), StatusCode::BAD_REQUEST, "malformed_json"));
             cases.push(("wrong types".into(), raw(&ep.method, &ep.uri, Some(good_token), ct, wrong.to_string()), StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"));
             cases.push(("json array".into(), raw(&ep.method, &ep.uri, Some(good_token), ct, "[]"), StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"));
             cases.push((
