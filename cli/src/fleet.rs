@@ -268,8 +268,7 @@ impl WorkerArgs {
         if let Some(dir) = &self.replay {
             let recording = glia_replay::tau::load_dir(dir)?;
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
-            let agent = Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?);
-            return Ok(Arc::new(equip(catalogue, agent)));
+            return Ok(Arc::new(equip(catalogue, replay_agent(&recording)?)));
         }
         self.provider.check(catalogue.as_ref().is_some_and(|c| !c.providers.is_empty()))?;
         let named = match &catalogue {
@@ -313,6 +312,11 @@ impl WorkerArgs {
     }
 }
 
+/// An agent that replays `recording`: its provider and its recorded tools.
+fn replay_agent(recording: &glia_replay::Recording) -> Result<Agent> {
+    Ok(Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?))
+}
+
 /// A catalogue with one stdio MCP server, `name`: this binary's `glia
 /// replay-tools FILE --tools TOOLS` (the recording's tools as a separate
 /// process).
@@ -353,7 +357,7 @@ impl Embedded {
     /// file and its tool list), the workers also have a catalogue naming
     /// that MCP server: this binary's `glia replay-tools` on the recording.
     pub async fn start(recording: &glia_replay::Recording, workers: usize, concurrency: usize, data: Option<&Path>, mcp: Option<(&str, &Path, &Path)>) -> Result<Embedded> {
-        let agent = Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?);
+        let agent = replay_agent(recording)?;
         let agent = Arc::new(match mcp {
             Some((name, file, tools)) => equip(Some(replay_tools_catalogue(name, file, tools)?), agent),
             None => agent,

@@ -83,18 +83,7 @@ impl ProviderArgs {
     pub async fn fleet_provider(&self, kind: ProviderKind, limiter: Option<(&str, &str, RateLimits, &glia_dispatcher::Startup)>, metrics: Option<ProviderMetrics>) -> Result<Arc<dyn Provider>> {
         let config = self.config(kind);
         config.api_key()?;
-        let prices = self.price_table()?;
-        let limiter = match limiter {
-            Some((url, prefix, limits, startup)) => {
-                let connect = || RateLimiter::connect(url, prefix, limits);
-                Some(Arc::new(crate::fleet::wait_for("rate_limiter", "Redis (the provider rate limiter)", startup, connect).await))
-            }
-            None => None,
-        };
-        Ok(match kind {
-            ProviderKind::Anthropic => assemble(glia_providers::anthropic_provider(&config)?, limiter, prices, metrics),
-            ProviderKind::Openai => assemble(glia_providers::openai_provider(&config)?, limiter, prices, metrics),
-        })
+        build(&config, limiter, self.price_table()?, metrics).await
     }
 
     /// The catalogue's providers (`[providers.NAME]`), each built as
@@ -122,27 +111,34 @@ impl ProviderArgs {
                 resume_spacing_ms: None,
             };
             let limited = entry.requests_per_minute.or(entry.input_tokens_per_minute).or(entry.output_tokens_per_minute).is_some();
-            let limiter = match redis {
-                Some((url, prefix, startup)) => {
-                    let prefix = format!("{prefix}:provider:{name}:");
-                    let connect = || RateLimiter::connect(url, prefix.clone(), limits);
-                    Some(Arc::new(crate::fleet::wait_for("rate_limiter", "Redis (the provider rate limiter)", startup, connect).await))
-                }
-                None => {
-                    if limited {
-                        tracing::warn!(provider = %name, "the catalogue's rate limits are enforced only with Redis (glia worker, or glia dev --services)");
-                    }
-                    None
-                }
-            };
-            let provider = match kind {
-                ProviderKind::Anthropic => assemble(glia_providers::anthropic_provider(&config)?, limiter, prices.clone(), metrics.clone()),
-                ProviderKind::Openai => assemble(glia_providers::openai_provider(&config)?, limiter, prices.clone(), metrics.clone()),
-            };
+            if redis.is_none() && limited {
+                tracing::warn!(provider = %name, "the catalogue's rate limits are enforced only with Redis (glia worker, or glia dev --services)");
+            }
+            let prefix = redis.map(|(_, prefix, _)| format!("{prefix}:provider:{name}:"));
+            let limiter = redis.zip(prefix.as_deref()).map(|((url, _, startup), prefix)| (url, prefix, limits, startup));
+            let provider = build(&config, limiter, prices.clone(), metrics.clone()).await?;
             built.push((name.clone(), provider));
         }
         Ok(built)
     }
+}
+
+/// A provider of `config`'s kind: retries, refusal isolation, `prices`,
+/// counted in `metrics`, and the fleet-wide rate limiter when `limiter` is
+/// given (Redis URL, key prefix, limits, where to report its connection: a
+/// Redis that is down is waited for). The caller checks the API key first.
+async fn build(config: &ProviderConfig, limiter: Option<(&str, &str, RateLimits, &glia_dispatcher::Startup)>, prices: Option<PriceTable>, metrics: Option<ProviderMetrics>) -> Result<Arc<dyn Provider>> {
+    let limiter = match limiter {
+        Some((url, prefix, limits, startup)) => {
+            let connect = || RateLimiter::connect(url, prefix, limits);
+            Some(Arc::new(crate::fleet::wait_for("rate_limiter", "Redis (the provider rate limiter)", startup, connect).await))
+        }
+        None => None,
+    };
+    Ok(match config.kind {
+        ProviderKind::Anthropic => assemble(glia_providers::anthropic_provider(config)?, limiter, prices, metrics),
+        ProviderKind::Openai => assemble(glia_providers::openai_provider(config)?, limiter, prices, metrics),
+    })
 }
 
 fn assemble<W: Wire>(provider: HttpProvider<W>, limiter: Option<Arc<RateLimiter>>, prices: Option<PriceTable>, metrics: Option<ProviderMetrics>) -> Arc<dyn Provider> {

@@ -565,8 +565,11 @@ pub(crate) async fn admit_run(app: &App, tenant: &str, key: Option<String>, req:
     // The goal is stored as the input redact rules leave it (so an
     // idempotent repeat is compared as redacted: goals that differ only in
     // what the rules remove are the same request).
-    let guardrails = config.guardrails.compile().map_err(|e| ApiError::Invalid(format!("config.guardrails.{e}")))?;
-    let (goal, redactions) = guardrails.redact_input(&req.goal);
+    let (goal, redactions) = if config.guardrails.redacts_input() {
+        config.guardrails.compile().map_err(|e| ApiError::Invalid(format!("config.guardrails.{e}")))?.redact_input(&req.goal)
+    } else {
+        (req.goal.clone(), Vec::new())
+    };
     let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: goal.clone(), config: config.clone(), redactions } };
     RunState::new(run_id).apply(&start).map_err(|e| ApiError::Invalid(e.to_string()))?;
     let new = NewRun { tenant: tenant.to_owned(), idempotency_key: key.clone(), batch_id: req.batch_id, start };
@@ -788,7 +791,7 @@ pub async fn post_tool_result(State(app): State<App>, p: Principal, ApiPath((id,
 async fn redacted_input(app: &App, id: Uuid, text: String) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
     let first = app.log.events(id, 0, 1).await?;
     let Some(EventKind::SessionStart { config, .. }) = first.first().map(|e| &e.kind) else { return Ok((text, Vec::new())) };
-    if !config.guardrails.input.iter().any(|r| r.redact.is_some()) {
+    if !config.guardrails.redacts_input() {
         return Ok((text, Vec::new()));
     }
     let compiled = config.guardrails.compile().map_err(|e| ApiError::Invalid(format!("config.guardrails.{e}")))?;

@@ -258,6 +258,16 @@ pub struct Redaction {
     pub count: usize,
 }
 
+impl Redaction {
+    /// Count this in `list`: added to the entry of the same rule, or appended.
+    pub fn add_to(self, list: &mut Vec<Redaction>) {
+        match list.iter_mut().find(|r| r.guardrail == self.guardrail) {
+            Some(r) => r.count += self.count,
+            None => list.push(self),
+        }
+    }
+}
+
 /// [`Guardrails`] compiled: what the dispatcher and the worker check.
 #[derive(Debug, Clone, Default)]
 pub struct CompiledGuardrails {
@@ -273,6 +283,17 @@ impl Guardrails {
     /// True when there is nothing to check.
     pub fn is_empty(&self) -> bool {
         self == &Guardrails::default()
+    }
+
+    /// Whether an input rule redacts (so goals and messages are rewritten).
+    pub fn redacts_input(&self) -> bool {
+        self.input.iter().any(|r| r.redact.is_some())
+    }
+
+    /// Whether an output rule redacts (so answers are rewritten, and no text
+    /// deltas are streamed).
+    pub fn redacts_output(&self) -> bool {
+        self.output.iter().any(|r| r.redact.is_some())
     }
 
     /// Compile every regex. Errors name the field from the guardrails
@@ -350,10 +371,7 @@ impl CompiledGuardrails {
             let count = re.find_iter(&text).count();
             if count > 0 {
                 text = re.replace_all(&text, regex::NoExpand(replacement)).into_owned();
-                match redactions.iter_mut().find(|r| &r.guardrail == name) {
-                    Some(r) => r.count += count,
-                    None => redactions.push(Redaction { guardrail: name.clone(), count }),
-                }
+                Redaction { guardrail: name.clone(), count }.add_to(redactions);
             }
         }
         text
@@ -382,11 +400,6 @@ impl CompiledGuardrails {
     /// to `redactions`.
     pub fn redact_output(&self, text: &str, redactions: &mut Vec<Redaction>) -> String {
         Self::redact(&self.redact_output, text, redactions)
-    }
-
-    /// Whether any output rule redacts (then no text deltas are streamed).
-    pub fn redacts_output(&self) -> bool {
-        !self.redact_output.is_empty()
     }
 }
 

@@ -533,12 +533,7 @@ impl Agent {
         // another way, and finds nothing in text already redacted.
         let declared = self.declared_guardrails(&run.state.config)?;
         let (text, mut redactions) = declared.redact_input(&text);
-        for r in posted {
-            match redactions.iter_mut().find(|m| m.guardrail == r.guardrail) {
-                Some(m) => m.count += r.count,
-                None => redactions.push(r),
-            }
-        }
+        posted.into_iter().for_each(|r| r.add_to(&mut redactions));
         match self.check_input(&declared, &text) {
             Some((guardrail, reason)) => run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason, reask: None }).await,
             None => run.record(EventKind::InputReceived { text, redactions }).await,
@@ -696,8 +691,8 @@ impl Agent {
         let sink: &dyn EventSink = &*run.sink;
         // Output redactions apply to the answer before it is recorded; its
         // raw text must not stream out live meanwhile.
-        let declared = self.declared_guardrails(&config)?;
-        let redacting = declared.redacts_output();
+        let redactor = if config.guardrails.redacts_output() { Some(self.declared_guardrails(&config)?) } else { None };
+        let redacting = redactor.is_some();
         let live = |delta: LiveEvent| {
             if !(redacting && matches!(delta, LiveEvent::ModelDelta { ref channel, .. } if channel == "text")) {
                 sink.live(&delta);
@@ -735,10 +730,10 @@ impl Agent {
                 let stop_reason = r.stop_reason.clone();
                 let mut redactions = Vec::new();
                 let mut message = r.message;
-                if redacting {
+                if let Some(redactor) = &redactor {
                     for block in &mut message.content {
                         if let ContentBlock::Text { text } = block {
-                            *text = declared.redact_output(text, &mut redactions);
+                            *text = redactor.redact_output(text, &mut redactions);
                         }
                     }
                 }
