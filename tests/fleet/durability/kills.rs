@@ -157,13 +157,21 @@ impl Sql {
 /// no sequence number is written twice.
 ///
 /// How the group is held in flight: the test inserts, uncommitted, the next
-/// events of the run with the highest id (a group writes its runs in id
-/// order, so that run's statement comes last): the group's insert of that
-/// run's next event waits for the test's transaction. The runs ahead of it
-/// in the group are then updated by the group's open transaction, which the
-/// test sees (their visible rows' `xmax` is its transaction id). The worker
-/// writes one group at a time (`GLIA_GROUP_LANES=1`), so nothing else
-/// commits meanwhile.
+/// events of a run (the target): a group's insert of that run's next event
+/// waits for the test's transaction, and the runs ahead of it in the group
+/// (a group writes its runs in id order) are then updated by the group's
+/// open transaction, which the test sees (their visible rows' `xmax` is its
+/// transaction id). The worker writes one group at a time
+/// (`GLIA_GROUP_LANES=1`), so nothing else commits meanwhile.
+///
+/// How a group of several runs is made, whatever the machine's pace: the
+/// first hold (on the run with the highest id) stops the worker's only lane,
+/// so every other run's next step gathers behind it. While it holds, the
+/// test holds a second run from that gathering (the highest id not in the
+/// stopped group; its head cannot move while the lane is stopped), then
+/// lets the first go: the gathered steps go out as one group and stop at the
+/// second hold, after the steps of the runs with lower ids. A group caught
+/// with fewer than two runs ahead is let go and the next one is tried.
 #[test]
 fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
     let turns = 12;
@@ -174,65 +182,95 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
     // One group at a time: while the held group waits, the other runs' steps wait for it.
     fleet.extra_env.push(("GLIA_GROUP_LANES".into(), "1".into()));
     fleet.start_dispatcher();
-    let runs: Vec<String> = (0..8).map(|i| fleet.submit(&format!("long #{i}"), json!({"model": "script:long"}))).collect();
-    let last = runs.iter().max().unwrap().clone();
+    let mut runs: Vec<String> = (0..8).map(|i| fleet.submit(&format!("long #{i}"), json!({"model": "script:long"}))).collect();
+    runs.sort();
     let sql = Sql::connect(&fleet.db_url);
-    let blocker = Sql::connect(&fleet.db_url);
+    let blockers = [Sql::connect(&fleet.db_url), Sql::connect(&fleet.db_url)];
     let lease_ms = 1_500;
     fleet.start_worker(lease_ms);
 
-    // Hold the last run's next events, once it is under way, and wait for a
-    // group held up on it with at least two other runs' steps written in it:
-    // the runs whose visible row version the group's open transaction has
-    // updated (`xmax` is its transaction id; a lease renewal or an acquire
-    // locking a row for a moment has another). A group caught with fewer
-    // (the last run's step came alone, or with one other) is let go and the
-    // next one is held.
     let deadline = Instant::now() + Duration::from_secs(90);
-    let mut small = 0;
-    let (pid, mut group): (i32, Vec<String>) = 'hold: loop {
-        let row = &sql.rows(&format!("SELECT head_seq, status FROM runs WHERE id = '{last}'"))[0];
-        let (head, status): (i64, String) = (row.get(0), row.get(1));
-        assert!(
-            Instant::now() < deadline && status != "done",
-            "no group commit of several runs was held in flight ({small} groups caught held fewer; the last run is {status} at {head})"
-        );
-        if head < 3 {
-            std::thread::sleep(Duration::from_millis(5));
-            continue;
-        }
-        let hold = format!(
+    let head_of = |run: &str| -> Option<i64> {
+        let row = &sql.rows(&format!("SELECT head_seq, status FROM runs WHERE id = '{run}'"))[0];
+        let status: String = row.get(1);
+        (status != "done").then(|| row.get(0))
+    };
+    // Hold `run`'s next events on blocker `b`; false when its head moved meanwhile.
+    let hold = |b: usize, run: &str, head: i64| -> bool {
+        let sql = format!(
             "BEGIN; INSERT INTO events (run_id, seq, kind, at, at_nanos, payload) \
-             SELECT '{last}', s, 'session.pause', now(), 0, '{{}}'::jsonb FROM generate_series({}, {}) AS s",
+             SELECT '{run}', s, 'session.pause', now(), 0, '{{}}'::jsonb FROM generate_series({}, {}) AS s",
             head + 1,
             head + 40
         );
-        if blocker.exec(&hold).is_err() {
-            blocker.exec("ROLLBACK").unwrap(); // the run moved on meanwhile
-            continue;
+        if blockers[b].exec(&sql).is_err() {
+            blockers[b].exec("ROLLBACK").unwrap();
+            return false;
         }
-        let attempt = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < attempt {
+        true
+    };
+    // The group commit waiting on the hold of `target` (not the transaction
+    // `except`), within 2 s: its backend's pid and transaction id, and the
+    // other runs its open transaction has updated.
+    let waiting_group = |target: &str, except: Option<&str>| -> Option<(i32, String, Vec<String>)> {
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
             let waiting = sql.rows(
                 "SELECT pid, backend_xid::text FROM pg_stat_activity \
                  WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fence%' AND backend_xid IS NOT NULL",
             );
-            if let Some(row) = waiting.first() {
+            if let Some(row) = waiting.iter().find(|r| Some(r.get::<_, String>(1).as_str()) != except) {
                 let (pid, xid): (i32, String) = (row.get(0), row.get(1));
-                let held: Vec<String> =
-                    sql.rows(&format!("SELECT id::text FROM runs WHERE id <> '{last}' AND xmax::text = '{xid}'")).iter().map(|r| r.get(0)).collect();
-                if held.len() >= 2 {
-                    break 'hold (pid, held);
-                }
-                small += 1;
-                break; // too small: let it go at once, hold the run's next step
+                let held = sql.rows(&format!("SELECT id::text FROM runs WHERE id <> '{target}' AND xmax::text = '{xid}'")).iter().map(|r| r.get(0)).collect();
+                return Some((pid, xid, held));
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        blocker.exec("ROLLBACK").unwrap();
+        None
+    };
+    let mut small = 0;
+    let (pid, blocker, target, mut group): (i32, usize, String, Vec<String>) = 'hold: loop {
+        let open: Vec<(String, i64)> = runs.iter().filter_map(|r| head_of(r).map(|h| (r.clone(), h))).collect();
+        assert!(
+            Instant::now() < deadline && open.len() >= 3,
+            "no group commit of several runs was held in flight ({small} groups caught held fewer; {} runs left)",
+            open.len()
+        );
+        let (first, head) = open.last().unwrap().clone();
+        if head < 3 || !hold(0, &first, head) {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        let Some((pid, xid, held)) = waiting_group(&first, None) else {
+            blockers[0].exec("ROLLBACK").unwrap();
+            continue;
+        };
+        if held.len() >= 2 {
+            break 'hold (pid, 0, first, held);
+        }
+        // The lane is stopped: let the other runs' steps gather behind it
+        // (each runs a 20 ms tool first), then hold the highest of them.
+        std::thread::sleep(Duration::from_millis(150));
+        let second = open.iter().rev().find(|(r, _)| *r != first && !held.contains(r)).cloned();
+        let Some((second, _)) = second else {
+            blockers[0].exec("ROLLBACK").unwrap();
+            continue;
+        };
+        let held_second = head_of(&second).is_some_and(|h| hold(1, &second, h));
+        blockers[0].exec("ROLLBACK").unwrap();
+        if !held_second {
+            continue;
+        }
+        match waiting_group(&second, Some(&xid)) {
+            Some((pid, _, held)) if held.len() >= 2 => break 'hold (pid, 1, second, held),
+            _ => {
+                small += 1;
+                blockers[1].exec("ROLLBACK").unwrap();
+            }
+        }
     };
     eprintln!("held in flight: {} runs ahead of the held one", group.len());
-    group.push(last.clone());
+    group.push(target);
     let heads = |group: &[String]| -> Vec<(i64, i64)> {
         let ids = group.iter().map(|r| format!("'{r}'")).collect::<Vec<_>>().join(",");
         // One statement, one snapshot of the whole group.
@@ -245,7 +283,7 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
     let mut worker = fleet.workers.remove(0);
     worker.kill().expect("kill -9 the worker");
     worker.wait().unwrap();
-    blocker.exec("ROLLBACK").unwrap();
+    blockers[blocker].exec("ROLLBACK").unwrap();
     // The group's session ends: its statements and COMMIT were already sent,
     // so it either commits once the held row is free or is rolled back when
     // the server sees the client gone; either way all of the group, or none.
