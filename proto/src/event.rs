@@ -599,6 +599,22 @@ pub enum HookTopic {
     OnComplete,
 }
 
+impl HookTopic {
+    /// Every topic, in the order of the harness contract.
+    pub const ALL: [HookTopic; 10] = [
+        HookTopic::BeforePlan,
+        HookTopic::AfterPlan,
+        HookTopic::BeforeStep,
+        HookTopic::AfterStep,
+        HookTopic::BeforeToolCall,
+        HookTopic::AfterToolCall,
+        HookTopic::OnError,
+        HookTopic::OnPause,
+        HookTopic::OnBudgetExceeded,
+        HookTopic::OnComplete,
+    ];
+}
+
 /// What a hook did, as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

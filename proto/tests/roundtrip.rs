@@ -322,18 +322,7 @@ fn outcome() -> impl Strategy<Value = Outcome> {
 }
 
 fn hook_topic() -> impl Strategy<Value = HookTopic> {
-    prop::sample::select(vec![
-        HookTopic::BeforePlan,
-        HookTopic::AfterPlan,
-        HookTopic::BeforeStep,
-        HookTopic::AfterStep,
-        HookTopic::BeforeToolCall,
-        HookTopic::AfterToolCall,
-        HookTopic::OnError,
-        HookTopic::OnPause,
-        HookTopic::OnBudgetExceeded,
-        HookTopic::OnComplete,
-    ])
+    prop::sample::select(HookTopic::ALL.to_vec())
 }
 
 fn hook_effect() -> impl Strategy<Value = HookEffect> {

@@ -11,23 +11,10 @@ use glia_worker::hooks::{Hooks, Verdict};
 use glia_worker::provider::ScriptedTurn;
 use serde_json::json;
 
-const ALL: [HookTopic; 10] = [
-    HookTopic::BeforePlan,
-    HookTopic::AfterPlan,
-    HookTopic::BeforeStep,
-    HookTopic::AfterStep,
-    HookTopic::BeforeToolCall,
-    HookTopic::AfterToolCall,
-    HookTopic::OnError,
-    HookTopic::OnPause,
-    HookTopic::OnBudgetExceeded,
-    HookTopic::OnComplete,
-];
-
 /// Hooks that record every topic they see.
 fn tracing_hooks(seen: &Arc<Mutex<Vec<HookTopic>>>) -> Hooks {
     let mut hooks = Hooks::default();
-    for topic in ALL {
+    for topic in HookTopic::ALL {
         let seen = seen.clone();
         hooks.on(topic, "trace", move |_| {
             seen.lock().unwrap().push(topic);
