@@ -169,6 +169,33 @@ impl From<String> for ToolContent {
     }
 }
 
+/// Shown as [`ToolContent::to_text`].
+impl std::fmt::Display for ToolContent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_text())
+    }
+}
+
+/// Equal when the content is [`ToolContent::Text`] of that string (blocks
+/// never equal a string, even text-only ones).
+impl PartialEq<str> for ToolContent {
+    fn eq(&self, other: &str) -> bool {
+        matches!(self, ToolContent::Text(text) if text == other)
+    }
+}
+
+impl PartialEq<&str> for ToolContent {
+    fn eq(&self, other: &&str) -> bool {
+        self == *other
+    }
+}
+
+impl PartialEq<String> for ToolContent {
+    fn eq(&self, other: &String) -> bool {
+        self == other.as_str()
+    }
+}
+
 impl From<&str> for ToolContent {
     fn from(text: &str) -> Self {
         ToolContent::Text(text.to_owned())
@@ -219,6 +246,17 @@ pub const IMAGE_MEDIA_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif"
 /// more (20 MB), so this one limit fits both.
 pub const MAX_IMAGE_BASE64_LEN: usize = 5 * 1024 * 1024;
 
+/// How many bytes standard base64 text `data` decodes to, from its length
+/// alone (nothing is decoded; for sizes in notes and limits).
+///
+/// ```
+/// assert_eq!(glia_proto::content::base64_decoded_len("aGVsbG8="), 5); // "hello"
+/// ```
+pub fn base64_decoded_len(data: &str) -> usize {
+    let data = data.trim_end_matches('=');
+    data.len() / 4 * 3 + (data.len() % 4).saturating_sub(1)
+}
+
 /// Where an image's bytes are. Anthropic's `source` object; only inline
 /// base64 data exists here: `{"type": "base64", "media_type": "image/png",
 /// "data": "iVBORw0KGgo…"}`.
@@ -254,10 +292,9 @@ impl ImageSource {
         }
     }
 
-    /// The decoded size in bytes, from the base64 length (not decoded).
+    /// The decoded size in bytes ([`base64_decoded_len`] of the data).
     pub fn decoded_len(&self) -> usize {
-        let data = self.data().trim_end_matches('=');
-        data.len() / 4 * 3 + (data.len() % 4).saturating_sub(1)
+        base64_decoded_len(self.data())
     }
 
     /// `image/png, 1234 bytes` (decoded size).
