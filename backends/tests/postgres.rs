@@ -151,7 +151,7 @@ async fn large_payloads_go_to_blobs_and_read_back_identical() {
     let run_id = Uuid::now_v7();
     // Round 0's result is large; round 1's holds U+0000, which jsonb
     // refuses; round 2's is a multi-MB image.
-    let events = tool_loop(run_id, 12, |round| match round {
+    let events = tool_loop(run_id, 16, |round| match round {
         0 => big.clone().into(),
         1 => "before\0after".into(),
         2 => image.clone(),
