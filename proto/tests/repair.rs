@@ -269,7 +269,7 @@ proptest! {
                     continue;
                 };
                 let kept = fixed.iter().find_map(|n| first_result_for(n, id));
-                prop_assert_eq!(kept, Some(given), "result for {}", id);
+                prop_assert_eq!(kept.map(|k| without_images(k)), Some(without_images(given)), "result for {}", id);
             }
         }
     }
@@ -341,6 +341,27 @@ fn an_empty_history_becomes_one_filler_turn() {
     let fixed = repair(&[]);
     assert_eq!(fixed, vec![Message::user(Insert::Filler.wrap("(earlier conversation omitted)"))]);
     assert_eq!(validate(&fixed), Ok(()));
+}
+
+/// A result with the parts repair may change taken out: its images and
+/// the notes that replace them, and empty text blocks (an empty result
+/// becomes empty text). What is left must come through unchanged.
+fn without_images(block: &ContentBlock) -> ContentBlock {
+    let ContentBlock::ToolResult { tool_use_id, content, is_error } = block else { return block.clone() };
+    let content = match content {
+        ToolContent::Text(text) => ToolContent::Text(text.clone()),
+        ToolContent::Blocks(blocks) => ToolContent::Text(
+            blocks
+                .iter()
+                .filter_map(|b| match b {
+                    ResultBlock::Text { text } if !text.is_empty() && !text.starts_with("[image left out: ") => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+    };
+    ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content, is_error: *is_error }
 }
 
 /// An image the APIs take is kept; one whose bytes contradict its media
