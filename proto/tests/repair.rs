@@ -269,7 +269,7 @@ proptest! {
                     continue;
                 };
                 let kept = fixed.iter().find_map(|n| first_result_for(n, id));
-                prop_assert_eq!(kept.map(|k| without_images(k)), Some(without_images(given)), "result for {}", id);
+                prop_assert_eq!(kept.map(without_images), Some(without_images(given)), "result for {}", id);
             }
         }
     }
