@@ -12,7 +12,7 @@ use glia_backends::conformance::{self, SampleLog, sample_log};
 use glia_backends::postgres::{CommitMode, PgLog, PgOptions};
 use glia_backends::{ApprovalFilter, ApprovalStatus, EventLog, Lease, LogError, NewRun, RunFilter};
 use glia_proto::{
-    ContentBlock, Decision, Disposition, Event, EventKind, Message, Resume, Role, RunConfig, RunState, ToolCallRecord, Usage, args_hash,
+    ContentBlock, Decision, Disposition, Event, EventKind, Message, Resume, Role, RunConfig, RunState, ToolCallRecord, Usage, args_hash, ImageSource, MAX_IMAGE_BASE64_LEN, ResultBlock, ToolContent,
 };
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -44,7 +44,7 @@ fn at(i: usize) -> DateTime<Utc> {
 
 /// A valid log of `n` events: start, plan, one step, then rounds of model
 /// call → tool use → tool call → tool result (`result(round)`).
-fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> String) -> Vec<Event> {
+fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> ToolContent) -> Vec<Event> {
     let mut kinds = vec![
         EventKind::SessionStart { redactions: Vec::new(), goal: "look things up".into(), config: RunConfig::default() },
         EventKind::PlanDraft { steps: vec!["Reach the goal.".into()], usage: Usage::default(), cost_usd_micros: 0 },
@@ -143,12 +143,19 @@ async fn large_payloads_go_to_blobs_and_read_back_identical() {
     let db = TestDb::new().await;
     let log = db.log().await;
     let big = format!("{}é✓", "x".repeat(200 * 1024));
+    // A PNG of 3.75 MiB, as base64 just under the 5 MiB a request may carry.
+    // ("iVBORw0KGgoA" is the PNG signature and a zero byte; "AAAA" 3 zeros.)
+    let png = format!("iVBORw0KGgoA{}", "AAAA".repeat(MAX_IMAGE_BASE64_LEN / 4 - 4));
+    assert_eq!(ImageSource::base64("image/png", png.as_str()).check(), Ok(()), "a request may carry it");
+    let image = ToolContent::Blocks(vec![ResultBlock::text("a screenshot"), ResultBlock::Image { source: ImageSource::base64("image/png", png) }]);
     let run_id = Uuid::now_v7();
-    // Round 0's result is large; round 1's holds U+0000, which jsonb refuses.
-    let events = tool_loop(run_id, 12, |round| match round {
-        0 => big.clone(),
+    // Round 0's result is large; round 1's holds U+0000, which jsonb
+    // refuses; round 2's is a multi-MB image.
+    let events = tool_loop(run_id, 16, |round| match round {
+        0 => big.clone().into(),
         1 => "before\0after".into(),
-        _ => format!("small {round}"),
+        2 => image.clone(),
+        _ => format!("small {round}").into(),
     });
     commit_one_by_one(&log, &events).await;
     assert_eq!(log.events(run_id, 0, 100).await.unwrap(), events, "events round-trip exactly, time included");
@@ -156,13 +163,19 @@ async fn large_payloads_go_to_blobs_and_read_back_identical() {
 
     let sql = db.sql().await;
     let rows = sql.query("SELECT seq, blob_hash FROM events WHERE payload IS NULL ORDER BY seq", &[]).await.unwrap();
-    assert_eq!(rows.len(), 2, "only the large and the NUL payloads left the row");
-    let large = rows.iter().map(|r| r.get::<_, i64>(0) as usize).find(|seq| matches!(&events[seq - 1].kind, EventKind::ToolResult { content, .. } if content.len() > 1000));
-    let large = large.expect("the large result is in a blob");
-    let json = serde_json::to_vec(&events[large - 1].kind).unwrap();
-    let hash: String = Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect();
-    let stored: Vec<u8> = sql.query_one("SELECT bytes FROM blobs WHERE hash = $1", &[&hash]).await.expect("blob by its SHA-256").get(0);
-    assert_eq!(stored, json);
+    assert_eq!(rows.len(), 3, "only the large, the NUL and the image payloads left the row");
+    let large: Vec<usize> = rows
+        .iter()
+        .map(|r| r.get::<_, i64>(0) as usize)
+        .filter(|seq| matches!(&events[seq - 1].kind, EventKind::ToolResult { .. }) && serde_json::to_vec(&events[seq - 1].kind).unwrap().len() > 1000)
+        .collect();
+    assert_eq!(large.len(), 2, "the large text and the image results are in blobs");
+    for seq in large {
+        let json = serde_json::to_vec(&events[seq - 1].kind).unwrap();
+        let hash: String = Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect();
+        let stored: Vec<u8> = sql.query_one("SELECT bytes FROM blobs WHERE hash = $1", &[&hash]).await.expect("blob by its SHA-256").get(0);
+        assert_eq!(stored, json);
+    }
 
     // Content-addressed: a second run with the same large start shares it.
     let goal = "g".repeat(100 * 1024);
@@ -172,7 +185,7 @@ async fn large_payloads_go_to_blobs_and_read_back_identical() {
         assert_eq!(log.events(start.run_id, 0, 10).await.unwrap(), vec![start.clone()]);
         assert_eq!(log.get_run(start.run_id).await.unwrap().goal, goal);
     }
-    assert_eq!(db.count("SELECT count(*) FROM blobs").await, 3);
+    assert_eq!(db.count("SELECT count(*) FROM blobs").await, 4);
 }
 
 #[tokio::test]
@@ -202,7 +215,7 @@ async fn checkpoints_are_amortised_and_load_equals_replay() {
     let db = TestDb::new().await;
     let log = db.log().await;
     let run_id = Uuid::now_v7();
-    let events = tool_loop(run_id, 201, |round| format!("result {round}"));
+    let events = tool_loop(run_id, 201, |round| format!("result {round}").into());
     commit_one_by_one(&log, &events).await;
     let replayed = replay(&events);
     assert_eq!(log.load(run_id).await.unwrap(), replayed);
@@ -227,11 +240,11 @@ async fn a_checkpoint_commit_refuses_events_that_do_not_apply() {
     let db = TestDb::new().await;
     let log = db.log_with(PgOptions { checkpoint_every: 4, ..PgOptions::default() }).await;
     let run_id = Uuid::now_v7();
-    let events = tool_loop(run_id, 8, |round| format!("result {round}"));
+    let events = tool_loop(run_id, 8, |round| format!("result {round}").into());
     let lease = commit_one_by_one(&log, &events[..3]).await;
     // seq 4 (crossing 4) claims a tool result out of nowhere: envelope fine,
     // transition not.
-    let bogus = Event { kind: EventKind::ToolResult { call_id: "nope".into(), content: String::new(), reminder: None, duration_ms: 0 }, ..events[3].clone() };
+    let bogus = Event { kind: EventKind::ToolResult { call_id: "nope".into(), content: String::new().into(), reminder: None, duration_ms: 0 }, ..events[3].clone() };
     let mut claimed = replay(&events[..3]);
     claimed.head_seq = 4;
     let err = log.commit(&lease, &[bogus], &claimed, &[]).await.unwrap_err();
@@ -252,7 +265,7 @@ async fn concurrent_commits_on_the_same_head_one_wins() {
     // Two pools: two processes, as far as Postgres can tell.
     let (a, b) = (db.log().await, db.log().await);
     let run_id = Uuid::now_v7();
-    let events = tool_loop(run_id, 31, |round| format!("result {round}"));
+    let events = tool_loop(run_id, 31, |round| format!("result {round}").into());
     a.create_run(new_run("t", None, &events[0])).await.unwrap();
     let mut lease = a.acquire(run_id, "w1", TTL).await.unwrap();
     let mut state = replay(&events[..1]);
@@ -449,7 +462,7 @@ async fn float_arguments_round_trip() {
     let db = TestDb::new().await;
     let log = db.log().await;
     let run_id = Uuid::now_v7();
-    let mut events = tool_loop(run_id, 8, |round| format!("result {round}"));
+    let mut events = tool_loop(run_id, 8, |round| format!("result {round}").into());
     let input = json!({"amount": 212.918_907_267_134_6_f64, "rate": 479.607_564_269_825_96_f64});
     if let EventKind::ModelResponse { message, .. } = &mut events[5].kind {
         message.content = vec![ContentBlock::ToolUse { id: "c0".into(), name: "lookup".into(), input: input.clone() }];

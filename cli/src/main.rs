@@ -333,7 +333,7 @@ pub(crate) fn describe(kind: &EventKind) -> String {
             )
         }
         EventKind::ToolCall(c) => format!("{}#{} {} → {:?}", c.name, c.call_id, clip(&c.input.to_string()), c.disposition),
-        EventKind::ToolResult { call_id, content, .. } => format!("#{call_id} {}", clip(content)),
+        EventKind::ToolResult { call_id, content, .. } => format!("#{call_id} {}", clip(&content.to_text())),
         EventKind::ToolError { call_id, error, message, .. } => format!("#{call_id} {error:?}: {}", clip(message)),
         EventKind::ApprovalRequested { call_id, tool, input, .. } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
         EventKind::ApprovalResolved { call_id, decision, by, .. } => format!("#{call_id} {decision:?} by {}", by.as_deref().unwrap_or("?")),

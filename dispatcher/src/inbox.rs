@@ -604,7 +604,7 @@ fn lines(messages: &[Message]) -> Vec<Line> {
             let (kind, text) = match b {
                 ContentBlock::Text { text, .. } => ("text", text.clone()),
                 ContentBlock::ToolUse { name, input, .. } => ("tool_use", format!("{name}({input})")),
-                ContentBlock::ToolResult { content, is_error, .. } => (if *is_error { "tool_error" } else { "tool_result" }, content.clone()),
+                ContentBlock::ToolResult { content, is_error, .. } => (if *is_error { "tool_error" } else { "tool_result" }, content.to_string()),
                 _ => continue,
             };
             out.push(Line { role: role.clone(), kind: kind.into(), text });

@@ -22,8 +22,12 @@ pub enum Role {
 ///
 /// JSON: `{"type": "text", "text": "…"}`, `{"type": "tool_use", "id": "…",
 /// "name": "…", "input": {…}}`, `{"type": "tool_result", "tool_use_id": "…",
-/// "content": "…", "is_error": false}`, `{"type": "thinking", "thinking": "…",
-/// "signature": "…"}`, `{"type": "redacted_thinking", "data": "…"}`.
+/// "content": "…", "is_error": false}` (or `"content": [blocks]`, see
+/// [`ToolContent`]), `{"type": "thinking", "thinking": "…", "signature":
+/// "…"}`, `{"type": "redacted_thinking", "data": "…"}`.
+///
+/// Images exist only inside a tool result's [`ToolContent::Blocks`], so a
+/// tool result (in a user turn) is the one place a request can carry one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
@@ -45,8 +49,9 @@ pub enum ContentBlock {
     ToolResult {
         /// The `id` of the tool use it answers.
         tool_use_id: String,
-        /// Result text (JSON results are serialised).
-        content: String,
+        /// What the tool said: text (JSON results are serialised), or text
+        /// and image blocks.
+        content: ToolContent,
         /// True when the call failed; the model sees the text as an error.
         #[serde(default)]
         is_error: bool,
@@ -73,6 +78,274 @@ impl ContentBlock {
     /// A text block.
     pub fn text(text: impl Into<String>) -> Self {
         ContentBlock::Text { text: text.into() }
+    }
+}
+
+/// The content of a tool result: plain text, or a list of text and image
+/// blocks.
+///
+/// JSON: a string for [`ToolContent::Text`] (every log written before images
+/// existed, and every text-only result), an array for
+/// [`ToolContent::Blocks`] — the two forms Anthropic's Messages API accepts
+/// for `tool_result.content` ("Tool use": "content: string or a list of
+/// nested content blocks such as text or image"). A string never reads back
+/// as blocks nor the reverse, so a JSON round trip is exact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ToolContent {
+    /// Text only.
+    Text(String),
+    /// Blocks in order; used when the result has an image.
+    Blocks(Vec<ResultBlock>),
+}
+
+impl ToolContent {
+    /// `Text` of the text blocks joined by `\n` when `blocks` has no image,
+    /// else `Blocks(blocks)`.
+    ///
+    /// ```
+    /// use glia_proto::{ImageSource, ResultBlock, ToolContent};
+    /// let text = ToolContent::from_blocks(vec![ResultBlock::text("a"), ResultBlock::text("b")]);
+    /// assert_eq!(text, ToolContent::Text("a\nb".into()));
+    /// let png = ResultBlock::Image { source: ImageSource::base64("image/png", "iVBORw0KGgo=") };
+    /// assert!(matches!(ToolContent::from_blocks(vec![png]), ToolContent::Blocks(_)));
+    /// ```
+    pub fn from_blocks(blocks: Vec<ResultBlock>) -> Self {
+        if blocks.iter().all(|b| matches!(b, ResultBlock::Text { .. })) {
+            let texts: Vec<&str> = blocks.iter().filter_map(ResultBlock::as_text).collect();
+            ToolContent::Text(texts.join("\n"))
+        } else {
+            ToolContent::Blocks(blocks)
+        }
+    }
+
+    /// The content as text, for places that show or count text (summaries,
+    /// the inbox, token estimates): text blocks joined by `\n`, each image
+    /// as `[image: image/png, 1234 bytes]` (bytes decoded).
+    pub fn to_text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            ToolContent::Text(text) => text.as_str().into(),
+            ToolContent::Blocks(blocks) => blocks
+                .iter()
+                .map(|b| match b {
+                    ResultBlock::Text { text } => text.clone(),
+                    ResultBlock::Image { source } => format!("[image: {}]", source.describe()),
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+                .into(),
+        }
+    }
+
+    /// The images, in order.
+    pub fn images(&self) -> impl Iterator<Item = &ImageSource> {
+        let blocks = match self {
+            ToolContent::Text(_) => &[][..],
+            ToolContent::Blocks(blocks) => blocks.as_slice(),
+        };
+        blocks.iter().filter_map(|b| match b {
+            ResultBlock::Image { source } => Some(source),
+            ResultBlock::Text { .. } => None,
+        })
+    }
+
+    /// `text`, a blank line, then this content: a reminder shown before a
+    /// result (a text result stays one string; blocks get a leading text
+    /// block).
+    pub fn prefixed(self, text: &str) -> Self {
+        match self {
+            ToolContent::Text(content) => ToolContent::Text(format!("{text}\n\n{content}")),
+            ToolContent::Blocks(mut blocks) => {
+                blocks.insert(0, ResultBlock::text(text));
+                ToolContent::Blocks(blocks)
+            }
+        }
+    }
+}
+
+impl From<String> for ToolContent {
+    fn from(text: String) -> Self {
+        ToolContent::Text(text)
+    }
+}
+
+/// Shown as [`ToolContent::to_text`].
+impl std::fmt::Display for ToolContent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_text())
+    }
+}
+
+/// Equal when the content is [`ToolContent::Text`] of that string (blocks
+/// never equal a string, even text-only ones).
+impl PartialEq<str> for ToolContent {
+    fn eq(&self, other: &str) -> bool {
+        matches!(self, ToolContent::Text(text) if text == other)
+    }
+}
+
+impl PartialEq<&str> for ToolContent {
+    fn eq(&self, other: &&str) -> bool {
+        self == *other
+    }
+}
+
+impl PartialEq<String> for ToolContent {
+    fn eq(&self, other: &String) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl From<&str> for ToolContent {
+    fn from(text: &str) -> Self {
+        ToolContent::Text(text.to_owned())
+    }
+}
+
+/// One block of [`ToolContent::Blocks`]: `{"type": "text", "text": "…"}` or
+/// `{"type": "image", "source": {…}}` (Anthropic's text and image content
+/// blocks).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResultBlock {
+    /// Text; providers reject empty text blocks.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image.
+    Image {
+        /// The image's bytes and media type.
+        source: ImageSource,
+    },
+}
+
+impl ResultBlock {
+    /// A text block.
+    pub fn text(text: impl Into<String>) -> Self {
+        ResultBlock::Text { text: text.into() }
+    }
+
+    fn as_text(&self) -> Option<&str> {
+        match self {
+            ResultBlock::Text { text } => Some(text),
+            ResultBlock::Image { .. } => None,
+        }
+    }
+}
+
+/// The media types an image may have in a request: the ones both
+/// Anthropic ("Vision": JPEG, PNG, GIF, WebP) and OpenAI ("Images and
+/// vision": PNG, JPEG, WEBP, non-animated GIF) accept.
+pub const IMAGE_MEDIA_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// The longest base64 `data` an image may have in a request, in bytes of
+/// base64 text: 5 MiB, Anthropic's per-image limit ("Vision": "maximum
+/// allowed image file size is 5MB"), which its API checks on the encoded
+/// text, so an image of up to about 3.75 MiB decoded passes. OpenAI allows
+/// more (20 MB), so this one limit fits both.
+pub const MAX_IMAGE_BASE64_LEN: usize = 5 * 1024 * 1024;
+
+/// How many bytes standard base64 text `data` decodes to, from its length
+/// alone (nothing is decoded; for sizes in notes and limits).
+///
+/// ```
+/// assert_eq!(glia_proto::content::base64_decoded_len("aGVsbG8="), 5); // "hello"
+/// ```
+pub fn base64_decoded_len(data: &str) -> usize {
+    let data = data.trim_end_matches('=');
+    data.len() / 4 * 3 + (data.len() % 4).saturating_sub(1)
+}
+
+/// Where an image's bytes are. Anthropic's `source` object; only inline
+/// base64 data exists here: `{"type": "base64", "media_type": "image/png",
+/// "data": "iVBORw0KGgo…"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ImageSource {
+    /// The image inline.
+    Base64 {
+        /// MIME type, e.g. `image/png`.
+        media_type: String,
+        /// The bytes, standard base64 with padding.
+        data: String,
+    },
+}
+
+impl ImageSource {
+    /// An inline image.
+    pub fn base64(media_type: impl Into<String>, data: impl Into<String>) -> Self {
+        ImageSource::Base64 { media_type: media_type.into(), data: data.into() }
+    }
+
+    /// The declared MIME type.
+    pub fn media_type(&self) -> &str {
+        match self {
+            ImageSource::Base64 { media_type, .. } => media_type,
+        }
+    }
+
+    /// The base64 text.
+    pub fn data(&self) -> &str {
+        match self {
+            ImageSource::Base64 { data, .. } => data,
+        }
+    }
+
+    /// The decoded size in bytes ([`base64_decoded_len`] of the data).
+    pub fn decoded_len(&self) -> usize {
+        base64_decoded_len(self.data())
+    }
+
+    /// `image/png, 1234 bytes` (decoded size).
+    pub fn describe(&self) -> String {
+        format!("{}, {} bytes", self.media_type(), self.decoded_len())
+    }
+
+    /// Whether a provider API would take this image as it is: a media type
+    /// of [`IMAGE_MEDIA_TYPES`], data within [`MAX_IMAGE_BASE64_LEN`] that
+    /// is valid base64 and whose bytes are an image of the declared type
+    /// (the APIs refuse an image whose bytes do not match its media type).
+    /// Errors: why not, in words (`the data is image/jpeg, not image/png`).
+    pub fn check(&self) -> Result<(), String> {
+        let sniffed = self.sniff()?;
+        if sniffed != self.media_type() {
+            return Err(format!("the data is {sniffed}, not {}", self.media_type()));
+        }
+        Ok(())
+    }
+
+    /// This image as a provider API would take it, its media type taken
+    /// from its bytes when the declared one is wrong; or, when no API would
+    /// take it, a text saying what it was and why it is left out (never
+    /// the data).
+    pub fn usable(self) -> Result<ImageSource, String> {
+        match self.sniff() {
+            Ok(sniffed) if sniffed == self.media_type() => Ok(self),
+            Ok(sniffed) => Ok(ImageSource::base64(sniffed, self.data())),
+            Err(why) => Err(format!("[image left out: {}; {why}]", self.describe())),
+        }
+    }
+
+    /// The media type the data's first bytes show (PNG, JPEG, GIF or WebP
+    /// signatures), after the size and base64 checks.
+    fn sniff(&self) -> Result<&'static str, String> {
+        use base64::Engine;
+        let data = self.data();
+        if data.len() > MAX_IMAGE_BASE64_LEN {
+            return Err(format!("its base64 data is {} bytes, over the {MAX_IMAGE_BASE64_LEN} bytes a model request may carry", data.len()));
+        }
+        let bytes = base64::engine::general_purpose::STANDARD.decode(data).map_err(|e| format!("its data is not valid base64 ({e})"))?;
+        match bytes.as_slice() {
+            [0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, ..] => Ok("image/png"),
+            [0xff, 0xd8, 0xff, ..] => Ok("image/jpeg"),
+            [b'G', b'I', b'F', b'8', ..] => Ok("image/gif"),
+            [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Ok("image/webp"),
+            _ if !IMAGE_MEDIA_TYPES.contains(&self.media_type()) => {
+                Err(format!("{} is not a type a model accepts (PNG, JPEG, GIF or WebP)", self.media_type()))
+            }
+            _ => Err("its data is not a PNG, JPEG, GIF or WebP image".into()),
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use crate::budget::{BudgetLimits, BudgetUsage, Limit};
 use crate::config::{RunConfig, ToolSpec};
 use crate::agent::Redaction;
 use crate::stop::RejectedAnswer;
-use crate::{Message, Usage};
+use crate::{Message, ToolContent, Usage};
 
 /// One persisted event of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -148,8 +148,9 @@ pub enum EventKind {
     ToolResult {
         /// The call.
         call_id: String,
-        /// Result text the model sees (JSON serialised).
-        content: String,
+        /// What the model sees: text (JSON results serialised), or text and
+        /// image blocks ([`ToolContent`]; a string in logs written before).
+        content: ToolContent,
         /// Policy reminder shown to the model before `content`.
         reminder: Option<String>,
         /// Active time of the call in ms (0 for external results).

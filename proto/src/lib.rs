@@ -34,7 +34,7 @@ pub use config::{
     ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema,
     json_type,
 };
-pub use content::{ContentBlock, Message, Role, Usage};
+pub use content::{ContentBlock, IMAGE_MEDIA_TYPES, ImageSource, MAX_IMAGE_BASE64_LEN, Message, ResultBlock, Role, ToolContent, Usage};
 pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent, Outcome, PauseReason,
     PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,

@@ -16,13 +16,20 @@
 //! (`call_0`), and recorded conversations reuse them; an adapter whose API
 //! wants ids unique across the request renames repeats on the wire.
 //!
+//! Images travel only inside tool results ([`ToolContent::Blocks`]). Repair
+//! keeps an image the APIs take ([`ImageSource::check`]: PNG, JPEG, GIF or
+//! WebP, base64 within [`crate::MAX_IMAGE_BASE64_LEN`]), fixes a media type
+//! its bytes contradict, and replaces any other with a text block saying
+//! what it was and why it is left out ([`ImageSource::usable`]); empty text
+//! blocks inside a result are dropped.
+//!
 //! [`elide`] is the other text glia writes in place of history: the marked
 //! stand-in for a message a provider refused to process.
 
 use std::collections::HashSet;
 
 use crate::marker::Insert;
-use crate::{ContentBlock, Message, Role};
+use crate::{ContentBlock, ImageSource, Message, ResultBlock, Role, ToolContent};
 
 /// The text of the synthetic error result given to a tool use that has no
 /// recorded result.
@@ -103,7 +110,7 @@ pub fn repair_traced(history: &[Message]) -> (Vec<Message>, Vec<Vec<usize>>) {
                         ContentBlock::ToolResult { tool_use_id, .. } => {
                             let answered = answers.iter().any(|a| matches!(a, ContentBlock::ToolResult { tool_use_id: t, .. } if t == tool_use_id));
                             if open.contains(tool_use_id) && !answered {
-                                answers.push(b.clone());
+                                answers.push(usable_result(b));
                             }
                         }
                         ContentBlock::Text { text } if !text.is_empty() => others.push(b.clone()),
@@ -173,7 +180,7 @@ pub fn elide(message: &Message) -> Message {
                 content.push(ContentBlock::ToolUse { id: id.clone(), name: name.clone(), input: serde_json::json!({ "elided": true }) })
             }
             ContentBlock::ToolResult { tool_use_id, is_error, .. } => {
-                content.push(ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content: elision_text(), is_error: *is_error })
+                content.push(ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content: elision_text().into(), is_error: *is_error })
             }
         }
     }
@@ -181,6 +188,28 @@ pub fn elide(message: &Message) -> Message {
         content.push(ContentBlock::text(elision_text()));
     }
     Message { role: message.role, content }
+}
+
+/// A tool result block as a provider takes it: its images usable or
+/// replaced by a text note, its empty text blocks dropped (a result left
+/// with no block is empty text).
+fn usable_result(block: &ContentBlock) -> ContentBlock {
+    let ContentBlock::ToolResult { tool_use_id, content: ToolContent::Blocks(blocks), is_error } = block else {
+        return block.clone();
+    };
+    let blocks: Vec<ResultBlock> = blocks
+        .iter()
+        .filter(|b| !matches!(b, ResultBlock::Text { text } if text.is_empty()))
+        .map(|b| match b {
+            ResultBlock::Image { source } => match source.clone().usable() {
+                Ok(source) => ResultBlock::Image { source },
+                Err(note) => ResultBlock::text(note),
+            },
+            text => text.clone(),
+        })
+        .collect();
+    let content = if blocks.is_empty() { ToolContent::Text(String::new()) } else { ToolContent::Blocks(blocks) };
+    ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content, is_error: *is_error }
 }
 
 /// Add `blocks` of history message `i` to the last output message when it has
@@ -208,7 +237,7 @@ fn results_turn(open: &mut Vec<String>, answers: Vec<ContentBlock>) -> Message {
                 .iter()
                 .find(|a| matches!(a, ContentBlock::ToolResult { tool_use_id, .. } if *tool_use_id == id))
                 .cloned()
-                .unwrap_or(ContentBlock::ToolResult { tool_use_id: id, content: synthetic_result_text(), is_error: true })
+                .unwrap_or(ContentBlock::ToolResult { tool_use_id: id, content: synthetic_result_text().into(), is_error: true })
         })
         .collect();
     Message { role: Role::User, content }
@@ -250,6 +279,9 @@ pub enum InvalidRequest {
     /// Tool results must come before other blocks in a user turn.
     #[error("messages.{0}: tool_result blocks must come first in the user turn")]
     ResultsNotFirst(usize),
+    /// An image the APIs refuse (see [`ImageSource::check`]), with why.
+    #[error("messages.{0}: image: {1}")]
+    BadImage(usize, String),
 }
 
 /// Check `messages` the way the provider APIs do; the scripted provider runs
@@ -301,9 +333,15 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
                 let mut answered: Vec<&str> = Vec::new();
                 for b in &m.content {
                     match b {
-                        ContentBlock::ToolResult { tool_use_id, .. } => {
+                        ContentBlock::ToolResult { tool_use_id, content, .. } => {
                             if seen_other {
                                 return Err(InvalidRequest::ResultsNotFirst(i));
+                            }
+                            if let ToolContent::Blocks(blocks) = content {
+                                if blocks.is_empty() || blocks.iter().any(|b| matches!(b, ResultBlock::Text { text } if text.is_empty())) {
+                                    return Err(InvalidRequest::EmptyContent(i));
+                                }
+                                content.images().try_for_each(ImageSource::check).map_err(|why| InvalidRequest::BadImage(i, why))?;
                             }
                             if !open.contains(&tool_use_id.as_str()) || answered.contains(&tool_use_id.as_str()) {
                                 return Err(InvalidRequest::Orphan(i, tool_use_id.clone()));

@@ -17,7 +17,7 @@ use crate::event::{Decision, Disposition, Event, EventKind, GuardrailStage, Outc
 use crate::marker::Insert;
 use crate::repair::elide;
 use crate::stop::StopAction;
-use crate::{ContentBlock, Message, Role, args_hash, OUTPUT_TOOL};
+use crate::{ContentBlock, Message, Role, ToolContent, args_hash, OUTPUT_TOOL};
 
 /// The six states of the harness contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -74,7 +74,7 @@ pub struct PendingCall {
     pub approval: ApprovalStatus,
     /// Set by `tool.result` / `tool.error`: the text the model sees, and whether
     /// it is an error.
-    pub result: Option<(String, bool)>,
+    pub result: Option<(ToolContent, bool)>,
     /// Seq of the call's latest `approval.requested`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_seq: Option<u64>,
@@ -566,7 +566,7 @@ impl RunState {
                     self.output = Some(call.input.clone());
                 }
                 let seen = match reminder {
-                    Some(r) => format!("{}\n\n{content}", Insert::Reminder.wrap(r)),
+                    Some(r) => content.clone().prefixed(&Insert::Reminder.wrap(r)),
                     None => content.clone(),
                 };
                 self.pending_mut(call_id).result = Some((seen, false));
@@ -581,7 +581,7 @@ impl RunState {
                 if self.parked.is_some() && !call.awaits_caller() {
                     return Err(illegal(self, "run is parked"));
                 }
-                self.pending_mut(call_id).result = Some((message.clone(), true));
+                self.pending_mut(call_id).result = Some((message.clone().into(), true));
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.finish_batch_if_complete();
             }

@@ -84,7 +84,7 @@ fn an_elision_replaces_the_named_message_and_survives_replay() {
     assert_eq!(log.state.messages.len(), 3);
     log.ok(EventKind::MessageElided { index: 2, reason: "provider refusal".into() });
     let elided = &log.state.messages[2];
-    assert_eq!(elided.content, vec![ContentBlock::ToolResult { tool_use_id: "t1".into(), content: elision_text(), is_error: false }]);
+    assert_eq!(elided.content, vec![ContentBlock::ToolResult { tool_use_id: "t1".into(), content: elision_text().into(), is_error: false }]);
     log.ok(EventKind::MessageElided { index: 1, reason: "provider refusal".into() });
     assert_eq!(log.state.messages[1].content[0], ContentBlock::text(elision_text()));
     assert!(matches!(&log.state.messages[1].content[1], ContentBlock::ToolUse { id, input, .. } if id == "t1" && *input == json!({"elided": true})));
@@ -194,7 +194,7 @@ proptest! {
             for b in &m.content {
                 let glia = match b {
                     ContentBlock::Text { text } => is_machine_text(text),
-                    ContentBlock::ToolResult { content, .. } => is_machine_text(content) && !from.iter().any(|&i| history[i].content.contains(b)),
+                    ContentBlock::ToolResult { content, .. } => is_machine_text(&content.to_text()) && !from.iter().any(|&i| history[i].content.contains(b)),
                     _ => false,
                 };
                 if !glia {

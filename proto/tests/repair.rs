@@ -16,7 +16,8 @@ use std::collections::HashSet;
 
 use glia_proto::marker::{Insert, is_machine_text};
 use glia_proto::repair::{repair, synthetic_result_text, validate};
-use glia_proto::{ContentBlock, Message, Role};
+use glia_proto::repair::InvalidRequest;
+use glia_proto::{ContentBlock, ImageSource, Message, ResultBlock, Role, ToolContent};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -48,7 +49,30 @@ fn block() -> impl Strategy<Value = ContentBlock> {
             .prop_map(|(thinking, signature)| ContentBlock::Thinking { thinking, signature: signature.into() }),
         3 => (id(), 0..3i64).prop_map(|(id, n)| ContentBlock::ToolUse { id, name: "lookup".into(), input: json!({ "n": n }) }),
         3 => (id(), text(), any::<bool>())
-            .prop_map(|(tool_use_id, content, is_error)| ContentBlock::ToolResult { tool_use_id, content, is_error }),
+            .prop_map(|(tool_use_id, content, is_error)| ContentBlock::ToolResult { tool_use_id, content: content.into(), is_error }),
+        1 => (id(), prop::collection::vec(result_block(), 0..3), any::<bool>())
+            .prop_map(|(tool_use_id, blocks, is_error)| ContentBlock::ToolResult { tool_use_id, content: ToolContent::Blocks(blocks), is_error }),
+    ]
+}
+
+/// The signature of a PNG file, and of a JPEG one, as base64.
+const PNG: &str = "iVBORw0KGgo=";
+const JPEG: &str = "/9j/4AAQ";
+
+/// Result blocks: text (empty too), images the APIs take, and images they
+/// refuse (wrong media type for the bytes, a type no API takes, bytes that
+/// are no image, data that is not base64, data over the size limit).
+fn result_block() -> impl Strategy<Value = ResultBlock> {
+    let image = |media_type: &str, data: &str| ResultBlock::Image { source: ImageSource::base64(media_type, data) };
+    prop_oneof![
+        2 => text().prop_map(|text| ResultBlock::Text { text }),
+        2 => Just(image("image/png", PNG)),
+        1 => Just(image("image/jpeg", JPEG)),
+        1 => Just(image("image/jpeg", PNG)),
+        1 => Just(image("image/svg+xml", "PHN2Zy8+")),
+        1 => Just(image("image/png", "aGVsbG8=")),
+        1 => Just(image("image/png", "not base64!")),
+        1 => Just(image("image/png", &"A".repeat(glia_proto::MAX_IMAGE_BASE64_LEN + 4))),
     ]
 }
 
@@ -115,7 +139,7 @@ fn valid_history() -> impl Strategy<Value = ValidHistory> {
                 next_id += 1;
                 let id = format!("toolu_{next_id}");
                 assistant.push(ContentBlock::ToolUse { id: id.clone(), name: "lookup".into(), input: json!({ "i": i }) });
-                results.push(ContentBlock::ToolResult { tool_use_id: id, content: format!("result {i}"), is_error: i % 2 == 1 });
+                results.push(ContentBlock::ToolResult { tool_use_id: id, content: format!("result {i}").into(), is_error: i % 2 == 1 });
             }
             if assistant.is_empty() {
                 assistant.push(ContentBlock::text("…"));
@@ -224,12 +248,15 @@ proptest! {
         let input_results: Vec<&ContentBlock> =
             h.iter().flat_map(|m| &m.content).filter(|b| matches!(b, ContentBlock::ToolResult { .. })).collect();
         for block in fixed.iter().flat_map(|m| &m.content) {
-            if let ContentBlock::ToolResult { content, is_error, .. } = block
+            // A result with blocks may come out with its images made usable
+            // (`images_the_apis_refuse_become_text_notes` checks how).
+            if let ContentBlock::ToolResult { tool_use_id, content, is_error } = block
                 && !input_results.contains(&block)
+                && !input_results.iter().any(|r| matches!(r, ContentBlock::ToolResult { tool_use_id: t, content: ToolContent::Blocks(_), is_error: e } if t == tool_use_id && e == is_error))
             {
                 prop_assert!(*is_error);
-                prop_assert!(is_machine_text(content), "{content:?}");
-                prop_assert_eq!(content, &synthetic_result_text());
+                prop_assert!(is_machine_text(&content.to_text()), "{content:?}");
+                prop_assert_eq!(content, &ToolContent::Text(synthetic_result_text()));
             }
         }
         let mut seen = HashSet::new();
@@ -242,7 +269,7 @@ proptest! {
                     continue;
                 };
                 let kept = fixed.iter().find_map(|n| first_result_for(n, id));
-                prop_assert_eq!(kept, Some(given), "result for {}", id);
+                prop_assert_eq!(kept.map(without_images), Some(without_images(given)), "result for {}", id);
             }
         }
     }
@@ -314,4 +341,78 @@ fn an_empty_history_becomes_one_filler_turn() {
     let fixed = repair(&[]);
     assert_eq!(fixed, vec![Message::user(Insert::Filler.wrap("(earlier conversation omitted)"))]);
     assert_eq!(validate(&fixed), Ok(()));
+}
+
+/// A result with the parts repair may change taken out: its images and
+/// the notes that replace them, and empty text blocks (an empty result
+/// becomes empty text). What is left must come through unchanged.
+fn without_images(block: &ContentBlock) -> ContentBlock {
+    let ContentBlock::ToolResult { tool_use_id, content, is_error } = block else { return block.clone() };
+    let content = match content {
+        ToolContent::Text(text) => ToolContent::Text(text.clone()),
+        ToolContent::Blocks(blocks) => ToolContent::Text(
+            blocks
+                .iter()
+                .filter_map(|b| match b {
+                    ResultBlock::Text { text } if !text.is_empty() && !text.starts_with("[image left out: ") => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+    };
+    ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content, is_error: *is_error }
+}
+
+/// An image the APIs take is kept; one whose bytes contradict its media
+/// type gets the type of its bytes; any other becomes a text note naming
+/// its type and size; empty text blocks go. `validate` refuses each
+/// refused image the way the APIs do, and passes the repaired request.
+#[test]
+fn images_the_apis_refuse_become_text_notes() {
+    let image = |media_type: &str, data: &str| ResultBlock::Image { source: ImageSource::base64(media_type, data) };
+    let call = Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "t1".into(), name: "shot".into(), input: json!({}) }] };
+    let with = |blocks: Vec<ResultBlock>| {
+        vec![
+            Message::user("look"),
+            call.clone(),
+            Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: "t1".into(), content: ToolContent::Blocks(blocks), is_error: false }] },
+        ]
+    };
+    let refused = [
+        (image("image/jpeg", PNG), "the data is image/png, not image/jpeg"),
+        (image("image/svg+xml", "PHN2Zy8+"), "image/svg+xml is not a type a model accepts"),
+        (image("image/png", "aGVsbG8="), "its data is not a PNG, JPEG, GIF or WebP image"),
+        (image("image/png", "not base64!"), "its data is not valid base64"),
+        (image("image/png", &"A".repeat(glia_proto::MAX_IMAGE_BASE64_LEN + 4)), "over the 5242880 bytes"),
+    ];
+    for (bad, why) in &refused {
+        match validate(&with(vec![bad.clone()])) {
+            Err(InvalidRequest::BadImage(2, reason)) => assert!(reason.contains(why), "{reason}"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    assert_eq!(validate(&with(vec![ResultBlock::text("")])), Err(InvalidRequest::EmptyContent(2)));
+    assert_eq!(validate(&with(vec![])), Err(InvalidRequest::EmptyContent(2)));
+    assert_eq!(validate(&with(vec![image("image/png", PNG)])), Ok(()));
+
+    let mut blocks = vec![ResultBlock::text(""), image("image/png", PNG)];
+    blocks.extend(refused.iter().map(|(b, _)| b.clone()));
+    let fixed = repair(&with(blocks));
+    validate(&fixed).expect("repaired");
+    let ContentBlock::ToolResult { content: ToolContent::Blocks(out), .. } = &fixed[2].content[0] else { panic!("{:?}", fixed[2]) };
+    assert_eq!(out[0], image("image/png", PNG));
+    assert_eq!(out[1], image("image/png", PNG), "the media type of its bytes");
+    let notes: Vec<String> = out[2..].iter().map(|b| match b {
+        ResultBlock::Text { text } => text.clone(),
+        other => panic!("{other:?}"),
+    }).collect();
+    assert_eq!(notes.len(), 4);
+    assert_eq!(notes[0], "[image left out: image/svg+xml, 6 bytes; image/svg+xml is not a type a model accepts (PNG, JPEG, GIF or WebP)]");
+    assert!(notes[1].starts_with("[image left out: image/png, 5 bytes; its data is not a PNG"), "{}", notes[1]);
+    assert!(notes[3].starts_with("[image left out: image/png, 3932163 bytes; its base64 data is 5242884 bytes"), "{}", notes[3]);
+    assert!(!notes.iter().any(|n| n.contains("AAAA")), "never the data");
+    // All blocks empty text: an empty text result.
+    let fixed = repair(&with(vec![ResultBlock::text("")]));
+    assert!(matches!(&fixed[2].content[0], ContentBlock::ToolResult { content: ToolContent::Text(t), .. } if t.is_empty()));
 }

@@ -16,6 +16,7 @@ use glia_proto::{
     ApprovalTimeout, BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall,
     Limit, LiveEvent, Message, Outcome, PauseReason, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, Resume, Role, RunConfig,
     RejectedAnswer, Retry, StopAction, StopClass, StopPolicy, ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
+    ImageSource, ResultBlock, ToolContent,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -74,11 +75,21 @@ fn role() -> impl Strategy<Value = Role> {
     prop_oneof![Just(Role::User), Just(Role::Assistant)]
 }
 
+/// Tool result content: a string, or blocks (any text, images of any
+/// media type and data — the contract keeps them as given).
+fn tool_content() -> impl Strategy<Value = ToolContent> {
+    let block = prop_oneof![
+        text().prop_map(|text| ResultBlock::Text { text }),
+        (text(), text()).prop_map(|(media_type, data)| ResultBlock::Image { source: ImageSource::Base64 { media_type, data } }),
+    ];
+    prop_oneof![text().prop_map(ToolContent::Text), prop::collection::vec(block, 0..4).prop_map(ToolContent::Blocks)]
+}
+
 fn content_block() -> impl Strategy<Value = ContentBlock> {
     prop_oneof![
         text().prop_map(|text| ContentBlock::Text { text }),
         (text(), text(), json_value()).prop_map(|(id, name, input)| ContentBlock::ToolUse { id, name, input }),
-        (text(), text(), any::<bool>())
+        (text(), tool_content(), any::<bool>())
             .prop_map(|(tool_use_id, content, is_error)| ContentBlock::ToolResult { tool_use_id, content, is_error }),
         (text(), text()).prop_map(|(thinking, signature)| ContentBlock::Thinking { thinking, signature }),
         text().prop_map(|data| ContentBlock::RedactedThinking { data }),
@@ -373,7 +384,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                 disposition,
             })
         ),
-        (text(), text(), prop::option::of(text()), any::<u64>())
+        (text(), tool_content(), prop::option::of(text()), any::<u64>())
             .prop_map(|(call_id, content, reminder, duration_ms)| EventKind::ToolResult { call_id, content, reminder, duration_ms }),
         (text(), tool_error_kind(), text(), any::<u64>())
             .prop_map(|(call_id, error, message, duration_ms)| EventKind::ToolError { call_id, error, message, duration_ms }),
@@ -446,6 +457,11 @@ proptest! {
     #[test]
     fn content_blocks_round_trip(block in content_block()) {
         assert_round_trip(&block)?;
+    }
+
+    #[test]
+    fn tool_contents_round_trip(content in tool_content()) {
+        assert_round_trip(&content)?;
     }
 
     #[test]
@@ -681,4 +697,41 @@ fn retries_elisions_and_discards_have_the_documented_shape() {
     assert_eq!(serde_json::from_value::<LiveEvent>(value).unwrap(), discard);
     let block = ContentBlock::RedactedThinking { data: "EmwKAhgB".into() };
     assert_eq!(serde_json::to_value(&block).unwrap(), json!({"type": "redacted_thinking", "data": "EmwKAhgB"}));
+}
+
+/// Logs written before tool results could hold images store `"content"` as
+/// a string: it reads back as text and is written back byte for byte.
+#[test]
+fn a_stored_text_result_reads_as_text_and_writes_back_unchanged() {
+    let stored = r#"{"type":"tool.result","data":{"call_id":"c1","content":"{\"refunded\":30}","reminder":null,"duration_ms":1}}"#;
+    let kind: EventKind = serde_json::from_str(stored).unwrap();
+    assert_eq!(kind, EventKind::ToolResult { call_id: "c1".into(), content: ToolContent::Text("{\"refunded\":30}".into()), reminder: None, duration_ms: 1 });
+    assert_eq!(serde_json::to_string(&kind).unwrap(), stored);
+    let block = r#"{"type":"tool_result","tool_use_id":"t1","content":"ok","is_error":false}"#;
+    let parsed: ContentBlock = serde_json::from_str(block).unwrap();
+    assert_eq!(parsed, ContentBlock::ToolResult { tool_use_id: "t1".into(), content: "ok".into(), is_error: false });
+    assert_eq!(serde_json::to_string(&parsed).unwrap(), block);
+}
+
+/// A result with an image is Anthropic's `tool_result` with a list of
+/// content blocks.
+#[test]
+fn a_result_with_an_image_has_the_documented_shape() {
+    let content = ToolContent::Blocks(vec![
+        ResultBlock::Text { text: "a tiny image".into() },
+        ResultBlock::Image { source: ImageSource::Base64 { media_type: "image/png".into(), data: "iVBORw0KGgo=".into() } },
+    ]);
+    let block = ContentBlock::ToolResult { tool_use_id: "t1".into(), content, is_error: false };
+    let value = serde_json::to_value(&block).unwrap();
+    assert_eq!(
+        value,
+        json!({"type": "tool_result", "tool_use_id": "t1", "is_error": false, "content": [
+            {"type": "text", "text": "a tiny image"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+        ]})
+    );
+    assert_eq!(serde_json::from_value::<ContentBlock>(value).unwrap(), block);
+    // An image block of an unknown source type is refused, not read as text.
+    let url = json!({"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": {"type": "url", "url": "https://x"}}]});
+    assert!(serde_json::from_value::<ContentBlock>(url).is_err());
 }

@@ -7,6 +7,12 @@
 //! one (tools come before the system prompt in the cached prefix), and the
 //! last block of the conversation carries one so the next turn reads the
 //! whole history from the cache — three of the four breakpoints allowed.
+//! A tool result's content is a string, or, when it has an image, the list
+//! of `text` and `image` blocks the API takes in a `tool_result` ("Tool
+//! use": content "can also be a list of nested content blocks such as text
+//! or image"), each image `{"type": "image", "source": {"type": "base64",
+//! "media_type": …, "data": …}}` ([`glia_proto::ToolContent`] serialises
+//! to exactly that).
 //!
 //! # Stream grammar
 //!

@@ -21,7 +21,8 @@
 //!   over-counts by about a third: conservative for budgets.
 //!
 //! What is counted: input = the system prompt, every message's text,
-//! thinking, tool-use name and arguments (JSON) and tool-result text, and
+//! thinking, tool-use name and arguments (JSON) and tool-result text, each
+//! image in a tool result as [`IMAGE_TOKENS`] (its bytes are not text), and
 //! the tool definitions (JSON); output = the answer's text, thinking and
 //! tool calls (name and JSON arguments).
 //!
@@ -33,7 +34,7 @@
 //! no output count) returns usage marked `estimated` with the missing counts
 //! at zero; [`fill_missing`] estimates exactly those.
 
-use glia_proto::{ContentBlock, Message, Usage};
+use glia_proto::{ContentBlock, Message, ResultBlock, ToolContent, Usage};
 use glia_worker::provider::ModelRequest;
 
 /// Per-message overhead of the chat format, tokens.
@@ -90,15 +91,41 @@ fn block_text(b: &ContentBlock) -> String {
     match b {
         ContentBlock::Text { text } => text.clone(),
         ContentBlock::ToolUse { name, input, .. } => format!("{name} {input}"),
-        ContentBlock::ToolResult { content, .. } => content.clone(),
+        ContentBlock::ToolResult { content: ToolContent::Text(text), .. } => text.clone(),
+        ContentBlock::ToolResult { content: ToolContent::Blocks(blocks), .. } => {
+            let texts: Vec<&str> = blocks
+                .iter()
+                .filter_map(|b| match b {
+                    ResultBlock::Text { text } => Some(text.as_str()),
+                    ResultBlock::Image { .. } => None,
+                })
+                .collect();
+            texts.join("\n")
+        }
         ContentBlock::Thinking { thinking, .. } => thinking.clone(),
         ContentBlock::RedactedThinking { data } => data.clone(),
     }
 }
 
+/// Tokens counted for one image (its size in pixels is not read): about
+/// Anthropic's upper bound ("Vision": about `width * height / 750` tokens
+/// for an image scaled to at most about 1.15 megapixels, so about 1,600).
+/// OpenAI prices images per 512-pixel tile and per model (85 + 170 a tile
+/// for GPT-4o at high detail, at most 1,445), so this is in the right range
+/// there, not an upper bound for every model.
+pub const IMAGE_TOKENS: u64 = 1_600;
+
 fn message_tokens(model: &str, m: &Message) -> u64 {
     let text: Vec<String> = m.content.iter().map(block_text).collect();
-    PER_MESSAGE + tokens(model, &text.join("\n"))
+    let images = m
+        .content
+        .iter()
+        .map(|b| match b {
+            ContentBlock::ToolResult { content, .. } => content.images().count() as u64,
+            _ => 0,
+        })
+        .sum::<u64>();
+    PER_MESSAGE + tokens(model, &text.join("\n")) + images * IMAGE_TOKENS
 }
 
 /// Estimated input tokens of `request` (for its `model`).

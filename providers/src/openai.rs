@@ -7,7 +7,17 @@
 //! tool results becomes one `tool` message per result (in call order), then
 //! a `user` message with the remaining text; an assistant turn becomes one
 //! message with `content` and `tool_calls` (arguments as a JSON string).
-//! Thinking is never sent back. Streaming asks for
+//! Thinking is never sent back.
+//!
+//! Images in tool results: a `tool` message's `content` takes text only
+//! ("Create chat completion": the tool message's content is a string or
+//! an array of text parts), so the `tool` message carries the result's text
+//! with each image as `[image: image/png, 1234 bytes]`, and the images go
+//! in the `user` message after the turn's `tool` messages, as
+//! `{"type": "image_url", "image_url": {"url": "data:image/png;base64,…"}}`
+//! parts, each result's images after a text part `Images returned by tool
+//! call {id}:`; the turn's own text follows as a last text part. A turn
+//! without images is sent exactly as before. Streaming asks for
 //! `stream_options: {"include_usage": true}`, so the last chunk before
 //! `[DONE]` carries usage (with empty `choices`); an answer with no usage
 //! at all gets an estimate marked `estimated` ([`crate::estimate`]).
@@ -106,6 +116,8 @@ impl OpenAi {
         for m in messages {
             let mut texts = Vec::new();
             let mut calls = Vec::new();
+            // Parts of the user message that carries the results' images.
+            let mut images: Vec<Value> = Vec::new();
             for b in &m.content {
                 match b {
                     ContentBlock::Text { text } => texts.push(text.as_str()),
@@ -113,14 +125,29 @@ impl OpenAi {
                         calls.push(json!({ "id": id, "type": "function", "function": { "name": name, "arguments": arguments(input) } }))
                     }
                     ContentBlock::ToolResult { tool_use_id, content, is_error } => {
-                        let content = if *is_error { format!("Error: {content}") } else { content.clone() };
-                        out.push(json!({ "role": "tool", "tool_call_id": tool_use_id, "content": content }));
+                        let text = content.to_text();
+                        let text = if *is_error { format!("Error: {text}") } else { text.into_owned() };
+                        out.push(json!({ "role": "tool", "tool_call_id": tool_use_id, "content": text }));
+                        let mut sources = content.images().peekable();
+                        if sources.peek().is_some() {
+                            images.push(json!({ "type": "text", "text": format!("Images returned by tool call {tool_use_id}:") }));
+                        }
+                        for source in sources {
+                            let url = format!("data:{};base64,{}", source.media_type(), source.data());
+                            images.push(json!({ "type": "image_url", "image_url": { "url": url } }));
+                        }
                     }
                     ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => {}
                 }
             }
             let text = texts.join("\n");
             match m.role {
+                Role::User if !images.is_empty() => {
+                    if !text.is_empty() {
+                        images.push(json!({ "type": "text", "text": text }));
+                    }
+                    out.push(json!({ "role": "user", "content": images }));
+                }
                 Role::User if !text.is_empty() => out.push(json!({ "role": "user", "content": text })),
                 Role::User => {}
                 Role::Assistant => {

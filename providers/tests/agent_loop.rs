@@ -194,7 +194,7 @@ async fn anthropic_tool_input_given_at_block_start_reaches_the_tool() {
     let (_, log, status) = run_against(Anthropic::default(), "", "claude-sonnet-4-5", replies, RunConfig::default()).await;
     assert_succeeded(&status);
     assert_eq!(tool_calls(&log), vec![("toolu_S1".into(), "add".into(), json!({"a": 2, "b": 40}))]);
-    assert!(log.iter().any(|e| matches!(&e.kind, EventKind::ToolResult { content, .. } if content.contains("42"))));
+    assert!(log.iter().any(|e| matches!(&e.kind, EventKind::ToolResult { content, .. } if content.to_text().contains("42"))));
 }
 
 /// The output cap cut a tool call: by default the answer is rejected and

@@ -77,7 +77,7 @@ fn block_chars(b: &ContentBlock) -> usize {
     match b {
         ContentBlock::Text { text } => text.len(),
         ContentBlock::ToolUse { name, input, .. } => name.len() + input.to_string().len(),
-        ContentBlock::ToolResult { content, .. } => content.len(),
+        ContentBlock::ToolResult { content, .. } => content.to_text().len(),
         ContentBlock::Thinking { thinking, .. } => thinking.len(),
         ContentBlock::RedactedThinking { data } => data.len(),
     }

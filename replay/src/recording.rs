@@ -139,7 +139,7 @@ pub fn describe(m: &Message) -> String {
             ContentBlock::Text { text } => format!("{:?}", clip(text)),
             ContentBlock::ToolUse { id, name, input } => format!("{name}#{id} {}", clip(&input.to_string())),
             ContentBlock::ToolResult { tool_use_id, content, is_error } => {
-                format!("{}result#{tool_use_id} {:?}", if *is_error { "error " } else { "" }, clip(content))
+                format!("{}result#{tool_use_id} {:?}", if *is_error { "error " } else { "" }, clip(&content.to_text()))
             }
             ContentBlock::Thinking { thinking, .. } => format!("thinking {:?}", clip(thinking)),
             ContentBlock::RedactedThinking { .. } => "redacted thinking".into(),

@@ -202,7 +202,7 @@ fn conversation(id: String, traj: Vec<RawMessage>) -> Result<(Conversation, Vec<
                 }
                 let content = m.content.unwrap_or_default();
                 calls.push(((call_id.clone(), name, args), content.clone()));
-                let block = ContentBlock::ToolResult { tool_use_id: call_id, content, is_error: false };
+                let block = ContentBlock::ToolResult { tool_use_id: call_id, content: content.into(), is_error: false };
                 push(&mut messages, &mut source, Role::User, block, i);
             }
             other => return Err(bad(i, &format!("unknown role {other:?}"))),

@@ -561,7 +561,7 @@ pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<
         let recorded: Vec<String> = events
             .iter()
             .filter_map(|e| match &e.kind {
-                EventKind::ToolResult { content, .. } => serde_json::from_str::<Value>(content).ok(),
+                EventKind::ToolResult { content, .. } => serde_json::from_str::<Value>(&content.to_text()).ok(),
                 _ => None,
             })
             .filter(|v| v["refunded"] == true)

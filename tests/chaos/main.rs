@@ -505,7 +505,7 @@ fn round(seed: u64, faults: usize) -> Figures {
         for e in &events {
             match &e.kind {
                 EventKind::ToolResult { call_id, content, .. } => {
-                    let Ok(v) = serde_json::from_str::<Value>(content) else { continue };
+                    let Ok(v) = serde_json::from_str::<Value>(&content.to_text()) else { continue };
                     if v["refunded"] != true {
                         continue;
                     }

@@ -39,8 +39,9 @@ use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
     ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall, LiveEvent,
     OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Redaction, RejectedAnswer, Resume, Role, RunConfig, RunState, Status,
-    StopAction, StopClass, ToolCallRecord, ToolErrorKind, ToolSource, ToolSpec, TransitionError, args_hash, canonical_json,
+    StopAction, StopClass, ToolCallRecord, ToolContent, ToolErrorKind, ToolSource, ToolSpec, TransitionError, args_hash, canonical_json,
 };
+use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -474,7 +475,7 @@ impl Agent {
                 let kind = if is_error {
                     EventKind::ToolError { call_id, error: ToolErrorKind::Failed, message: content, duration_ms: 0 }
                 } else {
-                    EventKind::ToolResult { call_id, content, reminder: None, duration_ms: 0 }
+                    EventKind::ToolResult { call_id, content: content.into(), reminder: None, duration_ms: 0 }
                 };
                 run.record(kind).await?;
             }
@@ -1002,9 +1003,9 @@ impl Agent {
                 let progress = |message: String| sink.live(&LiveEvent::ToolProgress { call_id: ctx.call_id.clone(), message });
                 let work = async {
                     match sourced {
-                        _ if name == OUTPUT_TOOL => Ok("Output accepted.".to_owned()),
+                        _ if name == OUTPUT_TOOL => Ok("Output accepted.".into()),
                         Some((spec, sources)) => sources.execute(spec, input.clone(), &ctx, &progress).await,
-                        None => self.tools.execute(name, input.clone(), ctx.clone()).await,
+                        None => self.tools.execute(name, input.clone(), ctx.clone()).await.map(ToolContent::from),
                     }
                 };
                 let result = tokio::select! {
@@ -1025,14 +1026,16 @@ impl Agent {
         drop(cancel);
         for ((call_id, name, _, reminder), (result, duration_ms)) in ready.into_iter().zip(outcomes) {
             let (content, is_error) = match &result {
-                Ok(text) => (text.clone(), false),
-                Err(f) => (f.message.clone(), true),
+                Ok(content) => (content.clone(), false),
+                Err(f) => (ToolContent::Text(f.message.clone()), true),
             };
+            // The hook sees `content` as stored: a string, or (with images)
+            // the list of blocks; what it puts back is read the same way.
             let fired = self.fire(run, HookTopic::AfterToolCall, json!({ "call_id": call_id, "name": name, "content": content, "is_error": is_error })).await?;
-            let content = fired.payload["content"].as_str().map_or(content, str::to_owned);
+            let content = ToolContent::deserialize(&fired.payload["content"]).unwrap_or(content);
             let kind = match result {
                 Ok(_) => EventKind::ToolResult { call_id, content, reminder, duration_ms },
-                Err(ToolFailure { kind, .. }) => EventKind::ToolError { call_id, error: kind, message: content, duration_ms },
+                Err(ToolFailure { kind, .. }) => EventKind::ToolError { call_id, error: kind, message: content.to_text().into_owned(), duration_ms },
             };
             run.record(kind).await?;
         }
@@ -1297,7 +1300,7 @@ fn returned_directly(state: &RunState) -> Option<String> {
         asked.tool_uses().any(|(use_id, name, _)| use_id == id && state.step_tools.iter().any(|t| t.name == name && t.return_direct))
     };
     results.content.iter().find_map(|block| match block {
-        ContentBlock::ToolResult { tool_use_id, content, is_error: false } if direct(tool_use_id) => Some(content.clone()),
+        ContentBlock::ToolResult { tool_use_id, content, is_error: false } if direct(tool_use_id) => Some(content.to_text().into_owned()),
         _ => None,
     })
 }

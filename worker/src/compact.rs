@@ -132,7 +132,7 @@ impl Compactor for Summarize {
                 let line = match b {
                     ContentBlock::Text { text } => format!("{:?}: {text}", m.role),
                     ContentBlock::ToolUse { name, input, .. } => format!("tool call {name}({input})"),
-                    ContentBlock::ToolResult { content, is_error, .. } => format!("tool {}: {content}", if *is_error { "error" } else { "result" }),
+                    ContentBlock::ToolResult { content, is_error, .. } => format!("tool {}: {}", if *is_error { "error" } else { "result" }, content.to_text()),
                     ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => continue,
                 };
                 transcript.push_str(&line);

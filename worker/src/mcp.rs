@@ -21,11 +21,38 @@
 //!   call are handed to the caller's `progress` function as they arrive,
 //!   in order, until the result is in (rmcp handles each notification on a
 //!   task of its own, so a report racing the result may be left out).
-//! - Results: `isError: true` is a [`ToolFailure`] with the content's text;
-//!   a result of only text blocks is their text joined by newlines; any
-//!   other result (images, audio, resources, resource links, or
-//!   `structuredContent`) is the JSON `{"content": [MCP blocks],
-//!   "structuredContent": …}`, so nothing the server said is dropped.
+//! - Results ([`render`]): each block of a `CallToolResult`'s `content`
+//!   (MCP specification 2025-06-18, "Tools" › "Tool Result": `text`,
+//!   `image`, `audio`, `resource_link` and embedded `resource` content)
+//!   becomes a block of the [`ToolContent`] the model sees:
+//!
+//!   | MCP block | model sees |
+//!   |---|---|
+//!   | `text` | a text block |
+//!   | `image` (PNG, JPEG, GIF, WebP) | an image block, media type from the MCP `mimeType` (or from the bytes, when they contradict it) |
+//!   | `image` of another type, not base64, not an image, or over [`MAX_IMAGE_BASE64_LEN`](glia_proto::MAX_IMAGE_BASE64_LEN) | a text note naming its type, its size and why (`[image left out: image/svg+xml, 512 bytes; …]`) |
+//!   | `audio` | a text note naming its type and size: no provider here takes audio in a tool result |
+//!   | `resource` with `text` | a text block `[resource: URI]` then the text |
+//!   | `resource` with a `blob` of an image type | an image block (or a note, as for `image`) |
+//!   | `resource` with another `blob` | a text note naming its URI, type and size |
+//!   | `resource_link` | a text block naming its URI, name, type and description |
+//!   | a kind this rmcp does not know | its JSON as text |
+//!
+//!   `structuredContent` is kept as a last text block `{"structuredContent":
+//!   …}`, unless a text block already holds the same JSON (the spec asks
+//!   servers to send that text for clients without structured output). A
+//!   result without images is one string (text blocks joined by newlines,
+//!   as before images were kept); one with images is a list of blocks.
+//!   `isError: true` is a [`ToolFailure`] whose message is that content as
+//!   text (images as `[image: TYPE, N bytes]`).
+//! - Size: an image is carried inline, base64, in the `tool.result` event
+//!   and the run's messages. The Postgres log stores any event payload over
+//!   `PgOptions::blob_threshold` (64 KiB) in `blobs` by content hash, so a
+//!   large result is one blob, not a row of the events table, and it is
+//!   written once (events are not rewritten; `model.call` records a message
+//!   count, not the messages). An image whose base64 is over
+//!   [`MAX_IMAGE_BASE64_LEN`](glia_proto::MAX_IMAGE_BASE64_LEN) (5 MiB, Anthropic's limit) never enters the
+//!   log: it is the text note above.
 //! - A server that is down (not connected within the call's timeout),
 //!   dies during a call, times out or answers something that is not a
 //!   `tools/call` result gives a [`ToolFailure`] whose message says so: the
@@ -35,10 +62,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use glia_proto::ToolErrorKind;
+use glia_proto::content::base64_decoded_len;
+use glia_proto::{ImageSource, ResultBlock, ToolContent, ToolErrorKind};
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification, CancelledNotificationParam, ClientRequest, ProgressNotificationParam,
-    RequestId, RequestMetaObject, ServerResult, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification, CancelledNotificationParam, ClientRequest, ContentBlock,
+    ProgressNotificationParam, RequestId, RequestMetaObject, ResourceContents, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -176,7 +204,8 @@ impl McpHub {
     /// within `timeout` (waiting for a connection included), sending
     /// `idempotency_key` in `_meta` and handing each progress notification's
     /// text (`3/5: message`) to `progress`. Dropping the future sends
-    /// `notifications/cancelled`. Errors: a [`ToolFailure`] the model sees.
+    /// `notifications/cancelled`. The result is what the model sees (see
+    /// the module doc). Errors: a [`ToolFailure`] the model sees.
     pub async fn call(
         &self,
         server: &str,
@@ -185,7 +214,7 @@ impl McpHub {
         idempotency_key: &str,
         timeout: Duration,
         progress: &(dyn Fn(String) + Send + Sync),
-    ) -> Result<String, ToolFailure> {
+    ) -> Result<ToolContent, ToolFailure> {
         let started = tokio::time::Instant::now();
         let conn = self.connection(server, timeout).await.map_err(|message| ToolFailure { kind: ToolErrorKind::Unavailable, message })?;
         let slot = self.slots.get(server).expect("connected servers have a slot");
@@ -285,23 +314,80 @@ impl Drop for InFlight {
     }
 }
 
-/// The text the model sees for a `tools/call` result.
-fn render(result: CallToolResult) -> Result<String, ToolFailure> {
-    let blocks: Vec<Value> = result.content.iter().map(|b| serde_json::to_value(b).unwrap_or(Value::Null)).collect();
-    let only_text = blocks.iter().all(|b| b["type"] == "text");
-    let text = || blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("\n");
-    if result.is_error == Some(true) {
-        let message = if only_text { text() } else { json!({ "content": blocks }).to_string() };
-        return Err(ToolFailure::failed(if message.is_empty() { "the tool reported an error without a message".into() } else { message }));
-    }
-    if only_text && result.structured_content.is_none() {
-        return Ok(text());
-    }
-    let mut out = json!({ "content": blocks });
+/// What the model sees of a `tools/call` result: the module doc's table.
+/// `isError: true` is a [`ToolFailure`] with the content as text.
+pub fn render(result: CallToolResult) -> Result<ToolContent, ToolFailure> {
+    let mut blocks: Vec<ResultBlock> = result.content.into_iter().map(result_block).collect();
     if let Some(structured) = result.structured_content {
-        out["structuredContent"] = structured;
+        let echoed = blocks.iter().any(|b| matches!(b, ResultBlock::Text { text } if serde_json::from_str::<Value>(text).is_ok_and(|v| v == structured)));
+        if !echoed {
+            blocks.push(ResultBlock::text(json!({ "structuredContent": structured }).to_string()));
+        }
     }
-    Ok(out.to_string())
+    let content = ToolContent::from_blocks(blocks);
+    if result.is_error == Some(true) {
+        let message = content.to_text();
+        return Err(ToolFailure::failed(if message.is_empty() { "the tool reported an error without a message".into() } else { message.into_owned() }));
+    }
+    Ok(content)
+}
+
+/// One MCP content block as a block the model sees (the module doc's table).
+fn result_block(block: ContentBlock) -> ResultBlock {
+    match block {
+        ContentBlock::Text(t) => ResultBlock::text(t.text),
+        ContentBlock::Image(i) => image_block(ImageSource::base64(i.mime_type, i.data), None),
+        ContentBlock::Audio(a) => ResultBlock::text(format!(
+            "[audio left out: {}, {} bytes; the model cannot take audio in a tool result]",
+            a.mime_type,
+            base64_decoded_len(&a.data)
+        )),
+        ContentBlock::Resource(r) => match r.resource {
+            ResourceContents::TextResourceContents { uri, text, .. } => ResultBlock::text(format!("[resource: {uri}]\n{text}")),
+            ResourceContents::BlobResourceContents { uri, mime_type: Some(mime_type), blob, .. } if mime_type.starts_with("image/") => {
+                image_block(ImageSource::base64(mime_type, blob), Some(&uri))
+            }
+            ResourceContents::BlobResourceContents { uri, mime_type, blob, .. } => ResultBlock::text(format!(
+                "[resource left out: {uri}, {}, {} bytes; binary content the model cannot take]",
+                mime_type.as_deref().unwrap_or("no media type"),
+                base64_decoded_len(&blob)
+            )),
+            other => unknown(&other),
+        },
+        ContentBlock::ResourceLink(link) => {
+            let mut text = format!("[resource link: {} \"{}\"", link.uri, link.name);
+            if let Some(mime_type) = &link.mime_type {
+                text.push_str(&format!(", {mime_type}"));
+            }
+            if let Some(size) = link.size {
+                text.push_str(&format!(", {size} bytes"));
+            }
+            if let Some(description) = link.description.as_deref().or(link.title.as_deref()) {
+                text.push_str(&format!(": {description}"));
+            }
+            text.push(']');
+            ResultBlock::text(text)
+        }
+        other => unknown(&other),
+    }
+}
+
+/// Content of a kind this rmcp version adds and glia does not know: its
+/// JSON as text, so nothing the server said is dropped.
+fn unknown(content: &impl serde::Serialize) -> ResultBlock {
+    ResultBlock::text(serde_json::to_string(content).unwrap_or_else(|e| format!("[content glia cannot read: {e}]")))
+}
+
+/// An image block when a model can take `source`, else the note saying
+/// what it was (and from which resource `uri`) and why it is left out.
+fn image_block(source: ImageSource, uri: Option<&str>) -> ResultBlock {
+    match source.usable() {
+        Ok(source) => ResultBlock::Image { source },
+        Err(note) => match uri {
+            Some(uri) => ResultBlock::text(format!("{note} (resource {uri})")),
+            None => ResultBlock::text(note),
+        },
+    }
 }
 
 fn clip(text: &str, max: usize) -> String {

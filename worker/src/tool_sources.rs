@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use glia_proto::{ConfigError, RunConfig, ToolErrorKind, ToolSource, ToolSpec, args_hash};
+use glia_proto::{ConfigError, RunConfig, ToolContent, ToolErrorKind, ToolSource, ToolSpec, args_hash};
 use serde_json::Value;
 
 use crate::catalogue::Catalogue;
@@ -144,7 +144,7 @@ impl ToolSources {
     /// Run one call of `spec` (which has a [`ToolSource`]) within its
     /// timeout; `progress` gets each progress report's text. Errors: the
     /// [`ToolFailure`] the model sees.
-    pub async fn execute(&self, spec: &ToolSpec, input: Value, ctx: &ToolContext, progress: &(dyn Fn(String) + Send + Sync)) -> Result<String, ToolFailure> {
+    pub async fn execute(&self, spec: &ToolSpec, input: Value, ctx: &ToolContext, progress: &(dyn Fn(String) + Send + Sync)) -> Result<ToolContent, ToolFailure> {
         let timeout = Duration::from_millis(spec.timeout_ms.max(1));
         match &spec.source {
             Some(ToolSource::Mcp { server, tool, .. }) => self.mcp.call(server, tool, input, &ctx.idempotency_key, timeout, progress).await,
@@ -165,7 +165,7 @@ impl ToolSources {
                     timeout,
                     max_response_bytes: *max_response_bytes,
                 };
-                self.http.call(call).await
+                self.http.call(call).await.map(ToolContent::from)
             }
             None => Err(ToolFailure { kind: ToolErrorKind::Unavailable, message: format!("tool {} has no source on this worker", spec.name) }),
         }

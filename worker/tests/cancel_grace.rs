@@ -139,7 +139,7 @@ async fn a_cancel_lets_running_calls_finish_within_their_grace_and_abandons_the_
     let results: Vec<(String, Option<ToolErrorKind>, String)> = events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::ToolResult { call_id, content, .. } => Some((call_id.clone(), None, content.clone())),
+            EventKind::ToolResult { call_id, content, .. } => Some((call_id.clone(), None, content.to_string())),
             EventKind::ToolError { call_id, error, message, .. } => Some((call_id.clone(), Some(*error), message.clone())),
             _ => None,
         })

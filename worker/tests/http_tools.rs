@@ -144,7 +144,7 @@ async fn the_loop_runs_http_tools_within_the_catalogue() {
         EventKind::ToolResult { content, .. } => Some(content.clone()),
         _ => None,
     });
-    assert!(result.unwrap().contains(r#""order":7"#));
+    assert!(result.unwrap().to_text().contains(r#""order":7"#));
 
     // An origin the catalogue does not allow: refused before the run starts.
     config.http_tools[0].url = "http://203.0.113.9/steal".into();

@@ -104,7 +104,7 @@ async fn policies_deny_and_remind() {
     let results = provider.requests()[1].messages.last().unwrap().content.clone();
     assert!(matches!(&results[0], ContentBlock::ToolResult { content, is_error: true, .. } if content == "Denied by policy: over the limit"));
     let ContentBlock::ToolResult { content, is_error: false, .. } = &results[1] else { panic!("{results:?}") };
-    assert!(content.starts_with(Insert::Reminder.marker()) && content.ends_with("{\"sum\":2}"), "{content}");
+    assert!(content.to_text().starts_with(Insert::Reminder.marker()) && content.to_text().ends_with("{\"sum\":2}"), "{content}");
     // The log keeps the clean result and the reminder apart.
     assert!(log.iter().any(|e| matches!(&e.kind, EventKind::ToolResult { content, reminder: Some(r), .. } if content == "{\"sum\":2}" && r == "Be brief.")));
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use glia_proto::{Event, EventKind, LiveEvent, McpToolSource, Outcome, RunConfig, RunState, Status, ToolErrorKind, ToolPolicy, ToolSource, args_hash};
+use glia_proto::{ContentBlock, Event, EventKind, ImageSource, LiveEvent, ResultBlock, Role, ToolContent, McpToolSource, Outcome, RunConfig, RunState, Status, ToolErrorKind, ToolPolicy, ToolSource, args_hash};
 use glia_worker::agent::{Agent, EventSink, SinkError};
 use glia_worker::catalogue::Catalogue;
 use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
@@ -83,7 +83,7 @@ fn tool_outcome(events: &[Event]) -> Vec<(Option<String>, Option<(ToolErrorKind,
     events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::ToolResult { content, .. } => Some((Some(content.clone()), None)),
+            EventKind::ToolResult { content, .. } => Some((Some(content.to_string()), None)),
             EventKind::ToolError { error, message, .. } => Some((None, Some((*error, message.clone())))),
             _ => None,
         })
@@ -116,27 +116,109 @@ async fn stdio_list_call_content_kinds_and_progress() {
     let out = sources.execute(echo, json!({"message": "hello"}), &ctx("c1"), &quiet).await.expect("echo");
     assert_eq!(out, "Echo: hello");
 
+    // An image: text, image, text blocks, the image as the server sent it.
     let image = specs.iter().find(|s| s.name == "get-tiny-image").unwrap();
-    let out: Value = serde_json::from_str(&sources.execute(image, json!({}), &ctx("c2"), &quiet).await.expect("image")).expect("JSON blocks");
-    let kinds: Vec<&str> = out["content"].as_array().unwrap().iter().map(|b| b["type"].as_str().unwrap()).collect();
-    assert!(kinds.contains(&"image") && kinds.contains(&"text"), "image and text blocks kept: {kinds:?}");
-    let image_block = out["content"].as_array().unwrap().iter().find(|b| b["type"] == "image").unwrap();
-    assert_eq!(image_block["mimeType"], "image/png");
+    let out = sources.execute(image, json!({}), &ctx("c2"), &quiet).await.expect("image");
+    assert_eq!(
+        out,
+        ToolContent::Blocks(vec![
+            ResultBlock::text("Here's the image you requested:"),
+            ResultBlock::Image { source: ImageSource::base64("image/png", tiny_image()) },
+            ResultBlock::text("The image above is the MCP logo."),
+        ])
+    );
 
+    // structuredContent: the server also sends it as a text block (as the
+    // spec asks), so that text is the result, not a second copy.
     let weather = specs.iter().find(|s| s.name == "get-structured-content").unwrap();
-    let out: Value = serde_json::from_str(&sources.execute(weather, json!({"location": "Chicago"}), &ctx("c3"), &quiet).await.expect("structured")).unwrap();
-    assert!(out["structuredContent"]["temperature"].is_number(), "structuredContent kept: {out}");
-
+    let out = sources.execute(weather, json!({"location": "Chicago"}), &ctx("c3"), &quiet).await.expect("structured");
+    let ToolContent::Text(text) = &out else { panic!("{out:?}") };
+    assert_eq!(serde_json::from_str::<Value>(text).unwrap(), json!({"temperature": 36, "conditions": "Light rain / drizzle", "humidity": 82}));
     let seen = Mutex::new(Vec::new());
     let record = |m: String| seen.lock().unwrap().push(m);
     let out = sources.execute(long, json!({"duration": 0.3, "steps": 3}), &ctx("c4"), &record).await.expect("long-running operation");
-    assert!(out.contains("Long running operation completed"), "{out}");
+    assert!(out.to_text().contains("Long running operation completed"), "{out}");
     let seen = seen.lock().unwrap().clone();
     // Reports come in order; the last one races the result (see glia_worker::mcp).
     assert!(["1/3", "2/3", "3/3"].starts_with(&seen.iter().map(String::as_str).collect::<Vec<_>>()) && seen.len() >= 2, "{seen:?}");
 
     let bad = sources.execute(echo, json!({"message": 5}), &ctx("c5"), &quiet).await.expect_err("the server refuses bad arguments");
     assert!(bad.message.contains("message") || bad.message.to_lowercase().contains("invalid"), "{bad:?}");
+    sources.shutdown().await;
+}
+
+/// The base64 PNG `get-tiny-image` returns, read from the installed
+/// server's source, so the test compares with what the server really sends.
+fn tiny_image() -> String {
+    let source = std::fs::read_to_string(ci_mcp().join("server-everything/dist/tools/get-tiny-image.js")).expect("server source");
+    let start = source.find("MCP_TINY_IMAGE = \"").expect("the image constant") + "MCP_TINY_IMAGE = \"".len();
+    let len = source[start..].find('"').expect("end of the constant");
+    source[start..start + len].to_owned()
+}
+
+/// Embedded resources and resource links from a real server: a text
+/// resource is a text block headed by its URI, a binary one (not an image)
+/// a note naming URI, type and size, a link a text naming URI and name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_and_resource_links_become_text() {
+    let Some(everything) = server("server-everything") else { return };
+    let sources = sources(&everything_stdio("everything", &everything));
+    let mut config = RunConfig::default();
+    config.mcp.push(allow("everything", &["get-resource-reference", "get-resource-links"]));
+    let specs = sources.offered(&config).await.expect("tools listed");
+    let quiet = |_: String| {};
+    let reference = specs.iter().find(|s| s.name == "get-resource-reference").unwrap();
+
+    let out = sources.execute(reference, json!({"resourceType": "Text", "resourceId": 2}), &ctx("r1"), &quiet).await.expect("text resource");
+    let ToolContent::Text(text) = &out else { panic!("{out:?}") };
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "Returning resource reference for Resource 2:");
+    assert_eq!(lines[1], "[resource: demo://resource/dynamic/text/2]");
+    assert!(lines[2].starts_with("Resource 2: This is a plaintext resource created at "), "{text}");
+    assert_eq!(lines[3], "You can access this resource using the URI: demo://resource/dynamic/text/2");
+
+    let out = sources.execute(reference, json!({"resourceType": "Blob", "resourceId": 1}), &ctx("r2"), &quiet).await.expect("blob resource");
+    let ToolContent::Text(text) = &out else { panic!("{out:?}") };
+    let note = text.lines().nth(1).unwrap();
+    let size = "Resource 1: This is a base64 blob created at ".len();
+    assert!(note.starts_with("[resource left out: demo://resource/dynamic/blob/1, text/plain, "), "{note}");
+    assert!(note.ends_with(" bytes; binary content the model cannot take]"), "{note}");
+    let bytes: usize = note.split(", ").nth(2).unwrap().trim_end_matches(" bytes; binary content the model cannot take]").parse().unwrap();
+    assert!(bytes > size, "the decoded size, timestamp included: {note}");
+
+    let links = specs.iter().find(|s| s.name == "get-resource-links").unwrap();
+    let out = sources.execute(links, json!({"count": 2}), &ctx("r3"), &quiet).await.expect("links");
+    assert_eq!(
+        out,
+        "Here are 2 resource links to resources available in this server:\n\
+         [resource link: demo://resource/dynamic/blob/1 \"Blob Resource 1\", text/plain: Resource 1: plaintext resource]\n\
+         [resource link: demo://resource/dynamic/text/2 \"Text Resource 2\", text/plain: Resource 2: plaintext resource]"
+    );
+    sources.shutdown().await;
+}
+
+/// A run whose model calls `get-tiny-image`: the next model request carries
+/// the image inside the tool result (the scripted provider validates it
+/// like the API), and the state replayed from the log has it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_model_request_carries_the_image_in_the_tool_result() {
+    let Some(everything) = server("server-everything") else { return };
+    let sources = sources(&everything_stdio("everything", &everything));
+    let mut config = RunConfig::default();
+    config.mcp.push(allow("everything", &["get-tiny-image"]));
+    let provider = Arc::new(ScriptedProvider::new(vec![ScriptedTurn::call("get-tiny-image", json!({})), ScriptedTurn::text("a logo")]));
+    let agent = Agent::new(provider.clone()).with_tool_sources(sources.clone());
+    let mut sink = Recorder::default();
+    let (_, status) = agent.run(Uuid::now_v7(), "show me", config, &mut sink).await.expect("run");
+    assert!(matches!(status, Status::Done(Outcome::Succeeded { ref answer, .. }) if answer == "a logo"), "{status:?}");
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 2);
+    let last = requests[1].messages.last().expect("a last message");
+    assert_eq!(last.role, Role::User);
+    let [ContentBlock::ToolResult { content: ToolContent::Blocks(blocks), is_error: false, .. }] = last.content.as_slice() else { panic!("{last:?}") };
+    assert_eq!(blocks[1], ResultBlock::Image { source: ImageSource::base64("image/png", tiny_image()) });
+    let replayed = RunState::replay(sink.events[0].run_id, &sink.events).expect("replay");
+    assert!(replayed.messages.iter().any(|m| m == last), "the log holds the image");
     sources.shutdown().await;
 }
 
@@ -376,4 +458,54 @@ async fn a_server_that_is_down_is_a_clear_error() {
     assert!(text.contains("MCP server broken is not available") && text.contains("could not start"), "{text}");
     assert!(!sink.events.iter().any(|e| matches!(e.kind, EventKind::StepStart { .. })), "no step started without its tools");
     sources.shutdown().await;
+}
+
+/// `render` over MCP results no server here sends (audio, image blobs,
+/// images a model cannot take, an error with an image, unknown content
+/// kinds), written as MCP 2025-06-18 `CallToolResult` JSON.
+#[test]
+fn render_maps_every_mcp_content_kind() {
+    use glia_worker::mcp::render;
+    let result = |v: Value| serde_json::from_value::<rmcp::model::CallToolResult>(v).expect("a CallToolResult");
+    let png = "iVBORw0KGgo=";
+    let out = render(result(json!({"content": [
+        {"type": "audio", "data": "UklGRg==", "mimeType": "audio/wav"},
+        {"type": "image", "data": png, "mimeType": "image/jpeg"},
+        {"type": "image", "data": "PHN2Zy8+", "mimeType": "image/svg+xml"},
+        {"type": "resource", "resource": {"uri": "file:///shot.png", "mimeType": "image/png", "blob": png}},
+        {"type": "resource", "resource": {"uri": "file:///shot.bmp", "mimeType": "image/bmp", "blob": "Qk0="}},
+        {"type": "resource", "resource": {"uri": "file:///a.txt", "text": "hello"}},
+        {"type": "resource_link", "uri": "file:///b.bin", "name": "b", "size": 9},
+        {"type": "text", "text": "{\"n\":1}"}
+    ], "structuredContent": {"n": 2}})))
+    .expect("a result");
+    let image = ResultBlock::Image { source: ImageSource::base64("image/png", png) };
+    assert_eq!(
+        out,
+        ToolContent::Blocks(vec![
+            ResultBlock::text("[audio left out: audio/wav, 4 bytes; the model cannot take audio in a tool result]"),
+            image.clone(),
+            ResultBlock::text("[image left out: image/svg+xml, 6 bytes; image/svg+xml is not a type a model accepts (PNG, JPEG, GIF or WebP)]"),
+            image,
+            ResultBlock::text("[image left out: image/bmp, 2 bytes; image/bmp is not a type a model accepts (PNG, JPEG, GIF or WebP)] (resource file:///shot.bmp)"),
+            ResultBlock::text("[resource: file:///a.txt]\nhello"),
+            ResultBlock::text("[resource link: file:///b.bin \"b\", 9 bytes]"),
+            ResultBlock::text("{\"n\":1}"),
+            ResultBlock::text("{\"structuredContent\":{\"n\":2}}"),
+        ])
+    );
+
+    // An error is a tool failure whose text names the image it carried.
+    let failed = render(result(json!({"isError": true, "content": [{"type": "text", "text": "no"}, {"type": "image", "data": png, "mimeType": "image/png"}]})))
+        .expect_err("isError");
+    assert_eq!(failed.message, "no\n[image: image/png, 8 bytes]");
+    assert_eq!(failed.kind, ToolErrorKind::Failed);
+
+    // An image over the limit is a note, its data never copied.
+    let big = "A".repeat(glia_proto::MAX_IMAGE_BASE64_LEN + 4);
+    let out = render(result(json!({"content": [{"type": "image", "data": big, "mimeType": "image/png"}]}))).expect("a result");
+    assert_eq!(
+        out,
+        "[image left out: image/png, 3932163 bytes; its base64 data is 5242884 bytes, over the 5242880 bytes a model request may carry]"
+    );
 }

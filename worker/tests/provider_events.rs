@@ -80,7 +80,7 @@ async fn an_elided_message_is_recorded_and_stays_elided_after_a_resume() {
     assert_eq!(sink.log[elided].kind, EventKind::MessageElided { index: 2, reason: "the model provider refused to process it".into() });
     assert_eq!(sink.log[elided - 1].kind.name(), "model.call");
     assert_eq!(sink.log[elided + 1].kind.name(), "model.response");
-    assert_eq!(state.messages[2].content, vec![ContentBlock::ToolResult { tool_use_id: "call_1".into(), content: elision_text(), is_error: false }]);
+    assert_eq!(state.messages[2].content, vec![ContentBlock::ToolResult { tool_use_id: "call_1".into(), content: elision_text().into(), is_error: false }]);
 
     // A fresh process rebuilds the run from its log and sends the elided
     // history on the next call.
@@ -91,7 +91,7 @@ async fn an_elided_message_is_recorded_and_stays_elided_after_a_resume() {
     let status = agent(provider2.clone()).advance(&mut resumed, Some(Resume::Input { text: "And now?".into(), redactions: Vec::new() }), &mut log2).await.unwrap();
     assert_eq!(status, Status::Parked(PullPoint::AwaitingInput));
     let sent = &provider2.requests()[0].messages;
-    assert_eq!(sent[2].content, vec![ContentBlock::ToolResult { tool_use_id: "call_1".into(), content: elision_text(), is_error: false }]);
+    assert_eq!(sent[2].content, vec![ContentBlock::ToolResult { tool_use_id: "call_1".into(), content: elision_text().into(), is_error: false }]);
     assert!(!serde_json::to_string(sent).unwrap().contains("\"sum\""));
 }
 

@@ -87,7 +87,7 @@ async fn awaiting_approval_edit_and_reject() {
     let results: Vec<_> = log
         .iter()
         .filter_map(|e| match &e.kind {
-            glia_proto::EventKind::ToolResult { content, .. } => Some(content.clone()),
+            glia_proto::EventKind::ToolResult { content, .. } => Some(content.to_string()),
             glia_proto::EventKind::ToolError { message, error, .. } => Some(format!("{error:?}: {message}")),
             _ => None,
         })

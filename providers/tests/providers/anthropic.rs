@@ -247,3 +247,41 @@ async fn each_http_error_kind_is_classified() {
         assert!(is_provider(&p), "HTTP {status}: {p:?}");
     }
 }
+
+/// A tool result with an image goes out as the API's `tool_result` with a
+/// list of `text` and `image` blocks (base64 source), checked on the body
+/// the local server received; a text result stays a string.
+#[tokio::test]
+async fn a_tool_result_with_an_image_is_sent_as_text_and_image_blocks() {
+    use glia_proto::{ImageSource, Message, ResultBlock, ToolContent};
+    let server = Server::replay(vec![Reply::json(200, fixture("anthropic/message.json"))]).await;
+    let mut req = request("claude-sonnet-4-5");
+    req.messages.push(Message {
+        role: Role::Assistant,
+        content: vec![
+            ContentBlock::ToolUse { id: "toolu_1".into(), name: "screenshot".into(), input: json!({}) },
+            ContentBlock::ToolUse { id: "toolu_2".into(), name: "lookup_order".into(), input: json!({"order_id": "A1"}) },
+        ],
+    });
+    let image = ToolContent::Blocks(vec![ResultBlock::text("The page:"), ResultBlock::Image { source: ImageSource::base64("image/png", "iVBORw0KGgo=") }]);
+    req.messages.push(Message {
+        role: Role::User,
+        content: vec![
+            ContentBlock::ToolResult { tool_use_id: "toolu_1".into(), content: image, is_error: false },
+            ContentBlock::ToolResult { tool_use_id: "toolu_2".into(), content: "shipped".into(), is_error: false },
+        ],
+    });
+    glia_proto::repair::validate(&req.messages).expect("a valid request");
+    provider(&server).streaming(false).generate(&req, &|_| {}).await.unwrap();
+    let body = &server.seen()[0].body;
+    assert_eq!(
+        body["messages"][2],
+        json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                {"type": "text", "text": "The page:"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+            ]},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "shipped", "cache_control": {"type": "ephemeral"}}
+        ]})
+    );
+}

@@ -211,3 +211,20 @@ fn openai_models_are_counted_with_their_tokenizer() {
     assert!((380..=420).contains(&real), "{real}");
     assert_eq!(estimate::tokens("llama3", &text), 667);
 }
+
+/// An image in a tool result counts as `IMAGE_TOKENS`, not as its base64
+/// text: a 1 MiB image would otherwise count about 350,000 tokens.
+#[test]
+fn an_image_counts_as_image_tokens_not_as_its_base64() {
+    use glia_proto::{ContentBlock, ImageSource, Message, ResultBlock, Role, ToolContent};
+    let result = |content: ToolContent| {
+        let mut req = request("llama3");
+        req.messages.push(Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "t1".into(), name: "shot".into(), input: json!({}) }] });
+        req.messages.push(Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: "t1".into(), content, is_error: false }] });
+        estimate::input_tokens(&req)
+    };
+    let text = result(ToolContent::Text("The page:".into()));
+    let big = format!("iVBORw0KGgoA{}", "AAAA".repeat(256 * 1024));
+    let with_image = result(ToolContent::Blocks(vec![ResultBlock::text("The page:"), ResultBlock::Image { source: ImageSource::base64("image/png", big) }]));
+    assert_eq!(with_image, text + estimate::IMAGE_TOKENS);
+}

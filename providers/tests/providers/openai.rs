@@ -221,3 +221,49 @@ async fn each_http_error_kind_is_classified() {
         }
     }
 }
+
+/// A tool message takes text only: the images of a turn's results go in
+/// the user message after its tool messages, as `image_url` parts with
+/// `data:` URLs, before the turn's own text. Checked on the body the local
+/// server received.
+#[tokio::test]
+async fn tool_result_images_follow_in_a_user_message_as_data_urls() {
+    use glia_proto::{ImageSource, ResultBlock, ToolContent};
+    let server = Server::replay(vec![Reply::json(200, fixture("openai/completion.json"))]).await;
+    let mut req = request("gpt-4o");
+    req.messages.push(Message {
+        role: Role::Assistant,
+        content: vec![
+            ContentBlock::ToolUse { id: "call_1".into(), name: "screenshot".into(), input: json!({}) },
+            ContentBlock::ToolUse { id: "call_2".into(), name: "lookup_order".into(), input: json!({"order_id": "A1"}) },
+        ],
+    });
+    let png = || ResultBlock::Image { source: ImageSource::base64("image/png", "iVBORw0KGgo=") };
+    let jpeg = ResultBlock::Image { source: ImageSource::base64("image/jpeg", "/9j/4AAQ") };
+    req.messages.push(Message {
+        role: Role::User,
+        content: vec![
+            ContentBlock::ToolResult { tool_use_id: "call_1".into(), content: ToolContent::Blocks(vec![ResultBlock::text("Two pages:"), png(), jpeg]), is_error: false },
+            ContentBlock::ToolResult { tool_use_id: "call_2".into(), content: ToolContent::Blocks(vec![png()]), is_error: true },
+            ContentBlock::text("Which one?"),
+        ],
+    });
+    glia_proto::repair::validate(&req.messages).expect("a valid request");
+    provider(&server, None).call(&req, &|_| {}).await.unwrap();
+    let messages = server.seen()[0].body["messages"].as_array().unwrap().clone();
+    assert_eq!(
+        messages[3..],
+        [
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "Two pages:\n[image: image/png, 8 bytes]\n[image: image/jpeg, 6 bytes]"}),
+            json!({"role": "tool", "tool_call_id": "call_2", "content": "Error: [image: image/png, 8 bytes]"}),
+            json!({"role": "user", "content": [
+                {"type": "text", "text": "Images returned by tool call call_1:"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQ"}},
+                {"type": "text", "text": "Images returned by tool call call_2:"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                {"type": "text", "text": "Which one?"}
+            ]}),
+        ]
+    );
+}

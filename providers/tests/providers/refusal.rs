@@ -42,7 +42,7 @@ fn history(culprits: &[usize]) -> Vec<Message> {
         m.push(match i % 3 {
             0 => Message::user(text),
             1 => Message { role: Role::Assistant, content: vec![ContentBlock::text(text), ContentBlock::ToolUse { id: format!("t{i}"), name: "lookup".into(), input: json!({"q": i}) }] },
-            _ => Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: format!("t{}", i - 1), content: text, is_error: false }] },
+            _ => Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: format!("t{}", i - 1), content: text.into(), is_error: false }] },
         });
     }
     m
@@ -68,7 +68,7 @@ async fn the_refused_message_is_found_elided_and_reported() {
     assert_eq!(e.index, 5);
     assert_eq!(e.extra_calls, calls - 1);
     // The tool result keeps its id (pairing stays valid); its text is a marked elision.
-    assert_eq!(e.replacement.content, vec![ContentBlock::ToolResult { tool_use_id: "t4".into(), content: elision_text(), is_error: false }]);
+    assert_eq!(e.replacement.content, vec![ContentBlock::ToolResult { tool_use_id: "t4".into(), content: elision_text().into(), is_error: false }]);
     assert!(is_machine_text(&elision_text()));
     // Every call is charged: the answer's usage includes the refusal and the probes.
     assert_eq!(r.usage.input_tokens, 10 * calls as u64);
