@@ -39,7 +39,7 @@ fn options(test: &str) -> QueueOptions {
 }
 
 fn job(head_seq: u64) -> Job {
-    Job { run_id: Uuid::now_v7(), head_seq }
+    Job::start(Uuid::now_v7(), head_seq)
 }
 
 /// Await `fut`, failing the test if it takes longer than `secs` (a bound on
