@@ -428,8 +428,8 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
 ///    last; the starts follow in publish order.
 /// 2. A start, then a resume: [`JobQueue::next_resume`] hands out the
 ///    resume, and the start waits for [`JobQueue::next`].
-/// 3. A requeued resume is still a resume; [`JobQueue::depth`] counts both
-///    lines.
+/// 3. A requeued resume is still a resume (`next_resume` takes it again);
+///    [`JobQueue::depth`] counts both lines.
 ///
 /// Every delivery is acked; the queue is empty afterwards.
 pub async fn resumes_before_starts(queue: &dyn JobQueue, starts: u64) {
@@ -462,7 +462,7 @@ pub async fn resumes_before_starts(queue: &dyn JobQueue, starts: u64) {
     let d = tokio::time::timeout(Duration::from_secs(30), queue.next_resume()).await.expect("a job within 30 s").expect("next_resume");
     assert_eq!(d.job, Job::resume(run, 201));
     d.acker.nack(true).await.expect("requeue");
-    assert_eq!(take(false).await, Job::resume(run, 201), "a requeued resume still goes first");
+    assert_eq!(take(true).await, Job::resume(run, 201), "a requeued resume is still a resume");
     assert_eq!(take(false).await, Job::start(run, 200));
     assert_eq!(queue.depth().await.unwrap(), 0, "every job was acked");
 }

@@ -144,6 +144,28 @@ async fn the_queue_delivers_each_job_once_and_again_after_a_restart() {
     assert!(nothing.is_err(), "acked and dead-lettered jobs are not delivered");
 }
 
+/// Resumes go before starts (the queue contract), and a resume is still a
+/// resume when the file is opened again: the kind is stored with the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_go_first_and_stay_resumes_after_a_restart() {
+    let dir = TempDir::new();
+    let run = Uuid::now_v7();
+    {
+        let log = open(&dir).await;
+        conformance::resumes_before_starts(&log.queue(), 50).await;
+        for job in [Job::start(run, 1), Job::start(run, 2), Job::resume(run, 3)] {
+            log.queue().publish(&job).await.unwrap();
+        }
+    }
+    let log = open(&dir).await;
+    let queue = log.queue();
+    for job in [Job::resume(run, 3), Job::start(run, 1), Job::start(run, 2)] {
+        let d = queue.next().await.unwrap();
+        assert_eq!(d.job, job, "after the restart: the resume first, then the starts in order");
+        d.acker.ack().await.unwrap();
+    }
+}
+
 /// A job nobody acks is dead-lettered after the delivery limit.
 #[tokio::test]
 async fn a_job_past_its_delivery_limit_is_dead_lettered() {
