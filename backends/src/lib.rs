@@ -824,3 +824,19 @@ pub async fn readiness(log: &dyn EventLog, queue: &dyn JobQueue, ledger: &dyn Le
     );
     [(EVENT_LOG, timed(l)), (JOB_QUEUE, timed(q)), (LEDGER, timed(d))].into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_without_the_resume_field_is_a_start_and_a_start_is_written_without_it() {
+        let run_id = Uuid::now_v7();
+        let old: Job = serde_json::from_value(serde_json::json!({"run_id": run_id, "head_seq": 7})).unwrap();
+        assert_eq!(old, Job::start(run_id, 7), "outbox rows and messages from before the field read as starts");
+        assert_eq!(serde_json::to_value(Job::start(run_id, 7)).unwrap(), serde_json::json!({"run_id": run_id, "head_seq": 7}));
+        let resume = serde_json::to_value(Job::resume(run_id, 8)).unwrap();
+        assert_eq!(resume, serde_json::json!({"run_id": run_id, "head_seq": 8, "resume": true}));
+        assert_eq!(serde_json::from_value::<Job>(resume).unwrap(), Job::resume(run_id, 8));
+    }
+}
