@@ -213,7 +213,19 @@ impl RunRecord {
     /// [`EventLog::orphaned`] looks for).
     pub fn has_work(&self, state: &RunState) -> bool {
         let status = crate::RunStatus::of(state);
-        status != crate::RunStatus::Done && (status == crate::RunStatus::Runnable || self.inbox.iter().any(|i| !i.consumed))
+        status != crate::RunStatus::Done && (status == crate::RunStatus::Runnable || self.payload_waits())
+    }
+
+    /// The job an import writes for the run in `state` (its state after the
+    /// record's events): none without work ([`RunRecord::has_work`]); a
+    /// resume when a payload waits in its inbox; else a start.
+    pub fn job(&self, state: &RunState) -> Option<crate::Job> {
+        self.has_work(state).then(|| crate::Job { run_id: self.run_id, head_seq: state.head_seq, resume: self.payload_waits() })
+    }
+
+    /// True when an inbox item is not consumed yet.
+    fn payload_waits(&self) -> bool {
+        self.inbox.iter().any(|i| !i.consumed)
     }
 }
 

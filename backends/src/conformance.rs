@@ -16,7 +16,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::archive::{Archive, Imported};
-use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, LogError, NewRun, RunFilter, RunGaugeKey, RunStatus};
+use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, JobQueue, LogError, NewRun, RunFilter, RunGaugeKey, RunStatus};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -103,7 +103,7 @@ pub async fn admits_runs_idempotently(log: &dyn EventLog) {
     let (other, created) = log.create_run(new_run("t2", Some("k1"), &b.parked[0])).await.unwrap();
     assert!(created && other.run_id == b.run_id, "keys are per tenant");
     let jobs = log.outbox(100).await.unwrap();
-    assert!(jobs.iter().any(|(_, j)| *j == Job { run_id: a.run_id, head_seq: 1 }), "admission writes a job");
+    assert!(jobs.iter().any(|(_, j)| *j == Job::start(a.run_id, 1)), "admission writes a job, a start");
 }
 
 /// Commits are fenced by the head and the lease; a lapsed lease can be taken
@@ -341,12 +341,19 @@ pub async fn outbox_and_orphans(log: &dyn EventLog) {
     assert_eq!(ours.len(), 1);
     log.outbox_done(&ours).await.unwrap();
     assert!(!log.outbox(10_000).await.unwrap().iter().any(|(_, j)| j.run_id == s.run_id));
-    assert!(log.orphaned(10_000).await.unwrap().contains(&Job { run_id: s.run_id, head_seq: 1 }), "runnable, no lease");
+    assert!(log.orphaned(10_000).await.unwrap().contains(&Job::start(s.run_id, 1)), "runnable, no lease: a start");
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
     assert!(!log.orphaned(10_000).await.unwrap().iter().any(|j| j.run_id == s.run_id), "leased");
     log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
     log.release(&lease).await.unwrap();
     assert!(!log.orphaned(10_000).await.unwrap().iter().any(|j| j.run_id == s.run_id), "parked without payloads");
+    let pending = log.approvals(&ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap();
+    let decision = Resume::Approval { call_id: "c1".into(), args_hash: pending[0].args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
+    log.post(s.run_id, decision).await.unwrap();
+    let head = s.parked.len() as u64;
+    let jobs: Vec<Job> = log.outbox(10_000).await.unwrap().into_iter().map(|(_, j)| j).filter(|j| j.run_id == s.run_id).collect();
+    assert_eq!(jobs, vec![Job::resume(s.run_id, head)], "a posted payload writes a resume");
+    assert!(log.orphaned(10_000).await.unwrap().contains(&Job::resume(s.run_id, head)), "parked with a payload waiting: a resume");
 }
 
 /// Listing filters by tenant, status and batch, and pages by run id.
@@ -411,6 +418,53 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
     let mut longer = record.clone();
     longer.events.truncate(3);
     assert!(matches!(dst.import_run(&longer).await, Err(LogError::Conflict { .. })), "present at another head");
+}
+
+/// The [`JobQueue`] contract on a fresh, empty queue with no other consumer:
+/// resumes go before starts, each line first in, first out.
+///
+/// 1. `starts` starts, then a resume, are published (each confirmed): the
+///    first [`JobQueue::next`] hands out the resume, though it was published
+///    last; the starts follow in publish order.
+/// 2. A start, then a resume: [`JobQueue::next_resume`] hands out the
+///    resume, and the start waits for [`JobQueue::next`].
+/// 3. A requeued resume is still a resume (`next_resume` takes it again);
+///    [`JobQueue::depth`] counts both lines.
+///
+/// Every delivery is acked; the queue is empty afterwards.
+pub async fn resumes_before_starts(queue: &dyn JobQueue, starts: u64) {
+    let run = Uuid::now_v7();
+    let take = |resume_only: bool| async move {
+        let d = tokio::time::timeout(Duration::from_secs(30), async { if resume_only { queue.next_resume().await } else { queue.next().await } })
+            .await
+            .expect("a job within 30 s (a bound on a hang)")
+            .expect("next");
+        d.acker.ack().await.expect("ack");
+        d.job
+    };
+    for seq in 1..=starts {
+        queue.publish(&Job::start(run, seq)).await.unwrap();
+    }
+    queue.publish(&Job::resume(run, 0)).await.unwrap();
+    assert_eq!(queue.depth().await.unwrap(), starts + 1, "depth counts starts and resumes");
+    assert_eq!(take(false).await, Job::resume(run, 0), "the resume published after {starts} starts is handed out first");
+    for seq in 1..=starts {
+        assert_eq!(take(false).await, Job::start(run, seq), "then the starts, in publish order");
+    }
+
+    queue.publish(&Job::start(run, 100)).await.unwrap();
+    queue.publish(&Job::resume(run, 101)).await.unwrap();
+    assert_eq!(take(true).await, Job::resume(run, 101), "next_resume takes the resume behind a start");
+    assert_eq!(take(false).await, Job::start(run, 100), "the start is still there for next");
+
+    queue.publish(&Job::start(run, 200)).await.unwrap();
+    queue.publish(&Job::resume(run, 201)).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(30), queue.next_resume()).await.expect("a job within 30 s").expect("next_resume");
+    assert_eq!(d.job, Job::resume(run, 201));
+    d.acker.nack(true).await.expect("requeue");
+    assert_eq!(take(true).await, Job::resume(run, 201), "a requeued resume is still a resume");
+    assert_eq!(take(false).await, Job::start(run, 200));
+    assert_eq!(queue.depth().await.unwrap(), 0, "every job was acked");
 }
 
 /// Run every check, each on a fresh log from `fresh`.

@@ -43,13 +43,36 @@ use serde_json::Value;
 use uuid::Uuid;
 
 /// A wake-up for a run: "run `run_id` has something to do; its head was
-/// `head_seq` when this was sent". JSON on the wire: `{"run_id": "…", "head_seq": 7}`.
+/// `head_seq` when this was sent". JSON on the wire: `{"run_id": "…",
+/// "head_seq": 7}`, plus `"resume": true` for a [resume](Job::resume).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Job {
     /// The run.
     pub run_id: Uuid,
     /// Head sequence when the job was written.
     pub head_seq: u64,
+    /// True when the job resumes a parked run: a payload was posted to it
+    /// (approval decision, tool result, user message, budget extension or
+    /// resume, operator pause or resume, expiry, cancel). False when it
+    /// starts a run or continues one that was not waiting for anyone.
+    /// Queues hand resumes out before starts ([`JobQueue::next`]). Absent
+    /// on the wire means false, so outbox rows and messages written before
+    /// the field existed still read as starts; a start is written without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resume: bool,
+}
+
+impl Job {
+    /// A job that starts or continues run `run_id` at `head_seq`.
+    pub fn start(run_id: Uuid, head_seq: u64) -> Job {
+        Job { run_id, head_seq, resume: false }
+    }
+
+    /// A job that resumes parked run `run_id` at `head_seq` (a payload
+    /// waits in its inbox).
+    pub fn resume(run_id: Uuid, head_seq: u64) -> Job {
+        Job { run_id, head_seq, resume: true }
+    }
 }
 
 /// Where a run stands, coarsely, for listing and filtering.
@@ -540,7 +563,8 @@ pub struct Delivery {
 /// What a queue holds and who consumes it, for metrics and autoscaling.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueStats {
-    /// Jobs ready in the queue (not counting delivered, unacked ones).
+    /// Jobs ready in the queue, resumes and starts (not counting
+    /// delivered, unacked ones).
     pub ready: u64,
     /// Consumers attached to the queue, when the queue knows.
     pub consumers: Option<u64>,
@@ -548,14 +572,29 @@ pub struct QueueStats {
     pub dead_lettered: Option<u64>,
 }
 
-/// Run jobs. RabbitMQ in the fleet, [`memory::MemoryQueue`] in `glia dev`.
+/// Run jobs. RabbitMQ in the fleet, [`memory::MemoryQueue`] in `glia dev`,
+/// [`sqlite::SqliteQueue`] on the single node.
+///
+/// # Resumes first
+///
+/// A queue keeps two lines: resumes ([`Job::resume`] true) and starts, each
+/// first in, first out. [`JobQueue::next`] hands out a ready resume before
+/// any ready start, so a run a person just approved never waits behind a
+/// backlog of runs that have not started; [`JobQueue::next_resume`] takes
+/// resumes only (a worker uses it for its last free slot). Conformance:
+/// [`conformance::resumes_before_starts`].
 #[async_trait]
 pub trait JobQueue: Send + Sync {
     /// Publish a job, persistent, and wait for the broker's confirm.
     async fn publish(&self, job: &Job) -> Result<(), QueueError>;
-    /// Wait for the next job. Reconnects on its own; errors only when closed.
+    /// Wait for the next job: the oldest ready resume, else the oldest
+    /// ready start. Reconnects on its own; errors only when closed.
+    /// Cancel-safe: dropping the future loses no job.
     async fn next(&self) -> Result<Delivery, QueueError>;
-    /// Jobs waiting in the queue.
+    /// Wait for the next resume, leaving starts queued. As [`JobQueue::next`]
+    /// otherwise (errors, cancel safety).
+    async fn next_resume(&self) -> Result<Delivery, QueueError>;
+    /// Jobs waiting in the queue, resumes and starts.
     async fn depth(&self) -> Result<u64, QueueError>;
     /// Ready jobs, consumers and dead-lettered jobs. The default knows only
     /// [`JobQueue::depth`].
@@ -784,4 +823,20 @@ pub async fn readiness(log: &dyn EventLog, queue: &dyn JobQueue, ledger: &dyn Le
         tokio::time::timeout(timeout, async { ledger.ready().await.map_err(|e| e.to_string()) }),
     );
     [(EVENT_LOG, timed(l)), (JOB_QUEUE, timed(q)), (LEDGER, timed(d))].into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_without_the_resume_field_is_a_start_and_a_start_is_written_without_it() {
+        let run_id = Uuid::now_v7();
+        let old: Job = serde_json::from_value(serde_json::json!({"run_id": run_id, "head_seq": 7})).unwrap();
+        assert_eq!(old, Job::start(run_id, 7), "outbox rows and messages from before the field read as starts");
+        assert_eq!(serde_json::to_value(Job::start(run_id, 7)).unwrap(), serde_json::json!({"run_id": run_id, "head_seq": 7}));
+        let resume = serde_json::to_value(Job::resume(run_id, 8)).unwrap();
+        assert_eq!(resume, serde_json::json!({"run_id": run_id, "head_seq": 8, "resume": true}));
+        assert_eq!(serde_json::from_value::<Job>(resume).unwrap(), Job::resume(run_id, 8));
+    }
 }

@@ -92,7 +92,7 @@ impl EventLog for MemoryLog {
         }
         inner.runs.insert(run_id, Record { summary: summary.clone(), state, events: vec![new.start], lease: None, inbox: Vec::new() });
         let id = inner.id();
-        inner.outbox.insert(id, Job { run_id, head_seq: 1 });
+        inner.outbox.insert(id, Job::start(run_id, 1));
         Ok((summary, true))
     }
 
@@ -238,7 +238,7 @@ impl EventLog for MemoryLog {
             }
         }
         let job_id = inner.id();
-        inner.outbox.insert(job_id, Job { run_id, head_seq });
+        inner.outbox.insert(job_id, Job::resume(run_id, head_seq));
         Ok(id)
     }
 
@@ -295,7 +295,7 @@ impl EventLog for MemoryLog {
             .filter(|r| r.summary.status == RunStatus::Runnable || r.inbox.iter().any(|(_, _, done)| !done))
             .filter(|r| r.summary.status != RunStatus::Done)
             .filter(|r| r.lease.as_ref().is_none_or(|l| l.expires_at <= now))
-            .map(|r| Job { run_id: r.summary.run_id, head_seq: r.summary.head_seq })
+            .map(|r| Job { run_id: r.summary.run_id, head_seq: r.summary.head_seq, resume: r.inbox.iter().any(|(_, _, done)| !done) })
             .collect();
         jobs.sort_by_key(|j| j.run_id);
         jobs.truncate(limit);
@@ -356,23 +356,61 @@ impl EventLog for MemoryLog {
     }
 }
 
-/// The job queue in memory: an unbounded channel shared by every consumer.
+/// The job queue in memory: two unbounded channels (resumes, starts) shared
+/// by every consumer; [`JobQueue::next`] takes a ready resume before a ready
+/// start.
 pub struct MemoryQueue {
-    tx: mpsc::UnboundedSender<(Job, bool)>,
-    rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<(Job, bool)>>,
+    tx: Senders,
+    rx: tokio::sync::Mutex<Receivers>,
     depth: std::sync::Arc<AtomicU64>,
+}
+
+type Sender = mpsc::UnboundedSender<(Job, bool)>;
+type Receiver = mpsc::UnboundedReceiver<(Job, bool)>;
+
+/// The sending ends: resumes and starts.
+#[derive(Clone)]
+struct Senders {
+    resumes: Sender,
+    starts: Sender,
+}
+
+impl Senders {
+    /// Queue `job` in its line (`redelivered` as it will be delivered).
+    fn send(&self, job: Job, redelivered: bool) -> Result<(), QueueError> {
+        let line = if job.resume { &self.resumes } else { &self.starts };
+        line.send((job, redelivered)).map_err(|_| QueueError::Closed)
+    }
+}
+
+struct Receivers {
+    resumes: Receiver,
+    starts: Receiver,
 }
 
 impl Default for MemoryQueue {
     fn default() -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        MemoryQueue { tx, rx: tokio::sync::Mutex::new(rx), depth: Default::default() }
+        let (resumes, resumes_rx) = mpsc::unbounded_channel();
+        let (starts, starts_rx) = mpsc::unbounded_channel();
+        MemoryQueue {
+            tx: Senders { resumes, starts },
+            rx: tokio::sync::Mutex::new(Receivers { resumes: resumes_rx, starts: starts_rx }),
+            depth: Default::default(),
+        }
+    }
+}
+
+impl MemoryQueue {
+    fn delivery(&self, (job, redelivered): (Job, bool)) -> Delivery {
+        self.depth.fetch_sub(1, Ordering::SeqCst);
+        let acker = MemoryAcker { job, tx: self.tx.clone(), depth: self.depth.clone() };
+        Delivery { job, redelivered, acker: Box::new(acker), enqueued_at: None }
     }
 }
 
 struct MemoryAcker {
     job: Job,
-    tx: mpsc::UnboundedSender<(Job, bool)>,
+    tx: Senders,
     depth: std::sync::Arc<AtomicU64>,
 }
 
@@ -382,10 +420,11 @@ impl Acker for MemoryAcker {
         Ok(())
     }
 
+    /// Requeued at the back of its line.
     async fn nack(&self, requeue: bool) -> Result<(), QueueError> {
         if requeue {
             self.depth.fetch_add(1, Ordering::SeqCst);
-            self.tx.send((self.job, true)).map_err(|_| QueueError::Closed)?;
+            self.tx.send(self.job, true)?;
         }
         Ok(())
     }
@@ -395,14 +434,23 @@ impl Acker for MemoryAcker {
 impl JobQueue for MemoryQueue {
     async fn publish(&self, job: &Job) -> Result<(), QueueError> {
         self.depth.fetch_add(1, Ordering::SeqCst);
-        self.tx.send((*job, false)).map_err(|_| QueueError::Closed)
+        self.tx.send(*job, false)
     }
 
     async fn next(&self) -> Result<Delivery, QueueError> {
-        let (job, redelivered) = self.rx.lock().await.recv().await.ok_or(QueueError::Closed)?;
-        self.depth.fetch_sub(1, Ordering::SeqCst);
-        let acker = MemoryAcker { job, tx: self.tx.clone(), depth: self.depth.clone() };
-        Ok(Delivery { job, redelivered, acker: Box::new(acker), enqueued_at: None })
+        let mut rx = self.rx.lock().await;
+        let Receivers { resumes, starts } = &mut *rx;
+        let got = tokio::select! {
+            biased;
+            got = resumes.recv() => got,
+            got = starts.recv() => got,
+        };
+        Ok(self.delivery(got.ok_or(QueueError::Closed)?))
+    }
+
+    async fn next_resume(&self) -> Result<Delivery, QueueError> {
+        let got = self.rx.lock().await.resumes.recv().await;
+        Ok(self.delivery(got.ok_or(QueueError::Closed)?))
     }
 
     async fn depth(&self) -> Result<u64, QueueError> {

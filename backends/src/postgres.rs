@@ -806,7 +806,7 @@ impl EventLog for PgLog {
         let encoded = encode_events(run_id, std::slice::from_ref(&new.start), self.blob_threshold)?;
         let columns = SummaryColumns::of(&state)?;
         let goal = state.goal.replace('\0', "\u{FFFD}");
-        let job = serde_json::to_value(Job { run_id, head_seq: state.head_seq }).map_err(|e| LogError::Unavailable(e.to_string()))?;
+        let job = serde_json::to_value(Job::start(run_id, state.head_seq)).map_err(|e| LogError::Unavailable(e.to_string()))?;
         self.bounded("create_run", async {
             let fail = |e: tokio_postgres::Error| write_error(run_id, "create_run", &e);
             let mut client = self.client().await?;
@@ -1155,7 +1155,7 @@ impl EventLog for PgLog {
             };
             let id: i64 = col(&row, "id")?;
             let head = seq_of(col::<Option<i64>>(&row, "head_seq")?.ok_or(LogError::NotFound(run_id))?, "head_seq")?;
-            let job = serde_json::to_value(Job { run_id, head_seq: head }).map_err(|e| LogError::Unavailable(e.to_string()))?;
+            let job = serde_json::to_value(Job::resume(run_id, head)).map_err(|e| LogError::Unavailable(e.to_string()))?;
             let decide = tx.prepare_cached(DECIDE_APPROVALS).await.map_err(fail)?;
             let outbox = tx.prepare_cached(INSERT_OUTBOX).await.map_err(fail)?;
             let decide_params: [&(dyn ToSql + Sync); 2] = [&run_id, &decided];
@@ -1287,15 +1287,16 @@ impl EventLog for PgLog {
             let client = self.client().await?;
             let st = client
                 .prepare_cached(
-                    "SELECT id, head_seq FROM runs r \
-                     WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
-                     AND (status = 'runnable' OR EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed)) \
+                    "SELECT id, head_seq, resume FROM ( \
+                       SELECT id, head_seq, status, EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed) AS resume FROM runs r \
+                       WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
+                     ) o WHERE status = 'runnable' OR resume \
                      ORDER BY id LIMIT $1",
                 )
                 .await
                 .map_err(|e| unavailable("orphaned", &e))?;
             let rows = client.query(&st, &[&sql_limit(limit)]).await.map_err(|e| unavailable("orphaned", &e))?;
-            rows.iter().map(|row| Ok(Job { run_id: col(row, "id")?, head_seq: seq_of(col(row, "head_seq")?, "head_seq")? })).collect()
+            rows.iter().map(|row| Ok(Job { run_id: col(row, "id")?, head_seq: seq_of(col(row, "head_seq")?, "head_seq")?, resume: col(row, "resume")? })).collect()
         })
         .await
     }
@@ -1494,7 +1495,7 @@ impl crate::archive::Archive for PgLog {
         use crate::archive::Imported;
         let run_id = run.run_id;
         let state = run.validate()?;
-        let has_work = run.has_work(&state);
+        let job = run.job(&state);
         let encoded = encode_events(run_id, &run.events, self.blob_threshold)?;
         let columns = SummaryColumns::of(&state)?;
         let goal = state.goal.replace('\0', "\u{FFFD}");
@@ -1560,8 +1561,8 @@ impl crate::archive::Archive for PgLog {
                 .await
                 .map_err(fail)?;
             }
-            if has_work {
-                let job = serde_json::to_value(Job { run_id, head_seq: state.head_seq }).map_err(|e| LogError::Unavailable(e.to_string()))?;
+            if let Some(job) = job {
+                let job = serde_json::to_value(job).map_err(|e| LogError::Unavailable(e.to_string()))?;
                 tx.execute(INSERT_OUTBOX, &[&job]).await.map_err(fail)?;
             }
             tx.commit().await.map_err(fail)?;

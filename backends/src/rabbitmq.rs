@@ -7,7 +7,12 @@
 //!
 //! - `N`: a durable **quorum** queue (`x-queue-type: quorum`) with
 //!   `x-delivery-limit` ([`QueueOptions::delivery_limit`]) and dead-lettering
-//!   to `N.dlx` with routing key `N`;
+//!   to `N.dlx` with routing key `N`: the starts;
+//! - `N.resume`: the resumes ([`Job::resume`]), declared like `N` (same
+//!   delivery limit, dead-lettered to `N.dlx` with routing key `N`, so into
+//!   the same `N.dlq`). RabbitMQ 3.10's quorum queues have no message
+//!   priorities: resumes go first because they have a queue and a consumer
+//!   of their own (see *Resumes first*);
 //! - `N.dlx`: a durable direct exchange;
 //! - `N.dlq`: a durable quorum queue bound to `N.dlx` with key `N`. Jobs that
 //!   were nacked without requeue, exceeded the delivery limit, or whose body
@@ -18,11 +23,21 @@
 //!
 //! # Messages
 //!
-//! A job is published to the default exchange with routing key `N`,
-//! `mandatory`, persistent (`delivery_mode` 2), `content-type:
+//! A job is published to the default exchange with routing key `N` (a
+//! start) or `N.resume` (a resume), `mandatory`, persistent (`delivery_mode` 2), `content-type:
 //! application/json`, body = the [`Job`] as JSON. Publishing waits for the
 //! broker's confirm (the channel is in confirm mode); for a quorum queue the
 //! confirm means a majority of its replicas wrote the message to disk.
+//!
+//! # Resumes first
+//!
+//! The consuming channel has two consumers, one per queue, each with
+//! [`QueueOptions::prefetch`]. [`JobQueue::next`] polls the resume consumer
+//! before the start consumer (a biased select), so a resume that has reached
+//! this process is handed out before any start, however many starts wait
+//! (delivered ahead or still in `N`); [`JobQueue::next_resume`] polls the
+//! resume consumer only. [`JobQueue::depth`] and [`JobQueue::stats`] count
+//! both queues.
 //!
 //! # Durability
 //!
@@ -43,10 +58,11 @@
 //! adapter owns the reconnect loop.
 //!
 //! - [`JobQueue::next`] never fails because the broker is away: when its
-//!   connection or channel dies it reconnects with exponential backoff
+//!   connection or channel dies (or the broker cancels either consumer) it
+//!   reconnects with exponential backoff
 //!   (backon, [`QueueOptions::reconnect_min`] to
 //!   [`QueueOptions::reconnect_max`], jittered), redeclares the topology, sets
-//!   the prefetch again and resumes consuming. It only returns
+//!   the prefetch again and resumes consuming from both queues. It only returns
 //!   [`QueueError::Closed`], after [`RabbitQueue::close`].
 //! - [`JobQueue::publish`] makes at most [`QueueOptions::publish_attempts`]
 //!   attempts, reconnecting between them with the same backoff, then returns
@@ -84,9 +100,9 @@ use crate::{Acker, Delivery, Job, JobQueue, QueueError, QueueStats};
 /// How a [`RabbitQueue`] names, sizes and retries things.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueOptions {
-    /// Name of the job queue; `<queue>.dlx` and `<queue>.dlq` are derived
-    /// from it. At most 250 bytes (AMQP short string, with room for the
-    /// suffixes).
+    /// Name of the job queue (the starts); `<queue>.resume`, `<queue>.dlx`
+    /// and `<queue>.dlq` are derived from it. At most 248 bytes (AMQP short
+    /// string, with room for the suffixes).
     pub queue: String,
     /// How many unacked deliveries the broker pushes to this consumer ahead
     /// of [`JobQueue::next`] (`basic.qos` prefetch count, per channel).
@@ -132,6 +148,11 @@ impl QueueOptions {
             connect_timeout: Duration::from_secs(10),
             connection_name: "glia".into(),
         }
+    }
+
+    /// Name of the queue of resumes: `<queue>.resume`.
+    pub fn resume_queue(&self) -> String {
+        format!("{}.resume", self.queue)
     }
 
     /// Name of the dead-letter queue: `<queue>.dlq`.
@@ -180,11 +201,12 @@ impl PubLink {
 }
 
 /// The consuming connection: a channel with the prefetch set and a consumer
-/// on the job queue.
+/// on each queue.
 struct ConsLink {
     conn: Arc<Connection>,
     channel: Channel,
-    consumer: Consumer,
+    starts: Consumer,
+    resumes: Consumer,
 }
 
 /// The job queue on RabbitMQ. See the [module documentation](self) for the
@@ -229,7 +251,8 @@ async fn close_conn(conn: &Connection) {
     }
 }
 
-/// Declare the queue, its dead-letter exchange and dead-letter queue.
+/// Declare the queue of starts, the queue of resumes, their dead-letter
+/// exchange and dead-letter queue.
 async fn declare_topology(ch: &Channel, o: &QueueOptions) -> Result<(), QueueError> {
     let dlx = o.dead_letter_exchange();
     let dlq = o.dead_letter_queue();
@@ -256,7 +279,9 @@ async fn declare_topology(ch: &Channel, o: &QueueOptions) -> Result<(), QueueErr
     args.insert(short("x-delivery-limit"), AMQPValue::LongInt(limit));
     args.insert(short("x-dead-letter-exchange"), AMQPValue::LongString(LongString::from(dlx.as_str())));
     args.insert(short("x-dead-letter-routing-key"), AMQPValue::LongString(LongString::from(o.queue.as_str())));
-    ch.queue_declare(short(&o.queue), durable, args).await.map_err(|e| unavailable(&format!("declare queue {}", o.queue), e))?;
+    for queue in [o.queue.clone(), o.resume_queue()] {
+        ch.queue_declare(short(&queue), durable, args.clone()).await.map_err(|e| unavailable(&format!("declare queue {queue}"), e))?;
+    }
     Ok(())
 }
 
@@ -274,8 +299,8 @@ impl RabbitQueue {
         let mut opts = opts;
         opts.prefetch = opts.prefetch.max(1);
         opts.publish_attempts = opts.publish_attempts.max(1);
-        if opts.queue.is_empty() || opts.queue.len() > 250 {
-            return Err(QueueError::Unavailable(format!("queue name must be 1 to 250 bytes, got {:?}", opts.queue)));
+        if opts.queue.is_empty() || opts.queue.len() > 248 {
+            return Err(QueueError::Unavailable(format!("queue name must be 1 to 248 bytes, got {:?}", opts.queue)));
         }
         let queue = RabbitQueue {
             url: url.to_owned(),
@@ -345,7 +370,7 @@ impl RabbitQueue {
         .await
     }
 
-    /// Delete the queue, its dead-letter queue and exchange, with whatever
+    /// Delete both queues, the dead-letter queue and exchange, with whatever
     /// they hold. For tests and decommissioning; a running consumer of this
     /// queue gets cancelled and would redeclare an empty topology when it
     /// reconnects. Errors as [`JobQueue::depth`].
@@ -355,7 +380,7 @@ impl RabbitQueue {
             let o = o.clone();
             async move {
                 let ch = link.conn.create_channel().await.map_err(|e| Attempt::Retry(unavailable("open channel", e)))?;
-                for q in [o.queue.clone(), o.dead_letter_queue()] {
+                for q in [o.queue.clone(), o.resume_queue(), o.dead_letter_queue()] {
                     ch.queue_delete(short(&q), QueueDeleteOptions::default())
                         .await
                         .map_err(|e| Attempt::Retry(unavailable(&format!("delete queue {q}"), e)))?;
@@ -455,17 +480,27 @@ impl RabbitQueue {
         let setup = async {
             let channel = conn.create_channel().await.map_err(|e| unavailable("open channel", e))?;
             declare_topology(&channel, &self.opts).await?;
+            // Not global: each consumer of the channel has its own prefetch.
             channel.basic_qos(self.opts.prefetch, BasicQosOptions { global: false }).await.map_err(|e| unavailable("basic.qos", e))?;
-            let consumer = channel
-                .basic_consume(short(&self.opts.queue), short(""), BasicConsumeOptions::default(), FieldTable::default())
-                .await
-                .map_err(|e| unavailable("basic.consume", e))?;
-            Ok::<_, QueueError>((channel, consumer))
+            let consume = |queue: String| {
+                let channel = channel.clone();
+                async move {
+                    channel
+                        .basic_consume(short(&queue), short(""), BasicConsumeOptions::default(), FieldTable::default())
+                        .await
+                        .map_err(|e| unavailable(&format!("basic.consume {queue}"), e))
+                }
+            };
+            // Resumes first, so that resumes already waiting reach this
+            // process before the starts do.
+            let resumes = consume(self.opts.resume_queue()).await?;
+            let starts = consume(self.opts.queue.clone()).await?;
+            Ok::<_, QueueError>((channel, starts, resumes))
         };
-        let (channel, consumer) = self.set_up(&conn, "consumer setup", setup).await?;
+        let (channel, starts, resumes) = self.set_up(&conn, "consumer setup", setup).await?;
         *self.consumer_conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         debug!(queue = %self.opts.queue, "rabbitmq consumer connected");
-        Ok(ConsLink { conn, channel, consumer })
+        Ok(ConsLink { conn, channel, starts, resumes })
     }
 
     /// The current publishing link, opening one if there is none or it died.
@@ -560,56 +595,10 @@ impl RabbitQueue {
         .await
     }
 
-    async fn publish_once(&self, link: Arc<PubLink>, body: &[u8]) -> Result<(), Attempt> {
-        let mut headers = FieldTable::default();
-        headers.insert(short(ENQUEUED_HEADER), AMQPValue::LongLongInt(chrono::Utc::now().timestamp_millis()));
-        let props = BasicProperties::default().with_delivery_mode(2).with_content_type(short("application/json")).with_headers(headers);
-        let confirm = link
-            .channel
-            .basic_publish(short(""), short(&self.opts.queue), BasicPublishOptions { mandatory: true, immediate: false }, body, props)
-            .await
-            .map_err(|e| Attempt::Retry(unavailable("publish", e)))?;
-        let confirmation = match tokio::time::timeout(self.opts.confirm_timeout, confirm).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(Attempt::Retry(unavailable("publish confirm", e))),
-            Err(_) => return Err(Attempt::Fail(QueueError::NotConfirmed(format!("no confirm within {:?}", self.opts.confirm_timeout)))),
-        };
-        match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            // Unroutable: the queue is gone. Reconnecting redeclares it.
-            Confirmation::Ack(Some(returned)) => Err(Attempt::Retry(QueueError::NotConfirmed(format!(
-                "returned by the broker: {} {}",
-                returned.reply_code, returned.reply_text
-            )))),
-            Confirmation::Nack(_) => Err(Attempt::Fail(QueueError::NotConfirmed("nacked by the broker".into()))),
-            Confirmation::NotRequested => Err(Attempt::Fail(QueueError::NotConfirmed("channel not in confirm mode".into()))),
-        }
-    }
-}
-
-#[async_trait]
-impl JobQueue for RabbitQueue {
-    /// Publish `job` persistently and wait for the broker's confirm.
-    ///
-    /// Errors: [`QueueError::Unavailable`] after
-    /// [`QueueOptions::publish_attempts`] failed attempts (broker away,
-    /// connection or channel died, queue unroutable);
-    /// [`QueueError::NotConfirmed`] when the broker nacked it or no confirm
-    /// came within [`QueueOptions::confirm_timeout`] (not retried: the job
-    /// may be in the queue); [`QueueError::Closed`] after
-    /// [`RabbitQueue::close`].
-    async fn publish(&self, job: &Job) -> Result<(), QueueError> {
-        let body = serde_json::to_vec(job).map_err(|e| unavailable("encode job", e))?;
-        let body = &body;
-        self.on_publisher_link(|link| self.publish_once(link, body)).await
-    }
-
-    /// Wait for the next job, however long the broker is away. A body that
-    /// is not a [`Job`] is dead-lettered (nack without requeue) and skipped.
-    ///
-    /// Errors: only [`QueueError::Closed`], after [`RabbitQueue::close`].
-    /// Cancel-safe: dropping the future loses no job.
-    async fn next(&self) -> Result<Delivery, QueueError> {
+    /// The loop of [`JobQueue::next`] (`starts`: a start may be taken when
+    /// no resume is there) and [`JobQueue::next_resume`]: consume, and own
+    /// the reconnects of the consuming link.
+    async fn take(&self, starts: bool) -> Result<Delivery, QueueError> {
         let mut shutdown = self.shutdown.subscribe();
         if *shutdown.borrow() {
             return Err(QueueError::Closed);
@@ -642,8 +631,11 @@ impl JobQueue for RabbitQueue {
                 }
             }
             let Some(link) = slot.as_mut() else { continue };
+            // Biased: a resume that is here goes before any start.
             let item = tokio::select! {
-                item = link.consumer.next() => item,
+                biased;
+                item = link.resumes.next() => item,
+                item = link.starts.next(), if starts => item,
                 _ = shutdown.wait_for(|down| *down) => return Err(QueueError::Closed),
             };
             match item {
@@ -681,22 +673,89 @@ impl JobQueue for RabbitQueue {
         }
     }
 
-    /// Jobs ready in the queue, not counting those delivered and not yet
-    /// acked (a passive declare's message count).
+    async fn publish_once(&self, link: Arc<PubLink>, queue: &str, body: &[u8]) -> Result<(), Attempt> {
+        let mut headers = FieldTable::default();
+        headers.insert(short(ENQUEUED_HEADER), AMQPValue::LongLongInt(chrono::Utc::now().timestamp_millis()));
+        let props = BasicProperties::default().with_delivery_mode(2).with_content_type(short("application/json")).with_headers(headers);
+        let confirm = link
+            .channel
+            .basic_publish(short(""), short(queue), BasicPublishOptions { mandatory: true, immediate: false }, body, props)
+            .await
+            .map_err(|e| Attempt::Retry(unavailable("publish", e)))?;
+        let confirmation = match tokio::time::timeout(self.opts.confirm_timeout, confirm).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(Attempt::Retry(unavailable("publish confirm", e))),
+            Err(_) => return Err(Attempt::Fail(QueueError::NotConfirmed(format!("no confirm within {:?}", self.opts.confirm_timeout)))),
+        };
+        match confirmation {
+            Confirmation::Ack(None) => Ok(()),
+            // Unroutable: the queue is gone. Reconnecting redeclares it.
+            Confirmation::Ack(Some(returned)) => Err(Attempt::Retry(QueueError::NotConfirmed(format!(
+                "returned by the broker: {} {}",
+                returned.reply_code, returned.reply_text
+            )))),
+            Confirmation::Nack(_) => Err(Attempt::Fail(QueueError::NotConfirmed("nacked by the broker".into()))),
+            Confirmation::NotRequested => Err(Attempt::Fail(QueueError::NotConfirmed("channel not in confirm mode".into()))),
+        }
+    }
+}
+
+#[async_trait]
+impl JobQueue for RabbitQueue {
+    /// Publish `job` persistently and wait for the broker's confirm.
+    ///
+    /// Errors: [`QueueError::Unavailable`] after
+    /// [`QueueOptions::publish_attempts`] failed attempts (broker away,
+    /// connection or channel died, queue unroutable);
+    /// [`QueueError::NotConfirmed`] when the broker nacked it or no confirm
+    /// came within [`QueueOptions::confirm_timeout`] (not retried: the job
+    /// may be in the queue); [`QueueError::Closed`] after
+    /// [`RabbitQueue::close`].
+    async fn publish(&self, job: &Job) -> Result<(), QueueError> {
+        let body = serde_json::to_vec(job).map_err(|e| unavailable("encode job", e))?;
+        let body = &body;
+        let queue = if job.resume { self.opts.resume_queue() } else { self.opts.queue.clone() };
+        let queue = &queue;
+        self.on_publisher_link(|link| self.publish_once(link, queue, body)).await
+    }
+
+    /// Wait for the next job, however long the broker is away: a resume
+    /// that has reached this process before any start. A body that is not a
+    /// [`Job`] is dead-lettered (nack without requeue) and skipped.
+    ///
+    /// Errors: only [`QueueError::Closed`], after [`RabbitQueue::close`].
+    /// Cancel-safe: dropping the future loses no job.
+    async fn next(&self) -> Result<Delivery, QueueError> {
+        self.take(true).await
+    }
+
+    /// Wait for the next resume, however long the broker is away; starts
+    /// stay where they are (delivered ahead to this process, at most
+    /// [`QueueOptions::prefetch`] of them, or in the queue). As
+    /// [`JobQueue::next`] otherwise.
+    async fn next_resume(&self) -> Result<Delivery, QueueError> {
+        self.take(false).await
+    }
+
+    /// Jobs ready in both queues, not counting those delivered and not yet
+    /// acked (the message counts of a passive declare of each).
     ///
     /// Errors: [`QueueError::Unavailable`] when the broker cannot be reached
     /// after [`QueueOptions::publish_attempts`] attempts or the queue does not
     /// exist; [`QueueError::Closed`] after [`RabbitQueue::close`].
     async fn depth(&self) -> Result<u64, QueueError> {
-        self.message_count(&self.opts.queue).await
+        Ok(self.message_count(&self.opts.queue).await? + self.message_count(&self.opts.resume_queue()).await?)
     }
 
-    /// Two passive declares: the job queue (ready jobs, consumers) and
-    /// `<queue>.dlq` (dead-lettered jobs). Errors as [`JobQueue::depth`].
+    /// Three passive declares: both job queues (ready jobs, summed;
+    /// consumers of the queue of starts: each consumer process attaches to
+    /// both) and `<queue>.dlq` (dead-lettered jobs). Errors as
+    /// [`JobQueue::depth`].
     async fn stats(&self) -> Result<QueueStats, QueueError> {
         let (ready, consumers) = self.counts(&self.opts.queue).await?;
+        let resumes = self.message_count(&self.opts.resume_queue()).await?;
         let dead_lettered = self.dead_letter_depth().await?;
-        Ok(QueueStats { ready, consumers: Some(consumers), dead_lettered: Some(dead_lettered) })
+        Ok(QueueStats { ready: ready + resumes, consumers: Some(consumers), dead_lettered: Some(dead_lettered) })
     }
 }
 

@@ -96,6 +96,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/001_init.sql"),
     include_str!("../sqlite_migrations/002_agents.sql"),
     include_str!("../sqlite_migrations/003_batches.sql"),
+    include_str!("../sqlite_migrations/004_resume_jobs.sql"),
 ];
 
 /// How a store is opened.
@@ -135,9 +136,13 @@ struct Store {
     path: PathBuf,
     writer: std::sync::mpsc::Sender<WriteJob>,
     readers: Pool,
-    /// Ready jobs, oldest first, with the deliveries each had in this process.
-    ready: std::sync::Mutex<std::collections::VecDeque<Ready>>,
-    jobs_ready: Notify,
+    /// Ready jobs, resumes and starts, with the deliveries each had in this
+    /// process.
+    ready: std::sync::Mutex<Lines>,
+    /// A resume became ready.
+    resumes_ready: Notify,
+    /// A start became ready.
+    starts_ready: Notify,
     /// Recent runs' states, each the log's own (rebuilt from it, then kept
     /// up to date by applying every committed event), by run.
     states: std::sync::Mutex<std::collections::HashMap<Uuid, RunState>>,
@@ -154,6 +159,28 @@ struct Ready {
     job: Job,
     enqueued_at: i64,
     deliveries: u32,
+}
+
+/// The queue's ready jobs in two lines, each oldest first.
+#[derive(Debug, Default)]
+struct Lines {
+    resumes: std::collections::VecDeque<Ready>,
+    starts: std::collections::VecDeque<Ready>,
+}
+
+impl Lines {
+    fn line(&mut self, job: &Job) -> &mut std::collections::VecDeque<Ready> {
+        if job.resume { &mut self.resumes } else { &mut self.starts }
+    }
+
+    /// The oldest resume, else (when `starts`) the oldest start.
+    fn pop(&mut self, starts: bool) -> Option<Ready> {
+        self.resumes.pop_front().or_else(|| if starts { self.starts.pop_front() } else { None })
+    }
+
+    fn len(&self) -> usize {
+        self.resumes.len() + self.starts.len()
+    }
 }
 
 /// The event log on a SQLite file. Cheap to clone. [`SqliteLog::queue`] and
@@ -254,7 +281,8 @@ impl SqliteLog {
             writer,
             readers,
             ready: std::sync::Mutex::new(ready),
-            jobs_ready: Notify::new(),
+            resumes_ready: Notify::new(),
+            starts_ready: Notify::new(),
             states: Default::default(),
             live: MemoryLedger::default(),
             checkpoint_every: options.checkpoint_every.max(1),
@@ -353,7 +381,7 @@ fn writer_loop(mut conn: Connection, jobs: std::sync::mpsc::Receiver<WriteJob>) 
 
 /// Lock, WAL, migrations; the leases of the previous process lapse; the
 /// jobs not dead-lettered, ready (blocking).
-fn prepare(path: &Path) -> Result<(File, std::collections::VecDeque<Ready>), LogError> {
+fn prepare(path: &Path) -> Result<(File, Lines), LogError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| LogError::Unavailable(format!("{}: {what}: {e}", path.display()));
     let lock = File::options().create(true).truncate(false).write(true).open(lock_path(path)).map_err(|e| fail("creating its lock file", &e))?;
     match lock.try_lock() {
@@ -376,13 +404,15 @@ fn prepare(path: &Path) -> Result<(File, std::collections::VecDeque<Ready>), Log
     // They lapse now (an acquisition reports the takeover).
     let now = nanos(Utc::now());
     conn.execute("UPDATE runs SET lease_expires_at = ?1 WHERE lease_expires_at > ?1", [now]).map_err(|e| fail("lapsing old leases", &e))?;
-    let mut st = conn.prepare("SELECT id, run_id, head_seq, enqueued_at FROM jobs WHERE dead = 0 ORDER BY id").map_err(|e| fail("reading jobs", &e))?;
-    let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?))).map_err(|e| fail("reading jobs", &e))?;
-    let mut ready = std::collections::VecDeque::new();
+    let mut st = conn.prepare("SELECT id, run_id, head_seq, enqueued_at, resume FROM jobs WHERE dead = 0 ORDER BY id").map_err(|e| fail("reading jobs", &e))?;
+    let rows = st
+        .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?, r.get::<_, bool>(4)?)))
+        .map_err(|e| fail("reading jobs", &e))?;
+    let mut ready = Lines::default();
     for row in rows {
-        let (id, run, head, enqueued_at) = row.map_err(|e| fail("reading jobs", &e))?;
-        let job = Job { run_id: uuid_of(&run, "job run id")?, head_seq: u64_of(head, "head_seq")? };
-        ready.push_back(Ready { id, job, enqueued_at, deliveries: 0 });
+        let (id, run, head, enqueued_at, resume) = row.map_err(|e| fail("reading jobs", &e))?;
+        let job = Job { run_id: uuid_of(&run, "job run id")?, head_seq: u64_of(head, "head_seq")?, resume };
+        ready.line(&job).push_back(Ready { id, job, enqueued_at, deliveries: 0 });
     }
     Ok((lock, ready))
 }
@@ -394,6 +424,11 @@ fn prepare(path: &Path) -> Result<(File, std::collections::VecDeque<Ready>), Log
 const STATE_CACHE: usize = 4096;
 
 impl Store {
+    /// Wake one consumer that may take `job` (made ready).
+    fn notify_ready(&self, job: &Job) {
+        if job.resume { self.resumes_ready.notify_one() } else { self.starts_ready.notify_one() }
+    }
+
     /// The cached state of `run_id` if it is at `head`.
     fn cached(&self, run_id: Uuid, head: u64) -> Option<RunState> {
         self.states.lock().unwrap_or_else(|e| e.into_inner()).get(&run_id).filter(|s| s.head_seq == head).cloned()
@@ -657,8 +692,8 @@ fn insert_run(
 }
 
 fn insert_outbox(tx: &Connection, job: Job, now: i64) -> Result<(), LogError> {
-    tx.prepare_cached("INSERT INTO outbox (run_id, head_seq, created_at) VALUES (?1, ?2, ?3)")
-        .and_then(|mut st| st.execute(params![job.run_id.to_string(), i64_of(job.head_seq), now]))
+    tx.prepare_cached("INSERT INTO outbox (run_id, head_seq, created_at, resume) VALUES (?1, ?2, ?3, ?4)")
+        .and_then(|mut st| st.execute(params![job.run_id.to_string(), i64_of(job.head_seq), now, job.resume]))
         .map_err(db("writing the outbox"))?;
     Ok(())
 }
@@ -809,7 +844,7 @@ impl EventLog for SqliteLog {
                 let columns = (status, phase.as_str(), pull_point.as_deref(), outcome.as_deref());
                 insert_run(&tx, run_id, &new.tenant, new.idempotency_key.as_deref(), new.batch_id, &state, columns, now, now)?;
                 insert_events(&tx, run_id, &encoded)?;
-                insert_outbox(&tx, Job { run_id, head_seq: state.head_seq }, now)?;
+                insert_outbox(&tx, Job::start(run_id, state.head_seq), now)?;
                 let created = tx
                     .prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = ?1"))
                     .map_err(db("create_run"))?
@@ -1091,7 +1126,7 @@ impl EventLog for SqliteLog {
                         .and_then(|mut st| st.execute(params![id, call_id, now]))
                         .map_err(db("post"))?;
                 }
-                insert_outbox(&tx, Job { run_id, head_seq: u64_of(head, "head_seq")? }, now)?;
+                insert_outbox(&tx, Job::resume(run_id, u64_of(head, "head_seq")?), now)?;
                 tx.commit().map_err(db("post"))?;
                 Ok(item)
             })
@@ -1156,11 +1191,15 @@ impl EventLog for SqliteLog {
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {
         self.store
             .read("outbox", move |conn| {
-                let mut st = conn.prepare_cached("SELECT id, run_id, head_seq FROM outbox ORDER BY id LIMIT ?1").map_err(db("outbox"))?;
+                let mut st = conn.prepare_cached("SELECT id, run_id, head_seq, resume FROM outbox ORDER BY id LIMIT ?1").map_err(db("outbox"))?;
                 let mut rows = st.query([i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(db("outbox"))?;
                 let mut jobs = Vec::new();
                 while let Some(row) = rows.next().map_err(db("outbox"))? {
-                    let job = Job { run_id: uuid_of(&get::<String>(row, "run_id")?, "outbox run id")?, head_seq: u64_of(get(row, "head_seq")?, "head_seq")? };
+                    let job = Job {
+                        run_id: uuid_of(&get::<String>(row, "run_id")?, "outbox run id")?,
+                        head_seq: u64_of(get(row, "head_seq")?, "head_seq")?,
+                        resume: get(row, "resume")?,
+                    };
                     jobs.push((get(row, "id")?, job));
                 }
                 Ok(jobs)
@@ -1190,16 +1229,17 @@ impl EventLog for SqliteLog {
             .read("orphaned", move |conn| {
                 let mut st = conn
                     .prepare_cached(
-                        "SELECT id, head_seq FROM runs r \
-                         WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) \
-                         AND (status = 'runnable' OR EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND i.consumed = 0)) \
+                        "SELECT id, head_seq, resume FROM ( \
+                           SELECT id, head_seq, status, EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND i.consumed = 0) AS resume FROM runs r \
+                           WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) \
+                         ) WHERE status = 'runnable' OR resume \
                          ORDER BY id LIMIT ?2",
                     )
                     .map_err(db("orphaned"))?;
                 let mut rows = st.query(params![nanos(Utc::now()), i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(db("orphaned"))?;
                 let mut jobs = Vec::new();
                 while let Some(row) = rows.next().map_err(db("orphaned"))? {
-                    jobs.push(Job { run_id: uuid_of(&get::<String>(row, "id")?, "run id")?, head_seq: u64_of(get(row, "head_seq")?, "head_seq")? });
+                    jobs.push(Job { run_id: uuid_of(&get::<String>(row, "id")?, "run id")?, head_seq: u64_of(get(row, "head_seq")?, "head_seq")?, resume: get(row, "resume")? });
                 }
                 Ok(jobs)
             })
@@ -1368,7 +1408,7 @@ impl Archive for SqliteLog {
 
     async fn import_run(&self, run: &RunRecord) -> Result<Imported, LogError> {
         let state = run.validate()?;
-        let has_work = run.has_work(&state);
+        let job = run.job(&state);
         let encoded = encode_events(run.run_id, &run.events)?;
         let (status, phase, pull_point, outcome) = summary_columns(&state)?;
         let run = run.clone();
@@ -1408,8 +1448,8 @@ impl Archive for SqliteLog {
                     )
                     .map_err(db("import_run"))?;
                 }
-                if has_work {
-                    insert_outbox(&tx, Job { run_id, head_seq: state.head_seq }, now)?;
+                if let Some(job) = job {
+                    insert_outbox(&tx, job, now)?;
                 }
                 tx.commit().map_err(db("import_run"))?;
                 Ok(Imported::Created)
@@ -1450,12 +1490,12 @@ impl Acker for SqliteAcker {
             .map_err(queue_error)
     }
 
-    /// Requeued: ready again, first in line; otherwise dead-lettered (kept,
-    /// marked dead, counted in [`QueueStats::dead_lettered`]).
+    /// Requeued: ready again, first in its line; otherwise dead-lettered
+    /// (kept, marked dead, counted in [`QueueStats::dead_lettered`]).
     async fn nack(&self, requeue: bool) -> Result<(), QueueError> {
         if requeue {
-            self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).push_front(self.ready);
-            self.store.jobs_ready.notify_one();
+            self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).line(&self.ready.job).push_front(self.ready);
+            self.store.notify_ready(&self.ready.job);
             return Ok(());
         }
         let id = self.ready.id;
@@ -1463,40 +1503,24 @@ impl Acker for SqliteAcker {
     }
 }
 
-/// The job queue. Jobs are rows of the store's file, written with a relaxed
-/// sync (`synchronous = NORMAL` for that write): a job survives a crash of
-/// the process, and one lost to a power cut is a lost wake-up, which the
-/// dispatcher's reconciler replaces from the log. Which jobs are ready is
-/// kept in process (one process per file): [`JobQueue::next`] takes the
-/// oldest without touching the file, an ack deletes the row, and every job
-/// not acked is ready again when the file is opened next.
-#[async_trait]
-impl JobQueue for SqliteQueue {
-    async fn publish(&self, job: &Job) -> Result<(), QueueError> {
-        let job = *job;
-        let enqueued_at = nanos(Utc::now());
-        let id = self
-            .store
-            .write_relaxed("publish", move |conn| {
-                conn.prepare_cached("INSERT INTO jobs (run_id, head_seq, enqueued_at) VALUES (?1, ?2, ?3) RETURNING id")
-                    .and_then(|mut st| st.query_row(params![job.run_id.to_string(), i64_of(job.head_seq), enqueued_at], |r| r.get::<_, i64>(0)))
-                    .map_err(db("publish"))
-            })
-            .await
-            .map_err(queue_error)?;
-        self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).push_back(Ready { id, job, enqueued_at, deliveries: 0 });
-        self.store.jobs_ready.notify_one();
-        Ok(())
-    }
-
-    /// The oldest ready job; one already delivered
-    /// [`SqliteOptions::delivery_limit`] times in this process is
-    /// dead-lettered instead. Waits for a publish or a requeue otherwise.
-    async fn next(&self) -> Result<Delivery, QueueError> {
+impl SqliteQueue {
+    /// The loop of [`JobQueue::next`] (`starts`: a start may be taken when
+    /// no resume is ready) and [`JobQueue::next_resume`].
+    async fn take(&self, starts: bool) -> Result<Delivery, QueueError> {
+        let store = &self.store;
         loop {
-            let next = self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            let next = store.ready.lock().unwrap_or_else(|e| e.into_inner()).pop(starts);
+            // A job made ready between the look and the wait wakes a waiter
+            // or leaves a permit (`notify_one`) that ends this wait at once.
             let Some(mut ready) = next else {
-                self.store.jobs_ready.notified().await;
+                if starts {
+                    tokio::select! {
+                        _ = store.resumes_ready.notified() => {}
+                        _ = store.starts_ready.notified() => {}
+                    }
+                } else {
+                    store.resumes_ready.notified().await;
+                }
                 continue;
             };
             if ready.deliveries >= self.store.delivery_limit {
@@ -1511,6 +1535,47 @@ impl JobQueue for SqliteQueue {
             let acker = SqliteAcker { store: self.store.clone(), ready };
             return Ok(Delivery { job: ready.job, redelivered: ready.deliveries > 1, acker: Box::new(acker), enqueued_at: Some(time(ready.enqueued_at)) });
         }
+    }
+}
+
+/// The job queue. Jobs are rows of the store's file, written with a relaxed
+/// sync (`synchronous = NORMAL` for that write): a job survives a crash of
+/// the process, and one lost to a power cut is a lost wake-up, which the
+/// dispatcher's reconciler replaces from the log. Which jobs are ready is
+/// kept in process (one process per file): [`JobQueue::next`] takes the
+/// oldest without touching the file, an ack deletes the row, and every job
+/// not acked is ready again when the file is opened next. Resumes and starts
+/// are two lines in process; [`JobQueue::next`] takes the oldest resume
+/// before the oldest start.
+#[async_trait]
+impl JobQueue for SqliteQueue {
+    async fn publish(&self, job: &Job) -> Result<(), QueueError> {
+        let job = *job;
+        let enqueued_at = nanos(Utc::now());
+        let id = self
+            .store
+            .write_relaxed("publish", move |conn| {
+                conn.prepare_cached("INSERT INTO jobs (run_id, head_seq, enqueued_at, resume) VALUES (?1, ?2, ?3, ?4) RETURNING id")
+                    .and_then(|mut st| st.query_row(params![job.run_id.to_string(), i64_of(job.head_seq), enqueued_at, job.resume], |r| r.get::<_, i64>(0)))
+                    .map_err(db("publish"))
+            })
+            .await
+            .map_err(queue_error)?;
+        self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).line(&job).push_back(Ready { id, job, enqueued_at, deliveries: 0 });
+        self.store.notify_ready(&job);
+        Ok(())
+    }
+
+    /// The oldest ready resume, else the oldest ready start; one already
+    /// delivered [`SqliteOptions::delivery_limit`] times in this process is
+    /// dead-lettered instead. Waits for a publish or a requeue otherwise.
+    async fn next(&self) -> Result<Delivery, QueueError> {
+        self.take(true).await
+    }
+
+    /// [`JobQueue::next`] for resumes only.
+    async fn next_resume(&self) -> Result<Delivery, QueueError> {
+        self.take(false).await
     }
 
     async fn depth(&self) -> Result<u64, QueueError> {

@@ -1,7 +1,7 @@
 //! The in-memory twin passes the event log contract.
 
 use glia_backends::conformance;
-use glia_backends::memory::MemoryLog;
+use glia_backends::memory::{MemoryLog, MemoryQueue};
 
 #[tokio::test]
 async fn memory_log_conformance() {
@@ -13,4 +13,9 @@ async fn memory_batches_conformance() {
     let log = std::sync::Arc::new(MemoryLog::default());
     let store = glia_backends::batches::MemoryBatches::new(log.clone());
     conformance::batch_store(&*log, &store).await;
+}
+
+#[tokio::test]
+async fn memory_queue_resumes_before_starts() {
+    conformance::resumes_before_starts(&MemoryQueue::default(), 50).await;
 }

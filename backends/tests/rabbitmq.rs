@@ -39,7 +39,7 @@ fn options(test: &str) -> QueueOptions {
 }
 
 fn job(head_seq: u64) -> Job {
-    Job { run_id: Uuid::now_v7(), head_seq }
+    Job::start(Uuid::now_v7(), head_seq)
 }
 
 /// Await `fut`, failing the test if it takes longer than `secs` (a bound on
@@ -128,6 +128,17 @@ async fn publish_consume_ack_round_trip() {
     q2.close().await;
 }
 
+/// The queue contract: a resume published after many starts is handed out
+/// first (its own quorum queue and consumer), `next_resume` leaves starts
+/// queued, a requeued resume stays a resume.
+#[tokio::test]
+async fn resumes_before_starts() {
+    let opts = options("resumes");
+    let (q, _cleanup) = connect(&opts).await;
+    glia_backends::conformance::resumes_before_starts(&q, 50).await;
+    q.close().await;
+}
+
 #[tokio::test]
 async fn quorum_queue_and_persistent_messages() {
     let opts = options("declared");
@@ -152,6 +163,12 @@ async fn quorum_queue_and_persistent_messages() {
     let classic = ch.queue_declare(opts.queue.as_str().into(), durable, args("classic")).await;
     let err = classic.expect_err("a classic redeclare of a quorum queue must fail").to_string();
     assert!(err.contains("PRECONDITION_FAILED") && err.contains("x-queue-type"), "{err}");
+    // The queue of resumes has the same arguments (same dead-lettering).
+    let ch = conn.create_channel().await.unwrap();
+    let resume_queue = opts.resume_queue();
+    ch.queue_declare(resume_queue.as_str().into(), durable, args("quorum")).await.expect("the resume queue: the same arguments");
+    let classic = ch.queue_declare(resume_queue.as_str().into(), durable, args("classic")).await;
+    assert!(classic.is_err(), "the resume queue is a quorum queue");
     // The dead-letter queue and exchange exist.
     let ch = conn.create_channel().await.unwrap();
     let passive = QueueDeclareOptions { passive: true, ..Default::default() };
@@ -358,7 +375,8 @@ async fn consumer_resumes_after_broker_restart() {
     opts.connect_timeout = Duration::from_secs(5);
     let q = Arc::new(RabbitQueue::connect(&broker.url(), opts).await.expect("connect to the private node"));
 
-    let jobs: Vec<Job> = (1..=16).map(job).collect();
+    // Every fourth a resume: both consumers ride over the restart.
+    let jobs: Vec<Job> = (1..=16).map(|i| if i % 4 == 0 { Job::resume(Uuid::now_v7(), i) } else { job(i) }).collect();
     let mut confirmed: Vec<Job> = Vec::new();
     for j in &jobs[..10] {
         q.publish(j).await.expect("publish before the restart");

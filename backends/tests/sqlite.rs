@@ -80,7 +80,7 @@ async fn what_was_committed_survives_a_restart() {
         decision = Resume::Approval { call_id: "c1".into(), args_hash: approvals[0].args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
         log.post(s.run_id, decision.clone()).await.unwrap();
         log.ledger().cancel(s.run_id).await.unwrap();
-        log.queue().publish(&Job { run_id: s.run_id, head_seq: 9 }).await.unwrap();
+        log.queue().publish(&Job::start(s.run_id, 9)).await.unwrap();
         // Lease held when the process "dies": it lapses, nothing releases it.
     }
     let log = open(&dir).await;
@@ -94,7 +94,7 @@ async fn what_was_committed_survives_a_restart() {
     assert_eq!(log.ledger().signal(s.run_id).await.unwrap(), glia_backends::Signal { cancelled: true, paused: true });
     log.ledger().set_paused(s.run_id, false).await.unwrap();
     let delivery = log.queue().next().await.unwrap();
-    assert_eq!(delivery.job, Job { run_id: s.run_id, head_seq: 9 });
+    assert_eq!(delivery.job, Job::start(s.run_id, 9));
     let s2 = sample_log();
     let (again, created) = log.create_run(NewRun { tenant: "t".into(), idempotency_key: Some("k".into()), batch_id: None, start: s2.parked[0].clone() }).await.unwrap();
     assert!(!created && again.run_id == s.run_id, "the idempotency key is remembered");
@@ -106,7 +106,7 @@ async fn what_was_committed_survives_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_delivers_each_job_once_and_again_after_a_restart() {
     let dir = TempDir::new();
-    let (a, b, c) = (Job { run_id: Uuid::now_v7(), head_seq: 1 }, Job { run_id: Uuid::now_v7(), head_seq: 2 }, Job { run_id: Uuid::now_v7(), head_seq: 3 });
+    let (a, b, c) = (Job::start(Uuid::now_v7(), 1), Job::start(Uuid::now_v7(), 2), Job::start(Uuid::now_v7(), 3));
     {
         let log = open(&dir).await;
         let queue = log.queue();
@@ -144,13 +144,35 @@ async fn the_queue_delivers_each_job_once_and_again_after_a_restart() {
     assert!(nothing.is_err(), "acked and dead-lettered jobs are not delivered");
 }
 
+/// Resumes go before starts (the queue contract), and a resume is still a
+/// resume when the file is opened again: the kind is stored with the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_go_first_and_stay_resumes_after_a_restart() {
+    let dir = TempDir::new();
+    let run = Uuid::now_v7();
+    {
+        let log = open(&dir).await;
+        conformance::resumes_before_starts(&log.queue(), 50).await;
+        for job in [Job::start(run, 1), Job::start(run, 2), Job::resume(run, 3)] {
+            log.queue().publish(&job).await.unwrap();
+        }
+    }
+    let log = open(&dir).await;
+    let queue = log.queue();
+    for job in [Job::resume(run, 3), Job::start(run, 1), Job::start(run, 2)] {
+        let d = queue.next().await.unwrap();
+        assert_eq!(d.job, job, "after the restart: the resume first, then the starts in order");
+        d.acker.ack().await.unwrap();
+    }
+}
+
 /// A job nobody acks is dead-lettered after the delivery limit.
 #[tokio::test]
 async fn a_job_past_its_delivery_limit_is_dead_lettered() {
     let dir = TempDir::new();
     let log = SqliteLog::open(dir.db(), SqliteOptions { delivery_limit: 2, ..SqliteOptions::default() }).await.unwrap();
     let queue = log.queue();
-    let job = Job { run_id: Uuid::now_v7(), head_seq: 1 };
+    let job = Job::start(Uuid::now_v7(), 1);
     queue.publish(&job).await.unwrap();
     for _ in 0..2 {
         queue.next().await.unwrap().acker.nack(true).await.unwrap();

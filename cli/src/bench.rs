@@ -133,6 +133,10 @@ pub enum Variant {
     /// Group commit, the cancel flag read while the commit is in flight
     /// (the default).
     Group,
+    /// `group` with the queue as it was before resumes first: every job
+    /// published as a start (one first-in-first-out queue) and no worker
+    /// slot kept for resumes.
+    GroupFifo,
 }
 
 impl Variant {
@@ -141,8 +145,37 @@ impl Variant {
         match self {
             Variant::Transaction => CommitMode::Transaction,
             Variant::Statement => CommitMode::Statement,
-            Variant::GroupSerial | Variant::Group => CommitMode::Group,
+            Variant::GroupSerial | Variant::Group | Variant::GroupFifo => CommitMode::Group,
         }
+    }
+
+    /// The cancel flag is read after each commit returns.
+    fn serial_cancel_check(self) -> bool {
+        matches!(self, Variant::Transaction | Variant::Statement | Variant::GroupSerial)
+    }
+}
+
+/// The job queue before resumes first (`Variant::GroupFifo`): every job is
+/// published as a start, so resumes wait in line behind the starts queued
+/// before them.
+struct Fifo(Arc<dyn JobQueue>);
+
+#[async_trait]
+impl JobQueue for Fifo {
+    async fn publish(&self, job: &glia_backends::Job) -> Result<(), glia_backends::QueueError> {
+        self.0.publish(&glia_backends::Job { resume: false, ..*job }).await
+    }
+    async fn next(&self) -> Result<glia_backends::Delivery, glia_backends::QueueError> {
+        self.0.next().await
+    }
+    async fn next_resume(&self) -> Result<glia_backends::Delivery, glia_backends::QueueError> {
+        self.0.next_resume().await
+    }
+    async fn depth(&self) -> Result<u64, glia_backends::QueueError> {
+        self.0.depth().await
+    }
+    async fn stats(&self) -> Result<glia_backends::QueueStats, glia_backends::QueueError> {
+        self.0.stats().await
     }
 }
 
@@ -305,12 +338,14 @@ impl BenchFleet {
         let db = private_db(&urls.database_url).await?;
         let name = format!("glia_bench_{}", Uuid::now_v7().simple());
         let (stop, shutdown) = watch::channel(false);
+        let fifo = variant == Variant::GroupFifo;
         let ports = |log: glia_backends::postgres::PgLog| {
             let (amqp, redis, queue, prefix) = (urls.amqp_url.clone(), urls.redis_url.clone(), name.clone(), name.clone());
             async move {
-                let queue = RabbitQueue::connect(&amqp, QueueOptions::new(queue)).await.context("connecting to RabbitMQ")?;
+                let queue: Arc<dyn JobQueue> = Arc::new(RabbitQueue::connect(&amqp, QueueOptions::new(queue)).await.context("connecting to RabbitMQ")?);
+                let queue = if fifo { Arc::new(Fifo(queue)) } else { queue };
                 let ledger = RedisLedger::connect(&redis, &prefix).await.context("connecting to Redis")?;
-                anyhow::Ok((Arc::new(log) as Arc<dyn EventLog>, Arc::new(queue) as Arc<dyn JobQueue>, Arc::new(ledger) as Arc<dyn glia_backends::Ledger>))
+                anyhow::Ok((Arc::new(log) as Arc<dyn EventLog>, queue, Arc::new(ledger) as Arc<dyn glia_backends::Ledger>))
             }
         };
         let (log, queue, ledger) = ports(db.log().await).await?;
@@ -322,7 +357,9 @@ impl BenchFleet {
             let options = glia_backends::postgres::PgOptions { max_connections, commit_mode: variant.commit_mode(), group_lanes: urls.group_lanes.into(), ..Default::default() };
             let (log, queue, ledger) = ports(db.log_with(options).await).await?;
             let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
-            let worker = Worker::new(agent.clone(), log, queue, ledger, options).with_serial_cancel_check(variant != Variant::Group);
+            let worker = Worker::new(agent.clone(), log, queue, ledger, options)
+                .with_serial_cancel_check(variant.serial_cancel_check())
+                .with_resume_slots(if fifo { 0 } else { 1 });
             tokio::spawn(Arc::new(worker).run(shutdown.clone()));
         }
         let sql = db.sql().await;

@@ -46,7 +46,8 @@ pub struct Urls {
     /// Redis URL.
     #[arg(long, env = "GLIA_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
-    /// Name of the run-job queue (its dead-letter queue is `NAME.dlq`).
+    /// Name of the run-job queue (its queue of resumes is `NAME.resume`, its
+    /// dead-letter queue `NAME.dlq`).
     #[arg(long, env = "GLIA_QUEUE", default_value = "glia.jobs")]
     pub queue: String,
     /// Prefix of every Redis key.

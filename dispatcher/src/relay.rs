@@ -31,13 +31,16 @@ pub enum RelayError {
 }
 
 /// One relay pass: take up to [`crate::Limits::relay_batch`] outbox jobs,
-/// publish them (up to 32 in flight, each confirmed), mark the confirmed ones
-/// done. Returns how many were relayed.
+/// publish them (up to 32 in flight, each confirmed; the pass's resumes
+/// first, so a decision posted while a big batch of admissions is relayed
+/// does not wait for them), mark the confirmed ones done. Returns how many
+/// were relayed.
 pub async fn relay_once(app: &App) -> Result<usize, RelayError> {
-    let jobs = app.log.outbox(app.limits.relay_batch).await?;
+    let mut jobs = app.log.outbox(app.limits.relay_batch).await?;
     if jobs.is_empty() {
         return Ok(0);
     }
+    jobs.sort_by_key(|(_, job)| !job.resume);
     let results: Vec<(i64, Result<(), QueueError>)> =
         futures::stream::iter(jobs).map(|(id, job)| async move { (id, app.queue.publish(&job).await) }).buffer_unordered(32).collect().await;
     let mut done = Vec::with_capacity(results.len());

@@ -26,6 +26,9 @@ impl JobQueue for DownQueue {
     async fn next(&self) -> Result<Delivery, QueueError> {
         std::future::pending().await
     }
+    async fn next_resume(&self) -> Result<Delivery, QueueError> {
+        std::future::pending().await
+    }
     async fn depth(&self) -> Result<u64, QueueError> {
         Err(QueueError::Unavailable("broker down".into()))
     }

@@ -198,7 +198,7 @@ async fn cancel_posts_a_cancel_and_sets_the_flag() {
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(h.log.inbox(id).await.unwrap()[0].payload, Resume::Cancel { reason: "changed my mind".into() });
     assert!(h.ledger.is_cancelled(id).await.unwrap());
-    assert!(h.log.outbox(100).await.unwrap().iter().any(|(_, j)| *j == Job { run_id: id, head_seq: 9 }), "a job wakes a worker");
+    assert!(h.log.outbox(100).await.unwrap().iter().any(|(_, j)| *j == Job::resume(id, 9)), "a resume wakes a worker");
     // Twice: the same inbox item.
     let again = send(&h.router, request(Method::POST, &format!("/v1/runs/{id}/cancel"), Some(SUB_A), None)).await;
     assert_eq!(again.status, StatusCode::ACCEPTED);

@@ -31,13 +31,13 @@ async fn create_run_commits_run_event_and_job_before_answering() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(h.log.outbox(10).await.unwrap().iter().map(|(_, j)| *j).collect::<Vec<_>>(), vec![Job { run_id: id, head_seq: 1 }]);
+    assert_eq!(h.log.outbox(10).await.unwrap().iter().map(|(_, j)| *j).collect::<Vec<_>>(), vec![Job::start(id, 1)]);
     // The relay publishes it and marks it done.
     assert_eq!(glia_dispatcher::relay_once(&h.app).await.unwrap(), 1);
     assert!(h.log.outbox(10).await.unwrap().is_empty());
     assert_eq!(h.queue.depth().await.unwrap(), 1);
     let d = h.queue.next().await.unwrap();
-    assert_eq!(d.job, Job { run_id: id, head_seq: 1 });
+    assert_eq!(d.job, Job::start(id, 1));
 }
 
 #[tokio::test]

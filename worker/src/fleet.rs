@@ -7,6 +7,13 @@
 //! unconsumed inbox payload and advance the run to its next pull point,
 //! committing every step fenced by the lease; release. N jobs at a time.
 //!
+//! Resumes first: the queue hands out a job that resumes a parked run (a
+//! posted approval, tool result, user message, …) before any job that
+//! starts one ([`JobQueue::next`]), and a worker keeps its last free slot
+//! for resumes ([`Worker::with_resume_slots`]): it takes a start only while
+//! another slot stays free, so a resume is never queued behind a start in
+//! the same worker. A worker with one slot takes both.
+//!
 //! A commit that fails (lease lost, head moved) abandons the in-memory state:
 //! the log is the truth and the next job rebuilds from it.
 //!
@@ -93,12 +100,26 @@ pub struct Worker {
     options: WorkerOptions,
     metrics: Option<Arc<WorkerMetrics>>,
     serial_cancel_check: bool,
+    resume_slots: usize,
 }
 
 impl Worker {
     /// A worker over these ports.
     pub fn new(agent: Arc<Agent>, log: Arc<dyn EventLog>, queue: Arc<dyn JobQueue>, ledger: Arc<dyn Ledger>, options: WorkerOptions) -> Self {
-        Worker { agent, log, queue, ledger, options, metrics: None, serial_cancel_check: false }
+        Worker { agent, log, queue, ledger, options, metrics: None, serial_cancel_check: false, resume_slots: 1 }
+    }
+
+    /// Keep `slots` of the worker's slots for resumes (default 1): a start
+    /// job is taken only while more than `slots` slots are free; with fewer
+    /// free, the worker waits for a resume ([`JobQueue::next_resume`]) or
+    /// for another slot to free up, whichever comes first. Capped at
+    /// concurrency − 1, so a worker always takes starts when it is idle (a
+    /// worker with one slot takes both kinds, resumes first). 0 takes any
+    /// job into any slot (how workers did before resumes first, kept to
+    /// measure the difference in `glia bench steps`).
+    pub fn with_resume_slots(mut self, slots: usize) -> Self {
+        self.resume_slots = slots;
+        self
     }
 
     /// Read a run's cancel flag after each commit returns instead of while
@@ -120,19 +141,38 @@ impl Worker {
     /// the ones in hand finish their current step, release their leases and
     /// return.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let slots = Arc::new(Semaphore::new(self.options.concurrency.max(1)));
+        let concurrency = self.options.concurrency.max(1);
+        let slots = Arc::new(Semaphore::new(concurrency));
+        // Slots kept for resumes: a start needs more than this many free.
+        let reserved = self.resume_slots.min(concurrency - 1);
         if let Some(m) = &self.metrics {
-            m.slots.set(self.options.concurrency.max(1) as i64);
+            m.slots.set(concurrency as i64);
         }
-        info!(worker = %self.options.id, concurrency = self.options.concurrency, "worker started");
-        loop {
+        info!(worker = %self.options.id, concurrency, reserved, "worker started");
+        'slots: loop {
             let permit = tokio::select! {
                 p = slots.clone().acquire_owned() => p.expect("semaphore never closes"),
                 _ = shutdown.wait_for(|s| *s) => break,
             };
-            let delivery = tokio::select! {
-                d = self.queue.next() => d,
-                _ = shutdown.wait_for(|s| *s) => break,
+            // Only this loop takes permits, so the free slots counted here
+            // can only grow while it waits.
+            let delivery = loop {
+                if slots.available_permits() >= reserved {
+                    // Other free slots cover the reserve: any job, resumes first.
+                    break tokio::select! {
+                        d = self.queue.next() => d,
+                        _ = shutdown.wait_for(|s| *s) => break 'slots,
+                    };
+                }
+                // This is a reserved slot: a resume, unless another slot
+                // frees up first (then look again; `next_resume` is
+                // cancel-safe).
+                tokio::select! {
+                    biased;
+                    d = self.queue.next_resume() => break d,
+                    freed = slots.clone().acquire_owned() => drop(freed),
+                    _ = shutdown.wait_for(|s| *s) => break 'slots,
+                }
             };
             match delivery {
                 Ok(delivery) => {
@@ -166,7 +206,8 @@ impl Worker {
 
     /// Handle one delivery: lease, ack, advance, release.
     pub async fn handle(&self, delivery: Delivery) -> Handled {
-        let Job { run_id, head_seq } = delivery.job;
+        let job = delivery.job;
+        let Job { run_id, head_seq, .. } = job;
         if let (Some(m), Some(at)) = (&self.metrics, delivery.enqueued_at) {
             m.job_lag.observe((chrono::Utc::now() - at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6);
         }
@@ -188,7 +229,7 @@ impl Worker {
         let lease = match self.log.acquire(run_id, &self.options.id, self.options.lease_ttl).await {
             Ok(lease) => lease,
             Err(LogError::LeaseHeld { .. }) => {
-                self.publish_later(Job { run_id, head_seq }, RETRY_HELD_AFTER.min(self.options.lease_ttl));
+                self.publish_later(job, RETRY_HELD_AFTER.min(self.options.lease_ttl));
                 return ack(delivery, Handled::Held).await;
             }
             Err(LogError::NotFound(_)) => return ack(delivery, Handled::Gone).await,
@@ -218,7 +259,7 @@ impl Worker {
             warn!(%run_id, error = %e, "release failed; the lease will lapse");
         }
         if let Some(delay) = retry_after {
-            self.publish_later(Job { run_id, head_seq: 0 }, delay);
+            self.publish_later(Job::start(run_id, 0), delay);
         }
         handled
     }

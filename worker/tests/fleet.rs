@@ -207,7 +207,7 @@ async fn stale_and_duplicate_jobs_change_nothing() {
     let before = fleet.log.events(run_id, 0, 1000).await.unwrap();
     // The first job again (stale: head 1), and a job for the current head, twice.
     for head in [1, state.head_seq, state.head_seq] {
-        fleet.queue.publish(&glia_backends::Job { run_id, head_seq: head }).await.unwrap();
+        fleet.queue.publish(&glia_backends::Job::start(run_id, head)).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(fleet.log.events(run_id, 0, 1000).await.unwrap(), before);

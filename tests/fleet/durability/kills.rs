@@ -110,7 +110,7 @@ fn duplicate_and_stale_jobs_change_nothing() {
             let run_id = id.parse().unwrap();
             let head = run["head_seq"].as_u64().unwrap();
             for head_seq in [1, head, head] {
-                queue.publish(&glia_backends::Job { run_id, head_seq }).await.unwrap();
+                queue.publish(&glia_backends::Job::start(run_id, head_seq)).await.unwrap();
             }
         }
     });

@@ -216,7 +216,7 @@ fn serve_killed_and_started_again_continues_every_run() {
             let run_id: uuid::Uuid = id.parse().unwrap();
             let head = log.get_run(run_id).await.unwrap().head_seq;
             for head_seq in [1, head, head] {
-                glia_backends::JobQueue::publish(&log.queue(), &glia_backends::Job { run_id, head_seq }).await.unwrap();
+                glia_backends::JobQueue::publish(&log.queue(), &glia_backends::Job::start(run_id, head_seq)).await.unwrap();
             }
         }
     });
