@@ -165,7 +165,7 @@ impl Sql {
 /// (`GLIA_GROUP_LANES=1`), so nothing else commits meanwhile.
 ///
 /// How a group of several runs is made, whatever the machine's pace: the
-/// first hold (on the run with the highest id) stops the worker's only lane,
+/// first hold (on the run under way with the highest id) stops the worker's only lane,
 /// so every other run's next step gathers behind it. While it holds, the
 /// test holds a second run from that gathering (the highest id not in the
 /// stopped group; its head cannot move while the lane is stopped), then
@@ -236,8 +236,13 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
             "no group commit of several runs was held in flight ({small} groups caught held fewer; {} runs left)",
             open.len()
         );
-        let (first, head) = open.last().unwrap().clone();
-        if head < 3 || !hold(0, &first, head) {
+        // The highest id under way (a worker keeps a slot for resumes, so
+        // one of the runs may not have started yet).
+        let Some((first, head)) = open.iter().rev().find(|(_, h)| *h >= 3).cloned() else {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        if !hold(0, &first, head) {
             std::thread::sleep(Duration::from_millis(5));
             continue;
         }
@@ -251,7 +256,7 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
         // The lane is stopped: let the other runs' steps gather behind it
         // (each runs a 20 ms tool first), then hold the highest of them.
         std::thread::sleep(Duration::from_millis(150));
-        let second = open.iter().rev().find(|(r, _)| *r != first && !held.contains(r)).cloned();
+        let second = open.iter().rev().find(|(r, h)| *r != first && *h >= 3 && !held.contains(r)).cloned();
         let Some((second, _)) = second else {
             blockers[0].exec("ROLLBACK").unwrap();
             continue;
