@@ -300,10 +300,17 @@ fn slot(owner: &str) -> Option<usize> {
 }
 
 
-/// Leased runs now: `(run id, lease owner)`.
-fn leased_runs(db_url: &str) -> Vec<(String, String)> {
-    let q = "SELECT id, lease_owner FROM runs WHERE status <> 'done' AND lease_owner IS NOT NULL AND lease_expires_at > now()";
-    sql(db_url, q).map(|s| s.lines().filter_map(|l| l.split_once('|')).map(|(a, b)| (a.to_owned(), b.to_owned())).collect()).unwrap_or_default()
+/// Every run now: id → `(head seq, lease owner while the lease is live)`.
+fn heads(db_url: &str) -> HashMap<String, (String, Option<String>)> {
+    let q = "SELECT id, head_seq, CASE WHEN lease_expires_at > now() THEN lease_owner ELSE '' END FROM runs";
+    let rows = sql(db_url, q).unwrap_or_default();
+    rows.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, '|');
+            let (id, head, owner) = (f.next()?, f.next()?, f.next()?);
+            Some((id.to_owned(), (head.to_owned(), Some(owner.to_owned()).filter(|o| !o.is_empty()))))
+        })
+        .collect()
 }
 
 /// Lines of `path` past byte `from` that contain every one of `needles`.
@@ -358,7 +365,7 @@ struct Figures {
     cap_misparked: Vec<String>,
     /// Partitions: runs the partitioned worker held when it was cut off.
     partition_held: usize,
-    /// ... of which another worker held (or had finished) when it healed.
+    /// ... of which, when it healed, another worker held or had moved on.
     partition_taken_over: usize,
     /// Work the partitioned worker abandoned after a heal because its commit
     /// was refused (`lease lost`), from its log.
@@ -390,7 +397,7 @@ impl Figures {
         eprintln!("faults: {:?}", self.faults);
         eprintln!("worker kills: {}, landed mid-refund: {}", self.worker_kills, self.mid_call_kills);
         eprintln!(
-            "partitions: runs the partitioned worker held: {}, held by another worker (or done) when it healed: {}, its commits refused by the fence (lease lost) after the heal: {}",
+            "partitions: runs the partitioned worker held: {}, taken over by another worker before the heal: {}, its commits refused by the fence (lease lost) after the heal: {}",
             self.partition_held, self.partition_taken_over, self.partition_refused
         );
         eprintln!("runs: {} {:?}, events: {}", self.runs, self.tenant_runs, self.steps);
@@ -572,14 +579,19 @@ fn round(seed: u64, faults: usize) -> Figures {
                     // runs go to the others; when it heals, whatever it
                     // still commits for them must be refused by the fence.
                     let w = rng.usize(..3);
-                    let held: Vec<String> = leased_runs(&db_url).into_iter().filter(|(_, o)| slot(o) == Some(w)).map(|(r, _)| r).collect();
+                    let before = heads(&db_url);
                     partitions[w].start();
                     std::thread::sleep(Duration::from_millis(LEASE_MS + 1_000));
-                    let now = leased_runs(&db_url);
-                    let done: String = sql(&db_url, "SELECT id FROM runs WHERE status = 'done'").unwrap_or_default();
-                    figures.partition_held += held.len();
-                    figures.partition_taken_over +=
-                        held.iter().filter(|r| done.lines().any(|d| d == r.as_str()) || now.iter().any(|(n, o)| n == *r && slot(o) != Some(w))).count();
+                    let after = heads(&db_url);
+                    // Taken over: another worker holds it now, or its log
+                    // moved on while its worker was cut off.
+                    let held = before.iter().filter(|(_, (_, o))| o.as_deref().and_then(slot) == Some(w));
+                    let (held, taken): (usize, usize) = held.fold((0, 0), |(n, t), (id, (head, _))| {
+                        let moved = after.get(id).is_some_and(|(h, o)| h != head || o.as_deref().is_some_and(|o| slot(o) != Some(w)));
+                        (n + 1, t + usize::from(moved))
+                    });
+                    figures.partition_held += held;
+                    figures.partition_taken_over += taken;
                     let log = f.log_file(&format!("w{w}"));
                     healed = Some((w, std::fs::metadata(&log).map_or(0, |m| m.len())));
                     partitions[w].heal();
