@@ -251,7 +251,25 @@ fn drive(server: &str, token: &str, kind: &str, run_id: &str, effects: &std::pat
             ("paused", _) => (format!("/v1/runs/{run_id}/resume"), json!({"extend": {"max_turns": 5}})),
             (other, _) => panic!("run {run_id}: unknown pull point {other}"),
         };
-        let (status, answer) = call_through(token, "POST", &format!("{server}{path}"), Some(&body), None, deadline)?;
+        // A post that failed on the way (a connection error or a 5xx in an
+        // outage) may have landed all the same: it is posted again only
+        // while the run is still parked where it was, or a message that
+        // landed and was answered would be taken for the next one.
+        let landed = loop {
+            match call(token, "POST", &format!("{server}{path}"), Some(&body), None) {
+                Some((s, v)) if s < 500 => break Some((s, v)),
+                _ if Instant::now() > deadline => return None,
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+            let (_, now) = call_through(token, "GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline)?;
+            if now["head_seq"] != run["head_seq"] || now["status"] != "parked" {
+                break None;
+            }
+        };
+        let Some((status, answer)) = landed else {
+            posted.insert(key, Instant::now());
+            continue;
+        };
         // A post retried through an outage may have landed the first time
         // and been applied since: the run moved on and the call it answered
         // is no longer pending (404). Only a run still parked where it was
