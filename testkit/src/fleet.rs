@@ -52,6 +52,9 @@ pub struct Api {
     pub dir: PathBuf,
     /// The dispatcher's base URL.
     pub server: String,
+    /// The bearer token its calls send, when the dispatcher has tokens
+    /// (`GLIA_TOKENS`); it must see every run the test reads (scope `admin`).
+    pub token: Option<String>,
 }
 
 /// One isolated fleet: database, queue, key prefix, scripts, effects file,
@@ -83,6 +86,10 @@ pub struct Fleet {
     pub redis_url: String,
     /// Arguments added to every `glia worker` command (e.g. `--replay DIR`).
     pub worker_args: Vec<String>,
+    /// Environment added to the processes of one worker slot (after
+    /// `extra_env`), e.g. its service URLs routed through a
+    /// [`crate::proxy::Partition`].
+    pub worker_env: HashMap<usize, Vec<(String, String)>>,
 }
 
 fn psql(url: &str, sql: &str) {
@@ -126,7 +133,7 @@ impl Fleet {
         }
         let port = free_port();
         Fleet {
-            api: Api { name: name.clone(), dir: dir.clone(), server: format!("http://127.0.0.1:{port}") },
+            api: Api { name: name.clone(), dir: dir.clone(), server: format!("http://127.0.0.1:{port}"), token: None },
             db_url: db_url_for(admin, &name),
             admin_url: admin.to_owned(),
             name,
@@ -139,6 +146,7 @@ impl Fleet {
             amqp_url: amqp_url(),
             redis_url: redis_url(),
             worker_args: Vec::new(),
+            worker_env: HashMap::new(),
         }
     }
 
@@ -205,6 +213,7 @@ impl Fleet {
         let child = self
             .logged(&id, &["worker", "--demo", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &id])
             .args(&self.worker_args)
+            .envs(self.worker_env.get(&self.workers.len()).into_iter().flatten().map(|(k, v)| (k, v)))
             .spawn()
             .expect("worker starts");
         self.workers.push(child);
@@ -236,6 +245,7 @@ impl Fleet {
             ],
         )
         .args(&self.worker_args)
+        .envs(self.worker_env.get(&i).into_iter().flatten().map(|(k, v)| (k, v)))
         .spawn()
         .expect("worker starts")
     }
@@ -293,12 +303,12 @@ impl Api {
 
     /// POST JSON to the dispatcher: `(status, body)`.
     pub fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        http("POST", &format!("{}{path}", self.server), Some(body)).expect("dispatcher answers")
+        http_as("POST", &format!("{}{path}", self.server), Some(body), self.token.as_deref()).expect("dispatcher answers")
     }
 
     /// GET from the dispatcher: `(status, body)`.
     pub fn get(&self, path: &str) -> (u16, Value) {
-        http("GET", &format!("{}{path}", self.server), None).expect("dispatcher answers")
+        http_as("GET", &format!("{}{path}", self.server), None, self.token.as_deref()).expect("dispatcher answers")
     }
 
     /// Create a run; returns its id.
@@ -395,10 +405,18 @@ pub fn wait_status(url: &str, status: u16, timeout: Duration) -> Value {
 
 /// A blocking JSON HTTP call: `(status, body)`.
 pub fn http(method: &str, url: &str, body: Option<Value>) -> Result<(u16, Value), String> {
+    http_as(method, url, body, None)
+}
+
+/// [`http`] with a bearer token, when given.
+pub fn http_as(method: &str, url: &str, body: Option<Value>, token: Option<&str>) -> Result<(u16, Value), String> {
     let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().map_err(|e| e.to_string())?;
     let mut req = client.request(method.parse().unwrap(), url);
     if let Some(b) = body {
         req = req.json(&b);
+    }
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
     }
     let resp = req.send().map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();

@@ -14,6 +14,8 @@
 //! - [`tools`]: the `add` tool, a slow tool, and a side-effecting tool that
 //!   appends each execution to a ledger file;
 //! - [`bin`]: the `glia` binary cargo built for this workspace;
+//! - [`proxy`]: a userspace TCP proxy with a switch, and a network
+//!   partition of one process built from one proxy per service;
 //! - [`fleet`]: dispatcher and worker processes on an isolated database,
 //!   queue and prefix, with their logs captured, and the client side
 //!   (submit, drive every pull point, check logs and effects).
@@ -26,6 +28,7 @@ pub mod bin;
 pub mod fleet;
 pub mod http;
 pub mod postgres;
+pub mod proxy;
 pub mod tools;
 
 /// Private databases, prefixes, directories and service instances.

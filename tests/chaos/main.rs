@@ -8,27 +8,41 @@
 //! approval (the demo refund takes `GLIA_DEMO_TOOL_DELAY_MS` = 800 ms, so
 //! kills land mid-call), external tools answered by the client,
 //! conversational turns, budget pauses resumed, and cancels of parked runs.
+//! Two tenants (bearer tokens): half the clients submit as `acme`, half as
+//! `globex`, which has a daily token cap (`glia worker --tenant-caps`) sized
+//! to be reached within the round; a run paused at the cap is left parked.
 //!
 //! Faults, drawn from the seed: `kill -9` of a worker (aimed, when one is
 //! executing a refund, at that worker: the figures count how many kills
 //! landed mid-call) or of the dispatcher, SIGSTOP of a worker past its
-//! lease then SIGCONT, RabbitMQ stopped and started, Postgres stopped with
-//! `-m fast` and with `-m immediate` (a crash) and started, Redis FLUSHALL.
-//! After each fault, recovery is the time until a fresh probe run completes.
+//! lease then SIGCONT, a network partition of a worker past its lease (each
+//! worker reaches Postgres, RabbitMQ and Redis through proxies of its own,
+//! `glia_testkit::proxy`, which stop forwarding and later resume on the
+//! same connections: the process runs on, cut off), RabbitMQ stopped and
+//! started, Postgres stopped with `-m fast` and with `-m immediate` (a
+//! crash) and started, Redis FLUSHALL. After each fault, recovery is the
+//! time until a fresh probe run completes.
 //!
 //! Checked at the end (figures printed first, then asserted): no run lost
 //! (every submitted run is in the fleet), none stuck (every run done within
 //! the deadline), none failed (each ends as its kind must: cancelled runs
-//! cancelled, the rest succeeded), no duplicate or missing sequence number,
+//! cancelled, the rest succeeded or parked at the tenant cap), no duplicate
+//! or missing sequence number,
 //! every log replays; no model call past the run's turn budget (replayed
-//! from the log); per refund call, executions in the tool's ledger
+//! from the log); the capped tenant's spend per UTC day, summed from its
+//! runs' logs, past its cap by no more than the calls in flight at each
+//! Redis flush ([`tenant_cap_allowance`]), and its runs paused at the cap
+//! still parked there at the end (the uncapped tenant's never); per refund
+//! call, executions in the tool's ledger
 //! versus results in the log: never two executions, a second delivery of a
 //! call's idempotency key only where a person approved re-running it (the
 //! refund tool answers it from the first, as a payments API does), and
 //! every call without a recorded result surfaced as outcome-unknown.
 //!
 //! `cargo test -p glia-e2e --test chaos` runs the short round: a fixed seed
-//! and a random one (printed), `GLIA_CHAOS_FAULTS` faults each (default 6).
+//! and a random one (printed), `GLIA_CHAOS_FAULTS` faults each (default 8:
+//! the schedule draws the kinds in a seeded order, each once per block of
+//! eight, so the short round has every kind).
 //! The long round: `GLIA_CHAOS_FAULTS=200 cargo test -p glia-e2e --test
 //! chaos -- --ignored --nocapture` (see RELIABILITY.md). Replay a seed with
 //! `GLIA_CHAOS_SEED=<seed>`.
@@ -39,9 +53,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use glia_proto::{Event, EventKind, RunState, ToolErrorKind};
+use glia_proto::{Event, EventKind, Limit, PauseReason, PullPoint, RunState, ToolErrorKind};
 use glia_testkit::fleet::{Fleet, check_log, mixed_config, mixed_scripts};
 use glia_testkit::postgres::StopMode;
+use glia_testkit::proxy::Partition;
 use glia_testkit::{PrivatePostgres, PrivateRabbit, PrivateRedis};
 use serde_json::{Value, json};
 
@@ -49,8 +64,21 @@ use serde_json::{Value, json};
 const LEASE_MS: u64 = 2_000;
 /// How long the demo refund takes (the window for mid-call kills).
 const REFUND_MS: u64 = 800;
-/// Client threads driving runs.
+/// Client threads driving runs: the first half for tenant [`ACME`], the
+/// rest for [`GLOBEX`].
 const CLIENTS: usize = 4;
+/// The uncapped tenant (and the probes'): `(token, tenant)`.
+const ACME: (&str, &str) = ("chaos-acme", "acme");
+/// The tenant with a daily token cap: `(token, tenant)`.
+const GLOBEX: (&str, &str) = ("chaos-globex", "globex");
+/// The suite's own token (scope admin: it reads every tenant's runs).
+const OPS: &str = "chaos-ops";
+/// [`GLOBEX`]'s daily token cap per fault of the round (so it is reached
+/// within the round, long or short, and the round goes on past it).
+const CAP_TOKENS_PER_FAULT: u64 = 500;
+/// `max_tokens` of [`GLOBEX`]'s runs: what the gate reserves for a call's
+/// output (small, so the cap is approached closely).
+const GLOBEX_MAX_TOKENS: u64 = 300;
 /// The kinds of run, cycled through by the clients.
 const KINDS: [&str; 7] = ["plain", "approval", "external", "chat", "budget", "cancel", "reapprove"];
 
@@ -63,10 +91,21 @@ enum Fault {
     PostgresFast,
     PostgresImmediate,
     RedisFlush,
+    /// A worker cut off from Postgres, RabbitMQ and Redis past its lease
+    /// (its process keeps running), then let through again.
+    PartitionWorker,
 }
 
-const FAULTS: [Fault; 7] =
-    [Fault::KillWorker, Fault::KillDispatcher, Fault::PauseWorker, Fault::RabbitRestart, Fault::PostgresFast, Fault::PostgresImmediate, Fault::RedisFlush];
+const FAULTS: [Fault; 8] = [
+    Fault::KillWorker,
+    Fault::KillDispatcher,
+    Fault::PauseWorker,
+    Fault::RabbitRestart,
+    Fault::PostgresFast,
+    Fault::PostgresImmediate,
+    Fault::RedisFlush,
+    Fault::PartitionWorker,
+];
 
 /// The private services of a round.
 struct Services {
@@ -100,10 +139,10 @@ impl Services {
     }
 }
 
-/// One HTTP call that may fail while the dispatcher is down.
-fn call(method: &str, url: &str, body: Option<&Value>, key: Option<&str>) -> Option<(u16, Value)> {
+/// One HTTP call as `token` that may fail while the dispatcher is down.
+fn call(token: &str, method: &str, url: &str, body: Option<&Value>, key: Option<&str>) -> Option<(u16, Value)> {
     let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build().ok()?;
-    let mut req = client.request(method.parse().unwrap(), url);
+    let mut req = client.request(method.parse().unwrap(), url).bearer_auth(token);
     if let Some(b) = body {
         req = req.json(b);
     }
@@ -117,9 +156,9 @@ fn call(method: &str, url: &str, body: Option<&Value>, key: Option<&str>) -> Opt
 }
 
 /// Retry `call` through outages (connection errors and 5xx) until `deadline`.
-fn call_through(method: &str, url: &str, body: Option<&Value>, key: Option<&str>, deadline: Instant) -> Option<(u16, Value)> {
+fn call_through(token: &str, method: &str, url: &str, body: Option<&Value>, key: Option<&str>, deadline: Instant) -> Option<(u16, Value)> {
     loop {
-        match call(method, url, body, key) {
+        match call(token, method, url, body, key) {
             Some((s, v)) if s < 500 => return Some((s, v)),
             _ if Instant::now() > deadline => return None,
             _ => std::thread::sleep(Duration::from_millis(100)),
@@ -134,9 +173,9 @@ struct Submitted {
     runs: Vec<(String, String)>,
 }
 
-/// Submit a run of `kind` (idempotently, so a retry after an outage creates
-/// it once); `None` past the deadline.
-fn submit(server: &str, kind: &str, n: usize, seed: u64, deadline: Instant) -> Option<String> {
+/// Submit a run of `kind` as `tenant` (idempotently, so a retry after an
+/// outage creates it once); `None` past the deadline.
+fn submit(server: &str, tenant: (&str, &str), kind: &str, n: usize, seed: u64, deadline: Instant) -> Option<String> {
     let mut config = match kind {
         "cancel" => mixed_config("external"),
         "reapprove" => mixed_config("approval"),
@@ -145,34 +184,45 @@ fn submit(server: &str, kind: &str, n: usize, seed: u64, deadline: Instant) -> O
     if kind == "reapprove" {
         config["on_interrupted_call"] = json!("require_approval");
     }
+    if tenant == GLOBEX {
+        config["max_tokens"] = json!(GLOBEX_MAX_TOKENS);
+    }
     let body = json!({"goal": format!("{kind} #{n}"), "config": config});
     let key = format!("chaos-{seed}-{n}");
-    let (status, run) = call_through("POST", &format!("{server}/v1/runs"), Some(&body), Some(&key), deadline)?;
+    let (status, run) = call_through(tenant.0, "POST", &format!("{server}/v1/runs"), Some(&body), Some(&key), deadline)?;
     assert!(status == 201 || status == 200, "submit {kind}: {status} {run}");
     Some(run["run_id"].as_str()?.to_owned())
 }
 
 /// Whether the approval pending for `call_id` is an interrupted call's
 /// re-approval (`approval.requested` with `interrupted: true`).
-fn interrupted(server: &str, run_id: &str, call_id: &str, deadline: Instant) -> Option<bool> {
-    let (_, body) = call_through("GET", &format!("{server}/v1/runs/{run_id}/events?after=0&limit=1000"), None, None, deadline)?;
+fn interrupted(server: &str, token: &str, run_id: &str, call_id: &str, deadline: Instant) -> Option<bool> {
+    let (_, body) = call_through(token, "GET", &format!("{server}/v1/runs/{run_id}/events?after=0&limit=1000"), None, None, deadline)?;
     let events = body["events"].as_array().or(body.as_array())?.clone();
     let last = events.iter().rev().find(|e| e["type"] == "approval.requested" && e["data"]["call_id"] == call_id)?;
     Some(last["data"]["interrupted"] == true)
 }
 
-/// Drive a run to its end through outages; returns the final run, or `None`
-/// when it is not done by `deadline` (stuck). An interrupted call's
+/// Whether `run` (as the API shows it) is parked paused at its tenant's
+/// daily cap.
+fn at_tenant_cap(run: &Value) -> bool {
+    run["status"] == "parked" && run["pull_point"]["kind"] == "paused" && run["pull_point"].to_string().contains("tenant_daily")
+}
+
+/// Drive a run to its end through outages as `token`; returns the final run
+/// (or the run parked at its tenant's cap, which only the next day or an
+/// operator lets go on), or `None` when it is not done by `deadline`
+/// (stuck). An interrupted call's
 /// re-approval is decided the way an operator would: the refund's ledger
 /// (`effects`) is checked, and the call approved to run again only when its
 /// effect is not there, rejected (outcome unknown to the model) when it is.
-fn drive(server: &str, kind: &str, run_id: &str, effects: &std::path::Path, deadline: Instant) -> Option<Value> {
+fn drive(server: &str, token: &str, kind: &str, run_id: &str, effects: &std::path::Path, deadline: Instant) -> Option<Value> {
     let mut replies = 0;
     let mut posted: HashMap<String, Instant> = HashMap::new();
     loop {
-        let (status, run) = call_through("GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline)?;
+        let (status, run) = call_through(token, "GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline)?;
         assert_eq!(status, 200, "{run}");
-        if run["status"] == "done" {
+        if run["status"] == "done" || at_tenant_cap(&run) {
             return Some(run);
         }
         if Instant::now() > deadline {
@@ -189,7 +239,7 @@ fn drive(server: &str, kind: &str, run_id: &str, effects: &std::path::Path, dead
             ("awaiting_approval", _) => {
                 let call_id = pp["call_ids"][0].as_str().unwrap();
                 let took_effect = std::fs::read_to_string(effects).unwrap_or_default().lines().any(|l| l.contains(run_id) && l.contains(call_id));
-                let decision = if interrupted(server, run_id, call_id, deadline)? && took_effect { "reject" } else { "approve" };
+                let decision = if interrupted(server, token, run_id, call_id, deadline)? && took_effect { "reject" } else { "approve" };
                 (format!("/v1/runs/{run_id}/approvals/{call_id}"), json!({"decision": decision}))
             }
             ("awaiting_tool", _) => (format!("/v1/runs/{run_id}/tool-results/{}", pp["call_ids"][0].as_str().unwrap()), json!({"content": "Order A1."})),
@@ -201,12 +251,30 @@ fn drive(server: &str, kind: &str, run_id: &str, effects: &std::path::Path, dead
             ("paused", _) => (format!("/v1/runs/{run_id}/resume"), json!({"extend": {"max_turns": 5}})),
             (other, _) => panic!("run {run_id}: unknown pull point {other}"),
         };
-        let (status, answer) = call_through("POST", &format!("{server}{path}"), Some(&body), None, deadline)?;
+        // A post that failed on the way (a connection error or a 5xx in an
+        // outage) may have landed all the same: it is posted again only
+        // while the run is still parked where it was, or a message that
+        // landed and was answered would be taken for the next one.
+        let landed = loop {
+            match call(token, "POST", &format!("{server}{path}"), Some(&body), None) {
+                Some((s, v)) if s < 500 => break Some((s, v)),
+                _ if Instant::now() > deadline => return None,
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+            let (_, now) = call_through(token, "GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline)?;
+            if now["head_seq"] != run["head_seq"] || now["status"] != "parked" {
+                break None;
+            }
+        };
+        let Some((status, answer)) = landed else {
+            posted.insert(key, Instant::now());
+            continue;
+        };
         // A post retried through an outage may have landed the first time
         // and been applied since: the run moved on and the call it answered
         // is no longer pending (404). Only a run still parked where it was
         // makes a 404 a failure.
-        let moved_on = || call_through("GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline).is_some_and(|(_, now)| now["head_seq"] != run["head_seq"]);
+        let moved_on = || call_through(token, "GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline).is_some_and(|(_, now)| now["head_seq"] != run["head_seq"]);
         assert!(status < 300 || status == 409 || (status == 404 && moved_on()), "{path}: {status} {answer}");
         posted.insert(key, Instant::now());
     }
@@ -249,6 +317,27 @@ fn slot(owner: &str) -> Option<usize> {
     owner.strip_prefix('w')?.split('-').next()?.parse().ok()
 }
 
+
+/// Every run now: id → `(head seq, lease owner while the lease is live)`.
+fn heads(db_url: &str) -> HashMap<String, (String, Option<String>)> {
+    let q = "SELECT id, head_seq, CASE WHEN lease_expires_at > now() THEN lease_owner ELSE '' END FROM runs";
+    let rows = sql(db_url, q).unwrap_or_default();
+    rows.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, '|');
+            let (id, head, owner) = (f.next()?, f.next()?, f.next()?);
+            Some((id.to_owned(), (head.to_owned(), Some(owner.to_owned()).filter(|o| !o.is_empty()))))
+        })
+        .collect()
+}
+
+/// Lines of `path` past byte `from` that contain every one of `needles`.
+fn lines_since(path: &std::path::Path, from: u64, needles: &[&str]) -> usize {
+    let text = std::fs::read(path).unwrap_or_default();
+    let from = (from as usize).min(text.len());
+    String::from_utf8_lossy(&text[from..]).lines().filter(|l| needles.iter().all(|n| l.contains(n))).count()
+}
+
 /// Figures of a round.
 #[derive(Default, Debug)]
 struct Figures {
@@ -274,6 +363,31 @@ struct Figures {
     unsurfaced: Vec<String>,
     /// Processes that exited without being killed by the schedule.
     exits: Vec<String>,
+    /// Runs of each tenant.
+    tenant_runs: BTreeMap<&'static str, usize>,
+    /// [`GLOBEX`]'s daily token cap.
+    cap_tokens: u64,
+    /// [`GLOBEX`]'s tokens by UTC day, summed from its runs' logs.
+    capped_spend: BTreeMap<chrono::NaiveDate, u64>,
+    /// The most tokens one model call of [`GLOBEX`] used (from the log).
+    max_call_tokens: u64,
+    /// How far past the cap the log may go (see [`tenant_cap_allowance`]).
+    cap_allowance: u64,
+    /// [`GLOBEX`]'s runs parked at its cap (and still parked at the end).
+    parked_at_cap: usize,
+    /// Days whose spend passed the cap by more than the allowance.
+    cap_overruns: Vec<String>,
+    /// Runs parked at a tenant cap that should not be (an uncapped tenant's),
+    /// or were parked at it and then are not parked there, or whose log does
+    /// not end in the cap's pause.
+    cap_misparked: Vec<String>,
+    /// Partitions: runs the partitioned worker held when it was cut off.
+    partition_held: usize,
+    /// ... of which, when it healed, another worker held or had moved on.
+    partition_taken_over: usize,
+    /// Work the partitioned worker abandoned after a heal because its commit
+    /// was refused (`lease lost`), from its log.
+    partition_refused: usize,
 }
 
 fn percentile(v: &[u64], p: f64) -> u64 {
@@ -282,12 +396,29 @@ fn percentile(v: &[u64], p: f64) -> u64 {
     s.get(((s.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0)
 }
 
+/// How far one tenant's spend in the log may pass its daily cap. The gate
+/// reserves, before every model call, at least what the call can use (its
+/// request at four characters a token plus `max_tokens`: more than the
+/// scripted provider reports), so the counter never lets the log pass the
+/// cap. Only a flushed counter does (`LedgerGate`, worker/src/fleet.rs): it
+/// is rebuilt from the log, which does not hold the calls in flight at the
+/// flush, so each of them may be let past once more. A run has at most one
+/// model call in flight, and a tenant's clients drive one run each at a
+/// time: per flush, `clients` calls of at most `max_call` tokens.
+fn tenant_cap_allowance(flushes: usize, clients: usize, max_call: u64) -> u64 {
+    (flushes * clients) as u64 * max_call
+}
+
 impl Figures {
     fn print(&self) {
         eprintln!("==== chaos round, seed {} (replay: GLIA_CHAOS_SEED={}) ====", self.seed, self.seed);
         eprintln!("faults: {:?}", self.faults);
         eprintln!("worker kills: {}, landed mid-refund: {}", self.worker_kills, self.mid_call_kills);
-        eprintln!("runs: {}, events: {}", self.runs, self.steps);
+        eprintln!(
+            "partitions: runs the partitioned worker held: {}, taken over by another worker before the heal: {}, its commits refused by the fence (lease lost) after the heal: {}",
+            self.partition_held, self.partition_taken_over, self.partition_refused
+        );
+        eprintln!("runs: {} {:?}, events: {}", self.runs, self.tenant_runs, self.steps);
         eprintln!("lost: {}, stuck: {}, failed: {}, duplicate/missing seqs: {}", self.lost.len(), self.stuck.len(), self.failed.len(), self.seq_errors.len());
         eprintln!(
             "refund calls: {}, executions in the ledger: {}, late deliveries answered by the idempotency key: {}, double executions: {}, results without execution: {}, outcome-unknown: {}, re-approvals: {}, interrupted and not surfaced: {}",
@@ -301,6 +432,18 @@ impl Figures {
             self.unsurfaced.len()
         );
         eprintln!("model calls past the run's turn budget: {}", self.budget_overruns.len());
+        eprintln!(
+            "tenant cap ({}): {} tokens a day; spent by day (log): {:?}; allowance {} tokens (Redis flushes × {} clients × largest call {} tokens); days over cap + allowance: {}; runs parked at the cap: {}; misparked: {}",
+            GLOBEX.1,
+            self.cap_tokens,
+            self.capped_spend,
+            self.cap_allowance,
+            CLIENTS - CLIENTS / 2,
+            self.max_call_tokens,
+            self.cap_overruns.len(),
+            self.parked_at_cap,
+            self.cap_misparked.len()
+        );
         eprintln!("processes that exited on their own: {} {:?}", self.exits.len(), self.exits);
         for (kind, v) in &self.recovery_ms {
             eprintln!("recovery {kind}: n={} p50={} ms p90={} ms max={} ms", v.len(), percentile(v, 0.5), percentile(v, 0.9), percentile(v, 1.0));
@@ -318,6 +461,18 @@ impl Figures {
         assert!(self.results_without_execution.is_empty(), "seed {seed}: results for refunds that never ran: {:?}", self.results_without_execution);
         assert!(self.exits.is_empty(), "seed {seed}: processes exited on their own: {:?}", self.exits);
         assert!(self.unsurfaced.is_empty(), "seed {seed}: interrupted refunds neither recorded nor outcome-unknown: {:?}", self.unsurfaced);
+        assert!(self.cap_overruns.is_empty(), "seed {seed}: tenant cap passed beyond the allowance: {:?}", self.cap_overruns);
+        assert!(self.cap_misparked.is_empty(), "seed {seed}: runs wrongly parked (or not parked) at a tenant cap: {:?}", self.cap_misparked);
+        // The cap is a few runs' worth per fault and the capped tenant's
+        // clients run far more: a round in which none of its runs met the
+        // cap did not check it.
+        assert!(
+            self.runs == 0 || self.parked_at_cap > 0,
+            "seed {seed}: no run of {} was parked at its {} token cap (spent {:?}): the cap was not checked",
+            GLOBEX.1,
+            self.cap_tokens,
+            self.capped_spend
+        );
     }
 }
 
@@ -325,8 +480,8 @@ impl Figures {
 fn probe(server: &str, effects: &std::path::Path, seed: u64, n: usize) -> (Duration, Option<(String, String)>) {
     let start = Instant::now();
     let deadline = start + Duration::from_secs(180);
-    let Some(id) = submit(server, "plain", 1_000_000 + n, seed, deadline) else { return (start.elapsed(), None) };
-    drive(server, "plain", &id, effects, deadline);
+    let Some(id) = submit(server, ACME, "plain", 1_000_000 + n, seed, deadline) else { return (start.elapsed(), None) };
+    drive(server, ACME.0, "plain", &id, effects, deadline);
     (start.elapsed(), Some(("plain".to_owned(), id)))
 }
 
@@ -338,6 +493,22 @@ fn round(seed: u64, faults: usize) -> Figures {
     fleet.amqp_url = rabbit.url();
     fleet.redis_url = redis.url();
     fleet.extra_env.push(("GLIA_DEMO_TOOL_DELAY_MS".into(), REFUND_MS.to_string()));
+    // Two tenants, and the suite's own admin token.
+    fleet.extra_env.push(("GLIA_TOKENS".into(), format!("{}:{}:submit,approve {}:{}:submit,approve {OPS}:ops:admin", ACME.0, ACME.1, GLOBEX.0, GLOBEX.1)));
+    fleet.api.token = Some(OPS.to_owned());
+    let cap_tokens = CAP_TOKENS_PER_FAULT * faults.max(1) as u64;
+    let caps = fleet.dir.join("tenant-caps.json");
+    std::fs::write(&caps, json!({ GLOBEX.1: {"daily_tokens": cap_tokens} }).to_string()).expect("write the caps file");
+    fleet.worker_args = vec!["--tenant-caps".into(), caps.to_str().unwrap().into()];
+    // Every worker reaches the services through a partition of its own.
+    let partitions: Vec<Partition> = (0..3)
+        .map(|w| {
+            let (partition, urls) = Partition::new(&[&fleet.db_url, &fleet.amqp_url, &fleet.redis_url]);
+            let names = ["GLIA_DATABASE_URL", "GLIA_AMQP_URL", "GLIA_REDIS_URL"];
+            fleet.worker_env.insert(w, names.iter().map(|n| n.to_string()).zip(urls).collect());
+            partition
+        })
+        .collect();
     fleet.start_dispatcher();
     for _ in 0..3 {
         fleet.start_worker(LEASE_MS);
@@ -347,34 +518,52 @@ fn round(seed: u64, faults: usize) -> Figures {
     let effects = fleet.effects_file();
     let effects = effects.as_path();
     let mut rng = fastrand::Rng::with_seed(seed);
-    let mut figures = Figures { seed, ..Figures::default() };
+    let mut figures = Figures { seed, cap_tokens, ..Figures::default() };
 
     let stop = AtomicBool::new(false);
     let counter = AtomicUsize::new(0);
     let submitted = Mutex::new(Submitted::default());
+    let capped: Mutex<std::collections::HashSet<String>> = Mutex::new(Default::default());
     let finals: Mutex<HashMap<String, Option<Value>>> = Mutex::new(HashMap::new());
     let probes = Mutex::new(Vec::new());
     let fleet = Arc::new(Mutex::new(fleet));
     std::thread::scope(|s| {
-        for _ in 0..CLIENTS {
-            s.spawn(|| {
+        for client in 0..CLIENTS {
+            let tenant = if client < CLIENTS / 2 { ACME } else { GLOBEX };
+            let (stop, counter, submitted, capped, finals, server) = (&stop, &counter, &submitted, &capped, &finals, &server);
+            s.spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
                     let n = counter.fetch_add(1, Ordering::SeqCst);
                     let kind = KINDS[n % KINDS.len()];
                     let deadline = Instant::now() + Duration::from_secs(600);
-                    let Some(id) = submit(&server, kind, n, seed, deadline) else { continue };
+                    let Some(id) = submit(server, tenant, kind, n, seed, deadline) else { continue };
                     submitted.lock().unwrap().runs.push((kind.to_owned(), id.clone()));
-                    let last = drive(&server, kind, &id, effects, deadline);
+                    if tenant == GLOBEX {
+                        capped.lock().unwrap().insert(id.clone());
+                    }
+                    let last = drive(server, tenant.0, kind, &id, effects, deadline);
+                    // Past its cap a tenant's runs park at once: its client
+                    // keeps asking, at a slower pace.
+                    if last.as_ref().is_some_and(at_tenant_cap) {
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
                     finals.lock().unwrap().insert(id, last);
                 }
             });
         }
-        // The schedule.
+        // The schedule: the kinds in a seeded order, every kind once per
+        // block of `FAULTS.len()` faults.
+        let mut block = Vec::new();
         for i in 0..faults {
             std::thread::sleep(Duration::from_millis(rng.u64(500..2_500)));
-            let fault = FAULTS[rng.usize(..FAULTS.len())];
+            if block.is_empty() {
+                block = FAULTS.to_vec();
+                rng.shuffle(&mut block);
+            }
+            let fault = block.pop().expect("a fault");
             *figures.faults.entry(format!("{fault:?}")).or_default() += 1;
             let mut f = fleet.lock().unwrap();
+            let mut healed: Option<(usize, u64)> = None;
             match fault {
                 Fault::KillWorker => {
                     // Aim: wait up to 3 s for a worker executing a refund.
@@ -403,6 +592,28 @@ fn round(seed: u64, faults: usize) -> Figures {
                     std::thread::sleep(Duration::from_millis(LEASE_MS + 1_000));
                     f.signal_worker(w, "CONT");
                 }
+                Fault::PartitionWorker => {
+                    // The worker keeps running, cut off past its lease: its
+                    // runs go to the others; when it heals, whatever it
+                    // still commits for them must be refused by the fence.
+                    let w = rng.usize(..3);
+                    let before = heads(&db_url);
+                    partitions[w].start();
+                    std::thread::sleep(Duration::from_millis(LEASE_MS + 1_000));
+                    let after = heads(&db_url);
+                    // Taken over: another worker holds it now, or its log
+                    // moved on while its worker was cut off.
+                    let held = before.iter().filter(|(_, (_, o))| o.as_deref().and_then(slot) == Some(w));
+                    let (held, taken): (usize, usize) = held.fold((0, 0), |(n, t), (id, (head, _))| {
+                        let moved = after.get(id).is_some_and(|(h, o)| h != head || o.as_deref().is_some_and(|o| slot(o) != Some(w)));
+                        (n + 1, t + usize::from(moved))
+                    });
+                    figures.partition_held += held;
+                    figures.partition_taken_over += taken;
+                    let log = f.log_file(&format!("w{w}"));
+                    healed = Some((w, std::fs::metadata(&log).map_or(0, |m| m.len())));
+                    partitions[w].heal();
+                }
                 Fault::RabbitRestart => {
                     let rt = runtime();
                     rt.block_on(rabbit.stop());
@@ -422,10 +633,13 @@ fn round(seed: u64, faults: usize) -> Figures {
             eprintln!("seed {seed}: fault {i} {fault:?}: recovered in {took:?}");
             figures.recovery_ms.entry(format!("{fault:?}")).or_default().push(took.as_millis() as u64);
             probes.lock().unwrap().extend(run);
+            let mut f = fleet.lock().unwrap();
+            if let Some((w, from)) = healed {
+                figures.partition_refused += lines_since(&f.log_file(&format!("w{w}")), from, &["abandoning the run's current work", "lease lost"]);
+            }
             // A process the schedule did not kill must still be running (a
             // worker that gives up on an outage is a finding); it is
             // replaced so the round goes on.
-            let mut f = fleet.lock().unwrap();
             for w in 0..f.workers.len() {
                 if let Ok(Some(status)) = f.workers[w].try_wait() {
                     figures.exits.push(format!("after fault {i} ({fault:?}): worker w{w} exited ({status}); log: {}", f.log_tails(20)));
@@ -445,11 +659,12 @@ fn round(seed: u64, faults: usize) -> Figures {
     // Checks, against the database of runs, the logs and the refund ledger.
     let fleet = Arc::try_unwrap(fleet).ok().expect("no client holds the fleet").into_inner().unwrap();
     let mut all = submitted.into_inner().unwrap().runs;
+    let capped = capped.into_inner().unwrap();
     let probes = probes.into_inner().unwrap();
     let finals = finals.into_inner().unwrap();
     for (_, id) in &probes {
         let deadline = Instant::now() + Duration::from_secs(60);
-        let run = drive(&server, "plain", id, effects, deadline);
+        let run = drive(&server, ACME.0, "plain", id, effects, deadline);
         if run.is_none() {
             figures.stuck.push(id.clone());
         }
@@ -472,6 +687,8 @@ fn round(seed: u64, faults: usize) -> Figures {
     figures.replays = replays.values().sum();
     figures.double_executions = ledger.iter().filter(|(_, n)| **n > 1).map(|(k, n)| format!("{k} ×{n}")).collect();
     for (kind, id) in &all {
+        let tenant = if capped.contains(id) { GLOBEX.1 } else { ACME.1 };
+        *figures.tenant_runs.entry(tenant).or_default() += 1;
         if !in_db.contains(id) {
             figures.lost.push(id.clone());
             continue;
@@ -480,15 +697,11 @@ fn round(seed: u64, faults: usize) -> Figures {
             .get(id)
             .cloned()
             .flatten()
-            .or_else(|| call("GET", &format!("{server}/v1/runs/{id}"), None, None).map(|(_, v)| v).filter(|v| v["status"] == "done"));
+            .or_else(|| call(OPS, "GET", &format!("{server}/v1/runs/{id}"), None, None).map(|(_, v)| v).filter(|v| v["status"] == "done"));
         let Some(run) = final_run else {
             figures.stuck.push(format!("{kind} {id}"));
             continue;
         };
-        let expected = if kind == "cancel" { "cancelled" } else { "succeeded" };
-        if run["outcome"]["kind"] != expected {
-            figures.failed.push(format!("{kind} {id}: {}", run["outcome"]));
-        }
         let events = match std::panic::catch_unwind(|| check_log(&fleet, id)) {
             Ok(events) => events,
             Err(_) => {
@@ -498,6 +711,33 @@ fn round(seed: u64, faults: usize) -> Figures {
         };
         figures.steps += events.len();
         figures.budget_overruns.extend(budget_overruns(id, &events));
+        if tenant == GLOBEX.1 {
+            for e in &events {
+                if let Some(spend) = glia_backends::Spend::of_event(&e.kind) {
+                    *figures.capped_spend.entry(e.at.date_naive()).or_default() += spend.tokens;
+                    figures.max_call_tokens = figures.max_call_tokens.max(spend.tokens);
+                }
+            }
+        }
+        if at_tenant_cap(&run) {
+            // Parked at the cap: still parked there now (not failed, not
+            // moved on), its log ending in the cap's pause, and only for
+            // the capped tenant.
+            let now = call(OPS, "GET", &format!("{server}/v1/runs/{id}"), None, None).map(|(_, v)| v).unwrap_or_default();
+            let paused_at_cap = events.last().is_some_and(|e| {
+                matches!(&e.kind, EventKind::SessionPause { pull_point: PullPoint::Paused { reason: PauseReason::Budget { limit: Limit::TenantDailyTokens } } })
+            });
+            if tenant != GLOBEX.1 || !at_tenant_cap(&now) || !paused_at_cap {
+                figures.cap_misparked.push(format!("{tenant} {kind} {id}: now {}, last event {:?}", now["pull_point"], events.last().map(|e| e.kind.name())));
+            } else {
+                figures.parked_at_cap += 1;
+            }
+        } else {
+            let expected = if kind == "cancel" { "cancelled" } else { "succeeded" };
+            if run["outcome"]["kind"] != expected {
+                figures.failed.push(format!("{kind} {id}: {}", run["outcome"]));
+            }
+        }
         // Per refund call: executions in the ledger versus results in the log.
         let mut calls: BTreeMap<String, (usize, usize)> = BTreeMap::new(); // call id → (results, outcome-unknown)
         let mut requested = 0usize;
@@ -546,7 +786,18 @@ fn round(seed: u64, faults: usize) -> Figures {
             figures.unsurfaced.push(format!("{id}: {executed_here} refund executions, {} calls with an outcome in the log", calls.len()));
         }
     }
+    // Tenant caps exact against the log: per UTC day, the capped tenant's
+    // spend in its runs' logs passes the cap by no more than the calls in
+    // flight at each Redis flush (`tenant_cap_allowance`).
+    let flushes = figures.faults.get(&format!("{:?}", Fault::RedisFlush)).copied().unwrap_or(0);
+    figures.cap_allowance = tenant_cap_allowance(flushes, CLIENTS - CLIENTS / 2, figures.max_call_tokens);
+    for (day, spent) in &figures.capped_spend {
+        if *spent > cap_tokens + figures.cap_allowance {
+            figures.cap_overruns.push(format!("{} on {day}: {spent} tokens, cap {cap_tokens} + allowance {}", GLOBEX.1, figures.cap_allowance));
+        }
+    }
     drop(fleet);
+    drop(partitions);
     drop(pg);
     drop(redis);
     rabbit.kill();
@@ -564,12 +815,13 @@ fn seeds() -> Vec<u64> {
     }
 }
 
-/// The short round (CI): a fixed seed and a random one, a few faults each.
+/// The short round (CI): a fixed seed and a random one, one fault of each
+/// kind each.
 #[test]
 fn chaos_short_round() {
     for seed in seeds() {
         eprintln!("chaos: seed {seed} (replay with GLIA_CHAOS_SEED={seed})");
-        let figures = round(seed, faults_from_env(6));
+        let figures = round(seed, faults_from_env(FAULTS.len()));
         figures.print();
         figures.assert_clean();
     }

@@ -218,7 +218,7 @@ fn pausing_a_batch_parks_its_runs_and_resuming_completes_it_through_a_worker_kil
 #[test]
 fn glia_dev_runs_a_batch_in_memory() {
     let dev = Dev::start(&["--demo", "--scripts", "examples/scripts"]);
-    let api = Api { name: "dev".into(), dir: std::env::temp_dir(), server: dev.server.clone() };
+    let api = Api { name: "dev".into(), dir: std::env::temp_dir(), server: dev.server.clone(), token: None };
     let n = 12;
     let spec = json!({"config": {"model": "script:support"}, "options": {"max_in_flight": 4}});
     let (status, batch) = submit_jsonl(&api, std::iter::once(spec).chain(items(n)));

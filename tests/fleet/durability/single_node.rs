@@ -167,7 +167,7 @@ pub(super) fn node_api(dir: &Path) -> Api {
     for (name, turns) in mixed_scripts() {
         std::fs::write(dir.join("scripts").join(format!("{name}.json")), serde_json::to_vec(&turns).unwrap()).unwrap();
     }
-    Api { name: "single-node".into(), dir: dir.to_owned(), server: format!("http://127.0.0.1:{}", glia_testkit::fleet::free_port()) }
+    Api { name: "single-node".into(), dir: dir.to_owned(), server: format!("http://127.0.0.1:{}", glia_testkit::fleet::free_port()), token: None }
 }
 
 fn submit_mixed(api: &Api, n: usize, from: usize) -> Vec<(String, String)> {
