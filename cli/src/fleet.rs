@@ -244,8 +244,24 @@ impl CatalogueArgs {
     }
 
     /// The dispatcher's admission check against the catalogue, if any.
+    /// Without `--catalogue`, a `glia dispatcher` admits what names
+    /// catalogue entries (its workers' catalogues are theirs; each worker
+    /// checks again before `session.start`).
     pub fn admission(&self) -> Result<Option<glia_dispatcher::Admission>> {
-        Ok(self.load()?.map(|c| -> glia_dispatcher::Admission { Arc::new(move |config| c.admit(config)) }))
+        Ok(self.load()?.map(Self::admit_with))
+    }
+
+    /// The admission check of a dispatcher whose workers run in its own
+    /// process (`glia dev`, `glia serve`): they have exactly this
+    /// catalogue, or none, so without `--catalogue` a run naming an MCP
+    /// server, an HTTP tool or a provider is refused at once (422 naming
+    /// `config.mcp[0].server`) instead of admitted to fail.
+    pub fn in_process_admission(&self) -> Result<glia_dispatcher::Admission> {
+        Ok(Self::admit_with(self.load()?.unwrap_or_default()))
+    }
+
+    fn admit_with(catalogue: glia_worker::catalogue::Catalogue) -> glia_dispatcher::Admission {
+        Arc::new(move |config| catalogue.admit(config))
     }
 }
 
@@ -758,7 +774,7 @@ pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
         tokio::spawn(Arc::new(w).run(shutdown.clone()));
     }
     let sources = agent.tool_sources().cloned();
-    let served = serve_dispatcher(&ports, &dispatcher_args, worker_args.catalogue.admission()?, shutdown).await;
+    let served = serve_dispatcher(&ports, &dispatcher_args, Some(worker_args.catalogue.in_process_admission()?), shutdown).await;
     if let Some(sources) = sources {
         sources.shutdown().await;
     }

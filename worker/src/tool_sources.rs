@@ -32,7 +32,9 @@ pub enum OfferError {
     #[error("{0}")]
     Unavailable(String),
     /// The config cannot work on this fleet (two tools with one name, a
-    /// server the catalogue lacks): the run fails with this reason.
+    /// server the catalogue lacks, an allowed tool its server does not
+    /// offer or offers with an unusable schema): the run fails with this
+    /// reason.
     #[error("{0}")]
     Invalid(String),
 }
@@ -81,24 +83,33 @@ impl ToolSources {
 
     /// The specs of every MCP tool (`tools/list` now, filtered by each
     /// source's allow list, in allow-list order; an allowed tool the server
-    /// does not list is left out) and HTTP tool `config` names, with
+    /// does not list is an [`OfferError::Invalid`] naming `mcp[i].allow[j]`) and HTTP tool `config` names, with
     /// annotations and `tool_policy` applied.
     pub async fn offered(&self, config: &RunConfig) -> Result<Vec<ToolSpec>, OfferError> {
         let mut specs = Vec::new();
-        for source in &config.mcp {
+        for (i, source) in config.mcp.iter().enumerate() {
             if !self.mcp.has(&source.server) {
                 return Err(OfferError::Invalid(format!("MCP server {:?} is not in this worker's catalogue", source.server)));
             }
             let listed = self.mcp.list_tools(&source.server, self.connect_wait).await.map_err(OfferError::Unavailable)?;
-            for name in &source.allow {
+            for (j, name) in source.allow.iter().enumerate() {
+                // A tool the run allows but cannot be offered is the run's
+                // error, named: left out, the model would go on without it
+                // and the run could "succeed" at a goal it never reached.
                 let Some(tool) = listed.iter().find(|t| t.name == *name) else {
-                    tracing::warn!(server = %source.server, tool = %name, "an allowed MCP tool is not offered by its server; left out");
-                    continue;
+                    let offered: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
+                    return Err(OfferError::Invalid(format!(
+                        "mcp[{i}].allow[{j}]: MCP server {:?} offers no tool {name:?} (it offers: {})",
+                        source.server,
+                        offered.join(", ")
+                    )));
                 };
                 let input_schema = Value::Object((*tool.input_schema).clone());
                 if let Err(reason) = glia_proto::compile_tool_schema(&input_schema) {
-                    tracing::warn!(server = %source.server, tool = %name, %reason, "an MCP tool's input schema does not compile; left out");
-                    continue;
+                    return Err(OfferError::Invalid(format!(
+                        "mcp[{i}].allow[{j}]: the input schema MCP server {:?} gives tool {name:?} is not usable: {reason}",
+                        source.server
+                    )));
                 }
                 let hints = tool.annotations.as_ref();
                 let read_only = hints.and_then(|a| a.read_only_hint) == Some(true);

@@ -14,7 +14,7 @@ use glia_worker::agent::{Agent, EventSink, SinkError};
 use glia_worker::catalogue::Catalogue;
 use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
 use glia_worker::tool::ToolContext;
-use glia_worker::tool_sources::ToolSources;
+use glia_worker::tool_sources::{OfferError, ToolSources};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -95,11 +95,19 @@ async fn stdio_list_call_content_kinds_and_progress() {
     let Some(everything) = server("server-everything") else { return };
     let sources = sources(&everything_stdio("everything", &everything));
     let mut config = RunConfig::default();
-    config.mcp.push(allow("everything", &["echo", "get-sum", "get-tiny-image", "get-structured-content", "trigger-long-running-operation", "no-such-tool"]));
+    config.mcp.push(allow("everything", &["echo", "get-sum", "get-tiny-image", "get-structured-content", "no-such-tool"]));
+    match sources.offered(&config).await {
+        Err(OfferError::Invalid(why)) => {
+            assert!(why.starts_with(r#"mcp[0].allow[4]: MCP server "everything" offers no tool "no-such-tool" (it offers: "#), "{why}");
+            assert!(why.contains("get-tiny-image"), "{why}");
+        }
+        other => panic!("an allowed tool the server lacks must be the run's error, got {other:?}"),
+    }
+    config.mcp[0] = allow("everything", &["echo", "get-sum", "get-tiny-image", "get-structured-content", "trigger-long-running-operation"]);
     config.tool_policy.insert("get-sum".into(), ToolPolicy { requires_approval: Some(true), ..ToolPolicy::default() });
     let specs = sources.offered(&config).await.expect("tools listed");
     let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["echo", "get-sum", "get-tiny-image", "get-structured-content", "trigger-long-running-operation"], "allow-list order, unknown left out");
+    assert_eq!(names, ["echo", "get-sum", "get-tiny-image", "get-structured-content", "trigger-long-running-operation"], "allow-list order");
     for spec in &specs {
         let Some(ToolSource::Mcp { server, tool, schema_hash, .. }) = &spec.source else { panic!("{} has no MCP source", spec.name) };
         assert_eq!((server.as_str(), tool.as_str()), ("everything", spec.name.as_str()));

@@ -83,3 +83,24 @@ fn apply_is_idempotent_and_runs_record_the_agent() {
     offered.sort_unstable();
     assert_eq!(offered, vec!["get_order", "refund_order"], "exactly the agent's tools, not every demo tool");
 }
+
+/// `glia dev` (and `glia serve`) without `--catalogue`: its workers, in its
+/// own process, have no MCP server, HTTP origin or provider to offer, so a
+/// run naming one is refused at admission, naming the field, and nothing is
+/// stored (before: admitted, then failed by the worker).
+#[test]
+fn without_a_catalogue_a_run_naming_catalogue_entries_is_refused_at_admission() {
+    let dev = Dev::start(&["--demo", "--workers", "1"]);
+    let runs = |dev: &Dev| http("GET", &format!("{}/v1/runs?limit=100", dev.server), None).unwrap().1["runs"].as_array().map_or(0, Vec::len);
+    let before = runs(&dev);
+    for (config, field) in [
+        (serde_json::json!({"model": "script:refund", "mcp": [{"server": "files", "allow": ["read_text_file"]}]}), "config.mcp[0].server"),
+        (serde_json::json!({"model": "script:refund", "provider": "anthropic"}), "config.provider"),
+    ] {
+        let (status, body) = http("POST", &format!("{}/v1/runs", dev.server), Some(serde_json::json!({"goal": "g", "config": config}))).unwrap();
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["error"]["field"], field, "{body}");
+        assert!(body["error"]["message"].as_str().unwrap_or_default().contains("catalogue"), "{body}");
+    }
+    assert_eq!(runs(&dev), before, "nothing stored");
+}
