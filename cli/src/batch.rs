@@ -495,9 +495,12 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Item
                 }
                 Some(PullPoint::AwaitingInput | PullPoint::Paused { reason: PauseReason::Budget { .. } }) => {
                     let (path, body) = match t.conversation.customer_move(&t.state.messages) {
-                        CustomerMove::Say(text) => ("messages", json!({ "text": text })),
-                        CustomerMove::Close(Some(text)) => ("close", json!({ "text": text })),
-                        CustomerMove::Close(None) => ("close", json!({})),
+                        // `head_seq`: a post whose earlier attempt (before a
+                        // restart of this driver or of the node) landed and
+                        // was taken is refused, never taken as the next message.
+                        CustomerMove::Say(text) => ("messages", json!({ "text": text, "head_seq": t.state.head_seq })),
+                        CustomerMove::Close(Some(text)) => ("close", json!({ "text": text, "head_seq": t.state.head_seq })),
+                        CustomerMove::Close(None) => ("close", json!({ "head_seq": t.state.head_seq })),
                         CustomerMove::Diverged(why) => {
                             t.verdict = Some(Verdict::Diverged(why.clone()));
                             bar.inc(1);

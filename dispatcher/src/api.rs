@@ -345,6 +345,13 @@ pub struct MessageBody {
     /// The user's next message; not blank.
     #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
     pub text: String,
+    /// Post only if the run's head is still this sequence number (its
+    /// `head_seq` when the sender saw it waiting for input); otherwise 409
+    /// `head_moved` and nothing is posted. A client that retries a message
+    /// whose first attempt may have landed sends it, so the retry is never
+    /// taken as the user's next message.
+    #[serde(default)]
+    pub head_seq: Option<u64>,
 }
 
 /// Body of `POST /v1/runs/{id}/resume` (may be empty): `{"extend": {"max_turns": 10}}`.
@@ -386,6 +393,13 @@ pub struct CloseBody {
     #[serde(default)]
     #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
     pub text: Option<String>,
+    /// Post only if the run's head is still this sequence number (its
+    /// `head_seq` when the sender saw it waiting for input); otherwise 409
+    /// `head_moved` and nothing is posted. A client that retries a message
+    /// whose first attempt may have landed sends it, so the retry is never
+    /// taken as the user's next message.
+    #[serde(default)]
+    pub head_seq: Option<u64>,
 }
 
 /// Answer of `/healthz` and `/readyz`.
@@ -817,9 +831,23 @@ pub async fn post_message(State(app): State<App>, p: Principal, ApiPath(id): Api
     if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. })) {
         return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
     }
+    head_unmoved(&app, &p, id, body.head_seq).await?;
     let (text, redactions) = redacted_input(&app, id, body.text).await?;
     let (inbox_id, kind) = post(&app, id, Resume::Input { text, redactions }).await?;
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
+}
+
+/// With `expected` (a message's or close's `head_seq`), 409 `head_moved`
+/// unless the run's head is still `expected`. Read after the inbox check:
+/// a waiting input that a worker takes meanwhile moves the head in the same
+/// commit, so a retried post either finds it waiting or finds the head moved.
+async fn head_unmoved(app: &App, p: &Principal, id: Uuid, expected: Option<u64>) -> Result<(), ApiError> {
+    let Some(expected) = expected else { return Ok(()) };
+    let actual = visible_run(app, p, id).await?.head_seq;
+    if actual != expected {
+        return Err(ApiError::HeadMoved { run_id: id, expected, actual });
+    }
+    Ok(())
 }
 
 /// Resume a paused run, optionally extending its budget first.
@@ -1049,6 +1077,7 @@ pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
     if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. })) {
         return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
     }
+    head_unmoved(&app, &p, id, body.head_seq).await?;
     let (text, redactions) = match body.text {
         Some(text) => {
             let (text, redactions) = redacted_input(&app, id, text).await?;

@@ -142,6 +142,19 @@ pub enum ApiError {
         /// What.
         what: String,
     },
+    /// 409 `head_moved`: a message or close carried `head_seq` (the run's
+    /// head when the sender saw it waiting) and the run has moved on since:
+    /// an earlier post of the same input landed and was taken, or another
+    /// client answered. Nothing was posted.
+    #[error("run {run_id} moved on: its head is {actual}, not {expected}")]
+    HeadMoved {
+        /// The run.
+        run_id: Uuid,
+        /// The head the post expected.
+        expected: u64,
+        /// The run's head now.
+        actual: u64,
+    },
     /// 409 `run_finished`: the run is done; nothing more can be posted.
     #[error("run {0} is finished")]
     RunFinished(Uuid),
@@ -236,7 +249,7 @@ impl ApiError {
             RouteNotFound(_) | NotAvailable(_) | AgentNotFound(_) | RunNotFound(_) | BatchNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_) | AlreadyPaused(_)
-            | AlreadyPosted { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
+            | AlreadyPosted { .. } | HeadMoved { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
             MalformedJson(_) | BodyRead(_) | InvalidQuery(_) | InvalidPath(_) | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
             InvalidBody(_) | BodyAt { .. } | Invalid(_) | InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -270,6 +283,7 @@ impl ApiError {
             NotPaused(_) => "not_paused",
             AlreadyPaused(_) => "already_paused",
             AlreadyPosted { .. } => "already_posted",
+            HeadMoved { .. } => "head_moved",
             RunFinished(_) => "run_finished",
             RunCancelled(_) => "run_cancelled",
             IdempotencyConflict(_) => "idempotency_conflict",

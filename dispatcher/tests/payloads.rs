@@ -59,6 +59,25 @@ async fn messages_only_at_awaiting_input() {
     assert_eq!(h.log.inbox(id).await.unwrap().len(), 1);
 }
 
+/// A message or close carrying `head_seq` is posted only while the run's
+/// head is still that: a retry whose first attempt landed and was taken
+/// (the run moved on) is refused, never taken as the next message.
+#[tokio::test]
+async fn a_message_with_a_stale_head_is_refused() {
+    let h = harness();
+    let id = create(&h, SUB_A, conversational()).await;
+    park_for_input(&*h.log, id).await;
+    let head = h.log.get_run(id).await.unwrap().head_seq;
+    for path in ["messages", "close"] {
+        let stale = post(&h, &format!("/v1/runs/{id}/{path}"), SUB_A, json!({"text": "hi", "head_seq": head - 1})).await;
+        assert_eq!((stale.status, stale.code()), (StatusCode::CONFLICT, "head_moved"), "{path}: {}", stale.text);
+    }
+    assert!(h.log.inbox(id).await.unwrap().is_empty(), "nothing posted");
+    let r = post(&h, &format!("/v1/runs/{id}/messages"), SUB_A, json!({"text": "hi", "head_seq": head})).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(h.log.inbox(id).await.unwrap().len(), 1);
+}
+
 #[tokio::test]
 async fn close_a_conversation() {
     let h = harness();
