@@ -16,7 +16,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::archive::{Archive, Imported};
-use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, JobQueue, LogError, NewRun, RunFilter, RunGaugeKey, RunStatus};
+use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, JobQueue, LogError, NewRun, Opening, RunFilter, RunGaugeKey, RunStatus};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -331,6 +331,55 @@ pub async fn nothing_is_taken_after_a_cancel(log: &dyn EventLog) {
     assert!(matches!(refused, Err(LogError::Finished(_))), "a cancel to a finished run: {refused:?}");
 }
 
+/// A job opens its run (lease, state, inbox) unless the run is done or the
+/// job is stale; `release_if_idle` keeps the lease while the inbox holds
+/// something and lets go once it is empty. The state opened equals a load
+/// (here past a checkpoint, on adapters that write one that early).
+pub async fn open_and_release_if_idle(log: &dyn EventLog) {
+    let s = sample_log();
+    log.create_run(new_run(&format!("t-{}", s.run_id), None, &s.parked[0])).await.unwrap();
+    let opened = |o: Opening| match o {
+        Opening::Opened(o) => o,
+        other => panic!("expected the run opened, got {other:?}"),
+    };
+    let first = opened(log.open(&Job::start(s.run_id, 1), "w1", TTL).await.unwrap());
+    assert!(!first.lease.taken_over && first.inbox.is_empty());
+    assert_eq!(first.state, state_after(s.run_id, &s.parked[..1]));
+    let held = log.open(&Job::start(s.run_id, 1), "w2", TTL).await;
+    assert!(matches!(held, Err(LogError::LeaseHeld { .. })), "a second worker: {held:?}");
+    log.commit(&first.lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
+    assert!(log.release_if_idle(&first.lease).await.unwrap().is_empty(), "nothing waits: released");
+    // Parked with an empty inbox: the admission's job is stale, a job at the head is not.
+    assert!(matches!(log.open(&Job::start(s.run_id, 1), "w2", TTL).await.unwrap(), Opening::Stale));
+    let at_head = opened(log.open(&Job::resume(s.run_id, s.parked.len() as u64), "w2", TTL).await.unwrap());
+    assert!(!at_head.lease.taken_over, "the lease was released, not lapsed");
+    assert_eq!(at_head.state, state_after(s.run_id, &s.parked));
+    let hash = args_hash(&json!({"order": "A1", "amount": 30}));
+    let decision = Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None };
+    let id = log.post(s.run_id, decision.clone()).await.unwrap();
+    // Posted while held: the holder keeps the lease and gets the item.
+    let kept = log.release_if_idle(&at_head.lease).await.unwrap();
+    assert_eq!(kept.iter().map(|i| (i.id, &i.payload)).collect::<Vec<_>>(), [(id, &decision)]);
+    assert!(matches!(log.acquire(s.run_id, "w3", TTL).await, Err(LogError::LeaseHeld { .. })), "kept while the inbox holds an item");
+    log.release(&at_head.lease).await.unwrap();
+    // A stale job for a run with a payload waiting is not stale.
+    let resumed = opened(log.open(&Job::start(s.run_id, 1), "w3", TTL).await.unwrap());
+    assert_eq!(resumed.inbox.iter().map(|i| i.id).collect::<Vec<_>>(), [id]);
+    let full = [s.parked.clone(), s.rest.clone()].concat();
+    let resolved = s.parked.len() + 1;
+    log.commit(&resumed.lease, &s.rest[..1], &state_after(s.run_id, &full[..resolved]), &[id]).await.unwrap();
+    // Held, the payload taken: the decision's resume job (at the old head) is stale; a start is held.
+    let resume_job = Job::resume(s.run_id, s.parked.len() as u64);
+    assert!(matches!(log.open(&resume_job, "w4", TTL).await.unwrap(), Opening::Stale), "a resume whose payload the holder took");
+    assert!(matches!(log.open(&Job::start(s.run_id, 1), "w4", TTL).await, Err(LogError::LeaseHeld { .. })), "a start for a held runnable run");
+    log.commit(&resumed.lease, &s.rest[1..], &state_after(s.run_id, &full), &[]).await.unwrap();
+    assert!(log.release_if_idle(&resumed.lease).await.unwrap().is_empty());
+    assert!(matches!(log.open(&Job::resume(s.run_id, full.len() as u64), "w4", TTL).await.unwrap(), Opening::Done));
+    assert_eq!(log.load(s.run_id).await.unwrap(), state_after(s.run_id, &full));
+    let missing = log.open(&Job::start(Uuid::now_v7(), 1), "w4", TTL).await;
+    assert!(matches!(missing, Err(LogError::NotFound(_))), "{missing:?}");
+}
+
 /// The outbox drains; runnable runs without a live lease are orphaned; parked
 /// and leased runs are not.
 pub async fn outbox_and_orphans(log: &dyn EventLog) {
@@ -476,6 +525,7 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     inbox_and_approvals(&fresh().await).await;
     ending_a_run_closes_its_approvals(&fresh().await).await;
     nothing_is_taken_after_a_cancel(&fresh().await).await;
+    open_and_release_if_idle(&fresh().await).await;
     an_interrupted_call_is_marked_in_the_queue(&fresh().await).await;
     outbox_and_orphans(&fresh().await).await;
     lists_runs(&fresh().await).await;

@@ -207,6 +207,29 @@ pub struct InboxItem {
     pub payload: Resume,
 }
 
+/// What [`EventLog::open`] made of a job.
+#[derive(Debug)]
+pub enum Opening {
+    /// The lease is held; the run was read under it.
+    Opened(Opened),
+    /// The run is done: the job has nothing to do.
+    Done,
+    /// The job names a head the run has moved past, and the run waits at a
+    /// pull point with an empty inbox: nothing to do.
+    Stale,
+}
+
+/// A run opened for a worker ([`EventLog::open`]).
+#[derive(Debug)]
+pub struct Opened {
+    /// The worker's lease on the run.
+    pub lease: Lease,
+    /// The run's state, read under the lease.
+    pub state: RunState,
+    /// Its unconsumed inbox items, oldest first, read under the lease.
+    pub inbox: Vec<InboxItem>,
+}
+
 /// A tool call waiting for (or past) a person's decision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalRow {
@@ -395,6 +418,66 @@ pub trait EventLog: Send + Sync {
 
     /// The run's unconsumed inbox items, oldest first.
     async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError>;
+
+    /// Everything a worker needs to handle `job`, read at once: the job is
+    /// [`Opening::Done`] when the run is finished, [`Opening::Stale`] when it
+    /// names a head the run has moved past while its inbox is empty and
+    /// either the run waits at a pull point (a duplicate or an old wake-up)
+    /// or the job is a resume and another worker holds the run (the holder
+    /// took the payload the job announced: a resume hint beat its job);
+    /// otherwise the run's lease is taken for `ttl` and its state (as
+    /// [`EventLog::load`]) and unconsumed inbox (as [`EventLog::inbox`]) are
+    /// read under it ([`Opening::Opened`]).
+    ///
+    /// The default composes [`EventLog::get_run`], [`EventLog::acquire`],
+    /// [`EventLog::load`] and [`EventLog::inbox`]; the Postgres adapter sends
+    /// the fenced lease update and the three reads pipelined, one round trip.
+    ///
+    /// Errors: [`LogError::NotFound`], [`LogError::LeaseHeld`],
+    /// [`LogError::Unavailable`] (the lease, if it was taken, is released
+    /// when the store still answers, else it lapses).
+    async fn open(&self, job: &Job, owner: &str, ttl: Duration) -> Result<Opening, LogError> {
+        let run_id = job.run_id;
+        let summary = self.get_run(run_id).await?;
+        if summary.status == RunStatus::Done {
+            return Ok(Opening::Done);
+        }
+        if job.head_seq < summary.head_seq && summary.status != RunStatus::Runnable && self.inbox(run_id).await?.is_empty() {
+            return Ok(Opening::Stale);
+        }
+        let moved = job.head_seq < summary.head_seq;
+        let lease = match self.acquire(run_id, owner, ttl).await {
+            Ok(lease) => lease,
+            Err(LogError::LeaseHeld { .. }) if job.resume && moved && self.inbox(run_id).await?.is_empty() => return Ok(Opening::Stale),
+            Err(e) => return Err(e),
+        };
+        let read = async { Ok::<_, LogError>((self.load(run_id).await?, self.inbox(run_id).await?)) };
+        match read.await {
+            Ok((state, inbox)) => Ok(Opening::Opened(Opened { lease, state, inbox })),
+            Err(e) => {
+                let _ = self.release(&lease).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Let `lease` go unless the run's inbox holds unconsumed items: then
+    /// keep it and return them (oldest first) for the holder to apply. An
+    /// empty answer means released (or the lease was already lost). A
+    /// payload posted after the release writes its own job, as always.
+    ///
+    /// The default composes [`EventLog::inbox`] and [`EventLog::release`];
+    /// the Postgres adapter pipelines the read and a release conditioned on
+    /// an empty inbox, one round trip.
+    ///
+    /// Errors: [`LogError::NotFound`], [`LogError::Unavailable`].
+    async fn release_if_idle(&self, lease: &Lease) -> Result<Vec<InboxItem>, LogError> {
+        let items = self.inbox(lease.run_id).await?;
+        if items.is_empty() {
+            self.release(lease).await?;
+        }
+        Ok(items)
+    }
 
     /// Approvals, oldest first.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError>;

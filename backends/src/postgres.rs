@@ -76,7 +76,8 @@ use tokio_postgres::{Config, NoTls, Row};
 use uuid::Uuid;
 
 use crate::{
-    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, LogGauges, NewRun, RunGaugeKey, RunFilter, RunStatus, RunSummary, Spend,
+    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, LogGauges, NewRun, Opened, Opening, RunGaugeKey, RunFilter, RunStatus,
+    RunSummary, Spend,
     dedupe_key,
 };
 
@@ -197,6 +198,8 @@ pub struct PgLog {
     blob_threshold: usize,
     commit_mode: CommitMode,
     group: Option<group::Committer>,
+    /// How [`PgLog::resume_hints`] opens its own connection.
+    listen: Config,
 }
 
 impl std::fmt::Debug for PgLog {
@@ -235,6 +238,7 @@ impl PgLog {
             _ => limits,
         };
         session.options(combined);
+        let listen = session.clone();
         let manager = Manager::from_config(session, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
             .max_size(options.max_connections.max(1))
@@ -252,7 +256,41 @@ impl PgLog {
             blob_threshold: options.blob_threshold,
             commit_mode: options.commit_mode,
             group,
+            listen,
         })
+    }
+
+    /// Resume hints for worker `worker_id`: the jobs of payloads posted to
+    /// parked runs whose lease this worker let go of last, pushed by
+    /// Postgres (`NOTIFY` on [`hint_channel`]`(worker_id)`, sent by
+    /// [`EventLog::post`] in the payload's transaction, so delivered only
+    /// once it commits). A hint saves the way through the outbox relay and
+    /// the broker; it is never the only wake-up: the same job is queued as
+    /// usual, and a worker that misses a hint (not listening, busy,
+    /// disconnected) gets the job from the queue.
+    ///
+    /// Listens on a connection of its own (not pooled), reconnecting with
+    /// backoff (100 ms → 5 s) while the receiver lives; hints sent while it
+    /// is disconnected are lost, which costs only their speed. At most 256
+    /// wait unread; more are dropped.
+    pub fn resume_hints(&self, worker_id: &str) -> tokio::sync::mpsc::Receiver<Job> {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let (config, channel) = (self.listen.clone(), hint_channel(worker_id));
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            while !tx.is_closed() {
+                match listen(&config, &channel, &tx).await {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(channel, error = %e, "resume hints: listening connection lost; reconnecting in {} ms", backoff.as_millis()),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tx.closed() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        });
+        rx
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, LogError> {
@@ -281,6 +319,46 @@ impl PgLog {
             tracing::warn!(%run_id, seq = state.head_seq, "the committed state differs from the log's; checkpointing the log's");
         }
         Ok(state)
+    }
+}
+
+/// The `NOTIFY` channel of worker `worker_id`'s resume hints
+/// ([`PgLog::resume_hints`]): `glia_hint_` and the first 32 hex digits of
+/// the SHA-256 of the id (any id fits Postgres' 63-byte channel names; the
+/// same digits are computed in SQL by [`NOTIFY_LAST_OWNER`]).
+pub fn hint_channel(worker_id: &str) -> String {
+    format!("glia_hint_{}", &sha256_hex(worker_id.as_bytes())[..32])
+}
+
+/// Listen on `channel` and forward each hint's job to `tx` until `tx` is
+/// closed (`Ok`) or the connection fails (`Err`: what failed). A payload
+/// that is not a job is ignored.
+async fn listen(config: &Config, channel: &str, tx: &tokio::sync::mpsc::Sender<Job>) -> Result<(), String> {
+    use futures::StreamExt;
+    let (client, mut connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
+    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+    let statement = format!("LISTEN {channel}");
+    let listening = client.batch_execute(&statement);
+    tokio::pin!(listening);
+    let mut listened = false;
+    loop {
+        tokio::select! {
+            done = &mut listening, if !listened => {
+                done.map_err(|e| e.to_string())?;
+                listened = true;
+            }
+            message = messages.next() => match message {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                    if let Ok(job) = serde_json::from_str::<Job>(n.payload()) {
+                        let _ = tx.try_send(job);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Err("the server closed the connection".into()),
+            },
+            _ = tx.closed() => return Ok(()),
+        }
     }
 }
 
@@ -648,26 +726,42 @@ fn decode_checkpoint(run_id: Uuid, row: &Row) -> Result<RunState, String> {
 /// of the events after it. `None` when the run has no events (no such run).
 async fn rebuild(c: &impl GenericClient, run_id: Uuid) -> Result<Option<RunState>, LogError> {
     let st = c.prepare_cached(LATEST_CHECKPOINT).await.map_err(|e| unavailable("reading the checkpoint", &e))?;
-    let checkpoint = match c.query_opt(&st, &[&run_id]).await.map_err(|e| unavailable("reading the checkpoint", &e))? {
-        Some(row) => match decode_checkpoint(run_id, &row) {
-            Ok(state) => Some(state),
-            Err(reason) => {
-                tracing::warn!(%run_id, %reason, "unusable checkpoint; replaying the whole log");
-                None
-            }
-        },
-        None => None,
-    };
+    let row = c.query_opt(&st, &[&run_id]).await.map_err(|e| unavailable("reading the checkpoint", &e))?;
+    let checkpoint = row.as_ref().and_then(|row| usable_checkpoint(run_id, row));
     let after = checkpoint.as_ref().map_or(0, |s| s.head_seq);
     let events = read_events(c, run_id, after, i64::MAX).await?;
+    replay_onto(run_id, checkpoint, &events)
+}
+
+/// The checkpoint in `row`, or `None` (with a warning) when it cannot be
+/// used: the whole log is replayed instead.
+fn usable_checkpoint(run_id: Uuid, row: &Row) -> Option<RunState> {
+    decode_checkpoint(run_id, row).map_err(|reason| tracing::warn!(%run_id, %reason, "unusable checkpoint; replaying the whole log")).ok()
+}
+
+/// `events` applied to `checkpoint` (a new run's empty state without one);
+/// `None` when there is neither.
+fn replay_onto(run_id: Uuid, checkpoint: Option<RunState>, events: &[Event]) -> Result<Option<RunState>, LogError> {
     if checkpoint.is_none() && events.is_empty() {
         return Ok(None);
     }
     let mut state = checkpoint.unwrap_or_else(|| RunState::new(run_id));
-    for e in &events {
+    for e in events {
         state.apply(e).map_err(|err| corrupt(format!("event {run_id}/{} does not apply: {err}", e.seq)))?;
     }
     Ok(Some(state))
+}
+
+const INBOX_PENDING: &str = "SELECT id, payload::text AS payload, payload_raw FROM inbox WHERE run_id = $1 AND NOT consumed ORDER BY id";
+
+fn decode_inbox(rows: &[Row]) -> Result<Vec<InboxItem>, LogError> {
+    rows.iter()
+        .map(|row| {
+            let id: i64 = col(row, "id")?;
+            let payload = JsonCell::decode(col(row, "payload")?, col(row, "payload_raw")?).map_err(|e| corrupt(format!("inbox item {id}: {e}")))?;
+            Ok(InboxItem { id, payload })
+        })
+        .collect()
 }
 
 async fn run_exists(c: &impl GenericClient, run_id: Uuid) -> Result<bool, LogError> {
@@ -780,6 +874,10 @@ const PRUNE_CHECKPOINTS: &str = "DELETE FROM checkpoints WHERE run_id = $1 AND s
 
 const LOCK_FOR_POST: &str = "SELECT status, EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = 'cancel' AND NOT consumed) AS cancel_pending \
      FROM runs WHERE id = $1 FOR NO KEY UPDATE";
+/// A resume hint ([`PgLog::resume_hints`]) to the worker that let go of the
+/// run last, while no lease is held. `$2`: the job's JSON.
+const NOTIFY_LAST_OWNER: &str = "SELECT pg_notify('glia_hint_' || left(encode(sha256(convert_to(last_owner, 'UTF8')), 'hex'), 32), $2) \
+     FROM runs WHERE id = $1 AND last_owner IS NOT NULL AND lease_token IS NULL";
 const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) VALUES ($1, $2, $3::text::jsonb, $4) \
      ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING \
      RETURNING id, (SELECT head_seq FROM runs WHERE id = $1) AS head_seq";
@@ -789,6 +887,35 @@ const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payl
 const TAKE_LEASE: &str = "UPDATE runs r SET lease_owner = $2, lease_token = $3, lease_expires_at = now() + make_interval(secs => $4) \
      FROM runs old WHERE r.id = $1 AND old.id = r.id AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()) \
      RETURNING r.lease_expires_at, old.lease_expires_at IS NOT NULL AS taken_over";
+/// [`LogError::LeaseHeld`] from a row of [`LEASE_HOLDER`] or
+/// [`OPEN_REFUSED`] whose lease is live.
+fn lease_held(run_id: Uuid, row: &Row) -> Result<LogError, LogError> {
+    let until: Option<DateTime<Utc>> = col(row, "lease_expires_at")?;
+    Ok(LogError::LeaseHeld {
+        run_id,
+        owner: col::<Option<String>>(row, "lease_owner")?.unwrap_or_default(),
+        until: until.ok_or_else(|| corrupt("live lease without expiry".into()))?,
+    })
+}
+
+/// [`EventLog::open`]'s lease: taken like [`TAKE_LEASE`], but only for a
+/// run not done and a job not stale (its head is current, or the run is
+/// runnable or has unconsumed inbox items). `$5`: the job's head.
+const OPEN_LEASE: &str = "UPDATE runs r SET lease_owner = $2, lease_token = $3, lease_expires_at = now() + make_interval(secs => $4) \
+     FROM runs old WHERE r.id = $1 AND old.id = r.id AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()) \
+       AND r.status <> 'done' \
+       AND (r.head_seq <= $5 OR r.status = 'runnable' OR EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed)) \
+     RETURNING r.lease_expires_at, old.lease_expires_at IS NOT NULL AS taken_over";
+/// Why [`OPEN_LEASE`] refused.
+const OPEN_REFUSED: &str = "SELECT status, head_seq, lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live, \
+     EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = runs.id AND NOT i.consumed) AS pending FROM runs WHERE id = $1";
+/// The events after the run's latest checkpoint (all of them without one).
+const EVENTS_AFTER_CHECKPOINT: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
+     FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash \
+     WHERE e.run_id = $1 AND e.seq > coalesce((SELECT max(seq) FROM checkpoints WHERE run_id = $1), 0) ORDER BY e.seq";
+/// Let the lease go unless the inbox holds unconsumed items.
+const RELEASE_IF_IDLE: &str = "UPDATE runs SET last_owner = lease_owner, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL \
+     WHERE id = $1 AND lease_token = $2 AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = $1 AND NOT i.consumed)";
 const LEASE_HOLDER: &str =
     "SELECT lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live FROM runs WHERE id = $1";
 
@@ -949,12 +1076,7 @@ impl EventLog for PgLog {
                 }
                 let row = client.query_opt(&holder, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
                 if col(&row, "live")? {
-                    let until: Option<DateTime<Utc>> = col(&row, "lease_expires_at")?;
-                    return Err(LogError::LeaseHeld {
-                        run_id,
-                        owner: col::<Option<String>>(&row, "lease_owner")?.unwrap_or_default(),
-                        until: until.ok_or_else(|| corrupt("live lease without expiry".into()))?,
-                    });
+                    return Err(lease_held(run_id, &row)?);
                 }
             }
             Err(LogError::Unavailable(format!("run {run_id}: lease contended")))
@@ -995,7 +1117,9 @@ impl EventLog for PgLog {
             let fail = |e: tokio_postgres::Error| unavailable("release", &e);
             let client = self.client().await?;
             let st = client
-                .prepare_cached("UPDATE runs SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2")
+                .prepare_cached(
+                    "UPDATE runs SET last_owner = lease_owner, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2",
+                )
                 .await
                 .map_err(fail)?;
             client.execute(&st, &[&lease.run_id, &lease.token]).await.map_err(fail)?;
@@ -1156,12 +1280,19 @@ impl EventLog for PgLog {
             let id: i64 = col(&row, "id")?;
             let head = seq_of(col::<Option<i64>>(&row, "head_seq")?.ok_or(LogError::NotFound(run_id))?, "head_seq")?;
             let job = serde_json::to_value(Job::resume(run_id, head)).map_err(|e| LogError::Unavailable(e.to_string()))?;
+            let hint = job.to_string();
             let decide = tx.prepare_cached(DECIDE_APPROVALS).await.map_err(fail)?;
             let outbox = tx.prepare_cached(INSERT_OUTBOX).await.map_err(fail)?;
+            let notify = tx.prepare_cached(NOTIFY_LAST_OWNER).await.map_err(fail)?;
             let decide_params: [&(dyn ToSql + Sync); 2] = [&run_id, &decided];
             let outbox_params: [&(dyn ToSql + Sync); 1] = [&job];
-            futures::try_join!(maybe((!decided.is_empty()).then(|| tx.execute(&decide, &decide_params))), tx.execute(&outbox, &outbox_params))
-                .map_err(fail)?;
+            let notify_params: [&(dyn ToSql + Sync); 2] = [&run_id, &hint];
+            futures::try_join!(
+                maybe((!decided.is_empty()).then(|| tx.execute(&decide, &decide_params))),
+                tx.execute(&outbox, &outbox_params),
+                tx.execute(&notify, &notify_params),
+            )
+            .map_err(fail)?;
             tx.commit().await.map_err(fail)?;
             Ok(id)
         })
@@ -1171,21 +1302,105 @@ impl EventLog for PgLog {
     async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError> {
         self.bounded("inbox", async {
             let client = self.client().await?;
-            let st = client
-                .prepare_cached("SELECT id, payload::text AS payload, payload_raw FROM inbox WHERE run_id = $1 AND NOT consumed ORDER BY id")
-                .await
-                .map_err(|e| unavailable("inbox", &e))?;
+            let st = client.prepare_cached(INBOX_PENDING).await.map_err(|e| unavailable("inbox", &e))?;
             let rows = client.query(&st, &[&run_id]).await.map_err(|e| unavailable("inbox", &e))?;
             if rows.is_empty() && !run_exists(&client, run_id).await? {
                 return Err(LogError::NotFound(run_id));
             }
-            rows.iter()
-                .map(|row| {
-                    let id: i64 = col(row, "id")?;
-                    let payload = JsonCell::decode(col(row, "payload")?, col(row, "payload_raw")?).map_err(|e| corrupt(format!("inbox item {id}: {e}")))?;
-                    Ok(InboxItem { id, payload })
-                })
-                .collect()
+            decode_inbox(&rows)
+        })
+        .await
+    }
+
+    /// One round trip: the lease update ([`OPEN_LEASE`], which refuses a
+    /// done run and a stale job as well as a held lease) and the three reads
+    /// (the latest checkpoint, the events after it, the inbox) are sent
+    /// pipelined on one connection, each in its own implicit transaction, in
+    /// that order: the reads see the run as the lease found it, and nothing
+    /// else can commit to it meanwhile. Only when the update refuses is the
+    /// run read again to tell why (a lease let go in between is taken on
+    /// the next of three rounds).
+    async fn open(&self, job: &Job, owner: &str, ttl: Duration) -> Result<Opening, LogError> {
+        let run_id = job.run_id;
+        let token = Uuid::now_v7();
+        let secs = ttl_secs(ttl);
+        let job_head = sql_seq(job.head_seq);
+        self.bounded("open", async {
+            let fail = |e: tokio_postgres::Error| write_error(run_id, "open", &e);
+            let client = self.client().await?;
+            let take = client.prepare_cached(OPEN_LEASE).await.map_err(fail)?;
+            let refused = client.prepare_cached(OPEN_REFUSED).await.map_err(fail)?;
+            let read_checkpoint = client.prepare_cached(LATEST_CHECKPOINT).await.map_err(fail)?;
+            let read_events_after = client.prepare_cached(EVENTS_AFTER_CHECKPOINT).await.map_err(fail)?;
+            let read_inbox = client.prepare_cached(INBOX_PENDING).await.map_err(fail)?;
+            let take_params: [&(dyn ToSql + Sync); 5] = [&run_id, &owner, &token, &secs, &job_head];
+            let run_params: [&(dyn ToSql + Sync); 1] = [&run_id];
+            for _ in 0..3 {
+                let (taken, checkpoint, events, inbox) = futures::join!(
+                    client.query_opt(&take, &take_params),
+                    client.query_opt(&read_checkpoint, &run_params),
+                    client.query(&read_events_after, &run_params),
+                    client.query(&read_inbox, &run_params),
+                );
+                if let Some(row) = taken.map_err(fail)? {
+                    let lease = Lease { run_id, owner: owner.to_owned(), token, expires_at: col(&row, "lease_expires_at")?, taken_over: col(&row, "taken_over")? };
+                    let read = async {
+                        let (checkpoint, events, inbox) = (checkpoint.map_err(fail)?, events.map_err(fail)?, inbox.map_err(fail)?);
+                        let usable = checkpoint.as_ref().and_then(|row| usable_checkpoint(run_id, row));
+                        let events = if checkpoint.is_some() && usable.is_none() {
+                            read_events(&client, run_id, 0, i64::MAX).await?
+                        } else {
+                            events.iter().map(|row| decode_event(run_id, row)).collect::<Result<Vec<_>, _>>()?
+                        };
+                        let state = replay_onto(run_id, usable, &events)?.ok_or_else(|| corrupt(format!("run {run_id} has a row but no events")))?;
+                        Ok::<_, LogError>((state, decode_inbox(&inbox)?))
+                    };
+                    return match read.await {
+                        Ok((state, inbox)) => Ok(Opening::Opened(Opened { lease, state, inbox })),
+                        Err(e) => {
+                            let _ = self.release(&lease).await;
+                            Err(e)
+                        }
+                    };
+                }
+                let row = client.query_opt(&refused, &run_params).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
+                let status = parse_status(&col::<String>(&row, "status")?)?;
+                if status == RunStatus::Done {
+                    return Ok(Opening::Done);
+                }
+                let (moved, pending, live) = (col::<i64>(&row, "head_seq")? > job_head, col::<bool>(&row, "pending")?, col::<bool>(&row, "live")?);
+                if moved && !pending && (status != RunStatus::Runnable || (job.resume && live)) {
+                    return Ok(Opening::Stale);
+                }
+                if live {
+                    return Err(lease_held(run_id, &row)?);
+                }
+            }
+            Err(LogError::Unavailable(format!("run {run_id}: lease contended")))
+        })
+        .await
+    }
+
+    /// One round trip: the inbox read and [`RELEASE_IF_IDLE`] pipelined, in
+    /// that order. Items read: the release saw them too and kept the lease.
+    /// Nothing read and nothing released: a payload was posted between the
+    /// two (read again, up to three rounds) or the lease was lost (then
+    /// nothing is held, as the answer says).
+    async fn release_if_idle(&self, lease: &Lease) -> Result<Vec<InboxItem>, LogError> {
+        let run_id = lease.run_id;
+        self.bounded("release_if_idle", async {
+            let fail = |e: tokio_postgres::Error| unavailable("release_if_idle", &e);
+            let client = self.client().await?;
+            let read = client.prepare_cached(INBOX_PENDING).await.map_err(fail)?;
+            let release = client.prepare_cached(RELEASE_IF_IDLE).await.map_err(fail)?;
+            let (read_params, release_params): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 2]) = ([&run_id], [&run_id, &lease.token]);
+            for _ in 0..3 {
+                let (rows, released) = futures::try_join!(client.query(&read, &read_params), client.execute(&release, &release_params)).map_err(fail)?;
+                if !rows.is_empty() || released == 1 {
+                    return decode_inbox(&rows);
+                }
+            }
+            Ok(Vec::new())
         })
         .await
     }

@@ -130,9 +130,13 @@ pub enum Variant {
     /// round trip and one fsync per group); the cancel flag read after each
     /// commit.
     GroupSerial,
-    /// Group commit, the cancel flag read while the commit is in flight
-    /// (the default).
+    /// Group commit, the cancel flag read while the commit is in flight,
+    /// resume hints from Postgres (`PgLog::resume_hints`) besides the
+    /// queue (the default).
     Group,
+    /// `group` without resume hints: every resume comes through the outbox
+    /// relay and the queue.
+    GroupQueued,
     /// `group` with the queue as it was before resumes first: every job
     /// published as a start (one first-in-first-out queue) and no worker
     /// slot kept for resumes.
@@ -145,7 +149,7 @@ impl Variant {
         match self {
             Variant::Transaction => CommitMode::Transaction,
             Variant::Statement => CommitMode::Statement,
-            Variant::GroupSerial | Variant::Group | Variant::GroupFifo => CommitMode::Group,
+            Variant::GroupSerial | Variant::Group | Variant::GroupQueued | Variant::GroupFifo => CommitMode::Group,
         }
     }
 
@@ -355,11 +359,16 @@ impl BenchFleet {
             // no commit waits for one.
             let max_connections = if variant == Variant::Transaction { concurrency.max(1) } else { pool.max(1) };
             let options = glia_backends::postgres::PgOptions { max_connections, commit_mode: variant.commit_mode(), group_lanes: urls.group_lanes.into(), ..Default::default() };
-            let (log, queue, ledger) = ports(db.log_with(options).await).await?;
+            let log = db.log_with(options).await;
             let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
-            let worker = Worker::new(agent.clone(), log, queue, ledger, options)
+            let hints = (variant == Variant::Group).then(|| log.resume_hints(&options.id));
+            let (log, queue, ledger) = ports(log).await?;
+            let mut worker = Worker::new(agent.clone(), log, queue, ledger, options)
                 .with_serial_cancel_check(variant.serial_cancel_check())
                 .with_resume_slots(if fifo { 0 } else { 1 });
+            if let Some(hints) = hints {
+                worker = worker.with_hints(hints);
+            }
             tokio::spawn(Arc::new(worker).run(shutdown.clone()));
         }
         let sql = db.sql().await;
@@ -908,6 +917,13 @@ pub struct ApprovalsResult {
     pub inbox: PathLatency,
     /// Decisions posted through `POST /v1/runs/{id}/approvals/{call_id}`.
     pub api: PathLatency,
+    /// Both paths, measured inside Postgres as `glia bench steps` does:
+    /// from the start of the decision's transaction (its inbox row's
+    /// `created_at`) to the worker's `approval.resolved` (its `at`), without
+    /// the HTTP request around it; median, ms.
+    pub in_db_p50_ms: f64,
+    /// The same, 99th percentile, ms.
+    pub in_db_p99_ms: f64,
 }
 
 const BENCH_TOKEN: &str = "bench-approver:bench:submit,approve:bench-approver";
@@ -1016,5 +1032,12 @@ async fn approvals_round(args: &ApprovalsArgs, fleet: &BenchFleet) -> Result<App
             request_p50_ms: median(req),
         }
     };
-    Ok(ApprovalsResult { inbox: summarize(inbox, inbox_req), api: summarize(api, api_req) })
+    let mut in_db = fleet.approval_latencies().await?;
+    in_db.sort_by(f64::total_cmp);
+    Ok(ApprovalsResult {
+        inbox: summarize(inbox, inbox_req),
+        api: summarize(api, api_req),
+        in_db_p50_ms: percentile(&in_db, 0.5).unwrap_or(0.0),
+        in_db_p99_ms: percentile(&in_db, 0.99).unwrap_or(0.0),
+    })
 }

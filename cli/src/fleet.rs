@@ -70,6 +70,9 @@ pub struct Ports {
     /// Batches and their items (Postgres, the single node's SQLite file,
     /// and the in-memory twin of `glia dev`).
     pub batches: Option<Arc<dyn glia_backends::batches::BatchStore>>,
+    /// The Postgres log, for what only it offers: resume hints
+    /// (`PgLog::resume_hints`) for a worker.
+    pub postgres: Option<PgLog>,
 }
 
 impl Ports {
@@ -88,8 +91,9 @@ impl Ports {
                 wait_for(JOB_QUEUE, "RabbitMQ", startup, || RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone()))),
                 wait_for(LEDGER, "Redis", startup, || RedisLedger::connect(&urls.redis_url, &urls.redis_prefix)),
             );
+            let postgres = Some(log.clone());
             let log = Arc::new(log);
-            Ports { log: log.clone(), queue: Arc::new(queue), ledger: Arc::new(ledger), webhooks: Some(log.clone()), batches: Some(log) }
+            Ports { log: log.clone(), queue: Arc::new(queue), ledger: Arc::new(ledger), webhooks: Some(log.clone()), batches: Some(log), postgres }
         };
         tokio::select! {
             ports = connect => Ok(Some(ports)),
@@ -102,14 +106,14 @@ impl Ports {
     pub async fn sqlite(path: &Path) -> Result<Ports> {
         let log = SqliteLog::open(path, SqliteOptions::default()).await.with_context(|| format!("opening the data file {}", path.display()))?;
         let log = Arc::new(log);
-        Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: log.clone(), webhooks: None, batches: Some(log) })
+        Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: log.clone(), webhooks: None, batches: Some(log), postgres: None })
     }
 
     /// In-memory twins: nothing survives the process.
     pub fn memory() -> Ports {
         let log = Arc::new(MemoryLog::default());
         let batches = Arc::new(glia_backends::batches::MemoryBatches::new(log.clone()));
-        Ports { log, queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()), webhooks: None, batches: Some(batches) }
+        Ports { log, queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()), webhooks: None, batches: Some(batches), postgres: None }
     }
 }
 
@@ -691,7 +695,12 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     info!("worker ready: Postgres, RabbitMQ and Redis connected");
     let agent = with_caps(agent, caps, &ports)?;
     let agent_sources = agent.tool_sources().cloned();
-    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, args.options(0));
+    let options = args.options(0);
+    let hints = ports.postgres.as_ref().map(|pg| pg.resume_hints(&options.id));
+    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, options);
+    if let Some(hints) = hints {
+        worker = worker.with_hints(hints);
+    }
     if let Some(metrics) = metrics {
         worker = worker.with_metrics(metrics);
     }

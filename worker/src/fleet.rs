@@ -1,11 +1,13 @@
 //! The job consumer: what a `glia worker` process does with each job.
 //!
-//! For every job: skip it if stale; take the run's lease (held elsewhere →
-//! drop, the holder or the reconciler carries on); ack the job at once, so a
-//! long model call or tool never meets the broker's consumer timeout;
-//! heartbeat the lease; rebuild the run from its checkpoint; apply each
+//! For every job: open the run ([`EventLog::open`]: skip a done run or a
+//! stale job; a lease held elsewhere → publish the job again a little later;
+//! otherwise the lease, the run rebuilt from its checkpoint and its inbox,
+//! in one call); ack the job at once, so a long model call or tool never
+//! meets the broker's consumer timeout; heartbeat the lease; apply each
 //! unconsumed inbox payload and advance the run to its next pull point,
-//! committing every step fenced by the lease; release. N jobs at a time.
+//! committing every step fenced by the lease; let go once the inbox is empty
+//! ([`EventLog::release_if_idle`]). N jobs at a time.
 //!
 //! Resumes first: the queue hands out a job that resumes a parked run (a
 //! posted approval, tool result, user message, …) before any job that
@@ -28,10 +30,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::NaiveDate;
 use glia_backends::{
-    CapKind, Delivery, EventLog, Job, JobQueue, Lease, Ledger, LedgerError, LogError, Reservation, RunStatus, Settlement, Signal, tenant_day_scope,
+    CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError, Opened, Opening, Reservation, RunStatus, Settlement,
+    Signal, tenant_day_scope,
 };
 use glia_proto::{Event, Limit, LiveEvent, Phase, Resume, RunState, Status};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
@@ -101,12 +104,30 @@ pub struct Worker {
     metrics: Option<Arc<WorkerMetrics>>,
     serial_cancel_check: bool,
     resume_slots: usize,
+    hints: Mutex<Option<mpsc::Receiver<Job>>>,
+}
+
+/// A job in hand: from the queue, or a resume hint ([`Worker::with_hints`]).
+enum Taken {
+    Queued(Delivery),
+    Hint(Job),
 }
 
 impl Worker {
     /// A worker over these ports.
     pub fn new(agent: Arc<Agent>, log: Arc<dyn EventLog>, queue: Arc<dyn JobQueue>, ledger: Arc<dyn Ledger>, options: WorkerOptions) -> Self {
-        Worker { agent, log, queue, ledger, options, metrics: None, serial_cancel_check: false, resume_slots: 1 }
+        Worker { agent, log, queue, ledger, options, metrics: None, serial_cancel_check: false, resume_slots: 1, hints: Mutex::new(None) }
+    }
+
+    /// Also take resume hints from `hints` (on Postgres,
+    /// `PgLog::resume_hints` for this worker's id): a hint is handled like a
+    /// resume job from the queue, in a free slot (the slot kept for resumes
+    /// included), except that it is never acked, requeued or published
+    /// again: the same job is in the queue anyway, and is found stale or
+    /// handled as usual when its turn comes.
+    pub fn with_hints(self, hints: mpsc::Receiver<Job>) -> Self {
+        *self.hints.lock().unwrap_or_else(|e| e.into_inner()) = Some(hints);
+        self
     }
 
     /// Keep `slots` of the worker's slots for resumes (default 1): a start
@@ -148,7 +169,8 @@ impl Worker {
         if let Some(m) = &self.metrics {
             m.slots.set(concurrency as i64);
         }
-        info!(worker = %self.options.id, concurrency, reserved, "worker started");
+        let mut hints = self.hints.lock().unwrap_or_else(|e| e.into_inner()).take();
+        info!(worker = %self.options.id, concurrency, reserved, hints = hints.is_some(), "worker started");
         'slots: loop {
             let permit = tokio::select! {
                 p = slots.clone().acquire_owned() => p.expect("semaphore never closes"),
@@ -156,11 +178,12 @@ impl Worker {
             };
             // Only this loop takes permits, so the free slots counted here
             // can only grow while it waits.
-            let delivery = loop {
+            let taken = loop {
                 if slots.available_permits() >= reserved {
                     // Other free slots cover the reserve: any job, resumes first.
                     break tokio::select! {
-                        d = self.queue.next() => d,
+                        d = self.queue.next() => d.map(Taken::Queued),
+                        Some(job) = next_hint(&mut hints) => Ok(Taken::Hint(job)),
                         _ = shutdown.wait_for(|s| *s) => break 'slots,
                     };
                 }
@@ -169,21 +192,26 @@ impl Worker {
                 // cancel-safe).
                 tokio::select! {
                     biased;
-                    d = self.queue.next_resume() => break d,
+                    d = self.queue.next_resume() => break d.map(Taken::Queued),
+                    Some(job) = next_hint(&mut hints) => break Ok(Taken::Hint(job)),
                     freed = slots.clone().acquire_owned() => drop(freed),
                     _ = shutdown.wait_for(|s| *s) => break 'slots,
                 }
             };
-            match delivery {
-                Ok(delivery) => {
+            match taken {
+                Ok(taken) => {
                     let me = self.clone();
-                    let span = tracing::info_span!("job", run_id = %delivery.job.run_id, head_seq = delivery.job.head_seq, worker = %self.options.id);
+                    let job = match &taken {
+                        Taken::Queued(d) => d.job,
+                        Taken::Hint(job) => *job,
+                    };
+                    let span = tracing::info_span!("job", run_id = %job.run_id, head_seq = job.head_seq, worker = %self.options.id);
                     tokio::spawn(
                         async move {
                             if let Some(m) = &me.metrics {
                                 m.busy_slots.inc();
                             }
-                            let handled = me.handle(delivery).await;
+                            let handled = me.handle(taken).await;
                             debug!(?handled, "job handled");
                             if let Some(m) = &me.metrics {
                                 m.busy_slots.dec();
@@ -204,41 +232,37 @@ impl Worker {
         info!(worker = %self.options.id, "worker stopped");
     }
 
-    /// Handle one delivery: lease, ack, advance, release.
-    pub async fn handle(&self, delivery: Delivery) -> Handled {
-        let job = delivery.job;
-        let Job { run_id, head_seq, .. } = job;
-        if let (Some(m), Some(at)) = (&self.metrics, delivery.enqueued_at) {
+    /// Handle one job: open the run (lease, state and inbox in one call,
+    /// [`EventLog::open`]), ack, advance, release. A hint is never acked,
+    /// requeued or published again ([`Worker::with_hints`]).
+    async fn handle(&self, taken: Taken) -> Handled {
+        let (job, delivery) = match taken {
+            Taken::Queued(delivery) => (delivery.job, Some(delivery)),
+            Taken::Hint(job) => (job, None),
+        };
+        let run_id = job.run_id;
+        if let (Some(m), Some(at)) = (&self.metrics, delivery.as_ref().and_then(|d| d.enqueued_at)) {
             m.job_lag.observe((chrono::Utc::now() - at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6);
         }
-        let summary = match self.log.get_run(run_id).await {
-            Ok(s) => s,
-            Err(LogError::NotFound(_)) => return ack(delivery, Handled::Gone).await,
-            Err(e) => {
-                warn!(%run_id, error = %e, "event log unavailable; requeueing the job");
-                let _ = delivery.acker.nack(true).await;
-                return Handled::Retry;
-            }
-        };
-        if summary.status == RunStatus::Done {
-            return ack(delivery, Handled::Gone).await;
-        }
-        if head_seq < summary.head_seq && summary.status != RunStatus::Runnable && self.log.inbox(run_id).await.is_ok_and(|i| i.is_empty()) {
-            return ack(delivery, Handled::Stale).await;
-        }
-        let lease = match self.log.acquire(run_id, &self.options.id, self.options.lease_ttl).await {
-            Ok(lease) => lease,
+        let opened = match self.log.open(&job, &self.options.id, self.options.lease_ttl).await {
+            Ok(Opening::Opened(opened)) => opened,
+            Ok(Opening::Done) | Err(LogError::NotFound(_)) => return ack(delivery, Handled::Gone).await,
+            Ok(Opening::Stale) => return ack(delivery, Handled::Stale).await,
             Err(LogError::LeaseHeld { .. }) => {
-                self.publish_later(job, RETRY_HELD_AFTER.min(self.options.lease_ttl));
+                if delivery.is_some() {
+                    self.publish_later(job, RETRY_HELD_AFTER.min(self.options.lease_ttl));
+                }
                 return ack(delivery, Handled::Held).await;
             }
-            Err(LogError::NotFound(_)) => return ack(delivery, Handled::Gone).await,
             Err(e) => {
-                warn!(%run_id, error = %e, "could not take the lease; requeueing the job");
-                let _ = delivery.acker.nack(true).await;
+                warn!(%run_id, error = %e, "could not open the run; requeueing the job");
+                if let Some(d) = delivery {
+                    let _ = d.acker.nack(true).await;
+                }
                 return Handled::Retry;
             }
         };
+        let lease = opened.lease.clone();
         if lease.taken_over {
             info!(%run_id, "took over a lapsed lease");
             if let Some(m) = &self.metrics {
@@ -246,16 +270,18 @@ impl Worker {
             }
         }
         // Holding the lease, the job has done its part: ack now.
-        let _ = delivery.acker.ack().await;
+        ack(delivery, ()).await;
         let (stop_heartbeat, heartbeat) = self.heartbeat(lease.clone());
-        let (handled, retry_after) = self.drive(&lease).await;
+        let mut released = false;
+        let mut retry_after = None;
+        let handled = self.drive(opened, &mut retry_after, &mut released).await;
         let _ = stop_heartbeat.send(true);
         let _ = heartbeat.await;
         // A transient failure without a wait hint keeps the lease until it
         // lapses (the reconciler retries then); with a hint, let go and
         // come back when the provider said to.
         let keep = handled == Handled::Retry && retry_after.is_none();
-        if !keep && let Err(e) = self.log.release(&lease).await {
+        if !keep && !released && let Err(e) = self.log.release(&lease).await {
             warn!(%run_id, error = %e, "release failed; the lease will lapse");
         }
         if let Some(delay) = retry_after {
@@ -300,24 +326,15 @@ impl Worker {
         (tx, task)
     }
 
-    /// Apply inbox payloads and advance until the run parks or ends. With
-    /// [`Handled::Retry`] after a transient provider failure, the provider's
-    /// wait hint.
-    async fn drive(&self, lease: &Lease) -> (Handled, Option<Duration>) {
-        let mut retry_after = None;
-        let handled = self.drive_inner(lease, &mut retry_after).await;
-        (handled, retry_after)
-    }
-
-    async fn drive_inner(&self, lease: &Lease, retry_after: &mut Option<Duration>) -> Handled {
+    /// Apply inbox payloads and advance until the run parks or ends, then
+    /// let go of the lease once the inbox is empty ([`EventLog::release_if_idle`],
+    /// which sets `released`). With [`Handled::Retry`] after a transient
+    /// provider failure, `retry_after` is the provider's wait hint.
+    async fn drive(&self, opened: Opened, retry_after: &mut Option<Duration>, released: &mut bool) -> Handled {
+        let Opened { lease, mut state, inbox } = opened;
         let run_id = lease.run_id;
-        let mut state = match self.log.load(run_id).await {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(%run_id, error = %e, "could not load the run");
-                return Handled::Abandoned;
-            }
-        };
+        // The unconsumed items known to be current; `None`: read them again.
+        let mut inbox: Option<Vec<InboxItem>> = Some(inbox);
         let mut cancelled = false;
         // The last advance stopped on the pause flag; and whether that flag
         // turned out stale (no pause posted): then it is not watched until
@@ -325,16 +342,19 @@ impl Worker {
         let mut flag_seen = false;
         let mut stale_flag = false;
         loop {
-            let inbox = match self.log.inbox(run_id).await {
-                Ok(items) => items,
-                Err(e) => {
-                    warn!(%run_id, error = %e, "could not read the inbox");
-                    return Handled::Abandoned;
-                }
+            let items = match inbox.take() {
+                Some(items) => items,
+                None => match self.log.inbox(run_id).await {
+                    Ok(items) => items,
+                    Err(e) => {
+                        warn!(%run_id, error = %e, "could not read the inbox");
+                        return Handled::Abandoned;
+                    }
+                },
             };
             if std::mem::take(&mut flag_seen) {
-                stale_flag = !inbox.iter().any(|i| matches!(i.payload, Resume::Pause { .. }));
-            } else if !inbox.is_empty() {
+                stale_flag = !items.iter().any(|i| matches!(i.payload, Resume::Pause { .. }));
+            } else if !items.is_empty() {
                 stale_flag = false;
             }
             let mut sink = LogSink {
@@ -348,7 +368,8 @@ impl Worker {
                 watch_pause: !stale_flag,
                 pause_flagged: false,
             };
-            let result = if let Some(item) = inbox.into_iter().next() {
+            let mut items = items.into_iter();
+            let result = if let Some(item) = items.next() {
                 sink.consumed.push(item.id);
                 let payload: Resume = item.payload;
                 match self.agent.advance(&mut state, Some(payload), &mut sink).await {
@@ -367,10 +388,27 @@ impl Worker {
                 let input = cancelled.then(|| Resume::Cancel { reason: "cancelled".into() });
                 self.agent.advance(&mut state, input, &mut sink).await
             } else {
-                return Handled::Advanced(RunStatus::of(&state));
+                // Parked or done with nothing left to apply: let go, unless
+                // something was posted meanwhile.
+                match self.log.release_if_idle(&lease).await {
+                    Ok(more) if more.is_empty() => {
+                        *released = true;
+                        return Handled::Advanced(RunStatus::of(&state));
+                    }
+                    Ok(more) => {
+                        inbox = Some(more);
+                        continue;
+                    }
+                    Err(e) => {
+                        warn!(%run_id, error = %e, "could not read the inbox to let go");
+                        return Handled::Advanced(RunStatus::of(&state));
+                    }
+                }
             };
             match result {
-                Ok(_) => {}
+                // The item applied was consumed by the advance's commits;
+                // the rest are still waiting, in order.
+                Ok(_) => inbox = Some(items.collect()),
                 Err(AgentError::Provider(e)) => {
                     *retry_after = e.retry_after_ms().map(Duration::from_millis);
                     match retry_after {
@@ -390,7 +428,7 @@ impl Worker {
                 // The loop saw the cancel flag (while a model call or tools
                 // ran, or at a commit), or the pause flag between steps; what
                 // it recorded is committed. Reload, then pick up the cancel,
-                // or the posted pause next in the inbox.
+                // or the posted pause next in the inbox (read again).
                 Err(e) if is_cancel(&e) || matches!(e, AgentError::PauseFlagged) => {
                     if is_cancel(&e) {
                         cancelled = true;
@@ -422,9 +460,24 @@ pub const RETRY_HELD_AFTER: Duration = Duration::from_millis(500);
 /// (while a model call or a tool runs; also at every commit).
 pub const CANCEL_POLL: Duration = Duration::from_secs(1);
 
-async fn ack(delivery: Delivery, handled: Handled) -> Handled {
-    let _ = delivery.acker.ack().await;
-    handled
+/// Ack the job, if it came from the queue; answer `then`.
+async fn ack<T>(delivery: Option<Delivery>, then: T) -> T {
+    if let Some(d) = delivery {
+        let _ = d.acker.ack().await;
+    }
+    then
+}
+
+/// The next resume hint; pending forever without hints (or once their
+/// listener is gone).
+async fn next_hint(hints: &mut Option<mpsc::Receiver<Job>>) -> Option<Job> {
+    match hints {
+        Some(rx) => match rx.recv().await {
+            Some(job) => Some(job),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
 }
 
 /// What [`LogSink::commit`] answers when the run was cancelled mid-advance.
