@@ -372,12 +372,26 @@ pub async fn open_and_release_if_idle(log: &dyn EventLog) {
     let resume_job = Job::resume(s.run_id, s.parked.len() as u64);
     assert!(matches!(log.open(&resume_job, "w4", TTL).await.unwrap(), Opening::Stale), "a resume whose payload the holder took");
     assert!(matches!(log.open(&Job::start(s.run_id, 1), "w4", TTL).await, Err(LogError::LeaseHeld { .. })), "a start for a held runnable run");
+    let paused = log.post(s.run_id, Resume::Pause { reason: "look".into(), by: None }).await.unwrap();
+    assert!(matches!(log.open(&resume_job, "w4", TTL).await, Err(LogError::LeaseHeld { .. })), "a resume for a held run with a payload waiting");
+    assert_eq!(log.release_if_idle(&resumed.lease).await.unwrap().iter().map(|i| i.id).collect::<Vec<_>>(), [paused], "kept: the pause waits");
+    log.commit(&resumed.lease, &[], &state_after(s.run_id, &full[..resolved]), &[paused]).await.unwrap();
     log.commit(&resumed.lease, &s.rest[1..], &state_after(s.run_id, &full), &[]).await.unwrap();
     assert!(log.release_if_idle(&resumed.lease).await.unwrap().is_empty());
     assert!(matches!(log.open(&Job::resume(s.run_id, full.len() as u64), "w4", TTL).await.unwrap(), Opening::Done));
     assert_eq!(log.load(s.run_id).await.unwrap(), state_after(s.run_id, &full));
     let missing = log.open(&Job::start(Uuid::now_v7(), 1), "w4", TTL).await;
     assert!(matches!(missing, Err(LogError::NotFound(_))), "{missing:?}");
+    // A lapsed lease is taken over through `open`; the lapsed holder lets go of nothing.
+    let t = sample_log();
+    log.create_run(new_run(&format!("t-{}", t.run_id), None, &t.parked[0])).await.unwrap();
+    let short = opened(log.open(&Job::start(t.run_id, 1), "w5", Duration::from_millis(50)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let taken = opened(log.open(&Job::start(t.run_id, 1), "w6", TTL).await.unwrap());
+    assert!(taken.lease.taken_over, "the lapsed lease was taken over");
+    assert!(log.release_if_idle(&short.lease).await.unwrap().is_empty(), "a lost lease: nothing held");
+    assert!(matches!(log.acquire(t.run_id, "w7", TTL).await, Err(LogError::LeaseHeld { .. })), "the new holder keeps it");
+    log.release(&taken.lease).await.unwrap();
 }
 
 /// The outbox drains; runnable runs without a live lease are orphaned; parked

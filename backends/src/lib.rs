@@ -214,8 +214,9 @@ pub enum Opening {
     Opened(Opened),
     /// The run is done: the job has nothing to do.
     Done,
-    /// The job names a head the run has moved past, and the run waits at a
-    /// pull point with an empty inbox: nothing to do.
+    /// The job names a head the run has moved past and the run's inbox is
+    /// empty, while the run waits at a pull point, or (for a resume job)
+    /// another worker holds it and took the payload: nothing to do.
     Stale,
 }
 

@@ -279,9 +279,15 @@ impl PgLog {
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(100);
             while !tx.is_closed() {
-                match listen(&config, &channel, &tx).await {
+                let mut listened = false;
+                match listen(&config, &channel, &tx, &mut listened).await {
                     Ok(()) => return,
-                    Err(e) => tracing::warn!(channel, error = %e, "resume hints: listening connection lost; reconnecting in {} ms", backoff.as_millis()),
+                    Err(e) => {
+                        if listened {
+                            backoff = Duration::from_millis(100);
+                        }
+                        tracing::warn!(channel, error = %e, "resume hints: listening connection lost; reconnecting in {} ms", backoff.as_millis());
+                    }
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
@@ -331,21 +337,21 @@ pub fn hint_channel(worker_id: &str) -> String {
 }
 
 /// Listen on `channel` and forward each hint's job to `tx` until `tx` is
-/// closed (`Ok`) or the connection fails (`Err`: what failed). A payload
-/// that is not a job is ignored.
-async fn listen(config: &Config, channel: &str, tx: &tokio::sync::mpsc::Sender<Job>) -> Result<(), String> {
+/// closed (`Ok`) or the connection fails (`Err`: what failed); `listened`
+/// turns true once the `LISTEN` is in place. A payload that is not a job
+/// is ignored.
+async fn listen(config: &Config, channel: &str, tx: &tokio::sync::mpsc::Sender<Job>, listened: &mut bool) -> Result<(), String> {
     use futures::StreamExt;
     let (client, mut connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
     let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
     let statement = format!("LISTEN {channel}");
     let listening = client.batch_execute(&statement);
     tokio::pin!(listening);
-    let mut listened = false;
     loop {
         tokio::select! {
-            done = &mut listening, if !listened => {
+            done = &mut listening, if !*listened => {
                 done.map_err(|e| e.to_string())?;
-                listened = true;
+                *listened = true;
             }
             message = messages.next() => match message {
                 Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
@@ -872,15 +878,19 @@ const INSERT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, seq, state, st
      ON CONFLICT (run_id, seq) DO NOTHING";
 const PRUNE_CHECKPOINTS: &str = "DELETE FROM checkpoints WHERE run_id = $1 AND seq < $2";
 
-const LOCK_FOR_POST: &str = "SELECT status, EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = 'cancel' AND NOT consumed) AS cancel_pending \
-     FROM runs WHERE id = $1 FOR NO KEY UPDATE";
+const LOCK_FOR_POST: &str = "SELECT status, head_seq FROM runs WHERE id = $1 FOR NO KEY UPDATE";
+/// The payload, unless a cancel waits in the inbox or its dedupe key is
+/// taken (then no row). Sent after [`LOCK_FOR_POST`] returned, so its
+/// snapshot sees a cancel committed while the post waited for the lock
+/// (the lock's own statement, whose snapshot predates the wait, would not).
+const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) SELECT $1, $2, $3::text::jsonb, $4 \
+     WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = 'cancel' AND NOT consumed) \
+     ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING RETURNING id";
 /// A resume hint ([`PgLog::resume_hints`]) to the worker that let go of the
 /// run last, while no lease is held. `$2`: the job's JSON.
 const NOTIFY_LAST_OWNER: &str = "SELECT pg_notify('glia_hint_' || left(encode(sha256(convert_to(last_owner, 'UTF8')), 'hex'), 32), $2) \
      FROM runs WHERE id = $1 AND last_owner IS NOT NULL AND lease_token IS NULL";
-const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) VALUES ($1, $2, $3::text::jsonb, $4) \
-     ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING \
-     RETURNING id, (SELECT head_seq FROM runs WHERE id = $1) AS head_seq";
+const CANCEL_PENDING: &str = "SELECT EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = 'cancel' AND NOT consumed) AS pending";
 
 // `old` is the row before the update: a lease that lapsed (expiry set, not
 // released) is being taken over.
@@ -909,10 +919,20 @@ const OPEN_LEASE: &str = "UPDATE runs r SET lease_owner = $2, lease_token = $3, 
 /// Why [`OPEN_LEASE`] refused.
 const OPEN_REFUSED: &str = "SELECT status, head_seq, lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live, \
      EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = runs.id AND NOT i.consumed) AS pending FROM runs WHERE id = $1";
-/// The events after the run's latest checkpoint (all of them without one).
-const EVENTS_AFTER_CHECKPOINT: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
+/// [`EventLog::open`]'s reads, each empty unless `$2` is the run's lease
+/// token (the update before them took the lease): a refused open reads
+/// nothing. The latest checkpoint; the events after it (all of them
+/// without one); the unconsumed inbox.
+const OPENED_CHECKPOINT: &str = "SELECT seq, state::text AS state, state_raw FROM checkpoints \
+     WHERE run_id = $1 AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) ORDER BY seq DESC LIMIT 1";
+const OPENED_EVENTS: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
      FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash \
-     WHERE e.run_id = $1 AND e.seq > coalesce((SELECT max(seq) FROM checkpoints WHERE run_id = $1), 0) ORDER BY e.seq";
+     WHERE e.run_id = $1 AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) \
+       AND e.seq > coalesce((SELECT max(seq) FROM checkpoints WHERE run_id = $1), 0) ORDER BY e.seq";
+const OPENED_INBOX: &str = "SELECT id, payload::text AS payload, payload_raw FROM inbox \
+     WHERE run_id = $1 AND NOT consumed AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) ORDER BY id";
+/// The run's lease token (`NULL` when free).
+const LEASE_TOKEN: &str = "SELECT lease_token FROM runs WHERE id = $1";
 /// Let the lease go unless the inbox holds unconsumed items.
 const RELEASE_IF_IDLE: &str = "UPDATE runs SET last_owner = lease_owner, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL \
      WHERE id = $1 AND lease_token = $2 AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = $1 AND NOT i.consumed)";
@@ -1239,10 +1259,13 @@ impl EventLog for PgLog {
         .await
     }
 
-    /// One transaction: the inbox row (a taken dedupe key is
-    /// [`LogError::Duplicate`]; a concurrent duplicate waits for the first and
-    /// then is refused), the approval marked decided, and a job with the
-    /// current head.
+    /// One transaction: lock the run row, then, pipelined, the inbox row (a
+    /// taken dedupe key is [`LogError::Duplicate`]; a concurrent duplicate
+    /// waits for the first and then is refused; a waiting cancel, even one
+    /// committed while this waited for the lock, is
+    /// [`LogError::Cancelled`]), the approval marked decided, a job with the
+    /// current head and a resume hint; `COMMIT` only when the payload was
+    /// taken.
     async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
         let key = dedupe_key(&payload);
         let cell = JsonCell::of(&payload).map_err(|e| LogError::Invalid { run_id, reason: format!("payload does not serialise: {e}") })?;
@@ -1255,44 +1278,43 @@ impl EventLog for PgLog {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(fail)?;
             // Serialised with the run's other posts and its commits (which
-            // lock the row too): a cancel or the end is seen here.
+            // lock or update the row too): the end is seen here, and the
+            // head cannot move until this commits.
             let lock = tx.prepare_cached(LOCK_FOR_POST).await.map_err(fail)?;
             let run = tx.query_opt(&lock, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
             if col::<String>(&run, "status")? == "done" {
                 return Err(LogError::Finished(run_id));
             }
-            if col::<bool>(&run, "cancel_pending")? {
-                return Err(match key.as_deref() {
-                    Some(crate::CANCEL_KEY) => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
-                    _ => LogError::Cancelled(run_id),
-                });
-            }
-            let insert = tx.prepare_cached(INSERT_INBOX).await.map_err(fail)?;
-            let row = match tx.query_opt(&insert, &[&run_id, &key, &cell.text, &cell.raw]).await {
-                Ok(row) => row,
-                Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => return Err(LogError::NotFound(run_id)),
-                Err(e) => return Err(fail(e)),
-            };
-            let Some(row) = row else {
-                let what = key.as_deref().map_or_else(|| "payload".to_owned(), crate::dedupe_what);
-                return Err(LogError::Duplicate { run_id, what });
-            };
-            let id: i64 = col(&row, "id")?;
-            let head = seq_of(col::<Option<i64>>(&row, "head_seq")?.ok_or(LogError::NotFound(run_id))?, "head_seq")?;
+            let head = seq_of(col(&run, "head_seq")?, "head_seq")?;
             let job = serde_json::to_value(Job::resume(run_id, head)).map_err(|e| LogError::Unavailable(e.to_string()))?;
             let hint = job.to_string();
+            let insert = tx.prepare_cached(INSERT_INBOX).await.map_err(fail)?;
             let decide = tx.prepare_cached(DECIDE_APPROVALS).await.map_err(fail)?;
             let outbox = tx.prepare_cached(INSERT_OUTBOX).await.map_err(fail)?;
             let notify = tx.prepare_cached(NOTIFY_LAST_OWNER).await.map_err(fail)?;
+            let insert_params: [&(dyn ToSql + Sync); 4] = [&run_id, &key, &cell.text, &cell.raw];
             let decide_params: [&(dyn ToSql + Sync); 2] = [&run_id, &decided];
             let outbox_params: [&(dyn ToSql + Sync); 1] = [&job];
             let notify_params: [&(dyn ToSql + Sync); 2] = [&run_id, &hint];
-            futures::try_join!(
+            // Pipelined; when the payload is refused, the rest is rolled
+            // back with it (no COMMIT is sent).
+            let (row, ..) = futures::try_join!(
+                tx.query_opt(&insert, &insert_params),
                 maybe((!decided.is_empty()).then(|| tx.execute(&decide, &decide_params))),
                 tx.execute(&outbox, &outbox_params),
                 tx.execute(&notify, &notify_params),
             )
             .map_err(fail)?;
+            let Some(row) = row else {
+                let pending = tx.prepare_cached(CANCEL_PENDING).await.map_err(fail)?;
+                let cancel_pending: bool = col(&tx.query_one(&pending, &[&run_id]).await.map_err(fail)?, "pending")?;
+                return Err(match key.as_deref() {
+                    Some(crate::CANCEL_KEY) if cancel_pending => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
+                    _ if cancel_pending => LogError::Cancelled(run_id),
+                    _ => LogError::Duplicate { run_id, what: key.as_deref().map_or_else(|| "payload".to_owned(), crate::dedupe_what) },
+                });
+            };
+            let id: i64 = col(&row, "id")?;
             tx.commit().await.map_err(fail)?;
             Ok(id)
         })
@@ -1316,8 +1338,10 @@ impl EventLog for PgLog {
     /// done run and a stale job as well as a held lease) and the three reads
     /// (the latest checkpoint, the events after it, the inbox) are sent
     /// pipelined on one connection, each in its own implicit transaction, in
-    /// that order: the reads see the run as the lease found it, and nothing
-    /// else can commit to it meanwhile. Only when the update refuses is the
+    /// that order: the reads see the run as the lease found it (no other
+    /// worker can commit to it meanwhile; a post may add to the inbox, and
+    /// is then also read by `release_if_idle`), and read nothing when the
+    /// update refused (they check the lease token). Only when the update refuses is the
     /// run read again to tell why (a lease let go in between is taken on
     /// the next of three rounds).
     async fn open(&self, job: &Job, owner: &str, ttl: Duration) -> Result<Opening, LogError> {
@@ -1330,17 +1354,18 @@ impl EventLog for PgLog {
             let client = self.client().await?;
             let take = client.prepare_cached(OPEN_LEASE).await.map_err(fail)?;
             let refused = client.prepare_cached(OPEN_REFUSED).await.map_err(fail)?;
-            let read_checkpoint = client.prepare_cached(LATEST_CHECKPOINT).await.map_err(fail)?;
-            let read_events_after = client.prepare_cached(EVENTS_AFTER_CHECKPOINT).await.map_err(fail)?;
-            let read_inbox = client.prepare_cached(INBOX_PENDING).await.map_err(fail)?;
+            let read_checkpoint = client.prepare_cached(OPENED_CHECKPOINT).await.map_err(fail)?;
+            let read_events_after = client.prepare_cached(OPENED_EVENTS).await.map_err(fail)?;
+            let read_inbox = client.prepare_cached(OPENED_INBOX).await.map_err(fail)?;
             let take_params: [&(dyn ToSql + Sync); 5] = [&run_id, &owner, &token, &secs, &job_head];
             let run_params: [&(dyn ToSql + Sync); 1] = [&run_id];
+            let read_params: [&(dyn ToSql + Sync); 2] = [&run_id, &token];
             for _ in 0..3 {
                 let (taken, checkpoint, events, inbox) = futures::join!(
                     client.query_opt(&take, &take_params),
-                    client.query_opt(&read_checkpoint, &run_params),
-                    client.query(&read_events_after, &run_params),
-                    client.query(&read_inbox, &run_params),
+                    client.query_opt(&read_checkpoint, &read_params),
+                    client.query(&read_events_after, &read_params),
+                    client.query(&read_inbox, &read_params),
                 );
                 if let Some(row) = taken.map_err(fail)? {
                     let lease = Lease { run_id, owner: owner.to_owned(), token, expires_at: col(&row, "lease_expires_at")?, taken_over: col(&row, "taken_over")? };
@@ -1382,10 +1407,17 @@ impl EventLog for PgLog {
     }
 
     /// One round trip: the inbox read and [`RELEASE_IF_IDLE`] pipelined, in
-    /// that order. Items read: the release saw them too and kept the lease.
-    /// Nothing read and nothing released: a payload was posted between the
-    /// two (read again, up to three rounds) or the lease was lost (then
-    /// nothing is held, as the answer says).
+    /// that order. Items read: the release saw them too and kept the lease
+    /// (unless it was lost; then the holder's commits are refused). Nothing
+    /// read and nothing released: the lease is read; lost, the answer is
+    /// empty (nothing is held); still ours, a payload was posted between the
+    /// two and the pair is sent again (three rounds, then
+    /// [`LogError::Unavailable`]).
+    ///
+    /// A payload whose post was waiting for the run's row lock when the
+    /// release ran may be missed by the release's snapshot: the lease is let
+    /// go and that payload wakes the run through its own job (no hint: the
+    /// post saw the lease held).
     async fn release_if_idle(&self, lease: &Lease) -> Result<Vec<InboxItem>, LogError> {
         let run_id = lease.run_id;
         self.bounded("release_if_idle", async {
@@ -1394,13 +1426,20 @@ impl EventLog for PgLog {
             let read = client.prepare_cached(INBOX_PENDING).await.map_err(fail)?;
             let release = client.prepare_cached(RELEASE_IF_IDLE).await.map_err(fail)?;
             let (read_params, release_params): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 2]) = ([&run_id], [&run_id, &lease.token]);
+            let holder = client.prepare_cached(LEASE_TOKEN).await.map_err(fail)?;
             for _ in 0..3 {
                 let (rows, released) = futures::try_join!(client.query(&read, &read_params), client.execute(&release, &release_params)).map_err(fail)?;
                 if !rows.is_empty() || released == 1 {
                     return decode_inbox(&rows);
                 }
+                // Neither: the lease is not ours any more (nothing to let
+                // go), or a payload came in between (read again).
+                let token: Option<Uuid> = col(&client.query_opt(&holder, &read_params).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?, "lease_token")?;
+                if token != Some(lease.token) {
+                    return Ok(Vec::new());
+                }
             }
-            Ok(Vec::new())
+            Err(LogError::Unavailable(format!("run {run_id}: payloads kept arriving while letting go")))
         })
         .await
     }

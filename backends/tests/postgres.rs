@@ -487,3 +487,45 @@ async fn runs_move_between_sqlite_and_postgres() {
     conformance::export_import_round_trip(&sqlite, &pg).await;
     conformance::export_import_round_trip(&pg, &sqlite).await;
 }
+
+/// A payload posted while a cancel is being posted waits for the run's lock
+/// and then sees the cancel: refused (`Cancelled`), nothing written. The
+/// cancel's transaction is held open by hand until the second post waits.
+#[tokio::test]
+async fn a_post_that_waited_for_a_cancel_sees_it() {
+    let (db, log, s) = admitted(PgOptions { max_connections: 4, ..PgOptions::default() }).await;
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[]).await.unwrap();
+    log.release(&lease).await.unwrap();
+    // The cancel, as `post` writes it, in a transaction left open.
+    let mut cancel = db.sql().await;
+    let tx = cancel.transaction().await.unwrap();
+    tx.query_one("SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE", &[&s.run_id]).await.unwrap();
+    tx.execute("INSERT INTO inbox (run_id, dedupe_key, payload) VALUES ($1, 'cancel', '{\"kind\":\"cancel\",\"reason\":\"stop\"}')", &[&s.run_id])
+        .await
+        .unwrap();
+    let hash = args_hash(&json!({"order": "A1", "amount": 30}));
+    let approval = Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None };
+    let poster = log.clone();
+    let run_id = s.run_id;
+    let posted = tokio::spawn(async move { poster.post(run_id, approval).await });
+    // Wait until the post waits for the run's lock.
+    let sql = db.sql().await;
+    for i in 0.. {
+        let waiting: i64 = sql
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if waiting == 1 {
+            break;
+        }
+        assert!(i < 500, "the post never waited for the lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tx.commit().await.unwrap();
+    let refused = posted.await.unwrap();
+    assert!(matches!(refused, Err(LogError::Cancelled(id)) if id == s.run_id), "a post after a cancel committed: {refused:?}");
+    let kinds: Vec<String> = sql.query("SELECT dedupe_key FROM inbox WHERE run_id = $1", &[&s.run_id]).await.unwrap().iter().map(|r| r.get::<_, Option<String>>(0).unwrap_or_default()).collect();
+    assert_eq!(kinds, ["cancel"], "only the cancel is in the inbox");
+}

@@ -776,7 +776,12 @@ pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
         });
     }
     for n in 0..workers.max(1) {
-        let mut w = Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), worker_args.options(n));
+        let options = worker_args.options(n);
+        let hints = ports.postgres.as_ref().map(|pg| pg.resume_hints(&options.id));
+        let mut w = Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), options);
+        if let Some(hints) = hints {
+            w = w.with_hints(hints);
+        }
         if let Some(metrics) = &metrics {
             w = w.with_metrics(metrics.clone());
         }
