@@ -443,10 +443,10 @@ pub trait EventLog: Send + Sync {
         if summary.status == RunStatus::Done {
             return Ok(Opening::Done);
         }
-        if job.head_seq < summary.head_seq && summary.status != RunStatus::Runnable && self.inbox(run_id).await?.is_empty() {
+        let moved = job.head_seq < summary.head_seq;
+        if moved && summary.status != RunStatus::Runnable && self.inbox(run_id).await?.is_empty() {
             return Ok(Opening::Stale);
         }
-        let moved = job.head_seq < summary.head_seq;
         let lease = match self.acquire(run_id, owner, ttl).await {
             Ok(lease) => lease,
             Err(LogError::LeaseHeld { .. }) if job.resume && moved && self.inbox(run_id).await?.is_empty() => return Ok(Opening::Stale),
