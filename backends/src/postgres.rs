@@ -342,7 +342,7 @@ pub fn hint_channel(worker_id: &str) -> String {
 /// is ignored.
 async fn listen(config: &Config, channel: &str, tx: &tokio::sync::mpsc::Sender<Job>, listened: &mut bool) -> Result<(), String> {
     use futures::StreamExt;
-    let (client, mut connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
+    let (client, mut connection) = config.connect(NoTls).await.map_err(|e| describe(&e))?;
     let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
     let statement = format!("LISTEN {channel}");
     let listening = client.batch_execute(&statement);
@@ -350,7 +350,7 @@ async fn listen(config: &Config, channel: &str, tx: &tokio::sync::mpsc::Sender<J
     loop {
         tokio::select! {
             done = &mut listening, if !*listened => {
-                done.map_err(|e| e.to_string())?;
+                done.map_err(|e| describe(&e))?;
                 *listened = true;
             }
             message = messages.next() => match message {
@@ -360,7 +360,7 @@ async fn listen(config: &Config, channel: &str, tx: &tokio::sync::mpsc::Sender<J
                     }
                 }
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e.to_string()),
+                Some(Err(e)) => return Err(describe(&e)),
                 None => return Err("the server closed the connection".into()),
             },
             _ = tx.closed() => return Ok(()),

@@ -124,7 +124,9 @@ impl Worker {
     /// resume job from the queue, in a free slot (the slot kept for resumes
     /// included), except that it is never acked, requeued or published
     /// again: the same job is in the queue anyway, and is found stale or
-    /// handled as usual when its turn comes.
+    /// handled as usual when its turn comes. A job's log span says where it
+    /// came from (`via` = `hint` or `queue`; its outcome is logged at debug
+    /// level, and counted in the jobs metric).
     pub fn with_hints(self, hints: mpsc::Receiver<Job>) -> Self {
         *self.hints.lock().unwrap_or_else(|e| e.into_inner()) = Some(hints);
         self
@@ -201,11 +203,11 @@ impl Worker {
             match taken {
                 Ok(taken) => {
                     let me = self.clone();
-                    let job = match &taken {
-                        Taken::Queued(d) => d.job,
-                        Taken::Hint(job) => *job,
+                    let (job, via) = match &taken {
+                        Taken::Queued(d) => (d.job, "queue"),
+                        Taken::Hint(job) => (*job, "hint"),
                     };
-                    let span = tracing::info_span!("job", run_id = %job.run_id, head_seq = job.head_seq, worker = %self.options.id);
+                    let span = tracing::info_span!("job", run_id = %job.run_id, head_seq = job.head_seq, via, worker = %self.options.id);
                     tokio::spawn(
                         async move {
                             if let Some(m) = &me.metrics {
