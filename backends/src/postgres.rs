@@ -680,9 +680,10 @@ static TENANT_USAGE: LazyLock<String> = LazyLock::new(|| format!("SELECT {SPEND_
      WHERE r.tenant = $1::text AND r.updated_at >= $2::timestamptz - interval '1 hour' \
        AND e.at >= $2::timestamptz AND e.at < $3::timestamptz AND e.kind = ANY($4::text[])"));
 
-const READ_EVENTS: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
-     FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash \
-     WHERE e.run_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3";
+/// What [`decode_event`] reads: events `e` joined to their blobs `b`.
+const EVENT_ROWS: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
+     FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash";
+static READ_EVENTS: LazyLock<String> = LazyLock::new(|| format!("{EVENT_ROWS} WHERE e.run_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3"));
 
 fn decode_event(run_id: Uuid, row: &Row) -> Result<Event, LogError> {
     let seq = seq_of(col(row, "seq")?, "seq")?;
@@ -709,7 +710,7 @@ fn decode_event(run_id: Uuid, row: &Row) -> Result<Event, LogError> {
 }
 
 async fn read_events(c: &impl GenericClient, run_id: Uuid, after: u64, limit: i64) -> Result<Vec<Event>, LogError> {
-    let st = c.prepare_cached(READ_EVENTS).await.map_err(|e| unavailable("reading events", &e))?;
+    let st = c.prepare_cached(&READ_EVENTS).await.map_err(|e| unavailable("reading events", &e))?;
     let rows = c.query(&st, &[&run_id, &sql_seq(after), &limit]).await.map_err(|e| unavailable("reading events", &e))?;
     rows.iter().map(|row| decode_event(run_id, row)).collect()
 }
@@ -925,10 +926,12 @@ const OPEN_REFUSED: &str = "SELECT status, head_seq, lease_owner, lease_expires_
 /// without one); the unconsumed inbox.
 const OPENED_CHECKPOINT: &str = "SELECT seq, state::text AS state, state_raw FROM checkpoints \
      WHERE run_id = $1 AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) ORDER BY seq DESC LIMIT 1";
-const OPENED_EVENTS: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
-     FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash \
-     WHERE e.run_id = $1 AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) \
-       AND e.seq > coalesce((SELECT max(seq) FROM checkpoints WHERE run_id = $1), 0) ORDER BY e.seq";
+static OPENED_EVENTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{EVENT_ROWS} WHERE e.run_id = $1 AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) \
+         AND e.seq > coalesce((SELECT max(seq) FROM checkpoints WHERE run_id = $1), 0) ORDER BY e.seq"
+    )
+});
 const OPENED_INBOX: &str = "SELECT id, payload::text AS payload, payload_raw FROM inbox \
      WHERE run_id = $1 AND NOT consumed AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) ORDER BY id";
 /// The run's lease token (`NULL` when free).
@@ -1355,7 +1358,7 @@ impl EventLog for PgLog {
             let take = client.prepare_cached(OPEN_LEASE).await.map_err(fail)?;
             let refused = client.prepare_cached(OPEN_REFUSED).await.map_err(fail)?;
             let read_checkpoint = client.prepare_cached(OPENED_CHECKPOINT).await.map_err(fail)?;
-            let read_events_after = client.prepare_cached(OPENED_EVENTS).await.map_err(fail)?;
+            let read_events_after = client.prepare_cached(&OPENED_EVENTS).await.map_err(fail)?;
             let read_inbox = client.prepare_cached(OPENED_INBOX).await.map_err(fail)?;
             let take_params: [&(dyn ToSql + Sync); 5] = [&run_id, &owner, &token, &secs, &job_head];
             let run_params: [&(dyn ToSql + Sync); 1] = [&run_id];

@@ -109,6 +109,17 @@ impl Ports {
         Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: log.clone(), webhooks: None, batches: Some(log), postgres: None })
     }
 
+    /// A worker over these ports, taking resume hints
+    /// (`PgLog::resume_hints`) when the log is Postgres.
+    pub fn worker(&self, agent: Arc<glia_worker::Agent>, options: WorkerOptions) -> Worker {
+        let hints = self.postgres.as_ref().map(|pg| pg.resume_hints(&options.id));
+        let worker = Worker::new(agent, self.log.clone(), self.queue.clone(), self.ledger.clone(), options);
+        match hints {
+            Some(hints) => worker.with_hints(hints),
+            None => worker,
+        }
+    }
+
     /// In-memory twins: nothing survives the process.
     pub fn memory() -> Ports {
         let log = Arc::new(MemoryLog::default());
@@ -401,8 +412,7 @@ impl Embedded {
         embedded.stop = stop;
         for n in 0..workers.max(1) {
             let options = WorkerOptions { id: format!("embedded-{n}"), concurrency: concurrency.max(1), lease_ttl: Duration::from_secs(30) };
-            let w = Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), options));
-            tokio::spawn(w.run(shutdown.clone()));
+            tokio::spawn(Arc::new(ports.worker(agent.clone(), options)).run(shutdown.clone()));
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
         embedded.url = format!("http://{}", listener.local_addr()?);
@@ -695,12 +705,7 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     info!("worker ready: Postgres, RabbitMQ and Redis connected");
     let agent = with_caps(agent, caps, &ports)?;
     let agent_sources = agent.tool_sources().cloned();
-    let options = args.options(0);
-    let hints = ports.postgres.as_ref().map(|pg| pg.resume_hints(&options.id));
-    let mut worker = Worker::new(agent, ports.log, ports.queue, ports.ledger, options);
-    if let Some(hints) = hints {
-        worker = worker.with_hints(hints);
-    }
+    let mut worker = ports.worker(agent, args.options(0));
     if let Some(metrics) = metrics {
         worker = worker.with_metrics(metrics);
     }
@@ -776,12 +781,7 @@ pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
         });
     }
     for n in 0..workers.max(1) {
-        let options = worker_args.options(n);
-        let hints = ports.postgres.as_ref().map(|pg| pg.resume_hints(&options.id));
-        let mut w = Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), options);
-        if let Some(hints) = hints {
-            w = w.with_hints(hints);
-        }
+        let mut w = ports.worker(agent.clone(), worker_args.options(n));
         if let Some(metrics) = &metrics {
             w = w.with_metrics(metrics.clone());
         }
