@@ -165,6 +165,13 @@ struct RunArgs {
     goal: String,
 }
 
+/// The process's allocator: mimalloc. A step allocates and frees many small
+/// buffers (events, JSON, protocol messages) across the runtime's threads;
+/// glibc's malloc spent about a third of the workers' CPU on them in
+/// `glia bench steps` (BENCHMARKS.md 1e).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();

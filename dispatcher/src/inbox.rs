@@ -65,7 +65,7 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use crate::App;
-use crate::api::{DecisionBody, DecisionKind, decide_one, visible_run};
+use crate::api::{DecisionBody, DecisionKind, decide_many, decide_one, visible_run};
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::history::{self, HistoryQuery};
@@ -562,6 +562,7 @@ async fn decide_bulk(State(app): State<App>, headers: HeaderMap, body: Bytes) ->
         return error_page(Some(&s), StatusCode::BAD_REQUEST, &format!("at most {} approvals at once", app.limits.max_bulk));
     }
     let mut failed = Vec::new();
+    let mut decisions = Vec::with_capacity(items.len());
     for it in items {
         // `RUN_ID CALL_ID ARGS_HASH`: call ids may hold anything but spaces are
         // not produced by providers; the hash binds the decision to what was shown.
@@ -574,9 +575,11 @@ async fn decide_bulk(State(app): State<App>, headers: HeaderMap, body: Bytes) ->
             failed.push(format!("{run}: not a run id"));
             continue;
         };
-        let body = DecisionBody { decision, reason: reason.clone(), input: None, args_hash: Some(hash.to_owned()) };
-        if let Err(e) = decide_one(&app, &s.principal, run_id, call.to_owned(), &body).await {
-            failed.push(format!("{run} {call}: {}", e.body().error.message));
+        decisions.push((run_id, call.to_owned(), DecisionBody { decision, reason: reason.clone(), input: None, args_hash: Some(hash.to_owned()) }));
+    }
+    for ((run_id, call_id, _), answer) in decisions.iter().zip(decide_many(&app, &s.principal, &decisions).await) {
+        if let Err(e) = answer {
+            failed.push(format!("{run_id} {call_id}: {}", e.body().error.message));
         }
     }
     if failed.is_empty() {

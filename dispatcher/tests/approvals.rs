@@ -225,6 +225,48 @@ async fn bulk_decisions_report_per_item() {
     assert_eq!(results[3]["error"]["code"], "call_not_found");
     assert_eq!(results[4]["error"]["code"], "run_not_found", "another tenant's run is invisible");
     assert_eq!(h.log.inbox(rb).await.unwrap().len(), 0);
+
+    // Many runs in one request (posted several runs at once): the answers
+    // come in request order, and one run's decisions reach its inbox in the
+    // order given, also when other runs' decisions are between them.
+    let mut runs = Vec::new();
+    for i in 0..12 {
+        let run = create(&h, SUB_A, json!({"goal": format!("many {i}")})).await;
+        park_for_approval(&*h.log, run, &[("c1", "refund", json!({"amount": i})), ("c2", "email", json!({"to": i}))]).await;
+        runs.push(run);
+    }
+    let mut decisions = Vec::new();
+    for run in &runs {
+        decisions.push(json!({"run_id": run, "call_id": "c2", "decision": "approve"}));
+    }
+    for run in &runs {
+        decisions.push(json!({"run_id": run, "call_id": "c1", "decision": "reject", "reason": "no"}));
+    }
+    decisions.push(json!({"run_id": runs[3], "call_id": "c2", "decision": "approve"}));
+    let r = post(&h, "/v1/approvals", APP_A, json!({"decisions": decisions})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let results = r.body["results"].as_array().unwrap();
+    let answered: Vec<(String, String, u64)> =
+        results.iter().map(|x| (x["run_id"].as_str().unwrap().to_owned(), x["call_id"].as_str().unwrap().to_owned(), x["status"].as_u64().unwrap())).collect();
+    let mut expected: Vec<(String, String, u64)> = runs.iter().map(|r| (r.to_string(), "c2".to_owned(), 202)).collect();
+    expected.extend(runs.iter().map(|r| (r.to_string(), "c1".to_owned(), 202)));
+    expected.push((runs[3].to_string(), "c2".to_owned(), 409));
+    assert_eq!(answered, expected, "one answer per decision, in request order; the repeat is refused");
+    for run in &runs {
+        let calls: Vec<String> = h
+            .log
+            .inbox(*run)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|item| match item.payload {
+                Resume::Approval { call_id, .. } => call_id,
+                other => panic!("not a decision: {other:?}"),
+            })
+            .collect();
+        assert_eq!(calls, vec!["c2", "c1"], "run {run}: its decisions in the order given");
+    }
+
     // Too many decisions at once.
     let many: Vec<_> = (0..101).map(|_| json!({"run_id": r1, "call_id": "c1", "decision": "approve"})).collect();
     let r = post(&h, "/v1/approvals", APP_A, json!({"decisions": many})).await;

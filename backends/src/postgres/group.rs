@@ -45,6 +45,11 @@ use crate::{Lease, LogError};
 /// input, hash, requested at, expires at, interrupted, already decided);
 /// `$22` calls resolved, `$23` the run ended (closes pending approvals),
 /// `$24` inbox items consumed. Answers `ok` (the fence held).
+///
+/// Most steps resolve no approval and consume nothing: the conditions on
+/// parameters alone (`cardinality(…) > 0`) are one-time filters, so those
+/// parts then read nothing; when they run, they find the run's rows by index
+/// (`approvals_run_pending`, `inbox_pending`), never by scanning the fleet's.
 pub(super) const FENCED_COMMIT: &str = "WITH fence AS ( \
        UPDATE runs SET status = $4, phase = $5, pull_point = $6, outcome = $7, head_seq = $8, updated_at = now() \
        WHERE id = $1 AND lease_token = $2 AND lease_expires_at > now() AND head_seq = $3 \
@@ -61,9 +66,11 @@ pub(super) const FENCED_COMMIT: &str = "WITH fence AS ( \
          AS t(call_id, tool, input, args_hash, requested_at, expires_at, interrupted, decided)), \
      decided AS ( \
        UPDATE approvals SET status = 'decided', decided_at = now() \
-       WHERE run_id = $1 AND status = 'pending' AND ($23 OR call_id = ANY($22::text[])) AND EXISTS (SELECT 1 FROM fence)), \
+       WHERE run_id = $1 AND status = 'pending' AND ($23 OR call_id = ANY($22::text[])) \
+         AND ($23 OR cardinality($22::text[]) > 0) AND EXISTS (SELECT 1 FROM fence)), \
      consumed AS ( \
-       UPDATE inbox SET consumed = true WHERE run_id = $1 AND id = ANY($24::bigint[]) AND NOT consumed AND EXISTS (SELECT 1 FROM fence)) \
+       UPDATE inbox SET consumed = true WHERE run_id = $1 AND id = ANY($24::bigint[]) AND NOT consumed \
+         AND cardinality($24::bigint[]) > 0 AND EXISTS (SELECT 1 FROM fence)) \
      SELECT EXISTS (SELECT 1 FROM fence) AS ok";
 
 /// The run row, read when a fence refused a step.
@@ -344,6 +351,52 @@ async fn write_pooled(pool: &Pool, timeout: Duration, steps: &[&Step]) -> Vec<Re
         Err(_) => {
             drop(deadpool_postgres::Object::take(client));
             steps.iter().map(|_| Err(LogError::Unavailable(format!("commit: no answer within {timeout:?}")))).collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FENCED_COMMIT;
+    use crate::testkit::TestDb;
+
+    /// The generic plan of [`FENCED_COMMIT`] (the one a pooled connection
+    /// settles on after a few executions), on a fresh database and on one
+    /// holding a busy fleet's pending approvals.
+    async fn generic_plan(sql: &tokio_postgres::Client) -> String {
+        sql.batch_execute(&format!("DEALLOCATE ALL; SET plan_cache_mode = force_generic_plan; PREPARE step AS {FENCED_COMMIT}")).await.expect("prepare the step");
+        let nulls = vec!["NULL"; 24].join(", ");
+        let rows = sql.query(&format!("EXPLAIN EXECUTE step({nulls})"), &[]).await.expect("explain the step");
+        rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
+    }
+
+    /// A step's commit reads only its own run's rows, whatever the fleet
+    /// holds. Its `decided` part once scanned every pending approval of every
+    /// run at every step (`approvals_pending`, then a filter by run): a cost
+    /// that grew with the fleet. The parts most steps do not need (approvals
+    /// decided, inbox items consumed) are gated on parameters alone.
+    #[tokio::test]
+    async fn a_step_commit_reads_only_its_run() {
+        let db = TestDb::new().await;
+        let _migrated = db.log().await;
+        let sql = db.sql().await;
+        for busy in [false, true] {
+            if busy {
+                sql.batch_execute(
+                    "INSERT INTO runs (id, tenant, goal, status, phase, head_seq) \
+                       SELECT gen_random_uuid(), 't', 'g', 'parked', 'awaiting_approval', 1 FROM generate_series(1, 2000); \
+                     INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, requested_at) \
+                       SELECT id, 't', 'c1', 'refund', '{}', 'h', now() FROM runs; \
+                     ANALYZE",
+                )
+                .await
+                .expect("a busy fleet's rows");
+            }
+            let plan = generic_plan(&sql).await;
+            assert!(!plan.contains("approvals_pending"), "busy = {busy}: the step scans the fleet's pending approvals:\n{plan}");
+            assert!(plan.contains("approvals_run_pending"), "busy = {busy}: the run's pending approvals by index:\n{plan}");
+            let gates = plan.lines().filter(|l| l.contains("One-Time Filter") && l.contains("cardinality")).count();
+            assert_eq!(gates, 2, "busy = {busy}: `decided` and `consumed` gated on their parameters:\n{plan}");
         }
     }
 }
