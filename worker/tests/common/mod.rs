@@ -26,7 +26,7 @@ pub fn run_id() -> Uuid {
 }
 
 #[allow(unused_imports)]
-pub use glia_testkit::tools::{Add, AddArgs};
+pub use glia_testkit::tools::{Add, AddArgs, Nap};
 
 #[derive(Deserialize, JsonSchema)]
 pub struct RefundArgs {
