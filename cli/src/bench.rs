@@ -88,9 +88,15 @@ pub struct StepsArgs {
     #[arg(long, default_value_t = 400)]
     runs: usize,
     /// Tool turns per run (then a final answer); the first tool call needs
-    /// an approval.
+    /// an approval (in the runs `--gated-every` picks).
     #[arg(long, default_value_t = 10)]
     turns: usize,
+    /// Gate every K-th run by an approval (1: every run). With K > 1 the
+    /// other runs keep the fleet busy while the decisions arrive one by one
+    /// as their runs park: approval → resume while the fleet is saturated,
+    /// rather than after a flood of decisions.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    gated_every: u64,
     /// Workers (in this process, each with its own connections).
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -275,6 +281,8 @@ pub struct StepsResult {
     pub runs: usize,
     /// Tool turns per run.
     pub turns: usize,
+    /// Every K-th run is gated by an approval.
+    pub gated_every: u64,
     /// Workers.
     pub workers: usize,
     /// Runs per worker at once.
@@ -543,6 +551,7 @@ fn summarise(args: &StepsArgs, variant: Option<Variant>, raw_concurrency: usize,
         variant,
         runs: args.runs,
         turns: args.turns,
+        gated_every: args.gated_every,
         workers: args.workers,
         concurrency: args.concurrency,
         raw_concurrency,
@@ -554,11 +563,13 @@ fn summarise(args: &StepsArgs, variant: Option<Variant>, raw_concurrency: usize,
 
 async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound> {
     let client = crate::client::http_client()?;
-    let config = step_config("script:bench", args.turns);
+    let gated = step_config("script:bench", args.turns);
+    let ungated = RunConfig { policies: Vec::new(), ..gated.clone() };
     let started = Instant::now();
     let created: Vec<Result<Value>> = futures::stream::iter(0..args.runs)
         .map(|i| {
-            let (client, server, config) = (client.clone(), &fleet.server, config.clone());
+            let config = if i as u64 % args.gated_every == 0 { gated.clone() } else { ungated.clone() };
+            let (client, server) = (client.clone(), &fleet.server);
             async move {
                 let req = server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("bench run {i}"), "config": config }));
                 checked(req.send().await.context("connecting to the dispatcher")?).await
