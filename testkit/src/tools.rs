@@ -1,11 +1,8 @@
 //! Tools for tests of the agent loop: [`Add`] adds two integers; idempotent.
-//! [`Nap`] takes a while.
 //! Process-level tests use the `glia` binary's demo tools instead: its
 //! `refund_order` is the slow (`GLIA_DEMO_TOOL_DELAY_MS`), consequential
 //! tool that records each execution in its own ledger (`GLIA_DEMO_EFFECTS`,
 //! see `cli/src/demo.rs`).
-
-use std::time::Duration;
 
 use glia_worker::tool::{Tool, ToolContext, ToolFailure};
 use schemars::JsonSchema;
@@ -38,24 +35,5 @@ impl Tool for Add {
     }
     async fn call(&self, args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
         Ok(json!({ "sum": args.a.wrapping_add(args.b) }))
-    }
-}
-
-/// `nap`: sleeps for its duration, then answers `{}` (arguments as [`Add`]'s,
-/// ignored): a tool that holds its caller, and its worker slot, a while.
-pub struct Nap(pub Duration);
-
-impl Tool for Nap {
-    type Args = AddArgs;
-    type Output = Value;
-    fn name(&self) -> &str {
-        "nap"
-    }
-    fn description(&self) -> &str {
-        "Sleep a little."
-    }
-    async fn call(&self, _args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
-        tokio::time::sleep(self.0).await;
-        Ok(json!({}))
     }
 }

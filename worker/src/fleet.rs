@@ -16,15 +16,6 @@
 //! another slot stays free, so a resume is never queued behind a start in
 //! the same worker. A worker with one slot takes both.
 //!
-//! Resumes do not wait for a run to let go either: when every slot is busy,
-//! a worker still takes a resume, and the next run to reach a durability
-//! barrier (a commit) after holding its slot for [`QUANTUM`] gives it its
-//! slot, then waits for one again ahead of new jobs. Nothing durable
-//! changes when a run yields: it keeps its lease (renewed by its heartbeat)
-//! and its state in memory. A worker holds at most twice its concurrency in
-//! runs: it takes a resume without a free slot only while fewer runs than
-//! its concurrency are waiting after yielding.
-//!
 //! A commit that fails (lease lost, head moved) abandons the in-memory state:
 //! the log is the truth and the next job rebuilds from it.
 //!
@@ -33,9 +24,8 @@
 //! event log when missing.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::NaiveDate;
@@ -44,7 +34,7 @@ use glia_backends::{
     Signal, tenant_day_scope,
 };
 use glia_proto::{Event, Limit, LiveEvent, Phase, Resume, RunState, Status};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
@@ -175,7 +165,7 @@ impl Worker {
     /// return.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let concurrency = self.options.concurrency.max(1);
-        let slots = Arc::new(Slots { permits: Arc::new(Semaphore::new(concurrency)), handoff: Mutex::new(None), yielded: AtomicUsize::new(0), metrics: self.metrics.clone() });
+        let slots = Arc::new(Semaphore::new(concurrency));
         // Slots kept for resumes: a start needs more than this many free.
         let reserved = self.resume_slots.min(concurrency - 1);
         if let Some(m) = &self.metrics {
@@ -184,45 +174,14 @@ impl Worker {
         let mut hints = self.hints.lock().unwrap_or_else(|e| e.into_inner()).take();
         info!(worker = %self.options.id, concurrency, reserved, hints = hints.is_some(), "worker started");
         'slots: loop {
-            // A free slot; or, with none free, a resume, which a running run
-            // gives its slot to at its next barrier.
-            let may_preempt = slots.yielded.load(Ordering::Acquire) < concurrency;
-            let early = tokio::select! {
-                biased;
-                p = slots.permits.clone().acquire_owned() => Ok(p.expect("semaphore never closes")),
-                d = self.queue.next_resume(), if may_preempt => match d {
-                    Ok(d) => Err(Taken::Queued(d)),
-                    Err(e) => {
-                        warn!(error = %e, "job queue closed");
-                        break;
-                    }
-                },
-                Some(job) = next_hint(&mut hints), if may_preempt => Err(Taken::Hint(job)),
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => p.expect("semaphore never closes"),
                 _ = shutdown.wait_for(|s| *s) => break,
             };
-            let (permit, preempting) = match early {
-                Ok(permit) => (permit, None),
-                Err(resume) => match slots.handed_over(&mut shutdown).await {
-                    Some(permit) => (permit, Some(resume)),
-                    None => {
-                        if let Taken::Queued(d) = resume {
-                            let _ = d.acker.nack(true).await;
-                        }
-                        break;
-                    }
-                },
-            };
-            // Runs that gave their slot away get the next ones, before new jobs.
-            if preempting.is_none() && slots.yielded.load(Ordering::Acquire) > 0 {
-                drop(permit);
-                tokio::task::yield_now().await;
-                continue;
-            }
-            // Only this loop takes permits for new jobs, and runs that
-            // yielded are back in theirs, so the free slots counted here can
-            // only grow while it waits.
-            let taken = if let Some(taken) = preempting { Ok(taken) } else { loop {
-                if slots.permits.available_permits() >= reserved {
+            // Only this loop takes permits, so the free slots counted here
+            // can only grow while it waits.
+            let taken = loop {
+                if slots.available_permits() >= reserved {
                     // Other free slots cover the reserve: any job, resumes first.
                     break tokio::select! {
                         d = self.queue.next() => d.map(Taken::Queued),
@@ -237,10 +196,10 @@ impl Worker {
                     biased;
                     d = self.queue.next_resume() => break d.map(Taken::Queued),
                     Some(job) = next_hint(&mut hints) => break Ok(Taken::Hint(job)),
-                    freed = slots.permits.clone().acquire_owned() => drop(freed),
+                    freed = slots.clone().acquire_owned() => drop(freed),
                     _ = shutdown.wait_for(|s| *s) => break 'slots,
                 }
-            } };
+            };
             match taken {
                 Ok(taken) => {
                     let me = self.clone();
@@ -249,19 +208,18 @@ impl Worker {
                         Taken::Hint(job) => (*job, "hint"),
                     };
                     let span = tracing::info_span!("job", run_id = %job.run_id, head_seq = job.head_seq, via, worker = %self.options.id);
-                    let mut turn = Turn { slots: slots.clone(), permit: Some(permit), since: Instant::now() };
                     tokio::spawn(
                         async move {
                             if let Some(m) = &me.metrics {
                                 m.busy_slots.inc();
                             }
-                            let handled = me.handle(taken, &mut turn).await;
+                            let handled = me.handle(taken).await;
                             debug!(?handled, "job handled");
                             if let Some(m) = &me.metrics {
                                 m.busy_slots.dec();
                                 m.job(handled.name());
                             }
-                            drop(turn);
+                            drop(permit);
                         }
                         .instrument(span),
                     );
@@ -272,14 +230,14 @@ impl Worker {
                 }
             }
         }
-        let _ = slots.permits.acquire_many(self.options.concurrency.max(1) as u32).await;
+        let _ = slots.acquire_many(self.options.concurrency.max(1) as u32).await;
         info!(worker = %self.options.id, "worker stopped");
     }
 
     /// Handle one job: open the run (lease, state and inbox in one call,
     /// [`EventLog::open`]), ack, advance, release. A hint is never acked,
     /// requeued or published again ([`Worker::with_hints`]).
-    async fn handle(&self, taken: Taken, turn: &mut Turn) -> Handled {
+    async fn handle(&self, taken: Taken) -> Handled {
         let (job, delivery) = match taken {
             Taken::Queued(delivery) => (delivery.job, Some(delivery)),
             Taken::Hint(job) => (job, None),
@@ -318,7 +276,7 @@ impl Worker {
         let (stop_heartbeat, heartbeat) = self.heartbeat(lease.clone());
         let mut released = false;
         let mut retry_after = None;
-        let handled = self.drive(opened, turn, &mut retry_after, &mut released).await;
+        let handled = self.drive(opened, &mut retry_after, &mut released).await;
         let _ = stop_heartbeat.send(true);
         let _ = heartbeat.await;
         // A transient failure without a wait hint keeps the lease until it
@@ -374,7 +332,7 @@ impl Worker {
     /// let go of the lease once the inbox is empty ([`EventLog::release_if_idle`],
     /// which sets `released`). With [`Handled::Retry`] after a transient
     /// provider failure, `retry_after` is the provider's wait hint.
-    async fn drive(&self, opened: Opened, turn: &mut Turn, retry_after: &mut Option<Duration>, released: &mut bool) -> Handled {
+    async fn drive(&self, opened: Opened, retry_after: &mut Option<Duration>, released: &mut bool) -> Handled {
         let Opened { lease, mut state, inbox } = opened;
         let run_id = lease.run_id;
         // The unconsumed items known to be current; `None`: read them again.
@@ -411,7 +369,6 @@ impl Worker {
                 serial_cancel_check: self.serial_cancel_check,
                 watch_pause: !stale_flag,
                 pause_flagged: false,
-                turn: &mut *turn,
             };
             let mut items = items.into_iter();
             let result = if let Some(item) = items.next() {
@@ -525,81 +482,6 @@ async fn next_hint(hints: &mut Option<mpsc::Receiver<Job>>) -> Option<Job> {
     }
 }
 
-/// How long a run holds its slot before it gives it, at a durability
-/// barrier, to a resume waiting for one (so that a run a resume just let in
-/// makes progress before the next resume takes its slot).
-pub const QUANTUM: Duration = Duration::from_millis(20);
-
-/// A worker's slots: one permit per job in hand, and the handoff through
-/// which a running run gives its slot to a resume waiting for one.
-struct Slots {
-    permits: Arc<Semaphore>,
-    /// Set while a resume in hand waits for a slot; taken by the first run
-    /// to reach a barrier after [`QUANTUM`].
-    handoff: Mutex<Option<oneshot::Sender<OwnedSemaphorePermit>>>,
-    /// Runs waiting for a slot again after giving theirs away.
-    yielded: AtomicUsize,
-    metrics: Option<Arc<WorkerMetrics>>,
-}
-
-impl Slots {
-    /// A slot for a resume in hand: the first that frees up, or the one a
-    /// running run hands over at its next barrier; `None` on shutdown.
-    async fn handed_over(&self, shutdown: &mut watch::Receiver<bool>) -> Option<OwnedSemaphorePermit> {
-        let (tx, rx) = oneshot::channel();
-        *self.handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
-        let permit = tokio::select! {
-            biased;
-            Ok(p) = rx => Some(p),
-            p = self.permits.clone().acquire_owned() => Some(p.expect("semaphore never closes")),
-            _ = shutdown.wait_for(|s| *s) => None,
-        };
-        // No longer waiting: a run that takes the handoff now keeps its slot
-        // (the send fails and gives the permit back).
-        self.handoff.lock().unwrap_or_else(|e| e.into_inner()).take();
-        permit
-    }
-}
-
-/// A job's hold on one of the worker's slots ([`Slots`]).
-struct Turn {
-    slots: Arc<Slots>,
-    /// `None` only while waiting for a slot again after giving it away.
-    permit: Option<OwnedSemaphorePermit>,
-    /// Since when the slot is held.
-    since: Instant,
-}
-
-impl Turn {
-    /// At a durability barrier: if a resume waits for a slot and this run
-    /// has held its own for [`QUANTUM`], give it and wait for one again
-    /// (ahead of new jobs: the worker takes none while runs wait).
-    async fn barrier(&mut self) {
-        if self.since.elapsed() < QUANTUM {
-            return;
-        }
-        let Some(handoff) = self.slots.handoff.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-            return;
-        };
-        let Some(permit) = self.permit.take() else {
-            return;
-        };
-        if let Err(permit) = handoff.send(permit) {
-            // The resume found a slot meanwhile.
-            self.permit = Some(permit);
-            return;
-        }
-        if let Some(m) = &self.slots.metrics {
-            m.slot_yields.inc();
-        }
-        self.slots.yielded.fetch_add(1, Ordering::AcqRel);
-        let permit = self.slots.permits.clone().acquire_owned().await.expect("semaphore never closes");
-        self.slots.yielded.fetch_sub(1, Ordering::AcqRel);
-        self.permit = Some(permit);
-        self.since = Instant::now();
-    }
-}
-
 /// What [`LogSink::commit`] answers when the run was cancelled mid-advance.
 const CANCELLED: &str = "run cancelled";
 
@@ -615,7 +497,7 @@ fn is_cancel(e: &AgentError) -> bool {
 
 /// Buffers a step's events and commits them to the event log, fenced by the
 /// lease, at each of the loop's durability barriers.
-struct LogSink<'a> {
+struct LogSink {
     log: Arc<dyn EventLog>,
     ledger: Arc<dyn Ledger>,
     lease: Lease,
@@ -627,12 +509,10 @@ struct LogSink<'a> {
     watch_pause: bool,
     /// The pause flag as of the last commit ([`EventSink::pause_flagged`]).
     pause_flagged: bool,
-    /// The job's slot, given to a waiting resume at a barrier ([`Turn::barrier`]).
-    turn: &'a mut Turn,
 }
 
 #[async_trait]
-impl EventSink for LogSink<'_> {
+impl EventSink for LogSink {
     async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
         self.observer.record(event);
         self.buffer.push(event.clone());
@@ -676,10 +556,6 @@ impl EventSink for LogSink<'_> {
         self.pause_flagged = signal.paused;
         if signal.cancelled {
             return Err(SinkError(CANCELLED.into()));
-        }
-        // A run about to let go (parked, done) keeps its slot until then.
-        if state.status() == Status::Runnable {
-            self.turn.barrier().await;
         }
         Ok(())
     }

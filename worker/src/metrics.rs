@@ -37,7 +37,6 @@
 //! | `glia_worker_job_lag_seconds` | histogram | – | job published → taken by this worker |
 //! | `glia_worker_lease_takeovers_total` | counter | – | leases taken over after they lapsed unreleased |
 //! | `glia_worker_busy_slots` | gauge | – | jobs in hand |
-//! | `glia_worker_slot_yields_total` | counter | – | slots a running run gave to a waiting resume at a barrier |
 //! | `glia_worker_slots` | gauge | – | jobs this worker handles at once |
 //!
 //! Spans (through `tracing`; exported by OTLP when the binary is built with
@@ -231,8 +230,6 @@ pub struct WorkerMetrics {
     pub lease_takeovers: Counter,
     /// Jobs in hand.
     pub busy_slots: Gauge,
-    /// Slots given by a running run to a waiting resume.
-    pub slot_yields: Counter,
     /// Jobs handled at once.
     pub slots: Gauge,
 }
@@ -268,7 +265,6 @@ impl WorkerMetrics {
             job_lag: short_buckets(),
             lease_takeovers: Counter::default(),
             busy_slots: Gauge::default(),
-            slot_yields: Counter::default(),
             slots: Gauge::default(),
         };
         let r = &mut registry;
@@ -294,7 +290,6 @@ impl WorkerMetrics {
         r.register("job_lag_seconds", "Seconds from a job's publication to a worker taking it", m.job_lag.clone());
         r.register("lease_takeovers", "Run leases taken over after their holder let them lapse", m.lease_takeovers.clone());
         r.register("busy_slots", "Jobs this worker has in hand", m.busy_slots.clone());
-        r.register("slot_yields", "Slots a running run gave, at a durability barrier, to a resume waiting for one", m.slot_yields.clone());
         r.register("slots", "Jobs this worker handles at once (its concurrency)", m.slots.clone());
         WorkerMetrics { registry, ..m }
     }

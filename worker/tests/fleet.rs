@@ -7,17 +7,33 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Add, Nap};
+use common::{Add, AddArgs};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{EventLog, JobQueue, NewRun, RunFilter, RunStatus};
 use glia_proto::{BudgetLimits, Decision, Event, EventKind, Outcome, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState, ToolSpec};
 use glia_worker::fleet::{Worker, WorkerOptions};
 use glia_worker::provider::{ScriptLibrary, ScriptedTurn};
-use glia_worker::tool::ToolRegistry;
+use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_worker::Agent;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::watch;
 use uuid::Uuid;
+
+struct Nap;
+impl Tool for Nap {
+    type Args = AddArgs;
+    type Output = Value;
+    fn name(&self) -> &str {
+        "nap"
+    }
+    fn description(&self) -> &str {
+        "Sleep a little."
+    }
+    async fn call(&self, _args: AddArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        Ok(json!({}))
+    }
+}
 
 struct Fleet {
     log: Arc<MemoryLog>,
@@ -67,7 +83,7 @@ impl Fleet {
         let ledger = Arc::new(MemoryLedger::default());
         let (stop, rx) = watch::channel(false);
         let mut tools = ToolRegistry::default();
-        tools.register(Add).register(Nap(Duration::from_millis(30)));
+        tools.register(Add).register(Nap);
         let agent = Arc::new(Agent::new(provider).with_tools(tools));
         // Relay and reconciler, as the dispatcher runs them.
         let (l, q, mut r) = (log.clone(), queue.clone(), rx.clone());

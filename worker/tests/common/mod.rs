@@ -26,7 +26,7 @@ pub fn run_id() -> Uuid {
 }
 
 #[allow(unused_imports)]
-pub use glia_testkit::tools::{Add, AddArgs, Nap};
+pub use glia_testkit::tools::{Add, AddArgs};
 
 #[derive(Deserialize, JsonSchema)]
 pub struct RefundArgs {
