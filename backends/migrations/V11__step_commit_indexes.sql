@@ -1,8 +1,10 @@
 -- What a step's commit (`FENCED_COMMIT`) costs should not grow with the
--- fleet. Its `decided` part marks the run's pending approvals decided; with
--- only `approvals_pending` (every tenant's pending approvals, by time) the
--- planner scanned all of them and filtered by run at every step. This index
--- finds a run's pending approvals directly.
+-- fleet. Its `decided` part marks the run's pending approvals decided; the
+-- generic plan pooled connections settle on used `approvals_pending` (every
+-- tenant's pending approvals, by time) and filtered by run, at every step.
+-- This index finds a run's pending approvals directly. (Built without
+-- CONCURRENTLY, inside the migration's transaction: on a large history,
+-- apply it in a quiet window; writes to approvals wait for the build.)
 CREATE INDEX approvals_run_pending ON approvals (run_id) WHERE status = 'pending';
 
 -- The webhook trigger runs its function only for the kinds it forwards (a
