@@ -759,7 +759,10 @@ fn replay_onto(run_id: Uuid, checkpoint: Option<RunState>, events: &[Event]) -> 
     Ok(Some(state))
 }
 
-const INBOX_PENDING: &str = "SELECT id, payload::text AS payload, payload_raw FROM inbox WHERE run_id = $1 AND NOT consumed ORDER BY id";
+/// What [`decode_inbox`] reads: run `$1`'s unconsumed inbox items (callers
+/// add conditions and `ORDER BY id`).
+const INBOX_ROWS: &str = "SELECT id, payload::text AS payload, payload_raw FROM inbox WHERE run_id = $1 AND NOT consumed";
+static INBOX_PENDING: LazyLock<String> = LazyLock::new(|| format!("{INBOX_ROWS} ORDER BY id"));
 
 fn decode_inbox(rows: &[Row]) -> Result<Vec<InboxItem>, LogError> {
     rows.iter()
@@ -880,24 +883,35 @@ const INSERT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, seq, state, st
 const PRUNE_CHECKPOINTS: &str = "DELETE FROM checkpoints WHERE run_id = $1 AND seq < $2";
 
 const LOCK_FOR_POST: &str = "SELECT status, head_seq FROM runs WHERE id = $1 FOR NO KEY UPDATE";
+/// Whether a cancel waits in run `$1`'s inbox (its dedupe key is
+/// [`crate::CANCEL_KEY`]).
+static CANCEL_WAITING: LazyLock<String> =
+    LazyLock::new(|| format!("EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = '{}' AND NOT consumed)", crate::CANCEL_KEY));
+static CANCEL_PENDING: LazyLock<String> = LazyLock::new(|| format!("SELECT {} AS pending", *CANCEL_WAITING));
 /// The payload, unless a cancel waits in the inbox or its dedupe key is
 /// taken (then no row). Sent after [`LOCK_FOR_POST`] returned, so its
 /// snapshot sees a cancel committed while the post waited for the lock
 /// (the lock's own statement, whose snapshot predates the wait, would not).
-const INSERT_INBOX: &str = "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) SELECT $1, $2, $3::text::jsonb, $4 \
-     WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = 'cancel' AND NOT consumed) \
-     ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING RETURNING id";
+static INSERT_INBOX: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) SELECT $1, $2, $3::text::jsonb, $4 \
+         WHERE NOT {} ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING RETURNING id",
+        *CANCEL_WAITING
+    )
+});
 /// A resume hint ([`PgLog::resume_hints`]) to the worker that let go of the
 /// run last, while no lease is held. `$2`: the job's JSON.
 const NOTIFY_LAST_OWNER: &str = "SELECT pg_notify('glia_hint_' || left(encode(sha256(convert_to(last_owner, 'UTF8')), 'hex'), 32), $2) \
      FROM runs WHERE id = $1 AND last_owner IS NOT NULL AND lease_token IS NULL";
-const CANCEL_PENDING: &str = "SELECT EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = 'cancel' AND NOT consumed) AS pending";
 
-// `old` is the row before the update: a lease that lapsed (expiry set, not
-// released) is being taken over.
-const TAKE_LEASE: &str = "UPDATE runs r SET lease_owner = $2, lease_token = $3, lease_expires_at = now() + make_interval(secs => $4) \
-     FROM runs old WHERE r.id = $1 AND old.id = r.id AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()) \
-     RETURNING r.lease_expires_at, old.lease_expires_at IS NOT NULL AS taken_over";
+/// Take run `$1`'s lease for owner `$2`, token `$3`, `$4` seconds, when it
+/// is free or lapsed (callers add conditions, then [`LEASE_TAKEN`]). `old`
+/// is the row before the update: a lease that lapsed (expiry set, not
+/// released) is being taken over.
+const TAKE_FREE_LEASE: &str = "UPDATE runs r SET lease_owner = $2, lease_token = $3, lease_expires_at = now() + make_interval(secs => $4) \
+     FROM runs old WHERE r.id = $1 AND old.id = r.id AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now())";
+const LEASE_TAKEN: &str = "RETURNING r.lease_expires_at, old.lease_expires_at IS NOT NULL AS taken_over";
+static TAKE_LEASE: LazyLock<String> = LazyLock::new(|| format!("{TAKE_FREE_LEASE} {LEASE_TAKEN}"));
 /// [`LogError::LeaseHeld`] from a row of [`LEASE_HOLDER`] or
 /// [`OPEN_REFUSED`] whose lease is live.
 fn lease_held(run_id: Uuid, row: &Row) -> Result<LogError, LogError> {
@@ -912,11 +926,12 @@ fn lease_held(run_id: Uuid, row: &Row) -> Result<LogError, LogError> {
 /// [`EventLog::open`]'s lease: taken like [`TAKE_LEASE`], but only for a
 /// run not done and a job not stale (its head is current, or the run is
 /// runnable or has unconsumed inbox items). `$5`: the job's head.
-const OPEN_LEASE: &str = "UPDATE runs r SET lease_owner = $2, lease_token = $3, lease_expires_at = now() + make_interval(secs => $4) \
-     FROM runs old WHERE r.id = $1 AND old.id = r.id AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()) \
-       AND r.status <> 'done' \
-       AND (r.head_seq <= $5 OR r.status = 'runnable' OR EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed)) \
-     RETURNING r.lease_expires_at, old.lease_expires_at IS NOT NULL AS taken_over";
+static OPEN_LEASE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{TAKE_FREE_LEASE} AND r.status <> 'done' \
+         AND (r.head_seq <= $5 OR r.status = 'runnable' OR EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed)) {LEASE_TAKEN}"
+    )
+});
 /// Why [`OPEN_LEASE`] refused.
 const OPEN_REFUSED: &str = "SELECT status, head_seq, lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live, \
      EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = runs.id AND NOT i.consumed) AS pending FROM runs WHERE id = $1";
@@ -924,21 +939,22 @@ const OPEN_REFUSED: &str = "SELECT status, head_seq, lease_owner, lease_expires_
 /// token (the update before them took the lease): a refused open reads
 /// nothing. The latest checkpoint; the events after it (all of them
 /// without one); the unconsumed inbox.
-const OPENED_CHECKPOINT: &str = "SELECT seq, state::text AS state, state_raw FROM checkpoints \
-     WHERE run_id = $1 AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) ORDER BY seq DESC LIMIT 1";
+const HELD_WITH_TOKEN: &str = "EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2)";
+static OPENED_CHECKPOINT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT seq, state::text AS state, state_raw FROM checkpoints WHERE run_id = $1 AND {HELD_WITH_TOKEN} ORDER BY seq DESC LIMIT 1"));
 static OPENED_EVENTS: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{EVENT_ROWS} WHERE e.run_id = $1 AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) \
-         AND e.seq > coalesce((SELECT max(seq) FROM checkpoints WHERE run_id = $1), 0) ORDER BY e.seq"
-    )
+    format!("{EVENT_ROWS} WHERE e.run_id = $1 AND {HELD_WITH_TOKEN} AND e.seq > coalesce((SELECT max(seq) FROM checkpoints WHERE run_id = $1), 0) ORDER BY e.seq")
 });
-const OPENED_INBOX: &str = "SELECT id, payload::text AS payload, payload_raw FROM inbox \
-     WHERE run_id = $1 AND NOT consumed AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2) ORDER BY id";
+static OPENED_INBOX: LazyLock<String> = LazyLock::new(|| format!("{INBOX_ROWS} AND {HELD_WITH_TOKEN} ORDER BY id"));
 /// The run's lease token (`NULL` when free).
 const LEASE_TOKEN: &str = "SELECT lease_token FROM runs WHERE id = $1";
-/// Let the lease go unless the inbox holds unconsumed items.
-const RELEASE_IF_IDLE: &str = "UPDATE runs SET last_owner = lease_owner, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL \
-     WHERE id = $1 AND lease_token = $2 AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = $1 AND NOT i.consumed)";
+/// Let run `$1`'s lease go if its token is `$2`, remembering its owner as
+/// `last_owner` (where [`NOTIFY_LAST_OWNER`] sends hints).
+const RELEASE: &str = "UPDATE runs SET last_owner = lease_owner, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL \
+     WHERE id = $1 AND lease_token = $2";
+/// [`RELEASE`] unless the inbox holds unconsumed items.
+static RELEASE_IF_IDLE: LazyLock<String> =
+    LazyLock::new(|| format!("{RELEASE} AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = $1 AND NOT i.consumed)"));
 const LEASE_HOLDER: &str =
     "SELECT lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live FROM runs WHERE id = $1";
 
@@ -1089,7 +1105,7 @@ impl EventLog for PgLog {
         self.bounded("acquire", async {
             let fail = |e: tokio_postgres::Error| write_error(run_id, "acquire", &e);
             let client = self.client().await?;
-            let take = client.prepare_cached(TAKE_LEASE).await.map_err(fail)?;
+            let take = client.prepare_cached(&TAKE_LEASE).await.map_err(fail)?;
             let holder = client.prepare_cached(LEASE_HOLDER).await.map_err(fail)?;
             // A lease released or lapsed between the two statements is taken
             // on the next round.
@@ -1139,12 +1155,7 @@ impl EventLog for PgLog {
         self.bounded("release", async {
             let fail = |e: tokio_postgres::Error| unavailable("release", &e);
             let client = self.client().await?;
-            let st = client
-                .prepare_cached(
-                    "UPDATE runs SET last_owner = lease_owner, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2",
-                )
-                .await
-                .map_err(fail)?;
+            let st = client.prepare_cached(RELEASE).await.map_err(fail)?;
             client.execute(&st, &[&lease.run_id, &lease.token]).await.map_err(fail)?;
             Ok(())
         })
@@ -1291,7 +1302,7 @@ impl EventLog for PgLog {
             let head = seq_of(col(&run, "head_seq")?, "head_seq")?;
             let job = serde_json::to_value(Job::resume(run_id, head)).map_err(|e| LogError::Unavailable(e.to_string()))?;
             let hint = job.to_string();
-            let insert = tx.prepare_cached(INSERT_INBOX).await.map_err(fail)?;
+            let insert = tx.prepare_cached(&INSERT_INBOX).await.map_err(fail)?;
             let decide = tx.prepare_cached(DECIDE_APPROVALS).await.map_err(fail)?;
             let outbox = tx.prepare_cached(INSERT_OUTBOX).await.map_err(fail)?;
             let notify = tx.prepare_cached(NOTIFY_LAST_OWNER).await.map_err(fail)?;
@@ -1309,7 +1320,7 @@ impl EventLog for PgLog {
             )
             .map_err(fail)?;
             let Some(row) = row else {
-                let pending = tx.prepare_cached(CANCEL_PENDING).await.map_err(fail)?;
+                let pending = tx.prepare_cached(&CANCEL_PENDING).await.map_err(fail)?;
                 let cancel_pending: bool = col(&tx.query_one(&pending, &[&run_id]).await.map_err(fail)?, "pending")?;
                 return Err(match key.as_deref() {
                     Some(crate::CANCEL_KEY) if cancel_pending => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
@@ -1327,7 +1338,7 @@ impl EventLog for PgLog {
     async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError> {
         self.bounded("inbox", async {
             let client = self.client().await?;
-            let st = client.prepare_cached(INBOX_PENDING).await.map_err(|e| unavailable("inbox", &e))?;
+            let st = client.prepare_cached(&INBOX_PENDING).await.map_err(|e| unavailable("inbox", &e))?;
             let rows = client.query(&st, &[&run_id]).await.map_err(|e| unavailable("inbox", &e))?;
             if rows.is_empty() && !run_exists(&client, run_id).await? {
                 return Err(LogError::NotFound(run_id));
@@ -1355,11 +1366,11 @@ impl EventLog for PgLog {
         self.bounded("open", async {
             let fail = |e: tokio_postgres::Error| write_error(run_id, "open", &e);
             let client = self.client().await?;
-            let take = client.prepare_cached(OPEN_LEASE).await.map_err(fail)?;
+            let take = client.prepare_cached(&OPEN_LEASE).await.map_err(fail)?;
             let refused = client.prepare_cached(OPEN_REFUSED).await.map_err(fail)?;
-            let read_checkpoint = client.prepare_cached(OPENED_CHECKPOINT).await.map_err(fail)?;
+            let read_checkpoint = client.prepare_cached(&OPENED_CHECKPOINT).await.map_err(fail)?;
             let read_events_after = client.prepare_cached(&OPENED_EVENTS).await.map_err(fail)?;
-            let read_inbox = client.prepare_cached(OPENED_INBOX).await.map_err(fail)?;
+            let read_inbox = client.prepare_cached(&OPENED_INBOX).await.map_err(fail)?;
             let take_params: [&(dyn ToSql + Sync); 5] = [&run_id, &owner, &token, &secs, &job_head];
             let run_params: [&(dyn ToSql + Sync); 1] = [&run_id];
             let read_params: [&(dyn ToSql + Sync); 2] = [&run_id, &token];
@@ -1426,8 +1437,8 @@ impl EventLog for PgLog {
         self.bounded("release_if_idle", async {
             let fail = |e: tokio_postgres::Error| unavailable("release_if_idle", &e);
             let client = self.client().await?;
-            let read = client.prepare_cached(INBOX_PENDING).await.map_err(fail)?;
-            let release = client.prepare_cached(RELEASE_IF_IDLE).await.map_err(fail)?;
+            let read = client.prepare_cached(&INBOX_PENDING).await.map_err(fail)?;
+            let release = client.prepare_cached(&RELEASE_IF_IDLE).await.map_err(fail)?;
             let (read_params, release_params): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 2]) = ([&run_id], [&run_id, &lease.token]);
             let holder = client.prepare_cached(LEASE_TOKEN).await.map_err(fail)?;
             for _ in 0..3 {
