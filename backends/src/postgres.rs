@@ -331,7 +331,7 @@ impl PgLog {
 /// The `NOTIFY` channel of worker `worker_id`'s resume hints
 /// ([`PgLog::resume_hints`]): `glia_hint_` and the first 32 hex digits of
 /// the SHA-256 of the id (any id fits Postgres' 63-byte channel names; the
-/// same digits are computed in SQL by [`NOTIFY_LAST_OWNER`]).
+/// same digits are computed in SQL by [`POST_PAYLOAD`]).
 pub fn hint_channel(worker_id: &str) -> String {
     format!("glia_hint_{}", &sha256_hex(worker_id.as_bytes())[..32])
 }
@@ -887,22 +887,38 @@ const LOCK_FOR_POST: &str = "SELECT status, head_seq FROM runs WHERE id = $1 FOR
 /// [`crate::CANCEL_KEY`]).
 static CANCEL_WAITING: LazyLock<String> =
     LazyLock::new(|| format!("EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = '{}' AND NOT consumed)", crate::CANCEL_KEY));
-static CANCEL_PENDING: LazyLock<String> = LazyLock::new(|| format!("SELECT {} AS pending", *CANCEL_WAITING));
-/// The payload, unless a cancel waits in the inbox or its dedupe key is
-/// taken (then no row). Sent after [`LOCK_FOR_POST`] returned, so its
-/// snapshot sees a cancel committed while the post waited for the lock
-/// (the lock's own statement, whose snapshot predates the wait, would not).
-static INSERT_INBOX: LazyLock<String> = LazyLock::new(|| {
+/// A post's writes, sent after [`LOCK_FOR_POST`] returned, so that its
+/// snapshot sees what committed while the post waited for the lock (a
+/// cancel, say; the lock's own statement, whose snapshot predates the wait,
+/// would not). `$1` run, `$2` dedupe key, `$3`/`$4` the payload (JSON text,
+/// or raw bytes), `$5` the approvals it decides (call ids). The inbox row,
+/// unless the run is done, a cancel waits or the dedupe key is taken; only
+/// with it: the approvals marked decided, the resume job (`{"run_id",
+/// "head_seq", "resume": true}`, [`Job`]'s wire format, with the run's
+/// current head) in the outbox, and the same job as a resume hint
+/// ([`PgLog::resume_hints`]) to the worker that let go of the run last,
+/// while no lease is held. Answers the inbox row's `id` (NULL when refused)
+/// and whether a cancel waited (`cancel_pending`).
+static POST_PAYLOAD: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) SELECT $1, $2, $3::text::jsonb, $4 \
-         WHERE NOT {} ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING RETURNING id",
-        *CANCEL_WAITING
+        "WITH run AS (SELECT head_seq, last_owner, lease_token FROM runs WHERE id = $1 AND status <> 'done'), \
+         posted AS ( \
+           INSERT INTO inbox (run_id, dedupe_key, payload, payload_raw) SELECT $1, $2, $3::text::jsonb, $4 FROM run \
+           WHERE NOT {waiting} ON CONFLICT (run_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING RETURNING id), \
+         job AS ( \
+           SELECT json_build_object('run_id', $1::uuid, 'head_seq', run.head_seq, 'resume', true) AS job, run.last_owner, run.lease_token \
+           FROM run, posted), \
+         decided AS ( \
+           UPDATE approvals SET status = 'decided', decided_at = now() \
+           WHERE run_id = $1 AND call_id = ANY($5::text[]) AND status = 'pending' \
+             AND cardinality($5::text[]) > 0 AND EXISTS (SELECT 1 FROM posted)), \
+         queued AS (INSERT INTO outbox (job) SELECT job FROM job) \
+         SELECT (SELECT id FROM posted) AS id, {waiting} AS cancel_pending, \
+           (SELECT CASE WHEN last_owner IS NOT NULL AND lease_token IS NULL \
+              THEN pg_notify('glia_hint_' || left(encode(sha256(convert_to(last_owner, 'UTF8')), 'hex'), 32), job::text) END FROM job) AS hinted",
+        waiting = *CANCEL_WAITING
     )
 });
-/// A resume hint ([`PgLog::resume_hints`]) to the worker that let go of the
-/// run last, while no lease is held. `$2`: the job's JSON.
-const NOTIFY_LAST_OWNER: &str = "SELECT pg_notify('glia_hint_' || left(encode(sha256(convert_to(last_owner, 'UTF8')), 'hex'), 32), $2) \
-     FROM runs WHERE id = $1 AND last_owner IS NOT NULL AND lease_token IS NULL";
 
 /// Take run `$1`'s lease for owner `$2`, token `$3`, `$4` seconds, when it
 /// is free or lapsed (callers add conditions, then [`LEASE_TAKEN`]). `old`
@@ -949,7 +965,7 @@ static OPENED_INBOX: LazyLock<String> = LazyLock::new(|| format!("{INBOX_ROWS} A
 /// The run's lease token (`NULL` when free).
 const LEASE_TOKEN: &str = "SELECT lease_token FROM runs WHERE id = $1";
 /// Let run `$1`'s lease go if its token is `$2`, remembering its owner as
-/// `last_owner` (where [`NOTIFY_LAST_OWNER`] sends hints).
+/// `last_owner` (where [`POST_PAYLOAD`] sends hints).
 const RELEASE: &str = "UPDATE runs SET last_owner = lease_owner, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL \
      WHERE id = $1 AND lease_token = $2";
 /// [`RELEASE`] unless the inbox holds unconsumed items.
@@ -1273,13 +1289,15 @@ impl EventLog for PgLog {
         .await
     }
 
-    /// One transaction: lock the run row, then, pipelined, the inbox row (a
-    /// taken dedupe key is [`LogError::Duplicate`]; a concurrent duplicate
-    /// waits for the first and then is refused; a waiting cancel, even one
-    /// committed while this waited for the lock, is
-    /// [`LogError::Cancelled`]), the approval marked decided, a job with the
-    /// current head and a resume hint; `COMMIT` only when the payload was
-    /// taken.
+    /// One transaction, one round trip: `BEGIN`, the run row locked
+    /// ([`LOCK_FOR_POST`], serialising the post with the run's other posts
+    /// and its commits), then [`POST_PAYLOAD`] (the inbox row, unless the run
+    /// is done, a cancel waits, even one committed while this waited for the
+    /// lock, or the dedupe key is taken; with it the approval marked decided,
+    /// a job with the current head and a resume hint) and `COMMIT`, sent
+    /// together. A refused payload wrote nothing, so its `COMMIT` only lets
+    /// go of the lock. Refusals: [`LogError::NotFound`],
+    /// [`LogError::Finished`], [`LogError::Cancelled`], [`LogError::Duplicate`].
     async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
         let key = dedupe_key(&payload);
         let cell = JsonCell::of(&payload).map_err(|e| LogError::Invalid { run_id, reason: format!("payload does not serialise: {e}") })?;
@@ -1287,52 +1305,50 @@ impl EventLog for PgLog {
             Resume::Approval { call_id, .. } => vec![call_id.as_str()],
             _ => vec![],
         };
-        self.bounded("post", async {
-            let fail = |e: tokio_postgres::Error| write_error(run_id, "post", &e);
-            let mut client = self.client().await?;
-            let tx = client.transaction().await.map_err(fail)?;
-            // Serialised with the run's other posts and its commits (which
-            // lock or update the row too): the end is seen here, and the
-            // head cannot move until this commits.
-            let lock = tx.prepare_cached(LOCK_FOR_POST).await.map_err(fail)?;
-            let run = tx.query_opt(&lock, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
-            if col::<String>(&run, "status")? == "done" {
-                return Err(LogError::Finished(run_id));
-            }
-            let head = seq_of(col(&run, "head_seq")?, "head_seq")?;
-            let job = serde_json::to_value(Job::resume(run_id, head)).map_err(|e| LogError::Unavailable(e.to_string()))?;
-            let hint = job.to_string();
-            let insert = tx.prepare_cached(&INSERT_INBOX).await.map_err(fail)?;
-            let decide = tx.prepare_cached(DECIDE_APPROVALS).await.map_err(fail)?;
-            let outbox = tx.prepare_cached(INSERT_OUTBOX).await.map_err(fail)?;
-            let notify = tx.prepare_cached(NOTIFY_LAST_OWNER).await.map_err(fail)?;
-            let insert_params: [&(dyn ToSql + Sync); 4] = [&run_id, &key, &cell.text, &cell.raw];
-            let decide_params: [&(dyn ToSql + Sync); 2] = [&run_id, &decided];
-            let outbox_params: [&(dyn ToSql + Sync); 1] = [&job];
-            let notify_params: [&(dyn ToSql + Sync); 2] = [&run_id, &hint];
-            // Pipelined; when the payload is refused, the rest is rolled
-            // back with it (no COMMIT is sent).
-            let (row, ..) = futures::try_join!(
-                tx.query_opt(&insert, &insert_params),
-                maybe((!decided.is_empty()).then(|| tx.execute(&decide, &decide_params))),
-                tx.execute(&outbox, &outbox_params),
-                tx.execute(&notify, &notify_params),
+        let deadline = tokio::time::Instant::now() + self.call_timeout;
+        let late = || LogError::Unavailable(format!("post: no answer within {:?}", self.call_timeout));
+        let client = tokio::time::timeout_at(deadline, self.client()).await.map_err(|_| late())??;
+        let fail = |e: tokio_postgres::Error| write_error(run_id, "post", &e);
+        let (lock, post) = match futures::try_join!(client.prepare_cached(LOCK_FOR_POST), client.prepare_cached(&POST_PAYLOAD)) {
+            Ok(statements) => statements,
+            Err(e) => return Err(fail(e)),
+        };
+        let lock_params: [&(dyn ToSql + Sync); 1] = [&run_id];
+        let post_params: [&(dyn ToSql + Sync); 5] = [&run_id, &key, &cell.text, &cell.raw, &decided];
+        // Sent in one write, in this order (each request goes out when its
+        // future is first polled); a statement that fails makes `COMMIT` a
+        // rollback.
+        let pipeline = async {
+            futures::join!(
+                client.batch_execute("BEGIN"),
+                client.query_opt(&lock, &lock_params),
+                client.query_one(&post, &post_params),
+                client.batch_execute("COMMIT"),
             )
-            .map_err(fail)?;
-            let Some(row) = row else {
-                let pending = tx.prepare_cached(&CANCEL_PENDING).await.map_err(fail)?;
-                let cancel_pending: bool = col(&tx.query_one(&pending, &[&run_id]).await.map_err(fail)?, "pending")?;
-                return Err(match key.as_deref() {
-                    Some(crate::CANCEL_KEY) if cancel_pending => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
-                    _ if cancel_pending => LogError::Cancelled(run_id),
-                    _ => LogError::Duplicate { run_id, what: key.as_deref().map_or_else(|| "payload".to_owned(), crate::dedupe_what) },
-                });
-            };
-            let id: i64 = col(&row, "id")?;
-            tx.commit().await.map_err(fail)?;
-            Ok(id)
+        };
+        let (begin, locked, posted, commit) = match tokio::time::timeout_at(deadline, pipeline).await {
+            Ok(answers) => answers,
+            Err(_) => {
+                // Perhaps inside the transaction still: never back to the pool.
+                drop(deadpool_postgres::Object::take(client));
+                return Err(late());
+            }
+        };
+        begin.map_err(fail)?;
+        let (locked, posted) = (locked.map_err(fail)?, posted.map_err(fail)?);
+        commit.map_err(fail)?;
+        let run = locked.ok_or(LogError::NotFound(run_id))?;
+        if col::<String>(&run, "status")? == "done" {
+            return Err(LogError::Finished(run_id));
+        }
+        if let Some(id) = col::<Option<i64>>(&posted, "id")? {
+            return Ok(id);
+        }
+        Err(match key.as_deref() {
+            Some(crate::CANCEL_KEY) if col::<bool>(&posted, "cancel_pending")? => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
+            _ if col::<bool>(&posted, "cancel_pending")? => LogError::Cancelled(run_id),
+            _ => LogError::Duplicate { run_id, what: key.as_deref().map_or_else(|| "payload".to_owned(), crate::dedupe_what) },
         })
-        .await
     }
 
     async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError> {
