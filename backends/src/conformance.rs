@@ -16,7 +16,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::archive::{Archive, Imported};
-use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, JobQueue, LogError, NewRun, Opening, RunFilter, RunGaugeKey, RunStatus};
+use crate::{ApprovalFilter, ApprovalStatus, EventLog, Job, JobQueue, LogError, NewRun, Opening, Orphan, RunFilter, RunGaugeKey, RunStatus};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -259,7 +259,7 @@ pub async fn inbox_and_approvals(log: &dyn EventLog) {
     let inbox = log.inbox(s.run_id).await.unwrap();
     assert_eq!(inbox.len(), 1);
     assert_eq!((inbox[0].id, &inbox[0].payload), (id, &decision));
-    assert!(log.orphaned(1000).await.unwrap().iter().any(|j| j.run_id == s.run_id), "a parked run with a payload has work");
+    assert!(log.orphaned(1000).await.unwrap().iter().any(|o| o.job.run_id == s.run_id), "a parked run with a payload has work");
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
     let full = [s.parked.clone(), s.rest.clone()].concat();
     log.commit(&lease, &s.rest, &state_after(s.run_id, &full), &[id]).await.unwrap();
@@ -395,7 +395,8 @@ pub async fn open_and_release_if_idle(log: &dyn EventLog) {
 }
 
 /// The outbox drains; runnable runs without a live lease are orphaned; parked
-/// and leased runs are not.
+/// and leased runs are not. An orphan is `lapsed` only when its last lease
+/// lapsed (never leased, or let go: not lapsed).
 pub async fn outbox_and_orphans(log: &dyn EventLog) {
     let s = sample_log();
     log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
@@ -404,19 +405,24 @@ pub async fn outbox_and_orphans(log: &dyn EventLog) {
     assert_eq!(ours.len(), 1);
     log.outbox_done(&ours).await.unwrap();
     assert!(!log.outbox(10_000).await.unwrap().iter().any(|(_, j)| j.run_id == s.run_id));
-    assert!(log.orphaned(10_000).await.unwrap().contains(&Job::start(s.run_id, 1)), "runnable, no lease: a start");
+    let orphan = |job: Job, lapsed: bool| Orphan { job, lapsed };
+    assert!(log.orphaned(10_000).await.unwrap().contains(&orphan(Job::start(s.run_id, 1), false)), "runnable, never leased: a start");
+    let short = log.acquire(s.run_id, "w", Duration::from_millis(50)).await.unwrap();
+    assert!(!log.orphaned(10_000).await.unwrap().iter().any(|o| o.job.run_id == s.run_id), "leased");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(log.orphaned(10_000).await.unwrap().contains(&orphan(Job::start(s.run_id, 1), true)), "runnable, its lease lapsed");
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
-    assert!(!log.orphaned(10_000).await.unwrap().iter().any(|j| j.run_id == s.run_id), "leased");
+    assert!(short.token != lease.token);
     log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
     log.release(&lease).await.unwrap();
-    assert!(!log.orphaned(10_000).await.unwrap().iter().any(|j| j.run_id == s.run_id), "parked without payloads");
+    assert!(!log.orphaned(10_000).await.unwrap().iter().any(|o| o.job.run_id == s.run_id), "parked without payloads");
     let pending = log.approvals(&ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap();
     let decision = Resume::Approval { call_id: "c1".into(), args_hash: pending[0].args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
     log.post(s.run_id, decision).await.unwrap();
     let head = s.parked.len() as u64;
     let jobs: Vec<Job> = log.outbox(10_000).await.unwrap().into_iter().map(|(_, j)| j).filter(|j| j.run_id == s.run_id).collect();
     assert_eq!(jobs, vec![Job::resume(s.run_id, head)], "a posted payload writes a resume");
-    assert!(log.orphaned(10_000).await.unwrap().contains(&Job::resume(s.run_id, head)), "parked with a payload waiting: a resume");
+    assert!(log.orphaned(10_000).await.unwrap().contains(&orphan(Job::resume(s.run_id, head), false)), "let go, a payload waiting: a resume");
 }
 
 /// Listing filters by tenant, status and batch, and pages by run id.

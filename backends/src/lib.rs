@@ -62,6 +62,19 @@ pub struct Job {
     pub resume: bool,
 }
 
+/// A run with work and no live lease ([`EventLog::orphaned`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Orphan {
+    /// The job that would wake it: at its head, a resume when a payload
+    /// waits in its inbox.
+    pub job: Job,
+    /// Its last lease lapsed (its worker died or stalled mid-job, after the
+    /// job was acked): no job is out for it. Otherwise it was never leased
+    /// or was let go, and a job for it normally waits in the queue (a run
+    /// admitted behind a backlog, a payload posted to a parked run).
+    pub lapsed: bool,
+}
+
 impl Job {
     /// A job that starts or continues run `run_id` at `head_seq`.
     pub fn start(run_id: Uuid, head_seq: u64) -> Job {
@@ -494,8 +507,8 @@ pub trait EventLog: Send + Sync {
     async fn outbox_done(&self, ids: &[i64]) -> Result<(), LogError>;
 
     /// Runs that have work (runnable, or with unconsumed inbox items) and no
-    /// live lease: the reconciler re-enqueues them.
-    async fn orphaned(&self, limit: usize) -> Result<Vec<Job>, LogError>;
+    /// live lease, by run id: the reconciler re-enqueues them.
+    async fn orphaned(&self, limit: usize) -> Result<Vec<Orphan>, LogError>;
 
     /// What `tenant`'s runs spent on models during the UTC day `day`: the
     /// usage and cost of every `model.response`, `plan.draft` and

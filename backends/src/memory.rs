@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::{
     Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
-    LogError, NewRun, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
+    LogError, NewRun, Orphan, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
 };
 
 struct Record {
@@ -286,18 +286,21 @@ impl EventLog for MemoryLog {
         Ok(())
     }
 
-    async fn orphaned(&self, limit: usize) -> Result<Vec<Job>, LogError> {
+    async fn orphaned(&self, limit: usize) -> Result<Vec<Orphan>, LogError> {
         let inner = lock(&self.inner);
         let now = Utc::now();
-        let mut jobs: Vec<Job> = inner
+        let mut jobs: Vec<Orphan> = inner
             .runs
             .values()
             .filter(|r| r.summary.status == RunStatus::Runnable || r.inbox.iter().any(|(_, _, done)| !done))
             .filter(|r| r.summary.status != RunStatus::Done)
             .filter(|r| r.lease.as_ref().is_none_or(|l| l.expires_at <= now))
-            .map(|r| Job { run_id: r.summary.run_id, head_seq: r.summary.head_seq, resume: r.inbox.iter().any(|(_, _, done)| !done) })
+            .map(|r| Orphan {
+                job: Job { run_id: r.summary.run_id, head_seq: r.summary.head_seq, resume: r.inbox.iter().any(|(_, _, done)| !done) },
+                lapsed: r.lease.is_some(),
+            })
             .collect();
-        jobs.sort_by_key(|j| j.run_id);
+        jobs.sort_by_key(|o| o.job.run_id);
         jobs.truncate(limit);
         Ok(jobs)
     }

@@ -76,7 +76,7 @@ use tokio_postgres::{Config, NoTls, Row};
 use uuid::Uuid;
 
 use crate::{
-    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, LogGauges, NewRun, Opened, Opening, RunGaugeKey, RunFilter, RunStatus,
+    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, LogGauges, NewRun, Opened, Orphan, Opening, RunGaugeKey, RunFilter, RunStatus,
     RunSummary, Spend,
     dedupe_key,
 };
@@ -1566,13 +1566,14 @@ impl EventLog for PgLog {
 
     /// Runs not done, runnable or with unconsumed inbox items, whose lease is
     /// absent or expired by the database clock; by run id.
-    async fn orphaned(&self, limit: usize) -> Result<Vec<Job>, LogError> {
+    async fn orphaned(&self, limit: usize) -> Result<Vec<Orphan>, LogError> {
         self.bounded("orphaned", async {
             let client = self.client().await?;
             let st = client
                 .prepare_cached(
-                    "SELECT id, head_seq, resume FROM ( \
-                       SELECT id, head_seq, status, EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed) AS resume FROM runs r \
+                    "SELECT id, head_seq, resume, lapsed FROM ( \
+                       SELECT id, head_seq, status, lease_expires_at IS NOT NULL AS lapsed, \
+                         EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed) AS resume FROM runs r \
                        WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
                      ) o WHERE status = 'runnable' OR resume \
                      ORDER BY id LIMIT $1",
@@ -1580,7 +1581,12 @@ impl EventLog for PgLog {
                 .await
                 .map_err(|e| unavailable("orphaned", &e))?;
             let rows = client.query(&st, &[&sql_limit(limit)]).await.map_err(|e| unavailable("orphaned", &e))?;
-            rows.iter().map(|row| Ok(Job { run_id: col(row, "id")?, head_seq: seq_of(col(row, "head_seq")?, "head_seq")?, resume: col(row, "resume")? })).collect()
+            rows.iter()
+                .map(|row| {
+                    let job = Job { run_id: col(row, "id")?, head_seq: seq_of(col(row, "head_seq")?, "head_seq")?, resume: col(row, "resume")? };
+                    Ok(Orphan { job, lapsed: col(row, "lapsed")? })
+                })
+                .collect()
         })
         .await
     }

@@ -87,7 +87,7 @@ use crate::memory::MemoryLedger;
 use crate::postgres::next_checkpoint;
 use crate::{
     Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
-    LogError, LogGauges, NewRun, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap,
+    LogError, LogGauges, NewRun, Orphan, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap,
     dedupe_key,
 };
 
@@ -1224,13 +1224,14 @@ impl EventLog for SqliteLog {
             .await
     }
 
-    async fn orphaned(&self, limit: usize) -> Result<Vec<Job>, LogError> {
+    async fn orphaned(&self, limit: usize) -> Result<Vec<Orphan>, LogError> {
         self.store
             .read("orphaned", move |conn| {
                 let mut st = conn
                     .prepare_cached(
-                        "SELECT id, head_seq, resume FROM ( \
-                           SELECT id, head_seq, status, EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND i.consumed = 0) AS resume FROM runs r \
+                        "SELECT id, head_seq, resume, lapsed FROM ( \
+                           SELECT id, head_seq, status, lease_expires_at IS NOT NULL AS lapsed, \
+                             EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND i.consumed = 0) AS resume FROM runs r \
                            WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) \
                          ) WHERE status = 'runnable' OR resume \
                          ORDER BY id LIMIT ?2",
@@ -1239,7 +1240,8 @@ impl EventLog for SqliteLog {
                 let mut rows = st.query(params![nanos(Utc::now()), i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(db("orphaned"))?;
                 let mut jobs = Vec::new();
                 while let Some(row) = rows.next().map_err(db("orphaned"))? {
-                    jobs.push(Job { run_id: uuid_of(&get::<String>(row, "id")?, "run id")?, head_seq: u64_of(get(row, "head_seq")?, "head_seq")?, resume: get(row, "resume")? });
+                    let job = Job { run_id: uuid_of(&get::<String>(row, "id")?, "run id")?, head_seq: u64_of(get(row, "head_seq")?, "head_seq")?, resume: get(row, "resume")? };
+                    jobs.push(Orphan { job, lapsed: get(row, "lapsed")? });
                 }
                 Ok(jobs)
             })

@@ -447,7 +447,8 @@ async fn leases_use_the_database_clock_and_fence() {
     // A lease the database clock says has lapsed: set its expiry in the past.
     db.sql().await.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second'", &[]).await.unwrap();
     assert!(matches!(log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[]).await, Err(LogError::LeaseLost(_))));
-    assert_eq!(log.orphaned(10).await.unwrap().len(), 1, "a lapsed lease leaves the run to the reconciler");
+    let orphans = log.orphaned(10).await.unwrap();
+    assert!(orphans.len() == 1 && orphans[0].lapsed, "a lapsed lease leaves the run to the reconciler: {orphans:?}");
     let taken = log.acquire(s.run_id, "w2", TTL).await.unwrap();
     assert_ne!(taken.token, lease.token);
     log.release(&lease).await.unwrap();

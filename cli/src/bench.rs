@@ -114,6 +114,10 @@ pub struct StepsArgs {
     /// figures are measured side by side. One result per variant.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "group")]
     variants: Vec<Variant>,
+    /// Slots of each worker kept for resumes (`Worker::with_resume_slots`;
+    /// the `group_fifo` variant keeps none).
+    #[arg(long, default_value_t = 1)]
+    resume_slots: usize,
     /// Pooled Postgres connections of each worker in the `statement` and
     /// `group` variants (`transaction` keeps one per run in flight, as
     /// before group commit).
@@ -334,10 +338,12 @@ impl BenchFleet {
     /// On the services: private database, queue and key prefix; each worker
     /// with its own connections.
     async fn start(urls: &Urls, agent: Arc<Agent>, workers: usize, concurrency: usize) -> Result<BenchFleet> {
-        BenchFleet::start_with(urls, agent, workers, concurrency, None, Variant::Group, concurrency).await
+        BenchFleet::start_with(urls, agent, workers, concurrency, None, Variant::Group, concurrency, 1).await
     }
 
-    /// [`BenchFleet::start`] with one bearer token (`TOKEN:TENANT:SCOPES[:NAME]`).
+    /// [`BenchFleet::start`] with one bearer token (`TOKEN:TENANT:SCOPES[:NAME]`),
+    /// a commit variant, each worker's pool and resume slots.
+    #[allow(clippy::too_many_arguments)]
     async fn start_with(
         urls: &Urls,
         agent: Arc<Agent>,
@@ -346,6 +352,7 @@ impl BenchFleet {
         token: Option<&str>,
         variant: Variant,
         pool: usize,
+        resume_slots: usize,
     ) -> Result<BenchFleet> {
         let db = private_db(&urls.database_url).await?;
         let name = format!("glia_bench_{}", Uuid::now_v7().simple());
@@ -373,7 +380,7 @@ impl BenchFleet {
             let (log, queue, ledger) = ports(log).await?;
             let mut worker = Worker::new(agent.clone(), log, queue, ledger, options)
                 .with_serial_cancel_check(variant.serial_cancel_check())
-                .with_resume_slots(if fifo { 0 } else { 1 });
+                .with_resume_slots(if fifo { 0 } else { resume_slots });
             if let Some(hints) = hints {
                 worker = worker.with_hints(hints);
             }
@@ -498,7 +505,7 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
         for variant in &variants {
             let fleet = match variant {
                 None => BenchFleet::start_sqlite(agent.clone(), args.workers, args.concurrency).await?,
-                Some(v) => BenchFleet::start_with(&args.urls, agent.clone(), args.workers, args.concurrency, None, *v, args.pool).await?,
+                Some(v) => BenchFleet::start_with(&args.urls, agent.clone(), args.workers, args.concurrency, None, *v, args.pool, args.resume_slots).await?,
             };
             let result = steps_round(args, &fleet).await;
             fleet.stop().await;
@@ -943,7 +950,7 @@ async fn approvals(args: &ApprovalsArgs) -> Result<ApprovalsResult> {
     let mut library = ScriptLibrary::default();
     library.insert("bench", step_script(1));
     let agent = Arc::new(Agent::new(Arc::new(library)).with_tools(crate::demo::tools()));
-    let fleet = BenchFleet::start_with(&args.urls, agent, 1, 16, Some(BENCH_TOKEN), Variant::Group, 16).await?;
+    let fleet = BenchFleet::start_with(&args.urls, agent, 1, 16, Some(BENCH_TOKEN), Variant::Group, 16, 1).await?;
     let result = approvals_round(args, &fleet).await;
     fleet.stop().await;
     result

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use glia_backends::{ApprovalFilter, Job, LogError, QueueError};
+use glia_backends::{ApprovalFilter, Job, LogError, Orphan, QueueError};
 use glia_proto::{ApprovalStatus, ApprovalTimeout, Decision, Resume};
 use uuid::Uuid;
 
@@ -107,17 +107,29 @@ pub const RECONCILE_BATCH: usize = 1000;
 /// Re-enqueues orphaned runs, backing off per run.
 ///
 /// A run reported orphaned is published when it has stayed orphaned at the
-/// same head for `grace` since it was first seen (so a job that is merely
-/// waiting in a long queue is not duplicated every tick), then again after
-/// twice as long, four times, … up to [`MAX_REQUEUE_BACKOFF`]: with no worker
-/// consuming, or a backlog longer than `grace`, the queue gains a few
-/// duplicates per run, not one per run per tick. With `grace` zero every
-/// orphan is published on every tick.
+/// same head for `grace` since it was first seen, then again after twice as
+/// long, four times, … up to [`MAX_REQUEUE_BACKOFF`]: with no worker
+/// consuming, the queue gains a few duplicates per run, not one per run per
+/// tick. With `grace` zero every orphan is published on every tick.
+///
+/// A run whose lease lapsed (its worker died after acking the job) has no
+/// job out, and is published after `grace` whatever the queue holds. Any
+/// other orphan (never leased, or let go with a payload waiting), and a
+/// lapsed one once published, normally has its job in the queue, waiting
+/// its turn behind a backlog: it is published (again) only once the queue
+/// has held no ready job for `grace` (every job queued when the run was
+/// first seen has been handed out by then), or when it has waited
+/// [`MAX_REQUEUE_BACKOFF`]. A backlog, or a fleet with no worker consuming,
+/// therefore gains no duplicates, each of which would cost a worker a
+/// refused lease.
 pub struct Reconciler {
     app: App,
     grace: Duration,
     /// Run → (head seen, when it was last published or first seen, times published).
     seen: HashMap<Uuid, (u64, Instant, u32)>,
+    /// Since when the queue has held no ready job, as of the last tick
+    /// (`None`: it held some, or its depth could not be read).
+    drained_since: Option<Instant>,
 }
 
 /// The longest wait between two re-enqueues of the same orphaned run.
@@ -126,7 +138,7 @@ pub const MAX_REQUEUE_BACKOFF: Duration = Duration::from_secs(300);
 impl Reconciler {
     /// A reconciler over `app`.
     pub fn new(app: App, grace: Duration) -> Reconciler {
-        Reconciler { app, grace, seen: HashMap::new() }
+        Reconciler { app, grace, seen: HashMap::new(), drained_since: None }
     }
 
     /// One pass: relay leftover outbox jobs, then publish the jobs of runs
@@ -141,15 +153,27 @@ impl Reconciler {
         }
         let orphans = self.app.log.orphaned(RECONCILE_BATCH).await?;
         let now = Instant::now();
+        self.drained_since = match self.app.queue.depth().await {
+            Ok(0) => Some(self.drained_since.unwrap_or(now)),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!("reconciler: queue depth not read: {e}");
+                None
+            }
+        };
+        let drained = self.drained_since.is_some_and(|since| now.duration_since(since) >= self.grace);
         let mut current = HashMap::with_capacity(orphans.len());
         let mut due = Vec::new();
-        for job in orphans {
+        for Orphan { job, lapsed } in orphans {
             let (since, published) = match self.seen.get(&job.run_id) {
                 Some((head, since, published)) if *head == job.head_seq => (*since, *published),
                 _ => (now, 0),
             };
             let wait = if self.grace.is_zero() { Duration::ZERO } else { (self.grace * 2u32.saturating_pow(published.min(16))).min(MAX_REQUEUE_BACKOFF.max(self.grace)) };
-            if now.duration_since(since) >= wait {
+            // Its job presumably waits in the queue: the admission's or a
+            // post's, or, for a lapsed lease, the one published here.
+            let in_line = (!lapsed || published > 0) && !drained && now.duration_since(since) < MAX_REQUEUE_BACKOFF;
+            if now.duration_since(since) >= wait && !in_line {
                 due.push(job);
                 current.insert(job.run_id, (job.head_seq, now, published + 1));
             } else {

@@ -351,6 +351,48 @@ async fn reconciler_requeues_runs_whose_job_or_worker_was_lost() {
     assert!(expected.contains(&published.run_id));
 }
 
+/// A run waiting its turn behind a backlog has its job in the queue: the
+/// reconciler does not duplicate it, however long it waits, until the queue
+/// has held no ready job for the grace period. A run whose worker died has
+/// no job out and is re-enqueued behind the backlog all the same.
+#[tokio::test]
+async fn reconciler_leaves_runs_waiting_in_a_backlog_alone() {
+    let h = harness();
+    let dead_worker = create(&h, SUB_A, json!({"goal": "worker died"})).await;
+    let mut waiting = Vec::new();
+    for i in 0..3 {
+        waiting.push(create(&h, SUB_A, json!({"goal": format!("in line {i}")})).await);
+    }
+    glia_dispatcher::relay_once(&h.app).await.unwrap();
+    // A worker took the first run's job, acked it and died holding the lease.
+    let taken = h.queue.next().await.unwrap();
+    assert_eq!(taken.job.run_id, dead_worker, "jobs are handed out in order");
+    taken.acker.ack().await.unwrap();
+    let _lapsing = h.log.acquire(dead_worker, "w", Duration::from_millis(30)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(h.queue.depth().await.unwrap(), 3, "the backlog");
+
+    let grace = Duration::from_millis(50);
+    let mut r = Reconciler::new(h.app.clone(), grace);
+    assert!(r.tick().await.unwrap().is_empty(), "a first sighting publishes nothing");
+    tokio::time::sleep(grace * 3).await;
+    let published: Vec<Uuid> = r.tick().await.unwrap().iter().map(|j| j.run_id).collect();
+    assert_eq!(published, [dead_worker], "only the run whose lease lapsed");
+    assert_eq!(h.queue.depth().await.unwrap(), 4, "the backlog, and the dead worker's run once");
+
+    // The fleet hands the backlog out; the runs' jobs are lost on the way.
+    while h.queue.depth().await.unwrap() > 0 {
+        h.queue.next().await.unwrap();
+    }
+    assert!(r.tick().await.unwrap().iter().all(|j| j.run_id == dead_worker), "drained for less than the grace period");
+    tokio::time::sleep(grace * 2).await;
+    let mut published: Vec<Uuid> = r.tick().await.unwrap().iter().map(|j| j.run_id).filter(|id| *id != dead_worker).collect();
+    published.sort();
+    let mut expected = waiting.clone();
+    expected.sort();
+    assert_eq!(published, expected, "drained for the grace period: the runs left orphaned are re-enqueued");
+}
+
 /// A run parked at an approval whose deadline has passed, with `action`.
 async fn parked_with_expired_approval(h: &common::H, action: glia_proto::ApprovalTimeout) -> Uuid {
     let mut s = glia_backends::conformance::sample_log();
@@ -397,9 +439,25 @@ async fn reconciler_rejects_or_escalates_expired_approvals() {
     assert_eq!(r.expire_approvals().await.unwrap(), 0);
 }
 
-/// With no worker consuming, an orphaned run is re-enqueued with a growing
-/// wait (grace, 2×, 4×, …), not on every tick: the queue does not fill up
-/// with duplicates while the fleet is down.
+/// Ticks for 1.6 s, every 50 ms; how often `id` was published. With
+/// `lose`, the queue loses every job between ticks.
+async fn tick_for(h: &common::H, r: &mut Reconciler, id: Uuid, lose: bool) -> usize {
+    let started = std::time::Instant::now();
+    let mut published = 0;
+    while started.elapsed() < Duration::from_millis(1600) {
+        published += r.tick().await.unwrap().iter().filter(|j| j.run_id == id).count();
+        while lose && h.queue.depth().await.unwrap() > 0 {
+            h.queue.next().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    published
+}
+
+/// With no worker consuming, an orphaned run is re-enqueued once: its job
+/// then waits in the queue, and the queue gains no duplicates while the
+/// fleet is down. When its jobs are lost over and over, it is re-enqueued
+/// with a growing wait (grace, 2×, 4×, …), not on every tick.
 #[tokio::test]
 async fn reconciler_backs_off_per_run() {
     let h = common::harness();
@@ -407,15 +465,12 @@ async fn reconciler_backs_off_per_run() {
     glia_dispatcher::relay_once(&h.app).await.unwrap();
     h.queue.next().await.unwrap(); // the job is lost
     let mut r = Reconciler::new(h.app.clone(), Duration::from_millis(100));
-    let started = std::time::Instant::now();
-    let mut published = 0;
-    while started.elapsed() < Duration::from_millis(1600) {
-        published += r.tick().await.unwrap().iter().filter(|j| j.run_id == id).count();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Due at ~100, ~300, ~700 and ~1500 ms (a slow machine only makes it fewer);
-    // without the back-off it would be ~15.
-    assert!((2..=4).contains(&published), "published {published} times");
+    assert_eq!(tick_for(&h, &mut r, id, false).await, 1, "published once, then its job waits in the queue");
+    assert_eq!(h.queue.depth().await.unwrap(), 1);
+    // Due at ~200, ~600 and ~1400 ms after the last (a slow machine only
+    // makes it fewer); without the back-off it would be ~30.
+    let published = tick_for(&h, &mut r, id, true).await;
+    assert!((1..=3).contains(&published), "published {published} times");
 }
 
 /// `schemas/` holds exactly what `glia schemas` writes: the configuration

@@ -96,8 +96,8 @@ impl Fleet {
                 }
                 tick += 1;
                 if reconcile && tick % 20 == 0 {
-                    for job in l.orphaned(100).await.unwrap() {
-                        q.publish(&job).await.unwrap();
+                    for orphan in l.orphaned(100).await.unwrap() {
+                        q.publish(&orphan.job).await.unwrap();
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
