@@ -5,9 +5,11 @@
 //! Migrations are embedded (`backends/migrations/V*__*.sql`, refinery) and
 //! applied by [`PgLog::connect`] under a Postgres advisory lock, so processes
 //! starting together do not race. Tables: `runs` (identity, a summary of the
-//! state, head sequence, lease, idempotency key unique per tenant), `events`
-//! (`(run_id, seq)` primary key; UPDATE, DELETE and TRUNCATE are rejected by
-//! a trigger), `blobs` (large payloads by SHA-256), `checkpoints`,
+//! state, head sequence, lease, idempotency key unique per tenant; never
+//! deleted, which a trigger enforces), `events` (`(run_id, seq)` primary
+//! key; UPDATE, DELETE and TRUNCATE are rejected by a trigger; no foreign
+//! key: every insert takes its run id from a run row it has just locked or
+//! written, V12), `blobs` (large payloads by SHA-256), `checkpoints`,
 //! `approvals`, `batches`, `inbox`, `outbox`.
 //!
 //! ## Writes
@@ -151,7 +153,8 @@ pub enum CommitMode {
     /// An explicit transaction: `BEGIN`, lock the run row and check the lease
     /// and head, the pipelined writes, `COMMIT` (four round trips).
     Transaction,
-    /// One statement (`FENCED_COMMIT`): the run row's update, fenced by
+    /// One statement (`FENCED_COMMIT`, or `FENCED_APPEND` for a step that
+    /// touches no approval or inbox item): the run row's update, fenced by
     /// id, lease token, lease expiry and head, drives the event insert and
     /// the other writes in data-modifying CTEs; one round trip and one
     /// fsync per step. Lease-lost and conflict are told apart by a read

@@ -127,7 +127,7 @@ async fn postgres_batches_conformance() {
 }
 
 #[tokio::test]
-async fn events_reject_update_delete_and_truncate() {
+async fn events_reject_update_delete_and_truncate_and_runs_stay() {
     let (db, log, s) = admitted(PgOptions::default()).await;
     let sql = db.sql().await;
     for statement in ["UPDATE events SET kind = 'tampered'", "DELETE FROM events", "TRUNCATE events", "UPDATE blobs SET bytes = ''"] {
@@ -135,7 +135,14 @@ async fn events_reject_update_delete_and_truncate() {
         let message = err.as_db_error().map(|e| e.message().to_owned()).unwrap_or_default();
         assert!(message.contains("append-only"), "{statement}: {err}");
     }
+    // The events' runs stay (V12: no foreign key checks every event).
+    for statement in ["DELETE FROM runs", "TRUNCATE runs CASCADE"] {
+        let err = sql.batch_execute(statement).await.expect_err(statement);
+        let message = err.as_db_error().map(|e| e.message().to_owned()).unwrap_or_default();
+        assert!(message.contains("never deleted"), "{statement}: {err}");
+    }
     assert_eq!(log.events(s.run_id, 0, 10).await.unwrap(), s.parked[..1].to_vec(), "the log is untouched");
+    assert_eq!(log.get_run(s.run_id).await.unwrap().run_id, s.run_id, "the run is untouched");
 }
 
 #[tokio::test]

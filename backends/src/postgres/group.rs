@@ -4,9 +4,11 @@
 //! A step is one statement, [`FENCED_COMMIT`], keyed by its run: the update
 //! of the run row, fenced by the lease token, the lease's expiry (database
 //! clock) and the head, drives every other write through data-modifying CTEs
-//! (`… FROM fence`), so a refused fence writes nothing. The statement
-//! answers whether the fence held; only when it did not is the run row read
-//! to tell [`LogError::LeaseLost`] from [`LogError::Conflict`].
+//! (`… FROM fence`), so a refused fence writes nothing. A step that touches
+//! no approval and no inbox item (most) is [`FENCED_APPEND`], the same
+//! statement's first two parts. The statement answers whether the fence
+//! held; only when it did not is the run row read to tell
+//! [`LogError::LeaseLost`] from [`LogError::Conflict`].
 //!
 //! A [`Committer`] gathers the steps that arrive while its lanes are busy
 //! into one group and sends `BEGIN`, the steps' statements (in run id order,
@@ -21,7 +23,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -31,33 +33,50 @@ use futures::future::{BoxFuture, MaybeDone};
 use glia_proto::{Event, EventKind, Phase, RunState};
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
-use tokio_postgres::Row;
+use tokio_postgres::{Row, Statement};
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{EncodedEvents, SummaryColumns, col, seq_of, unavailable, write_error};
 use crate::{Lease, LogError};
 
-/// One step, fenced by its run. Parameters: `$1` run, `$2` lease token, `$3`
-/// the head the step extends; `$4`–`$8` the summary (status, phase, pull
-/// point, outcome, new head); `$9`–`$13` the events (seq, kind, time, its
-/// nanoseconds, JSON payload); `$14`–`$21` approvals requested (call, tool,
-/// input, hash, requested at, expires at, interrupted, already decided);
-/// `$22` calls resolved, `$23` the run ended (closes pending approvals),
-/// `$24` inbox items consumed. Answers `ok` (the fence held).
-///
-/// Most steps resolve no approval and consume nothing: the conditions on
-/// parameters alone (`cardinality(…) > 0`) are one-time filters, so those
-/// parts then read nothing; when they run, they find the run's rows by index
-/// (`approvals_run_pending`, `inbox_pending`), never by scanning the fleet's.
-pub(super) const FENCED_COMMIT: &str = "WITH fence AS ( \
+/// The fence and the events of a step: the update of run `$1`'s row, fenced
+/// by lease token `$2`, the lease's expiry and head `$3`, writing the summary
+/// `$4`–`$8` (status, phase, pull point, outcome, new head), drives the
+/// insert of the events `$9`–`$13` (seq, kind, time, its nanoseconds, JSON
+/// payload), whose run id it supplies. [`FENCED_APPEND`] and
+/// [`FENCED_COMMIT`] begin with it.
+const FENCE_AND_EVENTS: &str = "WITH fence AS ( \
        UPDATE runs SET status = $4, phase = $5, pull_point = $6, outcome = $7, head_seq = $8, updated_at = now() \
        WHERE id = $1 AND lease_token = $2 AND lease_expires_at > now() AND head_seq = $3 \
        RETURNING id, tenant), \
      ev AS ( \
        INSERT INTO events (run_id, seq, kind, at, at_nanos, payload) \
        SELECT f.id, t.seq, t.kind, t.at, t.at_nanos, t.payload::jsonb FROM fence f, \
-         unnest($9::bigint[], $10::text[], $11::timestamptz[], $12::int4[], $13::text[]) AS t(seq, kind, at, at_nanos, payload)), \
+         unnest($9::bigint[], $10::text[], $11::timestamptz[], $12::int4[], $13::text[]) AS t(seq, kind, at, at_nanos, payload))";
+
+/// The answer of both step statements: whether the fence held.
+const FENCE_HELD: &str = " SELECT EXISTS (SELECT 1 FROM fence) AS ok";
+
+/// Most steps: [`FENCE_AND_EVENTS`] alone (parameters `$1`–`$13`), for a step
+/// that requests and resolves no approval, consumes no inbox item and does
+/// not end the run. It touches only the run row and the events: the
+/// executor opens no other table or index for it.
+pub(super) static FENCED_APPEND: LazyLock<String> = LazyLock::new(|| format!("{FENCE_AND_EVENTS}{FENCE_HELD}"));
+
+/// Any step: [`FENCE_AND_EVENTS`] and, driven by the fence too, `$14`–`$21`
+/// approvals requested (call, tool, input, hash, requested at, expires at,
+/// interrupted, already decided); `$22` calls resolved, `$23` the run ended
+/// (closes pending approvals), `$24` inbox items consumed. Answers `ok` (the
+/// fence held).
+///
+/// The conditions on parameters alone (`cardinality(…) > 0`) are one-time
+/// filters, so the parts a step does not need read nothing; when they run,
+/// they find the run's rows by index (`approvals_run_pending`,
+/// `inbox_pending`), never by scanning the fleet's.
+pub(super) static FENCED_COMMIT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{FENCE_AND_EVENTS}, \
      requested AS ( \
        INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, requested_at, expires_at, interrupted, status, decided_at) \
        SELECT f.id, f.tenant, t.call_id, t.tool, t.input, t.args_hash, t.requested_at, t.expires_at, t.interrupted, \
@@ -70,14 +89,15 @@ pub(super) const FENCED_COMMIT: &str = "WITH fence AS ( \
          AND ($23 OR cardinality($22::text[]) > 0) AND EXISTS (SELECT 1 FROM fence)), \
      consumed AS ( \
        UPDATE inbox SET consumed = true WHERE run_id = $1 AND id = ANY($24::bigint[]) AND NOT consumed \
-         AND cardinality($24::bigint[]) > 0 AND EXISTS (SELECT 1 FROM fence)) \
-     SELECT EXISTS (SELECT 1 FROM fence) AS ok";
+         AND cardinality($24::bigint[]) > 0 AND EXISTS (SELECT 1 FROM fence)){FENCE_HELD}"
+    )
+});
 
 /// The run row, read when a fence refused a step.
 const DIAGNOSE: &str = "SELECT head_seq, lease_token, coalesce(lease_expires_at > now(), false) AS live FROM runs WHERE id = $1";
 
-/// A step's parameters of [`FENCED_COMMIT`], owned so that it can wait for a
-/// group.
+/// A step's parameters of [`FENCED_COMMIT`] (or, when it needs only those,
+/// of [`FENCED_APPEND`]), owned so that it can wait for a group.
 pub(super) struct Step {
     run_id: Uuid,
     token: Uuid,
@@ -159,6 +179,17 @@ impl Step {
         step
     }
 
+    /// Whether the step needs only [`FENCED_APPEND`].
+    fn appends_only(&self) -> bool {
+        self.calls.is_empty() && self.resolved.is_empty() && !self.ended && self.consumed.is_empty()
+    }
+
+    /// Its statement, of the two prepared on a connection, and how many of
+    /// [`Step::params`] it takes.
+    fn statement<'a>(&self, statements: &'a Statements) -> (&'a Statement, usize) {
+        if self.appends_only() { (&statements.append, 13) } else { (&statements.commit, 24) }
+    }
+
     fn params(&self) -> [&(dyn ToSql + Sync); 24] {
         [
             &self.run_id,
@@ -189,6 +220,19 @@ impl Step {
     }
 }
 
+/// [`FENCED_APPEND`] and [`FENCED_COMMIT`], prepared on one connection.
+struct Statements {
+    append: Statement,
+    commit: Statement,
+}
+
+impl Statements {
+    async fn prepare(client: &ClientWrapper) -> Result<Statements, tokio_postgres::Error> {
+        let (append, commit) = futures::try_join!(client.prepare_cached(&FENCED_APPEND), client.prepare_cached(&FENCED_COMMIT))?;
+        Ok(Statements { append, commit })
+    }
+}
+
 /// The answer of a step whose statement ran: `Ok` when the fence held, else
 /// why it did not (one read of the run row).
 async fn outcome(client: &ClientWrapper, step: &Step, row: &Row) -> Result<(), LogError> {
@@ -211,12 +255,16 @@ async fn outcome(client: &ClientWrapper, step: &Step, row: &Row) -> Result<(), L
 /// Each step as its own autocommit statement, pipelined: one fsync each, and
 /// each answer its own.
 pub(super) async fn write_alone(client: &ClientWrapper, steps: &[&Step]) -> Vec<Result<(), LogError>> {
-    let st = match client.prepare_cached(FENCED_COMMIT).await {
+    let statements = match Statements::prepare(client).await {
         Ok(st) => st,
         Err(e) => return steps.iter().map(|s| Err(write_error(s.run_id, "commit", &e))).collect(),
     };
     let params: Vec<_> = steps.iter().map(|s| s.params()).collect();
-    let rows = futures::future::join_all(params.iter().map(|p| client.query_one(&st, p))).await;
+    let rows = futures::future::join_all(steps.iter().zip(&params).map(|(s, p)| {
+        let (st, n) = s.statement(&statements);
+        client.query_one(st, &p[..n])
+    }))
+    .await;
     let mut out = Vec::with_capacity(steps.len());
     for (step, row) in steps.iter().zip(rows) {
         out.push(match row {
@@ -238,16 +286,16 @@ async fn write_group(client: &ClientWrapper, steps: &[&Step]) -> Vec<Result<(), 
     if steps.len() == 1 {
         return write_alone(client, steps).await;
     }
-    let st = match client.prepare_cached(FENCED_COMMIT).await {
+    let statements = match Statements::prepare(client).await {
         Ok(st) => st,
         Err(e) => return steps.iter().map(|s| Err(write_error(s.run_id, "commit", &e))).collect(),
     };
     let params: Vec<_> = steps.iter().map(|s| s.params()).collect();
     let mut requests: Vec<MaybeDone<BoxFuture<'_, Result<Answer, tokio_postgres::Error>>>> = Vec::with_capacity(steps.len() + 2);
     requests.push(futures::future::maybe_done(Box::pin(async { client.batch_execute("BEGIN").await.map(|_| Answer::Done) })));
-    for p in &params {
-        let st = &st;
-        requests.push(futures::future::maybe_done(Box::pin(async move { client.query_one(st, p).await.map(Answer::Row) })));
+    for (step, p) in steps.iter().zip(&params) {
+        let (st, n) = step.statement(&statements);
+        requests.push(futures::future::maybe_done(Box::pin(async move { client.query_one(st, &p[..n]).await.map(Answer::Row) })));
     }
     requests.push(futures::future::maybe_done(Box::pin(async { client.batch_execute("COMMIT").await.map(|_| Answer::Done) })));
     // Polled in order, every time: a request is sent when first polled, so
@@ -357,14 +405,14 @@ async fn write_pooled(pool: &Pool, timeout: Duration, steps: &[&Step]) -> Vec<Re
 
 #[cfg(test)]
 mod tests {
-    use super::FENCED_COMMIT;
+    use super::{FENCED_APPEND, FENCED_COMMIT};
     use crate::testkit::TestDb;
 
     /// The generic plan of [`FENCED_COMMIT`] (the one a pooled connection
     /// settles on after a few executions), on a fresh database and on one
     /// holding a busy fleet's pending approvals.
     async fn generic_plan(sql: &tokio_postgres::Client) -> String {
-        sql.batch_execute(&format!("DEALLOCATE ALL; SET plan_cache_mode = force_generic_plan; PREPARE step AS {FENCED_COMMIT}")).await.expect("prepare the step");
+        sql.batch_execute(&format!("DEALLOCATE ALL; SET plan_cache_mode = force_generic_plan; PREPARE step AS {}", *FENCED_COMMIT)).await.expect("prepare the step");
         let nulls = vec!["NULL"; 24].join(", ");
         let rows = sql.query(&format!("EXPLAIN EXECUTE step({nulls})"), &[]).await.expect("explain the step");
         rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
@@ -398,5 +446,12 @@ mod tests {
             let gates = plan.lines().filter(|l| l.contains("One-Time Filter") && l.contains("cardinality")).count();
             assert_eq!(gates, 2, "busy = {busy}: `decided` and `consumed` gated on their parameters:\n{plan}");
         }
+        // Most steps: the run row and the events, nothing else.
+        sql.batch_execute(&format!("PREPARE append AS {}", *FENCED_APPEND)).await.expect("prepare the append");
+        let nulls = vec!["NULL"; 13].join(", ");
+        let plan: Vec<String> = sql.query(&format!("EXPLAIN EXECUTE append({nulls})"), &[]).await.expect("explain the append").iter().map(|r| r.get(0)).collect();
+        let plan = plan.join("\n");
+        assert!(plan.contains("Update on runs") && plan.contains("Insert on events"), "{plan}");
+        assert!(!plan.contains("approvals") && !plan.contains("inbox"), "an append opens nothing else:\n{plan}");
     }
 }
