@@ -395,8 +395,8 @@ pub async fn open_and_release_if_idle(log: &dyn EventLog) {
 }
 
 /// The outbox drains; runnable runs without a live lease are orphaned; parked
-/// and leased runs are not. An orphan is `lapsed` only when its last lease
-/// lapsed (never leased, or let go: not lapsed).
+/// and leased runs are not. An orphan is `queued` only while it was never
+/// started; started orphans come first.
 pub async fn outbox_and_orphans(log: &dyn EventLog) {
     let s = sample_log();
     log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
@@ -405,12 +405,15 @@ pub async fn outbox_and_orphans(log: &dyn EventLog) {
     assert_eq!(ours.len(), 1);
     log.outbox_done(&ours).await.unwrap();
     assert!(!log.outbox(10_000).await.unwrap().iter().any(|(_, j)| j.run_id == s.run_id));
-    let orphan = |job: Job, lapsed: bool| Orphan { job, lapsed };
-    assert!(log.orphaned(10_000).await.unwrap().contains(&orphan(Job::start(s.run_id, 1), false)), "runnable, never leased: a start");
+    let orphan = |job: Job, queued: bool| Orphan { job, queued };
+    assert!(log.orphaned(10_000).await.unwrap().contains(&orphan(Job::start(s.run_id, 1), true)), "runnable, never started: a start, queued");
     let short = log.acquire(s.run_id, "w", Duration::from_millis(50)).await.unwrap();
     assert!(!log.orphaned(10_000).await.unwrap().iter().any(|o| o.job.run_id == s.run_id), "leased");
     tokio::time::sleep(Duration::from_millis(120)).await;
-    assert!(log.orphaned(10_000).await.unwrap().contains(&orphan(Job::start(s.run_id, 1), true)), "runnable, its lease lapsed");
+    let orphans = log.orphaned(10_000).await.unwrap();
+    assert!(orphans.contains(&orphan(Job::start(s.run_id, 1), false)), "runnable, its lease lapsed: started");
+    let first_queued = orphans.iter().position(|o| o.queued).unwrap_or(orphans.len());
+    assert!(orphans[first_queued..].iter().all(|o| o.queued), "started orphans first: {orphans:?}");
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
     assert!(short.token != lease.token);
     log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
@@ -422,7 +425,7 @@ pub async fn outbox_and_orphans(log: &dyn EventLog) {
     let head = s.parked.len() as u64;
     let jobs: Vec<Job> = log.outbox(10_000).await.unwrap().into_iter().map(|(_, j)| j).filter(|j| j.run_id == s.run_id).collect();
     assert_eq!(jobs, vec![Job::resume(s.run_id, head)], "a posted payload writes a resume");
-    assert!(log.orphaned(10_000).await.unwrap().contains(&orphan(Job::resume(s.run_id, head), false)), "let go, a payload waiting: a resume");
+    assert!(log.orphaned(10_000).await.unwrap().contains(&orphan(Job::resume(s.run_id, head), false)), "parked, a payload waiting: a resume");
 }
 
 /// Listing filters by tenant, status and batch, and pages by run id.

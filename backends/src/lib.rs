@@ -68,11 +68,13 @@ pub struct Orphan {
     /// The job that would wake it: at its head, a resume when a payload
     /// waits in its inbox.
     pub job: Job,
-    /// Its last lease lapsed (its worker died or stalled mid-job, after the
-    /// job was acked): no job is out for it. Otherwise it was never leased
-    /// or was let go, and a job for it normally waits in the queue (a run
-    /// admitted behind a backlog, a payload posted to a parked run).
-    pub lapsed: bool,
+    /// Admitted and never started: no lease and nothing after its
+    /// `session.start` (head 1). Its admission's job normally still waits
+    /// in the queue, behind a backlog of other starts. False for every
+    /// other orphan: a lease that lapsed (its worker died or stalled after
+    /// acking the job), a run let go with work left (a job abandoned on a
+    /// failing store), a parked run with a payload waiting.
+    pub queued: bool,
 }
 
 impl Job {
@@ -507,7 +509,9 @@ pub trait EventLog: Send + Sync {
     async fn outbox_done(&self, ids: &[i64]) -> Result<(), LogError>;
 
     /// Runs that have work (runnable, or with unconsumed inbox items) and no
-    /// live lease, by run id: the reconciler re-enqueues them.
+    /// live lease, the runs started before the runs never started (so a
+    /// backlog of the latter does not hide the former from `limit`), each
+    /// part by run id: the reconciler re-enqueues them.
     async fn orphaned(&self, limit: usize) -> Result<Vec<Orphan>, LogError>;
 
     /// What `tenant`'s runs spent on models during the UTC day `day`: the

@@ -297,10 +297,10 @@ impl EventLog for MemoryLog {
             .filter(|r| r.lease.as_ref().is_none_or(|l| l.expires_at <= now))
             .map(|r| Orphan {
                 job: Job { run_id: r.summary.run_id, head_seq: r.summary.head_seq, resume: r.inbox.iter().any(|(_, _, done)| !done) },
-                lapsed: r.lease.is_some(),
+                queued: r.summary.head_seq == 1 && r.lease.is_none(),
             })
             .collect();
-        jobs.sort_by_key(|o| o.job.run_id);
+        jobs.sort_by_key(|o| (o.queued, o.job.run_id));
         jobs.truncate(limit);
         Ok(jobs)
     }

@@ -820,6 +820,12 @@ where
 }
 
 /// Duration as Postgres seconds for `make_interval(secs => …)`.
+/// A `lock_timeout` (ms) that ends a lock wait well within `left`, the time
+/// a call has left: three quarters of it, at least 1 ms.
+fn lock_timeout_ms(left: Duration) -> u128 {
+    (left.as_millis() * 3 / 4).max(1)
+}
+
 fn ttl_secs(ttl: Duration) -> f64 {
     ttl.min(MAX_TTL).as_secs_f64()
 }
@@ -1310,12 +1316,18 @@ impl EventLog for PgLog {
         };
         let deadline = tokio::time::Instant::now() + self.call_timeout;
         let late = || LogError::Unavailable(format!("post: no answer within {:?}", self.call_timeout));
-        let client = tokio::time::timeout_at(deadline, self.client()).await.map_err(|_| late())??;
         let fail = |e: tokio_postgres::Error| write_error(run_id, "post", &e);
-        let (lock, post) = match futures::try_join!(client.prepare_cached(LOCK_FOR_POST), client.prepare_cached(&POST_PAYLOAD)) {
-            Ok(statements) => statements,
-            Err(e) => return Err(fail(e)),
-        };
+        let (client, lock, post) = tokio::time::timeout_at(deadline, async {
+            let client = self.client().await?;
+            let (lock, post) = futures::try_join!(client.prepare_cached(LOCK_FOR_POST), client.prepare_cached(&POST_PAYLOAD)).map_err(fail)?;
+            Ok::<_, LogError>((client, lock, post))
+        })
+        .await
+        .map_err(|_| late())??;
+        // `COMMIT` is on its way before the lock is granted: a wait for a
+        // lock (the run row, a concurrent post's dedupe key) must end on the
+        // server, failing the transaction, before the caller gives up.
+        let begin = format!("BEGIN; SET LOCAL lock_timeout = {}", lock_timeout_ms(deadline.saturating_duration_since(tokio::time::Instant::now())));
         let lock_params: [&(dyn ToSql + Sync); 1] = [&run_id];
         let post_params: [&(dyn ToSql + Sync); 5] = [&run_id, &key, &cell.text, &cell.raw, &decided];
         // Sent in one write, in this order (each request goes out when its
@@ -1323,7 +1335,7 @@ impl EventLog for PgLog {
         // rollback.
         let pipeline = async {
             futures::join!(
-                client.batch_execute("BEGIN"),
+                client.batch_execute(&begin),
                 client.query_opt(&lock, &lock_params),
                 client.query_one(&post, &post_params),
                 client.batch_execute("COMMIT"),
@@ -1332,7 +1344,8 @@ impl EventLog for PgLog {
         let (begin, locked, posted, commit) = match tokio::time::timeout_at(deadline, pipeline).await {
             Ok(answers) => answers,
             Err(_) => {
-                // Perhaps inside the transaction still: never back to the pool.
+                // Perhaps inside the transaction still: never back to the
+                // pool. A lock wait ends by `lock_timeout`, rolling it back.
                 drop(deadpool_postgres::Object::take(client));
                 return Err(late());
             }
@@ -1574,12 +1587,12 @@ impl EventLog for PgLog {
             let client = self.client().await?;
             let st = client
                 .prepare_cached(
-                    "SELECT id, head_seq, resume, lapsed FROM ( \
-                       SELECT id, head_seq, status, lease_expires_at IS NOT NULL AS lapsed, \
+                    "SELECT id, head_seq, resume, queued FROM ( \
+                       SELECT id, head_seq, status, (head_seq = 1 AND lease_expires_at IS NULL) AS queued, \
                          EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed) AS resume FROM runs r \
                        WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
                      ) o WHERE status = 'runnable' OR resume \
-                     ORDER BY id LIMIT $1",
+                     ORDER BY queued, id LIMIT $1",
                 )
                 .await
                 .map_err(|e| unavailable("orphaned", &e))?;
@@ -1587,7 +1600,7 @@ impl EventLog for PgLog {
             rows.iter()
                 .map(|row| {
                     let job = Job { run_id: col(row, "id")?, head_seq: seq_of(col(row, "head_seq")?, "head_seq")?, resume: col(row, "resume")? };
-                    Ok(Orphan { job, lapsed: col(row, "lapsed")? })
+                    Ok(Orphan { job, queued: col(row, "queued")? })
                 })
                 .collect()
         })

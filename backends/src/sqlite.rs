@@ -1229,19 +1229,19 @@ impl EventLog for SqliteLog {
             .read("orphaned", move |conn| {
                 let mut st = conn
                     .prepare_cached(
-                        "SELECT id, head_seq, resume, lapsed FROM ( \
-                           SELECT id, head_seq, status, lease_expires_at IS NOT NULL AS lapsed, \
+                        "SELECT id, head_seq, resume, queued FROM ( \
+                           SELECT id, head_seq, status, (head_seq = 1 AND lease_expires_at IS NULL) AS queued, \
                              EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND i.consumed = 0) AS resume FROM runs r \
                            WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) \
                          ) WHERE status = 'runnable' OR resume \
-                         ORDER BY id LIMIT ?2",
+                         ORDER BY queued, id LIMIT ?2",
                     )
                     .map_err(db("orphaned"))?;
                 let mut rows = st.query(params![nanos(Utc::now()), i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(db("orphaned"))?;
                 let mut jobs = Vec::new();
                 while let Some(row) = rows.next().map_err(db("orphaned"))? {
                     let job = Job { run_id: uuid_of(&get::<String>(row, "id")?, "run id")?, head_seq: u64_of(get(row, "head_seq")?, "head_seq")?, resume: get(row, "resume")? };
-                    jobs.push(Orphan { job, lapsed: get(row, "lapsed")? });
+                    jobs.push(Orphan { job, queued: get(row, "queued")? });
                 }
                 Ok(jobs)
             })

@@ -455,7 +455,7 @@ async fn leases_use_the_database_clock_and_fence() {
     db.sql().await.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second'", &[]).await.unwrap();
     assert!(matches!(log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[]).await, Err(LogError::LeaseLost(_))));
     let orphans = log.orphaned(10).await.unwrap();
-    assert!(orphans.len() == 1 && orphans[0].lapsed, "a lapsed lease leaves the run to the reconciler: {orphans:?}");
+    assert!(orphans.len() == 1 && !orphans[0].queued, "a lapsed lease leaves the run to the reconciler: {orphans:?}");
     let taken = log.acquire(s.run_id, "w2", TTL).await.unwrap();
     assert_ne!(taken.token, lease.token);
     log.release(&lease).await.unwrap();
@@ -494,6 +494,36 @@ async fn runs_move_between_sqlite_and_postgres() {
     let pg = db.log().await;
     conformance::export_import_round_trip(&sqlite, &pg).await;
     conformance::export_import_round_trip(&pg, &sqlite).await;
+}
+
+/// A post that gives up while it waits for the run's lock (its call timeout)
+/// writes nothing, though its `COMMIT` was sent with the rest: the server
+/// ends the wait first (`lock_timeout`), failing the transaction. The
+/// payload can then be posted again.
+#[tokio::test]
+async fn a_post_that_timed_out_waiting_for_the_lock_wrote_nothing() {
+    let (db, log, s) = admitted(PgOptions { max_connections: 4, call_timeout: Duration::from_millis(400), ..PgOptions::default() }).await;
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[]).await.unwrap();
+    log.release(&lease).await.unwrap();
+    let mut holder = db.sql().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.query_one("SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE", &[&s.run_id]).await.unwrap();
+    let hash = args_hash(&json!({"order": "A1", "amount": 30}));
+    let approval = Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None };
+    let timed_out = log.post(s.run_id, approval.clone()).await;
+    assert!(matches!(&timed_out, Err(LogError::Unavailable(why)) if why.contains("55P03")), "the server ended the wait (lock_not_available): {timed_out:?}");
+    // Well past the call timeout, still holding the lock, then let go.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    tx.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sql = db.sql().await;
+    let rows: i64 = sql.query_one("SELECT count(*) FROM inbox WHERE run_id = $1", &[&s.run_id]).await.unwrap().get(0);
+    assert_eq!(rows, 0, "nothing was committed after the post gave up");
+    let resumes: i64 =
+        sql.query_one("SELECT count(*) FROM outbox WHERE job->>'run_id' = $1 AND job->>'resume' = 'true'", &[&s.run_id.to_string()]).await.unwrap().get(0);
+    assert_eq!(resumes, 0, "no resume job either");
+    log.post(s.run_id, approval).await.expect("posted again");
 }
 
 /// A payload posted while a cancel is being posted waits for the run's lock

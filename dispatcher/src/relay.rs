@@ -108,20 +108,21 @@ pub const RECONCILE_BATCH: usize = 1000;
 ///
 /// A run reported orphaned is published when it has stayed orphaned at the
 /// same head for `grace` since it was first seen, then again after twice as
-/// long, four times, … up to [`MAX_REQUEUE_BACKOFF`]: with no worker
-/// consuming, the queue gains a few duplicates per run, not one per run per
-/// tick. With `grace` zero every orphan is published on every tick.
+/// long, four times, … up to [`MAX_REQUEUE_BACKOFF`].
 ///
-/// A run whose lease lapsed (its worker died after acking the job) has no
-/// job out, and is published after `grace` whatever the queue holds. Any
-/// other orphan (never leased, or let go with a payload waiting), and a
-/// lapsed one once published, normally has its job in the queue, waiting
-/// its turn behind a backlog: it is published (again) only once the queue
-/// has held no ready job for `grace` (every job queued when the run was
-/// first seen has been handed out by then), or when it has waited
-/// [`MAX_REQUEUE_BACKOFF`]. A backlog, or a fleet with no worker consuming,
-/// therefore gains no duplicates, each of which would cost a worker a
-/// refused lease.
+/// An orphan that was started (its lease lapsed because its worker died
+/// after acking the job, or a job on it was abandoned) has no job out: it
+/// is published on that schedule whatever the queue holds. An orphan never
+/// started ([`Orphan::queued`]), and any orphan once published here,
+/// normally has its job in the queue, waiting its turn: it is published
+/// (again) only once the queue has held no ready job for `grace` (every job
+/// queued when the run was first seen has been handed out by then), or
+/// when it has waited [`MAX_REQUEUE_BACKOFF`]. A backlog, or a fleet with no
+/// worker consuming, therefore gains no duplicates, each of which would
+/// cost a worker a refused lease; a job lost from a busy queue is found
+/// again when the queue drains, or after [`MAX_REQUEUE_BACKOFF`]. With
+/// `grace` zero every started orphan is published on every tick, and the
+/// others on every tick the queue is empty.
 pub struct Reconciler {
     app: App,
     grace: Duration,
@@ -164,15 +165,15 @@ impl Reconciler {
         let drained = self.drained_since.is_some_and(|since| now.duration_since(since) >= self.grace);
         let mut current = HashMap::with_capacity(orphans.len());
         let mut due = Vec::new();
-        for Orphan { job, lapsed } in orphans {
+        for Orphan { job, queued } in orphans {
             let (since, published) = match self.seen.get(&job.run_id) {
                 Some((head, since, published)) if *head == job.head_seq => (*since, *published),
                 _ => (now, 0),
             };
             let wait = if self.grace.is_zero() { Duration::ZERO } else { (self.grace * 2u32.saturating_pow(published.min(16))).min(MAX_REQUEUE_BACKOFF.max(self.grace)) };
-            // Its job presumably waits in the queue: the admission's or a
-            // post's, or, for a lapsed lease, the one published here.
-            let in_line = (!lapsed || published > 0) && !drained && now.duration_since(since) < MAX_REQUEUE_BACKOFF;
+            // Its job presumably waits in the queue: its admission's, or
+            // the one published here.
+            let in_line = (queued || published > 0) && !drained && now.duration_since(since) < MAX_REQUEUE_BACKOFF;
             if now.duration_since(since) >= wait && !in_line {
                 due.push(job);
                 current.insert(job.run_id, (job.head_seq, now, published + 1));

@@ -354,7 +354,7 @@ async fn reconciler_requeues_runs_whose_job_or_worker_was_lost() {
 /// A run waiting its turn behind a backlog has its job in the queue: the
 /// reconciler does not duplicate it, however long it waits, until the queue
 /// has held no ready job for the grace period. A run whose worker died has
-/// no job out and is re-enqueued behind the backlog all the same.
+/// no job out and is re-enqueued behind the backlog all the same, once.
 #[tokio::test]
 async fn reconciler_leaves_runs_waiting_in_a_backlog_alone() {
     let h = harness();
