@@ -496,21 +496,32 @@ async fn runs_move_between_sqlite_and_postgres() {
     conformance::export_import_round_trip(&pg, &sqlite).await;
 }
 
+/// An admitted run parked at its approval (call `c1`) with no lease held.
+async fn parked_and_let_go(options: PgOptions) -> (TestDb, PgLog, SampleLog) {
+    let (db, log, s) = admitted(options).await;
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[]).await.unwrap();
+    log.release(&lease).await.unwrap();
+    (db, log, s)
+}
+
+/// The approval of the sample run's call `c1`, as it was requested.
+fn approve_c1() -> Resume {
+    let hash = args_hash(&json!({"order": "A1", "amount": 30}));
+    Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None }
+}
+
 /// A post that gives up while it waits for the run's lock (its call timeout)
 /// writes nothing, though its `COMMIT` was sent with the rest: the server
 /// ends the wait first (`lock_timeout`), failing the transaction. The
 /// payload can then be posted again.
 #[tokio::test]
 async fn a_post_that_timed_out_waiting_for_the_lock_wrote_nothing() {
-    let (db, log, s) = admitted(PgOptions { max_connections: 4, call_timeout: Duration::from_millis(400), ..PgOptions::default() }).await;
-    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
-    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[]).await.unwrap();
-    log.release(&lease).await.unwrap();
+    let (db, log, s) = parked_and_let_go(PgOptions { max_connections: 4, call_timeout: Duration::from_millis(400), ..PgOptions::default() }).await;
     let mut holder = db.sql().await;
     let tx = holder.transaction().await.unwrap();
     tx.query_one("SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE", &[&s.run_id]).await.unwrap();
-    let hash = args_hash(&json!({"order": "A1", "amount": 30}));
-    let approval = Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None };
+    let approval = approve_c1();
     let timed_out = log.post(s.run_id, approval.clone()).await;
     assert!(matches!(&timed_out, Err(LogError::Unavailable(why)) if why.contains("55P03")), "the server ended the wait (lock_not_available): {timed_out:?}");
     // Well past the call timeout, still holding the lock, then let go.
@@ -531,10 +542,7 @@ async fn a_post_that_timed_out_waiting_for_the_lock_wrote_nothing() {
 /// cancel's transaction is held open by hand until the second post waits.
 #[tokio::test]
 async fn a_post_that_waited_for_a_cancel_sees_it() {
-    let (db, log, s) = admitted(PgOptions { max_connections: 4, ..PgOptions::default() }).await;
-    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
-    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[]).await.unwrap();
-    log.release(&lease).await.unwrap();
+    let (db, log, s) = parked_and_let_go(PgOptions { max_connections: 4, ..PgOptions::default() }).await;
     // The cancel, as `post` writes it, in a transaction left open.
     let mut cancel = db.sql().await;
     let tx = cancel.transaction().await.unwrap();
@@ -542,8 +550,7 @@ async fn a_post_that_waited_for_a_cancel_sees_it() {
     tx.execute("INSERT INTO inbox (run_id, dedupe_key, payload) VALUES ($1, 'cancel', '{\"kind\":\"cancel\",\"reason\":\"stop\"}')", &[&s.run_id])
         .await
         .unwrap();
-    let hash = args_hash(&json!({"order": "A1", "amount": 30}));
-    let approval = Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None };
+    let approval = approve_c1();
     let poster = log.clone();
     let run_id = s.run_id;
     let posted = tokio::spawn(async move { poster.post(run_id, approval).await });
