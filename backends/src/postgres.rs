@@ -819,13 +819,13 @@ where
     }
 }
 
-/// Duration as Postgres seconds for `make_interval(secs => …)`.
 /// A `lock_timeout` (ms) that ends a lock wait well within `left`, the time
 /// a call has left: three quarters of it, at least 1 ms.
 fn lock_timeout_ms(left: Duration) -> u128 {
     (left.as_millis() * 3 / 4).max(1)
 }
 
+/// Duration as Postgres seconds for `make_interval(secs => …)`.
 fn ttl_secs(ttl: Duration) -> f64 {
     ttl.min(MAX_TTL).as_secs_f64()
 }
@@ -1581,7 +1581,8 @@ impl EventLog for PgLog {
     }
 
     /// Runs not done, runnable or with unconsumed inbox items, whose lease is
-    /// absent or expired by the database clock; by run id.
+    /// absent or expired by the database clock; started runs first, then
+    /// by run id.
     async fn orphaned(&self, limit: usize) -> Result<Vec<Orphan>, LogError> {
         self.bounded("orphaned", async {
             let client = self.client().await?;
