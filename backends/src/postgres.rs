@@ -1326,7 +1326,9 @@ impl EventLog for PgLog {
         .map_err(|_| late())??;
         // `COMMIT` is on its way before the lock is granted: a wait for a
         // lock (the run row, a concurrent post's dedupe key) must end on the
-        // server, failing the transaction, before the caller gives up.
+        // server, failing the transaction, before the caller gives up. (The
+        // connection's `statement_timeout` ends it too, first when it is
+        // the shorter: by default 30 s against a 60 s call.)
         let begin = format!("BEGIN; SET LOCAL lock_timeout = {}", lock_timeout_ms(deadline.saturating_duration_since(tokio::time::Instant::now())));
         let lock_params: [&(dyn ToSql + Sync); 1] = [&run_id];
         let post_params: [&(dyn ToSql + Sync); 5] = [&run_id, &key, &cell.text, &cell.raw, &decided];

@@ -137,6 +137,9 @@ pub struct App {
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
     wake_admission: Arc<Notify>,
+    /// Held by each relay pass ([`relay_once`]): the relay loop and the
+    /// reconciler's tick never publish the same outbox rows twice.
+    relaying: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl App {
@@ -155,6 +158,7 @@ impl App {
             metrics: Arc::new(Metrics::new()),
             wake: Arc::new(Notify::new()),
             wake_admission: Arc::new(Notify::new()),
+            relaying: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 

@@ -34,8 +34,10 @@ pub enum RelayError {
 /// publish them (up to 32 in flight, each confirmed; the pass's resumes
 /// first, so a decision posted while a big batch of admissions is relayed
 /// does not wait for them), mark the confirmed ones done. Returns how many
-/// were relayed.
+/// were relayed. One pass at a time per [`App`] (the relay loop and the
+/// reconciler's tick would otherwise publish the rows they both read).
 pub async fn relay_once(app: &App) -> Result<usize, RelayError> {
+    let _pass = app.relaying.lock().await;
     let mut jobs = app.log.outbox(app.limits.relay_batch).await?;
     if jobs.is_empty() {
         return Ok(0);

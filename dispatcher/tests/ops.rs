@@ -34,6 +34,26 @@ impl JobQueue for DownQueue {
     }
 }
 
+/// A broker whose confirms take a moment (as RabbitMQ's do), over the twin.
+struct SlowQueue(Arc<glia_backends::memory::MemoryQueue>);
+
+#[async_trait]
+impl JobQueue for SlowQueue {
+    async fn publish(&self, job: &Job) -> Result<(), QueueError> {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        self.0.publish(job).await
+    }
+    async fn next(&self) -> Result<Delivery, QueueError> {
+        self.0.next().await
+    }
+    async fn next_resume(&self) -> Result<Delivery, QueueError> {
+        self.0.next_resume().await
+    }
+    async fn depth(&self) -> Result<u64, QueueError> {
+        self.0.depth().await
+    }
+}
+
 struct DownLedger;
 
 #[async_trait]
@@ -314,6 +334,25 @@ async fn relay_keeps_jobs_until_the_queue_confirms() {
     assert!(log.outbox(10).await.unwrap().is_empty());
     assert_eq!(queue.depth().await.unwrap(), 1);
     assert_eq!(up.metrics().jobs_relayed.get(), 1);
+}
+
+/// The relay loop and the reconciler's tick relay the same outbox: their
+/// passes take turns, so each job is published once, not once per pass
+/// that read it while the other was waiting for the broker's confirms.
+#[tokio::test]
+async fn concurrent_relay_passes_publish_each_job_once() {
+    let log = Arc::new(MemoryLog::default());
+    let queue = Arc::new(glia_backends::memory::MemoryQueue::default());
+    let app = App::new(log.clone(), Arc::new(SlowQueue(queue.clone())), Arc::new(glia_backends::memory::MemoryLedger::default()), auth());
+    let router = glia_dispatcher::router(app.clone());
+    for i in 0..20 {
+        let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": format!("run {i}")})))).await;
+        assert_eq!(r.status, StatusCode::CREATED);
+    }
+    let (a, b) = tokio::join!(glia_dispatcher::relay_once(&app), glia_dispatcher::relay_once(&app));
+    assert_eq!(a.unwrap() + b.unwrap(), 20);
+    assert_eq!(queue.depth().await.unwrap(), 20, "each job published once");
+    assert_eq!(app.metrics().jobs_relayed.get(), 20);
 }
 
 #[tokio::test]
