@@ -415,7 +415,7 @@ pub async fn outbox_and_orphans(log: &dyn EventLog) {
     let first_queued = orphans.iter().position(|o| o.queued).unwrap_or(orphans.len());
     assert!(orphans[first_queued..].iter().all(|o| o.queued), "started orphans first: {orphans:?}");
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
-    assert!(short.token != lease.token);
+    assert!(short.token != lease.token, "a lapsed lease is taken with a new token");
     log.commit(&lease, &s.parked[1..], &state_after(s.run_id, &s.parked), &[]).await.unwrap();
     log.release(&lease).await.unwrap();
     assert!(!log.orphaned(10_000).await.unwrap().iter().any(|o| o.job.run_id == s.run_id), "parked without payloads");

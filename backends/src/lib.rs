@@ -68,11 +68,12 @@ pub struct Orphan {
     /// The job that would wake it: at its head, a resume when a payload
     /// waits in its inbox.
     pub job: Job,
-    /// Admitted and never started: no lease and nothing after its
-    /// `session.start` (head 1). Its admission's job normally still waits
-    /// in the queue, behind a backlog of other starts. False for every
-    /// other orphan: a lease that lapsed (its worker died or stalled after
-    /// acking the job), a run let go with work left (a job abandoned on a
+    /// Admitted and never started, as far as the log tells: no lease (none
+    /// taken, or one let go) and nothing after its `session.start` (head 1).
+    /// Its admission's job normally still waits in the queue, behind a
+    /// backlog of other starts. False for every other orphan: a lease that
+    /// lapsed (its worker died or stalled after acking the job), a run let
+    /// go with work left after it recorded something (a job abandoned on a
     /// failing store), a parked run with a payload waiting.
     pub queued: bool,
 }
