@@ -891,7 +891,9 @@ const INSERT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, seq, state, st
      ON CONFLICT (run_id, seq) DO NOTHING";
 const PRUNE_CHECKPOINTS: &str = "DELETE FROM checkpoints WHERE run_id = $1 AND seq < $2";
 
-const LOCK_FOR_POST: &str = "SELECT status, head_seq FROM runs WHERE id = $1 FOR NO KEY UPDATE";
+/// Run `$1`'s row locked for a post; its status tells a finished run (the
+/// job's head is read by [`POST_PAYLOAD`], after the lock).
+const LOCK_FOR_POST: &str = "SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE";
 /// Whether a cancel waits in run `$1`'s inbox (its dedupe key is
 /// [`crate::CANCEL_KEY`]).
 static CANCEL_WAITING: LazyLock<String> =
