@@ -5,7 +5,9 @@
 //!
 //! - `steps`: durable step throughput of the whole fleet (dispatcher and
 //!   workers on Postgres, RabbitMQ, Redis) on the agent-step workload, beside
-//!   the raw single-row insert rate of the same Postgres; with `--target
+//!   the raw single-row insert rate of the same Postgres, and the fleet's
+//!   writes alone at the same concurrency (the ceiling of the ratio between
+//!   the two: [`writes_alone`]); with `--target
 //!   sqlite` the same for the single node (dispatcher and workers on one
 //!   SQLite file), `--target both` one after the other in the same run.
 //! - `growth`: one long run; commit latency and bytes written per step early
@@ -270,6 +272,10 @@ pub struct StepsRound {
     pub raw_inserts_per_s_1: f64,
     /// Raw single-row inserts per second at the fleet's concurrency.
     pub raw_inserts_per_s_c: f64,
+    /// The fleet's Postgres writes alone, at the same concurrency: steps per
+    /// second when nothing else runs (see [`writes_alone`]; 0 for the
+    /// single node).
+    pub writes_alone_steps_per_s: f64,
     /// Steps committed in the round.
     pub steps: i64,
     /// Wall time of the round (submit to last run done), s.
@@ -297,6 +303,11 @@ pub struct StepsResult {
     pub median: StepsRound,
     /// Median steps/s ÷ median raw inserts/s at the same concurrency.
     pub ratio_to_raw: f64,
+    /// Median writes-alone steps/s ÷ median raw inserts/s: the most
+    /// `ratio_to_raw` could be on this machine with every step writing what
+    /// it writes, if the rest of the fleet (queue, reads, model, tools,
+    /// ledger, HTTP) cost nothing (0 for the single node).
+    pub writes_alone_ratio: f64,
     /// Every round.
     pub rounds: Vec<StepsRound>,
 }
@@ -494,6 +505,7 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
     library.insert("bench", step_script(args.turns));
     let agent = Arc::new(Agent::new(Arc::new(library)).with_tools(crate::demo::tools()));
     let raw_concurrency = args.runs.min(args.workers.max(1) * args.concurrency);
+    let recorded = RecordedRun::record(&agent, args.turns).await?;
     let variants: Vec<Option<Variant>> = match target {
         Target::Sqlite => vec![None],
         _ => args.variants.iter().copied().map(Some).collect(),
@@ -513,24 +525,31 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
         }
         // The raw rate, on a store of its own once the fleet is gone.
         let seconds = Duration::from_secs(args.raw_seconds);
-        let (raw_1, raw_c) = if target == Target::Sqlite {
-            (raw_sqlite_inserts(1, seconds).await?, raw_sqlite_inserts(raw_concurrency, seconds).await?)
+        let (raw_1, raw_c, alone) = if target == Target::Sqlite {
+            (raw_sqlite_inserts(1, seconds).await?, raw_sqlite_inserts(raw_concurrency, seconds).await?, 0.0)
         } else {
             let raw_db = private_db(&args.urls.database_url).await?;
-            let raw = (raw_inserts(&raw_db, 1, seconds).await?, raw_inserts(&raw_db, raw_concurrency, seconds).await?);
+            let raw = (
+                raw_inserts(&raw_db, 1, seconds).await?,
+                raw_inserts(&raw_db, raw_concurrency, seconds).await?,
+                writes_alone(&raw_db, &recorded, raw_concurrency, seconds).await?,
+            );
             drop(raw_db);
             raw
         };
         for (i, mut result) in results.into_iter().enumerate() {
             result.raw_inserts_per_s_1 = raw_1;
             result.raw_inserts_per_s_c = raw_c;
+            result.writes_alone_steps_per_s = alone;
             eprintln!(
-                "{target:?} {:?} round {}: {:.0} steps/s ({:.2} of raw {:.0}/s), approval→resume p50 {:.1} ms p99 {:.1} ms",
+                "{target:?} {:?} round {}: {:.0} steps/s ({:.2} of raw {:.0}/s; writes alone {:.0}/s, {:.2} of raw), approval→resume p50 {:.1} ms p99 {:.1} ms",
                 variants[i],
                 round + 1,
                 result.steps_per_s,
                 result.steps_per_s / raw_c.max(1.0),
                 raw_c,
+                alone,
+                alone / raw_c.max(1.0),
                 result.approval_resume_p50_ms,
                 result.approval_resume_p99_ms
             );
@@ -550,10 +569,12 @@ fn summarise(args: &StepsArgs, variant: Option<Variant>, raw_concurrency: usize,
         approval_resume_p99_ms: m(|r| r.approval_resume_p99_ms),
         raw_inserts_per_s_1: m(|r| r.raw_inserts_per_s_1),
         raw_inserts_per_s_c: m(|r| r.raw_inserts_per_s_c),
+        writes_alone_steps_per_s: m(|r| r.writes_alone_steps_per_s),
         steps: median(rounds.iter().map(|r| r.steps as f64).collect()) as i64,
         wall_s: m(|r| r.wall_s),
     };
-    let ratio_to_raw = if medians.raw_inserts_per_s_c > 0.0 { medians.steps_per_s / medians.raw_inserts_per_s_c } else { 0.0 };
+    let of_raw = |x: f64| if medians.raw_inserts_per_s_c > 0.0 { x / medians.raw_inserts_per_s_c } else { 0.0 };
+    let (ratio_to_raw, writes_alone_ratio) = (of_raw(medians.steps_per_s), of_raw(medians.writes_alone_steps_per_s));
     StepsResult {
         variant,
         runs: args.runs,
@@ -564,6 +585,7 @@ fn summarise(args: &StepsArgs, variant: Option<Variant>, raw_concurrency: usize,
         raw_concurrency,
         median: medians,
         ratio_to_raw,
+        writes_alone_ratio,
         rounds,
     }
 }
@@ -625,6 +647,7 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound>
         approval_resume_p99_ms: percentile(&latencies, 0.99).unwrap_or(0.0),
         raw_inserts_per_s_1: 0.0,
         raw_inserts_per_s_c: 0.0,
+        writes_alone_steps_per_s: 0.0,
         steps,
         wall_s,
     })
@@ -666,6 +689,125 @@ async fn rate(tasks: Vec<tokio::task::JoinHandle<Result<u64>>>, started: Instant
         total += t.await??;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// One ungated run of the workload, as a worker commits it: its
+/// `session.start` (which admission writes) and each later commit's events
+/// with the state after them.
+struct RecordedRun {
+    start: Event,
+    commits: Vec<(Vec<Event>, RunState)>,
+}
+
+impl RecordedRun {
+    /// Run the workload's script once in memory, keeping the commits.
+    async fn record(agent: &Agent, turns: usize) -> Result<RecordedRun> {
+        let mut sink = RecordingSink::default();
+        let config = RunConfig { policies: Vec::new(), ..step_config("script:bench", turns) };
+        let (state, _) = agent.run(Uuid::now_v7(), "bench run", config, &mut sink).await?;
+        if !matches!(state.outcome, Some(glia_proto::Outcome::Succeeded { .. })) {
+            bail!("the recorded run did not succeed: {:?}", state.outcome);
+        }
+        let mut commits = sink.commits.into_iter();
+        let start = match commits.next() {
+            Some((mut events, _)) if events.len() == 1 && matches!(events[0].kind, EventKind::SessionStart { .. }) => events.remove(0),
+            other => bail!("the recorded run's first commit is not its session.start alone: {other:?}"),
+        };
+        Ok(RecordedRun { start, commits: commits.collect() })
+    }
+}
+
+/// Keeps each commit's events and the state after them.
+#[derive(Default)]
+struct RecordingSink {
+    buffer: Vec<Event>,
+    commits: Vec<(Vec<Event>, RunState)>,
+}
+
+#[async_trait]
+impl EventSink for RecordingSink {
+    async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
+        self.buffer.push(event.clone());
+        Ok(())
+    }
+
+    async fn commit(&mut self, state: &RunState) -> Result<(), SinkError> {
+        if !self.buffer.is_empty() {
+            self.commits.push((std::mem::take(&mut self.buffer), state.clone()));
+        }
+        Ok(())
+    }
+}
+
+/// The fleet's Postgres writes alone, for `duration`: `writers` tasks, each
+/// on a connection of its own, each admitting runs one after another and
+/// writing `recorded`'s commits to them as a worker does (`create_run`, the
+/// lease, one fenced statement per commit, the release). No queue, no reads
+/// of the run, no model, tools, ledger or HTTP. Steps (model responses and
+/// tool results, as [`steps_round`] counts them) committed per second: on
+/// the same server and at the same concurrency as the raw inserts, the
+/// ceiling of the fleet's `ratio_to_raw`.
+async fn writes_alone(db: &TestDb, recorded: &RecordedRun, writers: usize, duration: Duration) -> Result<f64> {
+    let options = glia_backends::postgres::PgOptions {
+        max_connections: writers.max(1),
+        commit_mode: glia_backends::postgres::CommitMode::Statement,
+        ..Default::default()
+    };
+    let log = Arc::new(db.log_with(options).await);
+    let commits: Arc<Vec<(Vec<Event>, RunState, u64)>> = Arc::new(
+        recorded
+            .commits
+            .iter()
+            .map(|(events, state)| {
+                let steps = events.iter().filter(|e| matches!(e.kind, EventKind::ModelResponse { .. } | EventKind::ToolResult { .. } | EventKind::ToolError { .. })).count();
+                (events.clone(), state.clone(), steps as u64)
+            })
+            .collect(),
+    );
+    // Every connection opened and its statements prepared first (one run
+    // per writer), as the raw inserts connect before their clock starts.
+    let warm = Instant::now() + Duration::from_millis(1);
+    rate(write_runs(&log, &commits, &recorded.start, writers, warm), Instant::now()).await?;
+    let started = Instant::now();
+    rate(write_runs(&log, &commits, &recorded.start, writers, started + duration), started).await
+}
+
+/// [`writes_alone`]'s writers: each admits a run and writes all its commits,
+/// then the next, until `until` has passed (at least one run each; the
+/// rate counts the time to the last run's end), answering the steps it
+/// committed.
+fn write_runs(
+    log: &Arc<glia_backends::postgres::PgLog>,
+    commits: &Arc<Vec<(Vec<Event>, RunState, u64)>>,
+    start: &Event,
+    writers: usize,
+    until: Instant,
+) -> Vec<tokio::task::JoinHandle<Result<u64>>> {
+    (0..writers.max(1))
+        .map(|w| {
+            let (log, commits, start) = (log.clone(), commits.clone(), start.clone());
+            tokio::spawn(async move {
+                let mut steps = 0u64;
+                loop {
+                    let run_id = Uuid::now_v7();
+                    let start = Event { run_id, ..start.clone() };
+                    log.create_run(NewRun { tenant: "bench".into(), idempotency_key: None, batch_id: None, start }).await?;
+                    let lease = log.acquire(run_id, &format!("bench-writer-{w}"), Duration::from_secs(30)).await?;
+                    for (events, state, n) in commits.iter() {
+                        let events: Vec<Event> = events.iter().map(|e| Event { run_id, ..e.clone() }).collect();
+                        let state = RunState { run_id, ..state.clone() };
+                        log.commit(&lease, &events, &state, &[]).await?;
+                        steps += n;
+                    }
+                    log.release(&lease).await?;
+                    if Instant::now() >= until {
+                        break;
+                    }
+                }
+                anyhow::Ok(steps)
+            })
+        })
+        .collect()
 }
 
 /// Single-row autocommit inserts (the same payload as [`raw_inserts`]) into

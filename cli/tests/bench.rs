@@ -22,6 +22,8 @@ fn steps_growth_and_memory_report_measurements() {
     assert!(m["raw_inserts_per_s_1"].as_f64().unwrap() > 0.0 && m["raw_inserts_per_s_c"].as_f64().unwrap() > 0.0, "{s}");
     assert_eq!(s["raw_concurrency"], 6, "{s}");
     assert_eq!(s["variant"], "group", "{s}");
+    // The ceiling beside them: the same runs' writes, nothing else.
+    assert!(m["writes_alone_steps_per_s"].as_f64().unwrap() > 0.0 && s["writes_alone_ratio"].as_f64().unwrap() > 0.0, "{s}");
 
     // Variants side by side: one result each, the same work done by each.
     let s = bench(&["steps", "--runs", "4", "--turns", "2", "--repeat", "1", "--raw-seconds", "1", "--concurrency", "4", "--variants", "transaction,statement,group"]);
@@ -38,6 +40,7 @@ fn steps_growth_and_memory_report_measurements() {
     assert_eq!(m["steps"], 6 * (2 * 3 + 1), "{s}");
     assert!(m["steps_per_s"].as_f64().unwrap() > 0.0 && m["approval_resume_p50_ms"].as_f64().unwrap() > 0.0, "{s}");
     assert!(m["raw_inserts_per_s_1"].as_f64().unwrap() > 0.0 && m["raw_inserts_per_s_c"].as_f64().unwrap() > 0.0, "{s}");
+    assert_eq!(m["writes_alone_steps_per_s"], 0.0, "{s}");
 
     let g = bench(&["growth", "--turns", "30", "--window", "4"]);
     assert_eq!(g["commits"], 2 * 30 + 2, "{g}");
