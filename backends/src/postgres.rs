@@ -959,6 +959,16 @@ static OPEN_LEASE: LazyLock<String> = LazyLock::new(|| {
          AND (r.head_seq <= $5 OR r.status = 'runnable' OR EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed)) {LEASE_TAKEN}"
     )
 });
+/// Opens the transaction of [`EventLog::open`]'s lease update, committed
+/// without waiting for its WAL to reach the disk (`synchronous_commit =
+/// off` for that transaction only): the update is on the path from a
+/// posted payload to its resume, and the fsync wait was ~2 ms of it under
+/// load (BENCHMARKS.md §1g). Losing it is harmless: a lease lost in a
+/// crash of the server is a lease that lapsed. Every write under the lease
+/// is fenced by its token, and the first durable commit under it flushes
+/// it too (the WAL is flushed in order), so nothing durable depends on a
+/// lease that was not.
+const LEASE_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
 /// Why [`OPEN_LEASE`] refused.
 const OPEN_REFUSED: &str = "SELECT status, head_seq, lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live, \
      EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = runs.id AND NOT i.consumed) AS pending FROM runs WHERE id = $1";
@@ -1385,10 +1395,11 @@ impl EventLog for PgLog {
     }
 
     /// One round trip: the lease update ([`OPEN_LEASE`], which refuses a
-    /// done run and a stale job as well as a held lease) and the three reads
-    /// (the latest checkpoint, the events after it, the inbox) are sent
-    /// pipelined on one connection, each in its own implicit transaction, in
-    /// that order: the reads see the run as the lease found it (no other
+    /// done run and a stale job as well as a held lease; in a transaction
+    /// of its own committed without waiting for the disk, [`LEASE_BEGIN`])
+    /// and the three reads (the latest checkpoint, the events after it, the
+    /// inbox; each in its own implicit transaction) are sent pipelined on
+    /// one connection, in that order: the reads see the run as the lease found it (no other
     /// worker can commit to it meanwhile; a post may add to the inbox, and
     /// is then also read by `release_if_idle`), and read nothing when the
     /// update refused (they check the lease token). Only when the update refuses is the
@@ -1411,12 +1422,16 @@ impl EventLog for PgLog {
             let run_params: [&(dyn ToSql + Sync); 1] = [&run_id];
             let read_params: [&(dyn ToSql + Sync); 2] = [&run_id, &token];
             for _ in 0..3 {
-                let (taken, checkpoint, events, inbox) = futures::join!(
+                let (begin, taken, commit, checkpoint, events, inbox) = futures::join!(
+                    client.batch_execute(LEASE_BEGIN),
                     client.query_opt(&take, &take_params),
+                    client.batch_execute("COMMIT"),
                     client.query_opt(&read_checkpoint, &read_params),
                     client.query(&read_events_after, &read_params),
                     client.query(&read_inbox, &read_params),
                 );
+                begin.map_err(fail)?;
+                commit.map_err(fail)?;
                 if let Some(row) = taken.map_err(fail)? {
                     let lease = Lease { run_id, owner: owner.to_owned(), token, expires_at: col(&row, "lease_expires_at")?, taken_over: col(&row, "taken_over")? };
                     let read = async {
