@@ -865,6 +865,47 @@ impl Select {
 // ---------------------------------------------------------------------------
 // SQL
 
+/// [`EventLog::create_run`]'s one statement: run `$1` of tenant `$2` (key
+/// `$3`, batch `$4`, goal `$5`, summary `$6`–`$10` as in [`UPDATE_SUMMARY`]),
+/// its `session.start` (`$11`–`$16`, as in [`INSERT_EVENTS`]), its start job
+/// `$17` in the outbox, and the event's blob if it has one (`$18` hashes,
+/// `$19` bytes). The run row comes first and every other part is driven
+/// by it (`… FROM run`): with the key taken (`ON CONFLICT … DO NOTHING`)
+/// or batch `$4` another tenant's, nothing is written and no row answers.
+/// A reused run id is a unique violation.
+static ADMIT_RUN: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH run AS ( \
+           INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq) \
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 \
+           WHERE $4::uuid IS NULL OR EXISTS (SELECT 1 FROM batches WHERE id = $4 AND tenant = $2) \
+           ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+           RETURNING {SUMMARY_COLUMNS}), \
+         blob AS ( \
+           INSERT INTO blobs (hash, bytes) SELECT b.hash, b.bytes FROM run, unnest($18::text[], $19::bytea[]) AS b(hash, bytes) \
+           ON CONFLICT (hash) DO NOTHING), \
+         ev AS ( \
+           INSERT INTO events (run_id, seq, kind, at, at_nanos, payload, blob_hash) \
+           SELECT r.id, t.seq, t.kind, t.at, t.at_nanos, t.payload::jsonb, t.blob_hash FROM run r, \
+             unnest($11::bigint[], $12::text[], $13::timestamptz[], $14::int4[], $15::text[], $16::text[]) AS t(seq, kind, at, at_nanos, payload, blob_hash)), \
+         job AS (INSERT INTO outbox (job) SELECT $17 FROM run) \
+         SELECT * FROM run"
+    )
+});
+
+/// The run of `tenant` admitted with `key` before (a concurrent admission
+/// that won has committed: `ON CONFLICT` waited for it).
+async fn admitted_before(client: &deadpool_postgres::Client, run_id: Uuid, tenant: &str, key: &Option<String>) -> Result<RunSummary, LogError> {
+    let fail = |e: tokio_postgres::Error| write_error(run_id, "create_run", &e);
+    let existing = client.prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE tenant = $1 AND idempotency_key = $2")).await.map_err(fail)?;
+    let row = client
+        .query_opt(&existing, &[&tenant, key])
+        .await
+        .map_err(fail)?
+        .ok_or_else(|| LogError::Unavailable("idempotency key conflict without a run".into()))?;
+    summary(&row)
+}
+
 const INSERT_BATCH: &str = "INSERT INTO batches (id, tenant) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING";
 const BATCH_TENANT: &str = "SELECT tenant FROM batches WHERE id = $1";
 
@@ -1010,31 +1051,16 @@ impl EventLog for PgLog {
         let columns = SummaryColumns::of(&state)?;
         let goal = state.goal.replace('\0', "\u{FFFD}");
         let job = serde_json::to_value(Job::start(run_id, state.head_seq)).map_err(|e| LogError::Unavailable(e.to_string()))?;
+        let hashes: Vec<&str> = encoded.blobs.iter().map(|(h, _)| h.as_str()).collect();
+        let bytes: Vec<&[u8]> = encoded.blobs.iter().map(|(_, b)| b.as_slice()).collect();
         self.bounded("create_run", async {
-            let fail = |e: tokio_postgres::Error| write_error(run_id, "create_run", &e);
-            let mut client = self.client().await?;
-            let tx = client.transaction().await.map_err(fail)?;
-            if let Some(batch) = new.batch_id {
-                let insert = tx.prepare_cached(INSERT_BATCH).await.map_err(fail)?;
-                let owner = tx.prepare_cached(BATCH_TENANT).await.map_err(fail)?;
-                let (_, row) = futures::future::try_join(tx.execute(&insert, &[&batch, &new.tenant]), tx.query_one(&owner, &[&batch]))
-                    .await
-                    .map_err(fail)?;
-                let tenant: String = col(&row, "tenant")?;
-                if tenant != new.tenant {
-                    return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
-                }
-            }
-            let insert = tx
-                .prepare_cached(&format!(
-                    "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-                     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
-                     RETURNING {SUMMARY_COLUMNS}"
-                ))
-                .await
-                .map_err(fail)?;
-            let params: [&(dyn ToSql + Sync); 10] = [
+            let fail = |e: tokio_postgres::Error| match e.code() {
+                Some(&SqlState::UNIQUE_VIOLATION) => LogError::Invalid { run_id, reason: "run id already exists".into() },
+                _ => write_error(run_id, "create_run", &e),
+            };
+            let client = self.client().await?;
+            let admit = client.prepare_cached(&ADMIT_RUN).await.map_err(fail)?;
+            let params: [&(dyn ToSql + Sync); 19] = [
                 &run_id,
                 &new.tenant,
                 &new.idempotency_key,
@@ -1045,35 +1071,49 @@ impl EventLog for PgLog {
                 &columns.pull_point,
                 &columns.outcome,
                 &columns.head_seq,
+                &encoded.seqs,
+                &encoded.kinds,
+                &encoded.ats,
+                &encoded.at_nanos,
+                &encoded.payloads,
+                &encoded.blob_hashes,
+                &job,
+                &hashes,
+                &bytes,
             ];
-            let inserted = match tx.query_opt(&insert, &params).await {
-                Ok(row) => row,
-                Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
-                    return Err(LogError::Invalid { run_id, reason: "run id already exists".into() });
+            let Some(batch) = new.batch_id else {
+                // One statement, its own transaction: one round trip.
+                return match client.query_opt(&admit, &params).await.map_err(fail)? {
+                    Some(row) => Ok((summary(&row)?, true)),
+                    None => Ok((admitted_before(&client, run_id, &new.tenant, &new.idempotency_key).await?, false)),
+                };
+            };
+            // The batch first (created on first use) in the run's
+            // transaction, pipelined: the statement after it sees its row.
+            let insert = client.prepare_cached(INSERT_BATCH).await.map_err(fail)?;
+            let batch_params: [&(dyn ToSql + Sync); 2] = [&batch, &new.tenant];
+            let (begin, batch_row, admitted) =
+                futures::join!(client.batch_execute("BEGIN"), client.execute(&insert, &batch_params), client.query_opt(&admit, &params));
+            let result = async {
+                begin.map_err(fail)?;
+                batch_row.map_err(fail)?;
+                if let Some(row) = admitted.map_err(fail)? {
+                    return Ok((summary(&row)?, true));
                 }
-                Err(e) => return Err(fail(e)),
-            };
-            let Some(row) = inserted else {
-                // The key is taken (possibly by a transaction that just
-                // committed): return that run, writing nothing.
-                let existing = tx
-                    .prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE tenant = $1 AND idempotency_key = $2"))
-                    .await
-                    .map_err(fail)?;
-                let row = tx
-                    .query_opt(&existing, &[&new.tenant, &new.idempotency_key])
-                    .await
-                    .map_err(fail)?
-                    .ok_or_else(|| LogError::Unavailable("idempotency key conflict without a run".into()))?;
-                let found = summary(&row)?;
-                tx.rollback().await.map_err(fail)?;
-                return Ok((found, false));
-            };
-            let created = summary(&row)?;
-            let outbox = tx.prepare_cached(INSERT_OUTBOX).await.map_err(fail)?;
-            futures::future::try_join(write_events(&tx, run_id, &encoded), tx.execute(&outbox, &[&job])).await.map_err(fail)?;
-            tx.commit().await.map_err(fail)?;
-            Ok((created, true))
+                let owner = client.query_one(BATCH_TENANT, &[&batch]).await.map_err(fail)?;
+                if col::<String>(&owner, "tenant")? != new.tenant {
+                    return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
+                }
+                Ok((admitted_before(&client, run_id, &new.tenant, &new.idempotency_key).await?, false))
+            }
+            .await;
+            // Only a new run is kept; otherwise nothing is written, a batch
+            // row this call created either.
+            let end = if matches!(result, Ok((_, true))) { "COMMIT" } else { "ROLLBACK" };
+            let ended = client.batch_execute(end).await.map_err(fail);
+            let admitted = result?;
+            ended?;
+            Ok(admitted)
         })
         .await
     }

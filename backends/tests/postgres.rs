@@ -217,6 +217,40 @@ async fn nul_characters_round_trip_everywhere() {
     assert!(matches!(refused, Err(LogError::Invalid { .. })), "{refused:?}");
 }
 
+/// Admission is one statement (or, into a batch, one round trip and a
+/// `COMMIT`): whatever it refuses or finds admitted before, it writes
+/// nothing, a batch it would have created included.
+#[tokio::test]
+async fn admission_writes_all_or_nothing() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let (a, b, c) = (sample_log(), sample_log(), sample_log());
+    let (batch, unused) = (Uuid::now_v7(), Uuid::now_v7());
+    let in_batch = |tenant: &str, key: Option<&str>, batch: Uuid, start: &Event| NewRun { batch_id: Some(batch), ..new_run(tenant, key, start) };
+    let (first, created) = log.create_run(in_batch("t1", Some("k1"), batch, &a.parked[0])).await.unwrap();
+    assert!(created && first.batch_id == Some(batch), "{first:?}");
+    // The same key again, naming a batch no one made: the first run, and no batch.
+    let (again, created) = log.create_run(in_batch("t1", Some("k1"), unused, &b.parked[0])).await.unwrap();
+    assert!(!created && again.run_id == a.run_id, "{again:?}");
+    // Another tenant's batch, with or without a key.
+    for key in [None, Some("k1")] {
+        let refused = log.create_run(in_batch("t2", key, batch, &b.parked[0])).await;
+        assert!(matches!(&refused, Err(LogError::Invalid { reason, .. }) if reason.contains("another tenant")), "{refused:?}");
+    }
+    // A run id used before.
+    let refused = log.create_run(new_run("t1", None, &a.parked[0])).await;
+    assert!(matches!(&refused, Err(LogError::Invalid { reason, .. }) if reason.contains("already exists")), "{refused:?}");
+    // Out of a batch, in one statement.
+    let (plain, created) = log.create_run(new_run("t2", Some("k1"), &c.parked[0])).await.unwrap();
+    assert!(created && plain.batch_id.is_none(), "{plain:?}");
+    assert!(matches!(log.get_run(b.run_id).await, Err(LogError::NotFound(_))), "nothing of the refused runs");
+    assert_eq!(db.count(&format!("SELECT count(*) FROM batches WHERE id = '{unused}'")).await, 0, "no batch for a run not admitted");
+    assert_eq!(db.count("SELECT count(*) FROM runs").await, 2);
+    assert_eq!(db.count("SELECT count(*) FROM events").await, 2, "each run's session.start");
+    assert_eq!(db.count("SELECT count(*) FROM outbox").await, 2, "each run's start job");
+    assert_eq!(log.events(a.run_id, 0, 10).await.unwrap(), vec![a.parked[0].clone()]);
+}
+
 #[tokio::test]
 async fn checkpoints_are_amortised_and_load_equals_replay() {
     let db = TestDb::new().await;

@@ -268,6 +268,8 @@ pub struct StepsRound {
     pub approval_resume_p50_ms: f64,
     /// The same, 99th percentile.
     pub approval_resume_p99_ms: f64,
+    /// `POST /v1/runs` answered (32 at once, while the fleet runs), ms.
+    pub admission_p50_ms: f64,
     /// Raw single-row inserts per second, one connection.
     pub raw_inserts_per_s_1: f64,
     /// Raw single-row inserts per second at the fleet's concurrency.
@@ -542,7 +544,7 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
             result.raw_inserts_per_s_c = raw_c;
             result.writes_alone_steps_per_s = alone;
             eprintln!(
-                "{target:?} {:?} round {}: {:.0} steps/s ({:.2} of raw {:.0}/s; writes alone {:.0}/s, {:.2} of raw), approval→resume p50 {:.1} ms p99 {:.1} ms",
+                "{target:?} {:?} round {}: {:.0} steps/s ({:.2} of raw {:.0}/s; writes alone {:.0}/s, {:.2} of raw), approval→resume p50 {:.1} ms p99 {:.1} ms, admission p50 {:.1} ms",
                 variants[i],
                 round + 1,
                 result.steps_per_s,
@@ -551,7 +553,8 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
                 alone,
                 alone / raw_c.max(1.0),
                 result.approval_resume_p50_ms,
-                result.approval_resume_p99_ms
+                result.approval_resume_p99_ms,
+                result.admission_p50_ms
             );
             rounds[i].push(result);
         }
@@ -567,6 +570,7 @@ fn summarise(args: &StepsArgs, variant: Option<Variant>, raw_concurrency: usize,
         runs_per_s: m(|r| r.runs_per_s),
         approval_resume_p50_ms: m(|r| r.approval_resume_p50_ms),
         approval_resume_p99_ms: m(|r| r.approval_resume_p99_ms),
+        admission_p50_ms: m(|r| r.admission_p50_ms),
         raw_inserts_per_s_1: m(|r| r.raw_inserts_per_s_1),
         raw_inserts_per_s_c: m(|r| r.raw_inserts_per_s_c),
         writes_alone_steps_per_s: m(|r| r.writes_alone_steps_per_s),
@@ -595,21 +599,22 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound>
     let gated = step_config("script:bench", args.turns);
     let ungated = RunConfig { policies: Vec::new(), ..gated.clone() };
     let started = Instant::now();
-    let created: Vec<Result<Value>> = futures::stream::iter(0..args.runs)
+    let created: Vec<Result<f64>> = futures::stream::iter(0..args.runs)
         .map(|i| {
             let config = if i as u64 % args.gated_every == 0 { gated.clone() } else { ungated.clone() };
             let (client, server) = (client.clone(), &fleet.server);
             async move {
+                let sent = Instant::now();
                 let req = server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("bench run {i}"), "config": config }));
-                checked(req.send().await.context("connecting to the dispatcher")?).await
+                checked(req.send().await.context("connecting to the dispatcher")?).await?;
+                Ok(sent.elapsed().as_secs_f64() * 1000.0)
             }
         })
         .buffer_unordered(32)
         .collect()
         .await;
-    for c in created {
-        c?;
-    }
+    let mut admissions = created.into_iter().collect::<Result<Vec<f64>>>()?;
+    admissions.sort_by(f64::total_cmp);
     // Approve whatever waits, until every run is done.
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
@@ -645,6 +650,7 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound>
         runs_per_s: args.runs as f64 / wall_s,
         approval_resume_p50_ms: percentile(&latencies, 0.5).unwrap_or(0.0),
         approval_resume_p99_ms: percentile(&latencies, 0.99).unwrap_or(0.0),
+        admission_p50_ms: percentile(&admissions, 0.5).unwrap_or(0.0),
         raw_inserts_per_s_1: 0.0,
         raw_inserts_per_s_c: 0.0,
         writes_alone_steps_per_s: 0.0,
