@@ -893,6 +893,27 @@ static ADMIT_RUN: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// A pooled connection inside a transaction its holder opened with a
+/// pipelined `BEGIN`: dropped before [`InTransaction::ended`], it is taken
+/// out of the pool and closed (the server rolls the transaction back), so
+/// no other call ever runs inside it.
+struct InTransaction(Option<deadpool_postgres::Client>);
+
+impl InTransaction {
+    /// The transaction's `COMMIT` or `ROLLBACK` was answered: back to the pool.
+    fn ended(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for InTransaction {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}
+
 /// The run of `tenant` admitted with `key` before (a concurrent admission
 /// that won has committed: `ON CONFLICT` waited for it).
 async fn admitted_before(client: &deadpool_postgres::Client, run_id: Uuid, tenant: &str, key: &Option<String>) -> Result<RunSummary, LogError> {
@@ -1090,7 +1111,12 @@ impl EventLog for PgLog {
             };
             // The batch first (created on first use) in the run's
             // transaction, pipelined: the statement after it sees its row.
+            // Until the transaction's end is answered the connection is
+            // `InTransaction`'s: dropped before (a timeout, a caller gone),
+            // it is closed, never pooled mid-transaction.
             let insert = client.prepare_cached(INSERT_BATCH).await.map_err(fail)?;
+            let open = InTransaction(Some(client));
+            let client = open.0.as_ref().expect("held until the end");
             let batch_params: [&(dyn ToSql + Sync); 2] = [&batch, &new.tenant];
             let (begin, batch_row, admitted) =
                 futures::join!(client.batch_execute("BEGIN"), client.execute(&insert, &batch_params), client.query_opt(&admit, &params));
@@ -1104,16 +1130,15 @@ impl EventLog for PgLog {
                 if col::<String>(&owner, "tenant")? != new.tenant {
                     return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
                 }
-                Ok((admitted_before(&client, run_id, &new.tenant, &new.idempotency_key).await?, false))
+                Ok((admitted_before(client, run_id, &new.tenant, &new.idempotency_key).await?, false))
             }
             .await;
             // Only a new run is kept; otherwise nothing is written, a batch
             // row this call created either.
             let end = if matches!(result, Ok((_, true))) { "COMMIT" } else { "ROLLBACK" };
-            let ended = client.batch_execute(end).await.map_err(fail);
-            let admitted = result?;
-            ended?;
-            Ok(admitted)
+            client.batch_execute(end).await.map_err(fail)?;
+            open.ended();
+            result
         })
         .await
     }

@@ -251,6 +251,26 @@ async fn admission_writes_all_or_nothing() {
     assert_eq!(log.events(a.run_id, 0, 10).await.unwrap(), vec![a.parked[0].clone()]);
 }
 
+/// A batch admission given up mid-transaction (its call timed out while its
+/// batch row waited for a lock) leaves no transaction open on a pooled
+/// connection: the next admission on the same one-connection pool commits.
+#[tokio::test]
+async fn an_admission_given_up_mid_transaction_leaves_no_transaction_open() {
+    let db = TestDb::new().await;
+    let log = db.log_with(PgOptions { max_connections: 1, call_timeout: Duration::from_millis(300), ..Default::default() }).await;
+    let (a, b) = (sample_log(), sample_log());
+    let batch = Uuid::now_v7();
+    let blocker = db.sql().await;
+    blocker.batch_execute(&format!("BEGIN; INSERT INTO batches (id, tenant) VALUES ('{batch}', 't')")).await.unwrap();
+    let late = log.create_run(NewRun { batch_id: Some(batch), ..new_run("t", None, &a.parked[0]) }).await;
+    assert!(matches!(late, Err(LogError::Unavailable(_))), "{late:?}");
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    let (run, created) = log.create_run(new_run("t", None, &b.parked[0])).await.unwrap();
+    assert!(created);
+    assert_eq!(db.count(&format!("SELECT count(*) FROM runs WHERE id = '{}'", run.run_id)).await, 1, "the next admission is committed, seen by others");
+    assert_eq!(db.count(&format!("SELECT count(*) FROM runs WHERE id = '{}'", a.run_id)).await, 0, "nothing of the one given up");
+}
+
 #[tokio::test]
 async fn checkpoints_are_amortised_and_load_equals_replay() {
     let db = TestDb::new().await;

@@ -6,8 +6,8 @@
 //! - `steps`: durable step throughput of the whole fleet (dispatcher and
 //!   workers on Postgres, RabbitMQ, Redis) on the agent-step workload, beside
 //!   the raw single-row insert rate of the same Postgres, and the fleet's
-//!   writes alone at the same concurrency (the ceiling of the ratio between
-//!   the two: [`writes_alone`]); with `--target
+//!   Postgres work alone at the same concurrency (the ceiling of the ratio
+//!   between the two: [`writes_alone`]); with `--target
 //!   sqlite` the same for the single node (dispatcher and workers on one
 //!   SQLite file), `--target both` one after the other in the same run.
 //! - `growth`: one long run; commit latency and bytes written per step early
@@ -165,6 +165,14 @@ impl Variant {
         }
     }
 
+    /// A worker's event log options: its pool (`pool` connections; in a
+    /// transaction, one per run in flight, so no commit waits for one) and
+    /// how it commits.
+    fn worker_log(self, urls: &Urls, concurrency: usize, pool: usize) -> glia_backends::postgres::PgOptions {
+        let max_connections = if self == Variant::Transaction { concurrency.max(1) } else { pool.max(1) };
+        glia_backends::postgres::PgOptions { max_connections, commit_mode: self.commit_mode(), group_lanes: urls.group_lanes.into(), ..Default::default() }
+    }
+
     /// The cancel flag is read after each commit returns.
     fn serial_cancel_check(self) -> bool {
         matches!(self, Variant::Transaction | Variant::Statement | Variant::GroupSerial)
@@ -274,9 +282,9 @@ pub struct StepsRound {
     pub raw_inserts_per_s_1: f64,
     /// Raw single-row inserts per second at the fleet's concurrency.
     pub raw_inserts_per_s_c: f64,
-    /// The fleet's Postgres writes alone, at the same concurrency: steps per
-    /// second when nothing else runs (see [`writes_alone`]; 0 for the
-    /// single node).
+    /// The fleet's Postgres work alone, set up as this variant's workers
+    /// and at the same concurrency: steps per second when nothing else runs
+    /// (see [`writes_alone`]; 0 for the single node).
     pub writes_alone_steps_per_s: f64,
     /// Steps committed in the round.
     pub steps: i64,
@@ -306,9 +314,10 @@ pub struct StepsResult {
     /// Median steps/s ÷ median raw inserts/s at the same concurrency.
     pub ratio_to_raw: f64,
     /// Median writes-alone steps/s ÷ median raw inserts/s: the most
-    /// `ratio_to_raw` could be on this machine with every step writing what
-    /// it writes, if the rest of the fleet (queue, reads, model, tools,
-    /// ledger, HTTP) cost nothing (0 for the single node).
+    /// `ratio_to_raw` could be for this variant on this machine, with every
+    /// run writing and reading in Postgres what it does, if the rest of the
+    /// fleet (queue, model, tools, ledger, HTTP) cost nothing (0 for the
+    /// single node).
     pub writes_alone_ratio: f64,
     /// Every round.
     pub rounds: Vec<StepsRound>,
@@ -383,11 +392,7 @@ impl BenchFleet {
         let (log, queue, ledger) = ports(db.log().await).await?;
         let server = serve(log, queue, ledger, token, shutdown.clone()).await?;
         for n in 0..workers {
-            // Committing in a transaction: a connection per run in flight, so
-            // no commit waits for one.
-            let max_connections = if variant == Variant::Transaction { concurrency.max(1) } else { pool.max(1) };
-            let options = glia_backends::postgres::PgOptions { max_connections, commit_mode: variant.commit_mode(), group_lanes: urls.group_lanes.into(), ..Default::default() };
-            let log = db.log_with(options).await;
+            let log = db.log_with(variant.worker_log(urls, concurrency, pool)).await;
             let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
             let hints = (variant == Variant::Group).then(|| log.resume_hints(&options.id));
             let (log, queue, ledger) = ports(log).await?;
@@ -528,21 +533,21 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
         // The raw rate, on a store of its own once the fleet is gone.
         let seconds = Duration::from_secs(args.raw_seconds);
         let (raw_1, raw_c, alone) = if target == Target::Sqlite {
-            (raw_sqlite_inserts(1, seconds).await?, raw_sqlite_inserts(raw_concurrency, seconds).await?, 0.0)
+            (raw_sqlite_inserts(1, seconds).await?, raw_sqlite_inserts(raw_concurrency, seconds).await?, vec![0.0; variants.len()])
         } else {
             let raw_db = private_db(&args.urls.database_url).await?;
-            let raw = (
-                raw_inserts(&raw_db, 1, seconds).await?,
-                raw_inserts(&raw_db, raw_concurrency, seconds).await?,
-                writes_alone(&raw_db, &recorded, raw_concurrency, seconds).await?,
-            );
+            let (raw_1, raw_c) = (raw_inserts(&raw_db, 1, seconds).await?, raw_inserts(&raw_db, raw_concurrency, seconds).await?);
+            let mut alone = Vec::new();
+            for variant in variants.iter().flatten() {
+                alone.push(writes_alone(&raw_db, &recorded, args, *variant, raw_concurrency, seconds).await?);
+            }
             drop(raw_db);
-            raw
+            (raw_1, raw_c, alone)
         };
         for (i, mut result) in results.into_iter().enumerate() {
             result.raw_inserts_per_s_1 = raw_1;
             result.raw_inserts_per_s_c = raw_c;
-            result.writes_alone_steps_per_s = alone;
+            result.writes_alone_steps_per_s = alone[i];
             eprintln!(
                 "{target:?} {:?} round {}: {:.0} steps/s ({:.2} of raw {:.0}/s; writes alone {:.0}/s, {:.2} of raw), approval→resume p50 {:.1} ms p99 {:.1} ms, admission p50 {:.1} ms",
                 variants[i],
@@ -550,8 +555,8 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
                 result.steps_per_s,
                 result.steps_per_s / raw_c.max(1.0),
                 raw_c,
-                alone,
-                alone / raw_c.max(1.0),
+                alone[i],
+                alone[i] / raw_c.max(1.0),
                 result.approval_resume_p50_ms,
                 result.approval_resume_p99_ms,
                 result.admission_p50_ms
@@ -745,21 +750,21 @@ impl EventSink for RecordingSink {
     }
 }
 
-/// The fleet's Postgres writes alone, for `duration`: `writers` tasks, each
-/// on a connection of its own, each admitting runs one after another and
-/// writing `recorded`'s commits to them as a worker does (`create_run`, the
-/// lease, one fenced statement per commit, the release). No queue, no reads
-/// of the run, no model, tools, ledger or HTTP. Steps (model responses and
-/// tool results, as [`steps_round`] counts them) committed per second: on
-/// the same server and at the same concurrency as the raw inserts, the
-/// ceiling of the fleet's `ratio_to_raw`.
-async fn writes_alone(db: &TestDb, recorded: &RecordedRun, writers: usize, duration: Duration) -> Result<f64> {
-    let options = glia_backends::postgres::PgOptions {
-        max_connections: writers.max(1),
-        commit_mode: glia_backends::postgres::CommitMode::Statement,
-        ..Default::default()
-    };
-    let log = Arc::new(db.log_with(options).await);
+/// The fleet's Postgres work alone, for `duration`: as many writers as
+/// runs in flight (`writers`), spread over `args.workers` event logs set up
+/// as the fleet's workers' are for `variant` (pool, commit mode, group
+/// lanes). Each writer admits runs one after another and does what a
+/// worker does in Postgres for each: `open` (the lease and the reads),
+/// `recorded`'s commits, `release_if_idle`. No queue, model, tools, ledger
+/// or HTTP. Steps (model responses and tool results, as [`steps_round`]
+/// counts them) committed per second: on the same server and at the same
+/// concurrency as the raw inserts, the ceiling of the fleet's
+/// `ratio_to_raw` for that variant.
+async fn writes_alone(db: &TestDb, recorded: &RecordedRun, args: &StepsArgs, variant: Variant, writers: usize, duration: Duration) -> Result<f64> {
+    let mut logs = Vec::new();
+    for _ in 0..args.workers.max(1) {
+        logs.push(Arc::new(db.log_with(variant.worker_log(&args.urls, args.concurrency, args.pool)).await));
+    }
     let commits: Arc<Vec<(Vec<Event>, RunState, u64)>> = Arc::new(
         recorded
             .commits
@@ -770,20 +775,23 @@ async fn writes_alone(db: &TestDb, recorded: &RecordedRun, writers: usize, durat
             })
             .collect(),
     );
+    if commits.iter().all(|(_, _, n)| *n == 0) {
+        bail!("the recorded run committed no step");
+    }
     // Every connection opened and its statements prepared first (one run
     // per writer), as the raw inserts connect before their clock starts.
     let warm = Instant::now() + Duration::from_millis(1);
-    rate(write_runs(&log, &commits, &recorded.start, writers, warm), Instant::now()).await?;
+    rate(write_runs(&logs, &commits, &recorded.start, writers, warm), Instant::now()).await?;
     let started = Instant::now();
-    rate(write_runs(&log, &commits, &recorded.start, writers, started + duration), started).await
+    rate(write_runs(&logs, &commits, &recorded.start, writers, started + duration), started).await
 }
 
-/// [`writes_alone`]'s writers: each admits a run and writes all its commits,
-/// then the next, until `until` has passed (at least one run each; the
-/// rate counts the time to the last run's end), answering the steps it
-/// committed.
+/// [`writes_alone`]'s writers, spread over `logs`: each admits a run and
+/// writes all its commits, then the next, until `until` has passed (at
+/// least one run each; the rate counts the time to the last run's end),
+/// answering the steps it committed.
 fn write_runs(
-    log: &Arc<glia_backends::postgres::PgLog>,
+    logs: &[Arc<glia_backends::postgres::PgLog>],
     commits: &Arc<Vec<(Vec<Event>, RunState, u64)>>,
     start: &Event,
     writers: usize,
@@ -791,21 +799,26 @@ fn write_runs(
 ) -> Vec<tokio::task::JoinHandle<Result<u64>>> {
     (0..writers.max(1))
         .map(|w| {
-            let (log, commits, start) = (log.clone(), commits.clone(), start.clone());
+            let (log, commits, start) = (logs[w % logs.len()].clone(), commits.clone(), start.clone());
             tokio::spawn(async move {
                 let mut steps = 0u64;
                 loop {
                     let run_id = Uuid::now_v7();
                     let start = Event { run_id, ..start.clone() };
                     log.create_run(NewRun { tenant: "bench".into(), idempotency_key: None, batch_id: None, start }).await?;
-                    let lease = log.acquire(run_id, &format!("bench-writer-{w}"), Duration::from_secs(30)).await?;
+                    let lease = match log.open(&glia_backends::Job::start(run_id, 1), &format!("bench-writer-{w}"), Duration::from_secs(30)).await? {
+                        glia_backends::Opening::Opened(opened) => opened.lease,
+                        _ => bail!("run {run_id} did not open"),
+                    };
                     for (events, state, n) in commits.iter() {
                         let events: Vec<Event> = events.iter().map(|e| Event { run_id, ..e.clone() }).collect();
                         let state = RunState { run_id, ..state.clone() };
                         log.commit(&lease, &events, &state, &[]).await?;
                         steps += n;
                     }
-                    log.release(&lease).await?;
+                    if !log.release_if_idle(&lease).await?.is_empty() {
+                        bail!("run {run_id} has payloads no one posted");
+                    }
                     if Instant::now() >= until {
                         break;
                     }
