@@ -201,7 +201,14 @@ pub struct Agent {
     clock: Arc<dyn Clock>,
     budget_gate: Option<Arc<dyn BudgetGate>>,
     sources: Option<Arc<ToolSources>>,
+    /// Compiled JSON Schemas (tool inputs, output schemas) by their JSON
+    /// text: a step's tools are checked at every call, and compiling a
+    /// schema costs far more than checking arguments against it.
+    validators: moka::sync::Cache<String, Arc<jsonschema::Validator>>,
 }
+
+/// Most compiled schemas an [`Agent`] keeps (least recently used go first).
+const VALIDATORS_KEPT: u64 = 1024;
 
 /// The state being advanced, the sink, and the clock: every event goes
 /// through [`Run::record`].
@@ -261,6 +268,7 @@ impl Agent {
             clock: Arc::new(SystemClock),
             budget_gate: None,
             sources: None,
+            validators: moka::sync::Cache::new(VALIDATORS_KEPT),
         }
     }
 
@@ -899,14 +907,17 @@ impl Agent {
         let call = run.state.call(call_id).expect("undecided call is in the batch").clone();
         let fired = self.fire(run, HookTopic::BeforeToolCall, json!({ "call_id": call.call_id, "name": call.name, "input": call.input })).await?;
         let input = fired.payload.get("input").cloned().unwrap_or(call.input.clone());
-        let spec = run.state.step_tools.iter().find(|t| t.name == call.name).cloned();
+        let spec = run.state.step_tools.iter().find(|t| t.name == call.name);
         let refusal = |error, message: String| Disposition::Refused { error, message };
         // Every tool's arguments, external ones included, are checked against
         // its schema before anyone acts on them: malformed JSON or a schema
         // violation is an error result the model sees and can correct, never
         // a payload for a client or an approver. (The output tool is checked
         // as structured output below.)
-        let invalid = spec.as_ref().filter(|t| t.name != OUTPUT_TOOL).and_then(|t| invalid_arguments(t, &input));
+        let invalid = spec.filter(|t| t.name != OUTPUT_TOOL).and_then(|t| self.invalid_arguments(t, &input));
+        // What the decision needs of the spec: whether its source asks for
+        // an approval, whether the caller runs it.
+        let spec = spec.map(|t| (t.source.as_ref().is_some_and(ToolSource::requires_approval), t.external));
         let disposition = match (&fired.verdict, &spec) {
             (Verdict::Cancel(reason), _) => refusal(ToolErrorKind::Cancelled, format!("A hook cancelled this call: {reason}")),
             (Verdict::Skip, _) => refusal(ToolErrorKind::Cancelled, "A hook skipped this call.".into()),
@@ -929,12 +940,12 @@ impl Agent {
                 }
             },
             (_, Some(_)) if invalid.is_some() => refusal(ToolErrorKind::InvalidArguments, invalid.clone().unwrap_or_default()),
-            (_, Some(spec)) => match CompiledPolicies::new(&run.state.config.policies).map(|p| p.decide(&call.name, &input)) {
+            (_, Some((source_requires_approval, external))) => match CompiledPolicies::new(&run.state.config.policies).map(|p| p.decide(&call.name, &input)) {
                 Err(e) => refusal(ToolErrorKind::Denied, format!("Denied: {e}")),
                 Ok(PolicyAction::Deny { reason }) => refusal(ToolErrorKind::Denied, format!("Denied by policy: {reason}")),
                 Ok(PolicyAction::RequireApproval) => Disposition::Approval,
-                Ok(_) if spec.source.as_ref().is_some_and(ToolSource::requires_approval) => Disposition::Approval,
-                Ok(_) if spec.external => Disposition::External,
+                Ok(_) if *source_requires_approval => Disposition::Approval,
+                Ok(_) if *external => Disposition::External,
                 Ok(PolicyAction::Remind { text }) => Disposition::Run { reminder: Some(text) },
                 Ok(PolicyAction::Allow) => Disposition::Run { reminder: None },
             },
@@ -1190,9 +1201,27 @@ impl Agent {
         declared.check_input(text).err().or_else(|| self.input_guardrails.iter().find_map(|g| g.check(text).err().map(|r| (g.name.clone(), r))))
     }
 
+    /// `schema` compiled, from [`Agent::validators`] (compiled once per
+    /// distinct schema; concurrent first uses wait for one compilation).
+    /// Errors: why the schema does not compile.
+    fn validator(&self, schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
+        self.validators
+            .try_get_with(schema.to_string(), || jsonschema::validator_for(schema).map(Arc::new).map_err(|e| e.to_string()))
+            .map_err(|e| (*e).clone())
+    }
+
+    /// Why `input` is not acceptable as arguments of `spec`, as the model will
+    /// read it (see [`crate::tool::check_arguments`]); `None` when it is.
+    fn invalid_arguments(&self, spec: &ToolSpec, input: &Value) -> Option<String> {
+        match self.validator(&spec.input_schema) {
+            Ok(validator) => crate::tool::check_arguments(&spec.name, &validator, input).err(),
+            Err(e) => Some(format!("Tool {} cannot be called: its input schema does not compile ({e}).", spec.name)),
+        }
+    }
+
     fn check_output(&self, config: &RunConfig, output: &Value) -> Result<(), String> {
         let schema = config.output_schema.as_ref().ok_or("the run has no output schema")?;
-        let validator = jsonschema::validator_for(schema).map_err(|e| e.to_string())?;
+        let validator = self.validator(schema)?;
         let problems: Vec<String> = validator.iter_errors(output).map(|e| format!("{} at '{}'", e, e.instance_path())).collect();
         if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
     }
@@ -1270,14 +1299,6 @@ fn judge_stop(state: &RunState, stop_reason: &str, message: &glia_proto::Message
     Some(RejectedAnswer { class, action, reask })
 }
 
-/// Why `input` is not acceptable as arguments of `spec`, as the model will
-/// read it (see [`crate::tool::check_arguments`]); `None` when it is.
-fn invalid_arguments(spec: &ToolSpec, input: &Value) -> Option<String> {
-    match jsonschema::validator_for(&spec.input_schema) {
-        Ok(validator) => crate::tool::check_arguments(&spec.name, &validator, input).err(),
-        Err(e) => Some(format!("Tool {} cannot be called: its input schema does not compile ({e}).", spec.name)),
-    }
-}
 
 /// When an approval requested now expires, per the run's config.
 /// `{run_id}:{turn}:{call_id}`, where `turn` counts the run's model calls so
