@@ -930,6 +930,16 @@ async fn admitted_before(client: &deadpool_postgres::Client, run_id: Uuid, tenan
 const INSERT_BATCH: &str = "INSERT INTO batches (id, tenant) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING";
 const BATCH_TENANT: &str = "SELECT tenant FROM batches WHERE id = $1";
 
+/// [`LogError::Invalid`] unless `batch` (which must exist) is `tenant`'s:
+/// run `run_id` cannot join it. `what`: the call, for a failed read.
+async fn batch_owned_by(client: &impl GenericClient, what: &str, run_id: Uuid, batch: Uuid, tenant: &str) -> Result<(), LogError> {
+    let row = client.query_one(BATCH_TENANT, &[&batch]).await.map_err(|e| write_error(run_id, what, &e))?;
+    if col::<String>(&row, "tenant")? != tenant {
+        return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
+    }
+    Ok(())
+}
+
 const INSERT_OUTBOX: &str = "INSERT INTO outbox (job) VALUES ($1)";
 
 const LOCK_RUN: &str = "SELECT head_seq, tenant, lease_token, coalesce(lease_expires_at > now(), false) AS live \
@@ -1126,10 +1136,7 @@ impl EventLog for PgLog {
                 if let Some(row) = admitted.map_err(fail)? {
                     return Ok((summary(&row)?, true));
                 }
-                let owner = client.query_one(BATCH_TENANT, &[&batch]).await.map_err(fail)?;
-                if col::<String>(&owner, "tenant")? != new.tenant {
-                    return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
-                }
+                batch_owned_by(client, "create_run", run_id, batch, &new.tenant).await?;
                 Ok((admitted_before(client, run_id, &new.tenant, &new.idempotency_key).await?, false))
             }
             .await;
@@ -1907,10 +1914,7 @@ impl crate::archive::Archive for PgLog {
             }
             if let Some(batch) = run.batch_id {
                 tx.execute(INSERT_BATCH, &[&batch, &run.tenant]).await.map_err(fail)?;
-                let owner: String = col(&tx.query_one(BATCH_TENANT, &[&batch]).await.map_err(fail)?, "tenant")?;
-                if owner != run.tenant {
-                    return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
-                }
+                batch_owned_by(&tx, "import_run", run_id, batch, &run.tenant).await?;
             }
             tx.execute(
                 "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at) \
