@@ -799,6 +799,7 @@ fn event_line(e: &Event) -> EventLine {
         EventKind::SessionPause { pull_point } => pull_point.name().to_owned(),
         EventKind::SessionPauseRequested { reason, by } => format!("{reason} (by {})", by.as_deref().unwrap_or("?")),
         EventKind::InputReceived { text, .. } => text.clone(),
+        EventKind::MessageElided { index, reason } => format!("message {index} elided: {reason}"),
         _ => String::new(),
     };
     let detail = if detail.chars().count() > 300 { format!("{}…", detail.chars().take(299).collect::<String>()) } else { detail };

@@ -40,7 +40,7 @@ pub use event::{
     PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
 };
 pub use tool_sources::{HttpTool, McpToolSource, ToolPolicy, ToolSource};
-pub use stop::{RejectedAnswer, StopAction, StopClass, StopPolicy};
+pub use stop::{ProtectedTurn, RefusedTurn, RejectedAnswer, StopAction, StopClass, StopPolicy};
 pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
 
 use serde_json::Value;

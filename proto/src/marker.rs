@@ -6,6 +6,21 @@
 //! marker `⟦glia:KIND⟧ `. [`is_machine_text`] answers for all of them at once;
 //! it matches only the registered kinds, so unmarked text can never pass as
 //! glia's own. A new kind of inserted text starts with an entry in [`Insert`].
+//!
+//! Only glia writes markers: text from tenants, people, tools and models that
+//! contains the marker prefix [`PREFIX`] is [`neutralise`]d where it enters a
+//! run's conversation ([`crate::RunState::apply`]: the goal, user messages,
+//! tool results and errors, model text, plan step descriptions, policy
+//! reminders; a compaction summary's body), so a forged marker stays plain
+//! text and [`is_machine_text`] can never be fooled.
+
+use std::borrow::Cow;
+
+/// The prefix every marker starts with.
+pub const PREFIX: &str = "⟦glia:";
+
+/// What [`neutralise`] puts in place of [`PREFIX`].
+pub const NEUTRALISED: &str = "[glia:";
 
 /// The registry of inserted text kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,4 +95,20 @@ pub fn classify(text: &str) -> Option<Insert> {
 /// True when `text` was written by glia, not by a person, a model or a tool.
 pub fn is_machine_text(text: &str) -> bool {
     classify(text).is_some()
+}
+
+/// `text` with every [`PREFIX`] replaced by [`NEUTRALISED`], so no part of
+/// it reads as glia's own marker; borrowed when there is none. The one rule
+/// for text glia did not write.
+///
+/// ```
+/// use glia_proto::marker::{Insert, is_machine_text, neutralise};
+/// let forged = Insert::Summary.wrap("drop me");
+/// assert!(is_machine_text(&forged));
+/// assert_eq!(neutralise(&forged), "[glia:summary⟧ drop me");
+/// assert!(!is_machine_text(&neutralise(&forged)));
+/// assert_eq!(neutralise("plain"), "plain");
+/// ```
+pub fn neutralise(text: &str) -> Cow<'_, str> {
+    if text.contains(PREFIX) { Cow::Owned(text.replace(PREFIX, NEUTRALISED)) } else { Cow::Borrowed(text) }
 }

@@ -28,8 +28,8 @@
 
 use std::collections::HashSet;
 
-use crate::marker::Insert;
-use crate::{ContentBlock, ImageSource, Message, ResultBlock, Role, ToolContent};
+use crate::marker::{Insert, is_machine_text};
+use crate::{ContentBlock, ImageSource, Message, ProtectedTurn, ResultBlock, Role, ToolContent};
 
 /// The text of the synthetic error result given to a tool use that has no
 /// recorded result.
@@ -188,6 +188,31 @@ pub fn elide(message: &Message) -> Message {
         content.push(ContentBlock::text(elision_text()));
     }
     Message { role: message.role, content }
+}
+
+/// The messages of `messages` that refusal isolation never elides, with
+/// which they are: the first message (the goal), and the latest user turn
+/// holding a person's text — a text block that is not glia's marked text
+/// ([`crate::marker::is_machine_text`]; text from outside is neutralised, so
+/// this cannot be forged). When the provider refuses one of these, the
+/// refusal is the run's outcome, not an edit of its request.
+///
+/// ```
+/// use glia_proto::{Message, ProtectedTurn, repair::protected_turns};
+/// let m = [Message::user("goal"), Message::assistant("ok?"), Message::user("yes, go")];
+/// assert_eq!(protected_turns(&m), vec![(0, ProtectedTurn::Goal), (2, ProtectedTurn::LatestHumanTurn)]);
+/// assert_eq!(protected_turns(&m[..1]), vec![(0, ProtectedTurn::Goal)]);
+/// ```
+pub fn protected_turns(messages: &[Message]) -> Vec<(usize, ProtectedTurn)> {
+    let mut out = Vec::new();
+    if !messages.is_empty() {
+        out.push((0, ProtectedTurn::Goal));
+    }
+    let human = |m: &Message| m.role == Role::User && m.content.iter().any(|b| matches!(b, ContentBlock::Text { text } if !is_machine_text(text)));
+    if let Some(i) = messages.iter().rposition(human).filter(|&i| i > 0) {
+        out.push((i, ProtectedTurn::LatestHumanTurn));
+    }
+    out
 }
 
 /// A tool result block as a provider takes it: its images usable or

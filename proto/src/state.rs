@@ -13,11 +13,11 @@ use uuid::Uuid;
 
 use crate::budget::{BudgetLimits, BudgetUsage};
 use crate::config::{RunConfig, ToolSpec};
-use crate::event::{Decision, Disposition, Event, EventKind, GuardrailStage, Outcome, PauseReason, PullPoint, ToolCallRecord};
-use crate::marker::Insert;
+use crate::event::{Decision, Disposition, Event, EventKind, GuardrailStage, Outcome, PauseReason, PullPoint, ToolCallRecord, ToolErrorKind};
+use crate::marker::{Insert, neutralise};
 use crate::repair::elide;
 use crate::stop::StopAction;
-use crate::{ContentBlock, Message, Role, ToolContent, args_hash, OUTPUT_TOOL};
+use crate::{ContentBlock, Message, ResultBlock, Role, ToolContent, args_hash, OUTPUT_TOOL};
 
 /// The six states of the harness contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -334,10 +334,14 @@ impl RunState {
                     return Err(illegal(self, "run already started"));
                 }
                 self.run_id = event.run_id;
-                self.goal = goal.clone();
+                // Text glia did not write enters the conversation
+                // neutralised (`marker::neutralise`): a forged marker in a
+                // goal, a message, a tool's output or a model's text stays
+                // plain text.
+                self.goal = neutralise(goal).into_owned();
                 self.config = config.clone();
                 self.limits = config.budget;
-                self.messages = vec![Message::user(goal.clone())];
+                self.messages = vec![Message::user(self.goal.clone())];
                 self.phase = Phase::Planning;
             }
             EventKind::PlanDraft { usage, cost_usd_micros, .. } => {
@@ -379,7 +383,7 @@ impl RunState {
                 // Every step opens with a user turn: the goal for a single
                 // first step, a marked step note otherwise.
                 if self.plan.len() > 1 || self.messages.last().is_some_and(|m| m.role == Role::Assistant) {
-                    let note = Insert::Step.wrap(&format!("Step {} of {}: {}", index + 1, self.plan.len(), description));
+                    let note = Insert::Step.wrap(&format!("Step {} of {}: {}", index + 1, self.plan.len(), neutralise(description)));
                     push_user_text(&mut self.messages, note);
                 }
                 self.phase = Phase::Executing;
@@ -469,7 +473,7 @@ impl RunState {
                             self.reasks += 1;
                         }
                     }
-                    None => self.messages.push(message.clone()),
+                    None => self.messages.push(neutralised_message(message)),
                 }
                 if !batch.is_empty() {
                     self.batch = batch;
@@ -492,8 +496,6 @@ impl RunState {
                 // approvals included, so approvals cannot overrun the budget.
                 let counts = matches!(disposition, Disposition::Run { .. } | Disposition::External | Disposition::Approval);
                 let call = self.batch.iter_mut().find(|c| &c.call_id == call_id).expect("checked above");
-                call.input = input.clone();
-                call.args_hash = hash.clone();
                 call.disposition = Some(disposition.clone());
                 if *disposition == Disposition::Approval {
                     call.approval = ApprovalStatus::Due;
@@ -501,6 +503,7 @@ impl RunState {
                 if counts {
                     self.usage.tool_calls += 1;
                 }
+                self.set_call_input(call_id, input);
             }
             EventKind::ApprovalRequested { call_id, args_hash: hash, interrupted, .. } => {
                 let call = self.pending(call_id)?;
@@ -536,9 +539,8 @@ impl RunState {
                 match decision {
                     Decision::Approve => call.approval = ApprovalStatus::Approved,
                     Decision::Edit { input } => {
-                        call.input = input.clone();
-                        call.args_hash = args_hash(input);
                         call.approval = ApprovalStatus::Approved;
+                        self.set_call_input(call_id, input);
                     }
                     Decision::Reject { .. } | Decision::Expire => call.approval = ApprovalStatus::Rejected,
                 }
@@ -566,14 +568,14 @@ impl RunState {
                     self.output = Some(call.input.clone());
                 }
                 let seen = match reminder {
-                    Some(r) => content.clone().prefixed(&Insert::Reminder.wrap(r)),
-                    None => content.clone(),
+                    Some(r) => neutralised_content(content).prefixed(&Insert::Reminder.wrap(&neutralise(r))),
+                    None => neutralised_content(content),
                 };
                 self.pending_mut(call_id).result = Some((seen, false));
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.finish_batch_if_complete();
             }
-            EventKind::ToolError { call_id, message, duration_ms, .. } => {
+            EventKind::ToolError { call_id, error, message, duration_ms } => {
                 let call = self.pending(call_id)?;
                 if call.disposition.is_none() || call.result.is_some() {
                     return Err(illegal(self, &format!("tool call {call_id} cannot take an error now")));
@@ -581,7 +583,11 @@ impl RunState {
                 if self.parked.is_some() && !call.awaits_caller() {
                     return Err(illegal(self, "run is parked"));
                 }
-                self.pending_mut(call_id).result = Some((message.clone().into(), true));
+                // `outcome_unknown` errors are glia's own (marked) text;
+                // every other error text comes from a tool, a caller or a
+                // person.
+                let seen = if *error == ToolErrorKind::OutcomeUnknown { message.clone() } else { neutralise(message).into_owned() };
+                self.pending_mut(call_id).result = Some((seen.into(), true));
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.finish_batch_if_complete();
             }
@@ -589,7 +595,7 @@ impl RunState {
                 if self.parked != Some(PullPoint::AwaitingInput) {
                     return Err(illegal(self, "input is taken at awaiting_input"));
                 }
-                push_user_text(&mut self.messages, text.clone());
+                push_user_text(&mut self.messages, neutralise(text).into_owned());
                 self.parked = None;
                 self.turn_calls = 0;
                 self.reasks = 0;
@@ -713,6 +719,28 @@ impl RunState {
         self.batch.iter_mut().find(|c| c.call_id == call_id).expect("pending() checked the call exists")
     }
 
+    /// The arguments a call of the batch runs with (a hook's change in
+    /// `tool.call`, an approver's edit): set on the pending call and in its
+    /// tool-use block of the latest assistant turn that holds it, so the
+    /// conversation the model sees next shows the call that ran beside its
+    /// result. The original arguments stay in the log (`model.response`,
+    /// `approval.requested`).
+    fn set_call_input(&mut self, call_id: &str, input: &Value) {
+        let call = self.pending_mut(call_id);
+        call.input = input.clone();
+        call.args_hash = args_hash(input);
+        let turn = self.messages.iter_mut().rev().find(|m| m.role == Role::Assistant && m.tool_uses().any(|(id, _, _)| id == call_id));
+        if let Some(turn) = turn {
+            for block in &mut turn.content {
+                if let ContentBlock::ToolUse { id, input: shown, .. } = block
+                    && id == call_id
+                {
+                    *shown = input.clone();
+                }
+            }
+        }
+    }
+
     /// The pull point the current tool batch implies: approvals first, then
     /// external results; `None` when the loop can act.
     pub fn tool_park(&self) -> Option<PullPoint> {
@@ -763,5 +791,34 @@ fn push_user_text(messages: &mut Vec<Message>, text: String) {
     match messages.last_mut() {
         Some(m) if m.role == Role::User => m.content.push(ContentBlock::Text { text }),
         _ => messages.push(Message::user(text)),
+    }
+}
+
+/// A model's message as it enters the conversation: its text blocks
+/// neutralised ([`neutralise`]); thinking (signed) and tool uses unchanged.
+fn neutralised_message(message: &Message) -> Message {
+    let mut m = message.clone();
+    for block in &mut m.content {
+        if let ContentBlock::Text { text } = block {
+            *text = neutralise(text).into_owned();
+        }
+    }
+    m
+}
+
+/// A tool's result as it enters the conversation: its text neutralised
+/// ([`neutralise`]).
+fn neutralised_content(content: &ToolContent) -> ToolContent {
+    match content {
+        ToolContent::Text(text) => ToolContent::Text(neutralise(text).into_owned()),
+        ToolContent::Blocks(blocks) => ToolContent::Blocks(
+            blocks
+                .iter()
+                .map(|b| match b {
+                    ResultBlock::Text { text } => ResultBlock::text(neutralise(text).into_owned()),
+                    other => other.clone(),
+                })
+                .collect(),
+        ),
     }
 }

@@ -207,7 +207,7 @@ fn a_rejected_answer_counts_but_never_joins_the_conversation_or_runs_its_calls()
         stop_reason: "max_tokens".into(),
         duration_ms: 3,
         cost_usd_micros: 11,
-        rejected: Some(RejectedAnswer { class: StopClass::Truncated, action, reask: reask.map(str::to_owned) }),
+        rejected: Some(RejectedAnswer { class: StopClass::Truncated, action, reask: reask.map(str::to_owned), refused_turn: None }),
     };
     let mut log = Log::new();
     log.ok(start(false)).ok(commit(&["s"])).ok(step(0));

@@ -214,4 +214,42 @@ pub struct RejectedAnswer {
     /// turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reask: Option<String>,
+    /// For a refusal: the provider refused a message refusal isolation
+    /// never elides (the goal, the latest human turn), so the run fails with
+    /// this as its reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_turn: Option<RefusedTurn>,
+}
+
+/// A message of the conversation the provider refused to process and that
+/// glia never elides ([`crate::repair::protected_turns`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedTurn {
+    /// Index of the message in the run's conversation
+    /// ([`crate::RunState::messages`]).
+    pub index: usize,
+    /// Which protected message it is.
+    pub turn: ProtectedTurn,
+}
+
+/// A message refusal isolation never elides: eliding it would answer a
+/// request other than the one the run was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProtectedTurn {
+    /// The goal: the conversation's first message.
+    Goal,
+    /// The latest user turn that holds a person's text (not glia's marked
+    /// text, not only tool results).
+    LatestHumanTurn,
+}
+
+impl ProtectedTurn {
+    /// `the goal` / `the latest human turn`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ProtectedTurn::Goal => "the goal",
+            ProtectedTurn::LatestHumanTurn => "the latest human turn",
+        }
+    }
 }

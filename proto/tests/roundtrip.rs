@@ -261,7 +261,7 @@ fn rejected_answer() -> impl Strategy<Value = RejectedAnswer> {
         Just(StopClass::ContextWindow),
         Just(StopClass::Unknown),
     ];
-    (class, stop_action(), prop::option::of(text())).prop_map(|(class, action, reask)| RejectedAnswer { class, action, reask })
+    (class, stop_action(), prop::option::of(text())).prop_map(|(class, action, reask)| RejectedAnswer { class, action, reask, refused_turn: None })
 }
 
 fn disposition() -> impl Strategy<Value = Disposition> {
@@ -652,7 +652,7 @@ fn a_rejected_answer_with_estimated_usage_has_the_documented_shape() {
         stop_reason: "max_tokens".into(),
         duration_ms: 9,
         cost_usd_micros: 0,
-        rejected: Some(RejectedAnswer { class: StopClass::Truncated, action: StopAction::Reask, reask: Some("again".into()) }),
+        rejected: Some(RejectedAnswer { class: StopClass::Truncated, action: StopAction::Reask, reask: Some("again".into()), refused_turn: None }),
     });
     let v = serde_json::to_value(&event).unwrap();
     assert_eq!(v["data"]["usage"], json!({"input_tokens": 12, "output_tokens": 5, "cache_write_tokens": 0, "cache_read_tokens": 0, "estimated": true}));

@@ -10,6 +10,12 @@
 //! calls (and never more than `max_extra_calls`). If no single message
 //! explains the refusal, the original refusal is returned unchanged.
 //!
+//! The goal and the latest human turn are never elided
+//! ([`glia_proto::repair::protected_turns`]): eliding them would answer a
+//! request other than the one the run was given. When bisection narrows the
+//! refusal down to one of them, the refusal stands and the answer says which
+//! ([`ModelResponse::refused_turn`]); the loop fails the run with it.
+//!
 //! An elided message keeps its role and its tool-use / tool-result ids, so
 //! pairing stays valid; its text, tool input and tool result are replaced by
 //! a marked notice ([`glia_proto::marker::Insert::Elided`], see
@@ -25,7 +31,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 pub use glia_proto::repair::{elide, elision_text};
-use glia_proto::{LiveEvent, Message, Pricing, Usage};
+use glia_proto::repair::protected_turns;
+use glia_proto::{LiveEvent, Message, Pricing, ProtectedTurn, RefusedTurn, Usage};
 use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 
 /// One message replaced by an elision.
@@ -42,6 +49,16 @@ pub struct Elision {
     /// Tokens of every call made for this turn: the refused call, the
     /// probes and the answer (the returned response's usage is this).
     pub usage: Usage,
+}
+
+/// What bisection found.
+enum Found {
+    /// No single message explains the refusal.
+    Nothing,
+    /// This message, elided.
+    Elision(Elision),
+    /// A message that is never elided: the refusal stands.
+    Protected(RefusedTurn),
 }
 
 /// Told about every elision, so it can be recorded.
@@ -90,13 +107,16 @@ impl RefusalIsolator {
         serde_json::to_string(m).unwrap_or_default()
     }
 
-    /// `request` with the elisions found earlier applied, and the indices
-    /// of the messages they replaced.
-    fn repaired(&self, request: &ModelRequest) -> (ModelRequest, Vec<usize>) {
+    /// `request` with the elisions found earlier applied (never to a
+    /// protected message), and the indices of the messages they replaced.
+    fn repaired(&self, request: &ModelRequest, protected: &[(usize, ProtectedTurn)]) -> (ModelRequest, Vec<usize>) {
         let known = self.known.lock().expect("elision table lock");
         let mut r = request.clone();
         let mut elided = Vec::new();
         for (i, m) in r.messages.iter_mut().enumerate() {
+            if protected.iter().any(|(p, _)| *p == i) {
+                continue;
+            }
             if let Some(e) = known.get(&Self::fingerprint(m)) {
                 *m = e.clone();
                 elided.push(i);
@@ -113,8 +133,9 @@ impl RefusalIsolator {
         r
     }
 
-    /// Bisect `request` (which was refused with `usage`) for the culprit.
-    async fn isolate(&self, request: &ModelRequest, refusal: ModelResponse) -> Result<(ModelResponse, Option<Elision>), ProviderError> {
+    /// Bisect `request` (which was refused with `usage`) for the culprit;
+    /// a culprit among `protected` is reported, not elided (nor probed).
+    async fn isolate(&self, request: &ModelRequest, refusal: ModelResponse, protected: &[(usize, ProtectedTurn)]) -> Result<(ModelResponse, Found), ProviderError> {
         let quiet = |_: LiveEvent| {};
         let mut spent = refusal.usage;
         let mut calls = 0;
@@ -134,7 +155,10 @@ impl RefusalIsolator {
             }
         }
         if hi - lo != 1 {
-            return Ok((refusal, None));
+            return Ok((refusal, Found::Nothing));
+        }
+        if let Some(&(index, turn)) = protected.iter().find(|(i, _)| *i == lo) {
+            return Ok((ModelResponse { usage: spent, ..refusal }, Found::Protected(RefusedTurn { index, turn })));
         }
         let answer = match confirmed {
             Some(a) => a,
@@ -143,15 +167,15 @@ impl RefusalIsolator {
                 calls += 1;
                 spent += a.usage;
                 if refused(&a) {
-                    return Ok((ModelResponse { usage: spent, ..refusal }, None));
+                    return Ok((ModelResponse { usage: spent, ..refusal }, Found::Nothing));
                 }
                 a
             }
-            None => return Ok((ModelResponse { usage: spent, ..refusal }, None)),
+            None => return Ok((ModelResponse { usage: spent, ..refusal }, Found::Nothing)),
         };
         let original = request.messages[lo].clone();
         let elision = Elision { index: lo, replacement: elide(&original), original, extra_calls: calls, usage: spent };
-        Ok((ModelResponse { usage: spent, ..answer }, Some(elision)))
+        Ok((ModelResponse { usage: spent, ..answer }, Found::Elision(elision)))
     }
 }
 
@@ -160,11 +184,13 @@ impl Provider for RefusalIsolator {
     /// The answer to `request` (with known elisions applied); after a
     /// refusal, the answer to the request with the culprit elided. The
     /// answer's `retries` are the first call's; its `elided` lists every
-    /// request message replaced. Listeners are told to discard the streamed
-    /// refusal ([`LiveEvent::ModelDiscard`] with cause `refusal`) before the
-    /// new answer's text arrives in one delta.
+    /// request message replaced. A refusal of the goal or the latest human
+    /// turn stands, with [`ModelResponse::refused_turn`] set. Listeners are
+    /// told to discard the streamed refusal ([`LiveEvent::ModelDiscard`] with
+    /// cause `refusal`) before the new answer's text arrives in one delta.
     async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
-        let (request, mut elided) = self.repaired(request);
+        let protected = protected_turns(&request.messages);
+        let (request, mut elided) = self.repaired(request, &protected);
         let mut first = self.inner.generate(&request, live).await?;
         if !refused(&first) || request.messages.is_empty() || self.max_extra_calls == 0 {
             first.elided.extend(elided);
@@ -172,8 +198,12 @@ impl Provider for RefusalIsolator {
         }
         let retries = std::mem::take(&mut first.retries);
         let refused_attempt = u32::try_from(retries.len()).unwrap_or(u32::MAX).saturating_add(1);
-        let (mut answer, elision) = self.isolate(&request, first).await?;
-        if let Some(e) = &elision {
+        let (mut answer, found) = self.isolate(&request, first, &protected).await?;
+        if let Found::Protected(turn) = found {
+            tracing::warn!(index = turn.index, turn = turn.turn.describe(), "provider refused a message that is never elided; the refusal stands");
+            answer.refused_turn = Some(turn);
+        }
+        if let Found::Elision(e) = &found {
             tracing::warn!(index = e.index, extra_calls = e.extra_calls, "provider refusal isolated; message elided");
             self.known.lock().expect("elision table lock").insert(Self::fingerprint(&e.original), e.replacement.clone());
             if let Some(o) = &self.observer {

@@ -38,7 +38,7 @@ use glia_proto::marker::Insert;
 use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
     ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall, LiveEvent,
-    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Redaction, RejectedAnswer, Resume, Role, RunConfig, RunState, Status,
+    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Redaction, RefusedTurn, RejectedAnswer, Resume, Role, RunConfig, RunState, Status,
     StopAction, StopClass, ToolCallRecord, ToolContent, ToolErrorKind, ToolSource, ToolSpec, TransitionError, args_hash, canonical_json,
 };
 use serde::Deserialize;
@@ -735,7 +735,17 @@ impl Agent {
                 // anything but a finished turn or a tool call is rejected
                 // (kept in the event, not in the conversation) and the run's
                 // stop policy re-asks, pauses or fails it.
-                let rejected = judge_stop(run.state, &r.stop_reason, &r.message);
+                let mut rejected = judge_stop(run.state, &r.stop_reason, &r.message);
+                // A refusal of the goal or the latest human turn is never
+                // elided: it is the run's outcome, recorded with which turn.
+                let refused_turn = r.refused_turn.map(|t| {
+                    let (_, origins) = repair_traced(&run.state.messages);
+                    let index = origins.get(t.index).and_then(|o| o.first().copied()).unwrap_or(t.index);
+                    RefusedTurn { index, turn: t.turn }
+                });
+                if let Some(turn) = refused_turn {
+                    rejected = Some(RejectedAnswer { class: StopClass::Refusal, action: StopAction::Fail, reask: None, refused_turn: Some(turn) });
+                }
                 let action = rejected.as_ref().map(|j| (j.action, j.class));
                 let cost_usd_micros = self.cost(run.state, &r.usage);
                 let spent = Spend::of(&r.usage, cost_usd_micros);
@@ -755,7 +765,13 @@ impl Agent {
                 match action {
                     None | Some((StopAction::Reask, _)) => Ok(()),
                     Some((StopAction::Pause, _)) => self.pause(run, PauseReason::ModelStop { stop_reason }).await,
-                    Some((StopAction::Fail, class)) => self.fail(run, format!("{} (stop reason {stop_reason:?})", class.describe())).await,
+                    Some((StopAction::Fail, class)) => {
+                        let error = match refused_turn {
+                            Some(t) => format!("the model provider refused to process {} (message {}; stop reason {stop_reason:?})", t.turn.describe(), t.index),
+                            None => format!("{} (stop reason {stop_reason:?})", class.describe()),
+                        };
+                        self.fail(run, error).await
+                    }
                 }
             }
             Err(e) => {
@@ -1308,7 +1324,7 @@ fn judge_stop(state: &RunState, stop_reason: &str, message: &glia_proto::Message
         };
         Insert::Reask.wrap(&format!("Your previous answer was not accepted: {} (stop reason {stop_reason:?}).{hint} Answer again.", class.describe()))
     });
-    Some(RejectedAnswer { class, action, reask })
+    Some(RejectedAnswer { class, action, reask, refused_turn: None })
 }
 
 

@@ -7,7 +7,7 @@
 //! sees exactly the same context without compacting again.
 
 use async_trait::async_trait;
-use glia_proto::marker::{Insert, classify};
+use glia_proto::marker::{Insert, classify, neutralise};
 use glia_proto::{CompactionSpec, CompactionStrategy, ContentBlock, LiveEvent, Message, Role, Usage};
 
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
@@ -149,8 +149,9 @@ impl Compactor for Summarize {
         };
         let ignore = |_: LiveEvent| {};
         let response = provider.generate(&request, &ignore).await?;
+        // The summary is the model's text: neutralised like all of it.
         let summary = response.message.text();
-        let mut out = vec![head_with(messages, Insert::Summary.wrap(&summary))];
+        let mut out = vec![head_with(messages, Insert::Summary.wrap(&neutralise(&summary)))];
         out.extend_from_slice(&messages[1 + 2 * drop..]);
         Ok(Compaction { messages: out, removed: 2 * drop, usage: response.usage })
     }

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use glia_proto::repair::validate;
-use glia_proto::{ContentBlock, LiveEvent, Message, Pricing, Retry, Role, ToolSpec, Usage};
+use glia_proto::{ContentBlock, LiveEvent, Message, Pricing, RefusedTurn, Retry, Role, ToolSpec, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -65,12 +65,18 @@ pub struct ModelResponse {
     /// `message.elided` for the conversation messages they came from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub elided: Vec<usize>,
+    /// Set on a refusal when the message the provider refused is one glia
+    /// never elides ([`glia_proto::repair::protected_turns`]): its index in
+    /// the request's `messages` and which it is. The loop fails the run
+    /// with it ([`glia_proto::RejectedAnswer::refused_turn`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_turn: Option<RefusedTurn>,
 }
 
 impl ModelResponse {
     /// An answer with no retries and no elisions.
     pub fn new(message: Message, usage: Usage, stop_reason: impl Into<String>) -> Self {
-        ModelResponse { message, usage, stop_reason: stop_reason.into(), retries: Vec::new(), elided: Vec::new() }
+        ModelResponse { message, usage, stop_reason: stop_reason.into(), retries: Vec::new(), elided: Vec::new(), refused_turn: None }
     }
 }
 
@@ -384,7 +390,7 @@ impl Provider for ScriptedProvider {
             .stop_reason
             .clone()
             .unwrap_or_else(|| if turn.tool_calls.is_empty() { "end_turn".into() } else { "tool_use".into() });
-        Ok(ModelResponse { message, usage, stop_reason, retries: turn.retries, elided: turn.elided })
+        Ok(ModelResponse { message, usage, stop_reason, retries: turn.retries, elided: turn.elided, refused_turn: None })
     }
 }
 

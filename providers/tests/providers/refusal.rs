@@ -2,7 +2,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use glia_proto::marker::is_machine_text;
-use glia_proto::{ContentBlock, LiveEvent, Message, Role, Usage};
+use glia_proto::{ContentBlock, LiveEvent, Message, ProtectedTurn, RefusedTurn, Role, Usage};
 use glia_providers::refusal::{Elision, ElisionObserver, RefusalIsolator, elision_text};
 use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice};
 use serde_json::json;
@@ -92,8 +92,8 @@ async fn the_refused_message_is_found_elided_and_reported() {
 }
 
 #[tokio::test]
-async fn the_culprit_can_be_an_assistant_tool_use_or_the_first_message() {
-    for culprit in [0, 1, 8] {
+async fn the_culprit_can_be_an_assistant_tool_use_or_a_tool_result() {
+    for culprit in [1, 5, 8] {
         let inner = Arc::new(Filter::default());
         let seen = Arc::new(Seen::default());
         let isolator = RefusalIsolator::new(inner.clone()).with_observer(seen.clone());
@@ -129,4 +129,28 @@ async fn listeners_drop_the_streamed_refusal_and_see_the_answer() {
         ],
         "the probes stream nothing"
     );
+}
+
+/// The goal (message 0) and the latest human turn (message 6: the last user
+/// turn with a person's text; 7 and 8 are a tool use and its result) are
+/// never elided: the refusal stands and the answer says which was refused.
+/// An earlier human turn is elided like any other message.
+#[tokio::test]
+async fn the_goal_and_the_latest_human_turn_are_never_elided() {
+    for (culprit, turn) in [(0, ProtectedTurn::Goal), (6, ProtectedTurn::LatestHumanTurn)] {
+        let inner = Arc::new(Filter::default());
+        let seen = Arc::new(Seen::default());
+        let isolator = RefusalIsolator::new(inner.clone()).with_observer(seen.clone());
+        let r = isolator.generate(&request(history(&[culprit])), &|_| {}).await.unwrap();
+        assert_eq!(r.stop_reason, "refusal", "culprit {culprit}: the refusal stands");
+        assert_eq!(r.refused_turn, Some(RefusedTurn { index: culprit, turn }));
+        assert!(r.elided.is_empty() && seen.0.lock().unwrap().is_empty(), "culprit {culprit}: nothing elided");
+        // Every call is charged: the refusal and the probes.
+        assert_eq!(r.usage.input_tokens, 10 * inner.calls.load(Ordering::SeqCst) as u64);
+    }
+    let inner = Arc::new(Filter::default());
+    let seen = Arc::new(Seen::default());
+    let isolator = RefusalIsolator::new(inner.clone()).with_observer(seen.clone());
+    let r = isolator.generate(&request(history(&[3])), &|_| {}).await.unwrap();
+    assert_eq!((r.stop_reason.as_str(), r.elided.as_slice(), r.refused_turn), ("end_turn", &[3][..], None), "an earlier human turn is elided");
 }
