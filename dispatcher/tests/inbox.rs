@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use common::*;
 use glia_backends::EventLog;
-use glia_proto::{Decision, Resume, args_hash};
+use glia_proto::{Decision, EventKind, Resume, args_hash};
 use serde_json::json;
 
 fn form(uri: &str, cookie: Option<&str>, origin: Option<&str>, fields: &[(&str, &str)]) -> Request<Body> {
@@ -105,4 +105,35 @@ async fn sessions_forms_and_filters() {
     // Signing out ends the session in the browser (the cookie is cleared).
     let r = send(&h.router, form("/inbox/logout", Some(&cookie), None, &[("csrf", &csrf)])).await;
     assert!(r.headers[header::SET_COOKIE].to_str().unwrap().contains("Max-Age=0"));
+}
+
+/// Edits are part of the conversation: after an approver's edit, the run
+/// page's conversation shows the call with the edited arguments (the ones
+/// that ran) beside its result; the model's proposal stays in the events.
+#[tokio::test]
+async fn the_run_page_shows_the_edited_arguments() {
+    let h = harness();
+    let run = create(&h, SUB_A, json!({"goal": "refund A1"})).await;
+    let proposed = json!({"order": "A1", "amount": 3000});
+    park_for_approval(&*h.log, run, &[("c1", "refund", proposed.clone())]).await;
+    let edited = json!({"order": "A1", "amount": 10});
+    commit(
+        &*h.log,
+        run,
+        vec![
+            EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: args_hash(&proposed), decision: Decision::Edit { input: edited }, by: Some("ana".into()) },
+            EventKind::ToolResult { call_id: "c1".into(), content: "refunded 10".into(), reminder: None, duration_ms: 1 },
+        ],
+    )
+    .await;
+    let (cookie, _) = sign_in(&h, APP_A).await;
+    let r = send(&h.router, page(&format!("/inbox/runs/{run}"), &cookie)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let (conversation, events) = r.text.split_once("<h2>Events</h2>").unwrap();
+    let conversation = conversation.split_once("<h2>Conversation</h2>").unwrap().1;
+    let tool_use = conversation.split("tool_use</span><pre>").nth(1).unwrap().split("</pre>").next().unwrap();
+    assert!(tool_use.starts_with("refund(") && tool_use.contains(":10,") && !tool_use.contains("3000"), "the call as it ran: {tool_use}");
+    assert!(conversation.contains("refunded 10"));
+    assert!(!conversation.contains("3000"), "the proposal is not in the conversation: {conversation}");
+    assert!(events.contains("3000"), "the proposal stays in the log");
 }
