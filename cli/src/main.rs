@@ -329,7 +329,10 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         EventKind::ModelResponse { message, usage, stop_reason, rejected, .. } => {
             let calls: Vec<String> = message.tool_uses().map(|(id, name, _)| format!("{name}#{id}")).collect();
             let text = clip(&message.text());
-            let rejected = rejected.as_ref().map_or(String::new(), |r| format!(" rejected ({}: {})", r.class.label(), r.action.label()));
+            let rejected = rejected.as_ref().map_or(String::new(), |r| {
+                let turn = r.refused_turn.map_or(String::new(), |t| format!(", {} (message {})", t.turn.describe(), t.index));
+                format!(" rejected ({}: {}{turn})", r.class.label(), r.action.label())
+            });
             let estimated = if usage.estimated { ", estimated" } else { "" };
             format!(
                 "[{stop_reason}]{rejected} {}{} (in {} / out {} tokens{estimated})",

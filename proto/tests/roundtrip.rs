@@ -261,7 +261,9 @@ fn rejected_answer() -> impl Strategy<Value = RejectedAnswer> {
         Just(StopClass::ContextWindow),
         Just(StopClass::Unknown),
     ];
-    (class, stop_action(), prop::option::of(text())).prop_map(|(class, action, reask)| RejectedAnswer { class, action, reask, refused_turn: None })
+    let turn = prop_oneof![Just(glia_proto::ProtectedTurn::Goal), Just(glia_proto::ProtectedTurn::LatestHumanTurn)];
+    let refused = prop::option::of((0usize..50, turn).prop_map(|(index, turn)| glia_proto::RefusedTurn { index, turn }));
+    (class, stop_action(), prop::option::of(text()), refused).prop_map(|(class, action, reask, refused_turn)| RejectedAnswer { class, action, reask, refused_turn })
 }
 
 fn disposition() -> impl Strategy<Value = Disposition> {
