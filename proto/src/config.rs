@@ -495,15 +495,17 @@ fn folded(name: &str) -> String {
     name.to_ascii_lowercase().replace('-', "_")
 }
 
-/// An offered name `name` differs from only in case or `-`/`_`.
-fn near_miss<'a>(name: &str, offered: &[&'a str]) -> Option<&'a str> {
+/// An offered name `name` differs from only in case or `-`/`_` (a name
+/// that is easy to mistake for it; never used to match).
+pub fn near_miss<'a>(name: &str, offered: &[&'a str]) -> Option<&'a str> {
     let key = folded(name);
     offered.iter().copied().find(|o| *o != name && folded(o) == key)
 }
 
-/// The offered name closest to `name` (a near miss, else the least edits,
-/// at most a third of the name's length).
-fn nearest<'a>(name: &str, offered: &[&'a str]) -> Option<&'a str> {
+/// The offered name closest to `name`, for a "did you mean" hint: a
+/// [`near_miss`], else the one fewest edits away (at most a third of the
+/// name's length, at least 1), ignoring case and `-`/`_`.
+pub fn nearest<'a>(name: &str, offered: &[&'a str]) -> Option<&'a str> {
     near_miss(name, offered).or_else(|| {
         offered
             .iter()

@@ -89,6 +89,28 @@ pub fn mcp_policy(config: &RunConfig, entry: &McpServerEntry, name: &str, hints:
     p
 }
 
+/// The operator's per-tool names of server `server` resolve against the
+/// tools it lists now, exactly: a `policy` entry for a tool the server does
+/// not list would gate nothing (a typo, or a renamed tool), and a
+/// `tools_deny` entry that differs from a listed tool only in case or
+/// `-`/`_` would deny nothing. Either is [`OfferError::Invalid`] naming the
+/// catalogue key: runs using the server fail rather than run ungated.
+fn check_operator_names(server: &str, entry: &McpServerEntry, listed: &[rmcp::model::Tool]) -> Result<(), OfferError> {
+    let names: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
+    if let Some(tool) = entry.policy.keys().find(|t| !names.contains(&t.as_str())) {
+        let hint = glia_proto::config::nearest(tool, &names).map(|n| format!("; did you mean {n:?}?")).unwrap_or_default();
+        return Err(OfferError::Invalid(format!(
+            "mcp_servers.{server}.policy.{tool}: the operator's catalogue sets a policy for a tool MCP server {server:?} does not offer (names match exactly){hint}"
+        )));
+    }
+    if let Some((tool, near)) = entry.tools_deny.iter().find_map(|t| glia_proto::config::near_miss(t, &names).map(|n| (t, n))) {
+        return Err(OfferError::Invalid(format!(
+            "mcp_servers.{server}.tools_deny: {tool:?} differs from the server's tool {near:?} only in case or `-`/`_`, so it denies nothing (names match exactly)"
+        )));
+    }
+    Ok(())
+}
+
 /// The catalogue, its MCP servers and the HTTP tools' client: one per worker.
 pub struct ToolSources {
     catalogue: Catalogue,
@@ -142,6 +164,8 @@ impl ToolSources {
                 return Err(OfferError::Invalid(format!("MCP server {:?} is not in this worker's catalogue", source.server)));
             }
             let listed = self.mcp.list_tools(&source.server, self.connect_wait).await.map_err(OfferError::Unavailable)?;
+            let entry = self.catalogue.mcp_servers.get(&source.server).ok_or_else(|| OfferError::Invalid(format!("mcp[{i}].server: MCP server {:?} is not in this worker's catalogue", source.server)))?;
+            check_operator_names(&source.server, entry, &listed)?;
             for (j, name) in source.allow.iter().enumerate() {
                 // A tool the run allows but cannot be offered is the run's
                 // error, named: left out, the model would go on without it
@@ -161,7 +185,6 @@ impl ToolSources {
                         source.server
                     )));
                 }
-                let entry = self.catalogue.mcp_servers.get(&source.server).ok_or_else(|| OfferError::Invalid(format!("mcp[{i}].server: MCP server {:?} is not in this worker's catalogue", source.server)))?;
                 if !entry.permits(name) {
                     return Err(OfferError::Invalid(format!("mcp[{i}].allow[{j}]: {}", entry.refusal(&source.server, name))));
                 }
