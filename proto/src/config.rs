@@ -473,16 +473,11 @@ impl RunConfig {
             if offered.contains(&name) {
                 continue;
             }
-            let near = near_miss(name, offered);
-            if !complete && near.is_none() {
+            if !complete && near_miss(name, offered).is_none() {
                 continue;
             }
             let hint = nearest(name, offered).map(|n| format!("; did you mean {n:?}?")).unwrap_or_default();
-            let reason = if complete {
-                format!("{name:?} is not a tool this run is offered (names match exactly){hint}")
-            } else {
-                format!("{name:?} is not a tool this run is offered; it differs from {:?} only in case or `-`/`_` (names match exactly){hint}", near.unwrap_or_default())
-            };
+            let reason = format!("{name:?} is not a tool this run is offered (names match exactly){hint}");
             return Err(config_error(field, reason));
         }
         Ok(())
