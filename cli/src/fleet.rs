@@ -353,7 +353,7 @@ fn replay_agent(recording: &glia_replay::Recording) -> Result<Agent> {
 /// replay-tools FILE --tools TOOLS` (the recording's tools as a separate
 /// process).
 fn replay_tools_catalogue(name: &str, file: &Path, tools: &Path) -> Result<glia_worker::catalogue::Catalogue> {
-    use glia_worker::catalogue::{Catalogue, McpServerEntry, McpTransport};
+    use glia_worker::catalogue::{Catalogue, McpServerEntry, McpTransport, Trust};
     let exe = std::env::current_exe().context("locating the glia binary")?;
     let path = |p: &Path| std::path::absolute(p).map(|p| p.display().to_string()).with_context(|| format!("resolving {}", p.display()));
     let entry = McpServerEntry {
@@ -364,6 +364,12 @@ fn replay_tools_catalogue(name: &str, file: &Path, tools: &Path) -> Result<glia_
         cwd: None,
         url: None,
         headers: Default::default(),
+        // glia's own server of the recording: its annotations (read-only
+        // for the recording's non-consequential tools) are glia's word.
+        trust: Trust::Trusted,
+        tools_allow: None,
+        tools_deny: Vec::new(),
+        policy: Default::default(),
     };
     let catalogue = Catalogue { mcp_servers: [(name.to_owned(), entry)].into(), ..Catalogue::default() };
     catalogue.check().map_err(|(key, reason)| anyhow::anyhow!("--mcp-server: {key}: {reason}"))?;

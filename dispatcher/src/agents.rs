@@ -8,7 +8,11 @@
 //! whole before anything is stored: unknown fields (a `command`, an `url`)
 //! and wrong types are refused by the document's schema and by serde
 //! (`deny_unknown_fields`), regexes and JSON Schemas are compiled
-//! ([`AgentDefinition::validate`]); each refusal is a 422 naming the field.
+//! ([`AgentDefinition::validate`]), and the run config it resolves to gets
+//! the admission a run gets (every tool name it writes resolves to a tool
+//! it offers, exactly; the operator's catalogue has its MCP servers,
+//! permits their tools and allows its HTTP tools' origins); each refusal is
+//! a 422 naming the field.
 
 use axum::Json;
 use axum::extract::State;
@@ -87,6 +91,15 @@ pub async fn put_agent(
         return Err(ApiError::InvalidField { field: "name".into(), reason: format!("{:?} differs from the path's {name:?}", def.name) });
     }
     def.validate().map_err(|e| ApiError::InvalidField { field: e.field, reason: e.reason })?;
+    // The same admission a run started from it gets (tool names resolve,
+    // the catalogue has its servers, allows its tools and HTTP origins):
+    // a definition no run could start from is refused now, not at submit.
+    let config = def.resolve(None);
+    let invalid = |e: glia_proto::ConfigError| ApiError::InvalidField { field: e.field, reason: e.reason };
+    config.validate().map_err(invalid)?;
+    if let Some(admit) = &app.admission {
+        admit(&config).map_err(invalid)?;
+    }
     let canonical = canonical_json(&serde_json::to_value(&def).map_err(|e| ApiError::Internal(e.to_string()))?);
     let (version, created) = app.log.put_agent(&p.tenant, &name, &canonical, &def.content_hash()).await?;
     if created {

@@ -622,6 +622,34 @@ fn tool_schema(state: &RunState, tool: &str) -> Option<Value> {
     find(&state.step_tools).or_else(|| find(&state.config.external_tools))
 }
 
+/// Why a call of `tool` waits for a person, for the card's "Policy:" line:
+/// the tool's resolved policy as its step recorded it, and who decided it
+/// (operator, agent, run, annotation), or the run's `policies`, which
+/// required approval for these arguments.
+fn policy_line(state: &RunState, tool: &str, interrupted: bool) -> Option<String> {
+    let spec = state.step_tools.iter().find(|t| t.name == tool)?;
+    let policy = spec.policy.as_ref()?;
+    let why = if interrupted {
+        "asked again: a crash interrupted the call (on_interrupted_call)".to_owned()
+    } else if policy.requires_approval {
+        format!("requires approval, by the {} ({})", policy.approval_by.as_str(), policy_origin_text(policy.approval_by))
+    } else {
+        let by = if state.config.agent.is_some() { "agent" } else { "run" };
+        format!("requires approval, by the {by} (a rule of its `policies` matched these arguments)")
+    };
+    Some(format!("{why} · {}", policy.describe()))
+}
+
+fn policy_origin_text(origin: glia_proto::PolicyOrigin) -> &'static str {
+    match origin {
+        glia_proto::PolicyOrigin::Operator => "the operator's catalogue",
+        glia_proto::PolicyOrigin::Agent => "the agent definition's tool_policy or policies",
+        glia_proto::PolicyOrigin::Run => "the run config's tool_policy or policies",
+        glia_proto::PolicyOrigin::Annotation => "the MCP server's destructiveHint",
+        glia_proto::PolicyOrigin::Default => "default",
+    }
+}
+
 struct Loaded {
     state: RunState,
     row: ApprovalRow,
@@ -656,6 +684,7 @@ async fn detail(State(app): State<App>, headers: HeaderMap, Path((run_id, call_i
     let earlier_results: Vec<Line> = conversation.iter().filter(|l| l.kind != "text").cloned().collect();
     let pending = row.status == glia_backends::ApprovalStatus::Pending;
     let schema = tool_schema(&state, &row.tool);
+    let policy = policy_line(&state, &row.tool, row.interrupted);
     // The pending call's arguments; once decided, those the approver was shown.
     let shown_input = state.call(&call_id).map_or_else(|| row.input.clone(), |c| c.input.clone());
     let item = item(row, state.goal.clone(), state.config.model.clone(), None, Utc::now());
@@ -663,7 +692,7 @@ async fn detail(State(app): State<App>, headers: HeaderMap, Path((run_id, call_i
         StatusCode::OK,
         "detail.html",
         context! { who => s.principal.by(), csrf => s.csrf, item, pending, record, goal => state.goal, recent, earlier_results,
-                   input => serde_json::to_string_pretty(&shown_input).unwrap_or_default(), schema, error => None::<String> },
+                   input => serde_json::to_string_pretty(&shown_input).unwrap_or_default(), schema, policy, error => None::<String> },
     )
 }
 

@@ -197,3 +197,50 @@ async fn registry_on_postgres() {
     let db = TestDb::new().await;
     registry_contract(Arc::new(db.log().await)).await;
 }
+
+/// `glia agents apply` (PUT /v1/agents/NAME) runs the admission a run
+/// started from the definition would get: a catalogue-forbidden HTTP tool
+/// URL, an MCP tool the operator does not allow and a policy naming a tool
+/// the definition does not offer are refused at apply, naming the field,
+/// with nothing stored.
+#[tokio::test]
+async fn apply_refuses_what_admission_would_refuse() {
+    let catalogue = glia_worker::catalogue::Catalogue::parse(
+        "[http]\nallowed_origins = [\"https://orders.example.com\"]\n\n[mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"npx\"\ntools_deny = [\"get_env\"]\n",
+        "fleet.toml",
+    )
+    .unwrap();
+    let p = |t: &str, s: &[Scope]| Principal { tenant: t.into(), scopes: s.to_vec(), name: None };
+    let auth = Auth::from_tokens([(AGENTS_A.to_owned(), p("a", &[Scope::Agents]))]).unwrap();
+    let app = App::new(Arc::new(MemoryLog::default()), Arc::new(MemoryQueue::default()), Arc::new(MemoryLedger::default()), auth)
+        .with_admission(Arc::new(move |config| catalogue.admit(config)));
+    let r = glia_dispatcher::router(app);
+    let http_tool = |url: &str| json!({"name": "issue_credit", "description": "Credit.", "input_schema": {"type": "object"}, "url": url});
+    let cases = [
+        (json!({"http_tools": [http_tool("https://evil.example.net/credit")]}), "http_tools[0].url", "not an origin this fleet's catalogue allows"),
+        (json!({"mcp": [{"server": "files", "allow": ["read", "get_env"]}]}), "mcp[0].allow[1]", "tools_deny"),
+        (
+            json!({"http_tools": [http_tool("https://orders.example.com/credit")], "tool_policy": {"issue-credit": {"requires_approval": true}}}),
+            "tool_policy.issue-credit",
+            "did you mean \"issue_credit\"?",
+        ),
+        (json!({"policies": [{"tool": "refund", "action": {"kind": "require_approval"}}]}), "policies[0].tool", "not a tool this run is offered"),
+    ];
+    for (patch, field, reason) in cases {
+        let mut def = support();
+        for (k, v) in patch.as_object().unwrap() {
+            def[k] = v.clone();
+        }
+        let reply = put(&r, AGENTS_A, "support", &def).await;
+        assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{field}: {}", reply.text);
+        assert_eq!(reply.body["error"]["field"], field, "{}", reply.text);
+        assert!(reply.body["error"]["message"].as_str().is_some_and(|m| m.contains(reason)), "{field}: {}", reply.text);
+    }
+    assert_eq!(get(&r, AGENTS_A, "/v1/agents").await.body["agents"], json!([]), "nothing stored");
+    let mut ok = support();
+    ok["http_tools"] = json!([http_tool("https://orders.example.com/credit")]);
+    ok["tools"] = json!(["get_order"]);
+    ok["tool_policy"] = json!({"issue_credit": {"requires_approval": true}});
+    let reply = put(&r, AGENTS_A, "support", &ok).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+}

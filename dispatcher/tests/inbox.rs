@@ -137,3 +137,30 @@ async fn the_run_page_shows_the_edited_arguments() {
     assert!(!conversation.contains("3000"), "the proposal is not in the conversation: {conversation}");
     assert!(events.contains("3000"), "the proposal stays in the log");
 }
+
+/// The approval card says why the call waits: the tool's resolved policy
+/// as its step recorded it, and who decided it (here the operator's
+/// catalogue over an untrusted server that called the tool read-only), or
+/// the run's `policies` matching these arguments.
+#[tokio::test]
+async fn the_card_shows_the_resolved_policy_and_who_decided_it() {
+    use glia_proto::{PolicyOrigin, ResolvedPolicy, ToolSpec};
+    let h = harness();
+    let gated = ResolvedPolicy { requires_approval: true, approval_by: PolicyOrigin::Operator, idempotent: false, idempotent_by: PolicyOrigin::Default, trusted_server: Some(false) };
+    let open = ResolvedPolicy { requires_approval: false, approval_by: PolicyOrigin::Default, idempotent: false, idempotent_by: PolicyOrigin::Default, trusted_server: None };
+    let tools = vec![
+        ToolSpec { policy: Some(gated), ..ToolSpec::new("refund", "Refund.", json!({"type": "object"})) },
+        ToolSpec { policy: Some(open), ..ToolSpec::new("ship", "Ship.", json!({"type": "object"})) },
+    ];
+    let run = create(&h, SUB_A, json!({"goal": "refund A1"})).await;
+    park_for_approval_with_tools(&*h.log, run, &[("c1", "refund", json!({"order": "A1"})), ("c2", "ship", json!({"order": "A1"}))], tools).await;
+    let (cookie, _) = sign_in(&h, APP_A).await;
+    let card = send(&h.router, page(&format!("/inbox/runs/{run}/calls/c1"), &cookie)).await;
+    assert_eq!(card.status, StatusCode::OK, "{}", card.text);
+    let line = card.text.split("id=\"policy\">").nth(1).and_then(|t| t.split("</p>").next()).unwrap_or_else(|| panic!("no policy line: {}", card.text));
+    assert!(line.starts_with("Policy: requires approval, by the operator (the operator&#x27;s catalogue)"), "{line}");
+    assert!(line.contains("untrusted server"), "{line}");
+    let card = send(&h.router, page(&format!("/inbox/runs/{run}/calls/c2"), &cookie)).await;
+    let line = card.text.split("id=\"policy\">").nth(1).and_then(|t| t.split("</p>").next()).unwrap();
+    assert!(line.contains("by the run (a rule of its `policies` matched these arguments)"), "{line}");
+}

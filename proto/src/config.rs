@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::agent::{AgentRef, CompactionSpec, Guardrails};
 use crate::budget::{BudgetLimits, Pricing};
 use crate::stop::StopPolicy;
-use crate::tool_sources::{HttpTool, McpToolSource, ToolPolicy, ToolSource};
+use crate::tool_sources::{HttpTool, McpToolSource, ResolvedPolicy, ToolPolicy, ToolSource};
 use std::collections::BTreeMap;
 
 /// Default cap on model calls within one turn (one user input to one answer).
@@ -198,6 +198,11 @@ pub struct ToolSpec {
     /// config may not set it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<ToolSource>,
+    /// The policy the step resolved for this tool and who decided it (set
+    /// by the worker when it freezes a step's tools; `None` in a config and
+    /// in logs written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<ResolvedPolicy>,
 }
 
 impl ToolSpec {
@@ -215,6 +220,17 @@ impl ToolSpec {
             return_direct: false,
             cancel_grace_ms: DEFAULT_CANCEL_GRACE_MS,
             source: None,
+            policy: None,
+        }
+    }
+
+    /// Whether every call of this tool needs a person's approval before it
+    /// runs: its resolved [`ToolSpec::policy`] when recorded, else what its
+    /// [`ToolSource`] says (logs from before policies were resolved).
+    pub fn requires_approval(&self) -> bool {
+        match &self.policy {
+            Some(p) => p.requires_approval,
+            None => self.source.as_ref().is_some_and(ToolSource::requires_approval),
         }
     }
 }
@@ -383,6 +399,9 @@ impl RunConfig {
             if t.source.is_some() {
                 return Err(config_error(field("source"), "is set by the worker; an external tool has none"));
             }
+            if t.policy.is_some() {
+                return Err(config_error(field("policy"), "is set by the worker (use tool_policy and policies)"));
+            }
         }
         self.validate_tool_sources(&mut names)?;
         for (i, p) in self.policies.iter().enumerate() {
@@ -398,12 +417,99 @@ impl RunConfig {
         if let Some(schema) = &self.output_schema {
             compile_tool_schema(schema).map_err(|reason| config_error("output_schema", reason))?;
         }
+        let (declared, complete) = self.declared_tool_names();
+        self.validate_tool_names(&declared, complete)?;
         self.guardrails.compile().map_err(|e| config_error(format!("guardrails.{}", e.field), e.reason))?;
         if let Some(c) = &self.compaction {
             c.validate().map_err(|e| config_error(format!("compaction.{}", e.field), e.reason))?;
         }
         Ok(())
     }
+}
+
+impl RunConfig {
+    /// The tool names this config offers by itself: its external tools,
+    /// HTTP tools, the MCP tools its `mcp[].allow` lists name, its `tools`
+    /// list and the output tool when it has an output schema. The second
+    /// value says whether that is every tool the run can be offered: false
+    /// when `tools` is unset (the worker's registered tools are offered too,
+    /// and only the worker knows them).
+    pub fn declared_tool_names(&self) -> (Vec<&str>, bool) {
+        let mut names: Vec<&str> = self.external_tools.iter().map(|t| t.name.as_str()).collect();
+        names.extend(self.http_tools.iter().map(|t| t.name.as_str()));
+        names.extend(self.mcp.iter().flat_map(|s| s.allow.iter().map(String::as_str)));
+        names.extend(self.tools.iter().flatten().map(String::as_str));
+        if self.output_schema.is_some() {
+            names.push(crate::OUTPUT_TOOL);
+        }
+        (names, self.tools.is_some())
+    }
+
+    /// Every tool name the config writes — `tools[i]`, `policies[i].tool`
+    /// (but `*`) and `tool_policy.NAME` — is one of `offered`, byte for byte
+    /// (no case folding, no `-`/`_` equivalence: two names never become
+    /// one). With `complete` false (`offered` may lack tools only the
+    /// worker knows), a name that is not offered is refused only when it
+    /// is a near miss of one that is (the same but for case or `-`/`_`);
+    /// the worker checks again with every tool at step start.
+    ///
+    /// Errors: the field's path (`tool_policy.issue-credit`,
+    /// `policies[0].tool`) and a reason with the nearest offered name
+    /// (`did you mean "issue_credit"?`).
+    ///
+    /// ```
+    /// let mut config = glia_proto::RunConfig::default();
+    /// config.policies.push(glia_proto::Policy { tool: "issue-credit".into(), args: None, action: glia_proto::PolicyAction::RequireApproval });
+    /// let e = config.validate_tool_names(&["issue_credit"], true).unwrap_err();
+    /// assert_eq!(e.field, "policies[0].tool");
+    /// assert!(e.reason.contains("did you mean \"issue_credit\"?"), "{}", e.reason);
+    /// ```
+    pub fn validate_tool_names(&self, offered: &[&str], complete: bool) -> Result<(), ConfigError> {
+        let mut written: Vec<(String, &str)> = Vec::new();
+        written.extend(self.tools.iter().flatten().enumerate().map(|(i, n)| (format!("tools[{i}]"), n.as_str())));
+        written.extend(self.policies.iter().enumerate().filter(|(_, p)| p.tool != "*").map(|(i, p)| (format!("policies[{i}].tool"), p.tool.as_str())));
+        written.extend(self.tool_policy.keys().map(|n| (format!("tool_policy.{n}"), n.as_str())));
+        for (field, name) in written {
+            if offered.contains(&name) {
+                continue;
+            }
+            if !complete && near_miss(name, offered).is_none() {
+                continue;
+            }
+            let hint = nearest(name, offered).map(|n| format!("; did you mean {n:?}?")).unwrap_or_default();
+            let reason = format!("{name:?} is not a tool this run is offered (names match exactly){hint}");
+            return Err(config_error(field, reason));
+        }
+        Ok(())
+    }
+}
+
+/// The fold two names that are easy to mistake for each other share:
+/// lowercase, `-` as `_`. Used for hints and refusals only, never to match.
+fn folded(name: &str) -> String {
+    name.to_ascii_lowercase().replace('-', "_")
+}
+
+/// An offered name `name` differs from only in case or `-`/`_` (a name
+/// that is easy to mistake for it; never used to match).
+pub fn near_miss<'a>(name: &str, offered: &[&'a str]) -> Option<&'a str> {
+    let key = folded(name);
+    offered.iter().copied().find(|o| *o != name && folded(o) == key)
+}
+
+/// The offered name closest to `name`, for a "did you mean" hint: a
+/// [`near_miss`], else the one fewest edits away (at most a third of the
+/// name's length, at least 1), ignoring case and `-`/`_`.
+pub fn nearest<'a>(name: &str, offered: &[&'a str]) -> Option<&'a str> {
+    near_miss(name, offered).or_else(|| {
+        offered
+            .iter()
+            .copied()
+            .map(|o| (strsim::damerau_levenshtein(&folded(name), &folded(o)), o))
+            .filter(|(d, _)| *d <= (name.chars().count() / 3).max(1))
+            .min_by_key(|(d, o)| (*d, *o))
+            .map(|(_, o)| o)
+    })
 }
 
 /// A declarative rule over tool calls: tool name (exact, or `*` for any) and

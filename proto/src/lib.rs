@@ -39,7 +39,7 @@ pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent, Outcome, PauseReason,
     PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
 };
-pub use tool_sources::{HttpTool, McpToolSource, ToolPolicy, ToolSource};
+pub use tool_sources::{HttpTool, McpToolSource, PolicyOrigin, ResolvedPolicy, ToolPolicy, ToolSource};
 pub use stop::{ProtectedTurn, RefusedTurn, RejectedAnswer, StopAction, StopClass, StopPolicy};
 pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
 

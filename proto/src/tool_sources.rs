@@ -95,6 +95,75 @@ pub struct ToolPolicy {
     pub return_direct: Option<bool>,
 }
 
+/// Who decided one part of an offered tool's [`ResolvedPolicy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyOrigin {
+    /// The operator's catalogue (`[mcp_servers.NAME] policy`, `trust`).
+    Operator,
+    /// The tenant, through the agent definition the run was started from.
+    Agent,
+    /// The tenant, in the run's own config.
+    Run,
+    /// The MCP server's annotations (`destructiveHint`, and from a trusted
+    /// server `readOnlyHint` / `idempotentHint`).
+    Annotation,
+    /// Nobody: the default (no approval; not idempotent, or the tool's own
+    /// declaration for the worker's compiled-in tools).
+    Default,
+}
+
+impl PolicyOrigin {
+    /// `operator`, `agent`, `run`, `annotation`, `default`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyOrigin::Operator => "operator",
+            PolicyOrigin::Agent => "agent",
+            PolicyOrigin::Run => "run",
+            PolicyOrigin::Annotation => "annotation",
+            PolicyOrigin::Default => "default",
+        }
+    }
+}
+
+/// The policy a step applies to every call of one offered tool, and who
+/// decided each part: frozen with the tool in `step.start`
+/// ([`crate::ToolSpec::policy`]), shown on the approval card. A call may
+/// still need an approval its tool does not by a matching entry of the
+/// run's `policies` (which look at arguments).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolvedPolicy {
+    /// Every call needs a person's approval before it runs.
+    pub requires_approval: bool,
+    /// Who decided `requires_approval`.
+    pub approval_by: PolicyOrigin,
+    /// A call a crash interrupted may run again (same idempotency key).
+    pub idempotent: bool,
+    /// Who decided `idempotent`.
+    pub idempotent_by: PolicyOrigin,
+    /// For an MCP tool: whether the operator's catalogue marks its server
+    /// `trusted` (its annotations believed) or not (they can only make it
+    /// stricter); `None` for other tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_server: Option<bool>,
+}
+
+impl ResolvedPolicy {
+    /// One line for people: `requires approval (operator); not idempotent (default)`.
+    pub fn describe(&self) -> String {
+        let approval = if self.requires_approval { "requires approval" } else { "no approval" };
+        let idempotent = if self.idempotent { "idempotent" } else { "not idempotent" };
+        let mut text = format!("{approval} ({}); {idempotent} ({})", self.approval_by.as_str(), self.idempotent_by.as_str());
+        match self.trusted_server {
+            Some(true) => text.push_str("; trusted server"),
+            Some(false) => text.push_str("; untrusted server"),
+            None => {}
+        }
+        text
+    }
+}
+
 /// Where a tool offered in a step comes from, frozen with it in `step.start`
 /// ([`crate::ToolSpec::source`]): the worker routes each call by it, and a
 /// reader sees which server version of the schema the model was shown.

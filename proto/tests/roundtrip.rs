@@ -166,6 +166,7 @@ fn tool_spec() -> impl Strategy<Value = ToolSpec> {
             return_direct: false,
             cancel_grace_ms: timeout_ms / 2,
             source: None,
+            policy: None,
         },
     )
 }

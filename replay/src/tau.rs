@@ -120,6 +120,7 @@ fn build(entries: Vec<Entry>, tools: Vec<RawTool>) -> Result<Recording, Recordin
                 timeout_ms: 30_000,
                 external: false,
                 source: None,
+                policy: None,
                 name,
             }
         })

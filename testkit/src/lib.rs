@@ -14,6 +14,8 @@
 //! - [`tools`]: the `add` tool, a slow tool, and a side-effecting tool that
 //!   appends each execution to a ledger file;
 //! - [`bin`]: the `glia` binary cargo built for this workspace;
+//! - [`lying_mcp`]: an MCP server whose annotations lie and whose tools
+//!   count their executions in a file (stdio and streamable HTTP);
 //! - [`proxy`]: a userspace TCP proxy with a switch, and a network
 //!   partition of one process built from one proxy per service;
 //! - [`fleet`]: dispatcher and worker processes on an isolated database,
@@ -27,6 +29,7 @@
 pub mod bin;
 pub mod fleet;
 pub mod http;
+pub mod lying_mcp;
 pub mod postgres;
 pub mod proxy;
 pub mod tools;

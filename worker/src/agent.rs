@@ -38,8 +38,8 @@ use glia_proto::marker::Insert;
 use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
     ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall, LiveEvent,
-    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PullPoint, Redaction, RefusedTurn, RejectedAnswer, Resume, Role, RunConfig, RunState, Status,
-    StopAction, StopClass, ToolCallRecord, ToolContent, ToolErrorKind, ToolSource, ToolSpec, TransitionError, args_hash, canonical_json,
+    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PolicyOrigin, PullPoint, Redaction, RefusedTurn, RejectedAnswer, ResolvedPolicy, Resume, Role, RunConfig, RunState, Status,
+    StopAction, StopClass, ToolCallRecord, ToolContent, ToolErrorKind, ToolSpec, TransitionError, args_hash, canonical_json,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -613,6 +613,12 @@ impl Agent {
             Err(OfferError::Unavailable(why)) => return Err(AgentError::ToolSource(why)),
             Err(OfferError::Invalid(why)) => return self.fail(run, format!("the run's tools cannot be offered: {why}")).await,
         };
+        // Every name the config writes must be a tool offered now, exactly:
+        // a policy for a tool that is not there would gate nothing.
+        let offered: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        if let Err(e) = run.state.config.validate_tool_names(&offered, true) {
+            return self.fail(run, format!("the run's config names a tool it is not offered: {}: {}", e.field, e.reason)).await;
+        }
         let description = run.state.plan[index].clone();
         let fired = self.fire(run, HookTopic::BeforeStep, json!({ "index": index, "description": description })).await?;
         if let Verdict::Cancel(reason) = fired.verdict {
@@ -637,8 +643,9 @@ impl Agent {
             .specs()
             .into_iter()
             .filter(|t| config.tools.as_ref().is_none_or(|allowed| allowed.contains(&t.name)))
+            .chain(config.external_tools.iter().cloned().map(|t| ToolSpec { external: true, ..t }))
+            .map(|t| with_tenant_policy(config, t))
             .collect();
-        tools.extend(config.external_tools.iter().cloned().map(|t| ToolSpec { external: true, ..t }));
         if !config.mcp.is_empty() || !config.http_tools.is_empty() {
             let sources = self.sources.as_ref().ok_or_else(|| OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into()))?;
             for spec in sources.offered(config).await? {
@@ -659,7 +666,11 @@ impl Agent {
                 return_direct: false,
                 cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
                 source: None,
+                policy: None,
             });
+        }
+        for tool in tools.iter_mut().filter(|t| t.name != OUTPUT_TOOL) {
+            gate_by_policies(config, tool);
         }
         Ok(tools)
     }
@@ -936,7 +947,7 @@ impl Agent {
         let invalid = spec.filter(|t| t.name != OUTPUT_TOOL).and_then(|t| self.invalid_arguments(t, &input));
         // What the decision needs of the spec: whether its source asks for
         // an approval, whether the caller runs it.
-        let spec = spec.map(|t| (t.source.as_ref().is_some_and(ToolSource::requires_approval), t.external));
+        let spec = spec.map(|t| (t.requires_approval(), t.external));
         let disposition = match (&fired.verdict, &spec) {
             (Verdict::Cancel(reason), _) => refusal(ToolErrorKind::Cancelled, format!("A hook cancelled this call: {reason}")),
             (Verdict::Skip, _) => refusal(ToolErrorKind::Cancelled, "A hook skipped this call.".into()),
@@ -1273,9 +1284,9 @@ impl Agent {
         config.validate().map_err(|e| AgentError::Config(e.to_string()))?;
         CompiledPolicies::new(&config.policies).map_err(|e| AgentError::Config(e.to_string()))?;
         if let Some(allowed) = &config.tools
-            && let Some(missing) = allowed.iter().find(|n| self.tools.spec(n).is_none())
+            && let Some((i, missing)) = allowed.iter().enumerate().find(|(_, n)| self.tools.spec(n).is_none())
         {
-            return Err(AgentError::Config(format!("tool {missing} is not registered on this worker")));
+            return Err(AgentError::Config(format!("tools[{i}]: tool {missing} is not registered on this worker")));
         }
         if let Some(name) = &config.provider
             && !self.named.contains_key(name)
@@ -1294,6 +1305,44 @@ impl Agent {
             }
         }
         Ok(())
+    }
+}
+
+/// A worker's registered tool or an external tool with the tenant's
+/// `tool_policy` for its name applied (approval, idempotency, timeout,
+/// hand-off) and its [`ResolvedPolicy`] recorded.
+fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
+    let tenant = config.tool_policy.get(&tool.name).cloned().unwrap_or_default();
+    let by = crate::tool_sources::tenant_origin(config);
+    let origin = |set: bool| if set { by } else { PolicyOrigin::Default };
+    let idempotent = tenant.idempotent.unwrap_or(tool.idempotent);
+    tool.policy = Some(ResolvedPolicy {
+        requires_approval: tenant.requires_approval.unwrap_or(false),
+        approval_by: origin(tenant.requires_approval.is_some()),
+        idempotent,
+        // An external tool's idempotency is the tenant's word; a registered
+        // tool's is its code's (the default).
+        idempotent_by: origin(tenant.idempotent.is_some() || (tool.external && tool.idempotent)),
+        trusted_server: None,
+    });
+    tool.idempotent = idempotent;
+    tool.timeout_ms = tenant.timeout_ms.unwrap_or(tool.timeout_ms);
+    tool.return_direct = tenant.return_direct.unwrap_or(tool.return_direct);
+    tool
+}
+
+/// When the first of the run's `policies` that matches `tool` by name (or
+/// `*`) looks at no arguments and requires approval, every call needs one:
+/// record it in the tool's resolved policy (the decision itself is taken
+/// per call by the policies).
+fn gate_by_policies(config: &RunConfig, tool: &mut ToolSpec) {
+    let first = config.policies.iter().find(|p| p.tool == "*" || p.tool == tool.name);
+    let always = first.is_some_and(|p| p.args.is_none() && p.action == PolicyAction::RequireApproval);
+    if let Some(policy) = tool.policy.as_mut()
+        && always
+        && !policy.requires_approval
+    {
+        (policy.requires_approval, policy.approval_by) = (true, crate::tool_sources::tenant_origin(config));
     }
 }
 

@@ -33,6 +33,10 @@
 //! transport = "streamable_http"
 //! url = "https://mcp.example.com/mcp"
 //! headers = { Authorization = "SEARCH_AUTH" } # header value = the worker's $SEARCH_AUTH
+//! trust = "untrusted"                 # default; "trusted" believes the server's annotations
+//! tools_allow = ["search", "fetch"]   # optional: the only tools tenants may allow
+//! tools_deny = ["get_env"]            # tools no tenant may allow
+//! policy = { fetch = "require_approval" } # the operator's per-tool policy
 //!
 //! [http]
 //! allowed_origins = ["https://orders.example.com"]
@@ -130,6 +134,67 @@ pub struct McpServerEntry {
     /// environment variable whose value it gets.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Whether the server's own tool annotations are believed. Untrusted
+    /// (the default): `destructiveHint: true` makes a tool require approval,
+    /// and `readOnlyHint` / `idempotentHint` waive nothing (no approval is
+    /// skipped, no interrupted call runs again on their word). Trusted: they
+    /// are believed (read-only or idempotent tools may run again after a
+    /// crash; `destructiveHint` still asks for approval).
+    #[serde(default)]
+    pub trust: Trust,
+    /// The server's tools tenants may allow (`mcp[].allow`), by exact name;
+    /// `None` = any. A tenant naming another is refused at admission, and a
+    /// tool removed from here later fails the runs that still allow it at
+    /// their next step.
+    #[serde(default)]
+    pub tools_allow: Option<Vec<String>>,
+    /// The server's tools no tenant may allow, by exact name (checked like
+    /// `tools_allow`; wins over it).
+    #[serde(default)]
+    pub tools_deny: Vec<String>,
+    /// The operator's policy per tool name. It only makes a tool stricter:
+    /// a tenant's `tool_policy` or `policies` cannot undo it.
+    #[serde(default)]
+    pub policy: BTreeMap<String, OperatorPolicy>,
+}
+
+/// Whether an MCP server's annotations are believed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Trust {
+    /// Annotations can only make a tool stricter (the default).
+    #[default]
+    Untrusted,
+    /// Annotations are believed.
+    Trusted,
+}
+
+/// The operator's word on one tool of a catalogue MCP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OperatorPolicy {
+    /// Every call needs a person's approval, whatever the tenant says.
+    RequireApproval,
+    /// Every call needs a person's approval, and a call a crash interrupted
+    /// never runs again without one (not idempotent, whatever anyone says).
+    RequireApprovalNoRetry,
+}
+
+impl McpServerEntry {
+    /// Whether tenants may allow the server's tool `tool` (exact name):
+    /// listed in `tools_allow` (when set) and not in `tools_deny`.
+    pub fn permits(&self, tool: &str) -> bool {
+        self.tools_allow.as_ref().is_none_or(|allow| allow.iter().any(|t| t == tool)) && !self.tools_deny.iter().any(|t| t == tool)
+    }
+
+    /// Why `tool` is not permitted ([`McpServerEntry::permits`]), for the tenant's error.
+    pub fn refusal(&self, server: &str, tool: &str) -> String {
+        if self.tools_deny.iter().any(|t| t == tool) {
+            format!("tool {tool:?} of MCP server {server:?} is denied by the operator's catalogue (tools_deny)")
+        } else {
+            format!("tool {tool:?} of MCP server {server:?} is not in the operator's catalogue allow list (tools_allow)")
+        }
+    }
 }
 
 /// What HTTP tools may reach.
@@ -237,6 +302,24 @@ impl Catalogue {
                     }
                 }
             }
+            for (i, tool) in s.tools_allow.iter().flatten().enumerate() {
+                if !NAME.is_match(tool) {
+                    return Err((at(&format!("tools_allow[{i}]")), format!("{tool:?}: tool names are ^[a-zA-Z0-9_-]{{1,64}}$")));
+                }
+            }
+            for (i, tool) in s.tools_deny.iter().enumerate() {
+                if !NAME.is_match(tool) {
+                    return Err((at(&format!("tools_deny[{i}]")), format!("{tool:?}: tool names are ^[a-zA-Z0-9_-]{{1,64}}$")));
+                }
+            }
+            for tool in s.policy.keys() {
+                if !NAME.is_match(tool) {
+                    return Err((at(&format!("policy.{tool}")), "tool names are ^[a-zA-Z0-9_-]{1,64}$".into()));
+                }
+                if !s.permits(tool) {
+                    return Err((at(&format!("policy.{tool}")), format!("{tool:?} is not a tool tenants may allow (tools_allow / tools_deny), so a policy for it does nothing")));
+                }
+            }
         }
         for (i, origin) in self.http.allowed_origins.iter().enumerate() {
             let at = format!("http.allowed_origins[{i}]");
@@ -275,7 +358,8 @@ impl Catalogue {
     }
 
     /// Whether a run's tool sources and provider are all in the catalogue:
-    /// each `mcp[i].server` names a server, each `http_tools[i].url` has an
+    /// each `mcp[i].server` names a server whose operator lists permit
+    /// every tool of `mcp[i].allow` ([`McpServerEntry::permits`]), each `http_tools[i].url` has an
     /// allowed origin, `provider` names a provider. The dispatcher refuses
     /// such a run at admission (422 naming the field); the worker checks
     /// again before `session.start`.
@@ -288,11 +372,14 @@ impl Catalogue {
     /// ```
     pub fn admit(&self, config: &RunConfig) -> Result<(), ConfigError> {
         for (i, source) in config.mcp.iter().enumerate() {
-            if !self.mcp_servers.contains_key(&source.server) {
+            let Some(entry) = self.mcp_servers.get(&source.server) else {
                 return Err(ConfigError {
                     field: format!("mcp[{i}].server"),
                     reason: format!("{:?} is not an MCP server in this fleet's catalogue", source.server),
                 });
+            };
+            if let Some((j, tool)) = source.allow.iter().enumerate().find(|(_, t)| !entry.permits(t)) {
+                return Err(ConfigError { field: format!("mcp[{i}].allow[{j}]"), reason: entry.refusal(&source.server, tool) });
             }
         }
         for (i, tool) in config.http_tools.iter().enumerate() {

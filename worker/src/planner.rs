@@ -90,6 +90,7 @@ impl ModelPlanner {
             return_direct: false,
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
             source: None,
+            policy: None,
         };
         let request = ModelRequest {
             model: state.config.model.clone(),

@@ -131,6 +131,7 @@ impl<T: Tool> DynTool for Typed<T> {
             return_direct: false,
             cancel_grace_ms: u64::try_from(self.0.cancel_grace().as_millis()).unwrap_or(u64::MAX),
             source: None,
+            policy: None,
         }
     }
 

@@ -5,18 +5,23 @@
 //! [`ToolSource`], so the step's frozen tool list says where every call
 //! goes); [`ToolSources::execute`] runs a call of one.
 //!
-//! Defaults and policy: an MCP tool is idempotent when annotated
-//! `readOnlyHint` or `idempotentHint`, needs approval when annotated
-//! `destructiveHint: true` (and not read-only), and has a 30 s timeout; an
-//! HTTP tool takes its own fields. `RunConfig::tool_policy` overrides any of
-//! these per tool name.
+//! Defaults and policy ([`mcp_policy`]): an MCP tool needs approval when
+//! annotated `destructiveHint: true`; from a server the catalogue marks
+//! `trust = "trusted"` it is idempotent when annotated `readOnlyHint` or
+//! `idempotentHint` (and a read-only one is not destructive), from an
+//! untrusted one (the default) never on its own word; it has a 30 s
+//! timeout. An HTTP tool takes its own fields. `RunConfig::tool_policy`
+//! overrides any of these per tool name; the catalogue's per-tool
+//! `policy` then overrides the tenant, only towards stricter. Each offered
+//! tool carries its [`ResolvedPolicy`] and who decided it.
 
 use std::time::Duration;
 
-use glia_proto::{ConfigError, RunConfig, ToolContent, ToolErrorKind, ToolSource, ToolSpec, args_hash};
+use glia_proto::{ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind, ToolSource, ToolSpec, args_hash};
+use rmcp::model::ToolAnnotations;
 use serde_json::Value;
 
-use crate::catalogue::Catalogue;
+use crate::catalogue::{Catalogue, McpServerEntry, OperatorPolicy, Trust};
 use crate::http_tool::{HttpCall, HttpTools};
 use crate::mcp::McpHub;
 use crate::tool::{ToolContext, ToolFailure};
@@ -37,6 +42,73 @@ pub enum OfferError {
     /// reason.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Who speaks for the tenant in `config`: the agent definition it was
+/// resolved from, or the run's own config.
+pub fn tenant_origin(config: &RunConfig) -> PolicyOrigin {
+    if config.agent.is_some() { PolicyOrigin::Agent } else { PolicyOrigin::Run }
+}
+
+/// The resolved policy of MCP tool `name` of the server `entry`, listed
+/// with `hints`: annotations (believed only from a trusted server, except
+/// `destructiveHint: true`, which always asks for approval), then the
+/// tenant's `tool_policy`, then the operator's `policy`, which only makes
+/// it stricter.
+pub fn mcp_policy(config: &RunConfig, entry: &McpServerEntry, name: &str, hints: Option<&ToolAnnotations>) -> ResolvedPolicy {
+    let trusted = entry.trust == Trust::Trusted;
+    let hint = |h: Option<bool>| h == Some(true);
+    let read_only = hint(hints.and_then(|a| a.read_only_hint));
+    // A trusted read-only tool is not destructive whatever it says; from an
+    // untrusted server `destructiveHint: true` counts whatever else it says.
+    let destructive = hint(hints.and_then(|a| a.destructive_hint)) && !(trusted && read_only);
+    let idempotent = trusted && (read_only || hint(hints.and_then(|a| a.idempotent_hint)));
+    let annotated = |yes: bool| if yes { PolicyOrigin::Annotation } else { PolicyOrigin::Default };
+    let mut p = ResolvedPolicy {
+        requires_approval: destructive,
+        approval_by: annotated(destructive),
+        idempotent,
+        idempotent_by: annotated(idempotent),
+        trusted_server: Some(trusted),
+    };
+    let tenant = config.tool_policy.get(name).cloned().unwrap_or_default();
+    if let Some(requires_approval) = tenant.requires_approval {
+        (p.requires_approval, p.approval_by) = (requires_approval, tenant_origin(config));
+    }
+    if let Some(idempotent) = tenant.idempotent {
+        (p.idempotent, p.idempotent_by) = (idempotent, tenant_origin(config));
+    }
+    match entry.policy.get(name) {
+        Some(OperatorPolicy::RequireApproval) => (p.requires_approval, p.approval_by) = (true, PolicyOrigin::Operator),
+        Some(OperatorPolicy::RequireApprovalNoRetry) => {
+            (p.requires_approval, p.approval_by) = (true, PolicyOrigin::Operator);
+            (p.idempotent, p.idempotent_by) = (false, PolicyOrigin::Operator);
+        }
+        None => {}
+    }
+    p
+}
+
+/// The operator's per-tool names of server `server` resolve against the
+/// tools it lists now, exactly: a `policy` entry for a tool the server does
+/// not list would gate nothing (a typo, or a renamed tool), and a
+/// `tools_deny` entry that differs from a listed tool only in case or
+/// `-`/`_` would deny nothing. Either is [`OfferError::Invalid`] naming the
+/// catalogue key: runs using the server fail rather than run ungated.
+fn check_operator_names(server: &str, entry: &McpServerEntry, listed: &[rmcp::model::Tool]) -> Result<(), OfferError> {
+    let names: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
+    if let Some(tool) = entry.policy.keys().find(|t| !names.contains(&t.as_str())) {
+        let hint = glia_proto::config::nearest(tool, &names).map(|n| format!("; did you mean {n:?}?")).unwrap_or_default();
+        return Err(OfferError::Invalid(format!(
+            "mcp_servers.{server}.policy.{tool}: the operator's catalogue sets a policy for a tool MCP server {server:?} does not offer (names match exactly){hint}"
+        )));
+    }
+    if let Some((tool, near)) = entry.tools_deny.iter().find_map(|t| glia_proto::config::near_miss(t, &names).map(|n| (t, n))) {
+        return Err(OfferError::Invalid(format!(
+            "mcp_servers.{server}.tools_deny: {tool:?} differs from the server's tool {near:?} only in case or `-`/`_`, so it denies nothing (names match exactly)"
+        )));
+    }
+    Ok(())
 }
 
 /// The catalogue, its MCP servers and the HTTP tools' client: one per worker.
@@ -92,6 +164,8 @@ impl ToolSources {
                 return Err(OfferError::Invalid(format!("MCP server {:?} is not in this worker's catalogue", source.server)));
             }
             let listed = self.mcp.list_tools(&source.server, self.connect_wait).await.map_err(OfferError::Unavailable)?;
+            let entry = self.catalogue.mcp_servers.get(&source.server).ok_or_else(|| OfferError::Invalid(format!("mcp[{i}].server: MCP server {:?} is not in this worker's catalogue", source.server)))?;
+            check_operator_names(&source.server, entry, &listed)?;
             for (j, name) in source.allow.iter().enumerate() {
                 // A tool the run allows but cannot be offered is the run's
                 // error, named: left out, the model would go on without it
@@ -111,37 +185,47 @@ impl ToolSources {
                         source.server
                     )));
                 }
-                let hints = tool.annotations.as_ref();
-                let read_only = hints.and_then(|a| a.read_only_hint) == Some(true);
-                let idempotent = read_only || hints.and_then(|a| a.idempotent_hint) == Some(true);
-                let destructive = !read_only && hints.and_then(|a| a.destructive_hint) == Some(true);
-                let policy = config.tool_policy.get(name.as_str()).cloned().unwrap_or_default();
+                if !entry.permits(name) {
+                    return Err(OfferError::Invalid(format!("mcp[{i}].allow[{j}]: {}", entry.refusal(&source.server, name))));
+                }
+                let policy = mcp_policy(config, entry, name, tool.annotations.as_ref());
+                let tenant = config.tool_policy.get(name.as_str()).cloned().unwrap_or_default();
                 let description = tool.description.as_deref().map(str::to_owned).or_else(|| tool.title.clone()).unwrap_or_default();
                 specs.push(ToolSpec {
-                    idempotent: policy.idempotent.unwrap_or(idempotent),
-                    timeout_ms: policy.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS),
-                    return_direct: policy.return_direct.unwrap_or(false),
+                    idempotent: policy.idempotent,
+                    timeout_ms: tenant.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS),
+                    return_direct: tenant.return_direct.unwrap_or(false),
                     source: Some(ToolSource::Mcp {
                         server: source.server.clone(),
                         tool: name.clone(),
                         schema_hash: args_hash(&input_schema),
-                        requires_approval: policy.requires_approval.unwrap_or(destructive),
+                        requires_approval: policy.requires_approval,
                     }),
+                    policy: Some(policy),
                     ..ToolSpec::new(name.clone(), description, input_schema)
                 });
             }
         }
         for tool in &config.http_tools {
             let policy = config.tool_policy.get(&tool.name).cloned().unwrap_or_default();
-            specs.push(ToolSpec {
+            let tenant = tenant_origin(config);
+            let resolved = ResolvedPolicy {
+                requires_approval: policy.requires_approval.unwrap_or(false),
+                approval_by: if policy.requires_approval.is_some() { tenant } else { PolicyOrigin::Default },
                 idempotent: policy.idempotent.unwrap_or(tool.idempotent),
+                idempotent_by: if policy.idempotent.is_some() || tool.idempotent { tenant } else { PolicyOrigin::Default },
+                trusted_server: None,
+            };
+            specs.push(ToolSpec {
+                idempotent: resolved.idempotent,
                 timeout_ms: policy.timeout_ms.unwrap_or(tool.timeout_ms),
                 return_direct: policy.return_direct.unwrap_or(false),
                 source: Some(ToolSource::Http {
                     url: tool.url.clone(),
                     max_response_bytes: tool.max_response_bytes,
-                    requires_approval: policy.requires_approval.unwrap_or(false),
+                    requires_approval: resolved.requires_approval,
                 }),
+                policy: Some(resolved),
                 ..ToolSpec::new(tool.name.clone(), tool.description.clone(), tool.input_schema.clone())
             });
         }

@@ -59,8 +59,8 @@ fn scripts() -> ScriptLibrary {
 
 fn config(script: &str) -> RunConfig {
     let mut c = RunConfig { model: format!("script:{script}"), ..RunConfig::default() };
-    c.external_tools.push(ToolSpec { name: "ask".into(), description: "Ask the client.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true, return_direct: false, cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS, source: None });
-    c.external_tools.push(ToolSpec { name: "refund".into(), description: "Refund.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true, return_direct: false, cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS, source: None });
+    c.external_tools.push(ToolSpec { name: "ask".into(), description: "Ask the client.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true, return_direct: false, cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS, source: None, policy: None });
+    c.external_tools.push(ToolSpec { name: "refund".into(), description: "Refund.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true, return_direct: false, cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS, source: None, policy: None });
     c.policies.push(Policy { tool: "refund".into(), args: None, action: PolicyAction::RequireApproval });
     match script {
         "chat" => c.conversational = true,

@@ -266,7 +266,9 @@ async fn tool_budget_blocks_the_next_call_but_keeps_the_ones_already_run() {
 #[tokio::test]
 async fn tool_list_is_frozen_per_step() {
     let (agent, provider) = agent(vec![ScriptedTurn::text("hi")]);
-    let config = RunConfig { tools: Some(vec!["add".into()]), ..approval_config() };
+    // (Without approval_config's policy for `refund`: a policy naming a tool
+    // the run is not offered is refused.)
+    let config = RunConfig { tools: Some(vec!["add".into()]), policies: Vec::new(), ..approval_config() };
     let mut log = Vec::new();
     let (state, _) = agent.run(run_id(), "go", config, &mut log).await.unwrap();
     let offered: Vec<String> = provider.requests()[0].tools.iter().map(|t| t.name.clone()).collect();

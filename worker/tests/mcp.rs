@@ -37,7 +37,8 @@ fn server(package: &str) -> Option<String> {
 }
 
 fn everything_stdio(name: &str, script: &str) -> String {
-    format!("[mcp_servers.{name}]\ntransport = \"stdio\"\ncommand = \"node\"\nargs = [{script:?}, \"stdio\"]\n")
+    // Trusted: these tests check that a trusted server's annotations are believed.
+    format!("[mcp_servers.{name}]\ntransport = \"stdio\"\ncommand = \"node\"\nargs = [{script:?}, \"stdio\"]\ntrust = \"trusted\"\n")
 }
 
 fn sources(toml: &str) -> Arc<ToolSources> {
@@ -392,7 +393,7 @@ async fn streamable_http_list_call_progress() {
     // variable's name is unique to this test.
     unsafe { std::env::set_var("GLIA_TEST_MCP_AUTH", &secret) };
     let toml = format!(
-        "[mcp_servers.web]\ntransport = \"streamable_http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\nheaders = {{ Authorization = \"GLIA_TEST_MCP_AUTH\" }}\n"
+        "[mcp_servers.web]\ntransport = \"streamable_http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\nheaders = {{ Authorization = \"GLIA_TEST_MCP_AUTH\" }}\ntrust = \"trusted\"\n"
     );
     let sources = sources(&toml);
     let mut config = RunConfig::default();

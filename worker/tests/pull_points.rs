@@ -250,6 +250,7 @@ impl glia_worker::tool::DynTool for Handoff {
             return_direct: true,
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
             source: None,
+            policy: None,
         }
     }
     fn returns_json(&self) -> bool {

@@ -116,6 +116,7 @@ fn lookup_spec() -> ToolSpec {
         return_direct: false,
         cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         source: None,
+        policy: None,
     }
 }
 

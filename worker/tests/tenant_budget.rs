@@ -62,6 +62,7 @@ fn config(script: &str) -> RunConfig {
         return_direct: false,
         cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         source: None,
+        policy: None,
     });
     c
 }

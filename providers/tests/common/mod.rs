@@ -103,7 +103,7 @@ impl Clock for ScaledClock {
 
 /// A tool spec with an object schema.
 pub fn tool(name: &str, schema: Value) -> ToolSpec {
-    ToolSpec { name: name.into(), description: format!("The {name} tool."), input_schema: schema, idempotent: false, timeout_ms: 30_000, external: false, return_direct: false, cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS, source: None }
+    ToolSpec { name: name.into(), description: format!("The {name} tool."), input_schema: schema, idempotent: false, timeout_ms: 30_000, external: false, return_direct: false, cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS, source: None, policy: None }
 }
 
 /// A plain request: system prompt, one user message, one tool.

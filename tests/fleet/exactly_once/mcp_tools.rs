@@ -92,7 +92,7 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
     }
     let tee = |name: &str, command: String| format!("tee {}/{name}.$$ | exec {command}", wire_dir.display());
     let catalogue = format!(
-        "[mcp_servers.everything]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\n\n\
+        "[mcp_servers.everything]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\ntrust = \"trusted\"\n\n\
          [mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\nenv = {{ GLIA_PROBE = \"GLIA_TEST_MCP_SECRET\" }}\n\n\
          [http]\nallowed_origins = [{lookup:?}]\n",
         tee("everything", format!("node {everything} stdio")),

@@ -120,6 +120,7 @@ impl DynTool for Garbage {
             return_direct: false,
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
             source: None,
+            policy: None,
         }
     }
     fn call_raw(&self, _input: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<String, ToolFailure>> {
@@ -161,6 +162,7 @@ pub fn approval_config() -> RunConfig {
             return_direct: false,
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
             source: None,
+            policy: None,
         }],
         ..RunConfig::default()
     }
