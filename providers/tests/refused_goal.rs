@@ -1,5 +1,5 @@
 //! Refusals are outcomes, not edits of the request: when the provider
-//! refuses the goal (or the latest human turn), refusal isolation does not
+//! refuses the goal or the latest human turn, refusal isolation does not
 //! elide it and the run ends `failed` with the refusal recorded
 //! (`model.response.rejected.refused_turn`), on both wire formats, against
 //! recorded refusals (`fixtures/*/refusal.sse`) served by a local server.
@@ -105,5 +105,46 @@ async fn a_goal_refused_later_in_the_run_is_found_and_not_elided() {
         assert!(seen.len() >= 3, "{dir}: the refusal was bisected ({} calls)", seen.len());
         assert!(seen.iter().skip(1).all(|s| s.body["messages"].to_string().contains("FORBIDDEN") || s.body["messages"].to_string().contains("elided")));
         assert_failed_on_the_goal(dir, &log, &status);
+    }
+}
+
+#[tokio::test]
+async fn a_refused_latest_human_turn_ends_failed_on_both_wire_formats() {
+    // A conversational run: the goal is answered, then the user's next
+    // message is what the provider refuses. It is never elided; the run fails.
+    async fn case<W: Wire>(f: Format<W>) -> (Vec<Seen>, Vec<Event>, Status) {
+        let dir = f.dir;
+        let server = Server::start(
+            move |_, seen| {
+                if seen.body["messages"].to_string().contains("FORBIDDEN") {
+                    Reply::sse(fixture(&format!("{dir}/refusal.sse")))
+                } else {
+                    Reply::sse(fixture(&format!("{dir}/loop_turn2.sse")))
+                }
+            },
+            None,
+        )
+        .await;
+        let http = HttpProvider::new(f.wire, http_client().unwrap(), &format!("{}{}", server.base, f.suffix), None);
+        let provider: Arc<dyn Provider> = Arc::new(RefusalIsolator::new(Arc::new(http)));
+        let agent = Agent::new(provider).with_clock(FixedClock(chrono::DateTime::UNIX_EPOCH));
+        let config = RunConfig { model: f.model.into(), max_tokens: 256, conversational: true, ..RunConfig::default() };
+        let mut log = Vec::new();
+        let (mut state, status) = agent.run(Uuid::now_v7(), "What is 2 + 40?", config, &mut log).await.unwrap();
+        assert_eq!(status, Status::Parked(glia_proto::PullPoint::AwaitingInput), "{dir}");
+        let input = glia_proto::Resume::Input { text: "Now tell me something FORBIDDEN.".into(), redactions: Vec::new() };
+        let status = agent.advance(&mut state, Some(input), &mut log).await.unwrap();
+        assert_eq!(RunState::replay(state.run_id, &log).unwrap(), state, "the log replays to the live state");
+        (server.seen(), log, status)
+    }
+    let a = case(Format { wire: Anthropic::default(), suffix: "", model: "claude-sonnet-4-5", dir: "anthropic" }).await;
+    let o = case(Format { wire: OpenAi::default(), suffix: "/v1", model: "gpt-4o", dir: "openai" }).await;
+    for (dir, (_, log, status)) in [("anthropic", a), ("openai", o)] {
+        assert!(
+            matches!(&status, Status::Done(Outcome::Failed { error }) if error.contains("refused to process the latest human turn")),
+            "{dir}: {status:?}"
+        );
+        assert_eq!(refused_turn(&log), Some(RefusedTurn { index: 2, turn: ProtectedTurn::LatestHumanTurn }), "{dir}");
+        assert!(!log.iter().any(|e| matches!(e.kind, EventKind::MessageElided { .. })), "{dir}: nothing is elided");
     }
 }
