@@ -27,7 +27,9 @@ fn ok(out: &Output) -> String {
 
 #[test]
 fn apply_is_idempotent_and_runs_record_the_agent() {
-    let dev = Dev::start(&["--demo", "--workers", "1"]);
+    // The example catalogue: `files.toml` names its MCP server, and apply
+    // runs the admission a run gets (a server the fleet lacks is refused).
+    let dev = Dev::start(&["--demo", "--workers", "1", "--catalogue", "examples/catalogue.toml"]);
     let first = ok(&glia(&dev, &["agents", "apply", "examples/agents"]));
     assert!(first.contains("agent support created (version 1, sha256:"), "{first}");
     let again = ok(&glia(&dev, &["agents", "apply", "examples/agents/support.toml"]));

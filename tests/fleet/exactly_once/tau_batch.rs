@@ -56,7 +56,7 @@ fn embedded_batch_reproduces_all_200_with_recorded_tools_and_over_mcp_with_the_s
 /// An event as JSON without what differs between two replays of one
 /// conversation by nature (run id, times, durations, active time) or by where its tools
 /// come from (the config's tool sources; in `step.start`, each tool's
-/// source and timeout).
+/// source, timeout and who decided its idempotency).
 fn normalised(event: &Value, run_id: &str) -> Value {
     fn strip(v: &mut Value) {
         match v {
@@ -78,11 +78,18 @@ fn normalised(event: &Value, run_id: &str) -> Value {
             }
         }
         Some("step.start") => {
-            // Where each tool comes from, and the MCP default timeout.
+            // Where each tool comes from, and the MCP default timeout; of
+            // its resolved policy, who decided the idempotency (the
+            // registered tool's code, or the trusted server's annotation)
+            // and the server's trust. What the policy decides must agree.
             for tool in e["data"]["tools"].as_array_mut().unwrap() {
                 let tool = tool.as_object_mut().unwrap();
                 tool.remove("source");
                 tool.remove("timeout_ms");
+                if let Some(policy) = tool.get_mut("policy").and_then(Value::as_object_mut) {
+                    policy.remove("idempotent_by");
+                    policy.remove("trusted_server");
+                }
             }
         }
         _ => {}
