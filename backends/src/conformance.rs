@@ -67,7 +67,7 @@ pub fn sample_log() -> SampleLog {
     ];
     let rest = vec![
         EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: Some("ana".into()) },
-        EventKind::ToolResult { call_id: "c1".into(), content: "{\"refunded\":30}".into(), reminder: None, duration_ms: 1 },
+        EventKind::ToolResult { call_id: "c1".into(), content: "{\"refunded\":30}".into(), reminder: None, duration_ms: 1, redactions: Vec::new() },
         EventKind::ModelCall { model: "m".into(), messages: 3, wrap_up: false, forced_tool: None },
         EventKind::ModelResponse { redactions: Vec::new(), message: Message::assistant("Refunded."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 2, cost_usd_micros: 0, rejected: None },
         EventKind::StepEnd { index: 0, answer: "Refunded.".into(), skipped: false },

@@ -75,7 +75,7 @@ fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> ToolContent) -> V
             idempotency_key: format!("{run_id}:{call_id}"),
             disposition: Disposition::Run { reminder: None },
         }));
-        kinds.push(EventKind::ToolResult { call_id, content: result(round), reminder: None, duration_ms: 1 });
+        kinds.push(EventKind::ToolResult { call_id, content: result(round), reminder: None, duration_ms: 1, redactions: Vec::new() });
         round += 1;
     }
     kinds.truncate(n);
@@ -305,7 +305,7 @@ async fn a_checkpoint_commit_refuses_events_that_do_not_apply() {
     let lease = commit_one_by_one(&log, &events[..3]).await;
     // seq 4 (crossing 4) claims a tool result out of nowhere: envelope fine,
     // transition not.
-    let bogus = Event { kind: EventKind::ToolResult { call_id: "nope".into(), content: String::new().into(), reminder: None, duration_ms: 0 }, ..events[3].clone() };
+    let bogus = Event { kind: EventKind::ToolResult { call_id: "nope".into(), content: String::new().into(), reminder: None, duration_ms: 0, redactions: Vec::new() }, ..events[3].clone() };
     let mut claimed = replay(&events[..3]);
     claimed.head_seq = 4;
     let err = log.commit(&lease, &[bogus], &claimed, &[]).await.unwrap_err();

@@ -580,11 +580,8 @@ pub(crate) async fn admit_run(app: &App, tenant: &str, key: Option<String>, req:
     // The goal is stored as the input redact rules leave it (so an
     // idempotent repeat is compared as redacted: goals that differ only in
     // what the rules remove are the same request).
-    let (goal, redactions) = if config.guardrails.redacts_input() {
-        config.guardrails.compile().map_err(|e| ApiError::Invalid(format!("config.guardrails.{e}")))?.redact_input(&req.goal)
-    } else {
-        (req.goal.clone(), Vec::new())
-    };
+    // A goal an input deny rule refuses is answered 422 and stored nowhere.
+    let (goal, redactions) = screen_input(&config, "goal", &req.goal)?;
     let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: goal.clone(), config: config.clone(), redactions } };
     RunState::new(run_id).apply(&start).map_err(|e| ApiError::Invalid(e.to_string()))?;
     let new = NewRun { tenant: tenant.to_owned(), idempotency_key: key.clone(), batch_id: req.batch_id, start };
@@ -839,18 +836,39 @@ pub async fn post_tool_result(State(app): State<App>, p: Principal, ApiPath((id,
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: Some(call_id), inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
 }
 
-/// `text` (a user's message for run `id`) with the run's input redact rules
-/// applied (`Guardrails`, from its `session.start`), and what matched: the
-/// inbox never stores what they remove, and `input.received` lists the
-/// rules. Errors: 503 when the log fails.
-async fn redacted_input(app: &App, id: Uuid, text: String) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
+/// `text` (a user's message for run `id`, in the body's `field`) screened
+/// by the run's input guardrails (`Guardrails`, from its `session.start`;
+/// see [`screen_input`]): the inbox never stores what the redact rules
+/// remove, and `input.received` lists the rules. Errors: 422
+/// `screened_input` when a deny rule refuses it, 503 when the log fails.
+async fn redacted_input(app: &App, id: Uuid, field: &str, text: String) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
     let first = app.log.events(id, 0, 1).await?;
     let Some(EventKind::SessionStart { config, .. }) = first.first().map(|e| &e.kind) else { return Ok((text, Vec::new())) };
-    if !config.guardrails.redacts_input() {
-        return Ok((text, Vec::new()));
+    screen_input(config, field, &text)
+}
+
+/// `text` (a goal or user message, in the body's `field`) as the input
+/// guardrails of `config` admit it: with the redact rules applied and what
+/// matched, after the deny rules and `max_input_chars` passed the redacted
+/// text (as the worker checks it). Errors: 422 `screened_input` naming the
+/// field, the rule and the length, never the text (so a refused goal is
+/// stored nowhere: not in the log, a run list or this answer).
+pub(crate) fn screen_input(config: &RunConfig, field: &str, text: &str) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
+    let g = &config.guardrails;
+    if g.input.is_empty() && g.max_input_chars.is_none() {
+        return Ok((text.to_owned(), Vec::new()));
     }
-    let compiled = config.guardrails.compile().map_err(|e| ApiError::Invalid(format!("config.guardrails.{e}")))?;
-    Ok(compiled.redact_input(&text))
+    let compiled = g.compile().map_err(|e| ApiError::InvalidField { field: format!("config.guardrails.{}", e.field), reason: e.reason })?;
+    screen_compiled(&compiled, field, text)
+}
+
+/// [`screen_input`] with the guardrails compiled already.
+pub(crate) fn screen_compiled(compiled: &glia_proto::agent::CompiledGuardrails, field: &str, text: &str) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
+    let (text, redactions) = compiled.redact_input(text);
+    match compiled.check_input(&text) {
+        Ok(()) => Ok((text, redactions)),
+        Err((guardrail, reason)) => Err(ApiError::ScreenedInput { field: field.to_owned(), guardrail, reason, chars: text.chars().count() }),
+    }
 }
 
 /// Post the user's next message to a run parked at `awaiting_input`.
@@ -873,7 +891,7 @@ pub async fn post_message(State(app): State<App>, p: Principal, ApiPath(id): Api
         return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
     }
     head_unmoved(&app, &p, id, body.head_seq).await?;
-    let (text, redactions) = redacted_input(&app, id, body.text).await?;
+    let (text, redactions) = redacted_input(&app, id, "text", body.text).await?;
     let (inbox_id, kind) = post(&app, id, Resume::Input { text, redactions }).await?;
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
 }
@@ -1121,7 +1139,7 @@ pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
     head_unmoved(&app, &p, id, body.head_seq).await?;
     let (text, redactions) = match body.text {
         Some(text) => {
-            let (text, redactions) = redacted_input(&app, id, text).await?;
+            let (text, redactions) = redacted_input(&app, id, "text", text).await?;
             (Some(text), redactions)
         }
         None => (None, Vec::new()),

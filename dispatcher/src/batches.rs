@@ -418,13 +418,13 @@ fn tenant_of(p: &Principal) -> Option<&str> {
 /// version pinned: `name` becomes `name@N` with N the latest version at
 /// submit, so every item runs the same definition whatever is registered
 /// later. Errors: 422 naming `config` or `agent`, 404 `agent_not_found`.
-async fn check_spec(app: &App, tenant: &str, spec: &mut BatchSpec) -> Result<(), ApiError> {
+async fn check_spec(app: &App, tenant: &str, spec: &mut BatchSpec) -> Result<RunConfig, ApiError> {
     let probe = CreateRun { goal: "batch".into(), config: spec.config.clone().unwrap_or_default(), batch_id: None, agent: spec.agent.clone() };
     let config = run_config(app, tenant, &probe).await?;
     if let Some(agent) = &config.agent {
         spec.agent = Some(format!("{}@{}", agent.name, agent.version));
     }
-    Ok(())
+    Ok(config)
 }
 
 /// How the items of one submission are checked.
@@ -436,14 +436,19 @@ struct ItemRules {
     base: Option<Value>,
     /// For the catalogue check of each patched config.
     app: App,
+    /// The input guardrails of the batch's config (an agent's resolved),
+    /// compiled once: they screen each item's goal that has no config of
+    /// its own.
+    screen: glia_proto::agent::CompiledGuardrails,
 }
 
 impl ItemRules {
-    fn new(app: &App, spec: &BatchSpec) -> ItemRules {
+    fn new(app: &App, spec: &BatchSpec, config: &RunConfig) -> Result<ItemRules, ApiError> {
         let mut env = minijinja::Environment::new();
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
         let base = spec.agent.is_none().then(|| base_config(spec));
-        ItemRules { env, base, app: app.clone() }
+        let screen = config.guardrails.compile().map_err(|e| ApiError::InvalidField { field: format!("config.guardrails.{}", e.field), reason: e.reason })?;
+        Ok(ItemRules { env, base, app: app.clone(), screen })
     }
 }
 
@@ -463,6 +468,19 @@ fn patched_config(base: &Value, patch: &Map<String, Value>) -> Result<RunConfig,
         let field = if path == "." { "config".to_owned() } else { format!("config.{path}") };
         (Some(field), e.into_inner().to_string())
     })
+}
+
+/// An item's goal checked by the input guardrails of its config: a goal a
+/// deny rule refuses fails the submission naming the item's `goal`, the
+/// rule and the length, and is stored nowhere.
+fn screened_goal(screen: &glia_proto::agent::CompiledGuardrails, goal: &str) -> Result<(), (Option<String>, String)> {
+    match crate::api::screen_compiled(screen, "goal", goal) {
+        Ok(_) => Ok(()),
+        Err(ApiError::ScreenedInput { field, guardrail, reason, chars }) => {
+            Err((Some(field), format!("refused by the input guardrail {guardrail} ({reason}); {chars} characters, not stored")))
+        }
+        Err(other) => Err((Some("config".into()), other.to_string())),
+    }
 }
 
 /// One item as stored: the goal rendered with its inputs, metadata and the
@@ -493,9 +511,14 @@ fn prepare(item: BatchItem, line: u64, rules: &ItemRules) -> Result<NewItem, (Op
                 ApiError::InvalidField { field, reason } => (Some(field), reason),
                 other => (Some("config".into()), other.to_string()),
             })?;
+            let screen = probe.config.guardrails.compile().map_err(|e| (Some(format!("config.guardrails.{}", e.field)), e.reason))?;
+            screened_goal(&screen, &goal)?;
             Some(serde_json::to_string(patch).expect("JSON serialises"))
         }
     };
+    if config.is_none() {
+        screened_goal(&rules.screen, &goal)?;
+    }
     let metadata = item.metadata.map(|m| serde_json::to_string(&m).expect("JSON serialises"));
     Ok(NewItem { custom_id: item.custom_id, goal, metadata, config, line })
 }
@@ -615,9 +638,9 @@ pub async fn create(State(app): State<App>, p: Principal, request: Request) -> R
             return Err(ApiError::InvalidBody("the upload is empty: line 1 must be the batch spec".into()));
         };
         let mut spec: BatchSpec = parse_line(line, &first, "BatchSpec")?;
-        check_spec(&app, &p.tenant, &mut spec).await?;
+        let config = check_spec(&app, &p.tenant, &mut spec).await?;
         let new = new_batch(&p, key.clone(), &spec);
-        let upload = jsonl_upload(lines, ItemRules::new(&app, &spec), app.batches.admission.max_items);
+        let upload = jsonl_upload(lines, ItemRules::new(&app, &spec, &config)?, app.batches.admission.max_items);
         let submitted = store.submit(new, upload).await.map_err(|e| submit_error(e, true))?;
         let hash = submitted.upload_hash.clone();
         (submitted, hash)
@@ -628,11 +651,11 @@ pub async fn create(State(app): State<App>, p: Principal, request: Request) -> R
         let ApiJson(body) = <ApiJson<CreateBatch> as axum::extract::FromRequest<App>>::from_request(request, &app).await?;
         let hash = hex(&Sha256::digest(serde_json::to_vec(&body).expect("a body serialises")));
         let mut spec = BatchSpec { config: body.config, agent: body.agent, options: body.options };
-        check_spec(&app, &p.tenant, &mut spec).await?;
+        let config = check_spec(&app, &p.tenant, &mut spec).await?;
         if body.items.len() as u64 > app.batches.admission.max_items {
             return Err(ApiError::InvalidField { field: "items".into(), reason: format!("at most {} items", app.batches.admission.max_items) });
         }
-        let rules = ItemRules::new(&app, &spec);
+        let rules = ItemRules::new(&app, &spec, &config)?;
         let mut items = Vec::with_capacity(body.items.len());
         for (i, item) in body.items.into_iter().enumerate() {
             items.push(

@@ -297,9 +297,9 @@ foreign_schema!(
         "properties": {
             "model": {"type": "string", "pattern": NOT_BLANK},
             "system": {"type": "string"},
-            "tools": {"type": ["array", "null"], "items": {"type": "string"}, "description": "Registered tools this run may call; null = all the worker has (a worker has none but recorded ones unless started with `--demo`)."},
-            "external_tools": {"type": "array", "description": "Tools the caller executes; names distinct, not `final_output`.", "items": {"$ref": "#/components/schemas/ToolSpec"}},
-            "policies": {"type": "array", "items": {"$ref": "#/components/schemas/Policy"}},
+            "tools": {"type": ["array", "null"], "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"type": "string"}, "description": "Registered tools this run may call; null = all the worker has (a worker has none but recorded ones unless started with `--demo`). At most 128 tools in tools, external_tools, http_tools and mcp allow lists together (docs/limits.md)."},
+            "external_tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "description": "Tools the caller executes; names distinct, not `final_output`.", "items": {"$ref": "#/components/schemas/ToolSpec"}},
+            "policies": {"type": "array", "maxItems": glia_proto::limits::MAX_POLICIES, "items": {"$ref": "#/components/schemas/Policy"}},
             "budget": {"$ref": "#/components/schemas/BudgetLimits"},
             "max_model_calls_per_turn": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
             "conversational": {"type": "boolean"},
@@ -366,9 +366,11 @@ fn text_rule_json() -> Value {
 foreign_schema!(
     /// `glia_proto::Guardrails`.
     GuardrailsDoc, "Guardrails", json!({"type": "object", "additionalProperties": false,
-        "description": "Declarative guardrails: input rules and max_input_chars on the goal and user messages, output rules and max_output_chars on the model's text. A deny trip is recorded as guardrail.tripped; redactions are applied before the text is stored and listed in the event's redactions.",
+        "description": "Declarative guardrails: input rules and max_input_chars on the goal and user messages, output rules and max_output_chars on the model's text, tool_results rules on tool results before they are stored, sent to a model or shown. A goal or message an input deny rule refuses is answered 422 screened_input and stored nowhere; a tool result a tool_results deny rule matches is withheld (a marked note stands for it, guardrail.tripped names the rule and the length); other deny trips are recorded as guardrail.tripped. Redactions are applied before the text is stored and listed in the event's redactions. Bounds (docs/limits.md): at most 64 rules in input, output and tool_results together, 32 KiB of patterns, and each regex's compiled size is a share of one budget for the set.",
         "properties": {
-            "input": {"type": "array", "items": text_rule_json()}, "output": {"type": "array", "items": text_rule_json()},
+            "input": {"type": "array", "maxItems": glia_proto::limits::MAX_GUARDRAIL_RULES, "items": text_rule_json()},
+            "output": {"type": "array", "maxItems": glia_proto::limits::MAX_GUARDRAIL_RULES, "items": text_rule_json()},
+            "tool_results": {"type": "array", "maxItems": glia_proto::limits::MAX_GUARDRAIL_RULES, "items": text_rule_json(), "description": "Rules over tool results: redact rewrites the result (tool.result lists the rules in redactions), deny withholds it."},
             "max_input_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}, "max_output_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}));
 
 foreign_schema!(
@@ -395,12 +397,12 @@ foreign_schema!(
             "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider named in the operator's catalogue; null = the worker's."},
             "model": {"type": "string", "pattern": NOT_BLANK},
             "system": {"type": "string"},
-            "tools": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": "The worker's tools the agent may call; exactly these are offered."},
-            "external_tools": {"type": "array", "items": {"$ref": "#/components/schemas/ToolSpec"}},
+            "tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": "The worker's tools the agent may call; exactly these are offered."},
+            "external_tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"$ref": "#/components/schemas/ToolSpec"}},
             "mcp": mcp_json(),
             "http_tools": http_tools_json(),
             "tool_policy": tool_policy_json(),
-            "policies": {"type": "array", "items": {"$ref": "#/components/schemas/Policy"}},
+            "policies": {"type": "array", "maxItems": glia_proto::limits::MAX_POLICIES, "items": {"$ref": "#/components/schemas/Policy"}},
             "guardrails": {"$ref": "#/components/schemas/Guardrails"},
             "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
             "budget": {"$ref": "#/components/schemas/BudgetLimits"},

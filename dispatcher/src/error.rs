@@ -215,6 +215,21 @@ pub enum ApiError {
         /// What is wrong with it.
         reason: String,
     },
+    /// 422 `screened_input`: an input guardrail of the run's config refused
+    /// the text in `field` (a `deny` rule, or `max_input_chars`); nothing
+    /// was stored. The answer names the rule, its reason and the text's
+    /// length, never the text.
+    #[error("{field}: refused by the input guardrail {guardrail} ({reason}); {chars} characters, not stored")]
+    ScreenedInput {
+        /// Path of the refused text from the body's root (`goal`, `text`, `items[3].goal`).
+        field: String,
+        /// The rule's name (or `max_input_chars`).
+        guardrail: String,
+        /// The rule's reason, as its config gives it.
+        reason: String,
+        /// Length of the refused text, in characters.
+        chars: usize,
+    },
     /// 503 `log_unavailable`: the event log (Postgres) failed.
     #[error("event log unavailable: {0}")]
     LogUnavailable(String),
@@ -251,7 +266,7 @@ impl ApiError {
             AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_) | AlreadyPaused(_)
             | AlreadyPosted { .. } | HeadMoved { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
             MalformedJson(_) | BodyRead(_) | InvalidQuery(_) | InvalidPath(_) | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
-            InvalidBody(_) | BodyAt { .. } | Invalid(_) | InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            InvalidBody(_) | BodyAt { .. } | Invalid(_) | InvalidField { .. } | ScreenedInput { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             LogUnavailable(_) | QueueUnavailable(_) | LedgerUnavailable(_) | NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -296,6 +311,7 @@ impl ApiError {
             InvalidPath(_) => "invalid_path",
             InvalidHeader { .. } => "invalid_header",
             Invalid(_) | InvalidField { .. } => "invalid_request",
+            ScreenedInput { .. } => "screened_input",
             LogUnavailable(_) => "log_unavailable",
             QueueUnavailable(_) => "queue_unavailable",
             LedgerUnavailable(_) => "ledger_unavailable",
@@ -307,7 +323,7 @@ impl ApiError {
     /// The JSON body.
     pub fn body(&self) -> ErrorBody {
         let (field, line) = match self {
-            ApiError::InvalidField { field, .. } | ApiError::BodyAt { field, .. } => (Some(field.clone()), None),
+            ApiError::InvalidField { field, .. } | ApiError::BodyAt { field, .. } | ApiError::ScreenedInput { field, .. } => (Some(field.clone()), None),
             ApiError::InvalidLine { line, field, .. } => (field.clone(), Some(*line)),
             _ => (None, None),
         };

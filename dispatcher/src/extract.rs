@@ -115,6 +115,11 @@ fn place(e: &jsonschema::ValidationError<'_>) -> (String, String) {
                 _ => (field, e.to_string()),
             }
         }
+        // Said without the instance (a list over its bound may be long).
+        Kind::MaxItems { limit } => {
+            let items = e.instance().as_array().map_or(0, Vec::len);
+            (field, format!("{items} items, more than the {limit} allowed"))
+        }
         Kind::AdditionalProperties { unexpected } if !unexpected.is_empty() => {
             (if field.is_empty() { unexpected[0].clone() } else { format!("{field}.{}", unexpected[0]) }, "unknown field".into())
         }

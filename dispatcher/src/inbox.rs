@@ -817,7 +817,8 @@ struct EventLine {
 fn event_line(e: &Event) -> EventLine {
     let detail = match &e.kind {
         EventKind::ToolCall(c) => format!("{} {}", c.name, c.input),
-        EventKind::ToolResult { call_id, content, .. } => format!("{call_id}: {content}"),
+        EventKind::ToolResult { call_id, content, redactions, .. } => format!("{}{call_id}: {content}", redacted(redactions)),
+        EventKind::GuardrailTripped { stage, guardrail, reason, .. } => format!("{stage:?} {guardrail}: {reason}"),
         EventKind::ToolError { call_id, message, .. } => format!("{call_id}: {message}"),
         EventKind::ApprovalRequested { call_id, tool, .. } => format!("{call_id} {tool}"),
         EventKind::ApprovalResolved { call_id, decision, by, .. } => {
@@ -827,12 +828,23 @@ fn event_line(e: &Event) -> EventLine {
         EventKind::SessionComplete { outcome } => serde_json::to_string(outcome).unwrap_or_default(),
         EventKind::SessionPause { pull_point } => pull_point.name().to_owned(),
         EventKind::SessionPauseRequested { reason, by } => format!("{reason} (by {})", by.as_deref().unwrap_or("?")),
-        EventKind::InputReceived { text, .. } => text.clone(),
+        EventKind::InputReceived { text, redactions } => format!("{}{text}", redacted(redactions)),
         EventKind::MessageElided { index, reason } => format!("message {index} elided: {reason}"),
         _ => String::new(),
     };
     let detail = if detail.chars().count() > 300 { format!("{}…", detail.chars().take(299).collect::<String>()) } else { detail };
     EventLine { seq: e.seq, at: e.at.format("%H:%M:%S%.3f").to_string(), kind: e.kind.name().to_owned(), detail }
+}
+
+/// What the guardrails redacted from an event's text, as the run page
+/// says it before the text (`redacted: email ×2 · `): the rules and
+/// counts, never what they removed.
+fn redacted(redactions: &[glia_proto::Redaction]) -> String {
+    if redactions.is_empty() {
+        return String::new();
+    }
+    let rules: Vec<String> = redactions.iter().map(|r| format!("{} ×{}", r.guardrail, r.count)).collect();
+    format!("redacted: {} · ", rules.join(", "))
 }
 
 async fn run_page(State(app): State<App>, headers: HeaderMap, Path(run_id): Path<Uuid>) -> Response {

@@ -72,7 +72,7 @@ async fn a_decision_is_posted_bound_to_the_pending_hash_and_the_first_wins() {
         id,
         vec![
             EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: args_hash(&input), decision: Decision::Approve, by: Some("ana".into()) },
-            EventKind::ToolResult { call_id: "c1".into(), content: "ok".into(), reminder: None, duration_ms: 1 },
+            EventKind::ToolResult { call_id: "c1".into(), content: "ok".into(), reminder: None, duration_ms: 1, redactions: Vec::new() },
         ],
         &[item],
     )

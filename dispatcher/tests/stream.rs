@@ -96,7 +96,7 @@ fn finish_after_approval() -> Vec<EventKind> {
     let input = json!({"amount": 1});
     vec![
         EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: args_hash(&input), decision: Decision::Approve, by: None },
-        EventKind::ToolResult { call_id: "c1".into(), content: "ok".into(), reminder: None, duration_ms: 1 },
+        EventKind::ToolResult { call_id: "c1".into(), content: "ok".into(), reminder: None, duration_ms: 1, redactions: Vec::new() },
         EventKind::ModelCall { model: "m".into(), messages: 3, wrap_up: false, forced_tool: None },
         EventKind::ModelResponse { redactions: Vec::new(), message: Message::assistant("Done."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None },
         EventKind::StepEnd { index: 0, answer: "Done.".into(), skipped: false },

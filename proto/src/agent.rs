@@ -41,14 +41,16 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::budget::BudgetLimits;
+use crate::content::{ResultBlock, ToolContent};
 use crate::config::{ConfigError, PlannerKind, Policy, RunConfig, TOOL_NAME, ToolSpec, config_error};
 use crate::tool_sources::{HttpTool, McpToolSource, ToolPolicy};
 
 /// Agent names: `^[a-z0-9][a-z0-9_-]{0,63}$`.
 static AGENT_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new("^[a-z0-9][a-z0-9_-]{0,63}$").expect("valid regex"));
 
-/// Largest regex program a guardrail or policy may compile to, in bytes.
-pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
+/// Largest regex program a guardrail or policy may compile to, in bytes
+/// (a set of regexes shares a budget too: [`crate::limits`]).
+pub const REGEX_SIZE_LIMIT: usize = crate::limits::MAX_REGEX_SIZE;
 
 /// One agent, as a tenant writes it. Resolves to a [`RunConfig`] with
 /// [`AgentDefinition::resolve`]; fields not given take the run defaults.
@@ -216,6 +218,14 @@ pub struct Guardrails {
     pub input: Vec<TextRule>,
     /// Rules over the model's answers.
     pub output: Vec<TextRule>,
+    /// Rules over tool results (text blocks), applied before a result is
+    /// stored, sent to a model or shown: `redact` rewrites the result
+    /// (`tool.result` lists the rules in `redactions`), `deny` withholds it
+    /// (the model, the log and the inbox see a marked note naming the rule,
+    /// and `guardrail.tripped` with stage `tool_result` records the rule,
+    /// the call and the result's length, never its text).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_results: Vec<TextRule>,
     /// Longest goal or user message, in characters (Unicode scalar values).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_input_chars: Option<usize>,
@@ -273,8 +283,10 @@ impl Redaction {
 pub struct CompiledGuardrails {
     input: Vec<(TextRule, Regex)>,
     output: Vec<(TextRule, Regex)>,
+    tool_results: Vec<(TextRule, Regex)>,
     redact_input: Vec<(String, String, Regex)>,
     redact_output: Vec<(String, String, Regex)>,
+    redact_tool_results: Vec<(String, String, Regex)>,
     max_input_chars: Option<usize>,
     max_output_chars: Option<usize>,
 }
@@ -296,22 +308,29 @@ impl Guardrails {
         self.output.iter().any(|r| r.redact.is_some())
     }
 
-    /// Compile every regex. Errors name the field from the guardrails
-    /// (`input[1].deny`, `output[0].name`, `input[2]` for a rule with both
-    /// or neither of `deny` and `redact`).
+    /// Whether any rule looks at tool results.
+    pub fn screens_tool_results(&self) -> bool {
+        !self.tool_results.is_empty()
+    }
+
+    /// Compile every regex, after checking the set's bounds
+    /// ([`crate::limits::check_guardrails`]: rule count and pattern bytes,
+    /// before anything compiles); each regex gets an equal share of the set's
+    /// compiled-size budget ([`crate::limits::compile_regex`]). Errors name
+    /// the field from the guardrails (`input[1].deny`, `output[0].name`,
+    /// `input[2]` for a rule with both or neither of `deny` and `redact`).
     pub fn compile(&self) -> Result<CompiledGuardrails, ConfigError> {
         type Rules = (Vec<(TextRule, Regex)>, Vec<(String, String, Regex)>);
-        fn rules(list: &[TextRule], side: &str) -> Result<Rules, ConfigError> {
+        crate::limits::check_guardrails(self)?;
+        let set_size = self.input.len() + self.output.len() + self.tool_results.len();
+        let rules = |list: &[TextRule], side: &str| -> Result<Rules, ConfigError> {
             let (mut deny, mut redact) = (Vec::new(), Vec::new());
             for (i, r) in list.iter().enumerate() {
                 if r.name.trim().is_empty() {
                     return Err(config_error(format!("{side}[{i}].name"), "is blank"));
                 }
                 let compile = |pattern: &str, key: &str| {
-                    regex::RegexBuilder::new(pattern)
-                        .size_limit(REGEX_SIZE_LIMIT)
-                        .build()
-                        .map_err(|e| config_error(format!("{side}[{i}].{key}"), format!("not a valid regex: {e}")))
+                    crate::limits::compile_regex(pattern, set_size).map_err(|e| config_error(format!("{side}[{i}].{key}"), format!("not a valid regex: {e}")))
                 };
                 match (&r.deny, &r.redact) {
                     (Some(pattern), None) => {
@@ -339,7 +358,7 @@ impl Guardrails {
                 }
             }
             Ok((deny, redact))
-        }
+        };
         for (field, max) in [("max_input_chars", self.max_input_chars), ("max_output_chars", self.max_output_chars)] {
             if max == Some(0) {
                 return Err(config_error(field, "must be at least 1"));
@@ -347,7 +366,17 @@ impl Guardrails {
         }
         let (input, redact_input) = rules(&self.input, "input")?;
         let (output, redact_output) = rules(&self.output, "output")?;
-        Ok(CompiledGuardrails { input, output, redact_input, redact_output, max_input_chars: self.max_input_chars, max_output_chars: self.max_output_chars })
+        let (tool_results, redact_tool_results) = rules(&self.tool_results, "tool_results")?;
+        Ok(CompiledGuardrails {
+            input,
+            output,
+            tool_results,
+            redact_input,
+            redact_output,
+            redact_tool_results,
+            max_input_chars: self.max_input_chars,
+            max_output_chars: self.max_output_chars,
+        })
     }
 }
 
@@ -400,6 +429,55 @@ impl CompiledGuardrails {
     /// to `redactions`.
     pub fn redact_output(&self, text: &str, redactions: &mut Vec<Redaction>) -> String {
         Self::redact(&self.redact_output, text, redactions)
+    }
+
+    /// Screen a tool's result with the `tool_results` rules: its text (each
+    /// text block; images pass unchanged) with the redact rules applied and
+    /// what matched, or, when a deny rule matches the redacted text,
+    /// [`Withheld`]: the rule and the result's length, never its text.
+    pub fn screen_tool_result(&self, content: &ToolContent) -> Result<(ToolContent, Vec<Redaction>), Withheld> {
+        let mut redactions = Vec::new();
+        let mut screen = |text: &str| -> Result<String, Withheld> {
+            let text = Self::redact(&self.redact_tool_results, text, &mut redactions);
+            match self.tool_results.iter().find(|(_, re)| re.is_match(&text)) {
+                Some((rule, _)) => Err(Withheld { guardrail: rule.name.clone(), chars: content.to_text().chars().count() }),
+                None => Ok(text),
+            }
+        };
+        let screened = match content {
+            ToolContent::Text(text) => ToolContent::Text(screen(text)?),
+            ToolContent::Blocks(blocks) => ToolContent::Blocks(
+                blocks
+                    .iter()
+                    .map(|b| match b {
+                        ResultBlock::Text { text } => screen(text).map(|text| ResultBlock::Text { text }),
+                        other => Ok(other.clone()),
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
+        };
+        Ok((screened, redactions))
+    }
+}
+
+/// A tool result a `tool_results` deny rule withheld: what may be recorded
+/// about it (the rule and the length in characters of the text withheld).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Withheld {
+    /// The deny rule's name.
+    pub guardrail: String,
+    /// Characters (Unicode scalar values) of the result as the tool gave it.
+    pub chars: usize,
+}
+
+impl Withheld {
+    /// The marked note that stands for the result in the log, the model's
+    /// view and the inbox.
+    pub fn note(&self) -> String {
+        crate::marker::Insert::Synthetic.wrap(&format!(
+            "This tool result was withheld: it matched the guardrail {:?} (tool_results). {} characters were not stored or shown.",
+            self.guardrail, self.chars
+        ))
     }
 }
 

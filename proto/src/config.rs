@@ -358,7 +358,8 @@ impl RunConfig {
         Ok(())
     }
 
-    /// Every check that needs no worker: the model is named; the per-turn
+    /// Every check that needs no worker: the bounds of [`crate::limits`]
+    /// (counted before anything compiles); the model is named; the per-turn
     /// caps are at least 1; external tools have valid, distinct names (not
     /// [`crate::OUTPUT_TOOL`]) and input schemas that compile
     /// ([`compile_tool_schema`]); policies name a tool and their `args`
@@ -374,6 +375,8 @@ impl RunConfig {
     /// assert_eq!(config.validate().unwrap_err().field, "output_schema");
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // Counts and sizes first, before anything is compiled.
+        crate::limits::check_config(self)?;
         if self.model.trim().is_empty() {
             return Err(config_error("model", "is blank"));
         }
@@ -409,7 +412,7 @@ impl RunConfig {
                 return Err(config_error(format!("policies[{i}].tool"), "is blank (use \"*\" for any tool)"));
             }
             if let Some(re) = &p.args
-                && let Err(e) = regex::RegexBuilder::new(re).size_limit(1 << 20).build()
+                && let Err(e) = crate::limits::compile_regex(re, self.policies.len())
             {
                 return Err(config_error(format!("policies[{i}].args"), format!("not a valid regex: {e}")));
             }

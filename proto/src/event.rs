@@ -155,6 +155,10 @@ pub enum EventKind {
         reminder: Option<String>,
         /// Active time of the call in ms (0 for external results).
         duration_ms: u64,
+        /// The `tool_results` redact rules that matched (`Guardrails`);
+        /// `content` holds the redacted text.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        redactions: Vec<Redaction>,
     },
     /// A tool call failed; the model sees `message` as an error result.
     #[serde(rename = "tool.error")]
@@ -564,7 +568,7 @@ pub enum Outcome {
     },
 }
 
-/// Input or output guardrail.
+/// Where a guardrail looked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GuardrailStage {
@@ -572,6 +576,9 @@ pub enum GuardrailStage {
     Input,
     /// Checks the model's answer.
     Output,
+    /// Checks a tool's result before it is stored (a deny withholds it:
+    /// the `tool.result` that follows holds a marked note instead).
+    ToolResult,
 }
 
 /// The ten hook topics of the harness contract.

@@ -7,6 +7,7 @@
 //! - [`repair`]: building a provider-valid message list from any history;
 //! - [`marker`]: text glia inserts into conversations, and its predicate;
 //! - [`config`]: a run's configuration, tool specs and policies;
+//! - [`limits`]: bounds on tenant input (rules, patterns, tools, schemas);
 //! - [`stop`]: stop reasons as outcomes: classes, the run's policy;
 //! - [`agent`]: agent definitions, declarative guardrails and compaction;
 //! - [`strict`]: parsing configuration strictly, errors naming the path.
@@ -21,6 +22,7 @@ pub mod budget;
 pub mod config;
 pub mod content;
 pub mod event;
+pub mod limits;
 pub mod marker;
 pub mod repair;
 pub mod state;
@@ -28,7 +30,7 @@ pub mod stop;
 pub mod tool_sources;
 pub mod strict;
 
-pub use agent::{AgentDefinition, AgentRef, CompactionSpec, CompactionStrategy, Guardrails, Redaction, TextRule};
+pub use agent::{AgentDefinition, AgentRef, CompactionSpec, CompactionStrategy, Guardrails, Redaction, TextRule, Withheld};
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing};
 pub use config::{
     ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema,

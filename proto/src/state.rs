@@ -551,7 +551,7 @@ impl RunState {
                     return Err(illegal(self, &format!("approval for {call_id} is not pending")));
                 }
             }
-            EventKind::ToolResult { call_id, content, reminder, duration_ms } => {
+            EventKind::ToolResult { call_id, content, reminder, duration_ms, .. } => {
                 let call = self.pending(call_id)?;
                 let may = match &call.disposition {
                     Some(Disposition::Run { .. }) | Some(Disposition::External) => true,
@@ -612,7 +612,7 @@ impl RunState {
                 }
                 self.reasks += 1;
             }
-            EventKind::GuardrailTripped { stage: GuardrailStage::Input, .. } => {}
+            EventKind::GuardrailTripped { stage: GuardrailStage::Input | GuardrailStage::ToolResult, .. } => {}
             EventKind::ContextCompacted { messages, usage, cost_usd_micros, .. } => {
                 not_parked(self)?;
                 if self.phase != Phase::Executing {

@@ -41,7 +41,7 @@ fn call(id: &str, disposition: Disposition) -> EventKind {
 }
 
 fn result(id: &str) -> EventKind {
-    EventKind::ToolResult { call_id: id.into(), content: "ok".into(), reminder: None, duration_ms: 0 }
+    EventKind::ToolResult { call_id: id.into(), content: "ok".into(), reminder: None, duration_ms: 0, redactions: Vec::new() }
 }
 
 #[test]

@@ -79,7 +79,7 @@ fn an_elision_replaces_the_named_message_and_survives_replay() {
         idempotency_key: "run:t1".into(),
         disposition: glia_proto::Disposition::Run { reminder: None },
     }));
-    log.ok(EventKind::ToolResult { call_id: "t1".into(), content: "FORBIDDEN text".into(), reminder: None, duration_ms: 1 });
+    log.ok(EventKind::ToolResult { call_id: "t1".into(), content: "FORBIDDEN text".into(), reminder: None, duration_ms: 1, redactions: Vec::new() });
     log.ok(call());
     assert_eq!(log.state.messages.len(), 3);
     log.ok(EventKind::MessageElided { index: 2, reason: "provider refusal".into() });

@@ -242,7 +242,7 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
 /// Declarative guardrails, compaction and an agent stamp, as a definition resolves them.
 fn agent_parts() -> (Guardrails, Option<CompactionSpec>, Option<AgentRef>) {
     let rule = TextRule { name: "no-digits".into(), deny: Some(r"\d+".into()), reason: Some("no numbers".into()), ..TextRule::default() };
-    let guardrails = Guardrails { input: vec![rule.clone()], output: vec![rule], max_input_chars: Some(10), max_output_chars: None };
+    let guardrails = Guardrails { input: vec![rule.clone()], output: vec![rule.clone()], tool_results: vec![rule], max_input_chars: Some(10), max_output_chars: None };
     let compaction = CompactionSpec { strategy: CompactionStrategy::Summarize, max_tokens: 1000, keep_recent: 1 };
     (guardrails, Some(compaction), Some(AgentRef { name: "a".into(), version: 2, content_hash: "sha256:00".into() }))
 }
@@ -387,8 +387,12 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                 disposition,
             })
         ),
-        (text(), tool_content(), prop::option::of(text()), any::<u64>())
-            .prop_map(|(call_id, content, reminder, duration_ms)| EventKind::ToolResult { call_id, content, reminder, duration_ms }),
+        (text(), tool_content(), prop::option::of(text()), any::<u64>(), prop::collection::vec((text(), any::<usize>()), 0..2)).prop_map(
+            |(call_id, content, reminder, duration_ms, redactions)| {
+                let redactions = redactions.into_iter().map(|(guardrail, count)| glia_proto::Redaction { guardrail, count }).collect();
+                EventKind::ToolResult { call_id, content, reminder, duration_ms, redactions }
+            }
+        ),
         (text(), tool_error_kind(), text(), any::<u64>())
             .prop_map(|(call_id, error, message, duration_ms)| EventKind::ToolError { call_id, error, message, duration_ms }),
         (text(), text(), json_value(), text())
@@ -396,7 +400,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         (text(), text(), decision(), prop::option::of(text()))
             .prop_map(|(call_id, args_hash, decision, by)| EventKind::ApprovalResolved { call_id, args_hash, decision, by }),
         text().prop_map(|text| EventKind::InputReceived { redactions: Vec::new(), text }),
-        (prop_oneof![Just(GuardrailStage::Input), Just(GuardrailStage::Output)], text(), text(), prop::option::of(text()))
+        (prop_oneof![Just(GuardrailStage::Input), Just(GuardrailStage::Output), Just(GuardrailStage::ToolResult)], text(), text(), prop::option::of(text()))
             .prop_map(|(stage, guardrail, reason, reask)| EventKind::GuardrailTripped { stage, guardrail, reason, reask }),
         (text(), any::<usize>(), prop::collection::vec(message(), 0..3), usage(), any::<u64>()).prop_map(
             |(strategy, removed, messages, usage, cost_usd_micros)| EventKind::ContextCompacted {
@@ -708,7 +712,7 @@ fn retries_elisions_and_discards_have_the_documented_shape() {
 fn a_stored_text_result_reads_as_text_and_writes_back_unchanged() {
     let stored = r#"{"type":"tool.result","data":{"call_id":"c1","content":"{\"refunded\":30}","reminder":null,"duration_ms":1}}"#;
     let kind: EventKind = serde_json::from_str(stored).unwrap();
-    assert_eq!(kind, EventKind::ToolResult { call_id: "c1".into(), content: ToolContent::Text("{\"refunded\":30}".into()), reminder: None, duration_ms: 1 });
+    assert_eq!(kind, EventKind::ToolResult { call_id: "c1".into(), content: ToolContent::Text("{\"refunded\":30}".into()), reminder: None, duration_ms: 1, redactions: Vec::new() });
     assert_eq!(serde_json::to_string(&kind).unwrap(), stored);
     let block = r#"{"type":"tool_result","tool_use_id":"t1","content":"ok","is_error":false}"#;
     let parsed: ContentBlock = serde_json::from_str(block).unwrap();

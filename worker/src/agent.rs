@@ -353,8 +353,9 @@ impl Agent {
     }
 
     /// Validate `config` and record `session.start` (and, if an input
-    /// guardrail rejects the goal, `guardrail.tripped` and a failed
-    /// `session.complete`). Errors: [`AgentError::Config`] before anything is
+    /// guardrail rejects the goal, a `session.start` whose goal is a
+    /// placeholder naming the rule and the length, `guardrail.tripped` and a
+    /// failed `session.complete`: the refused text is recorded nowhere). Errors: [`AgentError::Config`] before anything is
     /// recorded.
     pub async fn start(&self, run_id: Uuid, goal: &str, config: RunConfig, sink: &mut dyn EventSink) -> Result<RunState, AgentError> {
         self.check_config(&config)?;
@@ -362,10 +363,16 @@ impl Agent {
         let mut run = Run { state: &mut state, sink, clock: &*self.clock };
         let declared = self.declared_guardrails(&config)?;
         let (goal, redactions) = declared.redact_input(goal);
-        run.record(EventKind::SessionStart { goal: goal.clone(), config, redactions }).await?;
-        if let Some((guardrail, reason)) = self.check_input(&declared, &goal) {
-            run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason: reason.clone(), reask: None }).await?;
-            self.fail(&mut run, format!("goal rejected: {reason}")).await?;
+        // A refused goal is never recorded: `session.start` holds a
+        // placeholder naming the rule and the length.
+        match self.check_input(&declared, &goal) {
+            None => run.record(EventKind::SessionStart { goal, config, redactions }).await?,
+            Some((guardrail, reason)) => {
+                let placeholder = format!("[goal withheld: refused by the input guardrail {guardrail}, {} characters]", goal.chars().count());
+                run.record(EventKind::SessionStart { goal: placeholder, config, redactions }).await?;
+                run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason: reason.clone(), reask: None }).await?;
+                self.fail(&mut run, format!("goal rejected: {reason}")).await?;
+            }
         }
         run.commit().await?;
         Ok(state)
@@ -483,10 +490,10 @@ impl Agent {
                 if !external {
                     return Err(AgentError::InvalidResume(format!("{call_id} is not an external tool call awaiting a result")));
                 }
-                let kind = if is_error {
-                    EventKind::ToolError { call_id, error: ToolErrorKind::Failed, message: content, duration_ms: 0 }
-                } else {
-                    EventKind::ToolResult { call_id, content: content.into(), reminder: None, duration_ms: 0 }
+                let result = if is_error { Err(ToolFailure { kind: ToolErrorKind::Failed, message: content }) } else { Ok(content.into()) };
+                let kind = match self.screen_result(run, &call_id, result).await? {
+                    (Err(f), _) => EventKind::ToolError { call_id, error: f.kind, message: f.message, duration_ms: 0 },
+                    (Ok(content), redactions) => EventKind::ToolResult { call_id, content, reminder: None, duration_ms: 0, redactions },
                 };
                 run.record(kind).await?;
             }
@@ -1066,6 +1073,7 @@ impl Agent {
         let cancelled = cancel.peek().is_some();
         drop(cancel);
         for ((call_id, name, _, reminder), (result, duration_ms)) in ready.into_iter().zip(outcomes) {
+            let (result, redactions) = self.screen_result(run, &call_id, result).await?;
             let (content, is_error) = match &result {
                 Ok(content) => (content.clone(), false),
                 Err(f) => (ToolContent::Text(f.message.clone()), true),
@@ -1075,7 +1083,7 @@ impl Agent {
             let fired = self.fire(run, HookTopic::AfterToolCall, json!({ "call_id": call_id, "name": name, "content": content, "is_error": is_error })).await?;
             let content = ToolContent::deserialize(&fired.payload["content"]).unwrap_or(content);
             let kind = match result {
-                Ok(_) => EventKind::ToolResult { call_id, content, reminder, duration_ms },
+                Ok(_) => EventKind::ToolResult { call_id, content, reminder, duration_ms, redactions },
                 Err(ToolFailure { kind, .. }) => EventKind::ToolError { call_id, error: kind, message: content.to_text().into_owned(), duration_ms },
             };
             run.record(kind).await?;
@@ -1223,6 +1231,40 @@ impl Agent {
     /// they were checked before `session.start`.
     fn declared_guardrails(&self, config: &RunConfig) -> Result<CompiledGuardrails, AgentError> {
         config.guardrails.compile().map_err(|e| AgentError::Config(format!("guardrails.{e}")))
+    }
+
+    /// A tool's result (or failure message) as the run's `tool_results`
+    /// guardrails leave it, before anything stores, shows or sends it: the
+    /// redacted text and the rules that matched, or, when a deny rule
+    /// matches, a marked note in its place after a `guardrail.tripped`
+    /// (stage `tool_result`) that names the rule, the call and the length,
+    /// never the text. A failure's redactions are visible in its text only.
+    async fn screen_result(
+        &self,
+        run: &mut Run<'_>,
+        call_id: &str,
+        result: Result<ToolContent, ToolFailure>,
+    ) -> Result<(Result<ToolContent, ToolFailure>, Vec<Redaction>), AgentError> {
+        if !run.state.config.guardrails.screens_tool_results() {
+            return Ok((result, Vec::new()));
+        }
+        let declared = self.declared_guardrails(&run.state.config)?;
+        let content = match &result {
+            Ok(content) => content.clone(),
+            Err(f) => ToolContent::Text(f.message.clone()),
+        };
+        let (screened, redactions) = match declared.screen_tool_result(&content) {
+            Ok(screened) => screened,
+            Err(withheld) => {
+                let reason = format!("the result of call {call_id} was withheld ({} characters)", withheld.chars);
+                run.record(EventKind::GuardrailTripped { stage: GuardrailStage::ToolResult, guardrail: withheld.guardrail.clone(), reason, reask: None }).await?;
+                (ToolContent::Text(withheld.note()), Vec::new())
+            }
+        };
+        Ok(match result {
+            Ok(_) => (Ok(screened), redactions),
+            Err(f) => (Err(ToolFailure { kind: f.kind, message: screened.to_text().into_owned() }), Vec::new()),
+        })
     }
 
     /// The first input guardrail that rejects `text`: the run's declared

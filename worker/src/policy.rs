@@ -38,7 +38,7 @@ impl CompiledPolicies {
                 let re = p
                     .args
                     .as_deref()
-                    .map(Regex::new)
+                    .map(|re| glia_proto::limits::compile_regex(re, policies.len()))
                     .transpose()
                     .map_err(|e| PolicyError { index, tool: p.tool.clone(), reason: e.to_string() })?;
                 Ok((p.clone(), re))

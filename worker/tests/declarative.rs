@@ -206,3 +206,53 @@ fn a_rule_must_deny_or_redact_and_a_redaction_must_match_something() {
     assert!(rule("redact = 'a'\nreplacement = ' '").contains("guardrails.output[0].replacement: is blank"));
     assert_eq!(rule("redact = 'a'\nreplacement = 'b'"), "");
 }
+
+/// A goal an input deny rule refuses is recorded nowhere: `session.start`
+/// holds a placeholder naming the rule and the length.
+#[tokio::test]
+async fn a_refused_goal_is_recorded_as_a_placeholder() {
+    let (agent, provider) = agent(vec![ScriptedTurn::text("never")]);
+    let mut log = Vec::new();
+    let (state, status) = agent.run(run_id(), "refund 4111-1111-1111-1111", config(), &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(Outcome::Failed { .. })), "{status:?}");
+    assert_eq!(trips(&log), vec![(GuardrailStage::Input, "no-card-numbers".into())]);
+    let EventKind::SessionStart { goal, .. } = &log[0].kind else { panic!() };
+    assert_eq!(goal, "[goal withheld: refused by the input guardrail no-card-numbers, 26 characters]");
+    assert!(!serde_json::to_string(&log).unwrap().contains("4111"), "the card number reached the log");
+    assert_eq!(provider.served(), 0);
+    assert_replays(&log, &state);
+}
+
+/// `tool_results` rules: a redact rule rewrites a result before it is
+/// recorded or sent to the model (listed in `tool.result`'s redactions); a
+/// deny rule withholds it behind a marked note, and `guardrail.tripped`
+/// names the rule and the length, never the text.
+#[tokio::test]
+async fn tool_results_are_redacted_or_withheld_before_anything_sees_them() {
+    let config: RunConfig = glia_proto::strict::from_json_value(json!({"tools": ["add"], "guardrails": {"tool_results": [
+        {"name": "secret-sum", "deny": "\"sum\":5678"}, {"name": "four-digits", "redact": "\\b1234\\b"}]}})).unwrap();
+    config.validate().unwrap();
+    let script = vec![ScriptedTurn::call("add", json!({"a": 1000, "b": 234})), ScriptedTurn::call("add", json!({"a": 5000, "b": 678})), ScriptedTurn::text("done")];
+    let (agent, provider) = agent(script);
+    let mut log = Vec::new();
+    let (state, status) = agent.run(run_id(), "sum", config, &mut log).await.unwrap();
+    assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })), "{status:?}");
+    let results: Vec<(String, Vec<glia_proto::Redaction>)> = log
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolResult { content, redactions, .. } => Some((content.to_text().into_owned(), redactions.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results[0], ("{\"sum\":[redacted:four-digits]}".to_owned(), vec![glia_proto::Redaction { guardrail: "four-digits".into(), count: 1 }]));
+    assert!(glia_proto::marker::is_machine_text(&results[1].0) && results[1].0.contains("secret-sum") && results[1].1.is_empty(), "{:?}", results[1]);
+    assert_eq!(trips(&log), vec![(GuardrailStage::ToolResult, "secret-sum".into())]);
+    // (The rules themselves, in session.start's config, name the numbers.)
+    let recorded = serde_json::to_string(&log[1..]).unwrap();
+    let sent = format!("{:?}", provider.requests());
+    for raw in ["1234", "5678"] {
+        assert!(!recorded.contains(raw), "{raw} reached the log");
+        assert!(!sent.contains(raw), "{raw} reached the model");
+    }
+    assert_replays(&log, &state);
+}

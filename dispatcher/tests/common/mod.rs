@@ -195,7 +195,7 @@ pub async fn park_for_tool(log: &dyn EventLog, run_id: Uuid) {
     kinds.push(tool_use_response(&[("ext1", "lookup", input.clone()), ("run1", "calc", json!({"x": 1}))]));
     kinds.push(tool_call(run_id, "ext1", "lookup", &input, Disposition::External));
     kinds.push(tool_call(run_id, "run1", "calc", &json!({"x": 1}), Disposition::Run { reminder: None }));
-    kinds.push(EventKind::ToolResult { call_id: "run1".into(), content: "1".into(), reminder: None, duration_ms: 1 });
+    kinds.push(EventKind::ToolResult { call_id: "run1".into(), content: "1".into(), reminder: None, duration_ms: 1, redactions: Vec::new() });
     kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingTool { call_ids: vec!["ext1".into()] } });
     commit(log, run_id, kinds).await
 }
