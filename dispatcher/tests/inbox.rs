@@ -122,7 +122,7 @@ async fn the_run_page_shows_the_edited_arguments() {
         run,
         vec![
             EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: args_hash(&proposed), decision: Decision::Edit { input: edited }, by: Some("ana".into()) },
-            EventKind::ToolResult { call_id: "c1".into(), content: "refunded 10".into(), reminder: None, duration_ms: 1 },
+            EventKind::ToolResult { call_id: "c1".into(), content: "refunded 10".into(), reminder: None, duration_ms: 1, redactions: Vec::new() },
         ],
     )
     .await;
