@@ -18,5 +18,6 @@ mod agents;
 mod approvals;
 mod durability;
 mod exactly_once;
+mod guardrails;
 mod limits;
 mod observability;
