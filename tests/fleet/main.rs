@@ -10,13 +10,16 @@
 //!   (every call, result and approval), with a worker killed mid-batch;
 //! - [`approvals`]: the approval inbox, in a real browser;
 //! - [`limits`]: the provider's rate limits, retries and prices, fleet-wide;
+//!   tenant input bounded (and the dispatcher's memory with it);
 //! - [`observability`]: every dashboard and alert expression has data in a
 //!   real Prometheus;
-//! - [`agents`]: agent definitions applied from files, runs started from them.
+//! - [`agents`]: agent definitions applied from files, runs started from them;
+//! - [`guardrails`]: denied text stored nowhere, tool results screened.
 
 mod agents;
 mod approvals;
 mod durability;
 mod exactly_once;
+mod guardrails;
 mod limits;
 mod observability;
