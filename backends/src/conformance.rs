@@ -692,3 +692,34 @@ pub async fn batch_store(log: &dyn EventLog, store: &dyn crate::batches::BatchSt
     let still = store.update(None, id, Some(BatchState::Active), None).await.unwrap().unwrap();
     assert_eq!(still.state, BatchState::Cancelled, "a cancelled batch stays cancelled");
 }
+
+/// Held tool results ([`crate::Ledger::hold_results`]): held under the
+/// call's idempotency key, read back exactly (text and blocks, results and
+/// errors), replaced when held again, independent per key, and gone once
+/// released; an unknown key holds nothing.
+pub async fn holds_tool_results(ledger: &dyn crate::Ledger) {
+    use crate::HeldResult;
+    use glia_proto::{ToolContent, ToolErrorKind};
+    let run_id = Uuid::now_v7();
+    let (k1, k2) = (format!("{run_id}:1:call_1"), format!("{run_id}:1:call_2"));
+    assert_eq!(ledger.held_result(&k1).await.unwrap(), None, "nothing held yet");
+    let ok = HeldResult { call_id: "call_1".into(), content: ToolContent::from("{\"refunded\":30}"), error: None, duration_ms: 12 };
+    let blocks: ToolContent = serde_json::from_value(json!([{"type": "text", "text": "done ✓"}])).expect("a block list is tool content");
+    let failed = HeldResult { call_id: "call_2".into(), content: blocks, error: Some(ToolErrorKind::Failed), duration_ms: 3 };
+    ledger.hold_results(&[(k1.clone(), ok.clone()), (k2.clone(), failed.clone())]).await.unwrap();
+    assert_eq!(ledger.held_result(&k1).await.unwrap(), Some(ok.clone()));
+    assert_eq!(ledger.held_result(&k2).await.unwrap(), Some(failed.clone()), "errors and content blocks round-trip");
+    assert_eq!(ledger.held_result(&format!("{run_id}:2:call_1")).await.unwrap(), None, "another turn's call of the same id is another key");
+    // Holding again (a retry) replaces; holding nothing is fine.
+    let again = HeldResult { duration_ms: 13, ..ok.clone() };
+    ledger.hold_results(&[(k1.clone(), again.clone())]).await.unwrap();
+    ledger.hold_results(&[]).await.unwrap();
+    assert_eq!(ledger.held_result(&k1).await.unwrap(), Some(again));
+    // Released once committed: gone; the other key stays.
+    ledger.release_held(std::slice::from_ref(&k1)).await.unwrap();
+    ledger.release_held(&[]).await.unwrap();
+    assert_eq!(ledger.held_result(&k1).await.unwrap(), None, "released");
+    assert_eq!(ledger.held_result(&k2).await.unwrap(), Some(failed), "released alone");
+    ledger.release_held(&[k2.clone(), "never-held".into()]).await.unwrap();
+    assert_eq!(ledger.held_result(&k2).await.unwrap(), None);
+}

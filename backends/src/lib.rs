@@ -8,8 +8,9 @@
 //!   expects. Adapters: [`memory::MemoryQueue`]; RabbitMQ ([`rabbitmq`]);
 //!   SQLite ([`sqlite::SqliteQueue`]).
 //! - [`Ledger`]: fast shared counters and signals: cancellation flags, live
-//!   deltas, and budget counters (per-tenant daily spend, reserved before a
-//!   model call and settled after). Adapters: [`memory::MemoryLedger`]; Redis
+//!   deltas, budget counters (per-tenant daily spend, reserved before a
+//!   model call and settled after), and tool results held until they are in
+//!   the log ([`Ledger::hold_results`]). Adapters: [`memory::MemoryLedger`]; Redis
 //!   ([`redis_ledger`]); SQLite ([`sqlite::SqliteLedger`]).
 //!
 //! [`archive`] moves whole runs between event logs (`glia export`/`import`).
@@ -37,7 +38,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use futures::stream::BoxStream;
-use glia_proto::{Event, EventKind, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, Status, Usage};
+use glia_proto::{Event, EventKind, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, Status, ToolContent, ToolErrorKind, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -379,6 +380,16 @@ pub enum LogError {
     /// The backing store failed (connection, timeout, corrupt row).
     #[error("event log unavailable: {0}")]
     Unavailable(String),
+}
+
+impl LogError {
+    /// True when asking again may succeed: the store did not answer
+    /// ([`LogError::Unavailable`]: connection refused or reset, a pool or
+    /// call timeout, the server shutting down). Every other error is the
+    /// log's answer (lease lost, head moved, not found…) and is final.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LogError::Unavailable(_))
+    }
 }
 
 /// The run store. Postgres in the fleet, [`memory::MemoryLog`] in `glia dev`.
@@ -889,6 +900,66 @@ pub trait Ledger: Send + Sync {
         let _ = (scope, used, ttl);
         Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
     }
+
+    /// Hold tool results until they are in the log: each under its call's
+    /// idempotency key (`{run_id}:{turn}:{call_id}`, the key the tool was
+    /// given), for [`HELD_RESULT_TTL`], replacing what the key held. A
+    /// worker holds a call's result as soon as the call returns, before it
+    /// commits it; if that commit never lands (the database was away longer
+    /// than the lease, the worker died), the next worker to advance the run
+    /// finds the result here ([`Ledger::held_result`]) and commits it instead
+    /// of treating the call as interrupted. Holding again is safe.
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the store does not answer
+    /// (the results may or may not be held); the default keeps nothing.
+    async fn hold_results(&self, held: &[(String, HeldResult)]) -> Result<(), LedgerError> {
+        let _ = held;
+        Err(LedgerError::Unavailable("this ledger holds no tool results".into()))
+    }
+
+    /// The result held under the idempotency key `key`, if any (never held,
+    /// expired, released, or lost with the store).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the store does not answer:
+    /// whether a result is held is then unknown, and the caller must not
+    /// act as if none were. The default holds nothing (`None`).
+    async fn held_result(&self, key: &str) -> Result<Option<HeldResult>, LedgerError> {
+        let _ = key;
+        Ok(None)
+    }
+
+    /// Forget the results held under `keys` (once they are in the log).
+    /// Keys not held are ignored.
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the store does not answer;
+    /// the results then simply expire.
+    async fn release_held(&self, keys: &[String]) -> Result<(), LedgerError> {
+        let _ = keys;
+        Ok(())
+    }
+}
+
+/// How long a held tool result is kept by default ([`Ledger::hold_results`]):
+/// seven days, longer than any lease and any reconciler round, so a run
+/// whose worker died is resumed well before its held results go.
+pub const HELD_RESULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A tool call's outcome, held in the [`Ledger`] by the worker that ran the
+/// call from the moment it exists until it is committed to the event log
+/// (see [`Ledger::hold_results`]). JSON: `{"call_id": "c1", "content": …,
+/// "error": "failed", "duration_ms": 12}` (`error` absent for a result).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldResult {
+    /// The call's id in the run.
+    pub call_id: String,
+    /// The result as the tool returned it (before `after_tool_call` hooks),
+    /// or the error text of a failure.
+    pub content: ToolContent,
+    /// `None` for a result; why the call failed otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ToolErrorKind>,
+    /// Active time of the call in ms.
+    pub duration_ms: u64,
 }
 
 /// What [`Ledger::signal`] reads of a run: its cancel and operator-pause

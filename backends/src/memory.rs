@@ -16,7 +16,7 @@ use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
 use crate::{
-    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
+    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
     LogError, NewRun, Orphan, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
 };
 
@@ -469,6 +469,7 @@ pub struct MemoryLedger {
     paused: Mutex<HashSet<Uuid>>,
     live: Mutex<HashMap<Uuid, broadcast::Sender<LiveEvent>>>,
     budgets: Mutex<HashMap<String, Counter>>,
+    held: Mutex<HashMap<String, (HeldResult, std::time::Instant)>>,
 }
 
 /// One budget scope's counter and the request ids it has seen: `Some(amount)`
@@ -484,6 +485,12 @@ impl MemoryLedger {
     /// (for tests of the rebuild from the log).
     pub fn forget_budgets(&self) {
         self.budget_counters().clear();
+    }
+
+    /// Drop every held tool result, as a flushed or lost Redis would (for
+    /// tests of what happens then).
+    pub fn forget_held(&self) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     /// The budget counters, expired ones removed.
@@ -592,5 +599,29 @@ impl Ledger for MemoryLedger {
         let expires_at = now.checked_add(ttl.max(Duration::from_secs(1))).unwrap_or(now + Duration::from_secs(100 * 365 * 24 * 3600));
         budgets.insert(scope.to_owned(), Counter { used, requests: HashMap::new(), expires_at });
         Ok(true)
+    }
+
+    async fn hold_results(&self, held: &[(String, HeldResult)]) -> Result<(), LedgerError> {
+        let mut kept = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        kept.retain(|_, (_, expires_at)| *expires_at > now);
+        let expires_at = now + crate::HELD_RESULT_TTL;
+        for (key, result) in held {
+            kept.insert(key.clone(), (result.clone(), expires_at));
+        }
+        Ok(())
+    }
+
+    async fn held_result(&self, key: &str) -> Result<Option<HeldResult>, LedgerError> {
+        let kept = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(kept.get(key).filter(|(_, expires_at)| *expires_at > std::time::Instant::now()).map(|(r, _)| r.clone()))
+    }
+
+    async fn release_held(&self, keys: &[String]) -> Result<(), LedgerError> {
+        let mut kept = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            kept.remove(key);
+        }
+        Ok(())
     }
 }

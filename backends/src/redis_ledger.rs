@@ -12,10 +12,13 @@
 //! | `P:cancelled` | pub/sub channel | a run's id (text) each time it is cancelled |
 //! | `P:live:{run_id}` | pub/sub channel | the run's [`LiveEvent`]s as JSON |
 //! | `P:budget:{scope}` | hash, TTL given to [`Ledger::seed`] | a budget scope's counter and the request ids it has seen |
+//! | `P:held:{idempotency_key}` | string key, TTL [`crate::HELD_RESULT_TTL`] (7 days) | a tool call's [`HeldResult`] as JSON, from the moment it exists until it is in the log ([`Ledger::hold_results`]); the key is `{run_id}:{turn}:{call_id}` |
 //!
 //! Redis is not the truth: a cancellation is also recorded in the run's log,
 //! so a flag lost with a flushed or restarted Redis only delays it; a budget
-//! counter is rebuilt from the log.
+//! counter is rebuilt from the log. A held tool result lost with Redis
+//! matters only if its commit to the log also failed: the call is then
+//! treated as interrupted (see `ARCHITECTURE.md`, "Held results").
 //!
 //! # Budget counters
 //!
@@ -58,7 +61,7 @@ use redis::{Client, RedisError, RedisResult, RetryMethod, Script};
 use tracing::{debug, warn};
 use uuid::Uuid;
 
-use crate::{CapKind, Ledger, LedgerError, Reservation, Settlement, Signal, Spend, SpendCap};
+use crate::{CapKind, HELD_RESULT_TTL, HeldResult, Ledger, LedgerError, Reservation, Settlement, Signal, Spend, SpendCap};
 
 /// Bound on one command's answer, and on opening a connection.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -216,6 +219,11 @@ impl RedisLedger {
     /// Key of a run's operator-pause flag: `P:pause:{run_id}`.
     pub fn pause_key(&self, run_id: Uuid) -> String {
         format!("{}:pause:{run_id}", self.prefix)
+    }
+
+    /// Key of a held tool result: `P:held:{idempotency_key}`.
+    pub fn held_key(&self, idempotency_key: &str) -> String {
+        format!("{}:held:{idempotency_key}", self.prefix)
     }
 
     /// Channel announcing cancellations (payload: the run id): `P:cancelled`.
@@ -432,6 +440,60 @@ impl Ledger for RedisLedger {
             let mut invocation = self.scripts.seed.key(&key);
             invocation.arg(tokens).arg(cost).arg(ttl);
             async move { invocation.invoke_async::<i64>(&mut conn).await.map(|created| created == 1) }
+        })
+        .await
+    }
+
+    /// `SET P:held:{key} <json> EX 7d` for each, in one transaction.
+    /// Idempotent (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn hold_results(&self, held: &[(String, HeldResult)]) -> Result<(), LedgerError> {
+        if held.is_empty() {
+            return Ok(());
+        }
+        let mut entries = Vec::with_capacity(held.len());
+        for (key, result) in held {
+            entries.push((self.held_key(key), serde_json::to_vec(result).map_err(|e| unavailable("encode held result", e))?));
+        }
+        let ttl = HELD_RESULT_TTL.as_secs();
+        self.idempotent("hold_results", |mut conn| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for (key, json) in &entries {
+                pipe.cmd("SET").arg(key).arg(json.as_slice()).arg("EX").arg(ttl).ignore();
+            }
+            async move { pipe.query_async::<()>(&mut conn).await }
+        })
+        .await
+    }
+
+    /// `GET P:held:{key}` (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer or
+    /// the value is not a held result.
+    async fn held_result(&self, key: &str) -> Result<Option<HeldResult>, LedgerError> {
+        let key = self.held_key(key);
+        let json: Option<Vec<u8>> = self
+            .idempotent("held_result", |mut conn| {
+                let key = key.clone();
+                async move { redis::cmd("GET").arg(&key).query_async(&mut conn).await }
+            })
+            .await?;
+        json.map(|j| serde_json::from_slice(&j).map_err(|e| unavailable("decode held result", e))).transpose()
+    }
+
+    /// `DEL` of the keys (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn release_held(&self, keys: &[String]) -> Result<(), LedgerError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = keys.iter().map(|k| self.held_key(k)).collect();
+        self.idempotent("release_held", |mut conn| {
+            let keys = keys.clone();
+            async move { redis::cmd("DEL").arg(&keys).query_async::<()>(&mut conn).await }
         })
         .await
     }

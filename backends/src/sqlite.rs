@@ -55,8 +55,8 @@
 //!
 //! The Postgres schema's (`runs`, append-only `events` enforced by triggers,
 //! `checkpoints`, `approvals`, `inbox`, `outbox`, `batches`, `batch_items`,
-//! `agents`) plus `jobs` (the queue), `cancels` and
-//! `budgets`/`budget_requests` (the ledger). A
+//! `agents`) plus `jobs` (the queue), `cancels`,
+//! `budgets`/`budget_requests` and `held_results` (the ledger). A
 //! commit is fenced by the lease (token and expiry) and the head, like
 //! Postgres'; checkpoints follow [`crate::postgres::next_checkpoint`] and are
 //! where transitions are verified; only the latest is kept. Times are the
@@ -86,7 +86,7 @@ use crate::archive::{ApprovalRecord, Archive, Imported, InboxRecord, RunRecord};
 use crate::memory::MemoryLedger;
 use crate::postgres::next_checkpoint;
 use crate::{
-    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
+    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, HELD_RESULT_TTL, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
     LogError, LogGauges, NewRun, Orphan, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap,
     dedupe_key,
 };
@@ -97,6 +97,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/002_agents.sql"),
     include_str!("../sqlite_migrations/003_batches.sql"),
     include_str!("../sqlite_migrations/004_resume_jobs.sql"),
+    include_str!("../sqlite_migrations/005_held_results.sql"),
 ];
 
 /// How a store is opened.
@@ -1750,6 +1751,61 @@ impl Ledger for SqliteLedger {
                 .map_err(db("seed"))?;
                 tx.commit().map_err(db("seed"))?;
                 Ok(true)
+            })
+            .await
+            .map_err(ledger_error)
+    }
+
+    /// One row per key in `held_results` (replaced), expired rows deleted.
+    async fn hold_results(&self, held: &[(String, HeldResult)]) -> Result<(), LedgerError> {
+        let mut rows = Vec::with_capacity(held.len());
+        for (key, result) in held {
+            rows.push((key.clone(), serde_json::to_string(result).map_err(|e| LedgerError::Unavailable(format!("encode held result: {e}")))?));
+        }
+        self.store
+            .write("hold_results", move |conn| {
+                let tx = immediate(conn)?;
+                let now = nanos(Utc::now());
+                tx.execute("DELETE FROM held_results WHERE expires_at <= ?1", [now]).map_err(db("hold_results"))?;
+                let expires = now.saturating_add(ttl_nanos(HELD_RESULT_TTL));
+                for (key, json) in &rows {
+                    tx.execute("INSERT OR REPLACE INTO held_results (key, result, expires_at) VALUES (?1, ?2, ?3)", params![key, json, expires])
+                        .map_err(db("hold_results"))?;
+                }
+                tx.commit().map_err(db("hold_results"))?;
+                Ok(())
+            })
+            .await
+            .map_err(ledger_error)
+    }
+
+    async fn held_result(&self, key: &str) -> Result<Option<HeldResult>, LedgerError> {
+        let key = key.to_owned();
+        let json: Option<String> = self
+            .store
+            .read("held_result", move |conn| {
+                conn.query_row("SELECT result FROM held_results WHERE key = ?1 AND expires_at > ?2", params![key, nanos(Utc::now())], |r| r.get(0))
+                    .optional()
+                    .map_err(db("held_result"))
+            })
+            .await
+            .map_err(ledger_error)?;
+        json.map(|j| serde_json::from_str(&j).map_err(|e| LedgerError::Unavailable(format!("decode held result: {e}")))).transpose()
+    }
+
+    async fn release_held(&self, keys: &[String]) -> Result<(), LedgerError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let keys = keys.to_vec();
+        self.store
+            .write_relaxed("release_held", move |conn| {
+                let tx = immediate(conn)?;
+                for key in &keys {
+                    tx.execute("DELETE FROM held_results WHERE key = ?1", [key]).map_err(db("release_held"))?;
+                }
+                tx.commit().map_err(db("release_held"))?;
+                Ok(())
             })
             .await
             .map_err(ledger_error)

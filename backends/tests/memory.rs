@@ -19,3 +19,9 @@ async fn memory_batches_conformance() {
 async fn memory_queue_resumes_before_starts() {
     conformance::resumes_before_starts(&MemoryQueue::default(), 50).await;
 }
+
+#[tokio::test]
+async fn memory_holds_tool_results() {
+    let ledger = glia_backends::memory::MemoryLedger::default();
+    conformance::holds_tool_results(&ledger).await;
+}

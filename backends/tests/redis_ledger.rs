@@ -230,3 +230,16 @@ async fn ledger_survives_a_redis_restart() {
     }
     redis.kill();
 }
+
+#[tokio::test]
+async fn redis_holds_tool_results() {
+    let (ledger, _cleanup) = connect().await;
+    glia_backends::conformance::holds_tool_results(&ledger).await;
+    // A held result is a key of its own that lives seven days.
+    let key = format!("{}:1:c9", Uuid::now_v7());
+    let held = glia_backends::HeldResult { call_id: "c9".into(), content: "ok".into(), error: None, duration_ms: 1 };
+    ledger.hold_results(&[(key.clone(), held)]).await.unwrap();
+    let mut conn = raw(&url()).await;
+    let ttl: i64 = redis::cmd("TTL").arg(ledger.held_key(&key)).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 6 * 24 * 3600 && ttl <= 7 * 24 * 3600, "ttl {ttl}");
+}

@@ -288,3 +288,15 @@ async fn batch_uploads_are_whole_across_dropped_callers_and_restarts() {
     let repeat = log.submit(new("k"), again).await.unwrap();
     assert!(!repeat.created && repeat.batch.id == batch.id, "the key is remembered across the restart");
 }
+
+#[tokio::test]
+async fn sqlite_holds_tool_results_across_a_restart() {
+    let dir = TempDir::new();
+    conformance::holds_tool_results(&open(&dir).await.ledger()).await;
+    let held = glia_backends::HeldResult { call_id: "c1".into(), content: "ok".into(), error: None, duration_ms: 1 };
+    let key = format!("{}:1:c1", Uuid::now_v7());
+    {
+        open(&dir).await.ledger().hold_results(&[(key.clone(), held.clone())]).await.unwrap();
+    }
+    assert_eq!(open(&dir).await.ledger().held_result(&key).await.unwrap(), Some(held), "held in the file, not in the process");
+}

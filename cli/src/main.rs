@@ -345,6 +345,7 @@ pub(crate) fn describe(kind: &EventKind) -> String {
         EventKind::ToolCall(c) => format!("{}#{} {} → {:?}", c.name, c.call_id, clip(&c.input.to_string()), c.disposition),
         EventKind::ToolResult { call_id, content, .. } => format!("#{call_id} {}", clip(&content.to_text())),
         EventKind::ToolError { call_id, error, message, .. } => format!("#{call_id} {error:?}: {}", clip(message)),
+        EventKind::ToolRecovered { call_id, idempotency_key } => format!("#{call_id} result held by the worker that ran it, recovered ({idempotency_key})"),
         EventKind::ApprovalRequested { call_id, tool, input, .. } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
         EventKind::ApprovalResolved { call_id, decision, by, .. } => format!("#{call_id} {decision:?} by {}", by.as_deref().unwrap_or("?")),
         EventKind::ApprovalEscalated { call_id, expires_at } => format!("#{call_id} deadline {} passed: escalated", expires_at.map_or_else(|| "?".into(), |t| t.to_rfc3339())),

@@ -175,6 +175,20 @@ pub enum EventKind {
         /// Active time spent in ms.
         duration_ms: u64,
     },
+    /// The result that follows (the next event, a `tool.result` or
+    /// `tool.error` of the same call) was not committed by the worker that
+    /// ran the call: that worker held it in the ledger under the call's
+    /// idempotency key and lost its lease before its commit landed, and
+    /// this worker found it there instead of treating the call as
+    /// interrupted. The call ran once; nobody was asked again. No state
+    /// changes.
+    #[serde(rename = "tool.recovered")]
+    ToolRecovered {
+        /// The call.
+        call_id: String,
+        /// The key the result was held under (`{run_id}:{turn}:{call_id}`).
+        idempotency_key: String,
+    },
     /// A call waits for a person.
     #[serde(rename = "approval.requested")]
     ApprovalRequested {
@@ -345,6 +359,7 @@ impl EventKind {
             EventKind::ToolCall(_) => "tool.call",
             EventKind::ToolResult { .. } => "tool.result",
             EventKind::ToolError { .. } => "tool.error",
+            EventKind::ToolRecovered { .. } => "tool.recovered",
             EventKind::ApprovalRequested { .. } => "approval.requested",
             EventKind::ApprovalResolved { .. } => "approval.resolved",
             EventKind::ApprovalEscalated { .. } => "approval.escalated",

@@ -551,6 +551,11 @@ impl RunState {
                     return Err(illegal(self, &format!("approval for {call_id} is not pending")));
                 }
             }
+            EventKind::ToolRecovered { call_id, .. } => {
+                if !self.pending(call_id)?.cleared_without_result() {
+                    return Err(illegal(self, &format!("tool call {call_id} has no result to recover")));
+                }
+            }
             EventKind::ToolResult { call_id, content, reminder, duration_ms, .. } => {
                 let call = self.pending(call_id)?;
                 let may = match &call.disposition {

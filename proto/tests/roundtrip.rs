@@ -421,6 +421,7 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         (hook_topic(), text(), hook_effect()).prop_map(|(topic, hook, effect)| EventKind::HookApplied { topic, hook, effect }),
         text().prop_map(|call_id| EventKind::ApprovalEscalated { call_id, expires_at: Some(DateTime::UNIX_EPOCH) }),
         (text(), prop::option::of(text())).prop_map(|(reason, by)| EventKind::SessionPauseRequested { reason, by }),
+        (text(), text()).prop_map(|(call_id, idempotency_key)| EventKind::ToolRecovered { call_id, idempotency_key }),
     ]
 }
 
@@ -546,6 +547,7 @@ fn variant_index(kind: &EventKind) -> usize {
         EventKind::MessageElided { .. } => 24,
         EventKind::ApprovalEscalated { .. } => 25,
         EventKind::SessionPauseRequested { .. } => 26,
+        EventKind::ToolRecovered { .. } => 27,
     }
 }
 
@@ -572,7 +574,7 @@ fn variants_seen<T: Debug>(strategy: impl Strategy<Value = T>, index: fn(&T) -> 
 
 #[test]
 fn the_strategies_cover_every_variant() {
-    assert_eq!(variants_seen(event_kind(), variant_index), (0..27).collect());
+    assert_eq!(variants_seen(event_kind(), variant_index), (0..28).collect());
     assert_eq!(variants_seen(resume(), resume_variant_index), (0..9).collect());
 }
 
@@ -616,6 +618,7 @@ fn every_event_serialises_under_its_name() {
         EventKind::ModelRetry(Retry { attempt: 1, cause: "rate_limited".into(), message: "slow down".into(), delay_ms: 3000 }),
         EventKind::MessageElided { index: 2, reason: "provider refusal".into() },
         EventKind::ApprovalEscalated { call_id: "c".into(), expires_at: None },
+        EventKind::ToolRecovered { call_id: "c".into(), idempotency_key: "r:1:c".into() },
     ];
     let expected = [
         "session.start",
@@ -628,6 +631,7 @@ fn every_event_serialises_under_its_name() {
         "model.retry",
         "message.elided",
         "approval.escalated",
+        "tool.recovered",
     ];
     for (kind, name) in kinds.into_iter().zip(expected) {
         assert_eq!(kind.name(), name);

@@ -46,6 +46,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::budget_gate::{self, BudgetGate, GateDecision, GateError, Spend};
+use glia_backends::HeldResult;
 use crate::compact::Compactor;
 use glia_proto::agent::CompiledGuardrails;
 use crate::hooks::{Fired, Hooks, Verdict};
@@ -88,6 +89,22 @@ pub trait EventSink: Send + Sync {
     /// steps with [`AgentError::PauseFlagged`]. Default: never.
     fn pause_flagged(&self) -> bool {
         false
+    }
+    /// Keep tool results, each under its call's idempotency key, in a store
+    /// that outlives this worker (the fleet's ledger,
+    /// [`glia_backends::Ledger::hold_results`]), until a `commit` has made
+    /// them durable. The loop calls it as soon as a batch of calls has
+    /// returned, before it records their results. Errors are the loop's to
+    /// log, not to stop on: the results are still recorded and committed.
+    /// Default: nothing is kept.
+    async fn hold(&mut self, _held: &[(String, HeldResult)]) -> Result<(), SinkError> {
+        Ok(())
+    }
+    /// The result a worker held under the idempotency key `key` and may
+    /// not have committed ([`EventSink::hold`]). Errors: the store did not
+    /// answer, so whether a result exists is unknown. Default: none.
+    async fn held(&mut self, _key: &str) -> Result<Option<HeldResult>, SinkError> {
+        Ok(None)
     }
 }
 
@@ -161,6 +178,12 @@ pub enum AgentError {
     /// run stays runnable, retry later.
     #[error("tool source unavailable: {0}")]
     ToolSource(String),
+    /// A call a crash interrupted may have a held result
+    /// ([`EventSink::held`]), and the store that holds them did not answer:
+    /// neither its result nor a person's word on running it again is
+    /// recorded. The run stays runnable, retry later.
+    #[error("held tool results unavailable: {0}")]
+    HeldResults(String),
     /// The run was cancelled while it advanced ([`EventSink::cancelled`]):
     /// everything recorded is committed (tool calls that finished within
     /// their grace period with their results, the others as
@@ -848,6 +871,32 @@ impl Agent {
         // 1. Calls a crash interrupted: re-run idempotent ones; for the
         //    others, by the run's policy, an "outcome unknown" result or a
         //    person's word on running them again.
+        //    First, a result its worker held but did not commit (the
+        //    database was away longer than its lease) is committed now: the
+        //    call ran, nobody is asked again.
+        for call_id in interrupted {
+            let Some(call) = run.state.call(call_id).filter(|c| c.cleared_without_result()).cloned() else { continue };
+            let key = idempotency_key(run.state, call_id);
+            let held = match run.sink.held(&key).await {
+                Ok(held) => held,
+                Err(e) => {
+                    run.commit().await?;
+                    return Err(AgentError::HeldResults(e.0));
+                }
+            };
+            let Some(held) = held.filter(|h| h.call_id == *call_id) else { continue };
+            let reminder = match &call.disposition {
+                Some(Disposition::Run { reminder }) => reminder.clone(),
+                _ => None,
+            };
+            run.record(EventKind::ToolRecovered { call_id: call_id.clone(), idempotency_key: key }).await?;
+            let outcome = match held.error {
+                None => Ok(held.content),
+                Some(kind) => Err(ToolFailure { kind, message: held.content.to_text().into_owned() }),
+            };
+            // Held results were screened before they were held.
+            self.record_outcome(run, call_id.clone(), &call.name, reminder, outcome, Vec::new(), held.duration_ms).await?;
+        }
         for call_id in interrupted {
             let Some(call) = run.state.call(call_id).filter(|c| c.result.is_none()).cloned() else { continue };
             let idempotent = run.state.step_tools.iter().any(|t| t.name == call.name && t.idempotent);
@@ -1072,27 +1121,66 @@ impl Agent {
         .await;
         let cancelled = cancel.peek().is_some();
         drop(cancel);
-        for ((call_id, name, _, reminder), (result, duration_ms)) in ready.into_iter().zip(outcomes) {
-            let (result, redactions) = self.screen_result(run, &call_id, result).await?;
-            let (content, is_error) = match &result {
-                Ok(content) => (content.clone(), false),
-                Err(f) => (ToolContent::Text(f.message.clone()), true),
-            };
-            // The hook sees `content` as stored: a string, or (with images)
-            // the list of blocks; what it puts back is read the same way.
-            let fired = self.fire(run, HookTopic::AfterToolCall, json!({ "call_id": call_id, "name": name, "content": content, "is_error": is_error })).await?;
-            let content = ToolContent::deserialize(&fired.payload["content"]).unwrap_or(content);
-            let kind = match result {
-                Ok(_) => EventKind::ToolResult { call_id, content, reminder, duration_ms, redactions },
-                Err(ToolFailure { kind, .. }) => EventKind::ToolError { call_id, error: kind, message: content.to_text().into_owned(), duration_ms },
-            };
-            run.record(kind).await?;
+        // The results exist. Screen them first (a withheld or redacted result
+        // is never stored as it came, not even in the ledger), then hold them
+        // where the next worker finds them, before anything else can fail,
+        // so that a commit that never lands throws nothing away (see
+        // `tool_calls`, step 1).
+        let mut screened = Vec::with_capacity(outcomes.len());
+        for ((call_id, ..), (result, duration_ms)) in ready.iter().zip(outcomes) {
+            let (result, redactions) = self.screen_result(run, call_id, result).await?;
+            screened.push((result, redactions, duration_ms));
+        }
+        let held: Vec<(String, HeldResult)> = ready
+            .iter()
+            .zip(&screened)
+            .map(|((call_id, ..), (result, _, duration_ms))| {
+                let (content, error) = match result {
+                    Ok(content) => (content.clone(), None),
+                    Err(f) => (ToolContent::Text(f.message.clone()), Some(f.kind)),
+                };
+                (idempotency_key(run.state, call_id), HeldResult { call_id: call_id.clone(), content, error, duration_ms: *duration_ms })
+            })
+            .collect();
+        if let Err(e) = run.sink.hold(&held).await {
+            tracing::warn!(run_id = %run_id, error = %e, "tool results not held; committing them to the log all the same");
+        }
+        for ((call_id, name, _, reminder), (result, redactions, duration_ms)) in ready.into_iter().zip(screened) {
+            self.record_outcome(run, call_id, &name, reminder, result, redactions, duration_ms).await?;
         }
         if cancelled {
             run.commit().await?;
             return Err(AgentError::Cancelled);
         }
         Ok(())
+    }
+
+    /// Record what a call returned (`after_tool_call` hooks, then its
+    /// `tool.result` or `tool.error`): as it returns, or recovered from a
+    /// held result.
+    async fn record_outcome(
+        &self,
+        run: &mut Run<'_>,
+        call_id: String,
+        name: &str,
+        reminder: Option<String>,
+        result: Result<ToolContent, ToolFailure>,
+        redactions: Vec<Redaction>,
+        duration_ms: u64,
+    ) -> Result<(), AgentError> {
+        let (content, is_error) = match &result {
+            Ok(content) => (content.clone(), false),
+            Err(f) => (ToolContent::Text(f.message.clone()), true),
+        };
+        // The hook sees `content` as stored: a string, or (with images)
+        // the list of blocks; what it puts back is read the same way.
+        let fired = self.fire(run, HookTopic::AfterToolCall, json!({ "call_id": call_id, "name": name, "content": content, "is_error": is_error })).await?;
+        let content = ToolContent::deserialize(&fired.payload["content"]).unwrap_or(content);
+        let kind = match result {
+            Ok(_) => EventKind::ToolResult { call_id, content, reminder, duration_ms, redactions },
+            Err(ToolFailure { kind, .. }) => EventKind::ToolError { call_id, error: kind, message: content.to_text().into_owned(), duration_ms },
+        };
+        run.record(kind).await
     }
 
     // ----- reflecting ------------------------------------------------------

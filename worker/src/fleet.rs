@@ -17,7 +17,15 @@
 //! the same worker. A worker with one slot takes both.
 //!
 //! A commit that fails (lease lost, head moved) abandons the in-memory state:
-//! the log is the truth and the next job rebuilds from it.
+//! the log is the truth and the next job rebuilds from it. A commit the
+//! database did not answer ([`LogError::is_transient`]: a restart, a pool
+//! timeout) is retried with backoff ([`COMMIT_RETRY_MAX`]) for as long as the
+//! lease lives; the heartbeat, meanwhile, tries to renew every
+//! [`HEARTBEAT_RETRY`], so the lease is renewed as soon as the database
+//! answers again. Tool results are held in the ledger from the moment they
+//! exist until their commit lands ([`Ledger::hold_results`]), so a lease lost
+//! anyway throws no finished call away: the next worker commits the held
+//! result (`tool.recovered`).
 //!
 //! Tenants' daily caps are enforced across the fleet by [`LedgerGate`], the
 //! agent's budget gate: counters in the ledger (Redis), rebuilt from the
@@ -29,9 +37,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::NaiveDate;
+use backon::{BackoffBuilder, ExponentialBuilder};
 use glia_backends::{
-    CapKind, Delivery, EventLog, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError, Opened, Opening, Reservation, RunStatus, Settlement,
-    Signal, tenant_day_scope,
+    CapKind, Delivery, EventLog, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError, Opened, Opening, Reservation, RunStatus,
+    Settlement, Signal, tenant_day_scope,
 };
 use glia_proto::{Event, Limit, LiveEvent, Phase, Resume, RunState, Status};
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -273,10 +282,10 @@ impl Worker {
         }
         // Holding the lease, the job has done its part: ack now.
         ack(delivery, ()).await;
-        let (stop_heartbeat, heartbeat) = self.heartbeat(lease.clone());
+        let (stop_heartbeat, heartbeat, renewed) = self.heartbeat(lease.clone());
         let mut released = false;
         let mut retry_after = None;
-        let handled = self.drive(opened, &mut retry_after, &mut released).await;
+        let handled = self.drive(opened, renewed, &mut retry_after, &mut released).await;
         let _ = stop_heartbeat.send(true);
         let _ = heartbeat.await;
         // A transient failure without a wait hint keeps the lease until it
@@ -305,19 +314,39 @@ impl Worker {
         });
     }
 
-    /// Renew the lease every third of its length until told to stop.
-    fn heartbeat(&self, mut lease: Lease) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    /// Renew the lease every third of its length until told to stop; the
+    /// receiver sees the lease as last renewed (its expiry bounds commit
+    /// retries, see [`LogSink::commit`]). A renewal the database did not
+    /// answer is tried again every [`HEARTBEAT_RETRY`] while the lease
+    /// lives, so it is renewed as soon as the database is back; a lease
+    /// lost or lapsed ends the heartbeat.
+    fn heartbeat(&self, mut lease: Lease) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>, watch::Receiver<Lease>) {
         let (tx, mut rx) = watch::channel(false);
+        let (renewed_tx, renewed) = watch::channel(lease.clone());
         let log = self.log.clone();
         let ttl = self.options.lease_ttl;
         let task = tokio::spawn(async move {
+            let mut wait = ttl / 3;
             loop {
                 tokio::select! {
-                    _ = tokio::time::sleep(ttl / 3) => {}
+                    _ = tokio::time::sleep(wait) => {}
                     _ = rx.wait_for(|s| *s) => return,
                 }
                 match log.renew(&lease, ttl).await {
-                    Ok(renewed) => lease = renewed,
+                    Ok(fresh) => {
+                        if wait != ttl / 3 {
+                            info!(run_id = %lease.run_id, "lease renewed again");
+                        }
+                        lease = fresh;
+                        wait = ttl / 3;
+                        renewed_tx.send_replace(lease.clone());
+                    }
+                    Err(e) if e.is_transient() && chrono::Utc::now() < lease.expires_at => {
+                        if wait != HEARTBEAT_RETRY {
+                            warn!(run_id = %lease.run_id, error = %e, "lease renewal failed; trying again every {} ms while the lease lives", HEARTBEAT_RETRY.as_millis());
+                        }
+                        wait = HEARTBEAT_RETRY;
+                    }
                     Err(e) => {
                         warn!(run_id = %lease.run_id, error = %e, "lease renewal failed; commits will be refused");
                         return;
@@ -325,14 +354,14 @@ impl Worker {
                 }
             }
         });
-        (tx, task)
+        (tx, task, renewed)
     }
 
     /// Apply inbox payloads and advance until the run parks or ends, then
     /// let go of the lease once the inbox is empty ([`EventLog::release_if_idle`],
     /// which sets `released`). With [`Handled::Retry`] after a transient
     /// provider failure, `retry_after` is the provider's wait hint.
-    async fn drive(&self, opened: Opened, retry_after: &mut Option<Duration>, released: &mut bool) -> Handled {
+    async fn drive(&self, opened: Opened, renewed: watch::Receiver<Lease>, retry_after: &mut Option<Duration>, released: &mut bool) -> Handled {
         let Opened { lease, mut state, inbox } = opened;
         let run_id = lease.run_id;
         // The unconsumed items known to be current; `None`: read them again.
@@ -363,6 +392,8 @@ impl Worker {
                 log: self.log.clone(),
                 ledger: self.ledger.clone(),
                 lease: lease.clone(),
+                renewed: renewed.clone(),
+                held: Vec::new(),
                 buffer: Vec::new(),
                 consumed: Vec::new(),
                 observer: RunObserver::new(self.metrics.clone(), &state),
@@ -427,6 +458,10 @@ impl Worker {
                     warn!(%run_id, error = %e, "a tool source is unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
+                Err(AgentError::HeldResults(e)) => {
+                    warn!(%run_id, error = %e, "cannot tell whether an interrupted call has a held result; retrying after the lease lapses");
+                    return Handled::Retry;
+                }
                 // The loop saw the cancel flag (while a model call or tools
                 // ran, or at a commit), or the pause flag between steps; what
                 // it recorded is committed. Reload, then pick up the cancel,
@@ -453,6 +488,15 @@ impl Worker {
         }
     }
 }
+
+/// How often a worker tries to renew a lease whose renewal the database did
+/// not answer (while the lease lives).
+pub const HEARTBEAT_RETRY: Duration = Duration::from_millis(250);
+
+/// Longest wait between two attempts of a commit the database did not
+/// answer (the first wait is 50 ms, doubling, with jitter). Attempts go on
+/// while the lease lives.
+pub const COMMIT_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// How long a job for a run another worker holds waits before it is
 /// published again.
@@ -501,6 +545,12 @@ struct LogSink {
     log: Arc<dyn EventLog>,
     ledger: Arc<dyn Ledger>,
     lease: Lease,
+    /// The lease as the heartbeat last renewed it: commits the database did
+    /// not answer are retried until it expires.
+    renewed: watch::Receiver<Lease>,
+    /// Idempotency keys of the results held ([`EventSink::hold`]) or
+    /// recovered since the last commit: released once a commit lands.
+    held: Vec<String>,
     buffer: Vec<Event>,
     consumed: Vec<i64>,
     observer: RunObserver,
@@ -542,7 +592,7 @@ impl EventSink for LogSink {
             let signal = ledger.signal(run_id).await.unwrap_or_default();
             Signal { cancelled: signal.cancelled, paused: signal.paused && self.watch_pause && state.pause_due.is_none() }
         };
-        let commit = self.log.commit(&self.lease, &self.buffer, state, &self.consumed);
+        let commit = self.commit_retrying(state);
         let (committed, signal) = if self.serial_cancel_check {
             let committed = commit.await;
             let signal = if committed.is_ok() { check.await } else { Signal::default() };
@@ -553,6 +603,15 @@ impl EventSink for LogSink {
         committed.map_err(|e| SinkError(e.to_string()))?;
         self.buffer.clear();
         self.consumed.clear();
+        if !self.held.is_empty() {
+            // In the log now: the held copies can go (they would expire).
+            let (ledger, keys) = (self.ledger.clone(), std::mem::take(&mut self.held));
+            tokio::spawn(async move {
+                if let Err(e) = ledger.release_held(&keys).await {
+                    debug!(error = %e, "held results not released; they expire");
+                }
+            });
+        }
         self.pause_flagged = signal.paused;
         if signal.cancelled {
             return Err(SinkError(CANCELLED.into()));
@@ -578,6 +637,21 @@ impl EventSink for LogSink {
         self.pause_flagged
     }
 
+    async fn hold(&mut self, held: &[(String, HeldResult)]) -> Result<(), SinkError> {
+        self.ledger.hold_results(held).await.map_err(|e| SinkError(e.to_string()))?;
+        self.held.extend(held.iter().map(|(key, _)| key.clone()));
+        Ok(())
+    }
+
+    async fn held(&mut self, key: &str) -> Result<Option<HeldResult>, SinkError> {
+        let held = self.ledger.held_result(key).await.map_err(|e| SinkError(e.to_string()))?;
+        if held.is_some() {
+            info!(run_id = %self.lease.run_id, key, "recovering a tool result its worker held but did not commit");
+            self.held.push(key.to_owned());
+        }
+        Ok(held)
+    }
+
     fn live(&self, event: &LiveEvent) {
         self.observer.live(event);
         let ledger = self.ledger.clone();
@@ -586,6 +660,39 @@ impl EventSink for LogSink {
         tokio::spawn(async move {
             let _ = ledger.publish_live(run_id, &event).await;
         });
+    }
+}
+
+impl LogSink {
+    /// [`EventLog::commit`], tried again with backoff while the database
+    /// does not answer and the lease (as last renewed) lives. An attempt
+    /// that was not answered may have landed: when a later attempt finds
+    /// the head already where this commit puts it (a conflict under our
+    /// own lease, which nobody else can write under), it did.
+    async fn commit_retrying(&self, state: &RunState) -> Result<(), LogError> {
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(COMMIT_RETRY_MAX)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        let mut unanswered = false;
+        loop {
+            match self.log.commit(&self.lease, &self.buffer, state, &self.consumed).await {
+                Ok(()) => return Ok(()),
+                Err(LogError::Conflict { actual, .. }) if unanswered && !self.buffer.is_empty() && actual == state.head_seq => {
+                    info!(run_id = %self.lease.run_id, head = actual, "a commit that was not answered had landed");
+                    return Ok(());
+                }
+                Err(e) if e.is_transient() && chrono::Utc::now() < self.renewed.borrow().expires_at => {
+                    let delay = delays.next().unwrap_or(COMMIT_RETRY_MAX);
+                    warn!(run_id = %self.lease.run_id, error = %e, "commit not answered; trying again in {} ms while the lease lives", delay.as_millis());
+                    unanswered = true;
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
