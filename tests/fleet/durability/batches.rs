@@ -525,7 +525,6 @@ fn views_agree_until_ended(fleet: &Fleet, id: &str, limit: Duration) -> (Value, 
 /// its spend cap makes `--wait` exit non-zero with items still queued, and
 /// pause/resume of an ended batch answer 409 `batch_ended`.
 #[test]
-#[ignore = "written but not yet run (the machine's disk filled before it could be built); run with --ignored"]
 fn every_view_of_a_batch_agrees_and_the_cli_exits_non_zero_unless_every_item_succeeded() {
     let mut fleet = Fleet::new(&[
         ("answer", json!([{"text": "ok"}])),
@@ -580,7 +579,6 @@ fn every_view_of_a_batch_agrees_and_the_cli_exits_non_zero_unless_every_item_suc
 /// `expired` with an error code; items not started expire too. The batch
 /// is `expired` in every view, and nothing consequential ran.
 #[test]
-#[ignore = "written but not yet run (the machine's disk filled before it could be built); run with --ignored"]
 fn the_completion_window_ends_started_items() {
     let script = json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]);
     let mut fleet = Fleet::new(&[("refunds", script)]);
