@@ -18,6 +18,13 @@
 //! folds in the run: `queued`, `running`, `parked:{pull point}`,
 //! `succeeded`, `failed`, `cancelled`, `expired`.
 //!
+//! When a batch's completion window ends, items not started expire
+//! ([`BatchStore::sweep`]), and the runs still going are ended too:
+//! [`BatchStore::expire_runs`] marks their items (`error` =
+//! [`WINDOW_ENDED`], still `running`) and answers the runs for the
+//! dispatcher to cancel; an item so marked whose run ended `cancelled`
+//! shows `expired` (a run that finished on its own first keeps its outcome).
+//!
 //! Postgres implements [`BatchStore`] ([`PgLog`](crate::postgres::PgLog)),
 //! and so do the single node's file ([`SqliteLog`](crate::sqlite::SqliteLog),
 //! in `sqlite/batches.rs`) and the in-memory twin [`MemoryBatches`] (over
@@ -35,6 +42,19 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::{LogError, Spend, SpendCap};
+
+/// The literal of [`WINDOW_ENDED`], for the adapters' SQL.
+macro_rules! window_ended {
+    () => {
+        "completion window ended"
+    };
+}
+pub(crate) use window_ended;
+
+/// The `error` of an item whose run the end of its batch's completion
+/// window cancels ([`BatchStore::expire_runs`]): with its run ended
+/// `cancelled`, the item shows `expired`.
+pub const WINDOW_ENDED: &str = window_ended!();
 
 /// Whether a batch admits items.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -299,6 +319,13 @@ pub trait BatchStore: Send + Sync {
     /// with `error` and no run.
     async fn refused(&self, batch: Uuid, n: u64, error: &str) -> Result<(), LogError>;
 
+    /// Runs of batches past their completion window that are not done, at
+    /// most `limit`: their items (still `running`) get `error` =
+    /// [`WINDOW_ENDED`]. The caller cancels each run; until a worker applies
+    /// the cancel the run is answered again by the next call (so a cancel
+    /// lost to a crash is posted again).
+    async fn expire_runs(&self, limit: usize) -> Result<Vec<Uuid>, LogError>;
+
     /// Housekeeping, at most `limit` items each: `running` items whose run is
     /// done become `finished` with their spend; `queued` items of batches
     /// past their window become `expired`. Answers how many changed.
@@ -322,12 +349,17 @@ mod pg {
         "id, tenant, spec, request_hash, state, max_in_flight, cap_tokens, cap_usd_micros, expires_at, items_total, created_at, updated_at";
 
     /// What a caller sees of an item: the item's own state, or its run's.
-    const STATUS: &str = "CASE WHEN i.state IN ('queued', 'admitting') THEN 'queued' \
+    const STATUS: &str = concat!(
+        "CASE WHEN i.state IN ('queued', 'admitting') THEN 'queued' \
          WHEN i.state IN ('expired', 'cancelled') THEN i.state \
          WHEN r.id IS NULL THEN 'failed' \
+         WHEN i.error = '",
+        window_ended!(),
+        "' AND r.status = 'done' AND r.outcome->>'kind' = 'cancelled' THEN 'expired' \
          WHEN r.status = 'done' THEN coalesce(r.outcome->>'kind', 'failed') \
          WHEN r.status = 'parked' THEN 'parked:' || coalesce(r.pull_point->>'kind', 'unknown') \
-         ELSE 'running' END";
+         ELSE 'running' END"
+    );
 
     fn number(row: &Row, name: &str) -> Result<Option<u64>, LogError> {
         Ok(col::<Option<i64>>(row, name)?.map(|v| v.max(0) as u64))
@@ -691,6 +723,25 @@ mod pg {
             .await
         }
 
+        async fn expire_runs(&self, limit: usize) -> Result<Vec<Uuid>, LogError> {
+            self.bounded("expire batch runs", async {
+                let client = self.client().await?;
+                let rows = client
+                    .query(
+                        // Picked once (a MATERIALIZED CTE, see `claim`).
+                        "WITH due AS MATERIALIZED (SELECT i.batch_id, i.n FROM batch_items i \
+                             JOIN batches b ON b.id = i.batch_id JOIN runs r ON r.id = i.run_id \
+                             WHERE i.state = 'running' AND b.expires_at < now() AND r.status <> 'done' LIMIT $1 FOR UPDATE OF i SKIP LOCKED) \
+                         UPDATE batch_items i SET error = $2 FROM due WHERE i.batch_id = due.batch_id AND i.n = due.n RETURNING i.run_id",
+                        &[&(limit as i64), &WINDOW_ENDED],
+                    )
+                    .await
+                    .map_err(|e| unavailable("expire batch runs", &e))?;
+                rows.iter().map(|r| col(r, "run_id")).collect()
+            })
+            .await
+        }
+
         async fn sweep(&self, limit: usize) -> Result<u64, LogError> {
             self.bounded("batch sweep", async {
                 let fail = |e: tokio_postgres::Error| unavailable("batch sweep", &e);
@@ -811,6 +862,7 @@ impl MemoryBatches {
             (ItemState::Expired, _) => "expired".to_owned(),
             (ItemState::Cancelled, _) => "cancelled".to_owned(),
             (_, None) => "failed".to_owned(),
+            (_, Some(r)) if item.error.as_deref() == Some(WINDOW_ENDED) && matches!(r.outcome, Some(Outcome::Cancelled { .. })) => "expired".to_owned(),
             (_, Some(r)) => match (&r.outcome, &r.pull_point) {
                 (Some(o), _) => outcome_kind(o).to_owned(),
                 (None, Some(p)) if r.status == crate::RunStatus::Parked => format!("parked:{}", p.name()),
@@ -1034,6 +1086,34 @@ impl BatchStore for MemoryBatches {
             item.spend = Spend::default();
         }
         Ok(())
+    }
+
+    async fn expire_runs(&self, limit: usize) -> Result<Vec<Uuid>, LogError> {
+        let now = Utc::now();
+        let running: Vec<(Uuid, usize, Uuid)> = {
+            let inner = self.lock();
+            inner
+                .batches
+                .iter()
+                .filter(|(_, (b, _))| b.expires_at.is_some_and(|at| at < now))
+                .flat_map(|(id, (_, items))| items.iter().enumerate().filter(|(_, i)| i.state == ItemState::Running).filter_map(move |(n, i)| Some((*id, n, i.run_id?))))
+                .collect()
+        };
+        let mut runs = Vec::new();
+        for (batch, n, run_id) in running {
+            if runs.len() >= limit {
+                break;
+            }
+            if self.log.get_run(run_id).await?.status == crate::RunStatus::Done {
+                continue;
+            }
+            let mut inner = self.lock();
+            if let Some(item) = inner.batches.get_mut(&batch).and_then(|(_, items)| items.get_mut(n)).filter(|i| i.state == ItemState::Running) {
+                item.error = Some(WINDOW_ENDED.to_owned());
+                runs.push(run_id);
+            }
+        }
+        Ok(runs)
     }
 
     async fn sweep(&self, limit: usize) -> Result<u64, LogError> {

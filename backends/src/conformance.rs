@@ -691,6 +691,38 @@ pub async fn batch_store(log: &dyn EventLog, store: &dyn crate::batches::BatchSt
     assert_eq!((counts.get("cancelled"), counts.get("queued")), (Some(&1), Some(&1)), "item 3 was queued; item 2, claimed, shows queued: {counts:?}");
     let still = store.update(None, id, Some(BatchState::Active), None).await.unwrap().unwrap();
     assert_eq!(still.state, BatchState::Cancelled, "a cancelled batch stays cancelled");
+
+    // The completion window ends: queued items expire; a run still going is
+    // answered (each time until it is done) for its cancel, and once it ended
+    // cancelled its item shows `expired`. A batch within its window is left alone.
+    let within = NewBatch { expires_at: Some(chrono::Utc::now() + chrono::Duration::hours(1)), ..new(None) };
+    store.submit(within.clone(), upload(vec![vec![item(0)]], true)).await.unwrap();
+    let open = store.claim(within.id, 1, TTL).await.unwrap();
+    let s1 = sample_log();
+    log.create_run(NewRun { tenant: tenant.clone(), idempotency_key: None, batch_id: Some(within.id), start: s1.parked[0].clone() }).await.unwrap();
+    store.admitted(within.id, open[0].n, s1.run_id).await.unwrap();
+    let late = NewBatch { expires_at: Some(chrono::Utc::now() - chrono::Duration::seconds(1)), ..new(None) };
+    store.submit(late.clone(), upload(vec![vec![item(0), item(1)]], true)).await.unwrap();
+    let started = store.claim(late.id, 1, TTL).await.unwrap();
+    let s2 = sample_log();
+    log.create_run(NewRun { tenant: tenant.clone(), idempotency_key: None, batch_id: Some(late.id), start: s2.parked[0].clone() }).await.unwrap();
+    store.admitted(late.id, started[0].n, s2.run_id).await.unwrap();
+    let lease = log.acquire(s2.run_id, "w", TTL).await.unwrap();
+    log.commit(&lease, &s2.parked[1..], &state_after(s2.run_id, &s2.parked), &[]).await.unwrap();
+    store.sweep(100).await.unwrap();
+    assert_eq!(store.expire_runs(100).await.unwrap(), [s2.run_id], "only the run of the batch past its window");
+    assert_eq!(store.expire_runs(100).await.unwrap(), [s2.run_id], "answered again until it is done");
+    let views = store.items(late.id, 0, 10).await.unwrap();
+    assert_eq!((views[0].status.as_str(), views[1].status.as_str()), ("parked:awaiting_approval", "expired"));
+    let cancel = Event { run_id: s2.run_id, seq: s2.parked.len() as u64 + 1, at: at(), kind: EventKind::SessionCancel { reason: "window".into() } };
+    let events = [s2.parked.clone(), vec![cancel.clone()]].concat();
+    log.commit(&lease, &[cancel], &state_after(s2.run_id, &events), &[]).await.unwrap();
+    assert!(store.expire_runs(100).await.unwrap().is_empty(), "a run that is done is not answered");
+    store.sweep(100).await.unwrap();
+    let views = store.items(late.id, 0, 10).await.unwrap();
+    assert_eq!((views[0].status.as_str(), views[0].run_id, views[1].status.as_str()), ("expired", Some(s2.run_id), "expired"));
+    assert_eq!(store.counts(late.id).await.unwrap(), [("expired".to_owned(), 2)].into());
+    assert_eq!(store.items(within.id, 0, 1).await.unwrap()[0].status, "running", "the batch within its window is untouched");
 }
 
 /// Held tool results ([`crate::Ledger::hold_results`]): held under the

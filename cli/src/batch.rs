@@ -231,7 +231,9 @@ struct ItemRow {
     error: Option<String>,
 }
 
-/// `glia batch`: returns an error (non-zero exit) when a run diverged or failed.
+/// `glia batch`: returns an error (non-zero exit) when a run diverged or
+/// failed, an item ended without a run (refused, expired, cancelled), or the
+/// batch stopped at its spend cap with conversations not started.
 pub async fn batch(args: BatchArgs) -> Result<()> {
     let Some(file) = args.file.clone() else { bail!("give a recording to replay, or a subcommand (glia batch --help)") };
     let tools = args.tools.clone().unwrap_or_else(|| file.with_file_name(glia_replay::tau::TOOLS));
@@ -407,6 +409,15 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Item
                 }
             }
             results_read = Some(Instant::now());
+            // Items wait: a batch stopped at its spend cap starts none of
+            // them again by itself; the driver ends (non-zero) instead of
+            // waiting, naming what was not started.
+            if !items.waiting.is_empty() {
+                let view = server.get(client, &format!("/v1/batches/{batch_id}")).await?;
+                if view["cap_reached"] == true && view["status"] != "active" {
+                    bail!("batch {batch_id} stopped at its spend cap ({}) with {} conversation(s) not started", view["status"].as_str().unwrap_or("?"), items.waiting.len());
+                }
+            }
         }
         let runs = &mut items.runs;
         // 2. Catch up with every run that moved.

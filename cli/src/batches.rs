@@ -80,7 +80,9 @@ pub enum BatchCommand {
         /// same key returns the same batch.
         #[arg(long)]
         idempotency_key: Option<String>,
-        /// Then show progress until the batch is done.
+        /// Then show progress until the batch is done; exit non-zero unless
+        /// every item succeeded (an item failed, expired or was cancelled, or
+        /// the batch stopped at its spend cap or paused with items not finished).
         #[arg(long)]
         wait: bool,
     },
@@ -90,7 +92,7 @@ pub enum BatchCommand {
         server: Server,
         /// Batch id.
         id: String,
-        /// Show progress until the batch is done.
+        /// Show progress until the batch is done; exit as `submit --wait` does.
         #[arg(long)]
         wait: bool,
     },
@@ -262,7 +264,11 @@ async fn print_view(server: &Server, client: &reqwest::Client, path: &str, body:
 }
 
 /// A progress bar (finished items of the total) with counts and spend, until
-/// nothing is left to run; then the final counts.
+/// the batch ended or stopped (paused, or at its spend cap, with no run
+/// going); then the final status. Answers an error (a non-zero exit) unless
+/// the batch completed with every item succeeded: items failed, expired or
+/// cancelled, or a batch stopped with items not finished, are reported and
+/// the bar is left where it is (it says "done" only for finished items).
 async fn watch(server: &Server, client: &reqwest::Client, id: &str) -> Result<()> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
@@ -279,21 +285,54 @@ async fn watch(server: &Server, client: &reqwest::Client, id: &str) -> Result<()
         bar.set_position(n("succeeded") + n("failed") + n("cancelled") + n("expired"));
         let usd = v["spend"]["usd_micros"].as_u64().unwrap_or(0) as f64 / 1e6;
         bar.set_message(format!(
-            "queued {} running {} parked {} ok {} failed {} | {} tokens ${usd:.4}{}",
+            "queued {} running {} parked {} ok {} failed {} expired {} | {} tokens ${usd:.4}{}",
             n("queued"),
             n("running"),
             parked,
             n("succeeded"),
             n("failed"),
+            n("expired"),
             v["spend"]["tokens"].as_u64().unwrap_or(0),
             if v["cap_reached"] == true { " (cap reached)" } else { "" }
         ));
-        let stalled = (v["status"] == "paused" || v["cap_reached"] == true) && n("running") == 0;
-        if n("queued") + n("running") + parked == 0 || stalled {
-            bar.finish();
-            eprintln!("batch {id}: {}", v["status"].as_str().unwrap_or("?"));
-            return Ok(());
+        let status = v["status"].as_str().unwrap_or("?");
+        let open = n("queued") + n("running") + parked;
+        let stalled = (status == "paused" || v["cap_reached"] == true) && n("running") == 0;
+        if open == 0 || stalled {
+            let verdict = verdict(&v);
+            match &verdict {
+                Ok(()) => bar.finish(),
+                Err(_) => bar.abandon(),
+            }
+            eprintln!("batch {id}: {status}");
+            return verdict;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Whether a batch view (`GET /v1/batches/{id}`) is a success: completed,
+/// every item succeeded. Otherwise an error saying what did not.
+pub fn verdict(v: &Value) -> Result<()> {
+    let c = &v["counts"];
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    let parked: u64 = c["parked"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+    let open = n("queued") + n("running") + parked;
+    let mut why = Vec::new();
+    for (k, what) in [("failed", "failed"), ("expired", "expired"), ("cancelled", "were cancelled")] {
+        if n(k) > 0 {
+            why.push(format!("{} item(s) {what}", n(k)));
+        }
+    }
+    if open > 0 {
+        let stop = if v["cap_reached"] == true { "stopped at its spend cap" } else { "stopped" };
+        why.push(format!("{stop} ({}) with {open} item(s) not finished", v["status"].as_str().unwrap_or("?")));
+    }
+    if why.is_empty() && v["status"] == "completed" {
+        return Ok(());
+    }
+    if why.is_empty() {
+        why.push(format!("it is {}", v["status"].as_str().unwrap_or("?")));
+    }
+    bail!("batch {}: {}", v["id"].as_str().unwrap_or("?"), why.join(", "))
 }

@@ -97,7 +97,9 @@ pub struct CreateRun {
     #[serde(default)]
     #[schema(value_type = RunConfigDoc)]
     pub config: RunConfig,
-    /// Batch the run belongs to.
+    /// A batch of the caller's tenant (`POST /v1/batches`) the run joins;
+    /// any other id (another tenant's, or none that exists) is 404
+    /// `batch_not_found`.
     #[serde(default)]
     pub batch_id: Option<Uuid>,
     /// A registered agent of the caller's tenant, `name` (its latest
@@ -553,19 +555,35 @@ async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static
     responses(
         (status = 201, description = "Admitted", body = RunSummaryDoc),
         (status = 200, description = "Idempotent repeat: the existing run", body = RunSummaryDoc),
-        (status = 404, description = "`agent_not_found`: the tenant has no such agent or version", body = ErrorBody),
+        (status = 404, description = "`agent_not_found`: the tenant has no such agent or version; `batch_not_found`: `batch_id` names no batch of the tenant's", body = ErrorBody),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn create_run(State(app): State<App>, p: Principal, headers: HeaderMap, ApiJson(req): ApiJson<CreateRun>) -> Result<Response, ApiError> {
     p.require(Scope::Submit)?;
     let key = idempotency_key(&headers)?;
+    if let Some(batch) = req.batch_id {
+        own_batch(&app, &p.tenant, batch).await?;
+    }
     let (run, created) = admit_run(&app, &p.tenant, key, &req).await?;
     if !created {
         return Ok((StatusCode::OK, Json(run)).into_response());
     }
     let location = HeaderValue::from_str(&format!("/v1/runs/{}", run.run_id)).expect("a uuid path is a valid header");
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(run)).into_response())
+}
+
+/// 404 `batch_not_found` unless `batch` is a batch of `tenant`'s (one
+/// submitted with `POST /v1/batches`): another tenant's batch and one that
+/// does not exist answer the same, so the answer tells nothing of other
+/// tenants (the run is never created in another tenant's batch, nor in a
+/// batch nobody made).
+async fn own_batch(app: &App, tenant: &str, batch: Uuid) -> Result<(), ApiError> {
+    let found = match &app.batches.store {
+        Some(store) => store.batch(Some(tenant), batch).await?.is_some(),
+        None => false,
+    };
+    if found { Ok(()) } else { Err(ApiError::BatchNotFound(batch)) }
 }
 
 /// Admit `req` as a run of `tenant`: what `POST /v1/runs` does after

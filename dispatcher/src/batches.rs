@@ -8,7 +8,8 @@
 //! | `GET /v1/batches/{id}` | any | 200 batch with counts and spend | 404 `batch_not_found` |
 //! | `GET /v1/batches/{id}/results` | any | 200 JSON Lines, one [`ItemResult`] per item | 404 |
 //! | `GET /v1/batches/{id}/stream` | any | 200 SSE `progress` frames | 404 |
-//! | `POST /v1/batches/{id}/cancel`, `/pause`, `/resume` | submit | 200 batch | 404 |
+//! | `POST /v1/batches/{id}/cancel` | submit | 200 batch | 404 |
+//! | `POST /v1/batches/{id}/pause`, `/resume` | submit | 200 batch | 404, 409 `batch_ended` |
 //!
 //! Every endpoint answers 404 `not_available` on a dispatcher without a
 //! batch store (the SQLite single node, `glia serve`, for now; `glia dev`
@@ -29,7 +30,8 @@
 //!
 //! **Admission** ([`admit`]): a background loop of every dispatcher. Each
 //! pass folds finished runs' spend into their items, expires items past the
-//! completion window, then grants free slots: the fleet-wide cap on batch
+//! completion window and cancels the runs still going in a batch past it
+//! (those items end `expired`, [`EXPIRED_REASON`]), then grants free slots: the fleet-wide cap on batch
 //! runs in flight ([`Admission::max_in_flight`]) is shared among tenants by
 //! weighted fair share (each slot goes to the tenant with the fewest runs in
 //! flight per unit of weight that still has admissible work and is under
@@ -64,7 +66,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use glia_backends::batches::{Batch, BatchState, BatchStore, Claim, ItemView, Lane, NewBatch, NewItem, SubmitError, Upload};
 use glia_backends::{Spend, SpendCap};
 use glia_proto::RunConfig;
@@ -80,6 +82,9 @@ use crate::auth::{Principal, Scope};
 use crate::docs::RunConfigDoc;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, ApiPath, ApiQuery, Documented, OptJson, conforms, integral_numbers, is_json};
+
+/// The cancel reason of a run its batch's completion window ended.
+pub const EXPIRED_REASON: &str = "the batch's completion window ended";
 
 /// Items stored per statement while a submission streams in.
 pub const CHUNK: usize = 500;
@@ -278,6 +283,57 @@ impl BatchCounts {
     }
 }
 
+/// A batch's status: the one function every view of a batch uses (`GET
+/// /v1/batches`, `GET /v1/batches/{id}`, its stream, `glia batch status`
+/// and the progress bars read it from those), so no two views disagree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchStatus {
+    /// Items are started as capacity allows, or runs are still going.
+    Active,
+    /// Paused (by a person or at its spend cap) with items not finished.
+    Paused,
+    /// Every item finished (succeeded, failed or cancelled one by one), none expired.
+    Completed,
+    /// Every item finished, and the completion window ended some: items not
+    /// started, and runs still going, which were cancelled (`expired` in the results).
+    Expired,
+    /// Cancelled: nothing more starts, runs not done were cancelled. Final.
+    Cancelled,
+}
+
+impl BatchStatus {
+    /// The status of a batch in `state` whose items are `counts`: a cancel
+    /// wins; then a batch with nothing open has ended (`expired` when any
+    /// item expired, else `completed`); otherwise its state.
+    pub fn of(state: BatchState, counts: &BatchCounts) -> BatchStatus {
+        match state {
+            BatchState::Cancelled => BatchStatus::Cancelled,
+            _ if counts.open() == 0 && counts.expired > 0 => BatchStatus::Expired,
+            _ if counts.open() == 0 => BatchStatus::Completed,
+            BatchState::Paused => BatchStatus::Paused,
+            BatchState::Active => BatchStatus::Active,
+        }
+    }
+
+    /// `active`, `paused`, `completed`, `expired` or `cancelled`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchStatus::Active => "active",
+            BatchStatus::Paused => "paused",
+            BatchStatus::Completed => "completed",
+            BatchStatus::Expired => "expired",
+            BatchStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Completed, expired or cancelled: nothing will change any more, and
+    /// pause and resume answer 409 `batch_ended`.
+    pub fn ended(self) -> bool {
+        matches!(self, BatchStatus::Completed | BatchStatus::Expired | BatchStatus::Cancelled)
+    }
+}
+
 /// What was spent: tokens (every kind) and USD micros.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 pub struct SpendView {
@@ -300,16 +356,16 @@ pub struct BatchView {
     pub id: Uuid,
     /// Owning tenant.
     pub tenant: String,
-    /// `active`, `paused`, `cancelled`, or `completed` (every item finished, expired or cancelled).
-    pub status: String,
+    /// What became of the batch ([`BatchStatus::of`]).
+    pub status: BatchStatus,
     /// True when its spend reached its cap (no item is started until the cap is raised).
     pub cap_reached: bool,
     /// Number of items.
     pub total: u64,
-    /// Items by what became of them (absent in listings).
-    pub counts: Option<BatchCounts>,
-    /// Spend so far (absent in listings).
-    pub spend: Option<SpendView>,
+    /// Items by what became of them.
+    pub counts: BatchCounts,
+    /// Spend so far.
+    pub spend: SpendView,
     /// Agent reference (`name@version`, pinned at submit), when submitted with one.
     pub agent: Option<String>,
     /// Options (the spend cap as it is now).
@@ -325,7 +381,7 @@ pub struct BatchView {
 /// A page of batches, by id (creation order).
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct BatchPage {
-    /// The batches (without counts and spend).
+    /// The batches, each as `GET /v1/batches/{id}` shows it.
     pub batches: Vec<BatchView>,
     /// Pass as `after` for the next page; absent on the last page.
     pub next: Option<Uuid>,
@@ -365,8 +421,14 @@ pub struct ItemResult {
     /// Validated structured output (succeeded, with an output schema).
     #[schema(value_type = Option<Object>)]
     pub output: Option<Value>,
-    /// Why it failed or was cancelled.
+    /// Why it failed, was cancelled or expired.
     pub error: Option<String>,
+    /// What ended an item that did not succeed: `expired` (the completion
+    /// window ended before it started, or ended its run: the run was
+    /// cancelled), `refused` (admission refused it; no run), `failed` (its
+    /// run failed) or `cancelled` (its run or the batch was cancelled).
+    /// Absent while it goes on and when it succeeded.
+    pub error_code: Option<String>,
     /// Spend of a finished item.
     pub usage: Option<SpendView>,
     /// The item's metadata, as submitted.
@@ -381,7 +443,15 @@ impl ItemResult {
             Some(Outcome::Succeeded { answer, output }) => (Some(answer), output, None),
             Some(Outcome::Failed { error }) => (None, None, Some(error)),
             Some(Outcome::Cancelled { reason }) => (None, None, Some(reason)),
-            None => (None, None, item.error),
+            None if item.status == "expired" => (None, None, Some("the batch's completion window ended before the item started".into())),
+            None => (None, None, item.error.filter(|e| e != glia_backends::batches::WINDOW_ENDED)),
+        };
+        let error_code = match item.status.as_str() {
+            "expired" => Some("expired"),
+            "failed" if item.run_id.is_none() => Some("refused"),
+            "failed" => Some("failed"),
+            "cancelled" => Some("cancelled"),
+            _ => None,
         };
         ItemResult {
             custom_id: item.custom_id,
@@ -390,6 +460,7 @@ impl ItemResult {
             answer,
             output,
             error,
+            error_code: error_code.map(str::to_owned),
             usage: item.spend.map(SpendView::from),
             metadata: item.metadata.and_then(|m| serde_json::from_str(&m).ok()),
         }
@@ -537,24 +608,16 @@ fn new_batch(p: &Principal, key: Option<String>, spec: &BatchSpec) -> NewBatch {
     }
 }
 
-fn view(batch: &Batch, counts: Option<BatchCounts>, spend: Option<Spend>) -> BatchView {
+fn view(batch: &Batch, counts: BatchCounts, spend: Spend) -> BatchView {
     let spec: BatchSpec = serde_json::from_str(&batch.spec).unwrap_or_default();
-    let cap_reached = spend.is_some_and(|s| reached(batch.cap, s));
-    let finished = counts.as_ref().is_some_and(|c| c.open() == 0);
-    let status = match batch.state {
-        BatchState::Cancelled => "cancelled",
-        _ if finished => "completed",
-        BatchState::Paused => "paused",
-        BatchState::Active => "active",
-    };
     BatchView {
         id: batch.id,
         tenant: batch.tenant.clone(),
-        status: status.into(),
-        cap_reached,
+        status: BatchStatus::of(batch.state, &counts),
+        cap_reached: reached(batch.cap, spend),
         total: batch.items_total,
         counts,
-        spend: spend.map(SpendView::from),
+        spend: spend.into(),
         agent: spec.agent,
         options: BatchOptions { spend_cap: (batch.cap != SpendCap::default()).then(|| batch.cap.into()), ..spec.options },
         created_at: batch.created_at,
@@ -570,7 +633,7 @@ fn reached(cap: SpendCap, spend: Spend) -> bool {
 async fn full_view(app: &App, batch: &Batch) -> Result<BatchView, ApiError> {
     let store = store(app)?;
     let (counts, spend) = futures::try_join!(store.counts(batch.id), store.spend(batch.id))?;
-    Ok(view(batch, Some(BatchCounts::of(&counts)), Some(spend)))
+    Ok(view(batch, BatchCounts::of(&counts), spend))
 }
 
 async fn visible_batch(app: &App, p: &Principal, id: Uuid) -> Result<Batch, ApiError> {
@@ -830,7 +893,16 @@ pub async fn list(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<Li
     };
     let batches = store(&app)?.batches(tenant_of(&p), q.after, limit).await?;
     let next = (batches.len() == limit).then(|| batches.last().map(|b| b.id)).flatten();
-    Ok(Json(BatchPage { batches: batches.iter().map(|b| view(b, None, None)).collect(), next }))
+    // Each as the single get shows it (the same status function, counts and spend).
+    let views = futures::stream::iter(batches)
+        .map(|b| {
+            let app = app.clone();
+            async move { full_view(&app, &b).await }
+        })
+        .buffered(8)
+        .try_collect()
+        .await?;
+    Ok(Json(BatchPage { batches: views, next }))
 }
 
 /// One batch: state, counts by what became of the items, spend so far.
@@ -904,11 +976,11 @@ fn progress(app: App, p: Principal, id: Uuid) -> impl Stream<Item = Result<SseEv
                 first = false;
                 let Ok(batch) = visible_batch(&app, &p, id).await else { continue };
                 let Ok(now) = full_view(&app, &batch).await else { continue };
-                let comparable = |v: &BatchView| (v.status.clone(), v.counts.clone(), v.spend, v.cap_reached);
+                let comparable = |v: &BatchView| (v.status, v.counts.clone(), v.spend, v.cap_reached);
                 if last.as_ref().map(comparable) == Some(comparable(&now)) {
                     continue;
                 }
-                let finished = now.counts.as_ref().is_some_and(|c| c.open() == 0);
+                let finished = now.counts.open() == 0;
                 let frame = SseEvent::default().event("progress").data(serde_json::to_string(&now).expect("a view serialises"));
                 return Some((Ok(frame), (Some(now), finished)));
             }
@@ -940,13 +1012,15 @@ pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
 
 /// Pause a batch: nothing more is started, and every run of it not done
 /// gets an operator pause (see the module doc): it parks at `paused` at its
-/// next step boundary.
+/// next step boundary. A batch that ended answers 409 `batch_ended`.
 #[utoipa::path(post, path = "/v1/batches/{id}/pause", tag = "batches", params(("id" = Uuid, Path, description = "Batch id")),
-    responses((status = 200, body = BatchView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = BatchView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "`batch_ended`: the batch completed, expired or was cancelled", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<BatchView>, ApiError> {
     p.require(Scope::Submit)?;
     let store = store(&app)?;
+    not_ended(&app, &p, id).await?;
     let batch = store.update(tenant_of(&p), id, Some(BatchState::Paused), None).await?.ok_or(ApiError::BatchNotFound(id))?;
     if batch.state == BatchState::Paused {
         park_runs(&app, id, &format!("batch {id} paused by {}", p.by()), &p.by()).await?;
@@ -957,6 +1031,17 @@ pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
         }
     }
     Ok(Json(full_view(&app, &batch).await?))
+}
+
+/// 404 unless the caller sees batch `id`; 409 `batch_ended` when it has
+/// ended ([`BatchStatus::ended`]: an ended batch never changes again, so
+/// the answer cannot go stale before the caller's change).
+async fn not_ended(app: &App, p: &Principal, id: Uuid) -> Result<(), ApiError> {
+    let status = full_view(app, &visible_batch(app, p, id).await?).await?.status;
+    if status.ended() {
+        return Err(ApiError::BatchEnded(id, status.as_str()));
+    }
+    Ok(())
 }
 
 /// Give every run of batch `id` not done an operator pause with `reason`
@@ -987,10 +1072,11 @@ async fn resume_parked(app: &App, id: Uuid, by: &str) -> Result<(), ApiError> {
 
 /// Resume a paused batch, optionally replacing its spend cap (a batch that
 /// reached its cap starts items again once the cap is above its spend). A
-/// cancelled batch stays cancelled.
+/// batch that ended (completed, expired, cancelled) answers 409 `batch_ended`.
 #[utoipa::path(post, path = "/v1/batches/{id}/resume", tag = "batches", request_body(content = ResumeBatchBody, description = "May be empty"),
     params(("id" = Uuid, Path, description = "Batch id")),
     responses((status = 200, body = BatchView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "`batch_ended`: the batch completed, expired or was cancelled", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn resume(
@@ -1002,6 +1088,7 @@ pub async fn resume(
     p.require(Scope::Submit)?;
     let cap = body.spend_cap.map(SpendCap::from);
     let store = store(&app)?;
+    not_ended(&app, &p, id).await?;
     let batch = store.update(tenant_of(&p), id, Some(BatchState::Active), cap).await?.ok_or(ApiError::BatchNotFound(id))?;
     // Only the runs this batch paused (its pause, or its spend cap), and not
     // while the cap is still reached: the next pass would pause them again.
@@ -1059,6 +1146,14 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
     let store = store(app)?;
     let a = &app.batches.admission;
     store.sweep(1000).await?;
+    // Batches past their completion window: their runs not done are
+    // cancelled (answered again each pass until a worker applies the cancel).
+    for run_id in store.expire_runs(1000).await? {
+        match cancel_run(app, run_id, EXPIRED_REASON, "glia").await {
+            Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
+            Err(e) => tracing::warn!(run_id = %run_id, "completion window ended; the run's cancel was not posted (retried next pass): {e}"),
+        }
+    }
     let lanes = store.lanes().await?;
     // Every batch's runs in flight count against the caps; only active
     // batches under their spend cap are granted slots.

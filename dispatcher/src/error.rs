@@ -68,6 +68,9 @@ pub enum ApiError {
     /// 404 `batch_not_found`: no such batch, or it belongs to another tenant.
     #[error("batch {0} not found")]
     BatchNotFound(Uuid),
+    /// 404 `webhook_not_found`: no such webhook subscription, or it belongs to another tenant.
+    #[error("webhook {0} not found")]
+    WebhookNotFound(Uuid),
     /// One line of a JSON Lines upload is bad: 400 `malformed_json` (not
     /// JSON), 422 `invalid_body` (wrong shape) or 422 `invalid_request` (a
     /// value refused); `line` and `field` say where.
@@ -162,6 +165,10 @@ pub enum ApiError {
     /// nothing but the cancel is taken (the run ends cancelled).
     #[error("run {0} is being cancelled; nothing more is taken")]
     RunCancelled(Uuid),
+    /// 409 `batch_ended`: pause or resume of a batch that ended
+    /// (`completed`, `expired` or `cancelled`: nothing is left to pause or resume).
+    #[error("batch {0} has ended ({1}); it cannot be paused or resumed")]
+    BatchEnded(Uuid, &'static str),
     /// 409 `idempotency_conflict`: the `Idempotency-Key` was used for a different request.
     #[error("Idempotency-Key {0:?} was already used with a different goal, config or batch")]
     IdempotencyConflict(String),
@@ -261,10 +268,10 @@ impl ApiError {
             Forbidden(_) => StatusCode::FORBIDDEN,
             InvalidLine { code: "malformed_json", .. } => StatusCode::BAD_REQUEST,
             InvalidLine { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            RouteNotFound(_) | NotAvailable(_) | AgentNotFound(_) | RunNotFound(_) | BatchNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
+            RouteNotFound(_) | NotAvailable(_) | AgentNotFound(_) | RunNotFound(_) | BatchNotFound(_) | WebhookNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_) | AlreadyPaused(_)
-            | AlreadyPosted { .. } | HeadMoved { .. } | RunFinished(_) | RunCancelled(_) | IdempotencyConflict(_) => StatusCode::CONFLICT,
+            | AlreadyPosted { .. } | HeadMoved { .. } | RunFinished(_) | RunCancelled(_) | BatchEnded(..) | IdempotencyConflict(_) => StatusCode::CONFLICT,
             MalformedJson(_) | BodyRead(_) | InvalidQuery(_) | InvalidPath(_) | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
             InvalidBody(_) | BodyAt { .. } | Invalid(_) | InvalidField { .. } | ScreenedInput { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -287,6 +294,7 @@ impl ApiError {
             AgentNotFound(_) => "agent_not_found",
             RunNotFound(_) => "run_not_found",
             BatchNotFound(_) => "batch_not_found",
+            WebhookNotFound(_) => "webhook_not_found",
             InvalidLine { code, .. } => code,
             CallNotFound { .. } => "call_not_found",
             ApprovalNotFound { .. } => "approval_not_found",
@@ -301,6 +309,7 @@ impl ApiError {
             HeadMoved { .. } => "head_moved",
             RunFinished(_) => "run_finished",
             RunCancelled(_) => "run_cancelled",
+            BatchEnded(..) => "batch_ended",
             IdempotencyConflict(_) => "idempotency_conflict",
             MalformedJson(_) => "malformed_json",
             InvalidBody(_) | BodyAt { .. } => "invalid_body",

@@ -240,17 +240,23 @@ pub async fn list(State(app): State<App>, p: Principal) -> Result<Json<Subscript
     security(("bearer" = [])))]
 pub async fn delete(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<StatusCode, ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
-    if store(&app)?.unsubscribe(tenant_of(&p), id).await? { Ok(StatusCode::NO_CONTENT) } else { Err(ApiError::RouteNotFound(format!("webhook {id}"))) }
+    if store(&app)?.unsubscribe(tenant_of(&p), id).await? { Ok(StatusCode::NO_CONTENT) } else { Err(ApiError::WebhookNotFound(id)) }
 }
 
 /// A subscription's delivery log, newest first: status, attempts, last HTTP
-/// status or error, next attempt.
+/// status or error, next attempt. 404 `webhook_not_found` unless the
+/// subscription is the caller's tenant's.
 #[utoipa::path(get, path = "/v1/webhooks/{id}/deliveries", tag = "webhooks", params(("id" = Uuid, Path, description = "Subscription id")),
     responses((status = 200, body = Deliveries), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn deliveries(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<Deliveries>, ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
-    Ok(Json(Deliveries { deliveries: store(&app)?.deliveries(tenant_of(&p), id, 100).await? }))
+    let store = store(&app)?;
+    // Another tenant's subscription and one that does not exist answer the same 404.
+    if !store.subscriptions(tenant_of(&p)).await?.iter().any(|s| s.id == id) {
+        return Err(ApiError::WebhookNotFound(id));
+    }
+    Ok(Json(Deliveries { deliveries: store.deliveries(tenant_of(&p), id, 100).await? }))
 }
 
 // ----- delivery --------------------------------------------------------------------------

@@ -398,7 +398,12 @@ async fn cancel_pause_resume_and_expiry() {
         );
     }
     assert_eq!(admit_once(&b.app).await.unwrap(), 0);
-    assert_eq!(post_json(&b, SUB_A, &format!("/v1/batches/{batch}/resume"), json!({})).await.body["status"], "cancelled", "a cancel is final");
+    // A cancel is final: pause and resume answer 409 `batch_ended`, and change nothing.
+    for action in ["resume", "pause"] {
+        let r = post_json(&b, SUB_A, &format!("/v1/batches/{batch}/{action}"), json!({})).await;
+        assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "batch_ended"), "{action}: {}", r.text);
+    }
+    assert_eq!(get(&b, SUB_A, &format!("/v1/batches/{batch}")).await.body["status"], "cancelled");
 
     // Expiry: items not started when the window closes expire.
     let r = post_json(&b, SUB_B, "/v1/batches", json!({"config": {}, "options": {"completion_window_secs": 3600}, "items": [item(0), item(1)]})).await;
@@ -407,8 +412,14 @@ async fn cancel_pause_resume_and_expiry() {
     client.execute("UPDATE batches SET expires_at = now() - interval '1 second' WHERE id = $1", &[&late]).await.unwrap();
     admit_once(&b.app).await.unwrap();
     let s = get(&b, SUB_B, &format!("/v1/batches/{late}")).await;
-    assert_eq!((s.body["counts"]["expired"].as_u64(), s.body["status"].as_str()), (Some(2), Some("completed")), "{}", s.text);
+    assert_eq!((s.body["counts"]["expired"].as_u64(), s.body["status"].as_str()), (Some(2), Some("expired")), "{}", s.text);
     assert!(batch_runs(&b, late).await.is_empty());
+    let results = get(&b, SUB_B, &format!("/v1/batches/{late}/results")).await;
+    for line in results.text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()) {
+        assert_eq!((line["status"].as_str(), line["error_code"].as_str()), (Some("expired"), Some("expired")), "{line}");
+    }
+    let r = post_json(&b, SUB_B, &format!("/v1/batches/{late}/pause"), json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "batch_ended"), "{}", r.text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

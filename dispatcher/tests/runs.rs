@@ -43,7 +43,7 @@ async fn create_run_commits_run_event_and_job_before_answering() {
 #[tokio::test]
 async fn create_run_is_idempotent_per_tenant() {
     let h = harness();
-    let body = json!({"goal": "g", "batch_id": Uuid::now_v7()});
+    let body = json!({"goal": "g"});
     let mk = |token: &'static str, key: &'static str, body: serde_json::Value| {
         let mut req = request(Method::POST, "/v1/runs", Some(token), Some(&body));
         req.headers_mut().insert("idempotency-key", key.parse().unwrap());
@@ -72,7 +72,7 @@ async fn create_run_is_idempotent_per_tenant() {
 #[tokio::test]
 async fn list_and_get_runs_with_filters_pagination_and_tenants() {
     let h = harness();
-    let batch = Uuid::now_v7();
+    let batch = common::create_batch(&h.router, SUB_A).await;
     let mut a_runs = Vec::new();
     for i in 0..5 {
         let body = if i % 2 == 0 { json!({"goal": format!("g{i}"), "batch_id": batch}) } else { json!({"goal": format!("g{i}")}) };

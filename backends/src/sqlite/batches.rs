@@ -29,7 +29,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use uuid::Uuid;
 
 use super::{SqliteLog, Store, db, get, i64_of, nanos, parse, time, ttl_nanos, uuid_of};
-use crate::batches::{Batch, BatchState, BatchStore, Claim, ItemView, Lane, NewBatch, Submitted, SubmitError, Upload};
+use crate::batches::{Batch, BatchState, BatchStore, Claim, ItemView, Lane, NewBatch, Submitted, SubmitError, Upload, WINDOW_ENDED, window_ended};
 use crate::{LogError, Spend, SpendCap};
 
 const BATCH_COLUMNS: &str =
@@ -37,12 +37,17 @@ const BATCH_COLUMNS: &str =
 
 /// What a caller sees of an item: the item's own state, or its run's (as
 /// the Postgres adapter's).
-const STATUS: &str = "CASE WHEN i.state IN ('queued', 'admitting') THEN 'queued' \
+const STATUS: &str = concat!(
+    "CASE WHEN i.state IN ('queued', 'admitting') THEN 'queued' \
      WHEN i.state IN ('expired', 'cancelled') THEN i.state \
      WHEN r.id IS NULL THEN 'failed' \
+     WHEN i.error = '",
+    window_ended!(),
+    "' AND r.status = 'done' AND json_extract(r.outcome, '$.kind') = 'cancelled' THEN 'expired' \
      WHEN r.status = 'done' THEN coalesce(json_extract(r.outcome, '$.kind'), 'failed') \
      WHEN r.status = 'parked' THEN 'parked:' || coalesce(json_extract(r.pull_point, '$.kind'), 'unknown') \
-     ELSE 'running' END";
+     ELSE 'running' END"
+);
 
 /// Event kinds that carry model spend ([`Spend::of_event`]).
 const SPEND_KINDS: &str = "('model.response', 'plan.draft', 'context.compacted')";
@@ -478,6 +483,24 @@ impl BatchStore for SqliteLog {
                 Ok(())
             })
             .await
+    }
+
+    async fn expire_runs(&self, limit: usize) -> Result<Vec<Uuid>, LogError> {
+        let runs: Vec<String> = self
+            .store
+            .write("expire batch runs", move |conn| {
+                let mut st = conn
+                    .prepare_cached(
+                        "UPDATE batch_items SET error = ?3 WHERE (batch_id, n) IN ( \
+                             SELECT i.batch_id, i.n FROM batch_items i JOIN batches b ON b.id = i.batch_id JOIN runs r ON r.id = i.run_id \
+                             WHERE i.state = 'running' AND b.expires_at < ?2 AND r.status <> 'done' LIMIT ?1) \
+                         RETURNING run_id",
+                    )
+                    .map_err(db("expire batch runs"))?;
+                st.query_map(params![limit as i64, nanos(Utc::now()), WINDOW_ENDED], |r| r.get(0)).and_then(|rows| rows.collect()).map_err(db("expire batch runs"))
+            })
+            .await?;
+        runs.iter().map(|r| uuid_of(r, "run id")).collect()
     }
 
     async fn sweep(&self, limit: usize) -> Result<u64, LogError> {

@@ -55,7 +55,9 @@ pub fn harness_with(auth: Auth) -> H {
     let log = Arc::new(MemoryLog::default());
     let queue = Arc::new(MemoryQueue::default());
     let ledger = Arc::new(MemoryLedger::default());
-    let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth);
+    let batches = glia_backends::batches::MemoryBatches::new(log.clone());
+    let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth)
+        .with_batches(glia_dispatcher::batches::BatchConfig { store: Some(Arc::new(batches)), admission: Default::default() });
     let router = glia_dispatcher::router(app.clone());
     H { app, router, log, queue, ledger }
 }
@@ -108,6 +110,14 @@ pub async fn create(h: &H, token: &str, body: Value) -> Uuid {
     let r = post(h, "/v1/runs", token, body).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     r.body["run_id"].as_str().unwrap().parse().unwrap()
+}
+
+/// Submit a one-item batch through the API; returns its id.
+pub async fn create_batch(router: &Router, token: &str) -> Uuid {
+    let body = json!({"config": {}, "items": [{"custom_id": "x", "goal": "g"}]});
+    let r = send(router, request(Method::POST, "/v1/batches", Some(token), Some(&body))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    r.body["id"].as_str().unwrap().parse().unwrap()
 }
 
 pub fn conversational() -> Value {

@@ -471,3 +471,146 @@ fn the_cli_submits_watches_and_collects_a_batch() {
     let (_, out, _) = glia(&["list"]);
     assert_eq!(out.lines().count(), 1, "refused batches are not stored: {out}");
 }
+
+/// Run `glia batch ARGS…` against the fleet: (exit ok, stdout, stderr).
+fn glia_batch_cli(fleet: &Fleet, args: &[&str]) -> (bool, String, String) {
+    let mut all = vec!["batch"];
+    all.extend_from_slice(args);
+    let out = fleet.command(&all).env("GLIA_SERVER", &fleet.server).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// What every view of a batch must agree on: its status and its counts.
+fn truth(v: &Value) -> (Value, Value, Value) {
+    (v["status"].clone(), v["counts"].clone(), v["cap_reached"].clone())
+}
+
+/// The batch as `GET /v1/batches` lists it.
+fn listed(api: &Api, id: &str) -> Value {
+    let (status, page) = api.get("/v1/batches?limit=1000");
+    assert_eq!(status, 200, "{page}");
+    page["batches"].as_array().unwrap().iter().find(|b| b["id"] == id).cloned().unwrap_or_else(|| panic!("batch {id} is listed: {page}"))
+}
+
+/// Poll the list, the single get and `glia batch status` until the batch
+/// ended; at every poll where nothing moved meanwhile (the list read before
+/// and after agree) the three agree. Answers the final view and how many
+/// polls were compared.
+fn views_agree_until_ended(fleet: &Fleet, id: &str, limit: Duration) -> (Value, usize) {
+    let deadline = Instant::now() + limit;
+    let mut compared = 0;
+    loop {
+        let before = listed(fleet, id);
+        let single = batch_view(fleet, id);
+        let (ok, out, err) = glia_batch_cli(fleet, &["status", id]);
+        assert!(ok, "{err}");
+        let cli: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("glia batch status prints the view ({e}): {out}"));
+        let after = listed(fleet, id);
+        if truth(&before) == truth(&after) {
+            compared += 1;
+            assert_eq!(truth(&single), truth(&before), "GET /v1/batches/{id} and GET /v1/batches agree");
+            assert_eq!(truth(&cli), truth(&before), "glia batch status and GET /v1/batches agree");
+            if ["completed", "expired", "cancelled"].contains(&after["status"].as_str().unwrap_or("")) && after["counts"]["running"] == 0 {
+                return (after, compared);
+            }
+        }
+        assert!(Instant::now() < deadline, "batch {id} did not end within {limit:?}: {after}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Batch truth: while a batch with failing items runs, its list entry, its
+/// own view and `glia batch status` agree at every poll; `submit --wait` and
+/// `status --wait` exit non-zero because items failed; a batch stopped at
+/// its spend cap makes `--wait` exit non-zero with items still queued, and
+/// pause/resume of an ended batch answer 409 `batch_ended`.
+#[test]
+fn every_view_of_a_batch_agrees_and_the_cli_exits_non_zero_unless_every_item_succeeded() {
+    let mut fleet = Fleet::new(&[
+        ("answer", json!([{"text": "ok"}])),
+        ("costly", json!([{"text": "ok", "usage": {"input_tokens": 60, "output_tokens": 40}}])),
+    ]);
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    let config = fleet.dir.join("config.json");
+    std::fs::write(&config, json!({"model": "script:answer"}).to_string()).unwrap();
+    // Two of twelve items name a script nobody has: their runs fail.
+    let lines: String = (0..12)
+        .map(|i| {
+            let mut item = json!({"custom_id": format!("item-{i}"), "goal": format!("Answer {i}")});
+            if i % 6 == 5 {
+                item["config"] = json!({"model": "script:nobody-has-this"});
+            }
+            format!("{item}\n")
+        })
+        .collect();
+    let items_file = fleet.dir.join("items.jsonl");
+    std::fs::write(&items_file, lines).unwrap();
+    let (ok, out, err) = glia_batch_cli(&fleet, &["submit", "--config", config.to_str().unwrap(), items_file.to_str().unwrap(), "--max-in-flight", "2"]);
+    assert!(ok, "{err}");
+    let id = out.trim().to_owned();
+    let (end, compared) = views_agree_until_ended(&fleet, &id, Duration::from_secs(180));
+    assert!(compared >= 1, "at least one poll compared the views");
+    assert_eq!((end["status"].as_str(), end["counts"]["succeeded"].as_u64(), end["counts"]["failed"].as_u64()), (Some("completed"), Some(10), Some(2)), "{end}");
+    let (ok, _, err) = glia_batch_cli(&fleet, &["status", &id, "--wait"]);
+    assert!(!ok && err.contains("2 item(s) failed"), "status --wait exits non-zero when items failed: {err}");
+    let (ok, _, err) = glia_batch_cli(&fleet, &["submit", "--config", config.to_str().unwrap(), items_file.to_str().unwrap(), "--wait"]);
+    assert!(!ok && err.contains("2 item(s) failed"), "submit --wait exits non-zero when items failed: {err}");
+    for action in ["pause", "resume"] {
+        let (status, answer) = fleet.post(&format!("/v1/batches/{id}/{action}"), json!({}));
+        assert_eq!((status, answer["error"]["code"].as_str()), (409, Some("batch_ended")), "{action} of a completed batch: {answer}");
+    }
+
+    // A spend cap stops the batch with items queued: non-zero, and it says so.
+    let costly = fleet.dir.join("costly.json");
+    std::fs::write(&costly, json!({"model": "script:costly"}).to_string()).unwrap();
+    let ten = fleet.dir.join("ten.jsonl");
+    std::fs::write(&ten, items(10).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let (ok, out, err) =
+        glia_batch_cli(&fleet, &["submit", "--config", costly.to_str().unwrap(), ten.to_str().unwrap(), "--max-in-flight", "1", "--cap-tokens", "250", "--wait"]);
+    assert!(!ok && err.contains("stopped at its spend cap"), "submit --wait at the spend cap: {err}");
+    let capped = batch_view(&fleet, out.trim());
+    assert!(capped["cap_reached"] == true && capped["counts"]["queued"].as_u64().unwrap_or(0) > 0, "{capped}");
+    assert_eq!(truth(&listed(&fleet, out.trim())), truth(&capped), "the list shows the cap as the single view does");
+}
+
+/// The completion window ends items already started: their runs (parked for
+/// an approval) are cancelled, their approvals closed, and the results say
+/// `expired` with an error code; items not started expire too. The batch
+/// is `expired` in every view, and nothing consequential ran.
+#[test]
+fn the_completion_window_ends_started_items() {
+    let script = json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]);
+    let mut fleet = Fleet::new(&[("refunds", script)]);
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    let config = json!({"model": "script:refunds", "policies": [{"tool": "refund_order", "action": {"kind": "require_approval"}}]});
+    let spec = json!({"config": config, "options": {"max_in_flight": 4, "completion_window_secs": 3600}});
+    let (status, batch) = submit_jsonl(&fleet, std::iter::once(spec).chain(items(6)));
+    assert_eq!(status, 201, "{batch}");
+    let id = batch["id"].as_str().unwrap().to_owned();
+    wait_batch(&fleet, &id, Duration::from_secs(120), "four runs waiting for approval", |v| v["counts"]["parked"]["awaiting_approval"] == 4);
+    let (_, pending) = fleet.get("/v1/approvals");
+    assert_eq!(pending["approvals"].as_array().map(Vec::len), Some(4), "{pending}");
+    // The window ends (moved into the past rather than waited for).
+    let sql = format!("UPDATE batches SET expires_at = now() - interval '1 second' WHERE id = '{id}'");
+    let out = std::process::Command::new("psql").args([fleet.db_url.as_str(), "-v", "ON_ERROR_STOP=1", "-qAtc", &sql]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (end, _) = views_agree_until_ended(&fleet, &id, Duration::from_secs(120));
+    assert_eq!((end["status"].as_str(), end["counts"]["expired"].as_u64()), (Some("expired"), Some(6)), "{end}");
+    let lines = results(&fleet, &id);
+    assert!(lines.iter().all(|l| l["status"] == "expired" && l["error_code"] == "expired"), "{lines:?}");
+    let started: Vec<&Value> = lines.iter().filter(|l| l["run_id"].is_string()).collect();
+    assert_eq!(started.len(), 4, "{lines:?}");
+    for line in started {
+        let (_, run) = fleet.get(&format!("/v1/runs/{}", line["run_id"].as_str().unwrap()));
+        assert_eq!((run["status"].as_str(), run["outcome"]["kind"].as_str()), (Some("done"), Some("cancelled")), "{run}");
+    }
+    let (_, pending) = fleet.get("/v1/approvals");
+    assert_eq!(pending["approvals"], json!([]), "the expired runs' approvals are closed: {pending}");
+    assert!(fleet.effects().is_empty(), "no refund ran: {:?}", fleet.effects());
+    let (ok, _, err) = glia_batch_cli(&fleet, &["status", &id, "--wait"]);
+    assert!(!ok && err.contains("6 item(s) expired"), "{err}");
+    let (status, answer) = fleet.post(&format!("/v1/batches/{id}/resume"), json!({}));
+    assert_eq!((status, answer["error"]["code"].as_str()), (409, Some("batch_ended")), "{answer}");
+}
