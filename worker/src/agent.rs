@@ -280,6 +280,11 @@ enum Decided {
     BudgetBlocked(glia_proto::Limit),
 }
 
+/// A tool call's outcome after the `tool_results` guardrails: the result as
+/// it may be stored (redacted, or withheld behind a note) and the redact
+/// rules that changed it.
+type Screened = (Result<ToolContent, ToolFailure>, Vec<Redaction>);
+
 impl Agent {
     /// An agent with no tools, hooks, guardrails or compactor, on the system clock.
     pub fn new(provider: Arc<dyn Provider>) -> Self {
@@ -895,7 +900,7 @@ impl Agent {
                 Some(kind) => Err(ToolFailure { kind, message: held.content.to_text().into_owned() }),
             };
             // Held results were screened before they were held.
-            self.record_outcome(run, call_id.clone(), &call.name, reminder, outcome, Vec::new(), held.duration_ms).await?;
+            self.record_outcome(run, call_id.clone(), &call.name, reminder, (outcome, Vec::new()), held.duration_ms).await?;
         }
         for call_id in interrupted {
             let Some(call) = run.state.call(call_id).filter(|c| c.result.is_none()).cloned() else { continue };
@@ -1146,7 +1151,7 @@ impl Agent {
             tracing::warn!(run_id = %run_id, error = %e, "tool results not held; committing them to the log all the same");
         }
         for ((call_id, name, _, reminder), (result, redactions, duration_ms)) in ready.into_iter().zip(screened) {
-            self.record_outcome(run, call_id, &name, reminder, result, redactions, duration_ms).await?;
+            self.record_outcome(run, call_id, &name, reminder, (result, redactions), duration_ms).await?;
         }
         if cancelled {
             run.commit().await?;
@@ -1164,8 +1169,7 @@ impl Agent {
         call_id: String,
         name: &str,
         reminder: Option<String>,
-        result: Result<ToolContent, ToolFailure>,
-        redactions: Vec<Redaction>,
+        (result, redactions): Screened,
         duration_ms: u64,
     ) -> Result<(), AgentError> {
         let (content, is_error) = match &result {
@@ -1332,7 +1336,7 @@ impl Agent {
         run: &mut Run<'_>,
         call_id: &str,
         result: Result<ToolContent, ToolFailure>,
-    ) -> Result<(Result<ToolContent, ToolFailure>, Vec<Redaction>), AgentError> {
+    ) -> Result<Screened, AgentError> {
         if !run.state.config.guardrails.screens_tool_results() {
             return Ok((result, Vec::new()));
         }
