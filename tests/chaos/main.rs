@@ -312,14 +312,20 @@ fn refunding_workers(db_url: &str) -> Vec<String> {
     sql(db_url, q).map(|s| s.lines().map(str::to_owned).collect()).unwrap_or_default()
 }
 
-/// Runs executing a refund now, as `(run id, call id)`: the run's newest
-/// event is the approval of that call (see [`refunding_workers`]).
-fn refunding_calls(db_url: &str) -> Vec<(String, String)> {
-    let q = "SELECT r.id, e.payload->'data'->>'call_id' FROM runs r JOIN LATERAL \
-             (SELECT kind, payload FROM events WHERE run_id = r.id ORDER BY seq DESC LIMIT 1) e ON true \
-             WHERE r.status <> 'done' AND r.lease_owner IS NOT NULL AND e.kind = 'approval.resolved' \
-             AND coalesce(e.payload->'data'->'decision'->>'kind', '') NOT IN ('reject', 'expire')";
-    let rows = sql(db_url, q).unwrap_or_default();
+/// Runs executing a refund now under a live lease, as `(run id, call id)`:
+/// the run's newest event is the approval of that call (see
+/// [`refunding_workers`]), approved after `since` (so no earlier fault, a
+/// kill or a Redis flush, can have interrupted the call).
+fn refunding_calls(db_url: &str, since: chrono::DateTime<chrono::Utc>) -> Vec<(String, String)> {
+    let q = format!(
+        "SELECT r.id, e.payload->'data'->>'call_id' FROM runs r JOIN LATERAL \
+         (SELECT kind, at, payload FROM events WHERE run_id = r.id ORDER BY seq DESC LIMIT 1) e ON true \
+         WHERE r.status <> 'done' AND r.lease_owner IS NOT NULL AND r.lease_expires_at > now() \
+         AND e.kind = 'approval.resolved' AND e.at > '{}'::timestamptz \
+         AND coalesce(e.payload->'data'->'decision'->>'kind', '') NOT IN ('reject', 'expire')",
+        since.to_rfc3339()
+    );
+    let rows = sql(db_url, &q).unwrap_or_default();
     rows.lines().filter_map(|l| l.split_once('|')).map(|(r, c)| (r.to_owned(), c.to_owned())).collect()
 }
 
@@ -600,6 +606,8 @@ fn round(seed: u64, faults: usize) -> Figures {
         // The schedule: the kinds in a seeded order, every kind once per
         // block of `FAULTS.len()` faults.
         let mut block = Vec::new();
+        // When the previous fault and its recovery were over.
+        let mut previous_fault_over = chrono::Utc::now();
         for i in 0..faults {
             std::thread::sleep(Duration::from_millis(rng.u64(500..2_500)));
             if block.is_empty() {
@@ -610,6 +618,8 @@ fn round(seed: u64, faults: usize) -> Figures {
             *figures.faults.entry(format!("{fault:?}")).or_default() += 1;
             let mut f = fleet.lock().unwrap();
             let mut healed: Option<(usize, u64)> = None;
+            // Refunds in flight at a Postgres stop: `(run id, call id)`.
+            let mut pg_in_flight: Vec<(String, String)> = Vec::new();
             match fault {
                 Fault::KillWorker => {
                     // Aim: wait up to 3 s for a worker executing a refund.
@@ -674,7 +684,7 @@ fn round(seed: u64, faults: usize) -> Figures {
                     // the outage.
                     let aim_until = Instant::now() + Duration::from_secs(3);
                     let in_flight = loop {
-                        let calls = refunding_calls(&db_url);
+                        let calls = refunding_calls(&db_url, previous_fault_over);
                         if !calls.is_empty() || Instant::now() > aim_until {
                             break calls;
                         }
@@ -685,14 +695,7 @@ fn round(seed: u64, faults: usize) -> Figures {
                     pg.start();
                     figures.pg_restarts += 1;
                     figures.pg_mid_call += usize::from(!in_flight.is_empty());
-                    // Wait until each such call has an outcome in the log (or
-                    // a person is asked again), so that what happens to it
-                    // is this fault's doing, not a later one's.
-                    let settle_until = Instant::now() + Duration::from_secs(120);
-                    while in_flight.iter().any(|(r, c)| !call_settled(&db_url, r, c)) && Instant::now() < settle_until {
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    figures.pg_in_flight.extend(in_flight);
+                    pg_in_flight = in_flight;
                 }
                 Fault::RedisFlush => {
                     let ok = Command::new("redis-cli").args(["-p", &redis.port().to_string(), "FLUSHALL"]).output().is_ok_and(|o| o.status.success());
@@ -704,6 +707,15 @@ fn round(seed: u64, faults: usize) -> Figures {
             eprintln!("seed {seed}: fault {i} {fault:?}: recovered in {took:?}");
             figures.recovery_ms.entry(format!("{fault:?}")).or_default().push(took.as_millis() as u64);
             probes.lock().unwrap().extend(run);
+            // Wait until each refund in flight at a Postgres stop has an
+            // outcome in the log (or a person is asked again), so that what
+            // happens to it is this fault's doing, not a later one's.
+            let settle_until = Instant::now() + Duration::from_secs(120);
+            while pg_in_flight.iter().any(|(r, c)| !call_settled(&db_url, r, c)) && Instant::now() < settle_until {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            figures.pg_in_flight.extend(pg_in_flight);
+            previous_fault_over = chrono::Utc::now();
             let mut f = fleet.lock().unwrap();
             if let Some((w, from)) = healed {
                 figures.partition_refused += lines_since(&f.log_file(&format!("w{w}")), from, &["abandoning the run's current work", "lease lost"]);
