@@ -20,7 +20,9 @@
 //! `glia_testkit::proxy`, which stop forwarding and later resume on the
 //! same connections: the process runs on, cut off), RabbitMQ stopped and
 //! started, Postgres stopped with `-m fast` and with `-m immediate` (a
-//! crash) and started, Redis FLUSHALL. After each fault, recovery is the
+//! crash) and started 500–2500 ms later (aimed, like the kills, at a
+//! refund in flight: its result must be committed through the outage or
+//! recovered from the worker's held copy), Redis FLUSHALL. After each fault, recovery is the
 //! time until a fresh probe run completes.
 //!
 //! Checked at the end (figures printed first, then asserted): no run lost
@@ -37,7 +39,10 @@
 //! versus results in the log: never two executions, a second delivery of a
 //! call's idempotency key only where a person approved re-running it (the
 //! refund tool answers it from the first, as a payments API does), and
-//! every call without a recorded result surfaced as outcome-unknown.
+//! every call without a recorded result surfaced as outcome-unknown; and
+//! no refund in flight at a Postgres stop that executed is put to a person
+//! again (`approval.requested` with `interrupted: true`) or given up as
+//! outcome-unknown.
 //!
 //! `cargo test -p glia-e2e --test chaos` runs the short round: a fixed seed
 //! and a random one (printed), `GLIA_CHAOS_FAULTS` faults each (default 8:
