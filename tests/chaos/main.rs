@@ -20,7 +20,9 @@
 //! `glia_testkit::proxy`, which stop forwarding and later resume on the
 //! same connections: the process runs on, cut off), RabbitMQ stopped and
 //! started, Postgres stopped with `-m fast` and with `-m immediate` (a
-//! crash) and started, Redis FLUSHALL. After each fault, recovery is the
+//! crash) and started 500–2500 ms later (aimed, like the kills, at a
+//! refund in flight: its result must be committed through the outage or
+//! recovered from the worker's held copy), Redis FLUSHALL. After each fault, recovery is the
 //! time until a fresh probe run completes.
 //!
 //! Checked at the end (figures printed first, then asserted): no run lost
@@ -37,7 +39,10 @@
 //! versus results in the log: never two executions, a second delivery of a
 //! call's idempotency key only where a person approved re-running it (the
 //! refund tool answers it from the first, as a payments API does), and
-//! every call without a recorded result surfaced as outcome-unknown.
+//! every call without a recorded result surfaced as outcome-unknown; and
+//! no refund in flight at a Postgres stop that executed is put to a person
+//! again (`approval.requested` with `interrupted: true`) or given up as
+//! outcome-unknown.
 //!
 //! `cargo test -p glia-e2e --test chaos` runs the short round: a fixed seed
 //! and a random one (printed), `GLIA_CHAOS_FAULTS` faults each (default 8:
@@ -312,6 +317,33 @@ fn refunding_workers(db_url: &str) -> Vec<String> {
     sql(db_url, q).map(|s| s.lines().map(str::to_owned).collect()).unwrap_or_default()
 }
 
+/// Runs executing a refund now under a live lease, as `(run id, call id)`:
+/// the run's newest event is the approval of that call (see
+/// [`refunding_workers`]), approved after `since` (so no earlier fault, a
+/// kill or a Redis flush, can have interrupted the call).
+fn refunding_calls(db_url: &str, since: chrono::DateTime<chrono::Utc>) -> Vec<(String, String)> {
+    let q = format!(
+        "SELECT r.id, e.payload->'data'->>'call_id' FROM runs r JOIN LATERAL \
+         (SELECT kind, at, payload FROM events WHERE run_id = r.id ORDER BY seq DESC LIMIT 1) e ON true \
+         WHERE r.status <> 'done' AND r.lease_owner IS NOT NULL AND r.lease_expires_at > now() \
+         AND e.kind = 'approval.resolved' AND e.at > '{}'::timestamptz \
+         AND coalesce(e.payload->'data'->'decision'->>'kind', '') NOT IN ('reject', 'expire')",
+        since.to_rfc3339()
+    );
+    let rows = sql(db_url, &q).unwrap_or_default();
+    rows.lines().filter_map(|l| l.split_once('|')).map(|(r, c)| (r.to_owned(), c.to_owned())).collect()
+}
+
+/// Whether `call_id` of `run_id` has an outcome in the log (a result or an
+/// error) or waits for a person again; `false` also while Postgres is down.
+fn call_settled(db_url: &str, run_id: &str, call_id: &str) -> bool {
+    let q = format!(
+        "SELECT count(*) FROM events WHERE run_id = '{run_id}' AND payload->'data'->>'call_id' = '{call_id}' \
+         AND (kind IN ('tool.result', 'tool.error') OR (kind = 'approval.requested' AND (payload->'data'->>'interrupted')::boolean))"
+    );
+    sql(db_url, &q).is_some_and(|n| n != "0")
+}
+
 /// The worker slot of a lease owner id (`w3` or `w3-<uuid>`).
 fn slot(owner: &str) -> Option<usize> {
     owner.strip_prefix('w')?.split('-').next()?.parse().ok()
@@ -381,6 +413,21 @@ struct Figures {
     /// or were parked at it and then are not parked there, or whose log does
     /// not end in the cap's pause.
     cap_misparked: Vec<String>,
+    /// Postgres restarts (fast and immediate).
+    pg_restarts: usize,
+    /// ... of which stopped Postgres while a run was executing a refund.
+    pg_mid_call: usize,
+    /// `(run id, call id)` of every refund in flight at a Postgres stop.
+    pg_in_flight: Vec<(String, String)>,
+    /// ... of those that executed (in the ledger), how many had their result
+    /// recovered from the held copy by the next worker (`tool.recovered`).
+    pg_recovered: usize,
+    /// ... that executed and were nonetheless put to a person again
+    /// (`approval.requested` with `interrupted: true`), or given up as
+    /// outcome-unknown: a finished effect thrown away. Must be none.
+    pg_finished_abandoned: Vec<String>,
+    /// ... that executed and were put to a person again (part of the above).
+    pg_finished_reapprovals: usize,
     /// Partitions: runs the partitioned worker held when it was cut off.
     partition_held: usize,
     /// ... of which, when it healed, another worker held or had moved on.
@@ -417,6 +464,15 @@ impl Figures {
         eprintln!(
             "partitions: runs the partitioned worker held: {}, taken over by another worker before the heal: {}, its commits refused by the fence (lease lost) after the heal: {}",
             self.partition_held, self.partition_taken_over, self.partition_refused
+        );
+        eprintln!(
+            "postgres restarts: {}, with a refund in flight: {} ({} calls); of those executed: results recovered from the held copy: {}, re-approved: {}, re-approved or outcome-unknown: {}",
+            self.pg_restarts,
+            self.pg_mid_call,
+            self.pg_in_flight.len(),
+            self.pg_recovered,
+            self.pg_finished_reapprovals,
+            self.pg_finished_abandoned.len()
         );
         eprintln!("runs: {} {:?}, events: {}", self.runs, self.tenant_runs, self.steps);
         eprintln!("lost: {}, stuck: {}, failed: {}, duplicate/missing seqs: {}", self.lost.len(), self.stuck.len(), self.failed.len(), self.seq_errors.len());
@@ -460,6 +516,7 @@ impl Figures {
         assert!(self.budget_overruns.is_empty(), "seed {seed}: budgets overrun: {:?}", self.budget_overruns);
         assert!(self.results_without_execution.is_empty(), "seed {seed}: results for refunds that never ran: {:?}", self.results_without_execution);
         assert!(self.exits.is_empty(), "seed {seed}: processes exited on their own: {:?}", self.exits);
+        assert!(self.pg_finished_abandoned.is_empty(), "seed {seed}: refunds that finished during a Postgres restart re-approved or outcome-unknown: {:?}", self.pg_finished_abandoned);
         assert!(self.unsurfaced.is_empty(), "seed {seed}: interrupted refunds neither recorded nor outcome-unknown: {:?}", self.unsurfaced);
         assert!(self.cap_overruns.is_empty(), "seed {seed}: tenant cap passed beyond the allowance: {:?}", self.cap_overruns);
         assert!(self.cap_misparked.is_empty(), "seed {seed}: runs wrongly parked (or not parked) at a tenant cap: {:?}", self.cap_misparked);
@@ -554,6 +611,8 @@ fn round(seed: u64, faults: usize) -> Figures {
         // The schedule: the kinds in a seeded order, every kind once per
         // block of `FAULTS.len()` faults.
         let mut block = Vec::new();
+        // When the previous fault and its recovery were over.
+        let mut previous_fault_over = chrono::Utc::now();
         for i in 0..faults {
             std::thread::sleep(Duration::from_millis(rng.u64(500..2_500)));
             if block.is_empty() {
@@ -564,6 +623,8 @@ fn round(seed: u64, faults: usize) -> Figures {
             *figures.faults.entry(format!("{fault:?}")).or_default() += 1;
             let mut f = fleet.lock().unwrap();
             let mut healed: Option<(usize, u64)> = None;
+            // Refunds in flight at a Postgres stop: `(run id, call id)`.
+            let mut pg_in_flight: Vec<(String, String)> = Vec::new();
             match fault {
                 Fault::KillWorker => {
                     // Aim: wait up to 3 s for a worker executing a refund.
@@ -621,8 +682,26 @@ fn round(seed: u64, faults: usize) -> Figures {
                     rabbit.start().expect("spawn rabbitmq-server again");
                     rt.block_on(rabbit.wait_ready(Duration::from_secs(120)));
                 }
-                Fault::PostgresFast => pg.restart(StopMode::Fast),
-                Fault::PostgresImmediate => pg.restart(StopMode::Immediate),
+                Fault::PostgresFast | Fault::PostgresImmediate => {
+                    // Aim: wait up to 3 s for a run executing a refund, so
+                    // the database goes away while the call is in flight
+                    // and its result has to be committed through (or after)
+                    // the outage.
+                    let aim_until = Instant::now() + Duration::from_secs(3);
+                    let in_flight = loop {
+                        let calls = refunding_calls(&db_url, previous_fault_over);
+                        if !calls.is_empty() || Instant::now() > aim_until {
+                            break calls;
+                        }
+                        std::thread::sleep(Duration::from_millis(30));
+                    };
+                    pg.stop(if fault == Fault::PostgresFast { StopMode::Fast } else { StopMode::Immediate });
+                    std::thread::sleep(Duration::from_millis(rng.u64(500..2_500)));
+                    pg.start();
+                    figures.pg_restarts += 1;
+                    figures.pg_mid_call += usize::from(!in_flight.is_empty());
+                    pg_in_flight = in_flight;
+                }
                 Fault::RedisFlush => {
                     let ok = Command::new("redis-cli").args(["-p", &redis.port().to_string(), "FLUSHALL"]).output().is_ok_and(|o| o.status.success());
                     assert!(ok, "redis-cli FLUSHALL");
@@ -633,6 +712,15 @@ fn round(seed: u64, faults: usize) -> Figures {
             eprintln!("seed {seed}: fault {i} {fault:?}: recovered in {took:?}");
             figures.recovery_ms.entry(format!("{fault:?}")).or_default().push(took.as_millis() as u64);
             probes.lock().unwrap().extend(run);
+            // Wait until each refund in flight at a Postgres stop has an
+            // outcome in the log (or a person is asked again), so that what
+            // happens to it is this fault's doing, not a later one's.
+            let settle_until = Instant::now() + Duration::from_secs(120);
+            while pg_in_flight.iter().any(|(r, c)| !call_settled(&db_url, r, c)) && Instant::now() < settle_until {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            figures.pg_in_flight.extend(pg_in_flight);
+            previous_fault_over = chrono::Utc::now();
             let mut f = fleet.lock().unwrap();
             if let Some((w, from)) = healed {
                 figures.partition_refused += lines_since(&f.log_file(&format!("w{w}")), from, &["abandoning the run's current work", "lease lost"]);
@@ -764,6 +852,30 @@ fn round(seed: u64, faults: usize) -> Figures {
             }
         }
         figures.reapprovals += requested;
+        // Refunds in flight at a Postgres stop that executed: their result
+        // must reach the log, committed through the outage or recovered from
+        // the held copy; never a person asked again, never outcome-unknown.
+        let pg_calls: Vec<String> = figures.pg_in_flight.iter().filter(|(r, _)| r == id).map(|(_, c)| c.clone()).collect();
+        for call_id in &pg_calls {
+            if !ledger.keys().any(|k| k.starts_with(id.as_str()) && k.ends_with(&format!(":{call_id}"))) {
+                continue;
+            }
+            let mut recovered = false;
+            for e in &events {
+                match &e.kind {
+                    EventKind::ToolRecovered { call_id: c, .. } if c == call_id => recovered = true,
+                    EventKind::ApprovalRequested { interrupted: true, call_id: c, .. } if c == call_id => {
+                        figures.pg_finished_reapprovals += 1;
+                        figures.pg_finished_abandoned.push(format!("{id} {call_id}: re-approval at seq {}", e.seq));
+                    }
+                    EventKind::ToolError { call_id: c, error: ToolErrorKind::OutcomeUnknown, .. } if c == call_id => {
+                        figures.pg_finished_abandoned.push(format!("{id} {call_id}: outcome-unknown at seq {}", e.seq));
+                    }
+                    _ => {}
+                }
+            }
+            figures.pg_recovered += usize::from(recovered);
+        }
         // A second delivery of a key is allowed only where a person approved
         // running an interrupted call again (a worker frozen past its lease
         // can still deliver the call it started); anywhere else it means
