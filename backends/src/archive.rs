@@ -59,18 +59,30 @@ pub struct ArchiveHeader {
 impl ArchiveHeader {
     /// A header for an export from `source`, now.
     pub fn new(source: impl Into<String>) -> ArchiveHeader {
-        ArchiveHeader { format: FORMAT.into(), version: VERSION, exported_at: Utc::now(), source: source.into() }
+        ArchiveHeader {
+            format: FORMAT.into(),
+            version: VERSION,
+            exported_at: Utc::now(),
+            source: source.into(),
+        }
     }
 
     /// Parse and check a header line. Errors name what is wrong: not JSON,
     /// another format, an unknown version.
     pub fn parse(line: &str) -> Result<ArchiveHeader, String> {
-        let header: ArchiveHeader = serde_json::from_str(line).map_err(|e| format!("the first line is not a glia-runs header: {e}"))?;
+        let header: ArchiveHeader = serde_json::from_str(line)
+            .map_err(|e| format!("the first line is not a glia-runs header: {e}"))?;
         if header.format != FORMAT {
-            return Err(format!("format is {:?}, expected {FORMAT:?}", header.format));
+            return Err(format!(
+                "format is {:?}, expected {FORMAT:?}",
+                header.format
+            ));
         }
         if header.version != VERSION {
-            return Err(format!("version {} of {FORMAT} is not supported (this build reads version {VERSION})", header.version));
+            return Err(format!(
+                "version {} of {FORMAT} is not supported (this build reads version {VERSION})",
+                header.version
+            ));
         }
         Ok(header)
     }
@@ -139,7 +151,14 @@ impl ApprovalRecord {
     /// for any other event.
     pub fn requested(e: &Event) -> Option<ApprovalRecord> {
         match &e.kind {
-            glia_proto::EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted } => Some(ApprovalRecord {
+            glia_proto::EventKind::ApprovalRequested {
+                call_id,
+                tool,
+                input,
+                args_hash,
+                expires_at,
+                interrupted,
+            } => Some(ApprovalRecord {
                 call_id: call_id.clone(),
                 tool: tool.clone(),
                 input: input.clone(),
@@ -193,7 +212,10 @@ impl RunRecord {
     /// events, an event of another run, sequences not 1, 2, 3 …, events that
     /// do not apply.
     pub fn validate(&self) -> Result<RunState, LogError> {
-        let invalid = |reason: String| LogError::Invalid { run_id: self.run_id, reason };
+        let invalid = |reason: String| LogError::Invalid {
+            run_id: self.run_id,
+            reason,
+        };
         if self.events.is_empty() {
             return Err(invalid("no events".into()));
         }
@@ -202,10 +224,15 @@ impl RunRecord {
                 return Err(invalid(format!("event {} is of run {}", e.seq, e.run_id)));
             }
             if e.seq != i as u64 + 1 {
-                return Err(invalid(format!("event at position {} has seq {}", i + 1, e.seq)));
+                return Err(invalid(format!(
+                    "event at position {} has seq {}",
+                    i + 1,
+                    e.seq
+                )));
             }
         }
-        RunState::replay(self.run_id, &self.events).map_err(|e| invalid(format!("the log does not replay: {e}")))
+        RunState::replay(self.run_id, &self.events)
+            .map_err(|e| invalid(format!("the log does not replay: {e}")))
     }
 
     /// True when the run has work a worker should be woken for: not done,
@@ -213,14 +240,19 @@ impl RunRecord {
     /// [`EventLog::orphaned`] looks for).
     pub fn has_work(&self, state: &RunState) -> bool {
         let status = crate::RunStatus::of(state);
-        status != crate::RunStatus::Done && (status == crate::RunStatus::Runnable || self.payload_waits())
+        status != crate::RunStatus::Done
+            && (status == crate::RunStatus::Runnable || self.payload_waits())
     }
 
     /// The job an import writes for the run in `state` (its state after the
     /// record's events): none without work ([`RunRecord::has_work`]); a
     /// resume when a payload waits in its inbox; else a start.
     pub fn job(&self, state: &RunState) -> Option<crate::Job> {
-        self.has_work(state).then(|| crate::Job { run_id: self.run_id, head_seq: state.head_seq, resume: self.payload_waits() })
+        self.has_work(state).then(|| crate::Job {
+            run_id: self.run_id,
+            head_seq: state.head_seq,
+            resume: self.payload_waits(),
+        })
     }
 
     /// True when an inbox item is not consumed yet.

@@ -84,7 +84,9 @@ impl BatchState {
             "active" => Ok(BatchState::Active),
             "paused" => Ok(BatchState::Paused),
             "cancelled" => Ok(BatchState::Cancelled),
-            other => Err(LogError::Unavailable(format!("corrupt row: batch state {other:?}"))),
+            other => Err(LogError::Unavailable(format!(
+                "corrupt row: batch state {other:?}"
+            ))),
         }
     }
 }
@@ -279,13 +281,22 @@ pub trait BatchStore: Send + Sync {
     /// `idempotency_key` the tenant used before, the stream is still read to
     /// its end (so the caller can hash it) and the earlier batch is returned
     /// with `created: false`.
-    async fn submit(&self, batch: NewBatch, upload: BoxStream<'_, Result<Upload, SubmitError>>) -> Result<Submitted, SubmitError>;
+    async fn submit(
+        &self,
+        batch: NewBatch,
+        upload: BoxStream<'_, Result<Upload, SubmitError>>,
+    ) -> Result<Submitted, SubmitError>;
 
     /// One batch (only managed ones: submitted through [`BatchStore::submit`]).
     async fn batch(&self, tenant: Option<&str>, id: Uuid) -> Result<Option<Batch>, LogError>;
 
     /// Batches by id (creation order) after `after`, at most `limit`.
-    async fn batches(&self, tenant: Option<&str>, after: Option<Uuid>, limit: usize) -> Result<Vec<Batch>, LogError>;
+    async fn batches(
+        &self,
+        tenant: Option<&str>,
+        after: Option<Uuid>,
+        limit: usize,
+    ) -> Result<Vec<Batch>, LogError>;
 
     /// Items by [`ItemView::status`].
     async fn counts(&self, id: Uuid) -> Result<BTreeMap<String, u64>, LogError>;
@@ -299,7 +310,13 @@ pub trait BatchStore: Send + Sync {
     /// Change the state (and, with `Some`, the spend cap). Cancelling also
     /// cancels every `queued` item. `None` when there is no such batch; a
     /// cancelled batch stays cancelled (the answer shows it).
-    async fn update(&self, tenant: Option<&str>, id: Uuid, state: Option<BatchState>, cap: Option<SpendCap>) -> Result<Option<Batch>, LogError>;
+    async fn update(
+        &self,
+        tenant: Option<&str>,
+        id: Uuid,
+        state: Option<BatchState>,
+        cap: Option<SpendCap>,
+    ) -> Result<Option<Batch>, LogError>;
 
     /// Runs of the batch not done (items `running`).
     async fn live_runs(&self, id: Uuid) -> Result<Vec<Uuid>, LogError>;
@@ -309,7 +326,12 @@ pub trait BatchStore: Send + Sync {
 
     /// Claim up to `limit` waiting items of `batch` in order (`admitting`;
     /// a claim older than `lease` is taken again).
-    async fn claim(&self, batch: Uuid, limit: usize, lease: Duration) -> Result<Vec<Claim>, LogError>;
+    async fn claim(
+        &self,
+        batch: Uuid,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<Claim>, LogError>;
 
     /// The claimed item `n` has its run: `running`. Answers the batch's state
     /// (a cancel may have come meanwhile: the caller cancels the run).
@@ -343,10 +365,11 @@ mod pg {
     use tokio_postgres::Row;
 
     use super::*;
-    use crate::postgres::{PgLog, SPEND_COLUMNS, SPEND_KINDS, col, corrupt, spend_of_row, unavailable};
+    use crate::postgres::{
+        PgLog, SPEND_COLUMNS, SPEND_KINDS, col, corrupt, spend_of_row, unavailable,
+    };
 
-    const BATCH_COLUMNS: &str =
-        "id, tenant, spec, request_hash, state, max_in_flight, cap_tokens, cap_usd_micros, expires_at, items_total, created_at, updated_at";
+    const BATCH_COLUMNS: &str = "id, tenant, spec, request_hash, state, max_in_flight, cap_tokens, cap_usd_micros, expires_at, items_total, created_at, updated_at";
 
     /// What a caller sees of an item: the item's own state, or its run's.
     const STATUS: &str = concat!(
@@ -373,7 +396,10 @@ mod pg {
             request_hash: col::<Option<String>>(row, "request_hash")?.unwrap_or_default(),
             state: BatchState::parse(&col::<String>(row, "state")?)?,
             max_in_flight: col::<Option<i32>>(row, "max_in_flight")?.map(|v| v.max(1) as u32),
-            cap: SpendCap { tokens: number(row, "cap_tokens")?, cost_usd_micros: number(row, "cap_usd_micros")? },
+            cap: SpendCap {
+                tokens: number(row, "cap_tokens")?,
+                cost_usd_micros: number(row, "cap_usd_micros")?,
+            },
             expires_at: col(row, "expires_at")?,
             items_total: col::<i32>(row, "items_total")?.max(0) as u64,
             created_at: col(row, "created_at")?,
@@ -388,24 +414,38 @@ mod pg {
     fn json<T: serde::de::DeserializeOwned>(row: &Row, name: &str) -> Result<Option<T>, LogError> {
         match col::<Option<String>>(row, name)? {
             None => Ok(None),
-            Some(text) => serde_json::from_str(&text).map(Some).map_err(|e| corrupt(format!("batch item {name}: {e}"))),
+            Some(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| corrupt(format!("batch item {name}: {e}"))),
         }
     }
 
     /// Spend of each of `runs` (those with none are absent).
-    async fn run_spend(client: &impl deadpool_postgres::GenericClient, runs: &[Uuid]) -> Result<BTreeMap<Uuid, Spend>, LogError> {
+    async fn run_spend(
+        client: &impl deadpool_postgres::GenericClient,
+        runs: &[Uuid],
+    ) -> Result<BTreeMap<Uuid, Spend>, LogError> {
         let sql = format!(
             "SELECT e.run_id, {SPEND_COLUMNS} FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash \
              WHERE e.run_id = ANY($1) AND e.kind = ANY($2) GROUP BY e.run_id"
         );
         let kinds = SPEND_KINDS.to_vec();
-        let rows = client.query(&sql, &[&runs, &kinds]).await.map_err(|e| unavailable("batch spend", &e))?;
-        rows.iter().map(|row| Ok((col(row, "run_id")?, spend_of_row(row, "batch spend")?))).collect()
+        let rows = client
+            .query(&sql, &[&runs, &kinds])
+            .await
+            .map_err(|e| unavailable("batch spend", &e))?;
+        rows.iter()
+            .map(|row| Ok((col(row, "run_id")?, spend_of_row(row, "batch spend")?)))
+            .collect()
     }
 
     #[async_trait]
     impl BatchStore for PgLog {
-        async fn submit(&self, new: NewBatch, mut upload: BoxStream<'_, Result<Upload, SubmitError>>) -> Result<Submitted, SubmitError> {
+        async fn submit(
+            &self,
+            new: NewBatch,
+            mut upload: BoxStream<'_, Result<Upload, SubmitError>>,
+        ) -> Result<Submitted, SubmitError> {
             let fail = |e: tokio_postgres::Error| SubmitError::Log(unavailable("submit batch", &e));
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(fail)?;
@@ -444,21 +484,38 @@ mod pg {
                     }
                     Upload::Items(_) if inserted.is_none() => {}
                     Upload::Items(items) => {
-                        let ns: Vec<i32> = (total..total + items.len() as u64).map(|n| n as i32).collect();
+                        let ns: Vec<i32> = (total..total + items.len() as u64)
+                            .map(|n| n as i32)
+                            .collect();
                         let ids: Vec<&str> = items.iter().map(|i| i.custom_id.as_str()).collect();
                         let goals: Vec<&str> = items.iter().map(|i| i.goal.as_str()).collect();
-                        let metadata: Vec<Option<&str>> = items.iter().map(|i| i.metadata.as_deref()).collect();
-                        let configs: Vec<Option<&str>> = items.iter().map(|i| i.config.as_deref()).collect();
-                        let rows = tx.query(&insert, &[&new.id, &ns, &ids, &goals, &metadata, &configs]).await.map_err(|e| match e.code() {
-                            Some(code) if code.code().starts_with("22") => {
-                                SubmitError::Input { item: None, field: None, reason: format!("an item has a value Postgres refuses: {e}") }
-                            }
-                            _ => fail(e),
-                        })?;
+                        let metadata: Vec<Option<&str>> =
+                            items.iter().map(|i| i.metadata.as_deref()).collect();
+                        let configs: Vec<Option<&str>> =
+                            items.iter().map(|i| i.config.as_deref()).collect();
+                        let rows = tx
+                            .query(&insert, &[&new.id, &ns, &ids, &goals, &metadata, &configs])
+                            .await
+                            .map_err(|e| match e.code() {
+                                Some(code) if code.code().starts_with("22") => SubmitError::Input {
+                                    item: None,
+                                    field: None,
+                                    reason: format!("an item has a value Postgres refuses: {e}"),
+                                },
+                                _ => fail(e),
+                            })?;
                         if rows.len() < items.len() {
-                            let stored: std::collections::BTreeSet<i32> = rows.iter().map(|r| r.get::<_, i32>(0)).collect();
-                            let (_, item) = items.iter().enumerate().find(|(i, _)| !stored.contains(&ns[*i])).expect("a row is missing");
-                            return Err(SubmitError::DuplicateCustomId { line: item.line, custom_id: item.custom_id.clone() });
+                            let stored: std::collections::BTreeSet<i32> =
+                                rows.iter().map(|r| r.get::<_, i32>(0)).collect();
+                            let (_, item) = items
+                                .iter()
+                                .enumerate()
+                                .find(|(i, _)| !stored.contains(&ns[*i]))
+                                .expect("a row is missing");
+                            return Err(SubmitError::DuplicateCustomId {
+                                line: item.line,
+                                custom_id: item.custom_id.clone(),
+                            });
                         }
                         total += items.len() as u64;
                     }
@@ -470,7 +527,11 @@ mod pg {
                     .query_one(&format!("SELECT {BATCH_COLUMNS} FROM batches WHERE tenant = $1 AND idempotency_key = $2"), &[&new.tenant, &new.idempotency_key])
                     .await
                     .map_err(fail)?;
-                return Ok(Submitted { batch: batch(&row)?, created: false, upload_hash: request_hash });
+                return Ok(Submitted {
+                    batch: batch(&row)?,
+                    created: false,
+                    upload_hash: request_hash,
+                });
             }
             let row = tx
                 .query_one(
@@ -480,7 +541,11 @@ mod pg {
                 .await
                 .map_err(fail)?;
             tx.commit().await.map_err(fail)?;
-            Ok(Submitted { batch: batch(&row)?, created: true, upload_hash: request_hash })
+            Ok(Submitted {
+                batch: batch(&row)?,
+                created: true,
+                upload_hash: request_hash,
+            })
         }
 
         async fn batch(&self, tenant: Option<&str>, id: Uuid) -> Result<Option<Batch>, LogError> {
@@ -493,7 +558,12 @@ mod pg {
             .await
         }
 
-        async fn batches(&self, tenant: Option<&str>, after: Option<Uuid>, limit: usize) -> Result<Vec<Batch>, LogError> {
+        async fn batches(
+            &self,
+            tenant: Option<&str>,
+            after: Option<Uuid>,
+            limit: usize,
+        ) -> Result<Vec<Batch>, LogError> {
             self.bounded("batches", async {
                 let client = self.client().await?;
                 let sql = format!(
@@ -542,7 +612,12 @@ mod pg {
             .await
         }
 
-        async fn items(&self, id: Uuid, from: u64, limit: usize) -> Result<Vec<ItemView>, LogError> {
+        async fn items(
+            &self,
+            id: Uuid,
+            from: u64,
+            limit: usize,
+        ) -> Result<Vec<ItemView>, LogError> {
             self.bounded("batch items", async {
                 let client = self.client().await?;
                 let sql = format!(
@@ -573,7 +648,13 @@ mod pg {
             .await
         }
 
-        async fn update(&self, tenant: Option<&str>, id: Uuid, state: Option<BatchState>, cap: Option<SpendCap>) -> Result<Option<Batch>, LogError> {
+        async fn update(
+            &self,
+            tenant: Option<&str>,
+            id: Uuid,
+            state: Option<BatchState>,
+            cap: Option<SpendCap>,
+        ) -> Result<Option<Batch>, LogError> {
             self.bounded("update batch", async {
                 let fail = |e: tokio_postgres::Error| unavailable("update batch", &e);
                 let mut client = self.client().await?;
@@ -654,7 +735,12 @@ mod pg {
             .await
         }
 
-        async fn claim(&self, batch: Uuid, limit: usize, lease: Duration) -> Result<Vec<Claim>, LogError> {
+        async fn claim(
+            &self,
+            batch: Uuid,
+            limit: usize,
+            lease: Duration,
+        ) -> Result<Vec<Claim>, LogError> {
             self.bounded("claim batch items", async {
                 let client = self.client().await?;
                 let rows = client
@@ -691,7 +777,12 @@ mod pg {
             .await
         }
 
-        async fn admitted(&self, batch: Uuid, n: u64, run_id: Uuid) -> Result<BatchState, LogError> {
+        async fn admitted(
+            &self,
+            batch: Uuid,
+            n: u64,
+            run_id: Uuid,
+        ) -> Result<BatchState, LogError> {
             self.bounded("admitted", async {
                 let client = self.client().await?;
                 let row = client
@@ -844,7 +935,10 @@ enum ItemState {
 impl MemoryBatches {
     /// A store whose items' runs live in `log`.
     pub fn new(log: std::sync::Arc<dyn crate::EventLog>) -> MemoryBatches {
-        MemoryBatches { log, inner: std::sync::Mutex::new(MemoryInner::default()) }
+        MemoryBatches {
+            log,
+            inner: std::sync::Mutex::new(MemoryInner::default()),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryInner> {
@@ -854,7 +948,9 @@ impl MemoryBatches {
     /// The item's status as a caller sees it, its run's outcome and pull point.
     async fn view(&self, n: u64, item: &MemoryItem) -> Result<ItemView, LogError> {
         let run = match item.run_id {
-            Some(id) if matches!(item.state, ItemState::Running | ItemState::Finished) => Some(self.log.get_run(id).await?),
+            Some(id) if matches!(item.state, ItemState::Running | ItemState::Finished) => {
+                Some(self.log.get_run(id).await?)
+            }
             _ => None,
         };
         let status = match (item.state, &run) {
@@ -862,10 +958,17 @@ impl MemoryBatches {
             (ItemState::Expired, _) => "expired".to_owned(),
             (ItemState::Cancelled, _) => "cancelled".to_owned(),
             (_, None) => "failed".to_owned(),
-            (_, Some(r)) if item.error.as_deref() == Some(WINDOW_ENDED) && matches!(r.outcome, Some(Outcome::Cancelled { .. })) => "expired".to_owned(),
+            (_, Some(r))
+                if item.error.as_deref() == Some(WINDOW_ENDED)
+                    && matches!(r.outcome, Some(Outcome::Cancelled { .. })) =>
+            {
+                "expired".to_owned()
+            }
             (_, Some(r)) => match (&r.outcome, &r.pull_point) {
                 (Some(o), _) => outcome_kind(o).to_owned(),
-                (None, Some(p)) if r.status == crate::RunStatus::Parked => format!("parked:{}", p.name()),
+                (None, Some(p)) if r.status == crate::RunStatus::Parked => {
+                    format!("parked:{}", p.name())
+                }
                 _ => "running".to_owned(),
             },
         };
@@ -884,7 +987,18 @@ impl MemoryBatches {
 
     /// Items of batch `id` with their index, copied out of the lock.
     fn items_of(&self, id: Uuid) -> Vec<(u64, MemoryItem)> {
-        self.lock().batches.get(&id).map(|(_, items)| items.iter().cloned().enumerate().map(|(n, i)| (n as u64, i)).collect()).unwrap_or_default()
+        self.lock()
+            .batches
+            .get(&id)
+            .map(|(_, items)| {
+                items
+                    .iter()
+                    .cloned()
+                    .enumerate()
+                    .map(|(n, i)| (n as u64, i))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     async fn run_spend(&self, run_id: Uuid) -> Result<Spend, LogError> {
@@ -908,9 +1022,18 @@ fn visible(batch: &Batch, tenant: Option<&str>) -> bool {
 
 #[async_trait]
 impl BatchStore for MemoryBatches {
-    async fn submit(&self, new: NewBatch, mut upload: BoxStream<'_, Result<Upload, SubmitError>>) -> Result<Submitted, SubmitError> {
+    async fn submit(
+        &self,
+        new: NewBatch,
+        mut upload: BoxStream<'_, Result<Upload, SubmitError>>,
+    ) -> Result<Submitted, SubmitError> {
         use futures::StreamExt;
-        let earlier = new.idempotency_key.as_ref().and_then(|k| self.lock().keys.get(&(new.tenant.clone(), k.clone())).copied());
+        let earlier = new.idempotency_key.as_ref().and_then(|k| {
+            self.lock()
+                .keys
+                .get(&(new.tenant.clone(), k.clone()))
+                .copied()
+        });
         let mut items: Vec<MemoryItem> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut hash = None;
@@ -924,10 +1047,28 @@ impl BatchStore for MemoryBatches {
                 Upload::Items(chunk) => {
                     for item in chunk {
                         if !seen.insert(item.custom_id.clone()) {
-                            return Err(SubmitError::DuplicateCustomId { line: item.line, custom_id: item.custom_id });
+                            return Err(SubmitError::DuplicateCustomId {
+                                line: item.line,
+                                custom_id: item.custom_id,
+                            });
                         }
-                        let NewItem { custom_id, goal, metadata, config, .. } = item;
-                        items.push(MemoryItem { custom_id, goal, metadata, config, state: ItemState::Queued, run_id: None, spend: Spend::default(), error: None });
+                        let NewItem {
+                            custom_id,
+                            goal,
+                            metadata,
+                            config,
+                            ..
+                        } = item;
+                        items.push(MemoryItem {
+                            custom_id,
+                            goal,
+                            metadata,
+                            config,
+                            state: ItemState::Queued,
+                            run_id: None,
+                            spend: Spend::default(),
+                            error: None,
+                        });
                     }
                 }
             }
@@ -937,7 +1078,11 @@ impl BatchStore for MemoryBatches {
         let key = new.idempotency_key.clone().map(|k| (new.tenant.clone(), k));
         if let Some(id) = key.as_ref().and_then(|k| inner.keys.get(k)) {
             let batch = inner.batches[id].0.clone();
-            return Ok(Submitted { batch, created: false, upload_hash });
+            return Ok(Submitted {
+                batch,
+                created: false,
+                upload_hash,
+            });
         }
         let now = Utc::now();
         let batch = Batch {
@@ -957,17 +1102,38 @@ impl BatchStore for MemoryBatches {
             inner.keys.insert(k, batch.id);
         }
         inner.batches.insert(batch.id, (batch.clone(), items));
-        Ok(Submitted { batch, created: true, upload_hash })
+        Ok(Submitted {
+            batch,
+            created: true,
+            upload_hash,
+        })
     }
 
     async fn batch(&self, tenant: Option<&str>, id: Uuid) -> Result<Option<Batch>, LogError> {
-        Ok(self.lock().batches.get(&id).map(|(b, _)| b.clone()).filter(|b| visible(b, tenant)))
+        Ok(self
+            .lock()
+            .batches
+            .get(&id)
+            .map(|(b, _)| b.clone())
+            .filter(|b| visible(b, tenant)))
     }
 
-    async fn batches(&self, tenant: Option<&str>, after: Option<Uuid>, limit: usize) -> Result<Vec<Batch>, LogError> {
+    async fn batches(
+        &self,
+        tenant: Option<&str>,
+        after: Option<Uuid>,
+        limit: usize,
+    ) -> Result<Vec<Batch>, LogError> {
         let inner = self.lock();
         let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
-        Ok(inner.batches.range((from, std::ops::Bound::Unbounded)).map(|(_, (b, _))| b).filter(|b| visible(b, tenant)).take(limit.clamp(1, 1000)).cloned().collect())
+        Ok(inner
+            .batches
+            .range((from, std::ops::Bound::Unbounded))
+            .map(|(_, (b, _))| b)
+            .filter(|b| visible(b, tenant))
+            .take(limit.clamp(1, 1000))
+            .cloned()
+            .collect())
     }
 
     async fn counts(&self, id: Uuid) -> Result<BTreeMap<String, u64>, LogError> {
@@ -983,7 +1149,9 @@ impl BatchStore for MemoryBatches {
         for (_, item) in self.items_of(id) {
             match (item.state, item.run_id) {
                 (ItemState::Finished, _) => spend = spend.saturating_add(item.spend),
-                (ItemState::Running, Some(run_id)) => spend = spend.saturating_add(self.run_spend(run_id).await?),
+                (ItemState::Running, Some(run_id)) => {
+                    spend = spend.saturating_add(self.run_spend(run_id).await?)
+                }
                 _ => {}
             }
         }
@@ -992,15 +1160,32 @@ impl BatchStore for MemoryBatches {
 
     async fn items(&self, id: Uuid, from: u64, limit: usize) -> Result<Vec<ItemView>, LogError> {
         let mut out = Vec::new();
-        for (n, item) in self.items_of(id).into_iter().skip(from as usize).take(limit.clamp(1, 10_000)) {
+        for (n, item) in self
+            .items_of(id)
+            .into_iter()
+            .skip(from as usize)
+            .take(limit.clamp(1, 10_000))
+        {
             out.push(self.view(n, &item).await?);
         }
         Ok(out)
     }
 
-    async fn update(&self, tenant: Option<&str>, id: Uuid, state: Option<BatchState>, cap: Option<SpendCap>) -> Result<Option<Batch>, LogError> {
+    async fn update(
+        &self,
+        tenant: Option<&str>,
+        id: Uuid,
+        state: Option<BatchState>,
+        cap: Option<SpendCap>,
+    ) -> Result<Option<Batch>, LogError> {
         let mut inner = self.lock();
-        let Some((batch, items)) = inner.batches.get_mut(&id).filter(|(b, _)| visible(b, tenant)) else { return Ok(None) };
+        let Some((batch, items)) = inner
+            .batches
+            .get_mut(&id)
+            .filter(|(b, _)| visible(b, tenant))
+        else {
+            return Ok(None);
+        };
         if batch.state != BatchState::Cancelled
             && let Some(s) = state
         {
@@ -1019,7 +1204,12 @@ impl BatchStore for MemoryBatches {
     }
 
     async fn live_runs(&self, id: Uuid) -> Result<Vec<Uuid>, LogError> {
-        Ok(self.items_of(id).into_iter().filter(|(_, i)| i.state == ItemState::Running).filter_map(|(_, i)| i.run_id).collect())
+        Ok(self
+            .items_of(id)
+            .into_iter()
+            .filter(|(_, i)| i.state == ItemState::Running)
+            .filter_map(|(_, i)| i.run_id)
+            .collect())
     }
 
     async fn lanes(&self) -> Result<Vec<Lane>, LogError> {
@@ -1028,8 +1218,14 @@ impl BatchStore for MemoryBatches {
             .batches
             .values()
             .filter_map(|(b, items)| {
-                let in_flight = items.iter().filter(|i| matches!(i.state, ItemState::Admitting(_) | ItemState::Running)).count() as u64;
-                let waiting = items.iter().filter(|i| matches!(i.state, ItemState::Queued | ItemState::Admitting(_))).count() as u64;
+                let in_flight = items
+                    .iter()
+                    .filter(|i| matches!(i.state, ItemState::Admitting(_) | ItemState::Running))
+                    .count() as u64;
+                let waiting = items
+                    .iter()
+                    .filter(|i| matches!(i.state, ItemState::Queued | ItemState::Admitting(_)))
+                    .count() as u64;
                 (in_flight + waiting > 0).then(|| Lane {
                     batch_id: b.id,
                     tenant: b.tenant.clone(),
@@ -1043,11 +1239,18 @@ impl BatchStore for MemoryBatches {
             .collect())
     }
 
-    async fn claim(&self, batch: Uuid, limit: usize, lease: Duration) -> Result<Vec<Claim>, LogError> {
+    async fn claim(
+        &self,
+        batch: Uuid,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<Claim>, LogError> {
         let now = Utc::now();
         let lapsed = now - chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
         let mut inner = self.lock();
-        let Some((_, items)) = inner.batches.get_mut(&batch) else { return Ok(Vec::new()) };
+        let Some((_, items)) = inner.batches.get_mut(&batch) else {
+            return Ok(Vec::new());
+        };
         let mut claims = Vec::new();
         for (n, item) in items.iter_mut().enumerate() {
             if claims.len() == limit {
@@ -1060,7 +1263,13 @@ impl BatchStore for MemoryBatches {
             };
             if claimable {
                 item.state = ItemState::Admitting(now);
-                claims.push(Claim { batch_id: batch, n: n as u64, custom_id: item.custom_id.clone(), goal: item.goal.clone(), config: item.config.clone() });
+                claims.push(Claim {
+                    batch_id: batch,
+                    n: n as u64,
+                    custom_id: item.custom_id.clone(),
+                    goal: item.goal.clone(),
+                    config: item.config.clone(),
+                });
             }
         }
         Ok(claims)
@@ -1068,9 +1277,17 @@ impl BatchStore for MemoryBatches {
 
     async fn admitted(&self, batch: Uuid, n: u64, run_id: Uuid) -> Result<BatchState, LogError> {
         let mut inner = self.lock();
-        let Some((b, items)) = inner.batches.get_mut(&batch) else { return Err(LogError::NotFound(batch)) };
+        let Some((b, items)) = inner.batches.get_mut(&batch) else {
+            return Err(LogError::NotFound(batch));
+        };
         if let Some(item) = items.get_mut(n as usize)
-            && matches!(item.state, ItemState::Admitting(_) | ItemState::Queued | ItemState::Cancelled | ItemState::Expired)
+            && matches!(
+                item.state,
+                ItemState::Admitting(_)
+                    | ItemState::Queued
+                    | ItemState::Cancelled
+                    | ItemState::Expired
+            )
         {
             item.state = ItemState::Running;
             item.run_id = Some(run_id);
@@ -1080,7 +1297,11 @@ impl BatchStore for MemoryBatches {
 
     async fn refused(&self, batch: Uuid, n: u64, error: &str) -> Result<(), LogError> {
         let mut inner = self.lock();
-        if let Some(item) = inner.batches.get_mut(&batch).and_then(|(_, items)| items.get_mut(n as usize)) {
+        if let Some(item) = inner
+            .batches
+            .get_mut(&batch)
+            .and_then(|(_, items)| items.get_mut(n as usize))
+        {
             item.state = ItemState::Finished;
             item.error = Some(error.to_owned());
             item.spend = Spend::default();
@@ -1096,7 +1317,13 @@ impl BatchStore for MemoryBatches {
                 .batches
                 .iter()
                 .filter(|(_, (b, _))| b.expires_at.is_some_and(|at| at < now))
-                .flat_map(|(id, (_, items))| items.iter().enumerate().filter(|(_, i)| i.state == ItemState::Running).filter_map(move |(n, i)| Some((*id, n, i.run_id?))))
+                .flat_map(|(id, (_, items))| {
+                    items
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, i)| i.state == ItemState::Running)
+                        .filter_map(move |(n, i)| Some((*id, n, i.run_id?)))
+                })
                 .collect()
         };
         let mut runs = Vec::new();
@@ -1108,7 +1335,12 @@ impl BatchStore for MemoryBatches {
                 continue;
             }
             let mut inner = self.lock();
-            if let Some(item) = inner.batches.get_mut(&batch).and_then(|(_, items)| items.get_mut(n)).filter(|i| i.state == ItemState::Running) {
+            if let Some(item) = inner
+                .batches
+                .get_mut(&batch)
+                .and_then(|(_, items)| items.get_mut(n))
+                .filter(|i| i.state == ItemState::Running)
+            {
                 item.error = Some(WINDOW_ENDED.to_owned());
                 runs.push(run_id);
             }
@@ -1122,7 +1354,13 @@ impl BatchStore for MemoryBatches {
             inner
                 .batches
                 .iter()
-                .flat_map(|(id, (_, items))| items.iter().enumerate().filter(|(_, i)| i.state == ItemState::Running).filter_map(move |(n, i)| Some((*id, n, i.run_id?))))
+                .flat_map(|(id, (_, items))| {
+                    items
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, i)| i.state == ItemState::Running)
+                        .filter_map(move |(n, i)| Some((*id, n, i.run_id?)))
+                })
                 .collect()
         };
         let mut changed = 0;
@@ -1135,7 +1373,12 @@ impl BatchStore for MemoryBatches {
             }
             let spend = self.run_spend(run_id).await?;
             let mut inner = self.lock();
-            if let Some(item) = inner.batches.get_mut(&batch).and_then(|(_, items)| items.get_mut(n)).filter(|i| i.state == ItemState::Running) {
+            if let Some(item) = inner
+                .batches
+                .get_mut(&batch)
+                .and_then(|(_, items)| items.get_mut(n))
+                .filter(|i| i.state == ItemState::Running)
+            {
                 item.state = ItemState::Finished;
                 item.spend = spend;
                 changed += 1;
@@ -1144,7 +1387,11 @@ impl BatchStore for MemoryBatches {
         let now = Utc::now();
         let mut inner = self.lock();
         let mut expired = 0;
-        for (_, items) in inner.batches.values_mut().filter(|(b, _)| b.expires_at.is_some_and(|at| at < now)) {
+        for (_, items) in inner
+            .batches
+            .values_mut()
+            .filter(|(b, _)| b.expires_at.is_some_and(|at| at < now))
+        {
             for item in items.iter_mut().filter(|i| i.state == ItemState::Queued) {
                 if expired >= limit {
                     break;
@@ -1161,7 +1408,14 @@ impl BatchStore for MemoryBatches {
             .lock()
             .batches
             .iter()
-            .filter(|(_, (_, items))| items.iter().any(|i| matches!(i.state, ItemState::Queued | ItemState::Admitting(_) | ItemState::Running)))
+            .filter(|(_, (_, items))| {
+                items.iter().any(|i| {
+                    matches!(
+                        i.state,
+                        ItemState::Queued | ItemState::Admitting(_) | ItemState::Running
+                    )
+                })
+            })
             .map(|(id, _)| *id)
             .collect();
         let mut gauges = BTreeMap::new();

@@ -38,7 +38,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use futures::stream::BoxStream;
-use glia_proto::{Event, EventKind, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, Status, ToolContent, ToolErrorKind, Usage};
+use glia_proto::{
+    Event, EventKind, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, Status, ToolContent,
+    ToolErrorKind, Usage,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -82,13 +85,21 @@ pub struct Orphan {
 impl Job {
     /// A job that starts or continues run `run_id` at `head_seq`.
     pub fn start(run_id: Uuid, head_seq: u64) -> Job {
-        Job { run_id, head_seq, resume: false }
+        Job {
+            run_id,
+            head_seq,
+            resume: false,
+        }
     }
 
     /// A job that resumes parked run `run_id` at `head_seq` (a payload
     /// waits in its inbox).
     pub fn resume(run_id: Uuid, head_seq: u64) -> Job {
-        Job { run_id, head_seq, resume: true }
+        Job {
+            run_id,
+            head_seq,
+            resume: true,
+        }
     }
 }
 
@@ -431,7 +442,13 @@ pub trait EventLog: Send + Sync {
     /// record approvals requested and resolved. Writes a checkpoint now and
     /// then, never on every commit. Errors: [`LogError::Conflict`],
     /// [`LogError::LeaseLost`]; nothing is written then.
-    async fn commit(&self, lease: &Lease, events: &[Event], state: &RunState, consumed: &[i64]) -> Result<(), LogError>;
+    async fn commit(
+        &self,
+        lease: &Lease,
+        events: &[Event],
+        state: &RunState,
+        consumed: &[i64],
+    ) -> Result<(), LogError>;
 
     /// Queue a payload for a parked run and write a job. A payload with a
     /// dedupe key already used for the run (an approval or an external
@@ -476,12 +493,21 @@ pub trait EventLog: Send + Sync {
         }
         let lease = match self.acquire(run_id, owner, ttl).await {
             Ok(lease) => lease,
-            Err(LogError::LeaseHeld { .. }) if job.resume && moved && self.inbox(run_id).await?.is_empty() => return Ok(Opening::Stale),
+            Err(LogError::LeaseHeld { .. })
+                if job.resume && moved && self.inbox(run_id).await?.is_empty() =>
+            {
+                return Ok(Opening::Stale);
+            }
             Err(e) => return Err(e),
         };
-        let read = async { Ok::<_, LogError>((self.load(run_id).await?, self.inbox(run_id).await?)) };
+        let read =
+            async { Ok::<_, LogError>((self.load(run_id).await?, self.inbox(run_id).await?)) };
         match read.await {
-            Ok((state, inbox)) => Ok(Opening::Opened(Opened { lease, state, inbox })),
+            Ok((state, inbox)) => Ok(Opening::Opened(Opened {
+                lease,
+                state,
+                inbox,
+            })),
             Err(e) => {
                 let _ = self.release(&lease).await;
                 Err(e)
@@ -544,10 +570,21 @@ pub trait EventLog: Send + Sync {
     /// returned with `true`. Versions are immutable; concurrent puts of one
     /// name are serialised (each distinct content gets its own version, the
     /// same content one).
-    async fn put_agent(&self, tenant: &str, name: &str, definition: &str, content_hash: &str) -> Result<(AgentVersion, bool), LogError>;
+    async fn put_agent(
+        &self,
+        tenant: &str,
+        name: &str,
+        definition: &str,
+        content_hash: &str,
+    ) -> Result<(AgentVersion, bool), LogError>;
 
     /// One version of `tenant`'s agent `name` (`None`: the latest); `Ok(None)` when absent.
-    async fn get_agent(&self, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError>;
+    async fn get_agent(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<AgentVersion>, LogError>;
 
     /// The latest version of each of `tenant`'s agents, by name.
     async fn list_agents(&self, tenant: &str) -> Result<Vec<AgentVersion>, LogError>;
@@ -558,21 +595,38 @@ pub trait EventLog: Send + Sync {
     /// (fine for the in-memory twin); the Postgres adapter counts in SQL.
     async fn gauges(&self, now: DateTime<Utc>) -> Result<LogGauges, LogError> {
         let mut g = LogGauges::default();
-        let mut filter = RunFilter { limit: 1000, ..RunFilter::default() };
+        let mut filter = RunFilter {
+            limit: 1000,
+            ..RunFilter::default()
+        };
         loop {
             let page = self.list_runs(&filter).await?;
             for run in page.iter().filter(|r| r.status != RunStatus::Done) {
-                *g.runs.entry(RunGaugeKey::of(run.status, run.pull_point.as_ref())).or_default() += 1;
+                *g.runs
+                    .entry(RunGaugeKey::of(run.status, run.pull_point.as_ref()))
+                    .or_default() += 1;
             }
             match page.last() {
                 Some(last) if page.len() == filter.limit => filter.after = Some(last.run_id),
                 _ => break,
             }
         }
-        let pending = self.approvals(&ApprovalFilter { pending_only: true, limit: 1000, ..ApprovalFilter::default() }).await?;
+        let pending = self
+            .approvals(&ApprovalFilter {
+                pending_only: true,
+                limit: 1000,
+                ..ApprovalFilter::default()
+            })
+            .await?;
         g.approvals_pending = pending.len() as u64;
-        g.approvals_overdue = pending.iter().filter(|a| a.expires_at.is_some_and(|t| t <= now)).count() as u64;
-        g.oldest_approval_age_seconds = pending.iter().map(|a| (now - a.requested_at).num_milliseconds().max(0) as f64 / 1000.0).fold(0.0, f64::max);
+        g.approvals_overdue = pending
+            .iter()
+            .filter(|a| a.expires_at.is_some_and(|t| t <= now))
+            .count() as u64;
+        g.oldest_approval_age_seconds = pending
+            .iter()
+            .map(|a| (now - a.requested_at).num_milliseconds().max(0) as f64 / 1000.0)
+            .fold(0.0, f64::max);
         Ok(g)
     }
 }
@@ -591,7 +645,13 @@ pub struct RunGaugeKey {
 impl RunGaugeKey {
     /// The bucket of a run with this status and pull point.
     pub fn of(status: RunStatus, pull_point: Option<&PullPoint>) -> RunGaugeKey {
-        RunGaugeKey { status: status.as_str(), pull_point: pull_point.filter(|_| status == RunStatus::Parked).map(|p| p.name().to_owned()).unwrap_or_default() }
+        RunGaugeKey {
+            status: status.as_str(),
+            pull_point: pull_point
+                .filter(|_| status == RunStatus::Parked)
+                .map(|p| p.name().to_owned())
+                .unwrap_or_default(),
+        }
     }
 }
 
@@ -617,10 +677,20 @@ pub struct LogGauges {
 /// decided.
 pub fn dedupe_key(payload: &Resume) -> Option<String> {
     match payload {
-        Resume::Approval { call_id, request_seq: Some(seq), .. } => Some(format!("approval:{call_id}:{seq}")),
-        Resume::Approval { call_id, args_hash, .. } => Some(format!("approval:{call_id}:{args_hash}")),
+        Resume::Approval {
+            call_id,
+            request_seq: Some(seq),
+            ..
+        } => Some(format!("approval:{call_id}:{seq}")),
+        Resume::Approval {
+            call_id, args_hash, ..
+        } => Some(format!("approval:{call_id}:{args_hash}")),
         Resume::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
-        Resume::Escalate { call_id, request_seq, .. } => Some(format!("escalate:{call_id}:{}", request_seq.unwrap_or(0))),
+        Resume::Escalate {
+            call_id,
+            request_seq,
+            ..
+        } => Some(format!("escalate:{call_id}:{}", request_seq.unwrap_or(0))),
         Resume::Cancel { .. } => Some(CANCEL_KEY.to_owned()),
         _ => None,
     }
@@ -712,7 +782,11 @@ pub trait JobQueue: Send + Sync {
     /// Ready jobs, consumers and dead-lettered jobs. The default knows only
     /// [`JobQueue::depth`].
     async fn stats(&self) -> Result<QueueStats, QueueError> {
-        Ok(QueueStats { ready: self.depth().await?, consumers: None, dead_lettered: None })
+        Ok(QueueStats {
+            ready: self.depth().await?,
+            consumers: None,
+            dead_lettered: None,
+        })
     }
 }
 
@@ -737,27 +811,48 @@ pub struct Spend {
 
 impl Spend {
     /// Nothing spent.
-    pub const ZERO: Spend = Spend { tokens: 0, cost_usd_micros: 0 };
+    pub const ZERO: Spend = Spend {
+        tokens: 0,
+        cost_usd_micros: 0,
+    };
 
     /// The spend of a call that used `usage` and cost `cost_usd_micros`.
     pub fn of(usage: &Usage, cost_usd_micros: u64) -> Spend {
-        Spend { tokens: usage.total(), cost_usd_micros }
+        Spend {
+            tokens: usage.total(),
+            cost_usd_micros,
+        }
     }
 
     /// The model spend an event records: `model.response`, `plan.draft` and
     /// `context.compacted` carry usage and cost; every other event `None`.
     pub fn of_event(kind: &EventKind) -> Option<Spend> {
         match kind {
-            EventKind::ModelResponse { usage, cost_usd_micros, .. }
-            | EventKind::PlanDraft { usage, cost_usd_micros, .. }
-            | EventKind::ContextCompacted { usage, cost_usd_micros, .. } => Some(Spend::of(usage, *cost_usd_micros)),
+            EventKind::ModelResponse {
+                usage,
+                cost_usd_micros,
+                ..
+            }
+            | EventKind::PlanDraft {
+                usage,
+                cost_usd_micros,
+                ..
+            }
+            | EventKind::ContextCompacted {
+                usage,
+                cost_usd_micros,
+                ..
+            } => Some(Spend::of(usage, *cost_usd_micros)),
             _ => None,
         }
     }
 
     /// Both amounts added, saturating.
     pub fn saturating_add(self, other: Spend) -> Spend {
-        Spend { tokens: self.tokens.saturating_add(other.tokens), cost_usd_micros: self.cost_usd_micros.saturating_add(other.cost_usd_micros) }
+        Spend {
+            tokens: self.tokens.saturating_add(other.tokens),
+            cost_usd_micros: self.cost_usd_micros.saturating_add(other.cost_usd_micros),
+        }
     }
 }
 
@@ -861,7 +956,10 @@ pub trait Ledger: Send + Sync {
     /// Push a live event to the run's subscribers (best effort).
     async fn publish_live(&self, run_id: Uuid, event: &LiveEvent) -> Result<(), LedgerError>;
     /// Live events of a run from now on.
-    async fn subscribe_live(&self, run_id: Uuid) -> Result<BoxStream<'static, LiveEvent>, LedgerError>;
+    async fn subscribe_live(
+        &self,
+        run_id: Uuid,
+    ) -> Result<BoxStream<'static, LiveEvent>, LedgerError>;
     /// True when the store answers.
     async fn ready(&self) -> Result<(), LedgerError>;
 
@@ -875,9 +973,17 @@ pub trait Ledger: Send + Sync {
     /// Errors: [`LedgerError::Unavailable`] when the store does not answer;
     /// the reservation may or may not have been made, and asking again with
     /// the same request id is safe.
-    async fn reserve(&self, scope: &str, request_id: &str, amount: Spend, cap: SpendCap) -> Result<Reservation, LedgerError> {
+    async fn reserve(
+        &self,
+        scope: &str,
+        request_id: &str,
+        amount: Spend,
+        cap: SpendCap,
+    ) -> Result<Reservation, LedgerError> {
         let _ = (scope, request_id, amount, cap);
-        Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
+        Err(LedgerError::Unavailable(
+            "this ledger keeps no budgets".into(),
+        ))
     }
 
     /// Settle the call `request_id` at `actual`: its reservation (if the
@@ -887,9 +993,16 @@ pub trait Ledger: Send + Sync {
     /// settled one changes nothing. The counter never goes below zero.
     ///
     /// Errors: as [`Ledger::reserve`]; settling again is safe.
-    async fn settle(&self, scope: &str, request_id: &str, actual: Spend) -> Result<Settlement, LedgerError> {
+    async fn settle(
+        &self,
+        scope: &str,
+        request_id: &str,
+        actual: Spend,
+    ) -> Result<Settlement, LedgerError> {
         let _ = (scope, request_id, actual);
-        Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
+        Err(LedgerError::Unavailable(
+            "this ledger keeps no budgets".into(),
+        ))
     }
 
     /// Create `scope`'s counter at `used`, living `ttl` (whole seconds, at
@@ -898,7 +1011,9 @@ pub trait Ledger: Send + Sync {
     /// Errors: as [`Ledger::reserve`]; seeding again is safe.
     async fn seed(&self, scope: &str, used: Spend, ttl: Duration) -> Result<bool, LedgerError> {
         let _ = (scope, used, ttl);
-        Err(LedgerError::Unavailable("this ledger keeps no budgets".into()))
+        Err(LedgerError::Unavailable(
+            "this ledger keeps no budgets".into(),
+        ))
     }
 
     /// Hold tool results until they are in the log: each under its call's
@@ -914,7 +1029,9 @@ pub trait Ledger: Send + Sync {
     /// (the results may or may not be held); the default keeps nothing.
     async fn hold_results(&self, held: &[(String, HeldResult)]) -> Result<(), LedgerError> {
         let _ = held;
-        Err(LedgerError::Unavailable("this ledger holds no tool results".into()))
+        Err(LedgerError::Unavailable(
+            "this ledger holds no tool results".into(),
+        ))
     }
 
     /// The result held under the idempotency key `key`, if any (never held,
@@ -984,18 +1101,36 @@ pub const LEDGER: &str = "ledger";
 /// declare on RabbitMQ) and [`LEDGER`] ([`Ledger::ready`]) → `ok`, the
 /// port's error, or `no answer within N ms`. The three run concurrently.
 /// What `/readyz` of the dispatcher and of a worker report.
-pub async fn readiness(log: &dyn EventLog, queue: &dyn JobQueue, ledger: &dyn Ledger, timeout: Duration) -> std::collections::BTreeMap<String, String> {
+pub async fn readiness(
+    log: &dyn EventLog,
+    queue: &dyn JobQueue,
+    ledger: &dyn Ledger,
+    timeout: Duration,
+) -> std::collections::BTreeMap<String, String> {
     let timed = |r: Result<Result<(), String>, tokio::time::error::Elapsed>| match r {
         Ok(Ok(())) => "ok".to_owned(),
         Ok(Err(e)) => e,
         Err(_) => format!("no answer within {} ms", timeout.as_millis()),
     };
     let (l, q, d) = futures::join!(
-        tokio::time::timeout(timeout, async { log.ready().await.map_err(|e| e.to_string()) }),
-        tokio::time::timeout(timeout, async { queue.depth().await.map(|_| ()).map_err(|e| e.to_string()) }),
-        tokio::time::timeout(timeout, async { ledger.ready().await.map_err(|e| e.to_string()) }),
+        tokio::time::timeout(timeout, async {
+            log.ready().await.map_err(|e| e.to_string())
+        }),
+        tokio::time::timeout(timeout, async {
+            queue.depth().await.map(|_| ()).map_err(|e| e.to_string())
+        }),
+        tokio::time::timeout(timeout, async {
+            ledger.ready().await.map_err(|e| e.to_string())
+        }),
     );
-    [(EVENT_LOG, timed(l)), (JOB_QUEUE, timed(q)), (LEDGER, timed(d))].into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+    [
+        (EVENT_LOG, timed(l)),
+        (JOB_QUEUE, timed(q)),
+        (LEDGER, timed(d)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
 }
 
 #[cfg(test)]
@@ -1005,11 +1140,25 @@ mod tests {
     #[test]
     fn a_job_without_the_resume_field_is_a_start_and_a_start_is_written_without_it() {
         let run_id = Uuid::now_v7();
-        let old: Job = serde_json::from_value(serde_json::json!({"run_id": run_id, "head_seq": 7})).unwrap();
-        assert_eq!(old, Job::start(run_id, 7), "outbox rows and messages from before the field read as starts");
-        assert_eq!(serde_json::to_value(Job::start(run_id, 7)).unwrap(), serde_json::json!({"run_id": run_id, "head_seq": 7}));
+        let old: Job =
+            serde_json::from_value(serde_json::json!({"run_id": run_id, "head_seq": 7})).unwrap();
+        assert_eq!(
+            old,
+            Job::start(run_id, 7),
+            "outbox rows and messages from before the field read as starts"
+        );
+        assert_eq!(
+            serde_json::to_value(Job::start(run_id, 7)).unwrap(),
+            serde_json::json!({"run_id": run_id, "head_seq": 7})
+        );
         let resume = serde_json::to_value(Job::resume(run_id, 8)).unwrap();
-        assert_eq!(resume, serde_json::json!({"run_id": run_id, "head_seq": 8, "resume": true}));
-        assert_eq!(serde_json::from_value::<Job>(resume).unwrap(), Job::resume(run_id, 8));
+        assert_eq!(
+            resume,
+            serde_json::json!({"run_id": run_id, "head_seq": 8, "resume": true})
+        );
+        assert_eq!(
+            serde_json::from_value::<Job>(resume).unwrap(),
+            Job::resume(run_id, 8)
+        );
     }
 }

@@ -16,8 +16,10 @@ use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
 use crate::{
-    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
-    LogError, NewRun, Orphan, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
+    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog,
+    HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError, NewRun, Orphan,
+    QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap,
+    dedupe_key,
 };
 
 struct Record {
@@ -69,7 +71,12 @@ impl EventLog for MemoryLog {
         {
             return Ok((inner.runs[existing].summary.clone(), false));
         }
-        let state = RunState::replay(run_id, std::slice::from_ref(&new.start)).map_err(|e| LogError::Invalid { run_id, reason: e.to_string() })?;
+        let state = RunState::replay(run_id, std::slice::from_ref(&new.start)).map_err(|e| {
+            LogError::Invalid {
+                run_id,
+                reason: e.to_string(),
+            }
+        })?;
         let now = Utc::now();
         let summary = RunSummary {
             run_id,
@@ -85,19 +92,35 @@ impl EventLog for MemoryLog {
             updated_at: now,
         };
         if inner.runs.contains_key(&run_id) {
-            return Err(LogError::Invalid { run_id, reason: "run id already exists".into() });
+            return Err(LogError::Invalid {
+                run_id,
+                reason: "run id already exists".into(),
+            });
         }
         if let Some(key) = new.idempotency_key {
             inner.keys.insert((new.tenant, key), run_id);
         }
-        inner.runs.insert(run_id, Record { summary: summary.clone(), state, events: vec![new.start], lease: None, inbox: Vec::new() });
+        inner.runs.insert(
+            run_id,
+            Record {
+                summary: summary.clone(),
+                state,
+                events: vec![new.start],
+                lease: None,
+                inbox: Vec::new(),
+            },
+        );
         let id = inner.id();
         inner.outbox.insert(id, Job::start(run_id, 1));
         Ok((summary, true))
     }
 
     async fn get_run(&self, run_id: Uuid) -> Result<RunSummary, LogError> {
-        lock(&self.inner).runs.get(&run_id).map(|r| r.summary.clone()).ok_or(LogError::NotFound(run_id))
+        lock(&self.inner)
+            .runs
+            .get(&run_id)
+            .map(|r| r.summary.clone())
+            .ok_or(LogError::NotFound(run_id))
     }
 
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError> {
@@ -120,30 +143,55 @@ impl EventLog for MemoryLog {
     async fn events(&self, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError> {
         let inner = lock(&self.inner);
         let r = inner.runs.get(&run_id).ok_or(LogError::NotFound(run_id))?;
-        Ok(r.events.iter().skip(after as usize).take(limit).cloned().collect())
+        Ok(r.events
+            .iter()
+            .skip(after as usize)
+            .take(limit)
+            .cloned()
+            .collect())
     }
 
     async fn load(&self, run_id: Uuid) -> Result<RunState, LogError> {
-        lock(&self.inner).runs.get(&run_id).map(|r| r.state.clone()).ok_or(LogError::NotFound(run_id))
+        lock(&self.inner)
+            .runs
+            .get(&run_id)
+            .map(|r| r.state.clone())
+            .ok_or(LogError::NotFound(run_id))
     }
 
     async fn acquire(&self, run_id: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
         let mut inner = lock(&self.inner);
-        let r = inner.runs.get_mut(&run_id).ok_or(LogError::NotFound(run_id))?;
+        let r = inner
+            .runs
+            .get_mut(&run_id)
+            .ok_or(LogError::NotFound(run_id))?;
         let now = Utc::now();
         if let Some(held) = &r.lease
             && held.expires_at > now
         {
-            return Err(LogError::LeaseHeld { run_id, owner: held.owner.clone(), until: held.expires_at });
+            return Err(LogError::LeaseHeld {
+                run_id,
+                owner: held.owner.clone(),
+                until: held.expires_at,
+            });
         }
-        let lease = Lease { run_id, owner: owner.to_owned(), token: Uuid::now_v7(), expires_at: now + ttl_of(ttl), taken_over: r.lease.is_some() };
+        let lease = Lease {
+            run_id,
+            owner: owner.to_owned(),
+            token: Uuid::now_v7(),
+            expires_at: now + ttl_of(ttl),
+            taken_over: r.lease.is_some(),
+        };
         r.lease = Some(lease.clone());
         Ok(lease)
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
         let mut inner = lock(&self.inner);
-        let r = inner.runs.get_mut(&lease.run_id).ok_or(LogError::NotFound(lease.run_id))?;
+        let r = inner
+            .runs
+            .get_mut(&lease.run_id)
+            .ok_or(LogError::NotFound(lease.run_id))?;
         let now = Utc::now();
         match &mut r.lease {
             Some(held) if held.token == lease.token && held.expires_at > now => {
@@ -164,25 +212,48 @@ impl EventLog for MemoryLog {
         Ok(())
     }
 
-    async fn commit(&self, lease: &Lease, events: &[Event], state: &RunState, consumed: &[i64]) -> Result<(), LogError> {
+    async fn commit(
+        &self,
+        lease: &Lease,
+        events: &[Event],
+        state: &RunState,
+        consumed: &[i64],
+    ) -> Result<(), LogError> {
         let mut inner = lock(&self.inner);
         let run_id = lease.run_id;
-        let r = inner.runs.get_mut(&run_id).ok_or(LogError::NotFound(run_id))?;
-        if !r.lease.as_ref().is_some_and(|l| l.token == lease.token && l.expires_at > Utc::now()) {
+        let r = inner
+            .runs
+            .get_mut(&run_id)
+            .ok_or(LogError::NotFound(run_id))?;
+        if !r
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.token == lease.token && l.expires_at > Utc::now())
+        {
             return Err(LogError::LeaseLost(run_id));
         }
         let head = r.summary.head_seq;
         if let Some(first) = events.first()
             && first.seq != head + 1
         {
-            return Err(LogError::Conflict { run_id, expected: first.seq - 1, actual: head });
+            return Err(LogError::Conflict {
+                run_id,
+                expected: first.seq - 1,
+                actual: head,
+            });
         }
         let mut next = r.state.clone();
         for e in events {
-            next.apply(e).map_err(|err| LogError::Invalid { run_id, reason: err.to_string() })?;
+            next.apply(e).map_err(|err| LogError::Invalid {
+                run_id,
+                reason: err.to_string(),
+            })?;
         }
         if next.head_seq != state.head_seq {
-            return Err(LogError::Invalid { run_id, reason: "state does not match the events".into() });
+            return Err(LogError::Invalid {
+                run_id,
+                reason: "state does not match the events".into(),
+            });
         }
         r.events.extend_from_slice(events);
         r.summary = r.summary.updated(&next, Utc::now());
@@ -196,10 +267,17 @@ impl EventLog for MemoryLog {
         for e in events {
             match &e.kind {
                 EventKind::ApprovalRequested { .. } => {
-                    inner.approvals.extend(crate::archive::ApprovalRecord::requested(e).map(|a| a.into_row(run_id, tenant.clone())));
+                    inner.approvals.extend(
+                        crate::archive::ApprovalRecord::requested(e)
+                            .map(|a| a.into_row(run_id, tenant.clone())),
+                    );
                 }
                 EventKind::ApprovalResolved { call_id, .. } => {
-                    for a in inner.approvals.iter_mut().filter(|a| a.run_id == run_id && &a.call_id == call_id) {
+                    for a in inner
+                        .approvals
+                        .iter_mut()
+                        .filter(|a| a.run_id == run_id && &a.call_id == call_id)
+                    {
                         a.status = ApprovalStatus::Decided;
                     }
                 }
@@ -218,22 +296,42 @@ impl EventLog for MemoryLog {
         let mut inner = lock(&self.inner);
         let id = inner.id();
         let key = dedupe_key(&payload);
-        let r = inner.runs.get_mut(&run_id).ok_or(LogError::NotFound(run_id))?;
+        let r = inner
+            .runs
+            .get_mut(&run_id)
+            .ok_or(LogError::NotFound(run_id))?;
         if r.summary.status == RunStatus::Done {
             return Err(LogError::Finished(run_id));
         }
         if let Some(k) = &key
             && r.inbox.iter().any(|(_, d, _)| d.as_ref() == Some(k))
         {
-            return Err(LogError::Duplicate { run_id, what: crate::dedupe_what(k) });
+            return Err(LogError::Duplicate {
+                run_id,
+                what: crate::dedupe_what(k),
+            });
         }
-        if r.inbox.iter().any(|(_, d, done)| !done && d.as_deref() == Some(crate::CANCEL_KEY)) {
+        if r.inbox
+            .iter()
+            .any(|(_, d, done)| !done && d.as_deref() == Some(crate::CANCEL_KEY))
+        {
             return Err(LogError::Cancelled(run_id));
         }
-        r.inbox.push((InboxItem { id, payload: payload.clone() }, key, false));
+        r.inbox.push((
+            InboxItem {
+                id,
+                payload: payload.clone(),
+            },
+            key,
+            false,
+        ));
         let head_seq = r.summary.head_seq;
         if let Resume::Approval { call_id, .. } = &payload {
-            for a in inner.approvals.iter_mut().filter(|a| a.run_id == run_id && &a.call_id == call_id) {
+            for a in inner
+                .approvals
+                .iter_mut()
+                .filter(|a| a.run_id == run_id && &a.call_id == call_id)
+            {
                 a.status = ApprovalStatus::Decided;
             }
         }
@@ -245,7 +343,11 @@ impl EventLog for MemoryLog {
     async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError> {
         let inner = lock(&self.inner);
         let r = inner.runs.get(&run_id).ok_or(LogError::NotFound(run_id))?;
-        Ok(r.inbox.iter().filter(|(_, _, done)| !done).map(|(i, _, _)| i.clone()).collect())
+        Ok(r.inbox
+            .iter()
+            .filter(|(_, _, done)| !done)
+            .map(|(i, _, _)| i.clone())
+            .collect())
     }
 
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
@@ -258,7 +360,11 @@ impl EventLog for MemoryLog {
             .filter(|a| filter.run_id.is_none_or(|r| a.run_id == r))
             .filter(|a| !filter.pending_only || a.status == ApprovalStatus::Pending)
             .filter(|a| {
-                filter.expired_by.is_none_or(|t| a.status == ApprovalStatus::Pending && !a.escalated && a.expires_at.is_some_and(|e| e <= t))
+                filter.expired_by.is_none_or(|t| {
+                    a.status == ApprovalStatus::Pending
+                        && !a.escalated
+                        && a.expires_at.is_some_and(|e| e <= t)
+                })
             })
             .cloned()
             .collect();
@@ -269,13 +375,22 @@ impl EventLog for MemoryLog {
 
     async fn escalate(&self, run_id: Uuid, call_id: &str) -> Result<(), LogError> {
         let mut inner = lock(&self.inner);
-        let row = inner.approvals.iter_mut().find(|a| a.run_id == run_id && a.call_id == call_id).ok_or(LogError::NotFound(run_id))?;
+        let row = inner
+            .approvals
+            .iter_mut()
+            .find(|a| a.run_id == run_id && a.call_id == call_id)
+            .ok_or(LogError::NotFound(run_id))?;
         row.escalated = true;
         Ok(())
     }
 
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {
-        Ok(lock(&self.inner).outbox.iter().take(limit).map(|(id, job)| (*id, *job)).collect())
+        Ok(lock(&self.inner)
+            .outbox
+            .iter()
+            .take(limit)
+            .map(|(id, job)| (*id, *job))
+            .collect())
     }
 
     async fn outbox_done(&self, ids: &[i64]) -> Result<(), LogError> {
@@ -292,11 +407,17 @@ impl EventLog for MemoryLog {
         let mut jobs: Vec<Orphan> = inner
             .runs
             .values()
-            .filter(|r| r.summary.status == RunStatus::Runnable || r.inbox.iter().any(|(_, _, done)| !done))
+            .filter(|r| {
+                r.summary.status == RunStatus::Runnable || r.inbox.iter().any(|(_, _, done)| !done)
+            })
             .filter(|r| r.summary.status != RunStatus::Done)
             .filter(|r| r.lease.as_ref().is_none_or(|l| l.expires_at <= now))
             .map(|r| Orphan {
-                job: Job { run_id: r.summary.run_id, head_seq: r.summary.head_seq, resume: r.inbox.iter().any(|(_, _, done)| !done) },
+                job: Job {
+                    run_id: r.summary.run_id,
+                    head_seq: r.summary.head_seq,
+                    resume: r.inbox.iter().any(|(_, _, done)| !done),
+                },
                 queued: r.summary.head_seq == 1 && r.lease.is_none(),
             })
             .collect();
@@ -324,9 +445,18 @@ impl EventLog for MemoryLog {
         Ok(())
     }
 
-    async fn put_agent(&self, tenant: &str, name: &str, definition: &str, content_hash: &str) -> Result<(AgentVersion, bool), LogError> {
+    async fn put_agent(
+        &self,
+        tenant: &str,
+        name: &str,
+        definition: &str,
+        content_hash: &str,
+    ) -> Result<(AgentVersion, bool), LogError> {
         let mut inner = lock(&self.inner);
-        let versions = inner.agents.entry((tenant.to_owned(), name.to_owned())).or_default();
+        let versions = inner
+            .agents
+            .entry((tenant.to_owned(), name.to_owned()))
+            .or_default();
         if let Some(last) = versions.last()
             && last.content_hash == content_hash
         {
@@ -335,7 +465,8 @@ impl EventLog for MemoryLog {
         let version = AgentVersion {
             tenant: tenant.to_owned(),
             name: name.to_owned(),
-            version: u32::try_from(versions.len() + 1).map_err(|_| LogError::Unavailable("too many versions".into()))?,
+            version: u32::try_from(versions.len() + 1)
+                .map_err(|_| LogError::Unavailable("too many versions".into()))?,
             content_hash: content_hash.to_owned(),
             definition: definition.to_owned(),
             created_at: Utc::now(),
@@ -344,9 +475,16 @@ impl EventLog for MemoryLog {
         Ok((version, true))
     }
 
-    async fn get_agent(&self, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError> {
+    async fn get_agent(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<AgentVersion>, LogError> {
         let inner = lock(&self.inner);
-        let Some(versions) = inner.agents.get(&(tenant.to_owned(), name.to_owned())) else { return Ok(None) };
+        let Some(versions) = inner.agents.get(&(tenant.to_owned(), name.to_owned())) else {
+            return Ok(None);
+        };
         Ok(match version {
             None => versions.last().cloned(),
             Some(v) => versions.iter().find(|a| a.version == v).cloned(),
@@ -355,7 +493,12 @@ impl EventLog for MemoryLog {
 
     async fn list_agents(&self, tenant: &str) -> Result<Vec<AgentVersion>, LogError> {
         let inner = lock(&self.inner);
-        Ok(inner.agents.iter().filter(|((t, _), _)| t == tenant).filter_map(|(_, versions)| versions.last().cloned()).collect())
+        Ok(inner
+            .agents
+            .iter()
+            .filter(|((t, _), _)| t == tenant)
+            .filter_map(|(_, versions)| versions.last().cloned())
+            .collect())
     }
 }
 
@@ -381,8 +524,13 @@ struct Senders {
 impl Senders {
     /// Queue `job` in its line (`redelivered` as it will be delivered).
     fn send(&self, job: Job, redelivered: bool) -> Result<(), QueueError> {
-        let line = if job.resume { &self.resumes } else { &self.starts };
-        line.send((job, redelivered)).map_err(|_| QueueError::Closed)
+        let line = if job.resume {
+            &self.resumes
+        } else {
+            &self.starts
+        };
+        line.send((job, redelivered))
+            .map_err(|_| QueueError::Closed)
     }
 }
 
@@ -397,7 +545,10 @@ impl Default for MemoryQueue {
         let (starts, starts_rx) = mpsc::unbounded_channel();
         MemoryQueue {
             tx: Senders { resumes, starts },
-            rx: tokio::sync::Mutex::new(Receivers { resumes: resumes_rx, starts: starts_rx }),
+            rx: tokio::sync::Mutex::new(Receivers {
+                resumes: resumes_rx,
+                starts: starts_rx,
+            }),
             depth: Default::default(),
         }
     }
@@ -406,8 +557,17 @@ impl Default for MemoryQueue {
 impl MemoryQueue {
     fn delivery(&self, (job, redelivered): (Job, bool)) -> Delivery {
         self.depth.fetch_sub(1, Ordering::SeqCst);
-        let acker = MemoryAcker { job, tx: self.tx.clone(), depth: self.depth.clone() };
-        Delivery { job, redelivered, acker: Box::new(acker), enqueued_at: None }
+        let acker = MemoryAcker {
+            job,
+            tx: self.tx.clone(),
+            depth: self.depth.clone(),
+        };
+        Delivery {
+            job,
+            redelivered,
+            acker: Box::new(acker),
+            enqueued_at: None,
+        }
     }
 }
 
@@ -504,19 +664,28 @@ impl MemoryLedger {
     fn channel(&self, run_id: Uuid) -> broadcast::Sender<LiveEvent> {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         live.retain(|_, tx| tx.receiver_count() > 0);
-        live.entry(run_id).or_insert_with(|| broadcast::channel(1024).0).clone()
+        live.entry(run_id)
+            .or_insert_with(|| broadcast::channel(1024).0)
+            .clone()
     }
 }
 
 #[async_trait]
 impl Ledger for MemoryLedger {
     async fn cancel(&self, run_id: Uuid) -> Result<(), LedgerError> {
-        self.cancelled.lock().unwrap_or_else(|e| e.into_inner()).insert(run_id);
+        self.cancelled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(run_id);
         Ok(())
     }
 
     async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError> {
-        Ok(self.cancelled.lock().unwrap_or_else(|e| e.into_inner()).contains(&run_id))
+        Ok(self
+            .cancelled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&run_id))
     }
 
     async fn set_paused(&self, run_id: Uuid, paused: bool) -> Result<(), LedgerError> {
@@ -530,7 +699,14 @@ impl Ledger for MemoryLedger {
     }
 
     async fn signal(&self, run_id: Uuid) -> Result<Signal, LedgerError> {
-        Ok(Signal { cancelled: self.is_cancelled(run_id).await?, paused: self.paused.lock().unwrap_or_else(|e| e.into_inner()).contains(&run_id) })
+        Ok(Signal {
+            cancelled: self.is_cancelled(run_id).await?,
+            paused: self
+                .paused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&run_id),
+        })
     }
 
     async fn publish_live(&self, run_id: Uuid, event: &LiveEvent) -> Result<(), LedgerError> {
@@ -538,7 +714,10 @@ impl Ledger for MemoryLedger {
         Ok(())
     }
 
-    async fn subscribe_live(&self, run_id: Uuid) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
+    async fn subscribe_live(
+        &self,
+        run_id: Uuid,
+    ) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
         let rx = self.channel(run_id).subscribe();
         let stream = futures::stream::unfold(rx, |mut rx| async move {
             loop {
@@ -556,35 +735,70 @@ impl Ledger for MemoryLedger {
         Ok(())
     }
 
-    async fn reserve(&self, scope: &str, request_id: &str, amount: Spend, cap: SpendCap) -> Result<Reservation, LedgerError> {
+    async fn reserve(
+        &self,
+        scope: &str,
+        request_id: &str,
+        amount: Spend,
+        cap: SpendCap,
+    ) -> Result<Reservation, LedgerError> {
         let mut budgets = self.budget_counters();
-        let Some(c) = budgets.get_mut(scope) else { return Ok(Reservation::Missing) };
+        let Some(c) = budgets.get_mut(scope) else {
+            return Ok(Reservation::Missing);
+        };
         if c.requests.contains_key(request_id) {
             return Ok(Reservation::Granted { used: c.used });
         }
-        let refuses = |cap: Option<u64>, used: u64, amount: u64| cap.is_some_and(|cap| used >= cap || used.saturating_add(amount) > cap);
-        if refuses(cap.cost_usd_micros, c.used.cost_usd_micros, amount.cost_usd_micros) {
-            return Ok(Reservation::Exceeded { used: c.used, cap: CapKind::Cost });
+        let refuses = |cap: Option<u64>, used: u64, amount: u64| {
+            cap.is_some_and(|cap| used >= cap || used.saturating_add(amount) > cap)
+        };
+        if refuses(
+            cap.cost_usd_micros,
+            c.used.cost_usd_micros,
+            amount.cost_usd_micros,
+        ) {
+            return Ok(Reservation::Exceeded {
+                used: c.used,
+                cap: CapKind::Cost,
+            });
         }
         if refuses(cap.tokens, c.used.tokens, amount.tokens) {
-            return Ok(Reservation::Exceeded { used: c.used, cap: CapKind::Tokens });
+            return Ok(Reservation::Exceeded {
+                used: c.used,
+                cap: CapKind::Tokens,
+            });
         }
         c.used = c.used.saturating_add(amount);
         c.requests.insert(request_id.to_owned(), Some(amount));
         Ok(Reservation::Granted { used: c.used })
     }
 
-    async fn settle(&self, scope: &str, request_id: &str, actual: Spend) -> Result<Settlement, LedgerError> {
+    async fn settle(
+        &self,
+        scope: &str,
+        request_id: &str,
+        actual: Spend,
+    ) -> Result<Settlement, LedgerError> {
         let mut budgets = self.budget_counters();
-        let Some(c) = budgets.get_mut(scope) else { return Ok(Settlement::Missing) };
+        let Some(c) = budgets.get_mut(scope) else {
+            return Ok(Settlement::Missing);
+        };
         let reserved = match c.requests.get(request_id) {
             Some(None) => return Ok(Settlement::Settled { used: c.used }),
             Some(Some(amount)) => *amount,
             None => Spend::ZERO,
         };
         c.used = Spend {
-            tokens: c.used.tokens.saturating_sub(reserved.tokens).saturating_add(actual.tokens),
-            cost_usd_micros: c.used.cost_usd_micros.saturating_sub(reserved.cost_usd_micros).saturating_add(actual.cost_usd_micros),
+            tokens: c
+                .used
+                .tokens
+                .saturating_sub(reserved.tokens)
+                .saturating_add(actual.tokens),
+            cost_usd_micros: c
+                .used
+                .cost_usd_micros
+                .saturating_sub(reserved.cost_usd_micros)
+                .saturating_add(actual.cost_usd_micros),
         };
         c.requests.insert(request_id.to_owned(), None);
         Ok(Settlement::Settled { used: c.used })
@@ -596,8 +810,17 @@ impl Ledger for MemoryLedger {
             return Ok(false);
         }
         let now = std::time::Instant::now();
-        let expires_at = now.checked_add(ttl.max(Duration::from_secs(1))).unwrap_or(now + Duration::from_secs(100 * 365 * 24 * 3600));
-        budgets.insert(scope.to_owned(), Counter { used, requests: HashMap::new(), expires_at });
+        let expires_at = now
+            .checked_add(ttl.max(Duration::from_secs(1)))
+            .unwrap_or(now + Duration::from_secs(100 * 365 * 24 * 3600));
+        budgets.insert(
+            scope.to_owned(),
+            Counter {
+                used,
+                requests: HashMap::new(),
+                expires_at,
+            },
+        );
         Ok(true)
     }
 
@@ -614,7 +837,10 @@ impl Ledger for MemoryLedger {
 
     async fn held_result(&self, key: &str) -> Result<Option<HeldResult>, LedgerError> {
         let kept = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(kept.get(key).filter(|(_, expires_at)| *expires_at > std::time::Instant::now()).map(|(r, _)| r.clone()))
+        Ok(kept
+            .get(key)
+            .filter(|(_, expires_at)| *expires_at > std::time::Instant::now())
+            .map(|(r, _)| r.clone()))
     }
 
     async fn release_held(&self, keys: &[String]) -> Result<(), LedgerError> {

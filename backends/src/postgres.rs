@@ -61,12 +61,14 @@
 //! [`LogError::Invalid`].
 
 use std::future::Future;
-use std::time::Duration;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
-use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Transaction};
+use deadpool_postgres::{
+    GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Transaction,
+};
 use glia_proto::{Event, EventKind, Phase, Resume, RunState};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -78,9 +80,9 @@ use tokio_postgres::{Config, NoTls, Row};
 use uuid::Uuid;
 
 use crate::{
-    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease, LogError, LogGauges, NewRun, Opened, Orphan, Opening, RunGaugeKey, RunFilter, RunStatus,
-    RunSummary, Spend,
-    dedupe_key,
+    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease,
+    LogError, LogGauges, NewRun, Opened, Opening, Orphan, RunFilter, RunGaugeKey, RunStatus,
+    RunSummary, Spend, dedupe_key,
 };
 
 /// `backends/migrations/V<n>__<name>.sql`, compiled in. Edits to an
@@ -207,7 +209,9 @@ pub struct PgLog {
 
 impl std::fmt::Debug for PgLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgLog").field("pool", &self.pool.status()).finish_non_exhaustive()
+        f.debug_struct("PgLog")
+            .field("pool", &self.pool.status())
+            .finish_non_exhaustive()
     }
 }
 
@@ -217,7 +221,9 @@ impl PgLog {
     /// the pool. Errors: [`LogError::Unavailable`] for a malformed URL, an
     /// unreachable server or a failed migration.
     pub async fn connect(url: &str, options: PgOptions) -> Result<PgLog, LogError> {
-        let config: Config = url.parse().map_err(|e| LogError::Unavailable(format!("invalid database url: {e}")))?;
+        let config: Config = url
+            .parse()
+            .map_err(|e| LogError::Unavailable(format!("invalid database url: {e}")))?;
         PgLog::connect_with(config, options).await
     }
 
@@ -242,7 +248,13 @@ impl PgLog {
         };
         session.options(combined);
         let listen = session.clone();
-        let manager = Manager::from_config(session, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let manager = Manager::from_config(
+            session,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
         let pool = Pool::builder(manager)
             .max_size(options.max_connections.max(1))
             .runtime(Runtime::Tokio1)
@@ -251,7 +263,14 @@ impl PgLog {
             .recycle_timeout(Some(options.recycle_timeout))
             .build()
             .map_err(|e| LogError::Unavailable(format!("building the connection pool: {e}")))?;
-        let group = (options.commit_mode == CommitMode::Group).then(|| group::Committer::start(pool.clone(), options.call_timeout, options.group_lanes, options.group_max));
+        let group = (options.commit_mode == CommitMode::Group).then(|| {
+            group::Committer::start(
+                pool.clone(),
+                options.call_timeout,
+                options.group_lanes,
+                options.group_max,
+            )
+        });
         Ok(PgLog {
             pool,
             call_timeout: options.call_timeout,
@@ -310,19 +329,37 @@ impl PgLog {
     }
 
     /// Run `call` within the call timeout.
-    pub(crate) async fn bounded<T>(&self, what: &str, call: impl Future<Output = Result<T, LogError>>) -> Result<T, LogError> {
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, LogError>>,
+    ) -> Result<T, LogError> {
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(LogError::Unavailable(format!("{what}: no answer within {:?}", self.call_timeout))),
+            Err(_) => Err(LogError::Unavailable(format!(
+                "{what}: no answer within {:?}",
+                self.call_timeout
+            ))),
         }
     }
 
     /// The state the log says after `events`, for a checkpoint: the stored
     /// state (checkpoint + replay) with `events` applied.
-    async fn checkpoint_state(&self, tx: &Transaction<'_>, run_id: Uuid, events: &[Event], claimed: &RunState) -> Result<RunState, LogError> {
-        let mut state = rebuild(tx, run_id).await?.ok_or_else(|| corrupt(format!("run {run_id} has no events")))?;
+    async fn checkpoint_state(
+        &self,
+        tx: &Transaction<'_>,
+        run_id: Uuid,
+        events: &[Event],
+        claimed: &RunState,
+    ) -> Result<RunState, LogError> {
+        let mut state = rebuild(tx, run_id)
+            .await?
+            .ok_or_else(|| corrupt(format!("run {run_id} has no events")))?;
         for e in events {
-            state.apply(e).map_err(|err| LogError::Invalid { run_id, reason: err.to_string() })?;
+            state.apply(e).map_err(|err| LogError::Invalid {
+                run_id,
+                reason: err.to_string(),
+            })?;
         }
         if state != *claimed {
             tracing::warn!(%run_id, seq = state.head_seq, "the committed state differs from the log's; checkpointing the log's");
@@ -343,7 +380,12 @@ pub fn hint_channel(worker_id: &str) -> String {
 /// closed (`Ok`) or the connection fails (`Err`: what failed); `listened`
 /// turns true once the `LISTEN` is in place. A payload that is not a job
 /// is ignored.
-async fn listen(config: &Config, channel: &str, tx: &tokio::sync::mpsc::Sender<Job>, listened: &mut bool) -> Result<(), String> {
+async fn listen(
+    config: &Config,
+    channel: &str,
+    tx: &tokio::sync::mpsc::Sender<Job>,
+    listened: &mut bool,
+) -> Result<(), String> {
     use futures::StreamExt;
     let (client, mut connection) = config.connect(NoTls).await.map_err(|e| describe(&e))?;
     let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -395,15 +437,23 @@ pub fn next_checkpoint(seq: u64, every: u64) -> u64 {
 /// Apply pending migrations on a dedicated connection, holding an advisory
 /// lock so that concurrent starts apply them once.
 async fn migrate(config: &Config) -> Result<(), LogError> {
-    let (mut client, connection) = config.connect(NoTls).await.map_err(|e| unavailable("connecting for migrations", &e))?;
+    let (mut client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(|e| unavailable("connecting for migrations", &e))?;
     let driver = tokio::spawn(connection);
     let result = async {
-        client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK]).await.map_err(|e| unavailable("migration lock", &e))?;
+        client
+            .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(|e| unavailable("migration lock", &e))?;
         let report = embedded::migrations::runner()
             .run_async(&mut client)
             .await
             .map_err(|e| LogError::Unavailable(format!("migrations: {e}")));
-        let _ = client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]).await;
+        let _ = client
+            .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+            .await;
         for m in report?.applied_migrations() {
             tracing::info!(migration = %m, "applied");
         }
@@ -433,7 +483,10 @@ pub(crate) fn unavailable(what: &str, e: &tokio_postgres::Error) -> LogError {
 /// caller's; anything else is the store's.
 fn write_error(run_id: Uuid, what: &str, e: &tokio_postgres::Error) -> LogError {
     match e.code() {
-        Some(code) if code.code().starts_with("22") => LogError::Invalid { run_id, reason: format!("{what}: {}", describe(e)) },
+        Some(code) if code.code().starts_with("22") => LogError::Invalid {
+            run_id,
+            reason: format!("{what}: {}", describe(e)),
+        },
         _ => unavailable(what, e),
     }
 }
@@ -459,7 +512,8 @@ pub(crate) fn corrupt(what: String) -> LogError {
 }
 
 pub(crate) fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, LogError> {
-    row.try_get(name).map_err(|e| corrupt(format!("column {name}: {e}")))
+    row.try_get(name)
+        .map_err(|e| corrupt(format!("column {name}: {e}")))
 }
 
 fn seq_of(value: i64, what: &str) -> Result<u64, LogError> {
@@ -486,10 +540,23 @@ struct JsonCell {
 impl JsonCell {
     fn of<T: Serialize>(value: &T) -> Result<JsonCell, serde_json::Error> {
         let json = serde_json::to_string(value)?;
-        Ok(if has_nul(&json) { JsonCell { text: None, raw: Some(json.into_bytes()) } } else { JsonCell { text: Some(json), raw: None } })
+        Ok(if has_nul(&json) {
+            JsonCell {
+                text: None,
+                raw: Some(json.into_bytes()),
+            }
+        } else {
+            JsonCell {
+                text: Some(json),
+                raw: None,
+            }
+        })
     }
 
-    fn decode<T: DeserializeOwned>(text: Option<String>, raw: Option<Vec<u8>>) -> Result<T, String> {
+    fn decode<T: DeserializeOwned>(
+        text: Option<String>,
+        raw: Option<Vec<u8>>,
+    ) -> Result<T, String> {
         match (text, raw) {
             (Some(text), _) => serde_json::from_str(&text).map_err(|e| e.to_string()),
             (None, Some(raw)) => serde_json::from_slice(&raw).map_err(|e| e.to_string()),
@@ -505,13 +572,18 @@ fn has_nul(json: &str) -> bool {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 pub(crate) fn phase_name(phase: Phase) -> Result<String, LogError> {
     match serde_json::to_value(phase) {
         Ok(Value::String(s)) => Ok(s),
-        other => Err(LogError::Unavailable(format!("phase {phase:?} does not serialise to a name: {other:?}"))),
+        other => Err(LogError::Unavailable(format!(
+            "phase {phase:?} does not serialise to a name: {other:?}"
+        ))),
     }
 }
 
@@ -530,8 +602,7 @@ fn optional_json<T: DeserializeOwned>(row: &Row, name: &str) -> Result<Option<T>
         .transpose()
 }
 
-const SUMMARY_COLUMNS: &str =
-    "id, tenant, batch_id, goal, status, phase, pull_point::text AS pull_point, outcome::text AS outcome, head_seq, created_at, updated_at";
+const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point::text AS pull_point, outcome::text AS outcome, head_seq, created_at, updated_at";
 
 fn summary(row: &Row) -> Result<RunSummary, LogError> {
     let phase: String = col(row, "phase")?;
@@ -541,7 +612,8 @@ fn summary(row: &Row) -> Result<RunSummary, LogError> {
         batch_id: col(row, "batch_id")?,
         goal: col(row, "goal")?,
         status: parse_status(col(row, "status")?)?,
-        phase: serde_json::from_value(Value::String(phase)).map_err(|e| corrupt(format!("column phase: {e}")))?,
+        phase: serde_json::from_value(Value::String(phase))
+            .map_err(|e| corrupt(format!("column phase: {e}")))?,
         pull_point: optional_json(row, "pull_point")?,
         outcome: optional_json(row, "outcome")?,
         head_seq: seq_of(col(row, "head_seq")?, "head_seq")?,
@@ -561,12 +633,25 @@ struct SummaryColumns {
 
 impl SummaryColumns {
     fn of(state: &RunState) -> Result<SummaryColumns, LogError> {
-        let invalid = |e: serde_json::Error| LogError::Invalid { run_id: state.run_id, reason: format!("state does not serialise: {e}") };
+        let invalid = |e: serde_json::Error| LogError::Invalid {
+            run_id: state.run_id,
+            reason: format!("state does not serialise: {e}"),
+        };
         Ok(SummaryColumns {
             status: RunStatus::of(state).as_str(),
             phase: phase_name(state.phase)?,
-            pull_point: state.parked.as_ref().map(serde_json::to_value).transpose().map_err(invalid)?,
-            outcome: state.outcome.as_ref().map(serde_json::to_value).transpose().map_err(invalid)?,
+            pull_point: state
+                .parked
+                .as_ref()
+                .map(serde_json::to_value)
+                .transpose()
+                .map_err(invalid)?,
+            outcome: state
+                .outcome
+                .as_ref()
+                .map(serde_json::to_value)
+                .transpose()
+                .map_err(invalid)?,
             head_seq: sql_seq(state.head_seq),
         })
     }
@@ -588,7 +673,11 @@ struct EncodedEvents {
     blobs: Vec<(String, Vec<u8>)>,
 }
 
-fn encode_events(run_id: Uuid, events: &[Event], blob_threshold: usize) -> Result<EncodedEvents, LogError> {
+fn encode_events(
+    run_id: Uuid,
+    events: &[Event],
+    blob_threshold: usize,
+) -> Result<EncodedEvents, LogError> {
     let invalid = |reason: String| LogError::Invalid { run_id, reason };
     let mut out = EncodedEvents {
         seqs: Vec::with_capacity(events.len()),
@@ -600,13 +689,16 @@ fn encode_events(run_id: Uuid, events: &[Event], blob_threshold: usize) -> Resul
         blobs: Vec::new(),
     };
     for e in events {
-        let seq = i64::try_from(e.seq).map_err(|_| invalid(format!("seq {} out of range", e.seq)))?;
-        let json = serde_json::to_string(&e.kind).map_err(|err| invalid(format!("event {} does not serialise: {err}", e.seq)))?;
+        let seq =
+            i64::try_from(e.seq).map_err(|_| invalid(format!("seq {} out of range", e.seq)))?;
+        let json = serde_json::to_string(&e.kind)
+            .map_err(|err| invalid(format!("event {} does not serialise: {err}", e.seq)))?;
         // Postgres keeps microseconds; the nanoseconds below are stored apart.
         let sub_micro = e.at.timestamp_subsec_nanos() % 1000;
         out.seqs.push(seq);
         out.kinds.push(e.kind.name());
-        out.ats.push(e.at - chrono::Duration::nanoseconds(i64::from(sub_micro)));
+        out.ats
+            .push(e.at - chrono::Duration::nanoseconds(i64::from(sub_micro)));
         out.at_nanos.push(sub_micro as i32);
         if json.len() > blob_threshold || has_nul(&json) {
             let bytes = json.into_bytes();
@@ -632,9 +724,21 @@ const INSERT_EVENTS: &str = "INSERT INTO events (run_id, seq, kind, at, at_nanos
      AS t(seq, kind, at, at_nanos, payload, blob_hash)";
 
 /// Insert encoded events (and their blobs first) in `tx`.
-async fn write_events(tx: &Transaction<'_>, run_id: Uuid, enc: &EncodedEvents) -> Result<u64, tokio_postgres::Error> {
+async fn write_events(
+    tx: &Transaction<'_>,
+    run_id: Uuid,
+    enc: &EncodedEvents,
+) -> Result<u64, tokio_postgres::Error> {
     let insert = tx.prepare_cached(INSERT_EVENTS).await?;
-    let params: [&(dyn ToSql + Sync); 7] = [&run_id, &enc.seqs, &enc.kinds, &enc.ats, &enc.at_nanos, &enc.payloads, &enc.blob_hashes];
+    let params: [&(dyn ToSql + Sync); 7] = [
+        &run_id,
+        &enc.seqs,
+        &enc.kinds,
+        &enc.ats,
+        &enc.at_nanos,
+        &enc.payloads,
+        &enc.blob_hashes,
+    ];
     if enc.blobs.is_empty() {
         return tx.execute(&insert, &params).await;
     }
@@ -643,7 +747,11 @@ async fn write_events(tx: &Transaction<'_>, run_id: Uuid, enc: &EncodedEvents) -
     let bytes: Vec<&[u8]> = enc.blobs.iter().map(|(_, b)| b.as_slice()).collect();
     // Pipelined, blobs first (the events reference them): requests go out in
     // the order the futures are first polled.
-    let (_, n) = futures::future::try_join(tx.execute(&blobs, &[&hashes, &bytes]), tx.execute(&insert, &params)).await?;
+    let (_, n) = futures::future::try_join(
+        tx.execute(&blobs, &[&hashes, &bytes]),
+        tx.execute(&insert, &params),
+    )
+    .await?;
     Ok(n)
 }
 
@@ -668,33 +776,48 @@ pub(crate) const SPEND_KINDS: [&str; 3] = ["model.response", "plan.draft", "cont
 pub(crate) fn spend_of_row(row: &Row, what: &str) -> Result<Spend, LogError> {
     let number = |name: &str| -> Result<u64, LogError> {
         let text: String = col(row, name)?;
-        text.parse().map_err(|_| corrupt(format!("{what}: {name} is {text:?}")))
+        text.parse()
+            .map_err(|_| corrupt(format!("{what}: {name} is {text:?}")))
     };
-    let mut spend = Spend { tokens: number("tokens")?, cost_usd_micros: number("cost")? };
+    let mut spend = Spend {
+        tokens: number("tokens")?,
+        cost_usd_micros: number("cost")?,
+    };
     for bytes in col::<Vec<Vec<u8>>>(row, "blobs")? {
-        let kind: EventKind = serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("{what}: blob: {e}")))?;
+        let kind: EventKind =
+            serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("{what}: blob: {e}")))?;
         spend = spend.saturating_add(Spend::of_event(&kind).unwrap_or_default());
     }
     Ok(spend)
 }
 
-static TENANT_USAGE: LazyLock<String> = LazyLock::new(|| format!("SELECT {SPEND_COLUMNS} \
+static TENANT_USAGE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {SPEND_COLUMNS} \
      FROM runs r JOIN events e ON e.run_id = r.id LEFT JOIN blobs b ON b.hash = e.blob_hash \
      WHERE r.tenant = $1::text AND r.updated_at >= $2::timestamptz - interval '1 hour' \
-       AND e.at >= $2::timestamptz AND e.at < $3::timestamptz AND e.kind = ANY($4::text[])"));
+       AND e.at >= $2::timestamptz AND e.at < $3::timestamptz AND e.kind = ANY($4::text[])"
+    )
+});
 
 /// What [`decode_event`] reads: events `e` joined to their blobs `b`.
 const EVENT_ROWS: &str = "SELECT e.seq, e.kind, e.at, e.at_nanos, e.payload::text AS payload, e.blob_hash, b.bytes \
      FROM events e LEFT JOIN blobs b ON b.hash = e.blob_hash";
-static READ_EVENTS: LazyLock<String> = LazyLock::new(|| format!("{EVENT_ROWS} WHERE e.run_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3"));
+static READ_EVENTS: LazyLock<String> = LazyLock::new(|| {
+    format!("{EVENT_ROWS} WHERE e.run_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3")
+});
 
 fn decode_event(run_id: Uuid, row: &Row) -> Result<Event, LogError> {
     let seq = seq_of(col(row, "seq")?, "seq")?;
     let bad = |what: String| corrupt(format!("event {run_id}/{seq}: {what}"));
-    let kind: EventKind = match (col::<Option<String>>(row, "payload")?, col::<Option<String>>(row, "blob_hash")?) {
+    let kind: EventKind = match (
+        col::<Option<String>>(row, "payload")?,
+        col::<Option<String>>(row, "blob_hash")?,
+    ) {
         (Some(json), _) => serde_json::from_str(&json).map_err(|e| bad(e.to_string()))?,
         (None, Some(hash)) => {
-            let bytes: Vec<u8> = col::<Option<Vec<u8>>>(row, "bytes")?.ok_or_else(|| bad(format!("blob {hash} is missing")))?;
+            let bytes: Vec<u8> = col::<Option<Vec<u8>>>(row, "bytes")?
+                .ok_or_else(|| bad(format!("blob {hash} is missing")))?;
             if sha256_hex(&bytes) != hash {
                 return Err(bad(format!("blob {hash} does not match its hash")));
             }
@@ -708,18 +831,35 @@ fn decode_event(run_id: Uuid, row: &Row) -> Result<Event, LogError> {
     }
     let at: DateTime<Utc> = col(row, "at")?;
     let nanos: i32 = col(row, "at_nanos")?;
-    let at = at.checked_add_signed(chrono::Duration::nanoseconds(i64::from(nanos))).ok_or_else(|| bad("time out of range".into()))?;
-    Ok(Event { run_id, seq, at, kind })
+    let at = at
+        .checked_add_signed(chrono::Duration::nanoseconds(i64::from(nanos)))
+        .ok_or_else(|| bad("time out of range".into()))?;
+    Ok(Event {
+        run_id,
+        seq,
+        at,
+        kind,
+    })
 }
 
-async fn read_events(c: &impl GenericClient, run_id: Uuid, after: u64, limit: i64) -> Result<Vec<Event>, LogError> {
-    let st = c.prepare_cached(&READ_EVENTS).await.map_err(|e| unavailable("reading events", &e))?;
-    let rows = c.query(&st, &[&run_id, &sql_seq(after), &limit]).await.map_err(|e| unavailable("reading events", &e))?;
+async fn read_events(
+    c: &impl GenericClient,
+    run_id: Uuid,
+    after: u64,
+    limit: i64,
+) -> Result<Vec<Event>, LogError> {
+    let st = c
+        .prepare_cached(&READ_EVENTS)
+        .await
+        .map_err(|e| unavailable("reading events", &e))?;
+    let rows = c
+        .query(&st, &[&run_id, &sql_seq(after), &limit])
+        .await
+        .map_err(|e| unavailable("reading events", &e))?;
     rows.iter().map(|row| decode_event(run_id, row)).collect()
 }
 
-const LATEST_CHECKPOINT: &str =
-    "SELECT seq, state::text AS state, state_raw FROM checkpoints WHERE run_id = $1 ORDER BY seq DESC LIMIT 1";
+const LATEST_CHECKPOINT: &str = "SELECT seq, state::text AS state, state_raw FROM checkpoints WHERE run_id = $1 ORDER BY seq DESC LIMIT 1";
 
 fn decode_checkpoint(run_id: Uuid, row: &Row) -> Result<RunState, String> {
     let seq: i64 = row.try_get("seq").map_err(|e| e.to_string())?;
@@ -727,7 +867,10 @@ fn decode_checkpoint(run_id: Uuid, row: &Row) -> Result<RunState, String> {
     let raw: Option<Vec<u8>> = row.try_get("state_raw").map_err(|e| e.to_string())?;
     let state: RunState = JsonCell::decode(text, raw)?;
     if state.run_id != run_id || sql_seq(state.head_seq) != seq {
-        return Err(format!("checkpoint at {seq} holds run {} at {}", state.run_id, state.head_seq));
+        return Err(format!(
+            "checkpoint at {seq} holds run {} at {}",
+            state.run_id, state.head_seq
+        ));
     }
     Ok(state)
 }
@@ -735,8 +878,14 @@ fn decode_checkpoint(run_id: Uuid, row: &Row) -> Result<RunState, String> {
 /// The run's state from the log: its latest usable checkpoint plus a replay
 /// of the events after it. `None` when the run has no events (no such run).
 async fn rebuild(c: &impl GenericClient, run_id: Uuid) -> Result<Option<RunState>, LogError> {
-    let st = c.prepare_cached(LATEST_CHECKPOINT).await.map_err(|e| unavailable("reading the checkpoint", &e))?;
-    let row = c.query_opt(&st, &[&run_id]).await.map_err(|e| unavailable("reading the checkpoint", &e))?;
+    let st = c
+        .prepare_cached(LATEST_CHECKPOINT)
+        .await
+        .map_err(|e| unavailable("reading the checkpoint", &e))?;
+    let row = c
+        .query_opt(&st, &[&run_id])
+        .await
+        .map_err(|e| unavailable("reading the checkpoint", &e))?;
     let checkpoint = row.as_ref().and_then(|row| usable_checkpoint(run_id, row));
     let after = checkpoint.as_ref().map_or(0, |s| s.head_seq);
     let events = read_events(c, run_id, after, i64::MAX).await?;
@@ -751,13 +900,19 @@ fn usable_checkpoint(run_id: Uuid, row: &Row) -> Option<RunState> {
 
 /// `events` applied to `checkpoint` (a new run's empty state without one);
 /// `None` when there is neither.
-fn replay_onto(run_id: Uuid, checkpoint: Option<RunState>, events: &[Event]) -> Result<Option<RunState>, LogError> {
+fn replay_onto(
+    run_id: Uuid,
+    checkpoint: Option<RunState>,
+    events: &[Event],
+) -> Result<Option<RunState>, LogError> {
     if checkpoint.is_none() && events.is_empty() {
         return Ok(None);
     }
     let mut state = checkpoint.unwrap_or_else(|| RunState::new(run_id));
     for e in events {
-        state.apply(e).map_err(|err| corrupt(format!("event {run_id}/{} does not apply: {err}", e.seq)))?;
+        state
+            .apply(e)
+            .map_err(|err| corrupt(format!("event {run_id}/{} does not apply: {err}", e.seq)))?;
     }
     Ok(Some(state))
 }
@@ -771,25 +926,38 @@ fn decode_inbox(rows: &[Row]) -> Result<Vec<InboxItem>, LogError> {
     rows.iter()
         .map(|row| {
             let id: i64 = col(row, "id")?;
-            let payload = JsonCell::decode(col(row, "payload")?, col(row, "payload_raw")?).map_err(|e| corrupt(format!("inbox item {id}: {e}")))?;
+            let payload = JsonCell::decode(col(row, "payload")?, col(row, "payload_raw")?)
+                .map_err(|e| corrupt(format!("inbox item {id}: {e}")))?;
             Ok(InboxItem { id, payload })
         })
         .collect()
 }
 
 async fn run_exists(c: &impl GenericClient, run_id: Uuid) -> Result<bool, LogError> {
-    let st = c.prepare_cached("SELECT 1 FROM runs WHERE id = $1").await.map_err(|e| unavailable("reading runs", &e))?;
-    Ok(c.query_opt(&st, &[&run_id]).await.map_err(|e| unavailable("reading runs", &e))?.is_some())
+    let st = c
+        .prepare_cached("SELECT 1 FROM runs WHERE id = $1")
+        .await
+        .map_err(|e| unavailable("reading runs", &e))?;
+    Ok(c.query_opt(&st, &[&run_id])
+        .await
+        .map_err(|e| unavailable("reading runs", &e))?
+        .is_some())
 }
 
 /// Check a commit's envelope: events of this run, consecutive, ending at
 /// `state.head_seq`.
-pub(crate) fn check_envelope(run_id: Uuid, events: &[Event], state: &RunState) -> Result<(), LogError> {
+pub(crate) fn check_envelope(
+    run_id: Uuid,
+    events: &[Event],
+    state: &RunState,
+) -> Result<(), LogError> {
     let invalid = |reason: String| Err(LogError::Invalid { run_id, reason });
     if state.run_id != run_id {
         return invalid(format!("state is of run {}", state.run_id));
     }
-    let Some(first) = events.first() else { return Ok(()) };
+    let Some(first) = events.first() else {
+        return Ok(());
+    };
     if first.seq < 1 {
         return invalid("event seq 0".into());
     }
@@ -798,12 +966,19 @@ pub(crate) fn check_envelope(run_id: Uuid, events: &[Event], state: &RunState) -
             return invalid(format!("event {} is of run {}", e.seq, e.run_id));
         }
         if e.seq != first.seq + i as u64 {
-            return invalid(format!("events are not consecutive: {} after {}", e.seq, first.seq + i as u64 - 1));
+            return invalid(format!(
+                "events are not consecutive: {} after {}",
+                e.seq,
+                first.seq + i as u64 - 1
+            ));
         }
     }
     let last = first.seq + events.len() as u64 - 1;
     if state.head_seq != last {
-        return invalid(format!("state is at {} but the events end at {last}", state.head_seq));
+        return invalid(format!(
+            "state is at {} but the events end at {last}",
+            state.head_seq
+        ));
     }
     Ok(())
 }
@@ -839,24 +1014,45 @@ struct Select {
 
 impl Select {
     fn new(sql: impl Into<String>) -> Select {
-        Select { sql: sql.into(), params: Vec::new() }
+        Select {
+            sql: sql.into(),
+            params: Vec::new(),
+        }
     }
 
     /// `AND {predicate} $n`, e.g. `and("tenant =", tenant)`.
     fn and(&mut self, predicate: &str, value: impl ToSql + Sync + Send + 'static) {
         self.params.push(Box::new(value));
-        self.sql.push_str(&format!(" AND {predicate} ${}", self.params.len()));
+        self.sql
+            .push_str(&format!(" AND {predicate} ${}", self.params.len()));
     }
 
     /// Append `ORDER BY {order} LIMIT $n` and run it.
-    async fn rows(mut self, log: &PgLog, what: &str, order: &str, limit: usize) -> Result<Vec<Row>, LogError> {
+    async fn rows(
+        mut self,
+        log: &PgLog,
+        what: &str,
+        order: &str,
+        limit: usize,
+    ) -> Result<Vec<Row>, LogError> {
         self.params.push(Box::new(sql_limit(limit)));
-        self.sql.push_str(&format!(" ORDER BY {order} LIMIT ${}", self.params.len()));
+        self.sql
+            .push_str(&format!(" ORDER BY {order} LIMIT ${}", self.params.len()));
         log.bounded(what, async {
             let client = log.client().await?;
-            let st = client.prepare_cached(&self.sql).await.map_err(|e| unavailable(what, &e))?;
-            let params: Vec<&(dyn ToSql + Sync)> = self.params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
-            client.query(&st, &params).await.map_err(|e| unavailable(what, &e))
+            let st = client
+                .prepare_cached(&self.sql)
+                .await
+                .map_err(|e| unavailable(what, &e))?;
+            let params: Vec<&(dyn ToSql + Sync)> = self
+                .params
+                .iter()
+                .map(|p| &**p as &(dyn ToSql + Sync))
+                .collect();
+            client
+                .query(&st, &params)
+                .await
+                .map_err(|e| unavailable(what, &e))
         })
         .await
     }
@@ -916,9 +1112,19 @@ impl Drop for InTransaction {
 
 /// The run of `tenant` admitted with `key` before (a concurrent admission
 /// that won has committed: `ON CONFLICT` waited for it).
-async fn admitted_before(client: &deadpool_postgres::Client, run_id: Uuid, tenant: &str, key: &Option<String>) -> Result<RunSummary, LogError> {
+async fn admitted_before(
+    client: &deadpool_postgres::Client,
+    run_id: Uuid,
+    tenant: &str,
+    key: &Option<String>,
+) -> Result<RunSummary, LogError> {
     let fail = |e: tokio_postgres::Error| write_error(run_id, "create_run", &e);
-    let existing = client.prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE tenant = $1 AND idempotency_key = $2")).await.map_err(fail)?;
+    let existing = client
+        .prepare_cached(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM runs WHERE tenant = $1 AND idempotency_key = $2"
+        ))
+        .await
+        .map_err(fail)?;
     let row = client
         .query_opt(&existing, &[&tenant, key])
         .await
@@ -927,15 +1133,28 @@ async fn admitted_before(client: &deadpool_postgres::Client, run_id: Uuid, tenan
     summary(&row)
 }
 
-const INSERT_BATCH: &str = "INSERT INTO batches (id, tenant) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING";
+const INSERT_BATCH: &str =
+    "INSERT INTO batches (id, tenant) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING";
 const BATCH_TENANT: &str = "SELECT tenant FROM batches WHERE id = $1";
 
 /// [`LogError::Invalid`] unless `batch` (which must exist) is `tenant`'s:
 /// run `run_id` cannot join it. `what`: the call, for a failed read.
-async fn batch_owned_by(client: &impl GenericClient, what: &str, run_id: Uuid, batch: Uuid, tenant: &str) -> Result<(), LogError> {
-    let row = client.query_one(BATCH_TENANT, &[&batch]).await.map_err(|e| write_error(run_id, what, &e))?;
+async fn batch_owned_by(
+    client: &impl GenericClient,
+    what: &str,
+    run_id: Uuid,
+    batch: Uuid,
+    tenant: &str,
+) -> Result<(), LogError> {
+    let row = client
+        .query_one(BATCH_TENANT, &[&batch])
+        .await
+        .map_err(|e| write_error(run_id, what, &e))?;
     if col::<String>(&row, "tenant")? != tenant {
-        return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
+        return Err(LogError::Invalid {
+            run_id,
+            reason: format!("batch {batch} belongs to another tenant"),
+        });
     }
     Ok(())
 }
@@ -957,7 +1176,8 @@ const DECIDE_APPROVALS: &str = "UPDATE approvals SET status = 'decided', decided
 /// A run that ended leaves nothing to decide.
 const CLOSE_APPROVALS: &str = "UPDATE approvals SET status = 'decided', decided_at = now() WHERE run_id = $1 AND status = 'pending'";
 
-const CONSUME_INBOX: &str = "UPDATE inbox SET consumed = true WHERE run_id = $1 AND id = ANY($2) AND NOT consumed";
+const CONSUME_INBOX: &str =
+    "UPDATE inbox SET consumed = true WHERE run_id = $1 AND id = ANY($2) AND NOT consumed";
 
 const INSERT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, seq, state, state_raw) VALUES ($1, $2, $3::text::jsonb, $4) \
      ON CONFLICT (run_id, seq) DO NOTHING";
@@ -968,8 +1188,12 @@ const PRUNE_CHECKPOINTS: &str = "DELETE FROM checkpoints WHERE run_id = $1 AND s
 const LOCK_FOR_POST: &str = "SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE";
 /// Whether a cancel waits in run `$1`'s inbox (its dedupe key is
 /// [`crate::CANCEL_KEY`]).
-static CANCEL_WAITING: LazyLock<String> =
-    LazyLock::new(|| format!("EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = '{}' AND NOT consumed)", crate::CANCEL_KEY));
+static CANCEL_WAITING: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "EXISTS (SELECT 1 FROM inbox WHERE run_id = $1 AND dedupe_key = '{}' AND NOT consumed)",
+        crate::CANCEL_KEY
+    )
+});
 /// A post's writes, sent after [`LOCK_FOR_POST`] returned, so that its
 /// snapshot sees what committed while the post waited for the lock (a
 /// cancel, say; the lock's own statement, whose snapshot predates the wait,
@@ -1009,7 +1233,8 @@ static POST_PAYLOAD: LazyLock<String> = LazyLock::new(|| {
 /// released) is being taken over.
 const TAKE_FREE_LEASE: &str = "UPDATE runs r SET lease_owner = $2, lease_token = $3, lease_expires_at = now() + make_interval(secs => $4) \
      FROM runs old WHERE r.id = $1 AND old.id = r.id AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now())";
-const LEASE_TAKEN: &str = "RETURNING r.lease_expires_at, old.lease_expires_at IS NOT NULL AS taken_over";
+const LEASE_TAKEN: &str =
+    "RETURNING r.lease_expires_at, old.lease_expires_at IS NOT NULL AS taken_over";
 static TAKE_LEASE: LazyLock<String> = LazyLock::new(|| format!("{TAKE_FREE_LEASE} {LEASE_TAKEN}"));
 /// [`LogError::LeaseHeld`] from a row of [`LEASE_HOLDER`] or
 /// [`OPEN_REFUSED`] whose lease is live.
@@ -1049,12 +1274,18 @@ const OPEN_REFUSED: &str = "SELECT status, head_seq, lease_owner, lease_expires_
 /// nothing. The latest checkpoint; the events after it (all of them
 /// without one); the unconsumed inbox.
 const HELD_WITH_TOKEN: &str = "EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_token = $2)";
-static OPENED_CHECKPOINT: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT seq, state::text AS state, state_raw FROM checkpoints WHERE run_id = $1 AND {HELD_WITH_TOKEN} ORDER BY seq DESC LIMIT 1"));
-static OPENED_EVENTS: LazyLock<String> = LazyLock::new(|| {
-    format!("{EVENT_ROWS} WHERE e.run_id = $1 AND {HELD_WITH_TOKEN} AND e.seq > coalesce((SELECT max(seq) FROM checkpoints WHERE run_id = $1), 0) ORDER BY e.seq")
+static OPENED_CHECKPOINT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT seq, state::text AS state, state_raw FROM checkpoints WHERE run_id = $1 AND {HELD_WITH_TOKEN} ORDER BY seq DESC LIMIT 1"
+    )
 });
-static OPENED_INBOX: LazyLock<String> = LazyLock::new(|| format!("{INBOX_ROWS} AND {HELD_WITH_TOKEN} ORDER BY id"));
+static OPENED_EVENTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{EVENT_ROWS} WHERE e.run_id = $1 AND {HELD_WITH_TOKEN} AND e.seq > coalesce((SELECT max(seq) FROM checkpoints WHERE run_id = $1), 0) ORDER BY e.seq"
+    )
+});
+static OPENED_INBOX: LazyLock<String> =
+    LazyLock::new(|| format!("{INBOX_ROWS} AND {HELD_WITH_TOKEN} ORDER BY id"));
 /// The run's lease token (`NULL` when free).
 const LEASE_TOKEN: &str = "SELECT lease_token FROM runs WHERE id = $1";
 /// Let run `$1`'s lease go if its token is `$2`, remembering its owner as
@@ -1062,10 +1293,12 @@ const LEASE_TOKEN: &str = "SELECT lease_token FROM runs WHERE id = $1";
 const RELEASE: &str = "UPDATE runs SET last_owner = lease_owner, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL \
      WHERE id = $1 AND lease_token = $2";
 /// [`RELEASE`] unless the inbox holds unconsumed items.
-static RELEASE_IF_IDLE: LazyLock<String> =
-    LazyLock::new(|| format!("{RELEASE} AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = $1 AND NOT i.consumed)"));
-const LEASE_HOLDER: &str =
-    "SELECT lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live FROM runs WHERE id = $1";
+static RELEASE_IF_IDLE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{RELEASE} AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = $1 AND NOT i.consumed)"
+    )
+});
+const LEASE_HOLDER: &str = "SELECT lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live FROM runs WHERE id = $1";
 
 #[async_trait]
 impl EventLog for PgLog {
@@ -1077,16 +1310,29 @@ impl EventLog for PgLog {
     /// event keeps it).
     async fn create_run(&self, new: NewRun) -> Result<(RunSummary, bool), LogError> {
         let run_id = new.start.run_id;
-        let state = RunState::replay(run_id, std::slice::from_ref(&new.start)).map_err(|e| LogError::Invalid { run_id, reason: e.to_string() })?;
-        let encoded = encode_events(run_id, std::slice::from_ref(&new.start), self.blob_threshold)?;
+        let state = RunState::replay(run_id, std::slice::from_ref(&new.start)).map_err(|e| {
+            LogError::Invalid {
+                run_id,
+                reason: e.to_string(),
+            }
+        })?;
+        let encoded = encode_events(
+            run_id,
+            std::slice::from_ref(&new.start),
+            self.blob_threshold,
+        )?;
         let columns = SummaryColumns::of(&state)?;
         let goal = state.goal.replace('\0', "\u{FFFD}");
-        let job = serde_json::to_value(Job::start(run_id, state.head_seq)).map_err(|e| LogError::Unavailable(e.to_string()))?;
+        let job = serde_json::to_value(Job::start(run_id, state.head_seq))
+            .map_err(|e| LogError::Unavailable(e.to_string()))?;
         let hashes: Vec<&str> = encoded.blobs.iter().map(|(h, _)| h.as_str()).collect();
         let bytes: Vec<&[u8]> = encoded.blobs.iter().map(|(_, b)| b.as_slice()).collect();
         self.bounded("create_run", async {
             let fail = |e: tokio_postgres::Error| match e.code() {
-                Some(&SqlState::UNIQUE_VIOLATION) => LogError::Invalid { run_id, reason: "run id already exists".into() },
+                Some(&SqlState::UNIQUE_VIOLATION) => LogError::Invalid {
+                    run_id,
+                    reason: "run id already exists".into(),
+                },
                 _ => write_error(run_id, "create_run", &e),
             };
             let client = self.client().await?;
@@ -1116,7 +1362,10 @@ impl EventLog for PgLog {
                 // One statement, its own transaction: one round trip.
                 return match client.query_opt(&admit, &params).await.map_err(fail)? {
                     Some(row) => Ok((summary(&row)?, true)),
-                    None => Ok((admitted_before(&client, run_id, &new.tenant, &new.idempotency_key).await?, false)),
+                    None => Ok((
+                        admitted_before(&client, run_id, &new.tenant, &new.idempotency_key).await?,
+                        false,
+                    )),
                 };
             };
             // The batch first (created on first use) in the run's
@@ -1128,8 +1377,11 @@ impl EventLog for PgLog {
             let open = InTransaction(Some(client));
             let client = open.0.as_ref().expect("held until the end");
             let batch_params: [&(dyn ToSql + Sync); 2] = [&batch, &new.tenant];
-            let (begin, batch_row, admitted) =
-                futures::join!(client.batch_execute("BEGIN"), client.execute(&insert, &batch_params), client.query_opt(&admit, &params));
+            let (begin, batch_row, admitted) = futures::join!(
+                client.batch_execute("BEGIN"),
+                client.execute(&insert, &batch_params),
+                client.query_opt(&admit, &params)
+            );
             let result = async {
                 begin.map_err(fail)?;
                 batch_row.map_err(fail)?;
@@ -1137,12 +1389,19 @@ impl EventLog for PgLog {
                     return Ok((summary(&row)?, true));
                 }
                 batch_owned_by(client, "create_run", run_id, batch, &new.tenant).await?;
-                Ok((admitted_before(client, run_id, &new.tenant, &new.idempotency_key).await?, false))
+                Ok((
+                    admitted_before(client, run_id, &new.tenant, &new.idempotency_key).await?,
+                    false,
+                ))
             }
             .await;
             // Only a new run is kept; otherwise nothing is written, a batch
             // row this call created either.
-            let end = if matches!(result, Ok((_, true))) { "COMMIT" } else { "ROLLBACK" };
+            let end = if matches!(result, Ok((_, true))) {
+                "COMMIT"
+            } else {
+                "ROLLBACK"
+            };
             client.batch_execute(end).await.map_err(fail)?;
             open.ended();
             result
@@ -1153,8 +1412,14 @@ impl EventLog for PgLog {
     async fn get_run(&self, run_id: Uuid) -> Result<RunSummary, LogError> {
         self.bounded("get_run", async {
             let client = self.client().await?;
-            let st = client.prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = $1")).await.map_err(|e| unavailable("get_run", &e))?;
-            let row = client.query_opt(&st, &[&run_id]).await.map_err(|e| unavailable("get_run", &e))?;
+            let st = client
+                .prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = $1"))
+                .await
+                .map_err(|e| unavailable("get_run", &e))?;
+            let row = client
+                .query_opt(&st, &[&run_id])
+                .await
+                .map_err(|e| unavailable("get_run", &e))?;
             summary(&row.ok_or(LogError::NotFound(run_id))?)
         })
         .await
@@ -1179,7 +1444,9 @@ impl EventLog for PgLog {
         if let Some(after) = filter.after {
             select.and("id >", after);
         }
-        let rows = select.rows(self, "list_runs", "id", filter.limit.clamp(1, 1000)).await?;
+        let rows = select
+            .rows(self, "list_runs", "id", filter.limit.clamp(1, 1000))
+            .await?;
         rows.iter().map(summary).collect()
     }
 
@@ -1201,7 +1468,9 @@ impl EventLog for PgLog {
     async fn load(&self, run_id: Uuid) -> Result<RunState, LogError> {
         self.bounded("load", async {
             let client = self.client().await?;
-            rebuild(&client, run_id).await?.ok_or(LogError::NotFound(run_id))
+            rebuild(&client, run_id)
+                .await?
+                .ok_or(LogError::NotFound(run_id))
         })
         .await
     }
@@ -1219,15 +1488,31 @@ impl EventLog for PgLog {
             // A lease released or lapsed between the two statements is taken
             // on the next round.
             for _ in 0..3 {
-                if let Some(row) = client.query_opt(&take, &[&run_id, &owner, &token, &secs]).await.map_err(fail)? {
-                    return Ok(Lease { run_id, owner: owner.to_owned(), token, expires_at: col(&row, "lease_expires_at")?, taken_over: col(&row, "taken_over")? });
+                if let Some(row) = client
+                    .query_opt(&take, &[&run_id, &owner, &token, &secs])
+                    .await
+                    .map_err(fail)?
+                {
+                    return Ok(Lease {
+                        run_id,
+                        owner: owner.to_owned(),
+                        token,
+                        expires_at: col(&row, "lease_expires_at")?,
+                        taken_over: col(&row, "taken_over")?,
+                    });
                 }
-                let row = client.query_opt(&holder, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
+                let row = client
+                    .query_opt(&holder, &[&run_id])
+                    .await
+                    .map_err(fail)?
+                    .ok_or(LogError::NotFound(run_id))?;
                 if col(&row, "live")? {
                     return Err(lease_held(run_id, &row)?);
                 }
             }
-            Err(LogError::Unavailable(format!("run {run_id}: lease contended")))
+            Err(LogError::Unavailable(format!(
+                "run {run_id}: lease contended"
+            )))
         })
         .await
     }
@@ -1265,7 +1550,10 @@ impl EventLog for PgLog {
             let fail = |e: tokio_postgres::Error| unavailable("release", &e);
             let client = self.client().await?;
             let st = client.prepare_cached(RELEASE).await.map_err(fail)?;
-            client.execute(&st, &[&lease.run_id, &lease.token]).await.map_err(fail)?;
+            client
+                .execute(&st, &[&lease.run_id, &lease.token])
+                .await
+                .map_err(fail)?;
             Ok(())
         })
         .await
@@ -1276,14 +1564,22 @@ impl EventLog for PgLog {
     /// events only consumes inbox items; its `state.head_seq` must equal the
     /// head ([`LogError::Conflict`] otherwise). Transitions are verified when
     /// a checkpoint is written, not on every commit.
-    async fn commit(&self, lease: &Lease, events: &[Event], state: &RunState, consumed: &[i64]) -> Result<(), LogError> {
+    async fn commit(
+        &self,
+        lease: &Lease,
+        events: &[Event],
+        state: &RunState,
+        consumed: &[i64],
+    ) -> Result<(), LogError> {
         let run_id = lease.run_id;
         check_envelope(run_id, events, state)?;
         let encoded = encode_events(run_id, events, self.blob_threshold)?;
         let columns = SummaryColumns::of(state)?;
         let one_statement = self.commit_mode != CommitMode::Transaction
             && encoded.blobs.is_empty()
-            && events.first().is_some_and(|first| state.head_seq < next_checkpoint(first.seq - 1, self.checkpoint_every));
+            && events.first().is_some_and(|first| {
+                state.head_seq < next_checkpoint(first.seq - 1, self.checkpoint_every)
+            });
         if one_statement {
             let step = group::Step::new(lease, events, state, consumed, encoded, columns);
             return match &self.group {
@@ -1291,19 +1587,30 @@ impl EventLog for PgLog {
                 None => {
                     self.bounded("commit", async {
                         let client = self.client().await?;
-                        group::write_alone(&client, &[&step]).await.pop().unwrap_or(Err(LogError::Unavailable("commit: no answer".into())))
+                        group::write_alone(&client, &[&step])
+                            .await
+                            .pop()
+                            .unwrap_or(Err(LogError::Unavailable("commit: no answer".into())))
                     })
                     .await
                 }
             };
         }
-        let (mut calls, mut tools, mut inputs, mut hashes, mut requested_at) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut calls, mut tools, mut inputs, mut hashes, mut requested_at) =
+            (vec![], vec![], vec![], vec![], vec![]);
         let mut expires: Vec<Option<DateTime<Utc>>> = Vec::new();
         let mut interruptions: Vec<bool> = Vec::new();
         let mut resolved: Vec<&str> = Vec::new();
         for e in events {
             match &e.kind {
-                EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted } => {
+                EventKind::ApprovalRequested {
+                    call_id,
+                    tool,
+                    input,
+                    args_hash,
+                    expires_at,
+                    interrupted,
+                } => {
                     expires.push(*expires_at);
                     interruptions.push(*interrupted);
                     calls.push(call_id.as_str());
@@ -1321,22 +1628,43 @@ impl EventLog for PgLog {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(fail)?;
             let lock = tx.prepare_cached(LOCK_RUN).await.map_err(fail)?;
-            let row = tx.query_opt(&lock, &[&run_id]).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
+            let row = tx
+                .query_opt(&lock, &[&run_id])
+                .await
+                .map_err(fail)?
+                .ok_or(LogError::NotFound(run_id))?;
             let token: Option<Uuid> = col(&row, "lease_token")?;
             if token != Some(lease.token) || !col::<bool>(&row, "live")? {
                 return Err(LogError::LeaseLost(run_id));
             }
             let head = seq_of(col(&row, "head_seq")?, "head_seq")?;
             match events.first() {
-                Some(first) if first.seq != head + 1 => return Err(LogError::Conflict { run_id, expected: first.seq - 1, actual: head }),
-                None if state.head_seq != head => return Err(LogError::Conflict { run_id, expected: state.head_seq, actual: head }),
+                Some(first) if first.seq != head + 1 => {
+                    return Err(LogError::Conflict {
+                        run_id,
+                        expected: first.seq - 1,
+                        actual: head,
+                    });
+                }
+                None if state.head_seq != head => {
+                    return Err(LogError::Conflict {
+                        run_id,
+                        expected: state.head_seq,
+                        actual: head,
+                    });
+                }
                 _ => {}
             }
             let tenant: String = col(&row, "tenant")?;
 
-            let checkpoint = if !events.is_empty() && state.head_seq >= next_checkpoint(head, self.checkpoint_every) {
+            let checkpoint = if !events.is_empty()
+                && state.head_seq >= next_checkpoint(head, self.checkpoint_every)
+            {
                 let rebuilt = self.checkpoint_state(&tx, run_id, events, state).await?;
-                let cell = JsonCell::of(&rebuilt).map_err(|e| LogError::Invalid { run_id, reason: format!("state does not serialise: {e}") })?;
+                let cell = JsonCell::of(&rebuilt).map_err(|e| LogError::Invalid {
+                    run_id,
+                    reason: format!("state does not serialise: {e}"),
+                })?;
                 Some((sql_seq(rebuilt.head_seq), cell))
             } else {
                 None
@@ -1352,16 +1680,33 @@ impl EventLog for PgLog {
             let save = tx.prepare_cached(INSERT_CHECKPOINT).await.map_err(fail)?;
             let prune = tx.prepare_cached(PRUNE_CHECKPOINTS).await.map_err(fail)?;
             let has_events = !events.is_empty();
-            let summary_params: [&(dyn ToSql + Sync); 6] =
-                [&run_id, &columns.status, &columns.phase, &columns.pull_point, &columns.outcome, &columns.head_seq];
-            let approval_params: [&(dyn ToSql + Sync); 9] = [&run_id, &tenant, &calls, &tools, &inputs, &hashes, &requested_at, &expires, &interruptions];
+            let summary_params: [&(dyn ToSql + Sync); 6] = [
+                &run_id,
+                &columns.status,
+                &columns.phase,
+                &columns.pull_point,
+                &columns.outcome,
+                &columns.head_seq,
+            ];
+            let approval_params: [&(dyn ToSql + Sync); 9] = [
+                &run_id,
+                &tenant,
+                &calls,
+                &tools,
+                &inputs,
+                &hashes,
+                &requested_at,
+                &expires,
+                &interruptions,
+            ];
             let decide_params: [&(dyn ToSql + Sync); 2] = [&run_id, &resolved];
             let consume_params: [&(dyn ToSql + Sync); 2] = [&run_id, &consumed];
             let (checkpoint_seq, checkpoint_text, checkpoint_raw) = match &checkpoint {
                 Some((seq, cell)) => (*seq, cell.text.as_deref(), cell.raw.as_deref()),
                 None => (0, None, None),
             };
-            let save_params: [&(dyn ToSql + Sync); 4] = [&run_id, &checkpoint_seq, &checkpoint_text, &checkpoint_raw];
+            let save_params: [&(dyn ToSql + Sync); 4] =
+                [&run_id, &checkpoint_seq, &checkpoint_text, &checkpoint_raw];
             let prune_params: [&(dyn ToSql + Sync); 2] = [&run_id, &checkpoint_seq];
             // Pipelined: each request is sent when its future is first polled,
             // in this order; the order only matters inside `write_events`.
@@ -1372,8 +1717,16 @@ impl EventLog for PgLog {
                 maybe((!resolved.is_empty()).then(|| tx.execute(&decide, &decide_params))),
                 maybe(ended.then(|| tx.execute(&close, &close_params))),
                 maybe((!consumed.is_empty()).then(|| tx.execute(&consume, &consume_params))),
-                maybe(checkpoint.is_some().then(|| tx.execute(&save, &save_params))),
-                maybe(checkpoint.is_some().then(|| tx.execute(&prune, &prune_params))),
+                maybe(
+                    checkpoint
+                        .is_some()
+                        .then(|| tx.execute(&save, &save_params))
+                ),
+                maybe(
+                    checkpoint
+                        .is_some()
+                        .then(|| tx.execute(&prune, &prune_params))
+                ),
             )
             .map_err(fail)?;
             tx.commit().await.map_err(fail)?;
@@ -1393,17 +1746,25 @@ impl EventLog for PgLog {
     /// [`LogError::Finished`], [`LogError::Cancelled`], [`LogError::Duplicate`].
     async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
         let key = dedupe_key(&payload);
-        let cell = JsonCell::of(&payload).map_err(|e| LogError::Invalid { run_id, reason: format!("payload does not serialise: {e}") })?;
+        let cell = JsonCell::of(&payload).map_err(|e| LogError::Invalid {
+            run_id,
+            reason: format!("payload does not serialise: {e}"),
+        })?;
         let decided: Vec<&str> = match &payload {
             Resume::Approval { call_id, .. } => vec![call_id.as_str()],
             _ => vec![],
         };
         let deadline = tokio::time::Instant::now() + self.call_timeout;
-        let late = || LogError::Unavailable(format!("post: no answer within {:?}", self.call_timeout));
+        let late =
+            || LogError::Unavailable(format!("post: no answer within {:?}", self.call_timeout));
         let fail = |e: tokio_postgres::Error| write_error(run_id, "post", &e);
         let (client, lock, post) = tokio::time::timeout_at(deadline, async {
             let client = self.client().await?;
-            let (lock, post) = futures::try_join!(client.prepare_cached(LOCK_FOR_POST), client.prepare_cached(&POST_PAYLOAD)).map_err(fail)?;
+            let (lock, post) = futures::try_join!(
+                client.prepare_cached(LOCK_FOR_POST),
+                client.prepare_cached(&POST_PAYLOAD)
+            )
+            .map_err(fail)?;
             Ok::<_, LogError>((client, lock, post))
         })
         .await
@@ -1413,9 +1774,13 @@ impl EventLog for PgLog {
         // server, failing the transaction, before the caller gives up. (The
         // connection's `statement_timeout` ends it too, first when it is
         // the shorter: by default 30 s against a 60 s call.)
-        let begin = format!("BEGIN; SET LOCAL lock_timeout = {}", lock_timeout_ms(deadline.saturating_duration_since(tokio::time::Instant::now())));
+        let begin = format!(
+            "BEGIN; SET LOCAL lock_timeout = {}",
+            lock_timeout_ms(deadline.saturating_duration_since(tokio::time::Instant::now()))
+        );
         let lock_params: [&(dyn ToSql + Sync); 1] = [&run_id];
-        let post_params: [&(dyn ToSql + Sync); 5] = [&run_id, &key, &cell.text, &cell.raw, &decided];
+        let post_params: [&(dyn ToSql + Sync); 5] =
+            [&run_id, &key, &cell.text, &cell.raw, &decided];
         // Sent in one write, in this order (each request goes out when its
         // future is first polled); a statement that fails makes `COMMIT` a
         // rollback.
@@ -1427,15 +1792,16 @@ impl EventLog for PgLog {
                 client.batch_execute("COMMIT"),
             )
         };
-        let (begin, locked, posted, commit) = match tokio::time::timeout_at(deadline, pipeline).await {
-            Ok(answers) => answers,
-            Err(_) => {
-                // Perhaps inside the transaction still: never back to the
-                // pool. A lock wait ends by `lock_timeout`, rolling it back.
-                drop(deadpool_postgres::Object::take(client));
-                return Err(late());
-            }
-        };
+        let (begin, locked, posted, commit) =
+            match tokio::time::timeout_at(deadline, pipeline).await {
+                Ok(answers) => answers,
+                Err(_) => {
+                    // Perhaps inside the transaction still: never back to the
+                    // pool. A lock wait ends by `lock_timeout`, rolling it back.
+                    drop(deadpool_postgres::Object::take(client));
+                    return Err(late());
+                }
+            };
         begin.map_err(fail)?;
         let (locked, posted) = (locked.map_err(fail)?, posted.map_err(fail)?);
         commit.map_err(fail)?;
@@ -1447,17 +1813,33 @@ impl EventLog for PgLog {
             return Ok(id);
         }
         Err(match key.as_deref() {
-            Some(crate::CANCEL_KEY) if col::<bool>(&posted, "cancel_pending")? => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
+            Some(crate::CANCEL_KEY) if col::<bool>(&posted, "cancel_pending")? => {
+                LogError::Duplicate {
+                    run_id,
+                    what: crate::CANCEL_KEY.to_owned(),
+                }
+            }
             _ if col::<bool>(&posted, "cancel_pending")? => LogError::Cancelled(run_id),
-            _ => LogError::Duplicate { run_id, what: key.as_deref().map_or_else(|| "payload".to_owned(), crate::dedupe_what) },
+            _ => LogError::Duplicate {
+                run_id,
+                what: key
+                    .as_deref()
+                    .map_or_else(|| "payload".to_owned(), crate::dedupe_what),
+            },
         })
     }
 
     async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError> {
         self.bounded("inbox", async {
             let client = self.client().await?;
-            let st = client.prepare_cached(&INBOX_PENDING).await.map_err(|e| unavailable("inbox", &e))?;
-            let rows = client.query(&st, &[&run_id]).await.map_err(|e| unavailable("inbox", &e))?;
+            let st = client
+                .prepare_cached(&INBOX_PENDING)
+                .await
+                .map_err(|e| unavailable("inbox", &e))?;
+            let rows = client
+                .query(&st, &[&run_id])
+                .await
+                .map_err(|e| unavailable("inbox", &e))?;
             if rows.is_empty() && !run_exists(&client, run_id).await? {
                 return Err(LogError::NotFound(run_id));
             }
@@ -1487,7 +1869,10 @@ impl EventLog for PgLog {
             let client = self.client().await?;
             let take = client.prepare_cached(&OPEN_LEASE).await.map_err(fail)?;
             let refused = client.prepare_cached(OPEN_REFUSED).await.map_err(fail)?;
-            let read_checkpoint = client.prepare_cached(&OPENED_CHECKPOINT).await.map_err(fail)?;
+            let read_checkpoint = client
+                .prepare_cached(&OPENED_CHECKPOINT)
+                .await
+                .map_err(fail)?;
             let read_events_after = client.prepare_cached(&OPENED_EVENTS).await.map_err(fail)?;
             let read_inbox = client.prepare_cached(&OPENED_INBOX).await.map_err(fail)?;
             let take_params: [&(dyn ToSql + Sync); 5] = [&run_id, &owner, &token, &secs, &job_head];
@@ -1505,32 +1890,61 @@ impl EventLog for PgLog {
                 begin.map_err(fail)?;
                 commit.map_err(fail)?;
                 if let Some(row) = taken.map_err(fail)? {
-                    let lease = Lease { run_id, owner: owner.to_owned(), token, expires_at: col(&row, "lease_expires_at")?, taken_over: col(&row, "taken_over")? };
+                    let lease = Lease {
+                        run_id,
+                        owner: owner.to_owned(),
+                        token,
+                        expires_at: col(&row, "lease_expires_at")?,
+                        taken_over: col(&row, "taken_over")?,
+                    };
                     let read = async {
-                        let (checkpoint, events, inbox) = (checkpoint.map_err(fail)?, events.map_err(fail)?, inbox.map_err(fail)?);
-                        let usable = checkpoint.as_ref().and_then(|row| usable_checkpoint(run_id, row));
+                        let (checkpoint, events, inbox) = (
+                            checkpoint.map_err(fail)?,
+                            events.map_err(fail)?,
+                            inbox.map_err(fail)?,
+                        );
+                        let usable = checkpoint
+                            .as_ref()
+                            .and_then(|row| usable_checkpoint(run_id, row));
                         let events = if checkpoint.is_some() && usable.is_none() {
                             read_events(&client, run_id, 0, i64::MAX).await?
                         } else {
-                            events.iter().map(|row| decode_event(run_id, row)).collect::<Result<Vec<_>, _>>()?
+                            events
+                                .iter()
+                                .map(|row| decode_event(run_id, row))
+                                .collect::<Result<Vec<_>, _>>()?
                         };
-                        let state = replay_onto(run_id, usable, &events)?.ok_or_else(|| corrupt(format!("run {run_id} has a row but no events")))?;
+                        let state = replay_onto(run_id, usable, &events)?.ok_or_else(|| {
+                            corrupt(format!("run {run_id} has a row but no events"))
+                        })?;
                         Ok::<_, LogError>((state, decode_inbox(&inbox)?))
                     };
                     return match read.await {
-                        Ok((state, inbox)) => Ok(Opening::Opened(Opened { lease, state, inbox })),
+                        Ok((state, inbox)) => Ok(Opening::Opened(Opened {
+                            lease,
+                            state,
+                            inbox,
+                        })),
                         Err(e) => {
                             let _ = self.release(&lease).await;
                             Err(e)
                         }
                     };
                 }
-                let row = client.query_opt(&refused, &run_params).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?;
+                let row = client
+                    .query_opt(&refused, &run_params)
+                    .await
+                    .map_err(fail)?
+                    .ok_or(LogError::NotFound(run_id))?;
                 let status = parse_status(&col::<String>(&row, "status")?)?;
                 if status == RunStatus::Done {
                     return Ok(Opening::Done);
                 }
-                let (moved, pending, live) = (col::<i64>(&row, "head_seq")? > job_head, col::<bool>(&row, "pending")?, col::<bool>(&row, "live")?);
+                let (moved, pending, live) = (
+                    col::<i64>(&row, "head_seq")? > job_head,
+                    col::<bool>(&row, "pending")?,
+                    col::<bool>(&row, "live")?,
+                );
                 if moved && !pending && (status != RunStatus::Runnable || (job.resume && live)) {
                     return Ok(Opening::Stale);
                 }
@@ -1538,7 +1952,9 @@ impl EventLog for PgLog {
                     return Err(lease_held(run_id, &row)?);
                 }
             }
-            Err(LogError::Unavailable(format!("run {run_id}: lease contended")))
+            Err(LogError::Unavailable(format!(
+                "run {run_id}: lease contended"
+            )))
         })
         .await
     }
@@ -1561,22 +1977,41 @@ impl EventLog for PgLog {
             let fail = |e: tokio_postgres::Error| unavailable("release_if_idle", &e);
             let client = self.client().await?;
             let read = client.prepare_cached(&INBOX_PENDING).await.map_err(fail)?;
-            let release = client.prepare_cached(&RELEASE_IF_IDLE).await.map_err(fail)?;
-            let (read_params, release_params): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 2]) = ([&run_id], [&run_id, &lease.token]);
+            let release = client
+                .prepare_cached(&RELEASE_IF_IDLE)
+                .await
+                .map_err(fail)?;
+            let (read_params, release_params): (
+                [&(dyn ToSql + Sync); 1],
+                [&(dyn ToSql + Sync); 2],
+            ) = ([&run_id], [&run_id, &lease.token]);
             let holder = client.prepare_cached(LEASE_TOKEN).await.map_err(fail)?;
             for _ in 0..3 {
-                let (rows, released) = futures::try_join!(client.query(&read, &read_params), client.execute(&release, &release_params)).map_err(fail)?;
+                let (rows, released) = futures::try_join!(
+                    client.query(&read, &read_params),
+                    client.execute(&release, &release_params)
+                )
+                .map_err(fail)?;
                 if !rows.is_empty() || released == 1 {
                     return decode_inbox(&rows);
                 }
                 // Neither: the lease is not ours any more (nothing to let
                 // go), or a payload came in between (read again).
-                let token: Option<Uuid> = col(&client.query_opt(&holder, &read_params).await.map_err(fail)?.ok_or(LogError::NotFound(run_id))?, "lease_token")?;
+                let token: Option<Uuid> = col(
+                    &client
+                        .query_opt(&holder, &read_params)
+                        .await
+                        .map_err(fail)?
+                        .ok_or(LogError::NotFound(run_id))?,
+                    "lease_token",
+                )?;
                 if token != Some(lease.token) {
                     return Ok(Vec::new());
                 }
             }
-            Err(LogError::Unavailable(format!("run {run_id}: payloads kept arriving while letting go")))
+            Err(LogError::Unavailable(format!(
+                "run {run_id}: payloads kept arriving while letting go"
+            )))
         })
         .await
     }
@@ -1584,7 +2019,11 @@ impl EventLog for PgLog {
     /// Oldest first by request time (the event's), then by insertion.
     /// A tenant or tool filter with U+0000 (which `text` cannot hold) matches nothing.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
-        if [&filter.tenant, &filter.tool].into_iter().flatten().any(|t| t.contains('\0')) {
+        if [&filter.tenant, &filter.tool]
+            .into_iter()
+            .flatten()
+            .any(|t| t.contains('\0'))
+        {
             return Ok(Vec::new());
         }
         let mut select = Select::new(
@@ -1603,10 +2042,19 @@ impl EventLog for PgLog {
             select.sql.push_str(" AND status = 'pending'");
         }
         if let Some(t) = filter.expired_by {
-            select.sql.push_str(" AND status = 'pending' AND NOT escalated");
+            select
+                .sql
+                .push_str(" AND status = 'pending' AND NOT escalated");
             select.and("expires_at <=", t);
         }
-        let rows = select.rows(self, "approvals", "requested_at, id", filter.limit.clamp(1, 1000)).await?;
+        let rows = select
+            .rows(
+                self,
+                "approvals",
+                "requested_at, id",
+                filter.limit.clamp(1, 1000),
+            )
+            .await?;
         rows.iter()
             .map(|row| {
                 let status: String = col(row, "status")?;
@@ -1616,7 +2064,8 @@ impl EventLog for PgLog {
                     tenant: col(row, "tenant")?,
                     call_id: col(row, "call_id")?,
                     tool: col(row, "tool")?,
-                    input: serde_json::from_str(&input).map_err(|e| corrupt(format!("approval input: {e}")))?,
+                    input: serde_json::from_str(&input)
+                        .map_err(|e| corrupt(format!("approval input: {e}")))?,
                     args_hash: col(row, "args_hash")?,
                     status: match status.as_str() {
                         "pending" => ApprovalStatus::Pending,
@@ -1636,10 +2085,17 @@ impl EventLog for PgLog {
         self.bounded("escalate", async {
             let client = self.client().await?;
             let n = client
-                .execute("UPDATE approvals SET escalated = true WHERE run_id = $1 AND call_id = $2", &[&run_id, &call_id])
+                .execute(
+                    "UPDATE approvals SET escalated = true WHERE run_id = $1 AND call_id = $2",
+                    &[&run_id, &call_id],
+                )
                 .await
                 .map_err(|e| unavailable("escalate", &e))?;
-            if n == 0 { Err(LogError::NotFound(run_id)) } else { Ok(()) }
+            if n == 0 {
+                Err(LogError::NotFound(run_id))
+            } else {
+                Ok(())
+            }
         })
         .await
     }
@@ -1647,13 +2103,23 @@ impl EventLog for PgLog {
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {
         self.bounded("outbox", async {
             let client = self.client().await?;
-            let st = client.prepare_cached("SELECT id, job::text AS job FROM outbox ORDER BY id LIMIT $1").await.map_err(|e| unavailable("outbox", &e))?;
-            let rows = client.query(&st, &[&sql_limit(limit)]).await.map_err(|e| unavailable("outbox", &e))?;
+            let st = client
+                .prepare_cached("SELECT id, job::text AS job FROM outbox ORDER BY id LIMIT $1")
+                .await
+                .map_err(|e| unavailable("outbox", &e))?;
+            let rows = client
+                .query(&st, &[&sql_limit(limit)])
+                .await
+                .map_err(|e| unavailable("outbox", &e))?;
             rows.iter()
                 .map(|row| {
                     let id: i64 = col(row, "id")?;
                     let job: String = col(row, "job")?;
-                    Ok((id, serde_json::from_str(&job).map_err(|e| corrupt(format!("outbox job {id}: {e}")))?))
+                    Ok((
+                        id,
+                        serde_json::from_str(&job)
+                            .map_err(|e| corrupt(format!("outbox job {id}: {e}")))?,
+                    ))
                 })
                 .collect()
         })
@@ -1664,8 +2130,14 @@ impl EventLog for PgLog {
     async fn outbox_done(&self, ids: &[i64]) -> Result<(), LogError> {
         self.bounded("outbox_done", async {
             let client = self.client().await?;
-            let st = client.prepare_cached("DELETE FROM outbox WHERE id = ANY($1)").await.map_err(|e| unavailable("outbox_done", &e))?;
-            client.execute(&st, &[&ids]).await.map_err(|e| unavailable("outbox_done", &e))?;
+            let st = client
+                .prepare_cached("DELETE FROM outbox WHERE id = ANY($1)")
+                .await
+                .map_err(|e| unavailable("outbox_done", &e))?;
+            client
+                .execute(&st, &[&ids])
+                .await
+                .map_err(|e| unavailable("outbox_done", &e))?;
             Ok(())
         })
         .await
@@ -1706,7 +2178,13 @@ impl EventLog for PgLog {
     /// `blobs` (rare: large or NUL-carrying) are decoded here. A rebuild, not
     /// a per-step cost: it reads every event of the tenant's recently active
     /// runs.
-    async fn put_agent(&self, tenant: &str, name: &str, definition: &str, content_hash: &str) -> Result<(AgentVersion, bool), LogError> {
+    async fn put_agent(
+        &self,
+        tenant: &str,
+        name: &str,
+        definition: &str,
+        content_hash: &str,
+    ) -> Result<(AgentVersion, bool), LogError> {
         self.bounded("put_agent", async {
             let fail = |e: tokio_postgres::Error| unavailable("put_agent", &e);
             let mut client = self.client().await?;
@@ -1736,11 +2214,19 @@ impl EventLog for PgLog {
         .await
     }
 
-    async fn get_agent(&self, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError> {
+    async fn get_agent(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<AgentVersion>, LogError> {
         let version = version.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
         self.bounded("get_agent", async {
             let client = self.client().await?;
-            let row = client.query_opt(AGENT_ROW, &[&tenant, &name, &version]).await.map_err(|e| unavailable("get_agent", &e))?;
+            let row = client
+                .query_opt(AGENT_ROW, &[&tenant, &name, &version])
+                .await
+                .map_err(|e| unavailable("get_agent", &e))?;
             row.as_ref().map(agent_of).transpose()
         })
         .await
@@ -1768,8 +2254,14 @@ impl EventLog for PgLog {
         let kinds = SPEND_KINDS.to_vec();
         self.bounded("tenant_usage", async {
             let client = self.client().await?;
-            let st = client.prepare_cached(&TENANT_USAGE).await.map_err(|e| unavailable("tenant_usage", &e))?;
-            let row = client.query_one(&st, &[&tenant, &start, &end, &kinds]).await.map_err(|e| unavailable("tenant_usage", &e))?;
+            let st = client
+                .prepare_cached(&TENANT_USAGE)
+                .await
+                .map_err(|e| unavailable("tenant_usage", &e))?;
+            let row = client
+                .query_one(&st, &[&tenant, &start, &end, &kinds])
+                .await
+                .map_err(|e| unavailable("tenant_usage", &e))?;
             spend_of_row(&row, "tenant_usage")
         })
         .await
@@ -1778,7 +2270,10 @@ impl EventLog for PgLog {
     async fn ready(&self) -> Result<(), LogError> {
         self.bounded("ready", async {
             let client = self.client().await?;
-            client.simple_query("SELECT 1").await.map_err(|e| unavailable("ready", &e))?;
+            client
+                .simple_query("SELECT 1")
+                .await
+                .map_err(|e| unavailable("ready", &e))?;
             Ok(())
         })
         .await
@@ -1889,7 +2384,10 @@ impl crate::archive::Archive for PgLog {
     }
 
     /// One transaction; see [`crate::archive::Archive::import_run`].
-    async fn import_run(&self, run: &crate::archive::RunRecord) -> Result<crate::archive::Imported, LogError> {
+    async fn import_run(
+        &self,
+        run: &crate::archive::RunRecord,
+    ) -> Result<crate::archive::Imported, LogError> {
         use crate::archive::Imported;
         let run_id = run.run_id;
         let state = run.validate()?;

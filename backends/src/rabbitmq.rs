@@ -87,11 +87,15 @@ use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
+    BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer, ExchangeKind};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer,
+    ExchangeKind,
+};
 use tokio::sync::{Mutex, watch};
 use tracing::{debug, warn};
 
@@ -171,7 +175,10 @@ impl QueueOptions {
     /// half the cap, and each delay is clamped as well.
     fn delays(&self, times: Option<usize>) -> impl Iterator<Item = Duration> + use<> {
         let max = self.reconnect_max.max(self.reconnect_min);
-        let builder = ExponentialBuilder::default().with_min_delay(self.reconnect_min).with_max_delay((max / 2).max(self.reconnect_min)).with_jitter();
+        let builder = ExponentialBuilder::default()
+            .with_min_delay(self.reconnect_min)
+            .with_max_delay((max / 2).max(self.reconnect_min))
+            .with_jitter();
         let builder = match times {
             Some(n) => builder.with_max_times(n),
             None => builder.without_max_times(),
@@ -247,7 +254,11 @@ fn short(s: &str) -> ShortString {
 /// dropped either way).
 async fn close_conn(conn: &Connection) {
     if conn.status().connected() {
-        let _ = tokio::time::timeout(Duration::from_secs(2), conn.close(200, short("glia: closing"))).await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            conn.close(200, short("glia: closing")),
+        )
+        .await;
     }
 }
 
@@ -256,31 +267,56 @@ async fn close_conn(conn: &Connection) {
 async fn declare_topology(ch: &Channel, o: &QueueOptions) -> Result<(), QueueError> {
     let dlx = o.dead_letter_exchange();
     let dlq = o.dead_letter_queue();
-    let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
     let quorum = || {
         let mut args = FieldTable::default();
-        args.insert(short("x-queue-type"), AMQPValue::LongString(LongString::from("quorum")));
+        args.insert(
+            short("x-queue-type"),
+            AMQPValue::LongString(LongString::from("quorum")),
+        );
         args
     };
     ch.exchange_declare(
         short(&dlx),
         ExchangeKind::Direct,
-        ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() },
+        ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        },
         FieldTable::default(),
     )
     .await
     .map_err(|e| unavailable(&format!("declare exchange {dlx}"), e))?;
-    ch.queue_declare(short(&dlq), durable, quorum()).await.map_err(|e| unavailable(&format!("declare queue {dlq}"), e))?;
-    ch.queue_bind(short(&dlq), short(&dlx), short(&o.queue), QueueBindOptions::default(), FieldTable::default())
+    ch.queue_declare(short(&dlq), durable, quorum())
         .await
-        .map_err(|e| unavailable(&format!("bind {dlq} to {dlx}"), e))?;
+        .map_err(|e| unavailable(&format!("declare queue {dlq}"), e))?;
+    ch.queue_bind(
+        short(&dlq),
+        short(&dlx),
+        short(&o.queue),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .map_err(|e| unavailable(&format!("bind {dlq} to {dlx}"), e))?;
     let mut args = quorum();
     let limit = i32::try_from(o.delivery_limit).unwrap_or(i32::MAX);
     args.insert(short("x-delivery-limit"), AMQPValue::LongInt(limit));
-    args.insert(short("x-dead-letter-exchange"), AMQPValue::LongString(LongString::from(dlx.as_str())));
-    args.insert(short("x-dead-letter-routing-key"), AMQPValue::LongString(LongString::from(o.queue.as_str())));
+    args.insert(
+        short("x-dead-letter-exchange"),
+        AMQPValue::LongString(LongString::from(dlx.as_str())),
+    );
+    args.insert(
+        short("x-dead-letter-routing-key"),
+        AMQPValue::LongString(LongString::from(o.queue.as_str())),
+    );
     for queue in [o.queue.clone(), o.resume_queue()] {
-        ch.queue_declare(short(&queue), durable, args.clone()).await.map_err(|e| unavailable(&format!("declare queue {queue}"), e))?;
+        ch.queue_declare(short(&queue), durable, args.clone())
+            .await
+            .map_err(|e| unavailable(&format!("declare queue {queue}"), e))?;
     }
     Ok(())
 }
@@ -300,7 +336,10 @@ impl RabbitQueue {
         opts.prefetch = opts.prefetch.max(1);
         opts.publish_attempts = opts.publish_attempts.max(1);
         if opts.queue.is_empty() || opts.queue.len() > 248 {
-            return Err(QueueError::Unavailable(format!("queue name must be 1 to 248 bytes, got {:?}", opts.queue)));
+            return Err(QueueError::Unavailable(format!(
+                "queue name must be 1 to 248 bytes, got {:?}",
+                opts.queue
+            )));
         }
         let queue = RabbitQueue {
             url: url.to_owned(),
@@ -340,14 +379,21 @@ impl RabbitQueue {
             async move {
                 // A channel of its own: the delivery's acker keeps it open
                 // until the job is acked.
-                let ch = link.conn.create_channel().await.map_err(|e| Attempt::Retry(unavailable("open channel", e)))?;
-                let got = ch.basic_get(short(&dlq), BasicGetOptions { no_ack: false }).await.map_err(|e| {
-                    if e.is_amqp_soft_error() {
-                        Attempt::Fail(unavailable(&format!("get from {dlq}"), e))
-                    } else {
-                        Attempt::Retry(unavailable(&format!("get from {dlq}"), e))
-                    }
-                })?;
+                let ch = link
+                    .conn
+                    .create_channel()
+                    .await
+                    .map_err(|e| Attempt::Retry(unavailable("open channel", e)))?;
+                let got = ch
+                    .basic_get(short(&dlq), BasicGetOptions { no_ack: false })
+                    .await
+                    .map_err(|e| {
+                        if e.is_amqp_soft_error() {
+                            Attempt::Fail(unavailable(&format!("get from {dlq}"), e))
+                        } else {
+                            Attempt::Retry(unavailable(&format!("get from {dlq}"), e))
+                        }
+                    })?;
                 let Some(msg) = got else {
                     let _ = ch.close(200, short("done")).await;
                     return Ok(None);
@@ -358,11 +404,23 @@ impl RabbitQueue {
                         job,
                         redelivered: d.redelivered,
                         enqueued_at: enqueued_at(&d.properties),
-                        acker: Box::new(RabbitAcker { acker: d.acker, _channel: ch }),
+                        acker: Box::new(RabbitAcker {
+                            acker: d.acker,
+                            _channel: ch,
+                        }),
                     })),
                     Err(e) => {
-                        let _ = d.acker.nack(BasicNackOptions { multiple: false, requeue: true }).await;
-                        Err(Attempt::Fail(unavailable(&format!("dead letter in {dlq} is not a job"), e)))
+                        let _ = d
+                            .acker
+                            .nack(BasicNackOptions {
+                                multiple: false,
+                                requeue: true,
+                            })
+                            .await;
+                        Err(Attempt::Fail(unavailable(
+                            &format!("dead letter in {dlq} is not a job"),
+                            e,
+                        )))
                     }
                 }
             }
@@ -379,16 +437,24 @@ impl RabbitQueue {
         self.on_publisher_link(|link| {
             let o = o.clone();
             async move {
-                let ch = link.conn.create_channel().await.map_err(|e| Attempt::Retry(unavailable("open channel", e)))?;
+                let ch = link
+                    .conn
+                    .create_channel()
+                    .await
+                    .map_err(|e| Attempt::Retry(unavailable("open channel", e)))?;
                 for q in [o.queue.clone(), o.resume_queue(), o.dead_letter_queue()] {
                     ch.queue_delete(short(&q), QueueDeleteOptions::default())
                         .await
-                        .map_err(|e| Attempt::Retry(unavailable(&format!("delete queue {q}"), e)))?;
+                        .map_err(|e| {
+                            Attempt::Retry(unavailable(&format!("delete queue {q}"), e))
+                        })?;
                 }
                 let dlx = o.dead_letter_exchange();
                 ch.exchange_delete(short(&dlx), ExchangeDeleteOptions::default())
                     .await
-                    .map_err(|e| Attempt::Retry(unavailable(&format!("delete exchange {dlx}"), e)))?;
+                    .map_err(|e| {
+                        Attempt::Retry(unavailable(&format!("delete exchange {dlx}"), e))
+                    })?;
                 let _ = ch.close(200, short("done")).await;
                 Ok(())
             }
@@ -407,7 +473,11 @@ impl RabbitQueue {
         if let Some(link) = publisher {
             close_conn(&link.conn).await;
         }
-        let consumer = self.consumer_conn.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let consumer = self
+            .consumer_conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(conn) = consumer {
             close_conn(&conn).await;
         }
@@ -419,7 +489,11 @@ impl RabbitQueue {
     /// before closing. Idempotent.
     pub async fn close(&self) {
         self.shutdown.send_replace(true);
-        let consumer = self.consumer_conn.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let consumer = self
+            .consumer_conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(conn) = consumer {
             close_conn(&conn).await;
         }
@@ -437,23 +511,42 @@ impl RabbitQueue {
     }
 
     fn properties(&self, role: &str) -> ConnectionProperties {
-        ConnectionProperties::default().with_connection_name(LongString::from(format!("{} {role}", self.opts.connection_name)))
+        ConnectionProperties::default().with_connection_name(LongString::from(format!(
+            "{} {role}",
+            self.opts.connection_name
+        )))
     }
 
     async fn open_connection(&self, role: &str) -> Result<Connection, QueueError> {
-        match tokio::time::timeout(self.opts.connect_timeout, Connection::connect(&self.url, self.properties(role))).await {
+        match tokio::time::timeout(
+            self.opts.connect_timeout,
+            Connection::connect(&self.url, self.properties(role)),
+        )
+        .await
+        {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(e)) => Err(unavailable("connect", e)),
-            Err(_) => Err(QueueError::Unavailable(format!("connect: no answer within {:?}", self.opts.connect_timeout))),
+            Err(_) => Err(QueueError::Unavailable(format!(
+                "connect: no answer within {:?}",
+                self.opts.connect_timeout
+            ))),
         }
     }
 
     /// Run `setup` (channel, topology, …) on a fresh connection within
     /// [`QueueOptions::connect_timeout`]; close the connection if it fails.
-    async fn set_up<T>(&self, conn: &Connection, what: &str, setup: impl Future<Output = Result<T, QueueError>>) -> Result<T, QueueError> {
+    async fn set_up<T>(
+        &self,
+        conn: &Connection,
+        what: &str,
+        setup: impl Future<Output = Result<T, QueueError>>,
+    ) -> Result<T, QueueError> {
         let result = match tokio::time::timeout(self.opts.connect_timeout, setup).await {
             Ok(result) => result,
-            Err(_) => Err(QueueError::Unavailable(format!("{what}: no answer within {:?}", self.opts.connect_timeout))),
+            Err(_) => Err(QueueError::Unavailable(format!(
+                "{what}: no answer within {:?}",
+                self.opts.connect_timeout
+            ))),
         };
         if result.is_err() {
             close_conn(conn).await;
@@ -464,29 +557,50 @@ impl RabbitQueue {
     async fn open_publisher(&self) -> Result<PubLink, QueueError> {
         let conn = self.open_connection("publisher").await?;
         let setup = async {
-            let channel = conn.create_channel().await.map_err(|e| unavailable("open channel", e))?;
+            let channel = conn
+                .create_channel()
+                .await
+                .map_err(|e| unavailable("open channel", e))?;
             declare_topology(&channel, &self.opts).await?;
-            channel.confirm_select(ConfirmSelectOptions::default()).await.map_err(|e| unavailable("confirm.select", e))?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(|e| unavailable("confirm.select", e))?;
             Ok::<_, QueueError>(channel)
         };
         let channel = self.set_up(&conn, "publisher setup", setup).await?;
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         debug!(queue = %self.opts.queue, generation, "rabbitmq publisher connected");
-        Ok(PubLink { conn, channel, generation })
+        Ok(PubLink {
+            conn,
+            channel,
+            generation,
+        })
     }
 
     async fn open_consumer(&self) -> Result<ConsLink, QueueError> {
         let conn = Arc::new(self.open_connection("consumer").await?);
         let setup = async {
-            let channel = conn.create_channel().await.map_err(|e| unavailable("open channel", e))?;
+            let channel = conn
+                .create_channel()
+                .await
+                .map_err(|e| unavailable("open channel", e))?;
             declare_topology(&channel, &self.opts).await?;
             // Not global: each consumer of the channel has its own prefetch.
-            channel.basic_qos(self.opts.prefetch, BasicQosOptions { global: false }).await.map_err(|e| unavailable("basic.qos", e))?;
+            channel
+                .basic_qos(self.opts.prefetch, BasicQosOptions { global: false })
+                .await
+                .map_err(|e| unavailable("basic.qos", e))?;
             let consume = |queue: String| {
                 let channel = channel.clone();
                 async move {
                     channel
-                        .basic_consume(short(&queue), short(""), BasicConsumeOptions::default(), FieldTable::default())
+                        .basic_consume(
+                            short(&queue),
+                            short(""),
+                            BasicConsumeOptions::default(),
+                            FieldTable::default(),
+                        )
                         .await
                         .map_err(|e| unavailable(&format!("basic.consume {queue}"), e))
                 }
@@ -500,7 +614,12 @@ impl RabbitQueue {
         let (channel, starts, resumes) = self.set_up(&conn, "consumer setup", setup).await?;
         *self.consumer_conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         debug!(queue = %self.opts.queue, "rabbitmq consumer connected");
-        Ok(ConsLink { conn, channel, starts, resumes })
+        Ok(ConsLink {
+            conn,
+            channel,
+            starts,
+            resumes,
+        })
     }
 
     /// The current publishing link, opening one if there is none or it died.
@@ -581,14 +700,26 @@ impl RabbitQueue {
         self.on_publisher_link(|link| async move {
             // A passive declare of a missing queue closes its channel: use a
             // throwaway one, never the confirm channel.
-            let ch = link.conn.create_channel().await.map_err(|e| Attempt::Retry(unavailable("open channel", e)))?;
-            let passive = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
-            match ch.queue_declare(short(queue), passive, FieldTable::default()).await {
+            let ch = link
+                .conn
+                .create_channel()
+                .await
+                .map_err(|e| Attempt::Retry(unavailable("open channel", e)))?;
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            match ch
+                .queue_declare(short(queue), passive, FieldTable::default())
+                .await
+            {
                 Ok(q) => {
                     let _ = ch.close(200, short("done")).await;
                     Ok((u64::from(q.message_count()), u64::from(q.consumer_count())))
                 }
-                Err(e) if e.is_amqp_soft_error() => Err(Attempt::Fail(unavailable(&format!("queue {queue}"), e))),
+                Err(e) if e.is_amqp_soft_error() => {
+                    Err(Attempt::Fail(unavailable(&format!("queue {queue}"), e)))
+                }
                 Err(e) => Err(Attempt::Retry(unavailable(&format!("queue {queue}"), e))),
             }
         })
@@ -646,19 +777,37 @@ impl RabbitQueue {
                 }
                 Some(Ok(d)) => match serde_json::from_slice::<Job>(&d.data) {
                     Ok(job) => {
-                        let acker = RabbitAcker { acker: d.acker, _channel: link.channel.clone() };
+                        let acker = RabbitAcker {
+                            acker: d.acker,
+                            _channel: link.channel.clone(),
+                        };
                         let enqueued_at = enqueued_at(&d.properties);
-                        return Ok(Delivery { job, redelivered: d.redelivered, acker: Box::new(acker), enqueued_at });
+                        return Ok(Delivery {
+                            job,
+                            redelivered: d.redelivered,
+                            acker: Box::new(acker),
+                            enqueued_at,
+                        });
                     }
                     Err(e) => {
                         warn!(queue = %self.opts.queue, error = %e, "rabbitmq consumer: body is not a job; dead-lettering it");
-                        let _ = d.acker.nack(BasicNackOptions { multiple: false, requeue: false }).await;
+                        let _ = d
+                            .acker
+                            .nack(BasicNackOptions {
+                                multiple: false,
+                                requeue: false,
+                            })
+                            .await;
                     }
                 },
                 other => {
                     match other {
-                        Some(Err(e)) => warn!(queue = %self.opts.queue, error = %e, "rabbitmq consumer: channel failed; reconnecting"),
-                        _ => warn!(queue = %self.opts.queue, "rabbitmq consumer: cancelled by the broker; reconnecting"),
+                        Some(Err(e)) => {
+                            warn!(queue = %self.opts.queue, error = %e, "rabbitmq consumer: channel failed; reconnecting")
+                        }
+                        _ => {
+                            warn!(queue = %self.opts.queue, "rabbitmq consumer: cancelled by the broker; reconnecting")
+                        }
                     }
                     if let Some(old) = slot.take() {
                         close_conn(&old.conn).await;
@@ -673,29 +822,60 @@ impl RabbitQueue {
         }
     }
 
-    async fn publish_once(&self, link: Arc<PubLink>, queue: &str, body: &[u8]) -> Result<(), Attempt> {
+    async fn publish_once(
+        &self,
+        link: Arc<PubLink>,
+        queue: &str,
+        body: &[u8],
+    ) -> Result<(), Attempt> {
         let mut headers = FieldTable::default();
-        headers.insert(short(ENQUEUED_HEADER), AMQPValue::LongLongInt(chrono::Utc::now().timestamp_millis()));
-        let props = BasicProperties::default().with_delivery_mode(2).with_content_type(short("application/json")).with_headers(headers);
+        headers.insert(
+            short(ENQUEUED_HEADER),
+            AMQPValue::LongLongInt(chrono::Utc::now().timestamp_millis()),
+        );
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type(short("application/json"))
+            .with_headers(headers);
         let confirm = link
             .channel
-            .basic_publish(short(""), short(queue), BasicPublishOptions { mandatory: true, immediate: false }, body, props)
+            .basic_publish(
+                short(""),
+                short(queue),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                body,
+                props,
+            )
             .await
             .map_err(|e| Attempt::Retry(unavailable("publish", e)))?;
         let confirmation = match tokio::time::timeout(self.opts.confirm_timeout, confirm).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(Attempt::Retry(unavailable("publish confirm", e))),
-            Err(_) => return Err(Attempt::Fail(QueueError::NotConfirmed(format!("no confirm within {:?}", self.opts.confirm_timeout)))),
+            Err(_) => {
+                return Err(Attempt::Fail(QueueError::NotConfirmed(format!(
+                    "no confirm within {:?}",
+                    self.opts.confirm_timeout
+                ))));
+            }
         };
         match confirmation {
             Confirmation::Ack(None) => Ok(()),
             // Unroutable: the queue is gone. Reconnecting redeclares it.
-            Confirmation::Ack(Some(returned)) => Err(Attempt::Retry(QueueError::NotConfirmed(format!(
-                "returned by the broker: {} {}",
-                returned.reply_code, returned.reply_text
-            )))),
-            Confirmation::Nack(_) => Err(Attempt::Fail(QueueError::NotConfirmed("nacked by the broker".into()))),
-            Confirmation::NotRequested => Err(Attempt::Fail(QueueError::NotConfirmed("channel not in confirm mode".into()))),
+            Confirmation::Ack(Some(returned)) => {
+                Err(Attempt::Retry(QueueError::NotConfirmed(format!(
+                    "returned by the broker: {} {}",
+                    returned.reply_code, returned.reply_text
+                ))))
+            }
+            Confirmation::Nack(_) => Err(Attempt::Fail(QueueError::NotConfirmed(
+                "nacked by the broker".into(),
+            ))),
+            Confirmation::NotRequested => Err(Attempt::Fail(QueueError::NotConfirmed(
+                "channel not in confirm mode".into(),
+            ))),
         }
     }
 }
@@ -714,9 +894,14 @@ impl JobQueue for RabbitQueue {
     async fn publish(&self, job: &Job) -> Result<(), QueueError> {
         let body = serde_json::to_vec(job).map_err(|e| unavailable("encode job", e))?;
         let body = &body;
-        let queue = if job.resume { self.opts.resume_queue() } else { self.opts.queue.clone() };
+        let queue = if job.resume {
+            self.opts.resume_queue()
+        } else {
+            self.opts.queue.clone()
+        };
         let queue = &queue;
-        self.on_publisher_link(|link| self.publish_once(link, queue, body)).await
+        self.on_publisher_link(|link| self.publish_once(link, queue, body))
+            .await
     }
 
     /// Wait for the next job, however long the broker is away: a resume
@@ -744,7 +929,8 @@ impl JobQueue for RabbitQueue {
     /// after [`QueueOptions::publish_attempts`] attempts or the queue does not
     /// exist; [`QueueError::Closed`] after [`RabbitQueue::close`].
     async fn depth(&self) -> Result<u64, QueueError> {
-        Ok(self.message_count(&self.opts.queue).await? + self.message_count(&self.opts.resume_queue()).await?)
+        Ok(self.message_count(&self.opts.queue).await?
+            + self.message_count(&self.opts.resume_queue()).await?)
     }
 
     /// Three passive declares: both job queues (ready jobs, summed;
@@ -755,7 +941,11 @@ impl JobQueue for RabbitQueue {
         let (ready, consumers) = self.counts(&self.opts.queue).await?;
         let resumes = self.message_count(&self.opts.resume_queue()).await?;
         let dead_lettered = self.dead_letter_depth().await?;
-        Ok(QueueStats { ready: ready + resumes, consumers: Some(consumers), dead_lettered: Some(dead_lettered) })
+        Ok(QueueStats {
+            ready: ready + resumes,
+            consumers: Some(consumers),
+            dead_lettered: Some(dead_lettered),
+        })
     }
 }
 
@@ -773,9 +963,9 @@ impl RabbitAcker {
         match result {
             Ok(true) => Ok(()),
             // Poisoned: the channel died; the broker requeues the job itself.
-            Ok(false) if self.acker.poisoned() => {
-                Err(QueueError::Unavailable(format!("{what}: the delivery's channel closed; the broker will redeliver it")))
-            }
+            Ok(false) if self.acker.poisoned() => Err(QueueError::Unavailable(format!(
+                "{what}: the delivery's channel closed; the broker will redeliver it"
+            ))),
             // Already settled by an earlier call: nothing to do.
             Ok(false) => Ok(()),
             Err(e) => Err(unavailable(what, e)),
@@ -796,7 +986,13 @@ impl Acker for RabbitAcker {
     /// delivery limit); otherwise it is dead-lettered to `<queue>.dlq`.
     /// Errors as for `ack`.
     async fn nack(&self, requeue: bool) -> Result<(), QueueError> {
-        let r = self.acker.nack(BasicNackOptions { multiple: false, requeue }).await;
+        let r = self
+            .acker
+            .nack(BasicNackOptions {
+                multiple: false,
+                requeue,
+            })
+            .await;
         self.settled("nack", r)
     }
 }
@@ -823,8 +1019,16 @@ mod tests {
         o.reconnect_max = Duration::from_secs(5);
         for _ in 0..50 {
             let delays: Vec<Duration> = o.delays(None).take(20).collect();
-            assert!(delays.iter().all(|d| *d >= o.reconnect_min && *d <= o.reconnect_max), "{delays:?}");
-            assert!(delays[10..].iter().all(|d| *d >= o.reconnect_max / 2), "the cap is reached: {delays:?}");
+            assert!(
+                delays
+                    .iter()
+                    .all(|d| *d >= o.reconnect_min && *d <= o.reconnect_max),
+                "{delays:?}"
+            );
+            assert!(
+                delays[10..].iter().all(|d| *d >= o.reconnect_max / 2),
+                "the cap is reached: {delays:?}"
+            );
         }
         assert_eq!(o.delays(Some(4)).count(), 4);
         // A floor above half the cap still never exceeds the cap.
@@ -832,4 +1036,3 @@ mod tests {
         assert!(o.delays(None).take(20).all(|d| d <= o.reconnect_max));
     }
 }
-

@@ -61,7 +61,10 @@ use redis::{Client, RedisError, RedisResult, RetryMethod, Script};
 use tracing::{debug, warn};
 use uuid::Uuid;
 
-use crate::{CapKind, HELD_RESULT_TTL, HeldResult, Ledger, LedgerError, Reservation, Settlement, Signal, Spend, SpendCap};
+use crate::{
+    CapKind, HELD_RESULT_TTL, HeldResult, Ledger, LedgerError, Reservation, Settlement, Signal,
+    Spend, SpendCap,
+};
 
 /// Bound on one command's answer, and on opening a connection.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -189,9 +192,21 @@ impl RedisLedger {
             .set_number_of_retries(2)
             .set_min_delay(Duration::from_millis(100))
             .set_max_delay(Duration::from_secs(1));
-        let conn = ConnectionManager::new_with_config(client.clone(), config).await.map_err(|e| unavailable("connect", e))?;
-        let scripts = Scripts { reserve: Script::new(RESERVE), settle: Script::new(SETTLE), seed: Script::new(SEED) };
-        Ok(RedisLedger { client, conn, prefix: key_prefix.to_owned(), cancel_ttl: DEFAULT_CANCEL_TTL, scripts })
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
+            .await
+            .map_err(|e| unavailable("connect", e))?;
+        let scripts = Scripts {
+            reserve: Script::new(RESERVE),
+            settle: Script::new(SETTLE),
+            seed: Script::new(SEED),
+        };
+        Ok(RedisLedger {
+            client,
+            conn,
+            prefix: key_prefix.to_owned(),
+            cancel_ttl: DEFAULT_CANCEL_TTL,
+            scripts,
+        })
     }
 
     /// Keep cancellation flags for `ttl` (whole seconds, at least one)
@@ -245,7 +260,10 @@ impl RedisLedger {
     /// Errors: [`LedgerError::Unavailable`] when the first subscription
     /// fails.
     pub async fn subscribe_cancellations(&self) -> Result<BoxStream<'static, Uuid>, LedgerError> {
-        subscription(self.client.clone(), self.cancel_channel(), |bytes| std::str::from_utf8(bytes).ok()?.parse().ok()).await
+        subscription(self.client.clone(), self.cancel_channel(), |bytes| {
+            std::str::from_utf8(bytes).ok()?.parse().ok()
+        })
+        .await
     }
 
     /// Run an idempotent command, once more if the first try met a dropped
@@ -259,7 +277,9 @@ impl RedisLedger {
             Ok(v) => Ok(v),
             Err(e) if retryable(&e) => {
                 debug!(error = %e, what, "redis: retrying once");
-                op(self.conn.clone()).await.map_err(|e| unavailable(what, e))
+                op(self.conn.clone())
+                    .await
+                    .map_err(|e| unavailable(what, e))
             }
             Err(e) => Err(unavailable(what, e)),
         }
@@ -305,7 +325,12 @@ impl Ledger for RedisLedger {
         let key = self.cancel_key(run_id);
         self.idempotent("is_cancelled", |mut conn| {
             let key = key.clone();
-            async move { redis::cmd("EXISTS").arg(&key).query_async::<bool>(&mut conn).await }
+            async move {
+                redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async::<bool>(&mut conn)
+                    .await
+            }
         })
         .await
     }
@@ -321,9 +346,18 @@ impl Ledger for RedisLedger {
             let key = key.clone();
             async move {
                 if paused {
-                    redis::cmd("SET").arg(&key).arg(1).arg("EX").arg(ttl).query_async::<()>(&mut conn).await
+                    redis::cmd("SET")
+                        .arg(&key)
+                        .arg(1)
+                        .arg("EX")
+                        .arg(ttl)
+                        .query_async::<()>(&mut conn)
+                        .await
                 } else {
-                    redis::cmd("DEL").arg(&key).query_async::<()>(&mut conn).await
+                    redis::cmd("DEL")
+                        .arg(&key)
+                        .query_async::<()>(&mut conn)
+                        .await
                 }
             }
         })
@@ -339,7 +373,13 @@ impl Ledger for RedisLedger {
         self.idempotent("signal", |mut conn| {
             let (cancel, pause) = (cancel.clone(), pause.clone());
             async move {
-                let (cancelled, paused): (bool, bool) = redis::pipe().cmd("EXISTS").arg(&cancel).cmd("EXISTS").arg(&pause).query_async(&mut conn).await?;
+                let (cancelled, paused): (bool, bool) = redis::pipe()
+                    .cmd("EXISTS")
+                    .arg(&cancel)
+                    .cmd("EXISTS")
+                    .arg(&pause)
+                    .query_async(&mut conn)
+                    .await?;
                 Ok(Signal { cancelled, paused })
             }
         })
@@ -371,15 +411,24 @@ impl Ledger for RedisLedger {
     ///
     /// Errors: [`LedgerError::Unavailable`] when the first subscription
     /// fails.
-    async fn subscribe_live(&self, run_id: Uuid) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
-        subscription(self.client.clone(), self.live_channel(run_id), |bytes| serde_json::from_slice(bytes).ok()).await
+    async fn subscribe_live(
+        &self,
+        run_id: Uuid,
+    ) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
+        subscription(self.client.clone(), self.live_channel(run_id), |bytes| {
+            serde_json::from_slice(bytes).ok()
+        })
+        .await
     }
 
     /// `PING` (retried once).
     ///
     /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
     async fn ready(&self) -> Result<(), LedgerError> {
-        self.idempotent("ping", |mut conn| async move { redis::cmd("PING").query_async::<()>(&mut conn).await }).await
+        self.idempotent("ping", |mut conn| async move {
+            redis::cmd("PING").query_async::<()>(&mut conn).await
+        })
+        .await
     }
 
     /// One script on `P:budget:{scope}` (see the module documentation);
@@ -387,24 +436,47 @@ impl Ledger for RedisLedger {
     ///
     /// Errors: [`LedgerError::Unavailable`] when Redis does not answer or
     /// answers something else than the script's reply.
-    async fn reserve(&self, scope: &str, request_id: &str, amount: Spend, cap: SpendCap) -> Result<Reservation, LedgerError> {
+    async fn reserve(
+        &self,
+        scope: &str,
+        request_id: &str,
+        amount: Spend,
+        cap: SpendCap,
+    ) -> Result<Reservation, LedgerError> {
         let key = self.budget_key(scope);
         let (tokens, cost) = (exact(amount.tokens), exact(amount.cost_usd_micros));
         let (cap_tokens, cap_cost) = (cap_arg(cap.tokens), cap_arg(cap.cost_usd_micros));
         let reply: (i64, i64, i64, i64) = self
             .idempotent("reserve", |mut conn| {
                 let mut invocation = self.scripts.reserve.key(&key);
-                invocation.arg(request_id).arg(tokens).arg(cost).arg(cap_tokens).arg(cap_cost);
+                invocation
+                    .arg(request_id)
+                    .arg(tokens)
+                    .arg(cost)
+                    .arg(cap_tokens)
+                    .arg(cap_cost);
                 async move { invocation.invoke_async(&mut conn).await }
             })
             .await?;
-        let used = Spend { tokens: counted(reply.1), cost_usd_micros: counted(reply.2) };
+        let used = Spend {
+            tokens: counted(reply.1),
+            cost_usd_micros: counted(reply.2),
+        };
         match reply {
             (0, ..) => Ok(Reservation::Missing),
             (1, ..) => Ok(Reservation::Granted { used }),
-            (2, _, _, 1) => Ok(Reservation::Exceeded { used, cap: CapKind::Cost }),
-            (2, _, _, 2) => Ok(Reservation::Exceeded { used, cap: CapKind::Tokens }),
-            other => Err(unavailable("reserve", format!("unexpected script reply {other:?}"))),
+            (2, _, _, 1) => Ok(Reservation::Exceeded {
+                used,
+                cap: CapKind::Cost,
+            }),
+            (2, _, _, 2) => Ok(Reservation::Exceeded {
+                used,
+                cap: CapKind::Tokens,
+            }),
+            other => Err(unavailable(
+                "reserve",
+                format!("unexpected script reply {other:?}"),
+            )),
         }
     }
 
@@ -412,7 +484,12 @@ impl Ledger for RedisLedger {
     /// retried once.
     ///
     /// Errors: as [`Ledger::reserve`].
-    async fn settle(&self, scope: &str, request_id: &str, actual: Spend) -> Result<Settlement, LedgerError> {
+    async fn settle(
+        &self,
+        scope: &str,
+        request_id: &str,
+        actual: Spend,
+    ) -> Result<Settlement, LedgerError> {
         let key = self.budget_key(scope);
         let (tokens, cost) = (exact(actual.tokens), exact(actual.cost_usd_micros));
         let reply: (i64, i64, i64) = self
@@ -424,8 +501,16 @@ impl Ledger for RedisLedger {
             .await?;
         match reply {
             (0, ..) => Ok(Settlement::Missing),
-            (1, t, c) => Ok(Settlement::Settled { used: Spend { tokens: counted(t), cost_usd_micros: counted(c) } }),
-            other => Err(unavailable("settle", format!("unexpected script reply {other:?}"))),
+            (1, t, c) => Ok(Settlement::Settled {
+                used: Spend {
+                    tokens: counted(t),
+                    cost_usd_micros: counted(c),
+                },
+            }),
+            other => Err(unavailable(
+                "settle",
+                format!("unexpected script reply {other:?}"),
+            )),
         }
     }
 
@@ -439,7 +524,12 @@ impl Ledger for RedisLedger {
         self.idempotent("seed", |mut conn| {
             let mut invocation = self.scripts.seed.key(&key);
             invocation.arg(tokens).arg(cost).arg(ttl);
-            async move { invocation.invoke_async::<i64>(&mut conn).await.map(|created| created == 1) }
+            async move {
+                invocation
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+                    .map(|created| created == 1)
+            }
         })
         .await
     }
@@ -454,14 +544,22 @@ impl Ledger for RedisLedger {
         }
         let mut entries = Vec::with_capacity(held.len());
         for (key, result) in held {
-            entries.push((self.held_key(key), serde_json::to_vec(result).map_err(|e| unavailable("encode held result", e))?));
+            entries.push((
+                self.held_key(key),
+                serde_json::to_vec(result).map_err(|e| unavailable("encode held result", e))?,
+            ));
         }
         let ttl = HELD_RESULT_TTL.as_secs();
         self.idempotent("hold_results", |mut conn| {
             let mut pipe = redis::pipe();
             pipe.atomic();
             for (key, json) in &entries {
-                pipe.cmd("SET").arg(key).arg(json.as_slice()).arg("EX").arg(ttl).ignore();
+                pipe.cmd("SET")
+                    .arg(key)
+                    .arg(json.as_slice())
+                    .arg("EX")
+                    .arg(ttl)
+                    .ignore();
             }
             async move { pipe.query_async::<()>(&mut conn).await }
         })
@@ -480,7 +578,8 @@ impl Ledger for RedisLedger {
                 async move { redis::cmd("GET").arg(&key).query_async(&mut conn).await }
             })
             .await?;
-        json.map(|j| serde_json::from_slice(&j).map_err(|e| unavailable("decode held result", e))).transpose()
+        json.map(|j| serde_json::from_slice(&j).map_err(|e| unavailable("decode held result", e)))
+            .transpose()
     }
 
     /// `DEL` of the keys (retried once).
@@ -493,7 +592,12 @@ impl Ledger for RedisLedger {
         let keys: Vec<String> = keys.iter().map(|k| self.held_key(k)).collect();
         self.idempotent("release_held", |mut conn| {
             let keys = keys.clone();
-            async move { redis::cmd("DEL").arg(&keys).query_async::<()>(&mut conn).await }
+            async move {
+                redis::cmd("DEL")
+                    .arg(&keys)
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
         })
         .await
     }
@@ -501,7 +605,10 @@ impl Ledger for RedisLedger {
 
 /// Open a pub/sub connection and subscribe it to `channel`, bounded by
 /// [`OP_TIMEOUT`].
-async fn open_subscription(client: &Client, channel: &str) -> RedisResult<(PubSubSink, PubSubStream)> {
+async fn open_subscription(
+    client: &Client,
+    channel: &str,
+) -> RedisResult<(PubSubSink, PubSubStream)> {
     let open = async {
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(channel).await?;
@@ -509,7 +616,10 @@ async fn open_subscription(client: &Client, channel: &str) -> RedisResult<(PubSu
     };
     match tokio::time::timeout(OP_TIMEOUT, open).await {
         Ok(r) => r,
-        Err(_) => Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "subscribe timed out"))),
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "subscribe timed out",
+        ))),
     }
 }
 
@@ -521,13 +631,19 @@ async fn subscription<T: Send + 'static>(
     channel: String,
     decode: fn(&[u8]) -> Option<T>,
 ) -> Result<BoxStream<'static, T>, LedgerError> {
-    let first = open_subscription(&client, &channel).await.map_err(|e| unavailable(&format!("subscribe {channel}"), e))?;
+    let first = open_subscription(&client, &channel)
+        .await
+        .map_err(|e| unavailable(&format!("subscribe {channel}"), e))?;
     struct State {
         client: Client,
         channel: String,
         link: Option<(PubSubSink, PubSubStream)>,
     }
-    let state = State { client, channel, link: Some(first) };
+    let state = State {
+        client,
+        channel,
+        link: Some(first),
+    };
     let stream = futures::stream::unfold(state, move |mut st| async move {
         let mut delays = backoff().build();
         loop {
@@ -555,17 +671,19 @@ async fn subscription<T: Send + 'static>(
                 _ = tokio::time::sleep(PING_INTERVAL) => Next::Idle,
             };
             match next {
-                Next::Idle => match tokio::time::timeout(OP_TIMEOUT, sink.ping::<redis::Value>()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        warn!(channel = %st.channel, error = %e, "redis: subscription ping failed; reconnecting");
-                        st.link = None;
+                Next::Idle => {
+                    match tokio::time::timeout(OP_TIMEOUT, sink.ping::<redis::Value>()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => {
+                            warn!(channel = %st.channel, error = %e, "redis: subscription ping failed; reconnecting");
+                            st.link = None;
+                        }
+                        Err(_) => {
+                            warn!(channel = %st.channel, "redis: subscription ping timed out; reconnecting");
+                            st.link = None;
+                        }
                     }
-                    Err(_) => {
-                        warn!(channel = %st.channel, "redis: subscription ping timed out; reconnecting");
-                        st.link = None;
-                    }
-                },
+                }
                 Next::Message(Some(msg)) => match decode(msg.get_payload_bytes()) {
                     Some(item) => return Some((item, st)),
                     None => warn!(channel = %st.channel, "redis: undecodable message skipped"),

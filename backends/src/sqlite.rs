@@ -86,9 +86,10 @@ use crate::archive::{ApprovalRecord, Archive, Imported, InboxRecord, RunRecord};
 use crate::memory::MemoryLedger;
 use crate::postgres::next_checkpoint;
 use crate::{
-    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog, HELD_RESULT_TTL, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
-    LogError, LogGauges, NewRun, Orphan, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap,
-    dedupe_key,
+    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog,
+    HELD_RESULT_TTL, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError,
+    LogGauges, NewRun, Orphan, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey,
+    RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
 };
 
 /// The migrations, in order; never edit one that shipped, add the next.
@@ -171,12 +172,22 @@ struct Lines {
 
 impl Lines {
     fn line(&mut self, job: &Job) -> &mut std::collections::VecDeque<Ready> {
-        if job.resume { &mut self.resumes } else { &mut self.starts }
+        if job.resume {
+            &mut self.resumes
+        } else {
+            &mut self.starts
+        }
     }
 
     /// The oldest resume, else (when `starts`) the oldest start.
     fn pop(&mut self, starts: bool) -> Option<Ready> {
-        self.resumes.pop_front().or_else(|| if starts { self.starts.pop_front() } else { None })
+        self.resumes.pop_front().or_else(|| {
+            if starts {
+                self.starts.pop_front()
+            } else {
+                None
+            }
+        })
     }
 
     fn len(&self) -> usize {
@@ -193,7 +204,9 @@ pub struct SqliteLog {
 
 impl std::fmt::Debug for SqliteLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteLog").field("path", &self.store.path).finish_non_exhaustive()
+        f.debug_struct("SqliteLog")
+            .field("path", &self.store.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -243,20 +256,38 @@ impl deadpool::managed::Manager for SqliteManager {
     }
 
     async fn recycle(&self, conn: &mut Self::Type, _: &Metrics) -> RecycleResult<Self::Error> {
-        if conn.is_mutex_poisoned() { Err(RecycleError::message("a call panicked holding the connection")) } else { Ok(()) }
+        if conn.is_mutex_poisoned() {
+            Err(RecycleError::message(
+                "a call panicked holding the connection",
+            ))
+        } else {
+            Ok(())
+        }
     }
 }
 
 type Pool = deadpool::managed::Pool<SqliteManager>;
 
-fn pool(path: &Path, size: usize, options: &SqliteOptions, pragmas: String) -> Result<Pool, LogError> {
+fn pool(
+    path: &Path,
+    size: usize,
+    options: &SqliteOptions,
+    pragmas: String,
+) -> Result<Pool, LogError> {
     let mut config = PoolConfig::new(size.max(1));
-    config.timeouts = Timeouts { wait: Some(options.wait_timeout), create: Some(Duration::from_secs(10)), recycle: Some(Duration::from_secs(10)) };
-    Pool::builder(SqliteManager { path: path.to_owned(), pragmas })
-        .config(config)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .map_err(|e| LogError::Unavailable(format!("sqlite pool: {e}")))
+    config.timeouts = Timeouts {
+        wait: Some(options.wait_timeout),
+        create: Some(Duration::from_secs(10)),
+        recycle: Some(Duration::from_secs(10)),
+    };
+    Pool::builder(SqliteManager {
+        path: path.to_owned(),
+        pragmas,
+    })
+    .config(config)
+    .runtime(Runtime::Tokio1)
+    .build()
+    .map_err(|e| LogError::Unavailable(format!("sqlite pool: {e}")))
 }
 
 impl SqliteLog {
@@ -269,14 +300,26 @@ impl SqliteLog {
     /// (its lock), the file is not a SQLite database, a migration failed, or
     /// the file was written by a newer glia (a schema version this build
     /// does not know).
-    pub async fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<SqliteLog, LogError> {
+    pub async fn open(
+        path: impl AsRef<Path>,
+        options: SqliteOptions,
+    ) -> Result<SqliteLog, LogError> {
         let path = path.as_ref().to_owned();
         let setup_path = path.clone();
-        let (lock, ready) = tokio::task::spawn_blocking(move || prepare(&setup_path)).await.map_err(|e| LogError::Unavailable(format!("opening {}: {e}", path.display())))??;
+        let (lock, ready) = tokio::task::spawn_blocking(move || prepare(&setup_path))
+            .await
+            .map_err(|e| LogError::Unavailable(format!("opening {}: {e}", path.display())))??;
         let busy = options.busy_timeout.as_millis().max(1);
-        let common = format!("PRAGMA busy_timeout = {busy}; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;");
+        let common = format!(
+            "PRAGMA busy_timeout = {busy}; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;"
+        );
         let writer = spawn_writer(&path, &common)?;
-        let readers = pool(&path, options.readers, &options, format!("{common} PRAGMA query_only = ON;"))?;
+        let readers = pool(
+            &path,
+            options.readers,
+            &options,
+            format!("{common} PRAGMA query_only = ON;"),
+        )?;
         let store = Store {
             path,
             writer,
@@ -290,17 +333,23 @@ impl SqliteLog {
             delivery_limit: options.delivery_limit.max(1),
             _lock: lock,
         };
-        Ok(SqliteLog { store: Arc::new(store) })
+        Ok(SqliteLog {
+            store: Arc::new(store),
+        })
     }
 
     /// The job queue on the same file.
     pub fn queue(&self) -> SqliteQueue {
-        SqliteQueue { store: self.store.clone() }
+        SqliteQueue {
+            store: self.store.clone(),
+        }
     }
 
     /// The ledger on the same file.
     pub fn ledger(&self) -> SqliteLedger {
-        SqliteLedger { store: self.store.clone() }
+        SqliteLedger {
+            store: self.store.clone(),
+        }
     }
 
     /// The database file.
@@ -330,8 +379,11 @@ const WRITE_BATCH: usize = 128;
 /// alone), commits once — one sync for the batch: group commit — and then
 /// answers each. It stops when the store is dropped.
 fn spawn_writer(path: &Path, pragmas: &str) -> Result<std::sync::mpsc::Sender<WriteJob>, LogError> {
-    let conn = Connection::open(path).map_err(|e| LogError::Unavailable(format!("{}: opening the writer: {e}", path.display())))?;
-    conn.execute_batch(pragmas).map_err(|e| LogError::Unavailable(format!("{}: writer pragmas: {e}", path.display())))?;
+    let conn = Connection::open(path).map_err(|e| {
+        LogError::Unavailable(format!("{}: opening the writer: {e}", path.display()))
+    })?;
+    conn.execute_batch(pragmas)
+        .map_err(|e| LogError::Unavailable(format!("{}: writer pragmas: {e}", path.display())))?;
     let (tx, rx) = std::sync::mpsc::channel::<WriteJob>();
     std::thread::Builder::new()
         .name("glia-sqlite-writer".into())
@@ -349,8 +401,15 @@ fn writer_loop(mut conn: Connection, jobs: std::sync::mpsc::Receiver<WriteJob>) 
                 Err(_) => break,
             }
         }
-        let sync = if batch.iter().all(|j| j.relaxed) { "PRAGMA synchronous = NORMAL" } else { "PRAGMA synchronous = FULL" };
-        let begun = conn.execute_batch(sync).and_then(|()| conn.execute_batch("BEGIN IMMEDIATE")).map_err(db("begin"));
+        let sync = if batch.iter().all(|j| j.relaxed) {
+            "PRAGMA synchronous = NORMAL"
+        } else {
+            "PRAGMA synchronous = FULL"
+        };
+        let begun = conn
+            .execute_batch(sync)
+            .and_then(|()| conn.execute_batch("BEGIN IMMEDIATE"))
+            .map_err(db("begin"));
         if let Err(e) = begun {
             let _ = conn.execute_batch("ROLLBACK");
             for job in batch {
@@ -366,7 +425,11 @@ fn writer_loop(mut conn: Connection, jobs: std::sync::mpsc::Receiver<WriteJob>) 
                 continue;
             }
             let (ok, finish) = (job.run)(Some(&mut conn));
-            let end = if ok { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
+            let end = if ok {
+                "RELEASE job"
+            } else {
+                "ROLLBACK TO job; RELEASE job"
+            };
             let _ = conn.execute_batch(end);
             finishes.push(finish);
         }
@@ -383,37 +446,81 @@ fn writer_loop(mut conn: Connection, jobs: std::sync::mpsc::Receiver<WriteJob>) 
 /// Lock, WAL, migrations; the leases of the previous process lapse; the
 /// jobs not dead-lettered, ready (blocking).
 fn prepare(path: &Path) -> Result<(File, Lines), LogError> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| LogError::Unavailable(format!("{}: {what}: {e}", path.display()));
-    let lock = File::options().create(true).truncate(false).write(true).open(lock_path(path)).map_err(|e| fail("creating its lock file", &e))?;
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        LogError::Unavailable(format!("{}: {what}: {e}", path.display()))
+    };
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path(path))
+        .map_err(|e| fail("creating its lock file", &e))?;
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(LogError::Unavailable(format!("{} is in use by another glia process (it holds {})", path.display(), lock_path(path).display())));
+            return Err(LogError::Unavailable(format!(
+                "{} is in use by another glia process (it holds {})",
+                path.display(),
+                lock_path(path).display()
+            )));
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(fail("locking", &e)),
     }
     let mut conn = Connection::open(path).map_err(|e| fail("opening", &e))?;
-    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).map_err(|e| fail("setting WAL mode", &e))?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(|e| fail("setting WAL mode", &e))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(LogError::Unavailable(format!("{}: the file system refused WAL mode (journal mode is {mode})", path.display())));
+        return Err(LogError::Unavailable(format!(
+            "{}: the file system refused WAL mode (journal mode is {mode})",
+            path.display()
+        )));
     }
-    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;").map_err(|e| fail("pragmas", &e))?;
+    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+        .map_err(|e| fail("pragmas", &e))?;
     let migrations = Migrations::new(MIGRATIONS.iter().map(|sql| M::up(sql)).collect());
-    migrations.to_latest(&mut conn).map_err(|e| fail("migrations", &e))?;
+    migrations
+        .to_latest(&mut conn)
+        .map_err(|e| fail("migrations", &e))?;
     batches::recover(&conn).map_err(|e| fail("recovering batch uploads and claims", &e))?;
     // We hold the file lock: every lease in the file is a dead process's.
     // They lapse now (an acquisition reports the takeover).
     let now = nanos(Utc::now());
-    conn.execute("UPDATE runs SET lease_expires_at = ?1 WHERE lease_expires_at > ?1", [now]).map_err(|e| fail("lapsing old leases", &e))?;
-    let mut st = conn.prepare("SELECT id, run_id, head_seq, enqueued_at, resume FROM jobs WHERE dead = 0 ORDER BY id").map_err(|e| fail("reading jobs", &e))?;
+    conn.execute(
+        "UPDATE runs SET lease_expires_at = ?1 WHERE lease_expires_at > ?1",
+        [now],
+    )
+    .map_err(|e| fail("lapsing old leases", &e))?;
+    let mut st = conn
+        .prepare(
+            "SELECT id, run_id, head_seq, enqueued_at, resume FROM jobs WHERE dead = 0 ORDER BY id",
+        )
+        .map_err(|e| fail("reading jobs", &e))?;
     let rows = st
-        .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?, r.get::<_, bool>(4)?)))
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, bool>(4)?,
+            ))
+        })
         .map_err(|e| fail("reading jobs", &e))?;
     let mut ready = Lines::default();
     for row in rows {
         let (id, run, head, enqueued_at, resume) = row.map_err(|e| fail("reading jobs", &e))?;
-        let job = Job { run_id: uuid_of(&run, "job run id")?, head_seq: u64_of(head, "head_seq")?, resume };
-        ready.line(&job).push_back(Ready { id, job, enqueued_at, deliveries: 0 });
+        let job = Job {
+            run_id: uuid_of(&run, "job run id")?,
+            head_seq: u64_of(head, "head_seq")?,
+            resume,
+        };
+        ready.line(&job).push_back(Ready {
+            id,
+            job,
+            enqueued_at,
+            deliveries: 0,
+        });
     }
     Ok((lock, ready))
 }
@@ -427,12 +534,21 @@ const STATE_CACHE: usize = 4096;
 impl Store {
     /// Wake one consumer that may take `job` (made ready).
     fn notify_ready(&self, job: &Job) {
-        if job.resume { self.resumes_ready.notify_one() } else { self.starts_ready.notify_one() }
+        if job.resume {
+            self.resumes_ready.notify_one()
+        } else {
+            self.starts_ready.notify_one()
+        }
     }
 
     /// The cached state of `run_id` if it is at `head`.
     fn cached(&self, run_id: Uuid, head: u64) -> Option<RunState> {
-        self.states.lock().unwrap_or_else(|e| e.into_inner()).get(&run_id).filter(|s| s.head_seq == head).cloned()
+        self.states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&run_id)
+            .filter(|s| s.head_seq == head)
+            .cloned()
     }
 
     /// Keep `state` (the log's), unless the run is done.
@@ -452,9 +568,12 @@ impl Store {
     /// not follow it or do not apply, or the run is done).
     fn advance(&self, run_id: Uuid, events: &[Event]) {
         let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(state) = states.get_mut(&run_id) else { return };
+        let Some(state) = states.get_mut(&run_id) else {
+            return;
+        };
         let follows = events.first().is_some_and(|e| e.seq == state.head_seq + 1);
-        if !follows || events.iter().any(|e| state.apply(e).is_err()) || state.phase == Phase::Done {
+        if !follows || events.iter().any(|e| state.apply(e).is_err()) || state.phase == Phase::Done
+        {
             states.remove(&run_id);
         }
     }
@@ -462,7 +581,11 @@ impl Store {
     /// Run `f` on the writer thread, inside the batch transaction of the
     /// writes queued with it, its own savepoint around it; answered once
     /// that transaction committed (`synchronous = FULL`: on disk).
-    async fn write<T: Send + 'static>(&self, what: &'static str, f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static) -> Result<T, LogError> {
+    async fn write<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static,
+    ) -> Result<T, LogError> {
         self.write_with(what, false, f).await
     }
 
@@ -473,7 +596,11 @@ impl Store {
     /// from the log), outbox marks (a job relayed twice is dropped as
     /// stale), leases (the leases of a process that died lapse at the next
     /// open).
-    async fn write_relaxed<T: Send + 'static>(&self, what: &'static str, f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static) -> Result<T, LogError> {
+    async fn write_relaxed<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static,
+    ) -> Result<T, LogError> {
         self.write_with(what, true, f).await
     }
 
@@ -487,10 +614,12 @@ impl Store {
         let run: RunJob = Box::new(move |conn: Option<&mut Connection>| {
             let result = match conn {
                 None => Err(LogError::Unavailable(format!("{what}: not run"))),
-                Some(conn) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))) {
-                    Ok(result) => result,
-                    Err(_) => Err(LogError::Unavailable(format!("{what}: the write panicked"))),
-                },
+                Some(conn) => {
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn))) {
+                        Ok(result) => result,
+                        Err(_) => Err(LogError::Unavailable(format!("{what}: the write panicked"))),
+                    }
+                }
             };
             let ok = result.is_ok();
             let finish: Finish = Box::new(move |committed: Result<(), LogError>| {
@@ -498,14 +627,28 @@ impl Store {
             });
             (ok, finish)
         });
-        self.writer.send(WriteJob { relaxed, run }).map_err(|_| LogError::Unavailable(format!("{what}: the sqlite writer stopped")))?;
-        answered.await.map_err(|_| LogError::Unavailable(format!("{what}: the sqlite writer stopped")))?
+        self.writer
+            .send(WriteJob { relaxed, run })
+            .map_err(|_| LogError::Unavailable(format!("{what}: the sqlite writer stopped")))?;
+        answered
+            .await
+            .map_err(|_| LogError::Unavailable(format!("{what}: the sqlite writer stopped")))?
     }
 
     /// Run `f` on a reader connection, on the blocking pool.
-    async fn read<T: Send + 'static>(&self, what: &'static str, f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static) -> Result<T, LogError> {
-        let conn = self.readers.get().await.map_err(|e| LogError::Unavailable(format!("{what}: sqlite reader: {e}")))?;
-        conn.interact(f).await.map_err(|e| LogError::Unavailable(format!("{what}: {e}")))?
+    async fn read<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut Connection) -> Result<T, LogError> + Send + 'static,
+    ) -> Result<T, LogError> {
+        let conn = self
+            .readers
+            .get()
+            .await
+            .map_err(|e| LogError::Unavailable(format!("{what}: sqlite reader: {e}")))?;
+        conn.interact(f)
+            .await
+            .map_err(|e| LogError::Unavailable(format!("{what}: {e}")))?
     }
 }
 
@@ -527,7 +670,11 @@ fn immediate(conn: &mut Connection) -> Result<Savepoint<'_>, LogError> {
 
 /// Nanoseconds since the epoch (saturating outside 1677–2262).
 fn nanos(t: DateTime<Utc>) -> i64 {
-    t.timestamp_nanos_opt().unwrap_or(if t.timestamp() < 0 { i64::MIN } else { i64::MAX })
+    t.timestamp_nanos_opt().unwrap_or(if t.timestamp() < 0 {
+        i64::MIN
+    } else {
+        i64::MAX
+    })
 }
 
 fn time(n: i64) -> DateTime<Utc> {
@@ -551,7 +698,10 @@ fn uuid_of(text: &str, what: &str) -> Result<Uuid, LogError> {
 }
 
 fn json<T: serde::Serialize>(run_id: Uuid, value: &T, what: &str) -> Result<String, LogError> {
-    serde_json::to_string(value).map_err(|e| LogError::Invalid { run_id, reason: format!("{what} does not serialise: {e}") })
+    serde_json::to_string(value).map_err(|e| LogError::Invalid {
+        run_id,
+        reason: format!("{what} does not serialise: {e}"),
+    })
 }
 
 fn parse<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, LogError> {
@@ -559,7 +709,8 @@ fn parse<T: DeserializeOwned>(text: &str, what: &str) -> Result<T, LogError> {
 }
 
 fn get<T: rusqlite::types::FromSql>(row: &Row<'_>, name: &str) -> Result<T, LogError> {
-    row.get(name).map_err(|e| corrupt(format!("column {name}: {e}")))
+    row.get(name)
+        .map_err(|e| corrupt(format!("column {name}: {e}")))
 }
 
 const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at";
@@ -569,12 +720,19 @@ fn summary(row: &Row<'_>) -> Result<RunSummary, LogError> {
     Ok(RunSummary {
         run_id: uuid_of(&get::<String>(row, "id")?, "run id")?,
         tenant: get(row, "tenant")?,
-        batch_id: get::<Option<String>>(row, "batch_id")?.map(|b| uuid_of(&b, "batch id")).transpose()?,
+        batch_id: get::<Option<String>>(row, "batch_id")?
+            .map(|b| uuid_of(&b, "batch id"))
+            .transpose()?,
         goal: get(row, "goal")?,
         status: crate::postgres::parse_status(&get::<String>(row, "status")?)?,
-        phase: serde_json::from_value(serde_json::Value::String(phase)).map_err(|e| corrupt(format!("column phase: {e}")))?,
-        pull_point: get::<Option<String>>(row, "pull_point")?.map(|t| parse(&t, "column pull_point")).transpose()?,
-        outcome: get::<Option<String>>(row, "outcome")?.map(|t| parse(&t, "column outcome")).transpose()?,
+        phase: serde_json::from_value(serde_json::Value::String(phase))
+            .map_err(|e| corrupt(format!("column phase: {e}")))?,
+        pull_point: get::<Option<String>>(row, "pull_point")?
+            .map(|t| parse(&t, "column pull_point"))
+            .transpose()?,
+        outcome: get::<Option<String>>(row, "outcome")?
+            .map(|t| parse(&t, "column outcome"))
+            .transpose()?,
         head_seq: u64_of(get(row, "head_seq")?, "head_seq")?,
         created_at: time(get(row, "created_at")?),
         updated_at: time(get(row, "updated_at")?),
@@ -582,35 +740,65 @@ fn summary(row: &Row<'_>) -> Result<RunSummary, LogError> {
 }
 
 /// The summary columns a commit writes: status, phase, pull point, outcome.
-fn summary_columns(state: &RunState) -> Result<(&'static str, String, Option<String>, Option<String>), LogError> {
+fn summary_columns(
+    state: &RunState,
+) -> Result<(&'static str, String, Option<String>, Option<String>), LogError> {
     let run_id = state.run_id;
     Ok((
         RunStatus::of(state).as_str(),
         crate::postgres::phase_name(state.phase)?,
-        state.parked.as_ref().map(|p| json(run_id, p, "pull point")).transpose()?,
-        state.outcome.as_ref().map(|o| json(run_id, o, "outcome")).transpose()?,
+        state
+            .parked
+            .as_ref()
+            .map(|p| json(run_id, p, "pull point"))
+            .transpose()?,
+        state
+            .outcome
+            .as_ref()
+            .map(|o| json(run_id, o, "outcome"))
+            .transpose()?,
     ))
 }
 
-fn read_events(conn: &Connection, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError> {
+fn read_events(
+    conn: &Connection,
+    run_id: Uuid,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<Event>, LogError> {
     let mut st = conn.prepare_cached("SELECT seq, kind, at, payload FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3").map_err(db("reading events"))?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let mut rows = st.query(params![run_id.to_string(), i64_of(after), limit]).map_err(db("reading events"))?;
+    let mut rows = st
+        .query(params![run_id.to_string(), i64_of(after), limit])
+        .map_err(db("reading events"))?;
     let mut events = Vec::new();
     while let Some(row) = rows.next().map_err(db("reading events"))? {
         let seq = u64_of(get(row, "seq")?, "seq")?;
-        let kind: EventKind = parse(&get::<String>(row, "payload")?, &format!("event {run_id}/{seq}"))?;
+        let kind: EventKind = parse(
+            &get::<String>(row, "payload")?,
+            &format!("event {run_id}/{seq}"),
+        )?;
         let name: String = get(row, "kind")?;
         if name != kind.name() {
-            return Err(corrupt(format!("event {run_id}/{seq}: kind {name} but payload {}", kind.name())));
+            return Err(corrupt(format!(
+                "event {run_id}/{seq}: kind {name} but payload {}",
+                kind.name()
+            )));
         }
-        events.push(Event { run_id, seq, at: time(get(row, "at")?), kind });
+        events.push(Event {
+            run_id,
+            seq,
+            at: time(get(row, "at")?),
+            kind,
+        });
     }
     Ok(events)
 }
 
 fn run_exists(conn: &Connection, run_id: Uuid) -> Result<bool, LogError> {
-    let mut st = conn.prepare_cached("SELECT 1 FROM runs WHERE id = ?1").map_err(db("reading runs"))?;
+    let mut st = conn
+        .prepare_cached("SELECT 1 FROM runs WHERE id = ?1")
+        .map_err(db("reading runs"))?;
     st.exists([run_id.to_string()]).map_err(db("reading runs"))
 }
 
@@ -618,16 +806,24 @@ fn run_exists(conn: &Connection, run_id: Uuid) -> Result<bool, LogError> {
 /// events after it; `None` for a run without events.
 fn rebuild(conn: &Connection, run_id: Uuid) -> Result<Option<RunState>, LogError> {
     let checkpoint: Option<(i64, String)> = conn
-        .prepare_cached("SELECT seq, state FROM checkpoints WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1")
-        .and_then(|mut st| st.query_row([run_id.to_string()], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+        .prepare_cached(
+            "SELECT seq, state FROM checkpoints WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1",
+        )
+        .and_then(|mut st| {
+            st.query_row([run_id.to_string()], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
         .map_err(db("reading the checkpoint"))?;
-    let checkpoint = checkpoint.and_then(|(seq, text)| match serde_json::from_str::<RunState>(&text) {
-        Ok(state) if state.run_id == run_id && i64_of(state.head_seq) == seq => Some(state),
-        Ok(_) | Err(_) => {
-            tracing::warn!(%run_id, seq, "unusable checkpoint; replaying the whole log");
-            None
-        }
-    });
+    let checkpoint =
+        checkpoint.and_then(
+            |(seq, text)| match serde_json::from_str::<RunState>(&text) {
+                Ok(state) if state.run_id == run_id && i64_of(state.head_seq) == seq => Some(state),
+                Ok(_) | Err(_) => {
+                    tracing::warn!(%run_id, seq, "unusable checkpoint; replaying the whole log");
+                    None
+                }
+            },
+        );
     let after = checkpoint.as_ref().map_or(0, |s| s.head_seq);
     let events = read_events(conn, run_id, after, usize::MAX)?;
     if checkpoint.is_none() && events.is_empty() {
@@ -635,23 +831,47 @@ fn rebuild(conn: &Connection, run_id: Uuid) -> Result<Option<RunState>, LogError
     }
     let mut state = checkpoint.unwrap_or_else(|| RunState::new(run_id));
     for e in &events {
-        state.apply(e).map_err(|err| corrupt(format!("event {run_id}/{} does not apply: {err}", e.seq)))?;
+        state
+            .apply(e)
+            .map_err(|err| corrupt(format!("event {run_id}/{} does not apply: {err}", e.seq)))?;
     }
     Ok(Some(state))
 }
 
 /// Insert events (already checked consecutive) in `tx`.
-fn insert_events(tx: &Connection, run_id: Uuid, events: &[(u64, &'static str, i64, String)]) -> Result<(), LogError> {
-    let mut st = tx.prepare_cached("INSERT INTO events (run_id, seq, kind, at, payload) VALUES (?1, ?2, ?3, ?4, ?5)").map_err(db("writing events"))?;
+fn insert_events(
+    tx: &Connection,
+    run_id: Uuid,
+    events: &[(u64, &'static str, i64, String)],
+) -> Result<(), LogError> {
+    let mut st = tx
+        .prepare_cached(
+            "INSERT INTO events (run_id, seq, kind, at, payload) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .map_err(db("writing events"))?;
     let id = run_id.to_string();
     for (seq, kind, at, payload) in events {
-        st.execute(params![id, i64_of(*seq), kind, at, payload]).map_err(db("writing events"))?;
+        st.execute(params![id, i64_of(*seq), kind, at, payload])
+            .map_err(db("writing events"))?;
     }
     Ok(())
 }
 
-fn encode_events(run_id: Uuid, events: &[Event]) -> Result<Vec<(u64, &'static str, i64, String)>, LogError> {
-    events.iter().map(|e| Ok((e.seq, e.kind.name(), nanos(e.at), json(run_id, &e.kind, &format!("event {}", e.seq))?))).collect()
+fn encode_events(
+    run_id: Uuid,
+    events: &[Event],
+) -> Result<Vec<(u64, &'static str, i64, String)>, LogError> {
+    events
+        .iter()
+        .map(|e| {
+            Ok((
+                e.seq,
+                e.kind.name(),
+                nanos(e.at),
+                json(run_id, &e.kind, &format!("event {}", e.seq))?,
+            ))
+        })
+        .collect()
 }
 
 /// The run's row, no lease. `columns`: status, phase, pull point, outcome.
@@ -693,24 +913,53 @@ fn insert_run(
 }
 
 fn insert_outbox(tx: &Connection, job: Job, now: i64) -> Result<(), LogError> {
-    tx.prepare_cached("INSERT INTO outbox (run_id, head_seq, created_at, resume) VALUES (?1, ?2, ?3, ?4)")
-        .and_then(|mut st| st.execute(params![job.run_id.to_string(), i64_of(job.head_seq), now, job.resume]))
-        .map_err(db("writing the outbox"))?;
+    tx.prepare_cached(
+        "INSERT INTO outbox (run_id, head_seq, created_at, resume) VALUES (?1, ?2, ?3, ?4)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            job.run_id.to_string(),
+            i64_of(job.head_seq),
+            now,
+            job.resume
+        ])
+    })
+    .map_err(db("writing the outbox"))?;
     Ok(())
 }
 
 /// Create the batch on first use; a batch of another tenant is refused.
-fn claim_batch(tx: &Connection, run_id: Uuid, batch: Uuid, tenant: &str, now: i64) -> Result<(), LogError> {
+fn claim_batch(
+    tx: &Connection,
+    run_id: Uuid,
+    batch: Uuid,
+    tenant: &str,
+    now: i64,
+) -> Result<(), LogError> {
     tx.execute("INSERT INTO batches (id, tenant, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (id) DO NOTHING", params![batch.to_string(), tenant, now])
         .map_err(db("writing the batch"))?;
-    let owner: String = tx.query_row("SELECT tenant FROM batches WHERE id = ?1", [batch.to_string()], |r| r.get(0)).map_err(db("reading the batch"))?;
+    let owner: String = tx
+        .query_row(
+            "SELECT tenant FROM batches WHERE id = ?1",
+            [batch.to_string()],
+            |r| r.get(0),
+        )
+        .map_err(db("reading the batch"))?;
     if owner != tenant {
-        return Err(LogError::Invalid { run_id, reason: format!("batch {batch} belongs to another tenant") });
+        return Err(LogError::Invalid {
+            run_id,
+            reason: format!("batch {batch} belongs to another tenant"),
+        });
     }
     Ok(())
 }
 
-fn insert_approval(tx: &Connection, run_id: Uuid, tenant: &str, a: &ApprovalRecord) -> Result<(), LogError> {
+fn insert_approval(
+    tx: &Connection,
+    run_id: Uuid,
+    tenant: &str,
+    a: &ApprovalRecord,
+) -> Result<(), LogError> {
     tx.prepare_cached(
         "INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, status, requested_at, expires_at, escalated, interrupted) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -735,15 +984,25 @@ fn insert_approval(tx: &Connection, run_id: Uuid, tenant: &str, a: &ApprovalReco
 }
 
 /// One version of an agent (`None`: the latest).
-fn agent_row(conn: &Connection, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError> {
+fn agent_row(
+    conn: &Connection,
+    tenant: &str,
+    name: &str,
+    version: Option<u32>,
+) -> Result<Option<AgentVersion>, LogError> {
     let mut st = conn
         .prepare_cached(
             "SELECT tenant, name, version, content_hash, definition, created_at FROM agents \
              WHERE tenant = ?1 AND name = ?2 AND (?3 IS NULL OR version = ?3) ORDER BY version DESC LIMIT 1",
         )
         .map_err(db("get_agent"))?;
-    let mut rows = st.query(params![tenant, name, version]).map_err(db("get_agent"))?;
-    rows.next().map_err(db("get_agent"))?.map(agent_of).transpose()
+    let mut rows = st
+        .query(params![tenant, name, version])
+        .map_err(db("get_agent"))?;
+    rows.next()
+        .map_err(db("get_agent"))?
+        .map(agent_of)
+        .transpose()
 }
 
 fn agent_of(row: &Row<'_>) -> Result<AgentVersion, LogError> {
@@ -787,20 +1046,35 @@ struct Select {
 
 impl Select {
     fn new(sql: impl Into<String>) -> Select {
-        Select { sql: sql.into(), params: Vec::new() }
+        Select {
+            sql: sql.into(),
+            params: Vec::new(),
+        }
     }
 
     fn and(&mut self, predicate: &str, value: impl Into<rusqlite::types::Value>) {
         self.params.push(value.into());
-        self.sql.push_str(&format!(" AND {predicate} ?{}", self.params.len()));
+        self.sql
+            .push_str(&format!(" AND {predicate} ?{}", self.params.len()));
     }
 
     /// Append `ORDER BY {order} LIMIT n`, run it, map each row.
-    fn rows<T>(mut self, conn: &Connection, order: &str, limit: usize, map: impl Fn(&Row<'_>) -> Result<T, LogError>) -> Result<Vec<T>, LogError> {
-        self.params.push(rusqlite::types::Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
-        self.sql.push_str(&format!(" ORDER BY {order} LIMIT ?{}", self.params.len()));
+    fn rows<T>(
+        mut self,
+        conn: &Connection,
+        order: &str,
+        limit: usize,
+        map: impl Fn(&Row<'_>) -> Result<T, LogError>,
+    ) -> Result<Vec<T>, LogError> {
+        self.params.push(rusqlite::types::Value::Integer(
+            i64::try_from(limit).unwrap_or(i64::MAX),
+        ));
+        self.sql
+            .push_str(&format!(" ORDER BY {order} LIMIT ?{}", self.params.len()));
         let mut st = conn.prepare_cached(&self.sql).map_err(db("listing"))?;
-        let mut rows = st.query(rusqlite::params_from_iter(self.params.iter())).map_err(db("listing"))?;
+        let mut rows = st
+            .query(rusqlite::params_from_iter(self.params.iter()))
+            .map_err(db("listing"))?;
         let mut out = Vec::new();
         while let Some(row) = rows.next().map_err(db("listing"))? {
             out.push(map(row)?);
@@ -818,7 +1092,12 @@ impl EventLog for SqliteLog {
     /// `session.start` and a job. A used idempotency key returns that run.
     async fn create_run(&self, new: NewRun) -> Result<(RunSummary, bool), LogError> {
         let run_id = new.start.run_id;
-        let state = RunState::replay(run_id, std::slice::from_ref(&new.start)).map_err(|e| LogError::Invalid { run_id, reason: e.to_string() })?;
+        let state = RunState::replay(run_id, std::slice::from_ref(&new.start)).map_err(|e| {
+            LogError::Invalid {
+                run_id,
+                reason: e.to_string(),
+            }
+        })?;
         let encoded = encode_events(run_id, std::slice::from_ref(&new.start))?;
         let (status, phase, pull_point, outcome) = summary_columns(&state)?;
         self.store
@@ -885,7 +1164,11 @@ impl EventLog for SqliteLog {
             select.and("id >", after.to_string());
         }
         let limit = filter.limit.clamp(1, 1000);
-        self.store.read("list_runs", move |conn| select.rows(conn, "id", limit, summary)).await
+        self.store
+            .read("list_runs", move |conn| {
+                select.rows(conn, "id", limit, summary)
+            })
+            .await
     }
 
     async fn events(&self, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError> {
@@ -987,7 +1270,13 @@ impl EventLog for SqliteLog {
     /// inbox, and at checkpoint positions write the state the log says
     /// (verifying the transitions). A commit without events only consumes
     /// inbox items.
-    async fn commit(&self, lease: &Lease, events: &[Event], state: &RunState, consumed: &[i64]) -> Result<(), LogError> {
+    async fn commit(
+        &self,
+        lease: &Lease,
+        events: &[Event],
+        state: &RunState,
+        consumed: &[i64],
+    ) -> Result<(), LogError> {
         let run_id = lease.run_id;
         crate::postgres::check_envelope(run_id, events, state)?;
         let encoded = encode_events(run_id, events)?;
@@ -1172,19 +1461,34 @@ impl EventLog for SqliteLog {
             select.sql.push_str(" AND status = 'pending'");
         }
         if let Some(t) = filter.expired_by {
-            select.sql.push_str(" AND status = 'pending' AND escalated = 0");
+            select
+                .sql
+                .push_str(" AND status = 'pending' AND escalated = 0");
             select.and("expires_at <=", nanos(t));
         }
         let limit = filter.limit.clamp(1, 1000);
-        self.store.read("approvals", move |conn| select.rows(conn, "requested_at, id", limit, approval_row)).await
+        self.store
+            .read("approvals", move |conn| {
+                select.rows(conn, "requested_at, id", limit, approval_row)
+            })
+            .await
     }
 
     async fn escalate(&self, run_id: Uuid, call_id: &str) -> Result<(), LogError> {
         let call_id = call_id.to_owned();
         self.store
             .write("escalate", move |conn| {
-                let n = conn.execute("UPDATE approvals SET escalated = 1 WHERE run_id = ?1 AND call_id = ?2", params![run_id.to_string(), call_id]).map_err(db("escalate"))?;
-                if n == 0 { Err(LogError::NotFound(run_id)) } else { Ok(()) }
+                let n = conn
+                    .execute(
+                        "UPDATE approvals SET escalated = 1 WHERE run_id = ?1 AND call_id = ?2",
+                        params![run_id.to_string(), call_id],
+                    )
+                    .map_err(db("escalate"))?;
+                if n == 0 {
+                    Err(LogError::NotFound(run_id))
+                } else {
+                    Ok(())
+                }
             })
             .await
     }
@@ -1192,8 +1496,14 @@ impl EventLog for SqliteLog {
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {
         self.store
             .read("outbox", move |conn| {
-                let mut st = conn.prepare_cached("SELECT id, run_id, head_seq, resume FROM outbox ORDER BY id LIMIT ?1").map_err(db("outbox"))?;
-                let mut rows = st.query([i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(db("outbox"))?;
+                let mut st = conn
+                    .prepare_cached(
+                        "SELECT id, run_id, head_seq, resume FROM outbox ORDER BY id LIMIT ?1",
+                    )
+                    .map_err(db("outbox"))?;
+                let mut rows = st
+                    .query([i64::try_from(limit).unwrap_or(i64::MAX)])
+                    .map_err(db("outbox"))?;
                 let mut jobs = Vec::new();
                 while let Some(row) = rows.next().map_err(db("outbox"))? {
                     let job = Job {
@@ -1215,7 +1525,9 @@ impl EventLog for SqliteLog {
             .write_relaxed("outbox_done", move |conn| {
                 let tx = immediate(conn)?;
                 {
-                    let mut st = tx.prepare_cached("DELETE FROM outbox WHERE id = ?1").map_err(db("outbox_done"))?;
+                    let mut st = tx
+                        .prepare_cached("DELETE FROM outbox WHERE id = ?1")
+                        .map_err(db("outbox_done"))?;
                     for id in &ids {
                         st.execute([id]).map_err(db("outbox_done"))?;
                     }
@@ -1251,8 +1563,19 @@ impl EventLog for SqliteLog {
 
     /// Reads the spending events of the tenant's runs updated since the day
     /// began and sums them in Rust ([`Spend::of_event`]).
-    async fn put_agent(&self, tenant: &str, name: &str, definition: &str, content_hash: &str) -> Result<(AgentVersion, bool), LogError> {
-        let (tenant, name, definition, content_hash) = (tenant.to_owned(), name.to_owned(), definition.to_owned(), content_hash.to_owned());
+    async fn put_agent(
+        &self,
+        tenant: &str,
+        name: &str,
+        definition: &str,
+        content_hash: &str,
+    ) -> Result<(AgentVersion, bool), LogError> {
+        let (tenant, name, definition, content_hash) = (
+            tenant.to_owned(),
+            name.to_owned(),
+            definition.to_owned(),
+            content_hash.to_owned(),
+        );
         self.store
             .write("put_agent", move |conn| {
                 // The writer thread runs one write at a time: read and insert cannot interleave with another put.
@@ -1276,9 +1599,18 @@ impl EventLog for SqliteLog {
             .await
     }
 
-    async fn get_agent(&self, tenant: &str, name: &str, version: Option<u32>) -> Result<Option<AgentVersion>, LogError> {
+    async fn get_agent(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<AgentVersion>, LogError> {
         let (tenant, name) = (tenant.to_owned(), name.to_owned());
-        self.store.read("get_agent", move |conn| agent_row(conn, &tenant, &name, version)).await
+        self.store
+            .read("get_agent", move |conn| {
+                agent_row(conn, &tenant, &name, version)
+            })
+            .await
     }
 
     async fn list_agents(&self, tenant: &str) -> Result<Vec<AgentVersion>, LogError> {
@@ -1314,10 +1646,13 @@ impl EventLog for SqliteLog {
                          AND e.kind IN ('model.response', 'plan.draft', 'context.compacted')",
                     )
                     .map_err(db("tenant_usage"))?;
-                let mut rows = st.query(params![tenant, nanos(start), nanos(end)]).map_err(db("tenant_usage"))?;
+                let mut rows = st
+                    .query(params![tenant, nanos(start), nanos(end)])
+                    .map_err(db("tenant_usage"))?;
                 let mut spend = Spend::ZERO;
                 while let Some(row) = rows.next().map_err(db("tenant_usage"))? {
-                    let kind: EventKind = parse(&get::<String>(row, "payload")?, "tenant_usage event")?;
+                    let kind: EventKind =
+                        parse(&get::<String>(row, "payload")?, "tenant_usage event")?;
                     spend = spend.saturating_add(Spend::of_event(&kind).unwrap_or_default());
                 }
                 Ok(spend)
@@ -1326,7 +1661,12 @@ impl EventLog for SqliteLog {
     }
 
     async fn ready(&self) -> Result<(), LogError> {
-        self.store.read("ready", |conn| conn.query_row("SELECT 1", [], |_| Ok(())).map_err(db("ready"))).await
+        self.store
+            .read("ready", |conn| {
+                conn.query_row("SELECT 1", [], |_| Ok(()))
+                    .map_err(db("ready"))
+            })
+            .await
     }
 
     /// Two counting queries in one read transaction.
@@ -1487,7 +1827,10 @@ impl Acker for SqliteAcker {
         let id = self.ready.id;
         self.store
             .write_relaxed("ack", move |conn| {
-                conn.prepare_cached("DELETE FROM jobs WHERE id = ?1").and_then(|mut st| st.execute([id])).map(|_| ()).map_err(db("ack"))
+                conn.prepare_cached("DELETE FROM jobs WHERE id = ?1")
+                    .and_then(|mut st| st.execute([id]))
+                    .map(|_| ())
+                    .map_err(db("ack"))
             })
             .await
             .map_err(queue_error)
@@ -1497,12 +1840,24 @@ impl Acker for SqliteAcker {
     /// (kept, marked dead, counted in [`QueueStats::dead_lettered`]).
     async fn nack(&self, requeue: bool) -> Result<(), QueueError> {
         if requeue {
-            self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).line(&self.ready.job).push_front(self.ready);
+            self.store
+                .ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .line(&self.ready.job)
+                .push_front(self.ready);
             self.store.notify_ready(&self.ready.job);
             return Ok(());
         }
         let id = self.ready.id;
-        self.store.write_relaxed("nack", move |conn| conn.execute("UPDATE jobs SET dead = 1 WHERE id = ?1", [id]).map(|_| ()).map_err(db("nack"))).await.map_err(queue_error)
+        self.store
+            .write_relaxed("nack", move |conn| {
+                conn.execute("UPDATE jobs SET dead = 1 WHERE id = ?1", [id])
+                    .map(|_| ())
+                    .map_err(db("nack"))
+            })
+            .await
+            .map_err(queue_error)
     }
 }
 
@@ -1512,7 +1867,11 @@ impl SqliteQueue {
     async fn take(&self, starts: bool) -> Result<Delivery, QueueError> {
         let store = &self.store;
         loop {
-            let next = store.ready.lock().unwrap_or_else(|e| e.into_inner()).pop(starts);
+            let next = store
+                .ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop(starts);
             // A job made ready between the look and the wait wakes a waiter
             // or leaves a permit (`notify_one`) that ends this wait at once.
             let Some(mut ready) = next else {
@@ -1529,14 +1888,26 @@ impl SqliteQueue {
             if ready.deliveries >= self.store.delivery_limit {
                 let id = ready.id;
                 self.store
-                    .write_relaxed("dead-letter", move |conn| conn.execute("UPDATE jobs SET dead = 1 WHERE id = ?1", [id]).map(|_| ()).map_err(db("dead-letter")))
+                    .write_relaxed("dead-letter", move |conn| {
+                        conn.execute("UPDATE jobs SET dead = 1 WHERE id = ?1", [id])
+                            .map(|_| ())
+                            .map_err(db("dead-letter"))
+                    })
                     .await
                     .map_err(queue_error)?;
                 continue;
             }
             ready.deliveries += 1;
-            let acker = SqliteAcker { store: self.store.clone(), ready };
-            return Ok(Delivery { job: ready.job, redelivered: ready.deliveries > 1, acker: Box::new(acker), enqueued_at: Some(time(ready.enqueued_at)) });
+            let acker = SqliteAcker {
+                store: self.store.clone(),
+                ready,
+            };
+            return Ok(Delivery {
+                job: ready.job,
+                redelivered: ready.deliveries > 1,
+                acker: Box::new(acker),
+                enqueued_at: Some(time(ready.enqueued_at)),
+            });
         }
     }
 }
@@ -1564,7 +1935,17 @@ impl JobQueue for SqliteQueue {
             })
             .await
             .map_err(queue_error)?;
-        self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).line(&job).push_back(Ready { id, job, enqueued_at, deliveries: 0 });
+        self.store
+            .ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .line(&job)
+            .push_back(Ready {
+                id,
+                job,
+                enqueued_at,
+                deliveries: 0,
+            });
         self.store.notify_ready(&job);
         Ok(())
     }
@@ -1582,17 +1963,31 @@ impl JobQueue for SqliteQueue {
     }
 
     async fn depth(&self) -> Result<u64, QueueError> {
-        Ok(self.store.ready.lock().unwrap_or_else(|e| e.into_inner()).len() as u64)
+        Ok(self
+            .store
+            .ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len() as u64)
     }
 
     /// Ready and dead-lettered jobs; consumers are not tracked.
     async fn stats(&self) -> Result<QueueStats, QueueError> {
         let dead = self
             .store
-            .read("queue stats", |conn| conn.query_row("SELECT count(*) FROM jobs WHERE dead = 1", [], |r| r.get::<_, i64>(0)).map_err(db("queue stats")))
+            .read("queue stats", |conn| {
+                conn.query_row("SELECT count(*) FROM jobs WHERE dead = 1", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .map_err(db("queue stats"))
+            })
             .await
             .map_err(queue_error)?;
-        Ok(QueueStats { ready: self.depth().await?, consumers: None, dead_lettered: Some(dead.max(0) as u64) })
+        Ok(QueueStats {
+            ready: self.depth().await?,
+            consumers: None,
+            dead_lettered: Some(dead.max(0) as u64),
+        })
     }
 }
 
@@ -1604,21 +1999,35 @@ fn ledger_error(e: LogError) -> LedgerError {
 }
 
 fn spend_of(tokens: i64, cost: i64) -> Spend {
-    Spend { tokens: tokens.max(0) as u64, cost_usd_micros: cost.max(0) as u64 }
+    Spend {
+        tokens: tokens.max(0) as u64,
+        cost_usd_micros: cost.max(0) as u64,
+    }
 }
 
 /// The live counter of `scope` (expired ones deleted first), in `tx`.
 fn counter(tx: &Connection, scope: &str) -> Result<Option<Spend>, LogError> {
     let now = nanos(Utc::now());
-    tx.execute("DELETE FROM budgets WHERE scope = ?1 AND expires_at <= ?2", params![scope, now]).map_err(db("budget"))?;
-    tx.query_row("SELECT tokens, cost_usd_micros FROM budgets WHERE scope = ?1", [scope], |r| Ok(spend_of(r.get(0)?, r.get(1)?)))
-        .optional()
-        .map_err(db("budget"))
+    tx.execute(
+        "DELETE FROM budgets WHERE scope = ?1 AND expires_at <= ?2",
+        params![scope, now],
+    )
+    .map_err(db("budget"))?;
+    tx.query_row(
+        "SELECT tokens, cost_usd_micros FROM budgets WHERE scope = ?1",
+        [scope],
+        |r| Ok(spend_of(r.get(0)?, r.get(1)?)),
+    )
+    .optional()
+    .map_err(db("budget"))
 }
 
 fn set_counter(tx: &Connection, scope: &str, used: Spend) -> Result<(), LogError> {
-    tx.execute("UPDATE budgets SET tokens = ?2, cost_usd_micros = ?3 WHERE scope = ?1", params![scope, i64_of(used.tokens), i64_of(used.cost_usd_micros)])
-        .map_err(db("budget"))?;
+    tx.execute(
+        "UPDATE budgets SET tokens = ?2, cost_usd_micros = ?3 WHERE scope = ?1",
+        params![scope, i64_of(used.tokens), i64_of(used.cost_usd_micros)],
+    )
+    .map_err(db("budget"))?;
     Ok(())
 }
 
@@ -1627,9 +2036,12 @@ impl Ledger for SqliteLedger {
     async fn cancel(&self, run_id: Uuid) -> Result<(), LedgerError> {
         self.store
             .write("cancel", move |conn| {
-                conn.execute("INSERT INTO cancels (run_id, at) VALUES (?1, ?2) ON CONFLICT DO NOTHING", params![run_id.to_string(), nanos(Utc::now())])
-                    .map(|_| ())
-                    .map_err(db("cancel"))
+                conn.execute(
+                    "INSERT INTO cancels (run_id, at) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                    params![run_id.to_string(), nanos(Utc::now())],
+                )
+                .map(|_| ())
+                .map_err(db("cancel"))
             })
             .await
             .map_err(ledger_error)
@@ -1638,7 +2050,9 @@ impl Ledger for SqliteLedger {
     async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError> {
         self.store
             .read("is_cancelled", move |conn| {
-                conn.prepare_cached("SELECT 1 FROM cancels WHERE run_id = ?1").and_then(|mut st| st.exists([run_id.to_string()])).map_err(db("is_cancelled"))
+                conn.prepare_cached("SELECT 1 FROM cancels WHERE run_id = ?1")
+                    .and_then(|mut st| st.exists([run_id.to_string()]))
+                    .map_err(db("is_cancelled"))
             })
             .await
             .map_err(ledger_error)
@@ -1653,22 +2067,38 @@ impl Ledger for SqliteLedger {
 
     async fn signal(&self, run_id: Uuid) -> Result<Signal, LedgerError> {
         let cancelled = self.is_cancelled(run_id).await?;
-        Ok(Signal { cancelled, ..self.store.live.signal(run_id).await? })
+        Ok(Signal {
+            cancelled,
+            ..self.store.live.signal(run_id).await?
+        })
     }
 
     async fn publish_live(&self, run_id: Uuid, event: &LiveEvent) -> Result<(), LedgerError> {
         self.store.live.publish_live(run_id, event).await
     }
 
-    async fn subscribe_live(&self, run_id: Uuid) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
+    async fn subscribe_live(
+        &self,
+        run_id: Uuid,
+    ) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
         self.store.live.subscribe_live(run_id).await
     }
 
     async fn ready(&self) -> Result<(), LedgerError> {
-        EventLog::ready(&SqliteLog { store: self.store.clone() }).await.map_err(ledger_error)
+        EventLog::ready(&SqliteLog {
+            store: self.store.clone(),
+        })
+        .await
+        .map_err(ledger_error)
     }
 
-    async fn reserve(&self, scope: &str, request_id: &str, amount: Spend, cap: SpendCap) -> Result<Reservation, LedgerError> {
+    async fn reserve(
+        &self,
+        scope: &str,
+        request_id: &str,
+        amount: Spend,
+        cap: SpendCap,
+    ) -> Result<Reservation, LedgerError> {
         let (scope, request_id) = (scope.to_owned(), request_id.to_owned());
         self.store
             .write("reserve", move |conn| {
@@ -1699,7 +2129,12 @@ impl Ledger for SqliteLedger {
             .map_err(ledger_error)
     }
 
-    async fn settle(&self, scope: &str, request_id: &str, actual: Spend) -> Result<Settlement, LedgerError> {
+    async fn settle(
+        &self,
+        scope: &str,
+        request_id: &str,
+        actual: Spend,
+    ) -> Result<Settlement, LedgerError> {
         let (scope, request_id) = (scope.to_owned(), request_id.to_owned());
         self.store
             .write("settle", move |conn| {
@@ -1760,7 +2195,11 @@ impl Ledger for SqliteLedger {
     async fn hold_results(&self, held: &[(String, HeldResult)]) -> Result<(), LedgerError> {
         let mut rows = Vec::with_capacity(held.len());
         for (key, result) in held {
-            rows.push((key.clone(), serde_json::to_string(result).map_err(|e| LedgerError::Unavailable(format!("encode held result: {e}")))?));
+            rows.push((
+                key.clone(),
+                serde_json::to_string(result)
+                    .map_err(|e| LedgerError::Unavailable(format!("encode held result: {e}")))?,
+            ));
         }
         self.store
             .write("hold_results", move |conn| {
@@ -1784,13 +2223,21 @@ impl Ledger for SqliteLedger {
         let json: Option<String> = self
             .store
             .read("held_result", move |conn| {
-                conn.query_row("SELECT result FROM held_results WHERE key = ?1 AND expires_at > ?2", params![key, nanos(Utc::now())], |r| r.get(0))
-                    .optional()
-                    .map_err(db("held_result"))
+                conn.query_row(
+                    "SELECT result FROM held_results WHERE key = ?1 AND expires_at > ?2",
+                    params![key, nanos(Utc::now())],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(db("held_result"))
             })
             .await
             .map_err(ledger_error)?;
-        json.map(|j| serde_json::from_str(&j).map_err(|e| LedgerError::Unavailable(format!("decode held result: {e}")))).transpose()
+        json.map(|j| {
+            serde_json::from_str(&j)
+                .map_err(|e| LedgerError::Unavailable(format!("decode held result: {e}")))
+        })
+        .transpose()
     }
 
     async fn release_held(&self, keys: &[String]) -> Result<(), LedgerError> {
@@ -1802,7 +2249,8 @@ impl Ledger for SqliteLedger {
             .write_relaxed("release_held", move |conn| {
                 let tx = immediate(conn)?;
                 for key in &keys {
-                    tx.execute("DELETE FROM held_results WHERE key = ?1", [key]).map_err(db("release_held"))?;
+                    tx.execute("DELETE FROM held_results WHERE key = ?1", [key])
+                        .map_err(db("release_held"))?;
                 }
                 tx.commit().map_err(db("release_held"))?;
                 Ok(())

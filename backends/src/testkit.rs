@@ -30,7 +30,11 @@ use uuid::Uuid;
 
 /// A TCP port on 127.0.0.1 that nothing listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port").local_addr().expect("its address").port()
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .expect("its address")
+        .port()
 }
 
 /// The last `lines` lines of a text file (empty when it cannot be read).
@@ -43,18 +47,27 @@ pub fn tail(path: &Path, lines: usize) -> String {
 /// SIGTERM (`signal` "TERM") or SIGKILL ("KILL") to a pid, or to a process
 /// group with a negative id, through kill(1) (no libc dependency).
 fn signal(signal: &str, target: &str) {
-    let _ = Command::new("kill").arg(format!("-{signal}")).arg("--").arg(target).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(target)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// True while the process in `slot` runs.
 fn running(slot: &mut Option<Child>) -> bool {
-    slot.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    slot.as_mut()
+        .is_some_and(|c| c.try_wait().ok().flatten().is_none())
 }
 
 /// SIGTERM the process in `slot` and wait up to `grace` for it to exit.
 /// True (and the slot emptied) when it did, or there was none.
 async fn terminate(slot: &mut Option<Child>, grace: Duration) -> bool {
-    let Some(child) = slot.as_mut() else { return true };
+    let Some(child) = slot.as_mut() else {
+        return true;
+    };
     signal("TERM", &child.id().to_string());
     let deadline = Instant::now() + grace;
     while child.try_wait().ok().flatten().is_none() {
@@ -106,7 +119,11 @@ pub struct PrivateRabbit {
 impl PrivateRabbit {
     /// The `rabbitmq-server` start script, if RabbitMQ is installed.
     pub fn script() -> Option<PathBuf> {
-        let candidates = ["/usr/lib/rabbitmq/bin/rabbitmq-server", "/usr/local/sbin/rabbitmq-server", "/usr/sbin/rabbitmq-server"];
+        let candidates = [
+            "/usr/lib/rabbitmq/bin/rabbitmq-server",
+            "/usr/local/sbin/rabbitmq-server",
+            "/usr/sbin/rabbitmq-server",
+        ];
         candidates.iter().map(PathBuf::from).find(|p| p.exists())
     }
 
@@ -118,13 +135,25 @@ impl PrivateRabbit {
         let dir = std::env::temp_dir().join(format!("glia-rabbit-{id}"));
         std::fs::create_dir_all(dir.join("log")).expect("create the node's directory");
         let (port, dist_port) = (free_port(), free_port());
-        let write = |name: &str, text: String| std::fs::write(dir.join(name), text).expect("write the node's config");
-        write("rabbitmq.conf", format!("listeners.tcp.local = 127.0.0.1:{port}\n"));
+        let write = |name: &str, text: String| {
+            std::fs::write(dir.join(name), text).expect("write the node's config")
+        };
+        write(
+            "rabbitmq.conf",
+            format!("listeners.tcp.local = 127.0.0.1:{port}\n"),
+        );
         // An empty env file, so the system's rabbitmq-env.conf is not read.
         write("rabbitmq-env.conf", String::new());
         write("enabled_plugins", "[].\n".into());
         let node = format!("glia-test-{}@localhost", &id[id.len() - 12..]);
-        Some(PrivateRabbit { script, dir, node, port, dist_port, child: None })
+        Some(PrivateRabbit {
+            script,
+            dir,
+            node,
+            port,
+            dist_port,
+            child: None,
+        })
     }
 
     /// `amqp://guest:guest@127.0.0.1:<port>/%2f`.
@@ -159,7 +188,10 @@ impl PrivateRabbit {
         if self.is_running() {
             return Ok(());
         }
-        let out = File::options().create(true).append(true).open(self.dir.join("server.out"))?;
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.out"))?;
         let err = out.try_clone()?;
         let d = |p: &str| self.dir.join(p);
         let child = Command::new(&self.script)
@@ -200,16 +232,37 @@ impl PrivateRabbit {
     pub async fn wait_ready(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
-            let attempt = tokio::time::timeout(Duration::from_secs(5), Connection::connect(&self.url(), ConnectionProperties::default())).await;
+            let attempt = tokio::time::timeout(
+                Duration::from_secs(5),
+                Connection::connect(&self.url(), ConnectionProperties::default()),
+            )
+            .await;
             if let Ok(Ok(conn)) = attempt {
                 let _ = conn.close(200, "ready".into()).await;
                 return;
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("private rabbitmq node {} exited with {status}:\n{}", self.node, self.output_tail());
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "private rabbitmq node {} exited with {status}:\n{}",
+                    self.node,
+                    self.output_tail()
+                );
             }
-            assert!(self.child.is_some(), "private rabbitmq node {} was not started", self.node);
-            assert!(Instant::now() < deadline, "private rabbitmq node {} not ready within {timeout:?}:\n{}", self.node, self.output_tail());
+            assert!(
+                self.child.is_some(),
+                "private rabbitmq node {} was not started",
+                self.node
+            );
+            assert!(
+                Instant::now() < deadline,
+                "private rabbitmq node {} not ready within {timeout:?}:\n{}",
+                self.node,
+                self.output_tail()
+            );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
@@ -220,7 +273,10 @@ impl PrivateRabbit {
     /// kills it.
     pub async fn stop(&mut self) {
         if !terminate(&mut self.child, Duration::from_secs(60)).await {
-            eprintln!("private rabbitmq node {} did not stop within 60s; killing it", self.node);
+            eprintln!(
+                "private rabbitmq node {} did not stop within 60s; killing it",
+                self.node
+            );
             self.kill();
         }
     }
@@ -237,15 +293,30 @@ impl PrivateRabbit {
 
     /// Messages ready and consumers attached on `queue` of this node.
     pub async fn queue_stats(&self, queue: &str) -> Result<QueueStats, String> {
-        let conn = tokio::time::timeout(Duration::from_secs(5), Connection::connect(&self.url(), ConnectionProperties::default()))
-            .await
-            .map_err(|_| "connect: no answer within 5s".to_owned())?
-            .map_err(|e| format!("connect: {e}"))?;
+        let conn = tokio::time::timeout(
+            Duration::from_secs(5),
+            Connection::connect(&self.url(), ConnectionProperties::default()),
+        )
+        .await
+        .map_err(|_| "connect: no answer within 5s".to_owned())?
+        .map_err(|e| format!("connect: {e}"))?;
         let result = async {
-            let ch = conn.create_channel().await.map_err(|e| format!("open channel: {e}"))?;
-            let passive = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
-            let q = ch.queue_declare(queue.into(), passive, FieldTable::default()).await.map_err(|e| format!("queue {queue}: {e}"))?;
-            Ok(QueueStats { messages: q.message_count(), consumers: q.consumer_count() })
+            let ch = conn
+                .create_channel()
+                .await
+                .map_err(|e| format!("open channel: {e}"))?;
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            let q = ch
+                .queue_declare(queue.into(), passive, FieldTable::default())
+                .await
+                .map_err(|e| format!("queue {queue}: {e}"))?;
+            Ok(QueueStats {
+                messages: q.message_count(),
+                consumers: q.consumer_count(),
+            })
         }
         .await;
         let _ = conn.close(200, "done".into()).await;
@@ -285,7 +356,11 @@ impl PrivateRedis {
     pub fn new() -> PrivateRedis {
         let dir = std::env::temp_dir().join(format!("glia-redis-{}", Uuid::now_v7().simple()));
         std::fs::create_dir_all(&dir).expect("create the server's directory");
-        PrivateRedis { port: free_port(), dir, child: None }
+        PrivateRedis {
+            port: free_port(),
+            dir,
+            child: None,
+        }
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -307,7 +382,18 @@ impl PrivateRedis {
             return Ok(());
         }
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .stdin(Stdio::null())
@@ -327,13 +413,24 @@ impl PrivateRedis {
         let client = redis::Client::open(self.url()).expect("a valid redis URL");
         let deadline = Instant::now() + timeout;
         loop {
-            let connected = tokio::time::timeout(Duration::from_secs(2), client.get_multiplexed_async_connection()).await;
+            let connected = tokio::time::timeout(
+                Duration::from_secs(2),
+                client.get_multiplexed_async_connection(),
+            )
+            .await;
             if let Ok(Ok(mut conn)) = connected
-                && redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok()
             {
                 return;
             }
-            assert!(Instant::now() < deadline, "private redis-server on port {} not ready within {timeout:?}", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "private redis-server on port {} not ready within {timeout:?}",
+                self.port
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -370,13 +467,17 @@ impl Drop for PrivateRedis {
 /// The admin Postgres URL tests connect with: `GLIA_DATABASE_URL`, default
 /// `postgres://postgres@127.0.0.1:5432/postgres`.
 pub fn postgres_admin_config() -> tokio_postgres::Config {
-    let url = std::env::var("GLIA_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let url = std::env::var("GLIA_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     url.parse().expect("GLIA_DATABASE_URL is a postgres:// URL")
 }
 
 /// A plain connection to `config`, its connection task spawned.
 pub async fn postgres_connect(config: &tokio_postgres::Config) -> tokio_postgres::Client {
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect to postgres");
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect to postgres");
     tokio::spawn(connection);
     client
 }
@@ -399,7 +500,11 @@ impl TestDb {
     /// is only used to create and drop this one).
     pub async fn on(admin: tokio_postgres::Config) -> TestDb {
         let name = format!("glia_test_{}", Uuid::now_v7().simple());
-        postgres_connect(&admin).await.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create a test database");
+        postgres_connect(&admin)
+            .await
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create a test database");
         TestDb { name, admin }
     }
 
@@ -417,7 +522,9 @@ impl TestDb {
 
     /// A [`crate::postgres::PgLog`] on this database with `options`.
     pub async fn log_with(&self, options: crate::postgres::PgOptions) -> crate::postgres::PgLog {
-        crate::postgres::PgLog::connect_with(self.config(), options).await.expect("PgLog::connect")
+        crate::postgres::PgLog::connect_with(self.config(), options)
+            .await
+            .expect("PgLog::connect")
     }
 
     /// A plain connection, for looking under the adapter.
@@ -427,7 +534,12 @@ impl TestDb {
 
     /// The single `bigint` a query returns.
     pub async fn count(&self, query: &str) -> i64 {
-        self.sql().await.query_one(query, &[]).await.expect(query).get(0)
+        self.sql()
+            .await
+            .query_one(query, &[])
+            .await
+            .expect(query)
+            .get(0)
     }
 }
 
@@ -436,11 +548,17 @@ impl Drop for TestDb {
         let (name, admin) = (self.name.clone(), self.admin.clone());
         // Drop runs inside the test's runtime: use a thread with its own.
         let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
             runtime.block_on(async move {
                 let (client, connection) = admin.connect(tokio_postgres::NoTls).await.ok()?;
                 tokio::spawn(connection);
-                client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()
+                client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .ok()
             })
         })
         .join();
@@ -463,13 +581,25 @@ impl Drop for RedisKeys {
     fn drop(&mut self) {
         let (url, prefix) = (self.url.clone(), self.prefix.clone());
         let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
             rt.block_on(async {
-                let Ok(client) = redis::Client::open(url.as_str()) else { return };
-                let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return };
-                let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}:*")).query_async(&mut conn).await.unwrap_or_default();
+                let Ok(client) = redis::Client::open(url.as_str()) else {
+                    return;
+                };
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                    return;
+                };
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{prefix}:*"))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
                 if !keys.is_empty() {
-                    let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
+                    let _: Result<(), _> =
+                        redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
                 }
             })
         });

@@ -10,21 +10,27 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use glia_backends::conformance::{self, SampleLog, sample_log};
 use glia_backends::postgres::{CommitMode, PgLog, PgOptions};
+use glia_backends::testkit::TestDb;
 use glia_backends::{ApprovalFilter, ApprovalStatus, EventLog, Lease, LogError, NewRun, RunFilter};
 use glia_proto::{
-    ContentBlock, Decision, Disposition, Event, EventKind, Message, Resume, Role, RunConfig, RunState, ToolCallRecord, Usage, args_hash, ImageSource, MAX_IMAGE_BASE64_LEN, ResultBlock, ToolContent,
+    ContentBlock, Decision, Disposition, Event, EventKind, ImageSource, MAX_IMAGE_BASE64_LEN,
+    Message, ResultBlock, Resume, Role, RunConfig, RunState, ToolCallRecord, ToolContent, Usage,
+    args_hash,
 };
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::Barrier;
-use glia_backends::testkit::TestDb;
 use uuid::Uuid;
 
 const TTL: Duration = Duration::from_secs(30);
 
-
 fn new_run(tenant: &str, key: Option<&str>, start: &Event) -> NewRun {
-    NewRun { tenant: tenant.into(), idempotency_key: key.map(str::to_owned), batch_id: None, start: start.clone() }
+    NewRun {
+        tenant: tenant.into(),
+        idempotency_key: key.map(str::to_owned),
+        batch_id: None,
+        start: start.clone(),
+    }
 }
 
 fn replay(events: &[Event]) -> RunState {
@@ -46,22 +52,50 @@ fn at(i: usize) -> DateTime<Utc> {
 /// call → tool use → tool call → tool result (`result(round)`).
 fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> ToolContent) -> Vec<Event> {
     let mut kinds = vec![
-        EventKind::SessionStart { redactions: Vec::new(), goal: "look things up".into(), config: RunConfig::default() },
-        EventKind::PlanDraft { steps: vec!["Reach the goal.".into()], usage: Usage::default(), cost_usd_micros: 0 },
-        EventKind::PlanCommit { steps: vec!["Reach the goal.".into()] },
-        EventKind::StepStart { index: 0, description: "Reach the goal.".into(), tools: vec![] },
+        EventKind::SessionStart {
+            redactions: Vec::new(),
+            goal: "look things up".into(),
+            config: RunConfig::default(),
+        },
+        EventKind::PlanDraft {
+            steps: vec!["Reach the goal.".into()],
+            usage: Usage::default(),
+            cost_usd_micros: 0,
+        },
+        EventKind::PlanCommit {
+            steps: vec!["Reach the goal.".into()],
+        },
+        EventKind::StepStart {
+            index: 0,
+            description: "Reach the goal.".into(),
+            tools: vec![],
+        },
     ];
     let mut round = 0;
     while kinds.len() < n {
         let call_id = format!("c{round}");
         let input = json!({"round": round, "query": format!("item {round}")});
-        kinds.push(EventKind::ModelCall { model: "m".into(), messages: 1 + 2 * round, wrap_up: false, forced_tool: None });
-        kinds.push(EventKind::ModelResponse { redactions: Vec::new(),
+        kinds.push(EventKind::ModelCall {
+            model: "m".into(),
+            messages: 1 + 2 * round,
+            wrap_up: false,
+            forced_tool: None,
+        });
+        kinds.push(EventKind::ModelResponse {
+            redactions: Vec::new(),
             message: Message {
                 role: Role::Assistant,
-                content: vec![ContentBlock::ToolUse { id: call_id.clone(), name: "lookup".into(), input: input.clone() }],
+                content: vec![ContentBlock::ToolUse {
+                    id: call_id.clone(),
+                    name: "lookup".into(),
+                    input: input.clone(),
+                }],
             },
-            usage: Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() },
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 5,
+                ..Usage::default()
+            },
             stop_reason: "tool_use".into(),
             duration_ms: 3,
             cost_usd_micros: 7,
@@ -75,21 +109,40 @@ fn tool_loop(run_id: Uuid, n: usize, result: impl Fn(usize) -> ToolContent) -> V
             idempotency_key: format!("{run_id}:{call_id}"),
             disposition: Disposition::Run { reminder: None },
         }));
-        kinds.push(EventKind::ToolResult { call_id, content: result(round), reminder: None, duration_ms: 1, redactions: Vec::new() });
+        kinds.push(EventKind::ToolResult {
+            call_id,
+            content: result(round),
+            reminder: None,
+            duration_ms: 1,
+            redactions: Vec::new(),
+        });
         round += 1;
     }
     kinds.truncate(n);
-    kinds.into_iter().enumerate().map(|(i, kind)| Event { run_id, seq: i as u64 + 1, at: at(i), kind }).collect()
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| Event {
+            run_id,
+            seq: i as u64 + 1,
+            at: at(i),
+            kind,
+        })
+        .collect()
 }
 
 /// Admit `events[0]`, take a lease and commit the rest one event at a time.
 async fn commit_one_by_one(log: &PgLog, events: &[Event]) -> Lease {
-    log.create_run(new_run("t", None, &events[0])).await.unwrap();
+    log.create_run(new_run("t", None, &events[0]))
+        .await
+        .unwrap();
     let lease = log.acquire(events[0].run_id, "w", TTL).await.unwrap();
     let mut state = replay(&events[..1]);
     for e in &events[1..] {
         state.apply(e).unwrap();
-        log.commit(&lease, std::slice::from_ref(e), &state, &[]).await.unwrap();
+        log.commit(&lease, std::slice::from_ref(e), &state, &[])
+            .await
+            .unwrap();
     }
     lease
 }
@@ -99,19 +152,31 @@ async fn admitted(options: PgOptions) -> (TestDb, PgLog, SampleLog) {
     let db = TestDb::new().await;
     let log = db.log_with(options).await;
     let s = sample_log();
-    log.create_run(new_run("t", None, &s.parked[0])).await.unwrap();
+    log.create_run(new_run("t", None, &s.parked[0]))
+        .await
+        .unwrap();
     (db, log, s)
 }
 
 #[tokio::test]
 async fn postgres_log_conformance() {
     // Every way a step is written: the transaction, one statement, group commit.
-    for commit_mode in [CommitMode::Transaction, CommitMode::Statement, CommitMode::Group] {
+    for commit_mode in [
+        CommitMode::Transaction,
+        CommitMode::Statement,
+        CommitMode::Group,
+    ] {
         let dbs = Mutex::new(Vec::new());
         let dbs = &dbs;
         conformance::all(move || async move {
             let db = TestDb::new().await;
-            let log = db.log_with(PgOptions { commit_mode, max_connections: 4, ..PgOptions::default() }).await;
+            let log = db
+                .log_with(PgOptions {
+                    commit_mode,
+                    max_connections: 4,
+                    ..PgOptions::default()
+                })
+                .await;
             dbs.lock().unwrap_or_else(|e| e.into_inner()).push(db);
             log
         })
@@ -122,7 +187,12 @@ async fn postgres_log_conformance() {
 #[tokio::test]
 async fn postgres_batches_conformance() {
     let db = TestDb::new().await;
-    let log = db.log_with(PgOptions { max_connections: 4, ..PgOptions::default() }).await;
+    let log = db
+        .log_with(PgOptions {
+            max_connections: 4,
+            ..PgOptions::default()
+        })
+        .await;
     conformance::batch_store(&log, &log).await;
 }
 
@@ -130,19 +200,38 @@ async fn postgres_batches_conformance() {
 async fn events_reject_update_delete_and_truncate_and_runs_stay() {
     let (db, log, s) = admitted(PgOptions::default()).await;
     let sql = db.sql().await;
-    for statement in ["UPDATE events SET kind = 'tampered'", "DELETE FROM events", "TRUNCATE events", "UPDATE blobs SET bytes = ''"] {
+    for statement in [
+        "UPDATE events SET kind = 'tampered'",
+        "DELETE FROM events",
+        "TRUNCATE events",
+        "UPDATE blobs SET bytes = ''",
+    ] {
         let err = sql.batch_execute(statement).await.expect_err(statement);
-        let message = err.as_db_error().map(|e| e.message().to_owned()).unwrap_or_default();
+        let message = err
+            .as_db_error()
+            .map(|e| e.message().to_owned())
+            .unwrap_or_default();
         assert!(message.contains("append-only"), "{statement}: {err}");
     }
     // The events' runs stay (V12: no foreign key checks every event).
     for statement in ["DELETE FROM runs", "TRUNCATE runs CASCADE"] {
         let err = sql.batch_execute(statement).await.expect_err(statement);
-        let message = err.as_db_error().map(|e| e.message().to_owned()).unwrap_or_default();
+        let message = err
+            .as_db_error()
+            .map(|e| e.message().to_owned())
+            .unwrap_or_default();
         assert!(message.contains("never deleted"), "{statement}: {err}");
     }
-    assert_eq!(log.events(s.run_id, 0, 10).await.unwrap(), s.parked[..1].to_vec(), "the log is untouched");
-    assert_eq!(log.get_run(s.run_id).await.unwrap().run_id, s.run_id, "the run is untouched");
+    assert_eq!(
+        log.events(s.run_id, 0, 10).await.unwrap(),
+        s.parked[..1].to_vec(),
+        "the log is untouched"
+    );
+    assert_eq!(
+        log.get_run(s.run_id).await.unwrap().run_id,
+        s.run_id,
+        "the run is untouched"
+    );
 }
 
 #[tokio::test]
@@ -152,9 +241,21 @@ async fn large_payloads_go_to_blobs_and_read_back_identical() {
     let big = format!("{}é✓", "x".repeat(200 * 1024));
     // A PNG of 3.75 MiB, as base64 just under the 5 MiB a request may carry.
     // ("iVBORw0KGgoA" is the PNG signature and a zero byte; "AAAA" 3 zeros.)
-    let png = format!("iVBORw0KGgoA{}", "AAAA".repeat(MAX_IMAGE_BASE64_LEN / 4 - 4));
-    assert_eq!(ImageSource::base64("image/png", png.as_str()).check(), Ok(()), "a request may carry it");
-    let image = ToolContent::Blocks(vec![ResultBlock::text("a screenshot"), ResultBlock::Image { source: ImageSource::base64("image/png", png) }]);
+    let png = format!(
+        "iVBORw0KGgoA{}",
+        "AAAA".repeat(MAX_IMAGE_BASE64_LEN / 4 - 4)
+    );
+    assert_eq!(
+        ImageSource::base64("image/png", png.as_str()).check(),
+        Ok(()),
+        "a request may carry it"
+    );
+    let image = ToolContent::Blocks(vec![
+        ResultBlock::text("a screenshot"),
+        ResultBlock::Image {
+            source: ImageSource::base64("image/png", png),
+        },
+    ]);
     let run_id = Uuid::now_v7();
     // Round 0's result is large; round 1's holds U+0000, which jsonb
     // refuses; round 2's is a multi-MB image.
@@ -165,31 +266,71 @@ async fn large_payloads_go_to_blobs_and_read_back_identical() {
         _ => format!("small {round}").into(),
     });
     commit_one_by_one(&log, &events).await;
-    assert_eq!(log.events(run_id, 0, 100).await.unwrap(), events, "events round-trip exactly, time included");
+    assert_eq!(
+        log.events(run_id, 0, 100).await.unwrap(),
+        events,
+        "events round-trip exactly, time included"
+    );
     assert_eq!(log.load(run_id).await.unwrap(), replay(&events));
 
     let sql = db.sql().await;
-    let rows = sql.query("SELECT seq, blob_hash FROM events WHERE payload IS NULL ORDER BY seq", &[]).await.unwrap();
-    assert_eq!(rows.len(), 3, "only the large, the NUL and the image payloads left the row");
+    let rows = sql
+        .query(
+            "SELECT seq, blob_hash FROM events WHERE payload IS NULL ORDER BY seq",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rows.len(),
+        3,
+        "only the large, the NUL and the image payloads left the row"
+    );
     let large: Vec<usize> = rows
         .iter()
         .map(|r| r.get::<_, i64>(0) as usize)
-        .filter(|seq| matches!(&events[seq - 1].kind, EventKind::ToolResult { .. }) && serde_json::to_vec(&events[seq - 1].kind).unwrap().len() > 1000)
+        .filter(|seq| {
+            matches!(&events[seq - 1].kind, EventKind::ToolResult { .. })
+                && serde_json::to_vec(&events[seq - 1].kind).unwrap().len() > 1000
+        })
         .collect();
-    assert_eq!(large.len(), 2, "the large text and the image results are in blobs");
+    assert_eq!(
+        large.len(),
+        2,
+        "the large text and the image results are in blobs"
+    );
     for seq in large {
         let json = serde_json::to_vec(&events[seq - 1].kind).unwrap();
-        let hash: String = Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect();
-        let stored: Vec<u8> = sql.query_one("SELECT bytes FROM blobs WHERE hash = $1", &[&hash]).await.expect("blob by its SHA-256").get(0);
+        let hash: String = Sha256::digest(&json)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let stored: Vec<u8> = sql
+            .query_one("SELECT bytes FROM blobs WHERE hash = $1", &[&hash])
+            .await
+            .expect("blob by its SHA-256")
+            .get(0);
         assert_eq!(stored, json);
     }
 
     // Content-addressed: a second run with the same large start shares it.
     let goal = "g".repeat(100 * 1024);
     for _ in 0..2 {
-        let start = Event { run_id: Uuid::now_v7(), seq: 1, at: at(0), kind: EventKind::SessionStart { redactions: Vec::new(), goal: goal.clone(), config: RunConfig::default() } };
+        let start = Event {
+            run_id: Uuid::now_v7(),
+            seq: 1,
+            at: at(0),
+            kind: EventKind::SessionStart {
+                redactions: Vec::new(),
+                goal: goal.clone(),
+                config: RunConfig::default(),
+            },
+        };
         log.create_run(new_run("t", None, &start)).await.unwrap();
-        assert_eq!(log.events(start.run_id, 0, 10).await.unwrap(), vec![start.clone()]);
+        assert_eq!(
+            log.events(start.run_id, 0, 10).await.unwrap(),
+            vec![start.clone()]
+        );
         assert_eq!(log.get_run(start.run_id).await.unwrap().goal, goal);
     }
     assert_eq!(db.count("SELECT count(*) FROM blobs").await, 4);
@@ -203,18 +344,45 @@ async fn nul_characters_round_trip_everywhere() {
         run_id: Uuid::now_v7(),
         seq: 1,
         at: at(0),
-        kind: EventKind::SessionStart { redactions: Vec::new(), goal: "nul \0 goal".into(), config: RunConfig::default() },
+        kind: EventKind::SessionStart {
+            redactions: Vec::new(),
+            goal: "nul \0 goal".into(),
+            config: RunConfig::default(),
+        },
     };
     let (summary, _) = log.create_run(new_run("t", None, &start)).await.unwrap();
-    assert_eq!(summary.goal, "nul \u{FFFD} goal", "the summary's goal is sanitised");
-    assert_eq!(log.events(start.run_id, 0, 10).await.unwrap(), vec![start.clone()], "the event is exact");
+    assert_eq!(
+        summary.goal, "nul \u{FFFD} goal",
+        "the summary's goal is sanitised"
+    );
+    assert_eq!(
+        log.events(start.run_id, 0, 10).await.unwrap(),
+        vec![start.clone()],
+        "the event is exact"
+    );
     assert_eq!(log.load(start.run_id).await.unwrap().goal, "nul \0 goal");
-    let payload = Resume::ToolResult { call_id: "c\u{1}".into(), content: "a\0b".into(), is_error: false };
+    let payload = Resume::ToolResult {
+        call_id: "c\u{1}".into(),
+        content: "a\0b".into(),
+        is_error: false,
+    };
     let id = log.post(start.run_id, payload.clone()).await.unwrap();
     let inbox = log.inbox(start.run_id).await.unwrap();
     assert_eq!((inbox[0].id, &inbox[0].payload), (id, &payload));
-    let refused = log.create_run(new_run("bad\0tenant", None, &Event { run_id: Uuid::now_v7(), ..start.clone() })).await;
-    assert!(matches!(refused, Err(LogError::Invalid { .. })), "{refused:?}");
+    let refused = log
+        .create_run(new_run(
+            "bad\0tenant",
+            None,
+            &Event {
+                run_id: Uuid::now_v7(),
+                ..start.clone()
+            },
+        ))
+        .await;
+    assert!(
+        matches!(refused, Err(LogError::Invalid { .. })),
+        "{refused:?}"
+    );
 }
 
 /// Admission is one statement (or, into a batch, one round trip and a
@@ -226,29 +394,70 @@ async fn admission_writes_all_or_nothing() {
     let log = db.log().await;
     let (a, b, c) = (sample_log(), sample_log(), sample_log());
     let (batch, unused) = (Uuid::now_v7(), Uuid::now_v7());
-    let in_batch = |tenant: &str, key: Option<&str>, batch: Uuid, start: &Event| NewRun { batch_id: Some(batch), ..new_run(tenant, key, start) };
-    let (first, created) = log.create_run(in_batch("t1", Some("k1"), batch, &a.parked[0])).await.unwrap();
+    let in_batch = |tenant: &str, key: Option<&str>, batch: Uuid, start: &Event| NewRun {
+        batch_id: Some(batch),
+        ..new_run(tenant, key, start)
+    };
+    let (first, created) = log
+        .create_run(in_batch("t1", Some("k1"), batch, &a.parked[0]))
+        .await
+        .unwrap();
     assert!(created && first.batch_id == Some(batch), "{first:?}");
     // The same key again, naming a batch no one made: the first run, and no batch.
-    let (again, created) = log.create_run(in_batch("t1", Some("k1"), unused, &b.parked[0])).await.unwrap();
+    let (again, created) = log
+        .create_run(in_batch("t1", Some("k1"), unused, &b.parked[0]))
+        .await
+        .unwrap();
     assert!(!created && again.run_id == a.run_id, "{again:?}");
     // Another tenant's batch, with or without a key.
     for key in [None, Some("k1")] {
-        let refused = log.create_run(in_batch("t2", key, batch, &b.parked[0])).await;
-        assert!(matches!(&refused, Err(LogError::Invalid { reason, .. }) if reason.contains("another tenant")), "{refused:?}");
+        let refused = log
+            .create_run(in_batch("t2", key, batch, &b.parked[0]))
+            .await;
+        assert!(
+            matches!(&refused, Err(LogError::Invalid { reason, .. }) if reason.contains("another tenant")),
+            "{refused:?}"
+        );
     }
     // A run id used before.
     let refused = log.create_run(new_run("t1", None, &a.parked[0])).await;
-    assert!(matches!(&refused, Err(LogError::Invalid { reason, .. }) if reason.contains("already exists")), "{refused:?}");
+    assert!(
+        matches!(&refused, Err(LogError::Invalid { reason, .. }) if reason.contains("already exists")),
+        "{refused:?}"
+    );
     // Out of a batch, in one statement.
-    let (plain, created) = log.create_run(new_run("t2", Some("k1"), &c.parked[0])).await.unwrap();
+    let (plain, created) = log
+        .create_run(new_run("t2", Some("k1"), &c.parked[0]))
+        .await
+        .unwrap();
     assert!(created && plain.batch_id.is_none(), "{plain:?}");
-    assert!(matches!(log.get_run(b.run_id).await, Err(LogError::NotFound(_))), "nothing of the refused runs");
-    assert_eq!(db.count(&format!("SELECT count(*) FROM batches WHERE id = '{unused}'")).await, 0, "no batch for a run not admitted");
+    assert!(
+        matches!(log.get_run(b.run_id).await, Err(LogError::NotFound(_))),
+        "nothing of the refused runs"
+    );
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM batches WHERE id = '{unused}'"
+        ))
+        .await,
+        0,
+        "no batch for a run not admitted"
+    );
     assert_eq!(db.count("SELECT count(*) FROM runs").await, 2);
-    assert_eq!(db.count("SELECT count(*) FROM events").await, 2, "each run's session.start");
-    assert_eq!(db.count("SELECT count(*) FROM outbox").await, 2, "each run's start job");
-    assert_eq!(log.events(a.run_id, 0, 10).await.unwrap(), vec![a.parked[0].clone()]);
+    assert_eq!(
+        db.count("SELECT count(*) FROM events").await,
+        2,
+        "each run's session.start"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM outbox").await,
+        2,
+        "each run's start job"
+    );
+    assert_eq!(
+        log.events(a.run_id, 0, 10).await.unwrap(),
+        vec![a.parked[0].clone()]
+    );
 }
 
 /// A batch admission given up mid-transaction (its call timed out while its
@@ -257,18 +466,53 @@ async fn admission_writes_all_or_nothing() {
 #[tokio::test]
 async fn an_admission_given_up_mid_transaction_leaves_no_transaction_open() {
     let db = TestDb::new().await;
-    let log = db.log_with(PgOptions { max_connections: 1, call_timeout: Duration::from_millis(300), ..Default::default() }).await;
+    let log = db
+        .log_with(PgOptions {
+            max_connections: 1,
+            call_timeout: Duration::from_millis(300),
+            ..Default::default()
+        })
+        .await;
     let (a, b) = (sample_log(), sample_log());
     let batch = Uuid::now_v7();
     let blocker = db.sql().await;
-    blocker.batch_execute(&format!("BEGIN; INSERT INTO batches (id, tenant) VALUES ('{batch}', 't')")).await.unwrap();
-    let late = log.create_run(NewRun { batch_id: Some(batch), ..new_run("t", None, &a.parked[0]) }).await;
+    blocker
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO batches (id, tenant) VALUES ('{batch}', 't')"
+        ))
+        .await
+        .unwrap();
+    let late = log
+        .create_run(NewRun {
+            batch_id: Some(batch),
+            ..new_run("t", None, &a.parked[0])
+        })
+        .await;
     assert!(matches!(late, Err(LogError::Unavailable(_))), "{late:?}");
     blocker.batch_execute("ROLLBACK").await.unwrap();
-    let (run, created) = log.create_run(new_run("t", None, &b.parked[0])).await.unwrap();
+    let (run, created) = log
+        .create_run(new_run("t", None, &b.parked[0]))
+        .await
+        .unwrap();
     assert!(created);
-    assert_eq!(db.count(&format!("SELECT count(*) FROM runs WHERE id = '{}'", run.run_id)).await, 1, "the next admission is committed, seen by others");
-    assert_eq!(db.count(&format!("SELECT count(*) FROM runs WHERE id = '{}'", a.run_id)).await, 0, "nothing of the one given up");
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM runs WHERE id = '{}'",
+            run.run_id
+        ))
+        .await,
+        1,
+        "the next admission is committed, seen by others"
+    );
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM runs WHERE id = '{}'",
+            a.run_id
+        ))
+        .await,
+        0,
+        "nothing of the one given up"
+    );
 }
 
 #[tokio::test]
@@ -283,40 +527,106 @@ async fn checkpoints_are_amortised_and_load_equals_replay() {
     assert_eq!(log.events(run_id, 0, 1000).await.unwrap(), events);
 
     let sql = db.sql().await;
-    let seqs: Vec<i64> = sql.query("SELECT seq FROM checkpoints WHERE run_id = $1", &[&run_id]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    let seqs: Vec<i64> = sql
+        .query("SELECT seq FROM checkpoints WHERE run_id = $1", &[&run_id])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     assert_eq!(seqs, vec![192], "one checkpoint, the latest multiple of 64");
-    let state: serde_json::Value = sql.query_one("SELECT state FROM checkpoints WHERE run_id = $1", &[&run_id]).await.unwrap().get(0);
-    assert_eq!(serde_json::from_value::<RunState>(state).unwrap(), replay(&events[..192]), "the checkpoint is the state at its seq");
+    let state: serde_json::Value = sql
+        .query_one(
+            "SELECT state FROM checkpoints WHERE run_id = $1",
+            &[&run_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        serde_json::from_value::<RunState>(state).unwrap(),
+        replay(&events[..192]),
+        "the checkpoint is the state at its seq"
+    );
 
     // load() starts from the checkpoint: a doctored one shows through…
     sql.execute("UPDATE checkpoints SET state = jsonb_set(state, '{goal}', '\"doctored\"') WHERE run_id = $1", &[&run_id]).await.unwrap();
     assert_eq!(log.load(run_id).await.unwrap().goal, "doctored");
     // …and one that no longer parses is ignored: the whole log is replayed.
-    sql.execute("UPDATE checkpoints SET state = '{\"from\": \"an older glia\"}' WHERE run_id = $1", &[&run_id]).await.unwrap();
+    sql.execute(
+        "UPDATE checkpoints SET state = '{\"from\": \"an older glia\"}' WHERE run_id = $1",
+        &[&run_id],
+    )
+    .await
+    .unwrap();
     assert_eq!(log.load(run_id).await.unwrap(), replayed);
 }
 
 #[tokio::test]
 async fn a_checkpoint_commit_refuses_events_that_do_not_apply() {
     let db = TestDb::new().await;
-    let log = db.log_with(PgOptions { checkpoint_every: 4, ..PgOptions::default() }).await;
+    let log = db
+        .log_with(PgOptions {
+            checkpoint_every: 4,
+            ..PgOptions::default()
+        })
+        .await;
     let run_id = Uuid::now_v7();
     let events = tool_loop(run_id, 8, |round| format!("result {round}").into());
     let lease = commit_one_by_one(&log, &events[..3]).await;
     // seq 4 (crossing 4) claims a tool result out of nowhere: envelope fine,
     // transition not.
-    let bogus = Event { kind: EventKind::ToolResult { call_id: "nope".into(), content: String::new().into(), reminder: None, duration_ms: 0, redactions: Vec::new() }, ..events[3].clone() };
+    let bogus = Event {
+        kind: EventKind::ToolResult {
+            call_id: "nope".into(),
+            content: String::new().into(),
+            reminder: None,
+            duration_ms: 0,
+            redactions: Vec::new(),
+        },
+        ..events[3].clone()
+    };
     let mut claimed = replay(&events[..3]);
     claimed.head_seq = 4;
-    let err = log.commit(&lease, &[bogus], &claimed, &[]).await.unwrap_err();
+    let err = log
+        .commit(&lease, &[bogus], &claimed, &[])
+        .await
+        .unwrap_err();
     assert!(matches!(err, LogError::Invalid { .. }), "{err:?}");
-    assert_eq!(log.get_run(run_id).await.unwrap().head_seq, 3, "nothing written");
+    assert_eq!(
+        log.get_run(run_id).await.unwrap().head_seq,
+        3,
+        "nothing written"
+    );
     // A broken envelope is refused on any commit.
-    let err = log.commit(&lease, &events[4..5], &replay(&events[..5]), &[]).await.unwrap_err();
-    assert!(matches!(err, LogError::Conflict { expected: 4, actual: 3, .. }), "{err:?}");
-    let err = log.commit(&lease, &[events[3].clone(), events[5].clone()], &replay(&events[..6]), &[]).await.unwrap_err();
+    let err = log
+        .commit(&lease, &events[4..5], &replay(&events[..5]), &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LogError::Conflict {
+                expected: 4,
+                actual: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = log
+        .commit(
+            &lease,
+            &[events[3].clone(), events[5].clone()],
+            &replay(&events[..6]),
+            &[],
+        )
+        .await
+        .unwrap_err();
     assert!(matches!(err, LogError::Invalid { .. }), "a gap: {err:?}");
-    log.commit(&lease, &events[3..], &replay(&events), &[]).await.unwrap();
+    log.commit(&lease, &events[3..], &replay(&events), &[])
+        .await
+        .unwrap();
     assert_eq!(log.load(run_id).await.unwrap(), replay(&events));
 }
 
@@ -353,18 +663,33 @@ async fn concurrent_commits_on_the_same_head_one_wins() {
         for racer in racers {
             results.push(racer.await.unwrap());
         }
-        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "round {i}: {results:?}");
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            1,
+            "round {i}: {results:?}"
+        );
         for r in &results {
             match r {
                 Ok(()) => {}
-                Err(LogError::Conflict { expected, actual, .. }) => assert_eq!((*expected, *actual), (i as u64, i as u64 + 1)),
-                Err(LogError::LeaseLost(_)) => assert_eq!(i % 5, 0, "only a replaced lease is lost"),
+                Err(LogError::Conflict {
+                    expected, actual, ..
+                }) => assert_eq!((*expected, *actual), (i as u64, i as u64 + 1)),
+                Err(LogError::LeaseLost(_)) => {
+                    assert_eq!(i % 5, 0, "only a replaced lease is lost")
+                }
                 Err(other) => panic!("round {i}: {other:?}"),
             }
         }
     }
-    assert_eq!(a.events(run_id, 0, 1000).await.unwrap(), events, "one event per seq, in order");
-    assert_eq!(db.count("SELECT count(DISTINCT seq) FROM events").await, events.len() as i64);
+    assert_eq!(
+        a.events(run_id, 0, 1000).await.unwrap(),
+        events,
+        "one event per seq, in order"
+    );
+    assert_eq!(
+        db.count("SELECT count(DISTINCT seq) FROM events").await,
+        events.len() as i64
+    );
     assert_eq!(b.load(run_id).await.unwrap(), replay(&events));
 }
 
@@ -379,7 +704,10 @@ async fn concurrent_duplicate_admissions_make_one_run() {
             let start = sample_log().parked[0].clone();
             tokio::spawn(async move {
                 barrier.wait().await;
-                (start.run_id, log.create_run(new_run("t", Some("same-key"), &start)).await)
+                (
+                    start.run_id,
+                    log.create_run(new_run("t", Some("same-key"), &start)).await,
+                )
             })
         })
         .collect();
@@ -391,13 +719,26 @@ async fn concurrent_duplicate_admissions_make_one_run() {
     }
     assert_eq!(outcomes.iter().filter(|o| o.2).count(), 1, "{outcomes:?}");
     let winner = outcomes.iter().find(|o| o.2).unwrap().1;
-    assert!(outcomes.iter().all(|o| o.1 == winner), "everyone gets the first run");
+    assert!(
+        outcomes.iter().all(|o| o.1 == winner),
+        "everyone gets the first run"
+    );
     for (tried, _, created) in &outcomes {
         if !created {
-            assert!(matches!(log.get_run(*tried).await, Err(LogError::NotFound(_))), "nothing written for a duplicate");
+            assert!(
+                matches!(log.get_run(*tried).await, Err(LogError::NotFound(_))),
+                "nothing written for a duplicate"
+            );
         }
     }
-    let runs = log.list_runs(&RunFilter { tenant: Some("t".into()), limit: 100, ..Default::default() }).await.unwrap();
+    let runs = log
+        .list_runs(&RunFilter {
+            tenant: Some("t".into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(log.outbox(100).await.unwrap().len(), 1, "one job");
     assert_eq!(db.count("SELECT count(*) FROM events").await, 1);
@@ -407,15 +748,38 @@ async fn concurrent_duplicate_admissions_make_one_run() {
 async fn concurrent_approval_decisions_one_is_accepted() {
     let (_db, log, s) = admitted(PgOptions::default()).await;
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
-    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[]).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[])
+        .await
+        .unwrap();
     log.release(&lease).await.unwrap();
-    let hash = log.approvals(&ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap()[0].args_hash.clone();
+    let hash = log
+        .approvals(&ApprovalFilter {
+            run_id: Some(s.run_id),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()[0]
+        .args_hash
+        .clone();
     let barrier = Arc::new(Barrier::new(8));
     let tasks: Vec<_> = (0..8)
         .map(|i| {
             let (log, barrier) = (log.clone(), barrier.clone());
-            let decision = if i % 2 == 0 { Decision::Approve } else { Decision::Reject { reason: format!("no ({i})") } };
-            let payload = Resume::Approval { call_id: "c1".into(), args_hash: hash.clone(), decision, by: Some(format!("person {i}")), request_seq: None };
+            let decision = if i % 2 == 0 {
+                Decision::Approve
+            } else {
+                Decision::Reject {
+                    reason: format!("no ({i})"),
+                }
+            };
+            let payload = Resume::Approval {
+                call_id: "c1".into(),
+                args_hash: hash.clone(),
+                decision,
+                by: Some(format!("person {i}")),
+                request_seq: None,
+            };
             tokio::spawn(async move {
                 barrier.wait().await;
                 (payload.clone(), log.post(s.run_id, payload).await)
@@ -432,11 +796,31 @@ async fn concurrent_approval_decisions_one_is_accepted() {
     }
     assert_eq!(accepted.len(), 1, "exactly one decision wins");
     let inbox = log.inbox(s.run_id).await.unwrap();
-    assert_eq!(inbox.iter().map(|i| (i.id, i.payload.clone())).collect::<Vec<_>>(), accepted);
-    let rows = log.approvals(&ApprovalFilter { run_id: Some(s.run_id), limit: 10, ..Default::default() }).await.unwrap();
-    assert_eq!(rows.iter().map(|r| r.status).collect::<Vec<_>>(), vec![ApprovalStatus::Decided]);
+    assert_eq!(
+        inbox
+            .iter()
+            .map(|i| (i.id, i.payload.clone()))
+            .collect::<Vec<_>>(),
+        accepted
+    );
+    let rows = log
+        .approvals(&ApprovalFilter {
+            run_id: Some(s.run_id),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.status).collect::<Vec<_>>(),
+        vec![ApprovalStatus::Decided]
+    );
     let jobs = log.outbox(100).await.unwrap();
-    assert_eq!(jobs.len(), 2, "admission and the one accepted decision: {jobs:?}");
+    assert_eq!(
+        jobs.len(),
+        2,
+        "admission and the one accepted decision: {jobs:?}"
+    );
     assert_eq!(jobs[1].1.head_seq, s.parked.len() as u64);
 }
 
@@ -444,36 +828,89 @@ async fn concurrent_approval_decisions_one_is_accepted() {
 async fn bad_rows_are_errors_not_panics() {
     let (db, log, s) = admitted(PgOptions::default()).await;
     let sql = db.sql().await;
-    sql.execute("UPDATE runs SET phase = 'dancing'", &[]).await.unwrap();
-    assert!(matches!(log.get_run(s.run_id).await, Err(LogError::Unavailable(_))));
-    assert!(matches!(log.list_runs(&RunFilter { limit: 10, ..Default::default() }).await, Err(LogError::Unavailable(_))));
-    sql.execute("UPDATE outbox SET job = '{\"run\": 1}'", &[]).await.unwrap();
-    assert!(matches!(log.outbox(10).await, Err(LogError::Unavailable(_))));
-    log.post(s.run_id, Resume::Input { text: "hi".into(), redactions: Vec::new() }).await.unwrap();
-    sql.execute("UPDATE inbox SET payload = '{\"kind\": \"dance\"}'", &[]).await.unwrap();
-    assert!(matches!(log.inbox(s.run_id).await, Err(LogError::Unavailable(_))));
+    sql.execute("UPDATE runs SET phase = 'dancing'", &[])
+        .await
+        .unwrap();
+    assert!(matches!(
+        log.get_run(s.run_id).await,
+        Err(LogError::Unavailable(_))
+    ));
+    assert!(matches!(
+        log.list_runs(&RunFilter {
+            limit: 10,
+            ..Default::default()
+        })
+        .await,
+        Err(LogError::Unavailable(_))
+    ));
+    sql.execute("UPDATE outbox SET job = '{\"run\": 1}'", &[])
+        .await
+        .unwrap();
+    assert!(matches!(
+        log.outbox(10).await,
+        Err(LogError::Unavailable(_))
+    ));
+    log.post(
+        s.run_id,
+        Resume::Input {
+            text: "hi".into(),
+            redactions: Vec::new(),
+        },
+    )
+    .await
+    .unwrap();
+    sql.execute("UPDATE inbox SET payload = '{\"kind\": \"dance\"}'", &[])
+        .await
+        .unwrap();
+    assert!(matches!(
+        log.inbox(s.run_id).await,
+        Err(LogError::Unavailable(_))
+    ));
 }
 
 #[tokio::test]
 async fn connection_problems_are_unavailable() {
-    let options = PgOptions { connect_timeout: Duration::from_secs(2), ..PgOptions::default() };
+    let options = PgOptions {
+        connect_timeout: Duration::from_secs(2),
+        ..PgOptions::default()
+    };
     let refused = PgLog::connect("postgres://postgres@127.0.0.1:1/postgres", options.clone()).await;
-    assert!(matches!(refused, Err(LogError::Unavailable(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(LogError::Unavailable(_))),
+        "{refused:?}"
+    );
     let malformed = PgLog::connect("postgres://[not a url", options).await;
-    assert!(matches!(malformed, Err(LogError::Unavailable(_))), "{malformed:?}");
+    assert!(
+        matches!(malformed, Err(LogError::Unavailable(_))),
+        "{malformed:?}"
+    );
 
     // A statement that outlives the statement timeout (a commit waiting for
     // a row another session holds) is cancelled: Unavailable, nothing written.
-    let (db, log, s) = admitted(PgOptions { statement_timeout: Duration::from_millis(200), ..PgOptions::default() }).await;
+    let (db, log, s) = admitted(PgOptions {
+        statement_timeout: Duration::from_millis(200),
+        ..PgOptions::default()
+    })
+    .await;
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
     let mut holder = db.sql().await;
     let tx = holder.transaction().await.unwrap();
-    tx.execute("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", &[&s.run_id]).await.unwrap();
-    let err = log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[]).await.unwrap_err();
-    assert!(matches!(&err, LogError::Unavailable(m) if m.contains("57014")), "{err:?}");
+    tx.execute("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", &[&s.run_id])
+        .await
+        .unwrap();
+    let err = log
+        .commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LogError::Unavailable(m) if m.contains("57014")),
+        "{err:?}"
+    );
     tx.rollback().await.unwrap();
     assert_eq!(log.get_run(s.run_id).await.unwrap().head_seq, 1);
-    log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[]).await.unwrap();
+    log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[])
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,37 +920,88 @@ async fn concurrent_starts_migrate_once() {
     for log in [&a, &b, &c] {
         log.ready().await.unwrap();
     }
-    let migrations = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations")).unwrap().count() as i64;
-    assert_eq!(db.count("SELECT count(*) FROM refinery_schema_history").await, migrations);
+    let migrations = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .unwrap()
+        .count() as i64;
+    assert_eq!(
+        db.count("SELECT count(*) FROM refinery_schema_history")
+            .await,
+        migrations
+    );
     let again = db.log().await;
     again.ready().await.unwrap();
-    assert_eq!(db.count("SELECT count(*) FROM refinery_schema_history").await, migrations, "each migration applied once");
+    assert_eq!(
+        db.count("SELECT count(*) FROM refinery_schema_history")
+            .await,
+        migrations,
+        "each migration applied once"
+    );
 }
 
 #[tokio::test]
 async fn leases_use_the_database_clock_and_fence() {
     let (db, log, s) = admitted(PgOptions::default()).await;
     let lease = log.acquire(s.run_id, "w1", TTL).await.unwrap();
-    let db_now: DateTime<Utc> = db.sql().await.query_one("SELECT now()", &[]).await.unwrap().get(0);
-    assert!(lease.expires_at > db_now && lease.expires_at <= db_now + chrono::Duration::seconds(31));
+    let db_now: DateTime<Utc> = db
+        .sql()
+        .await
+        .query_one("SELECT now()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        lease.expires_at > db_now && lease.expires_at <= db_now + chrono::Duration::seconds(31)
+    );
     match log.acquire(s.run_id, "w2", TTL).await {
-        Err(LogError::LeaseHeld { owner, until, .. }) => assert_eq!((owner.as_str(), until), ("w1", lease.expires_at)),
+        Err(LogError::LeaseHeld { owner, until, .. }) => {
+            assert_eq!((owner.as_str(), until), ("w1", lease.expires_at))
+        }
         other => panic!("{other:?}"),
     }
     let renewed = log.renew(&lease, Duration::from_secs(60)).await.unwrap();
     assert_eq!((renewed.token, renewed.owner.as_str()), (lease.token, "w1"));
     assert!(renewed.expires_at > lease.expires_at);
-    assert!(matches!(log.acquire(Uuid::now_v7(), "w", TTL).await, Err(LogError::NotFound(_))));
-    assert!(matches!(log.renew(&Lease { run_id: Uuid::now_v7(), ..lease.clone() }, TTL).await, Err(LogError::NotFound(_))));
+    assert!(matches!(
+        log.acquire(Uuid::now_v7(), "w", TTL).await,
+        Err(LogError::NotFound(_))
+    ));
+    assert!(matches!(
+        log.renew(
+            &Lease {
+                run_id: Uuid::now_v7(),
+                ..lease.clone()
+            },
+            TTL
+        )
+        .await,
+        Err(LogError::NotFound(_))
+    ));
     // A lease the database clock says has lapsed: set its expiry in the past.
-    db.sql().await.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second'", &[]).await.unwrap();
-    assert!(matches!(log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[]).await, Err(LogError::LeaseLost(_))));
+    db.sql()
+        .await
+        .execute(
+            "UPDATE runs SET lease_expires_at = now() - interval '1 second'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        log.commit(&lease, &s.parked[1..2], &replay(&s.parked[..2]), &[])
+            .await,
+        Err(LogError::LeaseLost(_))
+    ));
     let orphans = log.orphaned(10).await.unwrap();
-    assert!(orphans.len() == 1 && !orphans[0].queued, "a lapsed lease leaves the run to the reconciler: {orphans:?}");
+    assert!(
+        orphans.len() == 1 && !orphans[0].queued,
+        "a lapsed lease leaves the run to the reconciler: {orphans:?}"
+    );
     let taken = log.acquire(s.run_id, "w2", TTL).await.unwrap();
     assert_ne!(taken.token, lease.token);
     log.release(&lease).await.unwrap();
-    assert!(log.orphaned(10).await.unwrap().is_empty(), "releasing a lost lease leaves the new one alone");
+    assert!(
+        log.orphaned(10).await.unwrap().is_empty(),
+        "releasing a lost lease leaves the new one alone"
+    );
 }
 
 /// Tool arguments with floats that need 17 significant digits. serde_json
@@ -527,7 +1015,11 @@ async fn float_arguments_round_trip() {
     let mut events = tool_loop(run_id, 8, |round| format!("result {round}").into());
     let input = json!({"amount": 212.918_907_267_134_6_f64, "rate": 479.607_564_269_825_96_f64});
     if let EventKind::ModelResponse { message, .. } = &mut events[5].kind {
-        message.content = vec![ContentBlock::ToolUse { id: "c0".into(), name: "lookup".into(), input: input.clone() }];
+        message.content = vec![ContentBlock::ToolUse {
+            id: "c0".into(),
+            name: "lookup".into(),
+            input: input.clone(),
+        }];
     }
     if let EventKind::ToolCall(call) = &mut events[6].kind {
         call.args_hash = args_hash(&input);
@@ -543,7 +1035,9 @@ async fn float_arguments_round_trip() {
 async fn runs_move_between_sqlite_and_postgres() {
     use glia_backends::sqlite::{SqliteLog, SqliteOptions};
     let dir = glia_backends::testkit::TempDir::new();
-    let sqlite = SqliteLog::open(dir.db(), SqliteOptions::default()).await.unwrap();
+    let sqlite = SqliteLog::open(dir.db(), SqliteOptions::default())
+        .await
+        .unwrap();
     let db = TestDb::new().await;
     let pg = db.log().await;
     conformance::export_import_round_trip(&sqlite, &pg).await;
@@ -554,7 +1048,9 @@ async fn runs_move_between_sqlite_and_postgres() {
 async fn parked_and_let_go(options: PgOptions) -> (TestDb, PgLog, SampleLog) {
     let (db, log, s) = admitted(options).await;
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
-    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[]).await.unwrap();
+    log.commit(&lease, &s.parked[1..], &replay(&s.parked), &[])
+        .await
+        .unwrap();
     log.release(&lease).await.unwrap();
     (db, log, s)
 }
@@ -562,7 +1058,13 @@ async fn parked_and_let_go(options: PgOptions) -> (TestDb, PgLog, SampleLog) {
 /// The approval of the sample run's call `c1`, as it was requested.
 fn approve_c1() -> Resume {
     let hash = args_hash(&json!({"order": "A1", "amount": 30}));
-    Resume::Approval { call_id: "c1".into(), args_hash: hash, decision: Decision::Approve, by: None, request_seq: None }
+    Resume::Approval {
+        call_id: "c1".into(),
+        args_hash: hash,
+        decision: Decision::Approve,
+        by: None,
+        request_seq: None,
+    }
 }
 
 /// A post that gives up while it waits for the run's lock (its call timeout)
@@ -571,22 +1073,45 @@ fn approve_c1() -> Resume {
 /// payload can then be posted again.
 #[tokio::test]
 async fn a_post_that_timed_out_waiting_for_the_lock_wrote_nothing() {
-    let (db, log, s) = parked_and_let_go(PgOptions { max_connections: 4, call_timeout: Duration::from_millis(400), ..PgOptions::default() }).await;
+    let (db, log, s) = parked_and_let_go(PgOptions {
+        max_connections: 4,
+        call_timeout: Duration::from_millis(400),
+        ..PgOptions::default()
+    })
+    .await;
     let mut holder = db.sql().await;
     let tx = holder.transaction().await.unwrap();
-    tx.query_one("SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE", &[&s.run_id]).await.unwrap();
+    tx.query_one(
+        "SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE",
+        &[&s.run_id],
+    )
+    .await
+    .unwrap();
     let approval = approve_c1();
     let timed_out = log.post(s.run_id, approval.clone()).await;
-    assert!(matches!(&timed_out, Err(LogError::Unavailable(why)) if why.contains("55P03")), "the server ended the wait (lock_not_available): {timed_out:?}");
+    assert!(
+        matches!(&timed_out, Err(LogError::Unavailable(why)) if why.contains("55P03")),
+        "the server ended the wait (lock_not_available): {timed_out:?}"
+    );
     // Well past the call timeout, still holding the lock, then let go.
     tokio::time::sleep(Duration::from_millis(600)).await;
     tx.commit().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let sql = db.sql().await;
-    let rows: i64 = sql.query_one("SELECT count(*) FROM inbox WHERE run_id = $1", &[&s.run_id]).await.unwrap().get(0);
+    let rows: i64 = sql
+        .query_one("SELECT count(*) FROM inbox WHERE run_id = $1", &[&s.run_id])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(rows, 0, "nothing was committed after the post gave up");
-    let resumes: i64 =
-        sql.query_one("SELECT count(*) FROM outbox WHERE job->>'run_id' = $1 AND job->>'resume' = 'true'", &[&s.run_id.to_string()]).await.unwrap().get(0);
+    let resumes: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE job->>'run_id' = $1 AND job->>'resume' = 'true'",
+            &[&s.run_id.to_string()],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(resumes, 0, "no resume job either");
     log.post(s.run_id, approval).await.expect("posted again");
 }
@@ -596,11 +1121,20 @@ async fn a_post_that_timed_out_waiting_for_the_lock_wrote_nothing() {
 /// cancel's transaction is held open by hand until the second post waits.
 #[tokio::test]
 async fn a_post_that_waited_for_a_cancel_sees_it() {
-    let (db, log, s) = parked_and_let_go(PgOptions { max_connections: 4, ..PgOptions::default() }).await;
+    let (db, log, s) = parked_and_let_go(PgOptions {
+        max_connections: 4,
+        ..PgOptions::default()
+    })
+    .await;
     // The cancel, as `post` writes it, in a transaction left open.
     let mut cancel = db.sql().await;
     let tx = cancel.transaction().await.unwrap();
-    tx.query_one("SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE", &[&s.run_id]).await.unwrap();
+    tx.query_one(
+        "SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE",
+        &[&s.run_id],
+    )
+    .await
+    .unwrap();
     tx.execute("INSERT INTO inbox (run_id, dedupe_key, payload) VALUES ($1, 'cancel', '{\"kind\":\"cancel\",\"reason\":\"stop\"}')", &[&s.run_id])
         .await
         .unwrap();
@@ -624,7 +1158,19 @@ async fn a_post_that_waited_for_a_cancel_sees_it() {
     }
     tx.commit().await.unwrap();
     let refused = posted.await.unwrap();
-    assert!(matches!(refused, Err(LogError::Cancelled(id)) if id == s.run_id), "a post after a cancel committed: {refused:?}");
-    let kinds: Vec<String> = sql.query("SELECT dedupe_key FROM inbox WHERE run_id = $1", &[&s.run_id]).await.unwrap().iter().map(|r| r.get::<_, Option<String>>(0).unwrap_or_default()).collect();
+    assert!(
+        matches!(refused, Err(LogError::Cancelled(id)) if id == s.run_id),
+        "a post after a cancel committed: {refused:?}"
+    );
+    let kinds: Vec<String> = sql
+        .query(
+            "SELECT dedupe_key FROM inbox WHERE run_id = $1",
+            &[&s.run_id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, Option<String>>(0).unwrap_or_default())
+        .collect();
     assert_eq!(kinds, ["cancel"], "only the cancel is in the inbox");
 }

@@ -21,13 +21,16 @@ use std::time::{Duration, Instant};
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::testkit::{PrivateRabbit, free_port};
 use glia_backends::{Delivery, Job, JobQueue, QueueError};
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use uuid::Uuid;
 
 fn url() -> String {
-    std::env::var("GLIA_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    std::env::var("GLIA_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 fn options(test: &str) -> QueueOptions {
@@ -45,7 +48,9 @@ fn job(head_seq: u64) -> Job {
 /// Await `fut`, failing the test if it takes longer than `secs` (a bound on
 /// a hang, not a timing assertion).
 async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(secs), fut).await.unwrap_or_else(|_| panic!("{what}: nothing within {secs}s"))
+    tokio::time::timeout(Duration::from_secs(secs), fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {secs}s"))
 }
 
 /// Poll `check` every 50 ms until it holds, failing after `secs`.
@@ -72,7 +77,10 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         let (url, opts) = (self.url.clone(), self.opts.clone());
         let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
             rt.block_on(async {
                 match RabbitQueue::connect(&url, opts.clone()).await {
                     Ok(q) => {
@@ -90,8 +98,16 @@ impl Drop for Cleanup {
 }
 
 async fn connect(opts: &QueueOptions) -> (RabbitQueue, Cleanup) {
-    let q = RabbitQueue::connect(&url(), opts.clone()).await.expect("connect to RabbitMQ at GLIA_AMQP_URL");
-    (q, Cleanup { url: url(), opts: opts.clone() })
+    let q = RabbitQueue::connect(&url(), opts.clone())
+        .await
+        .expect("connect to RabbitMQ at GLIA_AMQP_URL");
+    (
+        q,
+        Cleanup {
+            url: url(),
+            opts: opts.clone(),
+        },
+    )
 }
 
 async fn next(q: &RabbitQueue) -> Delivery {
@@ -106,13 +122,23 @@ async fn publish_consume_ack_round_trip() {
     for j in &jobs {
         q.publish(j).await.expect("publish");
     }
-    assert_eq!(q.depth().await.unwrap(), 3, "three confirmed jobs wait in the queue");
+    assert_eq!(
+        q.depth().await.unwrap(),
+        3,
+        "three confirmed jobs wait in the queue"
+    );
     let stats = q.stats().await.unwrap();
-    assert_eq!((stats.ready, stats.dead_lettered), (3, Some(0)), "{stats:?}");
+    assert_eq!(
+        (stats.ready, stats.dead_lettered),
+        (3, Some(0)),
+        "{stats:?}"
+    );
     for j in &jobs {
         let d = next(&q).await;
         assert_eq!(&d.job, j, "one consumer gets the jobs in publish order");
-        let lag = chrono::Utc::now() - d.enqueued_at.expect("the publish time travels with the job");
+        let lag = chrono::Utc::now()
+            - d.enqueued_at
+                .expect("the publish time travels with the job");
         assert!(lag.num_seconds().abs() < 60, "lag {lag}");
         assert!(!d.redelivered);
         d.acker.ack().await.expect("ack");
@@ -146,37 +172,94 @@ async fn quorum_queue_and_persistent_messages() {
     let j = job(7);
     q.publish(&j).await.unwrap();
 
-    let conn = Connection::connect(&url(), ConnectionProperties::default()).await.unwrap();
+    let conn = Connection::connect(&url(), ConnectionProperties::default())
+        .await
+        .unwrap();
     // The broker holds exactly these arguments: redeclaring with them is
     // accepted, and with `x-queue-type: classic` instead is refused.
     let args = |queue_type: &str| {
         let mut t = FieldTable::default();
-        t.insert("x-queue-type".into(), AMQPValue::LongString(queue_type.into()));
-        t.insert("x-delivery-limit".into(), AMQPValue::LongInt(opts.delivery_limit as i32));
-        t.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(opts.dead_letter_exchange().as_str().into()));
-        t.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(opts.queue.as_str().into()));
+        t.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(queue_type.into()),
+        );
+        t.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongInt(opts.delivery_limit as i32),
+        );
+        t.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(opts.dead_letter_exchange().as_str().into()),
+        );
+        t.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(opts.queue.as_str().into()),
+        );
         t
     };
-    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
     let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(opts.queue.as_str().into(), durable, args("quorum")).await.expect("same arguments: a durable quorum queue");
-    let classic = ch.queue_declare(opts.queue.as_str().into(), durable, args("classic")).await;
-    let err = classic.expect_err("a classic redeclare of a quorum queue must fail").to_string();
-    assert!(err.contains("PRECONDITION_FAILED") && err.contains("x-queue-type"), "{err}");
+    ch.queue_declare(opts.queue.as_str().into(), durable, args("quorum"))
+        .await
+        .expect("same arguments: a durable quorum queue");
+    let classic = ch
+        .queue_declare(opts.queue.as_str().into(), durable, args("classic"))
+        .await;
+    let err = classic
+        .expect_err("a classic redeclare of a quorum queue must fail")
+        .to_string();
+    assert!(
+        err.contains("PRECONDITION_FAILED") && err.contains("x-queue-type"),
+        "{err}"
+    );
     // The queue of resumes has the same arguments (same dead-lettering).
     let ch = conn.create_channel().await.unwrap();
     let resume_queue = opts.resume_queue();
-    ch.queue_declare(resume_queue.as_str().into(), durable, args("quorum")).await.expect("the resume queue: the same arguments");
-    let classic = ch.queue_declare(resume_queue.as_str().into(), durable, args("classic")).await;
+    ch.queue_declare(resume_queue.as_str().into(), durable, args("quorum"))
+        .await
+        .expect("the resume queue: the same arguments");
+    let classic = ch
+        .queue_declare(resume_queue.as_str().into(), durable, args("classic"))
+        .await;
     assert!(classic.is_err(), "the resume queue is a quorum queue");
     // The dead-letter queue and exchange exist.
     let ch = conn.create_channel().await.unwrap();
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-    ch.queue_declare(opts.dead_letter_queue().as_str().into(), passive, FieldTable::default()).await.expect("dlq declared");
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    ch.queue_declare(
+        opts.dead_letter_queue().as_str().into(),
+        passive,
+        FieldTable::default(),
+    )
+    .await
+    .expect("dlq declared");
     // The message on the wire: persistent JSON.
-    let got = ch.basic_get(opts.queue.as_str().into(), BasicGetOptions { no_ack: false }).await.unwrap().expect("a message");
-    assert_eq!(got.delivery.properties.delivery_mode(), &Some(2), "persistent");
-    assert_eq!(got.delivery.properties.content_type().as_ref().map(|s| s.as_str()), Some("application/json"));
+    let got = ch
+        .basic_get(
+            opts.queue.as_str().into(),
+            BasicGetOptions { no_ack: false },
+        )
+        .await
+        .unwrap()
+        .expect("a message");
+    assert_eq!(
+        got.delivery.properties.delivery_mode(),
+        &Some(2),
+        "persistent"
+    );
+    assert_eq!(
+        got.delivery
+            .properties
+            .content_type()
+            .as_ref()
+            .map(|s| s.as_str()),
+        Some("application/json")
+    );
     assert_eq!(
         serde_json::from_slice::<serde_json::Value>(&got.delivery.data).unwrap(),
         serde_json::json!({"run_id": j.run_id, "head_seq": 7})
@@ -187,8 +270,14 @@ async fn quorum_queue_and_persistent_messages() {
     // A wrong queue definition is a clear connect error.
     let mut other = opts.clone();
     other.delivery_limit += 1;
-    let err = RabbitQueue::connect(&url(), other).await.err().expect("declaring with another delivery limit fails");
-    assert!(matches!(&err, QueueError::Unavailable(m) if m.contains("x-delivery-limit")), "{err}");
+    let err = RabbitQueue::connect(&url(), other)
+        .await
+        .err()
+        .expect("declaring with another delivery limit fails");
+    assert!(
+        matches!(&err, QueueError::Unavailable(m) if m.contains("x-delivery-limit")),
+        "{err}"
+    );
     q.close().await;
 }
 
@@ -210,8 +299,15 @@ async fn nack_without_requeue_dead_letters() {
     assert!(d.redelivered);
     d.acker.ack().await.unwrap();
 
-    eventually(10, "dead letter counted", || async { q.dead_letter_depth().await.unwrap() == 1 }).await;
-    let dead = q.next_dead_letter().await.unwrap().expect("the dead letter");
+    eventually(10, "dead letter counted", || async {
+        q.dead_letter_depth().await.unwrap() == 1
+    })
+    .await;
+    let dead = q
+        .next_dead_letter()
+        .await
+        .unwrap()
+        .expect("the dead letter");
     assert_eq!(dead.job, a);
     dead.acker.ack().await.unwrap();
     assert!(q.next_dead_letter().await.unwrap().is_none());
@@ -229,7 +325,10 @@ async fn exceeding_the_delivery_limit_dead_letters() {
     let mut deliveries = 0u32;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        assert!(Instant::now() < deadline, "not dead-lettered after {deliveries} deliveries");
+        assert!(
+            Instant::now() < deadline,
+            "not dead-lettered after {deliveries} deliveries"
+        );
         tokio::select! {
             d = q.next() => {
                 let d = d.unwrap();
@@ -246,9 +345,19 @@ async fn exceeding_the_delivery_limit_dead_letters() {
             }
         }
     }
-    assert!(deliveries >= 2, "it was redelivered before being dead-lettered ({deliveries})");
-    eprintln!("delivery limit {}: delivered {deliveries} times, then dead-lettered", opts.delivery_limit);
-    let dead = q.next_dead_letter().await.unwrap().expect("the dead letter");
+    assert!(
+        deliveries >= 2,
+        "it was redelivered before being dead-lettered ({deliveries})"
+    );
+    eprintln!(
+        "delivery limit {}: delivered {deliveries} times, then dead-lettered",
+        opts.delivery_limit
+    );
+    let dead = q
+        .next_dead_letter()
+        .await
+        .unwrap()
+        .expect("the dead letter");
     assert_eq!(dead.job, j);
     dead.acker.ack().await.unwrap();
     assert_eq!(q.depth().await.unwrap(), 0);
@@ -259,12 +368,22 @@ async fn exceeding_the_delivery_limit_dead_letters() {
 async fn undecodable_body_is_dead_lettered_and_skipped() {
     let opts = options("poison");
     let (q, _cleanup) = connect(&opts).await;
-    let conn = Connection::connect(&url(), ConnectionProperties::default()).await.unwrap();
+    let conn = Connection::connect(&url(), ConnectionProperties::default())
+        .await
+        .unwrap();
     let ch = conn.create_channel().await.unwrap();
     // Confirmed, so it is in the queue before the good job.
-    ch.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
     let confirm = ch
-        .basic_publish("".into(), opts.queue.as_str().into(), BasicPublishOptions::default(), b"not a job", BasicProperties::default())
+        .basic_publish(
+            "".into(),
+            opts.queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"not a job",
+            BasicProperties::default(),
+        )
         .await
         .unwrap();
     assert!(confirm.await.unwrap().is_ack());
@@ -273,8 +392,15 @@ async fn undecodable_body_is_dead_lettered_and_skipped() {
     let d = next(&q).await;
     assert_eq!(d.job, good);
     d.acker.ack().await.unwrap();
-    eventually(10, "poison message dead-lettered", || async { q.dead_letter_depth().await.unwrap() == 1 }).await;
-    let err = q.next_dead_letter().await.err().expect("the dead letter is not a job");
+    eventually(10, "poison message dead-lettered", || async {
+        q.dead_letter_depth().await.unwrap() == 1
+    })
+    .await;
+    let err = q
+        .next_dead_letter()
+        .await
+        .err()
+        .expect("the dead letter is not a job");
     assert!(matches!(err, QueueError::Unavailable(_)), "{err}");
     conn.close(200, "bye".into()).await.unwrap();
     q.close().await;
@@ -298,7 +424,10 @@ async fn unacked_job_redelivered_after_connection_drops() {
         async move { q.next().await }
     });
     other.close().await;
-    let got = within(30, "redelivery to the other consumer", waiting).await.unwrap().unwrap();
+    let got = within(30, "redelivery to the other consumer", waiting)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.job, a);
     assert!(got.redelivered);
     got.acker.ack().await.unwrap();
@@ -310,10 +439,17 @@ async fn unacked_job_redelivered_after_connection_drops() {
     assert_eq!(d.job, b);
     assert!(!d.redelivered);
     q.drop_connections().await;
-    let err = d.acker.ack().await.expect_err("acking on a dead channel fails");
+    let err = d
+        .acker
+        .ack()
+        .await
+        .expect_err("acking on a dead channel fails");
     assert!(matches!(err, QueueError::Unavailable(_)), "{err}");
     let again = next(&q).await;
-    assert_eq!(again.job, b, "the broker redelivers it once the consumer reconnects");
+    assert_eq!(
+        again.job, b,
+        "the broker redelivers it once the consumer reconnects"
+    );
     assert!(again.redelivered);
     again.acker.ack().await.unwrap();
 
@@ -325,7 +461,10 @@ async fn unacked_job_redelivered_after_connection_drops() {
     q.drop_connections().await;
     let c = job(3);
     q.publish(&c).await.expect("publish reconnects");
-    let got = within(30, "pending next after reconnect", waiting).await.unwrap().unwrap();
+    let got = within(30, "pending next after reconnect", waiting)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.job, c);
     assert!(!got.redelivered);
     got.acker.ack().await.unwrap();
@@ -335,10 +474,13 @@ async fn unacked_job_redelivered_after_connection_drops() {
 #[tokio::test]
 async fn unreachable_broker_is_unavailable_and_close_ends_next() {
     let port = free_port();
-    let err = RabbitQueue::connect(&format!("amqp://guest:guest@127.0.0.1:{port}/%2f"), options("nobroker"))
-        .await
-        .err()
-        .expect("nothing listens");
+    let err = RabbitQueue::connect(
+        &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+        options("nobroker"),
+    )
+    .await
+    .err()
+    .expect("nothing listens");
     assert!(matches!(err, QueueError::Unavailable(_)), "{err}");
 
     let opts = options("close");
@@ -349,9 +491,15 @@ async fn unreachable_broker_is_unavailable_and_close_ends_next() {
         async move { q.next().await.err() }
     });
     // Let the consumer attach before closing (not required for correctness).
-    eventually(10, "consumer attached", || async { q.depth().await.is_ok() }).await;
+    eventually(10, "consumer attached", || async {
+        q.depth().await.is_ok()
+    })
+    .await;
     q.close().await;
-    assert_eq!(within(30, "next after close", waiting).await.unwrap(), Some(QueueError::Closed));
+    assert_eq!(
+        within(30, "next after close", waiting).await.unwrap(),
+        Some(QueueError::Closed)
+    );
     q.close().await;
 }
 
@@ -361,22 +509,41 @@ async fn unreachable_broker_is_unavailable_and_close_ends_next() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_resumes_after_broker_restart() {
     let Some(mut broker) = PrivateRabbit::new() else {
-        eprintln!("\n!!!!!!!! SKIPPED consumer_resumes_after_broker_restart: no rabbitmq-server script found !!!!!!!!\n");
+        eprintln!(
+            "\n!!!!!!!! SKIPPED consumer_resumes_after_broker_restart: no rabbitmq-server script found !!!!!!!!\n"
+        );
         return;
     };
     let started = Instant::now();
     broker.start().expect("spawn rabbitmq-server");
     broker.wait_ready(Duration::from_secs(120)).await;
-    eprintln!("private node {} on port {} ready after {:?}", broker.node(), broker.port(), started.elapsed());
+    eprintln!(
+        "private node {} on port {} ready after {:?}",
+        broker.node(),
+        broker.port(),
+        started.elapsed()
+    );
 
     let mut opts = options("restart");
     opts.publish_attempts = 3;
     opts.reconnect_max = Duration::from_millis(500);
     opts.connect_timeout = Duration::from_secs(5);
-    let q = Arc::new(RabbitQueue::connect(&broker.url(), opts).await.expect("connect to the private node"));
+    let q = Arc::new(
+        RabbitQueue::connect(&broker.url(), opts)
+            .await
+            .expect("connect to the private node"),
+    );
 
     // Every fourth a resume: both consumers ride over the restart.
-    let jobs: Vec<Job> = (1..=16).map(|i| if i % 4 == 0 { Job::resume(Uuid::now_v7(), i) } else { job(i) }).collect();
+    let jobs: Vec<Job> = (1..=16)
+        .map(|i| {
+            if i % 4 == 0 {
+                Job::resume(Uuid::now_v7(), i)
+            } else {
+                job(i)
+            }
+        })
+        .collect();
     let mut confirmed: Vec<Job> = Vec::new();
     for j in &jobs[..10] {
         q.publish(j).await.expect("publish before the restart");
@@ -396,7 +563,10 @@ async fn consumer_resumes_after_broker_restart() {
     // was declared less than about three minutes before a SIGKILL (see the
     // module documentation). GLIA_TEST_BROKER_SIGKILL_AFTER=<secs> waits
     // that long, then SIGKILLs the node instead.
-    match std::env::var("GLIA_TEST_BROKER_SIGKILL_AFTER").ok().and_then(|s| s.parse::<u64>().ok()) {
+    match std::env::var("GLIA_TEST_BROKER_SIGKILL_AFTER")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
         Some(secs) => {
             eprintln!("waiting {secs}s, then SIGKILL");
             tokio::time::sleep(Duration::from_secs(secs)).await;
@@ -404,15 +574,25 @@ async fn consumer_resumes_after_broker_restart() {
         }
         None => broker.stop().await,
     }
-    let err = within(60, "publish while the broker is down", q.publish(&jobs[10])).await.expect_err("nothing to publish to");
+    let err = within(60, "publish while the broker is down", q.publish(&jobs[10]))
+        .await
+        .expect_err("nothing to publish to");
     assert!(matches!(err, QueueError::Unavailable(_)), "{err}");
     let held_ack = held.acker.ack().await;
-    assert!(matches!(held_ack, Err(QueueError::Unavailable(_))), "ack after the stop: {held_ack:?}");
+    assert!(
+        matches!(held_ack, Err(QueueError::Unavailable(_))),
+        "ack after the stop: {held_ack:?}"
+    );
 
     // The consumer keeps waiting through the outage. It must get every
     // confirmed job not acked before the stop (including the held one) and
     // the jobs published after the restart.
-    let expected: HashSet<Job> = confirmed.iter().filter(|j| !acked.contains(j)).chain(&jobs[11..16]).copied().collect();
+    let expected: HashSet<Job> = confirmed
+        .iter()
+        .filter(|j| !acked.contains(j))
+        .chain(&jobs[11..16])
+        .copied()
+        .collect();
     assert_eq!(expected.len(), 12);
     let collector = tokio::spawn({
         let (q, expected) = (q.clone(), expected.clone());
@@ -435,7 +615,10 @@ async fn consumer_resumes_after_broker_restart() {
     let restart = Instant::now();
     broker.start().expect("spawn rabbitmq-server"); // same node name, ports and data directory
     broker.wait_ready(Duration::from_secs(120)).await;
-    eprintln!("private node restarted on the same data in {:?}", restart.elapsed());
+    eprintln!(
+        "private node restarted on the same data in {:?}",
+        restart.elapsed()
+    );
 
     // The publisher reconnects; a caller retries what failed (here: until
     // confirmed, bounded).
@@ -452,14 +635,36 @@ async fn consumer_resumes_after_broker_restart() {
         }
     }
 
-    let got = within(120, "every confirmed job after the restart", collector).await.unwrap().unwrap();
+    let got = within(120, "every confirmed job after the restart", collector)
+        .await
+        .unwrap()
+        .unwrap();
     let seen: HashSet<Job> = got.iter().map(|(j, _)| *j).collect();
-    assert!(expected.is_subset(&seen), "missing after restart: {:?}", expected.difference(&seen).collect::<Vec<_>>());
-    assert!(!seen.contains(&jobs[10]), "the unconfirmed publish did not happen");
-    assert!(got.iter().any(|(j, redelivered)| *j == held.job && *redelivered), "the job held at the stop comes back redelivered");
+    assert!(
+        expected.is_subset(&seen),
+        "missing after restart: {:?}",
+        expected.difference(&seen).collect::<Vec<_>>()
+    );
+    assert!(
+        !seen.contains(&jobs[10]),
+        "the unconfirmed publish did not happen"
+    );
+    assert!(
+        got.iter()
+            .any(|(j, redelivered)| *j == held.job && *redelivered),
+        "the job held at the stop comes back redelivered"
+    );
     let duplicates = got.len() - seen.len();
-    eprintln!("after restart: {} deliveries, {} distinct, {duplicates} duplicates; total {:?}", got.len(), seen.len(), started.elapsed());
-    eventually(30, "queue drained", || async { q.depth().await.map(|n| n == 0).unwrap_or(false) }).await;
+    eprintln!(
+        "after restart: {} deliveries, {} distinct, {duplicates} duplicates; total {:?}",
+        got.len(),
+        seen.len(),
+        started.elapsed()
+    );
+    eventually(30, "queue drained", || async {
+        q.depth().await.map(|n| n == 0).unwrap_or(false)
+    })
+    .await;
 
     q.delete_topology().await.unwrap();
     q.close().await;

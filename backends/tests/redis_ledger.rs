@@ -26,17 +26,24 @@ fn prefix() -> String {
 }
 
 fn delta(text: &str) -> LiveEvent {
-    LiveEvent::ModelDelta { channel: "text".into(), delta: text.into() }
+    LiveEvent::ModelDelta {
+        channel: "text".into(),
+        delta: text.into(),
+    }
 }
 
 /// Await `fut`, failing the test if it takes longer than `secs` (a bound on
 /// a hang, not a timing assertion).
 async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(secs), fut).await.unwrap_or_else(|_| panic!("{what}: nothing within {secs}s"))
+    tokio::time::timeout(Duration::from_secs(secs), fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {secs}s"))
 }
 
 async fn next<T>(stream: &mut BoxStream<'static, T>) -> T {
-    within(10, "stream item", stream.next()).await.expect("the stream does not end")
+    within(10, "stream item", stream.next())
+        .await
+        .expect("the stream does not end")
 }
 
 /// Poll `check` every 50 ms until it holds, failing after `secs`.
@@ -53,13 +60,18 @@ where
 }
 
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.expect("connect to Redis at GLIA_REDIS_URL")
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to Redis at GLIA_REDIS_URL")
 }
-
 
 async fn connect() -> (RedisLedger, RedisKeys) {
     let prefix = prefix();
-    let ledger = RedisLedger::connect(&url(), &prefix).await.expect("connect to Redis at GLIA_REDIS_URL");
+    let ledger = RedisLedger::connect(&url(), &prefix)
+        .await
+        .expect("connect to Redis at GLIA_REDIS_URL");
     (ledger, RedisKeys { url: url(), prefix })
 }
 
@@ -72,22 +84,43 @@ async fn cancellation_flag_with_ttl_and_notification() {
 
     ledger.cancel(run).await.unwrap();
     assert!(ledger.is_cancelled(run).await.unwrap());
-    assert!(!ledger.is_cancelled(other).await.unwrap(), "flags are per run");
-    assert_eq!(next(&mut cancellations).await, run, "subscribers hear of the cancellation");
+    assert!(
+        !ledger.is_cancelled(other).await.unwrap(),
+        "flags are per run"
+    );
+    assert_eq!(
+        next(&mut cancellations).await,
+        run,
+        "subscribers hear of the cancellation"
+    );
     ledger.cancel(run).await.expect("cancelling twice is fine");
     assert_eq!(next(&mut cancellations).await, run);
 
     // The flag is a key with the default TTL (7 days).
     let mut conn = raw(&url()).await;
-    let ttl: i64 = redis::cmd("TTL").arg(ledger.cancel_key(run)).query_async(&mut conn).await.unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(ledger.cancel_key(run))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(ttl > 6 * 24 * 3600 && ttl <= 7 * 24 * 3600, "ttl {ttl}");
 
     // A short TTL expires.
-    let short = RedisLedger::connect(&url(), ledger.prefix()).await.unwrap().with_cancel_ttl(Duration::from_secs(1));
+    let short = RedisLedger::connect(&url(), ledger.prefix())
+        .await
+        .unwrap()
+        .with_cancel_ttl(Duration::from_secs(1));
     short.cancel(other).await.unwrap();
     assert!(short.is_cancelled(other).await.unwrap());
-    assert_eq!(next(&mut cancellations).await, other, "every ledger on the prefix shares the channel");
-    eventually(10, "flag expired", || async { !short.is_cancelled(other).await.unwrap() }).await;
+    assert_eq!(
+        next(&mut cancellations).await,
+        other,
+        "every ledger on the prefix shares the channel"
+    );
+    eventually(10, "flag expired", || async {
+        !short.is_cancelled(other).await.unwrap()
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -96,33 +129,79 @@ async fn pause_flag_is_read_with_the_cancel_flag_in_one_signal() {
     let (run, other) = (Uuid::now_v7(), Uuid::now_v7());
     assert_eq!(ledger.signal(run).await.unwrap(), Signal::default());
     ledger.set_paused(run, true).await.unwrap();
-    ledger.set_paused(run, true).await.expect("setting twice is fine");
-    assert_eq!(ledger.signal(run).await.unwrap(), Signal { cancelled: false, paused: true });
-    assert_eq!(ledger.signal(other).await.unwrap(), Signal::default(), "flags are per run");
+    ledger
+        .set_paused(run, true)
+        .await
+        .expect("setting twice is fine");
+    assert_eq!(
+        ledger.signal(run).await.unwrap(),
+        Signal {
+            cancelled: false,
+            paused: true
+        }
+    );
+    assert_eq!(
+        ledger.signal(other).await.unwrap(),
+        Signal::default(),
+        "flags are per run"
+    );
     ledger.cancel(run).await.unwrap();
-    assert_eq!(ledger.signal(run).await.unwrap(), Signal { cancelled: true, paused: true });
+    assert_eq!(
+        ledger.signal(run).await.unwrap(),
+        Signal {
+            cancelled: true,
+            paused: true
+        }
+    );
     let mut conn = raw(&url()).await;
-    let ttl: i64 = redis::cmd("TTL").arg(ledger.pause_key(run)).query_async(&mut conn).await.unwrap();
-    assert!(ttl > 6 * 24 * 3600 && ttl <= 7 * 24 * 3600, "the pause flag expires like the cancel flag: ttl {ttl}");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(ledger.pause_key(run))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 6 * 24 * 3600 && ttl <= 7 * 24 * 3600,
+        "the pause flag expires like the cancel flag: ttl {ttl}"
+    );
     ledger.set_paused(run, false).await.unwrap();
-    ledger.set_paused(run, false).await.expect("clearing twice is fine");
-    assert_eq!(ledger.signal(run).await.unwrap(), Signal { cancelled: true, paused: false });
+    ledger
+        .set_paused(run, false)
+        .await
+        .expect("clearing twice is fine");
+    assert_eq!(
+        ledger.signal(run).await.unwrap(),
+        Signal {
+            cancelled: true,
+            paused: false
+        }
+    );
 }
 
 #[tokio::test]
 async fn live_events_fan_out_per_run() {
     let (ledger, _cleanup) = connect().await;
     let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
-    ledger.publish_live(a, &delta("nobody listens")).await.expect("publishing to no subscriber is fine");
+    ledger
+        .publish_live(a, &delta("nobody listens"))
+        .await
+        .expect("publishing to no subscriber is fine");
 
     let mut a1 = ledger.subscribe_live(a).await.unwrap();
     let mut a2 = ledger.subscribe_live(a).await.unwrap();
     let mut b1 = ledger.subscribe_live(b).await.unwrap();
-    let progress = LiveEvent::ToolProgress { call_id: "c1".into(), message: "half way".into() };
+    let progress = LiveEvent::ToolProgress {
+        call_id: "c1".into(),
+        message: "half way".into(),
+    };
     ledger.publish_live(a, &delta("Hel")).await.unwrap();
     // A payload that is not a live event is skipped by subscribers.
     let mut conn = raw(&url()).await;
-    let _: i64 = redis::cmd("PUBLISH").arg(ledger.live_channel(a)).arg("garbage").query_async(&mut conn).await.unwrap();
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(ledger.live_channel(a))
+        .arg("garbage")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     ledger.publish_live(a, &delta("lo")).await.unwrap();
     ledger.publish_live(a, &progress).await.unwrap();
     ledger.publish_live(b, &delta("for b")).await.unwrap();
@@ -132,7 +211,11 @@ async fn live_events_fan_out_per_run() {
         assert_eq!(next(sub).await, delta("lo"));
         assert_eq!(next(sub).await, progress);
     }
-    assert_eq!(next(&mut b1).await, delta("for b"), "b hears only b's events");
+    assert_eq!(
+        next(&mut b1).await,
+        delta("for b"),
+        "b hears only b's events"
+    );
 
     // A subscription opened later does not replay earlier events.
     let mut late = ledger.subscribe_live(a).await.unwrap();
@@ -142,7 +225,12 @@ async fn live_events_fan_out_per_run() {
     // Dropping a stream closes its subscription.
     let subscribers = |conn: redis::aio::MultiplexedConnection, channel: String| async move {
         let mut conn = conn;
-        let (_, n): (String, i64) = redis::cmd("PUBSUB").arg("NUMSUB").arg(channel).query_async(&mut conn).await.unwrap();
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         n
     };
     assert_eq!(subscribers(conn.clone(), ledger.live_channel(a)).await, 3);
@@ -159,9 +247,15 @@ async fn live_events_fan_out_per_run() {
 async fn ready_and_connect_errors() {
     let (ledger, _cleanup) = connect().await;
     ledger.ready().await.unwrap();
-    let err = RedisLedger::connect(&format!("redis://127.0.0.1:{}", free_port()), "x").await.err().expect("nothing listens");
+    let err = RedisLedger::connect(&format!("redis://127.0.0.1:{}", free_port()), "x")
+        .await
+        .err()
+        .expect("nothing listens");
     assert!(matches!(err, LedgerError::Unavailable(_)), "{err}");
-    let err = RedisLedger::connect("not a url", "x").await.err().expect("bad url");
+    let err = RedisLedger::connect("not a url", "x")
+        .await
+        .err()
+        .expect("bad url");
     assert!(matches!(err, LedgerError::Unavailable(_)), "{err}");
 }
 
@@ -172,7 +266,9 @@ async fn ready_and_connect_errors() {
 async fn ledger_survives_a_redis_restart() {
     let mut redis = PrivateRedis::new();
     if let Err(e) = redis.start() {
-        eprintln!("\n!!!!!!!! SKIPPED ledger_survives_a_redis_restart: cannot run redis-server: {e} !!!!!!!!\n");
+        eprintln!(
+            "\n!!!!!!!! SKIPPED ledger_survives_a_redis_restart: cannot run redis-server: {e} !!!!!!!!\n"
+        );
         return;
     }
     redis.wait_ready(Duration::from_secs(30)).await;
@@ -186,15 +282,30 @@ async fn ledger_survives_a_redis_restart() {
     assert_eq!(next(&mut live).await, delta("before"));
 
     redis.kill();
-    let err = within(30, "is_cancelled while Redis is down", ledger.is_cancelled(run)).await.expect_err("Redis is down");
+    let err = within(
+        30,
+        "is_cancelled while Redis is down",
+        ledger.is_cancelled(run),
+    )
+    .await
+    .expect_err("Redis is down");
     assert!(matches!(err, LedgerError::Unavailable(_)), "{err}");
-    assert!(matches!(within(30, "ready while down", ledger.ready()).await, Err(LedgerError::Unavailable(_))));
+    assert!(matches!(
+        within(30, "ready while down", ledger.ready()).await,
+        Err(LedgerError::Unavailable(_))
+    ));
 
     redis.start().unwrap();
     redis.wait_ready(Duration::from_secs(30)).await;
     // The same ledger reconnects on its own.
-    eventually(30, "ledger answers again", || async { ledger.ready().await.is_ok() }).await;
-    assert!(!ledger.is_cancelled(run).await.unwrap(), "a restarted Redis without persistence lost the flag (the log keeps the truth)");
+    eventually(30, "ledger answers again", || async {
+        ledger.ready().await.is_ok()
+    })
+    .await;
+    assert!(
+        !ledger.is_cancelled(run).await.unwrap(),
+        "a restarted Redis without persistence lost the flag (the log keeps the truth)"
+    );
     ledger.cancel(run).await.unwrap();
     assert!(ledger.is_cancelled(run).await.unwrap());
 
@@ -212,7 +323,10 @@ async fn ledger_survives_a_redis_restart() {
                 break;
             }
             Ok(None) => panic!("the live stream ended"),
-            Err(_) => assert!(Instant::now() < deadline, "live subscription did not come back"),
+            Err(_) => assert!(
+                Instant::now() < deadline,
+                "live subscription did not come back"
+            ),
         }
     }
     eprintln!("live subscription back after {tries} publishes");
@@ -225,7 +339,10 @@ async fn ledger_survives_a_redis_restart() {
                 break;
             }
             Ok(None) => panic!("the cancellation stream ended"),
-            Err(_) => assert!(Instant::now() < deadline, "cancellation subscription did not come back"),
+            Err(_) => assert!(
+                Instant::now() < deadline,
+                "cancellation subscription did not come back"
+            ),
         }
     }
     redis.kill();
@@ -237,9 +354,18 @@ async fn redis_holds_tool_results() {
     glia_backends::conformance::holds_tool_results(&ledger).await;
     // A held result is a key of its own that lives seven days.
     let key = format!("{}:1:c9", Uuid::now_v7());
-    let held = glia_backends::HeldResult { call_id: "c9".into(), content: "ok".into(), error: None, duration_ms: 1 };
+    let held = glia_backends::HeldResult {
+        call_id: "c9".into(),
+        content: "ok".into(),
+        error: None,
+        duration_ms: 1,
+    };
     ledger.hold_results(&[(key.clone(), held)]).await.unwrap();
     let mut conn = raw(&url()).await;
-    let ttl: i64 = redis::cmd("TTL").arg(ledger.held_key(&key)).query_async(&mut conn).await.unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(ledger.held_key(&key))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(ttl > 6 * 24 * 3600 && ttl <= 7 * 24 * 3600, "ttl {ttl}");
 }

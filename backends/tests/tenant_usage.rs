@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use glia_backends::memory::MemoryLog;
+use glia_backends::testkit::TestDb;
 use glia_backends::{EventLog, NewRun, Spend};
 use glia_proto::{Event, EventKind, Message, RunConfig, RunState, Usage};
-use glia_backends::testkit::TestDb;
 use uuid::Uuid;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -20,7 +20,10 @@ fn day() -> NaiveDate {
 
 /// `h:m:s.nanos` on `day() + offset` days, UTC.
 fn at(offset: i64, h: u32, m: u32, s: u32, nanos: u32) -> DateTime<Utc> {
-    (day() + chrono::Duration::days(offset)).and_hms_nano_opt(h, m, s, nanos).unwrap().and_utc()
+    (day() + chrono::Duration::days(offset))
+        .and_hms_nano_opt(h, m, s, nanos)
+        .unwrap()
+        .and_utc()
 }
 
 /// When a model spend happened and what it was.
@@ -32,18 +35,53 @@ struct Spent {
 }
 
 fn spent(at: DateTime<Utc>, input_tokens: u64, output_tokens: u64, cost: u64) -> Spent {
-    Spent { at, tokens: Usage { input_tokens, output_tokens, ..Usage::default() }, cost }
+    Spent {
+        at,
+        tokens: Usage {
+            input_tokens,
+            output_tokens,
+            ..Usage::default()
+        },
+        cost,
+    }
 }
 
 /// A run's log with one spend of each kind: a plan draft (the run's first
 /// events share its time), a compaction, and a model response saying `answer`.
-fn run_log(run_id: Uuid, plan: Spent, compacted: Spent, response: Spent, answer: &str) -> Vec<Event> {
+fn run_log(
+    run_id: Uuid,
+    plan: Spent,
+    compacted: Spent,
+    response: Spent,
+    answer: &str,
+) -> Vec<Event> {
     let steps = vec!["Do it.".to_owned()];
     let kinds = vec![
-        (plan.at, EventKind::SessionStart { redactions: Vec::new(), goal: "g".into(), config: RunConfig::default() }),
-        (plan.at, EventKind::PlanDraft { steps: steps.clone(), usage: plan.tokens, cost_usd_micros: plan.cost }),
+        (
+            plan.at,
+            EventKind::SessionStart {
+                redactions: Vec::new(),
+                goal: "g".into(),
+                config: RunConfig::default(),
+            },
+        ),
+        (
+            plan.at,
+            EventKind::PlanDraft {
+                steps: steps.clone(),
+                usage: plan.tokens,
+                cost_usd_micros: plan.cost,
+            },
+        ),
         (plan.at, EventKind::PlanCommit { steps }),
-        (plan.at, EventKind::StepStart { index: 0, description: "Do it.".into(), tools: vec![] }),
+        (
+            plan.at,
+            EventKind::StepStart {
+                index: 0,
+                description: "Do it.".into(),
+                tools: vec![],
+            },
+        ),
         (
             compacted.at,
             EventKind::ContextCompacted {
@@ -54,10 +92,19 @@ fn run_log(run_id: Uuid, plan: Spent, compacted: Spent, response: Spent, answer:
                 cost_usd_micros: compacted.cost,
             },
         ),
-        (compacted.at, EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None }),
+        (
+            compacted.at,
+            EventKind::ModelCall {
+                model: "m".into(),
+                messages: 1,
+                wrap_up: false,
+                forced_tool: None,
+            },
+        ),
         (
             response.at,
-            EventKind::ModelResponse { redactions: Vec::new(),
+            EventKind::ModelResponse {
+                redactions: Vec::new(),
                 message: Message::assistant(answer),
                 usage: response.tokens,
                 stop_reason: "end_turn".into(),
@@ -67,12 +114,28 @@ fn run_log(run_id: Uuid, plan: Spent, compacted: Spent, response: Spent, answer:
             },
         ),
     ];
-    kinds.into_iter().enumerate().map(|(i, (at, kind))| Event { run_id, seq: i as u64 + 1, at, kind }).collect()
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, (at, kind))| Event {
+            run_id,
+            seq: i as u64 + 1,
+            at,
+            kind,
+        })
+        .collect()
 }
 
 async fn admit(log: &dyn EventLog, tenant: &str, events: Vec<Event>) {
     let run_id = events[0].run_id;
-    log.create_run(NewRun { tenant: tenant.into(), idempotency_key: None, batch_id: None, start: events[0].clone() }).await.unwrap();
+    log.create_run(NewRun {
+        tenant: tenant.into(),
+        idempotency_key: None,
+        batch_id: None,
+        start: events[0].clone(),
+    })
+    .await
+    .unwrap();
     let lease = log.acquire(run_id, "w", TTL).await.unwrap();
     let state = RunState::replay(run_id, &events).expect("the log replays");
     log.commit(&lease, &events[1..], &state, &[]).await.unwrap();
@@ -86,26 +149,107 @@ async fn sums_a_tenants_day(log: &dyn EventLog) {
     let zero = |at| spent(at, 0, 0, 0);
     let big = format!("{}\u{0}", "x".repeat(100_000));
     // Plan the nanosecond before the day (out), compaction and response at its first instant (in).
-    admit(log, "a", run_log(Uuid::now_v7(), spent(at(-1, 23, 59, 59, 999_999_999), 1, 2, 3), spent(at(0, 0, 0, 0, 0), 2, 3, 1), Spent {
-        at: at(0, 0, 0, 0, 0),
-        tokens: Usage { input_tokens: 10, output_tokens: 5, cache_write_tokens: 2, cache_read_tokens: 1, estimated: false },
-        cost: 7,
-    }, "one"))
+    admit(
+        log,
+        "a",
+        run_log(
+            Uuid::now_v7(),
+            spent(at(-1, 23, 59, 59, 999_999_999), 1, 2, 3),
+            spent(at(0, 0, 0, 0, 0), 2, 3, 1),
+            Spent {
+                at: at(0, 0, 0, 0, 0),
+                tokens: Usage {
+                    input_tokens: 10,
+                    output_tokens: 5,
+                    cache_write_tokens: 2,
+                    cache_read_tokens: 1,
+                    estimated: false,
+                },
+                cost: 7,
+            },
+            "one",
+        ),
+    )
     .await;
     // Plan at noon (in), compaction at the day's last nanosecond (in), response at the next day's first instant (out).
-    admit(log, "a", run_log(Uuid::now_v7(), spent(at(0, 12, 0, 0, 0), 3, 1, 2), spent(at(0, 23, 59, 59, 999_999_999), 1, 0, 1), spent(at(1, 0, 0, 0, 0), 60, 40, 100), "two")).await;
+    admit(
+        log,
+        "a",
+        run_log(
+            Uuid::now_v7(),
+            spent(at(0, 12, 0, 0, 0), 3, 1, 2),
+            spent(at(0, 23, 59, 59, 999_999_999), 1, 0, 1),
+            spent(at(1, 0, 0, 0, 0), 60, 40, 100),
+            "two",
+        ),
+    )
+    .await;
     // A response kept in a blob (in).
-    admit(log, "a", run_log(Uuid::now_v7(), zero(at(0, 18, 0, 0, 0)), zero(at(0, 18, 0, 0, 0)), spent(at(0, 18, 0, 0, 1), 20, 10, 11), &big)).await;
+    admit(
+        log,
+        "a",
+        run_log(
+            Uuid::now_v7(),
+            zero(at(0, 18, 0, 0, 0)),
+            zero(at(0, 18, 0, 0, 0)),
+            spent(at(0, 18, 0, 0, 1), 20, 10, 11),
+            &big,
+        ),
+    )
+    .await;
     // Another tenant, same day (out).
-    admit(log, "b", run_log(Uuid::now_v7(), spent(at(0, 10, 0, 0, 0), 500, 500, 1000), zero(at(0, 10, 0, 0, 0)), zero(at(0, 10, 0, 0, 0)), "b")).await;
+    admit(
+        log,
+        "b",
+        run_log(
+            Uuid::now_v7(),
+            spent(at(0, 10, 0, 0, 0), 500, 500, 1000),
+            zero(at(0, 10, 0, 0, 0)),
+            zero(at(0, 10, 0, 0, 0)),
+            "b",
+        ),
+    )
+    .await;
 
-    let usage = |tenant: &'static str, offset: i64| async move { log.tenant_usage(tenant, day() + chrono::Duration::days(offset)).await.unwrap() };
+    let usage = |tenant: &'static str, offset: i64| async move {
+        log.tenant_usage(tenant, day() + chrono::Duration::days(offset))
+            .await
+            .unwrap()
+    };
     // (2+3) + (10+5+2+1) + (3+1) + (1+0) + (20+10) tokens; 1 + 7 + 2 + 1 + 11 micros.
-    assert_eq!(usage("a", 0).await, Spend { tokens: 5 + 18 + 4 + 1 + 30, cost_usd_micros: 22 });
-    assert_eq!(usage("a", -1).await, Spend { tokens: 3, cost_usd_micros: 3 });
-    assert_eq!(usage("a", 1).await, Spend { tokens: 100, cost_usd_micros: 100 });
-    assert_eq!(usage("b", 0).await, Spend { tokens: 1000, cost_usd_micros: 1000 });
-    assert_eq!(usage("c", 0).await, Spend::ZERO, "an unknown tenant spent nothing");
+    assert_eq!(
+        usage("a", 0).await,
+        Spend {
+            tokens: 5 + 18 + 4 + 1 + 30,
+            cost_usd_micros: 22
+        }
+    );
+    assert_eq!(
+        usage("a", -1).await,
+        Spend {
+            tokens: 3,
+            cost_usd_micros: 3
+        }
+    );
+    assert_eq!(
+        usage("a", 1).await,
+        Spend {
+            tokens: 100,
+            cost_usd_micros: 100
+        }
+    );
+    assert_eq!(
+        usage("b", 0).await,
+        Spend {
+            tokens: 1000,
+            cost_usd_micros: 1000
+        }
+    );
+    assert_eq!(
+        usage("c", 0).await,
+        Spend::ZERO,
+        "an unknown tenant spent nothing"
+    );
     assert_eq!(usage("a", 2).await, Spend::ZERO, "a day without events");
 }
 
@@ -119,10 +263,18 @@ async fn postgres_sums_a_tenants_day() {
     let db = TestDb::new().await;
     let log = db.log().await;
     sums_a_tenants_day(&log).await;
-    let blobs: i64 = db.sql().await.query_one("SELECT count(*) FROM events WHERE blob_hash IS NOT NULL", &[]).await.unwrap().get(0);
+    let blobs: i64 = db
+        .sql()
+        .await
+        .query_one(
+            "SELECT count(*) FROM events WHERE blob_hash IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(blobs, 1, "the big response is in blobs, and was counted");
 }
 
 // ---------------------------------------------------------------------------
 // A database of its own (the pattern of tests/postgres.rs).
-

@@ -21,8 +21,12 @@ use crate::client::{Server, http_client};
 /// ends in `.toml`, else JSON. Errors name the file and the field
 /// (`a.json: invalid run config: compactor: unknown field`).
 pub fn read_strict<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let parsed = if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("toml")) {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let parsed = if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("toml"))
+    {
         glia_proto::strict::from_toml_str(&text)
     } else {
         glia_proto::strict::from_json_str(&text)
@@ -33,7 +37,9 @@ pub fn read_strict<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
 /// A run configuration file (`--config`), parsed strictly and validated.
 pub fn read_config(path: &Path) -> Result<RunConfig> {
     let config: RunConfig = read_strict(path, "run config")?;
-    config.validate().map_err(|e| anyhow::anyhow!("{}: invalid run config: {e}", path.display()))?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}: invalid run config: {e}", path.display()))?;
     Ok(config)
 }
 
@@ -93,17 +99,34 @@ pub async fn agents(cmd: AgentsCommand) -> Result<()> {
             let mut names = std::collections::HashMap::new();
             for file in definition_files(&path)? {
                 let def: AgentDefinition = read_strict(&file, "agent definition")?;
-                def.validate().map_err(|e| anyhow::anyhow!("{}: invalid agent definition: {e}", file.display()))?;
+                def.validate().map_err(|e| {
+                    anyhow::anyhow!("{}: invalid agent definition: {e}", file.display())
+                })?;
                 if let Some(other) = names.insert(def.name.clone(), file.clone()) {
-                    bail!("{} and {} both define agent {:?}", other.display(), file.display(), def.name);
+                    bail!(
+                        "{} and {} both define agent {:?}",
+                        other.display(),
+                        file.display(),
+                        def.name
+                    );
                 }
                 definitions.push((file, def));
             }
             for (file, def) in definitions {
                 let body = serde_json::to_value(&def)?;
-                let answer = server.call(&client, Method::PUT, &format!("/v1/agents/{}", def.name), Some(&body), &[]).await?;
+                let answer = server
+                    .call(
+                        &client,
+                        Method::PUT,
+                        &format!("/v1/agents/{}", def.name),
+                        Some(&body),
+                        &[],
+                    )
+                    .await?;
                 let created = answer.status == reqwest::StatusCode::CREATED;
-                let v = answer.checked().with_context(|| format!("applying {}", file.display()))?;
+                let v = answer
+                    .checked()
+                    .with_context(|| format!("applying {}", file.display()))?;
                 println!(
                     "{}: agent {} {} (version {}, {})",
                     file.display(),
@@ -116,11 +139,23 @@ pub async fn agents(cmd: AgentsCommand) -> Result<()> {
             Ok(())
         }
         AgentsCommand::List { server } => {
-            let list = server.call(&client, Method::GET, "/v1/agents", None, &[]).await?.checked()?;
-            println!("{:<24} {:>7}  {:<28} DESCRIPTION", "NAME", "VERSION", "MODEL");
+            let list = server
+                .call(&client, Method::GET, "/v1/agents", None, &[])
+                .await?
+                .checked()?;
+            println!(
+                "{:<24} {:>7}  {:<28} DESCRIPTION",
+                "NAME", "VERSION", "MODEL"
+            );
             for a in list["agents"].as_array().into_iter().flatten() {
                 let d = &a["definition"];
-                println!("{:<24} {:>7}  {:<28} {}", text(&a["name"]), a["version"], text(&d["model"]), text(&d["description"]));
+                println!(
+                    "{:<24} {:>7}  {:<28} {}",
+                    text(&a["name"]),
+                    a["version"],
+                    text(&d["model"]),
+                    text(&d["description"])
+                );
             }
             Ok(())
         }
@@ -129,7 +164,10 @@ pub async fn agents(cmd: AgentsCommand) -> Result<()> {
                 Some((name, v)) => format!("/v1/agents/{name}/versions/{v}"),
                 None => format!("/v1/agents/{agent}"),
             };
-            let v = server.call(&client, Method::GET, &path, None, &[]).await?.checked()?;
+            let v = server
+                .call(&client, Method::GET, &path, None, &[])
+                .await?
+                .checked()?;
             println!("{}", serde_json::to_string_pretty(&v)?);
             Ok(())
         }
@@ -151,10 +189,15 @@ pub struct SchemasArgs {
 /// Write the JSON Schema of each configuration file type (the same schemas
 /// `/openapi.json` serves), for editors to validate files with.
 pub fn schemas(args: SchemasArgs) -> Result<()> {
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
     for (file, schema) in glia_dispatcher::docs::config_schemas() {
         let path = args.out.join(file);
-        std::fs::write(&path, format!("{}\n", serde_json::to_string_pretty(&schema)?)).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(
+            &path,
+            format!("{}\n", serde_json::to_string_pretty(&schema)?),
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
         println!("{}", path.display());
     }
     Ok(())

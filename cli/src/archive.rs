@@ -34,16 +34,36 @@ impl StoreArgs {
                 if !path.exists() {
                     bail!("{} does not exist", path.display());
                 }
-                let log = SqliteLog::open(path, SqliteOptions::default()).await.with_context(|| format!("opening {}", path.display()))?;
+                let log = SqliteLog::open(path, SqliteOptions::default())
+                    .await
+                    .with_context(|| format!("opening {}", path.display()))?;
                 Ok((Arc::new(log), format!("sqlite:{}", path.display())))
             }
             (None, Some(url)) => {
-                let log = PgLog::connect(url, PgOptions { max_connections: 2, ..PgOptions::default() }).await.context("connecting to Postgres")?;
-                let config: tokio_postgres::Config = url.parse().context("parsing the database URL")?;
-                let host = config.get_hosts().first().map(|h| format!("{h:?}")).unwrap_or_default();
-                Ok((Arc::new(log), format!("postgres:{host}/{}", config.get_dbname().unwrap_or(""))))
+                let log = PgLog::connect(
+                    url,
+                    PgOptions {
+                        max_connections: 2,
+                        ..PgOptions::default()
+                    },
+                )
+                .await
+                .context("connecting to Postgres")?;
+                let config: tokio_postgres::Config =
+                    url.parse().context("parsing the database URL")?;
+                let host = config
+                    .get_hosts()
+                    .first()
+                    .map(|h| format!("{h:?}"))
+                    .unwrap_or_default();
+                Ok((
+                    Arc::new(log),
+                    format!("postgres:{host}/{}", config.get_dbname().unwrap_or("")),
+                ))
             }
-            (None, None) => bail!("name the store: --data FILE (a single node) or --database-url URL (a fleet's Postgres)"),
+            (None, None) => bail!(
+                "name the store: --data FILE (a single node) or --database-url URL (a fleet's Postgres)"
+            ),
         }
     }
 }
@@ -76,7 +96,9 @@ fn parse_status(s: &str) -> Result<RunStatus, String> {
         "runnable" => Ok(RunStatus::Runnable),
         "parked" => Ok(RunStatus::Parked),
         "done" => Ok(RunStatus::Done),
-        other => Err(format!("unknown status {other:?} (runnable, parked or done)")),
+        other => Err(format!(
+            "unknown status {other:?} (runnable, parked or done)"
+        )),
     }
 }
 
@@ -89,19 +111,27 @@ pub async fn export(args: ExportArgs) -> Result<()> {
             let mut partial = path.clone().into_os_string();
             partial.push(".partial");
             let partial = PathBuf::from(partial);
-            let file = std::fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+            let file = std::fs::File::create(&partial)
+                .with_context(|| format!("creating {}", partial.display()))?;
             (Box::new(BufWriter::new(file)), Some(partial))
         }
         None => (Box::new(BufWriter::new(std::io::stdout().lock())), None),
     };
     serde_json::to_writer(&mut out, &ArchiveHeader::new(source))?;
     out.write_all(b"\n")?;
-    let mut filter = RunFilter { status: args.status, limit: 1000, ..RunFilter::default() };
+    let mut filter = RunFilter {
+        status: args.status,
+        limit: 1000,
+        ..RunFilter::default()
+    };
     let mut n = 0usize;
     loop {
         let page = log.list_runs(&filter).await.context("listing runs")?;
         for run in &page {
-            let record = log.export_run(run.run_id).await.with_context(|| format!("exporting run {}", run.run_id))?;
+            let record = log
+                .export_run(run.run_id)
+                .await
+                .with_context(|| format!("exporting run {}", run.run_id))?;
             serde_json::to_writer(&mut out, &record)?;
             out.write_all(b"\n")?;
             n += 1;
@@ -114,7 +144,8 @@ pub async fn export(args: ExportArgs) -> Result<()> {
     out.flush()?;
     drop(out);
     if let (Some(partial), Some(path)) = (partial, &args.out) {
-        std::fs::rename(&partial, path).with_context(|| format!("renaming {} to {}", partial.display(), path.display()))?;
+        std::fs::rename(&partial, path)
+            .with_context(|| format!("renaming {} to {}", partial.display(), path.display()))?;
     }
     eprintln!("exported {n} run(s)");
     Ok(())
@@ -125,25 +156,41 @@ pub async fn export(args: ExportArgs) -> Result<()> {
 /// line that does not parse or import, naming it; runs before it stay
 /// imported.
 pub async fn import(args: ImportArgs) -> Result<()> {
-    let file = std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?;
+    let file = std::fs::File::open(&args.file)
+        .with_context(|| format!("opening {}", args.file.display()))?;
     let mut lines = std::io::BufReader::new(file).lines();
-    let first = lines.next().transpose()?.with_context(|| format!("{} is empty", args.file.display()))?;
-    let header = ArchiveHeader::parse(&first).map_err(anyhow::Error::msg).with_context(|| format!("{} line 1", args.file.display()))?;
+    let first = lines
+        .next()
+        .transpose()?
+        .with_context(|| format!("{} is empty", args.file.display()))?;
+    let header = ArchiveHeader::parse(&first)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("{} line 1", args.file.display()))?;
     let (log, _) = args.store.open().await?;
     let (mut created, mut present) = (0usize, 0usize);
     for (i, line) in lines.enumerate() {
         let number = i + 2;
-        let line = line.with_context(|| format!("reading {} line {number}", args.file.display()))?;
+        let line =
+            line.with_context(|| format!("reading {} line {number}", args.file.display()))?;
         if line.trim().is_empty() {
             continue;
         }
-        let record: RunRecord = serde_json::from_str(&line).with_context(|| format!("{} line {number} is not a run record", args.file.display()))?;
+        let record: RunRecord = serde_json::from_str(&line).with_context(|| {
+            format!("{} line {number} is not a run record", args.file.display())
+        })?;
         match log.import_run(&record).await {
             Ok(Imported::Created) => created += 1,
             Ok(Imported::AlreadyPresent) => present += 1,
-            Err(e) => bail!("{} line {number} (run {}): {e}; {created} run(s) imported before it", args.file.display(), record.run_id),
+            Err(e) => bail!(
+                "{} line {number} (run {}): {e}; {created} run(s) imported before it",
+                args.file.display(),
+                record.run_id
+            ),
         }
     }
-    eprintln!("imported {created} run(s) from {} ({present} already present)", header.source);
+    eprintln!(
+        "imported {created} run(s) from {} ({present} already present)",
+        header.source
+    );
     Ok(())
 }

@@ -34,7 +34,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, ValueEnum};
-use glia_proto::{ApprovalStatus, Event, EventKind, Limit, Outcome, PauseReason, PullPoint, RunConfig, RunState};
+use glia_proto::{
+    ApprovalStatus, Event, EventKind, Limit, Outcome, PauseReason, PullPoint, RunConfig, RunState,
+};
 use glia_replay::{Conversation, CustomerMove, Recording};
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::{Client, Method};
@@ -235,24 +237,56 @@ struct ItemRow {
 /// failed, an item ended without a run (refused, expired, cancelled), or the
 /// batch stopped at its spend cap with conversations not started.
 pub async fn batch(args: BatchArgs) -> Result<()> {
-    let Some(file) = args.file.clone() else { bail!("give a recording to replay, or a subcommand (glia batch --help)") };
-    let tools = args.tools.clone().unwrap_or_else(|| file.with_file_name(glia_replay::tau::TOOLS));
+    let Some(file) = args.file.clone() else {
+        bail!("give a recording to replay, or a subcommand (glia batch --help)")
+    };
+    let tools = args
+        .tools
+        .clone()
+        .unwrap_or_else(|| file.with_file_name(glia_replay::tau::TOOLS));
     let recording = glia_replay::tau::load(&file, &tools)?;
     if recording.conversations().is_empty() || args.limit == Some(0) {
         bail!("{} holds no conversations to replay", file.display());
     }
     let (server, _fleet) = match &args.server {
-        Some(url) => (Server { server: url.clone(), token: args.token.clone(), max_outage_secs: args.max_outage_secs }, None),
+        Some(url) => (
+            Server {
+                server: url.clone(),
+                token: args.token.clone(),
+                max_outage_secs: args.max_outage_secs,
+            },
+            None,
+        ),
         None => {
-            let mcp = args.mcp_server.as_deref().map(|name| (name, file.as_path(), tools.as_path()));
-            let fleet = crate::fleet::Embedded::start(&recording, args.workers, args.concurrency, args.data.as_deref(), mcp).await?;
-            (Server { server: fleet.url.clone(), token: None, max_outage_secs: args.max_outage_secs }, Some(fleet))
+            let mcp = args
+                .mcp_server
+                .as_deref()
+                .map(|name| (name, file.as_path(), tools.as_path()));
+            let fleet = crate::fleet::Embedded::start(
+                &recording,
+                args.workers,
+                args.concurrency,
+                args.data.as_deref(),
+                mcp,
+            )
+            .await?;
+            (
+                Server {
+                    server: fleet.url.clone(),
+                    token: None,
+                    max_outage_secs: args.max_outage_secs,
+                },
+                Some(fleet),
+            )
         }
     };
     // On a named data file the batch is the same batch every time, so a
     // second invocation finds the batch of the first (its idempotency key).
     let key = match &args.data {
-        Some(_) => format!("glia-tau:{}", stable_batch_id(&file, &tools, args.limit, args.mcp_server.as_deref())?),
+        Some(_) => format!(
+            "glia-tau:{}",
+            stable_batch_id(&file, &tools, args.limit, args.mcp_server.as_deref())?
+        ),
         None => format!("glia-tau:{}", Uuid::now_v7()),
     };
     let summary = drive(&server, &recording, &args, &key).await?;
@@ -263,14 +297,22 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
         print_table(&summary);
     }
     if diverged + failed > 0 {
-        bail!("{diverged} run(s) diverged and {failed} failed of {}", summary.runs);
+        bail!(
+            "{diverged} run(s) diverged and {failed} failed of {}",
+            summary.runs
+        );
     }
     Ok(())
 }
 
 /// The stable id of a recording (trajectories, tools, limit): the first 16
 /// bytes of their SHA-256, as a custom (version 8) UUID.
-fn stable_batch_id(file: &std::path::Path, tools: &std::path::Path, limit: Option<usize>, mcp_server: Option<&str>) -> Result<Uuid> {
+fn stable_batch_id(
+    file: &std::path::Path,
+    tools: &std::path::Path,
+    limit: Option<usize>,
+    mcp_server: Option<&str>,
+) -> Result<Uuid> {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new();
     for path in [file, tools] {
@@ -286,14 +328,42 @@ fn stable_batch_id(file: &std::path::Path, tools: &std::path::Path, limit: Optio
     Ok(uuid::Builder::from_custom_bytes(bytes).into_uuid())
 }
 
-async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, key: &str) -> Result<Summary> {
+async fn drive(
+    server: &Server,
+    recording: &Recording,
+    args: &BatchArgs,
+    key: &str,
+) -> Result<Summary> {
     let client = crate::client::http_client()?;
-    let conversations: Vec<Arc<Conversation>> = recording.conversations().iter().take(args.limit.unwrap_or(usize::MAX)).cloned().collect();
+    let conversations: Vec<Arc<Conversation>> = recording
+        .conversations()
+        .iter()
+        .take(args.limit.unwrap_or(usize::MAX))
+        .cloned()
+        .collect();
     let started = Instant::now();
     let bar = ProgressBar::new(conversations.len() as u64);
-    bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs done  {msg}")?.progress_chars("=> "));
-    let mut items = Items { waiting: conversations.iter().map(|c| (c.id.clone(), c.clone())).collect(), ..Items::default() };
-    let batch_id = match submit(&client, server, recording, &conversations, key, args.mcp_server.as_deref()).await {
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs done  {msg}")?
+            .progress_chars("=> "),
+    );
+    let mut items = Items {
+        waiting: conversations
+            .iter()
+            .map(|c| (c.id.clone(), c.clone()))
+            .collect(),
+        ..Items::default()
+    };
+    let batch_id = match submit(
+        &client,
+        server,
+        recording,
+        &conversations,
+        key,
+        args.mcp_server.as_deref(),
+    )
+    .await
+    {
         Ok(id) => id,
         Err(e) => {
             bar.abandon();
@@ -315,7 +385,14 @@ async fn drive(server: &Server, recording: &Recording, args: &BatchArgs, key: &s
 /// fields in which conversations' configurations differ). Retried through
 /// an outage; the idempotency key `key` makes a repeat answer the batch
 /// first stored.
-async fn submit(client: &Client, server: &Server, recording: &Recording, conversations: &[Arc<Conversation>], key: &str, mcp_server: Option<&str>) -> Result<Uuid> {
+async fn submit(
+    client: &Client,
+    server: &Server,
+    recording: &Recording,
+    conversations: &[Arc<Conversation>],
+    key: &str,
+    mcp_server: Option<&str>,
+) -> Result<Uuid> {
     let config_of = |c: &Conversation| match mcp_server {
         Some(name) => recording.mcp_run_config(c, name),
         None => recording.run_config(c),
@@ -325,31 +402,66 @@ async fn submit(client: &Client, server: &Server, recording: &Recording, convers
     upload.push(b'\n');
     for c in conversations {
         let config = config_of(c);
-        assert_eq!(RunConfig { model: base.model.clone(), system: base.system.clone(), ..config.clone() }, base, "conversation {} differs from the batch's config in more than its model and system prompt", c.id);
-        serde_json::to_writer(&mut upload, &json!({ "custom_id": c.id, "goal": c.goal(), "config": { "model": config.model, "system": config.system } }))?;
+        assert_eq!(
+            RunConfig {
+                model: base.model.clone(),
+                system: base.system.clone(),
+                ..config.clone()
+            },
+            base,
+            "conversation {} differs from the batch's config in more than its model and system prompt",
+            c.id
+        );
+        serde_json::to_writer(
+            &mut upload,
+            &json!({ "custom_id": c.id, "goal": c.goal(), "config": { "model": config.model, "system": config.system } }),
+        )?;
         upload.push(b'\n');
     }
     let upload = bytes::Bytes::from(upload);
     let (status, body) = server
         .retrying(Instant::now(), || {
-            let req = server.request(client, Method::POST, "/v1/batches").header("content-type", "application/jsonl").header("idempotency-key", key).body(upload.clone());
+            let req = server
+                .request(client, Method::POST, "/v1/batches")
+                .header("content-type", "application/jsonl")
+                .header("idempotency-key", key)
+                .body(upload.clone());
             server.bytes_once(req)
         })
         .await
         .context("submitting the batch")?;
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let batch = Answer { status, body, attempts: 1 }.checked().context("submitting the batch")?;
+    let batch = Answer {
+        status,
+        body,
+        attempts: 1,
+    }
+    .checked()
+    .context("submitting the batch")?;
     serde_json::from_value(batch["id"].clone()).context("the dispatcher's answer has no batch id")
 }
 
 /// The batch's results (`GET /v1/batches/{id}/results`), one row per item.
 async fn results(client: &Client, server: &Server, batch_id: Uuid) -> Result<Vec<ItemRow>> {
     let path = format!("/v1/batches/{batch_id}/results");
-    let (status, body) = server.retrying(Instant::now(), || server.bytes_once(server.request(client, Method::GET, &path))).await?;
+    let (status, body) = server
+        .retrying(Instant::now(), || {
+            server.bytes_once(server.request(client, Method::GET, &path))
+        })
+        .await?;
     if !status.is_success() {
-        Answer { status, body: serde_json::from_slice(&body).unwrap_or(Value::Null), attempts: 1 }.checked().with_context(|| format!("reading {path}"))?;
+        Answer {
+            status,
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            attempts: 1,
+        }
+        .checked()
+        .with_context(|| format!("reading {path}"))?;
     }
-    body.split(|&b| b == b'\n').filter(|line| !line.is_empty()).map(|line| serde_json::from_slice(line).with_context(|| format!("a line of {path}"))).collect()
+    body.split(|&b| b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(|line| serde_json::from_slice(line).with_context(|| format!("a line of {path}")))
+        .collect()
 }
 
 /// The error that ends a batch early, and, when the dispatcher could not be
@@ -361,7 +473,11 @@ fn stranded(e: anyhow::Error, items: &Items, unsubmitted: bool) -> anyhow::Error
     if !e.chain().any(|c| c.is::<Unreachable>()) {
         return e;
     }
-    let mut open: Vec<(&Uuid, &Tracked)> = items.runs.iter().filter(|(_, t)| t.verdict.is_none()).collect();
+    let mut open: Vec<(&Uuid, &Tracked)> = items
+        .runs
+        .iter()
+        .filter(|(_, t)| t.verdict.is_none())
+        .collect();
     open.sort_by_key(|(id, _)| **id);
     let mut text = format!("{} run(s) still unfinished", open.len());
     match items.waiting.len() {
@@ -370,7 +486,10 @@ fn stranded(e: anyhow::Error, items: &Items, unsubmitted: bool) -> anyhow::Error
         n => text.push_str(&format!(" and {n} conversation(s) not started yet")),
     }
     if !open.is_empty() {
-        let list: Vec<String> = open.iter().map(|(id, t)| format!("{id} (conversation {})", t.conversation.id)).collect();
+        let list: Vec<String> = open
+            .iter()
+            .map(|(id, t)| format!("{id} (conversation {})", t.conversation.id))
+            .collect();
         text.push_str(&format!(": {}", list.join(", ")));
     }
     e.context(text)
@@ -378,8 +497,19 @@ fn stranded(e: anyhow::Error, items: &Items, unsubmitted: bool) -> anyhow::Error
 
 /// Learn each item's run, then catch up with, answer and judge every run,
 /// until every item is judged.
-async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Items, args: &BatchArgs, bar: &ProgressBar, started: Instant) -> Result<Summary> {
-    let mut summary = Summary { runs: items.waiting.len() + items.runs.len(), ..Summary::default() };
+async fn poll(
+    client: &Client,
+    server: &Server,
+    batch_id: Uuid,
+    items: &mut Items,
+    args: &BatchArgs,
+    bar: &ProgressBar,
+    started: Instant,
+) -> Result<Summary> {
+    let mut summary = Summary {
+        runs: items.waiting.len() + items.runs.len(),
+        ..Summary::default()
+    };
     let mut latencies_ms: Vec<f64> = Vec::new();
     let delay = Duration::from_millis(args.approve_delay_ms);
     let mut idle = Duration::from_millis(1);
@@ -391,16 +521,25 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Item
         //    batch's results (read when an unknown run shows up, and each
         //    second while items wait, to see those finished without a run).
         let unknown = rows.iter().any(|r| !items.runs.contains_key(&r.run_id));
-        if !items.waiting.is_empty() && (unknown || results_read.is_none_or(|at| at.elapsed() >= Duration::from_secs(1))) {
+        if !items.waiting.is_empty()
+            && (unknown || results_read.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)))
+        {
             for row in results(client, server, batch_id).await? {
-                let Some(conversation) = items.waiting.remove(&row.custom_id) else { continue };
+                let Some(conversation) = items.waiting.remove(&row.custom_id) else {
+                    continue;
+                };
                 match row.run_id {
                     Some(run_id) => {
-                        items.runs.insert(run_id, Tracked::new(run_id, conversation));
+                        items
+                            .runs
+                            .insert(run_id, Tracked::new(run_id, conversation));
                         progressed = true;
                     }
                     None if matches!(row.status.as_str(), "failed" | "cancelled" | "expired") => {
-                        items.not_run.push((conversation, format!("{}: {}", row.status, row.error.unwrap_or_default())));
+                        items.not_run.push((
+                            conversation,
+                            format!("{}: {}", row.status, row.error.unwrap_or_default()),
+                        ));
                         bar.inc(1);
                     }
                     None => {
@@ -413,16 +552,24 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Item
             // them again by itself; the driver ends (non-zero) instead of
             // waiting, naming what was not started.
             if !items.waiting.is_empty() {
-                let view = server.get(client, &format!("/v1/batches/{batch_id}")).await?;
+                let view = server
+                    .get(client, &format!("/v1/batches/{batch_id}"))
+                    .await?;
                 if view["cap_reached"] == true && view["status"] != "active" {
-                    bail!("batch {batch_id} stopped at its spend cap ({}) with {} conversation(s) not started", view["status"].as_str().unwrap_or("?"), items.waiting.len());
+                    bail!(
+                        "batch {batch_id} stopped at its spend cap ({}) with {} conversation(s) not started",
+                        view["status"].as_str().unwrap_or("?"),
+                        items.waiting.len()
+                    );
                 }
             }
         }
         let runs = &mut items.runs;
         // 2. Catch up with every run that moved.
         for row in rows {
-            let Some(t) = runs.get_mut(&row.run_id) else { continue };
+            let Some(t) = runs.get_mut(&row.run_id) else {
+                continue;
+            };
             if row.head_seq <= t.state.head_seq {
                 continue;
             }
@@ -435,19 +582,31 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Item
                         t.interrupted_model_calls = t.interrupted_model_calls.saturating_sub(1);
                     }
                     EventKind::ToolCall(_) => summary.tool_calls += 1,
-                    EventKind::ToolResult { .. } | EventKind::ToolError { .. } => summary.tool_results += 1,
-                    EventKind::ApprovalRequested { interrupted: true, .. } => summary.interrupted_approvals += 1,
+                    EventKind::ToolResult { .. } | EventKind::ToolError { .. } => {
+                        summary.tool_results += 1
+                    }
+                    EventKind::ApprovalRequested {
+                        interrupted: true, ..
+                    } => summary.interrupted_approvals += 1,
                     EventKind::InputReceived { .. } => summary.customer_turns += 1,
                     EventKind::ApprovalResolved { call_id, .. } => {
                         summary.approvals += 1;
-                        let request = t.state.call(call_id).and_then(|c| c.requested_seq).unwrap_or(0);
+                        let request = t
+                            .state
+                            .call(call_id)
+                            .and_then(|c| c.requested_seq)
+                            .unwrap_or(0);
                         if let Some(posted) = t.posted.remove(&format!("{call_id}@{request}")) {
-                            latencies_ms.push((event.at - posted).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+                            latencies_ms.push(
+                                (event.at - posted).num_microseconds().unwrap_or(0) as f64 / 1000.0,
+                            );
                         }
                     }
                     _ => {}
                 }
-                t.state.apply(&event).with_context(|| format!("run {}: event {} does not apply", row.run_id, event.seq))?;
+                t.state.apply(&event).with_context(|| {
+                    format!("run {}: event {} does not apply", row.run_id, event.seq)
+                })?;
             }
         }
         // 3. Answer every run that waits for the driver.
@@ -464,15 +623,24 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Item
                 done += 1;
                 continue;
             }
-            pending_approvals += t.state.batch.iter().filter(|c| c.approval == ApprovalStatus::Requested).count();
+            pending_approvals += t
+                .state
+                .batch
+                .iter()
+                .filter(|c| c.approval == ApprovalStatus::Requested)
+                .count();
             if t.acted_at == t.state.head_seq {
                 continue;
             }
             match t.state.parked.clone() {
-                Some(PullPoint::AwaitingApproval { call_ids }) if args.approve == ApproveMode::Auto => {
+                Some(PullPoint::AwaitingApproval { call_ids })
+                    if args.approve == ApproveMode::Auto =>
+                {
                     let mut all = true;
                     for call_id in call_ids {
-                        let Some(call) = t.state.call(&call_id) else { continue };
+                        let Some(call) = t.state.call(&call_id) else {
+                            continue;
+                        };
                         // One approval request of the call (a crash may ask again).
                         let key = format!("{call_id}@{}", call.requested_seq.unwrap_or(0));
                         let first_seen = *t.seen.entry(key.clone()).or_insert_with(Instant::now);
@@ -486,7 +654,9 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Item
                         t.posted.insert(key, Utc::now());
                         let body = json!({ "decision": "approve", "args_hash": call.args_hash });
                         let path = format!("/v1/runs/{id}/approvals/{call_id}");
-                        post(client, server, *id, None, &path, &body).await.with_context(|| format!("approving {call_id} of run {id}"))?;
+                        post(client, server, *id, None, &path, &body)
+                            .await
+                            .with_context(|| format!("approving {call_id} of run {id}"))?;
                         progressed = true;
                     }
                     if all {
@@ -495,32 +665,77 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Item
                 }
                 // Out of turns only because crashed calls were made again:
                 // give those turns back, as an operator would.
-                Some(PullPoint::Paused { reason: PauseReason::Budget { limit: Limit::Turns } }) if t.interrupted_model_calls > t.turns_extended => {
+                Some(PullPoint::Paused {
+                    reason:
+                        PauseReason::Budget {
+                            limit: Limit::Turns,
+                        },
+                }) if t.interrupted_model_calls > t.turns_extended => {
                     let extra = t.interrupted_model_calls - t.turns_extended;
                     let body = json!({ "extend": { "max_turns": extra } });
-                    post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/resume"), &body).await.with_context(|| format!("extending run {id}"))?;
+                    post(
+                        client,
+                        server,
+                        *id,
+                        Some(t.state.head_seq),
+                        &format!("/v1/runs/{id}/resume"),
+                        &body,
+                    )
+                    .await
+                    .with_context(|| format!("extending run {id}"))?;
                     t.turns_extended += extra;
                     summary.turns_given_back += extra as usize;
                     t.acted_at = t.state.head_seq;
                     progressed = true;
                 }
-                Some(PullPoint::AwaitingInput | PullPoint::Paused { reason: PauseReason::Budget { .. } }) => {
+                Some(
+                    PullPoint::AwaitingInput
+                    | PullPoint::Paused {
+                        reason: PauseReason::Budget { .. },
+                    },
+                ) => {
                     let (path, body) = match t.conversation.customer_move(&t.state.messages) {
                         // `head_seq`: a post whose earlier attempt (before a
                         // restart of this driver or of the node) landed and
                         // was taken is refused, never taken as the next message.
-                        CustomerMove::Say(text) => ("messages", json!({ "text": text, "head_seq": t.state.head_seq })),
-                        CustomerMove::Close(Some(text)) => ("close", json!({ "text": text, "head_seq": t.state.head_seq })),
-                        CustomerMove::Close(None) => ("close", json!({ "head_seq": t.state.head_seq })),
+                        CustomerMove::Say(text) => (
+                            "messages",
+                            json!({ "text": text, "head_seq": t.state.head_seq }),
+                        ),
+                        CustomerMove::Close(Some(text)) => (
+                            "close",
+                            json!({ "text": text, "head_seq": t.state.head_seq }),
+                        ),
+                        CustomerMove::Close(None) => {
+                            ("close", json!({ "head_seq": t.state.head_seq }))
+                        }
                         CustomerMove::Diverged(why) => {
                             t.verdict = Some(Verdict::Diverged(why.clone()));
                             bar.inc(1);
                             let cancel = json!({ "reason": format!("replay diverged: {why}") });
-                            post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/cancel"), &cancel).await.with_context(|| format!("cancelling run {id}"))?;
+                            post(
+                                client,
+                                server,
+                                *id,
+                                Some(t.state.head_seq),
+                                &format!("/v1/runs/{id}/cancel"),
+                                &cancel,
+                            )
+                            .await
+                            .with_context(|| format!("cancelling run {id}"))?;
                             continue;
                         }
                     };
-                    post(client, server, *id, Some(t.state.head_seq), &format!("/v1/runs/{id}/{path}"), &body).await.with_context(|| format!("posting to run {id}"))?;
+                    post(
+                        client,
+                        server,
+                        *id,
+                        Some(t.state.head_seq),
+                        &format!("/v1/runs/{id}/{path}"),
+                        &body,
+                    )
+                    .await
+                    .with_context(|| format!("posting to run {id}"))?;
                     t.acted_at = t.state.head_seq;
                     progressed = true;
                 }
@@ -529,19 +744,27 @@ async fn poll(client: &Client, server: &Server, batch_id: Uuid, items: &mut Item
         }
         let secs = started.elapsed().as_secs_f64().max(1e-9);
         let steps = summary.model_calls + summary.tool_results;
-        bar.set_message(format!("{:.0} steps/s  approvals pending: {pending_approvals}", steps as f64 / secs));
+        bar.set_message(format!(
+            "{:.0} steps/s  approvals pending: {pending_approvals}",
+            steps as f64 / secs
+        ));
         if done == runs.len() && items.waiting.is_empty() {
             break;
         }
         // Poll fast while runs move, back off to 50 ms while they wait.
-        idle = if progressed { Duration::from_millis(1) } else { (idle * 2).min(Duration::from_millis(50)) };
+        idle = if progressed {
+            Duration::from_millis(1)
+        } else {
+            (idle * 2).min(Duration::from_millis(50))
+        };
         if !progressed {
             tokio::time::sleep(idle).await;
         }
     }
     bar.finish();
     summary.wall_s = started.elapsed().as_secs_f64();
-    summary.steps_per_s = (summary.model_calls + summary.tool_results) as f64 / summary.wall_s.max(1e-9);
+    summary.steps_per_s =
+        (summary.model_calls + summary.tool_results) as f64 / summary.wall_s.max(1e-9);
     latencies_ms.sort_by(f64::total_cmp);
     summary.approval_resume_p50_ms = percentile(&latencies_ms, 0.50);
     summary.approval_resume_p99_ms = percentile(&latencies_ms, 0.99);
@@ -582,7 +805,9 @@ fn judge(t: &Tracked) -> Option<Verdict> {
             Ok(()) => Verdict::Reproduced,
             Err(why) => Verdict::Diverged(why),
         }),
-        Outcome::Failed { error } if error.contains("replay diverged") => Some(Verdict::Diverged(error.clone())),
+        Outcome::Failed { error } if error.contains("replay diverged") => {
+            Some(Verdict::Diverged(error.clone()))
+        }
         Outcome::Failed { error } => Some(Verdict::Failed(error.clone())),
         Outcome::Cancelled { reason } => Some(Verdict::Failed(format!("cancelled: {reason}"))),
     }
@@ -599,25 +824,49 @@ fn judge(t: &Tracked) -> Option<Verdict> {
 /// is not an error here: someone else (a person, the reconciler, a finished
 /// run, or this post's own earlier attempt still pending) acted first, and
 /// the run's events will tell the driver what happened.
-async fn post(client: &Client, server: &Server, run_id: Uuid, head: Option<u64>, path: &str, body: &serde_json::Value) -> Result<()> {
+async fn post(
+    client: &Client,
+    server: &Server,
+    run_id: Uuid,
+    head: Option<u64>,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<()> {
     let attempts = std::sync::atomic::AtomicU32::new(0);
     let answer = server
         .retrying(Instant::now(), || async {
             if let Some(head) = head
                 && attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0
             {
-                let (status, run) = server.send_once(client, Method::GET, &format!("/v1/runs/{run_id}"), None, &[]).await?;
+                let (status, run) = server
+                    .send_once(
+                        client,
+                        Method::GET,
+                        &format!("/v1/runs/{run_id}"),
+                        None,
+                        &[],
+                    )
+                    .await?;
                 if status.is_success() && run["head_seq"].as_u64().is_some_and(|h| h != head) {
                     return Ok(None);
                 }
             }
-            server.send_once(client, Method::POST, path, Some(body), &[]).await.map(Some)
+            server
+                .send_once(client, Method::POST, path, Some(body), &[])
+                .await
+                .map(Some)
         })
         .await?;
     match answer {
         None => Ok(()),
         Some((status, _)) if status == reqwest::StatusCode::CONFLICT => Ok(()),
-        Some((status, body)) => crate::client::Answer { status, body, attempts: 1 }.checked().map(|_| ()),
+        Some((status, body)) => crate::client::Answer {
+            status,
+            body,
+            attempts: 1,
+        }
+        .checked()
+        .map(|_| ()),
     }
 }
 
@@ -638,13 +887,21 @@ async fn list_batch(client: &Client, server: &Server, batch_id: Uuid) -> Result<
     }
 }
 
-async fn events_after(client: &Client, server: &Server, run_id: Uuid, after: u64) -> Result<Vec<Event>> {
+async fn events_after(
+    client: &Client,
+    server: &Server,
+    run_id: Uuid,
+    after: u64,
+) -> Result<Vec<Event>> {
     let mut events = Vec::new();
     let mut after = after;
     loop {
         let path = format!("/v1/runs/{run_id}/events?after={after}&limit=500");
-        let page: EventPage = serde_json::from_value::<EventPage>(server.get(client, &path).await?)?;
-        let Some(last) = page.events.last() else { return Ok(events) };
+        let page: EventPage =
+            serde_json::from_value::<EventPage>(server.get(client, &path).await?)?;
+        let Some(last) = page.events.last() else {
+            return Ok(events);
+        };
         after = last.seq;
         events.extend(page.events);
     }
@@ -681,4 +938,3 @@ fn print_table(s: &Summary) {
         println!("{k:<22} {v:>12}");
     }
 }
-

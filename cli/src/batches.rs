@@ -44,11 +44,15 @@ impl CapArgs {
             return Ok(None);
         }
         let usd_micros = match self.cap_usd {
-            Some(usd) if !usd.is_finite() || usd < 0.0 => bail!("--cap-usd must be a non-negative amount"),
+            Some(usd) if !usd.is_finite() || usd < 0.0 => {
+                bail!("--cap-usd must be a non-negative amount")
+            }
             Some(usd) => Some((usd * 1_000_000.0).round() as u64),
             None => None,
         };
-        Ok(Some(json!({"tokens": self.cap_tokens, "usd_micros": usd_micros})))
+        Ok(Some(
+            json!({"tokens": self.cap_tokens, "usd_micros": usd_micros}),
+        ))
     }
 }
 
@@ -144,11 +148,23 @@ pub async fn batch(cli: BatchCli) -> Result<()> {
 async fn command(cmd: BatchCommand) -> Result<()> {
     let client = http_client()?;
     match cmd {
-        BatchCommand::Submit { server, config, agent, items, max_in_flight, cap, completion_window_secs, idempotency_key, wait } => {
+        BatchCommand::Submit {
+            server,
+            config,
+            agent,
+            items,
+            max_in_flight,
+            cap,
+            completion_window_secs,
+            idempotency_key,
+            wait,
+        } => {
             let mut spec = json!({"options": {}});
             if let Some(path) = &config {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                spec["config"] = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                spec["config"] = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", path.display()))?;
             }
             if let Some(agent) = agent {
                 spec["agent"] = json!(agent);
@@ -162,7 +178,9 @@ async fn command(cmd: BatchCommand) -> Result<()> {
             if let Some(s) = completion_window_secs {
                 spec["options"]["completion_window_secs"] = json!(s);
             }
-            let file = tokio::fs::File::open(&items).await.with_context(|| format!("opening {}", items.display()))?;
+            let file = tokio::fs::File::open(&items)
+                .await
+                .with_context(|| format!("opening {}", items.display()))?;
             let key = idempotency_key.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
             let body = reqwest::Body::wrap_stream(upload(format!("{spec}\n"), file));
             let resp = server
@@ -175,19 +193,31 @@ async fn command(cmd: BatchCommand) -> Result<()> {
                 .await
                 .context("submitting the batch")?;
             let status = resp.status();
-            let created: Value = resp.json().await.context("reading the dispatcher's answer")?;
+            let created: Value = resp
+                .json()
+                .await
+                .context("reading the dispatcher's answer")?;
             if !status.is_success() {
                 let e = &created["error"];
                 let at = match (e["line"].as_u64(), e["field"].as_str()) {
                     // Line 1 of the upload is the spec this command sent; the file's lines follow.
                     (Some(1), _) => "the batch options: ".to_owned(),
-                    (Some(line), Some(field)) => format!("{} line {}, {field}: ", items.display(), line - 1),
+                    (Some(line), Some(field)) => {
+                        format!("{} line {}, {field}: ", items.display(), line - 1)
+                    }
                     (Some(line), None) => format!("{} line {}: ", items.display(), line - 1),
                     (None, _) => String::new(),
                 };
-                bail!("{status}: {at}{} ({})", e["message"].as_str().unwrap_or("?"), e["code"].as_str().unwrap_or("?"));
+                bail!(
+                    "{status}: {at}{} ({})",
+                    e["message"].as_str().unwrap_or("?"),
+                    e["code"].as_str().unwrap_or("?")
+                );
             }
-            let id = created["id"].as_str().context("the answer has no batch id")?.to_owned();
+            let id = created["id"]
+                .as_str()
+                .context("the answer has no batch id")?
+                .to_owned();
             println!("{id}");
             if wait {
                 watch(&server, &client, &id).await?;
@@ -202,7 +232,11 @@ async fn command(cmd: BatchCommand) -> Result<()> {
             }
         }
         BatchCommand::Results { server, id } => {
-            let resp = server.request(&client, Method::GET, &format!("/v1/batches/{id}/results")).timeout(Duration::from_secs(3600)).send().await?;
+            let resp = server
+                .request(&client, Method::GET, &format!("/v1/batches/{id}/results"))
+                .timeout(Duration::from_secs(3600))
+                .send()
+                .await?;
             if !resp.status().is_success() {
                 checked(resp).await?;
                 return Ok(());
@@ -214,8 +248,24 @@ async fn command(cmd: BatchCommand) -> Result<()> {
                 out.write_all(&chunk.context("reading the results")?)?;
             }
         }
-        BatchCommand::Cancel { server, id } => print_view(&server, &client, &format!("/v1/batches/{id}/cancel"), json!({})).await?,
-        BatchCommand::Pause { server, id } => print_view(&server, &client, &format!("/v1/batches/{id}/pause"), json!({})).await?,
+        BatchCommand::Cancel { server, id } => {
+            print_view(
+                &server,
+                &client,
+                &format!("/v1/batches/{id}/cancel"),
+                json!({}),
+            )
+            .await?
+        }
+        BatchCommand::Pause { server, id } => {
+            print_view(
+                &server,
+                &client,
+                &format!("/v1/batches/{id}/pause"),
+                json!({}),
+            )
+            .await?
+        }
         BatchCommand::Resume { server, id, cap } => {
             let body = match cap.body()? {
                 Some(c) => json!({"spend_cap": c}),
@@ -240,7 +290,10 @@ async fn command(cmd: BatchCommand) -> Result<()> {
 }
 
 /// The spec line, then the file's bytes as they are read.
-fn upload(first: String, file: tokio::fs::File) -> impl futures::Stream<Item = std::io::Result<Vec<u8>>> {
+fn upload(
+    first: String,
+    file: tokio::fs::File,
+) -> impl futures::Stream<Item = std::io::Result<Vec<u8>>> {
     let head = futures::stream::once(async move { Ok(first.into_bytes()) });
     let rest = futures::stream::unfold(Some(file), |file| async move {
         let mut file = file?;
@@ -257,8 +310,20 @@ fn upload(first: String, file: tokio::fs::File) -> impl futures::Stream<Item = s
     head.chain(rest)
 }
 
-async fn print_view(server: &Server, client: &reqwest::Client, path: &str, body: Value) -> Result<()> {
-    let view = checked(server.request(client, Method::POST, path).json(&body).send().await?).await?;
+async fn print_view(
+    server: &Server,
+    client: &reqwest::Client,
+    path: &str,
+    body: Value,
+) -> Result<()> {
+    let view = checked(
+        server
+            .request(client, Method::POST, path)
+            .json(&body)
+            .send()
+            .await?,
+    )
+    .await?;
     println!("{}", serde_json::to_string_pretty(&view)?);
     Ok(())
 }
@@ -272,15 +337,19 @@ async fn print_view(server: &Server, client: &reqwest::Client, path: &str, body:
 async fn watch(server: &Server, client: &reqwest::Client, id: &str) -> Result<()> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} done, ETA {eta}  {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} done, ETA {eta}  {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
     );
     loop {
         let v = server.get(client, &format!("/v1/batches/{id}")).await?;
         let c = &v["counts"];
         let n = |k: &str| c[k].as_u64().unwrap_or(0);
-        let parked: u64 = c["parked"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+        let parked: u64 = c["parked"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
         bar.set_length(v["total"].as_u64().unwrap_or(0));
         bar.set_position(n("succeeded") + n("failed") + n("cancelled") + n("expired"));
         let usd = v["spend"]["usd_micros"].as_u64().unwrap_or(0) as f64 / 1e6;
@@ -293,7 +362,11 @@ async fn watch(server: &Server, client: &reqwest::Client, id: &str) -> Result<()
             n("failed"),
             n("expired"),
             v["spend"]["tokens"].as_u64().unwrap_or(0),
-            if v["cap_reached"] == true { " (cap reached)" } else { "" }
+            if v["cap_reached"] == true {
+                " (cap reached)"
+            } else {
+                ""
+            }
         ));
         let status = v["status"].as_str().unwrap_or("?");
         let open = n("queued") + n("running") + parked;
@@ -316,17 +389,30 @@ async fn watch(server: &Server, client: &reqwest::Client, id: &str) -> Result<()
 pub fn verdict(v: &Value) -> Result<()> {
     let c = &v["counts"];
     let n = |k: &str| c[k].as_u64().unwrap_or(0);
-    let parked: u64 = c["parked"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+    let parked: u64 = c["parked"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
     let open = n("queued") + n("running") + parked;
     let mut why = Vec::new();
-    for (k, what) in [("failed", "failed"), ("expired", "expired"), ("cancelled", "were cancelled")] {
+    for (k, what) in [
+        ("failed", "failed"),
+        ("expired", "expired"),
+        ("cancelled", "were cancelled"),
+    ] {
         if n(k) > 0 {
             why.push(format!("{} item(s) {what}", n(k)));
         }
     }
     if open > 0 {
-        let stop = if v["cap_reached"] == true { "stopped at its spend cap" } else { "stopped" };
-        why.push(format!("{stop} ({}) with {open} item(s) not finished", v["status"].as_str().unwrap_or("?")));
+        let stop = if v["cap_reached"] == true {
+            "stopped at its spend cap"
+        } else {
+            "stopped"
+        };
+        why.push(format!(
+            "{stop} ({}) with {open} item(s) not finished",
+            v["status"].as_str().unwrap_or("?")
+        ));
     }
     if why.is_empty() && v["status"] == "completed" {
         return Ok(());
@@ -334,5 +420,9 @@ pub fn verdict(v: &Value) -> Result<()> {
     if why.is_empty() {
         why.push(format!("it is {}", v["status"].as_str().unwrap_or("?")));
     }
-    bail!("batch {}: {}", v["id"].as_str().unwrap_or("?"), why.join(", "))
+    bail!(
+        "batch {}: {}",
+        v["id"].as_str().unwrap_or("?"),
+        why.join(", ")
+    )
 }

@@ -161,21 +161,40 @@ impl Variant {
         match self {
             Variant::Transaction => CommitMode::Transaction,
             Variant::Statement => CommitMode::Statement,
-            Variant::GroupSerial | Variant::Group | Variant::GroupQueued | Variant::GroupFifo => CommitMode::Group,
+            Variant::GroupSerial | Variant::Group | Variant::GroupQueued | Variant::GroupFifo => {
+                CommitMode::Group
+            }
         }
     }
 
     /// A worker's event log options: its pool (`pool` connections; in a
     /// transaction, one per run in flight, so no commit waits for one) and
     /// how it commits.
-    fn worker_log(self, urls: &Urls, concurrency: usize, pool: usize) -> glia_backends::postgres::PgOptions {
-        let max_connections = if self == Variant::Transaction { concurrency.max(1) } else { pool.max(1) };
-        glia_backends::postgres::PgOptions { max_connections, commit_mode: self.commit_mode(), group_lanes: urls.group_lanes.into(), ..Default::default() }
+    fn worker_log(
+        self,
+        urls: &Urls,
+        concurrency: usize,
+        pool: usize,
+    ) -> glia_backends::postgres::PgOptions {
+        let max_connections = if self == Variant::Transaction {
+            concurrency.max(1)
+        } else {
+            pool.max(1)
+        };
+        glia_backends::postgres::PgOptions {
+            max_connections,
+            commit_mode: self.commit_mode(),
+            group_lanes: urls.group_lanes.into(),
+            ..Default::default()
+        }
     }
 
     /// The cancel flag is read after each commit returns.
     fn serial_cancel_check(self) -> bool {
-        matches!(self, Variant::Transaction | Variant::Statement | Variant::GroupSerial)
+        matches!(
+            self,
+            Variant::Transaction | Variant::Statement | Variant::GroupSerial
+        )
     }
 }
 
@@ -187,7 +206,12 @@ struct Fifo(Arc<dyn JobQueue>);
 #[async_trait]
 impl JobQueue for Fifo {
     async fn publish(&self, job: &glia_backends::Job) -> Result<(), glia_backends::QueueError> {
-        self.0.publish(&glia_backends::Job { resume: false, ..*job }).await
+        self.0
+            .publish(&glia_backends::Job {
+                resume: false,
+                ..*job
+            })
+            .await
     }
     async fn next(&self) -> Result<glia_backends::Delivery, glia_backends::QueueError> {
         self.0.next().await
@@ -237,7 +261,9 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Steps(args) => match args.target {
             Target::Fleet => one_or_all(steps(&args, Target::Fleet).await?)?,
             Target::Sqlite => one_or_all(steps(&args, Target::Sqlite).await?)?,
-            Target::Both => json!({ "fleet": one_or_all(steps(&args, Target::Fleet).await?)?, "sqlite": one_or_all(steps(&args, Target::Sqlite).await?)? }),
+            Target::Both => {
+                json!({ "fleet": one_or_all(steps(&args, Target::Fleet).await?)?, "sqlite": one_or_all(steps(&args, Target::Sqlite).await?)? })
+            }
         },
         BenchCommand::Growth(args) => serde_json::to_value(growth(&args).await?)?,
         BenchCommand::Memory(args) => serde_json::to_value(memory(&args).await?)?,
@@ -249,12 +275,18 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
 
 /// One variant's result as it is; several as a list.
 fn one_or_all(mut results: Vec<StepsResult>) -> Result<Value> {
-    Ok(if results.len() == 1 { serde_json::to_value(results.remove(0))? } else { serde_json::to_value(results)? })
+    Ok(if results.len() == 1 {
+        serde_json::to_value(results.remove(0))?
+    } else {
+        serde_json::to_value(results)?
+    })
 }
 
 /// A database of its own on the server of `url`, dropped with the value.
 async fn private_db(url: &str) -> Result<TestDb> {
-    let admin: tokio_postgres::Config = url.parse().with_context(|| format!("parsing the database URL {url}"))?;
+    let admin: tokio_postgres::Config = url
+        .parse()
+        .with_context(|| format!("parsing the database URL {url}"))?;
     Ok(TestDb::on(admin).await)
 }
 
@@ -327,7 +359,10 @@ pub struct StepsResult {
 /// calls, a final answer.
 fn step_script(turns: usize) -> Vec<ScriptedTurn> {
     let mut script = vec![ScriptedTurn::call("get_order", json!({ "order_id": "A1" }))];
-    script.extend((1..turns).map(|i| ScriptedTurn::call("calculator", json!({ "op": "add", "a": i, "b": 1 }))));
+    script.extend(
+        (1..turns)
+            .map(|i| ScriptedTurn::call("calculator", json!({ "op": "add", "a": i, "b": 1 }))),
+    );
     script.push(ScriptedTurn::text("done"));
     script
 }
@@ -335,7 +370,11 @@ fn step_script(turns: usize) -> Vec<ScriptedTurn> {
 fn step_config(model: &str, turns: usize) -> RunConfig {
     RunConfig {
         model: model.into(),
-        policies: vec![Policy { tool: "get_order".into(), args: None, action: PolicyAction::RequireApproval }],
+        policies: vec![Policy {
+            tool: "get_order".into(),
+            args: None,
+            action: PolicyAction::RequireApproval,
+        }],
         max_model_calls_per_turn: u32::try_from(turns + 2).unwrap_or(u32::MAX),
         ..RunConfig::default()
     }
@@ -344,7 +383,12 @@ fn step_config(model: &str, turns: usize) -> RunConfig {
 /// Where a round's runs are kept.
 enum BenchStore {
     /// The fleet's services: a private database, queue and key prefix.
-    Fleet { db: TestDb, sql: tokio_postgres::Client, queue_name: String, amqp_url: String },
+    Fleet {
+        db: TestDb,
+        sql: tokio_postgres::Client,
+        queue_name: String,
+        amqp_url: String,
+    },
     /// The single node: a SQLite file in a temporary directory.
     Sqlite { dir: TempDir },
 }
@@ -359,8 +403,23 @@ struct BenchFleet {
 impl BenchFleet {
     /// On the services: private database, queue and key prefix; each worker
     /// with its own connections.
-    async fn start(urls: &Urls, agent: Arc<Agent>, workers: usize, concurrency: usize) -> Result<BenchFleet> {
-        BenchFleet::start_with(urls, agent, workers, concurrency, None, Variant::Group, concurrency, 1).await
+    async fn start(
+        urls: &Urls,
+        agent: Arc<Agent>,
+        workers: usize,
+        concurrency: usize,
+    ) -> Result<BenchFleet> {
+        BenchFleet::start_with(
+            urls,
+            agent,
+            workers,
+            concurrency,
+            None,
+            Variant::Group,
+            concurrency,
+            1,
+        )
+        .await
     }
 
     /// [`BenchFleet::start`] with one bearer token (`TOKEN:TENANT:SCOPES[:NAME]`),
@@ -381,19 +440,40 @@ impl BenchFleet {
         let (stop, shutdown) = watch::channel(false);
         let fifo = variant == Variant::GroupFifo;
         let ports = |log: glia_backends::postgres::PgLog| {
-            let (amqp, redis, queue, prefix) = (urls.amqp_url.clone(), urls.redis_url.clone(), name.clone(), name.clone());
+            let (amqp, redis, queue, prefix) = (
+                urls.amqp_url.clone(),
+                urls.redis_url.clone(),
+                name.clone(),
+                name.clone(),
+            );
             async move {
-                let queue: Arc<dyn JobQueue> = Arc::new(RabbitQueue::connect(&amqp, QueueOptions::new(queue)).await.context("connecting to RabbitMQ")?);
+                let queue: Arc<dyn JobQueue> = Arc::new(
+                    RabbitQueue::connect(&amqp, QueueOptions::new(queue))
+                        .await
+                        .context("connecting to RabbitMQ")?,
+                );
                 let queue = if fifo { Arc::new(Fifo(queue)) } else { queue };
-                let ledger = RedisLedger::connect(&redis, &prefix).await.context("connecting to Redis")?;
-                anyhow::Ok((Arc::new(log) as Arc<dyn EventLog>, queue, Arc::new(ledger) as Arc<dyn glia_backends::Ledger>))
+                let ledger = RedisLedger::connect(&redis, &prefix)
+                    .await
+                    .context("connecting to Redis")?;
+                anyhow::Ok((
+                    Arc::new(log) as Arc<dyn EventLog>,
+                    queue,
+                    Arc::new(ledger) as Arc<dyn glia_backends::Ledger>,
+                ))
             }
         };
         let (log, queue, ledger) = ports(db.log().await).await?;
         let server = serve(log, queue, ledger, token, shutdown.clone()).await?;
         for n in 0..workers {
-            let log = db.log_with(variant.worker_log(urls, concurrency, pool)).await;
-            let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
+            let log = db
+                .log_with(variant.worker_log(urls, concurrency, pool))
+                .await;
+            let options = WorkerOptions {
+                id: format!("bench-{n}"),
+                concurrency,
+                lease_ttl: Duration::from_secs(30),
+            };
             let hints = (variant == Variant::Group).then(|| log.resume_hints(&options.id));
             let (log, queue, ledger) = ports(log).await?;
             let mut worker = Worker::new(agent.clone(), log, queue, ledger, options)
@@ -405,27 +485,69 @@ impl BenchFleet {
             tokio::spawn(Arc::new(worker).run(shutdown.clone()));
         }
         let sql = db.sql().await;
-        Ok(BenchFleet { store: BenchStore::Fleet { db, sql, queue_name: name, amqp_url: urls.amqp_url.clone() }, server, stop })
+        Ok(BenchFleet {
+            store: BenchStore::Fleet {
+                db,
+                sql,
+                queue_name: name,
+                amqp_url: urls.amqp_url.clone(),
+            },
+            server,
+            stop,
+        })
     }
 
     /// The single node: dispatcher and workers on one SQLite file (as
     /// `glia serve` runs them).
-    async fn start_sqlite(agent: Arc<Agent>, workers: usize, concurrency: usize) -> Result<BenchFleet> {
+    async fn start_sqlite(
+        agent: Arc<Agent>,
+        workers: usize,
+        concurrency: usize,
+    ) -> Result<BenchFleet> {
         let dir = TempDir::new();
         let ports = crate::fleet::Ports::sqlite(&dir.db()).await?;
         let (stop, shutdown) = watch::channel(false);
-        let server = serve(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), None, shutdown.clone()).await?;
+        let server = serve(
+            ports.log.clone(),
+            ports.queue.clone(),
+            ports.ledger.clone(),
+            None,
+            shutdown.clone(),
+        )
+        .await?;
         for n in 0..workers {
-            let options = WorkerOptions { id: format!("bench-{n}"), concurrency, lease_ttl: Duration::from_secs(30) };
-            tokio::spawn(Arc::new(Worker::new(agent.clone(), ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), options)).run(shutdown.clone()));
+            let options = WorkerOptions {
+                id: format!("bench-{n}"),
+                concurrency,
+                lease_ttl: Duration::from_secs(30),
+            };
+            tokio::spawn(
+                Arc::new(Worker::new(
+                    agent.clone(),
+                    ports.log.clone(),
+                    ports.queue.clone(),
+                    ports.ledger.clone(),
+                    options,
+                ))
+                .run(shutdown.clone()),
+            );
         }
-        Ok(BenchFleet { store: BenchStore::Sqlite { dir }, server, stop })
+        Ok(BenchFleet {
+            store: BenchStore::Sqlite { dir },
+            server,
+            stop,
+        })
     }
 
     async fn stop(self) {
         let _ = self.stop.send(true);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if let BenchStore::Fleet { queue_name, amqp_url, .. } = &self.store {
+        if let BenchStore::Fleet {
+            queue_name,
+            amqp_url,
+            ..
+        } = &self.store
+        {
             match RabbitQueue::connect(amqp_url, QueueOptions::new(queue_name.clone())).await {
                 Ok(q) => {
                     if let Err(e) = q.delete_topology().await {
@@ -445,7 +567,10 @@ impl BenchFleet {
             BenchStore::Sqlite { dir } => {
                 let path = dir.db();
                 tokio::task::spawn_blocking(move || {
-                    let conn = rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+                    let conn = rusqlite::Connection::open_with_flags(
+                        &path,
+                        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+                    )?;
                     conn.busy_timeout(Duration::from_secs(5))?;
                     anyhow::Ok(conn.query_row(sql, [], |r| r.get(0))?)
                 })
@@ -499,11 +624,26 @@ async fn serve(
     shutdown: watch::Receiver<bool>,
 ) -> Result<Server> {
     let specs = token.map(glia_dispatcher::Auth::parse_spec).transpose()?;
-    let app = glia_dispatcher::App::new(log, queue, ledger, glia_dispatcher::Auth::from_tokens(specs)?);
+    let app = glia_dispatcher::App::new(
+        log,
+        queue,
+        ledger,
+        glia_dispatcher::Auth::from_tokens(specs)?,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let token = token.map(|t| t.split(':').next().unwrap_or_default().to_owned());
-    let server = Server { server: format!("http://{}", listener.local_addr()?), token, max_outage_secs: 0 };
-    tokio::spawn(crate::fleet::run_dispatcher(app, listener, Duration::from_secs(2), Duration::from_secs(5), shutdown));
+    let server = Server {
+        server: format!("http://{}", listener.local_addr()?),
+        token,
+        max_outage_secs: 0,
+    };
+    tokio::spawn(crate::fleet::run_dispatcher(
+        app,
+        listener,
+        Duration::from_secs(2),
+        Duration::from_secs(5),
+        shutdown,
+    ));
     Ok(server)
 }
 
@@ -523,8 +663,22 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
         let mut results = Vec::new();
         for variant in &variants {
             let fleet = match variant {
-                None => BenchFleet::start_sqlite(agent.clone(), args.workers, args.concurrency).await?,
-                Some(v) => BenchFleet::start_with(&args.urls, agent.clone(), args.workers, args.concurrency, None, *v, args.pool, args.resume_slots).await?,
+                None => {
+                    BenchFleet::start_sqlite(agent.clone(), args.workers, args.concurrency).await?
+                }
+                Some(v) => {
+                    BenchFleet::start_with(
+                        &args.urls,
+                        agent.clone(),
+                        args.workers,
+                        args.concurrency,
+                        None,
+                        *v,
+                        args.pool,
+                        args.resume_slots,
+                    )
+                    .await?
+                }
             };
             let result = steps_round(args, &fleet).await;
             fleet.stop().await;
@@ -533,13 +687,23 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
         // The raw rate, on a store of its own once the fleet is gone.
         let seconds = Duration::from_secs(args.raw_seconds);
         let (raw_1, raw_c, alone) = if target == Target::Sqlite {
-            (raw_sqlite_inserts(1, seconds).await?, raw_sqlite_inserts(raw_concurrency, seconds).await?, vec![0.0; variants.len()])
+            (
+                raw_sqlite_inserts(1, seconds).await?,
+                raw_sqlite_inserts(raw_concurrency, seconds).await?,
+                vec![0.0; variants.len()],
+            )
         } else {
             let raw_db = private_db(&args.urls.database_url).await?;
-            let (raw_1, raw_c) = (raw_inserts(&raw_db, 1, seconds).await?, raw_inserts(&raw_db, raw_concurrency, seconds).await?);
+            let (raw_1, raw_c) = (
+                raw_inserts(&raw_db, 1, seconds).await?,
+                raw_inserts(&raw_db, raw_concurrency, seconds).await?,
+            );
             let mut alone = Vec::new();
             for variant in variants.iter().flatten() {
-                alone.push(writes_alone(&raw_db, &recorded, args, *variant, raw_concurrency, seconds).await?);
+                alone.push(
+                    writes_alone(&raw_db, &recorded, args, *variant, raw_concurrency, seconds)
+                        .await?,
+                );
             }
             drop(raw_db);
             (raw_1, raw_c, alone)
@@ -564,11 +728,20 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
             rounds[i].push(result);
         }
     }
-    Ok(variants.into_iter().zip(rounds).map(|(variant, rounds)| summarise(args, variant, raw_concurrency, rounds)).collect())
+    Ok(variants
+        .into_iter()
+        .zip(rounds)
+        .map(|(variant, rounds)| summarise(args, variant, raw_concurrency, rounds))
+        .collect())
 }
 
 /// Medians over a variant's rounds.
-fn summarise(args: &StepsArgs, variant: Option<Variant>, raw_concurrency: usize, rounds: Vec<StepsRound>) -> StepsResult {
+fn summarise(
+    args: &StepsArgs,
+    variant: Option<Variant>,
+    raw_concurrency: usize,
+    rounds: Vec<StepsRound>,
+) -> StepsResult {
     let m = |f: fn(&StepsRound) -> f64| median(rounds.iter().map(f).collect());
     let medians = StepsRound {
         steps_per_s: m(|r| r.steps_per_s),
@@ -582,8 +755,17 @@ fn summarise(args: &StepsArgs, variant: Option<Variant>, raw_concurrency: usize,
         steps: median(rounds.iter().map(|r| r.steps as f64).collect()) as i64,
         wall_s: m(|r| r.wall_s),
     };
-    let of_raw = |x: f64| if medians.raw_inserts_per_s_c > 0.0 { x / medians.raw_inserts_per_s_c } else { 0.0 };
-    let (ratio_to_raw, writes_alone_ratio) = (of_raw(medians.steps_per_s), of_raw(medians.writes_alone_steps_per_s));
+    let of_raw = |x: f64| {
+        if medians.raw_inserts_per_s_c > 0.0 {
+            x / medians.raw_inserts_per_s_c
+        } else {
+            0.0
+        }
+    };
+    let (ratio_to_raw, writes_alone_ratio) = (
+        of_raw(medians.steps_per_s),
+        of_raw(medians.writes_alone_steps_per_s),
+    );
     StepsResult {
         variant,
         runs: args.runs,
@@ -602,15 +784,24 @@ fn summarise(args: &StepsArgs, variant: Option<Variant>, raw_concurrency: usize,
 async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound> {
     let client = crate::client::http_client()?;
     let gated = step_config("script:bench", args.turns);
-    let ungated = RunConfig { policies: Vec::new(), ..gated.clone() };
+    let ungated = RunConfig {
+        policies: Vec::new(),
+        ..gated.clone()
+    };
     let started = Instant::now();
     let created: Vec<Result<f64>> = futures::stream::iter(0..args.runs)
         .map(|i| {
-            let config = if i as u64 % args.gated_every == 0 { gated.clone() } else { ungated.clone() };
+            let config = if i as u64 % args.gated_every == 0 {
+                gated.clone()
+            } else {
+                ungated.clone()
+            };
             let (client, server) = (client.clone(), &fleet.server);
             async move {
                 let sent = Instant::now();
-                let req = server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("bench run {i}"), "config": config }));
+                let req = server
+                    .request(&client, Method::POST, "/v1/runs")
+                    .json(&json!({ "goal": format!("bench run {i}"), "config": config }));
                 checked(req.send().await.context("connecting to the dispatcher")?).await?;
                 Ok(sent.elapsed().as_secs_f64() * 1000.0)
             }
@@ -623,20 +814,40 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound>
     // Approve whatever waits, until every run is done.
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let page = checked(fleet.server.request(&client, Method::GET, "/v1/approvals?limit=500").send().await?).await?;
+        let page = checked(
+            fleet
+                .server
+                .request(&client, Method::GET, "/v1/approvals?limit=500")
+                .send()
+                .await?,
+        )
+        .await?;
         let decisions: Vec<Value> = page["approvals"]
             .as_array()
             .map(|a| a.iter().map(|x| json!({ "run_id": x["run_id"], "call_id": x["call_id"], "decision": "approve", "args_hash": x["args_hash"] })).collect())
             .unwrap_or_default();
         for chunk in decisions.chunks(100) {
-            checked(fleet.server.request(&client, Method::POST, "/v1/approvals").json(&json!({ "decisions": chunk })).send().await?).await?;
+            checked(
+                fleet
+                    .server
+                    .request(&client, Method::POST, "/v1/approvals")
+                    .json(&json!({ "decisions": chunk }))
+                    .send()
+                    .await?,
+            )
+            .await?;
         }
-        let done = fleet.count("SELECT count(*) FROM runs WHERE status = 'done'").await?;
+        let done = fleet
+            .count("SELECT count(*) FROM runs WHERE status = 'done'")
+            .await?;
         if done as usize >= args.runs {
             break;
         }
         if Instant::now() > deadline {
-            bail!("the round did not finish in 10 minutes ({done} of {} runs done)", args.runs);
+            bail!(
+                "the round did not finish in 10 minutes ({done} of {} runs done)",
+                args.runs
+            );
         }
         if decisions.is_empty() {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -644,7 +855,9 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound>
     }
     let wall_s = started.elapsed().as_secs_f64();
     let steps = fleet.count("SELECT count(*) FROM events WHERE kind IN ('model.response', 'tool.result', 'tool.error')").await?;
-    let failed = fleet.count("SELECT count(*) FROM events WHERE kind = 'error'").await?;
+    let failed = fleet
+        .count("SELECT count(*) FROM events WHERE kind = 'error'")
+        .await?;
     if failed > 0 {
         bail!("{failed} runs recorded an error; the workload is broken");
     }
@@ -680,10 +893,14 @@ async fn raw_inserts(db: &TestDb, connections: usize, duration: Duration) -> Res
         .map(|client| {
             let payload = payload.clone();
             tokio::spawn(async move {
-                let insert = client.prepare("INSERT INTO raw_inserts (run_id, payload) VALUES ($1, $2)").await?;
+                let insert = client
+                    .prepare("INSERT INTO raw_inserts (run_id, payload) VALUES ($1, $2)")
+                    .await?;
                 let mut n = 0u64;
                 while Instant::now() < until {
-                    client.execute(&insert, &[&Uuid::now_v7(), &payload]).await?;
+                    client
+                        .execute(&insert, &[&Uuid::now_v7(), &payload])
+                        .await?;
                     n += 1;
                 }
                 anyhow::Ok(n)
@@ -714,17 +931,32 @@ impl RecordedRun {
     /// Run the workload's script once in memory, keeping the commits.
     async fn record(agent: &Agent, turns: usize) -> Result<RecordedRun> {
         let mut sink = RecordingSink::default();
-        let config = RunConfig { policies: Vec::new(), ..step_config("script:bench", turns) };
-        let (state, _) = agent.run(Uuid::now_v7(), "bench run", config, &mut sink).await?;
+        let config = RunConfig {
+            policies: Vec::new(),
+            ..step_config("script:bench", turns)
+        };
+        let (state, _) = agent
+            .run(Uuid::now_v7(), "bench run", config, &mut sink)
+            .await?;
         if !matches!(state.outcome, Some(glia_proto::Outcome::Succeeded { .. })) {
             bail!("the recorded run did not succeed: {:?}", state.outcome);
         }
         let mut commits = sink.commits.into_iter();
         let start = match commits.next() {
-            Some((mut events, _)) if events.len() == 1 && matches!(events[0].kind, EventKind::SessionStart { .. }) => events.remove(0),
-            other => bail!("the recorded run's first commit is not its session.start alone: {other:?}"),
+            Some((mut events, _))
+                if events.len() == 1
+                    && matches!(events[0].kind, EventKind::SessionStart { .. }) =>
+            {
+                events.remove(0)
+            }
+            other => {
+                bail!("the recorded run's first commit is not its session.start alone: {other:?}")
+            }
         };
-        Ok(RecordedRun { start, commits: commits.collect() })
+        Ok(RecordedRun {
+            start,
+            commits: commits.collect(),
+        })
     }
 }
 
@@ -744,7 +976,8 @@ impl EventSink for RecordingSink {
 
     async fn commit(&mut self, state: &RunState) -> Result<(), SinkError> {
         if !self.buffer.is_empty() {
-            self.commits.push((std::mem::take(&mut self.buffer), state.clone()));
+            self.commits
+                .push((std::mem::take(&mut self.buffer), state.clone()));
         }
         Ok(())
     }
@@ -760,17 +993,37 @@ impl EventSink for RecordingSink {
 /// counts them) committed per second: on the same server and at the same
 /// concurrency as the raw inserts, the ceiling of the fleet's
 /// `ratio_to_raw` for that variant.
-async fn writes_alone(db: &TestDb, recorded: &RecordedRun, args: &StepsArgs, variant: Variant, writers: usize, duration: Duration) -> Result<f64> {
+async fn writes_alone(
+    db: &TestDb,
+    recorded: &RecordedRun,
+    args: &StepsArgs,
+    variant: Variant,
+    writers: usize,
+    duration: Duration,
+) -> Result<f64> {
     let mut logs = Vec::new();
     for _ in 0..args.workers.max(1) {
-        logs.push(Arc::new(db.log_with(variant.worker_log(&args.urls, args.concurrency, args.pool)).await));
+        logs.push(Arc::new(
+            db.log_with(variant.worker_log(&args.urls, args.concurrency, args.pool))
+                .await,
+        ));
     }
     let commits: Arc<Vec<(Vec<Event>, RunState, u64)>> = Arc::new(
         recorded
             .commits
             .iter()
             .map(|(events, state)| {
-                let steps = events.iter().filter(|e| matches!(e.kind, EventKind::ModelResponse { .. } | EventKind::ToolResult { .. } | EventKind::ToolError { .. })).count();
+                let steps = events
+                    .iter()
+                    .filter(|e| {
+                        matches!(
+                            e.kind,
+                            EventKind::ModelResponse { .. }
+                                | EventKind::ToolResult { .. }
+                                | EventKind::ToolError { .. }
+                        )
+                    })
+                    .count();
                 (events.clone(), state.clone(), steps as u64)
             })
             .collect(),
@@ -781,9 +1034,23 @@ async fn writes_alone(db: &TestDb, recorded: &RecordedRun, args: &StepsArgs, var
     // Every connection opened and its statements prepared first (one run
     // per writer), as the raw inserts connect before their clock starts.
     let warm = Instant::now() + Duration::from_millis(1);
-    rate(write_runs(&logs, &commits, &recorded.start, writers, warm), Instant::now()).await?;
+    rate(
+        write_runs(&logs, &commits, &recorded.start, writers, warm),
+        Instant::now(),
+    )
+    .await?;
     let started = Instant::now();
-    rate(write_runs(&logs, &commits, &recorded.start, writers, started + duration), started).await
+    rate(
+        write_runs(
+            &logs,
+            &commits,
+            &recorded.start,
+            writers,
+            started + duration,
+        ),
+        started,
+    )
+    .await
 }
 
 /// [`writes_alone`]'s writers, spread over `logs`: each admits a run and
@@ -799,20 +1066,46 @@ fn write_runs(
 ) -> Vec<tokio::task::JoinHandle<Result<u64>>> {
     (0..writers.max(1))
         .map(|w| {
-            let (log, commits, start) = (logs[w % logs.len()].clone(), commits.clone(), start.clone());
+            let (log, commits, start) =
+                (logs[w % logs.len()].clone(), commits.clone(), start.clone());
             tokio::spawn(async move {
                 let mut steps = 0u64;
                 loop {
                     let run_id = Uuid::now_v7();
-                    let start = Event { run_id, ..start.clone() };
-                    log.create_run(NewRun { tenant: "bench".into(), idempotency_key: None, batch_id: None, start }).await?;
-                    let lease = match log.open(&glia_backends::Job::start(run_id, 1), &format!("bench-writer-{w}"), Duration::from_secs(30)).await? {
+                    let start = Event {
+                        run_id,
+                        ..start.clone()
+                    };
+                    log.create_run(NewRun {
+                        tenant: "bench".into(),
+                        idempotency_key: None,
+                        batch_id: None,
+                        start,
+                    })
+                    .await?;
+                    let lease = match log
+                        .open(
+                            &glia_backends::Job::start(run_id, 1),
+                            &format!("bench-writer-{w}"),
+                            Duration::from_secs(30),
+                        )
+                        .await?
+                    {
                         glia_backends::Opening::Opened(opened) => opened.lease,
                         _ => bail!("run {run_id} did not open"),
                     };
                     for (events, state, n) in commits.iter() {
-                        let events: Vec<Event> = events.iter().map(|e| Event { run_id, ..e.clone() }).collect();
-                        let state = RunState { run_id, ..state.clone() };
+                        let events: Vec<Event> = events
+                            .iter()
+                            .map(|e| Event {
+                                run_id,
+                                ..e.clone()
+                            })
+                            .collect();
+                        let state = RunState {
+                            run_id,
+                            ..state.clone()
+                        };
                         log.commit(&lease, &events, &state, &[]).await?;
                         steps += n;
                     }
@@ -852,7 +1145,8 @@ async fn raw_sqlite_inserts(connections: usize, duration: Duration) -> Result<f6
                 let conn = rusqlite::Connection::open(&path)?;
                 conn.execute_batch("PRAGMA synchronous = FULL")?;
                 conn.busy_timeout(Duration::from_secs(30))?;
-                let mut insert = conn.prepare("INSERT INTO raw_inserts (run_id, payload) VALUES (?1, ?2)")?;
+                let mut insert =
+                    conn.prepare("INSERT INTO raw_inserts (run_id, payload) VALUES (?1, ?2)")?;
                 let mut n = 0u64;
                 while Instant::now() < until {
                     insert.execute(rusqlite::params![Uuid::now_v7().to_string(), payload])?;
@@ -909,7 +1203,10 @@ struct MeasuringSink {
 
 /// The server's WAL position, in bytes.
 async fn wal_position(sql: &tokio_postgres::Client) -> Result<i64, SinkError> {
-    let row = sql.query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint", &[]).await.map_err(|e| SinkError(e.to_string()))?;
+    let row = sql
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint", &[])
+        .await
+        .map_err(|e| SinkError(e.to_string()))?;
     Ok(row.get(0))
 }
 
@@ -926,11 +1223,19 @@ impl EventSink for MeasuringSink {
         }
         let before = wal_position(&self.sql).await?;
         let started = Instant::now();
-        self.log.commit(&self.lease, &self.buffer, state, &[]).await.map_err(|e| SinkError(e.to_string()))?;
+        self.log
+            .commit(&self.lease, &self.buffer, state, &[])
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
         let ms = started.elapsed().as_secs_f64() * 1000.0;
         let after = wal_position(&self.sql).await?;
-        let json: usize = self.buffer.iter().map(|e| serde_json::to_string(&e.kind).map_or(0, |s| s.len())).sum();
-        self.samples.push((state.usage.turns, ms, (after - before) as f64, json as f64));
+        let json: usize = self
+            .buffer
+            .iter()
+            .map(|e| serde_json::to_string(&e.kind).map_or(0, |s| s.len()))
+            .sum();
+        self.samples
+            .push((state.usage.turns, ms, (after - before) as f64, json as f64));
         self.buffer.clear();
         Ok(())
     }
@@ -939,24 +1244,54 @@ impl EventSink for MeasuringSink {
 async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
     let db = private_db(&args.urls.database_url).await?;
     let log = db.log().await;
-    let mut script: Vec<ScriptedTurn> = (0..args.turns).map(|i| ScriptedTurn::call("calculator", json!({ "op": "add", "a": i, "b": 1 }))).collect();
+    let mut script: Vec<ScriptedTurn> = (0..args.turns)
+        .map(|i| ScriptedTurn::call("calculator", json!({ "op": "add", "a": i, "b": 1 })))
+        .collect();
     script.push(ScriptedTurn::text("done"));
-    let agent = Agent::new(Arc::new(ScriptedProvider::new(script))).with_tools(crate::demo::tools());
-    let config = RunConfig { max_model_calls_per_turn: u32::try_from(args.turns + 2).unwrap_or(u32::MAX), ..RunConfig::default() };
+    let agent =
+        Agent::new(Arc::new(ScriptedProvider::new(script))).with_tools(crate::demo::tools());
+    let config = RunConfig {
+        max_model_calls_per_turn: u32::try_from(args.turns + 2).unwrap_or(u32::MAX),
+        ..RunConfig::default()
+    };
     let run_id = Uuid::now_v7();
-    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: "a long run".into(), config } };
-    log.create_run(NewRun { tenant: "bench".into(), idempotency_key: None, batch_id: None, start }).await?;
-    let lease = log.acquire(run_id, "bench", Duration::from_secs(3600)).await?;
+    let start = Event {
+        run_id,
+        seq: 1,
+        at: chrono::Utc::now(),
+        kind: EventKind::SessionStart {
+            redactions: Vec::new(),
+            goal: "a long run".into(),
+            config,
+        },
+    };
+    log.create_run(NewRun {
+        tenant: "bench".into(),
+        idempotency_key: None,
+        batch_id: None,
+        start,
+    })
+    .await?;
+    let lease = log
+        .acquire(run_id, "bench", Duration::from_secs(3600))
+        .await?;
     let mut state = log.load(run_id).await?;
     let sql = db.sql().await;
-    let mut sink = MeasuringSink { log, lease, sql, buffer: Vec::new(), samples: Vec::new() };
+    let mut sink = MeasuringSink {
+        log,
+        lease,
+        sql,
+        buffer: Vec::new(),
+        samples: Vec::new(),
+    };
     agent.advance(&mut state, None, &mut sink).await?;
     if !matches!(state.outcome, Some(glia_proto::Outcome::Succeeded { .. })) {
         bail!("the long run did not succeed: {:?}", state.outcome);
     }
     // A turn is two steps (a model call, a tool execution), each committed:
     // sum each turn's commits, then compare turns.
-    let mut per_turn: std::collections::BTreeMap<u64, (f64, f64, f64)> = std::collections::BTreeMap::new();
+    let mut per_turn: std::collections::BTreeMap<u64, (f64, f64, f64)> =
+        std::collections::BTreeMap::new();
     for (turn, ms, wal, json) in &sink.samples {
         let t = per_turn.entry(*turn).or_default();
         t.0 += ms;
@@ -965,13 +1300,24 @@ async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
     }
     let window = |from: u64, to: u64| -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let picked: Vec<&(f64, f64, f64)> = per_turn.range(from..to).map(|(_, v)| v).collect();
-        (picked.iter().map(|s| s.0).collect(), picked.iter().map(|s| s.1).collect(), picked.iter().map(|s| s.2).collect())
+        (
+            picked.iter().map(|s| s.0).collect(),
+            picked.iter().map(|s| s.1).collect(),
+            picked.iter().map(|s| s.2).collect(),
+        )
     };
     let half = (args.window / 2) as u64;
     let turns = args.turns as u64;
     let (early_ms, early_wal, early_json) = window(10u64.saturating_sub(half), 10 + half);
-    let (late_ms, late_wal, late_json) = window(turns.saturating_sub(args.window as u64), turns + 1);
-    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let (late_ms, late_wal, late_json) =
+        window(turns.saturating_sub(args.window as u64), turns + 1);
+    let mean = |v: &[f64]| {
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
     let (early_wal_mean, late_wal_mean) = (mean(&early_wal), mean(&late_wal));
     let (early, late) = (median(early_ms), median(late_ms));
     Ok(GrowthResult {
@@ -1006,14 +1352,20 @@ pub struct MemoryResult {
 
 fn rss_kib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
     // The worker process serves scripts from a directory of its own.
     let dir = std::env::temp_dir().join(format!("glia-bench-{}", Uuid::now_v7().simple()));
     std::fs::create_dir_all(&dir)?;
-    let script = vec![ScriptedTurn::call("refund_order", json!({ "order_id": "A1" })), ScriptedTurn::text("done")];
+    let script = vec![
+        ScriptedTurn::call("refund_order", json!({ "order_id": "A1" })),
+        ScriptedTurn::text("done"),
+    ];
     std::fs::write(dir.join("slow.json"), serde_json::to_vec(&script)?)?;
     let mut library = ScriptLibrary::default();
     library.insert("slow", script);
@@ -1021,13 +1373,26 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
     let fleet = BenchFleet::start(&args.urls, Arc::new(Agent::new(Arc::new(library))), 0, 1).await;
     let fleet = fleet?;
     let _ = fleet.stop.send(false);
-    let BenchStore::Fleet { db, queue_name, .. } = &fleet.store else { bail!("the memory benchmark runs on the fleet") };
+    let BenchStore::Fleet { db, queue_name, .. } = &fleet.store else {
+        bail!("the memory benchmark runs on the fleet")
+    };
     let db_url = match args.urls.database_url.rsplit_once('/') {
         Some((base, _)) => format!("{base}/{}", db.name),
-        None => bail!("the database URL {} names no database", args.urls.database_url),
+        None => bail!(
+            "the database URL {} names no database",
+            args.urls.database_url
+        ),
     };
     let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["worker", "--scripts", dir.to_str().unwrap_or_default(), "--concurrency", &args.runs.to_string(), "--id", "bench-memory"])
+        .args([
+            "worker",
+            "--scripts",
+            dir.to_str().unwrap_or_default(),
+            "--concurrency",
+            &args.runs.to_string(),
+            "--id",
+            "bench-memory",
+        ])
         .env("GLIA_DATABASE_URL", &db_url)
         .env("GLIA_AMQP_URL", &args.urls.amqp_url)
         .env("GLIA_REDIS_URL", &args.urls.redis_url)
@@ -1044,16 +1409,24 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
         let pid = child.id();
         let idle = rss_kib(pid).context("reading the worker's resident set")?;
         let client = crate::client::http_client()?;
-        let config = RunConfig { model: "script:slow".into(), ..RunConfig::default() };
+        let config = RunConfig {
+            model: "script:slow".into(),
+            ..RunConfig::default()
+        };
         for i in 0..args.runs {
-            let req = fleet.server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("memory run {i}"), "config": config }));
+            let req = fleet
+                .server
+                .request(&client, Method::POST, "/v1/runs")
+                .json(&json!({ "goal": format!("memory run {i}"), "config": config }));
             checked(req.send().await?).await?;
         }
         let mut peak = idle;
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             peak = peak.max(rss_kib(pid).unwrap_or(0.0));
-            let done = fleet.count("SELECT count(*) FROM runs WHERE status = 'done'").await?;
+            let done = fleet
+                .count("SELECT count(*) FROM runs WHERE status = 'done'")
+                .await?;
             if done as usize >= args.runs {
                 break;
             }
@@ -1062,7 +1435,12 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        anyhow::Ok(MemoryResult { runs: args.runs, idle_rss_mib: idle / 1024.0, peak_rss_mib: peak / 1024.0, per_run_kib: (peak - idle) / args.runs.max(1) as f64 })
+        anyhow::Ok(MemoryResult {
+            runs: args.runs,
+            idle_rss_mib: idle / 1024.0,
+            peak_rss_mib: peak / 1024.0,
+            per_run_kib: (peak - idle) / args.runs.max(1) as f64,
+        })
     }
     .await;
     let _ = child.kill();
@@ -1111,7 +1489,17 @@ async fn approvals(args: &ApprovalsArgs) -> Result<ApprovalsResult> {
     let mut library = ScriptLibrary::default();
     library.insert("bench", step_script(1));
     let agent = Arc::new(Agent::new(Arc::new(library)).with_tools(crate::demo::tools()));
-    let fleet = BenchFleet::start_with(&args.urls, agent, 1, 16, Some(BENCH_TOKEN), Variant::Group, 16, 1).await?;
+    let fleet = BenchFleet::start_with(
+        &args.urls,
+        agent,
+        1,
+        16,
+        Some(BENCH_TOKEN),
+        Variant::Group,
+        16,
+        1,
+    )
+    .await?;
     let result = approvals_round(args, &fleet).await;
     fleet.stop().await;
     result
@@ -1119,9 +1507,15 @@ async fn approvals(args: &ApprovalsArgs) -> Result<ApprovalsResult> {
 
 /// Sign in to the inbox: the session cookie and the form token.
 async fn inbox_session(server: &Server) -> Result<(String, String)> {
-    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
     let token = server.token.clone().unwrap_or_default();
-    let resp = client.post(format!("{}/inbox/login", server.server)).form(&[("token", token.as_str())]).send().await?;
+    let resp = client
+        .post(format!("{}/inbox/login", server.server))
+        .form(&[("token", token.as_str())])
+        .send()
+        .await?;
     let cookie = resp
         .headers()
         .get(reqwest::header::SET_COOKIE)
@@ -1129,27 +1523,57 @@ async fn inbox_session(server: &Server) -> Result<(String, String)> {
         .and_then(|v| v.split(';').next())
         .map(str::to_owned)
         .context("the inbox set no session cookie")?;
-    let page = client.get(format!("{}/inbox", server.server)).header(reqwest::header::COOKIE, &cookie).send().await?.text().await?;
-    let csrf = page.split("name=\"csrf\" value=\"").nth(1).and_then(|s| s.split('"').next()).context("no form token on the queue page")?.to_owned();
+    let page = client
+        .get(format!("{}/inbox", server.server))
+        .header(reqwest::header::COOKIE, &cookie)
+        .send()
+        .await?
+        .text()
+        .await?;
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .context("no form token on the queue page")?
+        .to_owned();
     Ok((cookie, csrf))
 }
 
 async fn approvals_round(args: &ApprovalsArgs, fleet: &BenchFleet) -> Result<ApprovalsResult> {
     let client = crate::client::http_client()?;
-    let form_client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
+    let form_client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
     let (cookie, csrf) = inbox_session(&fleet.server).await?;
-    let BenchStore::Fleet { sql, .. } = &fleet.store else { bail!("the approvals benchmark runs on the fleet") };
+    let BenchStore::Fleet { sql, .. } = &fleet.store else {
+        bail!("the approvals benchmark runs on the fleet")
+    };
     let config = step_config("script:bench", 1);
     let n = args.decisions.max(1) * 2;
     let mut runs = Vec::with_capacity(n);
     for i in 0..n {
-        let req = fleet.server.request(&client, Method::POST, "/v1/runs").json(&json!({ "goal": format!("approval bench {i}"), "config": config }));
-        runs.push(checked(req.send().await?).await?["run_id"].as_str().context("run id")?.to_owned());
+        let req = fleet
+            .server
+            .request(&client, Method::POST, "/v1/runs")
+            .json(&json!({ "goal": format!("approval bench {i}"), "config": config }));
+        runs.push(
+            checked(req.send().await?).await?["run_id"]
+                .as_str()
+                .context("run id")?
+                .to_owned(),
+        );
     }
     // Wait until every run waits for its approval.
     let deadline = Instant::now() + Duration::from_secs(300);
     let pending = loop {
-        let page = checked(fleet.server.request(&client, Method::GET, "/v1/approvals?limit=1000").send().await?).await?;
+        let page = checked(
+            fleet
+                .server
+                .request(&client, Method::GET, "/v1/approvals?limit=1000")
+                .send()
+                .await?,
+        )
+        .await?;
         let rows = page["approvals"].as_array().cloned().unwrap_or_default();
         if rows.len() >= n {
             break rows;
@@ -1159,31 +1583,59 @@ async fn approvals_round(args: &ApprovalsArgs, fleet: &BenchFleet) -> Result<App
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let (mut inbox, mut api, mut inbox_req, mut api_req) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut inbox, mut api, mut inbox_req, mut api_req) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, row) in pending.iter().enumerate() {
-        let (run_id, call_id, hash) = (row["run_id"].as_str().unwrap_or(""), row["call_id"].as_str().unwrap_or(""), row["args_hash"].as_str().unwrap_or(""));
+        let (run_id, call_id, hash) = (
+            row["run_id"].as_str().unwrap_or(""),
+            row["call_id"].as_str().unwrap_or(""),
+            row["args_hash"].as_str().unwrap_or(""),
+        );
         let sent = chrono::Utc::now();
         let t = Instant::now();
         let via_inbox = i % 2 == 0;
         if via_inbox {
             let resp = form_client
-                .post(format!("{}/inbox/runs/{run_id}/calls/{call_id}/decide", fleet.server.server))
+                .post(format!(
+                    "{}/inbox/runs/{run_id}/calls/{call_id}/decide",
+                    fleet.server.server
+                ))
                 .header(reqwest::header::COOKIE, &cookie)
-                .form(&[("csrf", csrf.as_str()), ("decision", "approve"), ("args_hash", hash)])
+                .form(&[
+                    ("csrf", csrf.as_str()),
+                    ("decision", "approve"),
+                    ("args_hash", hash),
+                ])
                 .send()
                 .await?;
             if resp.status() != reqwest::StatusCode::SEE_OTHER {
-                bail!("the inbox refused the decision: {} {}", resp.status(), resp.text().await.unwrap_or_default());
+                bail!(
+                    "the inbox refused the decision: {} {}",
+                    resp.status(),
+                    resp.text().await.unwrap_or_default()
+                );
             }
         } else {
-            let req = fleet.server.request(&client, Method::POST, &format!("/v1/runs/{run_id}/approvals/{call_id}")).json(&json!({ "decision": "approve", "args_hash": hash }));
+            let req = fleet
+                .server
+                .request(
+                    &client,
+                    Method::POST,
+                    &format!("/v1/runs/{run_id}/approvals/{call_id}"),
+                )
+                .json(&json!({ "decision": "approve", "args_hash": hash }));
             checked(req.send().await?).await?;
         }
         let request_ms = t.elapsed().as_secs_f64() * 1000.0;
         // Wait for the worker's commit of `approval.resolved`, then take its time.
         let run: Uuid = run_id.parse()?;
         let at: chrono::DateTime<chrono::Utc> = loop {
-            let row = sql.query_opt("SELECT at FROM events WHERE run_id = $1 AND kind = 'approval.resolved'", &[&run]).await?;
+            let row = sql
+                .query_opt(
+                    "SELECT at FROM events WHERE run_id = $1 AND kind = 'approval.resolved'",
+                    &[&run],
+                )
+                .await?;
             if let Some(row) = row {
                 break row.get(0);
             }

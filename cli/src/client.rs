@@ -114,12 +114,22 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// A status worth retrying: the dispatcher is restarting or not ready (503),
 /// or a gateway in front of it cannot reach it (502, 504).
 pub fn transient_status(status: StatusCode) -> bool {
-    matches!(status, StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT)
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
 }
 
 /// The `Retry-After` of an answer, in seconds form (the dispatcher's).
 fn retry_after(resp: &Response) -> Option<Duration> {
-    resp.headers().get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<u64>().ok().map(Duration::from_secs)
+    resp.headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_secs)
 }
 
 /// A dispatcher's complete answer: status and JSON body (`Null` when the
@@ -139,7 +149,12 @@ impl Answer {
     /// JSON error (`dispatcher answered 409 Conflict: already_posted: …`).
     pub fn checked(self) -> Result<Value> {
         if !self.status.is_success() {
-            bail!("dispatcher answered {}: {}: {}", self.status, self.code(), self.body["error"]["message"].as_str().unwrap_or(""));
+            bail!(
+                "dispatcher answered {}: {}: {}",
+                self.status,
+                self.code(),
+                self.body["error"]["message"].as_str().unwrap_or("")
+            );
         }
         Ok(self.body)
     }
@@ -153,7 +168,10 @@ impl Answer {
 impl Server {
     /// A request to `path` on the dispatcher, with the bearer token.
     pub fn request(&self, client: &Client, method: Method, path: &str) -> RequestBuilder {
-        let req = client.request(method, format!("{}{}", self.server.trim_end_matches('/'), path));
+        let req = client.request(
+            method,
+            format!("{}{}", self.server.trim_end_matches('/'), path),
+        );
         match &self.token {
             Some(t) => req.bearer_auth(t),
             None => req,
@@ -179,7 +197,11 @@ impl Server {
     {
         let bound = self.max_outage();
         let attempts = AtomicU32::new(0);
-        let backoff = ExponentialBuilder::default().with_min_delay(Duration::from_millis(200)).with_max_delay(Duration::from_secs(3)).with_jitter().without_max_times();
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(3))
+            .with_jitter()
+            .without_max_times();
         let result = (|| {
             attempts.fetch_add(1, Ordering::Relaxed);
             attempt()
@@ -214,7 +236,14 @@ impl Server {
     /// headers: the status and the JSON body (`Null` when not JSON), read
     /// whole. A transport failure, a body cut off or a 502/503/504 is an
     /// [`Attempt::Transient`] (with the `Retry-After` hint).
-    pub async fn send_once(&self, client: &Client, method: Method, path: &str, body: Option<&Value>, headers: &[(&str, &str)]) -> Result<(StatusCode, Value), Attempt> {
+    pub async fn send_once(
+        &self,
+        client: &Client,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<(StatusCode, Value), Attempt> {
         let mut req = self.request(client, method, path);
         for (name, value) in headers {
             req = req.header(*name, *value);
@@ -223,21 +252,29 @@ impl Server {
             req = req.json(b);
         }
         let (status, bytes) = self.bytes_once(req).await?;
-        Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+        Ok((
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
     }
 
     /// One attempt of a request built with [`Server::request`] (any body):
     /// the status and the body's bytes, read whole; transient failures as in
     /// [`Server::send_once`]. For bodies that are not JSON (a JSON Lines
     /// upload, the results of a batch).
-    pub async fn bytes_once(&self, req: RequestBuilder) -> Result<(StatusCode, bytes::Bytes), Attempt> {
+    pub async fn bytes_once(
+        &self,
+        req: RequestBuilder,
+    ) -> Result<(StatusCode, bytes::Bytes), Attempt> {
         let resp = req.send().await.map_err(Attempt::from_reqwest)?;
         let status = resp.status();
         if transient_status(status) {
             let hint = retry_after(&resp);
             let text = resp.text().await.unwrap_or_default();
             let detail: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-            let why = detail["error"]["message"].as_str().map_or_else(|| text.chars().take(200).collect(), str::to_owned);
+            let why = detail["error"]["message"]
+                .as_str()
+                .map_or_else(|| text.chars().take(200).collect(), str::to_owned);
             return Err(Attempt::Transient(format!("{status}: {why}"), hint));
         }
         let bytes = resp.bytes().await.map_err(Attempt::from_reqwest)?;
@@ -247,7 +284,14 @@ impl Server {
     /// [`Server::send_once`] retried through an outage ([`Server::retrying`]).
     /// Only send requests whose repeat is harmless (reads, idempotent or
     /// deduplicated posts: see the module documentation).
-    pub async fn call(&self, client: &Client, method: Method, path: &str, body: Option<&Value>, headers: &[(&str, &str)]) -> Result<Answer> {
+    pub async fn call(
+        &self,
+        client: &Client,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Answer> {
         let attempts = AtomicU32::new(0);
         let (status, body) = self
             .retrying(Instant::now(), || {
@@ -255,12 +299,18 @@ impl Server {
                 self.send_once(client, method.clone(), path, body, headers)
             })
             .await?;
-        Ok(Answer { status, body, attempts: attempts.load(Ordering::Relaxed) })
+        Ok(Answer {
+            status,
+            body,
+            attempts: attempts.load(Ordering::Relaxed),
+        })
     }
 
     /// GET `path`: the body of a 2xx answer (see [`Server::call`], [`Answer::checked`]).
     pub async fn get(&self, client: &Client, path: &str) -> Result<Value> {
-        self.call(client, Method::GET, path, None, &[]).await?.checked()
+        self.call(client, Method::GET, path, None, &[])
+            .await?
+            .checked()
     }
 }
 
@@ -270,21 +320,32 @@ impl Server {
 pub async fn checked(resp: Response) -> Result<Value> {
     let status = resp.status();
     let body: Value = resp.json().await.unwrap_or(Value::Null);
-    Answer { status, body, attempts: 1 }.checked()
+    Answer {
+        status,
+        body,
+        attempts: 1,
+    }
+    .checked()
 }
 
 /// An HTTP client for the dispatcher: a dispatcher that does not answer is
 /// a failed attempt after 10 s (connect) or 60 s (a whole request), never a
 /// hang. Streams (`events/stream`) are read without the request timeout.
 pub fn http_client() -> Result<Client> {
-    Ok(Client::builder().connect_timeout(Duration::from_secs(10)).timeout(Duration::from_secs(60)).pool_max_idle_per_host(64).build()?)
+    Ok(Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(64)
+        .build()?)
 }
 
 /// A client for long-lived streams: connect timeout only (the dispatcher
 /// sends a keep-alive comment every 15 s; a stream silent for
 /// [`STREAM_IDLE`] is taken as broken and resumed).
 fn stream_client() -> Result<Client> {
-    Ok(Client::builder().connect_timeout(Duration::from_secs(10)).build()?)
+    Ok(Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()?)
 }
 
 /// A stream with nothing (not even a keep-alive) for this long is broken.
@@ -331,16 +392,35 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
         (None, None) => json!({ "goal": args.goal, "config": RunConfig::default() }),
     };
     let client = http_client()?;
-    let key = args.idempotency_key.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-    let answer = args.server.call(&client, Method::POST, "/v1/runs", Some(&body), &[("Idempotency-Key", &key)]).await.context("submitting the run")?;
+    let key = args
+        .idempotency_key
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let answer = args
+        .server
+        .call(
+            &client,
+            Method::POST,
+            "/v1/runs",
+            Some(&body),
+            &[("Idempotency-Key", &key)],
+        )
+        .await
+        .context("submitting the run")?;
     let run = answer.checked()?;
-    let run_id = run["run_id"].as_str().context("the dispatcher's answer has no run_id")?.to_owned();
+    let run_id = run["run_id"]
+        .as_str()
+        .context("the dispatcher's answer has no run_id")?
+        .to_owned();
     if args.detach {
         println!("{run_id}");
         return Ok(());
     }
     eprintln!("run {run_id}");
-    match follow(&stream_client()?, &args.server, &run_id, args.json).await.with_context(|| format!("following run {run_id}"))? {
+    match follow(&stream_client()?, &args.server, &run_id, args.json)
+        .await
+        .with_context(|| format!("following run {run_id}"))?
+    {
         Some(Outcome::Failed { error }) => bail!("run {run_id} failed: {error}"),
         Some(Outcome::Cancelled { reason }) => bail!("run {run_id} was cancelled: {reason}"),
         _ => Ok(()),
@@ -354,7 +434,12 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
 /// order. Reconnecting fails with [`Unreachable`] once the stream has been
 /// broken for `--max-outage-secs` (streams that break at once without
 /// delivering an event do not restart the count).
-async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> Result<Option<Outcome>> {
+async fn follow(
+    client: &Client,
+    server: &Server,
+    run_id: &str,
+    json: bool,
+) -> Result<Option<Outcome>> {
     let path = format!("/v1/runs/{run_id}/events/stream");
     let mut last: u64 = 0;
     // Since when the stream has been broken: from the first break after a
@@ -377,7 +462,11 @@ async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> R
                 }
                 if !status.is_success() {
                     let body: Value = resp.json().await.unwrap_or(Value::Null);
-                    let answer = Answer { status, body, attempts: 1 };
+                    let answer = Answer {
+                        status,
+                        body,
+                        attempts: 1,
+                    };
                     return Err(Attempt::Fatal(answer.checked().expect_err("not a success")));
                 }
                 Ok(resp)
@@ -400,7 +489,12 @@ async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> R
             if msg.event == "live" || msg.data.is_empty() {
                 continue;
             }
-            let event: Event = serde_json::from_str(&msg.data).with_context(|| format!("the event stream sent an event glia cannot read: {}", msg.data))?;
+            let event: Event = serde_json::from_str(&msg.data).with_context(|| {
+                format!(
+                    "the event stream sent an event glia cannot read: {}",
+                    msg.data
+                )
+            })?;
             if event.seq <= last {
                 continue; // already printed before a reconnect
             }
@@ -408,7 +502,12 @@ async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> R
             if json {
                 println!("{}", msg.data);
             } else {
-                println!("{:>4}  {:<18} {}", event.seq, event.kind.name(), crate::describe(&event.kind));
+                println!(
+                    "{:>4}  {:<18} {}",
+                    event.seq,
+                    event.kind.name(),
+                    crate::describe(&event.kind)
+                );
             }
             match event.kind {
                 EventKind::SessionPause { pull_point } => {
@@ -416,7 +515,9 @@ async fn follow(client: &Client, server: &Server, run_id: &str, json: bool) -> R
                     return Ok(None);
                 }
                 EventKind::SessionComplete { outcome } => return Ok(Some(outcome)),
-                EventKind::SessionCancel { reason } => return Ok(Some(Outcome::Cancelled { reason })),
+                EventKind::SessionCancel { reason } => {
+                    return Ok(Some(Outcome::Cancelled { reason }));
+                }
                 _ => {}
             }
         };
@@ -493,42 +594,104 @@ pub enum RunsCommand {
 pub async fn runs(cmd: RunsCommand) -> Result<()> {
     let client = http_client()?;
     match cmd {
-        RunsCommand::List { server, status, limit } => {
+        RunsCommand::List {
+            server,
+            status,
+            limit,
+        } => {
             let mut path = format!("/v1/runs?limit={limit}");
             if let Some(s) = status {
                 path.push_str(&format!("&status={s}"));
             }
             let body = server.get(&client, &path).await?;
-            let runs = body["runs"].as_array().or(body.as_array()).cloned().unwrap_or_default();
+            let runs = body["runs"]
+                .as_array()
+                .or(body.as_array())
+                .cloned()
+                .unwrap_or_default();
             for r in runs {
-                println!("{}  {:<9} head {:>4}  {}", r["run_id"].as_str().unwrap_or("?"), r["status"].as_str().unwrap_or("?"), r["head_seq"], r["goal"].as_str().unwrap_or(""));
+                println!(
+                    "{}  {:<9} head {:>4}  {}",
+                    r["run_id"].as_str().unwrap_or("?"),
+                    r["status"].as_str().unwrap_or("?"),
+                    r["head_seq"],
+                    r["goal"].as_str().unwrap_or("")
+                );
             }
         }
         RunsCommand::Get { server, run_id } => {
             let body = server.get(&client, &format!("/v1/runs/{run_id}")).await?;
             println!("{}", serde_json::to_string_pretty(&body)?);
         }
-        RunsCommand::Events { server, run_id, after } => {
-            let body = server.get(&client, &format!("/v1/runs/{run_id}/events?after={after}&limit=1000")).await?;
-            let events = body["events"].as_array().or(body.as_array()).cloned().unwrap_or_default();
+        RunsCommand::Events {
+            server,
+            run_id,
+            after,
+        } => {
+            let body = server
+                .get(
+                    &client,
+                    &format!("/v1/runs/{run_id}/events?after={after}&limit=1000"),
+                )
+                .await?;
+            let events = body["events"]
+                .as_array()
+                .or(body.as_array())
+                .cloned()
+                .unwrap_or_default();
             for e in events {
                 println!("{e}");
             }
         }
         // Repeats are harmless (a second pause or resume answers 409), so
         // these go through the outage retry.
-        RunsCommand::Pause { server, run_id, reason } => {
+        RunsCommand::Pause {
+            server,
+            run_id,
+            reason,
+        } => {
             let body = reason.map_or_else(|| json!({}), |r| json!({ "reason": r }));
-            let answer = server.call(&client, Method::POST, &format!("/v1/runs/{run_id}/pause"), Some(&body), &[]).await?.checked()?;
+            let answer = server
+                .call(
+                    &client,
+                    Method::POST,
+                    &format!("/v1/runs/{run_id}/pause"),
+                    Some(&body),
+                    &[],
+                )
+                .await?
+                .checked()?;
             println!("{}", serde_json::to_string_pretty(&answer)?);
         }
         RunsCommand::Resume { server, run_id } => {
-            let answer = server.call(&client, Method::POST, &format!("/v1/runs/{run_id}/resume"), Some(&json!({})), &[]).await?.checked()?;
+            let answer = server
+                .call(
+                    &client,
+                    Method::POST,
+                    &format!("/v1/runs/{run_id}/resume"),
+                    Some(&json!({})),
+                    &[],
+                )
+                .await?
+                .checked()?;
             println!("{}", serde_json::to_string_pretty(&answer)?);
         }
-        RunsCommand::Cancel { server, run_id, reason } => {
+        RunsCommand::Cancel {
+            server,
+            run_id,
+            reason,
+        } => {
             let body = reason.map_or_else(|| json!({}), |r| json!({ "reason": r }));
-            let answer = server.call(&client, Method::POST, &format!("/v1/runs/{run_id}/cancel"), Some(&body), &[]).await?.checked()?;
+            let answer = server
+                .call(
+                    &client,
+                    Method::POST,
+                    &format!("/v1/runs/{run_id}/cancel"),
+                    Some(&body),
+                    &[],
+                )
+                .await?
+                .checked()?;
             println!("{}", serde_json::to_string_pretty(&answer)?);
         }
     }
@@ -598,7 +761,11 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
                 path.push_str(&format!("&tool={t}"));
             }
             let body = server.get(&client, &path).await?;
-            let rows = body["approvals"].as_array().or(body.as_array()).cloned().unwrap_or_default();
+            let rows = body["approvals"]
+                .as_array()
+                .or(body.as_array())
+                .cloned()
+                .unwrap_or_default();
             let now = chrono::Utc::now();
             for a in rows {
                 println!(
@@ -609,27 +776,53 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
                     a["input"],
                     deadline_mark(&a, now),
                     // An interrupted call may already have taken effect: say so.
-                    if a["interrupted"].as_bool() == Some(true) { "  [interrupted: may already have run; check before running it again]" } else { "" },
+                    if a["interrupted"].as_bool() == Some(true) {
+                        "  [interrupted: may already have run; check before running it again]"
+                    } else {
+                        ""
+                    },
                 );
             }
         }
-        ApprovalsCommand::History { server, tool, resolution, limit, csv } => {
+        ApprovalsCommand::History {
+            server,
+            tool,
+            resolution,
+            limit,
+            csv,
+        } => {
             let mut query = vec![("limit", limit.to_string())];
             query.extend(tool.map(|t| ("tool", t)));
             query.extend(resolution.map(|r| ("resolution", r)));
             if csv {
                 query.push(("format", "csv".into()));
-                let resp = server.request(&client, Method::GET, "/v1/approvals/history").query(&query).send().await?;
+                let resp = server
+                    .request(&client, Method::GET, "/v1/approvals/history")
+                    .query(&query)
+                    .send()
+                    .await?;
                 let status = resp.status();
                 let text = resp.text().await?;
                 anyhow::ensure!(status.is_success(), "dispatcher answered {status}: {text}");
                 print!("{text}");
                 return Ok(());
             }
-            let body = checked(server.request(&client, Method::GET, "/v1/approvals/history").query(&query).send().await?).await?;
-            println!("{:<20}  {:<36}  {:<10}  {:<16}  {:<9}  {:<12}  {:>8}  DETAIL", "REQUESTED", "RUN", "CALL", "TOOL", "RESULT", "BY", "WAIT");
+            let body = checked(
+                server
+                    .request(&client, Method::GET, "/v1/approvals/history")
+                    .query(&query)
+                    .send()
+                    .await?,
+            )
+            .await?;
+            println!(
+                "{:<20}  {:<36}  {:<10}  {:<16}  {:<9}  {:<12}  {:>8}  DETAIL",
+                "REQUESTED", "RUN", "CALL", "TOOL", "RESULT", "BY", "WAIT"
+            );
             for r in body["approvals"].as_array().cloned().unwrap_or_default() {
-                let wait = r["wait_ms"].as_i64().map_or_else(|| "?".into(), |ms| human_ms(ms));
+                let wait = r["wait_ms"]
+                    .as_i64()
+                    .map_or_else(|| "?".into(), |ms| human_ms(ms));
                 let mut detail = Vec::new();
                 if r["escalated_at"].is_string() {
                     detail.push("escalated".to_owned());
@@ -638,13 +831,24 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
                     detail.push("interrupted".to_owned());
                 }
                 match r["decision"]["kind"].as_str() {
-                    Some("reject") => detail.push(format!("reason: {}", r["decision"]["reason"].as_str().unwrap_or(""))),
-                    Some("edit") => detail.push(format!("edited: {} -> {}", r["input"], r["decision"]["input"])),
+                    Some("reject") => detail.push(format!(
+                        "reason: {}",
+                        r["decision"]["reason"].as_str().unwrap_or("")
+                    )),
+                    Some("edit") => detail.push(format!(
+                        "edited: {} -> {}",
+                        r["input"], r["decision"]["input"]
+                    )),
                     _ => {}
                 }
                 println!(
                     "{:<20}  {:<36}  {:<10}  {:<16}  {:<9}  {:<12}  {:>8}  {}",
-                    r["requested_at"].as_str().unwrap_or("?").chars().take(19).collect::<String>(),
+                    r["requested_at"]
+                        .as_str()
+                        .unwrap_or("?")
+                        .chars()
+                        .take(19)
+                        .collect::<String>(),
                     r["run_id"].as_str().unwrap_or("?"),
                     r["call_id"].as_str().unwrap_or("?"),
                     r["tool"].as_str().unwrap_or("?"),
@@ -655,9 +859,34 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
                 );
             }
         }
-        ApprovalsCommand::Approve { server, run_id, call_id } => decide(&client, &server, &run_id, &call_id, json!({ "decision": "approve" })).await?,
-        ApprovalsCommand::Reject { server, run_id, call_id, reason } => {
-            decide(&client, &server, &run_id, &call_id, json!({ "decision": "reject", "reason": reason })).await?
+        ApprovalsCommand::Approve {
+            server,
+            run_id,
+            call_id,
+        } => {
+            decide(
+                &client,
+                &server,
+                &run_id,
+                &call_id,
+                json!({ "decision": "approve" }),
+            )
+            .await?
+        }
+        ApprovalsCommand::Reject {
+            server,
+            run_id,
+            call_id,
+            reason,
+        } => {
+            decide(
+                &client,
+                &server,
+                &run_id,
+                &call_id,
+                json!({ "decision": "reject", "reason": reason }),
+            )
+            .await?
         }
     }
     Ok(())
@@ -666,10 +895,23 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
 /// `  [due in 4m 10s]`, `  [OVERDUE by 12s]`, `  [escalated]` or nothing
 /// (no deadline), for an approval row of `GET /v1/approvals`.
 fn deadline_mark(row: &Value, now: chrono::DateTime<chrono::Utc>) -> String {
-    let escalated = if row["escalated"].as_bool() == Some(true) { "  [escalated]" } else { "" };
-    let Some(at) = row["expires_at"].as_str().and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) else { return escalated.to_owned() };
+    let escalated = if row["escalated"].as_bool() == Some(true) {
+        "  [escalated]"
+    } else {
+        ""
+    };
+    let Some(at) = row["expires_at"]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+    else {
+        return escalated.to_owned();
+    };
     let left = (at.with_timezone(&chrono::Utc) - now).num_milliseconds();
-    if left > 0 { format!("  [due in {}]{escalated}", human_ms(left)) } else { format!("  [OVERDUE by {}]{escalated}", human_ms(-left)) }
+    if left > 0 {
+        format!("  [due in {}]{escalated}", human_ms(left))
+    } else {
+        format!("  [OVERDUE by {}]{escalated}", human_ms(-left))
+    }
 }
 
 /// `950ms`, `12s`, `4m 10s`, `2h 05m`.
@@ -682,11 +924,30 @@ fn human_ms(ms: i64) -> String {
     }
 }
 
-async fn decide(client: &Client, server: &Server, run_id: &str, call_id: &str, body: Value) -> Result<()> {
-    let answer = server.call(client, Method::POST, &format!("/v1/runs/{run_id}/approvals/{call_id}"), Some(&body), &[]).await?;
+async fn decide(
+    client: &Client,
+    server: &Server,
+    run_id: &str,
+    call_id: &str,
+    body: Value,
+) -> Result<()> {
+    let answer = server
+        .call(
+            client,
+            Method::POST,
+            &format!("/v1/runs/{run_id}/approvals/{call_id}"),
+            Some(&body),
+            &[],
+        )
+        .await?;
     // A retry whose earlier attempt landed (its answer lost) finds the call decided.
-    if answer.attempts > 1 && answer.status == StatusCode::CONFLICT && answer.code() == "already_decided" {
-        eprintln!("decision posted (the approval is decided; an earlier attempt's answer was lost, so check `glia runs events {run_id}` for whose decision it was)");
+    if answer.attempts > 1
+        && answer.status == StatusCode::CONFLICT
+        && answer.code() == "already_decided"
+    {
+        eprintln!(
+            "decision posted (the approval is decided; an earlier attempt's answer was lost, so check `glia runs events {run_id}` for whose decision it was)"
+        );
         return Ok(());
     }
     answer.checked()?;
@@ -737,38 +998,83 @@ pub enum WebhooksCommand {
 pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
     let client = http_client()?;
     match cmd {
-        WebhooksCommand::Create { server, url, events, slack } => {
-            let mut body = json!({ "url": url, "format": if slack { "slack" } else { "standard" } });
+        WebhooksCommand::Create {
+            server,
+            url,
+            events,
+            slack,
+        } => {
+            let mut body =
+                json!({ "url": url, "format": if slack { "slack" } else { "standard" } });
             if !events.is_empty() {
                 body["events"] = json!(events);
             }
-            let created = checked(server.request(&client, Method::POST, "/v1/webhooks").json(&body).send().await?).await?;
+            let created = checked(
+                server
+                    .request(&client, Method::POST, "/v1/webhooks")
+                    .json(&body)
+                    .send()
+                    .await?,
+            )
+            .await?;
             println!("{}", serde_json::to_string_pretty(&created)?);
             eprintln!("keep the secret: it is not shown again");
         }
         WebhooksCommand::List { server } => {
-            let body = checked(server.request(&client, Method::GET, "/v1/webhooks").send().await?).await?;
+            let body = checked(
+                server
+                    .request(&client, Method::GET, "/v1/webhooks")
+                    .send()
+                    .await?,
+            )
+            .await?;
             for w in body["webhooks"].as_array().cloned().unwrap_or_default() {
-                println!("{}  {:<8}  {}  {}", w["id"].as_str().unwrap_or("?"), w["format"].as_str().unwrap_or("?"), w["url"].as_str().unwrap_or("?"), w["events"]);
+                println!(
+                    "{}  {:<8}  {}  {}",
+                    w["id"].as_str().unwrap_or("?"),
+                    w["format"].as_str().unwrap_or("?"),
+                    w["url"].as_str().unwrap_or("?"),
+                    w["events"]
+                );
             }
         }
         WebhooksCommand::Delete { server, id } => {
-            let resp = server.request(&client, Method::DELETE, &format!("/v1/webhooks/{id}")).send().await?;
+            let resp = server
+                .request(&client, Method::DELETE, &format!("/v1/webhooks/{id}"))
+                .send()
+                .await?;
             if !resp.status().is_success() {
                 checked(resp).await?;
             }
             eprintln!("deleted");
         }
         WebhooksCommand::Deliveries { server, id } => {
-            let body = checked(server.request(&client, Method::GET, &format!("/v1/webhooks/{id}/deliveries")).send().await?).await?;
+            let body = checked(
+                server
+                    .request(
+                        &client,
+                        Method::GET,
+                        &format!("/v1/webhooks/{id}/deliveries"),
+                    )
+                    .send()
+                    .await?,
+            )
+            .await?;
             for d in body["deliveries"].as_array().cloned().unwrap_or_default() {
                 println!(
                     "{}  {:<18}  {:<9}  attempts {:<3}  {}  {}",
-                    d["created_at"].as_str().unwrap_or("?").chars().take(19).collect::<String>(),
+                    d["created_at"]
+                        .as_str()
+                        .unwrap_or("?")
+                        .chars()
+                        .take(19)
+                        .collect::<String>(),
                     d["event_type"].as_str().unwrap_or("?"),
                     d["status"].as_str().unwrap_or("?"),
                     d["attempts"],
-                    d["last_status"].as_u64().map_or_else(|| "-".to_owned(), |s| s.to_string()),
+                    d["last_status"]
+                        .as_u64()
+                        .map_or_else(|| "-".to_owned(), |s| s.to_string()),
                     d["last_error"].as_str().unwrap_or(""),
                 );
             }
@@ -801,10 +1107,22 @@ mod tests {
                 async move {
                     if n < failures {
                         let body = json!({"error": {"code": "not_ready", "message": "starting"}});
-                        return (failing, [(reqwest::header::RETRY_AFTER, "0")], axum::Json(body));
+                        return (
+                            failing,
+                            [(reqwest::header::RETRY_AFTER, "0")],
+                            axum::Json(body),
+                        );
                     }
-                    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-                    (StatusCode::CREATED, [(reqwest::header::RETRY_AFTER, "0")], axum::Json(json!({"run_id": key})))
+                    let key = headers
+                        .get("idempotency-key")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    (
+                        StatusCode::CREATED,
+                        [(reqwest::header::RETRY_AFTER, "0")],
+                        axum::Json(json!({"run_id": key})),
+                    )
                 }
             }),
         );
@@ -815,15 +1133,36 @@ mod tests {
     }
 
     fn server(url: &str, max_outage_secs: u64) -> Server {
-        Server { server: url.to_owned(), token: None, max_outage_secs }
+        Server {
+            server: url.to_owned(),
+            token: None,
+            max_outage_secs,
+        }
     }
 
     #[tokio::test]
     async fn transient_answers_are_retried_with_the_same_idempotency_key() {
-        for status in [StatusCode::BAD_GATEWAY, StatusCode::SERVICE_UNAVAILABLE, StatusCode::GATEWAY_TIMEOUT] {
+        for status in [
+            StatusCode::BAD_GATEWAY,
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::GATEWAY_TIMEOUT,
+        ] {
             let (url, seen) = flaky(2, status).await;
-            let answer = server(&url, 30).call(&http_client().unwrap(), Method::POST, "/v1/runs", Some(&json!({})), &[("Idempotency-Key", "k1")]).await.unwrap();
-            assert_eq!((answer.status, answer.attempts, seen.load(Ordering::SeqCst)), (StatusCode::CREATED, 3, 3), "{status}");
+            let answer = server(&url, 30)
+                .call(
+                    &http_client().unwrap(),
+                    Method::POST,
+                    "/v1/runs",
+                    Some(&json!({})),
+                    &[("Idempotency-Key", "k1")],
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                (answer.status, answer.attempts, seen.load(Ordering::SeqCst)),
+                (StatusCode::CREATED, 3, 3),
+                "{status}"
+            );
             assert_eq!(answer.body["run_id"], "k1", "every attempt carried the key");
         }
     }
@@ -831,9 +1170,27 @@ mod tests {
     #[tokio::test]
     async fn a_refusal_is_not_retried() {
         let (url, seen) = flaky(1, StatusCode::CONFLICT).await;
-        let answer = server(&url, 30).call(&http_client().unwrap(), Method::POST, "/v1/runs", Some(&json!({})), &[]).await.unwrap();
-        assert_eq!((answer.status, answer.attempts, seen.load(Ordering::SeqCst)), (StatusCode::CONFLICT, 1, 1));
-        assert!(answer.checked().unwrap_err().to_string().contains("409 Conflict: not_ready: starting"));
+        let answer = server(&url, 30)
+            .call(
+                &http_client().unwrap(),
+                Method::POST,
+                "/v1/runs",
+                Some(&json!({})),
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (answer.status, answer.attempts, seen.load(Ordering::SeqCst)),
+            (StatusCode::CONFLICT, 1, 1)
+        );
+        assert!(
+            answer
+                .checked()
+                .unwrap_err()
+                .to_string()
+                .contains("409 Conflict: not_ready: starting")
+        );
     }
 
     /// A decision whose first attempt landed but whose answer was lost: the
@@ -848,8 +1205,15 @@ mod tests {
             post(move || {
                 let n = count.fetch_add(1, Ordering::SeqCst);
                 async move {
-                    let (status, code) = if n == 0 { (StatusCode::BAD_GATEWAY, "upstream") } else { (StatusCode::CONFLICT, "already_decided") };
-                    (status, axum::Json(json!({"error": {"code": code, "message": "…"}})))
+                    let (status, code) = if n == 0 {
+                        (StatusCode::BAD_GATEWAY, "upstream")
+                    } else {
+                        (StatusCode::CONFLICT, "already_decided")
+                    };
+                    (
+                        status,
+                        axum::Json(json!({"error": {"code": code, "message": "…"}})),
+                    )
                 }
             }),
         );
@@ -857,35 +1221,95 @@ mod tests {
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         let client = http_client().unwrap();
-        decide(&client, &server(&url, 30), "r1", "c1", json!({"decision": "approve"})).await.expect("a repeat after a lost answer is done");
+        decide(
+            &client,
+            &server(&url, 30),
+            "r1",
+            "c1",
+            json!({"decision": "approve"}),
+        )
+        .await
+        .expect("a repeat after a lost answer is done");
         assert_eq!(seen.load(Ordering::SeqCst), 2);
-        let err = decide(&client, &server(&url, 30), "r1", "c1", json!({"decision": "approve"})).await.expect_err("decided by someone else");
+        let err = decide(
+            &client,
+            &server(&url, 30),
+            "r1",
+            "c1",
+            json!({"decision": "approve"}),
+        )
+        .await
+        .expect_err("decided by someone else");
         assert!(err.to_string().contains("already_decided"), "{err}");
     }
 
     #[tokio::test]
     async fn past_the_bound_the_error_names_the_server_and_the_last_error() {
         let (url, _) = flaky(u32::MAX, StatusCode::SERVICE_UNAVAILABLE).await;
-        let err = server(&url, 1).call(&http_client().unwrap(), Method::POST, "/v1/runs", Some(&json!({})), &[]).await.unwrap_err();
-        let unreachable = err.downcast_ref::<Unreachable>().expect("an Unreachable error");
-        assert!(unreachable.attempts > 1 && unreachable.waited >= Duration::from_secs(1), "{unreachable:?}");
+        let err = server(&url, 1)
+            .call(
+                &http_client().unwrap(),
+                Method::POST,
+                "/v1/runs",
+                Some(&json!({})),
+                &[],
+            )
+            .await
+            .unwrap_err();
+        let unreachable = err
+            .downcast_ref::<Unreachable>()
+            .expect("an Unreachable error");
+        assert!(
+            unreachable.attempts > 1 && unreachable.waited >= Duration::from_secs(1),
+            "{unreachable:?}"
+        );
         assert_eq!(unreachable.last, "503 Service Unavailable: starting");
-        assert!(err.to_string().starts_with(&format!("the dispatcher at {url} did not answer for ")), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("the dispatcher at {url} did not answer for ")),
+            "{err}"
+        );
 
         // Nobody listening: the connection error, with its cause.
-        let closed = format!("http://127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
-        let err = server(&closed, 0).get(&http_client().unwrap(), "/v1/runs").await.unwrap_err();
-        let unreachable = err.downcast_ref::<Unreachable>().expect("an Unreachable error");
+        let closed = format!(
+            "http://127.0.0.1:{}",
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        );
+        let err = server(&closed, 0)
+            .get(&http_client().unwrap(), "/v1/runs")
+            .await
+            .unwrap_err();
+        let unreachable = err
+            .downcast_ref::<Unreachable>()
+            .expect("an Unreachable error");
         assert_eq!(unreachable.attempts, 1, "a bound of 0 tries once");
-        assert!(unreachable.last.contains("onnection refused"), "{unreachable:?}");
+        assert!(
+            unreachable.last.contains("onnection refused"),
+            "{unreachable:?}"
+        );
     }
 
     #[test]
     fn deadline_marks() {
-        let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T12:00:00Z").unwrap().with_timezone(&chrono::Utc);
+        let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T12:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
         assert_eq!(deadline_mark(&json!({}), now), "");
-        assert_eq!(deadline_mark(&json!({"expires_at": "2026-01-01T12:04:10Z"}), now), "  [due in 4m 10s]");
-        assert_eq!(deadline_mark(&json!({"expires_at": "2026-01-01T11:59:48Z", "escalated": true}), now), "  [OVERDUE by 12s]  [escalated]");
+        assert_eq!(
+            deadline_mark(&json!({"expires_at": "2026-01-01T12:04:10Z"}), now),
+            "  [due in 4m 10s]"
+        );
+        assert_eq!(
+            deadline_mark(
+                &json!({"expires_at": "2026-01-01T11:59:48Z", "escalated": true}),
+                now
+            ),
+            "  [OVERDUE by 12s]  [escalated]"
+        );
         assert_eq!(human_ms(950), "950ms");
         assert_eq!(human_ms(7_500_000), "2h 05m");
     }

@@ -79,7 +79,9 @@ impl Tool for GetOrder {
     }
     async fn call(&self, args: OrderArgs, _ctx: ToolContext) -> Result<Value, ToolFailure> {
         match args.order_id.as_str() {
-            "A1" => Ok(json!({ "order_id": "A1", "item": "headphones", "amount_usd": 59.0, "status": "delivered" })),
+            "A1" => Ok(
+                json!({ "order_id": "A1", "item": "headphones", "amount_usd": 59.0, "status": "delivered" }),
+            ),
             other => Err(ToolFailure::failed(format!("no order {other}"))),
         }
     }
@@ -97,13 +99,19 @@ impl Tool for RefundOrder {
         "Refund an order in full."
     }
     async fn call(&self, args: OrderArgs, ctx: ToolContext) -> Result<Value, ToolFailure> {
-        if let Some(ms) = std::env::var("GLIA_DEMO_TOOL_DELAY_MS").ok().and_then(|v| v.parse().ok()) {
+        if let Some(ms) = std::env::var("GLIA_DEMO_TOOL_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
             tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
         }
         if let Ok(path) = std::env::var("GLIA_DEMO_EFFECTS") {
-            record_refund(std::path::Path::new(&path), &ctx.idempotency_key).map_err(|e| ToolFailure::failed(format!("effects file {path}: {e}")))?;
+            record_refund(std::path::Path::new(&path), &ctx.idempotency_key)
+                .map_err(|e| ToolFailure::failed(format!("effects file {path}: {e}")))?;
         }
-        Ok(json!({ "order_id": args.order_id, "refunded": true, "idempotency_key": ctx.idempotency_key }))
+        Ok(
+            json!({ "order_id": args.order_id, "refunded": true, "idempotency_key": ctx.idempotency_key }),
+        )
     }
 }
 
@@ -116,17 +124,26 @@ impl Tool for RefundOrder {
 /// key is what keeps the refund single (see RELIABILITY.md).
 fn record_refund(path: &std::path::Path, key: &str) -> std::io::Result<()> {
     use std::io::{Read, Write};
-    let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(path)?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)?;
     file.lock()?;
     let mut ledger = String::new();
     file.read_to_string(&mut ledger)?;
-    let applied = ledger.lines().any(|l| l.strip_prefix("refund ") == Some(key));
+    let applied = ledger
+        .lines()
+        .any(|l| l.strip_prefix("refund ") == Some(key));
     writeln!(file, "{} {key}", if applied { "replay" } else { "refund" })
 }
 
 /// `calculator`, `get_order`, `refund_order`.
 pub fn tools() -> ToolRegistry {
     let mut tools = ToolRegistry::default();
-    tools.register(Calculator).register(GetOrder).register(RefundOrder);
+    tools
+        .register(Calculator)
+        .register(GetOrder)
+        .register(RefundOrder);
     tools
 }

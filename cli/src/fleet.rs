@@ -25,11 +25,11 @@ use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::sqlite::{SqliteLog, SqliteOptions};
 use glia_backends::{EVENT_LOG, EventLog, JOB_QUEUE, JobQueue, LEDGER, Ledger};
 use glia_dispatcher::{Gate, Startup};
+use glia_providers::RateLimits;
 use glia_worker::Agent;
 use glia_worker::budget_gate::TenantCaps;
 use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
 use glia_worker::metrics::WorkerMetrics;
-use glia_providers::RateLimits;
 use glia_worker::provider::{Provider, ScriptLibrary};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -38,10 +38,18 @@ use tracing::{info, warn};
 #[derive(Args, Clone)]
 pub struct Urls {
     /// Postgres URL.
-    #[arg(long, env = "GLIA_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    #[arg(
+        long,
+        env = "GLIA_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
     pub database_url: String,
     /// RabbitMQ URL.
-    #[arg(long, env = "GLIA_AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    #[arg(
+        long,
+        env = "GLIA_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
     pub amqp_url: String,
     /// Redis URL.
     #[arg(long, env = "GLIA_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
@@ -83,17 +91,40 @@ impl Ports {
     /// `/readyz`. `None` when `shutdown` turned true first.
     ///
     /// Errors: a URL that cannot be parsed (waiting would not help).
-    pub async fn connect_waiting(urls: &Urls, startup: &Startup, mut shutdown: watch::Receiver<bool>) -> Result<Option<Ports>> {
+    pub async fn connect_waiting(
+        urls: &Urls,
+        startup: &Startup,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<Option<Ports>> {
         urls.check()?;
         let connect = async {
             let (log, queue, ledger) = tokio::join!(
-                wait_for(EVENT_LOG, "Postgres", startup, || PgLog::connect(&urls.database_url, PgOptions { group_lanes: urls.group_lanes.into(), ..PgOptions::default() })),
-                wait_for(JOB_QUEUE, "RabbitMQ", startup, || RabbitQueue::connect(&urls.amqp_url, QueueOptions::new(urls.queue.clone()))),
-                wait_for(LEDGER, "Redis", startup, || RedisLedger::connect(&urls.redis_url, &urls.redis_prefix)),
+                wait_for(EVENT_LOG, "Postgres", startup, || PgLog::connect(
+                    &urls.database_url,
+                    PgOptions {
+                        group_lanes: urls.group_lanes.into(),
+                        ..PgOptions::default()
+                    }
+                )),
+                wait_for(JOB_QUEUE, "RabbitMQ", startup, || RabbitQueue::connect(
+                    &urls.amqp_url,
+                    QueueOptions::new(urls.queue.clone())
+                )),
+                wait_for(LEDGER, "Redis", startup, || RedisLedger::connect(
+                    &urls.redis_url,
+                    &urls.redis_prefix
+                )),
             );
             let postgres = Some(log.clone());
             let log = Arc::new(log);
-            Ports { log: log.clone(), queue: Arc::new(queue), ledger: Arc::new(ledger), webhooks: Some(log.clone()), batches: Some(log), postgres }
+            Ports {
+                log: log.clone(),
+                queue: Arc::new(queue),
+                ledger: Arc::new(ledger),
+                webhooks: Some(log.clone()),
+                batches: Some(log),
+                postgres,
+            }
         };
         tokio::select! {
             ports = connect => Ok(Some(ports)),
@@ -104,16 +135,34 @@ impl Ports {
     /// The single node's store: all three ports on the SQLite file at
     /// `path` (created if missing; one process at a time).
     pub async fn sqlite(path: &Path) -> Result<Ports> {
-        let log = SqliteLog::open(path, SqliteOptions::default()).await.with_context(|| format!("opening the data file {}", path.display()))?;
+        let log = SqliteLog::open(path, SqliteOptions::default())
+            .await
+            .with_context(|| format!("opening the data file {}", path.display()))?;
         let log = Arc::new(log);
-        Ok(Ports { queue: Arc::new(log.queue()), ledger: Arc::new(log.ledger()), log: log.clone(), webhooks: None, batches: Some(log), postgres: None })
+        Ok(Ports {
+            queue: Arc::new(log.queue()),
+            ledger: Arc::new(log.ledger()),
+            log: log.clone(),
+            webhooks: None,
+            batches: Some(log),
+            postgres: None,
+        })
     }
 
     /// A worker over these ports, taking resume hints
     /// (`PgLog::resume_hints`) when the log is Postgres.
     pub fn worker(&self, agent: Arc<glia_worker::Agent>, options: WorkerOptions) -> Worker {
-        let hints = self.postgres.as_ref().map(|pg| pg.resume_hints(&options.id));
-        let worker = Worker::new(agent, self.log.clone(), self.queue.clone(), self.ledger.clone(), options);
+        let hints = self
+            .postgres
+            .as_ref()
+            .map(|pg| pg.resume_hints(&options.id));
+        let worker = Worker::new(
+            agent,
+            self.log.clone(),
+            self.queue.clone(),
+            self.ledger.clone(),
+            options,
+        );
         match hints {
             Some(hints) => worker.with_hints(hints),
             None => worker,
@@ -124,7 +173,14 @@ impl Ports {
     pub fn memory() -> Ports {
         let log = Arc::new(MemoryLog::default());
         let batches = Arc::new(glia_backends::batches::MemoryBatches::new(log.clone()));
-        Ports { log, queue: Arc::new(MemoryQueue::default()), ledger: Arc::new(MemoryLedger::default()), webhooks: None, batches: Some(batches), postgres: None }
+        Ports {
+            log,
+            queue: Arc::new(MemoryQueue::default()),
+            ledger: Arc::new(MemoryLedger::default()),
+            webhooks: None,
+            batches: Some(batches),
+            postgres: None,
+        }
     }
 }
 
@@ -132,16 +188,27 @@ impl Urls {
     /// Each URL parses and has a scheme its client speaks (`postgres`/
     /// `postgresql`, `amqp`/`amqps`, `redis`/`rediss`/`unix`/`redis+unix`).
     pub fn check(&self) -> Result<()> {
-        self.database_url.parse::<tokio_postgres::Config>().map_err(|e| anyhow::anyhow!("--database-url is not a Postgres URL: {e}"))?;
+        self.database_url
+            .parse::<tokio_postgres::Config>()
+            .map_err(|e| anyhow::anyhow!("--database-url is not a Postgres URL: {e}"))?;
         let scheme = |flag: &str, url: &str, allowed: &[&str]| -> Result<()> {
-            let parsed = reqwest::Url::parse(url).with_context(|| format!("{flag} is not a URL"))?;
+            let parsed =
+                reqwest::Url::parse(url).with_context(|| format!("{flag} is not a URL"))?;
             if !allowed.contains(&parsed.scheme()) {
-                bail!("{flag} has scheme {:?}; expected one of {}", parsed.scheme(), allowed.join(", "));
+                bail!(
+                    "{flag} has scheme {:?}; expected one of {}",
+                    parsed.scheme(),
+                    allowed.join(", ")
+                );
             }
             Ok(())
         };
         scheme("--amqp-url", &self.amqp_url, &["amqp", "amqps"])?;
-        scheme("--redis-url", &self.redis_url, &["redis", "rediss", "unix", "redis+unix"])
+        scheme(
+            "--redis-url",
+            &self.redis_url,
+            &["redis", "rediss", "unix", "redis+unix"],
+        )
     }
 }
 
@@ -149,21 +216,34 @@ impl Urls {
 /// failure (500 ms doubling to 5 s, plus up to as much again of random
 /// jitter); each failure is logged and recorded in `startup` under `name`
 /// (`connecting: <error>`), `ok` once connected.
-pub(crate) async fn wait_for<T, E, F, Fut>(name: &str, service: &str, startup: &Startup, mut connect: F) -> T
+pub(crate) async fn wait_for<T, E, F, Fut>(
+    name: &str,
+    service: &str,
+    startup: &Startup,
+    mut connect: F,
+) -> T
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
     let max = Duration::from_secs(5);
-    let mut delays = ExponentialBuilder::default().with_min_delay(Duration::from_millis(500)).with_max_delay(max).with_jitter().without_max_times().build();
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(max)
+        .with_jitter()
+        .without_max_times()
+        .build();
     let mut failures = 0u32;
     loop {
         match connect().await {
             Ok(t) => {
                 startup.set(name, "ok");
                 if failures > 0 {
-                    info!(dependency = name, "connected to {service} after {failures} failed attempt(s)");
+                    info!(
+                        dependency = name,
+                        "connected to {service} after {failures} failed attempt(s)"
+                    );
                 }
                 return t;
             }
@@ -171,7 +251,11 @@ where
                 failures += 1;
                 let delay = delays.next().unwrap_or(max);
                 startup.set(name, format!("connecting: {e}"));
-                warn!(dependency = name, "{service} unavailable ({e}); retrying in {} ms (attempt {failures})", delay.as_millis());
+                warn!(
+                    dependency = name,
+                    "{service} unavailable ({e}); retrying in {} ms (attempt {failures})",
+                    delay.as_millis()
+                );
                 tokio::time::sleep(delay).await;
             }
         }
@@ -244,16 +328,26 @@ pub struct CatalogueArgs {
 impl CatalogueArgs {
     /// The catalogue, parsed and checked; `None` without `--catalogue`.
     pub fn load(&self) -> Result<Option<glia_worker::catalogue::Catalogue>> {
-        let Some(path) = &self.catalogue else { return Ok(None) };
-        Ok(Some(glia_worker::catalogue::Catalogue::load(path).map_err(|e| anyhow::anyhow!("invalid catalogue: {e}"))?))
+        let Some(path) = &self.catalogue else {
+            return Ok(None);
+        };
+        Ok(Some(
+            glia_worker::catalogue::Catalogue::load(path)
+                .map_err(|e| anyhow::anyhow!("invalid catalogue: {e}"))?,
+        ))
     }
 
     /// The catalogue, parsed and checked, with every environment variable
     /// it names set (what a worker needs); `None` without `--catalogue`.
     pub fn checked(&self) -> Result<Option<glia_worker::catalogue::Catalogue>> {
-        let Some(catalogue) = self.load()? else { return Ok(None) };
+        let Some(catalogue) = self.load()? else {
+            return Ok(None);
+        };
         if let Err((key, reason)) = catalogue.check_environment() {
-            bail!("invalid catalogue: {}: {key}: {reason}", self.catalogue.as_deref().unwrap_or(Path::new("")).display());
+            bail!(
+                "invalid catalogue: {}: {key}: {reason}",
+                self.catalogue.as_deref().unwrap_or(Path::new("")).display()
+            );
         }
         Ok(Some(catalogue))
     }
@@ -283,9 +377,18 @@ impl CatalogueArgs {
 /// `agent` offering `catalogue`'s MCP and HTTP tools (its MCP servers
 /// started); unchanged without one.
 fn equip(catalogue: Option<glia_worker::catalogue::Catalogue>, agent: Agent) -> Agent {
-    let Some(catalogue) = catalogue else { return agent };
-    info!(providers = catalogue.providers.len(), mcp_servers = catalogue.mcp_servers.len(), http_origins = catalogue.http.allowed_origins.len(), "operator catalogue loaded");
-    agent.with_tool_sources(Arc::new(glia_worker::tool_sources::ToolSources::start(catalogue)))
+    let Some(catalogue) = catalogue else {
+        return agent;
+    };
+    info!(
+        providers = catalogue.providers.len(),
+        mcp_servers = catalogue.mcp_servers.len(),
+        http_origins = catalogue.http.allowed_origins.len(),
+        "operator catalogue loaded"
+    );
+    agent.with_tool_sources(Arc::new(glia_worker::tool_sources::ToolSources::start(
+        catalogue,
+    )))
 }
 
 impl WorkerArgs {
@@ -294,7 +397,12 @@ impl WorkerArgs {
     /// prefix; its connection is waited for and reported in `startup`), for
     /// runs that name no provider; the catalogue's `[providers.NAME]` for
     /// runs that name one. A missing API key fails before anything connects.
-    async fn agent(&self, redis: Option<(&str, &str)>, metrics: Option<glia_providers::ProviderMetrics>, startup: &Startup) -> Result<Arc<Agent>> {
+    async fn agent(
+        &self,
+        redis: Option<(&str, &str)>,
+        metrics: Option<glia_providers::ProviderMetrics>,
+        startup: &Startup,
+    ) -> Result<Arc<Agent>> {
         // The operator's catalogue is checked first: a bad one stops the worker before anything else.
         let catalogue = self.catalogue.checked()?;
         if let Some(dir) = &self.replay {
@@ -302,22 +410,47 @@ impl WorkerArgs {
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
             return Ok(Arc::new(equip(catalogue, replay_agent(&recording)?)));
         }
-        self.provider.check(catalogue.as_ref().is_some_and(|c| !c.providers.is_empty()))?;
+        self.provider
+            .check(catalogue.as_ref().is_some_and(|c| !c.providers.is_empty()))?;
         let named = match &catalogue {
-            Some(c) => self.provider.catalogue_providers(c, redis.map(|(url, prefix)| (url, prefix, startup)), metrics.clone()).await?,
+            Some(c) => {
+                self.provider
+                    .catalogue_providers(
+                        c,
+                        redis.map(|(url, prefix)| (url, prefix, startup)),
+                        metrics.clone(),
+                    )
+                    .await?
+            }
             None => Vec::new(),
         };
         let provider: Arc<dyn Provider> = match self.provider.provider {
             None => Arc::new(ScriptLibrary::from_dir(&self.scripts).map_err(anyhow::Error::msg)?),
             Some(kind) => {
-                let limits = RateLimits { requests_per_minute: self.rpm, input_tokens_per_minute: self.input_tpm, output_tokens_per_minute: self.output_tpm, resume_spacing_ms: None };
+                let limits = RateLimits {
+                    requests_per_minute: self.rpm,
+                    input_tokens_per_minute: self.input_tpm,
+                    output_tokens_per_minute: self.output_tpm,
+                    resume_spacing_ms: None,
+                };
                 let prefix = redis.map(|(_, p)| format!("{p}:")).unwrap_or_default();
                 let limiter = redis.map(|(url, _)| (url, prefix.as_str(), limits, startup));
                 self.provider.fleet_provider(kind, limiter, metrics).await?
             }
         };
-        let agent = named.into_iter().fold(Agent::new(provider), |agent, (name, p)| agent.with_named_provider(name, p));
-        Ok(Arc::new(equip(catalogue, if self.demo { agent.with_tools(crate::demo::tools()) } else { agent })))
+        let agent = named
+            .into_iter()
+            .fold(Agent::new(provider), |agent, (name, p)| {
+                agent.with_named_provider(name, p)
+            });
+        Ok(Arc::new(equip(
+            catalogue,
+            if self.demo {
+                agent.with_tools(crate::demo::tools())
+            } else {
+                agent
+            },
+        )))
     }
 
     /// Metric handles labelled with this worker's provider, the provider
@@ -332,15 +465,26 @@ impl WorkerArgs {
 
     /// The `--tenant-caps` file, parsed (`None` without the flag).
     fn tenant_caps(&self) -> Result<Option<TenantCaps>> {
-        let Some(path) = &self.tenant_caps else { return Ok(None) };
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let caps = TenantCaps::from_json(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let Some(path) = &self.tenant_caps else {
+            return Ok(None);
+        };
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let caps =
+            TenantCaps::from_json(&text).with_context(|| format!("parsing {}", path.display()))?;
         Ok(Some(caps))
     }
 
     fn options(&self, n: usize) -> WorkerOptions {
-        let base = self.id.clone().unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
-        WorkerOptions { id: if n == 0 { base } else { format!("{base}-{n}") }, concurrency: self.concurrency, lease_ttl: Duration::from_millis(self.lease_ms) }
+        let base = self
+            .id
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+        WorkerOptions {
+            id: if n == 0 { base } else { format!("{base}-{n}") },
+            concurrency: self.concurrency,
+            lease_ttl: Duration::from_millis(self.lease_ms),
+        }
     }
 }
 
@@ -352,14 +496,27 @@ fn replay_agent(recording: &glia_replay::Recording) -> Result<Agent> {
 /// A catalogue with one stdio MCP server, `name`: this binary's `glia
 /// replay-tools FILE --tools TOOLS` (the recording's tools as a separate
 /// process).
-fn replay_tools_catalogue(name: &str, file: &Path, tools: &Path) -> Result<glia_worker::catalogue::Catalogue> {
+fn replay_tools_catalogue(
+    name: &str,
+    file: &Path,
+    tools: &Path,
+) -> Result<glia_worker::catalogue::Catalogue> {
     use glia_worker::catalogue::{Catalogue, McpServerEntry, McpTransport, Trust};
     let exe = std::env::current_exe().context("locating the glia binary")?;
-    let path = |p: &Path| std::path::absolute(p).map(|p| p.display().to_string()).with_context(|| format!("resolving {}", p.display()));
+    let path = |p: &Path| {
+        std::path::absolute(p)
+            .map(|p| p.display().to_string())
+            .with_context(|| format!("resolving {}", p.display()))
+    };
     let entry = McpServerEntry {
         transport: McpTransport::Stdio,
         command: Some(exe.display().to_string()),
-        args: vec!["replay-tools".into(), path(file)?, "--tools".into(), path(tools)?],
+        args: vec![
+            "replay-tools".into(),
+            path(file)?,
+            "--tools".into(),
+            path(tools)?,
+        ],
         env: Default::default(),
         cwd: None,
         url: None,
@@ -371,8 +528,13 @@ fn replay_tools_catalogue(name: &str, file: &Path, tools: &Path) -> Result<glia_
         tools_deny: Vec::new(),
         policy: Default::default(),
     };
-    let catalogue = Catalogue { mcp_servers: [(name.to_owned(), entry)].into(), ..Catalogue::default() };
-    catalogue.check().map_err(|(key, reason)| anyhow::anyhow!("--mcp-server: {key}: {reason}"))?;
+    let catalogue = Catalogue {
+        mcp_servers: [(name.to_owned(), entry)].into(),
+        ..Catalogue::default()
+    };
+    catalogue
+        .check()
+        .map_err(|(key, reason)| anyhow::anyhow!("--mcp-server: {key}: {reason}"))?;
     Ok(catalogue)
 }
 
@@ -394,39 +556,80 @@ impl Embedded {
     /// directory of its own. With `mcp` (a server name, the recording's
     /// file and its tool list), the workers also have a catalogue naming
     /// that MCP server: this binary's `glia replay-tools` on the recording.
-    pub async fn start(recording: &glia_replay::Recording, workers: usize, concurrency: usize, data: Option<&Path>, mcp: Option<(&str, &Path, &Path)>) -> Result<Embedded> {
+    pub async fn start(
+        recording: &glia_replay::Recording,
+        workers: usize,
+        concurrency: usize,
+        data: Option<&Path>,
+        mcp: Option<(&str, &Path, &Path)>,
+    ) -> Result<Embedded> {
         let agent = replay_agent(recording)?;
         let agent = Arc::new(match mcp {
-            Some((name, file, tools)) => equip(Some(replay_tools_catalogue(name, file, tools)?), agent),
+            Some((name, file, tools)) => {
+                equip(Some(replay_tools_catalogue(name, file, tools)?), agent)
+            }
             None => agent,
         });
         // A tool server that cannot start fails the batch here, not its runs later.
         if let (Some((name, ..)), Some(sources)) = (mcp, agent.tool_sources()) {
-            sources.mcp().list_tools(name, Duration::from_secs(30)).await.map_err(|e| anyhow::anyhow!("--mcp-server {name}: {e}"))?;
+            sources
+                .mcp()
+                .list_tools(name, Duration::from_secs(30))
+                .await
+                .map_err(|e| anyhow::anyhow!("--mcp-server {name}: {e}"))?;
         }
         let (path, scratch) = match data {
             Some(path) => (path.to_owned(), None),
             None => {
-                let dir = std::env::temp_dir().join(format!("glia-batch-{}", uuid::Uuid::now_v7().simple()));
-                std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+                let dir = std::env::temp_dir()
+                    .join(format!("glia-batch-{}", uuid::Uuid::now_v7().simple()));
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
                 (dir.join("glia.db"), Some(dir))
             }
         };
-        let mut embedded = Embedded { url: String::new(), stop: watch::channel(false).0, scratch };
+        let mut embedded = Embedded {
+            url: String::new(),
+            stop: watch::channel(false).0,
+            scratch,
+        };
         let ports = Ports::sqlite(&path).await?;
         let (stop, shutdown) = watch::channel(false);
         embedded.stop = stop;
         for n in 0..workers.max(1) {
-            let options = WorkerOptions { id: format!("embedded-{n}"), concurrency: concurrency.max(1), lease_ttl: Duration::from_secs(30) };
+            let options = WorkerOptions {
+                id: format!("embedded-{n}"),
+                concurrency: concurrency.max(1),
+                lease_ttl: Duration::from_secs(30),
+            };
             tokio::spawn(Arc::new(ports.worker(agent.clone(), options)).run(shutdown.clone()));
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding a loopback port")?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding a loopback port")?;
         embedded.url = format!("http://{}", listener.local_addr()?);
-        let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), glia_dispatcher::Auth::from_tokens(Vec::new())?);
+        let app = glia_dispatcher::App::new(
+            ports.log.clone(),
+            ports.queue.clone(),
+            ports.ledger.clone(),
+            glia_dispatcher::Auth::from_tokens(Vec::new())?,
+        );
         // One tenant on one machine: the tenant's cap is the fleet's.
-        let admission = glia_dispatcher::batches::Admission { per_tenant: glia_dispatcher::batches::Admission::default().max_in_flight, ..Default::default() };
-        let app = app.with_batches(glia_dispatcher::batches::BatchConfig { store: ports.batches.clone(), admission });
-        tokio::spawn(run_dispatcher(app, listener, Duration::from_secs(1), Duration::from_secs(5), shutdown));
+        let admission = glia_dispatcher::batches::Admission {
+            per_tenant: glia_dispatcher::batches::Admission::default().max_in_flight,
+            ..Default::default()
+        };
+        let app = app.with_batches(glia_dispatcher::batches::BatchConfig {
+            store: ports.batches.clone(),
+            admission,
+        });
+        tokio::spawn(run_dispatcher(
+            app,
+            listener,
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+            shutdown,
+        ));
         if data.is_some() {
             applied_what_was_posted(ports.log.as_ref()).await?;
         }
@@ -443,11 +646,22 @@ async fn applied_what_was_posted(log: &dyn EventLog) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let mut waiting = 0;
-        let mut filter = glia_backends::RunFilter { limit: 1000, ..Default::default() };
+        let mut filter = glia_backends::RunFilter {
+            limit: 1000,
+            ..Default::default()
+        };
         loop {
             let page = log.list_runs(&filter).await.context("listing runs")?;
-            for run in page.iter().filter(|r| r.status != glia_backends::RunStatus::Done) {
-                if !log.inbox(run.run_id).await.context("reading an inbox")?.is_empty() {
+            for run in page
+                .iter()
+                .filter(|r| r.status != glia_backends::RunStatus::Done)
+            {
+                if !log
+                    .inbox(run.run_id)
+                    .await
+                    .context("reading an inbox")?
+                    .is_empty()
+                {
                     waiting += 1;
                 }
             }
@@ -460,7 +674,10 @@ async fn applied_what_was_posted(log: &dyn EventLog) -> Result<()> {
             return Ok(());
         }
         if std::time::Instant::now() > deadline {
-            tracing::warn!(runs = waiting, "payloads posted before the restart are still not applied; resuming anyway");
+            tracing::warn!(
+                runs = waiting,
+                "payloads posted before the restart are still not applied; resuming anyway"
+            );
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -480,20 +697,28 @@ impl Drop for Embedded {
 /// when `--tenant-caps` was given; unchanged otherwise.
 fn with_caps(agent: Arc<Agent>, caps: Option<TenantCaps>, ports: &Ports) -> Result<Arc<Agent>> {
     let Some(caps) = caps else { return Ok(agent) };
-    let agent = Arc::try_unwrap(agent).map_err(|_| anyhow::anyhow!("the agent is shared before its budget gate is set"))?;
+    let agent = Arc::try_unwrap(agent)
+        .map_err(|_| anyhow::anyhow!("the agent is shared before its budget gate is set"))?;
     info!(tenants = caps.0.len(), "tenant daily caps enforced");
-    Ok(Arc::new(agent.with_budget_gate(Arc::new(LedgerGate::new(ports.ledger.clone(), ports.log.clone(), caps)))))
+    Ok(Arc::new(agent.with_budget_gate(Arc::new(LedgerGate::new(
+        ports.ledger.clone(),
+        ports.log.clone(),
+        caps,
+    )))))
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).unwrap_or_else(|_| "glia".into())
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "glia".into())
 }
 
 /// Turns true on SIGINT or SIGTERM.
 fn shutdown_signal() -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -564,11 +789,13 @@ impl DispatcherArgs {
             specs.push(glia_dispatcher::Auth::parse_spec(spec).context("parsing --token")?);
         }
         if let Some(path) = &self.tokens_file {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
             if !specs.is_empty() {
                 bail!("give tokens either with --token or with --tokens-file, not both");
             }
-            return glia_dispatcher::Auth::from_json(&text).with_context(|| format!("parsing {}", path.display()));
+            return glia_dispatcher::Auth::from_json(&text)
+                .with_context(|| format!("parsing {}", path.display()));
         }
         Ok(glia_dispatcher::Auth::from_tokens(specs)?)
     }
@@ -587,8 +814,15 @@ impl DispatcherArgs {
         inbox.secure_cookies = self.secure_cookies;
         let webhooks = glia_dispatcher::webhooks::WebhookConfig {
             store: webhooks,
-            policy: glia_dispatcher::webhooks::WebhookPolicy { allow_private: self.webhook_allow_private, allow_hosts: self.webhook_allow_hosts.clone() },
-            public_url: Some(self.public_url.clone().unwrap_or_else(|| format!("http://{}", self.listen))),
+            policy: glia_dispatcher::webhooks::WebhookPolicy {
+                allow_private: self.webhook_allow_private,
+                allow_hosts: self.webhook_allow_hosts.clone(),
+            },
+            public_url: Some(
+                self.public_url
+                    .clone()
+                    .unwrap_or_else(|| format!("http://{}", self.listen)),
+            ),
         };
         let admission = glia_dispatcher::batches::Admission {
             max_in_flight: self.batch_max_in_flight.max(1),
@@ -596,26 +830,56 @@ impl DispatcherArgs {
             weights: self.batch_weights.iter().cloned().collect(),
             ..Default::default()
         };
-        app.with_inbox(inbox).with_webhooks(webhooks).with_batches(glia_dispatcher::batches::BatchConfig { store: ports.batches.clone(), admission })
+        app.with_inbox(inbox).with_webhooks(webhooks).with_batches(
+            glia_dispatcher::batches::BatchConfig {
+                store: ports.batches.clone(),
+                admission,
+            },
+        )
     }
 }
 
 fn parse_weight(s: &str) -> Result<(String, u32), String> {
-    let (tenant, weight) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected TENANT=WEIGHT"))?;
-    let weight: u32 = weight.parse().map_err(|_| format!("{s:?}: the weight must be a positive integer"))?;
+    let (tenant, weight) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected TENANT=WEIGHT"))?;
+    let weight: u32 = weight
+        .parse()
+        .map_err(|_| format!("{s:?}: the weight must be a positive integer"))?;
     if tenant.is_empty() || weight == 0 {
-        return Err(format!("{s:?}: expected TENANT=WEIGHT with a non-empty tenant and a weight of at least 1"));
+        return Err(format!(
+            "{s:?}: expected TENANT=WEIGHT with a non-empty tenant and a weight of at least 1"
+        ));
     }
     Ok((tenant.to_owned(), weight))
 }
 
-async fn serve_dispatcher(ports: &Ports, args: &DispatcherArgs, admission: Option<glia_dispatcher::Admission>, shutdown: watch::Receiver<bool>) -> Result<()> {
-    let app = glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), args.auth()?);
+async fn serve_dispatcher(
+    ports: &Ports,
+    args: &DispatcherArgs,
+    admission: Option<glia_dispatcher::Admission>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    let app = glia_dispatcher::App::new(
+        ports.log.clone(),
+        ports.queue.clone(),
+        ports.ledger.clone(),
+        args.auth()?,
+    );
     let mut app = args.configure(app, ports);
     app.admission = admission;
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
     let every = Duration::from_secs(args.reconcile_every.max(1));
-    run_dispatcher(app, listener, every, Duration::from_millis(args.metrics_sample_ms.max(100)), shutdown).await
+    run_dispatcher(
+        app,
+        listener,
+        every,
+        Duration::from_millis(args.metrics_sample_ms.max(100)),
+        shutdown,
+    )
+    .await
 }
 
 /// The dispatcher: the outbox relay, the reconciler (every `reconcile_every`)
@@ -643,7 +907,10 @@ fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sampl
     tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
     tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
     if app.webhooks.store.is_some() {
-        tokio::spawn(glia_dispatcher::webhooks::deliver(app.clone(), glia_dispatcher::webhooks::DeliveryOptions::default()));
+        tokio::spawn(glia_dispatcher::webhooks::deliver(
+            app.clone(),
+            glia_dispatcher::webhooks::DeliveryOptions::default(),
+        ));
     }
     if app.batches.store.is_some() {
         tokio::spawn(glia_dispatcher::batches::admit(app.clone()));
@@ -658,21 +925,42 @@ pub async fn dispatcher(urls: Urls, args: DispatcherArgs, catalogue: CatalogueAr
     urls.check()?;
     let auth = args.auth()?;
     let admission = catalogue.admission()?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
     let shutdown = shutdown_signal();
-    let gate = Gate::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]), auth.is_open());
+    let gate = Gate::new(
+        Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]),
+        auth.is_open(),
+    );
     let mut stop = shutdown.clone();
-    let mut server = tokio::spawn(glia_dispatcher::serve_gate(gate.clone(), listener, async move {
-        let _ = stop.wait_for(|s| *s).await;
-    }));
+    let mut server = tokio::spawn(glia_dispatcher::serve_gate(
+        gate.clone(),
+        listener,
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+    ));
     let ports = tokio::select! {
         served = &mut server => return Ok(served.context("the HTTP server task")??),
         ports = Ports::connect_waiting(&urls, gate.startup(), shutdown.clone()) => ports?,
     };
     if let Some(ports) = ports {
-        let mut app = args.configure(glia_dispatcher::App::new(ports.log.clone(), ports.queue.clone(), ports.ledger.clone(), auth), &ports);
+        let mut app = args.configure(
+            glia_dispatcher::App::new(
+                ports.log.clone(),
+                ports.queue.clone(),
+                ports.ledger.clone(),
+                auth,
+            ),
+            &ports,
+        );
         app.admission = admission;
-        spawn_background(&app, Duration::from_secs(args.reconcile_every.max(1)), Duration::from_millis(args.metrics_sample_ms.max(100)));
+        spawn_background(
+            &app,
+            Duration::from_secs(args.reconcile_every.max(1)),
+            Duration::from_millis(args.metrics_sample_ms.max(100)),
+        );
         gate.open(app);
         info!("dispatcher ready: Postgres, RabbitMQ and Redis connected");
     }
@@ -694,7 +982,12 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     let shutdown = shutdown_signal();
     let readiness = crate::observe::Readiness::new(Startup::new(&[EVENT_LOG, JOB_QUEUE, LEDGER]));
     if let (Some(metrics), Some(addr)) = (&metrics, args.metrics_listen) {
-        let listener = crate::observe::serve_metrics(addr, metrics.clone(), readiness.clone(), shutdown.clone());
+        let listener = crate::observe::serve_metrics(
+            addr,
+            metrics.clone(),
+            readiness.clone(),
+            shutdown.clone(),
+        );
         tokio::spawn(async move {
             if let Err(e) = listener.await {
                 tracing::error!("metrics endpoint: {e:#}");
@@ -706,7 +999,10 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
         agent = args.agent(Some((&urls.redis_url, &urls.redis_prefix)), provider_metrics, readiness.startup()) => agent?,
         _ = stop.wait_for(|s| *s) => return Ok(()),
     };
-    let Some(ports) = Ports::connect_waiting(&urls, readiness.startup(), shutdown.clone()).await? else { return Ok(()) };
+    let Some(ports) = Ports::connect_waiting(&urls, readiness.startup(), shutdown.clone()).await?
+    else {
+        return Ok(());
+    };
     readiness.connected(&ports);
     info!("worker ready: Postgres, RabbitMQ and Redis connected");
     let agent = with_caps(agent, caps, &ports)?;
@@ -751,7 +1047,11 @@ pub enum Store {
 /// With `--metrics-listen`, the workers' metrics are served there (the
 /// dispatcher's are at `/metrics` of the API).
 pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
-    let NodeArgs { workers, worker: worker_args, dispatcher: dispatcher_args } = node;
+    let NodeArgs {
+        workers,
+        worker: worker_args,
+        dispatcher: dispatcher_args,
+    } = node;
     let caps = worker_args.tenant_caps()?;
     let (metrics, provider_metrics) = worker_args.metrics().unzip();
     let redis = match &store {
@@ -765,10 +1065,12 @@ pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
     let ports = match &store {
         Store::Memory => Ports::memory(),
         // Waits for the services (logging why), like `glia dispatcher` and `glia worker`.
-        Store::Services(urls) => match Ports::connect_waiting(urls, &startup, shutdown.clone()).await? {
-            Some(ports) => ports,
-            None => return Ok(()),
-        },
+        Store::Services(urls) => {
+            match Ports::connect_waiting(urls, &startup, shutdown.clone()).await? {
+                Some(ports) => ports,
+                None => return Ok(()),
+            }
+        }
         Store::Sqlite(path) => {
             let ports = Ports::sqlite(path).await?;
             info!(data = %path.display(), "single node on a SQLite file");
@@ -779,7 +1081,12 @@ pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
     readiness.connected(&ports);
     let metrics = metrics.map(Arc::new);
     if let (Some(metrics), Some(addr)) = (&metrics, worker_args.metrics_listen) {
-        let listener = crate::observe::serve_metrics(addr, metrics.clone(), readiness.clone(), shutdown.clone());
+        let listener = crate::observe::serve_metrics(
+            addr,
+            metrics.clone(),
+            readiness.clone(),
+            shutdown.clone(),
+        );
         tokio::spawn(async move {
             if let Err(e) = listener.await {
                 tracing::error!("metrics endpoint: {e:#}");
@@ -794,7 +1101,13 @@ pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
         tokio::spawn(Arc::new(w).run(shutdown.clone()));
     }
     let sources = agent.tool_sources().cloned();
-    let served = serve_dispatcher(&ports, &dispatcher_args, Some(worker_args.catalogue.in_process_admission()?), shutdown).await;
+    let served = serve_dispatcher(
+        &ports,
+        &dispatcher_args,
+        Some(worker_args.catalogue.in_process_admission()?),
+        shutdown,
+    )
+    .await;
     if let Some(sources) = sources {
         sources.shutdown().await;
     }

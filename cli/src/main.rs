@@ -28,7 +28,13 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Log format on stderr: `text` or `json` (one object per line, with the run id and seq).
-    #[arg(long, global = true, value_enum, env = "GLIA_LOG_FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "GLIA_LOG_FORMAT",
+        default_value = "text"
+    )]
     log_format: observe::LogFormat,
 }
 
@@ -188,9 +194,18 @@ async fn main() -> Result<()> {
     let _telemetry = observe::init_logging(cli.log_format, default_level);
     match cli.command {
         Command::Run(args) => run(args).await,
-        Command::Dispatcher { urls, args, catalogue } => fleet::dispatcher(urls, args, catalogue).await,
+        Command::Dispatcher {
+            urls,
+            args,
+            catalogue,
+        } => fleet::dispatcher(urls, args, catalogue).await,
         Command::Worker { urls, args } => fleet::worker(urls, args).await,
-        Command::Dev { urls, services, data, node } => {
+        Command::Dev {
+            urls,
+            services,
+            data,
+            node,
+        } => {
             let store = match (data, services) {
                 (Some(path), _) => fleet::Store::Sqlite(path),
                 (None, true) => fleet::Store::Services(urls),
@@ -212,7 +227,9 @@ async fn main() -> Result<()> {
         Command::ReplayTools { file, tools } => {
             let tools = tools.unwrap_or_else(|| file.with_file_name(glia_replay::tau::TOOLS));
             let recording = glia_replay::tau::load(&file, &tools)?;
-            glia_replay::mcp::serve_stdio(&recording).await.map_err(|e| anyhow::anyhow!("serving the recorded tools over MCP: {e}"))
+            glia_replay::mcp::serve_stdio(&recording)
+                .await
+                .map_err(|e| anyhow::anyhow!("serving the recorded tools over MCP: {e}"))
         }
     }
 }
@@ -226,9 +243,17 @@ struct Printer {
 impl EventSink for Printer {
     async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
         if self.json {
-            println!("{}", serde_json::to_string(event).map_err(|e| SinkError(e.to_string()))?);
+            println!(
+                "{}",
+                serde_json::to_string(event).map_err(|e| SinkError(e.to_string()))?
+            );
         } else {
-            println!("{:>4}  {:<18} {}", event.seq, event.kind.name(), describe(&event.kind));
+            println!(
+                "{:>4}  {:<18} {}",
+                event.seq,
+                event.kind.name(),
+                describe(&event.kind)
+            );
         }
         Ok(())
     }
@@ -242,48 +267,87 @@ async fn run(args: RunArgs) -> Result<()> {
     if let Some(model) = &args.model {
         config.model.clone_from(model);
     }
-    config.validate().map_err(|e| anyhow::anyhow!("invalid run config: {e}"))?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid run config: {e}"))?;
     args.provider.check(false)?;
     let provider: Arc<dyn Provider> = match (&args.script, args.provider.provider) {
         (Some(path), _) => {
-            let script = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            Arc::new(ScriptedProvider::from_json(&script).with_context(|| format!("parsing script {}", path.display()))?)
+            let script = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Arc::new(
+                ScriptedProvider::from_json(&script)
+                    .with_context(|| format!("parsing script {}", path.display()))?,
+            )
         }
         (None, Some(kind)) => {
             if config.model == RunConfig::default().model {
-                bail!("name the {} model to call: --model NAME, or \"model\" in --config", kind.name());
+                bail!(
+                    "name the {} model to call: --model NAME, or \"model\" in --config",
+                    kind.name()
+                );
             }
             let provider = glia_providers::from_config(&args.provider.config(kind))?;
             if let Some(path) = &args.provider.prices {
                 let table = glia_providers::PriceTable::from_file(path)?;
                 let pricing = table.pricing(kind.name(), &config.model);
-                config.pricing = Some(pricing.with_context(|| format!("{} has no price for {}/{}", path.display(), kind.name(), config.model))?);
+                config.pricing = Some(pricing.with_context(|| {
+                    format!(
+                        "{} has no price for {}/{}",
+                        path.display(),
+                        kind.name(),
+                        config.model
+                    )
+                })?);
             }
             provider
         }
         (None, None) => unreachable!("clap requires --script or --provider"),
     };
-    let agent = if args.demo { Agent::new(provider).with_tools(demo::tools()) } else { Agent::new(provider) };
+    let agent = if args.demo {
+        Agent::new(provider).with_tools(demo::tools())
+    } else {
+        Agent::new(provider)
+    };
     let mut sink = Printer { json: args.json };
-    let (mut state, mut status) = agent.run(uuid::Uuid::now_v7(), &args.goal, config, &mut sink).await?;
+    let (mut state, mut status) = agent
+        .run(uuid::Uuid::now_v7(), &args.goal, config, &mut sink)
+        .await?;
     let mut replies = args.replies.into_iter();
     let mut tool_results = args.tool_results.into_iter();
     while let Status::Parked(pull_point) = &status {
         let input = match pull_point {
             PullPoint::AwaitingApproval { call_ids } if args.approve || args.reject.is_some() => {
-                let call = state.call(&call_ids[0]).context("approval for an unknown call")?;
+                let call = state
+                    .call(&call_ids[0])
+                    .context("approval for an unknown call")?;
                 let decision = match &args.reject {
-                    Some(reason) => Decision::Reject { reason: reason.clone() },
+                    Some(reason) => Decision::Reject {
+                        reason: reason.clone(),
+                    },
                     None => Decision::Approve,
                 };
-                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision, by: Some("cli".into()), request_seq: None }
+                Resume::Approval {
+                    call_id: call.call_id.clone(),
+                    args_hash: call.args_hash.clone(),
+                    decision,
+                    by: Some("cli".into()),
+                    request_seq: None,
+                }
             }
             PullPoint::AwaitingTool { call_ids } => match tool_results.next() {
-                Some(content) => Resume::ToolResult { call_id: call_ids[0].clone(), content, is_error: false },
+                Some(content) => Resume::ToolResult {
+                    call_id: call_ids[0].clone(),
+                    content,
+                    is_error: false,
+                },
                 None => break,
             },
             PullPoint::AwaitingInput => match replies.next() {
-                Some(text) => Resume::Input { text, redactions: Vec::new() },
+                Some(text) => Resume::Input {
+                    text,
+                    redactions: Vec::new(),
+                },
                 None => {
                     status = agent.close(&mut state, &mut sink).await?;
                     break;
@@ -296,13 +360,27 @@ async fn run(args: RunArgs) -> Result<()> {
     finish(&state, &status, args.checkpoint.as_deref(), args.json)
 }
 
-fn finish(state: &RunState, status: &Status, checkpoint: Option<&std::path::Path>, json: bool) -> Result<()> {
+fn finish(
+    state: &RunState,
+    status: &Status,
+    checkpoint: Option<&std::path::Path>,
+    json: bool,
+) -> Result<()> {
     if let Status::Parked(pull_point) = status {
         if let Some(path) = checkpoint {
-            std::fs::write(path, serde_json::to_vec_pretty(state)?).with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(path, serde_json::to_vec_pretty(state)?)
+                .with_context(|| format!("writing {}", path.display()))?;
         }
         if !json {
-            eprintln!("parked at {} (run {}){}", pull_point.name(), state.run_id, checkpoint.map_or(String::new(), |p| format!("; checkpoint in {}", p.display())));
+            eprintln!(
+                "parked at {} (run {}){}",
+                pull_point.name(),
+                state.run_id,
+                checkpoint.map_or(String::new(), |p| format!(
+                    "; checkpoint in {}",
+                    p.display()
+                ))
+            );
         }
         return Ok(());
     }
@@ -316,50 +394,162 @@ fn finish(state: &RunState, status: &Status, checkpoint: Option<&std::path::Path
 pub(crate) fn describe(kind: &EventKind) -> String {
     fn clip(s: &str) -> String {
         let one_line = s.replace('\n', " ");
-        if one_line.chars().count() > 100 { format!("{}…", one_line.chars().take(100).collect::<String>()) } else { one_line }
+        if one_line.chars().count() > 100 {
+            format!("{}…", one_line.chars().take(100).collect::<String>())
+        } else {
+            one_line
+        }
     }
     match kind {
-        EventKind::SessionStart { goal, config, .. } => format!("goal: {} (model {})", clip(goal), config.model),
-        EventKind::PlanDraft { steps, .. } | EventKind::PlanCommit { steps } => format!("{} step(s): {}", steps.len(), clip(&steps.join(" | "))),
-        EventKind::StepStart { index, description, tools } => format!("#{index} {} ({} tools)", clip(description), tools.len()),
-        EventKind::StepEnd { index, answer, skipped } => format!("#{index}{} {}", if *skipped { " skipped" } else { "" }, clip(answer)),
-        EventKind::ModelCall { model, messages, wrap_up, .. } => format!("{model}, {messages} messages{}", if *wrap_up { ", wrap-up" } else { "" }),
-        EventKind::ModelRetry(r) => format!("attempt {} failed ({}), retrying in {} ms: {}", r.attempt, r.cause, r.delay_ms, clip(&r.message)),
+        EventKind::SessionStart { goal, config, .. } => {
+            format!("goal: {} (model {})", clip(goal), config.model)
+        }
+        EventKind::PlanDraft { steps, .. } | EventKind::PlanCommit { steps } => {
+            format!("{} step(s): {}", steps.len(), clip(&steps.join(" | ")))
+        }
+        EventKind::StepStart {
+            index,
+            description,
+            tools,
+        } => format!("#{index} {} ({} tools)", clip(description), tools.len()),
+        EventKind::StepEnd {
+            index,
+            answer,
+            skipped,
+        } => format!(
+            "#{index}{} {}",
+            if *skipped { " skipped" } else { "" },
+            clip(answer)
+        ),
+        EventKind::ModelCall {
+            model,
+            messages,
+            wrap_up,
+            ..
+        } => format!(
+            "{model}, {messages} messages{}",
+            if *wrap_up { ", wrap-up" } else { "" }
+        ),
+        EventKind::ModelRetry(r) => format!(
+            "attempt {} failed ({}), retrying in {} ms: {}",
+            r.attempt,
+            r.cause,
+            r.delay_ms,
+            clip(&r.message)
+        ),
         EventKind::MessageElided { index, reason } => format!("message {index}: {}", clip(reason)),
-        EventKind::ModelResponse { message, usage, stop_reason, rejected, .. } => {
-            let calls: Vec<String> = message.tool_uses().map(|(id, name, _)| format!("{name}#{id}")).collect();
+        EventKind::ModelResponse {
+            message,
+            usage,
+            stop_reason,
+            rejected,
+            ..
+        } => {
+            let calls: Vec<String> = message
+                .tool_uses()
+                .map(|(id, name, _)| format!("{name}#{id}"))
+                .collect();
             let text = clip(&message.text());
             let rejected = rejected.as_ref().map_or(String::new(), |r| {
-                let turn = r.refused_turn.map_or(String::new(), |t| format!(", {} (message {})", t.turn.describe(), t.index));
-                format!(" rejected ({}: {}{turn})", r.class.label(), r.action.label())
+                let turn = r.refused_turn.map_or(String::new(), |t| {
+                    format!(", {} (message {})", t.turn.describe(), t.index)
+                });
+                format!(
+                    " rejected ({}: {}{turn})",
+                    r.class.label(),
+                    r.action.label()
+                )
             });
             let estimated = if usage.estimated { ", estimated" } else { "" };
             format!(
                 "[{stop_reason}]{rejected} {}{} (in {} / out {} tokens{estimated})",
                 text,
-                if calls.is_empty() { String::new() } else { format!(" calls {}", calls.join(", ")) },
+                if calls.is_empty() {
+                    String::new()
+                } else {
+                    format!(" calls {}", calls.join(", "))
+                },
                 usage.input_tokens,
                 usage.output_tokens
             )
         }
-        EventKind::ToolCall(c) => format!("{}#{} {} → {:?}", c.name, c.call_id, clip(&c.input.to_string()), c.disposition),
-        EventKind::ToolResult { call_id, content, .. } => format!("#{call_id} {}", clip(&content.to_text())),
-        EventKind::ToolError { call_id, error, message, .. } => format!("#{call_id} {error:?}: {}", clip(message)),
-        EventKind::ToolRecovered { call_id, idempotency_key } => format!("#{call_id} result held by the worker that ran it, recovered ({idempotency_key})"),
-        EventKind::ApprovalRequested { call_id, tool, input, .. } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
-        EventKind::ApprovalResolved { call_id, decision, by, .. } => format!("#{call_id} {decision:?} by {}", by.as_deref().unwrap_or("?")),
-        EventKind::ApprovalEscalated { call_id, expires_at } => format!("#{call_id} deadline {} passed: escalated", expires_at.map_or_else(|| "?".into(), |t| t.to_rfc3339())),
+        EventKind::ToolCall(c) => format!(
+            "{}#{} {} → {:?}",
+            c.name,
+            c.call_id,
+            clip(&c.input.to_string()),
+            c.disposition
+        ),
+        EventKind::ToolResult {
+            call_id, content, ..
+        } => format!("#{call_id} {}", clip(&content.to_text())),
+        EventKind::ToolError {
+            call_id,
+            error,
+            message,
+            ..
+        } => format!("#{call_id} {error:?}: {}", clip(message)),
+        EventKind::ToolRecovered {
+            call_id,
+            idempotency_key,
+        } => format!(
+            "#{call_id} result held by the worker that ran it, recovered ({idempotency_key})"
+        ),
+        EventKind::ApprovalRequested {
+            call_id,
+            tool,
+            input,
+            ..
+        } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
+        EventKind::ApprovalResolved {
+            call_id,
+            decision,
+            by,
+            ..
+        } => format!(
+            "#{call_id} {decision:?} by {}",
+            by.as_deref().unwrap_or("?")
+        ),
+        EventKind::ApprovalEscalated {
+            call_id,
+            expires_at,
+        } => format!(
+            "#{call_id} deadline {} passed: escalated",
+            expires_at.map_or_else(|| "?".into(), |t| t.to_rfc3339())
+        ),
         EventKind::InputReceived { text, .. } => clip(text),
-        EventKind::GuardrailTripped { stage, guardrail, reason, .. } => format!("{stage:?} {guardrail}: {}", clip(reason)),
-        EventKind::ContextCompacted { strategy, removed, .. } => format!("{strategy}: removed {removed} messages"),
+        EventKind::GuardrailTripped {
+            stage,
+            guardrail,
+            reason,
+            ..
+        } => format!("{stage:?} {guardrail}: {}", clip(reason)),
+        EventKind::ContextCompacted {
+            strategy, removed, ..
+        } => format!("{strategy}: removed {removed} messages"),
         EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),
         EventKind::BudgetExtended { limits } => format!("{limits:?}"),
-        EventKind::SessionPause { pull_point } => serde_json::to_string(pull_point).unwrap_or_default(),
-        EventKind::SessionPauseRequested { reason, by } => format!("{} (by {})", clip(reason), by.as_deref().unwrap_or("?")),
+        EventKind::SessionPause { pull_point } => {
+            serde_json::to_string(pull_point).unwrap_or_default()
+        }
+        EventKind::SessionPauseRequested { reason, by } => {
+            format!("{} (by {})", clip(reason), by.as_deref().unwrap_or("?"))
+        }
         EventKind::SessionResume { by } => format!("by {}", by.as_deref().unwrap_or("?")),
         EventKind::SessionCancel { reason } => clip(reason),
-        EventKind::SessionComplete { outcome } => clip(&serde_json::to_string(outcome).unwrap_or_default()),
-        EventKind::Error { message, fatal } => format!("{}{}", if *fatal { "fatal: " } else { "" }, clip(message)),
-        EventKind::HookApplied { topic, hook, effect } => format!("{topic:?} {hook}: {}", clip(&serde_json::to_string(effect).unwrap_or_default())),
+        EventKind::SessionComplete { outcome } => {
+            clip(&serde_json::to_string(outcome).unwrap_or_default())
+        }
+        EventKind::Error { message, fatal } => {
+            format!("{}{}", if *fatal { "fatal: " } else { "" }, clip(message))
+        }
+        EventKind::HookApplied {
+            topic,
+            hook,
+            effect,
+        } => format!(
+            "{topic:?} {hook}: {}",
+            clip(&serde_json::to_string(effect).unwrap_or_default())
+        ),
     }
 }

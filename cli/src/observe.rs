@@ -43,9 +43,19 @@ pub fn init_logging(format: LogFormat, default_level: &str) -> Telemetry {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into());
-    let text = (format == LogFormat::Text).then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
-    let json = (format == LogFormat::Json).then(|| tracing_subscriber::fmt::layer().json().with_current_span(true).with_span_list(false).with_writer(std::io::stderr));
-    let registry = tracing_subscriber::registry().with(filter).with(text).with(json);
+    let text = (format == LogFormat::Text)
+        .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+    let json = (format == LogFormat::Json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+    });
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(text)
+        .with(json);
     #[cfg(feature = "otlp")]
     {
         let (layer, provider) = otlp::layer().unzip();
@@ -86,12 +96,18 @@ mod otlp {
     /// OTLP/HTTP (batched) and its provider (to flush at exit), or `None`
     /// when the variable is unset or the exporter cannot be built (reported
     /// on stderr).
-    pub fn layer<S>() -> Option<(tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>, SdkTracerProvider)>
+    pub fn layer<S>() -> Option<(
+        tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::Tracer>,
+        SdkTracerProvider,
+    )>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
         std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT")?;
-        let exporter = match opentelemetry_otlp::SpanExporter::builder().with_http().build() {
+        let exporter = match opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build()
+        {
             Ok(e) => e,
             Err(e) => {
                 eprintln!("OTLP export disabled: {e}");
@@ -99,8 +115,13 @@ mod otlp {
             }
         };
         let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "glia".into());
-        let resource = opentelemetry_sdk::Resource::builder().with_service_name(service).build();
-        let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
+        let resource = opentelemetry_sdk::Resource::builder()
+            .with_service_name(service)
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource)
+            .build();
         let tracer = provider.tracer("glia");
         opentelemetry::global::set_tracer_provider(provider.clone());
         Some((tracing_opentelemetry::layer().with_tracer(tracer), provider))
@@ -122,7 +143,10 @@ pub struct Readiness {
 impl Readiness {
     /// Not connected yet; `startup` is kept current by the connecting code.
     pub fn new(startup: Startup) -> Readiness {
-        Readiness { startup, ports: Arc::new(OnceLock::new()) }
+        Readiness {
+            startup,
+            ports: Arc::new(OnceLock::new()),
+        }
     }
 
     /// The services' states at start, for the connecting code to update.
@@ -138,7 +162,15 @@ impl Readiness {
     /// Each service → `ok` or why not.
     pub async fn checks(&self) -> std::collections::BTreeMap<String, String> {
         match self.ports.get() {
-            Some(p) => glia_backends::readiness(p.log.as_ref(), p.queue.as_ref(), p.ledger.as_ref(), glia_dispatcher::Limits::default().ready_timeout).await,
+            Some(p) => {
+                glia_backends::readiness(
+                    p.log.as_ref(),
+                    p.queue.as_ref(),
+                    p.ledger.as_ref(),
+                    glia_dispatcher::Limits::default().ready_timeout,
+                )
+                .await
+            }
             None => self.startup.checks(),
         }
     }
@@ -147,18 +179,34 @@ impl Readiness {
 /// Serve `/metrics`, `/healthz` and `/readyz` (same answers as the
 /// dispatcher's: [`glia_dispatcher::api::readiness_answer`]) on `addr` until
 /// `shutdown` turns true.
-pub async fn serve_metrics(addr: SocketAddr, metrics: Arc<WorkerMetrics>, readiness: Readiness, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Arc<WorkerMetrics>,
+    readiness: Readiness,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<()> {
     let app = Router::new()
-        .route("/metrics", get(move || {
-            let metrics = metrics.clone();
-            async move { ([(header::CONTENT_TYPE, OPENMETRICS)], metrics.encode()) }
-        }))
-        .route("/healthz", get(|| async { glia_dispatcher::api::healthz_answer() }))
-        .route("/readyz", get(move || {
-            let readiness = readiness.clone();
-            async move { glia_dispatcher::api::readiness_answer(readiness.checks().await) }
-        }));
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding --metrics-listen {addr}"))?;
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move { ([(header::CONTENT_TYPE, OPENMETRICS)], metrics.encode()) }
+            }),
+        )
+        .route(
+            "/healthz",
+            get(|| async { glia_dispatcher::api::healthz_answer() }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let readiness = readiness.clone();
+                async move { glia_dispatcher::api::readiness_answer(readiness.checks().await) }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --metrics-listen {addr}"))?;
     tracing::info!(%addr, "worker metrics listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use glia_providers::http::{HttpProvider, Wire};
-use glia_providers::{PriceTable, ProviderConfig, ProviderKind, ProviderMetrics, RateLimiter, RateLimits, RefusalIsolator};
+use glia_providers::{
+    PriceTable, ProviderConfig, ProviderKind, ProviderMetrics, RateLimiter, RateLimits,
+    RefusalIsolator,
+};
 use glia_worker::catalogue::{Catalogue, ProviderKind as CatalogueKind};
 use glia_worker::provider::Provider;
 
@@ -70,7 +73,10 @@ impl ProviderArgs {
 
     /// The price table named by `--prices`, if any.
     pub fn price_table(&self) -> Result<Option<PriceTable>> {
-        self.prices.as_ref().map(|path| PriceTable::from_file(path).context("loading --prices")).transpose()
+        self.prices
+            .as_ref()
+            .map(|path| PriceTable::from_file(path).context("loading --prices"))
+            .transpose()
     }
 
     /// A provider for a fleet worker: retries, refusal isolation, prices from
@@ -80,7 +86,12 @@ impl ProviderArgs {
     /// retried with backoff, as `rate_limiter` in `/readyz`), counted in
     /// `metrics` when given. A missing key fails first, before anything
     /// connects.
-    pub async fn fleet_provider(&self, kind: ProviderKind, limiter: Option<(&str, &str, RateLimits, &glia_dispatcher::Startup)>, metrics: Option<ProviderMetrics>) -> Result<Arc<dyn Provider>> {
+    pub async fn fleet_provider(
+        &self,
+        kind: ProviderKind,
+        limiter: Option<(&str, &str, RateLimits, &glia_dispatcher::Startup)>,
+        metrics: Option<ProviderMetrics>,
+    ) -> Result<Arc<dyn Provider>> {
         let config = self.config(kind);
         config.api_key()?;
         build(&config, limiter, self.price_table()?, metrics).await
@@ -94,7 +105,12 @@ impl ProviderArgs {
     /// `{prefix}:provider:{NAME}:`, so two entries of one kind never share
     /// buckets. Without Redis the entry's limits are not enforced (a
     /// warning says so). Errors: a key variable that is not set.
-    pub async fn catalogue_providers(&self, catalogue: &Catalogue, redis: Option<(&str, &str, &glia_dispatcher::Startup)>, metrics: Option<ProviderMetrics>) -> Result<Vec<(String, Arc<dyn Provider>)>> {
+    pub async fn catalogue_providers(
+        &self,
+        catalogue: &Catalogue,
+        redis: Option<(&str, &str, &glia_dispatcher::Startup)>,
+        metrics: Option<ProviderMetrics>,
+    ) -> Result<Vec<(String, Arc<dyn Provider>)>> {
         let prices = self.price_table()?;
         let mut built = Vec::new();
         for (name, entry) in &catalogue.providers {
@@ -102,20 +118,32 @@ impl ProviderArgs {
                 CatalogueKind::Anthropic => ProviderKind::Anthropic,
                 CatalogueKind::Openai => ProviderKind::Openai,
             };
-            let config = ProviderConfig { base_url: Some(entry.base_url.clone()), api_key_env: Some(entry.api_key_env.clone()), ..ProviderConfig::new(kind) };
-            config.api_key().with_context(|| format!("catalogue providers.{name}"))?;
+            let config = ProviderConfig {
+                base_url: Some(entry.base_url.clone()),
+                api_key_env: Some(entry.api_key_env.clone()),
+                ..ProviderConfig::new(kind)
+            };
+            config
+                .api_key()
+                .with_context(|| format!("catalogue providers.{name}"))?;
             let limits = RateLimits {
                 requests_per_minute: entry.requests_per_minute.map_or(0, u64::from),
                 input_tokens_per_minute: entry.input_tokens_per_minute.map_or(0, u64::from),
                 output_tokens_per_minute: entry.output_tokens_per_minute.map_or(0, u64::from),
                 resume_spacing_ms: None,
             };
-            let limited = entry.requests_per_minute.or(entry.input_tokens_per_minute).or(entry.output_tokens_per_minute).is_some();
+            let limited = entry
+                .requests_per_minute
+                .or(entry.input_tokens_per_minute)
+                .or(entry.output_tokens_per_minute)
+                .is_some();
             if redis.is_none() && limited {
                 tracing::warn!(provider = %name, "the catalogue's rate limits are enforced only with Redis (glia worker, or glia dev --services)");
             }
             let prefix = redis.map(|(_, prefix, _)| format!("{prefix}:provider:{name}:"));
-            let limiter = redis.zip(prefix.as_deref()).map(|((url, _, startup), prefix)| (url, prefix, limits, startup));
+            let limiter = redis
+                .zip(prefix.as_deref())
+                .map(|((url, _, startup), prefix)| (url, prefix, limits, startup));
             let provider = build(&config, limiter, prices.clone(), metrics.clone()).await?;
             built.push((name.clone(), provider));
         }
@@ -127,21 +155,49 @@ impl ProviderArgs {
 /// counted in `metrics`, and the fleet-wide rate limiter when `limiter` is
 /// given (Redis URL, key prefix, limits, where to report its connection: a
 /// Redis that is down is waited for). The caller checks the API key first.
-async fn build(config: &ProviderConfig, limiter: Option<(&str, &str, RateLimits, &glia_dispatcher::Startup)>, prices: Option<PriceTable>, metrics: Option<ProviderMetrics>) -> Result<Arc<dyn Provider>> {
+async fn build(
+    config: &ProviderConfig,
+    limiter: Option<(&str, &str, RateLimits, &glia_dispatcher::Startup)>,
+    prices: Option<PriceTable>,
+    metrics: Option<ProviderMetrics>,
+) -> Result<Arc<dyn Provider>> {
     let limiter = match limiter {
         Some((url, prefix, limits, startup)) => {
             let connect = || RateLimiter::connect(url, prefix, limits);
-            Some(Arc::new(crate::fleet::wait_for("rate_limiter", "Redis (the provider rate limiter)", startup, connect).await))
+            Some(Arc::new(
+                crate::fleet::wait_for(
+                    "rate_limiter",
+                    "Redis (the provider rate limiter)",
+                    startup,
+                    connect,
+                )
+                .await,
+            ))
         }
         None => None,
     };
     Ok(match config.kind {
-        ProviderKind::Anthropic => assemble(glia_providers::anthropic_provider(config)?, limiter, prices, metrics),
-        ProviderKind::Openai => assemble(glia_providers::openai_provider(config)?, limiter, prices, metrics),
+        ProviderKind::Anthropic => assemble(
+            glia_providers::anthropic_provider(config)?,
+            limiter,
+            prices,
+            metrics,
+        ),
+        ProviderKind::Openai => assemble(
+            glia_providers::openai_provider(config)?,
+            limiter,
+            prices,
+            metrics,
+        ),
     })
 }
 
-fn assemble<W: Wire>(provider: HttpProvider<W>, limiter: Option<Arc<RateLimiter>>, prices: Option<PriceTable>, metrics: Option<ProviderMetrics>) -> Arc<dyn Provider> {
+fn assemble<W: Wire>(
+    provider: HttpProvider<W>,
+    limiter: Option<Arc<RateLimiter>>,
+    prices: Option<PriceTable>,
+    metrics: Option<ProviderMetrics>,
+) -> Arc<dyn Provider> {
     let provider = match metrics {
         Some(m) => provider.with_metrics(m),
         None => provider,

@@ -3,7 +3,6 @@
 //! answers (the fixtures of `providers/tests/fixtures`), and the clear error
 //! when no API key is configured.
 
-
 use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -17,7 +16,9 @@ const PRICES: &str = "../providers/prices.example.json";
 
 fn glia() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_glia"));
-    cmd.current_dir(env!("CARGO_MANIFEST_DIR")).env("RUST_LOG", "warn").env_remove("RUST_BACKTRACE");
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RUST_LOG", "warn")
+        .env_remove("RUST_BACKTRACE");
     cmd
 }
 
@@ -26,7 +27,10 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 fn events(out: &Output) -> Vec<Event> {
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
 }
 
 fn answer(log: &[Event]) -> String {
@@ -40,7 +44,11 @@ fn answer(log: &[Event]) -> String {
 fn responses(log: &[Event]) -> Vec<(glia_proto::Usage, u64)> {
     log.iter()
         .filter_map(|e| match &e.kind {
-            EventKind::ModelResponse { usage, cost_usd_micros, .. } => Some((*usage, *cost_usd_micros)),
+            EventKind::ModelResponse {
+                usage,
+                cost_usd_micros,
+                ..
+            } => Some((*usage, *cost_usd_micros)),
             _ => None,
         })
         .collect()
@@ -52,24 +60,53 @@ fn openai_compatible_run_against_a_local_server() {
     let base = format!("{}/v1", server.base);
     let key = "sk-cli-openai-test-0123456789";
     let out = run(glia()
-        .args(["run", "--demo", "--json", "--provider", "openai", "--base-url", &base, "--api-key-env", "GLIA_CLI_TEST_OPENAI_KEY"])
+        .args([
+            "run",
+            "--demo",
+            "--json",
+            "--provider",
+            "openai",
+            "--base-url",
+            &base,
+            "--api-key-env",
+            "GLIA_CLI_TEST_OPENAI_KEY",
+        ])
         .args(["--prices", PRICES, "--model", "gpt-4o", "What is 2 + 40?"])
         .env("GLIA_CLI_TEST_OPENAI_KEY", key));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let log = events(&out);
     assert!(answer(&log).contains("42"), "{}", answer(&log));
     // Two turns: the model called `add` (not a tool of `glia run`), got an
     // error result, and answered.
     let seen = server.seen();
     assert_eq!(seen.len(), 2);
-    assert!(seen.iter().all(|s| s.path == "/v1/chat/completions"), "{seen:?}");
-    assert_eq!(seen[0].header("authorization"), Some(format!("Bearer {key}").as_str()));
+    assert!(
+        seen.iter().all(|s| s.path == "/v1/chat/completions"),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen[0].header("authorization"),
+        Some(format!("Bearer {key}").as_str())
+    );
     assert_eq!(seen[0].body["model"], "gpt-4o");
     assert_eq!(seen[0].body["stream"], true);
-    let tool_message = seen[1].body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").expect("the tool result is sent").clone();
+    let tool_message = seen[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool result is sent")
+        .clone();
     assert_eq!(tool_message["tool_call_id"], "call_Add1");
     // Cost from the price file, on the recorded usage.
-    let pricing = PriceTable::from_file(format!("{}/{PRICES}", env!("CARGO_MANIFEST_DIR"))).unwrap().pricing("openai", "gpt-4o").unwrap();
+    let pricing = PriceTable::from_file(format!("{}/{PRICES}", env!("CARGO_MANIFEST_DIR")))
+        .unwrap()
+        .pricing("openai", "gpt-4o")
+        .unwrap();
     let costs = responses(&log);
     assert_eq!(costs.len(), 2);
     for (usage, cost) in costs {
@@ -77,64 +114,158 @@ fn openai_compatible_run_against_a_local_server() {
         assert_eq!(cost, pricing.cost_usd_micros(&usage));
     }
     // The key never reaches the output.
-    assert!(!String::from_utf8_lossy(&out.stdout).contains(key) && !String::from_utf8_lossy(&out.stderr).contains(key));
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains(key)
+            && !String::from_utf8_lossy(&out.stderr).contains(key)
+    );
 }
 
 #[test]
 fn anthropic_run_against_a_local_server() {
     let server = Local::streams(&["anthropic/loop_turn1.sse", "anthropic/loop_turn2.sse"]);
-    let config = std::env::temp_dir().join(format!("glia-cli-anthropic-{}.json", std::process::id()));
+    let config =
+        std::env::temp_dir().join(format!("glia-cli-anthropic-{}.json", std::process::id()));
     std::fs::write(&config, json!({"model": "claude-sonnet-4-5", "system": "You are a careful calculator.", "max_tokens": 1024}).to_string()).unwrap();
     let out = run(glia()
-        .args(["run", "--demo", "--provider", "anthropic", "--base-url", &server.base, "--config", config.to_str().unwrap(), "What is 2 + 40?"])
+        .args([
+            "run",
+            "--demo",
+            "--provider",
+            "anthropic",
+            "--base-url",
+            &server.base,
+            "--config",
+            config.to_str().unwrap(),
+            "What is 2 + 40?",
+        ])
         .env("ANTHROPIC_API_KEY", "sk-ant-cli-test-0123456789"));
     std::fs::remove_file(&config).unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    let names: Vec<&str> = text.lines().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
-    assert_eq!(names.iter().filter(|n| **n == "model.response").count(), 2, "{text}");
+    let names: Vec<&str> = text
+        .lines()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        names.iter().filter(|n| **n == "model.response").count(),
+        2,
+        "{text}"
+    );
     assert_eq!(names.last(), Some(&"session.complete"), "{text}");
     assert!(text.contains("42"), "{text}");
     let seen = server.seen();
     assert_eq!(seen.len(), 2);
     assert!(seen.iter().all(|s| s.path == "/v1/messages"));
-    assert_eq!(seen[0].header("x-api-key"), Some("sk-ant-cli-test-0123456789"));
+    assert_eq!(
+        seen[0].header("x-api-key"),
+        Some("sk-ant-cli-test-0123456789")
+    );
     assert_eq!(seen[0].header("anthropic-version"), Some("2023-06-01"));
     assert_eq!(seen[0].body["model"], "claude-sonnet-4-5");
-    assert_eq!(seen[0].body["system"][0]["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(
+        seen[0].body["system"][0]["cache_control"],
+        json!({"type": "ephemeral"})
+    );
     // The second request answers the tool use in the next user turn.
     let messages = seen[1].body["messages"].as_array().unwrap();
-    let tool_use_id = messages[1]["content"].as_array().unwrap().iter().find(|b| b["type"] == "tool_use").unwrap()["id"].clone();
+    let tool_use_id = messages[1]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .unwrap()["id"]
+        .clone();
     assert_eq!(messages[2]["content"][0]["type"], "tool_result");
     assert_eq!(messages[2]["content"][0]["tool_use_id"], tool_use_id);
 }
 
 #[test]
 fn a_missing_key_names_the_variable_to_set() {
-    let out = run(glia().args(["run", "--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "gpt-4o", "hi"]).env_remove("OPENAI_API_KEY"));
+    let out = run(glia()
+        .args([
+            "run",
+            "--provider",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "gpt-4o",
+            "hi",
+        ])
+        .env_remove("OPENAI_API_KEY"));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no API key for the openai provider: set the environment variable OPENAI_API_KEY"), "{err}");
+    assert!(
+        err.contains(
+            "no API key for the openai provider: set the environment variable OPENAI_API_KEY"
+        ),
+        "{err}"
+    );
     let out = run(glia()
-        .args(["run", "--provider", "anthropic", "--api-key-env", "GLIA_CLI_NO_SUCH_KEY", "--model", "claude-sonnet-4-5", "hi"])
+        .args([
+            "run",
+            "--provider",
+            "anthropic",
+            "--api-key-env",
+            "GLIA_CLI_NO_SUCH_KEY",
+            "--model",
+            "claude-sonnet-4-5",
+            "hi",
+        ])
         .env_remove("GLIA_CLI_NO_SUCH_KEY"));
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("set the environment variable GLIA_CLI_NO_SUCH_KEY"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("set the environment variable GLIA_CLI_NO_SUCH_KEY")
+    );
     // A worker refuses to start the same way, before it connects to anything.
     let out = run(glia()
-        .args(["worker", "--provider", "anthropic", "--api-key-env", "GLIA_CLI_NO_SUCH_KEY"])
+        .args([
+            "worker",
+            "--provider",
+            "anthropic",
+            "--api-key-env",
+            "GLIA_CLI_NO_SUCH_KEY",
+        ])
         .env("GLIA_DATABASE_URL", "postgres://nobody@127.0.0.1:9/none")
         .env_remove("GLIA_CLI_NO_SUCH_KEY"));
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("set the environment variable GLIA_CLI_NO_SUCH_KEY"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("set the environment variable GLIA_CLI_NO_SUCH_KEY"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn a_keyless_local_server_needs_allow_missing_key() {
     let server = Local::streams(&["openai/loop_turn2.sse"]);
     let base = format!("{}/v1", server.base);
-    let out = run(glia().args(["run", "--demo", "--json", "--provider", "openai", "--base-url", &base, "--allow-missing-key", "--model", "llama3", "hi"]).env_remove("OPENAI_API_KEY"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(glia()
+        .args([
+            "run",
+            "--demo",
+            "--json",
+            "--provider",
+            "openai",
+            "--base-url",
+            &base,
+            "--allow-missing-key",
+            "--model",
+            "llama3",
+            "hi",
+        ])
+        .env_remove("OPENAI_API_KEY"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(answer(&events(&out)).contains("42"));
     assert_eq!(server.seen()[0].header("authorization"), None);
 }
@@ -144,24 +275,72 @@ fn exactly_one_of_script_and_provider() {
     let out = run(glia().args(["run", "goal"]));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--script <SCRIPT>|--provider"));
-    let out = run(glia().args(["run", "--script", "../examples/scripts/refund.json", "--provider", "openai", "goal"]));
+    let out = run(glia().args([
+        "run",
+        "--script",
+        "../examples/scripts/refund.json",
+        "--provider",
+        "openai",
+        "goal",
+    ]));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     // Provider options need --provider.
-    let out = run(glia().args(["run", "--script", "../examples/scripts/refund.json", "--base-url", "http://x", "goal"]));
+    let out = run(glia().args([
+        "run",
+        "--script",
+        "../examples/scripts/refund.json",
+        "--base-url",
+        "http://x",
+        "goal",
+    ]));
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--base-url only applies with --provider"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--base-url only applies with --provider")
+    );
     let out = run(glia().args(["worker", "--prices", PRICES]));
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--provider"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--provider"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A real provider needs a model name, and a price file must price it.
     let out = run(glia().args(["run", "--provider", "openai", "--allow-missing-key", "goal"]));
     assert!(String::from_utf8_lossy(&out.stderr).contains("name the openai model to call"));
-    let out = run(glia().args(["run", "--provider", "openai", "--allow-missing-key", "--model", "gpt-9", "--prices", "../examples/refund.config.json", "goal"]));
+    let out = run(glia().args([
+        "run",
+        "--provider",
+        "openai",
+        "--allow-missing-key",
+        "--model",
+        "gpt-9",
+        "--prices",
+        "../examples/refund.config.json",
+        "goal",
+    ]));
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("price table is not valid"), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = run(glia().args(["run", "--provider", "anthropic", "--allow-missing-key", "--model", "claude-9", "--prices", PRICES, "goal"]));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("has no price for anthropic/claude-9"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("price table is not valid"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(glia().args([
+        "run",
+        "--provider",
+        "anthropic",
+        "--allow-missing-key",
+        "--model",
+        "claude-9",
+        "--prices",
+        PRICES,
+        "goal",
+    ]));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("has no price for anthropic/claude-9"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Kills the child process when dropped.
@@ -177,11 +356,29 @@ impl Drop for Child {
 #[test]
 fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
     let server = Local::streams(&["anthropic/loop_turn1.sse", "anthropic/loop_turn2.sse"]);
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let listen = format!("127.0.0.1:{port}");
     let _dev = Child(
         glia()
-            .args(["dev", "--demo", "--listen", &listen, "--workers", "1", "--provider", "anthropic", "--base-url", &server.base, "--allow-missing-key", "--prices", PRICES])
+            .args([
+                "dev",
+                "--demo",
+                "--listen",
+                &listen,
+                "--workers",
+                "1",
+                "--provider",
+                "anthropic",
+                "--base-url",
+                &server.base,
+                "--allow-missing-key",
+                "--prices",
+                PRICES,
+            ])
             .env_remove("ANTHROPIC_API_KEY")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -190,22 +387,48 @@ fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
     );
     let dispatcher = format!("http://{listen}");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !reqwest::blocking::get(format!("{dispatcher}/healthz")).is_ok_and(|r| r.status().as_u16() == 200) {
+    while !reqwest::blocking::get(format!("{dispatcher}/healthz"))
+        .is_ok_and(|r| r.status().as_u16() == 200)
+    {
         assert!(Instant::now() < deadline, "glia dev did not come up");
         std::thread::sleep(Duration::from_millis(50));
     }
     // The run's config names no prices: the worker's price file applies.
     let config = std::env::temp_dir().join(format!("glia-cli-dev-{}.json", std::process::id()));
-    std::fs::write(&config, json!({"model": "claude-sonnet-4-5", "max_tokens": 1024}).to_string()).unwrap();
-    let out = run(glia().args(["submit", "--server", &dispatcher, "--json", "--config", config.to_str().unwrap(), "What is 2 + 40?"]));
+    std::fs::write(
+        &config,
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 1024}).to_string(),
+    )
+    .unwrap();
+    let out = run(glia().args([
+        "submit",
+        "--server",
+        &dispatcher,
+        "--json",
+        "--config",
+        config.to_str().unwrap(),
+        "What is 2 + 40?",
+    ]));
     std::fs::remove_file(&config).unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let log = events(&out);
     assert!(answer(&log).contains("42"));
-    let pricing = PriceTable::from_file(format!("{}/{PRICES}", env!("CARGO_MANIFEST_DIR"))).unwrap().pricing("anthropic", "claude-sonnet-4-5").unwrap();
+    let pricing = PriceTable::from_file(format!("{}/{PRICES}", env!("CARGO_MANIFEST_DIR")))
+        .unwrap()
+        .pricing("anthropic", "claude-sonnet-4-5")
+        .unwrap();
     let costs = responses(&log);
     assert_eq!(costs.len(), 2);
-    assert!(costs.iter().all(|(usage, cost)| *cost > 0 && *cost == pricing.cost_usd_micros(usage)), "{costs:?}");
+    assert!(
+        costs
+            .iter()
+            .all(|(usage, cost)| *cost > 0 && *cost == pricing.cost_usd_micros(usage)),
+        "{costs:?}"
+    );
     assert_eq!(server.seen().len(), 2);
     assert_eq!(server.seen()[0].header("x-api-key"), None);
 }

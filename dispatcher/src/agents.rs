@@ -59,8 +59,19 @@ pub struct AgentList {
 }
 
 fn body(v: AgentVersion) -> Result<AgentBody, ApiError> {
-    let definition = serde_json::from_str(&v.definition).map_err(|e| ApiError::Internal(format!("agent {}@{}: stored definition: {e}", v.name, v.version)))?;
-    Ok(AgentBody { name: v.name, version: v.version, content_hash: v.content_hash, created_at: v.created_at, definition })
+    let definition = serde_json::from_str(&v.definition).map_err(|e| {
+        ApiError::Internal(format!(
+            "agent {}@{}: stored definition: {e}",
+            v.name, v.version
+        ))
+    })?;
+    Ok(AgentBody {
+        name: v.name,
+        version: v.version,
+        content_hash: v.content_hash,
+        created_at: v.created_at,
+        definition,
+    })
 }
 
 fn read_scope(p: &Principal) -> Result<(), ApiError> {
@@ -88,24 +99,41 @@ pub async fn put_agent(
 ) -> Result<Response, ApiError> {
     p.require(Scope::Agents)?;
     if def.name != name {
-        return Err(ApiError::InvalidField { field: "name".into(), reason: format!("{:?} differs from the path's {name:?}", def.name) });
+        return Err(ApiError::InvalidField {
+            field: "name".into(),
+            reason: format!("{:?} differs from the path's {name:?}", def.name),
+        });
     }
-    def.validate().map_err(|e| ApiError::InvalidField { field: e.field, reason: e.reason })?;
+    def.validate().map_err(|e| ApiError::InvalidField {
+        field: e.field,
+        reason: e.reason,
+    })?;
     // The same admission a run started from it gets (tool names resolve,
     // the catalogue has its servers, allows its tools and HTTP origins):
     // a definition no run could start from is refused now, not at submit.
     let config = def.resolve(None);
-    let invalid = |e: glia_proto::ConfigError| ApiError::InvalidField { field: e.field, reason: e.reason };
+    let invalid = |e: glia_proto::ConfigError| ApiError::InvalidField {
+        field: e.field,
+        reason: e.reason,
+    };
     config.validate().map_err(invalid)?;
     if let Some(admit) = &app.admission {
         admit(&config).map_err(invalid)?;
     }
-    let canonical = canonical_json(&serde_json::to_value(&def).map_err(|e| ApiError::Internal(e.to_string()))?);
-    let (version, created) = app.log.put_agent(&p.tenant, &name, &canonical, &def.content_hash()).await?;
+    let canonical =
+        canonical_json(&serde_json::to_value(&def).map_err(|e| ApiError::Internal(e.to_string()))?);
+    let (version, created) = app
+        .log
+        .put_agent(&p.tenant, &name, &canonical, &def.content_hash())
+        .await?;
     if created {
         tracing::info!(tenant = %p.tenant, agent = %name, version = version.version, "agent version registered");
     }
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(body(version)?)).into_response())
 }
 
@@ -113,9 +141,18 @@ pub async fn put_agent(
 #[utoipa::path(get, path = "/v1/agents", tag = "agents",
     responses((status = 200, body = AgentList), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn list_agents(State(app): State<App>, p: Principal) -> Result<Json<AgentList>, ApiError> {
+pub async fn list_agents(
+    State(app): State<App>,
+    p: Principal,
+) -> Result<Json<AgentList>, ApiError> {
     read_scope(&p)?;
-    let agents = app.log.list_agents(&p.tenant).await?.into_iter().map(body).collect::<Result<_, _>>()?;
+    let agents = app
+        .log
+        .list_agents(&p.tenant)
+        .await?
+        .into_iter()
+        .map(body)
+        .collect::<Result<_, _>>()?;
     Ok(Json(AgentList { agents }))
 }
 
@@ -123,9 +160,17 @@ pub async fn list_agents(State(app): State<App>, p: Principal) -> Result<Json<Ag
 #[utoipa::path(get, path = "/v1/agents/{name}", tag = "agents", params(("name" = String, Path, description = "Agent name")),
     responses((status = 200, body = AgentBody), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn get_agent(State(app): State<App>, p: Principal, ApiPath(name): ApiPath<String>) -> Result<Json<AgentBody>, ApiError> {
+pub async fn get_agent(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<AgentBody>, ApiError> {
     read_scope(&p)?;
-    let v = app.log.get_agent(&p.tenant, &name, None).await?.ok_or_else(|| ApiError::AgentNotFound(name.clone()))?;
+    let v = app
+        .log
+        .get_agent(&p.tenant, &name, None)
+        .await?
+        .ok_or_else(|| ApiError::AgentNotFound(name.clone()))?;
     Ok(Json(body(v)?))
 }
 
@@ -134,9 +179,17 @@ pub async fn get_agent(State(app): State<App>, p: Principal, ApiPath(name): ApiP
     params(("name" = String, Path, description = "Agent name"), ("version" = u32, Path, description = "Version, from 1")),
     responses((status = 200, body = AgentBody), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn get_version(State(app): State<App>, p: Principal, ApiPath((name, version)): ApiPath<(String, u32)>) -> Result<Json<AgentBody>, ApiError> {
+pub async fn get_version(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath((name, version)): ApiPath<(String, u32)>,
+) -> Result<Json<AgentBody>, ApiError> {
     read_scope(&p)?;
-    let v = app.log.get_agent(&p.tenant, &name, Some(version)).await?.ok_or_else(|| ApiError::AgentNotFound(format!("{name}@{version}")))?;
+    let v = app
+        .log
+        .get_agent(&p.tenant, &name, Some(version))
+        .await?
+        .ok_or_else(|| ApiError::AgentNotFound(format!("{name}@{version}")))?;
     Ok(Json(body(v)?))
 }
 
@@ -145,16 +198,39 @@ pub async fn get_version(State(app): State<App>, p: Principal, ApiPath((name, ve
 /// Errors: 422 naming `agent` for a malformed reference, 404
 /// `agent_not_found` when the tenant has no such agent or version.
 pub async fn resolve(app: &App, tenant: &str, agent: &str) -> Result<RunConfig, ApiError> {
-    let bad = |reason: &str| ApiError::InvalidField { field: "agent".into(), reason: reason.to_owned() };
+    let bad = |reason: &str| ApiError::InvalidField {
+        field: "agent".into(),
+        reason: reason.to_owned(),
+    };
     let (name, version) = match agent.split_once('@') {
         None => (agent, None),
-        Some((name, v)) => (name, Some(v.parse::<u32>().ok().filter(|v| *v >= 1).ok_or_else(|| bad("the version after `@` must be a whole number from 1"))?)),
+        Some((name, v)) => (
+            name,
+            Some(
+                v.parse::<u32>()
+                    .ok()
+                    .filter(|v| *v >= 1)
+                    .ok_or_else(|| bad("the version after `@` must be a whole number from 1"))?,
+            ),
+        ),
     };
     if name.is_empty() {
         return Err(bad("names no agent (use `name` or `name@VERSION`)"));
     }
-    let found = app.log.get_agent(tenant, name, version).await?.ok_or_else(|| ApiError::AgentNotFound(agent.to_owned()))?;
-    let def: AgentDefinition = glia_proto::strict::from_json_str(&found.definition)
-        .map_err(|e| ApiError::Internal(format!("agent {agent}: stored definition does not parse: {e}")))?;
-    Ok(def.resolve(Some(AgentRef { name: found.name, version: found.version, content_hash: found.content_hash })))
+    let found = app
+        .log
+        .get_agent(tenant, name, version)
+        .await?
+        .ok_or_else(|| ApiError::AgentNotFound(agent.to_owned()))?;
+    let def: AgentDefinition =
+        glia_proto::strict::from_json_str(&found.definition).map_err(|e| {
+            ApiError::Internal(format!(
+                "agent {agent}: stored definition does not parse: {e}"
+            ))
+        })?;
+    Ok(def.resolve(Some(AgentRef {
+        name: found.name,
+        version: found.version,
+        content_hash: found.content_hash,
+    })))
 }

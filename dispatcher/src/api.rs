@@ -34,7 +34,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use glia_backends::{ApprovalFilter, ApprovalRow, NewRun, RunFilter, RunStatus, RunSummary};
-use glia_proto::{ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, PauseReason, PullPoint, Resume, RunConfig, RunState};
+use glia_proto::{
+    ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, PauseReason, PullPoint,
+    Resume, RunConfig, RunState,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -43,7 +46,9 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use crate::auth::{Principal, Scope};
-use crate::docs::{ApiDoc, ApprovalRowDoc, BudgetLimitsDoc, DecisionDoc, EventDoc, RunConfigDoc, RunSummaryDoc};
+use crate::docs::{
+    ApiDoc, ApprovalRowDoc, BudgetLimitsDoc, DecisionDoc, EventDoc, RunConfigDoc, RunSummaryDoc,
+};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extract::{ApiJson, ApiPath, ApiQuery, OptJson};
 use crate::{App, stream};
@@ -91,7 +96,9 @@ pub fn routes() -> OpenApiRouter<App> {
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
     /// The goal, the run's first user message; not blank.
-    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
+    #[schema(
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )] // crate::docs::NOT_BLANK
     pub goal: String,
     /// The run's configuration (all fields optional).
     #[serde(default)]
@@ -245,14 +252,27 @@ pub struct DecisionBody {
 impl DecisionBody {
     fn to_decision(&self) -> Result<Decision, ApiError> {
         match (self.decision, &self.input) {
-            (DecisionKind::Edit, Some(input @ Value::Object(_))) => Ok(Decision::Edit { input: input.clone() }),
-            (DecisionKind::Edit, Some(_)) => Err(ApiError::Invalid("`input` of an edit must be a JSON object".into())),
-            (DecisionKind::Edit, None) => Err(ApiError::Invalid("an edit needs `input`, the replacement arguments".into())),
+            (DecisionKind::Edit, Some(input @ Value::Object(_))) => Ok(Decision::Edit {
+                input: input.clone(),
+            }),
+            (DecisionKind::Edit, Some(_)) => Err(ApiError::Invalid(
+                "`input` of an edit must be a JSON object".into(),
+            )),
+            (DecisionKind::Edit, None) => Err(ApiError::Invalid(
+                "an edit needs `input`, the replacement arguments".into(),
+            )),
             (_, Some(_)) => Err(ApiError::Invalid("`input` is only for `edit`".into())),
             (DecisionKind::Approve, None) => Ok(Decision::Approve),
             (DecisionKind::Reject, None) => {
-                let reason = self.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).unwrap_or("no reason given");
-                Ok(Decision::Reject { reason: reason.to_owned() })
+                let reason = self
+                    .reason
+                    .as_deref()
+                    .map(str::trim)
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or("no reason given");
+                Ok(Decision::Reject {
+                    reason: reason.to_owned(),
+                })
             }
         }
     }
@@ -346,7 +366,9 @@ pub struct ToolResultBody {
 #[serde(deny_unknown_fields)]
 pub struct MessageBody {
     /// The user's next message; not blank.
-    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
+    #[schema(
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )] // crate::docs::NOT_BLANK
     pub text: String,
     /// Post only if the run's head is still this sequence number (its
     /// `head_seq` when the sender saw it waiting for input); otherwise 409
@@ -394,7 +416,9 @@ pub struct CancelBody {
 pub struct CloseBody {
     /// Recorded as the user's last message before the run completes; not blank.
     #[serde(default)]
-    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
+    #[schema(
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )] // crate::docs::NOT_BLANK
     pub text: Option<String>,
     /// Post only if the run's head is still this sequence number (its
     /// `head_seq` when the sender saw it waiting for input); otherwise 409
@@ -449,26 +473,46 @@ documented! {
 // ----- helpers -----------------------------------------------------------------
 
 /// The run, if `p` may see it; another tenant's run is 404, like a missing one.
-pub(crate) async fn visible_run(app: &App, p: &Principal, run_id: Uuid) -> Result<RunSummary, ApiError> {
+pub(crate) async fn visible_run(
+    app: &App,
+    p: &Principal,
+    run_id: Uuid,
+) -> Result<RunSummary, ApiError> {
     let run = app.log.get_run(run_id).await?;
-    if p.sees(&run.tenant) { Ok(run) } else { Err(ApiError::RunNotFound(run_id)) }
+    if p.sees(&run.tenant) {
+        Ok(run)
+    } else {
+        Err(ApiError::RunNotFound(run_id))
+    }
 }
 
 fn page(limit: Option<usize>, app: &App) -> Result<usize, ApiError> {
     match limit {
         None => Ok(app.limits.default_page),
         Some(n) if (1..=app.limits.max_page).contains(&n) => Ok(n),
-        Some(n) => Err(ApiError::InvalidQuery(format!("limit {n} is outside 1..={}", app.limits.max_page))),
+        Some(n) => Err(ApiError::InvalidQuery(format!(
+            "limit {n} is outside 1..={}",
+            app.limits.max_page
+        ))),
     }
 }
 
 fn not_done(run: &RunSummary) -> Result<(), ApiError> {
-    if run.status == RunStatus::Done { Err(ApiError::RunFinished(run.run_id)) } else { Ok(()) }
+    if run.status == RunStatus::Done {
+        Err(ApiError::RunFinished(run.run_id))
+    } else {
+        Ok(())
+    }
 }
 
 pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
-    let bad = |reason: &str| ApiError::InvalidHeader { name: "Idempotency-Key", reason: reason.to_owned() };
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let bad = |reason: &str| ApiError::InvalidHeader {
+        name: "Idempotency-Key",
+        reason: reason.to_owned(),
+    };
     let s = v.to_str().map_err(|_| bad("not visible ASCII"))?.trim();
     if s.is_empty() || s.len() > 255 {
         return Err(bad("must be 1 to 255 characters"));
@@ -484,12 +528,21 @@ pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Api
 /// schemas are compiled as JSON Schema).
 pub(crate) fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
     if req.goal.trim().is_empty() {
-        return Err(ApiError::InvalidField { field: "goal".into(), reason: "is blank".into() });
+        return Err(ApiError::InvalidField {
+            field: "goal".into(),
+            reason: "is blank".into(),
+        });
     }
     if req.config.agent.is_some() {
-        return Err(ApiError::InvalidField { field: "config.agent".into(), reason: "is set by the dispatcher: name the agent in `agent`".into() });
+        return Err(ApiError::InvalidField {
+            field: "config.agent".into(),
+            reason: "is set by the dispatcher: name the agent in `agent`".into(),
+        });
     }
-    req.config.validate().map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason })
+    req.config.validate().map_err(|e| ApiError::InvalidField {
+        field: format!("config.{}", e.field),
+        reason: e.reason,
+    })
 }
 
 /// The operator's catalogue check of a config (MCP servers, HTTP tool
@@ -497,7 +550,10 @@ pub(crate) fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
 /// `config.{field}`.
 pub(crate) fn catalogue_check(app: &App, config: &RunConfig) -> Result<(), ApiError> {
     match &app.admission {
-        Some(admit) => admit(config).map_err(|e| ApiError::InvalidField { field: format!("config.{}", e.field), reason: e.reason }),
+        Some(admit) => admit(config).map_err(|e| ApiError::InvalidField {
+            field: format!("config.{}", e.field),
+            reason: e.reason,
+        }),
         None => Ok(()),
     }
 }
@@ -507,24 +563,41 @@ pub(crate) fn catalogue_check(app: &App, config: &RunConfig) -> Result<(), ApiEr
 /// The one place a run's config is decided; every way of creating a run
 /// goes through it. Errors: 422 `config` when both are given, 404 for an
 /// unknown agent.
-pub(crate) async fn run_config(app: &App, tenant: &str, req: &CreateRun) -> Result<RunConfig, ApiError> {
+pub(crate) async fn run_config(
+    app: &App,
+    tenant: &str,
+    req: &CreateRun,
+) -> Result<RunConfig, ApiError> {
     validate_run(req)?;
     let Some(agent) = &req.agent else {
         catalogue_check(app, &req.config)?;
         return Ok(req.config.clone());
     };
     if req.config != RunConfig::default() {
-        return Err(ApiError::InvalidField { field: "config".into(), reason: "cannot be combined with `agent` (the definition is the config)".into() });
+        return Err(ApiError::InvalidField {
+            field: "config".into(),
+            reason: "cannot be combined with `agent` (the definition is the config)".into(),
+        });
     }
     let config = crate::agents::resolve(app, tenant, agent).await?;
-    config.validate().map_err(|e| ApiError::InvalidField { field: format!("agent ({agent}).{}", e.field), reason: e.reason })?;
+    config.validate().map_err(|e| ApiError::InvalidField {
+        field: format!("agent ({agent}).{}", e.field),
+        reason: e.reason,
+    })?;
     if let Some(admit) = &app.admission {
-        admit(&config).map_err(|e| ApiError::InvalidField { field: format!("agent ({agent}).{}", e.field), reason: e.reason })?;
+        admit(&config).map_err(|e| ApiError::InvalidField {
+            field: format!("agent ({agent}).{}", e.field),
+            reason: e.reason,
+        })?;
     }
     Ok(config)
 }
 
-async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static str), glia_backends::LogError> {
+async fn post(
+    app: &App,
+    run_id: Uuid,
+    payload: Resume,
+) -> Result<(i64, &'static str), glia_backends::LogError> {
     let kind = match &payload {
         Resume::Approval { .. } => "approval",
         Resume::ToolResult { .. } => "tool_result",
@@ -559,7 +632,12 @@ async fn post(app: &App, run_id: Uuid, payload: Resume) -> Result<(i64, &'static
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn create_run(State(app): State<App>, p: Principal, headers: HeaderMap, ApiJson(req): ApiJson<CreateRun>) -> Result<Response, ApiError> {
+pub async fn create_run(
+    State(app): State<App>,
+    p: Principal,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<CreateRun>,
+) -> Result<Response, ApiError> {
     p.require(Scope::Submit)?;
     let key = idempotency_key(&headers)?;
     if let Some(batch) = req.batch_id {
@@ -569,8 +647,14 @@ pub async fn create_run(State(app): State<App>, p: Principal, headers: HeaderMap
     if !created {
         return Ok((StatusCode::OK, Json(run)).into_response());
     }
-    let location = HeaderValue::from_str(&format!("/v1/runs/{}", run.run_id)).expect("a uuid path is a valid header");
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(run)).into_response())
+    let location = HeaderValue::from_str(&format!("/v1/runs/{}", run.run_id))
+        .expect("a uuid path is a valid header");
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(run),
+    )
+        .into_response())
 }
 
 /// 404 `batch_not_found` unless `batch` is a batch of `tenant`'s (one
@@ -583,7 +667,11 @@ async fn own_batch(app: &App, tenant: &str, batch: Uuid) -> Result<(), ApiError>
         Some(store) => store.batch(Some(tenant), batch).await?.is_some(),
         None => false,
     };
-    if found { Ok(()) } else { Err(ApiError::BatchNotFound(batch)) }
+    if found {
+        Ok(())
+    } else {
+        Err(ApiError::BatchNotFound(batch))
+    }
 }
 
 /// Admit `req` as a run of `tenant`: what `POST /v1/runs` does after
@@ -592,7 +680,12 @@ async fn own_batch(app: &App, tenant: &str, batch: Uuid) -> Result<(), ApiError>
 /// run and whether it was created (false: the idempotency key found an
 /// earlier run with the same goal, config and batch). Errors: 422 for a bad
 /// goal or config, 409 `idempotency_conflict`, 503 when the log fails.
-pub(crate) async fn admit_run(app: &App, tenant: &str, key: Option<String>, req: &CreateRun) -> Result<(RunSummary, bool), ApiError> {
+pub(crate) async fn admit_run(
+    app: &App,
+    tenant: &str,
+    key: Option<String>,
+    req: &CreateRun,
+) -> Result<(RunSummary, bool), ApiError> {
     let config = run_config(app, tenant, req).await?;
     let run_id = Uuid::now_v7();
     // The goal is stored as the input redact rules leave it (so an
@@ -600,14 +693,34 @@ pub(crate) async fn admit_run(app: &App, tenant: &str, key: Option<String>, req:
     // what the rules remove are the same request).
     // A goal an input deny rule refuses is answered 422 and stored nowhere.
     let (goal, redactions) = screen_input(&config, "goal", &req.goal)?;
-    let start = Event { run_id, seq: 1, at: Utc::now(), kind: EventKind::SessionStart { goal: goal.clone(), config: config.clone(), redactions } };
-    RunState::new(run_id).apply(&start).map_err(|e| ApiError::Invalid(e.to_string()))?;
-    let new = NewRun { tenant: tenant.to_owned(), idempotency_key: key.clone(), batch_id: req.batch_id, start };
+    let start = Event {
+        run_id,
+        seq: 1,
+        at: Utc::now(),
+        kind: EventKind::SessionStart {
+            goal: goal.clone(),
+            config: config.clone(),
+            redactions,
+        },
+    };
+    RunState::new(run_id)
+        .apply(&start)
+        .map_err(|e| ApiError::Invalid(e.to_string()))?;
+    let new = NewRun {
+        tenant: tenant.to_owned(),
+        idempotency_key: key.clone(),
+        batch_id: req.batch_id,
+        start,
+    };
     let (run, created) = app.log.create_run(new).await?;
     if !created {
         let first = app.log.events(run.run_id, 0, 1).await?;
         let same = match first.first().map(|e| &e.kind) {
-            Some(EventKind::SessionStart { goal: first_goal, config: first, .. }) => *first_goal == goal && *first == config && run.batch_id == req.batch_id,
+            Some(EventKind::SessionStart {
+                goal: first_goal,
+                config: first,
+                ..
+            }) => *first_goal == goal && *first == config && run.batch_id == req.batch_id,
             _ => false,
         };
         if !same {
@@ -624,12 +737,28 @@ pub(crate) async fn admit_run(app: &App, tenant: &str, key: Option<String>, req:
 #[utoipa::path(get, path = "/v1/runs", tag = "runs", params(ListRunsQuery),
     responses((status = 200, body = RunPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn list_runs(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<ListRunsQuery>) -> Result<Json<RunPage>, ApiError> {
+pub async fn list_runs(
+    State(app): State<App>,
+    p: Principal,
+    ApiQuery(q): ApiQuery<ListRunsQuery>,
+) -> Result<Json<RunPage>, ApiError> {
     let limit = page(q.limit, &app)?;
-    let tenant = if p.is_admin() { q.tenant } else { Some(p.tenant.clone()) };
-    let filter = RunFilter { tenant, status: q.status, batch_id: q.batch_id, after: q.after, limit };
+    let tenant = if p.is_admin() {
+        q.tenant
+    } else {
+        Some(p.tenant.clone())
+    };
+    let filter = RunFilter {
+        tenant,
+        status: q.status,
+        batch_id: q.batch_id,
+        after: q.after,
+        limit,
+    };
     let runs = app.log.list_runs(&filter).await?;
-    let next = (runs.len() == limit).then(|| runs.last().map(|r| r.run_id)).flatten();
+    let next = (runs.len() == limit)
+        .then(|| runs.last().map(|r| r.run_id))
+        .flatten();
     Ok(Json(RunPage { runs, next }))
 }
 
@@ -637,7 +766,11 @@ pub async fn list_runs(State(app): State<App>, p: Principal, ApiQuery(q): ApiQue
 #[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs", params(("id" = Uuid, Path, description = "Run id")),
     responses((status = 200, body = RunSummaryDoc), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn get_run(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<RunSummary>, ApiError> {
+pub async fn get_run(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<Json<RunSummary>, ApiError> {
     Ok(Json(visible_run(&app, &p, id).await?))
 }
 
@@ -645,13 +778,22 @@ pub async fn get_run(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<
 #[utoipa::path(get, path = "/v1/runs/{id}/events", tag = "runs", params(("id" = Uuid, Path, description = "Run id"), EventsQuery),
     responses((status = 200, body = EventPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn list_events(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, ApiQuery(q): ApiQuery<EventsQuery>) -> Result<Json<EventPage>, ApiError> {
+pub async fn list_events(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> Result<Json<EventPage>, ApiError> {
     let limit = page(q.limit, &app)?;
     let run = visible_run(&app, &p, id).await?;
     let after = q.after.unwrap_or(0);
     let events = app.log.events(id, after, limit).await?;
     let next_after = events.last().map_or(after, |e| e.seq);
-    Ok(Json(EventPage { head_seq: run.head_seq.max(next_after), events, next_after }))
+    Ok(Json(EventPage {
+        head_seq: run.head_seq.max(next_after),
+        events,
+        next_after,
+    }))
 }
 
 // ----- approvals ---------------------------------------------------------------------
@@ -660,7 +802,11 @@ pub async fn list_events(State(app): State<App>, p: Principal, ApiPath(id): ApiP
 #[utoipa::path(get, path = "/v1/approvals", tag = "approvals", params(ApprovalsQuery),
     responses((status = 200, body = ApprovalPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn list_approvals(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<ApprovalsQuery>) -> Result<Json<ApprovalPage>, ApiError> {
+pub async fn list_approvals(
+    State(app): State<App>,
+    p: Principal,
+    ApiQuery(q): ApiQuery<ApprovalsQuery>,
+) -> Result<Json<ApprovalPage>, ApiError> {
     p.require(Scope::Approve)?;
     let limit = page(q.limit, &app)?;
     let filter = ApprovalFilter {
@@ -672,7 +818,9 @@ pub async fn list_approvals(State(app): State<App>, p: Principal, ApiQuery(q): A
         limit,
     };
     let rows = app.log.approvals(&filter).await?;
-    Ok(Json(ApprovalPage { approvals: crate::history::views(&*app.log, rows).await? }))
+    Ok(Json(ApprovalPage {
+        approvals: crate::history::views(&*app.log, rows).await?,
+    }))
 }
 
 /// The approval history, read from the event log: every request with what
@@ -682,54 +830,113 @@ pub async fn list_approvals(State(app): State<App>, p: Principal, ApiQuery(q): A
 #[utoipa::path(get, path = "/v1/approvals/history", tag = "approvals", params(crate::history::HistoryQuery),
     responses((status = 200, description = "The records: JSON, or CSV with `format=csv`", content((ApprovalHistory = "application/json"), (String = "text/csv"))), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn approval_history(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<crate::history::HistoryQuery>) -> Result<Response, ApiError> {
+pub async fn approval_history(
+    State(app): State<App>,
+    p: Principal,
+    ApiQuery(q): ApiQuery<crate::history::HistoryQuery>,
+) -> Result<Response, ApiError> {
     p.require(Scope::Approve)?;
     let records = crate::history::history(&*app.log, p.tenant_filter(), &q).await?;
     match q.format {
-        None | Some(crate::history::HistoryFormat::Json) => Ok(Json(ApprovalHistory { approvals: records }).into_response()),
-        Some(crate::history::HistoryFormat::Csv) => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], crate::history::to_csv(&records)).into_response()),
+        None | Some(crate::history::HistoryFormat::Json) => {
+            Ok(Json(ApprovalHistory { approvals: records }).into_response())
+        }
+        Some(crate::history::HistoryFormat::Csv) => Ok((
+            [(header::CONTENT_TYPE, "text/csv; charset=utf-8")],
+            crate::history::to_csv(&records),
+        )
+            .into_response()),
     }
 }
 
 /// The approval row of `call_id` in run `run_id`, if the log has one.
-async fn approval_row(app: &App, run_id: Uuid, call_id: &str) -> Result<Option<ApprovalRow>, glia_backends::LogError> {
-    let filter = ApprovalFilter { run_id: Some(run_id), limit: app.limits.max_page, ..Default::default() };
-    Ok(app.log.approvals(&filter).await?.into_iter().find(|a| a.call_id == call_id))
+async fn approval_row(
+    app: &App,
+    run_id: Uuid,
+    call_id: &str,
+) -> Result<Option<ApprovalRow>, glia_backends::LogError> {
+    let filter = ApprovalFilter {
+        run_id: Some(run_id),
+        limit: app.limits.max_page,
+        ..Default::default()
+    };
+    Ok(app
+        .log
+        .approvals(&filter)
+        .await?
+        .into_iter()
+        .find(|a| a.call_id == call_id))
 }
 
-pub(crate) async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: String, body: &DecisionBody) -> Result<Accepted, ApiError> {
+pub(crate) async fn decide_one(
+    app: &App,
+    p: &Principal,
+    run_id: Uuid,
+    call_id: String,
+    body: &DecisionBody,
+) -> Result<Accepted, ApiError> {
     let decision = body.to_decision()?;
     let run = visible_run(app, p, run_id).await?;
     not_done(&run)?;
     let state = app.log.load(run_id).await?;
     let Some(call) = state.call(&call_id) else {
         let known = approval_row(app, run_id, &call_id).await?.is_some();
-        return Err(if known { ApiError::AlreadyDecided { run_id, call_id } } else { ApiError::CallNotFound { run_id, call_id } });
+        return Err(if known {
+            ApiError::AlreadyDecided { run_id, call_id }
+        } else {
+            ApiError::CallNotFound { run_id, call_id }
+        });
     };
     match call.approval {
         ApprovalStatus::Requested => {}
-        ApprovalStatus::Approved | ApprovalStatus::Rejected => return Err(ApiError::AlreadyDecided { run_id, call_id }),
-        ApprovalStatus::NotNeeded | ApprovalStatus::Due => return Err(ApiError::ApprovalNotFound { run_id, call_id }),
+        ApprovalStatus::Approved | ApprovalStatus::Rejected => {
+            return Err(ApiError::AlreadyDecided { run_id, call_id });
+        }
+        ApprovalStatus::NotNeeded | ApprovalStatus::Due => {
+            return Err(ApiError::ApprovalNotFound { run_id, call_id });
+        }
     }
     if let Some(got) = &body.args_hash
         && *got != call.args_hash
     {
-        return Err(ApiError::StaleArgs { expected: call.args_hash.clone(), got: got.clone() });
+        return Err(ApiError::StaleArgs {
+            expected: call.args_hash.clone(),
+            got: got.clone(),
+        });
     }
     // Edited arguments are checked like the model's: against the tool's schema.
     if let Decision::Edit { input } = &decision
         && let Some(spec) = state.step_tools.iter().find(|t| t.name == call.name)
         && let Ok(validator) = jsonschema::validator_for(&spec.input_schema)
     {
-        let problems: Vec<String> = validator.iter_errors(input).map(|e| format!("{} at '{}'", e, e.instance_path())).collect();
+        let problems: Vec<String> = validator
+            .iter_errors(input)
+            .map(|e| format!("{} at '{}'", e, e.instance_path()))
+            .collect();
         if !problems.is_empty() {
-            let reason = format!("does not match the input schema of {}: {}", call.name, problems.join("; "));
-            return Err(ApiError::InvalidField { field: "input".into(), reason });
+            let reason = format!(
+                "does not match the input schema of {}: {}",
+                call.name,
+                problems.join("; ")
+            );
+            return Err(ApiError::InvalidField {
+                field: "input".into(),
+                reason,
+            });
         }
     }
-    let payload = Resume::Approval { call_id: call_id.clone(), args_hash: call.args_hash.clone(), decision: decision.clone(), by: Some(p.by()), request_seq: call.requested_seq };
+    let payload = Resume::Approval {
+        call_id: call_id.clone(),
+        args_hash: call.args_hash.clone(),
+        decision: decision.clone(),
+        by: Some(p.by()),
+        request_seq: call.requested_seq,
+    };
     let (id, kind) = post(app, run_id, payload).await.map_err(|e| match e {
-        glia_backends::LogError::Duplicate { .. } => ApiError::AlreadyDecided { run_id, call_id: call_id.clone() },
+        glia_backends::LogError::Duplicate { .. } => ApiError::AlreadyDecided {
+            run_id,
+            call_id: call_id.clone(),
+        },
         e => e.into(),
     })?;
     if let Ok(Some(row)) = approval_row(app, run_id, &call_id).await {
@@ -739,9 +946,16 @@ pub(crate) async fn decide_one(app: &App, p: &Principal, run_id: Uuid, call_id: 
             Decision::Edit { .. } => "edit",
             Decision::Expire => "expire",
         };
-        app.metrics().approval_waited(label, chrono::Utc::now() - row.requested_at);
+        app.metrics()
+            .approval_waited(label, chrono::Utc::now() - row.requested_at);
     }
-    Ok(Accepted { run_id, call_id: Some(call_id), inbox_ids: vec![id], kinds: vec![kind.into()], decision: Some(decision) })
+    Ok(Accepted {
+        run_id,
+        call_id: Some(call_id),
+        inbox_ids: vec![id],
+        kinds: vec![kind.into()],
+        decision: Some(decision),
+    })
 }
 
 /// How many runs' decisions a bulk request posts at once: each decision is
@@ -753,7 +967,11 @@ const BULK_RUNS_AT_ONCE: usize = 8;
 /// [`decide_one`]: one run's decisions one after another in the given order
 /// (they reach the run's inbox in that order), up to [`BULK_RUNS_AT_ONCE`]
 /// runs at once. The answers are in the order of `items`.
-pub(crate) async fn decide_many(app: &App, p: &Principal, items: &[(Uuid, String, DecisionBody)]) -> Vec<Result<Accepted, ApiError>> {
+pub(crate) async fn decide_many(
+    app: &App,
+    p: &Principal,
+    items: &[(Uuid, String, DecisionBody)],
+) -> Vec<Result<Accepted, ApiError>> {
     use futures::StreamExt;
     // Each run's items, runs in order of first appearance.
     let mut runs: Vec<(Uuid, Vec<usize>)> = Vec::new();
@@ -775,11 +993,15 @@ pub(crate) async fn decide_many(app: &App, p: &Principal, items: &[(Uuid, String
         .buffer_unordered(BULK_RUNS_AT_ONCE)
         .collect()
         .await;
-    let mut answers: Vec<Option<Result<Accepted, ApiError>>> = std::iter::repeat_with(|| None).take(items.len()).collect();
+    let mut answers: Vec<Option<Result<Accepted, ApiError>>> =
+        std::iter::repeat_with(|| None).take(items.len()).collect();
     for (i, answer) in answered.into_iter().flatten() {
         answers[i] = Some(answer);
     }
-    answers.into_iter().map(|a| a.expect("every item belongs to one run and is answered")).collect()
+    answers
+        .into_iter()
+        .map(|a| a.expect("every item belongs to one run and is answered"))
+        .collect()
 }
 
 /// Decide one approval: approve, reject (with a reason the model sees) or
@@ -791,9 +1013,17 @@ pub(crate) async fn decide_many(app: &App, p: &Principal, items: &[(Uuid, String
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn decide(State(app): State<App>, p: Principal, ApiPath((id, call_id)): ApiPath<(Uuid, String)>, ApiJson(body): ApiJson<DecisionBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+pub async fn decide(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath((id, call_id)): ApiPath<(Uuid, String)>,
+    ApiJson(body): ApiJson<DecisionBody>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     p.require(Scope::Approve)?;
-    Ok((StatusCode::ACCEPTED, Json(decide_one(&app, &p, id, call_id, &body).await?)))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(decide_one(&app, &p, id, call_id, &body).await?),
+    ))
 }
 
 /// Decide many approvals; each is validated and posted on its own, and its
@@ -802,25 +1032,60 @@ pub async fn decide(State(app): State<App>, p: Principal, ApiPath((id, call_id))
     responses((status = 200, body = BulkResults), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn decide_bulk(State(app): State<App>, p: Principal, ApiJson(body): ApiJson<BulkDecisions>) -> Result<Json<BulkResults>, ApiError> {
+pub async fn decide_bulk(
+    State(app): State<App>,
+    p: Principal,
+    ApiJson(body): ApiJson<BulkDecisions>,
+) -> Result<Json<BulkResults>, ApiError> {
     p.require(Scope::Approve)?;
     if body.decisions.len() > app.limits.max_bulk {
-        return Err(ApiError::Invalid(format!("at most {} decisions per request", app.limits.max_bulk)));
+        return Err(ApiError::Invalid(format!(
+            "at most {} decisions per request",
+            app.limits.max_bulk
+        )));
     }
     // The shape of every decision first: a malformed one refuses the whole request.
-    let singles: Vec<DecisionBody> =
-        body.decisions.iter().map(|d| DecisionBody { decision: d.decision, reason: d.reason.clone(), input: d.input.clone(), args_hash: d.args_hash.clone() }).collect();
+    let singles: Vec<DecisionBody> = body
+        .decisions
+        .iter()
+        .map(|d| DecisionBody {
+            decision: d.decision,
+            reason: d.reason.clone(),
+            input: d.input.clone(),
+            args_hash: d.args_hash.clone(),
+        })
+        .collect();
     for (i, single) in singles.iter().enumerate() {
-        single.to_decision().map_err(|e| ApiError::InvalidField { field: format!("decisions[{i}].input"), reason: e.to_string() })?;
+        single.to_decision().map_err(|e| ApiError::InvalidField {
+            field: format!("decisions[{i}].input"),
+            reason: e.to_string(),
+        })?;
     }
-    let items: Vec<(Uuid, String, DecisionBody)> = body.decisions.into_iter().zip(singles).map(|(d, single)| (d.run_id, d.call_id, single)).collect();
+    let items: Vec<(Uuid, String, DecisionBody)> = body
+        .decisions
+        .into_iter()
+        .zip(singles)
+        .map(|(d, single)| (d.run_id, d.call_id, single))
+        .collect();
     let answers = decide_many(&app, &p, &items).await;
     let results = items
         .into_iter()
         .zip(answers)
         .map(|((run_id, call_id, _), answer)| match answer {
-            Ok(accepted) => BulkItemResult { run_id, call_id, status: 202, accepted: Some(accepted), error: None },
-            Err(e) => BulkItemResult { run_id, call_id, status: e.status().as_u16(), accepted: None, error: Some(e.body().error) },
+            Ok(accepted) => BulkItemResult {
+                run_id,
+                call_id,
+                status: 202,
+                accepted: Some(accepted),
+                error: None,
+            },
+            Err(e) => BulkItemResult {
+                run_id,
+                call_id,
+                status: e.status().as_u16(),
+                accepted: None,
+                error: Some(e.body().error),
+            },
         })
         .collect();
     Ok(Json(BulkResults { results }))
@@ -834,24 +1099,45 @@ pub async fn decide_bulk(State(app): State<App>, p: Principal, ApiJson(body): Ap
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn post_tool_result(State(app): State<App>, p: Principal, ApiPath((id, call_id)): ApiPath<(Uuid, String)>, ApiJson(body): ApiJson<ToolResultBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+pub async fn post_tool_result(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath((id, call_id)): ApiPath<(Uuid, String)>,
+    ApiJson(body): ApiJson<ToolResultBody>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     p.require(Scope::Submit)?;
     let run = visible_run(&app, &p, id).await?;
     not_done(&run)?;
     let state = app.log.load(id).await?;
-    let call = state.call(&call_id).ok_or_else(|| ApiError::CallNotFound { run_id: id, call_id: call_id.clone() })?;
+    let call = state.call(&call_id).ok_or_else(|| ApiError::CallNotFound {
+        run_id: id,
+        call_id: call_id.clone(),
+    })?;
     if call.disposition != Some(Disposition::External) {
         return Err(ApiError::NotExternal(call_id));
     }
     if call.result.is_some() {
         return Err(ApiError::AlreadyAnswered(call_id));
     }
-    let payload = Resume::ToolResult { call_id: call_id.clone(), content: body.content, is_error: body.is_error };
+    let payload = Resume::ToolResult {
+        call_id: call_id.clone(),
+        content: body.content,
+        is_error: body.is_error,
+    };
     let (inbox_id, kind) = post(&app, id, payload).await.map_err(|e| match e {
         glia_backends::LogError::Duplicate { .. } => ApiError::AlreadyAnswered(call_id.clone()),
         e => e.into(),
     })?;
-    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: Some(call_id), inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            run_id: id,
+            call_id: Some(call_id),
+            inbox_ids: vec![inbox_id],
+            kinds: vec![kind.into()],
+            decision: None,
+        }),
+    ))
 }
 
 /// `text` (a user's message for run `id`, in the body's `field`) screened
@@ -859,9 +1145,16 @@ pub async fn post_tool_result(State(app): State<App>, p: Principal, ApiPath((id,
 /// see [`screen_input`]): the inbox never stores what the redact rules
 /// remove, and `input.received` lists the rules. Errors: 422
 /// `screened_input` when a deny rule refuses it, 503 when the log fails.
-async fn redacted_input(app: &App, id: Uuid, field: &str, text: String) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
+async fn redacted_input(
+    app: &App,
+    id: Uuid,
+    field: &str,
+    text: String,
+) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
     let first = app.log.events(id, 0, 1).await?;
-    let Some(EventKind::SessionStart { config, .. }) = first.first().map(|e| &e.kind) else { return Ok((text, Vec::new())) };
+    let Some(EventKind::SessionStart { config, .. }) = first.first().map(|e| &e.kind) else {
+        return Ok((text, Vec::new()));
+    };
     screen_input(config, field, &text)
 }
 
@@ -871,21 +1164,37 @@ async fn redacted_input(app: &App, id: Uuid, field: &str, text: String) -> Resul
 /// text (as the worker checks it). Errors: 422 `screened_input` naming the
 /// field, the rule and the length, never the text (so a refused goal is
 /// stored nowhere: not in the log, a run list or this answer).
-pub(crate) fn screen_input(config: &RunConfig, field: &str, text: &str) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
+pub(crate) fn screen_input(
+    config: &RunConfig,
+    field: &str,
+    text: &str,
+) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
     let g = &config.guardrails;
     if g.input.is_empty() && g.max_input_chars.is_none() {
         return Ok((text.to_owned(), Vec::new()));
     }
-    let compiled = g.compile().map_err(|e| ApiError::InvalidField { field: format!("config.guardrails.{}", e.field), reason: e.reason })?;
+    let compiled = g.compile().map_err(|e| ApiError::InvalidField {
+        field: format!("config.guardrails.{}", e.field),
+        reason: e.reason,
+    })?;
     screen_compiled(&compiled, field, text)
 }
 
 /// [`screen_input`] with the guardrails compiled already.
-pub(crate) fn screen_compiled(compiled: &glia_proto::agent::CompiledGuardrails, field: &str, text: &str) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
+pub(crate) fn screen_compiled(
+    compiled: &glia_proto::agent::CompiledGuardrails,
+    field: &str,
+    text: &str,
+) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {
     let (text, redactions) = compiled.redact_input(text);
     match compiled.check_input(&text) {
         Ok(()) => Ok((text, redactions)),
-        Err((guardrail, reason)) => Err(ApiError::ScreenedInput { field: field.to_owned(), guardrail, reason, chars: text.chars().count() }),
+        Err((guardrail, reason)) => Err(ApiError::ScreenedInput {
+            field: field.to_owned(),
+            guardrail,
+            reason,
+            chars: text.chars().count(),
+        }),
     }
 }
 
@@ -895,7 +1204,12 @@ pub(crate) fn screen_compiled(compiled: &glia_proto::agent::CompiledGuardrails, 
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn post_message(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, ApiJson(body): ApiJson<MessageBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+pub async fn post_message(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(body): ApiJson<MessageBody>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     p.require(Scope::Submit)?;
     let run = visible_run(&app, &p, id).await?;
     if body.text.trim().is_empty() {
@@ -905,24 +1219,53 @@ pub async fn post_message(State(app): State<App>, p: Principal, ApiPath(id): Api
     if run.pull_point != Some(PullPoint::AwaitingInput) {
         return Err(ApiError::NotAwaitingInput(id));
     }
-    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. })) {
-        return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
+    if app
+        .log
+        .inbox(id)
+        .await?
+        .iter()
+        .any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. }))
+    {
+        return Err(ApiError::AlreadyPosted {
+            run_id: id,
+            what: "a message or a close".into(),
+        });
     }
     head_unmoved(&app, &p, id, body.head_seq).await?;
     let (text, redactions) = redacted_input(&app, id, "text", body.text).await?;
     let (inbox_id, kind) = post(&app, id, Resume::Input { text, redactions }).await?;
-    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            run_id: id,
+            call_id: None,
+            inbox_ids: vec![inbox_id],
+            kinds: vec![kind.into()],
+            decision: None,
+        }),
+    ))
 }
 
 /// With `expected` (a message's or close's `head_seq`), 409 `head_moved`
 /// unless the run's head is still `expected`. Read after the inbox check:
 /// a waiting input that a worker takes meanwhile moves the head in the same
 /// commit, so a retried post either finds it waiting or finds the head moved.
-async fn head_unmoved(app: &App, p: &Principal, id: Uuid, expected: Option<u64>) -> Result<(), ApiError> {
-    let Some(expected) = expected else { return Ok(()) };
+async fn head_unmoved(
+    app: &App,
+    p: &Principal,
+    id: Uuid,
+    expected: Option<u64>,
+) -> Result<(), ApiError> {
+    let Some(expected) = expected else {
+        return Ok(());
+    };
     let actual = visible_run(app, p, id).await?.head_seq;
     if actual != expected {
-        return Err(ApiError::HeadMoved { run_id: id, expected, actual });
+        return Err(ApiError::HeadMoved {
+            run_id: id,
+            expected,
+            actual,
+        });
     }
     Ok(())
 }
@@ -938,13 +1281,26 @@ async fn head_unmoved(app: &App, p: &Principal, id: Uuid, expected: Option<u64>)
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<ResumeBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+pub async fn resume(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    OptJson(body): OptJson<ResumeBody>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
     let run = visible_run(&app, &p, id).await?;
     not_done(&run)?;
     let inbox = app.log.inbox(id).await?;
-    if inbox.iter().any(|i| matches!(i.payload, Resume::ExtendBudget { .. } | Resume::Resume { .. })) {
-        return Err(ApiError::AlreadyPosted { run_id: id, what: "a resume".into() });
+    if inbox.iter().any(|i| {
+        matches!(
+            i.payload,
+            Resume::ExtendBudget { .. } | Resume::Resume { .. }
+        )
+    }) {
+        return Err(ApiError::AlreadyPosted {
+            run_id: id,
+            what: "a resume".into(),
+        });
     }
     let operator = operator_pause(&app, id, &inbox).await?;
     let parked = match &run.pull_point {
@@ -974,7 +1330,13 @@ pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
             }
         }
     }
-    let mut accepted = Accepted { run_id: id, call_id: None, inbox_ids: vec![], kinds: vec![], decision: None };
+    let mut accepted = Accepted {
+        run_id: id,
+        call_id: None,
+        inbox_ids: vec![],
+        kinds: vec![],
+        decision: None,
+    };
     for payload in payloads {
         let (inbox_id, kind) = post(&app, id, payload).await?;
         accepted.inbox_ids.push(inbox_id);
@@ -998,13 +1360,34 @@ pub async fn resume(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
     responses((status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<PauseBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+pub async fn pause(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    OptJson(body): OptJson<PauseBody>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     p.require(Scope::Submit)?;
     let run = visible_run(&app, &p, id).await?;
     not_done(&run)?;
-    let reason = body.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).map_or_else(|| format!("paused by {}", p.by()), str::to_owned);
-    let inbox_id = pause_run(&app, id, &reason, &p.by()).await?.ok_or(ApiError::AlreadyPaused(id))?;
-    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec!["pause".into()], decision: None })))
+    let reason = body
+        .reason
+        .as_deref()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map_or_else(|| format!("paused by {}", p.by()), str::to_owned);
+    let inbox_id = pause_run(&app, id, &reason, &p.by())
+        .await?
+        .ok_or(ApiError::AlreadyPaused(id))?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            run_id: id,
+            call_id: None,
+            inbox_ids: vec![inbox_id],
+            kinds: vec!["pause".into()],
+            decision: None,
+        }),
+    ))
 }
 
 /// The reason of the operator pause run `id` is under or about to be under,
@@ -1012,7 +1395,11 @@ pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
 /// `resume` there decides (a resume withdraws or ends a pause); with
 /// neither, the run's state: parked at `paused` by an operator, or a
 /// `session.pause_requested` not yet in effect.
-pub(crate) async fn operator_pause(app: &App, id: Uuid, inbox: &[glia_backends::InboxItem]) -> Result<Option<String>, ApiError> {
+pub(crate) async fn operator_pause(
+    app: &App,
+    id: Uuid,
+    inbox: &[glia_backends::InboxItem],
+) -> Result<Option<String>, ApiError> {
     let last = inbox.iter().rev().find_map(|i| match &i.payload {
         Resume::Pause { reason, .. } => Some(Some(reason.clone())),
         Resume::Resume { .. } => Some(None),
@@ -1023,7 +1410,9 @@ pub(crate) async fn operator_pause(app: &App, id: Uuid, inbox: &[glia_backends::
     }
     let state = app.log.load(id).await?;
     Ok(match state.parked {
-        Some(PullPoint::Paused { reason: PauseReason::Operator { reason } }) => Some(reason),
+        Some(PullPoint::Paused {
+            reason: PauseReason::Operator { reason },
+        }) => Some(reason),
         _ => state.pause_due,
     })
 }
@@ -1031,12 +1420,25 @@ pub(crate) async fn operator_pause(app: &App, id: Uuid, inbox: &[glia_backends::
 /// Post a pause to run `id` and set its pause flag: the durable part of
 /// `POST /v1/runs/{id}/pause`, also used when a batch is paused or reaches
 /// its spend cap. `None` when the run is already paused or pausing.
-pub(crate) async fn pause_run(app: &App, id: Uuid, reason: &str, by: &str) -> Result<Option<i64>, ApiError> {
+pub(crate) async fn pause_run(
+    app: &App,
+    id: Uuid,
+    reason: &str,
+    by: &str,
+) -> Result<Option<i64>, ApiError> {
     let inbox = app.log.inbox(id).await?;
     if operator_pause(app, id, &inbox).await?.is_some() {
         return Ok(None);
     }
-    let (inbox_id, _) = post(app, id, Resume::Pause { reason: reason.to_owned(), by: Some(by.to_owned()) }).await?;
+    let (inbox_id, _) = post(
+        app,
+        id,
+        Resume::Pause {
+            reason: reason.to_owned(),
+            by: Some(by.to_owned()),
+        },
+    )
+    .await?;
     // The durable part is done; the flag only makes a busy worker look sooner.
     if let Err(e) = app.ledger.set_paused(id, true).await {
         tracing::warn!(run_id = %id, "pause flag not set (the posted pause applies at the run's next job): {e}");
@@ -1056,14 +1458,26 @@ async fn unflag_pause(app: &App, id: Uuid) {
 /// Resume run `id` if an operator pause whose reason `parked_by` accepts
 /// holds it or is about to (see [`operator_pause`]); true when a resume was
 /// posted. What a batch's resume does for the runs it paused.
-pub(crate) async fn resume_paused_by(app: &App, id: Uuid, by: &str, parked_by: impl Fn(&str) -> bool) -> Result<bool, ApiError> {
+pub(crate) async fn resume_paused_by(
+    app: &App,
+    id: Uuid,
+    by: &str,
+    parked_by: impl Fn(&str) -> bool,
+) -> Result<bool, ApiError> {
     let inbox = app.log.inbox(id).await?;
     // One resume: it withdraws a pause not yet in effect, or ends one in
     // effect (a run parked at another pause stays there).
     match operator_pause(app, id, &inbox).await? {
         Some(reason) if parked_by(&reason) => {
             unflag_pause(app, id).await;
-            post(app, id, Resume::Resume { by: Some(by.to_owned()) }).await?;
+            post(
+                app,
+                id,
+                Resume::Resume {
+                    by: Some(by.to_owned()),
+                },
+            )
+            .await?;
             Ok(true)
         }
         _ => Ok(false),
@@ -1087,23 +1501,60 @@ pub(crate) async fn resume_paused_by(app: &App, id: Uuid, by: &str, parked_by: i
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<CancelBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+pub async fn cancel(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    OptJson(body): OptJson<CancelBody>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     p.require(Scope::Submit)?;
     let run = visible_run(&app, &p, id).await?;
     not_done(&run)?;
-    let reason = body.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).map_or_else(|| format!("cancelled by {}", p.by()), str::to_owned);
+    let reason = body
+        .reason
+        .as_deref()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map_or_else(|| format!("cancelled by {}", p.by()), str::to_owned);
     let inbox_id = cancel_run(&app, id, &reason, &p.by()).await?;
-    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec!["cancel".into()], decision: None })))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            run_id: id,
+            call_id: None,
+            inbox_ids: vec![inbox_id],
+            kinds: vec!["cancel".into()],
+            decision: None,
+        }),
+    ))
 }
 
 /// Post a cancel to run `id` (or find the one already waiting) and set its
 /// cancel flag: the durable part of `POST /v1/runs/{id}/cancel`, also used
 /// when a batch is cancelled. Answers the cancel's inbox id.
-pub(crate) async fn cancel_run(app: &App, id: Uuid, reason: &str, by: &str) -> Result<i64, ApiError> {
-    let pending = app.log.inbox(id).await?.into_iter().find(|i| matches!(i.payload, Resume::Cancel { .. }));
+pub(crate) async fn cancel_run(
+    app: &App,
+    id: Uuid,
+    reason: &str,
+    by: &str,
+) -> Result<i64, ApiError> {
+    let pending = app
+        .log
+        .inbox(id)
+        .await?
+        .into_iter()
+        .find(|i| matches!(i.payload, Resume::Cancel { .. }));
     let inbox_id = match pending {
         Some(item) => item.id,
-        None => match post(app, id, Resume::Cancel { reason: reason.to_owned() }).await {
+        None => match post(
+            app,
+            id,
+            Resume::Cancel {
+                reason: reason.to_owned(),
+            },
+        )
+        .await
+        {
             Ok((inbox_id, _)) => inbox_id,
             // A concurrent cancel got there first: answer with it.
             Err(glia_backends::LogError::Duplicate { .. }) => app
@@ -1136,23 +1587,41 @@ pub(crate) async fn cancel_run(app: &App, id: Uuid, reason: &str, by: &str) -> R
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>, OptJson(body): OptJson<CloseBody>) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+pub async fn close(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+    OptJson(body): OptJson<CloseBody>,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
     p.require(Scope::Submit)?;
     let run = visible_run(&app, &p, id).await?;
     not_done(&run)?;
     let closable = match &run.pull_point {
         Some(PullPoint::AwaitingInput) => true,
-        Some(PullPoint::Paused { reason: PauseReason::Budget { .. } }) => body.text.is_none(),
+        Some(PullPoint::Paused {
+            reason: PauseReason::Budget { .. },
+        }) => body.text.is_none(),
         _ => false,
     };
     if !closable {
         return Err(ApiError::NotAwaitingInput(id));
     }
     if body.text.as_deref().is_some_and(|t| t.trim().is_empty()) {
-        return Err(ApiError::Invalid("text: the closing message is empty".into()));
+        return Err(ApiError::Invalid(
+            "text: the closing message is empty".into(),
+        ));
     }
-    if app.log.inbox(id).await?.iter().any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. })) {
-        return Err(ApiError::AlreadyPosted { run_id: id, what: "a message or a close".into() });
+    if app
+        .log
+        .inbox(id)
+        .await?
+        .iter()
+        .any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. }))
+    {
+        return Err(ApiError::AlreadyPosted {
+            run_id: id,
+            what: "a message or a close".into(),
+        });
     }
     head_unmoved(&app, &p, id, body.head_seq).await?;
     let (text, redactions) = match body.text {
@@ -1163,7 +1632,16 @@ pub async fn close(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
         None => (None, Vec::new()),
     };
     let (inbox_id, kind) = post(&app, id, Resume::Close { text, redactions }).await?;
-    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id: id, call_id: None, inbox_ids: vec![inbox_id], kinds: vec![kind.into()], decision: None })))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            run_id: id,
+            call_id: None,
+            inbox_ids: vec![inbox_id],
+            kinds: vec![kind.into()],
+            decision: None,
+        }),
+    ))
 }
 
 // ----- ops ---------------------------------------------------------------------------
@@ -1176,14 +1654,25 @@ pub async fn healthz() -> Json<Health> {
 
 /// The answer of `/healthz`: `{"status": "ok"}`.
 pub fn healthz_answer() -> Json<Health> {
-    Json(Health { status: "ok".into(), checks: BTreeMap::new() })
+    Json(Health {
+        status: "ok".into(),
+        checks: BTreeMap::new(),
+    })
 }
 
 /// Readiness: the event log, the job queue and the ledger answer within
 /// [`crate::Limits::ready_timeout`]. 503 `not_ready` names the failures.
 #[utoipa::path(get, path = "/readyz", tag = "ops", responses((status = 200, body = Health), (status = 503, body = NotReady)))]
 pub async fn readyz(State(app): State<App>) -> Response {
-    readiness_answer(glia_backends::readiness(app.log.as_ref(), app.queue.as_ref(), app.ledger.as_ref(), app.limits.ready_timeout).await)
+    readiness_answer(
+        glia_backends::readiness(
+            app.log.as_ref(),
+            app.queue.as_ref(),
+            app.ledger.as_ref(),
+            app.limits.ready_timeout,
+        )
+        .await,
+    )
 }
 
 /// The answer of a readiness probe from its checks (dependency → `ok` or
@@ -1192,18 +1681,37 @@ pub async fn readyz(State(app): State<App>) -> Response {
 /// Served by the dispatcher's `/readyz`, while it starts, and by a worker's
 /// `--metrics-listen`.
 pub fn readiness_answer(checks: BTreeMap<String, String>) -> Response {
-    let failed: Vec<String> = checks.iter().filter(|(_, v)| *v != "ok").map(|(k, v)| format!("{k}: {v}")).collect();
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|(_, v)| *v != "ok")
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
     if failed.is_empty() {
-        return Json(Health { status: "ready".into(), checks }).into_response();
+        return Json(Health {
+            status: "ready".into(),
+            checks,
+        })
+        .into_response();
     }
     let error = ApiError::NotReady(failed.join("; ")).body().error;
-    (StatusCode::SERVICE_UNAVAILABLE, Json(NotReady { error, checks })).into_response()
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(NotReady { error, checks }),
+    )
+        .into_response()
 }
 
 /// Prometheus metrics, OpenMetrics text format.
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, content_type = "application/openmetrics-text", body = String)))]
 pub async fn metrics(State(app): State<App>) -> Response {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], app.metrics().encode()).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics().encode(),
+    )
+        .into_response()
 }
 
 static OPENAPI: LazyLock<String> = LazyLock::new(|| crate::openapi().to_string());
@@ -1211,5 +1719,9 @@ static OPENAPI: LazyLock<String> = LazyLock::new(|| crate::openapi().to_string()
 /// This API's OpenAPI 3.1 document.
 #[utoipa::path(get, path = "/openapi.json", tag = "ops", responses((status = 200, description = "OpenAPI 3.1 document", content_type = "application/json", body = serde_json::Value)))]
 pub async fn openapi_json() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI.as_str()).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        OPENAPI.as_str(),
+    )
+        .into_response()
 }

@@ -93,7 +93,11 @@ impl Principal {
 
     /// `Ok` when it has `scope`, else [`ApiError::Forbidden`].
     pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
-        if self.has(scope) { Ok(()) } else { Err(ApiError::forbidden(scope)) }
+        if self.has(scope) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(scope))
+        }
     }
 
     /// `Ok` when it has any of `scopes`, else [`ApiError::Forbidden`] naming the first.
@@ -101,7 +105,13 @@ impl Principal {
         if scopes.iter().any(|s| self.has(*s)) {
             Ok(())
         } else {
-            Err(ApiError::Forbidden(scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("` or `")))
+            Err(ApiError::Forbidden(
+                scopes
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join("` or `"),
+            ))
         }
     }
 
@@ -129,7 +139,9 @@ pub enum AuthError {
     UnknownScope(String),
     /// A token spec not of the form `TOKEN:TENANT:SCOPE[,SCOPE…]` (the spec
     /// itself is not echoed: it holds a secret).
-    #[error("bad token spec: expected TOKEN:TENANT:SCOPE[,SCOPE...], got {parts} ':'-separated part(s)")]
+    #[error(
+        "bad token spec: expected TOKEN:TENANT:SCOPE[,SCOPE...], got {parts} ':'-separated part(s)"
+    )]
     BadSpec {
         /// How many parts it had.
         parts: usize,
@@ -160,7 +172,9 @@ impl Auth {
     }
 
     /// These tokens. Errors: [`AuthError::Empty`] for an empty token, tenant or scope list.
-    pub fn from_tokens(tokens: impl IntoIterator<Item = (String, Principal)>) -> Result<Auth, AuthError> {
+    pub fn from_tokens(
+        tokens: impl IntoIterator<Item = (String, Principal)>,
+    ) -> Result<Auth, AuthError> {
         let mut map = HashMap::new();
         for (token, principal) in tokens {
             if token.is_empty() || principal.tenant.is_empty() || principal.scopes.is_empty() {
@@ -168,7 +182,9 @@ impl Auth {
             }
             map.insert(digest(&token), principal);
         }
-        Ok(Auth { tokens: Arc::new(map) })
+        Ok(Auth {
+            tokens: Arc::new(map),
+        })
     }
 
     /// Parse one `TOKEN:TENANT:SCOPE[,SCOPE…][:NAME]` spec (e.g. from a
@@ -178,15 +194,32 @@ impl Auth {
     /// three-part form keeps its meaning (the name is then the tenant).
     pub fn parse_spec(spec: &str) -> Result<(String, Principal), AuthError> {
         let mut parts = spec.splitn(4, ':');
-        let (Some(token), Some(tenant), Some(scopes)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(AuthError::BadSpec { parts: spec.split(':').count() });
+        let (Some(token), Some(tenant), Some(scopes)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(AuthError::BadSpec {
+                parts: spec.split(':').count(),
+            });
         };
         let name = parts.next();
-        if token.is_empty() || tenant.is_empty() || scopes.is_empty() || name.is_some_and(|n| n.trim().is_empty()) {
+        if token.is_empty()
+            || tenant.is_empty()
+            || scopes.is_empty()
+            || name.is_some_and(|n| n.trim().is_empty())
+        {
             return Err(AuthError::Empty);
         }
-        let scopes = scopes.split(',').map(Scope::parse).collect::<Result<Vec<_>, _>>()?;
-        Ok((token.to_owned(), Principal { tenant: tenant.to_owned(), scopes, name: name.map(|n| n.trim().to_owned()) }))
+        let scopes = scopes
+            .split(',')
+            .map(Scope::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((
+            token.to_owned(),
+            Principal {
+                tenant: tenant.to_owned(),
+                scopes,
+                name: name.map(|n| n.trim().to_owned()),
+            },
+        ))
     }
 
     /// The principal of a token by its SHA-256 digest (what an inbox session
@@ -194,7 +227,11 @@ impl Auth {
     /// longer configured. With no tokens configured: the open admin.
     pub fn by_digest(&self, digest: &[u8; 32]) -> Option<Principal> {
         if self.is_open() {
-            return Some(Principal { tenant: OPEN_TENANT.to_owned(), scopes: vec![Scope::Admin], name: None });
+            return Some(Principal {
+                tenant: OPEN_TENANT.to_owned(),
+                scopes: vec![Scope::Admin],
+                name: None,
+            });
         }
         self.tokens.get(digest).cloned()
     }
@@ -207,7 +244,8 @@ impl Auth {
 
     /// Parse a token file: `{"TOKEN": {"tenant": "acme", "scopes": ["submit"], "name": "ci"}, …}`.
     pub fn from_json(json: &str) -> Result<Auth, AuthError> {
-        let map: HashMap<String, Principal> = serde_json::from_str(json).map_err(|e| AuthError::BadFile(e.to_string()))?;
+        let map: HashMap<String, Principal> =
+            serde_json::from_str(json).map_err(|e| AuthError::BadFile(e.to_string()))?;
         Auth::from_tokens(map)
     }
 
@@ -231,14 +269,21 @@ impl Auth {
     /// [`ApiError::InvalidToken`] (not configured).
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, ApiError> {
         if self.is_open() {
-            return Ok(Principal { tenant: OPEN_TENANT.to_owned(), scopes: vec![Scope::Admin], name: None });
+            return Ok(Principal {
+                tenant: OPEN_TENANT.to_owned(),
+                scopes: vec![Scope::Admin],
+                name: None,
+            });
         }
         let value = authorization.ok_or(ApiError::MissingToken)?.trim();
         let (scheme, token) = value.split_once(' ').ok_or(ApiError::MissingToken)?;
         if !scheme.eq_ignore_ascii_case("bearer") {
             return Err(ApiError::MissingToken);
         }
-        self.tokens.get(&digest(token.trim())).cloned().ok_or(ApiError::InvalidToken)
+        self.tokens
+            .get(&digest(token.trim()))
+            .cloned()
+            .ok_or(ApiError::InvalidToken)
     }
 }
 
@@ -261,29 +306,56 @@ mod tests {
     #[test]
     fn token_specs_and_files() {
         let (token, p) = Auth::parse_spec("s3cret:acme:submit,approve").unwrap();
-        assert_eq!((token.as_str(), p.tenant.as_str(), p.scopes.as_slice()), ("s3cret", "acme", &[Scope::Submit, Scope::Approve][..]));
-        assert_eq!(Auth::parse_spec("s3cret:acme:root"), Err(AuthError::UnknownScope("root".into())));
+        assert_eq!(
+            (token.as_str(), p.tenant.as_str(), p.scopes.as_slice()),
+            ("s3cret", "acme", &[Scope::Submit, Scope::Approve][..])
+        );
+        assert_eq!(
+            Auth::parse_spec("s3cret:acme:root"),
+            Err(AuthError::UnknownScope("root".into()))
+        );
         let err = Auth::parse_spec("s3cret:acme").unwrap_err();
         assert_eq!(err, AuthError::BadSpec { parts: 2 });
-        assert!(!err.to_string().contains("s3cret"), "the token is not echoed");
+        assert!(
+            !err.to_string().contains("s3cret"),
+            "the token is not echoed"
+        );
         assert_eq!(Auth::parse_spec("::submit"), Err(AuthError::Empty));
         let (_, named) = Auth::parse_spec("s3cret:acme:approve:ana@acme.example").unwrap();
-        assert_eq!((named.tenant.as_str(), named.by()), ("acme", "ana@acme.example".to_owned()));
-        assert_eq!(Auth::parse_spec("s3cret:acme:approve: "), Err(AuthError::Empty));
-        let auth = Auth::from_json(r#"{"t1": {"tenant": "acme", "scopes": ["admin"], "name": "ops"}}"#).unwrap();
+        assert_eq!(
+            (named.tenant.as_str(), named.by()),
+            ("acme", "ana@acme.example".to_owned())
+        );
+        assert_eq!(
+            Auth::parse_spec("s3cret:acme:approve: "),
+            Err(AuthError::Empty)
+        );
+        let auth =
+            Auth::from_json(r#"{"t1": {"tenant": "acme", "scopes": ["admin"], "name": "ops"}}"#)
+                .unwrap();
         assert_eq!(auth.len(), 1);
         let p = auth.authenticate(Some("Bearer t1")).unwrap();
         assert!(p.is_admin() && p.has(Scope::Submit) && p.sees("anyone"));
         assert_eq!(p.by(), "ops");
         assert!(matches!(Auth::from_json("[]"), Err(AuthError::BadFile(_))));
-        assert!(matches!(Auth::from_json(r#"{"t": {"tenant": "a", "scopes": []}}"#), Err(AuthError::Empty)));
+        assert!(matches!(
+            Auth::from_json(r#"{"t": {"tenant": "a", "scopes": []}}"#),
+            Err(AuthError::Empty)
+        ));
     }
 
     #[test]
     fn scopes_and_tenants() {
-        let p = Principal { tenant: "a".into(), scopes: vec![Scope::Submit], name: None };
+        let p = Principal {
+            tenant: "a".into(),
+            scopes: vec![Scope::Submit],
+            name: None,
+        };
         assert!(p.require(Scope::Submit).is_ok());
-        assert_eq!(p.require(Scope::Approve), Err(ApiError::Forbidden("approve".into())));
+        assert_eq!(
+            p.require(Scope::Approve),
+            Err(ApiError::Forbidden("approve".into()))
+        );
         assert!(p.require_any(&[Scope::Approve, Scope::Submit]).is_ok());
         assert!(p.sees("a") && !p.sees("b"));
         assert_eq!(p.tenant_filter(), Some("a".into()));

@@ -67,7 +67,9 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
-use glia_backends::batches::{Batch, BatchState, BatchStore, Claim, ItemView, Lane, NewBatch, NewItem, SubmitError, Upload};
+use glia_backends::batches::{
+    Batch, BatchState, BatchStore, Claim, ItemView, Lane, NewBatch, NewItem, SubmitError, Upload,
+};
 use glia_backends::{Spend, SpendCap};
 use glia_proto::RunConfig;
 use serde::{Deserialize, Serialize};
@@ -77,11 +79,16 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::App;
-use crate::api::{CreateRun, admit_run, cancel_run, catalogue_check, idempotency_key, pause_run, resume_paused_by, run_config, validate_run};
+use crate::api::{
+    CreateRun, admit_run, cancel_run, catalogue_check, idempotency_key, pause_run,
+    resume_paused_by, run_config, validate_run,
+};
 use crate::auth::{Principal, Scope};
 use crate::docs::RunConfigDoc;
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, Documented, OptJson, conforms, integral_numbers, is_json};
+use crate::extract::{
+    ApiJson, ApiPath, ApiQuery, Documented, OptJson, conforms, integral_numbers, is_json,
+};
 
 /// The cancel reason of a run its batch's completion window ended.
 pub const EXPIRED_REASON: &str = "the batch's completion window ended";
@@ -154,13 +161,19 @@ pub struct SpendCapBody {
 
 impl From<SpendCapBody> for SpendCap {
     fn from(c: SpendCapBody) -> SpendCap {
-        SpendCap { tokens: c.tokens, cost_usd_micros: c.usd_micros }
+        SpendCap {
+            tokens: c.tokens,
+            cost_usd_micros: c.usd_micros,
+        }
     }
 }
 
 impl From<SpendCap> for SpendCapBody {
     fn from(c: SpendCap) -> SpendCapBody {
-        SpendCapBody { tokens: c.tokens, usd_micros: c.cost_usd_micros }
+        SpendCapBody {
+            tokens: c.tokens,
+            usd_micros: c.cost_usd_micros,
+        }
     }
 }
 
@@ -205,7 +218,9 @@ pub struct BatchItem {
     #[schema(min_length = 1, max_length = 255)]
     pub custom_id: String,
     /// The run's goal; may use `inputs` as minijinja variables.
-    #[schema(pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]")] // crate::docs::NOT_BLANK
+    #[schema(
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )] // crate::docs::NOT_BLANK
     pub goal: String,
     /// Variables for the goal's template.
     #[schema(value_type = Option<Object>)]
@@ -270,7 +285,9 @@ impl BatchCounts {
                 "succeeded" => c.succeeded += n,
                 "cancelled" => c.cancelled += n,
                 "expired" => c.expired += n,
-                s if s.starts_with("parked:") => *c.parked.entry(s["parked:".len()..].to_owned()).or_insert(0) += n,
+                s if s.starts_with("parked:") => {
+                    *c.parked.entry(s["parked:".len()..].to_owned()).or_insert(0) += n
+                }
                 _ => c.failed += n,
             }
         }
@@ -330,7 +347,10 @@ impl BatchStatus {
     /// Completed, expired or cancelled: nothing will change any more, and
     /// pause and resume answer 409 `batch_ended`.
     pub fn ended(self) -> bool {
-        matches!(self, BatchStatus::Completed | BatchStatus::Expired | BatchStatus::Cancelled)
+        matches!(
+            self,
+            BatchStatus::Completed | BatchStatus::Expired | BatchStatus::Cancelled
+        )
     }
 }
 
@@ -345,7 +365,10 @@ pub struct SpendView {
 
 impl From<Spend> for SpendView {
     fn from(s: Spend) -> SpendView {
-        SpendView { tokens: s.tokens, usd_micros: s.cost_usd_micros }
+        SpendView {
+            tokens: s.tokens,
+            usd_micros: s.cost_usd_micros,
+        }
     }
 }
 
@@ -443,8 +466,17 @@ impl ItemResult {
             Some(Outcome::Succeeded { answer, output }) => (Some(answer), output, None),
             Some(Outcome::Failed { error }) => (None, None, Some(error)),
             Some(Outcome::Cancelled { reason }) => (None, None, Some(reason)),
-            None if item.status == "expired" => (None, None, Some("the batch's completion window ended before the item started".into())),
-            None => (None, None, item.error.filter(|e| e != glia_backends::batches::WINDOW_ENDED)),
+            None if item.status == "expired" => (
+                None,
+                None,
+                Some("the batch's completion window ended before the item started".into()),
+            ),
+            None => (
+                None,
+                None,
+                item.error
+                    .filter(|e| e != glia_backends::batches::WINDOW_ENDED),
+            ),
         };
         let error_code = match item.status.as_str() {
             "expired" => Some("expired"),
@@ -477,7 +509,12 @@ impl Documented for ResumeBatchBody {
 // ----- helpers -----------------------------------------------------------------------
 
 fn store(app: &App) -> Result<&Arc<dyn BatchStore>, ApiError> {
-    app.batches.store.as_ref().ok_or_else(|| ApiError::NotAvailable("batches are not available on this dispatcher (it was built without a batch store)".into()))
+    app.batches.store.as_ref().ok_or_else(|| {
+        ApiError::NotAvailable(
+            "batches are not available on this dispatcher (it was built without a batch store)"
+                .into(),
+        )
+    })
 }
 
 fn tenant_of(p: &Principal) -> Option<&str> {
@@ -490,7 +527,12 @@ fn tenant_of(p: &Principal) -> Option<&str> {
 /// submit, so every item runs the same definition whatever is registered
 /// later. Errors: 422 naming `config` or `agent`, 404 `agent_not_found`.
 async fn check_spec(app: &App, tenant: &str, spec: &mut BatchSpec) -> Result<RunConfig, ApiError> {
-    let probe = CreateRun { goal: "batch".into(), config: spec.config.clone().unwrap_or_default(), batch_id: None, agent: spec.agent.clone() };
+    let probe = CreateRun {
+        goal: "batch".into(),
+        config: spec.config.clone().unwrap_or_default(),
+        batch_id: None,
+        agent: spec.agent.clone(),
+    };
     let config = run_config(app, tenant, &probe).await?;
     if let Some(agent) = &config.agent {
         spec.agent = Some(format!("{}@{}", agent.name, agent.version));
@@ -518,8 +560,19 @@ impl ItemRules {
         let mut env = minijinja::Environment::new();
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
         let base = spec.agent.is_none().then(|| base_config(spec));
-        let screen = config.guardrails.compile().map_err(|e| ApiError::InvalidField { field: format!("config.guardrails.{}", e.field), reason: e.reason })?;
-        Ok(ItemRules { env, base, app: app.clone(), screen })
+        let screen = config
+            .guardrails
+            .compile()
+            .map_err(|e| ApiError::InvalidField {
+                field: format!("config.guardrails.{}", e.field),
+                reason: e.reason,
+            })?;
+        Ok(ItemRules {
+            env,
+            base,
+            app: app.clone(),
+            screen,
+        })
     }
 }
 
@@ -531,12 +584,19 @@ fn base_config(spec: &BatchSpec) -> Value {
 /// `base` with an item's `patch` applied (RFC 7396). Errors: the place in
 /// the patched config that does not deserialize (`config.budget.max_turns:
 /// invalid type…`, `config: unknown field…`).
-fn patched_config(base: &Value, patch: &Map<String, Value>) -> Result<RunConfig, (Option<String>, String)> {
+fn patched_config(
+    base: &Value,
+    patch: &Map<String, Value>,
+) -> Result<RunConfig, (Option<String>, String)> {
     let mut merged = base.clone();
     json_patch::merge(&mut merged, &Value::Object(patch.clone()));
     serde_path_to_error::deserialize::<_, RunConfig>(merged).map_err(|e| {
         let path = e.path().to_string();
-        let field = if path == "." { "config".to_owned() } else { format!("config.{path}") };
+        let field = if path == "." {
+            "config".to_owned()
+        } else {
+            format!("config.{path}")
+        };
         (Some(field), e.into_inner().to_string())
     })
 }
@@ -544,12 +604,23 @@ fn patched_config(base: &Value, patch: &Map<String, Value>) -> Result<RunConfig,
 /// An item's goal checked by the input guardrails of its config: a goal a
 /// deny rule refuses fails the submission naming the item's `goal`, the
 /// rule and the length, and is stored nowhere.
-fn screened_goal(screen: &glia_proto::agent::CompiledGuardrails, goal: &str) -> Result<(), (Option<String>, String)> {
+fn screened_goal(
+    screen: &glia_proto::agent::CompiledGuardrails,
+    goal: &str,
+) -> Result<(), (Option<String>, String)> {
     match crate::api::screen_compiled(screen, "goal", goal) {
         Ok(_) => Ok(()),
-        Err(ApiError::ScreenedInput { field, guardrail, reason, chars }) => {
-            Err((Some(field), format!("refused by the input guardrail {guardrail} ({reason}); {chars} characters, not stored")))
-        }
+        Err(ApiError::ScreenedInput {
+            field,
+            guardrail,
+            reason,
+            chars,
+        }) => Err((
+            Some(field),
+            format!(
+                "refused by the input guardrail {guardrail} ({reason}); {chars} characters, not stored"
+            ),
+        )),
         Err(other) => Err((Some("config".into()), other.to_string())),
     }
 }
@@ -557,13 +628,23 @@ fn screened_goal(screen: &glia_proto::agent::CompiledGuardrails, goal: &str) -> 
 /// One item as stored: the goal rendered with its inputs, metadata and the
 /// config patch as JSON text (the patched config checked as `POST /v1/runs`
 /// checks one).
-fn prepare(item: BatchItem, line: u64, rules: &ItemRules) -> Result<NewItem, (Option<String>, String)> {
+fn prepare(
+    item: BatchItem,
+    line: u64,
+    rules: &ItemRules,
+) -> Result<NewItem, (Option<String>, String)> {
     if item.custom_id.is_empty() || item.custom_id.chars().count() > 255 {
-        return Err((Some("custom_id".into()), "must be 1 to 255 characters".into()));
+        return Err((
+            Some("custom_id".into()),
+            "must be 1 to 255 characters".into(),
+        ));
     }
     let goal = match &item.inputs {
         None => item.goal,
-        Some(inputs) => rules.env.render_str(&item.goal, inputs).map_err(|e| (Some("goal".into()), format!("rendering with inputs: {e}")))?,
+        Some(inputs) => rules
+            .env
+            .render_str(&item.goal, inputs)
+            .map_err(|e| (Some("goal".into()), format!("rendering with inputs: {e}")))?,
     };
     if goal.trim().is_empty() {
         return Err((Some("goal".into()), "is blank".into()));
@@ -573,16 +654,31 @@ fn prepare(item: BatchItem, line: u64, rules: &ItemRules) -> Result<NewItem, (Op
     }
     let config = match (&item.config, &rules.base) {
         (None, _) => None,
-        (Some(_), None) => return Err((Some("config".into()), "cannot be combined with the batch's `agent` (the definition is the config)".into())),
+        (Some(_), None) => {
+            return Err((
+                Some("config".into()),
+                "cannot be combined with the batch's `agent` (the definition is the config)".into(),
+            ));
+        }
         (Some(patch), Some(base)) => {
             let config = patched_config(base, patch)?;
-            let probe = CreateRun { goal: goal.clone(), config, batch_id: None, agent: None };
-            let checked = validate_run(&probe).and_then(|()| catalogue_check(&rules.app, &probe.config));
+            let probe = CreateRun {
+                goal: goal.clone(),
+                config,
+                batch_id: None,
+                agent: None,
+            };
+            let checked =
+                validate_run(&probe).and_then(|()| catalogue_check(&rules.app, &probe.config));
             checked.map_err(|e| match e {
                 ApiError::InvalidField { field, reason } => (Some(field), reason),
                 other => (Some("config".into()), other.to_string()),
             })?;
-            let screen = probe.config.guardrails.compile().map_err(|e| (Some(format!("config.guardrails.{}", e.field)), e.reason))?;
+            let screen = probe
+                .config
+                .guardrails
+                .compile()
+                .map_err(|e| (Some(format!("config.guardrails.{}", e.field)), e.reason))?;
             screened_goal(&screen, &goal)?;
             Some(serde_json::to_string(patch).expect("JSON serialises"))
         }
@@ -590,21 +686,42 @@ fn prepare(item: BatchItem, line: u64, rules: &ItemRules) -> Result<NewItem, (Op
     if config.is_none() {
         screened_goal(&rules.screen, &goal)?;
     }
-    let metadata = item.metadata.map(|m| serde_json::to_string(&m).expect("JSON serialises"));
-    Ok(NewItem { custom_id: item.custom_id, goal, metadata, config, line })
+    let metadata = item
+        .metadata
+        .map(|m| serde_json::to_string(&m).expect("JSON serialises"));
+    Ok(NewItem {
+        custom_id: item.custom_id,
+        goal,
+        metadata,
+        config,
+        line,
+    })
 }
 
 fn new_batch(p: &Principal, key: Option<String>, spec: &BatchSpec) -> NewBatch {
     let id = Uuid::now_v7();
-    let stored = BatchSpec { options: BatchOptions { spend_cap: None, ..spec.options.clone() }, ..spec.clone() };
+    let stored = BatchSpec {
+        options: BatchOptions {
+            spend_cap: None,
+            ..spec.options.clone()
+        },
+        ..spec.clone()
+    };
     NewBatch {
         id,
         tenant: p.tenant.clone(),
         idempotency_key: key,
         spec: serde_json::to_string(&stored).expect("a spec serialises"),
         max_in_flight: spec.options.max_in_flight,
-        cap: spec.options.spend_cap.map(SpendCap::from).unwrap_or_default(),
-        expires_at: spec.options.completion_window_secs.map(|s| Utc::now() + chrono::Duration::seconds(s.min(i64::MAX as u64) as i64)),
+        cap: spec
+            .options
+            .spend_cap
+            .map(SpendCap::from)
+            .unwrap_or_default(),
+        expires_at: spec
+            .options
+            .completion_window_secs
+            .map(|s| Utc::now() + chrono::Duration::seconds(s.min(i64::MAX as u64) as i64)),
     }
 }
 
@@ -619,7 +736,10 @@ fn view(batch: &Batch, counts: BatchCounts, spend: Spend) -> BatchView {
         counts,
         spend: spend.into(),
         agent: spec.agent,
-        options: BatchOptions { spend_cap: (batch.cap != SpendCap::default()).then(|| batch.cap.into()), ..spec.options },
+        options: BatchOptions {
+            spend_cap: (batch.cap != SpendCap::default()).then(|| batch.cap.into()),
+            ..spec.options
+        },
         created_at: batch.created_at,
         updated_at: batch.updated_at,
         expires_at: batch.expires_at,
@@ -627,7 +747,10 @@ fn view(batch: &Batch, counts: BatchCounts, spend: Spend) -> BatchView {
 }
 
 fn reached(cap: SpendCap, spend: Spend) -> bool {
-    cap.tokens.is_some_and(|t| spend.tokens >= t) || cap.cost_usd_micros.is_some_and(|c| spend.cost_usd_micros >= c)
+    cap.tokens.is_some_and(|t| spend.tokens >= t)
+        || cap
+            .cost_usd_micros
+            .is_some_and(|c| spend.cost_usd_micros >= c)
 }
 
 async fn full_view(app: &App, batch: &Batch) -> Result<BatchView, ApiError> {
@@ -637,7 +760,10 @@ async fn full_view(app: &App, batch: &Batch) -> Result<BatchView, ApiError> {
 }
 
 async fn visible_batch(app: &App, p: &Principal, id: Uuid) -> Result<Batch, ApiError> {
-    store(app)?.batch(tenant_of(p), id).await?.ok_or(ApiError::BatchNotFound(id))
+    store(app)?
+        .batch(tenant_of(p), id)
+        .await?
+        .ok_or(ApiError::BatchNotFound(id))
 }
 
 /// The error a refused submission answers, placing it at `line` (JSON
@@ -652,19 +778,44 @@ fn submit_error(e: SubmitError, jsonl: bool) -> ApiError {
         }
     };
     match e {
-        SubmitError::Input { item: Some(line), field, reason } if jsonl => ApiError::InvalidLine { line, field, code: "invalid_request", reason },
-        SubmitError::Input { item: Some(line), field, reason } => ApiError::InvalidField { field: place(line, field), reason },
-        SubmitError::Input { item: None, field: Some(field), reason } => ApiError::InvalidField { field, reason },
-        SubmitError::Input { item: None, field: None, reason } => ApiError::Invalid(reason),
+        SubmitError::Input {
+            item: Some(line),
+            field,
+            reason,
+        } if jsonl => ApiError::InvalidLine {
+            line,
+            field,
+            code: "invalid_request",
+            reason,
+        },
+        SubmitError::Input {
+            item: Some(line),
+            field,
+            reason,
+        } => ApiError::InvalidField {
+            field: place(line, field),
+            reason,
+        },
+        SubmitError::Input {
+            item: None,
+            field: Some(field),
+            reason,
+        } => ApiError::InvalidField { field, reason },
+        SubmitError::Input {
+            item: None,
+            field: None,
+            reason,
+        } => ApiError::Invalid(reason),
         SubmitError::DuplicateCustomId { line, custom_id } if jsonl => ApiError::InvalidLine {
             line,
             field: Some("custom_id".into()),
             code: "invalid_request",
             reason: format!("custom_id {custom_id:?} is used by an earlier line"),
         },
-        SubmitError::DuplicateCustomId { line, custom_id } => {
-            ApiError::InvalidField { field: place(line, Some("custom_id".into())), reason: format!("custom_id {custom_id:?} is used by an earlier item") }
-        }
+        SubmitError::DuplicateCustomId { line, custom_id } => ApiError::InvalidField {
+            field: place(line, Some("custom_id".into())),
+            reason: format!("custom_id {custom_id:?} is used by an earlier item"),
+        },
         SubmitError::Truncated => ApiError::BodyRead("the upload ended early".into()),
         SubmitError::Other(e) => match e.downcast::<ApiError>() {
             Ok(e) => *e,
@@ -690,7 +841,11 @@ fn submit_error(e: SubmitError, jsonl: bool) -> ApiError {
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn create(State(app): State<App>, p: Principal, request: Request) -> Result<Response, ApiError> {
+pub async fn create(
+    State(app): State<App>,
+    p: Principal,
+    request: Request,
+) -> Result<Response, ApiError> {
     p.require(Scope::Submit)?;
     let store = store(&app)?.clone();
     let key = idempotency_key(request.headers())?;
@@ -698,52 +853,97 @@ pub async fn create(State(app): State<App>, p: Principal, request: Request) -> R
     let (submitted, hash) = if is_jsonl(&headers) {
         let mut lines = Lines::new(request.into_body(), &app.batches.admission);
         let Some((line, first)) = lines.next_line().await? else {
-            return Err(ApiError::InvalidBody("the upload is empty: line 1 must be the batch spec".into()));
+            return Err(ApiError::InvalidBody(
+                "the upload is empty: line 1 must be the batch spec".into(),
+            ));
         };
         let mut spec: BatchSpec = parse_line(line, &first, "BatchSpec")?;
         let config = check_spec(&app, &p.tenant, &mut spec).await?;
         let new = new_batch(&p, key.clone(), &spec);
-        let upload = jsonl_upload(lines, ItemRules::new(&app, &spec, &config)?, app.batches.admission.max_items);
-        let submitted = store.submit(new, upload).await.map_err(|e| submit_error(e, true))?;
+        let upload = jsonl_upload(
+            lines,
+            ItemRules::new(&app, &spec, &config)?,
+            app.batches.admission.max_items,
+        );
+        let submitted = store
+            .submit(new, upload)
+            .await
+            .map_err(|e| submit_error(e, true))?;
         let hash = submitted.upload_hash.clone();
         (submitted, hash)
     } else {
         if !is_json(&headers) {
             return Err(ApiError::UnsupportedMediaType);
         }
-        let ApiJson(body) = <ApiJson<CreateBatch> as axum::extract::FromRequest<App>>::from_request(request, &app).await?;
-        let hash = hex(&Sha256::digest(serde_json::to_vec(&body).expect("a body serialises")));
-        let mut spec = BatchSpec { config: body.config, agent: body.agent, options: body.options };
+        let ApiJson(body) =
+            <ApiJson<CreateBatch> as axum::extract::FromRequest<App>>::from_request(request, &app)
+                .await?;
+        let hash = hex(&Sha256::digest(
+            serde_json::to_vec(&body).expect("a body serialises"),
+        ));
+        let mut spec = BatchSpec {
+            config: body.config,
+            agent: body.agent,
+            options: body.options,
+        };
         let config = check_spec(&app, &p.tenant, &mut spec).await?;
         if body.items.len() as u64 > app.batches.admission.max_items {
-            return Err(ApiError::InvalidField { field: "items".into(), reason: format!("at most {} items", app.batches.admission.max_items) });
+            return Err(ApiError::InvalidField {
+                field: "items".into(),
+                reason: format!("at most {} items", app.batches.admission.max_items),
+            });
         }
         let rules = ItemRules::new(&app, &spec, &config)?;
         let mut items = Vec::with_capacity(body.items.len());
         for (i, item) in body.items.into_iter().enumerate() {
-            items.push(
-                prepare(item, i as u64, &rules).map_err(|(field, reason)| submit_error(SubmitError::Input { item: Some(i as u64), field, reason }, false))?,
-            );
+            items.push(prepare(item, i as u64, &rules).map_err(|(field, reason)| {
+                submit_error(
+                    SubmitError::Input {
+                        item: Some(i as u64),
+                        field,
+                        reason,
+                    },
+                    false,
+                )
+            })?);
         }
         let mut chunks: Vec<Result<Upload, SubmitError>> = Vec::new();
         let mut rest = items.into_iter().peekable();
         while rest.peek().is_some() {
             chunks.push(Ok(Upload::Items(rest.by_ref().take(CHUNK).collect())));
         }
-        chunks.push(Ok(Upload::Done { request_hash: hash.clone() }));
-        let submitted = store.submit(new_batch(&p, key.clone(), &spec), futures::stream::iter(chunks).boxed()).await.map_err(|e| submit_error(e, false))?;
+        chunks.push(Ok(Upload::Done {
+            request_hash: hash.clone(),
+        }));
+        let submitted = store
+            .submit(
+                new_batch(&p, key.clone(), &spec),
+                futures::stream::iter(chunks).boxed(),
+            )
+            .await
+            .map_err(|e| submit_error(e, false))?;
         (submitted, hash)
     };
     if !submitted.created {
         if submitted.batch.request_hash != hash {
             return Err(ApiError::IdempotencyConflict(key.unwrap_or_default()));
         }
-        return Ok((StatusCode::OK, Json(full_view(&app, &submitted.batch).await?)).into_response());
+        return Ok((
+            StatusCode::OK,
+            Json(full_view(&app, &submitted.batch).await?),
+        )
+            .into_response());
     }
     tracing::info!(batch_id = %submitted.batch.id, tenant = %p.tenant, items = submitted.batch.items_total, "batch submitted");
     app.wake_admission();
-    let location = HeaderValue::from_str(&format!("/v1/batches/{}", submitted.batch.id)).expect("a uuid path is a valid header");
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(full_view(&app, &submitted.batch).await?)).into_response())
+    let location = HeaderValue::from_str(&format!("/v1/batches/{}", submitted.batch.id))
+        .expect("a uuid path is a valid header");
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(full_view(&app, &submitted.batch).await?),
+    )
+        .into_response())
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -751,25 +951,67 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn is_jsonl(headers: &HeaderMap) -> bool {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    matches!(essence.as_str(), "application/jsonl" | "application/x-ndjson" | "application/jsonlines" | "application/x-jsonlines")
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    matches!(
+        essence.as_str(),
+        "application/jsonl"
+            | "application/x-ndjson"
+            | "application/jsonlines"
+            | "application/x-jsonlines"
+    )
 }
 
 /// Parse one line as the document's schema `name`: 400 `malformed_json` or
 /// 422 naming the line and the field.
-fn parse_line<T: serde::de::DeserializeOwned>(line: u64, text: &[u8], name: &str) -> Result<T, ApiError> {
-    let mut value: Value =
-        serde_json::from_slice(text).map_err(|e| ApiError::InvalidLine { line, field: None, code: "malformed_json", reason: e.to_string() })?;
+fn parse_line<T: serde::de::DeserializeOwned>(
+    line: u64,
+    text: &[u8],
+    name: &str,
+) -> Result<T, ApiError> {
+    let mut value: Value = serde_json::from_slice(text).map_err(|e| ApiError::InvalidLine {
+        line,
+        field: None,
+        code: "malformed_json",
+        reason: e.to_string(),
+    })?;
     if !value.is_object() {
-        return Err(ApiError::InvalidLine { line, field: None, code: "invalid_body", reason: "each line must be a JSON object".into() });
+        return Err(ApiError::InvalidLine {
+            line,
+            field: None,
+            code: "invalid_body",
+            reason: "each line must be a JSON object".into(),
+        });
     }
     integral_numbers(&mut value);
     conforms(name, &value).map_err(|e| match e {
-        ApiError::BodyAt { field, reason } => ApiError::InvalidLine { line, field: Some(field), code: "invalid_body", reason },
-        other => ApiError::InvalidLine { line, field: None, code: "invalid_body", reason: other.to_string() },
+        ApiError::BodyAt { field, reason } => ApiError::InvalidLine {
+            line,
+            field: Some(field),
+            code: "invalid_body",
+            reason,
+        },
+        other => ApiError::InvalidLine {
+            line,
+            field: None,
+            code: "invalid_body",
+            reason: other.to_string(),
+        },
     })?;
-    serde_json::from_value(value).map_err(|e| ApiError::InvalidLine { line, field: None, code: "invalid_body", reason: e.to_string() })
+    serde_json::from_value(value).map_err(|e| ApiError::InvalidLine {
+        line,
+        field: None,
+        code: "invalid_body",
+        reason: e.to_string(),
+    })
 }
 
 /// A request body read line by line as it arrives, hashing every byte.
@@ -831,7 +1073,9 @@ impl Lines {
                 Some(Ok(chunk)) => {
                     self.read += chunk.len() as u64;
                     if self.read > self.max_bytes {
-                        return Err(ApiError::BodyTooLarge(self.max_bytes.min(usize::MAX as u64) as usize));
+                        return Err(ApiError::BodyTooLarge(
+                            self.max_bytes.min(usize::MAX as u64) as usize,
+                        ));
                     }
                     self.hash.update(&chunk);
                     self.buf.extend_from_slice(&chunk);
@@ -843,7 +1087,11 @@ impl Lines {
 
 /// The items of a JSON Lines upload after its spec line, in chunks of
 /// [`CHUNK`], then [`Upload::Done`] with the hash of every byte.
-fn jsonl_upload(lines: Lines, rules: ItemRules, max_items: u64) -> BoxStream<'static, Result<Upload, SubmitError>> {
+fn jsonl_upload(
+    lines: Lines,
+    rules: ItemRules,
+    max_items: u64,
+) -> BoxStream<'static, Result<Upload, SubmitError>> {
     futures::stream::unfold(Some((lines, rules, 0u64)), move |state| async move {
         let (mut lines, rules, mut count) = state?;
         let mut chunk = Vec::with_capacity(CHUNK);
@@ -854,7 +1102,14 @@ fn jsonl_upload(lines: Lines, rules: ItemRules, max_items: u64) -> BoxStream<'st
                 Ok(Some((line, text))) => {
                     count += 1;
                     if count > max_items {
-                        return Some((Err(SubmitError::Input { item: Some(line), field: None, reason: format!("at most {max_items} items per batch") }), None));
+                        return Some((
+                            Err(SubmitError::Input {
+                                item: Some(line),
+                                field: None,
+                                reason: format!("at most {max_items} items per batch"),
+                            }),
+                            None,
+                        ));
                     }
                     let item = match parse_line::<BatchItem>(line, &text, "BatchItem") {
                         Ok(item) => item,
@@ -862,14 +1117,30 @@ fn jsonl_upload(lines: Lines, rules: ItemRules, max_items: u64) -> BoxStream<'st
                     };
                     match prepare(item, line, &rules) {
                         Ok(item) => chunk.push(item),
-                        Err((field, reason)) => return Some((Err(SubmitError::Input { item: Some(line), field, reason }), None)),
+                        Err((field, reason)) => {
+                            return Some((
+                                Err(SubmitError::Input {
+                                    item: Some(line),
+                                    field,
+                                    reason,
+                                }),
+                                None,
+                            ));
+                        }
                     }
                 }
             }
         }
         if chunk.is_empty() {
             if count == 0 {
-                return Some((Err(SubmitError::Input { item: None, field: None, reason: "the batch has no items (line 2 on are items)".into() }), None));
+                return Some((
+                    Err(SubmitError::Input {
+                        item: None,
+                        field: None,
+                        reason: "the batch has no items (line 2 on are items)".into(),
+                    }),
+                    None,
+                ));
             }
             let request_hash = hex(&lines.hash.clone().finalize());
             return Some((Ok(Upload::Done { request_hash }), None));
@@ -885,14 +1156,25 @@ fn jsonl_upload(lines: Lines, rules: ItemRules, max_items: u64) -> BoxStream<'st
 #[utoipa::path(get, path = "/v1/batches", tag = "batches", params(ListBatchesQuery),
     responses((status = 200, body = BatchPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn list(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<ListBatchesQuery>) -> Result<Json<BatchPage>, ApiError> {
+pub async fn list(
+    State(app): State<App>,
+    p: Principal,
+    ApiQuery(q): ApiQuery<ListBatchesQuery>,
+) -> Result<Json<BatchPage>, ApiError> {
     let limit = match q.limit {
         None => app.limits.default_page,
         Some(n) if (1..=app.limits.max_page).contains(&n) => n,
-        Some(n) => return Err(ApiError::InvalidQuery(format!("limit {n} is outside 1..={}", app.limits.max_page))),
+        Some(n) => {
+            return Err(ApiError::InvalidQuery(format!(
+                "limit {n} is outside 1..={}",
+                app.limits.max_page
+            )));
+        }
     };
     let batches = store(&app)?.batches(tenant_of(&p), q.after, limit).await?;
-    let next = (batches.len() == limit).then(|| batches.last().map(|b| b.id)).flatten();
+    let next = (batches.len() == limit)
+        .then(|| batches.last().map(|b| b.id))
+        .flatten();
     // Each as the single get shows it (the same status function, counts and spend).
     let views = futures::stream::iter(batches)
         .map(|b| {
@@ -902,14 +1184,21 @@ pub async fn list(State(app): State<App>, p: Principal, ApiQuery(q): ApiQuery<Li
         .buffered(8)
         .try_collect()
         .await?;
-    Ok(Json(BatchPage { batches: views, next }))
+    Ok(Json(BatchPage {
+        batches: views,
+        next,
+    }))
 }
 
 /// One batch: state, counts by what became of the items, spend so far.
 #[utoipa::path(get, path = "/v1/batches/{id}", tag = "batches", params(("id" = Uuid, Path, description = "Batch id")),
     responses((status = 200, body = BatchView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn get(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<BatchView>, ApiError> {
+pub async fn get(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<Json<BatchView>, ApiError> {
     let batch = visible_batch(&app, &p, id).await?;
     Ok(Json(full_view(&app, &batch).await?))
 }
@@ -919,7 +1208,11 @@ pub async fn get(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid
 #[utoipa::path(get, path = "/v1/batches/{id}/results", tag = "batches", params(("id" = Uuid, Path, description = "Batch id")),
     responses((status = 200, description = "One ItemResult per line", content_type = "application/jsonl", body = String), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn results(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Response, ApiError> {
+pub async fn results(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<Response, ApiError> {
     let batch = visible_batch(&app, &p, id).await?;
     let store = store(&app)?.clone();
     const PAGE: usize = 1000;
@@ -934,10 +1227,13 @@ pub async fn results(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<
                 }
                 Ok(items) if items.is_empty() => None,
                 Ok(items) => {
-                    let next = (items.len() == PAGE).then(|| items.last().map(|i| i.n + 1)).flatten();
+                    let next = (items.len() == PAGE)
+                        .then(|| items.last().map(|i| i.n + 1))
+                        .flatten();
                     let mut out = Vec::new();
                     for item in items {
-                        serde_json::to_writer(&mut out, &ItemResult::of(item)).expect("results serialise");
+                        serde_json::to_writer(&mut out, &ItemResult::of(item))
+                            .expect("results serialise");
                         out.push(b'\n');
                     }
                     Some((Ok(Bytes::from(out)), Some(next.unwrap_or(u64::MAX))))
@@ -945,7 +1241,11 @@ pub async fn results(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<
             }
         }
     });
-    Ok(([(header::CONTENT_TYPE, "application/jsonl")], Body::from_stream(lines)).into_response())
+    Ok((
+        [(header::CONTENT_TYPE, "application/jsonl")],
+        Body::from_stream(lines),
+    )
+        .into_response())
 }
 
 /// The batch's progress as server-sent events: a `progress` frame (a
@@ -955,10 +1255,16 @@ pub async fn results(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<
 #[utoipa::path(get, path = "/v1/batches/{id}/stream", tag = "batches", params(("id" = Uuid, Path, description = "Batch id")),
     responses((status = 200, description = "Server-sent events; the schema describes one event (frame) of the stream", content_type = "text/event-stream", body = crate::docs::BatchProgressEventDoc), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn stream(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Response, ApiError> {
+pub async fn stream(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<Response, ApiError> {
     let batch = visible_batch(&app, &p, id).await?;
     let frames = progress(app, p, batch.id);
-    Ok(Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    Ok(Sse::new(frames)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
 }
 
 fn progress(app: App, p: Principal, id: Uuid) -> impl Stream<Item = Result<SseEvent, Infallible>> {
@@ -974,14 +1280,21 @@ fn progress(app: App, p: Principal, id: Uuid) -> impl Stream<Item = Result<SseEv
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
                 first = false;
-                let Ok(batch) = visible_batch(&app, &p, id).await else { continue };
-                let Ok(now) = full_view(&app, &batch).await else { continue };
-                let comparable = |v: &BatchView| (v.status, v.counts.clone(), v.spend, v.cap_reached);
+                let Ok(batch) = visible_batch(&app, &p, id).await else {
+                    continue;
+                };
+                let Ok(now) = full_view(&app, &batch).await else {
+                    continue;
+                };
+                let comparable =
+                    |v: &BatchView| (v.status, v.counts.clone(), v.spend, v.cap_reached);
                 if last.as_ref().map(comparable) == Some(comparable(&now)) {
                     continue;
                 }
                 let finished = now.counts.open() == 0;
-                let frame = SseEvent::default().event("progress").data(serde_json::to_string(&now).expect("a view serialises"));
+                let frame = SseEvent::default()
+                    .event("progress")
+                    .data(serde_json::to_string(&now).expect("a view serialises"));
                 return Some((Ok(frame), (Some(now), finished)));
             }
         }
@@ -996,10 +1309,17 @@ fn progress(app: App, p: Principal, id: Uuid) -> impl Stream<Item = Result<SseEv
 #[utoipa::path(post, path = "/v1/batches/{id}/cancel", tag = "batches", params(("id" = Uuid, Path, description = "Batch id")),
     responses((status = 200, body = BatchView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<BatchView>, ApiError> {
+pub async fn cancel(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<Json<BatchView>, ApiError> {
     p.require(Scope::Submit)?;
     let store = store(&app)?;
-    let batch = store.update(tenant_of(&p), id, Some(BatchState::Cancelled), None).await?.ok_or(ApiError::BatchNotFound(id))?;
+    let batch = store
+        .update(tenant_of(&p), id, Some(BatchState::Cancelled), None)
+        .await?
+        .ok_or(ApiError::BatchNotFound(id))?;
     let reason = format!("batch {id} cancelled by {}", p.by());
     for run_id in store.live_runs(id).await? {
         match cancel_run(&app, run_id, &reason, &p.by()).await {
@@ -1017,16 +1337,33 @@ pub async fn cancel(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
     responses((status = 200, body = BatchView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "`batch_ended`: the batch completed, expired or was cancelled", body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<BatchView>, ApiError> {
+pub async fn pause(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<Json<BatchView>, ApiError> {
     p.require(Scope::Submit)?;
     let store = store(&app)?;
     not_ended(&app, &p, id).await?;
-    let batch = store.update(tenant_of(&p), id, Some(BatchState::Paused), None).await?.ok_or(ApiError::BatchNotFound(id))?;
+    let batch = store
+        .update(tenant_of(&p), id, Some(BatchState::Paused), None)
+        .await?
+        .ok_or(ApiError::BatchNotFound(id))?;
     if batch.state == BatchState::Paused {
-        park_runs(&app, id, &format!("batch {id} paused by {}", p.by()), &p.by()).await?;
+        park_runs(
+            &app,
+            id,
+            &format!("batch {id} paused by {}", p.by()),
+            &p.by(),
+        )
+        .await?;
         // Resumed meanwhile (a concurrent `resume` passed these runs before
         // their pause was posted): take the pauses back.
-        if store.batch(None, id).await?.is_some_and(|b| b.state == BatchState::Active) {
+        if store
+            .batch(None, id)
+            .await?
+            .is_some_and(|b| b.state == BatchState::Active)
+        {
             resume_parked(&app, id, &p.by()).await?;
         }
     }
@@ -1037,7 +1374,9 @@ pub async fn pause(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uu
 /// ended ([`BatchStatus::ended`]: an ended batch never changes again, so
 /// the answer cannot go stale before the caller's change).
 async fn not_ended(app: &App, p: &Principal, id: Uuid) -> Result<(), ApiError> {
-    let status = full_view(app, &visible_batch(app, p, id).await?).await?.status;
+    let status = full_view(app, &visible_batch(app, p, id).await?)
+        .await?
+        .status;
     if status.ended() {
         return Err(ApiError::BatchEnded(id, status.as_str()));
     }
@@ -1089,7 +1428,10 @@ pub async fn resume(
     let cap = body.spend_cap.map(SpendCap::from);
     let store = store(&app)?;
     not_ended(&app, &p, id).await?;
-    let batch = store.update(tenant_of(&p), id, Some(BatchState::Active), cap).await?.ok_or(ApiError::BatchNotFound(id))?;
+    let batch = store
+        .update(tenant_of(&p), id, Some(BatchState::Active), cap)
+        .await?
+        .ok_or(ApiError::BatchNotFound(id))?;
     // Only the runs this batch paused (its pause, or its spend cap), and not
     // while the cap is still reached: the next pass would pause them again.
     let capped = batch.cap != SpendCap::default() && reached(batch.cap, store.spend(id).await?);
@@ -1116,7 +1458,11 @@ pub fn share(lanes: &[Lane], free: u64, admission: &Admission) -> HashMap<Uuid, 
     for _ in 0..free {
         let open = |lane: &&Lane| {
             let g = grants.get(&lane.batch_id).copied().unwrap_or(0);
-            g < lane.waiting && lane.max_in_flight.is_none_or(|m| lane.in_flight + g < u64::from(m)) && tenant_load[lane.tenant.as_str()] < per_tenant
+            g < lane.waiting
+                && lane
+                    .max_in_flight
+                    .is_none_or(|m| lane.in_flight + g < u64::from(m))
+                && tenant_load[lane.tenant.as_str()] < per_tenant
         };
         let weight = |t: &str| u64::from(admission.weights.get(t).copied().unwrap_or(1).max(1));
         // The tenant with the least load per weight (compared as fractions), then the oldest batch id.
@@ -1124,7 +1470,11 @@ pub fn share(lanes: &[Lane], free: u64, admission: &Admission) -> HashMap<Uuid, 
             .iter()
             .filter(open)
             .map(|l| l.tenant.as_str())
-            .min_by(|a, b| (u128::from(tenant_load[a]) * u128::from(weight(b))).cmp(&(u128::from(tenant_load[b]) * u128::from(weight(a)))).then(a.cmp(b)))
+            .min_by(|a, b| {
+                (u128::from(tenant_load[a]) * u128::from(weight(b)))
+                    .cmp(&(u128::from(tenant_load[b]) * u128::from(weight(a))))
+                    .then(a.cmp(b))
+            })
         else {
             break;
         };
@@ -1132,10 +1482,17 @@ pub fn share(lanes: &[Lane], free: u64, admission: &Admission) -> HashMap<Uuid, 
             .iter()
             .filter(open)
             .filter(|l| l.tenant == tenant)
-            .min_by_key(|l| (l.in_flight + grants.get(&l.batch_id).copied().unwrap_or(0), l.batch_id))
+            .min_by_key(|l| {
+                (
+                    l.in_flight + grants.get(&l.batch_id).copied().unwrap_or(0),
+                    l.batch_id,
+                )
+            })
             .expect("the tenant has an open lane");
         *grants.entry(lane.batch_id).or_insert(0) += 1;
-        *tenant_load.get_mut(tenant).expect("every tenant is counted") += 1;
+        *tenant_load
+            .get_mut(tenant)
+            .expect("every tenant is counted") += 1;
     }
     grants
 }
@@ -1151,7 +1508,9 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
     for run_id in store.expire_runs(1000).await? {
         match cancel_run(app, run_id, EXPIRED_REASON, "glia").await {
             Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
-            Err(e) => tracing::warn!(run_id = %run_id, "completion window ended; the run's cancel was not posted (retried next pass): {e}"),
+            Err(e) => {
+                tracing::warn!(run_id = %run_id, "completion window ended; the run's cancel was not posted (retried next pass): {e}")
+            }
         }
     }
     let lanes = store.lanes().await?;
@@ -1170,13 +1529,26 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
             // fails to park them all leaves the batch active, so the next
             // pass tries again (runs already pausing are skipped).
             let id = lane.batch_id;
-            match park_runs(app, id, &format!("batch {id} reached its spend cap"), "glia").await {
+            match park_runs(
+                app,
+                id,
+                &format!("batch {id} reached its spend cap"),
+                "glia",
+            )
+            .await
+            {
                 Ok(()) => {
-                    if store.update(None, id, Some(BatchState::Paused), None).await?.is_some_and(|b| b.state == BatchState::Paused) {
+                    if store
+                        .update(None, id, Some(BatchState::Paused), None)
+                        .await?
+                        .is_some_and(|b| b.state == BatchState::Paused)
+                    {
                         tracing::info!(batch_id = %id, "spend cap reached; batch paused");
                     }
                 }
-                Err(e) => tracing::warn!(batch_id = %id, "spend cap reached; not every run was paused (retried next pass): {e}"),
+                Err(e) => {
+                    tracing::warn!(batch_id = %id, "spend cap reached; not every run was paused (retried next pass): {e}")
+                }
             }
         }
         if lane.state != BatchState::Active || capped {
@@ -1184,26 +1556,42 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
         }
         admissible.push(lane);
     }
-    let free = u64::from(a.max_in_flight).saturating_sub(in_flight).min(a.per_pass as u64);
+    let free = u64::from(a.max_in_flight)
+        .saturating_sub(in_flight)
+        .min(a.per_pass as u64);
     let grants = share(&admissible, free, a);
     let mut claims: Vec<Claim> = Vec::new();
     for lane in &admissible {
         if let Some(&n) = grants.get(&lane.batch_id) {
-            claims.extend(store.claim(lane.batch_id, n as usize, a.claim_lease).await?);
+            claims.extend(
+                store
+                    .claim(lane.batch_id, n as usize, a.claim_lease)
+                    .await?,
+            );
         }
     }
-    let tenants: HashMap<Uuid, &str> = admissible.iter().map(|l| (l.batch_id, l.tenant.as_str())).collect();
+    let tenants: HashMap<Uuid, &str> = admissible
+        .iter()
+        .map(|l| (l.batch_id, l.tenant.as_str()))
+        .collect();
     let mut specs: HashMap<Uuid, Option<BatchSpec>> = HashMap::new();
     for claim in &claims {
         if !specs.contains_key(&claim.batch_id) {
-            let spec = store.batch(None, claim.batch_id).await?.and_then(|b| serde_json::from_str(&b.spec).ok());
+            let spec = store
+                .batch(None, claim.batch_id)
+                .await?
+                .and_then(|b| serde_json::from_str(&b.spec).ok());
             specs.insert(claim.batch_id, spec);
         }
     }
     let admitted = futures::stream::iter(claims)
         .map(|claim| {
             let spec = specs.get(&claim.batch_id).cloned().flatten();
-            let tenant = tenants.get(&claim.batch_id).copied().unwrap_or_default().to_owned();
+            let tenant = tenants
+                .get(&claim.batch_id)
+                .copied()
+                .unwrap_or_default()
+                .to_owned();
             async move { admit_item(app, &tenant, spec, claim).await }
         })
         .buffer_unordered(16)
@@ -1220,35 +1608,69 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
 }
 
 /// Turn one claimed item into its run. Ok(false): refused (recorded on the item).
-async fn admit_item(app: &App, tenant: &str, spec: Option<BatchSpec>, claim: Claim) -> Result<bool, ApiError> {
+async fn admit_item(
+    app: &App,
+    tenant: &str,
+    spec: Option<BatchSpec>,
+    claim: Claim,
+) -> Result<bool, ApiError> {
     let store = store(app)?;
     let Some(spec) = spec else {
-        store.refused(claim.batch_id, claim.n, "the batch's stored specification cannot be read").await?;
+        store
+            .refused(
+                claim.batch_id,
+                claim.n,
+                "the batch's stored specification cannot be read",
+            )
+            .await?;
         return Ok(false);
     };
     // The item's own config: its patch over the batch's (checked at submit;
     // a stored patch that no longer applies refuses the item).
-    let config = match claim.config.as_deref().map(serde_json::from_str::<Map<String, Value>>) {
+    let config = match claim
+        .config
+        .as_deref()
+        .map(serde_json::from_str::<Map<String, Value>>)
+    {
         None => spec.config.clone().unwrap_or_default(),
         Some(Ok(patch)) => match patched_config(&base_config(&spec), &patch) {
             Ok(config) => config,
             Err((field, reason)) => {
-                store.refused(claim.batch_id, claim.n, &format!("{}: {reason}", field.unwrap_or_default())).await?;
+                store
+                    .refused(
+                        claim.batch_id,
+                        claim.n,
+                        &format!("{}: {reason}", field.unwrap_or_default()),
+                    )
+                    .await?;
                 return Ok(false);
             }
         },
         Some(Err(e)) => {
-            store.refused(claim.batch_id, claim.n, &format!("the item's stored config cannot be read: {e}")).await?;
+            store
+                .refused(
+                    claim.batch_id,
+                    claim.n,
+                    &format!("the item's stored config cannot be read: {e}"),
+                )
+                .await?;
             return Ok(false);
         }
     };
-    let req = CreateRun { goal: claim.goal.clone(), config, batch_id: Some(claim.batch_id), agent: spec.agent };
+    let req = CreateRun {
+        goal: claim.goal.clone(),
+        config,
+        batch_id: Some(claim.batch_id),
+        agent: spec.agent,
+    };
     let key = format!("glia-batch:{}:{}", claim.batch_id, claim.custom_id);
     let run = match admit_run(app, tenant, Some(key), &req).await {
         Ok((run, _)) => run,
         Err(e) if e.status().is_client_error() => {
             tracing::warn!(batch_id = %claim.batch_id, custom_id = %claim.custom_id, "item refused at admission: {e}");
-            store.refused(claim.batch_id, claim.n, &e.to_string()).await?;
+            store
+                .refused(claim.batch_id, claim.n, &e.to_string())
+                .await?;
             return Ok(false);
         }
         Err(e) => return Err(e),
@@ -1256,21 +1678,41 @@ async fn admit_item(app: &App, tenant: &str, spec: Option<BatchSpec>, claim: Cla
     let state = store.admitted(claim.batch_id, claim.n, run.run_id).await?;
     if state == BatchState::Paused {
         // Paused while this item was admitted: its run pauses too.
-        match pause_run(app, run.run_id, &format!("batch {} paused", claim.batch_id), "glia").await {
+        match pause_run(
+            app,
+            run.run_id,
+            &format!("batch {} paused", claim.batch_id),
+            "glia",
+        )
+        .await
+        {
             Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
             Err(e) => return Err(e),
         }
         // Resumed meanwhile: take the pause back.
-        if store.batch(None, claim.batch_id).await?.is_some_and(|b| b.state == BatchState::Active) {
+        if store
+            .batch(None, claim.batch_id)
+            .await?
+            .is_some_and(|b| b.state == BatchState::Active)
+        {
             let ours = format!("batch {} ", claim.batch_id);
-            match resume_paused_by(app, run.run_id, "glia", |reason| reason.starts_with(&ours)).await {
+            match resume_paused_by(app, run.run_id, "glia", |reason| reason.starts_with(&ours))
+                .await
+            {
                 Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
                 Err(e) => return Err(e),
             }
         }
     }
     if state == BatchState::Cancelled {
-        match cancel_run(app, run.run_id, &format!("batch {} cancelled", claim.batch_id), "glia").await {
+        match cancel_run(
+            app,
+            run.run_id,
+            &format!("batch {} cancelled", claim.batch_id),
+            "glia",
+        )
+        .await
+        {
             Ok(_) | Err(ApiError::RunFinished(_)) => {}
             Err(e) => return Err(e),
         }

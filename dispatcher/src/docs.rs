@@ -37,14 +37,19 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 
 /// A placeholder; [`crate::openapi`] replaces it with the hand-written JSON
 /// (utoipa's schema model cannot hold every JSON Schema 2020-12 form).
 fn placeholder() -> RefOr<Schema> {
-    RefOr::T(Schema::Object(utoipa::openapi::ObjectBuilder::new().build()))
+    RefOr::T(Schema::Object(
+        utoipa::openapi::ObjectBuilder::new().build(),
+    ))
 }
 
 macro_rules! foreign_schema {
@@ -157,43 +162,43 @@ foreign_schema!(
     BulkDecisionDoc, "BulkDecision", decision_json(true));
 
 foreign_schema!(
-    /// `glia_proto::LiveEvent`: a live-only event of the SSE stream.
-    LiveEventDoc, "LiveEvent", json!({
-        "type": "object",
-        "required": ["type", "data"],
-        "properties": {"type": {"enum": ["model.delta", "model.discard", "tool.progress"]}, "data": {"type": "object"}}
-    }));
+/// `glia_proto::LiveEvent`: a live-only event of the SSE stream.
+LiveEventDoc, "LiveEvent", json!({
+    "type": "object",
+    "required": ["type", "data"],
+    "properties": {"type": {"enum": ["model.delta", "model.discard", "tool.progress"]}, "data": {"type": "object"}}
+}));
 
 foreign_schema!(
-    /// One frame of `GET /v1/runs/{id}/events/stream` (text/event-stream), as
-    /// an SSE parser reads it: `event: event` frames carry a persisted
-    /// [`glia_proto::Event`] as JSON with `id` = its seq; `event: live`
-    /// frames carry a [`glia_proto::LiveEvent`] and no id of their own (a
-    /// parser repeats the last one). Keep-alive comments are not events.
-    SseEventDoc, "SseEvent", json!({
-        "description": "One server-sent event: `event: event` (a persisted event, JSON in `data`, `id` = its seq) or `event: live` (a live delta, no id of its own).",
-        "oneOf": [
-            {"type": "object", "required": ["event", "data", "id"], "properties": {
-                "event": {"const": "event"},
-                "id": {"type": "string", "pattern": "^[0-9]+$"},
-                "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/Event"}}}},
-            {"type": "object", "required": ["event", "data"], "properties": {
-                "event": {"const": "live"},
-                "id": {"type": "string"},
-                "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/LiveEvent"}}}}
-        ]
-    }));
-
-foreign_schema!(
-    /// One frame of `GET /v1/batches/{id}/stream` (text/event-stream):
-    /// `event: progress` with a `BatchView` as JSON in `data`.
-    BatchProgressEventDoc, "BatchProgressEvent", json!({
-        "description": "One server-sent event: `event: progress`, the batch's view as JSON in `data`.",
-        "type": "object", "required": ["event", "data"], "properties": {
-            "event": {"const": "progress"},
+/// One frame of `GET /v1/runs/{id}/events/stream` (text/event-stream), as
+/// an SSE parser reads it: `event: event` frames carry a persisted
+/// [`glia_proto::Event`] as JSON with `id` = its seq; `event: live`
+/// frames carry a [`glia_proto::LiveEvent`] and no id of their own (a
+/// parser repeats the last one). Keep-alive comments are not events.
+SseEventDoc, "SseEvent", json!({
+    "description": "One server-sent event: `event: event` (a persisted event, JSON in `data`, `id` = its seq) or `event: live` (a live delta, no id of its own).",
+    "oneOf": [
+        {"type": "object", "required": ["event", "data", "id"], "properties": {
+            "event": {"const": "event"},
+            "id": {"type": "string", "pattern": "^[0-9]+$"},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/Event"}}}},
+        {"type": "object", "required": ["event", "data"], "properties": {
+            "event": {"const": "live"},
             "id": {"type": "string"},
-            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/BatchView"}}}
-    }));
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/LiveEvent"}}}}
+    ]
+}));
+
+foreign_schema!(
+/// One frame of `GET /v1/batches/{id}/stream` (text/event-stream):
+/// `event: progress` with a `BatchView` as JSON in `data`.
+BatchProgressEventDoc, "BatchProgressEvent", json!({
+    "description": "One server-sent event: `event: progress`, the batch's view as JSON in `data`.",
+    "type": "object", "required": ["event", "data"], "properties": {
+        "event": {"const": "progress"},
+        "id": {"type": "string"},
+        "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/BatchView"}}}
+}));
 
 /// The part of JSON Schema the document describes inside tool schemas (a
 /// property's schema): the common keywords with the types their
@@ -202,7 +207,8 @@ foreign_schema!(
 /// nesting are accepted too: the dispatcher compiles the whole schema and
 /// answers 422 naming the field when it does not compile.
 fn json_schema_node() -> Value {
-    let simple = json!({"enum": ["array", "boolean", "integer", "null", "number", "object", "string"]});
+    let simple =
+        json!({"enum": ["array", "boolean", "integer", "null", "number", "object", "string"]});
     let types = json!({"anyOf": [simple, {"type": "array", "items": simple, "minItems": 1, "uniqueItems": true}]});
     // The meta-schema's nonNegativeInteger: no maximum.
     let n = json!({"type": "integer", "minimum": 0});
@@ -221,24 +227,29 @@ fn json_schema_node() -> Value {
 }
 
 foreign_schema!(
-    /// A tool's input schema (or a run's output schema): a JSON Schema
-    /// (2020-12 unless `$schema` names another draft) of a JSON object. It
-    /// must compile, with references inside the schema only; a reference to
-    /// another document is refused, never fetched.
-    ToolInputSchemaDoc, "ToolInputSchema", json!({
-        "description": "A JSON Schema (2020-12 unless `$schema` names another draft) of the tool's arguments, which are a JSON object: `type` must be `object`. It must compile; references to other documents are refused (422 naming the field).",
-        "type": "object",
-        "required": ["type"],
-        "properties": {
-            "type": {"const": "object"},
-            "description": {"type": "string"},
-            "properties": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonSchemaNode"}},
-            "required": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
-            "additionalProperties": {"$ref": "#/components/schemas/JsonSchemaNode"}
-        }
-    }));
+/// A tool's input schema (or a run's output schema): a JSON Schema
+/// (2020-12 unless `$schema` names another draft) of a JSON object. It
+/// must compile, with references inside the schema only; a reference to
+/// another document is refused, never fetched.
+ToolInputSchemaDoc, "ToolInputSchema", json!({
+    "description": "A JSON Schema (2020-12 unless `$schema` names another draft) of the tool's arguments, which are a JSON object: `type` must be `object`. It must compile; references to other documents are refused (422 naming the field).",
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {"const": "object"},
+        "description": {"type": "string"},
+        "properties": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonSchemaNode"}},
+        "required": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
+        "additionalProperties": {"$ref": "#/components/schemas/JsonSchemaNode"}
+    }
+}));
 
-const PULL_POINTS: [&str; 4] = ["awaiting_tool", "awaiting_approval", "awaiting_input", "paused"];
+const PULL_POINTS: [&str; 4] = [
+    "awaiting_tool",
+    "awaiting_approval",
+    "awaiting_input",
+    "paused",
+];
 
 /// Event type names of the catalogue (persisted events).
 pub const EVENT_TYPES: [&str; 27] = [
@@ -289,45 +300,45 @@ foreign_schema!(
     BudgetLimitsDoc, "BudgetLimits", limits_json());
 
 foreign_schema!(
-    /// `glia_proto::RunConfig`.
-    RunConfigDoc, "RunConfig", json!({
-        "type": "object",
-        "additionalProperties": false,
-        "description": "A run's configuration, recorded in session.start. Every field is optional (defaults: model `scripted`, 16 model calls per turn, 2 re-asks, 4096 max tokens). Unknown fields are refused (422 naming the field).",
-        "properties": {
-            "model": {"type": "string", "pattern": NOT_BLANK},
-            "system": {"type": "string"},
-            "tools": {"type": ["array", "null"], "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"type": "string"}, "description": "Registered tools this run may call; null = all the worker has (a worker has none but recorded ones unless started with `--demo`). At most 128 tools in tools, external_tools, http_tools and mcp allow lists together (docs/limits.md)."},
-            "external_tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "description": "Tools the caller executes; names distinct, not `final_output`.", "items": {"$ref": "#/components/schemas/ToolSpec"}},
-            "policies": {"type": "array", "maxItems": glia_proto::limits::MAX_POLICIES, "items": {"$ref": "#/components/schemas/Policy"}},
-            "budget": {"$ref": "#/components/schemas/BudgetLimits"},
-            "max_model_calls_per_turn": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
-            "conversational": {"type": "boolean"},
-            "planner": {"enum": ["single", "model"]},
-            "output_schema": {"description": "JSON Schema of the final answer, given as the arguments of a forced tool: a schema of a JSON object, like a tool's.", "anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
-            "max_reasks": count(u64::from(u32::MAX)),
-            "pricing": {"type": ["object", "null"], "additionalProperties": false, "description": "USD micros per million tokens; null counts cost as zero.", "required": ["input", "output", "cache_write", "cache_read"],
-                "properties": {"input": count(MAX_U64), "output": count(MAX_U64), "cache_write": count(MAX_U64), "cache_read": count(MAX_U64)}},
-            "max_tokens": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
-            "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64, "description": "How long an approval may wait, ms; null waits forever."},
-            "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."},
-            "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."},
-            "stop_reasons": {"type": "object", "additionalProperties": false,
-                "description": "What the loop does with an answer that is not a finished turn, per class (defaults: truncated and empty re-ask; refusal, content_filter, context_window and unknown fail). No class can be made to succeed.",
-                "properties": {
-                    "truncated": {"enum": ["reask", "pause", "fail"]}, "empty": {"enum": ["reask", "pause", "fail"]},
-                    "refusal": {"enum": ["reask", "pause", "fail"]}, "content_filter": {"enum": ["reask", "pause", "fail"]},
-                    "context_window": {"enum": ["reask", "pause", "fail"]}, "unknown": {"enum": ["reask", "pause", "fail"]}}},
-            "mcp": mcp_json(),
-            "http_tools": http_tools_json(),
-            "tool_policy": tool_policy_json(),
-            "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider of the operator's catalogue; null = the worker's default."},
-            "guardrails": {"$ref": "#/components/schemas/Guardrails"},
-            "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
-            "agent": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/AgentRef"}],
-                "description": "The agent definition the run was resolved from (set by the dispatcher from `agent`; refused in a request's config)."}
-        }
-    }));
+/// `glia_proto::RunConfig`.
+RunConfigDoc, "RunConfig", json!({
+    "type": "object",
+    "additionalProperties": false,
+    "description": "A run's configuration, recorded in session.start. Every field is optional (defaults: model `scripted`, 16 model calls per turn, 2 re-asks, 4096 max tokens). Unknown fields are refused (422 naming the field).",
+    "properties": {
+        "model": {"type": "string", "pattern": NOT_BLANK},
+        "system": {"type": "string"},
+        "tools": {"type": ["array", "null"], "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"type": "string"}, "description": "Registered tools this run may call; null = all the worker has (a worker has none but recorded ones unless started with `--demo`). At most 128 tools in tools, external_tools, http_tools and mcp allow lists together (docs/limits.md)."},
+        "external_tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "description": "Tools the caller executes; names distinct, not `final_output`.", "items": {"$ref": "#/components/schemas/ToolSpec"}},
+        "policies": {"type": "array", "maxItems": glia_proto::limits::MAX_POLICIES, "items": {"$ref": "#/components/schemas/Policy"}},
+        "budget": {"$ref": "#/components/schemas/BudgetLimits"},
+        "max_model_calls_per_turn": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
+        "conversational": {"type": "boolean"},
+        "planner": {"enum": ["single", "model"]},
+        "output_schema": {"description": "JSON Schema of the final answer, given as the arguments of a forced tool: a schema of a JSON object, like a tool's.", "anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
+        "max_reasks": count(u64::from(u32::MAX)),
+        "pricing": {"type": ["object", "null"], "additionalProperties": false, "description": "USD micros per million tokens; null counts cost as zero.", "required": ["input", "output", "cache_write", "cache_read"],
+            "properties": {"input": count(MAX_U64), "output": count(MAX_U64), "cache_write": count(MAX_U64), "cache_read": count(MAX_U64)}},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
+        "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64, "description": "How long an approval may wait, ms; null waits forever."},
+        "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."},
+        "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."},
+        "stop_reasons": {"type": "object", "additionalProperties": false,
+            "description": "What the loop does with an answer that is not a finished turn, per class (defaults: truncated and empty re-ask; refusal, content_filter, context_window and unknown fail). No class can be made to succeed.",
+            "properties": {
+                "truncated": {"enum": ["reask", "pause", "fail"]}, "empty": {"enum": ["reask", "pause", "fail"]},
+                "refusal": {"enum": ["reask", "pause", "fail"]}, "content_filter": {"enum": ["reask", "pause", "fail"]},
+                "context_window": {"enum": ["reask", "pause", "fail"]}, "unknown": {"enum": ["reask", "pause", "fail"]}}},
+        "mcp": mcp_json(),
+        "http_tools": http_tools_json(),
+        "tool_policy": tool_policy_json(),
+        "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider of the operator's catalogue; null = the worker's default."},
+        "guardrails": {"$ref": "#/components/schemas/Guardrails"},
+        "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
+        "agent": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/AgentRef"}],
+            "description": "The agent definition the run was resolved from (set by the dispatcher from `agent`; refused in a request's config)."}
+    }
+}));
 
 foreign_schema!(
     /// `glia_proto::ToolSpec`.
@@ -337,17 +348,17 @@ foreign_schema!(
         "cancel_grace_ms": {"type": "integer", "minimum": 0, "maximum": MAX_U64, "description": "How long a call already running when the run is cancelled may finish, ms (default 5000); then it is abandoned as outcome_unknown."}}}));
 
 foreign_schema!(
-    /// `glia_proto::Policy`.
-    PolicyDoc, "Policy", json!({"type": "object", "additionalProperties": false, "required": ["tool", "action"], "properties": {
-        "tool": {"type": "string", "pattern": NOT_BLANK, "description": "A tool name, or `*` for any."}, "args": {"type": ["string", "null"], "format": "regex", "description": "Regex (Rust `regex` syntax, which differs from ECMA 262 in lookaround and backreferences, both refused) over the arguments' canonical JSON; one that does not compile is refused (422 naming the field)."},
-        "action": {"type": "object", "required": ["kind"], "description": "`deny` needs `reason` (shown to the model), `remind` needs `text`; other fields are refused.",
-            "properties": {"kind": {"enum": ["allow", "deny", "require_approval", "remind"]}, "reason": {"type": "string"}, "text": {"type": "string"}},
-            "additionalProperties": false,
-            "oneOf": [
-                {"properties": {"kind": {"enum": ["allow", "require_approval"]}, "reason": false, "text": false}},
-                {"required": ["reason"], "properties": {"kind": {"const": "deny"}, "text": false}},
-                {"required": ["text"], "properties": {"kind": {"const": "remind"}, "reason": false}}
-            ]}}}));
+/// `glia_proto::Policy`.
+PolicyDoc, "Policy", json!({"type": "object", "additionalProperties": false, "required": ["tool", "action"], "properties": {
+    "tool": {"type": "string", "pattern": NOT_BLANK, "description": "A tool name, or `*` for any."}, "args": {"type": ["string", "null"], "format": "regex", "description": "Regex (Rust `regex` syntax, which differs from ECMA 262 in lookaround and backreferences, both refused) over the arguments' canonical JSON; one that does not compile is refused (422 naming the field)."},
+    "action": {"type": "object", "required": ["kind"], "description": "`deny` needs `reason` (shown to the model), `remind` needs `text`; other fields are refused.",
+        "properties": {"kind": {"enum": ["allow", "deny", "require_approval", "remind"]}, "reason": {"type": "string"}, "text": {"type": "string"}},
+        "additionalProperties": false,
+        "oneOf": [
+            {"properties": {"kind": {"enum": ["allow", "require_approval"]}, "reason": false, "text": false}},
+            {"required": ["reason"], "properties": {"kind": {"const": "deny"}, "text": false}},
+            {"required": ["text"], "properties": {"kind": {"const": "remind"}, "reason": false}}
+        ]}}}));
 
 fn text_rule_json() -> Value {
     json!({"type": "object", "additionalProperties": false, "required": ["name"],
@@ -385,34 +396,34 @@ foreign_schema!(
         "name": {"type": "string"}, "version": {"type": "integer", "minimum": 1, "maximum": u32::MAX}, "content_hash": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}}}));
 
 foreign_schema!(
-    /// `glia_proto::AgentDefinition`.
-    AgentDefinitionDoc, "AgentDefinition", json!({
-        "type": "object",
-        "additionalProperties": false,
-        "required": ["name", "model"],
-        "description": "An agent: reviewed, versioned configuration (a TOML file, or this JSON). It names models, tools and rules; it can never name a command, an address or a secret. Unknown fields are refused (422 naming the field).",
-        "properties": {
-            "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"},
-            "description": {"type": "string"},
-            "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider named in the operator's catalogue; null = the worker's."},
-            "model": {"type": "string", "pattern": NOT_BLANK},
-            "system": {"type": "string"},
-            "tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": "The worker's tools the agent may call; exactly these are offered."},
-            "external_tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"$ref": "#/components/schemas/ToolSpec"}},
-            "mcp": mcp_json(),
-            "http_tools": http_tools_json(),
-            "tool_policy": tool_policy_json(),
-            "policies": {"type": "array", "maxItems": glia_proto::limits::MAX_POLICIES, "items": {"$ref": "#/components/schemas/Policy"}},
-            "guardrails": {"$ref": "#/components/schemas/Guardrails"},
-            "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
-            "budget": {"$ref": "#/components/schemas/BudgetLimits"},
-            "planner": {"enum": ["single", "model"]},
-            "output_schema": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
-            "conversational": {"type": "boolean"},
-            "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": u32::MAX},
-            "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64}
-        }
-    }));
+/// `glia_proto::AgentDefinition`.
+AgentDefinitionDoc, "AgentDefinition", json!({
+    "type": "object",
+    "additionalProperties": false,
+    "required": ["name", "model"],
+    "description": "An agent: reviewed, versioned configuration (a TOML file, or this JSON). It names models, tools and rules; it can never name a command, an address or a secret. Unknown fields are refused (422 naming the field).",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"},
+        "description": {"type": "string"},
+        "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider named in the operator's catalogue; null = the worker's."},
+        "model": {"type": "string", "pattern": NOT_BLANK},
+        "system": {"type": "string"},
+        "tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": "The worker's tools the agent may call; exactly these are offered."},
+        "external_tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"$ref": "#/components/schemas/ToolSpec"}},
+        "mcp": mcp_json(),
+        "http_tools": http_tools_json(),
+        "tool_policy": tool_policy_json(),
+        "policies": {"type": "array", "maxItems": glia_proto::limits::MAX_POLICIES, "items": {"$ref": "#/components/schemas/Policy"}},
+        "guardrails": {"$ref": "#/components/schemas/Guardrails"},
+        "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
+        "budget": {"$ref": "#/components/schemas/BudgetLimits"},
+        "planner": {"enum": ["single", "model"]},
+        "output_schema": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
+        "conversational": {"type": "boolean"},
+        "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": u32::MAX},
+        "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64}
+    }
+}));
 
 /// `RunConfig.mcp` and `AgentDefinition.mcp` ([`glia_proto::McpToolSource`]).
 fn mcp_json() -> Value {
@@ -448,71 +459,71 @@ fn pull_point_json() -> Value {
 }
 
 foreign_schema!(
-    /// `glia_backends::RunSummary`.
-    RunSummaryDoc, "RunSummary", json!({
-        "type": "object",
-        "required": ["run_id", "tenant", "goal", "status", "phase", "head_seq", "created_at", "updated_at"],
-        "properties": {
-            "run_id": {"type": "string", "format": "uuid"},
-            "tenant": {"type": "string"},
-            "batch_id": {"type": ["string", "null"], "format": "uuid"},
-            "goal": {"type": "string"},
-            "status": {"enum": ["runnable", "parked", "done"]},
-            "phase": {"enum": ["idle", "planning", "executing", "awaiting_tool", "reflecting", "done"]},
-            "pull_point": pull_point_json(),
-            "outcome": {"type": ["object", "null"], "required": ["kind"], "properties": {"kind": {"enum": ["succeeded", "failed", "cancelled"]}}},
-            "head_seq": {"type": "integer", "minimum": 0},
-            "created_at": {"type": "string", "format": "date-time"},
-            "updated_at": {"type": "string", "format": "date-time"}
-        }
-    }));
+/// `glia_backends::RunSummary`.
+RunSummaryDoc, "RunSummary", json!({
+    "type": "object",
+    "required": ["run_id", "tenant", "goal", "status", "phase", "head_seq", "created_at", "updated_at"],
+    "properties": {
+        "run_id": {"type": "string", "format": "uuid"},
+        "tenant": {"type": "string"},
+        "batch_id": {"type": ["string", "null"], "format": "uuid"},
+        "goal": {"type": "string"},
+        "status": {"enum": ["runnable", "parked", "done"]},
+        "phase": {"enum": ["idle", "planning", "executing", "awaiting_tool", "reflecting", "done"]},
+        "pull_point": pull_point_json(),
+        "outcome": {"type": ["object", "null"], "required": ["kind"], "properties": {"kind": {"enum": ["succeeded", "failed", "cancelled"]}}},
+        "head_seq": {"type": "integer", "minimum": 0},
+        "created_at": {"type": "string", "format": "date-time"},
+        "updated_at": {"type": "string", "format": "date-time"}
+    }
+}));
 
 foreign_schema!(
-    /// `glia_proto::Event`.
-    EventDoc, "Event", json!({
-        "type": "object",
-        "description": "One persisted event: `{run_id, seq, at, type, data}`; `data` depends on `type` (see the event catalogue in glia-proto).",
-        "required": ["run_id", "seq", "at", "type", "data"],
-        "properties": {
-            "run_id": {"type": "string", "format": "uuid"},
-            "seq": {"type": "integer", "minimum": 1},
-            "at": {"type": "string", "format": "date-time"},
-            "type": {"enum": EVENT_TYPES},
-            "data": {}
-        }
-    }));
+/// `glia_proto::Event`.
+EventDoc, "Event", json!({
+    "type": "object",
+    "description": "One persisted event: `{run_id, seq, at, type, data}`; `data` depends on `type` (see the event catalogue in glia-proto).",
+    "required": ["run_id", "seq", "at", "type", "data"],
+    "properties": {
+        "run_id": {"type": "string", "format": "uuid"},
+        "seq": {"type": "integer", "minimum": 1},
+        "at": {"type": "string", "format": "date-time"},
+        "type": {"enum": EVENT_TYPES},
+        "data": {}
+    }
+}));
 
 foreign_schema!(
-    /// `glia_backends::ApprovalRow`.
-    ApprovalRowDoc, "ApprovalRow", json!({
-        "type": "object",
-        "required": ["run_id", "tenant", "call_id", "tool", "input", "args_hash", "status", "requested_at"],
-        "properties": {
-            "run_id": {"type": "string", "format": "uuid"},
-            "tenant": {"type": "string"},
-            "call_id": {"type": "string"},
-            "tool": {"type": "string"},
-            "input": {"description": "Arguments to approve."},
-            "args_hash": {"type": "string", "description": "SHA-256 of the canonical JSON of `input`, hex; quote it in a decision."},
-            "status": {"enum": ["pending", "decided"]},
-            "requested_at": {"type": "string", "format": "date-time"},
-            "expires_at": {"type": ["string", "null"], "format": "date-time", "description": "Deadline from the run's approval_timeout_ms."},
-            "escalated": {"type": "boolean", "description": "Past its deadline and escalated; still pending."},
-            "interrupted": {"type": "boolean", "description": "The call started once and its worker died: it may have taken effect. Approve to run it again, reject to leave its outcome unknown."},
-            "decision": {"description": "The decision as recorded in the event log (null while pending).", "oneOf": [{"$ref": "#/components/schemas/Decision"}, {"type": "null"}]},
-            "decided_by": {"type": ["string", "null"], "description": "Who decided: the token's principal name; `reconciler` for an expiry."},
-            "decided_at": {"type": ["string", "null"], "format": "date-time"},
-            "escalated_at": {"type": ["string", "null"], "format": "date-time", "description": "When `approval.escalated` was recorded."}
-        }
-    }));
+/// `glia_backends::ApprovalRow`.
+ApprovalRowDoc, "ApprovalRow", json!({
+    "type": "object",
+    "required": ["run_id", "tenant", "call_id", "tool", "input", "args_hash", "status", "requested_at"],
+    "properties": {
+        "run_id": {"type": "string", "format": "uuid"},
+        "tenant": {"type": "string"},
+        "call_id": {"type": "string"},
+        "tool": {"type": "string"},
+        "input": {"description": "Arguments to approve."},
+        "args_hash": {"type": "string", "description": "SHA-256 of the canonical JSON of `input`, hex; quote it in a decision."},
+        "status": {"enum": ["pending", "decided"]},
+        "requested_at": {"type": "string", "format": "date-time"},
+        "expires_at": {"type": ["string", "null"], "format": "date-time", "description": "Deadline from the run's approval_timeout_ms."},
+        "escalated": {"type": "boolean", "description": "Past its deadline and escalated; still pending."},
+        "interrupted": {"type": "boolean", "description": "The call started once and its worker died: it may have taken effect. Approve to run it again, reject to leave its outcome unknown."},
+        "decision": {"description": "The decision as recorded in the event log (null while pending).", "oneOf": [{"$ref": "#/components/schemas/Decision"}, {"type": "null"}]},
+        "decided_by": {"type": ["string", "null"], "description": "Who decided: the token's principal name; `reconciler` for an expiry."},
+        "decided_at": {"type": ["string", "null"], "format": "date-time"},
+        "escalated_at": {"type": ["string", "null"], "format": "date-time", "description": "When `approval.escalated` was recorded."}
+    }
+}));
 
 foreign_schema!(
-    /// `glia_proto::Decision`, as posted.
-    DecisionDoc, "Decision", json!({
-        "type": "object",
-        "required": ["kind"],
-        "properties": {"kind": {"enum": ["approve", "reject", "edit", "expire"]}, "reason": {"type": "string"}, "input": {}}
-    }));
+/// `glia_proto::Decision`, as posted.
+DecisionDoc, "Decision", json!({
+    "type": "object",
+    "required": ["kind"],
+    "properties": {"kind": {"enum": ["approve", "reject", "edit", "expire"]}, "reason": {"type": "string"}, "input": {}}
+}));
 
 /// What the handlers' annotations cannot say, added to the generated
 /// document: headers are strings on the wire, never null (`Last-Event-ID` an
@@ -521,28 +532,47 @@ foreign_schema!(
 /// answer 503 when a backing store fails (`log_unavailable`,
 /// `queue_unavailable`, `ledger_unavailable`).
 pub fn complete(doc: &mut Value) {
-    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else { return };
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
     for (path, item) in paths.iter_mut() {
-        let Some(operations) = item.as_object_mut() else { continue };
+        let Some(operations) = item.as_object_mut() else {
+            continue;
+        };
         for operation in operations.values_mut() {
             // A body documented "May be empty" is optional: an empty one means the defaults.
-            if let Some(body) = operation.get_mut("requestBody").and_then(Value::as_object_mut)
+            if let Some(body) = operation
+                .get_mut("requestBody")
+                .and_then(Value::as_object_mut)
                 && body.get("description").and_then(Value::as_str) == Some("May be empty")
             {
                 body.insert("required".into(), json!(false));
             }
-            for param in operation.get_mut("parameters").and_then(Value::as_array_mut).into_iter().flatten() {
+            for param in operation
+                .get_mut("parameters")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
                 let name = param["name"].as_str().unwrap_or_default().to_owned();
                 let schema = &mut param["schema"];
                 match name.as_str() {
-                    "Last-Event-ID" => *schema = json!({"type": "integer", "minimum": 0, "maximum": MAX_U64}),
-                    "Idempotency-Key" => *schema = json!({"type": "string", "pattern": "^[!-~]{1,255}$"}),
-                    _ if schema["type"] == "integer" && schema.get("maximum").is_none() => schema["maximum"] = json!(MAX_U64),
+                    "Last-Event-ID" => {
+                        *schema = json!({"type": "integer", "minimum": 0, "maximum": MAX_U64})
+                    }
+                    "Idempotency-Key" => {
+                        *schema = json!({"type": "string", "pattern": "^[!-~]{1,255}$"})
+                    }
+                    _ if schema["type"] == "integer" && schema.get("maximum").is_none() => {
+                        schema["maximum"] = json!(MAX_U64)
+                    }
                     _ => {}
                 }
             }
             if path.starts_with("/v1/")
-                && let Some(responses) = operation.get_mut("responses").and_then(Value::as_object_mut)
+                && let Some(responses) = operation
+                    .get_mut("responses")
+                    .and_then(Value::as_object_mut)
             {
                 responses.entry("503").or_insert_with(|| {
                     json!({

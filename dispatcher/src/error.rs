@@ -113,7 +113,9 @@ pub enum ApiError {
         call_id: String,
     },
     /// 409 `stale_args`: the decision quotes an `args_hash` other than the pending one.
-    #[error("the decision was made on other arguments (hash {got}); the pending arguments hash to {expected}")]
+    #[error(
+        "the decision was made on other arguments (hash {got}); the pending arguments hash to {expected}"
+    )]
     StaleArgs {
         /// Hash of the pending arguments.
         expected: String,
@@ -226,7 +228,9 @@ pub enum ApiError {
     /// the text in `field` (a `deny` rule, or `max_input_chars`); nothing
     /// was stored. The answer names the rule, its reason and the text's
     /// length, never the text.
-    #[error("{field}: refused by the input guardrail {guardrail} ({reason}); {chars} characters, not stored")]
+    #[error(
+        "{field}: refused by the input guardrail {guardrail} ({reason}); {chars} characters, not stored"
+    )]
     ScreenedInput {
         /// Path of the refused text from the body's root (`goal`, `text`, `items[3].goal`).
         field: String,
@@ -266,17 +270,48 @@ impl ApiError {
         match self {
             MissingToken | InvalidToken => StatusCode::UNAUTHORIZED,
             Forbidden(_) => StatusCode::FORBIDDEN,
-            InvalidLine { code: "malformed_json", .. } => StatusCode::BAD_REQUEST,
+            InvalidLine {
+                code: "malformed_json",
+                ..
+            } => StatusCode::BAD_REQUEST,
             InvalidLine { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            RouteNotFound(_) | NotAvailable(_) | AgentNotFound(_) | RunNotFound(_) | BatchNotFound(_) | WebhookNotFound(_) | CallNotFound { .. } | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
+            RouteNotFound(_)
+            | NotAvailable(_)
+            | AgentNotFound(_)
+            | RunNotFound(_)
+            | BatchNotFound(_)
+            | WebhookNotFound(_)
+            | CallNotFound { .. }
+            | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            AlreadyDecided { .. } | StaleArgs { .. } | NotExternal(_) | AlreadyAnswered(_) | NotAwaitingInput(_) | NotPaused(_) | AlreadyPaused(_)
-            | AlreadyPosted { .. } | HeadMoved { .. } | RunFinished(_) | RunCancelled(_) | BatchEnded(..) | IdempotencyConflict(_) => StatusCode::CONFLICT,
-            MalformedJson(_) | BodyRead(_) | InvalidQuery(_) | InvalidPath(_) | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
-            InvalidBody(_) | BodyAt { .. } | Invalid(_) | InvalidField { .. } | ScreenedInput { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            AlreadyDecided { .. }
+            | StaleArgs { .. }
+            | NotExternal(_)
+            | AlreadyAnswered(_)
+            | NotAwaitingInput(_)
+            | NotPaused(_)
+            | AlreadyPaused(_)
+            | AlreadyPosted { .. }
+            | HeadMoved { .. }
+            | RunFinished(_)
+            | RunCancelled(_)
+            | BatchEnded(..)
+            | IdempotencyConflict(_) => StatusCode::CONFLICT,
+            MalformedJson(_)
+            | BodyRead(_)
+            | InvalidQuery(_)
+            | InvalidPath(_)
+            | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
+            InvalidBody(_)
+            | BodyAt { .. }
+            | Invalid(_)
+            | InvalidField { .. }
+            | ScreenedInput { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            LogUnavailable(_) | QueueUnavailable(_) | LedgerUnavailable(_) | NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            LogUnavailable(_) | QueueUnavailable(_) | LedgerUnavailable(_) | NotReady(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -332,11 +367,20 @@ impl ApiError {
     /// The JSON body.
     pub fn body(&self) -> ErrorBody {
         let (field, line) = match self {
-            ApiError::InvalidField { field, .. } | ApiError::BodyAt { field, .. } | ApiError::ScreenedInput { field, .. } => (Some(field.clone()), None),
+            ApiError::InvalidField { field, .. }
+            | ApiError::BodyAt { field, .. }
+            | ApiError::ScreenedInput { field, .. } => (Some(field.clone()), None),
             ApiError::InvalidLine { line, field, .. } => (field.clone(), Some(*line)),
             _ => (None, None),
         };
-        ErrorBody { error: ErrorDetail { code: self.code().to_owned(), message: self.to_string(), field, line } }
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code().to_owned(),
+                message: self.to_string(),
+                field,
+                line,
+            },
+        }
     }
 }
 
@@ -348,7 +392,9 @@ impl IntoResponse for ApiError {
         }
         let mut response = (status, Json(self.body())).into_response();
         if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

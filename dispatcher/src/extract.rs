@@ -31,8 +31,15 @@ pub struct ApiQuery<T>(pub T);
 pub struct ApiPath<T>(pub T);
 
 pub(crate) fn is_json(headers: &HeaderMap) -> bool {
-    let Some(ct) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else { return false };
-    let Ok(mime) = ct.parse::<mime_lite::Mime>() else { return false };
+    let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Ok(mime) = ct.parse::<mime_lite::Mime>() else {
+        return false;
+    };
     mime.is_json()
 }
 
@@ -61,7 +68,10 @@ pub trait Documented {
 /// resolve within the document).
 static VALIDATORS: LazyLock<HashMap<String, jsonschema::Validator>> = LazyLock::new(|| {
     let doc = crate::openapi();
-    let names: Vec<String> = doc["components"]["schemas"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
+    let names: Vec<String> = doc["components"]["schemas"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
     names
         .into_iter()
         .map(|name| {
@@ -76,7 +86,11 @@ static VALIDATORS: LazyLock<HashMap<String, jsonschema::Validator>> = LazyLock::
 /// `invalid_body` naming the first offending place (`config.budget: … is
 /// not of type "object"`).
 pub(crate) fn conforms(name: &str, value: &serde_json::Value) -> Result<(), ApiError> {
-    let Some(validator) = VALIDATORS.get(name) else { return Err(ApiError::Internal(format!("no schema {name} in the OpenAPI document"))) };
+    let Some(validator) = VALIDATORS.get(name) else {
+        return Err(ApiError::Internal(format!(
+            "no schema {name} in the OpenAPI document"
+        )));
+    };
     match validator.iter_errors(value).next() {
         None => Ok(()),
         Some(e) => Err(located(&e)),
@@ -89,7 +103,11 @@ pub(crate) fn conforms(name: &str, value: &serde_json::Value) -> Result<(), ApiE
 /// is named itself (`config.compactor: unknown field`).
 fn located(e: &jsonschema::ValidationError<'_>) -> ApiError {
     let (field, reason) = place(e);
-    if field.is_empty() { ApiError::InvalidBody(reason) } else { ApiError::BodyAt { field, reason } }
+    if field.is_empty() {
+        ApiError::InvalidBody(reason)
+    } else {
+        ApiError::BodyAt { field, reason }
+    }
 }
 
 /// `(field, reason)` of a schema error; see [`located`].
@@ -110,7 +128,12 @@ fn place(e: &jsonschema::ValidationError<'_>) -> (String, String) {
     }
     match e.kind() {
         Kind::AnyOf { context } | Kind::OneOfNotValid { context } => {
-            match context.iter().flatten().map(place).max_by_key(|(f, _)| f.len()) {
+            match context
+                .iter()
+                .flatten()
+                .map(place)
+                .max_by_key(|(f, _)| f.len())
+            {
                 Some(deepest) if deepest.0.len() > field.len() => deepest,
                 _ => (field, e.to_string()),
             }
@@ -118,28 +141,51 @@ fn place(e: &jsonschema::ValidationError<'_>) -> (String, String) {
         // Said without the instance (a list over its bound may be long).
         Kind::MaxItems { limit } => {
             let items = e.instance().as_array().map_or(0, Vec::len);
-            (field, format!("{items} items, more than the {limit} allowed"))
+            (
+                field,
+                format!("{items} items, more than the {limit} allowed"),
+            )
         }
-        Kind::AdditionalProperties { unexpected } if !unexpected.is_empty() => {
-            (if field.is_empty() { unexpected[0].clone() } else { format!("{field}.{}", unexpected[0]) }, "unknown field".into())
-        }
+        Kind::AdditionalProperties { unexpected } if !unexpected.is_empty() => (
+            if field.is_empty() {
+                unexpected[0].clone()
+            } else {
+                format!("{field}.{}", unexpected[0])
+            },
+            "unknown field".into(),
+        ),
         _ => (field, e.to_string()),
     }
 }
 
-pub(crate) fn parse<T: DeserializeOwned + Documented>(headers: &HeaderMap, bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse<T: DeserializeOwned + Documented>(
+    headers: &HeaderMap,
+    bytes: &[u8],
+) -> Result<T, ApiError> {
     if !is_json(headers) {
         return Err(ApiError::UnsupportedMediaType);
     }
     // Syntax first, so a truncated body is `malformed_json` even when its
     // start already has the wrong shape; then the shape: every body is an object.
-    let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    let mut value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
     if !value.is_object() {
-        return Err(ApiError::InvalidBody("the body must be a JSON object".into()));
+        return Err(ApiError::InvalidBody(
+            "the body must be a JSON object".into(),
+        ));
     }
     integral_numbers(&mut value);
     conforms(T::SCHEMA, &value)?;
-    glia_proto::strict::from_json_value(value).map_err(|e| if e.path.is_empty() { ApiError::InvalidBody(e.reason) } else { ApiError::BodyAt { field: e.path, reason: e.reason } })
+    glia_proto::strict::from_json_value(value).map_err(|e| {
+        if e.path.is_empty() {
+            ApiError::InvalidBody(e.reason)
+        } else {
+            ApiError::BodyAt {
+                field: e.path,
+                reason: e.reason,
+            }
+        }
+    })
 }
 
 impl<T: DeserializeOwned + Documented> FromRequest<App> for ApiJson<T> {
@@ -169,7 +215,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Query::<T>::try_from_uri(&parts.uri).map(|Query(q)| ApiQuery(q)).map_err(|e| ApiError::InvalidQuery(e.body_text()))
+        Query::<T>::try_from_uri(&parts.uri)
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|e| ApiError::InvalidQuery(e.body_text()))
     }
 }
 
@@ -177,7 +225,10 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        Path::<T>::from_request_parts(parts, state).await.map(|Path(p)| ApiPath(p)).map_err(|e| ApiError::InvalidPath(e.body_text()))
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(p)| ApiPath(p))
+            .map_err(|e| ApiError::InvalidPath(e.body_text()))
     }
 }
 
@@ -193,12 +244,20 @@ mod mime_lite {
         type Err = ();
 
         fn from_str(s: &str) -> Result<Self, ()> {
-            let essence = s.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+            let essence = s
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
             let (ty, subtype) = essence.split_once('/').ok_or(())?;
             if ty.is_empty() || subtype.is_empty() {
                 return Err(());
             }
-            Ok(Mime { ty: ty.to_owned(), subtype: subtype.to_owned() })
+            Ok(Mime {
+                ty: ty.to_owned(),
+                subtype: subtype.to_owned(),
+            })
         }
     }
 

@@ -133,7 +133,14 @@ pub fn records_of(run: &RunSummary, events: &[Event], now: DateTime<Utc>) -> Vec
     let mut open: HashMap<String, usize> = HashMap::new();
     for e in events {
         match &e.kind {
-            EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted } => {
+            EventKind::ApprovalRequested {
+                call_id,
+                tool,
+                input,
+                args_hash,
+                expires_at,
+                interrupted,
+            } => {
                 open.insert(call_id.clone(), records.len());
                 records.push(ApprovalRecord {
                     run_id: run.run_id,
@@ -162,7 +169,12 @@ pub fn records_of(run: &RunSummary, events: &[Event], now: DateTime<Utc>) -> Vec
                     records[i].escalated_at.get_or_insert(e.at);
                 }
             }
-            EventKind::ApprovalResolved { call_id, decision, by, .. } => {
+            EventKind::ApprovalResolved {
+                call_id,
+                decision,
+                by,
+                ..
+            } => {
                 if let Some(i) = open.remove(call_id) {
                     let r = &mut records[i];
                     r.resolution = match decision {
@@ -207,15 +219,25 @@ pub async fn all_events(log: &dyn EventLog, run_id: Uuid) -> Result<Vec<Event>, 
 }
 
 /// The approval records of one run.
-pub async fn run_records(log: &dyn EventLog, run: &RunSummary) -> Result<Vec<ApprovalRecord>, LogError> {
-    Ok(records_of(run, &all_events(log, run.run_id).await?, Utc::now()))
+pub async fn run_records(
+    log: &dyn EventLog,
+    run: &RunSummary,
+) -> Result<Vec<ApprovalRecord>, LogError> {
+    Ok(records_of(
+        run,
+        &all_events(log, run.run_id).await?,
+        Utc::now(),
+    ))
 }
 
 /// The records behind `rows` (an [`EventLog::approvals`] page), in the rows'
 /// order: each run's log is read once. A row is matched to the record of the
 /// same call requested at the same time (a call asked about twice after a
 /// crash has two); rows whose run vanished are left out.
-pub async fn records_for_rows(log: &dyn EventLog, rows: &[ApprovalRow]) -> Result<Vec<ApprovalRecord>, LogError> {
+pub async fn records_for_rows(
+    log: &dyn EventLog,
+    rows: &[ApprovalRow],
+) -> Result<Vec<ApprovalRecord>, LogError> {
     let mut by_run: BTreeMap<Uuid, Vec<ApprovalRecord>> = BTreeMap::new();
     for row in rows {
         if by_run.contains_key(&row.run_id) {
@@ -230,9 +252,13 @@ pub async fn records_for_rows(log: &dyn EventLog, rows: &[ApprovalRow]) -> Resul
     }
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        let Some(records) = by_run.get(&row.run_id) else { continue };
+        let Some(records) = by_run.get(&row.run_id) else {
+            continue;
+        };
         let same_call = || records.iter().filter(|r| r.call_id == row.call_id);
-        let found = same_call().find(|r| r.requested_at == row.requested_at).or_else(|| same_call().last());
+        let found = same_call()
+            .find(|r| r.requested_at == row.requested_at)
+            .or_else(|| same_call().last());
         if let Some(r) = found {
             out.push(r.clone());
         }
@@ -281,7 +307,9 @@ pub enum HistoryFormat {
 impl HistoryQuery {
     /// True when `r` passes every filter.
     pub fn admits(&self, r: &ApprovalRecord) -> bool {
-        let eq = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w.is_empty() || w == have);
+        let eq = |want: &Option<String>, have: &str| {
+            want.as_deref().is_none_or(|w| w.is_empty() || w == have)
+        };
         eq(&self.tool, &r.tool)
             && eq(&self.agent, &r.agent)
             && self.batch_id.is_none_or(|b| r.batch_id == Some(b))
@@ -297,9 +325,18 @@ impl HistoryQuery {
 /// The approval history of `tenant` (every tenant for `None`), newest
 /// request first: the approvals index names the runs (at most 1,000 of the
 /// newest rows), their logs say what happened.
-pub async fn history(log: &dyn EventLog, tenant: Option<String>, q: &HistoryQuery) -> Result<Vec<ApprovalRecord>, LogError> {
+pub async fn history(
+    log: &dyn EventLog,
+    tenant: Option<String>,
+    q: &HistoryQuery,
+) -> Result<Vec<ApprovalRecord>, LogError> {
     let limit = q.limit.unwrap_or(1000).clamp(1, 1000);
-    let filter = ApprovalFilter { tenant, tool: q.tool.clone().filter(|t| !t.is_empty()), limit: 1000, ..ApprovalFilter::default() };
+    let filter = ApprovalFilter {
+        tenant,
+        tool: q.tool.clone().filter(|t| !t.is_empty()),
+        limit: 1000,
+        ..ApprovalFilter::default()
+    };
     let rows = log.approvals(&filter).await?;
     let mut records = records_for_rows(log, &rows).await?;
     records.retain(|r| q.admits(r));
@@ -315,8 +352,16 @@ pub async fn history(log: &dyn EventLog, tenant: Option<String>, q: &HistoryQuer
 /// are prefixed with `'`.
 pub fn to_csv(records: &[ApprovalRecord]) -> String {
     fn cell(s: &str) -> String {
-        let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) { format!("'{s}") } else { s.to_owned() };
-        if s.contains([',', '"', '\n', '\r']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s }
+        let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+            format!("'{s}")
+        } else {
+            s.to_owned()
+        };
+        if s.contains([',', '"', '\n', '\r']) {
+            format!("\"{}\"", s.replace('"', "\"\""))
+        } else {
+            s
+        }
     }
     let time = |t: Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339()).unwrap_or_default();
     let mut out = String::from(
@@ -359,7 +404,12 @@ mod tests {
     use serde_json::json;
 
     fn ev(seq: u64, secs: i64, kind: EventKind) -> Event {
-        Event { run_id: Uuid::nil(), seq, at: DateTime::from_timestamp(secs, 0).unwrap(), kind }
+        Event {
+            run_id: Uuid::nil(),
+            seq,
+            at: DateTime::from_timestamp(secs, 0).unwrap(),
+            kind,
+        }
     }
 
     fn run() -> RunSummary {
@@ -380,39 +430,122 @@ mod tests {
     }
 
     fn requested(call: &str) -> EventKind {
-        EventKind::ApprovalRequested { call_id: call.into(), tool: "refund".into(), input: json!({"x": 1}), args_hash: "h".into(), expires_at: None, interrupted: false }
+        EventKind::ApprovalRequested {
+            call_id: call.into(),
+            tool: "refund".into(),
+            input: json!({"x": 1}),
+            args_hash: "h".into(),
+            expires_at: None,
+            interrupted: false,
+        }
     }
 
     #[test]
     fn requests_are_completed_by_their_escalation_and_decision() {
-        let config = RunConfig { model: "script:r".into(), ..RunConfig::default() };
+        let config = RunConfig {
+            model: "script:r".into(),
+            ..RunConfig::default()
+        };
         let events = vec![
-            ev(1, 0, EventKind::SessionStart { redactions: Vec::new(), goal: "g".into(), config }),
+            ev(
+                1,
+                0,
+                EventKind::SessionStart {
+                    redactions: Vec::new(),
+                    goal: "g".into(),
+                    config,
+                },
+            ),
             ev(2, 10, requested("c1")),
             ev(3, 10, requested("c2")),
-            ev(4, 20, EventKind::ApprovalEscalated { call_id: "c1".into(), expires_at: None }),
-            ev(5, 25, EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: "h".into(), decision: Decision::Expire, by: Some("reconciler".into()) }),
-            ev(6, 30, EventKind::ApprovalResolved { call_id: "c2".into(), args_hash: "h".into(), decision: Decision::Reject { reason: "no".into() }, by: Some("ana".into()) }),
+            ev(
+                4,
+                20,
+                EventKind::ApprovalEscalated {
+                    call_id: "c1".into(),
+                    expires_at: None,
+                },
+            ),
+            ev(
+                5,
+                25,
+                EventKind::ApprovalResolved {
+                    call_id: "c1".into(),
+                    args_hash: "h".into(),
+                    decision: Decision::Expire,
+                    by: Some("reconciler".into()),
+                },
+            ),
+            ev(
+                6,
+                30,
+                EventKind::ApprovalResolved {
+                    call_id: "c2".into(),
+                    args_hash: "h".into(),
+                    decision: Decision::Reject {
+                        reason: "no".into(),
+                    },
+                    by: Some("ana".into()),
+                },
+            ),
             ev(7, 31, requested("c1")),
         ];
         let now = DateTime::from_timestamp(100, 0).unwrap();
         let r = records_of(&run(), &events, now);
         assert_eq!(r.len(), 3);
-        assert_eq!((r[0].resolution, r[0].escalated_at.map(|t| t.timestamp()), r[0].wait_ms), (Resolution::Expired, Some(20), 15_000));
-        assert_eq!((r[1].resolution, r[1].decided_by.as_deref(), r[1].agent.as_str()), (Resolution::Rejected, Some("ana"), "script:r"));
-        assert_eq!((r[2].resolution, r[2].request_seq, r[2].wait_ms), (Resolution::Pending, 7, 69_000));
-        assert!(HistoryQuery { resolution: Some("escalated".into()), ..Default::default() }.admits(&r[0]));
-        assert!(!HistoryQuery { decided_by: Some("bob".into()), ..Default::default() }.admits(&r[1]));
+        assert_eq!(
+            (
+                r[0].resolution,
+                r[0].escalated_at.map(|t| t.timestamp()),
+                r[0].wait_ms
+            ),
+            (Resolution::Expired, Some(20), 15_000)
+        );
+        assert_eq!(
+            (
+                r[1].resolution,
+                r[1].decided_by.as_deref(),
+                r[1].agent.as_str()
+            ),
+            (Resolution::Rejected, Some("ana"), "script:r")
+        );
+        assert_eq!(
+            (r[2].resolution, r[2].request_seq, r[2].wait_ms),
+            (Resolution::Pending, 7, 69_000)
+        );
+        assert!(
+            HistoryQuery {
+                resolution: Some("escalated".into()),
+                ..Default::default()
+            }
+            .admits(&r[0])
+        );
+        assert!(
+            !HistoryQuery {
+                decided_by: Some("bob".into()),
+                ..Default::default()
+            }
+            .admits(&r[1])
+        );
     }
 
     #[test]
     fn csv_quotes_and_defuses_formulas() {
-        let events = vec![ev(2, 10, requested("c1")), ev(3, 11, EventKind::ApprovalResolved {
-            call_id: "c1".into(),
-            args_hash: "h".into(),
-            decision: Decision::Reject { reason: "=HYPERLINK(\"x\"), no".into() },
-            by: Some("ana".into()),
-        })];
+        let events = vec![
+            ev(2, 10, requested("c1")),
+            ev(
+                3,
+                11,
+                EventKind::ApprovalResolved {
+                    call_id: "c1".into(),
+                    args_hash: "h".into(),
+                    decision: Decision::Reject {
+                        reason: "=HYPERLINK(\"x\"), no".into(),
+                    },
+                    by: Some("ana".into()),
+                },
+            ),
+        ];
         let csv = to_csv(&records_of(&run(), &events, Utc::now()));
         let line = csv.lines().nth(1).unwrap();
         assert!(line.contains(r#""'=HYPERLINK(""x""), no""#), "{line}");
@@ -443,14 +576,32 @@ pub struct ApprovalView {
 }
 
 /// `rows` with their decisions, decider and times from the log (see [`records_for_rows`]).
-pub async fn views(log: &dyn EventLog, rows: Vec<ApprovalRow>) -> Result<Vec<ApprovalView>, LogError> {
-    let decided: Vec<ApprovalRow> = rows.iter().filter(|r| r.status == glia_backends::ApprovalStatus::Decided || r.escalated).cloned().collect();
+pub async fn views(
+    log: &dyn EventLog,
+    rows: Vec<ApprovalRow>,
+) -> Result<Vec<ApprovalView>, LogError> {
+    let decided: Vec<ApprovalRow> = rows
+        .iter()
+        .filter(|r| r.status == glia_backends::ApprovalStatus::Decided || r.escalated)
+        .cloned()
+        .collect();
     let records = records_for_rows(log, &decided).await?;
     Ok(rows
         .into_iter()
         .map(|row| {
-            let rec = records.iter().find(|r| r.run_id == row.run_id && r.call_id == row.call_id && r.requested_at == row.requested_at)
-                .or_else(|| records.iter().rev().find(|r| r.run_id == row.run_id && r.call_id == row.call_id));
+            let rec = records
+                .iter()
+                .find(|r| {
+                    r.run_id == row.run_id
+                        && r.call_id == row.call_id
+                        && r.requested_at == row.requested_at
+                })
+                .or_else(|| {
+                    records
+                        .iter()
+                        .rev()
+                        .find(|r| r.run_id == row.run_id && r.call_id == row.call_id)
+                });
             ApprovalView {
                 decision: rec.and_then(|r| r.decision.clone()),
                 decided_by: rec.and_then(|r| r.decided_by.clone()),

@@ -89,7 +89,11 @@ impl Default for InboxConfig {
     fn default() -> Self {
         let mut key = [0u8; 32];
         getrandom::fill(&mut key).expect("the OS random source works");
-        InboxConfig { session_key: key, session_ttl: Duration::from_secs(8 * 3600), secure_cookies: false }
+        InboxConfig {
+            session_key: key,
+            session_ttl: Duration::from_secs(8 * 3600),
+            secure_cookies: false,
+        }
     }
 }
 
@@ -98,7 +102,10 @@ impl InboxConfig {
     /// of it), e.g. `GLIA_SESSION_KEY`, so replicas agree.
     pub fn with_secret(secret: &str) -> InboxConfig {
         use sha2::Digest;
-        InboxConfig { session_key: Sha256::digest(secret.as_bytes()).into(), ..InboxConfig::default() }
+        InboxConfig {
+            session_key: Sha256::digest(secret.as_bytes()).into(),
+            ..InboxConfig::default()
+        }
     }
 
     fn mac(&self, parts: &[&[u8]]) -> Vec<u8> {
@@ -172,7 +179,10 @@ fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
     }
     let digest: [u8; 32] = hex_decode(&claims.d)?.try_into().ok()?;
     let principal = app.auth.by_digest(&digest)?;
-    principal.has(Scope::Approve).then(|| Session { principal, csrf: csrf_of(&app.inbox, &claims.n) })
+    principal.has(Scope::Approve).then(|| Session {
+        principal,
+        csrf: csrf_of(&app.inbox, &claims.n),
+    })
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -181,7 +191,10 @@ fn hex(bytes: &[u8]) -> String {
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
     (s.len() % 2 == 0).then_some(())?;
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// Refuse a POST another site made: `Sec-Fetch-Site` other than
@@ -193,7 +206,10 @@ fn same_origin(headers: &HeaderMap) -> bool {
     {
         return false;
     }
-    match (headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()), headers.get(header::HOST).and_then(|v| v.to_str().ok())) {
+    match (
+        headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()),
+        headers.get(header::HOST).and_then(|v| v.to_str().ok()),
+    ) {
         (Some("null"), _) => false,
         (Some(origin), Some(host)) => origin.split_once("://").map(|(_, h)| h) == Some(host),
         (Some(_), None) => false,
@@ -216,12 +232,22 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("history.html", include_str!("../templates/history.html")),
         ("error.html", include_str!("../templates/error.html")),
     ] {
-        env.add_template(name, source).expect("the inbox templates parse");
+        env.add_template(name, source)
+            .expect("the inbox templates parse");
     }
     // `.html` names are auto-escaped (minijinja's default); say so explicitly.
-    env.set_auto_escape_callback(|name| if name.ends_with(".html") { minijinja::AutoEscape::Html } else { minijinja::AutoEscape::None });
+    env.set_auto_escape_callback(|name| {
+        if name.ends_with(".html") {
+            minijinja::AutoEscape::Html
+        } else {
+            minijinja::AutoEscape::None
+        }
+    });
     env.add_filter("pretty", |v: minijinja::Value| -> String {
-        serde_json::to_value(&v).ok().and_then(|j| serde_json::to_string_pretty(&j).ok()).unwrap_or_default()
+        serde_json::to_value(&v)
+            .ok()
+            .and_then(|j| serde_json::to_string_pretty(&j).ok())
+            .unwrap_or_default()
     });
     env
 });
@@ -233,22 +259,42 @@ fn html(status: StatusCode, template: &str, ctx: minijinja::Value) -> Response {
         Ok(body) => {
             let mut r = (status, body).into_response();
             let h = r.headers_mut();
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
-            h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-            h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-            h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            h.insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(CSP),
+            );
+            h.insert(
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            );
+            h.insert(
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("same-origin"),
+            );
             h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             r
         }
         Err(e) => {
             tracing::error!("inbox template {template}: {e:#}");
-            (StatusCode::INTERNAL_SERVER_ERROR, "the page could not be rendered").into_response()
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the page could not be rendered",
+            )
+                .into_response()
         }
     }
 }
 
 fn error_page(s: Option<&Session>, status: StatusCode, message: &str) -> Response {
-    html(status, "error.html", context! { who => s.map(|s| s.principal.by()), csrf => s.map(|s| s.csrf.clone()), status => status.as_u16(), message })
+    html(
+        status,
+        "error.html",
+        context! { who => s.map(|s| s.principal.by()), csrf => s.map(|s| s.csrf.clone()), status => status.as_u16(), message },
+    )
 }
 
 fn api_error_page(s: &Session, e: ApiError) -> Response {
@@ -280,12 +326,35 @@ pub fn routes() -> Router<App> {
         .route("/inbox/runs/{run}/calls/{call}", get(detail))
         .route("/inbox/runs/{run}/calls/{call}/edit", post(edit_preview))
         .route("/inbox/runs/{run}/calls/{call}/decide", post(decide))
-        .route("/inbox/static/inbox.js", get(|| async { static_file("text/javascript; charset=utf-8", include_str!("../templates/inbox.js")) }))
-        .route("/inbox/static/inbox.css", get(|| async { static_file("text/css; charset=utf-8", include_str!("../templates/inbox.css")) }))
+        .route(
+            "/inbox/static/inbox.js",
+            get(|| async {
+                static_file(
+                    "text/javascript; charset=utf-8",
+                    include_str!("../templates/inbox.js"),
+                )
+            }),
+        )
+        .route(
+            "/inbox/static/inbox.css",
+            get(|| async {
+                static_file(
+                    "text/css; charset=utf-8",
+                    include_str!("../templates/inbox.css"),
+                )
+            }),
+        )
 }
 
 fn static_file(kind: &'static str, body: &'static str) -> Response {
-    ([(header::CONTENT_TYPE, kind), (header::CACHE_CONTROL, "max-age=300")], body).into_response()
+    (
+        [
+            (header::CONTENT_TYPE, kind),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// The fields of a URL-encoded form body, in order (repeated names kept).
@@ -298,14 +367,26 @@ fn field<'a>(f: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 /// The session of a POST with a valid CSRF token from the same origin.
-fn checked_post(app: &App, headers: &HeaderMap, f: &[(String, String)]) -> Result<Session, Response> {
+fn checked_post(
+    app: &App,
+    headers: &HeaderMap,
+    f: &[(String, String)],
+) -> Result<Session, Response> {
     if !same_origin(headers) {
-        return Err(error_page(None, StatusCode::FORBIDDEN, "cross-site request refused"));
+        return Err(error_page(
+            None,
+            StatusCode::FORBIDDEN,
+            "cross-site request refused",
+        ));
     }
     let s = session(app, headers).ok_or_else(to_login)?;
     match field(f, "csrf") {
         Some(t) if same(t.as_bytes(), s.csrf.as_bytes()) => Ok(s),
-        _ => Err(error_page(Some(&s), StatusCode::FORBIDDEN, "missing or wrong form token (CSRF): reload the page and try again")),
+        _ => Err(error_page(
+            Some(&s),
+            StatusCode::FORBIDDEN,
+            "missing or wrong form token (CSRF): reload the page and try again",
+        )),
     }
 }
 
@@ -315,7 +396,11 @@ async fn login_page(State(app): State<App>, headers: HeaderMap) -> Response {
     if session(&app, &headers).is_some() {
         return Redirect::to("/inbox").into_response();
     }
-    html(StatusCode::OK, "login.html", context! { error => None::<String> })
+    html(
+        StatusCode::OK,
+        "login.html",
+        context! { error => None::<String> },
+    )
 }
 
 async fn login(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
@@ -324,11 +409,21 @@ async fn login(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respo
     }
     let f = form(&body);
     let token = field(&f, "token").unwrap_or("").trim();
-    let fail = |m: &str| html(StatusCode::UNAUTHORIZED, "login.html", context! { error => m });
+    let fail = |m: &str| {
+        html(
+            StatusCode::UNAUTHORIZED,
+            "login.html",
+            context! { error => m },
+        )
+    };
     if app.auth.is_open() {
-        return fail("this dispatcher has no API tokens configured; the inbox needs tokens (start it with --token TOKEN:TENANT:approve:NAME)");
+        return fail(
+            "this dispatcher has no API tokens configured; the inbox needs tokens (start it with --token TOKEN:TENANT:approve:NAME)",
+        );
     }
-    let Some((digest, principal)) = app.auth.lookup(token) else { return fail("unknown token") };
+    let Some((digest, principal)) = app.auth.lookup(token) else {
+        return fail("unknown token");
+    };
     if !principal.has(Scope::Approve) {
         return fail("this token may not decide approvals (it needs scope approve or admin)");
     }
@@ -337,12 +432,27 @@ async fn login(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respo
         return error_page(None, StatusCode::SERVICE_UNAVAILABLE, "no random source");
     }
     let ttl = app.inbox.session_ttl;
-    let claims = Claims { d: hex(&digest), e: Utc::now().timestamp() + ttl.as_secs() as i64, n: hex(&nonce) };
-    let secure = if app.inbox.secure_cookies { "; Secure" } else { "" };
-    let cookie = format!("{COOKIE}={}; Path=/inbox; HttpOnly; SameSite=Strict; Max-Age={}{secure}", sign_cookie(&app.inbox, &claims), ttl.as_secs());
+    let claims = Claims {
+        d: hex(&digest),
+        e: Utc::now().timestamp() + ttl.as_secs() as i64,
+        n: hex(&nonce),
+    };
+    let secure = if app.inbox.secure_cookies {
+        "; Secure"
+    } else {
+        ""
+    };
+    let cookie = format!(
+        "{COOKIE}={}; Path=/inbox; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+        sign_cookie(&app.inbox, &claims),
+        ttl.as_secs()
+    );
     tracing::info!(tenant = %principal.tenant, who = %principal.by(), "inbox sign-in");
     let mut r = Redirect::to("/inbox").into_response();
-    r.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&cookie).expect("cookie is ASCII"));
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_str(&cookie).expect("cookie is ASCII"),
+    );
     r
 }
 
@@ -352,7 +462,10 @@ async fn logout(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Resp
     }
     let mut r = Redirect::to("/inbox/login").into_response();
     let cookie = format!("{COOKIE}=; Path=/inbox; HttpOnly; SameSite=Strict; Max-Age=0");
-    r.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&cookie).expect("cookie is ASCII"));
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_str(&cookie).expect("cookie is ASCII"),
+    );
     r
 }
 
@@ -398,10 +511,23 @@ struct Item {
 /// A short one-line summary of tool arguments: `k: v` pairs, cut at 120 characters.
 fn summarize(input: &Value) -> String {
     let s = match input {
-        Value::Object(m) => m.iter().map(|(k, v)| format!("{k}: {}", v.as_str().map_or_else(|| v.to_string(), str::to_owned))).collect::<Vec<_>>().join(", "),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{k}: {}",
+                    v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
         other => other.to_string(),
     };
-    if s.chars().count() > 120 { format!("{}…", s.chars().take(119).collect::<String>()) } else { s }
+    if s.chars().count() > 120 {
+        format!("{}…", s.chars().take(119).collect::<String>())
+    } else {
+        s
+    }
 }
 
 /// `950ms`, `12s`, `4m 10s`, `2h 05m`, `3d 04h`.
@@ -429,20 +555,31 @@ async fn pending(app: &App, s: &Session, f: &QueueFilter) -> Result<Vec<Item>, L
     let now = Utc::now();
     let mut runs: HashMap<Uuid, Option<(String, String, Option<Uuid>)>> = HashMap::new();
     let mut items = Vec::new();
-    let min_age_ms = f.min_age.as_deref().and_then(|m| m.trim().parse::<i64>().ok()).map(|m| m * 60_000);
+    let min_age_ms = f
+        .min_age
+        .as_deref()
+        .and_then(|m| m.trim().parse::<i64>().ok())
+        .map(|m| m * 60_000);
     let batch = f.batch.as_deref().map(str::trim).filter(|b| !b.is_empty());
     for row in rows {
         if !runs.contains_key(&row.run_id) {
-            let info = match (app.log.get_run(row.run_id).await, app.log.load(row.run_id).await) {
+            let info = match (
+                app.log.get_run(row.run_id).await,
+                app.log.load(row.run_id).await,
+            ) {
                 (Ok(run), Ok(state)) => Some((run.goal, state.config.model, run.batch_id)),
                 (Err(LogError::NotFound(_)), _) | (_, Err(LogError::NotFound(_))) => None,
                 (Err(e), _) | (_, Err(e)) => return Err(e),
             };
             runs.insert(row.run_id, info);
         }
-        let Some((goal, agent, batch_id)) = runs[&row.run_id].clone() else { continue };
+        let Some((goal, agent, batch_id)) = runs[&row.run_id].clone() else {
+            continue;
+        };
         let age_ms = (now - row.requested_at).num_milliseconds();
-        if f.agent.as_deref().is_some_and(|a| !a.is_empty() && a != agent)
+        if f.agent
+            .as_deref()
+            .is_some_and(|a| !a.is_empty() && a != agent)
             || batch.is_some_and(|b| batch_id.map(|id| id.to_string()).as_deref() != Some(b))
             || min_age_ms.is_some_and(|m| age_ms < m)
         {
@@ -453,12 +590,24 @@ async fn pending(app: &App, s: &Session, f: &QueueFilter) -> Result<Vec<Item>, L
     Ok(items)
 }
 
-fn item(row: ApprovalRow, goal: String, agent: String, batch_id: Option<Uuid>, now: DateTime<Utc>) -> Item {
+fn item(
+    row: ApprovalRow,
+    goal: String,
+    agent: String,
+    batch_id: Option<Uuid>,
+    now: DateTime<Utc>,
+) -> Item {
     let left = row.expires_at.map(|t| (t - now).num_milliseconds());
     Item {
         summary: summarize(&row.input),
         age: human((now - row.requested_at).num_milliseconds()),
-        deadline: left.map(|l| if l > 0 { format!("in {}", human(l)) } else { format!("overdue by {}", human(-l)) }),
+        deadline: left.map(|l| {
+            if l > 0 {
+                format!("in {}", human(l))
+            } else {
+                format!("overdue by {}", human(-l))
+            }
+        }),
         overdue: left.is_some_and(|l| l <= 0),
         run_id: row.run_id,
         call_id: row.call_id,
@@ -474,19 +623,34 @@ fn item(row: ApprovalRow, goal: String, agent: String, batch_id: Option<Uuid>, n
     }
 }
 
-async fn queue(State(app): State<App>, headers: HeaderMap, Query(f): Query<QueueFilter>) -> Response {
-    let Some(s) = session(&app, &headers) else { return to_login() };
+async fn queue(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(f): Query<QueueFilter>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return to_login();
+    };
     let items = match pending(&app, &s, &f).await {
         Ok(items) => items,
         Err(e) => return log_error_page(&s, e),
     };
     let query = serde_urlencoded_query(&f);
-    html(StatusCode::OK, "queue.html", context! { who => s.principal.by(), tenant => s.principal.tenant, csrf => s.csrf, items, filter => f, query })
+    html(
+        StatusCode::OK,
+        "queue.html",
+        context! { who => s.principal.by(), tenant => s.principal.tenant, csrf => s.csrf, items, filter => f, query },
+    )
 }
 
 fn serde_urlencoded_query(f: &QueueFilter) -> String {
     let mut q = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in [("tool", &f.tool), ("agent", &f.agent), ("batch", &f.batch), ("min_age", &f.min_age)] {
+    for (k, v) in [
+        ("tool", &f.tool),
+        ("agent", &f.agent),
+        ("batch", &f.batch),
+        ("min_age", &f.min_age),
+    ] {
         if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
             q.append_pair(k, v);
         }
@@ -495,8 +659,14 @@ fn serde_urlencoded_query(f: &QueueFilter) -> String {
 }
 
 /// The queue's rows alone (what the page swaps in when the stream says the queue changed).
-async fn rows(State(app): State<App>, headers: HeaderMap, Query(f): Query<QueueFilter>) -> Response {
-    let Some(s) = session(&app, &headers) else { return StatusCode::UNAUTHORIZED.into_response() };
+async fn rows(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(f): Query<QueueFilter>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
     match pending(&app, &s, &f).await {
         Ok(items) => html(StatusCode::OK, "rows.html", context! { items }),
         Err(e) => log_error_page(&s, e),
@@ -507,23 +677,37 @@ async fn rows(State(app): State<App>, headers: HeaderMap, Query(f): Query<QueueF
 /// set of pending approvals the session sees changes (checked every 500 ms),
 /// with the count as data; keep-alive comments every 15 s.
 async fn stream(State(app): State<App>, headers: HeaderMap) -> Response {
-    let Some(s) = session(&app, &headers) else { return StatusCode::UNAUTHORIZED.into_response() };
+    let Some(s) = session(&app, &headers) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(4);
     tokio::spawn(async move {
         let mut last: Option<Vec<(Uuid, String)>> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             tick.tick().await;
-            let filter = ApprovalFilter { tenant: s.principal.tenant_filter(), pending_only: true, limit: 1000, ..ApprovalFilter::default() };
-            let Ok(rows) = app.log.approvals(&filter).await else { continue };
-            let now: Vec<(Uuid, String)> = rows.into_iter().map(|r| (r.run_id, r.call_id)).collect();
+            let filter = ApprovalFilter {
+                tenant: s.principal.tenant_filter(),
+                pending_only: true,
+                limit: 1000,
+                ..ApprovalFilter::default()
+            };
+            let Ok(rows) = app.log.approvals(&filter).await else {
+                continue;
+            };
+            let now: Vec<(Uuid, String)> =
+                rows.into_iter().map(|r| (r.run_id, r.call_id)).collect();
             // The first snapshot is sent too: the page was rendered before
             // the stream opened, and approvals that arrived in between must
             // not wait for the next change.
             if last.as_ref() != Some(&now) {
                 let n = now.len();
                 last = Some(now);
-                if tx.send(Ok(SseEvent::default().event("queue").data(n.to_string()))).await.is_err() {
+                if tx
+                    .send(Ok(SseEvent::default().event("queue").data(n.to_string())))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -532,10 +716,14 @@ async fn stream(State(app): State<App>, headers: HeaderMap) -> Response {
             }
         }
     });
-    Sse::new(tokio_stream_from(rx)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+    Sse::new(tokio_stream_from(rx))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
 }
 
-fn tokio_stream_from<T: Send + 'static>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures::Stream<Item = T> {
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
@@ -548,18 +736,43 @@ async fn decide_bulk(State(app): State<App>, headers: HeaderMap, body: Bytes) ->
     let decision = match field(&f, "decision") {
         Some("approve") => DecisionKind::Approve,
         Some("reject") => DecisionKind::Reject,
-        _ => return error_page(Some(&s), StatusCode::BAD_REQUEST, "choose approve or reject"),
+        _ => {
+            return error_page(
+                Some(&s),
+                StatusCode::BAD_REQUEST,
+                "choose approve or reject",
+            );
+        }
     };
-    let reason = field(&f, "reason").map(str::trim).filter(|r| !r.is_empty()).map(str::to_owned);
+    let reason = field(&f, "reason")
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned);
     if decision == DecisionKind::Reject && reason.is_none() {
-        return error_page(Some(&s), StatusCode::BAD_REQUEST, "a rejection needs a reason (the model sees it)");
+        return error_page(
+            Some(&s),
+            StatusCode::BAD_REQUEST,
+            "a rejection needs a reason (the model sees it)",
+        );
     }
-    let items: Vec<&str> = f.iter().filter(|(k, _)| k == "item").map(|(_, v)| v.as_str()).collect();
+    let items: Vec<&str> = f
+        .iter()
+        .filter(|(k, _)| k == "item")
+        .map(|(_, v)| v.as_str())
+        .collect();
     if items.is_empty() {
-        return error_page(Some(&s), StatusCode::BAD_REQUEST, "select at least one approval");
+        return error_page(
+            Some(&s),
+            StatusCode::BAD_REQUEST,
+            "select at least one approval",
+        );
     }
     if items.len() > app.limits.max_bulk {
-        return error_page(Some(&s), StatusCode::BAD_REQUEST, &format!("at most {} approvals at once", app.limits.max_bulk));
+        return error_page(
+            Some(&s),
+            StatusCode::BAD_REQUEST,
+            &format!("at most {} approvals at once", app.limits.max_bulk),
+        );
     }
     let mut failed = Vec::new();
     let mut decisions = Vec::with_capacity(items.len());
@@ -575,9 +788,21 @@ async fn decide_bulk(State(app): State<App>, headers: HeaderMap, body: Bytes) ->
             failed.push(format!("{run}: not a run id"));
             continue;
         };
-        decisions.push((run_id, call.to_owned(), DecisionBody { decision, reason: reason.clone(), input: None, args_hash: Some(hash.to_owned()) }));
+        decisions.push((
+            run_id,
+            call.to_owned(),
+            DecisionBody {
+                decision,
+                reason: reason.clone(),
+                input: None,
+                args_hash: Some(hash.to_owned()),
+            },
+        ));
     }
-    for ((run_id, call_id, _), answer) in decisions.iter().zip(decide_many(&app, &s.principal, &decisions).await) {
+    for ((run_id, call_id, _), answer) in decisions
+        .iter()
+        .zip(decide_many(&app, &s.principal, &decisions).await)
+    {
         if let Err(e) = answer {
             failed.push(format!("{run_id} {call_id}: {}", e.body().error.message));
         }
@@ -585,7 +810,11 @@ async fn decide_bulk(State(app): State<App>, headers: HeaderMap, body: Bytes) ->
     if failed.is_empty() {
         Redirect::to("/inbox").into_response()
     } else {
-        error_page(Some(&s), StatusCode::CONFLICT, &format!("some decisions were not posted:\n{}", failed.join("\n")))
+        error_page(
+            Some(&s),
+            StatusCode::CONFLICT,
+            &format!("some decisions were not posted:\n{}", failed.join("\n")),
+        )
     }
 }
 
@@ -602,15 +831,33 @@ struct Line {
 fn lines(messages: &[Message]) -> Vec<Line> {
     let mut out = Vec::new();
     for m in messages {
-        let role = serde_json::to_value(m.role).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        let role = serde_json::to_value(m.role)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
         for b in &m.content {
             let (kind, text) = match b {
                 ContentBlock::Text { text, .. } => ("text", text.clone()),
-                ContentBlock::ToolUse { name, input, .. } => ("tool_use", format!("{name}({input})")),
-                ContentBlock::ToolResult { content, is_error, .. } => (if *is_error { "tool_error" } else { "tool_result" }, content.to_string()),
+                ContentBlock::ToolUse { name, input, .. } => {
+                    ("tool_use", format!("{name}({input})"))
+                }
+                ContentBlock::ToolResult {
+                    content, is_error, ..
+                } => (
+                    if *is_error {
+                        "tool_error"
+                    } else {
+                        "tool_result"
+                    },
+                    content.to_string(),
+                ),
                 _ => continue,
             };
-            out.push(Line { role: role.clone(), kind: kind.into(), text });
+            out.push(Line {
+                role: role.clone(),
+                kind: kind.into(),
+                text,
+            });
         }
     }
     out
@@ -618,7 +865,12 @@ fn lines(messages: &[Message]) -> Vec<Line> {
 
 /// The tool's JSON Schema as the run knows it (step tools, then external tools).
 fn tool_schema(state: &RunState, tool: &str) -> Option<Value> {
-    let find = |specs: &[ToolSpec]| specs.iter().find(|t| t.name == tool).map(|t| t.input_schema.clone());
+    let find = |specs: &[ToolSpec]| {
+        specs
+            .iter()
+            .find(|t| t.name == tool)
+            .map(|t| t.input_schema.clone())
+    };
     find(&state.step_tools).or_else(|| find(&state.config.external_tools))
 }
 
@@ -632,9 +884,17 @@ fn policy_line(state: &RunState, tool: &str, interrupted: bool) -> Option<String
     let why = if interrupted {
         "asked again: a crash interrupted the call (on_interrupted_call)".to_owned()
     } else if policy.requires_approval {
-        format!("requires approval, by the {} ({})", policy.approval_by.as_str(), policy_origin_text(policy.approval_by))
+        format!(
+            "requires approval, by the {} ({})",
+            policy.approval_by.as_str(),
+            policy_origin_text(policy.approval_by)
+        )
     } else {
-        let by = if state.config.agent.is_some() { "agent" } else { "run" };
+        let by = if state.config.agent.is_some() {
+            "agent"
+        } else {
+            "run"
+        };
         format!("requires approval, by the {by} (a rule of its `policies` matched these arguments)")
     };
     Some(format!("{why} · {}", policy.describe()))
@@ -655,25 +915,57 @@ struct Loaded {
     row: ApprovalRow,
 }
 
-async fn load_call(app: &App, s: &Session, run_id: Uuid, call_id: &str) -> Result<Loaded, Response> {
-    let run = visible_run(app, &s.principal, run_id).await.map_err(|e| api_error_page(s, e))?;
-    let filter = ApprovalFilter { run_id: Some(run.run_id), limit: 1000, ..ApprovalFilter::default() };
-    let rows = app.log.approvals(&filter).await.map_err(|e| log_error_page(s, e))?;
-    let row = rows.into_iter().rev().find(|r| r.call_id == call_id).ok_or_else(|| error_page(Some(s), StatusCode::NOT_FOUND, "no such approval"))?;
-    let state = app.log.load(run_id).await.map_err(|e| log_error_page(s, e))?;
+async fn load_call(
+    app: &App,
+    s: &Session,
+    run_id: Uuid,
+    call_id: &str,
+) -> Result<Loaded, Response> {
+    let run = visible_run(app, &s.principal, run_id)
+        .await
+        .map_err(|e| api_error_page(s, e))?;
+    let filter = ApprovalFilter {
+        run_id: Some(run.run_id),
+        limit: 1000,
+        ..ApprovalFilter::default()
+    };
+    let rows = app
+        .log
+        .approvals(&filter)
+        .await
+        .map_err(|e| log_error_page(s, e))?;
+    let row = rows
+        .into_iter()
+        .rev()
+        .find(|r| r.call_id == call_id)
+        .ok_or_else(|| error_page(Some(s), StatusCode::NOT_FOUND, "no such approval"))?;
+    let state = app
+        .log
+        .load(run_id)
+        .await
+        .map_err(|e| log_error_page(s, e))?;
     Ok(Loaded { state, row })
 }
 
-async fn detail(State(app): State<App>, headers: HeaderMap, Path((run_id, call_id)): Path<(Uuid, String)>) -> Response {
-    let Some(s) = session(&app, &headers) else { return to_login() };
+async fn detail(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path((run_id, call_id)): Path<(Uuid, String)>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return to_login();
+    };
     let Loaded { state, row } = match load_call(&app, &s, run_id, &call_id).await {
         Ok(l) => l,
         Err(r) => return r,
     };
-    let record = match history::run_records(&*app.log, &match app.log.get_run(run_id).await {
-        Ok(r) => r,
-        Err(e) => return log_error_page(&s, e),
-    })
+    let record = match history::run_records(
+        &*app.log,
+        &match app.log.get_run(run_id).await {
+            Ok(r) => r,
+            Err(e) => return log_error_page(&s, e),
+        },
+    )
     .await
     {
         Ok(records) => records.into_iter().rev().find(|r| r.call_id == call_id),
@@ -681,24 +973,39 @@ async fn detail(State(app): State<App>, headers: HeaderMap, Path((run_id, call_i
     };
     let conversation = lines(&state.messages);
     let recent: Vec<Line> = conversation.iter().rev().take(12).rev().cloned().collect();
-    let earlier_results: Vec<Line> = conversation.iter().filter(|l| l.kind != "text").cloned().collect();
+    let earlier_results: Vec<Line> = conversation
+        .iter()
+        .filter(|l| l.kind != "text")
+        .cloned()
+        .collect();
     let pending = row.status == glia_backends::ApprovalStatus::Pending;
     let schema = tool_schema(&state, &row.tool);
     let policy = policy_line(&state, &row.tool, row.interrupted);
     // The pending call's arguments; once decided, those the approver was shown.
-    let shown_input = state.call(&call_id).map_or_else(|| row.input.clone(), |c| c.input.clone());
-    let item = item(row, state.goal.clone(), state.config.model.clone(), None, Utc::now());
+    let shown_input = state
+        .call(&call_id)
+        .map_or_else(|| row.input.clone(), |c| c.input.clone());
+    let item = item(
+        row,
+        state.goal.clone(),
+        state.config.model.clone(),
+        None,
+        Utc::now(),
+    );
     html(
         StatusCode::OK,
         "detail.html",
         context! { who => s.principal.by(), csrf => s.csrf, item, pending, record, goal => state.goal, recent, earlier_results,
-                   input => serde_json::to_string_pretty(&shown_input).unwrap_or_default(), schema, policy, error => None::<String> },
+        input => serde_json::to_string_pretty(&shown_input).unwrap_or_default(), schema, policy, error => None::<String> },
     )
 }
 
 /// The arguments of the call as the run holds them (the pending call's).
 fn record_input(state: &RunState, call_id: &str) -> Value {
-    state.call(call_id).map(|c| c.input.clone()).unwrap_or(Value::Null)
+    state
+        .call(call_id)
+        .map(|c| c.input.clone())
+        .unwrap_or(Value::Null)
 }
 
 /// Parse and check edited arguments: a JSON object valid against the tool's schema.
@@ -708,10 +1015,17 @@ fn check_edit(text: &str, schema: Option<&Value>) -> Result<Value, String> {
         return Err("the arguments must be a JSON object".into());
     }
     if let Some(schema) = schema {
-        let validator = jsonschema::validator_for(schema).map_err(|e| format!("the tool's schema is unusable: {e}"))?;
-        let errors: Vec<String> = validator.iter_errors(&input).map(|e| format!("{}: {}", e.instance_path(), e)).collect();
+        let validator = jsonschema::validator_for(schema)
+            .map_err(|e| format!("the tool's schema is unusable: {e}"))?;
+        let errors: Vec<String> = validator
+            .iter_errors(&input)
+            .map(|e| format!("{}: {}", e.instance_path(), e))
+            .collect();
         if !errors.is_empty() {
-            return Err(format!("the arguments do not match the tool's schema: {}", errors.join("; ")));
+            return Err(format!(
+                "the arguments do not match the tool's schema: {}",
+                errors.join("; ")
+            ));
         }
     }
     Ok(input)
@@ -734,7 +1048,12 @@ fn diff(old: &Value, new: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-async fn edit_preview(State(app): State<App>, headers: HeaderMap, Path((run_id, call_id)): Path<(Uuid, String)>, body: Bytes) -> Response {
+async fn edit_preview(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path((run_id, call_id)): Path<(Uuid, String)>,
+    body: Bytes,
+) -> Response {
     let f = form(&body);
     let s = match checked_post(&app, &headers, &f) {
         Ok(s) => s,
@@ -750,7 +1069,13 @@ async fn edit_preview(State(app): State<App>, headers: HeaderMap, Path((run_id, 
         Ok(input) => {
             let old = record_input(&state, &call_id);
             let lines = diff(&old, &input);
-            let item = item(row, state.goal.clone(), state.config.model.clone(), None, Utc::now());
+            let item = item(
+                row,
+                state.goal.clone(),
+                state.config.model.clone(),
+                None,
+                Utc::now(),
+            );
             html(
                 StatusCode::OK,
                 "edit.html",
@@ -761,7 +1086,12 @@ async fn edit_preview(State(app): State<App>, headers: HeaderMap, Path((run_id, 
     }
 }
 
-async fn decide(State(app): State<App>, headers: HeaderMap, Path((run_id, call_id)): Path<(Uuid, String)>, body: Bytes) -> Response {
+async fn decide(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path((run_id, call_id)): Path<(Uuid, String)>,
+    body: Bytes,
+) -> Response {
     let f = form(&body);
     let s = match checked_post(&app, &headers, &f) {
         Ok(s) => s,
@@ -769,21 +1099,43 @@ async fn decide(State(app): State<App>, headers: HeaderMap, Path((run_id, call_i
     };
     let args_hash = field(&f, "args_hash").map(str::to_owned);
     let body = match field(&f, "decision") {
-        Some("approve") => DecisionBody { decision: DecisionKind::Approve, reason: None, input: None, args_hash },
+        Some("approve") => DecisionBody {
+            decision: DecisionKind::Approve,
+            reason: None,
+            input: None,
+            args_hash,
+        },
         Some("reject") => {
             let reason = field(&f, "reason").map(str::trim).unwrap_or("");
             if reason.is_empty() {
-                return error_page(Some(&s), StatusCode::BAD_REQUEST, "a rejection needs a reason (the model sees it)");
+                return error_page(
+                    Some(&s),
+                    StatusCode::BAD_REQUEST,
+                    "a rejection needs a reason (the model sees it)",
+                );
             }
-            DecisionBody { decision: DecisionKind::Reject, reason: Some(reason.to_owned()), input: None, args_hash }
+            DecisionBody {
+                decision: DecisionKind::Reject,
+                reason: Some(reason.to_owned()),
+                input: None,
+                args_hash,
+            }
         }
         Some("edit") => {
             let Ok(input) = serde_json::from_str::<Value>(field(&f, "input").unwrap_or("")) else {
-                return error_page(Some(&s), StatusCode::BAD_REQUEST, "the edited arguments are not valid JSON");
+                return error_page(
+                    Some(&s),
+                    StatusCode::BAD_REQUEST,
+                    "the edited arguments are not valid JSON",
+                );
             };
             // Bound to the arguments the preview showed.
             if field(&f, "new_args_hash") != Some(glia_proto::args_hash(&input).as_str()) {
-                return error_page(Some(&s), StatusCode::CONFLICT, "the edited arguments differ from the previewed ones: preview again");
+                return error_page(
+                    Some(&s),
+                    StatusCode::CONFLICT,
+                    "the edited arguments differ from the previewed ones: preview again",
+                );
             }
             let schema = match load_call(&app, &s, run_id, &call_id).await {
                 Ok(l) => tool_schema(&l.state, &l.row.tool),
@@ -792,16 +1144,26 @@ async fn decide(State(app): State<App>, headers: HeaderMap, Path((run_id, call_i
             if let Err(m) = check_edit(&input.to_string(), schema.as_ref()) {
                 return error_page(Some(&s), StatusCode::UNPROCESSABLE_ENTITY, &m);
             }
-            DecisionBody { decision: DecisionKind::Edit, reason: None, input: Some(input), args_hash }
+            DecisionBody {
+                decision: DecisionKind::Edit,
+                reason: None,
+                input: Some(input),
+                args_hash,
+            }
         }
-        _ => return error_page(Some(&s), StatusCode::BAD_REQUEST, "choose approve, reject or edit"),
+        _ => {
+            return error_page(
+                Some(&s),
+                StatusCode::BAD_REQUEST,
+                "choose approve, reject or edit",
+            );
+        }
     };
     match decide_one(&app, &s.principal, run_id, call_id, &body).await {
         Ok(_) => Redirect::to(&format!("/inbox/runs/{run_id}")).into_response(),
         Err(e) => api_error_page(&s, e),
     }
 }
-
 
 // ----- a run -----------------------------------------------------------------------------
 
@@ -817,23 +1179,57 @@ struct EventLine {
 fn event_line(e: &Event) -> EventLine {
     let detail = match &e.kind {
         EventKind::ToolCall(c) => format!("{} {}", c.name, c.input),
-        EventKind::ToolResult { call_id, content, redactions, .. } => format!("{}{call_id}: {content}", redacted(redactions)),
-        EventKind::GuardrailTripped { stage, guardrail, reason, .. } => format!("{stage:?} {guardrail}: {reason}"),
-        EventKind::ToolError { call_id, message, .. } => format!("{call_id}: {message}"),
+        EventKind::ToolResult {
+            call_id,
+            content,
+            redactions,
+            ..
+        } => format!("{}{call_id}: {content}", redacted(redactions)),
+        EventKind::GuardrailTripped {
+            stage,
+            guardrail,
+            reason,
+            ..
+        } => format!("{stage:?} {guardrail}: {reason}"),
+        EventKind::ToolError {
+            call_id, message, ..
+        } => format!("{call_id}: {message}"),
         EventKind::ApprovalRequested { call_id, tool, .. } => format!("{call_id} {tool}"),
-        EventKind::ApprovalResolved { call_id, decision, by, .. } => {
-            format!("{call_id} {} by {}", serde_json::to_string(decision).unwrap_or_default(), by.as_deref().unwrap_or("?"))
+        EventKind::ApprovalResolved {
+            call_id,
+            decision,
+            by,
+            ..
+        } => {
+            format!(
+                "{call_id} {} by {}",
+                serde_json::to_string(decision).unwrap_or_default(),
+                by.as_deref().unwrap_or("?")
+            )
         }
         EventKind::ApprovalEscalated { call_id, .. } => call_id.clone(),
-        EventKind::SessionComplete { outcome } => serde_json::to_string(outcome).unwrap_or_default(),
+        EventKind::SessionComplete { outcome } => {
+            serde_json::to_string(outcome).unwrap_or_default()
+        }
         EventKind::SessionPause { pull_point } => pull_point.name().to_owned(),
-        EventKind::SessionPauseRequested { reason, by } => format!("{reason} (by {})", by.as_deref().unwrap_or("?")),
+        EventKind::SessionPauseRequested { reason, by } => {
+            format!("{reason} (by {})", by.as_deref().unwrap_or("?"))
+        }
         EventKind::InputReceived { text, redactions } => format!("{}{text}", redacted(redactions)),
         EventKind::MessageElided { index, reason } => format!("message {index} elided: {reason}"),
         _ => String::new(),
     };
-    let detail = if detail.chars().count() > 300 { format!("{}…", detail.chars().take(299).collect::<String>()) } else { detail };
-    EventLine { seq: e.seq, at: e.at.format("%H:%M:%S%.3f").to_string(), kind: e.kind.name().to_owned(), detail }
+    let detail = if detail.chars().count() > 300 {
+        format!("{}…", detail.chars().take(299).collect::<String>())
+    } else {
+        detail
+    };
+    EventLine {
+        seq: e.seq,
+        at: e.at.format("%H:%M:%S%.3f").to_string(),
+        kind: e.kind.name().to_owned(),
+        detail,
+    }
 }
 
 /// What the guardrails redacted from an event's text, as the run page
@@ -843,49 +1239,81 @@ fn redacted(redactions: &[glia_proto::Redaction]) -> String {
     if redactions.is_empty() {
         return String::new();
     }
-    let rules: Vec<String> = redactions.iter().map(|r| format!("{} ×{}", r.guardrail, r.count)).collect();
+    let rules: Vec<String> = redactions
+        .iter()
+        .map(|r| format!("{} ×{}", r.guardrail, r.count))
+        .collect();
     format!("redacted: {} · ", rules.join(", "))
 }
 
-async fn run_page(State(app): State<App>, headers: HeaderMap, Path(run_id): Path<Uuid>) -> Response {
-    let Some(s) = session(&app, &headers) else { return to_login() };
+async fn run_page(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(run_id): Path<Uuid>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return to_login();
+    };
     let run = match visible_run(&app, &s.principal, run_id).await {
         Ok(r) => r,
         Err(e) => return api_error_page(&s, e),
     };
-    let (events, state) = match (history::all_events(&*app.log, run_id).await, app.log.load(run_id).await) {
+    let (events, state) = match (
+        history::all_events(&*app.log, run_id).await,
+        app.log.load(run_id).await,
+    ) {
         (Ok(e), Ok(st)) => (e, st),
         (Err(e), _) | (_, Err(e)) => return log_error_page(&s, e),
     };
     let events: Vec<EventLine> = events.iter().map(event_line).collect();
-    let status = serde_json::to_value(run.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+    let status = serde_json::to_value(run.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
     let pull_point = run.pull_point.as_ref().map(|p| p.name().to_owned());
     let done = run.status == glia_backends::RunStatus::Done;
     html(
         StatusCode::OK,
         "run.html",
         context! { who => s.principal.by(), csrf => s.csrf, run_id, goal => run.goal, status, pull_point, done,
-                   agent => state.config.model, answer => state.answer, conversation => lines(&state.messages), events, head => run.head_seq },
+        agent => state.config.model, answer => state.answer, conversation => lines(&state.messages), events, head => run.head_seq },
     )
 }
 
 // ----- history ---------------------------------------------------------------------------
 
-async fn history_page(State(app): State<App>, headers: HeaderMap, Query(q): Query<HistoryQuery>) -> Response {
-    let Some(s) = session(&app, &headers) else { return to_login() };
+async fn history_page(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HistoryQuery>,
+) -> Response {
+    let Some(s) = session(&app, &headers) else {
+        return to_login();
+    };
     let records = match history::history(&*app.log, s.principal.tenant_filter(), &q).await {
         Ok(r) => r,
         Err(e) => return log_error_page(&s, e),
     };
     if q.format == Some(history::HistoryFormat::Csv) {
         return (
-            [(header::CONTENT_TYPE, "text/csv; charset=utf-8"), (header::CONTENT_DISPOSITION, "attachment; filename=\"approvals.csv\"")],
+            [
+                (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+                (
+                    header::CONTENT_DISPOSITION,
+                    "attachment; filename=\"approvals.csv\"",
+                ),
+            ],
             history::to_csv(&records),
         )
             .into_response();
     }
     let mut csv_query = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in [("tool", &q.tool), ("agent", &q.agent), ("resolution", &q.resolution), ("decided_by", &q.decided_by)] {
+    for (k, v) in [
+        ("tool", &q.tool),
+        ("agent", &q.agent),
+        ("resolution", &q.resolution),
+        ("decided_by", &q.decided_by),
+    ] {
         if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
             csv_query.append_pair(k, v);
         }
@@ -901,7 +1329,11 @@ async fn history_page(State(app): State<App>, headers: HeaderMap, Query(q): Quer
             context! { r => r, wait => human(r.wait_ms), reason, edited => r.edited_input().map(|v| diff(&r.input, v)) }
         })
         .collect();
-    html(StatusCode::OK, "history.html", context! { who => s.principal.by(), csrf => s.csrf, rows, q => q, csv_query => csv_query.finish() })
+    html(
+        StatusCode::OK,
+        "history.html",
+        context! { who => s.principal.by(), csrf => s.csrf, rows, q => q, csv_query => csv_query.finish() },
+    )
 }
 
 #[cfg(test)]
@@ -911,58 +1343,101 @@ mod tests {
     #[test]
     fn origins() {
         let mut h = HeaderMap::new();
-        assert!(same_origin(&h), "no Origin (non-browser client): allowed; the CSRF token still applies");
+        assert!(
+            same_origin(&h),
+            "no Origin (non-browser client): allowed; the CSRF token still applies"
+        );
         h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
         assert!(same_origin(&h));
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:9999"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:9999"),
+        );
         assert!(!same_origin(&h));
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
         h.insert("sec-fetch-site", HeaderValue::from_static("same-site"));
         assert!(!same_origin(&h));
     }
 
     #[test]
     fn templates_escape_untrusted_text() {
-        let out = TEMPLATES.get_template("rows.html").unwrap().render(context! { items => vec![Item {
-            run_id: Uuid::nil(),
-            call_id: "c1".into(),
-            tool: "<b>t</b>".into(),
-            args_hash: "h".into(),
-            summary: "<script>alert(1)</script><img src=x onerror=alert(2)>".into(),
-            goal: "\"goal\"".into(),
-            agent: "a".into(),
-            batch_id: None,
-            requested_at: Utc::now(),
-            age: "1s".into(),
-            deadline: None,
-            overdue: false,
-            expires_at: None,
-            escalated: false,
-            interrupted: true,
-        }] }).unwrap();
-        assert!(!out.contains("<script>") && !out.contains("<img") && !out.contains("<b>"), "{out}");
-        assert!(out.contains("&lt;script&gt;") && out.contains("&lt;img"), "{out}");
+        let out = TEMPLATES
+            .get_template("rows.html")
+            .unwrap()
+            .render(context! { items => vec![Item {
+                run_id: Uuid::nil(),
+                call_id: "c1".into(),
+                tool: "<b>t</b>".into(),
+                args_hash: "h".into(),
+                summary: "<script>alert(1)</script><img src=x onerror=alert(2)>".into(),
+                goal: "\"goal\"".into(),
+                agent: "a".into(),
+                batch_id: None,
+                requested_at: Utc::now(),
+                age: "1s".into(),
+                deadline: None,
+                overdue: false,
+                expires_at: None,
+                escalated: false,
+                interrupted: true,
+            }] })
+            .unwrap();
+        assert!(
+            !out.contains("<script>") && !out.contains("<img") && !out.contains("<b>"),
+            "{out}"
+        );
+        assert!(
+            out.contains("&lt;script&gt;") && out.contains("&lt;img"),
+            "{out}"
+        );
     }
 
     #[test]
     fn edits_are_checked_against_the_schema() {
         let schema = serde_json::json!({"type": "object", "properties": {"amount": {"type": "integer", "maximum": 100}}, "required": ["amount"]});
         assert!(check_edit(r#"{"amount": 5}"#, Some(&schema)).is_ok());
-        assert!(check_edit(r#"{"amount": 500}"#, Some(&schema)).unwrap_err().contains("schema"));
+        assert!(
+            check_edit(r#"{"amount": 500}"#, Some(&schema))
+                .unwrap_err()
+                .contains("schema")
+        );
         assert!(check_edit("[1]", None).unwrap_err().contains("object"));
         assert!(check_edit("{", None).unwrap_err().contains("JSON"));
-        let d = diff(&serde_json::json!({"amount": 5}), &serde_json::json!({"amount": 6}));
-        assert!(d.contains(&("-".into(), "  \"amount\": 5".into())) && d.contains(&("+".into(), "  \"amount\": 6".into())), "{d:?}");
+        let d = diff(
+            &serde_json::json!({"amount": 5}),
+            &serde_json::json!({"amount": 6}),
+        );
+        assert!(
+            d.contains(&("-".into(), "  \"amount\": 5".into()))
+                && d.contains(&("+".into(), "  \"amount\": 6".into())),
+            "{d:?}"
+        );
     }
 
     #[test]
     fn cookies_are_signed() {
         let cfg = InboxConfig::with_secret("k");
-        let claims = Claims { d: "00".repeat(32), e: i64::MAX, n: "n".into() };
+        let claims = Claims {
+            d: "00".repeat(32),
+            e: i64::MAX,
+            n: "n".into(),
+        };
         let c = sign_cookie(&cfg, &claims);
         let (body, sig) = c.split_once('.').unwrap();
-        assert!(same(&B64.decode(sig).unwrap(), &cfg.mac(&[b"session", body.as_bytes()])));
-        assert!(!same(&B64.decode(sig).unwrap(), &InboxConfig::with_secret("other").mac(&[b"session", body.as_bytes()])));
+        assert!(same(
+            &B64.decode(sig).unwrap(),
+            &cfg.mac(&[b"session", body.as_bytes()])
+        ));
+        assert!(!same(
+            &B64.decode(sig).unwrap(),
+            &InboxConfig::with_secret("other").mac(&[b"session", body.as_bytes()])
+        ));
     }
 }

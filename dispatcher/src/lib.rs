@@ -31,6 +31,7 @@
 // The run-config schema (docs.rs) is one `json!` literal deeper than the default limit.
 #![recursion_limit = "256"]
 
+pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod batches;
@@ -39,29 +40,30 @@ pub mod error;
 pub mod extract;
 pub mod history;
 pub mod inbox;
-pub mod webhooks;
-pub mod agents;
 pub mod metrics;
 pub mod relay;
 pub mod startup;
 mod stream;
+pub mod webhooks;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::Router;
 use glia_backends::{EventLog, JobQueue, Ledger};
 use tokio::sync::Notify;
 
 pub use auth::{Auth, AuthError, OPEN_TENANT, Principal, Scope};
 pub use error::{ApiError, ErrorBody, ErrorDetail};
 pub use metrics::{Metrics, sample};
-pub use relay::{RECONCILE_BATCH, ReconcileError, Reconciler, RelayError, reconcile, relay, relay_once};
+pub use relay::{
+    RECONCILE_BATCH, ReconcileError, Reconciler, RelayError, reconcile, relay, relay_once,
+};
 pub use startup::{Gate, Startup, serve_gate};
 
 /// Size and pacing limits. [`Limits::default`] is what production uses.
@@ -107,7 +109,8 @@ impl Default for Limits {
 
 /// An admission check of a run's config: `Err` names the field (from the
 /// config's root) and why.
-pub type Admission = Arc<dyn Fn(&glia_proto::RunConfig) -> Result<(), glia_proto::ConfigError> + Send + Sync>;
+pub type Admission =
+    Arc<dyn Fn(&glia_proto::RunConfig) -> Result<(), glia_proto::ConfigError> + Send + Sync>;
 
 /// Everything a handler needs: the three ports, the tokens, the limits, the
 /// metrics and the relay's wake-up. Cheap to clone (all `Arc`s). Build it with
@@ -144,7 +147,12 @@ pub struct App {
 
 impl App {
     /// An app over these ports with [`Limits::default`] and fresh [`Metrics`].
-    pub fn new(log: Arc<dyn EventLog>, queue: Arc<dyn JobQueue>, ledger: Arc<dyn Ledger>, auth: Auth) -> App {
+    pub fn new(
+        log: Arc<dyn EventLog>,
+        queue: Arc<dyn JobQueue>,
+        ledger: Arc<dyn Ledger>,
+        auth: Auth,
+    ) -> App {
         App {
             log,
             queue,
@@ -262,19 +270,37 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 fn panicked(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let what = err.downcast_ref::<String>().cloned().or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+    let what = err
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
     tracing::error!("handler panicked: {what}");
     ApiError::Internal("the handler panicked".into()).into_response()
 }
 
 async fn track(State(app): State<App>, req: Request, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let method = req.method().as_str().to_owned();
     let start = Instant::now();
     let response = next.run(req).await;
     let m = app.metrics();
-    m.http_duration.get_or_create(&metrics::RouteLabels { route: route.clone(), method: method.clone() }).observe(start.elapsed().as_secs_f64());
-    m.http_requests.get_or_create(&metrics::HttpLabels { route, method, status: response.status().as_u16().to_string() }).inc();
+    m.http_duration
+        .get_or_create(&metrics::RouteLabels {
+            route: route.clone(),
+            method: method.clone(),
+        })
+        .observe(start.elapsed().as_secs_f64());
+    m.http_requests
+        .get_or_create(&metrics::HttpLabels {
+            route,
+            method,
+            status: response.status().as_u16().to_string(),
+        })
+        .inc();
     response
 }
 
@@ -282,7 +308,9 @@ async fn track(State(app): State<App>, req: Request, next: Next) -> Response {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// No tokens are configured and the listener is not on a loopback address.
-    #[error("no API tokens configured: refusing to serve on non-loopback address {0} (configure tokens or bind 127.0.0.1)")]
+    #[error(
+        "no API tokens configured: refusing to serve on non-loopback address {0} (configure tokens or bind 127.0.0.1)"
+    )]
     NotLoopback(SocketAddr),
     /// The listener failed.
     #[error("serving failed: {0}")]
@@ -293,7 +321,11 @@ pub enum ServeError {
 /// in-flight requests). With no tokens configured it refuses a non-loopback
 /// listener ([`ServeError::NotLoopback`]) and logs a warning that it serves
 /// loopback only. Does not start [`relay()`] or [`reconcile()`]: spawn those.
-pub async fn serve(app: App, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+pub async fn serve(
+    app: App,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let (open, tokens) = (app.requires_loopback(), app.auth.len());
     serve_router(router(app), open, tokens, listener, shutdown).await
 }
@@ -315,6 +347,8 @@ pub(crate) async fn serve_router(
         tracing::warn!(%addr, "no API tokens configured: serving on loopback only; every request acts as admin of tenant `{OPEN_TENANT}`");
     }
     tracing::info!(%addr, tokens, "dispatcher listening");
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await?;
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await?;
     Ok(())
 }

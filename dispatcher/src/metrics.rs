@@ -184,37 +184,117 @@ impl Metrics {
             batch_items: Family::default(),
             registry: Registry::default(),
         };
-        registry.register("http_requests", "HTTP requests answered, by route template, method and status", m.http_requests.clone());
-        registry.register("http_request_duration_seconds", "Seconds until the response head, by route and method", m.http_duration.clone());
-        registry.register("runs_admitted", "Runs created by POST /v1/runs (idempotent repeats excluded)", m.runs_admitted.clone());
-        registry.register("payloads_posted", "Payloads posted to run inboxes, by kind", m.payloads_posted.clone());
-        registry.register("cancels_requested", "Cancel flags set through POST /v1/runs/{id}/cancel", m.cancels_requested.clone());
-        registry.register("jobs_relayed", "Outbox jobs published to the queue and confirmed", m.jobs_relayed.clone());
-        registry.register("relay_errors", "Relay passes that failed (event log or queue unavailable)", m.relay_errors.clone());
-        registry.register("jobs_reconciled", "Jobs re-enqueued by the reconciler for orphaned runs", m.jobs_reconciled.clone());
-        registry.register("sse_streams", "Open SSE event streams", m.sse_streams.clone());
-        registry.register("runs", "Runs not done in the event log, by status and pull point (sampled)", m.runs.clone());
-        registry.register("approvals_pending", "Approvals waiting for a decision (sampled)", m.approvals_pending.clone());
-        registry.register("approvals_overdue", "Pending approvals past their deadline (sampled)", m.approvals_overdue.clone());
-        registry.register("approval_oldest_age_seconds", "Seconds the oldest pending approval has waited (sampled)", m.approval_oldest_age.clone());
+        registry.register(
+            "http_requests",
+            "HTTP requests answered, by route template, method and status",
+            m.http_requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "Seconds until the response head, by route and method",
+            m.http_duration.clone(),
+        );
+        registry.register(
+            "runs_admitted",
+            "Runs created by POST /v1/runs (idempotent repeats excluded)",
+            m.runs_admitted.clone(),
+        );
+        registry.register(
+            "payloads_posted",
+            "Payloads posted to run inboxes, by kind",
+            m.payloads_posted.clone(),
+        );
+        registry.register(
+            "cancels_requested",
+            "Cancel flags set through POST /v1/runs/{id}/cancel",
+            m.cancels_requested.clone(),
+        );
+        registry.register(
+            "jobs_relayed",
+            "Outbox jobs published to the queue and confirmed",
+            m.jobs_relayed.clone(),
+        );
+        registry.register(
+            "relay_errors",
+            "Relay passes that failed (event log or queue unavailable)",
+            m.relay_errors.clone(),
+        );
+        registry.register(
+            "jobs_reconciled",
+            "Jobs re-enqueued by the reconciler for orphaned runs",
+            m.jobs_reconciled.clone(),
+        );
+        registry.register(
+            "sse_streams",
+            "Open SSE event streams",
+            m.sse_streams.clone(),
+        );
+        registry.register(
+            "runs",
+            "Runs not done in the event log, by status and pull point (sampled)",
+            m.runs.clone(),
+        );
+        registry.register(
+            "approvals_pending",
+            "Approvals waiting for a decision (sampled)",
+            m.approvals_pending.clone(),
+        );
+        registry.register(
+            "approvals_overdue",
+            "Pending approvals past their deadline (sampled)",
+            m.approvals_overdue.clone(),
+        );
+        registry.register(
+            "approval_oldest_age_seconds",
+            "Seconds the oldest pending approval has waited (sampled)",
+            m.approval_oldest_age.clone(),
+        );
         registry.register("approval_wait_seconds", "Seconds from an approval request to its decision, by decision (expired: by the reconciler)", m.approval_wait.clone());
-        registry.register("queue_messages", "Jobs ready in the run-job queue (sampled)", m.queue_messages.clone());
-        registry.register("queue_consumers", "Consumers (workers) attached to the run-job queue (sampled)", m.queue_consumers.clone());
-        registry.register("queue_dead_lettered", "Jobs in the dead-letter queue (sampled)", m.queue_dead_lettered.clone());
-        registry.register("sample_errors", "Failed samples of the sampled gauges, by source (log, queue)", m.sample_errors.clone());
-        registry.register("batch_items", "Items of batches not finished, by state and pull point (sampled)", m.batch_items.clone());
+        registry.register(
+            "queue_messages",
+            "Jobs ready in the run-job queue (sampled)",
+            m.queue_messages.clone(),
+        );
+        registry.register(
+            "queue_consumers",
+            "Consumers (workers) attached to the run-job queue (sampled)",
+            m.queue_consumers.clone(),
+        );
+        registry.register(
+            "queue_dead_lettered",
+            "Jobs in the dead-letter queue (sampled)",
+            m.queue_dead_lettered.clone(),
+        );
+        registry.register(
+            "sample_errors",
+            "Failed samples of the sampled gauges, by source (log, queue)",
+            m.sample_errors.clone(),
+        );
+        registry.register(
+            "batch_items",
+            "Items of batches not finished, by state and pull point (sampled)",
+            m.batch_items.clone(),
+        );
         Metrics { registry, ..m }
     }
 
     /// Count one posted payload of `kind`.
     pub fn posted(&self, kind: &str) {
-        self.payloads_posted.get_or_create(&PayloadLabels { kind: kind.to_owned() }).inc();
+        self.payloads_posted
+            .get_or_create(&PayloadLabels {
+                kind: kind.to_owned(),
+            })
+            .inc();
     }
 
     /// Observe an approval decided (or expired) `waited` after it was requested.
     pub fn approval_waited(&self, decision: &str, waited: chrono::TimeDelta) {
         let secs = waited.num_milliseconds().max(0) as f64 / 1000.0;
-        self.approval_wait.get_or_create(&DecisionLabels { decision: decision.to_owned() }).observe(secs);
+        self.approval_wait
+            .get_or_create(&DecisionLabels {
+                decision: decision.to_owned(),
+            })
+            .observe(secs);
     }
 
     /// The OpenMetrics text exposition of every metric.
@@ -228,7 +308,13 @@ impl Metrics {
 
 /// Every bucket of `runs`, so a bucket that empties reads 0 instead of
 /// keeping its last value.
-const RUN_BUCKETS: [(&str, &str); 5] = [("runnable", ""), ("parked", "awaiting_approval"), ("parked", "awaiting_tool"), ("parked", "awaiting_input"), ("parked", "paused")];
+const RUN_BUCKETS: [(&str, &str); 5] = [
+    ("runnable", ""),
+    ("parked", "awaiting_approval"),
+    ("parked", "awaiting_tool"),
+    ("parked", "awaiting_input"),
+    ("parked", "paused"),
+];
 
 /// Refresh the sampled gauges once: [`glia_backends::EventLog::gauges`] and
 /// [`glia_backends::JobQueue::stats`]. A failing source is counted in
@@ -238,9 +324,17 @@ pub async fn sample_once(app: &App) {
     match app.log.gauges(chrono::Utc::now()).await {
         Ok(g) => {
             for (status, pull_point) in RUN_BUCKETS {
-                let key = RunGaugeKey { status, pull_point: pull_point.to_owned() };
+                let key = RunGaugeKey {
+                    status,
+                    pull_point: pull_point.to_owned(),
+                };
                 let n = g.runs.get(&key).copied().unwrap_or(0);
-                m.runs.get_or_create(&RunLabels { status: status.to_owned(), pull_point: pull_point.to_owned() }).set(n as i64);
+                m.runs
+                    .get_or_create(&RunLabels {
+                        status: status.to_owned(),
+                        pull_point: pull_point.to_owned(),
+                    })
+                    .set(n as i64);
             }
             m.approvals_pending.set(g.approvals_pending as i64);
             m.approvals_overdue.set(g.approvals_overdue as i64);
@@ -248,7 +342,11 @@ pub async fn sample_once(app: &App) {
         }
         Err(e) => {
             tracing::warn!("metrics: sampling the event log failed: {e}");
-            m.sample_errors.get_or_create(&SourceLabels { source: "log".into() }).inc();
+            m.sample_errors
+                .get_or_create(&SourceLabels {
+                    source: "log".into(),
+                })
+                .inc();
         }
     }
     if let Some(store) = &app.batches.store {
@@ -256,18 +354,43 @@ pub async fn sample_once(app: &App) {
             Ok(by_status) => {
                 let counts = crate::batches::BatchCounts::of(&by_status);
                 let set = |state: &str, pull_point: &str, n: u64| {
-                    m.batch_items.get_or_create(&BatchItemLabels { state: state.to_owned(), pull_point: pull_point.to_owned() }).set(n as i64);
+                    m.batch_items
+                        .get_or_create(&BatchItemLabels {
+                            state: state.to_owned(),
+                            pull_point: pull_point.to_owned(),
+                        })
+                        .set(n as i64);
                 };
-                for (state, n) in [("queued", counts.queued), ("running", counts.running), ("succeeded", counts.succeeded), ("failed", counts.failed), ("cancelled", counts.cancelled), ("expired", counts.expired)] {
+                for (state, n) in [
+                    ("queued", counts.queued),
+                    ("running", counts.running),
+                    ("succeeded", counts.succeeded),
+                    ("failed", counts.failed),
+                    ("cancelled", counts.cancelled),
+                    ("expired", counts.expired),
+                ] {
                     set(state, "", n);
                 }
-                for pull_point in ["awaiting_approval", "awaiting_tool", "awaiting_input", "paused"] {
-                    set("parked", pull_point, counts.parked.get(pull_point).copied().unwrap_or(0));
+                for pull_point in [
+                    "awaiting_approval",
+                    "awaiting_tool",
+                    "awaiting_input",
+                    "paused",
+                ] {
+                    set(
+                        "parked",
+                        pull_point,
+                        counts.parked.get(pull_point).copied().unwrap_or(0),
+                    );
                 }
             }
             Err(e) => {
                 tracing::warn!("metrics: sampling batches failed: {e}");
-                m.sample_errors.get_or_create(&SourceLabels { source: "batches".into() }).inc();
+                m.sample_errors
+                    .get_or_create(&SourceLabels {
+                        source: "batches".into(),
+                    })
+                    .inc();
             }
         }
     }
@@ -283,7 +406,11 @@ pub async fn sample_once(app: &App) {
         }
         Err(e) => {
             tracing::warn!("metrics: sampling the job queue failed: {e}");
-            m.sample_errors.get_or_create(&SourceLabels { source: "queue".into() }).inc();
+            m.sample_errors
+                .get_or_create(&SourceLabels {
+                    source: "queue".into(),
+                })
+                .inc();
         }
     }
 }

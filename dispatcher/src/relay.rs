@@ -43,8 +43,11 @@ pub async fn relay_once(app: &App) -> Result<usize, RelayError> {
         return Ok(0);
     }
     jobs.sort_by_key(|(_, job)| !job.resume);
-    let results: Vec<(i64, Result<(), QueueError>)> =
-        futures::stream::iter(jobs).map(|(id, job)| async move { (id, app.queue.publish(&job).await) }).buffer_unordered(32).collect().await;
+    let results: Vec<(i64, Result<(), QueueError>)> = futures::stream::iter(jobs)
+        .map(|(id, job)| async move { (id, app.queue.publish(&job).await) })
+        .buffer_unordered(32)
+        .collect()
+        .await;
     let mut done = Vec::with_capacity(results.len());
     let mut failed = None;
     for (id, r) in results {
@@ -141,7 +144,12 @@ pub const MAX_REQUEUE_BACKOFF: Duration = Duration::from_secs(300);
 impl Reconciler {
     /// A reconciler over `app`.
     pub fn new(app: App, grace: Duration) -> Reconciler {
-        Reconciler { app, grace, seen: HashMap::new(), drained_since: None }
+        Reconciler {
+            app,
+            grace,
+            seen: HashMap::new(),
+            drained_since: None,
+        }
     }
 
     /// One pass: relay leftover outbox jobs, then publish the jobs of runs
@@ -164,7 +172,9 @@ impl Reconciler {
                 None
             }
         };
-        let drained = self.drained_since.is_some_and(|since| now.duration_since(since) >= self.grace);
+        let drained = self
+            .drained_since
+            .is_some_and(|since| now.duration_since(since) >= self.grace);
         let mut current = HashMap::with_capacity(orphans.len());
         let mut due = Vec::new();
         for Orphan { job, queued } in orphans {
@@ -172,10 +182,17 @@ impl Reconciler {
                 Some((head, since, published)) if *head == job.head_seq => (*since, *published),
                 _ => (now, 0),
             };
-            let wait = if self.grace.is_zero() { Duration::ZERO } else { (self.grace * 2u32.saturating_pow(published.min(16))).min(MAX_REQUEUE_BACKOFF.max(self.grace)) };
+            let wait = if self.grace.is_zero() {
+                Duration::ZERO
+            } else {
+                (self.grace * 2u32.saturating_pow(published.min(16)))
+                    .min(MAX_REQUEUE_BACKOFF.max(self.grace))
+            };
             // Its job presumably waits in the queue: its admission's, or
             // the one published here.
-            let in_line = (queued || published > 0) && !drained && now.duration_since(since) < MAX_REQUEUE_BACKOFF;
+            let in_line = (queued || published > 0)
+                && !drained
+                && now.duration_since(since) < MAX_REQUEUE_BACKOFF;
             if now.duration_since(since) >= wait && !in_line {
                 due.push(job);
                 current.insert(job.run_id, (job.head_seq, now, published + 1));
@@ -198,7 +215,10 @@ impl Reconciler {
             tracing::info!(run_id = %job.run_id, head_seq = job.head_seq, "re-enqueued orphaned run");
             published.push(job);
         }
-        self.app.metrics().jobs_reconciled.inc_by(published.len() as u64);
+        self.app
+            .metrics()
+            .jobs_reconciled
+            .inc_by(published.len() as u64);
         Ok(published)
     }
 }
@@ -209,20 +229,31 @@ impl Reconciler {
     /// decision that lands first wins; the rejection is then a duplicate and
     /// ignored. Returns how many were handled.
     pub async fn expire_approvals(&mut self) -> Result<usize, LogError> {
-        let filter = ApprovalFilter { expired_by: Some(chrono::Utc::now()), limit: RECONCILE_BATCH, ..ApprovalFilter::default() };
+        let filter = ApprovalFilter {
+            expired_by: Some(chrono::Utc::now()),
+            limit: RECONCILE_BATCH,
+            ..ApprovalFilter::default()
+        };
         let expired = self.app.log.approvals(&filter).await?;
         let mut handled = 0;
         for row in expired {
             let state = self.app.log.load(row.run_id).await?;
             // The request it concerns: the call's pending one, when the run
             // still waits on it.
-            let request_seq = state.call(&row.call_id).filter(|c| c.approval == ApprovalStatus::Requested).and_then(|c| c.requested_seq);
+            let request_seq = state
+                .call(&row.call_id)
+                .filter(|c| c.approval == ApprovalStatus::Requested)
+                .and_then(|c| c.requested_seq);
             match state.config.on_approval_timeout {
                 ApprovalTimeout::Escalate => {
                     // The event first (`approval.escalated`, recorded by a
                     // worker), then the row's flag: a crash in between
                     // posts again, and the duplicate is refused.
-                    let payload = Resume::Escalate { call_id: row.call_id.clone(), request_seq, expires_at: row.expires_at };
+                    let payload = Resume::Escalate {
+                        call_id: row.call_id.clone(),
+                        request_seq,
+                        expires_at: row.expires_at,
+                    };
                     match self.app.log.post(row.run_id, payload).await {
                         Ok(_) | Err(LogError::Duplicate { .. }) => self.app.wake_relay(),
                         Err(e) => return Err(e),
@@ -231,7 +262,13 @@ impl Reconciler {
                 }
                 ApprovalTimeout::Reject => {
                     let decision = Decision::Expire;
-                    let payload = Resume::Approval { call_id: row.call_id.clone(), args_hash: row.args_hash.clone(), decision, by: Some("reconciler".into()), request_seq };
+                    let payload = Resume::Approval {
+                        call_id: row.call_id.clone(),
+                        args_hash: row.args_hash.clone(),
+                        decision,
+                        by: Some("reconciler".into()),
+                        request_seq,
+                    };
                     match self.app.log.post(row.run_id, payload).await {
                         Ok(_) | Err(LogError::Duplicate { .. }) => self.app.wake_relay(),
                         // The run is ending anyway (its approvals close with it).
@@ -241,7 +278,9 @@ impl Reconciler {
                 }
             }
             tracing::info!(run_id = %row.run_id, call_id = %row.call_id, action = ?state.config.on_approval_timeout, "approval expired");
-            self.app.metrics().approval_waited("expired", chrono::Utc::now() - row.requested_at);
+            self.app
+                .metrics()
+                .approval_waited("expired", chrono::Utc::now() - row.requested_at);
             handled += 1;
         }
         Ok(handled)

@@ -39,13 +39,21 @@ pub struct Startup {
 impl Startup {
     /// Every dependency in `names` is `connecting`.
     pub fn new(names: &[&str]) -> Startup {
-        let checks = names.iter().map(|n| ((*n).to_owned(), "connecting".to_owned())).collect();
-        Startup { checks: Arc::new(Mutex::new(checks)) }
+        let checks = names
+            .iter()
+            .map(|n| ((*n).to_owned(), "connecting".to_owned()))
+            .collect();
+        Startup {
+            checks: Arc::new(Mutex::new(checks)),
+        }
     }
 
     /// Record `dependency`'s state (`ok`, or why it is not yet).
     pub fn set(&self, dependency: &str, state: impl Into<String>) {
-        self.checks.lock().expect("startup checks").insert(dependency.to_owned(), state.into());
+        self.checks
+            .lock()
+            .expect("startup checks")
+            .insert(dependency.to_owned(), state.into());
     }
 
     /// A snapshot of every dependency's state.
@@ -66,7 +74,11 @@ impl Gate {
     /// A gate waiting for `startup`'s dependencies. `requires_loopback`: no
     /// API tokens are configured ([`App::requires_loopback`]).
     pub fn new(startup: Startup, requires_loopback: bool) -> Gate {
-        Gate { startup, app: watch::channel(None).0, requires_loopback }
+        Gate {
+            startup,
+            app: watch::channel(None).0,
+            requires_loopback,
+        }
     }
 
     /// The dependencies' states, for the binary to update.
@@ -106,11 +118,19 @@ fn starting(req: Request, startup: &Startup) -> Response {
         "/healthz" => api::healthz_answer().into_response(),
         "/readyz" => api::readiness_answer(starting_checks(startup)),
         _ => {
-            let waiting: Vec<String> = starting_checks(startup).into_iter().filter(|(_, v)| v != "ok").map(|(k, v)| format!("{k}: {v}")).collect();
-            let error = crate::ApiError::NotReady(format!("the dispatcher is starting; waiting for {}", waiting.join("; ")));
+            let waiting: Vec<String> = starting_checks(startup)
+                .into_iter()
+                .filter(|(_, v)| v != "ok")
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            let error = crate::ApiError::NotReady(format!(
+                "the dispatcher is starting; waiting for {}",
+                waiting.join("; ")
+            ));
             let mut resp = error.into_response();
             debug_assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             resp
         }
     }
@@ -128,6 +148,10 @@ fn starting_checks(startup: &Startup) -> BTreeMap<String, String> {
 
 /// Serve `gate`'s router on `listener` until `shutdown` resolves, with the
 /// loopback rule of [`crate::serve`].
-pub async fn serve_gate(gate: Gate, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+pub async fn serve_gate(
+    gate: Gate,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     crate::serve_router(gate.router(), gate.requires_loopback, 0, listener, shutdown).await
 }

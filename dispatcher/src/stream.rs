@@ -45,16 +45,24 @@ pub struct StreamQuery {
 }
 
 fn terminal(e: &Event) -> bool {
-    matches!(e.kind, EventKind::SessionComplete { .. } | EventKind::SessionCancel { .. })
+    matches!(
+        e.kind,
+        EventKind::SessionComplete { .. } | EventKind::SessionCancel { .. }
+    )
 }
 
 fn persisted(e: &Event) -> SseEvent {
     let data = serde_json::to_string(e).expect("events serialise");
-    SseEvent::default().id(e.seq.to_string()).event("event").data(data)
+    SseEvent::default()
+        .id(e.seq.to_string())
+        .event("event")
+        .data(data)
 }
 
 fn live(e: &LiveEvent) -> SseEvent {
-    SseEvent::default().event("live").data(serde_json::to_string(e).expect("live events serialise"))
+    SseEvent::default()
+        .event("live")
+        .data(serde_json::to_string(e).expect("live events serialise"))
 }
 
 /// Stream a run's events (SSE), resuming after `Last-Event-ID`.
@@ -68,13 +76,22 @@ fn live(e: &LiveEvent) -> SseEvent {
     responses((status = 200, description = "Server-sent events; the schema describes one event (frame) of the stream", content_type = "text/event-stream", body = crate::docs::SseEventDoc),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn stream_events(State(app): State<App>, p: Principal, headers: HeaderMap, ApiPath(id): ApiPath<Uuid>, ApiQuery(q): ApiQuery<StreamQuery>) -> Result<Response, ApiError> {
+pub async fn stream_events(
+    State(app): State<App>,
+    p: Principal,
+    headers: HeaderMap,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(q): ApiQuery<StreamQuery>,
+) -> Result<Response, ApiError> {
     let last = match headers.get("last-event-id") {
         Some(v) => Some(
             v.to_str()
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
-                .ok_or(ApiError::InvalidHeader { name: "Last-Event-ID", reason: "must be an event seq (a non-negative integer)".into() })?,
+                .ok_or(ApiError::InvalidHeader {
+                    name: "Last-Event-ID",
+                    reason: "must be an event seq (a non-negative integer)".into(),
+                })?,
         ),
         None => None,
     };
@@ -90,8 +107,12 @@ pub async fn stream_events(State(app): State<App>, p: Principal, headers: Header
     };
     let (tx, rx) = mpsc::channel::<SseEvent>(64);
     tokio::spawn(follow(app, id, after, live_rx, tx));
-    let body = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx)) });
-    Ok(Sse::new(body).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    Ok(Sse::new(body)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
 }
 
 struct StreamGauge(App);
@@ -104,7 +125,13 @@ impl Drop for StreamGauge {
 
 /// Read the log after `after` and follow it, interleaving live deltas, until
 /// a terminal event is sent or the client goes away.
-async fn follow(app: App, run_id: Uuid, mut after: u64, mut live_rx: Option<futures::stream::BoxStream<'static, LiveEvent>>, tx: mpsc::Sender<SseEvent>) {
+async fn follow(
+    app: App,
+    run_id: Uuid,
+    mut after: u64,
+    mut live_rx: Option<futures::stream::BoxStream<'static, LiveEvent>>,
+    tx: mpsc::Sender<SseEvent>,
+) {
     app.metrics().sse_streams.inc();
     let _gauge = StreamGauge(app.clone());
     let mut failures = 0u32;
@@ -131,12 +158,22 @@ async fn follow(app: App, run_id: Uuid, mut after: u64, mut live_rx: Option<futu
                 tracing::warn!(%run_id, "stream read failed ({failures}): {e}");
                 if failures >= 20 {
                     let err = ApiError::from(e).body();
-                    let _ = tx.send(SseEvent::default().event("error").data(serde_json::to_string(&err).unwrap_or_default())).await;
+                    let _ = tx
+                        .send(
+                            SseEvent::default()
+                                .event("error")
+                                .data(serde_json::to_string(&err).unwrap_or_default()),
+                        )
+                        .await;
                     return;
                 }
             }
         }
-        let wait = if failures > 0 { app.limits.stream_poll.max(Duration::from_millis(250)) } else { app.limits.stream_poll };
+        let wait = if failures > 0 {
+            app.limits.stream_poll.max(Duration::from_millis(250))
+        } else {
+            app.limits.stream_poll
+        };
         let sleep = tokio::time::sleep(wait);
         tokio::pin!(sleep);
         // Forward live deltas until it is time to poll the log again.

@@ -43,7 +43,9 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use chrono::Utc;
-use glia_backends::webhooks::{Claimed, Delivery, EVENT_TYPES, Subscription, WebhookFormat, WebhookStore};
+use glia_backends::webhooks::{
+    Claimed, Delivery, EVENT_TYPES, Subscription, WebhookFormat, WebhookStore,
+};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -122,7 +124,12 @@ pub struct Deliveries {
 }
 
 fn store(app: &App) -> Result<&Arc<dyn WebhookStore>, ApiError> {
-    app.webhooks.store.as_ref().ok_or_else(|| ApiError::NotAvailable("webhooks are not available on this dispatcher (they need the Postgres event log)".into()))
+    app.webhooks.store.as_ref().ok_or_else(|| {
+        ApiError::NotAvailable(
+            "webhooks are not available on this dispatcher (they need the Postgres event log)"
+                .into(),
+        )
+    })
 }
 
 fn tenant_of(p: &Principal) -> Option<&str> {
@@ -140,7 +147,9 @@ pub fn new_secret() -> String {
 /// `v1,<base64 HMAC-SHA256>` (Standard Webhooks). Errors when the secret's
 /// key part is not base64.
 pub fn sign(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Result<String, String> {
-    let key = B64.decode(secret.strip_prefix("whsec_").unwrap_or(secret)).map_err(|e| format!("secret is not base64: {e}"))?;
+    let key = B64
+        .decode(secret.strip_prefix("whsec_").unwrap_or(secret))
+        .map_err(|e| format!("secret is not base64: {e}"))?;
     let mut mac = Hmac::<Sha256>::new_from_slice(&key).map_err(|e| e.to_string())?;
     mac.update(id.as_bytes());
     mac.update(b".");
@@ -173,25 +182,49 @@ pub fn is_internal(ip: IpAddr) -> bool {
 
 /// Check a receiver URL against `policy`; returns the URL and the address to
 /// connect to. Errors name the reason (never a secret).
-pub async fn check_url(url: &str, policy: &WebhookPolicy) -> Result<(reqwest::Url, SocketAddr), String> {
+pub async fn check_url(
+    url: &str,
+    policy: &WebhookPolicy,
+) -> Result<(reqwest::Url, SocketAddr), String> {
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
     if !matches!(parsed.scheme(), "https" | "http") {
         return Err(format!("scheme {:?} is not http or https", parsed.scheme()));
     }
     if !parsed.username().is_empty() || parsed.password().is_some() {
-        return Err("credentials in the URL are not accepted; put them in the path or use the signature".into());
+        return Err(
+            "credentials in the URL are not accepted; put them in the path or use the signature"
+                .into(),
+        );
     }
-    let host = parsed.host_str().ok_or("the URL has no host")?.trim_start_matches('[').trim_end_matches(']').to_owned();
-    let port = parsed.port_or_known_default().ok_or("the URL has no port")?;
-    let allowed_host = policy.allow_hosts.iter().any(|h| h.eq_ignore_ascii_case(&host));
+    let host = parsed
+        .host_str()
+        .ok_or("the URL has no host")?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = parsed
+        .port_or_known_default()
+        .ok_or("the URL has no port")?;
+    let allowed_host = policy
+        .allow_hosts
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(&host));
     let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
-        Err(_) => tokio::net::lookup_host((host.as_str(), port)).await.map_err(|e| format!("host {host} does not resolve: {e}"))?.collect(),
+        Err(_) => tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(|e| format!("host {host} does not resolve: {e}"))?
+            .collect(),
     };
-    let first = *addrs.first().ok_or_else(|| format!("host {host} has no address"))?;
+    let first = *addrs
+        .first()
+        .ok_or_else(|| format!("host {host} has no address"))?;
     if !policy.allow_private && !allowed_host {
         if let Some(bad) = addrs.iter().find(|a| is_internal(a.ip())) {
-            return Err(format!("{host} resolves to {} (loopback, private or link-local), which webhooks may not reach unless the operator allows it", bad.ip()));
+            return Err(format!(
+                "{host} resolves to {} (loopback, private or link-local), which webhooks may not reach unless the operator allows it",
+                bad.ip()
+            ));
         }
     }
     Ok((parsed, first))
@@ -203,7 +236,10 @@ fn check_events(events: Option<Vec<String>>) -> Result<Vec<String>, ApiError> {
         return Err(ApiError::Invalid("`events` is empty".into()));
     }
     if let Some(bad) = events.iter().find(|e| !EVENT_TYPES.contains(&e.as_str())) {
-        return Err(ApiError::Invalid(format!("unknown event type {bad:?} (expected one of {})", EVENT_TYPES.join(", "))));
+        return Err(ApiError::Invalid(format!(
+            "unknown event type {bad:?} (expected one of {})",
+            EVENT_TYPES.join(", ")
+        )));
     }
     Ok(events)
 }
@@ -214,15 +250,36 @@ fn check_events(events: Option<Vec<String>>) -> Result<Vec<String>, ApiError> {
     responses((status = 201, body = Created), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn create(State(app): State<App>, p: Principal, ApiJson(body): ApiJson<NewSubscription>) -> Result<Response, ApiError> {
+pub async fn create(
+    State(app): State<App>,
+    p: Principal,
+    ApiJson(body): ApiJson<NewSubscription>,
+) -> Result<Response, ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
     let store = store(&app)?;
     let events = check_events(body.events)?;
-    let (url, _) = check_url(&body.url, &app.webhooks.policy).await.map_err(|e| ApiError::Invalid(format!("webhook url refused: {e}")))?;
+    let (url, _) = check_url(&body.url, &app.webhooks.policy)
+        .await
+        .map_err(|e| ApiError::Invalid(format!("webhook url refused: {e}")))?;
     let secret = new_secret();
-    let subscription = store.subscribe(&p.tenant, url.as_str(), &secret, &events, body.format.unwrap_or_default()).await?;
+    let subscription = store
+        .subscribe(
+            &p.tenant,
+            url.as_str(),
+            &secret,
+            &events,
+            body.format.unwrap_or_default(),
+        )
+        .await?;
     tracing::info!(tenant = %p.tenant, id = %subscription.id, host = url.host_str().unwrap_or(""), "webhook subscription created");
-    Ok((StatusCode::CREATED, Json(Created { subscription, secret })).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(Created {
+            subscription,
+            secret,
+        }),
+    )
+        .into_response())
 }
 
 /// The caller's tenant's subscriptions (an admin's: every tenant's); no secrets.
@@ -231,16 +288,26 @@ pub async fn create(State(app): State<App>, p: Principal, ApiJson(body): ApiJson
     security(("bearer" = [])))]
 pub async fn list(State(app): State<App>, p: Principal) -> Result<Json<Subscriptions>, ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
-    Ok(Json(Subscriptions { webhooks: store(&app)?.subscriptions(tenant_of(&p)).await? }))
+    Ok(Json(Subscriptions {
+        webhooks: store(&app)?.subscriptions(tenant_of(&p)).await?,
+    }))
 }
 
 /// Remove a subscription; its pending deliveries are dropped.
 #[utoipa::path(delete, path = "/v1/webhooks/{id}", tag = "webhooks", params(("id" = Uuid, Path, description = "Subscription id")),
     responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn delete(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<StatusCode, ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
-    if store(&app)?.unsubscribe(tenant_of(&p), id).await? { Ok(StatusCode::NO_CONTENT) } else { Err(ApiError::WebhookNotFound(id)) }
+    if store(&app)?.unsubscribe(tenant_of(&p), id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::WebhookNotFound(id))
+    }
 }
 
 /// A subscription's delivery log, newest first: status, attempts, last HTTP
@@ -249,14 +316,25 @@ pub async fn delete(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<U
 #[utoipa::path(get, path = "/v1/webhooks/{id}/deliveries", tag = "webhooks", params(("id" = Uuid, Path, description = "Subscription id")),
     responses((status = 200, body = Deliveries), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn deliveries(State(app): State<App>, p: Principal, ApiPath(id): ApiPath<Uuid>) -> Result<Json<Deliveries>, ApiError> {
+pub async fn deliveries(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<Json<Deliveries>, ApiError> {
     p.require_any(&[Scope::Submit, Scope::Approve])?;
     let store = store(&app)?;
     // Another tenant's subscription and one that does not exist answer the same 404.
-    if !store.subscriptions(tenant_of(&p)).await?.iter().any(|s| s.id == id) {
+    if !store
+        .subscriptions(tenant_of(&p))
+        .await?
+        .iter()
+        .any(|s| s.id == id)
+    {
         return Err(ApiError::WebhookNotFound(id));
     }
-    Ok(Json(Deliveries { deliveries: store.deliveries(tenant_of(&p), id, 100).await? }))
+    Ok(Json(Deliveries {
+        deliveries: store.deliveries(tenant_of(&p), id, 100).await?,
+    }))
 }
 
 // ----- delivery --------------------------------------------------------------------------
@@ -300,20 +378,33 @@ pub fn body(d: &Delivery, format: WebhookFormat, public_url: Option<&str>) -> Va
             let s = |k: &str| data[k].as_str().unwrap_or("").to_owned();
             let base = public_url.unwrap_or("").trim_end_matches('/');
             let link = match data["call_id"].as_str() {
-                Some(call) if d.event_type.starts_with("approval.") => format!("{base}/inbox/runs/{}/calls/{call}", d.run_id),
+                Some(call) if d.event_type.starts_with("approval.") => {
+                    format!("{base}/inbox/runs/{}/calls/{call}", d.run_id)
+                }
                 _ => format!("{base}/inbox/runs/{}", d.run_id),
             };
             let what = match d.event_type.as_str() {
                 "approval.requested" => format!("Approval needed: `{}`", s("tool")),
                 "approval.escalated" => format!("Approval overdue and escalated: `{}`", s("tool")),
-                "approval.expired" => "Approval expired: nobody decided before the deadline".to_owned(),
+                "approval.expired" => {
+                    "Approval expired: nobody decided before the deadline".to_owned()
+                }
                 "approval.resolved" => format!("Approval {} by {}", s("decision"), s("decided_by")),
                 "run.completed" => "Run completed".to_owned(),
                 _ => format!("Run failed: {}", s("error")),
             };
             // Slack mrkdwn: escape &, <, > in text from the run.
-            let esc = |t: &str| t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
-            let text = format!("{} (run {}) <{}|Open in the inbox>", esc(&what), d.run_id, esc(&link));
+            let esc = |t: &str| {
+                t.replace('&', "&amp;")
+                    .replace('<', "&lt;")
+                    .replace('>', "&gt;")
+            };
+            let text = format!(
+                "{} (run {}) <{}|Open in the inbox>",
+                esc(&what),
+                d.run_id,
+                esc(&link)
+            );
             json!({"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]})
         }
     }
@@ -321,13 +412,23 @@ pub fn body(d: &Delivery, format: WebhookFormat, public_url: Option<&str>) -> Va
 
 /// The delay before attempt `attempts + 1` after a failure.
 pub fn backoff(attempts: u32, o: &DeliveryOptions) -> Duration {
-    o.base_backoff.saturating_mul(2u32.saturating_pow(attempts.min(20))).min(o.max_backoff)
+    o.base_backoff
+        .saturating_mul(2u32.saturating_pow(attempts.min(20)))
+        .min(o.max_backoff)
 }
 
 /// One attempt: Ok(status) for a 2xx, Err((status, reason)) otherwise.
-async fn attempt(c: &Claimed, public_url: Option<&str>, policy: &WebhookPolicy, timeout: Duration) -> Result<u16, (Option<u16>, String)> {
-    let (url, addr) = check_url(&c.url, policy).await.map_err(|e| (None, format!("url refused: {e}")))?;
-    let body = serde_json::to_vec(&body(&c.delivery, c.format, public_url)).map_err(|e| (None, e.to_string()))?;
+async fn attempt(
+    c: &Claimed,
+    public_url: Option<&str>,
+    policy: &WebhookPolicy,
+    timeout: Duration,
+) -> Result<u16, (Option<u16>, String)> {
+    let (url, addr) = check_url(&c.url, policy)
+        .await
+        .map_err(|e| (None, format!("url refused: {e}")))?;
+    let body = serde_json::to_vec(&body(&c.delivery, c.format, public_url))
+        .map_err(|e| (None, e.to_string()))?;
     let id = format!("msg_{}", c.delivery.msg_id.simple());
     let ts = Utc::now().timestamp();
     let signature = sign(&c.secret, &id, ts, &body).map_err(|e| (None, e))?;
@@ -350,7 +451,11 @@ async fn attempt(c: &Claimed, public_url: Option<&str>, policy: &WebhookPolicy, 
         .await
         .map_err(|e| (None, format!("{}", without_url(&e))))?;
     let status = resp.status().as_u16();
-    if resp.status().is_success() { Ok(status) } else { Err((Some(status), format!("receiver answered {status}"))) }
+    if resp.status().is_success() {
+        Ok(status)
+    } else {
+        Err((Some(status), format!("receiver answered {status}")))
+    }
 }
 
 /// A reqwest error's text without the URL (it may carry a token in its path).
@@ -368,9 +473,16 @@ fn without_url(e: &reqwest::Error) -> String {
 }
 
 /// One pass: claim due deliveries and attempt each. Returns how many were attempted.
-pub async fn deliver_once(app: &App, o: &DeliveryOptions) -> Result<usize, glia_backends::LogError> {
-    let Some(store) = app.webhooks.store.clone() else { return Ok(0) };
-    let claimed = store.claim(o.batch, o.timeout + Duration::from_secs(5)).await?;
+pub async fn deliver_once(
+    app: &App,
+    o: &DeliveryOptions,
+) -> Result<usize, glia_backends::LogError> {
+    let Some(store) = app.webhooks.store.clone() else {
+        return Ok(0);
+    };
+    let claimed = store
+        .claim(o.batch, o.timeout + Duration::from_secs(5))
+        .await?;
     let n = claimed.len();
     let public_url = app.webhooks.public_url.clone();
     let attempts = claimed.into_iter().map(|c| {
@@ -423,7 +535,19 @@ mod tests {
 
     #[test]
     fn internal_addresses() {
-        for ip in ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0", "::1", "fd00::1", "fe80::1", "::ffff:127.0.0.1"] {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+        ] {
             assert!(is_internal(ip.parse().unwrap()), "{ip}");
         }
         for ip in ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"] {
@@ -434,13 +558,37 @@ mod tests {
     #[tokio::test]
     async fn urls_are_checked() {
         let strict = WebhookPolicy::default();
-        assert!(check_url("http://127.0.0.1:9/x", &strict).await.unwrap_err().contains("loopback"));
+        assert!(
+            check_url("http://127.0.0.1:9/x", &strict)
+                .await
+                .unwrap_err()
+                .contains("loopback")
+        );
         assert!(check_url("http://[::1]:9/x", &strict).await.is_err());
-        assert!(check_url("ftp://example.com/", &strict).await.unwrap_err().contains("scheme"));
-        assert!(check_url("https://u:p@example.com/", &strict).await.unwrap_err().contains("credentials"));
-        let open = WebhookPolicy { allow_private: true, ..WebhookPolicy::default() };
-        assert_eq!(check_url("http://127.0.0.1:9/x", &open).await.unwrap().1, "127.0.0.1:9".parse().unwrap());
-        let named = WebhookPolicy { allow_hosts: vec!["127.0.0.1".into()], ..WebhookPolicy::default() };
+        assert!(
+            check_url("ftp://example.com/", &strict)
+                .await
+                .unwrap_err()
+                .contains("scheme")
+        );
+        assert!(
+            check_url("https://u:p@example.com/", &strict)
+                .await
+                .unwrap_err()
+                .contains("credentials")
+        );
+        let open = WebhookPolicy {
+            allow_private: true,
+            ..WebhookPolicy::default()
+        };
+        assert_eq!(
+            check_url("http://127.0.0.1:9/x", &open).await.unwrap().1,
+            "127.0.0.1:9".parse().unwrap()
+        );
+        let named = WebhookPolicy {
+            allow_hosts: vec!["127.0.0.1".into()],
+            ..WebhookPolicy::default()
+        };
         assert!(check_url("http://127.0.0.1:9/x", &named).await.is_ok());
     }
 

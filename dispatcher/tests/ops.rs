@@ -85,22 +85,54 @@ impl Ledger for DownLedger {
 async fn health_and_readiness() {
     let h = harness();
     let r = send(&h.router, request(Method::GET, "/healthz", None, None)).await;
-    assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::OK, Some("ok")));
+    assert_eq!(
+        (r.status, r.body["status"].as_str()),
+        (StatusCode::OK, Some("ok"))
+    );
     let r = send(&h.router, request(Method::GET, "/readyz", None, None)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    assert_eq!(r.body["checks"], json!({"event_log": "ok", "job_queue": "ok", "ledger": "ok"}));
+    assert_eq!(
+        r.body["checks"],
+        json!({"event_log": "ok", "job_queue": "ok", "ledger": "ok"})
+    );
 
-    let app = App::new(Arc::new(MemoryLog::default()), Arc::new(DownQueue), Arc::new(DownLedger), auth());
+    let app = App::new(
+        Arc::new(MemoryLog::default()),
+        Arc::new(DownQueue),
+        Arc::new(DownLedger),
+        auth(),
+    );
     let router = glia_dispatcher::router(app);
     let r = send(&router, request(Method::GET, "/readyz", None, None)).await;
-    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::SERVICE_UNAVAILABLE, "not_ready")
+    );
     assert_eq!(r.body["checks"]["event_log"], "ok");
-    assert!(r.body["checks"]["job_queue"].as_str().unwrap().contains("broker down"));
-    assert!(r.body["checks"]["ledger"].as_str().unwrap().contains("redis down"));
+    assert!(
+        r.body["checks"]["job_queue"]
+            .as_str()
+            .unwrap()
+            .contains("broker down")
+    );
+    assert!(
+        r.body["checks"]["ledger"]
+            .as_str()
+            .unwrap()
+            .contains("redis down")
+    );
     let msg = r.body["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("job_queue") && msg.contains("ledger") && !msg.contains("event_log"), "{msg}");
+    assert!(
+        msg.contains("job_queue") && msg.contains("ledger") && !msg.contains("event_log"),
+        "{msg}"
+    );
     // Health does not depend on the ports.
-    assert_eq!(send(&router, request(Method::GET, "/healthz", None, None)).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&router, request(Method::GET, "/healthz", None, None))
+            .await
+            .status,
+        StatusCode::OK
+    );
 }
 
 /// A dispatcher still connecting: live, not ready (naming what it waits
@@ -113,22 +145,60 @@ async fn a_starting_dispatcher_is_live_but_not_ready_until_its_gate_opens() {
     startup.set("job_queue", "connecting: broker down");
     let gate = glia_dispatcher::Gate::new(startup.clone(), false);
     let router = gate.router();
-    assert_eq!(send(&router, request(Method::GET, "/healthz", None, None)).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&router, request(Method::GET, "/healthz", None, None))
+            .await
+            .status,
+        StatusCode::OK
+    );
     let r = send(&router, request(Method::GET, "/readyz", None, None)).await;
-    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
-    assert_eq!(r.body["checks"], json!({"api": "starting", "event_log": "ok", "job_queue": "connecting: broker down", "ledger": "connecting"}));
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::SERVICE_UNAVAILABLE, "not_ready")
+    );
+    assert_eq!(
+        r.body["checks"],
+        json!({"api": "starting", "event_log": "ok", "job_queue": "connecting: broker down", "ledger": "connecting"})
+    );
     let msg = r.body["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("job_queue: connecting: broker down") && msg.contains("ledger: connecting") && !msg.contains("event_log"), "{msg}");
-    let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": "g"})))).await;
-    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"));
-    assert_eq!(r.headers.get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("1"));
+    assert!(
+        msg.contains("job_queue: connecting: broker down")
+            && msg.contains("ledger: connecting")
+            && !msg.contains("event_log"),
+        "{msg}"
+    );
+    let r = send(
+        &router,
+        request(
+            Method::POST,
+            "/v1/runs",
+            Some(SUB_A),
+            Some(&json!({"goal": "g"})),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::SERVICE_UNAVAILABLE, "not_ready")
+    );
+    assert_eq!(
+        r.headers
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
     assert!(!gate.is_open());
     // Every service connected but the app not yet serving: still not ready,
     // so nobody is told "ready" and then refused.
     startup.set("job_queue", "ok");
     startup.set("ledger", "ok");
     let r = send(&router, request(Method::GET, "/readyz", None, None)).await;
-    assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "not_ready"), "{}", r.text);
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+        "{}",
+        r.text
+    );
     assert_eq!(r.body["checks"]["api"], "starting");
 
     let h = harness();
@@ -136,7 +206,16 @@ async fn a_starting_dispatcher_is_live_but_not_ready_until_its_gate_opens() {
     assert!(gate.is_open());
     let r = send(&router, request(Method::GET, "/readyz", None, None)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": "g"})))).await;
+    let r = send(
+        &router,
+        request(
+            Method::POST,
+            "/v1/runs",
+            Some(SUB_A),
+            Some(&json!({"goal": "g"})),
+        ),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
 }
 
@@ -144,14 +223,40 @@ async fn a_starting_dispatcher_is_live_but_not_ready_until_its_gate_opens() {
 async fn cancel_works_without_a_ledger() {
     // The posted cancel is the durable part; the flag is best effort.
     let log = Arc::new(MemoryLog::default());
-    let app = App::new(log.clone(), Arc::new(glia_backends::memory::MemoryQueue::default()), Arc::new(DownLedger), auth());
+    let app = App::new(
+        log.clone(),
+        Arc::new(glia_backends::memory::MemoryQueue::default()),
+        Arc::new(DownLedger),
+        auth(),
+    );
     let router = glia_dispatcher::router(app);
-    let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": "g"})))).await;
+    let r = send(
+        &router,
+        request(
+            Method::POST,
+            "/v1/runs",
+            Some(SUB_A),
+            Some(&json!({"goal": "g"})),
+        ),
+    )
+    .await;
     let id = r.body["run_id"].as_str().unwrap();
-    let c = send(&router, request(Method::POST, &format!("/v1/runs/{id}/cancel"), Some(SUB_A), None)).await;
+    let c = send(
+        &router,
+        request(
+            Method::POST,
+            &format!("/v1/runs/{id}/cancel"),
+            Some(SUB_A),
+            None,
+        ),
+    )
+    .await;
     assert_eq!(c.status, StatusCode::ACCEPTED, "{}", c.text);
     let id: Uuid = id.parse().unwrap();
-    assert!(matches!(log.inbox(id).await.unwrap()[0].payload, Resume::Cancel { .. }));
+    assert!(matches!(
+        log.inbox(id).await.unwrap()[0].payload,
+        Resume::Cancel { .. }
+    ));
 }
 
 #[tokio::test]
@@ -159,11 +264,22 @@ async fn metrics_count_requests_admissions_and_payloads() {
     let h = harness();
     let id = create(&h, SUB_A, json!({"goal": "g"})).await;
     park_for_approval(&*h.log, id, &[("c1", "refund", json!({"amount": 1}))]).await;
-    post(&h, &format!("/v1/runs/{id}/approvals/c1"), APP_A, json!({"decision": "approve"})).await;
+    post(
+        &h,
+        &format!("/v1/runs/{id}/approvals/c1"),
+        APP_A,
+        json!({"decision": "approve"}),
+    )
+    .await;
     get(&h, "/nope", SUB_A).await;
     let r = send(&h.router, request(Method::GET, "/metrics", None, None)).await;
     assert_eq!(r.status, StatusCode::OK);
-    assert!(r.headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("application/openmetrics-text"));
+    assert!(
+        r.headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
     let text = r.text;
     for line in [
         "glia_dispatcher_runs_admitted_total 1",
@@ -175,7 +291,10 @@ async fn metrics_count_requests_admissions_and_payloads() {
         "# TYPE glia_dispatcher_sse_streams gauge",
         "# EOF",
     ] {
-        assert!(text.lines().any(|l| l == line || l.starts_with(line)), "missing {line:?} in\n{text}");
+        assert!(
+            text.lines().any(|l| l == line || l.starts_with(line)),
+            "missing {line:?} in\n{text}"
+        );
     }
 }
 
@@ -225,30 +344,63 @@ async fn openapi_documents_every_route_and_every_documented_route_exists() {
     assert_eq!(r.status, StatusCode::OK);
     let doc = r.body;
     assert_eq!(doc, glia_dispatcher::openapi());
-    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
     let paths = doc["paths"].as_object().unwrap();
     let mut documented = Vec::new();
     for (path, item) in paths {
-        for method in item.as_object().unwrap().keys().filter(|k| ["get", "post", "put", "delete", "patch"].contains(&k.as_str())) {
+        for method in item
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| ["get", "post", "put", "delete", "patch"].contains(&k.as_str()))
+        {
             documented.push((method.clone(), path.clone()));
         }
     }
     documented.sort();
-    let mut expected: Vec<(String, String)> = ENDPOINTS.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    let mut expected: Vec<(String, String)> = ENDPOINTS
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
     expected.sort();
-    assert_eq!(documented, expected, "the document lists exactly the API's endpoints");
+    assert_eq!(
+        documented, expected,
+        "the document lists exactly the API's endpoints"
+    );
     // Each documented route is served (not a route_not_found / method_not_allowed).
     for (method, path) in &documented {
-        let uri = path.replace("{id}", &Uuid::now_v7().to_string()).replace("{call_id}", "c1").replace("{name}", "support").replace("{version}", "1");
+        let uri = path
+            .replace("{id}", &Uuid::now_v7().to_string())
+            .replace("{call_id}", "c1")
+            .replace("{name}", "support")
+            .replace("{version}", "1");
         let m: Method = method.to_uppercase().parse().unwrap();
         let r = send(&h.router, request(m.clone(), &uri, Some(ADMIN), None)).await;
         if r.status.is_client_error() {
-            assert!(!["route_not_found", "method_not_allowed"].contains(&r.code()), "{method} {path} is not routed: {}", r.text);
+            assert!(
+                !["route_not_found", "method_not_allowed"].contains(&r.code()),
+                "{method} {path} is not routed: {}",
+                r.text
+            );
         }
     }
     // Every referenced schema exists; the hand-written ones are in.
     let schemas = doc["components"]["schemas"].as_object().unwrap();
-    for name in ["RunSummary", "Event", "RunConfig", "BudgetLimits", "ApprovalRow", "Decision", "ErrorBody", "CreateRun", "Accepted"] {
+    for name in [
+        "RunSummary",
+        "Event",
+        "RunConfig",
+        "BudgetLimits",
+        "ApprovalRow",
+        "Decision",
+        "ErrorBody",
+        "CreateRun",
+        "Accepted",
+    ] {
         assert!(schemas.contains_key(name), "missing schema {name}");
     }
     let text = doc.to_string();
@@ -261,10 +413,16 @@ async fn openapi_documents_every_route_and_every_documented_route_exists() {
 
 fn assert_required(schema: &Value, instance: &Value, what: &str) {
     for field in schema["required"].as_array().unwrap() {
-        assert!(instance.get(field.as_str().unwrap()).is_some(), "{what} lacks documented field {field}: {instance}");
+        assert!(
+            instance.get(field.as_str().unwrap()).is_some(),
+            "{what} lacks documented field {field}: {instance}"
+        );
     }
     for key in instance.as_object().unwrap().keys() {
-        assert!(schema["properties"].get(key).is_some(), "{what} has undocumented field {key}");
+        assert!(
+            schema["properties"].get(key).is_some(),
+            "{what} has undocumented field {key}"
+        );
     }
 }
 
@@ -273,21 +431,40 @@ async fn hand_written_schemas_match_the_real_json() {
     let h = harness();
     let doc = glia_dispatcher::openapi();
     let schemas = &doc["components"]["schemas"];
-    let id = create(&h, SUB_A, json!({"goal": "g", "config": {"budget": {"max_turns": 3}}})).await;
+    let id = create(
+        &h,
+        SUB_A,
+        json!({"goal": "g", "config": {"budget": {"max_turns": 3}}}),
+    )
+    .await;
     park_for_approval(&*h.log, id, &[("c1", "refund", json!({"amount": 1}))]).await;
     let run = get(&h, &format!("/v1/runs/{id}"), SUB_A).await.body;
     assert_required(&schemas["RunSummary"], &run, "RunSummary");
     let events = get(&h, &format!("/v1/runs/{id}/events"), SUB_A).await.body;
-    let types: Vec<Value> = schemas["Event"]["properties"]["type"]["enum"].as_array().unwrap().clone();
+    let types: Vec<Value> = schemas["Event"]["properties"]["type"]["enum"]
+        .as_array()
+        .unwrap()
+        .clone();
     for e in events["events"].as_array().unwrap() {
         assert_required(&schemas["Event"], e, "Event");
-        assert!(types.contains(&e["type"]), "{} not in the documented types", e["type"]);
+        assert!(
+            types.contains(&e["type"]),
+            "{} not in the documented types",
+            e["type"]
+        );
     }
     let approvals = get(&h, "/v1/approvals", APP_A).await.body;
-    assert_required(&schemas["ApprovalRow"], &approvals["approvals"][0], "ApprovalRow");
+    assert_required(
+        &schemas["ApprovalRow"],
+        &approvals["approvals"][0],
+        "ApprovalRow",
+    );
     let config = serde_json::to_value(glia_proto::RunConfig::default()).unwrap();
     for key in config.as_object().unwrap().keys() {
-        assert!(schemas["RunConfig"]["properties"].get(key).is_some(), "RunConfig field {key} undocumented");
+        assert!(
+            schemas["RunConfig"]["properties"].get(key).is_some(),
+            "RunConfig field {key} undocumented"
+        );
     }
     // Every field of the strict configuration types is documented, and the
     // documents refuse unknown fields as the types do.
@@ -298,38 +475,98 @@ async fn hand_written_schemas_match_the_real_json() {
         "http_tools": [{"name": "lookup", "description": "d", "input_schema": {"type": "object"}, "url": "https://tools.example/lookup"}]})).unwrap();
     let definition = serde_json::to_value(&full).unwrap();
     for key in definition.as_object().unwrap().keys() {
-        assert!(schemas["AgentDefinition"]["properties"].get(key).is_some(), "AgentDefinition field {key} undocumented");
+        assert!(
+            schemas["AgentDefinition"]["properties"].get(key).is_some(),
+            "AgentDefinition field {key} undocumented"
+        );
     }
     for key in definition["guardrails"].as_object().unwrap().keys() {
-        assert!(schemas["Guardrails"]["properties"].get(key).is_some(), "Guardrails field {key} undocumented");
+        assert!(
+            schemas["Guardrails"]["properties"].get(key).is_some(),
+            "Guardrails field {key} undocumented"
+        );
     }
     for key in definition["compaction"].as_object().unwrap().keys() {
-        assert!(schemas["CompactionSpec"]["properties"].get(key).is_some(), "CompactionSpec field {key} undocumented");
+        assert!(
+            schemas["CompactionSpec"]["properties"].get(key).is_some(),
+            "CompactionSpec field {key} undocumented"
+        );
     }
-    let resolved = serde_json::to_value(full.resolve(Some(glia_proto::AgentRef { name: "a".into(), version: 1, content_hash: "h".into() }))).unwrap();
+    let resolved = serde_json::to_value(full.resolve(Some(glia_proto::AgentRef {
+        name: "a".into(),
+        version: 1,
+        content_hash: "h".into(),
+    })))
+    .unwrap();
     for key in resolved.as_object().unwrap().keys() {
-        assert!(schemas["RunConfig"]["properties"].get(key).is_some(), "RunConfig field {key} undocumented");
+        assert!(
+            schemas["RunConfig"]["properties"].get(key).is_some(),
+            "RunConfig field {key} undocumented"
+        );
     }
-    for name in ["RunConfig", "AgentDefinition", "BudgetLimits", "ToolSpec", "Policy", "Guardrails", "CompactionSpec", "AgentRef"] {
-        assert_eq!(schemas[name]["additionalProperties"], json!(false), "{name} refuses unknown fields");
+    for name in [
+        "RunConfig",
+        "AgentDefinition",
+        "BudgetLimits",
+        "ToolSpec",
+        "Policy",
+        "Guardrails",
+        "CompactionSpec",
+        "AgentRef",
+    ] {
+        assert_eq!(
+            schemas[name]["additionalProperties"],
+            json!(false),
+            "{name} refuses unknown fields"
+        );
     }
     let limits = serde_json::to_value(glia_proto::BudgetLimits::default()).unwrap();
     for key in limits.as_object().unwrap().keys() {
-        assert!(schemas["BudgetLimits"]["properties"].get(key).is_some(), "BudgetLimits field {key} undocumented");
+        assert!(
+            schemas["BudgetLimits"]["properties"].get(key).is_some(),
+            "BudgetLimits field {key} undocumented"
+        );
     }
 }
 
 #[tokio::test]
 async fn relay_keeps_jobs_until_the_queue_confirms() {
     let log = Arc::new(MemoryLog::default());
-    let down = App::new(log.clone(), Arc::new(DownQueue), Arc::new(glia_backends::memory::MemoryLedger::default()), auth());
+    let down = App::new(
+        log.clone(),
+        Arc::new(DownQueue),
+        Arc::new(glia_backends::memory::MemoryLedger::default()),
+        auth(),
+    );
     let router = glia_dispatcher::router(down.clone());
-    let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": "g"})))).await;
-    assert_eq!(r.status, StatusCode::CREATED, "admission does not wait for the broker");
+    let r = send(
+        &router,
+        request(
+            Method::POST,
+            "/v1/runs",
+            Some(SUB_A),
+            Some(&json!({"goal": "g"})),
+        ),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "admission does not wait for the broker"
+    );
     assert!(glia_dispatcher::relay_once(&down).await.is_err());
-    assert_eq!(log.outbox(10).await.unwrap().len(), 1, "kept for the next pass");
+    assert_eq!(
+        log.outbox(10).await.unwrap().len(),
+        1,
+        "kept for the next pass"
+    );
     let queue = Arc::new(glia_backends::memory::MemoryQueue::default());
-    let up = App::new(log.clone(), queue.clone(), Arc::new(glia_backends::memory::MemoryLedger::default()), auth());
+    let up = App::new(
+        log.clone(),
+        queue.clone(),
+        Arc::new(glia_backends::memory::MemoryLedger::default()),
+        auth(),
+    );
     assert_eq!(glia_dispatcher::relay_once(&up).await.unwrap(), 1);
     assert!(log.outbox(10).await.unwrap().is_empty());
     assert_eq!(queue.depth().await.unwrap(), 1);
@@ -343,13 +580,30 @@ async fn relay_keeps_jobs_until_the_queue_confirms() {
 async fn concurrent_relay_passes_publish_each_job_once() {
     let log = Arc::new(MemoryLog::default());
     let queue = Arc::new(glia_backends::memory::MemoryQueue::default());
-    let app = App::new(log.clone(), Arc::new(SlowQueue(queue.clone())), Arc::new(glia_backends::memory::MemoryLedger::default()), auth());
+    let app = App::new(
+        log.clone(),
+        Arc::new(SlowQueue(queue.clone())),
+        Arc::new(glia_backends::memory::MemoryLedger::default()),
+        auth(),
+    );
     let router = glia_dispatcher::router(app.clone());
     for i in 0..20 {
-        let r = send(&router, request(Method::POST, "/v1/runs", Some(SUB_A), Some(&json!({"goal": format!("run {i}")})))).await;
+        let r = send(
+            &router,
+            request(
+                Method::POST,
+                "/v1/runs",
+                Some(SUB_A),
+                Some(&json!({"goal": format!("run {i}")})),
+            ),
+        )
+        .await;
         assert_eq!(r.status, StatusCode::CREATED);
     }
-    let (a, b) = tokio::join!(glia_dispatcher::relay_once(&app), glia_dispatcher::relay_once(&app));
+    let (a, b) = tokio::join!(
+        glia_dispatcher::relay_once(&app),
+        glia_dispatcher::relay_once(&app)
+    );
     assert_eq!(a.unwrap() + b.unwrap(), 20);
     assert_eq!(queue.depth().await.unwrap(), 20, "each job published once");
     assert_eq!(app.metrics().jobs_relayed.get(), 20);
@@ -364,15 +618,34 @@ async fn reconciler_requeues_runs_whose_job_or_worker_was_lost() {
     let parked = create(&h, SUB_A, json!({"goal": "parked"})).await;
     let parked_with_payload = create(&h, SUB_A, json!({"goal": "parked, decided"})).await;
     park_for_approval(&*h.log, parked, &[("c1", "refund", json!({"amount": 1}))]).await;
-    park_for_approval(&*h.log, parked_with_payload, &[("c1", "refund", json!({"amount": 1}))]).await;
-    post(&h, &format!("/v1/runs/{parked_with_payload}/approvals/c1"), APP_A, json!({"decision": "approve"})).await;
+    park_for_approval(
+        &*h.log,
+        parked_with_payload,
+        &[("c1", "refund", json!({"amount": 1}))],
+    )
+    .await;
+    post(
+        &h,
+        &format!("/v1/runs/{parked_with_payload}/approvals/c1"),
+        APP_A,
+        json!({"decision": "approve"}),
+    )
+    .await;
     // Every job was relayed and then lost.
     glia_dispatcher::relay_once(&h.app).await.unwrap();
     while h.queue.depth().await.unwrap() > 0 {
         h.queue.next().await.unwrap();
     }
-    let _alive = h.log.acquire(leased, "w1", Duration::from_secs(60)).await.unwrap();
-    let _lapsing = h.log.acquire(dead_worker, "w2", Duration::from_millis(30)).await.unwrap();
+    let _alive = h
+        .log
+        .acquire(leased, "w1", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let _lapsing = h
+        .log
+        .acquire(dead_worker, "w2", Duration::from_millis(30))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
 
     // With a grace period, a first sighting publishes nothing.
@@ -405,31 +678,62 @@ async fn reconciler_leaves_runs_waiting_in_a_backlog_alone() {
     glia_dispatcher::relay_once(&h.app).await.unwrap();
     // A worker took the first run's job, acked it and died holding the lease.
     let taken = h.queue.next().await.unwrap();
-    assert_eq!(taken.job.run_id, dead_worker, "jobs are handed out in order");
+    assert_eq!(
+        taken.job.run_id, dead_worker,
+        "jobs are handed out in order"
+    );
     taken.acker.ack().await.unwrap();
-    let _lapsing = h.log.acquire(dead_worker, "w", Duration::from_millis(30)).await.unwrap();
+    let _lapsing = h
+        .log
+        .acquire(dead_worker, "w", Duration::from_millis(30))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(h.queue.depth().await.unwrap(), 3, "the backlog");
 
     let grace = Duration::from_millis(50);
     let mut r = Reconciler::new(h.app.clone(), grace);
-    assert!(r.tick().await.unwrap().is_empty(), "a first sighting publishes nothing");
+    assert!(
+        r.tick().await.unwrap().is_empty(),
+        "a first sighting publishes nothing"
+    );
     tokio::time::sleep(grace * 3).await;
     let published: Vec<Uuid> = r.tick().await.unwrap().iter().map(|j| j.run_id).collect();
     assert_eq!(published, [dead_worker], "only the run whose lease lapsed");
-    assert_eq!(h.queue.depth().await.unwrap(), 4, "the backlog, and the dead worker's run once");
+    assert_eq!(
+        h.queue.depth().await.unwrap(),
+        4,
+        "the backlog, and the dead worker's run once"
+    );
 
     // The fleet hands the backlog out; the runs' jobs are lost on the way.
     while h.queue.depth().await.unwrap() > 0 {
         h.queue.next().await.unwrap();
     }
-    assert!(r.tick().await.unwrap().iter().all(|j| j.run_id == dead_worker), "drained for less than the grace period");
+    assert!(
+        r.tick()
+            .await
+            .unwrap()
+            .iter()
+            .all(|j| j.run_id == dead_worker),
+        "drained for less than the grace period"
+    );
     tokio::time::sleep(grace * 2).await;
-    let mut published: Vec<Uuid> = r.tick().await.unwrap().iter().map(|j| j.run_id).filter(|id| *id != dead_worker).collect();
+    let mut published: Vec<Uuid> = r
+        .tick()
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.run_id)
+        .filter(|id| *id != dead_worker)
+        .collect();
     published.sort();
     let mut expected = waiting.clone();
     expected.sort();
-    assert_eq!(published, expected, "drained for the grace period: the runs left orphaned are re-enqueued");
+    assert_eq!(
+        published, expected,
+        "drained for the grace period: the runs left orphaned are re-enqueued"
+    );
 }
 
 /// A run parked at an approval whose deadline has passed, with `action`.
@@ -447,10 +751,25 @@ async fn parked_with_expired_approval(h: &common::H, action: glia_proto::Approva
     }
     s.parked = events;
     let start = s.parked[0].clone();
-    h.log.create_run(glia_backends::NewRun { tenant: "a".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
-    let lease = h.log.acquire(s.run_id, "w", Duration::from_secs(30)).await.unwrap();
+    h.log
+        .create_run(glia_backends::NewRun {
+            tenant: "a".into(),
+            idempotency_key: None,
+            batch_id: None,
+            start,
+        })
+        .await
+        .unwrap();
+    let lease = h
+        .log
+        .acquire(s.run_id, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
     let state = glia_proto::RunState::replay(s.run_id, &s.parked).unwrap();
-    h.log.commit(&lease, &s.parked[1..], &state, &[]).await.unwrap();
+    h.log
+        .commit(&lease, &s.parked[1..], &state, &[])
+        .await
+        .unwrap();
     h.log.release(&lease).await.unwrap();
     s.run_id
 }
@@ -472,7 +791,15 @@ async fn reconciler_rejects_or_escalates_expired_approvals() {
         matches!(&posted[..], [glia_backends::InboxItem { payload: glia_proto::Resume::Escalate { call_id, request_seq: Some(_), .. }, .. }] if call_id == "c1"),
         "an escalation is posted for the worker to record as approval.escalated: {posted:?}"
     );
-    let rows = h.log.approvals(&glia_backends::ApprovalFilter { run_id: Some(escalated), limit: 10, ..Default::default() }).await.unwrap();
+    let rows = h
+        .log
+        .approvals(&glia_backends::ApprovalFilter {
+            run_id: Some(escalated),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert!(rows[0].escalated && rows[0].status == glia_backends::ApprovalStatus::Pending);
     // Nothing left to expire: the rejection is decided, the escalation is marked.
     assert_eq!(r.expire_approvals().await.unwrap(), 0);
@@ -484,7 +811,13 @@ async fn tick_for(h: &common::H, r: &mut Reconciler, id: Uuid, lose: bool) -> us
     let started = std::time::Instant::now();
     let mut published = 0;
     while started.elapsed() < Duration::from_millis(1600) {
-        published += r.tick().await.unwrap().iter().filter(|j| j.run_id == id).count();
+        published += r
+            .tick()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|j| j.run_id == id)
+            .count();
         while lose && h.queue.depth().await.unwrap() > 0 {
             h.queue.next().await.unwrap();
         }
@@ -504,7 +837,11 @@ async fn reconciler_backs_off_per_run() {
     glia_dispatcher::relay_once(&h.app).await.unwrap();
     h.queue.next().await.unwrap(); // the job is lost
     let mut r = Reconciler::new(h.app.clone(), Duration::from_millis(100));
-    assert_eq!(tick_for(&h, &mut r, id, false).await, 1, "published once, then its job waits in the queue");
+    assert_eq!(
+        tick_for(&h, &mut r, id, false).await,
+        1,
+        "published once, then its job waits in the queue"
+    );
     assert_eq!(h.queue.depth().await.unwrap(), 1);
     // Due at ~200, ~600 and ~1400 ms after the last (a slow machine only
     // makes it fewer); without the back-off it would be ~30.
@@ -521,9 +858,16 @@ fn schemas_directory_is_current() {
         let path = dir.join(file);
         let written = std::fs::read_to_string(&path).unwrap_or_default();
         let expected = format!("{}\n", serde_json::to_string_pretty(&schema).unwrap());
-        assert!(written == expected, "{} is stale or missing: regenerate with `cargo run -p glia-cli -- schemas` (writes schemas/) and commit it", path.display());
+        assert!(
+            written == expected,
+            "{} is stale or missing: regenerate with `cargo run -p glia-cli -- schemas` (writes schemas/) and commit it",
+            path.display()
+        );
         // Each compiles as a JSON Schema and refuses an unknown top-level key.
         let validator = jsonschema::validator_for(&schema).unwrap();
-        assert!(!validator.is_valid(&json!({"name": "a", "model": "m", "command": "/bin/sh"})), "{file} refuses unknown keys");
+        assert!(
+            !validator.is_valid(&json!({"name": "a", "model": "m", "command": "/bin/sh"})),
+            "{file} refuses unknown keys"
+        );
     }
 }

@@ -29,55 +29,106 @@ fn schemathesis() -> Option<PathBuf> {
     if venv.is_file() {
         return Some(venv);
     }
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|dir| PathBuf::from(dir).join("schemathesis")).find(|p| p.is_file())
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| PathBuf::from(dir).join("schemathesis"))
+        .find(|p| p.is_file())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_conformance_failure() {
     let Some(st) = schemathesis() else {
         let required = std::env::var_os("GLIA_REQUIRE_SCHEMATHESIS").is_some();
-        assert!(!required, "GLIA_REQUIRE_SCHEMATHESIS is set but schemathesis is not installed (run .ci/run, or set GLIA_SCHEMATHESIS)");
-        eprintln!("\n!!!!!!!!\n!!! SKIPPED schemathesis_finds_no_server_error_and_no_conformance_failure: schemathesis is not installed.\n!!! Install it with .ci/run (into .ci/venv) or set GLIA_SCHEMATHESIS; set GLIA_REQUIRE_SCHEMATHESIS to make this a failure.\n!!!!!!!!\n");
+        assert!(
+            !required,
+            "GLIA_REQUIRE_SCHEMATHESIS is set but schemathesis is not installed (run .ci/run, or set GLIA_SCHEMATHESIS)"
+        );
+        eprintln!(
+            "\n!!!!!!!!\n!!! SKIPPED schemathesis_finds_no_server_error_and_no_conformance_failure: schemathesis is not installed.\n!!! Install it with .ci/run (into .ci/venv) or set GLIA_SCHEMATHESIS; set GLIA_REQUIRE_SCHEMATHESIS to make this a failure.\n!!!!!!!!\n"
+        );
         return;
     };
     let real = Real::start().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(glia_dispatcher::serve(real.app.clone(), listener, async move {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(glia_dispatcher::serve(
+        real.app.clone(),
+        listener,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
     let relay = tokio::spawn(glia_dispatcher::relay(real.app.clone()));
-    let report = std::env::temp_dir().join(format!("glia-schemathesis-{}", uuid::Uuid::now_v7().simple()));
+    let report = std::env::temp_dir().join(format!(
+        "glia-schemathesis-{}",
+        uuid::Uuid::now_v7().simple()
+    ));
     // Its caches and crash files go there too, not into the source tree.
     std::fs::create_dir_all(&report).unwrap();
     let started = Instant::now();
     let mut cmd = Command::new(&st);
     cmd.current_dir(&report);
-    cmd.arg("--config-file").arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/schemathesis.toml"));
+    cmd.arg("--config-file")
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/schemathesis.toml"));
     cmd.arg("run")
         .arg(format!("{base}/openapi.json"))
-        .args(["--checks", "all", "--max-examples", "40", "--seed", "20261130", "--workers", "1"])
-        .args(["--request-timeout", "10", "--max-response-time", "5", "--generation-database", "none"])
+        .args([
+            "--checks",
+            "all",
+            "--max-examples",
+            "40",
+            "--seed",
+            "20261130",
+            "--workers",
+            "1",
+        ])
+        .args([
+            "--request-timeout",
+            "10",
+            "--max-response-time",
+            "5",
+            "--generation-database",
+            "none",
+        ])
         .args(["--header", &format!("Authorization: Bearer {SUB_B}")])
         .args(["--report", "junit", "--report-dir"])
         .arg(&report)
         .arg("--no-color")
         .env("SCHEMATHESIS_HOOKS", "")
         .env_remove("SCHEMATHESIS_CONFIG");
-    let output = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().expect("schemathesis runs");
+    let output = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .expect("schemathesis runs");
     let took = started.elapsed();
-    let text = format!("{}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     let _ = stop.send(());
     let _ = server.await;
     relay.abort();
     real.cleanup().await;
     let _ = std::fs::remove_dir_all(&report);
     println!("{text}");
-    assert!(output.status.success(), "schemathesis found failures (exit {:?}); its report is above", output.status.code());
+    assert!(
+        output.status.success(),
+        "schemathesis found failures (exit {:?}); its report is above",
+        output.status.code()
+    );
     // Its closing line counts failures and errors ("2 failures, 1 error, 1 warning in 12.3s"); warnings
     // (operations it could not reach past a 404) are not failures.
-    let closing = text.lines().rev().find(|l| l.starts_with('=') && l.contains(" in ")).unwrap_or_default();
-    assert!(!closing.is_empty() && !closing.contains("failure") && !closing.contains("error"), "schemathesis did not report a clean run: {closing}");
+    let closing = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('=') && l.contains(" in "))
+        .unwrap_or_default();
+    assert!(
+        !closing.is_empty() && !closing.contains("failure") && !closing.contains("error"),
+        "schemathesis did not report a clean run: {closing}"
+    );
     println!("schemathesis took {took:?}");
 }

@@ -30,14 +30,24 @@ struct Sse {
 
 impl Sse {
     async fn open(h: &H, uri: &str, last_event_id: Option<u64>) -> Sse {
-        let mut req = Request::builder().uri(uri).header(header::AUTHORIZATION, format!("Bearer {SUB_A}"));
+        let mut req = Request::builder()
+            .uri(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {SUB_A}"));
         if let Some(id) = last_event_id {
             req = req.header("last-event-id", id.to_string());
         }
-        let res = h.router.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+        let res = h
+            .router
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(res.headers()[header::CONTENT_TYPE], "text/event-stream");
-        Sse { body: res.into_body(), buf: String::new() }
+        Sse {
+            body: res.into_body(),
+            buf: String::new(),
+        }
     }
 
     /// The next frame (comments skipped), or None when the stream ended.
@@ -45,7 +55,11 @@ impl Sse {
         loop {
             if let Some(end) = self.buf.find("\n\n") {
                 let raw: String = self.buf.drain(..end + 2).collect();
-                let mut f = Frame { id: None, event: None, data: String::new() };
+                let mut f = Frame {
+                    id: None,
+                    event: None,
+                    data: String::new(),
+                };
                 let mut any = false;
                 for line in raw.lines() {
                     if let Some(v) = line.strip_prefix("id:") {
@@ -64,7 +78,9 @@ impl Sse {
                 }
                 continue;
             }
-            let frame = tokio::time::timeout(Duration::from_secs(5), self.body.frame()).await.expect("stream stalled")?;
+            let frame = tokio::time::timeout(Duration::from_secs(5), self.body.frame())
+                .await
+                .expect("stream stalled")?;
             if let Ok(data) = frame.unwrap().into_data() {
                 self.buf.push_str(std::str::from_utf8(&data).unwrap());
             }
@@ -79,7 +95,11 @@ impl Sse {
                 Some("event") => {
                     let v: Value = serde_json::from_str(&f.data).unwrap();
                     let seq = v["seq"].as_u64().unwrap();
-                    assert_eq!(f.id.as_deref(), Some(seq.to_string().as_str()), "id is the seq");
+                    assert_eq!(
+                        f.id.as_deref(),
+                        Some(seq.to_string().as_str()),
+                        "id is the seq"
+                    );
                     return Some((seq, v["type"].as_str().unwrap().to_owned()));
                 }
                 Some("live") => {
@@ -95,12 +115,45 @@ impl Sse {
 fn finish_after_approval() -> Vec<EventKind> {
     let input = json!({"amount": 1});
     vec![
-        EventKind::ApprovalResolved { call_id: "c1".into(), args_hash: args_hash(&input), decision: Decision::Approve, by: None },
-        EventKind::ToolResult { call_id: "c1".into(), content: "ok".into(), reminder: None, duration_ms: 1, redactions: Vec::new() },
-        EventKind::ModelCall { model: "m".into(), messages: 3, wrap_up: false, forced_tool: None },
-        EventKind::ModelResponse { redactions: Vec::new(), message: Message::assistant("Done."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None },
-        EventKind::StepEnd { index: 0, answer: "Done.".into(), skipped: false },
-        EventKind::SessionComplete { outcome: Outcome::Succeeded { answer: "Done.".into(), output: None } },
+        EventKind::ApprovalResolved {
+            call_id: "c1".into(),
+            args_hash: args_hash(&input),
+            decision: Decision::Approve,
+            by: None,
+        },
+        EventKind::ToolResult {
+            call_id: "c1".into(),
+            content: "ok".into(),
+            reminder: None,
+            duration_ms: 1,
+            redactions: Vec::new(),
+        },
+        EventKind::ModelCall {
+            model: "m".into(),
+            messages: 3,
+            wrap_up: false,
+            forced_tool: None,
+        },
+        EventKind::ModelResponse {
+            redactions: Vec::new(),
+            message: Message::assistant("Done."),
+            usage: Usage::default(),
+            stop_reason: "end_turn".into(),
+            duration_ms: 1,
+            cost_usd_micros: 0,
+            rejected: None,
+        },
+        EventKind::StepEnd {
+            index: 0,
+            answer: "Done.".into(),
+            skipped: false,
+        },
+        EventKind::SessionComplete {
+            outcome: Outcome::Succeeded {
+                answer: "Done.".into(),
+                output: None,
+            },
+        },
     ]
 }
 
@@ -141,9 +194,16 @@ async fn resume_from_last_event_id_has_no_gap_and_no_duplicate() {
             last_type = ty;
         }
         writer.await.unwrap();
-        assert_eq!(last_type, "session.complete", "the stream ends with the run");
+        assert_eq!(
+            last_type, "session.complete",
+            "the stream ends with the run"
+        );
         let n = seen.len() as u64;
-        assert_eq!(seen, (1..=n).collect::<Vec<_>>(), "cut after {cut}: no gap, no duplicate");
+        assert_eq!(
+            seen,
+            (1..=n).collect::<Vec<_>>(),
+            "cut after {cut}: no gap, no duplicate"
+        );
         assert_eq!(n, 15);
     }
 }
@@ -151,9 +211,20 @@ async fn resume_from_last_event_id_has_no_gap_and_no_duplicate() {
 /// The approval park events of `common::park_for_approval`, as kinds.
 fn park_for_approval_kinds(run_id: Uuid, calls: &[(&str, &str, Value)], out: &mut Vec<EventKind>) {
     use glia_proto::{ContentBlock, Disposition, PullPoint, Role, ToolCallRecord};
-    let content = calls.iter().map(|(id, name, input)| ContentBlock::ToolUse { id: (*id).into(), name: (*name).into(), input: input.clone() }).collect();
-    out.push(EventKind::ModelResponse { redactions: Vec::new(),
-        message: Message { role: Role::Assistant, content },
+    let content = calls
+        .iter()
+        .map(|(id, name, input)| ContentBlock::ToolUse {
+            id: (*id).into(),
+            name: (*name).into(),
+            input: input.clone(),
+        })
+        .collect();
+    out.push(EventKind::ModelResponse {
+        redactions: Vec::new(),
+        message: Message {
+            role: Role::Assistant,
+            content,
+        },
         usage: Usage::default(),
         stop_reason: "tool_use".into(),
         duration_ms: 1,
@@ -169,9 +240,20 @@ fn park_for_approval_kinds(run_id: Uuid, calls: &[(&str, &str, Value)], out: &mu
             idempotency_key: format!("{run_id}:{id}"),
             disposition: Disposition::Approval,
         }));
-        out.push(EventKind::ApprovalRequested { call_id: (*id).into(), tool: (*name).into(), input: input.clone(), args_hash: args_hash(input), expires_at: None, interrupted: false });
+        out.push(EventKind::ApprovalRequested {
+            call_id: (*id).into(),
+            tool: (*name).into(),
+            input: input.clone(),
+            args_hash: args_hash(input),
+            expires_at: None,
+            interrupted: false,
+        });
     }
-    out.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: calls.iter().map(|c| c.0.to_owned()).collect() } });
+    out.push(EventKind::SessionPause {
+        pull_point: PullPoint::AwaitingApproval {
+            call_ids: calls.iter().map(|c| c.0.to_owned()).collect(),
+        },
+    });
 }
 
 #[tokio::test]
@@ -180,8 +262,14 @@ async fn live_deltas_are_interleaved_without_ids() {
     let id = create(&h, SUB_A, json!({"goal": "g"})).await;
     let mut s = Sse::open(&h, &format!("/v1/runs/{id}/events/stream"), None).await;
     let mut live = Vec::new();
-    assert_eq!(s.next_seq(&mut live).await, Some((1, "session.start".into())));
-    let delta = LiveEvent::ModelDelta { channel: "text".into(), delta: "Hel".into() };
+    assert_eq!(
+        s.next_seq(&mut live).await,
+        Some((1, "session.start".into()))
+    );
+    let delta = LiveEvent::ModelDelta {
+        channel: "text".into(),
+        delta: "Hel".into(),
+    };
     h.ledger.publish_live(id, &delta).await.unwrap();
     let f = s.next().await.unwrap();
     assert_eq!((f.event.as_deref(), f.id.as_deref()), (Some("live"), None));
@@ -199,15 +287,27 @@ async fn a_finished_run_streams_its_log_and_ends_and_after_is_honoured() {
     finish(&*h.log, id).await;
     let mut live = Vec::new();
     let mut s = Sse::open(&h, &format!("/v1/runs/{id}/events/stream"), None).await;
-    assert_eq!(s.next_seq(&mut live).await, Some((1, "session.start".into())));
-    assert_eq!(s.next_seq(&mut live).await, Some((2, "session.complete".into())));
+    assert_eq!(
+        s.next_seq(&mut live).await,
+        Some((1, "session.start".into()))
+    );
+    assert_eq!(
+        s.next_seq(&mut live).await,
+        Some((2, "session.complete".into()))
+    );
     assert_eq!(s.next_seq(&mut live).await, None, "ended");
     let mut s = Sse::open(&h, &format!("/v1/runs/{id}/events/stream?after=1"), None).await;
-    assert_eq!(s.next_seq(&mut live).await, Some((2, "session.complete".into())));
+    assert_eq!(
+        s.next_seq(&mut live).await,
+        Some((2, "session.complete".into()))
+    );
     assert_eq!(s.next_seq(&mut live).await, None);
     // Last-Event-ID wins over `after`.
     let mut s = Sse::open(&h, &format!("/v1/runs/{id}/events/stream?after=0"), Some(1)).await;
-    assert_eq!(s.next_seq(&mut live).await, Some((2, "session.complete".into())));
+    assert_eq!(
+        s.next_seq(&mut live).await,
+        Some((2, "session.complete".into()))
+    );
     assert_eq!(s.next_seq(&mut live).await, None);
     // A bad Last-Event-ID.
     let req = Request::builder()
@@ -217,6 +317,9 @@ async fn a_finished_run_streams_its_log_and_ends_and_after_is_honoured() {
         .body(Body::empty())
         .unwrap();
     let r = send(&h.router, req).await;
-    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_header"));
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::BAD_REQUEST, "invalid_header")
+    );
     assert_eq!(h.app.metrics().sse_streams.get(), 0, "every stream closed");
 }

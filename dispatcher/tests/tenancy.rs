@@ -24,8 +24,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use common::park_for_approval;
-use glia_backends::memory::{MemoryLedger, MemoryQueue};
 use glia_backends::EventLog;
+use glia_backends::memory::{MemoryLedger, MemoryQueue};
 use glia_backends::postgres::PgLog;
 use glia_backends::testkit::TestDb;
 use glia_dispatcher::batches::BatchConfig;
@@ -49,16 +49,35 @@ async fn harness() -> T {
     let db = TestDb::new().await;
     let log = Arc::new(db.log().await);
     let all = [Scope::Submit, Scope::Approve, Scope::Agents];
-    let p = |t: &str| Principal { tenant: t.into(), scopes: all.to_vec(), name: Some(format!("user-{t}")) };
+    let p = |t: &str| Principal {
+        tenant: t.into(),
+        scopes: all.to_vec(),
+        name: Some(format!("user-{t}")),
+    };
     let auth = Auth::from_tokens([(A.to_owned(), p("a")), (B.to_owned(), p("b"))]).unwrap();
-    let app = App::new(log.clone(), Arc::new(MemoryQueue::default()), Arc::new(MemoryLedger::default()), auth)
-        .with_batches(BatchConfig { store: Some(log.clone()), admission: Default::default() })
-        .with_webhooks(WebhookConfig {
-            store: Some(log.clone()),
-            policy: WebhookPolicy { allow_hosts: vec!["127.0.0.1".into()], ..WebhookPolicy::default() },
-            public_url: None,
-        });
-    T { router: glia_dispatcher::router(app), log, _db: db }
+    let app = App::new(
+        log.clone(),
+        Arc::new(MemoryQueue::default()),
+        Arc::new(MemoryLedger::default()),
+        auth,
+    )
+    .with_batches(BatchConfig {
+        store: Some(log.clone()),
+        admission: Default::default(),
+    })
+    .with_webhooks(WebhookConfig {
+        store: Some(log.clone()),
+        policy: WebhookPolicy {
+            allow_hosts: vec!["127.0.0.1".into()],
+            ..WebhookPolicy::default()
+        },
+        public_url: None,
+    });
+    T {
+        router: glia_dispatcher::router(app),
+        log,
+        _db: db,
+    }
 }
 
 /// An answer: status, content type, and the body (not read for SSE).
@@ -70,21 +89,47 @@ struct Answer {
 }
 
 async fn call(router: &Router, req: Request<Body>) -> Answer {
-    let res = tokio::time::timeout(Duration::from_secs(60), router.clone().oneshot(req)).await.expect("an answer within 60 s").unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(60), router.clone().oneshot(req))
+        .await
+        .expect("an answer within 60 s")
+        .unwrap();
     let status = res.status();
-    let content_type = res.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let content_type = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
     if content_type.starts_with("text/event-stream") {
         // An event stream does not end: never read it.
-        return Answer { status, content_type, body: String::new() };
+        return Answer {
+            status,
+            content_type,
+            body: String::new(),
+        };
     }
-    let bytes = tokio::time::timeout(Duration::from_secs(60), res.into_body().collect()).await.expect("a body within 60 s").unwrap().to_bytes();
-    Answer { status, content_type, body: String::from_utf8_lossy(&bytes).into_owned() }
+    let bytes = tokio::time::timeout(Duration::from_secs(60), res.into_body().collect())
+        .await
+        .expect("a body within 60 s")
+        .unwrap()
+        .to_bytes();
+    Answer {
+        status,
+        content_type,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
 }
 
 fn api(method: &Method, uri: &str, token: &str, body: Option<&Value>) -> Request<Body> {
-    let b = Request::builder().method(method.clone()).uri(uri).header(header::AUTHORIZATION, format!("Bearer {token}"));
+    let b = Request::builder()
+        .method(method.clone())
+        .uri(uri)
+        .header(header::AUTHORIZATION, format!("Bearer {token}"));
     match body {
-        Some(v) => b.header(header::CONTENT_TYPE, "application/json").body(Body::from(v.to_string())).unwrap(),
+        Some(v) => b
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(v.to_string()))
+            .unwrap(),
         None => b.body(Body::empty()).unwrap(),
     }
 }
@@ -107,12 +152,25 @@ impl Ids {
             p if p.starts_with("/v1/runs/") => self.run.to_string(),
             p if p.starts_with("/v1/batches/") => self.batch.to_string(),
             p if p.starts_with("/v1/webhooks/") => self.webhook.to_string(),
-            p if p.contains("{id}") => panic!("{path}: the test does not know what {{id}} names; add it here"),
+            p if p.contains("{id}") => {
+                panic!("{path}: the test does not know what {{id}} names; add it here")
+            }
             _ => String::new(),
         };
-        let name = if owned { self.agent.clone() } else { "nobody-made-this".to_owned() };
-        let filled = path.replace("{id}", &id).replace("{call_id}", "c1").replace("{name}", &name).replace("{version}", "1");
-        assert!(!filled.contains('{'), "{path}: a path parameter the test cannot fill; add it here");
+        let name = if owned {
+            self.agent.clone()
+        } else {
+            "nobody-made-this".to_owned()
+        };
+        let filled = path
+            .replace("{id}", &id)
+            .replace("{call_id}", "c1")
+            .replace("{name}", &name)
+            .replace("{version}", "1");
+        assert!(
+            !filled.contains('{'),
+            "{path}: a path parameter the test cannot fill; add it here"
+        );
         filled
     }
 
@@ -150,7 +208,12 @@ fn routes_with_ids() -> Vec<(String, String)> {
         if !path.contains('{') {
             continue;
         }
-        for method in item.as_object().unwrap().keys().filter(|k| ["get", "post", "put", "delete", "patch"].contains(&k.as_str())) {
+        for method in item
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| ["get", "post", "put", "delete", "patch"].contains(&k.as_str()))
+        {
             routes.push((method.clone(), path.clone()));
         }
     }
@@ -159,21 +222,70 @@ fn routes_with_ids() -> Vec<(String, String)> {
 }
 
 async fn tenant_a_things(t: &T) -> Ids {
-    let created = call(&t.router, api(&Method::POST, "/v1/runs", A, Some(&json!({"goal": "refund A1"})))).await;
+    let created = call(
+        &t.router,
+        api(
+            &Method::POST,
+            "/v1/runs",
+            A,
+            Some(&json!({"goal": "refund A1"})),
+        ),
+    )
+    .await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
-    let run: Uuid = serde_json::from_str::<Value>(&created.body).unwrap()["run_id"].as_str().unwrap().parse().unwrap();
+    let run: Uuid = serde_json::from_str::<Value>(&created.body).unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     park_for_approval(&*t.log, run, &[("c1", "refund", json!({"amount": 1}))]).await;
-    let batch = call(&t.router, api(&Method::POST, "/v1/batches", A, Some(&json!({"config": {}, "items": [{"custom_id": "x", "goal": "g"}]})))).await;
+    let batch = call(
+        &t.router,
+        api(
+            &Method::POST,
+            "/v1/batches",
+            A,
+            Some(&json!({"config": {}, "items": [{"custom_id": "x", "goal": "g"}]})),
+        ),
+    )
+    .await;
     assert_eq!(batch.status, StatusCode::CREATED, "{}", batch.body);
-    let batch: Uuid = serde_json::from_str::<Value>(&batch.body).unwrap()["id"].as_str().unwrap().parse().unwrap();
-    let hook = call(&t.router, api(&Method::POST, "/v1/webhooks", A, Some(&json!({"url": "http://127.0.0.1:9/hook"})))).await;
+    let batch: Uuid = serde_json::from_str::<Value>(&batch.body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let hook = call(
+        &t.router,
+        api(
+            &Method::POST,
+            "/v1/webhooks",
+            A,
+            Some(&json!({"url": "http://127.0.0.1:9/hook"})),
+        ),
+    )
+    .await;
     assert_eq!(hook.status, StatusCode::CREATED, "{}", hook.body);
-    let webhook: Uuid = serde_json::from_str::<Value>(&hook.body).unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let webhook: Uuid = serde_json::from_str::<Value>(&hook.body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let agent = "a-support".to_owned();
     let def = json!({"name": agent, "model": "script:x", "system": "You help."});
-    let put = call(&t.router, api(&Method::PUT, &format!("/v1/agents/{agent}"), A, Some(&def))).await;
+    let put = call(
+        &t.router,
+        api(&Method::PUT, &format!("/v1/agents/{agent}"), A, Some(&def)),
+    )
+    .await;
     assert_eq!(put.status, StatusCode::CREATED, "{}", put.body);
-    Ids { run, batch, webhook, agent, missing: Uuid::now_v7() }
+    Ids {
+        run,
+        batch,
+        webhook,
+        agent,
+        missing: Uuid::now_v7(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,7 +293,10 @@ async fn another_tenants_id_answers_as_a_missing_one_on_every_route() {
     let t = harness().await;
     let ids = tenant_a_things(&t).await;
     let routes = routes_with_ids();
-    assert!(routes.len() >= 20, "the document lists the routes with ids: {routes:?}");
+    assert!(
+        routes.len() >= 20,
+        "the document lists the routes with ids: {routes:?}"
+    );
     let mut checked = Vec::new();
     for (method, path) in &routes {
         // A name is a tenant's own namespace: B's PUT of A's agent name
@@ -193,10 +308,22 @@ async fn another_tenants_id_answers_as_a_missing_one_on_every_route() {
         let body = body_for(method, path);
         let theirs = call(&t.router, api(&m, &ids.fill(path, true), B, body.as_ref())).await;
         let missing = call(&t.router, api(&m, &ids.fill(path, false), B, body.as_ref())).await;
-        assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{method} {path}: tenant B on tenant A's: {theirs:?}");
         assert_eq!(
-            (theirs.status, &theirs.content_type, ids.neutral(&theirs.body)),
-            (missing.status, &missing.content_type, ids.neutral(&missing.body)),
+            theirs.status,
+            StatusCode::NOT_FOUND,
+            "{method} {path}: tenant B on tenant A's: {theirs:?}"
+        );
+        assert_eq!(
+            (
+                theirs.status,
+                &theirs.content_type,
+                ids.neutral(&theirs.body)
+            ),
+            (
+                missing.status,
+                &missing.content_type,
+                ids.neutral(&missing.body)
+            ),
             "{method} {path}: another tenant's answers as a missing one"
         );
         checked.push((method.clone(), path.clone()));
@@ -207,41 +334,93 @@ async fn another_tenants_id_answers_as_a_missing_one_on_every_route() {
     controls.sort_by_key(|(m, _)| m == "delete");
     for (method, path) in &controls {
         let m: Method = method.to_uppercase().parse().unwrap();
-        let mine = call(&t.router, api(&m, &ids.fill(path, true), A, body_for(method, path).as_ref())).await;
+        let mine = call(
+            &t.router,
+            api(
+                &m,
+                &ids.fill(path, true),
+                A,
+                body_for(method, path).as_ref(),
+            ),
+        )
+        .await;
         assert!(
             mine.status != StatusCode::NOT_FOUND && !mine.status.is_server_error(),
             "{method} {path}: the owner's own request finds it (the check above can fail): {mine:?}"
         );
         if path.ends_with("/stream") {
-            assert!(mine.content_type.starts_with("text/event-stream"), "{method} {path}: {mine:?}");
+            assert!(
+                mine.content_type.starts_with("text/event-stream"),
+                "{method} {path}: {mine:?}"
+            );
         }
     }
     // A's agent is A's, whatever B registers under its name.
     let def = json!({"name": ids.agent, "model": "script:y", "system": "B's own."});
-    assert_eq!(call(&t.router, api(&Method::PUT, &format!("/v1/agents/{}", ids.agent), B, Some(&def))).await.status, StatusCode::CREATED);
-    let a_agent = call(&t.router, api(&Method::GET, &format!("/v1/agents/{}", ids.agent), A, None)).await;
-    assert!(a_agent.body.contains("script:x") && !a_agent.body.contains("script:y"), "{a_agent:?}");
+    assert_eq!(
+        call(
+            &t.router,
+            api(
+                &Method::PUT,
+                &format!("/v1/agents/{}", ids.agent),
+                B,
+                Some(&def)
+            )
+        )
+        .await
+        .status,
+        StatusCode::CREATED
+    );
+    let a_agent = call(
+        &t.router,
+        api(&Method::GET, &format!("/v1/agents/{}", ids.agent), A, None),
+    )
+    .await;
+    assert!(
+        a_agent.body.contains("script:x") && !a_agent.body.contains("script:y"),
+        "{a_agent:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_names_only_its_own_tenants_batch() {
     let t = harness().await;
     let ids = tenant_a_things(&t).await;
-    let submit = |token: &'static str, batch: Uuid| api(&Method::POST, "/v1/runs", token, Some(&json!({"goal": "g", "batch_id": batch})));
+    let submit = |token: &'static str, batch: Uuid| {
+        api(
+            &Method::POST,
+            "/v1/runs",
+            token,
+            Some(&json!({"goal": "g", "batch_id": batch})),
+        )
+    };
     let theirs = call(&t.router, submit(B, ids.batch)).await;
     let missing = call(&t.router, submit(B, ids.missing)).await;
     assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{theirs:?}");
     assert!(theirs.body.contains("\"batch_not_found\""), "{theirs:?}");
-    assert_eq!((theirs.status, ids.neutral(&theirs.body)), (missing.status, ids.neutral(&missing.body)));
+    assert_eq!(
+        (theirs.status, ids.neutral(&theirs.body)),
+        (missing.status, ids.neutral(&missing.body))
+    );
     // Nothing was created in either case; the owner's own batch takes the run.
     let b_runs = call(&t.router, api(&Method::GET, "/v1/runs", B, None)).await;
-    assert_eq!(serde_json::from_str::<Value>(&b_runs.body).unwrap()["runs"], json!([]), "{b_runs:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&b_runs.body).unwrap()["runs"],
+        json!([]),
+        "{b_runs:?}"
+    );
     let mine = call(&t.router, submit(A, ids.batch)).await;
     assert_eq!(mine.status, StatusCode::CREATED, "{mine:?}");
     // Listing by another tenant's batch shows nothing, as for a missing one.
     let list = |batch: Uuid| api(&Method::GET, &format!("/v1/runs?batch_id={batch}"), B, None);
-    let (theirs, missing) = (call(&t.router, list(ids.batch)).await, call(&t.router, list(ids.missing)).await);
-    assert_eq!((theirs.status, &theirs.body), (missing.status, &missing.body));
+    let (theirs, missing) = (
+        call(&t.router, list(ids.batch)).await,
+        call(&t.router, list(ids.missing)).await,
+    );
+    assert_eq!(
+        (theirs.status, &theirs.body),
+        (missing.status, &missing.body)
+    );
     assert_eq!(theirs.status, StatusCode::OK);
 }
 
@@ -250,11 +429,27 @@ async fn bulk_decisions_and_inbox_pages_answer_the_same_for_another_tenants_run(
     let t = harness().await;
     let ids = tenant_a_things(&t).await;
     // Bulk decisions: one result per decision, A's run as a missing one.
-    let bulk = |run: Uuid| json!({"decisions": [{"run_id": run, "call_id": "c1", "decision": "approve"}]});
-    let theirs = call(&t.router, api(&Method::POST, "/v1/approvals", B, Some(&bulk(ids.run)))).await;
-    let missing = call(&t.router, api(&Method::POST, "/v1/approvals", B, Some(&bulk(ids.missing)))).await;
-    assert_eq!(serde_json::from_str::<Value>(&theirs.body).unwrap()["results"][0]["status"], 404, "{theirs:?}");
-    assert_eq!((theirs.status, ids.neutral(&theirs.body)), (missing.status, ids.neutral(&missing.body)));
+    let bulk =
+        |run: Uuid| json!({"decisions": [{"run_id": run, "call_id": "c1", "decision": "approve"}]});
+    let theirs = call(
+        &t.router,
+        api(&Method::POST, "/v1/approvals", B, Some(&bulk(ids.run))),
+    )
+    .await;
+    let missing = call(
+        &t.router,
+        api(&Method::POST, "/v1/approvals", B, Some(&bulk(ids.missing))),
+    )
+    .await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&theirs.body).unwrap()["results"][0]["status"],
+        404,
+        "{theirs:?}"
+    );
+    assert_eq!(
+        (theirs.status, ids.neutral(&theirs.body)),
+        (missing.status, ids.neutral(&missing.body))
+    );
 
     // The inbox, signed in as B (who may approve).
     let login = Request::builder()
@@ -267,14 +462,48 @@ async fn bulk_decisions_and_inbox_pages_answer_the_same_for_another_tenants_run(
         .unwrap();
     let res = t.router.clone().oneshot(login).await.unwrap();
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
-    let cookie = res.headers()[header::SET_COOKIE].to_str().unwrap().split(';').next().unwrap().to_owned();
-    let queue = call(&t.router, Request::builder().uri("/inbox").header(header::COOKIE, &cookie).body(Body::empty()).unwrap()).await;
+    let cookie = res.headers()[header::SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let queue = call(
+        &t.router,
+        Request::builder()
+            .uri("/inbox")
+            .header(header::COOKIE, &cookie)
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
     assert_eq!(queue.status, StatusCode::OK);
-    assert!(!queue.body.contains(&ids.run.to_string()), "A's approval is not in B's queue");
-    let csrf = queue.body.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
-    let get = |uri: String| Request::builder().uri(uri).header(header::COOKIE, &cookie).body(Body::empty()).unwrap();
+    assert!(
+        !queue.body.contains(&ids.run.to_string()),
+        "A's approval is not in B's queue"
+    );
+    let csrf = queue
+        .body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_owned();
+    let get = |uri: String| {
+        Request::builder()
+            .uri(uri)
+            .header(header::COOKIE, &cookie)
+            .body(Body::empty())
+            .unwrap()
+    };
     let form = |uri: String, fields: &[(&str, &str)]| {
-        let body = form_urlencoded::Serializer::new(String::new()).extend_pairs(fields).extend_pairs([("csrf", csrf.as_str())]).finish();
+        let body = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(fields)
+            .extend_pairs([("csrf", csrf.as_str())])
+            .finish();
         Request::builder()
             .method(Method::POST)
             .uri(uri)
@@ -290,14 +519,36 @@ async fn bulk_decisions_and_inbox_pages_answer_the_same_for_another_tenants_run(
         vec![
             ("run page", get(format!("/inbox/runs/{run}"))),
             ("call page", get(format!("/inbox/runs/{run}/calls/c1"))),
-            ("edit preview", form(format!("/inbox/runs/{run}/calls/c1/edit"), &[("input", "{\"amount\": 2}")])),
-            ("decide", form(format!("/inbox/runs/{run}/calls/c1/decide"), &[("decision", "approve"), ("args_hash", hash.as_str())])),
+            (
+                "edit preview",
+                form(
+                    format!("/inbox/runs/{run}/calls/c1/edit"),
+                    &[("input", "{\"amount\": 2}")],
+                ),
+            ),
+            (
+                "decide",
+                form(
+                    format!("/inbox/runs/{run}/calls/c1/decide"),
+                    &[("decision", "approve"), ("args_hash", hash.as_str())],
+                ),
+            ),
         ]
     };
     for ((what, theirs), (_, missing)) in pages(ids.run).into_iter().zip(pages(ids.missing)) {
-        let (theirs, missing) = (call(&t.router, theirs).await, call(&t.router, missing).await);
+        let (theirs, missing) = (
+            call(&t.router, theirs).await,
+            call(&t.router, missing).await,
+        );
         assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{what}: {theirs:?}");
-        assert_eq!((theirs.status, ids.neutral(&theirs.body)), (missing.status, ids.neutral(&missing.body)), "{what}");
+        assert_eq!(
+            (theirs.status, ids.neutral(&theirs.body)),
+            (missing.status, ids.neutral(&missing.body)),
+            "{what}"
+        );
     }
-    assert!(t.log.inbox(ids.run).await.unwrap().is_empty(), "nothing was posted to A's run");
+    assert!(
+        t.log.inbox(ids.run).await.unwrap().is_empty(),
+        "nothing was posted to A's run"
+    );
 }

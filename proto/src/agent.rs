@@ -41,12 +41,15 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::budget::BudgetLimits;
+use crate::config::{
+    ConfigError, PlannerKind, Policy, RunConfig, TOOL_NAME, ToolSpec, config_error,
+};
 use crate::content::{ResultBlock, ToolContent};
-use crate::config::{ConfigError, PlannerKind, Policy, RunConfig, TOOL_NAME, ToolSpec, config_error};
 use crate::tool_sources::{HttpTool, McpToolSource, ToolPolicy};
 
 /// Agent names: `^[a-z0-9][a-z0-9_-]{0,63}$`.
-static AGENT_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new("^[a-z0-9][a-z0-9_-]{0,63}$").expect("valid regex"));
+static AGENT_NAME: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new("^[a-z0-9][a-z0-9_-]{0,63}$").expect("valid regex"));
 
 /// Largest regex program a guardrail or policy may compile to, in bytes
 /// (a set of regexes shares a budget too: [`crate::limits`]).
@@ -137,7 +140,10 @@ impl AgentDefinition {
     /// or JSON, defaults spelled or omitted), has the same hash.
     pub fn content_hash(&self) -> String {
         let value = serde_json::to_value(self).expect("a definition serialises");
-        format!("sha256:{:x}", Sha256::digest(crate::canonical_json(&value).as_bytes()))
+        format!(
+            "sha256:{:x}",
+            Sha256::digest(crate::canonical_json(&value).as_bytes())
+        )
     }
 
     /// The run configuration this definition describes, stamped with
@@ -174,7 +180,10 @@ impl AgentDefinition {
     /// the field as written in the definition (`guardrails.input[0].deny`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !AGENT_NAME.is_match(&self.name) {
-            return Err(config_error("name", format!("{:?} must match ^[a-z0-9][a-z0-9_-]{{0,63}}$", self.name)));
+            return Err(config_error(
+                "name",
+                format!("{:?} must match ^[a-z0-9][a-z0-9_-]{{0,63}}$", self.name),
+            ));
         }
         if let Some(p) = &self.provider
             && p.trim().is_empty()
@@ -184,10 +193,16 @@ impl AgentDefinition {
         let mut seen = std::collections::HashSet::new();
         for (i, t) in self.tools.iter().enumerate() {
             if !TOOL_NAME.is_match(t) {
-                return Err(config_error(format!("tools[{i}]"), format!("{t:?} must match ^[a-zA-Z0-9_-]{{1,64}}$")));
+                return Err(config_error(
+                    format!("tools[{i}]"),
+                    format!("{t:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"),
+                ));
             }
             if !seen.insert(t.as_str()) {
-                return Err(config_error(format!("tools[{i}]"), format!("{t:?} is listed twice")));
+                return Err(config_error(
+                    format!("tools[{i}]"),
+                    format!("{t:?} is listed twice"),
+                ));
             }
         }
         self.resolve(None).validate()
@@ -330,36 +345,64 @@ impl Guardrails {
                     return Err(config_error(format!("{side}[{i}].name"), "is blank"));
                 }
                 let compile = |pattern: &str, key: &str| {
-                    crate::limits::compile_regex(pattern, set_size).map_err(|e| config_error(format!("{side}[{i}].{key}"), format!("not a valid regex: {e}")))
+                    crate::limits::compile_regex(pattern, set_size).map_err(|e| {
+                        config_error(
+                            format!("{side}[{i}].{key}"),
+                            format!("not a valid regex: {e}"),
+                        )
+                    })
                 };
                 match (&r.deny, &r.redact) {
                     (Some(pattern), None) => {
                         if r.replacement.is_some() {
-                            return Err(config_error(format!("{side}[{i}].replacement"), "is for redact rules"));
+                            return Err(config_error(
+                                format!("{side}[{i}].replacement"),
+                                "is for redact rules",
+                            ));
                         }
                         deny.push((r.clone(), compile(pattern, "deny")?));
                     }
                     (None, Some(pattern)) => {
                         if r.reason.is_some() {
-                            return Err(config_error(format!("{side}[{i}].reason"), "is for deny rules (a redaction lets the text through)"));
+                            return Err(config_error(
+                                format!("{side}[{i}].reason"),
+                                "is for deny rules (a redaction lets the text through)",
+                            ));
                         }
                         let re = compile(pattern, "redact")?;
                         if re.is_match("") {
-                            return Err(config_error(format!("{side}[{i}].redact"), "matches the empty string"));
+                            return Err(config_error(
+                                format!("{side}[{i}].redact"),
+                                "matches the empty string",
+                            ));
                         }
                         // A blank replacement could leave a goal or message blank.
                         if r.replacement.as_ref().is_some_and(|t| t.trim().is_empty()) {
-                            return Err(config_error(format!("{side}[{i}].replacement"), "is blank (a goal or message could be left blank)"));
+                            return Err(config_error(
+                                format!("{side}[{i}].replacement"),
+                                "is blank (a goal or message could be left blank)",
+                            ));
                         }
-                        let replacement = r.replacement.clone().unwrap_or_else(|| format!("[redacted:{}]", r.name));
+                        let replacement = r
+                            .replacement
+                            .clone()
+                            .unwrap_or_else(|| format!("[redacted:{}]", r.name));
                         redact.push((r.name.clone(), replacement, re));
                     }
-                    _ => return Err(config_error(format!("{side}[{i}]"), "give exactly one of deny and redact")),
+                    _ => {
+                        return Err(config_error(
+                            format!("{side}[{i}]"),
+                            "give exactly one of deny and redact",
+                        ));
+                    }
                 }
             }
             Ok((deny, redact))
         };
-        for (field, max) in [("max_input_chars", self.max_input_chars), ("max_output_chars", self.max_output_chars)] {
+        for (field, max) in [
+            ("max_input_chars", self.max_input_chars),
+            ("max_output_chars", self.max_output_chars),
+        ] {
             if max == Some(0) {
                 return Err(config_error(field, "must be at least 1"));
             }
@@ -381,26 +424,49 @@ impl Guardrails {
 }
 
 impl CompiledGuardrails {
-    fn check(rules: &[(TextRule, Regex)], max: Option<usize>, limit_name: &str, text: &str) -> Result<(), (String, String)> {
+    fn check(
+        rules: &[(TextRule, Regex)],
+        max: Option<usize>,
+        limit_name: &str,
+        text: &str,
+    ) -> Result<(), (String, String)> {
         if let Some(max) = max {
             let chars = text.chars().count();
             if chars > max {
-                return Err((limit_name.to_owned(), format!("{chars} characters, more than the {max} allowed")));
+                return Err((
+                    limit_name.to_owned(),
+                    format!("{chars} characters, more than the {max} allowed"),
+                ));
             }
         }
         match rules.iter().find(|(_, re)| re.is_match(text)) {
-            Some((rule, _)) => Err((rule.name.clone(), rule.reason.clone().unwrap_or_else(|| format!("matches {}", rule.name)))),
+            Some((rule, _)) => Err((
+                rule.name.clone(),
+                rule.reason
+                    .clone()
+                    .unwrap_or_else(|| format!("matches {}", rule.name)),
+            )),
             None => Ok(()),
         }
     }
 
-    fn redact(rules: &[(String, String, Regex)], text: &str, redactions: &mut Vec<Redaction>) -> String {
+    fn redact(
+        rules: &[(String, String, Regex)],
+        text: &str,
+        redactions: &mut Vec<Redaction>,
+    ) -> String {
         let mut text = text.to_owned();
         for (name, replacement, re) in rules {
             let count = re.find_iter(&text).count();
             if count > 0 {
-                text = re.replace_all(&text, regex::NoExpand(replacement)).into_owned();
-                Redaction { guardrail: name.clone(), count }.add_to(redactions);
+                text = re
+                    .replace_all(&text, regex::NoExpand(replacement))
+                    .into_owned();
+                Redaction {
+                    guardrail: name.clone(),
+                    count,
+                }
+                .add_to(redactions);
             }
         }
         text
@@ -414,7 +480,12 @@ impl CompiledGuardrails {
 
     /// Check an answer, like [`CompiledGuardrails::check_input`].
     pub fn check_output(&self, text: &str) -> Result<(), (String, String)> {
-        Self::check(&self.output, self.max_output_chars, "max_output_chars", text)
+        Self::check(
+            &self.output,
+            self.max_output_chars,
+            "max_output_chars",
+            text,
+        )
     }
 
     /// A goal or user message with the input redact rules applied, in rule
@@ -422,7 +493,10 @@ impl CompiledGuardrails {
     /// changes nothing unless a replacement matches a rule.
     pub fn redact_input(&self, text: &str) -> (String, Vec<Redaction>) {
         let mut redactions = Vec::new();
-        (Self::redact(&self.redact_input, text, &mut redactions), redactions)
+        (
+            Self::redact(&self.redact_input, text, &mut redactions),
+            redactions,
+        )
     }
 
     /// Model text with the output redact rules applied, adding what matched
@@ -435,12 +509,18 @@ impl CompiledGuardrails {
     /// text block; images pass unchanged) with the redact rules applied and
     /// what matched, or, when a deny rule matches the redacted text,
     /// [`Withheld`]: the rule and the result's length, never its text.
-    pub fn screen_tool_result(&self, content: &ToolContent) -> Result<(ToolContent, Vec<Redaction>), Withheld> {
+    pub fn screen_tool_result(
+        &self,
+        content: &ToolContent,
+    ) -> Result<(ToolContent, Vec<Redaction>), Withheld> {
         let mut redactions = Vec::new();
         let mut screen = |text: &str| -> Result<String, Withheld> {
             let text = Self::redact(&self.redact_tool_results, text, &mut redactions);
             match self.tool_results.iter().find(|(_, re)| re.is_match(&text)) {
-                Some((rule, _)) => Err(Withheld { guardrail: rule.name.clone(), chars: content.to_text().chars().count() }),
+                Some((rule, _)) => Err(Withheld {
+                    guardrail: rule.name.clone(),
+                    chars: content.to_text().chars().count(),
+                }),
                 None => Ok(text),
             }
         };
@@ -450,7 +530,9 @@ impl CompiledGuardrails {
                 blocks
                     .iter()
                     .map(|b| match b {
-                        ResultBlock::Text { text } => screen(text).map(|text| ResultBlock::Text { text }),
+                        ResultBlock::Text { text } => {
+                            screen(text).map(|text| ResultBlock::Text { text })
+                        }
                         other => Ok(other.clone()),
                     })
                     .collect::<Result<_, _>>()?,
@@ -550,12 +632,19 @@ max_tokens = 100
             "conversational": false});
         let twin: AgentDefinition = from_json_value(json).unwrap();
         assert_eq!(def.content_hash(), twin.content_hash());
-        let r = AgentRef { name: "support".into(), version: 1, content_hash: def.content_hash() };
+        let r = AgentRef {
+            name: "support".into(),
+            version: 1,
+            content_hash: def.content_hash(),
+        };
         let config = def.resolve(Some(r.clone()));
         assert_eq!(config.tools, Some(vec!["get_order".to_owned()]));
         assert_eq!(config.agent, Some(r));
         let g = config.guardrails.compile().unwrap();
-        assert_eq!(g.check_input("card 1234567812345678"), Err(("no-cards".into(), "matches no-cards".into())));
+        assert_eq!(
+            g.check_input("card 1234567812345678"),
+            Err(("no-cards".into(), "matches no-cards".into()))
+        );
         assert!(g.check_input("hello").is_ok());
         let mut other = def.clone();
         other.system = "x".into();
@@ -564,15 +653,27 @@ max_tokens = 100
 
     #[test]
     fn bad_definitions_name_the_field() {
-        let e = from_toml_str::<AgentDefinition>(&format!("command = \"rm -rf /\"\n{TOML}")).unwrap_err();
+        let e = from_toml_str::<AgentDefinition>(&format!("command = \"rm -rf /\"\n{TOML}"))
+            .unwrap_err();
         assert_eq!(e.to_string(), "command: unknown field");
-        let e = from_toml_str::<AgentDefinition>(&TOML.replace("max_tokens = 100", "max_tokens = 100\nthreshold = 3")).unwrap_err();
+        let e = from_toml_str::<AgentDefinition>(
+            &TOML.replace("max_tokens = 100", "max_tokens = 100\nthreshold = 3"),
+        )
+        .unwrap_err();
         assert_eq!(e.path, "compaction.threshold");
         let mut def: AgentDefinition = from_toml_str(TOML).unwrap();
-        def.guardrails.output.push(TextRule { name: "bad".into(), deny: Some("(".into()), ..TextRule::default() });
-        assert_eq!(def.validate().unwrap_err().field, "guardrails.output[0].deny");
+        def.guardrails.output.push(TextRule {
+            name: "bad".into(),
+            deny: Some("(".into()),
+            ..TextRule::default()
+        });
+        assert_eq!(
+            def.validate().unwrap_err().field,
+            "guardrails.output[0].deny"
+        );
         def.guardrails.output.clear();
-        def.output_schema = Some(serde_json::json!({"type": "object", "properties": {"a": {"type": "nope"}}}));
+        def.output_schema =
+            Some(serde_json::json!({"type": "object", "properties": {"a": {"type": "nope"}}}));
         assert_eq!(def.validate().unwrap_err().field, "output_schema");
         def.output_schema = None;
         def.name = "Bad Name".into();

@@ -84,7 +84,9 @@ pub enum Limit {
 
 impl std::fmt::Display for Limit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_owned));
+        let s = serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned));
         f.write_str(s.as_deref().unwrap_or("?"))
     }
 }
@@ -108,26 +110,53 @@ impl BudgetLimits {
             (self.max_turns, usage.turns, Limit::Turns),
             (self.max_tool_calls, usage.tool_calls, Limit::ToolCalls),
             (self.max_active_ms, usage.active_ms, Limit::ActiveTime),
-            (self.max_input_tokens, usage.tokens.input_tokens, Limit::InputTokens),
-            (self.max_output_tokens, usage.tokens.output_tokens, Limit::OutputTokens),
-            (self.max_cache_write_tokens, usage.tokens.cache_write_tokens, Limit::CacheWriteTokens),
-            (self.max_cache_read_tokens, usage.tokens.cache_read_tokens, Limit::CacheReadTokens),
+            (
+                self.max_input_tokens,
+                usage.tokens.input_tokens,
+                Limit::InputTokens,
+            ),
+            (
+                self.max_output_tokens,
+                usage.tokens.output_tokens,
+                Limit::OutputTokens,
+            ),
+            (
+                self.max_cache_write_tokens,
+                usage.tokens.cache_write_tokens,
+                Limit::CacheWriteTokens,
+            ),
+            (
+                self.max_cache_read_tokens,
+                usage.tokens.cache_read_tokens,
+                Limit::CacheReadTokens,
+            ),
             (self.max_cost_usd_micros, usage.cost_usd_micros, Limit::Cost),
         ];
-        checks.into_iter().find(|(max, used, _)| max.is_some_and(|m| *used >= m)).map(|(_, _, l)| l)
+        checks
+            .into_iter()
+            .find(|(max, used, _)| max.is_some_and(|m| *used >= m))
+            .map(|(_, _, l)| l)
     }
 
     /// The first limit that blocks one more model call: every limit but
     /// `max_tool_calls` (a model out of tool calls may still answer).
     pub fn exhausted_for_model(&self, usage: &BudgetUsage) -> Option<Limit> {
-        let without_tools = BudgetLimits { max_tool_calls: None, ..*self };
+        let without_tools = BudgetLimits {
+            max_tool_calls: None,
+            ..*self
+        };
         without_tools.exhausted(usage)
     }
 
     /// The first limit that blocks one more tool call: only `max_tool_calls`,
     /// `max_active_ms` and `max_cost_usd_micros` apply to tools.
     pub fn exhausted_for_tool(&self, usage: &BudgetUsage) -> Option<Limit> {
-        let tool_limits = BudgetLimits { max_tool_calls: self.max_tool_calls, max_active_ms: self.max_active_ms, max_cost_usd_micros: self.max_cost_usd_micros, ..Default::default() };
+        let tool_limits = BudgetLimits {
+            max_tool_calls: self.max_tool_calls,
+            max_active_ms: self.max_active_ms,
+            max_cost_usd_micros: self.max_cost_usd_micros,
+            ..Default::default()
+        };
         tool_limits.exhausted(usage)
     }
 

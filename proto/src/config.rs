@@ -209,7 +209,11 @@ impl ToolSpec {
     /// A tool the worker runs, with the defaults: not idempotent, a 30 s
     /// timeout, no hand-off, a [`DEFAULT_CANCEL_GRACE_MS`] grace. Set
     /// `external: true` (struct update) for a tool the caller executes.
-    pub fn new(name: impl Into<String>, description: impl Into<String>, input_schema: Value) -> ToolSpec {
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        input_schema: Value,
+    ) -> ToolSpec {
         ToolSpec {
             name: name.into(),
             description: description.into(),
@@ -230,7 +234,10 @@ impl ToolSpec {
     pub fn requires_approval(&self) -> bool {
         match &self.policy {
             Some(p) => p.requires_approval,
-            None => self.source.as_ref().is_some_and(ToolSource::requires_approval),
+            None => self
+                .source
+                .as_ref()
+                .is_some_and(ToolSource::requires_approval),
         }
     }
 }
@@ -259,7 +266,10 @@ pub struct ConfigError {
 }
 
 pub(crate) fn config_error(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError { field: field.into(), reason: reason.into() }
+    ConfigError {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 /// Tool names both provider APIs accept.
@@ -277,11 +287,17 @@ pub(crate) static TOOL_NAME: std::sync::LazyLock<regex::Regex> =
 /// or read. Errors: the reason, as text.
 pub fn compile_tool_schema(schema: &Value) -> Result<jsonschema::Validator, String> {
     let Some(object) = schema.as_object() else {
-        return Err(format!("must be a JSON Schema object, not {}", json_type(schema)));
+        return Err(format!(
+            "must be a JSON Schema object, not {}",
+            json_type(schema)
+        ));
     };
-    let validator = jsonschema::validator_for(schema).map_err(|e| format!("not a valid JSON Schema: {e}"))?;
+    let validator =
+        jsonschema::validator_for(schema).map_err(|e| format!("not a valid JSON Schema: {e}"))?;
     if object.get("type") != Some(&Value::String("object".into())) {
-        return Err("must describe a JSON object: tool arguments are one (set \"type\": \"object\")".into());
+        return Err(
+            "must describe a JSON object: tool arguments are one (set \"type\": \"object\")".into(),
+        );
     }
     Ok(validator)
 }
@@ -305,51 +321,83 @@ impl RunConfig {
     /// schemas, `http(s)` URLs and non-zero limits; policies name a tool and
     /// set a non-zero timeout; the provider name is not blank. `names` holds
     /// the tool names taken so far.
-    fn validate_tool_sources<'a>(&'a self, names: &mut std::collections::HashSet<&'a str>) -> Result<(), ConfigError> {
+    fn validate_tool_sources<'a>(
+        &'a self,
+        names: &mut std::collections::HashSet<&'a str>,
+    ) -> Result<(), ConfigError> {
         let mut servers = std::collections::HashSet::new();
         for (i, source) in self.mcp.iter().enumerate() {
             if source.server.trim().is_empty() {
                 return Err(config_error(format!("mcp[{i}].server"), "is blank"));
             }
             if !servers.insert(source.server.as_str()) {
-                return Err(config_error(format!("mcp[{i}].server"), format!("{:?} is listed twice; merge the allow lists", source.server)));
+                return Err(config_error(
+                    format!("mcp[{i}].server"),
+                    format!("{:?} is listed twice; merge the allow lists", source.server),
+                ));
             }
             if source.allow.is_empty() {
-                return Err(config_error(format!("mcp[{i}].allow"), "is empty: list the server's tools the model may call"));
+                return Err(config_error(
+                    format!("mcp[{i}].allow"),
+                    "is empty: list the server's tools the model may call",
+                ));
             }
             let mut allowed = std::collections::HashSet::new();
             for (j, name) in source.allow.iter().enumerate() {
                 if !TOOL_NAME.is_match(name) {
-                    return Err(config_error(format!("mcp[{i}].allow[{j}]"), format!("{name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$")));
+                    return Err(config_error(
+                        format!("mcp[{i}].allow[{j}]"),
+                        format!("{name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"),
+                    ));
                 }
                 if !allowed.insert(name.as_str()) {
-                    return Err(config_error(format!("mcp[{i}].allow[{j}]"), format!("{name:?} is listed twice")));
+                    return Err(config_error(
+                        format!("mcp[{i}].allow[{j}]"),
+                        format!("{name:?} is listed twice"),
+                    ));
                 }
             }
         }
         for (i, t) in self.http_tools.iter().enumerate() {
             let field = |f: &str| format!("http_tools[{i}].{f}");
             if !TOOL_NAME.is_match(&t.name) {
-                return Err(config_error(field("name"), format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name)));
+                return Err(config_error(
+                    field("name"),
+                    format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name),
+                ));
             }
             if t.name == crate::OUTPUT_TOOL || !names.insert(t.name.as_str()) {
-                return Err(config_error(field("name"), format!("{:?} is taken by another tool", t.name)));
+                return Err(config_error(
+                    field("name"),
+                    format!("{:?} is taken by another tool", t.name),
+                ));
             }
-            compile_tool_schema(&t.input_schema).map_err(|reason| config_error(field("input_schema"), reason))?;
-            crate::tool_sources::url_origin(&t.url).map_err(|reason| config_error(field("url"), reason))?;
+            compile_tool_schema(&t.input_schema)
+                .map_err(|reason| config_error(field("input_schema"), reason))?;
+            crate::tool_sources::url_origin(&t.url)
+                .map_err(|reason| config_error(field("url"), reason))?;
             if t.timeout_ms == 0 {
                 return Err(config_error(field("timeout_ms"), "must be at least 1"));
             }
             if t.max_response_bytes == 0 {
-                return Err(config_error(field("max_response_bytes"), "must be at least 1"));
+                return Err(config_error(
+                    field("max_response_bytes"),
+                    "must be at least 1",
+                ));
             }
         }
         for (name, policy) in &self.tool_policy {
             if !TOOL_NAME.is_match(name) {
-                return Err(config_error(format!("tool_policy.{name}"), "must name a tool (^[a-zA-Z0-9_-]{1,64}$)"));
+                return Err(config_error(
+                    format!("tool_policy.{name}"),
+                    "must name a tool (^[a-zA-Z0-9_-]{1,64}$)",
+                ));
             }
             if policy.timeout_ms == Some(0) {
-                return Err(config_error(format!("tool_policy.{name}.timeout_ms"), "must be at least 1"));
+                return Err(config_error(
+                    format!("tool_policy.{name}.timeout_ms"),
+                    "must be at least 1",
+                ));
             }
         }
         if self.provider.as_ref().is_some_and(|p| p.trim().is_empty()) {
@@ -381,7 +429,10 @@ impl RunConfig {
             return Err(config_error("model", "is blank"));
         }
         if self.max_model_calls_per_turn == 0 {
-            return Err(config_error("max_model_calls_per_turn", "must be at least 1"));
+            return Err(config_error(
+                "max_model_calls_per_turn",
+                "must be at least 1",
+            ));
         }
         if self.max_tokens == 0 {
             return Err(config_error("max_tokens", "must be at least 1"));
@@ -390,31 +441,53 @@ impl RunConfig {
         for (i, t) in self.external_tools.iter().enumerate() {
             let field = |f: &str| format!("external_tools[{i}].{f}");
             if !TOOL_NAME.is_match(&t.name) {
-                return Err(config_error(field("name"), format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name)));
+                return Err(config_error(
+                    field("name"),
+                    format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name),
+                ));
             }
             if t.name == crate::OUTPUT_TOOL {
-                return Err(config_error(field("name"), format!("{:?} is reserved for the output schema's tool", t.name)));
+                return Err(config_error(
+                    field("name"),
+                    format!("{:?} is reserved for the output schema's tool", t.name),
+                ));
             }
             if !names.insert(t.name.as_str()) {
-                return Err(config_error(field("name"), format!("{:?} is listed twice", t.name)));
+                return Err(config_error(
+                    field("name"),
+                    format!("{:?} is listed twice", t.name),
+                ));
             }
-            compile_tool_schema(&t.input_schema).map_err(|reason| config_error(field("input_schema"), reason))?;
+            compile_tool_schema(&t.input_schema)
+                .map_err(|reason| config_error(field("input_schema"), reason))?;
             if t.source.is_some() {
-                return Err(config_error(field("source"), "is set by the worker; an external tool has none"));
+                return Err(config_error(
+                    field("source"),
+                    "is set by the worker; an external tool has none",
+                ));
             }
             if t.policy.is_some() {
-                return Err(config_error(field("policy"), "is set by the worker (use tool_policy and policies)"));
+                return Err(config_error(
+                    field("policy"),
+                    "is set by the worker (use tool_policy and policies)",
+                ));
             }
         }
         self.validate_tool_sources(&mut names)?;
         for (i, p) in self.policies.iter().enumerate() {
             if p.tool.trim().is_empty() {
-                return Err(config_error(format!("policies[{i}].tool"), "is blank (use \"*\" for any tool)"));
+                return Err(config_error(
+                    format!("policies[{i}].tool"),
+                    "is blank (use \"*\" for any tool)",
+                ));
             }
             if let Some(re) = &p.args
                 && let Err(e) = crate::limits::compile_regex(re, self.policies.len())
             {
-                return Err(config_error(format!("policies[{i}].args"), format!("not a valid regex: {e}")));
+                return Err(config_error(
+                    format!("policies[{i}].args"),
+                    format!("not a valid regex: {e}"),
+                ));
             }
         }
         if let Some(schema) = &self.output_schema {
@@ -422,9 +495,12 @@ impl RunConfig {
         }
         let (declared, complete) = self.declared_tool_names();
         self.validate_tool_names(&declared, complete)?;
-        self.guardrails.compile().map_err(|e| config_error(format!("guardrails.{}", e.field), e.reason))?;
+        self.guardrails
+            .compile()
+            .map_err(|e| config_error(format!("guardrails.{}", e.field), e.reason))?;
         if let Some(c) = &self.compaction {
-            c.validate().map_err(|e| config_error(format!("compaction.{}", e.field), e.reason))?;
+            c.validate()
+                .map_err(|e| config_error(format!("compaction.{}", e.field), e.reason))?;
         }
         Ok(())
     }
@@ -438,9 +514,17 @@ impl RunConfig {
     /// when `tools` is unset (the worker's registered tools are offered too,
     /// and only the worker knows them).
     pub fn declared_tool_names(&self) -> (Vec<&str>, bool) {
-        let mut names: Vec<&str> = self.external_tools.iter().map(|t| t.name.as_str()).collect();
+        let mut names: Vec<&str> = self
+            .external_tools
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
         names.extend(self.http_tools.iter().map(|t| t.name.as_str()));
-        names.extend(self.mcp.iter().flat_map(|s| s.allow.iter().map(String::as_str)));
+        names.extend(
+            self.mcp
+                .iter()
+                .flat_map(|s| s.allow.iter().map(String::as_str)),
+        );
         names.extend(self.tools.iter().flatten().map(String::as_str));
         if self.output_schema.is_some() {
             names.push(crate::OUTPUT_TOOL);
@@ -469,9 +553,25 @@ impl RunConfig {
     /// ```
     pub fn validate_tool_names(&self, offered: &[&str], complete: bool) -> Result<(), ConfigError> {
         let mut written: Vec<(String, &str)> = Vec::new();
-        written.extend(self.tools.iter().flatten().enumerate().map(|(i, n)| (format!("tools[{i}]"), n.as_str())));
-        written.extend(self.policies.iter().enumerate().filter(|(_, p)| p.tool != "*").map(|(i, p)| (format!("policies[{i}].tool"), p.tool.as_str())));
-        written.extend(self.tool_policy.keys().map(|n| (format!("tool_policy.{n}"), n.as_str())));
+        written.extend(
+            self.tools
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(i, n)| (format!("tools[{i}]"), n.as_str())),
+        );
+        written.extend(
+            self.policies
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.tool != "*")
+                .map(|(i, p)| (format!("policies[{i}].tool"), p.tool.as_str())),
+        );
+        written.extend(
+            self.tool_policy
+                .keys()
+                .map(|n| (format!("tool_policy.{n}"), n.as_str())),
+        );
         for (field, name) in written {
             if offered.contains(&name) {
                 continue;
@@ -479,8 +579,11 @@ impl RunConfig {
             if !complete && near_miss(name, offered).is_none() {
                 continue;
             }
-            let hint = nearest(name, offered).map(|n| format!("; did you mean {n:?}?")).unwrap_or_default();
-            let reason = format!("{name:?} is not a tool this run is offered (names match exactly){hint}");
+            let hint = nearest(name, offered)
+                .map(|n| format!("; did you mean {n:?}?"))
+                .unwrap_or_default();
+            let reason =
+                format!("{name:?} is not a tool this run is offered (names match exactly){hint}");
             return Err(config_error(field, reason));
         }
         Ok(())
@@ -497,7 +600,10 @@ fn folded(name: &str) -> String {
 /// that is easy to mistake for it; never used to match).
 pub fn near_miss<'a>(name: &str, offered: &[&'a str]) -> Option<&'a str> {
     let key = folded(name);
-    offered.iter().copied().find(|o| *o != name && folded(o) == key)
+    offered
+        .iter()
+        .copied()
+        .find(|o| *o != name && folded(o) == key)
 }
 
 /// The offered name closest to `name`, for a "did you mean" hint: a

@@ -275,7 +275,10 @@ pub enum ImageSource {
 impl ImageSource {
     /// An inline image.
     pub fn base64(media_type: impl Into<String>, data: impl Into<String>) -> Self {
-        ImageSource::Base64 { media_type: media_type.into(), data: data.into() }
+        ImageSource::Base64 {
+            media_type: media_type.into(),
+            data: data.into(),
+        }
     }
 
     /// The declared MIME type.
@@ -333,17 +336,37 @@ impl ImageSource {
         use base64::Engine;
         let data = self.data();
         if data.len() > MAX_IMAGE_BASE64_LEN {
-            return Err(format!("its base64 data is {} bytes, over the {MAX_IMAGE_BASE64_LEN} bytes a model request may carry", data.len()));
+            return Err(format!(
+                "its base64 data is {} bytes, over the {MAX_IMAGE_BASE64_LEN} bytes a model request may carry",
+                data.len()
+            ));
         }
-        let bytes = base64::engine::general_purpose::STANDARD.decode(data).map_err(|e| format!("its data is not valid base64 ({e})"))?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .map_err(|e| format!("its data is not valid base64 ({e})"))?;
         match bytes.as_slice() {
             [0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, ..] => Ok("image/png"),
             [0xff, 0xd8, 0xff, ..] => Ok("image/jpeg"),
             [b'G', b'I', b'F', b'8', ..] => Ok("image/gif"),
-            [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Ok("image/webp"),
-            _ if !IMAGE_MEDIA_TYPES.contains(&self.media_type()) => {
-                Err(format!("{} is not a type a model accepts (PNG, JPEG, GIF or WebP)", self.media_type()))
-            }
+            [
+                b'R',
+                b'I',
+                b'F',
+                b'F',
+                _,
+                _,
+                _,
+                _,
+                b'W',
+                b'E',
+                b'B',
+                b'P',
+                ..,
+            ] => Ok("image/webp"),
+            _ if !IMAGE_MEDIA_TYPES.contains(&self.media_type()) => Err(format!(
+                "{} is not a type a model accepts (PNG, JPEG, GIF or WebP)",
+                self.media_type()
+            )),
             _ => Err("its data is not a PNG, JPEG, GIF or WebP image".into()),
         }
     }
@@ -368,12 +391,18 @@ impl Message {
     /// assert_eq!(m.text(), "Where is my refund?");
     /// ```
     pub fn user(text: impl Into<String>) -> Self {
-        Message { role: Role::User, content: vec![ContentBlock::text(text)] }
+        Message {
+            role: Role::User,
+            content: vec![ContentBlock::text(text)],
+        }
     }
 
     /// An assistant message with one text block.
     pub fn assistant(text: impl Into<String>) -> Self {
-        Message { role: Role::Assistant, content: vec![ContentBlock::text(text)] }
+        Message {
+            role: Role::Assistant,
+            content: vec![ContentBlock::text(text)],
+        }
     }
 
     /// The concatenated text blocks (thinking excluded), joined by `\n`.

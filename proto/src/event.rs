@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::agent::Redaction;
 use crate::budget::{BudgetLimits, BudgetUsage, Limit};
 use crate::config::{RunConfig, ToolSpec};
-use crate::agent::Redaction;
 use crate::stop::RejectedAnswer;
 use crate::{Message, ToolContent, Usage};
 

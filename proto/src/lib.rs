@@ -27,23 +27,31 @@ pub mod marker;
 pub mod repair;
 pub mod state;
 pub mod stop;
-pub mod tool_sources;
 pub mod strict;
+pub mod tool_sources;
 
-pub use agent::{AgentDefinition, AgentRef, CompactionSpec, CompactionStrategy, Guardrails, Redaction, TextRule, Withheld};
+pub use agent::{
+    AgentDefinition, AgentRef, CompactionSpec, CompactionStrategy, Guardrails, Redaction, TextRule,
+    Withheld,
+};
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing};
 pub use config::{
-    ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema,
-    json_type,
+    ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy,
+    PolicyAction, RunConfig, ToolSpec, compile_tool_schema, json_type,
 };
-pub use content::{ContentBlock, IMAGE_MEDIA_TYPES, ImageSource, MAX_IMAGE_BASE64_LEN, Message, ResultBlock, Role, ToolContent, Usage};
+pub use content::{
+    ContentBlock, IMAGE_MEDIA_TYPES, ImageSource, MAX_IMAGE_BASE64_LEN, Message, ResultBlock, Role,
+    ToolContent, Usage,
+};
 pub use event::{
-    Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent, Outcome, PauseReason,
-    PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
+    Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent,
+    Outcome, PauseReason, PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
 };
-pub use tool_sources::{HttpTool, McpToolSource, PolicyOrigin, ResolvedPolicy, ToolPolicy, ToolSource};
-pub use stop::{ProtectedTurn, RefusedTurn, RejectedAnswer, StopAction, StopClass, StopPolicy};
 pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
+pub use stop::{ProtectedTurn, RefusedTurn, RejectedAnswer, StopAction, StopClass, StopPolicy};
+pub use tool_sources::{
+    HttpTool, McpToolSource, PolicyOrigin, ResolvedPolicy, ToolPolicy, ToolSource,
+};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -64,7 +72,12 @@ pub fn canonical_json(value: &Value) -> String {
             Value::Object(map) => {
                 let mut entries: Vec<(&String, &Value)> = map.iter().collect();
                 entries.sort_by(|a, b| a.0.cmp(b.0));
-                Value::Object(entries.into_iter().map(|(k, v)| (k.clone(), sorted(v))).collect())
+                Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), sorted(v)))
+                        .collect(),
+                )
             }
             Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
             other => other.clone(),

@@ -46,38 +46,80 @@ pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 pub const MAX_SCHEMA_DEPTH: usize = 32;
 
 fn over(field: &str, what: String, max: usize, limit: &str) -> ConfigError {
-    config_error(field, format!("{what}, more than the {max} allowed ({limit})"))
+    config_error(
+        field,
+        format!("{what}, more than the {max} allowed ({limit})"),
+    )
 }
 
 /// Check every bound of this module on `config`, counting and measuring
 /// only (nothing is compiled). Errors name the field (`guardrails`,
 /// `policies`, `external_tools[2].input_schema`) and the limit.
 pub fn check_config(config: &RunConfig) -> Result<(), ConfigError> {
-    check_guardrails(&config.guardrails).map_err(|e| config_error(format!("guardrails.{}", e.field), e.reason))?;
+    check_guardrails(&config.guardrails)
+        .map_err(|e| config_error(format!("guardrails.{}", e.field), e.reason))?;
     if config.policies.len() > MAX_POLICIES {
-        return Err(over("policies", format!("{} policies", config.policies.len()), MAX_POLICIES, "max_policies"));
+        return Err(over(
+            "policies",
+            format!("{} policies", config.policies.len()),
+            MAX_POLICIES,
+            "max_policies",
+        ));
     }
-    let policy_bytes: usize = config.policies.iter().filter_map(|p| p.args.as_ref()).map(String::len).sum();
+    let policy_bytes: usize = config
+        .policies
+        .iter()
+        .filter_map(|p| p.args.as_ref())
+        .map(String::len)
+        .sum();
     if policy_bytes > MAX_PATTERN_BYTES {
-        return Err(over("policies", format!("{policy_bytes} bytes of args patterns"), MAX_PATTERN_BYTES, "max_pattern_bytes"));
+        return Err(over(
+            "policies",
+            format!("{policy_bytes} bytes of args patterns"),
+            MAX_PATTERN_BYTES,
+            "max_pattern_bytes",
+        ));
     }
     let tools = config.tools.as_ref().map_or(0, Vec::len)
         + config.external_tools.len()
         + config.http_tools.len()
         + config.mcp.iter().map(|m| m.allow.len()).sum::<usize>();
     if tools > MAX_TOOLS {
-        return Err(over("tools", format!("{tools} tools (tools, external_tools, http_tools and mcp allow lists together)"), MAX_TOOLS, "max_tools"));
+        return Err(over(
+            "tools",
+            format!(
+                "{tools} tools (tools, external_tools, http_tools and mcp allow lists together)"
+            ),
+            MAX_TOOLS,
+            "max_tools",
+        ));
     }
     if config.tool_policy.len() > MAX_TOOLS {
-        return Err(over("tool_policy", format!("{} entries", config.tool_policy.len()), MAX_TOOLS, "max_tools"));
+        return Err(over(
+            "tool_policy",
+            format!("{} entries", config.tool_policy.len()),
+            MAX_TOOLS,
+            "max_tools",
+        ));
     }
     let schemas = config
         .external_tools
         .iter()
         .enumerate()
         .map(|(i, t)| (format!("external_tools[{i}].input_schema"), &t.input_schema))
-        .chain(config.http_tools.iter().enumerate().map(|(i, t)| (format!("http_tools[{i}].input_schema"), &t.input_schema)))
-        .chain(config.output_schema.iter().map(|s| ("output_schema".to_owned(), s)));
+        .chain(
+            config
+                .http_tools
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("http_tools[{i}].input_schema"), &t.input_schema)),
+        )
+        .chain(
+            config
+                .output_schema
+                .iter()
+                .map(|s| ("output_schema".to_owned(), s)),
+        );
     for (field, schema) in schemas {
         check_schema(&field, schema)?;
     }
@@ -92,14 +134,27 @@ pub fn check_config(config: &RunConfig) -> Result<(), ConfigError> {
 /// bytes over).
 pub fn check_guardrails(g: &Guardrails) -> Result<(), ConfigError> {
     let mut rules = 0;
-    for (side, list) in [("input", &g.input), ("output", &g.output), ("tool_results", &g.tool_results)] {
+    for (side, list) in [
+        ("input", &g.input),
+        ("output", &g.output),
+        ("tool_results", &g.tool_results),
+    ] {
         rules += list.len();
         if rules > MAX_GUARDRAIL_RULES {
-            return Err(over(side, format!("{rules} rules in the set"), MAX_GUARDRAIL_RULES, "max_guardrail_rules"));
+            return Err(over(
+                side,
+                format!("{rules} rules in the set"),
+                MAX_GUARDRAIL_RULES,
+                "max_guardrail_rules",
+            ));
         }
     }
     let mut bytes = 0;
-    for (side, list) in [("input", &g.input), ("output", &g.output), ("tool_results", &g.tool_results)] {
+    for (side, list) in [
+        ("input", &g.input),
+        ("output", &g.output),
+        ("tool_results", &g.tool_results),
+    ] {
         for (i, r) in list.iter().enumerate() {
             let (key, len) = match (&r.deny, &r.redact) {
                 (Some(p), _) => ("deny", p.len()),
@@ -108,7 +163,12 @@ pub fn check_guardrails(g: &Guardrails) -> Result<(), ConfigError> {
             };
             bytes += len;
             if bytes > MAX_PATTERN_BYTES {
-                return Err(over(&format!("{side}[{i}].{key}"), format!("{bytes} bytes of patterns in the set"), MAX_PATTERN_BYTES, "max_pattern_bytes"));
+                return Err(over(
+                    &format!("{side}[{i}].{key}"),
+                    format!("{bytes} bytes of patterns in the set"),
+                    MAX_PATTERN_BYTES,
+                    "max_pattern_bytes",
+                ));
             }
         }
     }
@@ -120,11 +180,21 @@ pub fn check_guardrails(g: &Guardrails) -> Result<(), ConfigError> {
 pub fn check_schema(field: &str, schema: &Value) -> Result<(), ConfigError> {
     let depth = depth(schema);
     if depth > MAX_SCHEMA_DEPTH {
-        return Err(over(field, format!("nested {depth} deep"), MAX_SCHEMA_DEPTH, "max_schema_depth"));
+        return Err(over(
+            field,
+            format!("nested {depth} deep"),
+            MAX_SCHEMA_DEPTH,
+            "max_schema_depth",
+        ));
     }
     let bytes = json_len(schema);
     if bytes > MAX_SCHEMA_BYTES {
-        return Err(over(field, format!("{bytes} bytes as JSON"), MAX_SCHEMA_BYTES, "max_schema_bytes"));
+        return Err(over(
+            field,
+            format!("{bytes} bytes as JSON"),
+            MAX_SCHEMA_BYTES,
+            "max_schema_bytes",
+        ));
     }
     Ok(())
 }
@@ -167,7 +237,10 @@ fn json_len(value: &Value) -> usize {
 /// does not fit its share fails like an invalid one ("exceeds size limit").
 pub fn compile_regex(pattern: &str, set_size: usize) -> Result<Regex, regex::Error> {
     let n = set_size.max(1);
-    RegexBuilder::new(pattern).size_limit((REGEX_SIZE_BUDGET / n).min(MAX_REGEX_SIZE)).dfa_size_limit((REGEX_DFA_BUDGET / n).min(2 << 20)).build()
+    RegexBuilder::new(pattern)
+        .size_limit((REGEX_SIZE_BUDGET / n).min(MAX_REGEX_SIZE))
+        .dfa_size_limit((REGEX_DFA_BUDGET / n).min(2 << 20))
+        .build()
 }
 
 #[cfg(test)]
@@ -176,7 +249,11 @@ mod tests {
     use crate::agent::TextRule;
 
     fn rule(i: usize, pattern: &str) -> TextRule {
-        TextRule { name: format!("r{i}"), deny: Some(pattern.into()), ..TextRule::default() }
+        TextRule {
+            name: format!("r{i}"),
+            deny: Some(pattern.into()),
+            ..TextRule::default()
+        }
     }
 
     #[test]
@@ -185,15 +262,27 @@ mod tests {
         config.guardrails.input = (0..500).map(|i| rule(i, "x{19999}")).collect();
         let e = config.validate().unwrap_err();
         assert_eq!(e.field, "guardrails.input");
-        assert!(e.reason.contains("500 rules") && e.reason.contains("max_guardrail_rules"), "{e}");
+        assert!(
+            e.reason.contains("500 rules") && e.reason.contains("max_guardrail_rules"),
+            "{e}"
+        );
         // 64 rules pass the count, but each one's share of the budget is too small for x{19999}.
         config.guardrails.input.truncate(64);
         let e = config.validate().unwrap_err();
         assert_eq!(e.field, "guardrails.input[0].deny");
         assert!(e.reason.contains("size limit"), "{e}");
-        config.guardrails.input = vec![rule(0, r"\b\d{4}[ -]?\d{4}[ -]?\d{4}[ -]?\d{4}\b"), TextRule { name: "email".into(), redact: Some(r"[\w.+-]+@[\w-]+\.[\w.]+".into()), ..TextRule::default() }];
+        config.guardrails.input = vec![
+            rule(0, r"\b\d{4}[ -]?\d{4}[ -]?\d{4}[ -]?\d{4}\b"),
+            TextRule {
+                name: "email".into(),
+                redact: Some(r"[\w.+-]+@[\w-]+\.[\w.]+".into()),
+                ..TextRule::default()
+            },
+        ];
         config.validate().unwrap();
-        config.guardrails.input = (0..64).map(|i| rule(i, r"[\w.+-]+@[\w-]+\.[\w.]+")).collect();
+        config.guardrails.input = (0..64)
+            .map(|i| rule(i, r"[\w.+-]+@[\w-]+\.[\w.]+"))
+            .collect();
         config.validate().unwrap();
     }
 
@@ -205,10 +294,14 @@ mod tests {
         }
         let e = check_schema("output_schema", &deep).unwrap_err();
         assert!(e.reason.contains("max_schema_depth"), "{e}");
-        let big = serde_json::json!({"type": "object", "description": "x".repeat(MAX_SCHEMA_BYTES)});
+        let big =
+            serde_json::json!({"type": "object", "description": "x".repeat(MAX_SCHEMA_BYTES)});
         let e = check_schema("output_schema", &big).unwrap_err();
         assert!(e.reason.contains("max_schema_bytes"), "{e}");
-        let mut config = RunConfig { tools: Some((0..129).map(|i| format!("t{i}")).collect()), ..RunConfig::default() };
+        let mut config = RunConfig {
+            tools: Some((0..129).map(|i| format!("t{i}")).collect()),
+            ..RunConfig::default()
+        };
         assert_eq!(config.validate().unwrap_err().field, "tools");
         config.tools = None;
         config.output_schema = Some(deep);

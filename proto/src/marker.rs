@@ -89,7 +89,9 @@ impl Insert {
 
 /// Which inserted kind `text` is, if any.
 pub fn classify(text: &str) -> Option<Insert> {
-    Insert::ALL.into_iter().find(|k| text.starts_with(k.marker()))
+    Insert::ALL
+        .into_iter()
+        .find(|k| text.starts_with(k.marker()))
 }
 
 /// True when `text` was written by glia, not by a person, a model or a tool.
@@ -110,5 +112,9 @@ pub fn is_machine_text(text: &str) -> bool {
 /// assert_eq!(neutralise("plain"), "plain");
 /// ```
 pub fn neutralise(text: &str) -> Cow<'_, str> {
-    if text.contains(PREFIX) { Cow::Owned(text.replace(PREFIX, NEUTRALISED)) } else { Cow::Borrowed(text) }
+    if text.contains(PREFIX) {
+        Cow::Owned(text.replace(PREFIX, NEUTRALISED))
+    } else {
+        Cow::Borrowed(text)
+    }
 }

@@ -79,17 +79,20 @@ pub fn repair_traced(history: &[Message]) -> (Vec<Message>, Vec<Vec<usize>>) {
                 if !open.is_empty() || out.last().is_none_or(|m| m.role == Role::User) {
                     seen_ids.clear();
                 }
-                let blocks: Vec<ContentBlock> = m
-                    .content
-                    .iter()
-                    .filter(|b| match b {
-                        ContentBlock::Text { text } => !text.is_empty(),
-                        ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => Some(i) == last_assistant,
-                        ContentBlock::ToolUse { id, .. } => !id.is_empty() && seen_ids.insert(id.clone()),
-                        ContentBlock::ToolResult { .. } => false,
-                    })
-                    .cloned()
-                    .collect();
+                let blocks: Vec<ContentBlock> =
+                    m.content
+                        .iter()
+                        .filter(|b| match b {
+                            ContentBlock::Text { text } => !text.is_empty(),
+                            ContentBlock::Thinking { .. }
+                            | ContentBlock::RedactedThinking { .. } => Some(i) == last_assistant,
+                            ContentBlock::ToolUse { id, .. } => {
+                                !id.is_empty() && seen_ids.insert(id.clone())
+                            }
+                            ContentBlock::ToolResult { .. } => false,
+                        })
+                        .cloned()
+                        .collect();
                 if blocks.is_empty() {
                     continue;
                 }
@@ -138,7 +141,10 @@ pub fn repair_traced(history: &[Message]) -> (Vec<Message>, Vec<Vec<usize>>) {
         origins.push(Vec::new());
     }
     if out.first().is_none_or(|m| m.role != Role::User) {
-        out.insert(0, Message::user(Insert::Filler.wrap("(earlier conversation omitted)")));
+        out.insert(
+            0,
+            Message::user(Insert::Filler.wrap("(earlier conversation omitted)")),
+        );
         origins.insert(0, Vec::new());
     }
     if out.last().is_some_and(|m| m.role == Role::Assistant) {
@@ -150,7 +156,8 @@ pub fn repair_traced(history: &[Message]) -> (Vec<Message>, Vec<Vec<usize>>) {
 
 /// The text that stands for a message a provider refused to process.
 pub fn elision_text() -> String {
-    Insert::Elided.wrap("A message was elided here because the model provider refused to process it.")
+    Insert::Elided
+        .wrap("A message was elided here because the model provider refused to process it.")
 }
 
 /// `message` with its content replaced by the marked elision notice
@@ -175,19 +182,32 @@ pub fn elide(message: &Message) -> Message {
                 has_text = true;
                 content.push(ContentBlock::text(elision_text()));
             }
-            ContentBlock::Text { .. } | ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => {}
-            ContentBlock::ToolUse { id, name, .. } => {
-                content.push(ContentBlock::ToolUse { id: id.clone(), name: name.clone(), input: serde_json::json!({ "elided": true }) })
-            }
-            ContentBlock::ToolResult { tool_use_id, is_error, .. } => {
-                content.push(ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content: elision_text().into(), is_error: *is_error })
-            }
+            ContentBlock::Text { .. }
+            | ContentBlock::Thinking { .. }
+            | ContentBlock::RedactedThinking { .. } => {}
+            ContentBlock::ToolUse { id, name, .. } => content.push(ContentBlock::ToolUse {
+                id: id.clone(),
+                name: name.clone(),
+                input: serde_json::json!({ "elided": true }),
+            }),
+            ContentBlock::ToolResult {
+                tool_use_id,
+                is_error,
+                ..
+            } => content.push(ContentBlock::ToolResult {
+                tool_use_id: tool_use_id.clone(),
+                content: elision_text().into(),
+                is_error: *is_error,
+            }),
         }
     }
     if content.is_empty() {
         content.push(ContentBlock::text(elision_text()));
     }
-    Message { role: message.role, content }
+    Message {
+        role: message.role,
+        content,
+    }
 }
 
 /// The messages of `messages` that refusal isolation never elides, with
@@ -208,7 +228,12 @@ pub fn protected_turns(messages: &[Message]) -> Vec<(usize, ProtectedTurn)> {
     if !messages.is_empty() {
         out.push((0, ProtectedTurn::Goal));
     }
-    let human = |m: &Message| m.role == Role::User && m.content.iter().any(|b| matches!(b, ContentBlock::Text { text } if !is_machine_text(text)));
+    let human = |m: &Message| {
+        m.role == Role::User
+            && m.content
+                .iter()
+                .any(|b| matches!(b, ContentBlock::Text { text } if !is_machine_text(text)))
+    };
     if let Some(i) = messages.iter().rposition(human).filter(|&i| i > 0) {
         out.push((i, ProtectedTurn::LatestHumanTurn));
     }
@@ -219,7 +244,12 @@ pub fn protected_turns(messages: &[Message]) -> Vec<(usize, ProtectedTurn)> {
 /// replaced by a text note, its empty text blocks dropped (a result left
 /// with no block is empty text).
 fn usable_result(block: &ContentBlock) -> ContentBlock {
-    let ContentBlock::ToolResult { tool_use_id, content: ToolContent::Blocks(blocks), is_error } = block else {
+    let ContentBlock::ToolResult {
+        tool_use_id,
+        content: ToolContent::Blocks(blocks),
+        is_error,
+    } = block
+    else {
         return block.clone();
     };
     let blocks: Vec<ResultBlock> = blocks
@@ -233,20 +263,40 @@ fn usable_result(block: &ContentBlock) -> ContentBlock {
             text => text.clone(),
         })
         .collect();
-    let content = if blocks.is_empty() { ToolContent::Text(String::new()) } else { ToolContent::Blocks(blocks) };
-    ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content, is_error: *is_error }
+    let content = if blocks.is_empty() {
+        ToolContent::Text(String::new())
+    } else {
+        ToolContent::Blocks(blocks)
+    };
+    ContentBlock::ToolResult {
+        tool_use_id: tool_use_id.clone(),
+        content,
+        is_error: *is_error,
+    }
 }
 
 /// Add `blocks` of history message `i` to the last output message when it has
 /// `role` (roles must alternate), else as a new message; track the origin.
-fn append(out: &mut Vec<Message>, origins: &mut Vec<Vec<usize>>, role: Role, blocks: Vec<ContentBlock>, i: usize) {
+fn append(
+    out: &mut Vec<Message>,
+    origins: &mut Vec<Vec<usize>>,
+    role: Role,
+    blocks: Vec<ContentBlock>,
+    i: usize,
+) {
     match out.last_mut() {
         Some(prev) if prev.role == role => {
             prev.content.extend(blocks);
-            origins.last_mut().expect("one origin list per message").push(i);
+            origins
+                .last_mut()
+                .expect("one origin list per message")
+                .push(i);
         }
         _ => {
-            out.push(Message { role, content: blocks });
+            out.push(Message {
+                role,
+                content: blocks,
+            });
             origins.push(vec![i]);
         }
     }
@@ -265,7 +315,10 @@ fn results_turn(open: &mut Vec<String>, answers: Vec<ContentBlock>) -> Message {
                 .unwrap_or(ContentBlock::ToolResult { tool_use_id: id, content: synthetic_result_text().into(), is_error: true })
         })
         .collect();
-    Message { role: Role::User, content }
+    Message {
+        role: Role::User,
+        content,
+    }
 }
 
 /// Why a request is not valid, as a provider would reject it.
@@ -328,7 +381,11 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
         if i > 0 && messages[i - 1].role == m.role {
             return Err(InvalidRequest::NotAlternating(i));
         }
-        if m.content.is_empty() || m.content.iter().any(|b| matches!(b, ContentBlock::Text { text } if text.is_empty())) {
+        if m.content.is_empty()
+            || m.content
+                .iter()
+                .any(|b| matches!(b, ContentBlock::Text { text } if text.is_empty()))
+        {
             return Err(InvalidRequest::EmptyContent(i));
         }
         match m.role {
@@ -336,8 +393,12 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
                 let mut ids: HashSet<&str> = HashSet::new();
                 for b in &m.content {
                     match b {
-                        ContentBlock::ToolResult { .. } => return Err(InvalidRequest::WrongRole(i, "tool_result")),
-                        ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } if Some(i) != last_assistant => {
+                        ContentBlock::ToolResult { .. } => {
+                            return Err(InvalidRequest::WrongRole(i, "tool_result"));
+                        }
+                        ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. }
+                            if Some(i) != last_assistant =>
+                        {
                             return Err(InvalidRequest::StaleThinking(i));
                         }
                         ContentBlock::ToolUse { id, .. } => {
@@ -358,7 +419,11 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
                 let mut answered: Vec<&str> = Vec::new();
                 for b in &m.content {
                     match b {
-                        ContentBlock::ToolResult { tool_use_id, content, .. } => {
+                        ContentBlock::ToolResult {
+                            tool_use_id,
+                            content,
+                            ..
+                        } => {
                             if seen_other {
                                 return Err(InvalidRequest::ResultsNotFirst(i));
                             }
@@ -366,16 +431,27 @@ pub fn validate(messages: &[Message]) -> Result<(), InvalidRequest> {
                                 if blocks.is_empty() || blocks.iter().any(|b| matches!(b, ResultBlock::Text { text } if text.is_empty())) {
                                     return Err(InvalidRequest::EmptyContent(i));
                                 }
-                                content.images().try_for_each(ImageSource::check).map_err(|why| InvalidRequest::BadImage(i, why))?;
+                                content
+                                    .images()
+                                    .try_for_each(ImageSource::check)
+                                    .map_err(|why| InvalidRequest::BadImage(i, why))?;
                             }
-                            if !open.contains(&tool_use_id.as_str()) || answered.contains(&tool_use_id.as_str()) {
+                            if !open.contains(&tool_use_id.as_str())
+                                || answered.contains(&tool_use_id.as_str())
+                            {
                                 return Err(InvalidRequest::Orphan(i, tool_use_id.clone()));
                             }
                             answered.push(tool_use_id);
                         }
-                        ContentBlock::ToolUse { .. } => return Err(InvalidRequest::WrongRole(i, "tool_use")),
-                        ContentBlock::Thinking { .. } => return Err(InvalidRequest::WrongRole(i, "thinking")),
-                        ContentBlock::RedactedThinking { .. } => return Err(InvalidRequest::WrongRole(i, "redacted_thinking")),
+                        ContentBlock::ToolUse { .. } => {
+                            return Err(InvalidRequest::WrongRole(i, "tool_use"));
+                        }
+                        ContentBlock::Thinking { .. } => {
+                            return Err(InvalidRequest::WrongRole(i, "thinking"));
+                        }
+                        ContentBlock::RedactedThinking { .. } => {
+                            return Err(InvalidRequest::WrongRole(i, "redacted_thinking"));
+                        }
                         ContentBlock::Text { .. } => seen_other = true,
                     }
                 }

@@ -13,11 +13,14 @@ use uuid::Uuid;
 
 use crate::budget::{BudgetLimits, BudgetUsage};
 use crate::config::{RunConfig, ToolSpec};
-use crate::event::{Decision, Disposition, Event, EventKind, GuardrailStage, Outcome, PauseReason, PullPoint, ToolCallRecord, ToolErrorKind};
+use crate::event::{
+    Decision, Disposition, Event, EventKind, GuardrailStage, Outcome, PauseReason, PullPoint,
+    ToolCallRecord, ToolErrorKind,
+};
 use crate::marker::{Insert, neutralise};
 use crate::repair::elide;
 use crate::stop::StopAction;
-use crate::{ContentBlock, Message, ResultBlock, Role, ToolContent, args_hash, OUTPUT_TOOL};
+use crate::{ContentBlock, Message, OUTPUT_TOOL, ResultBlock, Role, ToolContent, args_hash};
 
 /// The six states of the harness contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -109,8 +112,12 @@ impl PendingCall {
     /// such a call was interrupted: a worker stopped while it ran.
     pub fn cleared_without_result(&self) -> bool {
         self.result.is_none()
-            && !matches!(self.approval, ApprovalStatus::Requested | ApprovalStatus::Rejected)
-            && (matches!(self.disposition, Some(Disposition::Run { .. })) || (self.approval == ApprovalStatus::Approved && !self.external))
+            && !matches!(
+                self.approval,
+                ApprovalStatus::Requested | ApprovalStatus::Rejected
+            )
+            && (matches!(self.disposition, Some(Disposition::Run { .. }))
+                || (self.approval == ApprovalStatus::Approved && !self.external))
     }
 
     /// True when the caller, not a worker, produces this call's result: an
@@ -119,7 +126,9 @@ impl PendingCall {
         self.result.is_none()
             && match &self.disposition {
                 Some(Disposition::External) => true,
-                Some(Disposition::Approval) => self.external && self.approval == ApprovalStatus::Approved,
+                Some(Disposition::Approval) => {
+                    self.external && self.approval == ApprovalStatus::Approved
+                }
                 _ => false,
             }
     }
@@ -312,10 +321,16 @@ impl RunState {
     pub fn apply(&mut self, event: &Event) -> Result<(), TransitionError> {
         let name = event.kind.name();
         if self.head_seq > 0 && event.run_id != self.run_id {
-            return Err(TransitionError::WrongRun { expected: self.run_id, got: event.run_id });
+            return Err(TransitionError::WrongRun {
+                expected: self.run_id,
+                got: event.run_id,
+            });
         }
         if event.seq != self.head_seq + 1 {
-            return Err(TransitionError::OutOfOrder { expected: self.head_seq + 1, got: event.seq });
+            return Err(TransitionError::OutOfOrder {
+                expected: self.head_seq + 1,
+                got: event.seq,
+            });
         }
         if self.phase == Phase::Done {
             return Err(TransitionError::Finished { event: name });
@@ -326,7 +341,13 @@ impl RunState {
             parked: s.parked.as_ref().map_or("none", PullPoint::name),
             reason: reason.to_owned(),
         };
-        let not_parked = |s: &Self| if s.parked.is_some() { Err(illegal(s, "run is parked")) } else { Ok(()) };
+        let not_parked = |s: &Self| {
+            if s.parked.is_some() {
+                Err(illegal(s, "run is parked"))
+            } else {
+                Ok(())
+            }
+        };
 
         match &event.kind {
             EventKind::SessionStart { goal, config, .. } => {
@@ -344,13 +365,21 @@ impl RunState {
                 self.messages = vec![Message::user(self.goal.clone())];
                 self.phase = Phase::Planning;
             }
-            EventKind::PlanDraft { usage, cost_usd_micros, .. } => {
+            EventKind::PlanDraft {
+                usage,
+                cost_usd_micros,
+                ..
+            } => {
                 not_parked(self)?;
                 if !matches!(self.phase, Phase::Planning | Phase::Reflecting) {
-                    return Err(illegal(self, "a plan is drafted while planning or reflecting"));
+                    return Err(illegal(
+                        self,
+                        "a plan is drafted while planning or reflecting",
+                    ));
                 }
                 self.usage.tokens += *usage;
-                self.usage.cost_usd_micros = self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
+                self.usage.cost_usd_micros =
+                    self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
                 self.phase = Phase::Planning;
             }
             EventKind::PlanCommit { steps } => {
@@ -359,13 +388,20 @@ impl RunState {
                     return Err(illegal(self, "a plan is committed while planning"));
                 }
                 if steps.is_empty() {
-                    return Err(illegal(self, "an empty plan is not committed; the run completes instead"));
+                    return Err(illegal(
+                        self,
+                        "an empty plan is not committed; the run completes instead",
+                    ));
                 }
                 self.plan = steps.clone();
                 self.step = None;
                 self.phase = Phase::Executing;
             }
-            EventKind::StepStart { index, description, tools } => {
+            EventKind::StepStart {
+                index,
+                description,
+                tools,
+            } => {
                 not_parked(self)?;
                 let expected = match self.phase {
                     Phase::Executing if self.step.is_none() => 0,
@@ -373,7 +409,13 @@ impl RunState {
                     _ => return Err(illegal(self, "a step starts after plan.commit or step.end")),
                 };
                 if *index != expected || *index >= self.plan.len() {
-                    return Err(illegal(self, &format!("step {index} out of order (expected {expected} of {})", self.plan.len())));
+                    return Err(illegal(
+                        self,
+                        &format!(
+                            "step {index} out of order (expected {expected} of {})",
+                            self.plan.len()
+                        ),
+                    ));
                 }
                 self.step = Some(*index);
                 self.step_tools = tools.clone();
@@ -382,8 +424,18 @@ impl RunState {
                 self.reasks = 0;
                 // Every step opens with a user turn: the goal for a single
                 // first step, a marked step note otherwise.
-                if self.plan.len() > 1 || self.messages.last().is_some_and(|m| m.role == Role::Assistant) {
-                    let note = Insert::Step.wrap(&format!("Step {} of {}: {}", index + 1, self.plan.len(), neutralise(description)));
+                if self.plan.len() > 1
+                    || self
+                        .messages
+                        .last()
+                        .is_some_and(|m| m.role == Role::Assistant)
+                {
+                    let note = Insert::Step.wrap(&format!(
+                        "Step {} of {}: {}",
+                        index + 1,
+                        self.plan.len(),
+                        neutralise(description)
+                    ));
                     push_user_text(&mut self.messages, note);
                 }
                 self.phase = Phase::Executing;
@@ -391,7 +443,10 @@ impl RunState {
             EventKind::StepEnd { index, answer, .. } => {
                 not_parked(self)?;
                 if self.phase != Phase::Executing || self.step != Some(*index) {
-                    return Err(illegal(self, "step.end closes the current step while executing"));
+                    return Err(illegal(
+                        self,
+                        "step.end closes the current step while executing",
+                    ));
                 }
                 self.answer = answer.clone();
                 self.phase = Phase::Reflecting;
@@ -402,7 +457,10 @@ impl RunState {
                     return Err(illegal(self, "model calls happen while executing a step"));
                 }
                 if self.messages.last().is_none_or(|m| m.role != Role::User) {
-                    return Err(illegal(self, "a model call needs the conversation to end with a user turn"));
+                    return Err(illegal(
+                        self,
+                        "a model call needs the conversation to end with a user turn",
+                    ));
                 }
                 self.turn_calls += 1;
                 self.usage.turns += 1;
@@ -410,20 +468,39 @@ impl RunState {
             EventKind::ModelRetry(_) => {
                 not_parked(self)?;
                 if !self.model_call_in_flight() {
-                    return Err(illegal(self, "a retry belongs to a model call in flight (after model.call, before model.response)"));
+                    return Err(illegal(
+                        self,
+                        "a retry belongs to a model call in flight (after model.call, before model.response)",
+                    ));
                 }
             }
             EventKind::MessageElided { index, .. } => {
                 not_parked(self)?;
                 if !self.model_call_in_flight() {
-                    return Err(illegal(self, "a message is elided while a model call is in flight"));
+                    return Err(illegal(
+                        self,
+                        "a message is elided while a model call is in flight",
+                    ));
                 }
                 let Some(message) = self.messages.get(*index) else {
-                    return Err(illegal(self, &format!("no message {index} to elide (the conversation has {})", self.messages.len())));
+                    return Err(illegal(
+                        self,
+                        &format!(
+                            "no message {index} to elide (the conversation has {})",
+                            self.messages.len()
+                        ),
+                    ));
                 };
                 self.messages[*index] = elide(message);
             }
-            EventKind::ModelResponse { message, usage, duration_ms, cost_usd_micros, rejected, .. } => {
+            EventKind::ModelResponse {
+                message,
+                usage,
+                duration_ms,
+                cost_usd_micros,
+                rejected,
+                ..
+            } => {
                 not_parked(self)?;
                 if self.phase != Phase::Executing {
                     return Err(illegal(self, "a model response arrives while executing"));
@@ -437,7 +514,10 @@ impl RunState {
                 if let Some(r) = rejected
                     && (r.action == StopAction::Reask) != r.reask.is_some()
                 {
-                    return Err(illegal(self, "a re-asked answer carries its notice, and only a re-asked one"));
+                    return Err(illegal(
+                        self,
+                        "a re-asked answer carries its notice, and only a re-asked one",
+                    ));
                 }
                 // A rejected answer's calls are never run: no batch.
                 let batch: Vec<PendingCall> = message
@@ -463,7 +543,8 @@ impl RunState {
                 }
                 self.usage.tokens += *usage;
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
-                self.usage.cost_usd_micros = self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
+                self.usage.cost_usd_micros =
+                    self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
                 match rejected {
                     // Not an answer: counted, kept in the log, not in the
                     // conversation; a re-ask notice goes to the last user turn.
@@ -480,22 +561,50 @@ impl RunState {
                     self.phase = Phase::AwaitingTool;
                 }
             }
-            EventKind::ToolCall(ToolCallRecord { call_id, input, args_hash: hash, disposition, .. }) => {
+            EventKind::ToolCall(ToolCallRecord {
+                call_id,
+                input,
+                args_hash: hash,
+                disposition,
+                ..
+            }) => {
                 if self.phase != Phase::AwaitingTool {
-                    return Err(illegal(self, "tool.call follows a model response with tool uses"));
+                    return Err(illegal(
+                        self,
+                        "tool.call follows a model response with tool uses",
+                    ));
                 }
                 not_parked(self)?;
-                let call = self.batch.iter().find(|c| &c.call_id == call_id).ok_or_else(|| TransitionError::UnknownCall { call_id: call_id.clone() })?;
+                let call = self
+                    .batch
+                    .iter()
+                    .find(|c| &c.call_id == call_id)
+                    .ok_or_else(|| TransitionError::UnknownCall {
+                        call_id: call_id.clone(),
+                    })?;
                 if call.disposition.is_some() {
-                    return Err(illegal(self, &format!("tool call {call_id} already decided")));
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} already decided"),
+                    ));
                 }
                 if *hash != args_hash(input) {
-                    return Err(illegal(self, &format!("tool call {call_id}: args_hash does not match its input")));
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id}: args_hash does not match its input"),
+                    ));
                 }
                 // A call counts against `max_tool_calls` when it is decided,
                 // approvals included, so approvals cannot overrun the budget.
-                let counts = matches!(disposition, Disposition::Run { .. } | Disposition::External | Disposition::Approval);
-                let call = self.batch.iter_mut().find(|c| &c.call_id == call_id).expect("checked above");
+                let counts = matches!(
+                    disposition,
+                    Disposition::Run { .. } | Disposition::External | Disposition::Approval
+                );
+                let call = self
+                    .batch
+                    .iter_mut()
+                    .find(|c| &c.call_id == call_id)
+                    .expect("checked above");
                 call.disposition = Some(disposition.clone());
                 if *disposition == Disposition::Approval {
                     call.approval = ApprovalStatus::Due;
@@ -505,13 +614,24 @@ impl RunState {
                 }
                 self.set_call_input(call_id, input);
             }
-            EventKind::ApprovalRequested { call_id, args_hash: hash, interrupted, .. } => {
+            EventKind::ApprovalRequested {
+                call_id,
+                args_hash: hash,
+                interrupted,
+                ..
+            } => {
                 let call = self.pending(call_id)?;
                 let due = if *interrupted {
                     // A cleared call without a result: run, or approved.
                     call.result.is_none()
-                        && matches!(call.disposition, Some(Disposition::Run { .. } | Disposition::Approval))
-                        && matches!(call.approval, ApprovalStatus::NotNeeded | ApprovalStatus::Approved)
+                        && matches!(
+                            call.disposition,
+                            Some(Disposition::Run { .. } | Disposition::Approval)
+                        )
+                        && matches!(
+                            call.approval,
+                            ApprovalStatus::NotNeeded | ApprovalStatus::Approved
+                        )
                         && !call.external
                 } else {
                     call.approval == ApprovalStatus::Due
@@ -520,20 +640,36 @@ impl RunState {
                     return Err(illegal(self, &format!("approval for {call_id} is not due")));
                 }
                 if &call.args_hash != hash {
-                    return Err(TransitionError::ArgsMismatch { call_id: call_id.clone(), expected: call.args_hash.clone(), got: hash.clone() });
+                    return Err(TransitionError::ArgsMismatch {
+                        call_id: call_id.clone(),
+                        expected: call.args_hash.clone(),
+                        got: hash.clone(),
+                    });
                 }
                 let call = self.pending_mut(call_id);
                 call.approval = ApprovalStatus::Requested;
                 call.requested_seq = Some(event.seq);
                 call.interrupted |= *interrupted;
             }
-            EventKind::ApprovalResolved { call_id, args_hash: hash, decision, .. } => {
+            EventKind::ApprovalResolved {
+                call_id,
+                args_hash: hash,
+                decision,
+                ..
+            } => {
                 let call = self.pending(call_id)?;
                 if call.approval != ApprovalStatus::Requested {
-                    return Err(illegal(self, &format!("approval for {call_id} is not pending")));
+                    return Err(illegal(
+                        self,
+                        &format!("approval for {call_id} is not pending"),
+                    ));
                 }
                 if &call.args_hash != hash {
-                    return Err(TransitionError::ArgsMismatch { call_id: call_id.clone(), expected: call.args_hash.clone(), got: hash.clone() });
+                    return Err(TransitionError::ArgsMismatch {
+                        call_id: call_id.clone(),
+                        expected: call.args_hash.clone(),
+                        got: hash.clone(),
+                    });
                 }
                 let call = self.pending_mut(call_id);
                 match decision {
@@ -542,21 +678,35 @@ impl RunState {
                         call.approval = ApprovalStatus::Approved;
                         self.set_call_input(call_id, input);
                     }
-                    Decision::Reject { .. } | Decision::Expire => call.approval = ApprovalStatus::Rejected,
+                    Decision::Reject { .. } | Decision::Expire => {
+                        call.approval = ApprovalStatus::Rejected
+                    }
                 }
                 self.refresh_tool_park();
             }
             EventKind::ApprovalEscalated { call_id, .. } => {
                 if self.pending(call_id)?.approval != ApprovalStatus::Requested {
-                    return Err(illegal(self, &format!("approval for {call_id} is not pending")));
+                    return Err(illegal(
+                        self,
+                        &format!("approval for {call_id} is not pending"),
+                    ));
                 }
             }
             EventKind::ToolRecovered { call_id, .. } => {
                 if !self.pending(call_id)?.cleared_without_result() {
-                    return Err(illegal(self, &format!("tool call {call_id} has no result to recover")));
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} has no result to recover"),
+                    ));
                 }
             }
-            EventKind::ToolResult { call_id, content, reminder, duration_ms, .. } => {
+            EventKind::ToolResult {
+                call_id,
+                content,
+                reminder,
+                duration_ms,
+                ..
+            } => {
                 let call = self.pending(call_id)?;
                 let may = match &call.disposition {
                     Some(Disposition::Run { .. }) | Some(Disposition::External) => true,
@@ -564,7 +714,10 @@ impl RunState {
                     _ => false,
                 };
                 if !may || call.result.is_some() {
-                    return Err(illegal(self, &format!("tool call {call_id} cannot take a result now")));
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} cannot take a result now"),
+                    ));
                 }
                 if self.parked.is_some() && !call.awaits_caller() {
                     return Err(illegal(self, "run is parked"));
@@ -573,17 +726,26 @@ impl RunState {
                     self.output = Some(call.input.clone());
                 }
                 let seen = match reminder {
-                    Some(r) => neutralised_content(content).prefixed(&Insert::Reminder.wrap(&neutralise(r))),
+                    Some(r) => neutralised_content(content)
+                        .prefixed(&Insert::Reminder.wrap(&neutralise(r))),
                     None => neutralised_content(content),
                 };
                 self.pending_mut(call_id).result = Some((seen, false));
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.finish_batch_if_complete();
             }
-            EventKind::ToolError { call_id, error, message, duration_ms } => {
+            EventKind::ToolError {
+                call_id,
+                error,
+                message,
+                duration_ms,
+            } => {
                 let call = self.pending(call_id)?;
                 if call.disposition.is_none() || call.result.is_some() {
-                    return Err(illegal(self, &format!("tool call {call_id} cannot take an error now")));
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} cannot take an error now"),
+                    ));
                 }
                 if self.parked.is_some() && !call.awaits_caller() {
                     return Err(illegal(self, "run is parked"));
@@ -591,7 +753,11 @@ impl RunState {
                 // `outcome_unknown` errors are glia's own (marked) text;
                 // every other error text comes from a tool, a caller or a
                 // person.
-                let seen = if *error == ToolErrorKind::OutcomeUnknown { message.clone() } else { neutralise(message).into_owned() };
+                let seen = if *error == ToolErrorKind::OutcomeUnknown {
+                    message.clone()
+                } else {
+                    neutralise(message).into_owned()
+                };
                 self.pending_mut(call_id).result = Some((seen.into(), true));
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.finish_batch_if_complete();
@@ -607,53 +773,97 @@ impl RunState {
                 self.output = None;
                 self.phase = Phase::Executing;
             }
-            EventKind::GuardrailTripped { stage: GuardrailStage::Output, reask, .. } => {
+            EventKind::GuardrailTripped {
+                stage: GuardrailStage::Output,
+                reask,
+                ..
+            } => {
                 not_parked(self)?;
                 if let Some(text) = reask {
-                    if self.phase != Phase::Executing || self.messages.last().is_none_or(|m| m.role != Role::Assistant) {
-                        return Err(illegal(self, "an answer is re-asked after the model answered"));
+                    if self.phase != Phase::Executing
+                        || self
+                            .messages
+                            .last()
+                            .is_none_or(|m| m.role != Role::Assistant)
+                    {
+                        return Err(illegal(
+                            self,
+                            "an answer is re-asked after the model answered",
+                        ));
                     }
                     push_user_text(&mut self.messages, text.clone());
                 }
                 self.reasks += 1;
             }
-            EventKind::GuardrailTripped { stage: GuardrailStage::Input | GuardrailStage::ToolResult, .. } => {}
-            EventKind::ContextCompacted { messages, usage, cost_usd_micros, .. } => {
+            EventKind::GuardrailTripped {
+                stage: GuardrailStage::Input | GuardrailStage::ToolResult,
+                ..
+            } => {}
+            EventKind::ContextCompacted {
+                messages,
+                usage,
+                cost_usd_micros,
+                ..
+            } => {
                 not_parked(self)?;
                 if self.phase != Phase::Executing {
-                    return Err(illegal(self, "the context is compacted before a model call"));
+                    return Err(illegal(
+                        self,
+                        "the context is compacted before a model call",
+                    ));
                 }
                 if messages.last().is_none_or(|m| m.role != Role::User) {
                     return Err(illegal(self, "a compacted context ends with a user turn"));
                 }
                 self.messages = messages.clone();
                 self.usage.tokens += *usage;
-                self.usage.cost_usd_micros = self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
+                self.usage.cost_usd_micros =
+                    self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
             }
-            EventKind::BudgetWarn { .. } | EventKind::Error { .. } | EventKind::HookApplied { .. } => {}
+            EventKind::BudgetWarn { .. }
+            | EventKind::Error { .. }
+            | EventKind::HookApplied { .. } => {}
             EventKind::BudgetExtended { limits } => {
                 self.limits = *limits;
             }
             EventKind::SessionPause { pull_point } => {
                 not_parked(self)?;
                 match pull_point {
-                    PullPoint::AwaitingTool { call_ids } | PullPoint::AwaitingApproval { call_ids } => {
-                        if self.phase != Phase::AwaitingTool || self.tool_park().as_ref() != Some(pull_point) {
-                            return Err(illegal(self, &format!("nothing to wait for at {} {call_ids:?}", pull_point.name())));
+                    PullPoint::AwaitingTool { call_ids }
+                    | PullPoint::AwaitingApproval { call_ids } => {
+                        if self.phase != Phase::AwaitingTool
+                            || self.tool_park().as_ref() != Some(pull_point)
+                        {
+                            return Err(illegal(
+                                self,
+                                &format!(
+                                    "nothing to wait for at {} {call_ids:?}",
+                                    pull_point.name()
+                                ),
+                            ));
                         }
                     }
                     PullPoint::AwaitingInput => {
                         if self.phase != Phase::Reflecting || !self.config.conversational {
-                            return Err(illegal(self, "a conversational run waits for input after a step ends"));
+                            return Err(illegal(
+                                self,
+                                "a conversational run waits for input after a step ends",
+                            ));
                         }
                     }
                     PullPoint::Paused { reason } => {
                         if matches!(reason, PauseReason::Operator { .. }) {
                             if self.pause_due.is_none() {
-                                return Err(illegal(self, "an operator pause follows a session.pause_requested"));
+                                return Err(illegal(
+                                    self,
+                                    "an operator pause follows a session.pause_requested",
+                                ));
                             }
                             if !self.pausable() {
-                                return Err(illegal(self, "an operator pause waits for the calls cleared to run"));
+                                return Err(illegal(
+                                    self,
+                                    "an operator pause waits for the calls cleared to run",
+                                ));
                             }
                             self.pause_due = None;
                         }
@@ -662,7 +872,14 @@ impl RunState {
                 self.parked = Some(pull_point.clone());
             }
             EventKind::SessionPauseRequested { reason, .. } => {
-                if self.pause_due.is_some() || matches!(&self.parked, Some(PullPoint::Paused { reason: PauseReason::Operator { .. } })) {
+                if self.pause_due.is_some()
+                    || matches!(
+                        &self.parked,
+                        Some(PullPoint::Paused {
+                            reason: PauseReason::Operator { .. }
+                        })
+                    )
+                {
                     return Err(illegal(self, "the run is already paused or pausing"));
                 }
                 self.pause_due = Some(reason.clone());
@@ -682,7 +899,9 @@ impl RunState {
             EventKind::SessionCancel { reason } => {
                 self.parked = None;
                 self.phase = Phase::Done;
-                self.outcome = Some(Outcome::Cancelled { reason: reason.clone() });
+                self.outcome = Some(Outcome::Cancelled {
+                    reason: reason.clone(),
+                });
             }
             EventKind::SessionComplete { outcome } => {
                 let legal = match outcome {
@@ -690,13 +909,19 @@ impl RunState {
                     // executing (a closing message, a tool that returns
                     // directly), reflecting, awaiting_input, or paused.
                     Outcome::Succeeded { .. } => match &self.parked {
-                        None => matches!(self.phase, Phase::Planning | Phase::Executing | Phase::Reflecting),
+                        None => matches!(
+                            self.phase,
+                            Phase::Planning | Phase::Executing | Phase::Reflecting
+                        ),
                         Some(p) => matches!(p, PullPoint::AwaitingInput | PullPoint::Paused { .. }),
                     },
                     Outcome::Failed { .. } | Outcome::Cancelled { .. } => self.phase != Phase::Idle,
                 };
                 if !legal {
-                    return Err(illegal(self, "a run completes with no tool call outstanding; it fails from anywhere"));
+                    return Err(illegal(
+                        self,
+                        "a run completes with no tool call outstanding; it fails from anywhere",
+                    ));
                 }
                 self.parked = None;
                 self.phase = Phase::Done;
@@ -710,18 +935,29 @@ impl RunState {
     /// True between a `model.call` and its answer: executing a step, at
     /// least one call made this turn, the conversation ending with a user turn.
     fn model_call_in_flight(&self) -> bool {
-        self.phase == Phase::Executing && self.step.is_some() && self.turn_calls > 0 && self.messages.last().is_some_and(|m| m.role == Role::User)
+        self.phase == Phase::Executing
+            && self.step.is_some()
+            && self.turn_calls > 0
+            && self.messages.last().is_some_and(|m| m.role == Role::User)
     }
 
     fn pending(&self, call_id: &str) -> Result<&PendingCall, TransitionError> {
         if self.phase != Phase::AwaitingTool {
-            return Err(TransitionError::UnknownCall { call_id: call_id.to_owned() });
+            return Err(TransitionError::UnknownCall {
+                call_id: call_id.to_owned(),
+            });
         }
-        self.call(call_id).ok_or_else(|| TransitionError::UnknownCall { call_id: call_id.to_owned() })
+        self.call(call_id)
+            .ok_or_else(|| TransitionError::UnknownCall {
+                call_id: call_id.to_owned(),
+            })
     }
 
     fn pending_mut(&mut self, call_id: &str) -> &mut PendingCall {
-        self.batch.iter_mut().find(|c| c.call_id == call_id).expect("pending() checked the call exists")
+        self.batch
+            .iter_mut()
+            .find(|c| c.call_id == call_id)
+            .expect("pending() checked the call exists")
     }
 
     /// The arguments a call of the batch runs with (a hook's change in
@@ -734,10 +970,15 @@ impl RunState {
         let call = self.pending_mut(call_id);
         call.input = input.clone();
         call.args_hash = args_hash(input);
-        let turn = self.messages.iter_mut().rev().find(|m| m.role == Role::Assistant && m.tool_uses().any(|(id, _, _)| id == call_id));
+        let turn =
+            self.messages.iter_mut().rev().find(|m| {
+                m.role == Role::Assistant && m.tool_uses().any(|(id, _, _)| id == call_id)
+            });
         if let Some(turn) = turn {
             for block in &mut turn.content {
-                if let ContentBlock::ToolUse { id, input: shown, .. } = block
+                if let ContentBlock::ToolUse {
+                    id, input: shown, ..
+                } = block
                     && id == call_id
                 {
                     *shown = input.clone();
@@ -752,19 +993,31 @@ impl RunState {
         if self.phase != Phase::AwaitingTool || self.batch.iter().any(PendingCall::needs_worker) {
             return None;
         }
-        let awaiting: Vec<String> =
-            self.batch.iter().filter(|c| c.approval == ApprovalStatus::Requested).map(|c| c.call_id.clone()).collect();
+        let awaiting: Vec<String> = self
+            .batch
+            .iter()
+            .filter(|c| c.approval == ApprovalStatus::Requested)
+            .map(|c| c.call_id.clone())
+            .collect();
         if !awaiting.is_empty() {
             return Some(PullPoint::AwaitingApproval { call_ids: awaiting });
         }
-        let external: Vec<String> = self.batch.iter().filter(|c| c.awaits_caller()).map(|c| c.call_id.clone()).collect();
+        let external: Vec<String> = self
+            .batch
+            .iter()
+            .filter(|c| c.awaits_caller())
+            .map(|c| c.call_id.clone())
+            .collect();
         (!external.is_empty()).then_some(PullPoint::AwaitingTool { call_ids: external })
     }
 
     /// After a payload arrives at a tool pull point: stay parked on what is
     /// still due, or unpark when the loop can act.
     fn refresh_tool_park(&mut self) {
-        if matches!(self.parked, Some(PullPoint::AwaitingTool { .. } | PullPoint::AwaitingApproval { .. })) {
+        if matches!(
+            self.parked,
+            Some(PullPoint::AwaitingTool { .. } | PullPoint::AwaitingApproval { .. })
+        ) {
             self.parked = self.tool_park();
         }
     }
@@ -781,10 +1034,17 @@ impl RunState {
             .drain(..)
             .map(|c| {
                 let (content, is_error) = c.result.expect("checked above");
-                ContentBlock::ToolResult { tool_use_id: c.call_id, content, is_error }
+                ContentBlock::ToolResult {
+                    tool_use_id: c.call_id,
+                    content,
+                    is_error,
+                }
             })
             .collect();
-        self.messages.push(Message { role: Role::User, content: results });
+        self.messages.push(Message {
+            role: Role::User,
+            content: results,
+        });
         self.parked = None;
         self.phase = Phase::Executing;
     }

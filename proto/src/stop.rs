@@ -106,11 +106,15 @@ impl StopClass {
     pub fn describe(self) -> &'static str {
         match self {
             StopClass::Answer | StopClass::ToolUse => "the answer was accepted",
-            StopClass::Truncated => "the answer was cut off by the output limit before it was complete",
+            StopClass::Truncated => {
+                "the answer was cut off by the output limit before it was complete"
+            }
             StopClass::Empty => "the answer was empty",
             StopClass::Refusal => "the model refused to answer",
             StopClass::ContentFilter => "the provider's content filter withheld the answer",
-            StopClass::ContextWindow => "the conversation no longer fits the model's context window",
+            StopClass::ContextWindow => {
+                "the conversation no longer fits the model's context window"
+            }
             StopClass::Unknown => "the model stopped for a reason glia does not know",
         }
     }

@@ -37,7 +37,10 @@ impl ParseError {
             (false, false) if self.path.starts_with('[') => format!("{root}{}", self.path),
             (false, false) => format!("{root}.{}", self.path),
         };
-        ParseError { path, reason: self.reason }
+        ParseError {
+            path,
+            reason: self.reason,
+        }
     }
 }
 
@@ -54,9 +57,16 @@ fn convert<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> ParseError
         && let Some((field, _)) = rest.split_once('`')
     {
         if !(path == field || path.ends_with(&format!(".{field}"))) {
-            path = if path.is_empty() { field.to_owned() } else { format!("{path}.{field}") };
+            path = if path.is_empty() {
+                field.to_owned()
+            } else {
+                format!("{path}.{field}")
+            };
         }
-        return ParseError { path, reason: "unknown field".into() };
+        return ParseError {
+            path,
+            reason: "unknown field".into(),
+        };
     }
     let reason = match message.rfind(" at line ") {
         Some(i) if message[i..].contains(" column ") => message[..i].to_owned(),
@@ -68,7 +78,10 @@ fn convert<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> ParseError
 /// Parse JSON text as `T`, strictly. Errors: a syntax error (no path), or the
 /// first unknown field or wrong type with its path.
 pub fn from_json_str<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
-    let value: Value = serde_json::from_str(text).map_err(|e| ParseError { path: String::new(), reason: format!("not valid JSON: {e}") })?;
+    let value: Value = serde_json::from_str(text).map_err(|e| ParseError {
+        path: String::new(),
+        reason: format!("not valid JSON: {e}"),
+    })?;
     from_json_value(value)
 }
 
@@ -81,8 +94,14 @@ pub fn from_json_value<T: DeserializeOwned>(value: Value) -> Result<T, ParseErro
 /// errors carry its line and column), then converted like JSON, so a TOML
 /// file and its JSON twin give the same value and the same errors.
 pub fn from_toml_str<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
-    let table: toml::Table = toml::from_str(text).map_err(|e| ParseError { path: String::new(), reason: format!("not valid TOML: {}", e.message()) })?;
-    let value = serde_json::to_value(table).map_err(|e| ParseError { path: String::new(), reason: e.to_string() })?;
+    let table: toml::Table = toml::from_str(text).map_err(|e| ParseError {
+        path: String::new(),
+        reason: format!("not valid TOML: {}", e.message()),
+    })?;
+    let value = serde_json::to_value(table).map_err(|e| ParseError {
+        path: String::new(),
+        reason: e.to_string(),
+    })?;
     from_json_value(value)
 }
 
@@ -98,13 +117,21 @@ mod tests {
         let e = from_json_str::<RunConfig>(r#"{"external_tools": [{"name": "a", "description": "", "input_schema": {}, "timeout_ms": "5"}]}"#).unwrap_err();
         assert_eq!(e.path, "external_tools[0].timeout_ms");
         assert!(e.reason.contains("invalid type"), "{e}");
-        let e = from_json_str::<RunConfig>(r#"{"policies": [{"tool": "x", "action": {"kind": "deny", "reason": "r", "why": 1}}]}"#).unwrap_err();
+        let e = from_json_str::<RunConfig>(
+            r#"{"policies": [{"tool": "x", "action": {"kind": "deny", "reason": "r", "why": 1}}]}"#,
+        )
+        .unwrap_err();
         assert_eq!(e.path, "policies[0].action.why", "{e}");
         let e = from_toml_str::<RunConfig>("model = \"m\"\n[budget]\nmax_turn = 3\n").unwrap_err();
         assert_eq!(e.to_string(), "budget.max_turn: unknown field");
         assert_eq!(e.clone().under("config").path, "config.budget.max_turn");
         let ok: RunConfig = from_toml_str("model = \"m\"\n[budget]\nmax_turns = 3\n").unwrap();
         assert_eq!(ok.budget.max_turns, Some(3));
-        assert!(from_json_str::<RunConfig>("{").unwrap_err().reason.starts_with("not valid JSON"));
+        assert!(
+            from_json_str::<RunConfig>("{")
+                .unwrap_err()
+                .reason
+                .starts_with("not valid JSON")
+        );
     }
 }

@@ -29,12 +29,20 @@ impl Default for EventLog {
 impl EventLog {
     /// An empty log (phase [`Phase::Idle`], head sequence 0).
     pub fn new() -> Self {
-        EventLog { state: RunState::new(Uuid::nil()), events: Vec::new() }
+        EventLog {
+            state: RunState::new(Uuid::nil()),
+            events: Vec::new(),
+        }
     }
 
     /// The event `kind` would be as the next one of this log.
     pub fn event(&self, kind: EventKind) -> Event {
-        Event { run_id: Uuid::nil(), seq: self.state.head_seq + 1, at: DateTime::UNIX_EPOCH, kind }
+        Event {
+            run_id: Uuid::nil(),
+            seq: self.state.head_seq + 1,
+            at: DateTime::UNIX_EPOCH,
+            kind,
+        }
     }
 
     /// Apply `kind` as the next event. Panics, naming the event and the
@@ -52,7 +60,10 @@ impl EventLog {
     /// applies or when the refusal changed the state.
     pub fn refused(&mut self, kind: EventKind) -> TransitionError {
         let before = self.state.clone();
-        let err = self.state.apply(&self.event(kind)).expect_err("should be refused");
+        let err = self
+            .state
+            .apply(&self.event(kind))
+            .expect_err("should be refused");
         assert_eq!(self.state, before, "a refused event changes nothing");
         err
     }

@@ -152,9 +152,21 @@ pub struct ResolvedPolicy {
 impl ResolvedPolicy {
     /// One line for people: `requires approval (operator); not idempotent (default)`.
     pub fn describe(&self) -> String {
-        let approval = if self.requires_approval { "requires approval" } else { "no approval" };
-        let idempotent = if self.idempotent { "idempotent" } else { "not idempotent" };
-        let mut text = format!("{approval} ({}); {idempotent} ({})", self.approval_by.as_str(), self.idempotent_by.as_str());
+        let approval = if self.requires_approval {
+            "requires approval"
+        } else {
+            "no approval"
+        };
+        let idempotent = if self.idempotent {
+            "idempotent"
+        } else {
+            "not idempotent"
+        };
+        let mut text = format!(
+            "{approval} ({}); {idempotent} ({})",
+            self.approval_by.as_str(),
+            self.idempotent_by.as_str()
+        );
         match self.trusted_server {
             Some(true) => text.push_str("; trusted server"),
             Some(false) => text.push_str("; untrusted server"),
@@ -198,7 +210,12 @@ impl ToolSource {
     /// Whether calls of the tool need a person's approval.
     pub fn requires_approval(&self) -> bool {
         match self {
-            ToolSource::Mcp { requires_approval, .. } | ToolSource::Http { requires_approval, .. } => *requires_approval,
+            ToolSource::Mcp {
+                requires_approval, ..
+            }
+            | ToolSource::Http {
+                requires_approval, ..
+            } => *requires_approval,
         }
     }
 }
@@ -212,7 +229,9 @@ impl ToolSource {
 /// assert!(glia_proto::tool_sources::url_origin("https://user:pw@host/").is_err());
 /// ```
 pub fn url_origin(url: &str) -> Result<String, String> {
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("{url:?} is not an absolute URL"))?;
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("{url:?} is not an absolute URL"))?;
     let scheme = scheme.to_ascii_lowercase();
     if scheme != "http" && scheme != "https" {
         return Err(format!("{url:?}: only http and https URLs are allowed"));
@@ -222,9 +241,14 @@ pub fn url_origin(url: &str) -> Result<String, String> {
         return Err(format!("{url:?} has no host"));
     }
     if authority.contains('@') {
-        return Err(format!("{url:?}: credentials in the URL are not allowed (the catalogue holds secrets)"));
+        return Err(format!(
+            "{url:?}: credentials in the URL are not allowed (the catalogue holds secrets)"
+        ));
     }
-    if authority.chars().any(|c| c.is_whitespace() || c.is_control()) {
+    if authority
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+    {
         return Err(format!("{url:?} has an invalid host"));
     }
     let authority = authority.to_ascii_lowercase();

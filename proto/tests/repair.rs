@@ -15,8 +15,8 @@
 use std::collections::HashSet;
 
 use glia_proto::marker::{Insert, is_machine_text};
-use glia_proto::repair::{repair, synthetic_result_text, validate};
 use glia_proto::repair::InvalidRequest;
+use glia_proto::repair::{repair, synthetic_result_text, validate};
 use glia_proto::{ContentBlock, ImageSource, Message, ResultBlock, Role, ToolContent};
 use proptest::prelude::*;
 use serde_json::json;
@@ -63,7 +63,9 @@ const JPEG: &str = "/9j/4AAQ";
 /// refuse (wrong media type for the bytes, a type no API takes, bytes that
 /// are no image, data that is not base64, data over the size limit).
 fn result_block() -> impl Strategy<Value = ResultBlock> {
-    let image = |media_type: &str, data: &str| ResultBlock::Image { source: ImageSource::base64(media_type, data) };
+    let image = |media_type: &str, data: &str| ResultBlock::Image {
+        source: ImageSource::base64(media_type, data),
+    };
     prop_oneof![
         2 => text().prop_map(|text| ResultBlock::Text { text }),
         2 => Just(image("image/png", PNG)),
@@ -78,15 +80,20 @@ fn result_block() -> impl Strategy<Value = ResultBlock> {
 
 fn message() -> impl Strategy<Value = Message> {
     let role = prop_oneof![Just(Role::User), Just(Role::Assistant)];
-    (role, prop::collection::vec(block(), 0..4)).prop_map(|(role, content)| Message { role, content })
+    (role, prop::collection::vec(block(), 0..4))
+        .prop_map(|(role, content)| Message { role, content })
 }
 
 /// A random history, shuffled, then cut at a random point.
 fn history() -> impl Strategy<Value = Vec<Message>> {
-    (prop::collection::vec(message(), 0..10).prop_shuffle(), any::<prop::sample::Index>()).prop_map(|(mut h, cut)| {
-        h.truncate(cut.index(h.len() + 1));
-        h
-    })
+    (
+        prop::collection::vec(message(), 0..10).prop_shuffle(),
+        any::<prop::sample::Index>(),
+    )
+        .prop_map(|(mut h, cut)| {
+            h.truncate(cut.index(h.len() + 1));
+            h
+        })
 }
 
 /// One round of a valid history: an assistant turn and the user turn after it.
@@ -108,9 +115,23 @@ fn round() -> impl Strategy<Value = Round> {
     )
         .prop_flat_map(|(texts, thinking, calls, user_texts)| {
             let order = Just((0..calls).collect::<Vec<_>>()).prop_shuffle();
-            (Just(texts), Just(thinking), Just(calls), order, Just(user_texts))
+            (
+                Just(texts),
+                Just(thinking),
+                Just(calls),
+                order,
+                Just(user_texts),
+            )
         })
-        .prop_map(|(texts, thinking, calls, results_order, user_texts)| Round { texts, thinking, calls, results_order, user_texts })
+        .prop_map(
+            |(texts, thinking, calls, results_order, user_texts)| Round {
+                texts,
+                thinking,
+                calls,
+                results_order,
+                user_texts,
+            },
+        )
 }
 
 /// A valid history built from rounds: results in call order (`canonical`)
@@ -122,40 +143,80 @@ struct ValidHistory {
 }
 
 fn valid_history() -> impl Strategy<Value = ValidHistory> {
-    (prop::collection::vec(non_empty_text(), 1..3), prop::collection::vec(round(), 0..5)).prop_map(|(goal, rounds)| {
-        let first = Message { role: Role::User, content: goal.into_iter().map(ContentBlock::text).collect() };
-        let mut canonical = vec![first.clone()];
-        let mut shuffled = vec![first];
-        let mut next_id = 0;
-        let last = rounds.len().saturating_sub(1);
-        for (r, round) in rounds.into_iter().enumerate() {
-            let mut assistant: Vec<ContentBlock> = Vec::new();
-            if r == last && let Some(thinking) = round.thinking {
-                assistant.push(ContentBlock::Thinking { thinking, signature: "sig".into() });
+    (
+        prop::collection::vec(non_empty_text(), 1..3),
+        prop::collection::vec(round(), 0..5),
+    )
+        .prop_map(|(goal, rounds)| {
+            let first = Message {
+                role: Role::User,
+                content: goal.into_iter().map(ContentBlock::text).collect(),
+            };
+            let mut canonical = vec![first.clone()];
+            let mut shuffled = vec![first];
+            let mut next_id = 0;
+            let last = rounds.len().saturating_sub(1);
+            for (r, round) in rounds.into_iter().enumerate() {
+                let mut assistant: Vec<ContentBlock> = Vec::new();
+                if r == last
+                    && let Some(thinking) = round.thinking
+                {
+                    assistant.push(ContentBlock::Thinking {
+                        thinking,
+                        signature: "sig".into(),
+                    });
+                }
+                assistant.extend(round.texts.into_iter().map(ContentBlock::text));
+                let mut results = Vec::new();
+                for i in 0..round.calls {
+                    next_id += 1;
+                    let id = format!("toolu_{next_id}");
+                    assistant.push(ContentBlock::ToolUse {
+                        id: id.clone(),
+                        name: "lookup".into(),
+                        input: json!({ "i": i }),
+                    });
+                    results.push(ContentBlock::ToolResult {
+                        tool_use_id: id,
+                        content: format!("result {i}").into(),
+                        is_error: i % 2 == 1,
+                    });
+                }
+                if assistant.is_empty() {
+                    assistant.push(ContentBlock::text("…"));
+                }
+                let mut user_texts: Vec<ContentBlock> = round
+                    .user_texts
+                    .into_iter()
+                    .map(ContentBlock::text)
+                    .collect();
+                if results.is_empty() && user_texts.is_empty() {
+                    user_texts.push(ContentBlock::text("go on"));
+                }
+                let reordered: Vec<ContentBlock> = round
+                    .results_order
+                    .iter()
+                    .map(|&i| results[i].clone())
+                    .collect();
+                for (list, results) in [(&mut canonical, results), (&mut shuffled, reordered)] {
+                    list.push(Message {
+                        role: Role::Assistant,
+                        content: assistant.clone(),
+                    });
+                    list.push(Message {
+                        role: Role::User,
+                        content: results
+                            .into_iter()
+                            .chain(user_texts.iter().cloned())
+                            .collect(),
+                    });
+                }
             }
-            assistant.extend(round.texts.into_iter().map(ContentBlock::text));
-            let mut results = Vec::new();
-            for i in 0..round.calls {
-                next_id += 1;
-                let id = format!("toolu_{next_id}");
-                assistant.push(ContentBlock::ToolUse { id: id.clone(), name: "lookup".into(), input: json!({ "i": i }) });
-                results.push(ContentBlock::ToolResult { tool_use_id: id, content: format!("result {i}").into(), is_error: i % 2 == 1 });
+            ValidHistory {
+                canonical,
+                shuffled,
             }
-            if assistant.is_empty() {
-                assistant.push(ContentBlock::text("…"));
-            }
-            let mut user_texts: Vec<ContentBlock> = round.user_texts.into_iter().map(ContentBlock::text).collect();
-            if results.is_empty() && user_texts.is_empty() {
-                user_texts.push(ContentBlock::text("go on"));
-            }
-            let reordered: Vec<ContentBlock> = round.results_order.iter().map(|&i| results[i].clone()).collect();
-            for (list, results) in [(&mut canonical, results), (&mut shuffled, reordered)] {
-                list.push(Message { role: Role::Assistant, content: assistant.clone() });
-                list.push(Message { role: Role::User, content: results.into_iter().chain(user_texts.iter().cloned()).collect() });
-            }
-        }
-        ValidHistory { canonical, shuffled }
-    })
+        })
 }
 
 // ----- helpers ---------------------------------------------------------------
@@ -172,7 +233,11 @@ fn texts<'a>(messages: impl IntoIterator<Item = &'a Message>) -> Vec<&'a str> {
 }
 
 fn thinking(message: &Message) -> Vec<&ContentBlock> {
-    message.content.iter().filter(|b| matches!(b, ContentBlock::Thinking { .. })).collect()
+    message
+        .content
+        .iter()
+        .filter(|b| matches!(b, ContentBlock::Thinking { .. }))
+        .collect()
 }
 
 fn tool_uses(messages: &[Message]) -> Vec<&ContentBlock> {
@@ -185,7 +250,10 @@ fn tool_uses(messages: &[Message]) -> Vec<&ContentBlock> {
 }
 
 fn first_result_for<'a>(message: &'a Message, id: &str) -> Option<&'a ContentBlock> {
-    message.content.iter().find(|b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == id))
+    message
+        .content
+        .iter()
+        .find(|b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == id))
 }
 
 // ----- properties ------------------------------------------------------------
@@ -326,20 +394,48 @@ proptest! {
 #[test]
 fn an_id_may_come_back_in_a_later_turn() {
     // Some providers number call ids per response (`call_0`).
-    let call = |input: i64| Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "call_0".into(), name: "add".into(), input: serde_json::json!({ "a": input }) }] };
-    let result = |text: &str| Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: "call_0".into(), content: text.into(), is_error: false }] };
-    let history = vec![Message::user("go"), call(1), result("1"), call(2), result("2")];
+    let call = |input: i64| Message {
+        role: Role::Assistant,
+        content: vec![ContentBlock::ToolUse {
+            id: "call_0".into(),
+            name: "add".into(),
+            input: serde_json::json!({ "a": input }),
+        }],
+    };
+    let result = |text: &str| Message {
+        role: Role::User,
+        content: vec![ContentBlock::ToolResult {
+            tool_use_id: "call_0".into(),
+            content: text.into(),
+            is_error: false,
+        }],
+    };
+    let history = vec![
+        Message::user("go"),
+        call(1),
+        result("1"),
+        call(2),
+        result("2"),
+    ];
     assert_eq!(repair(&history), history);
     assert_eq!(validate(&history), Ok(()));
     let mut twice = call(1);
     twice.content.push(twice.content[0].clone());
-    assert!(validate(&[Message::user("go"), twice, result("1")]).is_err(), "within a turn, ids stay unique");
+    assert!(
+        validate(&[Message::user("go"), twice, result("1")]).is_err(),
+        "within a turn, ids stay unique"
+    );
 }
 
 #[test]
 fn an_empty_history_becomes_one_filler_turn() {
     let fixed = repair(&[]);
-    assert_eq!(fixed, vec![Message::user(Insert::Filler.wrap("(earlier conversation omitted)"))]);
+    assert_eq!(
+        fixed,
+        vec![Message::user(
+            Insert::Filler.wrap("(earlier conversation omitted)")
+        )]
+    );
     assert_eq!(validate(&fixed), Ok(()));
 }
 
@@ -347,21 +443,36 @@ fn an_empty_history_becomes_one_filler_turn() {
 /// the notes that replace them, and empty text blocks (an empty result
 /// becomes empty text). What is left must come through unchanged.
 fn without_images(block: &ContentBlock) -> ContentBlock {
-    let ContentBlock::ToolResult { tool_use_id, content, is_error } = block else { return block.clone() };
+    let ContentBlock::ToolResult {
+        tool_use_id,
+        content,
+        is_error,
+    } = block
+    else {
+        return block.clone();
+    };
     let content = match content {
         ToolContent::Text(text) => ToolContent::Text(text.clone()),
         ToolContent::Blocks(blocks) => ToolContent::Text(
             blocks
                 .iter()
                 .filter_map(|b| match b {
-                    ResultBlock::Text { text } if !text.is_empty() && !text.starts_with("[image left out: ") => Some(text.as_str()),
+                    ResultBlock::Text { text }
+                        if !text.is_empty() && !text.starts_with("[image left out: ") =>
+                    {
+                        Some(text.as_str())
+                    }
                     _ => None,
                 })
                 .collect::<Vec<_>>()
                 .join("\n"),
         ),
     };
-    ContentBlock::ToolResult { tool_use_id: tool_use_id.clone(), content, is_error: *is_error }
+    ContentBlock::ToolResult {
+        tool_use_id: tool_use_id.clone(),
+        content,
+        is_error: *is_error,
+    }
 }
 
 /// An image the APIs take is kept; one whose bytes contradict its media
@@ -370,21 +481,55 @@ fn without_images(block: &ContentBlock) -> ContentBlock {
 /// refused image the way the APIs do, and passes the repaired request.
 #[test]
 fn images_the_apis_refuse_become_text_notes() {
-    let image = |media_type: &str, data: &str| ResultBlock::Image { source: ImageSource::base64(media_type, data) };
-    let call = Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "t1".into(), name: "shot".into(), input: json!({}) }] };
+    let image = |media_type: &str, data: &str| ResultBlock::Image {
+        source: ImageSource::base64(media_type, data),
+    };
+    let call = Message {
+        role: Role::Assistant,
+        content: vec![ContentBlock::ToolUse {
+            id: "t1".into(),
+            name: "shot".into(),
+            input: json!({}),
+        }],
+    };
     let with = |blocks: Vec<ResultBlock>| {
         vec![
             Message::user("look"),
             call.clone(),
-            Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: "t1".into(), content: ToolContent::Blocks(blocks), is_error: false }] },
+            Message {
+                role: Role::User,
+                content: vec![ContentBlock::ToolResult {
+                    tool_use_id: "t1".into(),
+                    content: ToolContent::Blocks(blocks),
+                    is_error: false,
+                }],
+            },
         ]
     };
     let refused = [
-        (image("image/jpeg", PNG), "the data is image/png, not image/jpeg"),
-        (image("image/svg+xml", "PHN2Zy8+"), "image/svg+xml is not a type a model accepts"),
-        (image("image/png", "aGVsbG8="), "its data is not a PNG, JPEG, GIF or WebP image"),
-        (image("image/png", "not base64!"), "its data is not valid base64"),
-        (image("image/png", &"A".repeat(glia_proto::MAX_IMAGE_BASE64_LEN + 4)), "over the 5242880 bytes"),
+        (
+            image("image/jpeg", PNG),
+            "the data is image/png, not image/jpeg",
+        ),
+        (
+            image("image/svg+xml", "PHN2Zy8+"),
+            "image/svg+xml is not a type a model accepts",
+        ),
+        (
+            image("image/png", "aGVsbG8="),
+            "its data is not a PNG, JPEG, GIF or WebP image",
+        ),
+        (
+            image("image/png", "not base64!"),
+            "its data is not valid base64",
+        ),
+        (
+            image(
+                "image/png",
+                &"A".repeat(glia_proto::MAX_IMAGE_BASE64_LEN + 4),
+            ),
+            "over the 5242880 bytes",
+        ),
     ];
     for (bad, why) in &refused {
         match validate(&with(vec![bad.clone()])) {
@@ -392,27 +537,61 @@ fn images_the_apis_refuse_become_text_notes() {
             other => panic!("{bad:?}: {other:?}"),
         }
     }
-    assert_eq!(validate(&with(vec![ResultBlock::text("")])), Err(InvalidRequest::EmptyContent(2)));
-    assert_eq!(validate(&with(vec![])), Err(InvalidRequest::EmptyContent(2)));
+    assert_eq!(
+        validate(&with(vec![ResultBlock::text("")])),
+        Err(InvalidRequest::EmptyContent(2))
+    );
+    assert_eq!(
+        validate(&with(vec![])),
+        Err(InvalidRequest::EmptyContent(2))
+    );
     assert_eq!(validate(&with(vec![image("image/png", PNG)])), Ok(()));
 
     let mut blocks = vec![ResultBlock::text(""), image("image/png", PNG)];
     blocks.extend(refused.iter().map(|(b, _)| b.clone()));
     let fixed = repair(&with(blocks));
     validate(&fixed).expect("repaired");
-    let ContentBlock::ToolResult { content: ToolContent::Blocks(out), .. } = &fixed[2].content[0] else { panic!("{:?}", fixed[2]) };
+    let ContentBlock::ToolResult {
+        content: ToolContent::Blocks(out),
+        ..
+    } = &fixed[2].content[0]
+    else {
+        panic!("{:?}", fixed[2])
+    };
     assert_eq!(out[0], image("image/png", PNG));
-    assert_eq!(out[1], image("image/png", PNG), "the media type of its bytes");
-    let notes: Vec<String> = out[2..].iter().map(|b| match b {
-        ResultBlock::Text { text } => text.clone(),
-        other => panic!("{other:?}"),
-    }).collect();
+    assert_eq!(
+        out[1],
+        image("image/png", PNG),
+        "the media type of its bytes"
+    );
+    let notes: Vec<String> = out[2..]
+        .iter()
+        .map(|b| match b {
+            ResultBlock::Text { text } => text.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
     assert_eq!(notes.len(), 4);
-    assert_eq!(notes[0], "[image left out: image/svg+xml, 6 bytes; image/svg+xml is not a type a model accepts (PNG, JPEG, GIF or WebP)]");
-    assert!(notes[1].starts_with("[image left out: image/png, 5 bytes; its data is not a PNG"), "{}", notes[1]);
-    assert!(notes[3].starts_with("[image left out: image/png, 3932163 bytes; its base64 data is 5242884 bytes"), "{}", notes[3]);
+    assert_eq!(
+        notes[0],
+        "[image left out: image/svg+xml, 6 bytes; image/svg+xml is not a type a model accepts (PNG, JPEG, GIF or WebP)]"
+    );
+    assert!(
+        notes[1].starts_with("[image left out: image/png, 5 bytes; its data is not a PNG"),
+        "{}",
+        notes[1]
+    );
+    assert!(
+        notes[3].starts_with(
+            "[image left out: image/png, 3932163 bytes; its base64 data is 5242884 bytes"
+        ),
+        "{}",
+        notes[3]
+    );
     assert!(!notes.iter().any(|n| n.contains("AAAA")), "never the data");
     // All blocks empty text: an empty text result.
     let fixed = repair(&with(vec![ResultBlock::text("")]));
-    assert!(matches!(&fixed[2].content[0], ContentBlock::ToolResult { content: ToolContent::Text(t), .. } if t.is_empty()));
+    assert!(
+        matches!(&fixed[2].content[0], ContentBlock::ToolResult { content: ToolContent::Text(t), .. } if t.is_empty())
+    );
 }

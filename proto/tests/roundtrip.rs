@@ -12,11 +12,12 @@ use std::fmt::Debug;
 
 use chrono::{DateTime, Utc};
 use glia_proto::{
-    AgentRef, CompactionSpec, CompactionStrategy, Guardrails, TextRule,
-    ApprovalTimeout, BudgetLimits, BudgetUsage, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall,
-    Limit, LiveEvent, Message, Outcome, PauseReason, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, Resume, Role, RunConfig,
-    RejectedAnswer, Retry, StopAction, StopClass, StopPolicy, ToolCallRecord, ToolErrorKind, ToolSpec, Usage,
-    ImageSource, ResultBlock, ToolContent,
+    AgentRef, ApprovalTimeout, BudgetLimits, BudgetUsage, CompactionSpec, CompactionStrategy,
+    ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, Guardrails, HookEffect,
+    HookTopic, ImageSource, InterruptedCall, Limit, LiveEvent, Message, Outcome, PauseReason,
+    PlannerKind, Policy, PolicyAction, Pricing, PullPoint, RejectedAnswer, ResultBlock, Resume,
+    Retry, Role, RunConfig, StopAction, StopClass, StopPolicy, TextRule, ToolCallRecord,
+    ToolContent, ToolErrorKind, ToolSpec, Usage,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -51,7 +52,8 @@ fn json_value() -> impl Strategy<Value = Value> {
     leaf.prop_recursive(3, 24, 4, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            prop::collection::btree_map(text(), inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
+            prop::collection::btree_map(text(), inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
 }
@@ -80,42 +82,78 @@ fn role() -> impl Strategy<Value = Role> {
 fn tool_content() -> impl Strategy<Value = ToolContent> {
     let block = prop_oneof![
         text().prop_map(|text| ResultBlock::Text { text }),
-        (text(), text()).prop_map(|(media_type, data)| ResultBlock::Image { source: ImageSource::Base64 { media_type, data } }),
+        (text(), text()).prop_map(|(media_type, data)| ResultBlock::Image {
+            source: ImageSource::Base64 { media_type, data }
+        }),
     ];
-    prop_oneof![text().prop_map(ToolContent::Text), prop::collection::vec(block, 0..4).prop_map(ToolContent::Blocks)]
+    prop_oneof![
+        text().prop_map(ToolContent::Text),
+        prop::collection::vec(block, 0..4).prop_map(ToolContent::Blocks)
+    ]
 }
 
 fn content_block() -> impl Strategy<Value = ContentBlock> {
     prop_oneof![
         text().prop_map(|text| ContentBlock::Text { text }),
-        (text(), text(), json_value()).prop_map(|(id, name, input)| ContentBlock::ToolUse { id, name, input }),
-        (text(), tool_content(), any::<bool>())
-            .prop_map(|(tool_use_id, content, is_error)| ContentBlock::ToolResult { tool_use_id, content, is_error }),
-        (text(), text()).prop_map(|(thinking, signature)| ContentBlock::Thinking { thinking, signature }),
+        (text(), text(), json_value()).prop_map(|(id, name, input)| ContentBlock::ToolUse {
+            id,
+            name,
+            input
+        }),
+        (text(), tool_content(), any::<bool>()).prop_map(|(tool_use_id, content, is_error)| {
+            ContentBlock::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            }
+        }),
+        (text(), text()).prop_map(|(thinking, signature)| ContentBlock::Thinking {
+            thinking,
+            signature
+        }),
         text().prop_map(|data| ContentBlock::RedactedThinking { data }),
     ]
 }
 
 fn message() -> impl Strategy<Value = Message> {
-    (role(), prop::collection::vec(content_block(), 0..4)).prop_map(|(role, content)| Message { role, content })
+    (role(), prop::collection::vec(content_block(), 0..4))
+        .prop_map(|(role, content)| Message { role, content })
 }
 
 fn usage() -> impl Strategy<Value = Usage> {
-    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>()).prop_map(
-        |(input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, estimated)| Usage {
-            input_tokens,
-            output_tokens,
-            cache_write_tokens,
-            cache_read_tokens,
-            estimated,
-        },
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<bool>(),
     )
+        .prop_map(
+            |(input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, estimated)| {
+                Usage {
+                    input_tokens,
+                    output_tokens,
+                    cache_write_tokens,
+                    cache_read_tokens,
+                    estimated,
+                }
+            },
+        )
 }
 
 fn budget_limits() -> impl Strategy<Value = BudgetLimits> {
     let o = || prop::option::of(any::<u64>());
     (o(), o(), o(), o(), o(), o(), o(), o()).prop_map(
-        |(max_turns, max_tool_calls, max_active_ms, max_input_tokens, max_output_tokens, max_cache_write_tokens, max_cache_read_tokens, max_cost_usd_micros)| {
+        |(
+            max_turns,
+            max_tool_calls,
+            max_active_ms,
+            max_input_tokens,
+            max_output_tokens,
+            max_cache_write_tokens,
+            max_cache_read_tokens,
+            max_cost_usd_micros,
+        )| {
             BudgetLimits {
                 max_turns,
                 max_tool_calls,
@@ -131,9 +169,22 @@ fn budget_limits() -> impl Strategy<Value = BudgetLimits> {
 }
 
 fn budget_usage() -> impl Strategy<Value = BudgetUsage> {
-    (any::<u64>(), any::<u64>(), any::<u64>(), usage(), any::<u64>()).prop_map(
-        |(turns, tool_calls, active_ms, tokens, cost_usd_micros)| BudgetUsage { turns, tool_calls, active_ms, tokens, cost_usd_micros },
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        usage(),
+        any::<u64>(),
     )
+        .prop_map(
+            |(turns, tool_calls, active_ms, tokens, cost_usd_micros)| BudgetUsage {
+                turns,
+                tool_calls,
+                active_ms,
+                tokens,
+                cost_usd_micros,
+            },
+        )
 }
 
 fn limit() -> impl Strategy<Value = Limit> {
@@ -150,25 +201,39 @@ fn limit() -> impl Strategy<Value = Limit> {
 }
 
 fn pricing() -> impl Strategy<Value = Pricing> {
-    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>())
-        .prop_map(|(input, output, cache_write, cache_read)| Pricing { input, output, cache_write, cache_read })
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(input, output, cache_write, cache_read)| Pricing {
+            input,
+            output,
+            cache_write,
+            cache_read,
+        },
+    )
 }
 
 fn tool_spec() -> impl Strategy<Value = ToolSpec> {
-    (text(), text(), json_value(), any::<bool>(), any::<u64>(), any::<bool>()).prop_map(
-        |(name, description, input_schema, idempotent, timeout_ms, external)| ToolSpec {
-            name,
-            description,
-            input_schema,
-            idempotent,
-            timeout_ms,
-            external,
-            return_direct: false,
-            cancel_grace_ms: timeout_ms / 2,
-            source: None,
-            policy: None,
-        },
+    (
+        text(),
+        text(),
+        json_value(),
+        any::<bool>(),
+        any::<u64>(),
+        any::<bool>(),
     )
+        .prop_map(
+            |(name, description, input_schema, idempotent, timeout_ms, external)| ToolSpec {
+                name,
+                description,
+                input_schema,
+                idempotent,
+                timeout_ms,
+                external,
+                return_direct: false,
+                cancel_grace_ms: timeout_ms / 2,
+                source: None,
+                policy: None,
+            },
+        )
 }
 
 fn policy() -> impl Strategy<Value = Policy> {
@@ -178,7 +243,11 @@ fn policy() -> impl Strategy<Value = Policy> {
         Just(PolicyAction::RequireApproval),
         text().prop_map(|text| PolicyAction::Remind { text }),
     ];
-    (text(), prop::option::of(text()), action).prop_map(|(tool, args, action)| Policy { tool, args, action })
+    (text(), prop::option::of(text()), action).prop_map(|(tool, args, action)| Policy {
+        tool,
+        args,
+        action,
+    })
 }
 
 fn run_config() -> impl Strategy<Value = RunConfig> {
@@ -201,18 +270,57 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
     );
     let approvals = (
         prop::option::of(any::<u64>()),
-        prop_oneof![Just(ApprovalTimeout::Reject), Just(ApprovalTimeout::Escalate)],
-        prop_oneof![Just(InterruptedCall::OutcomeUnknown), Just(InterruptedCall::RequireApproval)],
-        (stop_action(), stop_action(), stop_action(), stop_action(), stop_action(), stop_action()).prop_map(
-            |(truncated, empty, refusal, content_filter, context_window, unknown)| StopPolicy { truncated, empty, refusal, content_filter, context_window, unknown },
-        ),
-        prop_oneof![Just((Guardrails::default(), None, None)), Just(agent_parts())],
+        prop_oneof![
+            Just(ApprovalTimeout::Reject),
+            Just(ApprovalTimeout::Escalate)
+        ],
+        prop_oneof![
+            Just(InterruptedCall::OutcomeUnknown),
+            Just(InterruptedCall::RequireApproval)
+        ],
+        (
+            stop_action(),
+            stop_action(),
+            stop_action(),
+            stop_action(),
+            stop_action(),
+            stop_action(),
+        )
+            .prop_map(
+                |(truncated, empty, refusal, content_filter, context_window, unknown)| StopPolicy {
+                    truncated,
+                    empty,
+                    refusal,
+                    content_filter,
+                    context_window,
+                    unknown,
+                },
+            ),
+        prop_oneof![
+            Just((Guardrails::default(), None, None)),
+            Just(agent_parts())
+        ],
     );
     (tools, knobs, approvals).prop_map(
         |(
             (model, system, tools, external_tools, policies),
-            (budget, max_model_calls_per_turn, conversational, planner, output_schema, max_reasks, pricing, max_tokens),
-            (approval_timeout_ms, on_approval_timeout, on_interrupted_call, stop_reasons, (guardrails, compaction, agent)),
+            (
+                budget,
+                max_model_calls_per_turn,
+                conversational,
+                planner,
+                output_schema,
+                max_reasks,
+                pricing,
+                max_tokens,
+            ),
+            (
+                approval_timeout_ms,
+                on_approval_timeout,
+                on_interrupted_call,
+                stop_reasons,
+                (guardrails, compaction, agent),
+            ),
         )| RunConfig {
             model,
             system,
@@ -241,14 +349,41 @@ fn run_config() -> impl Strategy<Value = RunConfig> {
 
 /// Declarative guardrails, compaction and an agent stamp, as a definition resolves them.
 fn agent_parts() -> (Guardrails, Option<CompactionSpec>, Option<AgentRef>) {
-    let rule = TextRule { name: "no-digits".into(), deny: Some(r"\d+".into()), reason: Some("no numbers".into()), ..TextRule::default() };
-    let guardrails = Guardrails { input: vec![rule.clone()], output: vec![rule.clone()], tool_results: vec![rule], max_input_chars: Some(10), max_output_chars: None };
-    let compaction = CompactionSpec { strategy: CompactionStrategy::Summarize, max_tokens: 1000, keep_recent: 1 };
-    (guardrails, Some(compaction), Some(AgentRef { name: "a".into(), version: 2, content_hash: "sha256:00".into() }))
+    let rule = TextRule {
+        name: "no-digits".into(),
+        deny: Some(r"\d+".into()),
+        reason: Some("no numbers".into()),
+        ..TextRule::default()
+    };
+    let guardrails = Guardrails {
+        input: vec![rule.clone()],
+        output: vec![rule.clone()],
+        tool_results: vec![rule],
+        max_input_chars: Some(10),
+        max_output_chars: None,
+    };
+    let compaction = CompactionSpec {
+        strategy: CompactionStrategy::Summarize,
+        max_tokens: 1000,
+        keep_recent: 1,
+    };
+    (
+        guardrails,
+        Some(compaction),
+        Some(AgentRef {
+            name: "a".into(),
+            version: 2,
+            content_hash: "sha256:00".into(),
+        }),
+    )
 }
 
 fn stop_action() -> impl Strategy<Value = StopAction> {
-    prop_oneof![Just(StopAction::Reask), Just(StopAction::Pause), Just(StopAction::Fail)]
+    prop_oneof![
+        Just(StopAction::Reask),
+        Just(StopAction::Pause),
+        Just(StopAction::Fail)
+    ]
 }
 
 fn rejected_answer() -> impl Strategy<Value = RejectedAnswer> {
@@ -262,9 +397,21 @@ fn rejected_answer() -> impl Strategy<Value = RejectedAnswer> {
         Just(StopClass::ContextWindow),
         Just(StopClass::Unknown),
     ];
-    let turn = prop_oneof![Just(glia_proto::ProtectedTurn::Goal), Just(glia_proto::ProtectedTurn::LatestHumanTurn)];
-    let refused = prop::option::of((0usize..50, turn).prop_map(|(index, turn)| glia_proto::RefusedTurn { index, turn }));
-    (class, stop_action(), prop::option::of(text()), refused).prop_map(|(class, action, reask, refused_turn)| RejectedAnswer { class, action, reask, refused_turn })
+    let turn = prop_oneof![
+        Just(glia_proto::ProtectedTurn::Goal),
+        Just(glia_proto::ProtectedTurn::LatestHumanTurn)
+    ];
+    let refused = prop::option::of(
+        (0usize..50, turn).prop_map(|(index, turn)| glia_proto::RefusedTurn { index, turn }),
+    );
+    (class, stop_action(), prop::option::of(text()), refused).prop_map(
+        |(class, action, reask, refused_turn)| RejectedAnswer {
+            class,
+            action,
+            reask,
+            refused_turn,
+        },
+    )
 }
 
 fn disposition() -> impl Strategy<Value = Disposition> {
@@ -272,7 +419,8 @@ fn disposition() -> impl Strategy<Value = Disposition> {
         prop::option::of(text()).prop_map(|reminder| Disposition::Run { reminder }),
         Just(Disposition::External),
         Just(Disposition::Approval),
-        (tool_error_kind(), text()).prop_map(|(error, message)| Disposition::Refused { error, message }),
+        (tool_error_kind(), text())
+            .prop_map(|(error, message)| Disposition::Refused { error, message }),
     ]
 }
 
@@ -329,7 +477,8 @@ fn pull_point() -> impl Strategy<Value = PullPoint> {
 
 fn outcome() -> impl Strategy<Value = Outcome> {
     prop_oneof![
-        (text(), optional_json()).prop_map(|(answer, output)| Outcome::Succeeded { answer, output }),
+        (text(), optional_json())
+            .prop_map(|(answer, output)| Outcome::Succeeded { answer, output }),
         text().prop_map(|error| Outcome::Failed { error }),
         text().prop_map(|reason| Outcome::Cancelled { reason }),
     ]
@@ -354,92 +503,255 @@ fn steps() -> impl Strategy<Value = Vec<String>> {
 
 fn event_kind() -> impl Strategy<Value = EventKind> {
     prop_oneof![
-        (text(), run_config()).prop_map(|(goal, config)| EventKind::SessionStart { redactions: Vec::new(), goal, config }),
-        (steps(), usage(), any::<u64>())
-            .prop_map(|(steps, usage, cost_usd_micros)| EventKind::PlanDraft { steps, usage, cost_usd_micros }),
-        steps().prop_map(|steps| EventKind::PlanCommit { steps }),
-        (any::<usize>(), text(), prop::collection::vec(tool_spec(), 0..3))
-            .prop_map(|(index, description, tools)| EventKind::StepStart { index, description, tools }),
-        (any::<usize>(), text(), any::<bool>()).prop_map(|(index, answer, skipped)| EventKind::StepEnd { index, answer, skipped }),
-        (text(), any::<usize>(), any::<bool>(), prop::option::of(text())).prop_map(|(model, messages, wrap_up, forced_tool)| {
-            EventKind::ModelCall { model, messages, wrap_up, forced_tool }
+        (text(), run_config()).prop_map(|(goal, config)| EventKind::SessionStart {
+            redactions: Vec::new(),
+            goal,
+            config
         }),
-        (any::<u32>(), text(), text(), any::<u64>())
-            .prop_map(|(attempt, cause, message, delay_ms)| EventKind::ModelRetry(Retry { attempt, cause, message, delay_ms })),
-        (any::<usize>(), text()).prop_map(|(index, reason)| EventKind::MessageElided { index, reason }),
-        (message(), usage(), text(), any::<u64>(), any::<u64>(), prop::option::of(rejected_answer())).prop_map(
-            |(message, usage, stop_reason, duration_ms, cost_usd_micros, rejected)| EventKind::ModelResponse { redactions: Vec::new(),
-                message,
+        (steps(), usage(), any::<u64>()).prop_map(|(steps, usage, cost_usd_micros)| {
+            EventKind::PlanDraft {
+                steps,
                 usage,
-                stop_reason,
-                duration_ms,
                 cost_usd_micros,
-                rejected,
             }
-        ),
-        (text(), text(), json_value(), text(), text(), disposition()).prop_map(
-            |(call_id, name, input, args_hash, idempotency_key, disposition)| EventKind::ToolCall(ToolCallRecord {
-                call_id,
-                name,
-                input,
-                args_hash,
-                idempotency_key,
-                disposition,
+        }),
+        steps().prop_map(|steps| EventKind::PlanCommit { steps }),
+        (
+            any::<usize>(),
+            text(),
+            prop::collection::vec(tool_spec(), 0..3)
+        )
+            .prop_map(|(index, description, tools)| EventKind::StepStart {
+                index,
+                description,
+                tools
+            }),
+        (any::<usize>(), text(), any::<bool>()).prop_map(|(index, answer, skipped)| {
+            EventKind::StepEnd {
+                index,
+                answer,
+                skipped,
+            }
+        }),
+        (
+            text(),
+            any::<usize>(),
+            any::<bool>(),
+            prop::option::of(text())
+        )
+            .prop_map(|(model, messages, wrap_up, forced_tool)| {
+                EventKind::ModelCall {
+                    model,
+                    messages,
+                    wrap_up,
+                    forced_tool,
+                }
+            }),
+        (any::<u32>(), text(), text(), any::<u64>()).prop_map(
+            |(attempt, cause, message, delay_ms)| EventKind::ModelRetry(Retry {
+                attempt,
+                cause,
+                message,
+                delay_ms
             })
         ),
-        (text(), tool_content(), prop::option::of(text()), any::<u64>(), prop::collection::vec((text(), any::<usize>()), 0..2)).prop_map(
-            |(call_id, content, reminder, duration_ms, redactions)| {
-                let redactions = redactions.into_iter().map(|(guardrail, count)| glia_proto::Redaction { guardrail, count }).collect();
-                EventKind::ToolResult { call_id, content, reminder, duration_ms, redactions }
+        (any::<usize>(), text())
+            .prop_map(|(index, reason)| EventKind::MessageElided { index, reason }),
+        (
+            message(),
+            usage(),
+            text(),
+            any::<u64>(),
+            any::<u64>(),
+            prop::option::of(rejected_answer())
+        )
+            .prop_map(
+                |(message, usage, stop_reason, duration_ms, cost_usd_micros, rejected)| {
+                    EventKind::ModelResponse {
+                        redactions: Vec::new(),
+                        message,
+                        usage,
+                        stop_reason,
+                        duration_ms,
+                        cost_usd_micros,
+                        rejected,
+                    }
+                }
+            ),
+        (text(), text(), json_value(), text(), text(), disposition()).prop_map(
+            |(call_id, name, input, args_hash, idempotency_key, disposition)| EventKind::ToolCall(
+                ToolCallRecord {
+                    call_id,
+                    name,
+                    input,
+                    args_hash,
+                    idempotency_key,
+                    disposition,
+                }
+            )
+        ),
+        (
+            text(),
+            tool_content(),
+            prop::option::of(text()),
+            any::<u64>(),
+            prop::collection::vec((text(), any::<usize>()), 0..2)
+        )
+            .prop_map(|(call_id, content, reminder, duration_ms, redactions)| {
+                let redactions = redactions
+                    .into_iter()
+                    .map(|(guardrail, count)| glia_proto::Redaction { guardrail, count })
+                    .collect();
+                EventKind::ToolResult {
+                    call_id,
+                    content,
+                    reminder,
+                    duration_ms,
+                    redactions,
+                }
+            }),
+        (text(), tool_error_kind(), text(), any::<u64>()).prop_map(
+            |(call_id, error, message, duration_ms)| EventKind::ToolError {
+                call_id,
+                error,
+                message,
+                duration_ms
             }
         ),
-        (text(), tool_error_kind(), text(), any::<u64>())
-            .prop_map(|(call_id, error, message, duration_ms)| EventKind::ToolError { call_id, error, message, duration_ms }),
-        (text(), text(), json_value(), text())
-            .prop_map(|(call_id, tool, input, args_hash)| EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at: Some(DateTime::UNIX_EPOCH), interrupted: false }),
-        (text(), text(), decision(), prop::option::of(text()))
-            .prop_map(|(call_id, args_hash, decision, by)| EventKind::ApprovalResolved { call_id, args_hash, decision, by }),
-        text().prop_map(|text| EventKind::InputReceived { redactions: Vec::new(), text }),
-        (prop_oneof![Just(GuardrailStage::Input), Just(GuardrailStage::Output), Just(GuardrailStage::ToolResult)], text(), text(), prop::option::of(text()))
-            .prop_map(|(stage, guardrail, reason, reask)| EventKind::GuardrailTripped { stage, guardrail, reason, reask }),
-        (text(), any::<usize>(), prop::collection::vec(message(), 0..3), usage(), any::<u64>()).prop_map(
-            |(strategy, removed, messages, usage, cost_usd_micros)| EventKind::ContextCompacted {
-                strategy,
-                removed,
-                messages,
+        (text(), text(), json_value(), text()).prop_map(|(call_id, tool, input, args_hash)| {
+            EventKind::ApprovalRequested {
+                call_id,
+                tool,
+                input,
+                args_hash,
+                expires_at: Some(DateTime::UNIX_EPOCH),
+                interrupted: false,
+            }
+        }),
+        (text(), text(), decision(), prop::option::of(text())).prop_map(
+            |(call_id, args_hash, decision, by)| EventKind::ApprovalResolved {
+                call_id,
+                args_hash,
+                decision,
+                by
+            }
+        ),
+        text().prop_map(|text| EventKind::InputReceived {
+            redactions: Vec::new(),
+            text
+        }),
+        (
+            prop_oneof![
+                Just(GuardrailStage::Input),
+                Just(GuardrailStage::Output),
+                Just(GuardrailStage::ToolResult)
+            ],
+            text(),
+            text(),
+            prop::option::of(text())
+        )
+            .prop_map(
+                |(stage, guardrail, reason, reask)| EventKind::GuardrailTripped {
+                    stage,
+                    guardrail,
+                    reason,
+                    reask
+                }
+            ),
+        (
+            text(),
+            any::<usize>(),
+            prop::collection::vec(message(), 0..3),
+            usage(),
+            any::<u64>()
+        )
+            .prop_map(|(strategy, removed, messages, usage, cost_usd_micros)| {
+                EventKind::ContextCompacted {
+                    strategy,
+                    removed,
+                    messages,
+                    usage,
+                    cost_usd_micros,
+                }
+            }),
+        (limit(), budget_usage(), budget_limits()).prop_map(|(limit, usage, limits)| {
+            EventKind::BudgetWarn {
+                limit,
                 usage,
-                cost_usd_micros,
+                limits,
             }
-        ),
-        (limit(), budget_usage(), budget_limits()).prop_map(|(limit, usage, limits)| EventKind::BudgetWarn { limit, usage, limits }),
+        }),
         budget_limits().prop_map(|limits| EventKind::BudgetExtended { limits }),
         pull_point().prop_map(|pull_point| EventKind::SessionPause { pull_point }),
         prop::option::of(text()).prop_map(|by| EventKind::SessionResume { by }),
         text().prop_map(|reason| EventKind::SessionCancel { reason }),
         outcome().prop_map(|outcome| EventKind::SessionComplete { outcome }),
         (text(), any::<bool>()).prop_map(|(message, fatal)| EventKind::Error { message, fatal }),
-        (hook_topic(), text(), hook_effect()).prop_map(|(topic, hook, effect)| EventKind::HookApplied { topic, hook, effect }),
-        text().prop_map(|call_id| EventKind::ApprovalEscalated { call_id, expires_at: Some(DateTime::UNIX_EPOCH) }),
-        (text(), prop::option::of(text())).prop_map(|(reason, by)| EventKind::SessionPauseRequested { reason, by }),
-        (text(), text()).prop_map(|(call_id, idempotency_key)| EventKind::ToolRecovered { call_id, idempotency_key }),
+        (hook_topic(), text(), hook_effect()).prop_map(|(topic, hook, effect)| {
+            EventKind::HookApplied {
+                topic,
+                hook,
+                effect,
+            }
+        }),
+        text().prop_map(|call_id| EventKind::ApprovalEscalated {
+            call_id,
+            expires_at: Some(DateTime::UNIX_EPOCH)
+        }),
+        (text(), prop::option::of(text()))
+            .prop_map(|(reason, by)| EventKind::SessionPauseRequested { reason, by }),
+        (text(), text()).prop_map(|(call_id, idempotency_key)| EventKind::ToolRecovered {
+            call_id,
+            idempotency_key
+        }),
     ]
 }
 
 fn event() -> impl Strategy<Value = Event> {
-    (uuid(), any::<u64>(), instant(), event_kind()).prop_map(|(run_id, seq, at, kind)| Event { run_id, seq, at, kind })
+    (uuid(), any::<u64>(), instant(), event_kind()).prop_map(|(run_id, seq, at, kind)| Event {
+        run_id,
+        seq,
+        at,
+        kind,
+    })
 }
 
 fn resume() -> impl Strategy<Value = Resume> {
     prop_oneof![
-        (text(), text(), decision(), prop::option::of(text()))
-            .prop_map(|(call_id, args_hash, decision, by)| Resume::Approval { call_id, args_hash, decision, by, request_seq: None }),
-        (text(), text(), any::<bool>()).prop_map(|(call_id, content, is_error)| Resume::ToolResult { call_id, content, is_error }),
-        text().prop_map(|text| Resume::Input { text, redactions: Vec::new() }),
+        (text(), text(), decision(), prop::option::of(text())).prop_map(
+            |(call_id, args_hash, decision, by)| Resume::Approval {
+                call_id,
+                args_hash,
+                decision,
+                by,
+                request_seq: None
+            }
+        ),
+        (text(), text(), any::<bool>()).prop_map(|(call_id, content, is_error)| {
+            Resume::ToolResult {
+                call_id,
+                content,
+                is_error,
+            }
+        }),
+        text().prop_map(|text| Resume::Input {
+            text,
+            redactions: Vec::new()
+        }),
         budget_limits().prop_map(|extra| Resume::ExtendBudget { extra }),
         prop::option::of(text()).prop_map(|by| Resume::Resume { by }),
-        prop::option::of(text()).prop_map(|text| Resume::Close { text, redactions: Vec::new() }),
+        prop::option::of(text()).prop_map(|text| Resume::Close {
+            text,
+            redactions: Vec::new()
+        }),
         text().prop_map(|reason| Resume::Cancel { reason }),
-        (text(), prop::option::of(any::<u64>())).prop_map(|(call_id, request_seq)| Resume::Escalate { call_id, request_seq, expires_at: Some(DateTime::UNIX_EPOCH) }),
+        (text(), prop::option::of(any::<u64>())).prop_map(|(call_id, request_seq)| {
+            Resume::Escalate {
+                call_id,
+                request_seq,
+                expires_at: Some(DateTime::UNIX_EPOCH),
+            }
+        }),
         (text(), prop::option::of(text())).prop_map(|(reason, by)| Resume::Pause { reason, by }),
     ]
 }
@@ -451,10 +763,13 @@ fn assert_round_trip<T>(value: &T) -> Result<(), TestCaseError>
 where
     T: Serialize + DeserializeOwned + PartialEq + Debug,
 {
-    let json = serde_json::to_string(value).map_err(|e| TestCaseError::fail(format!("serialise: {e}")))?;
-    let back: T = serde_json::from_str(&json).map_err(|e| TestCaseError::fail(format!("parse {json}: {e}")))?;
+    let json =
+        serde_json::to_string(value).map_err(|e| TestCaseError::fail(format!("serialise: {e}")))?;
+    let back: T = serde_json::from_str(&json)
+        .map_err(|e| TestCaseError::fail(format!("parse {json}: {e}")))?;
     prop_assert_eq!(&back, value, "JSON: {}", json);
-    let again = serde_json::to_string(&back).map_err(|e| TestCaseError::fail(format!("serialise again: {e}")))?;
+    let again = serde_json::to_string(&back)
+        .map_err(|e| TestCaseError::fail(format!("serialise again: {e}")))?;
     prop_assert_eq!(again, json);
     Ok(())
 }
@@ -567,21 +882,37 @@ fn resume_variant_index(resume: &Resume) -> usize {
 }
 
 /// The variant indices `strategy` produces over a fixed sample.
-fn variants_seen<T: Debug>(strategy: impl Strategy<Value = T>, index: fn(&T) -> usize) -> BTreeSet<usize> {
+fn variants_seen<T: Debug>(
+    strategy: impl Strategy<Value = T>,
+    index: fn(&T) -> usize,
+) -> BTreeSet<usize> {
     let mut runner = TestRunner::deterministic();
-    (0..2_000).map(|_| index(&strategy.new_tree(&mut runner).expect("a value").current())).collect()
+    (0..2_000)
+        .map(|_| index(&strategy.new_tree(&mut runner).expect("a value").current()))
+        .collect()
 }
 
 #[test]
 fn the_strategies_cover_every_variant() {
-    assert_eq!(variants_seen(event_kind(), variant_index), (0..28).collect());
-    assert_eq!(variants_seen(resume(), resume_variant_index), (0..9).collect());
+    assert_eq!(
+        variants_seen(event_kind(), variant_index),
+        (0..28).collect()
+    );
+    assert_eq!(
+        variants_seen(resume(), resume_variant_index),
+        (0..9).collect()
+    );
 }
 
 // ----- the wire format, pinned -----------------------------------------------
 
 fn envelope(kind: EventKind) -> Event {
-    Event { run_id: Uuid::nil(), seq: 7, at: DateTime::UNIX_EPOCH, kind }
+    Event {
+        run_id: Uuid::nil(),
+        seq: 7,
+        at: DateTime::UNIX_EPOCH,
+        kind,
+    }
 }
 
 #[test]
@@ -600,7 +931,10 @@ fn a_tool_call_serialises_with_its_dotted_name() {
     assert_eq!(value["run_id"], "00000000-0000-0000-0000-000000000000");
     assert_eq!(value["at"], "1970-01-01T00:00:00Z");
     assert_eq!(value["data"]["call_id"], "call_1");
-    assert_eq!(value["data"]["disposition"], json!({"kind": "run", "reminder": null}));
+    assert_eq!(
+        value["data"]["disposition"],
+        json!({"kind": "run", "reminder": null})
+    );
     let text = serde_json::to_string(&event).unwrap();
     assert!(text.contains(r#""type":"tool.call""#), "{text}");
 }
@@ -608,17 +942,56 @@ fn a_tool_call_serialises_with_its_dotted_name() {
 #[test]
 fn every_event_serialises_under_its_name() {
     let kinds = [
-        EventKind::SessionStart { redactions: Vec::new(), goal: "hi".into(), config: RunConfig::default() },
-        EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
-        EventKind::ApprovalResolved { call_id: "c".into(), args_hash: "h".into(), decision: Decision::Approve, by: None },
-        EventKind::SessionPause { pull_point: PullPoint::AwaitingInput },
-        EventKind::SessionComplete { outcome: Outcome::Failed { error: "x".into() } },
-        EventKind::Error { message: "boom".into(), fatal: true },
-        EventKind::HookApplied { topic: HookTopic::BeforeToolCall, hook: "h".into(), effect: HookEffect::Skipped },
-        EventKind::ModelRetry(Retry { attempt: 1, cause: "rate_limited".into(), message: "slow down".into(), delay_ms: 3000 }),
-        EventKind::MessageElided { index: 2, reason: "provider refusal".into() },
-        EventKind::ApprovalEscalated { call_id: "c".into(), expires_at: None },
-        EventKind::ToolRecovered { call_id: "c".into(), idempotency_key: "r:1:c".into() },
+        EventKind::SessionStart {
+            redactions: Vec::new(),
+            goal: "hi".into(),
+            config: RunConfig::default(),
+        },
+        EventKind::ModelCall {
+            model: "m".into(),
+            messages: 1,
+            wrap_up: false,
+            forced_tool: None,
+        },
+        EventKind::ApprovalResolved {
+            call_id: "c".into(),
+            args_hash: "h".into(),
+            decision: Decision::Approve,
+            by: None,
+        },
+        EventKind::SessionPause {
+            pull_point: PullPoint::AwaitingInput,
+        },
+        EventKind::SessionComplete {
+            outcome: Outcome::Failed { error: "x".into() },
+        },
+        EventKind::Error {
+            message: "boom".into(),
+            fatal: true,
+        },
+        EventKind::HookApplied {
+            topic: HookTopic::BeforeToolCall,
+            hook: "h".into(),
+            effect: HookEffect::Skipped,
+        },
+        EventKind::ModelRetry(Retry {
+            attempt: 1,
+            cause: "rate_limited".into(),
+            message: "slow down".into(),
+            delay_ms: 3000,
+        }),
+        EventKind::MessageElided {
+            index: 2,
+            reason: "provider refusal".into(),
+        },
+        EventKind::ApprovalEscalated {
+            call_id: "c".into(),
+            expires_at: None,
+        },
+        EventKind::ToolRecovered {
+            call_id: "c".into(),
+            idempotency_key: "r:1:c".into(),
+        },
     ];
     let expected = [
         "session.start",
@@ -642,7 +1015,11 @@ fn every_event_serialises_under_its_name() {
 
 #[test]
 fn a_pause_event_has_the_documented_shape() {
-    let event = envelope(EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: vec!["call_2".into()] } });
+    let event = envelope(EventKind::SessionPause {
+        pull_point: PullPoint::AwaitingApproval {
+            call_ids: vec!["call_2".into()],
+        },
+    });
     assert_eq!(
         serde_json::to_value(&event).unwrap(),
         json!({
@@ -657,19 +1034,37 @@ fn a_pause_event_has_the_documented_shape() {
 
 #[test]
 fn a_rejected_answer_with_estimated_usage_has_the_documented_shape() {
-    let event = envelope(EventKind::ModelResponse { redactions: Vec::new(),
+    let event = envelope(EventKind::ModelResponse {
+        redactions: Vec::new(),
         message: Message::assistant("The answer is par"),
-        usage: Usage { input_tokens: 12, output_tokens: 5, estimated: true, ..Usage::default() },
+        usage: Usage {
+            input_tokens: 12,
+            output_tokens: 5,
+            estimated: true,
+            ..Usage::default()
+        },
         stop_reason: "max_tokens".into(),
         duration_ms: 9,
         cost_usd_micros: 0,
-        rejected: Some(RejectedAnswer { class: StopClass::Truncated, action: StopAction::Reask, reask: Some("again".into()), refused_turn: None }),
+        rejected: Some(RejectedAnswer {
+            class: StopClass::Truncated,
+            action: StopAction::Reask,
+            reask: Some("again".into()),
+            refused_turn: None,
+        }),
     });
     let v = serde_json::to_value(&event).unwrap();
-    assert_eq!(v["data"]["usage"], json!({"input_tokens": 12, "output_tokens": 5, "cache_write_tokens": 0, "cache_read_tokens": 0, "estimated": true}));
-    assert_eq!(v["data"]["rejected"], json!({"class": "truncated", "action": "reask", "reask": "again"}));
+    assert_eq!(
+        v["data"]["usage"],
+        json!({"input_tokens": 12, "output_tokens": 5, "cache_write_tokens": 0, "cache_read_tokens": 0, "estimated": true})
+    );
+    assert_eq!(
+        v["data"]["rejected"],
+        json!({"class": "truncated", "action": "reask", "reask": "again"})
+    );
     // An accepted answer with reported usage keeps the shape it always had.
-    let plain = envelope(EventKind::ModelResponse { redactions: Vec::new(),
+    let plain = envelope(EventKind::ModelResponse {
+        redactions: Vec::new(),
         message: Message::assistant("4"),
         usage: Usage::default(),
         stop_reason: "end_turn".into(),
@@ -678,9 +1073,17 @@ fn a_rejected_answer_with_estimated_usage_has_the_documented_shape() {
         rejected: None,
     });
     let v = serde_json::to_value(&plain).unwrap();
-    assert!(v["data"].get("rejected").is_none() && v["data"]["usage"].get("estimated").is_none(), "{v}");
-    let pause = PauseReason::ModelStop { stop_reason: "refusal".into() };
-    assert_eq!(serde_json::to_value(&pause).unwrap(), json!({"kind": "model_stop", "stop_reason": "refusal"}));
+    assert!(
+        v["data"].get("rejected").is_none() && v["data"]["usage"].get("estimated").is_none(),
+        "{v}"
+    );
+    let pause = PauseReason::ModelStop {
+        stop_reason: "refusal".into(),
+    };
+    assert_eq!(
+        serde_json::to_value(&pause).unwrap(),
+        json!({"kind": "model_stop", "stop_reason": "refusal"})
+    );
 }
 
 /// Pins the one value that does not round-trip, so a change in serde's
@@ -688,26 +1091,57 @@ fn a_rejected_answer_with_estimated_usage_has_the_documented_shape() {
 /// written as `null` and read back as `None`.
 #[test]
 fn option_of_null_reads_back_as_none() {
-    let outcome = Outcome::Succeeded { answer: "a".into(), output: Some(Value::Null) };
+    let outcome = Outcome::Succeeded {
+        answer: "a".into(),
+        output: Some(Value::Null),
+    };
     let back: Outcome = serde_json::from_str(&serde_json::to_string(&outcome).unwrap()).unwrap();
-    assert_eq!(back, Outcome::Succeeded { answer: "a".into(), output: None });
+    assert_eq!(
+        back,
+        Outcome::Succeeded {
+            answer: "a".into(),
+            output: None
+        }
+    );
 }
 
 #[test]
 fn retries_elisions_and_discards_have_the_documented_shape() {
-    let retry = envelope(EventKind::ModelRetry(Retry { attempt: 2, cause: "overloaded".into(), message: "busy".into(), delay_ms: 1500 }));
+    let retry = envelope(EventKind::ModelRetry(Retry {
+        attempt: 2,
+        cause: "overloaded".into(),
+        message: "busy".into(),
+        delay_ms: 1500,
+    }));
     assert_eq!(
         serde_json::to_value(&retry).unwrap()["data"],
         json!({"attempt": 2, "cause": "overloaded", "message": "busy", "delay_ms": 1500})
     );
-    let elided = envelope(EventKind::MessageElided { index: 3, reason: "provider refusal".into() });
-    assert_eq!(serde_json::to_value(&elided).unwrap()["data"], json!({"index": 3, "reason": "provider refusal"}));
-    let discard = LiveEvent::ModelDiscard { attempt: 1, cause: "stream_cut".into() };
+    let elided = envelope(EventKind::MessageElided {
+        index: 3,
+        reason: "provider refusal".into(),
+    });
+    assert_eq!(
+        serde_json::to_value(&elided).unwrap()["data"],
+        json!({"index": 3, "reason": "provider refusal"})
+    );
+    let discard = LiveEvent::ModelDiscard {
+        attempt: 1,
+        cause: "stream_cut".into(),
+    };
     let value = serde_json::to_value(&discard).unwrap();
-    assert_eq!(value, json!({"type": "model.discard", "data": {"attempt": 1, "cause": "stream_cut"}}));
+    assert_eq!(
+        value,
+        json!({"type": "model.discard", "data": {"attempt": 1, "cause": "stream_cut"}})
+    );
     assert_eq!(serde_json::from_value::<LiveEvent>(value).unwrap(), discard);
-    let block = ContentBlock::RedactedThinking { data: "EmwKAhgB".into() };
-    assert_eq!(serde_json::to_value(&block).unwrap(), json!({"type": "redacted_thinking", "data": "EmwKAhgB"}));
+    let block = ContentBlock::RedactedThinking {
+        data: "EmwKAhgB".into(),
+    };
+    assert_eq!(
+        serde_json::to_value(&block).unwrap(),
+        json!({"type": "redacted_thinking", "data": "EmwKAhgB"})
+    );
 }
 
 /// Logs written before tool results could hold images store `"content"` as
@@ -716,11 +1150,27 @@ fn retries_elisions_and_discards_have_the_documented_shape() {
 fn a_stored_text_result_reads_as_text_and_writes_back_unchanged() {
     let stored = r#"{"type":"tool.result","data":{"call_id":"c1","content":"{\"refunded\":30}","reminder":null,"duration_ms":1}}"#;
     let kind: EventKind = serde_json::from_str(stored).unwrap();
-    assert_eq!(kind, EventKind::ToolResult { call_id: "c1".into(), content: ToolContent::Text("{\"refunded\":30}".into()), reminder: None, duration_ms: 1, redactions: Vec::new() });
+    assert_eq!(
+        kind,
+        EventKind::ToolResult {
+            call_id: "c1".into(),
+            content: ToolContent::Text("{\"refunded\":30}".into()),
+            reminder: None,
+            duration_ms: 1,
+            redactions: Vec::new()
+        }
+    );
     assert_eq!(serde_json::to_string(&kind).unwrap(), stored);
     let block = r#"{"type":"tool_result","tool_use_id":"t1","content":"ok","is_error":false}"#;
     let parsed: ContentBlock = serde_json::from_str(block).unwrap();
-    assert_eq!(parsed, ContentBlock::ToolResult { tool_use_id: "t1".into(), content: "ok".into(), is_error: false });
+    assert_eq!(
+        parsed,
+        ContentBlock::ToolResult {
+            tool_use_id: "t1".into(),
+            content: "ok".into(),
+            is_error: false
+        }
+    );
     assert_eq!(serde_json::to_string(&parsed).unwrap(), block);
 }
 
@@ -729,10 +1179,21 @@ fn a_stored_text_result_reads_as_text_and_writes_back_unchanged() {
 #[test]
 fn a_result_with_an_image_has_the_documented_shape() {
     let content = ToolContent::Blocks(vec![
-        ResultBlock::Text { text: "a tiny image".into() },
-        ResultBlock::Image { source: ImageSource::Base64 { media_type: "image/png".into(), data: "iVBORw0KGgo=".into() } },
+        ResultBlock::Text {
+            text: "a tiny image".into(),
+        },
+        ResultBlock::Image {
+            source: ImageSource::Base64 {
+                media_type: "image/png".into(),
+                data: "iVBORw0KGgo=".into(),
+            },
+        },
     ]);
-    let block = ContentBlock::ToolResult { tool_use_id: "t1".into(), content, is_error: false };
+    let block = ContentBlock::ToolResult {
+        tool_use_id: "t1".into(),
+        content,
+        is_error: false,
+    };
     let value = serde_json::to_value(&block).unwrap();
     assert_eq!(
         value,
@@ -741,7 +1202,10 @@ fn a_result_with_an_image_has_the_documented_shape() {
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
         ]})
     );
-    assert_eq!(serde_json::from_value::<ContentBlock>(value).unwrap(), block);
+    assert_eq!(
+        serde_json::from_value::<ContentBlock>(value).unwrap(),
+        block
+    );
     // An image block of an unknown source type is refused, not read as text.
     let url = json!({"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": {"type": "url", "url": "https://x"}}]});
     assert!(serde_json::from_value::<ContentBlock>(url).is_err());

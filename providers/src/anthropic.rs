@@ -61,9 +61,9 @@ use serde_json::{Map, Value, json};
 
 use crate::config::ApiKey;
 use crate::error::{CallError, Failure};
-use crate::http::{ByteStream, LiveFn, Wire, cut, error_object, json_event, malformed, sse};
 #[cfg(test)]
 use crate::http::usage;
+use crate::http::{ByteStream, LiveFn, Wire, cut, error_object, json_event, malformed, sse};
 
 /// The `anthropic-version` header value sent.
 pub const API_VERSION: &str = "2023-06-01";
@@ -81,7 +81,11 @@ pub struct CachePolicy {
 
 impl Default for CachePolicy {
     fn default() -> Self {
-        CachePolicy { tools: true, system: true, conversation: true }
+        CachePolicy {
+            tools: true,
+            system: true,
+            conversation: true,
+        }
     }
 }
 
@@ -154,7 +158,10 @@ impl Anthropic {
             })
             .collect();
         if self.cache.conversation
-            && let Some(last) = out.last_mut().and_then(|m| m["content"].as_array_mut()).and_then(|c| c.last_mut())
+            && let Some(last) = out
+                .last_mut()
+                .and_then(|m| m["content"].as_array_mut())
+                .and_then(|c| c.last_mut())
             && last["type"] != "thinking"
             && last["type"] != "redacted_thinking"
         {
@@ -174,7 +181,10 @@ impl Wire for Anthropic {
     }
 
     fn headers(&self, key: Option<&ApiKey>) -> Vec<(HeaderName, HeaderValue)> {
-        let mut h = vec![(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(API_VERSION))];
+        let mut h = vec![(
+            HeaderName::from_static("anthropic-version"),
+            HeaderValue::from_static(API_VERSION),
+        )];
         if let Some(value) = key.and_then(|k| HeaderValue::from_str(k.expose()).ok()) {
             let mut value = value;
             value.set_sensitive(true);
@@ -211,10 +221,14 @@ impl Wire for Anthropic {
             body.insert("tool_choice".into(), choice);
         }
         if let Some(budget) = self.thinking_budget {
-            let forced = matches!(request.tool_choice, ToolChoice::Tool { .. }) && !request.tools.is_empty();
+            let forced =
+                matches!(request.tool_choice, ToolChoice::Tool { .. }) && !request.tools.is_empty();
             let budget = budget.max(1024).min(request.max_tokens.saturating_sub(1));
             if !forced && budget >= 1024 {
-                body.insert("thinking".into(), json!({ "type": "enabled", "budget_tokens": budget }));
+                body.insert(
+                    "thinking".into(),
+                    json!({ "type": "enabled", "budget_tokens": budget }),
+                );
             }
         }
         if stream {
@@ -227,7 +241,11 @@ impl Wire for Anthropic {
         decode_message(body)
     }
 
-    fn decode_stream<'a>(&'a self, chunks: ByteStream<'a>, live: &'a LiveFn<'a>) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
+    fn decode_stream<'a>(
+        &'a self,
+        chunks: ByteStream<'a>,
+        live: &'a LiveFn<'a>,
+    ) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
         Box::pin(decode_stream(chunks, live))
     }
 }
@@ -242,7 +260,9 @@ fn read_usage(u: &Value, into: &mut Usage) -> (bool, bool) {
         into.input_tokens = n;
         input = true;
     }
-    let output = field("output_tokens").inspect(|n| into.output_tokens = *n).is_some();
+    let output = field("output_tokens")
+        .inspect(|n| into.output_tokens = *n)
+        .is_some();
     if let Some(n) = field("cache_creation_input_tokens") {
         into.cache_write_tokens = n;
         input = true;
@@ -260,44 +280,85 @@ fn read_usage(u: &Value, into: &mut Usage) -> (bool, bool) {
 /// [`CallError::Malformed`] for a block type glia does not support, a
 /// `tool_use` block without a name, or a missing `stop_reason`.
 pub fn decode_message(body: &[u8]) -> Result<ModelResponse, CallError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| CallError::InvalidResponse { message: format!("answer is not JSON: {e}") })?;
+    let v: Value = serde_json::from_slice(body).map_err(|e| CallError::InvalidResponse {
+        message: format!("answer is not JSON: {e}"),
+    })?;
     if v["type"] == "error" {
         return Err(stream_failure(body));
     }
     let mut blocks = Vec::new();
-    for (i, b) in v["content"].as_array().ok_or_else(|| CallError::InvalidResponse { message: "answer has no content array".into() })?.iter().enumerate() {
+    for (i, b) in v["content"]
+        .as_array()
+        .ok_or_else(|| CallError::InvalidResponse {
+            message: "answer has no content array".into(),
+        })?
+        .iter()
+        .enumerate()
+    {
         let kind = start_block(i as u64, b)?;
         blocks.push(Block { kind, closed: true });
     }
     let mut u = Usage::default();
     let (input, output) = read_usage(&v["usage"], &mut u);
     u.estimated = !(input && output);
-    let stop_reason = v["stop_reason"].as_str().ok_or_else(|| malformed("the answer has no stop_reason"))?.to_owned();
+    let stop_reason = v["stop_reason"]
+        .as_str()
+        .ok_or_else(|| malformed("the answer has no stop_reason"))?
+        .to_owned();
     response(blocks, u, stop_reason)
 }
 
 /// The assistant message of the assembled blocks (in index order). Empty
 /// text blocks are left out; nothing else is.
-fn response(blocks: Vec<Block>, usage: Usage, stop_reason: String) -> Result<ModelResponse, CallError> {
+fn response(
+    blocks: Vec<Block>,
+    usage: Usage,
+    stop_reason: String,
+) -> Result<ModelResponse, CallError> {
     let mut content = Vec::new();
     for (index, block) in blocks.into_iter().enumerate() {
         match block.kind {
             Kind::Text(text) if text.is_empty() => {}
             Kind::Text(text) => content.push(ContentBlock::Text { text }),
-            Kind::Thinking { thinking, signature } => content.push(ContentBlock::Thinking { thinking, signature }),
+            Kind::Thinking {
+                thinking,
+                signature,
+            } => content.push(ContentBlock::Thinking {
+                thinking,
+                signature,
+            }),
             Kind::Redacted(data) => content.push(ContentBlock::RedactedThinking { data }),
-            Kind::Tool { id, name, start_input, json } => {
+            Kind::Tool {
+                id,
+                name,
+                start_input,
+                json,
+            } => {
                 let input = tool_input(index, &name, start_input, &json)?;
-                let id = if id.is_empty() { format!("toolu_glia_{:016x}{:08x}", fastrand::u64(..), fastrand::u32(..)) } else { id };
+                let id = if id.is_empty() {
+                    format!(
+                        "toolu_glia_{:016x}{:08x}",
+                        fastrand::u64(..),
+                        fastrand::u32(..)
+                    )
+                } else {
+                    id
+                };
                 content.push(ContentBlock::ToolUse { id, name, input });
             }
         }
     }
-    let message = Message { role: Role::Assistant, content };
+    let message = Message {
+        role: Role::Assistant,
+        content,
+    };
     let mut ids: Vec<&str> = message.tool_uses().map(|(id, _, _)| id).collect();
     ids.sort_unstable();
     if let Some(pair) = ids.windows(2).find(|w| w[0] == w[1]) {
-        return Err(malformed(format!("two tool_use blocks share the id {:?}", pair[0])));
+        return Err(malformed(format!(
+            "two tool_use blocks share the id {:?}",
+            pair[0]
+        )));
     }
     if stop_reason == "tool_use" && ids.is_empty() {
         return Err(malformed("stop_reason tool_use but no tool_use block"));
@@ -309,21 +370,30 @@ fn response(blocks: Vec<Block>, usage: Usage, stop_reason: String) -> Result<Mod
 /// `input_json_delta` pieces — not both unless they agree. Pieces that do
 /// not parse (cut off by the output cap, or not JSON) are kept raw as a JSON
 /// string.
-fn tool_input(index: usize, name: &str, start_input: Value, json: &str) -> Result<Value, CallError> {
+fn tool_input(
+    index: usize,
+    name: &str,
+    start_input: Value,
+    json: &str,
+) -> Result<Value, CallError> {
     let given_at_start = start_input.as_object().is_some_and(|m| !m.is_empty());
     if json.trim().is_empty() {
         return match start_input {
             Value::Null => Ok(json!({})),
             v @ Value::Object(_) => Ok(v),
-            other => Err(malformed(format!("tool_use block {index} ({name}) starts with input {other}, not an object"))),
+            other => Err(malformed(format!(
+                "tool_use block {index} ({name}) starts with input {other}, not an object"
+            ))),
         };
     }
     match serde_json::from_str::<Value>(json) {
-        Ok(v) if given_at_start && v != start_input => {
-            Err(malformed(format!("tool_use block {index} ({name}) has input {start_input} at its start and {v} from its deltas")))
-        }
+        Ok(v) if given_at_start && v != start_input => Err(malformed(format!(
+            "tool_use block {index} ({name}) has input {start_input} at its start and {v} from its deltas"
+        ))),
         Ok(v) => Ok(v),
-        Err(_) if given_at_start => Err(malformed(format!("tool_use block {index} ({name}) has input at its start and unreadable deltas"))),
+        Err(_) if given_at_start => Err(malformed(format!(
+            "tool_use block {index} ({name}) has input at its start and unreadable deltas"
+        ))),
         Err(_) => Ok(Value::String(json.to_owned())),
     }
 }
@@ -339,8 +409,16 @@ fn stream_failure(data: &[u8]) -> CallError {
 #[derive(Debug)]
 enum Kind {
     Text(String),
-    Tool { id: String, name: String, start_input: Value, json: String },
-    Thinking { thinking: String, signature: String },
+    Tool {
+        id: String,
+        name: String,
+        start_input: Value,
+        json: String,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
     Redacted(String),
 }
 
@@ -371,11 +449,24 @@ fn start_block(index: u64, b: &Value) -> Result<Kind, CallError> {
             if text("name").is_empty() {
                 return Err(malformed(format!("tool_use block {index} has no name")));
             }
-            Kind::Tool { id: text("id"), name: text("name"), start_input: b.get("input").cloned().unwrap_or(Value::Null), json: String::new() }
+            Kind::Tool {
+                id: text("id"),
+                name: text("name"),
+                start_input: b.get("input").cloned().unwrap_or(Value::Null),
+                json: String::new(),
+            }
         }
-        Some("thinking") => Kind::Thinking { thinking: text("thinking"), signature: text("signature") },
+        Some("thinking") => Kind::Thinking {
+            thinking: text("thinking"),
+            signature: text("signature"),
+        },
         Some("redacted_thinking") => Kind::Redacted(text("data")),
-        other => return Err(malformed(format!("content block {index} has type {}, which glia does not support", other.unwrap_or("(none)")))),
+        other => {
+            return Err(malformed(format!(
+                "content block {index} has type {}, which glia does not support",
+                other.unwrap_or("(none)")
+            )));
+        }
     })
 }
 
@@ -408,7 +499,8 @@ impl Assembly {
                 self.note_usage(&v["message"]["usage"]);
             }
             "content_block_start" => {
-                let index = index.ok_or_else(|| malformed("content_block_start without an index"))?;
+                let index =
+                    index.ok_or_else(|| malformed("content_block_start without an index"))?;
                 if self.blocks.contains_key(&index) {
                     return Err(malformed(format!("content block {index} started twice")));
                 }
@@ -416,39 +508,74 @@ impl Assembly {
                 if let Kind::Text(text) = &block
                     && !text.is_empty()
                 {
-                    live(LiveEvent::ModelDelta { channel: "text".into(), delta: text.clone() });
+                    live(LiveEvent::ModelDelta {
+                        channel: "text".into(),
+                        delta: text.clone(),
+                    });
                 }
-                self.blocks.insert(index, Block { kind: block, closed: false });
+                self.blocks.insert(
+                    index,
+                    Block {
+                        kind: block,
+                        closed: false,
+                    },
+                );
             }
             "content_block_delta" => {
                 let d = &v["delta"];
                 let delta_type = d["type"].as_str().unwrap_or("(none)");
                 let Some(block) = index.and_then(|i| self.blocks.get_mut(&i)) else {
-                    return Err(malformed(format!("a {delta_type} for content block {index:?}, which never started")));
+                    return Err(malformed(format!(
+                        "a {delta_type} for content block {index:?}, which never started"
+                    )));
                 };
                 if block.closed {
-                    return Err(malformed(format!("a {delta_type} for content block {index:?} after its content_block_stop")));
+                    return Err(malformed(format!(
+                        "a {delta_type} for content block {index:?} after its content_block_stop"
+                    )));
                 }
-                let piece = |field: &str| d[field].as_str().map(str::to_owned).ok_or_else(|| malformed(format!("a {delta_type} without {field}")));
+                let piece = |field: &str| {
+                    d[field]
+                        .as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| malformed(format!("a {delta_type} without {field}")))
+                };
                 match (&mut block.kind, delta_type) {
                     (Kind::Text(text), "text_delta") => {
                         let p = piece("text")?;
                         text.push_str(&p);
-                        live(LiveEvent::ModelDelta { channel: "text".into(), delta: p });
+                        live(LiveEvent::ModelDelta {
+                            channel: "text".into(),
+                            delta: p,
+                        });
                     }
-                    (Kind::Tool { json, .. }, "input_json_delta") => json.push_str(&piece("partial_json")?),
+                    (Kind::Tool { json, .. }, "input_json_delta") => {
+                        json.push_str(&piece("partial_json")?)
+                    }
                     (Kind::Thinking { thinking, .. }, "thinking_delta") => {
                         let p = piece("thinking")?;
                         thinking.push_str(&p);
-                        live(LiveEvent::ModelDelta { channel: "thinking".into(), delta: p });
+                        live(LiveEvent::ModelDelta {
+                            channel: "thinking".into(),
+                            delta: p,
+                        });
                     }
-                    (Kind::Thinking { signature, .. }, "signature_delta") => signature.push_str(&piece("signature")?),
-                    (kind, _) => return Err(malformed(format!("a {delta_type} for {} block {index:?}", kind.name()))),
+                    (Kind::Thinking { signature, .. }, "signature_delta") => {
+                        signature.push_str(&piece("signature")?)
+                    }
+                    (kind, _) => {
+                        return Err(malformed(format!(
+                            "a {delta_type} for {} block {index:?}",
+                            kind.name()
+                        )));
+                    }
                 }
             }
             "content_block_stop" => {
                 let Some(block) = index.and_then(|i| self.blocks.get_mut(&i)) else {
-                    return Err(malformed(format!("content_block_stop for block {index:?}, which never started")));
+                    return Err(malformed(format!(
+                        "content_block_stop for block {index:?}, which never started"
+                    )));
                 };
                 if block.closed {
                     return Err(malformed(format!("content block {index:?} stopped twice")));
@@ -477,17 +604,29 @@ impl Assembly {
 
     fn finish(self) -> Result<ModelResponse, CallError> {
         if !self.stopped {
-            return Err(cut(if self.started { "no message_stop event" } else { "no message_start event" }));
+            return Err(cut(if self.started {
+                "no message_stop event"
+            } else {
+                "no message_start event"
+            }));
         }
-        let stop_reason = self.stop_reason.ok_or_else(|| malformed("the stream ended without a stop_reason"))?;
-        let usage = Usage { estimated: !(self.usage_seen.0 && self.usage_seen.1), ..self.usage };
+        let stop_reason = self
+            .stop_reason
+            .ok_or_else(|| malformed("the stream ended without a stop_reason"))?;
+        let usage = Usage {
+            estimated: !(self.usage_seen.0 && self.usage_seen.1),
+            ..self.usage
+        };
         response(self.blocks.into_values().collect(), usage, stop_reason)
     }
 }
 
 /// Decode a Messages event stream, calling `live` with text and thinking
 /// deltas as they arrive.
-pub async fn decode_stream(chunks: ByteStream<'_>, live: &LiveFn<'_>) -> Result<ModelResponse, CallError> {
+pub async fn decode_stream(
+    chunks: ByteStream<'_>,
+    live: &LiveFn<'_>,
+) -> Result<ModelResponse, CallError> {
     let mut events = sse(chunks);
     let mut assembly = Assembly::default();
     while let Some(event) = events.next().await {
@@ -507,17 +646,54 @@ mod tests {
     #[test]
     fn usage_fields_replace_not_add() {
         let mut u = Usage::default();
-        read_usage(&json!({"input_tokens": 10, "cache_read_input_tokens": 5, "output_tokens": 1}), &mut u);
-        read_usage(&json!({"output_tokens": 7, "cache_read_input_tokens": null}), &mut u);
+        read_usage(
+            &json!({"input_tokens": 10, "cache_read_input_tokens": 5, "output_tokens": 1}),
+            &mut u,
+        );
+        read_usage(
+            &json!({"output_tokens": 7, "cache_read_input_tokens": null}),
+            &mut u,
+        );
         assert_eq!(u, usage(10, 7, 0, 5));
     }
 
     #[test]
     fn a_repeated_tool_use_id_is_renamed_on_the_wire() {
-        let call = || Message { role: Role::Assistant, content: vec![ContentBlock::ToolUse { id: "call_0".into(), name: "add".into(), input: json!({}) }] };
-        let result = || Message { role: Role::User, content: vec![ContentBlock::ToolResult { tool_use_id: "call_0".into(), content: "1".into(), is_error: false }] };
-        let wire = Anthropic { cache: CachePolicy { tools: false, system: false, conversation: false }, ..Anthropic::default() }.messages(&[Message::user("go"), call(), result(), call(), result()]);
-        let ids: Vec<&str> = wire.iter().skip(1).map(|m| m["content"][0]["id"].as_str().or(m["content"][0]["tool_use_id"].as_str()).unwrap()).collect();
+        let call = || Message {
+            role: Role::Assistant,
+            content: vec![ContentBlock::ToolUse {
+                id: "call_0".into(),
+                name: "add".into(),
+                input: json!({}),
+            }],
+        };
+        let result = || Message {
+            role: Role::User,
+            content: vec![ContentBlock::ToolResult {
+                tool_use_id: "call_0".into(),
+                content: "1".into(),
+                is_error: false,
+            }],
+        };
+        let wire = Anthropic {
+            cache: CachePolicy {
+                tools: false,
+                system: false,
+                conversation: false,
+            },
+            ..Anthropic::default()
+        }
+        .messages(&[Message::user("go"), call(), result(), call(), result()]);
+        let ids: Vec<&str> = wire
+            .iter()
+            .skip(1)
+            .map(|m| {
+                m["content"][0]["id"]
+                    .as_str()
+                    .or(m["content"][0]["tool_use_id"].as_str())
+                    .unwrap()
+            })
+            .collect();
         assert_eq!(ids, ["call_0", "call_0", "call_0_1", "call_0_1"]);
     }
 }

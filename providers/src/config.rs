@@ -53,7 +53,8 @@ impl std::str::FromStr for ProviderKind {
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s.to_ascii_lowercase().as_str() {
             "anthropic" => Ok(ProviderKind::Anthropic),
-            "openai" | "openai-compatible" | "vllm" | "ollama" | "llamacpp" | "llama.cpp" | "openrouter" => Ok(ProviderKind::Openai),
+            "openai" | "openai-compatible" | "vllm" | "ollama" | "llamacpp" | "llama.cpp"
+            | "openrouter" => Ok(ProviderKind::Openai),
             other => Err(ConfigError::UnknownKind(other.to_owned())),
         }
     }
@@ -87,17 +88,29 @@ pub struct ProviderConfig {
 impl ProviderConfig {
     /// A config for `kind` with every other field at its default.
     pub fn new(kind: ProviderKind) -> Self {
-        ProviderConfig { kind, base_url: None, api_key_env: None, allow_missing_key: false, model: None }
+        ProviderConfig {
+            kind,
+            base_url: None,
+            api_key_env: None,
+            allow_missing_key: false,
+            model: None,
+        }
     }
 
     /// The base URL in use, without a trailing slash.
     pub fn base_url(&self) -> String {
-        self.base_url.as_deref().unwrap_or(self.kind.default_base_url()).trim_end_matches('/').to_owned()
+        self.base_url
+            .as_deref()
+            .unwrap_or(self.kind.default_base_url())
+            .trim_end_matches('/')
+            .to_owned()
     }
 
     /// The key environment variable in use.
     pub fn key_env(&self) -> &str {
-        self.api_key_env.as_deref().unwrap_or(self.kind.default_key_env())
+        self.api_key_env
+            .as_deref()
+            .unwrap_or(self.kind.default_key_env())
     }
 
     /// Read the key from the environment.
@@ -110,7 +123,10 @@ impl ProviderConfig {
         match std::env::var(var) {
             Ok(v) if !v.trim().is_empty() => Ok(Some(ApiKey::new(v.trim()))),
             _ if self.allow_missing_key => Ok(None),
-            _ => Err(ConfigError::MissingKey { var: var.to_owned(), kind: self.kind.name() }),
+            _ => Err(ConfigError::MissingKey {
+                var: var.to_owned(),
+                kind: self.kind.name(),
+            }),
         }
     }
 }
@@ -119,7 +135,9 @@ impl ProviderConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     /// The API key variable is unset or empty.
-    #[error("no API key for the {kind} provider: set the environment variable {var} (or name another variable with api_key_env / --api-key-env)")]
+    #[error(
+        "no API key for the {kind} provider: set the environment variable {var} (or name another variable with api_key_env / --api-key-env)"
+    )]
     MissingKey {
         /// The variable that was read.
         var: String,
@@ -163,7 +181,11 @@ impl ApiKey {
     /// Applied to every error message built from a response or a
     /// transport error.
     pub fn redact(&self, text: &str) -> String {
-        if self.0.len() < 4 { text.to_owned() } else { text.replace(&self.0, "[redacted]") }
+        if self.0.len() < 4 {
+            text.to_owned()
+        } else {
+            text.replace(&self.0, "[redacted]")
+        }
     }
 }
 

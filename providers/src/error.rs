@@ -138,7 +138,9 @@ impl CallError {
     /// The provider's wait hint, if any.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            CallError::RateLimited { retry_after, .. } | CallError::Overloaded { retry_after, .. } | CallError::Server { retry_after, .. } => *retry_after,
+            CallError::RateLimited { retry_after, .. }
+            | CallError::Overloaded { retry_after, .. }
+            | CallError::Server { retry_after, .. } => *retry_after,
             CallError::WaitTooLong { wait } => Some(*wait),
             _ => None,
         }
@@ -180,12 +182,21 @@ impl From<CallError> for ProviderError {
     /// message).
     fn from(e: CallError) -> Self {
         match e {
-            CallError::RateLimited { retry_after, .. } => ProviderError::RateLimited { retry_after_ms: retry_after.map_or(1000, millis) },
-            CallError::WaitTooLong { wait } => ProviderError::RateLimited { retry_after_ms: millis(wait) },
+            CallError::RateLimited { retry_after, .. } => ProviderError::RateLimited {
+                retry_after_ms: retry_after.map_or(1000, millis),
+            },
+            CallError::WaitTooLong { wait } => ProviderError::RateLimited {
+                retry_after_ms: millis(wait),
+            },
             CallError::SpendCap { message } => ProviderError::SpendCap(message),
-            CallError::Auth { status, message } => ProviderError::Auth(format!("HTTP {status}: {message}")),
+            CallError::Auth { status, message } => {
+                ProviderError::Auth(format!("HTTP {status}: {message}"))
+            }
             CallError::Malformed { message } => ProviderError::Malformed(message),
-            e if e.is_retryable() => ProviderError::Transient { retry_after_ms: e.retry_after().map(millis), message: e.to_string() },
+            e if e.is_retryable() => ProviderError::Transient {
+                retry_after_ms: e.retry_after().map(millis),
+                message: e.to_string(),
+            },
             e => ProviderError::InvalidRequest(e.to_string()),
         }
     }
@@ -197,13 +208,22 @@ impl From<CallError> for ProviderError {
 /// `now_ms` (Unix milliseconds). A date in the past gives zero; an
 /// unreadable value gives `None`.
 pub fn retry_after(headers: &HeaderMap, now_ms: u64) -> Option<Duration> {
-    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0) {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    if let Some(ms) = get("retry-after-ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+    {
         return Some(Duration::from_micros((ms * 1000.0) as u64));
     }
     let value = get("retry-after")?;
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_millis((secs * 1000.0) as u64));
+        return (secs.is_finite() && secs >= 0.0)
+            .then(|| Duration::from_millis((secs * 1000.0) as u64));
     }
     let at = httpdate::parse_http_date(value).ok()?;
     let at_ms = u64::try_from(at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis()).ok()?;
@@ -212,7 +232,11 @@ pub fn retry_after(headers: &HeaderMap, now_ms: u64) -> Option<Duration> {
 
 /// The provider's `x-should-retry` header (`true` / `false`), if present.
 pub fn should_retry(headers: &HeaderMap) -> Option<bool> {
-    match headers.get("x-should-retry").and_then(|v| v.to_str().ok()).map(str::trim) {
+    match headers
+        .get("x-should-retry")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+    {
         Some("true") => Some(true),
         Some("false") => Some(false),
         _ => None,
@@ -238,30 +262,74 @@ pub(crate) struct Failure {
 
 impl Failure {
     fn names(&self, wanted: &[&str]) -> bool {
-        [&self.error_type, &self.code].into_iter().flatten().any(|n| wanted.contains(&n.as_str()))
+        [&self.error_type, &self.code]
+            .into_iter()
+            .flatten()
+            .any(|n| wanted.contains(&n.as_str()))
     }
 
     /// Classify: spending caps first (whatever the status), then the status
     /// and the error type; `x-should-retry` overrides retryability.
     pub fn classify(self) -> CallError {
-        let Failure { status, message, retry_after, should_retry, .. } = self.clone();
-        if status == 402 || self.names(&["billing_error", "insufficient_quota", "billing_hard_limit_reached"]) || (status == 429 && should_retry == Some(false)) {
+        let Failure {
+            status,
+            message,
+            retry_after,
+            should_retry,
+            ..
+        } = self.clone();
+        if status == 402
+            || self.names(&[
+                "billing_error",
+                "insufficient_quota",
+                "billing_hard_limit_reached",
+            ])
+            || (status == 429 && should_retry == Some(false))
+        {
             return CallError::SpendCap { message };
         }
-        let classified = if status == 429 || self.names(&["rate_limit_error", "rate_limit_exceeded"]) {
-            CallError::RateLimited { retry_after, message }
-        } else if status == 529 || status == 503 || self.names(&["overloaded_error"]) {
-            CallError::Overloaded { status, retry_after, message }
-        } else if status >= 500 || status == 408 || status == 409 || self.names(&["api_error", "server_error", "timeout_error"]) {
-            CallError::Server { status, retry_after, message }
-        } else if status == 401 || status == 403 || self.names(&["authentication_error", "permission_error"]) {
-            CallError::Auth { status, message }
-        } else {
-            CallError::InvalidRequest { status, message }
-        };
+        let classified =
+            if status == 429 || self.names(&["rate_limit_error", "rate_limit_exceeded"]) {
+                CallError::RateLimited {
+                    retry_after,
+                    message,
+                }
+            } else if status == 529 || status == 503 || self.names(&["overloaded_error"]) {
+                CallError::Overloaded {
+                    status,
+                    retry_after,
+                    message,
+                }
+            } else if status >= 500
+                || status == 408
+                || status == 409
+                || self.names(&["api_error", "server_error", "timeout_error"])
+            {
+                CallError::Server {
+                    status,
+                    retry_after,
+                    message,
+                }
+            } else if status == 401
+                || status == 403
+                || self.names(&["authentication_error", "permission_error"])
+            {
+                CallError::Auth { status, message }
+            } else {
+                CallError::InvalidRequest { status, message }
+            };
         match (should_retry, classified.is_retryable()) {
-            (Some(false), true) => CallError::InvalidRequest { status, message: classified.to_string() },
-            (Some(true), false) if !matches!(classified, CallError::Auth { .. }) => CallError::Server { status, retry_after, message: classified.to_string() },
+            (Some(false), true) => CallError::InvalidRequest {
+                status,
+                message: classified.to_string(),
+            },
+            (Some(true), false) if !matches!(classified, CallError::Auth { .. }) => {
+                CallError::Server {
+                    status,
+                    retry_after,
+                    message: classified.to_string(),
+                }
+            }
             _ => classified,
         }
     }

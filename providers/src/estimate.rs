@@ -91,8 +91,14 @@ fn block_text(b: &ContentBlock) -> String {
     match b {
         ContentBlock::Text { text } => text.clone(),
         ContentBlock::ToolUse { name, input, .. } => format!("{name} {input}"),
-        ContentBlock::ToolResult { content: ToolContent::Text(text), .. } => text.clone(),
-        ContentBlock::ToolResult { content: ToolContent::Blocks(blocks), .. } => {
+        ContentBlock::ToolResult {
+            content: ToolContent::Text(text),
+            ..
+        } => text.clone(),
+        ContentBlock::ToolResult {
+            content: ToolContent::Blocks(blocks),
+            ..
+        } => {
             let texts: Vec<&str> = blocks
                 .iter()
                 .filter_map(|b| match b {
@@ -134,11 +140,26 @@ pub fn input_tokens(request: &ModelRequest) -> u64 {
     let tools = if request.tools.is_empty() {
         0
     } else {
-        let defs: Vec<String> = request.tools.iter().map(|t| format!("{} {} {}", t.name, t.description, t.input_schema)).collect();
+        let defs: Vec<String> = request
+            .tools
+            .iter()
+            .map(|t| format!("{} {} {}", t.name, t.description, t.input_schema))
+            .collect();
         tokens(model, &defs.join("\n"))
     };
-    let system = if request.system.is_empty() { 0 } else { PER_MESSAGE + tokens(model, &request.system) };
-    system + tools + request.messages.iter().map(|m| message_tokens(model, m)).sum::<u64>() + REPLY_PRIMING
+    let system = if request.system.is_empty() {
+        0
+    } else {
+        PER_MESSAGE + tokens(model, &request.system)
+    };
+    system
+        + tools
+        + request
+            .messages
+            .iter()
+            .map(|m| message_tokens(model, m))
+            .sum::<u64>()
+        + REPLY_PRIMING
 }
 
 /// Estimated output tokens of the answer `message` from `model`.

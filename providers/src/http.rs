@@ -6,8 +6,8 @@
 //! everything about transport, retries and rate limits lives here, so the two
 //! adapters behave the same way.
 
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -49,7 +49,11 @@ pub trait Wire: Send + Sync + 'static {
     /// at zero; the engine estimates them ([`crate::estimate::fill_missing`]).
     fn decode_body(&self, body: &[u8]) -> Result<ModelResponse, CallError>;
     /// Decode a server-sent-event answer, calling `live` with each delta.
-    fn decode_stream<'a>(&'a self, chunks: ByteStream<'a>, live: &'a LiveFn<'a>) -> BoxFuture<'a, Result<ModelResponse, CallError>>;
+    fn decode_stream<'a>(
+        &'a self,
+        chunks: ByteStream<'a>,
+        live: &'a LiveFn<'a>,
+    ) -> BoxFuture<'a, Result<ModelResponse, CallError>>;
 }
 
 /// How failed attempts are retried.
@@ -151,7 +155,10 @@ impl<W: Wire> std::fmt::Debug for HttpProvider<W> {
 /// A reqwest client with the adapters' timeouts: 10 s to connect, 300 s
 /// without a byte while reading.
 pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
-    reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).read_timeout(Duration::from_secs(300)).build()
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(300))
+        .build()
 }
 
 impl<W: Wire> HttpProvider<W> {
@@ -244,17 +251,28 @@ impl<W: Wire> HttpProvider<W> {
     /// retried is listed in the answer's [`ModelResponse::retries`] and
     /// streamed as a [`LiveEvent::ModelDiscard`]. Errors are typed
     /// [`CallError`]s; [`Provider::generate`] converts them.
-    pub async fn call(&self, request: &ModelRequest, live: &LiveFn<'_>) -> Result<ModelResponse, CallError> {
+    pub async fn call(
+        &self,
+        request: &ModelRequest,
+        live: &LiveFn<'_>,
+    ) -> Result<ModelResponse, CallError> {
         let retries = Mutex::new(Vec::new());
         let result = self.call_recording(request, live, &retries).await;
         result.map(|mut r| {
-            r.retries = retries.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            r.retries = retries
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             r
         })
     }
 
     /// [`HttpProvider::call`], collecting the retries in `retries`.
-    async fn call_recording(&self, request: &ModelRequest, live: &LiveFn<'_>, retries: &Mutex<Vec<Retry>>) -> Result<ModelResponse, CallError> {
+    async fn call_recording(
+        &self,
+        request: &ModelRequest,
+        live: &LiveFn<'_>,
+        retries: &Mutex<Vec<Retry>>,
+    ) -> Result<ModelResponse, CallError> {
         let mut owned;
         let request = match &self.model {
             Some(m) if *m != request.model => {
@@ -267,7 +285,11 @@ impl<W: Wire> HttpProvider<W> {
         let provider = self.wire.provider();
         let result = self.retrying(request, live, retries).await;
         if let Some(m) = &self.metrics {
-            m.request(provider, &request.model, result.as_ref().err().map_or("ok", CallError::kind));
+            m.request(
+                provider,
+                &request.model,
+                result.as_ref().err().map_or("ok", CallError::kind),
+            );
             if let Ok(r) = &result {
                 m.tokens(provider, &request.model, &r.usage);
             }
@@ -277,9 +299,15 @@ impl<W: Wire> HttpProvider<W> {
 
     /// The backon retry loop around [`HttpProvider::attempt`], boxed here
     /// (outside any `async fn`) so the future is provably `Send`.
-    fn retrying<'a>(&'a self, request: &'a ModelRequest, live: &'a LiveFn<'a>, retries: &'a Mutex<Vec<Retry>>) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
+    fn retrying<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        live: &'a LiveFn<'a>,
+        retries: &'a Mutex<Vec<Retry>>,
+    ) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
         let provider = self.wire.provider();
-        let call_id: Arc<str> = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)).into();
+        let call_id: Arc<str> =
+            format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)).into();
         let attempt = Arc::new(AtomicU32::new(0));
         let failed = attempt.clone();
         let waited_ms = AtomicU64::new(0);
@@ -302,7 +330,11 @@ impl<W: Wire> HttpProvider<W> {
             let computed = computed?;
             let delay = match e.retry_after() {
                 Some(hint) if hint > policy.max_hinted_wait => return None,
-                Some(hint) => hint + Duration::from_millis(fastrand::u64(0..=(hint.as_millis() as u64 / 10).min(1000))),
+                Some(hint) => {
+                    hint + Duration::from_millis(fastrand::u64(
+                        0..=(hint.as_millis() as u64 / 10).min(1000),
+                    ))
+                }
                 None => computed,
             };
             let total = waited_ms.load(Ordering::SeqCst) + delay.as_millis() as u64;
@@ -313,30 +345,62 @@ impl<W: Wire> HttpProvider<W> {
             Some(delay)
         })
         .notify(move |e: &CallError, delay: Duration| {
-            let event = RetryEvent { provider, model: request.model.clone(), attempt: failed.load(Ordering::SeqCst), error: e.clone(), delay };
-            tracing::warn!(provider, model = request.model.as_str(), attempt = event.attempt, error = e.to_string().as_str(), delay_ms = delay.as_millis() as u64, "model call failed; retrying");
+            let event = RetryEvent {
+                provider,
+                model: request.model.clone(),
+                attempt: failed.load(Ordering::SeqCst),
+                error: e.clone(),
+                delay,
+            };
+            tracing::warn!(
+                provider,
+                model = request.model.as_str(),
+                attempt = event.attempt,
+                error = e.to_string().as_str(),
+                delay_ms = delay.as_millis() as u64,
+                "model call failed; retrying"
+            );
             if let Some(m) = &self.metrics {
                 m.retry(provider, &request.model, e.kind());
             }
             if let Some(o) = &self.observer {
                 o.retry(&event);
             }
-            let retry = Retry { attempt: event.attempt, cause: e.kind().to_owned(), message: e.to_string(), delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX) };
-            live(LiveEvent::ModelDiscard { attempt: retry.attempt, cause: retry.cause.clone() });
-            retries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(retry);
+            let retry = Retry {
+                attempt: event.attempt,
+                cause: e.kind().to_owned(),
+                message: e.to_string(),
+                delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            };
+            live(LiveEvent::ModelDiscard {
+                attempt: retry.attempt,
+                cause: retry.cause.clone(),
+            });
+            retries
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(retry);
         });
         Box::pin(future)
     }
 
     /// One attempt: a rate-limit permit, the HTTP exchange, settlement.
-    fn attempt<'a>(&'a self, request: &'a ModelRequest, call_id: Arc<str>, n: u32, live: &'a LiveFn<'a>) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
+    fn attempt<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        call_id: Arc<str>,
+        n: u32,
+        live: &'a LiveFn<'a>,
+    ) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
         Box::pin(async move {
             let permit = match &self.limiter {
                 Some(limiter) => {
                     let key = self.rate_key(&request.model);
                     let cost = RateCost::estimate(request);
                     let id = format!("{call_id}:{n}");
-                    let (permit, waited) = limiter.acquire(&key, &id, cost, &*self.clock, self.retry.max_hinted_wait).await?;
+                    let (permit, waited) = limiter
+                        .acquire(&key, &id, cost, &*self.clock, self.retry.max_hinted_wait)
+                        .await?;
                     if !waited.is_zero() {
                         if let Some(m) = &self.metrics {
                             m.rate_limit_wait(self.wire.provider(), &request.model, waited);
@@ -355,12 +419,28 @@ impl<W: Wire> HttpProvider<W> {
                 // cut stream the input it read; nothing for a refused request.
                 let used = match &result {
                     Ok(r) => RateCost::from_usage(&r.usage),
-                    Err(CallError::StreamCut { .. } | CallError::Network { .. }) => RateCost { requests: 1, input_tokens: permit.cost.input_tokens, output_tokens: 0 },
-                    Err(_) => RateCost { requests: 1, input_tokens: 0, output_tokens: 0 },
+                    Err(CallError::StreamCut { .. } | CallError::Network { .. }) => RateCost {
+                        requests: 1,
+                        input_tokens: permit.cost.input_tokens,
+                        output_tokens: 0,
+                    },
+                    Err(_) => RateCost {
+                        requests: 1,
+                        input_tokens: 0,
+                        output_tokens: 0,
+                    },
                 };
-                limiter.settle_quietly(&permit, used, self.clock.now_ms()).await;
-                if let Err(CallError::RateLimited { retry_after: Some(wait), .. }) = &result {
-                    limiter.cooldown_quietly(&key, *wait, self.clock.now_ms()).await;
+                limiter
+                    .settle_quietly(&permit, used, self.clock.now_ms())
+                    .await;
+                if let Err(CallError::RateLimited {
+                    retry_after: Some(wait),
+                    ..
+                }) = &result
+                {
+                    limiter
+                        .cooldown_quietly(&key, *wait, self.clock.now_ms())
+                        .await;
                 }
             }
             result
@@ -368,10 +448,19 @@ impl<W: Wire> HttpProvider<W> {
     }
 
     /// The HTTP exchange: status, error body, or the decoded answer.
-    async fn exchange(&self, request: &ModelRequest, live: &LiveFn<'_>) -> Result<ModelResponse, CallError> {
+    async fn exchange(
+        &self,
+        request: &ModelRequest,
+        live: &LiveFn<'_>,
+    ) -> Result<ModelResponse, CallError> {
         let key = self.key.as_ref();
-        let network = |e: reqwest::Error| CallError::Network { message: redact(key, &error_chain(&e)) };
-        let mut builder = self.client.post(&self.url).json(&self.wire.body(request, self.stream));
+        let network = |e: reqwest::Error| CallError::Network {
+            message: redact(key, &error_chain(&e)),
+        };
+        let mut builder = self
+            .client
+            .post(&self.url)
+            .json(&self.wire.body(request, self.stream));
         for (name, value) in self.wire.headers(key) {
             builder = builder.header(name, value);
         }
@@ -382,7 +471,10 @@ impl<W: Wire> HttpProvider<W> {
             let body = response.bytes().await.unwrap_or_default();
             return Err(failure(status, &headers, &body, key, self.clock.now_ms()).classify());
         }
-        let is_sse = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
+        let is_sse = headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
         let mut answer = if self.stream && is_sse {
             let chunks = response.bytes_stream().map_err(network).boxed();
             self.wire.decode_stream(chunks, live).await?
@@ -401,10 +493,16 @@ impl<W: Wire> Provider for HttpProvider<W> {
     /// [`HttpProvider::call`], with its error converted; a transient error
     /// or a malformed answer that survived retries says how many attempts
     /// were made.
-    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
+    async fn generate(
+        &self,
+        request: &ModelRequest,
+        live: &(dyn Fn(LiveEvent) + Send + Sync),
+    ) -> Result<ModelResponse, ProviderError> {
         let retries = Mutex::new(Vec::new());
         let result = self.call_recording(request, live, &retries).await;
-        let retries = retries.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let retries = retries
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match result {
             Ok(mut r) => {
                 r.retries = retries;
@@ -412,7 +510,8 @@ impl<W: Wire> Provider for HttpProvider<W> {
             }
             Err(e) => {
                 let mut e = ProviderError::from(e);
-                if let ProviderError::Transient { message, .. } | ProviderError::Malformed(message) = &mut e
+                if let ProviderError::Transient { message, .. } | ProviderError::Malformed(message) =
+                    &mut e
                     && !retries.is_empty()
                 {
                     message.push_str(&format!(" (after {} attempts)", retries.len() + 1));
@@ -425,7 +524,9 @@ impl<W: Wire> Provider for HttpProvider<W> {
     /// The price table's entry for this provider and the model the call
     /// uses (the configured override, else `model`).
     fn pricing(&self, model: &str) -> Option<Pricing> {
-        self.prices.as_ref()?.pricing(self.wire.provider(), self.model.as_deref().unwrap_or(model))
+        self.prices
+            .as_ref()?
+            .pricing(self.wire.provider(), self.model.as_deref().unwrap_or(model))
     }
 }
 
@@ -445,7 +546,13 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// "error", "error": {"type", "message"}}`, OpenAI `{"error": {"message",
 /// "type", "code"}}`, vLLM `{"object": "error", "message", "type", "code"}`,
 /// and plain text.
-pub(crate) fn failure(status: u16, headers: &HeaderMap, body: &[u8], key: Option<&ApiKey>, now_ms: u64) -> Failure {
+pub(crate) fn failure(
+    status: u16,
+    headers: &HeaderMap,
+    body: &[u8],
+    key: Option<&ApiKey>,
+    now_ms: u64,
+) -> Failure {
     let mut f = error_object(body);
     f.status = status;
     f.retry_after = retry_after(headers, now_ms);
@@ -470,43 +577,70 @@ pub(crate) fn error_object(body: &[u8]) -> Failure {
                 Some(e @ Value::Object(_)) => e,
                 _ => &v,
             };
-            let message = e.get("message").and_then(text).or_else(|| v.get("error").and_then(text)).unwrap_or_default();
-            Failure { error_type: e.get("type").and_then(text), code: e.get("code").and_then(text), message, ..Failure::default() }
+            let message = e
+                .get("message")
+                .and_then(text)
+                .or_else(|| v.get("error").and_then(text))
+                .unwrap_or_default();
+            Failure {
+                error_type: e.get("type").and_then(text),
+                code: e.get("code").and_then(text),
+                message,
+                ..Failure::default()
+            }
         }
         Err(_) => {
             let s = String::from_utf8_lossy(body);
-            Failure { message: s.chars().take(500).collect(), ..Failure::default() }
+            Failure {
+                message: s.chars().take(500).collect(),
+                ..Failure::default()
+            }
         }
     }
 }
 
 /// A stream-decoding error for a missing completion marker.
 pub(crate) fn cut(what: &str) -> CallError {
-    CallError::StreamCut { message: what.to_owned() }
+    CallError::StreamCut {
+        message: what.to_owned(),
+    }
 }
 
 /// A stream that breaks its grammar: [`CallError::Malformed`].
 pub(crate) fn malformed(what: impl Into<String>) -> CallError {
-    CallError::Malformed { message: what.into() }
+    CallError::Malformed {
+        message: what.into(),
+    }
 }
 
 /// Parse an SSE `data:` payload as JSON.
 pub(crate) fn json_event(data: &str) -> Result<Value, CallError> {
-    serde_json::from_str(data).map_err(|e| CallError::InvalidResponse { message: format!("event data is not JSON ({e}): {}", data.chars().take(200).collect::<String>()) })
+    serde_json::from_str(data).map_err(|e| CallError::InvalidResponse {
+        message: format!(
+            "event data is not JSON ({e}): {}",
+            data.chars().take(200).collect::<String>()
+        ),
+    })
 }
 
 /// Server-sent events of `chunks`, decoded with eventsource-stream (UTF-8
 /// reassembly across chunks included). Transport errors stay `CallError`s;
 /// malformed framing is an [`CallError::InvalidResponse`].
-pub(crate) fn sse(chunks: ByteStream<'_>) -> BoxStream<'_, Result<eventsource_stream::Event, CallError>> {
+pub(crate) fn sse(
+    chunks: ByteStream<'_>,
+) -> BoxStream<'_, Result<eventsource_stream::Event, CallError>> {
     use eventsource_stream::{EventStreamError, Eventsource};
     chunks
         .eventsource()
         .map(|r| {
             r.map_err(|e| match e {
                 EventStreamError::Transport(e) => e,
-                EventStreamError::Utf8(e) => CallError::InvalidResponse { message: format!("stream is not UTF-8: {e}") },
-                EventStreamError::Parser(e) => CallError::InvalidResponse { message: format!("malformed event stream: {e}") },
+                EventStreamError::Utf8(e) => CallError::InvalidResponse {
+                    message: format!("stream is not UTF-8: {e}"),
+                },
+                EventStreamError::Parser(e) => CallError::InvalidResponse {
+                    message: format!("malformed event stream: {e}"),
+                },
             })
         })
         .boxed()
@@ -514,5 +648,11 @@ pub(crate) fn sse(chunks: ByteStream<'_>) -> BoxStream<'_, Result<eventsource_st
 
 /// Usage with every field at least zero; a helper for adapters.
 pub(crate) fn usage(input: u64, output: u64, cache_write: u64, cache_read: u64) -> Usage {
-    Usage { input_tokens: input, output_tokens: output, cache_write_tokens: cache_write, cache_read_tokens: cache_read, estimated: false }
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        cache_write_tokens: cache_write,
+        cache_read_tokens: cache_read,
+        estimated: false,
+    }
 }

@@ -57,9 +57,15 @@ use glia_worker::provider::Provider;
 
 fn checked_base_url(config: &ProviderConfig) -> Result<String, ConfigError> {
     let url = config.base_url();
-    let parsed = reqwest::Url::parse(&url).map_err(|e| ConfigError::BadUrl { url: url.clone(), reason: e.to_string() })?;
+    let parsed = reqwest::Url::parse(&url).map_err(|e| ConfigError::BadUrl {
+        url: url.clone(),
+        reason: e.to_string(),
+    })?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(ConfigError::BadUrl { url, reason: "the scheme must be http or https".into() });
+        return Err(ConfigError::BadUrl {
+            url,
+            reason: "the scheme must be http or https".into(),
+        });
     }
     Ok(url)
 }

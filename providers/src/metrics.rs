@@ -28,7 +28,10 @@ pub struct ProviderMetrics {
 }
 
 fn labels(provider: &str, model: &str, extra: Option<(&str, &str)>) -> Labels {
-    let mut l = vec![("provider".to_owned(), provider.to_owned()), ("model".to_owned(), model.to_owned())];
+    let mut l = vec![
+        ("provider".to_owned(), provider.to_owned()),
+        ("model".to_owned(), model.to_owned()),
+    ];
     if let Some((k, v)) = extra {
         l.push((k.to_owned(), v.to_owned()));
     }
@@ -39,19 +42,39 @@ impl ProviderMetrics {
     /// New counters, registered in `registry` under the names above.
     pub fn register(registry: &mut Registry) -> Self {
         let m = ProviderMetrics::default();
-        registry.register("glia_provider_requests", "Model calls by outcome, after retries", m.requests.clone());
-        registry.register("glia_provider_retries", "Retried model call attempts by reason", m.retries.clone());
-        registry.register("glia_provider_tokens", "Tokens of successful model calls by kind", m.tokens.clone());
-        registry.register("glia_provider_rate_limit_wait_seconds", "Seconds spent waiting for the fleet rate limiter", m.wait_seconds.clone());
+        registry.register(
+            "glia_provider_requests",
+            "Model calls by outcome, after retries",
+            m.requests.clone(),
+        );
+        registry.register(
+            "glia_provider_retries",
+            "Retried model call attempts by reason",
+            m.retries.clone(),
+        );
+        registry.register(
+            "glia_provider_tokens",
+            "Tokens of successful model calls by kind",
+            m.tokens.clone(),
+        );
+        registry.register(
+            "glia_provider_rate_limit_wait_seconds",
+            "Seconds spent waiting for the fleet rate limiter",
+            m.wait_seconds.clone(),
+        );
         m
     }
 
     pub(crate) fn request(&self, provider: &str, model: &str, outcome: &str) {
-        self.requests.get_or_create(&labels(provider, model, Some(("outcome", outcome)))).inc();
+        self.requests
+            .get_or_create(&labels(provider, model, Some(("outcome", outcome))))
+            .inc();
     }
 
     pub(crate) fn retry(&self, provider: &str, model: &str, reason: &str) {
-        self.retries.get_or_create(&labels(provider, model, Some(("reason", reason)))).inc();
+        self.retries
+            .get_or_create(&labels(provider, model, Some(("reason", reason))))
+            .inc();
     }
 
     pub(crate) fn tokens(&self, provider: &str, model: &str, usage: &Usage) {
@@ -61,22 +84,30 @@ impl ProviderMetrics {
             ("cache_write", usage.cache_write_tokens),
             ("cache_read", usage.cache_read_tokens),
         ] {
-            self.tokens.get_or_create(&labels(provider, model, Some(("kind", kind)))).inc_by(n);
+            self.tokens
+                .get_or_create(&labels(provider, model, Some(("kind", kind))))
+                .inc_by(n);
         }
     }
 
     pub(crate) fn rate_limit_wait(&self, provider: &str, model: &str, wait: Duration) {
-        self.wait_seconds.get_or_create(&labels(provider, model, None)).inc_by(wait.as_secs_f64());
+        self.wait_seconds
+            .get_or_create(&labels(provider, model, None))
+            .inc_by(wait.as_secs_f64());
     }
 
     /// Retries counted for `provider`, `model` and `reason` (for tests and
     /// health checks).
     pub fn retries(&self, provider: &str, model: &str, reason: &str) -> u64 {
-        self.retries.get_or_create(&labels(provider, model, Some(("reason", reason)))).get()
+        self.retries
+            .get_or_create(&labels(provider, model, Some(("reason", reason))))
+            .get()
     }
 
     /// Calls counted for `provider`, `model` and `outcome`.
     pub fn requests(&self, provider: &str, model: &str, outcome: &str) -> u64 {
-        self.requests.get_or_create(&labels(provider, model, Some(("outcome", outcome)))).get()
+        self.requests
+            .get_or_create(&labels(provider, model, Some(("outcome", outcome))))
+            .get()
     }
 }

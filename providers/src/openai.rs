@@ -95,7 +95,10 @@ pub struct OpenAi {
 
 impl Default for OpenAi {
     fn default() -> Self {
-        OpenAi { max_tokens_field: MaxTokensField::MaxTokens, include_usage: true }
+        OpenAi {
+            max_tokens_field: MaxTokensField::MaxTokens,
+            include_usage: true,
+        }
     }
 }
 
@@ -148,7 +151,9 @@ impl OpenAi {
                     }
                     out.push(json!({ "role": "user", "content": images }));
                 }
-                Role::User if !text.is_empty() => out.push(json!({ "role": "user", "content": text })),
+                Role::User if !text.is_empty() => {
+                    out.push(json!({ "role": "user", "content": text }))
+                }
                 Role::User => {}
                 Role::Assistant => {
                     let mut msg = json!({ "role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) } });
@@ -184,7 +189,10 @@ impl Wire for OpenAi {
     fn body(&self, request: &ModelRequest, stream: bool) -> Value {
         let mut body = Map::new();
         body.insert("model".into(), json!(request.model));
-        body.insert("messages".into(), json!(self.messages(&request.system, &request.messages)));
+        body.insert(
+            "messages".into(),
+            json!(self.messages(&request.system, &request.messages)),
+        );
         let cap = match self.max_tokens_field {
             MaxTokensField::MaxTokens => "max_tokens",
             MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
@@ -199,7 +207,9 @@ impl Wire for OpenAi {
             body.insert("tools".into(), json!(tools));
             let choice = match &request.tool_choice {
                 ToolChoice::Auto => json!("auto"),
-                ToolChoice::Tool { name } => json!({ "type": "function", "function": { "name": name } }),
+                ToolChoice::Tool { name } => {
+                    json!({ "type": "function", "function": { "name": name } })
+                }
             };
             body.insert("tool_choice".into(), choice);
         }
@@ -216,7 +226,11 @@ impl Wire for OpenAi {
         decode_completion(body)
     }
 
-    fn decode_stream<'a>(&'a self, chunks: ByteStream<'a>, live: &'a LiveFn<'a>) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
+    fn decode_stream<'a>(
+        &'a self,
+        chunks: ByteStream<'a>,
+        live: &'a LiveFn<'a>,
+    ) -> BoxFuture<'a, Result<ModelResponse, CallError>> {
         Box::pin(decode_stream(chunks, live))
     }
 }
@@ -228,14 +242,21 @@ impl Wire for OpenAi {
 fn read_usage(u: &Value) -> Option<Usage> {
     let prompt = u.get("prompt_tokens")?.as_u64()?;
     let output = u["completion_tokens"].as_u64().unwrap_or(0);
-    let cached = u["prompt_tokens_details"]["cached_tokens"].as_u64().or_else(|| u["prompt_cache_hit_tokens"].as_u64()).unwrap_or(0).min(prompt);
+    let cached = u["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .or_else(|| u["prompt_cache_hit_tokens"].as_u64())
+        .unwrap_or(0)
+        .min(prompt);
     Some(usage(prompt - cached, output, 0, cached))
 }
 
 /// The usage to report: the provider's, or one marked `estimated` (all
 /// counts zero, filled by [`crate::estimate::fill_missing`]).
 fn reported_or_estimated(u: Option<Usage>) -> Usage {
-    u.unwrap_or(Usage { estimated: true, ..Usage::default() })
+    u.unwrap_or(Usage {
+        estimated: true,
+        ..Usage::default()
+    })
 }
 
 /// The normalised stop reason (see the grammar table and
@@ -244,7 +265,10 @@ fn stop_reason(finish: Option<&str>, has_calls: bool, refused: bool) -> Result<S
     Ok(match finish {
         _ if refused => "refusal".into(),
         Some("tool_calls" | "function_call") if !has_calls => {
-            return Err(malformed(format!("finish_reason {:?} but no tool call arrived", finish.unwrap_or_default())));
+            return Err(malformed(format!(
+                "finish_reason {:?} but no tool call arrived",
+                finish.unwrap_or_default()
+            )));
         }
         Some("tool_calls" | "function_call") => "tool_use".into(),
         Some("stop") | None if has_calls => "tool_use".into(),
@@ -259,7 +283,12 @@ fn embedded_error(v: &Value, raw: &[u8]) -> Option<CallError> {
     let is_error = v.get("error").is_some_and(|e| !e.is_null()) || v["object"] == "error";
     is_error.then(|| {
         let mut f = error_object(raw);
-        f.status = v["error"]["code"].as_u64().or_else(|| v["code"].as_u64()).and_then(|c| u16::try_from(c).ok()).filter(|c| *c >= 400).unwrap_or(200);
+        f.status = v["error"]["code"]
+            .as_u64()
+            .or_else(|| v["code"].as_u64())
+            .and_then(|c| u16::try_from(c).ok())
+            .filter(|c| *c >= 400)
+            .unwrap_or(200);
         f.classify()
     })
 }
@@ -268,7 +297,11 @@ fn embedded_error(v: &Value, raw: &[u8]) -> Option<CallError> {
 /// gateways end a 200 stream with `finish_reason: "error"` when the
 /// upstream failed mid-answer.
 fn error_finish(reason: &str) -> CallError {
-    CallError::Server { status: 200, retry_after: None, message: format!("the provider ended the answer with finish_reason {reason:?}") }
+    CallError::Server {
+        status: 200,
+        retry_after: None,
+        message: format!("the provider ended the answer with finish_reason {reason:?}"),
+    }
 }
 
 /// One tool call being assembled: where it sits (`index`), who it is (`id`,
@@ -289,7 +322,9 @@ const FUNCTION_CALL_INDEX: u64 = u64::MAX;
 fn as_object(text: &str) -> Option<Value> {
     match serde_json::from_str::<Value>(text.trim()).ok()? {
         v @ Value::Object(_) => Some(v),
-        Value::String(inner) => serde_json::from_str::<Value>(&inner).ok().filter(Value::is_object),
+        Value::String(inner) => serde_json::from_str::<Value>(&inner)
+            .ok()
+            .filter(Value::is_object),
         _ => None,
     }
 }
@@ -300,7 +335,12 @@ fn as_object(text: &str) -> Option<Value> {
 /// (the pieces appended) when none does; [`CallError::Malformed`] when two
 /// readings give different objects.
 fn assemble_args(call: &CallBuf) -> Result<Result<Value, String>, CallError> {
-    let pieces: Vec<&str> = call.pieces.iter().map(String::as_str).filter(|p| !p.is_empty()).collect();
+    let pieces: Vec<&str> = call
+        .pieces
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !p.is_empty())
+        .collect();
     let appended: String = pieces.concat();
     if pieces.iter().all(|p| p.trim().is_empty()) {
         return Ok(Ok(json!({})));
@@ -314,7 +354,10 @@ fn assemble_args(call: &CallBuf) -> Result<Result<Value, String>, CallError> {
         out
     };
     let mut found = readings(&pieces);
-    if pieces.len() > 1 && as_object(pieces[0]).is_some_and(|v| v.as_object().is_some_and(serde_json::Map::is_empty)) {
+    if pieces.len() > 1
+        && as_object(pieces[0])
+            .is_some_and(|v| v.as_object().is_some_and(serde_json::Map::is_empty))
+    {
         found.extend(readings(&pieces[1..]));
     }
     found.sort_by_key(Value::to_string);
@@ -322,7 +365,10 @@ fn assemble_args(call: &CallBuf) -> Result<Result<Value, String>, CallError> {
     match found.len() {
         0 => Ok(Err(appended)),
         1 => Ok(Ok(found.remove(0))),
-        n => Err(malformed(format!("the arguments of tool call {:?} ({}) read {n} different ways: {:?}", call.id, call.name, pieces))),
+        n => Err(malformed(format!(
+            "the arguments of tool call {:?} ({}) read {n} different ways: {:?}",
+            call.id, call.name, pieces
+        ))),
     }
 }
 
@@ -362,7 +408,10 @@ impl Assembly {
         if let Some(id) = id
             && let Some(other) = self.calls.iter().find(|c| c.id == id && c.index != index)
         {
-            return Err(malformed(format!("tool call id {id:?} given at index {index} and at index {}", other.index)));
+            return Err(malformed(format!(
+                "tool call id {id:?} given at index {index} and at index {}",
+                other.index
+            )));
         }
         let open = self.calls.iter().rposition(|c| c.index == index);
         let continues = match (open, id) {
@@ -374,9 +423,14 @@ impl Assembly {
             Some(k) if continues => k,
             _ => {
                 if id.is_none() && name.is_none() {
-                    return Err(malformed(format!("a tool call delta for index {index}, where no call started (no id, no name)")));
+                    return Err(malformed(format!(
+                        "a tool call delta for index {index}, where no call started (no id, no name)"
+                    )));
                 }
-                self.calls.push(CallBuf { index, ..CallBuf::default() });
+                self.calls.push(CallBuf {
+                    index,
+                    ..CallBuf::default()
+                });
                 self.calls.len() - 1
             }
         };
@@ -389,7 +443,10 @@ impl Assembly {
         match name {
             Some(name) if call.name.is_empty() => call.name = name.to_owned(),
             Some(name) if call.name != name => {
-                return Err(malformed(format!("tool call {:?} at index {index} renamed from {:?} to {name:?}", call.id, call.name)));
+                return Err(malformed(format!(
+                    "tool call {:?} at index {index} renamed from {:?} to {name:?}",
+                    call.id, call.name
+                )));
             }
             _ => {}
         }
@@ -416,27 +473,44 @@ impl Assembly {
         for choice in v["choices"].as_array().into_iter().flatten() {
             let n = choice["index"].as_u64().unwrap_or(0);
             if n != 0 {
-                return Err(malformed(format!("a chunk for choice {n}; glia asks for one choice")));
+                return Err(malformed(format!(
+                    "a chunk for choice {n}; glia asks for one choice"
+                )));
             }
             let d = &choice["delta"];
             if let Some(t) = d["content"].as_str().filter(|t| !t.is_empty()) {
                 self.text.push_str(t);
-                live(LiveEvent::ModelDelta { channel: "text".into(), delta: t.to_owned() });
+                live(LiveEvent::ModelDelta {
+                    channel: "text".into(),
+                    delta: t.to_owned(),
+                });
             }
-            if let Some(t) = d["reasoning_content"].as_str().or_else(|| d["reasoning"].as_str()).filter(|t| !t.is_empty()) {
+            if let Some(t) = d["reasoning_content"]
+                .as_str()
+                .or_else(|| d["reasoning"].as_str())
+                .filter(|t| !t.is_empty())
+            {
                 self.thinking.push_str(t);
-                live(LiveEvent::ModelDelta { channel: "thinking".into(), delta: t.to_owned() });
+                live(LiveEvent::ModelDelta {
+                    channel: "thinking".into(),
+                    delta: t.to_owned(),
+                });
             }
             if let Some(t) = d["refusal"].as_str().filter(|t| !t.is_empty()) {
                 self.refused = true;
                 self.text.push_str(t);
-                live(LiveEvent::ModelDelta { channel: "text".into(), delta: t.to_owned() });
+                live(LiveEvent::ModelDelta {
+                    channel: "text".into(),
+                    delta: t.to_owned(),
+                });
             }
             for tc in d["tool_calls"].as_array().into_iter().flatten() {
                 self.tool_delta(tc)?;
             }
             if d["function_call"].is_object() {
-                self.tool_delta(&json!({ "index": FUNCTION_CALL_INDEX, "function": d["function_call"] }))?;
+                self.tool_delta(
+                    &json!({ "index": FUNCTION_CALL_INDEX, "function": d["function_call"] }),
+                )?;
             }
             match choice["finish_reason"].as_str() {
                 Some(reason @ "error") => return Err(error_finish(reason)),
@@ -451,17 +525,34 @@ impl Assembly {
         if !self.done && self.finish.is_none() {
             return Err(cut("no finish_reason and no [DONE]"));
         }
-        build(self.text, self.thinking, self.calls, self.finish.as_deref(), self.refused, reported_or_estimated(self.usage))
+        build(
+            self.text,
+            self.thinking,
+            self.calls,
+            self.finish.as_deref(),
+            self.refused,
+            reported_or_estimated(self.usage),
+        )
     }
 }
 
 /// Assemble the assistant message from its parts. Calls are ordered by
 /// index, then by start; none is dropped.
-fn build(text: String, thinking: String, mut calls: Vec<CallBuf>, finish: Option<&str>, refused: bool, usage: Usage) -> Result<ModelResponse, CallError> {
+fn build(
+    text: String,
+    thinking: String,
+    mut calls: Vec<CallBuf>,
+    finish: Option<&str>,
+    refused: bool,
+    usage: Usage,
+) -> Result<ModelResponse, CallError> {
     let stop = stop_reason(finish, !calls.is_empty(), refused)?;
     let mut content = Vec::new();
     if !thinking.is_empty() {
-        content.push(ContentBlock::Thinking { thinking, signature: String::new() });
+        content.push(ContentBlock::Thinking {
+            thinking,
+            signature: String::new(),
+        });
     }
     if !text.is_empty() {
         content.push(ContentBlock::Text { text });
@@ -469,7 +560,10 @@ fn build(text: String, thinking: String, mut calls: Vec<CallBuf>, finish: Option
     calls.sort_by_key(|c| c.index);
     for call in calls {
         if call.name.is_empty() {
-            return Err(malformed(format!("tool call {:?} at index {} has no function name", call.id, call.index)));
+            return Err(malformed(format!(
+                "tool call {:?} at index {} has no function name",
+                call.id, call.index
+            )));
         }
         let input = match assemble_args(&call)? {
             Ok(object) => object,
@@ -478,21 +572,44 @@ fn build(text: String, thinking: String, mut calls: Vec<CallBuf>, finish: Option
                 Value::String(raw)
             }
         };
-        let id = if call.id.is_empty() { fresh_id() } else { call.id };
-        content.push(ContentBlock::ToolUse { id, name: call.name, input });
+        let id = if call.id.is_empty() {
+            fresh_id()
+        } else {
+            call.id
+        };
+        content.push(ContentBlock::ToolUse {
+            id,
+            name: call.name,
+            input,
+        });
     }
-    Ok(ModelResponse::new(Message { role: Role::Assistant, content }, usage, stop))
+    Ok(ModelResponse::new(
+        Message {
+            role: Role::Assistant,
+            content,
+        },
+        usage,
+        stop,
+    ))
 }
 
 /// Decode a non-streaming completion (or an error object with status 200).
 pub fn decode_completion(body: &[u8]) -> Result<ModelResponse, CallError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| CallError::InvalidResponse { message: format!("answer is not JSON: {e}") })?;
+    let v: Value = serde_json::from_slice(body).map_err(|e| CallError::InvalidResponse {
+        message: format!("answer is not JSON: {e}"),
+    })?;
     if let Some(e) = embedded_error(&v, body) {
         return Err(e);
     }
-    let choice = v["choices"].get(0).ok_or_else(|| CallError::InvalidResponse { message: "answer has no choices".into() })?;
+    let choice = v["choices"]
+        .get(0)
+        .ok_or_else(|| CallError::InvalidResponse {
+            message: "answer has no choices".into(),
+        })?;
     if v["choices"].as_array().is_some_and(|c| c.len() > 1) {
-        return Err(malformed("an answer with several choices; glia asks for one"));
+        return Err(malformed(
+            "an answer with several choices; glia asks for one",
+        ));
     }
     let finish = choice["finish_reason"].as_str();
     if let Some(reason @ "error") = finish {
@@ -500,9 +617,19 @@ pub fn decode_completion(body: &[u8]) -> Result<ModelResponse, CallError> {
     }
     let m = &choice["message"];
     let refusal = m["refusal"].as_str().filter(|r| !r.is_empty());
-    let text = m["content"].as_str().or(refusal).unwrap_or_default().to_owned();
-    let thinking = m["reasoning_content"].as_str().or_else(|| m["reasoning"].as_str()).unwrap_or_default().to_owned();
-    let legacy = m["function_call"].is_object().then(|| json!({ "index": FUNCTION_CALL_INDEX, "function": m["function_call"] }));
+    let text = m["content"]
+        .as_str()
+        .or(refusal)
+        .unwrap_or_default()
+        .to_owned();
+    let thinking = m["reasoning_content"]
+        .as_str()
+        .or_else(|| m["reasoning"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let legacy = m["function_call"]
+        .is_object()
+        .then(|| json!({ "index": FUNCTION_CALL_INDEX, "function": m["function_call"] }));
     let calls = m["tool_calls"]
         .as_array()
         .into_iter()
@@ -518,17 +645,30 @@ pub fn decode_completion(body: &[u8]) -> Result<ModelResponse, CallError> {
             CallBuf {
                 index: c["index"].as_u64().unwrap_or(k as u64),
                 id: c["id"].as_str().unwrap_or_default().to_owned(),
-                name: c["function"]["name"].as_str().unwrap_or_default().to_owned(),
+                name: c["function"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
                 pieces: vec![args],
             }
         })
         .collect();
-    build(text, thinking, calls, finish, refusal.is_some(), reported_or_estimated(v.get("usage").and_then(read_usage)))
+    build(
+        text,
+        thinking,
+        calls,
+        finish,
+        refusal.is_some(),
+        reported_or_estimated(v.get("usage").and_then(read_usage)),
+    )
 }
 
 /// Decode a Chat Completions event stream, calling `live` with text and
 /// reasoning deltas as they arrive.
-pub async fn decode_stream(chunks: ByteStream<'_>, live: &LiveFn<'_>) -> Result<ModelResponse, CallError> {
+pub async fn decode_stream(
+    chunks: ByteStream<'_>,
+    live: &LiveFn<'_>,
+) -> Result<ModelResponse, CallError> {
     let mut events = sse(chunks);
     let mut assembly = Assembly::default();
     while let Some(event) = events.next().await {
@@ -545,22 +685,58 @@ mod tests {
     use super::*;
 
     fn args(pieces: &[&str]) -> Result<Result<Value, String>, CallError> {
-        assemble_args(&CallBuf { index: 0, id: "c".into(), name: "f".into(), pieces: pieces.iter().map(|p| (*p).to_owned()).collect() })
+        assemble_args(&CallBuf {
+            index: 0,
+            id: "c".into(),
+            name: "f".into(),
+            pieces: pieces.iter().map(|p| (*p).to_owned()).collect(),
+        })
     }
 
     #[test]
     fn argument_readings() {
-        assert_eq!(args(&["{\"a\"", ":1}"]).unwrap(), Ok(json!({"a": 1})), "appended");
+        assert_eq!(
+            args(&["{\"a\"", ":1}"]).unwrap(),
+            Ok(json!({"a": 1})),
+            "appended"
+        );
         assert_eq!(args(&["{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "whole");
-        assert_eq!(args(&["{}", "{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "placeholder");
-        assert_eq!(args(&["{\"a", "{\"a\":", "{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "cumulative");
-        assert_eq!(args(&["{}", "{\"a", "{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "placeholder then cumulative");
-        assert_eq!(args(&["{\"a\":1}", "{\"a\":1}"]).unwrap(), Ok(json!({"a": 1})), "whole, re-sent");
+        assert_eq!(
+            args(&["{}", "{\"a\":1}"]).unwrap(),
+            Ok(json!({"a": 1})),
+            "placeholder"
+        );
+        assert_eq!(
+            args(&["{\"a", "{\"a\":", "{\"a\":1}"]).unwrap(),
+            Ok(json!({"a": 1})),
+            "cumulative"
+        );
+        assert_eq!(
+            args(&["{}", "{\"a", "{\"a\":1}"]).unwrap(),
+            Ok(json!({"a": 1})),
+            "placeholder then cumulative"
+        );
+        assert_eq!(
+            args(&["{\"a\":1}", "{\"a\":1}"]).unwrap(),
+            Ok(json!({"a": 1})),
+            "whole, re-sent"
+        );
         assert_eq!(args(&[""]).unwrap(), Ok(json!({})), "no arguments");
-        assert_eq!(args(&["\"{\\\"a\\\":1}\""]).unwrap(), Ok(json!({"a": 1})), "double-encoded");
-        assert_eq!(args(&["{\"a\":"]).unwrap(), Err("{\"a\":".into()), "cut: kept raw");
+        assert_eq!(
+            args(&["\"{\\\"a\\\":1}\""]).unwrap(),
+            Ok(json!({"a": 1})),
+            "double-encoded"
+        );
+        assert_eq!(
+            args(&["{\"a\":"]).unwrap(),
+            Err("{\"a\":".into()),
+            "cut: kept raw"
+        );
         // Only an empty object is a placeholder: real arguments are never overwritten.
-        assert_eq!(args(&["{\"a\":1}", "{\"b\":2}"]).unwrap(), Err("{\"a\":1}{\"b\":2}".into()));
+        assert_eq!(
+            args(&["{\"a\":1}", "{\"b\":2}"]).unwrap(),
+            Err("{\"a\":1}{\"b\":2}".into())
+        );
     }
 
     #[test]

@@ -71,7 +71,12 @@ pub enum PriceError {
 
 fn micros(provider: &str, model: &str, kind: &'static str, usd: f64) -> Result<u64, PriceError> {
     if !usd.is_finite() || !(0.0..=1_000_000.0).contains(&usd) {
-        return Err(PriceError::BadPrice { provider: provider.into(), model: model.into(), kind, value: usd });
+        return Err(PriceError::BadPrice {
+            provider: provider.into(),
+            model: model.into(),
+            kind,
+            value: usd,
+        });
     }
     Ok((usd * 1_000_000.0).round() as u64)
 }
@@ -81,7 +86,9 @@ fn micros(provider: &str, model: &str, kind: &'static str, usd: f64) -> Result<u
 fn is_snapshot_suffix(rest: &str) -> bool {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let parts: Vec<&str> = rest.split('-').collect();
-    rest == "latest" || (digits(rest) && rest.len() >= 6) || (parts.len() == 3 && parts[0].len() == 4 && parts.iter().all(|p| digits(p)))
+    rest == "latest"
+        || (digits(rest) && rest.len() >= 6)
+        || (parts.len() == 3 && parts[0].len() == 4 && parts.iter().all(|p| digits(p)))
 }
 
 impl PriceTable {
@@ -113,7 +120,10 @@ impl PriceTable {
     /// Errors: [`PriceError::Io`] when it cannot be read, else as [`PriceTable::from_json`].
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, PriceError> {
         let path = path.as_ref();
-        let json = std::fs::read_to_string(path).map_err(|source| PriceError::Io { path: path.display().to_string(), source })?;
+        let json = std::fs::read_to_string(path).map_err(|source| PriceError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
         Self::from_json(&json)
     }
 
@@ -125,7 +135,12 @@ impl PriceTable {
         }
         table
             .iter()
-            .find(|(name, _)| model.strip_prefix(name.as_str()).and_then(|rest| rest.strip_prefix('-')).is_some_and(is_snapshot_suffix))
+            .find(|(name, _)| {
+                model
+                    .strip_prefix(name.as_str())
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(is_snapshot_suffix)
+            })
             .map(|(_, p)| *p)
             .or_else(|| table.get("*").copied())
     }
@@ -133,6 +148,7 @@ impl PriceTable {
     /// The cost of `usage` on `provider`'s `model` in USD micros (rounded
     /// up), or `None` when the model has no price.
     pub fn cost_usd_micros(&self, provider: &str, model: &str, usage: &Usage) -> Option<u64> {
-        self.pricing(provider, model).map(|p| p.cost_usd_micros(usage))
+        self.pricing(provider, model)
+            .map(|p| p.cost_usd_micros(usage))
     }
 }

@@ -56,10 +56,11 @@ pub struct RateLimits {
 
 impl RateLimits {
     fn spacing_ms(&self) -> u64 {
-        self.resume_spacing_ms.unwrap_or(match self.requests_per_minute {
-            0 => 100,
-            rpm => (60_000 / rpm).max(1),
-        })
+        self.resume_spacing_ms
+            .unwrap_or(match self.requests_per_minute {
+                0 => 100,
+                rpm => (60_000 / rpm).max(1),
+            })
     }
 }
 
@@ -79,9 +80,19 @@ impl RateKey {
     pub fn new(provider: &str, model: &str, key: Option<&ApiKey>) -> Self {
         let key_id = key.map_or_else(
             || "nokey".to_owned(),
-            |k| Sha256::digest(format!("glia-rate-key:{}", k.expose()).as_bytes()).iter().take(6).map(|b| format!("{b:02x}")).collect(),
+            |k| {
+                Sha256::digest(format!("glia-rate-key:{}", k.expose()).as_bytes())
+                    .iter()
+                    .take(6)
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            },
         );
-        RateKey { provider: provider.to_owned(), model: model.to_owned(), key_id }
+        RateKey {
+            provider: provider.to_owned(),
+            model: model.to_owned(),
+            key_id,
+        }
     }
 
     fn tag(&self) -> String {
@@ -107,13 +118,21 @@ impl RateCost {
         let bytes = request.system.len()
             + serde_json::to_string(&request.messages).map_or(0, |s| s.len())
             + serde_json::to_string(&request.tools).map_or(0, |s| s.len());
-        RateCost { requests: 1, input_tokens: (bytes as u64).div_ceil(4), output_tokens: u64::from(request.max_tokens) }
+        RateCost {
+            requests: 1,
+            input_tokens: (bytes as u64).div_ceil(4),
+            output_tokens: u64::from(request.max_tokens),
+        }
     }
 
     /// What a finished call consumed: uncached input plus cache writes
     /// (cache reads do not count toward input limits), and output.
     pub fn from_usage(usage: &Usage) -> Self {
-        RateCost { requests: 1, input_tokens: usage.input_tokens + usage.cache_write_tokens, output_tokens: usage.output_tokens }
+        RateCost {
+            requests: 1,
+            input_tokens: usage.input_tokens + usage.cache_write_tokens,
+            output_tokens: usage.output_tokens,
+        }
     }
 }
 
@@ -243,7 +262,10 @@ pub struct RateLimiter {
 
 impl std::fmt::Debug for RateLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RateLimiter").field("prefix", &self.prefix).field("default", &self.default).finish_non_exhaustive()
+        f.debug_struct("RateLimiter")
+            .field("prefix", &self.prefix)
+            .field("default", &self.default)
+            .finish_non_exhaustive()
     }
 }
 
@@ -254,7 +276,11 @@ impl RateLimiter {
     ///
     /// Errors: [`RateLimitError::Redis`] when the URL is bad or the server
     /// cannot be reached.
-    pub async fn connect(url: &str, prefix: impl Into<String>, limits: RateLimits) -> Result<Self, RateLimitError> {
+    pub async fn connect(
+        url: &str,
+        prefix: impl Into<String>,
+        limits: RateLimits,
+    ) -> Result<Self, RateLimitError> {
         let client = redis::Client::open(url)?;
         let conn = ConnectionManager::new(client).await?;
         Ok(RateLimiter {
@@ -270,13 +296,17 @@ impl RateLimiter {
 
     /// Use `limits` for `provider` / `model`.
     pub fn with_model_limits(mut self, provider: &str, model: &str, limits: RateLimits) -> Self {
-        self.overrides.insert((provider.to_owned(), model.to_owned()), limits);
+        self.overrides
+            .insert((provider.to_owned(), model.to_owned()), limits);
         self
     }
 
     /// The limits of `key`.
     pub fn limits(&self, key: &RateKey) -> RateLimits {
-        self.overrides.get(&(key.provider.clone(), key.model.clone())).copied().unwrap_or(self.default)
+        self.overrides
+            .get(&(key.provider.clone(), key.model.clone()))
+            .copied()
+            .unwrap_or(self.default)
     }
 
     fn keys(&self, key: &RateKey) -> (String, String) {
@@ -290,7 +320,12 @@ impl RateLimiter {
 
     /// Run a script, retrying with the same arguments when the connection
     /// drops (the scripts are idempotent per request id).
-    async fn run<T: redis::FromRedisValue>(&self, script: &Script, keys: &[&str], args: &[u64]) -> Result<T, RateLimitError> {
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[u64],
+    ) -> Result<T, RateLimitError> {
         let mut last = None;
         for _ in 0..SCRIPT_TRIES {
             let mut inv = script.prepare_invoke();
@@ -303,17 +338,29 @@ impl RateLimiter {
             let mut conn = self.conn.clone();
             match inv.invoke_async::<T>(&mut conn).await {
                 Ok(v) => return Ok(v),
-                Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => last = Some(e),
+                Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
+                    last = Some(e)
+                }
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(last.map_or_else(|| RateLimitError::Reply("no attempt".into()), RateLimitError::Redis))
+        Err(last.map_or_else(
+            || RateLimitError::Reply("no attempt".into()),
+            RateLimitError::Redis,
+        ))
     }
 
     /// One reservation attempt at `now_ms` (Unix ms). `jitter_ms` (below
     /// one resume spacing) is added to any wait. Retrying with the same
     /// `request_id` returns the first answer and takes nothing again.
-    pub async fn reserve(&self, key: &RateKey, request_id: &str, cost: RateCost, now_ms: u64, jitter_ms: u64) -> Result<Admission, RateLimitError> {
+    pub async fn reserve(
+        &self,
+        key: &RateKey,
+        request_id: &str,
+        cost: RateCost,
+        now_ms: u64,
+        jitter_ms: u64,
+    ) -> Result<Admission, RateLimitError> {
         let limits = self.limits(key);
         let (bucket, cooldown) = self.keys(key);
         let record = self.record_key(key, request_id);
@@ -329,7 +376,9 @@ impl RateLimiter {
             jitter_ms,
             RECORD_TTL_MS,
         ];
-        let (result, wait): (String, u64) = self.run(&self.reserve, &[&bucket, &cooldown, &record], &args).await?;
+        let (result, wait): (String, u64) = self
+            .run(&self.reserve, &[&bucket, &cooldown, &record], &args)
+            .await?;
         match result.as_str() {
             "granted" => Ok(Admission::Granted),
             "wait" => Ok(Admission::Wait(Duration::from_millis(wait.max(1)))),
@@ -343,13 +392,32 @@ impl RateLimiter {
     ///
     /// Errors: [`CallError::WaitTooLong`] when the next wait would pass
     /// `max_wait`; the run is retried later instead of holding a worker.
-    pub async fn acquire(&self, key: &RateKey, request_id: &str, cost: RateCost, clock: &dyn Clock, max_wait: Duration) -> Result<(Option<Permit>, Duration), CallError> {
+    pub async fn acquire(
+        &self,
+        key: &RateKey,
+        request_id: &str,
+        cost: RateCost,
+        clock: &dyn Clock,
+        max_wait: Duration,
+    ) -> Result<(Option<Permit>, Duration), CallError> {
         let spacing = self.limits(key).spacing_ms();
         let mut waited = Duration::ZERO;
         for round in 0u32.. {
             let id = format!("{request_id}:{round}");
-            match self.reserve(key, &id, cost, clock.now_ms(), fastrand::u64(0..spacing)).await {
-                Ok(Admission::Granted) => return Ok((Some(Permit { key: key.clone(), request_id: id, cost }), waited)),
+            match self
+                .reserve(key, &id, cost, clock.now_ms(), fastrand::u64(0..spacing))
+                .await
+            {
+                Ok(Admission::Granted) => {
+                    return Ok((
+                        Some(Permit {
+                            key: key.clone(),
+                            request_id: id,
+                            cost,
+                        }),
+                        waited,
+                    ));
+                }
                 Ok(Admission::Wait(wait)) => {
                     if waited + wait > max_wait {
                         return Err(CallError::WaitTooLong { wait });
@@ -368,7 +436,12 @@ impl RateLimiter {
 
     /// Replace `permit`'s reservation by `actual`. Returns false when it was
     /// already settled (a retried settlement) or unknown.
-    pub async fn settle(&self, permit: &Permit, actual: RateCost, now_ms: u64) -> Result<bool, RateLimitError> {
+    pub async fn settle(
+        &self,
+        permit: &Permit,
+        actual: RateCost,
+        now_ms: u64,
+    ) -> Result<bool, RateLimitError> {
         let _ = now_ms;
         let limits = self.limits(&permit.key);
         let (bucket, _) = self.keys(&permit.key);
@@ -387,17 +460,37 @@ impl RateLimiter {
 
     /// Start (or extend) the cooldown of `key` to `now_ms + wait`. Returns
     /// the cooldown's end, Unix ms.
-    pub async fn cooldown(&self, key: &RateKey, wait: Duration, now_ms: u64) -> Result<u64, RateLimitError> {
+    pub async fn cooldown(
+        &self,
+        key: &RateKey,
+        wait: Duration,
+        now_ms: u64,
+    ) -> Result<u64, RateLimitError> {
         let (_, cooldown) = self.keys(key);
-        self.run(&self.cooldown, &[&cooldown], &[now_ms, u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)]).await
+        self.run(
+            &self.cooldown,
+            &[&cooldown],
+            &[now_ms, u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)],
+        )
+        .await
     }
 
     /// How long the cooldown of `key` still lasts at `now_ms`, if any.
-    pub async fn cooldown_remaining(&self, key: &RateKey, now_ms: u64) -> Result<Option<Duration>, RateLimitError> {
+    pub async fn cooldown_remaining(
+        &self,
+        key: &RateKey,
+        now_ms: u64,
+    ) -> Result<Option<Duration>, RateLimitError> {
         let (_, cooldown) = self.keys(key);
         let mut conn = self.conn.clone();
-        let till: Option<u64> = redis::cmd("HGET").arg(&cooldown).arg("until").query_async(&mut conn).await?;
-        Ok(till.filter(|t| *t > now_ms).map(|t| Duration::from_millis(t - now_ms)))
+        let till: Option<u64> = redis::cmd("HGET")
+            .arg(&cooldown)
+            .arg("until")
+            .query_async(&mut conn)
+            .await?;
+        Ok(till
+            .filter(|t| *t > now_ms)
+            .map(|t| Duration::from_millis(t - now_ms)))
     }
 
     pub(crate) async fn settle_quietly(&self, permit: &Permit, actual: RateCost, now_ms: u64) {

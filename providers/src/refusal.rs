@@ -30,8 +30,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-pub use glia_proto::repair::{elide, elision_text};
 use glia_proto::repair::protected_turns;
+pub use glia_proto::repair::{elide, elision_text};
 use glia_proto::{LiveEvent, Message, Pricing, ProtectedTurn, RefusedTurn, Usage};
 use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 
@@ -81,14 +81,21 @@ pub struct RefusalIsolator {
 
 impl std::fmt::Debug for RefusalIsolator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RefusalIsolator").field("max_extra_calls", &self.max_extra_calls).finish_non_exhaustive()
+        f.debug_struct("RefusalIsolator")
+            .field("max_extra_calls", &self.max_extra_calls)
+            .finish_non_exhaustive()
     }
 }
 
 impl RefusalIsolator {
     /// Wrap `inner`, spending at most 8 extra calls per refusal.
     pub fn new(inner: Arc<dyn Provider>) -> Self {
-        RefusalIsolator { inner, max_extra_calls: 8, observer: None, known: Mutex::new(HashMap::new()) }
+        RefusalIsolator {
+            inner,
+            max_extra_calls: 8,
+            observer: None,
+            known: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Spend at most `n` extra calls per refusal.
@@ -109,7 +116,11 @@ impl RefusalIsolator {
 
     /// `request` with the elisions found earlier applied (never to a
     /// protected message), and the indices of the messages they replaced.
-    fn repaired(&self, request: &ModelRequest, protected: &[(usize, ProtectedTurn)]) -> (ModelRequest, Vec<usize>) {
+    fn repaired(
+        &self,
+        request: &ModelRequest,
+        protected: &[(usize, ProtectedTurn)],
+    ) -> (ModelRequest, Vec<usize>) {
         let known = self.known.lock().expect("elision table lock");
         let mut r = request.clone();
         let mut elided = Vec::new();
@@ -135,7 +146,12 @@ impl RefusalIsolator {
 
     /// Bisect `request` (which was refused with `usage`) for the culprit;
     /// a culprit among `protected` is reported, not elided (nor probed).
-    async fn isolate(&self, request: &ModelRequest, refusal: ModelResponse, protected: &[(usize, ProtectedTurn)]) -> Result<(ModelResponse, Found), ProviderError> {
+    async fn isolate(
+        &self,
+        request: &ModelRequest,
+        refusal: ModelResponse,
+        protected: &[(usize, ProtectedTurn)],
+    ) -> Result<(ModelResponse, Found), ProviderError> {
         let quiet = |_: LiveEvent| {};
         let mut spent = refusal.usage;
         let mut calls = 0;
@@ -143,7 +159,10 @@ impl RefusalIsolator {
         let mut confirmed = None;
         while hi - lo > 1 && calls < self.max_extra_calls {
             let mid = lo + (hi - lo) / 2;
-            let probe = self.inner.generate(&Self::with_elided(request, lo..mid), &quiet).await?;
+            let probe = self
+                .inner
+                .generate(&Self::with_elided(request, lo..mid), &quiet)
+                .await?;
             calls += 1;
             spent += probe.usage;
             if refused(&probe) {
@@ -158,24 +177,59 @@ impl RefusalIsolator {
             return Ok((refusal, Found::Nothing));
         }
         if let Some(&(index, turn)) = protected.iter().find(|(i, _)| *i == lo) {
-            return Ok((ModelResponse { usage: spent, ..refusal }, Found::Protected(RefusedTurn { index, turn })));
+            return Ok((
+                ModelResponse {
+                    usage: spent,
+                    ..refusal
+                },
+                Found::Protected(RefusedTurn { index, turn }),
+            ));
         }
         let answer = match confirmed {
             Some(a) => a,
             None if calls < self.max_extra_calls => {
-                let a = self.inner.generate(&Self::with_elided(request, lo..hi), &quiet).await?;
+                let a = self
+                    .inner
+                    .generate(&Self::with_elided(request, lo..hi), &quiet)
+                    .await?;
                 calls += 1;
                 spent += a.usage;
                 if refused(&a) {
-                    return Ok((ModelResponse { usage: spent, ..refusal }, Found::Nothing));
+                    return Ok((
+                        ModelResponse {
+                            usage: spent,
+                            ..refusal
+                        },
+                        Found::Nothing,
+                    ));
                 }
                 a
             }
-            None => return Ok((ModelResponse { usage: spent, ..refusal }, Found::Nothing)),
+            None => {
+                return Ok((
+                    ModelResponse {
+                        usage: spent,
+                        ..refusal
+                    },
+                    Found::Nothing,
+                ));
+            }
         };
         let original = request.messages[lo].clone();
-        let elision = Elision { index: lo, replacement: elide(&original), original, extra_calls: calls, usage: spent };
-        Ok((ModelResponse { usage: spent, ..answer }, Found::Elision(elision)))
+        let elision = Elision {
+            index: lo,
+            replacement: elide(&original),
+            original,
+            extra_calls: calls,
+            usage: spent,
+        };
+        Ok((
+            ModelResponse {
+                usage: spent,
+                ..answer
+            },
+            Found::Elision(elision),
+        ))
     }
 }
 
@@ -188,7 +242,11 @@ impl Provider for RefusalIsolator {
     /// turn stands, with [`ModelResponse::refused_turn`] set. Listeners are
     /// told to discard the streamed refusal ([`LiveEvent::ModelDiscard`] with
     /// cause `refusal`) before the new answer's text arrives in one delta.
-    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
+    async fn generate(
+        &self,
+        request: &ModelRequest,
+        live: &(dyn Fn(LiveEvent) + Send + Sync),
+    ) -> Result<ModelResponse, ProviderError> {
         let protected = protected_turns(&request.messages);
         let (request, mut elided) = self.repaired(request, &protected);
         let mut first = self.inner.generate(&request, live).await?;
@@ -197,23 +255,42 @@ impl Provider for RefusalIsolator {
             return Ok(first);
         }
         let retries = std::mem::take(&mut first.retries);
-        let refused_attempt = u32::try_from(retries.len()).unwrap_or(u32::MAX).saturating_add(1);
+        let refused_attempt = u32::try_from(retries.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1);
         let (mut answer, found) = self.isolate(&request, first, &protected).await?;
         if let Found::Protected(turn) = found {
-            tracing::warn!(index = turn.index, turn = turn.turn.describe(), "provider refused a message that is never elided; the refusal stands");
+            tracing::warn!(
+                index = turn.index,
+                turn = turn.turn.describe(),
+                "provider refused a message that is never elided; the refusal stands"
+            );
             answer.refused_turn = Some(turn);
         }
         if let Found::Elision(e) = &found {
-            tracing::warn!(index = e.index, extra_calls = e.extra_calls, "provider refusal isolated; message elided");
-            self.known.lock().expect("elision table lock").insert(Self::fingerprint(&e.original), e.replacement.clone());
+            tracing::warn!(
+                index = e.index,
+                extra_calls = e.extra_calls,
+                "provider refusal isolated; message elided"
+            );
+            self.known
+                .lock()
+                .expect("elision table lock")
+                .insert(Self::fingerprint(&e.original), e.replacement.clone());
             if let Some(o) = &self.observer {
                 o.elided(e);
             }
             elided.push(e.index);
-            live(LiveEvent::ModelDiscard { attempt: refused_attempt, cause: "refusal".into() });
+            live(LiveEvent::ModelDiscard {
+                attempt: refused_attempt,
+                cause: "refusal".into(),
+            });
             let text = answer.message.text();
             if !text.is_empty() {
-                live(LiveEvent::ModelDelta { channel: "text".into(), delta: text });
+                live(LiveEvent::ModelDelta {
+                    channel: "text".into(),
+                    delta: text,
+                });
             }
         }
         elided.sort_unstable();

@@ -43,14 +43,23 @@ enum Choice {
 }
 
 fn args() -> impl Strategy<Value = Value> {
-    ("[A-Z][0-9]{1,3}", 0i64..10_000, prop::option::of("[a-z ]{0,12}")).prop_map(|(order, amount, note)| match note {
-        Some(note) => json!({ "order": order, "amount": amount, "note": note }),
-        None => json!({ "order": order, "amount": amount }),
-    })
+    (
+        "[A-Z][0-9]{1,3}",
+        0i64..10_000,
+        prop::option::of("[a-z ]{0,12}"),
+    )
+        .prop_map(|(order, amount, note)| match note {
+            Some(note) => json!({ "order": order, "amount": amount, "note": note }),
+            None => json!({ "order": order, "amount": amount }),
+        })
 }
 
 fn choice() -> impl Strategy<Value = Choice> {
-    prop_oneof![Just(Choice::Approve), args().prop_map(Choice::Edit), Just(Choice::Reject)]
+    prop_oneof![
+        Just(Choice::Approve),
+        args().prop_map(Choice::Edit),
+        Just(Choice::Reject)
+    ]
 }
 
 /// Turns of 1–3 calls, each with the model's arguments and a decision.
@@ -75,33 +84,56 @@ fn openai_uses(body: &Value) -> Vec<(String, Value)> {
     let mut out = Vec::new();
     for m in body["messages"].as_array().unwrap() {
         for c in m["tool_calls"].as_array().into_iter().flatten() {
-            let arguments: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
-            out.push((c["function"]["name"].as_str().unwrap().to_owned(), arguments));
+            let arguments: Value =
+                serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+            out.push((
+                c["function"]["name"].as_str().unwrap().to_owned(),
+                arguments,
+            ));
         }
     }
     out
 }
 
 fn check(turns: Vec<Vec<(Value, Choice)>>) -> Result<(), TestCaseError> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let mut script: Vec<ScriptedTurn> = turns
             .iter()
-            .map(|calls| ScriptedTurn::calls(&calls.iter().map(|(a, _)| ("refund", a.clone())).collect::<Vec<_>>()))
+            .map(|calls| {
+                ScriptedTurn::calls(
+                    &calls
+                        .iter()
+                        .map(|(a, _)| ("refund", a.clone()))
+                        .collect::<Vec<_>>(),
+                )
+            })
             .collect();
         script.push(ScriptedTurn::text("Done."));
         let provider = Arc::new(ScriptedProvider::new(script));
         let ran = Arc::new(Mutex::new(Vec::new()));
         let mut tools = ToolRegistry::default();
         tools.register(Refund(ran.clone()));
-        let agent = Agent::new(provider.clone()).with_tools(tools).with_clock(FixedClock(chrono::DateTime::UNIX_EPOCH));
+        let agent = Agent::new(provider.clone())
+            .with_tools(tools)
+            .with_clock(FixedClock(chrono::DateTime::UNIX_EPOCH));
         let config = RunConfig {
             model: "m".into(),
-            policies: vec![Policy { tool: "refund".into(), args: None, action: PolicyAction::RequireApproval }],
+            policies: vec![Policy {
+                tool: "refund".into(),
+                args: None,
+                action: PolicyAction::RequireApproval,
+            }],
             ..RunConfig::default()
         };
         let mut log = Vec::new();
-        let (mut state, mut status) = agent.run(Uuid::now_v7(), "refund what is due", config, &mut log).await.unwrap();
+        let (mut state, mut status) = agent
+            .run(Uuid::now_v7(), "refund what is due", config, &mut log)
+            .await
+            .unwrap();
         // Expected, call by call in the order the model made them: what ran
         // (None for a rejection) and what the conversation must show.
         let mut expected: Vec<(Option<Value>, Value)> = Vec::new();
@@ -113,19 +145,36 @@ fn check(turns: Vec<Vec<(Value, Choice)>>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(&call.input, proposed);
                 let decision = match choice {
                     Choice::Approve => Decision::Approve,
-                    Choice::Edit(input) => Decision::Edit { input: input.clone() },
-                    Choice::Reject => Decision::Reject { reason: "no".into() },
+                    Choice::Edit(input) => Decision::Edit {
+                        input: input.clone(),
+                    },
+                    Choice::Reject => Decision::Reject {
+                        reason: "no".into(),
+                    },
                 };
                 expected.push(match choice {
                     Choice::Approve => (Some(proposed.clone()), proposed.clone()),
                     Choice::Edit(input) => (Some(input.clone()), input.clone()),
                     Choice::Reject => (None, proposed.clone()),
                 });
-                let resume = Resume::Approval { call_id: id.clone(), args_hash: call.args_hash.clone(), decision, by: Some("ana".into()), request_seq: None };
-                status = agent.advance(&mut state, Some(resume), &mut log).await.unwrap();
+                let resume = Resume::Approval {
+                    call_id: id.clone(),
+                    args_hash: call.args_hash.clone(),
+                    decision,
+                    by: Some("ana".into()),
+                    request_seq: None,
+                };
+                status = agent
+                    .advance(&mut state, Some(resume), &mut log)
+                    .await
+                    .unwrap();
             }
         }
-        prop_assert!(matches!(&status, Status::Done(Outcome::Succeeded { .. })), "{:?}", status);
+        prop_assert!(
+            matches!(&status, Status::Done(Outcome::Succeeded { .. })),
+            "{:?}",
+            status
+        );
         // The tool ran exactly the approved calls, with the decided arguments.
         let ran: Vec<Value> = ran.lock().unwrap().iter().map(|(_, a)| a.clone()).collect();
         let approved: Vec<Value> = expected.iter().filter_map(|(r, _)| r.clone()).collect();
@@ -137,9 +186,22 @@ fn check(turns: Vec<Vec<(Value, Choice)>>) -> Result<(), TestCaseError> {
         let mut made = 0;
         for (k, request) in requests.iter().enumerate().skip(1) {
             made += turns[k - 1].len();
-            let shown: Vec<(String, Value)> = expected[..made].iter().map(|(_, s)| ("refund".to_owned(), s.clone())).collect();
-            prop_assert_eq!(&anthropic_uses(&Anthropic::default().body(request, true)), &shown, "anthropic, request {}", k);
-            prop_assert_eq!(&openai_uses(&OpenAi::default().body(request, true)), &shown, "openai, request {}", k);
+            let shown: Vec<(String, Value)> = expected[..made]
+                .iter()
+                .map(|(_, s)| ("refund".to_owned(), s.clone()))
+                .collect();
+            prop_assert_eq!(
+                &anthropic_uses(&Anthropic::default().body(request, true)),
+                &shown,
+                "anthropic, request {}",
+                k
+            );
+            prop_assert_eq!(
+                &openai_uses(&OpenAi::default().body(request, true)),
+                &shown,
+                "openai, request {}",
+                k
+            );
         }
         // Replay agrees with the live conversation.
         prop_assert_eq!(&RunState::replay(state.run_id, &log).unwrap(), &state);
@@ -161,5 +223,9 @@ fn an_edit_replaces_the_call_in_the_next_request() {
     // A fixed case, so a failure reads plainly: the model proposes 3000,
     // the approver edits to 10; the next request shows 10, never 3000.
     let edit = json!({ "order": "A1", "amount": 10 });
-    check(vec![vec![(json!({ "order": "A1", "amount": 3000 }), Choice::Edit(edit))]]).unwrap();
+    check(vec![vec![(
+        json!({ "order": "A1", "amount": 3000 }),
+        Choice::Edit(edit),
+    )]])
+    .unwrap();
 }

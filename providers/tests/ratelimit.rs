@@ -30,7 +30,10 @@ struct Keys(String);
 impl Drop for Keys {
     fn drop(&mut self) {
         if let Ok(mut conn) = redis::Client::open(url()).and_then(|c| c.get_connection()) {
-            let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{}*", self.0)).query(&mut conn).unwrap_or_default();
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{}*", self.0))
+                .query(&mut conn)
+                .unwrap_or_default();
             if !keys.is_empty() {
                 let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut conn);
             }
@@ -41,42 +44,92 @@ impl Drop for Keys {
 async fn cleanup(prefix: &str) {
     let client = redis::Client::open(url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     if !keys.is_empty() {
-        let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await.unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&keys)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
     }
-    let left: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.unwrap();
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(left.is_empty(), "keys left behind: {left:?}");
 }
 
 fn limits(rpm: u64, itpm: u64, otpm: u64) -> RateLimits {
-    RateLimits { requests_per_minute: rpm, input_tokens_per_minute: itpm, output_tokens_per_minute: otpm, resume_spacing_ms: None }
+    RateLimits {
+        requests_per_minute: rpm,
+        input_tokens_per_minute: itpm,
+        output_tokens_per_minute: otpm,
+        resume_spacing_ms: None,
+    }
 }
 
 fn key() -> RateKey {
-    RateKey::new("anthropic", "claude-sonnet-4-5", Some(&ApiKey::new("sk-ant-rate-test")))
+    RateKey::new(
+        "anthropic",
+        "claude-sonnet-4-5",
+        Some(&ApiKey::new("sk-ant-rate-test")),
+    )
 }
 
 fn cost(input: u64, output: u64) -> RateCost {
-    RateCost { requests: 1, input_tokens: input, output_tokens: output }
+    RateCost {
+        requests: 1,
+        input_tokens: input,
+        output_tokens: output,
+    }
 }
 
 #[tokio::test]
 async fn buckets_grant_wait_and_refill_per_minute() {
     let p = prefix();
     let _keys = Keys(p.clone());
-    let rl = RateLimiter::connect(&url(), p.clone(), limits(2, 1000, 1000)).await.unwrap();
+    let rl = RateLimiter::connect(&url(), p.clone(), limits(2, 1000, 1000))
+        .await
+        .unwrap();
     let k = key();
-    assert_eq!(rl.reserve(&k, "r1", cost(100, 100), T0, 0).await.unwrap(), Admission::Granted);
-    assert_eq!(rl.reserve(&k, "r2", cost(100, 100), T0, 0).await.unwrap(), Admission::Granted);
+    assert_eq!(
+        rl.reserve(&k, "r1", cost(100, 100), T0, 0).await.unwrap(),
+        Admission::Granted
+    );
+    assert_eq!(
+        rl.reserve(&k, "r2", cost(100, 100), T0, 0).await.unwrap(),
+        Admission::Granted
+    );
     // Two requests per minute: the third waits until one has refilled (30 s).
-    assert_eq!(rl.reserve(&k, "r3", cost(100, 100), T0, 0).await.unwrap(), Admission::Wait(Duration::from_millis(30_000)));
-    assert_eq!(rl.reserve(&k, "r4", cost(100, 100), T0 + 30_000, 0).await.unwrap(), Admission::Granted);
+    assert_eq!(
+        rl.reserve(&k, "r3", cost(100, 100), T0, 0).await.unwrap(),
+        Admission::Wait(Duration::from_millis(30_000))
+    );
+    assert_eq!(
+        rl.reserve(&k, "r4", cost(100, 100), T0 + 30_000, 0)
+            .await
+            .unwrap(),
+        Admission::Granted
+    );
     // Token dimensions too: 1000 - 200 taken + 500 refilled in 30 s (capped at
     // 1000) - 100 taken = 900 output tokens left; 950 wait for 50 more (3 s).
     // (No request is asked for: the request bucket is empty again.)
-    let tokens_only = RateCost { requests: 0, input_tokens: 100, output_tokens: 950 };
-    assert_eq!(rl.reserve(&k, "r5", tokens_only, T0 + 30_000, 0).await.unwrap(), Admission::Wait(Duration::from_millis(3000)));
+    let tokens_only = RateCost {
+        requests: 0,
+        input_tokens: 100,
+        output_tokens: 950,
+    };
+    assert_eq!(
+        rl.reserve(&k, "r5", tokens_only, T0 + 30_000, 0)
+            .await
+            .unwrap(),
+        Admission::Wait(Duration::from_millis(3000))
+    );
     // The key never holds the API key.
     assert!(!k.key_id.contains("rate-test") && k.key_id.len() == 12);
     cleanup(&p).await;
@@ -86,15 +139,33 @@ async fn buckets_grant_wait_and_refill_per_minute() {
 async fn a_retried_script_call_never_counts_twice() {
     let p = prefix();
     let _keys = Keys(p.clone());
-    let rl = RateLimiter::connect(&url(), p.clone(), limits(1, 0, 0)).await.unwrap();
+    let rl = RateLimiter::connect(&url(), p.clone(), limits(1, 0, 0))
+        .await
+        .unwrap();
     let k = key();
-    assert_eq!(rl.reserve(&k, "same", cost(1, 1), T0, 0).await.unwrap(), Admission::Granted);
+    assert_eq!(
+        rl.reserve(&k, "same", cost(1, 1), T0, 0).await.unwrap(),
+        Admission::Granted
+    );
     // The same request id again (a retry after a lost reply): same answer, nothing taken.
-    assert_eq!(rl.reserve(&k, "same", cost(1, 1), T0, 0).await.unwrap(), Admission::Granted);
-    assert!(matches!(rl.reserve(&k, "other", cost(1, 1), T0, 0).await.unwrap(), Admission::Wait(_)));
-    let permit = Permit { key: k.clone(), request_id: "same".into(), cost: cost(1, 1) };
+    assert_eq!(
+        rl.reserve(&k, "same", cost(1, 1), T0, 0).await.unwrap(),
+        Admission::Granted
+    );
+    assert!(matches!(
+        rl.reserve(&k, "other", cost(1, 1), T0, 0).await.unwrap(),
+        Admission::Wait(_)
+    ));
+    let permit = Permit {
+        key: k.clone(),
+        request_id: "same".into(),
+        cost: cost(1, 1),
+    };
     assert!(rl.settle(&permit, cost(1, 1), T0).await.unwrap());
-    assert!(!rl.settle(&permit, cost(1, 1), T0).await.unwrap(), "a retried settlement is a no-op");
+    assert!(
+        !rl.settle(&permit, cost(1, 1), T0).await.unwrap(),
+        "a retried settlement is a no-op"
+    );
     cleanup(&p).await;
 }
 
@@ -102,14 +173,29 @@ async fn a_retried_script_call_never_counts_twice() {
 async fn settlement_returns_what_was_not_used() {
     let p = prefix();
     let _keys = Keys(p.clone());
-    let rl = RateLimiter::connect(&url(), p.clone(), limits(0, 0, 1000)).await.unwrap();
+    let rl = RateLimiter::connect(&url(), p.clone(), limits(0, 0, 1000))
+        .await
+        .unwrap();
     let k = key();
-    assert_eq!(rl.reserve(&k, "a", cost(0, 800), T0, 0).await.unwrap(), Admission::Granted);
-    assert!(matches!(rl.reserve(&k, "b", cost(0, 800), T0, 0).await.unwrap(), Admission::Wait(_)));
-    let permit = Permit { key: k.clone(), request_id: "a".into(), cost: cost(0, 800) };
+    assert_eq!(
+        rl.reserve(&k, "a", cost(0, 800), T0, 0).await.unwrap(),
+        Admission::Granted
+    );
+    assert!(matches!(
+        rl.reserve(&k, "b", cost(0, 800), T0, 0).await.unwrap(),
+        Admission::Wait(_)
+    ));
+    let permit = Permit {
+        key: k.clone(),
+        request_id: "a".into(),
+        cost: cost(0, 800),
+    };
     assert!(rl.settle(&permit, cost(0, 100), T0).await.unwrap());
     // 1000 - 800 + 700 = 900 left.
-    assert_eq!(rl.reserve(&k, "c", cost(0, 800), T0, 0).await.unwrap(), Admission::Granted);
+    assert_eq!(
+        rl.reserve(&k, "c", cost(0, 800), T0, 0).await.unwrap(),
+        Admission::Granted
+    );
     cleanup(&p).await;
 }
 
@@ -118,15 +204,39 @@ async fn callers_resume_after_a_cooldown_in_distinct_slots() {
     let p = prefix();
     let _keys = Keys(p.clone());
     let spacing = 100;
-    let rl = RateLimiter::connect(&url(), p.clone(), RateLimits { resume_spacing_ms: Some(spacing), ..limits(600, 0, 0) }).await.unwrap();
+    let rl = RateLimiter::connect(
+        &url(),
+        p.clone(),
+        RateLimits {
+            resume_spacing_ms: Some(spacing),
+            ..limits(600, 0, 0)
+        },
+    )
+    .await
+    .unwrap();
     let k = key();
-    assert_eq!(rl.cooldown(&k, Duration::from_secs(16), T0).await.unwrap(), T0 + 16_000);
+    assert_eq!(
+        rl.cooldown(&k, Duration::from_secs(16), T0).await.unwrap(),
+        T0 + 16_000
+    );
     // A shorter cooldown never shortens a longer one.
-    assert_eq!(rl.cooldown(&k, Duration::from_secs(5), T0 + 1000).await.unwrap(), T0 + 16_000);
-    assert_eq!(rl.cooldown_remaining(&k, T0 + 6000).await.unwrap(), Some(Duration::from_secs(10)));
+    assert_eq!(
+        rl.cooldown(&k, Duration::from_secs(5), T0 + 1000)
+            .await
+            .unwrap(),
+        T0 + 16_000
+    );
+    assert_eq!(
+        rl.cooldown_remaining(&k, T0 + 6000).await.unwrap(),
+        Some(Duration::from_secs(10))
+    );
     let mut waits = Vec::new();
     for i in 0..50u64 {
-        match rl.reserve(&k, &format!("run{i}"), cost(10, 10), T0 + 1000, i % spacing).await.unwrap() {
+        match rl
+            .reserve(&k, &format!("run{i}"), cost(10, 10), T0 + 1000, i % spacing)
+            .await
+            .unwrap()
+        {
             Admission::Wait(w) => waits.push(w.as_millis() as u64),
             Admission::Granted => panic!("granted during the cooldown"),
         }
@@ -134,7 +244,10 @@ async fn callers_resume_after_a_cooldown_in_distinct_slots() {
     // Slot i resumes at 16 s + i × spacing (+ its jitter): nobody before 16 s, nobody together.
     for (i, w) in waits.iter().enumerate() {
         let at = 1000 + w;
-        assert!(at >= 16_000 + i as u64 * spacing && at < 16_000 + (i as u64 + 1) * spacing, "slot {i} resumes at {at}");
+        assert!(
+            at >= 16_000 + i as u64 * spacing && at < 16_000 + (i as u64 + 1) * spacing,
+            "slot {i} resumes at {at}"
+        );
     }
     cleanup(&p).await;
 }
@@ -149,7 +262,13 @@ async fn fifty_runs_respect_a_fleet_wide_retry_after() {
     let _keys = Keys(p.clone());
     let clock = ScaledClock::new(T0, 10);
     let server = Server::start(
-        |n, _| if n == 0 { Reply::json(429, fixture("anthropic/error_429.json")).header("retry-after", "16") } else { Reply::sse(fixture("anthropic/refusal.sse")) },
+        |n, _| {
+            if n == 0 {
+                Reply::json(429, fixture("anthropic/error_429.json")).header("retry-after", "16")
+            } else {
+                Reply::sse(fixture("anthropic/refusal.sse"))
+            }
+        },
         Some({
             let clock = clock.clone();
             Arc::new(move || clock.now_ms_for_test())
@@ -158,18 +277,33 @@ async fn fifty_runs_respect_a_fleet_wide_retry_after() {
     .await;
     let mut workers = Vec::new();
     for _ in 0..5 {
-        let limiter = Arc::new(RateLimiter::connect(&url(), p.clone(), limits(600, 0, 0)).await.unwrap());
-        let provider = HttpProvider::new(Anthropic::default(), http_client().unwrap(), &server.base, Some(ApiKey::new("sk-ant-shared-key")))
-            .with_clock(clock.clone())
-            .with_rate_limiter(limiter.clone());
+        let limiter = Arc::new(
+            RateLimiter::connect(&url(), p.clone(), limits(600, 0, 0))
+                .await
+                .unwrap(),
+        );
+        let provider = HttpProvider::new(
+            Anthropic::default(),
+            http_client().unwrap(),
+            &server.base,
+            Some(ApiKey::new("sk-ant-shared-key")),
+        )
+        .with_clock(clock.clone())
+        .with_rate_limiter(limiter.clone());
         workers.push((Arc::new(provider), limiter));
     }
     // Run 0 gets the 429 …
     let first = workers[0].0.clone();
-    let run0 = tokio::spawn(async move { first.generate(&request("claude-sonnet-4-5"), &|_| {}).await });
+    let run0 =
+        tokio::spawn(async move { first.generate(&request("claude-sonnet-4-5"), &|_| {}).await });
     let k = workers[0].0.rate_key("claude-sonnet-4-5");
     let until = loop {
-        if let Some(left) = workers[0].1.cooldown_remaining(&k, clock.now_ms_for_test()).await.unwrap() {
+        if let Some(left) = workers[0]
+            .1
+            .cooldown_remaining(&k, clock.now_ms_for_test())
+            .await
+            .unwrap()
+        {
             break clock.now_ms_for_test() + left.as_millis() as u64;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -180,7 +314,11 @@ async fn fifty_runs_respect_a_fleet_wide_retry_after() {
     let mut runs = vec![run0];
     for i in 1..50 {
         let provider = workers[i % 5].0.clone();
-        runs.push(tokio::spawn(async move { provider.generate(&request("claude-sonnet-4-5"), &|_| {}).await }));
+        runs.push(tokio::spawn(async move {
+            provider
+                .generate(&request("claude-sonnet-4-5"), &|_| {})
+                .await
+        }));
     }
     for r in runs {
         assert_eq!(r.await.unwrap().unwrap().stop_reason, "refusal");
@@ -189,10 +327,25 @@ async fn fifty_runs_respect_a_fleet_wide_retry_after() {
     assert_eq!(seen.len(), 51, "one 429, then every run once");
     let mut sent: Vec<u64> = seen[1..].iter().map(|s| s.at_ms).collect();
     sent.sort_unstable();
-    assert!(sent[0] >= got_429_at + 16_000, "a call went out {} ms after the 429", sent[0] - got_429_at);
+    assert!(
+        sent[0] >= got_429_at + 16_000,
+        "a call went out {} ms after the 429",
+        sent[0] - got_429_at
+    );
     // Spread out: the 49 slots span ~4.9 s; nowhere do many calls go out together.
-    assert!(sent[49] - sent[0] >= 2_400, "resumed calls span only {} ms", sent[49] - sent[0]);
-    let most_in_100ms = sent.iter().map(|t| sent.iter().filter(|u| **u >= *t && **u < t + 100).count()).max().unwrap();
-    assert!(most_in_100ms <= 6, "{most_in_100ms} calls within 100 ms: {sent:?}");
+    assert!(
+        sent[49] - sent[0] >= 2_400,
+        "resumed calls span only {} ms",
+        sent[49] - sent[0]
+    );
+    let most_in_100ms = sent
+        .iter()
+        .map(|t| sent.iter().filter(|u| **u >= *t && **u < t + 100).count())
+        .max()
+        .unwrap();
+    assert!(
+        most_in_100ms <= 6,
+        "{most_in_100ms} calls within 100 ms: {sent:?}"
+    );
     cleanup(&p).await;
 }

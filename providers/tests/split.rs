@@ -26,9 +26,14 @@ fn decode(kind: &str, stream: ByteStream<'static>) -> Decoded {
 }
 
 fn fixtures(kind: &str) -> Vec<String> {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(kind);
-    let mut names: Vec<String> =
-        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| n.ends_with(".sse")).collect();
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(kind);
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".sse"))
+        .collect();
     names.sort();
     names
 }
@@ -38,7 +43,10 @@ const EVERY_BOUNDARY_UP_TO: usize = 6000;
 
 fn check(kind: &str) {
     let names = fixtures(kind);
-    assert!(names.len() >= 10, "{kind}: expected the fixture set, found {names:?}");
+    assert!(
+        names.len() >= 10,
+        "{kind}: expected the fixture set, found {names:?}"
+    );
     let mut rng = fastrand::Rng::with_seed(0x6c1a);
     for name in names {
         let bytes = fixture(&format!("{kind}/{name}"));
@@ -47,14 +55,18 @@ fn check(kind: &str) {
         let positions: Vec<usize> = if bytes.len() <= EVERY_BOUNDARY_UP_TO {
             (1..bytes.len()).collect()
         } else {
-            (0..EVERY_BOUNDARY_UP_TO).map(|_| rng.usize(1..bytes.len())).collect()
+            (0..EVERY_BOUNDARY_UP_TO)
+                .map(|_| rng.usize(1..bytes.len()))
+                .collect()
         };
         for k in positions {
             let split = decode(kind, chunked(&bytes, &[k]));
             assert_eq!(split, whole, "{kind}/{name} split at byte {k}");
         }
         for _ in 0..300 {
-            let mut cuts: Vec<usize> = (0..rng.usize(2..12)).map(|_| rng.usize(1..bytes.len())).collect();
+            let mut cuts: Vec<usize> = (0..rng.usize(2..12))
+                .map(|_| rng.usize(1..bytes.len()))
+                .collect();
             cuts.sort_unstable();
             cuts.dedup();
             let split = decode(kind, chunked(&bytes, &cuts));
@@ -62,7 +74,11 @@ fn check(kind: &str) {
         }
         // One byte per chunk: every multi-byte character arrives in pieces.
         let all: Vec<usize> = (1..bytes.len()).collect();
-        assert_eq!(decode(kind, chunked(&bytes, &all)), whole, "{kind}/{name} byte by byte");
+        assert_eq!(
+            decode(kind, chunked(&bytes, &all)),
+            whole,
+            "{kind}/{name} byte by byte"
+        );
     }
 }
 

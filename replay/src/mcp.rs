@@ -21,8 +21,9 @@ use std::sync::Arc;
 use glia_proto::{RunConfig, ToolPolicy, ToolSpec, canonical_json};
 use glia_worker::mcp::IDEMPOTENCY_META_KEY;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult, PaginatedRequestParams, RequestMetaObject,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
+    PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
@@ -42,7 +43,10 @@ pub struct RecordedToolServer {
 impl RecordedToolServer {
     /// The server of `recording`'s tools.
     pub fn new(recording: &Recording) -> Self {
-        RecordedToolServer { tools: Arc::new(recording.tools.clone()), outputs: recording.outputs.clone() }
+        RecordedToolServer {
+            tools: Arc::new(recording.tools.clone()),
+            outputs: recording.outputs.clone(),
+        }
     }
 
     fn listed(spec: &ToolSpec) -> Tool {
@@ -50,20 +54,54 @@ impl RecordedToolServer {
             Value::Object(o) => o.clone(),
             _ => serde_json::Map::new(),
         };
-        let hints = if spec.idempotent { ToolAnnotations::new().read_only(true) } else { ToolAnnotations::new().destructive(false).idempotent(false) };
-        Tool::new(spec.name.clone(), spec.description.clone(), Arc::new(schema)).with_annotations(hints)
+        let hints = if spec.idempotent {
+            ToolAnnotations::new().read_only(true)
+        } else {
+            ToolAnnotations::new().destructive(false).idempotent(false)
+        };
+        Tool::new(
+            spec.name.clone(),
+            spec.description.clone(),
+            Arc::new(schema),
+        )
+        .with_annotations(hints)
     }
 
     /// The recorded output of a `tools/call` whose `_meta` is `meta`, or why
     /// there is none.
-    fn answer(&self, request: &CallToolRequestParams, meta: &RequestMetaObject) -> Result<String, String> {
-        let key = meta.0.0.get(IDEMPOTENCY_META_KEY).or_else(|| request.meta.as_ref().and_then(|m| m.0.0.get(IDEMPOTENCY_META_KEY))).and_then(Value::as_str);
+    fn answer(
+        &self,
+        request: &CallToolRequestParams,
+        meta: &RequestMetaObject,
+    ) -> Result<String, String> {
+        let key = meta
+            .0
+            .0
+            .get(IDEMPOTENCY_META_KEY)
+            .or_else(|| {
+                request
+                    .meta
+                    .as_ref()
+                    .and_then(|m| m.0.0.get(IDEMPOTENCY_META_KEY))
+            })
+            .and_then(Value::as_str);
         let Some(call_id) = key.and_then(|k| k.splitn(3, ':').nth(2)) else {
-            return Err(format!("a recorded tool needs the call's idempotency key in _meta ({IDEMPOTENCY_META_KEY}: run:turn:call)"));
+            return Err(format!(
+                "a recorded tool needs the call's idempotency key in _meta ({IDEMPOTENCY_META_KEY}: run:turn:call)"
+            ));
         };
         let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
-        let key = (call_id.to_owned(), request.name.to_string(), canonical_json(&arguments));
-        self.outputs.get(&key).cloned().ok_or_else(|| format!("the recording has no call {}#{} with arguments {}", key.1, key.0, key.2))
+        let key = (
+            call_id.to_owned(),
+            request.name.to_string(),
+            canonical_json(&arguments),
+        );
+        self.outputs.get(&key).cloned().ok_or_else(|| {
+            format!(
+                "the recording has no call {}#{} with arguments {}",
+                key.1, key.0, key.2
+            )
+        })
     }
 }
 
@@ -72,13 +110,26 @@ impl ServerHandler for RecordedToolServer {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
     }
 
-    async fn list_tools(&self, _: Option<PaginatedRequestParams>, _: RequestContext<RoleServer>) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools.iter().map(Self::listed).collect()))
+    async fn list_tools(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(
+            self.tools.iter().map(Self::listed).collect(),
+        ))
     }
 
-    async fn call_tool(&self, request: CallToolRequestParams, context: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
         if !self.tools.iter().any(|t| t.name == request.name) {
-            return Err(ErrorData::invalid_params(format!("no tool {:?}", request.name), None));
+            return Err(ErrorData::invalid_params(
+                format!("no tool {:?}", request.name),
+                None,
+            ));
         }
         Ok(match self.answer(&request, &context.meta) {
             Ok(output) => CallToolResult::success(vec![ContentBlock::text(output)]),
@@ -91,7 +142,10 @@ impl ServerHandler for RecordedToolServer {
 /// Serve `recording`'s tools on stdin/stdout until the client closes them.
 /// Errors: the MCP handshake or transport failed (rmcp's error, as text).
 pub async fn serve_stdio(recording: &Recording) -> Result<(), String> {
-    let service = RecordedToolServer::new(recording).serve(rmcp::transport::stdio()).await.map_err(|e| e.to_string())?;
+    let service = RecordedToolServer::new(recording)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| e.to_string())?;
     service.waiting().await.map_err(|e| e.to_string())?;
     Ok(())
 }
@@ -105,9 +159,18 @@ impl Recording {
     pub fn mcp_run_config(&self, conversation: &Conversation, server: &str) -> RunConfig {
         let mut config = self.run_config(conversation);
         config.tools = Some(Vec::new());
-        config.mcp = vec![glia_proto::McpToolSource { server: server.to_owned(), allow: self.tools.iter().map(|t| t.name.clone()).collect() }];
+        config.mcp = vec![glia_proto::McpToolSource {
+            server: server.to_owned(),
+            allow: self.tools.iter().map(|t| t.name.clone()).collect(),
+        }];
         for spec in self.tools.iter().filter(|t| t.return_direct) {
-            config.tool_policy.insert(spec.name.clone(), ToolPolicy { return_direct: Some(true), ..ToolPolicy::default() });
+            config.tool_policy.insert(
+                spec.name.clone(),
+                ToolPolicy {
+                    return_direct: Some(true),
+                    ..ToolPolicy::default()
+                },
+            );
         }
         config
     }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use glia_proto::{ContentBlock, LiveEvent, Usage};
 use glia_worker::async_trait;
-use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError, validate_request};
+use glia_worker::provider::{
+    ModelRequest, ModelResponse, Provider, ProviderError, validate_request,
+};
 
 use crate::Conversation;
 
@@ -30,9 +32,18 @@ pub struct ReplayProvider {
 
 impl ReplayProvider {
     /// A provider for `conversations`, whose runs are offered `tools`.
-    pub fn new(conversations: impl IntoIterator<Item = Arc<Conversation>>, mut tools: Vec<String>) -> Self {
+    pub fn new(
+        conversations: impl IntoIterator<Item = Arc<Conversation>>,
+        mut tools: Vec<String>,
+    ) -> Self {
         tools.sort();
-        ReplayProvider { conversations: conversations.into_iter().map(|c| (c.id.clone(), c)).collect(), tools }
+        ReplayProvider {
+            conversations: conversations
+                .into_iter()
+                .map(|c| (c.id.clone(), c))
+                .collect(),
+            tools,
+        }
     }
 }
 
@@ -42,34 +53,62 @@ fn estimate_tokens(chars: usize) -> u64 {
 
 #[async_trait]
 impl Provider for ReplayProvider {
-    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
+    async fn generate(
+        &self,
+        request: &ModelRequest,
+        live: &(dyn Fn(LiveEvent) + Send + Sync),
+    ) -> Result<ModelResponse, ProviderError> {
         validate_request(request).map_err(ProviderError::InvalidRequest)?;
         let Some(id) = request.model.strip_prefix("replay:") else {
-            return Err(ProviderError::InvalidRequest(format!("model {:?} is not replay:ID", request.model)));
+            return Err(ProviderError::InvalidRequest(format!(
+                "model {:?} is not replay:ID",
+                request.model
+            )));
         };
-        let conversation = self.conversations.get(id).ok_or_else(|| ProviderError::InvalidRequest(format!("no recorded conversation {id:?}")))?;
+        let conversation = self.conversations.get(id).ok_or_else(|| {
+            ProviderError::InvalidRequest(format!("no recorded conversation {id:?}"))
+        })?;
         if request.system != conversation.system {
-            return Err(ProviderError::Diverged(format!("conversation {id}: the system prompt differs from the recording")));
+            return Err(ProviderError::Diverged(format!(
+                "conversation {id}: the system prompt differs from the recording"
+            )));
         }
         let mut offered: Vec<String> = request.tools.iter().map(|t| t.name.clone()).collect();
         offered.sort();
         if offered != self.tools {
-            return Err(ProviderError::Diverged(format!("conversation {id}: tools offered {offered:?}, recorded {:?}", self.tools)));
+            return Err(ProviderError::Diverged(format!(
+                "conversation {id}: tools offered {offered:?}, recorded {:?}",
+                self.tools
+            )));
         }
-        let answer = conversation.answer(&request.messages).map_err(|why| ProviderError::Diverged(format!("conversation {id}: {why}")))?;
+        let answer = conversation
+            .answer(&request.messages)
+            .map_err(|why| ProviderError::Diverged(format!("conversation {id}: {why}")))?;
         let text = answer.text();
         if !text.is_empty() {
-            live(LiveEvent::ModelDelta { channel: "text".into(), delta: text.clone() });
+            live(LiveEvent::ModelDelta {
+                channel: "text".into(),
+                delta: text.clone(),
+            });
         }
         let calls = answer.tool_uses().count();
-        let request_chars = request.system.len() + request.messages.iter().map(|m| m.content.iter().map(block_chars).sum::<usize>()).sum::<usize>();
+        let request_chars = request.system.len()
+            + request
+                .messages
+                .iter()
+                .map(|m| m.content.iter().map(block_chars).sum::<usize>())
+                .sum::<usize>();
         let usage = Usage {
             input_tokens: estimate_tokens(request_chars),
             output_tokens: estimate_tokens(answer.content.iter().map(block_chars).sum()),
             estimated: true,
             ..Usage::default()
         };
-        Ok(ModelResponse::new(answer.clone(), usage, if calls > 0 { "tool_use" } else { "end_turn" }))
+        Ok(ModelResponse::new(
+            answer.clone(),
+            usage,
+            if calls > 0 { "tool_use" } else { "end_turn" },
+        ))
     }
 }
 

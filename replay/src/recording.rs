@@ -4,7 +4,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use glia_proto::{BudgetLimits, ContentBlock, InterruptedCall, Message, Policy, PolicyAction, Role, RunConfig, ToolSpec};
+use glia_proto::{
+    BudgetLimits, ContentBlock, InterruptedCall, Message, Policy, PolicyAction, Role, RunConfig,
+    ToolSpec,
+};
 use glia_worker::tool::ToolRegistry;
 
 use crate::provider::ReplayProvider;
@@ -47,12 +50,24 @@ impl Conversation {
 
     /// Model turns in the recording.
     pub fn model_turns(&self) -> usize {
-        self.messages.iter().filter(|m| m.role == Role::Assistant).count()
+        self.messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count()
     }
 
     /// Customer messages after the goal.
     pub fn customer_turns(&self) -> usize {
-        self.messages.iter().skip(1).filter(|m| m.role == Role::User && m.content.iter().any(|b| matches!(b, ContentBlock::Text { .. }))).count()
+        self.messages
+            .iter()
+            .skip(1)
+            .filter(|m| {
+                m.role == Role::User
+                    && m.content
+                        .iter()
+                        .any(|b| matches!(b, ContentBlock::Text { .. }))
+            })
+            .count()
     }
 
     /// Tool calls in the recording.
@@ -65,9 +80,19 @@ impl Conversation {
     /// that turn. `Err` names the first difference.
     pub fn answer(&self, history: &[Message]) -> Result<&Message, String> {
         let k = history.iter().filter(|m| m.role == Role::Assistant).count();
-        let Some(at) = self.messages.iter().enumerate().filter(|(_, m)| m.role == Role::Assistant).nth(k).map(|(i, _)| i) else {
+        let Some(at) = self
+            .messages
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.role == Role::Assistant)
+            .nth(k)
+            .map(|(i, _)| i)
+        else {
             self.check_prefix(history)?;
-            return Err(format!("the recording has no model turn after its {k} turns (message {})", history.len()));
+            return Err(format!(
+                "the recording has no model turn after its {k} turns (message {})",
+                history.len()
+            ));
         };
         self.check_prefix(history)?;
         if history.len() != at {
@@ -75,7 +100,9 @@ impl Conversation {
                 "the request ends at message {} but the recording's model turn {} comes at message {at}; recorded next: {}",
                 history.len(),
                 k + 1,
-                self.messages.get(history.len()).map_or_else(|| "nothing".into(), describe)
+                self.messages
+                    .get(history.len())
+                    .map_or_else(|| "nothing".into(), describe)
             ));
         }
         Ok(&self.messages[at])
@@ -86,11 +113,21 @@ impl Conversation {
     pub fn check_prefix(&self, messages: &[Message]) -> Result<(), String> {
         for (i, got) in messages.iter().enumerate() {
             let Some(want) = self.messages.get(i) else {
-                return Err(format!("message {i}: the recording has ended, got {}", describe(got)));
+                return Err(format!(
+                    "message {i}: the recording has ended, got {}",
+                    describe(got)
+                ));
             };
             if want != got {
-                let source = self.source.get(i).map_or(String::new(), |s| format!(" (recording message {s})"));
-                return Err(format!("message {i}{source}: expected {}, got {}", describe(want), describe(got)));
+                let source = self
+                    .source
+                    .get(i)
+                    .map_or(String::new(), |s| format!(" (recording message {s})"));
+                return Err(format!(
+                    "message {i}{source}: expected {}, got {}",
+                    describe(want),
+                    describe(got)
+                ));
             }
         }
         Ok(())
@@ -101,7 +138,11 @@ impl Conversation {
         self.check_prefix(messages)?;
         match self.messages.get(messages.len()) {
             None => Ok(()),
-            Some(next) => Err(format!("the run ended after message {}, the recording goes on with {}", messages.len(), describe(next))),
+            Some(next) => Err(format!(
+                "the run ended after message {}, the recording goes on with {}",
+                messages.len(),
+                describe(next)
+            )),
         }
     }
 
@@ -111,12 +152,26 @@ impl Conversation {
         if let Err(why) = self.check_prefix(messages) {
             return CustomerMove::Diverged(why);
         }
-        let Some(next) = self.messages.get(messages.len()) else { return CustomerMove::Close(None) };
-        let is_text = next.role == Role::User && next.content.iter().all(|b| matches!(b, ContentBlock::Text { .. }));
+        let Some(next) = self.messages.get(messages.len()) else {
+            return CustomerMove::Close(None);
+        };
+        let is_text = next.role == Role::User
+            && next
+                .content
+                .iter()
+                .all(|b| matches!(b, ContentBlock::Text { .. }));
         if !is_text {
-            return CustomerMove::Diverged(format!("the run waits for the customer at message {}, the recording goes on with {}", messages.len(), describe(next)));
+            return CustomerMove::Diverged(format!(
+                "the run waits for the customer at message {}, the recording goes on with {}",
+                messages.len(),
+                describe(next)
+            ));
         }
-        if messages.len() + 1 == self.messages.len() { CustomerMove::Close(Some(next.text())) } else { CustomerMove::Say(next.text()) }
+        if messages.len() + 1 == self.messages.len() {
+            CustomerMove::Close(Some(next.text()))
+        } else {
+            CustomerMove::Say(next.text())
+        }
     }
 }
 
@@ -126,7 +181,11 @@ pub fn describe(m: &Message) -> String {
     fn clip(s: &str) -> String {
         const MAX: usize = 160;
         let s = s.replace('\n', "\\n");
-        if s.chars().count() > MAX { format!("{}…", s.chars().take(MAX).collect::<String>()) } else { s }
+        if s.chars().count() > MAX {
+            format!("{}…", s.chars().take(MAX).collect::<String>())
+        } else {
+            s
+        }
     }
     let role = match m.role {
         Role::User => "user",
@@ -137,9 +196,19 @@ pub fn describe(m: &Message) -> String {
         .iter()
         .map(|b| match b {
             ContentBlock::Text { text } => format!("{:?}", clip(text)),
-            ContentBlock::ToolUse { id, name, input } => format!("{name}#{id} {}", clip(&input.to_string())),
-            ContentBlock::ToolResult { tool_use_id, content, is_error } => {
-                format!("{}result#{tool_use_id} {:?}", if *is_error { "error " } else { "" }, clip(&content.to_text()))
+            ContentBlock::ToolUse { id, name, input } => {
+                format!("{name}#{id} {}", clip(&input.to_string()))
+            }
+            ContentBlock::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                format!(
+                    "{}result#{tool_use_id} {:?}",
+                    if *is_error { "error " } else { "" },
+                    clip(&content.to_text())
+                )
             }
             ContentBlock::Thinking { thinking, .. } => format!("thinking {:?}", clip(thinking)),
             ContentBlock::RedactedThinking { .. } => "redacted thinking".into(),
@@ -230,16 +299,26 @@ impl Recording {
         let policies = self
             .require_approval
             .iter()
-            .map(|tool| Policy { tool: tool.clone(), args: None, action: PolicyAction::RequireApproval })
+            .map(|tool| Policy {
+                tool: tool.clone(),
+                args: None,
+                action: PolicyAction::RequireApproval,
+            })
             .collect();
         RunConfig {
             model: format!("replay:{}", conversation.id),
             system: conversation.system.clone(),
             tools: Some(self.tools.iter().map(|t| t.name.clone()).collect()),
             policies,
-            budget: BudgetLimits { max_turns: self.max_turns, ..BudgetLimits::default() },
+            budget: BudgetLimits {
+                max_turns: self.max_turns,
+                ..BudgetLimits::default()
+            },
             // Above any recorded turn, so no wrap-up notice changes a request.
-            max_model_calls_per_turn: u32::try_from(self.max_turns.unwrap_or(64)).unwrap_or(u32::MAX).saturating_add(1).max(64),
+            max_model_calls_per_turn: u32::try_from(self.max_turns.unwrap_or(64))
+                .unwrap_or(u32::MAX)
+                .saturating_add(1)
+                .max(64),
             conversational: true,
             // A consequential call a crash interrupted is retried only on
             // a person's word (recorded tools are safe to run again).
@@ -250,7 +329,10 @@ impl Recording {
 
     /// The provider that serves every conversation of this recording.
     pub fn provider(&self) -> ReplayProvider {
-        ReplayProvider::new(self.conversations.iter().cloned(), self.tools.iter().map(|t| t.name.clone()).collect())
+        ReplayProvider::new(
+            self.conversations.iter().cloned(),
+            self.tools.iter().map(|t| t.name.clone()).collect(),
+        )
     }
 
     /// A registry of the recorded tools, each returning recorded outputs.
@@ -258,7 +340,10 @@ impl Recording {
         let mut registry = ToolRegistry::default();
         for spec in &self.tools {
             registry
-                .register_dyn(Arc::new(RecordedTool::new(spec.clone(), self.outputs.clone())))
+                .register_dyn(Arc::new(RecordedTool::new(
+                    spec.clone(),
+                    self.outputs.clone(),
+                )))
                 .map_err(|e| RecordingError::Tool(e.to_string()))?;
         }
         Ok(registry)

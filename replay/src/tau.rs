@@ -34,8 +34,14 @@ pub const TRAJECTORIES: &str = "gpt-4o-airline.json";
 pub const TOOLS: &str = "tools.json";
 /// Tools that write to the airline's database: approval required, not
 /// idempotent.
-pub const CONSEQUENTIAL: [&str; 6] =
-    ["book_reservation", "cancel_reservation", "update_reservation_flights", "update_reservation_baggages", "update_reservation_passengers", "send_certificate"];
+pub const CONSEQUENTIAL: [&str; 6] = [
+    "book_reservation",
+    "cancel_reservation",
+    "update_reservation_flights",
+    "update_reservation_baggages",
+    "update_reservation_passengers",
+    "send_certificate",
+];
 /// Tools that end the conversation (a hand-off to a human agent).
 pub const TERMINATE: [&str; 1] = ["transfer_to_human_agents"];
 /// Model turns the original harness allowed per conversation.
@@ -94,16 +100,35 @@ pub fn load_dir(dir: &Path) -> Result<Recording, RecordingError> {
 /// Load a trajectories file and a tools file. Errors name the file, or the
 /// conversation and message that break the format.
 pub fn load(trajectories: &Path, tools: &Path) -> Result<Recording, RecordingError> {
-    let read = |path: &Path| std::fs::read_to_string(path).map_err(|source| RecordingError::Io { path: path.to_owned(), source });
-    let entries: Vec<Entry> = serde_json::from_str(&read(trajectories)?).map_err(|source| RecordingError::Json { path: trajectories.to_owned(), source })?;
-    let tools: Vec<RawTool> = serde_json::from_str(&read(tools)?).map_err(|source| RecordingError::Json { path: tools.to_owned(), source })?;
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|source| RecordingError::Io {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let entries: Vec<Entry> =
+        serde_json::from_str(&read(trajectories)?).map_err(|source| RecordingError::Json {
+            path: trajectories.to_owned(),
+            source,
+        })?;
+    let tools: Vec<RawTool> =
+        serde_json::from_str(&read(tools)?).map_err(|source| RecordingError::Json {
+            path: tools.to_owned(),
+            source,
+        })?;
     build(entries, tools)
 }
 
 /// Parse trajectories and tools from JSON text (see the module docs).
 pub fn parse(trajectories: &str, tools: &str) -> Result<Recording, RecordingError> {
-    let json = |source| RecordingError::Json { path: "<text>".into(), source };
-    build(serde_json::from_str(trajectories).map_err(json)?, serde_json::from_str(tools).map_err(json)?)
+    let json = |source| RecordingError::Json {
+        path: "<text>".into(),
+        source,
+    };
+    build(
+        serde_json::from_str(trajectories).map_err(json)?,
+        serde_json::from_str(tools).map_err(json)?,
+    )
 }
 
 fn build(entries: Vec<Entry>, tools: Vec<RawTool>) -> Result<Recording, RecordingError> {
@@ -133,7 +158,11 @@ fn build(entries: Vec<Entry>, tools: Vec<RawTool>) -> Result<Recording, Recordin
         for (key, output) in calls {
             match outputs.get(&key) {
                 Some((known, first)) if *known != output => {
-                    return Err(RecordingError::Ambiguous { call: format!("{}#{}", key.1, key.0), first: first.clone(), second: id });
+                    return Err(RecordingError::Ambiguous {
+                        call: format!("{}#{}", key.1, key.0),
+                        first: first.clone(),
+                        second: id,
+                    });
                 }
                 Some(_) => {}
                 None => {
@@ -143,7 +172,10 @@ fn build(entries: Vec<Entry>, tools: Vec<RawTool>) -> Result<Recording, Recordin
         }
         conversations.push(Arc::new(conversation));
     }
-    let outputs = outputs.into_iter().map(|(k, (output, _))| (k, output)).collect();
+    let outputs = outputs
+        .into_iter()
+        .map(|(k, (output, _))| (k, output))
+        .collect();
     Ok(Recording {
         conversations,
         tools,
@@ -154,8 +186,15 @@ fn build(entries: Vec<Entry>, tools: Vec<RawTool>) -> Result<Recording, Recordin
 }
 
 /// One trajectory in glia's shapes, and its calls' outputs.
-fn conversation(id: String, traj: Vec<RawMessage>) -> Result<(Conversation, Vec<(CallKey, String)>), RecordingError> {
-    let bad = |index: usize, reason: &str| RecordingError::Format { conversation: id.clone(), index, reason: reason.to_owned() };
+fn conversation(
+    id: String,
+    traj: Vec<RawMessage>,
+) -> Result<(Conversation, Vec<(CallKey, String)>), RecordingError> {
+    let bad = |index: usize, reason: &str| RecordingError::Format {
+        conversation: id.clone(),
+        index,
+        reason: reason.to_owned(),
+    };
     let mut traj = traj.into_iter().enumerate();
     let system = match traj.next() {
         Some((_, m)) if m.role == "system" => m.content.unwrap_or_default(),
@@ -174,36 +213,76 @@ fn conversation(id: String, traj: Vec<RawMessage>) -> Result<(Conversation, Vec<
                 if messages.is_empty() && i != 1 {
                     return Err(bad(i, "the goal must follow the system prompt"));
                 }
-                push(&mut messages, &mut source, Role::User, ContentBlock::Text { text }, i);
+                push(
+                    &mut messages,
+                    &mut source,
+                    Role::User,
+                    ContentBlock::Text { text },
+                    i,
+                );
             }
             "assistant" => {
                 if messages.last().is_none_or(|m| m.role == Role::Assistant) {
                     return Err(bad(i, "an assistant turn must follow a user turn"));
                 }
-                let mut content: Vec<ContentBlock> = text.into_iter().map(|text| ContentBlock::Text { text }).collect();
+                let mut content: Vec<ContentBlock> = text
+                    .into_iter()
+                    .map(|text| ContentBlock::Text { text })
+                    .collect();
                 open.clear();
                 for call in m.tool_calls.unwrap_or_default() {
-                    let input: Value = serde_json::from_str(&call.function.arguments).map_err(|e| bad(i, &format!("arguments of {} are not JSON: {e}", call.id)))?;
-                    if open.insert(call.id.clone(), (call.function.name.clone(), canonical_json(&input))).is_some() {
-                        return Err(bad(i, &format!("call id {} repeats within the turn", call.id)));
+                    let input: Value =
+                        serde_json::from_str(&call.function.arguments).map_err(|e| {
+                            bad(i, &format!("arguments of {} are not JSON: {e}", call.id))
+                        })?;
+                    if open
+                        .insert(
+                            call.id.clone(),
+                            (call.function.name.clone(), canonical_json(&input)),
+                        )
+                        .is_some()
+                    {
+                        return Err(bad(
+                            i,
+                            &format!("call id {} repeats within the turn", call.id),
+                        ));
                     }
-                    content.push(ContentBlock::ToolUse { id: call.id, name: call.function.name, input });
+                    content.push(ContentBlock::ToolUse {
+                        id: call.id,
+                        name: call.function.name,
+                        input,
+                    });
                 }
                 if content.is_empty() {
                     return Err(bad(i, "an empty assistant turn"));
                 }
-                messages.push(Message { role: Role::Assistant, content });
+                messages.push(Message {
+                    role: Role::Assistant,
+                    content,
+                });
                 source.push(i);
             }
             "tool" => {
-                let call_id = m.tool_call_id.ok_or_else(|| bad(i, "a tool message without tool_call_id"))?;
+                let call_id = m
+                    .tool_call_id
+                    .ok_or_else(|| bad(i, "a tool message without tool_call_id"))?;
                 let (name, args) = open.remove(&call_id).ok_or_else(|| bad(i, &format!("a result for {call_id}, which the last assistant turn did not call or already has a result")))?;
                 if m.name.as_ref().is_some_and(|n| *n != name) {
-                    return Err(bad(i, &format!("the result of {call_id} names tool {:?}, the call named {name:?}", m.name.unwrap_or_default())));
+                    return Err(bad(
+                        i,
+                        &format!(
+                            "the result of {call_id} names tool {:?}, the call named {name:?}",
+                            m.name.unwrap_or_default()
+                        ),
+                    ));
                 }
                 let content = m.content.unwrap_or_default();
                 calls.push(((call_id.clone(), name, args), content.clone()));
-                let block = ContentBlock::ToolResult { tool_use_id: call_id, content: content.into(), is_error: false };
+                let block = ContentBlock::ToolResult {
+                    tool_use_id: call_id,
+                    content: content.into(),
+                    is_error: false,
+                };
                 push(&mut messages, &mut source, Role::User, block, i);
             }
             other => return Err(bad(i, &format!("unknown role {other:?}"))),
@@ -212,17 +291,34 @@ fn conversation(id: String, traj: Vec<RawMessage>) -> Result<(Conversation, Vec<
     if messages.is_empty() {
         return Err(bad(1, "no goal"));
     }
-    Ok((Conversation { id, system, messages, source }, calls))
+    Ok((
+        Conversation {
+            id,
+            system,
+            messages,
+            source,
+        },
+        calls,
+    ))
 }
 
 /// Append `block` as a new message, or to the last message when it has the
 /// same role (glia keeps roles alternating: a customer's words after tool
 /// results share their user turn).
-fn push(messages: &mut Vec<Message>, source: &mut Vec<usize>, role: Role, block: ContentBlock, index: usize) {
+fn push(
+    messages: &mut Vec<Message>,
+    source: &mut Vec<usize>,
+    role: Role,
+    block: ContentBlock,
+    index: usize,
+) {
     match messages.last_mut() {
         Some(m) if m.role == role => m.content.push(block),
         _ => {
-            messages.push(Message { role, content: vec![block] });
+            messages.push(Message {
+                role,
+                content: vec![block],
+            });
             source.push(index);
         }
     }

@@ -42,11 +42,20 @@ impl DynTool for RecordedTool {
         false
     }
 
-    fn call_raw(&self, input: Value, ctx: ToolContext) -> BoxFuture<'static, Result<String, ToolFailure>> {
+    fn call_raw(
+        &self,
+        input: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<String, ToolFailure>> {
         let key = (ctx.call_id, self.spec.name.clone(), canonical_json(&input));
         let found = self.outputs.get(&key).cloned();
         async move {
-            found.ok_or_else(|| ToolFailure::failed(format!("the recording has no call {}#{} with arguments {}", key.1, key.0, key.2)))
+            found.ok_or_else(|| {
+                ToolFailure::failed(format!(
+                    "the recording has no call {}#{} with arguments {}",
+                    key.1, key.0, key.2
+                ))
+            })
         }
         .boxed()
     }

@@ -26,19 +26,33 @@ pub fn glia_bin() -> PathBuf {
         }
         let exe = std::env::current_exe().expect("the test executable's path");
         // target/<profile>/deps/<test> → target/<profile>
-        let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("the test runs from target/<profile>/deps").to_path_buf();
-        let target_dir = profile_dir.parent().expect("target/<profile> has a parent").to_path_buf();
+        let profile_dir = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("the test runs from target/<profile>/deps")
+            .to_path_buf();
+        let target_dir = profile_dir
+            .parent()
+            .expect("target/<profile> has a parent")
+            .to_path_buf();
         let bin = profile_dir.join(format!("glia{}", std::env::consts::EXE_SUFFIX));
         if bin.exists() && !stale(&bin) {
             return bin;
         }
         let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        build.args(["build", "--quiet", "-p", "glia-cli", "--bin", "glia"]).current_dir(crate::workspace_root()).env("CARGO_TARGET_DIR", &target_dir);
+        build
+            .args(["build", "--quiet", "-p", "glia-cli", "--bin", "glia"])
+            .current_dir(crate::workspace_root())
+            .env("CARGO_TARGET_DIR", &target_dir);
         if profile_dir.file_name().is_some_and(|p| p == "release") {
             build.arg("--release");
         }
         let out = build.output().expect("cargo runs");
-        assert!(out.status.success(), "cargo build -p glia-cli --bin glia failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "cargo build -p glia-cli --bin glia failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(bin.exists(), "{} missing after cargo build", bin.display());
         bin
     })
@@ -47,15 +61,36 @@ pub fn glia_bin() -> PathBuf {
 
 /// Whether a file of the crates `glia` is built from (tests excepted) is newer than `bin`.
 fn stale(bin: &Path) -> bool {
-    let Ok(built) = std::fs::metadata(bin).and_then(|m| m.modified()) else { return true };
+    let Ok(built) = std::fs::metadata(bin).and_then(|m| m.modified()) else {
+        return true;
+    };
     let root = crate::workspace_root();
     // Everything of those crates but their tests (sources, migrations and assets compiled in).
-    let mut dirs: Vec<PathBuf> = ["cli", "worker", "dispatcher", "backends", "providers", "proto", "replay"].iter().map(|c| root.join(c)).collect();
+    let mut dirs: Vec<PathBuf> = [
+        "cli",
+        "worker",
+        "dispatcher",
+        "backends",
+        "providers",
+        "proto",
+        "replay",
+    ]
+    .iter()
+    .map(|c| root.join(c))
+    .collect();
     dirs.push(root.join("Cargo.lock"));
     while let Some(p) = dirs.pop() {
-        let Ok(meta) = std::fs::metadata(&p) else { continue };
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
         if meta.is_dir() {
-            dirs.extend(std::fs::read_dir(&p).into_iter().flatten().filter_map(|e| Some(e.ok()?.path())).filter(|c| !c.ends_with("tests")));
+            dirs.extend(
+                std::fs::read_dir(&p)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| Some(e.ok()?.path()))
+                    .filter(|c| !c.ends_with("tests")),
+            );
         } else if meta.modified().is_ok_and(|m| m > built) {
             return true;
         }

@@ -28,7 +28,10 @@ pub fn env_or(key: &str, default: &str) -> String {
 
 /// The machine's Postgres admin database (`GLIA_DATABASE_URL`).
 pub fn admin_url() -> String {
-    env_or("GLIA_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    env_or(
+        "GLIA_DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/postgres",
+    )
 }
 
 /// The machine's RabbitMQ (`GLIA_AMQP_URL`).
@@ -93,8 +96,15 @@ pub struct Fleet {
 }
 
 fn psql(url: &str, sql: &str) {
-    let out = Command::new("psql").args([url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql]).output().expect("psql runs");
-    assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn db_url_for(admin: &str, db: &str) -> String {
@@ -108,10 +118,23 @@ impl Fleet {
     /// How many runs worker `owner` (its `--id`, e.g. `w1`) holds a live
     /// lease on right now, read from the fleet's database.
     pub fn live_leases_of(&self, owner: &str) -> usize {
-        let sql = format!("SELECT count(*) FROM runs WHERE lease_owner = '{}' AND lease_expires_at > now()", owner.replace('\'', "''"));
-        let out = Command::new("psql").args([self.db_url.as_str(), "-v", "ON_ERROR_STOP=1", "-qAtc", &sql]).output().expect("psql runs");
-        assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count")
+        let sql = format!(
+            "SELECT count(*) FROM runs WHERE lease_owner = '{}' AND lease_expires_at > now()",
+            owner.replace('\'', "''")
+        );
+        let out = Command::new("psql")
+            .args([self.db_url.as_str(), "-v", "ON_ERROR_STOP=1", "-qAtc", &sql])
+            .output()
+            .expect("psql runs");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("a count")
     }
 
     /// Create the database (on the machine's Postgres) and the scripts
@@ -129,11 +152,20 @@ impl Fleet {
         std::fs::create_dir_all(dir.join("scripts")).unwrap();
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         for (script, turns) in scripts {
-            std::fs::write(dir.join("scripts").join(format!("{script}.json")), serde_json::to_vec(turns).unwrap()).unwrap();
+            std::fs::write(
+                dir.join("scripts").join(format!("{script}.json")),
+                serde_json::to_vec(turns).unwrap(),
+            )
+            .unwrap();
         }
         let port = free_port();
         Fleet {
-            api: Api { name: name.clone(), dir: dir.clone(), server: format!("http://127.0.0.1:{port}"), token: None },
+            api: Api {
+                name: name.clone(),
+                dir: dir.clone(),
+                server: format!("http://127.0.0.1:{port}"),
+                token: None,
+            },
             db_url: db_url_for(admin, &name),
             admin_url: admin.to_owned(),
             name,
@@ -173,14 +205,22 @@ impl Fleet {
     /// Start the dispatcher and wait until it is ready (`/readyz` 200).
     pub fn start_dispatcher(&mut self) {
         self.spawn_dispatcher();
-        wait_status(&format!("{}/readyz", self.server), 200, Duration::from_secs(60));
+        wait_status(
+            &format!("{}/readyz", self.server),
+            200,
+            Duration::from_secs(60),
+        );
     }
 
     /// `glia ARGS` like [`Fleet::command`], stderr appended to
     /// `<dir>/logs/<role>.log`.
     pub fn logged(&self, role: &str, args: &[&str]) -> Command {
         let mut cmd = self.command(args);
-        let log = std::fs::File::options().create(true).append(true).open(self.log_file(role)).expect("open the process log");
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_file(role))
+            .expect("open the process log");
         cmd.stderr(log);
         cmd
     }
@@ -193,7 +233,13 @@ impl Fleet {
     /// Start the dispatcher without waiting for it.
     pub fn spawn_dispatcher(&mut self) {
         let listen = format!("127.0.0.1:{}", self.dispatcher_port);
-        let child = self.logged("dispatcher", &["dispatcher", "--listen", &listen, "--reconcile-every", "1"]).spawn().expect("dispatcher starts");
+        let child = self
+            .logged(
+                "dispatcher",
+                &["dispatcher", "--listen", &listen, "--reconcile-every", "1"],
+            )
+            .spawn()
+            .expect("dispatcher starts");
         self.dispatcher = Some(child);
     }
 
@@ -211,9 +257,29 @@ impl Fleet {
         let scripts = self.dir.join("scripts");
         let id = format!("w{}", self.workers.len());
         let child = self
-            .logged(&id, &["worker", "--demo", "--scripts", scripts.to_str().unwrap(), "--lease-ms", &lease_ms.to_string(), "--concurrency", "8", "--id", &id])
+            .logged(
+                &id,
+                &[
+                    "worker",
+                    "--demo",
+                    "--scripts",
+                    scripts.to_str().unwrap(),
+                    "--lease-ms",
+                    &lease_ms.to_string(),
+                    "--concurrency",
+                    "8",
+                    "--id",
+                    &id,
+                ],
+            )
             .args(&self.worker_args)
-            .envs(self.worker_env.get(&self.workers.len()).into_iter().flatten().map(|(k, v)| (k, v)))
+            .envs(
+                self.worker_env
+                    .get(&self.workers.len())
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k, v)),
+            )
             .spawn()
             .expect("worker starts");
         self.workers.push(child);
@@ -245,7 +311,13 @@ impl Fleet {
             ],
         )
         .args(&self.worker_args)
-        .envs(self.worker_env.get(&i).into_iter().flatten().map(|(k, v)| (k, v)))
+        .envs(
+            self.worker_env
+                .get(&i)
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k, v)),
+        )
         .spawn()
         .expect("worker starts")
     }
@@ -271,17 +343,26 @@ impl Fleet {
 
     /// Send `signal` (e.g. `"STOP"`, `"CONT"`) to worker `i`.
     pub fn signal_worker(&self, i: usize, signal: &str) {
-        let ok = Command::new("kill").args([&format!("-{signal}"), &self.workers[i].id().to_string()]).status().is_ok_and(|s| s.success());
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.workers[i].id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
         assert!(ok, "kill -{signal} worker {i}");
     }
 
     /// The last `lines` lines of every process log, for failure messages.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
-        let mut files: Vec<PathBuf> = std::fs::read_dir(self.dir.join("logs")).map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect()).unwrap_or_default();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(self.dir.join("logs"))
+            .map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect())
+            .unwrap_or_default();
         files.sort();
         for f in files {
-            out.push_str(&format!("--- {} ---\n{}\n", f.display(), crate::isolation::tail(&f, lines)));
+            out.push_str(&format!(
+                "--- {} ---\n{}\n",
+                f.display(),
+                crate::isolation::tail(&f, lines)
+            ));
         }
         out
     }
@@ -303,18 +384,33 @@ impl Api {
 
     /// POST JSON to the dispatcher: `(status, body)`.
     pub fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        http_as("POST", &format!("{}{path}", self.server), Some(body), self.token.as_deref()).expect("dispatcher answers")
+        http_as(
+            "POST",
+            &format!("{}{path}", self.server),
+            Some(body),
+            self.token.as_deref(),
+        )
+        .expect("dispatcher answers")
     }
 
     /// GET from the dispatcher: `(status, body)`.
     pub fn get(&self, path: &str) -> (u16, Value) {
-        http_as("GET", &format!("{}{path}", self.server), None, self.token.as_deref()).expect("dispatcher answers")
+        http_as(
+            "GET",
+            &format!("{}{path}", self.server),
+            None,
+            self.token.as_deref(),
+        )
+        .expect("dispatcher answers")
     }
 
     /// Create a run; returns its id.
     pub fn submit(&self, goal: &str, config: Value) -> String {
         let (status, body) = self.post("/v1/runs", json!({ "goal": goal, "config": config }));
-        assert!(status == 201 || status == 200, "create run: {status} {body}");
+        assert!(
+            status == 201 || status == 200,
+            "create run: {status} {body}"
+        );
         body["run_id"].as_str().expect("run_id").to_owned()
     }
 
@@ -322,12 +418,20 @@ impl Api {
     pub fn events(&self, run_id: &str) -> Vec<Value> {
         let (status, body) = self.get(&format!("/v1/runs/{run_id}/events?after=0&limit=1000"));
         assert_eq!(status, 200, "{body}");
-        body["events"].as_array().or(body.as_array()).cloned().unwrap_or_default()
+        body["events"]
+            .as_array()
+            .or(body.as_array())
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Lines of the effects file.
     pub fn effects(&self) -> Vec<String> {
-        std::fs::read_to_string(self.effects_file()).unwrap_or_default().lines().map(str::to_owned).collect()
+        std::fs::read_to_string(self.effects_file())
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 
     /// How many runs are done (the fleet's database holds only its runs).
@@ -343,7 +447,9 @@ impl Api {
         let (status, body) = self.get("/metrics");
         assert_eq!(status, 200, "{body}");
         let text = body.as_str().unwrap_or_default();
-        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 }
 
@@ -357,7 +463,9 @@ impl Drop for Fleet {
             let _ = c.wait();
         }
         let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        let _ = Command::new("psql").args([&self.admin_url, "-qAtc", &drop]).output();
+        let _ = Command::new("psql")
+            .args([&self.admin_url, "-qAtc", &drop])
+            .output();
         delete_queue_topology(&self.amqp_url, &self.name);
         let _ = Command::new("sh")
             .arg("-c")
@@ -376,7 +484,10 @@ fn delete_queue_topology(url: &str, queue: &str) {
     opts.publish_attempts = 1;
     opts.connect_timeout = Duration::from_secs(5);
     let done = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
         rt.block_on(async {
             if let Ok(q) = RabbitQueue::connect(&url, opts).await {
                 if let Err(e) = q.delete_topology().await {
@@ -397,7 +508,10 @@ pub fn wait_status(url: &str, status: u16, timeout: Duration) -> Value {
         let answer = http("GET", url, None);
         match &answer {
             Ok((s, body)) if *s == status => return body.clone(),
-            _ => assert!(Instant::now() < deadline, "{url} did not answer {status} within {timeout:?}: {answer:?}"),
+            _ => assert!(
+                Instant::now() < deadline,
+                "{url} did not answer {status} within {timeout:?}: {answer:?}"
+            ),
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -409,8 +523,16 @@ pub fn http(method: &str, url: &str, body: Option<Value>) -> Result<(u16, Value)
 }
 
 /// [`http`] with a bearer token, when given.
-pub fn http_as(method: &str, url: &str, body: Option<Value>, token: Option<&str>) -> Result<(u16, Value), String> {
-    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().map_err(|e| e.to_string())?;
+pub fn http_as(
+    method: &str,
+    url: &str,
+    body: Option<Value>,
+    token: Option<&str>,
+) -> Result<(u16, Value), String> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| e.to_string())?;
     let mut req = client.request(method.parse().unwrap(), url);
     if let Some(b) = body {
         req = req.json(&b);
@@ -421,7 +543,10 @@ pub fn http_as(method: &str, url: &str, body: Option<Value>, token: Option<&str>
     let resp = req.send().map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
     let text = resp.text().map_err(|e| e.to_string())?;
-    Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+    Ok((
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    ))
 }
 
 /// The vendored tau-bench airline recording (`examples/tau-bench-airline`).
@@ -443,14 +568,26 @@ pub fn replay_fleet() -> Fleet {
 /// The scripts of the mixed batch, by name.
 pub fn mixed_scripts() -> Vec<(&'static str, Value)> {
     vec![
-        ("plain", json!([{"tool_calls": [{"name": "calculator", "input": {"op": "add", "a": 2, "b": 3}}]}, {"text": "5"}])),
+        (
+            "plain",
+            json!([{"tool_calls": [{"name": "calculator", "input": {"op": "add", "a": 2, "b": 3}}]}, {"text": "5"}]),
+        ),
         (
             "approval",
             json!([{"tool_calls": [{"name": "get_order", "input": {"order_id": "A1"}}]}, {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]),
         ),
-        ("external", json!([{"tool_calls": [{"name": "ask_customer", "input": {"question": "Which order?"}}]}, {"text": "Thanks."}])),
-        ("chat", json!([{"text": "How can I help?"}, {"text": "Done, goodbye."}])),
-        ("budget", json!([{"tool_calls": [{"name": "calculator", "input": {"op": "mul", "a": 6, "b": 7}}]}, {"text": "42"}])),
+        (
+            "external",
+            json!([{"tool_calls": [{"name": "ask_customer", "input": {"question": "Which order?"}}]}, {"text": "Thanks."}]),
+        ),
+        (
+            "chat",
+            json!([{"text": "How can I help?"}, {"text": "Done, goodbye."}]),
+        ),
+        (
+            "budget",
+            json!([{"tool_calls": [{"name": "calculator", "input": {"op": "mul", "a": 6, "b": 7}}]}, {"text": "42"}]),
+        ),
     ]
 }
 
@@ -475,7 +612,11 @@ pub fn drive(fleet: &Api, run_id: &str, deadline: Instant) -> Value {
     let mut replies = 0;
     let mut last_posted: HashMap<String, Instant> = HashMap::new();
     loop {
-        assert!(Instant::now() < deadline, "run {run_id} did not finish: {}", fleet.get(&format!("/v1/runs/{run_id}")).1);
+        assert!(
+            Instant::now() < deadline,
+            "run {run_id} did not finish: {}",
+            fleet.get(&format!("/v1/runs/{run_id}")).1
+        );
         let (status, run) = fleet.get(&format!("/v1/runs/{run_id}"));
         assert_eq!(status, 200, "{run}");
         if run["status"] == "done" {
@@ -487,19 +628,40 @@ pub fn drive(fleet: &Api, run_id: &str, deadline: Instant) -> Value {
         }
         let pp = &run["pull_point"];
         let key = format!("{}:{}", run["head_seq"], pp);
-        if last_posted.get(&key).is_some_and(|t| t.elapsed() < Duration::from_secs(5)) {
+        if last_posted
+            .get(&key)
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(5))
+        {
             std::thread::sleep(Duration::from_millis(20));
             continue;
         }
         let (path, body) = match pp["kind"].as_str().unwrap_or("") {
-            "awaiting_approval" => (format!("/v1/runs/{run_id}/approvals/{}", pp["call_ids"][0].as_str().unwrap()), json!({"decision": "approve"})),
-            "awaiting_tool" => (format!("/v1/runs/{run_id}/tool-results/{}", pp["call_ids"][0].as_str().unwrap()), json!({"content": "Order A1."})),
+            "awaiting_approval" => (
+                format!(
+                    "/v1/runs/{run_id}/approvals/{}",
+                    pp["call_ids"][0].as_str().unwrap()
+                ),
+                json!({"decision": "approve"}),
+            ),
+            "awaiting_tool" => (
+                format!(
+                    "/v1/runs/{run_id}/tool-results/{}",
+                    pp["call_ids"][0].as_str().unwrap()
+                ),
+                json!({"content": "Order A1."}),
+            ),
             "awaiting_input" if replies == 0 => {
                 replies += 1;
-                (format!("/v1/runs/{run_id}/messages"), json!({"text": "Refund A1, please."}))
+                (
+                    format!("/v1/runs/{run_id}/messages"),
+                    json!({"text": "Refund A1, please."}),
+                )
             }
             "awaiting_input" => (format!("/v1/runs/{run_id}/close"), json!({})),
-            "paused" => (format!("/v1/runs/{run_id}/resume"), json!({"extend": {"max_turns": 5}})),
+            "paused" => (
+                format!("/v1/runs/{run_id}/resume"),
+                json!({"extend": {"max_turns": 5}}),
+            ),
             other => panic!("unknown pull point {other}"),
         };
         let (status, answer) = fleet.post(&path, body);
@@ -510,11 +672,21 @@ pub fn drive(fleet: &Api, run_id: &str, deadline: Instant) -> Value {
 
 /// Every event log is gap- and duplicate-free and replays.
 pub fn check_log(fleet: &Api, run_id: &str) -> Vec<glia_proto::Event> {
-    let events: Vec<glia_proto::Event> = fleet.events(run_id).into_iter().map(|v| serde_json::from_value(v).expect("event parses")).collect();
+    let events: Vec<glia_proto::Event> = fleet
+        .events(run_id)
+        .into_iter()
+        .map(|v| serde_json::from_value(v).expect("event parses"))
+        .collect();
     for (i, e) in events.iter().enumerate() {
-        assert_eq!(e.seq, i as u64 + 1, "run {run_id}: seq {} at position {i}", e.seq);
+        assert_eq!(
+            e.seq,
+            i as u64 + 1,
+            "run {run_id}: seq {} at position {i}",
+            e.seq
+        );
     }
-    glia_proto::RunState::replay(events[0].run_id, &events).unwrap_or_else(|e| panic!("run {run_id} does not replay: {e}"));
+    glia_proto::RunState::replay(events[0].run_id, &events)
+        .unwrap_or_else(|e| panic!("run {run_id} does not replay: {e}"));
     events
 }
 
@@ -540,7 +712,11 @@ pub fn batch(fleet: &Api, n: usize, deadline: Instant) -> Vec<(String, String, V
 
 /// Drive `runs` (`(kind, run_id)`) to the end from a few client threads;
 /// returns `(kind, run_id, final run)`.
-pub fn drive_all(fleet: &Api, runs: &[(String, String)], deadline: Instant) -> Vec<(String, String, Value)> {
+pub fn drive_all(
+    fleet: &Api,
+    runs: &[(String, String)],
+    deadline: Instant,
+) -> Vec<(String, String, Value)> {
     let results = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for chunk in runs.chunks(runs.len().div_ceil(8).max(1)) {
@@ -548,7 +724,10 @@ pub fn drive_all(fleet: &Api, runs: &[(String, String)], deadline: Instant) -> V
             s.spawn(move || {
                 for (kind, run_id) in chunk {
                     let run = drive(fleet, run_id, deadline);
-                    results.lock().unwrap().push((kind.clone(), run_id.clone(), run));
+                    results
+                        .lock()
+                        .unwrap()
+                        .push((kind.clone(), run_id.clone(), run));
                 }
             });
         }
@@ -570,27 +749,57 @@ pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<
     }
     for (key, n) in &refunds {
         assert_eq!(*n, 1, "{key} executed {n} times");
-        assert!(!key.starts_with("replay "), "{key}: the refund was delivered a second time (no run here asks to re-run an interrupted call)");
+        assert!(
+            !key.starts_with("replay "),
+            "{key}: the refund was delivered a second time (no run here asks to re-run an interrupted call)"
+        );
     }
     for (kind, run_id, run) in results {
-        assert_eq!(run["outcome"]["kind"], "succeeded", "{kind} run {run_id}: {run}");
+        assert_eq!(
+            run["outcome"]["kind"], "succeeded",
+            "{kind} run {run_id}: {run}"
+        );
         let events = check_log(fleet, run_id);
-        let unknown = events.iter().filter(|e| matches!(e.kind, EventKind::ToolError { error: ToolErrorKind::OutcomeUnknown, .. })).count();
+        let unknown = events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.kind,
+                    EventKind::ToolError {
+                        error: ToolErrorKind::OutcomeUnknown,
+                        ..
+                    }
+                )
+            })
+            .count();
         let recorded: Vec<String> = events
             .iter()
             .filter_map(|e| match &e.kind {
-                EventKind::ToolResult { content, .. } => serde_json::from_str::<Value>(&content.to_text()).ok(),
+                EventKind::ToolResult { content, .. } => {
+                    serde_json::from_str::<Value>(&content.to_text()).ok()
+                }
                 _ => None,
             })
             .filter(|v| v["refunded"] == true)
             .map(|v| v["idempotency_key"].as_str().unwrap_or_default().to_owned())
             .collect();
         for key in &recorded {
-            assert!(refunds.contains_key(&format!("refund {key}")), "run {run_id}: a result is recorded for refund {key}, which never ran");
+            assert!(
+                refunds.contains_key(&format!("refund {key}")),
+                "run {run_id}: a result is recorded for refund {key}, which never ran"
+            );
         }
-        let executed = refunds.keys().filter(|k| k.contains(run_id.as_str())).count();
+        let executed = refunds
+            .keys()
+            .filter(|k| k.contains(run_id.as_str()))
+            .count();
         if kind == "approval" {
-            assert_eq!(recorded.len() + unknown, 1, "run {run_id}: the refund has {} results and {unknown} outcome-unknown errors", recorded.len());
+            assert_eq!(
+                recorded.len() + unknown,
+                1,
+                "run {run_id}: the refund has {} results and {unknown} outcome-unknown errors",
+                recorded.len()
+            );
             assert!(executed <= 1, "run {run_id}: {executed} refunds ran");
         } else {
             assert_eq!(executed, 0, "{kind} run {run_id} ran a refund");
@@ -604,21 +813,41 @@ pub fn check_batch(fleet: &Api, results: &[(String, String, Value)]) -> HashMap<
 
 /// The recording's trajectories file.
 pub fn trajectories() -> String {
-    recording_dir().join("gpt-4o-airline.json").to_str().unwrap().to_owned()
+    recording_dir()
+        .join("gpt-4o-airline.json")
+        .to_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// `glia batch --json ARGS…` on the vendored recording, output piped.
 pub fn glia_batch(args: &[&str]) -> Command {
     let mut cmd = Command::new(crate::bin::glia_bin());
-    cmd.arg("batch").arg(trajectories()).arg("--json").args(args).env("RUST_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.arg("batch")
+        .arg(trajectories())
+        .arg("--json")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     cmd
 }
 
 /// The JSON summary `glia batch --json` printed (panics with stderr when it failed).
 pub fn summary(out: std::process::Output) -> Value {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "glia batch failed: {}\n{stderr}", out.status);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("summary is not JSON ({e}): {}\n{stderr}", String::from_utf8_lossy(&out.stdout)))
+    assert!(
+        out.status.success(),
+        "glia batch failed: {}\n{stderr}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "summary is not JSON ({e}): {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 /// The totals of the recording: every conversation, model turn, tool call,

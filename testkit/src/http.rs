@@ -22,7 +22,9 @@ use serde_json::Value;
 /// The bytes of `providers/tests/fixtures/{path}` (panics naming the file
 /// when it cannot be read).
 pub fn fixture(path: &str) -> Vec<u8> {
-    let p = crate::workspace_root().join("providers/tests/fixtures").join(path);
+    let p = crate::workspace_root()
+        .join("providers/tests/fixtures")
+        .join(path);
     std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()))
 }
 
@@ -63,7 +65,12 @@ impl Reply {
 
     /// A JSON body with `status`, in one chunk.
     pub fn json(status: u16, body: Vec<u8>) -> Self {
-        Reply { status, headers: vec![("content-type".into(), "application/json".into())], chunks: vec![body], delay: Duration::ZERO }
+        Reply {
+            status,
+            headers: vec![("content-type".into(), "application/json".into())],
+            chunks: vec![body],
+            delay: Duration::ZERO,
+        }
     }
 
     /// Add a header.
@@ -75,7 +82,10 @@ impl Reply {
     /// HTTP 500 with an OpenAI-style error body: what the server answers
     /// once its replies are used up.
     pub fn exhausted() -> Self {
-        Reply::json(500, br#"{"error":{"message":"no more replies","type":"server_error"}}"#.to_vec())
+        Reply::json(
+            500,
+            br#"{"error":{"message":"no more replies","type":"server_error"}}"#.to_vec(),
+        )
     }
 }
 
@@ -95,7 +105,10 @@ pub struct Seen {
 impl Seen {
     /// The value of header `name` (lowercase).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -133,11 +146,22 @@ impl Drop for Server {
 
 async fn handle(State(st): State<Shared>, req: Request) -> Response {
     let path = req.uri().path().to_owned();
-    let headers = req.headers().iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned())).collect();
-    let bytes = axum::body::to_bytes(req.into_body(), usize::MAX).await.unwrap_or_default();
+    let headers = req
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    let bytes = axum::body::to_bytes(req.into_body(), usize::MAX)
+        .await
+        .unwrap_or_default();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let at_ms = st.clock.as_ref().map_or(0, |c| c());
-    let seen = Seen { path, headers, body, at_ms };
+    let seen = Seen {
+        path,
+        headers,
+        body,
+        at_ms,
+    };
     let n = {
         let mut all = st.seen.lock().unwrap();
         all.push(seen.clone());
@@ -158,9 +182,21 @@ async fn handle(State(st): State<Shared>, req: Request) -> Response {
     builder.body(Body::from_stream(stream)).unwrap()
 }
 
-async fn bind(handler: Handler, clock: Option<Stamp>) -> (String, Arc<Mutex<Vec<Seen>>>, axum::Router, tokio::net::TcpListener) {
+async fn bind(
+    handler: Handler,
+    clock: Option<Stamp>,
+) -> (
+    String,
+    Arc<Mutex<Vec<Seen>>>,
+    axum::Router,
+    tokio::net::TcpListener,
+) {
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let shared = Shared { handler, seen: seen.clone(), clock };
+    let shared = Shared {
+        handler,
+        seen: seen.clone(),
+        clock,
+    };
     let app = axum::Router::new().fallback(handle).with_state(shared);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -170,18 +206,30 @@ async fn bind(handler: Handler, clock: Option<Stamp>) -> (String, Arc<Mutex<Vec<
 impl Server {
     /// Serve on the current tokio runtime with `handler(n, request)` (n
     /// counts requests from 0), stamping requests with `clock`.
-    pub async fn start(handler: impl Fn(usize, &Seen) -> Reply + Send + Sync + 'static, clock: Option<Stamp>) -> Server {
+    pub async fn start(
+        handler: impl Fn(usize, &Seen) -> Reply + Send + Sync + 'static,
+        clock: Option<Stamp>,
+    ) -> Server {
         let (base, seen, app, listener) = bind(Arc::new(handler), clock).await;
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
-        Server { base, seen, task: Some(task), stop: None }
+        Server {
+            base,
+            seen,
+            task: Some(task),
+            stop: None,
+        }
     }
 
     /// Serve `replies` in order on the current runtime; after the last,
     /// [`Reply::exhausted`].
     pub async fn replay(replies: Vec<Reply>) -> Server {
-        Server::start(move |n, _| replies.get(n).cloned().unwrap_or_else(Reply::exhausted), None).await
+        Server::start(
+            move |n, _| replies.get(n).cloned().unwrap_or_else(Reply::exhausted),
+            None,
+        )
+        .await
     }
 
     /// Serve `replies` in order (then [`Reply::exhausted`]) from a thread
@@ -190,16 +238,28 @@ impl Server {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
             rt.block_on(async move {
-                let handler: Handler = Arc::new(move |n, _: &Seen| replies.get(n).cloned().unwrap_or_else(Reply::exhausted));
+                let handler: Handler = Arc::new(move |n, _: &Seen| {
+                    replies.get(n).cloned().unwrap_or_else(Reply::exhausted)
+                });
                 let (base, seen, app, listener) = bind(handler, None).await;
                 ready_tx.send((base, seen)).unwrap();
-                let _ = axum::serve(listener, app).with_graceful_shutdown(async move { drop(stopped.await) }).await;
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { drop(stopped.await) })
+                    .await;
             });
         });
         let (base, seen) = ready_rx.recv().expect("the server starts");
-        Server { base, seen, task: None, stop: Some(stop) }
+        Server {
+            base,
+            seen,
+            task: None,
+            stop: Some(stop),
+        }
     }
 
     /// [`Server::background`] answering with these event-stream fixtures

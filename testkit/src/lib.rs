@@ -39,12 +39,17 @@ pub mod isolation {
     pub use glia_backends::testkit::*;
 }
 
-pub use glia_backends::testkit::{PrivateRabbit, PrivateRedis, RedisKeys, TempDir, TestDb, free_port};
+pub use glia_backends::testkit::{
+    PrivateRabbit, PrivateRedis, RedisKeys, TempDir, TestDb, free_port,
+};
 pub use glia_proto::testing::EventLog;
 pub use postgres::PrivatePostgres;
 
 /// The workspace's root directory (where `Cargo.toml`, `examples/` and
 /// `providers/tests/fixtures/` are).
 pub fn workspace_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("testkit/ has a parent").to_path_buf()
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit/ has a parent")
+        .to_path_buf()
 }

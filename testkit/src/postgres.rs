@@ -38,9 +38,16 @@ impl PrivatePostgres {
         if let Ok(dir) = std::env::var("GLIA_PG_BIN") {
             return Some(PathBuf::from(dir));
         }
-        let mut found: Vec<PathBuf> =
-            std::fs::read_dir("/usr/lib/postgresql").ok()?.filter_map(|e| Some(e.ok()?.path().join("bin"))).filter(|p| p.join("initdb").exists()).collect();
-        found.sort_by_key(|p| p.parent().and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok()).unwrap_or(0));
+        let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| Some(e.ok()?.path().join("bin")))
+            .filter(|p| p.join("initdb").exists())
+            .collect();
+        found.sort_by_key(|p| {
+            p.parent()
+                .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
+                .unwrap_or(0)
+        });
         found.pop()
     }
 
@@ -52,15 +59,36 @@ impl PrivatePostgres {
         let bin = PrivatePostgres::bin_dir()?;
         let dir = std::env::temp_dir().join(format!("glia-pg-{}", Uuid::now_v7().simple()));
         std::fs::create_dir_all(&dir).expect("create the cluster's directory");
-        let as_postgres = Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        let as_postgres = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
         if as_postgres {
-            let ok = Command::new("chown").args(["postgres:postgres"]).arg(&dir).status().is_ok_and(|s| s.success());
+            let ok = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .is_ok_and(|s| s.success());
             assert!(ok, "chown postgres {}", dir.display());
         }
-        let pg = PrivatePostgres { bin, dir, port: crate::free_port(), as_postgres };
-        let out =
-            pg.tool("initdb").args(["-D"]).arg(pg.data()).args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]).output().expect("initdb runs");
-        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+        let pg = PrivatePostgres {
+            bin,
+            dir,
+            port: crate::free_port(),
+            as_postgres,
+        };
+        let out = pg
+            .tool("initdb")
+            .args(["-D"])
+            .arg(pg.data())
+            .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"])
+            .output()
+            .expect("initdb runs");
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let conf = format!(
             "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nmax_connections = 60\nfsync = on\nshared_buffers = 32MB\n",
             pg.port,
@@ -69,7 +97,10 @@ impl PrivatePostgres {
         let path = pg.data().join("postgresql.auto.conf");
         std::fs::write(&path, conf).expect("write the cluster's config");
         if as_postgres {
-            let _ = Command::new("chown").args(["postgres:postgres"]).arg(&path).status();
+            let _ = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(&path)
+                .status();
         }
         pg.start();
         Some(pg)
@@ -123,17 +154,31 @@ impl PrivatePostgres {
             .arg(self.dir.join("server.log"))
             .output()
             .expect("pg_ctl runs");
-        assert!(out.status.success(), "pg_ctl start: {}\n{}", String::from_utf8_lossy(&out.stderr), self.log_tail());
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log_tail()
+        );
         let deadline = Instant::now() + Duration::from_secs(120);
         while !self.accepts() {
-            assert!(Instant::now() < deadline, "private postgres not ready:\n{}", self.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "private postgres not ready:\n{}",
+                self.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
     /// Whether a `SELECT 1` as `postgres` succeeds now.
     pub fn accepts(&self) -> bool {
-        Command::new("psql").args([&self.admin_url(), "-qAtc", "SELECT 1"]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+        Command::new("psql")
+            .args([&self.admin_url(), "-qAtc", "SELECT 1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     /// Stop the cluster (`pg_ctl stop -w -m MODE`).
@@ -142,8 +187,18 @@ impl PrivatePostgres {
             StopMode::Fast => "fast",
             StopMode::Immediate => "immediate",
         };
-        let out = self.tool("pg_ctl").args(["stop", "-w", "-t", "120", "-m", m, "-D"]).arg(self.data()).output().expect("pg_ctl runs");
-        assert!(out.status.success(), "pg_ctl stop -m {m}: {}\n{}", String::from_utf8_lossy(&out.stderr), self.log_tail());
+        let out = self
+            .tool("pg_ctl")
+            .args(["stop", "-w", "-t", "120", "-m", m, "-D"])
+            .arg(self.data())
+            .output()
+            .expect("pg_ctl runs");
+        assert!(
+            out.status.success(),
+            "pg_ctl stop -m {m}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log_tail()
+        );
     }
 
     /// Stop with `mode`, then start again on the same data and port.
@@ -155,7 +210,11 @@ impl PrivatePostgres {
 
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
-        let _ = self.tool("pg_ctl").args(["stop", "-w", "-m", "immediate", "-D"]).arg(self.data()).output();
+        let _ = self
+            .tool("pg_ctl")
+            .args(["stop", "-w", "-m", "immediate", "-D"])
+            .arg(self.data())
+            .output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -44,18 +44,28 @@ impl Proxy {
     /// `upstream` (connected when the client connects; a client whose
     /// upstream does not answer is closed).
     pub fn start(upstream: SocketAddr) -> Proxy {
-        let (mode, _) = watch::channel(Mode { frozen: false, generation: 0 });
+        let (mode, _) = watch::channel(Mode {
+            frozen: false,
+            generation: 0,
+        });
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
         let modes = mode.clone();
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("proxy runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("proxy runtime");
             rt.block_on(async move {
                 let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy binds");
-                ready_tx.send(listener.local_addr().expect("proxy address")).expect("proxy reports its address");
+                ready_tx
+                    .send(listener.local_addr().expect("proxy address"))
+                    .expect("proxy reports its address");
                 let accept = async {
                     loop {
-                        let Ok((client, _)) = listener.accept().await else { continue };
+                        let Ok((client, _)) = listener.accept().await else {
+                            continue;
+                        };
                         tokio::spawn(connection(client, upstream, modes.subscribe()));
                     }
                 };
@@ -66,7 +76,13 @@ impl Proxy {
             });
         });
         let listen = ready_rx.recv().expect("proxy starts");
-        Proxy { listen, upstream, mode, shutdown: Some(shutdown), thread: Some(thread) }
+        Proxy {
+            listen,
+            upstream,
+            mode,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        }
     }
 
     /// Stop forwarding (both directions, every connection, new ones too).
@@ -88,8 +104,10 @@ impl Proxy {
     /// `postgres://u@127.0.0.1:5432/db` → `postgres://u@127.0.0.1:PORT/db`.
     pub fn route(&self, url: &str) -> String {
         let mut u = reqwest::Url::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
-        u.set_host(Some(&self.listen.ip().to_string())).expect("a URL with a host");
-        u.set_port(Some(self.listen.port())).expect("a URL with a port");
+        u.set_host(Some(&self.listen.ip().to_string()))
+            .expect("a URL with a host");
+        u.set_port(Some(self.listen.port()))
+            .expect("a URL with a port");
         u.to_string()
     }
 }
@@ -109,7 +127,9 @@ impl Drop for Proxy {
 /// Wait while the proxy is frozen; `false` when the connection's generation
 /// was cut (or the proxy is gone).
 async fn open(mode: &mut watch::Receiver<Mode>, generation: u64) -> bool {
-    mode.wait_for(|m| !m.frozen || m.generation != generation).await.is_ok_and(|m| m.generation == generation)
+    mode.wait_for(|m| !m.frozen || m.generation != generation)
+        .await
+        .is_ok_and(|m| m.generation == generation)
 }
 
 /// One client connection: connect upstream (once not frozen), then copy
@@ -119,7 +139,11 @@ async fn connection(client: TcpStream, upstream: SocketAddr, mut mode: watch::Re
     if !open(&mut mode, generation).await {
         return;
     }
-    let Ok(Ok(server)) = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(upstream)).await else { return };
+    let Ok(Ok(server)) =
+        tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(upstream)).await
+    else {
+        return;
+    };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (cr, cw) = client.into_split();
@@ -138,7 +162,12 @@ async fn connection(client: TcpStream, upstream: SocketAddr, mut mode: watch::Re
 }
 
 /// Copy `from` to `to`, holding what was read while frozen until thawed.
-async fn pump(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, mut mode: watch::Receiver<Mode>, generation: u64) {
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+    generation: u64,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         if !open(&mut mode, generation).await {
@@ -201,7 +230,11 @@ pub fn upstream_of(url: &str) -> SocketAddr {
         other => panic!("{url}: no default port for {other}"),
     });
     let host = u.host_str().unwrap_or("127.0.0.1");
-    (host, port).to_socket_addrs().ok().and_then(|mut a| a.next()).unwrap_or_else(|| panic!("{url}: does not resolve"))
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("{url}: does not resolve"))
 }
 
 #[cfg(test)]
@@ -233,7 +266,8 @@ mod tests {
     fn forwards_holds_while_frozen_resumes_and_cuts() {
         let proxy = Proxy::start(echo());
         let mut c = std::net::TcpStream::connect(proxy.listen).unwrap();
-        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
         let mut buf = [0u8; 5];
         c.write_all(b"hello").unwrap();
         c.read_exact(&mut buf).unwrap();
@@ -249,7 +283,14 @@ mod tests {
         assert_eq!(&buf, b"late!");
         // Cut: the connection closes.
         proxy.cut();
-        assert_eq!(c.read(&mut buf).unwrap_or(0), 0, "a cut connection is closed");
-        assert_eq!(proxy.route("postgres://postgres@127.0.0.1:5432/db"), format!("postgres://postgres@127.0.0.1:{}/db", proxy.listen.port()));
+        assert_eq!(
+            c.read(&mut buf).unwrap_or(0),
+            0,
+            "a cut connection is closed"
+        );
+        assert_eq!(
+            proxy.route("postgres://postgres@127.0.0.1:5432/db"),
+            format!("postgres://postgres@127.0.0.1:{}/db", proxy.listen.port())
+        );
     }
 }

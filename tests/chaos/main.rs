@@ -85,7 +85,15 @@ const CAP_TOKENS_PER_FAULT: u64 = 500;
 /// output (small, so the cap is approached closely).
 const GLOBEX_MAX_TOKENS: u64 = 300;
 /// The kinds of run, cycled through by the clients.
-const KINDS: [&str; 7] = ["plain", "approval", "external", "chat", "budget", "cancel", "reapprove"];
+const KINDS: [&str; 7] = [
+    "plain",
+    "approval",
+    "external",
+    "chat",
+    "budget",
+    "cancel",
+    "reapprove",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -120,7 +128,10 @@ struct Services {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 impl Services {
@@ -145,9 +156,20 @@ impl Services {
 }
 
 /// One HTTP call as `token` that may fail while the dispatcher is down.
-fn call(token: &str, method: &str, url: &str, body: Option<&Value>, key: Option<&str>) -> Option<(u16, Value)> {
-    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build().ok()?;
-    let mut req = client.request(method.parse().unwrap(), url).bearer_auth(token);
+fn call(
+    token: &str,
+    method: &str,
+    url: &str,
+    body: Option<&Value>,
+    key: Option<&str>,
+) -> Option<(u16, Value)> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .ok()?;
+    let mut req = client
+        .request(method.parse().unwrap(), url)
+        .bearer_auth(token);
     if let Some(b) = body {
         req = req.json(b);
     }
@@ -157,11 +179,21 @@ fn call(token: &str, method: &str, url: &str, body: Option<&Value>, key: Option<
     let resp = req.send().ok()?;
     let status = resp.status().as_u16();
     let text = resp.text().ok()?;
-    Some((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+    Some((
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    ))
 }
 
 /// Retry `call` through outages (connection errors and 5xx) until `deadline`.
-fn call_through(token: &str, method: &str, url: &str, body: Option<&Value>, key: Option<&str>, deadline: Instant) -> Option<(u16, Value)> {
+fn call_through(
+    token: &str,
+    method: &str,
+    url: &str,
+    body: Option<&Value>,
+    key: Option<&str>,
+    deadline: Instant,
+) -> Option<(u16, Value)> {
     loop {
         match call(token, method, url, body, key) {
             Some((s, v)) if s < 500 => return Some((s, v)),
@@ -180,7 +212,14 @@ struct Submitted {
 
 /// Submit a run of `kind` as `tenant` (idempotently, so a retry after an
 /// outage creates it once); `None` past the deadline.
-fn submit(server: &str, tenant: (&str, &str), kind: &str, n: usize, seed: u64, deadline: Instant) -> Option<String> {
+fn submit(
+    server: &str,
+    tenant: (&str, &str),
+    kind: &str,
+    n: usize,
+    seed: u64,
+    deadline: Instant,
+) -> Option<String> {
     let mut config = match kind {
         "cancel" => mixed_config("external"),
         "reapprove" => mixed_config("approval"),
@@ -194,24 +233,52 @@ fn submit(server: &str, tenant: (&str, &str), kind: &str, n: usize, seed: u64, d
     }
     let body = json!({"goal": format!("{kind} #{n}"), "config": config});
     let key = format!("chaos-{seed}-{n}");
-    let (status, run) = call_through(tenant.0, "POST", &format!("{server}/v1/runs"), Some(&body), Some(&key), deadline)?;
-    assert!(status == 201 || status == 200, "submit {kind}: {status} {run}");
+    let (status, run) = call_through(
+        tenant.0,
+        "POST",
+        &format!("{server}/v1/runs"),
+        Some(&body),
+        Some(&key),
+        deadline,
+    )?;
+    assert!(
+        status == 201 || status == 200,
+        "submit {kind}: {status} {run}"
+    );
     Some(run["run_id"].as_str()?.to_owned())
 }
 
 /// Whether the approval pending for `call_id` is an interrupted call's
 /// re-approval (`approval.requested` with `interrupted: true`).
-fn interrupted(server: &str, token: &str, run_id: &str, call_id: &str, deadline: Instant) -> Option<bool> {
-    let (_, body) = call_through(token, "GET", &format!("{server}/v1/runs/{run_id}/events?after=0&limit=1000"), None, None, deadline)?;
+fn interrupted(
+    server: &str,
+    token: &str,
+    run_id: &str,
+    call_id: &str,
+    deadline: Instant,
+) -> Option<bool> {
+    let (_, body) = call_through(
+        token,
+        "GET",
+        &format!("{server}/v1/runs/{run_id}/events?after=0&limit=1000"),
+        None,
+        None,
+        deadline,
+    )?;
     let events = body["events"].as_array().or(body.as_array())?.clone();
-    let last = events.iter().rev().find(|e| e["type"] == "approval.requested" && e["data"]["call_id"] == call_id)?;
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "approval.requested" && e["data"]["call_id"] == call_id)?;
     Some(last["data"]["interrupted"] == true)
 }
 
 /// Whether `run` (as the API shows it) is parked paused at its tenant's
 /// daily cap.
 fn at_tenant_cap(run: &Value) -> bool {
-    run["status"] == "parked" && run["pull_point"]["kind"] == "paused" && run["pull_point"].to_string().contains("tenant_daily")
+    run["status"] == "parked"
+        && run["pull_point"]["kind"] == "paused"
+        && run["pull_point"].to_string().contains("tenant_daily")
 }
 
 /// Drive a run to its end through outages as `token`; returns the final run
@@ -221,11 +288,25 @@ fn at_tenant_cap(run: &Value) -> bool {
 /// re-approval is decided the way an operator would: the refund's ledger
 /// (`effects`) is checked, and the call approved to run again only when its
 /// effect is not there, rejected (outcome unknown to the model) when it is.
-fn drive(server: &str, token: &str, kind: &str, run_id: &str, effects: &std::path::Path, deadline: Instant) -> Option<Value> {
+fn drive(
+    server: &str,
+    token: &str,
+    kind: &str,
+    run_id: &str,
+    effects: &std::path::Path,
+    deadline: Instant,
+) -> Option<Value> {
     let mut replies = 0;
     let mut posted: HashMap<String, Instant> = HashMap::new();
     loop {
-        let (status, run) = call_through(token, "GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline)?;
+        let (status, run) = call_through(
+            token,
+            "GET",
+            &format!("{server}/v1/runs/{run_id}"),
+            None,
+            None,
+            deadline,
+        )?;
         assert_eq!(status, 200, "{run}");
         if run["status"] == "done" || at_tenant_cap(&run) {
             return Some(run);
@@ -235,25 +316,55 @@ fn drive(server: &str, token: &str, kind: &str, run_id: &str, effects: &std::pat
         }
         let pp = &run["pull_point"];
         let key = format!("{}:{}", run["head_seq"], pp);
-        if run["status"] != "parked" || posted.get(&key).is_some_and(|t| t.elapsed() < Duration::from_secs(3)) {
+        if run["status"] != "parked"
+            || posted
+                .get(&key)
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(3))
+        {
             std::thread::sleep(Duration::from_millis(50));
             continue;
         }
         let (path, body) = match (pp["kind"].as_str().unwrap_or(""), kind) {
-            ("awaiting_tool", "cancel") => (format!("/v1/runs/{run_id}/cancel"), json!({"reason": "chaos cancel"})),
+            ("awaiting_tool", "cancel") => (
+                format!("/v1/runs/{run_id}/cancel"),
+                json!({"reason": "chaos cancel"}),
+            ),
             ("awaiting_approval", _) => {
                 let call_id = pp["call_ids"][0].as_str().unwrap();
-                let took_effect = std::fs::read_to_string(effects).unwrap_or_default().lines().any(|l| l.contains(run_id) && l.contains(call_id));
-                let decision = if interrupted(server, token, run_id, call_id, deadline)? && took_effect { "reject" } else { "approve" };
-                (format!("/v1/runs/{run_id}/approvals/{call_id}"), json!({"decision": decision}))
+                let took_effect = std::fs::read_to_string(effects)
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.contains(run_id) && l.contains(call_id));
+                let decision =
+                    if interrupted(server, token, run_id, call_id, deadline)? && took_effect {
+                        "reject"
+                    } else {
+                        "approve"
+                    };
+                (
+                    format!("/v1/runs/{run_id}/approvals/{call_id}"),
+                    json!({"decision": decision}),
+                )
             }
-            ("awaiting_tool", _) => (format!("/v1/runs/{run_id}/tool-results/{}", pp["call_ids"][0].as_str().unwrap()), json!({"content": "Order A1."})),
+            ("awaiting_tool", _) => (
+                format!(
+                    "/v1/runs/{run_id}/tool-results/{}",
+                    pp["call_ids"][0].as_str().unwrap()
+                ),
+                json!({"content": "Order A1."}),
+            ),
             ("awaiting_input", _) if replies == 0 => {
                 replies += 1;
-                (format!("/v1/runs/{run_id}/messages"), json!({"text": "Refund A1, please."}))
+                (
+                    format!("/v1/runs/{run_id}/messages"),
+                    json!({"text": "Refund A1, please."}),
+                )
             }
             ("awaiting_input", _) => (format!("/v1/runs/{run_id}/close"), json!({})),
-            ("paused", _) => (format!("/v1/runs/{run_id}/resume"), json!({"extend": {"max_turns": 5}})),
+            ("paused", _) => (
+                format!("/v1/runs/{run_id}/resume"),
+                json!({"extend": {"max_turns": 5}}),
+            ),
             (other, _) => panic!("run {run_id}: unknown pull point {other}"),
         };
         // A post that failed on the way (a connection error or a 5xx in an
@@ -266,7 +377,14 @@ fn drive(server: &str, token: &str, kind: &str, run_id: &str, effects: &std::pat
                 _ if Instant::now() > deadline => return None,
                 _ => std::thread::sleep(Duration::from_millis(100)),
             }
-            let (_, now) = call_through(token, "GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline)?;
+            let (_, now) = call_through(
+                token,
+                "GET",
+                &format!("{server}/v1/runs/{run_id}"),
+                None,
+                None,
+                deadline,
+            )?;
             if now["head_seq"] != run["head_seq"] || now["status"] != "parked" {
                 break None;
             }
@@ -279,8 +397,21 @@ fn drive(server: &str, token: &str, kind: &str, run_id: &str, effects: &std::pat
         // and been applied since: the run moved on and the call it answered
         // is no longer pending (404). Only a run still parked where it was
         // makes a 404 a failure.
-        let moved_on = || call_through(token, "GET", &format!("{server}/v1/runs/{run_id}"), None, None, deadline).is_some_and(|(_, now)| now["head_seq"] != run["head_seq"]);
-        assert!(status < 300 || status == 409 || (status == 404 && moved_on()), "{path}: {status} {answer}");
+        let moved_on = || {
+            call_through(
+                token,
+                "GET",
+                &format!("{server}/v1/runs/{run_id}"),
+                None,
+                None,
+                deadline,
+            )
+            .is_some_and(|(_, now)| now["head_seq"] != run["head_seq"])
+        };
+        assert!(
+            status < 300 || status == 409 || (status == 404 && moved_on()),
+            "{path}: {status} {answer}"
+        );
         posted.insert(key, Instant::now());
     }
 }
@@ -296,17 +427,27 @@ fn budget_overruns(run_id: &str, events: &[Event]) -> Vec<String> {
         if let (EventKind::ModelCall { .. }, Some(max)) = (&e.kind, state.limits.max_turns)
             && state.usage.turns >= max
         {
-            out.push(format!("{run_id}: model call at seq {} with {} of {max} turns used", e.seq, state.usage.turns));
+            out.push(format!(
+                "{run_id}: model call at seq {} with {} of {max} turns used",
+                e.seq, state.usage.turns
+            ));
         }
-        state.apply(e).unwrap_or_else(|err| panic!("run {run_id} seq {}: {err}", e.seq));
+        state
+            .apply(e)
+            .unwrap_or_else(|err| panic!("run {run_id} seq {}: {err}", e.seq));
     }
     out
 }
 
 /// `psql -qAtc SQL` on `url`; `None` while the database is down.
 fn sql(url: &str, query: &str) -> Option<String> {
-    let out = Command::new("psql").args([url, "-qAtc", query]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    let out = Command::new("psql")
+        .args([url, "-qAtc", query])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// Lease owners of runs executing a refund now: the run's newest event is
@@ -314,7 +455,9 @@ fn sql(url: &str, query: &str) -> Option<String> {
 fn refunding_workers(db_url: &str) -> Vec<String> {
     let q = "SELECT r.lease_owner FROM runs r WHERE r.status <> 'done' AND r.lease_owner IS NOT NULL \
              AND (SELECT e.kind FROM events e WHERE e.run_id = r.id ORDER BY e.seq DESC LIMIT 1) = 'approval.resolved'";
-    sql(db_url, q).map(|s| s.lines().map(str::to_owned).collect()).unwrap_or_default()
+    sql(db_url, q)
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 /// Runs executing a refund now under a live lease, as `(run id, call id)`:
@@ -331,7 +474,10 @@ fn refunding_calls(db_url: &str, since: chrono::DateTime<chrono::Utc>) -> Vec<(S
         since.to_rfc3339()
     );
     let rows = sql(db_url, &q).unwrap_or_default();
-    rows.lines().filter_map(|l| l.split_once('|')).map(|(r, c)| (r.to_owned(), c.to_owned())).collect()
+    rows.lines()
+        .filter_map(|l| l.split_once('|'))
+        .map(|(r, c)| (r.to_owned(), c.to_owned()))
+        .collect()
 }
 
 /// Whether `call_id` of `run_id` has an outcome in the log (a result or an
@@ -349,7 +495,6 @@ fn slot(owner: &str) -> Option<usize> {
     owner.strip_prefix('w')?.split('-').next()?.parse().ok()
 }
 
-
 /// Every run now: id → `(head seq, lease owner while the lease is live)`.
 fn heads(db_url: &str) -> HashMap<String, (String, Option<String>)> {
     let q = "SELECT id, head_seq, CASE WHEN lease_expires_at > now() THEN lease_owner ELSE '' END FROM runs";
@@ -358,7 +503,13 @@ fn heads(db_url: &str) -> HashMap<String, (String, Option<String>)> {
         .filter_map(|l| {
             let mut f = l.splitn(3, '|');
             let (id, head, owner) = (f.next()?, f.next()?, f.next()?);
-            Some((id.to_owned(), (head.to_owned(), Some(owner.to_owned()).filter(|o| !o.is_empty()))))
+            Some((
+                id.to_owned(),
+                (
+                    head.to_owned(),
+                    Some(owner.to_owned()).filter(|o| !o.is_empty()),
+                ),
+            ))
         })
         .collect()
 }
@@ -367,7 +518,10 @@ fn heads(db_url: &str) -> HashMap<String, (String, Option<String>)> {
 fn lines_since(path: &std::path::Path, from: u64, needles: &[&str]) -> usize {
     let text = std::fs::read(path).unwrap_or_default();
     let from = (from as usize).min(text.len());
-    String::from_utf8_lossy(&text[from..]).lines().filter(|l| needles.iter().all(|n| l.contains(n))).count()
+    String::from_utf8_lossy(&text[from..])
+        .lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .count()
 }
 
 /// Figures of a round.
@@ -440,7 +594,9 @@ struct Figures {
 fn percentile(v: &[u64], p: f64) -> u64 {
     let mut s = v.to_vec();
     s.sort_unstable();
-    s.get(((s.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0)
+    s.get(((s.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or(0)
 }
 
 /// How far one tenant's spend in the log may pass its daily cap. The gate
@@ -458,9 +614,15 @@ fn tenant_cap_allowance(flushes: usize, clients: usize, max_call: u64) -> u64 {
 
 impl Figures {
     fn print(&self) {
-        eprintln!("==== chaos round, seed {} (replay: GLIA_CHAOS_SEED={}) ====", self.seed, self.seed);
+        eprintln!(
+            "==== chaos round, seed {} (replay: GLIA_CHAOS_SEED={}) ====",
+            self.seed, self.seed
+        );
         eprintln!("faults: {:?}", self.faults);
-        eprintln!("worker kills: {}, landed mid-refund: {}", self.worker_kills, self.mid_call_kills);
+        eprintln!(
+            "worker kills: {}, landed mid-refund: {}",
+            self.worker_kills, self.mid_call_kills
+        );
         eprintln!(
             "partitions: runs the partitioned worker held: {}, taken over by another worker before the heal: {}, its commits refused by the fence (lease lost) after the heal: {}",
             self.partition_held, self.partition_taken_over, self.partition_refused
@@ -474,8 +636,17 @@ impl Figures {
             self.pg_finished_reapprovals,
             self.pg_finished_abandoned.len()
         );
-        eprintln!("runs: {} {:?}, events: {}", self.runs, self.tenant_runs, self.steps);
-        eprintln!("lost: {}, stuck: {}, failed: {}, duplicate/missing seqs: {}", self.lost.len(), self.stuck.len(), self.failed.len(), self.seq_errors.len());
+        eprintln!(
+            "runs: {} {:?}, events: {}",
+            self.runs, self.tenant_runs, self.steps
+        );
+        eprintln!(
+            "lost: {}, stuck: {}, failed: {}, duplicate/missing seqs: {}",
+            self.lost.len(),
+            self.stuck.len(),
+            self.failed.len(),
+            self.seq_errors.len()
+        );
         eprintln!(
             "refund calls: {}, executions in the ledger: {}, late deliveries answered by the idempotency key: {}, double executions: {}, results without execution: {}, outcome-unknown: {}, re-approvals: {}, interrupted and not surfaced: {}",
             self.refund_calls,
@@ -487,7 +658,10 @@ impl Figures {
             self.reapprovals,
             self.unsurfaced.len()
         );
-        eprintln!("model calls past the run's turn budget: {}", self.budget_overruns.len());
+        eprintln!(
+            "model calls past the run's turn budget: {}",
+            self.budget_overruns.len()
+        );
         eprintln!(
             "tenant cap ({}): {} tokens a day; spent by day (log): {:?}; allowance {} tokens (Redis flushes × {} clients × largest call {} tokens); days over cap + allowance: {}; runs parked at the cap: {}; misparked: {}",
             GLOBEX.1,
@@ -500,26 +674,84 @@ impl Figures {
             self.parked_at_cap,
             self.cap_misparked.len()
         );
-        eprintln!("processes that exited on their own: {} {:?}", self.exits.len(), self.exits);
+        eprintln!(
+            "processes that exited on their own: {} {:?}",
+            self.exits.len(),
+            self.exits
+        );
         for (kind, v) in &self.recovery_ms {
-            eprintln!("recovery {kind}: n={} p50={} ms p90={} ms max={} ms", v.len(), percentile(v, 0.5), percentile(v, 0.9), percentile(v, 1.0));
+            eprintln!(
+                "recovery {kind}: n={} p50={} ms p90={} ms max={} ms",
+                v.len(),
+                percentile(v, 0.5),
+                percentile(v, 0.9),
+                percentile(v, 1.0)
+            );
         }
     }
 
     fn assert_clean(&self) {
         let seed = self.seed;
-        assert!(self.lost.is_empty(), "seed {seed}: runs lost: {:?}", self.lost);
-        assert!(self.stuck.is_empty(), "seed {seed}: runs stuck: {:?}", self.stuck);
-        assert!(self.failed.is_empty(), "seed {seed}: runs failed: {:?}", self.failed);
-        assert!(self.seq_errors.is_empty(), "seed {seed}: logs: {:?}", self.seq_errors);
-        assert!(self.double_executions.is_empty(), "seed {seed}: refunds executed twice: {:?}", self.double_executions);
-        assert!(self.budget_overruns.is_empty(), "seed {seed}: budgets overrun: {:?}", self.budget_overruns);
-        assert!(self.results_without_execution.is_empty(), "seed {seed}: results for refunds that never ran: {:?}", self.results_without_execution);
-        assert!(self.exits.is_empty(), "seed {seed}: processes exited on their own: {:?}", self.exits);
-        assert!(self.pg_finished_abandoned.is_empty(), "seed {seed}: refunds that finished during a Postgres restart re-approved or outcome-unknown: {:?}", self.pg_finished_abandoned);
-        assert!(self.unsurfaced.is_empty(), "seed {seed}: interrupted refunds neither recorded nor outcome-unknown: {:?}", self.unsurfaced);
-        assert!(self.cap_overruns.is_empty(), "seed {seed}: tenant cap passed beyond the allowance: {:?}", self.cap_overruns);
-        assert!(self.cap_misparked.is_empty(), "seed {seed}: runs wrongly parked (or not parked) at a tenant cap: {:?}", self.cap_misparked);
+        assert!(
+            self.lost.is_empty(),
+            "seed {seed}: runs lost: {:?}",
+            self.lost
+        );
+        assert!(
+            self.stuck.is_empty(),
+            "seed {seed}: runs stuck: {:?}",
+            self.stuck
+        );
+        assert!(
+            self.failed.is_empty(),
+            "seed {seed}: runs failed: {:?}",
+            self.failed
+        );
+        assert!(
+            self.seq_errors.is_empty(),
+            "seed {seed}: logs: {:?}",
+            self.seq_errors
+        );
+        assert!(
+            self.double_executions.is_empty(),
+            "seed {seed}: refunds executed twice: {:?}",
+            self.double_executions
+        );
+        assert!(
+            self.budget_overruns.is_empty(),
+            "seed {seed}: budgets overrun: {:?}",
+            self.budget_overruns
+        );
+        assert!(
+            self.results_without_execution.is_empty(),
+            "seed {seed}: results for refunds that never ran: {:?}",
+            self.results_without_execution
+        );
+        assert!(
+            self.exits.is_empty(),
+            "seed {seed}: processes exited on their own: {:?}",
+            self.exits
+        );
+        assert!(
+            self.pg_finished_abandoned.is_empty(),
+            "seed {seed}: refunds that finished during a Postgres restart re-approved or outcome-unknown: {:?}",
+            self.pg_finished_abandoned
+        );
+        assert!(
+            self.unsurfaced.is_empty(),
+            "seed {seed}: interrupted refunds neither recorded nor outcome-unknown: {:?}",
+            self.unsurfaced
+        );
+        assert!(
+            self.cap_overruns.is_empty(),
+            "seed {seed}: tenant cap passed beyond the allowance: {:?}",
+            self.cap_overruns
+        );
+        assert!(
+            self.cap_misparked.is_empty(),
+            "seed {seed}: runs wrongly parked (or not parked) at a tenant cap: {:?}",
+            self.cap_misparked
+        );
         // The cap is a few runs' worth per fault and the capped tenant's
         // clients run far more: a round in which none of its runs met the
         // cap did not check it.
@@ -534,35 +766,66 @@ impl Figures {
 }
 
 /// Wait until a fresh probe run completes; returns how long it took.
-fn probe(server: &str, effects: &std::path::Path, seed: u64, n: usize) -> (Duration, Option<(String, String)>) {
+fn probe(
+    server: &str,
+    effects: &std::path::Path,
+    seed: u64,
+    n: usize,
+) -> (Duration, Option<(String, String)>) {
     let start = Instant::now();
     let deadline = start + Duration::from_secs(180);
-    let Some(id) = submit(server, ACME, "plain", 1_000_000 + n, seed, deadline) else { return (start.elapsed(), None) };
+    let Some(id) = submit(server, ACME, "plain", 1_000_000 + n, seed, deadline) else {
+        return (start.elapsed(), None);
+    };
     drive(server, ACME.0, "plain", &id, effects, deadline);
     (start.elapsed(), Some(("plain".to_owned(), id)))
 }
 
 /// One round: `faults` faults drawn from `seed`.
 fn round(seed: u64, faults: usize) -> Figures {
-    let Some(services) = Services::start() else { return Figures { seed, ..Figures::default() } };
-    let Services { pg, mut rabbit, redis } = services;
+    let Some(services) = Services::start() else {
+        return Figures {
+            seed,
+            ..Figures::default()
+        };
+    };
+    let Services {
+        pg,
+        mut rabbit,
+        redis,
+    } = services;
     let mut fleet = Fleet::on(&pg.admin_url(), &mixed_scripts());
     fleet.amqp_url = rabbit.url();
     fleet.redis_url = redis.url();
-    fleet.extra_env.push(("GLIA_DEMO_TOOL_DELAY_MS".into(), REFUND_MS.to_string()));
+    fleet
+        .extra_env
+        .push(("GLIA_DEMO_TOOL_DELAY_MS".into(), REFUND_MS.to_string()));
     // Two tenants, and the suite's own admin token.
-    fleet.extra_env.push(("GLIA_TOKENS".into(), format!("{}:{}:submit,approve {}:{}:submit,approve {OPS}:ops:admin", ACME.0, ACME.1, GLOBEX.0, GLOBEX.1)));
+    fleet.extra_env.push((
+        "GLIA_TOKENS".into(),
+        format!(
+            "{}:{}:submit,approve {}:{}:submit,approve {OPS}:ops:admin",
+            ACME.0, ACME.1, GLOBEX.0, GLOBEX.1
+        ),
+    ));
     fleet.api.token = Some(OPS.to_owned());
     let cap_tokens = CAP_TOKENS_PER_FAULT * faults.max(1) as u64;
     let caps = fleet.dir.join("tenant-caps.json");
-    std::fs::write(&caps, json!({ GLOBEX.1: {"daily_tokens": cap_tokens} }).to_string()).expect("write the caps file");
+    std::fs::write(
+        &caps,
+        json!({ GLOBEX.1: {"daily_tokens": cap_tokens} }).to_string(),
+    )
+    .expect("write the caps file");
     fleet.worker_args = vec!["--tenant-caps".into(), caps.to_str().unwrap().into()];
     // Every worker reaches the services through a partition of its own.
     let partitions: Vec<Partition> = (0..3)
         .map(|w| {
-            let (partition, urls) = Partition::new(&[&fleet.db_url, &fleet.amqp_url, &fleet.redis_url]);
+            let (partition, urls) =
+                Partition::new(&[&fleet.db_url, &fleet.amqp_url, &fleet.redis_url]);
             let names = ["GLIA_DATABASE_URL", "GLIA_AMQP_URL", "GLIA_REDIS_URL"];
-            fleet.worker_env.insert(w, names.iter().map(|n| n.to_string()).zip(urls).collect());
+            fleet
+                .worker_env
+                .insert(w, names.iter().map(|n| n.to_string()).zip(urls).collect());
             partition
         })
         .collect();
@@ -575,7 +838,11 @@ fn round(seed: u64, faults: usize) -> Figures {
     let effects = fleet.effects_file();
     let effects = effects.as_path();
     let mut rng = fastrand::Rng::with_seed(seed);
-    let mut figures = Figures { seed, cap_tokens, ..Figures::default() };
+    let mut figures = Figures {
+        seed,
+        cap_tokens,
+        ..Figures::default()
+    };
 
     let stop = AtomicBool::new(false);
     let counter = AtomicUsize::new(0);
@@ -587,14 +854,21 @@ fn round(seed: u64, faults: usize) -> Figures {
     std::thread::scope(|s| {
         for client in 0..CLIENTS {
             let tenant = if client < CLIENTS / 2 { ACME } else { GLOBEX };
-            let (stop, counter, submitted, capped, finals, server) = (&stop, &counter, &submitted, &capped, &finals, &server);
+            let (stop, counter, submitted, capped, finals, server) =
+                (&stop, &counter, &submitted, &capped, &finals, &server);
             s.spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
                     let n = counter.fetch_add(1, Ordering::SeqCst);
                     let kind = KINDS[n % KINDS.len()];
                     let deadline = Instant::now() + Duration::from_secs(600);
-                    let Some(id) = submit(server, tenant, kind, n, seed, deadline) else { continue };
-                    submitted.lock().unwrap().runs.push((kind.to_owned(), id.clone()));
+                    let Some(id) = submit(server, tenant, kind, n, seed, deadline) else {
+                        continue;
+                    };
+                    submitted
+                        .lock()
+                        .unwrap()
+                        .runs
+                        .push((kind.to_owned(), id.clone()));
                     if tenant == GLOBEX {
                         capped.lock().unwrap().insert(id.clone());
                     }
@@ -630,7 +904,11 @@ fn round(seed: u64, faults: usize) -> Figures {
                     // Aim: wait up to 3 s for a worker executing a refund.
                     let aim_until = Instant::now() + Duration::from_secs(3);
                     let target = loop {
-                        if let Some(w) = refunding_workers(&db_url).iter().filter_map(|o| slot(o)).find(|w| *w < 3) {
+                        if let Some(w) = refunding_workers(&db_url)
+                            .iter()
+                            .filter_map(|o| slot(o))
+                            .find(|w| *w < 3)
+                        {
                             break Some(w);
                         }
                         if Instant::now() > aim_until {
@@ -640,7 +918,9 @@ fn round(seed: u64, faults: usize) -> Figures {
                     };
                     let w = target.unwrap_or_else(|| rng.usize(..3));
                     // Landed mid-call when, right at the kill, that worker still holds a refunding run.
-                    let mid = refunding_workers(&db_url).iter().any(|o| slot(o) == Some(w));
+                    let mid = refunding_workers(&db_url)
+                        .iter()
+                        .any(|o| slot(o) == Some(w));
                     f.kill_worker(w);
                     figures.worker_kills += 1;
                     figures.mid_call_kills += usize::from(mid);
@@ -664,11 +944,16 @@ fn round(seed: u64, faults: usize) -> Figures {
                     let after = heads(&db_url);
                     // Taken over: another worker holds it now, or its log
                     // moved on while its worker was cut off.
-                    let held = before.iter().filter(|(_, (_, o))| o.as_deref().and_then(slot) == Some(w));
-                    let (held, taken): (usize, usize) = held.fold((0, 0), |(n, t), (id, (head, _))| {
-                        let moved = after.get(id).is_some_and(|(h, o)| h != head || o.as_deref().is_some_and(|o| slot(o) != Some(w)));
-                        (n + 1, t + usize::from(moved))
-                    });
+                    let held = before
+                        .iter()
+                        .filter(|(_, (_, o))| o.as_deref().and_then(slot) == Some(w));
+                    let (held, taken): (usize, usize) =
+                        held.fold((0, 0), |(n, t), (id, (head, _))| {
+                            let moved = after.get(id).is_some_and(|(h, o)| {
+                                h != head || o.as_deref().is_some_and(|o| slot(o) != Some(w))
+                            });
+                            (n + 1, t + usize::from(moved))
+                        });
                     figures.partition_held += held;
                     figures.partition_taken_over += taken;
                     let log = f.log_file(&format!("w{w}"));
@@ -695,7 +980,11 @@ fn round(seed: u64, faults: usize) -> Figures {
                         }
                         std::thread::sleep(Duration::from_millis(30));
                     };
-                    pg.stop(if fault == Fault::PostgresFast { StopMode::Fast } else { StopMode::Immediate });
+                    pg.stop(if fault == Fault::PostgresFast {
+                        StopMode::Fast
+                    } else {
+                        StopMode::Immediate
+                    });
                     std::thread::sleep(Duration::from_millis(rng.u64(500..2_500)));
                     pg.start();
                     figures.pg_restarts += 1;
@@ -703,39 +992,60 @@ fn round(seed: u64, faults: usize) -> Figures {
                     pg_in_flight = in_flight;
                 }
                 Fault::RedisFlush => {
-                    let ok = Command::new("redis-cli").args(["-p", &redis.port().to_string(), "FLUSHALL"]).output().is_ok_and(|o| o.status.success());
+                    let ok = Command::new("redis-cli")
+                        .args(["-p", &redis.port().to_string(), "FLUSHALL"])
+                        .output()
+                        .is_ok_and(|o| o.status.success());
                     assert!(ok, "redis-cli FLUSHALL");
                 }
             }
             drop(f);
             let (took, run) = probe(&server, effects, seed, i);
             eprintln!("seed {seed}: fault {i} {fault:?}: recovered in {took:?}");
-            figures.recovery_ms.entry(format!("{fault:?}")).or_default().push(took.as_millis() as u64);
+            figures
+                .recovery_ms
+                .entry(format!("{fault:?}"))
+                .or_default()
+                .push(took.as_millis() as u64);
             probes.lock().unwrap().extend(run);
             // Wait until each refund in flight at a Postgres stop has an
             // outcome in the log (or a person is asked again), so that what
             // happens to it is this fault's doing, not a later one's.
             let settle_until = Instant::now() + Duration::from_secs(120);
-            while pg_in_flight.iter().any(|(r, c)| !call_settled(&db_url, r, c)) && Instant::now() < settle_until {
+            while pg_in_flight
+                .iter()
+                .any(|(r, c)| !call_settled(&db_url, r, c))
+                && Instant::now() < settle_until
+            {
                 std::thread::sleep(Duration::from_millis(100));
             }
             figures.pg_in_flight.extend(pg_in_flight);
             previous_fault_over = chrono::Utc::now();
             let mut f = fleet.lock().unwrap();
             if let Some((w, from)) = healed {
-                figures.partition_refused += lines_since(&f.log_file(&format!("w{w}")), from, &["abandoning the run's current work", "lease lost"]);
+                figures.partition_refused += lines_since(
+                    &f.log_file(&format!("w{w}")),
+                    from,
+                    &["abandoning the run's current work", "lease lost"],
+                );
             }
             // A process the schedule did not kill must still be running (a
             // worker that gives up on an outage is a finding); it is
             // replaced so the round goes on.
             for w in 0..f.workers.len() {
                 if let Ok(Some(status)) = f.workers[w].try_wait() {
-                    figures.exits.push(format!("after fault {i} ({fault:?}): worker w{w} exited ({status}); log: {}", f.log_tails(20)));
+                    figures.exits.push(format!(
+                        "after fault {i} ({fault:?}): worker w{w} exited ({status}); log: {}",
+                        f.log_tails(20)
+                    ));
                     f.replace_worker(w, LEASE_MS);
                 }
             }
             if let Some(Ok(Some(status))) = f.dispatcher.as_mut().map(|d| d.try_wait()) {
-                figures.exits.push(format!("after fault {i} ({fault:?}): the dispatcher exited ({status}); log: {}", f.log_tails(20)));
+                figures.exits.push(format!(
+                    "after fault {i} ({fault:?}): the dispatcher exited ({status}); log: {}",
+                    f.log_tails(20)
+                ));
                 f.dispatcher = None;
                 f.start_dispatcher();
             }
@@ -745,7 +1055,11 @@ fn round(seed: u64, faults: usize) -> Figures {
     });
 
     // Checks, against the database of runs, the logs and the refund ledger.
-    let fleet = Arc::try_unwrap(fleet).ok().expect("no client holds the fleet").into_inner().unwrap();
+    let fleet = Arc::try_unwrap(fleet)
+        .ok()
+        .expect("no client holds the fleet")
+        .into_inner()
+        .unwrap();
     let mut all = submitted.into_inner().unwrap().runs;
     let capped = capped.into_inner().unwrap();
     let probes = probes.into_inner().unwrap();
@@ -758,7 +1072,11 @@ fn round(seed: u64, faults: usize) -> Figures {
         }
     }
     all.extend(probes);
-    let in_db: Vec<String> = sql(&db_url, "SELECT id FROM runs").unwrap_or_default().lines().map(str::to_owned).collect();
+    let in_db: Vec<String> = sql(&db_url, "SELECT id FROM runs")
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect();
     figures.runs = all.len();
     // The ledger: `refund KEY` when the tool applied a refund, `replay KEY`
     // when a later delivery of an applied key was answered from the first.
@@ -773,19 +1091,27 @@ fn round(seed: u64, faults: usize) -> Figures {
     }
     figures.executions = ledger.values().sum();
     figures.replays = replays.values().sum();
-    figures.double_executions = ledger.iter().filter(|(_, n)| **n > 1).map(|(k, n)| format!("{k} ×{n}")).collect();
+    figures.double_executions = ledger
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(k, n)| format!("{k} ×{n}"))
+        .collect();
     for (kind, id) in &all {
-        let tenant = if capped.contains(id) { GLOBEX.1 } else { ACME.1 };
+        let tenant = if capped.contains(id) {
+            GLOBEX.1
+        } else {
+            ACME.1
+        };
         *figures.tenant_runs.entry(tenant).or_default() += 1;
         if !in_db.contains(id) {
             figures.lost.push(id.clone());
             continue;
         }
-        let final_run = finals
-            .get(id)
-            .cloned()
-            .flatten()
-            .or_else(|| call(OPS, "GET", &format!("{server}/v1/runs/{id}"), None, None).map(|(_, v)| v).filter(|v| v["status"] == "done"));
+        let final_run = finals.get(id).cloned().flatten().or_else(|| {
+            call(OPS, "GET", &format!("{server}/v1/runs/{id}"), None, None)
+                .map(|(_, v)| v)
+                .filter(|v| v["status"] == "done")
+        });
         let Some(run) = final_run else {
             figures.stuck.push(format!("{kind} {id}"));
             continue;
@@ -811,19 +1137,40 @@ fn round(seed: u64, faults: usize) -> Figures {
             // Parked at the cap: still parked there now (not failed, not
             // moved on), its log ending in the cap's pause, and only for
             // the capped tenant.
-            let now = call(OPS, "GET", &format!("{server}/v1/runs/{id}"), None, None).map(|(_, v)| v).unwrap_or_default();
+            let now = call(OPS, "GET", &format!("{server}/v1/runs/{id}"), None, None)
+                .map(|(_, v)| v)
+                .unwrap_or_default();
             let paused_at_cap = events.last().is_some_and(|e| {
-                matches!(&e.kind, EventKind::SessionPause { pull_point: PullPoint::Paused { reason: PauseReason::Budget { limit: Limit::TenantDailyTokens } } })
+                matches!(
+                    &e.kind,
+                    EventKind::SessionPause {
+                        pull_point: PullPoint::Paused {
+                            reason: PauseReason::Budget {
+                                limit: Limit::TenantDailyTokens
+                            }
+                        }
+                    }
+                )
             });
             if tenant != GLOBEX.1 || !at_tenant_cap(&now) || !paused_at_cap {
-                figures.cap_misparked.push(format!("{tenant} {kind} {id}: now {}, last event {:?}", now["pull_point"], events.last().map(|e| e.kind.name())));
+                figures.cap_misparked.push(format!(
+                    "{tenant} {kind} {id}: now {}, last event {:?}",
+                    now["pull_point"],
+                    events.last().map(|e| e.kind.name())
+                ));
             } else {
                 figures.parked_at_cap += 1;
             }
         } else {
-            let expected = if kind == "cancel" { "cancelled" } else { "succeeded" };
+            let expected = if kind == "cancel" {
+                "cancelled"
+            } else {
+                "succeeded"
+            };
             if run["outcome"]["kind"] != expected {
-                figures.failed.push(format!("{kind} {id}: {}", run["outcome"]));
+                figures
+                    .failed
+                    .push(format!("{kind} {id}: {}", run["outcome"]));
             }
         }
         // Per refund call: executions in the ledger versus results in the log.
@@ -832,19 +1179,33 @@ fn round(seed: u64, faults: usize) -> Figures {
         let mut reapproved: std::collections::HashSet<String> = Default::default();
         for e in &events {
             match &e.kind {
-                EventKind::ToolResult { call_id, content, .. } => {
-                    let Ok(v) = serde_json::from_str::<Value>(&content.to_text()) else { continue };
+                EventKind::ToolResult {
+                    call_id, content, ..
+                } => {
+                    let Ok(v) = serde_json::from_str::<Value>(&content.to_text()) else {
+                        continue;
+                    };
                     if v["refunded"] != true {
                         continue;
                     }
                     calls.entry(call_id.clone()).or_default().0 += 1;
                     let key = v["idempotency_key"].as_str().unwrap_or_default();
                     if !ledger.contains_key(key) {
-                        figures.results_without_execution.push(format!("{id}: {key}"));
+                        figures
+                            .results_without_execution
+                            .push(format!("{id}: {key}"));
                     }
                 }
-                EventKind::ToolError { call_id, error: ToolErrorKind::OutcomeUnknown, .. } => calls.entry(call_id.clone()).or_default().1 += 1,
-                EventKind::ApprovalRequested { interrupted: true, call_id, .. } => {
+                EventKind::ToolError {
+                    call_id,
+                    error: ToolErrorKind::OutcomeUnknown,
+                    ..
+                } => calls.entry(call_id.clone()).or_default().1 += 1,
+                EventKind::ApprovalRequested {
+                    interrupted: true,
+                    call_id,
+                    ..
+                } => {
                     requested += 1;
                     reapproved.insert(call_id.clone());
                 }
@@ -855,21 +1216,41 @@ fn round(seed: u64, faults: usize) -> Figures {
         // Refunds in flight at a Postgres stop that executed: their result
         // must reach the log, committed through the outage or recovered from
         // the held copy; never a person asked again, never outcome-unknown.
-        let pg_calls: Vec<String> = figures.pg_in_flight.iter().filter(|(r, _)| r == id).map(|(_, c)| c.clone()).collect();
+        let pg_calls: Vec<String> = figures
+            .pg_in_flight
+            .iter()
+            .filter(|(r, _)| r == id)
+            .map(|(_, c)| c.clone())
+            .collect();
         for call_id in &pg_calls {
-            if !ledger.keys().any(|k| k.starts_with(id.as_str()) && k.ends_with(&format!(":{call_id}"))) {
+            if !ledger
+                .keys()
+                .any(|k| k.starts_with(id.as_str()) && k.ends_with(&format!(":{call_id}")))
+            {
                 continue;
             }
             let mut recovered = false;
             for e in &events {
                 match &e.kind {
                     EventKind::ToolRecovered { call_id: c, .. } if c == call_id => recovered = true,
-                    EventKind::ApprovalRequested { interrupted: true, call_id: c, .. } if c == call_id => {
+                    EventKind::ApprovalRequested {
+                        interrupted: true,
+                        call_id: c,
+                        ..
+                    } if c == call_id => {
                         figures.pg_finished_reapprovals += 1;
-                        figures.pg_finished_abandoned.push(format!("{id} {call_id}: re-approval at seq {}", e.seq));
+                        figures
+                            .pg_finished_abandoned
+                            .push(format!("{id} {call_id}: re-approval at seq {}", e.seq));
                     }
-                    EventKind::ToolError { call_id: c, error: ToolErrorKind::OutcomeUnknown, .. } if c == call_id => {
-                        figures.pg_finished_abandoned.push(format!("{id} {call_id}: outcome-unknown at seq {}", e.seq));
+                    EventKind::ToolError {
+                        call_id: c,
+                        error: ToolErrorKind::OutcomeUnknown,
+                        ..
+                    } if c == call_id => {
+                        figures
+                            .pg_finished_abandoned
+                            .push(format!("{id} {call_id}: outcome-unknown at seq {}", e.seq));
                     }
                     _ => {}
                 }
@@ -883,7 +1264,9 @@ fn round(seed: u64, faults: usize) -> Figures {
         for key in replays.keys().filter(|k| k.starts_with(id.as_str())) {
             let call = key.splitn(3, ':').nth(2).unwrap_or_default();
             if !reapproved.contains(call) {
-                figures.double_executions.push(format!("{key}: delivered again without a re-approval"));
+                figures
+                    .double_executions
+                    .push(format!("{key}: delivered again without a re-approval"));
             }
         }
         let executed_here = ledger.keys().filter(|k| k.contains(id.as_str())).count();
@@ -895,17 +1278,28 @@ fn round(seed: u64, faults: usize) -> Figures {
             }
         }
         if executed_here > calls.len() {
-            figures.unsurfaced.push(format!("{id}: {executed_here} refund executions, {} calls with an outcome in the log", calls.len()));
+            figures.unsurfaced.push(format!(
+                "{id}: {executed_here} refund executions, {} calls with an outcome in the log",
+                calls.len()
+            ));
         }
     }
     // Tenant caps exact against the log: per UTC day, the capped tenant's
     // spend in its runs' logs passes the cap by no more than the calls in
     // flight at each Redis flush (`tenant_cap_allowance`).
-    let flushes = figures.faults.get(&format!("{:?}", Fault::RedisFlush)).copied().unwrap_or(0);
-    figures.cap_allowance = tenant_cap_allowance(flushes, CLIENTS - CLIENTS / 2, figures.max_call_tokens);
+    let flushes = figures
+        .faults
+        .get(&format!("{:?}", Fault::RedisFlush))
+        .copied()
+        .unwrap_or(0);
+    figures.cap_allowance =
+        tenant_cap_allowance(flushes, CLIENTS - CLIENTS / 2, figures.max_call_tokens);
     for (day, spent) in &figures.capped_spend {
         if *spent > cap_tokens + figures.cap_allowance {
-            figures.cap_overruns.push(format!("{} on {day}: {spent} tokens, cap {cap_tokens} + allowance {}", GLOBEX.1, figures.cap_allowance));
+            figures.cap_overruns.push(format!(
+                "{} on {day}: {spent} tokens, cap {cap_tokens} + allowance {}",
+                GLOBEX.1, figures.cap_allowance
+            ));
         }
     }
     drop(fleet);
@@ -917,11 +1311,17 @@ fn round(seed: u64, faults: usize) -> Figures {
 }
 
 fn faults_from_env(default: usize) -> usize {
-    std::env::var("GLIA_CHAOS_FAULTS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("GLIA_CHAOS_FAULTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn seeds() -> Vec<u64> {
-    match std::env::var("GLIA_CHAOS_SEED").ok().and_then(|v| v.parse().ok()) {
+    match std::env::var("GLIA_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         Some(seed) => vec![seed],
         None => vec![1, fastrand::u64(..)],
     }
@@ -943,7 +1343,10 @@ fn chaos_short_round() {
 #[test]
 #[ignore = "long: GLIA_CHAOS_FAULTS=200 cargo test -p glia-e2e --test chaos -- --ignored --nocapture"]
 fn chaos_long_round() {
-    let seed = std::env::var("GLIA_CHAOS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| fastrand::u64(..));
+    let seed = std::env::var("GLIA_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
     eprintln!("chaos: seed {seed} (replay with GLIA_CHAOS_SEED={seed})");
     let figures = round(seed, faults_from_env(200));
     figures.print();

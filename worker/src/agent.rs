@@ -37,24 +37,27 @@ use futures::future::BoxFuture;
 use glia_proto::marker::Insert;
 use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
-    ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, InterruptedCall, LiveEvent,
-    OUTPUT_TOOL, Outcome, PauseReason, Phase, PlannerKind, PolicyAction, PolicyOrigin, PullPoint, Redaction, RefusedTurn, RejectedAnswer, ResolvedPolicy, Resume, Role, RunConfig, RunState, Status,
-    StopAction, StopClass, ToolCallRecord, ToolContent, ToolErrorKind, ToolSpec, TransitionError, args_hash, canonical_json,
+    ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage,
+    HookEffect, HookTopic, InterruptedCall, LiveEvent, OUTPUT_TOOL, Outcome, PauseReason, Phase,
+    PlannerKind, PolicyAction, PolicyOrigin, PullPoint, Redaction, RefusedTurn, RejectedAnswer,
+    ResolvedPolicy, Resume, Role, RunConfig, RunState, Status, StopAction, StopClass,
+    ToolCallRecord, ToolContent, ToolErrorKind, ToolSpec, TransitionError, args_hash,
+    canonical_json,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::budget_gate::{self, BudgetGate, GateDecision, GateError, Spend};
-use glia_backends::HeldResult;
 use crate::compact::Compactor;
-use glia_proto::agent::CompiledGuardrails;
 use crate::hooks::{Fired, Hooks, Verdict};
 use crate::planner::{Draft, ModelPlanner, PlanError, Planner, Reflection, SinglePlanner};
 use crate::policy::{CompiledPolicies, Guardrail};
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
 use crate::tool::{ToolContext, ToolFailure, ToolRegistry};
 use crate::tool_sources::{OfferError, ToolSources};
+use glia_backends::HeldResult;
+use glia_proto::agent::CompiledGuardrails;
 
 /// Where the loop's events go: a Vec in tests, Postgres in the fleet.
 ///
@@ -247,7 +250,12 @@ struct Run<'a> {
 impl Run<'_> {
     /// Stamp, apply, persist.
     async fn record(&mut self, kind: EventKind) -> Result<(), AgentError> {
-        let event = Event { run_id: self.state.run_id, seq: self.state.head_seq + 1, at: self.clock.now(), kind };
+        let event = Event {
+            run_id: self.state.run_id,
+            seq: self.state.head_seq + 1,
+            at: self.clock.now(),
+            kind,
+        };
         self.state.apply(&event)?;
         self.sink.record(&event).await?;
         Ok(())
@@ -307,7 +315,11 @@ impl Agent {
     /// operator catalogue's `[providers.NAME]`); runs naming none use the
     /// provider given to [`Agent::new`]. A run naming a provider the agent
     /// lacks pauses at its first model call ([`ProviderError::NotConfigured`]).
-    pub fn with_named_provider(mut self, name: impl Into<String>, provider: Arc<dyn Provider>) -> Self {
+    pub fn with_named_provider(
+        mut self,
+        name: impl Into<String>,
+        provider: Arc<dyn Provider>,
+    ) -> Self {
         self.named.insert(name.into(), provider);
         self
     }
@@ -374,7 +386,13 @@ impl Agent {
     }
 
     /// Start a run and drive it to its first pull point or its end.
-    pub async fn run(&self, run_id: Uuid, goal: &str, config: RunConfig, sink: &mut dyn EventSink) -> Result<(RunState, Status), AgentError> {
+    pub async fn run(
+        &self,
+        run_id: Uuid,
+        goal: &str,
+        config: RunConfig,
+        sink: &mut dyn EventSink,
+    ) -> Result<(RunState, Status), AgentError> {
         let mut state = self.start(run_id, goal, config, sink).await?;
         let status = self.advance(&mut state, None, sink).await?;
         Ok((state, status))
@@ -385,21 +403,53 @@ impl Agent {
     /// placeholder naming the rule and the length, `guardrail.tripped` and a
     /// failed `session.complete`: the refused text is recorded nowhere). Errors: [`AgentError::Config`] before anything is
     /// recorded.
-    pub async fn start(&self, run_id: Uuid, goal: &str, config: RunConfig, sink: &mut dyn EventSink) -> Result<RunState, AgentError> {
+    pub async fn start(
+        &self,
+        run_id: Uuid,
+        goal: &str,
+        config: RunConfig,
+        sink: &mut dyn EventSink,
+    ) -> Result<RunState, AgentError> {
         self.check_config(&config)?;
         let mut state = RunState::new(run_id);
-        let mut run = Run { state: &mut state, sink, clock: &*self.clock };
+        let mut run = Run {
+            state: &mut state,
+            sink,
+            clock: &*self.clock,
+        };
         let declared = self.declared_guardrails(&config)?;
         let (goal, redactions) = declared.redact_input(goal);
         // A refused goal is never recorded: `session.start` holds a
         // placeholder naming the rule and the length.
         match self.check_input(&declared, &goal) {
-            None => run.record(EventKind::SessionStart { goal, config, redactions }).await?,
+            None => {
+                run.record(EventKind::SessionStart {
+                    goal,
+                    config,
+                    redactions,
+                })
+                .await?
+            }
             Some((guardrail, reason)) => {
-                let placeholder = format!("[goal withheld: refused by the input guardrail {guardrail}, {} characters]", goal.chars().count());
-                run.record(EventKind::SessionStart { goal: placeholder, config, redactions }).await?;
-                run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason: reason.clone(), reask: None }).await?;
-                self.fail(&mut run, format!("goal rejected: {reason}")).await?;
+                let placeholder = format!(
+                    "[goal withheld: refused by the input guardrail {guardrail}, {} characters]",
+                    goal.chars().count()
+                );
+                run.record(EventKind::SessionStart {
+                    goal: placeholder,
+                    config,
+                    redactions,
+                })
+                .await?;
+                run.record(EventKind::GuardrailTripped {
+                    stage: GuardrailStage::Input,
+                    guardrail,
+                    reason: reason.clone(),
+                    reask: None,
+                })
+                .await?;
+                self.fail(&mut run, format!("goal rejected: {reason}"))
+                    .await?;
             }
         }
         run.commit().await?;
@@ -412,15 +462,29 @@ impl Agent {
     /// approval decision, an external tool result, the user's message, a
     /// budget extension or a resume). A payload that does not fit is refused
     /// with a typed error and nothing is recorded.
-    pub async fn advance(&self, state: &mut RunState, input: Option<Resume>, sink: &mut dyn EventSink) -> Result<Status, AgentError> {
+    pub async fn advance(
+        &self,
+        state: &mut RunState,
+        input: Option<Resume>,
+        sink: &mut dyn EventSink,
+    ) -> Result<Status, AgentError> {
         if state.phase == Phase::Idle {
             return Err(AgentError::NotStarted);
         }
         // Calls that were cleared to run before this advance but have no
         // result: a worker died while they ran. (A call waiting for a
         // person's word on running it again, or refused it, is not cleared.)
-        let interrupted: Vec<String> = state.batch.iter().filter(|c| c.cleared_without_result()).map(|c| c.call_id.clone()).collect();
-        let mut run = Run { state, sink, clock: &*self.clock };
+        let interrupted: Vec<String> = state
+            .batch
+            .iter()
+            .filter(|c| c.cleared_without_result())
+            .map(|c| c.call_id.clone())
+            .collect();
+        let mut run = Run {
+            state,
+            sink,
+            clock: &*self.clock,
+        };
         if let Some(input) = input {
             self.accept(&mut run, input).await?;
         }
@@ -431,7 +495,8 @@ impl Agent {
             // cleared to run: then after their results.
             if run.state.pausable() {
                 if let Some(reason) = run.state.pause_due.clone() {
-                    self.pause(&mut run, PauseReason::Operator { reason }).await?;
+                    self.pause(&mut run, PauseReason::Operator { reason })
+                        .await?;
                     continue;
                 }
                 if run.sink.pause_flagged() {
@@ -443,11 +508,17 @@ impl Agent {
                 Phase::Idle | Phase::Done => break,
                 Phase::Planning => self.plan(&mut run).await?,
                 Phase::Executing => {
-                    let answered = run.state.messages.last().is_some_and(|m| m.role == Role::Assistant);
+                    let answered = run
+                        .state
+                        .messages
+                        .last()
+                        .is_some_and(|m| m.role == Role::Assistant);
                     let returned = returned_directly(run.state);
                     match run.state.step {
                         None => self.start_step(&mut run, 0).await?,
-                        Some(_) if answered || run.state.output.is_some() => self.conclude(&mut run).await?,
+                        Some(_) if answered || run.state.output.is_some() => {
+                            self.conclude(&mut run).await?
+                        }
                         Some(_) if returned.is_some() => self.complete(&mut run, returned).await?,
                         Some(_) => self.model_turn(&mut run).await?,
                     }
@@ -455,17 +526,33 @@ impl Agent {
                 Phase::AwaitingTool => self.tool_calls(&mut run, &interrupted).await?,
                 Phase::Reflecting => self.reflect(&mut run).await?,
             }
-            assert!(run.state.head_seq > before, "the loop made no progress in phase {:?}", run.state.phase);
+            assert!(
+                run.state.head_seq > before,
+                "the loop made no progress in phase {:?}",
+                run.state.phase
+            );
         }
         run.commit().await?;
         Ok(run.state.status())
     }
 
     /// Cancel the run (terminal). A run that is already done is left as is.
-    pub async fn cancel(&self, state: &mut RunState, reason: &str, sink: &mut dyn EventSink) -> Result<Status, AgentError> {
+    pub async fn cancel(
+        &self,
+        state: &mut RunState,
+        reason: &str,
+        sink: &mut dyn EventSink,
+    ) -> Result<Status, AgentError> {
         if state.phase != Phase::Done {
-            let mut run = Run { state, sink, clock: &*self.clock };
-            run.record(EventKind::SessionCancel { reason: reason.to_owned() }).await?;
+            let mut run = Run {
+                state,
+                sink,
+                clock: &*self.clock,
+            };
+            run.record(EventKind::SessionCancel {
+                reason: reason.to_owned(),
+            })
+            .await?;
             run.commit().await?;
         }
         Ok(state.status())
@@ -473,20 +560,40 @@ impl Agent {
 
     /// Close a conversational run waiting at `awaiting_input`: it completes
     /// with its last answer.
-    pub async fn close(&self, state: &mut RunState, sink: &mut dyn EventSink) -> Result<Status, AgentError> {
-        self.advance(state, Some(Resume::Close { text: None, redactions: Vec::new() }), sink).await
+    pub async fn close(
+        &self,
+        state: &mut RunState,
+        sink: &mut dyn EventSink,
+    ) -> Result<Status, AgentError> {
+        self.advance(
+            state,
+            Some(Resume::Close {
+                text: None,
+                redactions: Vec::new(),
+            }),
+            sink,
+        )
+        .await
     }
 
     // ----- resume payloads -------------------------------------------------
 
     async fn accept(&self, run: &mut Run<'_>, input: Resume) -> Result<(), AgentError> {
         match input {
-            Resume::Approval { call_id, args_hash, decision, by, request_seq } => {
+            Resume::Approval {
+                call_id,
+                args_hash,
+                decision,
+                by,
+                request_seq,
+            } => {
                 let call = run.state.call(&call_id);
                 if let (Some(seq), Some(call)) = (request_seq, call)
                     && call.requested_seq != Some(seq)
                 {
-                    return Err(AgentError::InvalidResume(format!("the decision answers approval request {seq} of {call_id}, not the pending one")));
+                    return Err(AgentError::InvalidResume(format!(
+                        "the decision answers approval request {seq} of {call_id}, not the pending one"
+                    )));
                 }
                 let interrupted = call.is_some_and(|c| c.interrupted);
                 let reason = match &decision {
@@ -495,73 +602,163 @@ impl Agent {
                     _ => None,
                 };
                 let expired = decision == Decision::Expire;
-                run.record(EventKind::ApprovalResolved { call_id: call_id.clone(), args_hash, decision, by }).await?;
+                run.record(EventKind::ApprovalResolved {
+                    call_id: call_id.clone(),
+                    args_hash,
+                    decision,
+                    by,
+                })
+                .await?;
                 if let Some(reason) = reason {
                     let kind = if expired {
-                        let also = if interrupted { " The worker had stopped while this call was running, so whether its first attempt took effect is unknown." } else { "" };
-                        let message = format!("No decision before the deadline: this call needed a person's approval, nobody decided in time, and it was not run.{also}");
-                        let error = if interrupted { ToolErrorKind::OutcomeUnknown } else { ToolErrorKind::Expired };
-                        EventKind::ToolError { call_id, error, message, duration_ms: 0 }
+                        let also = if interrupted {
+                            " The worker had stopped while this call was running, so whether its first attempt took effect is unknown."
+                        } else {
+                            ""
+                        };
+                        let message = format!(
+                            "No decision before the deadline: this call needed a person's approval, nobody decided in time, and it was not run.{also}"
+                        );
+                        let error = if interrupted {
+                            ToolErrorKind::OutcomeUnknown
+                        } else {
+                            ToolErrorKind::Expired
+                        };
+                        EventKind::ToolError {
+                            call_id,
+                            error,
+                            message,
+                            duration_ms: 0,
+                        }
                     } else if interrupted {
                         let message = Insert::OutcomeUnknown.wrap(&format!(
                             "The worker stopped while this call was running, and a person chose not to run it again: {reason}. Whether it took effect is unknown."
                         ));
-                        EventKind::ToolError { call_id, error: ToolErrorKind::OutcomeUnknown, message, duration_ms: 0 }
+                        EventKind::ToolError {
+                            call_id,
+                            error: ToolErrorKind::OutcomeUnknown,
+                            message,
+                            duration_ms: 0,
+                        }
                     } else {
-                        EventKind::ToolError { call_id, error: ToolErrorKind::Rejected, message: format!("A person rejected this call: {reason}"), duration_ms: 0 }
+                        EventKind::ToolError {
+                            call_id,
+                            error: ToolErrorKind::Rejected,
+                            message: format!("A person rejected this call: {reason}"),
+                            duration_ms: 0,
+                        }
                     };
                     run.record(kind).await?;
                 }
             }
-            Resume::ToolResult { call_id, content, is_error } => {
+            Resume::ToolResult {
+                call_id,
+                content,
+                is_error,
+            } => {
                 let external = run.state.call(&call_id).is_some_and(|c| c.awaits_caller());
                 if !external {
-                    return Err(AgentError::InvalidResume(format!("{call_id} is not an external tool call awaiting a result")));
+                    return Err(AgentError::InvalidResume(format!(
+                        "{call_id} is not an external tool call awaiting a result"
+                    )));
                 }
-                let result = if is_error { Err(ToolFailure { kind: ToolErrorKind::Failed, message: content }) } else { Ok(content.into()) };
+                let result = if is_error {
+                    Err(ToolFailure {
+                        kind: ToolErrorKind::Failed,
+                        message: content,
+                    })
+                } else {
+                    Ok(content.into())
+                };
                 let kind = match self.screen_result(run, &call_id, result).await? {
-                    (Err(f), _) => EventKind::ToolError { call_id, error: f.kind, message: f.message, duration_ms: 0 },
-                    (Ok(content), redactions) => EventKind::ToolResult { call_id, content, reminder: None, duration_ms: 0, redactions },
+                    (Err(f), _) => EventKind::ToolError {
+                        call_id,
+                        error: f.kind,
+                        message: f.message,
+                        duration_ms: 0,
+                    },
+                    (Ok(content), redactions) => EventKind::ToolResult {
+                        call_id,
+                        content,
+                        reminder: None,
+                        duration_ms: 0,
+                        redactions,
+                    },
                 };
                 run.record(kind).await?;
             }
             Resume::Input { text, redactions } => {
                 if run.state.parked != Some(PullPoint::AwaitingInput) {
-                    return Err(AgentError::InvalidResume("the run is not waiting for input".into()));
+                    return Err(AgentError::InvalidResume(
+                        "the run is not waiting for input".into(),
+                    ));
                 }
                 self.user_message(run, text, redactions).await?;
             }
             Resume::ExtendBudget { extra } => {
                 let limits = run.state.limits.extended_by(&extra);
                 run.record(EventKind::BudgetExtended { limits }).await?;
-                if matches!(run.state.parked, Some(PullPoint::Paused { reason: PauseReason::Budget { .. } })) {
+                if matches!(
+                    run.state.parked,
+                    Some(PullPoint::Paused {
+                        reason: PauseReason::Budget { .. }
+                    })
+                ) {
                     run.record(EventKind::SessionResume { by: None }).await?;
                 }
             }
-            Resume::Pause { reason, by } => run.record(EventKind::SessionPauseRequested { reason, by }).await?,
+            Resume::Pause { reason, by } => {
+                run.record(EventKind::SessionPauseRequested { reason, by })
+                    .await?
+            }
             Resume::Resume { by } => run.record(EventKind::SessionResume { by }).await?,
             Resume::Close { text, redactions } => {
                 let at_input = run.state.parked == Some(PullPoint::AwaitingInput);
-                let budget_paused = matches!(run.state.parked, Some(PullPoint::Paused { reason: PauseReason::Budget { .. } }));
+                let budget_paused = matches!(
+                    run.state.parked,
+                    Some(PullPoint::Paused {
+                        reason: PauseReason::Budget { .. }
+                    })
+                );
                 if !at_input && !budget_paused {
-                    return Err(AgentError::InvalidResume("only a run waiting at awaiting_input or paused by its budget is closed".into()));
+                    return Err(AgentError::InvalidResume(
+                        "only a run waiting at awaiting_input or paused by its budget is closed"
+                            .into(),
+                    ));
                 }
                 if let Some(text) = text {
                     if !at_input {
-                        return Err(AgentError::InvalidResume("a closing message is taken at awaiting_input only".into()));
+                        return Err(AgentError::InvalidResume(
+                            "a closing message is taken at awaiting_input only".into(),
+                        ));
                     }
                     self.user_message(run, text, redactions).await?;
                 }
                 self.complete(run, None).await?;
             }
             Resume::Cancel { reason } => run.record(EventKind::SessionCancel { reason }).await?,
-            Resume::Escalate { call_id, request_seq, expires_at } => {
-                let call = run.state.call(&call_id).filter(|c| c.approval == ApprovalStatus::Requested);
+            Resume::Escalate {
+                call_id,
+                request_seq,
+                expires_at,
+            } => {
+                let call = run
+                    .state
+                    .call(&call_id)
+                    .filter(|c| c.approval == ApprovalStatus::Requested);
                 match call {
                     Some(c) if request_seq.is_none_or(|seq| c.requested_seq == Some(seq)) => {
-                        run.record(EventKind::ApprovalEscalated { call_id, expires_at }).await?
+                        run.record(EventKind::ApprovalEscalated {
+                            call_id,
+                            expires_at,
+                        })
+                        .await?
                     }
-                    _ => return Err(AgentError::InvalidResume(format!("the approval of {call_id} is no longer pending"))),
+                    _ => {
+                        return Err(AgentError::InvalidResume(format!(
+                            "the approval of {call_id} is no longer pending"
+                        )));
+                    }
                 }
             }
         }
@@ -571,7 +768,12 @@ impl Agent {
     /// The user's message at `awaiting_input`: refused when blank, recorded
     /// as `input.received`, or as `guardrail.tripped` when an input
     /// guardrail rejects it (the run stays at `awaiting_input`).
-    async fn user_message(&self, run: &mut Run<'_>, text: String, posted: Vec<Redaction>) -> Result<(), AgentError> {
+    async fn user_message(
+        &self,
+        run: &mut Run<'_>,
+        text: String,
+        posted: Vec<Redaction>,
+    ) -> Result<(), AgentError> {
         if text.trim().is_empty() {
             return Err(AgentError::InvalidResume("the message is empty".into()));
         }
@@ -582,8 +784,19 @@ impl Agent {
         let (text, mut redactions) = declared.redact_input(&text);
         posted.into_iter().for_each(|r| r.add_to(&mut redactions));
         match self.check_input(&declared, &text) {
-            Some((guardrail, reason)) => run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason, reask: None }).await,
-            None => run.record(EventKind::InputReceived { text, redactions }).await,
+            Some((guardrail, reason)) => {
+                run.record(EventKind::GuardrailTripped {
+                    stage: GuardrailStage::Input,
+                    guardrail,
+                    reason,
+                    reask: None,
+                })
+                .await
+            }
+            None => {
+                run.record(EventKind::InputReceived { text, redactions })
+                    .await
+            }
         }
     }
 
@@ -594,16 +807,41 @@ impl Agent {
         // its goal meets the input guardrails here, before anything else.
         if run.state.head_seq == 1 {
             let declared = self.declared_guardrails(&run.state.config)?;
-            if let Some((guardrail, reason)) = self.check_input(&declared, &run.state.goal.clone()) {
-                run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Input, guardrail, reason: reason.clone(), reask: None }).await?;
+            if let Some((guardrail, reason)) = self.check_input(&declared, &run.state.goal.clone())
+            {
+                run.record(EventKind::GuardrailTripped {
+                    stage: GuardrailStage::Input,
+                    guardrail,
+                    reason: reason.clone(),
+                    reask: None,
+                })
+                .await?;
                 return self.fail(run, format!("goal rejected: {reason}")).await;
             }
         }
-        let fired = self.fire(run, HookTopic::BeforePlan, json!({ "goal": run.state.goal })).await?;
+        let fired = self
+            .fire(
+                run,
+                HookTopic::BeforePlan,
+                json!({ "goal": run.state.goal }),
+            )
+            .await?;
         let draft = match fired.verdict {
-            Verdict::Cancel(reason) => return run.record(EventKind::SessionCancel { reason }).await,
-            Verdict::Skip => SinglePlanner.draft(run.state, &*self.provider_for(run.state)).await,
-            _ => run.unless_cancelled(self.planner(run.state).draft(run.state, &*self.provider_for(run.state))).await?,
+            Verdict::Cancel(reason) => {
+                return run.record(EventKind::SessionCancel { reason }).await;
+            }
+            Verdict::Skip => {
+                SinglePlanner
+                    .draft(run.state, &*self.provider_for(run.state))
+                    .await
+            }
+            _ => {
+                run.unless_cancelled(
+                    self.planner(run.state)
+                        .draft(run.state, &*self.provider_for(run.state)),
+                )
+                .await?
+            }
         };
         match draft {
             Ok(draft) => self.commit_plan(run, draft).await,
@@ -613,13 +851,22 @@ impl Agent {
 
     async fn commit_plan(&self, run: &mut Run<'_>, draft: Draft) -> Result<(), AgentError> {
         let cost_usd_micros = self.cost(run.state, &draft.usage);
-        run.record(EventKind::PlanDraft { steps: draft.steps.clone(), usage: draft.usage, cost_usd_micros }).await?;
-        self.settle_unreserved(run, Spend::of(&draft.usage, cost_usd_micros)).await;
-        let fired = self.fire(run, HookTopic::AfterPlan, json!({ "steps": draft.steps })).await?;
+        run.record(EventKind::PlanDraft {
+            steps: draft.steps.clone(),
+            usage: draft.usage,
+            cost_usd_micros,
+        })
+        .await?;
+        self.settle_unreserved(run, Spend::of(&draft.usage, cost_usd_micros))
+            .await;
+        let fired = self
+            .fire(run, HookTopic::AfterPlan, json!({ "steps": draft.steps }))
+            .await?;
         if let Verdict::Cancel(reason) = fired.verdict {
             return run.record(EventKind::SessionCancel { reason }).await;
         }
-        let steps: Vec<String> = serde_json::from_value(fired.payload["steps"].clone()).unwrap_or(draft.steps);
+        let steps: Vec<String> =
+            serde_json::from_value(fired.payload["steps"].clone()).unwrap_or(draft.steps);
         if steps.is_empty() {
             return self.complete(run, None).await;
         }
@@ -646,23 +893,53 @@ impl Agent {
         let tools = match self.step_tools(&run.state.config).await {
             Ok(tools) => tools,
             Err(OfferError::Unavailable(why)) => return Err(AgentError::ToolSource(why)),
-            Err(OfferError::Invalid(why)) => return self.fail(run, format!("the run's tools cannot be offered: {why}")).await,
+            Err(OfferError::Invalid(why)) => {
+                return self
+                    .fail(run, format!("the run's tools cannot be offered: {why}"))
+                    .await;
+            }
         };
         // Every name the config writes must be a tool offered now, exactly:
         // a policy for a tool that is not there would gate nothing.
         let offered: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
         if let Err(e) = run.state.config.validate_tool_names(&offered, true) {
-            return self.fail(run, format!("the run's config names a tool it is not offered: {}: {}", e.field, e.reason)).await;
+            return self
+                .fail(
+                    run,
+                    format!(
+                        "the run's config names a tool it is not offered: {}: {}",
+                        e.field, e.reason
+                    ),
+                )
+                .await;
         }
         let description = run.state.plan[index].clone();
-        let fired = self.fire(run, HookTopic::BeforeStep, json!({ "index": index, "description": description })).await?;
+        let fired = self
+            .fire(
+                run,
+                HookTopic::BeforeStep,
+                json!({ "index": index, "description": description }),
+            )
+            .await?;
         if let Verdict::Cancel(reason) = fired.verdict {
             return run.record(EventKind::SessionCancel { reason }).await;
         }
-        let description = fired.payload["description"].as_str().map_or(description, str::to_owned);
-        run.record(EventKind::StepStart { index, description, tools }).await?;
+        let description = fired.payload["description"]
+            .as_str()
+            .map_or(description, str::to_owned);
+        run.record(EventKind::StepStart {
+            index,
+            description,
+            tools,
+        })
+        .await?;
         if fired.verdict == Verdict::Skip {
-            run.record(EventKind::StepEnd { index, answer: String::new(), skipped: true }).await?;
+            run.record(EventKind::StepEnd {
+                index,
+                answer: String::new(),
+                skipped: true,
+            })
+            .await?;
         }
         Ok(())
     }
@@ -677,15 +954,28 @@ impl Agent {
             .tools
             .specs()
             .into_iter()
-            .filter(|t| config.tools.as_ref().is_none_or(|allowed| allowed.contains(&t.name)))
-            .chain(config.external_tools.iter().cloned().map(|t| ToolSpec { external: true, ..t }))
+            .filter(|t| {
+                config
+                    .tools
+                    .as_ref()
+                    .is_none_or(|allowed| allowed.contains(&t.name))
+            })
+            .chain(config.external_tools.iter().cloned().map(|t| ToolSpec {
+                external: true,
+                ..t
+            }))
             .map(|t| with_tenant_policy(config, t))
             .collect();
         if !config.mcp.is_empty() || !config.http_tools.is_empty() {
-            let sources = self.sources.as_ref().ok_or_else(|| OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into()))?;
+            let sources = self.sources.as_ref().ok_or_else(|| {
+                OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into())
+            })?;
             for spec in sources.offered(config).await? {
                 if tools.iter().any(|t| t.name == spec.name) {
-                    return Err(OfferError::Invalid(format!("two tools of the run are named {:?}", spec.name)));
+                    return Err(OfferError::Invalid(format!(
+                        "two tools of the run are named {:?}",
+                        spec.name
+                    )));
                 }
                 tools.push(spec);
             }
@@ -723,42 +1013,71 @@ impl Agent {
         if let Some(compactor) = declared.as_deref().or(self.compactor.as_deref())
             && compactor.should_compact(&run.state.messages)
         {
-            match run.unless_cancelled(compactor.compact(&run.state.messages, &*self.provider_for(run.state), &config.model)).await? {
+            match run
+                .unless_cancelled(compactor.compact(
+                    &run.state.messages,
+                    &*self.provider_for(run.state),
+                    &config.model,
+                ))
+                .await?
+            {
                 Ok(c) => {
                     let cost_usd_micros = self.cost(run.state, &c.usage);
                     let strategy = compactor.name().to_owned();
-                    let kind = EventKind::ContextCompacted { strategy, removed: c.removed, messages: c.messages, usage: c.usage, cost_usd_micros };
+                    let kind = EventKind::ContextCompacted {
+                        strategy,
+                        removed: c.removed,
+                        messages: c.messages,
+                        usage: c.usage,
+                        cost_usd_micros,
+                    };
                     run.record(kind).await?;
-                    self.settle_unreserved(run, Spend::of(&c.usage, cost_usd_micros)).await;
+                    self.settle_unreserved(run, Spend::of(&c.usage, cost_usd_micros))
+                        .await;
                     return Ok(());
                 }
                 Err(e) => return self.provider_failed(run, e).await,
             }
         }
         let wrap_up = run.state.turn_calls + 1 == config.max_model_calls_per_turn;
-        let forced = (config.output_schema.is_some() && run.state.reasks > 0).then(|| OUTPUT_TOOL.to_owned());
+        let forced = (config.output_schema.is_some() && run.state.reasks > 0)
+            .then(|| OUTPUT_TOOL.to_owned());
         let request = build_request(run.state, wrap_up, forced.clone());
         // Same id for every retry of this call: the seq its model.call gets.
         let request_id = format!("{}:{}", run.state.run_id, run.state.head_seq + 1);
         if let Some(limit) = self.reserve(run, &request_id, &request).await? {
             return self.budget_pause(run, limit).await;
         }
-        run.record(EventKind::ModelCall { model: config.model.clone(), messages: request.messages.len(), wrap_up, forced_tool: forced }).await?;
+        run.record(EventKind::ModelCall {
+            model: config.model.clone(),
+            messages: request.messages.len(),
+            wrap_up,
+            forced_tool: forced,
+        })
+        .await?;
         run.commit().await?;
         let started = run.clock.now();
         let sink: &dyn EventSink = &*run.sink;
         // Output redactions apply to the answer before it is recorded; its
         // raw text must not stream out live meanwhile.
-        let redactor = if config.guardrails.redacts_output() { Some(self.declared_guardrails(&config)?) } else { None };
+        let redactor = if config.guardrails.redacts_output() {
+            Some(self.declared_guardrails(&config)?)
+        } else {
+            None
+        };
         let redacting = redactor.is_some();
         let live = |delta: LiveEvent| {
-            if !(redacting && matches!(delta, LiveEvent::ModelDelta { ref channel, .. } if channel == "text")) {
+            if !(redacting
+                && matches!(delta, LiveEvent::ModelDelta { ref channel, .. } if channel == "text"))
+            {
                 sink.live(&delta);
             }
         };
         // A cancel aborts the stream at once; `model.call` is durable, the
         // reservation stands for what the aborted call may have cost.
-        let response = run.unless_cancelled(self.provider_for(run.state).generate(&request, &live)).await?;
+        let response = run
+            .unless_cancelled(self.provider_for(run.state).generate(&request, &live))
+            .await?;
         let duration_ms = run.elapsed_ms(started);
         match response {
             Ok(r) => {
@@ -770,11 +1089,21 @@ impl Agent {
                 }
                 if !r.elided.is_empty() {
                     let (_, origins) = repair_traced(&run.state.messages);
-                    let mut elided: Vec<usize> = r.elided.iter().filter_map(|k| origins.get(*k)).flatten().copied().collect();
+                    let mut elided: Vec<usize> = r
+                        .elided
+                        .iter()
+                        .filter_map(|k| origins.get(*k))
+                        .flatten()
+                        .copied()
+                        .collect();
                     elided.sort_unstable();
                     elided.dedup();
                     for index in elided {
-                        run.record(EventKind::MessageElided { index, reason: "the model provider refused to process it".into() }).await?;
+                        run.record(EventKind::MessageElided {
+                            index,
+                            reason: "the model provider refused to process it".into(),
+                        })
+                        .await?;
                     }
                 }
                 // Why the model stopped decides whether this is an answer:
@@ -786,11 +1115,22 @@ impl Agent {
                 // elided: it is the run's outcome, recorded with which turn.
                 let refused_turn = r.refused_turn.map(|t| {
                     let (_, origins) = repair_traced(&run.state.messages);
-                    let index = origins.get(t.index).and_then(|o| o.first().copied()).unwrap_or(t.index);
-                    RefusedTurn { index, turn: t.turn }
+                    let index = origins
+                        .get(t.index)
+                        .and_then(|o| o.first().copied())
+                        .unwrap_or(t.index);
+                    RefusedTurn {
+                        index,
+                        turn: t.turn,
+                    }
                 });
                 if let Some(turn) = refused_turn {
-                    rejected = Some(RejectedAnswer { class: StopClass::Refusal, action: StopAction::Fail, reask: None, refused_turn: Some(turn) });
+                    rejected = Some(RejectedAnswer {
+                        class: StopClass::Refusal,
+                        action: StopAction::Fail,
+                        reask: None,
+                        refused_turn: Some(turn),
+                    });
                 }
                 let action = rejected.as_ref().map(|j| (j.action, j.class));
                 let cost_usd_micros = self.cost(run.state, &r.usage);
@@ -805,15 +1145,30 @@ impl Agent {
                         }
                     }
                 }
-                run.record(EventKind::ModelResponse { message, usage: r.usage, stop_reason: r.stop_reason, duration_ms, cost_usd_micros, rejected, redactions })
-                    .await?;
+                run.record(EventKind::ModelResponse {
+                    message,
+                    usage: r.usage,
+                    stop_reason: r.stop_reason,
+                    duration_ms,
+                    cost_usd_micros,
+                    rejected,
+                    redactions,
+                })
+                .await?;
                 self.settle(run, &request_id, spent).await;
                 match action {
                     None | Some((StopAction::Reask, _)) => Ok(()),
-                    Some((StopAction::Pause, _)) => self.pause(run, PauseReason::ModelStop { stop_reason }).await,
+                    Some((StopAction::Pause, _)) => {
+                        self.pause(run, PauseReason::ModelStop { stop_reason })
+                            .await
+                    }
                     Some((StopAction::Fail, class)) => {
                         let error = match refused_turn {
-                            Some(t) => format!("the model provider refused to process {} (message {}; stop reason {stop_reason:?})", t.turn.describe(), t.index),
+                            Some(t) => format!(
+                                "the model provider refused to process {} (message {}; stop reason {stop_reason:?})",
+                                t.turn.describe(),
+                                t.index
+                            ),
                             None => format!("{} (stop reason {stop_reason:?})", class.describe()),
                         };
                         self.fail(run, error).await
@@ -835,34 +1190,79 @@ impl Agent {
             let answer = canonical_json(output);
             return self.end_step(run, index, answer).await;
         }
-        let answer = run.state.messages.last().map(|m| m.text()).unwrap_or_default();
+        let answer = run
+            .state
+            .messages
+            .last()
+            .map(|m| m.text())
+            .unwrap_or_default();
         if run.state.config.output_schema.is_some() {
             let reason = format!("the answer must be given by calling {OUTPUT_TOOL}");
             return self.reject_answer(run, "output_schema", reason).await;
         }
         let declared = self.declared_guardrails(&run.state.config)?;
         let tripped = declared.check_output(&answer).err();
-        if let Some((name, reason)) = tripped.or_else(|| self.output_guardrails.iter().find_map(|g| g.check(&answer).err().map(|r| (g.name.clone(), r)))) {
+        if let Some((name, reason)) = tripped.or_else(|| {
+            self.output_guardrails
+                .iter()
+                .find_map(|g| g.check(&answer).err().map(|r| (g.name.clone(), r)))
+        }) {
             return self.reject_answer(run, &name, reason).await;
         }
         self.end_step(run, index, answer).await
     }
 
-    async fn reject_answer(&self, run: &mut Run<'_>, guardrail: &str, reason: String) -> Result<(), AgentError> {
+    async fn reject_answer(
+        &self,
+        run: &mut Run<'_>,
+        guardrail: &str,
+        reason: String,
+    ) -> Result<(), AgentError> {
         let out_of_reasks = run.state.reasks >= run.state.config.max_reasks;
-        let reask = (!out_of_reasks).then(|| Insert::Reask.wrap(&format!("Your answer was rejected ({reason}). Answer again.")));
-        run.record(EventKind::GuardrailTripped { stage: GuardrailStage::Output, guardrail: guardrail.to_owned(), reason: reason.clone(), reask })
-            .await?;
+        let reask = (!out_of_reasks).then(|| {
+            Insert::Reask.wrap(&format!(
+                "Your answer was rejected ({reason}). Answer again."
+            ))
+        });
+        run.record(EventKind::GuardrailTripped {
+            stage: GuardrailStage::Output,
+            guardrail: guardrail.to_owned(),
+            reason: reason.clone(),
+            reask,
+        })
+        .await?;
         if out_of_reasks {
-            return self.fail(run, format!("answer rejected by {guardrail}: {reason}")).await;
+            return self
+                .fail(run, format!("answer rejected by {guardrail}: {reason}"))
+                .await;
         }
         Ok(())
     }
 
-    async fn end_step(&self, run: &mut Run<'_>, index: usize, answer: String) -> Result<(), AgentError> {
-        run.record(EventKind::StepEnd { index, answer: answer.clone(), skipped: false }).await?;
-        let fired = self.fire(run, HookTopic::AfterStep, json!({ "index": index, "answer": answer })).await?;
-        let hook = fired.effects.last().map(|(h, _)| h.clone()).unwrap_or_default();
+    async fn end_step(
+        &self,
+        run: &mut Run<'_>,
+        index: usize,
+        answer: String,
+    ) -> Result<(), AgentError> {
+        run.record(EventKind::StepEnd {
+            index,
+            answer: answer.clone(),
+            skipped: false,
+        })
+        .await?;
+        let fired = self
+            .fire(
+                run,
+                HookTopic::AfterStep,
+                json!({ "index": index, "answer": answer }),
+            )
+            .await?;
+        let hook = fired
+            .effects
+            .last()
+            .map(|(h, _)| h.clone())
+            .unwrap_or_default();
         match fired.verdict {
             Verdict::Cancel(reason) => run.record(EventKind::SessionCancel { reason }).await,
             Verdict::Pause(reason) => self.pause(run, PauseReason::Hook { hook, reason }).await,
@@ -872,7 +1272,11 @@ impl Agent {
 
     // ----- tool calls ------------------------------------------------------
 
-    async fn tool_calls(&self, run: &mut Run<'_>, interrupted: &[String]) -> Result<(), AgentError> {
+    async fn tool_calls(
+        &self,
+        run: &mut Run<'_>,
+        interrupted: &[String],
+    ) -> Result<(), AgentError> {
         // 1. Calls a crash interrupted: re-run idempotent ones; for the
         //    others, by the run's policy, an "outcome unknown" result or a
         //    person's word on running them again.
@@ -880,7 +1284,14 @@ impl Agent {
         //    database was away longer than its lease) is committed now: the
         //    call ran, nobody is asked again.
         for call_id in interrupted {
-            let Some(call) = run.state.call(call_id).filter(|c| c.cleared_without_result()).cloned() else { continue };
+            let Some(call) = run
+                .state
+                .call(call_id)
+                .filter(|c| c.cleared_without_result())
+                .cloned()
+            else {
+                continue;
+            };
             let key = idempotency_key(run.state, call_id);
             let held = match run.sink.held(&key).await {
                 Ok(held) => held,
@@ -889,22 +1300,50 @@ impl Agent {
                     return Err(AgentError::HeldResults(e.0));
                 }
             };
-            let Some(held) = held.filter(|h| h.call_id == *call_id) else { continue };
+            let Some(held) = held.filter(|h| h.call_id == *call_id) else {
+                continue;
+            };
             let reminder = match &call.disposition {
                 Some(Disposition::Run { reminder }) => reminder.clone(),
                 _ => None,
             };
-            run.record(EventKind::ToolRecovered { call_id: call_id.clone(), idempotency_key: key }).await?;
+            run.record(EventKind::ToolRecovered {
+                call_id: call_id.clone(),
+                idempotency_key: key,
+            })
+            .await?;
             let outcome = match held.error {
                 None => Ok(held.content),
-                Some(kind) => Err(ToolFailure { kind, message: held.content.to_text().into_owned() }),
+                Some(kind) => Err(ToolFailure {
+                    kind,
+                    message: held.content.to_text().into_owned(),
+                }),
             };
             // Held results were screened before they were held.
-            self.record_outcome(run, call_id.clone(), &call.name, reminder, (outcome, Vec::new()), held.duration_ms).await?;
+            self.record_outcome(
+                run,
+                call_id.clone(),
+                &call.name,
+                reminder,
+                (outcome, Vec::new()),
+                held.duration_ms,
+            )
+            .await?;
         }
         for call_id in interrupted {
-            let Some(call) = run.state.call(call_id).filter(|c| c.result.is_none()).cloned() else { continue };
-            let idempotent = run.state.step_tools.iter().any(|t| t.name == call.name && t.idempotent);
+            let Some(call) = run
+                .state
+                .call(call_id)
+                .filter(|c| c.result.is_none())
+                .cloned()
+            else {
+                continue;
+            };
+            let idempotent = run
+                .state
+                .step_tools
+                .iter()
+                .any(|t| t.name == call.name && t.idempotent);
             if idempotent {
                 continue;
             }
@@ -912,18 +1351,36 @@ impl Agent {
                 InterruptedCall::OutcomeUnknown => {
                     let message = Insert::OutcomeUnknown
                         .wrap("The worker stopped while this call was running; whether it took effect is unknown. Check before repeating it.");
-                    EventKind::ToolError { call_id: call_id.clone(), error: ToolErrorKind::OutcomeUnknown, message, duration_ms: 0 }
+                    EventKind::ToolError {
+                        call_id: call_id.clone(),
+                        error: ToolErrorKind::OutcomeUnknown,
+                        message,
+                        duration_ms: 0,
+                    }
                 }
                 InterruptedCall::RequireApproval => {
                     let expires_at = approval_deadline(run);
-                    EventKind::ApprovalRequested { call_id: call.call_id, tool: call.name, input: call.input, args_hash: call.args_hash, expires_at, interrupted: true }
+                    EventKind::ApprovalRequested {
+                        call_id: call.call_id,
+                        tool: call.name,
+                        input: call.input,
+                        args_hash: call.args_hash,
+                        expires_at,
+                        interrupted: true,
+                    }
                 }
             };
             run.record(kind).await?;
         }
         // 2. Decide each new call, in call order.
         let mut blocked = None;
-        let undecided: Vec<String> = run.state.batch.iter().filter(|c| c.disposition.is_none()).map(|c| c.call_id.clone()).collect();
+        let undecided: Vec<String> = run
+            .state
+            .batch
+            .iter()
+            .filter(|c| c.disposition.is_none())
+            .map(|c| c.call_id.clone())
+            .collect();
         for call_id in undecided {
             if let Decided::BudgetBlocked(limit) = self.decide(run, &call_id).await? {
                 blocked = Some(limit);
@@ -941,23 +1398,46 @@ impl Agent {
             .iter()
             .filter(|c| c.result.is_none())
             .filter_map(|c| match &c.disposition {
-                Some(Disposition::Refused { error, message }) => Some((c.call_id.clone(), *error, message.clone())),
+                Some(Disposition::Refused { error, message }) => {
+                    Some((c.call_id.clone(), *error, message.clone()))
+                }
                 _ => None,
             })
             .collect();
         for (call_id, error, message) in refused {
-            run.record(EventKind::ToolError { call_id, error, message, duration_ms: 0 }).await?;
+            run.record(EventKind::ToolError {
+                call_id,
+                error,
+                message,
+                duration_ms: 0,
+            })
+            .await?;
         }
         let due: Vec<(String, String, Value, String)> = run
             .state
             .batch
             .iter()
             .filter(|c| c.approval == ApprovalStatus::Due)
-            .map(|c| (c.call_id.clone(), c.name.clone(), c.input.clone(), c.args_hash.clone()))
+            .map(|c| {
+                (
+                    c.call_id.clone(),
+                    c.name.clone(),
+                    c.input.clone(),
+                    c.args_hash.clone(),
+                )
+            })
             .collect();
         for (call_id, tool, input, args_hash) in due {
             let expires_at = approval_deadline(run);
-            run.record(EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted: false }).await?;
+            run.record(EventKind::ApprovalRequested {
+                call_id,
+                tool,
+                input,
+                args_hash,
+                expires_at,
+                interrupted: false,
+            })
+            .await?;
         }
         let rejected: Vec<(String, bool)> = run
             .state
@@ -970,9 +1450,19 @@ impl Agent {
             let kind = if interrupted {
                 let message = Insert::OutcomeUnknown
                     .wrap("The worker stopped while this call was running, and a person chose not to run it again. Whether it took effect is unknown.");
-                EventKind::ToolError { call_id, error: ToolErrorKind::OutcomeUnknown, message, duration_ms: 0 }
+                EventKind::ToolError {
+                    call_id,
+                    error: ToolErrorKind::OutcomeUnknown,
+                    message,
+                    duration_ms: 0,
+                }
             } else {
-                EventKind::ToolError { call_id, error: ToolErrorKind::Rejected, message: "A person rejected this call.".to_owned(), duration_ms: 0 }
+                EventKind::ToolError {
+                    call_id,
+                    error: ToolErrorKind::Rejected,
+                    message: "A person rejected this call.".to_owned(),
+                    duration_ms: 0,
+                }
             };
             run.record(kind).await?;
         }
@@ -985,7 +1475,10 @@ impl Agent {
         if run.state.phase == Phase::AwaitingTool
             && let Some(pull_point) = run.state.tool_park()
         {
-            run.record(EventKind::SessionPause { pull_point: pull_point.clone() }).await?;
+            run.record(EventKind::SessionPause {
+                pull_point: pull_point.clone(),
+            })
+            .await?;
             self.observe(HookTopic::OnPause, json!({ "pull_point": pull_point }));
         }
         Ok(())
@@ -995,9 +1488,23 @@ impl Agent {
     /// `tool.call` and, for a refused call, its `tool.error`, for an approval
     /// its `approval.requested`.
     async fn decide(&self, run: &mut Run<'_>, call_id: &str) -> Result<Decided, AgentError> {
-        let call = run.state.call(call_id).expect("undecided call is in the batch").clone();
-        let fired = self.fire(run, HookTopic::BeforeToolCall, json!({ "call_id": call.call_id, "name": call.name, "input": call.input })).await?;
-        let input = fired.payload.get("input").cloned().unwrap_or(call.input.clone());
+        let call = run
+            .state
+            .call(call_id)
+            .expect("undecided call is in the batch")
+            .clone();
+        let fired = self
+            .fire(
+                run,
+                HookTopic::BeforeToolCall,
+                json!({ "call_id": call.call_id, "name": call.name, "input": call.input }),
+            )
+            .await?;
+        let input = fired
+            .payload
+            .get("input")
+            .cloned()
+            .unwrap_or(call.input.clone());
         let spec = run.state.step_tools.iter().find(|t| t.name == call.name);
         let refusal = |error, message: String| Disposition::Refused { error, message };
         // Every tool's arguments, external ones included, are checked against
@@ -1005,41 +1512,79 @@ impl Agent {
         // violation is an error result the model sees and can correct, never
         // a payload for a client or an approver. (The output tool is checked
         // as structured output below.)
-        let invalid = spec.filter(|t| t.name != OUTPUT_TOOL).and_then(|t| self.invalid_arguments(t, &input));
+        let invalid = spec
+            .filter(|t| t.name != OUTPUT_TOOL)
+            .and_then(|t| self.invalid_arguments(t, &input));
         // What the decision needs of the spec: whether its source asks for
         // an approval, whether the caller runs it.
         let spec = spec.map(|t| (t.requires_approval(), t.external));
         let disposition = match (&fired.verdict, &spec) {
-            (Verdict::Cancel(reason), _) => refusal(ToolErrorKind::Cancelled, format!("A hook cancelled this call: {reason}")),
-            (Verdict::Skip, _) => refusal(ToolErrorKind::Cancelled, "A hook skipped this call.".into()),
-            (_, None) => {
-                let names: Vec<&str> = run.state.step_tools.iter().map(|t| t.name.as_str()).collect();
-                refusal(ToolErrorKind::UnknownTool, format!("Unknown tool {:?}. Available tools: {}.", call.name, names.join(", ")))
+            (Verdict::Cancel(reason), _) => refusal(
+                ToolErrorKind::Cancelled,
+                format!("A hook cancelled this call: {reason}"),
+            ),
+            (Verdict::Skip, _) => {
+                refusal(ToolErrorKind::Cancelled, "A hook skipped this call.".into())
             }
-            (_, Some(_)) if call.name == OUTPUT_TOOL => match self.check_output(&run.state.config, &input) {
-                Ok(()) => Disposition::Run { reminder: None },
-                Err(reason) => {
-                    let out_of_reasks = run.state.reasks >= run.state.config.max_reasks;
-                    let kind = EventKind::GuardrailTripped { stage: GuardrailStage::Output, guardrail: "output_schema".into(), reason: reason.clone(), reask: None };
-                    run.record(kind).await?;
-                    if out_of_reasks {
-                        self.fail(run, format!("structured output rejected: {reason}")).await?;
-                        return Ok(Decided::Recorded);
+            (_, None) => {
+                let names: Vec<&str> = run
+                    .state
+                    .step_tools
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect();
+                refusal(
+                    ToolErrorKind::UnknownTool,
+                    format!(
+                        "Unknown tool {:?}. Available tools: {}.",
+                        call.name,
+                        names.join(", ")
+                    ),
+                )
+            }
+            (_, Some(_)) if call.name == OUTPUT_TOOL => {
+                match self.check_output(&run.state.config, &input) {
+                    Ok(()) => Disposition::Run { reminder: None },
+                    Err(reason) => {
+                        let out_of_reasks = run.state.reasks >= run.state.config.max_reasks;
+                        let kind = EventKind::GuardrailTripped {
+                            stage: GuardrailStage::Output,
+                            guardrail: "output_schema".into(),
+                            reason: reason.clone(),
+                            reask: None,
+                        };
+                        run.record(kind).await?;
+                        if out_of_reasks {
+                            self.fail(run, format!("structured output rejected: {reason}"))
+                                .await?;
+                            return Ok(Decided::Recorded);
+                        }
+                        let text = Insert::Reask.wrap(&format!("The arguments do not match the output schema: {reason}. Call {OUTPUT_TOOL} again."));
+                        refusal(ToolErrorKind::InvalidArguments, text)
                     }
-                    let text = Insert::Reask.wrap(&format!("The arguments do not match the output schema: {reason}. Call {OUTPUT_TOOL} again."));
-                    refusal(ToolErrorKind::InvalidArguments, text)
                 }
-            },
-            (_, Some(_)) if invalid.is_some() => refusal(ToolErrorKind::InvalidArguments, invalid.clone().unwrap_or_default()),
-            (_, Some((source_requires_approval, external))) => match CompiledPolicies::new(&run.state.config.policies).map(|p| p.decide(&call.name, &input)) {
-                Err(e) => refusal(ToolErrorKind::Denied, format!("Denied: {e}")),
-                Ok(PolicyAction::Deny { reason }) => refusal(ToolErrorKind::Denied, format!("Denied by policy: {reason}")),
-                Ok(PolicyAction::RequireApproval) => Disposition::Approval,
-                Ok(_) if *source_requires_approval => Disposition::Approval,
-                Ok(_) if *external => Disposition::External,
-                Ok(PolicyAction::Remind { text }) => Disposition::Run { reminder: Some(text) },
-                Ok(PolicyAction::Allow) => Disposition::Run { reminder: None },
-            },
+            }
+            (_, Some(_)) if invalid.is_some() => refusal(
+                ToolErrorKind::InvalidArguments,
+                invalid.clone().unwrap_or_default(),
+            ),
+            (_, Some((source_requires_approval, external))) => {
+                match CompiledPolicies::new(&run.state.config.policies)
+                    .map(|p| p.decide(&call.name, &input))
+                {
+                    Err(e) => refusal(ToolErrorKind::Denied, format!("Denied: {e}")),
+                    Ok(PolicyAction::Deny { reason }) => {
+                        refusal(ToolErrorKind::Denied, format!("Denied by policy: {reason}"))
+                    }
+                    Ok(PolicyAction::RequireApproval) => Disposition::Approval,
+                    Ok(_) if *source_requires_approval => Disposition::Approval,
+                    Ok(_) if *external => Disposition::External,
+                    Ok(PolicyAction::Remind { text }) => Disposition::Run {
+                        reminder: Some(text),
+                    },
+                    Ok(PolicyAction::Allow) => Disposition::Run { reminder: None },
+                }
+            }
         };
         if !matches!(disposition, Disposition::Refused { .. })
             && let Some(limit) = run.state.limits.exhausted_for_tool(&run.state.usage)
@@ -1048,13 +1593,34 @@ impl Agent {
         }
         let hash = args_hash(&input);
         let idempotency_key = idempotency_key(run.state, &call.call_id);
-        let record = ToolCallRecord { call_id: call.call_id.clone(), name: call.name.clone(), input: input.clone(), args_hash: hash.clone(), idempotency_key, disposition: disposition.clone() };
+        let record = ToolCallRecord {
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            input: input.clone(),
+            args_hash: hash.clone(),
+            idempotency_key,
+            disposition: disposition.clone(),
+        };
         run.record(EventKind::ToolCall(record)).await?;
         if let Disposition::Refused { error, message } = disposition {
-            run.record(EventKind::ToolError { call_id: call.call_id, error, message, duration_ms: 0 }).await?;
+            run.record(EventKind::ToolError {
+                call_id: call.call_id,
+                error,
+                message,
+                duration_ms: 0,
+            })
+            .await?;
         } else if disposition == Disposition::Approval {
             let expires_at = approval_deadline(run);
-            run.record(EventKind::ApprovalRequested { call_id: call.call_id, tool: call.name, input, args_hash: hash, expires_at, interrupted: false }).await?;
+            run.record(EventKind::ApprovalRequested {
+                call_id: call.call_id,
+                tool: call.name,
+                input,
+                args_hash: hash,
+                expires_at,
+                interrupted: false,
+            })
+            .await?;
         }
         Ok(Decided::Recorded)
     }
@@ -1069,9 +1635,16 @@ impl Agent {
             .filter(|c| c.result.is_none())
             .filter_map(|c| match &c.disposition {
                 Some(Disposition::Run { reminder }) if c.approval != ApprovalStatus::Requested => {
-                    Some((c.call_id.clone(), c.name.clone(), c.input.clone(), reminder.clone()))
+                    Some((
+                        c.call_id.clone(),
+                        c.name.clone(),
+                        c.input.clone(),
+                        reminder.clone(),
+                    ))
                 }
-                Some(Disposition::Approval) if c.approval == ApprovalStatus::Approved && !c.external => {
+                Some(Disposition::Approval)
+                    if c.approval == ApprovalStatus::Approved && !c.external =>
+                {
                     Some((c.call_id.clone(), c.name.clone(), c.input.clone(), None))
                 }
                 _ => None,
@@ -1083,10 +1656,18 @@ impl Agent {
         run.commit().await?;
         let run_id = run.state.run_id;
         let clock = run.clock;
-        let keys: Vec<String> = ready.iter().map(|(call_id, ..)| idempotency_key(run.state, call_id)).collect();
+        let keys: Vec<String> = ready
+            .iter()
+            .map(|(call_id, ..)| idempotency_key(run.state, call_id))
+            .collect();
         // Each call's grace period after a cancel, from the step's frozen tool list.
         let grace = |name: &str| {
-            let ms = run.state.step_tools.iter().find(|t| t.name == name).map_or(glia_proto::DEFAULT_CANCEL_GRACE_MS, |t| t.cancel_grace_ms);
+            let ms = run
+                .state
+                .step_tools
+                .iter()
+                .find(|t| t.name == name)
+                .map_or(glia_proto::DEFAULT_CANCEL_GRACE_MS, |t| t.cancel_grace_ms);
             std::time::Duration::from_millis(ms)
         };
         // A cancel while the calls run does not stop them: each may finish
@@ -1144,14 +1725,32 @@ impl Agent {
                     Ok(content) => (content.clone(), None),
                     Err(f) => (ToolContent::Text(f.message.clone()), Some(f.kind)),
                 };
-                (idempotency_key(run.state, call_id), HeldResult { call_id: call_id.clone(), content, error, duration_ms: *duration_ms })
+                (
+                    idempotency_key(run.state, call_id),
+                    HeldResult {
+                        call_id: call_id.clone(),
+                        content,
+                        error,
+                        duration_ms: *duration_ms,
+                    },
+                )
             })
             .collect();
         if let Err(e) = run.sink.hold(&held).await {
             tracing::warn!(run_id = %run_id, error = %e, "tool results not held; committing them to the log all the same");
         }
-        for ((call_id, name, _, reminder), (result, redactions, duration_ms)) in ready.into_iter().zip(screened) {
-            self.record_outcome(run, call_id, &name, reminder, (result, redactions), duration_ms).await?;
+        for ((call_id, name, _, reminder), (result, redactions, duration_ms)) in
+            ready.into_iter().zip(screened)
+        {
+            self.record_outcome(
+                run,
+                call_id,
+                &name,
+                reminder,
+                (result, redactions),
+                duration_ms,
+            )
+            .await?;
         }
         if cancelled {
             run.commit().await?;
@@ -1181,8 +1780,19 @@ impl Agent {
         let fired = self.fire(run, HookTopic::AfterToolCall, json!({ "call_id": call_id, "name": name, "content": content, "is_error": is_error })).await?;
         let content = ToolContent::deserialize(&fired.payload["content"]).unwrap_or(content);
         let kind = match result {
-            Ok(_) => EventKind::ToolResult { call_id, content, reminder, duration_ms, redactions },
-            Err(ToolFailure { kind, .. }) => EventKind::ToolError { call_id, error: kind, message: content.to_text().into_owned(), duration_ms },
+            Ok(_) => EventKind::ToolResult {
+                call_id,
+                content,
+                reminder,
+                duration_ms,
+                redactions,
+            },
+            Err(ToolFailure { kind, .. }) => EventKind::ToolError {
+                call_id,
+                error: kind,
+                message: content.to_text().into_owned(),
+                duration_ms,
+            },
         };
         run.record(kind).await
     }
@@ -1191,11 +1801,23 @@ impl Agent {
 
     async fn reflect(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
         if run.state.config.conversational {
-            run.record(EventKind::SessionPause { pull_point: PullPoint::AwaitingInput }).await?;
-            self.observe(HookTopic::OnPause, json!({ "pull_point": PullPoint::AwaitingInput }));
+            run.record(EventKind::SessionPause {
+                pull_point: PullPoint::AwaitingInput,
+            })
+            .await?;
+            self.observe(
+                HookTopic::OnPause,
+                json!({ "pull_point": PullPoint::AwaitingInput }),
+            );
             return Ok(());
         }
-        match run.unless_cancelled(self.planner(run.state).reflect(run.state, &*self.provider_for(run.state))).await? {
+        match run
+            .unless_cancelled(
+                self.planner(run.state)
+                    .reflect(run.state, &*self.provider_for(run.state)),
+            )
+            .await?
+        {
             Ok(Reflection::Next) => {
                 let next = run.state.step.map_or(0, |s| s + 1);
                 self.start_step(run, next).await
@@ -1211,17 +1833,30 @@ impl Agent {
     /// Complete the run with `answer`, or with the last step's answer.
     async fn complete(&self, run: &mut Run<'_>, answer: Option<String>) -> Result<(), AgentError> {
         let answer = answer.unwrap_or_else(|| run.state.answer.clone());
-        let outcome = Outcome::Succeeded { answer, output: run.state.output.clone() };
-        run.record(EventKind::SessionComplete { outcome: outcome.clone() }).await?;
+        let outcome = Outcome::Succeeded {
+            answer,
+            output: run.state.output.clone(),
+        };
+        run.record(EventKind::SessionComplete {
+            outcome: outcome.clone(),
+        })
+        .await?;
         self.observe(HookTopic::OnComplete, json!({ "outcome": outcome }));
         Ok(())
     }
 
     async fn fail(&self, run: &mut Run<'_>, error: String) -> Result<(), AgentError> {
-        run.record(EventKind::Error { message: error.clone(), fatal: true }).await?;
+        run.record(EventKind::Error {
+            message: error.clone(),
+            fatal: true,
+        })
+        .await?;
         self.observe(HookTopic::OnError, json!({ "message": error }));
         let outcome = Outcome::Failed { error };
-        run.record(EventKind::SessionComplete { outcome: outcome.clone() }).await?;
+        run.record(EventKind::SessionComplete {
+            outcome: outcome.clone(),
+        })
+        .await?;
         self.observe(HookTopic::OnComplete, json!({ "outcome": outcome }));
         Ok(())
     }
@@ -1232,26 +1867,55 @@ impl Agent {
     async fn provider_failed(&self, run: &mut Run<'_>, e: ProviderError) -> Result<(), AgentError> {
         match e {
             e if e.is_transient() => {
-                run.record(EventKind::Error { message: e.to_string(), fatal: false }).await?;
+                run.record(EventKind::Error {
+                    message: e.to_string(),
+                    fatal: false,
+                })
+                .await?;
                 self.observe(HookTopic::OnError, json!({ "message": e.to_string() }));
                 run.commit().await?;
                 Err(AgentError::Provider(e))
             }
-            ProviderError::SpendCap(reason) => self.pause(run, PauseReason::Provider { reason }).await,
-            e @ (ProviderError::Auth(_) | ProviderError::NotConfigured(_)) => self.pause(run, PauseReason::Provider { reason: e.to_string() }).await,
+            ProviderError::SpendCap(reason) => {
+                self.pause(run, PauseReason::Provider { reason }).await
+            }
+            e @ (ProviderError::Auth(_) | ProviderError::NotConfigured(_)) => {
+                self.pause(
+                    run,
+                    PauseReason::Provider {
+                        reason: e.to_string(),
+                    },
+                )
+                .await
+            }
             e => self.fail(run, format!("model call failed: {e}")).await,
         }
     }
 
-    async fn budget_pause(&self, run: &mut Run<'_>, limit: glia_proto::Limit) -> Result<(), AgentError> {
-        self.observe(HookTopic::OnBudgetExceeded, json!({ "limit": limit, "usage": run.state.usage, "limits": run.state.limits }));
-        run.record(EventKind::BudgetWarn { limit, usage: run.state.usage, limits: run.state.limits }).await?;
+    async fn budget_pause(
+        &self,
+        run: &mut Run<'_>,
+        limit: glia_proto::Limit,
+    ) -> Result<(), AgentError> {
+        self.observe(
+            HookTopic::OnBudgetExceeded,
+            json!({ "limit": limit, "usage": run.state.usage, "limits": run.state.limits }),
+        );
+        run.record(EventKind::BudgetWarn {
+            limit,
+            usage: run.state.usage,
+            limits: run.state.limits,
+        })
+        .await?;
         self.pause(run, PauseReason::Budget { limit }).await
     }
 
     async fn pause(&self, run: &mut Run<'_>, reason: PauseReason) -> Result<(), AgentError> {
         let pull_point = PullPoint::Paused { reason };
-        run.record(EventKind::SessionPause { pull_point: pull_point.clone() }).await?;
+        run.record(EventKind::SessionPause {
+            pull_point: pull_point.clone(),
+        })
+        .await?;
         self.observe(HookTopic::OnPause, json!({ "pull_point": pull_point }));
         Ok(())
     }
@@ -1261,8 +1925,15 @@ impl Agent {
     /// Reserve room for `request` with the budget gate, if there is one:
     /// `Some(limit)` when refused. A gate that cannot decide leaves the run
     /// runnable: what is recorded is committed and the error returned.
-    async fn reserve(&self, run: &mut Run<'_>, request_id: &str, request: &ModelRequest) -> Result<Option<glia_proto::Limit>, AgentError> {
-        let Some(gate) = &self.budget_gate else { return Ok(None) };
+    async fn reserve(
+        &self,
+        run: &mut Run<'_>,
+        request_id: &str,
+        request: &ModelRequest,
+    ) -> Result<Option<glia_proto::Limit>, AgentError> {
+        let Some(gate) = &self.budget_gate else {
+            return Ok(None);
+        };
         let usage = budget_gate::estimate_usage(request);
         let estimate = Spend::of(&usage, self.cost(run.state, &usage));
         match gate.reserve(run.state, request_id, estimate).await {
@@ -1290,24 +1961,45 @@ impl Agent {
     /// under the id of the event just recorded.
     async fn settle_unreserved(&self, run: &Run<'_>, spent: Spend) {
         if spent != Spend::ZERO {
-            self.settle(run, &format!("{}:{}", run.state.run_id, run.state.head_seq), spent).await;
+            self.settle(
+                run,
+                &format!("{}:{}", run.state.run_id, run.state.head_seq),
+                spent,
+            )
+            .await;
         }
     }
 
     // ----- hooks, guardrails, helpers --------------------------------------
 
     /// Fire an intercepting topic and record the effects it honours.
-    async fn fire(&self, run: &mut Run<'_>, topic: HookTopic, payload: Value) -> Result<Fired, AgentError> {
+    async fn fire(
+        &self,
+        run: &mut Run<'_>,
+        topic: HookTopic,
+        payload: Value,
+    ) -> Result<Fired, AgentError> {
         let mut fired = self.hooks.fire(topic, payload.clone());
         if !honours(topic, &fired.verdict) {
             fired.verdict = Verdict::Continue;
         }
         for (hook, effect) in fired.effects.clone() {
             if honours_effect(topic, &effect) {
-                run.record(EventKind::HookApplied { topic, hook, effect }).await?;
+                run.record(EventKind::HookApplied {
+                    topic,
+                    hook,
+                    effect,
+                })
+                .await?;
             }
         }
-        if !matches!(topic, HookTopic::AfterPlan | HookTopic::BeforeStep | HookTopic::BeforeToolCall | HookTopic::AfterToolCall) {
+        if !matches!(
+            topic,
+            HookTopic::AfterPlan
+                | HookTopic::BeforeStep
+                | HookTopic::BeforeToolCall
+                | HookTopic::AfterToolCall
+        ) {
             fired.payload = payload;
         }
         Ok(fired)
@@ -1322,7 +2014,10 @@ impl Agent {
     /// The run's declarative guardrails (`RunConfig::guardrails`), compiled;
     /// they were checked before `session.start`.
     fn declared_guardrails(&self, config: &RunConfig) -> Result<CompiledGuardrails, AgentError> {
-        config.guardrails.compile().map_err(|e| AgentError::Config(format!("guardrails.{e}")))
+        config
+            .guardrails
+            .compile()
+            .map_err(|e| AgentError::Config(format!("guardrails.{e}")))
     }
 
     /// A tool's result (or failure message) as the run's `tool_results`
@@ -1348,21 +2043,40 @@ impl Agent {
         let (screened, redactions) = match declared.screen_tool_result(&content) {
             Ok(screened) => screened,
             Err(withheld) => {
-                let reason = format!("the result of call {call_id} was withheld ({} characters)", withheld.chars);
-                run.record(EventKind::GuardrailTripped { stage: GuardrailStage::ToolResult, guardrail: withheld.guardrail.clone(), reason, reask: None }).await?;
+                let reason = format!(
+                    "the result of call {call_id} was withheld ({} characters)",
+                    withheld.chars
+                );
+                run.record(EventKind::GuardrailTripped {
+                    stage: GuardrailStage::ToolResult,
+                    guardrail: withheld.guardrail.clone(),
+                    reason,
+                    reask: None,
+                })
+                .await?;
                 (ToolContent::Text(withheld.note()), Vec::new())
             }
         };
         Ok(match result {
             Ok(_) => (Ok(screened), redactions),
-            Err(f) => (Err(ToolFailure { kind: f.kind, message: screened.to_text().into_owned() }), Vec::new()),
+            Err(f) => (
+                Err(ToolFailure {
+                    kind: f.kind,
+                    message: screened.to_text().into_owned(),
+                }),
+                Vec::new(),
+            ),
         })
     }
 
     /// The first input guardrail that rejects `text`: the run's declared
     /// ones, then the worker's.
     fn check_input(&self, declared: &CompiledGuardrails, text: &str) -> Option<(String, String)> {
-        declared.check_input(text).err().or_else(|| self.input_guardrails.iter().find_map(|g| g.check(text).err().map(|r| (g.name.clone(), r))))
+        declared.check_input(text).err().or_else(|| {
+            self.input_guardrails
+                .iter()
+                .find_map(|g| g.check(text).err().map(|r| (g.name.clone(), r)))
+        })
     }
 
     /// `schema` compiled, from [`Agent::validators`] (compiled once per
@@ -1371,7 +2085,12 @@ impl Agent {
     /// again at the next use).
     fn validator(&self, schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
         let key = schema.to_string();
-        if let Some(v) = self.validators.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if let Some(v) = self
+            .validators
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
             return Ok(v.clone());
         }
         let compiled = Arc::new(jsonschema::validator_for(schema).map_err(|e| e.to_string())?);
@@ -1388,20 +2107,37 @@ impl Agent {
     fn invalid_arguments(&self, spec: &ToolSpec, input: &Value) -> Option<String> {
         match self.validator(&spec.input_schema) {
             Ok(validator) => crate::tool::check_arguments(&spec.name, &validator, input).err(),
-            Err(e) => Some(format!("Tool {} cannot be called: its input schema does not compile ({e}).", spec.name)),
+            Err(e) => Some(format!(
+                "Tool {} cannot be called: its input schema does not compile ({e}).",
+                spec.name
+            )),
         }
     }
 
     fn check_output(&self, config: &RunConfig, output: &Value) -> Result<(), String> {
-        let schema = config.output_schema.as_ref().ok_or("the run has no output schema")?;
+        let schema = config
+            .output_schema
+            .as_ref()
+            .ok_or("the run has no output schema")?;
         let validator = self.validator(schema)?;
-        let problems: Vec<String> = validator.iter_errors(output).map(|e| format!("{} at '{}'", e, e.instance_path())).collect();
-        if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
+        let problems: Vec<String> = validator
+            .iter_errors(output)
+            .map(|e| format!("{} at '{}'", e, e.instance_path()))
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
     }
 
     /// The run's prices, else the provider's (an operator's price table).
     fn cost(&self, state: &RunState, usage: &glia_proto::Usage) -> u64 {
-        state.config.pricing.or_else(|| self.provider_for(state).pricing(&state.config.model)).map_or(0, |p| p.cost_usd_micros(usage))
+        state
+            .config
+            .pricing
+            .or_else(|| self.provider_for(state).pricing(&state.config.model))
+            .map_or(0, |p| p.cost_usd_micros(usage))
     }
 
     /// The provider `state`'s run calls: the one its config names
@@ -1410,32 +2146,53 @@ impl Agent {
     fn provider_for(&self, state: &RunState) -> Arc<dyn Provider> {
         match &state.config.provider {
             None => self.provider.clone(),
-            Some(name) => self.named.get(name).cloned().unwrap_or_else(|| Arc::new(NotConfigured(name.clone()))),
+            Some(name) => self
+                .named
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(NotConfigured(name.clone()))),
         }
     }
 
     fn check_config(&self, config: &RunConfig) -> Result<(), AgentError> {
-        config.validate().map_err(|e| AgentError::Config(e.to_string()))?;
+        config
+            .validate()
+            .map_err(|e| AgentError::Config(e.to_string()))?;
         CompiledPolicies::new(&config.policies).map_err(|e| AgentError::Config(e.to_string()))?;
         if let Some(allowed) = &config.tools
-            && let Some((i, missing)) = allowed.iter().enumerate().find(|(_, n)| self.tools.spec(n).is_none())
+            && let Some((i, missing)) = allowed
+                .iter()
+                .enumerate()
+                .find(|(_, n)| self.tools.spec(n).is_none())
         {
-            return Err(AgentError::Config(format!("tools[{i}]: tool {missing} is not registered on this worker")));
+            return Err(AgentError::Config(format!(
+                "tools[{i}]: tool {missing} is not registered on this worker"
+            )));
         }
         if let Some(name) = &config.provider
             && !self.named.contains_key(name)
         {
-            return Err(AgentError::Config(format!("provider: {name:?} is not a provider of this worker (the catalogue's [providers])")));
+            return Err(AgentError::Config(format!(
+                "provider: {name:?} is not a provider of this worker (the catalogue's [providers])"
+            )));
         }
         if !config.mcp.is_empty() || !config.http_tools.is_empty() {
             match &self.sources {
-                Some(sources) => sources.admit(config).map_err(|e| AgentError::Config(e.to_string()))?,
-                None => return Err(AgentError::Config("mcp, http_tools: this worker has no catalogue (glia worker --catalogue FILE)".into())),
+                Some(sources) => sources
+                    .admit(config)
+                    .map_err(|e| AgentError::Config(e.to_string()))?,
+                None => return Err(AgentError::Config(
+                    "mcp, http_tools: this worker has no catalogue (glia worker --catalogue FILE)"
+                        .into(),
+                )),
             }
         }
         for t in &config.external_tools {
             if self.tools.spec(&t.name).is_some() {
-                return Err(AgentError::Config(format!("external tool {} clashes with a registered tool", t.name)));
+                return Err(AgentError::Config(format!(
+                    "external tool {} clashes with a registered tool",
+                    t.name
+                )));
             }
         }
         Ok(())
@@ -1446,7 +2203,11 @@ impl Agent {
 /// `tool_policy` for its name applied (approval, idempotency, timeout,
 /// hand-off) and its [`ResolvedPolicy`] recorded.
 fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
-    let tenant = config.tool_policy.get(&tool.name).cloned().unwrap_or_default();
+    let tenant = config
+        .tool_policy
+        .get(&tool.name)
+        .cloned()
+        .unwrap_or_default();
     let by = crate::tool_sources::tenant_origin(config);
     let origin = |set: bool| if set { by } else { PolicyOrigin::Default };
     let idempotent = tenant.idempotent.unwrap_or(tool.idempotent);
@@ -1470,13 +2231,18 @@ fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
 /// record it in the tool's resolved policy (the decision itself is taken
 /// per call by the policies).
 fn gate_by_policies(config: &RunConfig, tool: &mut ToolSpec) {
-    let first = config.policies.iter().find(|p| p.tool == "*" || p.tool == tool.name);
-    let always = first.is_some_and(|p| p.args.is_none() && p.action == PolicyAction::RequireApproval);
+    let first = config
+        .policies
+        .iter()
+        .find(|p| p.tool == "*" || p.tool == tool.name);
+    let always =
+        first.is_some_and(|p| p.args.is_none() && p.action == PolicyAction::RequireApproval);
     if let Some(policy) = tool.policy.as_mut()
         && always
         && !policy.requires_approval
     {
-        (policy.requires_approval, policy.approval_by) = (true, crate::tool_sources::tenant_origin(config));
+        (policy.requires_approval, policy.approval_by) =
+            (true, crate::tool_sources::tenant_origin(config));
     }
 }
 
@@ -1485,7 +2251,11 @@ struct NotConfigured(String);
 
 #[async_trait]
 impl Provider for NotConfigured {
-    async fn generate(&self, _: &ModelRequest, _: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<crate::provider::ModelResponse, ProviderError> {
+    async fn generate(
+        &self,
+        _: &ModelRequest,
+        _: &(dyn Fn(LiveEvent) + Send + Sync),
+    ) -> Result<crate::provider::ModelResponse, ProviderError> {
         Err(ProviderError::NotConfigured(self.0.clone()))
     }
 }
@@ -1494,7 +2264,11 @@ impl Provider for NotConfigured {
 /// a finished answer or a tool call; otherwise the rejection the run's stop
 /// policy ([`RunConfig::stop_reasons`], see [`glia_proto::stop`]) gives it.
 /// A re-ask with no re-asks left (`max_reasks`) fails instead.
-fn judge_stop(state: &RunState, stop_reason: &str, message: &glia_proto::Message) -> Option<RejectedAnswer> {
+fn judge_stop(
+    state: &RunState,
+    stop_reason: &str,
+    message: &glia_proto::Message,
+) -> Option<RejectedAnswer> {
     let class = StopClass::of(stop_reason, message);
     let action = match state.config.stop_reasons.action(class)? {
         StopAction::Reask if state.reasks >= state.config.max_reasks => StopAction::Fail,
@@ -1507,9 +2281,13 @@ fn judge_stop(state: &RunState, stop_reason: &str, message: &glia_proto::Message
         };
         Insert::Reask.wrap(&format!("Your previous answer was not accepted: {} (stop reason {stop_reason:?}).{hint} Answer again.", class.describe()))
     });
-    Some(RejectedAnswer { class, action, reask, refused_turn: None })
+    Some(RejectedAnswer {
+        class,
+        action,
+        reask,
+        refused_turn: None,
+    })
 }
-
 
 /// When an approval requested now expires, per the run's config.
 /// `{run_id}:{turn}:{call_id}`, where `turn` counts the run's model calls so
@@ -1524,22 +2302,36 @@ fn idempotency_key(state: &RunState, call_id: &str) -> String {
 /// returns directly ([`ToolSpec::return_direct`]), when the conversation ends
 /// with that batch: the run completes with it instead of calling the model.
 fn returned_directly(state: &RunState) -> Option<String> {
-    let [.., asked, results] = state.messages.as_slice() else { return None };
+    let [.., asked, results] = state.messages.as_slice() else {
+        return None;
+    };
     if asked.role != Role::Assistant || results.role != Role::User {
         return None;
     }
     let direct = |id: &str| {
-        asked.tool_uses().any(|(use_id, name, _)| use_id == id && state.step_tools.iter().any(|t| t.name == name && t.return_direct))
+        asked.tool_uses().any(|(use_id, name, _)| {
+            use_id == id
+                && state
+                    .step_tools
+                    .iter()
+                    .any(|t| t.name == name && t.return_direct)
+        })
     };
     results.content.iter().find_map(|block| match block {
-        ContentBlock::ToolResult { tool_use_id, content, is_error: false } if direct(tool_use_id) => Some(content.to_text().into_owned()),
+        ContentBlock::ToolResult {
+            tool_use_id,
+            content,
+            is_error: false,
+        } if direct(tool_use_id) => Some(content.to_text().into_owned()),
         _ => None,
     })
 }
 
 fn approval_deadline(run: &Run<'_>) -> Option<DateTime<Utc>> {
     let ms = run.state.config.approval_timeout_ms?;
-    Some(run.clock.now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 2)))
+    Some(
+        run.clock.now() + chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 2)),
+    )
 }
 
 /// Which verdicts take effect on a topic (see the table in [`crate::hooks`]).
@@ -1547,7 +2339,10 @@ fn honours(topic: HookTopic, verdict: &Verdict) -> bool {
     use HookTopic::*;
     match verdict {
         Verdict::Continue => true,
-        Verdict::Cancel(_) => matches!(topic, BeforePlan | AfterPlan | BeforeStep | AfterStep | BeforeToolCall),
+        Verdict::Cancel(_) => matches!(
+            topic,
+            BeforePlan | AfterPlan | BeforeStep | AfterStep | BeforeToolCall
+        ),
         Verdict::Skip => matches!(topic, BeforePlan | BeforeStep | BeforeToolCall),
         Verdict::Pause(_) => matches!(topic, AfterStep),
     }
@@ -1556,7 +2351,10 @@ fn honours(topic: HookTopic, verdict: &Verdict) -> bool {
 fn honours_effect(topic: HookTopic, effect: &HookEffect) -> bool {
     use HookTopic::*;
     match effect {
-        HookEffect::Modified { .. } => matches!(topic, AfterPlan | BeforeStep | BeforeToolCall | AfterToolCall),
+        HookEffect::Modified { .. } => matches!(
+            topic,
+            AfterPlan | BeforeStep | BeforeToolCall | AfterToolCall
+        ),
         HookEffect::Cancelled { reason } => honours(topic, &Verdict::Cancel(reason.clone())),
         HookEffect::Skipped => honours(topic, &Verdict::Skip),
         HookEffect::Paused { reason } => honours(topic, &Verdict::Pause(reason.clone())),

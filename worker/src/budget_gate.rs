@@ -55,12 +55,22 @@ pub trait BudgetGate: Send + Sync {
     /// Reserve `estimate` for the model call `request_id` of the run in
     /// `state`. A request id already reserved or settled is granted again
     /// without counting twice.
-    async fn reserve(&self, state: &RunState, request_id: &str, estimate: Spend) -> Result<GateDecision, GateError>;
+    async fn reserve(
+        &self,
+        state: &RunState,
+        request_id: &str,
+        estimate: Spend,
+    ) -> Result<GateDecision, GateError>;
 
     /// The call `request_id` cost `actual`: replace its reservation (or, for
     /// spend nothing was reserved for, add it). A repeated settle changes
     /// nothing.
-    async fn settle(&self, state: &RunState, request_id: &str, actual: Spend) -> Result<(), GateError>;
+    async fn settle(
+        &self,
+        state: &RunState,
+        request_id: &str,
+        actual: Spend,
+    ) -> Result<(), GateError>;
 }
 
 /// The usage the loop reserves for before a model call (priced with the
@@ -83,7 +93,11 @@ pub fn estimate_usage(request: &ModelRequest) -> Usage {
     let chars = request.system.len()
         + serde_json::to_string(&request.messages).map_or(0, |s| s.len())
         + serde_json::to_string(&request.tools).map_or(0, |s| s.len());
-    Usage { input_tokens: (chars as u64).div_ceil(4), output_tokens: u64::from(request.max_tokens), ..Usage::default() }
+    Usage {
+        input_tokens: (chars as u64).div_ceil(4),
+        output_tokens: u64::from(request.max_tokens),
+        ..Usage::default()
+    }
 }
 
 /// One tenant's daily caps. JSON: `{"daily_cost_usd_micros": 5000000,
@@ -100,7 +114,10 @@ pub struct TenantCap {
 impl TenantCap {
     /// As the ledger's caps.
     pub fn spend_cap(&self) -> SpendCap {
-        SpendCap { tokens: self.daily_tokens, cost_usd_micros: self.daily_cost_usd_micros }
+        SpendCap {
+            tokens: self.daily_tokens,
+            cost_usd_micros: self.daily_cost_usd_micros,
+        }
     }
 
     /// True when nothing is capped.

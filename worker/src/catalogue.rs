@@ -159,7 +159,9 @@ pub struct McpServerEntry {
 }
 
 /// Whether an MCP server's annotations are believed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Trust {
     /// Annotations can only make a tool stricter (the default).
@@ -184,15 +186,22 @@ impl McpServerEntry {
     /// Whether tenants may allow the server's tool `tool` (exact name):
     /// listed in `tools_allow` (when set) and not in `tools_deny`.
     pub fn permits(&self, tool: &str) -> bool {
-        self.tools_allow.as_ref().is_none_or(|allow| allow.iter().any(|t| t == tool)) && !self.tools_deny.iter().any(|t| t == tool)
+        self.tools_allow
+            .as_ref()
+            .is_none_or(|allow| allow.iter().any(|t| t == tool))
+            && !self.tools_deny.iter().any(|t| t == tool)
     }
 
     /// Why `tool` is not permitted ([`McpServerEntry::permits`]), for the tenant's error.
     pub fn refusal(&self, server: &str, tool: &str) -> String {
         if self.tools_deny.iter().any(|t| t == tool) {
-            format!("tool {tool:?} of MCP server {server:?} is denied by the operator's catalogue (tools_deny)")
+            format!(
+                "tool {tool:?} of MCP server {server:?} is denied by the operator's catalogue (tools_deny)"
+            )
         } else {
-            format!("tool {tool:?} of MCP server {server:?} is not in the operator's catalogue allow list (tools_allow)")
+            format!(
+                "tool {tool:?} of MCP server {server:?} is not in the operator's catalogue allow list (tools_allow)"
+            )
         }
     }
 }
@@ -219,14 +228,21 @@ pub struct CatalogueError {
     pub reason: String,
 }
 
-static NAME: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
-static ENV_NAME: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| regex::Regex::new("^[A-Za-z_][A-Za-z0-9_]*$").expect("valid regex"));
+static NAME: std::sync::LazyLock<regex::Regex> =
+    std::sync::LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
+static ENV_NAME: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new("^[A-Za-z_][A-Za-z0-9_]*$").expect("valid regex")
+});
 
 impl Catalogue {
     /// Read and check a catalogue file ([`Catalogue::parse`]).
     pub fn load(path: &Path) -> Result<Catalogue, CatalogueError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| CatalogueError { origin: origin.clone(), path: String::new(), reason: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|e| CatalogueError {
+            origin: origin.clone(),
+            path: String::new(),
+            reason: e.to_string(),
+        })?;
         Catalogue::parse(&text, &origin)
     }
 
@@ -234,8 +250,13 @@ impl Catalogue {
     /// wrong types are errors naming the key's path. `origin` names the
     /// source in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Catalogue, CatalogueError> {
-        let error = |path: String, reason: String| CatalogueError { origin: origin.to_owned(), path, reason };
-        let deserializer = toml::Deserializer::parse(text).map_err(|e| error(String::new(), e.message().to_owned()))?;
+        let error = |path: String, reason: String| CatalogueError {
+            origin: origin.to_owned(),
+            path,
+            reason,
+        };
+        let deserializer = toml::Deserializer::parse(text)
+            .map_err(|e| error(String::new(), e.message().to_owned()))?;
         let catalogue: Catalogue = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
             let reason = match e.inner().message() {
@@ -244,7 +265,9 @@ impl Catalogue {
             };
             error(if path == "." { String::new() } else { path }, reason)
         })?;
-        catalogue.check().map_err(|(path, reason)| error(path, reason))?;
+        catalogue
+            .check()
+            .map_err(|(path, reason)| error(path, reason))?;
         Ok(catalogue)
     }
 
@@ -256,20 +279,33 @@ impl Catalogue {
         for (name, p) in &self.providers {
             let at = |k: &str| format!("providers.{name}.{k}");
             if !NAME.is_match(name) {
-                return Err((format!("providers.{name}"), "names are ^[a-zA-Z0-9_-]{1,64}$".into()));
+                return Err((
+                    format!("providers.{name}"),
+                    "names are ^[a-zA-Z0-9_-]{1,64}$".into(),
+                ));
             }
             glia_proto::tool_sources::url_origin(&p.base_url).map_err(|r| (at("base_url"), r))?;
             check_env_name(&p.api_key_env).map_err(|r| (at("api_key_env"), r))?;
-            for (key, limit) in [("requests_per_minute", p.requests_per_minute), ("input_tokens_per_minute", p.input_tokens_per_minute), ("output_tokens_per_minute", p.output_tokens_per_minute)] {
+            for (key, limit) in [
+                ("requests_per_minute", p.requests_per_minute),
+                ("input_tokens_per_minute", p.input_tokens_per_minute),
+                ("output_tokens_per_minute", p.output_tokens_per_minute),
+            ] {
                 if limit == Some(0) {
-                    return Err((at(key), "rate limits must be at least 1 (leave them out for no limit)".into()));
+                    return Err((
+                        at(key),
+                        "rate limits must be at least 1 (leave them out for no limit)".into(),
+                    ));
                 }
             }
         }
         for (name, s) in &self.mcp_servers {
             let at = |k: &str| format!("mcp_servers.{name}.{k}");
             if !NAME.is_match(name) {
-                return Err((format!("mcp_servers.{name}"), "names are ^[a-zA-Z0-9_-]{1,64}$".into()));
+                return Err((
+                    format!("mcp_servers.{name}"),
+                    "names are ^[a-zA-Z0-9_-]{1,64}$".into(),
+                ));
             }
             match s.transport {
                 McpTransport::Stdio => {
@@ -278,7 +314,10 @@ impl Catalogue {
                         _ => return Err((at("command"), "a stdio server needs a command".into())),
                     }
                     if s.url.is_some() {
-                        return Err((at("url"), "is for streamable_http servers; a stdio server has a command".into()));
+                        return Err((
+                            at("url"),
+                            "is for streamable_http servers; a stdio server has a command".into(),
+                        ));
                     }
                     if !s.headers.is_empty() {
                         return Err((at("headers"), "are for streamable_http servers".into()));
@@ -289,43 +328,78 @@ impl Catalogue {
                     }
                 }
                 McpTransport::StreamableHttp => {
-                    let Some(url) = &s.url else { return Err((at("url"), "a streamable_http server needs a url".into())) };
+                    let Some(url) = &s.url else {
+                        return Err((at("url"), "a streamable_http server needs a url".into()));
+                    };
                     glia_proto::tool_sources::url_origin(url).map_err(|r| (at("url"), r))?;
-                    if s.command.is_some() || !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
-                        return Err((at("command"), "command, args, env and cwd are for stdio servers".into()));
+                    if s.command.is_some()
+                        || !s.args.is_empty()
+                        || !s.env.is_empty()
+                        || s.cwd.is_some()
+                    {
+                        return Err((
+                            at("command"),
+                            "command, args, env and cwd are for stdio servers".into(),
+                        ));
                     }
                     for (header, source) in &s.headers {
                         if reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
-                            return Err((at(&format!("headers.{header}")), "is not a valid header name".into()));
+                            return Err((
+                                at(&format!("headers.{header}")),
+                                "is not a valid header name".into(),
+                            ));
                         }
-                        check_env_name(source).map_err(|r| (at(&format!("headers.{header}")), r))?;
+                        check_env_name(source)
+                            .map_err(|r| (at(&format!("headers.{header}")), r))?;
                     }
                 }
             }
             for (i, tool) in s.tools_allow.iter().flatten().enumerate() {
                 if !NAME.is_match(tool) {
-                    return Err((at(&format!("tools_allow[{i}]")), format!("{tool:?}: tool names are ^[a-zA-Z0-9_-]{{1,64}}$")));
+                    return Err((
+                        at(&format!("tools_allow[{i}]")),
+                        format!("{tool:?}: tool names are ^[a-zA-Z0-9_-]{{1,64}}$"),
+                    ));
                 }
             }
             for (i, tool) in s.tools_deny.iter().enumerate() {
                 if !NAME.is_match(tool) {
-                    return Err((at(&format!("tools_deny[{i}]")), format!("{tool:?}: tool names are ^[a-zA-Z0-9_-]{{1,64}}$")));
+                    return Err((
+                        at(&format!("tools_deny[{i}]")),
+                        format!("{tool:?}: tool names are ^[a-zA-Z0-9_-]{{1,64}}$"),
+                    ));
                 }
             }
             for tool in s.policy.keys() {
                 if !NAME.is_match(tool) {
-                    return Err((at(&format!("policy.{tool}")), "tool names are ^[a-zA-Z0-9_-]{1,64}$".into()));
+                    return Err((
+                        at(&format!("policy.{tool}")),
+                        "tool names are ^[a-zA-Z0-9_-]{1,64}$".into(),
+                    ));
                 }
                 if !s.permits(tool) {
-                    return Err((at(&format!("policy.{tool}")), format!("{tool:?} is not a tool tenants may allow (tools_allow / tools_deny), so a policy for it does nothing")));
+                    return Err((
+                        at(&format!("policy.{tool}")),
+                        format!(
+                            "{tool:?} is not a tool tenants may allow (tools_allow / tools_deny), so a policy for it does nothing"
+                        ),
+                    ));
                 }
             }
         }
         for (i, origin) in self.http.allowed_origins.iter().enumerate() {
             let at = format!("http.allowed_origins[{i}]");
-            let normal = glia_proto::tool_sources::url_origin(origin).map_err(|r| (at.clone(), r))?;
-            if normal != origin.trim_end_matches('/').to_ascii_lowercase() && format!("{normal}/") != origin.to_ascii_lowercase() {
-                return Err((at, format!("{origin:?} is not an origin (scheme://host[:port], no path); did you mean {normal:?}?")));
+            let normal =
+                glia_proto::tool_sources::url_origin(origin).map_err(|r| (at.clone(), r))?;
+            if normal != origin.trim_end_matches('/').to_ascii_lowercase()
+                && format!("{normal}/") != origin.to_ascii_lowercase()
+            {
+                return Err((
+                    at,
+                    format!(
+                        "{origin:?} is not an origin (scheme://host[:port], no path); did you mean {normal:?}?"
+                    ),
+                ));
             }
         }
         Ok(())
@@ -339,18 +413,27 @@ impl Catalogue {
         let set = |var: &str| std::env::var_os(var).is_some();
         for (name, p) in &self.providers {
             if !set(&p.api_key_env) {
-                return Err((format!("providers.{name}.api_key_env"), format!("the environment variable {} is not set", p.api_key_env)));
+                return Err((
+                    format!("providers.{name}.api_key_env"),
+                    format!("the environment variable {} is not set", p.api_key_env),
+                ));
             }
         }
         for (name, s) in &self.mcp_servers {
             for (var, source) in &s.env {
                 if !set(source) {
-                    return Err((format!("mcp_servers.{name}.env.{var}"), format!("the environment variable {source} is not set")));
+                    return Err((
+                        format!("mcp_servers.{name}.env.{var}"),
+                        format!("the environment variable {source} is not set"),
+                    ));
                 }
             }
             for (header, source) in &s.headers {
                 if !set(source) {
-                    return Err((format!("mcp_servers.{name}.headers.{header}"), format!("the environment variable {source} is not set")));
+                    return Err((
+                        format!("mcp_servers.{name}.headers.{header}"),
+                        format!("the environment variable {source} is not set"),
+                    ));
                 }
             }
         }
@@ -375,24 +458,47 @@ impl Catalogue {
             let Some(entry) = self.mcp_servers.get(&source.server) else {
                 return Err(ConfigError {
                     field: format!("mcp[{i}].server"),
-                    reason: format!("{:?} is not an MCP server in this fleet's catalogue", source.server),
+                    reason: format!(
+                        "{:?} is not an MCP server in this fleet's catalogue",
+                        source.server
+                    ),
                 });
             };
-            if let Some((j, tool)) = source.allow.iter().enumerate().find(|(_, t)| !entry.permits(t)) {
-                return Err(ConfigError { field: format!("mcp[{i}].allow[{j}]"), reason: entry.refusal(&source.server, tool) });
+            if let Some((j, tool)) = source
+                .allow
+                .iter()
+                .enumerate()
+                .find(|(_, t)| !entry.permits(t))
+            {
+                return Err(ConfigError {
+                    field: format!("mcp[{i}].allow[{j}]"),
+                    reason: entry.refusal(&source.server, tool),
+                });
             }
         }
         for (i, tool) in config.http_tools.iter().enumerate() {
             let field = format!("http_tools[{i}].url");
-            let origin = glia_proto::tool_sources::url_origin(&tool.url).map_err(|reason| ConfigError { field: field.clone(), reason })?;
+            let origin =
+                glia_proto::tool_sources::url_origin(&tool.url).map_err(|reason| ConfigError {
+                    field: field.clone(),
+                    reason,
+                })?;
             if !self.origin_allowed(&origin) {
-                return Err(ConfigError { field, reason: format!("{origin} is not an origin this fleet's catalogue allows HTTP tools to call") });
+                return Err(ConfigError {
+                    field,
+                    reason: format!(
+                        "{origin} is not an origin this fleet's catalogue allows HTTP tools to call"
+                    ),
+                });
             }
         }
         if let Some(provider) = &config.provider
             && !self.providers.contains_key(provider)
         {
-            return Err(ConfigError { field: "provider".into(), reason: format!("{provider:?} is not a provider in this fleet's catalogue") });
+            return Err(ConfigError {
+                field: "provider".into(),
+                reason: format!("{provider:?} is not a provider in this fleet's catalogue"),
+            });
         }
         Ok(())
     }
@@ -405,10 +511,19 @@ impl Catalogue {
 
     /// Whether HTTP tools may call `origin` (as [`glia_proto::tool_sources::url_origin`] gives it).
     pub fn origin_allowed(&self, origin: &str) -> bool {
-        self.http.allowed_origins.iter().any(|o| glia_proto::tool_sources::url_origin(o).is_ok_and(|o| o == origin))
+        self.http
+            .allowed_origins
+            .iter()
+            .any(|o| glia_proto::tool_sources::url_origin(o).is_ok_and(|o| o == origin))
     }
 }
 
 fn check_env_name(name: &str) -> Result<(), String> {
-    if ENV_NAME.is_match(name) { Ok(()) } else { Err(format!("{name:?} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")) }
+    if ENV_NAME.is_match(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+        ))
+    }
 }

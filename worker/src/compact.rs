@@ -8,7 +8,9 @@
 
 use async_trait::async_trait;
 use glia_proto::marker::{Insert, classify, neutralise};
-use glia_proto::{CompactionSpec, CompactionStrategy, ContentBlock, LiveEvent, Message, Role, Usage};
+use glia_proto::{
+    CompactionSpec, CompactionStrategy, ContentBlock, LiveEvent, Message, Role, Usage,
+};
 
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
 
@@ -31,14 +33,25 @@ pub trait Compactor: Send + Sync {
     /// True when `messages` should be compacted before the next call.
     fn should_compact(&self, messages: &[Message]) -> bool;
     /// Compact `messages`; may call `provider` with `model`.
-    async fn compact(&self, messages: &[Message], provider: &dyn Provider, model: &str) -> Result<Compaction, ProviderError>;
+    async fn compact(
+        &self,
+        messages: &[Message],
+        provider: &dyn Provider,
+        model: &str,
+    ) -> Result<Compaction, ProviderError>;
 }
 
 /// The compactor a run's declarative [`CompactionSpec`] (`RunConfig::compaction`) describes.
 pub fn from_spec(spec: &CompactionSpec) -> Box<dyn Compactor> {
     match spec.strategy {
-        CompactionStrategy::DropOldest => Box::new(DropOldest { max_tokens: spec.max_tokens, keep_recent: spec.keep_recent }),
-        CompactionStrategy::Summarize => Box::new(Summarize { max_tokens: spec.max_tokens, keep_recent: spec.keep_recent }),
+        CompactionStrategy::DropOldest => Box::new(DropOldest {
+            max_tokens: spec.max_tokens,
+            keep_recent: spec.keep_recent,
+        }),
+        CompactionStrategy::Summarize => Box::new(Summarize {
+            max_tokens: spec.max_tokens,
+            keep_recent: spec.keep_recent,
+        }),
     }
 }
 
@@ -66,7 +79,9 @@ fn units_to_drop(messages: &[Message], max_tokens: u64, keep_recent: usize) -> u
 /// The goal turn with earlier summary notes removed and `note` added.
 fn head_with(messages: &[Message], note: String) -> Message {
     let mut head = messages[0].clone();
-    head.content.retain(|b| !matches!(b, ContentBlock::Text { text } if classify(text) == Some(Insert::Summary)));
+    head.content.retain(
+        |b| !matches!(b, ContentBlock::Text { text } if classify(text) == Some(Insert::Summary)),
+    );
     head.content.push(ContentBlock::Text { text: note });
     head
 }
@@ -74,7 +89,14 @@ fn head_with(messages: &[Message], note: String) -> Message {
 fn well_formed(messages: &[Message]) -> bool {
     messages.len() >= 3
         && messages.len() % 2 == 1
-        && messages.iter().enumerate().all(|(i, m)| m.role == if i % 2 == 0 { Role::User } else { Role::Assistant })
+        && messages.iter().enumerate().all(|(i, m)| {
+            m.role
+                == if i % 2 == 0 {
+                    Role::User
+                } else {
+                    Role::Assistant
+                }
+        })
 }
 
 /// Drop the oldest turns, keeping the goal and tool pairs whole.
@@ -93,15 +115,29 @@ impl Compactor for DropOldest {
     }
 
     fn should_compact(&self, messages: &[Message]) -> bool {
-        well_formed(messages) && estimate_tokens(messages) > self.max_tokens && units_to_drop(messages, self.max_tokens, self.keep_recent) > 0
+        well_formed(messages)
+            && estimate_tokens(messages) > self.max_tokens
+            && units_to_drop(messages, self.max_tokens, self.keep_recent) > 0
     }
 
-    async fn compact(&self, messages: &[Message], _provider: &dyn Provider, _model: &str) -> Result<Compaction, ProviderError> {
+    async fn compact(
+        &self,
+        messages: &[Message],
+        _provider: &dyn Provider,
+        _model: &str,
+    ) -> Result<Compaction, ProviderError> {
         let drop = units_to_drop(messages, self.max_tokens, self.keep_recent);
-        let note = Insert::Summary.wrap(&format!("{} earlier messages were removed to fit the context window.", 2 * drop));
+        let note = Insert::Summary.wrap(&format!(
+            "{} earlier messages were removed to fit the context window.",
+            2 * drop
+        ));
         let mut out = vec![head_with(messages, note)];
         out.extend_from_slice(&messages[1 + 2 * drop..]);
-        Ok(Compaction { messages: out, removed: 2 * drop, usage: Usage::default() })
+        Ok(Compaction {
+            messages: out,
+            removed: 2 * drop,
+            usage: Usage::default(),
+        })
     }
 }
 
@@ -121,19 +157,38 @@ impl Compactor for Summarize {
     }
 
     fn should_compact(&self, messages: &[Message]) -> bool {
-        DropOldest { max_tokens: self.max_tokens, keep_recent: self.keep_recent }.should_compact(messages)
+        DropOldest {
+            max_tokens: self.max_tokens,
+            keep_recent: self.keep_recent,
+        }
+        .should_compact(messages)
     }
 
-    async fn compact(&self, messages: &[Message], provider: &dyn Provider, model: &str) -> Result<Compaction, ProviderError> {
+    async fn compact(
+        &self,
+        messages: &[Message],
+        provider: &dyn Provider,
+        model: &str,
+    ) -> Result<Compaction, ProviderError> {
         let drop = units_to_drop(messages, self.max_tokens, self.keep_recent);
         let mut transcript = String::new();
         for m in &messages[1..1 + 2 * drop] {
             for b in &m.content {
                 let line = match b {
                     ContentBlock::Text { text } => format!("{:?}: {text}", m.role),
-                    ContentBlock::ToolUse { name, input, .. } => format!("tool call {name}({input})"),
-                    ContentBlock::ToolResult { content, is_error, .. } => format!("tool {}: {}", if *is_error { "error" } else { "result" }, content.to_text()),
-                    ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => continue,
+                    ContentBlock::ToolUse { name, input, .. } => {
+                        format!("tool call {name}({input})")
+                    }
+                    ContentBlock::ToolResult {
+                        content, is_error, ..
+                    } => format!(
+                        "tool {}: {}",
+                        if *is_error { "error" } else { "result" },
+                        content.to_text()
+                    ),
+                    ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => {
+                        continue;
+                    }
                 };
                 transcript.push_str(&line);
                 transcript.push('\n');
@@ -151,8 +206,15 @@ impl Compactor for Summarize {
         let response = provider.generate(&request, &ignore).await?;
         // The summary is the model's text: neutralised like all of it.
         let summary = response.message.text();
-        let mut out = vec![head_with(messages, Insert::Summary.wrap(&neutralise(&summary)))];
+        let mut out = vec![head_with(
+            messages,
+            Insert::Summary.wrap(&neutralise(&summary)),
+        )];
         out.extend_from_slice(&messages[1 + 2 * drop..]);
-        Ok(Compaction { messages: out, removed: 2 * drop, usage: response.usage })
+        Ok(Compaction {
+            messages: out,
+            removed: 2 * drop,
+            usage: response.usage,
+        })
     }
 }

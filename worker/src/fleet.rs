@@ -36,11 +36,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::NaiveDate;
 use backon::{BackoffBuilder, ExponentialBuilder};
+use chrono::NaiveDate;
 use glia_backends::{
-    CapKind, Delivery, EventLog, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError, Opened, Opening, Reservation, RunStatus,
-    Settlement, Signal, tenant_day_scope,
+    CapKind, Delivery, EventLog, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
+    LogError, Opened, Opening, Reservation, RunStatus, Settlement, Signal, tenant_day_scope,
 };
 use glia_proto::{Event, Limit, LiveEvent, Phase, Resume, RunState, Status};
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -50,8 +50,8 @@ use uuid::Uuid;
 use tracing::Instrument;
 
 use crate::agent::{Agent, AgentError, Clock, EventSink, SinkError, SystemClock};
-use crate::metrics::{RunObserver, WorkerMetrics};
 use crate::budget_gate::{BudgetGate, GateDecision, GateError, Spend, TenantCap, TenantCaps};
+use crate::metrics::{RunObserver, WorkerMetrics};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -66,7 +66,11 @@ pub struct WorkerOptions {
 
 impl Default for WorkerOptions {
     fn default() -> Self {
-        WorkerOptions { id: format!("worker-{}", std::process::id()), concurrency: 16, lease_ttl: Duration::from_secs(30) }
+        WorkerOptions {
+            id: format!("worker-{}", std::process::id()),
+            concurrency: 16,
+            lease_ttl: Duration::from_secs(30),
+        }
     }
 }
 
@@ -124,8 +128,24 @@ enum Taken {
 
 impl Worker {
     /// A worker over these ports.
-    pub fn new(agent: Arc<Agent>, log: Arc<dyn EventLog>, queue: Arc<dyn JobQueue>, ledger: Arc<dyn Ledger>, options: WorkerOptions) -> Self {
-        Worker { agent, log, queue, ledger, options, metrics: None, serial_cancel_check: false, resume_slots: 1, hints: Mutex::new(None) }
+    pub fn new(
+        agent: Arc<Agent>,
+        log: Arc<dyn EventLog>,
+        queue: Arc<dyn JobQueue>,
+        ledger: Arc<dyn Ledger>,
+        options: WorkerOptions,
+    ) -> Self {
+        Worker {
+            agent,
+            log,
+            queue,
+            ledger,
+            options,
+            metrics: None,
+            serial_cancel_check: false,
+            resume_slots: 1,
+            hints: Mutex::new(None),
+        }
     }
 
     /// Also take resume hints from `hints` (on Postgres,
@@ -239,7 +259,9 @@ impl Worker {
                 }
             }
         }
-        let _ = slots.acquire_many(self.options.concurrency.max(1) as u32).await;
+        let _ = slots
+            .acquire_many(self.options.concurrency.max(1) as u32)
+            .await;
         info!(worker = %self.options.id, "worker stopped");
     }
 
@@ -252,12 +274,25 @@ impl Worker {
             Taken::Hint(job) => (job, None),
         };
         let run_id = job.run_id;
-        if let (Some(m), Some(at)) = (&self.metrics, delivery.as_ref().and_then(|d| d.enqueued_at)) {
-            m.job_lag.observe((chrono::Utc::now() - at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6);
+        if let (Some(m), Some(at)) = (&self.metrics, delivery.as_ref().and_then(|d| d.enqueued_at))
+        {
+            m.job_lag.observe(
+                (chrono::Utc::now() - at)
+                    .num_microseconds()
+                    .unwrap_or(0)
+                    .max(0) as f64
+                    / 1e6,
+            );
         }
-        let opened = match self.log.open(&job, &self.options.id, self.options.lease_ttl).await {
+        let opened = match self
+            .log
+            .open(&job, &self.options.id, self.options.lease_ttl)
+            .await
+        {
             Ok(Opening::Opened(opened)) => opened,
-            Ok(Opening::Done) | Err(LogError::NotFound(_)) => return ack(delivery, Handled::Gone).await,
+            Ok(Opening::Done) | Err(LogError::NotFound(_)) => {
+                return ack(delivery, Handled::Gone).await;
+            }
             Ok(Opening::Stale) => return ack(delivery, Handled::Stale).await,
             Err(LogError::LeaseHeld { .. }) => {
                 if delivery.is_some() {
@@ -285,14 +320,19 @@ impl Worker {
         let (stop_heartbeat, heartbeat, renewed) = self.heartbeat(lease.clone());
         let mut released = false;
         let mut retry_after = None;
-        let handled = self.drive(opened, renewed, &mut retry_after, &mut released).await;
+        let handled = self
+            .drive(opened, renewed, &mut retry_after, &mut released)
+            .await;
         let _ = stop_heartbeat.send(true);
         let _ = heartbeat.await;
         // A transient failure without a wait hint keeps the lease until it
         // lapses (the reconciler retries then); with a hint, let go and
         // come back when the provider said to.
         let keep = handled == Handled::Retry && retry_after.is_none();
-        if !keep && !released && let Err(e) = self.log.release(&lease).await {
+        if !keep
+            && !released
+            && let Err(e) = self.log.release(&lease).await
+        {
             warn!(%run_id, error = %e, "release failed; the lease will lapse");
         }
         if let Some(delay) = retry_after {
@@ -320,7 +360,14 @@ impl Worker {
     /// answer is tried again every [`HEARTBEAT_RETRY`] while the lease
     /// lives, so it is renewed as soon as the database is back; a lease
     /// lost or lapsed ends the heartbeat.
-    fn heartbeat(&self, mut lease: Lease) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>, watch::Receiver<Lease>) {
+    fn heartbeat(
+        &self,
+        mut lease: Lease,
+    ) -> (
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+        watch::Receiver<Lease>,
+    ) {
         let (tx, mut rx) = watch::channel(false);
         let (renewed_tx, renewed) = watch::channel(lease.clone());
         let log = self.log.clone();
@@ -361,8 +408,18 @@ impl Worker {
     /// let go of the lease once the inbox is empty ([`EventLog::release_if_idle`],
     /// which sets `released`). With [`Handled::Retry`] after a transient
     /// provider failure, `retry_after` is the provider's wait hint.
-    async fn drive(&self, opened: Opened, renewed: watch::Receiver<Lease>, retry_after: &mut Option<Duration>, released: &mut bool) -> Handled {
-        let Opened { lease, mut state, inbox } = opened;
+    async fn drive(
+        &self,
+        opened: Opened,
+        renewed: watch::Receiver<Lease>,
+        retry_after: &mut Option<Duration>,
+        released: &mut bool,
+    ) -> Handled {
+        let Opened {
+            lease,
+            mut state,
+            inbox,
+        } = opened;
         let run_id = lease.run_id;
         // The unconsumed items known to be current; `None`: read them again.
         let mut inbox: Option<Vec<InboxItem>> = Some(inbox);
@@ -384,7 +441,9 @@ impl Worker {
                 },
             };
             if std::mem::take(&mut flag_seen) {
-                stale_flag = !items.iter().any(|i| matches!(i.payload, Resume::Pause { .. }));
+                stale_flag = !items
+                    .iter()
+                    .any(|i| matches!(i.payload, Resume::Pause { .. }));
             } else if !items.is_empty() {
                 stale_flag = false;
             }
@@ -405,20 +464,32 @@ impl Worker {
             let result = if let Some(item) = items.next() {
                 sink.consumed.push(item.id);
                 let payload: Resume = item.payload;
-                match self.agent.advance(&mut state, Some(payload), &mut sink).await {
+                match self
+                    .agent
+                    .advance(&mut state, Some(payload), &mut sink)
+                    .await
+                {
                     Err(AgentError::InvalidResume(why)) => {
                         warn!(%run_id, item = item.id, %why, "payload no longer fits the run; dropped");
-                        sink.commit(&state).await.map(|_| state.status()).map_err(AgentError::from)
+                        sink.commit(&state)
+                            .await
+                            .map(|_| state.status())
+                            .map_err(AgentError::from)
                     }
                     Err(AgentError::Transition(why)) => {
                         warn!(%run_id, item = item.id, %why, "payload no longer fits the run; dropped");
-                        sink.commit(&state).await.map(|_| state.status()).map_err(AgentError::from)
+                        sink.commit(&state)
+                            .await
+                            .map(|_| state.status())
+                            .map_err(AgentError::from)
                     }
                     other => other,
                 }
             } else if state.status() == Status::Runnable {
                 // Cancelled by flag with no cancel in the inbox: cancel it here.
-                let input = cancelled.then(|| Resume::Cancel { reason: "cancelled".into() });
+                let input = cancelled.then(|| Resume::Cancel {
+                    reason: "cancelled".into(),
+                });
                 self.agent.advance(&mut state, input, &mut sink).await
             } else {
                 // Parked or done with nothing left to apply: let go, unless
@@ -445,8 +516,12 @@ impl Worker {
                 Err(AgentError::Provider(e)) => {
                     *retry_after = e.retry_after_ms().map(Duration::from_millis);
                     match retry_after {
-                        Some(d) => warn!(%run_id, error = %e, "provider unavailable; retrying in {} ms, as it asked", d.as_millis()),
-                        None => warn!(%run_id, error = %e, "provider unavailable; retrying after the lease lapses"),
+                        Some(d) => {
+                            warn!(%run_id, error = %e, "provider unavailable; retrying in {} ms, as it asked", d.as_millis())
+                        }
+                        None => {
+                            warn!(%run_id, error = %e, "provider unavailable; retrying after the lease lapses")
+                        }
                     }
                     return Handled::Retry;
                 }
@@ -590,12 +665,19 @@ impl EventSink for LogSink {
                 return Signal::default();
             }
             let signal = ledger.signal(run_id).await.unwrap_or_default();
-            Signal { cancelled: signal.cancelled, paused: signal.paused && self.watch_pause && state.pause_due.is_none() }
+            Signal {
+                cancelled: signal.cancelled,
+                paused: signal.paused && self.watch_pause && state.pause_due.is_none(),
+            }
         };
         let commit = self.commit_retrying(state);
         let (committed, signal) = if self.serial_cancel_check {
             let committed = commit.await;
-            let signal = if committed.is_ok() { check.await } else { Signal::default() };
+            let signal = if committed.is_ok() {
+                check.await
+            } else {
+                Signal::default()
+            };
             (committed, signal)
         } else {
             futures::join!(commit, check)
@@ -638,13 +720,20 @@ impl EventSink for LogSink {
     }
 
     async fn hold(&mut self, held: &[(String, HeldResult)]) -> Result<(), SinkError> {
-        self.ledger.hold_results(held).await.map_err(|e| SinkError(e.to_string()))?;
+        self.ledger
+            .hold_results(held)
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
         self.held.extend(held.iter().map(|(key, _)| key.clone()));
         Ok(())
     }
 
     async fn held(&mut self, key: &str) -> Result<Option<HeldResult>, SinkError> {
-        let held = self.ledger.held_result(key).await.map_err(|e| SinkError(e.to_string()))?;
+        let held = self
+            .ledger
+            .held_result(key)
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
         if held.is_some() {
             info!(run_id = %self.lease.run_id, key, "recovering a tool result its worker held but did not commit");
             self.held.push(key.to_owned());
@@ -678,13 +767,22 @@ impl LogSink {
             .build();
         let mut unanswered = false;
         loop {
-            match self.log.commit(&self.lease, &self.buffer, state, &self.consumed).await {
+            match self
+                .log
+                .commit(&self.lease, &self.buffer, state, &self.consumed)
+                .await
+            {
                 Ok(()) => return Ok(()),
-                Err(LogError::Conflict { actual, .. }) if unanswered && !self.buffer.is_empty() && actual == state.head_seq => {
+                Err(LogError::Conflict { actual, .. })
+                    if unanswered && !self.buffer.is_empty() && actual == state.head_seq =>
+                {
                     info!(run_id = %self.lease.run_id, head = actual, "a commit that was not answered had landed");
                     return Ok(());
                 }
-                Err(e) if e.is_transient() && chrono::Utc::now() < self.renewed.borrow().expires_at => {
+                Err(e)
+                    if e.is_transient()
+                        && chrono::Utc::now() < self.renewed.borrow().expires_at =>
+                {
                     let delay = delays.next().unwrap_or(COMMIT_RETRY_MAX);
                     warn!(run_id = %self.lease.run_id, error = %e, "commit not answered; trying again in {} ms while the lease lives", delay.as_millis());
                     unanswered = true;
@@ -771,12 +869,21 @@ impl LedgerGate {
 
     /// The tenant's caps, when it has any.
     fn cap_of(&self, tenant: &str) -> Option<TenantCap> {
-        self.caps.read().unwrap_or_else(|e| e.into_inner()).get(tenant).copied()
+        self.caps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(tenant)
+            .copied()
     }
 
     /// The run's tenant, from its summary (remembered).
     async fn tenant(&self, run_id: Uuid) -> Result<String, GateError> {
-        if let Some(t) = self.tenants.lock().unwrap_or_else(|e| e.into_inner()).get(&run_id) {
+        if let Some(t) = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&run_id)
+        {
             return Ok(t.clone());
         }
         let tenant = self.log.get_run(run_id).await.map_err(gate_error)?.tenant;
@@ -790,12 +897,22 @@ impl LedgerGate {
 
     /// The capped tenant of the run, its caps, today and today's scope; `None`
     /// for an uncapped tenant.
-    async fn scope(&self, state: &RunState) -> Result<Option<(String, TenantCap, NaiveDate, String)>, GateError> {
-        if self.caps.read().unwrap_or_else(|e| e.into_inner()).is_empty() {
+    async fn scope(
+        &self,
+        state: &RunState,
+    ) -> Result<Option<(String, TenantCap, NaiveDate, String)>, GateError> {
+        if self
+            .caps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
             return Ok(None);
         }
         let tenant = self.tenant(state.run_id).await?;
-        let Some(cap) = self.cap_of(&tenant) else { return Ok(None) };
+        let Some(cap) = self.cap_of(&tenant) else {
+            return Ok(None);
+        };
         let day = self.clock.now().date_naive();
         let scope = tenant_day_scope(&tenant, day);
         Ok(Some((tenant, cap, day, scope)))
@@ -803,8 +920,16 @@ impl LedgerGate {
 
     /// Create the day's counter from the log, unless another worker did.
     async fn seed(&self, tenant: &str, day: NaiveDate, scope: &str) -> Result<(), GateError> {
-        let used = self.log.tenant_usage(tenant, day).await.map_err(gate_error)?;
-        let created = self.ledger.seed(scope, used, self.ttl).await.map_err(gate_error)?;
+        let used = self
+            .log
+            .tenant_usage(tenant, day)
+            .await
+            .map_err(gate_error)?;
+        let created = self
+            .ledger
+            .seed(scope, used, self.ttl)
+            .await
+            .map_err(gate_error)?;
         if created {
             info!(tenant, %day, tokens = used.tokens, cost_usd_micros = used.cost_usd_micros, "budget counter rebuilt from the log");
         }
@@ -815,31 +940,64 @@ impl LedgerGate {
 #[async_trait]
 impl BudgetGate for LedgerGate {
     /// Errors: the log or the ledger did not answer.
-    async fn reserve(&self, state: &RunState, request_id: &str, estimate: Spend) -> Result<GateDecision, GateError> {
-        let Some((tenant, cap, day, scope)) = self.scope(state).await? else { return Ok(GateDecision::Granted) };
+    async fn reserve(
+        &self,
+        state: &RunState,
+        request_id: &str,
+        estimate: Spend,
+    ) -> Result<GateDecision, GateError> {
+        let Some((tenant, cap, day, scope)) = self.scope(state).await? else {
+            return Ok(GateDecision::Granted);
+        };
         for _ in 0..SEED_ATTEMPTS {
-            match self.ledger.reserve(&scope, request_id, estimate, cap.spend_cap()).await.map_err(gate_error)? {
+            match self
+                .ledger
+                .reserve(&scope, request_id, estimate, cap.spend_cap())
+                .await
+                .map_err(gate_error)?
+            {
                 Reservation::Granted { .. } => return Ok(GateDecision::Granted),
-                Reservation::Exceeded { cap: CapKind::Cost, .. } => return Ok(GateDecision::Exceeded(Limit::TenantDailyCost)),
-                Reservation::Exceeded { cap: CapKind::Tokens, .. } => return Ok(GateDecision::Exceeded(Limit::TenantDailyTokens)),
+                Reservation::Exceeded {
+                    cap: CapKind::Cost, ..
+                } => return Ok(GateDecision::Exceeded(Limit::TenantDailyCost)),
+                Reservation::Exceeded {
+                    cap: CapKind::Tokens,
+                    ..
+                } => return Ok(GateDecision::Exceeded(Limit::TenantDailyTokens)),
                 Reservation::Missing => self.seed(&tenant, day, &scope).await?,
             }
         }
-        Err(gate_error(LedgerError::Unavailable(format!("{scope}: the counter disappeared {SEED_ATTEMPTS} times"))))
+        Err(gate_error(LedgerError::Unavailable(format!(
+            "{scope}: the counter disappeared {SEED_ATTEMPTS} times"
+        ))))
     }
 
     /// Settles into the counter of the day it is now (a call that spanned
     /// midnight counts on the day it returned, as its event does).
     ///
     /// Errors: the log or the ledger did not answer.
-    async fn settle(&self, state: &RunState, request_id: &str, actual: Spend) -> Result<(), GateError> {
-        let Some((tenant, _, day, scope)) = self.scope(state).await? else { return Ok(()) };
+    async fn settle(
+        &self,
+        state: &RunState,
+        request_id: &str,
+        actual: Spend,
+    ) -> Result<(), GateError> {
+        let Some((tenant, _, day, scope)) = self.scope(state).await? else {
+            return Ok(());
+        };
         for _ in 0..SEED_ATTEMPTS {
-            match self.ledger.settle(&scope, request_id, actual).await.map_err(gate_error)? {
+            match self
+                .ledger
+                .settle(&scope, request_id, actual)
+                .await
+                .map_err(gate_error)?
+            {
                 Settlement::Settled { .. } => return Ok(()),
                 Settlement::Missing => self.seed(&tenant, day, &scope).await?,
             }
         }
-        Err(gate_error(LedgerError::Unavailable(format!("{scope}: the counter disappeared {SEED_ATTEMPTS} times"))))
+        Err(gate_error(LedgerError::Unavailable(format!(
+            "{scope}: the counter disappeared {SEED_ATTEMPTS} times"
+        ))))
     }
 }

@@ -68,8 +68,14 @@ impl Hooks {
     /// let fired = hooks.fire(HookTopic::BeforeToolCall, serde_json::json!({"input": {"cmd": "rm -rf /"}}));
     /// assert_eq!(fired.verdict, Verdict::Cancel("destructive".into()));
     /// ```
-    pub fn on(&mut self, topic: HookTopic, name: &str, hook: impl Fn(&mut Value) -> Verdict + Send + Sync + 'static) -> &mut Self {
-        self.subscribers.push((topic, name.to_owned(), Box::new(hook)));
+    pub fn on(
+        &mut self,
+        topic: HookTopic,
+        name: &str,
+        hook: impl Fn(&mut Value) -> Verdict + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.subscribers
+            .push((topic, name.to_owned(), Box::new(hook)));
         self
     }
 
@@ -84,17 +90,34 @@ impl Hooks {
             let before = payload.clone();
             let verdict = hook(&mut payload);
             if payload != before {
-                effects.push((name.clone(), HookEffect::Modified { payload: payload.clone() }));
+                effects.push((
+                    name.clone(),
+                    HookEffect::Modified {
+                        payload: payload.clone(),
+                    },
+                ));
             }
             let effect = match &verdict {
                 Verdict::Continue => continue,
-                Verdict::Cancel(reason) => HookEffect::Cancelled { reason: reason.clone() },
+                Verdict::Cancel(reason) => HookEffect::Cancelled {
+                    reason: reason.clone(),
+                },
                 Verdict::Skip => HookEffect::Skipped,
-                Verdict::Pause(reason) => HookEffect::Paused { reason: reason.clone() },
+                Verdict::Pause(reason) => HookEffect::Paused {
+                    reason: reason.clone(),
+                },
             };
             effects.push((name.clone(), effect));
-            return Fired { payload, verdict, effects };
+            return Fired {
+                payload,
+                verdict,
+                effects,
+            };
         }
-        Fired { payload, verdict: Verdict::Continue, effects }
+        Fired {
+            payload,
+            verdict: Verdict::Continue,
+            effects,
+        }
     }
 }

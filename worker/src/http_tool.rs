@@ -74,35 +74,61 @@ impl HttpTools {
     pub async fn call(&self, call: HttpCall<'_>) -> Result<String, ToolFailure> {
         let attempt = || self.attempt(&call);
         let retries = if call.idempotent { 4 } else { 0 };
-        let policy = ExponentialBuilder::default().with_min_delay(Duration::from_millis(200)).with_max_delay(Duration::from_secs(5)).with_max_times(retries);
+        let policy = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(5))
+            .with_max_times(retries);
         let work = attempt.retry(policy).when(|a: &Attempt| a.transient).notify(|a: &Attempt, wait: Duration| {
             tracing::warn!(tool = call.tool, error = %a.failure.message, wait_ms = wait.as_millis() as u64, "HTTP tool call failed; retrying");
         });
         match tokio::time::timeout(call.timeout, work).await {
             Ok(Ok(text)) => Ok(text),
             Ok(Err(a)) => Err(a.failure),
-            Err(_) => {
-                Err(ToolFailure { kind: ToolErrorKind::Timeout, message: format!("HTTP tool {} timed out after {} ms", call.tool, call.timeout.as_millis()) })
-            }
+            Err(_) => Err(ToolFailure {
+                kind: ToolErrorKind::Timeout,
+                message: format!(
+                    "HTTP tool {} timed out after {} ms",
+                    call.tool,
+                    call.timeout.as_millis()
+                ),
+            }),
         }
     }
 
     async fn attempt(&self, call: &HttpCall<'_>) -> Result<String, Attempt> {
         let tool = call.tool;
-        let sent = self.client.post(call.url).header("Idempotency-Key", call.idempotency_key).json(call.input).send().await;
+        let sent = self
+            .client
+            .post(call.url)
+            .header("Idempotency-Key", call.idempotency_key)
+            .json(call.input)
+            .send()
+            .await;
         let response = sent.map_err(|e| Attempt {
-            failure: ToolFailure { kind: ToolErrorKind::Unavailable, message: format!("HTTP tool {tool}: the request failed: {}", without_url(&e)) },
+            failure: ToolFailure {
+                kind: ToolErrorKind::Unavailable,
+                message: format!("HTTP tool {tool}: the request failed: {}", without_url(&e)),
+            },
             transient: true,
         })?;
         let status = response.status();
-        if response.content_length().is_some_and(|n| n > call.max_response_bytes) {
+        if response
+            .content_length()
+            .is_some_and(|n| n > call.max_response_bytes)
+        {
             return Err(too_large(tool, call.max_response_bytes));
         }
         let mut body = Vec::new();
         let mut stream = response.bytes_stream();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| Attempt {
-                failure: ToolFailure { kind: ToolErrorKind::Unavailable, message: format!("HTTP tool {tool}: the answer was cut off: {}", without_url(&e)) },
+                failure: ToolFailure {
+                    kind: ToolErrorKind::Unavailable,
+                    message: format!(
+                        "HTTP tool {tool}: the answer was cut off: {}",
+                        without_url(&e)
+                    ),
+                },
                 transient: true,
             })?;
             if (body.len() + chunk.len()) as u64 > call.max_response_bytes {
@@ -112,15 +138,23 @@ impl HttpTools {
         }
         let text = String::from_utf8_lossy(&body);
         if !status.is_success() {
-            let transient = status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408;
+            let transient =
+                status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408;
             let excerpt: String = text.chars().take(500).collect();
-            return Err(Attempt { failure: ToolFailure::failed(format!("HTTP tool {tool} answered {status}: {excerpt}")), transient });
+            return Err(Attempt {
+                failure: ToolFailure::failed(format!(
+                    "HTTP tool {tool} answered {status}: {excerpt}"
+                )),
+                transient,
+            });
         }
         if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
             return Err(Attempt {
                 failure: ToolFailure {
                     kind: ToolErrorKind::InvalidOutput,
-                    message: format!("HTTP tool {tool} answered {status} with a body that is not JSON ({e})"),
+                    message: format!(
+                        "HTTP tool {tool} answered {status} with a body that is not JSON ({e})"
+                    ),
                 },
                 transient: false,
             });
@@ -131,7 +165,10 @@ impl HttpTools {
 
 fn too_large(tool: &str, max: u64) -> Attempt {
     Attempt {
-        failure: ToolFailure { kind: ToolErrorKind::InvalidOutput, message: format!("HTTP tool {tool} answered with more than {max} bytes") },
+        failure: ToolFailure {
+            kind: ToolErrorKind::InvalidOutput,
+            message: format!("HTTP tool {tool} answered with more than {max} bytes"),
+        },
         transient: false,
     }
 }

@@ -32,5 +32,5 @@ pub mod provider;
 pub mod tool;
 pub mod tool_sources;
 
-pub use async_trait::async_trait;
 pub use agent::{Agent, AgentError, Clock, EventSink, FixedClock, SinkError, SystemClock};
+pub use async_trait::async_trait;

@@ -65,8 +65,9 @@ use std::time::Duration;
 use glia_proto::content::base64_decoded_len;
 use glia_proto::{ImageSource, ResultBlock, ToolContent, ToolErrorKind};
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification, CancelledNotificationParam, ClientRequest, ContentBlock,
-    ProgressNotificationParam, RequestId, RequestMetaObject, ResourceContents, ServerResult, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
+    CancelledNotificationParam, ClientRequest, ContentBlock, ProgressNotificationParam, RequestId,
+    RequestMetaObject, ResourceContents, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -101,7 +102,11 @@ struct Handler {
 }
 
 impl ClientHandler for Handler {
-    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
         let key = token_key(&params.progress_token);
         let text = progress_text(&params);
         if let Some(route) = self.progress.lock().expect("progress routes").get(&key) {
@@ -155,12 +160,24 @@ impl McpHub {
         let mut slots = BTreeMap::new();
         let mut tasks = Vec::new();
         for (name, entry) in &catalogue.mcp_servers {
-            let slot =
-                Arc::new(Slot { connected: watch::channel(None).0, last_error: Mutex::new("not connected yet".into()), progress: ProgressRoutes::default() });
+            let slot = Arc::new(Slot {
+                connected: watch::channel(None).0,
+                last_error: Mutex::new("not connected yet".into()),
+                progress: ProgressRoutes::default(),
+            });
             slots.insert(name.clone(), slot.clone());
-            tasks.push(tokio::spawn(supervise(name.clone(), entry.clone(), slot, shutdown.subscribe())));
+            tasks.push(tokio::spawn(supervise(
+                name.clone(),
+                entry.clone(),
+                slot,
+                shutdown.subscribe(),
+            )));
         }
-        McpHub { slots, shutdown, tasks: tokio::sync::Mutex::new(tasks) }
+        McpHub {
+            slots,
+            shutdown,
+            tasks: tokio::sync::Mutex::new(tasks),
+        }
     }
 
     /// Whether the catalogue had a server of this name.
@@ -176,9 +193,16 @@ impl McpHub {
     /// The connection, waiting up to `wait` for one. Errors: the text the
     /// model (or the log) sees, with the last connection error.
     async fn connection(&self, server: &str, wait: Duration) -> Result<Connected, String> {
-        let slot = self.slots.get(server).ok_or_else(|| format!("MCP server {server} is not in this worker's catalogue"))?;
+        let slot = self
+            .slots
+            .get(server)
+            .ok_or_else(|| format!("MCP server {server} is not in this worker's catalogue"))?;
         let mut rx = slot.connected.subscribe();
-        let up = tokio::time::timeout(wait, rx.wait_for(|c| c.as_ref().is_some_and(|c| !c.peer.is_transport_closed()))).await;
+        let up = tokio::time::timeout(
+            wait,
+            rx.wait_for(|c| c.as_ref().is_some_and(|c| !c.peer.is_transport_closed())),
+        )
+        .await;
         match up {
             Ok(Ok(c)) => Ok(c.clone().expect("waited for a connection")),
             _ => Err(format!(
@@ -196,7 +220,10 @@ impl McpHub {
         match tokio::time::timeout(LIST_TIMEOUT, conn.peer.list_all_tools()).await {
             Ok(Ok(tools)) => Ok(tools),
             Ok(Err(e)) => Err(format!("MCP server {server}: tools/list failed: {e}")),
-            Err(_) => Err(format!("MCP server {server}: tools/list took more than {} s", LIST_TIMEOUT.as_secs())),
+            Err(_) => Err(format!(
+                "MCP server {server}: tools/list took more than {} s",
+                LIST_TIMEOUT.as_secs()
+            )),
         }
     }
 
@@ -216,24 +243,57 @@ impl McpHub {
         progress: &(dyn Fn(String) + Send + Sync),
     ) -> Result<ToolContent, ToolFailure> {
         let started = tokio::time::Instant::now();
-        let conn = self.connection(server, timeout).await.map_err(|message| ToolFailure { kind: ToolErrorKind::Unavailable, message })?;
-        let slot = self.slots.get(server).expect("connected servers have a slot");
+        let conn = self
+            .connection(server, timeout)
+            .await
+            .map_err(|message| ToolFailure {
+                kind: ToolErrorKind::Unavailable,
+                message,
+            })?;
+        let slot = self
+            .slots
+            .get(server)
+            .expect("connected servers have a slot");
         let Value::Object(arguments) = arguments else {
-            return Err(ToolFailure { kind: ToolErrorKind::InvalidArguments, message: "the arguments must be a JSON object".into() });
+            return Err(ToolFailure {
+                kind: ToolErrorKind::InvalidArguments,
+                message: "the arguments must be a JSON object".into(),
+            });
         };
         let mut meta = RequestMetaObject::new();
-        meta.0.0.insert(IDEMPOTENCY_META_KEY.into(), Value::String(idempotency_key.to_owned()));
-        let left = timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(1));
-        let request = ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments)));
+        meta.0.0.insert(
+            IDEMPOTENCY_META_KEY.into(),
+            Value::String(idempotency_key.to_owned()),
+        );
+        let left = timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(1));
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments),
+        ));
         let handle = conn
             .peer
-            .send_request_with_option(request, PeerRequestOptions::with_timeout(left).with_meta(meta))
+            .send_request_with_option(
+                request,
+                PeerRequestOptions::with_timeout(left).with_meta(meta),
+            )
             .await
-            .map_err(|e| ToolFailure { kind: ToolErrorKind::Unavailable, message: format!("MCP server {server} is not available: {e}") })?;
+            .map_err(|e| ToolFailure {
+                kind: ToolErrorKind::Unavailable,
+                message: format!("MCP server {server} is not available: {e}"),
+            })?;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let key = token_key(&handle.progress_token);
-        slot.progress.lock().expect("progress routes").insert(key.clone(), tx);
-        let mut guard = InFlight { peer: conn.peer.clone(), id: Some(handle.id.clone()), routes: slot.progress.clone(), key };
+        slot.progress
+            .lock()
+            .expect("progress routes")
+            .insert(key.clone(), tx);
+        let mut guard = InFlight {
+            peer: conn.peer.clone(),
+            id: Some(handle.id.clone()),
+            routes: slot.progress.clone(),
+            key,
+        };
         let response = handle.await_response();
         tokio::pin!(response);
         let answer = loop {
@@ -253,7 +313,9 @@ impl McpHub {
         }
         let lost = |why: String| ToolFailure {
             kind: ToolErrorKind::OutcomeUnknown,
-            message: format!("MCP server {server} {why} during the call of {tool}; whether the call took effect is unknown."),
+            message: format!(
+                "MCP server {server} {why} during the call of {tool}; whether the call took effect is unknown."
+            ),
         };
         match answer {
             Ok(ServerResult::CallToolResult(result)) => render(result),
@@ -264,13 +326,21 @@ impl McpHub {
                     clip(&format!("{other:?}"), 300)
                 ),
             }),
-            Err(rmcp::ServiceError::Timeout { .. }) => {
-                Err(ToolFailure { kind: ToolErrorKind::Timeout, message: format!("MCP tool {tool} ({server}) timed out after {} ms", timeout.as_millis()) })
-            }
+            Err(rmcp::ServiceError::Timeout { .. }) => Err(ToolFailure {
+                kind: ToolErrorKind::Timeout,
+                message: format!(
+                    "MCP tool {tool} ({server}) timed out after {} ms",
+                    timeout.as_millis()
+                ),
+            }),
             Err(rmcp::ServiceError::TransportClosed) => Err(lost("stopped".into())),
-            Err(rmcp::ServiceError::McpError(e)) => {
-                Err(ToolFailure { kind: ToolErrorKind::Failed, message: format!("MCP server {server} refused the call of {tool}: {}", e.message) })
-            }
+            Err(rmcp::ServiceError::McpError(e)) => Err(ToolFailure {
+                kind: ToolErrorKind::Failed,
+                message: format!(
+                    "MCP server {server} refused the call of {tool}: {}",
+                    e.message
+                ),
+            }),
             Err(e) => Err(lost(format!("failed ({e})"))),
         }
     }
@@ -301,14 +371,22 @@ struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.routes.lock().expect("progress routes").remove(&self.key);
+        self.routes
+            .lock()
+            .expect("progress routes")
+            .remove(&self.key);
         if let Some(id) = self.id.take()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let peer = self.peer.clone();
             runtime.spawn(async move {
-                let param = CancelledNotificationParam::new(Some(id), Some("the call was abandoned (the run was cancelled)".into()));
-                let _ = peer.send_notification(CancelledNotification::new(param).into()).await;
+                let param = CancelledNotificationParam::new(
+                    Some(id),
+                    Some("the call was abandoned (the run was cancelled)".into()),
+                );
+                let _ = peer
+                    .send_notification(CancelledNotification::new(param).into())
+                    .await;
             });
         }
     }
@@ -321,13 +399,19 @@ pub fn render(result: CallToolResult) -> Result<ToolContent, ToolFailure> {
     if let Some(structured) = result.structured_content {
         let echoed = blocks.iter().any(|b| matches!(b, ResultBlock::Text { text } if serde_json::from_str::<Value>(text).is_ok_and(|v| v == structured)));
         if !echoed {
-            blocks.push(ResultBlock::text(json!({ "structuredContent": structured }).to_string()));
+            blocks.push(ResultBlock::text(
+                json!({ "structuredContent": structured }).to_string(),
+            ));
         }
     }
     let content = ToolContent::from_blocks(blocks);
     if result.is_error == Some(true) {
         let message = content.to_text();
-        return Err(ToolFailure::failed(if message.is_empty() { "the tool reported an error without a message".into() } else { message.into_owned() }));
+        return Err(ToolFailure::failed(if message.is_empty() {
+            "the tool reported an error without a message".into()
+        } else {
+            message.into_owned()
+        }));
     }
     Ok(content)
 }
@@ -343,11 +427,23 @@ fn result_block(block: ContentBlock) -> ResultBlock {
             base64_decoded_len(&a.data)
         )),
         ContentBlock::Resource(r) => match r.resource {
-            ResourceContents::TextResourceContents { uri, text, .. } => ResultBlock::text(format!("[resource: {uri}]\n{text}")),
-            ResourceContents::BlobResourceContents { uri, mime_type: Some(mime_type), blob, .. } if mime_type.starts_with("image/") => {
+            ResourceContents::TextResourceContents { uri, text, .. } => {
+                ResultBlock::text(format!("[resource: {uri}]\n{text}"))
+            }
+            ResourceContents::BlobResourceContents {
+                uri,
+                mime_type: Some(mime_type),
+                blob,
+                ..
+            } if mime_type.starts_with("image/") => {
                 image_block(ImageSource::base64(mime_type, blob), Some(&uri))
             }
-            ResourceContents::BlobResourceContents { uri, mime_type, blob, .. } => ResultBlock::text(format!(
+            ResourceContents::BlobResourceContents {
+                uri,
+                mime_type,
+                blob,
+                ..
+            } => ResultBlock::text(format!(
                 "[resource left out: {uri}, {}, {} bytes; binary content the model cannot take]",
                 mime_type.as_deref().unwrap_or("no media type"),
                 base64_decoded_len(&blob)
@@ -375,7 +471,10 @@ fn result_block(block: ContentBlock) -> ResultBlock {
 /// Content of a kind this rmcp version adds and glia does not know: its
 /// JSON as text, so nothing the server said is dropped.
 fn unknown(content: &impl serde::Serialize) -> ResultBlock {
-    ResultBlock::text(serde_json::to_string(content).unwrap_or_else(|e| format!("[content glia cannot read: {e}]")))
+    ResultBlock::text(
+        serde_json::to_string(content)
+            .unwrap_or_else(|e| format!("[content glia cannot read: {e}]")),
+    )
 }
 
 /// An image block when a model can take `source`, else the note saying
@@ -391,11 +490,20 @@ fn image_block(source: ImageSource, uri: Option<&str>) -> ResultBlock {
 }
 
 fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max { text.to_owned() } else { format!("{}…", text.chars().take(max).collect::<String>()) }
+    if text.chars().count() <= max {
+        text.to_owned()
+    } else {
+        format!("{}…", text.chars().take(max).collect::<String>())
+    }
 }
 
 /// Keep one server connected until shutdown.
-async fn supervise(name: String, entry: McpServerEntry, slot: Arc<Slot>, mut shutdown: watch::Receiver<bool>) {
+async fn supervise(
+    name: String,
+    entry: McpServerEntry,
+    slot: Arc<Slot>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut backoff = MIN_BACKOFF;
     loop {
         if *shutdown.borrow() {
@@ -410,7 +518,10 @@ async fn supervise(name: String, entry: McpServerEntry, slot: Arc<Slot>, mut shu
             Ok((service, pid)) => {
                 info!(server = %name, pid, "MCP server connected");
                 backoff = MIN_BACKOFF;
-                slot.connected.send_replace(Some(Connected { peer: service.peer().clone(), pid }));
+                slot.connected.send_replace(Some(Connected {
+                    peer: service.peer().clone(),
+                    pid,
+                }));
                 let token = service.cancellation_token();
                 let waiting = service.waiting();
                 tokio::pin!(waiting);
@@ -443,9 +554,17 @@ async fn supervise(name: String, entry: McpServerEntry, slot: Arc<Slot>, mut shu
 }
 
 /// Start (stdio) or reach (HTTP) a server and run `initialize`.
-async fn connect(name: &str, entry: &McpServerEntry, slot: &Slot) -> Result<(RunningService<RoleClient, Handler>, Option<u32>), String> {
-    let handler = Handler { progress: slot.progress.clone() };
-    let var = |source: &str| std::env::var(source).map_err(|_| format!("the environment variable {source} is not set"));
+async fn connect(
+    name: &str,
+    entry: &McpServerEntry,
+    slot: &Slot,
+) -> Result<(RunningService<RoleClient, Handler>, Option<u32>), String> {
+    let handler = Handler {
+        progress: slot.progress.clone(),
+    };
+    let var = |source: &str| {
+        std::env::var(source).map_err(|_| format!("the environment variable {source} is not set"))
+    };
     match entry.transport {
         McpTransport::Stdio => {
             let command = entry.command.as_deref().unwrap_or_default();
@@ -473,7 +592,10 @@ async fn connect(name: &str, entry: &McpServerEntry, slot: &Slot) -> Result<(Run
             if let Some(stderr) = stderr {
                 tokio::spawn(forward_stderr(name.to_owned(), stderr, secrets));
             }
-            let service = handler.serve(transport).await.map_err(|e| format!("initialize failed: {e}"))?;
+            let service = handler
+                .serve(transport)
+                .await
+                .map_err(|e| format!("initialize failed: {e}"))?;
             Ok((service, pid))
         }
         McpTransport::StreamableHttp => {
@@ -481,15 +603,27 @@ async fn connect(name: &str, entry: &McpServerEntry, slot: &Slot) -> Result<(Run
             let url = entry.url.as_deref().unwrap_or_default();
             let mut config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url).max_concurrent_requests(32);
             for (header, source) in &entry.headers {
-                let name = reqwest_mcp::header::HeaderName::from_bytes(header.as_bytes()).map_err(|e| format!("header {header}: {e}"))?;
-                let mut value = reqwest_mcp::header::HeaderValue::from_str(&var(source)?)
-                    .map_err(|_| format!("header {header}: the value of {source} is not a valid header value"))?;
+                let name = reqwest_mcp::header::HeaderName::from_bytes(header.as_bytes())
+                    .map_err(|e| format!("header {header}: {e}"))?;
+                let mut value =
+                    reqwest_mcp::header::HeaderValue::from_str(&var(source)?).map_err(|_| {
+                        format!(
+                            "header {header}: the value of {source} is not a valid header value"
+                        )
+                    })?;
                 value.set_sensitive(true);
                 config.custom_headers.insert(name, value);
             }
-            let client = reqwest_mcp::Client::builder().redirect(reqwest_mcp::redirect::Policy::none()).build().map_err(|e| format!("HTTP client: {e}"))?;
-            let transport = rmcp::transport::StreamableHttpClientTransport::with_client(client, config);
-            let service = handler.serve(transport).await.map_err(|e| format!("initialize failed: {e}"))?;
+            let client = reqwest_mcp::Client::builder()
+                .redirect(reqwest_mcp::redirect::Policy::none())
+                .build()
+                .map_err(|e| format!("HTTP client: {e}"))?;
+            let transport =
+                rmcp::transport::StreamableHttpClientTransport::with_client(client, config);
+            let service = handler
+                .serve(transport)
+                .await
+                .map_err(|e| format!("initialize failed: {e}"))?;
             Ok((service, None))
         }
     }
@@ -508,7 +642,10 @@ async fn forward_stderr(server: String, stderr: tokio::process::ChildStderr, sec
     use tokio::io::AsyncBufReadExt;
     let mut lines = tokio::io::BufReader::new(stderr).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let line = secrets.iter().filter(|s| !s.is_empty()).fold(line, |line, s| line.replace(s.as_str(), "[redacted]"));
+        let line = secrets
+            .iter()
+            .filter(|s| !s.is_empty())
+            .fold(line, |line, s| line.replace(s.as_str(), "[redacted]"));
         debug!(target: "glia_worker::mcp::stderr", server = %server, "{line}");
     }
 }

@@ -53,7 +53,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use glia_proto::{Decision, Disposition, Event, EventKind, LiveEvent, Outcome, RunState, StopClass};
+use glia_proto::{
+    Decision, Disposition, Event, EventKind, LiveEvent, Outcome, RunState, StopClass,
+};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -268,29 +270,105 @@ impl WorkerMetrics {
             slots: Gauge::default(),
         };
         let r = &mut registry;
-        r.register("runs_started", "Runs whose first step a worker recorded", m.runs_started.clone());
-        r.register("runs_completed", "Runs ended, by outcome (succeeded, failed, cancelled)", m.runs_completed.clone());
+        r.register(
+            "runs_started",
+            "Runs whose first step a worker recorded",
+            m.runs_started.clone(),
+        );
+        r.register(
+            "runs_completed",
+            "Runs ended, by outcome (succeeded, failed, cancelled)",
+            m.runs_completed.clone(),
+        );
         r.register("steps", "Plan steps ended", m.steps.clone());
         r.register("model_calls", "Model calls by provider, model and outcome (ok, transient, failed, paused), after provider retries", m.model_calls.clone());
-        r.register("model_time_to_first_token_seconds", "Seconds from the model call to the first streamed delta of the attempt that answered", m.model_ttft.clone());
-        r.register("model_duration_seconds", "Seconds a model call took, retries included", m.model_duration.clone());
-        r.register("model_tokens", "Tokens used by model calls, by kind (input, output, cache_write, cache_read)", m.model_tokens.clone());
-        r.register("model_cost_usd_micros", "Cost of model calls in USD micros (1 USD = 1,000,000)", m.model_cost.clone());
+        r.register(
+            "model_time_to_first_token_seconds",
+            "Seconds from the model call to the first streamed delta of the attempt that answered",
+            m.model_ttft.clone(),
+        );
+        r.register(
+            "model_duration_seconds",
+            "Seconds a model call took, retries included",
+            m.model_duration.clone(),
+        );
+        r.register(
+            "model_tokens",
+            "Tokens used by model calls, by kind (input, output, cache_write, cache_read)",
+            m.model_tokens.clone(),
+        );
+        r.register(
+            "model_cost_usd_micros",
+            "Cost of model calls in USD micros (1 USD = 1,000,000)",
+            m.model_cost.clone(),
+        );
         r.register("model_stops", "Model answers by stop class (answer, tool_use, truncated, empty, refusal, content_filter, context_window, unknown) and the loop's action (proceed, reask, pause, fail)", m.model_stops.clone());
-        r.register("model_usage_estimated", "Model answers whose token usage glia estimated because the provider reported none", m.model_usage_estimated.clone());
-        r.register("model_retries", "Failed model call attempts that were retried, by cause", m.model_retries.clone());
-        r.register("rate_limit_wait_seconds", "Seconds waited before retrying rate-limited model call attempts", m.rate_limit_wait.clone());
-        r.register("tool_calls", "Tool calls finished, by tool and outcome (ok or the tool.error kind)", m.tool_calls.clone());
-        r.register("tool_duration_seconds", "Seconds of tool execution on the worker, by tool", m.tool_duration.clone());
-        r.register("approvals_requested", "Tool calls parked for a person's approval, by tool", m.approvals_requested.clone());
-        r.register("approvals_resolved", "Approval decisions applied to runs, by decision", m.approvals_resolved.clone());
-        r.register("budget_pauses", "Runs paused because a budget limit was reached, by limit", m.budget_pauses.clone());
+        r.register(
+            "model_usage_estimated",
+            "Model answers whose token usage glia estimated because the provider reported none",
+            m.model_usage_estimated.clone(),
+        );
+        r.register(
+            "model_retries",
+            "Failed model call attempts that were retried, by cause",
+            m.model_retries.clone(),
+        );
+        r.register(
+            "rate_limit_wait_seconds",
+            "Seconds waited before retrying rate-limited model call attempts",
+            m.rate_limit_wait.clone(),
+        );
+        r.register(
+            "tool_calls",
+            "Tool calls finished, by tool and outcome (ok or the tool.error kind)",
+            m.tool_calls.clone(),
+        );
+        r.register(
+            "tool_duration_seconds",
+            "Seconds of tool execution on the worker, by tool",
+            m.tool_duration.clone(),
+        );
+        r.register(
+            "approvals_requested",
+            "Tool calls parked for a person's approval, by tool",
+            m.approvals_requested.clone(),
+        );
+        r.register(
+            "approvals_resolved",
+            "Approval decisions applied to runs, by decision",
+            m.approvals_resolved.clone(),
+        );
+        r.register(
+            "budget_pauses",
+            "Runs paused because a budget limit was reached, by limit",
+            m.budget_pauses.clone(),
+        );
         r.register("pauses", "Runs parked, by pull point", m.pauses.clone());
-        r.register("jobs", "Jobs handled, by result (advanced, stale, held, gone, abandoned, retry)", m.jobs.clone());
-        r.register("job_lag_seconds", "Seconds from a job's publication to a worker taking it", m.job_lag.clone());
-        r.register("lease_takeovers", "Run leases taken over after their holder let them lapse", m.lease_takeovers.clone());
-        r.register("busy_slots", "Jobs this worker has in hand", m.busy_slots.clone());
-        r.register("slots", "Jobs this worker handles at once (its concurrency)", m.slots.clone());
+        r.register(
+            "jobs",
+            "Jobs handled, by result (advanced, stale, held, gone, abandoned, retry)",
+            m.jobs.clone(),
+        );
+        r.register(
+            "job_lag_seconds",
+            "Seconds from a job's publication to a worker taking it",
+            m.job_lag.clone(),
+        );
+        r.register(
+            "lease_takeovers",
+            "Run leases taken over after their holder let them lapse",
+            m.lease_takeovers.clone(),
+        );
+        r.register(
+            "busy_slots",
+            "Jobs this worker has in hand",
+            m.busy_slots.clone(),
+        );
+        r.register(
+            "slots",
+            "Jobs this worker handles at once (its concurrency)",
+            m.slots.clone(),
+        );
         WorkerMetrics { registry, ..m }
     }
 
@@ -310,15 +388,28 @@ impl WorkerMetrics {
 
     /// Count one handled job.
     pub fn job(&self, result: &str) {
-        self.jobs.get_or_create(&JobLabel { result: result.to_owned() }).inc();
+        self.jobs
+            .get_or_create(&JobLabel {
+                result: result.to_owned(),
+            })
+            .inc();
     }
 
     fn model(&self, model: &str) -> ModelLabels {
-        ModelLabels { provider: self.provider.clone(), model: model.to_owned() }
+        ModelLabels {
+            provider: self.provider.clone(),
+            model: model.to_owned(),
+        }
     }
 
     fn model_call(&self, model: &str, outcome: &str) {
-        self.model_calls.get_or_create(&ModelOutcomeLabels { provider: self.provider.clone(), model: model.to_owned(), outcome: outcome.to_owned() }).inc();
+        self.model_calls
+            .get_or_create(&ModelOutcomeLabels {
+                provider: self.provider.clone(),
+                model: model.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 }
 
@@ -349,12 +440,20 @@ impl RunObserver {
     pub fn new(metrics: Option<Arc<WorkerMetrics>>, state: &RunState) -> RunObserver {
         // A run on a catalogue provider is labelled with its name (the
         // operator's catalogue: a bounded set); others with the worker's.
-        let provider = state.config.provider.clone().unwrap_or_else(|| metrics.as_ref().map_or_else(String::new, |m| m.provider.clone()));
+        let provider = state.config.provider.clone().unwrap_or_else(|| {
+            metrics
+                .as_ref()
+                .map_or_else(String::new, |m| m.provider.clone())
+        });
         RunObserver {
             metrics,
             provider,
             model: state.config.model.clone(),
-            tools: state.batch.iter().map(|c| (c.call_id.clone(), c.name.clone())).collect(),
+            tools: state
+                .batch
+                .iter()
+                .map(|c| (c.call_id.clone(), c.name.clone()))
+                .collect(),
             in_flight: Mutex::new(None),
             step: None,
             tool_spans: HashMap::new(),
@@ -364,11 +463,17 @@ impl RunObserver {
     /// The span a model or tool call belongs to: the current step's, else
     /// the current one (the worker's `job` span).
     fn parent(&self) -> Option<tracing::Id> {
-        self.step.as_ref().and_then(Span::id).or_else(|| Span::current().id())
+        self.step
+            .as_ref()
+            .and_then(Span::id)
+            .or_else(|| Span::current().id())
     }
 
     fn tool_name(&self, call_id: &str) -> String {
-        self.tools.get(call_id).cloned().unwrap_or_else(|| "unknown".into())
+        self.tools
+            .get(call_id)
+            .cloned()
+            .unwrap_or_else(|| "unknown".into())
     }
 
     /// Observe one recorded event.
@@ -382,8 +487,12 @@ impl RunObserver {
             m.runs_started.inc();
         }
         match &event.kind {
-            EventKind::StepStart { index, description, .. } => {
-                self.step = Some(tracing::info_span!("glia.step", "glia.step.index" = index, "glia.step.description" = %description));
+            EventKind::StepStart {
+                index, description, ..
+            } => {
+                self.step = Some(
+                    tracing::info_span!("glia.step", "glia.step.index" = index, "glia.step.description" = %description),
+                );
             }
             EventKind::StepEnd { .. } => {
                 self.step = None;
@@ -405,35 +514,73 @@ impl RunObserver {
                     "gen_ai.response.finish_reasons" = Empty,
                     "error.type" = Empty,
                 );
-                *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some(InFlight { started: Instant::now(), first_token: None, span });
+                *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some(InFlight {
+                    started: Instant::now(),
+                    first_token: None,
+                    span,
+                });
             }
             EventKind::ModelRetry(retry) => {
                 if let Some(m) = m {
-                    m.model_retries.get_or_create(&RetryLabels { provider: self.provider.clone(), model: self.model.clone(), cause: retry.cause.clone() }).inc();
+                    m.model_retries
+                        .get_or_create(&RetryLabels {
+                            provider: self.provider.clone(),
+                            model: self.model.clone(),
+                            cause: retry.cause.clone(),
+                        })
+                        .inc();
                     if retry.cause == "rate_limited" {
-                        m.rate_limit_wait.get_or_create(&m.model(&self.model)).inc_by(retry.delay_ms as f64 / 1000.0);
+                        m.rate_limit_wait
+                            .get_or_create(&m.model(&self.model))
+                            .inc_by(retry.delay_ms as f64 / 1000.0);
                     }
                 }
             }
-            EventKind::ModelResponse { message, usage, stop_reason, duration_ms, cost_usd_micros, rejected, .. } => {
-                let call = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take();
+            EventKind::ModelResponse {
+                message,
+                usage,
+                stop_reason,
+                duration_ms,
+                cost_usd_micros,
+                rejected,
+                ..
+            } => {
+                let call = self
+                    .in_flight
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
                 if let Some(call) = &call {
-                    call.span.record("gen_ai.usage.input_tokens", usage.input_tokens);
-                    call.span.record("gen_ai.usage.output_tokens", usage.output_tokens);
-                    call.span.record("gen_ai.response.finish_reasons", stop_reason.as_str());
+                    call.span
+                        .record("gen_ai.usage.input_tokens", usage.input_tokens);
+                    call.span
+                        .record("gen_ai.usage.output_tokens", usage.output_tokens);
+                    call.span
+                        .record("gen_ai.response.finish_reasons", stop_reason.as_str());
                 }
                 if let Some(m) = m {
                     let labels = m.model(&self.model);
                     m.model_call(&self.model, "ok");
-                    m.model_duration.get_or_create(&labels).observe(*duration_ms as f64 / 1000.0);
+                    m.model_duration
+                        .get_or_create(&labels)
+                        .observe(*duration_ms as f64 / 1000.0);
                     if let Some(ttft) = call.and_then(|c| c.first_token) {
-                        m.model_ttft.get_or_create(&labels).observe(ttft.as_secs_f64());
+                        m.model_ttft
+                            .get_or_create(&labels)
+                            .observe(ttft.as_secs_f64());
                     }
                     m.model_cost.get_or_create(&labels).inc_by(*cost_usd_micros);
-                    let stop = rejected.as_ref().map_or_else(|| StopClass::of(stop_reason, message), |r| r.class);
+                    let stop = rejected
+                        .as_ref()
+                        .map_or_else(|| StopClass::of(stop_reason, message), |r| r.class);
                     let action = rejected.as_ref().map_or("proceed", |r| r.action.label());
                     m.model_stops
-                        .get_or_create(&StopLabels { provider: self.provider.clone(), model: self.model.clone(), stop: stop.label().into(), action: action.into() })
+                        .get_or_create(&StopLabels {
+                            provider: self.provider.clone(),
+                            model: self.model.clone(),
+                            stop: stop.label().into(),
+                            action: action.into(),
+                        })
                         .inc();
                     if usage.estimated {
                         m.model_usage_estimated.get_or_create(&labels).inc();
@@ -444,7 +591,13 @@ impl RunObserver {
                         ("cache_write", usage.cache_write_tokens),
                         ("cache_read", usage.cache_read_tokens),
                     ] {
-                        m.model_tokens.get_or_create(&TokenLabels { provider: self.provider.clone(), model: self.model.clone(), kind: kind.into() }).inc_by(n);
+                        m.model_tokens
+                            .get_or_create(&TokenLabels {
+                                provider: self.provider.clone(),
+                                model: self.model.clone(),
+                                kind: kind.into(),
+                            })
+                            .inc_by(n);
                     }
                 }
             }
@@ -464,35 +617,64 @@ impl RunObserver {
                         "gen_ai.tool.call.id" = %call.call_id,
                         "error.type" = Empty,
                     );
-                    self.tool_spans.insert(call.call_id.clone(), (span, Instant::now()));
+                    self.tool_spans
+                        .insert(call.call_id.clone(), (span, Instant::now()));
                 }
             }
-            EventKind::ToolResult { call_id, duration_ms, .. } => {
+            EventKind::ToolResult {
+                call_id,
+                duration_ms,
+                ..
+            } => {
                 let tool = self.tool_name(call_id);
                 let ran = self.tool_spans.remove(call_id).is_some();
                 if let Some(m) = m {
-                    m.tool_calls.get_or_create(&ToolLabels { tool: tool.clone(), outcome: "ok".into() }).inc();
+                    m.tool_calls
+                        .get_or_create(&ToolLabels {
+                            tool: tool.clone(),
+                            outcome: "ok".into(),
+                        })
+                        .inc();
                     if ran {
-                        m.tool_duration.get_or_create(&ToolName { tool }).observe(*duration_ms as f64 / 1000.0);
+                        m.tool_duration
+                            .get_or_create(&ToolName { tool })
+                            .observe(*duration_ms as f64 / 1000.0);
                     }
                 }
             }
-            EventKind::ToolError { call_id, error, duration_ms, .. } => {
+            EventKind::ToolError {
+                call_id,
+                error,
+                duration_ms,
+                ..
+            } => {
                 let tool = self.tool_name(call_id);
-                let kind = serde_json::to_value(error).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_else(|| "unknown".into());
+                let kind = serde_json::to_value(error)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "unknown".into());
                 let ran = self.tool_spans.remove(call_id).inspect(|(span, _)| {
                     span.record("error.type", kind.as_str());
                 });
                 if let Some(m) = m {
-                    m.tool_calls.get_or_create(&ToolLabels { tool: tool.clone(), outcome: kind }).inc();
+                    m.tool_calls
+                        .get_or_create(&ToolLabels {
+                            tool: tool.clone(),
+                            outcome: kind,
+                        })
+                        .inc();
                     if ran.is_some() {
-                        m.tool_duration.get_or_create(&ToolName { tool }).observe(*duration_ms as f64 / 1000.0);
+                        m.tool_duration
+                            .get_or_create(&ToolName { tool })
+                            .observe(*duration_ms as f64 / 1000.0);
                     }
                 }
             }
             EventKind::ApprovalRequested { tool, .. } => {
                 if let Some(m) = m {
-                    m.approvals_requested.get_or_create(&ToolName { tool: tool.clone() }).inc();
+                    m.approvals_requested
+                        .get_or_create(&ToolName { tool: tool.clone() })
+                        .inc();
                 }
             }
             EventKind::ApprovalResolved { decision, .. } => {
@@ -503,12 +685,20 @@ impl RunObserver {
                     Decision::Edit { .. } => "edit",
                 };
                 if let Some(m) = m {
-                    m.approvals_resolved.get_or_create(&DecisionLabel { decision: decision.into() }).inc();
+                    m.approvals_resolved
+                        .get_or_create(&DecisionLabel {
+                            decision: decision.into(),
+                        })
+                        .inc();
                 }
             }
             EventKind::BudgetWarn { limit, .. } => {
                 if let Some(m) = m {
-                    m.budget_pauses.get_or_create(&LimitLabel { limit: limit.to_string() }).inc();
+                    m.budget_pauses
+                        .get_or_create(&LimitLabel {
+                            limit: limit.to_string(),
+                        })
+                        .inc();
                 }
             }
             EventKind::SessionPause { pull_point } => {
@@ -516,7 +706,11 @@ impl RunObserver {
                 // A spend cap or a rejected key pauses the run mid-call.
                 self.end_model_call(m, "paused");
                 if let Some(m) = m {
-                    m.pauses.get_or_create(&PullPointLabel { pull_point: pull_point.name().into() }).inc();
+                    m.pauses
+                        .get_or_create(&PullPointLabel {
+                            pull_point: pull_point.name().into(),
+                        })
+                        .inc();
                 }
             }
             EventKind::SessionCancel { .. } => self.completed(m, event.seq, "cancelled"),
@@ -536,17 +730,30 @@ impl RunObserver {
         tracing::info!(target: "glia_worker::run", seq, outcome, "run ended");
         self.step = None;
         if let Some(m) = m {
-            m.runs_completed.get_or_create(&OutcomeLabel { outcome: outcome.into() }).inc();
+            m.runs_completed
+                .get_or_create(&OutcomeLabel {
+                    outcome: outcome.into(),
+                })
+                .inc();
         }
     }
 
     /// A model call in flight ended without an answer.
     fn end_model_call(&self, m: Option<&WorkerMetrics>, outcome: &str) {
-        let Some(call) = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let Some(call) = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
         call.span.record("error.type", outcome);
         if let Some(m) = m {
             m.model_call(&self.model, outcome);
-            m.model_duration.get_or_create(&m.model(&self.model)).observe(call.started.elapsed().as_secs_f64());
+            m.model_duration
+                .get_or_create(&m.model(&self.model))
+                .observe(call.started.elapsed().as_secs_f64());
         }
     }
 
@@ -554,9 +761,13 @@ impl RunObserver {
     /// first token; a discard (the attempt failed) starts that over.
     pub fn live(&self, event: &LiveEvent) {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(call) = in_flight.as_mut() else { return };
+        let Some(call) = in_flight.as_mut() else {
+            return;
+        };
         match event {
-            LiveEvent::ModelDelta { .. } if call.first_token.is_none() => call.first_token = Some(call.started.elapsed()),
+            LiveEvent::ModelDelta { .. } if call.first_token.is_none() => {
+                call.first_token = Some(call.started.elapsed())
+            }
             LiveEvent::ModelDiscard { .. } => call.first_token = None,
             _ => {}
         }

@@ -52,7 +52,11 @@ pub trait Planner: Send + Sync {
     /// Draft the plan for `state.goal`.
     async fn draft(&self, state: &RunState, provider: &dyn Provider) -> Result<Draft, PlanError>;
     /// Decide what follows the step that just ended.
-    async fn reflect(&self, state: &RunState, provider: &dyn Provider) -> Result<Reflection, PlanError>;
+    async fn reflect(
+        &self,
+        state: &RunState,
+        provider: &dyn Provider,
+    ) -> Result<Reflection, PlanError>;
 }
 
 /// One implicit step; done after it.
@@ -62,12 +66,23 @@ pub struct SinglePlanner;
 #[async_trait]
 impl Planner for SinglePlanner {
     async fn draft(&self, _state: &RunState, _provider: &dyn Provider) -> Result<Draft, PlanError> {
-        Ok(Draft { steps: vec![IMPLICIT_STEP.to_owned()], usage: Usage::default() })
+        Ok(Draft {
+            steps: vec![IMPLICIT_STEP.to_owned()],
+            usage: Usage::default(),
+        })
     }
 
-    async fn reflect(&self, state: &RunState, _provider: &dyn Provider) -> Result<Reflection, PlanError> {
+    async fn reflect(
+        &self,
+        state: &RunState,
+        _provider: &dyn Provider,
+    ) -> Result<Reflection, PlanError> {
         let next = state.step.map_or(0, |s| s + 1);
-        Ok(if next < state.plan.len() { Reflection::Next } else { Reflection::Done })
+        Ok(if next < state.plan.len() {
+            Reflection::Next
+        } else {
+            Reflection::Done
+        })
     }
 }
 
@@ -79,7 +94,12 @@ pub const PLAN_TOOL: &str = "submit_plan";
 pub struct ModelPlanner;
 
 impl ModelPlanner {
-    async fn ask(&self, state: &RunState, provider: &dyn Provider, prompt: String) -> Result<Draft, PlanError> {
+    async fn ask(
+        &self,
+        state: &RunState,
+        provider: &dyn Provider,
+        prompt: String,
+    ) -> Result<Draft, PlanError> {
         let tool = ToolSpec {
             name: PLAN_TOOL.into(),
             description: "Submit the steps that remain to reach the goal, in order. An empty list means the goal is met.".into(),
@@ -102,38 +122,73 @@ impl ModelPlanner {
         };
         let ignore = |_: LiveEvent| {};
         let response = provider.generate(&request, &ignore).await?;
-        let Some((_, _, input)) = response.message.tool_uses().find(|(_, name, _)| *name == PLAN_TOOL) else {
-            return Err(PlanError::Invalid(format!("the model did not call {PLAN_TOOL}")));
+        let Some((_, _, input)) = response
+            .message
+            .tool_uses()
+            .find(|(_, name, _)| *name == PLAN_TOOL)
+        else {
+            return Err(PlanError::Invalid(format!(
+                "the model did not call {PLAN_TOOL}"
+            )));
         };
         let steps: Vec<String> = input
             .get("steps")
             .and_then(|s| s.as_array())
-            .ok_or_else(|| PlanError::Invalid(format!("{PLAN_TOOL}: `steps` must be an array, got {input}")))?
+            .ok_or_else(|| {
+                PlanError::Invalid(format!(
+                    "{PLAN_TOOL}: `steps` must be an array, got {input}"
+                ))
+            })?
             .iter()
-            .map(|s| s.as_str().filter(|s| !s.trim().is_empty()).map(str::to_owned))
+            .map(|s| {
+                s.as_str()
+                    .filter(|s| !s.trim().is_empty())
+                    .map(str::to_owned)
+            })
             .collect::<Option<_>>()
-            .ok_or_else(|| PlanError::Invalid(format!("{PLAN_TOOL}: every step must be a non-empty string, got {input}")))?;
-        Ok(Draft { steps, usage: response.usage })
+            .ok_or_else(|| {
+                PlanError::Invalid(format!(
+                    "{PLAN_TOOL}: every step must be a non-empty string, got {input}"
+                ))
+            })?;
+        Ok(Draft {
+            steps,
+            usage: response.usage,
+        })
     }
 }
 
 #[async_trait]
 impl Planner for ModelPlanner {
     async fn draft(&self, state: &RunState, provider: &dyn Provider) -> Result<Draft, PlanError> {
-        self.ask(state, provider, format!("Goal: {}", state.goal)).await
+        self.ask(state, provider, format!("Goal: {}", state.goal))
+            .await
     }
 
-    async fn reflect(&self, state: &RunState, provider: &dyn Provider) -> Result<Reflection, PlanError> {
+    async fn reflect(
+        &self,
+        state: &RunState,
+        provider: &dyn Provider,
+    ) -> Result<Reflection, PlanError> {
         let done = state.step.map_or(0, |s| s + 1);
         let remaining = state.plan.get(done..).unwrap_or_default();
         let prompt = format!(
             "Goal: {}\nCompleted step: {}\nIts result: {}\nRemaining plan: {}\nSubmit the steps that remain (an empty list if the goal is met).",
             state.goal,
-            state.step.and_then(|s| state.plan.get(s)).map_or("", String::as_str),
+            state
+                .step
+                .and_then(|s| state.plan.get(s))
+                .map_or("", String::as_str),
             state.answer,
             serde_json::to_string(remaining).unwrap_or_default()
         );
         let draft = self.ask(state, provider, prompt).await?;
-        Ok(if draft.steps.is_empty() && draft.usage == Usage::default() { Reflection::Done } else { Reflection::Replan(draft) })
+        Ok(
+            if draft.steps.is_empty() && draft.usage == Usage::default() {
+                Reflection::Done
+            } else {
+                Reflection::Replan(draft)
+            },
+        )
     }
 }

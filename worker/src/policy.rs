@@ -40,7 +40,11 @@ impl CompiledPolicies {
                     .as_deref()
                     .map(|re| glia_proto::limits::compile_regex(re, policies.len()))
                     .transpose()
-                    .map_err(|e| PolicyError { index, tool: p.tool.clone(), reason: e.to_string() })?;
+                    .map_err(|e| PolicyError {
+                        index,
+                        tool: p.tool.clone(),
+                        reason: e.to_string(),
+                    })?;
                 Ok((p.clone(), re))
             })
             .collect::<Result<_, _>>()?;
@@ -61,7 +65,9 @@ impl CompiledPolicies {
         let args = canonical_json(input);
         self.rules
             .iter()
-            .find(|(p, re)| (p.tool == "*" || p.tool == tool) && re.as_ref().is_none_or(|re| re.is_match(&args)))
+            .find(|(p, re)| {
+                (p.tool == "*" || p.tool == tool) && re.as_ref().is_none_or(|re| re.is_match(&args))
+            })
             .map_or(PolicyAction::Allow, |(p, _)| p.action.clone())
     }
 }
@@ -83,8 +89,14 @@ impl Guardrail {
     /// let no_ssn = Guardrail::new("no-ssn", |t| if t.contains("SSN") { Err("mentions an SSN".into()) } else { Ok(()) });
     /// assert!(no_ssn.check("my SSN is …").is_err());
     /// ```
-    pub fn new(name: &str, check: impl Fn(&str) -> Result<(), String> + Send + Sync + 'static) -> Self {
-        Guardrail { name: name.to_owned(), check: Box::new(check) }
+    pub fn new(
+        name: &str,
+        check: impl Fn(&str) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        Guardrail {
+            name: name.to_owned(),
+            check: Box::new(check),
+        }
     }
 
     /// Run the check.

@@ -11,7 +11,9 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use glia_proto::repair::validate;
-use glia_proto::{ContentBlock, LiveEvent, Message, Pricing, RefusedTurn, Retry, Role, ToolSpec, Usage};
+use glia_proto::{
+    ContentBlock, LiveEvent, Message, Pricing, RefusedTurn, Retry, Role, ToolSpec, Usage,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -76,7 +78,14 @@ pub struct ModelResponse {
 impl ModelResponse {
     /// An answer with no retries and no elisions.
     pub fn new(message: Message, usage: Usage, stop_reason: impl Into<String>) -> Self {
-        ModelResponse { message, usage, stop_reason: stop_reason.into(), retries: Vec::new(), elided: Vec::new(), refused_turn: None }
+        ModelResponse {
+            message,
+            usage,
+            stop_reason: stop_reason.into(),
+            retries: Vec::new(),
+            elided: Vec::new(),
+            refused_turn: None,
+        }
     }
 }
 
@@ -133,12 +142,18 @@ pub enum ProviderError {
 impl ProviderError {
     /// A transient failure with no wait hint.
     pub fn transient(message: impl Into<String>) -> Self {
-        ProviderError::Transient { message: message.into(), retry_after_ms: None }
+        ProviderError::Transient {
+            message: message.into(),
+            retry_after_ms: None,
+        }
     }
 
     /// True when the same call may succeed later.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ProviderError::Transient { .. } | ProviderError::RateLimited { .. })
+        matches!(
+            self,
+            ProviderError::Transient { .. } | ProviderError::RateLimited { .. }
+        )
     }
 
     /// How long the provider asked us to wait before the next call, in ms.
@@ -171,7 +186,11 @@ impl ProviderError {
 #[async_trait]
 pub trait Provider: Send + Sync {
     /// Send `request`; call `live` with each streamed delta as it arrives.
-    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError>;
+    async fn generate(
+        &self,
+        request: &ModelRequest,
+        live: &(dyn Fn(LiveEvent) + Send + Sync),
+    ) -> Result<ModelResponse, ProviderError>;
 
     /// The prices of calls to `model`, for runs whose config names none (an
     /// operator's price table). Default: none, so such calls cost nothing.
@@ -213,18 +232,35 @@ pub struct ScriptedTurn {
 impl ScriptedTurn {
     /// A text answer.
     pub fn text(text: &str) -> Self {
-        ScriptedTurn { text: Some(text.into()), ..Default::default() }
+        ScriptedTurn {
+            text: Some(text.into()),
+            ..Default::default()
+        }
     }
 
     /// A turn that calls one tool.
     pub fn call(name: &str, input: Value) -> Self {
-        ScriptedTurn { tool_calls: vec![ScriptedCall { id: None, name: name.into(), input }], ..Default::default() }
+        ScriptedTurn {
+            tool_calls: vec![ScriptedCall {
+                id: None,
+                name: name.into(),
+                input,
+            }],
+            ..Default::default()
+        }
     }
 
     /// A turn that calls several tools at once.
     pub fn calls(calls: &[(&str, Value)]) -> Self {
         ScriptedTurn {
-            tool_calls: calls.iter().map(|(n, i)| ScriptedCall { id: None, name: (*n).into(), input: i.clone() }).collect(),
+            tool_calls: calls
+                .iter()
+                .map(|(n, i)| ScriptedCall {
+                    id: None,
+                    name: (*n).into(),
+                    input: i.clone(),
+                })
+                .collect(),
             ..Default::default()
         }
     }
@@ -265,7 +301,10 @@ struct ScriptState {
 impl ScriptedProvider {
     /// A provider serving `turns` in order.
     pub fn new(turns: Vec<ScriptedTurn>) -> Self {
-        ScriptedProvider { turns, state: Mutex::default() }
+        ScriptedProvider {
+            turns,
+            state: Mutex::default(),
+        }
     }
 
     /// Skip the first `n` turns, as if they had been served: a provider for a
@@ -274,7 +313,14 @@ impl ScriptedProvider {
     pub fn starting_at(self, n: usize) -> Self {
         let calls = self.turns.iter().take(n).map(|t| t.tool_calls.len()).sum();
         let n = n.min(self.turns.len());
-        ScriptedProvider { turns: self.turns, state: Mutex::new(ScriptState { next: n, calls, requests: Vec::new() }) }
+        ScriptedProvider {
+            turns: self.turns,
+            state: Mutex::new(ScriptState {
+                next: n,
+                calls,
+                requests: Vec::new(),
+            }),
+        }
     }
 
     /// Parse a script file's JSON: an array of [`ScriptedTurn`].
@@ -284,7 +330,11 @@ impl ScriptedProvider {
 
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<ModelRequest> {
-        self.state.lock().expect("scripted provider lock").requests.clone()
+        self.state
+            .lock()
+            .expect("scripted provider lock")
+            .requests
+            .clone()
     }
 
     /// Turns served so far.
@@ -301,7 +351,11 @@ pub fn validate_request(request: &ModelRequest) -> Result<(), String> {
     validate(&request.messages).map_err(|e| e.to_string())?;
     let mut names = HashSet::new();
     for t in &request.tools {
-        let ok = !t.name.is_empty() && t.name.len() <= 64 && t.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        let ok = !t.name.is_empty()
+            && t.name.len() <= 64
+            && t.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if !ok {
             return Err(format!("tools: invalid tool name {:?}", t.name));
         }
@@ -315,7 +369,9 @@ pub fn validate_request(request: &ModelRequest) -> Result<(), String> {
     if let ToolChoice::Tool { name } = &request.tool_choice
         && !names.contains(name.as_str())
     {
-        return Err(format!("tool_choice: tool {name:?} is not in the tool list"));
+        return Err(format!(
+            "tool_choice: tool {name:?} is not in the tool list"
+        ));
     }
     if request.max_tokens == 0 {
         return Err("max_tokens: must be at least 1".into());
@@ -329,7 +385,11 @@ fn estimate_tokens(text_len: usize) -> u64 {
 
 #[async_trait]
 impl Provider for ScriptedProvider {
-    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
+    async fn generate(
+        &self,
+        request: &ModelRequest,
+        live: &(dyn Fn(LiveEvent) + Send + Sync),
+    ) -> Result<ModelResponse, ProviderError> {
         if let Err(why) = validate_request(request) {
             panic!(
                 "scripted provider: the request would be rejected by the provider: {why}\nmessages: {}",
@@ -349,7 +409,9 @@ impl Provider for ScriptedProvider {
         };
         if let Some(kind) = &turn.error {
             return Err(match kind.as_str() {
-                "rate_limited" => ProviderError::RateLimited { retry_after_ms: 1000 },
+                "rate_limited" => ProviderError::RateLimited {
+                    retry_after_ms: 1000,
+                },
                 "spend_cap" => ProviderError::SpendCap("scripted spending cap".into()),
                 "invalid" => ProviderError::InvalidRequest("scripted invalid request".into()),
                 "auth" => ProviderError::Auth("scripted invalid API key".into()),
@@ -358,39 +420,77 @@ impl Provider for ScriptedProvider {
             });
         }
         for retry in &turn.retries {
-            live(LiveEvent::ModelDelta { channel: "text".into(), delta: "(an attempt that fails) ".into() });
-            live(LiveEvent::ModelDiscard { attempt: retry.attempt, cause: retry.cause.clone() });
+            live(LiveEvent::ModelDelta {
+                channel: "text".into(),
+                delta: "(an attempt that fails) ".into(),
+            });
+            live(LiveEvent::ModelDiscard {
+                attempt: retry.attempt,
+                cause: retry.cause.clone(),
+            });
         }
         let mut content = Vec::new();
         if let Some(thinking) = &turn.thinking {
-            live(LiveEvent::ModelDelta { channel: "thinking".into(), delta: thinking.clone() });
-            content.push(ContentBlock::Thinking { thinking: thinking.clone(), signature: "scripted".into() });
+            live(LiveEvent::ModelDelta {
+                channel: "thinking".into(),
+                delta: thinking.clone(),
+            });
+            content.push(ContentBlock::Thinking {
+                thinking: thinking.clone(),
+                signature: "scripted".into(),
+            });
         }
         if let Some(text) = &turn.text {
             for piece in text.split_inclusive(' ') {
-                live(LiveEvent::ModelDelta { channel: "text".into(), delta: piece.to_owned() });
+                live(LiveEvent::ModelDelta {
+                    channel: "text".into(),
+                    delta: piece.to_owned(),
+                });
             }
             content.push(ContentBlock::Text { text: text.clone() });
         }
         for (i, call) in turn.tool_calls.iter().enumerate() {
-            let id = call.id.clone().unwrap_or_else(|| format!("call_{}", first_call + i + 1));
-            content.push(ContentBlock::ToolUse { id, name: call.name.clone(), input: call.input.clone() });
+            let id = call
+                .id
+                .clone()
+                .unwrap_or_else(|| format!("call_{}", first_call + i + 1));
+            content.push(ContentBlock::ToolUse {
+                id,
+                name: call.name.clone(),
+                input: call.input.clone(),
+            });
         }
         if content.is_empty() {
             content.push(ContentBlock::text("(no answer)"));
         }
-        let message = Message { role: Role::Assistant, content };
+        let message = Message {
+            role: Role::Assistant,
+            content,
+        };
         let usage = turn.usage.unwrap_or_else(|| Usage {
-            input_tokens: estimate_tokens(serde_json::to_string(&request.messages).map_or(0, |s| s.len()) + request.system.len()),
+            input_tokens: estimate_tokens(
+                serde_json::to_string(&request.messages).map_or(0, |s| s.len())
+                    + request.system.len(),
+            ),
             output_tokens: estimate_tokens(serde_json::to_string(&message).map_or(0, |s| s.len())),
             estimated: true,
             ..Usage::default()
         });
-        let stop_reason = turn
-            .stop_reason
-            .clone()
-            .unwrap_or_else(|| if turn.tool_calls.is_empty() { "end_turn".into() } else { "tool_use".into() });
-        Ok(ModelResponse { message, usage, stop_reason, retries: turn.retries, elided: turn.elided, refused_turn: None })
+        let stop_reason = turn.stop_reason.clone().unwrap_or_else(|| {
+            if turn.tool_calls.is_empty() {
+                "end_turn".into()
+            } else {
+                "tool_use".into()
+            }
+        });
+        Ok(ModelResponse {
+            message,
+            usage,
+            stop_reason,
+            retries: turn.retries,
+            elided: turn.elided,
+            refused_turn: None,
+        })
     }
 }
 
@@ -419,13 +519,20 @@ impl ScriptLibrary {
     /// by its file stem. Errors name the file that failed.
     pub fn from_dir(dir: &std::path::Path) -> Result<Self, String> {
         let mut lib = ScriptLibrary::default();
-        let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
         for entry in entries {
             let path = entry.map_err(|e| e.to_string())?.path();
             if path.extension().is_some_and(|x| x == "json") {
-                let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-                let turns = serde_json::from_str(&text).map_err(|e| format!("parsing {}: {e}", path.display()))?;
-                let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("reading {}: {e}", path.display()))?;
+                let turns = serde_json::from_str(&text)
+                    .map_err(|e| format!("parsing {}: {e}", path.display()))?;
+                let name = path
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or_default()
+                    .to_owned();
                 lib.insert(&name, turns);
             }
         }
@@ -435,15 +542,34 @@ impl ScriptLibrary {
 
 #[async_trait]
 impl Provider for ScriptLibrary {
-    async fn generate(&self, request: &ModelRequest, live: &(dyn Fn(LiveEvent) + Send + Sync)) -> Result<ModelResponse, ProviderError> {
+    async fn generate(
+        &self,
+        request: &ModelRequest,
+        live: &(dyn Fn(LiveEvent) + Send + Sync),
+    ) -> Result<ModelResponse, ProviderError> {
         validate_request(request).map_err(ProviderError::InvalidRequest)?;
-        let name = request.model.strip_prefix("script:").unwrap_or(&request.model);
-        let script = self.scripts.get(name).ok_or_else(|| ProviderError::InvalidRequest(format!("no script named {name:?}")))?;
-        let k = request.messages.iter().filter(|m| m.role == Role::Assistant).count();
-        let mut turn = script.get(k).cloned().ok_or(ProviderError::ScriptExhausted(k))?;
+        let name = request
+            .model
+            .strip_prefix("script:")
+            .unwrap_or(&request.model);
+        let script = self
+            .scripts
+            .get(name)
+            .ok_or_else(|| ProviderError::InvalidRequest(format!("no script named {name:?}")))?;
+        let k = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count();
+        let mut turn = script
+            .get(k)
+            .cloned()
+            .ok_or(ProviderError::ScriptExhausted(k))?;
         for (i, call) in turn.tool_calls.iter_mut().enumerate() {
             call.id.get_or_insert_with(|| format!("call_{k}_{}", i + 1));
         }
-        ScriptedProvider::new(vec![turn]).generate(request, live).await
+        ScriptedProvider::new(vec![turn])
+            .generate(request, live)
+            .await
     }
 }

@@ -46,7 +46,10 @@ pub struct ToolFailure {
 impl ToolFailure {
     /// A tool-reported failure ([`ToolErrorKind::Failed`]).
     pub fn failed(message: impl Into<String>) -> Self {
-        ToolFailure { kind: ToolErrorKind::Failed, message: message.into() }
+        ToolFailure {
+            kind: ToolErrorKind::Failed,
+            message: message.into(),
+        }
     }
 }
 
@@ -93,7 +96,11 @@ pub trait Tool: Send + Sync + 'static {
         Duration::from_millis(glia_proto::DEFAULT_CANCEL_GRACE_MS)
     }
     /// Run the call.
-    fn call(&self, args: Self::Args, ctx: ToolContext) -> impl Future<Output = Result<Self::Output, ToolFailure>> + Send;
+    fn call(
+        &self,
+        args: Self::Args,
+        ctx: ToolContext,
+    ) -> impl Future<Output = Result<Self::Output, ToolFailure>> + Send;
 }
 
 /// The object-safe tool form: raw JSON in, raw text out. Implement this for
@@ -108,7 +115,11 @@ pub trait DynTool: Send + Sync + 'static {
         true
     }
     /// Run the call with already-validated arguments.
-    fn call_raw(&self, input: Value, ctx: ToolContext) -> BoxFuture<'static, Result<String, ToolFailure>>;
+    fn call_raw(
+        &self,
+        input: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<String, ToolFailure>>;
 }
 
 struct Typed<T>(Arc<T>);
@@ -135,7 +146,11 @@ impl<T: Tool> DynTool for Typed<T> {
         }
     }
 
-    fn call_raw(&self, input: Value, ctx: ToolContext) -> BoxFuture<'static, Result<String, ToolFailure>> {
+    fn call_raw(
+        &self,
+        input: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<String, ToolFailure>> {
         let tool = self.0.clone();
         async move {
             let args: T::Args = serde_json::from_value(input).map_err(|e| ToolFailure {
@@ -160,7 +175,11 @@ impl<T: Tool> DynTool for Typed<T> {
 /// Errors: the text the model sees as the call's error result, naming every
 /// problem (`5 is not of type "string" at '/ticker'`) and asking it to call
 /// again.
-pub fn check_arguments(name: &str, validator: &jsonschema::Validator, input: &Value) -> Result<(), String> {
+pub fn check_arguments(
+    name: &str,
+    validator: &jsonschema::Validator,
+    input: &Value,
+) -> Result<(), String> {
     let again = format!("Call {name} again with a JSON object matching its input schema.");
     let problem = match input {
         Value::Object(_) => {
@@ -178,16 +197,26 @@ pub fn check_arguments(name: &str, validator: &jsonschema::Validator, input: &Va
         }
         Value::String(raw) => match serde_json::from_str::<Value>(raw) {
             Err(e) => format!("the arguments are not valid JSON ({e}): {}", clip(raw, 200)),
-            Ok(v) => format!("the arguments must be a JSON object, not {}", glia_proto::json_type(&v)),
+            Ok(v) => format!(
+                "the arguments must be a JSON object, not {}",
+                glia_proto::json_type(&v)
+            ),
         },
-        other => format!("the arguments must be a JSON object, not {}", glia_proto::json_type(other)),
+        other => format!(
+            "the arguments must be a JSON object, not {}",
+            glia_proto::json_type(other)
+        ),
     };
     Err(format!("Invalid arguments for {name}: {problem}. {again}"))
 }
 
 /// At most `max` characters of `text`, with `…` when cut.
 fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max { text.to_owned() } else { format!("{}…", text.chars().take(max).collect::<String>()) }
+    if text.chars().count() <= max {
+        text.to_owned()
+    } else {
+        format!("{}…", text.chars().take(max).collect::<String>())
+    }
 }
 
 /// A tool's task, aborted when its call is given up (timed out, or dropped).
@@ -229,16 +258,28 @@ impl ToolRegistry {
     /// Register a typed tool. Panics if its derived schema does not compile,
     /// which is a bug in the argument type, not bad input.
     pub fn register<T: Tool>(&mut self, tool: T) -> &mut Self {
-        self.register_dyn(Arc::new(Typed(Arc::new(tool)))).expect("a schemars-derived schema compiles");
+        self.register_dyn(Arc::new(Typed(Arc::new(tool))))
+            .expect("a schemars-derived schema compiles");
         self
     }
 
     /// Register a run-time tool. Replaces a tool of the same name.
     pub fn register_dyn(&mut self, tool: Arc<dyn DynTool>) -> Result<&mut Self, RegistryError> {
         let spec = tool.spec();
-        let validator = jsonschema::validator_for(&spec.input_schema)
-            .map_err(|e| RegistryError::InvalidSchema { tool: spec.name.clone(), reason: e.to_string() })?;
-        self.tools.insert(spec.name.clone(), Entry { tool, spec, validator: Arc::new(validator) });
+        let validator = jsonschema::validator_for(&spec.input_schema).map_err(|e| {
+            RegistryError::InvalidSchema {
+                tool: spec.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        self.tools.insert(
+            spec.name.clone(),
+            Entry {
+                tool,
+                spec,
+                validator: Arc::new(validator),
+            },
+        );
         Ok(self)
     }
 
@@ -257,12 +298,23 @@ impl ToolRegistry {
     ///
     /// Dropping the returned future (the loop abandons a call whose run was
     /// cancelled and whose grace period ran out) aborts the tool's task.
-    pub async fn execute(&self, name: &str, input: Value, ctx: ToolContext) -> Result<String, ToolFailure> {
+    pub async fn execute(
+        &self,
+        name: &str,
+        input: Value,
+        ctx: ToolContext,
+    ) -> Result<String, ToolFailure> {
         let Some(entry) = self.tools.get(name) else {
-            return Err(ToolFailure { kind: ToolErrorKind::Unavailable, message: format!("tool {name} is not available on this worker") });
+            return Err(ToolFailure {
+                kind: ToolErrorKind::Unavailable,
+                message: format!("tool {name} is not available on this worker"),
+            });
         };
         if let Err(message) = check_arguments(name, &entry.validator, &input) {
-            return Err(ToolFailure { kind: ToolErrorKind::InvalidArguments, message });
+            return Err(ToolFailure {
+                kind: ToolErrorKind::InvalidArguments,
+                message,
+            });
         }
         let timeout = Duration::from_millis(entry.spec.timeout_ms);
         let returns_json = entry.tool.returns_json();
@@ -270,7 +322,10 @@ impl ToolRegistry {
         let joined = match tokio::time::timeout(timeout, &mut task.0).await {
             Ok(joined) => joined,
             Err(_) => {
-                return Err(ToolFailure { kind: ToolErrorKind::Timeout, message: format!("tool {name} timed out after {} ms", timeout.as_millis()) });
+                return Err(ToolFailure {
+                    kind: ToolErrorKind::Timeout,
+                    message: format!("tool {name} timed out after {} ms", timeout.as_millis()),
+                });
             }
         };
         let output = match joined {
@@ -282,12 +337,22 @@ impl ToolRegistry {
                     .map(|s| (*s).to_owned())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                return Err(ToolFailure { kind: ToolErrorKind::Panicked, message: format!("tool {name} crashed: {what}") });
+                return Err(ToolFailure {
+                    kind: ToolErrorKind::Panicked,
+                    message: format!("tool {name} crashed: {what}"),
+                });
             }
-            Err(e) => return Err(ToolFailure::failed(format!("tool {name} was cancelled: {e}"))),
+            Err(e) => {
+                return Err(ToolFailure::failed(format!(
+                    "tool {name} was cancelled: {e}"
+                )));
+            }
         };
         if returns_json && let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&output) {
-            return Err(ToolFailure { kind: ToolErrorKind::InvalidOutput, message: format!("tool {name} returned invalid JSON: {e}") });
+            return Err(ToolFailure {
+                kind: ToolErrorKind::InvalidOutput,
+                message: format!("tool {name} returned invalid JSON: {e}"),
+            });
         }
         Ok(output)
     }

@@ -17,7 +17,10 @@
 
 use std::time::Duration;
 
-use glia_proto::{ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind, ToolSource, ToolSpec, args_hash};
+use glia_proto::{
+    ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind, ToolSource,
+    ToolSpec, args_hash,
+};
 use rmcp::model::ToolAnnotations;
 use serde_json::Value;
 
@@ -47,7 +50,11 @@ pub enum OfferError {
 /// Who speaks for the tenant in `config`: the agent definition it was
 /// resolved from, or the run's own config.
 pub fn tenant_origin(config: &RunConfig) -> PolicyOrigin {
-    if config.agent.is_some() { PolicyOrigin::Agent } else { PolicyOrigin::Run }
+    if config.agent.is_some() {
+        PolicyOrigin::Agent
+    } else {
+        PolicyOrigin::Run
+    }
 }
 
 /// The resolved policy of MCP tool `name` of the server `entry`, listed
@@ -55,7 +62,12 @@ pub fn tenant_origin(config: &RunConfig) -> PolicyOrigin {
 /// `destructiveHint: true`, which always asks for approval), then the
 /// tenant's `tool_policy`, then the operator's `policy`, which only makes
 /// it stricter.
-pub fn mcp_policy(config: &RunConfig, entry: &McpServerEntry, name: &str, hints: Option<&ToolAnnotations>) -> ResolvedPolicy {
+pub fn mcp_policy(
+    config: &RunConfig,
+    entry: &McpServerEntry,
+    name: &str,
+    hints: Option<&ToolAnnotations>,
+) -> ResolvedPolicy {
     let trusted = entry.trust == Trust::Trusted;
     let hint = |h: Option<bool>| h == Some(true);
     let read_only = hint(hints.and_then(|a| a.read_only_hint));
@@ -63,7 +75,13 @@ pub fn mcp_policy(config: &RunConfig, entry: &McpServerEntry, name: &str, hints:
     // untrusted server `destructiveHint: true` counts whatever else it says.
     let destructive = hint(hints.and_then(|a| a.destructive_hint)) && !(trusted && read_only);
     let idempotent = trusted && (read_only || hint(hints.and_then(|a| a.idempotent_hint)));
-    let annotated = |yes: bool| if yes { PolicyOrigin::Annotation } else { PolicyOrigin::Default };
+    let annotated = |yes: bool| {
+        if yes {
+            PolicyOrigin::Annotation
+        } else {
+            PolicyOrigin::Default
+        }
+    };
     let mut p = ResolvedPolicy {
         requires_approval: destructive,
         approval_by: annotated(destructive),
@@ -79,7 +97,9 @@ pub fn mcp_policy(config: &RunConfig, entry: &McpServerEntry, name: &str, hints:
         (p.idempotent, p.idempotent_by) = (idempotent, tenant_origin(config));
     }
     match entry.policy.get(name) {
-        Some(OperatorPolicy::RequireApproval) => (p.requires_approval, p.approval_by) = (true, PolicyOrigin::Operator),
+        Some(OperatorPolicy::RequireApproval) => {
+            (p.requires_approval, p.approval_by) = (true, PolicyOrigin::Operator)
+        }
         Some(OperatorPolicy::RequireApprovalNoRetry) => {
             (p.requires_approval, p.approval_by) = (true, PolicyOrigin::Operator);
             (p.idempotent, p.idempotent_by) = (false, PolicyOrigin::Operator);
@@ -95,15 +115,25 @@ pub fn mcp_policy(config: &RunConfig, entry: &McpServerEntry, name: &str, hints:
 /// `tools_deny` entry that differs from a listed tool only in case or
 /// `-`/`_` would deny nothing. Either is [`OfferError::Invalid`] naming the
 /// catalogue key: runs using the server fail rather than run ungated.
-fn check_operator_names(server: &str, entry: &McpServerEntry, listed: &[rmcp::model::Tool]) -> Result<(), OfferError> {
+fn check_operator_names(
+    server: &str,
+    entry: &McpServerEntry,
+    listed: &[rmcp::model::Tool],
+) -> Result<(), OfferError> {
     let names: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
     if let Some(tool) = entry.policy.keys().find(|t| !names.contains(&t.as_str())) {
-        let hint = glia_proto::config::nearest(tool, &names).map(|n| format!("; did you mean {n:?}?")).unwrap_or_default();
+        let hint = glia_proto::config::nearest(tool, &names)
+            .map(|n| format!("; did you mean {n:?}?"))
+            .unwrap_or_default();
         return Err(OfferError::Invalid(format!(
             "mcp_servers.{server}.policy.{tool}: the operator's catalogue sets a policy for a tool MCP server {server:?} does not offer (names match exactly){hint}"
         )));
     }
-    if let Some((tool, near)) = entry.tools_deny.iter().find_map(|t| glia_proto::config::near_miss(t, &names).map(|n| (t, n))) {
+    if let Some((tool, near)) = entry
+        .tools_deny
+        .iter()
+        .find_map(|t| glia_proto::config::near_miss(t, &names).map(|n| (t, n)))
+    {
         return Err(OfferError::Invalid(format!(
             "mcp_servers.{server}.tools_deny: {tool:?} differs from the server's tool {near:?} only in case or `-`/`_`, so it denies nothing (names match exactly)"
         )));
@@ -123,7 +153,12 @@ impl ToolSources {
     /// Start the catalogue's MCP servers ([`McpHub::start`]). Needs a Tokio runtime.
     pub fn start(catalogue: Catalogue) -> ToolSources {
         let mcp = McpHub::start(&catalogue);
-        ToolSources { catalogue, mcp, http: HttpTools::new(), connect_wait: Duration::from_secs(10) }
+        ToolSources {
+            catalogue,
+            mcp,
+            http: HttpTools::new(),
+            connect_wait: Duration::from_secs(10),
+        }
     }
 
     /// How long assembling a step's tools waits for a server that is not
@@ -161,10 +196,26 @@ impl ToolSources {
         let mut specs = Vec::new();
         for (i, source) in config.mcp.iter().enumerate() {
             if !self.mcp.has(&source.server) {
-                return Err(OfferError::Invalid(format!("MCP server {:?} is not in this worker's catalogue", source.server)));
+                return Err(OfferError::Invalid(format!(
+                    "MCP server {:?} is not in this worker's catalogue",
+                    source.server
+                )));
             }
-            let listed = self.mcp.list_tools(&source.server, self.connect_wait).await.map_err(OfferError::Unavailable)?;
-            let entry = self.catalogue.mcp_servers.get(&source.server).ok_or_else(|| OfferError::Invalid(format!("mcp[{i}].server: MCP server {:?} is not in this worker's catalogue", source.server)))?;
+            let listed = self
+                .mcp
+                .list_tools(&source.server, self.connect_wait)
+                .await
+                .map_err(OfferError::Unavailable)?;
+            let entry = self
+                .catalogue
+                .mcp_servers
+                .get(&source.server)
+                .ok_or_else(|| {
+                    OfferError::Invalid(format!(
+                        "mcp[{i}].server: MCP server {:?} is not in this worker's catalogue",
+                        source.server
+                    ))
+                })?;
             check_operator_names(&source.server, entry, &listed)?;
             for (j, name) in source.allow.iter().enumerate() {
                 // A tool the run allows but cannot be offered is the run's
@@ -186,11 +237,23 @@ impl ToolSources {
                     )));
                 }
                 if !entry.permits(name) {
-                    return Err(OfferError::Invalid(format!("mcp[{i}].allow[{j}]: {}", entry.refusal(&source.server, name))));
+                    return Err(OfferError::Invalid(format!(
+                        "mcp[{i}].allow[{j}]: {}",
+                        entry.refusal(&source.server, name)
+                    )));
                 }
                 let policy = mcp_policy(config, entry, name, tool.annotations.as_ref());
-                let tenant = config.tool_policy.get(name.as_str()).cloned().unwrap_or_default();
-                let description = tool.description.as_deref().map(str::to_owned).or_else(|| tool.title.clone()).unwrap_or_default();
+                let tenant = config
+                    .tool_policy
+                    .get(name.as_str())
+                    .cloned()
+                    .unwrap_or_default();
+                let description = tool
+                    .description
+                    .as_deref()
+                    .map(str::to_owned)
+                    .or_else(|| tool.title.clone())
+                    .unwrap_or_default();
                 specs.push(ToolSpec {
                     idempotent: policy.idempotent,
                     timeout_ms: tenant.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS),
@@ -207,13 +270,25 @@ impl ToolSources {
             }
         }
         for tool in &config.http_tools {
-            let policy = config.tool_policy.get(&tool.name).cloned().unwrap_or_default();
+            let policy = config
+                .tool_policy
+                .get(&tool.name)
+                .cloned()
+                .unwrap_or_default();
             let tenant = tenant_origin(config);
             let resolved = ResolvedPolicy {
                 requires_approval: policy.requires_approval.unwrap_or(false),
-                approval_by: if policy.requires_approval.is_some() { tenant } else { PolicyOrigin::Default },
+                approval_by: if policy.requires_approval.is_some() {
+                    tenant
+                } else {
+                    PolicyOrigin::Default
+                },
                 idempotent: policy.idempotent.unwrap_or(tool.idempotent),
-                idempotent_by: if policy.idempotent.is_some() || tool.idempotent { tenant } else { PolicyOrigin::Default },
+                idempotent_by: if policy.idempotent.is_some() || tool.idempotent {
+                    tenant
+                } else {
+                    PolicyOrigin::Default
+                },
                 trusted_server: None,
             };
             specs.push(ToolSpec {
@@ -226,12 +301,22 @@ impl ToolSources {
                     requires_approval: resolved.requires_approval,
                 }),
                 policy: Some(resolved),
-                ..ToolSpec::new(tool.name.clone(), tool.description.clone(), tool.input_schema.clone())
+                ..ToolSpec::new(
+                    tool.name.clone(),
+                    tool.description.clone(),
+                    tool.input_schema.clone(),
+                )
             });
         }
         let mut names = std::collections::HashSet::new();
-        if let Some(clash) = specs.iter().find(|s| !names.insert(s.name.as_str()) || s.name == glia_proto::OUTPUT_TOOL) {
-            return Err(OfferError::Invalid(format!("two tools of the run are named {:?}", clash.name)));
+        if let Some(clash) = specs
+            .iter()
+            .find(|s| !names.insert(s.name.as_str()) || s.name == glia_proto::OUTPUT_TOOL)
+        {
+            return Err(OfferError::Invalid(format!(
+                "two tools of the run are named {:?}",
+                clash.name
+            )));
         }
         Ok(specs)
     }
@@ -239,16 +324,34 @@ impl ToolSources {
     /// Run one call of `spec` (which has a [`ToolSource`]) within its
     /// timeout; `progress` gets each progress report's text. Errors: the
     /// [`ToolFailure`] the model sees.
-    pub async fn execute(&self, spec: &ToolSpec, input: Value, ctx: &ToolContext, progress: &(dyn Fn(String) + Send + Sync)) -> Result<ToolContent, ToolFailure> {
+    pub async fn execute(
+        &self,
+        spec: &ToolSpec,
+        input: Value,
+        ctx: &ToolContext,
+        progress: &(dyn Fn(String) + Send + Sync),
+    ) -> Result<ToolContent, ToolFailure> {
         let timeout = Duration::from_millis(spec.timeout_ms.max(1));
         match &spec.source {
-            Some(ToolSource::Mcp { server, tool, .. }) => self.mcp.call(server, tool, input, &ctx.idempotency_key, timeout, progress).await,
-            Some(ToolSource::Http { url, max_response_bytes, .. }) => {
-                let allowed = glia_proto::tool_sources::url_origin(url).is_ok_and(|o| self.catalogue.origin_allowed(&o));
+            Some(ToolSource::Mcp { server, tool, .. }) => {
+                self.mcp
+                    .call(server, tool, input, &ctx.idempotency_key, timeout, progress)
+                    .await
+            }
+            Some(ToolSource::Http {
+                url,
+                max_response_bytes,
+                ..
+            }) => {
+                let allowed = glia_proto::tool_sources::url_origin(url)
+                    .is_ok_and(|o| self.catalogue.origin_allowed(&o));
                 if !allowed {
                     return Err(ToolFailure {
                         kind: ToolErrorKind::Denied,
-                        message: format!("HTTP tool {}: {url} is not at an origin the catalogue allows", spec.name),
+                        message: format!(
+                            "HTTP tool {}: {url} is not at an origin the catalogue allows",
+                            spec.name
+                        ),
                     });
                 }
                 let call = HttpCall {
@@ -262,7 +365,10 @@ impl ToolSources {
                 };
                 self.http.call(call).await.map(ToolContent::from)
             }
-            None => Err(ToolFailure { kind: ToolErrorKind::Unavailable, message: format!("tool {} has no source on this worker", spec.name) }),
+            None => Err(ToolFailure {
+                kind: ToolErrorKind::Unavailable,
+                message: format!("tool {} has no source on this worker", spec.name),
+            }),
         }
     }
 }

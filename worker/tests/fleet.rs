@@ -10,11 +10,14 @@ use std::time::Duration;
 use common::{Add, AddArgs};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{EventLog, JobQueue, NewRun, RunFilter, RunStatus};
-use glia_proto::{BudgetLimits, Decision, Event, EventKind, Outcome, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState, ToolSpec};
+use glia_proto::{
+    BudgetLimits, Decision, Event, EventKind, Outcome, Policy, PolicyAction, PullPoint, Resume,
+    RunConfig, RunState, ToolSpec,
+};
+use glia_worker::Agent;
 use glia_worker::fleet::{Worker, WorkerOptions};
 use glia_worker::provider::{ScriptLibrary, ScriptedTurn};
 use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
-use glia_worker::Agent;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -46,25 +49,88 @@ struct Fleet {
 
 fn scripts() -> ScriptLibrary {
     let mut lib = ScriptLibrary::default();
-    lib.insert("plain", vec![ScriptedTurn::call("add", json!({"a": 1, "b": 2})), ScriptedTurn::text("3")]);
-    lib.insert("approval", vec![ScriptedTurn::call("refund", json!({"order": "A1"})), ScriptedTurn::text("refunded")]);
-    lib.insert("external", vec![ScriptedTurn::call("ask", json!({"q": "which?"})), ScriptedTurn::text("thanks")]);
-    lib.insert("chat", vec![ScriptedTurn::text("hello"), ScriptedTurn::text("bye")]);
-    lib.insert("budget", vec![ScriptedTurn::call("add", json!({"a": 1, "b": 1})), ScriptedTurn::text("2")]);
-    let mut long: Vec<ScriptedTurn> = (0..20).map(|i| ScriptedTurn::call("nap", json!({"a": i, "b": 0}))).collect();
+    lib.insert(
+        "plain",
+        vec![
+            ScriptedTurn::call("add", json!({"a": 1, "b": 2})),
+            ScriptedTurn::text("3"),
+        ],
+    );
+    lib.insert(
+        "approval",
+        vec![
+            ScriptedTurn::call("refund", json!({"order": "A1"})),
+            ScriptedTurn::text("refunded"),
+        ],
+    );
+    lib.insert(
+        "external",
+        vec![
+            ScriptedTurn::call("ask", json!({"q": "which?"})),
+            ScriptedTurn::text("thanks"),
+        ],
+    );
+    lib.insert(
+        "chat",
+        vec![ScriptedTurn::text("hello"), ScriptedTurn::text("bye")],
+    );
+    lib.insert(
+        "budget",
+        vec![
+            ScriptedTurn::call("add", json!({"a": 1, "b": 1})),
+            ScriptedTurn::text("2"),
+        ],
+    );
+    let mut long: Vec<ScriptedTurn> = (0..20)
+        .map(|i| ScriptedTurn::call("nap", json!({"a": i, "b": 0})))
+        .collect();
     long.push(ScriptedTurn::text("rested"));
     lib.insert("long", long);
     lib
 }
 
 fn config(script: &str) -> RunConfig {
-    let mut c = RunConfig { model: format!("script:{script}"), ..RunConfig::default() };
-    c.external_tools.push(ToolSpec { name: "ask".into(), description: "Ask the client.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true, return_direct: false, cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS, source: None, policy: None });
-    c.external_tools.push(ToolSpec { name: "refund".into(), description: "Refund.".into(), input_schema: json!({"type": "object"}), idempotent: false, timeout_ms: 0, external: true, return_direct: false, cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS, source: None, policy: None });
-    c.policies.push(Policy { tool: "refund".into(), args: None, action: PolicyAction::RequireApproval });
+    let mut c = RunConfig {
+        model: format!("script:{script}"),
+        ..RunConfig::default()
+    };
+    c.external_tools.push(ToolSpec {
+        name: "ask".into(),
+        description: "Ask the client.".into(),
+        input_schema: json!({"type": "object"}),
+        idempotent: false,
+        timeout_ms: 0,
+        external: true,
+        return_direct: false,
+        cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+        source: None,
+        policy: None,
+    });
+    c.external_tools.push(ToolSpec {
+        name: "refund".into(),
+        description: "Refund.".into(),
+        input_schema: json!({"type": "object"}),
+        idempotent: false,
+        timeout_ms: 0,
+        external: true,
+        return_direct: false,
+        cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+        source: None,
+        policy: None,
+    });
+    c.policies.push(Policy {
+        tool: "refund".into(),
+        args: None,
+        action: PolicyAction::RequireApproval,
+    });
     match script {
         "chat" => c.conversational = true,
-        "budget" => c.budget = BudgetLimits { max_turns: Some(1), ..BudgetLimits::default() },
+        "budget" => {
+            c.budget = BudgetLimits {
+                max_turns: Some(1),
+                ..BudgetLimits::default()
+            }
+        }
         _ => {}
     }
     c
@@ -77,7 +143,12 @@ impl Fleet {
 
     /// A fleet whose workers call `provider`; without `reconcile`, lost jobs
     /// are not re-enqueued (the outbox is still relayed).
-    fn start_with(workers: usize, lease_ttl: Duration, provider: Arc<dyn glia_worker::provider::Provider>, reconcile: bool) -> Fleet {
+    fn start_with(
+        workers: usize,
+        lease_ttl: Duration,
+        provider: Arc<dyn glia_worker::provider::Provider>,
+        reconcile: bool,
+    ) -> Fleet {
         let log = Arc::new(MemoryLog::default());
         let queue = Arc::new(MemoryQueue::default());
         let ledger = Arc::new(MemoryLedger::default());
@@ -103,7 +174,14 @@ impl Fleet {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         });
-        let fleet = Fleet { log, queue, ledger, stop, agent, lease_ttl };
+        let fleet = Fleet {
+            log,
+            queue,
+            ledger,
+            stop,
+            agent,
+            lease_ttl,
+        };
         fleet.spawn_workers(workers);
         fleet
     }
@@ -111,16 +189,43 @@ impl Fleet {
     /// Start `n` more workers.
     fn spawn_workers(&self, n: usize) {
         for i in 0..n {
-            let options = WorkerOptions { id: format!("w{i}-{}", Uuid::now_v7().simple()), concurrency: 4, lease_ttl: self.lease_ttl };
-            let worker = Arc::new(Worker::new(self.agent.clone(), self.log.clone(), self.queue.clone(), self.ledger.clone(), options));
+            let options = WorkerOptions {
+                id: format!("w{i}-{}", Uuid::now_v7().simple()),
+                concurrency: 4,
+                lease_ttl: self.lease_ttl,
+            };
+            let worker = Arc::new(Worker::new(
+                self.agent.clone(),
+                self.log.clone(),
+                self.queue.clone(),
+                self.ledger.clone(),
+                options,
+            ));
             tokio::spawn(worker.run(self.stop.subscribe()));
         }
     }
 
     async fn submit(&self, script: &str) -> Uuid {
         let run_id = Uuid::now_v7();
-        let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: script.into(), config: config(script) } };
-        self.log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
+        let start = Event {
+            run_id,
+            seq: 1,
+            at: chrono::Utc::now(),
+            kind: EventKind::SessionStart {
+                redactions: Vec::new(),
+                goal: script.into(),
+                config: config(script),
+            },
+        };
+        self.log
+            .create_run(NewRun {
+                tenant: "t".into(),
+                idempotency_key: None,
+                batch_id: None,
+                start,
+            })
+            .await
+            .unwrap();
         run_id
     }
 
@@ -138,7 +243,10 @@ impl Fleet {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        panic!("run {run_id} never settled: {:?}", self.log.get_run(run_id).await.unwrap());
+        panic!(
+            "run {run_id} never settled: {:?}",
+            self.log.get_run(run_id).await.unwrap()
+        );
     }
 
     /// Post whatever the run waits for until it is done.
@@ -150,19 +258,42 @@ impl Fleet {
                 None => return state,
                 Some(PullPoint::AwaitingApproval { call_ids }) => {
                     let c = state.call(&call_ids[0]).unwrap();
-                    Resume::Approval { call_id: c.call_id.clone(), args_hash: c.args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None }
+                    Resume::Approval {
+                        call_id: c.call_id.clone(),
+                        args_hash: c.args_hash.clone(),
+                        decision: Decision::Approve,
+                        by: None,
+                        request_seq: None,
+                    }
                 }
-                Some(PullPoint::AwaitingTool { call_ids }) => Resume::ToolResult { call_id: call_ids[0].clone(), content: "A1".into(), is_error: false },
+                Some(PullPoint::AwaitingTool { call_ids }) => Resume::ToolResult {
+                    call_id: call_ids[0].clone(),
+                    content: "A1".into(),
+                    is_error: false,
+                },
                 Some(PullPoint::AwaitingInput) if replies == 0 => {
                     replies += 1;
-                    Resume::Input { text: "refund please".into(), redactions: Vec::new() }
+                    Resume::Input {
+                        text: "refund please".into(),
+                        redactions: Vec::new(),
+                    }
                 }
                 Some(PullPoint::AwaitingInput) if replies == 1 => {
                     replies += 1;
-                    Resume::Close { text: None, redactions: Vec::new() }
+                    Resume::Close {
+                        text: None,
+                        redactions: Vec::new(),
+                    }
                 }
-                Some(PullPoint::AwaitingInput) => Resume::Cancel { reason: "conversation over".into() },
-                Some(PullPoint::Paused { .. }) => Resume::ExtendBudget { extra: BudgetLimits { max_turns: Some(5), ..BudgetLimits::default() } },
+                Some(PullPoint::AwaitingInput) => Resume::Cancel {
+                    reason: "conversation over".into(),
+                },
+                Some(PullPoint::Paused { .. }) => Resume::ExtendBudget {
+                    extra: BudgetLimits {
+                        max_turns: Some(5),
+                        ..BudgetLimits::default()
+                    },
+                },
             };
             self.log.post(run_id, payload).await.unwrap();
         }
@@ -182,18 +313,35 @@ async fn fifty_runs_with_every_pull_point_complete() {
     let kinds = ["plain", "approval", "external", "chat", "budget"];
     let mut runs = Vec::new();
     for i in 0..50 {
-        runs.push((kinds[i % kinds.len()], fleet.submit(kinds[i % kinds.len()]).await));
+        runs.push((
+            kinds[i % kinds.len()],
+            fleet.submit(kinds[i % kinds.len()]).await,
+        ));
     }
     let drives = runs.iter().map(|(_, id)| fleet.drive(*id));
     let finals = futures::future::join_all(drives).await;
     for ((kind, run_id), state) in runs.iter().zip(finals) {
-        let outcome = state.outcome.clone().unwrap_or_else(|| panic!("{kind} run not done"));
+        let outcome = state
+            .outcome
+            .clone()
+            .unwrap_or_else(|| panic!("{kind} run not done"));
         match *kind {
-            _ => assert!(matches!(outcome, Outcome::Succeeded { .. }), "{kind}: {outcome:?}"),
+            _ => assert!(
+                matches!(outcome, Outcome::Succeeded { .. }),
+                "{kind}: {outcome:?}"
+            ),
         }
         check_log(&fleet.log.events(*run_id, 0, 10_000).await.unwrap());
     }
-    let done = fleet.log.list_runs(&RunFilter { status: Some(RunStatus::Done), limit: 1000, ..Default::default() }).await.unwrap();
+    let done = fleet
+        .log
+        .list_runs(&RunFilter {
+            status: Some(RunStatus::Done),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(done.len(), 50);
     let _ = fleet.stop.send(true);
 }
@@ -207,7 +355,11 @@ async fn stale_and_duplicate_jobs_change_nothing() {
     let before = fleet.log.events(run_id, 0, 1000).await.unwrap();
     // The first job again (stale: head 1), and a job for the current head, twice.
     for head in [1, state.head_seq, state.head_seq] {
-        fleet.queue.publish(&glia_backends::Job::start(run_id, head)).await.unwrap();
+        fleet
+            .queue
+            .publish(&glia_backends::Job::start(run_id, head))
+            .await
+            .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(fleet.log.events(run_id, 0, 1000).await.unwrap(), before);
@@ -219,10 +371,18 @@ async fn a_lapsed_lease_is_taken_over_by_the_reconciler() {
     let fleet = Fleet::start(0, Duration::from_millis(300));
     let run_id = fleet.submit("plain").await;
     // The lease as a dead worker would hold it, before any worker runs the job.
-    let _dead = fleet.log.acquire(run_id, "dead-worker", Duration::from_millis(200)).await.unwrap();
+    let _dead = fleet
+        .log
+        .acquire(run_id, "dead-worker", Duration::from_millis(200))
+        .await
+        .unwrap();
     fleet.spawn_workers(1);
     let state = fleet.drive(run_id).await;
-    assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })), "{:?}", state.outcome);
+    assert!(
+        matches!(state.outcome, Some(Outcome::Succeeded { .. })),
+        "{:?}",
+        state.outcome
+    );
     check_log(&fleet.log.events(run_id, 0, 1000).await.unwrap());
     let _ = fleet.stop.send(true);
 }
@@ -234,12 +394,29 @@ async fn a_cancel_stops_a_running_run_at_its_next_step() {
     let run_id = fleet.submit("long").await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     // What the dispatcher does on POST /cancel: post the cancel, raise the flag.
-    fleet.log.post(run_id, Resume::Cancel { reason: "stop".into() }).await.unwrap();
+    fleet
+        .log
+        .post(
+            run_id,
+            Resume::Cancel {
+                reason: "stop".into(),
+            },
+        )
+        .await
+        .unwrap();
     fleet.ledger.cancel(run_id).await.unwrap();
     let state = fleet.wait_parked_or_done(run_id).await;
-    assert_eq!(state.outcome, Some(Outcome::Cancelled { reason: "stop".into() }));
+    assert_eq!(
+        state.outcome,
+        Some(Outcome::Cancelled {
+            reason: "stop".into()
+        })
+    );
     let events = fleet.log.events(run_id, 0, 10_000).await.unwrap();
-    let naps = events.iter().filter(|e| matches!(e.kind, EventKind::ToolResult { .. })).count();
+    let naps = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ToolResult { .. }))
+        .count();
     assert!(naps < 20, "the run stopped early, after {naps} naps");
     check_log(&events);
     let _ = fleet.stop.send(true);
@@ -250,10 +427,18 @@ async fn a_cancel_stops_a_running_run_at_its_next_step() {
 async fn past_turn_limits(fleet: &Fleet, run_id: Uuid) -> RunState {
     loop {
         let state = fleet.wait_parked_or_done(run_id).await;
-        if state.parked != Some(PullPoint::Paused { reason: glia_proto::PauseReason::TurnLimit }) {
+        if state.parked
+            != Some(PullPoint::Paused {
+                reason: glia_proto::PauseReason::TurnLimit,
+            })
+        {
             return state;
         }
-        fleet.log.post(run_id, Resume::Resume { by: None }).await.unwrap();
+        fleet
+            .log
+            .post(run_id, Resume::Resume { by: None })
+            .await
+            .unwrap();
     }
 }
 
@@ -264,29 +449,102 @@ async fn a_pause_parks_a_running_run_at_its_next_step_and_a_resume_finishes_it()
     let run_id = fleet.submit("long").await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     // What the dispatcher does on POST /pause: post the pause, raise the flag.
-    fleet.log.post(run_id, Resume::Pause { reason: "audit".into(), by: Some("ops".into()) }).await.unwrap();
+    fleet
+        .log
+        .post(
+            run_id,
+            Resume::Pause {
+                reason: "audit".into(),
+                by: Some("ops".into()),
+            },
+        )
+        .await
+        .unwrap();
     fleet.ledger.set_paused(run_id, true).await.unwrap();
     let state = fleet.wait_parked_or_done(run_id).await;
-    assert_eq!(state.parked, Some(PullPoint::Paused { reason: glia_proto::PauseReason::Operator { reason: "audit".into() } }));
+    assert_eq!(
+        state.parked,
+        Some(PullPoint::Paused {
+            reason: glia_proto::PauseReason::Operator {
+                reason: "audit".into()
+            }
+        })
+    );
     let events = fleet.log.events(run_id, 0, 10_000).await.unwrap();
-    let naps = |events: &[Event]| events.iter().filter(|e| matches!(e.kind, EventKind::ToolResult { .. })).count();
-    assert!(naps(&events) < 20, "the run paused early, after {} naps", naps(&events));
-    let requested = events.iter().position(|e| matches!(e.kind, EventKind::SessionPauseRequested { .. })).expect("the request is recorded");
-    assert!(matches!(events[requested + 1].kind, EventKind::SessionPause { .. }), "and the pause follows it at once");
+    let naps = |events: &[Event]| {
+        events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::ToolResult { .. }))
+            .count()
+    };
+    assert!(
+        naps(&events) < 20,
+        "the run paused early, after {} naps",
+        naps(&events)
+    );
+    let requested = events
+        .iter()
+        .position(|e| matches!(e.kind, EventKind::SessionPauseRequested { .. }))
+        .expect("the request is recorded");
+    assert!(
+        matches!(events[requested + 1].kind, EventKind::SessionPause { .. }),
+        "and the pause follows it at once"
+    );
     // Nothing happens while it is paused.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(fleet.log.events(run_id, 0, 10_000).await.unwrap().len(), events.len());
+    assert_eq!(
+        fleet.log.events(run_id, 0, 10_000).await.unwrap().len(),
+        events.len()
+    );
     // What POST /resume does: clear the flag, post the resume.
     fleet.ledger.set_paused(run_id, false).await.unwrap();
-    fleet.log.post(run_id, Resume::Resume { by: Some("ops".into()) }).await.unwrap();
+    fleet
+        .log
+        .post(
+            run_id,
+            Resume::Resume {
+                by: Some("ops".into()),
+            },
+        )
+        .await
+        .unwrap();
     let state = past_turn_limits(&fleet, run_id).await;
-    assert_eq!(state.outcome, Some(Outcome::Succeeded { answer: "rested".into(), output: None }));
+    assert_eq!(
+        state.outcome,
+        Some(Outcome::Succeeded {
+            answer: "rested".into(),
+            output: None
+        })
+    );
     let events = fleet.log.events(run_id, 0, 10_000).await.unwrap();
     assert_eq!(naps(&events), 20, "every nap ran once");
-    assert!(!events.iter().any(|e| matches!(e.kind, EventKind::ToolError { .. })), "a pause never lands between a call and its run (no call taken for interrupted)");
-    let calls = events.iter().filter(|e| matches!(e.kind, EventKind::ModelCall { .. })).count();
-    let turn_limit_pauses = events.iter().filter(|e| matches!(&e.kind, EventKind::SessionPause { pull_point: PullPoint::Paused { reason: glia_proto::PauseReason::TurnLimit } })).count();
-    assert_eq!(calls, 21, "no model call is recorded twice for the pause ({turn_limit_pauses} turn-limit pauses)");
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::ToolError { .. })),
+        "a pause never lands between a call and its run (no call taken for interrupted)"
+    );
+    let calls = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ModelCall { .. }))
+        .count();
+    let turn_limit_pauses = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                &e.kind,
+                EventKind::SessionPause {
+                    pull_point: PullPoint::Paused {
+                        reason: glia_proto::PauseReason::TurnLimit
+                    }
+                }
+            )
+        })
+        .count();
+    assert_eq!(
+        calls, 21,
+        "no model call is recorded twice for the pause ({turn_limit_pauses} turn-limit pauses)"
+    );
     check_log(&events);
     let _ = fleet.stop.send(true);
 }
@@ -298,7 +556,15 @@ async fn a_pause_flag_without_a_posted_pause_changes_nothing() {
     let run_id = fleet.submit("long").await;
     fleet.ledger.set_paused(run_id, true).await.unwrap();
     let state = past_turn_limits(&fleet, run_id).await;
-    assert_eq!(state.outcome, Some(Outcome::Succeeded { answer: "rested".into(), output: None }), "a stale flag neither pauses nor stalls the run: {:?}", state.parked);
+    assert_eq!(
+        state.outcome,
+        Some(Outcome::Succeeded {
+            answer: "rested".into(),
+            output: None
+        }),
+        "a stale flag neither pauses nor stalls the run: {:?}",
+        state.parked
+    );
     check_log(&fleet.log.events(run_id, 0, 10_000).await.unwrap());
     let _ = fleet.stop.send(true);
 }
@@ -308,23 +574,87 @@ async fn a_pause_of_a_parked_run_takes_effect_once_its_payload_comes() {
     let fleet = Fleet::start(1, Duration::from_secs(30));
     let run_id = fleet.submit("approval").await;
     let state = fleet.wait_parked_or_done(run_id).await;
-    let Some(PullPoint::AwaitingApproval { call_ids }) = state.parked.clone() else { panic!("parked for approval: {:?}", state.parked) };
-    fleet.log.post(run_id, Resume::Pause { reason: "audit".into(), by: None }).await.unwrap();
+    let Some(PullPoint::AwaitingApproval { call_ids }) = state.parked.clone() else {
+        panic!("parked for approval: {:?}", state.parked)
+    };
+    fleet
+        .log
+        .post(
+            run_id,
+            Resume::Pause {
+                reason: "audit".into(),
+                by: None,
+            },
+        )
+        .await
+        .unwrap();
     let state = fleet.wait_parked_or_done(run_id).await;
-    assert_eq!((state.pause_due.as_deref(), state.parked.as_ref().map(PullPoint::name)), (Some("audit"), Some("awaiting_approval")), "still waits for its approval");
+    assert_eq!(
+        (
+            state.pause_due.as_deref(),
+            state.parked.as_ref().map(PullPoint::name)
+        ),
+        (Some("audit"), Some("awaiting_approval")),
+        "still waits for its approval"
+    );
     let c = state.call(&call_ids[0]).unwrap();
-    let approval = Resume::Approval { call_id: c.call_id.clone(), args_hash: c.args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
+    let approval = Resume::Approval {
+        call_id: c.call_id.clone(),
+        args_hash: c.args_hash.clone(),
+        decision: Decision::Approve,
+        by: None,
+        request_seq: None,
+    };
     fleet.log.post(run_id, approval).await.unwrap();
     // The approved call is external: the run waits for its result, still pausing.
     let state = fleet.wait_parked_or_done(run_id).await;
-    assert_eq!((state.pause_due.as_deref(), state.parked.as_ref().map(PullPoint::name)), (Some("audit"), Some("awaiting_tool")));
-    fleet.log.post(run_id, Resume::ToolResult { call_id: call_ids[0].clone(), content: "done".into(), is_error: false }).await.unwrap();
+    assert_eq!(
+        (
+            state.pause_due.as_deref(),
+            state.parked.as_ref().map(PullPoint::name)
+        ),
+        (Some("audit"), Some("awaiting_tool"))
+    );
+    fleet
+        .log
+        .post(
+            run_id,
+            Resume::ToolResult {
+                call_id: call_ids[0].clone(),
+                content: "done".into(),
+                is_error: false,
+            },
+        )
+        .await
+        .unwrap();
     let state = fleet.wait_parked_or_done(run_id).await;
-    assert_eq!(state.parked, Some(PullPoint::Paused { reason: glia_proto::PauseReason::Operator { reason: "audit".into() } }), "paused once it could go on");
-    assert_eq!(state.messages.last().map(|m| m.role), Some(glia_proto::Role::User), "before the next model call");
-    fleet.log.post(run_id, Resume::Resume { by: None }).await.unwrap();
+    assert_eq!(
+        state.parked,
+        Some(PullPoint::Paused {
+            reason: glia_proto::PauseReason::Operator {
+                reason: "audit".into()
+            }
+        }),
+        "paused once it could go on"
+    );
+    assert_eq!(
+        state.messages.last().map(|m| m.role),
+        Some(glia_proto::Role::User),
+        "before the next model call"
+    );
+    fleet
+        .log
+        .post(run_id, Resume::Resume { by: None })
+        .await
+        .unwrap();
     let state = fleet.drive(run_id).await;
-    assert_eq!(state.outcome, Some(Outcome::Succeeded { answer: "refunded".into(), output: None }));
+    assert_eq!(
+        state.outcome,
+        Some(Outcome::Succeeded {
+            answer: "refunded".into(),
+            output: None
+        })
+    );
     check_log(&fleet.log.events(run_id, 0, 10_000).await.unwrap());
     let _ = fleet.stop.send(true);
 }
@@ -349,9 +679,15 @@ impl glia_worker::provider::Provider for Awkward {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 unreachable!("nobody waits an hour")
             }
-            "flaky" if n == 0 => Err(glia_worker::provider::ProviderError::Transient { message: "overloaded".into(), retry_after_ms: Some(100) }),
+            "flaky" if n == 0 => Err(glia_worker::provider::ProviderError::Transient {
+                message: "overloaded".into(),
+                retry_after_ms: Some(100),
+            }),
             _ => {
-                let request = glia_worker::provider::ModelRequest { model: "script:plain".into(), ..request.clone() };
+                let request = glia_worker::provider::ModelRequest {
+                    model: "script:plain".into(),
+                    ..request.clone()
+                };
                 self.scripts.generate(&request, live).await
             }
         }
@@ -359,14 +695,38 @@ impl glia_worker::provider::Provider for Awkward {
 }
 
 fn awkward() -> Arc<Awkward> {
-    Arc::new(Awkward { scripts: scripts(), calls: Default::default() })
+    Arc::new(Awkward {
+        scripts: scripts(),
+        calls: Default::default(),
+    })
 }
 
 async fn submit_model(fleet: &Fleet, model: &str) -> Uuid {
     let run_id = Uuid::now_v7();
-    let config = RunConfig { model: model.into(), ..RunConfig::default() };
-    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: "go".into(), config } };
-    fleet.log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
+    let config = RunConfig {
+        model: model.into(),
+        ..RunConfig::default()
+    };
+    let start = Event {
+        run_id,
+        seq: 1,
+        at: chrono::Utc::now(),
+        kind: EventKind::SessionStart {
+            redactions: Vec::new(),
+            goal: "go".into(),
+            config,
+        },
+    };
+    fleet
+        .log
+        .create_run(NewRun {
+            tenant: "t".into(),
+            idempotency_key: None,
+            batch_id: None,
+            start,
+        })
+        .await
+        .unwrap();
     run_id
 }
 
@@ -377,17 +737,41 @@ async fn a_cancel_aborts_a_model_call_in_flight() {
     let run_id = submit_model(&fleet, "hang").await;
     // Wait until the model call is in flight (durable `model.call`).
     for _ in 0..400 {
-        if fleet.log.events(run_id, 0, 100).await.unwrap().iter().any(|e| matches!(e.kind, EventKind::ModelCall { .. })) {
+        if fleet
+            .log
+            .events(run_id, 0, 100)
+            .await
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::ModelCall { .. }))
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let asked = std::time::Instant::now();
-    fleet.log.post(run_id, Resume::Cancel { reason: "stop".into() }).await.unwrap();
+    fleet
+        .log
+        .post(
+            run_id,
+            Resume::Cancel {
+                reason: "stop".into(),
+            },
+        )
+        .await
+        .unwrap();
     fleet.ledger.cancel(run_id).await.unwrap();
     let state = fleet.wait_parked_or_done(run_id).await;
-    assert_eq!(state.outcome, Some(Outcome::Cancelled { reason: "stop".into() }));
-    assert!(asked.elapsed() < Duration::from_secs(5), "the hanging call was abandoned, not waited for");
+    assert_eq!(
+        state.outcome,
+        Some(Outcome::Cancelled {
+            reason: "stop".into()
+        })
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "the hanging call was abandoned, not waited for"
+    );
     check_log(&fleet.log.events(run_id, 0, 1000).await.unwrap());
     let _ = fleet.stop.send(true);
 }
@@ -399,10 +783,21 @@ async fn a_transient_failure_is_retried_when_the_provider_says_not_when_the_leas
     let run_id = submit_model(&fleet, "flaky").await;
     let started = std::time::Instant::now();
     let state = fleet.wait_parked_or_done(run_id).await;
-    assert!(matches!(state.outcome, Some(Outcome::Succeeded { .. })), "{:?}", state.outcome);
-    assert!(started.elapsed() < Duration::from_secs(10), "retried after the hint (100 ms), long before the 30 s lease lapsed");
+    assert!(
+        matches!(state.outcome, Some(Outcome::Succeeded { .. })),
+        "{:?}",
+        state.outcome
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "retried after the hint (100 ms), long before the 30 s lease lapsed"
+    );
     let events = fleet.log.events(run_id, 0, 1000).await.unwrap();
-    assert!(events.iter().any(|e| matches!(&e.kind, EventKind::Error { fatal: false, .. })));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.kind, EventKind::Error { fatal: false, .. }))
+    );
     check_log(&events);
     let _ = fleet.stop.send(true);
 }
@@ -416,8 +811,18 @@ async fn a_job_for_a_run_held_elsewhere_is_retried_later() {
     let call = state.batch[0].clone();
     // Another holder (a worker about to let go) has the run when the
     // decision's job arrives.
-    let other = fleet.log.acquire(run_id, "other", Duration::from_secs(60)).await.unwrap();
-    let decision = Resume::Approval { call_id: call.call_id, args_hash: call.args_hash, decision: glia_proto::Decision::Approve, by: None, request_seq: call.requested_seq };
+    let other = fleet
+        .log
+        .acquire(run_id, "other", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let decision = Resume::Approval {
+        call_id: call.call_id,
+        args_hash: call.args_hash,
+        decision: glia_proto::Decision::Approve,
+        by: None,
+        request_seq: call.requested_seq,
+    };
     fleet.log.post(run_id, decision).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     fleet.log.release(&other).await.unwrap();
@@ -429,9 +834,18 @@ async fn a_job_for_a_run_held_elsewhere_is_retried_later() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(fleet.log.inbox(run_id).await.unwrap().is_empty(), "the decision was applied");
-    assert!(started.elapsed() < Duration::from_secs(4), "long before the other lease (60 s) would have lapsed");
+    assert!(
+        fleet.log.inbox(run_id).await.unwrap().is_empty(),
+        "the decision was applied"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "long before the other lease (60 s) would have lapsed"
+    );
     let state = fleet.log.load(run_id).await.unwrap();
-    assert_eq!(state.batch[0].approval, glia_proto::ApprovalStatus::Approved);
+    assert_eq!(
+        state.batch[0].approval,
+        glia_proto::ApprovalStatus::Approved
+    );
     let _ = fleet.stop.send(true);
 }

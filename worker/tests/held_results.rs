@@ -21,12 +21,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use glia_backends::memory::MemoryQueue;
 use glia_backends::postgres::{PgLog, PgOptions};
 use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::testkit::RedisKeys;
 use glia_backends::{EventLog, JobQueue, Ledger, NewRun};
-use glia_backends::memory::MemoryQueue;
-use glia_proto::{Decision, Event, EventKind, InterruptedCall, Outcome, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState};
+use glia_proto::{
+    Decision, Event, EventKind, InterruptedCall, Outcome, Policy, PolicyAction, PullPoint, Resume,
+    RunConfig, RunState,
+};
 use glia_testkit::PrivatePostgres;
 use glia_testkit::postgres::StopMode;
 use glia_worker::Agent;
@@ -84,7 +87,11 @@ fn redis_url() -> String {
 
 /// Poll `check` (every 50 ms) until it answers `Some`, panicking with
 /// `what` after `secs` seconds (a bound on a hang, not a timing assertion).
-async fn until<T, F: Future<Output = Option<T>>>(secs: u64, what: &str, mut check: impl FnMut() -> F) -> T {
+async fn until<T, F: Future<Output = Option<T>>>(
+    secs: u64,
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if let Some(v) = check().await {
@@ -96,8 +103,16 @@ async fn until<T, F: Future<Output = Option<T>>>(secs: u64, what: &str, mut chec
 }
 
 /// The run's state, once the log answers and `check` holds.
-async fn state_when(log: &dyn EventLog, run_id: Uuid, what: &str, check: impl Fn(&RunState) -> bool) -> RunState {
-    until(180, what, || async { log.load(run_id).await.ok().filter(|s| check(s)) }).await
+async fn state_when(
+    log: &dyn EventLog,
+    run_id: Uuid,
+    what: &str,
+    check: impl Fn(&RunState) -> bool,
+) -> RunState {
+    until(180, what, || async {
+        log.load(run_id).await.ok().filter(|s| check(s))
+    })
+    .await
 }
 
 struct Setup {
@@ -114,29 +129,67 @@ struct Setup {
 /// reconciler (every 200 ms, riding out the outage). `None` when
 /// PostgreSQL's server binaries are not installed.
 async fn setup(workers: usize, lease_ttl: Duration) -> Option<Setup> {
-    let Some(pg) = tokio::task::spawn_blocking(PrivatePostgres::start_new).await.unwrap() else {
-        eprintln!("\n!!!!!!!! SKIPPED held_results: PostgreSQL server binaries not found !!!!!!!!\n");
+    let Some(pg) = tokio::task::spawn_blocking(PrivatePostgres::start_new)
+        .await
+        .unwrap()
+    else {
+        eprintln!(
+            "\n!!!!!!!! SKIPPED held_results: PostgreSQL server binaries not found !!!!!!!!\n"
+        );
         return None;
     };
     let pg = Arc::new(pg);
     // Calls bounded well below the lease, so an attempt that meets the
     // outage gives way to the next one in time.
-    let options = PgOptions { max_connections: 8, call_timeout: Duration::from_secs(2), wait_timeout: Duration::from_secs(2), connect_timeout: Duration::from_secs(2), ..PgOptions::default() };
-    let log = Arc::new(PgLog::connect(&pg.admin_url(), options).await.expect("connect to the private cluster"));
+    let options = PgOptions {
+        max_connections: 8,
+        call_timeout: Duration::from_secs(2),
+        wait_timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        ..PgOptions::default()
+    };
+    let log = Arc::new(
+        PgLog::connect(&pg.admin_url(), options)
+            .await
+            .expect("connect to the private cluster"),
+    );
     let prefix = format!("glia-test-{}", Uuid::now_v7());
-    let ledger = Arc::new(RedisLedger::connect(&redis_url(), &prefix).await.expect("connect to Redis at GLIA_REDIS_URL"));
-    let keys = RedisKeys { url: redis_url(), prefix };
+    let ledger = Arc::new(
+        RedisLedger::connect(&redis_url(), &prefix)
+            .await
+            .expect("connect to Redis at GLIA_REDIS_URL"),
+    );
+    let keys = RedisKeys {
+        url: redis_url(),
+        prefix,
+    };
     let queue = Arc::new(MemoryQueue::default());
     let refund = Arc::new(Refund::default());
     let mut scripts = ScriptLibrary::default();
-    scripts.insert("refund", vec![ScriptedTurn::call("refund", json!({"order": "A1"})), ScriptedTurn::text("Refunded.")]);
+    scripts.insert(
+        "refund",
+        vec![
+            ScriptedTurn::call("refund", json!({"order": "A1"})),
+            ScriptedTurn::text("Refunded."),
+        ],
+    );
     let mut tools = ToolRegistry::default();
     tools.register(RefundTool(refund.clone()));
     let agent = Arc::new(Agent::new(Arc::new(scripts)).with_tools(tools));
     let (stop, stopped) = watch::channel(false);
     for i in 0..workers {
-        let options = WorkerOptions { id: format!("w{i}-{}", Uuid::now_v7().simple()), concurrency: 2, lease_ttl };
-        let worker = Worker::new(agent.clone(), log.clone(), queue.clone(), ledger.clone(), options);
+        let options = WorkerOptions {
+            id: format!("w{i}-{}", Uuid::now_v7().simple()),
+            concurrency: 2,
+            lease_ttl,
+        };
+        let worker = Worker::new(
+            agent.clone(),
+            log.clone(),
+            queue.clone(),
+            ledger.clone(),
+            options,
+        );
         tokio::spawn(Arc::new(worker).run(stopped.clone()));
     }
     let (l, q, mut r) = (log.clone(), queue.clone(), stopped);
@@ -156,7 +209,14 @@ async fn setup(workers: usize, lease_ttl: Duration) -> Option<Setup> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    Some(Setup { pg, log, ledger, _keys: keys, refund, stop })
+    Some(Setup {
+        pg,
+        log,
+        ledger,
+        _keys: keys,
+        refund,
+        stop,
+    })
 }
 
 impl Setup {
@@ -164,16 +224,49 @@ impl Setup {
     /// there and approve it.
     async fn submit_and_approve(&self) -> Uuid {
         let run_id = Uuid::now_v7();
-        let mut config = RunConfig { model: "script:refund".into(), ..RunConfig::default() };
-        config.policies.push(Policy { tool: "refund".into(), args: None, action: PolicyAction::RequireApproval });
+        let mut config = RunConfig {
+            model: "script:refund".into(),
+            ..RunConfig::default()
+        };
+        config.policies.push(Policy {
+            tool: "refund".into(),
+            args: None,
+            action: PolicyAction::RequireApproval,
+        });
         // An interrupted refund goes back to a person: the re-approval the
         // held result must spare.
         config.on_interrupted_call = InterruptedCall::RequireApproval;
-        let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: "refund A1".into(), config } };
-        self.log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
-        let state = state_when(&*self.log, run_id, "parked at the approval", |s| matches!(s.parked, Some(PullPoint::AwaitingApproval { .. }))).await;
+        let start = Event {
+            run_id,
+            seq: 1,
+            at: chrono::Utc::now(),
+            kind: EventKind::SessionStart {
+                redactions: Vec::new(),
+                goal: "refund A1".into(),
+                config,
+            },
+        };
+        self.log
+            .create_run(NewRun {
+                tenant: "t".into(),
+                idempotency_key: None,
+                batch_id: None,
+                start,
+            })
+            .await
+            .unwrap();
+        let state = state_when(&*self.log, run_id, "parked at the approval", |s| {
+            matches!(s.parked, Some(PullPoint::AwaitingApproval { .. }))
+        })
+        .await;
         let call = &state.batch[0];
-        let decision = Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision: Decision::Approve, by: Some("ana".into()), request_seq: None };
+        let decision = Resume::Approval {
+            call_id: call.call_id.clone(),
+            args_hash: call.args_hash.clone(),
+            decision: Decision::Approve,
+            by: Some("ana".into()),
+            request_seq: None,
+        };
         self.log.post(run_id, decision).await.unwrap();
         run_id
     }
@@ -182,19 +275,37 @@ impl Setup {
     /// return, and wait until its result is held in Redis: it exists, and
     /// the log cannot have it. Returns the call's idempotency key.
     async fn finish_while_down(&self, mode: StopMode) -> String {
-        tokio::time::timeout(Duration::from_secs(120), self.refund.started.notified()).await.expect("the refund starts after its approval");
-        let key = self.refund.key.lock().unwrap().clone().expect("the refund saw its idempotency key");
+        tokio::time::timeout(Duration::from_secs(120), self.refund.started.notified())
+            .await
+            .expect("the refund starts after its approval");
+        let key = self
+            .refund
+            .key
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("the refund saw its idempotency key");
         let pg = self.pg.clone();
-        tokio::task::spawn_blocking(move || pg.stop(mode)).await.unwrap();
+        tokio::task::spawn_blocking(move || pg.stop(mode))
+            .await
+            .unwrap();
         self.refund.finish.notify_one();
-        let held = until(60, "the result held in Redis", || async { self.ledger.held_result(&key).await.unwrap() }).await;
-        assert!(held.error.is_none() && held.content.to_text().contains("\"execution\":1"), "{held:?}");
+        let held = until(60, "the result held in Redis", || async {
+            self.ledger.held_result(&key).await.unwrap()
+        })
+        .await;
+        assert!(
+            held.error.is_none() && held.content.to_text().contains("\"execution\":1"),
+            "{held:?}"
+        );
         key
     }
 
     async fn start_pg(&self) {
         let pg = self.pg.clone();
-        tokio::task::spawn_blocking(move || pg.start()).await.unwrap();
+        tokio::task::spawn_blocking(move || pg.start())
+            .await
+            .unwrap();
     }
 
     /// The run once done; its events.
@@ -212,37 +323,75 @@ fn count(events: &[Event], pred: impl Fn(&EventKind) -> bool) -> usize {
 /// Executed once, one result, one approval asked (none again), succeeded.
 fn assert_once(refund: &Refund, state: &RunState, events: &[Event]) {
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.name()).collect();
-    assert!(matches!(&state.outcome, Some(Outcome::Succeeded { answer, .. }) if answer == "Refunded."), "{:?}: {kinds:?}", state.outcome);
-    assert_eq!(refund.executions.load(Ordering::SeqCst), 1, "the refund ran once: {kinds:?}");
-    assert_eq!(count(events, |k| matches!(k, EventKind::ApprovalRequested { .. })), 1, "nobody was asked again: {kinds:?}");
-    assert_eq!(count(events, |k| matches!(k, EventKind::ToolResult { .. })), 1, "one result: {kinds:?}");
-    assert_eq!(count(events, |k| matches!(k, EventKind::ToolError { .. })), 0, "no outcome-unknown: {kinds:?}");
+    assert!(
+        matches!(&state.outcome, Some(Outcome::Succeeded { answer, .. }) if answer == "Refunded."),
+        "{:?}: {kinds:?}",
+        state.outcome
+    );
+    assert_eq!(
+        refund.executions.load(Ordering::SeqCst),
+        1,
+        "the refund ran once: {kinds:?}"
+    );
+    assert_eq!(
+        count(events, |k| matches!(k, EventKind::ApprovalRequested { .. })),
+        1,
+        "nobody was asked again: {kinds:?}"
+    );
+    assert_eq!(
+        count(events, |k| matches!(k, EventKind::ToolResult { .. })),
+        1,
+        "one result: {kinds:?}"
+    );
+    assert_eq!(
+        count(events, |k| matches!(k, EventKind::ToolError { .. })),
+        0,
+        "no outcome-unknown: {kinds:?}"
+    );
     let result = events.iter().find_map(|e| match &e.kind {
         EventKind::ToolResult { content, .. } => Some(content.to_text().into_owned()),
         _ => None,
     });
-    assert!(result.is_some_and(|r| r.contains("\"execution\":1")), "the result is the first execution's: {kinds:?}");
+    assert!(
+        result.is_some_and(|r| r.contains("\"execution\":1")),
+        "the result is the first execution's: {kinds:?}"
+    );
 }
 
 /// The worker that ran the call commits it after a 2 s outage (fast stop
 /// and crash): its lease (30 s) outlives the outage.
 async fn committed_by_its_worker(mode: StopMode) {
-    let Some(s) = setup(1, Duration::from_secs(30)).await else { return };
+    let Some(s) = setup(1, Duration::from_secs(30)).await else {
+        return;
+    };
     let run_id = s.submit_and_approve().await;
     let key = s.finish_while_down(mode).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.start_pg().await;
     let (state, events) = s.done(run_id).await;
     assert_once(&s.refund, &state, &events);
-    assert_eq!(count(&events, |k| matches!(k, EventKind::ToolRecovered { .. })), 0, "committed by the worker that ran it, not recovered");
+    assert_eq!(
+        count(&events, |k| matches!(k, EventKind::ToolRecovered { .. })),
+        0,
+        "committed by the worker that ran it, not recovered"
+    );
     let taken_over = s.log.get_run(run_id).await.unwrap();
     assert_eq!(taken_over.status, glia_backends::RunStatus::Done);
-    until(30, "the held result released once committed", || async { s.ledger.held_result(&key).await.unwrap().is_none().then_some(()) }).await;
+    until(30, "the held result released once committed", || async {
+        s.ledger
+            .held_result(&key)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
     let _ = s.stop.send(true);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_that_finishes_while_postgres_restarts_fast_is_committed_once_without_a_second_approval() {
+async fn a_call_that_finishes_while_postgres_restarts_fast_is_committed_once_without_a_second_approval()
+ {
     committed_by_its_worker(StopMode::Fast).await;
 }
 
@@ -257,7 +406,9 @@ async fn a_call_that_finishes_while_postgres_crashes_is_committed_once_without_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_lost_during_the_outage_leaves_the_held_result_to_the_next_worker() {
     let lease = Duration::from_secs(2);
-    let Some(s) = setup(2, lease).await else { return };
+    let Some(s) = setup(2, lease).await else {
+        return;
+    };
     let run_id = s.submit_and_approve().await;
     let key = s.finish_while_down(StopMode::Immediate).await;
     // Well past the lease (as renewed last, before the stop).
@@ -265,13 +416,48 @@ async fn a_lease_lost_during_the_outage_leaves_the_held_result_to_the_next_worke
     s.start_pg().await;
     let (state, events) = s.done(run_id).await;
     assert_once(&s.refund, &state, &events);
-    let recovered: Vec<(u64, &EventKind)> = events.iter().filter(|e| matches!(e.kind, EventKind::ToolRecovered { .. })).map(|e| (e.seq, &e.kind)).collect();
-    assert_eq!(recovered.len(), 1, "recovered once: {:?}", events.iter().map(|e| e.kind.name()).collect::<Vec<_>>());
-    let (seq, EventKind::ToolRecovered { idempotency_key, .. }) = recovered[0] else { unreachable!() };
-    assert_eq!(idempotency_key, &key, "found under the call's idempotency key");
-    let next = events.iter().find(|e| e.seq == seq + 1).map(|e| e.kind.name());
-    assert_eq!(next, Some("tool.result"), "the recovered result follows its marker");
-    until(30, "the held result released once committed", || async { s.ledger.held_result(&key).await.unwrap().is_none().then_some(()) }).await;
+    let recovered: Vec<(u64, &EventKind)> = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ToolRecovered { .. }))
+        .map(|e| (e.seq, &e.kind))
+        .collect();
+    assert_eq!(
+        recovered.len(),
+        1,
+        "recovered once: {:?}",
+        events.iter().map(|e| e.kind.name()).collect::<Vec<_>>()
+    );
+    let (
+        seq,
+        EventKind::ToolRecovered {
+            idempotency_key, ..
+        },
+    ) = recovered[0]
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        idempotency_key, &key,
+        "found under the call's idempotency key"
+    );
+    let next = events
+        .iter()
+        .find(|e| e.seq == seq + 1)
+        .map(|e| e.kind.name());
+    assert_eq!(
+        next,
+        Some("tool.result"),
+        "the recovered result follows its marker"
+    );
+    until(30, "the held result released once committed", || async {
+        s.ledger
+            .held_result(&key)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
     let _ = s.stop.send(true);
 }
 
@@ -280,17 +466,42 @@ async fn a_lease_lost_during_the_outage_leaves_the_held_result_to_the_next_worke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_held_result_the_interrupted_call_is_put_to_a_person_again() {
     let lease = Duration::from_secs(2);
-    let Some(s) = setup(2, lease).await else { return };
+    let Some(s) = setup(2, lease).await else {
+        return;
+    };
     let run_id = s.submit_and_approve().await;
     let key = s.finish_while_down(StopMode::Immediate).await;
-    s.ledger.release_held(std::slice::from_ref(&key)).await.unwrap();
+    s.ledger
+        .release_held(std::slice::from_ref(&key))
+        .await
+        .unwrap();
     tokio::time::sleep(lease * 3).await;
     s.start_pg().await;
-    let state = state_when(&*s.log, run_id, "asking again", |st| matches!(st.parked, Some(PullPoint::AwaitingApproval { .. })) && st.batch[0].interrupted).await;
+    let state = state_when(&*s.log, run_id, "asking again", |st| {
+        matches!(st.parked, Some(PullPoint::AwaitingApproval { .. })) && st.batch[0].interrupted
+    })
+    .await;
     let events = s.log.events(run_id, 0, 1000).await.unwrap();
-    assert_eq!(count(&events, |k| matches!(k, EventKind::ToolRecovered { .. })), 0);
-    assert_eq!(count(&events, |k| matches!(k, EventKind::ApprovalRequested { interrupted: true, .. })), 1, "asked again, marked interrupted");
-    assert_eq!(s.refund.executions.load(Ordering::SeqCst), 1, "not run again without a person's word");
+    assert_eq!(
+        count(&events, |k| matches!(k, EventKind::ToolRecovered { .. })),
+        0
+    );
+    assert_eq!(
+        count(&events, |k| matches!(
+            k,
+            EventKind::ApprovalRequested {
+                interrupted: true,
+                ..
+            }
+        )),
+        1,
+        "asked again, marked interrupted"
+    );
+    assert_eq!(
+        s.refund.executions.load(Ordering::SeqCst),
+        1,
+        "not run again without a person's word"
+    );
     assert!(state.batch[0].result.is_none());
     let _ = s.stop.send(true);
 }

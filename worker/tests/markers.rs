@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use common::*;
 use glia_proto::marker::{Insert, classify, is_machine_text};
-use glia_proto::{CompactionSpec, CompactionStrategy, ContentBlock, EventKind, Message, PullPoint, Resume, RunConfig, RunState, Status, ToolSpec};
+use glia_proto::{
+    CompactionSpec, CompactionStrategy, ContentBlock, EventKind, Message, PullPoint, Resume,
+    RunConfig, RunState, Status, ToolSpec,
+};
 use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
 use glia_worker::{Agent, FixedClock};
 use serde_json::json;
@@ -42,14 +45,28 @@ fn plain(forged: &str) -> String {
 #[tokio::test]
 async fn forged_markers_survive_compaction_as_plain_text() {
     for forged in [GOAL, MODEL, USER, TOOL] {
-        assert!(is_machine_text(forged), "the test forges a registered kind: {forged}");
+        assert!(
+            is_machine_text(forged),
+            "the test forges a registered kind: {forged}"
+        );
     }
-    let lookup = ToolSpec { external: true, ..ToolSpec::new("lookup", "Look something up; answered by the client.", json!({"type": "object"})) };
+    let lookup = ToolSpec {
+        external: true,
+        ..ToolSpec::new(
+            "lookup",
+            "Look something up; answered by the client.",
+            json!({"type": "object"}),
+        )
+    };
     let config = RunConfig {
         model: "m".into(),
         conversational: true,
         external_tools: vec![lookup],
-        compaction: Some(CompactionSpec { strategy: CompactionStrategy::DropOldest, max_tokens: 1, keep_recent: 2 }),
+        compaction: Some(CompactionSpec {
+            strategy: CompactionStrategy::DropOldest,
+            max_tokens: 1,
+            keep_recent: 2,
+        }),
         ..RunConfig::default()
     };
     let script = vec![
@@ -59,28 +76,60 @@ async fn forged_markers_survive_compaction_as_plain_text() {
         ScriptedTurn::text("Refunded."),
     ];
     let provider = Arc::new(ScriptedProvider::new(script));
-    let agent = Agent::new(provider.clone()).with_tools(tools(Arc::default())).with_clock(FixedClock(epoch()));
+    let agent = Agent::new(provider.clone())
+        .with_tools(tools(Arc::default()))
+        .with_clock(FixedClock(epoch()));
     let mut log = Vec::new();
     let (mut state, status) = agent.run(run_id(), GOAL, config, &mut log).await.unwrap();
     let result = |state: &RunState, content: &str| {
         let call_id = state.batch[0].call_id.clone();
-        Resume::ToolResult { call_id, content: content.into(), is_error: false }
+        Resume::ToolResult {
+            call_id,
+            content: content.into(),
+            is_error: false,
+        }
     };
-    assert!(matches!(status, Status::Parked(PullPoint::AwaitingTool { .. })), "{status:?}");
+    assert!(
+        matches!(status, Status::Parked(PullPoint::AwaitingTool { .. })),
+        "{status:?}"
+    );
     let posted = result(&state, "order A1: 30 EUR");
-    let status = agent.advance(&mut state, Some(posted), &mut log).await.unwrap();
+    let status = agent
+        .advance(&mut state, Some(posted), &mut log)
+        .await
+        .unwrap();
     assert_eq!(status, Status::Parked(PullPoint::AwaitingInput));
-    let status = agent.advance(&mut state, Some(Resume::Input { text: USER.into(), redactions: Vec::new() }), &mut log).await.unwrap();
-    assert!(matches!(status, Status::Parked(PullPoint::AwaitingTool { .. })), "{status:?}");
+    let status = agent
+        .advance(
+            &mut state,
+            Some(Resume::Input {
+                text: USER.into(),
+                redactions: Vec::new(),
+            }),
+            &mut log,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(status, Status::Parked(PullPoint::AwaitingTool { .. })),
+        "{status:?}"
+    );
     let posted = result(&state, TOOL);
-    let status = agent.advance(&mut state, Some(posted), &mut log).await.unwrap();
+    let status = agent
+        .advance(&mut state, Some(posted), &mut log)
+        .await
+        .unwrap();
     assert_eq!(status, Status::Parked(PullPoint::AwaitingInput));
 
     // The oldest unit (the first lookup and its result) was compacted away.
     let compacted: Vec<&Vec<Message>> = log
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::ContextCompacted { messages, removed: 2, .. } => Some(messages),
+            EventKind::ContextCompacted {
+                messages,
+                removed: 2,
+                ..
+            } => Some(messages),
             _ => None,
         })
         .collect();
@@ -95,11 +144,21 @@ async fn forged_markers_survive_compaction_as_plain_text() {
     // The model's text, the user's message and the tool's result are there,
     // neutralised; the only machine text is glia's own note.
     for forged in [MODEL, USER, TOOL] {
-        assert!(kept.contains(&plain(forged)), "{forged} survives as plain text: {kept:?}");
-        assert!(!kept.iter().any(|t| t == forged), "{forged} kept its marker: {kept:?}");
+        assert!(
+            kept.contains(&plain(forged)),
+            "{forged} survives as plain text: {kept:?}"
+        );
+        assert!(
+            !kept.iter().any(|t| t == forged),
+            "{forged} kept its marker: {kept:?}"
+        );
     }
     let machine: Vec<&String> = kept.iter().filter(|t| is_machine_text(t)).collect();
-    assert_eq!(machine, vec![&head[1]], "only glia's summary note is machine text");
+    assert_eq!(
+        machine,
+        vec![&head[1]],
+        "only glia's summary note is machine text"
+    );
     // The model was asked with that conversation, and the log replays to it.
     let last = provider.requests().pop().unwrap();
     assert_eq!(texts(&last.messages[..1])[0], plain(GOAL));
@@ -122,7 +181,13 @@ async fn a_forged_marker_in_a_summary_is_plain_text() {
         Message::assistant("a2"),
         Message::user("u2"),
     ];
-    let c = Summarize { max_tokens: 1, keep_recent: 1 }.compact(&messages, &provider, "m").await.unwrap();
+    let c = Summarize {
+        max_tokens: 1,
+        keep_recent: 1,
+    }
+    .compact(&messages, &provider, "m")
+    .await
+    .unwrap();
     let head = texts(&c.messages[..1]);
     assert_eq!(head[0], "goal");
     assert_eq!(classify(&head[1]), Some(Insert::Summary));

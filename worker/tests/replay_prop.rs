@@ -30,8 +30,9 @@ use std::sync::Arc;
 use chrono::DateTime;
 use common::Add;
 use glia_proto::{
-    ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, PauseReason, PlannerKind, Policy,
-    PolicyAction, PullPoint, Resume, RunConfig, RunState, Status, StopAction, StopPolicy, ToolSpec,
+    ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, PauseReason,
+    PlannerKind, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState, Status, StopAction,
+    StopPolicy, ToolSpec,
 };
 use glia_worker::compact::{DropOldest, Summarize};
 use glia_worker::hooks::{Hooks, Verdict};
@@ -53,7 +54,18 @@ const MAX_STEPS: usize = 48;
 
 /// Texts the scenario draws from; several trigger hooks, policies or
 /// guardrails (see [`agent`] and [`config`]).
-const WORDS: &[&str] = &["ok", "42", "héllo ✓ 🦀", "please review", "BAD", "shout it", "cancel", "secret", "ask them", ""];
+const WORDS: &[&str] = &[
+    "ok",
+    "42",
+    "héllo ✓ 🦀",
+    "please review",
+    "BAD",
+    "shout it",
+    "cancel",
+    "secret",
+    "ask them",
+    "",
+];
 
 // ----- tools -----------------------------------------------------------------
 
@@ -99,7 +111,10 @@ impl Tool for Refund {
     }
     async fn call(&self, args: RefundArgs, ctx: ToolContext) -> Result<Value, ToolFailure> {
         if args.amount > 100 {
-            return Err(ToolFailure::failed(format!("refund of {} for {} needs a manager", args.amount, args.order)));
+            return Err(ToolFailure::failed(format!(
+                "refund of {} for {} needs a manager",
+                args.amount, args.order
+            )));
         }
         Ok(json!({ "refunded": args.amount, "order": args.order, "key": ctx.idempotency_key }))
     }
@@ -154,12 +169,20 @@ impl Call {
 
 #[derive(Debug, Clone)]
 enum Turn {
-    Answer { text: &'static str, thinking: bool },
-    Calls { calls: Vec<Call>, text: Option<&'static str> },
+    Answer {
+        text: &'static str,
+        thinking: bool,
+    },
+    Calls {
+        calls: Vec<Call>,
+        text: Option<&'static str>,
+    },
     /// A `submit_plan` call: the model planner's answer.
     Plan(Vec<&'static str>),
     /// A `final_output` call, with arguments that match the schema or not.
-    Final { valid: bool },
+    Final {
+        valid: bool,
+    },
     /// A provider failure: `transient`, `rate_limited` or `spend_cap`.
     Fail(&'static str),
     /// An answer that stopped for a reason that is not a finished turn
@@ -177,13 +200,26 @@ impl Turn {
             },
             Turn::Calls { calls, text } => {
                 let calls: Vec<(&str, Value)> = calls.iter().map(Call::scripted).collect();
-                ScriptedTurn { text: text.map(str::to_owned), ..ScriptedTurn::calls(&calls) }
+                ScriptedTurn {
+                    text: text.map(str::to_owned),
+                    ..ScriptedTurn::calls(&calls)
+                }
             }
             Turn::Plan(steps) => ScriptedTurn::call("submit_plan", json!({ "steps": steps })),
-            Turn::Final { valid: true } => ScriptedTurn::call("final_output", json!({ "answer": "forty-two" })),
-            Turn::Final { valid: false } => ScriptedTurn::call("final_output", json!({ "answer": 42 })),
-            Turn::Fail(kind) => ScriptedTurn { error: Some((*kind).to_owned()), ..ScriptedTurn::default() },
-            Turn::BadStop(reason) => ScriptedTurn { stop_reason: Some((*reason).to_owned()), ..ScriptedTurn::text("the answer is par") },
+            Turn::Final { valid: true } => {
+                ScriptedTurn::call("final_output", json!({ "answer": "forty-two" }))
+            }
+            Turn::Final { valid: false } => {
+                ScriptedTurn::call("final_output", json!({ "answer": 42 }))
+            }
+            Turn::Fail(kind) => ScriptedTurn {
+                error: Some((*kind).to_owned()),
+                ..ScriptedTurn::default()
+            },
+            Turn::BadStop(reason) => ScriptedTurn {
+                stop_reason: Some((*reason).to_owned()),
+                ..ScriptedTurn::text("the answer is par")
+            },
         }
     }
 }
@@ -228,7 +264,10 @@ fn call() -> impl Strategy<Value = Call> {
 }
 
 fn turn() -> impl Strategy<Value = Turn> {
-    let steps = prop::collection::vec(prop::sample::select(vec!["look it up", "skip this", "answer", "please review"]), 0..3);
+    let steps = prop::collection::vec(
+        prop::sample::select(vec!["look it up", "skip this", "answer", "please review"]),
+        0..3,
+    );
     prop_oneof![
         4 => (word(), any::<bool>()).prop_map(|(text, thinking)| Turn::Answer { text, thinking }),
         3 => (prop::collection::vec(call(), 1..2), prop::option::of(word())).prop_map(|(calls, text)| Turn::Calls { calls, text }),
@@ -262,7 +301,9 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             (max_turns, max_tool_calls, max_model_calls_per_turn, compaction, inputs, choices),
         )| {
             // The model planner's first request wants a plan.
-            if planner == PlannerKind::Model && !matches!(turns.first(), Some(Turn::Plan(steps)) if !steps.is_empty()) {
+            if planner == PlannerKind::Model
+                && !matches!(turns.first(), Some(Turn::Plan(steps)) if !steps.is_empty())
+            {
                 turns.insert(0, Turn::Plan(vec!["look it up", "answer"]));
             }
             Scenario {
@@ -288,12 +329,36 @@ fn config(s: &Scenario) -> RunConfig {
     RunConfig {
         external_tools: vec![lookup_spec()],
         policies: vec![
-            Policy { tool: "refund".into(), args: None, action: PolicyAction::RequireApproval },
-            Policy { tool: "lookup".into(), args: Some("ask".into()), action: PolicyAction::RequireApproval },
-            Policy { tool: "echo".into(), args: Some("secret".into()), action: PolicyAction::Deny { reason: "no secrets".into() } },
-            Policy { tool: "add".into(), args: Some(r#""a":7\b"#.into()), action: PolicyAction::Remind { text: "sevens are lucky".into() } },
+            Policy {
+                tool: "refund".into(),
+                args: None,
+                action: PolicyAction::RequireApproval,
+            },
+            Policy {
+                tool: "lookup".into(),
+                args: Some("ask".into()),
+                action: PolicyAction::RequireApproval,
+            },
+            Policy {
+                tool: "echo".into(),
+                args: Some("secret".into()),
+                action: PolicyAction::Deny {
+                    reason: "no secrets".into(),
+                },
+            },
+            Policy {
+                tool: "add".into(),
+                args: Some(r#""a":7\b"#.into()),
+                action: PolicyAction::Remind {
+                    text: "sevens are lucky".into(),
+                },
+            },
         ],
-        budget: BudgetLimits { max_turns: s.max_turns, max_tool_calls: s.max_tool_calls, ..BudgetLimits::default() },
+        budget: BudgetLimits {
+            max_turns: s.max_turns,
+            max_tool_calls: s.max_tool_calls,
+            ..BudgetLimits::default()
+        },
         max_model_calls_per_turn: s.max_model_calls_per_turn,
         conversational: s.conversational,
         planner: s.planner,
@@ -301,8 +366,16 @@ fn config(s: &Scenario) -> RunConfig {
         max_reasks: 1,
         // Cut-off answers re-asked or paused, refusals failed or paused, by the scenario's first choice.
         stop_reasons: StopPolicy {
-            truncated: if s.choices[0] % 2 == 0 { StopAction::Reask } else { StopAction::Pause },
-            refusal: if s.choices[0] % 3 == 0 { StopAction::Pause } else { StopAction::Fail },
+            truncated: if s.choices[0] % 2 == 0 {
+                StopAction::Reask
+            } else {
+                StopAction::Pause
+            },
+            refusal: if s.choices[0] % 3 == 0 {
+                StopAction::Pause
+            } else {
+                StopAction::Fail
+            },
             ..StopPolicy::default()
         },
         ..RunConfig::default()
@@ -319,7 +392,9 @@ fn agent(provider: &Arc<ScriptedProvider>, compaction: Compaction) -> Agent {
         .on(HookTopic::BeforeToolCall, "shouter", |p| {
             match p["input"]["text"].as_str() {
                 Some("cancel") => return Verdict::Cancel("cancelled on request".into()),
-                Some(t) if t.starts_with("shout") => p["input"]["text"] = Value::String(t.to_uppercase()),
+                Some(t) if t.starts_with("shout") => {
+                    p["input"]["text"] = Value::String(t.to_uppercase())
+                }
                 _ => {}
             }
             Verdict::Continue
@@ -331,7 +406,14 @@ fn agent(provider: &Arc<ScriptedProvider>, compaction: Compaction) -> Agent {
             Verdict::Continue
         })
         .on(HookTopic::BeforeStep, "skipper", |p| {
-            if p["description"].as_str().is_some_and(|d| d.contains("skip")) { Verdict::Skip } else { Verdict::Continue }
+            if p["description"]
+                .as_str()
+                .is_some_and(|d| d.contains("skip"))
+            {
+                Verdict::Skip
+            } else {
+                Verdict::Continue
+            }
         })
         .on(HookTopic::AfterStep, "reviewer", |p| {
             if p["answer"].as_str().is_some_and(|a| a.contains("review")) {
@@ -340,7 +422,13 @@ fn agent(provider: &Arc<ScriptedProvider>, compaction: Compaction) -> Agent {
                 Verdict::Continue
             }
         });
-    let no_bad = |t: &str| if t.contains("BAD") { Err("says BAD".to_owned()) } else { Ok(()) };
+    let no_bad = |t: &str| {
+        if t.contains("BAD") {
+            Err("says BAD".to_owned())
+        } else {
+            Ok(())
+        }
+    };
     let agent = Agent::new(provider.clone())
         .with_tools(tools)
         .with_hooks(hooks)
@@ -349,8 +437,14 @@ fn agent(provider: &Arc<ScriptedProvider>, compaction: Compaction) -> Agent {
         .with_clock(FixedClock(DateTime::UNIX_EPOCH));
     match compaction {
         Compaction::None => agent,
-        Compaction::DropOldest => agent.with_compactor(DropOldest { max_tokens: 150, keep_recent: 1 }),
-        Compaction::Summarize => agent.with_compactor(Summarize { max_tokens: 150, keep_recent: 1 }),
+        Compaction::DropOldest => agent.with_compactor(DropOldest {
+            max_tokens: 150,
+            keep_recent: 1,
+        }),
+        Compaction::Summarize => agent.with_compactor(Summarize {
+            max_tokens: 150,
+            keep_recent: 1,
+        }),
     }
 }
 
@@ -373,7 +467,13 @@ struct Recorder {
 
 impl Recorder {
     fn new() -> Self {
-        Recorder { log: Vec::new(), states: vec![RunState::new(RUN_ID)], commits: Vec::new(), crash_at: Vec::new(), crashed: false }
+        Recorder {
+            log: Vec::new(),
+            states: vec![RunState::new(RUN_ID)],
+            commits: Vec::new(),
+            crash_at: Vec::new(),
+            crashed: false,
+        }
     }
 }
 
@@ -383,10 +483,19 @@ impl EventSink for Recorder {
         if let Some(i) = self.crash_at.iter().position(|&at| at == self.log.len()) {
             self.crash_at.swap_remove(i);
             self.crashed = true;
-            return Err(SinkError(format!("the worker died before event {} was stored", event.seq)));
+            return Err(SinkError(format!(
+                "the worker died before event {} was stored",
+                event.seq
+            )));
         }
         let mut next = self.states.last().expect("the initial state").clone();
-        next.apply(event).map_err(|e| SinkError(format!("replay refused event {} ({}): {e}", event.seq, event.kind.name())))?;
+        next.apply(event).map_err(|e| {
+            SinkError(format!(
+                "replay refused event {} ({}): {e}",
+                event.seq,
+                event.kind.name()
+            ))
+        })?;
         self.log.push(event.clone());
         self.states.push(next);
         Ok(())
@@ -428,7 +537,12 @@ enum Action {
 }
 
 /// The right payload for where the run is parked.
-fn respond(state: &RunState, pull_point: &PullPoint, choices: &mut Choices<'_>, inputs_left: &mut usize) -> Action {
+fn respond(
+    state: &RunState,
+    pull_point: &PullPoint,
+    choices: &mut Choices<'_>,
+    inputs_left: &mut usize,
+) -> Action {
     if choices.one_in(24) {
         return Action::Cancel;
     }
@@ -438,22 +552,38 @@ fn respond(state: &RunState, pull_point: &PullPoint, choices: &mut Choices<'_>, 
             let due: Vec<_> = state
                 .batch
                 .iter()
-                .filter(|c| {
-                    c.approval == ApprovalStatus::Requested || c.awaits_caller()
-                })
+                .filter(|c| c.approval == ApprovalStatus::Requested || c.awaits_caller())
                 .collect();
-            assert!(!due.is_empty(), "parked at {pull_point:?} with nothing due: {:#?}", state.batch);
+            assert!(
+                !due.is_empty(),
+                "parked at {pull_point:?} with nothing due: {:#?}",
+                state.batch
+            );
             let call = due[choices.pick(due.len())];
             if call.approval == ApprovalStatus::Requested {
                 let decision = match choices.pick(3) {
                     0 => Decision::Approve,
-                    1 => Decision::Reject { reason: "not today".into() },
-                    _ => Decision::Edit { input: edited(&call.name, choices) },
+                    1 => Decision::Reject {
+                        reason: "not today".into(),
+                    },
+                    _ => Decision::Edit {
+                        input: edited(&call.name, choices),
+                    },
                 };
-                Resume::Approval { call_id: call.call_id.clone(), args_hash: call.args_hash.clone(), decision, by: Some("ana".into()), request_seq: None }
+                Resume::Approval {
+                    call_id: call.call_id.clone(),
+                    args_hash: call.args_hash.clone(),
+                    decision,
+                    by: Some("ana".into()),
+                    request_seq: None,
+                }
             } else {
                 let content = WORDS[choices.pick(WORDS.len())].to_owned();
-                Resume::ToolResult { call_id: call.call_id.clone(), content, is_error: choices.one_in(3) }
+                Resume::ToolResult {
+                    call_id: call.call_id.clone(),
+                    content,
+                    is_error: choices.one_in(3),
+                }
             }
         }
         PullPoint::AwaitingInput => {
@@ -462,9 +592,14 @@ fn respond(state: &RunState, pull_point: &PullPoint, choices: &mut Choices<'_>, 
             }
             *inputs_left -= 1;
             let text = ["and then?", "BAD idea", "thanks, 42", "please review"][choices.pick(4)];
-            Resume::Input { text: text.into(), redactions: Vec::new() }
+            Resume::Input {
+                text: text.into(),
+                redactions: Vec::new(),
+            }
         }
-        PullPoint::Paused { reason: PauseReason::Budget { .. } } => {
+        PullPoint::Paused {
+            reason: PauseReason::Budget { .. },
+        } => {
             let extra = BudgetLimits {
                 max_turns: Some(1 + choices.pick(2) as u64),
                 max_tool_calls: Some(1 + choices.pick(2) as u64),
@@ -472,7 +607,9 @@ fn respond(state: &RunState, pull_point: &PullPoint, choices: &mut Choices<'_>, 
             };
             Resume::ExtendBudget { extra }
         }
-        PullPoint::Paused { .. } => Resume::Resume { by: Some("operator".into()) },
+        PullPoint::Paused { .. } => Resume::Resume {
+            by: Some("operator".into()),
+        },
     };
     Action::Advance(Some(resume))
 }
@@ -495,15 +632,24 @@ fn misfit(pull_point: &PullPoint) -> Resume {
             args_hash: "0".repeat(64),
             decision: Decision::Approve,
             by: None,
-         request_seq: None,
+            request_seq: None,
         },
-        PullPoint::AwaitingTool { .. } => Resume::ToolResult { call_id: "no_such_call".into(), content: "x".into(), is_error: false },
-        PullPoint::AwaitingInput => Resume::Input { text: "  \n ".into(), redactions: Vec::new() },
+        PullPoint::AwaitingTool { .. } => Resume::ToolResult {
+            call_id: "no_such_call".into(),
+            content: "x".into(),
+            is_error: false,
+        },
+        PullPoint::AwaitingInput => Resume::Input {
+            text: "  \n ".into(),
+            redactions: Vec::new(),
+        },
         // A closing message is only taken at awaiting_input.
-        PullPoint::Paused { .. } => Resume::Close { text: Some("bye".into()), redactions: Vec::new() },
+        PullPoint::Paused { .. } => Resume::Close {
+            text: Some("bye".into()),
+            redactions: Vec::new(),
+        },
     }
 }
-
 
 /// How a scenario is driven.
 #[derive(Debug, Clone, Default)]
@@ -533,13 +679,21 @@ struct Driven {
 /// anything but a transient provider error or a planned crash: an invalid
 /// request, an illegal event, a refused right payload, an accepted wrong one.
 async fn drive(s: &Scenario, mode: Mode) -> Driven {
-    let provider = Arc::new(ScriptedProvider::new(s.turns.iter().map(Turn::scripted).collect()));
+    let provider = Arc::new(ScriptedProvider::new(
+        s.turns.iter().map(Turn::scripted).collect(),
+    ));
     let mut worker = agent(&provider, s.compaction);
     let mut sink = Recorder::new();
-    let mut state = worker.start(RUN_ID, s.goal, config(s), &mut sink).await.expect("the run starts");
+    let mut state = worker
+        .start(RUN_ID, s.goal, config(s), &mut sink)
+        .await
+        .expect("the run starts");
     sink.crash_at = mode.crashes;
     let mut snapshots = vec![(sink.log.len(), state.clone())];
-    let mut choices = Choices { all: &s.choices, next: 0 };
+    let mut choices = Choices {
+        all: &s.choices,
+        next: 0,
+    };
     let mut inputs_left = s.inputs;
     for _ in 0..MAX_STEPS {
         let action = match state.status() {
@@ -549,20 +703,40 @@ async fn drive(s: &Scenario, mode: Mode) -> Driven {
                 if choices.one_in(4) {
                     let before = (sink.log.len(), state.clone());
                     let wrong = misfit(&pull_point);
-                    let result = worker.advance(&mut state, Some(wrong.clone()), &mut sink).await;
-                    assert!(result.is_err(), "{wrong:?} at {pull_point:?} was accepted: {result:?}");
-                    assert_eq!((sink.log.len(), &state), (before.0, &before.1), "a refused payload changes nothing");
+                    let result = worker
+                        .advance(&mut state, Some(wrong.clone()), &mut sink)
+                        .await;
+                    assert!(
+                        result.is_err(),
+                        "{wrong:?} at {pull_point:?} was accepted: {result:?}"
+                    );
+                    assert_eq!(
+                        (sink.log.len(), &state),
+                        (before.0, &before.1),
+                        "a refused payload changes nothing"
+                    );
                 }
                 respond(&state, &pull_point, &mut choices, &mut inputs_left)
             }
         };
         let result = match &action {
-            Action::Advance(input) => worker.advance(&mut state, input.clone(), &mut sink).await.map(drop),
+            Action::Advance(input) => worker
+                .advance(&mut state, input.clone(), &mut sink)
+                .await
+                .map(drop),
             Action::Close => worker.close(&mut state, &mut sink).await.map(drop),
-            Action::Cancel if choices.one_in(2) => worker.cancel(&mut state, "the caller gave up", &mut sink).await.map(drop),
+            Action::Cancel if choices.one_in(2) => worker
+                .cancel(&mut state, "the caller gave up", &mut sink)
+                .await
+                .map(drop),
             Action::Cancel => {
-                let cancel = Resume::Cancel { reason: "the caller gave up".into() };
-                worker.advance(&mut state, Some(cancel), &mut sink).await.map(drop)
+                let cancel = Resume::Cancel {
+                    reason: "the caller gave up".into(),
+                };
+                worker
+                    .advance(&mut state, Some(cancel), &mut sink)
+                    .await
+                    .map(drop)
             }
         };
         match result {
@@ -584,11 +758,21 @@ async fn drive(s: &Scenario, mode: Mode) -> Driven {
             worker = agent(&provider, s.compaction);
         }
     }
-    Driven { log: sink.log, states: sink.states, snapshots, commits: sink.commits, state }
+    Driven {
+        log: sink.log,
+        states: sink.states,
+        snapshots,
+        commits: sink.commits,
+        state,
+    }
 }
 
 fn block_on<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime").block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(f)
 }
 
 // ----- properties --------------------------------------------------------------
@@ -609,8 +793,15 @@ fn check_replay(run: &Driven) -> Result<(), TestCaseError> {
     for (len, live) in run.snapshots.iter().chain(&run.commits) {
         prop_assert_eq!(&run.states[*len], live, "live state after {} events", len);
     }
-    let lines: Vec<String> = run.log.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
-    let parsed: Vec<Event> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<String> = run
+        .log
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect();
+    let parsed: Vec<Event> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     prop_assert_eq!(&parsed, &run.log);
     prop_assert_eq!(RunState::replay(RUN_ID, &parsed), Ok(run.state.clone()));
     Ok(())
@@ -626,8 +817,19 @@ fn check_fresh_answers(log: &[Event]) -> Result<(), TestCaseError> {
             EventKind::StepStart { .. } | EventKind::InputReceived { .. } => answered = false,
             // A rejected answer (a bad stop) is no answer: a step never ends on it.
             EventKind::ModelResponse { rejected, .. } => answered = rejected.is_none(),
-            EventKind::StepEnd { index, skipped: false, answer } => {
-                prop_assert!(answered, "step {} ended at seq {} on {:?} without an accepted answer\nlog: {:#?}", index, e.seq, answer, names(log));
+            EventKind::StepEnd {
+                index,
+                skipped: false,
+                answer,
+            } => {
+                prop_assert!(
+                    answered,
+                    "step {} ended at seq {} on {:?} without an accepted answer\nlog: {:#?}",
+                    index,
+                    e.seq,
+                    answer,
+                    names(log)
+                );
             }
             _ => {}
         }
@@ -640,7 +842,8 @@ fn check_budgets(run: &Driven) -> Result<(), TestCaseError> {
     let within = |max: Option<u64>, used: u64| max.is_none_or(|m| used <= m);
     for (k, state) in run.states.iter().enumerate() {
         prop_assert!(
-            within(state.limits.max_turns, state.usage.turns) && within(state.limits.max_tool_calls, state.usage.tool_calls),
+            within(state.limits.max_turns, state.usage.turns)
+                && within(state.limits.max_tool_calls, state.usage.tool_calls),
             "after event {}: used {:?}, limits {:?}\nlog: {:#?}",
             k,
             state.usage,
@@ -706,7 +909,9 @@ fn names(log: &[Event]) -> Vec<String> {
         .map(|e| match &e.kind {
             EventKind::ToolCall(r) => format!("tool.call {} {:?}", r.name, r.disposition),
             EventKind::SessionPause { pull_point } => format!("session.pause {pull_point:?}"),
-            EventKind::ApprovalResolved { call_id, decision, .. } => format!("approval.resolved {call_id} {decision:?}"),
+            EventKind::ApprovalResolved {
+                call_id, decision, ..
+            } => format!("approval.resolved {call_id} {decision:?}"),
             other => other.name().to_owned(),
         })
         .collect()
@@ -722,27 +927,65 @@ fn the_scenarios_reach_every_pull_point_and_disposition() {
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..64 {
-        let s = scenario().new_tree(&mut runner).expect("a scenario").current();
+        let s = scenario()
+            .new_tree(&mut runner)
+            .expect("a scenario")
+            .current();
         for e in block_on(drive(&s, Mode::default())).log {
             let key = match &e.kind {
-                EventKind::SessionPause { pull_point: PullPoint::Paused { reason } } => {
-                    format!("paused {}", serde_json::to_value(reason).unwrap()["kind"].as_str().unwrap())
+                EventKind::SessionPause {
+                    pull_point: PullPoint::Paused { reason },
+                } => {
+                    format!(
+                        "paused {}",
+                        serde_json::to_value(reason).unwrap()["kind"]
+                            .as_str()
+                            .unwrap()
+                    )
                 }
                 EventKind::SessionPause { pull_point } => pull_point.name().to_owned(),
-                EventKind::ToolCall(r) => format!("{:?}", r.disposition).split([' ', '{']).next().unwrap().to_owned(),
+                EventKind::ToolCall(r) => format!("{:?}", r.disposition)
+                    .split([' ', '{'])
+                    .next()
+                    .unwrap()
+                    .to_owned(),
                 other => other.name().to_owned(),
             };
             seen.insert(key);
         }
     }
     let expected = [
-        "awaiting_tool", "awaiting_approval", "awaiting_input", "paused budget", "paused turn_limit", "paused hook",
-        "paused provider", "paused model_stop", "Run", "External", "Approval", "Refused", "approval.resolved", "tool.error",
-        "context.compacted", "guardrail.tripped", "hook.applied", "input.received", "budget.extended",
-        "session.cancel", "session.complete", "error",
+        "awaiting_tool",
+        "awaiting_approval",
+        "awaiting_input",
+        "paused budget",
+        "paused turn_limit",
+        "paused hook",
+        "paused provider",
+        "paused model_stop",
+        "Run",
+        "External",
+        "Approval",
+        "Refused",
+        "approval.resolved",
+        "tool.error",
+        "context.compacted",
+        "guardrail.tripped",
+        "hook.applied",
+        "input.received",
+        "budget.extended",
+        "session.cancel",
+        "session.complete",
+        "error",
     ];
-    let missing: Vec<&str> = expected.into_iter().filter(|k| !seen.contains(*k)).collect();
-    assert!(missing.is_empty(), "never reached: {missing:?}; seen: {seen:?}");
+    let missing: Vec<&str> = expected
+        .into_iter()
+        .filter(|k| !seen.contains(*k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "never reached: {missing:?}; seen: {seen:?}"
+    );
 }
 
 // ----- what the properties found, pinned -----------------------------------------
@@ -752,7 +995,10 @@ async fn run_script(turns: Vec<ScriptedTurn>, config: RunConfig) -> (Agent, RunS
     let provider = Arc::new(ScriptedProvider::new(turns));
     let worker = agent(&provider, Compaction::None);
     let mut log = Vec::new();
-    let (state, _) = worker.run(RUN_ID, "help me", config, &mut log).await.expect("the run starts");
+    let (state, _) = worker
+        .run(RUN_ID, "help me", config, &mut log)
+        .await
+        .expect("the run starts");
     (worker, state, log)
 }
 
@@ -766,11 +1012,30 @@ fn a_structured_conversation_asks_the_model_about_the_next_message() {
             ScriptedTurn::call("final_output", json!({ "answer": "first" })),
             ScriptedTurn::call("final_output", json!({ "answer": "second" })),
         ];
-        let config = RunConfig { conversational: true, output_schema: Some(output_schema()), ..RunConfig::default() };
+        let config = RunConfig {
+            conversational: true,
+            output_schema: Some(output_schema()),
+            ..RunConfig::default()
+        };
         let (worker, mut state, mut log) = run_script(turns, config).await;
         assert_eq!(state.parked, Some(PullPoint::AwaitingInput));
-        worker.advance(&mut state, Some(Resume::Input { text: "and the second?".into(), redactions: Vec::new() }), &mut log).await.unwrap();
-        assert_eq!(state.answer, r#"{"answer":"second"}"#, "the step ended on the stale output\nlog: {:#?}", names(&log));
+        worker
+            .advance(
+                &mut state,
+                Some(Resume::Input {
+                    text: "and the second?".into(),
+                    redactions: Vec::new(),
+                }),
+                &mut log,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            state.answer,
+            r#"{"answer":"second"}"#,
+            "the step ended on the stale output\nlog: {:#?}",
+            names(&log)
+        );
         check_fresh_answers(&log).unwrap();
     });
 }
@@ -781,16 +1046,35 @@ fn a_structured_conversation_asks_the_model_about_the_next_message() {
 #[test]
 fn approving_a_call_does_not_overrun_the_tool_budget() {
     block_on(async {
-        let turns = vec![ScriptedTurn::calls(&[("refund", json!({ "order": "A-1", "amount": 5 })), ("add", json!({ "a": 1, "b": 2 }))])];
+        let turns = vec![ScriptedTurn::calls(&[
+            ("refund", json!({ "order": "A-1", "amount": 5 })),
+            ("add", json!({ "a": 1, "b": 2 })),
+        ])];
         let config = RunConfig {
-            policies: vec![Policy { tool: "refund".into(), args: None, action: PolicyAction::RequireApproval }],
-            budget: BudgetLimits { max_tool_calls: Some(1), ..BudgetLimits::default() },
+            policies: vec![Policy {
+                tool: "refund".into(),
+                args: None,
+                action: PolicyAction::RequireApproval,
+            }],
+            budget: BudgetLimits {
+                max_tool_calls: Some(1),
+                ..BudgetLimits::default()
+            },
             ..RunConfig::default()
         };
         let (worker, mut state, mut log) = run_script(turns, config).await;
         let call = state.call("call_1").expect("the refund is pending").clone();
-        let approve = Resume::Approval { call_id: call.call_id, args_hash: call.args_hash, decision: Decision::Approve, by: None, request_seq: None };
-        worker.advance(&mut state, Some(approve), &mut log).await.unwrap();
+        let approve = Resume::Approval {
+            call_id: call.call_id,
+            args_hash: call.args_hash,
+            decision: Decision::Approve,
+            by: None,
+            request_seq: None,
+        };
+        worker
+            .advance(&mut state, Some(approve), &mut log)
+            .await
+            .unwrap();
         assert!(
             state.usage.tool_calls <= 1,
             "{} tool calls under max_tool_calls 1\nlog: {:#?}",
@@ -807,17 +1091,37 @@ fn approving_a_call_does_not_overrun_the_tool_budget() {
 #[test]
 fn a_refusal_cut_short_by_a_crash_is_finished_on_recovery() {
     block_on(async {
-        let provider = Arc::new(ScriptedProvider::new(vec![ScriptedTurn::call("no_such_tool", json!({})), ScriptedTurn::text("done")]));
+        let provider = Arc::new(ScriptedProvider::new(vec![
+            ScriptedTurn::call("no_such_tool", json!({})),
+            ScriptedTurn::text("done"),
+        ]));
         let mut sink = Recorder::new();
-        let mut state = agent(&provider, Compaction::None).start(RUN_ID, "help me", RunConfig::default(), &mut sink).await.unwrap();
+        let mut state = agent(&provider, Compaction::None)
+            .start(RUN_ID, "help me", RunConfig::default(), &mut sink)
+            .await
+            .unwrap();
         // Events 1-7: session.start … model.response, tool.call (refused); event 8, its tool.error, is lost.
         sink.crash_at = vec![7];
-        let died = agent(&provider, Compaction::None).advance(&mut state, None, &mut sink).await;
+        let died = agent(&provider, Compaction::None)
+            .advance(&mut state, None, &mut sink)
+            .await;
         assert!(matches!(died, Err(AgentError::Sink(_))), "{died:?}");
-        assert!(matches!(&sink.log[6].kind, EventKind::ToolCall(r) if matches!(r.disposition, Disposition::Refused { .. })));
+        assert!(
+            matches!(&sink.log[6].kind, EventKind::ToolCall(r) if matches!(r.disposition, Disposition::Refused { .. }))
+        );
         let mut state = RunState::replay(RUN_ID, &sink.log).unwrap();
-        let status = agent(&provider, Compaction::None).advance(&mut state, None, &mut sink).await.unwrap();
+        let status = agent(&provider, Compaction::None)
+            .advance(&mut state, None, &mut sink)
+            .await
+            .unwrap();
         assert!(matches!(status, Status::Done(_)), "{status:?}");
-        check_replay(&Driven { log: sink.log.clone(), states: sink.states, snapshots: Vec::new(), commits: sink.commits, state }).unwrap();
+        check_replay(&Driven {
+            log: sink.log.clone(),
+            states: sink.states,
+            snapshots: Vec::new(),
+            commits: sink.commits,
+            state,
+        })
+        .unwrap();
     });
 }

@@ -15,7 +15,9 @@ use glia_backends::memory::{MemoryLedger, MemoryQueue};
 use glia_backends::postgres::{PgOptions, hint_channel};
 use glia_backends::testkit::TestDb;
 use glia_backends::{EventLog, JobQueue, NewRun};
-use glia_proto::{Decision, Event, EventKind, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState};
+use glia_proto::{
+    Decision, Event, EventKind, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState,
+};
 use glia_worker::Agent;
 use glia_worker::fleet::{Worker, WorkerOptions};
 use glia_worker::provider::{ScriptLibrary, ScriptedTurn};
@@ -25,7 +27,12 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 /// Poll (every 10 ms, at most 20 s: a bound on a hang) until `check` holds.
-async fn until(log: &dyn EventLog, run_id: Uuid, what: &str, check: impl Fn(&RunState) -> bool) -> RunState {
+async fn until(
+    log: &dyn EventLog,
+    run_id: Uuid,
+    what: &str,
+    check: impl Fn(&RunState) -> bool,
+) -> RunState {
     for _ in 0..2000 {
         let state = log.load(run_id).await.unwrap();
         if check(&state) {
@@ -40,9 +47,14 @@ async fn until(log: &dyn EventLog, run_id: Uuid, what: &str, check: impl Fn(&Run
 /// the `LISTEN`).
 async fn listening(db: &TestDb, channel: &str) {
     let sql = db.sql().await;
-    let q = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = $1";
+    let q =
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = $1";
     for _ in 0..1000 {
-        let n: i64 = sql.query_one(q, &[&format!("LISTEN {channel}")]).await.unwrap().get(0);
+        let n: i64 = sql
+            .query_one(q, &[&format!("LISTEN {channel}")])
+            .await
+            .unwrap()
+            .get(0);
         if n == 1 {
             return;
         }
@@ -53,16 +65,30 @@ async fn listening(db: &TestDb, channel: &str) {
 
 /// Approve the call the run waits on.
 async fn approve(log: &dyn EventLog, state: &RunState) {
-    let Some(PullPoint::AwaitingApproval { call_ids }) = &state.parked else { panic!("not awaiting approval: {:?}", state.parked) };
+    let Some(PullPoint::AwaitingApproval { call_ids }) = &state.parked else {
+        panic!("not awaiting approval: {:?}", state.parked)
+    };
     let c = state.call(&call_ids[0]).unwrap();
-    let decision = Resume::Approval { call_id: c.call_id.clone(), args_hash: c.args_hash.clone(), decision: Decision::Approve, by: None, request_seq: None };
+    let decision = Resume::Approval {
+        call_id: c.call_id.clone(),
+        args_hash: c.args_hash.clone(),
+        decision: Decision::Approve,
+        by: None,
+        request_seq: None,
+    };
     log.post(state.run_id, decision).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_posted_payload_resumes_the_run_through_its_hint_alone_even_after_the_listener_reconnects() {
+async fn a_posted_payload_resumes_the_run_through_its_hint_alone_even_after_the_listener_reconnects()
+ {
     let db = TestDb::new().await;
-    let pg = db.log_with(PgOptions { max_connections: 4, ..PgOptions::default() }).await;
+    let pg = db
+        .log_with(PgOptions {
+            max_connections: 4,
+            ..PgOptions::default()
+        })
+        .await;
     let log = Arc::new(pg.clone());
     let queue = Arc::new(MemoryQueue::default());
     let mut scripts = ScriptLibrary::default();
@@ -72,16 +98,50 @@ async fn a_posted_payload_resumes_the_run_through_its_hint_alone_even_after_the_
     tools.register(Add);
     let agent = Arc::new(Agent::new(Arc::new(scripts)).with_tools(tools));
     let id = format!("w-hint-{}", Uuid::now_v7().simple());
-    let options = WorkerOptions { id: id.clone(), concurrency: 2, lease_ttl: Duration::from_secs(30) };
-    let worker = Worker::new(agent, log.clone(), queue.clone(), Arc::new(MemoryLedger::default()), options).with_hints(pg.resume_hints(&id));
+    let options = WorkerOptions {
+        id: id.clone(),
+        concurrency: 2,
+        lease_ttl: Duration::from_secs(30),
+    };
+    let worker = Worker::new(
+        agent,
+        log.clone(),
+        queue.clone(),
+        Arc::new(MemoryLedger::default()),
+        options,
+    )
+    .with_hints(pg.resume_hints(&id));
     let (stop, stopped) = watch::channel(false);
     let worker = tokio::spawn(Arc::new(worker).run(stopped));
 
     let run_id = Uuid::now_v7();
-    let mut config = RunConfig { model: "script:twice".into(), ..RunConfig::default() };
-    config.policies.push(Policy { tool: "add".into(), args: None, action: PolicyAction::RequireApproval });
-    let start = Event { run_id, seq: 1, at: chrono::Utc::now(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: "add twice".into(), config } };
-    log.create_run(NewRun { tenant: "t".into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
+    let mut config = RunConfig {
+        model: "script:twice".into(),
+        ..RunConfig::default()
+    };
+    config.policies.push(Policy {
+        tool: "add".into(),
+        args: None,
+        action: PolicyAction::RequireApproval,
+    });
+    let start = Event {
+        run_id,
+        seq: 1,
+        at: chrono::Utc::now(),
+        kind: EventKind::SessionStart {
+            redactions: Vec::new(),
+            goal: "add twice".into(),
+            config,
+        },
+    };
+    log.create_run(NewRun {
+        tenant: "t".into(),
+        idempotency_key: None,
+        batch_id: None,
+        start,
+    })
+    .await
+    .unwrap();
     // Only the start is relayed; every later outbox job stays where it is.
     let (first, start_job) = log.outbox(10).await.unwrap().remove(0);
     queue.publish(&start_job).await.unwrap();
@@ -92,7 +152,13 @@ async fn a_posted_payload_resumes_the_run_through_its_hint_alone_even_after_the_
     let state = until(&*log, run_id, "parked at its first approval", parked).await;
     // The lease is let go after the park (release_if_idle), keeping its owner as the last.
     for _ in 0..500 {
-        let row = sql.query_opt("SELECT last_owner FROM runs WHERE id = $1 AND lease_token IS NULL", &[&run_id]).await.unwrap();
+        let row = sql
+            .query_opt(
+                "SELECT last_owner FROM runs WHERE id = $1 AND lease_token IS NULL",
+                &[&run_id],
+            )
+            .await
+            .unwrap();
         if row.and_then(|r| r.get::<_, Option<String>>(0)).as_deref() == Some(id.as_str()) {
             break;
         }
@@ -102,8 +168,17 @@ async fn a_posted_payload_resumes_the_run_through_its_hint_alone_even_after_the_
     listening(&db, &channel).await;
     approve(&*log, &state).await;
     let head = state.head_seq;
-    let state = until(&*log, run_id, "parked at its second approval", |s| parked(s) && s.head_seq > head).await;
-    let results = log.events(run_id, 0, 1000).await.unwrap().iter().filter(|e| matches!(e.kind, EventKind::ToolResult { .. })).count();
+    let state = until(&*log, run_id, "parked at its second approval", |s| {
+        parked(s) && s.head_seq > head
+    })
+    .await;
+    let results = log
+        .events(run_id, 0, 1000)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ToolResult { .. }))
+        .count();
     assert_eq!(results, 1, "the first call ran after its approval");
 
     // Kill the listener's connection: it reconnects on its own.
@@ -115,10 +190,24 @@ async fn a_posted_payload_resumes_the_run_through_its_hint_alone_even_after_the_
     assert_eq!(killed, 1, "one connection listened on {channel}");
     listening(&db, &channel).await;
     approve(&*log, &state).await;
-    let state = until(&*log, run_id, "done after its second approval", |s| s.outcome.is_some()).await;
-    assert!(matches!(&state.outcome, Some(glia_proto::Outcome::Succeeded { answer, .. }) if answer == "done"), "{:?}", state.outcome);
-    assert_eq!(queue.depth().await.unwrap(), 0, "nothing but the start went through the queue");
-    assert!(log.outbox(10).await.unwrap().len() >= 2, "the decisions' jobs are still in the outbox, never relayed");
+    let state = until(&*log, run_id, "done after its second approval", |s| {
+        s.outcome.is_some()
+    })
+    .await;
+    assert!(
+        matches!(&state.outcome, Some(glia_proto::Outcome::Succeeded { answer, .. }) if answer == "done"),
+        "{:?}",
+        state.outcome
+    );
+    assert_eq!(
+        queue.depth().await.unwrap(),
+        0,
+        "nothing but the start went through the queue"
+    );
+    assert!(
+        log.outbox(10).await.unwrap().len() >= 2,
+        "the decisions' jobs are still in the outbox, never relayed"
+    );
     let _ = stop.send(true);
     let _ = worker.await;
 }

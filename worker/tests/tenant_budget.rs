@@ -14,9 +14,12 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDate, Utc};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::redis_ledger::RedisLedger;
-use glia_backends::{EventLog, JobQueue, Ledger, NewRun, RunStatus, Settlement, Spend, tenant_day_scope};
+use glia_backends::{
+    EventLog, JobQueue, Ledger, NewRun, RunStatus, Settlement, Spend, tenant_day_scope,
+};
 use glia_proto::{
-    Event, EventKind, Limit, Outcome, PauseReason, Pricing, PullPoint, Resume, RunConfig, RunState, ToolSpec, Usage,
+    Event, EventKind, Limit, Outcome, PauseReason, Pricing, PullPoint, Resume, RunConfig, RunState,
+    ToolSpec, Usage,
 };
 use glia_worker::budget_gate::{TenantCap, TenantCaps};
 use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
@@ -39,19 +42,40 @@ fn day() -> NaiveDate {
 const CALL: u64 = 100;
 
 fn turn(t: ScriptedTurn) -> ScriptedTurn {
-    ScriptedTurn { usage: Some(Usage { output_tokens: CALL, ..Usage::default() }), ..t }
+    ScriptedTurn {
+        usage: Some(Usage {
+            output_tokens: CALL,
+            ..Usage::default()
+        }),
+        ..t
+    }
 }
 
 fn scripts() -> ScriptLibrary {
     let mut lib = ScriptLibrary::default();
     // Two model calls, the first asking the client (an external tool).
-    lib.insert("external", vec![turn(ScriptedTurn::call("ask", json!({"q": "which?"}))), turn(ScriptedTurn::text("thanks"))]);
+    lib.insert(
+        "external",
+        vec![
+            turn(ScriptedTurn::call("ask", json!({"q": "which?"}))),
+            turn(ScriptedTurn::text("thanks")),
+        ],
+    );
     lib
 }
 
 fn config(script: &str) -> RunConfig {
-    let mut c = RunConfig { model: format!("script:{script}"), max_tokens: CALL as u32, ..RunConfig::default() };
-    c.pricing = Some(Pricing { input: 0, output: 1_000_000, cache_write: 0, cache_read: 0 });
+    let mut c = RunConfig {
+        model: format!("script:{script}"),
+        max_tokens: CALL as u32,
+        ..RunConfig::default()
+    };
+    c.pricing = Some(Pricing {
+        input: 0,
+        output: 1_000_000,
+        cache_write: 0,
+        cache_read: 0,
+    });
     c.external_tools.push(ToolSpec {
         name: "ask".into(),
         description: "Ask the client.".into(),
@@ -68,7 +92,16 @@ fn config(script: &str) -> RunConfig {
 }
 
 fn cost_caps(tenant: &str, micros: u64) -> TenantCaps {
-    TenantCaps([(tenant.to_owned(), TenantCap { daily_cost_usd_micros: Some(micros), daily_tokens: None })].into())
+    TenantCaps(
+        [(
+            tenant.to_owned(),
+            TenantCap {
+                daily_cost_usd_micros: Some(micros),
+                daily_tokens: None,
+            },
+        )]
+        .into(),
+    )
 }
 
 struct Fleet {
@@ -84,11 +117,27 @@ impl Fleet {
         let log = Arc::new(MemoryLog::default());
         let queue = Arc::new(MemoryQueue::default());
         let (stop, rx) = watch::channel(false);
-        let gate = Arc::new(LedgerGate::new(ledger.clone(), log.clone(), caps).with_clock(FixedClock(noon())));
-        let agent = Arc::new(Agent::new(Arc::new(scripts())).with_clock(FixedClock(noon())).with_budget_gate(gate.clone()));
+        let gate = Arc::new(
+            LedgerGate::new(ledger.clone(), log.clone(), caps).with_clock(FixedClock(noon())),
+        );
+        let agent = Arc::new(
+            Agent::new(Arc::new(scripts()))
+                .with_clock(FixedClock(noon()))
+                .with_budget_gate(gate.clone()),
+        );
         for i in 0..2 {
-            let options = WorkerOptions { id: format!("w{i}"), concurrency: 4, lease_ttl: Duration::from_secs(30) };
-            let worker = Arc::new(Worker::new(agent.clone(), log.clone(), queue.clone(), ledger.clone(), options));
+            let options = WorkerOptions {
+                id: format!("w{i}"),
+                concurrency: 4,
+                lease_ttl: Duration::from_secs(30),
+            };
+            let worker = Arc::new(Worker::new(
+                agent.clone(),
+                log.clone(),
+                queue.clone(),
+                ledger.clone(),
+                options,
+            ));
             tokio::spawn(worker.run(rx.clone()));
         }
         // The relay, as the dispatcher runs it.
@@ -107,8 +156,25 @@ impl Fleet {
 
     async fn submit(&self, tenant: &str, script: &str) -> Uuid {
         let run_id = Uuid::now_v7();
-        let start = Event { run_id, seq: 1, at: noon(), kind: EventKind::SessionStart { redactions: Vec::new(), goal: script.into(), config: config(script) } };
-        self.log.create_run(NewRun { tenant: tenant.into(), idempotency_key: None, batch_id: None, start }).await.unwrap();
+        let start = Event {
+            run_id,
+            seq: 1,
+            at: noon(),
+            kind: EventKind::SessionStart {
+                redactions: Vec::new(),
+                goal: script.into(),
+                config: config(script),
+            },
+        };
+        self.log
+            .create_run(NewRun {
+                tenant: tenant.into(),
+                idempotency_key: None,
+                batch_id: None,
+                start,
+            })
+            .await
+            .unwrap();
         run_id
     }
 
@@ -121,7 +187,10 @@ impl Fleet {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        panic!("run {run_id} never settled: {:?}", self.log.get_run(run_id).await.unwrap());
+        panic!(
+            "run {run_id} never settled: {:?}",
+            self.log.get_run(run_id).await.unwrap()
+        );
     }
 
     async fn all_settled(&self, runs: &[Uuid]) -> Vec<RunState> {
@@ -131,12 +200,26 @@ impl Fleet {
     /// Answer a run's external call, if it waits for one.
     async fn answer(&self, state: &RunState) {
         if let Some(PullPoint::AwaitingTool { call_ids }) = &state.parked {
-            self.log.post(state.run_id, Resume::ToolResult { call_id: call_ids[0].clone(), content: "A1".into(), is_error: false }).await.unwrap();
+            self.log
+                .post(
+                    state.run_id,
+                    Resume::ToolResult {
+                        call_id: call_ids[0].clone(),
+                        content: "A1".into(),
+                        is_error: false,
+                    },
+                )
+                .await
+                .unwrap();
         }
     }
 
     async fn spent(&self, tenant: &str) -> u64 {
-        self.log.tenant_usage(tenant, day()).await.unwrap().cost_usd_micros
+        self.log
+            .tenant_usage(tenant, day())
+            .await
+            .unwrap()
+            .cost_usd_micros
     }
 }
 
@@ -148,7 +231,9 @@ impl Drop for Fleet {
 
 fn paused_by(state: &RunState) -> Option<Limit> {
     match &state.parked {
-        Some(PullPoint::Paused { reason: PauseReason::Budget { limit } }) => Some(*limit),
+        Some(PullPoint::Paused {
+            reason: PauseReason::Budget { limit },
+        }) => Some(*limit),
         _ => None,
     }
 }
@@ -181,25 +266,67 @@ async fn two_runs_of_a_tenant_share_its_daily_cap() {
     let parked = fleet.settled(second).await;
     fleet.answer(&parked).await;
     let paused = fleet.settled(second).await;
-    assert_eq!(paused_by(&paused), Some(Limit::TenantDailyCost), "{:?}", paused.parked);
+    assert_eq!(
+        paused_by(&paused),
+        Some(Limit::TenantDailyCost),
+        "{:?}",
+        paused.parked
+    );
     assert_eq!(fleet.spent("t").await, 3 * CALL, "the cap, exactly");
     let log = events(&fleet.log, second).await;
-    let warns: Vec<&EventKind> = log.iter().map(|e| &e.kind).filter(|k| matches!(k, EventKind::BudgetWarn { .. })).collect();
-    assert!(matches!(warns[..], [EventKind::BudgetWarn { limit: Limit::TenantDailyCost, .. }]), "{warns:?}");
-    assert_eq!(log.iter().filter(|e| matches!(e.kind, EventKind::ModelCall { .. })).count(), 1, "the refused call was never made");
+    let warns: Vec<&EventKind> = log
+        .iter()
+        .map(|e| &e.kind)
+        .filter(|k| matches!(k, EventKind::BudgetWarn { .. }))
+        .collect();
+    assert!(
+        matches!(
+            warns[..],
+            [EventKind::BudgetWarn {
+                limit: Limit::TenantDailyCost,
+                ..
+            }]
+        ),
+        "{warns:?}"
+    );
+    assert_eq!(
+        log.iter()
+            .filter(|e| matches!(e.kind, EventKind::ModelCall { .. }))
+            .count(),
+        1,
+        "the refused call was never made"
+    );
     // Another tenant is not capped: its run is not held back.
     let other = fleet.submit("u", "external").await;
     let parked = fleet.settled(other).await;
     fleet.answer(&parked).await;
     assert!(succeeded(&fleet.settled(other).await));
     // Resumed with the cap unchanged: refused again, nothing spent.
-    fleet.log.post(second, Resume::Resume { by: Some("ops".into()) }).await.unwrap();
+    fleet
+        .log
+        .post(
+            second,
+            Resume::Resume {
+                by: Some("ops".into()),
+            },
+        )
+        .await
+        .unwrap();
     let paused = fleet.settled(second).await;
     assert_eq!(paused_by(&paused), Some(Limit::TenantDailyCost));
     assert_eq!(fleet.spent("t").await, 3 * CALL);
     // Raised, then resumed: it goes on.
     fleet.gate.set_caps(cost_caps("t", 10 * CALL));
-    fleet.log.post(second, Resume::Resume { by: Some("ops".into()) }).await.unwrap();
+    fleet
+        .log
+        .post(
+            second,
+            Resume::Resume {
+                by: Some("ops".into()),
+            },
+        )
+        .await
+        .unwrap();
     assert!(succeeded(&fleet.settled(second).await));
     assert_eq!(fleet.spent("t").await, 4 * CALL);
     events(&fleet.log, second).await;
@@ -222,7 +349,12 @@ where
         runs.push(fleet.submit("t", "external").await);
     }
     let parked = fleet.all_settled(&runs).await;
-    assert!(parked.iter().all(|s| matches!(s.parked, Some(PullPoint::AwaitingTool { .. }))), "each made its first call");
+    assert!(
+        parked
+            .iter()
+            .all(|s| matches!(s.parked, Some(PullPoint::AwaitingTool { .. }))),
+        "each made its first call"
+    );
     assert_eq!(fleet.spent("t").await, 6 * CALL);
 
     lose_counter().await;
@@ -231,27 +363,62 @@ where
     }
     let after = fleet.all_settled(&runs).await;
     let done = after.iter().filter(|s| succeeded(s)).count();
-    let paused = after.iter().filter(|s| paused_by(s) == Some(Limit::TenantDailyCost)).count();
-    assert_eq!((done, paused), (3, 3), "{:?}", after.iter().map(|s| (&s.parked, &s.outcome)).collect::<Vec<_>>());
+    let paused = after
+        .iter()
+        .filter(|s| paused_by(s) == Some(Limit::TenantDailyCost))
+        .count();
+    assert_eq!(
+        (done, paused),
+        (3, 3),
+        "{:?}",
+        after
+            .iter()
+            .map(|s| (&s.parked, &s.outcome))
+            .collect::<Vec<_>>()
+    );
     assert_eq!(fleet.spent("t").await, 9 * CALL, "the cap, exactly");
     let scope = tenant_day_scope("t", day());
-    assert_eq!(ledger.settle(&scope, "probe", Spend::ZERO).await.unwrap(), Settlement::Settled { used: Spend { tokens: 9 * CALL, cost_usd_micros: 9 * CALL } });
+    assert_eq!(
+        ledger.settle(&scope, "probe", Spend::ZERO).await.unwrap(),
+        Settlement::Settled {
+            used: Spend {
+                tokens: 9 * CALL,
+                cost_usd_micros: 9 * CALL
+            }
+        }
+    );
 
     fleet.gate.set_caps(cost_caps("t", 10 * CALL));
     lose_counter().await;
     for state in after.iter().filter(|s| paused_by(s).is_some()) {
-        fleet.log.post(state.run_id, Resume::Resume { by: None }).await.unwrap();
+        fleet
+            .log
+            .post(state.run_id, Resume::Resume { by: None })
+            .await
+            .unwrap();
     }
     let last = fleet.all_settled(&runs).await;
     let done = last.iter().filter(|s| succeeded(s)).count();
-    let paused = last.iter().filter(|s| paused_by(s) == Some(Limit::TenantDailyCost)).count();
+    let paused = last
+        .iter()
+        .filter(|s| paused_by(s) == Some(Limit::TenantDailyCost))
+        .count();
     assert_eq!((done, paused), (4, 2));
     assert_eq!(fleet.spent("t").await, 10 * CALL);
     for run_id in runs {
         let log = events(&fleet.log, run_id).await;
-        let calls = log.iter().filter(|e| matches!(e.kind, EventKind::ModelCall { .. })).count();
-        let responses = log.iter().filter(|e| matches!(e.kind, EventKind::ModelResponse { .. })).count();
-        assert_eq!(calls, responses, "every call made was answered; refused ones were never made");
+        let calls = log
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::ModelCall { .. }))
+            .count();
+        let responses = log
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::ModelResponse { .. }))
+            .count();
+        assert_eq!(
+            calls, responses,
+            "every call made was answered; refused ones were never made"
+        );
     }
 }
 
@@ -298,14 +465,25 @@ impl Drop for Cleanup {
 async fn redis_keys_deleted_mid_batch_and_the_cap_still_holds() {
     let prefix = format!("glia-test-{}", Uuid::now_v7());
     let _cleanup = Cleanup(prefix.clone());
-    let ledger = Arc::new(RedisLedger::connect(&redis_url(), &prefix).await.expect("Redis at GLIA_REDIS_URL"));
+    let ledger = Arc::new(
+        RedisLedger::connect(&redis_url(), &prefix)
+            .await
+            .expect("Redis at GLIA_REDIS_URL"),
+    );
     let key = ledger.budget_key(&tenant_day_scope("t", day()));
     let pattern = format!("{prefix}:budget:*");
     a_lost_counter_is_rebuilt_from_the_log(ledger, || {
         let (key, pattern) = (key.clone(), pattern.clone());
         async move {
-            let listed = std::process::Command::new("redis-cli").args(["-u", &redis_url(), "exists", &key]).output().expect("redis-cli");
-            assert_eq!(String::from_utf8_lossy(&listed.stdout).trim(), "1", "the counter exists before it is deleted");
+            let listed = std::process::Command::new("redis-cli")
+                .args(["-u", &redis_url(), "exists", &key])
+                .output()
+                .expect("redis-cli");
+            assert_eq!(
+                String::from_utf8_lossy(&listed.stdout).trim(),
+                "1",
+                "the counter exists before it is deleted"
+            );
             delete_keys(&pattern);
         }
     })

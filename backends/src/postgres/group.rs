@@ -33,8 +33,8 @@ use futures::future::{BoxFuture, MaybeDone};
 use glia_proto::{Event, EventKind, Phase, RunState};
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
-use tokio_postgres::{Row, Statement};
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, Statement};
 use uuid::Uuid;
 
 use super::{EncodedEvents, SummaryColumns, col, seq_of, unavailable, write_error};
@@ -62,7 +62,8 @@ const FENCE_HELD: &str = " SELECT EXISTS (SELECT 1 FROM fence) AS ok";
 /// that requests and resolves no approval, consumes no inbox item and does
 /// not end the run. It touches only the run row and the events: the
 /// executor opens no other table or index for it.
-pub(super) static FENCED_APPEND: LazyLock<String> = LazyLock::new(|| format!("{FENCE_AND_EVENTS}{FENCE_HELD}"));
+pub(super) static FENCED_APPEND: LazyLock<String> =
+    LazyLock::new(|| format!("{FENCE_AND_EVENTS}{FENCE_HELD}"));
 
 /// Any step: [`FENCE_AND_EVENTS`] and, driven by the fence too, `$14`–`$21`
 /// approvals requested (call, tool, input, hash, requested at, expires at,
@@ -127,7 +128,14 @@ pub(super) struct Step {
 
 impl Step {
     /// The step appending `events` (not empty, no blobs) under `lease`.
-    pub(super) fn new(lease: &Lease, events: &[Event], state: &RunState, consumed: &[i64], encoded: EncodedEvents, columns: SummaryColumns) -> Step {
+    pub(super) fn new(
+        lease: &Lease,
+        events: &[Event],
+        state: &RunState,
+        consumed: &[i64],
+        encoded: EncodedEvents,
+        columns: SummaryColumns,
+    ) -> Step {
         let ended = state.phase == Phase::Done;
         let resolved: Vec<String> = events
             .iter()
@@ -139,7 +147,10 @@ impl Step {
         let mut step = Step {
             run_id: lease.run_id,
             token: lease.token,
-            expected: encoded.seqs.first().map_or(columns.head_seq, |first| first - 1),
+            expected: encoded
+                .seqs
+                .first()
+                .map_or(columns.head_seq, |first| first - 1),
             status: columns.status,
             phase: columns.phase,
             pull_point: columns.pull_point,
@@ -163,7 +174,15 @@ impl Step {
             consumed: consumed.to_vec(),
         };
         for e in events {
-            if let EventKind::ApprovalRequested { call_id, tool, input, args_hash, expires_at, interrupted } = &e.kind {
+            if let EventKind::ApprovalRequested {
+                call_id,
+                tool,
+                input,
+                args_hash,
+                expires_at,
+                interrupted,
+            } = &e.kind
+            {
                 // Resolved in the same step, or the run ended: never pending.
                 step.decided.push(ended || resolved.contains(call_id));
                 step.calls.push(call_id.clone());
@@ -187,7 +206,11 @@ impl Step {
     /// Its statement, of the two prepared on a connection, and how many of
     /// [`Step::params`] it takes.
     fn statement<'a>(&self, statements: &'a Statements) -> (&'a Statement, usize) {
-        if self.appends_only() { (&statements.append, 13) } else { (&statements.commit, 24) }
+        if self.appends_only() {
+            (&statements.append, 13)
+        } else {
+            (&statements.commit, 24)
+        }
     }
 
     fn params(&self) -> [&(dyn ToSql + Sync); 24] {
@@ -228,7 +251,10 @@ struct Statements {
 
 impl Statements {
     async fn prepare(client: &ClientWrapper) -> Result<Statements, tokio_postgres::Error> {
-        let (append, commit) = futures::try_join!(client.prepare_cached(&FENCED_APPEND), client.prepare_cached(&FENCED_COMMIT))?;
+        let (append, commit) = futures::try_join!(
+            client.prepare_cached(&FENCED_APPEND),
+            client.prepare_cached(&FENCED_COMMIT)
+        )?;
         Ok(Statements { append, commit })
     }
 }
@@ -240,8 +266,15 @@ async fn outcome(client: &ClientWrapper, step: &Step, row: &Row) -> Result<(), L
         return Ok(());
     }
     let run_id = step.run_id;
-    let st = client.prepare_cached(DIAGNOSE).await.map_err(|e| unavailable("commit", &e))?;
-    let row = client.query_opt(&st, &[&run_id]).await.map_err(|e| unavailable("commit", &e))?.ok_or(LogError::NotFound(run_id))?;
+    let st = client
+        .prepare_cached(DIAGNOSE)
+        .await
+        .map_err(|e| unavailable("commit", &e))?;
+    let row = client
+        .query_opt(&st, &[&run_id])
+        .await
+        .map_err(|e| unavailable("commit", &e))?
+        .ok_or(LogError::NotFound(run_id))?;
     let token: Option<Uuid> = col(&row, "lease_token")?;
     let head = seq_of(col(&row, "head_seq")?, "head_seq")?;
     let expected = seq_of(step.expected, "expected head")?;
@@ -249,15 +282,27 @@ async fn outcome(client: &ClientWrapper, step: &Step, row: &Row) -> Result<(), L
         // Equal heads: the lease lapsed between the statement and this read.
         return Err(LogError::LeaseLost(run_id));
     }
-    Err(LogError::Conflict { run_id, expected, actual: head })
+    Err(LogError::Conflict {
+        run_id,
+        expected,
+        actual: head,
+    })
 }
 
 /// Each step as its own autocommit statement, pipelined: one fsync each, and
 /// each answer its own.
-pub(super) async fn write_alone(client: &ClientWrapper, steps: &[&Step]) -> Vec<Result<(), LogError>> {
+pub(super) async fn write_alone(
+    client: &ClientWrapper,
+    steps: &[&Step],
+) -> Vec<Result<(), LogError>> {
     let statements = match Statements::prepare(client).await {
         Ok(st) => st,
-        Err(e) => return steps.iter().map(|s| Err(write_error(s.run_id, "commit", &e))).collect(),
+        Err(e) => {
+            return steps
+                .iter()
+                .map(|s| Err(write_error(s.run_id, "commit", &e)))
+                .collect();
+        }
     };
     let params: Vec<_> = steps.iter().map(|s| s.params()).collect();
     let rows = futures::future::join_all(steps.iter().zip(&params).map(|(s, p)| {
@@ -288,16 +333,28 @@ async fn write_group(client: &ClientWrapper, steps: &[&Step]) -> Vec<Result<(), 
     }
     let statements = match Statements::prepare(client).await {
         Ok(st) => st,
-        Err(e) => return steps.iter().map(|s| Err(write_error(s.run_id, "commit", &e))).collect(),
+        Err(e) => {
+            return steps
+                .iter()
+                .map(|s| Err(write_error(s.run_id, "commit", &e)))
+                .collect();
+        }
     };
     let params: Vec<_> = steps.iter().map(|s| s.params()).collect();
-    let mut requests: Vec<MaybeDone<BoxFuture<'_, Result<Answer, tokio_postgres::Error>>>> = Vec::with_capacity(steps.len() + 2);
-    requests.push(futures::future::maybe_done(Box::pin(async { client.batch_execute("BEGIN").await.map(|_| Answer::Done) })));
+    let mut requests: Vec<MaybeDone<BoxFuture<'_, Result<Answer, tokio_postgres::Error>>>> =
+        Vec::with_capacity(steps.len() + 2);
+    requests.push(futures::future::maybe_done(Box::pin(async {
+        client.batch_execute("BEGIN").await.map(|_| Answer::Done)
+    })));
     for (step, p) in steps.iter().zip(&params) {
         let (st, n) = step.statement(&statements);
-        requests.push(futures::future::maybe_done(Box::pin(async move { client.query_one(st, &p[..n]).await.map(Answer::Row) })));
+        requests.push(futures::future::maybe_done(Box::pin(async move {
+            client.query_one(st, &p[..n]).await.map(Answer::Row)
+        })));
     }
-    requests.push(futures::future::maybe_done(Box::pin(async { client.batch_execute("COMMIT").await.map(|_| Answer::Done) })));
+    requests.push(futures::future::maybe_done(Box::pin(async {
+        client.batch_execute("COMMIT").await.map(|_| Answer::Done)
+    })));
     // Polled in order, every time: a request is sent when first polled, so
     // they go out as BEGIN, the steps, COMMIT, in one write.
     futures::future::poll_fn(|cx| {
@@ -308,24 +365,47 @@ async fn write_group(client: &ClientWrapper, steps: &[&Step]) -> Vec<Result<(), 
         if done { Poll::Ready(()) } else { Poll::Pending }
     })
     .await;
-    let mut answers: Vec<Result<Answer, tokio_postgres::Error>> =
-        requests.iter_mut().map(|r| Pin::new(r).take_output().unwrap_or_else(|| Ok(Answer::Done))).collect();
+    let mut answers: Vec<Result<Answer, tokio_postgres::Error>> = requests
+        .iter_mut()
+        .map(|r| {
+            Pin::new(r)
+                .take_output()
+                .unwrap_or_else(|| Ok(Answer::Done))
+        })
+        .collect();
     let commit = answers.pop().unwrap_or(Ok(Answer::Done));
     let rows: Vec<_> = answers.drain(1..).collect();
     let begin = answers.pop().unwrap_or(Ok(Answer::Done));
     if let Err(e) = begin {
-        return steps.iter().map(|s| Err(unavailable(&format!("commit (run {})", s.run_id), &e))).collect();
+        return steps
+            .iter()
+            .map(|s| Err(unavailable(&format!("commit (run {})", s.run_id), &e)))
+            .collect();
     }
     if rows.iter().any(|r| r.is_err()) {
         // Rolled back (or the connection broke: then the retry fails too).
         if client.is_closed() {
-            return steps.iter().map(|s| Err(LogError::Unavailable(format!("commit (run {}): connection closed", s.run_id)))).collect();
+            return steps
+                .iter()
+                .map(|s| {
+                    Err(LogError::Unavailable(format!(
+                        "commit (run {}): connection closed",
+                        s.run_id
+                    )))
+                })
+                .collect();
         }
-        tracing::debug!(steps = steps.len(), "a statement of a group commit failed; writing its steps one by one");
+        tracing::debug!(
+            steps = steps.len(),
+            "a statement of a group commit failed; writing its steps one by one"
+        );
         return write_alone(client, steps).await;
     }
     if let Err(e) = commit {
-        return steps.iter().map(|s| Err(unavailable(&format!("commit (run {})", s.run_id), &e))).collect();
+        return steps
+            .iter()
+            .map(|s| Err(unavailable(&format!("commit (run {})", s.run_id), &e)))
+            .collect();
     }
     let mut out = Vec::with_capacity(steps.len());
     for (step, row) in steps.iter().zip(rows) {
@@ -356,7 +436,9 @@ impl Committer {
         tokio::spawn(async move {
             loop {
                 // Wait for a free lane first: steps arriving meanwhile gather.
-                let Ok(permit) = lanes.clone().acquire_owned().await else { return };
+                let Ok(permit) = lanes.clone().acquire_owned().await else {
+                    return;
+                };
                 let Some(first) = rx.recv().await else { return };
                 let mut group = vec![first];
                 while group.len() < max {
@@ -368,7 +450,12 @@ impl Committer {
                 let pool = pool.clone();
                 tokio::spawn(async move {
                     group.sort_by_key(|(s, _)| s.run_id);
-                    let results = write_pooled(&pool, timeout, &group.iter().map(|(s, _)| s).collect::<Vec<_>>()).await;
+                    let results = write_pooled(
+                        &pool,
+                        timeout,
+                        &group.iter().map(|(s, _)| s).collect::<Vec<_>>(),
+                    )
+                    .await;
                     for ((_, reply), result) in group.into_iter().zip(results) {
                         let _ = reply.send(result);
                     }
@@ -382,23 +469,43 @@ impl Committer {
     /// Write `step` in the next group; its run's answer.
     pub(super) async fn submit(&self, step: Step) -> Result<(), LogError> {
         let (reply, answer) = oneshot::channel();
-        self.tx.send((step, reply)).map_err(|_| LogError::Unavailable("commit: the group committer stopped".into()))?;
-        answer.await.map_err(|_| LogError::Unavailable("commit: the group committer dropped the step".into()))?
+        self.tx
+            .send((step, reply))
+            .map_err(|_| LogError::Unavailable("commit: the group committer stopped".into()))?;
+        answer.await.map_err(|_| {
+            LogError::Unavailable("commit: the group committer dropped the step".into())
+        })?
     }
 }
 
 /// A group on a pooled connection, within `timeout`; a connection left in
 /// an unknown state (timed out mid-group) is closed, not returned.
-async fn write_pooled(pool: &Pool, timeout: Duration, steps: &[&Step]) -> Vec<Result<(), LogError>> {
+async fn write_pooled(
+    pool: &Pool,
+    timeout: Duration,
+    steps: &[&Step],
+) -> Vec<Result<(), LogError>> {
     let client = match pool.get().await {
         Ok(c) => c,
-        Err(e) => return steps.iter().map(|_| Err(LogError::Unavailable(format!("database connection: {e}")))).collect(),
+        Err(e) => {
+            return steps
+                .iter()
+                .map(|_| Err(LogError::Unavailable(format!("database connection: {e}"))))
+                .collect();
+        }
     };
     match tokio::time::timeout(timeout, write_group(&client, steps)).await {
         Ok(results) => results,
         Err(_) => {
             drop(deadpool_postgres::Object::take(client));
-            steps.iter().map(|_| Err(LogError::Unavailable(format!("commit: no answer within {timeout:?}")))).collect()
+            steps
+                .iter()
+                .map(|_| {
+                    Err(LogError::Unavailable(format!(
+                        "commit: no answer within {timeout:?}"
+                    )))
+                })
+                .collect()
         }
     }
 }
@@ -412,10 +519,21 @@ mod tests {
     /// settles on after a few executions), on a fresh database and on one
     /// holding a busy fleet's pending approvals.
     async fn generic_plan(sql: &tokio_postgres::Client) -> String {
-        sql.batch_execute(&format!("DEALLOCATE ALL; SET plan_cache_mode = force_generic_plan; PREPARE step AS {}", *FENCED_COMMIT)).await.expect("prepare the step");
+        sql.batch_execute(&format!(
+            "DEALLOCATE ALL; SET plan_cache_mode = force_generic_plan; PREPARE step AS {}",
+            *FENCED_COMMIT
+        ))
+        .await
+        .expect("prepare the step");
         let nulls = vec!["NULL"; 24].join(", ");
-        let rows = sql.query(&format!("EXPLAIN EXECUTE step({nulls})"), &[]).await.expect("explain the step");
-        rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
+        let rows = sql
+            .query(&format!("EXPLAIN EXECUTE step({nulls})"), &[])
+            .await
+            .expect("explain the step");
+        rows.iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// A step's commit reads only its own run's rows, whatever the fleet
@@ -441,17 +559,43 @@ mod tests {
                 .expect("a busy fleet's rows");
             }
             let plan = generic_plan(&sql).await;
-            assert!(!plan.contains("approvals_pending"), "busy = {busy}: the step scans the fleet's pending approvals:\n{plan}");
-            assert!(plan.contains("approvals_run_pending"), "busy = {busy}: the run's pending approvals by index:\n{plan}");
-            let gates = plan.lines().filter(|l| l.contains("One-Time Filter") && l.contains("cardinality")).count();
-            assert_eq!(gates, 2, "busy = {busy}: `decided` and `consumed` gated on their parameters:\n{plan}");
+            assert!(
+                !plan.contains("approvals_pending"),
+                "busy = {busy}: the step scans the fleet's pending approvals:\n{plan}"
+            );
+            assert!(
+                plan.contains("approvals_run_pending"),
+                "busy = {busy}: the run's pending approvals by index:\n{plan}"
+            );
+            let gates = plan
+                .lines()
+                .filter(|l| l.contains("One-Time Filter") && l.contains("cardinality"))
+                .count();
+            assert_eq!(
+                gates, 2,
+                "busy = {busy}: `decided` and `consumed` gated on their parameters:\n{plan}"
+            );
         }
         // Most steps: the run row and the events, nothing else.
-        sql.batch_execute(&format!("PREPARE append AS {}", *FENCED_APPEND)).await.expect("prepare the append");
+        sql.batch_execute(&format!("PREPARE append AS {}", *FENCED_APPEND))
+            .await
+            .expect("prepare the append");
         let nulls = vec!["NULL"; 13].join(", ");
-        let plan: Vec<String> = sql.query(&format!("EXPLAIN EXECUTE append({nulls})"), &[]).await.expect("explain the append").iter().map(|r| r.get(0)).collect();
+        let plan: Vec<String> = sql
+            .query(&format!("EXPLAIN EXECUTE append({nulls})"), &[])
+            .await
+            .expect("explain the append")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         let plan = plan.join("\n");
-        assert!(plan.contains("Update on runs") && plan.contains("Insert on events"), "{plan}");
-        assert!(!plan.contains("approvals") && !plan.contains("inbox"), "an append opens nothing else:\n{plan}");
+        assert!(
+            plan.contains("Update on runs") && plan.contains("Insert on events"),
+            "{plan}"
+        );
+        assert!(
+            !plan.contains("approvals") && !plan.contains("inbox"),
+            "an append opens nothing else:\n{plan}"
+        );
     }
 }

@@ -29,11 +29,13 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use uuid::Uuid;
 
 use super::{SqliteLog, Store, db, get, i64_of, nanos, parse, time, ttl_nanos, uuid_of};
-use crate::batches::{Batch, BatchState, BatchStore, Claim, ItemView, Lane, NewBatch, Submitted, SubmitError, Upload, WINDOW_ENDED, window_ended};
+use crate::batches::{
+    Batch, BatchState, BatchStore, Claim, ItemView, Lane, NewBatch, SubmitError, Submitted, Upload,
+    WINDOW_ENDED, window_ended,
+};
 use crate::{LogError, Spend, SpendCap};
 
-const BATCH_COLUMNS: &str =
-    "id, tenant, spec, request_hash, state, max_in_flight, cap_tokens, cap_usd_micros, expires_at, items_total, created_at, updated_at";
+const BATCH_COLUMNS: &str = "id, tenant, spec, request_hash, state, max_in_flight, cap_tokens, cap_usd_micros, expires_at, items_total, created_at, updated_at";
 
 /// What a caller sees of an item: the item's own state, or its run's (as
 /// the Postgres adapter's).
@@ -63,8 +65,12 @@ fn batch(row: &Row<'_>) -> Result<Batch, LogError> {
         spec: get::<Option<String>>(row, "spec")?.unwrap_or_default(),
         request_hash: get::<Option<String>>(row, "request_hash")?.unwrap_or_default(),
         state: BatchState::parse(&get::<String>(row, "state")?)?,
-        max_in_flight: get::<Option<i64>>(row, "max_in_flight")?.map(|v| v.clamp(1, u32::MAX as i64) as u32),
-        cap: SpendCap { tokens: number(row, "cap_tokens")?, cost_usd_micros: number(row, "cap_usd_micros")? },
+        max_in_flight: get::<Option<i64>>(row, "max_in_flight")?
+            .map(|v| v.clamp(1, u32::MAX as i64) as u32),
+        cap: SpendCap {
+            tokens: number(row, "cap_tokens")?,
+            cost_usd_micros: number(row, "cap_usd_micros")?,
+        },
         expires_at: get::<Option<i64>>(row, "expires_at")?.map(time),
         items_total: number(row, "items_total")?.unwrap_or(0),
         created_at: time(get(row, "created_at")?),
@@ -78,7 +84,11 @@ fn opt_i64(v: Option<u64>) -> Option<i64> {
 
 /// The spend of `run_id` from its events.
 fn run_spend(conn: &Connection, run_id: &str) -> Result<Spend, LogError> {
-    let mut st = conn.prepare_cached(&format!("SELECT payload FROM events WHERE run_id = ?1 AND kind IN {SPEND_KINDS}")).map_err(db("batch spend"))?;
+    let mut st = conn
+        .prepare_cached(&format!(
+            "SELECT payload FROM events WHERE run_id = ?1 AND kind IN {SPEND_KINDS}"
+        ))
+        .map_err(db("batch spend"))?;
     let mut rows = st.query([run_id]).map_err(db("batch spend"))?;
     let mut spend = Spend::ZERO;
     while let Some(row) = rows.next().map_err(db("batch spend"))? {
@@ -89,8 +99,14 @@ fn run_spend(conn: &Connection, run_id: &str) -> Result<Spend, LogError> {
 }
 
 /// Counts by [`STATUS`] of the items of the batches `filter` selects.
-fn counts_where(conn: &Connection, filter: &str, args: impl rusqlite::Params) -> Result<BTreeMap<String, u64>, LogError> {
-    let sql = format!("SELECT {STATUS} AS status, count(*) AS n FROM batch_items i LEFT JOIN runs r ON r.id = i.run_id WHERE {filter} GROUP BY 1");
+fn counts_where(
+    conn: &Connection,
+    filter: &str,
+    args: impl rusqlite::Params,
+) -> Result<BTreeMap<String, u64>, LogError> {
+    let sql = format!(
+        "SELECT {STATUS} AS status, count(*) AS n FROM batch_items i LEFT JOIN runs r ON r.id = i.run_id WHERE {filter} GROUP BY 1"
+    );
     let mut st = conn.prepare_cached(&sql).map_err(db("batch counts"))?;
     let mut rows = st.query(args).map_err(db("batch counts"))?;
     let mut out = BTreeMap::new();
@@ -121,7 +137,9 @@ impl Drop for Uploading {
         }
         let (store, id) = (self.store.clone(), self.id.to_string());
         let forget = async move {
-            let deleted = store.write("forget batch upload", move |conn| forget_upload(conn, &id)).await;
+            let deleted = store
+                .write("forget batch upload", move |conn| forget_upload(conn, &id))
+                .await;
             if let Err(e) = deleted {
                 tracing::warn!(error = %e, "an unfinished batch upload was not deleted; the next open deletes it");
             }
@@ -136,7 +154,11 @@ impl Drop for Uploading {
 fn forget_upload(conn: &Connection, id: &str) -> Result<(), LogError> {
     conn.execute("DELETE FROM batch_items WHERE batch_id = ?1 AND EXISTS (SELECT 1 FROM batches WHERE id = ?1 AND state = 'uploading')", [id])
         .map_err(db("forget batch upload"))?;
-    conn.execute("DELETE FROM batches WHERE id = ?1 AND state = 'uploading'", [id]).map_err(db("forget batch upload"))?;
+    conn.execute(
+        "DELETE FROM batches WHERE id = ?1 AND state = 'uploading'",
+        [id],
+    )
+    .map_err(db("forget batch upload"))?;
     Ok(())
 }
 
@@ -165,13 +187,19 @@ fn by_key(conn: &Connection, tenant: &str, key: &str) -> Result<Option<Batch>, L
 
 #[async_trait]
 impl BatchStore for SqliteLog {
-    async fn submit(&self, new: NewBatch, mut upload: BoxStream<'_, Result<Upload, SubmitError>>) -> Result<Submitted, SubmitError> {
+    async fn submit(
+        &self,
+        new: NewBatch,
+        mut upload: BoxStream<'_, Result<Upload, SubmitError>>,
+    ) -> Result<Submitted, SubmitError> {
         let store = &self.store;
         let earlier = match new.idempotency_key.clone() {
             None => None,
             Some(key) => {
                 let tenant = new.tenant.clone();
-                store.read("submit batch", move |conn| by_key(conn, &tenant, &key)).await?
+                store
+                    .read("submit batch", move |conn| by_key(conn, &tenant, &key))
+                    .await?
             }
         };
         if let Some(batch) = earlier {
@@ -179,7 +207,11 @@ impl BatchStore for SqliteLog {
             // hash the caller compares), not stored.
             while let Some(next) = upload.next().await {
                 if let Upload::Done { request_hash } = next? {
-                    return Ok(Submitted { batch, created: false, upload_hash: request_hash });
+                    return Ok(Submitted {
+                        batch,
+                        created: false,
+                        upload_hash: request_hash,
+                    });
                 }
             }
             return Err(SubmitError::Truncated);
@@ -211,10 +243,16 @@ impl BatchStore for SqliteLog {
                 })
                 .await?;
         }
-        let guard = Uploading { store: store.clone(), id: new.id, done: false };
+        let guard = Uploading {
+            store: store.clone(),
+            id: new.id,
+            done: false,
+        };
         let mut total: u64 = 0;
         let request_hash = loop {
-            let Some(next) = upload.next().await else { return Err(SubmitError::Truncated) };
+            let Some(next) = upload.next().await else {
+                return Err(SubmitError::Truncated);
+            };
             match next? {
                 Upload::Done { request_hash } => break request_hash,
                 Upload::Items(items) => {
@@ -243,7 +281,11 @@ impl BatchStore for SqliteLog {
                 }
             }
         };
-        let (tenant, key, hash) = (new.tenant.clone(), new.idempotency_key.clone(), request_hash.clone());
+        let (tenant, key, hash) = (
+            new.tenant.clone(),
+            new.idempotency_key.clone(),
+            request_hash.clone(),
+        );
         let (batch, created) = store
             .write("submit batch", move |conn| {
                 // A submit with the same key that finished meanwhile wins.
@@ -262,7 +304,11 @@ impl BatchStore for SqliteLog {
             })
             .await?;
         guard.finished();
-        Ok(Submitted { batch, created, upload_hash: request_hash })
+        Ok(Submitted {
+            batch,
+            created,
+            upload_hash: request_hash,
+        })
     }
 
     async fn batch(&self, tenant: Option<&str>, id: Uuid) -> Result<Option<Batch>, LogError> {
@@ -275,7 +321,12 @@ impl BatchStore for SqliteLog {
             .await
     }
 
-    async fn batches(&self, tenant: Option<&str>, after: Option<Uuid>, limit: usize) -> Result<Vec<Batch>, LogError> {
+    async fn batches(
+        &self,
+        tenant: Option<&str>,
+        after: Option<Uuid>,
+        limit: usize,
+    ) -> Result<Vec<Batch>, LogError> {
         let tenant = tenant.map(str::to_owned);
         self.store
             .read("batches", move |conn| {
@@ -294,7 +345,11 @@ impl BatchStore for SqliteLog {
     }
 
     async fn counts(&self, id: Uuid) -> Result<BTreeMap<String, u64>, LogError> {
-        self.store.read("batch counts", move |conn| counts_where(conn, "i.batch_id = ?1", [id.to_string()])).await
+        self.store
+            .read("batch counts", move |conn| {
+                counts_where(conn, "i.batch_id = ?1", [id.to_string()])
+            })
+            .await
     }
 
     async fn spend(&self, id: Uuid) -> Result<Spend, LogError> {
@@ -352,7 +407,13 @@ impl BatchStore for SqliteLog {
             .await
     }
 
-    async fn update(&self, tenant: Option<&str>, id: Uuid, state: Option<BatchState>, cap: Option<SpendCap>) -> Result<Option<Batch>, LogError> {
+    async fn update(
+        &self,
+        tenant: Option<&str>,
+        id: Uuid,
+        state: Option<BatchState>,
+        cap: Option<SpendCap>,
+    ) -> Result<Option<Batch>, LogError> {
         let tenant = tenant.map(str::to_owned);
         self.store
             .write("update batch", move |conn| {
@@ -424,7 +485,12 @@ impl BatchStore for SqliteLog {
             .await
     }
 
-    async fn claim(&self, batch: Uuid, limit: usize, lease: Duration) -> Result<Vec<Claim>, LogError> {
+    async fn claim(
+        &self,
+        batch: Uuid,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<Claim>, LogError> {
         self.store
             .write("claim batch items", move |conn| {
                 let now = nanos(Utc::now());

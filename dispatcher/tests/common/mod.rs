@@ -13,8 +13,8 @@ use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{EventLog, JobQueue, RunFilter};
 use glia_dispatcher::{App, Auth, Principal, Scope};
 use glia_proto::{
-    ContentBlock, Disposition, Event, EventKind, Limit, Message, Outcome, PauseReason, PullPoint, Role, RunState, ToolCallRecord, Usage,
-    args_hash,
+    ContentBlock, Disposition, Event, EventKind, Limit, Message, Outcome, PauseReason, PullPoint,
+    Role, RunState, ToolCallRecord, Usage, args_hash,
 };
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -37,10 +37,20 @@ pub struct H {
 }
 
 pub fn auth() -> Auth {
-    let p = |t: &str, s: &[Scope]| Principal { tenant: t.into(), scopes: s.to_vec(), name: None };
+    let p = |t: &str, s: &[Scope]| Principal {
+        tenant: t.into(),
+        scopes: s.to_vec(),
+        name: None,
+    };
     Auth::from_tokens([
         (SUB_A.to_owned(), p("a", &[Scope::Submit])),
-        (APP_A.to_owned(), Principal { name: Some("ana".into()), ..p("a", &[Scope::Approve]) }),
+        (
+            APP_A.to_owned(),
+            Principal {
+                name: Some("ana".into()),
+                ..p("a", &[Scope::Approve])
+            },
+        ),
         (SUB_B.to_owned(), p("b", &[Scope::Submit, Scope::Approve])),
         (ADMIN.to_owned(), p("ops", &[Scope::Admin])),
     ])
@@ -56,10 +66,20 @@ pub fn harness_with(auth: Auth) -> H {
     let queue = Arc::new(MemoryQueue::default());
     let ledger = Arc::new(MemoryLedger::default());
     let batches = glia_backends::batches::MemoryBatches::new(log.clone());
-    let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth)
-        .with_batches(glia_dispatcher::batches::BatchConfig { store: Some(Arc::new(batches)), admission: Default::default() });
+    let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth).with_batches(
+        glia_dispatcher::batches::BatchConfig {
+            store: Some(Arc::new(batches)),
+            admission: Default::default(),
+        },
+    );
     let router = glia_dispatcher::router(app.clone());
-    H { app, router, log, queue, ledger }
+    H {
+        app,
+        router,
+        log,
+        queue,
+        ledger,
+    }
 }
 
 pub struct Reply {
@@ -72,7 +92,9 @@ pub struct Reply {
 impl Reply {
     /// The error code of a JSON error body (panics when the body is not one).
     pub fn code(&self) -> &str {
-        self.body["error"]["code"].as_str().unwrap_or_else(|| panic!("not a JSON error body ({}): {}", self.status, self.text))
+        self.body["error"]["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("not a JSON error body ({}): {}", self.status, self.text))
     }
 }
 
@@ -83,16 +105,29 @@ pub async fn send(router: &Router, req: Request<Body>) -> Reply {
     let bytes = res.into_body().collect().await.unwrap().to_bytes();
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Reply { status, headers, body, text }
+    Reply {
+        status,
+        headers,
+        body,
+        text,
+    }
 }
 
-pub fn request(method: Method, uri: &str, token: Option<&str>, body: Option<&Value>) -> Request<Body> {
+pub fn request(
+    method: Method,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> Request<Body> {
     let mut b = Request::builder().method(method).uri(uri);
     if let Some(t) = token {
         b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
     match body {
-        Some(v) => b.header(header::CONTENT_TYPE, "application/json").body(Body::from(v.to_string())).unwrap(),
+        Some(v) => b
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(v.to_string()))
+            .unwrap(),
         None => b.body(Body::empty()).unwrap(),
     }
 }
@@ -102,7 +137,11 @@ pub async fn get(h: &H, uri: &str, token: &str) -> Reply {
 }
 
 pub async fn post(h: &H, uri: &str, token: &str, body: Value) -> Reply {
-    send(&h.router, request(Method::POST, uri, Some(token), Some(&body))).await
+    send(
+        &h.router,
+        request(Method::POST, uri, Some(token), Some(&body)),
+    )
+    .await
 }
 
 /// Admit a run through the API; returns its id.
@@ -115,7 +154,11 @@ pub async fn create(h: &H, token: &str, body: Value) -> Uuid {
 /// Submit a one-item batch through the API; returns its id.
 pub async fn create_batch(router: &Router, token: &str) -> Uuid {
     let body = json!({"config": {}, "items": [{"custom_id": "x", "goal": "g"}]});
-    let r = send(router, request(Method::POST, "/v1/batches", Some(token), Some(&body))).await;
+    let r = send(
+        router,
+        request(Method::POST, "/v1/batches", Some(token), Some(&body)),
+    )
+    .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     r.body["id"].as_str().unwrap().parse().unwrap()
 }
@@ -129,13 +172,28 @@ pub async fn commit(log: &dyn EventLog, run_id: Uuid, kinds: Vec<EventKind>) {
     commit_consuming(log, run_id, kinds, &[]).await
 }
 
-pub async fn commit_consuming(log: &dyn EventLog, run_id: Uuid, kinds: Vec<EventKind>, consumed: &[i64]) {
+pub async fn commit_consuming(
+    log: &dyn EventLog,
+    run_id: Uuid,
+    kinds: Vec<EventKind>,
+    consumed: &[i64],
+) {
     let mut state = log.load(run_id).await.unwrap();
-    let lease = log.acquire(run_id, "test-worker", Duration::from_secs(30)).await.unwrap();
+    let lease = log
+        .acquire(run_id, "test-worker", Duration::from_secs(30))
+        .await
+        .unwrap();
     let mut events = Vec::new();
     for kind in kinds {
-        let e = Event { run_id, seq: state.head_seq + 1, at: Utc::now(), kind };
-        state.apply(&e).unwrap_or_else(|err| panic!("test log does not apply: {err}"));
+        let e = Event {
+            run_id,
+            seq: state.head_seq + 1,
+            at: Utc::now(),
+            kind,
+        };
+        state
+            .apply(&e)
+            .unwrap_or_else(|err| panic!("test log does not apply: {err}"));
         events.push(e);
     }
     log.commit(&lease, &events, &state, consumed).await.unwrap();
@@ -150,18 +208,48 @@ pub fn to_model_call() -> Vec<EventKind> {
 /// Planning to the first model call of a single-step plan offering `tools`.
 pub fn to_model_call_with(tools: Vec<glia_proto::ToolSpec>) -> Vec<EventKind> {
     vec![
-        EventKind::PlanDraft { steps: vec!["Reach the goal.".into()], usage: Usage::default(), cost_usd_micros: 0 },
-        EventKind::PlanCommit { steps: vec!["Reach the goal.".into()] },
-        EventKind::StepStart { index: 0, description: "Reach the goal.".into(), tools },
-        EventKind::ModelCall { model: "m".into(), messages: 1, wrap_up: false, forced_tool: None },
+        EventKind::PlanDraft {
+            steps: vec!["Reach the goal.".into()],
+            usage: Usage::default(),
+            cost_usd_micros: 0,
+        },
+        EventKind::PlanCommit {
+            steps: vec!["Reach the goal.".into()],
+        },
+        EventKind::StepStart {
+            index: 0,
+            description: "Reach the goal.".into(),
+            tools,
+        },
+        EventKind::ModelCall {
+            model: "m".into(),
+            messages: 1,
+            wrap_up: false,
+            forced_tool: None,
+        },
     ]
 }
 
 fn tool_use_response(calls: &[(&str, &str, Value)]) -> EventKind {
-    let content = calls.iter().map(|(id, name, input)| ContentBlock::ToolUse { id: (*id).into(), name: (*name).into(), input: input.clone() }).collect();
-    EventKind::ModelResponse { redactions: Vec::new(),
-        message: Message { role: Role::Assistant, content },
-        usage: Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() },
+    let content = calls
+        .iter()
+        .map(|(id, name, input)| ContentBlock::ToolUse {
+            id: (*id).into(),
+            name: (*name).into(),
+            input: input.clone(),
+        })
+        .collect();
+    EventKind::ModelResponse {
+        redactions: Vec::new(),
+        message: Message {
+            role: Role::Assistant,
+            content,
+        },
+        usage: Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            ..Usage::default()
+        },
         stop_reason: "tool_use".into(),
         duration_ms: 3,
         cost_usd_micros: 7,
@@ -169,7 +257,13 @@ fn tool_use_response(calls: &[(&str, &str, Value)]) -> EventKind {
     }
 }
 
-fn tool_call(run_id: Uuid, id: &str, name: &str, input: &Value, disposition: Disposition) -> EventKind {
+fn tool_call(
+    run_id: Uuid,
+    id: &str,
+    name: &str,
+    input: &Value,
+    disposition: Disposition,
+) -> EventKind {
     EventKind::ToolCall(ToolCallRecord {
         call_id: id.into(),
         name: name.into(),
@@ -186,15 +280,29 @@ pub async fn park_for_approval(log: &dyn EventLog, run_id: Uuid, calls: &[(&str,
 }
 
 /// Park the run at awaiting_approval for `calls`, its step offering `tools`.
-pub async fn park_for_approval_with_tools(log: &dyn EventLog, run_id: Uuid, calls: &[(&str, &str, Value)], tools: Vec<glia_proto::ToolSpec>) {
+pub async fn park_for_approval_with_tools(
+    log: &dyn EventLog,
+    run_id: Uuid,
+    calls: &[(&str, &str, Value)],
+    tools: Vec<glia_proto::ToolSpec>,
+) {
     let mut kinds = to_model_call_with(tools);
     kinds.push(tool_use_response(calls));
     for (id, name, input) in calls {
         kinds.push(tool_call(run_id, id, name, input, Disposition::Approval));
-        kinds.push(EventKind::ApprovalRequested { call_id: (*id).into(), tool: (*name).into(), input: input.clone(), args_hash: args_hash(input), expires_at: None, interrupted: false });
+        kinds.push(EventKind::ApprovalRequested {
+            call_id: (*id).into(),
+            tool: (*name).into(),
+            input: input.clone(),
+            args_hash: args_hash(input),
+            expires_at: None,
+            interrupted: false,
+        });
     }
     let ids = calls.iter().map(|(id, _, _)| (*id).to_owned()).collect();
-    kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingApproval { call_ids: ids } });
+    kinds.push(EventKind::SessionPause {
+        pull_point: PullPoint::AwaitingApproval { call_ids: ids },
+    });
     commit(log, run_id, kinds).await
 }
 
@@ -202,20 +310,59 @@ pub async fn park_for_approval_with_tools(log: &dyn EventLog, run_id: Uuid, call
 pub async fn park_for_tool(log: &dyn EventLog, run_id: Uuid) {
     let input = json!({"q": "weather"});
     let mut kinds = to_model_call();
-    kinds.push(tool_use_response(&[("ext1", "lookup", input.clone()), ("run1", "calc", json!({"x": 1}))]));
-    kinds.push(tool_call(run_id, "ext1", "lookup", &input, Disposition::External));
-    kinds.push(tool_call(run_id, "run1", "calc", &json!({"x": 1}), Disposition::Run { reminder: None }));
-    kinds.push(EventKind::ToolResult { call_id: "run1".into(), content: "1".into(), reminder: None, duration_ms: 1, redactions: Vec::new() });
-    kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingTool { call_ids: vec!["ext1".into()] } });
+    kinds.push(tool_use_response(&[
+        ("ext1", "lookup", input.clone()),
+        ("run1", "calc", json!({"x": 1})),
+    ]));
+    kinds.push(tool_call(
+        run_id,
+        "ext1",
+        "lookup",
+        &input,
+        Disposition::External,
+    ));
+    kinds.push(tool_call(
+        run_id,
+        "run1",
+        "calc",
+        &json!({"x": 1}),
+        Disposition::Run { reminder: None },
+    ));
+    kinds.push(EventKind::ToolResult {
+        call_id: "run1".into(),
+        content: "1".into(),
+        reminder: None,
+        duration_ms: 1,
+        redactions: Vec::new(),
+    });
+    kinds.push(EventKind::SessionPause {
+        pull_point: PullPoint::AwaitingTool {
+            call_ids: vec!["ext1".into()],
+        },
+    });
     commit(log, run_id, kinds).await
 }
 
 /// Park a conversational run at awaiting_input.
 pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
     let mut kinds = to_model_call();
-    kinds.push(EventKind::ModelResponse { redactions: Vec::new(), message: Message::assistant("Hello."), usage: Usage::default(), stop_reason: "end_turn".into(), duration_ms: 1, cost_usd_micros: 0, rejected: None });
-    kinds.push(EventKind::StepEnd { index: 0, answer: "Hello.".into(), skipped: false });
-    kinds.push(EventKind::SessionPause { pull_point: PullPoint::AwaitingInput });
+    kinds.push(EventKind::ModelResponse {
+        redactions: Vec::new(),
+        message: Message::assistant("Hello."),
+        usage: Usage::default(),
+        stop_reason: "end_turn".into(),
+        duration_ms: 1,
+        cost_usd_micros: 0,
+        rejected: None,
+    });
+    kinds.push(EventKind::StepEnd {
+        index: 0,
+        answer: "Hello.".into(),
+        skipped: false,
+    });
+    kinds.push(EventKind::SessionPause {
+        pull_point: PullPoint::AwaitingInput,
+    });
     commit(log, run_id, kinds).await
 }
 
@@ -223,18 +370,29 @@ pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
 pub async fn park_paused(log: &dyn EventLog, run_id: Uuid, budget: bool) {
     let mut kinds = Vec::new();
     let reason = if budget {
-        PauseReason::Budget { limit: Limit::Turns }
+        PauseReason::Budget {
+            limit: Limit::Turns,
+        }
     } else {
-        kinds.push(EventKind::SessionPauseRequested { reason: "look".into(), by: None });
-        PauseReason::Operator { reason: "look".into() }
+        kinds.push(EventKind::SessionPauseRequested {
+            reason: "look".into(),
+            by: None,
+        });
+        PauseReason::Operator {
+            reason: "look".into(),
+        }
     };
-    kinds.push(EventKind::SessionPause { pull_point: PullPoint::Paused { reason } });
+    kinds.push(EventKind::SessionPause {
+        pull_point: PullPoint::Paused { reason },
+    });
     commit(log, run_id, kinds).await
 }
 
 /// Finish a run from planning.
 pub async fn finish(log: &dyn EventLog, run_id: Uuid) {
-    let outcome = Outcome::Failed { error: "test".into() };
+    let outcome = Outcome::Failed {
+        error: "test".into(),
+    };
     commit(log, run_id, vec![EventKind::SessionComplete { outcome }]).await
 }
 
@@ -250,7 +408,14 @@ pub struct Snapshot {
 
 pub async fn snapshot(h: &H) -> Snapshot {
     use glia_backends::Ledger;
-    let runs = h.log.list_runs(&RunFilter { limit: 1000, ..Default::default() }).await.unwrap();
+    let runs = h
+        .log
+        .list_runs(&RunFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     let mut inboxes = Vec::new();
     let mut cancelled = Vec::new();
     for r in &runs {
@@ -292,20 +457,53 @@ impl Real {
         let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
         let name = format!("glia_dt_{}", Uuid::now_v7().simple());
         let db = glia_backends::testkit::TestDb::new().await;
-        let options = glia_backends::postgres::PgOptions { max_connections: 4, ..Default::default() };
+        let options = glia_backends::postgres::PgOptions {
+            max_connections: 4,
+            ..Default::default()
+        };
         let log = Arc::new(db.log_with(options).await);
         let amqp = env("GLIA_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
-        let queue = Arc::new(glia_backends::rabbitmq::RabbitQueue::connect(&amqp, glia_backends::rabbitmq::QueueOptions::new(&name)).await.expect("RabbitMQ"));
+        let queue = Arc::new(
+            glia_backends::rabbitmq::RabbitQueue::connect(
+                &amqp,
+                glia_backends::rabbitmq::QueueOptions::new(&name),
+            )
+            .await
+            .expect("RabbitMQ"),
+        );
         let redis = env("GLIA_REDIS_URL", "redis://127.0.0.1:6379");
-        let ledger = Arc::new(glia_backends::redis_ledger::RedisLedger::connect(&redis, &name).await.expect("Redis"));
-        let batches = glia_dispatcher::batches::BatchConfig { store: Some(log.clone()), admission: Default::default() };
-        let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth()).with_batches(batches);
+        let ledger = Arc::new(
+            glia_backends::redis_ledger::RedisLedger::connect(&redis, &name)
+                .await
+                .expect("Redis"),
+        );
+        let batches = glia_dispatcher::batches::BatchConfig {
+            store: Some(log.clone()),
+            admission: Default::default(),
+        };
+        let app =
+            App::new(log.clone(), queue.clone(), ledger.clone(), auth()).with_batches(batches);
         let router = glia_dispatcher::router(app.clone());
-        Real { app, router, log, queue, ledger, _keys: glia_backends::testkit::RedisKeys { url: redis, prefix: name }, _db: db }
+        Real {
+            app,
+            router,
+            log,
+            queue,
+            ledger,
+            _keys: glia_backends::testkit::RedisKeys {
+                url: redis,
+                prefix: name,
+            },
+            _db: db,
+        }
     }
 
     pub async fn post(&self, uri: &str, token: &str, body: Value) -> Reply {
-        send(&self.router, request(Method::POST, uri, Some(token), Some(&body))).await
+        send(
+            &self.router,
+            request(Method::POST, uri, Some(token), Some(&body)),
+        )
+        .await
     }
 
     pub async fn get(&self, uri: &str, token: &str) -> Reply {
@@ -324,4 +522,3 @@ impl Real {
         r.body["run_id"].as_str().unwrap().parse().unwrap()
     }
 }
-

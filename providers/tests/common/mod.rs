@@ -22,7 +22,9 @@ pub fn chunked(bytes: &[u8], cuts: &[usize]) -> ByteStream<'static> {
     let mut at = 0;
     for &c in cuts.iter().chain(std::iter::once(&bytes.len())) {
         if c > at {
-            chunks.push(Ok::<Bytes, CallError>(Bytes::copy_from_slice(&bytes[at..c])));
+            chunks.push(Ok::<Bytes, CallError>(Bytes::copy_from_slice(
+                &bytes[at..c],
+            )));
             at = c;
         }
     }
@@ -42,7 +44,13 @@ impl Deltas {
 
     /// The concatenated deltas of `channel`.
     pub fn joined(&self, channel: &str) -> String {
-        self.0.lock().unwrap().iter().filter(|(c, _)| c == channel).map(|(_, d)| d.as_str()).collect()
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(c, _)| c == channel)
+            .map(|(_, d)| d.as_str())
+            .collect()
     }
 }
 
@@ -58,7 +66,10 @@ pub struct StepClock {
 
 impl StepClock {
     pub fn at(now_ms: u64) -> Arc<Self> {
-        Arc::new(StepClock { now: AtomicU64::new(now_ms), sleeps: Mutex::new(Vec::new()) })
+        Arc::new(StepClock {
+            now: AtomicU64::new(now_ms),
+            sleeps: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn sleeps(&self) -> Vec<Duration> {
@@ -73,7 +84,8 @@ impl Clock for StepClock {
 
     fn sleep(&self, d: Duration) -> BoxFuture<'static, ()> {
         self.sleeps.lock().unwrap().push(d);
-        self.now.fetch_add(u64::try_from(d.as_millis()).unwrap(), Ordering::SeqCst);
+        self.now
+            .fetch_add(u64::try_from(d.as_millis()).unwrap(), Ordering::SeqCst);
         Box::pin(async {})
     }
 }
@@ -87,7 +99,11 @@ pub struct ScaledClock {
 
 impl ScaledClock {
     pub fn new(start_ms: u64, factor: u32) -> Arc<Self> {
-        Arc::new(ScaledClock { start: Instant::now(), start_ms, factor })
+        Arc::new(ScaledClock {
+            start: Instant::now(),
+            start_ms,
+            factor,
+        })
     }
 }
 
@@ -103,7 +119,18 @@ impl Clock for ScaledClock {
 
 /// A tool spec with an object schema.
 pub fn tool(name: &str, schema: Value) -> ToolSpec {
-    ToolSpec { name: name.into(), description: format!("The {name} tool."), input_schema: schema, idempotent: false, timeout_ms: 30_000, external: false, return_direct: false, cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS, source: None, policy: None }
+    ToolSpec {
+        name: name.into(),
+        description: format!("The {name} tool."),
+        input_schema: schema,
+        idempotent: false,
+        timeout_ms: 30_000,
+        external: false,
+        return_direct: false,
+        cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+        source: None,
+        policy: None,
+    }
 }
 
 /// A plain request: system prompt, one user message, one tool.
@@ -112,7 +139,10 @@ pub fn request(model: &str) -> ModelRequest {
         model: model.into(),
         system: "You are a support agent.".into(),
         messages: vec![Message::user("Where is order A1?")],
-        tools: vec![tool("lookup_order", json!({"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}))],
+        tools: vec![tool(
+            "lookup_order",
+            json!({"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}),
+        )],
         tool_choice: ToolChoice::Auto,
         max_tokens: 1024,
     }

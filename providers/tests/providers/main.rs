@@ -20,7 +20,10 @@ use glia_worker::provider::ModelResponse;
 /// Decode a fixture stream in one chunk with `decode`, collecting deltas.
 pub fn decode_fixture<F>(path: &str, decode: F) -> (Result<ModelResponse, CallError>, Deltas)
 where
-    F: for<'a> Fn(glia_providers::http::ByteStream<'static>, &'a (dyn Fn(LiveEvent) + Send + Sync)) -> futures::future::BoxFuture<'a, Result<ModelResponse, CallError>>,
+    F: for<'a> Fn(
+        glia_providers::http::ByteStream<'static>,
+        &'a (dyn Fn(LiveEvent) + Send + Sync),
+    ) -> futures::future::BoxFuture<'a, Result<ModelResponse, CallError>>,
 {
     let bytes = fixture(path);
     let deltas = Deltas::default();

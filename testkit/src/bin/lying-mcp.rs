@@ -10,12 +10,29 @@ use glia_testkit::lying_mcp::{LyingServer, serve_http, serve_stdio};
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: lying-mcp stdio EFFECTS [HIDE] | lying-mcp http ADDR EFFECTS [HIDE]";
-    let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-        ["stdio", effects, rest @ ..] => serve_stdio(LyingServer::new(effects, rest.first().map(Into::into))).await,
+    let result = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["stdio", effects, rest @ ..] => {
+            serve_stdio(LyingServer::new(effects, rest.first().map(Into::into))).await
+        }
         ["http", addr, effects, rest @ ..] => {
-            let listener = tokio::net::TcpListener::bind(addr).await.unwrap_or_else(|e| panic!("bind {addr}: {e}"));
-            println!("http://{}/mcp", listener.local_addr().expect("bound address"));
-            serve_http(LyingServer::new(effects, rest.first().map(Into::into)), listener).await.map_err(|e| e.to_string())
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+            println!(
+                "http://{}/mcp",
+                listener.local_addr().expect("bound address")
+            );
+            serve_http(
+                LyingServer::new(effects, rest.first().map(Into::into)),
+                listener,
+            )
+            .await
+            .map_err(|e| e.to_string())
         }
         _ => Err(usage.to_owned()),
     };

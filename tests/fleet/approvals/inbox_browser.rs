@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use glia_testkit::fleet::{Fleet, free_port};
 use fantoccini::{Client, ClientBuilder, Locator};
+use glia_testkit::fleet::{Fleet, free_port};
 use serde_json::{Value, json};
 
 const TOKEN_A: &str = "inbox-tok-a";
@@ -56,8 +56,15 @@ impl Driver {
             .stderr(Stdio::null())
             .spawn()
             .expect("chromedriver starts");
-        let profile = std::env::temp_dir().join(format!("glia-inbox-chrome-{}", uuid::Uuid::now_v7().simple()));
-        Driver { child, port, profile }
+        let profile = std::env::temp_dir().join(format!(
+            "glia-inbox-chrome-{}",
+            uuid::Uuid::now_v7().simple()
+        ));
+        Driver {
+            child,
+            port,
+            profile,
+        }
     }
 
     async fn client(&self) -> Client {
@@ -77,7 +84,11 @@ impl Driver {
         let url = format!("http://127.0.0.1:{}", self.port);
         let deadline = Instant::now() + WAIT;
         loop {
-            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new()).capabilities(caps.clone()).connect(&url).await {
+            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
                 Ok(c) => return c,
                 Err(e) if Instant::now() < deadline => {
                     let _ = e;
@@ -104,31 +115,64 @@ struct Api {
 }
 
 impl Api {
-    async fn call(&self, method: reqwest::Method, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.server)).bearer_auth(token);
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.server))
+            .bearer_auth(token);
         if let Some(b) = body {
             req = req.json(&b);
         }
         let resp = req.send().await.expect("dispatcher answers");
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     async fn submit(&self, token: &str, script: &str) -> String {
-        let (s, b) = self.call(reqwest::Method::POST, "/v1/runs", token, Some(json!({"goal": format!("Refund for {script}"), "config": config(script)}))).await;
+        let (s, b) = self
+            .call(
+                reqwest::Method::POST,
+                "/v1/runs",
+                token,
+                Some(json!({"goal": format!("Refund for {script}"), "config": config(script)})),
+            )
+            .await;
         assert_eq!(s, 201, "{b}");
         b["run_id"].as_str().unwrap().to_owned()
     }
 
     async fn run(&self, run_id: &str) -> Value {
-        let (s, b) = self.call(reqwest::Method::GET, &format!("/v1/runs/{run_id}"), TOKEN_A, None).await;
+        let (s, b) = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/runs/{run_id}"),
+                TOKEN_A,
+                None,
+            )
+            .await;
         assert_eq!(s, 200, "{b}");
         b
     }
 
     async fn events(&self, run_id: &str) -> Vec<Value> {
-        let (s, b) = self.call(reqwest::Method::GET, &format!("/v1/runs/{run_id}/events?limit=1000"), TOKEN_A, None).await;
+        let (s, b) = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/runs/{run_id}/events?limit=1000"),
+                TOKEN_A,
+                None,
+            )
+            .await;
         assert_eq!(s, 200, "{b}");
         b["events"].as_array().cloned().unwrap_or_default()
     }
@@ -140,7 +184,10 @@ impl Api {
             if run["status"] == "done" {
                 return run;
             }
-            assert!(Instant::now() < deadline, "run {run_id} did not finish: {run}");
+            assert!(
+                Instant::now() < deadline,
+                "run {run_id} did not finish: {run}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -191,9 +238,22 @@ async fn text(c: &Client, css: &str) -> String {
 
 async fn sign_in(c: &Client, server: &str, token: &str) {
     c.goto(&format!("{server}/inbox/login")).await.unwrap();
-    c.find(Locator::Id("token")).await.unwrap().send_keys(token).await.unwrap();
-    c.find(Locator::Id("sign-in")).await.unwrap().click().await.unwrap();
-    until("the queue after sign-in", || async { c.current_url().await.is_ok_and(|u| u.path() == "/inbox") }).await;
+    c.find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(token)
+        .await
+        .unwrap();
+    c.find(Locator::Id("sign-in"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until("the queue after sign-in", || async {
+        c.current_url().await.is_ok_and(|u| u.path() == "/inbox")
+    })
+    .await;
 }
 
 fn screenshots_dir() -> PathBuf {
@@ -206,7 +266,10 @@ fn screenshots_dir() -> PathBuf {
 /// dispatcher: what a cross-site request forgery would look like.
 fn attacker_page(target: String, item: String) -> (String, std::thread::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://127.0.0.1:{}/", listener.local_addr().unwrap().port());
+    let url = format!(
+        "http://127.0.0.1:{}/",
+        listener.local_addr().unwrap().port()
+    );
     let page = format!(
         "<!doctype html><form id=f method=post action=\"{target}/inbox/decide\"><input name=decision value=approve>\
          <input name=item value=\"{item}\"><button id=go type=submit>win a prize</button></form>"
@@ -218,7 +281,11 @@ fn attacker_page(target: String, item: String) -> (String, std::thread::JoinHand
             let Ok(mut s) = stream else { continue };
             let mut buf = [0u8; 4096];
             let _ = s.read(&mut buf);
-            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}", page.len());
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                page.len()
+            );
         }
     });
     (url, handle)
@@ -227,17 +294,35 @@ fn attacker_page(target: String, item: String) -> (String, std::thread::JoinHand
 #[test]
 fn the_inbox_in_a_real_browser() {
     let mut fleet = Fleet::new(&[
-        ("refund", json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}])),
-        ("xss", json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": XSS}}]}, {"text": "Done."}])),
+        (
+            "refund",
+            json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]),
+        ),
+        (
+            "xss",
+            json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": XSS}}]}, {"text": "Done."}]),
+        ),
     ]);
-    fleet.extra_env.push(("GLIA_TOKENS".into(), format!("{TOKEN_A}:acme:submit,approve:ana@acme {TOKEN_B}:globex:submit,approve:bob@globex")));
+    fleet.extra_env.push((
+        "GLIA_TOKENS".into(),
+        format!(
+            "{TOKEN_A}:acme:submit,approve:ana@acme {TOKEN_B}:globex:submit,approve:bob@globex"
+        ),
+    ));
     fleet.start_dispatcher();
     fleet.start_worker(5000);
     let server = fleet.server.clone();
     let driver = Driver::start();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
-        let api = Api { server: server.clone(), http: reqwest::Client::new() };
+        let api = Api {
+            server: server.clone(),
+            http: reqwest::Client::new(),
+        };
         let c = driver.client().await;
 
         // Without a session every page sends you to sign in.
@@ -249,60 +334,173 @@ fn the_inbox_in_a_real_browser() {
 
         // A new approval appears without reloading the page.
         let edited = api.submit(TOKEN_A, "refund").await;
-        until("the new approval in the queue", || async { count(&c, "tr.item").await == 1 }).await;
+        until("the new approval in the queue", || async {
+            count(&c, "tr.item").await == 1
+        })
+        .await;
         assert!(text(&c, "tr.item td.tool").await.contains("refund_order"));
-        assert!(text(&c, "tr.item td.goal").await.contains("Refund for refund"));
-        std::fs::write(screenshots_dir().join("inbox-queue.png"), c.screenshot().await.unwrap()).unwrap();
+        assert!(
+            text(&c, "tr.item td.goal")
+                .await
+                .contains("Refund for refund")
+        );
+        std::fs::write(
+            screenshots_dir().join("inbox-queue.png"),
+            c.screenshot().await.unwrap(),
+        )
+        .unwrap();
 
         // Its page: context and arguments; edit them and approve.
-        c.find(Locator::Css("tr.item td.args a")).await.unwrap().click().await.unwrap();
-        until("the approval page", || async { count(&c, "#args").await == 1 }).await;
+        c.find(Locator::Css("tr.item td.args a"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        until("the approval page", || async {
+            count(&c, "#args").await == 1
+        })
+        .await;
         assert!(text(&c, "#args").await.contains("\"order_id\": \"A1\""));
         assert!(text(&c, "#goal").await.contains("Refund for refund"));
-        std::fs::write(screenshots_dir().join("inbox-detail.png"), c.screenshot().await.unwrap()).unwrap();
-        c.find(Locator::Css("details summary")).await.unwrap().click().await.unwrap();
+        std::fs::write(
+            screenshots_dir().join("inbox-detail.png"),
+            c.screenshot().await.unwrap(),
+        )
+        .unwrap();
+        c.find(Locator::Css("details summary"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         // Arguments that break the tool's schema are refused before anything is posted.
         let area = c.find(Locator::Id("edit-input")).await.unwrap();
         area.clear().await.unwrap();
         area.send_keys(r#"{"order_id": 7}"#).await.unwrap();
-        c.find(Locator::Id("preview")).await.unwrap().click().await.unwrap();
-        until("the schema error", || async { count(&c, "#error").await == 1 }).await;
-        assert!(text(&c, "#error").await.contains("schema"), "{}", text(&c, "#error").await);
-        assert_eq!(api.run(&edited).await["status"], "parked", "nothing was posted");
+        c.find(Locator::Id("preview"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        until("the schema error", || async {
+            count(&c, "#error").await == 1
+        })
+        .await;
+        assert!(
+            text(&c, "#error").await.contains("schema"),
+            "{}",
+            text(&c, "#error").await
+        );
+        assert_eq!(
+            api.run(&edited).await["status"],
+            "parked",
+            "nothing was posted"
+        );
         c.back().await.unwrap();
-        until("the approval page again", || async { count(&c, "#edit-input").await == 1 }).await;
-        if !c.find(Locator::Id("edit-input")).await.unwrap().is_displayed().await.unwrap() {
-            c.find(Locator::Css("details summary")).await.unwrap().click().await.unwrap();
+        until("the approval page again", || async {
+            count(&c, "#edit-input").await == 1
+        })
+        .await;
+        if !c
+            .find(Locator::Id("edit-input"))
+            .await
+            .unwrap()
+            .is_displayed()
+            .await
+            .unwrap()
+        {
+            c.find(Locator::Css("details summary"))
+                .await
+                .unwrap()
+                .click()
+                .await
+                .unwrap();
         }
         let area = c.find(Locator::Id("edit-input")).await.unwrap();
         area.clear().await.unwrap();
         area.send_keys(r#"{"order_id": "A2"}"#).await.unwrap();
-        c.find(Locator::Id("preview")).await.unwrap().click().await.unwrap();
+        c.find(Locator::Id("preview"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         until("the diff", || async { count(&c, "#diff").await == 1 }).await;
-        assert!(text(&c, "#diff .dadd").await.contains("A2") && text(&c, "#diff .ddel").await.contains("A1"));
-        c.find(Locator::Id("confirm")).await.unwrap().click().await.unwrap();
+        assert!(
+            text(&c, "#diff .dadd").await.contains("A2")
+                && text(&c, "#diff .ddel").await.contains("A1")
+        );
+        c.find(Locator::Id("confirm"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         // The run continues in its page (which refreshes itself).
-        until("the run page showing the run done", || async { count(&c, "#status").await == 1 && text(&c, "#status").await == "done" }).await;
+        until("the run page showing the run done", || async {
+            count(&c, "#status").await == 1 && text(&c, "#status").await == "done"
+        })
+        .await;
         assert!(count(&c, "tr.ev[data-type='tool.result']").await >= 1);
         let events = api.events(&edited).await;
-        let resolved = events.iter().find(|e| e["type"] == "approval.resolved").expect("resolved");
-        assert_eq!(resolved["data"]["decision"], json!({"kind": "edit", "input": {"order_id": "A2"}}));
-        assert_eq!(resolved["data"]["by"], "ana@acme", "the token's principal is recorded as the decider");
+        let resolved = events
+            .iter()
+            .find(|e| e["type"] == "approval.resolved")
+            .expect("resolved");
+        assert_eq!(
+            resolved["data"]["decision"],
+            json!({"kind": "edit", "input": {"order_id": "A2"}})
+        );
+        assert_eq!(
+            resolved["data"]["by"], "ana@acme",
+            "the token's principal is recorded as the decider"
+        );
 
         // Reject with a reason the model sees.
         let rejected = api.submit(TOKEN_A, "refund").await;
         api.wait_parked(&rejected).await;
         c.goto(&format!("{server}/inbox")).await.unwrap();
-        until("the second approval", || async { count(&c, "tr.item").await == 1 }).await;
-        c.find(Locator::Css("tr.item td.args a")).await.unwrap().click().await.unwrap();
-        until("the approval page", || async { count(&c, "#reason").await == 1 }).await;
-        c.find(Locator::Id("reason")).await.unwrap().send_keys("order A1 was already refunded").await.unwrap();
-        c.find(Locator::Id("reject")).await.unwrap().click().await.unwrap();
+        until("the second approval", || async {
+            count(&c, "tr.item").await == 1
+        })
+        .await;
+        c.find(Locator::Css("tr.item td.args a"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        until("the approval page", || async {
+            count(&c, "#reason").await == 1
+        })
+        .await;
+        c.find(Locator::Id("reason"))
+            .await
+            .unwrap()
+            .send_keys("order A1 was already refunded")
+            .await
+            .unwrap();
+        c.find(Locator::Id("reject"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         api.wait_done(&rejected).await;
         let events = api.events(&rejected).await;
-        let error = events.iter().find(|e| e["type"] == "tool.error").expect("the model got the rejection");
+        let error = events
+            .iter()
+            .find(|e| e["type"] == "tool.error")
+            .expect("the model got the rejection");
         assert_eq!(error["data"]["error"], "rejected");
-        assert!(error["data"]["message"].as_str().unwrap().contains("order A1 was already refunded"));
+        assert!(
+            error["data"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("order A1 was already refunded")
+        );
 
         // Bulk: five approvals, selected at once, approved at once.
         let mut five = Vec::new();
@@ -310,39 +508,101 @@ fn the_inbox_in_a_real_browser() {
             five.push(api.submit(TOKEN_A, "refund").await);
         }
         c.goto(&format!("{server}/inbox")).await.unwrap();
-        until("five approvals in the queue", || async { count(&c, "tr.item").await == 5 }).await;
-        c.find(Locator::Id("select-all")).await.unwrap().click().await.unwrap();
-        c.find(Locator::Id("bulk-approve")).await.unwrap().click().await.unwrap();
+        until("five approvals in the queue", || async {
+            count(&c, "tr.item").await == 5
+        })
+        .await;
+        c.find(Locator::Id("select-all"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        c.find(Locator::Id("bulk-approve"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         for run in &five {
             api.wait_done(run).await;
         }
-        until("decided approvals leave the queue", || async { count(&c, "tr.item").await == 0 }).await;
+        until("decided approvals leave the queue", || async {
+            count(&c, "tr.item").await == 0
+        })
+        .await;
 
         // Untrusted text renders as text.
         let xss = api.submit(TOKEN_A, "xss").await;
-        until("the xss approval", || async { count(&c, "tr.item").await == 1 }).await;
-        assert!(text(&c, "tr.item td.args").await.contains("<script>window.__pwned=1</script>"));
+        until("the xss approval", || async {
+            count(&c, "tr.item").await == 1
+        })
+        .await;
+        assert!(
+            text(&c, "tr.item td.args")
+                .await
+                .contains("<script>window.__pwned=1</script>")
+        );
         assert_eq!(count(&c, "tr.item img").await, 0);
-        c.find(Locator::Css("tr.item td.args a")).await.unwrap().click().await.unwrap();
-        until("the approval page", || async { count(&c, "#args").await == 1 }).await;
+        c.find(Locator::Css("tr.item td.args a"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        until("the approval page", || async {
+            count(&c, "#args").await == 1
+        })
+        .await;
         assert!(text(&c, "#args").await.contains("onerror"));
         assert_eq!(count(&c, "#args img, #args script").await, 0);
-        assert_eq!(c.execute("return window.__pwned === undefined", vec![]).await.unwrap(), json!(true), "no injected script ran");
+        assert_eq!(
+            c.execute("return window.__pwned === undefined", vec![])
+                .await
+                .unwrap(),
+            json!(true),
+            "no injected script ran"
+        );
 
         // A cross-site form post is refused, and nothing is decided.
         let (row,) = {
-            let (s, b) = api.call(reqwest::Method::GET, &format!("/v1/approvals?run_id={xss}"), TOKEN_A, None).await;
+            let (s, b) = api
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/approvals?run_id={xss}"),
+                    TOKEN_A,
+                    None,
+                )
+                .await;
             assert_eq!(s, 200);
             (b["approvals"][0].clone(),)
         };
-        let item = format!("{} {} {}", xss, row["call_id"].as_str().unwrap(), row["args_hash"].as_str().unwrap());
+        let item = format!(
+            "{} {} {}",
+            xss,
+            row["call_id"].as_str().unwrap(),
+            row["args_hash"].as_str().unwrap()
+        );
         let (evil, evil_thread) = attacker_page(server.clone(), item);
         c.goto(&evil).await.unwrap();
-        c.find(Locator::Id("go")).await.unwrap().click().await.unwrap();
+        c.find(Locator::Id("go"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         until("the refusal", || async { count(&c, "#error").await == 1 }).await;
-        assert!(text(&c, "#error").await.contains("cross-site"), "{}", text(&c, "#error").await);
+        assert!(
+            text(&c, "#error").await.contains("cross-site"),
+            "{}",
+            text(&c, "#error").await
+        );
         drop(evil_thread); // it stops after two requests, or with the test process
-        assert_eq!(api.run(&xss).await["status"], "parked", "the forged decision was not posted");
+        assert_eq!(
+            api.run(&xss).await["status"],
+            "parked",
+            "the forged decision was not posted"
+        );
 
         // History, from the event log.
         c.goto(&format!("{server}/inbox/history")).await.unwrap();
@@ -350,19 +610,53 @@ fn the_inbox_in_a_real_browser() {
         assert_eq!(count(&c, "tr.rec.edited").await, 1);
         assert_eq!(count(&c, "tr.rec.rejected").await, 1);
         assert_eq!(count(&c, "tr.rec.approved").await, 5);
-        assert!(text(&c, "tr.rec.rejected").await.contains("order A1 was already refunded"));
+        assert!(
+            text(&c, "tr.rec.rejected")
+                .await
+                .contains("order A1 was already refunded")
+        );
         assert!(text(&c, "tr.rec.edited td.by").await.contains("ana@acme"));
-        let csv = c.execute("return fetch(document.getElementById('csv').href).then(r => r.text())", vec![]).await.unwrap();
-        assert!(csv.as_str().unwrap().starts_with("run_id,call_id,tool"), "{csv}");
+        let csv = c
+            .execute(
+                "return fetch(document.getElementById('csv').href).then(r => r.text())",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert!(
+            csv.as_str().unwrap().starts_with("run_id,call_id,tool"),
+            "{csv}"
+        );
 
         // Another tenant sees none of it.
-        c.find(Locator::Css("form.logout button")).await.unwrap().click().await.unwrap();
-        until("the sign-in page", || async { c.current_url().await.is_ok_and(|u| u.path() == "/inbox/login") }).await;
+        c.find(Locator::Css("form.logout button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        until("the sign-in page", || async {
+            c.current_url()
+                .await
+                .is_ok_and(|u| u.path() == "/inbox/login")
+        })
+        .await;
         sign_in(&c, &server, TOKEN_B).await;
-        assert_eq!(count(&c, "tr.item").await, 0, "acme's pending approval is not in globex's queue");
-        c.goto(&format!("{server}/inbox/runs/{xss}/calls/{}", row["call_id"].as_str().unwrap())).await.unwrap();
+        assert_eq!(
+            count(&c, "tr.item").await,
+            0,
+            "acme's pending approval is not in globex's queue"
+        );
+        c.goto(&format!(
+            "{server}/inbox/runs/{xss}/calls/{}",
+            row["call_id"].as_str().unwrap()
+        ))
+        .await
+        .unwrap();
         assert!(text(&c, "#error").await.contains("not found"));
-        c.goto(&format!("{server}/inbox/runs/{edited}")).await.unwrap();
+        c.goto(&format!("{server}/inbox/runs/{edited}"))
+            .await
+            .unwrap();
         assert!(text(&c, "#error").await.contains("not found"));
         c.goto(&format!("{server}/inbox/history")).await.unwrap();
         assert_eq!(count(&c, "tr.rec").await, 0);

@@ -31,7 +31,10 @@ struct Outage {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 /// Wait until the batch is under way (a run is done), stop the node, keep it
@@ -40,7 +43,10 @@ fn restart_mid_batch(api: &Api, broker: &Mutex<PrivateRabbit>) -> Outage {
     let rt = runtime();
     let deadline = Instant::now() + Duration::from_secs(60);
     while api.done_runs() == 0 {
-        assert!(Instant::now() < deadline, "no run finished within 60s of the batch starting");
+        assert!(
+            Instant::now() < deadline,
+            "no run finished within 60s of the batch starting"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let relay_errors_before = api.metric("glia_dispatcher_relay_errors_total");
@@ -48,26 +54,42 @@ fn restart_mid_batch(api: &Api, broker: &Mutex<PrivateRabbit>) -> Outage {
     let stopping = Instant::now();
     rt.block_on(broker.stop());
     let done_while_down = api.done_runs();
-    eprintln!("private node stopped in {:?} with {done_while_down} runs done", stopping.elapsed());
+    eprintln!(
+        "private node stopped in {:?} with {done_while_down} runs done",
+        stopping.elapsed()
+    );
 
     // Admission needs only Postgres: these get 201 and their jobs wait in
     // the outbox until the broker is back.
-    let submitted_while_down: Vec<(String, String)> =
-        KINDS.iter().enumerate().map(|(i, kind)| (kind.to_string(), submit_kind(api, kind, 1000 + i))).collect();
+    let submitted_while_down: Vec<(String, String)> = KINDS
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| (kind.to_string(), submit_kind(api, kind, 1000 + i)))
+        .collect();
     std::thread::sleep(DOWN_FOR);
 
     let starting = Instant::now();
     broker.start().expect("spawn rabbitmq-server again");
     rt.block_on(broker.wait_ready(Duration::from_secs(120)));
-    eprintln!("private node serving again {:?} after the start, {:?} after the stop", starting.elapsed(), stopping.elapsed());
-    Outage { done_while_down, submitted_while_down, relay_errors_before }
+    eprintln!(
+        "private node serving again {:?} after the start, {:?} after the stop",
+        starting.elapsed(),
+        stopping.elapsed()
+    );
+    Outage {
+        done_while_down,
+        submitted_while_down,
+        relay_errors_before,
+    }
 }
 
 #[test]
 fn rabbitmq_restarted_mid_batch() {
     let started = Instant::now();
     let Some(broker) = PrivateRabbit::new() else {
-        eprintln!("\n!!!!!!!! SKIPPED rabbitmq_restarted_mid_batch: no rabbitmq-server script found !!!!!!!!\n");
+        eprintln!(
+            "\n!!!!!!!! SKIPPED rabbitmq_restarted_mid_batch: no rabbitmq-server script found !!!!!!!!\n"
+        );
         return;
     };
     // Declared before the fleet, so dropped after its processes are killed.
@@ -76,7 +98,12 @@ fn rabbitmq_restarted_mid_batch() {
         let mut b = broker.lock().unwrap();
         b.start().expect("spawn rabbitmq-server");
         runtime().block_on(b.wait_ready(Duration::from_secs(120)));
-        eprintln!("private node {} on port {} ready after {:?}", b.node(), b.port(), started.elapsed());
+        eprintln!(
+            "private node {} on port {} ready after {:?}",
+            b.node(),
+            b.port(),
+            started.elapsed()
+        );
     }
 
     let mut fleet = Fleet::new(&mixed_scripts());
@@ -90,28 +117,51 @@ fn rabbitmq_restarted_mid_batch() {
     let (results, outage) = std::thread::scope(|s| {
         let restarter = s.spawn(|| restart_mid_batch(&fleet.api, &broker));
         let results = batch(&fleet, n, deadline);
-        let outage = restarter.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let outage = restarter
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (results, outage)
     });
-    assert!(outage.done_while_down < n, "the node was stopped mid-batch ({} of {n} done)", outage.done_while_down);
+    assert!(
+        outage.done_while_down < n,
+        "the node was stopped mid-batch ({} of {n} done)",
+        outage.done_while_down
+    );
 
     let late = drive_all(&fleet, &outage.submitted_while_down, deadline);
     let all: Vec<_> = results.into_iter().chain(late).collect();
     assert_eq!(all.len(), n + KINDS.len());
     let refunds = check_batch(&fleet, &all);
     let approval_runs = all.iter().filter(|(k, _, _)| k == "approval").count();
-    assert_eq!(refunds.len(), approval_runs, "no worker crashed: every approved refund ran exactly once");
+    assert_eq!(
+        refunds.len(),
+        approval_runs,
+        "no worker crashed: every approved refund ran exactly once"
+    );
 
     // Jobs were published while the node was down, and failed: the relay
     // retried them after the restart.
     let relay_errors = fleet.metric("glia_dispatcher_relay_errors_total");
-    assert!(relay_errors > outage.relay_errors_before, "relay errors {} → {relay_errors}", outage.relay_errors_before);
+    assert!(
+        relay_errors > outage.relay_errors_before,
+        "relay errors {} → {relay_errors}",
+        outage.relay_errors_before
+    );
     // The same processes carried on: none died, and both workers consume
     // from the restarted node again.
     for (i, w) in fleet.workers.iter_mut().enumerate() {
         assert!(w.try_wait().unwrap().is_none(), "worker {i} exited");
     }
-    assert!(fleet.dispatcher.as_mut().unwrap().try_wait().unwrap().is_none(), "the dispatcher exited");
+    assert!(
+        fleet
+            .dispatcher
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .unwrap()
+            .is_none(),
+        "the dispatcher exited"
+    );
     let rt = runtime();
     let b = broker.lock().unwrap();
     let consumers_deadline = Instant::now() + Duration::from_secs(60);
@@ -120,7 +170,10 @@ fn rabbitmq_restarted_mid_batch() {
         if stats.as_ref().is_ok_and(|s| s.consumers == 2) {
             break;
         }
-        assert!(Instant::now() < consumers_deadline, "both workers consume again: {stats:?}");
+        assert!(
+            Instant::now() < consumers_deadline,
+            "both workers consume again: {stats:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(b);

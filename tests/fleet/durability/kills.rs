@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use glia_testkit::fleet::*;
 use glia_proto::EventKind;
+use glia_testkit::fleet::*;
 use serde_json::{Value, json};
 
 #[test]
@@ -21,18 +21,30 @@ fn fifty_mixed_runs_on_a_dispatcher_and_two_worker_processes() {
     let results = batch(&fleet, 50, Instant::now() + Duration::from_secs(120));
     assert_eq!(results.len(), 50);
     let refunds = check_batch(&fleet, &results);
-    assert_eq!(refunds.len(), 10, "no crash: every approved refund ran exactly once");
+    assert_eq!(
+        refunds.len(),
+        10,
+        "no crash: every approved refund ran exactly once"
+    );
     // Conversational runs got their reply and were closed.
     let chat = results.iter().find(|(k, _, _)| k == "chat").unwrap();
     let events = check_log(&fleet, &chat.1);
-    assert_eq!(events.iter().filter(|e| matches!(e.kind, EventKind::InputReceived { .. })).count(), 1);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::InputReceived { .. }))
+            .count(),
+        1
+    );
 }
 
 #[test]
 fn workers_killed_with_sigkill_mid_batch() {
     let mut fleet = Fleet::new(&mixed_scripts());
     // Refunds take a while, so kills land before, during and after tools.
-    fleet.extra_env.push(("GLIA_DEMO_TOOL_DELAY_MS".into(), "150".into()));
+    fleet
+        .extra_env
+        .push(("GLIA_DEMO_TOOL_DELAY_MS".into(), "150".into()));
     fleet.start_dispatcher();
     let lease_ms = 1_500;
     fleet.start_worker(lease_ms);
@@ -49,7 +61,10 @@ fn workers_killed_with_sigkill_mid_batch() {
                 seed ^= seed >> 17;
                 seed ^= seed << 5;
                 std::thread::sleep(Duration::from_millis(150 + u64::from(seed % 400)));
-                fleet.lock().unwrap().kill_and_replace_worker((seed % 2) as usize, lease_ms);
+                fleet
+                    .lock()
+                    .unwrap()
+                    .kill_and_replace_worker((seed % 2) as usize, lease_ms);
                 kills += 1;
             }
             kills
@@ -87,7 +102,10 @@ fn redis_keys_flushed_mid_batch() {
     // Budgets come from the log: every budget run paused exactly once at its limit.
     for (kind, run_id, _) in results.iter().filter(|(k, _, _)| k == "budget") {
         let events = check_log(&fleet, run_id);
-        let warns = events.iter().filter(|e| matches!(e.kind, EventKind::BudgetWarn { .. })).count();
+        let warns = events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::BudgetWarn { .. }))
+            .count();
         assert_eq!(warns, 1, "{kind} run {run_id}");
     }
 }
@@ -99,18 +117,29 @@ fn duplicate_and_stale_jobs_change_nothing() {
     fleet.start_worker(30_000);
     let results = batch(&fleet, 5, Instant::now() + Duration::from_secs(60));
     check_batch(&fleet, &results);
-    let before: Vec<usize> = results.iter().map(|(_, id, _)| fleet.events(id).len()).collect();
+    let before: Vec<usize> = results
+        .iter()
+        .map(|(_, id, _)| fleet.events(id).len())
+        .collect();
     // Publish, straight to the broker, every run's first job (stale) and a
     // job for its current head, twice.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         use glia_backends::JobQueue;
-        let queue = glia_backends::rabbitmq::RabbitQueue::connect(&fleet.amqp_url, glia_backends::rabbitmq::QueueOptions::new(fleet.name.clone())).await.unwrap();
+        let queue = glia_backends::rabbitmq::RabbitQueue::connect(
+            &fleet.amqp_url,
+            glia_backends::rabbitmq::QueueOptions::new(fleet.name.clone()),
+        )
+        .await
+        .unwrap();
         for (_, id, run) in &results {
             let run_id = id.parse().unwrap();
             let head = run["head_seq"].as_u64().unwrap();
             for head_seq in [1, head, head] {
-                queue.publish(&glia_backends::Job::start(run_id, head_seq)).await.unwrap();
+                queue
+                    .publish(&glia_backends::Job::start(run_id, head_seq))
+                    .await
+                    .unwrap();
             }
         }
     });
@@ -119,7 +148,10 @@ fn duplicate_and_stale_jobs_change_nothing() {
     // has taken every stale job. No sleep stands in for that.
     let sentinel = submit_kind(&fleet, "plain", 99);
     drive(&fleet, &sentinel, Instant::now() + Duration::from_secs(60));
-    let after: Vec<usize> = results.iter().map(|(_, id, _)| fleet.events(id).len()).collect();
+    let after: Vec<usize> = results
+        .iter()
+        .map(|(_, id, _)| fleet.events(id).len())
+        .collect();
     assert_eq!(before, after);
 }
 
@@ -132,9 +164,14 @@ struct Sql {
 
 impl Sql {
     fn connect(url: &str) -> Sql {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let client = rt.block_on(async {
-            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
             tokio::spawn(connection);
             client
         });
@@ -142,7 +179,9 @@ impl Sql {
     }
 
     fn rows(&self, sql: &str) -> Vec<tokio_postgres::Row> {
-        self.rt.block_on(self.client.query(sql, &[])).unwrap_or_else(|e| panic!("{sql}: {e}"))
+        self.rt
+            .block_on(self.client.query(sql, &[]))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
     fn exec(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
@@ -178,11 +217,17 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
     let mut script: Vec<Value> = (0..turns).map(|i| json!({"tool_calls": [{"name": "calculator", "input": {"op": "add", "a": i, "b": 1}}]})).collect();
     script.push(json!({"text": "done"}));
     let mut fleet = Fleet::new(&[("long", Value::Array(script))]);
-    fleet.extra_env.push(("GLIA_DEMO_TOOL_DELAY_MS".into(), "20".into()));
+    fleet
+        .extra_env
+        .push(("GLIA_DEMO_TOOL_DELAY_MS".into(), "20".into()));
     // One group at a time: while the held group waits, the other runs' steps wait for it.
-    fleet.extra_env.push(("GLIA_GROUP_LANES".into(), "1".into()));
+    fleet
+        .extra_env
+        .push(("GLIA_GROUP_LANES".into(), "1".into()));
     fleet.start_dispatcher();
-    let mut runs: Vec<String> = (0..8).map(|i| fleet.submit(&format!("long #{i}"), json!({"model": "script:long"}))).collect();
+    let mut runs: Vec<String> = (0..8)
+        .map(|i| fleet.submit(&format!("long #{i}"), json!({"model": "script:long"})))
+        .collect();
     runs.sort();
     let sql = Sql::connect(&fleet.db_url);
     let blockers = [Sql::connect(&fleet.db_url), Sql::connect(&fleet.db_url)];
@@ -191,7 +236,9 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
 
     let deadline = Instant::now() + Duration::from_secs(90);
     let head_of = |run: &str| -> Option<i64> {
-        let row = &sql.rows(&format!("SELECT head_seq, status FROM runs WHERE id = '{run}'"))[0];
+        let row = &sql.rows(&format!(
+            "SELECT head_seq, status FROM runs WHERE id = '{run}'"
+        ))[0];
         let status: String = row.get(1);
         (status != "done").then(|| row.get(0))
     };
@@ -212,16 +259,27 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
     // The group commit waiting on the hold of `target` (not the transaction
     // `except`), within 2 s: its backend's pid and transaction id, and the
     // other runs its open transaction has updated.
-    let waiting_group = |target: &str, except: Option<&str>| -> Option<(i32, String, Vec<String>)> {
+    let waiting_group = |target: &str,
+                         except: Option<&str>|
+     -> Option<(i32, String, Vec<String>)> {
         let until = Instant::now() + Duration::from_secs(2);
         while Instant::now() < until {
             let waiting = sql.rows(
                 "SELECT pid, backend_xid::text FROM pg_stat_activity \
                  WHERE wait_event_type = 'Lock' AND query LIKE 'WITH fence%' AND backend_xid IS NOT NULL",
             );
-            if let Some(row) = waiting.iter().find(|r| Some(r.get::<_, String>(1).as_str()) != except) {
+            if let Some(row) = waiting
+                .iter()
+                .find(|r| Some(r.get::<_, String>(1).as_str()) != except)
+            {
                 let (pid, xid): (i32, String) = (row.get(0), row.get(1));
-                let held = sql.rows(&format!("SELECT id::text FROM runs WHERE id <> '{target}' AND xmax::text = '{xid}'")).iter().map(|r| r.get(0)).collect();
+                let held = sql
+                    .rows(&format!(
+                        "SELECT id::text FROM runs WHERE id <> '{target}' AND xmax::text = '{xid}'"
+                    ))
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
                 return Some((pid, xid, held));
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -230,7 +288,10 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
     };
     let mut small = 0;
     let (pid, blocker, target, mut group): (i32, usize, String, Vec<String>) = 'hold: loop {
-        let open: Vec<(String, i64)> = runs.iter().filter_map(|r| head_of(r).map(|h| (r.clone(), h))).collect();
+        let open: Vec<(String, i64)> = runs
+            .iter()
+            .filter_map(|r| head_of(r).map(|h| (r.clone(), h)))
+            .collect();
         assert!(
             Instant::now() < deadline && open.len() >= 3,
             "no group commit of several runs was held in flight ({small} groups caught held fewer; {} runs left)",
@@ -256,7 +317,11 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
         // The lane is stopped: let the other runs' steps gather behind it
         // (each runs a 20 ms tool first), then hold the highest of them.
         std::thread::sleep(Duration::from_millis(150));
-        let second = open.iter().rev().find(|(r, h)| *r != first && *h >= 3 && !held.contains(r)).cloned();
+        let second = open
+            .iter()
+            .rev()
+            .find(|(r, h)| *r != first && *h >= 3 && !held.contains(r))
+            .cloned();
         let Some((second, _)) = second else {
             blockers[0].exec("ROLLBACK").unwrap();
             continue;
@@ -277,12 +342,24 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
     eprintln!("held in flight: {} runs ahead of the held one", group.len());
     group.push(target);
     let heads = |group: &[String]| -> Vec<(i64, i64)> {
-        let ids = group.iter().map(|r| format!("'{r}'")).collect::<Vec<_>>().join(",");
+        let ids = group
+            .iter()
+            .map(|r| format!("'{r}'"))
+            .collect::<Vec<_>>()
+            .join(",");
         // One statement, one snapshot of the whole group.
         let rows = sql.rows(&format!(
             "SELECT id::text, head_seq, (SELECT coalesce(max(seq), 0) FROM events e WHERE e.run_id = r.id) FROM runs r WHERE id IN ({ids})"
         ));
-        group.iter().map(|g| rows.iter().find(|r| r.get::<_, String>(0) == *g).map(|r| (r.get(1), r.get(2))).unwrap()).collect()
+        group
+            .iter()
+            .map(|g| {
+                rows.iter()
+                    .find(|r| r.get::<_, String>(0) == *g)
+                    .map(|r| (r.get(1), r.get(2)))
+                    .unwrap()
+            })
+            .collect()
     };
     let before = heads(&group);
     let mut worker = fleet.workers.remove(0);
@@ -292,31 +369,72 @@ fn a_worker_killed_during_a_group_commit_leaves_each_step_whole() {
     // The group's session ends: its statements and COMMIT were already sent,
     // so it either commits once the held row is free or is rolled back when
     // the server sees the client gone; either way all of the group, or none.
-    while !sql.rows(&format!("SELECT 1 FROM pg_stat_activity WHERE pid = {pid}")).is_empty() {
-        assert!(Instant::now() < deadline + Duration::from_secs(30), "the killed worker's session never ended");
+    while !sql
+        .rows(&format!("SELECT 1 FROM pg_stat_activity WHERE pid = {pid}"))
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(30),
+            "the killed worker's session never ended"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let after = heads(&group);
     for ((run, (head, max_seq)), (was, _)) in group.iter().zip(&after).zip(&before) {
-        assert_eq!(head, max_seq, "run {run}: a step is all there or not at all");
+        assert_eq!(
+            head, max_seq,
+            "run {run}: a step is all there or not at all"
+        );
         assert!(head >= was, "run {run}");
     }
-    let moved = group.iter().zip(&after).zip(&before).filter(|((_, a), b)| a.0 > b.0).count();
-    assert!(moved == 0 || moved == group.len(), "the group committed for some runs only: before {before:?}, after {after:?}");
-    eprintln!("the killed group {}", if moved == 0 { "was rolled back" } else { "committed" });
+    let moved = group
+        .iter()
+        .zip(&after)
+        .zip(&before)
+        .filter(|((_, a), b)| a.0 > b.0)
+        .count();
+    assert!(
+        moved == 0 || moved == group.len(),
+        "the group committed for some runs only: before {before:?}, after {after:?}"
+    );
+    eprintln!(
+        "the killed group {}",
+        if moved == 0 {
+            "was rolled back"
+        } else {
+            "committed"
+        }
+    );
     // Another worker finishes every run, each step once.
     fleet.start_worker(lease_ms);
     let deadline = Instant::now() + Duration::from_secs(120);
     while fleet.done_runs() < runs.len() {
-        assert!(Instant::now() < deadline, "runs did not finish after the kill: {} of {}", fleet.done_runs(), runs.len());
+        assert!(
+            Instant::now() < deadline,
+            "runs did not finish after the kill: {} of {}",
+            fleet.done_runs(),
+            runs.len()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     for run in &runs {
         let events = check_log(&fleet, run);
-        let results = events.iter().filter(|e| matches!(e.kind, EventKind::ToolResult { .. })).count();
+        let results = events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::ToolResult { .. }))
+            .count();
         assert_eq!(results, turns, "run {run}: one result per tool turn");
-        assert!(matches!(events.last().unwrap().kind, EventKind::SessionComplete { .. }), "run {run} completed");
+        assert!(
+            matches!(
+                events.last().unwrap().kind,
+                EventKind::SessionComplete { .. }
+            ),
+            "run {run} completed"
+        );
     }
-    let duplicates: i64 = sql.rows("SELECT count(*) FROM (SELECT run_id, seq FROM events GROUP BY 1, 2 HAVING count(*) > 1) d")[0].get(0);
+    let duplicates: i64 = sql.rows(
+        "SELECT count(*) FROM (SELECT run_id, seq FROM events GROUP BY 1, 2 HAVING count(*) > 1) d",
+    )[0]
+    .get(0);
     assert_eq!(duplicates, 0);
 }

@@ -4,7 +4,7 @@
 //! replays, and each refund ran at most once with exactly one outcome per run.
 
 mod batches;
-mod kills;
 mod broker_restart;
+mod kills;
 mod outages;
 mod single_node;

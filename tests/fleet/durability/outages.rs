@@ -23,9 +23,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use glia_proto::{Event, EventKind, Outcome};
 use glia_testkit::fleet::*;
 use glia_testkit::isolation::{PrivateRabbit, PrivateRedis};
-use glia_proto::{Event, EventKind, Outcome};
 use serde_json::{Value, json};
 
 /// Wait for `child` to exit (panics after `timeout`, killing it).
@@ -64,7 +64,18 @@ fn all_runs(api: &Api) -> Vec<Value> {
 fn spawn_batch(fleet: &Fleet, n: usize, args: &[&str]) -> (Child, PathBuf, PathBuf) {
     let (out, err) = (fleet.dir.join("batch.out"), fleet.dir.join("batch.err"));
     let child = Command::new(glia_testkit::bin::glia_bin())
-        .args(["batch", recording_dir().join("gpt-4o-airline.json").to_str().unwrap(), "--json", "--server", &fleet.server, "--limit", &n.to_string()])
+        .args([
+            "batch",
+            recording_dir()
+                .join("gpt-4o-airline.json")
+                .to_str()
+                .unwrap(),
+            "--json",
+            "--server",
+            &fleet.server,
+            "--limit",
+            &n.to_string(),
+        ])
         .args(args)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -84,19 +95,37 @@ fn batch_carries_on_across_two_dispatcher_restarts() {
     for _ in 0..2 {
         // Progress since the last restart: the batch drives runs again.
         let before = done_at_kill.last().copied().unwrap_or(0);
-        wait_until("the batch makes progress", Duration::from_secs(120), || fleet.done_runs() >= before + 3);
+        wait_until("the batch makes progress", Duration::from_secs(120), || {
+            fleet.done_runs() >= before + 3
+        });
         let done = fleet.done_runs();
-        assert!(done < n, "the batch ended before the restart ({done} of {n} done)");
+        assert!(
+            done < n,
+            "the batch ended before the restart ({done} of {n} done)"
+        );
         done_at_kill.push(done);
         fleet.restart_dispatcher();
     }
     let status = wait_exit(&mut child, Duration::from_secs(300));
     let stderr = std::fs::read_to_string(&err).unwrap();
     assert!(status.success(), "glia batch failed ({status}):\n{stderr}");
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap_or_else(|e| panic!("summary is not JSON ({e}):\n{stderr}"));
-    assert_eq!((summary["runs"].as_u64(), summary["reproduced"].as_u64(), summary["diverged"].as_u64(), summary["failed"].as_u64()), (Some(n as u64), Some(n as u64), Some(0), Some(0)), "{summary}");
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap())
+        .unwrap_or_else(|e| panic!("summary is not JSON ({e}):\n{stderr}"));
+    assert_eq!(
+        (
+            summary["runs"].as_u64(),
+            summary["reproduced"].as_u64(),
+            summary["diverged"].as_u64(),
+            summary["failed"].as_u64()
+        ),
+        (Some(n as u64), Some(n as u64), Some(0), Some(0)),
+        "{summary}"
+    );
     // The client saw the outages and waited.
-    assert!(stderr.contains("dispatcher unavailable"), "no retry was logged:\n{stderr}");
+    assert!(
+        stderr.contains("dispatcher unavailable"),
+        "no retry was logged:\n{stderr}"
+    );
     // No run was lost or submitted twice: the fleet holds exactly the batch's runs, all done.
     let runs = all_runs(&fleet);
     assert_eq!(runs.len(), n, "runs in the fleet");
@@ -112,13 +141,23 @@ fn submit_stream_resumes_across_two_dispatcher_restarts() {
     let script = json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]);
     let mut fleet = Fleet::new(&[("slow_refund", script)]);
     // The refund takes a while, so the second restart happens while the run goes on.
-    fleet.extra_env.push(("GLIA_DEMO_TOOL_DELAY_MS".into(), "1500".into()));
+    fleet
+        .extra_env
+        .push(("GLIA_DEMO_TOOL_DELAY_MS".into(), "1500".into()));
     fleet.start_dispatcher();
     let config = fleet.dir.join("config.json");
     std::fs::write(&config, json!({"model": "script:slow_refund"}).to_string()).unwrap();
     let err = fleet.dir.join("submit.err");
     let mut child = fleet
-        .command(&["submit", "--json", "--server", &fleet.server.clone(), "--config", config.to_str().unwrap(), "Refund order A1"])
+        .command(&[
+            "submit",
+            "--json",
+            "--server",
+            &fleet.server.clone(),
+            "--config",
+            config.to_str().unwrap(),
+            "Refund order A1",
+        ])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&err).unwrap())
@@ -134,18 +173,29 @@ fn submit_stream_resumes_across_two_dispatcher_restarts() {
     let mut printed: Vec<String> = Vec::new();
     let until = |printed: &mut Vec<String>, kind: &str| {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !printed.iter().any(|l| l.contains(&format!("\"type\":\"{kind}\""))) {
+        while !printed
+            .iter()
+            .any(|l| l.contains(&format!("\"type\":\"{kind}\"")))
+        {
             let left = deadline.saturating_duration_since(Instant::now());
-            printed.push(lines.recv_timeout(left).unwrap_or_else(|_| panic!("glia submit printed no {kind} within 60 s: {printed:?}")));
+            printed.push(lines.recv_timeout(left).unwrap_or_else(|_| {
+                panic!("glia submit printed no {kind} within 60 s: {printed:?}")
+            }));
         }
     };
     let streaming = |fleet: &Fleet| fleet.metric("glia_dispatcher_sse_streams") >= 1.0;
 
     // No worker yet: the run waits at its start while the dispatcher restarts.
     until(&mut printed, "session.start");
-    wait_until("the stream is open", Duration::from_secs(30), || streaming(&fleet));
+    wait_until("the stream is open", Duration::from_secs(30), || {
+        streaming(&fleet)
+    });
     fleet.restart_dispatcher();
-    wait_until("glia submit streams from the new dispatcher", Duration::from_secs(60), || streaming(&fleet));
+    wait_until(
+        "glia submit streams from the new dispatcher",
+        Duration::from_secs(60),
+        || streaming(&fleet),
+    );
 
     // Then the run moves, and the dispatcher dies while its tool runs.
     fleet.start_worker(10_000);
@@ -157,16 +207,35 @@ fn submit_stream_resumes_across_two_dispatcher_restarts() {
     printed.extend(lines.try_iter());
     let stderr = std::fs::read_to_string(&err).unwrap();
     assert!(status.success(), "glia submit failed ({status}):\n{stderr}");
-    assert!(stderr.contains("resuming") || stderr.contains("dispatcher unavailable"), "the client saw no outage:\n{stderr}");
+    assert!(
+        stderr.contains("resuming") || stderr.contains("dispatcher unavailable"),
+        "the client saw no outage:\n{stderr}"
+    );
 
     // Every event printed once, in order, and exactly the run's log.
-    let events: Vec<Event> = printed.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    let events: Vec<Event> = printed
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
     let run_id = events[0].run_id.to_string();
     let log = check_log(&fleet, &run_id);
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
-    assert_eq!(seqs, (1..=log.len() as u64).collect::<Vec<_>>(), "printed seqs");
+    assert_eq!(
+        seqs,
+        (1..=log.len() as u64).collect::<Vec<_>>(),
+        "printed seqs"
+    );
     assert_eq!(printed.len(), log.len());
-    assert!(matches!(&events.last().unwrap().kind, EventKind::SessionComplete { outcome: Outcome::Succeeded { .. } }), "{:?}", events.last());
+    assert!(
+        matches!(
+            &events.last().unwrap().kind,
+            EventKind::SessionComplete {
+                outcome: Outcome::Succeeded { .. }
+            }
+        ),
+        "{:?}",
+        events.last()
+    );
     // One run (the retried submission did not create another), one refund.
     assert_eq!(all_runs(&fleet).len(), 1);
     assert_eq!(fleet.effects().len(), 1, "{:?}", fleet.effects());
@@ -177,34 +246,61 @@ fn batch_past_the_outage_bound_names_the_server_and_the_unfinished_runs() {
     let mut fleet = replay_fleet();
     let n = 30;
     let (mut child, _, err) = spawn_batch(&fleet, n, &["--max-outage-secs", "2"]);
-    wait_until("the batch makes progress", Duration::from_secs(120), || fleet.done_runs() >= 1);
+    wait_until("the batch makes progress", Duration::from_secs(120), || {
+        fleet.done_runs() >= 1
+    });
     let mut dispatcher = fleet.dispatcher.take().unwrap();
     dispatcher.kill().unwrap();
     dispatcher.wait().unwrap();
     let killed = Instant::now();
     let status = wait_exit(&mut child, Duration::from_secs(60));
     let stderr = std::fs::read_to_string(&err).unwrap();
-    assert!(!status.success(), "the batch cannot finish without a dispatcher:\n{stderr}");
-    assert!(killed.elapsed() < Duration::from_secs(40), "gave up {:?} after the kill", killed.elapsed());
-    assert!(stderr.contains(&format!("the dispatcher at {} did not answer for", fleet.server)), "{stderr}");
+    assert!(
+        !status.success(),
+        "the batch cannot finish without a dispatcher:\n{stderr}"
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(40),
+        "gave up {:?} after the kill",
+        killed.elapsed()
+    );
+    assert!(
+        stderr.contains(&format!(
+            "the dispatcher at {} did not answer for",
+            fleet.server
+        )),
+        "{stderr}"
+    );
     assert!(stderr.contains("last error:"), "{stderr}");
     assert!(stderr.contains("run(s) still unfinished"), "{stderr}");
 
     // The runs it names are the batch's unfinished ones (the log says so).
     fleet.start_dispatcher();
     let runs = all_runs(&fleet);
-    let open: Vec<&str> = runs.iter().filter(|r| r["status"] != "done").map(|r| r["run_id"].as_str().unwrap()).collect();
-    let named: Vec<&Value> = runs.iter().filter(|r| stderr.contains(r["run_id"].as_str().unwrap())).collect();
+    let open: Vec<&str> = runs
+        .iter()
+        .filter(|r| r["status"] != "done")
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    let named: Vec<&Value> = runs
+        .iter()
+        .filter(|r| stderr.contains(r["run_id"].as_str().unwrap()))
+        .collect();
     assert!(!named.is_empty(), "{stderr}");
     for id in open {
-        assert!(stderr.contains(id), "unfinished run {id} is not named:\n{stderr}");
+        assert!(
+            stderr.contains(id),
+            "unfinished run {id} is not named:\n{stderr}"
+        );
     }
 }
 
 #[test]
 fn dispatcher_and_worker_started_while_the_broker_is_down_become_ready() {
     let Some(broker) = PrivateRabbit::new() else {
-        eprintln!("\n!!!!!!!! SKIPPED dispatcher_and_worker_started_while_the_broker_is_down_become_ready: no rabbitmq-server script found !!!!!!!!\n");
+        eprintln!(
+            "\n!!!!!!!! SKIPPED dispatcher_and_worker_started_while_the_broker_is_down_become_ready: no rabbitmq-server script found !!!!!!!!\n"
+        );
         return;
     };
     // Declared before the fleet, so dropped after its processes are killed.
@@ -214,11 +310,18 @@ fn dispatcher_and_worker_started_while_the_broker_is_down_become_ready() {
     let (dispatcher_ready, worker_ready) = start_not_ready(&mut fleet, &["job_queue"]);
     // The API refuses work meanwhile with a retryable answer.
     let (status, body) = fleet.post("/v1/runs", json!({"goal": "too early"}));
-    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("not_ready")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("not_ready")),
+        "{body}"
+    );
     assert_alive(&mut fleet);
 
     broker.start().expect("spawn rabbitmq-server");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(broker.wait_ready(Duration::from_secs(120)));
     let ready = wait_status(&dispatcher_ready, 200, Duration::from_secs(60));
     assert_eq!(ready["checks"]["job_queue"], "ok", "{ready}");
@@ -257,8 +360,13 @@ fn forward(port: u16, target: (String, u16)) {
     std::thread::spawn(move || {
         for client in listener.incoming() {
             let Ok(client) = client else { continue };
-            let Ok(server) = TcpStream::connect((target.0.as_str(), target.1)) else { continue };
-            for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+            let Ok(server) = TcpStream::connect((target.0.as_str(), target.1)) else {
+                continue;
+            };
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
                 std::thread::spawn(move || {
                     let _ = std::io::copy(&mut from, &mut to);
                     let _ = to.shutdown(Shutdown::Write);
@@ -277,9 +385,16 @@ fn start_not_ready(fleet: &mut Fleet, failing: &[&str]) -> (String, String) {
     fleet.worker_args = vec!["--metrics-listen".into(), metrics.clone()];
     fleet.spawn_dispatcher();
     fleet.start_worker(10_000);
-    let (dispatcher_ready, worker_ready) = (format!("{}/readyz", fleet.server), format!("http://{metrics}/readyz"));
+    let (dispatcher_ready, worker_ready) = (
+        format!("{}/readyz", fleet.server),
+        format!("http://{metrics}/readyz"),
+    );
     for (who, url) in [("dispatcher", &dispatcher_ready), ("worker", &worker_ready)] {
-        wait_status(&url.replace("/readyz", "/healthz"), 200, Duration::from_secs(60));
+        wait_status(
+            &url.replace("/readyz", "/healthz"),
+            200,
+            Duration::from_secs(60),
+        );
         wait_not_ready(who, url, failing);
     }
     (dispatcher_ready, worker_ready)
@@ -287,8 +402,20 @@ fn start_not_ready(fleet: &mut Fleet, failing: &[&str]) -> (String, String) {
 
 /// Neither the dispatcher nor the first worker has exited.
 fn assert_alive(fleet: &mut Fleet) {
-    assert!(fleet.dispatcher.as_mut().unwrap().try_wait().unwrap().is_none(), "the dispatcher exited");
-    assert!(fleet.workers[0].try_wait().unwrap().is_none(), "the worker exited");
+    assert!(
+        fleet
+            .dispatcher
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .unwrap()
+            .is_none(),
+        "the dispatcher exited"
+    );
+    assert!(
+        fleet.workers[0].try_wait().unwrap().is_none(),
+        "the worker exited"
+    );
 }
 
 /// Poll `url` (a `/readyz`) until it answers 503 with every check in
@@ -300,13 +427,20 @@ fn wait_not_ready(who: &str, url: &str, failing: &[&str]) {
         if status != 0 {
             assert_eq!(status, 503, "{who} ready too early: {body}");
             assert_eq!(body["error"]["code"], "not_ready", "{body}");
-            if failing.iter().all(|k| body["checks"][k].as_str().is_some_and(|s| s.starts_with("connecting: "))) {
+            if failing.iter().all(|k| {
+                body["checks"][k]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("connecting: "))
+            }) {
                 let message = body["error"]["message"].as_str().unwrap();
                 assert!(failing.iter().all(|k| message.contains(k)), "{message}");
                 return;
             }
         }
-        assert!(Instant::now() < deadline, "{who} never reported {failing:?} failing: {status} {body}");
+        assert!(
+            Instant::now() < deadline,
+            "{who} never reported {failing:?} failing: {status} {body}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -323,17 +457,27 @@ fn dispatcher_and_worker_wait_for_postgres_and_redis_at_start() {
     };
     let target = (host, admin.get_ports().first().copied().unwrap_or(5432));
     let pg_port = free_port();
-    fleet.db_url = format!("postgres://{}@127.0.0.1:{pg_port}/{}", admin.get_user().unwrap_or("postgres"), fleet.name);
+    fleet.db_url = format!(
+        "postgres://{}@127.0.0.1:{pg_port}/{}",
+        admin.get_user().unwrap_or("postgres"),
+        fleet.name
+    );
     fleet.redis_url = redis.url();
     let (dispatcher_ready, worker_ready) = start_not_ready(&mut fleet, &["event_log", "ledger"]);
     assert_alive(&mut fleet);
 
     forward(pg_port, target);
     if let Err(e) = redis.start() {
-        eprintln!("\n!!!!!!!! SKIPPED the rest of dispatcher_and_worker_wait_for_postgres_and_redis_at_start: redis-server not runnable ({e}) !!!!!!!!\n");
+        eprintln!(
+            "\n!!!!!!!! SKIPPED the rest of dispatcher_and_worker_wait_for_postgres_and_redis_at_start: redis-server not runnable ({e}) !!!!!!!!\n"
+        );
         return;
     }
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(redis.wait_ready(Duration::from_secs(30)));
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(redis.wait_ready(Duration::from_secs(30)));
     wait_status(&dispatcher_ready, 200, Duration::from_secs(60));
     wait_status(&worker_ready, 200, Duration::from_secs(60));
 

@@ -19,14 +19,20 @@ use serde_json::{Value, json};
 const RUNS: usize = 20;
 
 fn package(name: &str) -> Option<String> {
-    let path = glia_testkit::workspace_root().join(".ci/mcp/node_modules/@modelcontextprotocol").join(name).join("dist/index.js");
+    let path = glia_testkit::workspace_root()
+        .join(".ci/mcp/node_modules/@modelcontextprotocol")
+        .join(name)
+        .join("dist/index.js");
     if path.exists() {
         return Some(path.canonicalize().unwrap().display().to_string());
     }
     if std::env::var("GLIA_REQUIRE_MCP").is_ok_and(|v| v == "1") {
         panic!("{} is missing: npm ci --prefix .ci/mcp", path.display());
     }
-    eprintln!("skipped: {} is not installed (npm ci --prefix .ci/mcp)", path.display());
+    eprintln!(
+        "skipped: {} is not installed (npm ci --prefix .ci/mcp)",
+        path.display()
+    );
     None
 }
 
@@ -35,9 +41,17 @@ fn wire(dir: &Path, prefix: &str) -> Vec<Value> {
     let mut messages = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
-        if path.file_name().unwrap().to_string_lossy().starts_with(prefix) {
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(prefix)
+        {
             let text = std::fs::read_to_string(&path).unwrap();
-            messages.extend(text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()));
+            messages.extend(
+                text.lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok()),
+            );
         }
     }
     messages
@@ -46,17 +60,35 @@ fn wire(dir: &Path, prefix: &str) -> Vec<Value> {
 /// How often each idempotency key was called, per tool.
 fn calls_by_key(messages: &[Value], tool: &str) -> HashMap<String, usize> {
     let mut by_key = HashMap::new();
-    for m in messages.iter().filter(|m| m["method"] == "tools/call" && m["params"]["name"] == tool) {
-        *by_key.entry(m["params"]["_meta"]["glia/idempotency_key"].as_str().unwrap_or_default().to_owned()).or_insert(0) += 1;
+    for m in messages
+        .iter()
+        .filter(|m| m["method"] == "tools/call" && m["params"]["name"] == tool)
+    {
+        *by_key
+            .entry(
+                m["params"]["_meta"]["glia/idempotency_key"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+            .or_insert(0) += 1;
     }
     by_key
 }
 
 #[test]
 fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
-    let (Some(everything), Some(filesystem)) = (package("server-everything"), package("server-filesystem")) else { return };
+    let (Some(everything), Some(filesystem)) =
+        (package("server-everything"), package("server-filesystem"))
+    else {
+        return;
+    };
     // The HTTP tool's endpoint: answers every call, records each request.
-    let lookup_server = Server::background(vec![Reply::json(200, br#"{"status":"shipped"}"#.to_vec()); 10 * RUNS]);
+    let lookup_server =
+        Server::background(vec![
+            Reply::json(200, br#"{"status":"shipped"}"#.to_vec());
+            10 * RUNS
+        ]);
     let lookup = lookup_server.base.clone();
     let scripts: Vec<(String, Value)> = (0..RUNS)
         .map(|i| {
@@ -73,7 +105,10 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
             )
         })
         .collect();
-    let named: Vec<(&str, Value)> = scripts.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+    let named: Vec<(&str, Value)> = scripts
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.clone()))
+        .collect();
     let mut fleet = Fleet::new(&named);
     let files = fleet.dir.join("files");
     let wire_dir = fleet.dir.join("wire");
@@ -86,26 +121,42 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
         let path = fleet.dir.join("scripts").join(format!("{name}.json"));
         let text = std::fs::read_to_string(&path).unwrap();
         let text = text
-            .replace("SRC", &files.join(format!("src-{i}.txt")).display().to_string())
-            .replace("DST", &files.join(format!("dst-{i}.txt")).display().to_string());
+            .replace(
+                "SRC",
+                &files.join(format!("src-{i}.txt")).display().to_string(),
+            )
+            .replace(
+                "DST",
+                &files.join(format!("dst-{i}.txt")).display().to_string(),
+            );
         std::fs::write(&path, text).unwrap();
     }
-    let tee = |name: &str, command: String| format!("tee {}/{name}.$$ | exec {command}", wire_dir.display());
+    let tee = |name: &str, command: String| {
+        format!("tee {}/{name}.$$ | exec {command}", wire_dir.display())
+    };
     let catalogue = format!(
         "[mcp_servers.everything]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\ntrust = \"trusted\"\n\n\
          [mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"sh\"\nargs = [\"-c\", {:?}]\nenv = {{ GLIA_PROBE = \"GLIA_TEST_MCP_SECRET\" }}\n\n\
          [http]\nallowed_origins = [{lookup:?}]\n",
         tee("everything", format!("node {everything} stdio")),
-        format!("echo probe=$GLIA_PROBE >&2; {}", tee("files", format!("node {filesystem} {}", files.display()))),
+        format!(
+            "echo probe=$GLIA_PROBE >&2; {}",
+            tee("files", format!("node {filesystem} {}", files.display()))
+        ),
     );
     let catalogue_path = fleet.dir.join("fleet.toml");
     std::fs::write(&catalogue_path, catalogue).unwrap();
     fleet.worker_args = vec!["--catalogue".into(), catalogue_path.display().to_string()];
-    fleet.extra_env.push(("GLIA_CATALOGUE".into(), catalogue_path.display().to_string()));
+    fleet.extra_env.push((
+        "GLIA_CATALOGUE".into(),
+        catalogue_path.display().to_string(),
+    ));
     // A secret the files server gets in its environment (and prints to its
     // stderr): it must reach no event and no log line.
     let secret = format!("s3cret-{}", uuid::Uuid::now_v7().simple());
-    fleet.extra_env.push(("GLIA_TEST_MCP_SECRET".into(), secret.clone()));
+    fleet
+        .extra_env
+        .push(("GLIA_TEST_MCP_SECRET".into(), secret.clone()));
     fleet.start_dispatcher();
     let lease_ms = 2_000;
     fleet.start_worker(lease_ms);
@@ -114,7 +165,15 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
     let log_path = fleet.dir.join("worker-debug.log");
     let scripts_dir = fleet.dir.join("scripts").display().to_string();
     let mut logged = fleet
-        .command(&["worker", "--scripts", &scripts_dir, "--lease-ms", &lease_ms.to_string(), "--id", "w-logged"])
+        .command(&[
+            "worker",
+            "--scripts",
+            &scripts_dir,
+            "--lease-ms",
+            &lease_ms.to_string(),
+            "--id",
+            "w-logged",
+        ])
         .args(&fleet.worker_args)
         .env("RUST_LOG", "debug")
         .stderr(std::fs::File::create(&log_path).unwrap())
@@ -134,10 +193,24 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
         })
     };
     // The dispatcher knows the catalogue too: a server it lacks is refused.
-    let (status, body) = fleet.post("/v1/runs", json!({"goal": "g", "config": {"mcp": [{"server": "shell", "allow": ["run"]}]}}));
-    assert_eq!((status, body["error"]["field"].as_str()), (422, Some("config.mcp[0].server")), "{body}");
+    let (status, body) = fleet.post(
+        "/v1/runs",
+        json!({"goal": "g", "config": {"mcp": [{"server": "shell", "allow": ["run"]}]}}),
+    );
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (422, Some("config.mcp[0].server")),
+        "{body}"
+    );
 
-    let runs: Vec<(String, String)> = (0..RUNS).map(|i| (format!("mcp{i}"), fleet.submit(&format!("order {i}"), config(i)))).collect();
+    let runs: Vec<(String, String)> = (0..RUNS)
+        .map(|i| {
+            (
+                format!("mcp{i}"),
+                fleet.submit(&format!("order {i}"), config(i)),
+            )
+        })
+        .collect();
     // Kill both workers (one after the other, each replaced) once several
     // long-running MCP calls are in flight: recorded, without a result.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -147,8 +220,14 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
             .iter()
             .filter(|(_, id)| {
                 let events = fleet.events(id);
-                let started = events.iter().any(|e| e["type"] == "tool.call" && e["data"]["name"] == "trigger-long-running-operation");
-                let ended = events.iter().any(|e| (e["type"] == "tool.result" || e["type"] == "tool.error") && e["data"]["call_id"] == "call_1");
+                let started = events.iter().any(|e| {
+                    e["type"] == "tool.call"
+                        && e["data"]["name"] == "trigger-long-running-operation"
+                });
+                let ended = events.iter().any(|e| {
+                    (e["type"] == "tool.result" || e["type"] == "tool.error")
+                        && e["data"]["call_id"] == "call_1"
+                });
                 started && !ended
             })
             .count();
@@ -173,7 +252,12 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
         });
         let step_tools = step_tools.unwrap();
         for name in ["trigger-long-running-operation", "move_file", "lookup"] {
-            assert!(step_tools.iter().any(|t| t.name == name && t.source.is_some()), "run {run_id}: {name} is offered with its source");
+            assert!(
+                step_tools
+                    .iter()
+                    .any(|t| t.name == name && t.source.is_some()),
+                "run {run_id}: {name} is offered with its source"
+            );
         }
         let moves: Vec<&glia_proto::ToolCallRecord> = events
             .iter()
@@ -184,15 +268,28 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
             .collect();
         assert_eq!(moves.len(), 1, "run {run_id}: one move_file call");
         assert!(events.iter().any(|e| matches!(&e.kind, EventKind::ApprovalRequested { tool, .. } if tool == "move_file")), "run {run_id}: approval asked");
-        let ran = move_calls.get(&moves[0].idempotency_key).copied().unwrap_or(0);
-        assert!(ran <= 1, "run {run_id}: the destructive tool ran {ran} times");
+        let ran = move_calls
+            .get(&moves[0].idempotency_key)
+            .copied()
+            .unwrap_or(0);
+        assert!(
+            ran <= 1,
+            "run {run_id}: the destructive tool ran {ran} times"
+        );
         let outcome = events.iter().find_map(|e| match &e.kind {
-            EventKind::ToolResult { call_id, content, .. } if *call_id == moves[0].call_id => Some(Ok(content.clone())),
-            EventKind::ToolError { call_id, error, .. } if *call_id == moves[0].call_id => Some(Err(*error)),
+            EventKind::ToolResult {
+                call_id, content, ..
+            } if *call_id == moves[0].call_id => Some(Ok(content.clone())),
+            EventKind::ToolError { call_id, error, .. } if *call_id == moves[0].call_id => {
+                Some(Err(*error))
+            }
             _ => None,
         });
         match outcome {
-            Some(Ok(_)) => assert_eq!(ran, 1, "run {run_id}: a result for a call the server never received"),
+            Some(Ok(_)) => assert_eq!(
+                ran, 1,
+                "run {run_id}: a result for a call the server never received"
+            ),
             Some(Err(ToolErrorKind::OutcomeUnknown)) => {}
             other => panic!("run {run_id}: move_file outcome {other:?}"),
         }
@@ -200,18 +297,42 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
     // Both workers died with calls in flight: some idempotent call ran again
     // (with its key), and the HTTP tool's keys are the runs' keys.
     let long = calls_by_key(&everything_calls, "trigger-long-running-operation");
-    assert!(long.values().any(|n| *n >= 2), "an interrupted idempotent MCP call ran again with the same key: {long:?}");
-    let lookups: Vec<String> = lookup_server.seen().iter().map(|r| r.header("idempotency-key").unwrap_or_default().to_owned()).collect();
-    assert!(lookups.len() >= RUNS && lookups.iter().all(|k| k.contains(':')), "{lookups:?}");
-    let moved = (0..RUNS).filter(|i| files.join(format!("dst-{i}.txt")).exists()).count();
-    assert_eq!(moved, move_calls.values().sum::<usize>(), "every move the servers received took effect once");
+    assert!(
+        long.values().any(|n| *n >= 2),
+        "an interrupted idempotent MCP call ran again with the same key: {long:?}"
+    );
+    let lookups: Vec<String> = lookup_server
+        .seen()
+        .iter()
+        .map(|r| r.header("idempotency-key").unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        lookups.len() >= RUNS && lookups.iter().all(|k| k.contains(':')),
+        "{lookups:?}"
+    );
+    let moved = (0..RUNS)
+        .filter(|i| files.join(format!("dst-{i}.txt")).exists())
+        .count();
+    assert_eq!(
+        moved,
+        move_calls.values().sum::<usize>(),
+        "every move the servers received took effect once"
+    );
     let _ = logged.kill();
     let _ = logged.wait();
     let log = std::fs::read_to_string(&log_path).unwrap();
-    assert!(log.contains("probe=[redacted]"), "the server's stderr is logged, the secret redacted");
+    assert!(
+        log.contains("probe=[redacted]"),
+        "the server's stderr is logged, the secret redacted"
+    );
     assert!(!log.contains(&secret), "a secret reached the worker's log");
     for (_, run_id, _) in &results {
-        assert!(!serde_json::to_string(&fleet.events(run_id)).unwrap().contains(&secret), "a secret reached an event of run {run_id}");
+        assert!(
+            !serde_json::to_string(&fleet.events(run_id))
+                .unwrap()
+                .contains(&secret),
+            "a secret reached an event of run {run_id}"
+        );
     }
 }
 
@@ -220,10 +341,15 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
 /// variable that is not set (for the worker, which needs the values).
 #[test]
 fn a_bad_catalogue_is_a_startup_error_naming_the_key() {
-    let dir = std::env::temp_dir().join(format!("glia-catalogue-{}", uuid::Uuid::now_v7().simple()));
+    let dir =
+        std::env::temp_dir().join(format!("glia-catalogue-{}", uuid::Uuid::now_v7().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("fleet.toml");
-    std::fs::write(&bad, "[mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"npx\"\nargz = [\"x\"]\n").unwrap();
+    std::fs::write(
+        &bad,
+        "[mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"npx\"\nargz = [\"x\"]\n",
+    )
+    .unwrap();
     let unset = dir.join("unset.toml");
     std::fs::write(&unset, "[mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"npx\"\nenv = { TOKEN = \"GLIA_TEST_NEVER_SET_VARIABLE\" }\n").unwrap();
     let run = |args: &[&str]| {
@@ -234,15 +360,27 @@ fn a_bad_catalogue_is_a_startup_error_naming_the_key() {
             .env_remove("GLIA_TEST_NEVER_SET_VARIABLE")
             .output()
             .expect("glia runs");
-        assert!(!out.status.success(), "{args:?} started with a bad catalogue");
+        assert!(
+            !out.status.success(),
+            "{args:?} started with a bad catalogue"
+        );
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let path = bad.display().to_string();
     for command in ["worker", "dispatcher"] {
         let err = run(&[command, "--catalogue", &path]);
-        assert!(err.contains(&format!("{path}: mcp_servers.files.argz: unknown field `argz`")), "{command}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{path}: mcp_servers.files.argz: unknown field `argz`"
+            )),
+            "{command}: {err}"
+        );
     }
     let err = run(&["worker", "--catalogue", &unset.display().to_string()]);
-    assert!(err.contains("mcp_servers.files.env.TOKEN") && err.contains("GLIA_TEST_NEVER_SET_VARIABLE is not set"), "{err}");
+    assert!(
+        err.contains("mcp_servers.files.env.TOKEN")
+            && err.contains("GLIA_TEST_NEVER_SET_VARIABLE is not set"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

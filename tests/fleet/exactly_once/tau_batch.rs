@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use glia_testkit::fleet::{assert_whole_recording, glia_batch as batch, recording_dir, replay_fleet, summary, trajectories};
+use glia_testkit::fleet::{
+    assert_whole_recording, glia_batch as batch, recording_dir, replay_fleet, summary, trajectories,
+};
 use serde_json::Value;
 
 /// The main job on the embedded fleet, twice: with the recorded tools in the
@@ -25,19 +27,42 @@ fn embedded_batch_reproduces_all_200_with_recorded_tools_and_over_mcp_with_the_s
     let logs = |name: &str, extra: &[&str]| -> BTreeMap<String, Vec<Value>> {
         let data = dir.join(format!("{name}.db"));
         let data = data.to_str().unwrap();
-        let s = summary(batch(&[&["--data", data][..], extra].concat()).output().unwrap());
+        let s = summary(
+            batch(&[&["--data", data][..], extra].concat())
+                .output()
+                .unwrap(),
+        );
         assert_whole_recording(&s);
         assert!(s["approval_resume_p50_ms"].as_f64().is_some(), "{s}");
-        let out = Command::new(glia_testkit::bin::glia_bin()).args(["export", "--data", data]).stdin(Stdio::null()).output().unwrap();
-        assert!(out.status.success(), "glia export: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(glia_testkit::bin::glia_bin())
+            .args(["export", "--data", data])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "glia export: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|line| serde_json::from_str::<Value>(line).ok())
             .filter(|record| record["events"].is_array())
             .map(|record| {
                 let run_id = record["run_id"].as_str().unwrap().to_owned();
-                let events: Vec<Value> = record["events"].as_array().unwrap().iter().map(|e| normalised(e, &run_id)).collect();
-                (events[0]["data"]["config"]["model"].as_str().unwrap().to_owned(), events)
+                let events: Vec<Value> = record["events"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| normalised(e, &run_id))
+                    .collect();
+                (
+                    events[0]["data"]["config"]["model"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned(),
+                    events,
+                )
             })
             .collect()
     };
@@ -45,11 +70,21 @@ fn embedded_batch_reproduces_all_200_with_recorded_tools_and_over_mcp_with_the_s
     let mcp = logs("mcp", &["--mcp-server", "recorded"]);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(recorded.len(), 200);
-    assert_eq!(recorded.keys().collect::<Vec<_>>(), mcp.keys().collect::<Vec<_>>());
+    assert_eq!(
+        recorded.keys().collect::<Vec<_>>(),
+        mcp.keys().collect::<Vec<_>>()
+    );
     for (conversation, events) in &recorded {
         let other = &mcp[conversation];
         let first = events.iter().zip(other).position(|(a, b)| a != b);
-        assert!(first.is_none() && events.len() == other.len(), "{conversation}: the logs differ at event {first:?} (lengths {} and {}): {:?} versus {:?}", events.len(), other.len(), first.map(|i| &events[i]), first.map(|i| &other[i]));
+        assert!(
+            first.is_none() && events.len() == other.len(),
+            "{conversation}: the logs differ at event {first:?} (lengths {} and {}): {:?} versus {:?}",
+            events.len(),
+            other.len(),
+            first.map(|i| &events[i]),
+            first.map(|i| &other[i])
+        );
     }
 }
 
@@ -61,7 +96,9 @@ fn normalised(event: &Value, run_id: &str) -> Value {
     fn strip(v: &mut Value) {
         match v {
             Value::Object(map) => {
-                map.retain(|k, _| !matches!(k.as_str(), "at" | "duration_ms" | "active_ms") && !k.ends_with("_at"));
+                map.retain(|k, _| {
+                    !matches!(k.as_str(), "at" | "duration_ms" | "active_ms") && !k.ends_with("_at")
+                });
                 map.values_mut().for_each(strip);
             }
             Value::Array(items) => items.iter_mut().for_each(strip),
@@ -107,7 +144,13 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
     let mut all: Vec<Value> = serde_json::from_str(&text).unwrap();
     all.truncate(3);
     let traj = all[1]["traj"].as_array_mut().unwrap();
-    let second_user = traj.iter().enumerate().filter(|(_, m)| m["role"] == "user").nth(1).unwrap().0;
+    let second_user = traj
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m["role"] == "user")
+        .nth(1)
+        .unwrap()
+        .0;
     traj[second_user]["content"] = Value::String("Something the customer never said.".into());
     let file = dir.join("gpt-4o-airline.json");
     std::fs::write(&file, serde_json::to_string(&all).unwrap()).unwrap();
@@ -116,7 +159,13 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
     let dev = glia_testkit::fleet::Dev::start(&["--replay", recording_dir().to_str().unwrap()]);
     let server = dev.server.clone();
     let out = Command::new(glia_testkit::bin::glia_bin())
-        .args(["batch", file.to_str().unwrap(), "--server", &server, "--json"])
+        .args([
+            "batch",
+            file.to_str().unwrap(),
+            "--server",
+            &server,
+            "--json",
+        ])
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -124,11 +173,26 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a diverged run fails the batch");
     let s: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((s["runs"].as_u64(), s["reproduced"].as_u64(), s["diverged"].as_u64(), s["failed"].as_u64()), (Some(3), Some(2), Some(1), Some(0)), "{s}");
+    assert_eq!(
+        (
+            s["runs"].as_u64(),
+            s["reproduced"].as_u64(),
+            s["diverged"].as_u64(),
+            s["failed"].as_u64()
+        ),
+        (Some(3), Some(2), Some(1), Some(0)),
+        "{s}"
+    );
     let id = format!("{}-{}", all[1]["task_id"], all[1]["trial"]);
     assert!(stderr.contains(&format!("(conversation {id}): model call failed: replay diverged: conversation {id}: message 2 (recording message {second_user}): expected user: \"")), "{stderr}");
-    assert!(stderr.contains("got user: \"Something the customer never said.\""), "{stderr}");
-    assert!(stderr.contains("1 run(s) diverged and 0 failed of 3"), "{stderr}");
+    assert!(
+        stderr.contains("got user: \"Something the customer never said.\""),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("1 run(s) diverged and 0 failed of 3"),
+        "{stderr}"
+    );
 }
 
 /// Nobody listens: after `--max-outage-secs` of retries the error names the
@@ -137,15 +201,34 @@ fn a_diverging_run_fails_the_batch_and_names_the_message() {
 fn an_unreachable_dispatcher_is_named() {
     let server = format!("http://127.0.0.1:{}", glia_testkit::fleet::free_port());
     let out = Command::new(glia_testkit::bin::glia_bin())
-        .args(["batch", &trajectories(), "--server", &server, "--limit", "1", "--max-outage-secs", "1"])
+        .args([
+            "batch",
+            &trajectories(),
+            "--server",
+            &server,
+            "--limit",
+            "1",
+            "--max-outage-secs",
+            "1",
+        ])
         .stdin(Stdio::null())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains(&format!("the dispatcher at {server} did not answer for")), "{stderr}");
-    assert!(stderr.contains("--max-outage-secs 1); last error: ") && stderr.contains("onnection refused"), "{stderr}");
-    assert!(stderr.contains("0 run(s) still unfinished and 1 conversation(s) not submitted"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("the dispatcher at {server} did not answer for")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--max-outage-secs 1); last error: ")
+            && stderr.contains("onnection refused"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("0 run(s) still unfinished and 1 conversation(s) not submitted"),
+        "{stderr}"
+    );
 }
 
 fn tempdir() -> PathBuf {
@@ -165,9 +248,20 @@ fn real_fleet_reproduces_all_200_conversations() {
     assert_eq!(status, 200, "{page}");
     let batches = page["batches"].as_array().unwrap();
     assert_eq!(batches.len(), 1, "{page}");
-    let (status, view) = fleet.get(&format!("/v1/batches/{}", batches[0]["id"].as_str().unwrap()));
+    let (status, view) = fleet.get(&format!(
+        "/v1/batches/{}",
+        batches[0]["id"].as_str().unwrap()
+    ));
     assert_eq!(status, 200, "{view}");
-    assert_eq!((view["status"].as_str(), view["total"].as_u64(), view["counts"]["succeeded"].as_u64()), (Some("completed"), Some(200), Some(200)), "{view}");
+    assert_eq!(
+        (
+            view["status"].as_str(),
+            view["total"].as_u64(),
+            view["counts"]["succeeded"].as_u64()
+        ),
+        (Some("completed"), Some(200), Some(200)),
+        "{view}"
+    );
 }
 
 #[test]
@@ -182,7 +276,10 @@ fn real_fleet_reproduces_all_200_with_a_worker_killed_mid_batch() {
     // Kill w1 while it holds a run (a lease it has not released), so the
     // kill interrupts work, whatever the timing of this machine.
     while fleet.live_leases_of("w1") == 0 {
-        assert!(fleet.done_runs() < 200, "the batch ended before worker w1 held a run");
+        assert!(
+            fleet.done_runs() < 200,
+            "the batch ended before worker w1 held a run"
+        );
         assert!(Instant::now() < deadline, "worker w1 never held a run");
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -196,9 +293,18 @@ fn real_fleet_reproduces_all_200_with_a_worker_killed_mid_batch() {
 /// `glia approvals list` and `glia approvals approve`.
 #[test]
 fn manual_approvals_are_left_to_people_on_the_cli() {
-    const CONSEQUENTIAL: [&str; 6] =
-        ["book_reservation", "cancel_reservation", "update_reservation_flights", "update_reservation_baggages", "update_reservation_passengers", "send_certificate"];
-    let all: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(recording_dir().join("gpt-4o-airline.json")).unwrap()).unwrap();
+    const CONSEQUENTIAL: [&str; 6] = [
+        "book_reservation",
+        "cancel_reservation",
+        "update_reservation_flights",
+        "update_reservation_baggages",
+        "update_reservation_passengers",
+        "send_certificate",
+    ];
+    let all: Vec<Value> = serde_json::from_str(
+        &std::fs::read_to_string(recording_dir().join("gpt-4o-airline.json")).unwrap(),
+    )
+    .unwrap();
     let n = 8;
     let expected_approvals: usize = all[..n]
         .iter()
@@ -210,10 +316,28 @@ fn manual_approvals_are_left_to_people_on_the_cli() {
 
     let dev = glia_testkit::fleet::Dev::start(&["--replay", recording_dir().to_str().unwrap()]);
     let server = dev.server.clone();
-    let mut child = batch(&["--server", &server, "--approve", "manual", "--limit", &n.to_string()]).spawn().unwrap();
+    let mut child = batch(&[
+        "--server",
+        &server,
+        "--approve",
+        "manual",
+        "--limit",
+        &n.to_string(),
+    ])
+    .spawn()
+    .unwrap();
     let glia = |args: &[&str]| {
-        let out = Command::new(glia_testkit::bin::glia_bin()).args(args).args(["--server", &server]).stdin(Stdio::null()).output().unwrap();
-        assert!(out.status.success(), "glia {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(glia_testkit::bin::glia_bin())
+            .args(args)
+            .args(["--server", &server])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "glia {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let mut approved = 0;
@@ -228,7 +352,14 @@ fn manual_approvals_are_left_to_people_on_the_cli() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let s = summary(child.wait_with_output().unwrap());
-    assert_eq!((s["runs"].as_u64(), s["reproduced"].as_u64()), (Some(n as u64), Some(n as u64)), "{s}");
+    assert_eq!(
+        (s["runs"].as_u64(), s["reproduced"].as_u64()),
+        (Some(n as u64), Some(n as u64)),
+        "{s}"
+    );
     assert_eq!(s["approvals"], expected_approvals, "{s}");
-    assert_eq!(approved, expected_approvals, "every approval was a person's, on the CLI");
+    assert_eq!(
+        approved, expected_approvals,
+        "every approval was a person's, on the CLI"
+    );
 }

@@ -123,7 +123,11 @@ impl DynTool for Garbage {
             policy: None,
         }
     }
-    fn call_raw(&self, _input: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<String, ToolFailure>> {
+    fn call_raw(
+        &self,
+        _input: Value,
+        _ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<String, ToolFailure>> {
         async { Ok("{\"flights\": [1, 2,".to_owned()) }.boxed()
     }
 }
@@ -131,7 +135,11 @@ impl DynTool for Garbage {
 /// All the fixture tools; `refunds` counts refund executions.
 pub fn tools(refunds: Arc<AtomicUsize>) -> ToolRegistry {
     let mut t = ToolRegistry::default();
-    t.register(Add).register(Refund(refunds)).register(Slow).register(Crashy).register(Failing);
+    t.register(Add)
+        .register(Refund(refunds))
+        .register(Slow)
+        .register(Crashy)
+        .register(Failing);
     t.register_dyn(Arc::new(Garbage)).unwrap();
     t
 }
@@ -144,14 +152,20 @@ pub fn agent(script: Vec<ScriptedTurn>) -> (Agent, Arc<ScriptedProvider>) {
 /// Like [`agent`] but the provider resumes after `served` turns, as a fresh process would.
 pub fn agent_at(script: Vec<ScriptedTurn>, served: usize) -> (Agent, Arc<ScriptedProvider>) {
     let provider = Arc::new(ScriptedProvider::new(script).starting_at(served));
-    let agent = Agent::new(provider.clone()).with_tools(tools(Arc::default())).with_clock(FixedClock(epoch()));
+    let agent = Agent::new(provider.clone())
+        .with_tools(tools(Arc::default()))
+        .with_clock(FixedClock(epoch()));
     (agent, provider)
 }
 
 /// A config where `refund` needs approval and `ask_customer` is external.
 pub fn approval_config() -> RunConfig {
     RunConfig {
-        policies: vec![Policy { tool: "refund".into(), args: None, action: PolicyAction::RequireApproval }],
+        policies: vec![Policy {
+            tool: "refund".into(),
+            args: None,
+            action: PolicyAction::RequireApproval,
+        }],
         external_tools: vec![ToolSpec {
             name: "ask_customer".into(),
             description: "Ask the customer a question; answered by the client.".into(),
@@ -175,13 +189,18 @@ pub fn names(log: &[Event]) -> Vec<&'static str> {
 
 /// Model responses recorded in `log` (how many scripted turns were served).
 pub fn served(log: &[Event]) -> usize {
-    log.iter().filter(|e| matches!(e.kind, EventKind::ModelResponse { .. })).count()
+    log.iter()
+        .filter(|e| matches!(e.kind, EventKind::ModelResponse { .. }))
+        .count()
 }
 
 /// Replay `log` and check it equals `state`.
 pub fn assert_replays(log: &[Event], state: &RunState) {
     let replayed = RunState::replay(state.run_id, log).expect("log replays");
-    assert_eq!(&replayed, state, "replaying the log must give the live state");
+    assert_eq!(
+        &replayed, state,
+        "replaying the log must give the live state"
+    );
 }
 
 /// Serialise to JSON and back, as a checkpoint would.
