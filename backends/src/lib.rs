@@ -38,13 +38,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use futures::stream::BoxStream;
-use glia_proto::{
-    Event, EventKind, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, Status, ToolContent,
-    ToolErrorKind, Usage,
-};
+use glia_proto::{Event, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, Status};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
+
+/// The spend a ledger counts and the results it holds are the contract's
+/// (`glia_proto`): the loop speaks them without linking a backend.
+pub use glia_proto::{HeldResult, Spend, SpendCap};
 
 /// A wake-up for a run: "run `run_id` has something to do; its head was
 /// `head_seq` when this was sent". JSON on the wire: `{"run_id": "…",
@@ -798,73 +799,6 @@ pub enum LedgerError {
     Unavailable(String),
 }
 
-/// An amount of model spend: what a call is estimated to cost, what it did
-/// cost, or what a budget scope has used.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Spend {
-    /// Tokens of every kind: uncached input, output, cache write and cache
-    /// read ([`Usage::total`]).
-    pub tokens: u64,
-    /// Cost in USD micros (1 USD = 1,000,000).
-    pub cost_usd_micros: u64,
-}
-
-impl Spend {
-    /// Nothing spent.
-    pub const ZERO: Spend = Spend {
-        tokens: 0,
-        cost_usd_micros: 0,
-    };
-
-    /// The spend of a call that used `usage` and cost `cost_usd_micros`.
-    pub fn of(usage: &Usage, cost_usd_micros: u64) -> Spend {
-        Spend {
-            tokens: usage.total(),
-            cost_usd_micros,
-        }
-    }
-
-    /// The model spend an event records: `model.response`, `plan.draft` and
-    /// `context.compacted` carry usage and cost; every other event `None`.
-    pub fn of_event(kind: &EventKind) -> Option<Spend> {
-        match kind {
-            EventKind::ModelResponse {
-                usage,
-                cost_usd_micros,
-                ..
-            }
-            | EventKind::PlanDraft {
-                usage,
-                cost_usd_micros,
-                ..
-            }
-            | EventKind::ContextCompacted {
-                usage,
-                cost_usd_micros,
-                ..
-            } => Some(Spend::of(usage, *cost_usd_micros)),
-            _ => None,
-        }
-    }
-
-    /// Both amounts added, saturating.
-    pub fn saturating_add(self, other: Spend) -> Spend {
-        Spend {
-            tokens: self.tokens.saturating_add(other.tokens),
-            cost_usd_micros: self.cost_usd_micros.saturating_add(other.cost_usd_micros),
-        }
-    }
-}
-
-/// The caps of one budget scope; `None` is uncapped. Same units as [`Spend`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct SpendCap {
-    /// Most tokens (every kind).
-    pub tokens: Option<u64>,
-    /// Most USD micros.
-    pub cost_usd_micros: Option<u64>,
-}
-
 /// Which cap of a [`SpendCap`] refused a reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -1060,24 +994,6 @@ pub trait Ledger: Send + Sync {
 /// seven days, longer than any lease and any reconciler round, so a run
 /// whose worker died is resumed well before its held results go.
 pub const HELD_RESULT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// A tool call's outcome, held in the [`Ledger`] by the worker that ran the
-/// call from the moment it exists until it is committed to the event log
-/// (see [`Ledger::hold_results`]). JSON: `{"call_id": "c1", "content": …,
-/// "error": "failed", "duration_ms": 12}` (`error` absent for a result).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HeldResult {
-    /// The call's id in the run.
-    pub call_id: String,
-    /// The result as the tool returned it (before `after_tool_call` hooks),
-    /// or the error text of a failure.
-    pub content: ToolContent,
-    /// `None` for a result; why the call failed otherwise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ToolErrorKind>,
-    /// Active time of the call in ms.
-    pub duration_ms: u64,
-}
 
 /// What [`Ledger::signal`] reads of a run: its cancel and operator-pause
 /// flags.

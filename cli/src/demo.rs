@@ -7,7 +7,7 @@
 //! payments API), and with `GLIA_DEMO_TOOL_DELAY_MS=N` it takes N ms first
 //! (a window for fault injection).
 
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
+use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};

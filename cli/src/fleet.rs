@@ -18,6 +18,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use clap::Args;
+use glia_agent::Agent;
+use glia_agent::budget_gate::TenantCaps;
+use glia_agent::provider::{Provider, ScriptLibrary};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::postgres::{PgLog, PgOptions};
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
@@ -26,11 +29,8 @@ use glia_backends::sqlite::{SqliteLog, SqliteOptions};
 use glia_backends::{EVENT_LOG, EventLog, JOB_QUEUE, JobQueue, LEDGER, Ledger};
 use glia_dispatcher::{Gate, Startup};
 use glia_providers::RateLimits;
-use glia_worker::Agent;
-use glia_worker::budget_gate::TenantCaps;
 use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
 use glia_worker::metrics::WorkerMetrics;
-use glia_worker::provider::{Provider, ScriptLibrary};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -151,7 +151,7 @@ impl Ports {
 
     /// A worker over these ports, taking resume hints
     /// (`PgLog::resume_hints`) when the log is Postgres.
-    pub fn worker(&self, agent: Arc<glia_worker::Agent>, options: WorkerOptions) -> Worker {
+    pub fn worker(&self, agent: Arc<glia_agent::Agent>, options: WorkerOptions) -> Worker {
         let hints = self
             .postgres
             .as_ref()
@@ -312,7 +312,7 @@ pub struct WorkerArgs {
     pub catalogue: CatalogueArgs,
 }
 
-/// The operator's catalogue (`glia_worker::catalogue`): providers, MCP
+/// The operator's catalogue (`glia_agent::catalogue`): providers, MCP
 /// servers, HTTP tool origins.
 #[derive(Args, Clone, Default)]
 pub struct CatalogueArgs {
@@ -327,19 +327,19 @@ pub struct CatalogueArgs {
 
 impl CatalogueArgs {
     /// The catalogue, parsed and checked; `None` without `--catalogue`.
-    pub fn load(&self) -> Result<Option<glia_worker::catalogue::Catalogue>> {
+    pub fn load(&self) -> Result<Option<glia_agent::catalogue::Catalogue>> {
         let Some(path) = &self.catalogue else {
             return Ok(None);
         };
         Ok(Some(
-            glia_worker::catalogue::Catalogue::load(path)
+            glia_agent::catalogue::Catalogue::load(path)
                 .map_err(|e| anyhow::anyhow!("invalid catalogue: {e}"))?,
         ))
     }
 
     /// The catalogue, parsed and checked, with every environment variable
     /// it names set (what a worker needs); `None` without `--catalogue`.
-    pub fn checked(&self) -> Result<Option<glia_worker::catalogue::Catalogue>> {
+    pub fn checked(&self) -> Result<Option<glia_agent::catalogue::Catalogue>> {
         let Some(catalogue) = self.load()? else {
             return Ok(None);
         };
@@ -369,14 +369,14 @@ impl CatalogueArgs {
         Ok(Self::admit_with(self.load()?.unwrap_or_default()))
     }
 
-    fn admit_with(catalogue: glia_worker::catalogue::Catalogue) -> glia_dispatcher::Admission {
+    fn admit_with(catalogue: glia_agent::catalogue::Catalogue) -> glia_dispatcher::Admission {
         Arc::new(move |config| catalogue.admit(config))
     }
 }
 
 /// `agent` offering `catalogue`'s MCP and HTTP tools (its MCP servers
 /// started); unchanged without one.
-fn equip(catalogue: Option<glia_worker::catalogue::Catalogue>, agent: Agent) -> Agent {
+fn equip(catalogue: Option<glia_agent::catalogue::Catalogue>, agent: Agent) -> Agent {
     let Some(catalogue) = catalogue else {
         return agent;
     };
@@ -386,7 +386,7 @@ fn equip(catalogue: Option<glia_worker::catalogue::Catalogue>, agent: Agent) -> 
         http_origins = catalogue.http.allowed_origins.len(),
         "operator catalogue loaded"
     );
-    agent.with_tool_sources(Arc::new(glia_worker::tool_sources::ToolSources::start(
+    agent.with_tool_sources(Arc::new(glia_agent::tool_sources::ToolSources::start(
         catalogue,
     )))
 }
@@ -500,8 +500,8 @@ fn replay_tools_catalogue(
     name: &str,
     file: &Path,
     tools: &Path,
-) -> Result<glia_worker::catalogue::Catalogue> {
-    use glia_worker::catalogue::{Catalogue, McpServerEntry, McpTransport, Trust};
+) -> Result<glia_agent::catalogue::Catalogue> {
+    use glia_agent::catalogue::{Catalogue, McpServerEntry, McpTransport, Trust};
     let exe = std::env::current_exe().context("locating the glia binary")?;
     let path = |p: &Path| {
         std::path::absolute(p)

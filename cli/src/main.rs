@@ -17,10 +17,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use glia_agent::agent::{EventSink, SinkError};
+use glia_agent::provider::{Provider, ScriptedProvider};
+use glia_agent::{Agent, async_trait};
 use glia_proto::{Decision, Event, EventKind, PullPoint, Resume, RunConfig, RunState, Status};
-use glia_worker::agent::{EventSink, SinkError};
-use glia_worker::provider::{Provider, ScriptedProvider};
-use glia_worker::{Agent, async_trait};
 
 #[derive(Parser)]
 #[command(name = "glia", version, about = "Durable, resumable LLM agent runs")]

@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use glia_agent::catalogue::Catalogue;
+use glia_agent::provider::Provider;
+use glia_proto::ProviderKind;
 use glia_providers::http::{HttpProvider, Wire};
 use glia_providers::{
-    PriceTable, ProviderConfig, ProviderKind, ProviderMetrics, RateLimiter, RateLimits,
-    RefusalIsolator,
+    PriceTable, ProviderConfig, ProviderMetrics, RateLimiter, RateLimits, RefusalIsolator,
 };
-use glia_worker::catalogue::{Catalogue, ProviderKind as CatalogueKind};
-use glia_worker::provider::Provider;
 
 /// Options naming a real model provider.
 #[derive(Args, Clone, Debug, Default)]
@@ -114,10 +114,7 @@ impl ProviderArgs {
         let prices = self.price_table()?;
         let mut built = Vec::new();
         for (name, entry) in &catalogue.providers {
-            let kind = match entry.kind {
-                CatalogueKind::Anthropic => ProviderKind::Anthropic,
-                CatalogueKind::Openai => ProviderKind::Openai,
-            };
+            let kind = entry.kind;
             let config = ProviderConfig {
                 base_url: Some(entry.base_url.clone()),
                 api_key_env: Some(entry.api_key_env.clone()),

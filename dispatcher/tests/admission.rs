@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use common::*;
+use glia_agent::catalogue::Catalogue;
 use glia_backends::{EventLog, RunFilter};
-use glia_worker::catalogue::Catalogue;
 use serde_json::json;
 
 const CATALOGUE: &str = r#"

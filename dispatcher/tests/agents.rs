@@ -429,7 +429,7 @@ async fn registry_on_postgres() {
 /// with nothing stored.
 #[tokio::test]
 async fn apply_refuses_what_admission_would_refuse() {
-    let catalogue = glia_worker::catalogue::Catalogue::parse(
+    let catalogue = glia_agent::catalogue::Catalogue::parse(
         "[http]\nallowed_origins = [\"https://orders.example.com\"]\n\n[mcp_servers.files]\ntransport = \"stdio\"\ncommand = \"npx\"\ntools_deny = [\"get_env\"]\n",
         "fleet.toml",
     )

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::Usage;
+use crate::{EventKind, Usage};
 
 /// Limits of one run. `None` means unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -216,4 +216,71 @@ impl Pricing {
             + u128::from(usage.cache_read_tokens) * u128::from(self.cache_read);
         u64::try_from(micro_millionths.div_ceil(1_000_000)).unwrap_or(u64::MAX)
     }
+}
+
+/// An amount of model spend: what a call is estimated to cost, what it did
+/// cost, or what a budget scope has used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Spend {
+    /// Tokens of every kind: uncached input, output, cache write and cache
+    /// read ([`Usage::total`]).
+    pub tokens: u64,
+    /// Cost in USD micros (1 USD = 1,000,000).
+    pub cost_usd_micros: u64,
+}
+
+impl Spend {
+    /// Nothing spent.
+    pub const ZERO: Spend = Spend {
+        tokens: 0,
+        cost_usd_micros: 0,
+    };
+
+    /// The spend of a call that used `usage` and cost `cost_usd_micros`.
+    pub fn of(usage: &Usage, cost_usd_micros: u64) -> Spend {
+        Spend {
+            tokens: usage.total(),
+            cost_usd_micros,
+        }
+    }
+
+    /// The model spend an event records: `model.response`, `plan.draft` and
+    /// `context.compacted` carry usage and cost; every other event `None`.
+    pub fn of_event(kind: &EventKind) -> Option<Spend> {
+        match kind {
+            EventKind::ModelResponse {
+                usage,
+                cost_usd_micros,
+                ..
+            }
+            | EventKind::PlanDraft {
+                usage,
+                cost_usd_micros,
+                ..
+            }
+            | EventKind::ContextCompacted {
+                usage,
+                cost_usd_micros,
+                ..
+            } => Some(Spend::of(usage, *cost_usd_micros)),
+            _ => None,
+        }
+    }
+
+    /// Both amounts added, saturating.
+    pub fn saturating_add(self, other: Spend) -> Spend {
+        Spend {
+            tokens: self.tokens.saturating_add(other.tokens),
+            cost_usd_micros: self.cost_usd_micros.saturating_add(other.cost_usd_micros),
+        }
+    }
+}
+
+/// The caps of one budget scope; `None` is uncapped. Same units as [`Spend`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SpendCap {
+    /// Most tokens (every kind).
+    pub tokens: Option<u64>,
+    /// Most USD micros.
+    pub cost_usd_micros: Option<u64>,
 }

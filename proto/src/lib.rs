@@ -3,7 +3,7 @@
 //! - [`content`]: content blocks, messages, usage;
 //! - [`event`]: the event catalogue and its envelope;
 //! - [`state`]: `RunState` and its one transition function [`RunState::apply`];
-//! - [`budget`]: limits, usage arithmetic, prices;
+//! - [`budget`]: limits, usage arithmetic, prices, spend counted across runs;
 //! - [`repair`]: building a provider-valid message list from any history;
 //! - [`marker`]: text glia inserts into conversations, and its predicate;
 //! - [`config`]: a run's configuration, tool specs and policies;
@@ -11,7 +11,10 @@
 //! - [`stop`]: stop reasons as outcomes: classes, the run's policy;
 //! - [`agent`]: agent definitions, declarative guardrails and compaction;
 //! - [`strict`]: parsing configuration strictly, errors naming the path.
-//! - [`tool_sources`]: MCP and HTTP tools a run names, per-tool policy.
+//! - [`tool_sources`]: MCP and HTTP tools a run names, per-tool policy;
+//! - [`provider`]: the provider boundary (the [`Provider`] trait, request,
+//!   response, error) and the provider kinds;
+//! - [`held`]: a tool call's outcome held until it is committed.
 //!
 //! Pure: no I/O and no async runtime.
 
@@ -22,8 +25,10 @@ pub mod budget;
 pub mod config;
 pub mod content;
 pub mod event;
+pub mod held;
 pub mod limits;
 pub mod marker;
+pub mod provider;
 pub mod repair;
 pub mod state;
 pub mod stop;
@@ -34,7 +39,7 @@ pub use agent::{
     AgentDefinition, AgentRef, CompactionSpec, CompactionStrategy, Guardrails, Redaction, TextRule,
     Withheld,
 };
-pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing};
+pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing, Spend, SpendCap};
 pub use config::{
     ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy,
     PolicyAction, RunConfig, ToolSpec, compile_tool_schema, json_type,
@@ -46,6 +51,11 @@ pub use content::{
 pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent,
     Outcome, PauseReason, PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
+};
+pub use held::HeldResult;
+pub use provider::{
+    ModelRequest, ModelResponse, Provider, ProviderError, ProviderKind, ToolChoice,
+    validate_request,
 };
 pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
 pub use stop::{ProtectedTurn, RefusedTurn, RejectedAnswer, StopAction, StopClass, StopPolicy};

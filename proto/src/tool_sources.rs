@@ -1,7 +1,7 @@
 //! Tool sources a tenant's run may name: tools of MCP servers and HTTP tools,
 //! and per-tool policy. The tenant side of the trust boundary: a run names a
 //! server or a URL; the worker's operator catalogue (`glia worker
-//! --catalogue FILE`, `glia_worker::catalogue`) says which servers exist, how
+//! --catalogue FILE`, `glia_agent::catalogue`) says which servers exist, how
 //! they are started or reached, which secrets they get, and which origins
 //! HTTP tools may call. Nothing here can carry a command, an environment
 //! variable, a header value or a secret: every type rejects unknown fields.

@@ -54,8 +54,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use glia_proto::provider::{ModelRequest, ModelResponse, ToolChoice};
 use glia_proto::{ContentBlock, LiveEvent, Message, Role, Usage};
-use glia_worker::provider::{ModelRequest, ModelResponse, ToolChoice};
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 

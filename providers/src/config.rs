@@ -6,59 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Which wire format a provider speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProviderKind {
-    /// Anthropic Messages API (`POST {base}/v1/messages`).
-    Anthropic,
-    /// OpenAI Chat Completions and compatible servers: OpenAI, vLLM, Ollama,
-    /// llama.cpp server, OpenRouter (`POST {base}/chat/completions`).
-    Openai,
-}
-
-impl ProviderKind {
-    /// `anthropic` or `openai`: the name used in price tables, metrics and
-    /// rate-limit keys.
-    pub fn name(self) -> &'static str {
-        match self {
-            ProviderKind::Anthropic => "anthropic",
-            ProviderKind::Openai => "openai",
-        }
-    }
-
-    /// The public endpoint used when the config names no base URL.
-    pub fn default_base_url(self) -> &'static str {
-        match self {
-            ProviderKind::Anthropic => "https://api.anthropic.com",
-            ProviderKind::Openai => "https://api.openai.com/v1",
-        }
-    }
-
-    /// The environment variable read when the config names none:
-    /// `ANTHROPIC_API_KEY` or `OPENAI_API_KEY`.
-    pub fn default_key_env(self) -> &'static str {
-        match self {
-            ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
-            ProviderKind::Openai => "OPENAI_API_KEY",
-        }
-    }
-}
-
-impl std::str::FromStr for ProviderKind {
-    type Err = ConfigError;
-
-    /// `anthropic`, or `openai` (also `openai-compatible`, `vllm`, `ollama`,
-    /// `llamacpp`, `openrouter`, which speak the same wire format).
-    fn from_str(s: &str) -> Result<Self, ConfigError> {
-        match s.to_ascii_lowercase().as_str() {
-            "anthropic" => Ok(ProviderKind::Anthropic),
-            "openai" | "openai-compatible" | "vllm" | "ollama" | "llamacpp" | "llama.cpp"
-            | "openrouter" => Ok(ProviderKind::Openai),
-            other => Err(ConfigError::UnknownKind(other.to_owned())),
-        }
-    }
-}
+use glia_proto::provider::{ProviderKind, UnknownProviderKind};
 
 /// How to reach one provider. JSON example: `{"kind": "anthropic",
 /// "base_url": "http://127.0.0.1:8080", "api_key_env": "ANTHROPIC_API_KEY"}`.
@@ -204,4 +152,10 @@ impl fmt::Display for ApiKey {
 /// Redact `text` with `key` when there is one.
 pub(crate) fn redact(key: Option<&ApiKey>, text: &str) -> String {
     key.map_or_else(|| text.to_owned(), |k| k.redact(text))
+}
+
+impl From<UnknownProviderKind> for ConfigError {
+    fn from(e: UnknownProviderKind) -> Self {
+        ConfigError::UnknownKind(e.0)
+    }
 }

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use glia_worker::provider::ProviderError;
+use glia_proto::provider::ProviderError;
 use reqwest::header::HeaderMap;
 
 /// One failed model call.

@@ -34,8 +34,8 @@
 //! no output count) returns usage marked `estimated` with the missing counts
 //! at zero; [`fill_missing`] estimates exactly those.
 
+use glia_proto::provider::ModelRequest;
 use glia_proto::{ContentBlock, Message, ResultBlock, ToolContent, Usage};
-use glia_worker::provider::ModelRequest;
 
 /// Per-message overhead of the chat format, tokens.
 const PER_MESSAGE: u64 = 4;

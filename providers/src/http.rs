@@ -15,8 +15,8 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
+use glia_proto::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use glia_proto::{LiveEvent, Pricing, Retry, Usage};
-use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 

@@ -1,5 +1,5 @@
 //! glia-providers: real model providers behind glia's provider boundary
-//! ([`glia_worker::provider::Provider`]).
+//! ([`glia_proto::provider::Provider`]).
 //!
 //! - [`anthropic`]: the Anthropic Messages API (streaming and not, prompt
 //!   caching breakpoints, tools, extended thinking);
@@ -19,7 +19,8 @@
 //! - [`metrics`]: Prometheus counters.
 //!
 //! ```no_run
-//! use glia_providers::{ProviderConfig, ProviderKind, from_config};
+//! use glia_proto::ProviderKind;
+//! use glia_providers::{ProviderConfig, from_config};
 //! let mut config = ProviderConfig::new(ProviderKind::Anthropic);
 //! config.base_url = Some("http://127.0.0.1:8080".into());
 //! let provider = from_config(&config).expect("ANTHROPIC_API_KEY is set");
@@ -44,7 +45,7 @@ use std::sync::Arc;
 
 pub use anthropic::Anthropic;
 pub use clock::{Clock, SystemClock};
-pub use config::{ApiKey, ConfigError, ProviderConfig, ProviderKind};
+pub use config::{ApiKey, ConfigError, ProviderConfig};
 pub use error::CallError;
 pub use http::{CallObserver, HttpProvider, RetryEvent, RetryPolicy, Wire};
 pub use metrics::ProviderMetrics;
@@ -53,7 +54,7 @@ pub use pricing::{PriceError, PriceTable};
 pub use ratelimit::{RateCost, RateKey, RateLimiter, RateLimits};
 pub use refusal::{Elision, ElisionObserver, RefusalIsolator};
 
-use glia_worker::provider::Provider;
+use glia_proto::provider::{Provider, ProviderKind};
 
 fn checked_base_url(config: &ProviderConfig) -> Result<String, ConfigError> {
     let url = config.base_url();

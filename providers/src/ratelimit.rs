@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use glia_proto::Usage;
-use glia_worker::provider::ModelRequest;
+use glia_proto::provider::ModelRequest;
 use redis::aio::ConnectionManager;
 use redis::{RedisError, Script};
 use sha2::{Digest, Sha256};

@@ -30,10 +30,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use glia_proto::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 use glia_proto::repair::protected_turns;
 pub use glia_proto::repair::{elide, elision_text};
 use glia_proto::{LiveEvent, Message, Pricing, ProtectedTurn, RefusedTurn, Usage};
-use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError};
 
 /// One message replaced by an elision.
 #[derive(Debug, Clone, PartialEq)]

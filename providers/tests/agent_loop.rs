@@ -1,4 +1,4 @@
-//! The glia loop (`glia_worker::Agent`) running a two-turn tool conversation
+//! The glia loop (`glia_agent::Agent`) running a two-turn tool conversation
 //! end to end against each adapter's local server, with the exact request
 //! bodies checked: the tool_use / tool_result pairing, the cache breakpoints
 //! on the stable prefix, and cost from the price table.
@@ -8,13 +8,13 @@ mod common;
 use std::sync::Arc;
 
 use common::{Reply, Server, fixture, fixture_json};
+use glia_agent::provider::Provider;
+use glia_agent::tool::{ToolContext, ToolRegistry};
+use glia_agent::{Agent, FixedClock};
 use glia_proto::{Event, EventKind, Outcome, RunConfig, Status, ToolErrorKind, Usage};
 use glia_providers::http::{HttpProvider, http_client};
 use glia_providers::{Anthropic, ApiKey, OpenAi, PriceTable, RefusalIsolator, Wire};
 use glia_testkit::tools::Add;
-use glia_worker::provider::Provider;
-use glia_worker::tool::{ToolContext, ToolRegistry};
-use glia_worker::{Agent, FixedClock};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -633,9 +633,9 @@ async fn estimated_usage_trips_a_token_budget() {
 /// its next call is refused once the estimate passes the cap.
 #[tokio::test]
 async fn estimated_usage_counts_against_the_tenant_daily_cap() {
+    use glia_agent::budget_gate::{TenantCap, TenantCaps};
     use glia_backends::memory::{MemoryLedger, MemoryLog};
     use glia_backends::{EventLog, NewRun};
-    use glia_worker::budget_gate::{TenantCap, TenantCaps};
     use glia_worker::fleet::LedgerGate;
 
     let server = Server::replay(vec![

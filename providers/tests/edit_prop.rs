@@ -7,11 +7,11 @@
 
 use std::sync::{Arc, Mutex};
 
+use glia_agent::provider::{ModelRequest, ScriptedProvider, ScriptedTurn};
+use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
+use glia_agent::{Agent, FixedClock};
 use glia_proto::{Decision, Outcome, Policy, PolicyAction, Resume, RunConfig, RunState, Status};
 use glia_providers::{Anthropic, OpenAi, Wire};
-use glia_worker::provider::{ModelRequest, ScriptedProvider, ScriptedTurn};
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
-use glia_worker::{Agent, FixedClock};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use uuid::Uuid;

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Reply, ScaledClock, Server, fixture, request};
+use glia_agent::provider::Provider;
 use glia_providers::http::{HttpProvider, http_client};
 use glia_providers::ratelimit::{Admission, Permit, RateCost, RateKey, RateLimiter, RateLimits};
 use glia_providers::{Anthropic, ApiKey};
-use glia_worker::provider::Provider;
 
 const T0: u64 = 1_767_225_600_000;
 

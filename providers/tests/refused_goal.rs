@@ -9,6 +9,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{Reply, Seen, Server, fixture};
+use glia_agent::provider::Provider;
+use glia_agent::tool::ToolRegistry;
+use glia_agent::{Agent, FixedClock};
 use glia_proto::{
     Event, EventKind, Outcome, ProtectedTurn, RefusedTurn, RunConfig, RunState, Status, StopAction,
     StopClass,
@@ -16,9 +19,6 @@ use glia_proto::{
 use glia_providers::http::{HttpProvider, http_client};
 use glia_providers::{Anthropic, OpenAi, RefusalIsolator, Wire};
 use glia_testkit::tools::Add;
-use glia_worker::provider::Provider;
-use glia_worker::tool::ToolRegistry;
-use glia_worker::{Agent, FixedClock};
 use uuid::Uuid;
 
 /// The goal the provider refuses.

@@ -5,11 +5,11 @@
 mod common;
 
 use common::{Deltas, chunked, fixture};
+use glia_agent::provider::ModelResponse;
 use glia_proto::LiveEvent;
 use glia_providers::error::CallError;
 use glia_providers::http::ByteStream;
 use glia_providers::{anthropic, openai};
-use glia_worker::provider::ModelResponse;
 
 type Decoded = (Result<ModelResponse, CallError>, String, String);
 

@@ -10,12 +10,12 @@ mod common;
 use std::sync::Arc;
 
 use common::{Reply, Server};
+use glia_agent::{Agent, FixedClock};
 use glia_proto::{
     Disposition, Event, EventKind, PullPoint, RunConfig, Status, ToolErrorKind, ToolSpec,
 };
 use glia_providers::http::{HttpProvider, http_client};
 use glia_providers::{Anthropic, ApiKey, OpenAi, Wire};
-use glia_worker::{Agent, FixedClock};
 use serde_json::{Value, json};
 use uuid::Uuid;
 

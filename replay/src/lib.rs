@@ -8,7 +8,7 @@
 //!   checks every request against the recording first (system prompt, tools
 //!   offered, every message: text, tool call ids and arguments, tool
 //!   results). On any difference the call fails with
-//!   [`glia_worker::provider::ProviderError::Diverged`] naming the first
+//!   [`glia_proto::provider::ProviderError::Diverged`] naming the first
 //!   differing message, and the run fails with it.
 //! - [`Recording::tools`] gives one [`RecordedTool`] per recorded tool: a call
 //!   returns the output recorded for that call (same call id, tool and

@@ -8,7 +8,7 @@
 //! consequential tools — `idempotentHint: false`). `tools/call` answers the
 //! output recorded for the call: the call id is the last part of the
 //! idempotency key in `_meta` (`glia/idempotency_key` =
-//! `{run_id}:{turn}:{call_id}`, `glia_worker::mcp::IDEMPOTENCY_META_KEY`),
+//! `{run_id}:{turn}:{call_id}`, `glia_agent::mcp::IDEMPOTENCY_META_KEY`),
 //! matched with the tool name and the canonical arguments, as
 //! [`crate::RecordedTool`] matches them. A call the recording lacks, or one
 //! without the key, is an `isError` result naming it. Protocol: the MCP
@@ -18,8 +18,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use glia_agent::mcp::IDEMPOTENCY_META_KEY;
 use glia_proto::{RunConfig, ToolPolicy, ToolSpec, canonical_json};
-use glia_worker::mcp::IDEMPOTENCY_META_KEY;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
     PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerConfig, Tool,

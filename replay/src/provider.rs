@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use glia_proto::{ContentBlock, LiveEvent, Usage};
-use glia_worker::async_trait;
-use glia_worker::provider::{
+use glia_proto::provider::async_trait;
+use glia_proto::provider::{
     ModelRequest, ModelResponse, Provider, ProviderError, validate_request,
 };
+use glia_proto::{ContentBlock, LiveEvent, Usage};
 
 use crate::Conversation;
 

@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use glia_agent::tool::ToolRegistry;
 use glia_proto::{
     BudgetLimits, ContentBlock, InterruptedCall, Message, Policy, PolicyAction, Role, RunConfig,
     ToolSpec,
 };
-use glia_worker::tool::ToolRegistry;
 
 use crate::provider::ReplayProvider;
 use crate::tools::{CallKey, RecordedTool};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use glia_agent::tool::{DynTool, ToolContext, ToolFailure};
 use glia_proto::{ToolSpec, canonical_json};
-use glia_worker::tool::{DynTool, ToolContext, ToolFailure};
 use serde_json::Value;
 
 /// What identifies a recorded call: call id, tool name and the canonical

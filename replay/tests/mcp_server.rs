@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
+use glia_agent::mcp::IDEMPOTENCY_META_KEY;
 use glia_replay::mcp::RecordedToolServer;
-use glia_worker::mcp::IDEMPOTENCY_META_KEY;
 use rmcp::ServiceExt;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, RequestMetaObject,

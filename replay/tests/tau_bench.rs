@@ -6,11 +6,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use glia_agent::Agent;
 use glia_proto::{
     Decision, Event, EventKind, Outcome, PauseReason, PullPoint, Resume, RunState, Status,
 };
 use glia_replay::{Conversation, CustomerMove, Recording};
-use glia_worker::Agent;
 use uuid::Uuid;
 
 fn recording() -> Recording {

@@ -37,8 +37,8 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
 
-/// The `_meta` key of the call's idempotency key (as `glia_worker::mcp::IDEMPOTENCY_META_KEY`).
-const KEY: &str = glia_worker::mcp::IDEMPOTENCY_META_KEY;
+/// The `_meta` key of the call's idempotency key (as `glia_agent::mcp::IDEMPOTENCY_META_KEY`).
+const KEY: &str = glia_agent::mcp::IDEMPOTENCY_META_KEY;
 
 /// `t`, `f`, `a`: the hint's value in a tool name.
 fn letter(hint: Option<bool>) -> char {

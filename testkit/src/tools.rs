@@ -4,7 +4,7 @@
 //! tool that records each execution in its own ledger (`GLIA_DEMO_EFFECTS`,
 //! see `cli/src/demo.rs`).
 
-use glia_worker::tool::{Tool, ToolContext, ToolFailure};
+use glia_agent::tool::{Tool, ToolContext, ToolFailure};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};

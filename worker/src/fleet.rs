@@ -49,9 +49,9 @@ use uuid::Uuid;
 
 use tracing::Instrument;
 
-use crate::agent::{Agent, AgentError, Clock, EventSink, SinkError, SystemClock};
-use crate::budget_gate::{BudgetGate, GateDecision, GateError, Spend, TenantCap, TenantCaps};
 use crate::metrics::{RunObserver, WorkerMetrics};
+use glia_agent::agent::{Agent, AgentError, Clock, EventSink, SinkError, SystemClock};
+use glia_agent::budget_gate::{BudgetGate, GateDecision, GateError, Spend, TenantCap, TenantCaps};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]

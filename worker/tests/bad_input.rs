@@ -7,12 +7,12 @@
 mod common;
 
 use common::*;
+use glia_agent::AgentError;
+use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
     ContentBlock, Decision, Disposition, Event, EventKind, Outcome, PullPoint, Resume, RunConfig,
     RunState, Status, ToolErrorKind, TransitionError,
 };
-use glia_worker::AgentError;
-use glia_worker::provider::ScriptedTurn;
 use serde_json::json;
 
 /// The tool errors in `log`, in order.
@@ -489,11 +489,11 @@ async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
         let mut state = RunState::replay(run_id(), &log).unwrap();
         let refunds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let provider = std::sync::Arc::new(
-            glia_worker::provider::ScriptedProvider::new(script.clone()).starting_at(served(&log)),
+            glia_agent::provider::ScriptedProvider::new(script.clone()).starting_at(served(&log)),
         );
-        let fresh = glia_worker::Agent::new(provider)
+        let fresh = glia_agent::Agent::new(provider)
             .with_tools(tools(refunds.clone()))
-            .with_clock(glia_worker::FixedClock(epoch()));
+            .with_clock(glia_agent::FixedClock(epoch()));
         let status = fresh.advance(&mut state, None, &mut log).await.unwrap();
         assert_eq!(
             status,
@@ -524,7 +524,7 @@ async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
         };
         assert!(matches!(
             fresh.advance(&mut state, Some(stale), &mut log).await,
-            Err(glia_worker::AgentError::InvalidResume(_))
+            Err(glia_agent::AgentError::InvalidResume(_))
         ));
         let decision = if approve {
             Decision::Approve
@@ -576,12 +576,12 @@ async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
             let mut again = log[..cut].to_vec();
             let mut state = RunState::replay(run_id(), &again).unwrap();
             let provider = std::sync::Arc::new(
-                glia_worker::provider::ScriptedProvider::new(script.clone())
+                glia_agent::provider::ScriptedProvider::new(script.clone())
                     .starting_at(served(&again)),
             );
-            let fresh = glia_worker::Agent::new(provider)
+            let fresh = glia_agent::Agent::new(provider)
                 .with_tools(tools(refunds.clone()))
-                .with_clock(glia_worker::FixedClock(epoch()));
+                .with_clock(glia_agent::FixedClock(epoch()));
             fresh.advance(&mut state, None, &mut again).await.unwrap();
             assert_eq!(tool_errors(&again)[0].0, ToolErrorKind::OutcomeUnknown);
             assert_eq!(refunds.load(std::sync::atomic::Ordering::SeqCst), 0);

@@ -7,12 +7,12 @@ mod common;
 
 use chrono::Utc;
 use common::*;
+use glia_agent::AgentError;
+use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
     AgentDefinition, Event, EventKind, GuardrailStage, Outcome, PullPoint, Resume, RunConfig,
     RunState, Status,
 };
-use glia_worker::AgentError;
-use glia_worker::provider::ScriptedTurn;
 use serde_json::json;
 
 const AGENT: &str = r#"

@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Add, AddArgs};
+use glia_agent::Agent;
+use glia_agent::provider::{ScriptLibrary, ScriptedTurn};
+use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{EventLog, JobQueue, NewRun, RunFilter, RunStatus};
 use glia_proto::{
     BudgetLimits, Decision, Event, EventKind, Outcome, Policy, PolicyAction, PullPoint, Resume,
     RunConfig, RunState, ToolSpec,
 };
-use glia_worker::Agent;
 use glia_worker::fleet::{Worker, WorkerOptions};
-use glia_worker::provider::{ScriptLibrary, ScriptedTurn};
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -146,7 +146,7 @@ impl Fleet {
     fn start_with(
         workers: usize,
         lease_ttl: Duration,
-        provider: Arc<dyn glia_worker::provider::Provider>,
+        provider: Arc<dyn glia_agent::provider::Provider>,
         reconcile: bool,
     ) -> Fleet {
         let log = Arc::new(MemoryLog::default());
@@ -666,25 +666,25 @@ struct Awkward {
     calls: std::sync::atomic::AtomicUsize,
 }
 
-#[glia_worker::async_trait]
-impl glia_worker::provider::Provider for Awkward {
+#[glia_agent::async_trait]
+impl glia_agent::provider::Provider for Awkward {
     async fn generate(
         &self,
-        request: &glia_worker::provider::ModelRequest,
+        request: &glia_agent::provider::ModelRequest,
         live: &(dyn Fn(glia_proto::LiveEvent) + Send + Sync),
-    ) -> Result<glia_worker::provider::ModelResponse, glia_worker::provider::ProviderError> {
+    ) -> Result<glia_agent::provider::ModelResponse, glia_agent::provider::ProviderError> {
         let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         match request.model.as_str() {
             "hang" => {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 unreachable!("nobody waits an hour")
             }
-            "flaky" if n == 0 => Err(glia_worker::provider::ProviderError::Transient {
+            "flaky" if n == 0 => Err(glia_agent::provider::ProviderError::Transient {
                 message: "overloaded".into(),
                 retry_after_ms: Some(100),
             }),
             _ => {
-                let request = glia_worker::provider::ModelRequest {
+                let request = glia_agent::provider::ModelRequest {
                     model: "script:plain".into(),
                     ..request.clone()
                 };

@@ -26,16 +26,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use glia_agent::agent::Agent;
+use glia_agent::catalogue::Catalogue;
+use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
+use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
+use glia_agent::tool_sources::ToolSources;
 use glia_proto::{
     AgentRef, Decision, Event, EventKind, McpToolSource, Outcome, Policy, PolicyAction, PullPoint,
     Resume, RunConfig, RunState, Status, ToolPolicy, ToolSpec,
 };
 use glia_testkit::lying_mcp::{self, GET_ENV};
-use glia_worker::agent::Agent;
-use glia_worker::catalogue::Catalogue;
-use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
-use glia_worker::tool_sources::ToolSources;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -711,7 +711,7 @@ async fn operator_deny_and_allow_lists_keep_get_env_from_tenants() {
     // The worker refuses it before `session.start` (its catalogue check),
     // or, for a run already started, fails it at its next step's tools.
     match agent.run(Uuid::now_v7(), "dump it", config, &mut log).await {
-        Err(glia_worker::agent::AgentError::Config(error))
+        Err(glia_agent::agent::AgentError::Config(error))
         | Ok((_, Status::Done(Outcome::Failed { error }))) => {
             assert!(
                 error.contains("mcp[0].allow[0]") && error.contains("tools_deny"),

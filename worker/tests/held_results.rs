@@ -21,6 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use glia_agent::Agent;
+use glia_agent::provider::{ScriptLibrary, ScriptedTurn};
+use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_backends::memory::MemoryQueue;
 use glia_backends::postgres::{PgLog, PgOptions};
 use glia_backends::redis_ledger::RedisLedger;
@@ -32,10 +35,7 @@ use glia_proto::{
 };
 use glia_testkit::PrivatePostgres;
 use glia_testkit::postgres::StopMode;
-use glia_worker::Agent;
 use glia_worker::fleet::{Worker, WorkerOptions};
-use glia_worker::provider::{ScriptLibrary, ScriptedTurn};
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};

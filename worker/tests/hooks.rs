@@ -6,12 +6,12 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
+use glia_agent::hooks::{Hooks, Verdict};
+use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
     EventKind, HookEffect, HookTopic, Outcome, PauseReason, PullPoint, Resume, RunConfig, Status,
     ToolErrorKind,
 };
-use glia_worker::hooks::{Hooks, Verdict};
-use glia_worker::provider::ScriptedTurn;
 use serde_json::json;
 
 /// Hooks that record every topic they see.

@@ -12,12 +12,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
+use glia_agent::agent::Agent;
+use glia_agent::catalogue::Catalogue;
+use glia_agent::http_tool::{HttpCall, HttpTools};
+use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
+use glia_agent::tool_sources::ToolSources;
 use glia_proto::{EventKind, HttpTool, McpToolSource, Outcome, RunConfig, Status, ToolErrorKind};
-use glia_worker::agent::Agent;
-use glia_worker::catalogue::Catalogue;
-use glia_worker::http_tool::{HttpCall, HttpTools};
-use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
-use glia_worker::tool_sources::ToolSources;
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use glia_agent::compact::{DropOldest, Summarize};
+use glia_agent::policy::Guardrail;
+use glia_agent::provider::{ScriptedProvider, ScriptedTurn, ToolChoice};
+use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
+use glia_agent::{Agent, FixedClock};
 use glia_proto::marker::{Insert, classify, is_machine_text};
 use glia_proto::{
     BudgetLimits, ContentBlock, EventKind, Outcome, PlannerKind, Policy, PolicyAction, Pricing,
     RunConfig, Status, ToolErrorKind,
 };
-use glia_worker::compact::{DropOldest, Summarize};
-use glia_worker::policy::Guardrail;
-use glia_worker::provider::{ScriptedProvider, ScriptedTurn, ToolChoice};
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
-use glia_worker::{Agent, FixedClock};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;

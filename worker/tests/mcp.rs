@@ -9,16 +9,16 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use glia_agent::agent::{Agent, EventSink, SinkError};
+use glia_agent::catalogue::Catalogue;
+use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
+use glia_agent::tool::ToolContext;
+use glia_agent::tool_sources::{OfferError, ToolSources};
 use glia_proto::{
     ContentBlock, Event, EventKind, ImageSource, LiveEvent, McpToolSource, Outcome, ResultBlock,
     Role, RunConfig, RunState, Status, ToolContent, ToolErrorKind, ToolPolicy, ToolSource,
     args_hash,
 };
-use glia_worker::agent::{Agent, EventSink, SinkError};
-use glia_worker::catalogue::Catalogue;
-use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
-use glia_worker::tool::ToolContext;
-use glia_worker::tool_sources::{OfferError, ToolSources};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -86,7 +86,7 @@ struct Recorder {
     on_live: Option<Box<dyn Fn(&LiveEvent) + Send + Sync>>,
 }
 
-#[glia_worker::async_trait]
+#[glia_agent::async_trait]
 impl EventSink for Recorder {
     async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
         self.events.push(event.clone());
@@ -260,7 +260,7 @@ async fn stdio_list_call_content_kinds_and_progress() {
         "{out}"
     );
     let seen = seen.lock().unwrap().clone();
-    // Reports come in order; the last one races the result (see glia_worker::mcp).
+    // Reports come in order; the last one races the result (see glia_agent::mcp).
     assert!(
         ["1/3", "2/3", "3/3"].starts_with(&seen.iter().map(String::as_str).collect::<Vec<_>>())
             && seen.len() >= 2,
@@ -699,7 +699,7 @@ async fn a_cancelled_call_sends_notifications_cancelled_with_the_key_in_meta() {
         .find(|m| m["method"] == "tools/call")
         .expect("tools/call on the wire");
     assert_eq!(
-        request["params"]["_meta"][glia_worker::mcp::IDEMPOTENCY_META_KEY],
+        request["params"]["_meta"][glia_agent::mcp::IDEMPOTENCY_META_KEY],
         "key-cancel-me"
     );
     let cancelled = messages
@@ -888,7 +888,7 @@ async fn a_server_that_is_down_is_a_clear_error() {
         .expect_err("the step's tools cannot be listed");
     let text = err.to_string();
     assert!(
-        matches!(err, glia_worker::AgentError::ToolSource(_)),
+        matches!(err, glia_agent::AgentError::ToolSource(_)),
         "{err:?}"
     );
     assert!(
@@ -910,7 +910,7 @@ async fn a_server_that_is_down_is_a_clear_error() {
 /// kinds), written as MCP 2025-06-18 `CallToolResult` JSON.
 #[test]
 fn render_maps_every_mcp_content_kind() {
-    use glia_worker::mcp::render;
+    use glia_agent::mcp::render;
     let result = |v: Value| {
         serde_json::from_value::<rmcp::model::CallToolResult>(v).expect("a CallToolResult")
     };

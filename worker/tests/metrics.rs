@@ -7,9 +7,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{Observed, run_id};
+use glia_agent::provider::ScriptedTurn;
 use glia_proto::{BudgetLimits, Retry, RunConfig, RunState, Status};
 use glia_worker::metrics::{RunObserver, WorkerMetrics};
-use glia_worker::provider::ScriptedTurn;
 use serde_json::json;
 
 /// The value of the sample `series` (name and labels, exactly as encoded).

@@ -8,16 +8,16 @@ mod common;
 use std::sync::Arc;
 
 use common::{Add, LiveSink as Sink, epoch, run_id};
+use glia_agent::provider::{
+    ModelRequest, ModelResponse, Provider, ProviderError, ScriptedProvider, ScriptedTurn,
+};
+use glia_agent::tool::ToolRegistry;
+use glia_agent::{Agent, FixedClock, async_trait};
 use glia_proto::repair::elision_text;
 use glia_proto::{
     ContentBlock, Event, EventKind, LiveEvent, Outcome, PauseReason, Pricing, PullPoint, Resume,
     Retry, RunConfig, RunState, Status,
 };
-use glia_worker::provider::{
-    ModelRequest, ModelResponse, Provider, ProviderError, ScriptedProvider, ScriptedTurn,
-};
-use glia_worker::tool::ToolRegistry;
-use glia_worker::{Agent, FixedClock, async_trait};
 use serde_json::json;
 
 fn agent(provider: Arc<dyn Provider>) -> Agent {

@@ -5,11 +5,11 @@
 mod common;
 
 use common::*;
+use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
     BudgetLimits, Decision, Limit, Outcome, PauseReason, PullPoint, Resume, RunConfig, RunState,
     Status,
 };
-use glia_worker::provider::ScriptedTurn;
 use serde_json::json;
 
 /// What to post at each park: a function of the parked state.
@@ -467,7 +467,7 @@ async fn a_run_paused_by_its_budget_can_be_closed_but_takes_no_closing_words() {
         )
         .await;
     assert!(
-        matches!(words, Err(glia_worker::AgentError::InvalidResume(_))),
+        matches!(words, Err(glia_agent::AgentError::InvalidResume(_))),
         "{words:?}"
     );
     let (log, state) = same_log_either_way(script, config, &[close]).await;
@@ -478,7 +478,7 @@ async fn a_run_paused_by_its_budget_can_be_closed_but_takes_no_closing_words() {
 
 /// A tool that hands the conversation to a person: `return_direct`.
 struct Handoff;
-impl glia_worker::tool::DynTool for Handoff {
+impl glia_agent::tool::DynTool for Handoff {
     fn spec(&self) -> glia_proto::ToolSpec {
         glia_proto::ToolSpec {
             name: "handoff".into(),
@@ -499,8 +499,8 @@ impl glia_worker::tool::DynTool for Handoff {
     fn call_raw(
         &self,
         _input: serde_json::Value,
-        _ctx: glia_worker::tool::ToolContext,
-    ) -> futures::future::BoxFuture<'static, Result<String, glia_worker::tool::ToolFailure>> {
+        _ctx: glia_agent::tool::ToolContext,
+    ) -> futures::future::BoxFuture<'static, Result<String, glia_agent::tool::ToolFailure>> {
         Box::pin(async { Ok("Transfer successful".to_owned()) })
     }
 }
@@ -512,13 +512,13 @@ async fn a_return_direct_tool_ends_the_run_with_its_result() {
         ScriptedTurn::call("handoff", json!({})),
         ScriptedTurn::text("never asked"),
     ];
-    let mut tools = glia_worker::tool::ToolRegistry::default();
+    let mut tools = glia_agent::tool::ToolRegistry::default();
     tools.register(Add);
     tools.register_dyn(std::sync::Arc::new(Handoff)).unwrap();
-    let provider = std::sync::Arc::new(glia_worker::provider::ScriptedProvider::new(script));
-    let agent = glia_worker::Agent::new(provider.clone())
+    let provider = std::sync::Arc::new(glia_agent::provider::ScriptedProvider::new(script));
+    let agent = glia_agent::Agent::new(provider.clone())
         .with_tools(tools)
-        .with_clock(glia_worker::FixedClock(epoch()));
+        .with_clock(glia_agent::FixedClock(epoch()));
     let mut log = Vec::new();
     let (state, status) = agent
         .run(
@@ -555,7 +555,7 @@ async fn a_return_direct_tool_ends_the_run_with_its_result() {
 #[tokio::test]
 async fn a_call_id_reused_in_a_later_turn_gets_its_own_idempotency_key() {
     let call = |a: i64| ScriptedTurn {
-        tool_calls: vec![glia_worker::provider::ScriptedCall {
+        tool_calls: vec![glia_agent::provider::ScriptedCall {
             id: Some("call_0".into()),
             name: "add".into(),
             input: json!({"a": a, "b": 1}),

@@ -29,17 +29,17 @@ use std::sync::Arc;
 
 use chrono::DateTime;
 use common::Add;
+use glia_agent::compact::{DropOldest, Summarize};
+use glia_agent::hooks::{Hooks, Verdict};
+use glia_agent::policy::Guardrail;
+use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
+use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
+use glia_agent::{Agent, AgentError, EventSink, FixedClock, SinkError, async_trait};
 use glia_proto::{
     ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, PauseReason,
     PlannerKind, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState, Status, StopAction,
     StopPolicy, ToolSpec,
 };
-use glia_worker::compact::{DropOldest, Summarize};
-use glia_worker::hooks::{Hooks, Verdict};
-use glia_worker::policy::Guardrail;
-use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
-use glia_worker::{Agent, AgentError, EventSink, FixedClock, SinkError, async_trait};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use schemars::JsonSchema;

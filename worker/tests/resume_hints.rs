@@ -11,6 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Add;
+use glia_agent::Agent;
+use glia_agent::provider::{ScriptLibrary, ScriptedTurn};
+use glia_agent::tool::ToolRegistry;
 use glia_backends::memory::{MemoryLedger, MemoryQueue};
 use glia_backends::postgres::{PgOptions, hint_channel};
 use glia_backends::testkit::TestDb;
@@ -18,10 +21,7 @@ use glia_backends::{EventLog, JobQueue, NewRun};
 use glia_proto::{
     Decision, Event, EventKind, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState,
 };
-use glia_worker::Agent;
 use glia_worker::fleet::{Worker, WorkerOptions};
-use glia_worker::provider::{ScriptLibrary, ScriptedTurn};
-use glia_worker::tool::ToolRegistry;
 use serde_json::json;
 use tokio::sync::watch;
 use uuid::Uuid;

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Add, AddArgs};
+use glia_agent::Agent;
+use glia_agent::provider::{ScriptLibrary, ScriptedTurn};
+use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{EventLog, JobQueue, NewRun, RunStatus};
 use glia_proto::{Decision, Event, EventKind, Policy, PolicyAction, PullPoint, Resume, RunConfig};
-use glia_worker::Agent;
 use glia_worker::fleet::{Worker, WorkerOptions};
-use glia_worker::provider::{ScriptLibrary, ScriptedTurn};
-use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
 use uuid::Uuid;

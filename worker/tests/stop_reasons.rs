@@ -9,12 +9,12 @@ mod common;
 use std::sync::Arc;
 
 use common::{Observed, run_id};
+use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
     Event, EventKind, Outcome, PauseReason, PullPoint, RejectedAnswer, Resume, RunConfig, RunState,
     Status, StopAction, StopClass, StopPolicy,
 };
 use glia_worker::metrics::{RunObserver, WorkerMetrics};
-use glia_worker::provider::ScriptedTurn;
 use serde_json::json;
 
 /// Every bad stop, as a scripted answer, with its class.

@@ -12,6 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
+use glia_agent::budget_gate::{TenantCap, TenantCaps};
+use glia_agent::provider::{ScriptLibrary, ScriptedTurn};
+use glia_agent::{Agent, FixedClock};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::{
@@ -21,10 +24,7 @@ use glia_proto::{
     Event, EventKind, Limit, Outcome, PauseReason, Pricing, PullPoint, Resume, RunConfig, RunState,
     ToolSpec, Usage,
 };
-use glia_worker::budget_gate::{TenantCap, TenantCaps};
 use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
-use glia_worker::provider::{ScriptLibrary, ScriptedTurn};
-use glia_worker::{Agent, FixedClock};
 use serde_json::json;
 use tokio::sync::watch;
 use uuid::Uuid;

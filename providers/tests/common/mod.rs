@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use glia_agent::provider::{ModelRequest, ToolChoice};
 use glia_proto::{LiveEvent, Message, ToolSpec};
 use glia_providers::Clock;
 use glia_providers::error::CallError;
 use glia_providers::http::ByteStream;
-use glia_worker::provider::{ModelRequest, ToolChoice};
 use serde_json::{Value, json};
 
 /// `bytes` as a chunk stream cut at `cuts` (sorted byte offsets).

@@ -1,8 +1,8 @@
+use glia_agent::provider::{ModelResponse, Provider, ProviderError, ToolChoice};
 use glia_proto::{ContentBlock, Role};
 use glia_providers::error::CallError;
 use glia_providers::http::{HttpProvider, RetryPolicy, Wire, http_client};
 use glia_providers::{Anthropic, ApiKey, anthropic};
-use glia_worker::provider::{ModelResponse, Provider, ProviderError, ToolChoice};
 use serde_json::json;
 
 use crate::common::{Deltas, Reply, Server, fixture, request};

@@ -1,8 +1,9 @@
+use glia_agent::provider::Provider;
+use glia_proto::provider::{ProviderKind, UnknownProviderKind};
 use glia_providers::http::{HttpProvider, RetryPolicy, http_client};
 use glia_providers::{
-    Anthropic, ApiKey, ConfigError, ProviderConfig, ProviderKind, anthropic_provider, from_config,
+    Anthropic, ApiKey, ConfigError, ProviderConfig, anthropic_provider, from_config,
 };
-use glia_worker::provider::Provider;
 
 use crate::common::{Reply, Server, request};
 
@@ -43,7 +44,7 @@ fn kinds_and_urls() {
     );
     assert!(matches!(
         "gemini".parse::<ProviderKind>(),
-        Err(ConfigError::UnknownKind(_))
+        Err(UnknownProviderKind(_))
     ));
     let mut config = ProviderConfig::new(ProviderKind::Openai);
     config.allow_missing_key = true;

@@ -4,10 +4,10 @@
 //! Over HTTP, a malformed answer is retried like a transient failure and,
 //! when it persists, becomes `ProviderError::Malformed`.
 
+use glia_agent::provider::{ModelResponse, Provider, ProviderError};
 use glia_providers::error::CallError;
 use glia_providers::http::{HttpProvider, RetryPolicy, http_client};
 use glia_providers::{Anthropic, OpenAi, anthropic, estimate, openai};
-use glia_worker::provider::{ModelResponse, Provider, ProviderError};
 use serde_json::{Value, json};
 use std::time::Duration;
 

@@ -13,9 +13,9 @@ mod refusal;
 mod retry;
 
 use common::{Deltas, chunked, fixture};
+use glia_agent::provider::ModelResponse;
 use glia_proto::LiveEvent;
 use glia_providers::error::CallError;
-use glia_worker::provider::ModelResponse;
 
 /// Decode a fixture stream in one chunk with `decode`, collecting deltas.
 pub fn decode_fixture<F>(path: &str, decode: F) -> (Result<ModelResponse, CallError>, Deltas)

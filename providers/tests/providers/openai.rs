@@ -1,9 +1,9 @@
+use glia_agent::provider::{ModelResponse, ProviderError, ToolChoice};
 use glia_proto::{ContentBlock, Message, Role};
 use glia_providers::error::CallError;
 use glia_providers::http::{HttpProvider, RetryPolicy, Wire, http_client};
 use glia_providers::openai::{self, MaxTokensField};
 use glia_providers::{ApiKey, OpenAi};
-use glia_worker::provider::{ModelResponse, ProviderError, ToolChoice};
 use serde_json::{Value, json};
 
 use crate::common::{Deltas, Reply, Server, fixture, request};

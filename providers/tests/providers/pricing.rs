@@ -102,9 +102,9 @@ fn the_shipped_example_file_loads() {
 fn a_provider_prices_runs_from_its_table() {
     use std::sync::Arc;
 
+    use glia_agent::provider::Provider;
     use glia_providers::http::{HttpProvider, http_client};
     use glia_providers::{Anthropic, RefusalIsolator};
-    use glia_worker::provider::Provider;
 
     let table =
         PriceTable::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/prices.example.json")).unwrap();

@@ -1,10 +1,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use glia_agent::provider::{ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice};
 use glia_proto::marker::is_machine_text;
 use glia_proto::{ContentBlock, LiveEvent, Message, ProtectedTurn, RefusedTurn, Role, Usage};
 use glia_providers::refusal::{Elision, ElisionObserver, RefusalIsolator, elision_text};
-use glia_worker::provider::{ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice};
 use serde_json::json;
 
 /// Refuses whenever any message still holds the word FORBIDDEN; each call

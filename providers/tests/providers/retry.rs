@@ -1,11 +1,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use glia_agent::provider::{Provider, ProviderError};
 use glia_proto::LiveEvent;
 use glia_providers::error::CallError;
 use glia_providers::http::{CallObserver, HttpProvider, RetryEvent, RetryPolicy, http_client};
 use glia_providers::{Anthropic, ApiKey, OpenAi, ProviderMetrics};
-use glia_worker::provider::{Provider, ProviderError};
 
 use crate::common::{Reply, Server, StepClock, fixture, request};
 

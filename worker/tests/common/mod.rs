@@ -8,10 +8,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
+use glia_agent::tool::{DynTool, Tool, ToolContext, ToolFailure, ToolRegistry};
+use glia_agent::{Agent, FixedClock};
 use glia_proto::{Event, EventKind, Policy, PolicyAction, RunConfig, RunState, ToolSpec};
-use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
-use glia_worker::tool::{DynTool, Tool, ToolContext, ToolFailure, ToolRegistry};
-use glia_worker::{Agent, FixedClock};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -215,9 +215,9 @@ pub struct LiveSink {
     pub live: std::sync::Mutex<Vec<glia_proto::LiveEvent>>,
 }
 
-#[glia_worker::async_trait]
-impl glia_worker::agent::EventSink for LiveSink {
-    async fn record(&mut self, event: &Event) -> Result<(), glia_worker::agent::SinkError> {
+#[glia_agent::async_trait]
+impl glia_agent::agent::EventSink for LiveSink {
+    async fn record(&mut self, event: &Event) -> Result<(), glia_agent::agent::SinkError> {
         self.log.push(event.clone());
         Ok(())
     }
@@ -230,9 +230,9 @@ impl glia_worker::agent::EventSink for LiveSink {
 /// Hands everything to the observer, as the worker's sink does.
 pub struct Observed(pub glia_worker::metrics::RunObserver);
 
-#[glia_worker::async_trait]
-impl glia_worker::agent::EventSink for Observed {
-    async fn record(&mut self, event: &Event) -> Result<(), glia_worker::agent::SinkError> {
+#[glia_agent::async_trait]
+impl glia_agent::agent::EventSink for Observed {
+    async fn record(&mut self, event: &Event) -> Result<(), glia_agent::agent::SinkError> {
         self.0.record(event);
         Ok(())
     }

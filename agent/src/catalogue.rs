@@ -45,7 +45,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use glia_proto::{ConfigError, RunConfig};
+use glia_proto::{ConfigError, ProviderKind, RunConfig};
 use serde::{Deserialize, Serialize};
 
 /// The operator's catalogue. Holds names of environment variables, never
@@ -84,16 +84,6 @@ pub struct ProviderEntry {
     /// Output tokens a minute, if limited.
     #[serde(default)]
     pub output_tokens_per_minute: Option<u32>,
-}
-
-/// A provider's wire format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ProviderKind {
-    /// Anthropic Messages API.
-    Anthropic,
-    /// OpenAI Chat Completions (and compatible servers).
-    Openai,
 }
 
 /// How an MCP server is reached.
@@ -448,7 +438,7 @@ impl Catalogue {
     /// again before `session.start`.
     ///
     /// ```
-    /// let catalogue = glia_worker::catalogue::Catalogue::parse("[http]\nallowed_origins = [\"https://a.example\"]", "<text>").unwrap();
+    /// let catalogue = glia_agent::catalogue::Catalogue::parse("[http]\nallowed_origins = [\"https://a.example\"]", "<text>").unwrap();
     /// let mut config = glia_proto::RunConfig::default();
     /// config.mcp.push(glia_proto::McpToolSource { server: "files".into(), allow: vec!["read".into()] });
     /// assert_eq!(catalogue.admit(&config).unwrap_err().field, "mcp[0].server");

@@ -646,6 +646,6 @@ async fn forward_stderr(server: String, stderr: tokio::process::ChildStderr, sec
             .iter()
             .filter(|s| !s.is_empty())
             .fold(line, |line, s| line.replace(s.as_str(), "[redacted]"));
-        debug!(target: "glia_worker::mcp::stderr", server = %server, "{line}");
+        debug!(target: "glia_agent::mcp::stderr", server = %server, "{line}");
     }
 }

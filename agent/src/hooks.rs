@@ -59,7 +59,7 @@ impl Hooks {
     /// Subscribe `hook` (named `name` in the log) to `topic`.
     ///
     /// ```
-    /// use glia_worker::hooks::{Hooks, Verdict};
+    /// use glia_agent::hooks::{Hooks, Verdict};
     /// use glia_proto::HookTopic;
     /// let mut hooks = Hooks::default();
     /// hooks.on(HookTopic::BeforeToolCall, "no-rm", |p| {

@@ -19,14 +19,14 @@
 //!    draft, a compaction) is settled after the fact under its event's
 //!    `{run_id}:{seq}`, so the counter and the log agree.
 //!
-//! The fleet's gate is [`crate::fleet::LedgerGate`]: counters in the
-//! [`glia_backends::Ledger`] (Redis), rebuilt from the event log when missing.
+//! The fleet's gate is `glia_worker::fleet::LedgerGate`: counters in the
+//! `glia_backends::Ledger` (Redis), rebuilt from the event log when missing.
 
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-pub use glia_backends::Spend;
-use glia_backends::SpendCap;
+pub use glia_proto::Spend;
+use glia_proto::SpendCap;
 use glia_proto::{Limit, RunState, Usage};
 use serde::{Deserialize, Serialize};
 
@@ -82,8 +82,8 @@ pub trait BudgetGate: Send + Sync {
 /// as the call returns.
 ///
 /// ```
-/// use glia_worker::budget_gate::estimate_usage;
-/// use glia_worker::provider::{ModelRequest, ToolChoice};
+/// use glia_agent::budget_gate::estimate_usage;
+/// use glia_agent::provider::{ModelRequest, ToolChoice};
 /// let request = ModelRequest { model: "m".into(), system: "x".repeat(400), messages: vec![], tools: vec![],
 ///     tool_choice: ToolChoice::Auto, max_tokens: 1000 };
 /// let usage = estimate_usage(&request);
@@ -131,7 +131,7 @@ impl TenantCap {
 /// 5000000}, "globex": {"daily_tokens": 2000000}}`.
 ///
 /// ```
-/// use glia_worker::budget_gate::TenantCaps;
+/// use glia_agent::budget_gate::TenantCaps;
 /// let caps = TenantCaps::from_json(r#"{"acme": {"daily_cost_usd_micros": 5000000}}"#).unwrap();
 /// assert_eq!(caps.get("acme").unwrap().daily_cost_usd_micros, Some(5_000_000));
 /// assert!(caps.get("globex").is_none());

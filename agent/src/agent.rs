@@ -56,7 +56,7 @@ use crate::policy::{CompiledPolicies, Guardrail};
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
 use crate::tool::{ToolContext, ToolFailure, ToolRegistry};
 use crate::tool_sources::{OfferError, ToolSources};
-use glia_backends::HeldResult;
+use glia_proto::HeldResult;
 use glia_proto::agent::CompiledGuardrails;
 
 /// Where the loop's events go: a Vec in tests, Postgres in the fleet.
@@ -95,7 +95,7 @@ pub trait EventSink: Send + Sync {
     }
     /// Keep tool results, each under its call's idempotency key, in a store
     /// that outlives this worker (the fleet's ledger,
-    /// [`glia_backends::Ledger::hold_results`]), until a `commit` has made
+    /// `glia_backends::Ledger::hold_results`), until a `commit` has made
     /// them durable. The loop calls it as soon as a batch of calls has
     /// returned, before it records their results. Errors are the loop's to
     /// log, not to stop on: the results are still recorded and committed.
@@ -206,8 +206,8 @@ pub enum AgentError {
 /// ```
 /// # async fn demo() {
 /// use std::sync::Arc;
-/// use glia_worker::agent::Agent;
-/// use glia_worker::provider::{ScriptedProvider, ScriptedTurn};
+/// use glia_agent::agent::Agent;
+/// use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
 /// use glia_proto::{RunConfig, Status, Outcome};
 /// let agent = Agent::new(Arc::new(ScriptedProvider::new(vec![ScriptedTurn::text("4")])));
 /// let mut log = Vec::new();

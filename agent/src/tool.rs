@@ -57,7 +57,7 @@ impl ToolFailure {
 /// `Args` with schemars, and arguments are validated against it before `call`.
 ///
 /// ```
-/// use glia_worker::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
+/// use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 /// #[derive(serde::Deserialize, schemars::JsonSchema)]
 /// struct AddArgs { a: i64, b: i64 }
 /// struct Add;

@@ -55,7 +55,7 @@ impl CompiledPolicies {
     ///
     /// ```
     /// use glia_proto::{Policy, PolicyAction};
-    /// use glia_worker::policy::CompiledPolicies;
+    /// use glia_agent::policy::CompiledPolicies;
     /// let p = CompiledPolicies::new(&[Policy { tool: "refund".into(), args: Some(r#""amount":\d{4,}"#.into()),
     ///     action: PolicyAction::RequireApproval }]).unwrap();
     /// assert_eq!(p.decide("refund", &serde_json::json!({"amount": 5000})), PolicyAction::RequireApproval);
@@ -85,7 +85,7 @@ impl Guardrail {
     /// A guardrail named `name`.
     ///
     /// ```
-    /// use glia_worker::policy::Guardrail;
+    /// use glia_agent::policy::Guardrail;
     /// let no_ssn = Guardrail::new("no-ssn", |t| if t.contains("SSN") { Err("mentions an SSN".into()) } else { Ok(()) });
     /// assert!(no_ssn.check("my SSN is …").is_err());
     /// ```

@@ -1,204 +1,21 @@
-//! The provider boundary: one request in, one response out, deltas streamed
-//! to a callback on the way. Tiny on purpose: a new provider is one file.
+//! The offline providers, beside the provider boundary they implement
+//! (defined in [`glia_proto::provider`], re-exported here for the loop's
+//! users).
 //!
 //! [`ScriptedProvider`] is the offline, deterministic provider. It serves a
 //! script of responses in order and checks every request the way the real
 //! APIs do, panicking on a violation so the whole test suite guards the
 //! "every request is valid" invariant.
 
-use std::collections::HashSet;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use glia_proto::repair::validate;
-use glia_proto::{
-    ContentBlock, LiveEvent, Message, Pricing, RefusedTurn, Retry, Role, ToolSpec, Usage,
+pub use glia_proto::provider::{
+    ModelRequest, ModelResponse, Provider, ProviderError, ToolChoice, validate_request,
 };
+use glia_proto::{ContentBlock, LiveEvent, Message, Retry, Role, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-/// Which tool the model must (or may) call.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum ToolChoice {
-    /// The model decides.
-    #[default]
-    Auto,
-    /// The model must call this tool.
-    Tool {
-        /// Tool name; must be in the request's tool list.
-        name: String,
-    },
-}
-
-/// One model call. `messages` are already repaired.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ModelRequest {
-    /// Model name.
-    pub model: String,
-    /// System prompt, the stable prefix.
-    pub system: String,
-    /// Conversation, starting and ending with a user turn.
-    pub messages: Vec<Message>,
-    /// Tools offered (frozen for the step).
-    pub tools: Vec<ToolSpec>,
-    /// Tool choice.
-    pub tool_choice: ToolChoice,
-    /// Output token cap.
-    pub max_tokens: u32,
-}
-
-/// The model's answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ModelResponse {
-    /// Assistant message.
-    pub message: Message,
-    /// Tokens used by the call (every attempt and probe it took).
-    pub usage: Usage,
-    /// Provider stop reason: `end_turn`, `tool_use`, `max_tokens`, `refusal`, …
-    pub stop_reason: String,
-    /// Attempts that failed and were retried before this answer, in order.
-    /// The loop records each as `model.retry` before `model.response`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub retries: Vec<Retry>,
-    /// Indices into the request's `messages` of messages the provider
-    /// refused to process and that were replaced by an elision
-    /// ([`glia_proto::repair::elide`]) to get this answer. The loop records
-    /// `message.elided` for the conversation messages they came from.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub elided: Vec<usize>,
-    /// Set on a refusal when the message the provider refused is one glia
-    /// never elides ([`glia_proto::repair::protected_turns`]): its index in
-    /// the request's `messages` and which it is. The loop fails the run
-    /// with it ([`glia_proto::RejectedAnswer::refused_turn`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refused_turn: Option<RefusedTurn>,
-}
-
-impl ModelResponse {
-    /// An answer with no retries and no elisions.
-    pub fn new(message: Message, usage: Usage, stop_reason: impl Into<String>) -> Self {
-        ModelResponse {
-            message,
-            usage,
-            stop_reason: stop_reason.into(),
-            retries: Vec::new(),
-            elided: Vec::new(),
-            refused_turn: None,
-        }
-    }
-}
-
-/// Why a model call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProviderError {
-    /// The provider rejected the request as malformed (HTTP 400). Not retried.
-    #[error("invalid request: {0}")]
-    InvalidRequest(String),
-    /// Network error, 5xx, overload: retrying later may succeed.
-    #[error("transient provider failure: {message}")]
-    Transient {
-        /// What failed.
-        message: String,
-        /// The provider's wait hint (`retry-after`), in ms, when it gave one.
-        retry_after_ms: Option<u64>,
-    },
-    /// The API key is missing, wrong or lacks permission (HTTP 401 / 403).
-    /// Not retried: the run pauses until an operator fixes the key and
-    /// resumes it.
-    #[error("authentication failed: {0}")]
-    Auth(String),
-    /// Rate limited (429); retry after `retry_after_ms`.
-    #[error("rate limited; retry after {retry_after_ms} ms")]
-    RateLimited {
-        /// Wait before the next call, ms.
-        retry_after_ms: u64,
-    },
-    /// The account's spending cap is reached; retrying will not help.
-    #[error("spending cap reached: {0}")]
-    SpendCap(String),
-    /// The provider's answer could not be mapped exactly (a stream that
-    /// breaks its own grammar: a tool call's identity or arguments that are
-    /// ambiguous, a delta for a block that never started, a repeated start).
-    /// The provider retried it a bounded number of times; the run fails with
-    /// this reason rather than act on a guess.
-    #[error("malformed answer from the provider: {0}")]
-    Malformed(String),
-    /// The run names a provider (`RunConfig::provider`) this worker does not
-    /// have: its catalogue has no such `[providers]` entry. Not retried: the
-    /// run pauses until an operator adds it and resumes the run.
-    #[error("this worker has no provider {0:?} (the catalogue's [providers] lacks it)")]
-    NotConfigured(String),
-    /// The script has no more responses (scripted provider only).
-    #[error("script exhausted after {0} responses")]
-    ScriptExhausted(usize),
-    /// A replayed recording disagrees with the request (replay provider
-    /// only): the text names the first differing message. Not retried; the
-    /// run fails with it.
-    #[error("replay diverged: {0}")]
-    Diverged(String),
-}
-
-impl ProviderError {
-    /// A transient failure with no wait hint.
-    pub fn transient(message: impl Into<String>) -> Self {
-        ProviderError::Transient {
-            message: message.into(),
-            retry_after_ms: None,
-        }
-    }
-
-    /// True when the same call may succeed later.
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            ProviderError::Transient { .. } | ProviderError::RateLimited { .. }
-        )
-    }
-
-    /// How long the provider asked us to wait before the next call, in ms.
-    pub fn retry_after_ms(&self) -> Option<u64> {
-        match self {
-            ProviderError::Transient { retry_after_ms, .. } => *retry_after_ms,
-            ProviderError::RateLimited { retry_after_ms } => Some(*retry_after_ms),
-            _ => None,
-        }
-    }
-}
-
-/// A model provider.
-///
-/// A provider that retries failed attempts itself reports each one in
-/// [`ModelResponse::retries`] and tells live listeners to drop what the
-/// failed attempt streamed with [`LiveEvent::ModelDiscard`].
-///
-/// ```
-/// # async fn demo() {
-/// use glia_worker::provider::{ModelRequest, Provider, ScriptedProvider, ScriptedTurn, ToolChoice};
-/// use glia_proto::Message;
-/// let p = ScriptedProvider::new(vec![ScriptedTurn::text("hello")]);
-/// let req = ModelRequest { model: "m".into(), system: String::new(), messages: vec![Message::user("hi")],
-///     tools: vec![], tool_choice: ToolChoice::Auto, max_tokens: 1024 };
-/// let resp = p.generate(&req, &|_| {}).await.unwrap();
-/// assert_eq!(resp.message.text(), "hello");
-/// # }
-/// ```
-#[async_trait]
-pub trait Provider: Send + Sync {
-    /// Send `request`; call `live` with each streamed delta as it arrives.
-    async fn generate(
-        &self,
-        request: &ModelRequest,
-        live: &(dyn Fn(LiveEvent) + Send + Sync),
-    ) -> Result<ModelResponse, ProviderError>;
-
-    /// The prices of calls to `model`, for runs whose config names none (an
-    /// operator's price table). Default: none, so such calls cost nothing.
-    fn pricing(&self, model: &str) -> Option<Pricing> {
-        let _ = model;
-        None
-    }
-}
 
 /// One scripted response. JSON: `{"text": "…"}`, `{"tool_calls": [{"name":
 /// "lookup", "input": {…}}]}`, `{"thinking": "…", "text": "…"}`, or
@@ -341,42 +158,6 @@ impl ScriptedProvider {
     pub fn served(&self) -> usize {
         self.state.lock().expect("scripted provider lock").next
     }
-}
-
-/// Check a request the way the provider APIs do. The message rules are
-/// [`glia_proto::repair::validate`]'s; on top: tool names match
-/// `^[a-zA-Z0-9_-]{1,64}$` and are unique, a forced tool is in the list, the
-/// output cap is positive.
-pub fn validate_request(request: &ModelRequest) -> Result<(), String> {
-    validate(&request.messages).map_err(|e| e.to_string())?;
-    let mut names = HashSet::new();
-    for t in &request.tools {
-        let ok = !t.name.is_empty()
-            && t.name.len() <= 64
-            && t.name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !ok {
-            return Err(format!("tools: invalid tool name {:?}", t.name));
-        }
-        if !names.insert(t.name.as_str()) {
-            return Err(format!("tools: tool names must be unique ({})", t.name));
-        }
-        if !t.input_schema.is_object() {
-            return Err(format!("tools.{}: input_schema must be an object", t.name));
-        }
-    }
-    if let ToolChoice::Tool { name } = &request.tool_choice
-        && !names.contains(name.as_str())
-    {
-        return Err(format!(
-            "tool_choice: tool {name:?} is not in the tool list"
-        ));
-    }
-    if request.max_tokens == 0 {
-        return Err("max_tokens: must be at least 1".into());
-    }
-    Ok(())
 }
 
 fn estimate_tokens(text_len: usize) -> u64 {
