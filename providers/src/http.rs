@@ -25,7 +25,7 @@ use crate::config::{ApiKey, redact};
 use crate::error::{CallError, Failure, retry_after, should_retry};
 use crate::metrics::ProviderMetrics;
 use crate::pricing::PriceTable;
-use crate::ratelimit::{RateCost, RateKey, RateLimiter};
+use crate::ratelimit::{Limiter, RateCost, RateKey};
 
 /// The live-delta callback of [`Provider::generate`].
 pub type LiveFn<'a> = dyn Fn(LiveEvent) + Send + Sync + 'a;
@@ -133,7 +133,7 @@ pub struct HttpProvider<W> {
     stream: bool,
     retry: RetryPolicy,
     clock: Arc<dyn Clock>,
-    limiter: Option<Arc<RateLimiter>>,
+    limiter: Option<Arc<dyn Limiter>>,
     observer: Option<Arc<dyn CallObserver>>,
     metrics: Option<ProviderMetrics>,
     prices: Option<Arc<PriceTable>>,
@@ -207,7 +207,7 @@ impl<W: Wire> HttpProvider<W> {
     }
 
     /// Take a fleet-wide permit before every attempt.
-    pub fn with_rate_limiter(mut self, limiter: Arc<RateLimiter>) -> Self {
+    pub fn with_rate_limiter(mut self, limiter: Arc<dyn Limiter>) -> Self {
         self.limiter = Some(limiter);
         self
     }

@@ -8,7 +8,8 @@
 //! - [`http`]: the shared engine: transport, error classification, retries
 //!   with backoff honouring `retry-after` / `retry-after-ms` /
 //!   `x-should-retry`, rate-limit permits, metrics;
-//! - [`ratelimit`]: fleet-wide token buckets and cooldowns in Redis;
+//! - [`ratelimit`]: fleet-wide token buckets and cooldowns (the [`Limiter`]
+//!   port; in Redis with the `redis` feature);
 //! - [`pricing`]: the operator's price table, cost in USD micros;
 //! - [`estimate`]: token usage when a provider reports none (tiktoken-rs
 //!   for OpenAI models, a conservative bytes/3 otherwise), marked
@@ -51,7 +52,9 @@ pub use http::{CallObserver, HttpProvider, RetryEvent, RetryPolicy, Wire};
 pub use metrics::ProviderMetrics;
 pub use openai::OpenAi;
 pub use pricing::{PriceError, PriceTable};
-pub use ratelimit::{RateCost, RateKey, RateLimiter, RateLimits};
+#[cfg(feature = "redis")]
+pub use ratelimit::RateLimiter;
+pub use ratelimit::{Limiter, RateCost, RateKey, RateLimits};
 pub use refusal::{Elision, ElisionObserver, RefusalIsolator};
 
 use glia_proto::provider::{Provider, ProviderKind};
