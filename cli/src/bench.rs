@@ -38,7 +38,7 @@ use uuid::Uuid;
 
 use crate::batch::percentile;
 use crate::client::{Server, checked};
-use crate::fleet::Urls;
+use crate::ports::Urls;
 
 /// `glia bench …`.
 #[derive(Subcommand)]
@@ -505,7 +505,7 @@ impl BenchFleet {
         concurrency: usize,
     ) -> Result<BenchFleet> {
         let dir = TempDir::new();
-        let ports = crate::fleet::Ports::sqlite(&dir.db()).await?;
+        let ports = crate::ports::Ports::sqlite(&dir.db()).await?;
         let (stop, shutdown) = watch::channel(false);
         let server = serve(
             ports.log.clone(),

@@ -7,9 +7,11 @@ mod batch;
 mod batches;
 mod bench;
 mod client;
+mod config_file;
 mod demo;
 mod fleet;
 mod observe;
+mod ports;
 mod provider;
 
 use std::path::PathBuf;
@@ -20,7 +22,7 @@ use clap::{Parser, Subcommand};
 use glia_agent::agent::{EventSink, SinkError};
 use glia_agent::provider::{Provider, ScriptedProvider};
 use glia_agent::{Agent, async_trait};
-use glia_proto::{Decision, Event, EventKind, PullPoint, Resume, RunConfig, RunState, Status};
+use glia_proto::{Decision, Event, PullPoint, Resume, RunConfig, RunState, Status};
 
 #[derive(Parser)]
 #[command(name = "glia", version, about = "Durable, resumable LLM agent runs")]
@@ -46,7 +48,7 @@ enum Command {
     /// Serve the HTTP API, relay the outbox and reconcile lost runs.
     Dispatcher {
         #[command(flatten)]
-        urls: fleet::Urls,
+        urls: ports::Urls,
         #[command(flatten)]
         args: fleet::DispatcherArgs,
         #[command(flatten)]
@@ -55,7 +57,7 @@ enum Command {
     /// Take run jobs from the queue and advance runs.
     Worker {
         #[command(flatten)]
-        urls: fleet::Urls,
+        urls: ports::Urls,
         #[command(flatten)]
         args: fleet::WorkerArgs,
     },
@@ -63,7 +65,7 @@ enum Command {
     /// SQLite file with --data, or the services with --services).
     Dev {
         #[command(flatten)]
-        urls: fleet::Urls,
+        urls: ports::Urls,
         /// Use the real services at the URLs instead of in-memory ports.
         #[arg(long, conflicts_with = "data")]
         services: bool,
@@ -252,7 +254,7 @@ impl EventSink for Printer {
                 "{:>4}  {:<18} {}",
                 event.seq,
                 event.kind.name(),
-                describe(&event.kind)
+                client::describe(&event.kind)
             );
         }
         Ok(())
@@ -261,7 +263,7 @@ impl EventSink for Printer {
 
 async fn run(args: RunArgs) -> Result<()> {
     let mut config: RunConfig = match &args.config {
-        Some(path) => agents::read_strict(path, "run config")?,
+        Some(path) => config_file::read_strict(path, "run config")?,
         None => RunConfig::default(),
     };
     if let Some(model) = &args.model {
@@ -387,169 +389,5 @@ fn finish(
     match &state.outcome {
         Some(glia_proto::Outcome::Failed { error }) => bail!("run failed: {error}"),
         _ => Ok(()),
-    }
-}
-
-/// One line about an event, for people.
-pub(crate) fn describe(kind: &EventKind) -> String {
-    fn clip(s: &str) -> String {
-        let one_line = s.replace('\n', " ");
-        if one_line.chars().count() > 100 {
-            format!("{}…", one_line.chars().take(100).collect::<String>())
-        } else {
-            one_line
-        }
-    }
-    match kind {
-        EventKind::SessionStart { goal, config, .. } => {
-            format!("goal: {} (model {})", clip(goal), config.model)
-        }
-        EventKind::PlanDraft { steps, .. } | EventKind::PlanCommit { steps } => {
-            format!("{} step(s): {}", steps.len(), clip(&steps.join(" | ")))
-        }
-        EventKind::StepStart {
-            index,
-            description,
-            tools,
-        } => format!("#{index} {} ({} tools)", clip(description), tools.len()),
-        EventKind::StepEnd {
-            index,
-            answer,
-            skipped,
-        } => format!(
-            "#{index}{} {}",
-            if *skipped { " skipped" } else { "" },
-            clip(answer)
-        ),
-        EventKind::ModelCall {
-            model,
-            messages,
-            wrap_up,
-            ..
-        } => format!(
-            "{model}, {messages} messages{}",
-            if *wrap_up { ", wrap-up" } else { "" }
-        ),
-        EventKind::ModelRetry(r) => format!(
-            "attempt {} failed ({}), retrying in {} ms: {}",
-            r.attempt,
-            r.cause,
-            r.delay_ms,
-            clip(&r.message)
-        ),
-        EventKind::MessageElided { index, reason } => format!("message {index}: {}", clip(reason)),
-        EventKind::ModelResponse {
-            message,
-            usage,
-            stop_reason,
-            rejected,
-            ..
-        } => {
-            let calls: Vec<String> = message
-                .tool_uses()
-                .map(|(id, name, _)| format!("{name}#{id}"))
-                .collect();
-            let text = clip(&message.text());
-            let rejected = rejected.as_ref().map_or(String::new(), |r| {
-                let turn = r.refused_turn.map_or(String::new(), |t| {
-                    format!(", {} (message {})", t.turn.describe(), t.index)
-                });
-                format!(
-                    " rejected ({}: {}{turn})",
-                    r.class.label(),
-                    r.action.label()
-                )
-            });
-            let estimated = if usage.estimated { ", estimated" } else { "" };
-            format!(
-                "[{stop_reason}]{rejected} {}{} (in {} / out {} tokens{estimated})",
-                text,
-                if calls.is_empty() {
-                    String::new()
-                } else {
-                    format!(" calls {}", calls.join(", "))
-                },
-                usage.input_tokens,
-                usage.output_tokens
-            )
-        }
-        EventKind::ToolCall(c) => format!(
-            "{}#{} {} → {:?}",
-            c.name,
-            c.call_id,
-            clip(&c.input.to_string()),
-            c.disposition
-        ),
-        EventKind::ToolResult {
-            call_id, content, ..
-        } => format!("#{call_id} {}", clip(&content.to_text())),
-        EventKind::ToolError {
-            call_id,
-            error,
-            message,
-            ..
-        } => format!("#{call_id} {error:?}: {}", clip(message)),
-        EventKind::ToolRecovered {
-            call_id,
-            idempotency_key,
-        } => format!(
-            "#{call_id} result held by the worker that ran it, recovered ({idempotency_key})"
-        ),
-        EventKind::ApprovalRequested {
-            call_id,
-            tool,
-            input,
-            ..
-        } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
-        EventKind::ApprovalResolved {
-            call_id,
-            decision,
-            by,
-            ..
-        } => format!(
-            "#{call_id} {decision:?} by {}",
-            by.as_deref().unwrap_or("?")
-        ),
-        EventKind::ApprovalEscalated {
-            call_id,
-            expires_at,
-        } => format!(
-            "#{call_id} deadline {} passed: escalated",
-            expires_at.map_or_else(|| "?".into(), |t| t.to_rfc3339())
-        ),
-        EventKind::InputReceived { text, .. } => clip(text),
-        EventKind::GuardrailTripped {
-            stage,
-            guardrail,
-            reason,
-            ..
-        } => format!("{stage:?} {guardrail}: {}", clip(reason)),
-        EventKind::ContextCompacted {
-            strategy, removed, ..
-        } => format!("{strategy}: removed {removed} messages"),
-        EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),
-        EventKind::BudgetExtended { limits } => format!("{limits:?}"),
-        EventKind::SessionPause { pull_point } => {
-            serde_json::to_string(pull_point).unwrap_or_default()
-        }
-        EventKind::SessionPauseRequested { reason, by } => {
-            format!("{} (by {})", clip(reason), by.as_deref().unwrap_or("?"))
-        }
-        EventKind::SessionResume { by } => format!("by {}", by.as_deref().unwrap_or("?")),
-        EventKind::SessionCancel { reason } => clip(reason),
-        EventKind::SessionComplete { outcome } => {
-            clip(&serde_json::to_string(outcome).unwrap_or_default())
-        }
-        EventKind::Error { message, fatal } => {
-            format!("{}{}", if *fatal { "fatal: " } else { "" }, clip(message))
-        }
-        EventKind::HookApplied {
-            topic,
-            hook,
-            effect,
-        } => format!(
-            "{topic:?} {hook}: {}",
-            clip(&serde_json::to_string(effect).unwrap_or_default())
-        ),
     }
 }

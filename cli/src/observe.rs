@@ -137,7 +137,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 #[derive(Clone)]
 pub struct Readiness {
     startup: Startup,
-    ports: Arc<OnceLock<crate::fleet::Ports>>,
+    ports: Arc<OnceLock<crate::ports::Ports>>,
 }
 
 impl Readiness {
@@ -155,7 +155,7 @@ impl Readiness {
     }
 
     /// From now on check `ports` themselves.
-    pub fn connected(&self, ports: &crate::fleet::Ports) {
+    pub fn connected(&self, ports: &crate::ports::Ports) {
         let _ = self.ports.set(ports.clone());
     }
 

@@ -162,7 +162,7 @@ async fn build(
         Some((url, prefix, limits, startup)) => {
             let connect = || RateLimiter::connect(url, prefix, limits);
             Some(Arc::new(
-                crate::fleet::wait_for(
+                crate::ports::wait_for(
                     "rate_limiter",
                     "Redis (the provider rate limiter)",
                     startup,
