@@ -2,6 +2,7 @@
 //! user messages, budget pauses, lost leases. (The same scenarios run against
 //! the real services in the end-to-end tests.)
 
+#[path = "../../agent/tests/common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

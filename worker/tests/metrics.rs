@@ -2,14 +2,17 @@
 //! the real loop through a sink that hands every event and live delta to a
 //! `RunObserver` leaves exactly the counts its log implies.
 
+#[path = "../../agent/tests/common/mod.rs"]
 mod common;
+mod observed;
 
 use std::sync::Arc;
 
-use common::{Observed, run_id};
+use common::run_id;
 use glia_agent::provider::ScriptedTurn;
 use glia_proto::{BudgetLimits, Retry, RunConfig, RunState, Status};
 use glia_worker::metrics::{RunObserver, WorkerMetrics};
+use observed::Observed;
 use serde_json::json;
 
 /// The value of the sample `series` (name and labels, exactly as encoded).

@@ -5,6 +5,7 @@
 //! and must come back on its own. The job queue is the in-memory twin (only
 //! the start goes through it); the log is a real Postgres database.
 
+#[path = "../../agent/tests/common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

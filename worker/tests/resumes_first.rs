@@ -3,6 +3,7 @@
 //! with one slot still takes starts. In-memory ports; jobs are relayed by
 //! hand, so the test decides what is in the queue when.
 
+#[path = "../../agent/tests/common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -4,17 +4,20 @@
 //! run's stop policy re-asks, pauses or fails it, the log says which, a cut
 //! tool call never runs, and the metrics count each class and action.
 
+#[path = "../../agent/tests/common/mod.rs"]
 mod common;
+mod observed;
 
 use std::sync::Arc;
 
-use common::{Observed, run_id};
+use common::run_id;
 use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
     Event, EventKind, Outcome, PauseReason, PullPoint, RejectedAnswer, Resume, RunConfig, RunState,
     Status, StopAction, StopClass, StopPolicy,
 };
 use glia_worker::metrics::{RunObserver, WorkerMetrics};
+use observed::Observed;
 use serde_json::json;
 
 /// Every bad stop, as a scripted answer, with its class.

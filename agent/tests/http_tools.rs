@@ -380,7 +380,7 @@ fn a_tenant_config_cannot_carry_a_command() {
 }
 
 /// `schemas/catalogue.schema.json` is the catalogue's schema (regenerate:
-/// `GLIA_WRITE_SCHEMAS=1 cargo test -p glia-worker --test http_tools`), and
+/// `GLIA_WRITE_SCHEMAS=1 cargo test -p glia-agent --test http_tools`), and
 /// the example catalogue parses.
 #[test]
 fn catalogue_schema_is_current_and_the_example_parses() {
