@@ -96,7 +96,7 @@ impl Principal {
         if self.has(scope) {
             Ok(())
         } else {
-            Err(ApiError::forbidden(scope))
+            Err(ApiError::Forbidden(scope.as_str().to_owned()))
         }
     }
 
