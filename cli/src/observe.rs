@@ -177,7 +177,7 @@ impl Readiness {
 }
 
 /// Serve `/metrics`, `/healthz` and `/readyz` (same answers as the
-/// dispatcher's: [`glia_dispatcher::api::readiness_answer`]) on `addr` until
+/// dispatcher's: [`glia_dispatcher::handlers::ops::readiness_answer`]) on `addr` until
 /// `shutdown` turns true.
 pub async fn serve_metrics(
     addr: SocketAddr,
@@ -185,25 +185,28 @@ pub async fn serve_metrics(
     readiness: Readiness,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = metrics.clone();
-                async move { ([(header::CONTENT_TYPE, OPENMETRICS)], metrics.encode()) }
-            }),
-        )
-        .route(
-            "/healthz",
-            get(|| async { glia_dispatcher::api::healthz_answer() }),
-        )
-        .route(
-            "/readyz",
-            get(move || {
-                let readiness = readiness.clone();
-                async move { glia_dispatcher::api::readiness_answer(readiness.checks().await) }
-            }),
-        );
+    let app =
+        Router::new()
+            .route(
+                "/metrics",
+                get(move || {
+                    let metrics = metrics.clone();
+                    async move { ([(header::CONTENT_TYPE, OPENMETRICS)], metrics.encode()) }
+                }),
+            )
+            .route(
+                "/healthz",
+                get(|| async { glia_dispatcher::handlers::ops::healthz_answer() }),
+            )
+            .route(
+                "/readyz",
+                get(move || {
+                    let readiness = readiness.clone();
+                    async move {
+                        glia_dispatcher::handlers::ops::readiness_answer(readiness.checks().await)
+                    }
+                }),
+            );
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding --metrics-listen {addr}"))?;
