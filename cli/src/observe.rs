@@ -19,6 +19,7 @@ use axum::Router;
 use axum::http::header;
 use axum::routing::get;
 use glia_dispatcher::Startup;
+use glia_dispatcher::handlers::ops as dispatcher_ops;
 use glia_worker::metrics::WorkerMetrics;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
@@ -185,28 +186,25 @@ pub async fn serve_metrics(
     readiness: Readiness,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
-    let app =
-        Router::new()
-            .route(
-                "/metrics",
-                get(move || {
-                    let metrics = metrics.clone();
-                    async move { ([(header::CONTENT_TYPE, OPENMETRICS)], metrics.encode()) }
-                }),
-            )
-            .route(
-                "/healthz",
-                get(|| async { glia_dispatcher::handlers::ops::healthz_answer() }),
-            )
-            .route(
-                "/readyz",
-                get(move || {
-                    let readiness = readiness.clone();
-                    async move {
-                        glia_dispatcher::handlers::ops::readiness_answer(readiness.checks().await)
-                    }
-                }),
-            );
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move { ([(header::CONTENT_TYPE, OPENMETRICS)], metrics.encode()) }
+            }),
+        )
+        .route(
+            "/healthz",
+            get(|| async { dispatcher_ops::healthz_answer() }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let readiness = readiness.clone();
+                async move { dispatcher_ops::readiness_answer(readiness.checks().await) }
+            }),
+        );
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding --metrics-listen {addr}"))?;
