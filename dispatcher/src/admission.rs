@@ -1,7 +1,7 @@
 //! Admission: what makes a request a run. The config a run admits (its own
 //! or a registered agent's, [`resolve`]d), the checks it passes (validation,
 //! the operator's catalogue, input guardrails), idempotency, and
-//! [`admit_run`], the one function that creates a run: `POST /v1/runs` and
+//! `admit_run`, the one function that creates a run: `POST /v1/runs` and
 //! each batch item go through it.
 
 use axum::http::HeaderMap;

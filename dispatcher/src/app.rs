@@ -121,7 +121,7 @@ impl App {
         self
     }
 
-    /// Wake the batch admission loop ([`batches::admit`]) now.
+    /// Wake the batch admission loop ([`crate::batches::admit`]) now.
     pub fn wake_admission(&self) {
         self.wake_admission.notify_one();
     }
@@ -158,8 +158,8 @@ impl App {
     }
 
     /// True when no tokens are configured: every request then acts as an admin
-    /// of [`OPEN_TENANT`], so the server must listen on a loopback address only.
-    /// [`serve`] enforces this; a binary that serves otherwise must too.
+    /// of [`crate::OPEN_TENANT`], so the server must listen on a loopback address only.
+    /// [`crate::serve`] enforces this; a binary that serves otherwise must too.
     pub fn requires_loopback(&self) -> bool {
         self.auth.is_open()
     }
@@ -169,7 +169,7 @@ impl App {
         &self.metrics
     }
 
-    /// Wake the [`relay()`] now (after a write that put a job in the outbox).
+    /// Wake the [`crate::relay()`] now (after a write that put a job in the outbox).
     pub fn wake_relay(&self) {
         self.wake.notify_one();
     }

@@ -13,7 +13,7 @@ use glia_backends::webhooks::WebhookStore;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// Inbox settings, part of [`App`].
+/// Inbox settings, part of [`crate::App`].
 #[derive(Clone)]
 pub struct InboxConfig {
     /// Signs session cookies and CSRF tokens (HMAC-SHA256). Default: 32
@@ -67,7 +67,7 @@ pub struct WebhookPolicy {
     pub allow_hosts: Vec<String>,
 }
 
-/// Webhook settings, part of [`App`].
+/// Webhook settings, part of [`crate::App`].
 #[derive(Clone, Default)]
 pub struct WebhookConfig {
     /// The store; `None` (in-memory fleets) answers 501.
@@ -119,7 +119,7 @@ impl Default for Admission {
     }
 }
 
-/// The batch store and admission settings of an [`App`].
+/// The batch store and admission settings of an [`crate::App`].
 #[derive(Clone, Default)]
 pub struct BatchConfig {
     /// The store; `None` answers 404 `not_available`.

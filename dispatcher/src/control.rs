@@ -1,6 +1,6 @@
 //! Run control: what moves a parked or running run on, by posting into its
-//! inbox. Approval decisions ([`decide_one`], [`decide_many`]), operator
-//! pause and resume, cancel; and [`visible_run`], the tenant check every
+//! inbox. Approval decisions (`decide_one`, `decide_many`), operator
+//! pause and resume, cancel; and `visible_run`, the tenant check every
 //! run endpoint makes first. The handlers, the inbox pages and the batch
 //! admission loop all call these.
 

@@ -30,7 +30,7 @@
 //!   decides only its tenant's runs (another tenant's run is a 404), and
 //!   decisions record its name as the decider (`approval.resolved.by`).
 //! - **Decisions** go through the same path as `POST
-//!   /v1/runs/{id}/approvals/{call_id}` ([`crate::control::decide_one`]): first
+//!   /v1/runs/{id}/approvals/{call_id}` (`control::decide_one`): first
 //!   decision wins, bound to the arguments hash the page showed.
 //! - **Untrusted text** (goals, model text, tool arguments and results) is
 //!   only ever rendered by minijinja with HTML auto-escaping; no template

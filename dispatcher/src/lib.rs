@@ -3,11 +3,11 @@
 //! The dispatcher admits runs, serves their logs, and moves parked runs on by
 //! *posting* payloads (approval decisions, external tool results, user
 //! messages, budget extensions, resumes) into the run's inbox
-//! ([`EventLog::post`]). It never writes events itself except the
+//! ([`glia_backends::EventLog::post`]). It never writes events itself except the
 //! `session.start` of a new run: workers apply inbox items through the loop
 //! and commit what happens. Every write that causes work writes a job to the
 //! outbox in the same transaction; [`relay()`] publishes outbox jobs to the
-//! [`JobQueue`] and [`reconcile`] re-enqueues runs whose job or worker was lost.
+//! [`glia_backends::JobQueue`] and [`reconcile`] re-enqueues runs whose job or worker was lost.
 //!
 //! To serve it (what `glia dispatcher` and `glia dev` do):
 //!

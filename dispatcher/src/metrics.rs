@@ -23,7 +23,7 @@
 //! | `glia_dispatcher_queue_dead_lettered` | gauge | – | jobs in the dead-letter queue (sampled; RabbitMQ only) |
 //! | `glia_dispatcher_sample_errors_total` | counter | `source` (`log`, `queue`) | failed samples |
 //!
-//! The sampled gauges are refreshed by [`sample`] (every 5 s in `glia
+//! The sampled gauges are refreshed by [`crate::sampler::sample`] (every 5 s in `glia
 //! dispatcher`): one passive queue declare per queue and two counting
 //! queries, whatever the number of scrapes. With several dispatchers each
 //! reports the same fleet-wide values: aggregate them with `max`.
