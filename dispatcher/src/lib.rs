@@ -41,7 +41,7 @@
 //! - the middle: [`admission`] (what makes a request a run), [`control`]
 //!   (posting decisions, pause, resume, cancel), [`batches`] (the batch
 //!   service and admission loop), [`extract`] (request extractors),
-//!   [`relay`] and [`sampler`] (background tasks), [`history`];
+//!   [`mod@relay`] and [`sampler`] (background tasks), [`history`];
 //! - the state, [`app`] ([`App`], [`Limits`]), with its settings
 //!   ([`config`]), [`auth`] and [`metrics`];
 //! - the types: [`model`] (request and response shapes), [`docs`] (schemas

@@ -1,4 +1,4 @@
-//! The top: the router over every handler ([`routes`], [`router`]), the
+//! The top: the router over every handler ([`routes()`], [`router`]), the
 //! OpenAPI document built from them ([`openapi`], served at
 //! `/openapi.json`), and serving ([`serve`]). Nothing below imports this
 //! module.
@@ -93,7 +93,7 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(agents::get_version))
 }
 
-/// The HTTP API over `app`: every endpoint of [`routes`] (documented in
+/// The HTTP API over `app`: every endpoint of [`routes()`] (documented in
 /// [`openapi`]), JSON errors for unknown routes (404 `route_not_found`) and
 /// methods (405 `method_not_allowed`), panics (500 `internal`), a body limit
 /// of [`crate::Limits::max_body_bytes`], and request metrics.
