@@ -389,9 +389,14 @@ pub enum LogError {
         /// The transition error.
         reason: String,
     },
-    /// The backing store failed (connection, timeout, corrupt row).
+    /// The backing store failed (connection, timeout).
     #[error("event log unavailable: {0}")]
     Unavailable(String),
+    /// A stored record does not decode (a column of the wrong shape, an
+    /// unknown status, events that do not apply). Asking again gets the same
+    /// answer: not transient. The text names the record, never its content.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
 }
 
 impl LogError {

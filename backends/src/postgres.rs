@@ -55,8 +55,9 @@
 //!
 //! ## Errors
 //!
-//! Connection problems, timeouts (pool, statement, call) and rows that do not
-//! decode are [`LogError::Unavailable`]; nothing here panics on bad data.
+//! Connection problems and timeouts (pool, statement, call) are
+//! [`LogError::Unavailable`]; rows that do not decode are
+//! [`LogError::Corrupt`]; nothing here panics on bad data.
 //! Values Postgres refuses (class 22, e.g. a NUL byte in a tenant name) are
 //! [`LogError::Invalid`].
 
@@ -508,7 +509,7 @@ fn agent_of(row: &Row) -> Result<AgentVersion, LogError> {
 }
 
 pub(crate) fn corrupt(what: String) -> LogError {
-    LogError::Unavailable(format!("corrupt row: {what}"))
+    LogError::Corrupt(what)
 }
 
 pub(crate) fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, LogError> {

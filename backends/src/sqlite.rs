@@ -652,14 +652,14 @@ impl Store {
     }
 }
 
-/// A SQLite failure: the store's (busy, I/O, corrupt…), reported as
+/// A SQLite failure: the store's (busy, I/O…), reported as
 /// unavailable with what was being done.
 fn db(what: &'static str) -> impl Fn(rusqlite::Error) -> LogError {
     move |e| LogError::Unavailable(format!("{what}: {e}"))
 }
 
 fn corrupt(what: String) -> LogError {
-    LogError::Unavailable(format!("corrupt row: {what}"))
+    LogError::Corrupt(what)
 }
 
 /// One write's own atomic unit inside the writer's batch transaction: a

@@ -19,6 +19,7 @@ use axum::Router;
 use axum::http::header;
 use axum::routing::get;
 use glia_dispatcher::Startup;
+use glia_dispatcher::handlers::ops as dispatcher_ops;
 use glia_worker::metrics::WorkerMetrics;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
@@ -177,7 +178,7 @@ impl Readiness {
 }
 
 /// Serve `/metrics`, `/healthz` and `/readyz` (same answers as the
-/// dispatcher's: [`glia_dispatcher::api::readiness_answer`]) on `addr` until
+/// dispatcher's: [`glia_dispatcher::handlers::ops::readiness_answer`]) on `addr` until
 /// `shutdown` turns true.
 pub async fn serve_metrics(
     addr: SocketAddr,
@@ -195,13 +196,13 @@ pub async fn serve_metrics(
         )
         .route(
             "/healthz",
-            get(|| async { glia_dispatcher::api::healthz_answer() }),
+            get(|| async { dispatcher_ops::healthz_answer() }),
         )
         .route(
             "/readyz",
             get(move || {
                 let readiness = readiness.clone();
-                async move { glia_dispatcher::api::readiness_answer(readiness.checks().await) }
+                async move { dispatcher_ops::readiness_answer(readiness.checks().await) }
             }),
         );
     let listener = tokio::net::TcpListener::bind(addr)

@@ -18,13 +18,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::FromRequestParts;
-use axum::http::header;
-use axum::http::request::Parts;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::App;
 use crate::error::ApiError;
 
 /// The tenant every request acts as when no tokens are configured.
@@ -96,7 +92,7 @@ impl Principal {
         if self.has(scope) {
             Ok(())
         } else {
-            Err(ApiError::forbidden(scope))
+            Err(ApiError::Forbidden(scope.as_str().to_owned()))
         }
     }
 
@@ -284,18 +280,6 @@ impl Auth {
             .get(&digest(token.trim()))
             .cloned()
             .ok_or(ApiError::InvalidToken)
-    }
-}
-
-impl FromRequestParts<App> for Principal {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, Self::Rejection> {
-        let header = match parts.headers.get(header::AUTHORIZATION) {
-            Some(v) => Some(v.to_str().map_err(|_| ApiError::InvalidToken)?),
-            None => None,
-        };
-        app.auth.authenticate(header)
     }
 }
 

@@ -1,5 +1,4 @@
-//! OpenAPI plumbing: the document's header (title, security scheme) and
-//! hand-written schemas for the contract types that live in `glia-proto` and
+//! OpenAPI plumbing: hand-written schemas for the contract types that live in `glia-proto` and
 //! `glia-backends` (which do not derive `utoipa::ToSchema`). Each marker type
 //! here stands for the real type in the document only; tests check the real
 //! types' JSON against these schemas.
@@ -7,44 +6,10 @@
 use std::borrow::Cow;
 
 use serde_json::{Value, json};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Schema};
-use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+use utoipa::{PartialSchema, ToSchema};
 
-/// The document's header and security scheme; paths are added by the router.
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "glia dispatcher",
-        description = "Durable, resumable LLM agent runs: admit runs, read and stream their event logs, decide approvals, post external tool results and user messages, extend budgets, cancel. Every error is `{\"error\": {\"code\", \"message\"}}`.",
-        license(name = "MIT")
-    ),
-    modifiers(&BearerAuth),
-    components(schemas(crate::batches::BatchSpec, crate::batches::BatchItem, crate::batches::ItemResult)),
-    tags(
-        (name = "runs", description = "Admission, listing, event logs and streams"),
-        (name = "approvals", description = "The approval queue and decisions"),
-        (name = "payloads", description = "Tool results, messages, resume, cancel"),
-        (name = "agents", description = "The agent registry: versioned agent definitions"),
-        (name = "batches", description = "Many goals with one configuration: submit (JSON or JSON Lines), progress, results, cancel, pause, resume"),
-        (name = "ops", description = "Health, readiness, metrics, this document")
-    )
-)]
-pub struct ApiDoc;
-
-struct BearerAuth;
-
-impl Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-    }
-}
-
-/// A placeholder; [`crate::openapi`] replaces it with the hand-written JSON
+/// A placeholder; [`crate::server::openapi`] replaces it with the hand-written JSON
 /// (utoipa's schema model cannot hold every JSON Schema 2020-12 form).
 fn placeholder() -> RefOr<Schema> {
     RefOr::T(Schema::Object(
@@ -154,11 +119,11 @@ fn decision_json(bulk: bool) -> Value {
 }
 
 foreign_schema!(
-    /// Body of `POST /v1/runs/{id}/approvals/{call_id}` (`crate::api::DecisionBody`).
+    /// Body of `POST /v1/runs/{id}/approvals/{call_id}` (`crate::model::DecisionBody`).
     DecisionBodyDoc, "DecisionBody", decision_json(false));
 
 foreign_schema!(
-    /// One decision of `POST /v1/approvals` (`crate::api::BulkDecision`).
+    /// One decision of `POST /v1/approvals` (`crate::model::BulkDecision`).
     BulkDecisionDoc, "BulkDecision", decision_json(true));
 
 foreign_schema!(
@@ -591,8 +556,12 @@ pub fn complete(doc: &mut Value) {
 /// component `/openapi.json` serves, with the components it references under
 /// `$defs`. `glia schemas` writes them to `schemas/`.
 pub fn config_schemas() -> Vec<(&'static str, Value)> {
-    let doc = crate::openapi();
-    let components = &doc["components"]["schemas"];
+    // Both types and every component they reference are hand-written here
+    // ([`foreign_schemas`]): the document serves exactly these.
+    let components: serde_json::Map<String, Value> = foreign_schemas()
+        .into_iter()
+        .map(|(name, schema)| (name.to_owned(), schema))
+        .collect();
     [("run-config.schema.json", "RunConfig"), ("agent.schema.json", "AgentDefinition")]
         .into_iter()
         .map(|(file, root)| {

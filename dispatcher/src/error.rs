@@ -4,7 +4,8 @@
 //! `{"error": {"code": "stable_snake_case", "message": "human text"}}` with the
 //! HTTP status of [`ApiError::status`]. Codes never change meaning; messages
 //! may. Bad input is always a 4xx: a 5xx means a backing store failed
-//! (`*_unavailable`, 503) or a bug (`internal`, 500).
+//! (`*_unavailable`, 503), a stored record does not decode
+//! (`corrupt_record`, 500: retrying does not help) or a bug (`internal`, 500).
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -12,8 +13,6 @@ use axum::response::{IntoResponse, Response};
 use glia_backends::{LedgerError, LogError, QueueError};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
-
-use crate::auth::Scope;
 
 /// The JSON body of every error: `{"error": {"code": …, "message": …}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -39,8 +38,9 @@ pub struct ErrorDetail {
     pub field: Option<String>,
 }
 
-/// Why a request failed. [`ApiError::status`] and [`ApiError::code`] give its
-/// HTTP status and stable code.
+/// Why a request failed. Each variant's message is its `#[error]`; its HTTP
+/// status and stable code ([`ApiError::status`], [`ApiError::code`]) are its
+/// arm of `status_and_code`, the one table of them.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
     /// 401 `missing_token`: no `Authorization: Bearer …` header.
@@ -253,115 +253,82 @@ pub enum ApiError {
     /// 503 `not_ready`: a readiness check failed.
     #[error("not ready: {0}")]
     NotReady(String),
+    /// 500 `corrupt_record`: a stored record does not decode; asking again
+    /// gets the same answer. The message names the record (the run, the
+    /// column), never its content; the dispatcher's log has the details.
+    #[error("a stored record is corrupt: {0}; the dispatcher's log has the details")]
+    CorruptRecord(String),
     /// 500 `internal`: a bug; the message says what.
     #[error("internal error: {0}")]
     Internal(String),
 }
 
 impl ApiError {
-    /// 403 for a missing scope.
-    pub fn forbidden(scope: Scope) -> ApiError {
-        ApiError::Forbidden(scope.as_str().to_owned())
+    /// The HTTP status and the stable snake_case code, declared together:
+    /// one arm per variant (the message is the variant's `#[error]`).
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        use ApiError::*;
+        use StatusCode as S;
+        match self {
+            MissingToken => (S::UNAUTHORIZED, "missing_token"),
+            InvalidToken => (S::UNAUTHORIZED, "invalid_token"),
+            Forbidden(_) => (S::FORBIDDEN, "forbidden"),
+            RouteNotFound(_) => (S::NOT_FOUND, "route_not_found"),
+            NotAvailable(_) => (S::NOT_FOUND, "not_available"),
+            MethodNotAllowed => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            AgentNotFound(_) => (S::NOT_FOUND, "agent_not_found"),
+            BatchNotFound(_) => (S::NOT_FOUND, "batch_not_found"),
+            WebhookNotFound(_) => (S::NOT_FOUND, "webhook_not_found"),
+            InvalidLine {
+                code: code @ "malformed_json",
+                ..
+            } => (S::BAD_REQUEST, code),
+            InvalidLine { code, .. } => (S::UNPROCESSABLE_ENTITY, code),
+            RunNotFound(_) => (S::NOT_FOUND, "run_not_found"),
+            CallNotFound { .. } => (S::NOT_FOUND, "call_not_found"),
+            ApprovalNotFound { .. } => (S::NOT_FOUND, "approval_not_found"),
+            AlreadyDecided { .. } => (S::CONFLICT, "already_decided"),
+            StaleArgs { .. } => (S::CONFLICT, "stale_args"),
+            NotExternal(_) => (S::CONFLICT, "not_external"),
+            AlreadyAnswered(_) => (S::CONFLICT, "already_answered"),
+            NotAwaitingInput(_) => (S::CONFLICT, "not_awaiting_input"),
+            NotPaused(_) => (S::CONFLICT, "not_paused"),
+            AlreadyPaused(_) => (S::CONFLICT, "already_paused"),
+            AlreadyPosted { .. } => (S::CONFLICT, "already_posted"),
+            HeadMoved { .. } => (S::CONFLICT, "head_moved"),
+            RunFinished(_) => (S::CONFLICT, "run_finished"),
+            RunCancelled(_) => (S::CONFLICT, "run_cancelled"),
+            BatchEnded(..) => (S::CONFLICT, "batch_ended"),
+            IdempotencyConflict(_) => (S::CONFLICT, "idempotency_conflict"),
+            MalformedJson(_) => (S::BAD_REQUEST, "malformed_json"),
+            InvalidBody(_) => (S::UNPROCESSABLE_ENTITY, "invalid_body"),
+            BodyAt { .. } => (S::UNPROCESSABLE_ENTITY, "invalid_body"),
+            UnsupportedMediaType => (S::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            BodyTooLarge(_) => (S::PAYLOAD_TOO_LARGE, "body_too_large"),
+            BodyRead(_) => (S::BAD_REQUEST, "body_unreadable"),
+            InvalidQuery(_) => (S::BAD_REQUEST, "invalid_query"),
+            InvalidPath(_) => (S::BAD_REQUEST, "invalid_path"),
+            InvalidHeader { .. } => (S::BAD_REQUEST, "invalid_header"),
+            Invalid(_) => (S::UNPROCESSABLE_ENTITY, "invalid_request"),
+            InvalidField { .. } => (S::UNPROCESSABLE_ENTITY, "invalid_request"),
+            ScreenedInput { .. } => (S::UNPROCESSABLE_ENTITY, "screened_input"),
+            LogUnavailable(_) => (S::SERVICE_UNAVAILABLE, "log_unavailable"),
+            QueueUnavailable(_) => (S::SERVICE_UNAVAILABLE, "queue_unavailable"),
+            LedgerUnavailable(_) => (S::SERVICE_UNAVAILABLE, "ledger_unavailable"),
+            NotReady(_) => (S::SERVICE_UNAVAILABLE, "not_ready"),
+            CorruptRecord(_) => (S::INTERNAL_SERVER_ERROR, "corrupt_record"),
+            Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
+        }
     }
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        use ApiError::*;
-        match self {
-            MissingToken | InvalidToken => StatusCode::UNAUTHORIZED,
-            Forbidden(_) => StatusCode::FORBIDDEN,
-            InvalidLine {
-                code: "malformed_json",
-                ..
-            } => StatusCode::BAD_REQUEST,
-            InvalidLine { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            RouteNotFound(_)
-            | NotAvailable(_)
-            | AgentNotFound(_)
-            | RunNotFound(_)
-            | BatchNotFound(_)
-            | WebhookNotFound(_)
-            | CallNotFound { .. }
-            | ApprovalNotFound { .. } => StatusCode::NOT_FOUND,
-            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            AlreadyDecided { .. }
-            | StaleArgs { .. }
-            | NotExternal(_)
-            | AlreadyAnswered(_)
-            | NotAwaitingInput(_)
-            | NotPaused(_)
-            | AlreadyPaused(_)
-            | AlreadyPosted { .. }
-            | HeadMoved { .. }
-            | RunFinished(_)
-            | RunCancelled(_)
-            | BatchEnded(..)
-            | IdempotencyConflict(_) => StatusCode::CONFLICT,
-            MalformedJson(_)
-            | BodyRead(_)
-            | InvalidQuery(_)
-            | InvalidPath(_)
-            | InvalidHeader { .. } => StatusCode::BAD_REQUEST,
-            InvalidBody(_)
-            | BodyAt { .. }
-            | Invalid(_)
-            | InvalidField { .. }
-            | ScreenedInput { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            LogUnavailable(_) | QueueUnavailable(_) | LedgerUnavailable(_) | NotReady(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.status_and_code().0
     }
 
     /// The stable snake_case code.
     pub fn code(&self) -> &'static str {
-        use ApiError::*;
-        match self {
-            MissingToken => "missing_token",
-            InvalidToken => "invalid_token",
-            Forbidden(_) => "forbidden",
-            RouteNotFound(_) => "route_not_found",
-            NotAvailable(_) => "not_available",
-            MethodNotAllowed => "method_not_allowed",
-            AgentNotFound(_) => "agent_not_found",
-            RunNotFound(_) => "run_not_found",
-            BatchNotFound(_) => "batch_not_found",
-            WebhookNotFound(_) => "webhook_not_found",
-            InvalidLine { code, .. } => code,
-            CallNotFound { .. } => "call_not_found",
-            ApprovalNotFound { .. } => "approval_not_found",
-            AlreadyDecided { .. } => "already_decided",
-            StaleArgs { .. } => "stale_args",
-            NotExternal(_) => "not_external",
-            AlreadyAnswered(_) => "already_answered",
-            NotAwaitingInput(_) => "not_awaiting_input",
-            NotPaused(_) => "not_paused",
-            AlreadyPaused(_) => "already_paused",
-            AlreadyPosted { .. } => "already_posted",
-            HeadMoved { .. } => "head_moved",
-            RunFinished(_) => "run_finished",
-            RunCancelled(_) => "run_cancelled",
-            BatchEnded(..) => "batch_ended",
-            IdempotencyConflict(_) => "idempotency_conflict",
-            MalformedJson(_) => "malformed_json",
-            InvalidBody(_) | BodyAt { .. } => "invalid_body",
-            UnsupportedMediaType => "unsupported_media_type",
-            BodyTooLarge(_) => "body_too_large",
-            BodyRead(_) => "body_unreadable",
-            InvalidQuery(_) => "invalid_query",
-            InvalidPath(_) => "invalid_path",
-            InvalidHeader { .. } => "invalid_header",
-            Invalid(_) | InvalidField { .. } => "invalid_request",
-            ScreenedInput { .. } => "screened_input",
-            LogUnavailable(_) => "log_unavailable",
-            QueueUnavailable(_) => "queue_unavailable",
-            LedgerUnavailable(_) => "ledger_unavailable",
-            NotReady(_) => "not_ready",
-            Internal(_) => "internal",
-        }
+        self.status_and_code().1
     }
 
     /// The JSON body.
@@ -408,9 +375,20 @@ impl From<LogError> for ApiError {
             LogError::Duplicate { run_id, what } => ApiError::AlreadyPosted { run_id, what },
             LogError::Cancelled(run_id) => ApiError::RunCancelled(run_id),
             LogError::Finished(run_id) => ApiError::RunFinished(run_id),
+            LogError::Corrupt(what) => {
+                tracing::error!(code = "corrupt_record", "corrupt record: {what}");
+                ApiError::CorruptRecord(record_name(&what).to_owned())
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }
+}
+
+/// The record a [`LogError::Corrupt`] names (`column config`, `run … has no
+/// events`): its text up to the decoder's own words, which may quote the
+/// stored value.
+fn record_name(what: &str) -> &str {
+    what.split(": ").next().unwrap_or(what)
 }
 
 impl From<QueueError> for ApiError {

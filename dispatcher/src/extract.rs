@@ -2,7 +2,7 @@
 //! stable code) instead of axum's plain-text rejections.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
@@ -10,8 +10,10 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 
-use crate::App;
+use crate::app::App;
+use crate::auth::Principal;
 use crate::error::ApiError;
+use crate::model::Documented;
 
 /// A required JSON body: `Content-Type: application/json` (or `…+json`),
 /// at most [`crate::Limits::max_body_bytes`]. Errors: 415
@@ -55,19 +57,23 @@ pub(crate) async fn body(req: Request, app: &App) -> Result<(HeaderMap, Bytes), 
     Ok((headers, bytes))
 }
 
-/// A request body the OpenAPI document describes: the name of its component
-/// schema. [`ApiJson`] and [`OptJson`] check every body against it before
-/// it is deserialised, so what the document refuses the server refuses
-/// (serde alone would take, e.g., an array for a struct).
-pub trait Documented {
-    /// Name of the component in `#/components/schemas`.
-    const SCHEMA: &'static str;
+/// The OpenAPI document bodies are checked against: given by the router
+/// ([`crate::server::router`]) before it serves anything, so this module
+/// needs nothing from the handlers the document is built from.
+static DOCUMENT: OnceLock<fn() -> serde_json::Value> = OnceLock::new();
+
+/// Check every body against the document `document` builds (the first
+/// call wins; the document is one per build).
+pub(crate) fn check_bodies_against(document: fn() -> serde_json::Value) {
+    let _ = DOCUMENT.set(document);
 }
 
 /// Every component schema of the document, compiled once (references
 /// resolve within the document).
 static VALIDATORS: LazyLock<HashMap<String, jsonschema::Validator>> = LazyLock::new(|| {
-    let doc = crate::openapi();
+    let doc = DOCUMENT
+        .get()
+        .expect("the router gives the document before a body is checked")();
     let names: Vec<String> = doc["components"]["schemas"]
         .as_object()
         .map(|m| m.keys().cloned().collect())
@@ -234,6 +240,19 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
 
 /// Just enough media-type parsing to recognise JSON: `type/subtype` with
 /// optional parameters, case-insensitive.
+/// The caller, from `Authorization: Bearer …` ([`crate::auth::Auth::authenticate`]).
+impl FromRequestParts<App> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, Self::Rejection> {
+        let header = match parts.headers.get(header::AUTHORIZATION) {
+            Some(v) => Some(v.to_str().map_err(|_| ApiError::InvalidToken)?),
+            None => None,
+        };
+        app.auth.authenticate(header)
+    }
+}
+
 mod mime_lite {
     pub struct Mime {
         ty: String,

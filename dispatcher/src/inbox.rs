@@ -30,7 +30,7 @@
 //!   decides only its tenant's runs (another tenant's run is a 404), and
 //!   decisions record its name as the decider (`approval.resolved.by`).
 //! - **Decisions** go through the same path as `POST
-//!   /v1/runs/{id}/approvals/{call_id}` ([`crate::api::decide_one`]): first
+//!   /v1/runs/{id}/approvals/{call_id}` (`control::decide_one`): first
 //!   decision wins, bound to the arguments hash the page showed.
 //! - **Untrusted text** (goals, model text, tool arguments and results) is
 //!   only ever rendered by minijinja with HTML auto-escaping; no template
@@ -57,66 +57,21 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use chrono::{DateTime, Utc};
 use glia_backends::{ApprovalFilter, ApprovalRow, LogError};
 use glia_proto::{ContentBlock, Event, EventKind, Message, RunState, ToolSpec, args_hash};
-use hmac::{Hmac, Mac};
 use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::Sha256;
 use uuid::Uuid;
 
-use crate::App;
-use crate::api::{DecisionBody, DecisionKind, decide_many, decide_one, visible_run};
+use crate::app::App;
 use crate::auth::{Principal, Scope};
+pub use crate::config::InboxConfig;
+use crate::control::{decide_many, decide_one, visible_run};
 use crate::error::ApiError;
 use crate::history::{self, HistoryQuery};
+use crate::model::{DecisionBody, DecisionKind};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "glia_inbox";
-
-/// Inbox settings, part of [`App`].
-#[derive(Clone)]
-pub struct InboxConfig {
-    /// Signs session cookies and CSRF tokens (HMAC-SHA256). Default: 32
-    /// random bytes per process; set the same key on every replica.
-    pub session_key: [u8; 32],
-    /// How long a sign-in lasts (default 8 h).
-    pub session_ttl: Duration,
-    /// Add `Secure` to the cookie (set when served over HTTPS).
-    pub secure_cookies: bool,
-}
-
-impl Default for InboxConfig {
-    fn default() -> Self {
-        let mut key = [0u8; 32];
-        getrandom::fill(&mut key).expect("the OS random source works");
-        InboxConfig {
-            session_key: key,
-            session_ttl: Duration::from_secs(8 * 3600),
-            secure_cookies: false,
-        }
-    }
-}
-
-impl InboxConfig {
-    /// A configuration whose session key is derived from `secret` (SHA-256
-    /// of it), e.g. `GLIA_SESSION_KEY`, so replicas agree.
-    pub fn with_secret(secret: &str) -> InboxConfig {
-        use sha2::Digest;
-        InboxConfig {
-            session_key: Sha256::digest(secret.as_bytes()).into(),
-            ..InboxConfig::default()
-        }
-    }
-
-    fn mac(&self, parts: &[&[u8]]) -> Vec<u8> {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.session_key).expect("any key length");
-        for p in parts {
-            mac.update(p);
-            mac.update(b"\0");
-        }
-        mac.finalize().into_bytes().to_vec()
-    }
-}
 
 /// What a session cookie carries (signed, not encrypted: nothing secret).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -311,7 +266,7 @@ fn to_login() -> Response {
 
 // ----- routes ----------------------------------------------------------------------------
 
-/// The inbox's routes (merged into [`crate::router`]).
+/// The inbox's routes (merged into [`crate::server::router`]).
 pub fn routes() -> Router<App> {
     Router::new()
         .route("/inbox", get(queue))

@@ -17,7 +17,7 @@ use glia_backends::{ApprovalFilter, Job, LogError, Orphan, QueueError};
 use glia_proto::{ApprovalStatus, ApprovalTimeout, Decision, Resume};
 use uuid::Uuid;
 
-use crate::App;
+use crate::app::App;
 
 /// Why a relay pass stopped early. Jobs confirmed before the failure are marked done.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

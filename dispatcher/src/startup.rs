@@ -27,7 +27,9 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::watch;
 use tower::ServiceExt;
 
-use crate::{App, ServeError, api};
+use crate::app::App;
+use crate::handlers::ops;
+use crate::server::{ServeError, router, serve_router};
 
 /// Each dependency a process waits for at start → `ok`, `connecting`, or
 /// `connecting: <last error>`. Cheap to clone (shared).
@@ -88,7 +90,7 @@ impl Gate {
 
     /// From now on serve `app` ([`crate::router`]).
     pub fn open(&self, app: App) {
-        self.app.send_replace(Some(crate::router(app)));
+        self.app.send_replace(Some(router(app)));
     }
 
     /// True once [`Gate::open`] was called.
@@ -115,15 +117,15 @@ impl Gate {
 /// The answer of a dispatcher still connecting.
 fn starting(req: Request, startup: &Startup) -> Response {
     match req.uri().path() {
-        "/healthz" => api::healthz_answer().into_response(),
-        "/readyz" => api::readiness_answer(starting_checks(startup)),
+        "/healthz" => ops::healthz_answer().into_response(),
+        "/readyz" => ops::readiness_answer(starting_checks(startup)),
         _ => {
             let waiting: Vec<String> = starting_checks(startup)
                 .into_iter()
                 .filter(|(_, v)| v != "ok")
                 .map(|(k, v)| format!("{k}: {v}"))
                 .collect();
-            let error = crate::ApiError::NotReady(format!(
+            let error = crate::error::ApiError::NotReady(format!(
                 "the dispatcher is starting; waiting for {}",
                 waiting.join("; ")
             ));
@@ -153,5 +155,5 @@ pub async fn serve_gate(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    crate::serve_router(gate.router(), gate.requires_loopback, 0, listener, shutdown).await
+    serve_router(gate.router(), gate.requires_loopback, 0, listener, shutdown).await
 }

@@ -53,31 +53,12 @@ use sha2::Sha256;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::App;
+use crate::app::App;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, ApiPath};
 
-/// Who may be called.
-#[derive(Debug, Clone, Default)]
-pub struct WebhookPolicy {
-    /// Allow loopback and private addresses (tests, single-host setups).
-    pub allow_private: bool,
-    /// Hosts allowed whatever they resolve to (exact, case-insensitive).
-    pub allow_hosts: Vec<String>,
-}
-
-/// Webhook settings, part of [`App`].
-#[derive(Clone, Default)]
-pub struct WebhookConfig {
-    /// The store; `None` (in-memory fleets) answers 501.
-    pub store: Option<Arc<dyn WebhookStore>>,
-    /// Which receivers may be called.
-    pub policy: WebhookPolicy,
-    /// Base URL of this dispatcher as approvers reach it (links to the inbox
-    /// in Slack messages), e.g. `https://glia.example.com`.
-    pub public_url: Option<String>,
-}
+pub use crate::config::{WebhookConfig, WebhookPolicy};
 
 /// Body of `POST /v1/webhooks`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
@@ -623,4 +604,8 @@ mod tests {
         assert!(text.contains("<https://glia.example.com/inbox/runs/00000000-0000-0000-0000-000000000000/calls/c1|Open in the inbox>"), "{text}");
         assert!(text.contains("refund&lt;b&gt;"), "{text}");
     }
+}
+
+impl crate::model::Documented for NewSubscription {
+    const SCHEMA: &'static str = "NewSubscription";
 }

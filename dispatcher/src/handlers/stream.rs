@@ -29,9 +29,9 @@ use tokio::sync::mpsc;
 use utoipa::IntoParams;
 use uuid::Uuid;
 
-use crate::App;
-use crate::api::visible_run;
+use crate::app::App;
 use crate::auth::Principal;
+use crate::control::visible_run;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiPath, ApiQuery};
 

@@ -1,8 +1,8 @@
 //! The agent registry over HTTP: `PUT /v1/agents/{name}` registers a
 //! definition as an immutable version (scope `agents` or `admin`), `GET
 //! /v1/agents`, `GET /v1/agents/{name}` (the latest version) and `GET
-//! /v1/agents/{name}/versions/{version}`; and [`resolve`], which turns a
-//! run request's `agent: "name"` or `"name@3"` into the run's config.
+//! /v1/agents/{name}/versions/{version}`. ([`crate::admission::resolve`] turns a
+//! run request's `agent: "name"` or `"name@3"` into the run's config.)
 //!
 //! Definitions belong to the caller's tenant. A definition is checked
 //! whole before anything is stored: unknown fields (a `command`, an `url`)
@@ -20,16 +20,17 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use glia_backends::AgentVersion;
-use glia_proto::{AgentDefinition, AgentRef, RunConfig, canonical_json};
+use glia_proto::{AgentDefinition, canonical_json};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::App;
+use crate::app::App;
 use crate::auth::{Principal, Scope};
 use crate::docs::AgentDefinitionDoc;
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{ApiJson, ApiPath, Documented};
+use crate::extract::{ApiJson, ApiPath};
+use crate::model::Documented;
 
 impl Documented for AgentDefinition {
     const SCHEMA: &'static str = "AgentDefinition";
@@ -191,46 +192,4 @@ pub async fn get_version(
         .await?
         .ok_or_else(|| ApiError::AgentNotFound(format!("{name}@{version}")))?;
     Ok(Json(body(v)?))
-}
-
-/// The config of a run started from `agent` (`name`: the latest version;
-/// `name@3`: version 3) of `tenant`, stamped with the version and its hash.
-/// Errors: 422 naming `agent` for a malformed reference, 404
-/// `agent_not_found` when the tenant has no such agent or version.
-pub async fn resolve(app: &App, tenant: &str, agent: &str) -> Result<RunConfig, ApiError> {
-    let bad = |reason: &str| ApiError::InvalidField {
-        field: "agent".into(),
-        reason: reason.to_owned(),
-    };
-    let (name, version) = match agent.split_once('@') {
-        None => (agent, None),
-        Some((name, v)) => (
-            name,
-            Some(
-                v.parse::<u32>()
-                    .ok()
-                    .filter(|v| *v >= 1)
-                    .ok_or_else(|| bad("the version after `@` must be a whole number from 1"))?,
-            ),
-        ),
-    };
-    if name.is_empty() {
-        return Err(bad("names no agent (use `name` or `name@VERSION`)"));
-    }
-    let found = app
-        .log
-        .get_agent(tenant, name, version)
-        .await?
-        .ok_or_else(|| ApiError::AgentNotFound(agent.to_owned()))?;
-    let def: AgentDefinition =
-        glia_proto::strict::from_json_str(&found.definition).map_err(|e| {
-            ApiError::Internal(format!(
-                "agent {agent}: stored definition does not parse: {e}"
-            ))
-        })?;
-    Ok(def.resolve(Some(AgentRef {
-        name: found.name,
-        version: found.version,
-        content_hash: found.content_hash,
-    })))
 }

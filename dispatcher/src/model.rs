@@ -1,0 +1,409 @@
+//! The API's request and response shapes (the types layer): what the
+//! handlers take and answer and what the OpenAPI document describes. Imports
+//! nothing but the document's schema mirrors ([`crate::docs`]) and the error
+//! body: no handler, no state.
+//!
+//! The batch shapes are in [`batches`].
+
+pub mod batches;
+
+use std::collections::BTreeMap;
+
+use glia_backends::{RunStatus, RunSummary};
+use glia_proto::{BudgetLimits, Decision, Event, RunConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::docs::{
+    ApprovalRowDoc, BudgetLimitsDoc, DecisionDoc, EventDoc, RunConfigDoc, RunSummaryDoc,
+};
+use crate::error::{ApiError, ErrorDetail};
+
+/// A request body the OpenAPI document describes: the name of its component
+/// schema. [`crate::extract::ApiJson`] and [`crate::extract::OptJson`] check every body against it before
+/// it is deserialised, so what the document refuses the server refuses
+/// (serde alone would take, e.g., an array for a struct).
+pub trait Documented {
+    /// Name of the component in `#/components/schemas`.
+    const SCHEMA: &'static str;
+}
+
+/// Body of `POST /v1/runs`: `{"goal": "…", "config": {…}, "batch_id": "…"}`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRun {
+    /// The goal, the run's first user message; not blank.
+    #[schema(
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )] // crate::docs::NOT_BLANK
+    pub goal: String,
+    /// The run's configuration (all fields optional).
+    #[serde(default)]
+    #[schema(value_type = RunConfigDoc)]
+    pub config: RunConfig,
+    /// A batch of the caller's tenant (`POST /v1/batches`) the run joins;
+    /// any other id (another tenant's, or none that exists) is 404
+    /// `batch_not_found`.
+    #[serde(default)]
+    pub batch_id: Option<Uuid>,
+    /// A registered agent of the caller's tenant, `name` (its latest
+    /// version) or `name@VERSION`: the run's config is the definition's, with
+    /// the version and content hash recorded in `session.start`. Not
+    /// combined with `config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}(@[0-9]+)?$")]
+    pub agent: Option<String>,
+}
+
+/// A page of runs, ordered by id (creation order).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunPage {
+    /// The runs.
+    #[schema(value_type = Vec<RunSummaryDoc>)]
+    pub runs: Vec<RunSummary>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next: Option<Uuid>,
+}
+
+/// Query of `GET /v1/runs`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListRunsQuery {
+    /// `runnable`, `parked` or `done`.
+    #[param(inline, value_type = Option<crate::docs::RunStatusDoc>)]
+    pub status: Option<RunStatus>,
+    /// Only runs of this batch.
+    pub batch_id: Option<Uuid>,
+    /// Only this tenant's runs (admins only; others always see their own).
+    pub tenant: Option<String>,
+    /// Cursor: the `next` of the previous page.
+    pub after: Option<Uuid>,
+    /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
+/// Query of `GET /v1/runs/{id}/events`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only events with `seq > after` (default 0).
+    pub after: Option<u64>,
+    /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
+/// A page of a run's events.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventPage {
+    /// Events in `seq` order.
+    #[schema(value_type = Vec<EventDoc>)]
+    pub events: Vec<Event>,
+    /// Pass as `after` for the next page (the last seq returned, or the `after` asked).
+    pub next_after: u64,
+    /// The run's head sequence when the page was read.
+    pub head_seq: u64,
+}
+
+/// Which approvals to list.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatusFilter {
+    /// Waiting for a decision (default).
+    #[default]
+    Pending,
+    /// Pending and decided.
+    All,
+}
+
+/// Query of `GET /v1/approvals`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsQuery {
+    /// `pending` (default) or `all`.
+    #[param(inline, value_type = Option<ApprovalStatusFilter>)]
+    pub status: Option<ApprovalStatusFilter>,
+    /// Only this tool's.
+    pub tool: Option<String>,
+    /// Only this run's.
+    pub run_id: Option<Uuid>,
+    /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
+/// Approvals, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalPage {
+    /// The approvals.
+    #[schema(value_type = Vec<ApprovalRowDoc>)]
+    pub approvals: Vec<crate::history::ApprovalView>,
+}
+
+/// Answer of `GET /v1/approvals/history`: newest request first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalHistory {
+    /// The records (see `glia_dispatcher::history::ApprovalRecord`).
+    #[schema(value_type = Vec<Object>)]
+    pub approvals: Vec<crate::history::ApprovalRecord>,
+}
+
+/// What a person decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionKind {
+    /// Run the call as proposed.
+    Approve,
+    /// Do not run it; the model sees `reason`.
+    Reject,
+    /// Run it with `input` instead.
+    Edit,
+}
+
+/// Body of `POST /v1/runs/{id}/approvals/{call_id}`:
+/// `{"decision": "approve"|"reject"|"edit", "reason": "…", "input": {…}, "args_hash": "…"}`.
+/// Documented by the hand-written [`crate::docs::DecisionBodyDoc`] (`input`
+/// is required for `edit` and refused otherwise, which a derived schema
+/// cannot say).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// The decision.
+    pub decision: DecisionKind,
+    /// For `reject`: shown to the model (default "no reason given").
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// For `edit` (required there, refused elsewhere): the replacement arguments, a JSON object.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// The `args_hash` the person saw; when given it must match the pending
+    /// call's, else 409 `stale_args`.
+    #[serde(default)]
+    pub args_hash: Option<String>,
+}
+
+impl DecisionBody {
+    pub(crate) fn to_decision(&self) -> Result<Decision, ApiError> {
+        match (self.decision, &self.input) {
+            (DecisionKind::Edit, Some(input @ Value::Object(_))) => Ok(Decision::Edit {
+                input: input.clone(),
+            }),
+            (DecisionKind::Edit, Some(_)) => Err(ApiError::Invalid(
+                "`input` of an edit must be a JSON object".into(),
+            )),
+            (DecisionKind::Edit, None) => Err(ApiError::Invalid(
+                "an edit needs `input`, the replacement arguments".into(),
+            )),
+            (_, Some(_)) => Err(ApiError::Invalid("`input` is only for `edit`".into())),
+            (DecisionKind::Approve, None) => Ok(Decision::Approve),
+            (DecisionKind::Reject, None) => {
+                let reason = self
+                    .reason
+                    .as_deref()
+                    .map(str::trim)
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or("no reason given");
+                Ok(Decision::Reject {
+                    reason: reason.to_owned(),
+                })
+            }
+        }
+    }
+}
+
+/// One decision of a bulk request (documented by the hand-written
+/// [`crate::docs::BulkDecisionDoc`], as [`DecisionBody`]).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulkDecision {
+    /// The run.
+    pub run_id: Uuid,
+    /// The call.
+    pub call_id: String,
+    /// The decision.
+    pub decision: DecisionKind,
+    /// As in [`DecisionBody`].
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// As in [`DecisionBody`].
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// As in [`DecisionBody`].
+    #[serde(default)]
+    pub args_hash: Option<String>,
+}
+
+/// Body of `POST /v1/approvals`: `{"decisions": [{run_id, call_id, decision, …}, …]}` (at most 100).
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkDecisions {
+    /// The decisions, each on its own; at most 100. One run's decisions are
+    /// applied in the order given; different runs' are posted concurrently.
+    #[schema(value_type = Vec<crate::docs::BulkDecisionDoc>, max_items = 100)]
+    pub decisions: Vec<BulkDecision>,
+}
+
+/// The outcome of one bulk decision.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct BulkItemResult {
+    /// The run.
+    pub run_id: Uuid,
+    /// The call.
+    pub call_id: String,
+    /// The status the single endpoint would have answered (202, 404, 409 …).
+    pub status: u16,
+    /// Set on success.
+    pub accepted: Option<Accepted>,
+    /// Set on failure.
+    pub error: Option<ErrorDetail>,
+}
+
+/// Answer of `POST /v1/approvals`: one result per decision, in order.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct BulkResults {
+    /// The results.
+    pub results: Vec<BulkItemResult>,
+}
+
+/// A payload was posted; a worker will apply it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+pub struct Accepted {
+    /// The run.
+    pub run_id: Uuid,
+    /// The call, for approvals and tool results.
+    pub call_id: Option<String>,
+    /// Inbox item ids written (two for an extension of a run paused for a
+    /// reason other than its budget: the extension, then the resume).
+    pub inbox_ids: Vec<i64>,
+    /// Payload kinds posted, in order: `approval`, `tool_result`, `input`,
+    /// `extend_budget`, `pause`, `resume`, `close`, `cancel`.
+    pub kinds: Vec<String>,
+    /// For approvals: the decision as posted.
+    #[schema(value_type = Option<DecisionDoc>)]
+    pub decision: Option<Decision>,
+}
+
+/// Body of `POST /v1/runs/{id}/tool-results/{call_id}`: `{"content": "…", "is_error": false}`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolResultBody {
+    /// Result text the model sees (serialise JSON results to a string).
+    pub content: String,
+    /// True when the tool failed.
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// Body of `POST /v1/runs/{id}/messages`: `{"text": "…"}`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageBody {
+    /// The user's next message; not blank.
+    #[schema(
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )] // crate::docs::NOT_BLANK
+    pub text: String,
+    /// Post only if the run's head is still this sequence number (its
+    /// `head_seq` when the sender saw it waiting for input); otherwise 409
+    /// `head_moved` and nothing is posted. A client that retries a message
+    /// whose first attempt may have landed sends it, so the retry is never
+    /// taken as the user's next message.
+    #[serde(default)]
+    pub head_seq: Option<u64>,
+}
+
+/// Body of `POST /v1/runs/{id}/resume` (may be empty): `{"extend": {"max_turns": 10}}`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeBody {
+    /// Amounts to add to the limits (each set field adds). Absent or all
+    /// null: resume as is.
+    #[serde(default)]
+    #[schema(value_type = Option<BudgetLimitsDoc>)]
+    pub extend: Option<BudgetLimits>,
+}
+
+/// Body of `POST /v1/runs/{id}/pause` (may be empty): `{"reason": "…"}`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseBody {
+    /// Why; recorded in `session.pause_requested` and in the pause reason
+    /// (default `paused by NAME`).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Body of `POST /v1/runs/{id}/cancel` (may be empty): `{"reason": "…"}`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Why; recorded in `session.cancel` (default `cancelled by NAME`).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Body of `POST /v1/runs/{id}/close` (may be empty): `{"text": "…"}`, the
+/// user's last message.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CloseBody {
+    /// Recorded as the user's last message before the run completes; not blank.
+    #[serde(default)]
+    #[schema(
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )] // crate::docs::NOT_BLANK
+    pub text: Option<String>,
+    /// Post only if the run's head is still this sequence number (its
+    /// `head_seq` when the sender saw it waiting for input); otherwise 409
+    /// `head_moved` and nothing is posted. A client that retries a message
+    /// whose first attempt may have landed sends it, so the retry is never
+    /// taken as the user's next message.
+    #[serde(default)]
+    pub head_seq: Option<u64>,
+}
+
+/// Answer of `/healthz` and `/readyz`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` or `ready`.
+    pub status: String,
+    /// For `/readyz`: `event_log`, `job_queue`, `ledger` → `ok` or the failure.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checks: BTreeMap<String, String>,
+}
+
+/// Answer of a failed `/readyz`: the error plus every check.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct NotReady {
+    /// `{"code": "not_ready", "message": "job_queue: …"}`.
+    pub error: ErrorDetail,
+    /// Each check → `ok` or its failure.
+    pub checks: BTreeMap<String, String>,
+}
+
+/// The component schema each request body is checked against (see [`Documented`]).
+macro_rules! documented {
+    ($($ty:ty => $name:literal),* $(,)?) => {
+        $(impl Documented for $ty {
+            const SCHEMA: &'static str = $name;
+        })*
+    };
+}
+
+documented! {
+    CreateRun => "CreateRun",
+    DecisionBody => "DecisionBody",
+    BulkDecisions => "BulkDecisions",
+    ToolResultBody => "ToolResultBody",
+    MessageBody => "MessageBody",
+    ResumeBody => "ResumeBody",
+    PauseBody => "PauseBody",
+    CancelBody => "CancelBody",
+    CloseBody => "CloseBody",
+}
