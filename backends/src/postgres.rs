@@ -769,8 +769,8 @@ pub(crate) const SPEND_COLUMNS: &str = "\
        coalesce(sum((e.payload #>> '{data,cost_usd_micros}')::numeric), 0)::text AS cost, \
        coalesce(array_agg(b.bytes) FILTER (WHERE e.payload IS NULL), '{}') AS blobs";
 
-/// Event kinds that carry model spend ([`Spend::of_event`]).
-pub(crate) const SPEND_KINDS: [&str; 3] = ["model.response", "plan.draft", "context.compacted"];
+/// Event kinds that carry model spend ([`Spend::of_event`]), from the catalogue.
+pub(crate) const SPEND_KINDS: [&str; 3] = EventKind::SPEND_NAMES;
 
 /// The [`Spend`] of a row selected with [`SPEND_COLUMNS`].
 pub(crate) fn spend_of_row(row: &Row, what: &str) -> Result<Spend, LogError> {

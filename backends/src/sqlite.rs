@@ -66,7 +66,7 @@ mod batches;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -91,6 +91,26 @@ use crate::{
     LogGauges, NewRun, Orphan, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey,
     RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
 };
+
+/// The event kinds that carry model spend, as an SQL list
+/// (`('model.response', …)`), from the catalogue ([`EventKind::SPEND_NAMES`]).
+pub(crate) static SPEND_KINDS: LazyLock<String> = LazyLock::new(|| {
+    let names: Vec<String> = EventKind::SPEND_NAMES
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect();
+    format!("({})", names.join(", "))
+});
+
+/// A tenant's spend events of a day: `?1` tenant, `[?2, ?3)` the day.
+static TENANT_USAGE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT e.payload FROM runs r JOIN events e ON e.run_id = r.id \
+         WHERE r.tenant = ?1 AND r.updated_at >= ?2 AND e.at >= ?2 AND e.at < ?3 \
+         AND e.kind IN {}",
+        *SPEND_KINDS
+    )
+});
 
 /// The migrations, in order; never edit one that shipped, add the next.
 const MIGRATIONS: &[&str] = &[
@@ -1640,11 +1660,7 @@ impl EventLog for SqliteLog {
         self.store
             .read("tenant_usage", move |conn| {
                 let mut st = conn
-                    .prepare_cached(
-                        "SELECT e.payload FROM runs r JOIN events e ON e.run_id = r.id \
-                         WHERE r.tenant = ?1 AND r.updated_at >= ?2 AND e.at >= ?2 AND e.at < ?3 \
-                         AND e.kind IN ('model.response', 'plan.draft', 'context.compacted')",
-                    )
+                    .prepare_cached(&TENANT_USAGE)
                     .map_err(db("tenant_usage"))?;
                 let mut rows = st
                     .query(params![tenant, nanos(start), nanos(end)])
