@@ -1806,27 +1806,19 @@ impl EventLog for PgLog {
         let (locked, posted) = (locked.map_err(fail)?, posted.map_err(fail)?);
         commit.map_err(fail)?;
         let run = locked.ok_or(LogError::NotFound(run_id))?;
-        if col::<String>(&run, "status")? == "done" {
-            return Err(LogError::Finished(run_id));
-        }
-        if let Some(id) = col::<Option<i64>>(&posted, "id")? {
+        let done = col::<String>(&run, "status")? == "done";
+        if !done && let Some(id) = col::<Option<i64>>(&posted, "id")? {
             return Ok(id);
         }
-        Err(match key.as_deref() {
-            Some(crate::CANCEL_KEY) if col::<bool>(&posted, "cancel_pending")? => {
-                LogError::Duplicate {
-                    run_id,
-                    what: crate::CANCEL_KEY.to_owned(),
-                }
-            }
-            _ if col::<bool>(&posted, "cancel_pending")? => LogError::Cancelled(run_id),
-            _ => LogError::Duplicate {
-                run_id,
-                what: key
-                    .as_deref()
-                    .map_or_else(|| "payload".to_owned(), crate::dedupe_what),
-            },
-        })
+        // Refused in SQL (a done run, a waiting cancel, or, the insert
+        // finding its dedupe key taken): the rule tells which answer.
+        let facts = crate::PostFacts {
+            done,
+            cancel_pending: col::<bool>(&posted, "cancel_pending")?,
+            key_taken: true,
+        };
+        Err(crate::post_refusal(run_id, key.as_deref(), facts)
+            .unwrap_or_else(|| corrupt("post: refused without a reason".into())))
     }
 
     async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError> {

@@ -1409,23 +1409,16 @@ impl EventLog for SqliteLog {
                     .and_then(|mut st| st.query_row([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional())
                     .map_err(db("post"))?
                     .ok_or(LogError::NotFound(run_id))?;
-                if status == "done" {
-                    return Err(LogError::Finished(run_id));
-                }
-                if cancel_pending {
-                    return Err(match key.as_deref() {
-                        Some(crate::CANCEL_KEY) => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
-                        _ => LogError::Cancelled(run_id),
-                    });
-                }
-                if let Some(k) = &key {
-                    let taken = tx
+                let key_taken = match &key {
+                    Some(k) => tx
                         .prepare_cached("SELECT 1 FROM inbox WHERE run_id = ?1 AND dedupe_key = ?2")
                         .and_then(|mut st| st.exists(params![id, k]))
-                        .map_err(db("post"))?;
-                    if taken {
-                        return Err(LogError::Duplicate { run_id, what: crate::dedupe_what(k) });
-                    }
+                        .map_err(db("post"))?,
+                    None => false,
+                };
+                let facts = crate::PostFacts { done: status == "done", cancel_pending, key_taken };
+                if let Some(refused) = crate::post_refusal(run_id, key.as_deref(), facts) {
+                    return Err(refused);
                 }
                 let item: i64 = tx
                     .prepare_cached("INSERT INTO inbox (run_id, dedupe_key, payload, created_at) VALUES (?1, ?2, ?3, ?4) RETURNING id")
