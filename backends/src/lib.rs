@@ -24,12 +24,14 @@
 
 pub mod archive;
 pub mod batches;
+#[cfg(feature = "testkit")]
 pub mod conformance;
 pub mod memory;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod redis_ledger;
 pub mod sqlite;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod webhooks;
 
@@ -805,7 +807,7 @@ pub struct QueueStats {
 /// any ready start, so a run a person just approved never waits behind a
 /// backlog of runs that have not started; [`JobQueue::next_resume`] takes
 /// resumes only (a worker uses it for its last free slot). Conformance:
-/// [`conformance::resumes_before_starts`].
+/// `conformance::resumes_before_starts`.
 #[async_trait]
 pub trait JobQueue: Send + Sync {
     /// Publish a job, persistent, and wait for the broker's confirm.

@@ -1,5 +1,5 @@
 //! In-memory twins of the three ports, for `glia dev` and fast unit tests.
-//! They keep the same contract as the real adapters (the [`crate::conformance`]
+//! They keep the same contract as the real adapters (the `conformance` (feature `testkit`)
 //! suite runs against both) but nothing survives the process.
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -1,6 +1,6 @@
 //! [`BatchStore`] on the single node's file (migration
 //! `003_batches.sql`): the same semantics as the Postgres adapter, which
-//! [`crate::conformance::batch_store`] checks on both.
+//! `conformance::batch_store` (feature `testkit`) checks on both.
 //!
 //! One difference, from the single writer: a write cannot stay open while
 //! the next chunk of an upload arrives, so [`BatchStore::submit`] writes the
