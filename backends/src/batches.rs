@@ -28,7 +28,7 @@
 //! Postgres implements [`BatchStore`] ([`PgLog`](crate::postgres::PgLog)),
 //! and so do the single node's file ([`SqliteLog`](crate::sqlite::SqliteLog),
 //! in `sqlite/batches.rs`) and the in-memory twin [`MemoryBatches`] (over
-//! any event log); [`crate::conformance::batch_store`] holds all three to
+//! any event log); `conformance::batch_store` (feature `testkit`) holds all three to
 //! the same semantics.
 
 use std::collections::BTreeMap;

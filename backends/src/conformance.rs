@@ -760,6 +760,62 @@ pub async fn nothing_is_taken_after_a_cancel(log: &dyn EventLog) {
     );
 }
 
+/// A repeated approval while a cancel waits is refused as [`LogError::Cancelled`]
+/// (the waiting cancel decides before the dedupe key: [`crate::post_refusal`]),
+/// on every adapter alike.
+pub async fn a_repeated_approval_during_a_pending_cancel_is_cancelled(log: &dyn EventLog) {
+    let s = sample_log();
+    log.create_run(new_run(&format!("t-{}", s.run_id), None, &s.parked[0]))
+        .await
+        .unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(
+        &lease,
+        &s.parked[1..],
+        &state_after(s.run_id, &s.parked),
+        &[],
+    )
+    .await
+    .unwrap();
+    let approval = Resume::Approval {
+        call_id: "c1".into(),
+        args_hash: args_hash(&json!({"order": "A1", "amount": 30})),
+        decision: Decision::Approve,
+        by: None,
+        request_seq: None,
+    };
+    let first = log.post(s.run_id, approval.clone()).await.unwrap();
+    let again = log.post(s.run_id, approval.clone()).await;
+    assert!(
+        matches!(&again, Err(LogError::Duplicate { what, .. }) if what == "approval c1"),
+        "a repeated approval: {again:?}"
+    );
+    let cancel = log
+        .post(
+            s.run_id,
+            Resume::Cancel {
+                reason: "stop".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let refused = log.post(s.run_id, approval).await;
+    assert!(
+        matches!(refused, Err(LogError::Cancelled(id)) if id == s.run_id),
+        "a repeated approval while a cancel waits: {refused:?}"
+    );
+    assert_eq!(
+        log.inbox(s.run_id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|i| i.id)
+            .collect::<Vec<_>>(),
+        [first, cancel],
+        "the first approval and the cancel wait"
+    );
+}
+
 /// A job opens its run (lease, state, inbox) unless the run is done or the
 /// job is stale; `release_if_idle` keeps the lease while the inbox holds
 /// something and lets go once it is empty. The state opened equals a load
@@ -1336,6 +1392,7 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     inbox_and_approvals(&fresh().await).await;
     ending_a_run_closes_its_approvals(&fresh().await).await;
     nothing_is_taken_after_a_cancel(&fresh().await).await;
+    a_repeated_approval_during_a_pending_cancel_is_cancelled(&fresh().await).await;
     open_and_release_if_idle(&fresh().await).await;
     an_interrupted_call_is_marked_in_the_queue(&fresh().await).await;
     outbox_and_orphans(&fresh().await).await;

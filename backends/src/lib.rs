@@ -24,12 +24,14 @@
 
 pub mod archive;
 pub mod batches;
+#[cfg(feature = "testkit")]
 pub mod conformance;
 pub mod memory;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod redis_ledger;
 pub mod sqlite;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod webhooks;
 
@@ -706,6 +708,46 @@ pub fn dedupe_key(payload: &Resume) -> Option<String> {
 /// while it waits [`EventLog::post`] takes nothing else ([`LogError::Cancelled`]).
 pub const CANCEL_KEY: &str = "cancel";
 
+/// The facts about a run that decide whether [`EventLog::post`] takes a
+/// payload; each adapter reads them atomically with its write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PostFacts {
+    /// The run is done.
+    pub done: bool,
+    /// A cancel waits, unconsumed, in the run's inbox.
+    pub cancel_pending: bool,
+    /// The payload's dedupe key is already used for the run.
+    pub key_taken: bool,
+}
+
+/// The posting rule of [`EventLog::post`], the one every adapter applies:
+/// `None` when the payload with dedupe key `key` is taken, else why not. A
+/// done run refuses everything ([`LogError::Finished`]); while a cancel
+/// waits, a second cancel is a duplicate and anything else
+/// [`LogError::Cancelled`] (even a payload whose key is taken); otherwise a
+/// taken key is a [`LogError::Duplicate`].
+pub fn post_refusal(run_id: Uuid, key: Option<&str>, facts: PostFacts) -> Option<LogError> {
+    if facts.done {
+        return Some(LogError::Finished(run_id));
+    }
+    if facts.cancel_pending {
+        return Some(match key {
+            Some(CANCEL_KEY) => LogError::Duplicate {
+                run_id,
+                what: CANCEL_KEY.to_owned(),
+            },
+            _ => LogError::Cancelled(run_id),
+        });
+    }
+    if facts.key_taken {
+        return Some(LogError::Duplicate {
+            run_id,
+            what: key.map_or_else(|| "payload".to_owned(), dedupe_what),
+        });
+    }
+    None
+}
+
 /// What a dedupe key names, for [`LogError::Duplicate`]: `approval call_3`.
 pub fn dedupe_what(key: &str) -> String {
     key.splitn(3, ':').take(2).collect::<Vec<_>>().join(" ")
@@ -771,7 +813,7 @@ pub struct QueueStats {
 /// any ready start, so a run a person just approved never waits behind a
 /// backlog of runs that have not started; [`JobQueue::next_resume`] takes
 /// resumes only (a worker uses it for its last free slot). Conformance:
-/// [`conformance::resumes_before_starts`].
+/// `conformance::resumes_before_starts`.
 #[async_trait]
 pub trait JobQueue: Send + Sync {
     /// Publish a job, persistent, and wait for the broker's confirm.
@@ -1057,6 +1099,39 @@ pub async fn readiness(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_posting_rule_decides_done_then_cancel_then_dedupe() {
+        let run = Uuid::nil();
+        let facts = |done, cancel_pending, key_taken| PostFacts {
+            done,
+            cancel_pending,
+            key_taken,
+        };
+        let answer = |key: Option<&str>, f| post_refusal(run, key, f).map(|e| e.to_string());
+        let approval = Some("approval:c1:7");
+        assert_eq!(answer(approval, facts(false, false, false)), None);
+        assert_eq!(answer(None, facts(false, false, false)), None);
+        for key in [approval, Some(CANCEL_KEY), None] {
+            assert!(matches!(
+                post_refusal(run, key, facts(true, true, true)),
+                Some(LogError::Finished(_))
+            ));
+        }
+        // A waiting cancel decides before the dedupe key.
+        assert!(matches!(
+            post_refusal(run, approval, facts(false, true, true)),
+            Some(LogError::Cancelled(_))
+        ));
+        assert!(matches!(
+            post_refusal(run, Some(CANCEL_KEY), facts(false, true, true)),
+            Some(LogError::Duplicate { what, .. }) if what == "cancel"
+        ));
+        assert!(matches!(
+            post_refusal(run, approval, facts(false, false, true)),
+            Some(LogError::Duplicate { what, .. }) if what == "approval c1"
+        ));
+    }
 
     #[test]
     fn a_job_without_the_resume_field_is_a_start_and_a_start_is_written_without_it() {

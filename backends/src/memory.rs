@@ -1,5 +1,5 @@
 //! In-memory twins of the three ports, for `glia dev` and fast unit tests.
-//! They keep the same contract as the real adapters (the [`crate::conformance`]
+//! They keep the same contract as the real adapters (the `conformance` (feature `testkit`)
 //! suite runs against both) but nothing survives the process.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -18,8 +18,8 @@ use uuid::Uuid;
 use crate::{
     Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog,
     HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError, NewRun, Orphan,
-    QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap,
-    dedupe_key,
+    PostFacts, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Signal,
+    Spend, SpendCap, dedupe_key, post_refusal,
 };
 
 struct Record {
@@ -300,22 +300,18 @@ impl EventLog for MemoryLog {
             .runs
             .get_mut(&run_id)
             .ok_or(LogError::NotFound(run_id))?;
-        if r.summary.status == RunStatus::Done {
-            return Err(LogError::Finished(run_id));
-        }
-        if let Some(k) = &key
-            && r.inbox.iter().any(|(_, d, _)| d.as_ref() == Some(k))
-        {
-            return Err(LogError::Duplicate {
-                run_id,
-                what: crate::dedupe_what(k),
-            });
-        }
-        if r.inbox
-            .iter()
-            .any(|(_, d, done)| !done && d.as_deref() == Some(crate::CANCEL_KEY))
-        {
-            return Err(LogError::Cancelled(run_id));
+        let facts = PostFacts {
+            done: r.summary.status == RunStatus::Done,
+            cancel_pending: r
+                .inbox
+                .iter()
+                .any(|(_, d, done)| !done && d.as_deref() == Some(crate::CANCEL_KEY)),
+            key_taken: key
+                .as_ref()
+                .is_some_and(|k| r.inbox.iter().any(|(_, d, _)| d.as_ref() == Some(k))),
+        };
+        if let Some(refused) = post_refusal(run_id, key.as_deref(), facts) {
+            return Err(refused);
         }
         r.inbox.push((
             InboxItem {

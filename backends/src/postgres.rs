@@ -770,8 +770,8 @@ pub(crate) const SPEND_COLUMNS: &str = "\
        coalesce(sum((e.payload #>> '{data,cost_usd_micros}')::numeric), 0)::text AS cost, \
        coalesce(array_agg(b.bytes) FILTER (WHERE e.payload IS NULL), '{}') AS blobs";
 
-/// Event kinds that carry model spend ([`Spend::of_event`]).
-pub(crate) const SPEND_KINDS: [&str; 3] = ["model.response", "plan.draft", "context.compacted"];
+/// Event kinds that carry model spend ([`Spend::of_event`]), from the catalogue.
+pub(crate) const SPEND_KINDS: [&str; 3] = EventKind::SPEND_NAMES;
 
 /// The [`Spend`] of a row selected with [`SPEND_COLUMNS`].
 pub(crate) fn spend_of_row(row: &Row, what: &str) -> Result<Spend, LogError> {
@@ -1807,27 +1807,19 @@ impl EventLog for PgLog {
         let (locked, posted) = (locked.map_err(fail)?, posted.map_err(fail)?);
         commit.map_err(fail)?;
         let run = locked.ok_or(LogError::NotFound(run_id))?;
-        if col::<String>(&run, "status")? == "done" {
-            return Err(LogError::Finished(run_id));
-        }
-        if let Some(id) = col::<Option<i64>>(&posted, "id")? {
+        let done = col::<String>(&run, "status")? == "done";
+        if !done && let Some(id) = col::<Option<i64>>(&posted, "id")? {
             return Ok(id);
         }
-        Err(match key.as_deref() {
-            Some(crate::CANCEL_KEY) if col::<bool>(&posted, "cancel_pending")? => {
-                LogError::Duplicate {
-                    run_id,
-                    what: crate::CANCEL_KEY.to_owned(),
-                }
-            }
-            _ if col::<bool>(&posted, "cancel_pending")? => LogError::Cancelled(run_id),
-            _ => LogError::Duplicate {
-                run_id,
-                what: key
-                    .as_deref()
-                    .map_or_else(|| "payload".to_owned(), crate::dedupe_what),
-            },
-        })
+        // Refused in SQL (a done run, a waiting cancel, or, the insert
+        // finding its dedupe key taken): the rule tells which answer.
+        let facts = crate::PostFacts {
+            done,
+            cancel_pending: col::<bool>(&posted, "cancel_pending")?,
+            key_taken: true,
+        };
+        Err(crate::post_refusal(run_id, key.as_deref(), facts)
+            .unwrap_or_else(|| corrupt("post: refused without a reason".into())))
     }
 
     async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError> {

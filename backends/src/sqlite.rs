@@ -66,7 +66,7 @@ mod batches;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -91,6 +91,26 @@ use crate::{
     LogGauges, NewRun, Orphan, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey,
     RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
 };
+
+/// The event kinds that carry model spend, as an SQL list
+/// (`('model.response', …)`), from the catalogue ([`EventKind::SPEND_NAMES`]).
+pub(crate) static SPEND_KINDS: LazyLock<String> = LazyLock::new(|| {
+    let names: Vec<String> = EventKind::SPEND_NAMES
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect();
+    format!("({})", names.join(", "))
+});
+
+/// A tenant's spend events of a day: `?1` tenant, `[?2, ?3)` the day.
+static TENANT_USAGE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT e.payload FROM runs r JOIN events e ON e.run_id = r.id \
+         WHERE r.tenant = ?1 AND r.updated_at >= ?2 AND e.at >= ?2 AND e.at < ?3 \
+         AND e.kind IN {}",
+        *SPEND_KINDS
+    )
+});
 
 /// The migrations, in order; never edit one that shipped, add the next.
 const MIGRATIONS: &[&str] = &[
@@ -1389,23 +1409,16 @@ impl EventLog for SqliteLog {
                     .and_then(|mut st| st.query_row([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional())
                     .map_err(db("post"))?
                     .ok_or(LogError::NotFound(run_id))?;
-                if status == "done" {
-                    return Err(LogError::Finished(run_id));
-                }
-                if cancel_pending {
-                    return Err(match key.as_deref() {
-                        Some(crate::CANCEL_KEY) => LogError::Duplicate { run_id, what: crate::CANCEL_KEY.to_owned() },
-                        _ => LogError::Cancelled(run_id),
-                    });
-                }
-                if let Some(k) = &key {
-                    let taken = tx
+                let key_taken = match &key {
+                    Some(k) => tx
                         .prepare_cached("SELECT 1 FROM inbox WHERE run_id = ?1 AND dedupe_key = ?2")
                         .and_then(|mut st| st.exists(params![id, k]))
-                        .map_err(db("post"))?;
-                    if taken {
-                        return Err(LogError::Duplicate { run_id, what: crate::dedupe_what(k) });
-                    }
+                        .map_err(db("post"))?,
+                    None => false,
+                };
+                let facts = crate::PostFacts { done: status == "done", cancel_pending, key_taken };
+                if let Some(refused) = crate::post_refusal(run_id, key.as_deref(), facts) {
+                    return Err(refused);
                 }
                 let item: i64 = tx
                     .prepare_cached("INSERT INTO inbox (run_id, dedupe_key, payload, created_at) VALUES (?1, ?2, ?3, ?4) RETURNING id")
@@ -1640,11 +1653,7 @@ impl EventLog for SqliteLog {
         self.store
             .read("tenant_usage", move |conn| {
                 let mut st = conn
-                    .prepare_cached(
-                        "SELECT e.payload FROM runs r JOIN events e ON e.run_id = r.id \
-                         WHERE r.tenant = ?1 AND r.updated_at >= ?2 AND e.at >= ?2 AND e.at < ?3 \
-                         AND e.kind IN ('model.response', 'plan.draft', 'context.compacted')",
-                    )
+                    .prepare_cached(&TENANT_USAGE)
                     .map_err(db("tenant_usage"))?;
                 let mut rows = st
                     .query(params![tenant, nanos(start), nanos(end)])

@@ -26,7 +26,6 @@ use glia_agent::provider::{ScriptLibrary, ScriptedProvider, ScriptedTurn};
 use glia_agent::{Agent, async_trait};
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
-use glia_backends::testkit::{TempDir, TestDb};
 use glia_backends::{EventLog, JobQueue, NewRun};
 use glia_proto::{Event, EventKind, Policy, PolicyAction, RunConfig, RunState};
 use glia_worker::fleet::{Worker, WorkerOptions};
@@ -283,11 +282,11 @@ fn one_or_all(mut results: Vec<StepsResult>) -> Result<Value> {
 }
 
 /// A database of its own on the server of `url`, dropped with the value.
-async fn private_db(url: &str) -> Result<TestDb> {
+async fn private_db(url: &str) -> Result<ScratchDb> {
     let admin: tokio_postgres::Config = url
         .parse()
         .with_context(|| format!("parsing the database URL {url}"))?;
-    Ok(TestDb::on(admin).await)
+    ScratchDb::on(admin).await
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -384,13 +383,13 @@ fn step_config(model: &str, turns: usize) -> RunConfig {
 enum BenchStore {
     /// The fleet's services: a private database, queue and key prefix.
     Fleet {
-        db: TestDb,
+        db: ScratchDb,
         sql: tokio_postgres::Client,
         queue_name: String,
         amqp_url: String,
     },
     /// The single node: a SQLite file in a temporary directory.
-    Sqlite { dir: TempDir },
+    Sqlite { dir: ScratchDir },
 }
 
 /// The fleet of one round: a dispatcher and workers in this process.
@@ -463,12 +462,12 @@ impl BenchFleet {
                 ))
             }
         };
-        let (log, queue, ledger) = ports(db.log().await).await?;
+        let (log, queue, ledger) = ports(db.log().await?).await?;
         let server = serve(log, queue, ledger, token, shutdown.clone()).await?;
         for n in 0..workers {
             let log = db
                 .log_with(variant.worker_log(urls, concurrency, pool))
-                .await;
+                .await?;
             let options = WorkerOptions {
                 id: format!("bench-{n}"),
                 concurrency,
@@ -484,7 +483,7 @@ impl BenchFleet {
             }
             tokio::spawn(Arc::new(worker).run(shutdown.clone()));
         }
-        let sql = db.sql().await;
+        let sql = db.sql().await?;
         Ok(BenchFleet {
             store: BenchStore::Fleet {
                 db,
@@ -504,7 +503,7 @@ impl BenchFleet {
         workers: usize,
         concurrency: usize,
     ) -> Result<BenchFleet> {
-        let dir = TempDir::new();
+        let dir = ScratchDir::new()?;
         let ports = crate::ports::Ports::sqlite(&dir.db()).await?;
         let (stop, shutdown) = watch::channel(false);
         let server = serve(
@@ -879,12 +878,12 @@ async fn steps_round(args: &StepsArgs, fleet: &BenchFleet) -> Result<StepsRound>
 
 /// Single-row autocommit inserts (a small JSON payload, like an event) on
 /// `connections` connections for `duration`: rows per second.
-async fn raw_inserts(db: &TestDb, connections: usize, duration: Duration) -> Result<f64> {
-    db.sql().await.batch_execute("CREATE TABLE IF NOT EXISTS raw_inserts (id bigserial PRIMARY KEY, run_id uuid NOT NULL, payload jsonb NOT NULL)").await?;
+async fn raw_inserts(db: &ScratchDb, connections: usize, duration: Duration) -> Result<f64> {
+    db.sql().await?.batch_execute("CREATE TABLE IF NOT EXISTS raw_inserts (id bigserial PRIMARY KEY, run_id uuid NOT NULL, payload jsonb NOT NULL)").await?;
     let payload = json!({ "type": "tool.result", "data": { "call_id": "call_1", "content": "{\"order_id\":\"A1\",\"status\":\"shipped\"}", "duration_ms": 0 } });
     let mut clients = Vec::new();
     for _ in 0..connections.max(1) {
-        clients.push(db.sql().await);
+        clients.push(db.sql().await?);
     }
     let started = Instant::now();
     let until = started + duration;
@@ -994,7 +993,7 @@ impl EventSink for RecordingSink {
 /// concurrency as the raw inserts, the ceiling of the fleet's
 /// `ratio_to_raw` for that variant.
 async fn writes_alone(
-    db: &TestDb,
+    db: &ScratchDb,
     recorded: &RecordedRun,
     args: &StepsArgs,
     variant: Variant,
@@ -1005,7 +1004,7 @@ async fn writes_alone(
     for _ in 0..args.workers.max(1) {
         logs.push(Arc::new(
             db.log_with(variant.worker_log(&args.urls, args.concurrency, args.pool))
-                .await,
+                .await?,
         ));
     }
     let commits: Arc<Vec<(Vec<Event>, RunState, u64)>> = Arc::new(
@@ -1128,7 +1127,7 @@ fn write_runs(
 /// connection, for `duration`: rows per second. SQLite has one writer at a
 /// time; more connections only contend for it.
 async fn raw_sqlite_inserts(connections: usize, duration: Duration) -> Result<f64> {
-    let dir = TempDir::new();
+    let dir = ScratchDir::new()?;
     let path = dir.db();
     {
         let conn = rusqlite::Connection::open(&path)?;
@@ -1243,7 +1242,7 @@ impl EventSink for MeasuringSink {
 
 async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
     let db = private_db(&args.urls.database_url).await?;
-    let log = db.log().await;
+    let log = db.log().await?;
     let mut script: Vec<ScriptedTurn> = (0..args.turns)
         .map(|i| ScriptedTurn::call("calculator", json!({ "op": "add", "a": i, "b": 1 })))
         .collect();
@@ -1276,7 +1275,7 @@ async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
         .acquire(run_id, "bench", Duration::from_secs(3600))
         .await?;
     let mut state = log.load(run_id).await?;
-    let sql = db.sql().await;
+    let sql = db.sql().await?;
     let mut sink = MeasuringSink {
         log,
         lease,
@@ -1671,4 +1670,111 @@ async fn approvals_round(args: &ApprovalsArgs, fleet: &BenchFleet) -> Result<App
         in_db_p50_ms: percentile(&in_db, 0.5).unwrap_or(0.0),
         in_db_p99_ms: percentile(&in_db, 0.99).unwrap_or(0.0),
     })
+}
+
+/// A Postgres database of the bench's own (`glia_bench_<uuid>`) on the
+/// server an admin URL names, dropped with its connections when this is.
+struct ScratchDb {
+    /// Database name.
+    name: String,
+    admin: tokio_postgres::Config,
+}
+
+impl ScratchDb {
+    /// Create it on the server `admin` connects to (whose database is only
+    /// used to create and drop this one).
+    async fn on(admin: tokio_postgres::Config) -> Result<ScratchDb> {
+        let name = format!("glia_bench_{}", Uuid::now_v7().simple());
+        connect(&admin)
+            .await?
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .with_context(|| format!("creating the database {name}"))?;
+        Ok(ScratchDb { name, admin })
+    }
+
+    fn config(&self) -> tokio_postgres::Config {
+        let mut config = self.admin.clone();
+        config.dbname(&self.name);
+        config
+    }
+
+    /// A [`glia_backends::postgres::PgLog`] on it, default options.
+    async fn log(&self) -> Result<glia_backends::postgres::PgLog> {
+        self.log_with(glia_backends::postgres::PgOptions::default())
+            .await
+    }
+
+    /// A [`glia_backends::postgres::PgLog`] on it with `options`.
+    async fn log_with(
+        &self,
+        options: glia_backends::postgres::PgOptions,
+    ) -> Result<glia_backends::postgres::PgLog> {
+        Ok(glia_backends::postgres::PgLog::connect_with(self.config(), options).await?)
+    }
+
+    /// A plain connection.
+    async fn sql(&self) -> Result<tokio_postgres::Client> {
+        connect(&self.config()).await
+    }
+}
+
+impl Drop for ScratchDb {
+    fn drop(&mut self) {
+        let (name, admin) = (self.name.clone(), self.admin.clone());
+        // Drop may run inside a runtime: use a thread with its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async move {
+                let client = connect(&admin).await.ok()?;
+                client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(()))) {
+            eprintln!("could not drop the bench database {}", self.name);
+        }
+    }
+}
+
+/// A plain connection to `config`, its connection task spawned.
+async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client> {
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .context("connecting to Postgres")?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// A directory of the bench's own (`glia-bench-<uuid>` in the temporary
+/// directory) for a single node's SQLite file, removed with everything in it
+/// when dropped.
+struct ScratchDir {
+    path: std::path::PathBuf,
+}
+
+impl ScratchDir {
+    fn new() -> Result<ScratchDir> {
+        let path = std::env::temp_dir().join(format!("glia-bench-{}", Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(ScratchDir { path })
+    }
+
+    /// `DIR/node.db`: the single node's file.
+    fn db(&self) -> std::path::PathBuf {
+        self.path.join("node.db")
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
 }

@@ -216,37 +216,6 @@ const PULL_POINTS: [&str; 4] = [
     "paused",
 ];
 
-/// Event type names of the catalogue (persisted events).
-pub const EVENT_TYPES: [&str; 27] = [
-    "session.start",
-    "plan.draft",
-    "plan.commit",
-    "step.start",
-    "step.end",
-    "model.call",
-    "model.retry",
-    "message.elided",
-    "model.response",
-    "tool.call",
-    "tool.result",
-    "tool.error",
-    "approval.requested",
-    "approval.resolved",
-    "approval.escalated",
-    "input.received",
-    "guardrail.tripped",
-    "context.compacted",
-    "budget.warn",
-    "budget.extended",
-    "session.pause",
-    "session.pause_requested",
-    "session.resume",
-    "session.cancel",
-    "session.complete",
-    "error",
-    "hook.applied",
-];
-
 fn limits_json() -> Value {
     let n = json!({"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64});
     json!({
@@ -453,7 +422,7 @@ EventDoc, "Event", json!({
         "run_id": {"type": "string", "format": "uuid"},
         "seq": {"type": "integer", "minimum": 1},
         "at": {"type": "string", "format": "date-time"},
-        "type": {"enum": EVENT_TYPES},
+        "type": {"enum": glia_proto::EventKind::NAMES},
         "data": {}
     }
 }));

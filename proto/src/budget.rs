@@ -244,27 +244,11 @@ impl Spend {
         }
     }
 
-    /// The model spend an event records: `model.response`, `plan.draft` and
-    /// `context.compacted` carry usage and cost; every other event `None`.
+    /// The model spend an event records ([`EventKind::spend`]: the kinds of
+    /// [`EventKind::SPEND_NAMES`] carry usage and cost); every other event `None`.
     pub fn of_event(kind: &EventKind) -> Option<Spend> {
-        match kind {
-            EventKind::ModelResponse {
-                usage,
-                cost_usd_micros,
-                ..
-            }
-            | EventKind::PlanDraft {
-                usage,
-                cost_usd_micros,
-                ..
-            }
-            | EventKind::ContextCompacted {
-                usage,
-                cost_usd_micros,
-                ..
-            } => Some(Spend::of(usage, *cost_usd_micros)),
-            _ => None,
-        }
+        kind.spend()
+            .map(|(usage, cost_usd_micros)| Spend::of(usage, cost_usd_micros))
     }
 
     /// Both amounts added, saturating.

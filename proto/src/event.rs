@@ -344,6 +344,76 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// Every persisted event type of the catalogue, by its dotted name, in
+    /// declaration order: the one list the OpenAPI document and the SQL
+    /// adapters read. Each equals the variant's serde tag and [`Self::name`]
+    /// (tested in `tests/roundtrip.rs`).
+    pub const NAMES: [&'static str; 28] = [
+        "session.start",
+        "plan.draft",
+        "plan.commit",
+        "step.start",
+        "step.end",
+        "model.call",
+        "model.retry",
+        "message.elided",
+        "model.response",
+        "tool.call",
+        "tool.result",
+        "tool.error",
+        "tool.recovered",
+        "approval.requested",
+        "approval.resolved",
+        "approval.escalated",
+        "input.received",
+        "guardrail.tripped",
+        "context.compacted",
+        "budget.warn",
+        "budget.extended",
+        "session.pause",
+        "session.pause_requested",
+        "session.resume",
+        "session.cancel",
+        "session.complete",
+        "error",
+        "hook.applied",
+    ];
+
+    /// The event types that carry model spend (usage and cost), by name:
+    /// exactly the kinds for which [`Self::spend`] is `Some`. SQL adapters
+    /// select spend by these names.
+    pub const SPEND_NAMES: [&'static str; 3] =
+        ["model.response", "plan.draft", "context.compacted"];
+
+    /// The model spend this event records, `(usage, cost_usd_micros)`:
+    /// `plan.draft`, `model.response` and `context.compacted` carry it,
+    /// every other kind `None`.
+    pub fn spend(&self) -> Option<(&Usage, u64)> {
+        match self {
+            EventKind::ModelResponse {
+                usage,
+                cost_usd_micros,
+                ..
+            }
+            | EventKind::PlanDraft {
+                usage,
+                cost_usd_micros,
+                ..
+            }
+            | EventKind::ContextCompacted {
+                usage,
+                cost_usd_micros,
+                ..
+            } => Some((usage, *cost_usd_micros)),
+            _ => None,
+        }
+    }
+
+    /// Whether this kind carries model spend (its name is in [`Self::SPEND_NAMES`]).
+    pub fn carries_spend(&self) -> bool {
+        self.spend().is_some()
+    }
+
     /// The dotted name, e.g. `tool.call`.
     pub fn name(&self) -> &'static str {
         match self {

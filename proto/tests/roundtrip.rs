@@ -1210,3 +1210,41 @@ fn a_result_with_an_image_has_the_documented_shape() {
     let url = json!({"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": {"type": "url", "url": "https://x"}}]});
     assert!(serde_json::from_value::<ContentBlock>(url).is_err());
 }
+
+/// The catalogue is one list: every event kind the generator produces (it
+/// covers every variant) serialises with `type` equal to its
+/// [`EventKind::name`], that name is in [`EventKind::NAMES`], and every name
+/// there is produced; the kinds that carry spend are exactly
+/// [`EventKind::SPEND_NAMES`].
+#[test]
+fn the_catalogue_names_every_serialised_tag_and_every_spend_kind() {
+    let mut runner = TestRunner::deterministic();
+    let strategy = event_kind();
+    let mut seen = BTreeSet::new();
+    let mut spending = BTreeSet::new();
+    for _ in 0..4000 {
+        let kind = strategy.new_tree(&mut runner).unwrap().current();
+        let value = serde_json::to_value(&kind).unwrap();
+        assert_eq!(value["type"], kind.name(), "{value}");
+        assert!(
+            EventKind::NAMES.contains(&kind.name()),
+            "{} is missing from EventKind::NAMES",
+            kind.name()
+        );
+        assert_eq!(
+            kind.carries_spend(),
+            EventKind::SPEND_NAMES.contains(&kind.name()),
+            "{}",
+            kind.name()
+        );
+        if kind.carries_spend() {
+            spending.insert(kind.name());
+        }
+        seen.insert(kind.name());
+    }
+    let all: BTreeSet<&str> = EventKind::NAMES.into_iter().collect();
+    assert_eq!(all.len(), EventKind::NAMES.len(), "a name is listed twice");
+    assert_eq!(seen, all, "every catalogue name is generated");
+    let spend: BTreeSet<&str> = EventKind::SPEND_NAMES.into_iter().collect();
+    assert_eq!(spending, spend);
+}

@@ -1,6 +1,6 @@
 //! [`BatchStore`] on the single node's file (migration
 //! `003_batches.sql`): the same semantics as the Postgres adapter, which
-//! [`crate::conformance::batch_store`] checks on both.
+//! `conformance::batch_store` (feature `testkit`) checks on both.
 //!
 //! One difference, from the single writer: a write cannot stay open while
 //! the next chunk of an upload arrives, so [`BatchStore::submit`] writes the
@@ -51,9 +51,6 @@ const STATUS: &str = concat!(
      ELSE 'running' END"
 );
 
-/// Event kinds that carry model spend ([`Spend::of_event`]).
-const SPEND_KINDS: &str = "('model.response', 'plan.draft', 'context.compacted')";
-
 fn number(row: &Row<'_>, name: &str) -> Result<Option<u64>, LogError> {
     Ok(get::<Option<i64>>(row, name)?.map(|v| v.max(0) as u64))
 }
@@ -86,7 +83,8 @@ fn opt_i64(v: Option<u64>) -> Option<i64> {
 fn run_spend(conn: &Connection, run_id: &str) -> Result<Spend, LogError> {
     let mut st = conn
         .prepare_cached(&format!(
-            "SELECT payload FROM events WHERE run_id = ?1 AND kind IN {SPEND_KINDS}"
+            "SELECT payload FROM events WHERE run_id = ?1 AND kind IN {}",
+            *super::SPEND_KINDS
         ))
         .map_err(db("batch spend"))?;
     let mut rows = st.query([run_id]).map_err(db("batch spend"))?;
