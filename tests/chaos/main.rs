@@ -135,14 +135,21 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 impl Services {
-    /// Start all three, or `None` (and say so) when one is not installed.
+    /// Start all three, or `None` when one is not installed (a failure
+    /// under `GLIA_TEST_STRICT=1`: see `glia_testkit::require`).
     fn start() -> Option<Services> {
-        let Some(pg) = PrivatePostgres::start_new() else {
-            eprintln!("\n!!!!!!!! SKIPPED chaos: PostgreSQL server binaries not found !!!!!!!!\n");
+        let Some(pg) = glia_testkit::require(
+            PrivatePostgres::start_new(),
+            "PostgreSQL's server binaries (initdb, pg_ctl)",
+            "apt-get install postgresql; scripts/test does",
+        ) else {
             return None;
         };
-        let Some(mut rabbit) = PrivateRabbit::new() else {
-            eprintln!("\n!!!!!!!! SKIPPED chaos: rabbitmq-server not found !!!!!!!!\n");
+        let Some(mut rabbit) = glia_testkit::require(
+            PrivateRabbit::new(),
+            "the rabbitmq-server script",
+            "apt-get install rabbitmq-server; scripts/test does",
+        ) else {
             return None;
         };
         let mut redis = PrivateRedis::new();
