@@ -142,7 +142,7 @@ async fn without_a_hint_backoff_grows_within_bounds() {
         ..RetryPolicy::default()
     };
     let s = setup(
-        vec![err(500), err(529), err(500), err(503), err(500), ok()],
+        vec![err(500), err(529), err(500), err(529), err(500), ok()],
         policy,
     )
     .await;
