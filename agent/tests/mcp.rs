@@ -2,8 +2,9 @@
 //! from npm by the test set-up (`npm ci --prefix .ci/mcp`, pinned in
 //! `.ci/mcp/package-lock.json`): `@modelcontextprotocol/server-everything`
 //! over stdio and over streamable HTTP, `@modelcontextprotocol/server-filesystem`
-//! over stdio. Without them the tests are skipped, unless
-//! `GLIA_REQUIRE_MCP=1` (set by `.ci/run`), when they fail.
+//! over stdio. Without them the tests fail under `GLIA_TEST_STRICT=1` (set
+//! by `scripts/test`) and are skipped loudly otherwise
+//! (`glia_testkit::require`).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -27,28 +28,20 @@ fn ci_mcp() -> PathBuf {
 }
 
 /// The entry script of an installed server package, or `None` (skip) when
-/// it is not installed and `GLIA_REQUIRE_MCP` is not set.
+/// it is not installed (a failure under `GLIA_TEST_STRICT=1`).
 fn server(package: &str) -> Option<String> {
     let path = ci_mcp().join(package).join("dist/index.js");
-    if path.exists() {
-        return Some(
-            path.canonicalize()
-                .expect("canonical path")
-                .display()
-                .to_string(),
-        );
-    }
-    if std::env::var("GLIA_REQUIRE_MCP").is_ok_and(|v| v == "1") {
-        panic!(
-            "{} is missing: run `npm ci --prefix .ci/mcp`",
-            path.display()
-        );
-    }
-    eprintln!(
-        "skipped: {} is not installed (npm ci --prefix .ci/mcp)",
-        path.display()
-    );
-    None
+    let found = path.exists().then(|| {
+        path.canonicalize()
+            .expect("canonical path")
+            .display()
+            .to_string()
+    });
+    glia_testkit::require(
+        found,
+        format!("the MCP server {}", path.display()),
+        "npm ci --prefix .ci/mcp; scripts/test does",
+    )
 }
 
 fn everything_stdio(name: &str, script: &str) -> String {

@@ -508,10 +508,11 @@ async fn unreachable_broker_is_unavailable_and_close_ends_next() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_resumes_after_broker_restart() {
-    let Some(mut broker) = PrivateRabbit::new() else {
-        eprintln!(
-            "\n!!!!!!!! SKIPPED consumer_resumes_after_broker_restart: no rabbitmq-server script found !!!!!!!!\n"
-        );
+    let Some(mut broker) = glia_testkit::require(
+        PrivateRabbit::new(),
+        "the rabbitmq-server script",
+        "apt-get install rabbitmq-server; scripts/test does",
+    ) else {
         return;
     };
     let started = Instant::now();

@@ -265,10 +265,13 @@ async fn ready_and_connect_errors() {
 #[tokio::test]
 async fn ledger_survives_a_redis_restart() {
     let mut redis = PrivateRedis::new();
-    if let Err(e) = redis.start() {
-        eprintln!(
-            "\n!!!!!!!! SKIPPED ledger_survives_a_redis_restart: cannot run redis-server: {e} !!!!!!!!\n"
-        );
+    if glia_testkit::require_ok(
+        redis.start(),
+        "redis-server",
+        "apt-get install redis-server; scripts/test does",
+    )
+    .is_none()
+    {
         return;
     }
     redis.wait_ready(Duration::from_secs(30)).await;

@@ -306,7 +306,7 @@ fn the_dashboard_has_the_sections_and_every_panel_uses_the_provisioned_datasourc
 /// `promtool` from the Debian `prometheus` package.
 fn promtool(args: &[&str]) {
     let out = Command::new("promtool").args(args).output().unwrap_or_else(|e| {
-        panic!("promtool not runnable ({e}): install the Debian package `prometheus` (apt-get install -y prometheus; .ci/run does)")
+        panic!("promtool not runnable ({e}): install the Debian package `prometheus` (apt-get install -y prometheus; scripts/test does)")
     });
     assert!(
         out.status.success(),

@@ -1,6 +1,6 @@
 //! The OpenAPI document is the contract, checked by a property-based API
 //! test: schemathesis (pinned in `.ci/requirements-schemathesis.txt`;
-//! `.ci/run` installs it into `.ci/venv`) generates requests from
+//! `scripts/test` installs it into `.ci/venv`) generates requests from
 //! `/openapi.json` of a real dispatcher (Postgres, RabbitMQ, Redis, relay
 //! running) and checks every answer with all of its checks: no 5xx; status
 //! codes, content types, headers and bodies as documented; what the document
@@ -10,8 +10,8 @@
 //!
 //! Where schemathesis is: `GLIA_SCHEMATHESIS`, else `.ci/venv/bin/schemathesis`
 //! under the workspace, else `schemathesis` on `PATH`. When none is there the
-//! test is skipped with a loud message, unless `GLIA_REQUIRE_SCHEMATHESIS` is
-//! set (CI sets it): then it fails.
+//! test fails under `GLIA_TEST_STRICT=1` (`scripts/test`, and so CI, sets
+//! it) and is skipped with a loud message otherwise (`glia_testkit::require`).
 
 mod common;
 
@@ -38,15 +38,11 @@ fn schemathesis() -> Option<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_conformance_failure() {
-    let Some(st) = schemathesis() else {
-        let required = std::env::var_os("GLIA_REQUIRE_SCHEMATHESIS").is_some();
-        assert!(
-            !required,
-            "GLIA_REQUIRE_SCHEMATHESIS is set but schemathesis is not installed (run .ci/run, or set GLIA_SCHEMATHESIS)"
-        );
-        eprintln!(
-            "\n!!!!!!!!\n!!! SKIPPED schemathesis_finds_no_server_error_and_no_conformance_failure: schemathesis is not installed.\n!!! Install it with .ci/run (into .ci/venv) or set GLIA_SCHEMATHESIS; set GLIA_REQUIRE_SCHEMATHESIS to make this a failure.\n!!!!!!!!\n"
-        );
+    let Some(st) = glia_testkit::require(
+        schemathesis(),
+        "schemathesis",
+        "scripts/test installs it into .ci/venv; or set GLIA_SCHEMATHESIS",
+    ) else {
         return;
     };
     let real = Real::start().await;

@@ -18,6 +18,8 @@
 //!   count their executions in a file (stdio and streamable HTTP);
 //! - [`proxy`]: a userspace TCP proxy with a switch, and a network
 //!   partition of one process built from one proxy per service;
+//! - [`require`](mod@require): the one rule for a test that cannot find or start what it
+//!   needs (`GLIA_TEST_STRICT=1`: fail; otherwise a loud SKIPPED);
 //! - [`fleet`]: dispatcher and worker processes on an isolated database,
 //!   queue and prefix, with their logs captured, and the client side
 //!   (submit, drive every pull point, check logs and effects).
@@ -32,6 +34,7 @@ pub mod http;
 pub mod lying_mcp;
 pub mod postgres;
 pub mod proxy;
+pub mod require;
 pub mod tools;
 
 /// Private databases, prefixes, directories and service instances.
@@ -44,6 +47,7 @@ pub use glia_backends::testkit::{
 };
 pub use glia_proto::testing::EventLog;
 pub use postgres::PrivatePostgres;
+pub use require::{require, require_ok};
 
 /// The workspace's root directory (where `Cargo.toml`, `examples/` and
 /// `providers/tests/fixtures/` are).

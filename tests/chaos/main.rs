@@ -42,7 +42,12 @@
 //! every call without a recorded result surfaced as outcome-unknown; and
 //! no refund in flight at a Postgres stop that executed is put to a person
 //! again (`approval.requested` with `interrupted: true`) or given up as
-//! outcome-unknown.
+//! outcome-unknown. And that the faults landed: a round with worker kills
+//! or Postgres stops must have had one land while a refund was in flight
+//! and an interrupted call in some log (outcome-unknown, re-approved or
+//! recovered from the held copy); a round with partitions must have cut off
+//! a worker holding runs (partitions are aimed, like kills, and last until
+//! one of its runs is taken over, 15 s at most) and seen one taken over.
 //!
 //! `cargo test -p glia-e2e --test chaos` runs the short round: a fixed seed
 //! and a random one (printed), `GLIA_CHAOS_FAULTS` faults each (default 8:
@@ -135,14 +140,21 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 impl Services {
-    /// Start all three, or `None` (and say so) when one is not installed.
+    /// Start all three, or `None` when one is not installed (a failure
+    /// under `GLIA_TEST_STRICT=1`: see `glia_testkit::require`).
     fn start() -> Option<Services> {
-        let Some(pg) = PrivatePostgres::start_new() else {
-            eprintln!("\n!!!!!!!! SKIPPED chaos: PostgreSQL server binaries not found !!!!!!!!\n");
+        let Some(pg) = glia_testkit::require(
+            PrivatePostgres::start_new(),
+            "PostgreSQL's server binaries (initdb, pg_ctl)",
+            "apt-get install postgresql; scripts/test does",
+        ) else {
             return None;
         };
-        let Some(mut rabbit) = PrivateRabbit::new() else {
-            eprintln!("\n!!!!!!!! SKIPPED chaos: rabbitmq-server not found !!!!!!!!\n");
+        let Some(mut rabbit) = glia_testkit::require(
+            PrivateRabbit::new(),
+            "the rabbitmq-server script",
+            "apt-get install rabbitmq-server; scripts/test does",
+        ) else {
             return None;
         };
         let mut redis = PrivateRedis::new();
@@ -589,6 +601,23 @@ struct Figures {
     /// Work the partitioned worker abandoned after a heal because its commit
     /// was refused (`lease lost`), from its log.
     partition_refused: usize,
+    /// Interrupted calls' results recovered from the held copy by the next
+    /// worker (`tool.recovered`), all runs.
+    tool_recovered: usize,
+}
+
+impl Figures {
+    /// How many faults of `kind` the round injected.
+    fn count(&self, kind: Fault) -> usize {
+        self.faults.get(&format!("{kind:?}")).copied().unwrap_or(0)
+    }
+
+    /// Interrupted calls the log shows the fleet handled: surfaced as
+    /// outcome-unknown, put to a person again, or recovered from the held
+    /// copy.
+    fn interrupted_calls(&self) -> usize {
+        self.outcome_unknown + self.reapprovals + self.tool_recovered
+    }
 }
 
 fn percentile(v: &[u64], p: f64) -> u64 {
@@ -648,7 +677,7 @@ impl Figures {
             self.seq_errors.len()
         );
         eprintln!(
-            "refund calls: {}, executions in the ledger: {}, late deliveries answered by the idempotency key: {}, double executions: {}, results without execution: {}, outcome-unknown: {}, re-approvals: {}, interrupted and not surfaced: {}",
+            "refund calls: {}, executions in the ledger: {}, late deliveries answered by the idempotency key: {}, double executions: {}, results without execution: {}, outcome-unknown: {}, re-approvals: {}, recovered from the held copy: {}, interrupted and not surfaced: {}",
             self.refund_calls,
             self.executions,
             self.replays,
@@ -656,6 +685,7 @@ impl Figures {
             self.results_without_execution.len(),
             self.outcome_unknown,
             self.reapprovals,
+            self.tool_recovered,
             self.unsurfaced.len()
         );
         eprintln!(
@@ -752,6 +782,38 @@ impl Figures {
             "seed {seed}: runs wrongly parked (or not parked) at a tenant cap: {:?}",
             self.cap_misparked
         );
+        // The faults must have landed: a round whose kills and Postgres stops
+        // (each aimed at a refund in flight) interrupted no call, or whose
+        // partitions cut off a worker that held nothing, or took nothing
+        // from it, checked none of the guarantees about interrupted calls
+        // and fencing it prints.
+        let aimed = self.count(Fault::KillWorker)
+            + self.count(Fault::PostgresFast)
+            + self.count(Fault::PostgresImmediate);
+        if aimed > 0 {
+            assert!(
+                self.mid_call_kills + self.pg_mid_call > 0,
+                "seed {seed}: none of {aimed} worker kills and Postgres stops landed while a refund was in flight: no interrupted call was exercised"
+            );
+            assert!(
+                self.interrupted_calls() > 0,
+                "seed {seed}: {} kills and {} Postgres stops landed mid-refund, yet no call in any log was interrupted (outcome-unknown, re-approved or recovered from the held copy)",
+                self.mid_call_kills,
+                self.pg_mid_call
+            );
+        }
+        let partitions = self.count(Fault::PartitionWorker);
+        if partitions > 0 {
+            assert!(
+                self.partition_held > 0,
+                "seed {seed}: {partitions} partitions cut off workers that held no run: the fence was not exercised"
+            );
+            assert!(
+                self.partition_taken_over > 0,
+                "seed {seed}: {partitions} partitions: of the {} runs the partitioned workers held, none was taken over by another worker",
+                self.partition_held
+            );
+        }
         // The cap is a few runs' worth per fault and the capped tenant's
         // clients run far more: a round in which none of its runs met the
         // cap did not check it.
@@ -937,24 +999,57 @@ fn round(seed: u64, faults: usize) -> Figures {
                     // The worker keeps running, cut off past its lease: its
                     // runs go to the others; when it heals, whatever it
                     // still commits for them must be refused by the fence.
-                    let w = rng.usize(..3);
+                    // Aim: wait up to 3 s for a worker executing a refund,
+                    // else take one holding a live lease, else any.
+                    let fallback = rng.usize(..3);
+                    let aim_until = Instant::now() + Duration::from_secs(3);
+                    let w = loop {
+                        if let Some(w) = refunding_workers(&db_url)
+                            .iter()
+                            .filter_map(|o| slot(o))
+                            .find(|w| *w < 3)
+                        {
+                            break w;
+                        }
+                        if Instant::now() > aim_until {
+                            break heads(&db_url)
+                                .values()
+                                .filter_map(|(_, o)| o.as_deref().and_then(slot))
+                                .find(|w| *w < 3)
+                                .unwrap_or(fallback);
+                        }
+                        std::thread::sleep(Duration::from_millis(30));
+                    };
                     let before = heads(&db_url);
                     partitions[w].start();
                     std::thread::sleep(Duration::from_millis(LEASE_MS + 1_000));
-                    let after = heads(&db_url);
-                    // Taken over: another worker holds it now, or its log
-                    // moved on while its worker was cut off.
-                    let held = before
+                    let held: Vec<(&String, &String)> = before
                         .iter()
-                        .filter(|(_, (_, o))| o.as_deref().and_then(slot) == Some(w));
-                    let (held, taken): (usize, usize) =
-                        held.fold((0, 0), |(n, t), (id, (head, _))| {
-                            let moved = after.get(id).is_some_and(|(h, o)| {
-                                h != head || o.as_deref().is_some_and(|o| slot(o) != Some(w))
-                            });
-                            (n + 1, t + usize::from(moved))
-                        });
-                    figures.partition_held += held;
+                        .filter(|(_, (_, o))| o.as_deref().and_then(slot) == Some(w))
+                        .map(|(id, (head, _))| (id, head))
+                        .collect();
+                    // Taken over: another worker holds it now, or its log
+                    // moved on while its worker was cut off. The partition
+                    // lasts until one of the runs it held is taken over (the
+                    // reconciler hands an expired lease's run to another
+                    // worker within seconds), 15 s at most.
+                    let takeover_until = Instant::now() + Duration::from_secs(15);
+                    let taken = loop {
+                        let after = heads(&db_url);
+                        let taken = held
+                            .iter()
+                            .filter(|(id, head)| {
+                                after.get(*id).is_some_and(|(h, o)| {
+                                    h != *head || o.as_deref().is_some_and(|o| slot(o) != Some(w))
+                                })
+                            })
+                            .count();
+                        if taken > 0 || held.is_empty() || Instant::now() > takeover_until {
+                            break taken;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    };
+                    figures.partition_held += held.len();
                     figures.partition_taken_over += taken;
                     let log = f.log_file(&format!("w{w}"));
                     healed = Some((w, std::fs::metadata(&log).map_or(0, |m| m.len())));
@@ -1213,6 +1308,10 @@ fn round(seed: u64, faults: usize) -> Figures {
             }
         }
         figures.reapprovals += requested;
+        figures.tool_recovered += events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::ToolRecovered { .. }))
+            .count();
         // Refunds in flight at a Postgres stop that executed: their result
         // must reach the log, committed through the outage or recovered from
         // the held copy; never a person asked again, never outcome-unknown.

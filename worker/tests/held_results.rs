@@ -129,13 +129,13 @@ struct Setup {
 /// reconciler (every 200 ms, riding out the outage). `None` when
 /// PostgreSQL's server binaries are not installed.
 async fn setup(workers: usize, lease_ttl: Duration) -> Option<Setup> {
-    let Some(pg) = tokio::task::spawn_blocking(PrivatePostgres::start_new)
-        .await
-        .unwrap()
-    else {
-        eprintln!(
-            "\n!!!!!!!! SKIPPED held_results: PostgreSQL server binaries not found !!!!!!!!\n"
-        );
+    let Some(pg) = glia_testkit::require(
+        tokio::task::spawn_blocking(PrivatePostgres::start_new)
+            .await
+            .unwrap(),
+        "PostgreSQL's server binaries (initdb, pg_ctl)",
+        "apt-get install postgresql; scripts/test does",
+    ) else {
         return None;
     };
     let pg = Arc::new(pg);

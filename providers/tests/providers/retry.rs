@@ -136,20 +136,36 @@ async fn retry_after_ms_wins_over_retry_after() {
 #[tokio::test]
 async fn without_a_hint_backoff_grows_within_bounds() {
     let policy = RetryPolicy {
-        max_retries: 3,
+        max_retries: 5,
         min_delay: Duration::from_millis(100),
         max_delay: Duration::from_secs(1),
         ..RetryPolicy::default()
     };
-    let s = setup(vec![err(500), err(529), err(500), ok()], policy).await;
+    let s = setup(
+        vec![err(500), err(529), err(500), err(529), err(500), ok()],
+        policy,
+    )
+    .await;
     s.provider.call(&request("m"), &|_| {}).await.unwrap();
     let sleeps = s.clock.sleeps();
-    assert_eq!(sleeps.len(), 3);
+    assert_eq!(sleeps.len(), 5);
+    // Factor 2 from min_delay, capped at max_delay, each delay plus a full
+    // jitter of up to itself: retry n waits in [base(n), 2·base(n)).
+    let bases_ms = [100, 200, 400, 800, 1_000];
+    for (n, (slept, base)) in sleeps.iter().zip(bases_ms).enumerate() {
+        assert!(
+            between(*slept, base, 2 * base - 1),
+            "retry {n}: slept {slept:?}, not within [{base} ms, {} ms): {sleeps:?}",
+            2 * base
+        );
+    }
+    // Growth: each wait is longer than the one before until the cap, where
+    // the base stops growing.
     assert!(
-        sleeps.iter().all(|d| *d <= Duration::from_secs(2)),
-        "{sleeps:?}"
+        sleeps[..4].windows(2).all(|w| w[1] > w[0]),
+        "the backoff did not grow: {sleeps:?}"
     );
-    assert_eq!(s.server.seen().len(), 4);
+    assert_eq!(s.server.seen().len(), 6);
 }
 
 #[tokio::test]

@@ -86,10 +86,11 @@ fn restart_mid_batch(api: &Api, broker: &Mutex<PrivateRabbit>) -> Outage {
 #[test]
 fn rabbitmq_restarted_mid_batch() {
     let started = Instant::now();
-    let Some(broker) = PrivateRabbit::new() else {
-        eprintln!(
-            "\n!!!!!!!! SKIPPED rabbitmq_restarted_mid_batch: no rabbitmq-server script found !!!!!!!!\n"
-        );
+    let Some(broker) = glia_testkit::require(
+        PrivateRabbit::new(),
+        "the rabbitmq-server script",
+        "apt-get install rabbitmq-server; scripts/test does",
+    ) else {
         return;
     };
     // Declared before the fleet, so dropped after its processes are killed.

@@ -79,25 +79,81 @@ fn workers_killed_with_sigkill_mid_batch() {
     drop(fleet);
 }
 
+/// The keys under `prefix` on `redis` (`redis-cli --scan`); panics when
+/// redis-cli fails.
+fn redis_keys(redis: &str, prefix: &str) -> Vec<String> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-u", redis, "--scan", "--pattern", &format!("{prefix}:*")])
+        .output()
+        .expect("run redis-cli");
+    assert!(out.status.success(), "redis-cli --scan: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Redis keys deleted under the fleet's prefix while a batch runs. The
+/// workers have a tenant cap (far above what the batch spends), so every
+/// model call reserves from the tenant's day counter in Redis
+/// (`PREFIX:budget:…`): each flush waits until keys are there, deletes
+/// them (checking redis-cli's status and that it deleted them), and the
+/// workers must rebuild the counter from the log and carry on.
 #[test]
 fn redis_keys_flushed_mid_batch() {
     let mut fleet = Fleet::new(&mixed_scripts());
+    let caps = fleet.dir.join("tenant-caps.json");
+    std::fs::write(
+        &caps,
+        json!({"default": {"daily_tokens": 1_000_000_000u64}}).to_string(),
+    )
+    .unwrap();
+    fleet.worker_args = vec!["--tenant-caps".into(), caps.to_str().unwrap().into()];
     fleet.start_dispatcher();
     fleet.start_worker(30_000);
     fleet.start_worker(30_000);
     let name = fleet.name.clone();
     let redis = fleet.redis_url.clone();
-    let flusher = std::thread::spawn(move || {
-        for _ in 0..5 {
-            std::thread::sleep(Duration::from_millis(200));
-            let _ = std::process::Command::new("sh")
-                .arg("-c")
-                .arg(format!("redis-cli -u '{redis}' --scan --pattern '{name}*' | xargs -r redis-cli -u '{redis}' del >/dev/null"))
-                .status();
-        }
-    });
+    let done = Arc::new(AtomicBool::new(false));
+    let flusher = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            // Keys deleted by each flush.
+            let mut flushes: Vec<usize> = Vec::new();
+            while flushes.len() < 5 && !done.load(Ordering::SeqCst) {
+                let keys = redis_keys(&redis, &name);
+                if keys.is_empty() {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                let out = std::process::Command::new("redis-cli")
+                    .args(["-u", &redis, "DEL"])
+                    .args(&keys)
+                    .output()
+                    .expect("run redis-cli");
+                assert!(out.status.success(), "redis-cli DEL: {out:?}");
+                let deleted: usize = String::from_utf8_lossy(&out.stdout)
+                    .trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("redis-cli DEL answered {out:?}"));
+                assert!(deleted > 0, "DEL {keys:?} deleted nothing");
+                flushes.push(deleted);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            flushes
+        })
+    };
     let results = batch(&fleet, 25, Instant::now() + Duration::from_secs(120));
-    flusher.join().unwrap();
+    done.store(true, Ordering::SeqCst);
+    let flushes = flusher.join().unwrap();
+    // Each flush after the first found keys again: the counter was rebuilt
+    // from the log after the previous one.
+    assert!(
+        flushes.len() >= 2,
+        "the batch ended after {} flush(es) of keys under {}:* ({flushes:?}): the fault was not injected mid-batch",
+        flushes.len(),
+        fleet.name
+    );
     check_batch(&fleet, &results);
     // Budgets come from the log: every budget run paused exactly once at its limit.
     for (kind, run_id, _) in results.iter().filter(|(k, _, _)| k == "budget") {

@@ -297,10 +297,11 @@ fn batch_past_the_outage_bound_names_the_server_and_the_unfinished_runs() {
 
 #[test]
 fn dispatcher_and_worker_started_while_the_broker_is_down_become_ready() {
-    let Some(broker) = PrivateRabbit::new() else {
-        eprintln!(
-            "\n!!!!!!!! SKIPPED dispatcher_and_worker_started_while_the_broker_is_down_become_ready: no rabbitmq-server script found !!!!!!!!\n"
-        );
+    let Some(broker) = glia_testkit::require(
+        PrivateRabbit::new(),
+        "the rabbitmq-server script",
+        "apt-get install rabbitmq-server; scripts/test does",
+    ) else {
         return;
     };
     // Declared before the fleet, so dropped after its processes are killed.
@@ -467,10 +468,13 @@ fn dispatcher_and_worker_wait_for_postgres_and_redis_at_start() {
     assert_alive(&mut fleet);
 
     forward(pg_port, target);
-    if let Err(e) = redis.start() {
-        eprintln!(
-            "\n!!!!!!!! SKIPPED the rest of dispatcher_and_worker_wait_for_postgres_and_redis_at_start: redis-server not runnable ({e}) !!!!!!!!\n"
-        );
+    if glia_testkit::require_ok(
+        redis.start(),
+        "redis-server (for the rest of this test)",
+        "apt-get install redis-server; scripts/test does",
+    )
+    .is_none()
+    {
         return;
     }
     tokio::runtime::Builder::new_current_thread()

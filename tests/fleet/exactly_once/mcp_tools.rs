@@ -23,17 +23,14 @@ fn package(name: &str) -> Option<String> {
         .join(".ci/mcp/node_modules/@modelcontextprotocol")
         .join(name)
         .join("dist/index.js");
-    if path.exists() {
-        return Some(path.canonicalize().unwrap().display().to_string());
-    }
-    if std::env::var("GLIA_REQUIRE_MCP").is_ok_and(|v| v == "1") {
-        panic!("{} is missing: npm ci --prefix .ci/mcp", path.display());
-    }
-    eprintln!(
-        "skipped: {} is not installed (npm ci --prefix .ci/mcp)",
-        path.display()
-    );
-    None
+    let found = path
+        .exists()
+        .then(|| path.canonicalize().unwrap().display().to_string());
+    glia_testkit::require(
+        found,
+        format!("the MCP server {}", path.display()),
+        "npm ci --prefix .ci/mcp; scripts/test does",
+    )
 }
 
 /// Every JSON-RPC message the servers received, from the `tee` files.

@@ -37,7 +37,7 @@ fn prometheus_bin() -> PathBuf {
             .find(|p| p.is_file())
     });
     found.unwrap_or_else(|| {
-        panic!("prometheus not found on the PATH: install the Debian package (`apt-get install -y prometheus`; .ci/run does) or set GLIA_PROMETHEUS to the binary")
+        panic!("prometheus not found on the PATH: install the Debian package (`apt-get install -y prometheus`; scripts/test does) or set GLIA_PROMETHEUS to the binary")
     })
 }
 
