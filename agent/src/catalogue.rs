@@ -250,7 +250,7 @@ impl Catalogue {
         let catalogue: Catalogue = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
             let reason = match e.inner().message() {
-                m if m.is_empty() => e.inner().to_string(),
+                "" => e.inner().to_string(),
                 m => m.to_owned(),
             };
             error(if path == "." { String::new() } else { path }, reason)

@@ -72,11 +72,17 @@ fn allow(server: &str, tools: &[&str]) -> McpToolSource {
 }
 
 /// A sink that keeps events and live events, and may act on a live event.
+/// A hook called with each live event.
+type OnLive = Box<dyn Fn(&LiveEvent) + Send + Sync>;
+
+/// Each call's text result, or its error kind and message.
+type ToolOutcome = (Option<String>, Option<(ToolErrorKind, String)>);
+
 #[derive(Default)]
 struct Recorder {
     events: Vec<Event>,
     live: Arc<Mutex<Vec<LiveEvent>>>,
-    on_live: Option<Box<dyn Fn(&LiveEvent) + Send + Sync>>,
+    on_live: Option<OnLive>,
 }
 
 #[glia_agent::async_trait]
@@ -97,7 +103,7 @@ fn agent(sources: &Arc<ToolSources>, turns: Vec<ScriptedTurn>) -> Agent {
     Agent::new(Arc::new(ScriptedProvider::new(turns))).with_tool_sources(sources.clone())
 }
 
-fn tool_outcome(events: &[Event]) -> Vec<(Option<String>, Option<(ToolErrorKind, String)>)> {
+fn tool_outcome(events: &[Event]) -> Vec<ToolOutcome> {
     events
         .iter()
         .filter_map(|e| match &e.kind {

@@ -366,12 +366,12 @@ fn config(s: &Scenario) -> RunConfig {
         max_reasks: 1,
         // Cut-off answers re-asked or paused, refusals failed or paused, by the scenario's first choice.
         stop_reasons: StopPolicy {
-            truncated: if s.choices[0] % 2 == 0 {
+            truncated: if s.choices[0].is_multiple_of(2) {
                 StopAction::Reask
             } else {
                 StopAction::Pause
             },
-            refusal: if s.choices[0] % 3 == 0 {
+            refusal: if s.choices[0].is_multiple_of(3) {
                 StopAction::Pause
             } else {
                 StopAction::Fail

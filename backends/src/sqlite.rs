@@ -759,10 +759,11 @@ fn summary(row: &Row<'_>) -> Result<RunSummary, LogError> {
     })
 }
 
+/// A run row's summary columns: status, phase, pull point, outcome.
+type SummaryColumns = (&'static str, String, Option<String>, Option<String>);
+
 /// The summary columns a commit writes: status, phase, pull point, outcome.
-fn summary_columns(
-    state: &RunState,
-) -> Result<(&'static str, String, Option<String>, Option<String>), LogError> {
+fn summary_columns(state: &RunState) -> Result<SummaryColumns, LogError> {
     let run_id = state.run_id;
     Ok((
         RunStatus::of(state).as_str(),
@@ -1237,8 +1238,7 @@ impl EventLog for SqliteLog {
                 let held: Option<(Option<String>, Option<i64>)> = tx
                     .prepare_cached("SELECT lease_owner, lease_expires_at FROM runs WHERE id = ?1")
                     .and_then(|mut st| st.query_row([run_id.to_string()], |r| Ok((r.get(0)?, r.get(1)?))).optional())
-                    .map_err(db("acquire"))?
-                    .map(|(o, e)| (o, e));
+                    .map_err(db("acquire"))?;
                 let Some((holder, expires)) = held else { return Err(LogError::NotFound(run_id)) };
                 if let Some(until) = expires.filter(|e| *e > nanos(now)) {
                     return Err(LogError::LeaseHeld { run_id, owner: holder.unwrap_or_default(), until: time(until) });

@@ -822,9 +822,7 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
                 "REQUESTED", "RUN", "CALL", "TOOL", "RESULT", "BY", "WAIT"
             );
             for r in body["approvals"].as_array().cloned().unwrap_or_default() {
-                let wait = r["wait_ms"]
-                    .as_i64()
-                    .map_or_else(|| "?".into(), |ms| human_ms(ms));
+                let wait = r["wait_ms"].as_i64().map_or_else(|| "?".into(), human_ms);
                 let mut detail = Vec::new();
                 if r["escalated_at"].is_string() {
                     detail.push("escalated".to_owned());
@@ -1085,6 +1083,170 @@ pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
     Ok(())
 }
 
+/// One line about an event, for people.
+pub fn describe(kind: &EventKind) -> String {
+    fn clip(s: &str) -> String {
+        let one_line = s.replace('\n', " ");
+        if one_line.chars().count() > 100 {
+            format!("{}…", one_line.chars().take(100).collect::<String>())
+        } else {
+            one_line
+        }
+    }
+    match kind {
+        EventKind::SessionStart { goal, config, .. } => {
+            format!("goal: {} (model {})", clip(goal), config.model)
+        }
+        EventKind::PlanDraft { steps, .. } | EventKind::PlanCommit { steps } => {
+            format!("{} step(s): {}", steps.len(), clip(&steps.join(" | ")))
+        }
+        EventKind::StepStart {
+            index,
+            description,
+            tools,
+        } => format!("#{index} {} ({} tools)", clip(description), tools.len()),
+        EventKind::StepEnd {
+            index,
+            answer,
+            skipped,
+        } => format!(
+            "#{index}{} {}",
+            if *skipped { " skipped" } else { "" },
+            clip(answer)
+        ),
+        EventKind::ModelCall {
+            model,
+            messages,
+            wrap_up,
+            ..
+        } => format!(
+            "{model}, {messages} messages{}",
+            if *wrap_up { ", wrap-up" } else { "" }
+        ),
+        EventKind::ModelRetry(r) => format!(
+            "attempt {} failed ({}), retrying in {} ms: {}",
+            r.attempt,
+            r.cause,
+            r.delay_ms,
+            clip(&r.message)
+        ),
+        EventKind::MessageElided { index, reason } => format!("message {index}: {}", clip(reason)),
+        EventKind::ModelResponse {
+            message,
+            usage,
+            stop_reason,
+            rejected,
+            ..
+        } => {
+            let calls: Vec<String> = message
+                .tool_uses()
+                .map(|(id, name, _)| format!("{name}#{id}"))
+                .collect();
+            let text = clip(&message.text());
+            let rejected = rejected.as_ref().map_or(String::new(), |r| {
+                let turn = r.refused_turn.map_or(String::new(), |t| {
+                    format!(", {} (message {})", t.turn.describe(), t.index)
+                });
+                format!(
+                    " rejected ({}: {}{turn})",
+                    r.class.label(),
+                    r.action.label()
+                )
+            });
+            let estimated = if usage.estimated { ", estimated" } else { "" };
+            format!(
+                "[{stop_reason}]{rejected} {}{} (in {} / out {} tokens{estimated})",
+                text,
+                if calls.is_empty() {
+                    String::new()
+                } else {
+                    format!(" calls {}", calls.join(", "))
+                },
+                usage.input_tokens,
+                usage.output_tokens
+            )
+        }
+        EventKind::ToolCall(c) => format!(
+            "{}#{} {} → {:?}",
+            c.name,
+            c.call_id,
+            clip(&c.input.to_string()),
+            c.disposition
+        ),
+        EventKind::ToolResult {
+            call_id, content, ..
+        } => format!("#{call_id} {}", clip(&content.to_text())),
+        EventKind::ToolError {
+            call_id,
+            error,
+            message,
+            ..
+        } => format!("#{call_id} {error:?}: {}", clip(message)),
+        EventKind::ToolRecovered {
+            call_id,
+            idempotency_key,
+        } => format!(
+            "#{call_id} result held by the worker that ran it, recovered ({idempotency_key})"
+        ),
+        EventKind::ApprovalRequested {
+            call_id,
+            tool,
+            input,
+            ..
+        } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
+        EventKind::ApprovalResolved {
+            call_id,
+            decision,
+            by,
+            ..
+        } => format!(
+            "#{call_id} {decision:?} by {}",
+            by.as_deref().unwrap_or("?")
+        ),
+        EventKind::ApprovalEscalated {
+            call_id,
+            expires_at,
+        } => format!(
+            "#{call_id} deadline {} passed: escalated",
+            expires_at.map_or_else(|| "?".into(), |t| t.to_rfc3339())
+        ),
+        EventKind::InputReceived { text, .. } => clip(text),
+        EventKind::GuardrailTripped {
+            stage,
+            guardrail,
+            reason,
+            ..
+        } => format!("{stage:?} {guardrail}: {}", clip(reason)),
+        EventKind::ContextCompacted {
+            strategy, removed, ..
+        } => format!("{strategy}: removed {removed} messages"),
+        EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),
+        EventKind::BudgetExtended { limits } => format!("{limits:?}"),
+        EventKind::SessionPause { pull_point } => {
+            serde_json::to_string(pull_point).unwrap_or_default()
+        }
+        EventKind::SessionPauseRequested { reason, by } => {
+            format!("{} (by {})", clip(reason), by.as_deref().unwrap_or("?"))
+        }
+        EventKind::SessionResume { by } => format!("by {}", by.as_deref().unwrap_or("?")),
+        EventKind::SessionCancel { reason } => clip(reason),
+        EventKind::SessionComplete { outcome } => {
+            clip(&serde_json::to_string(outcome).unwrap_or_default())
+        }
+        EventKind::Error { message, fatal } => {
+            format!("{}{}", if *fatal { "fatal: " } else { "" }, clip(message))
+        }
+        EventKind::HookApplied {
+            topic,
+            hook,
+            effect,
+        } => format!(
+            "{topic:?} {hook}: {}",
+            clip(&serde_json::to_string(effect).unwrap_or_default())
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -1314,169 +1476,5 @@ mod tests {
         );
         assert_eq!(human_ms(950), "950ms");
         assert_eq!(human_ms(7_500_000), "2h 05m");
-    }
-}
-
-/// One line about an event, for people.
-pub fn describe(kind: &EventKind) -> String {
-    fn clip(s: &str) -> String {
-        let one_line = s.replace('\n', " ");
-        if one_line.chars().count() > 100 {
-            format!("{}…", one_line.chars().take(100).collect::<String>())
-        } else {
-            one_line
-        }
-    }
-    match kind {
-        EventKind::SessionStart { goal, config, .. } => {
-            format!("goal: {} (model {})", clip(goal), config.model)
-        }
-        EventKind::PlanDraft { steps, .. } | EventKind::PlanCommit { steps } => {
-            format!("{} step(s): {}", steps.len(), clip(&steps.join(" | ")))
-        }
-        EventKind::StepStart {
-            index,
-            description,
-            tools,
-        } => format!("#{index} {} ({} tools)", clip(description), tools.len()),
-        EventKind::StepEnd {
-            index,
-            answer,
-            skipped,
-        } => format!(
-            "#{index}{} {}",
-            if *skipped { " skipped" } else { "" },
-            clip(answer)
-        ),
-        EventKind::ModelCall {
-            model,
-            messages,
-            wrap_up,
-            ..
-        } => format!(
-            "{model}, {messages} messages{}",
-            if *wrap_up { ", wrap-up" } else { "" }
-        ),
-        EventKind::ModelRetry(r) => format!(
-            "attempt {} failed ({}), retrying in {} ms: {}",
-            r.attempt,
-            r.cause,
-            r.delay_ms,
-            clip(&r.message)
-        ),
-        EventKind::MessageElided { index, reason } => format!("message {index}: {}", clip(reason)),
-        EventKind::ModelResponse {
-            message,
-            usage,
-            stop_reason,
-            rejected,
-            ..
-        } => {
-            let calls: Vec<String> = message
-                .tool_uses()
-                .map(|(id, name, _)| format!("{name}#{id}"))
-                .collect();
-            let text = clip(&message.text());
-            let rejected = rejected.as_ref().map_or(String::new(), |r| {
-                let turn = r.refused_turn.map_or(String::new(), |t| {
-                    format!(", {} (message {})", t.turn.describe(), t.index)
-                });
-                format!(
-                    " rejected ({}: {}{turn})",
-                    r.class.label(),
-                    r.action.label()
-                )
-            });
-            let estimated = if usage.estimated { ", estimated" } else { "" };
-            format!(
-                "[{stop_reason}]{rejected} {}{} (in {} / out {} tokens{estimated})",
-                text,
-                if calls.is_empty() {
-                    String::new()
-                } else {
-                    format!(" calls {}", calls.join(", "))
-                },
-                usage.input_tokens,
-                usage.output_tokens
-            )
-        }
-        EventKind::ToolCall(c) => format!(
-            "{}#{} {} → {:?}",
-            c.name,
-            c.call_id,
-            clip(&c.input.to_string()),
-            c.disposition
-        ),
-        EventKind::ToolResult {
-            call_id, content, ..
-        } => format!("#{call_id} {}", clip(&content.to_text())),
-        EventKind::ToolError {
-            call_id,
-            error,
-            message,
-            ..
-        } => format!("#{call_id} {error:?}: {}", clip(message)),
-        EventKind::ToolRecovered {
-            call_id,
-            idempotency_key,
-        } => format!(
-            "#{call_id} result held by the worker that ran it, recovered ({idempotency_key})"
-        ),
-        EventKind::ApprovalRequested {
-            call_id,
-            tool,
-            input,
-            ..
-        } => format!("{tool}#{call_id} {}", clip(&input.to_string())),
-        EventKind::ApprovalResolved {
-            call_id,
-            decision,
-            by,
-            ..
-        } => format!(
-            "#{call_id} {decision:?} by {}",
-            by.as_deref().unwrap_or("?")
-        ),
-        EventKind::ApprovalEscalated {
-            call_id,
-            expires_at,
-        } => format!(
-            "#{call_id} deadline {} passed: escalated",
-            expires_at.map_or_else(|| "?".into(), |t| t.to_rfc3339())
-        ),
-        EventKind::InputReceived { text, .. } => clip(text),
-        EventKind::GuardrailTripped {
-            stage,
-            guardrail,
-            reason,
-            ..
-        } => format!("{stage:?} {guardrail}: {}", clip(reason)),
-        EventKind::ContextCompacted {
-            strategy, removed, ..
-        } => format!("{strategy}: removed {removed} messages"),
-        EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),
-        EventKind::BudgetExtended { limits } => format!("{limits:?}"),
-        EventKind::SessionPause { pull_point } => {
-            serde_json::to_string(pull_point).unwrap_or_default()
-        }
-        EventKind::SessionPauseRequested { reason, by } => {
-            format!("{} (by {})", clip(reason), by.as_deref().unwrap_or("?"))
-        }
-        EventKind::SessionResume { by } => format!("by {}", by.as_deref().unwrap_or("?")),
-        EventKind::SessionCancel { reason } => clip(reason),
-        EventKind::SessionComplete { outcome } => {
-            clip(&serde_json::to_string(outcome).unwrap_or_default())
-        }
-        EventKind::Error { message, fatal } => {
-            format!("{}{}", if *fatal { "fatal: " } else { "" }, clip(message))
-        }
-        EventKind::HookApplied {
-            topic,
-            hook,
-            effect,
-        } => format!(
-            "{topic:?} {hook}: {}",
-            clip(&serde_json::to_string(effect).unwrap_or_default())
-        ),
     }
 }

@@ -517,12 +517,12 @@ pub async fn admit_once(app: &App) -> Result<u64, ApiError> {
         .collect();
     let mut specs: HashMap<Uuid, Option<BatchSpec>> = HashMap::new();
     for claim in &claims {
-        if !specs.contains_key(&claim.batch_id) {
+        if let std::collections::hash_map::Entry::Vacant(e) = specs.entry(claim.batch_id) {
             let spec = store
                 .batch(None, claim.batch_id)
                 .await?
                 .and_then(|b| serde_json::from_str(&b.spec).ok());
-            specs.insert(claim.batch_id, spec);
+            e.insert(spec);
         }
     }
     let admitted = futures::stream::iter(claims)

@@ -258,7 +258,7 @@ pub async fn records_for_rows(
         let same_call = || records.iter().filter(|r| r.call_id == row.call_id);
         let found = same_call()
             .find(|r| r.requested_at == row.requested_at)
-            .or_else(|| same_call().last());
+            .or_else(|| same_call().next_back());
         if let Some(r) = found {
             out.push(r.clone());
         }

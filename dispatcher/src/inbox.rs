@@ -145,7 +145,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    (s.len() % 2 == 0).then_some(())?;
+    s.len().is_multiple_of(2).then_some(())?;
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
@@ -322,6 +322,9 @@ fn field<'a>(f: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 /// The session of a POST with a valid CSRF token from the same origin.
+// The error is the page to answer with (an axum `Response`), built once per
+// refused request; boxing it would buy nothing.
+#[allow(clippy::result_large_err)]
 fn checked_post(
     app: &App,
     headers: &HeaderMap,
@@ -517,7 +520,7 @@ async fn pending(app: &App, s: &Session, f: &QueueFilter) -> Result<Vec<Item>, L
         .map(|m| m * 60_000);
     let batch = f.batch.as_deref().map(str::trim).filter(|b| !b.is_empty());
     for row in rows {
-        if !runs.contains_key(&row.run_id) {
+        if let std::collections::hash_map::Entry::Vacant(e) = runs.entry(row.run_id) {
             let info = match (
                 app.log.get_run(row.run_id).await,
                 app.log.load(row.run_id).await,
@@ -526,7 +529,7 @@ async fn pending(app: &App, s: &Session, f: &QueueFilter) -> Result<Vec<Item>, L
                 (Err(LogError::NotFound(_)), _) | (_, Err(LogError::NotFound(_))) => None,
                 (Err(e), _) | (_, Err(e)) => return Err(e),
             };
-            runs.insert(row.run_id, info);
+            e.insert(info);
         }
         let Some((goal, agent, batch_id)) = runs[&row.run_id].clone() else {
             continue;

@@ -200,13 +200,14 @@ pub async fn check_url(
     let first = *addrs
         .first()
         .ok_or_else(|| format!("host {host} has no address"))?;
-    if !policy.allow_private && !allowed_host {
-        if let Some(bad) = addrs.iter().find(|a| is_internal(a.ip())) {
-            return Err(format!(
-                "{host} resolves to {} (loopback, private or link-local), which webhooks may not reach unless the operator allows it",
-                bad.ip()
-            ));
-        }
+    if !policy.allow_private
+        && !allowed_host
+        && let Some(bad) = addrs.iter().find(|a| is_internal(a.ip()))
+    {
+        return Err(format!(
+            "{host} resolves to {} (loopback, private or link-local), which webhooks may not reach unless the operator allows it",
+            bad.ip()
+        ));
     }
     Ok((parsed, first))
 }
@@ -430,7 +431,7 @@ async fn attempt(
         .body(body)
         .send()
         .await
-        .map_err(|e| (None, format!("{}", without_url(&e))))?;
+        .map_err(|e| (None, without_url(&e).to_string()))?;
     let status = resp.status().as_u16();
     if resp.status().is_success() {
         Ok(status)
@@ -499,6 +500,10 @@ pub async fn deliver(app: App, o: DeliveryOptions) {
         }
         tokio::time::sleep(o.poll).await;
     }
+}
+
+impl crate::model::Documented for NewSubscription {
+    const SCHEMA: &'static str = "NewSubscription";
 }
 
 #[cfg(test)]
@@ -604,8 +609,4 @@ mod tests {
         assert!(text.contains("<https://glia.example.com/inbox/runs/00000000-0000-0000-0000-000000000000/calls/c1|Open in the inbox>"), "{text}");
         assert!(text.contains("refund&lt;b&gt;"), "{text}");
     }
-}
-
-impl crate::model::Documented for NewSubscription {
-    const SCHEMA: &'static str = "NewSubscription";
 }

@@ -405,8 +405,10 @@ fn budget_limits_report_which_limit() {
         max_tool_calls: Some(2),
         ..BudgetLimits::default()
     };
-    let mut used = BudgetUsage::default();
-    used.tool_calls = 2;
+    let mut used = BudgetUsage {
+        tool_calls: 2,
+        ..BudgetUsage::default()
+    };
     assert_eq!(limits.exhausted(&used), Some(Limit::ToolCalls));
     assert_eq!(
         limits.exhausted_for_model(&used),

@@ -40,6 +40,8 @@ pub mod metrics;
 pub mod openai;
 pub mod pricing;
 pub mod ratelimit;
+#[cfg(feature = "redis")]
+pub mod redis_limiter;
 pub mod refusal;
 
 use std::sync::Arc;
@@ -52,9 +54,9 @@ pub use http::{CallObserver, HttpProvider, RetryEvent, RetryPolicy, Wire};
 pub use metrics::ProviderMetrics;
 pub use openai::OpenAi;
 pub use pricing::{PriceError, PriceTable};
-#[cfg(feature = "redis")]
-pub use ratelimit::RateLimiter;
 pub use ratelimit::{Limiter, RateCost, RateKey, RateLimits};
+#[cfg(feature = "redis")]
+pub use redis_limiter::{RateLimitError, RateLimiter};
 pub use refusal::{Elision, ElisionObserver, RefusalIsolator};
 
 use glia_proto::provider::{Provider, ProviderKind};

@@ -188,8 +188,3 @@ pub trait Limiter: Send + Sync + std::fmt::Debug {
     /// failure is logged.
     async fn cooldown_quietly(&self, key: &RateKey, wait: Duration, now_ms: u64);
 }
-
-#[cfg(feature = "redis")]
-mod redis_limiter;
-#[cfg(feature = "redis")]
-pub use redis_limiter::{RateLimitError, RateLimiter};

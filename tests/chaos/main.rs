@@ -143,20 +143,16 @@ impl Services {
     /// Start all three, or `None` when one is not installed (a failure
     /// under `GLIA_TEST_STRICT=1`: see `glia_testkit::require`).
     fn start() -> Option<Services> {
-        let Some(pg) = glia_testkit::require(
+        let pg = glia_testkit::require(
             PrivatePostgres::start_new(),
             "PostgreSQL's server binaries (initdb, pg_ctl)",
             "apt-get install postgresql; scripts/test does",
-        ) else {
-            return None;
-        };
-        let Some(mut rabbit) = glia_testkit::require(
+        )?;
+        let mut rabbit = glia_testkit::require(
             PrivateRabbit::new(),
             "the rabbitmq-server script",
             "apt-get install rabbitmq-server; scripts/test does",
-        ) else {
-            return None;
-        };
+        )?;
         let mut redis = PrivateRedis::new();
         rabbit.start().expect("spawn rabbitmq-server");
         redis.start().expect("spawn redis-server");

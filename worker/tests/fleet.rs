@@ -167,7 +167,7 @@ impl Fleet {
                     l.outbox_done(&[id]).await.unwrap();
                 }
                 tick += 1;
-                if reconcile && tick % 20 == 0 {
+                if reconcile && tick.is_multiple_of(20) {
                     for orphan in l.orphaned(100).await.unwrap() {
                         q.publish(&orphan.job).await.unwrap();
                     }
@@ -348,12 +348,10 @@ async fn fifty_runs_with_every_pull_point_complete() {
             .outcome
             .clone()
             .unwrap_or_else(|| panic!("{kind} run not done"));
-        match *kind {
-            _ => assert!(
-                matches!(outcome, Outcome::Succeeded { .. }),
-                "{kind}: {outcome:?}"
-            ),
-        }
+        assert!(
+            matches!(outcome, Outcome::Succeeded { .. }),
+            "{kind}: {outcome:?}"
+        );
         check_log(&fleet.log.events(*run_id, 0, 10_000).await.unwrap());
     }
     let done = fleet

@@ -129,15 +129,13 @@ struct Setup {
 /// reconciler (every 200 ms, riding out the outage). `None` when
 /// PostgreSQL's server binaries are not installed.
 async fn setup(workers: usize, lease_ttl: Duration) -> Option<Setup> {
-    let Some(pg) = glia_testkit::require(
+    let pg = glia_testkit::require(
         tokio::task::spawn_blocking(PrivatePostgres::start_new)
             .await
             .unwrap(),
         "PostgreSQL's server binaries (initdb, pg_ctl)",
         "apt-get install postgresql; scripts/test does",
-    ) else {
-        return None;
-    };
+    )?;
     let pg = Arc::new(pg);
     // Calls bounded well below the lease, so an attempt that meets the
     // outage gives way to the next one in time.

@@ -1,5 +1,6 @@
-//! The fleet-wide limiter in Redis (three Lua scripts; see the module
-//! above).
+//! The fleet-wide limiter in Redis (three Lua scripts; the algorithm and
+//! the [`Limiter`](crate::ratelimit::Limiter) port are in
+//! [`crate::ratelimit`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -8,9 +9,9 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{RedisError, Script};
 
-use super::{Admission, Limiter, Permit, RateCost, RateKey, RateLimits};
 use crate::clock::Clock;
 use crate::error::CallError;
+use crate::ratelimit::{Admission, Limiter, Permit, RateCost, RateKey, RateLimits};
 
 /// Talking to Redis failed.
 #[derive(Debug, thiserror::Error)]
