@@ -58,7 +58,7 @@ pub struct RateLimits {
 
 impl RateLimits {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    fn spacing_ms(&self) -> u64 {
+    pub(crate) fn spacing_ms(&self) -> u64 {
         self.resume_spacing_ms
             .unwrap_or(match self.requests_per_minute {
                 0 => 100,
@@ -99,7 +99,7 @@ impl RateKey {
     }
 
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    fn tag(&self) -> String {
+    pub(crate) fn tag(&self) -> String {
         format!("{{{}:{}:{}}}", self.provider, self.model, self.key_id)
     }
 }

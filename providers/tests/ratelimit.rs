@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use common::{Reply, ScaledClock, Server, fixture, request};
 use glia_agent::provider::Provider;
+use glia_providers::RateLimiter;
 use glia_providers::http::{HttpProvider, http_client};
-use glia_providers::ratelimit::{Admission, Permit, RateCost, RateKey, RateLimiter, RateLimits};
+use glia_providers::ratelimit::{Admission, Permit, RateCost, RateKey, RateLimits};
 use glia_providers::{Anthropic, ApiKey};
 
 const T0: u64 = 1_767_225_600_000;
