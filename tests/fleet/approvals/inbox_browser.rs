@@ -8,7 +8,9 @@
 //! five; watch a run continue on its page; read the history; a `<script>` /
 //! `<img onerror>` argument renders as text; a cross-site form post is
 //! refused; another tenant's token sees none of it. Screenshots of the queue
-//! and of an approval's page go to `docs/screenshots/`.
+//! and of an approval's page go to `target/screenshots/`, so a test run
+//! leaves the tree clean; `GLIA_REFRESH_SCREENSHOTS=1` writes them to
+//! `docs/screenshots/` instead (the README shows them).
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -256,8 +258,18 @@ async fn sign_in(c: &Client, server: &str, token: &str) {
     .await;
 }
 
+/// `target/screenshots/`, or `docs/screenshots/` with
+/// `GLIA_REFRESH_SCREENSHOTS=1` (the explicit way to refresh the docs).
 fn screenshots_dir() -> PathBuf {
-    let dir = glia_testkit::workspace_root().join("docs/screenshots");
+    let root = glia_testkit::workspace_root();
+    let refresh = std::env::var("GLIA_REFRESH_SCREENSHOTS").is_ok_and(|v| v == "1");
+    let dir = if refresh {
+        root.join("docs/screenshots")
+    } else {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| root.join("target"), PathBuf::from)
+            .join("screenshots")
+    };
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
