@@ -833,7 +833,7 @@ async fn bad_rows_are_errors_not_panics() {
         .unwrap();
     assert!(matches!(
         log.get_run(s.run_id).await,
-        Err(LogError::Unavailable(_))
+        Err(LogError::Corrupt(_))
     ));
     assert!(matches!(
         log.list_runs(&RunFilter {
@@ -841,14 +841,14 @@ async fn bad_rows_are_errors_not_panics() {
             ..Default::default()
         })
         .await,
-        Err(LogError::Unavailable(_))
+        Err(LogError::Corrupt(_))
     ));
     sql.execute("UPDATE outbox SET job = '{\"run\": 1}'", &[])
         .await
         .unwrap();
     assert!(matches!(
         log.outbox(10).await,
-        Err(LogError::Unavailable(_))
+        Err(LogError::Corrupt(_))
     ));
     log.post(
         s.run_id,
@@ -864,7 +864,7 @@ async fn bad_rows_are_errors_not_panics() {
         .unwrap();
     assert!(matches!(
         log.inbox(s.run_id).await,
-        Err(LogError::Unavailable(_))
+        Err(LogError::Corrupt(_))
     ));
 }
 
