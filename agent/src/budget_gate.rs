@@ -19,7 +19,7 @@
 //!    draft, a compaction) is settled after the fact under its event's
 //!    `{run_id}:{seq}`, so the counter and the log agree.
 //!
-//! The fleet's gate is `glia_worker::fleet::LedgerGate`: counters in the
+//! The fleet's gate is `glia_worker::consumer::LedgerGate`: counters in the
 //! `glia_backends::Ledger` (Redis), rebuilt from the event log when missing.
 
 use std::collections::HashMap;

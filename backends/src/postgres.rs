@@ -74,9 +74,8 @@ use glia_proto::{Event, EventKind, Phase, Resume, RunState};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{FromSql, ToSql};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Config, NoTls, Row};
 use uuid::Uuid;
 
@@ -86,11 +85,18 @@ use crate::{
     RunSummary, Spend, dedupe_key,
 };
 
+mod codec;
+mod group;
+
+use codec::{
+    EncodedEvents, SummaryColumns, describe, encode_events, has_nul, seq_of, sha256_hex, sql_seq,
+    write_error,
+};
+pub(crate) use codec::{col, corrupt, phase_name, unavailable};
+
 /// `backends/migrations/V<n>__<name>.sql`, compiled in. Edits to an
 /// existing file rebuild the crate; a new file is only picked up once this
 /// file (or anything else in the crate) is rebuilt.
-mod group;
-
 mod embedded {
     refinery::embed_migrations!("migrations");
 }
@@ -469,29 +475,6 @@ async fn migrate(config: &Config) -> Result<(), LogError> {
 // ---------------------------------------------------------------------------
 // Errors and row decoding
 
-fn describe(e: &tokio_postgres::Error) -> String {
-    match e.code() {
-        Some(code) => format!("{e} (SQLSTATE {})", code.code()),
-        None => e.to_string(),
-    }
-}
-
-pub(crate) fn unavailable(what: &str, e: &tokio_postgres::Error) -> LogError {
-    LogError::Unavailable(format!("{what}: {}", describe(e)))
-}
-
-/// A failed write: values Postgres refuses (class 22, data exceptions) are the
-/// caller's; anything else is the store's.
-fn write_error(run_id: Uuid, what: &str, e: &tokio_postgres::Error) -> LogError {
-    match e.code() {
-        Some(code) if code.code().starts_with("22") => LogError::Invalid {
-            run_id,
-            reason: format!("{what}: {}", describe(e)),
-        },
-        _ => unavailable(what, e),
-    }
-}
-
 /// One version of an agent: `$3` the version, NULL for the latest.
 const AGENT_ROW: &str = "SELECT tenant, name, version, content_hash, definition, created_at FROM agents \
                          WHERE tenant = $1 AND name = $2 AND ($3::int IS NULL OR version = $3) ORDER BY version DESC LIMIT 1";
@@ -508,26 +491,8 @@ fn agent_of(row: &Row) -> Result<AgentVersion, LogError> {
     })
 }
 
-pub(crate) fn corrupt(what: String) -> LogError {
-    LogError::Corrupt(what)
-}
-
-pub(crate) fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, LogError> {
-    row.try_get(name)
-        .map_err(|e| corrupt(format!("column {name}: {e}")))
-}
-
-fn seq_of(value: i64, what: &str) -> Result<u64, LogError> {
-    u64::try_from(value).map_err(|_| corrupt(format!("{what} is negative ({value})")))
-}
-
 /// A `usize` count as a SQL `LIMIT`.
 fn sql_limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// A `u64` sequence as a SQL bound (sequences above `i64::MAX` do not exist).
-fn sql_seq(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
@@ -566,28 +531,6 @@ impl JsonCell {
     }
 }
 
-/// True when serialised JSON holds an escaped U+0000 (or a literal `\u0000`,
-/// which is harmless to treat alike).
-fn has_nul(json: &str) -> bool {
-    json.contains("\\u0000")
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-pub(crate) fn phase_name(phase: Phase) -> Result<String, LogError> {
-    match serde_json::to_value(phase) {
-        Ok(Value::String(s)) => Ok(s),
-        other => Err(LogError::Unavailable(format!(
-            "phase {phase:?} does not serialise to a name: {other:?}"
-        ))),
-    }
-}
-
 pub(crate) fn parse_status(s: &str) -> Result<RunStatus, LogError> {
     match s {
         "runnable" => Ok(RunStatus::Runnable),
@@ -623,99 +566,8 @@ fn summary(row: &Row) -> Result<RunSummary, LogError> {
     })
 }
 
-/// The summary columns a commit writes from a state.
-struct SummaryColumns {
-    status: &'static str,
-    phase: String,
-    pull_point: Option<Value>,
-    outcome: Option<Value>,
-    head_seq: i64,
-}
-
-impl SummaryColumns {
-    fn of(state: &RunState) -> Result<SummaryColumns, LogError> {
-        let invalid = |e: serde_json::Error| LogError::Invalid {
-            run_id: state.run_id,
-            reason: format!("state does not serialise: {e}"),
-        };
-        Ok(SummaryColumns {
-            status: RunStatus::of(state).as_str(),
-            phase: phase_name(state.phase)?,
-            pull_point: state
-                .parked
-                .as_ref()
-                .map(serde_json::to_value)
-                .transpose()
-                .map_err(invalid)?,
-            outcome: state
-                .outcome
-                .as_ref()
-                .map(serde_json::to_value)
-                .transpose()
-                .map_err(invalid)?,
-            head_seq: sql_seq(state.head_seq),
-        })
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Events: encoding, reading, rebuilding state
-
-/// Events as the columns of one multi-row insert, and the blobs they need.
-struct EncodedEvents {
-    seqs: Vec<i64>,
-    kinds: Vec<&'static str>,
-    ats: Vec<DateTime<Utc>>,
-    at_nanos: Vec<i32>,
-    payloads: Vec<Option<String>>,
-    blob_hashes: Vec<Option<String>>,
-    /// `(hash, bytes)`, sorted by hash and deduplicated, so concurrent
-    /// inserts of the same blobs take their locks in the same order.
-    blobs: Vec<(String, Vec<u8>)>,
-}
-
-fn encode_events(
-    run_id: Uuid,
-    events: &[Event],
-    blob_threshold: usize,
-) -> Result<EncodedEvents, LogError> {
-    let invalid = |reason: String| LogError::Invalid { run_id, reason };
-    let mut out = EncodedEvents {
-        seqs: Vec::with_capacity(events.len()),
-        kinds: Vec::with_capacity(events.len()),
-        ats: Vec::with_capacity(events.len()),
-        at_nanos: Vec::with_capacity(events.len()),
-        payloads: Vec::with_capacity(events.len()),
-        blob_hashes: Vec::with_capacity(events.len()),
-        blobs: Vec::new(),
-    };
-    for e in events {
-        let seq =
-            i64::try_from(e.seq).map_err(|_| invalid(format!("seq {} out of range", e.seq)))?;
-        let json = serde_json::to_string(&e.kind)
-            .map_err(|err| invalid(format!("event {} does not serialise: {err}", e.seq)))?;
-        // Postgres keeps microseconds; the nanoseconds below are stored apart.
-        let sub_micro = e.at.timestamp_subsec_nanos() % 1000;
-        out.seqs.push(seq);
-        out.kinds.push(e.kind.name());
-        out.ats
-            .push(e.at - chrono::Duration::nanoseconds(i64::from(sub_micro)));
-        out.at_nanos.push(sub_micro as i32);
-        if json.len() > blob_threshold || has_nul(&json) {
-            let bytes = json.into_bytes();
-            let hash = sha256_hex(&bytes);
-            out.payloads.push(None);
-            out.blob_hashes.push(Some(hash.clone()));
-            out.blobs.push((hash, bytes));
-        } else {
-            out.payloads.push(Some(json));
-            out.blob_hashes.push(None);
-        }
-    }
-    out.blobs.sort_by(|a, b| a.0.cmp(&b.0));
-    out.blobs.dedup_by(|a, b| a.0 == b.0);
-    Ok(out)
-}
 
 const INSERT_BLOBS: &str = "INSERT INTO blobs (hash, bytes) SELECT * FROM unnest($1::text[], $2::bytea[]) ON CONFLICT (hash) DO NOTHING";
 

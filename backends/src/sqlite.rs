@@ -463,6 +463,19 @@ fn writer_loop(mut conn: Connection, jobs: std::sync::mpsc::Receiver<WriteJob>) 
     }
 }
 
+/// At open, holding the file lock, every upload and admission claim in the
+/// file is a dead process's: its uploads are deleted, and its claims are
+/// released at once (not after the claim lease), since the run a dead pass
+/// may have created is found again by the item's idempotency key
+/// (`glia-batch:{batch}:{custom_id}`) when the item is admitted again.
+fn recover_batches(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "DELETE FROM batch_items WHERE batch_id IN (SELECT id FROM batches WHERE state = 'uploading'); \
+         DELETE FROM batches WHERE state = 'uploading'; \
+         UPDATE batch_items SET state = 'queued', claimed_at = NULL WHERE state = 'admitting';",
+    )
+}
+
 /// Lock, WAL, migrations; the leases of the previous process lapse; the
 /// jobs not dead-lettered, ready (blocking).
 fn prepare(path: &Path) -> Result<(File, Lines), LogError> {
@@ -502,7 +515,7 @@ fn prepare(path: &Path) -> Result<(File, Lines), LogError> {
     migrations
         .to_latest(&mut conn)
         .map_err(|e| fail("migrations", &e))?;
-    batches::recover(&conn).map_err(|e| fail("recovering batch uploads and claims", &e))?;
+    recover_batches(&conn).map_err(|e| fail("recovering batch uploads and claims", &e))?;
     // We hold the file lock: every lease in the file is a dead process's.
     // They lapse now (an acquisition reports the takeover).
     let now = nanos(Utc::now());

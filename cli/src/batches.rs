@@ -24,7 +24,7 @@ pub struct BatchCli {
     pub command: Option<BatchCommand>,
     /// Replay a recording (no subcommand).
     #[command(flatten)]
-    pub replay: crate::batch::BatchArgs,
+    pub replay: crate::tau_driver::BatchArgs,
 }
 
 /// Spend cap options.
@@ -140,7 +140,7 @@ pub enum BatchCommand {
 /// Run `glia batch`: a subcommand, or the replay driver.
 pub async fn batch(cli: BatchCli) -> Result<()> {
     match cli.command {
-        None => crate::batch::batch(cli.replay).await,
+        None => crate::tau_driver::batch(cli.replay).await,
         Some(cmd) => command(cmd).await,
     }
 }

@@ -28,16 +28,16 @@ use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::{EventLog, JobQueue, NewRun};
 use glia_proto::{Event, EventKind, Policy, PolicyAction, RunConfig, RunState};
-use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::consumer::{Worker, WorkerOptions};
 use reqwest::Method;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::batch::percentile;
 use crate::client::{Server, checked};
 use crate::ports::Urls;
+use crate::tau_driver::percentile;
 
 /// `glia bench …`.
 #[derive(Subcommand)]
@@ -638,7 +638,7 @@ async fn serve(
         token,
         max_outage_secs: 0,
     };
-    tokio::spawn(crate::fleet::run_dispatcher(
+    tokio::spawn(crate::serve::run_dispatcher(
         app,
         listener,
         Duration::from_secs(2),

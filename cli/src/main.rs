@@ -3,16 +3,16 @@
 
 mod agents;
 mod archive;
-mod batch;
 mod batches;
 mod bench;
 mod client;
 mod config_file;
 mod demo;
-mod fleet;
 mod observe;
 mod ports;
 mod provider;
+mod serve;
+mod tau_driver;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,16 +50,16 @@ enum Command {
         #[command(flatten)]
         urls: ports::Urls,
         #[command(flatten)]
-        args: fleet::DispatcherArgs,
+        args: serve::DispatcherArgs,
         #[command(flatten)]
-        catalogue: fleet::CatalogueArgs,
+        catalogue: serve::CatalogueArgs,
     },
     /// Take run jobs from the queue and advance runs.
     Worker {
         #[command(flatten)]
         urls: ports::Urls,
         #[command(flatten)]
-        args: fleet::WorkerArgs,
+        args: serve::WorkerArgs,
     },
     /// Dispatcher and workers in one process, on in-memory ports (or on a
     /// SQLite file with --data, or the services with --services).
@@ -74,7 +74,7 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         data: Option<PathBuf>,
         #[command(flatten)]
-        node: fleet::NodeArgs,
+        node: serve::NodeArgs,
     },
     /// The single node: dispatcher and workers in one process on one SQLite
     /// file. Durable: killed at any moment and started again, every run
@@ -84,7 +84,7 @@ enum Command {
         #[arg(long, value_name = "FILE", env = "GLIA_DATA")]
         data: PathBuf,
         #[command(flatten)]
-        node: fleet::NodeArgs,
+        node: serve::NodeArgs,
     },
     /// Write runs to a file (JSON Lines, format glia-runs version 1), from a
     /// single node's file (--data) or a fleet's Postgres (--database-url).
@@ -200,8 +200,8 @@ async fn main() -> Result<()> {
             urls,
             args,
             catalogue,
-        } => fleet::dispatcher(urls, args, catalogue).await,
-        Command::Worker { urls, args } => fleet::worker(urls, args).await,
+        } => serve::dispatcher(urls, args, catalogue).await,
+        Command::Worker { urls, args } => serve::worker(urls, args).await,
         Command::Dev {
             urls,
             services,
@@ -209,13 +209,13 @@ async fn main() -> Result<()> {
             node,
         } => {
             let store = match (data, services) {
-                (Some(path), _) => fleet::Store::Sqlite(path),
-                (None, true) => fleet::Store::Services(urls),
-                (None, false) => fleet::Store::Memory,
+                (Some(path), _) => serve::Store::Sqlite(path),
+                (None, true) => serve::Store::Services(urls),
+                (None, false) => serve::Store::Memory,
             };
-            fleet::dev(store, node).await
+            serve::dev(store, node).await
         }
-        Command::Serve { data, node } => fleet::dev(fleet::Store::Sqlite(data), node).await,
+        Command::Serve { data, node } => serve::dev(serve::Store::Sqlite(data), node).await,
         Command::Export(args) => archive::export(args).await,
         Command::Import(args) => archive::import(args).await,
         Command::Submit(args) => client::submit(args).await,

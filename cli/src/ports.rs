@@ -2,7 +2,7 @@
 //! service URLs (`--database-url`, `--amqp-url`, `--redis-url`), connecting
 //! to each while it is down ([`wait_for`], retried with backoff and reported
 //! in `/readyz`), the single node's SQLite file, the in-memory twins.
-//! Shared by `fleet` (which runs the services), `observe` (whose `/readyz`
+//! Shared by `serve` (which runs the services), `observe` (whose `/readyz`
 //! checks them) and `provider` (whose fleet-wide rate limiter waits for
 //! Redis the same way).
 
@@ -20,7 +20,7 @@ use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::sqlite::{SqliteLog, SqliteOptions};
 use glia_backends::{EVENT_LOG, EventLog, JOB_QUEUE, JobQueue, LEDGER, Ledger};
 use glia_dispatcher::Startup;
-use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::consumer::{Worker, WorkerOptions};
 use tokio::sync::watch;
 use tracing::{info, warn};
 

@@ -10,7 +10,7 @@ use glia_proto::provider::{
 };
 use glia_proto::{ContentBlock, LiveEvent, Usage};
 
-use crate::Conversation;
+use crate::{Conversation, Recording};
 
 /// Serves recorded conversations to runs whose model is `replay:{id}`.
 ///
@@ -44,6 +44,19 @@ impl ReplayProvider {
                 .collect(),
             tools,
         }
+    }
+}
+
+// Here rather than with the rest of `Recording`'s methods, so that the
+// recording module does not depend on the provider (which uses
+// `Conversation`).
+impl Recording {
+    /// The provider that serves every conversation of this recording.
+    pub fn provider(&self) -> ReplayProvider {
+        ReplayProvider::new(
+            self.conversations.iter().cloned(),
+            self.tools.iter().map(|t| t.name.clone()).collect(),
+        )
     }
 }
 

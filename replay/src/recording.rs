@@ -10,7 +10,6 @@ use glia_proto::{
     ToolSpec,
 };
 
-use crate::provider::ReplayProvider;
 use crate::tools::{CallKey, RecordedTool};
 
 /// One recorded conversation.
@@ -325,14 +324,6 @@ impl Recording {
             on_interrupted_call: InterruptedCall::RequireApproval,
             ..RunConfig::default()
         }
-    }
-
-    /// The provider that serves every conversation of this recording.
-    pub fn provider(&self) -> ReplayProvider {
-        ReplayProvider::new(
-            self.conversations.iter().cloned(),
-            self.tools.iter().map(|t| t.name.clone()).collect(),
-        )
     }
 
     /// A registry of the recorded tools, each returning recorded outputs.

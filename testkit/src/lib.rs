@@ -31,16 +31,12 @@
 pub mod bin;
 pub mod fleet;
 pub mod http;
+pub mod isolation;
 pub mod lying_mcp;
 pub mod postgres;
 pub mod proxy;
 pub mod require;
 pub mod tools;
-
-/// Private databases, prefixes, directories and service instances.
-pub mod isolation {
-    pub use glia_backends::testkit::*;
-}
 
 pub use glia_backends::testkit::{
     PrivateRabbit, PrivateRedis, RedisKeys, TempDir, TestDb, free_port,

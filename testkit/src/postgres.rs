@@ -74,7 +74,7 @@ impl PrivatePostgres {
         let pg = PrivatePostgres {
             bin,
             dir,
-            port: crate::free_port(),
+            port: crate::isolation::free_port(),
             as_postgres,
         };
         let out = pg

@@ -628,7 +628,7 @@ fn percentile(v: &[u64], p: f64) -> u64 {
 /// reserves, before every model call, at least what the call can use (its
 /// request at four characters a token plus `max_tokens`: more than the
 /// scripted provider reports), so the counter never lets the log pass the
-/// cap. Only a flushed counter does (`LedgerGate`, worker/src/fleet.rs): it
+/// cap. Only a flushed counter does (`LedgerGate`, worker/src/consumer.rs): it
 /// is rebuilt from the log, which does not hold the calls in flight at the
 /// flush, so each of them may be let past once more. A run has at most one
 /// model call in flight, and a tenant's clients drive one run each at a

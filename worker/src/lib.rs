@@ -6,11 +6,11 @@
 //! spend on the ledger, release or park. The loop itself lives in
 //! `glia-agent`, which links no storage.
 //!
-//! - [`fleet`]: the job consumer ([`fleet::Worker`]) and the ledger-backed
+//! - [`consumer`]: the job consumer ([`consumer::Worker`]) and the ledger-backed
 //!   budget gate;
 //! - [`metrics`]: a worker's Prometheus metrics and GenAI spans, derived from recorded events.
 
 #![warn(missing_docs)]
 
-pub mod fleet;
+pub mod consumer;
 pub mod metrics;

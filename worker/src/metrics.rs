@@ -4,7 +4,7 @@
 //!
 //! Nothing here is called by the loop: [`RunObserver`] derives everything
 //! from the events the worker's sink records (and the live deltas it
-//! forwards), and [`crate::fleet::Worker`] counts its own job handling.
+//! forwards), and [`crate::consumer::Worker`] counts its own job handling.
 //! Events are observed when the loop records them, so work that is
 //! abandoned (lease lost) and redone elsewhere is counted twice — as the
 //! model calls it made were.

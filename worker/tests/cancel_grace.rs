@@ -18,7 +18,7 @@ use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::testkit::{RedisKeys, TestDb};
 use glia_backends::{EventLog, JobQueue, Ledger, NewRun};
 use glia_proto::{Event, EventKind, Outcome, Resume, RunConfig, ToolErrorKind};
-use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::consumer::{Worker, WorkerOptions};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -18,7 +18,7 @@ use glia_proto::{
     BudgetLimits, Decision, Event, EventKind, Outcome, Policy, PolicyAction, PullPoint, Resume,
     RunConfig, RunState, ToolSpec,
 };
-use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::consumer::{Worker, WorkerOptions};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use uuid::Uuid;

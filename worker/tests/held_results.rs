@@ -35,7 +35,7 @@ use glia_proto::{
 };
 use glia_testkit::PrivatePostgres;
 use glia_testkit::postgres::StopMode;
-use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::consumer::{Worker, WorkerOptions};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -22,7 +22,7 @@ use glia_backends::{EventLog, JobQueue, NewRun};
 use glia_proto::{
     Decision, Event, EventKind, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState,
 };
-use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::consumer::{Worker, WorkerOptions};
 use serde_json::json;
 use tokio::sync::watch;
 use uuid::Uuid;

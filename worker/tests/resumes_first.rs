@@ -16,7 +16,7 @@ use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{EventLog, JobQueue, NewRun, RunStatus};
 use glia_proto::{Decision, Event, EventKind, Policy, PolicyAction, PullPoint, Resume, RunConfig};
-use glia_worker::fleet::{Worker, WorkerOptions};
+use glia_worker::consumer::{Worker, WorkerOptions};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
 use uuid::Uuid;

@@ -24,7 +24,7 @@ use glia_proto::{
     Event, EventKind, Limit, Outcome, PauseReason, Pricing, PullPoint, Resume, RunConfig, RunState,
     ToolSpec, Usage,
 };
-use glia_worker::fleet::{LedgerGate, Worker, WorkerOptions};
+use glia_worker::consumer::{LedgerGate, Worker, WorkerOptions};
 use serde_json::json;
 use tokio::sync::watch;
 use uuid::Uuid;

@@ -9,10 +9,10 @@
 //! and `active` in its last write, where the idempotency key is checked
 //! again. An upload that is refused, cut off or dropped by its caller is
 //! deleted (an `Uploading` guard); one left by a process that died is
-//! deleted by the next [`SqliteLog::open`] ([`recover`], which also releases
-//! the dead process's admission claims). So a refused batch stores nothing
-//! that anyone sees, and an upload never holds memory beyond its current
-//! chunk.
+//! deleted by the next [`SqliteLog::open`] (the parent's `recover_batches`,
+//! which also releases the dead process's admission claims). So a refused
+//! batch stores nothing that anyone sees, and an upload never holds memory
+//! beyond its current chunk.
 //!
 //! Reads that must agree with each other (spend: finished items and the
 //! live runs' events) run in one read transaction, one WAL snapshot.
@@ -158,19 +158,6 @@ fn forget_upload(conn: &Connection, id: &str) -> Result<(), LogError> {
     )
     .map_err(db("forget batch upload"))?;
     Ok(())
-}
-
-/// At open, holding the file lock, every upload and admission claim in the
-/// file is a dead process's: its uploads are deleted, and its claims are
-/// released at once (not after the claim lease), since the run a dead pass
-/// may have created is found again by the item's idempotency key
-/// (`glia-batch:{batch}:{custom_id}`) when the item is admitted again.
-pub(super) fn recover(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(
-        "DELETE FROM batch_items WHERE batch_id IN (SELECT id FROM batches WHERE state = 'uploading'); \
-         DELETE FROM batches WHERE state = 'uploading'; \
-         UPDATE batch_items SET state = 'queued', claimed_at = NULL WHERE state = 'admitting';",
-    )
 }
 
 /// The managed batch of `tenant` with idempotency `key`.

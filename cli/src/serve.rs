@@ -1,4 +1,5 @@
-//! The server side of the CLI: `glia dispatcher`, `glia worker`, `glia dev`.
+//! The server side of the CLI: `glia dispatcher`, `glia worker`, `glia dev`,
+//! `glia serve`.
 //! Each builds the three ports from URLs (or in memory) and runs the
 //! library's services until SIGINT/SIGTERM.
 //!
@@ -23,7 +24,7 @@ use glia_agent::provider::{Provider, ScriptLibrary};
 use glia_backends::{EVENT_LOG, EventLog, JOB_QUEUE, LEDGER};
 use glia_dispatcher::{Gate, Startup};
 use glia_providers::RateLimits;
-use glia_worker::fleet::{LedgerGate, WorkerOptions};
+use glia_worker::consumer::{LedgerGate, WorkerOptions};
 use glia_worker::metrics::WorkerMetrics;
 use tokio::sync::watch;
 use tracing::info;

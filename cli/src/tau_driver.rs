@@ -262,7 +262,7 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
                 .mcp_server
                 .as_deref()
                 .map(|name| (name, file.as_path(), tools.as_path()));
-            let fleet = crate::fleet::Embedded::start(
+            let fleet = crate::serve::Embedded::start(
                 &recording,
                 args.workers,
                 args.concurrency,

@@ -1,0 +1,3 @@
+//! Private databases, prefixes, directories and service instances.
+
+pub use glia_backends::testkit::*;
