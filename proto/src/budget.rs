@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{EventKind, Usage};
+use crate::content::Usage;
 
 /// Limits of one run. `None` means unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -242,13 +242,6 @@ impl Spend {
             tokens: usage.total(),
             cost_usd_micros,
         }
-    }
-
-    /// The model spend an event records ([`EventKind::spend`]: the kinds of
-    /// [`EventKind::SPEND_NAMES`] carry usage and cost); every other event `None`.
-    pub fn of_event(kind: &EventKind) -> Option<Spend> {
-        kind.spend()
-            .map(|(usage, cost_usd_micros)| Spend::of(usage, cost_usd_micros))
     }
 
     /// Both amounts added, saturating.
