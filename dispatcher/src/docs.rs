@@ -1,7 +1,10 @@
-//! OpenAPI plumbing: hand-written schemas for the contract types that live in `glia-proto` and
-//! `glia-backends` (which do not derive `utoipa::ToSchema`). Each marker type
-//! here stands for the real type in the document only; tests check the real
-//! types' JSON against these schemas.
+//! OpenAPI plumbing: schemas for the contract types that live in `glia-proto` and
+//! `glia-backends` (which do not derive `utoipa::ToSchema`). Types of
+//! glia-proto that derive `schemars::JsonSchema` (its feature `schemars`)
+//! are generated from the Rust types ([`generated_schemas`]); the others
+//! are hand-written here. Each marker type here stands for the real type in
+//! the document only; tests check the real types' JSON against these
+//! schemas.
 
 use std::borrow::Cow;
 
@@ -40,16 +43,14 @@ macro_rules! foreign_schema {
     };
 }
 
-/// Component name → hand-written JSON Schema, for the types defined outside this crate.
-pub fn foreign_schemas() -> Vec<(&'static str, Value)> {
-    vec![
-        ("BudgetLimits", BudgetLimitsDoc::json()),
+/// Component name → JSON Schema, for the types defined outside this crate:
+/// hand-written, then [`generated_schemas`].
+pub fn foreign_schemas() -> Vec<(String, Value)> {
+    let hand_written = vec![
         ("RunConfig", RunConfigDoc::json()),
         ("ToolSpec", ToolSpecDoc::json()),
         ("Policy", PolicyDoc::json()),
         ("Guardrails", GuardrailsDoc::json()),
-        ("CompactionSpec", CompactionSpecDoc::json()),
-        ("AgentRef", AgentRefDoc::json()),
         ("AgentDefinition", AgentDefinitionDoc::json()),
         ("RunSummary", RunSummaryDoc::json()),
         ("Event", EventDoc::json()),
@@ -62,7 +63,44 @@ pub fn foreign_schemas() -> Vec<(&'static str, Value)> {
         ("LiveEvent", LiveEventDoc::json()),
         ("ToolInputSchema", ToolInputSchemaDoc::json()),
         ("JsonSchemaNode", json_schema_node()),
-    ]
+    ];
+    hand_written
+        .into_iter()
+        .map(|(name, schema)| (name.to_owned(), schema))
+        .chain(generated_schemas())
+        .collect()
+}
+
+/// The JSON Schemas (2020-12) of glia-proto's types that derive
+/// `schemars::JsonSchema`, by component name: each root type and every type
+/// it references, references pointing into `#/components/schemas/`.
+/// Unsigned integers are bounded by their type's maximum (and lose
+/// schemars' non-standard `format`, `uint32` and the like).
+pub fn generated_schemas() -> Vec<(String, Value)> {
+    let mut generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.definitions_path = "/components/schemas".into();
+            s.meta_schema = None;
+        })
+        .with_transform(schemars::transform::RecursiveTransform(bounded_unsigned))
+        .into_generator();
+    generator.subschema_for::<glia_proto::BudgetLimits>();
+    generator.subschema_for::<glia_proto::CompactionSpec>();
+    generator.subschema_for::<glia_proto::AgentRef>();
+    generator.take_definitions(true).into_iter().collect()
+}
+
+/// schemars writes an unsigned integer as `format: uint32` (`uint64`,
+/// `uint` for usize) with `minimum: 0`; the document states the bound
+/// instead, as the hand-written schemas do.
+fn bounded_unsigned(schema: &mut schemars::Schema) {
+    let max = match schema.get("format").and_then(Value::as_str) {
+        Some("uint32") => u64::from(u32::MAX),
+        Some("uint64" | "uint") => MAX_U64,
+        _ => return,
+    };
+    schema.remove("format");
+    schema.insert("maximum".into(), json!(max));
 }
 
 /// A JSON Schema `pattern` for a string that is not blank: it holds a
@@ -216,22 +254,18 @@ const PULL_POINTS: [&str; 4] = [
     "paused",
 ];
 
-fn limits_json() -> Value {
-    let n = json!({"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64});
-    json!({
-        "type": "object",
-        "additionalProperties": false,
-        "description": "Budget limits; null or absent = unlimited. Units: counts, milliseconds of active time, tokens, USD micros (1 USD = 1,000,000).",
-        "properties": {
-            "max_turns": n, "max_tool_calls": n, "max_active_ms": n, "max_input_tokens": n,
-            "max_output_tokens": n, "max_cache_write_tokens": n, "max_cache_read_tokens": n, "max_cost_usd_micros": n
-        }
-    })
-}
-
 foreign_schema!(
-    /// `glia_proto::BudgetLimits`.
-    BudgetLimitsDoc, "BudgetLimits", limits_json());
+    /// `glia_proto::BudgetLimits` (generated).
+    BudgetLimitsDoc, "BudgetLimits", generated("BudgetLimits"));
+
+/// The generated schema of component `name`.
+fn generated(name: &str) -> Value {
+    generated_schemas()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, schema)| schema)
+        .unwrap_or_else(|| panic!("no generated schema {name}"))
+}
 
 foreign_schema!(
 /// `glia_proto::RunConfig`.
@@ -317,17 +351,6 @@ foreign_schema!(
             "output": {"type": "array", "maxItems": glia_proto::limits::MAX_GUARDRAIL_RULES, "items": text_rule_json()},
             "tool_results": {"type": "array", "maxItems": glia_proto::limits::MAX_GUARDRAIL_RULES, "items": text_rule_json(), "description": "Rules over tool results: redact rewrites the result (tool.result lists the rules in redactions), deny withholds it."},
             "max_input_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}, "max_output_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}));
-
-foreign_schema!(
-    /// `glia_proto::CompactionSpec`.
-    CompactionSpecDoc, "CompactionSpec", json!({"type": "object", "additionalProperties": false, "required": ["strategy", "max_tokens"],
-        "description": "Before a model call whose context is estimated (JSON bytes / 4) above max_tokens, the oldest turns are dropped or summarised, keeping the goal and keep_recent turns. Recorded as context.compacted.",
-        "properties": {"strategy": {"enum": ["drop_oldest", "summarize"]}, "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_U64}, "keep_recent": count(MAX_U64)}}));
-
-foreign_schema!(
-    /// `glia_proto::AgentRef`.
-    AgentRefDoc, "AgentRef", json!({"type": "object", "additionalProperties": false, "required": ["name", "version", "content_hash"], "properties": {
-        "name": {"type": "string"}, "version": {"type": "integer", "minimum": 1, "maximum": u32::MAX}, "content_hash": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}}}));
 
 foreign_schema!(
 /// `glia_proto::AgentDefinition`.
@@ -525,12 +548,9 @@ pub fn complete(doc: &mut Value) {
 /// component `/openapi.json` serves, with the components it references under
 /// `$defs`. `glia schemas` writes them to `schemas/`.
 pub fn config_schemas() -> Vec<(&'static str, Value)> {
-    // Both types and every component they reference are hand-written here
+    // Both types and every component they reference are here
     // ([`foreign_schemas`]): the document serves exactly these.
-    let components: serde_json::Map<String, Value> = foreign_schemas()
-        .into_iter()
-        .map(|(name, schema)| (name.to_owned(), schema))
-        .collect();
+    let components: serde_json::Map<String, Value> = foreign_schemas().into_iter().collect();
     [("run-config.schema.json", "RunConfig"), ("agent.schema.json", "AgentDefinition")]
         .into_iter()
         .map(|(file, root)| {

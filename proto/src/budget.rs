@@ -10,8 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::content::Usage;
 
-/// Limits of one run. `None` means unlimited.
+/// Limits of one run; `None` (null or absent) means unlimited. Units:
+/// counts, milliseconds of active time, tokens, USD micros (1 USD =
+/// 1,000,000).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct BudgetLimits {
     /// Model calls.

@@ -10,11 +10,13 @@ use crate::config_error::{ConfigError, config_error};
 /// turns; `summarize` replaces them with a summary the run's model writes.
 /// Recorded as `context.compacted`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CompactionSpec {
     /// `drop_oldest` or `summarize`.
     pub strategy: CompactionStrategy,
-    /// Token threshold (estimated).
+    /// Token threshold (estimated); at least 1.
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub max_tokens: u64,
     /// Turns always kept; default 2.
     #[serde(default = "default_keep_recent")]
@@ -27,6 +29,7 @@ fn default_keep_recent() -> usize {
 
 /// How [`CompactionSpec`] shrinks a context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CompactionStrategy {
     /// Remove the oldest turns, leaving a marked note.

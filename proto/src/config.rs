@@ -225,13 +225,16 @@ run_fields! {
 /// The definition a run was resolved from, recorded in its config
 /// (`session.start`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AgentRef {
     /// Agent name.
     pub name: String,
     /// Registry version, from 1.
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub version: u32,
     /// [`crate::AgentDefinition::content_hash`]: `sha256:` and 64 hex digits.
+    #[cfg_attr(feature = "schemars", schemars(extend("pattern" = "^sha256:[0-9a-f]{64}$")))]
     pub content_hash: String,
 }
 
