@@ -87,6 +87,9 @@ pub fn generated_schemas() -> Vec<(String, Value)> {
     generator.subschema_for::<glia_proto::BudgetLimits>();
     generator.subschema_for::<glia_proto::CompactionSpec>();
     generator.subschema_for::<glia_proto::AgentRef>();
+    generator.subschema_for::<glia_proto::Pricing>();
+    generator.subschema_for::<glia_proto::StopPolicy>();
+    generator.subschema_for::<glia_proto::ToolPolicy>();
     generator.take_definitions(true).into_iter().collect()
 }
 
@@ -285,18 +288,13 @@ RunConfigDoc, "RunConfig", json!({
         "planner": {"enum": ["single", "model"]},
         "output_schema": {"description": "JSON Schema of the final answer, given as the arguments of a forced tool: a schema of a JSON object, like a tool's.", "anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
         "max_reasks": count(u64::from(u32::MAX)),
-        "pricing": {"type": ["object", "null"], "additionalProperties": false, "description": "USD micros per million tokens; null counts cost as zero.", "required": ["input", "output", "cache_write", "cache_read"],
-            "properties": {"input": count(MAX_U64), "output": count(MAX_U64), "cache_write": count(MAX_U64), "cache_read": count(MAX_U64)}},
+        "pricing": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/Pricing"}], "description": "USD micros per million tokens; null counts cost as zero."},
         "max_tokens": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
         "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64, "description": "How long an approval may wait, ms; null waits forever."},
         "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."},
         "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."},
-        "stop_reasons": {"type": "object", "additionalProperties": false,
-            "description": "What the loop does with an answer that is not a finished turn, per class (defaults: truncated and empty re-ask; refusal, content_filter, context_window and unknown fail). No class can be made to succeed.",
-            "properties": {
-                "truncated": {"enum": ["reask", "pause", "fail"]}, "empty": {"enum": ["reask", "pause", "fail"]},
-                "refusal": {"enum": ["reask", "pause", "fail"]}, "content_filter": {"enum": ["reask", "pause", "fail"]},
-                "context_window": {"enum": ["reask", "pause", "fail"]}, "unknown": {"enum": ["reask", "pause", "fail"]}}},
+        "stop_reasons": {"$ref": "#/components/schemas/StopPolicy",
+            "description": "What the loop does with an answer that is not a finished turn, per class (defaults: truncated and empty re-ask; refusal, content_filter, context_window and unknown fail). No class can be made to succeed."},
         "mcp": mcp_json(),
         "http_tools": http_tools_json(),
         "tool_policy": tool_policy_json(),
@@ -402,9 +400,7 @@ fn http_tools_json() -> Value {
 fn tool_policy_json() -> Value {
     json!({"type": "object", "description": "Per tool name: overrides of an MCP tool's annotations (readOnlyHint/idempotentHint: idempotent; destructiveHint: requires approval) or an HTTP tool's fields, and return_direct (a hand-off: the result ends the run, unchecked by output guardrails and the output schema). Ignored for the worker's own tools.",
                 "propertyNames": {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
-                "additionalProperties": {"type": "object", "additionalProperties": false, "properties": {
-                    "requires_approval": {"type": ["boolean", "null"]}, "idempotent": {"type": ["boolean", "null"]}, "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64},
-                    "return_direct": {"type": ["boolean", "null"], "description": "A successful call ends the run with its result as the answer (a hand-off); output guardrails and the output schema do not see it."}}}})
+                "additionalProperties": {"$ref": "#/components/schemas/ToolPolicy"}})
 }
 
 fn pull_point_json() -> Value {

@@ -191,6 +191,7 @@ impl BudgetLimits {
 /// $3.75, cache read $0.30 is `Pricing { input: 3_000_000, output: 15_000_000,
 /// cache_write: 3_750_000, cache_read: 300_000 }`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Pricing {
     /// USD micros per million uncached input tokens.

@@ -76,6 +76,7 @@ fn default_max_response_bytes() -> u64 {
 /// makes it require approval; an HTTP tool's own fields). Unset fields keep
 /// the default.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ToolPolicy {
     /// A person approves each call before it runs (`awaiting_approval`).
@@ -84,8 +85,9 @@ pub struct ToolPolicy {
     /// Safe to run again with the same idempotency key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotent: Option<bool>,
-    /// Per-call timeout in ms.
+    /// Per-call timeout in ms; at least 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub timeout_ms: Option<u64>,
     /// A successful call ends the run with its result as the answer
     /// ([`crate::ToolSpec::return_direct`]: a hand-off tool); default false.
