@@ -90,6 +90,7 @@ pub fn generated_schemas() -> Vec<(String, Value)> {
     generator.subschema_for::<glia_proto::Pricing>();
     generator.subschema_for::<glia_proto::StopPolicy>();
     generator.subschema_for::<glia_proto::ToolPolicy>();
+    generator.subschema_for::<glia_proto::McpToolSource>();
     generator.take_definitions(true).into_iter().collect()
 }
 
@@ -106,10 +107,9 @@ fn bounded_unsigned(schema: &mut schemars::Schema) {
     schema.insert("maximum".into(), json!(max));
 }
 
-/// A JSON Schema `pattern` for a string that is not blank: it holds a
-/// character other than Unicode White_Space (what Rust's `str::trim`
-/// removes), spelled out so every regex dialect reads it the same way.
-pub const NOT_BLANK: &str = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]";
+/// A JSON Schema `pattern` for a string that is not blank
+/// ([`glia_proto::config_error::NOT_BLANK`]).
+pub const NOT_BLANK: &str = glia_proto::config_error::NOT_BLANK;
 
 /// The documented maximum of the API's unsigned 64-bit integer fields.
 pub const MAX_U64: u64 = u64::MAX;
@@ -383,8 +383,7 @@ AgentDefinitionDoc, "AgentDefinition", json!({
 /// `RunConfig.mcp` and `AgentDefinition.mcp` ([`glia_proto::McpToolSource`]).
 fn mcp_json() -> Value {
     json!({"type": "array", "description": "Tools of the operator's MCP servers: a catalogue server name and an explicit, non-empty allow list of its tool names. A server the catalogue lacks is refused (422 naming the field).",
-                "items": {"type": "object", "additionalProperties": false, "required": ["server", "allow"], "properties": {
-                    "server": {"type": "string", "pattern": NOT_BLANK}, "allow": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}}}}})
+                "items": {"$ref": "#/components/schemas/McpToolSource"}})
 }
 
 /// `RunConfig.http_tools` and `AgentDefinition.http_tools` ([`glia_proto::HttpTool`]).

@@ -21,6 +21,15 @@ pub(crate) fn config_error(field: impl Into<String>, reason: impl Into<String>) 
     }
 }
 
+/// Tool names both provider APIs accept, as a regex ([`TOOL_NAME`]).
+pub const TOOL_NAME_PATTERN: &str = "^[a-zA-Z0-9_-]{1,64}$";
+
 /// Tool names both provider APIs accept.
 pub(crate) static TOOL_NAME: std::sync::LazyLock<regex::Regex> =
-    std::sync::LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
+    std::sync::LazyLock::new(|| regex::Regex::new(TOOL_NAME_PATTERN).expect("valid regex"));
+
+/// A JSON Schema `pattern` for a string that is not blank (the checks'
+/// `trim().is_empty()`): it holds a character other than Unicode
+/// White_Space (what Rust's `str::trim` removes), spelled out so every
+/// regex dialect reads it the same way.
+pub const NOT_BLANK: &str = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]";

@@ -24,11 +24,23 @@ use serde_json::Value;
 /// tool under its own MCP name, so two sources offering the same name are an
 /// error at step start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct McpToolSource {
     /// Name of an MCP server in the operator's catalogue (`[mcp_servers.NAME]`).
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(pattern(crate::config_error::NOT_BLANK))
+    )]
     pub server: String,
     /// Tool names of that server the model is offered, at least one.
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(
+            length(min = 1),
+            inner(pattern(crate::config_error::TOOL_NAME_PATTERN))
+        )
+    )]
     pub allow: Vec<String>,
 }
 
