@@ -57,7 +57,7 @@ use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
 use crate::tool::{ToolContext, ToolFailure, ToolRegistry};
 use crate::tool_sources::{OfferError, ToolSources};
 use glia_proto::HeldResult;
-use glia_proto::agent::CompiledGuardrails;
+use glia_proto::guardrails::CompiledGuardrails;
 
 /// Where the loop's events go: a Vec in tests, Postgres in the fleet.
 ///

@@ -846,10 +846,7 @@ async fn bad_rows_are_errors_not_panics() {
     sql.execute("UPDATE outbox SET job = '{\"run\": 1}'", &[])
         .await
         .unwrap();
-    assert!(matches!(
-        log.outbox(10).await,
-        Err(LogError::Corrupt(_))
-    ));
+    assert!(matches!(log.outbox(10).await, Err(LogError::Corrupt(_))));
     log.post(
         s.run_id,
         Resume::Input {

@@ -223,7 +223,7 @@ pub(crate) fn screen_input(
 
 /// [`screen_input`] with the guardrails compiled already.
 pub(crate) fn screen_compiled(
-    compiled: &glia_proto::agent::CompiledGuardrails,
+    compiled: &glia_proto::guardrails::CompiledGuardrails,
     field: &str,
     text: &str,
 ) -> Result<(String, Vec<glia_proto::Redaction>), ApiError> {

@@ -128,7 +128,7 @@ pub(crate) struct ItemRules {
     /// The input guardrails of the batch's config (an agent's resolved),
     /// compiled once: they screen each item's goal that has no config of
     /// its own.
-    screen: glia_proto::agent::CompiledGuardrails,
+    screen: glia_proto::guardrails::CompiledGuardrails,
 }
 
 impl ItemRules {
@@ -185,7 +185,7 @@ pub(crate) fn patched_config(
 /// deny rule refuses fails the submission naming the item's `goal`, the
 /// rule and the length, and is stored nowhere.
 pub(crate) fn screened_goal(
-    screen: &glia_proto::agent::CompiledGuardrails,
+    screen: &glia_proto::guardrails::CompiledGuardrails,
     goal: &str,
 ) -> Result<(), (Option<String>, String)> {
     match crate::admission::screen_compiled(screen, "goal", goal) {

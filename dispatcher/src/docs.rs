@@ -1,7 +1,10 @@
-//! OpenAPI plumbing: hand-written schemas for the contract types that live in `glia-proto` and
-//! `glia-backends` (which do not derive `utoipa::ToSchema`). Each marker type
-//! here stands for the real type in the document only; tests check the real
-//! types' JSON against these schemas.
+//! OpenAPI plumbing: schemas for the contract types that live in `glia-proto` and
+//! `glia-backends` (which do not derive `utoipa::ToSchema`). Types of
+//! glia-proto that derive `schemars::JsonSchema` (its feature `schemars`)
+//! are generated from the Rust types ([`generated_schemas`]); the others
+//! are hand-written here. Each marker type here stands for the real type in
+//! the document only; tests check the real types' JSON against these
+//! schemas.
 
 use std::borrow::Cow;
 
@@ -40,16 +43,14 @@ macro_rules! foreign_schema {
     };
 }
 
-/// Component name → hand-written JSON Schema, for the types defined outside this crate.
-pub fn foreign_schemas() -> Vec<(&'static str, Value)> {
-    vec![
-        ("BudgetLimits", BudgetLimitsDoc::json()),
+/// Component name → JSON Schema, for the types defined outside this crate:
+/// hand-written, then [`generated_schemas`].
+pub fn foreign_schemas() -> Vec<(String, Value)> {
+    let hand_written = vec![
         ("RunConfig", RunConfigDoc::json()),
         ("ToolSpec", ToolSpecDoc::json()),
         ("Policy", PolicyDoc::json()),
         ("Guardrails", GuardrailsDoc::json()),
-        ("CompactionSpec", CompactionSpecDoc::json()),
-        ("AgentRef", AgentRefDoc::json()),
         ("AgentDefinition", AgentDefinitionDoc::json()),
         ("RunSummary", RunSummaryDoc::json()),
         ("Event", EventDoc::json()),
@@ -62,13 +63,53 @@ pub fn foreign_schemas() -> Vec<(&'static str, Value)> {
         ("LiveEvent", LiveEventDoc::json()),
         ("ToolInputSchema", ToolInputSchemaDoc::json()),
         ("JsonSchemaNode", json_schema_node()),
-    ]
+    ];
+    hand_written
+        .into_iter()
+        .map(|(name, schema)| (name.to_owned(), schema))
+        .chain(generated_schemas())
+        .collect()
 }
 
-/// A JSON Schema `pattern` for a string that is not blank: it holds a
-/// character other than Unicode White_Space (what Rust's `str::trim`
-/// removes), spelled out so every regex dialect reads it the same way.
-pub const NOT_BLANK: &str = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]";
+/// The JSON Schemas (2020-12) of glia-proto's types that derive
+/// `schemars::JsonSchema`, by component name: each root type and every type
+/// it references, references pointing into `#/components/schemas/`.
+/// Unsigned integers are bounded by their type's maximum (and lose
+/// schemars' non-standard `format`, `uint32` and the like).
+pub fn generated_schemas() -> Vec<(String, Value)> {
+    let mut generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.definitions_path = "/components/schemas".into();
+            s.meta_schema = None;
+        })
+        .with_transform(schemars::transform::RecursiveTransform(bounded_unsigned))
+        .into_generator();
+    generator.subschema_for::<glia_proto::BudgetLimits>();
+    generator.subschema_for::<glia_proto::CompactionSpec>();
+    generator.subschema_for::<glia_proto::AgentRef>();
+    generator.subschema_for::<glia_proto::Pricing>();
+    generator.subschema_for::<glia_proto::StopPolicy>();
+    generator.subschema_for::<glia_proto::ToolPolicy>();
+    generator.subschema_for::<glia_proto::McpToolSource>();
+    generator.take_definitions(true).into_iter().collect()
+}
+
+/// schemars writes an unsigned integer as `format: uint32` (`uint64`,
+/// `uint` for usize) with `minimum: 0`; the document states the bound
+/// instead, as the hand-written schemas do.
+fn bounded_unsigned(schema: &mut schemars::Schema) {
+    let max = match schema.get("format").and_then(Value::as_str) {
+        Some("uint32") => u64::from(u32::MAX),
+        Some("uint64" | "uint") => MAX_U64,
+        _ => return,
+    };
+    schema.remove("format");
+    schema.insert("maximum".into(), json!(max));
+}
+
+/// A JSON Schema `pattern` for a string that is not blank
+/// ([`glia_proto::config_error::NOT_BLANK`]).
+pub const NOT_BLANK: &str = glia_proto::config_error::NOT_BLANK;
 
 /// The documented maximum of the API's unsigned 64-bit integer fields.
 pub const MAX_U64: u64 = u64::MAX;
@@ -216,22 +257,18 @@ const PULL_POINTS: [&str; 4] = [
     "paused",
 ];
 
-fn limits_json() -> Value {
-    let n = json!({"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64});
-    json!({
-        "type": "object",
-        "additionalProperties": false,
-        "description": "Budget limits; null or absent = unlimited. Units: counts, milliseconds of active time, tokens, USD micros (1 USD = 1,000,000).",
-        "properties": {
-            "max_turns": n, "max_tool_calls": n, "max_active_ms": n, "max_input_tokens": n,
-            "max_output_tokens": n, "max_cache_write_tokens": n, "max_cache_read_tokens": n, "max_cost_usd_micros": n
-        }
-    })
-}
-
 foreign_schema!(
-    /// `glia_proto::BudgetLimits`.
-    BudgetLimitsDoc, "BudgetLimits", limits_json());
+    /// `glia_proto::BudgetLimits` (generated).
+    BudgetLimitsDoc, "BudgetLimits", generated("BudgetLimits"));
+
+/// The generated schema of component `name`.
+fn generated(name: &str) -> Value {
+    generated_schemas()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, schema)| schema)
+        .unwrap_or_else(|| panic!("no generated schema {name}"))
+}
 
 foreign_schema!(
 /// `glia_proto::RunConfig`.
@@ -251,18 +288,13 @@ RunConfigDoc, "RunConfig", json!({
         "planner": {"enum": ["single", "model"]},
         "output_schema": {"description": "JSON Schema of the final answer, given as the arguments of a forced tool: a schema of a JSON object, like a tool's.", "anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
         "max_reasks": count(u64::from(u32::MAX)),
-        "pricing": {"type": ["object", "null"], "additionalProperties": false, "description": "USD micros per million tokens; null counts cost as zero.", "required": ["input", "output", "cache_write", "cache_read"],
-            "properties": {"input": count(MAX_U64), "output": count(MAX_U64), "cache_write": count(MAX_U64), "cache_read": count(MAX_U64)}},
+        "pricing": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/Pricing"}], "description": "USD micros per million tokens; null counts cost as zero."},
         "max_tokens": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
         "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64, "description": "How long an approval may wait, ms; null waits forever."},
         "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."},
         "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."},
-        "stop_reasons": {"type": "object", "additionalProperties": false,
-            "description": "What the loop does with an answer that is not a finished turn, per class (defaults: truncated and empty re-ask; refusal, content_filter, context_window and unknown fail). No class can be made to succeed.",
-            "properties": {
-                "truncated": {"enum": ["reask", "pause", "fail"]}, "empty": {"enum": ["reask", "pause", "fail"]},
-                "refusal": {"enum": ["reask", "pause", "fail"]}, "content_filter": {"enum": ["reask", "pause", "fail"]},
-                "context_window": {"enum": ["reask", "pause", "fail"]}, "unknown": {"enum": ["reask", "pause", "fail"]}}},
+        "stop_reasons": {"$ref": "#/components/schemas/StopPolicy",
+            "description": "What the loop does with an answer that is not a finished turn, per class (defaults: truncated and empty re-ask; refusal, content_filter, context_window and unknown fail). No class can be made to succeed."},
         "mcp": mcp_json(),
         "http_tools": http_tools_json(),
         "tool_policy": tool_policy_json(),
@@ -319,17 +351,6 @@ foreign_schema!(
             "max_input_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}, "max_output_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}));
 
 foreign_schema!(
-    /// `glia_proto::CompactionSpec`.
-    CompactionSpecDoc, "CompactionSpec", json!({"type": "object", "additionalProperties": false, "required": ["strategy", "max_tokens"],
-        "description": "Before a model call whose context is estimated (JSON bytes / 4) above max_tokens, the oldest turns are dropped or summarised, keeping the goal and keep_recent turns. Recorded as context.compacted.",
-        "properties": {"strategy": {"enum": ["drop_oldest", "summarize"]}, "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_U64}, "keep_recent": count(MAX_U64)}}));
-
-foreign_schema!(
-    /// `glia_proto::AgentRef`.
-    AgentRefDoc, "AgentRef", json!({"type": "object", "additionalProperties": false, "required": ["name", "version", "content_hash"], "properties": {
-        "name": {"type": "string"}, "version": {"type": "integer", "minimum": 1, "maximum": u32::MAX}, "content_hash": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}}}));
-
-foreign_schema!(
 /// `glia_proto::AgentDefinition`.
 AgentDefinitionDoc, "AgentDefinition", json!({
     "type": "object",
@@ -362,8 +383,7 @@ AgentDefinitionDoc, "AgentDefinition", json!({
 /// `RunConfig.mcp` and `AgentDefinition.mcp` ([`glia_proto::McpToolSource`]).
 fn mcp_json() -> Value {
     json!({"type": "array", "description": "Tools of the operator's MCP servers: a catalogue server name and an explicit, non-empty allow list of its tool names. A server the catalogue lacks is refused (422 naming the field).",
-                "items": {"type": "object", "additionalProperties": false, "required": ["server", "allow"], "properties": {
-                    "server": {"type": "string", "pattern": NOT_BLANK}, "allow": {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}}}}})
+                "items": {"$ref": "#/components/schemas/McpToolSource"}})
 }
 
 /// `RunConfig.http_tools` and `AgentDefinition.http_tools` ([`glia_proto::HttpTool`]).
@@ -379,9 +399,7 @@ fn http_tools_json() -> Value {
 fn tool_policy_json() -> Value {
     json!({"type": "object", "description": "Per tool name: overrides of an MCP tool's annotations (readOnlyHint/idempotentHint: idempotent; destructiveHint: requires approval) or an HTTP tool's fields, and return_direct (a hand-off: the result ends the run, unchecked by output guardrails and the output schema). Ignored for the worker's own tools.",
                 "propertyNames": {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
-                "additionalProperties": {"type": "object", "additionalProperties": false, "properties": {
-                    "requires_approval": {"type": ["boolean", "null"]}, "idempotent": {"type": ["boolean", "null"]}, "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64},
-                    "return_direct": {"type": ["boolean", "null"], "description": "A successful call ends the run with its result as the answer (a hand-off); output guardrails and the output schema do not see it."}}}})
+                "additionalProperties": {"$ref": "#/components/schemas/ToolPolicy"}})
 }
 
 fn pull_point_json() -> Value {
@@ -525,12 +543,9 @@ pub fn complete(doc: &mut Value) {
 /// component `/openapi.json` serves, with the components it references under
 /// `$defs`. `glia schemas` writes them to `schemas/`.
 pub fn config_schemas() -> Vec<(&'static str, Value)> {
-    // Both types and every component they reference are hand-written here
+    // Both types and every component they reference are here
     // ([`foreign_schemas`]): the document serves exactly these.
-    let components: serde_json::Map<String, Value> = foreign_schemas()
-        .into_iter()
-        .map(|(name, schema)| (name.to_owned(), schema))
-        .collect();
+    let components: serde_json::Map<String, Value> = foreign_schemas().into_iter().collect();
     [("run-config.schema.json", "RunConfig"), ("agent.schema.json", "AgentDefinition")]
         .into_iter()
         .map(|(file, root)| {

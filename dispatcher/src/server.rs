@@ -118,7 +118,7 @@ pub fn openapi() -> serde_json::Value {
     let doc = routes().split_for_parts().1;
     let mut json = serde_json::to_value(doc).expect("the OpenAPI document serialises");
     for (name, schema) in docs::foreign_schemas() {
-        json["components"]["schemas"][name] = schema;
+        json["components"]["schemas"][name.as_str()] = schema;
     }
     docs::complete(&mut json);
     json

@@ -8,34 +8,27 @@
 //! `self::b::…`, `super::…`, or a child module's bare name (`b::…` after
 //! `mod b;`). A path naming an item of the crate root (`crate::App`) is
 //! followed to the module the root re-exports it from. `mod` declarations
-//! are not edges; comments and string literals are ignored.
-//!
-//! A crate listed in [`NOT_YET_ACYCLIC`] may still have circles (they are
-//! printed, not failed); the list must name only crates that have one.
+//! are not edges; comments and string literals are ignored. A test module
+//! in its own file (`group/tests.rs`) is a module like any other; an inline
+//! `#[cfg(test)] mod tests { … }` counts as its file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-
-/// Packages whose circles other work is removing. Empty it as they go: the
-/// test fails on a package listed here that has no circle left.
-const NOT_YET_ACYCLIC: &[&str] = &["glia-proto"];
 
 #[test]
 fn no_import_circles_in_the_workspace() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut failures = Vec::new();
-    let mut stale = Vec::new();
     let mut crates_seen = 0;
     for member in workspace_members(&root) {
         let dir = root.join(&member);
         let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).expect("member manifest");
         let package = package_name(&manifest);
-        let mut circles = Vec::new();
         for crate_root in crate_roots(&dir, &manifest) {
             crates_seen += 1;
             let graph = Graph::of_crate(&crate_root);
             for cycle in graph.cycles() {
-                circles.push(format!(
+                failures.push(format!(
                     "{} ({}): {}",
                     package,
                     crate_root
@@ -46,17 +39,6 @@ fn no_import_circles_in_the_workspace() {
                 ));
             }
         }
-        let pending = NOT_YET_ACYCLIC.contains(&package.as_str());
-        match (circles.is_empty(), pending) {
-            (true, true) => stale.push(package),
-            (false, true) => {
-                for c in &circles {
-                    eprintln!("known circle (NOT_YET_ACYCLIC): {c}");
-                }
-            }
-            (false, false) => failures.extend(circles),
-            (true, false) => {}
-        }
     }
     assert!(
         crates_seen > 5,
@@ -66,10 +48,6 @@ fn no_import_circles_in_the_workspace() {
         failures.is_empty(),
         "import circles:\n{}",
         failures.join("\n")
-    );
-    assert!(
-        stale.is_empty(),
-        "listed in NOT_YET_ACYCLIC but free of circles now, remove them: {stale:?}"
     );
 }
 

@@ -8,10 +8,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{EventKind, Usage};
+use crate::content::Usage;
 
-/// Limits of one run. `None` means unlimited.
+/// Limits of one run; `None` (null or absent) means unlimited. Units:
+/// counts, milliseconds of active time, tokens, USD micros (1 USD =
+/// 1,000,000).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct BudgetLimits {
     /// Model calls.
@@ -188,6 +191,7 @@ impl BudgetLimits {
 /// $3.75, cache read $0.30 is `Pricing { input: 3_000_000, output: 15_000_000,
 /// cache_write: 3_750_000, cache_read: 300_000 }`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Pricing {
     /// USD micros per million uncached input tokens.
@@ -242,13 +246,6 @@ impl Spend {
             tokens: usage.total(),
             cost_usd_micros,
         }
-    }
-
-    /// The model spend an event records ([`EventKind::spend`]: the kinds of
-    /// [`EventKind::SPEND_NAMES`] carry usage and cost); every other event `None`.
-    pub fn of_event(kind: &EventKind) -> Option<Spend> {
-        kind.spend()
-            .map(|(usage, cost_usd_micros)| Spend::of(usage, cost_usd_micros))
     }
 
     /// Both amounts added, saturating.

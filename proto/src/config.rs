@@ -1,96 +1,241 @@
 //! A run's configuration: recorded once in `session.start`, so replay and
 //! every worker see the same settings.
+//!
+//! A run config and an agent definition ([`crate::AgentDefinition`]) share
+//! most of their fields; the macro `run_fields!` declares those once for both.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::agent::{AgentRef, CompactionSpec, Guardrails};
 use crate::budget::{BudgetLimits, Pricing};
+use crate::config_error::{ConfigError, TOOL_NAME, config_error};
+use crate::guardrails::Guardrails;
+use crate::limits::{MAX_PATTERN_BYTES, MAX_POLICIES, MAX_TOOLS, check_schema, over};
 use crate::stop::StopPolicy;
-use crate::tool_sources::{HttpTool, McpToolSource, ResolvedPolicy, ToolPolicy, ToolSource};
+use crate::tool_sources::{ResolvedPolicy, ToolSource};
 use std::collections::BTreeMap;
+
+/// Name of the forced tool through which a run with an output schema answers.
+pub const OUTPUT_TOOL: &str = "final_output";
 
 /// Default cap on model calls within one turn (one user input to one answer).
 pub const DEFAULT_MAX_MODEL_CALLS_PER_TURN: u32 = 16;
 /// Default cap on re-asks after a rejected answer.
 pub const DEFAULT_MAX_REASKS: u32 = 2;
 
-/// What a run is allowed to do and how it is driven.
+/// Declares a struct with the fields a [`RunConfig`] and an
+/// [`crate::AgentDefinition`] share, each declared once here (its doc, its
+/// type, its serde attributes), where the struct's field list says
+/// `common NAME,`; the struct's other fields are written as usual. A
+/// shared field may take attributes of its own struct after its name
+/// (`common guardrails #[serde(skip_serializing_if = "…")],`): the two
+/// structs serialise a few of them differently.
 ///
-/// JSON example: `{"model": "claude-sonnet-4-5", "system": "You are …",
-/// "policies": [{"tool": "refund", "action": {"kind": "require_approval"}}],
-/// "budget": {"max_turns": 20}, "conversational": true}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RunConfig {
-    /// Provider model name, e.g. `claude-sonnet-4-5`.
-    pub model: String,
-    /// Stable system prompt (the cacheable prefix).
-    pub system: String,
-    /// Names of the worker's registered tools this run may call; `None` = all the
-    /// worker has (`glia worker` has the demo tools only with `--demo`).
-    pub tools: Option<Vec<String>>,
-    /// Client-executed tools: the run parks at `awaiting_tool` until a result
-    /// is posted.
-    pub external_tools: Vec<ToolSpec>,
-    /// Declarative tool-call policies, first match wins; no match = allow.
-    pub policies: Vec<Policy>,
-    /// Per-run budget.
-    pub budget: BudgetLimits,
-    /// Model calls allowed per turn; a wrap-up notice precedes the last one.
-    pub max_model_calls_per_turn: u32,
-    /// When true the run parks at `awaiting_input` after each answer instead of
-    /// finishing; it finishes when the caller closes it.
-    pub conversational: bool,
-    /// Which planner drafts the plan.
-    pub planner: PlannerKind,
-    /// JSON Schema of the final answer; when set the model answers through the
-    /// forced tool [`crate::OUTPUT_TOOL`] and its arguments are validated.
-    pub output_schema: Option<Value>,
-    /// Re-asks allowed after a rejected answer (guardrail or invalid output).
-    pub max_reasks: u32,
-    /// Prices for cost accounting; `None` counts cost as zero.
-    pub pricing: Option<Pricing>,
-    /// Output token cap per model call.
-    pub max_tokens: u32,
-    /// How long an approval may wait, in ms; `None` waits forever.
-    pub approval_timeout_ms: Option<u64>,
-    /// What the reconciler does with an approval past its deadline.
-    pub on_approval_timeout: ApprovalTimeout,
-    /// What happens to a non-idempotent call whose worker died while it ran
-    /// (an idempotent one simply runs again with the same idempotency key).
-    pub on_interrupted_call: InterruptedCall,
-    /// What the loop does with an answer that is not a finished turn (cut off
-    /// by the output limit, empty, refused, filtered, an unknown stop
-    /// reason): re-ask, pause or fail, per class. See [`crate::stop`].
-    pub stop_reasons: StopPolicy,
-    /// Declarative guardrails over the goal, user messages and answers
-    /// (see [`crate::agent::Guardrails`]); empty by default.
-    #[serde(skip_serializing_if = "Guardrails::is_empty")]
-    pub guardrails: Guardrails,
-    /// Declarative compaction before model calls; `None` never compacts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub compaction: Option<CompactionSpec>,
-    /// The agent definition this config was resolved from (name, version,
-    /// content hash), recorded so a run never depends on the registry later.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent: Option<AgentRef>,
-    /// Tools of the operator's MCP servers this run may use, by catalogue
-    /// server name and an explicit allow list ([`crate::tool_sources`]).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub mcp: Vec<McpToolSource>,
-    /// Tools the worker runs as JSON POSTs to catalogue-allowed origins.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub http_tools: Vec<HttpTool>,
-    /// Per-tool overrides (approval, idempotency, timeout, hand-off) by tool
-    /// name, for MCP tools (over their annotations) and HTTP tools; ignored
-    /// for the worker's own tools.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub tool_policy: BTreeMap<String, ToolPolicy>,
-    /// Name of a model provider in the operator's catalogue; `None` = the
-    /// worker's default provider.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub provider: Option<String>,
+/// A macro, not a shared struct under `#[serde(flatten)]`: flatten does
+/// not work with `deny_unknown_fields`, and strict parsing
+/// ([`crate::strict`]) refuses unknown fields naming their path.
+///
+/// Shared fields carry field-level serde defaults equal to
+/// `RunConfig::default()`'s values, so both structs read absent fields
+/// alike; `model` has none (a definition must name it; a config takes its
+/// container default).
+macro_rules! run_fields {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($body:tt)* }) => {
+        $crate::config::run_fields!(@munch [$(#[$meta])* $vis struct $name] [] $($body)*);
+    };
+    (@munch [$($head:tt)*] [$($done:tt)*]) => {
+        $($head)* { $($done)* }
+    };
+    (@munch $head:tt [$($done:tt)*] common $field:ident $(#[$extra:meta])*, $($rest:tt)*) => {
+        $crate::config::run_fields!(@common $field [$(#[$extra])*] $head [$($done)*] $($rest)*);
+    };
+    (@munch $head:tt [$($done:tt)*] $(#[$m:meta])* $v:vis $field:ident : $ty:ty, $($rest:tt)*) => {
+        $crate::config::run_fields!(@munch $head [$($done)* $(#[$m])* $v $field: $ty,] $($rest)*);
+    };
+    (@common model $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Provider model name, e.g. `claude-sonnet-4-5`; not blank.
+            pub model: String
+        ] $($rest)*);
+    };
+    (@common system $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Stable system prompt (the cacheable prefix).
+            #[serde(default)]
+            pub system: String
+        ] $($rest)*);
+    };
+    (@common external_tools $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Client-executed tools: the run parks at `awaiting_tool` until a
+            /// result is posted.
+            #[serde(default)]
+            pub external_tools: Vec<$crate::config::ToolSpec>
+        ] $($rest)*);
+    };
+    (@common policies $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Declarative tool-call policies, first match wins; no match = allow.
+            #[serde(default)]
+            pub policies: Vec<$crate::config::Policy>
+        ] $($rest)*);
+    };
+    (@common budget $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Per-run budget.
+            #[serde(default)]
+            pub budget: $crate::budget::BudgetLimits
+        ] $($rest)*);
+    };
+    (@common conversational $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// When true the run parks at `awaiting_input` after each answer
+            /// instead of finishing; it finishes when the caller closes it.
+            #[serde(default)]
+            pub conversational: bool
+        ] $($rest)*);
+    };
+    (@common planner $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Which planner drafts the plan.
+            #[serde(default)]
+            pub planner: $crate::config::PlannerKind
+        ] $($rest)*);
+    };
+    (@common output_schema $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// JSON Schema of the final answer (a JSON object); when set the
+            /// model answers through the forced tool [`OUTPUT_TOOL`] and
+            /// its arguments are validated.
+            #[serde(default)]
+            pub output_schema: Option<serde_json::Value>
+        ] $($rest)*);
+    };
+    (@common approval_timeout_ms $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// How long an approval may wait, in ms; `None` waits forever.
+            #[serde(default)]
+            pub approval_timeout_ms: Option<u64>
+        ] $($rest)*);
+    };
+    (@common guardrails $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Declarative guardrails over the goal, user messages, answers
+            /// and tool results (see [`crate::Guardrails`]); empty by default.
+            #[serde(default)]
+            pub guardrails: $crate::guardrails::Guardrails
+        ] $($rest)*);
+    };
+    (@common compaction $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Declarative compaction before model calls; `None` never compacts.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub compaction: Option<$crate::compaction::CompactionSpec>
+        ] $($rest)*);
+    };
+    (@common mcp $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Tools of the operator's MCP servers the run may use, by catalogue
+            /// server name and an explicit allow list ([`crate::tool_sources`]).
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            pub mcp: Vec<$crate::tool_sources::McpToolSource>
+        ] $($rest)*);
+    };
+    (@common http_tools $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Tools the worker runs as JSON POSTs to catalogue-allowed origins.
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            pub http_tools: Vec<$crate::tool_sources::HttpTool>
+        ] $($rest)*);
+    };
+    (@common tool_policy $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Per-tool overrides (approval, idempotency, timeout, hand-off) by
+            /// tool name, for MCP tools (over their annotations) and HTTP tools;
+            /// ignored for the worker's own tools.
+            #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+            pub tool_policy: std::collections::BTreeMap<String, $crate::tool_sources::ToolPolicy>
+        ] $($rest)*);
+    };
+    (@common provider $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Name of a model provider in the operator's catalogue (e.g.
+            /// `anthropic`); `None` = the worker's default provider.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub provider: Option<String>
+        ] $($rest)*);
+    };
+    (@field $head:tt [$($done:tt)*] [$($extra:tt)*] [$($decl:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@munch $head [$($done)* $($extra)* $($decl)*,] $($rest)*);
+    };
+}
+pub(crate) use run_fields;
+
+run_fields! {
+    /// What a run is allowed to do and how it is driven.
+    ///
+    /// JSON example: `{"model": "claude-sonnet-4-5", "system": "You are …",
+    /// "policies": [{"tool": "refund", "action": {"kind": "require_approval"}}],
+    /// "budget": {"max_turns": 20}, "conversational": true}`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct RunConfig {
+        common model,
+        common system,
+        /// Names of the worker's registered tools this run may call; `None` = all the
+        /// worker has (`glia worker` has the demo tools only with `--demo`).
+        pub tools: Option<Vec<String>>,
+        common external_tools,
+        common policies,
+        common budget,
+        /// Model calls allowed per turn; a wrap-up notice precedes the last one.
+        pub max_model_calls_per_turn: u32,
+        common conversational,
+        common planner,
+        common output_schema,
+        /// Re-asks allowed after a rejected answer (guardrail or invalid output).
+        pub max_reasks: u32,
+        /// Prices for cost accounting; `None` counts cost as zero.
+        pub pricing: Option<Pricing>,
+        /// Output token cap per model call.
+        pub max_tokens: u32,
+        common approval_timeout_ms,
+        /// What the reconciler does with an approval past its deadline.
+        pub on_approval_timeout: ApprovalTimeout,
+        /// What happens to a non-idempotent call whose worker died while it ran
+        /// (an idempotent one simply runs again with the same idempotency key).
+        pub on_interrupted_call: InterruptedCall,
+        /// What the loop does with an answer that is not a finished turn (cut off
+        /// by the output limit, empty, refused, filtered, an unknown stop
+        /// reason): re-ask, pause or fail, per class. See [`crate::stop`].
+        pub stop_reasons: StopPolicy,
+        common guardrails #[serde(skip_serializing_if = "Guardrails::is_empty")],
+        common compaction,
+        /// The agent definition this config was resolved from (name, version,
+        /// content hash), recorded so a run never depends on the registry later.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub agent: Option<AgentRef>,
+        common mcp,
+        common http_tools,
+        common tool_policy,
+        common provider,
+    }
+}
+
+/// The definition a run was resolved from, recorded in its config
+/// (`session.start`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AgentRef {
+    /// Agent name.
+    pub name: String,
+    /// Registry version, from 1.
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
+    pub version: u32,
+    /// [`crate::AgentDefinition::content_hash`]: `sha256:` and 64 hex digits.
+    #[cfg_attr(feature = "schemars", schemars(extend("pattern" = "^sha256:[0-9a-f]{64}$")))]
+    pub content_hash: String,
 }
 
 /// What happens to a non-idempotent tool call a crash interrupted: it was
@@ -253,29 +398,6 @@ fn default_cancel_grace_ms() -> u64 {
     DEFAULT_CANCEL_GRACE_MS
 }
 
-/// A run configuration glia cannot run: the offending field, as a path from
-/// the config (`external_tools[1].input_schema`, `output_schema`,
-/// `policies[0].args`), and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct ConfigError {
-    /// Path of the field from the config's root, e.g. `external_tools[1].input_schema`.
-    pub field: String,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
-pub(crate) fn config_error(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
-        field: field.into(),
-        reason: reason.into(),
-    }
-}
-
-/// Tool names both provider APIs accept.
-pub(crate) static TOOL_NAME: std::sync::LazyLock<regex::Regex> =
-    std::sync::LazyLock::new(|| regex::Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("valid regex"));
-
 /// Compile `schema` as the JSON Schema of a tool's arguments (or of a run's
 /// final output, which the model gives as the arguments of a forced tool).
 ///
@@ -315,6 +437,81 @@ pub fn json_type(value: &Value) -> &'static str {
 }
 
 impl RunConfig {
+    /// Check every bound of [`crate::limits`] on the config, counting and measuring
+    /// only (nothing is compiled). Errors name the field (`guardrails`,
+    /// `policies`, `external_tools[2].input_schema`) and the limit.
+    fn check_limits(&self) -> Result<(), ConfigError> {
+        let config = self;
+        crate::guardrails::check_guardrails(&config.guardrails)
+            .map_err(|e| config_error(format!("guardrails.{}", e.field), e.reason))?;
+        if config.policies.len() > MAX_POLICIES {
+            return Err(over(
+                "policies",
+                format!("{} policies", config.policies.len()),
+                MAX_POLICIES,
+                "max_policies",
+            ));
+        }
+        let policy_bytes: usize = config
+            .policies
+            .iter()
+            .filter_map(|p| p.args.as_ref())
+            .map(String::len)
+            .sum();
+        if policy_bytes > MAX_PATTERN_BYTES {
+            return Err(over(
+                "policies",
+                format!("{policy_bytes} bytes of args patterns"),
+                MAX_PATTERN_BYTES,
+                "max_pattern_bytes",
+            ));
+        }
+        let tools = config.tools.as_ref().map_or(0, Vec::len)
+            + config.external_tools.len()
+            + config.http_tools.len()
+            + config.mcp.iter().map(|m| m.allow.len()).sum::<usize>();
+        if tools > MAX_TOOLS {
+            return Err(over(
+                "tools",
+                format!(
+                    "{tools} tools (tools, external_tools, http_tools and mcp allow lists together)"
+                ),
+                MAX_TOOLS,
+                "max_tools",
+            ));
+        }
+        if config.tool_policy.len() > MAX_TOOLS {
+            return Err(over(
+                "tool_policy",
+                format!("{} entries", config.tool_policy.len()),
+                MAX_TOOLS,
+                "max_tools",
+            ));
+        }
+        let schemas = config
+            .external_tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("external_tools[{i}].input_schema"), &t.input_schema))
+            .chain(
+                config
+                    .http_tools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (format!("http_tools[{i}].input_schema"), &t.input_schema)),
+            )
+            .chain(
+                config
+                    .output_schema
+                    .iter()
+                    .map(|s| ("output_schema".to_owned(), s)),
+            );
+        for (field, schema) in schemas {
+            check_schema(&field, schema)?;
+        }
+        Ok(())
+    }
+
     /// The checks of [`crate::tool_sources`] fields that need no catalogue:
     /// MCP sources name a server and at least one valid tool, listed once;
     /// HTTP tools have valid names distinct from every other tool, compiling
@@ -366,7 +563,7 @@ impl RunConfig {
                     format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name),
                 ));
             }
-            if t.name == crate::OUTPUT_TOOL || !names.insert(t.name.as_str()) {
+            if t.name == OUTPUT_TOOL || !names.insert(t.name.as_str()) {
                 return Err(config_error(
                     field("name"),
                     format!("{:?} is taken by another tool", t.name),
@@ -409,7 +606,7 @@ impl RunConfig {
     /// Every check that needs no worker: the bounds of [`crate::limits`]
     /// (counted before anything compiles); the model is named; the per-turn
     /// caps are at least 1; external tools have valid, distinct names (not
-    /// [`crate::OUTPUT_TOOL`]) and input schemas that compile
+    /// [`OUTPUT_TOOL`]) and input schemas that compile
     /// ([`compile_tool_schema`]); policies name a tool and their `args`
     /// regexes compile; the output schema compiles. The dispatcher runs it at
     /// admission (422), the CLI before it submits or runs, the worker before
@@ -424,7 +621,7 @@ impl RunConfig {
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         // Counts and sizes first, before anything is compiled.
-        crate::limits::check_config(self)?;
+        self.check_limits()?;
         if self.model.trim().is_empty() {
             return Err(config_error("model", "is blank"));
         }
@@ -446,7 +643,7 @@ impl RunConfig {
                     format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name),
                 ));
             }
-            if t.name == crate::OUTPUT_TOOL {
+            if t.name == OUTPUT_TOOL {
                 return Err(config_error(
                     field("name"),
                     format!("{:?} is reserved for the output schema's tool", t.name),
@@ -527,7 +724,7 @@ impl RunConfig {
         );
         names.extend(self.tools.iter().flatten().map(String::as_str));
         if self.output_schema.is_some() {
-            names.push(crate::OUTPUT_TOOL);
+            names.push(OUTPUT_TOOL);
         }
         (names, self.tools.is_some())
     }
@@ -654,4 +851,69 @@ pub enum PolicyAction {
         /// Reminder text.
         text: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guardrails::TextRule;
+
+    fn rule(i: usize, pattern: &str) -> TextRule {
+        TextRule {
+            name: format!("r{i}"),
+            deny: Some(pattern.into()),
+            ..TextRule::default()
+        }
+    }
+
+    #[test]
+    fn counts_are_checked_before_anything_compiles() {
+        let mut config = RunConfig::default();
+        config.guardrails.input = (0..500).map(|i| rule(i, "x{19999}")).collect();
+        let e = config.validate().unwrap_err();
+        assert_eq!(e.field, "guardrails.input");
+        assert!(
+            e.reason.contains("500 rules") && e.reason.contains("max_guardrail_rules"),
+            "{e}"
+        );
+        // 64 rules pass the count, but each one's share of the budget is too small for x{19999}.
+        config.guardrails.input.truncate(64);
+        let e = config.validate().unwrap_err();
+        assert_eq!(e.field, "guardrails.input[0].deny");
+        assert!(e.reason.contains("size limit"), "{e}");
+        config.guardrails.input = vec![
+            rule(0, r"\b\d{4}[ -]?\d{4}[ -]?\d{4}[ -]?\d{4}\b"),
+            TextRule {
+                name: "email".into(),
+                redact: Some(r"[\w.+-]+@[\w-]+\.[\w.]+".into()),
+                ..TextRule::default()
+            },
+        ];
+        config.validate().unwrap();
+        config.guardrails.input = (0..64)
+            .map(|i| rule(i, r"[\w.+-]+@[\w-]+\.[\w.]+"))
+            .collect();
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn schemas_are_bounded_in_depth_and_size() {
+        let mut deep = serde_json::json!({"type": "object"});
+        for _ in 0..40 {
+            deep = serde_json::json!({"type": "object", "properties": {"a": deep}});
+        }
+        let e = check_schema("output_schema", &deep).unwrap_err();
+        assert!(e.reason.contains("max_schema_depth"), "{e}");
+        let big = serde_json::json!({"type": "object", "description": "x".repeat(crate::limits::MAX_SCHEMA_BYTES)});
+        let e = check_schema("output_schema", &big).unwrap_err();
+        assert!(e.reason.contains("max_schema_bytes"), "{e}");
+        let mut config = RunConfig {
+            tools: Some((0..129).map(|i| format!("t{i}")).collect()),
+            ..RunConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().field, "tools");
+        config.tools = None;
+        config.output_schema = Some(deep);
+        assert_eq!(config.validate().unwrap_err().field, "output_schema");
+    }
 }

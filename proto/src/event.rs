@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::agent::Redaction;
-use crate::budget::{BudgetLimits, BudgetUsage, Limit};
+use crate::budget::{BudgetLimits, BudgetUsage, Limit, Spend};
 use crate::config::{RunConfig, ToolSpec};
+use crate::guardrails::Redaction;
 use crate::stop::RejectedAnswer;
 use crate::{Message, ToolContent, Usage};
 
@@ -860,4 +860,13 @@ pub enum Resume {
         /// Why.
         reason: String,
     },
+}
+
+impl Spend {
+    /// The model spend an event records ([`EventKind::spend`]: the kinds of
+    /// [`EventKind::SPEND_NAMES`] carry usage and cost); every other event `None`.
+    pub fn of_event(kind: &EventKind) -> Option<Spend> {
+        kind.spend()
+            .map(|(usage, cost_usd_micros)| Spend::of(usage, cost_usd_micros))
+    }
 }

@@ -9,7 +9,11 @@
 //! - [`config`]: a run's configuration, tool specs and policies;
 //! - [`limits`]: bounds on tenant input (rules, patterns, tools, schemas);
 //! - [`stop`]: stop reasons as outcomes: classes, the run's policy;
-//! - [`agent`]: agent definitions, declarative guardrails and compaction;
+//! - [`agent`]: agent definitions;
+//! - [`guardrails`]: declarative guardrails over input, output and tool results;
+//! - [`compaction`]: declarative compaction;
+//! - [`config_error`]: a configuration glia cannot run, naming the field;
+//! - [`json`]: canonical JSON and the argument hash;
 //! - [`strict`]: parsing configuration strictly, errors naming the path.
 //! - [`tool_sources`]: MCP and HTTP tools a run names, per-tool policy;
 //! - [`provider`]: the provider boundary (the [`Provider`] trait, request,
@@ -22,10 +26,14 @@
 
 pub mod agent;
 pub mod budget;
+pub mod compaction;
 pub mod config;
+pub mod config_error;
 pub mod content;
 pub mod event;
+pub mod guardrails;
 pub mod held;
+pub mod json;
 pub mod limits;
 pub mod marker;
 pub mod provider;
@@ -35,15 +43,14 @@ pub mod stop;
 pub mod strict;
 pub mod tool_sources;
 
-pub use agent::{
-    AgentDefinition, AgentRef, CompactionSpec, CompactionStrategy, Guardrails, Redaction, TextRule,
-    Withheld,
-};
+pub use agent::AgentDefinition;
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing, Spend, SpendCap};
+pub use compaction::{CompactionSpec, CompactionStrategy};
 pub use config::{
-    ApprovalTimeout, ConfigError, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, PlannerKind, Policy,
-    PolicyAction, RunConfig, ToolSpec, compile_tool_schema, json_type,
+    AgentRef, ApprovalTimeout, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, OUTPUT_TOOL, PlannerKind,
+    Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema, json_type,
 };
+pub use config_error::ConfigError;
 pub use content::{
     ContentBlock, IMAGE_MEDIA_TYPES, ImageSource, MAX_IMAGE_BASE64_LEN, Message, ResultBlock, Role,
     ToolContent, Usage,
@@ -52,7 +59,9 @@ pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent,
     Outcome, PauseReason, PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
 };
+pub use guardrails::{Guardrails, Redaction, TextRule, Withheld};
 pub use held::HeldResult;
+pub use json::{args_hash, canonical_json};
 pub use provider::{
     ModelRequest, ModelResponse, Provider, ProviderError, ProviderKind, ToolChoice,
     validate_request,
@@ -62,46 +71,6 @@ pub use stop::{ProtectedTurn, RefusedTurn, RejectedAnswer, StopAction, StopClass
 pub use tool_sources::{
     HttpTool, McpToolSource, PolicyOrigin, ResolvedPolicy, ToolPolicy, ToolSource,
 };
-
-use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-/// Name of the forced tool through which a run with an output schema answers.
-pub const OUTPUT_TOOL: &str = "final_output";
-
-/// `value` as JSON with object keys sorted at every level and no whitespace:
-/// the form hashed by [`args_hash`] and matched by policy regexes.
-///
-/// ```
-/// let v = serde_json::json!({"b": 1, "a": {"d": [2], "c": null}});
-/// assert_eq!(glia_proto::canonical_json(&v), r#"{"a":{"c":null,"d":[2]},"b":1}"#);
-/// ```
-pub fn canonical_json(value: &Value) -> String {
-    fn sorted(v: &Value) -> Value {
-        match v {
-            Value::Object(map) => {
-                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-                Value::Object(
-                    entries
-                        .into_iter()
-                        .map(|(k, v)| (k.clone(), sorted(v)))
-                        .collect(),
-                )
-            }
-            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
-    sorted(value).to_string()
-}
-
-/// SHA-256 of [`canonical_json`] of `input`, lowercase hex (64 chars). An
-/// approval binds to this hash.
-pub fn args_hash(input: &Value) -> String {
-    let digest = Sha256::digest(canonical_json(input).as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 pub mod testing;
 

@@ -2,8 +2,7 @@
 //! run config (or an agent definition) may carry, how large its regexes and
 //! tool schemas may be, in one place. The table is `docs/limits.md`.
 //!
-//! Every bound is checked by [`check_config`] (called first by
-//! [`crate::RunConfig::validate`], so at admission, at `PUT /v1/agents`, at
+//! Every bound is checked by [`crate::RunConfig::validate`] first (so at admission, at `PUT /v1/agents`, at
 //! `glia agents apply` and again at the worker) by COUNTING and MEASURING
 //! what was given, before any regex or schema is compiled. Regexes are then
 //! compiled with [`compile_regex`], which gives each regex of a set an equal
@@ -16,8 +15,7 @@
 use regex::{Regex, RegexBuilder};
 use serde_json::Value;
 
-use crate::agent::Guardrails;
-use crate::config::{ConfigError, RunConfig, config_error};
+use crate::config_error::{ConfigError, config_error};
 
 /// Rules in one guardrail set (`input`, `output` and `tool_results` together).
 pub const MAX_GUARDRAIL_RULES: usize = 64;
@@ -45,134 +43,11 @@ pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 /// Nesting depth of one schema (objects and arrays; `{}` is depth 1).
 pub const MAX_SCHEMA_DEPTH: usize = 32;
 
-fn over(field: &str, what: String, max: usize, limit: &str) -> ConfigError {
+pub(crate) fn over(field: &str, what: String, max: usize, limit: &str) -> ConfigError {
     config_error(
         field,
         format!("{what}, more than the {max} allowed ({limit})"),
     )
-}
-
-/// Check every bound of this module on `config`, counting and measuring
-/// only (nothing is compiled). Errors name the field (`guardrails`,
-/// `policies`, `external_tools[2].input_schema`) and the limit.
-pub fn check_config(config: &RunConfig) -> Result<(), ConfigError> {
-    check_guardrails(&config.guardrails)
-        .map_err(|e| config_error(format!("guardrails.{}", e.field), e.reason))?;
-    if config.policies.len() > MAX_POLICIES {
-        return Err(over(
-            "policies",
-            format!("{} policies", config.policies.len()),
-            MAX_POLICIES,
-            "max_policies",
-        ));
-    }
-    let policy_bytes: usize = config
-        .policies
-        .iter()
-        .filter_map(|p| p.args.as_ref())
-        .map(String::len)
-        .sum();
-    if policy_bytes > MAX_PATTERN_BYTES {
-        return Err(over(
-            "policies",
-            format!("{policy_bytes} bytes of args patterns"),
-            MAX_PATTERN_BYTES,
-            "max_pattern_bytes",
-        ));
-    }
-    let tools = config.tools.as_ref().map_or(0, Vec::len)
-        + config.external_tools.len()
-        + config.http_tools.len()
-        + config.mcp.iter().map(|m| m.allow.len()).sum::<usize>();
-    if tools > MAX_TOOLS {
-        return Err(over(
-            "tools",
-            format!(
-                "{tools} tools (tools, external_tools, http_tools and mcp allow lists together)"
-            ),
-            MAX_TOOLS,
-            "max_tools",
-        ));
-    }
-    if config.tool_policy.len() > MAX_TOOLS {
-        return Err(over(
-            "tool_policy",
-            format!("{} entries", config.tool_policy.len()),
-            MAX_TOOLS,
-            "max_tools",
-        ));
-    }
-    let schemas = config
-        .external_tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (format!("external_tools[{i}].input_schema"), &t.input_schema))
-        .chain(
-            config
-                .http_tools
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (format!("http_tools[{i}].input_schema"), &t.input_schema)),
-        )
-        .chain(
-            config
-                .output_schema
-                .iter()
-                .map(|s| ("output_schema".to_owned(), s)),
-        );
-    for (field, schema) in schemas {
-        check_schema(&field, schema)?;
-    }
-    Ok(())
-}
-
-/// Check the bounds of one guardrail set, counting only: at most
-/// [`MAX_GUARDRAIL_RULES`] rules and [`MAX_PATTERN_BYTES`] bytes of patterns
-/// over `input`, `output` and `tool_results` together. Errors name the
-/// field from the set where the bound was crossed (`input` for a list that
-/// takes the count over, `output[3].redact` for the pattern that takes the
-/// bytes over).
-pub fn check_guardrails(g: &Guardrails) -> Result<(), ConfigError> {
-    let mut rules = 0;
-    for (side, list) in [
-        ("input", &g.input),
-        ("output", &g.output),
-        ("tool_results", &g.tool_results),
-    ] {
-        rules += list.len();
-        if rules > MAX_GUARDRAIL_RULES {
-            return Err(over(
-                side,
-                format!("{rules} rules in the set"),
-                MAX_GUARDRAIL_RULES,
-                "max_guardrail_rules",
-            ));
-        }
-    }
-    let mut bytes = 0;
-    for (side, list) in [
-        ("input", &g.input),
-        ("output", &g.output),
-        ("tool_results", &g.tool_results),
-    ] {
-        for (i, r) in list.iter().enumerate() {
-            let (key, len) = match (&r.deny, &r.redact) {
-                (Some(p), _) => ("deny", p.len()),
-                (None, Some(p)) => ("redact", p.len()),
-                (None, None) => continue,
-            };
-            bytes += len;
-            if bytes > MAX_PATTERN_BYTES {
-                return Err(over(
-                    &format!("{side}[{i}].{key}"),
-                    format!("{bytes} bytes of patterns in the set"),
-                    MAX_PATTERN_BYTES,
-                    "max_pattern_bytes",
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Check one JSON Schema against [`MAX_SCHEMA_DEPTH`] and [`MAX_SCHEMA_BYTES`]
@@ -241,70 +116,4 @@ pub fn compile_regex(pattern: &str, set_size: usize) -> Result<Regex, regex::Err
         .size_limit((REGEX_SIZE_BUDGET / n).min(MAX_REGEX_SIZE))
         .dfa_size_limit((REGEX_DFA_BUDGET / n).min(2 << 20))
         .build()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::agent::TextRule;
-
-    fn rule(i: usize, pattern: &str) -> TextRule {
-        TextRule {
-            name: format!("r{i}"),
-            deny: Some(pattern.into()),
-            ..TextRule::default()
-        }
-    }
-
-    #[test]
-    fn counts_are_checked_before_anything_compiles() {
-        let mut config = RunConfig::default();
-        config.guardrails.input = (0..500).map(|i| rule(i, "x{19999}")).collect();
-        let e = config.validate().unwrap_err();
-        assert_eq!(e.field, "guardrails.input");
-        assert!(
-            e.reason.contains("500 rules") && e.reason.contains("max_guardrail_rules"),
-            "{e}"
-        );
-        // 64 rules pass the count, but each one's share of the budget is too small for x{19999}.
-        config.guardrails.input.truncate(64);
-        let e = config.validate().unwrap_err();
-        assert_eq!(e.field, "guardrails.input[0].deny");
-        assert!(e.reason.contains("size limit"), "{e}");
-        config.guardrails.input = vec![
-            rule(0, r"\b\d{4}[ -]?\d{4}[ -]?\d{4}[ -]?\d{4}\b"),
-            TextRule {
-                name: "email".into(),
-                redact: Some(r"[\w.+-]+@[\w-]+\.[\w.]+".into()),
-                ..TextRule::default()
-            },
-        ];
-        config.validate().unwrap();
-        config.guardrails.input = (0..64)
-            .map(|i| rule(i, r"[\w.+-]+@[\w-]+\.[\w.]+"))
-            .collect();
-        config.validate().unwrap();
-    }
-
-    #[test]
-    fn schemas_are_bounded_in_depth_and_size() {
-        let mut deep = serde_json::json!({"type": "object"});
-        for _ in 0..40 {
-            deep = serde_json::json!({"type": "object", "properties": {"a": deep}});
-        }
-        let e = check_schema("output_schema", &deep).unwrap_err();
-        assert!(e.reason.contains("max_schema_depth"), "{e}");
-        let big =
-            serde_json::json!({"type": "object", "description": "x".repeat(MAX_SCHEMA_BYTES)});
-        let e = check_schema("output_schema", &big).unwrap_err();
-        assert!(e.reason.contains("max_schema_bytes"), "{e}");
-        let mut config = RunConfig {
-            tools: Some((0..129).map(|i| format!("t{i}")).collect()),
-            ..RunConfig::default()
-        };
-        assert_eq!(config.validate().unwrap_err().field, "tools");
-        config.tools = None;
-        config.output_schema = Some(deep);
-        assert_eq!(config.validate().unwrap_err().field, "output_schema");
-    }
 }

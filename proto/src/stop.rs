@@ -122,6 +122,7 @@ impl StopClass {
 
 /// What the loop does with an answer that is not a finished turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StopAction {
     /// Tell the model why (a marked notice in the last user turn) and call it
@@ -152,6 +153,7 @@ impl StopAction {
 /// JSON example: `{"truncated": "pause", "refusal": "fail"}` (missing fields
 /// keep their defaults; unknown fields are refused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct StopPolicy {
     /// `max_tokens` / `length` / `pause_turn`. Default: re-ask.

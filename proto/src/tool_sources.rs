@@ -24,11 +24,23 @@ use serde_json::Value;
 /// tool under its own MCP name, so two sources offering the same name are an
 /// error at step start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct McpToolSource {
     /// Name of an MCP server in the operator's catalogue (`[mcp_servers.NAME]`).
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(pattern(crate::config_error::NOT_BLANK))
+    )]
     pub server: String,
     /// Tool names of that server the model is offered, at least one.
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(
+            length(min = 1),
+            inner(pattern(crate::config_error::TOOL_NAME_PATTERN))
+        )
+    )]
     pub allow: Vec<String>,
 }
 
@@ -76,6 +88,7 @@ fn default_max_response_bytes() -> u64 {
 /// makes it require approval; an HTTP tool's own fields). Unset fields keep
 /// the default.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ToolPolicy {
     /// A person approves each call before it runs (`awaiting_approval`).
@@ -84,8 +97,9 @@ pub struct ToolPolicy {
     /// Safe to run again with the same idempotency key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotent: Option<bool>,
-    /// Per-call timeout in ms.
+    /// Per-call timeout in ms; at least 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub timeout_ms: Option<u64>,
     /// A successful call ends the run with its result as the answer
     /// ([`crate::ToolSpec::return_direct`]: a hand-off tool); default false.
