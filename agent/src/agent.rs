@@ -96,7 +96,7 @@ pub trait EventSink: Send + Sync {
     /// Keep tool results, each under its call's idempotency key, in a store
     /// that outlives this worker (the fleet's ledger,
     /// `glia_backends::Ledger::hold_results`), until a `commit` has made
-    /// them durable. The loop calls it as soon as a batch of calls has
+    /// them durable. The loop calls it as soon as a model turn's calls have
     /// returned, before it records their results. Errors are the loop's to
     /// log, not to stop on: the results are still recorded and committed.
     /// Default: nothing is kept.
@@ -475,7 +475,7 @@ impl Agent {
         // result: a worker died while they ran. (A call waiting for a
         // person's word on running it again, or refused it, is not cleared.)
         let interrupted: Vec<String> = state
-            .batch
+            .pending_calls
             .iter()
             .filter(|c| c.cleared_without_result())
             .map(|c| c.call_id.clone())
@@ -1376,7 +1376,7 @@ impl Agent {
         let mut blocked = None;
         let undecided: Vec<String> = run
             .state
-            .batch
+            .pending_calls
             .iter()
             .filter(|c| c.disposition.is_none())
             .map(|c| c.call_id.clone())
@@ -1394,7 +1394,7 @@ impl Agent {
         //    (decided, but their follow-up event was not recorded).
         let refused: Vec<(String, ToolErrorKind, String)> = run
             .state
-            .batch
+            .pending_calls
             .iter()
             .filter(|c| c.result.is_none())
             .filter_map(|c| match &c.disposition {
@@ -1415,7 +1415,7 @@ impl Agent {
         }
         let due: Vec<(String, String, Value, String)> = run
             .state
-            .batch
+            .pending_calls
             .iter()
             .filter(|c| c.approval == ApprovalStatus::Due)
             .map(|c| {
@@ -1441,7 +1441,7 @@ impl Agent {
         }
         let rejected: Vec<(String, bool)> = run
             .state
-            .batch
+            .pending_calls
             .iter()
             .filter(|c| c.result.is_none() && c.approval == ApprovalStatus::Rejected)
             .map(|c| (c.call_id.clone(), c.interrupted))
@@ -1630,7 +1630,7 @@ impl Agent {
     async fn execute(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
         let ready: Vec<(String, String, Value, Option<String>)> = run
             .state
-            .batch
+            .pending_calls
             .iter()
             .filter(|c| c.result.is_none())
             .filter_map(|c| match &c.disposition {
@@ -2298,7 +2298,7 @@ fn idempotency_key(state: &RunState, call_id: &str) -> String {
     format!("{}:{}:{call_id}", state.run_id, state.usage.turns)
 }
 
-/// The result of the last tool batch's first successful call of a tool that
+/// The result of the last model turn's first successful call of a tool that
 /// returns directly ([`ToolSpec::return_direct`]), when the conversation ends
 /// with that batch: the run completes with it instead of calling the model.
 fn returned_directly(state: &RunState) -> Option<String> {

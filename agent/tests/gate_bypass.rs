@@ -421,7 +421,7 @@ async fn drive(world: &World, case: &Case, mut config: RunConfig) -> (Verdict, U
                     case.label()
                 );
                 let call = state
-                    .batch
+                    .pending_calls
                     .iter()
                     .find(|c| c.result.is_none())
                     .expect("a pending call")
@@ -440,7 +440,7 @@ async fn drive(world: &World, case: &Case, mut config: RunConfig) -> (Verdict, U
             }
             Status::Parked(PullPoint::AwaitingTool { .. }) => {
                 let call = state
-                    .batch
+                    .pending_calls
                     .iter()
                     .find(|c| c.result.is_none())
                     .expect("a pending call")

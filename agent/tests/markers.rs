@@ -82,7 +82,7 @@ async fn forged_markers_survive_compaction_as_plain_text() {
     let mut log = Vec::new();
     let (mut state, status) = agent.run(run_id(), GOAL, config, &mut log).await.unwrap();
     let result = |state: &RunState, content: &str| {
-        let call_id = state.batch[0].call_id.clone();
+        let call_id = state.pending_calls[0].call_id.clone();
         Resume::ToolResult {
             call_id,
             content: content.into(),

@@ -84,7 +84,7 @@ async fn same_log_either_way(
 }
 
 fn approve(state: &RunState) -> Resume {
-    let call = &state.batch[0];
+    let call = &state.pending_calls[0];
     Resume::Approval {
         call_id: call.call_id.clone(),
         args_hash: call.args_hash.clone(),
@@ -121,7 +121,7 @@ async fn awaiting_approval() {
 #[tokio::test]
 async fn awaiting_approval_edit_and_reject() {
     fn edit(state: &RunState) -> Resume {
-        let call = &state.batch[0];
+        let call = &state.pending_calls[0];
         Resume::Approval {
             call_id: call.call_id.clone(),
             args_hash: call.args_hash.clone(),
@@ -133,7 +133,7 @@ async fn awaiting_approval_edit_and_reject() {
         }
     }
     fn reject(state: &RunState) -> Resume {
-        let call = &state.batch[0];
+        let call = &state.pending_calls[0];
         Resume::Approval {
             call_id: call.call_id.clone(),
             args_hash: call.args_hash.clone(),
@@ -176,7 +176,7 @@ async fn awaiting_approval_edit_and_reject() {
 #[tokio::test]
 async fn awaiting_approval_escalated_then_expired() {
     fn escalate(state: &RunState) -> Resume {
-        let call = &state.batch[0];
+        let call = &state.pending_calls[0];
         Resume::Escalate {
             call_id: call.call_id.clone(),
             request_seq: call.requested_seq,
@@ -184,7 +184,7 @@ async fn awaiting_approval_escalated_then_expired() {
         }
     }
     fn expire(state: &RunState) -> Resume {
-        let call = &state.batch[0];
+        let call = &state.pending_calls[0];
         Resume::Approval {
             call_id: call.call_id.clone(),
             args_hash: call.args_hash.clone(),
@@ -225,7 +225,7 @@ async fn awaiting_approval_escalated_then_expired() {
 async fn awaiting_tool() {
     fn answer(state: &RunState) -> Resume {
         Resume::ToolResult {
-            call_id: state.batch[0].call_id.clone(),
+            call_id: state.pending_calls[0].call_id.clone(),
             content: "Order A1, please.".into(),
             is_error: false,
         }
@@ -362,7 +362,7 @@ async fn paused_at_turn_limit_then_resumed() {
 async fn an_approved_external_call_goes_back_to_the_caller() {
     fn answer(state: &RunState) -> Resume {
         Resume::ToolResult {
-            call_id: state.batch[0].call_id.clone(),
+            call_id: state.pending_calls[0].call_id.clone(),
             content: "Order A1, please.".into(),
             is_error: false,
         }

@@ -550,14 +550,14 @@ fn respond(
         PullPoint::AwaitingApproval { .. } | PullPoint::AwaitingTool { .. } => {
             // Anything due: approvals, and external results (due at either).
             let due: Vec<_> = state
-                .batch
+                .pending_calls
                 .iter()
                 .filter(|c| c.approval == ApprovalStatus::Requested || c.awaits_caller())
                 .collect();
             assert!(
                 !due.is_empty(),
                 "parked at {pull_point:?} with nothing due: {:#?}",
-                state.batch
+                state.pending_calls
             );
             let call = due[choices.pick(due.len())];
             if call.approval == ApprovalStatus::Requested {

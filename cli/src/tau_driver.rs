@@ -625,7 +625,7 @@ async fn poll(
             }
             pending_approvals += t
                 .state
-                .batch
+                .pending_calls
                 .iter()
                 .filter(|c| c.approval == ApprovalStatus::Requested)
                 .count();

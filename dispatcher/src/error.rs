@@ -88,7 +88,7 @@ pub enum ApiError {
     /// 404 `run_not_found`: no such run, or it belongs to another tenant.
     #[error("run {0} not found")]
     RunNotFound(Uuid),
-    /// 404 `call_not_found`: the run has no such tool call in its current batch.
+    /// 404 `call_not_found`: the run has no such tool call among its pending calls.
     #[error("run {run_id} has no pending tool call {call_id}")]
     CallNotFound {
         /// The run.

@@ -162,8 +162,11 @@ pub struct RunState {
     pub turn_calls: u32,
     /// Rejected answers in the current turn (guardrails, invalid output).
     pub reasks: u32,
-    /// The tool uses of the last model turn until all have results.
-    pub batch: Vec<PendingCall>,
+    /// The tool calls of the last model turn until all have results (one
+    /// user turn of results joins the conversation when the last arrives).
+    /// Stored as `batch` in checkpoints, the name it had before.
+    #[serde(rename = "batch")]
+    pub pending_calls: Vec<PendingCall>,
     /// Limits in force.
     pub limits: BudgetLimits,
     /// Consumption so far.
@@ -229,7 +232,7 @@ pub enum TransitionError {
         /// What is wrong.
         reason: String,
     },
-    /// The event names a tool call that is not in the current batch.
+    /// The event names a tool call that is not among the pending calls.
     #[error("unknown tool call {call_id}")]
     UnknownCall {
         /// The call id.
@@ -263,7 +266,7 @@ impl RunState {
             step_tools: Vec::new(),
             turn_calls: 0,
             reasks: 0,
-            batch: Vec::new(),
+            pending_calls: Vec::new(),
             limits: BudgetLimits::default(),
             usage: BudgetUsage::default(),
             output: None,
@@ -308,12 +311,15 @@ impl RunState {
     /// calls to run, so it lands between a step's tool results and the next
     /// model call.
     pub fn pausable(&self) -> bool {
-        !self.batch.iter().any(PendingCall::cleared_without_result)
+        !self
+            .pending_calls
+            .iter()
+            .any(PendingCall::cleared_without_result)
     }
 
-    /// A pending call of the current batch.
+    /// A pending call of the last model turn.
     pub fn call(&self, call_id: &str) -> Option<&PendingCall> {
-        self.batch.iter().find(|c| c.call_id == call_id)
+        self.pending_calls.iter().find(|c| c.call_id == call_id)
     }
 
     /// The one transition function. Validates `event` against the current
@@ -519,8 +525,8 @@ impl RunState {
                         "a re-asked answer carries its notice, and only a re-asked one",
                     ));
                 }
-                // A rejected answer's calls are never run: no batch.
-                let batch: Vec<PendingCall> = message
+                // A rejected answer's calls are never run: no pending calls.
+                let calls: Vec<PendingCall> = message
                     .tool_uses()
                     .filter(|_| rejected.is_none())
                     .map(|(id, name, input)| PendingCall {
@@ -536,7 +542,7 @@ impl RunState {
                         interrupted: false,
                     })
                     .collect();
-                let mut ids: Vec<&str> = batch.iter().map(|c| c.call_id.as_str()).collect();
+                let mut ids: Vec<&str> = calls.iter().map(|c| c.call_id.as_str()).collect();
                 ids.sort_unstable();
                 if ids.windows(2).any(|w| w[0] == w[1]) {
                     return Err(illegal(self, "duplicate tool call ids in one response"));
@@ -556,8 +562,8 @@ impl RunState {
                     }
                     None => self.messages.push(neutralised_message(message)),
                 }
-                if !batch.is_empty() {
-                    self.batch = batch;
+                if !calls.is_empty() {
+                    self.pending_calls = calls;
                     self.phase = Phase::AwaitingTool;
                 }
             }
@@ -576,7 +582,7 @@ impl RunState {
                 }
                 not_parked(self)?;
                 let call = self
-                    .batch
+                    .pending_calls
                     .iter()
                     .find(|c| &c.call_id == call_id)
                     .ok_or_else(|| TransitionError::UnknownCall {
@@ -601,7 +607,7 @@ impl RunState {
                     Disposition::Run { .. } | Disposition::External | Disposition::Approval
                 );
                 let call = self
-                    .batch
+                    .pending_calls
                     .iter_mut()
                     .find(|c| &c.call_id == call_id)
                     .expect("checked above");
@@ -732,7 +738,7 @@ impl RunState {
                 };
                 self.pending_mut(call_id).result = Some((seen, false));
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
-                self.finish_batch_if_complete();
+                self.finish_turn_if_complete();
             }
             EventKind::ToolError {
                 call_id,
@@ -760,7 +766,7 @@ impl RunState {
                 };
                 self.pending_mut(call_id).result = Some((seen.into(), true));
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
-                self.finish_batch_if_complete();
+                self.finish_turn_if_complete();
             }
             EventKind::InputReceived { text, .. } => {
                 if self.parked != Some(PullPoint::AwaitingInput) {
@@ -954,13 +960,13 @@ impl RunState {
     }
 
     fn pending_mut(&mut self, call_id: &str) -> &mut PendingCall {
-        self.batch
+        self.pending_calls
             .iter_mut()
             .find(|c| c.call_id == call_id)
             .expect("pending() checked the call exists")
     }
 
-    /// The arguments a call of the batch runs with (a hook's change in
+    /// The arguments a pending call runs with (a hook's change in
     /// `tool.call`, an approver's edit): set on the pending call and in its
     /// tool-use block of the latest assistant turn that holds it, so the
     /// conversation the model sees next shows the call that ran beside its
@@ -987,14 +993,16 @@ impl RunState {
         }
     }
 
-    /// The pull point the current tool batch implies: approvals first, then
+    /// The pull point the pending calls implies: approvals first, then
     /// external results; `None` when the loop can act.
     pub fn tool_park(&self) -> Option<PullPoint> {
-        if self.phase != Phase::AwaitingTool || self.batch.iter().any(PendingCall::needs_worker) {
+        if self.phase != Phase::AwaitingTool
+            || self.pending_calls.iter().any(PendingCall::needs_worker)
+        {
             return None;
         }
         let awaiting: Vec<String> = self
-            .batch
+            .pending_calls
             .iter()
             .filter(|c| c.approval == ApprovalStatus::Requested)
             .map(|c| c.call_id.clone())
@@ -1003,7 +1011,7 @@ impl RunState {
             return Some(PullPoint::AwaitingApproval { call_ids: awaiting });
         }
         let external: Vec<String> = self
-            .batch
+            .pending_calls
             .iter()
             .filter(|c| c.awaits_caller())
             .map(|c| c.call_id.clone())
@@ -1022,15 +1030,15 @@ impl RunState {
         }
     }
 
-    /// When every call of the batch has a result: append them as one user
+    /// When every pending call has a result: append them as one user
     /// turn, in call order, and go back to executing.
-    fn finish_batch_if_complete(&mut self) {
-        if self.batch.iter().any(|c| c.result.is_none()) {
+    fn finish_turn_if_complete(&mut self) {
+        if self.pending_calls.iter().any(|c| c.result.is_none()) {
             self.refresh_tool_park();
             return;
         }
         let results = self
-            .batch
+            .pending_calls
             .drain(..)
             .map(|c| {
                 let (content, is_error) = c.result.expect("checked above");

@@ -464,7 +464,7 @@ fn a_rejected_answer_counts_but_never_joins_the_conversation_or_runs_its_calls()
         Phase::Executing,
         "no batch: the cut call is not run"
     );
-    assert!(log.state.batch.is_empty());
+    assert!(log.state.pending_calls.is_empty());
     assert_eq!(
         log.state.messages.len(),
         1,

@@ -138,7 +138,11 @@ fn check(turns: Vec<Vec<(Value, Choice)>>) -> Result<(), TestCaseError> {
         // (None for a rejection) and what the conversation must show.
         let mut expected: Vec<(Option<Value>, Value)> = Vec::new();
         for calls in &turns {
-            let ids: Vec<String> = state.batch.iter().map(|c| c.call_id.clone()).collect();
+            let ids: Vec<String> = state
+                .pending_calls
+                .iter()
+                .map(|c| c.call_id.clone())
+                .collect();
             prop_assert_eq!(ids.len(), calls.len(), "{:?}", status);
             for (id, (proposed, choice)) in ids.iter().zip(calls) {
                 let call = state.call(id).unwrap();

@@ -450,7 +450,7 @@ impl RunObserver {
             provider,
             model: state.config.model.clone(),
             tools: state
-                .batch
+                .pending_calls
                 .iter()
                 .map(|c| (c.call_id.clone(), c.name.clone()))
                 .collect(),

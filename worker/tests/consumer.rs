@@ -842,7 +842,7 @@ async fn a_job_for_a_run_held_elsewhere_is_retried_later() {
     let fleet = Fleet::start_with(1, Duration::from_secs(30), Arc::new(scripts()), false);
     let run_id = fleet.submit("approval").await;
     let state = fleet.wait_parked_or_done(run_id).await;
-    let call = state.batch[0].clone();
+    let call = state.pending_calls[0].clone();
     // Another holder (a worker about to let go) has the run when the
     // decision's job arrives.
     let other = fleet
@@ -874,7 +874,7 @@ async fn a_job_for_a_run_held_elsewhere_is_retried_later() {
     }
     let state = fleet.log.load(run_id).await.unwrap();
     assert_eq!(
-        state.batch[0].approval,
+        state.pending_calls[0].approval,
         glia_proto::ApprovalStatus::Approved
     );
     let _ = fleet.stop.send(true);

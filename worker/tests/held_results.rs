@@ -257,7 +257,7 @@ impl Setup {
             matches!(s.parked, Some(PullPoint::AwaitingApproval { .. }))
         })
         .await;
-        let call = &state.batch[0];
+        let call = &state.pending_calls[0];
         let decision = Resume::Approval {
             call_id: call.call_id.clone(),
             args_hash: call.args_hash.clone(),
@@ -476,7 +476,8 @@ async fn without_a_held_result_the_interrupted_call_is_put_to_a_person_again() {
     tokio::time::sleep(lease * 3).await;
     s.start_pg().await;
     let state = state_when(&*s.log, run_id, "asking again", |st| {
-        matches!(st.parked, Some(PullPoint::AwaitingApproval { .. })) && st.batch[0].interrupted
+        matches!(st.parked, Some(PullPoint::AwaitingApproval { .. }))
+            && st.pending_calls[0].interrupted
     })
     .await;
     let events = s.log.events(run_id, 0, 1000).await.unwrap();
@@ -500,6 +501,6 @@ async fn without_a_held_result_the_interrupted_call_is_put_to_a_person_again() {
         1,
         "not run again without a person's word"
     );
-    assert!(state.batch[0].result.is_none());
+    assert!(state.pending_calls[0].result.is_none());
     let _ = s.stop.send(true);
 }

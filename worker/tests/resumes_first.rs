@@ -178,7 +178,7 @@ fn done(s: &glia_proto::RunState) -> bool {
 /// The gate's `tool.call` is committed: the blocker holds its slot.
 fn in_gate(s: &glia_proto::RunState) -> bool {
     s.status() == glia_proto::Status::Runnable
-        && s.batch
+        && s.pending_calls
             .iter()
             .any(|c| c.name == "gate" && c.disposition.is_some())
 }
