@@ -1,7 +1,9 @@
 //! glia-backends: the three ports of the fleet and their adapters.
 //!
 //! - [`EventLog`]: the truth. Runs, their append-only event logs, leases,
-//!   checkpoints, the inbox of posted payloads, approvals, the outbox of jobs.
+//!   checkpoints, the inbox of posted payloads, approvals, the outbox of jobs,
+//!   agent definitions; one trait per concern ([`event_log`]: [`RunLog`],
+//!   [`Inbox`], [`Approvals`], [`Outbox`], [`AgentRegistry`], [`Reports`]).
 //!   Adapters: [`memory::MemoryLog`]; Postgres ([`postgres`]); SQLite
 //!   ([`sqlite`], the single node).
 //! - [`JobQueue`]: wake-ups. A [`Job`] names a run and the head sequence it
@@ -17,7 +19,7 @@
 //!
 //! Losing a queued job or a ledger key never loses a run: the reconciler
 //! re-enqueues runnable runs from the log, and a missing budget counter is
-//! rebuilt from the log ([`EventLog::tenant_usage`], [`Ledger::seed`]) before
+//! rebuilt from the log ([`Reports::tenant_usage`], [`Ledger::seed`]) before
 //! it is used.
 
 #![warn(missing_docs)]
@@ -26,6 +28,7 @@ pub mod archive;
 pub mod batches;
 #[cfg(feature = "testkit")]
 pub mod conformance;
+pub mod event_log;
 pub mod memory;
 pub mod postgres;
 pub mod rabbitmq;
@@ -44,6 +47,8 @@ use glia_proto::{Event, LiveEvent, Outcome, Phase, PullPoint, Resume, RunState, 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
+
+pub use event_log::{AgentRegistry, Approvals, EventLog, Inbox, Outbox, Reports, RunLog};
 
 /// The spend a ledger counts and the results it holds are the contract's
 /// (`glia_proto`): the loop speaks them without linking a backend.
@@ -69,7 +74,7 @@ pub struct Job {
     pub resume: bool,
 }
 
-/// A run with work and no live lease ([`EventLog::orphaned`]).
+/// A run with work and no live lease ([`Outbox::orphaned`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Orphan {
     /// The job that would wake it: at its head, a resume when a payload
@@ -238,7 +243,7 @@ pub struct InboxItem {
     pub payload: Resume,
 }
 
-/// What [`EventLog::open`] made of a job.
+/// What [`Inbox::open`] made of a job.
 // One per job, moved once into the loop: boxing the large variant would buy
 // nothing but an allocation.
 #[allow(clippy::large_enum_variant)]
@@ -254,7 +259,7 @@ pub enum Opening {
     Stale,
 }
 
-/// A run opened for a worker ([`EventLog::open`]).
+/// A run opened for a worker ([`Inbox::open`]).
 #[derive(Debug)]
 pub struct Opened {
     /// The worker's lease on the run.
@@ -414,234 +419,6 @@ impl LogError {
     }
 }
 
-/// The run store. Postgres in the fleet, [`memory::MemoryLog`] in `glia dev`.
-///
-/// Every write that causes work writes a [`Job`] to the outbox in the same
-/// transaction; a relay publishes outbox jobs after commit.
-#[async_trait]
-pub trait EventLog: Send + Sync {
-    /// Admit a run: its row, `session.start` and a job, atomically. With an
-    /// idempotency key already used by the tenant, returns that run and
-    /// `false`, writing nothing.
-    async fn create_run(&self, new: NewRun) -> Result<(RunSummary, bool), LogError>;
-
-    /// One run's summary. Errors: [`LogError::NotFound`].
-    async fn get_run(&self, run_id: Uuid) -> Result<RunSummary, LogError>;
-
-    /// A page of runs.
-    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError>;
-
-    /// Events with `seq > after`, in order, at most `limit`.
-    async fn events(&self, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError>;
-
-    /// The run's state: its latest checkpoint plus the events after it.
-    async fn load(&self, run_id: Uuid) -> Result<RunState, LogError>;
-
-    /// Take the run's lease for `ttl`. Errors: [`LogError::LeaseHeld`] when
-    /// another unexpired lease exists.
-    async fn acquire(&self, run_id: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError>;
-
-    /// Extend a lease. Errors: [`LogError::LeaseLost`].
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError>;
-
-    /// Give a lease up. Releasing a lost lease is not an error.
-    async fn release(&self, lease: &Lease) -> Result<(), LogError>;
-
-    /// Append `events` (consecutive, starting at the stored head + 1) in one
-    /// transaction fenced by the head and `lease`; update the run's summary
-    /// from `state` (its state after the events); mark inbox items `consumed`;
-    /// record approvals requested and resolved. Writes a checkpoint now and
-    /// then, never on every commit. Errors: [`LogError::Conflict`],
-    /// [`LogError::LeaseLost`]; nothing is written then.
-    async fn commit(
-        &self,
-        lease: &Lease,
-        events: &[Event],
-        state: &RunState,
-        consumed: &[i64],
-    ) -> Result<(), LogError>;
-
-    /// Queue a payload for a parked run and write a job. A payload with a
-    /// dedupe key already used for the run (an approval or an external
-    /// result for the same call, a second cancel) is refused with
-    /// [`LogError::Duplicate`]. Atomically with the write, and serialised
-    /// with other posts and commits of the run: a run that is done refuses
-    /// every payload ([`LogError::Finished`]); a run with a cancel waiting in
-    /// its inbox refuses every other payload ([`LogError::Cancelled`]), so
-    /// nothing posted after a cancel is accepted. Other validation against
-    /// the run's state is the caller's.
-    async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError>;
-
-    /// The run's unconsumed inbox items, oldest first.
-    async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError>;
-
-    /// Everything a worker needs to handle `job`, read at once: the job is
-    /// [`Opening::Done`] when the run is finished, [`Opening::Stale`] when it
-    /// names a head the run has moved past while its inbox is empty and
-    /// either the run waits at a pull point (a duplicate or an old wake-up)
-    /// or the job is a resume and another worker holds the run (the holder
-    /// took the payload the job announced: a resume hint beat its job);
-    /// otherwise the run's lease is taken for `ttl` and its state (as
-    /// [`EventLog::load`]) and unconsumed inbox (as [`EventLog::inbox`]) are
-    /// read under it ([`Opening::Opened`]).
-    ///
-    /// The default composes [`EventLog::get_run`], [`EventLog::acquire`],
-    /// [`EventLog::load`] and [`EventLog::inbox`]; the Postgres adapter sends
-    /// the fenced lease update and the three reads pipelined, one round trip.
-    ///
-    /// Errors: [`LogError::NotFound`], [`LogError::LeaseHeld`],
-    /// [`LogError::Unavailable`] (the lease, if it was taken, is released
-    /// when the store still answers, else it lapses).
-    async fn open(&self, job: &Job, owner: &str, ttl: Duration) -> Result<Opening, LogError> {
-        let run_id = job.run_id;
-        let summary = self.get_run(run_id).await?;
-        if summary.status == RunStatus::Done {
-            return Ok(Opening::Done);
-        }
-        let moved = job.head_seq < summary.head_seq;
-        if moved && summary.status != RunStatus::Runnable && self.inbox(run_id).await?.is_empty() {
-            return Ok(Opening::Stale);
-        }
-        let lease = match self.acquire(run_id, owner, ttl).await {
-            Ok(lease) => lease,
-            Err(LogError::LeaseHeld { .. })
-                if job.resume && moved && self.inbox(run_id).await?.is_empty() =>
-            {
-                return Ok(Opening::Stale);
-            }
-            Err(e) => return Err(e),
-        };
-        let read =
-            async { Ok::<_, LogError>((self.load(run_id).await?, self.inbox(run_id).await?)) };
-        match read.await {
-            Ok((state, inbox)) => Ok(Opening::Opened(Opened {
-                lease,
-                state,
-                inbox,
-            })),
-            Err(e) => {
-                let _ = self.release(&lease).await;
-                Err(e)
-            }
-        }
-    }
-
-    /// Let `lease` go unless the run's inbox holds unconsumed items: then
-    /// keep it and return them (oldest first) for the holder to apply. An
-    /// empty answer means released (or the lease was already lost). A
-    /// payload posted after the release writes its own job, as always.
-    ///
-    /// The default composes [`EventLog::inbox`] and [`EventLog::release`];
-    /// the Postgres adapter pipelines the read and a release conditioned on
-    /// an empty inbox, one round trip.
-    ///
-    /// Errors: [`LogError::NotFound`], [`LogError::Unavailable`].
-    async fn release_if_idle(&self, lease: &Lease) -> Result<Vec<InboxItem>, LogError> {
-        let items = self.inbox(lease.run_id).await?;
-        if items.is_empty() {
-            self.release(lease).await?;
-        }
-        Ok(items)
-    }
-
-    /// Approvals, oldest first.
-    async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError>;
-
-    /// Mark a pending approval escalated (idempotent). Errors:
-    /// [`LogError::NotFound`] when the run has no such approval.
-    async fn escalate(&self, run_id: Uuid, call_id: &str) -> Result<(), LogError>;
-
-    /// Up to `limit` outbox jobs not yet relayed, oldest first, with their ids.
-    async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError>;
-
-    /// Mark outbox jobs relayed.
-    async fn outbox_done(&self, ids: &[i64]) -> Result<(), LogError>;
-
-    /// Runs that have work (runnable, or with unconsumed inbox items) and no
-    /// live lease, the runs started before the runs never started (so a
-    /// backlog of the latter does not hide the former from `limit`), each
-    /// part by run id: the reconciler re-enqueues them.
-    async fn orphaned(&self, limit: usize) -> Result<Vec<Orphan>, LogError>;
-
-    /// What `tenant`'s runs spent on models during the UTC day `day`: the
-    /// usage and cost of every `model.response`, `plan.draft` and
-    /// `context.compacted` event (see [`Spend::of_event`]) whose time falls in
-    /// `[day 00:00, next day 00:00)` UTC. Used to rebuild a missing budget
-    /// counter ([`Ledger::seed`]). An unknown tenant spent nothing.
-    async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError>;
-
-    /// True when the store answers.
-    async fn ready(&self) -> Result<(), LogError>;
-
-    /// Register version of `tenant`'s agent `name`: `definition` is its
-    /// canonical JSON (an `AgentDefinition`, already validated) and
-    /// `content_hash` its hash. When the agent's latest version has the same
-    /// hash, that version is returned with `false` and nothing is written;
-    /// otherwise the definition becomes the next version (1 for a new name),
-    /// returned with `true`. Versions are immutable; concurrent puts of one
-    /// name are serialised (each distinct content gets its own version, the
-    /// same content one).
-    async fn put_agent(
-        &self,
-        tenant: &str,
-        name: &str,
-        definition: &str,
-        content_hash: &str,
-    ) -> Result<(AgentVersion, bool), LogError>;
-
-    /// One version of `tenant`'s agent `name` (`None`: the latest); `Ok(None)` when absent.
-    async fn get_agent(
-        &self,
-        tenant: &str,
-        name: &str,
-        version: Option<u32>,
-    ) -> Result<Option<AgentVersion>, LogError>;
-
-    /// The latest version of each of `tenant`'s agents, by name.
-    async fn list_agents(&self, tenant: &str) -> Result<Vec<AgentVersion>, LogError>;
-
-    /// Counts for the fleet's gauges at `now`: runs not done by status and
-    /// pull point, pending approvals and those past their deadline. The default
-    /// pages through [`EventLog::list_runs`] and [`EventLog::approvals`]
-    /// (fine for the in-memory twin); the Postgres adapter counts in SQL.
-    async fn gauges(&self, now: DateTime<Utc>) -> Result<LogGauges, LogError> {
-        let mut g = LogGauges::default();
-        let mut filter = RunFilter {
-            limit: 1000,
-            ..RunFilter::default()
-        };
-        loop {
-            let page = self.list_runs(&filter).await?;
-            for run in page.iter().filter(|r| r.status != RunStatus::Done) {
-                *g.runs
-                    .entry(RunGaugeKey::of(run.status, run.pull_point.as_ref()))
-                    .or_default() += 1;
-            }
-            match page.last() {
-                Some(last) if page.len() == filter.limit => filter.after = Some(last.run_id),
-                _ => break,
-            }
-        }
-        let pending = self
-            .approvals(&ApprovalFilter {
-                pending_only: true,
-                limit: 1000,
-                ..ApprovalFilter::default()
-            })
-            .await?;
-        g.approvals_pending = pending.len() as u64;
-        g.approvals_overdue = pending
-            .iter()
-            .filter(|a| a.expires_at.is_some_and(|t| t <= now))
-            .count() as u64;
-        g.oldest_approval_age_seconds = pending
-            .iter()
-            .map(|a| (now - a.requested_at).num_milliseconds().max(0) as f64 / 1000.0)
-            .fold(0.0, f64::max);
-        Ok(g)
-    }
-}
-
 /// A bucket of [`LogGauges::runs`]: a status and, for parked runs, the kind
 /// of pull point (`awaiting_approval`, `awaiting_tool`, `awaiting_input`,
 /// `paused`; empty otherwise).
@@ -666,7 +443,7 @@ impl RunGaugeKey {
     }
 }
 
-/// Counts of the event log for the dispatcher's gauges ([`EventLog::gauges`]).
+/// Counts of the event log for the dispatcher's gauges ([`Reports::gauges`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LogGauges {
     /// Runs not done, by status and pull point; buckets with no runs may be absent.
@@ -708,10 +485,10 @@ pub fn dedupe_key(payload: &Resume) -> Option<String> {
 }
 
 /// The dedupe key of a cancel: one cancel waits in an inbox at a time, and
-/// while it waits [`EventLog::post`] takes nothing else ([`LogError::Cancelled`]).
+/// while it waits [`Inbox::post`] takes nothing else ([`LogError::Cancelled`]).
 pub const CANCEL_KEY: &str = "cancel";
 
-/// The facts about a run that decide whether [`EventLog::post`] takes a
+/// The facts about a run that decide whether [`Inbox::post`] takes a
 /// payload; each adapter reads them atomically with its write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PostFacts {
@@ -723,7 +500,7 @@ pub struct PostFacts {
     pub key_taken: bool,
 }
 
-/// The posting rule of [`EventLog::post`], the one every adapter applies:
+/// The posting rule of [`Inbox::post`], the one every adapter applies:
 /// `None` when the payload with dedupe key `key` is taken, else why not. A
 /// done run refuses everything ([`LogError::Finished`]); while a cancel
 /// waits, a second cancel is a duplicate and anything else
@@ -875,7 +652,7 @@ pub enum Reservation {
         cap: CapKind,
     },
     /// The scope has no counter (new day, or Redis restarted or flushed);
-    /// nothing was written. Seed it from the log ([`EventLog::tenant_usage`],
+    /// nothing was written. Seed it from the log ([`Reports::tenant_usage`],
     /// [`Ledger::seed`]) and reserve again.
     Missing,
 }
@@ -1063,12 +840,12 @@ pub const JOB_QUEUE: &str = "job_queue";
 pub const LEDGER: &str = "ledger";
 
 /// Whether each port answers within `timeout`: [`EVENT_LOG`]
-/// ([`EventLog::ready`]), [`JOB_QUEUE`] ([`JobQueue::depth`], a passive
+/// ([`Reports::ready`]), [`JOB_QUEUE`] ([`JobQueue::depth`], a passive
 /// declare on RabbitMQ) and [`LEDGER`] ([`Ledger::ready`]) → `ok`, the
 /// port's error, or `no answer within N ms`. The three run concurrently.
 /// What `/readyz` of the dispatcher and of a worker report.
 pub async fn readiness(
-    log: &dyn EventLog,
+    log: &dyn Reports,
     queue: &dyn JobQueue,
     ledger: &dyn Ledger,
     timeout: Duration,
