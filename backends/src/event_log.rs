@@ -10,6 +10,8 @@
 //! - [`AgentRegistry`] ([`agents`]): agent definitions.
 //! - [`Reports`] ([`reports`]): tenant usage, readiness, gauges.
 //!
+//! [`model`] holds the records they take and answer, and [`crate::LogError`].
+//!
 //! [`EventLog`] is all of them: what an adapter is and what a process that
 //! needs the whole store holds (`Arc<dyn EventLog>`). Code that needs one
 //! concern takes the narrow trait; a `&dyn EventLog` coerces to any of them.
@@ -21,6 +23,7 @@
 pub mod agents;
 pub mod approvals;
 pub mod inbox;
+pub mod model;
 pub mod outbox;
 pub mod reports;
 pub mod runs;

@@ -21,7 +21,8 @@ use async_trait::async_trait;
 use glia_proto::Resume;
 use uuid::Uuid;
 
-use crate::{InboxItem, Job, Lease, LogError, Opened, Opening, RunLog, RunStatus};
+use super::runs::RunLog;
+use crate::{InboxItem, Job, Lease, LogError, Opened, Opening, RunStatus};
 
 /// Payloads posted to runs, and the worker's open and release around them.
 /// See the [module](self) for the contract.

@@ -11,11 +11,11 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
+use glia_proto::Spend;
 
-use crate::{
-    ApprovalFilter, Approvals, LogError, LogGauges, RunFilter, RunGaugeKey, RunLog, RunStatus,
-    Spend,
-};
+use super::approvals::Approvals;
+use super::runs::RunLog;
+use crate::{ApprovalFilter, LogError, LogGauges, RunFilter, RunGaugeKey, RunStatus};
 
 /// Tenant usage, readiness and gauges. See the [module](self) for the
 /// contract.
