@@ -237,7 +237,7 @@ impl RunRecord {
 
     /// True when the run has work a worker should be woken for: not done,
     /// and runnable or with unapplied inbox items (what
-    /// [`EventLog::orphaned`] looks for).
+    /// [`crate::Outbox::orphaned`] looks for).
     pub fn has_work(&self, state: &RunState) -> bool {
         let status = crate::RunStatus::of(state);
         status != crate::RunStatus::Done

@@ -895,12 +895,12 @@ mod pg {
 // ----- in memory ----------------------------------------------------------------------------
 
 /// The in-memory twin of [`BatchStore`], for `glia dev` and fast tests:
-/// batches and items in a mutex, runs read from the [`crate::EventLog`] it
+/// batches and items in a mutex, runs read from the [`crate::RunLog`] it
 /// was made with (their status, outcome, pull point, and usage for spend).
 /// Nothing survives the process. Same semantics as the Postgres adapter,
 /// which the dispatcher's batch tests run against both.
 pub struct MemoryBatches {
-    log: std::sync::Arc<dyn crate::EventLog>,
+    log: std::sync::Arc<dyn crate::RunLog>,
     inner: std::sync::Mutex<MemoryInner>,
 }
 
@@ -934,7 +934,7 @@ enum ItemState {
 
 impl MemoryBatches {
     /// A store whose items' runs live in `log`.
-    pub fn new(log: std::sync::Arc<dyn crate::EventLog>) -> MemoryBatches {
+    pub fn new(log: std::sync::Arc<dyn crate::RunLog>) -> MemoryBatches {
         MemoryBatches {
             log,
             inner: std::sync::Mutex::new(MemoryInner::default()),

@@ -17,8 +17,8 @@ use uuid::Uuid;
 
 use crate::archive::{Archive, Imported};
 use crate::{
-    ApprovalFilter, ApprovalStatus, EventLog, Job, JobQueue, LogError, NewRun, Opening, Orphan,
-    RunFilter, RunGaugeKey, RunStatus,
+    AgentRegistry, ApprovalFilter, ApprovalStatus, EventLog, Inbox, Job, JobQueue, LogError,
+    NewRun, Opening, Orphan, RunFilter, RunGaugeKey, RunLog, RunStatus,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -222,7 +222,7 @@ pub async fn admits_runs_idempotently(log: &dyn EventLog) {
 
 /// Commits are fenced by the head and the lease; a lapsed lease can be taken
 /// over and then writes nothing.
-pub async fn commits_are_fenced(log: &dyn EventLog) {
+pub async fn commits_are_fenced(log: &dyn RunLog) {
     let s = sample_log();
     log.create_run(new_run("t", None, &s.parked[0]))
         .await
@@ -298,7 +298,7 @@ pub async fn commits_are_fenced(log: &dyn EventLog) {
 
 /// `load` equals the replay of `events`; `events` pages by `after`; the
 /// summary follows the state.
-pub async fn load_equals_replay(log: &dyn EventLog) {
+pub async fn load_equals_replay(log: &dyn RunLog) {
     let s = sample_log();
     log.create_run(new_run("t", None, &s.parked[0]))
         .await
@@ -666,7 +666,7 @@ pub async fn ending_a_run_closes_its_approvals(log: &dyn EventLog) {
 
 /// Once a cancel is posted nothing else is taken (a second cancel is a
 /// duplicate); once the run is done, nothing at all.
-pub async fn nothing_is_taken_after_a_cancel(log: &dyn EventLog) {
+pub async fn nothing_is_taken_after_a_cancel(log: &dyn Inbox) {
     let s = sample_log();
     log.create_run(new_run(&format!("t-{}", s.run_id), None, &s.parked[0]))
         .await
@@ -763,7 +763,7 @@ pub async fn nothing_is_taken_after_a_cancel(log: &dyn EventLog) {
 /// A repeated approval while a cancel waits is refused as [`LogError::Cancelled`]
 /// (the waiting cancel decides before the dedupe key: [`crate::post_refusal`]),
 /// on every adapter alike.
-pub async fn a_repeated_approval_during_a_pending_cancel_is_cancelled(log: &dyn EventLog) {
+pub async fn a_repeated_approval_during_a_pending_cancel_is_cancelled(log: &dyn Inbox) {
     let s = sample_log();
     log.create_run(new_run(&format!("t-{}", s.run_id), None, &s.parked[0]))
         .await
@@ -820,7 +820,7 @@ pub async fn a_repeated_approval_during_a_pending_cancel_is_cancelled(log: &dyn 
 /// job is stale; `release_if_idle` keeps the lease while the inbox holds
 /// something and lets go once it is empty. The state opened equals a load
 /// (here past a checkpoint, on adapters that write one that early).
-pub async fn open_and_release_if_idle(log: &dyn EventLog) {
+pub async fn open_and_release_if_idle(log: &dyn Inbox) {
     let s = sample_log();
     log.create_run(new_run(&format!("t-{}", s.run_id), None, &s.parked[0]))
         .await
@@ -1404,7 +1404,7 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
 /// written), new content the next version, versions immutable and per
 /// tenant, the latest listed per name; concurrent puts get distinct versions
 /// for distinct content.
-pub async fn agent_versions(log: &dyn EventLog) {
+pub async fn agent_versions(log: &dyn AgentRegistry) {
     let (a1, created) = log
         .put_agent("t1", "support", r#"{"v":1}"#, "sha256:1")
         .await
@@ -1499,7 +1499,7 @@ pub async fn agent_versions(log: &dyn EventLog) {
 /// stored whole or not at all, idempotent per tenant, tenant visibility,
 /// claims in order with leases, admission, refusal, lanes, live runs,
 /// sweep with spend, counts and item views, update and cancel.
-pub async fn batch_store(log: &dyn EventLog, store: &dyn crate::batches::BatchStore) {
+pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStore) {
     use crate::batches::{BatchState, NewBatch, NewItem, SubmitError, Upload};
     use futures::StreamExt;
     let tenant = format!("t-{}", Uuid::now_v7());

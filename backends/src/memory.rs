@@ -16,10 +16,10 @@ use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
 use crate::{
-    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog,
-    HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError, NewRun, Orphan,
-    PostFacts, QueueError, Reservation, RunFilter, RunStatus, RunSummary, Settlement, Signal,
-    Spend, SpendCap, dedupe_key, post_refusal,
+    Acker, AgentRegistry, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, Approvals,
+    CapKind, Delivery, HeldResult, Inbox, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
+    LogError, NewRun, Orphan, Outbox, PostFacts, QueueError, Reports, Reservation, RunFilter,
+    RunLog, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key, post_refusal,
 };
 
 struct Record {
@@ -62,7 +62,7 @@ fn ttl_of(ttl: Duration) -> chrono::Duration {
 }
 
 #[async_trait]
-impl EventLog for MemoryLog {
+impl RunLog for MemoryLog {
     async fn create_run(&self, new: NewRun) -> Result<(RunSummary, bool), LogError> {
         let mut inner = lock(&self.inner);
         let run_id = new.start.run_id;
@@ -291,7 +291,10 @@ impl EventLog for MemoryLog {
         }
         Ok(())
     }
+}
 
+#[async_trait]
+impl Inbox for MemoryLog {
     async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
         let mut inner = lock(&self.inner);
         let id = inner.id();
@@ -345,7 +348,10 @@ impl EventLog for MemoryLog {
             .map(|(i, _, _)| i.clone())
             .collect())
     }
+}
 
+#[async_trait]
+impl Approvals for MemoryLog {
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
         let inner = lock(&self.inner);
         let mut rows: Vec<ApprovalRow> = inner
@@ -379,7 +385,10 @@ impl EventLog for MemoryLog {
         row.escalated = true;
         Ok(())
     }
+}
 
+#[async_trait]
+impl Outbox for MemoryLog {
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {
         Ok(lock(&self.inner)
             .outbox
@@ -421,26 +430,10 @@ impl EventLog for MemoryLog {
         jobs.truncate(limit);
         Ok(jobs)
     }
+}
 
-    async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
-        let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
-        let end = start + chrono::Duration::days(1);
-        let inner = lock(&self.inner);
-        let spend = inner
-            .runs
-            .values()
-            .filter(|r| r.summary.tenant == tenant)
-            .flat_map(|r| &r.events)
-            .filter(|e| e.at >= start && e.at < end)
-            .filter_map(|e| Spend::of_event(&e.kind))
-            .fold(Spend::ZERO, Spend::saturating_add);
-        Ok(spend)
-    }
-
-    async fn ready(&self) -> Result<(), LogError> {
-        Ok(())
-    }
-
+#[async_trait]
+impl AgentRegistry for MemoryLog {
     async fn put_agent(
         &self,
         tenant: &str,
@@ -495,6 +488,28 @@ impl EventLog for MemoryLog {
             .filter(|((t, _), _)| t == tenant)
             .filter_map(|(_, versions)| versions.last().cloned())
             .collect())
+    }
+}
+
+#[async_trait]
+impl Reports for MemoryLog {
+    async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
+        let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
+        let end = start + chrono::Duration::days(1);
+        let inner = lock(&self.inner);
+        let spend = inner
+            .runs
+            .values()
+            .filter(|r| r.summary.tenant == tenant)
+            .flat_map(|r| &r.events)
+            .filter(|e| e.at >= start && e.at < end)
+            .filter_map(|e| Spend::of_event(&e.kind))
+            .fold(Spend::ZERO, Spend::saturating_add);
+        Ok(spend)
+    }
+
+    async fn ready(&self) -> Result<(), LogError> {
+        Ok(())
     }
 }
 

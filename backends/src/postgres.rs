@@ -80,9 +80,9 @@ use tokio_postgres::{Config, NoTls, Row};
 use uuid::Uuid;
 
 use crate::{
-    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, EventLog, InboxItem, Job, Lease,
-    LogError, LogGauges, NewRun, Opened, Opening, Orphan, RunFilter, RunGaugeKey, RunStatus,
-    RunSummary, Spend, dedupe_key,
+    AgentRegistry, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, Approvals, Inbox,
+    InboxItem, Job, Lease, LogError, LogGauges, NewRun, Opened, Opening, Orphan, Outbox, Reports,
+    RunFilter, RunGaugeKey, RunLog, RunStatus, RunSummary, Spend, dedupe_key,
 };
 
 mod codec;
@@ -1154,7 +1154,7 @@ static RELEASE_IF_IDLE: LazyLock<String> = LazyLock::new(|| {
 const LEASE_HOLDER: &str = "SELECT lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live FROM runs WHERE id = $1";
 
 #[async_trait]
-impl EventLog for PgLog {
+impl RunLog for PgLog {
     /// One transaction: the batch (created on first use; a batch of another
     /// tenant is [`LogError::Invalid`]), the run row, `session.start` and a
     /// job. A concurrent admission with the same tenant and key waits for
@@ -1587,7 +1587,10 @@ impl EventLog for PgLog {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Inbox for PgLog {
     /// One transaction, one round trip: `BEGIN`, the run row locked
     /// ([`LOCK_FOR_POST`], serialising the post with the run's other posts
     /// and its commits), then [`POST_PAYLOAD`] (the inbox row, unless the run
@@ -1860,7 +1863,10 @@ impl EventLog for PgLog {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Approvals for PgLog {
     /// Oldest first by request time (the event's), then by insertion.
     /// A tenant or tool filter with U+0000 (which `text` cannot hold) matches nothing.
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
@@ -1944,7 +1950,10 @@ impl EventLog for PgLog {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Outbox for PgLog {
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {
         self.bounded("outbox", async {
             let client = self.client().await?;
@@ -2015,14 +2024,10 @@ impl EventLog for PgLog {
         })
         .await
     }
+}
 
-    /// One statement (one snapshot) over the tenant's runs updated since an
-    /// hour before the day began (event times are the workers' clocks,
-    /// `updated_at` the database's): inline payloads are summed by the
-    /// database from their `usage` and `cost_usd_micros`; payloads stored in
-    /// `blobs` (rare: large or NUL-carrying) are decoded here. A rebuild, not
-    /// a per-step cost: it reads every event of the tenant's recently active
-    /// runs.
+#[async_trait]
+impl AgentRegistry for PgLog {
     async fn put_agent(
         &self,
         tenant: &str,
@@ -2092,7 +2097,17 @@ impl EventLog for PgLog {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Reports for PgLog {
+    /// One statement (one snapshot) over the tenant's runs updated since an
+    /// hour before the day began (event times are the workers' clocks,
+    /// `updated_at` the database's): inline payloads are summed by the
+    /// database from their `usage` and `cost_usd_micros`; payloads stored in
+    /// `blobs` (rare: large or NUL-carrying) are decoded here. A rebuild, not
+    /// a per-step cost: it reads every event of the tenant's recently active
+    /// runs.
     async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
         let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
         let end = start + chrono::Duration::days(1);

@@ -86,10 +86,11 @@ use crate::archive::{ApprovalRecord, Archive, Imported, InboxRecord, RunRecord};
 use crate::memory::MemoryLedger;
 use crate::postgres::next_checkpoint;
 use crate::{
-    Acker, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CapKind, Delivery, EventLog,
-    HELD_RESULT_TTL, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError, LogError,
-    LogGauges, NewRun, Orphan, QueueError, QueueStats, Reservation, RunFilter, RunGaugeKey,
-    RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
+    Acker, AgentRegistry, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, Approvals,
+    CapKind, Delivery, HELD_RESULT_TTL, HeldResult, Inbox, InboxItem, Job, JobQueue, Lease, Ledger,
+    LedgerError, LogError, LogGauges, NewRun, Orphan, Outbox, QueueError, QueueStats, Reports,
+    Reservation, RunFilter, RunGaugeKey, RunLog, RunStatus, RunSummary, Settlement, Signal, Spend,
+    SpendCap, dedupe_key,
 };
 
 /// The event kinds that carry model spend, as an SQL list
@@ -1121,7 +1122,7 @@ impl Select {
 // The event log
 
 #[async_trait]
-impl EventLog for SqliteLog {
+impl RunLog for SqliteLog {
     /// One transaction: the batch (created on first use), the run row,
     /// `session.start` and a job. A used idempotency key returns that run.
     async fn create_run(&self, new: NewRun) -> Result<(RunSummary, bool), LogError> {
@@ -1397,7 +1398,10 @@ impl EventLog for SqliteLog {
         }
         Ok(())
     }
+}
 
+#[async_trait]
+impl Inbox for SqliteLog {
     /// One transaction: the inbox row (a used dedupe key is
     /// [`LogError::Duplicate`]), the approval marked decided, a job.
     async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
@@ -1469,7 +1473,10 @@ impl EventLog for SqliteLog {
             })
             .await
     }
+}
 
+#[async_trait]
+impl Approvals for SqliteLog {
     async fn approvals(&self, filter: &ApprovalFilter) -> Result<Vec<ApprovalRow>, LogError> {
         let mut select = Select::new(
             "SELECT run_id, tenant, call_id, tool, input, args_hash, status, requested_at, expires_at, escalated, interrupted FROM approvals WHERE 1",
@@ -1518,7 +1525,10 @@ impl EventLog for SqliteLog {
             })
             .await
     }
+}
 
+#[async_trait]
+impl Outbox for SqliteLog {
     async fn outbox(&self, limit: usize) -> Result<Vec<(i64, Job)>, LogError> {
         self.store
             .read("outbox", move |conn| {
@@ -1586,9 +1596,10 @@ impl EventLog for SqliteLog {
             })
             .await
     }
+}
 
-    /// Reads the spending events of the tenant's runs updated since the day
-    /// began and sums them in Rust ([`Spend::of_event`]).
+#[async_trait]
+impl AgentRegistry for SqliteLog {
     async fn put_agent(
         &self,
         tenant: &str,
@@ -1658,7 +1669,12 @@ impl EventLog for SqliteLog {
             })
             .await
     }
+}
 
+#[async_trait]
+impl Reports for SqliteLog {
+    /// Reads the spending events of the tenant's runs updated since the day
+    /// began and sums them in Rust ([`Spend::of_event`]).
     async fn tenant_usage(&self, tenant: &str, day: NaiveDate) -> Result<Spend, LogError> {
         let start = day.and_time(chrono::NaiveTime::MIN).and_utc();
         let end = start + chrono::Duration::days(1);
@@ -2107,7 +2123,7 @@ impl Ledger for SqliteLedger {
     }
 
     async fn ready(&self) -> Result<(), LedgerError> {
-        EventLog::ready(&SqliteLog {
+        Reports::ready(&SqliteLog {
             store: self.store.clone(),
         })
         .await

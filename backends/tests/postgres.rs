@@ -11,7 +11,10 @@ use chrono::{DateTime, Utc};
 use glia_backends::conformance::{self, SampleLog, sample_log};
 use glia_backends::postgres::{CommitMode, PgLog, PgOptions};
 use glia_backends::testkit::TestDb;
-use glia_backends::{ApprovalFilter, ApprovalStatus, EventLog, Lease, LogError, NewRun, RunFilter};
+use glia_backends::{
+    ApprovalFilter, ApprovalStatus, Approvals, Inbox, Lease, LogError, NewRun, Outbox, Reports,
+    RunFilter, RunLog,
+};
 use glia_proto::{
     ContentBlock, Decision, Disposition, Event, EventKind, ImageSource, MAX_IMAGE_BASE64_LEN,
     Message, ResultBlock, Resume, Role, RunConfig, RunState, ToolCallRecord, ToolContent, Usage,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use glia_backends::conformance::{self, sample_log};
 use glia_backends::sqlite::{SqliteLog, SqliteOptions};
 use glia_backends::testkit::TempDir;
-use glia_backends::{EventLog, Job, JobQueue, Ledger, LogError, NewRun};
+use glia_backends::{Approvals, Inbox, Job, JobQueue, Ledger, LogError, NewRun, RunLog};
 use glia_proto::{Decision, Resume, RunState};
 use uuid::Uuid;
 

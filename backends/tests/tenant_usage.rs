@@ -1,4 +1,4 @@
-//! `EventLog::tenant_usage`, the sum a missing budget counter is rebuilt
+//! `Reports::tenant_usage`, the sum a missing budget counter is rebuilt
 //! from, on the memory twin and on Postgres (`GLIA_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`, allowed to create
 //! databases; each test works in a database of its own, dropped at the end).
@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDate, Utc};
 use glia_backends::memory::MemoryLog;
 use glia_backends::testkit::TestDb;
-use glia_backends::{EventLog, NewRun, Spend};
+use glia_backends::{NewRun, Reports, RunLog, Spend};
 use glia_proto::{Event, EventKind, Message, RunConfig, RunState, Usage};
 use uuid::Uuid;
 
@@ -126,7 +126,7 @@ fn run_log(
         .collect()
 }
 
-async fn admit(log: &dyn EventLog, tenant: &str, events: Vec<Event>) {
+async fn admit(log: &dyn RunLog, tenant: &str, events: Vec<Event>) {
     let run_id = events[0].run_id;
     log.create_run(NewRun {
         tenant: tenant.into(),
@@ -145,7 +145,7 @@ async fn admit(log: &dyn EventLog, tenant: &str, events: Vec<Event>) {
 /// Runs of two tenants with spend just before, at, inside, at the end of and
 /// just after the day; one response big and carrying U+0000 (Postgres keeps
 /// it in `blobs`). Every kind of spend and every day boundary counts.
-async fn sums_a_tenants_day(log: &dyn EventLog) {
+async fn sums_a_tenants_day(log: &dyn Reports) {
     let zero = |at| spent(at, 0, 0, 0);
     let big = format!("{}\u{0}", "x".repeat(100_000));
     // Plan the nanosecond before the day (out), compaction and response at its first instant (in).

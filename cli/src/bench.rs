@@ -26,7 +26,7 @@ use glia_agent::provider::{ScriptLibrary, ScriptedProvider, ScriptedTurn};
 use glia_agent::{Agent, async_trait};
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
-use glia_backends::{EventLog, JobQueue, NewRun};
+use glia_backends::{EventLog, Inbox, JobQueue, NewRun, RunLog};
 use glia_proto::{Event, EventKind, Policy, PolicyAction, RunConfig, RunState};
 use glia_worker::consumer::{Worker, WorkerOptions};
 use reqwest::Method;

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
-use glia_backends::{ApprovalFilter, ApprovalRow, EventLog, LogError, RunSummary};
+use glia_backends::{ApprovalFilter, ApprovalRow, EventLog, LogError, RunLog, RunSummary};
 use glia_proto::{Decision, Event, EventKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -205,7 +205,7 @@ pub fn records_of(run: &RunSummary, events: &[Event], now: DateTime<Utc>) -> Vec
 }
 
 /// Every event of a run, in order (paged reads).
-pub async fn all_events(log: &dyn EventLog, run_id: Uuid) -> Result<Vec<Event>, LogError> {
+pub async fn all_events(log: &dyn RunLog, run_id: Uuid) -> Result<Vec<Event>, LogError> {
     let mut out = Vec::new();
     loop {
         let after = out.last().map_or(0, |e: &Event| e.seq);
@@ -220,7 +220,7 @@ pub async fn all_events(log: &dyn EventLog, run_id: Uuid) -> Result<Vec<Event>, 
 
 /// The approval records of one run.
 pub async fn run_records(
-    log: &dyn EventLog,
+    log: &dyn RunLog,
     run: &RunSummary,
 ) -> Result<Vec<ApprovalRecord>, LogError> {
     Ok(records_of(
@@ -230,12 +230,12 @@ pub async fn run_records(
     ))
 }
 
-/// The records behind `rows` (an [`EventLog::approvals`] page), in the rows'
+/// The records behind `rows` (an [`Approvals::approvals`] page), in the rows'
 /// order: each run's log is read once. A row is matched to the record of the
 /// same call requested at the same time (a call asked about twice after a
 /// crash has two); rows whose run vanished are left out.
 pub async fn records_for_rows(
-    log: &dyn EventLog,
+    log: &dyn RunLog,
     rows: &[ApprovalRow],
 ) -> Result<Vec<ApprovalRecord>, LogError> {
     let mut by_run: BTreeMap<Uuid, Vec<ApprovalRecord>> = BTreeMap::new();
@@ -577,7 +577,7 @@ pub struct ApprovalView {
 
 /// `rows` with their decisions, decider and times from the log (see [`records_for_rows`]).
 pub async fn views(
-    log: &dyn EventLog,
+    log: &dyn RunLog,
     rows: Vec<ApprovalRow>,
 ) -> Result<Vec<ApprovalView>, LogError> {
     let decided: Vec<ApprovalRow> = rows

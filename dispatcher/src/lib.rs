@@ -3,7 +3,7 @@
 //! The dispatcher admits runs, serves their logs, and moves parked runs on by
 //! *posting* payloads (approval decisions, external tool results, user
 //! messages, budget extensions, resumes) into the run's inbox
-//! ([`glia_backends::EventLog::post`]). It never writes events itself except the
+//! ([`glia_backends::Inbox::post`]). It never writes events itself except the
 //! `session.start` of a new run: workers apply inbox items through the loop
 //! and commit what happens. Every write that causes work writes a job to the
 //! outbox in the same transaction; [`relay()`] publishes outbox jobs to the

@@ -6,7 +6,7 @@
 //!   jobs are wake-ups, and a worker drops a duplicate or stale one, so
 //!   at-least-once is safe. Several dispatchers may relay the same outbox.
 //! - [`reconcile`] re-enqueues runs the log says have work but no live lease
-//!   ([`glia_backends::EventLog::orphaned`]): the job was lost (broker
+//!   ([`glia_backends::Outbox::orphaned`]): the job was lost (broker
 //!   restarted, dead-lettered) or the worker died and its lease lapsed.
 
 use std::collections::HashMap;

@@ -9,7 +9,7 @@ use crate::app::App;
 use crate::metrics::*;
 use crate::model::batches::BatchCounts;
 
-/// Refresh the sampled gauges once: [`glia_backends::EventLog::gauges`] and
+/// Refresh the sampled gauges once: [`glia_backends::Reports::gauges`] and
 /// [`glia_backends::JobQueue::stats`]. A failing source is counted in
 /// `sample_errors_total` and its gauges keep their last values.
 pub async fn sample_once(app: &App) {

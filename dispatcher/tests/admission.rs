@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use common::*;
 use glia_agent::catalogue::Catalogue;
-use glia_backends::{EventLog, RunFilter};
+use glia_backends::{RunFilter, RunLog};
 use serde_json::json;
 
 const CATALOGUE: &str = r#"

@@ -5,7 +5,7 @@ mod common;
 
 use axum::http::{Method, StatusCode};
 use common::*;
-use glia_backends::EventLog;
+use glia_backends::{Inbox, RunLog};
 use glia_proto::{ApprovalStatus, Decision, EventKind, Resume, args_hash};
 use serde_json::json;
 

@@ -20,7 +20,7 @@ use glia_backends::batches::{BatchState, BatchStore, Lane};
 use glia_backends::memory::{MemoryLedger, MemoryQueue};
 use glia_backends::postgres::PgLog;
 use glia_backends::testkit::{TestDb, postgres_connect};
-use glia_backends::{EventLog, RunFilter, SpendCap};
+use glia_backends::{AgentRegistry, Inbox, RunFilter, RunLog, SpendCap};
 use glia_dispatcher::batches::{Admission, BatchConfig, admit_once, share};
 use glia_dispatcher::{App, router};
 use glia_proto::{EventKind, Outcome};
@@ -498,7 +498,7 @@ fn keyed(token: &str, body: &Value, key: &str) -> Request<Body> {
     req
 }
 
-async fn succeed(log: &dyn EventLog, run_id: Uuid, answer: &str) {
+async fn succeed(log: &dyn RunLog, run_id: Uuid, answer: &str) {
     commit(
         log,
         run_id,

@@ -8,7 +8,7 @@ mod common;
 
 use axum::http::StatusCode;
 use common::*;
-use glia_backends::{EventLog, RunFilter};
+use glia_backends::{EventLog, Inbox, RunFilter, RunLog};
 use glia_proto::{Resume, ToolSpec};
 use serde_json::{Value, json};
 

@@ -7,7 +7,7 @@ mod common;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use common::*;
-use glia_backends::EventLog;
+use glia_backends::Inbox;
 use glia_proto::{Decision, EventKind, Resume, args_hash};
 use serde_json::json;
 

@@ -10,7 +10,9 @@ use axum::http::{Method, StatusCode, header};
 use common::*;
 use futures::stream::BoxStream;
 use glia_backends::memory::MemoryLog;
-use glia_backends::{Delivery, EventLog, Job, JobQueue, Ledger, LedgerError, QueueError};
+use glia_backends::{
+    Approvals, Delivery, Inbox, Job, JobQueue, Ledger, LedgerError, Outbox, QueueError, RunLog,
+};
 use glia_dispatcher::{App, Reconciler};
 use glia_proto::{EventKind, LiveEvent, Resume};
 use serde_json::{Value, json};

@@ -4,7 +4,7 @@ mod common;
 
 use axum::http::{Method, StatusCode};
 use common::*;
-use glia_backends::{EventLog, Job, JobQueue, Ledger};
+use glia_backends::{Inbox, Job, JobQueue, Ledger, Outbox, RunLog};
 use glia_proto::{BudgetLimits, EventKind, Resume};
 use serde_json::json;
 

@@ -4,7 +4,7 @@ mod common;
 
 use axum::http::{Method, StatusCode};
 use common::*;
-use glia_backends::{EventLog, Job, JobQueue};
+use glia_backends::{Job, JobQueue, Outbox, RunLog};
 use glia_proto::EventKind;
 use serde_json::json;
 use uuid::Uuid;

@@ -24,7 +24,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use common::park_for_approval;
-use glia_backends::EventLog;
+use glia_backends::Inbox;
 use glia_backends::memory::{MemoryLedger, MemoryQueue};
 use glia_backends::postgres::PgLog;
 use glia_backends::testkit::TestDb;

@@ -18,7 +18,7 @@ use base64::Engine;
 use common::{ADMIN, APP_A, SUB_B, request, send};
 use glia_backends::memory::{MemoryLedger, MemoryQueue};
 use glia_backends::testkit::TestDb;
-use glia_backends::{EventLog, NewRun};
+use glia_backends::{NewRun, RunLog};
 use glia_dispatcher::webhooks::{DeliveryOptions, WebhookConfig, WebhookPolicy, deliver};
 use glia_dispatcher::{App, router};
 use glia_proto::{Decision, EventKind, RunState, ToolErrorKind};
@@ -77,7 +77,7 @@ where
     }
 }
 
-async fn parked_run(log: &dyn EventLog, tenant: &str) -> (uuid::Uuid, RunState) {
+async fn parked_run(log: &dyn RunLog, tenant: &str) -> (uuid::Uuid, RunState) {
     let s = glia_backends::conformance::sample_log();
     log.create_run(NewRun {
         tenant: tenant.into(),

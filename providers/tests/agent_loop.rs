@@ -635,7 +635,7 @@ async fn estimated_usage_trips_a_token_budget() {
 async fn estimated_usage_counts_against_the_tenant_daily_cap() {
     use glia_agent::budget_gate::{TenantCap, TenantCaps};
     use glia_backends::memory::{MemoryLedger, MemoryLog};
-    use glia_backends::{EventLog, NewRun};
+    use glia_backends::{NewRun, RunLog};
     use glia_worker::consumer::LedgerGate;
 
     let server = Server::replay(vec![

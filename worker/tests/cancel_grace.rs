@@ -16,7 +16,7 @@ use glia_backends::postgres::PgOptions;
 use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::testkit::{RedisKeys, TestDb};
-use glia_backends::{EventLog, JobQueue, Ledger, NewRun};
+use glia_backends::{Inbox, JobQueue, Ledger, NewRun, Outbox, RunLog};
 use glia_proto::{Event, EventKind, Outcome, Resume, RunConfig, ToolErrorKind};
 use glia_worker::consumer::{Worker, WorkerOptions};
 use schemars::JsonSchema;

@@ -13,7 +13,7 @@ use glia_agent::Agent;
 use glia_agent::provider::{ScriptLibrary, ScriptedTurn};
 use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
-use glia_backends::{EventLog, JobQueue, NewRun, RunFilter, RunStatus};
+use glia_backends::{Inbox, JobQueue, NewRun, Outbox, RunFilter, RunLog, RunStatus};
 use glia_proto::{
     BudgetLimits, Decision, Event, EventKind, Outcome, Policy, PolicyAction, PullPoint, Resume,
     RunConfig, RunState, ToolSpec,

@@ -28,7 +28,7 @@ use glia_backends::memory::MemoryQueue;
 use glia_backends::postgres::{PgLog, PgOptions};
 use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::testkit::RedisKeys;
-use glia_backends::{EventLog, JobQueue, Ledger, NewRun};
+use glia_backends::{Inbox, JobQueue, Ledger, NewRun, Outbox, RunLog};
 use glia_proto::{
     Decision, Event, EventKind, InterruptedCall, Outcome, Policy, PolicyAction, PullPoint, Resume,
     RunConfig, RunState,
@@ -104,7 +104,7 @@ async fn until<T, F: Future<Output = Option<T>>>(
 
 /// The run's state, once the log answers and `check` holds.
 async fn state_when(
-    log: &dyn EventLog,
+    log: &dyn RunLog,
     run_id: Uuid,
     what: &str,
     check: impl Fn(&RunState) -> bool,

@@ -18,7 +18,7 @@ use glia_agent::tool::ToolRegistry;
 use glia_backends::memory::{MemoryLedger, MemoryQueue};
 use glia_backends::postgres::{PgOptions, hint_channel};
 use glia_backends::testkit::TestDb;
-use glia_backends::{EventLog, JobQueue, NewRun};
+use glia_backends::{Inbox, JobQueue, NewRun, Outbox, RunLog};
 use glia_proto::{
     Decision, Event, EventKind, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState,
 };
@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 /// Poll (every 10 ms, at most 20 s: a bound on a hang) until `check` holds.
 async fn until(
-    log: &dyn EventLog,
+    log: &dyn RunLog,
     run_id: Uuid,
     what: &str,
     check: impl Fn(&RunState) -> bool,
@@ -65,7 +65,7 @@ async fn listening(db: &TestDb, channel: &str) {
 }
 
 /// Approve the call the run waits on.
-async fn approve(log: &dyn EventLog, state: &RunState) {
+async fn approve(log: &dyn Inbox, state: &RunState) {
     let Some(PullPoint::AwaitingApproval { call_ids }) = &state.parked else {
         panic!("not awaiting approval: {:?}", state.parked)
     };

@@ -18,7 +18,8 @@ use glia_agent::{Agent, FixedClock};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::{
-    EventLog, JobQueue, Ledger, NewRun, RunStatus, Settlement, Spend, tenant_day_scope,
+    Inbox, JobQueue, Ledger, NewRun, Outbox, Reports, RunLog, RunStatus, Settlement, Spend,
+    tenant_day_scope,
 };
 use glia_proto::{
     Event, EventKind, Limit, Outcome, PauseReason, Pricing, PullPoint, Resume, RunConfig, RunState,

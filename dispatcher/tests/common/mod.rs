@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use chrono::Utc;
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
-use glia_backends::{EventLog, JobQueue, RunFilter};
+use glia_backends::{Inbox, JobQueue, Outbox, RunFilter, RunLog};
 use glia_dispatcher::{App, Auth, Principal, Scope};
 use glia_proto::{
     ContentBlock, Disposition, Event, EventKind, Limit, Message, Outcome, PauseReason, PullPoint,
@@ -168,12 +168,12 @@ pub fn conversational() -> Value {
 }
 
 /// Append `kinds` to the run as a worker would: lease, commit, release.
-pub async fn commit(log: &dyn EventLog, run_id: Uuid, kinds: Vec<EventKind>) {
+pub async fn commit(log: &dyn RunLog, run_id: Uuid, kinds: Vec<EventKind>) {
     commit_consuming(log, run_id, kinds, &[]).await
 }
 
 pub async fn commit_consuming(
-    log: &dyn EventLog,
+    log: &dyn RunLog,
     run_id: Uuid,
     kinds: Vec<EventKind>,
     consumed: &[i64],
@@ -275,13 +275,13 @@ fn tool_call(
 }
 
 /// Park the run at awaiting_approval for `calls` (id, tool, input).
-pub async fn park_for_approval(log: &dyn EventLog, run_id: Uuid, calls: &[(&str, &str, Value)]) {
+pub async fn park_for_approval(log: &dyn RunLog, run_id: Uuid, calls: &[(&str, &str, Value)]) {
     park_for_approval_with_tools(log, run_id, calls, vec![]).await
 }
 
 /// Park the run at awaiting_approval for `calls`, its step offering `tools`.
 pub async fn park_for_approval_with_tools(
-    log: &dyn EventLog,
+    log: &dyn RunLog,
     run_id: Uuid,
     calls: &[(&str, &str, Value)],
     tools: Vec<glia_proto::ToolSpec>,
@@ -307,7 +307,7 @@ pub async fn park_for_approval_with_tools(
 }
 
 /// Park the run at awaiting_tool: `external` are external calls, `ran` a call a worker ran.
-pub async fn park_for_tool(log: &dyn EventLog, run_id: Uuid) {
+pub async fn park_for_tool(log: &dyn RunLog, run_id: Uuid) {
     let input = json!({"q": "weather"});
     let mut kinds = to_model_call();
     kinds.push(tool_use_response(&[
@@ -344,7 +344,7 @@ pub async fn park_for_tool(log: &dyn EventLog, run_id: Uuid) {
 }
 
 /// Park a conversational run at awaiting_input.
-pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
+pub async fn park_for_input(log: &dyn RunLog, run_id: Uuid) {
     let mut kinds = to_model_call();
     kinds.push(EventKind::ModelResponse {
         redactions: Vec::new(),
@@ -367,7 +367,7 @@ pub async fn park_for_input(log: &dyn EventLog, run_id: Uuid) {
 }
 
 /// Pause the run (budget or operator).
-pub async fn park_paused(log: &dyn EventLog, run_id: Uuid, budget: bool) {
+pub async fn park_paused(log: &dyn RunLog, run_id: Uuid, budget: bool) {
     let mut kinds = Vec::new();
     let reason = if budget {
         PauseReason::Budget {
@@ -389,7 +389,7 @@ pub async fn park_paused(log: &dyn EventLog, run_id: Uuid, budget: bool) {
 }
 
 /// Finish a run from planning.
-pub async fn finish(log: &dyn EventLog, run_id: Uuid) {
+pub async fn finish(log: &dyn RunLog, run_id: Uuid) {
     let outcome = Outcome::Failed {
         error: "test".into(),
     };

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use glia_backends::archive::{Archive, RunRecord};
 use glia_backends::sqlite::{SqliteLog, SqliteOptions};
-use glia_backends::{EventLog, RunFilter};
+use glia_backends::{RunFilter, RunLog};
 use glia_proto::{Disposition, EventKind};
 use glia_testkit::fleet::{
     Api, Fleet, KINDS, assert_whole_recording, check_batch, drive_all, glia_batch, mixed_scripts,

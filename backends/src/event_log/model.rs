@@ -1,0 +1,490 @@
+//! The run store's records and errors: what the [`crate::event_log`]
+//! traits take and answer ([`RunSummary`], [`Lease`], [`InboxItem`],
+//! [`ApprovalRow`], [`Job`]…), [`LogError`], and the posting rule every
+//! adapter applies ([`dedupe_key`], [`post_refusal`]). Re-exported from the
+//! crate root.
+
+use chrono::{DateTime, Utc};
+use glia_proto::{Event, Outcome, Phase, PullPoint, Resume, RunState, Status};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// A wake-up for a run: "run `run_id` has something to do; its head was
+/// `head_seq` when this was sent". JSON on the wire: `{"run_id": "…",
+/// "head_seq": 7}`, plus `"resume": true` for a [resume](Job::resume).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Job {
+    /// The run.
+    pub run_id: Uuid,
+    /// Head sequence when the job was written.
+    pub head_seq: u64,
+    /// True when the job resumes a parked run: a payload was posted to it
+    /// (approval decision, tool result, user message, budget extension or
+    /// resume, operator pause or resume, expiry, cancel). False when it
+    /// starts a run or continues one that was not waiting for anyone.
+    /// Queues hand resumes out before starts ([`crate::JobQueue::next`]). Absent
+    /// on the wire means false, so outbox rows and messages written before
+    /// the field existed still read as starts; a start is written without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resume: bool,
+}
+
+/// A run with work and no live lease ([`crate::Outbox::orphaned`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Orphan {
+    /// The job that would wake it: at its head, a resume when a payload
+    /// waits in its inbox.
+    pub job: Job,
+    /// Admitted and never started, as far as the log tells: no lease (none
+    /// taken, or one let go) and nothing after its `session.start` (head 1).
+    /// Its admission's job normally still waits in the queue, behind a
+    /// backlog of other starts. False for every other orphan: a lease that
+    /// lapsed (its worker died or stalled after acking the job), a run let
+    /// go with work left after it recorded something (a job abandoned on a
+    /// failing store), a parked run with a payload waiting.
+    pub queued: bool,
+}
+
+impl Job {
+    /// A job that starts or continues run `run_id` at `head_seq`.
+    pub fn start(run_id: Uuid, head_seq: u64) -> Job {
+        Job {
+            run_id,
+            head_seq,
+            resume: false,
+        }
+    }
+
+    /// A job that resumes parked run `run_id` at `head_seq` (a payload
+    /// waits in its inbox).
+    pub fn resume(run_id: Uuid, head_seq: u64) -> Job {
+        Job {
+            run_id,
+            head_seq,
+            resume: true,
+        }
+    }
+}
+
+/// Where a run stands, coarsely, for listing and filtering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// A worker can advance it.
+    Runnable,
+    /// It waits at a pull point.
+    Parked,
+    /// Finished, failed or cancelled.
+    Done,
+}
+
+impl RunStatus {
+    /// The status of `state`.
+    pub fn of(state: &RunState) -> RunStatus {
+        match state.status() {
+            Status::Runnable => RunStatus::Runnable,
+            Status::Parked(_) => RunStatus::Parked,
+            Status::Done(_) => RunStatus::Done,
+        }
+    }
+
+    /// `runnable`, `parked`, `done`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Runnable => "runnable",
+            RunStatus::Parked => "parked",
+            RunStatus::Done => "done",
+        }
+    }
+}
+
+/// A run's row: identity and a summary of its state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// The run.
+    pub run_id: Uuid,
+    /// Owning tenant; a run is visible only to it.
+    pub tenant: String,
+    /// Batch it belongs to.
+    pub batch_id: Option<Uuid>,
+    /// The goal.
+    pub goal: String,
+    /// Coarse status.
+    pub status: RunStatus,
+    /// State-machine phase.
+    pub phase: Phase,
+    /// Where it waits, when parked.
+    pub pull_point: Option<PullPoint>,
+    /// How it ended, when done.
+    pub outcome: Option<Outcome>,
+    /// Sequence of its last event.
+    pub head_seq: u64,
+    /// When it was admitted.
+    pub created_at: DateTime<Utc>,
+    /// When its last event was committed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl RunSummary {
+    /// The summary of `state`, keeping identity fields from `self`.
+    pub fn updated(&self, state: &RunState, now: DateTime<Utc>) -> RunSummary {
+        RunSummary {
+            status: RunStatus::of(state),
+            phase: state.phase,
+            pull_point: state.parked.clone(),
+            outcome: state.outcome.clone(),
+            head_seq: state.head_seq,
+            updated_at: now,
+            ..self.clone()
+        }
+    }
+}
+
+/// A run to admit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    /// Owning tenant.
+    pub tenant: String,
+    /// Per-tenant idempotency key: admitting the same key twice returns the
+    /// first run.
+    pub idempotency_key: Option<String>,
+    /// Batch it belongs to.
+    pub batch_id: Option<Uuid>,
+    /// Its `session.start` event (seq 1), already validated by applying it to
+    /// a fresh [`RunState`].
+    pub start: Event,
+}
+
+/// Which runs to list. Results are ordered by `run_id` (UUIDv7: creation
+/// order); `after` is the last `run_id` of the previous page.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunFilter {
+    /// Only this tenant's runs (`None`: all tenants, for admins).
+    pub tenant: Option<String>,
+    /// Only runs with this status.
+    pub status: Option<RunStatus>,
+    /// Only runs of this batch.
+    pub batch_id: Option<Uuid>,
+    /// Page cursor.
+    pub after: Option<Uuid>,
+    /// Page size (at most 1,000).
+    pub limit: usize,
+}
+
+/// A worker's exclusive, expiring claim on a run. Every commit is fenced by
+/// `token`: a lease that lapsed and was taken over can no longer write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The run.
+    pub run_id: Uuid,
+    /// Worker id, free text.
+    pub owner: String,
+    /// Fencing token, new for every acquisition.
+    pub token: Uuid,
+    /// When it lapses unless renewed.
+    pub expires_at: DateTime<Utc>,
+    /// True when this acquisition took over a lease that lapsed without
+    /// being released (its holder died or stalled); false for a free run and
+    /// for a renewed lease.
+    pub taken_over: bool,
+}
+
+/// A payload posted to a parked run, waiting for a worker to apply it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InboxItem {
+    /// Position in the run's inbox (increasing).
+    pub id: i64,
+    /// The payload.
+    pub payload: Resume,
+}
+
+/// What [`crate::Inbox::open`] made of a job.
+// One per job, moved once into the loop: boxing the large variant would buy
+// nothing but an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Opening {
+    /// The lease is held; the run was read under it.
+    Opened(Opened),
+    /// The run is done: the job has nothing to do.
+    Done,
+    /// The job names a head the run has moved past and the run's inbox is
+    /// empty, while the run waits at a pull point, or (for a resume job)
+    /// another worker holds it and took the payload: nothing to do.
+    Stale,
+}
+
+/// A run opened for a worker ([`crate::Inbox::open`]).
+#[derive(Debug)]
+pub struct Opened {
+    /// The worker's lease on the run.
+    pub lease: Lease,
+    /// The run's state, read under the lease.
+    pub state: RunState,
+    /// Its unconsumed inbox items, oldest first, read under the lease.
+    pub inbox: Vec<InboxItem>,
+}
+
+/// A tool call waiting for (or past) a person's decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRow {
+    /// The run.
+    pub run_id: Uuid,
+    /// Its tenant.
+    pub tenant: String,
+    /// The call.
+    pub call_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Arguments to approve.
+    pub input: Value,
+    /// Hash a decision must quote.
+    pub args_hash: String,
+    /// `pending` or `decided`.
+    pub status: ApprovalStatus,
+    /// When it was requested.
+    pub requested_at: DateTime<Utc>,
+    /// When it expires, if the run set an approval timeout.
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Past its deadline and handed to a second line of approvers; still pending.
+    #[serde(default)]
+    pub escalated: bool,
+    /// The call already started once and its worker died: it may have taken
+    /// effect. Approving runs it again; rejecting leaves its outcome unknown.
+    #[serde(default)]
+    pub interrupted: bool,
+}
+
+/// Where an approval stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    /// Waiting for a person.
+    Pending,
+    /// A decision was posted.
+    Decided,
+}
+
+/// Which approvals to list: oldest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ApprovalFilter {
+    /// Only this tenant's.
+    pub tenant: Option<String>,
+    /// Only this tool's.
+    pub tool: Option<String>,
+    /// Only this run's.
+    pub run_id: Option<Uuid>,
+    /// Only pending ones when true.
+    pub pending_only: bool,
+    /// Only pending, not yet escalated ones whose deadline is at or before
+    /// this time (what the reconciler expires).
+    pub expired_by: Option<DateTime<Utc>>,
+    /// Page size.
+    pub limit: usize,
+}
+
+/// One immutable version of a registered agent definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentVersion {
+    /// Owning tenant (definitions are per tenant).
+    pub tenant: String,
+    /// Agent name.
+    pub name: String,
+    /// Version, from 1.
+    pub version: u32,
+    /// `sha256:` and the hex SHA-256 of the canonical JSON.
+    pub content_hash: String,
+    /// The definition's canonical JSON text.
+    pub definition: String,
+    /// When this version was registered.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Why an [`crate::EventLog`] call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogError {
+    /// No such run.
+    #[error("run {0} not found")]
+    NotFound(Uuid),
+    /// The run's head is not where the commit expected it: someone else
+    /// extended it. Nothing was written.
+    #[error("run {run_id}: head is {actual}, commit expected {expected}")]
+    Conflict {
+        /// The run.
+        run_id: Uuid,
+        /// Head the commit was built on.
+        expected: u64,
+        /// Head in the log.
+        actual: u64,
+    },
+    /// The lease lapsed or was taken over; nothing was written.
+    #[error("run {0}: lease lost")]
+    LeaseLost(Uuid),
+    /// Another worker holds the run's lease.
+    #[error("run {run_id}: leased by {owner} until {until}")]
+    LeaseHeld {
+        /// The run.
+        run_id: Uuid,
+        /// The holder.
+        owner: String,
+        /// When its lease lapses.
+        until: DateTime<Utc>,
+    },
+    /// The same payload was already posted (e.g. a second approval decision).
+    #[error("run {run_id}: {what} was already posted")]
+    Duplicate {
+        /// The run.
+        run_id: Uuid,
+        /// What, e.g. `approval call_3`.
+        what: String,
+    },
+    /// A cancel waits in the run's inbox: no other payload is taken (the
+    /// run ends cancelled as soon as a worker applies it).
+    #[error("run {0} is being cancelled; nothing but the cancel is taken")]
+    Cancelled(Uuid),
+    /// The run is done: no payload is taken.
+    #[error("run {0} is finished")]
+    Finished(Uuid),
+    /// The events do not apply to the run's state (a bug in the caller).
+    #[error("run {run_id}: invalid events: {reason}")]
+    Invalid {
+        /// The run.
+        run_id: Uuid,
+        /// The transition error.
+        reason: String,
+    },
+    /// The backing store failed (connection, timeout).
+    #[error("event log unavailable: {0}")]
+    Unavailable(String),
+    /// A stored record does not decode (a column of the wrong shape, an
+    /// unknown status, events that do not apply). Asking again gets the same
+    /// answer: not transient. The text names the record, never its content.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
+
+impl LogError {
+    /// True when asking again may succeed: the store did not answer
+    /// ([`LogError::Unavailable`]: connection refused or reset, a pool or
+    /// call timeout, the server shutting down). Every other error is the
+    /// log's answer (lease lost, head moved, not found…) and is final.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LogError::Unavailable(_))
+    }
+}
+
+/// A bucket of [`LogGauges::runs`]: a status and, for parked runs, the kind
+/// of pull point (`awaiting_approval`, `awaiting_tool`, `awaiting_input`,
+/// `paused`; empty otherwise).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunGaugeKey {
+    /// `runnable` or `parked`.
+    pub status: &'static str,
+    /// The pull point's kind for parked runs, else empty.
+    pub pull_point: String,
+}
+
+impl RunGaugeKey {
+    /// The bucket of a run with this status and pull point.
+    pub fn of(status: RunStatus, pull_point: Option<&PullPoint>) -> RunGaugeKey {
+        RunGaugeKey {
+            status: status.as_str(),
+            pull_point: pull_point
+                .filter(|_| status == RunStatus::Parked)
+                .map(|p| p.name().to_owned())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Counts of the event log for the dispatcher's gauges ([`crate::Reports::gauges`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogGauges {
+    /// Runs not done, by status and pull point; buckets with no runs may be absent.
+    pub runs: std::collections::BTreeMap<RunGaugeKey, u64>,
+    /// Approvals waiting for a decision.
+    pub approvals_pending: u64,
+    /// Pending approvals whose deadline has passed (escalated ones included).
+    pub approvals_overdue: u64,
+    /// Age of the oldest pending approval in seconds (0 with none).
+    pub oldest_approval_age_seconds: f64,
+}
+
+/// The dedupe key of a payload: approvals are accepted once per approval
+/// request (its `request_seq`; without one, per call and arguments hash),
+/// escalations once per approval request, external results once per call,
+/// a cancel once ([`CANCEL_KEY`]); other payloads are not deduplicated. So
+/// a call that is asked about again (after a crash), or a later call that
+/// reuses a call id (some providers number ids per response), can still be
+/// decided.
+pub fn dedupe_key(payload: &Resume) -> Option<String> {
+    match payload {
+        Resume::Approval {
+            call_id,
+            request_seq: Some(seq),
+            ..
+        } => Some(format!("approval:{call_id}:{seq}")),
+        Resume::Approval {
+            call_id, args_hash, ..
+        } => Some(format!("approval:{call_id}:{args_hash}")),
+        Resume::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
+        Resume::Escalate {
+            call_id,
+            request_seq,
+            ..
+        } => Some(format!("escalate:{call_id}:{}", request_seq.unwrap_or(0))),
+        Resume::Cancel { .. } => Some(CANCEL_KEY.to_owned()),
+        _ => None,
+    }
+}
+
+/// The dedupe key of a cancel: one cancel waits in an inbox at a time, and
+/// while it waits [`crate::Inbox::post`] takes nothing else ([`LogError::Cancelled`]).
+pub const CANCEL_KEY: &str = "cancel";
+
+/// The facts about a run that decide whether [`crate::Inbox::post`] takes a
+/// payload; each adapter reads them atomically with its write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PostFacts {
+    /// The run is done.
+    pub done: bool,
+    /// A cancel waits, unconsumed, in the run's inbox.
+    pub cancel_pending: bool,
+    /// The payload's dedupe key is already used for the run.
+    pub key_taken: bool,
+}
+
+/// The posting rule of [`crate::Inbox::post`], the one every adapter applies:
+/// `None` when the payload with dedupe key `key` is taken, else why not. A
+/// done run refuses everything ([`LogError::Finished`]); while a cancel
+/// waits, a second cancel is a duplicate and anything else
+/// [`LogError::Cancelled`] (even a payload whose key is taken); otherwise a
+/// taken key is a [`LogError::Duplicate`].
+pub fn post_refusal(run_id: Uuid, key: Option<&str>, facts: PostFacts) -> Option<LogError> {
+    if facts.done {
+        return Some(LogError::Finished(run_id));
+    }
+    if facts.cancel_pending {
+        return Some(match key {
+            Some(CANCEL_KEY) => LogError::Duplicate {
+                run_id,
+                what: CANCEL_KEY.to_owned(),
+            },
+            _ => LogError::Cancelled(run_id),
+        });
+    }
+    if facts.key_taken {
+        return Some(LogError::Duplicate {
+            run_id,
+            what: key.map_or_else(|| "payload".to_owned(), dedupe_what),
+        });
+    }
+    None
+}
+
+/// What a dedupe key names, for [`LogError::Duplicate`]: `approval call_3`.
+pub fn dedupe_what(key: &str) -> String {
+    key.splitn(3, ':').take(2).collect::<Vec<_>>().join(" ")
+}
