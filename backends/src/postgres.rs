@@ -17,7 +17,7 @@
 //! Every write is one transaction. A step's commit is, by default, one
 //! fenced statement written in a group with the worker's other concurrent
 //! steps ([`CommitMode`], `postgres/group.rs`). Otherwise, and for commits
-//! that checkpoint, store blobs or carry no events, [`EventLog::commit`] locks the run row
+//! that checkpoint, store blobs or carry no events, [`RunLog::commit`] locks the run row
 //! (`SELECT … FOR NO KEY UPDATE`: the `FOR UPDATE` lock that still lets
 //! concurrent foreign-key checks, e.g. a `post` into the inbox, through),
 //! checks the lease (token and expiry, by the database clock) and the head,
@@ -40,7 +40,7 @@
 //! (run, consecutive sequences, `state.head_seq`); this is where transitions
 //! are verified: events that do not apply make that commit fail with
 //! [`LogError::Invalid`]. Only the latest checkpoint is kept, so a run's
-//! storage stays linear. [`EventLog::load`] is the latest checkpoint plus a
+//! storage stays linear. [`RunLog::load`] is the latest checkpoint plus a
 //! replay of the events after it; a checkpoint that no longer parses (e.g.
 //! after `RunState` changed) is ignored and the whole log is replayed.
 //!
@@ -127,7 +127,7 @@ pub struct PgOptions {
     /// Server-side `idle_in_transaction_session_timeout` (default 60 s): a
     /// session left idle inside a transaction is closed, releasing its locks.
     pub idle_in_transaction_timeout: Duration,
-    /// Client-side bound on one [`EventLog`] call, from asking the pool to the
+    /// Client-side bound on one [`EventLog`](crate::EventLog) call, from asking the pool to the
     /// last answer (default 60 s): covers a network that stopped answering,
     /// which no server-side timeout can.
     pub call_timeout: Duration,
@@ -141,7 +141,7 @@ pub struct PgOptions {
     /// `application_name` reported to the server unless the URL sets one
     /// (default `glia`).
     pub application_name: String,
-    /// How [`EventLog::commit`] writes a step (default [`CommitMode::Group`]).
+    /// How [`RunLog::commit`] writes a step (default [`CommitMode::Group`]).
     pub commit_mode: CommitMode,
     /// Group commit: most groups being written at once, each on its own
     /// pooled connection (default 2; at least 1). While they are all busy,
@@ -151,7 +151,7 @@ pub struct PgOptions {
     pub group_max: usize,
 }
 
-/// How [`EventLog::commit`] writes a step on Postgres. Every mode is equally
+/// How [`RunLog::commit`] writes a step on Postgres. Every mode is equally
 /// durable (one synchronous commit covers the step) and fenced by the run's
 /// lease and head; they differ in round trips and fsyncs.
 ///
@@ -292,7 +292,7 @@ impl PgLog {
     /// Resume hints for worker `worker_id`: the jobs of payloads posted to
     /// parked runs whose lease this worker let go of last, pushed by
     /// Postgres (`NOTIFY` on [`hint_channel`]`(worker_id)`, sent by
-    /// [`EventLog::post`] in the payload's transaction, so delivered only
+    /// [`Inbox::post`] in the payload's transaction, so delivered only
     /// once it commits). A hint saves the way through the outbox relay and
     /// the broker; it is never the only wake-up: the same job is queued as
     /// usual, and a worker that misses a hint (not listening, busy,
@@ -914,7 +914,7 @@ impl Select {
 // ---------------------------------------------------------------------------
 // SQL
 
-/// [`EventLog::create_run`]'s one statement: run `$1` of tenant `$2` (key
+/// [`RunLog::create_run`]'s one statement: run `$1` of tenant `$2` (key
 /// `$3`, batch `$4`, goal `$5`, summary `$6`–`$10` as in [`UPDATE_SUMMARY`]),
 /// its `session.start` (`$11`–`$16`, as in [`INSERT_EVENTS`]), its start job
 /// `$17` in the outbox, and the event's blob if it has one (`$18` hashes,
@@ -1100,7 +1100,7 @@ fn lease_held(run_id: Uuid, row: &Row) -> Result<LogError, LogError> {
     })
 }
 
-/// [`EventLog::open`]'s lease: taken like [`TAKE_LEASE`], but only for a
+/// [`Inbox::open`]'s lease: taken like [`TAKE_LEASE`], but only for a
 /// run not done and a job not stale (its head is current, or the run is
 /// runnable or has unconsumed inbox items). `$5`: the job's head.
 static OPEN_LEASE: LazyLock<String> = LazyLock::new(|| {
@@ -1109,7 +1109,7 @@ static OPEN_LEASE: LazyLock<String> = LazyLock::new(|| {
          AND (r.head_seq <= $5 OR r.status = 'runnable' OR EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed)) {LEASE_TAKEN}"
     )
 });
-/// Opens the transaction of [`EventLog::open`]'s lease update, committed
+/// Opens the transaction of [`Inbox::open`]'s lease update, committed
 /// without waiting for its WAL to reach the disk (`synchronous_commit =
 /// off` for that transaction only): the update is on the path from a
 /// posted payload to its resume, and the fsync wait was ~2 ms of it under
@@ -1122,7 +1122,7 @@ const LEASE_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
 /// Why [`OPEN_LEASE`] refused.
 const OPEN_REFUSED: &str = "SELECT status, head_seq, lease_owner, lease_expires_at, coalesce(lease_expires_at > now(), false) AS live, \
      EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = runs.id AND NOT i.consumed) AS pending FROM runs WHERE id = $1";
-/// [`EventLog::open`]'s reads, each empty unless `$2` is the run's lease
+/// [`Inbox::open`]'s reads, each empty unless `$2` is the run's lease
 /// token (the update before them took the lease): a refused open reads
 /// nothing. The latest checkpoint; the events after it (all of them
 /// without one); the unconsumed inbox.

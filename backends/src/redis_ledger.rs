@@ -79,7 +79,7 @@ pub const DEFAULT_CANCEL_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// doubles); larger ones are clamped to it.
 const EXACT_MAX: u64 = 1 << 53;
 
-/// Reserve. KEYS[1] the scope's hash; ARGV: request id, tokens, cost, token
+/// Reserve. `KEYS[1]` the scope's hash; ARGV: request id, tokens, cost, token
 /// cap, cost cap (caps `-1` when absent). Returns `{status, tokens, cost,
 /// cap}`: status 0 missing, 1 granted, 2 exceeded; cap 1 cost, 2 tokens.
 const RESERVE: &str = r"
@@ -98,7 +98,7 @@ redis.call('HSET', KEYS[1], field, 'r:' .. ARGV[2] .. ':' .. ARGV[3])
 return {1, t, c, 0}
 ";
 
-/// Settle. KEYS[1] the scope's hash; ARGV: request id, tokens, cost.
+/// Settle. `KEYS[1]` the scope's hash; ARGV: request id, tokens, cost.
 /// Returns `{status, tokens, cost}`: status 0 missing, 1 settled.
 const SETTLE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, 0} end
@@ -118,7 +118,7 @@ redis.call('HSET', KEYS[1], 'tokens', string.format('%.0f', used_t), 'cost', str
 return {1, used_t, used_c}
 ";
 
-/// Seed. KEYS[1] the scope's hash; ARGV: tokens, cost, TTL in seconds.
+/// Seed. `KEYS[1]` the scope's hash; ARGV: tokens, cost, TTL in seconds.
 /// Returns 1 when it created the counter, 0 when it existed.
 const SEED: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end

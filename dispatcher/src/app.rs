@@ -85,7 +85,7 @@ pub struct App {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) wake: Arc<Notify>,
     pub(crate) wake_admission: Arc<Notify>,
-    /// Held by each relay pass ([`relay_once`]): the relay loop and the
+    /// Held by each relay pass ([`relay_once`](crate::relay::relay_once)): the relay loop and the
     /// reconciler's tick never publish the same outbox rows twice.
     pub(crate) relaying: Arc<tokio::sync::Mutex<()>>,
 }

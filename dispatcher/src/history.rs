@@ -2,7 +2,7 @@
 //! [`ApprovalRecord`] per `approval.requested`, completed by the
 //! `approval.escalated` and `approval.resolved` that answer it.
 //!
-//! The `approvals` table of the [`EventLog`](glia_backends::EventLog) is an
+//! The `approvals` table of the [`EventLog`] is an
 //! index (what is pending, what is past its deadline); who decided what and
 //! when comes from the events, so the API's approval rows, the inbox's
 //! history page, its CSV export and `glia approvals history` all agree with
@@ -230,7 +230,7 @@ pub async fn run_records(
     ))
 }
 
-/// The records behind `rows` (an [`Approvals::approvals`] page), in the rows'
+/// The records behind `rows` (an [`Approvals::approvals`](glia_backends::Approvals::approvals) page), in the rows'
 /// order: each run's log is read once. A row is matched to the record of the
 /// same call requested at the same time (a call asked about twice after a
 /// crash has two); rows whose run vanished are left out.

@@ -105,7 +105,7 @@ macro_rules! run_fields {
     (@common output_schema $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
         $crate::config::run_fields!(@field $head [$($done)*] $extra [
             /// JSON Schema of the final answer (a JSON object); when set the
-            /// model answers through the forced tool [`OUTPUT_TOOL`] and
+            /// model answers through the forced tool [`OUTPUT_TOOL`](crate::config::OUTPUT_TOOL) and
             /// its arguments are validated.
             #[serde(default)]
             pub output_schema: Option<serde_json::Value>

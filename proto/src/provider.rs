@@ -62,14 +62,14 @@ pub struct ModelResponse {
     pub retries: Vec<Retry>,
     /// Indices into the request's `messages` of messages the provider
     /// refused to process and that were replaced by an elision
-    /// ([`glia_proto::repair::elide`]) to get this answer. The loop records
+    /// ([`crate::repair::elide`]) to get this answer. The loop records
     /// `message.elided` for the conversation messages they came from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub elided: Vec<usize>,
     /// Set on a refusal when the message the provider refused is one glia
-    /// never elides ([`glia_proto::repair::protected_turns`]): its index in
+    /// never elides ([`crate::repair::protected_turns`]): its index in
     /// the request's `messages` and which it is. The loop fails the run
-    /// with it ([`glia_proto::RejectedAnswer::refused_turn`]).
+    /// with it ([`crate::RejectedAnswer::refused_turn`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_turn: Option<RefusedTurn>,
 }
@@ -210,7 +210,7 @@ pub trait Provider: Send + Sync {
 }
 
 /// Check a request the way the provider APIs do. The message rules are
-/// [`glia_proto::repair::validate`]'s; on top: tool names match
+/// [`crate::repair::validate`]'s; on top: tool names match
 /// `^[a-zA-Z0-9_-]{1,64}$` and are unique, a forced tool is in the list, the
 /// output cap is positive.
 pub fn validate_request(request: &ModelRequest) -> Result<(), String> {

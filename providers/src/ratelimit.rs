@@ -1,6 +1,6 @@
 //! Fleet-wide provider rate limits: the port an [`HttpProvider`] calls
 //! around each attempt ([`Limiter`]), what it draws on, and (with the
-//! `redis` feature) the limiter in Redis, [`RateLimiter`].
+//! `redis` feature) the limiter in Redis, `redis_limiter::RateLimiter`.
 //!
 //! [`HttpProvider`]: crate::http::HttpProvider
 //!
@@ -163,7 +163,7 @@ pub struct Permit {
 /// What an [`HttpProvider`](crate::http::HttpProvider) asks of a rate
 /// limiter around each attempt: a permit before it (waiting as told), the
 /// actual cost after it, and a cooldown on a 429 with `retry-after`. The
-/// fleet's is [`RateLimiter`] (Redis, with the `redis` feature).
+/// fleet's is `redis_limiter::RateLimiter` (Redis, with the `redis` feature).
 #[async_trait]
 pub trait Limiter: Send + Sync + std::fmt::Debug {
     /// Reserve `cost`, waiting on `clock` as told, for at most `max_wait`.

@@ -1,5 +1,5 @@
 //! The fleet-wide limiter in Redis (three Lua scripts; the algorithm and
-//! the [`Limiter`](crate::ratelimit::Limiter) port are in
+//! the [`Limiter`] port are in
 //! [`crate::ratelimit`]).
 
 use std::collections::HashMap;

@@ -186,7 +186,7 @@ async fn pump(
 }
 
 /// One process's partition: a [`Proxy`] per service it talks to. Route the
-/// process's service URLs through [`Partition::route`], then
+/// process's service URLs through the proxies [`Partition::new`] returns, then
 /// [`Partition::start`] / [`Partition::heal`] it.
 pub struct Partition {
     proxies: Vec<Arc<Proxy>>,

@@ -1,13 +1,13 @@
 //! The job consumer: what a `glia worker` process does with each job.
 //!
-//! For every job: open the run ([`EventLog::open`]: skip a done run or a
+//! For every job: open the run ([`Inbox::open`](glia_backends::Inbox::open): skip a done run or a
 //! stale job; a lease held elsewhere → publish the job again a little later;
 //! otherwise the lease, the run rebuilt from its checkpoint and its inbox,
 //! in one call); ack the job at once, so a long model call or tool never
 //! meets the broker's consumer timeout; heartbeat the lease; apply each
 //! unconsumed inbox payload and advance the run to its next pull point,
 //! committing every step fenced by the lease; let go once the inbox is empty
-//! ([`EventLog::release_if_idle`]). N jobs at a time.
+//! ([`Inbox::release_if_idle`](glia_backends::Inbox::release_if_idle)). N jobs at a time.
 //!
 //! Resumes first: the queue hands out a job that resumes a parked run (a
 //! posted approval, tool result, user message, …) before any job that
@@ -266,7 +266,7 @@ impl Worker {
     }
 
     /// Handle one job: open the run (lease, state and inbox in one call,
-    /// [`EventLog::open`]), ack, advance, release. A hint is never acked,
+    /// [`Inbox::open`](glia_backends::Inbox::open)), ack, advance, release. A hint is never acked,
     /// requeued or published again ([`Worker::with_hints`]).
     async fn handle(&self, taken: Taken) -> Handled {
         let (job, delivery) = match taken {
@@ -405,7 +405,7 @@ impl Worker {
     }
 
     /// Apply inbox payloads and advance until the run parks or ends, then
-    /// let go of the lease once the inbox is empty ([`EventLog::release_if_idle`],
+    /// let go of the lease once the inbox is empty ([`Inbox::release_if_idle`](glia_backends::Inbox::release_if_idle),
     /// which sets `released`). With [`Handled::Retry`] after a transient
     /// provider failure, `retry_after` is the provider's wait hint.
     async fn drive(
@@ -753,7 +753,7 @@ impl EventSink for LogSink {
 }
 
 impl LogSink {
-    /// [`EventLog::commit`], tried again with backoff while the database
+    /// [`RunLog::commit`](glia_backends::RunLog::commit), tried again with backoff while the database
     /// does not answer and the lease (as last renewed) lives. An attempt
     /// that was not answered may have landed: when a later attempt finds
     /// the head already where this commit puts it (a conflict under our
@@ -806,7 +806,7 @@ pub const DEFAULT_BUDGET_TTL: Duration = Duration::from_secs(2 * 24 * 3600);
 /// run, then remembered). A tenant without caps costs nothing: no ledger
 /// call. When the day's counter is missing (first use of the day, or Redis
 /// restarted or flushed) it is seeded with what the tenant's runs spent that
-/// day according to the log ([`EventLog::tenant_usage`]) and the call is
+/// day according to the log ([`Reports::tenant_usage`](glia_backends::Reports::tenant_usage)) and the call is
 /// asked again. A flush forgets only what was in flight at that moment:
 /// calls then running count again once they return and settle (other calls
 /// may be let through meanwhile), and spend settled but not yet committed to
