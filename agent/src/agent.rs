@@ -38,9 +38,9 @@ use glia_proto::marker::Insert;
 use glia_proto::repair::{repair, repair_traced};
 use glia_proto::{
     ApprovalStatus, ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage,
-    HookEffect, HookTopic, InterruptedCall, LiveEvent, OUTPUT_TOOL, Outcome, PauseReason, Phase,
-    PlannerKind, PolicyAction, PolicyOrigin, PullPoint, Redaction, RefusedTurn, RejectedAnswer,
-    ResolvedPolicy, Resume, Role, RunConfig, RunState, Status, StopAction, StopClass,
+    HookEffect, HookTopic, InterruptedCall, LiveEvent, OUTPUT_TOOL, Outcome, PauseReason, Payload,
+    Phase, PlannerKind, PolicyAction, PolicyOrigin, PullPoint, Redaction, RefusedTurn,
+    RejectedAnswer, ResolvedPolicy, Role, RunConfig, RunState, Status, StopAction, StopClass,
     ToolCallRecord, ToolContent, ToolErrorKind, ToolSpec, TransitionError, args_hash,
     canonical_json,
 };
@@ -465,7 +465,7 @@ impl Agent {
     pub async fn advance(
         &self,
         state: &mut RunState,
-        input: Option<Resume>,
+        input: Option<Payload>,
         sink: &mut dyn EventSink,
     ) -> Result<Status, AgentError> {
         if state.phase == Phase::Idle {
@@ -567,7 +567,7 @@ impl Agent {
     ) -> Result<Status, AgentError> {
         self.advance(
             state,
-            Some(Resume::Close {
+            Some(Payload::Close {
                 text: None,
                 redactions: Vec::new(),
             }),
@@ -578,9 +578,9 @@ impl Agent {
 
     // ----- resume payloads -------------------------------------------------
 
-    async fn accept(&self, run: &mut Run<'_>, input: Resume) -> Result<(), AgentError> {
+    async fn accept(&self, run: &mut Run<'_>, input: Payload) -> Result<(), AgentError> {
         match input {
-            Resume::Approval {
+            Payload::Approval {
                 call_id,
                 args_hash,
                 decision,
@@ -651,7 +651,7 @@ impl Agent {
                     run.record(kind).await?;
                 }
             }
-            Resume::ToolResult {
+            Payload::ToolResult {
                 call_id,
                 content,
                 is_error,
@@ -687,7 +687,7 @@ impl Agent {
                 };
                 run.record(kind).await?;
             }
-            Resume::Input { text, redactions } => {
+            Payload::Input { text, redactions } => {
                 if run.state.parked != Some(PullPoint::AwaitingInput) {
                     return Err(AgentError::InvalidResume(
                         "the run is not waiting for input".into(),
@@ -695,7 +695,7 @@ impl Agent {
                 }
                 self.user_message(run, text, redactions).await?;
             }
-            Resume::ExtendBudget { extra } => {
+            Payload::ExtendBudget { extra } => {
                 let limits = run.state.limits.extended_by(&extra);
                 run.record(EventKind::BudgetExtended { limits }).await?;
                 if matches!(
@@ -707,12 +707,12 @@ impl Agent {
                     run.record(EventKind::SessionResume { by: None }).await?;
                 }
             }
-            Resume::Pause { reason, by } => {
+            Payload::Pause { reason, by } => {
                 run.record(EventKind::SessionPauseRequested { reason, by })
                     .await?
             }
-            Resume::Resume { by } => run.record(EventKind::SessionResume { by }).await?,
-            Resume::Close { text, redactions } => {
+            Payload::Resume { by } => run.record(EventKind::SessionResume { by }).await?,
+            Payload::Close { text, redactions } => {
                 let at_input = run.state.parked == Some(PullPoint::AwaitingInput);
                 let budget_paused = matches!(
                     run.state.parked,
@@ -736,8 +736,8 @@ impl Agent {
                 }
                 self.complete(run, None).await?;
             }
-            Resume::Cancel { reason } => run.record(EventKind::SessionCancel { reason }).await?,
-            Resume::Escalate {
+            Payload::Cancel { reason } => run.record(EventKind::SessionCancel { reason }).await?,
+            Payload::Escalate {
                 call_id,
                 request_seq,
                 expires_at,

@@ -10,7 +10,7 @@ use common::*;
 use glia_agent::AgentError;
 use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
-    ContentBlock, Decision, Disposition, Event, EventKind, Outcome, PullPoint, Resume, RunConfig,
+    ContentBlock, Decision, Disposition, Event, EventKind, Outcome, Payload, PullPoint, RunConfig,
     RunState, Status, ToolErrorKind, TransitionError,
 };
 use serde_json::json;
@@ -136,7 +136,7 @@ async fn illegal_transitions_are_typed_errors_and_change_nothing() {
     let len = log.len();
 
     // An approval on other arguments than the ones pending.
-    let stale = Resume::Approval {
+    let stale = Payload::Approval {
         call_id: "call_1".into(),
         args_hash: glia_proto::args_hash(&json!({"order": "A1", "amount": 3})),
         decision: Decision::Approve,
@@ -155,7 +155,7 @@ async fn illegal_transitions_are_typed_errors_and_change_nothing() {
         "{err:?}"
     );
     // An approval for a call that does not exist.
-    let unknown = Resume::Approval {
+    let unknown = Payload::Approval {
         call_id: "call_9".into(),
         args_hash: String::new(),
         decision: Decision::Approve,
@@ -177,7 +177,7 @@ async fn illegal_transitions_are_typed_errors_and_change_nothing() {
     let err = agent
         .advance(
             &mut state,
-            Some(Resume::Input {
+            Some(Payload::Input {
                 text: "hello?".into(),
                 redactions: Vec::new(),
             }),
@@ -190,7 +190,7 @@ async fn illegal_transitions_are_typed_errors_and_change_nothing() {
     let err = agent
         .advance(
             &mut state,
-            Some(Resume::ToolResult {
+            Some(Payload::ToolResult {
                 call_id: "call_1".into(),
                 content: "done".into(),
                 is_error: false,
@@ -202,7 +202,7 @@ async fn illegal_transitions_are_typed_errors_and_change_nothing() {
     assert!(matches!(err, AgentError::InvalidResume(_)), "{err:?}");
     // Resuming a run that is not paused.
     let err = agent
-        .advance(&mut state, Some(Resume::Resume { by: None }), &mut log)
+        .advance(&mut state, Some(Payload::Resume { by: None }), &mut log)
         .await
         .unwrap_err();
     assert!(
@@ -221,7 +221,7 @@ async fn illegal_transitions_are_typed_errors_and_change_nothing() {
 
     // The run is still resumable: the right decision goes through, a second one is refused.
     let call = state.call("call_1").unwrap().clone();
-    let approve = Resume::Approval {
+    let approve = Payload::Approval {
         call_id: call.call_id.clone(),
         args_hash: call.args_hash.clone(),
         decision: Decision::Approve,
@@ -422,7 +422,7 @@ async fn spend_cap_pauses_the_run() {
         "{status:?}"
     );
     let status = agent
-        .advance(&mut state, Some(Resume::Resume { by: None }), &mut log)
+        .advance(&mut state, Some(Payload::Resume { by: None }), &mut log)
         .await
         .unwrap();
     assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })));
@@ -515,7 +515,7 @@ async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
         );
         let call = state.call("call_1").unwrap().clone();
         assert!(call.interrupted);
-        let stale = Resume::Approval {
+        let stale = Payload::Approval {
             call_id: "call_1".into(),
             args_hash: call.args_hash.clone(),
             decision: Decision::Approve,
@@ -533,7 +533,7 @@ async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
                 reason: "the refund went through".into(),
             }
         };
-        let resume = Resume::Approval {
+        let resume = Payload::Approval {
             call_id: "call_1".into(),
             args_hash: call.args_hash,
             decision,

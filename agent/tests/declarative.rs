@@ -10,7 +10,7 @@ use common::*;
 use glia_agent::AgentError;
 use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
-    AgentDefinition, Event, EventKind, GuardrailStage, Outcome, PullPoint, Resume, RunConfig,
+    AgentDefinition, Event, EventKind, GuardrailStage, Outcome, Payload, PullPoint, RunConfig,
     RunState, Status,
 };
 use serde_json::json;
@@ -105,7 +105,7 @@ async fn declared_input_rules_refuse_a_user_message_and_keep_the_run_waiting() {
     let status = agent
         .advance(
             &mut state,
-            Some(Resume::Input {
+            Some(Payload::Input {
                 text: "my card is 4111 1111 1111 1111".into(),
                 redactions: Vec::new(),
             }),
@@ -130,7 +130,7 @@ async fn declared_input_rules_refuse_a_user_message_and_keep_the_run_waiting() {
     let status = agent
         .advance(
             &mut state,
-            Some(Resume::Input {
+            Some(Payload::Input {
                 text: "thanks".into(),
                 redactions: Vec::new(),
             }),
@@ -302,7 +302,7 @@ async fn declared_redact_rules_replace_matches_before_anything_is_recorded() {
     agent
         .advance(
             &mut state,
-            Some(Resume::Input {
+            Some(Payload::Input {
                 text: "mail me at bob@example.com".into(),
                 redactions: Vec::new(),
             }),
@@ -328,7 +328,7 @@ async fn declared_redact_rules_replace_matches_before_anything_is_recorded() {
     agent
         .advance(
             &mut state,
-            Some(Resume::Input {
+            Some(Payload::Input {
                 text: "[redacted:email] or [redacted:email]".into(),
                 redactions: posted,
             }),

@@ -32,8 +32,8 @@ use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
 use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_agent::tool_sources::ToolSources;
 use glia_proto::{
-    AgentRef, Decision, Event, EventKind, McpToolSource, Outcome, Policy, PolicyAction, PullPoint,
-    Resume, RunConfig, RunState, Status, ToolPolicy, ToolSpec,
+    AgentRef, Decision, Event, EventKind, McpToolSource, Outcome, Payload, Policy, PolicyAction,
+    PullPoint, RunConfig, RunState, Status, ToolPolicy, ToolSpec,
 };
 use glia_testkit::lying_mcp::{self, GET_ENV};
 use serde_json::{Value, json};
@@ -426,7 +426,7 @@ async fn drive(world: &World, case: &Case, mut config: RunConfig) -> (Verdict, U
                     .find(|c| c.result.is_none())
                     .expect("a pending call")
                     .clone();
-                let approve = Resume::Approval {
+                let approve = Payload::Approval {
                     call_id: call.call_id,
                     args_hash: call.args_hash,
                     decision: Decision::Approve,
@@ -450,7 +450,7 @@ async fn drive(world: &World, case: &Case, mut config: RunConfig) -> (Verdict, U
                     &case.tool,
                     &format!("{run_id}:{}", call.call_id),
                 );
-                let result = Resume::ToolResult {
+                let result = Payload::ToolResult {
                     call_id: call.call_id,
                     content: "refunded".into(),
                     is_error: false,

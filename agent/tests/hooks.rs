@@ -9,7 +9,7 @@ use common::*;
 use glia_agent::hooks::{Hooks, Verdict};
 use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
-    EventKind, HookEffect, HookTopic, Outcome, PauseReason, PullPoint, Resume, RunConfig, Status,
+    EventKind, HookEffect, HookTopic, Outcome, PauseReason, Payload, PullPoint, RunConfig, Status,
     ToolErrorKind,
 };
 use serde_json::json;
@@ -80,7 +80,7 @@ async fn pause_budget_and_error_topics_fire() {
     };
     let mut log = Vec::new();
     let (mut state, _) = agent.run(run_id(), "add", config, &mut log).await.unwrap();
-    let extend = Resume::ExtendBudget {
+    let extend = Payload::ExtendBudget {
         extra: glia_proto::BudgetLimits {
             max_turns: Some(5),
             ..Default::default()
@@ -333,7 +333,7 @@ async fn pause_on_after_step_parks_for_review() {
     let status = agent
         .advance(
             &mut state,
-            Some(Resume::Resume {
+            Some(Payload::Resume {
                 by: Some("lead".into()),
             }),
             &mut log,

@@ -489,7 +489,7 @@ async fn tool_budget_blocks_the_next_call_but_keeps_the_ones_already_run() {
         Some(("{\"sum\":2}".into(), false)),
         "the first call ran before the pause"
     );
-    let extend = glia_proto::Resume::ExtendBudget {
+    let extend = glia_proto::Payload::ExtendBudget {
         extra: BudgetLimits {
             max_tool_calls: Some(1),
             ..BudgetLimits::default()

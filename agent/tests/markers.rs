@@ -14,7 +14,7 @@ use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
 use glia_agent::{Agent, FixedClock};
 use glia_proto::marker::{Insert, classify, is_machine_text};
 use glia_proto::{
-    CompactionSpec, CompactionStrategy, ContentBlock, EventKind, Message, PullPoint, Resume,
+    CompactionSpec, CompactionStrategy, ContentBlock, EventKind, Message, Payload, PullPoint,
     RunConfig, RunState, Status, ToolSpec,
 };
 use serde_json::json;
@@ -83,7 +83,7 @@ async fn forged_markers_survive_compaction_as_plain_text() {
     let (mut state, status) = agent.run(run_id(), GOAL, config, &mut log).await.unwrap();
     let result = |state: &RunState, content: &str| {
         let call_id = state.pending_calls[0].call_id.clone();
-        Resume::ToolResult {
+        Payload::ToolResult {
             call_id,
             content: content.into(),
             is_error: false,
@@ -102,7 +102,7 @@ async fn forged_markers_survive_compaction_as_plain_text() {
     let status = agent
         .advance(
             &mut state,
-            Some(Resume::Input {
+            Some(Payload::Input {
                 text: USER.into(),
                 redactions: Vec::new(),
             }),

@@ -15,7 +15,7 @@ use glia_agent::tool::ToolRegistry;
 use glia_agent::{Agent, FixedClock, async_trait};
 use glia_proto::repair::elision_text;
 use glia_proto::{
-    ContentBlock, Event, EventKind, LiveEvent, Outcome, PauseReason, Pricing, PullPoint, Resume,
+    ContentBlock, Event, EventKind, LiveEvent, Outcome, PauseReason, Payload, Pricing, PullPoint,
     Retry, RunConfig, RunState, Status,
 };
 use serde_json::json;
@@ -160,7 +160,7 @@ async fn an_elided_message_is_recorded_and_stays_elided_after_a_resume() {
     let status = agent(provider2.clone())
         .advance(
             &mut resumed,
-            Some(Resume::Input {
+            Some(Payload::Input {
                 text: "And now?".into(),
                 redactions: Vec::new(),
             }),
@@ -213,7 +213,7 @@ async fn a_rejected_key_pauses_the_run_until_resumed() {
     let status = agent
         .advance(
             &mut state,
-            Some(Resume::Resume {
+            Some(Payload::Resume {
                 by: Some("ops".into()),
             }),
             &mut log,
@@ -414,7 +414,7 @@ async fn a_run_naming_a_provider_calls_that_one_and_one_this_worker_lacks_pauses
         names(&log)
     );
     let status = named()
-        .advance(&mut state, Some(Resume::Resume { by: None }), &mut log)
+        .advance(&mut state, Some(Payload::Resume { by: None }), &mut log)
         .await
         .unwrap();
     assert!(

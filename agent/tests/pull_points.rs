@@ -7,19 +7,19 @@ mod common;
 use common::*;
 use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
-    BudgetLimits, Decision, Limit, Outcome, PauseReason, PullPoint, Resume, RunConfig, RunState,
+    BudgetLimits, Decision, Limit, Outcome, PauseReason, Payload, PullPoint, RunConfig, RunState,
     Status,
 };
 use serde_json::json;
 
 /// What to post at each park: a function of the parked state.
-type Payload = fn(&RunState) -> Resume;
+type PayloadFn = fn(&RunState) -> Payload;
 
 /// The whole run in one process: park, post, continue.
 async fn uninterrupted(
     script: &[ScriptedTurn],
     config: &RunConfig,
-    payloads: &[Payload],
+    payloads: &[PayloadFn],
 ) -> (Vec<glia_proto::Event>, RunState) {
     let (agent, _) = agent(script.to_vec());
     let mut log = Vec::new();
@@ -42,7 +42,7 @@ async fn uninterrupted(
 async fn interrupted(
     script: &[ScriptedTurn],
     config: &RunConfig,
-    payloads: &[Payload],
+    payloads: &[PayloadFn],
 ) -> (Vec<glia_proto::Event>, RunState) {
     let mut log = Vec::new();
     let mut checkpoint = {
@@ -73,7 +73,7 @@ async fn interrupted(
 async fn same_log_either_way(
     script: Vec<ScriptedTurn>,
     config: RunConfig,
-    payloads: &[Payload],
+    payloads: &[PayloadFn],
 ) -> (Vec<glia_proto::Event>, RunState) {
     let (log_a, state_a) = uninterrupted(&script, &config, payloads).await;
     let (log_b, state_b) = interrupted(&script, &config, payloads).await;
@@ -83,9 +83,9 @@ async fn same_log_either_way(
     (log_a, state_a)
 }
 
-fn approve(state: &RunState) -> Resume {
+fn approve(state: &RunState) -> Payload {
     let call = &state.pending_calls[0];
-    Resume::Approval {
+    Payload::Approval {
         call_id: call.call_id.clone(),
         args_hash: call.args_hash.clone(),
         decision: Decision::Approve,
@@ -120,9 +120,9 @@ async fn awaiting_approval() {
 
 #[tokio::test]
 async fn awaiting_approval_edit_and_reject() {
-    fn edit(state: &RunState) -> Resume {
+    fn edit(state: &RunState) -> Payload {
         let call = &state.pending_calls[0];
-        Resume::Approval {
+        Payload::Approval {
             call_id: call.call_id.clone(),
             args_hash: call.args_hash.clone(),
             decision: Decision::Edit {
@@ -132,9 +132,9 @@ async fn awaiting_approval_edit_and_reject() {
             request_seq: None,
         }
     }
-    fn reject(state: &RunState) -> Resume {
+    fn reject(state: &RunState) -> Payload {
         let call = &state.pending_calls[0];
-        Resume::Approval {
+        Payload::Approval {
             call_id: call.call_id.clone(),
             args_hash: call.args_hash.clone(),
             decision: Decision::Reject {
@@ -175,17 +175,17 @@ async fn awaiting_approval_edit_and_reject() {
 /// the deadline), not as a person's rejection.
 #[tokio::test]
 async fn awaiting_approval_escalated_then_expired() {
-    fn escalate(state: &RunState) -> Resume {
+    fn escalate(state: &RunState) -> Payload {
         let call = &state.pending_calls[0];
-        Resume::Escalate {
+        Payload::Escalate {
             call_id: call.call_id.clone(),
             request_seq: call.requested_seq,
             expires_at: None,
         }
     }
-    fn expire(state: &RunState) -> Resume {
+    fn expire(state: &RunState) -> Payload {
         let call = &state.pending_calls[0];
-        Resume::Approval {
+        Payload::Approval {
             call_id: call.call_id.clone(),
             args_hash: call.args_hash.clone(),
             decision: Decision::Expire,
@@ -223,8 +223,8 @@ async fn awaiting_approval_escalated_then_expired() {
 
 #[tokio::test]
 async fn awaiting_tool() {
-    fn answer(state: &RunState) -> Resume {
-        Resume::ToolResult {
+    fn answer(state: &RunState) -> Payload {
+        Payload::ToolResult {
             call_id: state.pending_calls[0].call_id.clone(),
             content: "Order A1, please.".into(),
             is_error: false,
@@ -257,8 +257,8 @@ async fn awaiting_tool() {
 
 #[tokio::test]
 async fn awaiting_input() {
-    fn say(_: &RunState) -> Resume {
-        Resume::Input {
+    fn say(_: &RunState) -> Payload {
+        Payload::Input {
             text: "I want a refund for A1.".into(),
             redactions: Vec::new(),
         }
@@ -285,8 +285,8 @@ async fn awaiting_input() {
 
 #[tokio::test]
 async fn paused_by_budget() {
-    fn extend(_: &RunState) -> Resume {
-        Resume::ExtendBudget {
+    fn extend(_: &RunState) -> Payload {
+        Payload::ExtendBudget {
             extra: BudgetLimits {
                 max_turns: Some(1),
                 ..BudgetLimits::default()
@@ -332,8 +332,8 @@ async fn paused_by_budget() {
 
 #[tokio::test]
 async fn paused_at_turn_limit_then_resumed() {
-    fn resume(_: &RunState) -> Resume {
-        Resume::Resume {
+    fn resume(_: &RunState) -> Payload {
+        Payload::Resume {
             by: Some("ops".into()),
         }
     }
@@ -360,8 +360,8 @@ async fn paused_at_turn_limit_then_resumed() {
 
 #[tokio::test]
 async fn an_approved_external_call_goes_back_to_the_caller() {
-    fn answer(state: &RunState) -> Resume {
-        Resume::ToolResult {
+    fn answer(state: &RunState) -> Payload {
+        Payload::ToolResult {
             call_id: state.pending_calls[0].call_id.clone(),
             content: "Order A1, please.".into(),
             is_error: false,
@@ -398,8 +398,8 @@ async fn an_approved_external_call_goes_back_to_the_caller() {
 
 #[tokio::test]
 async fn closing_words_end_a_conversation_without_a_model_call() {
-    fn bye(_: &RunState) -> Resume {
-        Resume::Close {
+    fn bye(_: &RunState) -> Payload {
+        Payload::Close {
             text: Some("Thanks, that's all!".into()),
             redactions: Vec::new(),
         }
@@ -427,8 +427,8 @@ async fn closing_words_end_a_conversation_without_a_model_call() {
 
 #[tokio::test]
 async fn a_run_paused_by_its_budget_can_be_closed_but_takes_no_closing_words() {
-    fn close(_: &RunState) -> Resume {
-        Resume::Close {
+    fn close(_: &RunState) -> Payload {
+        Payload::Close {
             text: None,
             redactions: Vec::new(),
         }
@@ -459,7 +459,7 @@ async fn a_run_paused_by_its_budget_can_be_closed_but_takes_no_closing_words() {
     let words = agent
         .advance(
             &mut state,
-            Some(Resume::Close {
+            Some(Payload::Close {
                 text: Some("bye".into()),
                 redactions: Vec::new(),
             }),

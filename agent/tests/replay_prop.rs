@@ -37,7 +37,7 @@ use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_agent::{Agent, AgentError, EventSink, FixedClock, SinkError, async_trait};
 use glia_proto::{
     ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, PauseReason,
-    PlannerKind, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState, Status, StopAction,
+    Payload, PlannerKind, Policy, PolicyAction, PullPoint, RunConfig, RunState, Status, StopAction,
     StopPolicy, ToolSpec,
 };
 use proptest::prelude::*;
@@ -531,7 +531,7 @@ impl Choices<'_> {
 /// What the driver does next.
 #[derive(Debug, Clone)]
 enum Action {
-    Advance(Option<Resume>),
+    Advance(Option<Payload>),
     Close,
     Cancel,
 }
@@ -570,7 +570,7 @@ fn respond(
                         input: edited(&call.name, choices),
                     },
                 };
-                Resume::Approval {
+                Payload::Approval {
                     call_id: call.call_id.clone(),
                     args_hash: call.args_hash.clone(),
                     decision,
@@ -579,7 +579,7 @@ fn respond(
                 }
             } else {
                 let content = WORDS[choices.pick(WORDS.len())].to_owned();
-                Resume::ToolResult {
+                Payload::ToolResult {
                     call_id: call.call_id.clone(),
                     content,
                     is_error: choices.one_in(3),
@@ -592,7 +592,7 @@ fn respond(
             }
             *inputs_left -= 1;
             let text = ["and then?", "BAD idea", "thanks, 42", "please review"][choices.pick(4)];
-            Resume::Input {
+            Payload::Input {
                 text: text.into(),
                 redactions: Vec::new(),
             }
@@ -605,9 +605,9 @@ fn respond(
                 max_tool_calls: Some(1 + choices.pick(2) as u64),
                 ..BudgetLimits::default()
             };
-            Resume::ExtendBudget { extra }
+            Payload::ExtendBudget { extra }
         }
-        PullPoint::Paused { .. } => Resume::Resume {
+        PullPoint::Paused { .. } => Payload::Resume {
             by: Some("operator".into()),
         },
     };
@@ -625,26 +625,26 @@ fn edited(tool: &str, choices: &mut Choices<'_>) -> Value {
 }
 
 /// A payload that does not fit where the run is parked.
-fn misfit(pull_point: &PullPoint) -> Resume {
+fn misfit(pull_point: &PullPoint) -> Payload {
     match pull_point {
-        PullPoint::AwaitingApproval { call_ids } => Resume::Approval {
+        PullPoint::AwaitingApproval { call_ids } => Payload::Approval {
             call_id: call_ids[0].clone(),
             args_hash: "0".repeat(64),
             decision: Decision::Approve,
             by: None,
             request_seq: None,
         },
-        PullPoint::AwaitingTool { .. } => Resume::ToolResult {
+        PullPoint::AwaitingTool { .. } => Payload::ToolResult {
             call_id: "no_such_call".into(),
             content: "x".into(),
             is_error: false,
         },
-        PullPoint::AwaitingInput => Resume::Input {
+        PullPoint::AwaitingInput => Payload::Input {
             text: "  \n ".into(),
             redactions: Vec::new(),
         },
         // A closing message is only taken at awaiting_input.
-        PullPoint::Paused { .. } => Resume::Close {
+        PullPoint::Paused { .. } => Payload::Close {
             text: Some("bye".into()),
             redactions: Vec::new(),
         },
@@ -730,7 +730,7 @@ async fn drive(s: &Scenario, mode: Mode) -> Driven {
                 .await
                 .map(drop),
             Action::Cancel => {
-                let cancel = Resume::Cancel {
+                let cancel = Payload::Cancel {
                     reason: "the caller gave up".into(),
                 };
                 worker
@@ -1022,7 +1022,7 @@ fn a_structured_conversation_asks_the_model_about_the_next_message() {
         worker
             .advance(
                 &mut state,
-                Some(Resume::Input {
+                Some(Payload::Input {
                     text: "and the second?".into(),
                     redactions: Vec::new(),
                 }),
@@ -1064,7 +1064,7 @@ fn approving_a_call_does_not_overrun_the_tool_budget() {
         };
         let (worker, mut state, mut log) = run_script(turns, config).await;
         let call = state.call("call_1").expect("the refund is pending").clone();
-        let approve = Resume::Approval {
+        let approve = Payload::Approval {
             call_id: call.call_id,
             args_hash: call.args_hash,
             decision: Decision::Approve,

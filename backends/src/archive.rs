@@ -30,7 +30,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use glia_proto::{Event, Resume, RunState};
+use glia_proto::{Event, Payload, RunState};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -139,7 +139,7 @@ pub struct ApprovalRecord {
 #[serde(deny_unknown_fields)]
 pub struct InboxRecord {
     /// The payload.
-    pub payload: Resume,
+    pub payload: Payload,
     /// Its dedupe key ([`crate::dedupe_key`]).
     pub dedupe_key: Option<String>,
     /// Already applied to the run.

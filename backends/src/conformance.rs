@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use glia_proto::{
-    ContentBlock, Decision, Disposition, Event, EventKind, Message, Outcome, PullPoint, Resume,
+    ContentBlock, Decision, Disposition, Event, EventKind, Message, Outcome, Payload, PullPoint,
     Role, RunConfig, RunState, ToolCallRecord, Usage, args_hash,
 };
 use serde_json::json;
@@ -433,7 +433,7 @@ pub async fn concurrent_commits_across_runs(log: &dyn EventLog) {
             .await
             .unwrap();
         assert_eq!(pending.len(), 1, "run {}: one approval requested", s.run_id);
-        let decision = Resume::Approval {
+        let decision = Payload::Approval {
             call_id: "c1".into(),
             args_hash: pending[0].args_hash.clone(),
             decision: Decision::Approve,
@@ -526,7 +526,7 @@ pub async fn inbox_and_approvals(log: &dyn EventLog) {
         ("c1", "refund")
     );
     assert!(!pending[0].interrupted);
-    let decision = Resume::Approval {
+    let decision = Payload::Approval {
         call_id: "c1".into(),
         args_hash: pending[0].args_hash.clone(),
         decision: Decision::Approve,
@@ -681,7 +681,7 @@ pub async fn nothing_is_taken_after_a_cancel(log: &dyn Inbox) {
     .await
     .unwrap();
     let hash = args_hash(&json!({"order": "A1", "amount": 30}));
-    let approval = Resume::Approval {
+    let approval = Payload::Approval {
         call_id: "c1".into(),
         args_hash: hash,
         decision: Decision::Approve,
@@ -691,7 +691,7 @@ pub async fn nothing_is_taken_after_a_cancel(log: &dyn Inbox) {
     let cancel = log
         .post(
             s.run_id,
-            Resume::Cancel {
+            Payload::Cancel {
                 reason: "stop".into(),
             },
         )
@@ -702,7 +702,7 @@ pub async fn nothing_is_taken_after_a_cancel(log: &dyn Inbox) {
         matches!(refused, Err(LogError::Cancelled(id)) if id == s.run_id),
         "an approval after a cancel: {refused:?}"
     );
-    let refused = log.post(s.run_id, Resume::Resume { by: None }).await;
+    let refused = log.post(s.run_id, Payload::Resume { by: None }).await;
     assert!(
         matches!(refused, Err(LogError::Cancelled(_))),
         "a resume after a cancel: {refused:?}"
@@ -710,7 +710,7 @@ pub async fn nothing_is_taken_after_a_cancel(log: &dyn Inbox) {
     let again = log
         .post(
             s.run_id,
-            Resume::Cancel {
+            Payload::Cancel {
                 reason: "again".into(),
             },
         )
@@ -749,7 +749,7 @@ pub async fn nothing_is_taken_after_a_cancel(log: &dyn Inbox) {
     let refused = log
         .post(
             s.run_id,
-            Resume::Cancel {
+            Payload::Cancel {
                 reason: "late".into(),
             },
         )
@@ -777,7 +777,7 @@ pub async fn a_repeated_approval_during_a_pending_cancel_is_cancelled(log: &dyn 
     )
     .await
     .unwrap();
-    let approval = Resume::Approval {
+    let approval = Payload::Approval {
         call_id: "c1".into(),
         args_hash: args_hash(&json!({"order": "A1", "amount": 30})),
         decision: Decision::Approve,
@@ -793,7 +793,7 @@ pub async fn a_repeated_approval_during_a_pending_cancel_is_cancelled(log: &dyn 
     let cancel = log
         .post(
             s.run_id,
-            Resume::Cancel {
+            Payload::Cancel {
                 reason: "stop".into(),
             },
         )
@@ -865,7 +865,7 @@ pub async fn open_and_release_if_idle(log: &dyn Inbox) {
     );
     assert_eq!(at_head.state, state_after(s.run_id, &s.parked));
     let hash = args_hash(&json!({"order": "A1", "amount": 30}));
-    let decision = Resume::Approval {
+    let decision = Payload::Approval {
         call_id: "c1".into(),
         args_hash: hash,
         decision: Decision::Approve,
@@ -919,7 +919,7 @@ pub async fn open_and_release_if_idle(log: &dyn Inbox) {
     let paused = log
         .post(
             s.run_id,
-            Resume::Pause {
+            Payload::Pause {
                 reason: "look".into(),
                 by: None,
             },
@@ -1091,7 +1091,7 @@ pub async fn outbox_and_orphans(log: &dyn EventLog) {
         })
         .await
         .unwrap();
-    let decision = Resume::Approval {
+    let decision = Payload::Approval {
         call_id: "c1".into(),
         args_hash: pending[0].args_hash.clone(),
         decision: Decision::Approve,
@@ -1228,7 +1228,7 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
         })
         .await
         .unwrap();
-    let decision = Resume::Approval {
+    let decision = Payload::Approval {
         call_id: "c1".into(),
         args_hash: pending[0].args_hash.clone(),
         decision: Decision::Approve,

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{NaiveDate, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use glia_proto::{Event, EventKind, LiveEvent, Phase, Resume, RunState};
+use glia_proto::{Event, EventKind, LiveEvent, Payload, Phase, RunState};
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
@@ -295,7 +295,7 @@ impl RunLog for MemoryLog {
 
 #[async_trait]
 impl Inbox for MemoryLog {
-    async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
+    async fn post(&self, run_id: Uuid, payload: Payload) -> Result<i64, LogError> {
         let mut inner = lock(&self.inner);
         let id = inner.id();
         let key = dedupe_key(&payload);
@@ -325,7 +325,7 @@ impl Inbox for MemoryLog {
             false,
         ));
         let head_seq = r.summary.head_seq;
-        if let Resume::Approval { call_id, .. } = &payload {
+        if let Payload::Approval { call_id, .. } = &payload {
             for a in inner
                 .approvals
                 .iter_mut()

@@ -70,7 +70,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use deadpool_postgres::{
     GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Transaction,
 };
-use glia_proto::{Event, EventKind, Phase, Resume, RunState};
+use glia_proto::{Event, EventKind, Payload, Phase, RunState};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -1600,14 +1600,14 @@ impl Inbox for PgLog {
     /// together. A refused payload wrote nothing, so its `COMMIT` only lets
     /// go of the lock. Refusals: [`LogError::NotFound`],
     /// [`LogError::Finished`], [`LogError::Cancelled`], [`LogError::Duplicate`].
-    async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
+    async fn post(&self, run_id: Uuid, payload: Payload) -> Result<i64, LogError> {
         let key = dedupe_key(&payload);
         let cell = JsonCell::of(&payload).map_err(|e| LogError::Invalid {
             run_id,
             reason: format!("payload does not serialise: {e}"),
         })?;
         let decided: Vec<&str> = match &payload {
-            Resume::Approval { call_id, .. } => vec![call_id.as_str()],
+            Payload::Approval { call_id, .. } => vec![call_id.as_str()],
             _ => vec![],
         };
         let deadline = tokio::time::Instant::now() + self.call_timeout;

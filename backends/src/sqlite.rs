@@ -75,7 +75,7 @@ use deadpool::Runtime;
 use deadpool::managed::{Metrics, PoolConfig, RecycleError, RecycleResult, Timeouts};
 use deadpool_sync::SyncWrapper;
 use futures::stream::BoxStream;
-use glia_proto::{Event, EventKind, LiveEvent, Phase, Resume, RunState};
+use glia_proto::{Event, EventKind, LiveEvent, Payload, Phase, RunState};
 use rusqlite::{Connection, OptionalExtension, Row, Savepoint, params};
 use rusqlite_migration::{M, Migrations};
 use serde::de::DeserializeOwned;
@@ -1404,11 +1404,11 @@ impl RunLog for SqliteLog {
 impl Inbox for SqliteLog {
     /// One transaction: the inbox row (a used dedupe key is
     /// [`LogError::Duplicate`]), the approval marked decided, a job.
-    async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError> {
+    async fn post(&self, run_id: Uuid, payload: Payload) -> Result<i64, LogError> {
         let key = dedupe_key(&payload);
         let text = json(run_id, &payload, "payload")?;
         let decided = match &payload {
-            Resume::Approval { call_id, .. } => Some(call_id.clone()),
+            Payload::Approval { call_id, .. } => Some(call_id.clone()),
             _ => None,
         };
         self.store

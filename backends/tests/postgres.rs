@@ -17,7 +17,7 @@ use glia_backends::{
 };
 use glia_proto::{
     ContentBlock, Decision, Disposition, Event, EventKind, ImageSource, MAX_IMAGE_BASE64_LEN,
-    Message, ResultBlock, Resume, Role, RunConfig, RunState, ToolCallRecord, ToolContent, Usage,
+    Message, Payload, ResultBlock, Role, RunConfig, RunState, ToolCallRecord, ToolContent, Usage,
     args_hash,
 };
 use serde_json::json;
@@ -364,7 +364,7 @@ async fn nul_characters_round_trip_everywhere() {
         "the event is exact"
     );
     assert_eq!(log.load(start.run_id).await.unwrap().goal, "nul \0 goal");
-    let payload = Resume::ToolResult {
+    let payload = Payload::ToolResult {
         call_id: "c\u{1}".into(),
         content: "a\0b".into(),
         is_error: false,
@@ -776,7 +776,7 @@ async fn concurrent_approval_decisions_one_is_accepted() {
                     reason: format!("no ({i})"),
                 }
             };
-            let payload = Resume::Approval {
+            let payload = Payload::Approval {
                 call_id: "c1".into(),
                 args_hash: hash.clone(),
                 decision,
@@ -852,7 +852,7 @@ async fn bad_rows_are_errors_not_panics() {
     assert!(matches!(log.outbox(10).await, Err(LogError::Corrupt(_))));
     log.post(
         s.run_id,
-        Resume::Input {
+        Payload::Input {
             text: "hi".into(),
             redactions: Vec::new(),
         },
@@ -1056,9 +1056,9 @@ async fn parked_and_let_go(options: PgOptions) -> (TestDb, PgLog, SampleLog) {
 }
 
 /// The approval of the sample run's call `c1`, as it was requested.
-fn approve_c1() -> Resume {
+fn approve_c1() -> Payload {
     let hash = args_hash(&json!({"order": "A1", "amount": 30}));
-    Resume::Approval {
+    Payload::Approval {
         call_id: "c1".into(),
         args_hash: hash,
         decision: Decision::Approve,

@@ -9,7 +9,7 @@ use glia_backends::conformance::{self, sample_log};
 use glia_backends::sqlite::{SqliteLog, SqliteOptions};
 use glia_backends::testkit::TempDir;
 use glia_backends::{Approvals, Inbox, Job, JobQueue, Ledger, LogError, NewRun, RunLog};
-use glia_proto::{Decision, Resume, RunState};
+use glia_proto::{Decision, Payload, RunState};
 use uuid::Uuid;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -131,7 +131,7 @@ async fn what_was_committed_survives_a_restart() {
             })
             .await
             .unwrap();
-        decision = Resume::Approval {
+        decision = Payload::Approval {
             call_id: "c1".into(),
             args_hash: approvals[0].args_hash.clone(),
             decision: Decision::Approve,
@@ -354,7 +354,7 @@ async fn writes_batched_together_fail_alone() {
         .unwrap()[0]
         .args_hash
         .clone();
-    let decision = Resume::Approval {
+    let decision = Payload::Approval {
         call_id: "c1".into(),
         args_hash: hash,
         decision: Decision::Approve,

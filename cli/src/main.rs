@@ -22,7 +22,7 @@ use clap::{Parser, Subcommand};
 use glia_agent::agent::{EventSink, SinkError};
 use glia_agent::provider::{Provider, ScriptedProvider};
 use glia_agent::{Agent, async_trait};
-use glia_proto::{Decision, Event, PullPoint, Resume, RunConfig, RunState, Status};
+use glia_proto::{Decision, Event, Payload, PullPoint, RunConfig, RunState, Status};
 
 #[derive(Parser)]
 #[command(name = "glia", version, about = "Durable, resumable LLM agent runs")]
@@ -329,7 +329,7 @@ async fn run(args: RunArgs) -> Result<()> {
                     },
                     None => Decision::Approve,
                 };
-                Resume::Approval {
+                Payload::Approval {
                     call_id: call.call_id.clone(),
                     args_hash: call.args_hash.clone(),
                     decision,
@@ -338,7 +338,7 @@ async fn run(args: RunArgs) -> Result<()> {
                 }
             }
             PullPoint::AwaitingTool { call_ids } => match tool_results.next() {
-                Some(content) => Resume::ToolResult {
+                Some(content) => Payload::ToolResult {
                     call_id: call_ids[0].clone(),
                     content,
                     is_error: false,
@@ -346,7 +346,7 @@ async fn run(args: RunArgs) -> Result<()> {
                 None => break,
             },
             PullPoint::AwaitingInput => match replies.next() {
-                Some(text) => Resume::Input {
+                Some(text) => Payload::Input {
                     text,
                     redactions: Vec::new(),
                 },

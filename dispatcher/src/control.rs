@@ -5,7 +5,7 @@
 //! admission loop all call these.
 
 use glia_backends::{ApprovalFilter, ApprovalRow, RunStatus, RunSummary};
-use glia_proto::{ApprovalStatus, Decision, PauseReason, PullPoint, Resume};
+use glia_proto::{ApprovalStatus, Decision, PauseReason, Payload, PullPoint};
 use uuid::Uuid;
 
 use crate::app::App;
@@ -39,18 +39,18 @@ pub(crate) fn not_done(run: &RunSummary) -> Result<(), ApiError> {
 pub(crate) async fn post(
     app: &App,
     run_id: Uuid,
-    payload: Resume,
+    payload: Payload,
 ) -> Result<(i64, &'static str), glia_backends::LogError> {
     let kind = match &payload {
-        Resume::Approval { .. } => "approval",
-        Resume::ToolResult { .. } => "tool_result",
-        Resume::Input { .. } => "input",
-        Resume::ExtendBudget { .. } => "extend_budget",
-        Resume::Pause { .. } => "pause",
-        Resume::Resume { .. } => "resume",
-        Resume::Close { .. } => "close",
-        Resume::Cancel { .. } => "cancel",
-        Resume::Escalate { .. } => "escalate",
+        Payload::Approval { .. } => "approval",
+        Payload::ToolResult { .. } => "tool_result",
+        Payload::Input { .. } => "input",
+        Payload::ExtendBudget { .. } => "extend_budget",
+        Payload::Pause { .. } => "pause",
+        Payload::Resume { .. } => "resume",
+        Payload::Close { .. } => "close",
+        Payload::Cancel { .. } => "cancel",
+        Payload::Escalate { .. } => "escalate",
     };
     let id = app.log.post(run_id, payload).await?;
     app.metrics().posted(kind);
@@ -134,7 +134,7 @@ pub(crate) async fn decide_one(
             });
         }
     }
-    let payload = Resume::Approval {
+    let payload = Payload::Approval {
         call_id: call_id.clone(),
         args_hash: call.args_hash.clone(),
         decision: decision.clone(),
@@ -224,8 +224,8 @@ pub(crate) async fn operator_pause(
     inbox: &[glia_backends::InboxItem],
 ) -> Result<Option<String>, ApiError> {
     let last = inbox.iter().rev().find_map(|i| match &i.payload {
-        Resume::Pause { reason, .. } => Some(Some(reason.clone())),
-        Resume::Resume { .. } => Some(None),
+        Payload::Pause { reason, .. } => Some(Some(reason.clone())),
+        Payload::Resume { .. } => Some(None),
         _ => None,
     });
     if let Some(decided) = last {
@@ -256,7 +256,7 @@ pub(crate) async fn pause_run(
     let (inbox_id, _) = post(
         app,
         id,
-        Resume::Pause {
+        Payload::Pause {
             reason: reason.to_owned(),
             by: Some(by.to_owned()),
         },
@@ -296,7 +296,7 @@ pub(crate) async fn resume_paused_by(
             post(
                 app,
                 id,
-                Resume::Resume {
+                Payload::Resume {
                     by: Some(by.to_owned()),
                 },
             )
@@ -321,13 +321,13 @@ pub(crate) async fn cancel_run(
         .inbox(id)
         .await?
         .into_iter()
-        .find(|i| matches!(i.payload, Resume::Cancel { .. }));
+        .find(|i| matches!(i.payload, Payload::Cancel { .. }));
     let inbox_id = match pending {
         Some(item) => item.id,
         None => match post(
             app,
             id,
-            Resume::Cancel {
+            Payload::Cancel {
                 reason: reason.to_owned(),
             },
         )
@@ -340,7 +340,7 @@ pub(crate) async fn cancel_run(
                 .inbox(id)
                 .await?
                 .into_iter()
-                .find(|i| matches!(i.payload, Resume::Cancel { .. }))
+                .find(|i| matches!(i.payload, Payload::Cancel { .. }))
                 .map(|i| i.id)
                 .ok_or(ApiError::RunFinished(id))?,
             Err(e) => return Err(e.into()),

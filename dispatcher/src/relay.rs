@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use glia_backends::{ApprovalFilter, Job, LogError, Orphan, QueueError};
-use glia_proto::{ApprovalStatus, ApprovalTimeout, Decision, Resume};
+use glia_proto::{ApprovalStatus, ApprovalTimeout, Decision, Payload};
 use uuid::Uuid;
 
 use crate::app::App;
@@ -249,7 +249,7 @@ impl Reconciler {
                     // The event first (`approval.escalated`, recorded by a
                     // worker), then the row's flag: a crash in between
                     // posts again, and the duplicate is refused.
-                    let payload = Resume::Escalate {
+                    let payload = Payload::Escalate {
                         call_id: row.call_id.clone(),
                         request_seq,
                         expires_at: row.expires_at,
@@ -262,7 +262,7 @@ impl Reconciler {
                 }
                 ApprovalTimeout::Reject => {
                     let decision = Decision::Expire;
-                    let payload = Resume::Approval {
+                    let payload = Payload::Approval {
                         call_id: row.call_id.clone(),
                         args_hash: row.args_hash.clone(),
                         decision,

@@ -6,7 +6,7 @@ mod common;
 use axum::http::{Method, StatusCode};
 use common::*;
 use glia_backends::{Inbox, RunLog};
-use glia_proto::{ApprovalStatus, Decision, EventKind, Resume, args_hash};
+use glia_proto::{ApprovalStatus, Decision, EventKind, Payload, args_hash};
 use serde_json::json;
 
 #[tokio::test]
@@ -92,7 +92,7 @@ async fn a_decision_is_posted_bound_to_the_pending_hash_and_the_first_wins() {
     assert_eq!(inbox.len(), 1);
     assert_eq!(
         inbox[0].payload,
-        Resume::Approval {
+        Payload::Approval {
             call_id: "c1".into(),
             args_hash: args_hash(&input),
             decision: Decision::Approve,
@@ -347,7 +347,7 @@ async fn two_concurrent_conflicting_decisions_one_wins() {
         let inbox = h.log.inbox(id).await.unwrap();
         assert_eq!(inbox.len(), 1, "exactly one decision is posted");
         match &inbox[0].payload {
-            Resume::Approval { decision, .. } => assert_eq!(
+            Payload::Approval { decision, .. } => assert_eq!(
                 serde_json::to_value(decision).unwrap(),
                 winner.body["decision"]
             ),
@@ -400,7 +400,7 @@ async fn three_parallel_calls_decided_out_of_order_each_bind_to_their_own_call()
     assert_eq!(inbox.len(), 3);
     // Each payload names its own call and that call's hash.
     for item in &inbox {
-        let Resume::Approval {
+        let Payload::Approval {
             call_id,
             args_hash: hash,
             ..
@@ -418,7 +418,7 @@ async fn three_parallel_calls_decided_out_of_order_each_bind_to_their_own_call()
     // A worker applying them in inbox order (whatever it is) ends with each call decided as asked.
     let mut kinds = Vec::new();
     for item in &inbox {
-        let Resume::Approval {
+        let Payload::Approval {
             call_id,
             args_hash,
             decision,
@@ -538,7 +538,7 @@ async fn bulk_decisions_report_per_item() {
             .unwrap()
             .into_iter()
             .map(|item| match item.payload {
-                Resume::Approval { call_id, .. } => call_id,
+                Payload::Approval { call_id, .. } => call_id,
                 other => panic!("not a decision: {other:?}"),
             })
             .collect();

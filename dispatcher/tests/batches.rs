@@ -792,7 +792,7 @@ async fn cancel_pause_resume_and_expiry() {
                 .await
                 .unwrap()
                 .iter()
-                .any(|i| matches!(i.payload, glia_proto::Resume::Cancel { .. })),
+                .any(|i| matches!(i.payload, glia_proto::Payload::Cancel { .. })),
             "run {} got a cancel",
             run.run_id
         );

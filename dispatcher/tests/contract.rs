@@ -9,7 +9,7 @@ mod common;
 use axum::http::StatusCode;
 use common::*;
 use glia_backends::{EventLog, Inbox, RunFilter, RunLog};
-use glia_proto::{Resume, ToolSpec};
+use glia_proto::{Payload, ToolSpec};
 use serde_json::{Value, json};
 
 fn external(name: &str, input_schema: Value) -> Value {
@@ -202,7 +202,7 @@ async fn after_a_cancel_every_payload_endpoint_answers_409() {
         let inbox = real.log.inbox(id).await.unwrap();
         assert_eq!(
             inbox.iter().map(|i| &i.payload).collect::<Vec<_>>(),
-            [&Resume::Cancel {
+            [&Payload::Cancel {
                 reason: "stop".into()
             }],
             "{id}"

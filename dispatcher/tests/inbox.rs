@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use common::*;
 use glia_backends::Inbox;
-use glia_proto::{Decision, EventKind, Resume, args_hash};
+use glia_proto::{Decision, EventKind, Payload, args_hash};
 use serde_json::json;
 
 fn form(
@@ -205,7 +205,7 @@ async fn sessions_forms_and_filters() {
     );
     let posted = h.log.inbox(refund).await.unwrap();
     assert!(
-        matches!(&posted[0].payload, Resume::Approval { decision: Decision::Reject { reason }, by: Some(by), .. } if reason == "not today" && by == "ana"),
+        matches!(&posted[0].payload, Payload::Approval { decision: Decision::Reject { reason }, by: Some(by), .. } if reason == "not today" && by == "ana"),
         "{posted:?}"
     );
 

@@ -14,7 +14,7 @@ use glia_backends::{
     Approvals, Delivery, Inbox, Job, JobQueue, Ledger, LedgerError, Outbox, QueueError, RunLog,
 };
 use glia_dispatcher::{App, Reconciler};
-use glia_proto::{EventKind, LiveEvent, Resume};
+use glia_proto::{EventKind, LiveEvent, Payload};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -257,7 +257,7 @@ async fn cancel_works_without_a_ledger() {
     let id: Uuid = id.parse().unwrap();
     assert!(matches!(
         log.inbox(id).await.unwrap()[0].payload,
-        Resume::Cancel { .. }
+        Payload::Cancel { .. }
     ));
 }
 
@@ -785,12 +785,12 @@ async fn reconciler_rejects_or_escalates_expired_approvals() {
     assert_eq!(r.expire_approvals().await.unwrap(), 2);
     let inbox = h.log.inbox(rejected).await.unwrap();
     assert!(
-        matches!(&inbox[0].payload, glia_proto::Resume::Approval { decision: glia_proto::Decision::Expire, by: Some(by), .. } if by == "reconciler"),
+        matches!(&inbox[0].payload, glia_proto::Payload::Approval { decision: glia_proto::Decision::Expire, by: Some(by), .. } if by == "reconciler"),
         "an expiry is told as an expiry, not as a person's rejection: {inbox:?}"
     );
     let posted = h.log.inbox(escalated).await.unwrap();
     assert!(
-        matches!(&posted[..], [glia_backends::InboxItem { payload: glia_proto::Resume::Escalate { call_id, request_seq: Some(_), .. }, .. }] if call_id == "c1"),
+        matches!(&posted[..], [glia_backends::InboxItem { payload: glia_proto::Payload::Escalate { call_id, request_seq: Some(_), .. }, .. }] if call_id == "c1"),
         "an escalation is posted for the worker to record as approval.escalated: {posted:?}"
     );
     let rows = h

@@ -5,7 +5,7 @@ mod common;
 use axum::http::{Method, StatusCode};
 use common::*;
 use glia_backends::{Inbox, Job, JobQueue, Ledger, Outbox, RunLog};
-use glia_proto::{BudgetLimits, EventKind, Resume};
+use glia_proto::{BudgetLimits, EventKind, Payload};
 use serde_json::json;
 
 #[tokio::test]
@@ -25,7 +25,7 @@ async fn external_tool_result_is_posted_once() {
     let inbox = h.log.inbox(id).await.unwrap();
     assert_eq!(
         inbox[0].payload,
-        Resume::ToolResult {
+        Payload::ToolResult {
             call_id: "ext1".into(),
             content: "{\"temp\": 20}".into(),
             is_error: false
@@ -100,7 +100,7 @@ async fn external_tool_result_is_posted_once() {
     assert_eq!(r.status, StatusCode::ACCEPTED);
     assert_eq!(
         h.log.inbox(id2).await.unwrap()[0].payload,
-        Resume::ToolResult {
+        Payload::ToolResult {
             call_id: "ext1".into(),
             content: "boom".into(),
             is_error: true
@@ -145,7 +145,7 @@ async fn messages_only_at_awaiting_input() {
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(
         h.log.inbox(id).await.unwrap()[0].payload,
-        Resume::Input {
+        Payload::Input {
             text: "next question".into(),
             redactions: Vec::new()
         }
@@ -246,7 +246,7 @@ async fn close_a_conversation() {
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(
         h.log.inbox(id).await.unwrap()[0].payload,
-        Resume::Close {
+        Payload::Close {
             text: None,
             redactions: Vec::new()
         }
@@ -285,7 +285,7 @@ async fn close_with_last_words_or_at_a_budget_pause() {
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(
         h.log.inbox(id).await.unwrap()[0].payload,
-        Resume::Close {
+        Payload::Close {
             text: Some("Thanks, bye!".into()),
             redactions: Vec::new()
         }
@@ -378,7 +378,7 @@ async fn resume_with_and_without_extension() {
             .iter()
             .map(|i| i.payload.clone())
             .collect::<Vec<_>>(),
-        vec![Resume::ExtendBudget { extra }]
+        vec![Payload::ExtendBudget { extra }]
     );
     let again = send(
         &h.router,
@@ -410,7 +410,7 @@ async fn resume_with_and_without_extension() {
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(
         h.log.inbox(id2).await.unwrap()[0].payload,
-        Resume::Resume {
+        Payload::Resume {
             by: Some("a".into())
         }
     );
@@ -464,7 +464,7 @@ async fn pause_posts_a_pause_sets_the_flag_and_a_resume_withdraws_or_resumes_it(
     );
     assert_eq!(
         h.log.inbox(id).await.unwrap()[0].payload,
-        Resume::Pause {
+        Payload::Pause {
             reason: "audit".into(),
             by: Some("a".into())
         }
@@ -500,7 +500,7 @@ async fn pause_posts_a_pause_sets_the_flag_and_a_resume_withdraws_or_resumes_it(
     )
     .await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
-    let inbox: Vec<Resume> = h
+    let inbox: Vec<Payload> = h
         .log
         .inbox(id)
         .await
@@ -511,11 +511,11 @@ async fn pause_posts_a_pause_sets_the_flag_and_a_resume_withdraws_or_resumes_it(
     assert_eq!(
         inbox,
         vec![
-            Resume::Pause {
+            Payload::Pause {
                 reason: "audit".into(),
                 by: Some("a".into())
             },
-            Resume::Resume {
+            Payload::Resume {
                 by: Some("a".into())
             }
         ]
@@ -621,7 +621,7 @@ async fn cancel_posts_a_cancel_and_sets_the_flag() {
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(
         h.log.inbox(id).await.unwrap()[0].payload,
-        Resume::Cancel {
+        Payload::Cancel {
             reason: "changed my mind".into()
         }
     );
@@ -727,7 +727,7 @@ async fn input_redactions_apply_before_the_goal_and_messages_are_stored() {
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(
         h.log.inbox(id).await.unwrap()[0].payload,
-        Resume::Input {
+        Payload::Input {
             text: "write to [redacted:email]".into(),
             redactions: vec![glia_proto::Redaction {
                 guardrail: "email".into(),
@@ -756,7 +756,7 @@ async fn input_redactions_apply_before_the_goal_and_messages_are_stored() {
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     assert_eq!(
         h.log.inbox(other).await.unwrap()[0].payload,
-        Resume::Close {
+        Payload::Close {
             text: Some("bye, ****".into()),
             redactions: vec![glia_proto::Redaction {
                 guardrail: "pin".into(),

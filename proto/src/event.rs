@@ -223,7 +223,7 @@ pub enum EventKind {
     },
     /// An approval passed its deadline with no decision and was handed to a
     /// second line of approvers (`on_approval_timeout: escalate`); it stays
-    /// pending. Recorded by the worker from a [`Resume::Escalate`] the
+    /// pending. Recorded by the worker from a [`Payload::Escalate`] the
     /// reconciler posts; no state changes.
     #[serde(rename = "approval.escalated")]
     ApprovalEscalated {
@@ -293,7 +293,7 @@ pub enum EventKind {
     /// An operator asked the run to pause: it parks at `paused` with
     /// [`PauseReason::Operator`] at its next step boundary (at once when it
     /// is runnable; after the payload it waits for when it is parked).
-    /// Recorded from a [`Resume::Pause`]; a `session.resume` before the
+    /// Recorded from a [`Payload::Pause`]; a `session.resume` before the
     /// pause takes effect withdraws it.
     #[serde(rename = "session.pause_requested")]
     SessionPauseRequested {
@@ -769,7 +769,7 @@ pub enum LiveEvent {
 /// A payload that moves a parked run on, posted by a person or a client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Resume {
+pub enum Payload {
     /// A decision on a call waiting at `awaiting_approval`.
     Approval {
         /// The call.

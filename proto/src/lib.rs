@@ -57,7 +57,7 @@ pub use content::{
 };
 pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent,
-    Outcome, PauseReason, PullPoint, Resume, Retry, ToolCallRecord, ToolErrorKind,
+    Outcome, PauseReason, Payload, PullPoint, Retry, ToolCallRecord, ToolErrorKind,
 };
 pub use guardrails::{Guardrails, Redaction, TextRule, Withheld};
 pub use held::HeldResult;

@@ -15,7 +15,7 @@ use glia_proto::{
     AgentRef, ApprovalTimeout, BudgetLimits, BudgetUsage, CompactionSpec, CompactionStrategy,
     ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, Guardrails, HookEffect,
     HookTopic, ImageSource, InterruptedCall, Limit, LiveEvent, Message, Outcome, PauseReason,
-    PlannerKind, Policy, PolicyAction, Pricing, PullPoint, RejectedAnswer, ResultBlock, Resume,
+    Payload, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, RejectedAnswer, ResultBlock,
     Retry, Role, RunConfig, StopAction, StopClass, StopPolicy, TextRule, ToolCallRecord,
     ToolContent, ToolErrorKind, ToolSpec, Usage,
 };
@@ -716,10 +716,10 @@ fn event() -> impl Strategy<Value = Event> {
     })
 }
 
-fn resume() -> impl Strategy<Value = Resume> {
+fn resume() -> impl Strategy<Value = Payload> {
     prop_oneof![
         (text(), text(), decision(), prop::option::of(text())).prop_map(
-            |(call_id, args_hash, decision, by)| Resume::Approval {
+            |(call_id, args_hash, decision, by)| Payload::Approval {
                 call_id,
                 args_hash,
                 decision,
@@ -728,31 +728,31 @@ fn resume() -> impl Strategy<Value = Resume> {
             }
         ),
         (text(), text(), any::<bool>()).prop_map(|(call_id, content, is_error)| {
-            Resume::ToolResult {
+            Payload::ToolResult {
                 call_id,
                 content,
                 is_error,
             }
         }),
-        text().prop_map(|text| Resume::Input {
+        text().prop_map(|text| Payload::Input {
             text,
             redactions: Vec::new()
         }),
-        budget_limits().prop_map(|extra| Resume::ExtendBudget { extra }),
-        prop::option::of(text()).prop_map(|by| Resume::Resume { by }),
-        prop::option::of(text()).prop_map(|text| Resume::Close {
+        budget_limits().prop_map(|extra| Payload::ExtendBudget { extra }),
+        prop::option::of(text()).prop_map(|by| Payload::Resume { by }),
+        prop::option::of(text()).prop_map(|text| Payload::Close {
             text,
             redactions: Vec::new()
         }),
-        text().prop_map(|reason| Resume::Cancel { reason }),
+        text().prop_map(|reason| Payload::Cancel { reason }),
         (text(), prop::option::of(any::<u64>())).prop_map(|(call_id, request_seq)| {
-            Resume::Escalate {
+            Payload::Escalate {
                 call_id,
                 request_seq,
                 expires_at: Some(DateTime::UNIX_EPOCH),
             }
         }),
-        (text(), prop::option::of(text())).prop_map(|(reason, by)| Resume::Pause { reason, by }),
+        (text(), prop::option::of(text())).prop_map(|(reason, by)| Payload::Pause { reason, by }),
     ]
 }
 
@@ -867,17 +867,17 @@ fn variant_index(kind: &EventKind) -> usize {
 }
 
 /// The same for [`resume`].
-fn resume_variant_index(resume: &Resume) -> usize {
+fn resume_variant_index(resume: &Payload) -> usize {
     match resume {
-        Resume::Approval { .. } => 0,
-        Resume::ToolResult { .. } => 1,
-        Resume::Input { .. } => 2,
-        Resume::ExtendBudget { .. } => 3,
-        Resume::Resume { .. } => 4,
-        Resume::Close { .. } => 5,
-        Resume::Cancel { .. } => 6,
-        Resume::Escalate { .. } => 7,
-        Resume::Pause { .. } => 8,
+        Payload::Approval { .. } => 0,
+        Payload::ToolResult { .. } => 1,
+        Payload::Input { .. } => 2,
+        Payload::ExtendBudget { .. } => 3,
+        Payload::Resume { .. } => 4,
+        Payload::Close { .. } => 5,
+        Payload::Cancel { .. } => 6,
+        Payload::Escalate { .. } => 7,
+        Payload::Pause { .. } => 8,
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use glia_agent::provider::{ModelRequest, ScriptedProvider, ScriptedTurn};
 use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_agent::{Agent, FixedClock};
-use glia_proto::{Decision, Outcome, Policy, PolicyAction, Resume, RunConfig, RunState, Status};
+use glia_proto::{Decision, Outcome, Payload, Policy, PolicyAction, RunConfig, RunState, Status};
 use glia_providers::{Anthropic, OpenAi, Wire};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -161,7 +161,7 @@ fn check(turns: Vec<Vec<(Value, Choice)>>) -> Result<(), TestCaseError> {
                     Choice::Edit(input) => (Some(input.clone()), input.clone()),
                     Choice::Reject => (None, proposed.clone()),
                 });
-                let resume = Resume::Approval {
+                let resume = Payload::Approval {
                     call_id: id.clone(),
                     args_hash: call.args_hash.clone(),
                     decision,

@@ -236,7 +236,7 @@ async fn a_refused_latest_human_turn_ends_failed_on_both_wire_formats() {
             Status::Parked(glia_proto::PullPoint::AwaitingInput),
             "{dir}"
         );
-        let input = glia_proto::Resume::Input {
+        let input = glia_proto::Payload::Input {
             text: "Now tell me something FORBIDDEN.".into(),
             redactions: Vec::new(),
         };

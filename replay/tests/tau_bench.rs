@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use glia_agent::Agent;
 use glia_proto::{
-    Decision, Event, EventKind, Outcome, PauseReason, PullPoint, Resume, RunState, Status,
+    Decision, Event, EventKind, Outcome, PauseReason, Payload, PullPoint, RunState, Status,
 };
 use glia_replay::{Conversation, CustomerMove, Recording};
 use uuid::Uuid;
@@ -41,7 +41,7 @@ async fn drive(
         let input = match pull_point {
             PullPoint::AwaitingApproval { call_ids } => {
                 let call = state.call(&call_ids[0]).unwrap();
-                Resume::Approval {
+                Payload::Approval {
                     call_id: call.call_id.clone(),
                     args_hash: call.args_hash.clone(),
                     decision: decide(&call.name),
@@ -53,11 +53,11 @@ async fn drive(
             | PullPoint::Paused {
                 reason: PauseReason::Budget { .. },
             } => match conversation.customer_move(&state.messages) {
-                CustomerMove::Say(text) => Resume::Input {
+                CustomerMove::Say(text) => Payload::Input {
                     text,
                     redactions: Vec::new(),
                 },
-                CustomerMove::Close(text) => Resume::Close {
+                CustomerMove::Close(text) => Payload::Close {
                     text,
                     redactions: Vec::new(),
                 },
@@ -166,7 +166,7 @@ async fn a_rejected_approval_diverges_at_the_tool_result() {
         let input = match pull_point {
             PullPoint::AwaitingApproval { call_ids } => {
                 let call = state.call(&call_ids[0]).unwrap();
-                Resume::Approval {
+                Payload::Approval {
                     call_id: call.call_id.clone(),
                     args_hash: call.args_hash.clone(),
                     decision: Decision::Reject {
@@ -177,7 +177,7 @@ async fn a_rejected_approval_diverges_at_the_tool_result() {
                 }
             }
             _ => match conversation.customer_move(&state.messages) {
-                CustomerMove::Say(text) => Resume::Input {
+                CustomerMove::Say(text) => Payload::Input {
                     text,
                     redactions: Vec::new(),
                 },

@@ -42,7 +42,7 @@ use glia_backends::{
     CapKind, Delivery, EventLog, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
     LogError, Opened, Opening, Reservation, RunStatus, Settlement, Signal, tenant_day_scope,
 };
-use glia_proto::{Event, Limit, LiveEvent, Phase, Resume, RunState, Status};
+use glia_proto::{Event, Limit, LiveEvent, Payload, Phase, RunState, Status};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{debug, info, warn};
 use uuid::Uuid;
@@ -443,7 +443,7 @@ impl Worker {
             if std::mem::take(&mut flag_seen) {
                 stale_flag = !items
                     .iter()
-                    .any(|i| matches!(i.payload, Resume::Pause { .. }));
+                    .any(|i| matches!(i.payload, Payload::Pause { .. }));
             } else if !items.is_empty() {
                 stale_flag = false;
             }
@@ -463,7 +463,7 @@ impl Worker {
             let mut items = items.into_iter();
             let result = if let Some(item) = items.next() {
                 sink.consumed.push(item.id);
-                let payload: Resume = item.payload;
+                let payload: Payload = item.payload;
                 match self
                     .agent
                     .advance(&mut state, Some(payload), &mut sink)
@@ -487,7 +487,7 @@ impl Worker {
                 }
             } else if state.status() == Status::Runnable {
                 // Cancelled by flag with no cancel in the inbox: cancel it here.
-                let input = cancelled.then(|| Resume::Cancel {
+                let input = cancelled.then(|| Payload::Cancel {
                     reason: "cancelled".into(),
                 });
                 self.agent.advance(&mut state, input, &mut sink).await

@@ -17,7 +17,7 @@ use glia_backends::rabbitmq::{QueueOptions, RabbitQueue};
 use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::testkit::{RedisKeys, TestDb};
 use glia_backends::{Inbox, JobQueue, Ledger, NewRun, Outbox, RunLog};
-use glia_proto::{Event, EventKind, Outcome, Resume, RunConfig, ToolErrorKind};
+use glia_proto::{Event, EventKind, Outcome, Payload, RunConfig, ToolErrorKind};
 use glia_worker::consumer::{Worker, WorkerOptions};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -204,7 +204,7 @@ async fn a_cancel_lets_running_calls_finish_within_their_grace_and_abandons_the_
     // What the dispatcher does on POST /cancel.
     log.post(
         run_id,
-        Resume::Cancel {
+        Payload::Cancel {
             reason: "stop".into(),
         },
     )

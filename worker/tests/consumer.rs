@@ -15,7 +15,7 @@ use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{Inbox, JobQueue, NewRun, Outbox, RunFilter, RunLog, RunStatus};
 use glia_proto::{
-    BudgetLimits, Decision, Event, EventKind, Outcome, Policy, PolicyAction, PullPoint, Resume,
+    BudgetLimits, Decision, Event, EventKind, Outcome, Payload, Policy, PolicyAction, PullPoint,
     RunConfig, RunState, ToolSpec,
 };
 use glia_worker::consumer::{Worker, WorkerOptions};
@@ -281,7 +281,7 @@ impl Fleet {
                 None => return state,
                 Some(PullPoint::AwaitingApproval { call_ids }) => {
                     let c = state.call(&call_ids[0]).unwrap();
-                    Resume::Approval {
+                    Payload::Approval {
                         call_id: c.call_id.clone(),
                         args_hash: c.args_hash.clone(),
                         decision: Decision::Approve,
@@ -289,29 +289,29 @@ impl Fleet {
                         request_seq: None,
                     }
                 }
-                Some(PullPoint::AwaitingTool { call_ids }) => Resume::ToolResult {
+                Some(PullPoint::AwaitingTool { call_ids }) => Payload::ToolResult {
                     call_id: call_ids[0].clone(),
                     content: "A1".into(),
                     is_error: false,
                 },
                 Some(PullPoint::AwaitingInput) if replies == 0 => {
                     replies += 1;
-                    Resume::Input {
+                    Payload::Input {
                         text: "refund please".into(),
                         redactions: Vec::new(),
                     }
                 }
                 Some(PullPoint::AwaitingInput) if replies == 1 => {
                     replies += 1;
-                    Resume::Close {
+                    Payload::Close {
                         text: None,
                         redactions: Vec::new(),
                     }
                 }
-                Some(PullPoint::AwaitingInput) => Resume::Cancel {
+                Some(PullPoint::AwaitingInput) => Payload::Cancel {
                     reason: "conversation over".into(),
                 },
-                Some(PullPoint::Paused { .. }) => Resume::ExtendBudget {
+                Some(PullPoint::Paused { .. }) => Payload::ExtendBudget {
                     extra: BudgetLimits {
                         max_turns: Some(5),
                         ..BudgetLimits::default()
@@ -422,7 +422,7 @@ async fn a_cancel_stops_a_running_run_at_its_next_step() {
         .log
         .post(
             run_id,
-            Resume::Cancel {
+            Payload::Cancel {
                 reason: "stop".into(),
             },
         )
@@ -460,7 +460,7 @@ async fn past_turn_limits(fleet: &Fleet, run_id: Uuid) -> RunState {
         }
         fleet
             .log
-            .post(run_id, Resume::Resume { by: None })
+            .post(run_id, Payload::Resume { by: None })
             .await
             .unwrap();
     }
@@ -477,7 +477,7 @@ async fn a_pause_parks_a_running_run_at_its_next_step_and_a_resume_finishes_it()
         .log
         .post(
             run_id,
-            Resume::Pause {
+            Payload::Pause {
                 reason: "audit".into(),
                 by: Some("ops".into()),
             },
@@ -536,7 +536,7 @@ async fn a_pause_parks_a_running_run_at_its_next_step_and_a_resume_finishes_it()
         .log
         .post(
             run_id,
-            Resume::Resume {
+            Payload::Resume {
                 by: Some("ops".into()),
             },
         )
@@ -615,7 +615,7 @@ async fn a_pause_of_a_parked_run_takes_effect_once_its_payload_comes() {
         .log
         .post(
             run_id,
-            Resume::Pause {
+            Payload::Pause {
                 reason: "audit".into(),
                 by: None,
             },
@@ -632,7 +632,7 @@ async fn a_pause_of_a_parked_run_takes_effect_once_its_payload_comes() {
         "still waits for its approval"
     );
     let c = state.call(&call_ids[0]).unwrap();
-    let approval = Resume::Approval {
+    let approval = Payload::Approval {
         call_id: c.call_id.clone(),
         args_hash: c.args_hash.clone(),
         decision: Decision::Approve,
@@ -653,7 +653,7 @@ async fn a_pause_of_a_parked_run_takes_effect_once_its_payload_comes() {
         .log
         .post(
             run_id,
-            Resume::ToolResult {
+            Payload::ToolResult {
                 call_id: call_ids[0].clone(),
                 content: "done".into(),
                 is_error: false,
@@ -678,7 +678,7 @@ async fn a_pause_of_a_parked_run_takes_effect_once_its_payload_comes() {
     );
     fleet
         .log
-        .post(run_id, Resume::Resume { by: None })
+        .post(run_id, Payload::Resume { by: None })
         .await
         .unwrap();
     let state = fleet.drive(run_id).await;
@@ -788,7 +788,7 @@ async fn a_cancel_aborts_a_model_call_in_flight() {
         .log
         .post(
             run_id,
-            Resume::Cancel {
+            Payload::Cancel {
                 reason: "stop".into(),
             },
         )
@@ -850,7 +850,7 @@ async fn a_job_for_a_run_held_elsewhere_is_retried_later() {
         .acquire(run_id, "other", Duration::from_secs(60))
         .await
         .unwrap();
-    let decision = Resume::Approval {
+    let decision = Payload::Approval {
         call_id: call.call_id,
         args_hash: call.args_hash,
         decision: glia_proto::Decision::Approve,

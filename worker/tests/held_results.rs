@@ -30,7 +30,7 @@ use glia_backends::redis_ledger::RedisLedger;
 use glia_backends::testkit::RedisKeys;
 use glia_backends::{Inbox, JobQueue, Ledger, NewRun, Outbox, RunLog};
 use glia_proto::{
-    Decision, Event, EventKind, InterruptedCall, Outcome, Policy, PolicyAction, PullPoint, Resume,
+    Decision, Event, EventKind, InterruptedCall, Outcome, Payload, Policy, PolicyAction, PullPoint,
     RunConfig, RunState,
 };
 use glia_testkit::PrivatePostgres;
@@ -258,7 +258,7 @@ impl Setup {
         })
         .await;
         let call = &state.pending_calls[0];
-        let decision = Resume::Approval {
+        let decision = Payload::Approval {
             call_id: call.call_id.clone(),
             args_hash: call.args_hash.clone(),
             decision: Decision::Approve,

@@ -20,7 +20,7 @@ use glia_backends::postgres::{PgOptions, hint_channel};
 use glia_backends::testkit::TestDb;
 use glia_backends::{Inbox, JobQueue, NewRun, Outbox, RunLog};
 use glia_proto::{
-    Decision, Event, EventKind, Policy, PolicyAction, PullPoint, Resume, RunConfig, RunState,
+    Decision, Event, EventKind, Payload, Policy, PolicyAction, PullPoint, RunConfig, RunState,
 };
 use glia_worker::consumer::{Worker, WorkerOptions};
 use serde_json::json;
@@ -70,7 +70,7 @@ async fn approve(log: &dyn Inbox, state: &RunState) {
         panic!("not awaiting approval: {:?}", state.parked)
     };
     let c = state.call(&call_ids[0]).unwrap();
-    let decision = Resume::Approval {
+    let decision = Payload::Approval {
         call_id: c.call_id.clone(),
         args_hash: c.args_hash.clone(),
         decision: Decision::Approve,

@@ -15,7 +15,7 @@ use glia_agent::provider::{ScriptLibrary, ScriptedTurn};
 use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_backends::{Inbox, JobQueue, NewRun, Outbox, RunLog, RunStatus};
-use glia_proto::{Decision, Event, EventKind, Policy, PolicyAction, PullPoint, Resume, RunConfig};
+use glia_proto::{Decision, Event, EventKind, Payload, Policy, PolicyAction, PullPoint, RunConfig};
 use glia_worker::consumer::{Worker, WorkerOptions};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
@@ -155,7 +155,7 @@ impl Setup {
             panic!("not awaiting approval: {:?}", state.parked)
         };
         let c = state.call(&call_ids[0]).unwrap();
-        let decision = Resume::Approval {
+        let decision = Payload::Approval {
             call_id: c.call_id.clone(),
             args_hash: c.args_hash.clone(),
             decision: Decision::Approve,

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use common::run_id;
 use glia_agent::provider::ScriptedTurn;
 use glia_proto::{
-    Event, EventKind, Outcome, PauseReason, PullPoint, RejectedAnswer, Resume, RunConfig, RunState,
-    Status, StopAction, StopClass, StopPolicy,
+    Event, EventKind, Outcome, PauseReason, Payload, PullPoint, RejectedAnswer, RunConfig,
+    RunState, Status, StopAction, StopClass, StopPolicy,
 };
 use glia_worker::metrics::{RunObserver, WorkerMetrics};
 use observed::Observed;
@@ -230,7 +230,7 @@ async fn a_paused_stop_resumes_with_a_new_model_call() {
     let status = agent
         .advance(
             &mut state,
-            Some(Resume::Resume {
+            Some(Payload::Resume {
                 by: Some("operator".into()),
             }),
             &mut log,

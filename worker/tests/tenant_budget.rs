@@ -22,8 +22,8 @@ use glia_backends::{
     tenant_day_scope,
 };
 use glia_proto::{
-    Event, EventKind, Limit, Outcome, PauseReason, Pricing, PullPoint, Resume, RunConfig, RunState,
-    ToolSpec, Usage,
+    Event, EventKind, Limit, Outcome, PauseReason, Payload, Pricing, PullPoint, RunConfig,
+    RunState, ToolSpec, Usage,
 };
 use glia_worker::consumer::{LedgerGate, Worker, WorkerOptions};
 use serde_json::json;
@@ -204,7 +204,7 @@ impl Fleet {
             self.log
                 .post(
                     state.run_id,
-                    Resume::ToolResult {
+                    Payload::ToolResult {
                         call_id: call_ids[0].clone(),
                         content: "A1".into(),
                         is_error: false,
@@ -307,7 +307,7 @@ async fn two_runs_of_a_tenant_share_its_daily_cap() {
         .log
         .post(
             second,
-            Resume::Resume {
+            Payload::Resume {
                 by: Some("ops".into()),
             },
         )
@@ -322,7 +322,7 @@ async fn two_runs_of_a_tenant_share_its_daily_cap() {
         .log
         .post(
             second,
-            Resume::Resume {
+            Payload::Resume {
                 by: Some("ops".into()),
             },
         )
@@ -394,7 +394,7 @@ where
     for state in after.iter().filter(|s| paused_by(s).is_some()) {
         fleet
             .log
-            .post(state.run_id, Resume::Resume { by: None })
+            .post(state.run_id, Payload::Resume { by: None })
             .await
             .unwrap();
     }

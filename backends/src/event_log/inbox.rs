@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use glia_proto::Resume;
+use glia_proto::Payload;
 use uuid::Uuid;
 
 use super::runs::RunLog;
@@ -37,7 +37,7 @@ pub trait Inbox: RunLog {
     /// its inbox refuses every other payload ([`LogError::Cancelled`]), so
     /// nothing posted after a cancel is accepted. Other validation against
     /// the run's state is the caller's.
-    async fn post(&self, run_id: Uuid, payload: Resume) -> Result<i64, LogError>;
+    async fn post(&self, run_id: Uuid, payload: Payload) -> Result<i64, LogError>;
 
     /// The run's unconsumed inbox items, oldest first.
     async fn inbox(&self, run_id: Uuid) -> Result<Vec<InboxItem>, LogError>;

@@ -5,7 +5,7 @@
 //! crate root.
 
 use chrono::{DateTime, Utc};
-use glia_proto::{Event, Outcome, Phase, PullPoint, Resume, RunState, Status};
+use glia_proto::{Event, Outcome, Payload, Phase, PullPoint, RunState, Status};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -196,7 +196,7 @@ pub struct InboxItem {
     /// Position in the run's inbox (increasing).
     pub id: i64,
     /// The payload.
-    pub payload: Resume,
+    pub payload: Payload,
 }
 
 /// What [`crate::Inbox::open`] made of a job.
@@ -419,23 +419,23 @@ pub struct LogGauges {
 /// a call that is asked about again (after a crash), or a later call that
 /// reuses a call id (some providers number ids per response), can still be
 /// decided.
-pub fn dedupe_key(payload: &Resume) -> Option<String> {
+pub fn dedupe_key(payload: &Payload) -> Option<String> {
     match payload {
-        Resume::Approval {
+        Payload::Approval {
             call_id,
             request_seq: Some(seq),
             ..
         } => Some(format!("approval:{call_id}:{seq}")),
-        Resume::Approval {
+        Payload::Approval {
             call_id, args_hash, ..
         } => Some(format!("approval:{call_id}:{args_hash}")),
-        Resume::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
-        Resume::Escalate {
+        Payload::ToolResult { call_id, .. } => Some(format!("tool:{call_id}")),
+        Payload::Escalate {
             call_id,
             request_seq,
             ..
         } => Some(format!("escalate:{call_id}:{}", request_seq.unwrap_or(0))),
-        Resume::Cancel { .. } => Some(CANCEL_KEY.to_owned()),
+        Payload::Cancel { .. } => Some(CANCEL_KEY.to_owned()),
         _ => None,
     }
 }

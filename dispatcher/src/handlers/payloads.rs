@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use glia_proto::{BudgetLimits, Disposition, PauseReason, PullPoint, Resume};
+use glia_proto::{BudgetLimits, Disposition, PauseReason, Payload, PullPoint};
 use uuid::Uuid;
 
 use crate::app::App;
@@ -45,7 +45,7 @@ pub async fn post_tool_result(
     if call.result.is_some() {
         return Err(ApiError::AlreadyAnswered(call_id));
     }
-    let payload = Resume::ToolResult {
+    let payload = Payload::ToolResult {
         call_id: call_id.clone(),
         content: body.content,
         is_error: body.is_error,
@@ -92,7 +92,7 @@ pub async fn post_message(
         .inbox(id)
         .await?
         .iter()
-        .any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. }))
+        .any(|i| matches!(i.payload, Payload::Input { .. } | Payload::Close { .. }))
     {
         return Err(ApiError::AlreadyPosted {
             run_id: id,
@@ -101,7 +101,7 @@ pub async fn post_message(
     }
     head_unmoved(&app, &p, id, body.head_seq).await?;
     let (text, redactions) = redacted_input(&app, id, "text", body.text).await?;
-    let (inbox_id, kind) = post(&app, id, Resume::Input { text, redactions }).await?;
+    let (inbox_id, kind) = post(&app, id, Payload::Input { text, redactions }).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(Accepted {
@@ -162,7 +162,7 @@ pub async fn resume(
     if inbox.iter().any(|i| {
         matches!(
             i.payload,
-            Resume::ExtendBudget { .. } | Resume::Resume { .. }
+            Payload::ExtendBudget { .. } | Payload::Resume { .. }
         )
     }) {
         return Err(ApiError::AlreadyPosted {
@@ -183,7 +183,7 @@ pub async fn resume(
         unflag_pause(&app, id).await;
     }
     if pending {
-        payloads.push(Resume::Resume { by: Some(p.by()) });
+        payloads.push(Payload::Resume { by: Some(p.by()) });
     }
     match parked {
         None if pending => {}
@@ -191,10 +191,10 @@ pub async fn resume(
         Some(reason) => {
             let extend = body.extend.filter(|l| *l != BudgetLimits::default());
             if let Some(extra) = extend {
-                payloads.push(Resume::ExtendBudget { extra });
+                payloads.push(Payload::ExtendBudget { extra });
             }
             if extend.is_none() || !matches!(reason, PauseReason::Budget { .. }) {
-                payloads.push(Resume::Resume { by: Some(p.by()) });
+                payloads.push(Payload::Resume { by: Some(p.by()) });
             }
         }
     }
@@ -342,7 +342,7 @@ pub async fn close(
         .inbox(id)
         .await?
         .iter()
-        .any(|i| matches!(i.payload, Resume::Input { .. } | Resume::Close { .. }))
+        .any(|i| matches!(i.payload, Payload::Input { .. } | Payload::Close { .. }))
     {
         return Err(ApiError::AlreadyPosted {
             run_id: id,
@@ -357,7 +357,7 @@ pub async fn close(
         }
         None => (None, Vec::new()),
     };
-    let (inbox_id, kind) = post(&app, id, Resume::Close { text, redactions }).await?;
+    let (inbox_id, kind) = post(&app, id, Payload::Close { text, redactions }).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(Accepted {
