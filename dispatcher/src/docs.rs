@@ -44,14 +44,10 @@ macro_rules! foreign_schema {
 }
 
 /// Component name → JSON Schema, for the types defined outside this crate:
-/// hand-written, then [`generated_schemas`].
+/// hand-written (responses, events, decisions), then [`generated_schemas`]
+/// (the configuration types).
 pub fn foreign_schemas() -> Vec<(String, Value)> {
     let hand_written = vec![
-        ("RunConfig", RunConfigDoc::json()),
-        ("ToolSpec", ToolSpecDoc::json()),
-        ("Policy", PolicyDoc::json()),
-        ("Guardrails", GuardrailsDoc::json()),
-        ("AgentDefinition", AgentDefinitionDoc::json()),
         ("RunSummary", RunSummaryDoc::json()),
         ("Event", EventDoc::json()),
         ("ApprovalRow", ApprovalRowDoc::json()),
@@ -61,8 +57,6 @@ pub fn foreign_schemas() -> Vec<(String, Value)> {
         ("SseEvent", SseEventDoc::json()),
         ("BatchProgressEvent", BatchProgressEventDoc::json()),
         ("LiveEvent", LiveEventDoc::json()),
-        ("ToolInputSchema", ToolInputSchemaDoc::json()),
-        ("JsonSchemaNode", json_schema_node()),
     ];
     hand_written
         .into_iter()
@@ -84,6 +78,8 @@ pub fn generated_schemas() -> Vec<(String, Value)> {
         })
         .with_transform(schemars::transform::RecursiveTransform(bounded_unsigned))
         .into_generator();
+    generator.subschema_for::<glia_proto::RunConfig>();
+    generator.subschema_for::<glia_proto::AgentDefinition>();
     generator.subschema_for::<glia_proto::BudgetLimits>();
     generator.subschema_for::<glia_proto::CompactionSpec>();
     generator.subschema_for::<glia_proto::AgentRef>();
@@ -91,6 +87,10 @@ pub fn generated_schemas() -> Vec<(String, Value)> {
     generator.subschema_for::<glia_proto::StopPolicy>();
     generator.subschema_for::<glia_proto::ToolPolicy>();
     generator.subschema_for::<glia_proto::McpToolSource>();
+    generator.subschema_for::<glia_proto::ToolSpec>();
+    generator.subschema_for::<glia_proto::HttpTool>();
+    generator.subschema_for::<glia_proto::Policy>();
+    generator.subschema_for::<glia_proto::Guardrails>();
     generator.take_definitions(true).into_iter().collect()
 }
 
@@ -128,10 +128,6 @@ pub enum RunStatusDoc {
     /// It is over.
     #[schema(rename = "done")]
     Done,
-}
-
-fn count(max: u64) -> Value {
-    json!({"type": "integer", "minimum": 0, "maximum": max})
 }
 
 fn decision_json(bulk: bool) -> Value {
@@ -206,50 +202,6 @@ BatchProgressEventDoc, "BatchProgressEvent", json!({
         "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/BatchView"}}}
 }));
 
-/// The part of JSON Schema the document describes inside tool schemas (a
-/// property's schema): the common keywords with the types their
-/// meta-schema (2020-12) gives them, one level deep (an array's `items` is
-/// described by type and description only). Other keywords and deeper
-/// nesting are accepted too: the dispatcher compiles the whole schema and
-/// answers 422 naming the field when it does not compile.
-fn json_schema_node() -> Value {
-    let simple =
-        json!({"enum": ["array", "boolean", "integer", "null", "number", "object", "string"]});
-    let types = json!({"anyOf": [simple, {"type": "array", "items": simple, "minItems": 1, "uniqueItems": true}]});
-    // The meta-schema's nonNegativeInteger: no maximum.
-    let n = json!({"type": "integer", "minimum": 0});
-    json!({
-        "type": ["object", "boolean"],
-        "properties": {
-            "type": types,
-            "description": {"type": "string"},
-            "items": {"type": ["object", "boolean"], "properties": {"type": types, "description": {"type": "string"}}},
-            "enum": {"type": "array"},
-            "minimum": {"type": "number"},
-            "maximum": {"type": "number"},
-            "minLength": n, "maxLength": n, "minItems": n, "maxItems": n
-        }
-    })
-}
-
-foreign_schema!(
-/// A tool's input schema (or a run's output schema): a JSON Schema
-/// (2020-12 unless `$schema` names another draft) of a JSON object. It
-/// must compile, with references inside the schema only; a reference to
-/// another document is refused, never fetched.
-ToolInputSchemaDoc, "ToolInputSchema", json!({
-    "description": "A JSON Schema (2020-12 unless `$schema` names another draft) of the tool's arguments, which are a JSON object: `type` must be `object`. It must compile; references to other documents are refused (422 naming the field).",
-    "type": "object",
-    "required": ["type"],
-    "properties": {
-        "type": {"const": "object"},
-        "description": {"type": "string"},
-        "properties": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/JsonSchemaNode"}},
-        "required": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
-        "additionalProperties": {"$ref": "#/components/schemas/JsonSchemaNode"}
-    }
-}));
-
 const PULL_POINTS: [&str; 4] = [
     "awaiting_tool",
     "awaiting_approval",
@@ -271,136 +223,12 @@ fn generated(name: &str) -> Value {
 }
 
 foreign_schema!(
-/// `glia_proto::RunConfig`.
-RunConfigDoc, "RunConfig", json!({
-    "type": "object",
-    "additionalProperties": false,
-    "description": "A run's configuration, recorded in session.start. Every field is optional (defaults: model `scripted`, 16 model calls per turn, 2 re-asks, 4096 max tokens). Unknown fields are refused (422 naming the field).",
-    "properties": {
-        "model": {"type": "string", "pattern": NOT_BLANK},
-        "system": {"type": "string"},
-        "tools": {"type": ["array", "null"], "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"type": "string"}, "description": "Registered tools this run may call; null = all the worker has (a worker has none but recorded ones unless started with `--demo`). At most 128 tools in tools, external_tools, http_tools and mcp allow lists together (docs/limits.md)."},
-        "external_tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "description": "Tools the caller executes; names distinct, not `final_output`.", "items": {"$ref": "#/components/schemas/ToolSpec"}},
-        "policies": {"type": "array", "maxItems": glia_proto::limits::MAX_POLICIES, "items": {"$ref": "#/components/schemas/Policy"}},
-        "budget": {"$ref": "#/components/schemas/BudgetLimits"},
-        "max_model_calls_per_turn": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
-        "conversational": {"type": "boolean"},
-        "planner": {"enum": ["single", "model"]},
-        "output_schema": {"description": "JSON Schema of the final answer, given as the arguments of a forced tool: a schema of a JSON object, like a tool's.", "anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
-        "max_reasks": count(u64::from(u32::MAX)),
-        "pricing": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/Pricing"}], "description": "USD micros per million tokens; null counts cost as zero."},
-        "max_tokens": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
-        "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64, "description": "How long an approval may wait, ms; null waits forever."},
-        "on_approval_timeout": {"enum": ["reject", "escalate"], "description": "What the reconciler does past the deadline."},
-        "on_interrupted_call": {"enum": ["outcome_unknown", "require_approval"], "description": "A non-idempotent call whose worker died while it ran: an outcome_unknown result at once, or a person's word on running it again."},
-        "stop_reasons": {"$ref": "#/components/schemas/StopPolicy",
-            "description": "What the loop does with an answer that is not a finished turn, per class (defaults: truncated and empty re-ask; refusal, content_filter, context_window and unknown fail). No class can be made to succeed."},
-        "mcp": mcp_json(),
-        "http_tools": http_tools_json(),
-        "tool_policy": tool_policy_json(),
-        "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider of the operator's catalogue; null = the worker's default."},
-        "guardrails": {"$ref": "#/components/schemas/Guardrails"},
-        "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
-        "agent": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/AgentRef"}],
-            "description": "The agent definition the run was resolved from (set by the dispatcher from `agent`; refused in a request's config)."}
-    }
-}));
+    /// `glia_proto::RunConfig` (generated).
+    RunConfigDoc, "RunConfig", generated("RunConfig"));
 
 foreign_schema!(
-    /// `glia_proto::ToolSpec`.
-    ToolSpecDoc, "ToolSpec", json!({"type": "object", "additionalProperties": false, "required": ["name", "description", "input_schema"], "properties": {
-        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$", "not": {"const": "final_output"}}, "description": {"type": "string"}, "input_schema": {"$ref": "#/components/schemas/ToolInputSchema"},
-        "idempotent": {"type": "boolean"}, "timeout_ms": count(MAX_U64), "external": {"type": "boolean"}, "return_direct": {"type": "boolean", "description": "A successful call ends the run with its result (a hand-off)."},
-        "cancel_grace_ms": {"type": "integer", "minimum": 0, "maximum": MAX_U64, "description": "How long a call already running when the run is cancelled may finish, ms (default 5000); then it is abandoned as outcome_unknown."}}}));
-
-foreign_schema!(
-/// `glia_proto::Policy`.
-PolicyDoc, "Policy", json!({"type": "object", "additionalProperties": false, "required": ["tool", "action"], "properties": {
-    "tool": {"type": "string", "pattern": NOT_BLANK, "description": "A tool name, or `*` for any."}, "args": {"type": ["string", "null"], "format": "regex", "description": "Regex (Rust `regex` syntax, which differs from ECMA 262 in lookaround and backreferences, both refused) over the arguments' canonical JSON; one that does not compile is refused (422 naming the field)."},
-    "action": {"type": "object", "required": ["kind"], "description": "`deny` needs `reason` (shown to the model), `remind` needs `text`; other fields are refused.",
-        "properties": {"kind": {"enum": ["allow", "deny", "require_approval", "remind"]}, "reason": {"type": "string"}, "text": {"type": "string"}},
-        "additionalProperties": false,
-        "oneOf": [
-            {"properties": {"kind": {"enum": ["allow", "require_approval"]}, "reason": false, "text": false}},
-            {"required": ["reason"], "properties": {"kind": {"const": "deny"}, "text": false}},
-            {"required": ["text"], "properties": {"kind": {"const": "remind"}, "reason": false}}
-        ]}}}));
-
-fn text_rule_json() -> Value {
-    json!({"type": "object", "additionalProperties": false, "required": ["name"],
-        "description": "Exactly one of `deny` and `redact`; `reason` goes with deny, `replacement` with redact.",
-        "oneOf": [
-            {"required": ["deny"], "properties": {"redact": false, "replacement": false}},
-            {"required": ["redact"], "properties": {"deny": false, "reason": false}}],
-        "properties": {
-        "name": {"type": "string", "pattern": NOT_BLANK, "description": "Recorded in guardrail.tripped and in the redactions of the event carrying redacted text."},
-        "deny": {"type": "string", "format": "regex", "description": "Rust `regex` syntax; a match anywhere rejects the text. One that does not compile is refused (422 naming the field)."},
-        "redact": {"type": "string", "format": "regex", "description": "Rust `regex` syntax; every match is replaced before the text is stored (the goal, a user message, the model's answer text). It must not match the empty string."},
-        "replacement": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "What a redact match becomes (literal, not blank); default `[redacted:NAME]`."},
-        "reason": {"type": ["string", "null"], "description": "Shown to the model (output) or recorded (input) when deny matches; default `matches NAME`."}}})
-}
-
-foreign_schema!(
-    /// `glia_proto::Guardrails`.
-    GuardrailsDoc, "Guardrails", json!({"type": "object", "additionalProperties": false,
-        "description": "Declarative guardrails: input rules and max_input_chars on the goal and user messages, output rules and max_output_chars on the model's text, tool_results rules on tool results before they are stored, sent to a model or shown. A goal or message an input deny rule refuses is answered 422 screened_input and stored nowhere; a tool result a tool_results deny rule matches is withheld (a marked note stands for it, guardrail.tripped names the rule and the length); other deny trips are recorded as guardrail.tripped. Redactions are applied before the text is stored and listed in the event's redactions. Bounds (docs/limits.md): at most 64 rules in input, output and tool_results together, 32 KiB of patterns, and each regex's compiled size is a share of one budget for the set.",
-        "properties": {
-            "input": {"type": "array", "maxItems": glia_proto::limits::MAX_GUARDRAIL_RULES, "items": text_rule_json()},
-            "output": {"type": "array", "maxItems": glia_proto::limits::MAX_GUARDRAIL_RULES, "items": text_rule_json()},
-            "tool_results": {"type": "array", "maxItems": glia_proto::limits::MAX_GUARDRAIL_RULES, "items": text_rule_json(), "description": "Rules over tool results: redact rewrites the result (tool.result lists the rules in redactions), deny withholds it."},
-            "max_input_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}, "max_output_chars": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_U64}}}));
-
-foreign_schema!(
-/// `glia_proto::AgentDefinition`.
-AgentDefinitionDoc, "AgentDefinition", json!({
-    "type": "object",
-    "additionalProperties": false,
-    "required": ["name", "model"],
-    "description": "An agent: reviewed, versioned configuration (a TOML file, or this JSON). It names models, tools and rules; it can never name a command, an address or a secret. Unknown fields are refused (422 naming the field).",
-    "properties": {
-        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"},
-        "description": {"type": "string"},
-        "provider": {"type": ["string", "null"], "pattern": NOT_BLANK, "description": "A provider named in the operator's catalogue; null = the worker's."},
-        "model": {"type": "string", "pattern": NOT_BLANK},
-        "system": {"type": "string"},
-        "tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": "The worker's tools the agent may call; exactly these are offered."},
-        "external_tools": {"type": "array", "maxItems": glia_proto::limits::MAX_TOOLS, "items": {"$ref": "#/components/schemas/ToolSpec"}},
-        "mcp": mcp_json(),
-        "http_tools": http_tools_json(),
-        "tool_policy": tool_policy_json(),
-        "policies": {"type": "array", "maxItems": glia_proto::limits::MAX_POLICIES, "items": {"$ref": "#/components/schemas/Policy"}},
-        "guardrails": {"$ref": "#/components/schemas/Guardrails"},
-        "compaction": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompactionSpec"}]},
-        "budget": {"$ref": "#/components/schemas/BudgetLimits"},
-        "planner": {"enum": ["single", "model"]},
-        "output_schema": {"anyOf": [{"type": "null"}, {"$ref": "#/components/schemas/ToolInputSchema"}]},
-        "conversational": {"type": "boolean"},
-        "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": u32::MAX},
-        "approval_timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_U64}
-    }
-}));
-
-/// `RunConfig.mcp` and `AgentDefinition.mcp` ([`glia_proto::McpToolSource`]).
-fn mcp_json() -> Value {
-    json!({"type": "array", "description": "Tools of the operator's MCP servers: a catalogue server name and an explicit, non-empty allow list of its tool names. A server the catalogue lacks is refused (422 naming the field).",
-                "items": {"$ref": "#/components/schemas/McpToolSource"}})
-}
-
-/// `RunConfig.http_tools` and `AgentDefinition.http_tools` ([`glia_proto::HttpTool`]).
-fn http_tools_json() -> Value {
-    json!({"type": "array", "description": "Tools run as a JSON POST of the arguments to `url` (an origin the operator's catalogue allows), with an Idempotency-Key header; retried only when idempotent.",
-                "items": {"type": "object", "additionalProperties": false, "required": ["name", "description", "input_schema", "url"], "properties": {
-                    "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$", "not": {"const": "final_output"}}, "description": {"type": "string"}, "input_schema": {"$ref": "#/components/schemas/ToolInputSchema"},
-                    "url": {"type": "string", "pattern": "^[hH][tT][tT][pP][sS]?://[^/?#@\\s]+([/?#]\\S*)?$"}, "idempotent": {"type": "boolean"},
-                    "timeout_ms": {"type": "integer", "minimum": 1, "maximum": MAX_U64}, "max_response_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_U64}}}})
-}
-
-/// `RunConfig.tool_policy` and `AgentDefinition.tool_policy` ([`glia_proto::ToolPolicy`]).
-fn tool_policy_json() -> Value {
-    json!({"type": "object", "description": "Per tool name: overrides of an MCP tool's annotations (readOnlyHint/idempotentHint: idempotent; destructiveHint: requires approval) or an HTTP tool's fields, and return_direct (a hand-off: the result ends the run, unchecked by output guardrails and the output schema). Ignored for the worker's own tools.",
-                "propertyNames": {"pattern": "^[a-zA-Z0-9_-]{1,64}$"},
-                "additionalProperties": {"$ref": "#/components/schemas/ToolPolicy"}})
-}
+    /// `glia_proto::AgentDefinition` (generated).
+    AgentDefinitionDoc, "AgentDefinition", generated("AgentDefinition"));
 
 fn pull_point_json() -> Value {
     json!({

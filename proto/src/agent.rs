@@ -48,11 +48,14 @@ static AGENT_NAME: LazyLock<Regex> =
 run_fields! {
     /// One agent, as a tenant writes it. Resolves to a [`RunConfig`] with
     /// [`AgentDefinition::resolve`]; fields not given take the run defaults.
-    /// The fields it shares with a run config mean the same there.
+    /// The fields it shares with a run config mean the same there. Unknown
+    /// fields are refused (422 naming the field).
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
     #[serde(deny_unknown_fields)]
     pub struct AgentDefinition {
         /// Registry name, `^[a-z0-9][a-z0-9_-]{0,63}$`.
+        #[cfg_attr(feature = "schemars", schemars(pattern("^[a-z0-9][a-z0-9_-]{0,63}$")))]
         pub name: String,
         /// What the agent is for, for people.
         #[serde(default)]
@@ -62,6 +65,13 @@ run_fields! {
         common system,
         /// Names of the worker's tools the agent may call; exactly these are offered.
         #[serde(default)]
+        #[cfg_attr(
+            feature = "schemars",
+            schemars(
+                length(max = crate::limits::MAX_TOOLS),
+                inner(pattern(crate::config_error::TOOL_NAME_PATTERN))
+            )
+        )]
         pub tools: Vec<String>,
         common external_tools,
         common mcp,
@@ -76,6 +86,7 @@ run_fields! {
         common conversational,
         /// Output token cap per model call; `None` = the run default.
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
         pub max_tokens: Option<u32>,
         common approval_timeout_ms #[serde(skip_serializing_if = "Option::is_none")],
     }

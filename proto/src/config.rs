@@ -55,6 +55,7 @@ macro_rules! run_fields {
     (@common model $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
         $crate::config::run_fields!(@field $head [$($done)*] $extra [
             /// Provider model name, e.g. `claude-sonnet-4-5`; not blank.
+            #[cfg_attr(feature = "schemars", schemars(pattern($crate::config_error::NOT_BLANK)))]
             pub model: String
         ] $($rest)*);
     };
@@ -70,6 +71,7 @@ macro_rules! run_fields {
             /// Client-executed tools: the run parks at `awaiting_tool` until a
             /// result is posted.
             #[serde(default)]
+            #[cfg_attr(feature = "schemars", schemars(length(max = $crate::limits::MAX_TOOLS)))]
             pub external_tools: Vec<$crate::config::ToolSpec>
         ] $($rest)*);
     };
@@ -77,6 +79,7 @@ macro_rules! run_fields {
         $crate::config::run_fields!(@field $head [$($done)*] $extra [
             /// Declarative tool-call policies, first match wins; no match = allow.
             #[serde(default)]
+            #[cfg_attr(feature = "schemars", schemars(length(max = $crate::limits::MAX_POLICIES)))]
             pub policies: Vec<$crate::config::Policy>
         ] $($rest)*);
     };
@@ -108,6 +111,10 @@ macro_rules! run_fields {
             /// model answers through the forced tool [`OUTPUT_TOOL`](crate::config::OUTPUT_TOOL) and
             /// its arguments are validated.
             #[serde(default)]
+            #[cfg_attr(
+                feature = "schemars",
+                schemars(with = "Option<crate::tool_schema::ToolInputSchema>")
+            )]
             pub output_schema: Option<serde_json::Value>
         ] $($rest)*);
     };
@@ -154,6 +161,10 @@ macro_rules! run_fields {
             /// tool name, for MCP tools (over their annotations) and HTTP tools;
             /// ignored for the worker's own tools.
             #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+            #[cfg_attr(
+                feature = "schemars",
+                schemars(extend("propertyNames" = {"pattern": $crate::config_error::TOOL_NAME_PATTERN}))
+            )]
             pub tool_policy: std::collections::BTreeMap<String, $crate::tool_sources::ToolPolicy>
         ] $($rest)*);
     };
@@ -162,6 +173,7 @@ macro_rules! run_fields {
             /// Name of a model provider in the operator's catalogue (e.g.
             /// `anthropic`); `None` = the worker's default provider.
             #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[cfg_attr(feature = "schemars", schemars(pattern($crate::config_error::NOT_BLANK)))]
             pub provider: Option<String>
         ] $($rest)*);
     };
@@ -176,19 +188,25 @@ run_fields! {
     ///
     /// JSON example: `{"model": "claude-sonnet-4-5", "system": "You are …",
     /// "policies": [{"tool": "refund", "action": {"kind": "require_approval"}}],
-    /// "budget": {"max_turns": 20}, "conversational": true}`.
+    /// "budget": {"max_turns": 20}, "conversational": true}`. Every field is
+    /// optional; unknown fields are refused (422 naming the field).
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
     #[serde(default, deny_unknown_fields)]
     pub struct RunConfig {
         common model,
         common system,
         /// Names of the worker's registered tools this run may call; `None` = all the
-        /// worker has (`glia worker` has the demo tools only with `--demo`).
+        /// worker has (`glia worker` has the demo tools only with `--demo`). At
+        /// most 128 tools in `tools`, `external_tools`, `http_tools` and `mcp`
+        /// allow lists together (docs/limits.md).
+        #[cfg_attr(feature = "schemars", schemars(length(max = MAX_TOOLS)))]
         pub tools: Option<Vec<String>>,
         common external_tools,
         common policies,
         common budget,
         /// Model calls allowed per turn; a wrap-up notice precedes the last one.
+        #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
         pub max_model_calls_per_turn: u32,
         common conversational,
         common planner,
@@ -198,6 +216,7 @@ run_fields! {
         /// Prices for cost accounting; `None` counts cost as zero.
         pub pricing: Option<Pricing>,
         /// Output token cap per model call.
+        #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
         pub max_tokens: u32,
         common approval_timeout_ms,
         /// What the reconciler does with an approval past its deadline.
@@ -213,6 +232,8 @@ run_fields! {
         common compaction,
         /// The agent definition this config was resolved from (name, version,
         /// content hash), recorded so a run never depends on the registry later.
+        /// Set by the dispatcher from a request's `agent`; refused in a
+        /// request's config.
         #[serde(skip_serializing_if = "Option::is_none")]
         pub agent: Option<AgentRef>,
         common mcp,
@@ -241,6 +262,7 @@ pub struct AgentRef {
 /// What happens to a non-idempotent tool call a crash interrupted: it was
 /// cleared and started, and nobody knows whether it took effect.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum InterruptedCall {
     /// Give the model an `outcome_unknown` error result at once.
@@ -254,6 +276,7 @@ pub enum InterruptedCall {
 
 /// What happens to an approval nobody decided in time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalTimeout {
     /// Reject it; the model sees "approval expired".
@@ -296,6 +319,7 @@ impl Default for RunConfig {
 
 /// Which planner a run uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PlannerKind {
     /// One implicit step: "reach the goal".
@@ -307,13 +331,25 @@ pub enum PlannerKind {
 
 /// A tool as the model sees it (the request's tool list) plus how glia runs it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
-    /// Name, `^[a-zA-Z0-9_-]{1,64}$`.
+    /// Name, `^[a-zA-Z0-9_-]{1,64}$`, not `final_output`.
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(
+            pattern(crate::config_error::TOOL_NAME_PATTERN),
+            extend("not" = {"const": OUTPUT_TOOL})
+        )
+    )]
     pub name: String,
     /// What the tool does, for the model.
     pub description: String,
     /// JSON Schema of the arguments object.
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(with = "crate::tool_schema::ToolInputSchema")
+    )]
     pub input_schema: Value,
     /// Safe to run twice with the same idempotency key.
     #[serde(default)]
@@ -342,11 +378,13 @@ pub struct ToolSpec {
     /// for the worker's registered tools and for external tools, where a
     /// config may not set it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(skip))]
     pub source: Option<ToolSource>,
     /// The policy the step resolved for this tool and who decided it (set
     /// by the worker when it freezes a step's tools; `None` in a config and
     /// in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(skip))]
     pub policy: Option<ResolvedPolicy>,
 }
 
@@ -821,13 +859,19 @@ pub fn nearest<'a>(name: &str, offered: &[&'a str]) -> Option<&'a str> {
 /// A declarative rule over tool calls: tool name (exact, or `*` for any) and
 /// an optional regex over the arguments' canonical JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Policy {
     /// Tool name or `*`.
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(pattern(crate::config_error::NOT_BLANK))
+    )]
     pub tool: String,
-    /// Regex searched in the canonical JSON of the arguments (see
-    /// [`crate::canonical_json`]); `None` matches any arguments.
+    /// Regex (Rust `regex` syntax) searched in the canonical JSON of the
+    /// arguments (see [`crate::canonical_json`]); `None` matches any arguments.
     #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(extend("format" = "regex")))]
     pub args: Option<String>,
     /// What happens on a match.
     pub action: PolicyAction,
@@ -835,6 +879,7 @@ pub struct Policy {
 
 /// The effect of a matching [`Policy`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PolicyAction {
     /// Run the call.

@@ -31,11 +31,14 @@ pub const REGEX_SIZE_LIMIT: usize = crate::limits::MAX_REGEX_SIZE;
 ///   (their signature binds their text), a `summarize` compaction's
 ///   summary, a model planner's steps or structured output.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Guardrails {
     /// Rules over the goal and user messages.
+    #[cfg_attr(feature = "schemars", schemars(length(max = crate::limits::MAX_GUARDRAIL_RULES)))]
     pub input: Vec<TextRule>,
     /// Rules over the model's answers.
+    #[cfg_attr(feature = "schemars", schemars(length(max = crate::limits::MAX_GUARDRAIL_RULES)))]
     pub output: Vec<TextRule>,
     /// Rules over tool results (text blocks), applied before a result is
     /// stored, sent to a model or shown: `redact` rewrites the result
@@ -44,31 +47,57 @@ pub struct Guardrails {
     /// and `guardrail.tripped` with stage `tool_result` records the rule,
     /// the call and the result's length, never its text).
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schemars", schemars(length(max = crate::limits::MAX_GUARDRAIL_RULES)))]
     pub tool_results: Vec<TextRule>,
     /// Longest goal or user message, in characters (Unicode scalar values).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub max_input_chars: Option<usize>,
     /// Longest answer, in characters.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub max_output_chars: Option<usize>,
 }
 
 /// A rule over text: exactly one of `deny` and `redact`, a regex searched
 /// anywhere in the text (Rust `regex` syntax, no look-around or
 /// back-references).
+///
+/// Its schema says the same: one of `deny` and `redact` (a string, not
+/// null); `reason` goes with `deny`, `replacement` with `redact`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schemars",
+    schemars(extend("oneOf" = [
+        {"required": ["deny"], "properties": {"redact": false, "replacement": false}},
+        {"required": ["redact"], "properties": {"deny": false, "reason": false}}
+    ]))
+)]
 #[serde(deny_unknown_fields)]
 pub struct TextRule {
     /// Recorded in `guardrail.tripped` and `redactions`, e.g. `no-card-numbers`.
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(pattern(crate::config_error::NOT_BLANK))
+    )]
     pub name: String,
-    /// A match rejects the text.
+    /// A match rejects the text (Rust `regex` syntax; one that does not
+    /// compile is refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(extend("type" = "string", "format" = "regex")))]
     pub deny: Option<String>,
-    /// Each match is replaced by `replacement`.
+    /// Each match is replaced by `replacement` (Rust `regex` syntax; it must
+    /// not match the empty string).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(extend("type" = "string", "format" = "regex")))]
     pub redact: Option<String>,
-    /// What a `redact` match becomes (literal text); default `[redacted:NAME]`.
+    /// What a `redact` match becomes (literal text, not blank); default `[redacted:NAME]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(pattern(crate::config_error::NOT_BLANK))
+    )]
     pub replacement: Option<String>,
     /// Shown to the model (output) or the caller (input) when `deny`
     /// matches; default: "matches {name}".

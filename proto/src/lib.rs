@@ -41,6 +41,8 @@ pub mod repair;
 pub mod state;
 pub mod stop;
 pub mod strict;
+#[cfg(feature = "schemars")]
+pub mod tool_schema;
 pub mod tool_sources;
 
 pub use agent::AgentDefinition;

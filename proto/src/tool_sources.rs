@@ -51,16 +51,34 @@ pub struct McpToolSource {
 /// and 5xx/429 answers are retried (with backoff, within `timeout_ms`) only
 /// when `idempotent`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HttpTool {
-    /// Name the model calls it by, `^[a-zA-Z0-9_-]{1,64}$`.
+    /// Name the model calls it by, `^[a-zA-Z0-9_-]{1,64}$`, not `final_output`.
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(
+            pattern(crate::config_error::TOOL_NAME_PATTERN),
+            // The output tool's name (`OUTPUT_TOOL` of the config module,
+            // spelled out: this module is below config).
+            extend("not" = {"const": "final_output"})
+        )
+    )]
     pub name: String,
     /// What it does, for the model.
     pub description: String,
     /// JSON Schema of the arguments object (`"type": "object"`).
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(with = "crate::tool_schema::ToolInputSchema")
+    )]
     pub input_schema: Value,
     /// `http://` or `https://` URL; its origin (scheme, host, port) must be
     /// one the catalogue allows (`[http] allowed_origins`).
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(pattern(r"^[hH][tT][tT][pP][sS]?://[^/?#@\s]+([/?#]\S*)?$"))
+    )]
     pub url: String,
     /// Safe to send twice with the same idempotency key (enables retries and
     /// re-running after a crash). Default false.
@@ -68,10 +86,12 @@ pub struct HttpTool {
     pub idempotent: bool,
     /// Time for the whole call, retries included, in ms. Default 30 000.
     #[serde(default = "default_http_timeout_ms")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub timeout_ms: u64,
     /// Largest response body accepted, in bytes; a larger one is a tool
     /// error. Default 1 MiB.
     #[serde(default = "default_max_response_bytes")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub max_response_bytes: u64,
 }
 
