@@ -18,7 +18,7 @@
 //! so a flag lost with a flushed or restarted Redis only delays it; a budget
 //! counter is rebuilt from the log. A held tool result lost with Redis
 //! matters only if its commit to the log also failed: the call is then
-//! treated as interrupted (see `ARCHITECTURE.md`, "Held results").
+//! treated as interrupted (see `docs/held-results.md`).
 //!
 //! # Budget counters
 //!

@@ -1,5 +1,7 @@
-//! `glia`: the command line. Thin: parsing and printing; the work is in the
-//! library crates.
+//! `glia`: the command line. Parsing, wiring the library crates into
+//! processes, and printing; besides, three programs of its own: the HTTP
+//! client with outage retries (`client.rs`), the tau-bench replay driver
+//! (`tau_driver.rs`) and the benchmarks (`bench.rs`).
 
 mod agents;
 mod archive;
