@@ -996,60 +996,75 @@ fn round(seed: u64, faults: usize) -> Figures {
                     // runs go to the others; when it heals, whatever it
                     // still commits for them must be refused by the fence.
                     // Aim: wait up to 3 s for a worker executing a refund,
-                    // else take one holding a live lease, else any.
-                    let fallback = rng.usize(..3);
-                    let aim_until = Instant::now() + Duration::from_secs(3);
-                    let w = loop {
-                        if let Some(w) = refunding_workers(&db_url)
-                            .iter()
-                            .filter_map(|o| slot(o))
-                            .find(|w| *w < 3)
-                        {
-                            break w;
-                        }
-                        if Instant::now() > aim_until {
-                            break heads(&db_url)
-                                .values()
-                                .filter_map(|(_, o)| o.as_deref().and_then(slot))
+                    // else take one holding a live lease, else any. A
+                    // worker can let its run go between the aim and the
+                    // cut (runs park within milliseconds), so a partition
+                    // that caught no run is healed and aimed again, up to
+                    // five times: the fault is meant to land, not to be
+                    // lucky.
+                    let mut attempt = 0;
+                    loop {
+                        attempt += 1;
+                        let fallback = rng.usize(..3);
+                        let aim_until = Instant::now() + Duration::from_secs(3);
+                        let w = loop {
+                            if let Some(w) = refunding_workers(&db_url)
+                                .iter()
+                                .filter_map(|o| slot(o))
                                 .find(|w| *w < 3)
-                                .unwrap_or(fallback);
-                        }
-                        std::thread::sleep(Duration::from_millis(30));
-                    };
-                    let before = heads(&db_url);
-                    partitions[w].start();
-                    std::thread::sleep(Duration::from_millis(LEASE_MS + 1_000));
-                    let held: Vec<(&String, &String)> = before
-                        .iter()
-                        .filter(|(_, (_, o))| o.as_deref().and_then(slot) == Some(w))
-                        .map(|(id, (head, _))| (id, head))
-                        .collect();
-                    // Taken over: another worker holds it now, or its log
-                    // moved on while its worker was cut off. The partition
-                    // lasts until one of the runs it held is taken over (the
-                    // reconciler hands an expired lease's run to another
-                    // worker within seconds), 15 s at most.
-                    let takeover_until = Instant::now() + Duration::from_secs(15);
-                    let taken = loop {
-                        let after = heads(&db_url);
-                        let taken = held
+                            {
+                                break w;
+                            }
+                            if Instant::now() > aim_until {
+                                break heads(&db_url)
+                                    .values()
+                                    .filter_map(|(_, o)| o.as_deref().and_then(slot))
+                                    .find(|w| *w < 3)
+                                    .unwrap_or(fallback);
+                            }
+                            std::thread::sleep(Duration::from_millis(30));
+                        };
+                        let before = heads(&db_url);
+                        partitions[w].start();
+                        std::thread::sleep(Duration::from_millis(LEASE_MS + 1_000));
+                        let held: Vec<(&String, &String)> = before
                             .iter()
-                            .filter(|(id, head)| {
-                                after.get(*id).is_some_and(|(h, o)| {
-                                    h != *head || o.as_deref().is_some_and(|o| slot(o) != Some(w))
-                                })
-                            })
-                            .count();
-                        if taken > 0 || held.is_empty() || Instant::now() > takeover_until {
-                            break taken;
+                            .filter(|(_, (_, o))| o.as_deref().and_then(slot) == Some(w))
+                            .map(|(id, (head, _))| (id, head))
+                            .collect();
+                        if held.is_empty() && attempt < 5 {
+                            partitions[w].heal();
+                            continue;
                         }
-                        std::thread::sleep(Duration::from_millis(100));
-                    };
-                    figures.partition_held += held.len();
-                    figures.partition_taken_over += taken;
-                    let log = f.log_file(&format!("w{w}"));
-                    healed = Some((w, std::fs::metadata(&log).map_or(0, |m| m.len())));
-                    partitions[w].heal();
+                        // Taken over: another worker holds it now, or its log
+                        // moved on while its worker was cut off. The partition
+                        // lasts until one of the runs it held is taken over (the
+                        // reconciler hands an expired lease's run to another
+                        // worker within seconds), 15 s at most.
+                        let takeover_until = Instant::now() + Duration::from_secs(15);
+                        let taken = loop {
+                            let after = heads(&db_url);
+                            let taken = held
+                                .iter()
+                                .filter(|(id, head)| {
+                                    after.get(*id).is_some_and(|(h, o)| {
+                                        h != *head
+                                            || o.as_deref().is_some_and(|o| slot(o) != Some(w))
+                                    })
+                                })
+                                .count();
+                            if taken > 0 || held.is_empty() || Instant::now() > takeover_until {
+                                break taken;
+                            }
+                            std::thread::sleep(Duration::from_millis(100));
+                        };
+                        figures.partition_held += held.len();
+                        figures.partition_taken_over += taken;
+                        let log = f.log_file(&format!("w{w}"));
+                        healed = Some((w, std::fs::metadata(&log).map_or(0, |m| m.len())));
+                        partitions[w].heal();
+                        break;
+                    }
                 }
                 Fault::RabbitRestart => {
                     let rt = runtime();
