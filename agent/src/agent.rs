@@ -56,8 +56,8 @@ use crate::policy::{CompiledPolicies, Guardrail};
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
 use crate::tool::{ToolContext, ToolFailure, ToolRegistry};
 use crate::tool_sources::{OfferError, ToolSources};
-use glia_proto::HeldResult;
 use glia_proto::guardrails::CompiledGuardrails;
+use glia_proto::{Held, HeldResult};
 
 /// Where the loop's events go: a Vec in tests, Postgres in the fleet.
 ///
@@ -103,10 +103,23 @@ pub trait EventSink: Send + Sync {
     async fn hold(&mut self, _held: &[(String, HeldResult)]) -> Result<(), SinkError> {
         Ok(())
     }
-    /// The result a worker held under the idempotency key `key` and may
-    /// not have committed ([`EventSink::hold`]). Errors: the store did not
-    /// answer, so whether a result exists is unknown. Default: none.
-    async fn held(&mut self, _key: &str) -> Result<Option<HeldResult>, SinkError> {
+    /// Mark the calls under `keys` (idempotency keys) as running, in the
+    /// store that keeps held results, for [`glia_proto::RUNNING_MARK_TTL`]
+    /// (the fleet's ledger, `glia_backends::Ledger::mark_running`). The
+    /// loop calls it before a model turn's calls start and every
+    /// [`glia_proto::RUNNING_MARK_REFRESH`] while they run; [`EventSink::hold`]
+    /// ends the marks. Errors are the loop's to log, not to stop on.
+    /// Default: nothing is marked.
+    async fn mark_running(&self, _keys: &[String]) -> Result<(), SinkError> {
+        Ok(())
+    }
+    /// What the store knows of the call under the idempotency key `key`,
+    /// cleared and without a result in the log: its result, held and maybe
+    /// not committed ([`EventSink::hold`]); still running under a worker
+    /// that lost the lease ([`EventSink::mark_running`]); or nothing.
+    /// Errors: the store did not answer, so which is unknown. Default:
+    /// nothing.
+    async fn held(&mut self, _key: &str) -> Result<Option<Held>, SinkError> {
         Ok(None)
     }
 }
@@ -187,6 +200,14 @@ pub enum AgentError {
     /// recorded. The run stays runnable, retry later.
     #[error("held tool results unavailable: {0}")]
     HeldResults(String),
+    /// A call cleared and without a result is marked running
+    /// ([`Held::Running`]): the worker that started it lost the lease but
+    /// the call has not returned yet. Neither an outcome nor a person's word
+    /// is recorded for it; the run stays runnable, check again shortly
+    /// (the mark lapses within [`glia_proto::RUNNING_MARK_TTL`] of its
+    /// worker's last refresh).
+    #[error("call {0} is still running under a worker that lost the lease")]
+    CallRunning(String),
     /// The run was cancelled while it advanced ([`EventSink::cancelled`]):
     /// everything recorded is committed (tool calls that finished within
     /// their grace period with their results, the others as
@@ -1294,14 +1315,16 @@ impl Agent {
             };
             let key = idempotency_key(run.state, call_id);
             let held = match run.sink.held(&key).await {
-                Ok(held) => held,
+                Ok(Some(Held::Finished(held))) if held.call_id == *call_id => held,
+                Ok(Some(Held::Running)) => {
+                    run.commit().await?;
+                    return Err(AgentError::CallRunning(call_id.clone()));
+                }
+                Ok(_) => continue,
                 Err(e) => {
                     run.commit().await?;
                     return Err(AgentError::HeldResults(e.0));
                 }
-            };
-            let Some(held) = held.filter(|h| h.call_id == *call_id) else {
-                continue;
             };
             let reminder = match &call.disposition {
                 Some(Disposition::Run { reminder }) => reminder.clone(),
@@ -1675,7 +1698,21 @@ impl Agent {
         // running then is abandoned (its task aborted) as `outcome_unknown`.
         let cancel = run.sink.cancelled().shared();
         let (sink, step_tools) = (&*run.sink, &run.state.step_tools);
-        let outcomes = futures::future::join_all(ready.iter().zip(keys).map(|((call_id, name, input, _), idempotency_key)| {
+        // Marked running before they start and while they run, so that a
+        // worker that takes the run over (this one lost the lease) waits
+        // for their results instead of calling them interrupted.
+        if let Err(e) = sink.mark_running(&keys).await {
+            tracing::warn!(run_id = %run_id, error = %e, "tool calls not marked running; running them all the same");
+        }
+        let marks = async {
+            loop {
+                tokio::time::sleep(glia_proto::RUNNING_MARK_REFRESH).await;
+                if let Err(e) = sink.mark_running(&keys).await {
+                    tracing::warn!(run_id = %run_id, error = %e, "running tool calls' marks not refreshed");
+                }
+            }
+        };
+        let calls = futures::future::join_all(ready.iter().zip(keys.iter().cloned()).map(|((call_id, name, input, _), idempotency_key)| {
             let ctx = ToolContext { run_id, call_id: call_id.clone(), idempotency_key };
             let (cancel, grace) = (cancel.clone(), grace(name));
             // MCP and HTTP tools run through the worker's tool sources;
@@ -1703,8 +1740,11 @@ impl Agent {
                 };
                 (result, u64::try_from((clock.now() - started).num_milliseconds()).unwrap_or(0))
             }
-        }))
-        .await;
+        }));
+        let outcomes = tokio::select! {
+            outcomes = calls => outcomes,
+            never = marks => match never {},
+        };
         let cancelled = cancel.peek().is_some();
         drop(cancel);
         // The results exist. Screen them first (a withheld or redacted result

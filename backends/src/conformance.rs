@@ -1965,3 +1965,58 @@ pub async fn holds_tool_results(ledger: &dyn crate::Ledger) {
         .unwrap();
     assert_eq!(ledger.held_result(&k2).await.unwrap(), None);
 }
+
+/// Running marks ([`crate::Ledger::mark_running`]): a marked key reads as
+/// running until its result is held (the hold removes the mark) or the mark
+/// lapses; marking again extends it; an unmarked key is not running.
+pub async fn marks_running_calls(ledger: &dyn crate::Ledger) {
+    use crate::HeldResult;
+    use glia_proto::ToolContent;
+    use std::time::Duration;
+    let run_id = Uuid::now_v7();
+    let (k1, k2) = (format!("{run_id}:1:call_1"), format!("{run_id}:1:call_2"));
+    assert!(!ledger.running(&k1).await.unwrap(), "not marked yet");
+    ledger
+        .mark_running(&[k1.clone(), k2.clone()], Duration::from_secs(60))
+        .await
+        .unwrap();
+    ledger
+        .mark_running(&[], Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(ledger.running(&k1).await.unwrap(), "marked");
+    assert!(ledger.running(&k2).await.unwrap(), "marked together");
+    assert!(
+        !ledger.running(&format!("{run_id}:2:call_1")).await.unwrap(),
+        "another turn's call of the same id is another key"
+    );
+    // Held: the result is there and the call no longer runs.
+    let ok = HeldResult {
+        call_id: "call_1".into(),
+        content: ToolContent::from("{\"refunded\":30}"),
+        error: None,
+        duration_ms: 12,
+    };
+    ledger
+        .hold_results(&[(k1.clone(), ok.clone())])
+        .await
+        .unwrap();
+    assert!(!ledger.running(&k1).await.unwrap(), "the hold unmarks");
+    assert_eq!(ledger.held_result(&k1).await.unwrap(), Some(ok));
+    assert!(ledger.running(&k2).await.unwrap(), "unmarked alone");
+    // A mark nobody refreshes lapses (a worker that died mid-call).
+    ledger
+        .mark_running(std::slice::from_ref(&k2), Duration::from_millis(50))
+        .await
+        .unwrap();
+    let mut lapsed = false;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        if !ledger.running(&k2).await.unwrap() {
+            lapsed = true;
+            break;
+        }
+    }
+    assert!(lapsed, "a mark lapses after its time to live");
+    ledger.release_held(&[k1]).await.unwrap();
+}

@@ -331,6 +331,35 @@ pub trait Ledger: Send + Sync {
         Ok(None)
     }
 
+    /// Mark the calls under `keys` (idempotency keys) as running for `ttl`
+    /// (at least 1 ms), replacing earlier marks. The worker running a
+    /// model turn's calls marks them before they start and again every
+    /// [`glia_proto::RUNNING_MARK_REFRESH`] while they run; holding a key's
+    /// result ([`Ledger::hold_results`]) removes its mark. A worker that
+    /// lost the run's lease while the call ran thereby keeps the next
+    /// worker from calling it interrupted until the call returns and its
+    /// result is held, or until the mark lapses (the worker died or lost
+    /// the store).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the store does not answer;
+    /// the loop goes on (the mark only narrows a window). The default marks
+    /// nothing.
+    async fn mark_running(&self, keys: &[String], ttl: Duration) -> Result<(), LedgerError> {
+        let _ = (keys, ttl);
+        Ok(())
+    }
+
+    /// True while the call under `key` is marked running
+    /// ([`Ledger::mark_running`]) and the mark has not lapsed.
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the store does not answer:
+    /// whether the call still runs is then unknown, and the caller must not
+    /// act as if it did not. The default marks nothing (`false`).
+    async fn running(&self, key: &str) -> Result<bool, LedgerError> {
+        let _ = key;
+        Ok(false)
+    }
+
     /// Forget the results held under `keys` (once they are in the log).
     /// Keys not held are ignored.
     ///

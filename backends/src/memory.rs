@@ -12,7 +12,7 @@ use chrono::{NaiveDate, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use glia_proto::{Event, EventKind, LiveEvent, Payload, Phase, RunState};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::{
@@ -513,17 +513,18 @@ impl Reports for MemoryLog {
     }
 }
 
-/// The job queue in memory: two unbounded channels (resumes, starts) shared
-/// by every consumer; [`JobQueue::next`] takes a ready resume before a ready
-/// start.
+/// The job queue in memory: two unbounded multi-consumer channels
+/// (resumes, starts) shared by every consumer, none of which waits for
+/// another (a worker waiting for a resume does not hold back the starts);
+/// [`JobQueue::next`] takes a ready resume before a ready start.
 pub struct MemoryQueue {
     tx: Senders,
-    rx: tokio::sync::Mutex<Receivers>,
+    rx: Receivers,
     depth: std::sync::Arc<AtomicU64>,
 }
 
-type Sender = mpsc::UnboundedSender<(Job, bool)>;
-type Receiver = mpsc::UnboundedReceiver<(Job, bool)>;
+type Sender = async_channel::Sender<(Job, bool)>;
+type Receiver = async_channel::Receiver<(Job, bool)>;
 
 /// The sending ends: resumes and starts.
 #[derive(Clone)]
@@ -540,7 +541,7 @@ impl Senders {
         } else {
             &self.starts
         };
-        line.send((job, redelivered))
+        line.try_send((job, redelivered))
             .map_err(|_| QueueError::Closed)
     }
 }
@@ -552,14 +553,14 @@ struct Receivers {
 
 impl Default for MemoryQueue {
     fn default() -> Self {
-        let (resumes, resumes_rx) = mpsc::unbounded_channel();
-        let (starts, starts_rx) = mpsc::unbounded_channel();
+        let (resumes, resumes_rx) = async_channel::unbounded();
+        let (starts, starts_rx) = async_channel::unbounded();
         MemoryQueue {
             tx: Senders { resumes, starts },
-            rx: tokio::sync::Mutex::new(Receivers {
+            rx: Receivers {
                 resumes: resumes_rx,
                 starts: starts_rx,
-            }),
+            },
             depth: Default::default(),
         }
     }
@@ -612,19 +613,20 @@ impl JobQueue for MemoryQueue {
     }
 
     async fn next(&self) -> Result<Delivery, QueueError> {
-        let mut rx = self.rx.lock().await;
-        let Receivers { resumes, starts } = &mut *rx;
+        // Both receives are cancel-safe: a job is taken only by the one
+        // that completes.
+        let Receivers { resumes, starts } = &self.rx;
         let got = tokio::select! {
             biased;
             got = resumes.recv() => got,
             got = starts.recv() => got,
         };
-        Ok(self.delivery(got.ok_or(QueueError::Closed)?))
+        Ok(self.delivery(got.map_err(|_| QueueError::Closed)?))
     }
 
     async fn next_resume(&self) -> Result<Delivery, QueueError> {
-        let got = self.rx.lock().await.resumes.recv().await;
-        Ok(self.delivery(got.ok_or(QueueError::Closed)?))
+        let got = self.rx.resumes.recv().await;
+        Ok(self.delivery(got.map_err(|_| QueueError::Closed)?))
     }
 
     async fn depth(&self) -> Result<u64, QueueError> {
@@ -641,6 +643,8 @@ pub struct MemoryLedger {
     live: Mutex<HashMap<Uuid, broadcast::Sender<LiveEvent>>>,
     budgets: Mutex<HashMap<String, Counter>>,
     held: Mutex<HashMap<String, (HeldResult, std::time::Instant)>>,
+    /// Calls marked running, by idempotency key: when the mark lapses.
+    running: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 /// One budget scope's counter and the request ids it has seen: `Some(amount)`
@@ -662,6 +666,18 @@ impl MemoryLedger {
     /// tests of what happens then).
     pub fn forget_held(&self) {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// Remove the running marks of `keys` (their results are held).
+    pub(crate) fn unmark_running<'a>(&self, keys: impl IntoIterator<Item = &'a String>) {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            running.remove(key);
+        }
     }
 
     /// The budget counters, expired ones removed.
@@ -843,7 +859,26 @@ impl Ledger for MemoryLedger {
         for (key, result) in held {
             kept.insert(key.clone(), (result.clone(), expires_at));
         }
+        self.unmark_running(held.iter().map(|(key, _)| key));
         Ok(())
+    }
+
+    async fn mark_running(&self, keys: &[String], ttl: Duration) -> Result<(), LedgerError> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        running.retain(|_, until| *until > now);
+        let until = now + ttl.max(Duration::from_millis(1));
+        for key in keys {
+            running.insert(key.clone(), until);
+        }
+        Ok(())
+    }
+
+    async fn running(&self, key: &str) -> Result<bool, LedgerError> {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(running
+            .get(key)
+            .is_some_and(|until| *until > std::time::Instant::now()))
     }
 
     async fn held_result(&self, key: &str) -> Result<Option<HeldResult>, LedgerError> {

@@ -241,6 +241,11 @@ impl RedisLedger {
         format!("{}:held:{idempotency_key}", self.prefix)
     }
 
+    /// Key of a running call's mark: `P:running:{idempotency_key}`.
+    pub fn running_key(&self, idempotency_key: &str) -> String {
+        format!("{}:running:{idempotency_key}", self.prefix)
+    }
+
     /// Channel announcing cancellations (payload: the run id): `P:cancelled`.
     pub fn cancel_channel(&self) -> String {
         format!("{}:cancelled", self.prefix)
@@ -262,6 +267,20 @@ impl RedisLedger {
     pub async fn subscribe_cancellations(&self) -> Result<BoxStream<'static, Uuid>, LedgerError> {
         subscription(self.client.clone(), self.cancel_channel(), |bytes| {
             std::str::from_utf8(bytes).ok()?.parse().ok()
+        })
+        .await
+    }
+
+    /// `EXISTS key` (retried once), for the operation `what`.
+    async fn exists(&self, what: &str, key: String) -> Result<bool, LedgerError> {
+        self.idempotent(what, |mut conn| {
+            let key = key.clone();
+            async move {
+                redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async::<bool>(&mut conn)
+                    .await
+            }
         })
         .await
     }
@@ -322,17 +341,7 @@ impl Ledger for RedisLedger {
     ///
     /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
     async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError> {
-        let key = self.cancel_key(run_id);
-        self.idempotent("is_cancelled", |mut conn| {
-            let key = key.clone();
-            async move {
-                redis::cmd("EXISTS")
-                    .arg(&key)
-                    .query_async::<bool>(&mut conn)
-                    .await
-            }
-        })
-        .await
+        self.exists("is_cancelled", self.cancel_key(run_id)).await
     }
 
     /// `SET P:pause:{run_id} 1 EX ttl` (the cancel flag's TTL) or `DEL` it.
@@ -534,8 +543,8 @@ impl Ledger for RedisLedger {
         .await
     }
 
-    /// `SET P:held:{key} <json> EX 7d` for each, in one transaction.
-    /// Idempotent (retried once).
+    /// `SET P:held:{key} <json> EX 7d` and `DEL P:running:{key}` for each,
+    /// in one transaction. Idempotent (retried once).
     ///
     /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
     async fn hold_results(&self, held: &[(String, HeldResult)]) -> Result<(), LedgerError> {
@@ -546,6 +555,7 @@ impl Ledger for RedisLedger {
         for (key, result) in held {
             entries.push((
                 self.held_key(key),
+                self.running_key(key),
                 serde_json::to_vec(result).map_err(|e| unavailable("encode held result", e))?,
             ));
         }
@@ -553,17 +563,51 @@ impl Ledger for RedisLedger {
         self.idempotent("hold_results", |mut conn| {
             let mut pipe = redis::pipe();
             pipe.atomic();
-            for (key, json) in &entries {
+            for (key, running, json) in &entries {
                 pipe.cmd("SET")
                     .arg(key)
                     .arg(json.as_slice())
                     .arg("EX")
                     .arg(ttl)
                     .ignore();
+                pipe.cmd("DEL").arg(running).ignore();
             }
             async move { pipe.query_async::<()>(&mut conn).await }
         })
         .await
+    }
+
+    /// `SET P:running:{key} 1 PX <ttl>` for each, in one transaction
+    /// (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn mark_running(&self, keys: &[String], ttl: Duration) -> Result<(), LedgerError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = keys.iter().map(|k| self.running_key(k)).collect();
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.idempotent("mark_running", |mut conn| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for key in &keys {
+                pipe.cmd("SET")
+                    .arg(key)
+                    .arg(1)
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .ignore();
+            }
+            async move { pipe.query_async::<()>(&mut conn).await }
+        })
+        .await
+    }
+
+    /// `EXISTS P:running:{key}` (retried once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn running(&self, key: &str) -> Result<bool, LedgerError> {
+        self.exists("running", self.running_key(key)).await
     }
 
     /// `GET P:held:{key}` (retried once).

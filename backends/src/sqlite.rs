@@ -2253,7 +2253,22 @@ impl Ledger for SqliteLedger {
                 Ok(())
             })
             .await
-            .map_err(ledger_error)
+            .map_err(ledger_error)?;
+        self.store
+            .live
+            .unmark_running(held.iter().map(|(key, _)| key));
+        Ok(())
+    }
+
+    /// Marks live in this process, like live deltas: the file's lock keeps
+    /// its runs, and so their tool calls, to one process, and a call dies
+    /// with it.
+    async fn mark_running(&self, keys: &[String], ttl: Duration) -> Result<(), LedgerError> {
+        self.store.live.mark_running(keys, ttl).await
+    }
+
+    async fn running(&self, key: &str) -> Result<bool, LedgerError> {
+        self.store.live.running(key).await
     }
 
     async fn held_result(&self, key: &str) -> Result<Option<HeldResult>, LedgerError> {

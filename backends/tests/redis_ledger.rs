@@ -352,6 +352,12 @@ async fn ledger_survives_a_redis_restart() {
 }
 
 #[tokio::test]
+async fn redis_marks_running_calls() {
+    let (ledger, _cleanup) = connect().await;
+    glia_backends::conformance::marks_running_calls(&ledger).await;
+}
+
+#[tokio::test]
 async fn redis_holds_tool_results() {
     let (ledger, _cleanup) = connect().await;
     glia_backends::conformance::holds_tool_results(&ledger).await;

@@ -494,6 +494,12 @@ async fn batch_uploads_are_whole_across_dropped_callers_and_restarts() {
 }
 
 #[tokio::test]
+async fn sqlite_marks_running_calls() {
+    let dir = TempDir::new();
+    conformance::marks_running_calls(&open(&dir).await.ledger()).await;
+}
+
+#[tokio::test]
 async fn sqlite_holds_tool_results_across_a_restart() {
     let dir = TempDir::new();
     conformance::holds_tool_results(&open(&dir).await.ledger()).await;

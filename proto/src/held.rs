@@ -22,3 +22,28 @@ pub struct HeldResult {
     /// Active time of the call in ms.
     pub duration_ms: u64,
 }
+
+/// What the ledger knows of a call, by its idempotency key, when the next
+/// worker finds the call cleared and without a result in the log.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Held {
+    /// The call may still be running: the worker that started it marked it
+    /// (`glia_backends::Ledger::mark_running`) and has refreshed the mark
+    /// within [`RUNNING_MARK_TTL`], though it no longer holds the run's
+    /// lease (the database was away longer than the lease). Its outcome
+    /// will be held when the call returns; until the mark lapses, nobody
+    /// may call it interrupted.
+    Running,
+    /// The call returned and its outcome was held but not committed.
+    Finished(HeldResult),
+}
+
+/// How long a worker's mark on a running call lasts without a refresh
+/// (10 s): the longest a call whose worker died keeps the next worker from
+/// calling it interrupted.
+pub const RUNNING_MARK_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often the worker running a tool call refreshes its mark (3 s, a
+/// third of [`RUNNING_MARK_TTL`] less a margin, so one lost refresh does not
+/// let the mark lapse).
+pub const RUNNING_MARK_REFRESH: std::time::Duration = std::time::Duration::from_secs(3);

@@ -62,7 +62,7 @@ pub use event::{
     Outcome, PauseReason, Payload, PullPoint, Retry, ToolCallRecord, ToolErrorKind,
 };
 pub use guardrails::{Guardrails, Redaction, TextRule, Withheld};
-pub use held::HeldResult;
+pub use held::{Held, HeldResult, RUNNING_MARK_REFRESH, RUNNING_MARK_TTL};
 pub use json::{args_hash, canonical_json};
 pub use provider::{
     ModelRequest, ModelResponse, Provider, ProviderError, ProviderKind, ToolChoice,

@@ -4,7 +4,8 @@
 //! [`Fleet::redis_url`] before starting processes), each fleet isolated by
 //! its own database, queue name and Redis key prefix, all removed when it is
 //! dropped. Each process's stderr is captured in `<dir>/logs/<role>.log`;
-//! when a test panics, the fleet prints the last lines of every log.
+//! when a test panics, the fleet prints the last lines of every log and
+//! keeps the directory (as it does with `GLIA_KEEP_FLEET_LOGS` set).
 //!
 //! The client side: submit runs, drive every pull point (approve, answer
 //! external tools, reply, close, resume), check each log (no gap, no
@@ -95,7 +96,10 @@ pub struct Fleet {
     pub worker_env: HashMap<usize, Vec<(String, String)>>,
 }
 
-fn psql(url: &str, sql: &str) {
+/// Run `sql` with `psql` against `url` (stopping at the first error) and
+/// answer its unaligned, tuples-only output, trimmed. Panics when `psql`
+/// cannot run or the statement fails.
+pub fn psql(url: &str, sql: &str) -> String {
     let out = Command::new("psql")
         .args([url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql])
         .output()
@@ -105,6 +109,7 @@ fn psql(url: &str, sql: &str) {
         "psql {sql}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 fn db_url_for(admin: &str, db: &str) -> String {
@@ -122,19 +127,7 @@ impl Fleet {
             "SELECT count(*) FROM runs WHERE lease_owner = '{}' AND lease_expires_at > now()",
             owner.replace('\'', "''")
         );
-        let out = Command::new("psql")
-            .args([self.db_url.as_str(), "-v", "ON_ERROR_STOP=1", "-qAtc", &sql])
-            .output()
-            .expect("psql runs");
-        assert!(
-            out.status.success(),
-            "psql {sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .expect("a count")
+        psql(&self.db_url, &sql).parse().expect("a count")
     }
 
     /// Create the database (on the machine's Postgres) and the scripts
@@ -471,7 +464,15 @@ impl Drop for Fleet {
             .arg("-c")
             .arg(format!("redis-cli -u '{}' --scan --pattern '{}*' | xargs -r redis-cli -u '{}' del >/dev/null", self.redis_url, self.name, self.redis_url))
             .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() || std::env::var_os("GLIA_KEEP_FLEET_LOGS").is_some() {
+            eprintln!(
+                "fleet {}: logs kept in {}",
+                self.name,
+                self.dir.join("logs").display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -1349,18 +1349,22 @@ fn round(seed: u64, faults: usize) -> Figures {
                         ..
                     } if c == call_id => {
                         figures.pg_finished_reapprovals += 1;
-                        figures
-                            .pg_finished_abandoned
-                            .push(format!("{id} {call_id}: re-approval at seq {}", e.seq));
+                        figures.pg_finished_abandoned.push(format!(
+                            "{id} {call_id}: re-approval at seq {}; log: {}",
+                            e.seq,
+                            story(&events)
+                        ));
                     }
                     EventKind::ToolError {
                         call_id: c,
                         error: ToolErrorKind::OutcomeUnknown,
                         ..
                     } if c == call_id => {
-                        figures
-                            .pg_finished_abandoned
-                            .push(format!("{id} {call_id}: outcome-unknown at seq {}", e.seq));
+                        figures.pg_finished_abandoned.push(format!(
+                            "{id} {call_id}: outcome-unknown at seq {}; log: {}",
+                            e.seq,
+                            story(&events)
+                        ));
                     }
                     _ => {}
                 }
@@ -1435,6 +1439,22 @@ fn seeds() -> Vec<u64> {
         Some(seed) => vec![seed],
         None => vec![1, fastrand::u64(..)],
     }
+}
+
+/// A log as one line, `seq:type@ms`, for failure messages.
+fn story(events: &[Event]) -> String {
+    events
+        .iter()
+        .map(|e| {
+            format!(
+                "{}:{}@{}",
+                e.seq,
+                e.kind.name(),
+                e.at.format("%H:%M:%S%.3f")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The short round (CI): a fixed seed and a random one, one fault of each

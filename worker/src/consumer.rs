@@ -42,7 +42,9 @@ use glia_backends::{
     CapKind, Delivery, EventLog, HeldResult, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
     LogError, Opened, Opening, Reservation, RunStatus, Settlement, Signal, tenant_day_scope,
 };
-use glia_proto::{Event, Limit, LiveEvent, Payload, Phase, RunState, Status};
+use glia_proto::{
+    Event, Held, Limit, LiveEvent, Payload, Phase, RUNNING_MARK_TTL, RunState, Status,
+};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{debug, info, warn};
 use uuid::Uuid;
@@ -301,8 +303,11 @@ impl Worker {
                 return ack(delivery, Handled::Held).await;
             }
             Err(e) => {
-                warn!(%run_id, error = %e, "could not open the run; requeueing the job");
+                // Held for a while first, so that an outage of the database
+                // does not turn into a tight loop of deliveries.
+                warn!(%run_id, error = %e, "could not open the run; requeueing the job in {} ms", REQUEUE_AFTER.as_millis());
                 if let Some(d) = delivery {
+                    tokio::time::sleep(REQUEUE_AFTER).await;
                     let _ = d.acker.nack(true).await;
                 }
                 return Handled::Retry;
@@ -325,9 +330,10 @@ impl Worker {
             .await;
         let _ = stop_heartbeat.send(true);
         let _ = heartbeat.await;
-        // A transient failure without a wait hint keeps the lease until it
-        // lapses (the reconciler retries then); with a hint, let go and
-        // come back when the provider said to.
+        // A transient failure without a wait keeps the lease until it
+        // lapses (the reconciler retries then); with one (the provider's
+        // hint, or an interrupted call still running elsewhere), let go and
+        // come back then.
         let keep = handled == Handled::Retry && retry_after.is_none();
         if !keep
             && !released
@@ -406,8 +412,9 @@ impl Worker {
 
     /// Apply inbox payloads and advance until the run parks or ends, then
     /// let go of the lease once the inbox is empty ([`Inbox::release_if_idle`](glia_backends::Inbox::release_if_idle),
-    /// which sets `released`). With [`Handled::Retry`] after a transient
-    /// provider failure, `retry_after` is the provider's wait hint.
+    /// which sets `released`). With [`Handled::Retry`], `retry_after` is how
+    /// long to wait before trying again, if known: the provider's wait hint,
+    /// or [`RETRY_RUNNING_AFTER`] for a call still marked running.
     async fn drive(
         &self,
         opened: Opened,
@@ -533,6 +540,11 @@ impl Worker {
                     warn!(%run_id, error = %e, "a tool source is unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
+                Err(AgentError::CallRunning(call_id)) => {
+                    info!(%run_id, %call_id, "an interrupted call may still be running under a worker that lost its lease; looking again in {} ms", RETRY_RUNNING_AFTER.as_millis());
+                    *retry_after = Some(RETRY_RUNNING_AFTER);
+                    return Handled::Retry;
+                }
                 Err(AgentError::HeldResults(e)) => {
                     warn!(%run_id, error = %e, "cannot tell whether an interrupted call has a held result; retrying after the lease lapses");
                     return Handled::Retry;
@@ -576,6 +588,16 @@ pub const COMMIT_RETRY_MAX: Duration = Duration::from_secs(1);
 /// How long a job for a run another worker holds waits before it is
 /// published again.
 pub const RETRY_HELD_AFTER: Duration = Duration::from_millis(500);
+
+/// How long a job waits before it is published again when the run's
+/// interrupted call is still marked running by a worker that lost its lease
+/// ([`glia_proto::Held::Running`]): until the call's result is held, or its
+/// mark lapses ([`RUNNING_MARK_TTL`]).
+pub const RETRY_RUNNING_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a job whose run could not be opened (the event log did not
+/// answer) is held before it is requeued.
+pub const REQUEUE_AFTER: Duration = Duration::from_secs(1);
 
 /// How often a worker looks at the cancel flag of a run it is advancing
 /// (while a model call or a tool runs; also at every commit).
@@ -728,17 +750,30 @@ impl EventSink for LogSink {
         Ok(())
     }
 
-    async fn held(&mut self, key: &str) -> Result<Option<HeldResult>, SinkError> {
+    async fn mark_running(&self, keys: &[String]) -> Result<(), SinkError> {
+        self.ledger
+            .mark_running(keys, RUNNING_MARK_TTL)
+            .await
+            .map_err(|e| SinkError(e.to_string()))
+    }
+
+    async fn held(&mut self, key: &str) -> Result<Option<Held>, SinkError> {
         let held = self
             .ledger
             .held_result(key)
             .await
             .map_err(|e| SinkError(e.to_string()))?;
-        if held.is_some() {
+        if let Some(held) = held {
             info!(run_id = %self.lease.run_id, key, "recovering a tool result its worker held but did not commit");
             self.held.push(key.to_owned());
+            return Ok(Some(Held::Finished(held)));
         }
-        Ok(held)
+        let running = self
+            .ledger
+            .running(key)
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
+        Ok(running.then_some(Held::Running))
     }
 
     fn live(&self, event: &LiveEvent) {

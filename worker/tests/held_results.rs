@@ -504,3 +504,75 @@ async fn without_a_held_result_the_interrupted_call_is_put_to_a_person_again() {
     assert!(state.pending_calls[0].result.is_none());
     let _ = s.stop.send(true);
 }
+
+/// The run's lease token in the private cluster (`None` once released).
+fn lease_token(s: &Setup, run_id: Uuid) -> Option<String> {
+    let sql = format!("SELECT coalesce(lease_token::text, '') FROM runs WHERE id = '{run_id}'");
+    let token = glia_testkit::fleet::psql(&s.pg.admin_url(), &sql);
+    (!token.is_empty()).then_some(token)
+}
+
+/// The outage outlasts the lease while the call is still running (it has
+/// not returned yet): the worker that takes the run over finds the call
+/// marked running (`Ledger::mark_running`), neither asks a person again nor
+/// calls it outcome-unknown, and lets go; once the call returns and its
+/// result is held, the next try recovers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_still_running_when_its_lease_is_lost_is_waited_for_not_put_to_a_person() {
+    let lease = Duration::from_secs(2);
+    let Some(s) = setup(2, lease).await else {
+        return;
+    };
+    let run_id = s.submit_and_approve().await;
+    tokio::time::timeout(Duration::from_secs(120), s.refund.started.notified())
+        .await
+        .expect("the refund starts after its approval");
+    let key = s.refund.key.lock().unwrap().clone().unwrap();
+    assert!(
+        lease_token(&s, run_id).is_some(),
+        "held while the call runs"
+    );
+    assert!(s.ledger.running(&key).await.unwrap(), "marked running");
+    let pg = s.pg.clone();
+    tokio::task::spawn_blocking(move || pg.stop(StopMode::Immediate))
+        .await
+        .unwrap();
+    tokio::time::sleep(lease * 3).await;
+    s.start_pg().await;
+    // Released: the worker that ran the call cannot let go before the call
+    // returns, so another worker (or slot) has opened the run under a new
+    // lease, decided about the interrupted call and let go again.
+    until(120, "the run taken over and let go", || async {
+        lease_token(&s, run_id).is_none().then_some(())
+    })
+    .await;
+    let events = s.log.events(run_id, 0, 1000).await.unwrap();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.name()).collect();
+    assert_eq!(
+        count(&events, |k| matches!(
+            k,
+            EventKind::ApprovalRequested { .. }
+        )),
+        1,
+        "nobody asked again while the call runs: {kinds:?}"
+    );
+    assert_eq!(
+        count(&events, |k| matches!(k, EventKind::ToolError { .. })),
+        0,
+        "not outcome-unknown while the call runs: {kinds:?}"
+    );
+    assert!(
+        s.ledger.running(&key).await.unwrap(),
+        "the mark is refreshed while the call runs"
+    );
+    s.refund.finish.notify_one();
+    let (state, events) = s.done(run_id).await;
+    assert_once(&s.refund, &state, &events);
+    assert_eq!(
+        count(&events, |k| matches!(k, EventKind::ToolRecovered { .. })),
+        1,
+        "recovered by the worker that took the run over"
+    );
+    assert!(!s.ledger.running(&key).await.unwrap(), "unmarked once held");
+    let _ = s.stop.send(true);
+}
