@@ -29,7 +29,7 @@
 //!
 //! ## Layers
 //!
-//! Imports point one way, down this list (`dispatcher/tests/module_graph.rs`
+//! Imports point one way, down this list (`dispatcher/tests/it/module_graph.rs`
 //! fails on any circle):
 //!
 //! - the top, [`server`]: the router over every handler, the OpenAPI

@@ -1,0 +1,16 @@
+//! glia-agent's integration tests: one test binary, a module per
+//! concern (see `tests/README.md`).
+
+mod common;
+
+mod bad_input;
+mod declarative;
+mod gate_bypass;
+mod hooks;
+mod http_tools;
+mod loop_features;
+mod markers;
+mod mcp;
+mod provider_events;
+mod pull_points;
+mod replay_prop;

@@ -1,0 +1,9 @@
+//! glia-cli's integration tests: one test binary, a module per
+//! concern (see `tests/README.md`).
+
+mod bench;
+mod corrupt_record;
+mod crate_graph;
+mod deploy;
+mod providers;
+mod run;

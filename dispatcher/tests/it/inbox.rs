@@ -1,0 +1,358 @@
+//! The inbox's sessions, forms and filters over HTTP (no browser; the
+//! browser story is `tests/fleet/approvals/inbox_browser.rs`): the cookie's attributes,
+//! scope and tenant checks, CSRF and origin checks, tampered cookies, filters.
+
+use crate::common;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use common::*;
+use glia_backends::Inbox;
+use glia_proto::{Decision, EventKind, Payload, args_hash};
+use serde_json::json;
+
+fn form(
+    uri: &str,
+    cookie: Option<&str>,
+    origin: Option<&str>,
+    fields: &[(&str, &str)],
+) -> Request<Body> {
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(fields)
+        .finish();
+    let mut b = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header(header::HOST, "glia.test")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    if let Some(c) = cookie {
+        b = b.header(header::COOKIE, c);
+    }
+    if let Some(o) = origin {
+        b = b.header(header::ORIGIN, o);
+    }
+    b.body(Body::from(body)).unwrap()
+}
+
+fn page(uri: &str, cookie: &str) -> Request<Body> {
+    Request::builder()
+        .uri(uri)
+        .header(header::COOKIE, cookie)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// Sign in with `token`: the cookie (`name=value`) and the page's form token.
+async fn sign_in(h: &H, token: &str) -> (String, String) {
+    let r = send(
+        &h.router,
+        form(
+            "/inbox/login",
+            None,
+            Some("http://glia.test"),
+            &[("token", token)],
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
+    let set = r.headers[header::SET_COOKIE].to_str().unwrap().to_owned();
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/inbox"] {
+        assert!(set.contains(attr), "{set}");
+    }
+    assert!(!set.contains(token), "the cookie does not carry the token");
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let queue = send(&h.router, page("/inbox", &cookie)).await;
+    assert_eq!(queue.status, StatusCode::OK);
+    let csrf = queue
+        .text
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_owned();
+    (cookie, csrf)
+}
+
+#[tokio::test]
+async fn sessions_forms_and_filters() {
+    let h = harness();
+    // No session: to the sign-in page. A token without scope `approve`, or
+    // an unknown one, does not sign in.
+    let r = send(
+        &h.router,
+        Request::builder()
+            .uri("/inbox")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.headers[header::LOCATION].to_str().unwrap()),
+        (StatusCode::SEE_OTHER, "/inbox/login")
+    );
+    for bad in [SUB_A, "nope"] {
+        let r = send(
+            &h.router,
+            form("/inbox/login", None, None, &[("token", bad)]),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{bad}");
+        assert!(r.headers.get(header::SET_COOKIE).is_none());
+    }
+    // A sign-in posted from another site is refused.
+    let r = send(
+        &h.router,
+        form(
+            "/inbox/login",
+            None,
+            Some("https://evil.example"),
+            &[("token", APP_A)],
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+
+    let refund = create(&h, SUB_A, json!({"goal": "refund <b>A1</b>"})).await;
+    park_for_approval(&*h.log, refund, &[("c1", "refund", json!({"order": "A1"}))]).await;
+    let ship = create(&h, SUB_A, json!({"goal": "ship A2"})).await;
+    park_for_approval(&*h.log, ship, &[("c1", "ship", json!({"order": "A2"}))]).await;
+    let other = create(&h, SUB_B, json!({"goal": "tenant b's"})).await;
+    park_for_approval(&*h.log, other, &[("c1", "refund", json!({"order": "B1"}))]).await;
+
+    let (cookie, csrf) = sign_in(&h, APP_A).await;
+    let all = send(&h.router, page("/inbox", &cookie)).await;
+    assert!(
+        all.headers[header::CONTENT_SECURITY_POLICY]
+            .to_str()
+            .unwrap()
+            .contains("script-src 'self'")
+    );
+    assert_eq!(
+        all.text.matches("<tr class=\"item").count(),
+        2,
+        "tenant a's two, not b's"
+    );
+    assert!(
+        all.text.contains("refund &lt;b&gt;A1") && !all.text.contains("<b>A1"),
+        "the goal is escaped"
+    );
+    let filtered = send(&h.router, page("/inbox?tool=ship", &cookie)).await;
+    assert_eq!(filtered.text.matches("<tr class=\"item").count(), 1);
+    assert!(
+        filtered.text.contains(&ship.to_string()) && !filtered.text.contains(&refund.to_string())
+    );
+    let old_only = send(&h.router, page("/inbox?min_age=60", &cookie)).await;
+    assert_eq!(
+        old_only.text.matches("<tr class=\"item").count(),
+        0,
+        "nothing has waited an hour"
+    );
+    // Another tenant's run is not found.
+    let r = send(
+        &h.router,
+        page(&format!("/inbox/runs/{other}/calls/c1"), &cookie),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+
+    // Decisions: refused without the form token, from another origin, or
+    // with a tampered cookie; accepted with them, recorded with the token's name.
+    let decide = format!("/inbox/runs/{refund}/calls/c1/decide");
+    let hash = args_hash(&json!({"order": "A1"}));
+    let fields = [
+        ("decision", "reject"),
+        ("reason", "not today"),
+        ("args_hash", hash.as_str()),
+    ];
+    let r = send(&h.router, form(&decide, Some(&cookie), None, &fields)).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "no CSRF token");
+    let with_csrf = [fields.as_slice(), &[("csrf", csrf.as_str())]].concat();
+    let r = send(
+        &h.router,
+        form(
+            &decide,
+            Some(&cookie),
+            Some("https://evil.example"),
+            &with_csrf,
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "another origin");
+    let tampered = format!("{}x", cookie);
+    let r = send(&h.router, form(&decide, Some(&tampered), None, &with_csrf)).await;
+    assert_eq!(
+        (r.status, r.headers[header::LOCATION].to_str().unwrap()),
+        (StatusCode::SEE_OTHER, "/inbox/login"),
+        "a tampered cookie is no session"
+    );
+    assert!(
+        h.log.inbox(refund).await.unwrap().is_empty(),
+        "nothing was posted"
+    );
+    let r = send(
+        &h.router,
+        form(&decide, Some(&cookie), Some("http://glia.test"), &with_csrf),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.headers[header::LOCATION].to_str().unwrap()),
+        (
+            StatusCode::SEE_OTHER,
+            format!("/inbox/runs/{refund}").as_str()
+        )
+    );
+    let posted = h.log.inbox(refund).await.unwrap();
+    assert!(
+        matches!(&posted[0].payload, Payload::Approval { decision: Decision::Reject { reason }, by: Some(by), .. } if reason == "not today" && by == "ana"),
+        "{posted:?}"
+    );
+
+    // Signing out ends the session in the browser (the cookie is cleared).
+    let r = send(
+        &h.router,
+        form("/inbox/logout", Some(&cookie), None, &[("csrf", &csrf)]),
+    )
+    .await;
+    assert!(
+        r.headers[header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0")
+    );
+}
+
+/// Edits are part of the conversation: after an approver's edit, the run
+/// page's conversation shows the call with the edited arguments (the ones
+/// that ran) beside its result; the model's proposal stays in the events.
+#[tokio::test]
+async fn the_run_page_shows_the_edited_arguments() {
+    let h = harness();
+    let run = create(&h, SUB_A, json!({"goal": "refund A1"})).await;
+    let proposed = json!({"order": "A1", "amount": 3000});
+    park_for_approval(&*h.log, run, &[("c1", "refund", proposed.clone())]).await;
+    let edited = json!({"order": "A1", "amount": 10});
+    commit(
+        &*h.log,
+        run,
+        vec![
+            EventKind::ApprovalResolved {
+                call_id: "c1".into(),
+                args_hash: args_hash(&proposed),
+                decision: Decision::Edit { input: edited },
+                by: Some("ana".into()),
+            },
+            EventKind::ToolResult {
+                call_id: "c1".into(),
+                content: "refunded 10".into(),
+                reminder: None,
+                duration_ms: 1,
+                redactions: Vec::new(),
+            },
+        ],
+    )
+    .await;
+    let (cookie, _) = sign_in(&h, APP_A).await;
+    let r = send(&h.router, page(&format!("/inbox/runs/{run}"), &cookie)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let (conversation, events) = r.text.split_once("<h2>Events</h2>").unwrap();
+    let conversation = conversation.split_once("<h2>Conversation</h2>").unwrap().1;
+    let tool_use = conversation
+        .split("tool_use</span><pre>")
+        .nth(1)
+        .unwrap()
+        .split("</pre>")
+        .next()
+        .unwrap();
+    assert!(
+        tool_use.starts_with("refund(") && tool_use.contains(":10,") && !tool_use.contains("3000"),
+        "the call as it ran: {tool_use}"
+    );
+    assert!(conversation.contains("refunded 10"));
+    assert!(
+        !conversation.contains("3000"),
+        "the proposal is not in the conversation: {conversation}"
+    );
+    assert!(events.contains("3000"), "the proposal stays in the log");
+}
+
+/// The approval card says why the call waits: the tool's resolved policy
+/// as its step recorded it, and who decided it (here the operator's
+/// catalogue over an untrusted server that called the tool read-only), or
+/// the run's `policies` matching these arguments.
+#[tokio::test]
+async fn the_card_shows_the_resolved_policy_and_who_decided_it() {
+    use glia_proto::{PolicyOrigin, ResolvedPolicy, ToolSpec};
+    let h = harness();
+    let gated = ResolvedPolicy {
+        requires_approval: true,
+        approval_by: PolicyOrigin::Operator,
+        idempotent: false,
+        idempotent_by: PolicyOrigin::Default,
+        trusted_server: Some(false),
+    };
+    let open = ResolvedPolicy {
+        requires_approval: false,
+        approval_by: PolicyOrigin::Default,
+        idempotent: false,
+        idempotent_by: PolicyOrigin::Default,
+        trusted_server: None,
+    };
+    let tools = vec![
+        ToolSpec {
+            policy: Some(gated),
+            ..ToolSpec::new("refund", "Refund.", json!({"type": "object"}))
+        },
+        ToolSpec {
+            policy: Some(open),
+            ..ToolSpec::new("ship", "Ship.", json!({"type": "object"}))
+        },
+    ];
+    let run = create(&h, SUB_A, json!({"goal": "refund A1"})).await;
+    park_for_approval_with_tools(
+        &*h.log,
+        run,
+        &[
+            ("c1", "refund", json!({"order": "A1"})),
+            ("c2", "ship", json!({"order": "A1"})),
+        ],
+        tools,
+    )
+    .await;
+    let (cookie, _) = sign_in(&h, APP_A).await;
+    let card = send(
+        &h.router,
+        page(&format!("/inbox/runs/{run}/calls/c1"), &cookie),
+    )
+    .await;
+    assert_eq!(card.status, StatusCode::OK, "{}", card.text);
+    let line = card
+        .text
+        .split("id=\"policy\">")
+        .nth(1)
+        .and_then(|t| t.split("</p>").next())
+        .unwrap_or_else(|| panic!("no policy line: {}", card.text));
+    assert!(
+        line.starts_with(
+            "Policy: requires approval, by the operator (the operator&#x27;s catalogue)"
+        ),
+        "{line}"
+    );
+    assert!(line.contains("untrusted server"), "{line}");
+    let card = send(
+        &h.router,
+        page(&format!("/inbox/runs/{run}/calls/c2"), &cookie),
+    )
+    .await;
+    let line = card
+        .text
+        .split("id=\"policy\">")
+        .nth(1)
+        .and_then(|t| t.split("</p>").next())
+        .unwrap();
+    assert!(
+        line.contains("by the run (a rule of its `policies` matched these arguments)"),
+        "{line}"
+    );
+}

@@ -1,0 +1,20 @@
+//! glia-dispatcher's integration tests: one test binary, a module per
+//! concern (see `tests/README.md`).
+
+mod common;
+
+mod admission;
+mod agents;
+mod approvals;
+mod bad_input;
+mod batches;
+mod contract;
+mod inbox;
+mod module_graph;
+mod ops;
+mod payloads;
+mod runs;
+mod schemathesis;
+mod stream;
+mod tenancy;
+mod webhooks;

@@ -1,0 +1,6 @@
+//! glia-proto's integration tests: one test binary, a module per
+//! concern (see `tests/README.md`).
+
+mod elision;
+mod repair;
+mod roundtrip;
