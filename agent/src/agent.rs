@@ -106,7 +106,8 @@ pub trait EventSink: Send + Sync {
     /// Mark the calls under `keys` (idempotency keys) as running, in the
     /// store that keeps held results, for [`glia_proto::RUNNING_MARK_TTL`]
     /// (the fleet's ledger, `glia_backends::Ledger::mark_running`). The
-    /// loop calls it before a model turn's calls start and every
+    /// loop calls it before the commit that clears a model turn's calls to
+    /// run, and every
     /// [`glia_proto::RUNNING_MARK_REFRESH`] while they run; [`EventSink::hold`]
     /// ends the marks. Errors are the loop's to log, not to stop on.
     /// Default: nothing is marked.
@@ -197,13 +198,15 @@ pub enum AgentError {
     /// A call a crash interrupted may have a held result
     /// ([`EventSink::held`]), and the store that holds them did not answer:
     /// neither its result nor a person's word on running it again is
-    /// recorded. The run stays runnable, retry later.
+    /// recorded, and nothing of this advance is committed. The run stays
+    /// runnable, retry later.
     #[error("held tool results unavailable: {0}")]
     HeldResults(String),
     /// A call cleared and without a result is marked running
     /// ([`Held::Running`]): the worker that started it lost the lease but
-    /// the call has not returned yet. Neither an outcome nor a person's word
-    /// is recorded for it; the run stays runnable, check again shortly
+    /// the call has not returned yet. Nothing of this advance is committed
+    /// (a payload it accepted stays in the inbox); the run stays runnable,
+    /// check again shortly
     /// (the mark lapses within [`glia_proto::RUNNING_MARK_TTL`] of its
     /// worker's last refresh).
     #[error("call {0} is still running under a worker that lost the lease")]
@@ -1316,13 +1319,13 @@ impl Agent {
             let key = idempotency_key(run.state, call_id);
             let held = match run.sink.held(&key).await {
                 Ok(Some(Held::Finished(held))) if held.call_id == *call_id => held,
-                Ok(Some(Held::Running)) => {
-                    run.commit().await?;
-                    return Err(AgentError::CallRunning(call_id.clone()));
-                }
+                // Nothing of this advance is committed: a payload it accepted
+                // (an approval of another call of the turn) stays in the
+                // inbox, so that the next try sees that call as cleared by
+                // the payload, not as interrupted.
+                Ok(Some(Held::Running)) => return Err(AgentError::CallRunning(call_id.clone())),
                 Ok(_) => continue,
                 Err(e) => {
-                    run.commit().await?;
                     return Err(AgentError::HeldResults(e.0));
                 }
             };
@@ -1676,13 +1679,21 @@ impl Agent {
         if ready.is_empty() {
             return Ok(());
         }
-        run.commit().await?;
         let run_id = run.state.run_id;
         let clock = run.clock;
         let keys: Vec<String> = ready
             .iter()
             .map(|(call_id, ..)| idempotency_key(run.state, call_id))
             .collect();
+        // Marked running before the commit that clears them lands, and
+        // while they run, so that a worker that takes the run over (this
+        // one lost the lease) waits for their results instead of calling
+        // them interrupted. A commit fenced by the lease thus proves the
+        // marks were there while the lease was held.
+        if let Err(e) = run.sink.mark_running(&keys).await {
+            tracing::warn!(run_id = %run_id, error = %e, "tool calls not marked running; running them all the same");
+        }
+        run.commit().await?;
         // Each call's grace period after a cancel, from the step's frozen tool list.
         let grace = |name: &str| {
             let ms = run
@@ -1698,17 +1709,23 @@ impl Agent {
         // running then is abandoned (its task aborted) as `outcome_unknown`.
         let cancel = run.sink.cancelled().shared();
         let (sink, step_tools) = (&*run.sink, &run.state.step_tools);
-        // Marked running before they start and while they run, so that a
-        // worker that takes the run over (this one lost the lease) waits
-        // for their results instead of calling them interrupted.
-        if let Err(e) = sink.mark_running(&keys).await {
-            tracing::warn!(run_id = %run_id, error = %e, "tool calls not marked running; running them all the same");
-        }
+        // The marks refreshed while the calls run, each refresh bounded.
         let marks = async {
             loop {
                 tokio::time::sleep(glia_proto::RUNNING_MARK_REFRESH).await;
-                if let Err(e) = sink.mark_running(&keys).await {
-                    tracing::warn!(run_id = %run_id, error = %e, "running tool calls' marks not refreshed");
+                match tokio::time::timeout(
+                    glia_proto::RUNNING_MARK_REFRESH,
+                    sink.mark_running(&keys),
+                )
+                .await
+                {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(run_id = %run_id, error = %e, "running tool calls' marks not refreshed")
+                    }
+                    Err(_) => {
+                        tracing::warn!(run_id = %run_id, "running tool calls' marks not refreshed in time")
+                    }
                 }
             }
         };

@@ -39,11 +39,13 @@ pub enum Held {
 }
 
 /// How long a worker's mark on a running call lasts without a refresh
-/// (10 s): the longest a call whose worker died keeps the next worker from
-/// calling it interrupted.
-pub const RUNNING_MARK_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+/// (15 s): the longest a call whose worker died (or lost the ledger) keeps
+/// the next worker from calling it interrupted.
+pub const RUNNING_MARK_TTL: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// How often the worker running a tool call refreshes its mark (3 s, a
-/// third of [`RUNNING_MARK_TTL`] less a margin, so one lost refresh does not
-/// let the mark lapse).
+/// How often the worker running a tool call refreshes its mark (3 s), each
+/// refresh given at most as long: while the ledger answers, a mark is
+/// renewed at least every 6 s, and [`RUNNING_MARK_TTL`] also covers the
+/// screening and the hold after the calls return (the hold removes the
+/// mark).
 pub const RUNNING_MARK_REFRESH: std::time::Duration = std::time::Duration::from_secs(3);

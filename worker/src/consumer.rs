@@ -757,23 +757,28 @@ impl EventSink for LogSink {
             .map_err(|e| SinkError(e.to_string()))
     }
 
+    /// The running mark is read before the held result: a hold writes the
+    /// result before it removes the mark, so "not running" then "not held"
+    /// means nothing was held (a hold between the two reads is seen as held).
     async fn held(&mut self, key: &str) -> Result<Option<Held>, SinkError> {
-        let held = self
-            .ledger
-            .held_result(key)
-            .await
-            .map_err(|e| SinkError(e.to_string()))?;
-        if let Some(held) = held {
-            info!(run_id = %self.lease.run_id, key, "recovering a tool result its worker held but did not commit");
-            self.held.push(key.to_owned());
-            return Ok(Some(Held::Finished(held)));
-        }
         let running = self
             .ledger
             .running(key)
             .await
             .map_err(|e| SinkError(e.to_string()))?;
-        Ok(running.then_some(Held::Running))
+        let held = self
+            .ledger
+            .held_result(key)
+            .await
+            .map_err(|e| SinkError(e.to_string()))?;
+        match held {
+            Some(held) => {
+                info!(run_id = %self.lease.run_id, key, "recovering a tool result its worker held but did not commit");
+                self.held.push(key.to_owned());
+                Ok(Some(Held::Finished(held)))
+            }
+            None => Ok(running.then_some(Held::Running)),
+        }
     }
 
     fn live(&self, event: &LiveEvent) {

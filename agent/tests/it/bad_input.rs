@@ -588,3 +588,89 @@ async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
         }
     }
 }
+
+/// A sink over a log whose store answers every call as still running under
+/// a worker that lost the lease ([`glia_proto::Held::Running`]); it counts
+/// commits and keeps the keys marked running.
+#[derive(Default)]
+struct StillRunning {
+    log: Vec<Event>,
+    commits: usize,
+    marked: std::sync::Mutex<Vec<String>>,
+}
+
+#[glia_agent::async_trait]
+impl glia_agent::agent::EventSink for StillRunning {
+    async fn record(&mut self, event: &Event) -> Result<(), glia_agent::agent::SinkError> {
+        self.log.push(event.clone());
+        Ok(())
+    }
+    async fn commit(&mut self, _state: &RunState) -> Result<(), glia_agent::agent::SinkError> {
+        self.commits += 1;
+        Ok(())
+    }
+    async fn mark_running(&self, keys: &[String]) -> Result<(), glia_agent::agent::SinkError> {
+        self.marked.lock().unwrap().extend_from_slice(keys);
+        Ok(())
+    }
+    async fn held(
+        &mut self,
+        _key: &str,
+    ) -> Result<Option<glia_proto::Held>, glia_agent::agent::SinkError> {
+        Ok(Some(glia_proto::Held::Running))
+    }
+}
+
+/// A call cleared to run and without a result that is still marked running
+/// elsewhere is neither given `outcome_unknown` nor put to a person, by
+/// either policy: the advance stops with `CallRunning` and records and
+/// commits nothing. The worker that ran it marked it before the commit that
+/// cleared it.
+#[tokio::test]
+async fn a_call_still_running_elsewhere_is_neither_interrupted_nor_put_to_a_person() {
+    let script = vec![
+        ScriptedTurn::call("refund", json!({"order": "A1", "amount": 5})),
+        ScriptedTurn::text("done"),
+    ];
+    for on_interrupted_call in [
+        glia_proto::InterruptedCall::OutcomeUnknown,
+        glia_proto::InterruptedCall::RequireApproval,
+    ] {
+        let config = RunConfig {
+            on_interrupted_call,
+            ..RunConfig::default()
+        };
+        let (agent, _) = agent(script.clone());
+        let mut first = StillRunning::default();
+        agent.run(run_id(), "go", config, &mut first).await.unwrap();
+        let call = first
+            .log
+            .iter()
+            .position(|e| matches!(e.kind, EventKind::ToolCall(_)))
+            .unwrap();
+        let key = format!("{}:1:call_1", run_id());
+        assert_eq!(
+            first.marked.lock().unwrap().first(),
+            Some(&key),
+            "marked under its idempotency key"
+        );
+        // Cut after `tool.call`: the worker lost the lease while it ran.
+        let cut = first.log[..=call].to_vec();
+        let mut state = RunState::replay(run_id(), &cut).unwrap();
+        let (fresh, _) = agent_at(script.clone(), served(&cut));
+        let mut next = StillRunning {
+            log: cut.clone(),
+            ..StillRunning::default()
+        };
+        let err = fresh
+            .advance(&mut state, None, &mut next)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::CallRunning(c) if c == "call_1"),
+            "{err:?}"
+        );
+        assert_eq!(next.log, cut, "nothing recorded: {:?}", names(&next.log));
+        assert_eq!(next.commits, 0, "nothing committed");
+    }
+}
