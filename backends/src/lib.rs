@@ -309,7 +309,9 @@ pub trait Ledger: Send + Sync {
     /// commits it; if that commit never lands (the database was away longer
     /// than the lease, the worker died), the next worker to advance the run
     /// finds the result here ([`Ledger::held_result`]) and commits it instead
-    /// of treating the call as interrupted. Holding again is safe.
+    /// of treating the call as interrupted. Holding a key removes its
+    /// running mark ([`Ledger::mark_running`]), after the result is
+    /// written. Holding again is safe.
     ///
     /// Errors: [`LedgerError::Unavailable`] when the store does not answer
     /// (the results may or may not be held); the default keeps nothing.
@@ -333,7 +335,8 @@ pub trait Ledger: Send + Sync {
 
     /// Mark the calls under `keys` (idempotency keys) as running for `ttl`
     /// (at least 1 ms), replacing earlier marks. The worker running a
-    /// model turn's calls marks them before they start and again every
+    /// model turn's calls marks them before the commit that clears them to
+    /// run, and again every
     /// [`glia_proto::RUNNING_MARK_REFRESH`] while they run; holding a key's
     /// result ([`Ledger::hold_results`]) removes its mark. A worker that
     /// lost the run's lease while the call ran thereby keeps the next
