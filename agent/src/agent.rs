@@ -1306,8 +1306,20 @@ impl Agent {
         //    person's word on running them again.
         //    First, a result its worker held but did not commit (the
         //    database was away longer than its lease) is committed now: the
-        //    call ran, nobody is asked again.
-        for call_id in interrupted {
+        //    call ran, nobody is asked again. A call a person has just
+        //    approved running again is looked up too: its first run may
+        //    have returned and been held since the person was asked; then
+        //    it is recovered, not run a second time.
+        let reapproved: Vec<String> = run
+            .state
+            .pending_calls
+            .iter()
+            .filter(|c| {
+                c.interrupted && c.cleared_without_result() && !interrupted.contains(&c.call_id)
+            })
+            .map(|c| c.call_id.clone())
+            .collect();
+        for call_id in interrupted.iter().chain(&reapproved) {
             let Some(call) = run
                 .state
                 .call(call_id)

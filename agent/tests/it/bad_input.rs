@@ -674,3 +674,111 @@ async fn a_call_still_running_elsewhere_is_neither_interrupted_nor_put_to_a_pers
         assert_eq!(next.commits, 0, "nothing committed");
     }
 }
+
+/// A sink over a log whose store answers every key with `held`.
+struct Answering {
+    log: Vec<Event>,
+    held: Option<glia_proto::Held>,
+}
+
+#[glia_agent::async_trait]
+impl glia_agent::agent::EventSink for Answering {
+    async fn record(&mut self, event: &Event) -> Result<(), glia_agent::agent::SinkError> {
+        self.log.push(event.clone());
+        Ok(())
+    }
+    async fn held(
+        &mut self,
+        _key: &str,
+    ) -> Result<Option<glia_proto::Held>, glia_agent::agent::SinkError> {
+        Ok(self.held.clone())
+    }
+}
+
+/// A person approves running an interrupted call again, but its first run
+/// has returned and been held since they were asked (a late hold): the held
+/// result is recovered and the tool does not run a second time; still
+/// running, the advance waits (`CallRunning`) instead of running it.
+#[tokio::test]
+async fn a_reapproved_call_whose_first_run_was_held_meanwhile_is_recovered_not_run_again() {
+    let config = RunConfig {
+        on_interrupted_call: glia_proto::InterruptedCall::RequireApproval,
+        ..RunConfig::default()
+    };
+    let script = vec![
+        ScriptedTurn::call("refund", json!({"order": "A1", "amount": 5})),
+        ScriptedTurn::text("done"),
+    ];
+    let (agent, _) = agent(script.clone());
+    let mut full = Vec::new();
+    agent.run(run_id(), "go", config, &mut full).await.unwrap();
+    let cut = full
+        .iter()
+        .position(|e| matches!(e.kind, EventKind::ToolCall(_)))
+        .unwrap()
+        + 1;
+    let late = glia_proto::HeldResult {
+        call_id: "call_1".into(),
+        content: "{\"refunded\":\"A1\",\"late\":true}".into(),
+        error: None,
+        duration_ms: 7,
+    };
+    for (held, recovered) in [
+        (Some(glia_proto::Held::Finished(late.clone())), true),
+        (Some(glia_proto::Held::Running), false),
+    ] {
+        let mut log = full[..cut].to_vec();
+        let mut state = RunState::replay(run_id(), &log).unwrap();
+        let refunds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let provider = std::sync::Arc::new(
+            glia_agent::provider::ScriptedProvider::new(script.clone()).starting_at(served(&log)),
+        );
+        let fresh = glia_agent::Agent::new(provider)
+            .with_tools(tools(refunds.clone()))
+            .with_clock(glia_agent::FixedClock(epoch()));
+        // Asked while nothing was held or marked.
+        let status = fresh.advance(&mut state, None, &mut log).await.unwrap();
+        assert!(
+            matches!(status, Status::Parked(PullPoint::AwaitingApproval { .. })),
+            "{status:?}"
+        );
+        let call = state.call("call_1").unwrap().clone();
+        assert!(call.interrupted);
+        let approve = Payload::Approval {
+            call_id: "call_1".into(),
+            args_hash: call.args_hash,
+            decision: Decision::Approve,
+            by: None,
+            request_seq: None,
+        };
+        let mut sink = Answering { log, held };
+        let result = fresh.advance(&mut state, Some(approve), &mut sink).await;
+        assert_eq!(
+            refunds.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the approved call does not run a second time"
+        );
+        if recovered {
+            assert!(
+                matches!(result, Ok(Status::Done(Outcome::Succeeded { .. }))),
+                "{result:?}"
+            );
+            let kinds = names(&sink.log);
+            assert!(kinds.contains(&"tool.recovered"), "{kinds:?}");
+            let content = sink.log.iter().find_map(|e| match &e.kind {
+                EventKind::ToolResult { content, .. } => Some(content.to_text().into_owned()),
+                _ => None,
+            });
+            assert_eq!(
+                content.as_deref(),
+                Some("{\"refunded\":\"A1\",\"late\":true}")
+            );
+            assert_replays(&sink.log, &state);
+        } else {
+            assert!(
+                matches!(&result, Err(AgentError::CallRunning(c)) if c == "call_1"),
+                "{result:?}"
+            );
+        }
+    }
+}
