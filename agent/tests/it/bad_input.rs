@@ -459,6 +459,25 @@ async fn invalid_config_is_refused_before_anything_is_recorded() {
     assert!(log.is_empty());
 }
 
+/// An agent that resumes a run from `log` (the script served so far), with
+/// the refund tool's executions counted.
+fn resumed(
+    script: &[ScriptedTurn],
+    log: &[Event],
+) -> (
+    glia_agent::Agent,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let refunds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let provider = std::sync::Arc::new(
+        glia_agent::provider::ScriptedProvider::new(script.to_vec()).starting_at(served(log)),
+    );
+    let agent = glia_agent::Agent::new(provider)
+        .with_tools(tools(refunds.clone()))
+        .with_clock(glia_agent::FixedClock(epoch()));
+    (agent, refunds)
+}
+
 /// With `on_interrupted_call: require_approval`, an interrupted
 /// non-idempotent call waits for a person: approved, it runs again (once);
 /// rejected, the model sees `outcome_unknown`; a decision on the request
@@ -487,13 +506,7 @@ async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
             + 1;
         let mut log = full[..cut].to_vec();
         let mut state = RunState::replay(run_id(), &log).unwrap();
-        let refunds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let provider = std::sync::Arc::new(
-            glia_agent::provider::ScriptedProvider::new(script.clone()).starting_at(served(&log)),
-        );
-        let fresh = glia_agent::Agent::new(provider)
-            .with_tools(tools(refunds.clone()))
-            .with_clock(glia_agent::FixedClock(epoch()));
+        let (fresh, refunds) = resumed(&script, &log);
         let status = fresh.advance(&mut state, None, &mut log).await.unwrap();
         assert_eq!(
             status,
@@ -729,13 +742,7 @@ async fn a_reapproved_call_whose_first_run_was_held_meanwhile_is_recovered_not_r
     ] {
         let mut log = full[..cut].to_vec();
         let mut state = RunState::replay(run_id(), &log).unwrap();
-        let refunds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let provider = std::sync::Arc::new(
-            glia_agent::provider::ScriptedProvider::new(script.clone()).starting_at(served(&log)),
-        );
-        let fresh = glia_agent::Agent::new(provider)
-            .with_tools(tools(refunds.clone()))
-            .with_clock(glia_agent::FixedClock(epoch()));
+        let (fresh, refunds) = resumed(&script, &log);
         // Asked while nothing was held or marked.
         let status = fresh.advance(&mut state, None, &mut log).await.unwrap();
         assert!(
