@@ -107,10 +107,9 @@ pub trait EventSink: Send + Sync {
     /// store that keeps held results, for [`glia_proto::RUNNING_MARK_TTL`]
     /// (the fleet's ledger, `glia_backends::Ledger::mark_running`). The
     /// loop calls it before the commit that clears a model turn's calls to
-    /// run, and every
-    /// [`glia_proto::RUNNING_MARK_REFRESH`] while they run; [`EventSink::hold`]
-    /// ends the marks. Errors are the loop's to log, not to stop on.
-    /// Default: nothing is marked.
+    /// run, and every [`glia_proto::RUNNING_MARK_REFRESH`] while they run;
+    /// [`EventSink::hold`] ends the marks. Errors are the loop's to log, not
+    /// to stop on. Default: nothing is marked.
     async fn mark_running(&self, _keys: &[String]) -> Result<(), SinkError> {
         Ok(())
     }
@@ -206,9 +205,8 @@ pub enum AgentError {
     /// ([`Held::Running`]): the worker that started it lost the lease but
     /// the call has not returned yet. Nothing of this advance is committed
     /// (a payload it accepted stays in the inbox); the run stays runnable,
-    /// check again shortly
-    /// (the mark lapses within [`glia_proto::RUNNING_MARK_TTL`] of its
-    /// worker's last refresh).
+    /// check again shortly (the mark lapses within
+    /// [`glia_proto::RUNNING_MARK_TTL`] of its worker's last refresh).
     #[error("call {0} is still running under a worker that lost the lease")]
     CallRunning(String),
     /// The run was cancelled while it advanced ([`EventSink::cancelled`]):

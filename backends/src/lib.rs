@@ -336,8 +336,8 @@ pub trait Ledger: Send + Sync {
     /// Mark the calls under `keys` (idempotency keys) as running for `ttl`
     /// (at least 1 ms), replacing earlier marks. The worker running a
     /// model turn's calls marks them before the commit that clears them to
-    /// run, and again every
-    /// [`glia_proto::RUNNING_MARK_REFRESH`] while they run; holding a key's
+    /// run, and again every [`glia_proto::RUNNING_MARK_REFRESH`] while they
+    /// run; holding a key's
     /// result ([`Ledger::hold_results`]) removes its mark. A worker that
     /// lost the run's lease while the call ran thereby keeps the next
     /// worker from calling it interrupted until the call returns and its

@@ -602,18 +602,18 @@ async fn interrupted_non_idempotent_call_asks_a_person_by_policy() {
     }
 }
 
-/// A sink over a log whose store answers every call as still running under
-/// a worker that lost the lease ([`glia_proto::Held::Running`]); it counts
+/// A sink over a log whose store answers every key with `held`; it counts
 /// commits and keeps the keys marked running.
 #[derive(Default)]
-struct StillRunning {
+struct Answering {
     log: Vec<Event>,
+    held: Option<glia_proto::Held>,
     commits: usize,
     marked: std::sync::Mutex<Vec<String>>,
 }
 
 #[glia_agent::async_trait]
-impl glia_agent::agent::EventSink for StillRunning {
+impl glia_agent::agent::EventSink for Answering {
     async fn record(&mut self, event: &Event) -> Result<(), glia_agent::agent::SinkError> {
         self.log.push(event.clone());
         Ok(())
@@ -630,7 +630,7 @@ impl glia_agent::agent::EventSink for StillRunning {
         &mut self,
         _key: &str,
     ) -> Result<Option<glia_proto::Held>, glia_agent::agent::SinkError> {
-        Ok(Some(glia_proto::Held::Running))
+        Ok(self.held.clone())
     }
 }
 
@@ -654,7 +654,7 @@ async fn a_call_still_running_elsewhere_is_neither_interrupted_nor_put_to_a_pers
             ..RunConfig::default()
         };
         let (agent, _) = agent(script.clone());
-        let mut first = StillRunning::default();
+        let mut first = Answering::default();
         agent.run(run_id(), "go", config, &mut first).await.unwrap();
         let call = first
             .log
@@ -671,9 +671,10 @@ async fn a_call_still_running_elsewhere_is_neither_interrupted_nor_put_to_a_pers
         let cut = first.log[..=call].to_vec();
         let mut state = RunState::replay(run_id(), &cut).unwrap();
         let (fresh, _) = agent_at(script.clone(), served(&cut));
-        let mut next = StillRunning {
+        let mut next = Answering {
             log: cut.clone(),
-            ..StillRunning::default()
+            held: Some(glia_proto::Held::Running),
+            ..Answering::default()
         };
         let err = fresh
             .advance(&mut state, None, &mut next)
@@ -685,26 +686,6 @@ async fn a_call_still_running_elsewhere_is_neither_interrupted_nor_put_to_a_pers
         );
         assert_eq!(next.log, cut, "nothing recorded: {:?}", names(&next.log));
         assert_eq!(next.commits, 0, "nothing committed");
-    }
-}
-
-/// A sink over a log whose store answers every key with `held`.
-struct Answering {
-    log: Vec<Event>,
-    held: Option<glia_proto::Held>,
-}
-
-#[glia_agent::async_trait]
-impl glia_agent::agent::EventSink for Answering {
-    async fn record(&mut self, event: &Event) -> Result<(), glia_agent::agent::SinkError> {
-        self.log.push(event.clone());
-        Ok(())
-    }
-    async fn held(
-        &mut self,
-        _key: &str,
-    ) -> Result<Option<glia_proto::Held>, glia_agent::agent::SinkError> {
-        Ok(self.held.clone())
     }
 }
 
@@ -758,7 +739,11 @@ async fn a_reapproved_call_whose_first_run_was_held_meanwhile_is_recovered_not_r
             by: None,
             request_seq: None,
         };
-        let mut sink = Answering { log, held };
+        let mut sink = Answering {
+            log,
+            held,
+            ..Answering::default()
+        };
         let result = fresh.advance(&mut state, Some(approve), &mut sink).await;
         assert_eq!(
             refunds.load(std::sync::atomic::Ordering::SeqCst),
