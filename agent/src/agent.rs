@@ -27,7 +27,7 @@
 //! - `reflecting`: a conversational run waits for input; otherwise the
 //!   planner picks the next step, replans, or the run completes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -57,6 +57,7 @@ use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
 use crate::tool::{ToolContext, ToolFailure, ToolRegistry};
 use crate::tool_sources::{OfferError, ToolSources};
 use glia_proto::guardrails::CompiledGuardrails;
+use glia_proto::tool_sources::UnavailableAction;
 use glia_proto::{Held, HeldResult};
 
 /// Where the loop's events go: a Vec in tests, Postgres in the fleet.
@@ -190,10 +191,18 @@ pub enum AgentError {
     /// runnable, retry later.
     #[error(transparent)]
     Budget(#[from] GateError),
-    /// A tool source (an MCP server) could not list the step's tools; the
-    /// run stays runnable, retry later.
-    #[error("tool source unavailable: {0}")]
-    ToolSource(String),
+    /// A tool source (an MCP server) could not list the step's tools: the
+    /// attempt is recorded (`tool_source.unavailable`) and committed, the
+    /// run stays runnable; try again after `retry_in_ms`
+    /// (`RunConfig::on_tool_source_unavailable`). The attempt that reaches
+    /// the policy's bound pauses or fails the run instead of returning this.
+    #[error("tool source unavailable: {reason} (retry in {retry_in_ms} ms)")]
+    ToolSource {
+        /// Why, naming the server.
+        reason: String,
+        /// When to try again, in ms.
+        retry_in_ms: u64,
+    },
     /// A call a crash interrupted may have a held result
     /// ([`EventSink::held`]), and the store that holds them did not answer:
     /// neither its result nor a person's word on running it again is
@@ -914,7 +923,9 @@ impl Agent {
     async fn start_step(&self, run: &mut Run<'_>, index: usize) -> Result<(), AgentError> {
         let tools = match self.step_tools(&run.state.config).await {
             Ok(tools) => tools,
-            Err(OfferError::Unavailable(why)) => return Err(AgentError::ToolSource(why)),
+            Err(OfferError::Unavailable { server, reason }) => {
+                return self.tool_source_unavailable(run, server, reason).await;
+            }
             Err(OfferError::Invalid(why)) => {
                 return self
                     .fail(run, format!("the run's tools cannot be offered: {why}"))
@@ -949,6 +960,25 @@ impl Agent {
         let description = fired.payload["description"]
             .as_str()
             .map_or(description, str::to_owned);
+        // The servers' lists may have changed since the last step (a list
+        // change, a restart, another worker): say how, by name.
+        if run.state.step.is_some() {
+            let before: BTreeSet<&str> = run
+                .state
+                .step_tools
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect();
+            let now: BTreeSet<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+            if before != now {
+                let names = |a: &BTreeSet<&str>, b: &BTreeSet<&str>| -> Vec<String> {
+                    a.difference(b).map(|n| (*n).to_owned()).collect()
+                };
+                let (added, removed) = (names(&now, &before), names(&before, &now));
+                run.record(EventKind::ToolsChanged { added, removed })
+                    .await?;
+            }
+        }
         run.record(EventKind::StepStart {
             index,
             description,
@@ -964,6 +994,51 @@ impl Agent {
             .await?;
         }
         Ok(())
+    }
+
+    /// A tool source could not list the step's tools: record the attempt
+    /// (`tool_source.unavailable`), then, per
+    /// `RunConfig::on_tool_source_unavailable`, commit and leave the run
+    /// runnable ([`AgentError::ToolSource`], try again after the backoff)
+    /// or, at the last attempt, pause it ([`PauseReason::ToolSource`]) or
+    /// fail it naming the server and the cause. The recorded attempts
+    /// decide, not the clock: a replay reaches the same end.
+    async fn tool_source_unavailable(
+        &self,
+        run: &mut Run<'_>,
+        server: String,
+        reason: String,
+    ) -> Result<(), AgentError> {
+        let policy = run.state.config.on_tool_source_unavailable;
+        let attempt = run.state.tool_source_attempts + 1;
+        let retry_in_ms = (!policy.exhausted(attempt)).then(|| policy.retry_in_ms(attempt));
+        run.record(EventKind::ToolSourceUnavailable {
+            server: server.clone(),
+            reason: reason.clone(),
+            attempt,
+            retry_in_ms,
+        })
+        .await?;
+        if let Some(retry_in_ms) = retry_in_ms {
+            run.commit().await?;
+            return Err(AgentError::ToolSource {
+                reason,
+                retry_in_ms,
+            });
+        }
+        match policy.then {
+            UnavailableAction::Pause => {
+                self.pause(run, PauseReason::ToolSource { server, reason })
+                    .await
+            }
+            UnavailableAction::Fail => {
+                self.fail(
+                    run,
+                    format!("the run's tools cannot be listed ({attempt} attempts): {reason}"),
+                )
+                .await
+            }
+        }
     }
 
     /// The tools offered for a step, frozen in `step.start`: the worker's

@@ -12,7 +12,18 @@
 //!   with exponential backoff (100 ms doubling to 30 s, reset after a
 //!   connection). [`McpHub::shutdown`] stops every server (stdin closed,
 //!   then `SIGTERM`, then kill).
-//! - [`McpHub::list_tools`] is `tools/list` with every page followed.
+//! - [`McpHub::list_tools`] is `tools/list` page by page, bounded: it
+//!   stops at a cursor it has seen before (a server whose `nextCursor`
+//!   never advances) or after [`MAX_LIST_PAGES`] pages, with one warning
+//!   naming the server and why, and keeps the tools gathered so far; the
+//!   [`Listing`] says it was cut short, so a tool missing from it is never
+//!   taken as absent ([`crate::tool_sources`]). The whole listing has a
+//!   deadline ([`LIST_TIMEOUT`]).
+//! - `notifications/tools/list_changed` from a server (and every new
+//!   connection to it) bumps the server's list generation
+//!   ([`McpHub::list_generation`], [`McpHub::list_changed`]): nothing is
+//!   cached by glia, every step lists afresh, so the next step sees the
+//!   new list, and a run waiting for a tool it allows re-lists on it.
 //! - [`McpHub::call`] is `tools/call` with the call's timeout (on expiry
 //!   rmcp sends `notifications/cancelled`); dropping the call's future (the
 //!   loop abandons a call after a cancel's grace period) also sends
@@ -66,8 +77,8 @@ use glia_proto::content::base64_decoded_len;
 use glia_proto::{ImageSource, ResultBlock, ToolContent, ToolErrorKind};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
-    CancelledNotificationParam, ClientRequest, ContentBlock, ProgressNotificationParam, RequestId,
-    RequestMetaObject, ResourceContents, ServerResult, Tool,
+    CancelledNotificationParam, ClientRequest, ContentBlock, PaginatedRequestParams,
+    ProgressNotificationParam, RequestId, RequestMetaObject, ResourceContents, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -89,19 +100,44 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long `initialize` may take.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long `tools/list` (all pages) may take.
-const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `tools/list` (all pages together) may take.
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most `tools/list` pages read in one listing; a server that pages on
+/// past it is cut short ([`Listing::cut`]). At the spec's usual page sizes
+/// (tens of tools) that is thousands of tools, far more than a run may
+/// allow ([`glia_proto::limits::MAX_TOOLS`]).
+pub const MAX_LIST_PAGES: usize = 100;
+
+/// A server's tool list as [`McpHub::list_tools`] read it.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    /// The tools of the pages read, in the server's order.
+    pub tools: Vec<Tool>,
+    /// Why the listing stopped before the server's last page, if it did: a
+    /// repeated cursor or [`MAX_LIST_PAGES`]. A tool missing from a cut
+    /// listing may exist.
+    pub cut: Option<String>,
+    /// Whether the server announces list changes
+    /// (`capabilities.tools.listChanged`).
+    pub announces_changes: bool,
+}
 
 type ProgressRoutes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>>;
 
 /// The client side of one connection: routes `notifications/progress` to
-/// the call that asked for them (by progress token).
+/// the call that asked for them (by progress token) and counts
+/// `notifications/tools/list_changed` in the server's list generation.
 #[derive(Clone)]
 struct Handler {
     progress: ProgressRoutes,
+    generation: Arc<watch::Sender<u64>>,
 }
 
 impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.generation.send_modify(|g| *g += 1);
+    }
+
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
@@ -143,6 +179,9 @@ struct Slot {
     connected: watch::Sender<Option<Connected>>,
     last_error: Mutex<String>,
     progress: ProgressRoutes,
+    /// Bumped on every `notifications/tools/list_changed` and every new
+    /// connection: a listing older than it may be stale.
+    generation: Arc<watch::Sender<u64>>,
 }
 
 /// Every catalogue MCP server, connected and kept by a supervisor task each.
@@ -164,6 +203,7 @@ impl McpHub {
                 connected: watch::channel(None).0,
                 last_error: Mutex::new("not connected yet".into()),
                 progress: ProgressRoutes::default(),
+                generation: Arc::new(watch::channel(0).0),
             });
             slots.insert(name.clone(), slot.clone());
             tasks.push(tokio::spawn(supervise(
@@ -213,18 +253,87 @@ impl McpHub {
         }
     }
 
-    /// `tools/list`, following every `nextCursor`. Waits up to `wait` for
-    /// the server to be connected. Errors: why, as text.
-    pub async fn list_tools(&self, server: &str, wait: Duration) -> Result<Vec<Tool>, String> {
+    /// `tools/list`, page by page (the module doc): stops at a repeated
+    /// cursor or after [`MAX_LIST_PAGES`] pages with one warning, keeping
+    /// the tools read ([`Listing::cut`]). Waits up to `wait` for the server
+    /// to be connected; the pages together have [`LIST_TIMEOUT`]. Errors:
+    /// why, as text naming the server (not connected and the last
+    /// connection error; `tools/list` failed or took too long).
+    pub async fn list_tools(&self, server: &str, wait: Duration) -> Result<Listing, String> {
         let conn = self.connection(server, wait).await?;
-        match tokio::time::timeout(LIST_TIMEOUT, conn.peer.list_all_tools()).await {
-            Ok(Ok(tools)) => Ok(tools),
+        let announces_changes = conn
+            .peer
+            .peer_info()
+            .and_then(|info| info.capabilities.tools.as_ref()?.list_changed)
+            == Some(true);
+        let pages = async {
+            let mut tools = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            let mut cursor: Option<String> = None;
+            for page in 0..MAX_LIST_PAGES {
+                let params = (page > 0)
+                    .then(|| PaginatedRequestParams::default().with_cursor(cursor.clone()));
+                let listed = conn.peer.list_tools(params).await?;
+                tools.extend(listed.tools);
+                match listed.next_cursor {
+                    None => return Ok((tools, None)),
+                    Some(next) if !seen.insert(next.clone()) => {
+                        let why = format!(
+                            "tools/list page {} gave cursor {:?} again",
+                            page + 1,
+                            clip(&next, 80)
+                        );
+                        return Ok((tools, Some(why)));
+                    }
+                    Some(next) => cursor = Some(next),
+                }
+            }
+            Ok::<_, rmcp::ServiceError>((
+                tools,
+                Some(format!(
+                    "tools/list gave a next page after {MAX_LIST_PAGES} pages"
+                )),
+            ))
+        };
+        match tokio::time::timeout(LIST_TIMEOUT, pages).await {
+            Ok(Ok((tools, cut))) => {
+                if let Some(why) = &cut {
+                    warn!(server, listed = tools.len(), reason = %why, "MCP server's tool list cut short: its pages do not end");
+                }
+                Ok(Listing {
+                    tools,
+                    cut,
+                    announces_changes,
+                })
+            }
             Ok(Err(e)) => Err(format!("MCP server {server}: tools/list failed: {e}")),
             Err(_) => Err(format!(
                 "MCP server {server}: tools/list took more than {} s",
                 LIST_TIMEOUT.as_secs()
             )),
         }
+    }
+
+    /// The server's list generation now: bumped by every
+    /// `notifications/tools/list_changed` and every new connection. 0 for
+    /// a server not in the catalogue.
+    pub fn list_generation(&self, server: &str) -> u64 {
+        self.slots
+            .get(server)
+            .map_or(0, |slot| *slot.generation.borrow())
+    }
+
+    /// Wait up to `wait` for the server's list generation to pass `since`
+    /// ([`Self::list_generation`] read before a listing): true when it did
+    /// (list again), false when the wait ended first.
+    pub async fn list_changed(&self, server: &str, since: u64, wait: Duration) -> bool {
+        let Some(slot) = self.slots.get(server) else {
+            return false;
+        };
+        let mut rx = slot.generation.subscribe();
+        tokio::time::timeout(wait, rx.wait_for(|g| *g > since))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// `tools/call` of `tool` on `server` with `arguments` (a JSON object),
@@ -334,14 +443,36 @@ impl McpHub {
                 ),
             }),
             Err(rmcp::ServiceError::TransportClosed) => Err(lost("stopped".into())),
-            Err(rmcp::ServiceError::McpError(e)) => Err(ToolFailure {
-                kind: ToolErrorKind::Failed,
+            Err(rmcp::ServiceError::McpError(e)) => Err(self.refused(server, tool, e).await),
+            Err(e) => Err(lost(format!("failed ({e})"))),
+        }
+    }
+
+    /// The failure for a `tools/call` the server answered with a JSON-RPC
+    /// error: when the server no longer lists `tool` (it was removed after
+    /// the step's tools were listed, `notifications/tools/list_changed`),
+    /// an [`ToolErrorKind::Unavailable`] failure saying so; otherwise a
+    /// [`ToolErrorKind::Failed`] one with the server's message.
+    async fn refused(&self, server: &str, tool: &str, e: rmcp::model::ErrorData) -> ToolFailure {
+        let listing = self.list_tools(server, Duration::from_millis(1)).await;
+        if let Ok(listing) = listing
+            && listing.cut.is_none()
+            && !listing.tools.iter().any(|t| t.name == tool)
+        {
+            return ToolFailure {
+                kind: ToolErrorKind::Unavailable,
                 message: format!(
-                    "MCP server {server} refused the call of {tool}: {}",
+                    "MCP server {server} no longer offers the tool {tool}: it was removed after this step's tools were listed, and the call did not run (the server said: {}). Do not call it again in this step.",
                     e.message
                 ),
-            }),
-            Err(e) => Err(lost(format!("failed ({e})"))),
+            };
+        }
+        ToolFailure {
+            kind: ToolErrorKind::Failed,
+            message: format!(
+                "MCP server {server} refused the call of {tool}: {}",
+                e.message
+            ),
         }
     }
 
@@ -522,6 +653,8 @@ async fn supervise(
                     peer: service.peer().clone(),
                     pid,
                 }));
+                // A new connection may list other tools than the last.
+                slot.generation.send_modify(|g| *g += 1);
                 let token = service.cancellation_token();
                 let waiting = service.waiting();
                 tokio::pin!(waiting);
@@ -561,6 +694,7 @@ async fn connect(
 ) -> Result<(RunningService<RoleClient, Handler>, Option<u32>), String> {
     let handler = Handler {
         progress: slot.progress.clone(),
+        generation: slot.generation.clone(),
     };
     let var = |source: &str| {
         std::env::var(source).map_err(|_| format!("the environment variable {source} is not set"))

@@ -32,13 +32,24 @@ use crate::tool::{ToolContext, ToolFailure};
 /// Default timeout of an MCP tool call, in ms.
 pub const DEFAULT_MCP_TIMEOUT_MS: u64 = 30_000;
 
+/// Default of [`ToolSources::with_tool_wait`]: how long a step waits for a
+/// tool the run allows and its server does not list yet, 10 s.
+pub const DEFAULT_TOOL_WAIT: Duration = Duration::from_secs(10);
+
 /// Why a step's tools could not be assembled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OfferError {
-    /// A server could not list its tools (down, slow, broken): the run
-    /// stays runnable and is tried again later.
-    #[error("{0}")]
-    Unavailable(String),
+    /// A server could not list its tools (down, slow, broken), or cut its
+    /// list short before a tool the run allows: the run records
+    /// `tool_source.unavailable` and is tried again later
+    /// (`RunConfig::on_tool_source_unavailable`).
+    #[error("{reason}")]
+    Unavailable {
+        /// The catalogue name of the server.
+        server: String,
+        /// Why, naming the server.
+        reason: String,
+    },
     /// The config cannot work on this fleet (two tools with one name, a
     /// server the catalogue lacks, an allowed tool its server does not
     /// offer or offers with an unusable schema): the run fails with this
@@ -147,6 +158,7 @@ pub struct ToolSources {
     mcp: McpHub,
     http: HttpTools,
     connect_wait: Duration,
+    tool_wait: Duration,
 }
 
 impl ToolSources {
@@ -158,7 +170,19 @@ impl ToolSources {
             mcp,
             http: HttpTools::new(),
             connect_wait: Duration::from_secs(10),
+            tool_wait: DEFAULT_TOOL_WAIT,
         }
+    }
+
+    /// How long assembling a step's tools waits for a tool the run allows
+    /// that its server does not list yet: it lists again on each
+    /// `notifications/tools/list_changed` until the tool is there or the
+    /// wait ends (then the run fails naming `mcp[i].allow[j]`). Only for a
+    /// server that announces list changes (`capabilities.tools.listChanged`);
+    /// another fails at once. Default [`DEFAULT_TOOL_WAIT`].
+    pub fn with_tool_wait(mut self, wait: Duration) -> Self {
+        self.tool_wait = wait;
+        self
     }
 
     /// How long assembling a step's tools waits for a server that is not
@@ -201,11 +225,6 @@ impl ToolSources {
                     source.server
                 )));
             }
-            let listed = self
-                .mcp
-                .list_tools(&source.server, self.connect_wait)
-                .await
-                .map_err(OfferError::Unavailable)?;
             let entry = self
                 .catalogue
                 .mcp_servers
@@ -216,19 +235,12 @@ impl ToolSources {
                         source.server
                     ))
                 })?;
-            check_operator_names(&source.server, entry, &listed)?;
+            let listed = self.list_allowed(i, source, entry).await?;
             for (j, name) in source.allow.iter().enumerate() {
-                // A tool the run allows but cannot be offered is the run's
-                // error, named: left out, the model would go on without it
-                // and the run could "succeed" at a goal it never reached.
-                let Some(tool) = listed.iter().find(|t| t.name == *name) else {
-                    let offered: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
-                    return Err(OfferError::Invalid(format!(
-                        "mcp[{i}].allow[{j}]: MCP server {:?} offers no tool {name:?} (it offers: {})",
-                        source.server,
-                        offered.join(", ")
-                    )));
-                };
+                let tool = listed
+                    .iter()
+                    .find(|t| t.name == *name)
+                    .expect("list_allowed found every allowed tool");
                 let input_schema = Value::Object((*tool.input_schema).clone());
                 if let Err(reason) = glia_proto::compile_tool_schema(&input_schema) {
                     return Err(OfferError::Invalid(format!(
@@ -319,6 +331,87 @@ impl ToolSources {
             )));
         }
         Ok(specs)
+    }
+
+    /// The tools server `source.server` lists, holding every tool
+    /// `source.allow` names (it is `mcp[i]`). A tool not listed yet is
+    /// waited for ([`Self::with_tool_wait`]). Errors:
+    /// [`OfferError::Unavailable`] when the server cannot list, or cut its
+    /// list short before an allowed tool or a tool the operator's policy
+    /// names; [`OfferError::Invalid`] naming `mcp[i].allow[j]` for a tool a
+    /// whole list lacks after the wait, or the catalogue key a whole list
+    /// contradicts ([`check_operator_names`]).
+    async fn list_allowed(
+        &self,
+        i: usize,
+        source: &glia_proto::McpToolSource,
+        entry: &McpServerEntry,
+    ) -> Result<Vec<rmcp::model::Tool>, OfferError> {
+        let server = &source.server;
+        let started = tokio::time::Instant::now();
+        loop {
+            let since = self.mcp.list_generation(server);
+            let listing = self
+                .mcp
+                .list_tools(server, self.connect_wait)
+                .await
+                .map_err(|reason| OfferError::Unavailable {
+                    server: server.clone(),
+                    reason,
+                })?;
+            let cut_short = |e: OfferError, why: &str| match e {
+                OfferError::Invalid(reason) => OfferError::Unavailable {
+                    server: server.clone(),
+                    reason: format!(
+                        "{reason}; but its tool list was cut short ({why}), so the tool may exist"
+                    ),
+                },
+                other => other,
+            };
+            let missing = source
+                .allow
+                .iter()
+                .position(|name| !listing.tools.iter().any(|t| t.name == *name));
+            let left = self.tool_wait.saturating_sub(started.elapsed());
+            if missing.is_some()
+                && listing.cut.is_none()
+                && listing.announces_changes
+                && !left.is_zero()
+                && self.mcp.list_changed(server, since, left).await
+            {
+                continue;
+            }
+            if let Err(e) = check_operator_names(server, entry, &listing.tools) {
+                return Err(match &listing.cut {
+                    Some(why) => cut_short(e, why),
+                    None => e,
+                });
+            }
+            let Some(j) = missing else {
+                return Ok(listing.tools);
+            };
+            // A tool the run allows but cannot be offered is the run's
+            // error, named: left out, the model would go on without it
+            // and the run could "succeed" at a goal it never reached.
+            let name = &source.allow[j];
+            let offered: Vec<&str> = listing.tools.iter().map(|t| t.name.as_ref()).collect();
+            let waited = if listing.announces_changes && listing.cut.is_none() {
+                format!(
+                    "; waited {} ms for its list to change",
+                    started.elapsed().as_millis()
+                )
+            } else {
+                String::new()
+            };
+            let e = OfferError::Invalid(format!(
+                "mcp[{i}].allow[{j}]: MCP server {server:?} offers no tool {name:?} (it offers: {}){waited}",
+                offered.join(", ")
+            ));
+            return Err(match &listing.cut {
+                Some(why) => cut_short(e, why),
+                None => e,
+            });
+        }
     }
 
     /// Run one call of `spec` (which has a [`ToolSource`]) within its

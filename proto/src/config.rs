@@ -228,6 +228,10 @@ run_fields! {
         /// by the output limit, empty, refused, filtered, an unknown stop
         /// reason): re-ask, pause or fail, per class. See [`crate::stop`].
         pub stop_reasons: StopPolicy,
+        /// What happens when a tool source the run names (an MCP server)
+        /// cannot list its tools: attempts, backoff, then pause or fail. See
+        /// [`crate::tool_sources::ToolSourceUnavailable`].
+        pub on_tool_source_unavailable: crate::tool_sources::ToolSourceUnavailable,
         common guardrails #[serde(skip_serializing_if = "Guardrails::is_empty")],
         common compaction,
         /// The agent definition this config was resolved from (name, version,
@@ -306,6 +310,7 @@ impl Default for RunConfig {
             on_approval_timeout: ApprovalTimeout::Reject,
             on_interrupted_call: InterruptedCall::OutcomeUnknown,
             stop_reasons: StopPolicy::default(),
+            on_tool_source_unavailable: Default::default(),
             guardrails: Guardrails::default(),
             compaction: None,
             agent: None,
@@ -709,6 +714,11 @@ impl RunConfig {
             }
         }
         self.validate_tool_sources(&mut names)?;
+        self.on_tool_source_unavailable
+            .validate()
+            .map_err(|(field, reason)| {
+                config_error(format!("on_tool_source_unavailable.{field}"), reason)
+            })?;
         for (i, p) in self.policies.iter().enumerate() {
             if p.tool.trim().is_empty() {
                 return Err(config_error(

@@ -290,3 +290,106 @@ pub fn url_origin(url: &str) -> Result<String, String> {
     let authority = authority.strip_suffix(default_port).unwrap_or(&authority);
     Ok(format!("{scheme}://{authority}"))
 }
+
+/// What a run does when a tool source it names cannot list its tools
+/// (an MCP server down, not answering `tools/list`, or past the listing's
+/// deadline): `RunConfig::on_tool_source_unavailable`.
+///
+/// Each failed attempt is recorded as `tool_source.unavailable` (server,
+/// reason, attempt); the run is then tried again after `backoff_ms`
+/// doubling per attempt (capped at [`MAX_TOOL_SOURCE_BACKOFF_MS`]). The
+/// recorded attempt that reaches `attempts` parks the run at `paused`
+/// ([`crate::PauseReason::ToolSource`], an operator resumes it once the
+/// server is back: it gets `attempts` more) or fails it with the reason,
+/// per `then`. With the defaults the run gives up after 5 attempts, about
+/// 1 + 2 + 4 + 8 s of backoff plus each attempt's own wait.
+///
+/// JSON example: `{"attempts": 3, "backoff_ms": 500, "then": "fail"}`
+/// (missing fields keep their defaults; unknown fields are refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolSourceUnavailable {
+    /// Failed listings before `then`, from 1 to
+    /// [`MAX_TOOL_SOURCE_ATTEMPTS`]. Default 5.
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 20)))]
+    pub attempts: u32,
+    /// Wait before the second attempt, in ms; doubles for each next one,
+    /// at most [`MAX_TOOL_SOURCE_BACKOFF_MS`]. Default 1000.
+    #[cfg_attr(feature = "schemars", schemars(range(max = 60_000)))]
+    pub backoff_ms: u64,
+    /// What happens at the last attempt. Default `pause`.
+    pub then: UnavailableAction,
+}
+
+/// Most attempts [`ToolSourceUnavailable::attempts`] allows.
+pub const MAX_TOOL_SOURCE_ATTEMPTS: u32 = 20;
+/// Longest wait between two attempts to list a run's tools, in ms.
+pub const MAX_TOOL_SOURCE_BACKOFF_MS: u64 = 60_000;
+
+impl Default for ToolSourceUnavailable {
+    fn default() -> Self {
+        ToolSourceUnavailable {
+            attempts: 5,
+            backoff_ms: 1_000,
+            then: UnavailableAction::Pause,
+        }
+    }
+}
+
+impl ToolSourceUnavailable {
+    /// The wait after failed attempt `attempt` (from 1), in ms:
+    /// `backoff_ms · 2^(attempt-1)`, at most [`MAX_TOOL_SOURCE_BACKOFF_MS`].
+    ///
+    /// ```
+    /// use glia_proto::tool_sources::ToolSourceUnavailable;
+    /// let p = ToolSourceUnavailable::default();
+    /// assert_eq!(p.retry_in_ms(1), 1_000);
+    /// assert_eq!(p.retry_in_ms(3), 4_000);
+    /// assert_eq!(p.retry_in_ms(40), 60_000);
+    /// ```
+    pub fn retry_in_ms(&self, attempt: u32) -> u64 {
+        let doubled = self
+            .backoff_ms
+            .saturating_mul(1u64 << attempt.saturating_sub(1).min(32));
+        doubled.min(MAX_TOOL_SOURCE_BACKOFF_MS)
+    }
+
+    /// Whether failed attempt `attempt` (from 1) is the last: the run
+    /// pauses or fails instead of being tried again.
+    pub fn exhausted(&self, attempt: u32) -> bool {
+        attempt >= self.attempts.clamp(1, MAX_TOOL_SOURCE_ATTEMPTS)
+    }
+
+    /// The field's bounds: `attempts` in 1..=[`MAX_TOOL_SOURCE_ATTEMPTS`],
+    /// `backoff_ms` at most [`MAX_TOOL_SOURCE_BACKOFF_MS`]. Errors: the
+    /// field (under `on_tool_source_unavailable`) and why.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(1..=MAX_TOOL_SOURCE_ATTEMPTS).contains(&self.attempts) {
+            return Err((
+                "attempts",
+                format!("must be from 1 to {MAX_TOOL_SOURCE_ATTEMPTS}"),
+            ));
+        }
+        if self.backoff_ms > MAX_TOOL_SOURCE_BACKOFF_MS {
+            return Err((
+                "backoff_ms",
+                format!("must be at most {MAX_TOOL_SOURCE_BACKOFF_MS} ms"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a run does once its tool source stayed unavailable for all its
+/// attempts ([`ToolSourceUnavailable::then`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum UnavailableAction {
+    /// Park at `paused` ([`crate::PauseReason::ToolSource`]) for an operator.
+    #[default]
+    Pause,
+    /// Fail the run, naming the server and the cause.
+    Fail,
+}

@@ -887,7 +887,7 @@ async fn a_server_that_is_down_is_a_clear_error() {
         .expect_err("the step's tools cannot be listed");
     let text = err.to_string();
     assert!(
-        matches!(err, glia_agent::AgentError::ToolSource(_)),
+        matches!(err, glia_agent::AgentError::ToolSource { .. }),
         "{err:?}"
     );
     assert!(
