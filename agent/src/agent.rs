@@ -27,7 +27,7 @@
 //! - `reflecting`: a conversational run waits for input; otherwise the
 //!   planner picks the next step, replans, or the run completes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -59,6 +59,31 @@ use crate::tool_sources::{OfferError, ToolSources};
 use glia_proto::guardrails::CompiledGuardrails;
 use glia_proto::tool_sources::UnavailableAction;
 use glia_proto::{Held, HeldResult};
+
+/// How the tools `now` differ from `before`, by name: `(added, removed,
+/// changed)`, each sorted; changed are in both with a different spec.
+fn tools_diff(before: &[ToolSpec], now: &[ToolSpec]) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let by_name = |tools: &[ToolSpec]| -> BTreeMap<String, ToolSpec> {
+        tools.iter().map(|t| (t.name.clone(), t.clone())).collect()
+    };
+    let (before, now) = (by_name(before), by_name(now));
+    let added = now
+        .keys()
+        .filter(|n| !before.contains_key(*n))
+        .cloned()
+        .collect();
+    let removed = before
+        .keys()
+        .filter(|n| !now.contains_key(*n))
+        .cloned()
+        .collect();
+    let changed = now
+        .iter()
+        .filter(|(n, spec)| before.get(*n).is_some_and(|b| b != *spec))
+        .map(|(n, _)| n.clone())
+        .collect();
+    (added, removed, changed)
+}
 
 /// Where the loop's events go: a Vec in tests, Postgres in the fleet.
 ///
@@ -962,21 +987,15 @@ impl Agent {
             .map_or(description, str::to_owned);
         // The servers' lists may have changed since the last step (a list
         // change, a restart, another worker): say how, by name.
-        if run.state.step.is_some() {
-            let before: BTreeSet<&str> = run
-                .state
-                .step_tools
-                .iter()
-                .map(|t| t.name.as_str())
-                .collect();
-            let now: BTreeSet<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-            if before != now {
-                let names = |a: &BTreeSet<&str>, b: &BTreeSet<&str>| -> Vec<String> {
-                    a.difference(b).map(|n| (*n).to_owned()).collect()
-                };
-                let (added, removed) = (names(&now, &before), names(&before, &now));
-                run.record(EventKind::ToolsChanged { added, removed })
-                    .await?;
+        if run.state.step.is_some() || !run.state.step_tools.is_empty() {
+            let (added, removed, changed) = tools_diff(&run.state.step_tools, &tools);
+            if !(added.is_empty() && removed.is_empty() && changed.is_empty()) {
+                run.record(EventKind::ToolsChanged {
+                    added,
+                    removed,
+                    changed,
+                })
+                .await?;
             }
         }
         run.record(EventKind::StepStart {

@@ -18,7 +18,7 @@
 //!   naming the server and why, and keeps the tools gathered so far; the
 //!   [`Listing`] says it was cut short, so a tool missing from it is never
 //!   taken as absent ([`crate::tool_sources`]). The whole listing has a
-//!   deadline ([`LIST_TIMEOUT`]).
+//!   deadline ([`LIST_TIMEOUT`] unless the caller gives one).
 //! - `notifications/tools/list_changed` from a server (and every new
 //!   connection to it) bumps the server's list generation
 //!   ([`McpHub::list_generation`], [`McpHub::list_changed`]): nothing is
@@ -260,6 +260,17 @@ impl McpHub {
     /// why, as text naming the server (not connected and the last
     /// connection error; `tools/list` failed or took too long).
     pub async fn list_tools(&self, server: &str, wait: Duration) -> Result<Listing, String> {
+        self.list_tools_within(server, wait, LIST_TIMEOUT).await
+    }
+
+    /// [`Self::list_tools`] with the pages' deadline `deadline` instead of
+    /// [`LIST_TIMEOUT`].
+    pub async fn list_tools_within(
+        &self,
+        server: &str,
+        wait: Duration,
+        deadline: Duration,
+    ) -> Result<Listing, String> {
         let conn = self.connection(server, wait).await?;
         let announces_changes = conn
             .peer
@@ -295,7 +306,7 @@ impl McpHub {
                 )),
             ))
         };
-        match tokio::time::timeout(LIST_TIMEOUT, pages).await {
+        match tokio::time::timeout(deadline, pages).await {
             Ok(Ok((tools, cut))) => {
                 if let Some(why) = &cut {
                     warn!(server, listed = tools.len(), reason = %why, "MCP server's tool list cut short: its pages do not end");
@@ -308,8 +319,8 @@ impl McpHub {
             }
             Ok(Err(e)) => Err(format!("MCP server {server}: tools/list failed: {e}")),
             Err(_) => Err(format!(
-                "MCP server {server}: tools/list took more than {} s",
-                LIST_TIMEOUT.as_secs()
+                "MCP server {server}: tools/list took more than {} ms",
+                deadline.as_millis()
             )),
         }
     }

@@ -159,6 +159,7 @@ pub struct ToolSources {
     http: HttpTools,
     connect_wait: Duration,
     tool_wait: Duration,
+    list_timeout: Duration,
 }
 
 impl ToolSources {
@@ -171,7 +172,16 @@ impl ToolSources {
             http: HttpTools::new(),
             connect_wait: Duration::from_secs(10),
             tool_wait: DEFAULT_TOOL_WAIT,
+            list_timeout: crate::mcp::LIST_TIMEOUT,
         }
+    }
+
+    /// The deadline of one server's listing (every `tools/list` page of
+    /// it), past which the step's tools are unavailable. Default
+    /// [`crate::mcp::LIST_TIMEOUT`] (30 s).
+    pub fn with_list_timeout(mut self, deadline: Duration) -> Self {
+        self.list_timeout = deadline;
+        self
     }
 
     /// How long assembling a step's tools waits for a tool the run allows
@@ -353,7 +363,7 @@ impl ToolSources {
             let since = self.mcp.list_generation(server);
             let listing = self
                 .mcp
-                .list_tools(server, self.connect_wait)
+                .list_tools_within(server, self.connect_wait, self.list_timeout)
                 .await
                 .map_err(|reason| OfferError::Unavailable {
                     server: server.clone(),

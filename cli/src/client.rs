@@ -1200,10 +1200,15 @@ pub fn describe(kind: &EventKind) -> String {
             ),
             None => format!("{server}: attempt {attempt}, the last: {}", clip(reason)),
         },
-        EventKind::ToolsChanged { added, removed } => format!(
-            "added: {}; removed: {}",
+        EventKind::ToolsChanged {
+            added,
+            removed,
+            changed,
+        } => format!(
+            "added: {}; removed: {}; changed: {}",
             clip(&added.join(", ")),
-            clip(&removed.join(", "))
+            clip(&removed.join(", ")),
+            clip(&changed.join(", "))
         ),
         EventKind::ApprovalRequested {
             call_id,

@@ -211,10 +211,10 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_in_ms: Option<u64>,
     },
-    /// The tools a step is offered differ from the previous step's, by
-    /// name: the servers' lists changed meanwhile (`notifications/tools/list_changed`,
-    /// a restart, or a run resumed on another worker whose server lists
-    /// other tools). Recorded just before the `step.start` that holds the
+    /// The tools a step is offered differ from the previous step's: the
+    /// servers' lists changed meanwhile (`notifications/tools/list_changed`,
+    /// a restart), or the run continued on another worker whose servers or
+    /// tools differ. Recorded just before the `step.start` that holds the
     /// new list. No state changes.
     #[serde(rename = "tools.changed")]
     ToolsChanged {
@@ -222,6 +222,10 @@ pub enum EventKind {
         added: Vec<String>,
         /// Names of the previous step no longer offered, sorted.
         removed: Vec<String>,
+        /// Names in both whose offer differs (description, input schema,
+        /// source or resolved policy), sorted.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        changed: Vec<String>,
     },
     /// A call waits for a person.
     #[serde(rename = "approval.requested")]
