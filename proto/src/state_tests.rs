@@ -577,6 +577,7 @@ fn tool_source_attempts_count_in_order_and_restart() {
         .ok(EventKind::ToolsChanged {
             added: vec!["x".into()],
             removed: vec![],
+            changed: vec![],
         })
         .ok(step(1));
     assert_eq!(log.state.step, Some(1));

@@ -715,9 +715,14 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         ),
         (
             prop::collection::vec(text(), 0..3),
-            prop::collection::vec(text(), 0..3)
+            prop::collection::vec(text(), 0..3),
+            prop::collection::vec(text(), 0..3),
         )
-            .prop_map(|(added, removed)| EventKind::ToolsChanged { added, removed }),
+            .prop_map(|(added, removed, changed)| EventKind::ToolsChanged {
+                added,
+                removed,
+                changed,
+            }),
     ]
 }
 
@@ -1017,6 +1022,7 @@ fn every_event_serialises_under_its_name() {
         EventKind::ToolsChanged {
             added: vec!["b".into()],
             removed: vec!["a".into()],
+            changed: vec!["c".into()],
         },
     ];
     let expected = [
