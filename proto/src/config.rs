@@ -971,4 +971,39 @@ mod tests {
         config.output_schema = Some(deep);
         assert_eq!(config.validate().unwrap_err().field, "output_schema");
     }
+
+    /// `on_tool_source_unavailable` is parsed strictly and bounded, each
+    /// error naming its field.
+    #[test]
+    fn tool_source_policy_is_strict_and_bounded() {
+        let config: RunConfig = serde_json::from_value(serde_json::json!({
+            "on_tool_source_unavailable": {"attempts": 2, "then": "fail"}
+        }))
+        .unwrap();
+        let policy = config.on_tool_source_unavailable;
+        assert_eq!(
+            (policy.attempts, policy.backoff_ms, policy.then),
+            (2, 1_000, crate::tool_sources::UnavailableAction::Fail)
+        );
+        config.validate().unwrap();
+        let unknown = serde_json::from_value::<RunConfig>(serde_json::json!({
+            "on_tool_source_unavailable": {"tries": 2}
+        }));
+        assert!(
+            unknown
+                .unwrap_err()
+                .to_string()
+                .contains("unknown field `tries`")
+        );
+        for (field, value) in [("attempts", 0u64), ("attempts", 21), ("backoff_ms", 60_001)] {
+            let config: RunConfig = serde_json::from_value(serde_json::json!({
+                "on_tool_source_unavailable": {field: value}
+            }))
+            .unwrap();
+            assert_eq!(
+                config.validate().unwrap_err().field,
+                format!("on_tool_source_unavailable.{field}")
+            );
+        }
+    }
 }
