@@ -403,6 +403,8 @@ impl McpHub {
                     e.message
                 ),
             }),
+            // The transport's error without rmcp's transport type name.
+            Err(rmcp::ServiceError::TransportSend(e)) => Err(lost(format!("failed ({})", e.error))),
             Err(e) => Err(lost(format!("failed ({e})"))),
         }
     }
