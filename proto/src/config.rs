@@ -640,10 +640,13 @@ impl RunConfig {
                     "must be at least 1",
                 ));
             }
-            if policy.max_total_ms.is_some() && self.http_tools.iter().any(|t| t.name == *name) {
+            let not_mcp = self.http_tools.iter().any(|t| t.name == *name)
+                || self.external_tools.iter().any(|t| t.name == *name)
+                || self.tools.iter().flatten().any(|t| t == name);
+            if policy.max_total_ms.is_some() && not_mcp {
                 return Err(config_error(
                     format!("tool_policy.{name}.max_total_ms"),
-                    "applies to MCP tools only: an HTTP tool reports no progress, and its timeout_ms bounds the whole call",
+                    "applies to MCP tools only: this run's other tools report no progress, and their timeout_ms bounds the whole call",
                 ));
             }
             if let (Some(timeout_ms), total @ Some(_)) = (policy.timeout_ms, policy.max_total_ms) {
@@ -976,6 +979,11 @@ mod tests {
         let e = http.validate().unwrap_err();
         assert_eq!(e.field, "tool_policy.web.max_total_ms");
         assert!(e.reason.contains("MCP tools only"), "{e}");
+        let mut worker = config(serde_json::json!({"max_total_ms": 60_000}));
+        assert!(worker.validate().is_ok(), "slow may be an MCP tool");
+        worker.tools = Some(vec!["slow".into()]);
+        let e = worker.validate().unwrap_err();
+        assert_eq!(e.field, "tool_policy.slow.max_total_ms");
         let e = crate::strict::from_json_str::<RunConfig>(
             r#"{"tool_policy": {"slow": {"max_total": 5}}}"#,
         )

@@ -145,8 +145,9 @@ pub struct ToolPolicy {
     pub timeout_ms: Option<u64>,
     /// The longest an MCP tool's call may run however often it reports
     /// progress, in ms; at least the tool's `timeout_ms`. Default
-    /// [`DEFAULT_MAX_TOTAL_FACTOR`] × `timeout_ms`. Applies to MCP tools
-    /// only (an HTTP tool's `timeout_ms` already bounds the whole call).
+    /// [`DEFAULT_MAX_TOTAL_FACTOR`] × `timeout_ms`. MCP tools only (set
+    /// for a run's HTTP, external or worker tool it is refused: their
+    /// `timeout_ms` bounds the whole call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub max_total_ms: Option<u64>,
