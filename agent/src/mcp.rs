@@ -118,7 +118,8 @@ pub struct CallLimits {
     /// the call may go without a `notifications/progress` (each report
     /// starts it again; the first period starts when the request is sent).
     /// Without, the bound on the whole call. Waiting for a connection to
-    /// the server counts against it.
+    /// the server takes at most this long (without `total`, it counts
+    /// against it).
     pub idle: Duration,
     /// The tool's `max_total_ms`: the longest the call may run however
     /// often it reports progress (the wait for a connection included), at
