@@ -10,7 +10,9 @@
 //! `trust = "trusted"` it is idempotent when annotated `readOnlyHint` or
 //! `idempotentHint` (and a read-only one is not destructive), from an
 //! untrusted one (the default) never on its own word; it has a 30 s
-//! timeout. An HTTP tool takes its own fields. `RunConfig::tool_policy`
+//! idle timeout (each progress report starts it again) and a total bound
+//! of [`DEFAULT_MAX_TOTAL_FACTOR`](glia_proto::tool_sources::DEFAULT_MAX_TOTAL_FACTOR)
+//! × that (`tool_policy.NAME.max_total_ms`). An HTTP tool takes its own fields. `RunConfig::tool_policy`
 //! overrides any of these per tool name; the catalogue's per-tool
 //! `policy` then overrides the tenant, only towards stricter. Each offered
 //! tool carries its [`ResolvedPolicy`] and who decided it.
@@ -19,14 +21,14 @@ use std::time::Duration;
 
 use glia_proto::{
     ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind, ToolSource,
-    ToolSpec, args_hash,
+    ToolSpec, args_hash, tool_sources::resolve_max_total_ms,
 };
 use rmcp::model::ToolAnnotations;
 use serde_json::Value;
 
 use crate::catalogue::{Catalogue, McpServerEntry, OperatorPolicy, Trust};
 use crate::http_tool::{HttpCall, HttpTools};
-use crate::mcp::McpHub;
+use crate::mcp::{CallLimits, McpHub};
 use crate::tool::{ToolContext, ToolFailure};
 
 /// Default timeout of an MCP tool call, in ms.
@@ -276,15 +278,21 @@ impl ToolSources {
                     .map(str::to_owned)
                     .or_else(|| tool.title.clone())
                     .unwrap_or_default();
+                let timeout_ms = tenant.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS);
+                let max_total_ms =
+                    resolve_max_total_ms(timeout_ms, tenant.max_total_ms).map_err(|reason| {
+                        OfferError::Invalid(format!("tool_policy.{name}.max_total_ms: {reason}"))
+                    })?;
                 specs.push(ToolSpec {
                     idempotent: policy.idempotent,
-                    timeout_ms: tenant.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS),
+                    timeout_ms,
                     return_direct: tenant.return_direct.unwrap_or(false),
                     source: Some(ToolSource::Mcp {
                         server: source.server.clone(),
                         tool: name.clone(),
                         schema_hash: args_hash(&input_schema),
                         requires_approval: policy.requires_approval,
+                        max_total_ms: Some(max_total_ms),
                     }),
                     policy: Some(policy),
                     ..ToolSpec::new(name.clone(), description, input_schema)
@@ -425,7 +433,9 @@ impl ToolSources {
     }
 
     /// Run one call of `spec` (which has a [`ToolSource`]) within its
-    /// timeout; `progress` gets each progress report's text. Errors: the
+    /// timeout (for an MCP tool with a recorded `max_total_ms`, an idle
+    /// timeout that each progress report starts again, up to that total);
+    /// `progress` gets each progress report's text. Errors: the
     /// [`ToolFailure`] the model sees.
     pub async fn execute(
         &self,
@@ -436,9 +446,18 @@ impl ToolSources {
     ) -> Result<ToolContent, ToolFailure> {
         let timeout = Duration::from_millis(spec.timeout_ms.max(1));
         match &spec.source {
-            Some(ToolSource::Mcp { server, tool, .. }) => {
+            Some(ToolSource::Mcp {
+                server,
+                tool,
+                max_total_ms,
+                ..
+            }) => {
+                let limits = CallLimits {
+                    idle: timeout,
+                    total: max_total_ms.map(|ms| Duration::from_millis(ms.max(spec.timeout_ms))),
+                };
                 self.mcp
-                    .call(server, tool, input, &ctx.idempotency_key, timeout, progress)
+                    .call(server, tool, input, &ctx.idempotency_key, limits, progress)
                     .await
             }
             Some(ToolSource::Http {

@@ -103,6 +103,26 @@ fn default_max_response_bytes() -> u64 {
     1 << 20
 }
 
+/// Default [`ToolPolicy::max_total_ms`] of an MCP tool, as a multiple of its
+/// `timeout_ms`: a call that keeps reporting progress runs up to 10 × its
+/// idle timeout (5 min for the default 30 s).
+pub const DEFAULT_MAX_TOTAL_FACTOR: u64 = 10;
+
+/// The `max_total_ms` of an MCP tool with idle timeout `timeout_ms` (ms) and
+/// the tenant's `max_total_ms`, if set: that, else
+/// [`DEFAULT_MAX_TOTAL_FACTOR`] × `timeout_ms` (saturating). Errors: the
+/// tenant's value is below `timeout_ms` (it would cut every call before
+/// the idle timeout could).
+pub fn resolve_max_total_ms(timeout_ms: u64, max_total_ms: Option<u64>) -> Result<u64, String> {
+    match max_total_ms {
+        Some(total) if total < timeout_ms => Err(format!(
+            "{total} ms is below the tool's timeout_ms of {timeout_ms} ms; it must be at least that"
+        )),
+        Some(total) => Ok(total),
+        None => Ok(timeout_ms.saturating_mul(DEFAULT_MAX_TOTAL_FACTOR)),
+    }
+}
+
 /// How a tool is run, overriding its defaults (an MCP tool's annotations:
 /// `readOnlyHint` or `idempotentHint` make it idempotent, `destructiveHint`
 /// makes it require approval; an HTTP tool's own fields). Unset fields keep
@@ -117,10 +137,20 @@ pub struct ToolPolicy {
     /// Safe to run again with the same idempotency key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotent: Option<bool>,
-    /// Per-call timeout in ms; at least 1.
+    /// Per-call timeout in ms; at least 1. For an MCP tool it is an idle
+    /// timeout: each `notifications/progress` the server sends for the
+    /// call starts it again, up to `max_total_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub timeout_ms: Option<u64>,
+    /// The longest an MCP tool's call may run however often it reports
+    /// progress, in ms; at least the tool's `timeout_ms`. Default
+    /// [`DEFAULT_MAX_TOTAL_FACTOR`] × `timeout_ms`. MCP tools only (set
+    /// for a run's HTTP, external or worker tool it is refused: their
+    /// `timeout_ms` bounds the whole call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
+    pub max_total_ms: Option<u64>,
     /// A successful call ends the run with its result as the answer
     /// ([`crate::ToolSpec::return_direct`]: a hand-off tool); default false.
     /// That answer is not the model's: output guardrails, the output schema
@@ -227,6 +257,13 @@ pub enum ToolSource {
         /// Calls need a person's approval (annotation or policy).
         #[serde(default)]
         requires_approval: bool,
+        /// The longest a call may run while it reports progress, in ms
+        /// ([`ToolPolicy::max_total_ms`], resolved when the step froze its
+        /// tools); the tool's `timeout_ms` is then an idle timeout that each
+        /// progress report starts again. `None` (logs written before it was
+        /// recorded): `timeout_ms` bounds the whole call.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_total_ms: Option<u64>,
     },
     /// An HTTP tool of the run's config.
     Http {

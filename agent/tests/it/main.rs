@@ -12,6 +12,7 @@ mod loop_features;
 mod markers;
 mod mcp;
 mod mcp_discovery;
+mod mcp_calls;
 mod provider_events;
 mod pull_points;
 mod replay_prop;
