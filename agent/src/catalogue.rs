@@ -22,6 +22,7 @@
 //! requests_per_minute = 50            # optional; the limits are this
 //! input_tokens_per_minute = 100000    # provider's own buckets, shared by
 //! output_tokens_per_minute = 20000    # every worker through Redis
+//! images = true                       # default; false for a text-only model
 //!
 //! [mcp_servers.files]
 //! transport = "stdio"
@@ -84,6 +85,17 @@ pub struct ProviderEntry {
     /// Output tokens a minute, if limited.
     #[serde(default)]
     pub output_tokens_per_minute: Option<u32>,
+    /// Whether the models served here take images in a request. Default
+    /// true (Anthropic's and OpenAI's current models do); `false` for a
+    /// text-only model (e.g. an OpenAI-compatible server of a text model):
+    /// its requests carry a marked text placeholder with each image's media
+    /// type and size instead ([`glia_proto::Provider::takes_images`]).
+    #[serde(default = "takes_images_default")]
+    pub images: bool,
+}
+
+fn takes_images_default() -> bool {
+    true
 }
 
 /// How an MCP server is reached.

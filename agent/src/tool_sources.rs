@@ -18,8 +18,8 @@
 use std::time::Duration;
 
 use glia_proto::{
-    ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind, ToolSource,
-    ToolSpec, args_hash,
+    ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind,
+    ToolOutputSchema, ToolSource, ToolSpec, args_hash,
 };
 use rmcp::model::ToolAnnotations;
 use serde_json::Value;
@@ -242,6 +242,26 @@ impl ToolSources {
                         entry.refusal(&source.server, name)
                     )));
                 }
+                let output_schema = match &tool.output_schema {
+                    None => None,
+                    Some(schema) => {
+                        let schema = Value::Object((**schema).clone());
+                        if let Err(e) = jsonschema::validator_for(&schema) {
+                            return Err(OfferError::Invalid(format!(
+                                "mcp[{i}].allow[{j}]: the outputSchema MCP server {:?} gives tool {name:?} is not usable: {e}",
+                                source.server
+                            )));
+                        }
+                        Some(ToolOutputSchema {
+                            schema,
+                            check: config
+                                .tool_policy
+                                .get(name.as_str())
+                                .and_then(|p| p.output_schema)
+                                .unwrap_or_default(),
+                        })
+                    }
+                };
                 let policy = mcp_policy(config, entry, name, tool.annotations.as_ref());
                 let tenant = config
                     .tool_policy
@@ -265,6 +285,7 @@ impl ToolSources {
                         requires_approval: policy.requires_approval,
                     }),
                     policy: Some(policy),
+                    output_schema,
                     ..ToolSpec::new(name.clone(), description, input_schema)
                 });
             }
@@ -334,9 +355,11 @@ impl ToolSources {
         let timeout = Duration::from_millis(spec.timeout_ms.max(1));
         match &spec.source {
             Some(ToolSource::Mcp { server, tool, .. }) => {
-                self.mcp
+                let result = self
+                    .mcp
                     .call(server, tool, input, &ctx.idempotency_key, timeout, progress)
-                    .await
+                    .await?;
+                crate::mcp::render_for(spec, result)
             }
             Some(ToolSource::Http {
                 url,
