@@ -506,9 +506,10 @@ impl Catalogue {
     }
 
     /// The JSON Schema of the catalogue file (TOML read as JSON), as
-    /// written to `schemas/catalogue.schema.json` for editors.
+    /// written to `schemas/catalogue.schema.json` for editors (keys
+    /// sorted, so the file does not depend on the generator's order).
     pub fn json_schema() -> serde_json::Value {
-        schemars::schema_for!(Catalogue).to_value()
+        glia_proto::json::sort_keys(&schemars::schema_for!(Catalogue).to_value())
     }
 
     /// Whether HTTP tools may call `origin` (as [`glia_proto::tool_sources::url_origin`] gives it).

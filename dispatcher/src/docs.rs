@@ -394,7 +394,8 @@ pub fn config_schemas() -> Vec<(&'static str, Value)> {
                 "$ref": format!("#/$defs/{root}"),
                 "$defs": Value::Object(defs.into_iter().collect::<std::collections::BTreeMap<_, _>>().into_iter().collect()),
             });
-            (file, doc)
+            // Keys sorted: the files do not depend on the generator's order.
+            (file, glia_proto::json::sort_keys(&doc))
         })
         .collect()
 }

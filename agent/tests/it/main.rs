@@ -14,3 +14,4 @@ mod mcp;
 mod provider_events;
 mod pull_points;
 mod replay_prop;
+mod result_budget;
