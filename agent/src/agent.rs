@@ -2453,8 +2453,8 @@ pub fn build_request(
             if let ContentBlock::ToolResult { content, .. } = block
                 && content.images().next().is_some()
             {
-                *content = std::mem::replace(content, ToolContent::Text(String::new()))
-                    .without_images();
+                *content =
+                    std::mem::replace(content, ToolContent::Text(String::new())).without_images();
             }
         }
     }

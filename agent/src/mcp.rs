@@ -444,7 +444,9 @@ pub fn render_for(spec: &ToolSpec, result: CallToolResult) -> Result<ToolContent
 /// ```
 pub fn check_output(schema: &Value, structured: Option<&Value>) -> Result<(), String> {
     let Some(structured) = structured else {
-        return Err("it has no structuredContent (a tool with an outputSchema must give one)".into());
+        return Err(
+            "it has no structuredContent (a tool with an outputSchema must give one)".into(),
+        );
     };
     let validator = jsonschema::validator_for(schema)
         .map_err(|e| format!("the outputSchema cannot be used ({e})"))?;

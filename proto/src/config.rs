@@ -173,17 +173,15 @@ macro_rules! run_fields {
         $crate::config::run_fields!(@field $head [$($done)*] $extra [
             /// The most bytes of a tool result's text that enter the
             /// conversation, for every tool without its own
-            /// `tool_policy.NAME.max_result_bytes`; a longer result is cut to
-            /// its head and a marked notice of its size
-            /// ([`crate::ToolContent::cut`]) while the log keeps it whole.
-            /// Images count separately (5 MiB each). Default
-            /// [`DEFAULT_MAX_RESULT_BYTES`](crate::config::DEFAULT_MAX_RESULT_BYTES)
-            /// (64 KiB); 1 to [`MAX_RESULT_BYTES`](crate::limits::MAX_RESULT_BYTES) (1 MiB).
+            /// `tool_policy.NAME.max_result_bytes`: a longer result is cut to
+            /// its head and a marked notice of its size while the log keeps
+            /// it whole. Images count separately (5 MiB each). Default 65536
+            /// (64 KiB); 1 to 1048576 (1 MiB).
             #[serde(
                 default = "crate::config::default_max_result_bytes",
                 skip_serializing_if = "crate::config::is_default_max_result_bytes"
             )]
-            #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = crate::limits::MAX_RESULT_BYTES)))]
+            #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 1_048_576)))]
             pub max_result_bytes: u64
         ] $($rest)*);
     };
@@ -568,7 +566,12 @@ fn check_result_bytes(field: &str, bytes: u64) -> Result<(), ConfigError> {
     }
     let max = crate::limits::MAX_RESULT_BYTES;
     if bytes > max {
-        return Err(over(field, format!("{bytes} bytes"), max as usize, "max_result_bytes"));
+        return Err(over(
+            field,
+            format!("{bytes} bytes"),
+            max as usize,
+            "max_result_bytes",
+        ));
     }
     Ok(())
 }

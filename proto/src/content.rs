@@ -155,7 +155,11 @@ impl ToolContent {
     pub fn text_len(&self) -> usize {
         match self {
             ToolContent::Text(text) => text.len(),
-            ToolContent::Blocks(blocks) => blocks.iter().filter_map(ResultBlock::as_text).map(str::len).sum(),
+            ToolContent::Blocks(blocks) => blocks
+                .iter()
+                .filter_map(ResultBlock::as_text)
+                .map(str::len)
+                .sum(),
         }
     }
 
@@ -224,12 +228,12 @@ impl ToolContent {
                 blocks
                     .into_iter()
                     .map(|b| match b {
-                        ResultBlock::Image { source } => ResultBlock::text(
-                            crate::marker::Insert::ImageOmitted.wrap(&format!(
+                        ResultBlock::Image { source } => {
+                            ResultBlock::text(crate::marker::Insert::ImageOmitted.wrap(&format!(
                                 "[image not shown: {}; this model does not take images]",
                                 source.describe()
-                            )),
-                        ),
+                            )))
+                        }
                         text => text,
                     })
                     .collect(),

@@ -132,7 +132,7 @@ pub struct ToolPolicy {
     /// the whole); default the run's `max_result_bytes`. 1 to 1 MiB. Applies
     /// to every tool: the worker's, external, HTTP and MCP tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = crate::limits::MAX_RESULT_BYTES)))]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 1_048_576)))]
     pub max_result_bytes: Option<u64>,
     /// What a result of this MCP tool that does not match its
     /// `outputSchema` becomes: `enforce` (default; a tool error the model

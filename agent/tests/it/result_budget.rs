@@ -12,8 +12,8 @@ use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
 use glia_agent::tool::{DynTool, ToolContext, ToolFailure, ToolRegistry};
 use glia_proto::content::cut_notice;
 use glia_proto::{
-    ContentBlock, EventKind, ModelRequest, RunConfig, ToolContent, ToolPolicy, ToolSpec,
-    DEFAULT_MAX_RESULT_BYTES,
+    ContentBlock, DEFAULT_MAX_RESULT_BYTES, EventKind, ModelRequest, RunConfig, ToolContent,
+    ToolPolicy, ToolSpec,
 };
 use serde_json::{Value, json};
 

@@ -3,5 +3,5 @@
 
 mod elision;
 mod repair;
-mod roundtrip;
 mod result_budget;
+mod roundtrip;

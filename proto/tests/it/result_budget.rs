@@ -223,6 +223,9 @@ fn budgets_are_checked_naming_the_field() {
         ..RunConfig::default()
     };
     assert_eq!(config.validate().unwrap_err().field, "max_result_bytes");
+    // The schemas' `maximum` (schemars ranges in config.rs and
+    // tool_sources.rs) spells this limit as a literal.
+    assert_eq!(glia_proto::limits::MAX_RESULT_BYTES, 1_048_576);
     config.max_result_bytes = (1 << 20) + 1;
     let err = config.validate().unwrap_err();
     assert_eq!(err.field, "max_result_bytes");
