@@ -1108,10 +1108,13 @@ impl Agent {
                 cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
                 source: None,
                 policy: None,
+                max_result_bytes: None,
+                output_schema: None,
             });
         }
         for tool in tools.iter_mut().filter(|t| t.name != OUTPUT_TOOL) {
             gate_by_policies(config, tool);
+            tool.max_result_bytes = Some(config.max_result_bytes_for(&tool.name));
         }
         Ok(tools)
     }
@@ -1158,7 +1161,10 @@ impl Agent {
         let wrap_up = run.state.turn_calls + 1 == config.max_model_calls_per_turn;
         let forced = (config.output_schema.is_some() && run.state.reasks > 0)
             .then(|| OUTPUT_TOOL.to_owned());
-        let request = build_request(run.state, wrap_up, forced.clone());
+        let images = self
+            .provider_for(run.state)
+            .takes_images(&run.state.config.model);
+        let request = build_request(run.state, wrap_up, forced.clone(), images);
         // Same id for every retry of this call: the seq its model.call gets.
         let request_id = format!("{}:{}", run.state.run_id, run.state.head_seq + 1);
         if let Some(limit) = self.reserve(run, &request_id, &request).await? {
@@ -2524,9 +2530,28 @@ fn honours_effect(topic: HookTopic, effect: &HookEffect) -> bool {
 
 /// The request for the next model call: a pure function of the state, so a
 /// resumed run sends byte-identical requests. History is repaired; the step's
-/// frozen tools are offered; on the turn's last call a wrap-up notice is added.
-pub fn build_request(state: &RunState, wrap_up: bool, forced_tool: Option<String>) -> ModelRequest {
+/// frozen tools are offered; on the turn's last call a wrap-up notice is added;
+/// when the model takes no images (`images` false: [`Provider::takes_images`]),
+/// each image of a tool result is a marked text placeholder naming its media
+/// type and size ([`ToolContent::without_images`]; the state and the log keep
+/// the image).
+pub fn build_request(
+    state: &RunState,
+    wrap_up: bool,
+    forced_tool: Option<String>,
+    images: bool,
+) -> ModelRequest {
     let mut messages = repair(&state.messages);
+    if !images {
+        for block in messages.iter_mut().flat_map(|m| &mut m.content) {
+            if let ContentBlock::ToolResult { content, .. } = block
+                && content.images().next().is_some()
+            {
+                *content =
+                    std::mem::replace(content, ToolContent::Text(String::new())).without_images();
+            }
+        }
+    }
     if wrap_up && let Some(last) = messages.last_mut() {
         let notice = Insert::WrapUp.wrap("This is your last model call for this turn. Finish now: give your answer without calling tools.");
         last.content.push(ContentBlock::Text { text: notice });

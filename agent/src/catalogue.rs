@@ -22,6 +22,7 @@
 //! requests_per_minute = 50            # optional; the limits are this
 //! input_tokens_per_minute = 100000    # provider's own buckets, shared by
 //! output_tokens_per_minute = 20000    # every worker through Redis
+//! images = true                       # default; false for a text-only model
 //!
 //! [mcp_servers.files]
 //! transport = "stdio"
@@ -84,6 +85,17 @@ pub struct ProviderEntry {
     /// Output tokens a minute, if limited.
     #[serde(default)]
     pub output_tokens_per_minute: Option<u32>,
+    /// Whether the models served here take images in a request. Default
+    /// true (Anthropic's and OpenAI's current models do); `false` for a
+    /// text-only model (e.g. an OpenAI-compatible server of a text model):
+    /// its requests carry a marked text placeholder with each image's media
+    /// type and size instead ([`glia_proto::Provider::takes_images`]).
+    #[serde(default = "takes_images_default")]
+    pub images: bool,
+}
+
+fn takes_images_default() -> bool {
+    true
 }
 
 /// How an MCP server is reached.
@@ -494,9 +506,10 @@ impl Catalogue {
     }
 
     /// The JSON Schema of the catalogue file (TOML read as JSON), as
-    /// written to `schemas/catalogue.schema.json` for editors.
+    /// written to `schemas/catalogue.schema.json` for editors (keys
+    /// sorted, so the file does not depend on the generator's order).
     pub fn json_schema() -> serde_json::Value {
-        schemars::schema_for!(Catalogue).to_value()
+        glia_proto::json::sort_keys(&schemars::schema_for!(Catalogue).to_value())
     }
 
     /// Whether HTTP tools may call `origin` (as [`glia_proto::tool_sources::url_origin`] gives it).

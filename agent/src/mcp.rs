@@ -59,7 +59,11 @@
 //!
 //!   `structuredContent` is kept as a last text block `{"structuredContent":
 //!   …}`, unless a text block already holds the same JSON (the spec asks
-//!   servers to send that text for clients without structured output). A
+//!   servers to send that text for clients without structured output),
+//!   with its keys in the server's order (the workspace builds serde_json
+//!   with `preserve_order`; numbers are as parsed: integers exact, others
+//!   the shortest text of the same `f64`). A tool that lists an
+//!   `outputSchema` has its results checked against it ([`render_for`]). A
 //!   result without images is one string (text blocks joined by newlines,
 //!   as before images were kept); one with images is a list of blocks.
 //!   `isError: true` is a [`ToolFailure`] whose message is that content as
@@ -88,7 +92,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use glia_proto::content::base64_decoded_len;
-use glia_proto::{ImageSource, ResultBlock, ToolContent, ToolErrorKind};
+use glia_proto::{
+    ImageSource, OutputSchemaCheck, ResultBlock, ToolContent, ToolErrorKind, ToolSpec,
+};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
     CancelledNotificationParam, ClientRequest, ContentBlock, PaginatedRequestParams,
@@ -394,7 +400,8 @@ impl McpHub {
     /// `idempotency_key` in `_meta` and handing each progress notification's
     /// text (`3/5: message`) to `progress`. A call cut by a bound, or whose
     /// future is dropped, is cancelled (`notifications/cancelled`). The
-    /// result is what the model sees (see the module doc). Errors: a
+    /// result is the server's, as it sent it: [`render`] or [`render_for`]
+    /// make it what the model sees (see the module doc). Errors: a
     /// [`ToolFailure`] the model sees: `timeout` naming the bound that cut
     /// the call; `unavailable` for a call known not to have run;
     /// `outcome_unknown` when the server died or the connection broke
@@ -407,7 +414,7 @@ impl McpHub {
         idempotency_key: &str,
         limits: CallLimits,
         progress: &(dyn Fn(String) + Send + Sync),
-    ) -> Result<ToolContent, ToolFailure> {
+    ) -> Result<CallToolResult, ToolFailure> {
         let started = tokio::time::Instant::now();
         let conn = self
             .connection(server, limits.idle)
@@ -502,7 +509,7 @@ impl McpHub {
             });
         }
         match answer {
-            Ok(ServerResult::CallToolResult(result)) => render(result),
+            Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(other) => Err(ToolFailure {
                 kind: ToolErrorKind::InvalidOutput,
                 message: format!(
@@ -653,8 +660,79 @@ impl Drop for InFlight {
     }
 }
 
+/// What the model sees of a `tools/call` result of the step's tool `spec`:
+/// first, when the tool declares an `outputSchema`
+/// ([`ToolSpec::output_schema`]) and the call succeeded, its
+/// `structuredContent` is checked against it ([`check_output`]); a result
+/// that has none or does not match is, per the spec's
+/// [`OutputSchemaCheck`], an `invalid_output` [`ToolFailure`] naming each
+/// violation's path and rule (`enforce`), or passes with a warning in the
+/// worker's log (`warn`). Then [`render`].
+pub fn render_for(spec: &ToolSpec, result: CallToolResult) -> Result<ToolContent, ToolFailure> {
+    if let Some(output) = &spec.output_schema
+        && result.is_error != Some(true)
+        && let Err(why) = check_output(&output.schema, result.structured_content.as_ref())
+    {
+        let message = format!(
+            "MCP tool {} answered a result that does not match its outputSchema: {why}",
+            spec.name
+        );
+        match output.check {
+            OutputSchemaCheck::Enforce => {
+                return Err(ToolFailure {
+                    kind: ToolErrorKind::InvalidOutput,
+                    message,
+                });
+            }
+            OutputSchemaCheck::Warn => warn!(tool = %spec.name, "{message}"),
+        }
+    }
+    render(result)
+}
+
+/// Why `structured` (a result's `structuredContent`) does not satisfy the
+/// tool's `outputSchema` `schema`, in words: `it has no structuredContent`,
+/// or each violation as `at PATH: MESSAGE (rule SCHEMA_PATH)`, joined by
+/// `; ` (paths are JSON Pointers, `/` for the root), or why the schema
+/// cannot be used. `Ok` when it conforms.
+///
+/// ```
+/// use serde_json::json;
+/// let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+/// assert!(glia_agent::mcp::check_output(&schema, Some(&json!({"n": 1}))).is_ok());
+/// let why = glia_agent::mcp::check_output(&schema, Some(&json!({"n": "x"}))).unwrap_err();
+/// assert_eq!(why, r#"at /n: "x" is not of type "integer" (rule /properties/n/type)"#);
+/// ```
+pub fn check_output(schema: &Value, structured: Option<&Value>) -> Result<(), String> {
+    let Some(structured) = structured else {
+        return Err(
+            "it has no structuredContent (a tool with an outputSchema must give one)".into(),
+        );
+    };
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|e| format!("the outputSchema cannot be used ({e})"))?;
+    let pointer = |p: String| if p.is_empty() { "/".to_owned() } else { p };
+    let problems: Vec<String> = validator
+        .iter_errors(structured)
+        .map(|e| {
+            format!(
+                "at {}: {e} (rule {})",
+                pointer(e.instance_path().to_string()),
+                pointer(e.schema_path().to_string())
+            )
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
 /// What the model sees of a `tools/call` result: the module doc's table.
 /// `isError: true` is a [`ToolFailure`] with the content as text.
+/// `structuredContent` keeps its keys in the server's order and its
+/// numbers as parsed (serde_json's `preserve_order` and `float_roundtrip`).
 pub fn render(result: CallToolResult) -> Result<ToolContent, ToolFailure> {
     let mut blocks: Vec<ResultBlock> = result.content.into_iter().map(result_block).collect();
     if let Some(structured) = result.structured_content {

@@ -111,6 +111,8 @@ impl ModelPlanner {
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
             source: None,
             policy: None,
+            max_result_bytes: None,
+            output_schema: None,
         };
         let request = ModelRequest {
             model: state.config.model.clone(),

@@ -106,6 +106,7 @@ fn empty_object() -> Value {
 pub struct ScriptedProvider {
     turns: Vec<ScriptedTurn>,
     state: Mutex<ScriptState>,
+    text_only: bool,
 }
 
 #[derive(Debug, Default)]
@@ -121,7 +122,16 @@ impl ScriptedProvider {
         ScriptedProvider {
             turns,
             state: Mutex::default(),
+            text_only: false,
         }
+    }
+
+    /// A provider whose model takes no images
+    /// ([`Provider::takes_images`] false): a request carrying an image
+    /// panics, as a text-only model's API would reject it.
+    pub fn text_only(mut self) -> Self {
+        self.text_only = true;
+        self
     }
 
     /// Skip the first `n` turns, as if they had been served: a provider for a
@@ -137,6 +147,7 @@ impl ScriptedProvider {
                 calls,
                 requests: Vec::new(),
             }),
+            text_only: self.text_only,
         }
     }
 
@@ -166,11 +177,30 @@ fn estimate_tokens(text_len: usize) -> u64 {
 
 #[async_trait]
 impl Provider for ScriptedProvider {
+    fn takes_images(&self, _model: &str) -> bool {
+        !self.text_only
+    }
+
     async fn generate(
         &self,
         request: &ModelRequest,
         live: &(dyn Fn(LiveEvent) + Send + Sync),
     ) -> Result<ModelResponse, ProviderError> {
+        if self.text_only
+            && let Some(image) = request
+                .messages
+                .iter()
+                .flat_map(|m| &m.content)
+                .find_map(|b| match b {
+                    ContentBlock::ToolResult { content, .. } => content.images().next(),
+                    _ => None,
+                })
+        {
+            panic!(
+                "scripted provider: a text-only model was sent an image ({})",
+                image.describe()
+            );
+        }
         if let Err(why) = validate_request(request) {
             panic!(
                 "scripted provider: the request would be rejected by the provider: {why}\nmessages: {}",
@@ -352,5 +382,29 @@ impl Provider for ScriptLibrary {
         ScriptedProvider::new(vec![turn])
             .generate(request, live)
             .await
+    }
+}
+
+/// A provider whose models take no images ([`Provider::takes_images`]
+/// false), every call passed to the one inside: a catalogue provider
+/// marked `images = false`.
+pub struct TextOnly(pub std::sync::Arc<dyn Provider>);
+
+#[async_trait]
+impl Provider for TextOnly {
+    async fn generate(
+        &self,
+        request: &ModelRequest,
+        live: &(dyn Fn(LiveEvent) + Send + Sync),
+    ) -> Result<ModelResponse, ProviderError> {
+        self.0.generate(request, live).await
+    }
+
+    fn pricing(&self, model: &str) -> Option<glia_proto::Pricing> {
+        self.0.pricing(model)
+    }
+
+    fn takes_images(&self, _model: &str) -> bool {
+        false
     }
 }

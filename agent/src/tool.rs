@@ -143,6 +143,8 @@ impl<T: Tool> DynTool for Typed<T> {
             cancel_grace_ms: u64::try_from(self.0.cancel_grace().as_millis()).unwrap_or(u64::MAX),
             source: None,
             policy: None,
+            max_result_bytes: None,
+            output_schema: None,
         }
     }
 

@@ -20,8 +20,8 @@
 use std::time::Duration;
 
 use glia_proto::{
-    ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind, ToolSource,
-    ToolSpec, args_hash, tool_sources::resolve_max_total_ms,
+    ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind,
+    ToolOutputSchema, ToolSource, ToolSpec, args_hash, tool_sources::resolve_max_total_ms,
 };
 use rmcp::model::ToolAnnotations;
 use serde_json::Value;
@@ -266,6 +266,26 @@ impl ToolSources {
                         entry.refusal(&source.server, name)
                     )));
                 }
+                let output_schema = match &tool.output_schema {
+                    None => None,
+                    Some(schema) => {
+                        let schema = Value::Object((**schema).clone());
+                        if let Err(e) = jsonschema::validator_for(&schema) {
+                            return Err(OfferError::Invalid(format!(
+                                "mcp[{i}].allow[{j}]: the outputSchema MCP server {:?} gives tool {name:?} is not usable: {e}",
+                                source.server
+                            )));
+                        }
+                        Some(ToolOutputSchema {
+                            schema,
+                            check: config
+                                .tool_policy
+                                .get(name.as_str())
+                                .and_then(|p| p.output_schema)
+                                .unwrap_or_default(),
+                        })
+                    }
+                };
                 let policy = mcp_policy(config, entry, name, tool.annotations.as_ref());
                 let tenant = config
                     .tool_policy
@@ -295,6 +315,7 @@ impl ToolSources {
                         max_total_ms: Some(max_total_ms),
                     }),
                     policy: Some(policy),
+                    output_schema,
                     ..ToolSpec::new(name.clone(), description, input_schema)
                 });
             }
@@ -456,9 +477,11 @@ impl ToolSources {
                     idle: timeout,
                     total: max_total_ms.map(|ms| Duration::from_millis(ms.max(spec.timeout_ms))),
                 };
-                self.mcp
+                let result = self
+                    .mcp
                     .call(server, tool, input, &ctx.idempotency_key, limits, progress)
-                    .await
+                    .await?;
+                crate::mcp::render_for(spec, result)
             }
             Some(ToolSource::Http {
                 url,

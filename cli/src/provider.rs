@@ -142,6 +142,11 @@ impl ProviderArgs {
                 .zip(prefix.as_deref())
                 .map(|((url, _, startup), prefix)| (url, prefix, limits, startup));
             let provider = build(&config, limiter, prices.clone(), metrics.clone()).await?;
+            let provider: Arc<dyn Provider> = if entry.images {
+                provider
+            } else {
+                Arc::new(glia_agent::provider::TextOnly(provider))
+            };
             built.push((name.clone(), provider));
         }
         Ok(built)

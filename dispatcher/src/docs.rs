@@ -97,13 +97,18 @@ pub fn generated_schemas() -> Vec<(String, Value)> {
 
 /// schemars writes an unsigned integer as `format: uint32` (`uint64`,
 /// `uint` for usize) with `minimum: 0`; the document states the bound
-/// instead, as the hand-written schemas do.
+/// instead, as the hand-written schemas do (a field's own smaller
+/// `maximum`, from a schemars `range`, stays).
 fn bounded_unsigned(schema: &mut schemars::Schema) {
     let max = match schema.get("format").and_then(Value::as_str) {
         Some("uint32") => u64::from(u32::MAX),
         Some("uint64" | "uint") => MAX_U64,
         _ => return,
     };
+    let max = schema
+        .get("maximum")
+        .and_then(Value::as_u64)
+        .map_or(max, |own| own.min(max));
     schema.remove("format");
     // A field's own bound (`schemars(range(max = …))`) is kept.
     if schema.get("maximum").is_none() {
@@ -398,7 +403,8 @@ pub fn config_schemas() -> Vec<(&'static str, Value)> {
                 "$ref": format!("#/$defs/{root}"),
                 "$defs": Value::Object(defs.into_iter().collect::<std::collections::BTreeMap<_, _>>().into_iter().collect()),
             });
-            (file, doc)
+            // Keys sorted: the files do not depend on the generator's order.
+            (file, glia_proto::json::sort_keys(&doc))
         })
         .collect()
 }

@@ -89,6 +89,7 @@ run_fields! {
         #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
         pub max_tokens: Option<u32>,
         common approval_timeout_ms #[serde(skip_serializing_if = "Option::is_none")],
+        common max_result_bytes,
     }
 }
 
@@ -117,6 +118,7 @@ impl AgentDefinition {
             mcp: self.mcp.clone(),
             http_tools: self.http_tools.clone(),
             tool_policy: self.tool_policy.clone(),
+            max_result_bytes: self.max_result_bytes,
             provider: self.provider.clone(),
             policies: self.policies.clone(),
             budget: self.budget,

@@ -157,15 +157,32 @@ macro_rules! run_fields {
     };
     (@common tool_policy $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
         $crate::config::run_fields!(@field $head [$($done)*] $extra [
-            /// Per-tool overrides (approval, idempotency, timeout, hand-off) by
-            /// tool name, for MCP tools (over their annotations) and HTTP tools;
-            /// ignored for the worker's own tools.
+            /// Per-tool overrides (approval, idempotency, timeout, hand-off,
+            /// output schema check) by tool name, for MCP tools (over their
+            /// annotations) and HTTP tools; ignored for the worker's own tools,
+            /// except `max_result_bytes`, which applies to every tool.
             #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
             #[cfg_attr(
                 feature = "schemars",
                 schemars(extend("propertyNames" = {"pattern": $crate::config_error::TOOL_NAME_PATTERN}))
             )]
             pub tool_policy: std::collections::BTreeMap<String, $crate::tool_sources::ToolPolicy>
+        ] $($rest)*);
+    };
+    (@common max_result_bytes $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// The most bytes of a tool result's text that enter the
+            /// conversation, for every tool without its own
+            /// `tool_policy.NAME.max_result_bytes`: a longer result is cut to
+            /// its head and a marked notice of its size while the log keeps
+            /// it whole. Images count separately (5 MiB each). Default 65536
+            /// (64 KiB); 1 to 1048576 (1 MiB).
+            #[serde(
+                default = "crate::config::default_max_result_bytes",
+                skip_serializing_if = "crate::config::is_default_max_result_bytes"
+            )]
+            #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 1_048_576)))]
+            pub max_result_bytes: u64
         ] $($rest)*);
     };
     (@common provider $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
@@ -244,6 +261,7 @@ run_fields! {
         common http_tools,
         common tool_policy,
         common provider,
+        common max_result_bytes,
     }
 }
 
@@ -318,6 +336,7 @@ impl Default for RunConfig {
             http_tools: Vec::new(),
             tool_policy: BTreeMap::new(),
             provider: None,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
         }
     }
 }
@@ -391,7 +410,63 @@ pub struct ToolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(skip))]
     pub policy: Option<ResolvedPolicy>,
+    /// The most bytes of a result's text that enter the conversation
+    /// ([`crate::ToolContent::cut`], applied in [`crate::RunState::apply`]
+    /// to `tool.result` content and `tool.error` messages): the tenant's
+    /// `tool_policy.NAME.max_result_bytes`, else the run's
+    /// [`RunConfig::max_result_bytes`] (set by the worker when it freezes a
+    /// step's tools; `None` in a config, and in logs written before results
+    /// were cut, whose results are not cut).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(skip))]
+    pub max_result_bytes: Option<u64>,
+    /// The JSON Schema the tool's server declares for its results'
+    /// `structuredContent` (MCP `outputSchema`, from `tools/list`) and how
+    /// a result is checked against it (set by the worker for MCP tools;
+    /// `None` for tools without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(skip))]
+    pub output_schema: Option<ToolOutputSchema>,
 }
+
+/// An MCP tool's declared `outputSchema` and what glia does with a result
+/// that does not match it, frozen in the step's [`ToolSpec`].
+///
+/// JSON: `{"schema": {"type": "object", …}, "check": "enforce"}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ToolOutputSchema {
+    /// The schema, as the server listed it.
+    pub schema: Value,
+    /// Enforce (default) or warn.
+    #[serde(default)]
+    pub check: OutputSchemaCheck,
+}
+
+/// What a result that does not match its tool's `outputSchema` (or has no
+/// `structuredContent` though the tool declares one: MCP 2025-06-18,
+/// "Tools" › "Output Schema", servers MUST provide structured results that
+/// conform) becomes. Set per tool by `tool_policy.NAME.output_schema`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OutputSchemaCheck {
+    /// A tool error the model sees (`invalid_output`), naming each
+    /// violation's path and rule.
+    #[default]
+    Enforce,
+    /// The result passes unchanged; the worker logs a warning naming the
+    /// violations.
+    Warn,
+}
+
+/// Default [`RunConfig::max_result_bytes`]: 64 KiB of result text (about
+/// 16,000 tokens at ~4 bytes a token, under a tenth of a 200k-token
+/// context, so a handful of results fit beside the conversation; also the
+/// Postgres log's blob threshold, so every cut result's whole is stored
+/// once as a blob).
+pub const DEFAULT_MAX_RESULT_BYTES: u64 = 64 * 1024;
 
 impl ToolSpec {
     /// A tool the worker runs, with the defaults: not idempotent, a 30 s
@@ -413,6 +488,8 @@ impl ToolSpec {
             cancel_grace_ms: DEFAULT_CANCEL_GRACE_MS,
             source: None,
             policy: None,
+            max_result_bytes: None,
+            output_schema: None,
         }
     }
 
@@ -427,6 +504,26 @@ impl ToolSpec {
                 .as_ref()
                 .is_some_and(ToolSource::requires_approval),
         }
+    }
+}
+
+pub(crate) fn default_max_result_bytes() -> u64 {
+    DEFAULT_MAX_RESULT_BYTES
+}
+
+pub(crate) fn is_default_max_result_bytes(bytes: &u64) -> bool {
+    *bytes == DEFAULT_MAX_RESULT_BYTES
+}
+
+impl RunConfig {
+    /// The result budget of tool `name` in bytes of text: its
+    /// `tool_policy.NAME.max_result_bytes`, else [`RunConfig::max_result_bytes`].
+    /// The worker records it in the step's [`ToolSpec::max_result_bytes`].
+    pub fn max_result_bytes_for(&self, name: &str) -> u64 {
+        self.tool_policy
+            .get(name)
+            .and_then(|p| p.max_result_bytes)
+            .unwrap_or(self.max_result_bytes)
     }
 }
 
@@ -465,6 +562,23 @@ pub fn compile_tool_schema(schema: &Value) -> Result<jsonschema::Validator, Stri
         );
     }
     Ok(validator)
+}
+
+/// A result budget (`field` names it) is 1 to [`crate::limits::MAX_RESULT_BYTES`].
+fn check_result_bytes(field: &str, bytes: u64) -> Result<(), ConfigError> {
+    if bytes == 0 {
+        return Err(config_error(field, "must be at least 1"));
+    }
+    let max = crate::limits::MAX_RESULT_BYTES;
+    if bytes > max {
+        return Err(over(
+            field,
+            format!("{bytes} bytes"),
+            max as usize,
+            "max_result_bytes",
+        ));
+    }
+    Ok(())
 }
 
 /// The JSON type name of `value`: `null`, `boolean`, `number`, `string`, `array`, `object`.
@@ -659,7 +773,11 @@ impl RunConfig {
                     config_error(format!("tool_policy.{name}.max_total_ms"), reason)
                 })?;
             }
+            if let Some(bytes) = policy.max_result_bytes {
+                check_result_bytes(&format!("tool_policy.{name}.max_result_bytes"), bytes)?;
+            }
         }
+        check_result_bytes("max_result_bytes", self.max_result_bytes)?;
         if self.provider.as_ref().is_some_and(|p| p.trim().is_empty()) {
             return Err(config_error("provider", "is blank"));
         }
@@ -730,6 +848,18 @@ impl RunConfig {
                 return Err(config_error(
                     field("policy"),
                     "is set by the worker (use tool_policy and policies)",
+                ));
+            }
+            if t.max_result_bytes.is_some() {
+                return Err(config_error(
+                    field("max_result_bytes"),
+                    "is set by the worker (use tool_policy.NAME.max_result_bytes)",
+                ));
+            }
+            if t.output_schema.is_some() {
+                return Err(config_error(
+                    field("output_schema"),
+                    "is set by the worker from an MCP tool's outputSchema; an external tool has none",
                 ));
             }
         }

@@ -149,6 +149,98 @@ impl ToolContent {
         })
     }
 
+    /// Bytes of text in this content: the text, or every text block's
+    /// summed (the `\n` joins and images not counted; images have their own
+    /// limit, [`MAX_IMAGE_BASE64_LEN`]).
+    pub fn text_len(&self) -> usize {
+        match self {
+            ToolContent::Text(text) => text.len(),
+            ToolContent::Blocks(blocks) => blocks
+                .iter()
+                .filter_map(ResultBlock::as_text)
+                .map(str::len)
+                .sum(),
+        }
+    }
+
+    /// This content with at most `max_bytes` bytes of text ([`Self::text_len`]),
+    /// the result budget's one cut: unchanged (borrowed) when it fits; else the head
+    /// of its text, cut on a UTF-8 character boundary (so up to 3 bytes
+    /// under `max_bytes`), then a blank line and a marked notice
+    /// ([`Insert::Cut`](crate::marker::Insert::Cut), [`cut_notice`]) giving
+    /// the original and the shown sizes in bytes. Text blocks past the
+    /// budget are left out; images are kept, in order (they count
+    /// separately). Deterministic: the same content and budget give the
+    /// same bytes.
+    ///
+    /// ```
+    /// use glia_proto::ToolContent;
+    /// let whole = ToolContent::from("ééé"); // 6 bytes; 'é' is 2
+    /// assert!(whole.cut(3).to_text().starts_with("é\n\n⟦glia:cut⟧ "));
+    /// assert_eq!(*ToolContent::from("short").cut(5), "short");
+    /// ```
+    pub fn cut(&self, max_bytes: usize) -> std::borrow::Cow<'_, Self> {
+        let total = self.text_len();
+        if total <= max_bytes {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        std::borrow::Cow::Owned(match self {
+            ToolContent::Text(text) => {
+                let head = &text[..text.floor_char_boundary(max_bytes)];
+                ToolContent::Text(format!("{head}\n\n{}", cut_notice(total, head.len())))
+            }
+            ToolContent::Blocks(blocks) => {
+                let mut left = max_bytes;
+                let mut kept = Vec::with_capacity(blocks.len() + 1);
+                for block in blocks {
+                    match block {
+                        ResultBlock::Text { text } => {
+                            let head = &text[..text.floor_char_boundary(left)];
+                            left -= head.len();
+                            if !head.is_empty() {
+                                kept.push(ResultBlock::text(head));
+                            }
+                        }
+                        image => kept.push(image.clone()),
+                    }
+                }
+                kept.push(ResultBlock::text(cut_notice(total, max_bytes - left)));
+                ToolContent::Blocks(kept)
+            }
+        })
+    }
+
+    /// This content for a model that takes no images: each image becomes a
+    /// marked text block ([`Insert::ImageOmitted`](crate::marker::Insert::ImageOmitted))
+    /// naming its media type and decoded size in bytes, and a result left
+    /// with text only is one string ([`Self::from_blocks`]).
+    ///
+    /// ```
+    /// use glia_proto::{ImageSource, ResultBlock, ToolContent};
+    /// let png = ResultBlock::Image { source: ImageSource::base64("image/png", "iVBORw0KGgo=") };
+    /// let seen = ToolContent::Blocks(vec![ResultBlock::text("chart:"), png]).without_images();
+    /// assert_eq!(seen, "chart:\n⟦glia:image-omitted⟧ [image not shown: image/png, 8 bytes; this model does not take images]");
+    /// ```
+    pub fn without_images(self) -> Self {
+        match self {
+            ToolContent::Text(_) => self,
+            ToolContent::Blocks(blocks) => ToolContent::from_blocks(
+                blocks
+                    .into_iter()
+                    .map(|b| match b {
+                        ResultBlock::Image { source } => {
+                            ResultBlock::text(crate::marker::Insert::ImageOmitted.wrap(&format!(
+                                "[image not shown: {}; this model does not take images]",
+                                source.describe()
+                            )))
+                        }
+                        text => text,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
     /// `text`, a blank line, then this content: a reminder shown before a
     /// result (a text result stays one string; blocks get a leading text
     /// block).
@@ -161,6 +253,22 @@ impl ToolContent {
             }
         }
     }
+}
+
+/// The notice after a cut result ([`ToolContent::cut`]): marked
+/// [`Insert::Cut`](crate::marker::Insert::Cut), byte-stable for the same
+/// sizes (`total` and `shown` in bytes of text).
+///
+/// ```
+/// assert_eq!(
+///     glia_proto::content::cut_notice(5_242_880, 65_536),
+///     "⟦glia:cut⟧ [result cut: 5242880 bytes of text, the first 65536 shown. The run's log keeps the whole result; to see more, call the tool again for a narrower result (a filter, a range or a page).]"
+/// );
+/// ```
+pub fn cut_notice(total: usize, shown: usize) -> String {
+    crate::marker::Insert::Cut.wrap(&format!(
+        "[result cut: {total} bytes of text, the first {shown} shown. The run's log keeps the whole result; to see more, call the tool again for a narrower result (a filter, a range or a page).]"
+    ))
 }
 
 impl From<String> for ToolContent {

@@ -11,23 +11,35 @@ use sha2::{Digest, Sha256};
 /// assert_eq!(glia_proto::canonical_json(&v), r#"{"a":{"c":null,"d":[2]},"b":1}"#);
 /// ```
 pub fn canonical_json(value: &Value) -> String {
-    fn sorted(v: &Value) -> Value {
-        match v {
-            Value::Object(map) => {
-                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-                Value::Object(
-                    entries
-                        .into_iter()
-                        .map(|(k, v)| (k.clone(), sorted(v)))
-                        .collect(),
-                )
-            }
-            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
-            other => other.clone(),
+    sort_keys(value).to_string()
+}
+
+/// `value` with object keys sorted at every level (serde_json keeps the
+/// order keys were inserted or parsed in: the workspace builds it with
+/// `preserve_order`, so a tool's `structuredContent` keeps the server's
+/// order). For output that must not depend on insertion order: hashes,
+/// generated schema files.
+///
+/// ```
+/// let v = serde_json::json!({"b": 1, "a": 2});
+/// assert_eq!(glia_proto::json::sort_keys(&v).to_string(), r#"{"a":2,"b":1}"#);
+/// assert_eq!(v.to_string(), r#"{"b":1,"a":2}"#);
+/// ```
+pub fn sort_keys(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k.clone(), sort_keys(v)))
+                    .collect(),
+            )
         }
+        Value::Array(items) => Value::Array(items.iter().map(sort_keys).collect()),
+        other => other.clone(),
     }
-    sorted(value).to_string()
 }
 
 /// SHA-256 of [`canonical_json`] of `input`, lowercase hex (64 chars). An

@@ -49,8 +49,9 @@ pub use agent::AgentDefinition;
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing, Spend, SpendCap};
 pub use compaction::{CompactionSpec, CompactionStrategy};
 pub use config::{
-    AgentRef, ApprovalTimeout, DEFAULT_CANCEL_GRACE_MS, InterruptedCall, OUTPUT_TOOL, PlannerKind,
-    Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema, json_type,
+    AgentRef, ApprovalTimeout, DEFAULT_CANCEL_GRACE_MS, DEFAULT_MAX_RESULT_BYTES, InterruptedCall,
+    OUTPUT_TOOL, OutputSchemaCheck, PlannerKind, Policy, PolicyAction, RunConfig, ToolOutputSchema,
+    ToolSpec, compile_tool_schema, json_type,
 };
 pub use config_error::ConfigError;
 pub use content::{

@@ -38,6 +38,12 @@ pub const MAX_POLICIES: usize = 64;
 /// Tools one config may name: worker tools, external tools, HTTP tools and
 /// MCP allow-list entries together; also the most `tool_policy` entries.
 pub const MAX_TOOLS: usize = 128;
+/// The largest result budget a config may set (`max_result_bytes`,
+/// `tool_policy.NAME.max_result_bytes`), in bytes of result text: 1 MiB
+/// (about 250,000 tokens, more than a model's whole context), so a run's
+/// messages, which every later turn re-sends and every checkpoint holds,
+/// stay bounded.
+pub const MAX_RESULT_BYTES: u64 = 1 << 20;
 /// Bytes of one tool's input schema (or the output schema) as compact JSON.
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 /// Nesting depth of one schema (objects and arrays; `{}` is depth 1).

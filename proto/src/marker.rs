@@ -2,7 +2,8 @@
 //! recognises it.
 //!
 //! Every insert (a synthetic tool result, a policy reminder, the wrap-up notice,
-//! a compaction summary, a re-ask, a step note, an elision) starts with a byte-stable
+//! a compaction summary, a re-ask, a step note, an elision, a cut
+//! result's notice, an image's stand-in) starts with a byte-stable
 //! marker `⟦glia:KIND⟧ `. [`is_machine_text`] answers for all of them at once;
 //! it matches only the registered kinds, so unmarked text can never pass as
 //! glia's own. A new kind of inserted text starts with an entry in [`Insert`].
@@ -44,10 +45,16 @@ pub enum Insert {
     /// The stand-in for a message a provider refused to process
     /// (`message.elided`; see [`crate::repair::elide`]).
     Elided,
+    /// The notice after a tool result cut to the run's result budget
+    /// ([`crate::ToolContent::cut`]): original and shown sizes in bytes.
+    Cut,
+    /// The stand-in for an image sent to a model that takes no images
+    /// ([`crate::ToolContent::without_images`]): media type and size.
+    ImageOmitted,
 }
 
 impl Insert {
-    const ALL: [Insert; 9] = [
+    const ALL: [Insert; 11] = [
         Insert::Synthetic,
         Insert::OutcomeUnknown,
         Insert::Reminder,
@@ -57,6 +64,8 @@ impl Insert {
         Insert::Step,
         Insert::Filler,
         Insert::Elided,
+        Insert::Cut,
+        Insert::ImageOmitted,
     ];
 
     /// The marker, e.g. `⟦glia:reminder⟧ `.
@@ -71,6 +80,8 @@ impl Insert {
             Insert::Step => "⟦glia:step⟧ ",
             Insert::Filler => "⟦glia:filler⟧ ",
             Insert::Elided => "⟦glia:elided⟧ ",
+            Insert::Cut => "⟦glia:cut⟧ ",
+            Insert::ImageOmitted => "⟦glia:image-omitted⟧ ",
         }
     }
 

@@ -207,6 +207,17 @@ pub trait Provider: Send + Sync {
         let _ = model;
         None
     }
+
+    /// Whether `model` takes images in a request (a tool result's image
+    /// blocks). When not, the loop's request carries a marked text
+    /// placeholder naming each image's media type and size instead
+    /// ([`crate::ToolContent::without_images`]); the log keeps the image.
+    /// Default true (Anthropic and OpenAI models take images); an operator
+    /// marks a text-only provider in the catalogue (`images = false`).
+    fn takes_images(&self, model: &str) -> bool {
+        let _ = model;
+        true
+    }
 }
 
 /// Check a request the way the provider APIs do. The message rules are

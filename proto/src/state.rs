@@ -7,6 +7,8 @@
 //! and applies it, replay applies the same events, so the same log gives the
 //! same state, always.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -739,13 +741,17 @@ impl RunState {
                 if self.parked.is_some() && !call.awaits_caller() {
                     return Err(illegal(self, "run is parked"));
                 }
+                let budget = self.result_budget(&call.name);
                 if call.name == OUTPUT_TOOL {
                     self.output = Some(call.input.clone());
                 }
+                // Neutralised, then cut to the tool's result budget (the log
+                // keeps the whole), then the reminder: every later request
+                // and a replay see this same form.
+                let shown = neutralised_content(content).cut(budget).into_owned();
                 let seen = match reminder {
-                    Some(r) => neutralised_content(content)
-                        .prefixed(&Insert::Reminder.wrap(&neutralise(r))),
-                    None => neutralised_content(content),
+                    Some(r) => shown.prefixed(&Insert::Reminder.wrap(&neutralise(r))),
+                    None => shown,
                 };
                 self.pending_mut(call_id).result = Some((seen, false));
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
@@ -771,11 +777,13 @@ impl RunState {
                 // every other error text comes from a tool, a caller or a
                 // person.
                 let seen = if *error == ToolErrorKind::OutcomeUnknown {
-                    message.clone()
+                    message.clone().into()
                 } else {
-                    neutralise(message).into_owned()
+                    ToolContent::Text(neutralise(message).into_owned())
+                        .cut(self.result_budget(&call.name))
+                        .into_owned()
                 };
-                self.pending_mut(call_id).result = Some((seen.into(), true));
+                self.pending_mut(call_id).result = Some((seen, true));
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.finish_turn_if_complete();
             }
@@ -986,6 +994,18 @@ impl RunState {
             && self.messages.last().is_some_and(|m| m.role == Role::User)
     }
 
+    /// The result budget of the step's tool `name` in bytes of text
+    /// ([`ToolSpec::max_result_bytes`] as frozen in `step.start`);
+    /// unbounded for a tool without one (logs written before results were
+    /// cut).
+    fn result_budget(&self, name: &str) -> usize {
+        self.step_tools
+            .iter()
+            .find(|t| t.name == name)
+            .and_then(|t| t.max_result_bytes)
+            .map_or(usize::MAX, |b| usize::try_from(b).unwrap_or(usize::MAX))
+    }
+
     fn pending(&self, call_id: &str) -> Result<&PendingCall, TransitionError> {
         if self.phase != Phase::AwaitingTool {
             return Err(TransitionError::UnknownCall {
@@ -1119,9 +1139,19 @@ fn neutralised_message(message: &Message) -> Message {
 }
 
 /// A tool's result as it enters the conversation: its text neutralised
-/// ([`neutralise`]).
-fn neutralised_content(content: &ToolContent) -> ToolContent {
-    match content {
+/// ([`neutralise`]); borrowed when nothing needed it.
+fn neutralised_content(content: &ToolContent) -> Cow<'_, ToolContent> {
+    let forged = |text: &str| text.contains(crate::marker::PREFIX);
+    let clean = match content {
+        ToolContent::Text(text) => !forged(text),
+        ToolContent::Blocks(blocks) => !blocks
+            .iter()
+            .any(|b| matches!(b, ResultBlock::Text { text } if forged(text))),
+    };
+    if clean {
+        return Cow::Borrowed(content);
+    }
+    Cow::Owned(match content {
         ToolContent::Text(text) => ToolContent::Text(neutralise(text).into_owned()),
         ToolContent::Blocks(blocks) => ToolContent::Blocks(
             blocks
@@ -1132,5 +1162,5 @@ fn neutralised_content(content: &ToolContent) -> ToolContent {
                 })
                 .collect(),
         ),
-    }
+    })
 }

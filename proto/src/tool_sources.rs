@@ -157,6 +157,18 @@ pub struct ToolPolicy {
     /// and `after_step` hooks do not see it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_direct: Option<bool>,
+    /// The most bytes of this tool's result text that enter the
+    /// conversation (the rest is cut, with a marked notice; the log keeps
+    /// the whole); default the run's `max_result_bytes`. 1 to 1 MiB. Applies
+    /// to every tool: the worker's, external, HTTP and MCP tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 1_048_576)))]
+    pub max_result_bytes: Option<u64>,
+    /// What a result of this MCP tool that does not match its
+    /// `outputSchema` becomes: `enforce` (default; a tool error the model
+    /// sees) or `warn` (the result passes; the worker logs a warning).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<crate::config::OutputSchemaCheck>,
 }
 
 /// Who decided one part of an offered tool's [`ResolvedPolicy`].

@@ -146,6 +146,8 @@ fn build(entries: Vec<Entry>, tools: Vec<RawTool>) -> Result<Recording, Recordin
                 external: false,
                 source: None,
                 policy: None,
+                max_result_bytes: None,
+                output_schema: None,
                 name,
             }
         })

@@ -13,6 +13,8 @@ mod markers;
 mod mcp;
 mod mcp_discovery;
 mod mcp_calls;
+mod mcp_content;
 mod provider_events;
 mod pull_points;
 mod replay_prop;
+mod result_budget;

@@ -491,6 +491,8 @@ impl glia_agent::tool::DynTool for Handoff {
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
             source: None,
             policy: None,
+            max_result_bytes: None,
+            output_schema: None,
         }
     }
     fn returns_json(&self) -> bool {

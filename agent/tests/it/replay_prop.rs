@@ -132,6 +132,8 @@ fn lookup_spec() -> ToolSpec {
         cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         source: None,
         policy: None,
+        max_result_bytes: None,
+        output_schema: None,
     }
 }
 

@@ -3,4 +3,5 @@
 
 mod elision;
 mod repair;
+mod result_budget;
 mod roundtrip;

@@ -232,6 +232,8 @@ fn tool_spec() -> impl Strategy<Value = ToolSpec> {
                 cancel_grace_ms: timeout_ms / 2,
                 source: None,
                 policy: None,
+                max_result_bytes: None,
+                output_schema: None,
             },
         )
 }

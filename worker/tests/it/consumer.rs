@@ -105,6 +105,8 @@ fn config(script: &str) -> RunConfig {
         cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         source: None,
         policy: None,
+        max_result_bytes: None,
+        output_schema: None,
     });
     c.external_tools.push(ToolSpec {
         name: "refund".into(),
@@ -117,6 +119,8 @@ fn config(script: &str) -> RunConfig {
         cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         source: None,
         policy: None,
+        max_result_bytes: None,
+        output_schema: None,
     });
     c.policies.push(Policy {
         tool: "refund".into(),

@@ -88,6 +88,8 @@ fn config(script: &str) -> RunConfig {
         cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         source: None,
         policy: None,
+        max_result_bytes: None,
+        output_schema: None,
     });
     c
 }

@@ -121,6 +121,8 @@ impl DynTool for Garbage {
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
             source: None,
             policy: None,
+            max_result_bytes: None,
+            output_schema: None,
         }
     }
     fn call_raw(
@@ -177,6 +179,8 @@ pub fn approval_config() -> RunConfig {
             cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
             source: None,
             policy: None,
+            max_result_bytes: None,
+            output_schema: None,
         }],
         ..RunConfig::default()
     }

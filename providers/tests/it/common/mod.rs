@@ -130,6 +130,8 @@ pub fn tool(name: &str, schema: Value) -> ToolSpec {
         cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
         source: None,
         policy: None,
+        max_result_bytes: None,
+        output_schema: None,
     }
 }
 
