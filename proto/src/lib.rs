@@ -43,6 +43,7 @@ pub mod stop;
 pub mod strict;
 #[cfg(feature = "schemars")]
 pub mod tool_schema;
+pub mod tool_names;
 pub mod tool_sources;
 
 pub use agent::AgentDefinition;

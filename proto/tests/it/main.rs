@@ -4,3 +4,4 @@
 mod elision;
 mod repair;
 mod roundtrip;
+mod tool_names;
