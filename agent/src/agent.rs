@@ -2292,10 +2292,7 @@ fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
 /// record it in the tool's resolved policy (the decision itself is taken
 /// per call by the policies).
 fn gate_by_policies(config: &RunConfig, tool: &mut ToolSpec) {
-    let first = config
-        .policies
-        .iter()
-        .find(|p| p.applies_to(&tool.name));
+    let first = config.policies.iter().find(|p| p.applies_to(&tool.name));
     let always =
         first.is_some_and(|p| p.args.is_none() && p.action == PolicyAction::RequireApproval);
     if let Some(policy) = tool.policy.as_mut()

@@ -372,7 +372,9 @@ impl Catalogue {
                 if let Some(other) = s.policy.keys().find(|k| *k < tool && same_tool(k, tool)) {
                     return Err((
                         at(&format!("policy.{tool}")),
-                        format!("names the same tool as policy.{other} (one is the other's provider-safe form); keep one"),
+                        format!(
+                            "names the same tool as policy.{other} (one is the other's provider-safe form); keep one"
+                        ),
                     ));
                 }
                 if !s.permits(tool) {

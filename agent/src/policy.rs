@@ -67,9 +67,7 @@ impl CompiledPolicies {
         let args = canonical_json(input);
         self.rules
             .iter()
-            .find(|(p, re)| {
-                p.applies_to(tool) && re.as_ref().is_none_or(|re| re.is_match(&args))
-            })
+            .find(|(p, re)| p.applies_to(tool) && re.as_ref().is_none_or(|re| re.is_match(&args)))
             .map_or(PolicyAction::Allow, |(p, _)| p.action.clone())
     }
 }

@@ -17,12 +17,12 @@
 
 use std::time::Duration;
 
+use glia_proto::tool_names::{provider_tool_name, same_tool};
 use glia_proto::{
     ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind, ToolSource,
     ToolSpec, args_hash,
 };
 use rmcp::model::ToolAnnotations;
-use glia_proto::tool_names::{provider_tool_name, same_tool};
 use serde_json::Value;
 
 use crate::catalogue::{Catalogue, McpServerEntry, OperatorPolicy, Trust};

@@ -13,8 +13,8 @@ use crate::guardrails::Guardrails;
 use crate::limits::{
     MAX_PATTERN_BYTES, MAX_POLICIES, MAX_TOOL_NAME_BYTES, MAX_TOOLS, check_schema, over,
 };
-use crate::tool_names::same_tool;
 use crate::stop::StopPolicy;
+use crate::tool_names::same_tool;
 use crate::tool_sources::{ResolvedPolicy, ToolSource};
 use std::collections::BTreeMap;
 
@@ -590,7 +590,10 @@ impl RunConfig {
                 if let Some(k) = source.allow[..j].iter().position(|n| same_tool(n, name)) {
                     return Err(config_error(
                         format!("mcp[{i}].allow[{j}]"),
-                        format!("{name:?} names the same tool as mcp[{i}].allow[{k}] ({:?})", source.allow[k]),
+                        format!(
+                            "{name:?} names the same tool as mcp[{i}].allow[{k}] ({:?})",
+                            source.allow[k]
+                        ),
                     ));
                 }
             }
@@ -642,7 +645,9 @@ impl RunConfig {
             {
                 return Err(config_error(
                     format!("tool_policy.{name}"),
-                    format!("names the same tool as tool_policy.{other} (one is the other's provider-safe form); keep one"),
+                    format!(
+                        "names the same tool as tool_policy.{other} (one is the other's provider-safe form); keep one"
+                    ),
                 ));
             }
             if policy.timeout_ms == Some(0) {

@@ -4,9 +4,7 @@
 //! tool's name still matches `^[a-zA-Z0-9_-]{1,64}$`.
 
 use glia_proto::tool_names::provider_tool_name;
-use glia_proto::{
-    HttpTool, McpToolSource, Policy, PolicyAction, RunConfig, ToolPolicy, ToolSpec,
-};
+use glia_proto::{HttpTool, McpToolSource, Policy, PolicyAction, RunConfig, ToolPolicy, ToolSpec};
 use serde_json::json;
 
 fn mcp_config(allow: &[&str]) -> RunConfig {
@@ -70,7 +68,9 @@ fn both_forms_of_one_name_are_one_tool() {
     config
         .tool_policy
         .insert("calendar.read".into(), approval());
-    config.tool_policy.insert(mapped.clone(), ToolPolicy::default());
+    config
+        .tool_policy
+        .insert(mapped.clone(), ToolPolicy::default());
     let e = config.validate().unwrap_err();
     assert!(e.field.starts_with("tool_policy."), "{e}");
     assert!(e.reason.contains("names the same tool"), "{e}");
