@@ -24,35 +24,12 @@ pub fn glia_bin() -> PathBuf {
         if let Ok(bin) = std::env::var("GLIA_BIN") {
             return PathBuf::from(bin);
         }
-        let exe = std::env::current_exe().expect("the test executable's path");
-        // target/<profile>/deps/<test> → target/<profile>
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("the test runs from target/<profile>/deps")
-            .to_path_buf();
-        let target_dir = profile_dir
-            .parent()
-            .expect("target/<profile> has a parent")
-            .to_path_buf();
+        let profile_dir = profile_dir();
         let bin = profile_dir.join(format!("glia{}", std::env::consts::EXE_SUFFIX));
         if bin.exists() && !stale(&bin) {
             return bin;
         }
-        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        build
-            .args(["build", "--quiet", "-p", "glia-cli", "--bin", "glia"])
-            .current_dir(crate::workspace_root())
-            .env("CARGO_TARGET_DIR", &target_dir);
-        if profile_dir.file_name().is_some_and(|p| p == "release") {
-            build.arg("--release");
-        }
-        let out = build.output().expect("cargo runs");
-        assert!(
-            out.status.success(),
-            "cargo build -p glia-cli --bin glia failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        cargo_build("glia-cli", "glia", &profile_dir);
         assert!(bin.exists(), "{} missing after cargo build", bin.display());
         bin
     })
@@ -96,4 +73,44 @@ fn stale(bin: &Path) -> bool {
         }
     }
     false
+}
+
+/// The path of the glia-testkit binary `name` (`lying-mcp`, `odd-mcp`)
+/// next to the running test, built first (cargo does nothing when it is
+/// current). Panics with cargo's output when the build fails.
+pub fn testkit_bin(name: &str) -> PathBuf {
+    let profile_dir = profile_dir();
+    cargo_build("glia-testkit", name, &profile_dir);
+    profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
+}
+
+/// The profile directory of the running test: `target/<profile>/deps/<test>`
+/// → `target/<profile>`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test runs from target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// `cargo build -p PACKAGE --bin BIN` into the target directory and
+/// profile of `profile_dir` (`target/<profile>`). Panics with cargo's
+/// output when it fails.
+fn cargo_build(package: &str, bin: &str, profile_dir: &Path) {
+    let target_dir = profile_dir.parent().expect("target/<profile> has a parent");
+    let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    build
+        .args(["build", "--quiet", "-p", package, "--bin", bin])
+        .current_dir(crate::workspace_root())
+        .env("CARGO_TARGET_DIR", target_dir);
+    if profile_dir.file_name().is_some_and(|p| p == "release") {
+        build.arg("--release");
+    }
+    let out = build.output().expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo build -p {package} --bin {bin} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -33,6 +33,8 @@ pub mod fleet;
 pub mod http;
 pub mod isolation;
 pub mod lying_mcp;
+pub mod mcp_serve;
+pub mod odd_mcp;
 pub mod postgres;
 pub mod proxy;
 pub mod require;

@@ -34,11 +34,8 @@ use rmcp::model::{
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
-
-/// The `_meta` key of the call's idempotency key (as `glia_agent::mcp::IDEMPOTENCY_META_KEY`).
-const KEY: &str = glia_agent::mcp::IDEMPOTENCY_META_KEY;
 
 /// `t`, `f`, `a`: the hint's value in a tool name.
 fn letter(hint: Option<bool>) -> char {
@@ -99,12 +96,7 @@ impl LyingServer {
         let Some(path) = &self.hide else {
             return Vec::new();
         };
-        std::fs::read_to_string(path)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| l.trim().to_owned())
-            .filter(|l| !l.is_empty())
-            .collect()
+        crate::mcp_serve::names_file(path)
     }
 
     fn tools(&self) -> Vec<Tool> {
@@ -167,15 +159,7 @@ impl ServerHandler for LyingServer {
                 None,
             ));
         }
-        let key = context
-            .meta
-            .0
-            .0
-            .get(KEY)
-            .or_else(|| request.meta.as_ref().and_then(|m| m.0.0.get(KEY)))
-            .and_then(Value::as_str)
-            .unwrap_or("-")
-            .to_owned();
+        let key = crate::mcp_serve::idempotency_key(&context, &request);
         self.record(&request.name, &key)
             .map_err(|e| ErrorData::internal_error(format!("effects file: {e}"), None))?;
         let text = if request.name == GET_ENV {
@@ -192,12 +176,7 @@ impl ServerHandler for LyingServer {
 
 /// Serve on stdin/stdout until the client closes them. Errors: rmcp's, as text.
 pub async fn serve_stdio(server: LyingServer) -> Result<(), String> {
-    let service = server
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| e.to_string())?;
-    service.waiting().await.map_err(|e| e.to_string())?;
-    Ok(())
+    crate::mcp_serve::stdio(server).await
 }
 
 /// Serve streamable HTTP at `http://ADDR/mcp` on `listener` until the task is dropped.
@@ -205,30 +184,16 @@ pub async fn serve_http(
     server: LyingServer,
     listener: tokio::net::TcpListener,
 ) -> std::io::Result<()> {
-    use rmcp::transport::streamable_http_server::{
-        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
-    };
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
-    );
-    let app = axum::Router::new().nest_service("/mcp", service);
-    axum::serve(listener, app).await
+    axum::serve(listener, crate::mcp_serve::router(server)).await
 }
 
 /// Start [`serve_http`] on a free loopback port in this process; answers
 /// the server's URL (`http://127.0.0.1:PORT/mcp`). Needs a Tokio runtime.
 pub async fn spawn_http(effects: &Path, hide: Option<PathBuf>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!(
-        "http://{}/mcp",
-        listener.local_addr().expect("bound address")
-    );
-    tokio::spawn(serve_http(LyingServer::new(effects, hide), listener));
-    url
+    crate::mcp_serve::spawn_on_loopback(|listener| {
+        serve_http(LyingServer::new(effects, hide), listener)
+    })
+    .await
 }
 
 /// The executions the effects file at `path` records: (tool, idempotency key), in order.
@@ -240,45 +205,9 @@ pub fn effects(path: &Path) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The path of the `lying-mcp` binary cargo built next to the running test
-/// (building it first when it is missing).
+/// The path of the `lying-mcp` binary ([`crate::bin::testkit_bin`]).
 pub fn lying_mcp_bin() -> PathBuf {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test executable's path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("the test runs from target/<profile>/deps")
-            .to_path_buf();
-        let bin = profile_dir.join(format!("lying-mcp{}", std::env::consts::EXE_SUFFIX));
-        let target_dir = profile_dir
-            .parent()
-            .expect("target/<profile> has a parent")
-            .to_path_buf();
-        let mut build =
-            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        build
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "glia-testkit",
-                "--bin",
-                "lying-mcp",
-            ])
-            .current_dir(crate::workspace_root())
-            .env("CARGO_TARGET_DIR", &target_dir);
-        if profile_dir.file_name().is_some_and(|p| p == "release") {
-            build.arg("--release");
-        }
-        let out = build.output().expect("cargo runs");
-        assert!(
-            out.status.success(),
-            "cargo build -p glia-testkit --bin lying-mcp failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        bin
-    })
-    .clone()
+    BIN.get_or_init(|| crate::bin::testkit_bin("lying-mcp"))
+        .clone()
 }
