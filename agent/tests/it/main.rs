@@ -11,6 +11,7 @@ mod http_tools;
 mod loop_features;
 mod markers;
 mod mcp;
+mod mcp_names;
 mod provider_events;
 mod pull_points;
 mod replay_prop;
