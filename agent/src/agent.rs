@@ -957,8 +957,9 @@ impl Agent {
                     .await;
             }
         };
-        // Every name the config writes must be a tool offered now, exactly:
-        // a policy for a tool that is not there would gate nothing.
+        // Every name the config writes must be a tool offered now, exactly
+        // (an MCP tool by its own name or the name the model sees): a
+        // policy for a tool that is not there would gate nothing.
         let offered: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
         if let Err(e) = run.state.config.validate_tool_names(&offered, true) {
             return self
@@ -1086,15 +1087,9 @@ impl Agent {
             let sources = self.sources.as_ref().ok_or_else(|| {
                 OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into())
             })?;
-            for spec in sources.offered(config).await? {
-                if tools.iter().any(|t| t.name == spec.name) {
-                    return Err(OfferError::Invalid(format!(
-                        "two tools of the run are named {:?}",
-                        spec.name
-                    )));
-                }
-                tools.push(spec);
-            }
+            tools.extend(sources.offered(config).await?);
+            glia_proto::tool_names::check_distinct(&tools)
+                .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
         }
         if let Some(schema) = &config.output_schema {
             tools.push(ToolSpec {
@@ -2371,8 +2366,7 @@ impl Agent {
 /// hand-off) and its [`ResolvedPolicy`] recorded.
 fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
     let tenant = config
-        .tool_policy
-        .get(&tool.name)
+        .tool_policy_for(&tool.name)
         .cloned()
         .unwrap_or_default();
     let by = crate::tool_sources::tenant_origin(config);
@@ -2398,10 +2392,7 @@ fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
 /// record it in the tool's resolved policy (the decision itself is taken
 /// per call by the policies).
 fn gate_by_policies(config: &RunConfig, tool: &mut ToolSpec) {
-    let first = config
-        .policies
-        .iter()
-        .find(|p| p.tool == "*" || p.tool == tool.name);
+    let first = config.policies.iter().find(|p| p.applies_to(&tool.name));
     let always =
         first.is_some_and(|p| p.args.is_none() && p.action == PolicyAction::RequireApproval);
     if let Some(policy) = tool.policy.as_mut()

@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+use glia_proto::tool_names::{provider_tool_name, same_tool};
 use glia_proto::{
     ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind,
     ToolOutputSchema, ToolSource, ToolSpec, args_hash, tool_sources::resolve_max_total_ms,
@@ -70,7 +71,8 @@ pub fn tenant_origin(config: &RunConfig) -> PolicyOrigin {
     }
 }
 
-/// The resolved policy of MCP tool `name` of the server `entry`, listed
+/// The resolved policy of MCP tool `name` (the server's own name, or its
+/// provider-safe form: either names it) of the server `entry`, listed
 /// with `hints`: annotations (believed only from a trusted server, except
 /// `destructiveHint: true`, which always asks for approval), then the
 /// tenant's `tool_policy`, then the operator's `policy`, which only makes
@@ -102,14 +104,17 @@ pub fn mcp_policy(
         idempotent_by: annotated(idempotent),
         trusted_server: Some(trusted),
     };
-    let tenant = config.tool_policy.get(name).cloned().unwrap_or_default();
+    let tenant = config
+        .tool_policy_for(&provider_tool_name(name))
+        .cloned()
+        .unwrap_or_default();
     if let Some(requires_approval) = tenant.requires_approval {
         (p.requires_approval, p.approval_by) = (requires_approval, tenant_origin(config));
     }
     if let Some(idempotent) = tenant.idempotent {
         (p.idempotent, p.idempotent_by) = (idempotent, tenant_origin(config));
     }
-    match entry.policy.get(name) {
+    match entry.policy_for(name) {
         Some(OperatorPolicy::RequireApproval) => {
             (p.requires_approval, p.approval_by) = (true, PolicyOrigin::Operator)
         }
@@ -123,7 +128,8 @@ pub fn mcp_policy(
 }
 
 /// The operator's per-tool names of server `server` resolve against the
-/// tools it lists now, exactly: a `policy` entry for a tool the server does
+/// tools it lists now, exactly (a tool's own name or its provider-safe
+/// form, [`same_tool`]): a `policy` entry for a tool the server does
 /// not list would gate nothing (a typo, or a renamed tool), and a
 /// `tools_deny` entry that differs from a listed tool only in case or
 /// `-`/`_` would deny nothing. Either is [`OfferError::Invalid`] naming the
@@ -134,7 +140,11 @@ fn check_operator_names(
     listed: &[rmcp::model::Tool],
 ) -> Result<(), OfferError> {
     let names: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
-    if let Some(tool) = entry.policy.keys().find(|t| !names.contains(&t.as_str())) {
+    if let Some(tool) = entry
+        .policy
+        .keys()
+        .find(|t| !names.iter().any(|n| same_tool(n, t)))
+    {
         let hint = glia_proto::config::nearest(tool, &names)
             .map(|n| format!("; did you mean {n:?}?"))
             .unwrap_or_default();
@@ -145,6 +155,7 @@ fn check_operator_names(
     if let Some((tool, near)) = entry
         .tools_deny
         .iter()
+        .filter(|t| !names.iter().any(|n| same_tool(n, t)))
         .find_map(|t| glia_proto::config::near_miss(t, &names).map(|n| (t, n)))
     {
         return Err(OfferError::Invalid(format!(
@@ -227,7 +238,12 @@ impl ToolSources {
     /// The specs of every MCP tool (`tools/list` now, filtered by each
     /// source's allow list, in allow-list order; an allowed tool the server
     /// does not list is an [`OfferError::Invalid`] naming `mcp[i].allow[j]`) and HTTP tool `config` names, with
-    /// annotations and `tool_policy` applied.
+    /// annotations and `tool_policy` applied. An MCP tool is offered under
+    /// its provider-safe name ([`provider_tool_name`]) and keeps its own in
+    /// [`ToolSource::Mcp`]'s `tool`, which is what the server is called
+    /// with; an allow entry may name it either way. Two tools offered under
+    /// one name are an [`OfferError::Invalid`] naming both
+    /// ([`glia_proto::tool_names::ToolNameClash`]).
     pub async fn offered(&self, config: &RunConfig) -> Result<Vec<ToolSpec>, OfferError> {
         let mut specs = Vec::new();
         for (i, source) in config.mcp.iter().enumerate() {
@@ -251,7 +267,7 @@ impl ToolSources {
             for (j, name) in source.allow.iter().enumerate() {
                 let tool = listed
                     .iter()
-                    .find(|t| t.name == *name)
+                    .find(|t| same_tool(&t.name, name))
                     .expect("list_allowed found every allowed tool");
                 let input_schema = Value::Object((*tool.input_schema).clone());
                 if let Err(reason) = glia_proto::compile_tool_schema(&input_schema) {
@@ -260,12 +276,15 @@ impl ToolSources {
                         source.server
                     )));
                 }
-                if !entry.permits(name) {
+                let original: &str = &tool.name;
+                if !entry.permits(original) {
                     return Err(OfferError::Invalid(format!(
                         "mcp[{i}].allow[{j}]: {}",
-                        entry.refusal(&source.server, name)
+                        entry.refusal(&source.server, original)
                     )));
                 }
+                let offered_name = provider_tool_name(original).into_owned();
+                let policy = mcp_policy(config, entry, original, tool.annotations.as_ref());
                 let output_schema = match &tool.output_schema {
                     None => None,
                     Some(schema) => {
@@ -279,17 +298,14 @@ impl ToolSources {
                         Some(ToolOutputSchema {
                             schema,
                             check: config
-                                .tool_policy
-                                .get(name.as_str())
+                                .tool_policy_for(&offered_name)
                                 .and_then(|p| p.output_schema)
                                 .unwrap_or_default(),
                         })
                     }
                 };
-                let policy = mcp_policy(config, entry, name, tool.annotations.as_ref());
                 let tenant = config
-                    .tool_policy
-                    .get(name.as_str())
+                    .tool_policy_for(&offered_name)
                     .cloned()
                     .unwrap_or_default();
                 let description = tool
@@ -309,21 +325,20 @@ impl ToolSources {
                     return_direct: tenant.return_direct.unwrap_or(false),
                     source: Some(ToolSource::Mcp {
                         server: source.server.clone(),
-                        tool: name.clone(),
+                        tool: original.to_owned(),
                         schema_hash: args_hash(&input_schema),
                         requires_approval: policy.requires_approval,
                         max_total_ms: Some(max_total_ms),
                     }),
                     policy: Some(policy),
                     output_schema,
-                    ..ToolSpec::new(name.clone(), description, input_schema)
+                    ..ToolSpec::new(offered_name, description, input_schema)
                 });
             }
         }
         for tool in &config.http_tools {
             let policy = config
-                .tool_policy
-                .get(&tool.name)
+                .tool_policy_for(&tool.name)
                 .cloned()
                 .unwrap_or_default();
             let tenant = tenant_origin(config);
@@ -359,14 +374,13 @@ impl ToolSources {
                 )
             });
         }
-        let mut names = std::collections::HashSet::new();
-        if let Some(clash) = specs
-            .iter()
-            .find(|s| !names.insert(s.name.as_str()) || s.name == glia_proto::OUTPUT_TOOL)
-        {
+        glia_proto::tool_names::check_distinct(&specs)
+            .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
+        if let Some(output) = specs.iter().find(|s| s.name == glia_proto::OUTPUT_TOOL) {
             return Err(OfferError::Invalid(format!(
-                "two tools of the run are named {:?}",
-                clash.name
+                "{} would be offered as {:?}, the name of the output schema's tool",
+                glia_proto::tool_names::describe_tool(output),
+                glia_proto::OUTPUT_TOOL
             )));
         }
         Ok(specs)
@@ -410,7 +424,7 @@ impl ToolSources {
             let missing = source
                 .allow
                 .iter()
-                .position(|name| !listing.tools.iter().any(|t| t.name == *name));
+                .position(|name| !listing.tools.iter().any(|t| same_tool(&t.name, name)));
             let left = self.tool_wait.saturating_sub(started.elapsed());
             if missing.is_some()
                 && listing.cut.is_none()

@@ -10,8 +10,11 @@ use serde_json::Value;
 use crate::budget::{BudgetLimits, Pricing};
 use crate::config_error::{ConfigError, TOOL_NAME, config_error};
 use crate::guardrails::Guardrails;
-use crate::limits::{MAX_PATTERN_BYTES, MAX_POLICIES, MAX_TOOLS, check_schema, over};
+use crate::limits::{
+    MAX_PATTERN_BYTES, MAX_POLICIES, MAX_TOOL_NAME_BYTES, MAX_TOOLS, check_schema, over,
+};
 use crate::stop::StopPolicy;
+use crate::tool_names::same_tool;
 use crate::tool_sources::{ResolvedPolicy, ToolSource};
 use std::collections::BTreeMap;
 
@@ -160,11 +163,14 @@ macro_rules! run_fields {
             /// Per-tool overrides (approval, idempotency, timeout, hand-off,
             /// output schema check) by tool name, for MCP tools (over their
             /// annotations) and HTTP tools; ignored for the worker's own tools,
-            /// except `max_result_bytes`, which applies to every tool.
+            /// except `max_result_bytes`, which applies to every tool. An MCP
+            /// tool may be keyed by its own name (`calendar.read`) or the name
+            /// the model sees ([`crate::tool_names`]); other keys match
+            /// `^[a-zA-Z0-9_-]{1,64}$`.
             #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
             #[cfg_attr(
                 feature = "schemars",
-                schemars(extend("propertyNames" = {"pattern": $crate::config_error::TOOL_NAME_PATTERN}))
+                schemars(extend("propertyNames" = {"minLength": 1, "maxLength": $crate::limits::MAX_TOOL_NAME_BYTES}))
             )]
             pub tool_policy: std::collections::BTreeMap<String, $crate::tool_sources::ToolPolicy>
         ] $($rest)*);
@@ -696,18 +702,18 @@ impl RunConfig {
                     "is empty: list the server's tools the model may call",
                 ));
             }
-            let mut allowed = std::collections::HashSet::new();
             for (j, name) in source.allow.iter().enumerate() {
-                if !TOOL_NAME.is_match(name) {
+                // A server's own name may be any text (`calendar.read`):
+                // the model is offered its provider-safe form
+                // ([`crate::tool_names`]); either form may be written.
+                check_mcp_tool_name(&format!("mcp[{i}].allow[{j}]"), name)?;
+                if let Some(k) = source.allow[..j].iter().position(|n| same_tool(n, name)) {
                     return Err(config_error(
                         format!("mcp[{i}].allow[{j}]"),
-                        format!("{name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"),
-                    ));
-                }
-                if !allowed.insert(name.as_str()) {
-                    return Err(config_error(
-                        format!("mcp[{i}].allow[{j}]"),
-                        format!("{name:?} is listed twice"),
+                        format!(
+                            "{name:?} names the same tool as mcp[{i}].allow[{k}] ({:?})",
+                            source.allow[k]
+                        ),
                     ));
                 }
             }
@@ -741,10 +747,27 @@ impl RunConfig {
             }
         }
         for (name, policy) in &self.tool_policy {
+            // Any other tool's name matches the grammar; a name that does
+            // not must be an MCP tool's, as an allow list writes it.
             if !TOOL_NAME.is_match(name) {
+                check_mcp_tool_name(&format!("tool_policy.{name}"), name)?;
+                if !self.mcp_allows(name) {
+                    return Err(config_error(
+                        format!("tool_policy.{name}"),
+                        "must name a tool: ^[a-zA-Z0-9_-]{1,64}$, or an MCP tool's own name that an mcp[].allow list names (either form)",
+                    ));
+                }
+            }
+            if let Some(other) = self
+                .tool_policy
+                .keys()
+                .find(|k| *k < name && same_tool(k, name))
+            {
                 return Err(config_error(
                     format!("tool_policy.{name}"),
-                    "must name a tool (^[a-zA-Z0-9_-]{1,64}$)",
+                    format!(
+                        "names the same tool as tool_policy.{other} (one is the other's provider-safe form); keep one"
+                    ),
                 ));
             }
             if policy.timeout_ms == Some(0) {
@@ -876,6 +899,9 @@ impl RunConfig {
                     "is blank (use \"*\" for any tool)",
                 ));
             }
+            if p.tool != "*" && !TOOL_NAME.is_match(&p.tool) {
+                check_mcp_tool_name(&format!("policies[{i}].tool"), &p.tool)?;
+            }
             if let Some(re) = &p.args
                 && let Err(e) = crate::limits::compile_regex(re, self.policies.len())
             {
@@ -928,12 +954,15 @@ impl RunConfig {
     }
 
     /// Every tool name the config writes — `tools[i]`, `policies[i].tool`
-    /// (but `*`) and `tool_policy.NAME` — is one of `offered`, byte for byte
-    /// (no case folding, no `-`/`_` equivalence: two names never become
-    /// one). With `complete` false (`offered` may lack tools only the
-    /// worker knows), a name that is not offered is refused only when it
-    /// is a near miss of one that is (the same but for case or `-`/`_`);
-    /// the worker checks again with every tool at step start.
+    /// (but `*`) and `tool_policy.NAME` — names one of `offered`
+    /// ([`same_tool`]: byte for byte, or an MCP tool's own name and its
+    /// provider-safe form; no case folding, no `-`/`_` equivalence: two
+    /// names never become one). With `complete` false (`offered` may lack
+    /// tools only the worker knows), a name that is not offered is refused
+    /// only when it is a near miss of one that is (the same but for case or
+    /// `-`/`_`) or cannot be a worker tool's (outside the provider grammar);
+    /// the worker checks again with every tool at step start (offering
+    /// each MCP tool's own name beside the name the model sees).
     ///
     /// Errors: the field's path (`tool_policy.issue-credit`,
     /// `policies[0].tool`) and a reason with the nearest offered name
@@ -968,10 +997,13 @@ impl RunConfig {
                 .map(|n| (format!("tool_policy.{n}"), n.as_str())),
         );
         for (field, name) in written {
-            if offered.contains(&name) {
+            if offered.iter().any(|o| same_tool(o, name)) {
                 continue;
             }
-            if !complete && near_miss(name, offered).is_none() {
+            // Only an MCP tool's name can fall outside the grammar, and
+            // every MCP tool is offered through an allow list: such a name
+            // that matches none is refused even when `offered` is partial.
+            if !complete && TOOL_NAME.is_match(name) && near_miss(name, offered).is_none() {
                 continue;
             }
             let hint = nearest(name, offered)
@@ -982,6 +1014,66 @@ impl RunConfig {
             return Err(config_error(field, reason));
         }
         Ok(())
+    }
+}
+
+/// Check a name written for an MCP tool: not empty, at most
+/// [`MAX_TOOL_NAME_BYTES`] bytes, no control characters.
+fn check_mcp_tool_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(config_error(field, "is empty: name a tool"));
+    }
+    if name.len() > MAX_TOOL_NAME_BYTES {
+        return Err(over(
+            field,
+            format!("a {}-byte tool name", name.len()),
+            MAX_TOOL_NAME_BYTES,
+            "max_tool_name_bytes",
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(config_error(
+            field,
+            format!("{name:?} holds a control character"),
+        ));
+    }
+    Ok(())
+}
+
+impl RunConfig {
+    /// Whether an `mcp[].allow` list names `name` (either form, [`same_tool`]).
+    fn mcp_allows(&self, name: &str) -> bool {
+        self.mcp
+            .iter()
+            .flat_map(|s| &s.allow)
+            .any(|a| same_tool(a, name))
+    }
+
+    /// The `tool_policy` entry for the offered tool `name` (the name the
+    /// model sees): the one keyed by `name` itself or, for an MCP tool, by
+    /// its own name (`validate` refuses two keys naming one tool).
+    ///
+    /// ```
+    /// let mut config = glia_proto::RunConfig::default();
+    /// config.tool_policy.insert("calendar.read".into(), glia_proto::ToolPolicy { requires_approval: Some(true), ..Default::default() });
+    /// let offered = glia_proto::tool_names::provider_tool_name("calendar.read");
+    /// assert_eq!(config.tool_policy_for(&offered).and_then(|p| p.requires_approval), Some(true));
+    /// ```
+    pub fn tool_policy_for(&self, name: &str) -> Option<&crate::tool_sources::ToolPolicy> {
+        self.tool_policy.get(name).or_else(|| {
+            self.tool_policy
+                .iter()
+                .find(|(k, _)| same_tool(k, name))
+                .map(|(_, p)| p)
+        })
+    }
+}
+
+impl Policy {
+    /// Whether this policy is about calls of the offered tool `tool` (the
+    /// name the model calls): `*`, or a name that names it ([`same_tool`]).
+    pub fn applies_to(&self, tool: &str) -> bool {
+        self.tool == "*" || same_tool(&self.tool, tool)
     }
 }
 

@@ -19,10 +19,12 @@ use serde_json::Value;
 ///
 /// `allow` is an explicit list of the server's tool names (no wildcard): a
 /// server that adds a tool later does not widen what a reviewed run offers.
-/// It must not be empty. A listed tool the server does not offer is left out
-/// of the step's tools (the server may be older); the model is offered the
-/// tool under its own MCP name, so two sources offering the same name are an
-/// error at step start.
+/// It must not be empty. A listed tool the server does not offer fails the
+/// run at step start. Each entry is the tool's own MCP name (any text, at
+/// most 256 bytes: `calendar.read`) or its provider-safe form; the model is
+/// offered the provider-safe form ([`crate::tool_names::provider_tool_name`]:
+/// the name itself when it matches `^[a-zA-Z0-9_-]{1,64}$`), so two sources
+/// offering the same name are an error at step start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -38,7 +40,7 @@ pub struct McpToolSource {
         feature = "schemars",
         schemars(
             length(min = 1),
-            inner(pattern(crate::config_error::TOOL_NAME_PATTERN))
+            inner(length(min = 1, max = crate::limits::MAX_TOOL_NAME_BYTES))
         )
     )]
     pub allow: Vec<String>,
