@@ -1088,7 +1088,7 @@ impl Agent {
                 OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into())
             })?;
             tools.extend(sources.offered(config).await?);
-            glia_proto::tool_names::check_distinct(&tools)
+            glia_proto::ToolSpec::check_distinct(&tools)
                 .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
         }
         if let Some(schema) = &config.output_schema {

@@ -374,12 +374,12 @@ impl ToolSources {
                 )
             });
         }
-        glia_proto::tool_names::check_distinct(&specs)
+        glia_proto::ToolSpec::check_distinct(&specs)
             .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
         if let Some(output) = specs.iter().find(|s| s.name == glia_proto::OUTPUT_TOOL) {
             return Err(OfferError::Invalid(format!(
                 "{} would be offered as {:?}, the name of the output schema's tool",
-                glia_proto::tool_names::describe_tool(output),
+                output.describe(),
                 glia_proto::OUTPUT_TOOL
             )));
         }

@@ -967,12 +967,9 @@ async fn detail(
 fn source_line(state: &RunState, tool: &str) -> Option<String> {
     let spec = state.step_tools.iter().find(|t| t.name == tool)?;
     match &spec.source {
-        Some(glia_proto::ToolSource::Mcp { tool: original, .. }) if original != tool => {
-            Some(format!(
-                "{} (offered to the model as {tool:?})",
-                glia_proto::tool_names::describe_tool(spec)
-            ))
-        }
+        Some(glia_proto::ToolSource::Mcp { tool: original, .. }) if original != tool => Some(
+            format!("{} (offered to the model as {tool:?})", spec.describe()),
+        ),
         _ => None,
     }
 }

@@ -14,7 +14,7 @@ use crate::limits::{
     MAX_PATTERN_BYTES, MAX_POLICIES, MAX_TOOL_NAME_BYTES, MAX_TOOLS, check_schema, over,
 };
 use crate::stop::StopPolicy;
-use crate::tool_names::same_tool;
+use crate::tool_names::{ToolNameClash, same_tool};
 use crate::tool_sources::{ResolvedPolicy, ToolSource};
 use std::collections::BTreeMap;
 
@@ -497,6 +497,35 @@ impl ToolSpec {
             max_result_bytes: None,
             output_schema: None,
         }
+    }
+
+    /// The tool for people: `MCP server "S" tool "ORIGINAL"` for an MCP
+    /// tool (its own name, which may differ from the name the model sees,
+    /// [`crate::tool_names`]), else `tool "NAME"`.
+    pub fn describe(&self) -> String {
+        match &self.source {
+            Some(ToolSource::Mcp { server, tool, .. }) => {
+                format!("MCP server {server:?} tool {tool:?}")
+            }
+            _ => format!("tool {:?}", self.name),
+        }
+    }
+
+    /// Every tool of a step's list has a name of its own (the names the
+    /// model sees; the output tool counts too). Errors: the first
+    /// [`ToolNameClash`], naming both tools ([`ToolSpec::describe`]).
+    pub fn check_distinct(tools: &[ToolSpec]) -> Result<(), ToolNameClash> {
+        let mut seen: std::collections::HashMap<&str, &ToolSpec> = std::collections::HashMap::new();
+        for spec in tools {
+            if let Some(first) = seen.insert(spec.name.as_str(), spec) {
+                return Err(ToolNameClash {
+                    name: spec.name.clone(),
+                    first: first.describe(),
+                    second: spec.describe(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Whether every call of this tool needs a person's approval before it

@@ -24,7 +24,7 @@
 //! **Collisions.** Two different originals cannot map to one name unless a
 //! server offers a valid name that equals another tool's mapped form (or
 //! two names share a 32-bit suffix): the worker checks every step's tool
-//! list ([`check_distinct`]) and fails the run with [`ToolNameClash`]
+//! list ([`crate::ToolSpec::check_distinct`]) and fails the run with [`ToolNameClash`]
 //! naming both tools, never offering one of them under the other's name.
 //!
 //! **Naming a tool in a config** ([`same_tool`]): a name written in
@@ -39,7 +39,6 @@ use std::borrow::Cow;
 use sha2::{Digest, Sha256};
 
 use crate::config_error::TOOL_NAME;
-use crate::tool_sources::ToolSource;
 
 /// Characters of the original name (after replacing the disallowed ones)
 /// kept in front of the hash suffix of a mapped name.
@@ -113,34 +112,6 @@ pub struct ToolNameClash {
     pub second: String,
 }
 
-/// A tool for people: `MCP server "S" tool "ORIGINAL"` for an MCP tool,
-/// else `tool "NAME"`.
-pub fn describe_tool(spec: &crate::ToolSpec) -> String {
-    match &spec.source {
-        Some(ToolSource::Mcp { server, tool, .. }) => {
-            format!("MCP server {server:?} tool {tool:?}")
-        }
-        _ => format!("tool {:?}", spec.name),
-    }
-}
-
-/// Every tool of a step's list has a name of its own (the names the model
-/// sees; the output tool counts too). Errors: the first [`ToolNameClash`].
-pub fn check_distinct(tools: &[crate::ToolSpec]) -> Result<(), ToolNameClash> {
-    let mut seen: std::collections::HashMap<&str, &crate::ToolSpec> =
-        std::collections::HashMap::new();
-    for spec in tools {
-        if let Some(first) = seen.insert(spec.name.as_str(), spec) {
-            return Err(ToolNameClash {
-                name: spec.name.clone(),
-                first: describe_tool(first),
-                second: describe_tool(spec),
-            });
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,30 +182,5 @@ mod tests {
         assert!(same_tool("read_file", "read_file"));
         assert!(!same_tool("drive/search", "drive_search"));
         assert!(!same_tool("a.b", "a/b"));
-    }
-
-    #[test]
-    fn a_clash_names_both_tools() {
-        let mapped = provider_tool_name("a.b").into_owned();
-        let mcp = |tool: &str| crate::ToolSpec {
-            source: Some(ToolSource::Mcp {
-                server: "s".into(),
-                tool: tool.into(),
-                schema_hash: String::new(),
-                requires_approval: false,
-                max_total_ms: None,
-            }),
-            ..crate::ToolSpec::new(
-                provider_tool_name(tool).into_owned(),
-                "",
-                serde_json::json!({}),
-            )
-        };
-        let tools = [mcp("a.b"), mcp("a_b"), mcp(&mapped)];
-        let e = check_distinct(&tools).unwrap_err();
-        assert_eq!(e.name, mapped);
-        assert_eq!(e.first, r#"MCP server "s" tool "a.b""#);
-        assert_eq!(e.second, format!("MCP server \"s\" tool {mapped:?}"));
-        check_distinct(&tools[..2]).unwrap();
     }
 }

@@ -146,3 +146,30 @@ fn other_tools_names_are_not_loosened() {
     let e = config.validate().unwrap_err();
     assert_eq!(e.field, "tool_policy.issue-credit");
 }
+
+/// A step offering two tools under one name is refused, naming both by
+/// their own names.
+#[test]
+fn a_clash_names_both_tools() {
+    let mapped = provider_tool_name("a.b").into_owned();
+    let mcp = |tool: &str| ToolSpec {
+        source: Some(glia_proto::ToolSource::Mcp {
+            server: "s".into(),
+            tool: tool.into(),
+            schema_hash: String::new(),
+            requires_approval: false,
+        }),
+        ..ToolSpec::new(provider_tool_name(tool).into_owned(), "", json!({}))
+    };
+    let tools = [mcp("a.b"), mcp("a_b"), mcp(&mapped)];
+    let e = ToolSpec::check_distinct(&tools).unwrap_err();
+    assert_eq!(e.name, mapped);
+    assert_eq!(e.first, r#"MCP server "s" tool "a.b""#);
+    assert_eq!(e.second, format!("MCP server \"s\" tool {mapped:?}"));
+    assert!(
+        e.to_string()
+            .starts_with("two tools of the run would be offered as"),
+        "{e}"
+    );
+    ToolSpec::check_distinct(&tools[..2]).unwrap();
+}
