@@ -57,7 +57,33 @@ use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
 use crate::tool::{ToolContext, ToolFailure, ToolRegistry};
 use crate::tool_sources::{OfferError, ToolSources};
 use glia_proto::guardrails::CompiledGuardrails;
+use glia_proto::tool_sources::UnavailableAction;
 use glia_proto::{Held, HeldResult};
+
+/// How the tools `now` differ from `before`, by name: `(added, removed,
+/// changed)`, each sorted; changed are in both with a different spec.
+fn tools_diff(before: &[ToolSpec], now: &[ToolSpec]) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let by_name = |tools: &[ToolSpec]| -> BTreeMap<String, ToolSpec> {
+        tools.iter().map(|t| (t.name.clone(), t.clone())).collect()
+    };
+    let (before, now) = (by_name(before), by_name(now));
+    let added = now
+        .keys()
+        .filter(|n| !before.contains_key(*n))
+        .cloned()
+        .collect();
+    let removed = before
+        .keys()
+        .filter(|n| !now.contains_key(*n))
+        .cloned()
+        .collect();
+    let changed = now
+        .iter()
+        .filter(|(n, spec)| before.get(*n).is_some_and(|b| b != *spec))
+        .map(|(n, _)| n.clone())
+        .collect();
+    (added, removed, changed)
+}
 
 /// Where the loop's events go: a Vec in tests, Postgres in the fleet.
 ///
@@ -190,10 +216,18 @@ pub enum AgentError {
     /// runnable, retry later.
     #[error(transparent)]
     Budget(#[from] GateError),
-    /// A tool source (an MCP server) could not list the step's tools; the
-    /// run stays runnable, retry later.
-    #[error("tool source unavailable: {0}")]
-    ToolSource(String),
+    /// A tool source (an MCP server) could not list the step's tools: the
+    /// attempt is recorded (`tool_source.unavailable`) and committed, the
+    /// run stays runnable; try again after `retry_in_ms`
+    /// (`RunConfig::on_tool_source_unavailable`). The attempt that reaches
+    /// the policy's bound pauses or fails the run instead of returning this.
+    #[error("tool source unavailable: {reason} (retry in {retry_in_ms} ms)")]
+    ToolSource {
+        /// Why, naming the server.
+        reason: String,
+        /// When to try again, in ms.
+        retry_in_ms: u64,
+    },
     /// A call a crash interrupted may have a held result
     /// ([`EventSink::held`]), and the store that holds them did not answer:
     /// neither its result nor a person's word on running it again is
@@ -914,15 +948,18 @@ impl Agent {
     async fn start_step(&self, run: &mut Run<'_>, index: usize) -> Result<(), AgentError> {
         let tools = match self.step_tools(&run.state.config).await {
             Ok(tools) => tools,
-            Err(OfferError::Unavailable(why)) => return Err(AgentError::ToolSource(why)),
+            Err(OfferError::Unavailable { server, reason }) => {
+                return self.tool_source_unavailable(run, server, reason).await;
+            }
             Err(OfferError::Invalid(why)) => {
                 return self
                     .fail(run, format!("the run's tools cannot be offered: {why}"))
                     .await;
             }
         };
-        // Every name the config writes must be a tool offered now, exactly:
-        // a policy for a tool that is not there would gate nothing.
+        // Every name the config writes must be a tool offered now, exactly
+        // (an MCP tool by its own name or the name the model sees): a
+        // policy for a tool that is not there would gate nothing.
         let offered: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
         if let Err(e) = run.state.config.validate_tool_names(&offered, true) {
             return self
@@ -949,6 +986,19 @@ impl Agent {
         let description = fired.payload["description"]
             .as_str()
             .map_or(description, str::to_owned);
+        // The servers' lists may have changed since the last step (a list
+        // change, a restart, another worker): say how, by name.
+        if run.state.step.is_some() || !run.state.step_tools.is_empty() {
+            let (added, removed, changed) = tools_diff(&run.state.step_tools, &tools);
+            if !(added.is_empty() && removed.is_empty() && changed.is_empty()) {
+                run.record(EventKind::ToolsChanged {
+                    added,
+                    removed,
+                    changed,
+                })
+                .await?;
+            }
+        }
         run.record(EventKind::StepStart {
             index,
             description,
@@ -964,6 +1014,51 @@ impl Agent {
             .await?;
         }
         Ok(())
+    }
+
+    /// A tool source could not list the step's tools: record the attempt
+    /// (`tool_source.unavailable`), then, per
+    /// `RunConfig::on_tool_source_unavailable`, commit and leave the run
+    /// runnable ([`AgentError::ToolSource`], try again after the backoff)
+    /// or, at the last attempt, pause it ([`PauseReason::ToolSource`]) or
+    /// fail it naming the server and the cause. The recorded attempts
+    /// decide, not the clock: a replay reaches the same end.
+    async fn tool_source_unavailable(
+        &self,
+        run: &mut Run<'_>,
+        server: String,
+        reason: String,
+    ) -> Result<(), AgentError> {
+        let policy = run.state.config.on_tool_source_unavailable;
+        let attempt = run.state.tool_source_attempts + 1;
+        let retry_in_ms = (!policy.exhausted(attempt)).then(|| policy.retry_in_ms(attempt));
+        run.record(EventKind::ToolSourceUnavailable {
+            server: server.clone(),
+            reason: reason.clone(),
+            attempt,
+            retry_in_ms,
+        })
+        .await?;
+        if let Some(retry_in_ms) = retry_in_ms {
+            run.commit().await?;
+            return Err(AgentError::ToolSource {
+                reason,
+                retry_in_ms,
+            });
+        }
+        match policy.then {
+            UnavailableAction::Pause => {
+                self.pause(run, PauseReason::ToolSource { server, reason })
+                    .await
+            }
+            UnavailableAction::Fail => {
+                self.fail(
+                    run,
+                    format!("the run's tools cannot be listed ({attempt} attempts): {reason}"),
+                )
+                .await
+            }
+        }
     }
 
     /// The tools offered for a step, frozen in `step.start`: the worker's
@@ -992,15 +1087,9 @@ impl Agent {
             let sources = self.sources.as_ref().ok_or_else(|| {
                 OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into())
             })?;
-            for spec in sources.offered(config).await? {
-                if tools.iter().any(|t| t.name == spec.name) {
-                    return Err(OfferError::Invalid(format!(
-                        "two tools of the run are named {:?}",
-                        spec.name
-                    )));
-                }
-                tools.push(spec);
-            }
+            tools.extend(sources.offered(config).await?);
+            glia_proto::tool_names::check_distinct(&tools)
+                .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
         }
         if let Some(schema) = &config.output_schema {
             tools.push(ToolSpec {
@@ -2277,8 +2366,7 @@ impl Agent {
 /// hand-off) and its [`ResolvedPolicy`] recorded.
 fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
     let tenant = config
-        .tool_policy
-        .get(&tool.name)
+        .tool_policy_for(&tool.name)
         .cloned()
         .unwrap_or_default();
     let by = crate::tool_sources::tenant_origin(config);
@@ -2304,10 +2392,7 @@ fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
 /// record it in the tool's resolved policy (the decision itself is taken
 /// per call by the policies).
 fn gate_by_policies(config: &RunConfig, tool: &mut ToolSpec) {
-    let first = config
-        .policies
-        .iter()
-        .find(|p| p.tool == "*" || p.tool == tool.name);
+    let first = config.policies.iter().find(|p| p.applies_to(&tool.name));
     let always =
         first.is_some_and(|p| p.args.is_none() && p.action == PolicyAction::RequireApproval);
     if let Some(policy) = tool.policy.as_mut()

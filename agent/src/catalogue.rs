@@ -46,6 +46,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use glia_proto::tool_names::same_tool;
 use glia_proto::{ConfigError, ProviderKind, RunConfig};
 use serde::{Deserialize, Serialize};
 
@@ -144,8 +145,8 @@ pub struct McpServerEntry {
     /// crash; `destructiveHint` still asks for approval).
     #[serde(default)]
     pub trust: Trust,
-    /// The server's tools tenants may allow (`mcp[].allow`), by exact name;
-    /// `None` = any. A tenant naming another is refused at admission, and a
+    /// The server's tools tenants may allow (`mcp[].allow`), by exact name
+    /// (the server's own, or its provider-safe form); `None` = any. A tenant naming another is refused at admission, and a
     /// tool removed from here later fails the runs that still allow it at
     /// their next step.
     #[serde(default)]
@@ -154,7 +155,8 @@ pub struct McpServerEntry {
     /// `tools_allow`; wins over it).
     #[serde(default)]
     pub tools_deny: Vec<String>,
-    /// The operator's policy per tool name. It only makes a tool stricter:
+    /// The operator's policy per tool name (the server's own, or its
+    /// provider-safe form; one key per tool). It only makes a tool stricter:
     /// a tenant's `tool_policy` or `policies` cannot undo it.
     #[serde(default)]
     pub policy: BTreeMap<String, OperatorPolicy>,
@@ -185,18 +187,29 @@ pub enum OperatorPolicy {
 }
 
 impl McpServerEntry {
-    /// Whether tenants may allow the server's tool `tool` (exact name):
-    /// listed in `tools_allow` (when set) and not in `tools_deny`.
+    /// Whether tenants may allow the server's tool `tool` (its own name or
+    /// its provider-safe form, [`same_tool`]): named in `tools_allow` (when
+    /// set) and not in `tools_deny`, either form.
     pub fn permits(&self, tool: &str) -> bool {
         self.tools_allow
             .as_ref()
-            .is_none_or(|allow| allow.iter().any(|t| t == tool))
-            && !self.tools_deny.iter().any(|t| t == tool)
+            .is_none_or(|allow| allow.iter().any(|t| same_tool(t, tool)))
+            && !self.tools_deny.iter().any(|t| same_tool(t, tool))
+    }
+
+    /// The operator's policy for the server's tool `tool` (either form of
+    /// its name, [`same_tool`]). Two keys naming one tool are refused when
+    /// the catalogue is checked.
+    pub fn policy_for(&self, tool: &str) -> Option<OperatorPolicy> {
+        self.policy
+            .iter()
+            .find(|(k, _)| same_tool(k, tool))
+            .map(|(_, p)| *p)
     }
 
     /// Why `tool` is not permitted ([`McpServerEntry::permits`]), for the tenant's error.
     pub fn refusal(&self, server: &str, tool: &str) -> String {
-        if self.tools_deny.iter().any(|t| t == tool) {
+        if self.tools_deny.iter().any(|t| same_tool(t, tool)) {
             format!(
                 "tool {tool:?} of MCP server {server:?} is denied by the operator's catalogue (tools_deny)"
             )
@@ -273,7 +286,9 @@ impl Catalogue {
         Ok(catalogue)
     }
 
-    /// The checks past the format: names are `^[a-zA-Z0-9_-]{1,64}$`; each
+    /// The checks past the format: provider and server names are
+    /// `^[a-zA-Z0-9_-]{1,64}$`; tool names are not empty, at most 256
+    /// bytes, without control characters, one `policy` key per tool; each
     /// MCP server has what its transport needs and nothing of the other's;
     /// URLs are `http(s)`; environment variable names are valid; allowed
     /// origins are origins. Errors: (dotted path, reason).
@@ -356,27 +371,22 @@ impl Catalogue {
                     }
                 }
             }
+            // Tool names are the server's own (any text, `calendar.read`)
+            // or their provider-safe form ([`glia_proto::tool_names`]).
             for (i, tool) in s.tools_allow.iter().flatten().enumerate() {
-                if !NAME.is_match(tool) {
-                    return Err((
-                        at(&format!("tools_allow[{i}]")),
-                        format!("{tool:?}: tool names are ^[a-zA-Z0-9_-]{{1,64}}$"),
-                    ));
-                }
+                check_tool_name(tool).map_err(|r| (at(&format!("tools_allow[{i}]")), r))?;
             }
             for (i, tool) in s.tools_deny.iter().enumerate() {
-                if !NAME.is_match(tool) {
-                    return Err((
-                        at(&format!("tools_deny[{i}]")),
-                        format!("{tool:?}: tool names are ^[a-zA-Z0-9_-]{{1,64}}$"),
-                    ));
-                }
+                check_tool_name(tool).map_err(|r| (at(&format!("tools_deny[{i}]")), r))?;
             }
             for tool in s.policy.keys() {
-                if !NAME.is_match(tool) {
+                check_tool_name(tool).map_err(|r| (at(&format!("policy.{tool}")), r))?;
+                if let Some(other) = s.policy.keys().find(|k| *k < tool && same_tool(k, tool)) {
                     return Err((
                         at(&format!("policy.{tool}")),
-                        "tool names are ^[a-zA-Z0-9_-]{1,64}$".into(),
+                        format!(
+                            "names the same tool as policy.{other} (one is the other's provider-safe form); keep one"
+                        ),
                     ));
                 }
                 if !s.permits(tool) {
@@ -519,6 +529,24 @@ impl Catalogue {
             .iter()
             .any(|o| glia_proto::tool_sources::url_origin(o).is_ok_and(|o| o == origin))
     }
+}
+
+/// A tool name the operator writes: not empty, at most
+/// [`glia_proto::limits::MAX_TOOL_NAME_BYTES`] bytes, no control characters.
+fn check_tool_name(tool: &str) -> Result<(), String> {
+    if tool.is_empty() || tool.chars().any(char::is_control) {
+        return Err(format!(
+            "{tool:?}: a tool name is not empty and holds no control characters"
+        ));
+    }
+    if tool.len() > glia_proto::limits::MAX_TOOL_NAME_BYTES {
+        return Err(format!(
+            "a {}-byte tool name; at most {} bytes (max_tool_name_bytes)",
+            tool.len(),
+            glia_proto::limits::MAX_TOOL_NAME_BYTES
+        ));
+    }
+    Ok(())
 }
 
 fn check_env_name(name: &str) -> Result<(), String> {

@@ -4,19 +4,38 @@
 //! - A `stdio` server is a child process the worker starts with the
 //!   catalogue's command, arguments and environment (secret values read
 //!   from the worker's environment at start; the child inherits only `PATH`
-//!   and `HOME` besides). Its stderr is logged at debug level with every
-//!   secret value replaced by `[redacted]`. A `streamable_http` server is
-//!   reached at its URL with the catalogue's headers.
+//!   and `HOME` besides), owned by glia ([`stdio`]): its stderr is logged
+//!   at debug level with every secret value replaced by `[redacted]` and
+//!   its last lines kept; lines it writes to stdout that are not JSON-RPC
+//!   are left out and logged at `warn`, rate-limited, first 80 bytes. A
+//!   `streamable_http` server is reached at its URL with the catalogue's
+//!   headers.
 //! - A supervisor task per server connects (MCP `initialize`), and when the
 //!   connection ends (the child died, the session closed) connects again
 //!   with exponential backoff (100 ms doubling to 30 s, reset after a
-//!   connection). [`McpHub::shutdown`] stops every server (stdin closed,
-//!   then `SIGTERM`, then kill).
-//! - [`McpHub::list_tools`] is `tools/list` with every page followed.
-//! - [`McpHub::call`] is `tools/call` with the call's timeout (on expiry
-//!   rmcp sends `notifications/cancelled`); dropping the call's future (the
-//!   loop abandons a call after a cancel's grace period) also sends
-//!   `notifications/cancelled`. The call's idempotency key travels in
+//!   connection); a stdio server's end is logged at `warn` with its exit
+//!   code or signal and the last lines of its stderr. [`McpHub::shutdown`]
+//!   stops every server (stdin closed, then `SIGTERM`, then kill).
+//! - [`McpHub::list_tools`] is `tools/list` page by page, bounded: it
+//!   stops at a cursor it has seen before (a server whose `nextCursor`
+//!   never advances) or after [`MAX_LIST_PAGES`] pages, with one warning
+//!   naming the server and why, and keeps the tools gathered so far; the
+//!   [`Listing`] says it was cut short, so a tool missing from it is never
+//!   taken as absent ([`crate::tool_sources`]). The whole listing has a
+//!   deadline ([`LIST_TIMEOUT`] unless the caller gives one).
+//! - `notifications/tools/list_changed` from a server (and every new
+//!   connection to it) bumps the server's list generation
+//!   ([`McpHub::list_generation`], [`McpHub::list_changed`]): nothing is
+//!   cached by glia, every step lists afresh, so the next step sees the
+//!   new list, and a run waiting for a tool it allows re-lists on it.
+//! - [`McpHub::call`] is `tools/call` within the call's [`CallLimits`]: the
+//!   request carries a `progressToken`, each `notifications/progress` for
+//!   it starts the idle timeout (the tool's `timeout_ms`) again, and
+//!   `max_total_ms` bounds the call however often it reports progress. A
+//!   call cut by either bound is a `timeout` error naming the bound, and
+//!   rmcp sends `notifications/cancelled` for it; dropping the call's
+//!   future (the loop abandons a call after a cancel's grace period) also
+//!   sends `notifications/cancelled`. The call's idempotency key travels in
 //!   `_meta` as [`IDEMPOTENCY_META_KEY`]. `notifications/progress` for the
 //!   call are handed to the caller's `progress` function as they arrive,
 //!   in order, until the result is in (rmcp handles each notification on a
@@ -60,7 +79,13 @@
 //! - A server that is down (not connected within the call's timeout),
 //!   dies during a call, times out or answers something that is not a
 //!   `tools/call` result gives a [`ToolFailure`] whose message says so: the
-//!   model sees it, and the run goes on.
+//!   model sees it, and the run goes on. A stdio server that dies during a
+//!   call is named with its exit code or signal and the last lines of its
+//!   stderr (`outcome_unknown`: the call may have run). A call known not to
+//!   have run — the HTTP server answered 404 for an expired session and
+//!   rmcp's one re-initialisation did not get it through, or no connection
+//!   to the server could be made — is `unavailable`, with the cause in
+//!   plain words and that calling again is safe.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -72,17 +97,19 @@ use glia_proto::{
 };
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
-    CancelledNotificationParam, ClientRequest, ContentBlock, ProgressNotificationParam, RequestId,
-    RequestMetaObject, ResourceContents, ServerResult, Tool,
+    CancelledNotificationParam, ClientRequest, ContentBlock, PaginatedRequestParams,
+    ProgressNotificationParam, RequestId, RequestMetaObject, ResourceContents, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::catalogue::{Catalogue, McpServerEntry, McpTransport};
 use crate::tool::ToolFailure;
+
+pub mod stdio;
 
 /// The `_meta` key of a `tools/call` that carries the call's idempotency
 /// key (`{run_id}:{turn}:{call_id}`, the same when a crashed call runs
@@ -95,19 +122,65 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long `initialize` may take.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long `tools/list` (all pages) may take.
-const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the diagnosis of a stdio server whose connection ended waits
+/// for its exit status and the end of its stderr.
+const DEATH_WAIT: Duration = Duration::from_secs(5);
+
+/// The time bounds of one `tools/call`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallLimits {
+    /// The tool's `timeout_ms`. With `total`, an idle timeout: the longest
+    /// the call may go without a `notifications/progress` (each report
+    /// starts it again; the first period starts when the request is sent).
+    /// Without, the bound on the whole call. Waiting for a connection to
+    /// the server takes at most this long (without `total`, it counts
+    /// against it).
+    pub idle: Duration,
+    /// The tool's `max_total_ms`: the longest the call may run however
+    /// often it reports progress (the wait for a connection included), at
+    /// least `idle`. `None` (a step frozen before it was recorded): `idle`
+    /// bounds the whole call and progress does not extend it.
+    pub total: Option<Duration>,
+}
+
+/// How long `tools/list` (all pages together) may take.
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most `tools/list` pages read in one listing; a server that pages on
+/// past it is cut short ([`Listing::cut`]). At the spec's usual page sizes
+/// (tens of tools) that is thousands of tools, far more than a run may
+/// allow ([`glia_proto::limits::MAX_TOOLS`]).
+pub const MAX_LIST_PAGES: usize = 100;
+
+/// A server's tool list as [`McpHub::list_tools`] read it.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    /// The tools of the pages read, in the server's order.
+    pub tools: Vec<Tool>,
+    /// Why the listing stopped before the server's last page, if it did: a
+    /// repeated cursor or [`MAX_LIST_PAGES`]. A tool missing from a cut
+    /// listing may exist.
+    pub cut: Option<String>,
+    /// Whether the server announces list changes
+    /// (`capabilities.tools.listChanged`).
+    pub announces_changes: bool,
+}
 
 type ProgressRoutes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>>;
 
 /// The client side of one connection: routes `notifications/progress` to
-/// the call that asked for them (by progress token).
+/// the call that asked for them (by progress token) and counts
+/// `notifications/tools/list_changed` in the server's list generation.
 #[derive(Clone)]
 struct Handler {
     progress: ProgressRoutes,
+    generation: Arc<watch::Sender<u64>>,
 }
 
 impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.generation.send_modify(|g| *g += 1);
+    }
+
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
@@ -143,12 +216,19 @@ struct Connected {
     peer: Peer<RoleClient>,
     /// The child's process id (stdio).
     pid: Option<u32>,
+    /// The child (stdio): how it ended, its last stderr lines.
+    process: Option<Arc<stdio::Process>>,
 }
 
 struct Slot {
     connected: watch::Sender<Option<Connected>>,
     last_error: Mutex<String>,
     progress: ProgressRoutes,
+    /// Bumped on every `notifications/tools/list_changed` and every new
+    /// connection: a listing older than it may be stale.
+    generation: Arc<watch::Sender<u64>>,
+    /// The rate limit of the server's stdout noise log, across restarts.
+    noise: Arc<Mutex<stdio::NoiseLog>>,
 }
 
 /// Every catalogue MCP server, connected and kept by a supervisor task each.
@@ -170,6 +250,8 @@ impl McpHub {
                 connected: watch::channel(None).0,
                 last_error: Mutex::new("not connected yet".into()),
                 progress: ProgressRoutes::default(),
+                generation: Arc::new(watch::channel(0).0),
+                noise: Arc::default(),
             });
             slots.insert(name.clone(), slot.clone());
             tasks.push(tokio::spawn(supervise(
@@ -219,39 +301,123 @@ impl McpHub {
         }
     }
 
-    /// `tools/list`, following every `nextCursor`. Waits up to `wait` for
-    /// the server to be connected. Errors: why, as text.
-    pub async fn list_tools(&self, server: &str, wait: Duration) -> Result<Vec<Tool>, String> {
+    /// `tools/list`, page by page (the module doc): stops at a repeated
+    /// cursor or after [`MAX_LIST_PAGES`] pages with one warning, keeping
+    /// the tools read ([`Listing::cut`]). Waits up to `wait` for the server
+    /// to be connected; the pages together have [`LIST_TIMEOUT`]. Errors:
+    /// why, as text naming the server (not connected and the last
+    /// connection error; `tools/list` failed or took too long).
+    pub async fn list_tools(&self, server: &str, wait: Duration) -> Result<Listing, String> {
+        self.list_tools_within(server, wait, LIST_TIMEOUT).await
+    }
+
+    /// [`Self::list_tools`] with the pages' deadline `deadline` instead of
+    /// [`LIST_TIMEOUT`].
+    pub async fn list_tools_within(
+        &self,
+        server: &str,
+        wait: Duration,
+        deadline: Duration,
+    ) -> Result<Listing, String> {
         let conn = self.connection(server, wait).await?;
-        match tokio::time::timeout(LIST_TIMEOUT, conn.peer.list_all_tools()).await {
-            Ok(Ok(tools)) => Ok(tools),
+        let announces_changes = conn
+            .peer
+            .peer_info()
+            .and_then(|info| info.capabilities.tools.as_ref()?.list_changed)
+            == Some(true);
+        let pages = async {
+            let mut tools = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            let mut cursor: Option<String> = None;
+            for page in 0..MAX_LIST_PAGES {
+                let params = (page > 0)
+                    .then(|| PaginatedRequestParams::default().with_cursor(cursor.clone()));
+                let listed = conn.peer.list_tools(params).await?;
+                tools.extend(listed.tools);
+                match listed.next_cursor {
+                    None => return Ok((tools, None)),
+                    Some(next) if !seen.insert(next.clone()) => {
+                        let why = format!(
+                            "tools/list page {} gave cursor {:?} again",
+                            page + 1,
+                            clip(&next, 80)
+                        );
+                        return Ok((tools, Some(why)));
+                    }
+                    Some(next) => cursor = Some(next),
+                }
+            }
+            Ok::<_, rmcp::ServiceError>((
+                tools,
+                Some(format!(
+                    "tools/list gave a next page after {MAX_LIST_PAGES} pages"
+                )),
+            ))
+        };
+        match tokio::time::timeout(deadline, pages).await {
+            Ok(Ok((tools, cut))) => {
+                if let Some(why) = &cut {
+                    warn!(server, listed = tools.len(), reason = %why, "MCP server's tool list cut short: its pages do not end");
+                }
+                Ok(Listing {
+                    tools,
+                    cut,
+                    announces_changes,
+                })
+            }
             Ok(Err(e)) => Err(format!("MCP server {server}: tools/list failed: {e}")),
             Err(_) => Err(format!(
-                "MCP server {server}: tools/list took more than {} s",
-                LIST_TIMEOUT.as_secs()
+                "MCP server {server}: tools/list took more than {} ms",
+                deadline.as_millis()
             )),
         }
     }
 
+    /// The server's list generation now: bumped by every
+    /// `notifications/tools/list_changed` and every new connection. 0 for
+    /// a server not in the catalogue.
+    pub fn list_generation(&self, server: &str) -> u64 {
+        self.slots
+            .get(server)
+            .map_or(0, |slot| *slot.generation.borrow())
+    }
+
+    /// Wait up to `wait` for the server's list generation to pass `since`
+    /// ([`Self::list_generation`] read before a listing): true when it did
+    /// (list again), false when the wait ended first.
+    pub async fn list_changed(&self, server: &str, since: u64, wait: Duration) -> bool {
+        let Some(slot) = self.slots.get(server) else {
+            return false;
+        };
+        let mut rx = slot.generation.subscribe();
+        tokio::time::timeout(wait, rx.wait_for(|g| *g > since))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     /// `tools/call` of `tool` on `server` with `arguments` (a JSON object),
-    /// within `timeout` (waiting for a connection included), sending
+    /// within `limits` (waiting for a connection included), sending
     /// `idempotency_key` in `_meta` and handing each progress notification's
-    /// text (`3/5: message`) to `progress`. Dropping the future sends
-    /// `notifications/cancelled`. The result is the server's, as it sent it:
-    /// [`render`] or [`render_for`] make it what the model sees (see the
-    /// module doc). Errors: a [`ToolFailure`] the model sees.
+    /// text (`3/5: message`) to `progress`. A call cut by a bound, or whose
+    /// future is dropped, is cancelled (`notifications/cancelled`). The
+    /// result is the server's, as it sent it: [`render`] or [`render_for`]
+    /// make it what the model sees (see the module doc). Errors: a
+    /// [`ToolFailure`] the model sees: `timeout` naming the bound that cut
+    /// the call; `unavailable` for a call known not to have run;
+    /// `outcome_unknown` when the server died or the connection broke
+    /// during the call (a stdio server's exit and last stderr lines named).
     pub async fn call(
         &self,
         server: &str,
         tool: &str,
         arguments: Value,
         idempotency_key: &str,
-        timeout: Duration,
+        limits: CallLimits,
         progress: &(dyn Fn(String) + Send + Sync),
     ) -> Result<CallToolResult, ToolFailure> {
         let started = tokio::time::Instant::now();
         let conn = self
-            .connection(server, timeout)
+            .connection(server, limits.idle)
             .await
             .map_err(|message| ToolFailure {
                 kind: ToolErrorKind::Unavailable,
@@ -272,18 +438,26 @@ impl McpHub {
             IDEMPOTENCY_META_KEY.into(),
             Value::String(idempotency_key.to_owned()),
         );
-        let left = timeout
-            .saturating_sub(started.elapsed())
-            .max(Duration::from_millis(1));
+        let left = |bound: Duration| {
+            bound
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1))
+        };
+        // rmcp sets the request's `progressToken`, starts the idle timeout
+        // again on each progress report for it, and sends
+        // `notifications/cancelled` when either bound cuts the call.
+        let options = match limits.total {
+            Some(total) => PeerRequestOptions::with_timeout(limits.idle)
+                .reset_timeout_on_progress()
+                .with_max_total_timeout(left(total)),
+            None => PeerRequestOptions::with_timeout(left(limits.idle)),
+        };
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(
             CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments),
         ));
         let handle = conn
             .peer
-            .send_request_with_option(
-                request,
-                PeerRequestOptions::with_timeout(left).with_meta(meta),
-            )
+            .send_request_with_option(request, options.with_meta(meta))
             .await
             .map_err(|e| ToolFailure {
                 kind: ToolErrorKind::Unavailable,
@@ -324,6 +498,16 @@ impl McpHub {
                 "MCP server {server} {why} during the call of {tool}; whether the call took effect is unknown."
             ),
         };
+        if let Err(e) = &answer
+            && let Some(cause) = not_run(e)
+        {
+            return Err(ToolFailure {
+                kind: ToolErrorKind::Unavailable,
+                message: format!(
+                    "MCP server {server} did not run the call of {tool}: {cause}. The call did not take effect; calling it again is safe."
+                ),
+            });
+        }
         match answer {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(other) => Err(ToolFailure {
@@ -333,22 +517,46 @@ impl McpHub {
                     clip(&format!("{other:?}"), 300)
                 ),
             }),
-            Err(rmcp::ServiceError::Timeout { .. }) => Err(ToolFailure {
+            Err(rmcp::ServiceError::Timeout { timeout }) => Err(ToolFailure {
                 kind: ToolErrorKind::Timeout,
-                message: format!(
-                    "MCP tool {tool} ({server}) timed out after {} ms",
-                    timeout.as_millis()
-                ),
+                message: timeout_message(server, tool, limits, timeout),
             }),
-            Err(rmcp::ServiceError::TransportClosed) => Err(lost("stopped".into())),
-            Err(rmcp::ServiceError::McpError(e)) => Err(ToolFailure {
-                kind: ToolErrorKind::Failed,
+            Err(rmcp::ServiceError::TransportClosed) => Err(lost(match &conn.process {
+                Some(process) => format!("stopped ({})", process.death(DEATH_WAIT).await),
+                None => "closed the connection".into(),
+            })),
+            Err(rmcp::ServiceError::McpError(e)) => Err(self.refused(server, tool, e).await),
+            // The transport's error without rmcp's transport type name.
+            Err(rmcp::ServiceError::TransportSend(e)) => Err(lost(format!("failed ({})", e.error))),
+            Err(e) => Err(lost(format!("failed ({e})"))),
+        }
+    }
+
+    /// The failure for a `tools/call` the server answered with a JSON-RPC
+    /// error: when the server no longer lists `tool` (it was removed after
+    /// the step's tools were listed, `notifications/tools/list_changed`),
+    /// an [`ToolErrorKind::Unavailable`] failure saying so; otherwise a
+    /// [`ToolErrorKind::Failed`] one with the server's message.
+    async fn refused(&self, server: &str, tool: &str, e: rmcp::model::ErrorData) -> ToolFailure {
+        let listing = self.list_tools(server, Duration::from_millis(1)).await;
+        if let Ok(listing) = listing
+            && listing.cut.is_none()
+            && !listing.tools.iter().any(|t| t.name == tool)
+        {
+            return ToolFailure {
+                kind: ToolErrorKind::Unavailable,
                 message: format!(
-                    "MCP server {server} refused the call of {tool}: {}",
+                    "MCP server {server} no longer offers the tool {tool}: it was removed after this step's tools were listed, and the call did not run (the server said: {}). Do not call it again in this step.",
                     e.message
                 ),
-            }),
-            Err(e) => Err(lost(format!("failed ({e})"))),
+            };
+        }
+        ToolFailure {
+            kind: ToolErrorKind::Failed,
+            message: format!(
+                "MCP server {server} refused the call of {tool}: {}",
+                e.message
+            ),
         }
     }
 
@@ -365,6 +573,59 @@ impl Drop for McpHub {
     fn drop(&mut self) {
         self.shutdown.send_replace(true);
     }
+}
+
+/// The message of a call cut by `timeout` (the value rmcp reports: the idle
+/// timeout, or what was left of the total).
+fn timeout_message(server: &str, tool: &str, limits: CallLimits, timeout: Duration) -> String {
+    match limits.total {
+        Some(total) if timeout != limits.idle => format!(
+            "MCP tool {tool} ({server}) timed out: it reached its max_total_ms of {} ms, the bound on a call however often it reports progress; the call was cancelled",
+            total.as_millis()
+        ),
+        Some(_) => format!(
+            "MCP tool {tool} ({server}) timed out: no progress report for {} ms (its timeout_ms, an idle timeout); the call was cancelled",
+            limits.idle.as_millis()
+        ),
+        None => format!(
+            "MCP tool {tool} ({server}) timed out after {} ms; the call was cancelled",
+            limits.idle.as_millis()
+        ),
+    }
+}
+
+/// Why a failed request is known not to have run on the server, in plain
+/// words, or `None` when it may have: the streamable HTTP server answered
+/// 404 for an expired session (rmcp re-initialises the session once and
+/// sends the request again; this is the answer after that), starting a new
+/// session failed, or no connection to the server could be made.
+fn not_run(e: &rmcp::ServiceError) -> Option<String> {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let rmcp::ServiceError::TransportSend(e) = e else {
+        return None;
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e.error.as_ref());
+    while let Some(error) = source {
+        match error.downcast_ref::<StreamableHttpError<reqwest_mcp::Error>>() {
+            Some(StreamableHttpError::SessionExpired) => {
+                return Some("its HTTP session had expired (it answered 404 Not Found, also after a new session was started)".into());
+            }
+            Some(StreamableHttpError::ReinitializationFailed(data)) => {
+                return Some(format!(
+                    "its HTTP session had expired (it answered 404 Not Found) and starting a new session failed: {}",
+                    data.message
+                ));
+            }
+            _ => {}
+        }
+        if let Some(http) = error.downcast_ref::<reqwest_mcp::Error>()
+            && http.is_connect()
+        {
+            return Some("glia could not connect to it".into());
+        }
+        source = error.source();
+    }
+    None
 }
 
 /// A `tools/call` in flight: dropped before its answer (abandoned), it
@@ -593,21 +854,28 @@ async fn supervise(
             _ = shutdown.changed() => return,
         };
         match attempt {
-            Ok((service, pid)) => {
+            Ok((service, pid, process)) => {
                 info!(server = %name, pid, "MCP server connected");
                 backoff = MIN_BACKOFF;
                 slot.connected.send_replace(Some(Connected {
                     peer: service.peer().clone(),
                     pid,
+                    process: process.clone(),
                 }));
+                // A new connection may list other tools than the last.
+                slot.generation.send_modify(|g| *g += 1);
                 let token = service.cancellation_token();
                 let waiting = service.waiting();
                 tokio::pin!(waiting);
                 tokio::select! {
                     quit = &mut waiting => {
                         slot.connected.send_replace(None);
-                        *slot.last_error.lock().expect("last error") = format!("the server stopped ({quit:?})");
-                        warn!(server = %name, "MCP server stopped; starting it again");
+                        let cause = match &process {
+                            Some(process) => process.death(DEATH_WAIT).await,
+                            None => format!("the connection ended ({quit:?})"),
+                        };
+                        warn!(server = %name, pid, "MCP server stopped: {cause}; starting it again");
+                        *slot.last_error.lock().expect("last error") = format!("the server stopped: {cause}");
                     }
                     _ = shutdown.changed() => {
                         slot.connected.send_replace(None);
@@ -631,14 +899,18 @@ async fn supervise(
     }
 }
 
+/// A connected server: the service, and for stdio the child's pid and record.
+type Started = (
+    RunningService<RoleClient, Handler>,
+    Option<u32>,
+    Option<Arc<stdio::Process>>,
+);
+
 /// Start (stdio) or reach (HTTP) a server and run `initialize`.
-async fn connect(
-    name: &str,
-    entry: &McpServerEntry,
-    slot: &Slot,
-) -> Result<(RunningService<RoleClient, Handler>, Option<u32>), String> {
+async fn connect(name: &str, entry: &McpServerEntry, slot: &Slot) -> Result<Started, String> {
     let handler = Handler {
         progress: slot.progress.clone(),
+        generation: slot.generation.clone(),
     };
     let var = |source: &str| {
         std::env::var(source).map_err(|_| format!("the environment variable {source} is not set"))
@@ -647,7 +919,7 @@ async fn connect(
         McpTransport::Stdio => {
             let command = entry.command.as_deref().unwrap_or_default();
             let mut cmd = tokio::process::Command::new(command);
-            cmd.args(&entry.args).env_clear().kill_on_drop(true);
+            cmd.args(&entry.args).env_clear();
             for inherited in ["PATH", "HOME"] {
                 if let Some(v) = std::env::var_os(inherited) {
                     cmd.env(inherited, v);
@@ -662,19 +934,15 @@ async fn connect(
             if let Some(cwd) = &entry.cwd {
                 cmd.current_dir(cwd);
             }
-            let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
-                .stderr(std::process::Stdio::piped())
-                .spawn()
+            let (transport, process, pid) = stdio::spawn(name, cmd, secrets, slot.noise.clone())
                 .map_err(|e| format!("could not start {command:?}: {e}"))?;
-            let pid = transport.id();
-            if let Some(stderr) = stderr {
-                tokio::spawn(forward_stderr(name.to_owned(), stderr, secrets));
+            match handler.serve(transport).await {
+                Ok(service) => Ok((service, pid, Some(process))),
+                Err(e) => Err(format!(
+                    "initialize failed: {e} ({})",
+                    process.death(DEATH_WAIT).await
+                )),
             }
-            let service = handler
-                .serve(transport)
-                .await
-                .map_err(|e| format!("initialize failed: {e}"))?;
-            Ok((service, pid))
         }
         McpTransport::StreamableHttp => {
             install_crypto();
@@ -702,7 +970,7 @@ async fn connect(
                 .serve(transport)
                 .await
                 .map_err(|e| format!("initialize failed: {e}"))?;
-            Ok((service, None))
+            Ok((service, None, None))
         }
     }
 }
@@ -713,17 +981,4 @@ fn install_crypto() {
     ONCE.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
-}
-
-/// Log a stdio server's stderr at debug level, secret values redacted.
-async fn forward_stderr(server: String, stderr: tokio::process::ChildStderr, secrets: Vec<String>) {
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let line = secrets
-            .iter()
-            .filter(|s| !s.is_empty())
-            .fold(line, |line, s| line.replace(s.as_str(), "[redacted]"));
-        debug!(target: "glia_agent::mcp::stderr", server = %server, "{line}");
-    }
 }

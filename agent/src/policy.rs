@@ -51,7 +51,9 @@ impl CompiledPolicies {
         Ok(CompiledPolicies { rules })
     }
 
-    /// The action for a call of `tool` with `input`.
+    /// The action for a call of `tool` (the name the model called: a
+    /// policy naming an MCP tool by its own name applies too,
+    /// [`Policy::applies_to`]) with `input`.
     ///
     /// ```
     /// use glia_proto::{Policy, PolicyAction};
@@ -65,9 +67,7 @@ impl CompiledPolicies {
         let args = canonical_json(input);
         self.rules
             .iter()
-            .find(|(p, re)| {
-                (p.tool == "*" || p.tool == tool) && re.as_ref().is_none_or(|re| re.is_match(&args))
-            })
+            .find(|(p, re)| p.applies_to(tool) && re.as_ref().is_none_or(|re| re.is_match(&args)))
             .map_or(PolicyAction::Allow, |(p, _)| p.action.clone())
     }
 }

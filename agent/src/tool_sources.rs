@@ -10,35 +10,49 @@
 //! `trust = "trusted"` it is idempotent when annotated `readOnlyHint` or
 //! `idempotentHint` (and a read-only one is not destructive), from an
 //! untrusted one (the default) never on its own word; it has a 30 s
-//! timeout. An HTTP tool takes its own fields. `RunConfig::tool_policy`
+//! idle timeout (each progress report starts it again) and a total bound
+//! of [`DEFAULT_MAX_TOTAL_FACTOR`](glia_proto::tool_sources::DEFAULT_MAX_TOTAL_FACTOR)
+//! × that (`tool_policy.NAME.max_total_ms`). An HTTP tool takes its own fields. `RunConfig::tool_policy`
 //! overrides any of these per tool name; the catalogue's per-tool
 //! `policy` then overrides the tenant, only towards stricter. Each offered
 //! tool carries its [`ResolvedPolicy`] and who decided it.
 
 use std::time::Duration;
 
+use glia_proto::tool_names::{provider_tool_name, same_tool};
 use glia_proto::{
     ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind,
-    ToolOutputSchema, ToolSource, ToolSpec, args_hash,
+    ToolOutputSchema, ToolSource, ToolSpec, args_hash, tool_sources::resolve_max_total_ms,
 };
 use rmcp::model::ToolAnnotations;
 use serde_json::Value;
 
 use crate::catalogue::{Catalogue, McpServerEntry, OperatorPolicy, Trust};
 use crate::http_tool::{HttpCall, HttpTools};
-use crate::mcp::McpHub;
+use crate::mcp::{CallLimits, McpHub};
 use crate::tool::{ToolContext, ToolFailure};
 
 /// Default timeout of an MCP tool call, in ms.
 pub const DEFAULT_MCP_TIMEOUT_MS: u64 = 30_000;
 
+/// Default of [`ToolSources::with_tool_wait`]: how long a step waits for a
+/// tool the run allows and its server does not list yet, 10 s.
+pub const DEFAULT_TOOL_WAIT: Duration = Duration::from_secs(10);
+
 /// Why a step's tools could not be assembled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OfferError {
-    /// A server could not list its tools (down, slow, broken): the run
-    /// stays runnable and is tried again later.
-    #[error("{0}")]
-    Unavailable(String),
+    /// A server could not list its tools (down, slow, broken), or cut its
+    /// list short before a tool the run allows: the run records
+    /// `tool_source.unavailable` and is tried again later
+    /// (`RunConfig::on_tool_source_unavailable`).
+    #[error("{reason}")]
+    Unavailable {
+        /// The catalogue name of the server.
+        server: String,
+        /// Why, naming the server.
+        reason: String,
+    },
     /// The config cannot work on this fleet (two tools with one name, a
     /// server the catalogue lacks, an allowed tool its server does not
     /// offer or offers with an unusable schema): the run fails with this
@@ -57,7 +71,8 @@ pub fn tenant_origin(config: &RunConfig) -> PolicyOrigin {
     }
 }
 
-/// The resolved policy of MCP tool `name` of the server `entry`, listed
+/// The resolved policy of MCP tool `name` (the server's own name, or its
+/// provider-safe form: either names it) of the server `entry`, listed
 /// with `hints`: annotations (believed only from a trusted server, except
 /// `destructiveHint: true`, which always asks for approval), then the
 /// tenant's `tool_policy`, then the operator's `policy`, which only makes
@@ -89,14 +104,17 @@ pub fn mcp_policy(
         idempotent_by: annotated(idempotent),
         trusted_server: Some(trusted),
     };
-    let tenant = config.tool_policy.get(name).cloned().unwrap_or_default();
+    let tenant = config
+        .tool_policy_for(&provider_tool_name(name))
+        .cloned()
+        .unwrap_or_default();
     if let Some(requires_approval) = tenant.requires_approval {
         (p.requires_approval, p.approval_by) = (requires_approval, tenant_origin(config));
     }
     if let Some(idempotent) = tenant.idempotent {
         (p.idempotent, p.idempotent_by) = (idempotent, tenant_origin(config));
     }
-    match entry.policy.get(name) {
+    match entry.policy_for(name) {
         Some(OperatorPolicy::RequireApproval) => {
             (p.requires_approval, p.approval_by) = (true, PolicyOrigin::Operator)
         }
@@ -110,7 +128,8 @@ pub fn mcp_policy(
 }
 
 /// The operator's per-tool names of server `server` resolve against the
-/// tools it lists now, exactly: a `policy` entry for a tool the server does
+/// tools it lists now, exactly (a tool's own name or its provider-safe
+/// form, [`same_tool`]): a `policy` entry for a tool the server does
 /// not list would gate nothing (a typo, or a renamed tool), and a
 /// `tools_deny` entry that differs from a listed tool only in case or
 /// `-`/`_` would deny nothing. Either is [`OfferError::Invalid`] naming the
@@ -121,7 +140,11 @@ fn check_operator_names(
     listed: &[rmcp::model::Tool],
 ) -> Result<(), OfferError> {
     let names: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
-    if let Some(tool) = entry.policy.keys().find(|t| !names.contains(&t.as_str())) {
+    if let Some(tool) = entry
+        .policy
+        .keys()
+        .find(|t| !names.iter().any(|n| same_tool(n, t)))
+    {
         let hint = glia_proto::config::nearest(tool, &names)
             .map(|n| format!("; did you mean {n:?}?"))
             .unwrap_or_default();
@@ -132,6 +155,7 @@ fn check_operator_names(
     if let Some((tool, near)) = entry
         .tools_deny
         .iter()
+        .filter(|t| !names.iter().any(|n| same_tool(n, t)))
         .find_map(|t| glia_proto::config::near_miss(t, &names).map(|n| (t, n)))
     {
         return Err(OfferError::Invalid(format!(
@@ -147,6 +171,8 @@ pub struct ToolSources {
     mcp: McpHub,
     http: HttpTools,
     connect_wait: Duration,
+    tool_wait: Duration,
+    list_timeout: Duration,
 }
 
 impl ToolSources {
@@ -158,7 +184,28 @@ impl ToolSources {
             mcp,
             http: HttpTools::new(),
             connect_wait: Duration::from_secs(10),
+            tool_wait: DEFAULT_TOOL_WAIT,
+            list_timeout: crate::mcp::LIST_TIMEOUT,
         }
+    }
+
+    /// The deadline of one server's listing (every `tools/list` page of
+    /// it), past which the step's tools are unavailable. Default
+    /// [`crate::mcp::LIST_TIMEOUT`] (30 s).
+    pub fn with_list_timeout(mut self, deadline: Duration) -> Self {
+        self.list_timeout = deadline;
+        self
+    }
+
+    /// How long assembling a step's tools waits for a tool the run allows
+    /// that its server does not list yet: it lists again on each
+    /// `notifications/tools/list_changed` until the tool is there or the
+    /// wait ends (then the run fails naming `mcp[i].allow[j]`). Only for a
+    /// server that announces list changes (`capabilities.tools.listChanged`);
+    /// another fails at once. Default [`DEFAULT_TOOL_WAIT`].
+    pub fn with_tool_wait(mut self, wait: Duration) -> Self {
+        self.tool_wait = wait;
+        self
     }
 
     /// How long assembling a step's tools waits for a server that is not
@@ -191,7 +238,12 @@ impl ToolSources {
     /// The specs of every MCP tool (`tools/list` now, filtered by each
     /// source's allow list, in allow-list order; an allowed tool the server
     /// does not list is an [`OfferError::Invalid`] naming `mcp[i].allow[j]`) and HTTP tool `config` names, with
-    /// annotations and `tool_policy` applied.
+    /// annotations and `tool_policy` applied. An MCP tool is offered under
+    /// its provider-safe name ([`provider_tool_name`]) and keeps its own in
+    /// [`ToolSource::Mcp`]'s `tool`, which is what the server is called
+    /// with; an allow entry may name it either way. Two tools offered under
+    /// one name are an [`OfferError::Invalid`] naming both
+    /// ([`glia_proto::tool_names::ToolNameClash`]).
     pub async fn offered(&self, config: &RunConfig) -> Result<Vec<ToolSpec>, OfferError> {
         let mut specs = Vec::new();
         for (i, source) in config.mcp.iter().enumerate() {
@@ -201,11 +253,6 @@ impl ToolSources {
                     source.server
                 )));
             }
-            let listed = self
-                .mcp
-                .list_tools(&source.server, self.connect_wait)
-                .await
-                .map_err(OfferError::Unavailable)?;
             let entry = self
                 .catalogue
                 .mcp_servers
@@ -216,19 +263,12 @@ impl ToolSources {
                         source.server
                     ))
                 })?;
-            check_operator_names(&source.server, entry, &listed)?;
+            let listed = self.list_allowed(i, source, entry).await?;
             for (j, name) in source.allow.iter().enumerate() {
-                // A tool the run allows but cannot be offered is the run's
-                // error, named: left out, the model would go on without it
-                // and the run could "succeed" at a goal it never reached.
-                let Some(tool) = listed.iter().find(|t| t.name == *name) else {
-                    let offered: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
-                    return Err(OfferError::Invalid(format!(
-                        "mcp[{i}].allow[{j}]: MCP server {:?} offers no tool {name:?} (it offers: {})",
-                        source.server,
-                        offered.join(", ")
-                    )));
-                };
+                let tool = listed
+                    .iter()
+                    .find(|t| same_tool(&t.name, name))
+                    .expect("list_allowed found every allowed tool");
                 let input_schema = Value::Object((*tool.input_schema).clone());
                 if let Err(reason) = glia_proto::compile_tool_schema(&input_schema) {
                     return Err(OfferError::Invalid(format!(
@@ -236,12 +276,15 @@ impl ToolSources {
                         source.server
                     )));
                 }
-                if !entry.permits(name) {
+                let original: &str = &tool.name;
+                if !entry.permits(original) {
                     return Err(OfferError::Invalid(format!(
                         "mcp[{i}].allow[{j}]: {}",
-                        entry.refusal(&source.server, name)
+                        entry.refusal(&source.server, original)
                     )));
                 }
+                let offered_name = provider_tool_name(original).into_owned();
+                let policy = mcp_policy(config, entry, original, tool.annotations.as_ref());
                 let output_schema = match &tool.output_schema {
                     None => None,
                     Some(schema) => {
@@ -255,17 +298,14 @@ impl ToolSources {
                         Some(ToolOutputSchema {
                             schema,
                             check: config
-                                .tool_policy
-                                .get(name.as_str())
+                                .tool_policy_for(&offered_name)
                                 .and_then(|p| p.output_schema)
                                 .unwrap_or_default(),
                         })
                     }
                 };
-                let policy = mcp_policy(config, entry, name, tool.annotations.as_ref());
                 let tenant = config
-                    .tool_policy
-                    .get(name.as_str())
+                    .tool_policy_for(&offered_name)
                     .cloned()
                     .unwrap_or_default();
                 let description = tool
@@ -274,26 +314,31 @@ impl ToolSources {
                     .map(str::to_owned)
                     .or_else(|| tool.title.clone())
                     .unwrap_or_default();
+                let timeout_ms = tenant.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS);
+                let max_total_ms =
+                    resolve_max_total_ms(timeout_ms, tenant.max_total_ms).map_err(|reason| {
+                        OfferError::Invalid(format!("tool_policy.{name}.max_total_ms: {reason}"))
+                    })?;
                 specs.push(ToolSpec {
                     idempotent: policy.idempotent,
-                    timeout_ms: tenant.timeout_ms.unwrap_or(DEFAULT_MCP_TIMEOUT_MS),
+                    timeout_ms,
                     return_direct: tenant.return_direct.unwrap_or(false),
                     source: Some(ToolSource::Mcp {
                         server: source.server.clone(),
-                        tool: name.clone(),
+                        tool: original.to_owned(),
                         schema_hash: args_hash(&input_schema),
                         requires_approval: policy.requires_approval,
+                        max_total_ms: Some(max_total_ms),
                     }),
                     policy: Some(policy),
                     output_schema,
-                    ..ToolSpec::new(name.clone(), description, input_schema)
+                    ..ToolSpec::new(offered_name, description, input_schema)
                 });
             }
         }
         for tool in &config.http_tools {
             let policy = config
-                .tool_policy
-                .get(&tool.name)
+                .tool_policy_for(&tool.name)
                 .cloned()
                 .unwrap_or_default();
             let tenant = tenant_origin(config);
@@ -329,21 +374,103 @@ impl ToolSources {
                 )
             });
         }
-        let mut names = std::collections::HashSet::new();
-        if let Some(clash) = specs
-            .iter()
-            .find(|s| !names.insert(s.name.as_str()) || s.name == glia_proto::OUTPUT_TOOL)
-        {
+        glia_proto::tool_names::check_distinct(&specs)
+            .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
+        if let Some(output) = specs.iter().find(|s| s.name == glia_proto::OUTPUT_TOOL) {
             return Err(OfferError::Invalid(format!(
-                "two tools of the run are named {:?}",
-                clash.name
+                "{} would be offered as {:?}, the name of the output schema's tool",
+                glia_proto::tool_names::describe_tool(output),
+                glia_proto::OUTPUT_TOOL
             )));
         }
         Ok(specs)
     }
 
+    /// The tools server `source.server` lists, holding every tool
+    /// `source.allow` names (it is `mcp[i]`). A tool not listed yet is
+    /// waited for ([`Self::with_tool_wait`]). Errors:
+    /// [`OfferError::Unavailable`] when the server cannot list, or cut its
+    /// list short before an allowed tool or a tool the operator's policy
+    /// names; [`OfferError::Invalid`] naming `mcp[i].allow[j]` for a tool a
+    /// whole list lacks after the wait, or the catalogue key a whole list
+    /// contradicts ([`check_operator_names`]).
+    async fn list_allowed(
+        &self,
+        i: usize,
+        source: &glia_proto::McpToolSource,
+        entry: &McpServerEntry,
+    ) -> Result<Vec<rmcp::model::Tool>, OfferError> {
+        let server = &source.server;
+        let started = tokio::time::Instant::now();
+        loop {
+            let since = self.mcp.list_generation(server);
+            let listing = self
+                .mcp
+                .list_tools_within(server, self.connect_wait, self.list_timeout)
+                .await
+                .map_err(|reason| OfferError::Unavailable {
+                    server: server.clone(),
+                    reason,
+                })?;
+            let cut_short = |e: OfferError, why: &str| match e {
+                OfferError::Invalid(reason) => OfferError::Unavailable {
+                    server: server.clone(),
+                    reason: format!(
+                        "{reason}; but its tool list was cut short ({why}), so the tool may exist"
+                    ),
+                },
+                other => other,
+            };
+            let missing = source
+                .allow
+                .iter()
+                .position(|name| !listing.tools.iter().any(|t| same_tool(&t.name, name)));
+            let left = self.tool_wait.saturating_sub(started.elapsed());
+            if missing.is_some()
+                && listing.cut.is_none()
+                && listing.announces_changes
+                && !left.is_zero()
+                && self.mcp.list_changed(server, since, left).await
+            {
+                continue;
+            }
+            if let Err(e) = check_operator_names(server, entry, &listing.tools) {
+                return Err(match &listing.cut {
+                    Some(why) => cut_short(e, why),
+                    None => e,
+                });
+            }
+            let Some(j) = missing else {
+                return Ok(listing.tools);
+            };
+            // A tool the run allows but cannot be offered is the run's
+            // error, named: left out, the model would go on without it
+            // and the run could "succeed" at a goal it never reached.
+            let name = &source.allow[j];
+            let offered: Vec<&str> = listing.tools.iter().map(|t| t.name.as_ref()).collect();
+            let waited = if listing.announces_changes && listing.cut.is_none() {
+                format!(
+                    "; waited {} ms for its list to change",
+                    started.elapsed().as_millis()
+                )
+            } else {
+                String::new()
+            };
+            let e = OfferError::Invalid(format!(
+                "mcp[{i}].allow[{j}]: MCP server {server:?} offers no tool {name:?} (it offers: {}){waited}",
+                offered.join(", ")
+            ));
+            return Err(match &listing.cut {
+                Some(why) => cut_short(e, why),
+                None => e,
+            });
+        }
+    }
+
     /// Run one call of `spec` (which has a [`ToolSource`]) within its
-    /// timeout; `progress` gets each progress report's text. Errors: the
+    /// timeout (for an MCP tool with a recorded `max_total_ms`, an idle
+    /// timeout that each progress report starts again, up to that total);
+    /// `progress` gets each progress report's text. Errors: the
     /// [`ToolFailure`] the model sees.
     pub async fn execute(
         &self,
@@ -354,10 +481,19 @@ impl ToolSources {
     ) -> Result<ToolContent, ToolFailure> {
         let timeout = Duration::from_millis(spec.timeout_ms.max(1));
         match &spec.source {
-            Some(ToolSource::Mcp { server, tool, .. }) => {
+            Some(ToolSource::Mcp {
+                server,
+                tool,
+                max_total_ms,
+                ..
+            }) => {
+                let limits = CallLimits {
+                    idle: timeout,
+                    total: max_total_ms.map(|ms| Duration::from_millis(ms.max(spec.timeout_ms))),
+                };
                 let result = self
                     .mcp
-                    .call(server, tool, input, &ctx.idempotency_key, timeout, progress)
+                    .call(server, tool, input, &ctx.idempotency_key, limits, progress)
                     .await?;
                 crate::mcp::render_for(spec, result)
             }

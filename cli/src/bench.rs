@@ -245,13 +245,27 @@ pub struct GrowthArgs {
 pub struct MemoryArgs {
     #[command(flatten)]
     urls: Urls,
-    /// Runs in flight at once (the worker's concurrency).
+    /// Runs submitted; each makes one tool call.
     #[arg(long, default_value_t = 64)]
     runs: usize,
+    /// Runs the worker advances at once (`glia worker --concurrency`);
+    /// default: `--runs` (every run in flight together).
+    #[arg(long)]
+    concurrency: Option<usize>,
     /// How long each run's one tool call takes (ms), so that every run is
-    /// in flight at the same time.
+    /// in flight at the same time (the demo tool; not with `--mcp-result-bytes`).
     #[arg(long, default_value_t = 3000)]
     tool_ms: u64,
+    /// Each run's tool call is instead the `big` tool of the test MCP
+    /// server `odd-mcp` (over stdio, started by the worker from its
+    /// catalogue), answering a single-line text of this many bytes
+    /// (5 MiB: 5242880).
+    #[arg(long, value_name = "BYTES", requires = "odd_mcp")]
+    mcp_result_bytes: Option<u64>,
+    /// The `odd-mcp` binary (`cargo build --release -p glia-testkit --bin
+    /// odd-mcp`: `target/release/odd-mcp`).
+    #[arg(long, value_name = "PATH")]
+    odd_mcp: Option<std::path::PathBuf>,
 }
 
 /// Run one benchmark.
@@ -1341,32 +1355,102 @@ async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
 /// `memory`: a worker process's resident set.
 #[derive(Debug, Serialize)]
 pub struct MemoryResult {
-    /// Runs in flight at the peak.
+    /// Runs submitted (each made one tool call).
     pub runs: usize,
+    /// Runs the worker advanced at once.
+    pub concurrency: usize,
+    /// Bytes of each run's MCP tool result (`--mcp-result-bytes`); 0 for
+    /// the demo tool.
+    pub result_bytes: u64,
     /// Resident set before any run, MiB.
     pub idle_rss_mib: f64,
-    /// Largest resident set while the runs were in flight, MiB.
+    /// Largest resident set sampled (every 20 ms) while runs were in flight, MiB.
     pub peak_rss_mib: f64,
-    /// (peak − idle) ÷ runs, KiB.
+    /// The kernel's high-water mark of the resident set (`VmHWM`) when
+    /// every run was done, MiB.
+    pub hwm_mib: f64,
+    /// Resident set once every run was done (after 2 s of quiet), MiB.
+    pub after_rss_mib: f64,
+    /// after − idle: what serving the runs left behind, MiB.
+    pub growth_mib: f64,
+    /// (peak − idle) ÷ runs in flight at once, KiB.
     pub per_run_kib: f64,
 }
 
-fn rss_kib(pid: u32) -> Option<f64> {
+/// A `/proc/PID/status` figure in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, key: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+fn rss_kib(pid: u32) -> Option<f64> {
+    status_kib(pid, "VmRSS")
+}
+
+/// The worker's script and config for the memory benchmark, and the
+/// catalogue file it needs (written into `dir`): one call of the demo
+/// tool, or of the `big` tool of `odd-mcp` answering `bytes` bytes.
+fn memory_workload(
+    args: &MemoryArgs,
+    dir: &std::path::Path,
+) -> Result<(Vec<ScriptedTurn>, RunConfig, Option<std::path::PathBuf>)> {
+    let config = RunConfig {
+        model: "script:slow".into(),
+        ..RunConfig::default()
+    };
+    let (Some(bytes), Some(odd_mcp)) = (args.mcp_result_bytes, &args.odd_mcp) else {
+        let script = vec![
+            ScriptedTurn::call("refund_order", json!({ "order_id": "A1" })),
+            ScriptedTurn::text("done"),
+        ];
+        return Ok((script, config, None));
+    };
+    let odd_mcp = odd_mcp
+        .canonicalize()
+        .with_context(|| format!("the odd-mcp binary {}", odd_mcp.display()))?;
+    let state = dir.join("odd-mcp");
+    std::fs::create_dir_all(&state)?;
+    let catalogue = dir.join("catalogue.toml");
+    std::fs::write(
+        &catalogue,
+        format!(
+            "[mcp_servers.odd]\ntransport = \"stdio\"\ncommand = {:?}\nargs = [\"stdio\", {:?}]\n",
+            odd_mcp.display().to_string(),
+            state.display().to_string()
+        ),
+    )?;
+    let script = vec![
+        ScriptedTurn::call("big", json!({ "bytes": bytes })),
+        ScriptedTurn::text("done"),
+    ];
+    let config = RunConfig {
+        tools: Some(Vec::new()),
+        mcp: vec![glia_proto::McpToolSource {
+            server: "odd".into(),
+            allow: vec!["big".into()],
+        }],
+        tool_policy: [(
+            "big".to_owned(),
+            glia_proto::ToolPolicy {
+                timeout_ms: Some(120_000),
+                ..glia_proto::ToolPolicy::default()
+            },
+        )]
+        .into(),
+        ..config
+    };
+    Ok((script, config, Some(catalogue)))
 }
 
 async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
     // The worker process serves scripts from a directory of its own.
     let dir = std::env::temp_dir().join(format!("glia-bench-{}", Uuid::now_v7().simple()));
     std::fs::create_dir_all(&dir)?;
-    let script = vec![
-        ScriptedTurn::call("refund_order", json!({ "order_id": "A1" })),
-        ScriptedTurn::text("done"),
-    ];
+    let (script, config, catalogue) = memory_workload(args, &dir)?;
+    let concurrency = args.concurrency.unwrap_or(args.runs).max(1);
     std::fs::write(dir.join("slow.json"), serde_json::to_vec(&script)?)?;
     let mut library = ScriptLibrary::default();
     library.insert("slow", script);
@@ -1384,16 +1468,20 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
             args.urls.database_url
         ),
     };
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args([
-            "worker",
-            "--scripts",
-            dir.to_str().unwrap_or_default(),
-            "--concurrency",
-            &args.runs.to_string(),
-            "--id",
-            "bench-memory",
-        ])
+    let mut worker = std::process::Command::new(std::env::current_exe()?);
+    worker.args([
+        "worker",
+        "--scripts",
+        dir.to_str().unwrap_or_default(),
+        "--concurrency",
+        &concurrency.to_string(),
+        "--id",
+        "bench-memory",
+    ]);
+    if let Some(catalogue) = &catalogue {
+        worker.arg("--catalogue").arg(catalogue);
+    }
+    let mut child = worker
         .env("GLIA_DATABASE_URL", &db_url)
         .env("GLIA_AMQP_URL", &args.urls.amqp_url)
         .env("GLIA_REDIS_URL", &args.urls.redis_url)
@@ -1410,10 +1498,6 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
         let pid = child.id();
         let idle = rss_kib(pid).context("reading the worker's resident set")?;
         let client = crate::client::http_client()?;
-        let config = RunConfig {
-            model: "script:slow".into(),
-            ..RunConfig::default()
-        };
         for i in 0..args.runs {
             let req = fleet
                 .server
@@ -1422,7 +1506,8 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
             checked(req.send().await?).await?;
         }
         let mut peak = idle;
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let bound = Duration::from_secs(120).max(Duration::from_secs(3) * args.runs as u32);
+        let deadline = Instant::now() + bound;
         loop {
             peak = peak.max(rss_kib(pid).unwrap_or(0.0));
             let done = fleet
@@ -1432,15 +1517,29 @@ async fn memory(args: &MemoryArgs) -> Result<MemoryResult> {
                 break;
             }
             if Instant::now() > deadline {
-                bail!("{done} of {} runs done after 2 minutes", args.runs);
+                bail!("{done} of {} runs done after {bound:?}", args.runs);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let failed = fleet
+            .count("SELECT count(*) FROM runs WHERE status = 'done' AND outcome->>'kind' IS DISTINCT FROM 'succeeded'")
+            .await?;
+        if failed > 0 {
+            bail!("{failed} of {} runs did not succeed", args.runs);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = rss_kib(pid).context("reading the worker's resident set")?;
+        let hwm = status_kib(pid, "VmHWM").context("reading the worker's high-water mark")?;
         anyhow::Ok(MemoryResult {
             runs: args.runs,
+            concurrency,
+            result_bytes: args.mcp_result_bytes.unwrap_or(0),
             idle_rss_mib: idle / 1024.0,
             peak_rss_mib: peak / 1024.0,
-            per_run_kib: (peak - idle) / args.runs.max(1) as f64,
+            hwm_mib: hwm / 1024.0,
+            after_rss_mib: after / 1024.0,
+            growth_mib: (after - idle) / 1024.0,
+            per_run_kib: (peak - idle) / concurrency.min(args.runs).max(1) as f64,
         })
     }
     .await;

@@ -1188,6 +1188,28 @@ pub fn describe(kind: &EventKind) -> String {
         } => format!(
             "#{call_id} result held by the worker that ran it, recovered ({idempotency_key})"
         ),
+        EventKind::ToolSourceUnavailable {
+            server,
+            reason,
+            attempt,
+            retry_in_ms,
+        } => match retry_in_ms {
+            Some(ms) => format!(
+                "{server}: attempt {attempt}, again in {ms} ms: {}",
+                clip(reason)
+            ),
+            None => format!("{server}: attempt {attempt}, the last: {}", clip(reason)),
+        },
+        EventKind::ToolsChanged {
+            added,
+            removed,
+            changed,
+        } => format!(
+            "added: {}; removed: {}; changed: {}",
+            clip(&added.join(", ")),
+            clip(&removed.join(", ")),
+            clip(&changed.join(", "))
+        ),
         EventKind::ApprovalRequested {
             call_id,
             tool,

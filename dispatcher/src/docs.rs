@@ -68,8 +68,9 @@ pub fn foreign_schemas() -> Vec<(String, Value)> {
 /// The JSON Schemas (2020-12) of glia-proto's types that derive
 /// `schemars::JsonSchema`, by component name: each root type and every type
 /// it references, references pointing into `#/components/schemas/`.
-/// Unsigned integers are bounded by their type's maximum (and lose
-/// schemars' non-standard `format`, `uint32` and the like).
+/// Unsigned integers are bounded by their type's maximum, unless the field
+/// sets a smaller one, and lose schemars' non-standard `format` (`uint32`
+/// and the like).
 pub fn generated_schemas() -> Vec<(String, Value)> {
     let mut generator = schemars::generate::SchemaSettings::draft2020_12()
         .with(|s| {
@@ -109,7 +110,10 @@ fn bounded_unsigned(schema: &mut schemars::Schema) {
         .and_then(Value::as_u64)
         .map_or(max, |own| own.min(max));
     schema.remove("format");
-    schema.insert("maximum".into(), json!(max));
+    // A field's own bound (`schemars(range(max = …))`) is kept.
+    if schema.get("maximum").is_none() {
+        schema.insert("maximum".into(), json!(max));
+    }
 }
 
 /// A JSON Schema `pattern` for a string that is not blank

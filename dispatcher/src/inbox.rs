@@ -939,6 +939,7 @@ async fn detail(
     let pending = row.status == glia_backends::ApprovalStatus::Pending;
     let schema = tool_schema(&state, &row.tool);
     let policy = policy_line(&state, &row.tool, row.interrupted);
+    let source = source_line(&state, &row.tool);
     // The pending call's arguments; once decided, those the approver was shown.
     let shown_input = state
         .call(&call_id)
@@ -954,8 +955,26 @@ async fn detail(
         StatusCode::OK,
         "detail.html",
         context! { who => s.principal.by(), csrf => s.csrf, item, pending, record, goal => state.goal, recent, earlier_results,
-        input => serde_json::to_string_pretty(&shown_input).unwrap_or_default(), schema, policy, error => None::<String> },
+        input => serde_json::to_string_pretty(&shown_input).unwrap_or_default(), schema, policy, source, error => None::<String> },
     )
+}
+
+/// Where a call of `tool` goes, for the card's "Tool:" line, when the name
+/// the model called is not the one the tool has at its source: an MCP tool
+/// whose own name is outside the provider grammar (`calendar.read`) is
+/// offered under its provider-safe form (`glia_proto::tool_names`), and the
+/// approver sees the name the server is called with.
+fn source_line(state: &RunState, tool: &str) -> Option<String> {
+    let spec = state.step_tools.iter().find(|t| t.name == tool)?;
+    match &spec.source {
+        Some(glia_proto::ToolSource::Mcp { tool: original, .. }) if original != tool => {
+            Some(format!(
+                "{} (offered to the model as {tool:?})",
+                glia_proto::tool_names::describe_tool(spec)
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// The arguments of the call as the run holds them (the pending call's).

@@ -10,8 +10,11 @@ use serde_json::Value;
 use crate::budget::{BudgetLimits, Pricing};
 use crate::config_error::{ConfigError, TOOL_NAME, config_error};
 use crate::guardrails::Guardrails;
-use crate::limits::{MAX_PATTERN_BYTES, MAX_POLICIES, MAX_TOOLS, check_schema, over};
+use crate::limits::{
+    MAX_PATTERN_BYTES, MAX_POLICIES, MAX_TOOL_NAME_BYTES, MAX_TOOLS, check_schema, over,
+};
 use crate::stop::StopPolicy;
+use crate::tool_names::same_tool;
 use crate::tool_sources::{ResolvedPolicy, ToolOutputSchema, ToolSource};
 use std::collections::BTreeMap;
 
@@ -160,11 +163,14 @@ macro_rules! run_fields {
             /// Per-tool overrides (approval, idempotency, timeout, hand-off,
             /// output schema check) by tool name, for MCP tools (over their
             /// annotations) and HTTP tools; ignored for the worker's own tools,
-            /// except `max_result_bytes`, which applies to every tool.
+            /// except `max_result_bytes`, which applies to every tool. An MCP
+            /// tool may be keyed by its own name (`calendar.read`) or the name
+            /// the model sees ([`crate::tool_names`]); other keys match
+            /// `^[a-zA-Z0-9_-]{1,64}$`.
             #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
             #[cfg_attr(
                 feature = "schemars",
-                schemars(extend("propertyNames" = {"pattern": $crate::config_error::TOOL_NAME_PATTERN}))
+                schemars(extend("propertyNames" = {"minLength": 1, "maxLength": $crate::limits::MAX_TOOL_NAME_BYTES}))
             )]
             pub tool_policy: std::collections::BTreeMap<String, $crate::tool_sources::ToolPolicy>
         ] $($rest)*);
@@ -245,6 +251,10 @@ run_fields! {
         /// by the output limit, empty, refused, filtered, an unknown stop
         /// reason): re-ask, pause or fail, per class. See [`crate::stop`].
         pub stop_reasons: StopPolicy,
+        /// What happens when a tool source the run names (an MCP server)
+        /// cannot list its tools: attempts, backoff, then pause or fail. See
+        /// [`crate::tool_sources::ToolSourceUnavailable`].
+        pub on_tool_source_unavailable: crate::tool_sources::ToolSourceUnavailable,
         common guardrails #[serde(skip_serializing_if = "Guardrails::is_empty")],
         common compaction,
         /// The agent definition this config was resolved from (name, version,
@@ -324,6 +334,7 @@ impl Default for RunConfig {
             on_approval_timeout: ApprovalTimeout::Reject,
             on_interrupted_call: InterruptedCall::OutcomeUnknown,
             stop_reasons: StopPolicy::default(),
+            on_tool_source_unavailable: Default::default(),
             guardrails: Guardrails::default(),
             compaction: None,
             agent: None,
@@ -659,18 +670,18 @@ impl RunConfig {
                     "is empty: list the server's tools the model may call",
                 ));
             }
-            let mut allowed = std::collections::HashSet::new();
             for (j, name) in source.allow.iter().enumerate() {
-                if !TOOL_NAME.is_match(name) {
+                // A server's own name may be any text (`calendar.read`):
+                // the model is offered its provider-safe form
+                // ([`crate::tool_names`]); either form may be written.
+                check_mcp_tool_name(&format!("mcp[{i}].allow[{j}]"), name)?;
+                if let Some(k) = source.allow[..j].iter().position(|n| same_tool(n, name)) {
                     return Err(config_error(
                         format!("mcp[{i}].allow[{j}]"),
-                        format!("{name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"),
-                    ));
-                }
-                if !allowed.insert(name.as_str()) {
-                    return Err(config_error(
-                        format!("mcp[{i}].allow[{j}]"),
-                        format!("{name:?} is listed twice"),
+                        format!(
+                            "{name:?} names the same tool as mcp[{i}].allow[{k}] ({:?})",
+                            source.allow[k]
+                        ),
                     ));
                 }
             }
@@ -704,10 +715,27 @@ impl RunConfig {
             }
         }
         for (name, policy) in &self.tool_policy {
+            // Any other tool's name matches the grammar; a name that does
+            // not must be an MCP tool's, as an allow list writes it.
             if !TOOL_NAME.is_match(name) {
+                check_mcp_tool_name(&format!("tool_policy.{name}"), name)?;
+                if !self.mcp_allows(name) {
+                    return Err(config_error(
+                        format!("tool_policy.{name}"),
+                        "must name a tool: ^[a-zA-Z0-9_-]{1,64}$, or an MCP tool's own name that an mcp[].allow list names (either form)",
+                    ));
+                }
+            }
+            if let Some(other) = self
+                .tool_policy
+                .keys()
+                .find(|k| *k < name && same_tool(k, name))
+            {
                 return Err(config_error(
                     format!("tool_policy.{name}"),
-                    "must name a tool (^[a-zA-Z0-9_-]{1,64}$)",
+                    format!(
+                        "names the same tool as tool_policy.{other} (one is the other's provider-safe form); keep one"
+                    ),
                 ));
             }
             if policy.timeout_ms == Some(0) {
@@ -715,6 +743,26 @@ impl RunConfig {
                     format!("tool_policy.{name}.timeout_ms"),
                     "must be at least 1",
                 ));
+            }
+            if policy.max_total_ms == Some(0) {
+                return Err(config_error(
+                    format!("tool_policy.{name}.max_total_ms"),
+                    "must be at least 1",
+                ));
+            }
+            let not_mcp = self.http_tools.iter().any(|t| t.name == *name)
+                || self.external_tools.iter().any(|t| t.name == *name)
+                || self.tools.iter().flatten().any(|t| t == name);
+            if policy.max_total_ms.is_some() && not_mcp {
+                return Err(config_error(
+                    format!("tool_policy.{name}.max_total_ms"),
+                    "applies to MCP tools only: this run's other tools report no progress, and their timeout_ms bounds the whole call",
+                ));
+            }
+            if let (Some(timeout_ms), total @ Some(_)) = (policy.timeout_ms, policy.max_total_ms) {
+                crate::tool_sources::resolve_max_total_ms(timeout_ms, total).map_err(|reason| {
+                    config_error(format!("tool_policy.{name}.max_total_ms"), reason)
+                })?;
             }
             if let Some(bytes) = policy.max_result_bytes {
                 check_result_bytes(&format!("tool_policy.{name}.max_result_bytes"), bytes)?;
@@ -807,12 +855,20 @@ impl RunConfig {
             }
         }
         self.validate_tool_sources(&mut names)?;
+        self.on_tool_source_unavailable
+            .validate()
+            .map_err(|(field, reason)| {
+                config_error(format!("on_tool_source_unavailable.{field}"), reason)
+            })?;
         for (i, p) in self.policies.iter().enumerate() {
             if p.tool.trim().is_empty() {
                 return Err(config_error(
                     format!("policies[{i}].tool"),
                     "is blank (use \"*\" for any tool)",
                 ));
+            }
+            if p.tool != "*" && !TOOL_NAME.is_match(&p.tool) {
+                check_mcp_tool_name(&format!("policies[{i}].tool"), &p.tool)?;
             }
             if let Some(re) = &p.args
                 && let Err(e) = crate::limits::compile_regex(re, self.policies.len())
@@ -866,12 +922,15 @@ impl RunConfig {
     }
 
     /// Every tool name the config writes — `tools[i]`, `policies[i].tool`
-    /// (but `*`) and `tool_policy.NAME` — is one of `offered`, byte for byte
-    /// (no case folding, no `-`/`_` equivalence: two names never become
-    /// one). With `complete` false (`offered` may lack tools only the
-    /// worker knows), a name that is not offered is refused only when it
-    /// is a near miss of one that is (the same but for case or `-`/`_`);
-    /// the worker checks again with every tool at step start.
+    /// (but `*`) and `tool_policy.NAME` — names one of `offered`
+    /// ([`same_tool`]: byte for byte, or an MCP tool's own name and its
+    /// provider-safe form; no case folding, no `-`/`_` equivalence: two
+    /// names never become one). With `complete` false (`offered` may lack
+    /// tools only the worker knows), a name that is not offered is refused
+    /// only when it is a near miss of one that is (the same but for case or
+    /// `-`/`_`) or cannot be a worker tool's (outside the provider grammar);
+    /// the worker checks again with every tool at step start (offering
+    /// each MCP tool's own name beside the name the model sees).
     ///
     /// Errors: the field's path (`tool_policy.issue-credit`,
     /// `policies[0].tool`) and a reason with the nearest offered name
@@ -906,10 +965,13 @@ impl RunConfig {
                 .map(|n| (format!("tool_policy.{n}"), n.as_str())),
         );
         for (field, name) in written {
-            if offered.contains(&name) {
+            if offered.iter().any(|o| same_tool(o, name)) {
                 continue;
             }
-            if !complete && near_miss(name, offered).is_none() {
+            // Only an MCP tool's name can fall outside the grammar, and
+            // every MCP tool is offered through an allow list: such a name
+            // that matches none is refused even when `offered` is partial.
+            if !complete && TOOL_NAME.is_match(name) && near_miss(name, offered).is_none() {
                 continue;
             }
             let hint = nearest(name, offered)
@@ -920,6 +982,66 @@ impl RunConfig {
             return Err(config_error(field, reason));
         }
         Ok(())
+    }
+}
+
+/// Check a name written for an MCP tool: not empty, at most
+/// [`MAX_TOOL_NAME_BYTES`] bytes, no control characters.
+fn check_mcp_tool_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(config_error(field, "is empty: name a tool"));
+    }
+    if name.len() > MAX_TOOL_NAME_BYTES {
+        return Err(over(
+            field,
+            format!("a {}-byte tool name", name.len()),
+            MAX_TOOL_NAME_BYTES,
+            "max_tool_name_bytes",
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(config_error(
+            field,
+            format!("{name:?} holds a control character"),
+        ));
+    }
+    Ok(())
+}
+
+impl RunConfig {
+    /// Whether an `mcp[].allow` list names `name` (either form, [`same_tool`]).
+    fn mcp_allows(&self, name: &str) -> bool {
+        self.mcp
+            .iter()
+            .flat_map(|s| &s.allow)
+            .any(|a| same_tool(a, name))
+    }
+
+    /// The `tool_policy` entry for the offered tool `name` (the name the
+    /// model sees): the one keyed by `name` itself or, for an MCP tool, by
+    /// its own name (`validate` refuses two keys naming one tool).
+    ///
+    /// ```
+    /// let mut config = glia_proto::RunConfig::default();
+    /// config.tool_policy.insert("calendar.read".into(), glia_proto::ToolPolicy { requires_approval: Some(true), ..Default::default() });
+    /// let offered = glia_proto::tool_names::provider_tool_name("calendar.read");
+    /// assert_eq!(config.tool_policy_for(&offered).and_then(|p| p.requires_approval), Some(true));
+    /// ```
+    pub fn tool_policy_for(&self, name: &str) -> Option<&crate::tool_sources::ToolPolicy> {
+        self.tool_policy.get(name).or_else(|| {
+            self.tool_policy
+                .iter()
+                .find(|(k, _)| same_tool(k, name))
+                .map(|(_, p)| p)
+        })
+    }
+}
+
+impl Policy {
+    /// Whether this policy is about calls of the offered tool `tool` (the
+    /// name the model calls): `*`, or a name that names it ([`same_tool`]).
+    pub fn applies_to(&self, tool: &str) -> bool {
+        self.tool == "*" || same_tool(&self.tool, tool)
     }
 }
 
@@ -1010,6 +1132,74 @@ mod tests {
     }
 
     #[test]
+    fn max_total_ms_is_at_least_the_timeout_and_for_mcp_tools_only() {
+        let config = |policy: serde_json::Value| -> RunConfig {
+            crate::strict::from_json_str(
+                &serde_json::json!({
+                    "tool_policy": {"slow": policy},
+                    "http_tools": [{"name": "web", "description": "", "input_schema": {"type": "object"}, "url": "https://example.com/t"}],
+                })
+                .to_string(),
+            )
+            .expect("parses")
+        };
+        assert!(
+            config(serde_json::json!({"timeout_ms": 1000, "max_total_ms": 1000}))
+                .validate()
+                .is_ok()
+        );
+        assert!(
+            config(serde_json::json!({"max_total_ms": 5}))
+                .validate()
+                .is_ok()
+        );
+        let e = config(serde_json::json!({"timeout_ms": 1000, "max_total_ms": 999}))
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field, "tool_policy.slow.max_total_ms");
+        assert!(
+            e.reason.contains("below the tool's timeout_ms of 1000 ms"),
+            "{e}"
+        );
+        let e = config(serde_json::json!({"max_total_ms": 0}))
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.reason.as_str()),
+            ("tool_policy.slow.max_total_ms", "must be at least 1")
+        );
+        let mut http = config(serde_json::json!({}));
+        http.tool_policy.insert(
+            "web".into(),
+            crate::ToolPolicy {
+                max_total_ms: Some(60_000),
+                ..Default::default()
+            },
+        );
+        let e = http.validate().unwrap_err();
+        assert_eq!(e.field, "tool_policy.web.max_total_ms");
+        assert!(e.reason.contains("MCP tools only"), "{e}");
+        let mut worker = config(serde_json::json!({"max_total_ms": 60_000}));
+        assert!(worker.validate().is_ok(), "slow may be an MCP tool");
+        worker.tools = Some(vec!["slow".into()]);
+        let e = worker.validate().unwrap_err();
+        assert_eq!(e.field, "tool_policy.slow.max_total_ms");
+        let e = crate::strict::from_json_str::<RunConfig>(
+            r#"{"tool_policy": {"slow": {"max_total": 5}}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "tool_policy.slow.max_total");
+        assert_eq!(
+            crate::tool_sources::resolve_max_total_ms(30_000, None),
+            Ok(300_000)
+        );
+        assert_eq!(
+            crate::tool_sources::resolve_max_total_ms(u64::MAX, None),
+            Ok(u64::MAX)
+        );
+    }
+
+    #[test]
     fn counts_are_checked_before_anything_compiles() {
         let mut config = RunConfig::default();
         config.guardrails.input = (0..500).map(|i| rule(i, "x{19999}")).collect();
@@ -1058,5 +1248,40 @@ mod tests {
         config.tools = None;
         config.output_schema = Some(deep);
         assert_eq!(config.validate().unwrap_err().field, "output_schema");
+    }
+
+    /// `on_tool_source_unavailable` is parsed strictly and bounded, each
+    /// error naming its field.
+    #[test]
+    fn tool_source_policy_is_strict_and_bounded() {
+        let config: RunConfig = serde_json::from_value(serde_json::json!({
+            "on_tool_source_unavailable": {"attempts": 2, "then": "fail"}
+        }))
+        .unwrap();
+        let policy = config.on_tool_source_unavailable;
+        assert_eq!(
+            (policy.attempts, policy.backoff_ms, policy.then),
+            (2, 1_000, crate::tool_sources::UnavailableAction::Fail)
+        );
+        config.validate().unwrap();
+        let unknown = serde_json::from_value::<RunConfig>(serde_json::json!({
+            "on_tool_source_unavailable": {"tries": 2}
+        }));
+        assert!(
+            unknown
+                .unwrap_err()
+                .to_string()
+                .contains("unknown field `tries`")
+        );
+        for (field, value) in [("attempts", 0u64), ("attempts", 21), ("backoff_ms", 60_001)] {
+            let config: RunConfig = serde_json::from_value(serde_json::json!({
+                "on_tool_source_unavailable": {field: value}
+            }))
+            .unwrap();
+            assert_eq!(
+                config.validate().unwrap_err().field,
+                format!("on_tool_source_unavailable.{field}")
+            );
+        }
     }
 }

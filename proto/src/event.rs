@@ -192,6 +192,44 @@ pub enum EventKind {
         /// The key the result was held under (`{run_id}:{turn}:{call_id}`).
         idempotency_key: String,
     },
+    /// A tool source the run names could not list its tools before a step
+    /// (an MCP server down, not answering `tools/list`, past the listing's
+    /// deadline, or listing pages without end). Recorded once per failed
+    /// attempt, before the run is tried again after `retry_in_ms`; the
+    /// attempt that reaches `RunConfig::on_tool_source_unavailable.attempts`
+    /// has no `retry_in_ms` and is followed by `session.pause`
+    /// ([`PauseReason::ToolSource`]) or a failed `session.complete`. Counts
+    /// the attempts in the state (a `step.start`, or the resume of that
+    /// pause, starts the count again).
+    #[serde(rename = "tool_source.unavailable")]
+    ToolSourceUnavailable {
+        /// The catalogue name of the server (`mcp[i].server`).
+        server: String,
+        /// Why, as glia saw it (not connected and the last connection
+        /// error; `tools/list` failed, timed out, or paged without end).
+        reason: String,
+        /// The failed attempt, from 1, counted since the last step start.
+        attempt: u32,
+        /// When the run is tried again, in ms; absent at the last attempt.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_in_ms: Option<u64>,
+    },
+    /// The tools a step is offered differ from the previous step's: the
+    /// servers' lists changed meanwhile (`notifications/tools/list_changed`,
+    /// a restart), or the run continued on another worker whose servers or
+    /// tools differ. Recorded just before the `step.start` that holds the
+    /// new list. No state changes.
+    #[serde(rename = "tools.changed")]
+    ToolsChanged {
+        /// Names offered now and not in the previous step, sorted.
+        added: Vec<String>,
+        /// Names of the previous step no longer offered, sorted.
+        removed: Vec<String>,
+        /// Names in both whose offer differs (description, input schema,
+        /// source or resolved policy), sorted.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        changed: Vec<String>,
+    },
     /// A call waits for a person.
     #[serde(rename = "approval.requested")]
     ApprovalRequested {
@@ -351,7 +389,7 @@ impl EventKind {
     /// declaration order: the one list the OpenAPI document and the SQL
     /// adapters read. Each equals the variant's serde tag and [`Self::name`]
     /// (tested in `tests/roundtrip.rs`).
-    pub const NAMES: [&'static str; 28] = [
+    pub const NAMES: [&'static str; 30] = [
         "session.start",
         "plan.draft",
         "plan.commit",
@@ -365,6 +403,8 @@ impl EventKind {
         "tool.result",
         "tool.error",
         "tool.recovered",
+        "tool_source.unavailable",
+        "tools.changed",
         "approval.requested",
         "approval.resolved",
         "approval.escalated",
@@ -433,6 +473,8 @@ impl EventKind {
             EventKind::ToolResult { .. } => "tool.result",
             EventKind::ToolError { .. } => "tool.error",
             EventKind::ToolRecovered { .. } => "tool.recovered",
+            EventKind::ToolSourceUnavailable { .. } => "tool_source.unavailable",
+            EventKind::ToolsChanged { .. } => "tools.changed",
             EventKind::ApprovalRequested { .. } => "approval.requested",
             EventKind::ApprovalResolved { .. } => "approval.resolved",
             EventKind::ApprovalEscalated { .. } => "approval.escalated",
@@ -628,6 +670,16 @@ pub enum PauseReason {
     ModelStop {
         /// The recorded stop reason, e.g. `max_tokens`, `refusal`.
         stop_reason: String,
+    },
+    /// A tool source the run names stayed unavailable for all the attempts
+    /// of `RunConfig::on_tool_source_unavailable` (each recorded as
+    /// `tool_source.unavailable`). A resume lists the tools again, with as
+    /// many attempts again.
+    ToolSource {
+        /// The catalogue name of the server.
+        server: String,
+        /// The last attempt's reason.
+        reason: String,
     },
     /// An operator paused the run.
     Operator {

@@ -41,6 +41,7 @@ pub mod repair;
 pub mod state;
 pub mod stop;
 pub mod strict;
+pub mod tool_names;
 #[cfg(feature = "schemars")]
 pub mod tool_schema;
 pub mod tool_sources;

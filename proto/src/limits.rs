@@ -44,6 +44,12 @@ pub const MAX_TOOLS: usize = 128;
 /// messages, which every later turn re-sends and every checkpoint holds,
 /// stay bounded.
 pub const MAX_RESULT_BYTES: u64 = 1 << 20;
+
+/// Bytes of one MCP tool name a config or the operator's catalogue writes
+/// (`mcp[i].allow[j]`, a `tool_policy` key, `policies[i].tool`): a
+/// server's own name may be any text, so it is bounded here rather than by
+/// the provider grammar (`docs/mcp.md`, names).
+pub const MAX_TOOL_NAME_BYTES: usize = 256;
 /// Bytes of one tool's input schema (or the output schema) as compact JSON.
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 /// Nesting depth of one schema (objects and arrays; `{}` is depth 1).

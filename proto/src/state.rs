@@ -184,6 +184,15 @@ pub struct RunState {
     /// [`PauseReason::Operator`] as soon as the run is runnable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_due: Option<String>,
+    /// Failed attempts to list the next step's tools
+    /// (`tool_source.unavailable`) since the last `step.start` or the
+    /// resume of a [`PauseReason::ToolSource`] pause.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tool_source_attempts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Where a run stands, for callers.
@@ -275,6 +284,7 @@ impl RunState {
             answer: String::new(),
             outcome: None,
             pause_due: None,
+            tool_source_attempts: 0,
         }
     }
 
@@ -427,6 +437,7 @@ impl RunState {
                 }
                 self.step = Some(*index);
                 self.step_tools = tools.clone();
+                self.tool_source_attempts = 0;
                 self.output = None;
                 self.turn_calls = 0;
                 self.reasks = 0;
@@ -837,6 +848,31 @@ impl RunState {
             EventKind::BudgetWarn { .. }
             | EventKind::Error { .. }
             | EventKind::HookApplied { .. } => {}
+            EventKind::ToolSourceUnavailable { attempt, .. } => {
+                not_parked(self)?;
+                let before_step = match self.phase {
+                    Phase::Executing => self.step.is_none(),
+                    Phase::Reflecting => true,
+                    _ => false,
+                };
+                if !before_step {
+                    return Err(illegal(
+                        self,
+                        "a step's tools are listed after plan.commit or step.end",
+                    ));
+                }
+                if *attempt != self.tool_source_attempts + 1 {
+                    return Err(illegal(
+                        self,
+                        &format!(
+                            "attempt {attempt} out of order (expected {})",
+                            self.tool_source_attempts + 1
+                        ),
+                    ));
+                }
+                self.tool_source_attempts = *attempt;
+            }
+            EventKind::ToolsChanged { .. } => not_parked(self)?,
             EventKind::BudgetExtended { limits } => {
                 self.limits = *limits;
             }
@@ -905,6 +941,9 @@ impl RunState {
                 Some(PullPoint::Paused { reason }) => {
                     if *reason == PauseReason::TurnLimit {
                         self.turn_calls = 0;
+                    }
+                    if matches!(reason, PauseReason::ToolSource { .. }) {
+                        self.tool_source_attempts = 0;
                     }
                     self.parked = None;
                 }

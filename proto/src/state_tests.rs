@@ -507,3 +507,80 @@ fn a_rejected_answer_counts_but_never_joins_the_conversation_or_runs_its_calls()
     });
     assert_eq!(log.state.usage.turns, 3);
 }
+
+fn unavailable(attempt: u32, retry_in_ms: Option<u64>) -> EventKind {
+    EventKind::ToolSourceUnavailable {
+        server: "files".into(),
+        reason: "down".into(),
+        attempt,
+        retry_in_ms,
+    }
+}
+
+/// `tool_source.unavailable` counts attempts in order, only before a step
+/// starts; a `step.start` or the resume of a tool-source pause starts the
+/// count again.
+#[test]
+fn tool_source_attempts_count_in_order_and_restart() {
+    let mut log = Log::new();
+    log.ok(start(false)).ok(commit(&["a", "b"]));
+    log.ok(unavailable(1, Some(1000)))
+        .ok(unavailable(2, Some(2000)));
+    assert_eq!(log.state.tool_source_attempts, 2);
+    assert!(matches!(
+        log.refused(unavailable(2, None)),
+        TransitionError::Illegal { .. }
+    ));
+    assert!(matches!(
+        log.refused(unavailable(4, None)),
+        TransitionError::Illegal { .. }
+    ));
+    log.ok(unavailable(3, None)).ok(EventKind::SessionPause {
+        pull_point: PullPoint::Paused {
+            reason: PauseReason::ToolSource {
+                server: "files".into(),
+                reason: "down".into(),
+            },
+        },
+    });
+    assert!(
+        matches!(
+            log.refused(unavailable(4, None)),
+            TransitionError::Illegal { .. }
+        ),
+        "not while paused"
+    );
+    log.ok(EventKind::SessionResume { by: None });
+    assert_eq!(
+        log.state.tool_source_attempts, 0,
+        "a resume restarts the count"
+    );
+    log.ok(unavailable(1, Some(1000))).ok(step(0));
+    assert_eq!(
+        log.state.tool_source_attempts, 0,
+        "a step start restarts it"
+    );
+    assert!(
+        matches!(
+            log.refused(unavailable(1, None)),
+            TransitionError::Illegal { .. }
+        ),
+        "not during a step"
+    );
+    let [c, r] = respond(Message::assistant("done a"));
+    log.ok(c).ok(r).ok(EventKind::StepEnd {
+        index: 0,
+        answer: "done a".into(),
+        skipped: false,
+    });
+    log.ok(unavailable(1, Some(1000)))
+        .ok(EventKind::ToolsChanged {
+            added: vec!["x".into()],
+            removed: vec![],
+            changed: vec![],
+        })
+        .ok(step(1));
+    assert_eq!(log.state.step, Some(1));
+    let replayed = RunState::replay(uuid::Uuid::nil(), &log.events).unwrap();
+    assert_eq!(replayed, log.state);
+}

@@ -19,10 +19,12 @@ use serde_json::Value;
 ///
 /// `allow` is an explicit list of the server's tool names (no wildcard): a
 /// server that adds a tool later does not widen what a reviewed run offers.
-/// It must not be empty. A listed tool the server does not offer is left out
-/// of the step's tools (the server may be older); the model is offered the
-/// tool under its own MCP name, so two sources offering the same name are an
-/// error at step start.
+/// It must not be empty. A listed tool the server does not offer fails the
+/// run at step start. Each entry is the tool's own MCP name (any text, at
+/// most 256 bytes: `calendar.read`) or its provider-safe form; the model is
+/// offered the provider-safe form ([`crate::tool_names::provider_tool_name`]:
+/// the name itself when it matches `^[a-zA-Z0-9_-]{1,64}$`), so two sources
+/// offering the same name are an error at step start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -38,7 +40,7 @@ pub struct McpToolSource {
         feature = "schemars",
         schemars(
             length(min = 1),
-            inner(pattern(crate::config_error::TOOL_NAME_PATTERN))
+            inner(length(min = 1, max = crate::limits::MAX_TOOL_NAME_BYTES))
         )
     )]
     pub allow: Vec<String>,
@@ -103,6 +105,26 @@ fn default_max_response_bytes() -> u64 {
     1 << 20
 }
 
+/// Default [`ToolPolicy::max_total_ms`] of an MCP tool, as a multiple of its
+/// `timeout_ms`: a call that keeps reporting progress runs up to 10 × its
+/// idle timeout (5 min for the default 30 s).
+pub const DEFAULT_MAX_TOTAL_FACTOR: u64 = 10;
+
+/// The `max_total_ms` of an MCP tool with idle timeout `timeout_ms` (ms) and
+/// the tenant's `max_total_ms`, if set: that, else
+/// [`DEFAULT_MAX_TOTAL_FACTOR`] × `timeout_ms` (saturating). Errors: the
+/// tenant's value is below `timeout_ms` (it would cut every call before
+/// the idle timeout could).
+pub fn resolve_max_total_ms(timeout_ms: u64, max_total_ms: Option<u64>) -> Result<u64, String> {
+    match max_total_ms {
+        Some(total) if total < timeout_ms => Err(format!(
+            "{total} ms is below the tool's timeout_ms of {timeout_ms} ms; it must be at least that"
+        )),
+        Some(total) => Ok(total),
+        None => Ok(timeout_ms.saturating_mul(DEFAULT_MAX_TOTAL_FACTOR)),
+    }
+}
+
 /// How a tool is run, overriding its defaults (an MCP tool's annotations:
 /// `readOnlyHint` or `idempotentHint` make it idempotent, `destructiveHint`
 /// makes it require approval; an HTTP tool's own fields). Unset fields keep
@@ -117,10 +139,20 @@ pub struct ToolPolicy {
     /// Safe to run again with the same idempotency key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotent: Option<bool>,
-    /// Per-call timeout in ms; at least 1.
+    /// Per-call timeout in ms; at least 1. For an MCP tool it is an idle
+    /// timeout: each `notifications/progress` the server sends for the
+    /// call starts it again, up to `max_total_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
     pub timeout_ms: Option<u64>,
+    /// The longest an MCP tool's call may run however often it reports
+    /// progress, in ms; at least the tool's `timeout_ms`. Default
+    /// [`DEFAULT_MAX_TOTAL_FACTOR`] × `timeout_ms`. MCP tools only (set
+    /// for a run's HTTP, external or worker tool it is refused: their
+    /// `timeout_ms` bounds the whole call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
+    pub max_total_ms: Option<u64>,
     /// A successful call ends the run with its result as the answer
     /// ([`crate::ToolSpec::return_direct`]: a hand-off tool); default false.
     /// That answer is not the model's: output guardrails, the output schema
@@ -271,6 +303,13 @@ pub enum ToolSource {
         /// Calls need a person's approval (annotation or policy).
         #[serde(default)]
         requires_approval: bool,
+        /// The longest a call may run while it reports progress, in ms
+        /// ([`ToolPolicy::max_total_ms`], resolved when the step froze its
+        /// tools); the tool's `timeout_ms` is then an idle timeout that each
+        /// progress report starts again. `None` (logs written before it was
+        /// recorded): `timeout_ms` bounds the whole call.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_total_ms: Option<u64>,
     },
     /// An HTTP tool of the run's config.
     Http {
@@ -333,4 +372,107 @@ pub fn url_origin(url: &str) -> Result<String, String> {
     let default_port = if scheme == "https" { ":443" } else { ":80" };
     let authority = authority.strip_suffix(default_port).unwrap_or(&authority);
     Ok(format!("{scheme}://{authority}"))
+}
+
+/// What a run does when a tool source it names cannot list its tools
+/// (an MCP server down, not answering `tools/list`, or past the listing's
+/// deadline): `RunConfig::on_tool_source_unavailable`.
+///
+/// Each failed attempt is recorded as `tool_source.unavailable` (server,
+/// reason, attempt); the run is then tried again after `backoff_ms`
+/// doubling per attempt (capped at [`MAX_TOOL_SOURCE_BACKOFF_MS`]). The
+/// recorded attempt that reaches `attempts` parks the run at `paused`
+/// ([`crate::PauseReason::ToolSource`], an operator resumes it once the
+/// server is back: it gets `attempts` more) or fails it with the reason,
+/// per `then`. With the defaults the run gives up after 5 attempts, about
+/// 1 + 2 + 4 + 8 s of backoff plus each attempt's own wait.
+///
+/// JSON example: `{"attempts": 3, "backoff_ms": 500, "then": "fail"}`
+/// (missing fields keep their defaults; unknown fields are refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolSourceUnavailable {
+    /// Failed listings before `then`, from 1 to
+    /// [`MAX_TOOL_SOURCE_ATTEMPTS`]. Default 5.
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 20)))]
+    pub attempts: u32,
+    /// Wait before the second attempt, in ms; doubles for each next one,
+    /// at most [`MAX_TOOL_SOURCE_BACKOFF_MS`]. Default 1000.
+    #[cfg_attr(feature = "schemars", schemars(range(max = 60_000)))]
+    pub backoff_ms: u64,
+    /// What happens at the last attempt. Default `pause`.
+    pub then: UnavailableAction,
+}
+
+/// Most attempts [`ToolSourceUnavailable::attempts`] allows.
+pub const MAX_TOOL_SOURCE_ATTEMPTS: u32 = 20;
+/// Longest wait between two attempts to list a run's tools, in ms.
+pub const MAX_TOOL_SOURCE_BACKOFF_MS: u64 = 60_000;
+
+impl Default for ToolSourceUnavailable {
+    fn default() -> Self {
+        ToolSourceUnavailable {
+            attempts: 5,
+            backoff_ms: 1_000,
+            then: UnavailableAction::Pause,
+        }
+    }
+}
+
+impl ToolSourceUnavailable {
+    /// The wait after failed attempt `attempt` (from 1), in ms:
+    /// `backoff_ms · 2^(attempt-1)`, at most [`MAX_TOOL_SOURCE_BACKOFF_MS`].
+    ///
+    /// ```
+    /// use glia_proto::tool_sources::ToolSourceUnavailable;
+    /// let p = ToolSourceUnavailable::default();
+    /// assert_eq!(p.retry_in_ms(1), 1_000);
+    /// assert_eq!(p.retry_in_ms(3), 4_000);
+    /// assert_eq!(p.retry_in_ms(40), 60_000);
+    /// ```
+    pub fn retry_in_ms(&self, attempt: u32) -> u64 {
+        let doubled = self
+            .backoff_ms
+            .saturating_mul(1u64 << attempt.saturating_sub(1).min(32));
+        doubled.min(MAX_TOOL_SOURCE_BACKOFF_MS)
+    }
+
+    /// Whether failed attempt `attempt` (from 1) is the last: the run
+    /// pauses or fails instead of being tried again.
+    pub fn exhausted(&self, attempt: u32) -> bool {
+        attempt >= self.attempts.clamp(1, MAX_TOOL_SOURCE_ATTEMPTS)
+    }
+
+    /// The field's bounds: `attempts` in 1..=[`MAX_TOOL_SOURCE_ATTEMPTS`],
+    /// `backoff_ms` at most [`MAX_TOOL_SOURCE_BACKOFF_MS`]. Errors: the
+    /// field (under `on_tool_source_unavailable`) and why.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(1..=MAX_TOOL_SOURCE_ATTEMPTS).contains(&self.attempts) {
+            return Err((
+                "attempts",
+                format!("must be from 1 to {MAX_TOOL_SOURCE_ATTEMPTS}"),
+            ));
+        }
+        if self.backoff_ms > MAX_TOOL_SOURCE_BACKOFF_MS {
+            return Err((
+                "backoff_ms",
+                format!("must be at most {MAX_TOOL_SOURCE_BACKOFF_MS} ms"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a run does once its tool source stayed unavailable for all its
+/// attempts ([`ToolSourceUnavailable::then`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum UnavailableAction {
+    /// Park at `paused` ([`crate::PauseReason::ToolSource`]) for an operator.
+    #[default]
+    Pause,
+    /// Fail the run, naming the server and the cause.
+    Fail,
 }

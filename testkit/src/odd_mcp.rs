@@ -43,12 +43,12 @@
 //! | `missing_structured` | the same `outputSchema`; answers text only |
 //! | `die` | `{"signal": 9}`: writes two lines to stderr (`odd-mcp: fatal: …`), then kills itself with that signal (default `SIGKILL`) before answering |
 //! | `noisy` | prints a noise line on stdout (stdio), then answers `quiet now` |
-//! | `expire_session` | (HTTP) answers `expiring`; the next request of its session, and every later one, is answered 404 (the session expired) |
+//! | `expire_session` | (HTTP) `{"sessions": 1}`: answers `expiring`; the session of the next request that carries one, and every later request of it, is answered 404 (the session expired); with `sessions` N, the next N sessions seen so (a client's new session after the first expiry too) |
 
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -108,8 +108,8 @@ pub struct OddServer {
     state: PathBuf,
     list: ListMode,
     stdio: bool,
-    /// Set by `expire_session`: the next request's session expires (HTTP).
-    expire_next: Arc<AtomicBool>,
+    /// Set by `expire_session`: how many of the next sessions seen expire (HTTP).
+    expire_next: Arc<AtomicU64>,
 }
 
 impl OddServer {
@@ -121,7 +121,7 @@ impl OddServer {
             state,
             list,
             stdio: false,
-            expire_next: Arc::new(AtomicBool::new(false)),
+            expire_next: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -334,7 +334,8 @@ impl ServerHandler for OddServer {
                 text("quiet now")
             }
             "expire_session" => {
-                self.expire_next.store(true, Ordering::SeqCst);
+                self.expire_next
+                    .store(arg(&args, "sessions", 1), Ordering::SeqCst);
                 text("expiring")
             }
             other => text(format!("called as {other}")),
@@ -384,7 +385,13 @@ pub async fn serve_http(
                 if let Some(session) = session {
                     let gone = {
                         let mut expired = expired.lock().expect("expired sessions");
-                        if expire_next.swap(false, Ordering::SeqCst) {
+                        if !expired.contains(&session)
+                            && expire_next
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok()
+                        {
                             expired.insert(session.clone());
                         }
                         expired.contains(&session)

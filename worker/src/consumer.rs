@@ -414,6 +414,7 @@ impl Worker {
     /// let go of the lease once the inbox is empty ([`Inbox::release_if_idle`](glia_backends::Inbox::release_if_idle),
     /// which sets `released`). With [`Handled::Retry`], `retry_after` is how
     /// long to wait before trying again, if known: the provider's wait hint,
+    /// the run's backoff for a tool source that could not list its tools,
     /// or [`RETRY_RUNNING_AFTER`] for a call still marked running.
     async fn drive(
         &self,
@@ -536,8 +537,14 @@ impl Worker {
                     warn!(%run_id, error = %e, "budget gate unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
-                Err(AgentError::ToolSource(e)) => {
-                    warn!(%run_id, error = %e, "a tool source is unavailable; retrying after the lease lapses");
+                Err(AgentError::ToolSource {
+                    reason,
+                    retry_in_ms,
+                }) => {
+                    // Recorded (`tool_source.unavailable`) and committed;
+                    // the run's policy bounds the attempts.
+                    warn!(%run_id, error = %reason, "a tool source is unavailable; retrying in {retry_in_ms} ms");
+                    *retry_after = Some(Duration::from_millis(retry_in_ms));
                     return Handled::Retry;
                 }
                 Err(AgentError::CallRunning(call_id)) => {

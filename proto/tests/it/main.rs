@@ -5,3 +5,4 @@ mod elision;
 mod repair;
 mod result_budget;
 mod roundtrip;
+mod tool_names;

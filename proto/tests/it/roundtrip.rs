@@ -465,6 +465,7 @@ fn pause_reason() -> impl Strategy<Value = PauseReason> {
         text().prop_map(|reason| PauseReason::Provider { reason }),
         text().prop_map(|reason| PauseReason::Operator { reason }),
         text().prop_map(|stop_reason| PauseReason::ModelStop { stop_reason }),
+        (text(), text()).prop_map(|(server, reason)| PauseReason::ToolSource { server, reason }),
     ]
 }
 
@@ -706,6 +707,24 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
             call_id,
             idempotency_key
         }),
+        (text(), text(), 1u32..20, prop::option::of(0u64..60_000)).prop_map(
+            |(server, reason, attempt, retry_in_ms)| EventKind::ToolSourceUnavailable {
+                server,
+                reason,
+                attempt,
+                retry_in_ms,
+            }
+        ),
+        (
+            prop::collection::vec(text(), 0..3),
+            prop::collection::vec(text(), 0..3),
+            prop::collection::vec(text(), 0..3),
+        )
+            .prop_map(|(added, removed, changed)| EventKind::ToolsChanged {
+                added,
+                removed,
+                changed,
+            }),
     ]
 }
 
@@ -865,6 +884,8 @@ fn variant_index(kind: &EventKind) -> usize {
         EventKind::ApprovalEscalated { .. } => 25,
         EventKind::SessionPauseRequested { .. } => 26,
         EventKind::ToolRecovered { .. } => 27,
+        EventKind::ToolSourceUnavailable { .. } => 28,
+        EventKind::ToolsChanged { .. } => 29,
     }
 }
 
@@ -898,7 +919,7 @@ fn variants_seen<T: Debug>(
 fn the_strategies_cover_every_variant() {
     assert_eq!(
         variants_seen(event_kind(), variant_index),
-        (0..28).collect()
+        (0..30).collect()
     );
     assert_eq!(
         variants_seen(resume(), resume_variant_index),
@@ -994,6 +1015,17 @@ fn every_event_serialises_under_its_name() {
             call_id: "c".into(),
             idempotency_key: "r:1:c".into(),
         },
+        EventKind::ToolSourceUnavailable {
+            server: "files".into(),
+            reason: "down".into(),
+            attempt: 1,
+            retry_in_ms: Some(1000),
+        },
+        EventKind::ToolsChanged {
+            added: vec!["b".into()],
+            removed: vec!["a".into()],
+            changed: vec!["c".into()],
+        },
     ];
     let expected = [
         "session.start",
@@ -1007,6 +1039,8 @@ fn every_event_serialises_under_its_name() {
         "message.elided",
         "approval.escalated",
         "tool.recovered",
+        "tool_source.unavailable",
+        "tools.changed",
     ];
     for (kind, name) in kinds.into_iter().zip(expected) {
         assert_eq!(kind.name(), name);

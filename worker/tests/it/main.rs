@@ -13,3 +13,4 @@ mod resume_hints;
 mod resumes_first;
 mod stop_reasons;
 mod tenant_budget;
+mod tool_sources;
