@@ -15,7 +15,7 @@ use crate::limits::{
 };
 use crate::stop::StopPolicy;
 use crate::tool_names::{ToolNameClash, same_tool};
-use crate::tool_sources::{ResolvedPolicy, ToolSource};
+use crate::tool_sources::{ResolvedPolicy, ToolOutputSchema, ToolSource};
 use std::collections::BTreeMap;
 
 /// Name of the forced tool through which a run with an output schema answers.
@@ -433,38 +433,6 @@ pub struct ToolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(skip))]
     pub output_schema: Option<ToolOutputSchema>,
-}
-
-/// An MCP tool's declared `outputSchema` and what glia does with a result
-/// that does not match it, frozen in the step's [`ToolSpec`].
-///
-/// JSON: `{"schema": {"type": "object", …}, "check": "enforce"}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct ToolOutputSchema {
-    /// The schema, as the server listed it.
-    pub schema: Value,
-    /// Enforce (default) or warn.
-    #[serde(default)]
-    pub check: OutputSchemaCheck,
-}
-
-/// What a result that does not match its tool's `outputSchema` (or has no
-/// `structuredContent` though the tool declares one: MCP 2025-06-18,
-/// "Tools" › "Output Schema", servers MUST provide structured results that
-/// conform) becomes. Set per tool by `tool_policy.NAME.output_schema`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum OutputSchemaCheck {
-    /// A tool error the model sees (`invalid_output`), naming each
-    /// violation's path and rule.
-    #[default]
-    Enforce,
-    /// The result passes unchanged; the worker logs a warning naming the
-    /// violations.
-    Warn,
 }
 
 /// Default [`RunConfig::max_result_bytes`]: 64 KiB of result text (about

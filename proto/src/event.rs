@@ -151,8 +151,10 @@ pub enum EventKind {
     ToolResult {
         /// The call.
         call_id: String,
-        /// What the model sees: text (JSON results serialised), or text and
+        /// The whole result: text (JSON results serialised), or text and
         /// image blocks ([`ToolContent`]; a string in logs written before).
+        /// The model sees it cut to the tool's result budget
+        /// ([`crate::ToolSpec::max_result_bytes`], [`ToolContent::cut`]).
         content: ToolContent,
         /// Policy reminder shown to the model before `content`.
         reminder: Option<String>,
@@ -170,7 +172,8 @@ pub enum EventKind {
         call_id: String,
         /// Why.
         error: ToolErrorKind,
-        /// The text the model sees.
+        /// The text the model sees (cut, like a result, to the tool's
+        /// result budget).
         message: String,
         /// Active time spent in ms.
         duration_ms: u64,

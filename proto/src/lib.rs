@@ -51,8 +51,8 @@ pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing, Spend, SpendCap};
 pub use compaction::{CompactionSpec, CompactionStrategy};
 pub use config::{
     AgentRef, ApprovalTimeout, DEFAULT_CANCEL_GRACE_MS, DEFAULT_MAX_RESULT_BYTES, InterruptedCall,
-    OUTPUT_TOOL, OutputSchemaCheck, PlannerKind, Policy, PolicyAction, RunConfig, ToolOutputSchema,
-    ToolSpec, compile_tool_schema, json_type,
+    OUTPUT_TOOL, PlannerKind, Policy, PolicyAction, RunConfig, ToolSpec, compile_tool_schema,
+    json_type,
 };
 pub use config_error::ConfigError;
 pub use content::{
@@ -73,7 +73,8 @@ pub use provider::{
 pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
 pub use stop::{ProtectedTurn, RefusedTurn, RejectedAnswer, StopAction, StopClass, StopPolicy};
 pub use tool_sources::{
-    HttpTool, McpToolSource, PolicyOrigin, ResolvedPolicy, ToolPolicy, ToolSource,
+    HttpTool, McpToolSource, OutputSchemaCheck, PolicyOrigin, ResolvedPolicy, ToolOutputSchema,
+    ToolPolicy, ToolSource,
 };
 
 pub mod testing;

@@ -170,7 +170,39 @@ pub struct ToolPolicy {
     /// `outputSchema` becomes: `enforce` (default; a tool error the model
     /// sees) or `warn` (the result passes; the worker logs a warning).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_schema: Option<crate::config::OutputSchemaCheck>,
+    pub output_schema: Option<OutputSchemaCheck>,
+}
+
+/// An MCP tool's declared `outputSchema` and what glia does with a result
+/// that does not match it, frozen in the step's [`crate::ToolSpec`].
+///
+/// JSON: `{"schema": {"type": "object", …}, "check": "enforce"}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ToolOutputSchema {
+    /// The schema, as the server listed it.
+    pub schema: Value,
+    /// Enforce (default) or warn.
+    #[serde(default)]
+    pub check: OutputSchemaCheck,
+}
+
+/// What a result that does not match its tool's `outputSchema` (or has no
+/// `structuredContent` though the tool declares one: MCP 2025-06-18,
+/// "Tools" › "Output Schema", servers MUST provide structured results that
+/// conform) becomes. Set per tool by `tool_policy.NAME.output_schema`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OutputSchemaCheck {
+    /// A tool error the model sees (`invalid_output`), naming each
+    /// violation's path and rule.
+    #[default]
+    Enforce,
+    /// The result passes unchanged; the worker logs a warning naming the
+    /// violations.
+    Warn,
 }
 
 /// Who decided one part of an offered tool's [`ResolvedPolicy`].

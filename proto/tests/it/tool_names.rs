@@ -158,6 +158,7 @@ fn a_clash_names_both_tools() {
             tool: tool.into(),
             schema_hash: String::new(),
             requires_approval: false,
+            max_total_ms: None,
         }),
         ..ToolSpec::new(provider_tool_name(tool).into_owned(), "", json!({}))
     };
