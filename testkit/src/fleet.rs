@@ -195,6 +195,17 @@ impl Fleet {
         cmd
     }
 
+    /// Write the operator's catalogue `toml` to `fleet.toml` in the fleet's
+    /// directory, and have the workers (`--catalogue`) and the dispatcher
+    /// (`GLIA_CATALOGUE`) started after this read it.
+    pub fn use_catalogue(&mut self, toml: &str) {
+        let path = self.dir.join("fleet.toml");
+        std::fs::write(&path, toml).expect("write the catalogue");
+        self.worker_args = vec!["--catalogue".into(), path.display().to_string()];
+        self.extra_env
+            .push(("GLIA_CATALOGUE".into(), path.display().to_string()));
+    }
+
     /// Start the dispatcher and wait until it is ready (`/readyz` 200).
     pub fn start_dispatcher(&mut self) {
         self.spawn_dispatcher();

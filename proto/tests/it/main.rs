@@ -6,3 +6,4 @@ mod repair;
 mod result_budget;
 mod roundtrip;
 mod tool_names;
+mod tool_policy;

@@ -6,5 +6,6 @@
 mod batches;
 mod broker_restart;
 mod kills;
+mod mcp_faults;
 mod outages;
 mod single_node;

@@ -141,13 +141,7 @@ fn twenty_runs_with_mcp_and_http_tools_survive_kill_9_mid_call() {
             tee("files", format!("node {filesystem} {}", files.display()))
         ),
     );
-    let catalogue_path = fleet.dir.join("fleet.toml");
-    std::fs::write(&catalogue_path, catalogue).unwrap();
-    fleet.worker_args = vec!["--catalogue".into(), catalogue_path.display().to_string()];
-    fleet.extra_env.push((
-        "GLIA_CATALOGUE".into(),
-        catalogue_path.display().to_string(),
-    ));
+    fleet.use_catalogue(&catalogue);
     // A secret the files server gets in its environment (and prints to its
     // stderr): it must reach no event and no log line.
     let secret = format!("s3cret-{}", uuid::Uuid::now_v7().simple());
