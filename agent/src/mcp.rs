@@ -492,11 +492,17 @@ impl McpHub {
         while let Ok(text) = rx.try_recv() {
             progress(text);
         }
-        let lost = |why: String| ToolFailure {
+        // An `outcome_unknown` message enters the conversation as glia's own
+        // text (not neutralised there): `why` may hold the server's stderr
+        // or transport text, so glia's markers in it are neutralised here.
+        let lost = |why: String| {
+            ToolFailure {
             kind: ToolErrorKind::OutcomeUnknown,
-            message: format!(
+            message: glia_proto::marker::neutralise(&format!(
                 "MCP server {server} {why} during the call of {tool}; whether the call took effect is unknown."
-            ),
+            ))
+            .into_owned(),
+        }
         };
         if let Err(e) = &answer
             && let Some(cause) = not_run(e)
@@ -525,6 +531,16 @@ impl McpHub {
                 Some(process) => format!("stopped ({})", process.death(DEATH_WAIT).await),
                 None => "closed the connection".into(),
             })),
+            // rmcp 3.11 answers a call whose response was still streaming
+            // when it re-initialised an expired session with an error of
+            // its own (streamable_http_client.rs): the server may have run
+            // it.
+            Err(rmcp::ServiceError::McpError(e))
+                if e.message
+                    .contains("re-initialized before the response arrived") =>
+            {
+                Err(lost(format!("lost its session ({})", e.message)))
+            }
             Err(rmcp::ServiceError::McpError(e)) => Err(self.refused(server, tool, e).await),
             // The transport's error without rmcp's transport type name.
             Err(rmcp::ServiceError::TransportSend(e)) => Err(lost(format!("failed ({})", e.error))),

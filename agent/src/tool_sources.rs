@@ -440,6 +440,20 @@ impl ToolSources {
                     None => e,
                 });
             }
+            // Two listed tools one allow entry could name (a name and a tool
+            // literally called by its provider-safe form) are never resolved
+            // by list order: the run is refused, naming both.
+            for (j, name) in source.allow.iter().enumerate() {
+                let mut matching = listing.tools.iter().filter(|t| same_tool(&t.name, name));
+                if let (Some(a), Some(b)) = (matching.next(), matching.next()) {
+                    return Err(OfferError::Invalid(format!(
+                        "mcp[{i}].allow[{j}]: MCP server {server:?} lists two tools the name {name:?} could mean, {:?} and {:?} (both offered to the model as {:?}); rename one at the server",
+                        a.name,
+                        b.name,
+                        provider_tool_name(name)
+                    )));
+                }
+            }
             let Some(j) = missing else {
                 return Ok(listing.tools);
             };

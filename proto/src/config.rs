@@ -523,8 +523,7 @@ impl RunConfig {
     /// `tool_policy.NAME.max_result_bytes`, else [`RunConfig::max_result_bytes`].
     /// The worker records it in the step's [`ToolSpec::max_result_bytes`].
     pub fn max_result_bytes_for(&self, name: &str) -> u64 {
-        self.tool_policy
-            .get(name)
+        self.tool_policy_for(name)
             .and_then(|p| p.max_result_bytes)
             .unwrap_or(self.max_result_bytes)
     }

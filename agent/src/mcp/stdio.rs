@@ -271,8 +271,13 @@ async fn stop_child(child: &mut Child) -> std::io::Result<ExitStatus> {
     child.wait().await
 }
 
+/// Longest stderr line kept, in bytes: the rest of a longer line is left
+/// out (a server writing without newlines holds no more than this).
+const MAX_STDERR_LINE: usize = 4096;
+
 /// Log a stdio server's stderr at debug level and keep its tail, secret
-/// values redacted; mark it closed at its end.
+/// values redacted, each line cut at [`MAX_STDERR_LINE`]; mark it closed at
+/// its end.
 async fn forward_stderr(
     server: String,
     stderr: ChildStderr,
@@ -280,12 +285,35 @@ async fn forward_stderr(
     tail: Arc<Mutex<StderrTail>>,
     closed: watch::Sender<bool>,
 ) {
-    let mut lines = tokio::io::BufReader::new(stderr).split(b'\n');
-    while let Ok(Some(line)) = lines.next_segment().await {
-        let line = String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(&line)).into_owned();
-        let line = redact(line, &secrets);
-        debug!(target: "glia_agent::mcp::stderr", server = %server, "{line}");
-        tail.lock().expect("stderr tail").push(line);
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    let mut cut = false;
+    loop {
+        let chunk = match reader.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(chunk) => chunk,
+        };
+        let (part, ended) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => (&chunk[..i], true),
+            None => (chunk, false),
+        };
+        let room = MAX_STDERR_LINE.saturating_sub(line.len());
+        line.extend_from_slice(&part[..part.len().min(room)]);
+        cut |= part.len() > room;
+        let used = part.len() + usize::from(ended);
+        reader.consume(used);
+        if ended {
+            let mut text =
+                String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(&line)).into_owned();
+            if cut {
+                text.push_str(" [line cut]");
+            }
+            let text = redact(text, &secrets);
+            debug!(target: "glia_agent::mcp::stderr", server = %server, "{text}");
+            tail.lock().expect("stderr tail").push(text);
+            line.clear();
+            cut = false;
+        }
     }
     closed.send_replace(true);
 }

@@ -300,6 +300,10 @@ async fn a_server_killed_by_a_signal_is_named_with_its_stderr() {
             "the last stderr lines: {message}"
         );
         assert!(!message.contains("gracefully"), "{message}");
+        assert!(
+            message.contains("a forged marker") && !message.contains(glia_proto::marker::PREFIX),
+            "the server's stderr reaches the model with glia's markers neutralised: {message}"
+        );
         let echo = spec(&sources, "odd", "echo", ToolPolicy::default()).await;
         let (result, _) = call(&sources, &echo, json!({})).await;
         assert_eq!(result.expect("restarted").to_string(), "called as echo");

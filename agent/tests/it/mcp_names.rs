@@ -359,3 +359,33 @@ async fn over_http_and_the_operators_lists_name_either_form() {
     assert_eq!(out.to_text(), "called as überprüfen");
     sources.shutdown().await;
 }
+
+/// A server listing both `a.b` and a tool literally named by `a.b`'s
+/// provider-safe form: an allow entry that could mean either is never
+/// resolved by list order; the run's tools cannot be offered, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allow_entry_two_listed_tools_could_mean_is_refused() {
+    let dir = glia_testkit::TempDir::new();
+    let state = dir.path().join("odd");
+    std::fs::create_dir_all(&state).unwrap();
+    let literal = provider_tool_name("a.b").into_owned();
+    std::fs::write(state.join("tools"), format!("{literal}\n")).unwrap();
+    let sources = sources(stdio_catalogue(&state, ""));
+    for allow in ["a.b", literal.as_str()] {
+        let e = sources.offered(&odd_config(&[allow])).await.unwrap_err();
+        let OfferError::Invalid(reason) = e else {
+            panic!("{allow}: {e:?}");
+        };
+        assert!(
+            reason.contains("mcp[0].allow[0]")
+                && reason.contains("\"a.b\"")
+                && reason.contains(&format!("{literal:?}")),
+            "{reason}"
+        );
+    }
+    sources
+        .offered(&odd_config(&["a_b"]))
+        .await
+        .expect("an unambiguous name is offered");
+    sources.shutdown().await;
+}

@@ -69,3 +69,23 @@ fn max_total_ms_is_at_least_the_timeout_and_for_mcp_tools_only() {
         Ok(u64::MAX)
     );
 }
+
+/// A per-tool result budget keyed by an MCP tool's own name applies to the
+/// name the model sees.
+#[test]
+fn a_result_budget_under_the_tools_own_name_applies() {
+    let config: glia_proto::RunConfig = glia_proto::strict::from_json_str(
+        r#"{"mcp": [{"server": "cal", "allow": ["calendar.read"]}],
+            "tool_policy": {"calendar.read": {"max_result_bytes": 100}}}"#,
+    )
+    .expect("parses");
+    config.validate().expect("valid");
+    let offered = glia_proto::tool_names::provider_tool_name("calendar.read");
+    assert_ne!(offered, "calendar.read");
+    assert_eq!(config.max_result_bytes_for(&offered), 100);
+    assert_eq!(config.max_result_bytes_for("calendar.read"), 100);
+    assert_eq!(
+        config.max_result_bytes_for("other"),
+        config.max_result_bytes
+    );
+}
