@@ -444,8 +444,14 @@ impl ToolSources {
             // literally called by its provider-safe form) are never resolved
             // by list order: the run is refused, naming both.
             for (j, name) in source.allow.iter().enumerate() {
-                let mut matching = listing.tools.iter().filter(|t| same_tool(&t.name, name));
-                if let (Some(a), Some(b)) = (matching.next(), matching.next()) {
+                let first = listing.tools.iter().find(|t| same_tool(&t.name, name));
+                let other = first.and_then(|a| {
+                    listing
+                        .tools
+                        .iter()
+                        .find(|t| t.name != a.name && same_tool(&t.name, name))
+                });
+                if let (Some(a), Some(b)) = (first, other) {
                     return Err(OfferError::Invalid(format!(
                         "mcp[{i}].allow[{j}]: MCP server {server:?} lists two tools the name {name:?} could mean, {:?} and {:?} (both offered to the model as {:?}); rename one at the server",
                         a.name,
