@@ -24,9 +24,8 @@ use glia_agent::tool_sources::ToolSources;
 use glia_proto::content::cut_notice;
 use glia_proto::marker::{Insert, classify};
 use glia_proto::{
-    ContentBlock, DEFAULT_MAX_RESULT_BYTES, EventKind, McpToolSource, ModelRequest, Outcome,
-    OutputSchemaCheck, ResultBlock, RunConfig, Status, ToolContent, ToolErrorKind, ToolPolicy,
-    ToolSpec,
+    ContentBlock, DEFAULT_MAX_RESULT_BYTES, EventKind, McpToolSource, Outcome, OutputSchemaCheck,
+    ResultBlock, RunConfig, Status, ToolContent, ToolErrorKind, ToolPolicy, ToolSpec,
 };
 use glia_testkit::odd_mcp::{ListMode, odd_mcp_bin, spawn_http};
 use serde_json::json;
@@ -75,23 +74,6 @@ fn ctx(call_id: &str) -> ToolContext {
         call_id: call_id.into(),
         idempotency_key: format!("key-{call_id}"),
     }
-}
-
-/// The tool result of call `call_id` in `request`.
-fn result_in(request: &ModelRequest, call_id: &str) -> (ToolContent, bool) {
-    request
-        .messages
-        .iter()
-        .flat_map(|m| &m.content)
-        .find_map(|b| match b {
-            ContentBlock::ToolResult {
-                tool_use_id,
-                content,
-                is_error,
-            } if tool_use_id == call_id => Some((content.clone(), *is_error)),
-            _ => None,
-        })
-        .expect("the call's result is in the request")
 }
 
 fn spec<'a>(specs: &'a [ToolSpec], name: &str) -> &'a ToolSpec {
@@ -154,7 +136,7 @@ async fn a_5_mib_result_is_cut_in_the_conversation_and_whole_in_the_log() {
     let notice = cut_notice(bytes, budget);
     let requests = provider.requests();
     for request in &requests[1..] {
-        let (seen, is_error) = result_in(request, "call_1");
+        let (seen, is_error) = crate::common::result_in(request, "call_1");
         assert!(!is_error);
         let ToolContent::Text(text) = &seen else {
             panic!("{seen:?}")
@@ -294,7 +276,7 @@ async fn the_model_sees_an_output_schema_violation_as_a_tool_error() {
         matches!(status, Status::Done(Outcome::Succeeded { .. })),
         "{status:?}"
     );
-    let (seen, is_error) = result_in(&provider.requests()[1], "call_1");
+    let (seen, is_error) = crate::common::result_in(&provider.requests()[1], "call_1");
     assert!(is_error);
     assert!(
         seen.to_text().contains("at /count:")
@@ -382,7 +364,7 @@ async fn an_image_reaches_a_text_only_model_as_a_placeholder() {
         })
         .unwrap();
     let image = logged.images().next().expect("the log keeps the image");
-    let (seen, _) = result_in(&provider.requests()[1], "call_1");
+    let (seen, _) = crate::common::result_in(&provider.requests()[1], "call_1");
     let ToolContent::Text(text) = &seen else {
         panic!("a text-only request has text only: {seen:?}")
     };

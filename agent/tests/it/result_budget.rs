@@ -12,8 +12,7 @@ use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
 use glia_agent::tool::{DynTool, ToolContext, ToolFailure, ToolRegistry};
 use glia_proto::content::cut_notice;
 use glia_proto::{
-    ContentBlock, DEFAULT_MAX_RESULT_BYTES, EventKind, ModelRequest, RunConfig, ToolContent,
-    ToolPolicy, ToolSpec,
+    DEFAULT_MAX_RESULT_BYTES, EventKind, ModelRequest, RunConfig, ToolContent, ToolPolicy, ToolSpec,
 };
 use serde_json::{Value, json};
 
@@ -53,19 +52,7 @@ fn agent(turns: Vec<ScriptedTurn>) -> (Agent, Arc<ScriptedProvider>) {
 
 /// The content of `big`'s result (call id `call_1`) in `request`.
 fn big_result(request: &ModelRequest) -> ToolContent {
-    request
-        .messages
-        .iter()
-        .flat_map(|m| &m.content)
-        .find_map(|b| match b {
-            ContentBlock::ToolResult {
-                tool_use_id,
-                content,
-                ..
-            } if tool_use_id == "call_1" => Some(content.clone()),
-            _ => None,
-        })
-        .expect("big's result is in the request")
+    crate::common::result_in(request, "call_1").0
 }
 
 #[tokio::test]

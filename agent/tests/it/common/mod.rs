@@ -230,3 +230,24 @@ impl glia_agent::agent::EventSink for LiveSink {
         self.live.lock().unwrap().push(event.clone());
     }
 }
+
+/// The tool result of call `call_id` in `request` and whether it is an
+/// error. Panics when the request carries none.
+pub fn result_in(
+    request: &glia_proto::ModelRequest,
+    call_id: &str,
+) -> (glia_proto::ToolContent, bool) {
+    request
+        .messages
+        .iter()
+        .flat_map(|m| &m.content)
+        .find_map(|b| match b {
+            glia_proto::ContentBlock::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } if tool_use_id == call_id => Some((content.clone(), *is_error)),
+            _ => None,
+        })
+        .expect("the call's result is in the request")
+}
