@@ -951,7 +951,10 @@ async fn a_pass_that_died_after_creating_a_run_creates_no_second_one() {
         .await
         .unwrap();
     assert_eq!(claimed.len(), 2);
-    let body = json!({"goal": claimed[0].goal, "config": {"model": "script:x"}, "batch_id": batch});
+    // (It created the run as the pass does: the item's tags and metadata.)
+    let labels = &item(claimed[0].n as usize);
+    let body = json!({"goal": claimed[0].goal, "config": {"model": "script:x"}, "batch_id": batch,
+                      "tags": labels["tags"], "metadata": labels["metadata"]});
     let mut req = common::request(Method::POST, "/v1/runs", Some(SUB_A), Some(&body));
     req.headers_mut().insert(
         "idempotency-key",

@@ -6,6 +6,7 @@ use crate::common;
 
 use axum::http::{Method, StatusCode};
 use common::*;
+use glia_dispatcher::{Auth, Principal, Scope};
 use glia_proto::{EventKind, Outcome};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -25,9 +26,26 @@ fn newest_first(runs: &[Uuid]) -> Vec<String> {
     runs.iter().map(Uuid::to_string).collect()
 }
 
+/// Tenant `a`'s submitter may register agents too; `b` submits; an admin.
+fn labels_harness() -> H {
+    let p = |t: &str, s: &[Scope]| Principal {
+        tenant: t.into(),
+        scopes: s.to_vec(),
+        name: None,
+    };
+    harness_with(
+        Auth::from_tokens([
+            (SUB_A.to_owned(), p("a", &[Scope::Submit, Scope::Agents])),
+            (SUB_B.to_owned(), p("b", &[Scope::Submit])),
+            (ADMIN.to_owned(), p("ops", &[Scope::Admin])),
+        ])
+        .unwrap(),
+    )
+}
+
 #[tokio::test]
 async fn tags_and_metadata_round_trip_and_filter_the_listing() {
-    let h = harness();
+    let h = labels_harness();
     let put = send(
         &h.router,
         request(
