@@ -21,8 +21,7 @@ use crate::{
     NewRun, Opening, Orphan, RunFilter, RunGaugeKey, RunLog, RunStatus,
 };
 
-mod listing;
-pub use listing::{lists_and_filters_runs, pages_by_cursor_while_runs_arrive};
+pub mod listing;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -1422,8 +1421,6 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     an_interrupted_call_is_marked_in_the_queue(&fresh().await).await;
     outbox_and_orphans(&fresh().await).await;
     lists_runs(&fresh().await).await;
-    lists_and_filters_runs(&fresh().await).await;
-    pages_by_cursor_while_runs_arrive(&fresh().await).await;
     agent_versions(&fresh().await).await;
 }
 

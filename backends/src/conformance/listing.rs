@@ -1,15 +1,23 @@
 //! Conformance of run listing ([`crate::RunLog::list_runs`]) and of the run
 //! view's fields ([`crate::RunSummary`]): newest first, every filter of
 //! [`RunFilter`], cursor paging while runs arrive, tenant isolation. Every
-//! adapter runs these (through [`super::all`]).
+//! adapter's tests run these beside [`super::all`] ([`all`]).
 
 use std::collections::BTreeMap;
 
 use glia_proto::{AgentRef, Event, EventKind, Outcome, RunConfig};
 use uuid::Uuid;
 
-use super::{TTL, sample_log, state_after};
+use super::sample_log;
 use crate::{EventLog, NewRun, OutcomeKind, RunFilter, RunStatus, RunSummary};
+
+const TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Every check of this module, each on a fresh log.
+pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn() -> F) {
+    lists_and_filters_runs(&fresh().await).await;
+    pages_by_cursor_while_runs_arrive(&fresh().await).await;
+}
 
 /// A run of the listing fixture: how it ends up, what it carries.
 struct Fixture {
@@ -90,9 +98,8 @@ async fn admit(log: &dyn EventLog, tenant: &str, f: &Fixture) -> RunSummary {
     };
     let all = [vec![start], events.clone()].concat();
     let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
-    log.commit(&lease, &events, &state_after(s.run_id, &all), &[])
-        .await
-        .unwrap();
+    let state = glia_proto::RunState::replay(s.run_id, &all).expect("the fixture replays");
+    log.commit(&lease, &events, &state, &[]).await.unwrap();
     log.get_run(s.run_id).await.unwrap()
 }
 
@@ -158,7 +165,10 @@ pub async fn lists_and_filters_runs(log: &dyn EventLog) {
         (parked.agent.as_deref(), parked.agent_version),
         (Some("triage"), Some(1))
     );
-    assert_eq!((cancelled.agent.as_deref(), cancelled.agent_version), (None, None));
+    assert_eq!(
+        (cancelled.agent.as_deref(), cancelled.agent_version),
+        (None, None)
+    );
     assert_eq!(failed.tags, ["alpha", "beta"]);
     assert_eq!(
         cancelled.metadata,
@@ -489,7 +499,11 @@ pub async fn lists_and_filters_runs(log: &dyn EventLog) {
         tags: vec!["alpha".into()],
         ..RunFilter::default()
     };
-    assert!(!ids(log, mine(labelled.clone())).await.contains(&foreign.run_id));
+    assert!(
+        !ids(log, mine(labelled.clone()))
+            .await
+            .contains(&foreign.run_id)
+    );
     assert_eq!(
         ids(
             log,
