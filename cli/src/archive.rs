@@ -147,7 +147,7 @@ pub async fn export(args: ExportArgs) -> Result<()> {
         std::fs::rename(&partial, path)
             .with_context(|| format!("renaming {} to {}", partial.display(), path.display()))?;
     }
-    eprintln!("exported {n} run(s)");
+    errln!("exported {n} run(s)");
     Ok(())
 }
 
@@ -188,7 +188,7 @@ pub async fn import(args: ImportArgs) -> Result<()> {
             ),
         }
     }
-    eprintln!(
+    errln!(
         "imported {created} run(s) from {} ({present} already present)",
         header.source
     );
