@@ -535,7 +535,8 @@ async fn follow(
 }
 
 /// `glia runs resume --extend-…`: amounts added to a run's budget limits
-/// (the resume body's `extend`, a [`BudgetLimits`]).
+/// (the resume body's `extend`, a [`BudgetLimits`]); a limit the run does
+/// not have (unlimited) stays unlimited.
 #[derive(Args, Clone, Default)]
 pub struct ExtendArgs {
     /// More model calls.
@@ -1267,8 +1268,8 @@ fn usd(micros: u64) -> String {
     format!("${:.4}", micros as f64 / 1e6)
 }
 
-/// The limits a `budget.extended` or an extension raises: `+5 turns,
-/// +$2.0000`.
+/// A set of budget limits for people: `11 turns, 10 tool calls, $2.0000`
+/// (the unset ones, unlimited, left out).
 fn limits_text(l: &BudgetLimits) -> String {
     let mut parts = Vec::new();
     let counts = [
@@ -1494,7 +1495,7 @@ pub fn describe(kind: &EventKind) -> String {
             strategy, removed, ..
         } => format!("{strategy}: removed {removed} messages"),
         EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),
-        EventKind::BudgetExtended { limits } => format!("+{}", limits_text(limits)),
+        EventKind::BudgetExtended { limits } => format!("limits now {}", limits_text(limits)),
         EventKind::SessionPause { pull_point } => {
             let v = serde_json::to_value(pull_point).unwrap_or(Value::Null);
             let mut text = pull_point.name().to_owned();
