@@ -76,7 +76,7 @@ pub async fn agents(cmd: AgentsCommand) -> Result<()> {
                 })?;
                 if let Some(other) = names.insert(def.name.clone(), file.clone()) {
                     bail!(
-                        "{} and {} both define agent {:?}",
+                        "{} and {} both define agent '{}'",
                         other.display(),
                         file.display(),
                         def.name

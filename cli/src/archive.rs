@@ -54,7 +54,10 @@ impl StoreArgs {
                 let host = config
                     .get_hosts()
                     .first()
-                    .map(|h| format!("{h:?}"))
+                    .map(|h| match h {
+                        tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+                    })
                     .unwrap_or_default();
                 Ok((
                     Arc::new(log),
@@ -97,7 +100,7 @@ fn parse_status(s: &str) -> Result<RunStatus, String> {
         "parked" => Ok(RunStatus::Parked),
         "done" => Ok(RunStatus::Done),
         other => Err(format!(
-            "unknown status {other:?} (runnable, parked or done)"
+            "unknown status '{other}' (runnable, parked or done)"
         )),
     }
 }

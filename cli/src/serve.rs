@@ -617,13 +617,13 @@ impl DispatcherArgs {
 fn parse_weight(s: &str) -> Result<(String, u32), String> {
     let (tenant, weight) = s
         .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected TENANT=WEIGHT"))?;
+        .ok_or_else(|| format!("'{s}': expected TENANT=WEIGHT"))?;
     let weight: u32 = weight
         .parse()
-        .map_err(|_| format!("{s:?}: the weight must be a positive integer"))?;
+        .map_err(|_| format!("'{s}': the weight must be a positive integer"))?;
     if tenant.is_empty() || weight == 0 {
         return Err(format!(
-            "{s:?}: expected TENANT=WEIGHT with a non-empty tenant and a weight of at least 1"
+            "'{s}': expected TENANT=WEIGHT with a non-empty tenant and a weight of at least 1"
         ));
     }
     Ok((tenant.to_owned(), weight))

@@ -54,6 +54,19 @@ fn wait_for(dev: &Dev, id: &str, kind: &str) -> Value {
     }
 }
 
+/// `glia approvals approve` the call `parked` (a run view) waits for; its id.
+fn approve(dev: &Dev, id: &str, parked: &Value) -> String {
+    let call = parked["pull_point"]["call_ids"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    ok(&glia(dev)
+        .args(["approvals", "approve", id, &call])
+        .output()
+        .unwrap());
+    call
+}
+
 fn submit(dev: &Dev, goal: &str, config: Value) -> String {
     let dir = std::env::temp_dir().join(format!("glia_cli_{}", uuid::Uuid::now_v7().simple()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -106,15 +119,8 @@ fn runs_events_follows_a_run_readably_and_as_json() {
         .spawn()
         .unwrap();
     let parked = wait_for(&dev, &id, "awaiting_approval");
-    let call = parked["pull_point"]["call_ids"][0]
-        .as_str()
-        .unwrap()
-        .to_owned();
     // Parked: the follower goes on until the run ends.
-    ok(&glia(&dev)
-        .args(["approvals", "approve", &id, &call])
-        .output()
-        .unwrap());
+    let call = approve(&dev, &id, &parked);
     let out = follower.wait_with_output().unwrap();
     let text = ok(&out);
     let done = run(&dev, &id);
@@ -286,14 +292,7 @@ fn resume_extends_the_budget_of_a_run_paused_by_it() {
             .any(|l| l.contains("budget.extended") && l.contains("11 turns")),
         "{readable}"
     );
-    let call = parked["pull_point"]["call_ids"][0]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    ok(&glia(&dev)
-        .args(["approvals", "approve", &id, &call])
-        .output()
-        .unwrap());
+    approve(&dev, &id, &parked);
     let done = wait_for(&dev, &id, "done");
     assert_eq!(done["outcome"]["kind"], "succeeded", "{done}");
 }
