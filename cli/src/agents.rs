@@ -29,6 +29,9 @@ pub enum AgentsCommand {
     List {
         #[command(flatten)]
         server: Server,
+        /// Print the API's answer (JSON) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Print an agent's definition (`NAME`: the latest; `NAME@VERSION`).
     Show {
@@ -73,7 +76,7 @@ pub async fn agents(cmd: AgentsCommand) -> Result<()> {
                 })?;
                 if let Some(other) = names.insert(def.name.clone(), file.clone()) {
                     bail!(
-                        "{} and {} both define agent {:?}",
+                        "{} and {} both define agent '{}'",
                         other.display(),
                         file.display(),
                         def.name
@@ -96,7 +99,7 @@ pub async fn agents(cmd: AgentsCommand) -> Result<()> {
                 let v = answer
                     .checked()
                     .with_context(|| format!("applying {}", file.display()))?;
-                println!(
+                outln!(
                     "{}: agent {} {} (version {}, {})",
                     file.display(),
                     def.name,
@@ -107,18 +110,23 @@ pub async fn agents(cmd: AgentsCommand) -> Result<()> {
             }
             Ok(())
         }
-        AgentsCommand::List { server } => {
+        AgentsCommand::List { server, json } => {
             let list = server
                 .call(&client, Method::GET, "/v1/agents", None, &[])
                 .await?
                 .checked()?;
-            println!(
+            if json {
+                return crate::client::print_json(&list);
+            }
+            outln!(
                 "{:<24} {:>7}  {:<28} DESCRIPTION",
-                "NAME", "VERSION", "MODEL"
+                "NAME",
+                "VERSION",
+                "MODEL"
             );
             for a in list["agents"].as_array().into_iter().flatten() {
                 let d = &a["definition"];
-                println!(
+                outln!(
                     "{:<24} {:>7}  {:<28} {}",
                     text(&a["name"]),
                     a["version"],
@@ -137,7 +145,7 @@ pub async fn agents(cmd: AgentsCommand) -> Result<()> {
                 .call(&client, Method::GET, &path, None, &[])
                 .await?
                 .checked()?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            outln!("{}", serde_json::to_string_pretty(&v)?);
             Ok(())
         }
     }
@@ -167,7 +175,7 @@ pub fn schemas(args: SchemasArgs) -> Result<()> {
             format!("{}\n", serde_json::to_string_pretty(&schema)?),
         )
         .with_context(|| format!("writing {}", path.display()))?;
-        println!("{}", path.display());
+        outln!("{}", path.display());
     }
     Ok(())
 }

@@ -54,7 +54,10 @@ impl StoreArgs {
                 let host = config
                     .get_hosts()
                     .first()
-                    .map(|h| format!("{h:?}"))
+                    .map(|h| match h {
+                        tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+                    })
                     .unwrap_or_default();
                 Ok((
                     Arc::new(log),
@@ -97,7 +100,7 @@ fn parse_status(s: &str) -> Result<RunStatus, String> {
         "parked" => Ok(RunStatus::Parked),
         "done" => Ok(RunStatus::Done),
         other => Err(format!(
-            "unknown status {other:?} (runnable, parked or done)"
+            "unknown status '{other}' (runnable, parked or done)"
         )),
     }
 }
@@ -147,7 +150,7 @@ pub async fn export(args: ExportArgs) -> Result<()> {
         std::fs::rename(&partial, path)
             .with_context(|| format!("renaming {} to {}", partial.display(), path.display()))?;
     }
-    eprintln!("exported {n} run(s)");
+    errln!("exported {n} run(s)");
     Ok(())
 }
 
@@ -188,7 +191,7 @@ pub async fn import(args: ImportArgs) -> Result<()> {
             ),
         }
     }
-    eprintln!(
+    errln!(
         "imported {created} run(s) from {} ({present} already present)",
         header.source
     );

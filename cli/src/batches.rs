@@ -134,6 +134,9 @@ pub enum BatchCommand {
     List {
         #[command(flatten)]
         server: Server,
+        /// Print the API's answer (JSON) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -218,7 +221,7 @@ async fn command(cmd: BatchCommand) -> Result<()> {
                 .as_str()
                 .context("the answer has no batch id")?
                 .to_owned();
-            println!("{id}");
+            outln!("{id}");
             if wait {
                 watch(&server, &client, &id).await?;
             }
@@ -228,7 +231,7 @@ async fn command(cmd: BatchCommand) -> Result<()> {
                 watch(&server, &client, &id).await?;
             } else {
                 let view = server.get(&client, &format!("/v1/batches/{id}")).await?;
-                println!("{}", serde_json::to_string_pretty(&view)?);
+                outln!("{}", serde_json::to_string_pretty(&view)?);
             }
         }
         BatchCommand::Results { server, id } => {
@@ -273,10 +276,13 @@ async fn command(cmd: BatchCommand) -> Result<()> {
             };
             print_view(&server, &client, &format!("/v1/batches/{id}/resume"), body).await?
         }
-        BatchCommand::List { server } => {
+        BatchCommand::List { server, json } => {
             let page = server.get(&client, "/v1/batches?limit=1000").await?;
+            if json {
+                return crate::client::print_json(&page);
+            }
             for b in page["batches"].as_array().cloned().unwrap_or_default() {
-                println!(
+                outln!(
                     "{}  {:<9}  {:>7} items  {}",
                     b["id"].as_str().unwrap_or("?"),
                     b["status"].as_str().unwrap_or("?"),
@@ -324,7 +330,7 @@ async fn print_view(
             .await?,
     )
     .await?;
-    println!("{}", serde_json::to_string_pretty(&view)?);
+    outln!("{}", serde_json::to_string_pretty(&view)?);
     Ok(())
 }
 
@@ -377,7 +383,7 @@ async fn watch(server: &Server, client: &reqwest::Client, id: &str) -> Result<()
                 Ok(()) => bar.finish(),
                 Err(_) => bar.abandon(),
             }
-            eprintln!("batch {id}: {status}");
+            errln!("batch {id}: {status}");
             return verdict;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

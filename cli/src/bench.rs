@@ -288,7 +288,7 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Approvals(args) => serde_json::to_value(approvals(&args).await?)?,
         BenchCommand::Listing(args) => serde_json::to_value(listing(&args).await?)?,
     };
-    println!("{}", serde_json::to_string_pretty(&result)?);
+    outln!("{}", serde_json::to_string_pretty(&result)?);
     Ok(())
 }
 
@@ -572,11 +572,11 @@ impl BenchFleet {
             match RabbitQueue::connect(amqp_url, QueueOptions::new(queue_name.clone())).await {
                 Ok(q) => {
                     if let Err(e) = q.delete_topology().await {
-                        eprintln!("bench: queue {queue_name} not deleted: {e}");
+                        errln!("bench: queue {queue_name} not deleted: {e}");
                     }
                     q.close().await;
                 }
-                Err(e) => eprintln!("bench: queue {queue_name} not deleted: {e}"),
+                Err(e) => errln!("bench: queue {queue_name} not deleted: {e}"),
             }
         }
     }
@@ -733,7 +733,7 @@ async fn steps(args: &StepsArgs, target: Target) -> Result<Vec<StepsResult>> {
             result.raw_inserts_per_s_1 = raw_1;
             result.raw_inserts_per_s_c = raw_c;
             result.writes_alone_steps_per_s = alone[i];
-            eprintln!(
+            errln!(
                 "{target:?} {:?} round {}: {:.0} steps/s ({:.2} of raw {:.0}/s; writes alone {:.0}/s, {:.2} of raw), approval→resume p50 {:.1} ms p99 {:.1} ms, admission p50 {:.1} ms",
                 variants[i],
                 round + 1,
@@ -1851,7 +1851,7 @@ impl Drop for ScratchDb {
         })
         .join();
         if !matches!(dropped, Ok(Some(()))) {
-            eprintln!("could not drop the bench database {}", self.name);
+            errln!("could not drop the bench database {}", self.name);
         }
     }
 }

@@ -34,7 +34,7 @@ use backon::{ExponentialBuilder, Retryable};
 use clap::{Args, Subcommand};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
-use glia_proto::{Event, EventKind, Outcome, RunConfig};
+use glia_proto::{BudgetLimits, Event, EventKind, Outcome, RunConfig};
 use reqwest::{Client, Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
 
@@ -415,13 +415,20 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
         .context("the dispatcher's answer has no run_id")?
         .to_owned();
     if args.detach {
-        println!("{run_id}");
+        outln!("{run_id}");
         return Ok(());
     }
-    eprintln!("run {run_id}");
-    match follow(&stream_client()?, &args.server, &run_id, args.json)
-        .await
-        .with_context(|| format!("following run {run_id}"))?
+    errln!("run {run_id}");
+    match follow(
+        &stream_client()?,
+        &args.server,
+        &run_id,
+        0,
+        args.json,
+        false,
+    )
+    .await
+    .with_context(|| format!("following run {run_id}"))?
     {
         Some(Outcome::Failed { error }) => bail!("run {run_id} failed: {error}"),
         Some(Outcome::Cancelled { reason }) => bail!("run {run_id} was cancelled: {reason}"),
@@ -429,8 +436,8 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
     }
 }
 
-/// Print a run's events from the SSE stream until it parks or ends; the
-/// outcome when it ended. A stream that breaks (the dispatcher restarted, a
+/// Print a run's events from the SSE stream (after seq `after`) until it
+/// parks (unless `until_done`) or ends; the outcome when it ended. A stream that breaks (the dispatcher restarted, a
 /// proxy cut it, nothing arrived for [`STREAM_IDLE`]) is resumed after the
 /// last printed seq (`Last-Event-ID`), so every event is printed once and in
 /// order. Reconnecting fails with [`Unreachable`] once the stream has been
@@ -440,10 +447,12 @@ async fn follow(
     client: &Client,
     server: &Server,
     run_id: &str,
+    after: u64,
     json: bool,
+    until_done: bool,
 ) -> Result<Option<Outcome>> {
     let path = format!("/v1/runs/{run_id}/events/stream");
-    let mut last: u64 = 0;
+    let mut last: u64 = after;
     // Since when the stream has been broken: from the first break after a
     // working stream (one that delivered an event or stayed open for
     // HEALTHY_STREAM) until the next working one.
@@ -502,18 +511,13 @@ async fn follow(
             }
             last = event.seq;
             if json {
-                println!("{}", msg.data);
+                outln!("{}", msg.data);
             } else {
-                println!(
-                    "{:>4}  {:<18} {}",
-                    event.seq,
-                    event.kind.name(),
-                    describe(&event.kind)
-                );
+                outln!("{}", event_line(&event));
             }
             match event.kind {
-                EventKind::SessionPause { pull_point } => {
-                    eprintln!("parked at {}", pull_point.name());
+                EventKind::SessionPause { pull_point } if !until_done => {
+                    errln!("parked at {}", pull_point.name());
                     return Ok(None);
                 }
                 EventKind::SessionComplete { outcome } => return Ok(Some(outcome)),
@@ -530,10 +534,77 @@ async fn follow(
     }
 }
 
+/// `glia runs resume --extend-…`: amounts added to a run's budget limits
+/// (the resume body's `extend`, a [`BudgetLimits`]); a limit the run does
+/// not have (unlimited) stays unlimited.
+#[derive(Args, Clone, Default)]
+pub struct ExtendArgs {
+    /// More model calls.
+    #[arg(long, value_name = "N")]
+    pub extend_turns: Option<u64>,
+    /// More tool calls.
+    #[arg(long, value_name = "N")]
+    pub extend_tool_calls: Option<u64>,
+    /// More active time, in seconds.
+    #[arg(long, value_name = "SECS")]
+    pub extend_active_secs: Option<u64>,
+    /// More uncached input tokens.
+    #[arg(long, value_name = "N")]
+    pub extend_input_tokens: Option<u64>,
+    /// More output tokens.
+    #[arg(long, value_name = "N")]
+    pub extend_output_tokens: Option<u64>,
+    /// More cache-write tokens.
+    #[arg(long, value_name = "N")]
+    pub extend_cache_write_tokens: Option<u64>,
+    /// More cache-read tokens.
+    #[arg(long, value_name = "N")]
+    pub extend_cache_read_tokens: Option<u64>,
+    /// More spend, in USD (e.g. 2.50).
+    #[arg(long, value_name = "USD")]
+    pub extend_cost_usd: Option<f64>,
+}
+
+impl ExtendArgs {
+    /// The extension, or `None` when no `--extend-…` was given. Errors: a
+    /// negative, non-finite or too large amount of USD; an active time
+    /// past `u64` milliseconds.
+    pub fn limits(&self) -> Result<Option<BudgetLimits>> {
+        let cost = match self.extend_cost_usd {
+            Some(usd) if !usd.is_finite() || usd <= 0.0 || usd > 1e12 => {
+                bail!("--extend-cost-usd must be a positive amount of USD (e.g. 2.50)")
+            }
+            Some(usd) => Some((usd * 1_000_000.0).round() as u64),
+            None => None,
+        };
+        let active_ms = match self.extend_active_secs {
+            Some(s) => Some(
+                s.checked_mul(1000)
+                    .context("--extend-active-secs is too large")?,
+            ),
+            None => None,
+        };
+        let limits = BudgetLimits {
+            max_turns: self.extend_turns,
+            max_tool_calls: self.extend_tool_calls,
+            max_active_ms: active_ms,
+            max_input_tokens: self.extend_input_tokens,
+            max_output_tokens: self.extend_output_tokens,
+            max_cache_write_tokens: self.extend_cache_write_tokens,
+            max_cache_read_tokens: self.extend_cache_read_tokens,
+            max_cost_usd_micros: cost,
+        };
+        Ok((limits != BudgetLimits::default()).then_some(limits))
+    }
+}
+
 /// `glia runs` (with `list` and `get`, [`crate::runs_view::RunsCommand`]).
 #[derive(Subcommand)]
 pub enum RunsCommand {
-    /// Print a run's events.
+    /// Print a run's events, one line each: time (UTC), seq, kind and a
+    /// short summary (tool names and cut arguments, tokens and cost of
+    /// model calls, errors). With --follow, keep printing as the run moves
+    /// until it ends.
     Events {
         #[command(flatten)]
         server: Server,
@@ -542,6 +613,14 @@ pub enum RunsCommand {
         /// Only events after this sequence number.
         #[arg(long, default_value_t = 0)]
         after: u64,
+        /// Follow the run live (server-sent events, resumed after the last
+        /// printed seq when the connection drops) until it is done; parks
+        /// are printed and followed through.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// One event per line as JSON (the API's event objects).
+        #[arg(long)]
+        json: bool,
     },
     /// Pause a run at its next step boundary (an operator pause; `POST
     /// /v1/runs/{id}/pause`).
@@ -555,12 +634,15 @@ pub enum RunsCommand {
         reason: Option<String>,
     },
     /// Resume a paused run, or withdraw a pause not yet in effect (`POST
-    /// /v1/runs/{id}/resume`).
+    /// /v1/runs/{id}/resume`); with `--extend-…`, raise its budget limits
+    /// first (a run paused by its budget resumes with the extension).
     Resume {
         #[command(flatten)]
         server: Server,
         /// Run id.
         run_id: String,
+        #[command(flatten)]
+        extend: ExtendArgs,
     },
     /// Cancel a run (`POST /v1/runs/{id}/cancel`).
     Cancel {
@@ -582,22 +664,43 @@ pub async fn runs(cmd: RunsCommand) -> Result<()> {
             server,
             run_id,
             after,
+            follow: true,
+            json,
         } => {
-            let body = server
+            follow(&stream_client()?, &server, &run_id, after, json, true)
+                .await
+                .with_context(|| format!("following run {run_id}"))?;
+        }
+        RunsCommand::Events {
+            server,
+            run_id,
+            mut after,
+            follow: false,
+            json,
+        } => loop {
+            let page = server
                 .get(
                     &client,
                     &format!("/v1/runs/{run_id}/events?after={after}&limit=1000"),
                 )
                 .await?;
-            let events = body["events"]
-                .as_array()
-                .or(body.as_array())
-                .cloned()
-                .unwrap_or_default();
-            for e in events {
-                println!("{e}");
+            let events = page["events"].as_array().cloned().unwrap_or_default();
+            for e in &events {
+                if json {
+                    outln!("{e}");
+                } else {
+                    let event: Event = serde_json::from_value(e.clone()).with_context(|| {
+                        format!("the dispatcher sent an event glia cannot read: {e}")
+                    })?;
+                    outln!("{}", event_line(&event));
+                }
             }
-        }
+            let next = page["next_after"].as_u64().unwrap_or(after);
+            if events.is_empty() || next <= after {
+                break;
+            }
+            after = next;
+        },
         // Repeats are harmless (a second pause or resume answers 409), so
         // these go through the outage retry.
         RunsCommand::Pause {
@@ -616,20 +719,28 @@ pub async fn runs(cmd: RunsCommand) -> Result<()> {
                 )
                 .await?
                 .checked()?;
-            println!("{}", serde_json::to_string_pretty(&answer)?);
+            outln!("{}", serde_json::to_string_pretty(&answer)?);
         }
-        RunsCommand::Resume { server, run_id } => {
+        RunsCommand::Resume {
+            server,
+            run_id,
+            extend,
+        } => {
+            let body = match extend.limits()? {
+                Some(limits) => json!({ "extend": limits }),
+                None => json!({}),
+            };
             let answer = server
                 .call(
                     &client,
                     Method::POST,
                     &format!("/v1/runs/{run_id}/resume"),
-                    Some(&json!({})),
+                    Some(&body),
                     &[],
                 )
                 .await?
                 .checked()?;
-            println!("{}", serde_json::to_string_pretty(&answer)?);
+            outln!("{}", serde_json::to_string_pretty(&answer)?);
         }
         RunsCommand::Cancel {
             server,
@@ -647,7 +758,7 @@ pub async fn runs(cmd: RunsCommand) -> Result<()> {
                 )
                 .await?
                 .checked()?;
-            println!("{}", serde_json::to_string_pretty(&answer)?);
+            outln!("{}", serde_json::to_string_pretty(&answer)?);
         }
     }
     Ok(())
@@ -663,6 +774,9 @@ pub enum ApprovalsCommand {
         /// Only this tool's.
         #[arg(long)]
         tool: Option<String>,
+        /// Print the API's answer (JSON) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Decided, expired and escalated approvals, newest first, from the
     /// run logs: resolution, decider, decision time, wait, edits.
@@ -680,8 +794,11 @@ pub enum ApprovalsCommand {
         #[arg(long, default_value_t = 100)]
         limit: usize,
         /// Print CSV (one header row) instead of a table.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "json")]
         csv: bool,
+        /// Print the API's answer (JSON) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Approve a call.
     Approve {
@@ -710,12 +827,15 @@ pub enum ApprovalsCommand {
 pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
     let client = http_client()?;
     match cmd {
-        ApprovalsCommand::List { server, tool } => {
-            let mut path = "/v1/approvals?status=pending".to_owned();
-            if let Some(t) = tool {
-                path.push_str(&format!("&tool={t}"));
+        ApprovalsCommand::List { server, tool, json } => {
+            let mut query = vec![("status", "pending".to_owned())];
+            query.extend(tool.map(|t| ("tool", t)));
+            let body = server
+                .get(&client, &with_query("/v1/approvals", &query)?)
+                .await?;
+            if json {
+                return print_json(&body);
             }
-            let body = server.get(&client, &path).await?;
             let rows = body["approvals"]
                 .as_array()
                 .or(body.as_array())
@@ -723,7 +843,7 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
                 .unwrap_or_default();
             let now = chrono::Utc::now();
             for a in rows {
-                println!(
+                outln!(
                     "{}  {}  {}  {}{}{}",
                     a["run_id"].as_str().unwrap_or("?"),
                     a["call_id"].as_str().unwrap_or("?"),
@@ -745,6 +865,7 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
             resolution,
             limit,
             csv,
+            json,
         } => {
             let mut query = vec![("limit", limit.to_string())];
             query.extend(tool.map(|t| ("tool", t)));
@@ -759,7 +880,7 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
                 let status = resp.status();
                 let text = resp.text().await?;
                 anyhow::ensure!(status.is_success(), "dispatcher answered {status}: {text}");
-                print!("{text}");
+                out!("{text}");
                 return Ok(());
             }
             let body = checked(
@@ -770,9 +891,18 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
                     .await?,
             )
             .await?;
-            println!(
+            if json {
+                return print_json(&body);
+            }
+            outln!(
                 "{:<20}  {:<36}  {:<10}  {:<16}  {:<9}  {:<12}  {:>8}  DETAIL",
-                "REQUESTED", "RUN", "CALL", "TOOL", "RESULT", "BY", "WAIT"
+                "REQUESTED",
+                "RUN",
+                "CALL",
+                "TOOL",
+                "RESULT",
+                "BY",
+                "WAIT"
             );
             for r in body["approvals"].as_array().cloned().unwrap_or_default() {
                 let wait = r["wait_ms"].as_i64().map_or_else(|| "?".into(), human_ms);
@@ -794,7 +924,7 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
                     )),
                     _ => {}
                 }
-                println!(
+                outln!(
                     "{:<20}  {:<36}  {:<10}  {:<16}  {:<9}  {:<12}  {:>8}  {}",
                     r["requested_at"]
                         .as_str()
@@ -842,6 +972,21 @@ pub async fn approvals(cmd: ApprovalsCommand) -> Result<()> {
             .await?
         }
     }
+    Ok(())
+}
+
+/// `path?k=v&…`, each value URL-encoded.
+fn with_query(path: &str, query: &[(&str, String)]) -> Result<String> {
+    let url = reqwest::Url::parse_with_params(&format!("http://glia{path}"), query)?;
+    Ok(match url.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    })
+}
+
+/// Print an API answer as indented JSON (the `--json` of read commands).
+pub fn print_json(body: &Value) -> Result<()> {
+    outln!("{}", serde_json::to_string_pretty(body)?);
     Ok(())
 }
 
@@ -898,13 +1043,13 @@ async fn decide(
         && answer.status == StatusCode::CONFLICT
         && answer.code() == "already_decided"
     {
-        eprintln!(
+        errln!(
             "decision posted (the approval is decided; an earlier attempt's answer was lost, so check `glia runs events {run_id}` for whose decision it was)"
         );
         return Ok(());
     }
     answer.checked()?;
-    eprintln!("decision posted");
+    errln!("decision posted");
     Ok(())
 }
 
@@ -930,6 +1075,9 @@ pub enum WebhooksCommand {
     List {
         #[command(flatten)]
         server: Server,
+        /// Print the API's answer (JSON) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Remove a subscription.
     Delete {
@@ -944,6 +1092,9 @@ pub enum WebhooksCommand {
         server: Server,
         /// Subscription id.
         id: String,
+        /// Print the API's answer (JSON) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -970,10 +1121,10 @@ pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
                     .await?,
             )
             .await?;
-            println!("{}", serde_json::to_string_pretty(&created)?);
-            eprintln!("keep the secret: it is not shown again");
+            outln!("{}", serde_json::to_string_pretty(&created)?);
+            errln!("keep the secret: it is not shown again");
         }
-        WebhooksCommand::List { server } => {
+        WebhooksCommand::List { server, json } => {
             let body = checked(
                 server
                     .request(&client, Method::GET, "/v1/webhooks")
@@ -981,8 +1132,11 @@ pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
                     .await?,
             )
             .await?;
+            if json {
+                return print_json(&body);
+            }
             for w in body["webhooks"].as_array().cloned().unwrap_or_default() {
-                println!(
+                outln!(
                     "{}  {:<8}  {}  {}",
                     w["id"].as_str().unwrap_or("?"),
                     w["format"].as_str().unwrap_or("?"),
@@ -999,9 +1153,9 @@ pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
             if !resp.status().is_success() {
                 checked(resp).await?;
             }
-            eprintln!("deleted");
+            errln!("deleted");
         }
-        WebhooksCommand::Deliveries { server, id } => {
+        WebhooksCommand::Deliveries { server, id, json } => {
             let body = checked(
                 server
                     .request(
@@ -1013,8 +1167,11 @@ pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
                     .await?,
             )
             .await?;
+            if json {
+                return print_json(&body);
+            }
             for d in body["deliveries"].as_array().cloned().unwrap_or_default() {
-                println!(
+                outln!(
                     "{}  {:<18}  {:<9}  attempts {:<3}  {}  {}",
                     d["created_at"]
                         .as_str()
@@ -1036,7 +1193,69 @@ pub async fn webhooks(cmd: WebhooksCommand) -> Result<()> {
     Ok(())
 }
 
-/// One line about an event, for people.
+/// One line about an event, for people: its time (UTC, to the ms), seq,
+/// kind and [`describe`].
+pub fn event_line(event: &Event) -> String {
+    format!(
+        "{}  {:>4}  {:<18} {}",
+        event.at.format("%H:%M:%S%.3f"),
+        event.seq,
+        event.kind.name(),
+        describe(&event.kind)
+    )
+}
+
+/// The wire name of a value that serialises as a string (an enum's
+/// `snake_case` name: `outcome_unknown`, `tool_use`), else its compact
+/// JSON: never Rust's debug text.
+fn wire<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(s)) => s,
+        Ok(v) => v.to_string(),
+        Err(_) => "?".into(),
+    }
+}
+
+/// `$0.0012` for USD micros.
+fn usd(micros: u64) -> String {
+    format!("${:.4}", micros as f64 / 1e6)
+}
+
+/// A set of budget limits for people: `11 turns, 10 tool calls, $2.0000`
+/// (the unset ones, unlimited, left out).
+fn limits_text(l: &BudgetLimits) -> String {
+    let mut parts = Vec::new();
+    let counts = [
+        (l.max_turns, "turns"),
+        (l.max_tool_calls, "tool calls"),
+        (l.max_input_tokens, "input tokens"),
+        (l.max_output_tokens, "output tokens"),
+        (l.max_cache_write_tokens, "cache-write tokens"),
+        (l.max_cache_read_tokens, "cache-read tokens"),
+    ];
+    for (n, what) in counts {
+        if let Some(n) = n {
+            parts.push(format!("{n} {what}"));
+        }
+    }
+    if let Some(ms) = l.max_active_ms {
+        parts.push(format!(
+            "{} active",
+            human_ms(i64::try_from(ms).unwrap_or(i64::MAX))
+        ));
+    }
+    if let Some(c) = l.max_cost_usd_micros {
+        parts.push(usd(c));
+    }
+    if parts.is_empty() {
+        "no limit".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// One line about an event, for people: no content beyond cut text, never
+/// Rust's debug text.
 pub fn describe(kind: &EventKind) -> String {
     fn clip(s: &str) -> String {
         let one_line = s.replace('\n', " ");
@@ -1089,6 +1308,8 @@ pub fn describe(kind: &EventKind) -> String {
             usage,
             stop_reason,
             rejected,
+            duration_ms,
+            cost_usd_micros,
             ..
         } => {
             let calls: Vec<String> = message
@@ -1107,8 +1328,16 @@ pub fn describe(kind: &EventKind) -> String {
                 )
             });
             let estimated = if usage.estimated { ", estimated" } else { "" };
+            let cached = if usage.cache_read_tokens + usage.cache_write_tokens > 0 {
+                format!(
+                    " / cache read {} write {}",
+                    usage.cache_read_tokens, usage.cache_write_tokens
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "[{stop_reason}]{rejected} {}{} (in {} / out {} tokens{estimated})",
+                "[{stop_reason}]{rejected} {}{} (in {} / out {}{cached} tokens{estimated}, {}, {})",
                 text,
                 if calls.is_empty() {
                     String::new()
@@ -1116,25 +1345,43 @@ pub fn describe(kind: &EventKind) -> String {
                     format!(" calls {}", calls.join(", "))
                 },
                 usage.input_tokens,
-                usage.output_tokens
+                usage.output_tokens,
+                usd(*cost_usd_micros),
+                human_ms(i64::try_from(*duration_ms).unwrap_or(i64::MAX))
             )
         }
-        EventKind::ToolCall(c) => format!(
-            "{}#{} {} → {:?}",
-            c.name,
-            c.call_id,
-            clip(&c.input.to_string()),
-            c.disposition
-        ),
+        EventKind::ToolCall(c) => {
+            let next = match &c.disposition {
+                glia_proto::Disposition::Run { .. } => "run".to_owned(),
+                glia_proto::Disposition::External => "external".to_owned(),
+                glia_proto::Disposition::Approval => "approval".to_owned(),
+                glia_proto::Disposition::Refused { error, message } => {
+                    format!("refused ({}): {}", wire(error), clip(message))
+                }
+            };
+            format!(
+                "{}#{} {} → {next}",
+                c.name,
+                c.call_id,
+                clip(&c.input.to_string())
+            )
+        }
         EventKind::ToolResult {
-            call_id, content, ..
-        } => format!("#{call_id} {}", clip(&content.to_text())),
+            call_id,
+            content,
+            duration_ms,
+            ..
+        } => format!(
+            "#{call_id} {} ({})",
+            clip(&content.to_text()),
+            human_ms(i64::try_from(*duration_ms).unwrap_or(i64::MAX))
+        ),
         EventKind::ToolError {
             call_id,
             error,
             message,
             ..
-        } => format!("#{call_id} {error:?}: {}", clip(message)),
+        } => format!("#{call_id} {}: {}", wire(error), clip(message)),
         EventKind::ToolRecovered {
             call_id,
             idempotency_key,
@@ -1174,10 +1421,15 @@ pub fn describe(kind: &EventKind) -> String {
             decision,
             by,
             ..
-        } => format!(
-            "#{call_id} {decision:?} by {}",
-            by.as_deref().unwrap_or("?")
-        ),
+        } => {
+            let decision = match decision {
+                glia_proto::Decision::Approve => "approved".to_owned(),
+                glia_proto::Decision::Reject { reason } => format!("rejected ({})", clip(reason)),
+                glia_proto::Decision::Edit { .. } => "approved with edits".to_owned(),
+                glia_proto::Decision::Expire => "expired".to_owned(),
+            };
+            format!("#{call_id} {decision} by {}", by.as_deref().unwrap_or("?"))
+        }
         EventKind::ApprovalEscalated {
             call_id,
             expires_at,
@@ -1191,23 +1443,38 @@ pub fn describe(kind: &EventKind) -> String {
             guardrail,
             reason,
             ..
-        } => format!("{stage:?} {guardrail}: {}", clip(reason)),
+        } => format!("{} {guardrail}: {}", wire(stage), clip(reason)),
         EventKind::ContextCompacted {
             strategy, removed, ..
         } => format!("{strategy}: removed {removed} messages"),
         EventKind::BudgetWarn { limit, .. } => format!("limit {limit} reached"),
-        EventKind::BudgetExtended { limits } => format!("{limits:?}"),
+        EventKind::BudgetExtended { limits } => format!("limits now {}", limits_text(limits)),
         EventKind::SessionPause { pull_point } => {
-            serde_json::to_string(pull_point).unwrap_or_default()
+            let v = serde_json::to_value(pull_point).unwrap_or(Value::Null);
+            let mut text = pull_point.name().to_owned();
+            if let Some(ids) = v["call_ids"].as_array() {
+                let ids: Vec<String> = ids
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(|id| format!("#{id}"))
+                    .collect();
+                text = format!("{text} {}", ids.join(", "));
+            }
+            if let Some(reason) = v["reason"]["kind"].as_str() {
+                text = format!("{text} ({reason})");
+            }
+            text
         }
         EventKind::SessionPauseRequested { reason, by } => {
             format!("{} (by {})", clip(reason), by.as_deref().unwrap_or("?"))
         }
         EventKind::SessionResume { by } => format!("by {}", by.as_deref().unwrap_or("?")),
         EventKind::SessionCancel { reason } => clip(reason),
-        EventKind::SessionComplete { outcome } => {
-            clip(&serde_json::to_string(outcome).unwrap_or_default())
-        }
+        EventKind::SessionComplete { outcome } => match outcome {
+            Outcome::Succeeded { answer, .. } => format!("succeeded: {}", clip(answer)),
+            Outcome::Failed { error } => format!("failed: {}", clip(error)),
+            Outcome::Cancelled { reason } => format!("cancelled: {}", clip(reason)),
+        },
         EventKind::Error { message, fatal } => {
             format!("{}{}", if *fatal { "fatal: " } else { "" }, clip(message))
         }
@@ -1216,7 +1483,8 @@ pub fn describe(kind: &EventKind) -> String {
             hook,
             effect,
         } => format!(
-            "{topic:?} {hook}: {}",
+            "{} {hook}: {}",
+            wire(topic),
             clip(&serde_json::to_string(effect).unwrap_or_default())
         ),
     }

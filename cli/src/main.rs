@@ -3,6 +3,27 @@
 //! client with outage retries (`client.rs`), the tau-bench replay driver
 //! (`tau_driver.rs`) and the benchmarks (`bench.rs`).
 
+/// `println!` that ends the process quietly (status 0) on a closed pipe
+/// ([`out::line`]).
+macro_rules! outln {
+    () => { $crate::out::line(format_args!("")) };
+    ($($arg:tt)*) => { $crate::out::line(format_args!($($arg)*)) };
+}
+
+/// `print!` that ends the process quietly (status 0) on a closed pipe
+/// ([`out::text`]).
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::out::text(format_args!($($arg)*)) };
+}
+
+/// `eprintln!` that never panics ([`out::err_line`]).
+macro_rules! errln {
+    () => { $crate::out::err_line(format_args!("")) };
+    ($($arg:tt)*) => { $crate::out::err_line(format_args!($($arg)*)) };
+}
+
+mod out;
+
 mod agents;
 mod archive;
 mod batches;
@@ -183,9 +204,25 @@ struct RunArgs {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> Result<()> {
-    let cli = Cli::parse();
+/// Run the command; an error is printed as one line with its causes
+/// (`glia: what failed: why`) and exits with status 1, except a closed
+/// stdout (`| head`), which ends quietly with status 0 ([`out`]).
+fn main() {
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(command(Cli::parse())));
+    if let Err(e) = result {
+        if out::broken_pipe(&e) {
+            std::process::exit(0);
+        }
+        errln!("glia: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn command(cli: Cli) -> Result<()> {
     // A batch draws a progress bar on stderr: only warnings go there too.
     // A benchmark prints JSON; the pools it tears down would only warn.
     let default_level = match cli.command {
@@ -248,17 +285,12 @@ struct Printer {
 impl EventSink for Printer {
     async fn record(&mut self, event: &Event) -> Result<(), SinkError> {
         if self.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string(event).map_err(|e| SinkError(e.to_string()))?
             );
         } else {
-            println!(
-                "{:>4}  {:<18} {}",
-                event.seq,
-                event.kind.name(),
-                client::describe(&event.kind)
-            );
+            outln!("{}", client::event_line(event));
         }
         Ok(())
     }
@@ -377,7 +409,7 @@ fn finish(
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         if !json {
-            eprintln!(
+            errln!(
                 "parked at {} (run {}){}",
                 pull_point.name(),
                 state.run_id,

@@ -186,7 +186,7 @@ impl Urls {
                 reqwest::Url::parse(url).with_context(|| format!("{flag} is not a URL"))?;
             if !allowed.contains(&parsed.scheme()) {
                 bail!(
-                    "{flag} has scheme {:?}; expected one of {}",
+                    "{flag} has scheme '{}'; expected one of {}",
                     parsed.scheme(),
                     allowed.join(", ")
                 );

@@ -210,7 +210,7 @@ pub async fn list(client: &Client, server: &Server, args: &ListArgs) -> Result<(
                 if !args.json {
                     writeln!(stdout, "{table}")?;
                 }
-                eprintln!("more runs: --cursor {next}");
+                errln!("more runs: --cursor {next}");
                 return Ok(());
             }
             None => break,
@@ -218,7 +218,7 @@ pub async fn list(client: &Client, server: &Server, args: &ListArgs) -> Result<(
     }
     if !args.json {
         if table.row_count() == 0 {
-            eprintln!("no runs");
+            errln!("no runs");
         } else {
             writeln!(stdout, "{table}")?;
         }
@@ -337,11 +337,11 @@ pub async fn get(client: &Client, server: &Server, run_id: &str, json: bool) -> 
     }
     let body = server.get(client, &format!("/v1/runs/{run_id}")).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&body)?);
+        outln!("{}", serde_json::to_string_pretty(&body)?);
         return Ok(());
     }
     let run: RunSummary = serde_json::from_value(body).context("the dispatcher's run")?;
-    print!("{}", describe(&run, Utc::now()));
+    out!("{}", describe(&run, Utc::now()));
     Ok(())
 }
 

@@ -227,9 +227,15 @@ impl WorkerArgs {
     /// `--metrics-listen`.
     fn metrics(&self) -> Option<(WorkerMetrics, glia_providers::ProviderMetrics)> {
         self.metrics_listen?;
-        let mut m = WorkerMetrics::new(self.provider.provider.map_or("scripted", |k| k.name()));
+        let mut m = WorkerMetrics::new(self.provider_label());
         let provider = glia_providers::ProviderMetrics::register(m.registry_mut());
         Some((m, provider))
+    }
+
+    /// The worker's provider as metrics and spans label it: `scripted`,
+    /// `anthropic`, `openai`.
+    fn provider_label(&self) -> &'static str {
+        self.provider.provider.map_or("scripted", |k| k.name())
     }
 
     /// The `--tenant-caps` file, parsed (`None` without the flag).
@@ -611,13 +617,13 @@ impl DispatcherArgs {
 fn parse_weight(s: &str) -> Result<(String, u32), String> {
     let (tenant, weight) = s
         .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected TENANT=WEIGHT"))?;
+        .ok_or_else(|| format!("'{s}': expected TENANT=WEIGHT"))?;
     let weight: u32 = weight
         .parse()
-        .map_err(|_| format!("{s:?}: the weight must be a positive integer"))?;
+        .map_err(|_| format!("'{s}': the weight must be a positive integer"))?;
     if tenant.is_empty() || weight == 0 {
         return Err(format!(
-            "{s:?}: expected TENANT=WEIGHT with a non-empty tenant and a weight of at least 1"
+            "'{s}': expected TENANT=WEIGHT with a non-empty tenant and a weight of at least 1"
         ));
     }
     Ok((tenant.to_owned(), weight))
@@ -776,7 +782,9 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     info!("worker ready: Postgres, RabbitMQ and Redis connected");
     let agent = with_caps(agent, caps, &ports)?;
     let agent_sources = agent.tool_sources().cloned();
-    let mut worker = ports.worker(agent, args.options(0));
+    let mut worker = ports
+        .worker(agent, args.options(0))
+        .with_provider_label(args.provider_label());
     if let Some(metrics) = metrics {
         worker = worker.with_metrics(metrics);
     }
@@ -863,7 +871,9 @@ pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
         });
     }
     for n in 0..workers.max(1) {
-        let mut w = ports.worker(agent.clone(), worker_args.options(n));
+        let mut w = ports
+            .worker(agent.clone(), worker_args.options(n))
+            .with_provider_label(worker_args.provider_label());
         if let Some(metrics) = &metrics {
             w = w.with_metrics(metrics.clone());
         }

@@ -292,7 +292,7 @@ pub async fn batch(args: BatchArgs) -> Result<()> {
     let summary = drive(&server, &recording, &args, &key).await?;
     let (diverged, failed) = (summary.diverged, summary.failed);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        outln!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print_table(&summary);
     }
@@ -783,7 +783,7 @@ async fn poll(
                 }
                 if shown < args.show {
                     shown += 1;
-                    eprintln!("run {id} (conversation {}): {why}", t.conversation.id);
+                    errln!("run {id} (conversation {}): {why}", t.conversation.id);
                 }
             }
         }
@@ -792,7 +792,7 @@ async fn poll(
         summary.failed += 1;
         if shown < args.show {
             shown += 1;
-            eprintln!("conversation {} was not run: {why}", conversation.id);
+            errln!("conversation {} was not run: {why}", conversation.id);
         }
     }
     Ok(summary)
@@ -935,6 +935,6 @@ fn print_table(s: &Summary) {
         ("steps/s", format!("{:.0}", s.steps_per_s)),
     ];
     for (k, v) in rows {
-        println!("{k:<22} {v:>12}");
+        outln!("{k:<22} {v:>12}");
     }
 }

@@ -117,6 +117,8 @@ pub struct Worker {
     ledger: Arc<dyn Ledger>,
     options: WorkerOptions,
     metrics: Option<Arc<WorkerMetrics>>,
+    /// The provider's label in spans (see [`Worker::with_provider_label`]).
+    provider: String,
     serial_cancel_check: bool,
     resume_slots: usize,
     hints: Mutex<Option<mpsc::Receiver<Job>>>,
@@ -144,6 +146,7 @@ impl Worker {
             ledger,
             options,
             metrics: None,
+            provider: String::new(),
             serial_cancel_check: false,
             resume_slots: 1,
             hints: Mutex::new(None),
@@ -181,6 +184,14 @@ impl Worker {
     /// before, kept to measure the difference in `glia bench steps`).
     pub fn with_serial_cancel_check(mut self, serial: bool) -> Self {
         self.serial_cancel_check = serial;
+        self
+    }
+
+    /// Label the spans of model calls with `provider` (`scripted`,
+    /// `anthropic`, `openai`: `gen_ai.provider.name`) when a run names no
+    /// catalogue provider; default: the metrics' label, else none.
+    pub fn with_provider_label(mut self, provider: &str) -> Self {
+        provider.clone_into(&mut self.provider);
         self
     }
 
@@ -238,7 +249,8 @@ impl Worker {
                         Taken::Queued(d) => (d.job, "queue"),
                         Taken::Hint(job) => (*job, "hint"),
                     };
-                    let span = tracing::info_span!("job", run_id = %job.run_id, head_seq = job.head_seq, via, worker = %self.options.id);
+                    let span =
+                        crate::trace::job_span(job.run_id, job.head_seq, via, &self.options.id);
                     tokio::spawn(
                         async move {
                             if let Some(m) = &me.metrics {
@@ -463,7 +475,8 @@ impl Worker {
                 held: Vec::new(),
                 buffer: Vec::new(),
                 consumed: Vec::new(),
-                observer: RunObserver::new(self.metrics.clone(), &state),
+                observer: RunObserver::new(self.metrics.clone(), &state)
+                    .with_default_provider(&self.provider),
                 serial_cancel_check: self.serial_cancel_check,
                 watch_pause: !stale_flag,
                 pause_flagged: false,

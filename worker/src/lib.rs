@@ -8,9 +8,11 @@
 //!
 //! - [`consumer`]: the job consumer ([`consumer::Worker`]) and the ledger-backed
 //!   budget gate;
-//! - [`metrics`]: a worker's Prometheus metrics and GenAI spans, derived from recorded events.
+//! - [`metrics`]: a worker's Prometheus metrics and GenAI spans, derived from recorded events;
+//! - [`trace`]: how a run's spans form one OpenTelemetry trace (trace id = run id).
 
 #![warn(missing_docs)]
 
 pub mod consumer;
 pub mod metrics;
+pub mod trace;

@@ -39,23 +39,30 @@
 //! | `glia_worker_busy_slots` | gauge | – | jobs in hand |
 //! | `glia_worker_slots` | gauge | – | jobs this worker handles at once |
 //!
-//! Spans (through `tracing`; exported by OTLP when the binary is built with
-//! it) follow the OpenTelemetry GenAI semantic conventions: `chat {model}`
-//! per model call (`gen_ai.operation.name` = `chat`, `gen_ai.provider.name`,
-//! `gen_ai.request.model`, `gen_ai.usage.input_tokens`,
-//! `gen_ai.usage.output_tokens`, `gen_ai.response.finish_reasons`),
-//! `execute_tool {tool}` per tool call a worker runs (`gen_ai.tool.name`,
-//! `gen_ai.tool.call.id`, `error.type`), and `glia.step` per plan step (one
-//! span per job that advances the step: a step that parks ends its span)
-//! — all inside the worker's `job` span, which carries `run_id`.
+//! Spans (through `tracing`; exported over OTLP when an endpoint is
+//! configured, see `glia-cli`'s `observe`) follow the OpenTelemetry GenAI
+//! semantic conventions: `chat {model}` per model call
+//! (`gen_ai.operation.name` = `chat`, `gen_ai.provider.name`,
+//! `gen_ai.request.model`, `gen_ai.usage.input_tokens` (every input token,
+//! cached ones included), `gen_ai.usage.output_tokens`,
+//! `gen_ai.usage.cache_read.input_tokens`,
+//! `gen_ai.usage.cache_creation.input_tokens`,
+//! `gen_ai.response.finish_reasons` (the provider's stop reason),
+//! `glia.cost_usd_micros`, `error.type` when it failed), `execute_tool
+//! {tool}` per tool call a worker runs (`gen_ai.tool.name`,
+//! `gen_ai.tool.call.id`, `error.type`: the `tool.error` kind), and `step
+//! {index}` (`glia.step`) per plan step (one span per job that advances the
+//! step: a step that parks ends its span) — all inside the worker's `job`
+//! span, which carries `run_id` and `trace_id`; and at the run's end its
+//! root span `invoke_agent {agent}`. How they form one trace per run:
+//! [`crate::trace`]. No span carries content (goal, messages, step
+//! descriptions, tool arguments or results).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use glia_proto::{
-    Decision, Disposition, Event, EventKind, LiveEvent, Outcome, RunState, StopClass,
-};
+use glia_proto::{Decision, Disposition, Event, EventKind, LiveEvent, RunState, StopClass, Usage};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -413,6 +420,21 @@ impl WorkerMetrics {
     }
 }
 
+/// The span of plan step `index` (in the current span: the job's).
+fn step_span(index: usize) -> Span {
+    tracing::info_span!(
+        "glia.step",
+        otel.name = %format!("step {index}"),
+        "glia.step.index" = as_i64(index as u64)
+    )
+}
+
+/// A count as a signed integer, the type OpenTelemetry attributes take
+/// (tracing's `u64` would be exported as text).
+fn as_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// The model call in flight, between `model.call` and its end.
 struct InFlight {
     started: Instant,
@@ -427,9 +449,16 @@ pub struct RunObserver {
     metrics: Option<Arc<WorkerMetrics>>,
     provider: String,
     model: String,
+    run_id: uuid::Uuid,
+    agent: Option<glia_proto::AgentRef>,
+    /// The run's tokens and cost (USD micros) so far, for its root span.
+    usage: Usage,
+    cost_usd_micros: u64,
     /// Tool name by call id: the calls pending when the observer was made,
     /// and those recorded since.
     tools: HashMap<String, String>,
+    /// The calls a client answers (`awaiting_tool`): no worker runs them.
+    external: std::collections::HashSet<String>,
     in_flight: Mutex<Option<InFlight>>,
     step: Option<Span>,
     tool_spans: HashMap<String, (Span, Instant)>,
@@ -449,15 +478,38 @@ impl RunObserver {
             metrics,
             provider,
             model: state.config.model.clone(),
+            run_id: state.run_id,
+            agent: state.config.agent.clone(),
+            usage: state.usage.tokens,
+            cost_usd_micros: state.usage.cost_usd_micros,
             tools: state
                 .pending_calls
                 .iter()
                 .map(|c| (c.call_id.clone(), c.name.clone()))
                 .collect(),
+            external: state
+                .pending_calls
+                .iter()
+                .filter(|c| c.external)
+                .map(|c| c.call_id.clone())
+                .collect(),
             in_flight: Mutex::new(None),
-            step: None,
+            // A step under way when the job began goes on in a span of this job.
+            step: state
+                .step
+                .filter(|_| state.outcome.is_none())
+                .map(step_span),
             tool_spans: HashMap::new(),
         }
+    }
+
+    /// Label model calls with `provider` when neither the run (a catalogue
+    /// provider) nor the metrics name one.
+    pub fn with_default_provider(mut self, provider: &str) -> RunObserver {
+        if self.provider.is_empty() {
+            provider.clone_into(&mut self.provider);
+        }
+        self
     }
 
     /// The span a model or tool call belongs to: the current step's, else
@@ -486,14 +538,12 @@ impl RunObserver {
         {
             m.runs_started.inc();
         }
+        if let Some((usage, cost)) = event.kind.spend() {
+            self.usage += *usage;
+            self.cost_usd_micros += cost;
+        }
         match &event.kind {
-            EventKind::StepStart {
-                index, description, ..
-            } => {
-                self.step = Some(
-                    tracing::info_span!("glia.step", "glia.step.index" = index, "glia.step.description" = %description),
-                );
-            }
+            EventKind::StepStart { index, .. } => self.step = Some(step_span(*index)),
             EventKind::StepEnd { .. } => {
                 self.step = None;
                 if let Some(m) = m {
@@ -506,12 +556,17 @@ impl RunObserver {
                     parent: self.parent(),
                     "chat",
                     otel.name = %format!("chat {model}"),
+                    otel.kind = "client",
+                    otel.status_code = Empty,
                     "gen_ai.operation.name" = "chat",
                     "gen_ai.provider.name" = %self.provider,
                     "gen_ai.request.model" = %model,
                     "gen_ai.usage.input_tokens" = Empty,
                     "gen_ai.usage.output_tokens" = Empty,
+                    "gen_ai.usage.cache_read.input_tokens" = Empty,
+                    "gen_ai.usage.cache_creation.input_tokens" = Empty,
                     "gen_ai.response.finish_reasons" = Empty,
+                    "glia.cost_usd_micros" = Empty,
                     "error.type" = Empty,
                 );
                 *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some(InFlight {
@@ -551,12 +606,25 @@ impl RunObserver {
                     .unwrap_or_else(|e| e.into_inner())
                     .take();
                 if let Some(call) = &call {
-                    call.span
-                        .record("gen_ai.usage.input_tokens", usage.input_tokens);
-                    call.span
-                        .record("gen_ai.usage.output_tokens", usage.output_tokens);
-                    call.span
-                        .record("gen_ai.response.finish_reasons", stop_reason.as_str());
+                    let span = &call.span;
+                    span.record(
+                        "gen_ai.usage.input_tokens",
+                        as_i64(crate::trace::input_tokens(usage)),
+                    );
+                    span.record("gen_ai.usage.output_tokens", as_i64(usage.output_tokens));
+                    span.record(
+                        "gen_ai.usage.cache_read.input_tokens",
+                        as_i64(usage.cache_read_tokens),
+                    );
+                    span.record(
+                        "gen_ai.usage.cache_creation.input_tokens",
+                        as_i64(usage.cache_write_tokens),
+                    );
+                    span.record("gen_ai.response.finish_reasons", stop_reason.as_str());
+                    span.record("glia.cost_usd_micros", as_i64(*cost_usd_micros));
+                    if let Some(r) = rejected {
+                        span.record("error.type", r.class.label());
+                    }
                 }
                 if let Some(m) = m {
                     let labels = m.model(&self.model);
@@ -602,23 +670,18 @@ impl RunObserver {
                 }
             }
             EventKind::Error { fatal, message } => {
-                tracing::warn!(target: "glia_worker::run", seq = event.seq, fatal, %message, "run error recorded");
+                // (`message` is the formatted text's key: the error's is `error`.)
+                tracing::warn!(target: "glia_worker::run", seq = event.seq, fatal, error = %message, "run error recorded");
                 self.end_model_call(m, if *fatal { "failed" } else { "transient" });
             }
             EventKind::ToolCall(call) => {
                 self.tools.insert(call.call_id.clone(), call.name.clone());
-                if matches!(call.disposition, Disposition::Run { .. }) {
-                    let span = tracing::info_span!(
-                        parent: self.parent(),
-                        "execute_tool",
-                        otel.name = %format!("execute_tool {}", call.name),
-                        "gen_ai.operation.name" = "execute_tool",
-                        "gen_ai.tool.name" = %call.name,
-                        "gen_ai.tool.call.id" = %call.call_id,
-                        "error.type" = Empty,
-                    );
-                    self.tool_spans
-                        .insert(call.call_id.clone(), (span, Instant::now()));
+                match call.disposition {
+                    Disposition::Run { .. } => self.tool_started(&call.call_id),
+                    Disposition::External => {
+                        self.external.insert(call.call_id.clone());
+                    }
+                    _ => {}
                 }
             }
             EventKind::ToolResult {
@@ -655,6 +718,7 @@ impl RunObserver {
                     .unwrap_or_else(|| "unknown".into());
                 let ran = self.tool_spans.remove(call_id).inspect(|(span, _)| {
                     span.record("error.type", kind.as_str());
+                    span.record("otel.status_code", "ERROR");
                 });
                 if let Some(m) = m {
                     m.tool_calls
@@ -677,7 +741,15 @@ impl RunObserver {
                         .inc();
                 }
             }
-            EventKind::ApprovalResolved { decision, .. } => {
+            EventKind::ApprovalResolved {
+                call_id, decision, ..
+            } => {
+                // An approved call runs on the worker next (unless a client runs it).
+                if matches!(decision, Decision::Approve | Decision::Edit { .. })
+                    && !self.external.contains(call_id)
+                {
+                    self.tool_started(call_id);
+                }
                 let decision = match decision {
                     Decision::Approve => "approve",
                     Decision::Reject { .. } => "reject",
@@ -715,20 +787,43 @@ impl RunObserver {
             }
             EventKind::SessionCancel { .. } => self.completed(m, event.seq, "cancelled"),
             EventKind::SessionComplete { outcome } => {
-                let outcome = match outcome {
-                    Outcome::Succeeded { .. } => "succeeded",
-                    Outcome::Failed { .. } => "failed",
-                    Outcome::Cancelled { .. } => "cancelled",
-                };
-                self.completed(m, event.seq, outcome);
+                self.completed(m, event.seq, crate::trace::outcome_label(outcome));
             }
             _ => {}
         }
     }
 
+    /// A tool call the worker runs now: its `execute_tool` span opens.
+    fn tool_started(&mut self, call_id: &str) {
+        let name = self.tool_name(call_id);
+        let span = tracing::info_span!(
+            parent: self.parent(),
+            "execute_tool",
+            otel.name = %format!("execute_tool {name}"),
+            otel.status_code = Empty,
+            "gen_ai.operation.name" = "execute_tool",
+            "gen_ai.tool.name" = %name,
+            "gen_ai.tool.call.id" = %call_id,
+            "gen_ai.tool.type" = "function",
+            "error.type" = Empty,
+        );
+        self.tool_spans
+            .insert(call_id.to_owned(), (span, Instant::now()));
+    }
+
     fn completed(&mut self, m: Option<&WorkerMetrics>, seq: u64, outcome: &str) {
         tracing::info!(target: "glia_worker::run", seq, outcome, "run ended");
         self.step = None;
+        crate::trace::export_run_span(&crate::trace::RunSummary {
+            run_id: self.run_id,
+            agent: self.agent.as_ref().map(|a| a.name.as_str()),
+            agent_version: self.agent.as_ref().map(|a| a.version),
+            provider: &self.provider,
+            model: &self.model,
+            usage: self.usage,
+            cost_usd_micros: self.cost_usd_micros,
+            outcome,
+        });
         if let Some(m) = m {
             m.runs_completed
                 .get_or_create(&OutcomeLabel {
@@ -749,6 +844,7 @@ impl RunObserver {
             return;
         };
         call.span.record("error.type", outcome);
+        call.span.record("otel.status_code", "ERROR");
         if let Some(m) = m {
             m.model_call(&self.model, outcome);
             m.model_duration

@@ -148,7 +148,7 @@ fn anthropic_run_against_a_local_server() {
     let text = String::from_utf8(out.stdout).unwrap();
     let names: Vec<&str> = text
         .lines()
-        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .map(|l| l.split_whitespace().nth(2).unwrap())
         .collect();
     assert_eq!(
         names.iter().filter(|n| **n == "model.response").count(),

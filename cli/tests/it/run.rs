@@ -35,7 +35,7 @@ fn prints_events_as_text() {
     let text = String::from_utf8(out.stdout).unwrap();
     let names: Vec<&str> = text
         .lines()
-        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .map(|l| l.split_whitespace().nth(2).unwrap())
         .collect();
     assert_eq!(names.first(), Some(&"session.start"));
     assert_eq!(names.last(), Some(&"session.complete"));
