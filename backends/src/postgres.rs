@@ -70,7 +70,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use deadpool_postgres::{
     GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Transaction,
 };
-use glia_proto::{BudgetUsage, Event, EventKind, Payload, Phase, RunState};
+use glia_proto::{Event, EventKind, Payload, Phase, RunState};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -92,7 +92,9 @@ use codec::{
     EncodedEvents, SummaryColumns, describe, encode_events, has_nul, seq_of, sha256_hex, sql_seq,
     summary_set, write_error,
 };
-pub(crate) use codec::{USAGE_COLUMNS, col, corrupt, phase_name, unavailable, usage_cells};
+pub(crate) use codec::{
+    USAGE_COLUMNS, col, corrupt, phase_name, unavailable, usage_cells, usage_of,
+};
 
 /// `backends/migrations/V<n>__<name>.sql`, compiled in. Edits to an
 /// existing file rebuild the crate; a new file is only picked up once this
@@ -532,12 +534,7 @@ impl JsonCell {
 }
 
 pub(crate) fn parse_status(s: &str) -> Result<RunStatus, LogError> {
-    match s {
-        "runnable" => Ok(RunStatus::Runnable),
-        "parked" => Ok(RunStatus::Parked),
-        "done" => Ok(RunStatus::Done),
-        other => Err(corrupt(format!("unknown run status {other:?}"))),
-    }
+    s.parse().map_err(corrupt)
 }
 
 fn optional_json<T: DeserializeOwned>(row: &Row, name: &str) -> Result<Option<T>, LogError> {
@@ -584,19 +581,7 @@ fn summary(row: &Row) -> Result<RunSummary, LogError> {
         metadata: serde_json::from_value(metadata)
             .map_err(|e| corrupt(format!("column metadata: {e}")))?,
         custom_id: col(row, "custom_id")?,
-        usage: BudgetUsage {
-            turns: count(row, "turns")?,
-            tool_calls: count(row, "tool_calls")?,
-            active_ms: count(row, "active_ms")?,
-            tokens: glia_proto::Usage {
-                input_tokens: count(row, "input_tokens")?,
-                output_tokens: count(row, "output_tokens")?,
-                cache_write_tokens: count(row, "cache_write_tokens")?,
-                cache_read_tokens: count(row, "cache_read_tokens")?,
-                estimated: col(row, "tokens_estimated")?,
-            },
-            cost_usd_micros: count(row, "cost_usd_micros")?,
-        },
+        usage: usage_of(|name| count(row, name), col(row, "tokens_estimated")?)?,
         steps: count(row, "steps")?,
         error: col(row, "error")?,
         ended_at: col(row, "ended_at")?,

@@ -801,19 +801,10 @@ fn summary(row: &Row<'_>) -> Result<RunSummary, LogError> {
         tags: parse(&get::<String>(row, "tags")?, "column tags")?,
         metadata: parse(&get::<String>(row, "metadata")?, "column metadata")?,
         custom_id: get(row, "custom_id")?,
-        usage: glia_proto::BudgetUsage {
-            turns: count(row, "turns")?,
-            tool_calls: count(row, "tool_calls")?,
-            active_ms: count(row, "active_ms")?,
-            tokens: glia_proto::Usage {
-                input_tokens: count(row, "input_tokens")?,
-                output_tokens: count(row, "output_tokens")?,
-                cache_write_tokens: count(row, "cache_write_tokens")?,
-                cache_read_tokens: count(row, "cache_read_tokens")?,
-                estimated: get::<i64>(row, "tokens_estimated")? != 0,
-            },
-            cost_usd_micros: count(row, "cost_usd_micros")?,
-        },
+        usage: crate::postgres::usage_of(
+            |name| count(row, name),
+            get::<i64>(row, "tokens_estimated")? != 0,
+        )?,
         steps: count(row, "steps")?,
         error: get(row, "error")?,
         ended_at: get::<Option<i64>>(row, "ended_at")?.map(time),

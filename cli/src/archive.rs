@@ -95,14 +95,7 @@ pub struct ImportArgs {
 }
 
 fn parse_status(s: &str) -> Result<RunStatus, String> {
-    match s {
-        "runnable" => Ok(RunStatus::Runnable),
-        "parked" => Ok(RunStatus::Parked),
-        "done" => Ok(RunStatus::Done),
-        other => Err(format!(
-            "unknown status '{other}' (runnable, parked or done)"
-        )),
-    }
+    s.parse()
 }
 
 /// Every run of the store (or of one status), in run id order, one line each

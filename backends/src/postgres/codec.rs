@@ -137,6 +137,27 @@ fn bigint(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// The usage a row's [`USAGE_COLUMNS`] hold (`count` reads one of the
+/// counts by name; `estimated` is `tokens_estimated`).
+pub(crate) fn usage_of(
+    count: impl Fn(&str) -> Result<u64, LogError>,
+    estimated: bool,
+) -> Result<glia_proto::BudgetUsage, LogError> {
+    Ok(glia_proto::BudgetUsage {
+        turns: count("turns")?,
+        tool_calls: count("tool_calls")?,
+        active_ms: count("active_ms")?,
+        tokens: glia_proto::Usage {
+            input_tokens: count("input_tokens")?,
+            output_tokens: count("output_tokens")?,
+            cache_write_tokens: count("cache_write_tokens")?,
+            cache_read_tokens: count("cache_read_tokens")?,
+            estimated,
+        },
+        cost_usd_micros: count("cost_usd_micros")?,
+    })
+}
+
 /// `state`'s values of [`USAGE_COLUMNS`], in order (counts past `i64::MAX`
 /// stored as `i64::MAX`).
 pub(crate) fn usage_cells(state: &RunState) -> [i64; 10] {

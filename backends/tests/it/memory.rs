@@ -6,10 +6,6 @@ use glia_backends::memory::{MemoryLog, MemoryQueue};
 #[tokio::test]
 async fn memory_log_conformance() {
     conformance::all(|| async { MemoryLog::default() }).await;
-}
-
-#[tokio::test]
-async fn memory_run_listing_conformance() {
     conformance::listing::all(|| async { MemoryLog::default() }).await;
 }
 

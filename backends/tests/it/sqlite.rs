@@ -23,7 +23,7 @@ async fn open(dir: &TempDir) -> SqliteLog {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_log_conformance() {
     let dirs = std::sync::Mutex::new(Vec::new());
-    conformance::all(|| {
+    let fresh = || {
         let dir = TempDir::new();
         let path = dir.db();
         dirs.lock().unwrap().push(dir);
@@ -32,24 +32,9 @@ async fn sqlite_log_conformance() {
                 .await
                 .unwrap()
         }
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_run_listing_conformance() {
-    let dirs = std::sync::Mutex::new(Vec::new());
-    conformance::listing::all(|| {
-        let dir = TempDir::new();
-        let path = dir.db();
-        dirs.lock().unwrap().push(dir);
-        async move {
-            SqliteLog::open(path, SqliteOptions::default())
-                .await
-                .unwrap()
-        }
-    })
-    .await;
+    };
+    conformance::all(fresh).await;
+    conformance::listing::all(fresh).await;
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ async fn generic_plan(sql: &tokio_postgres::Client) -> String {
     ))
     .await
     .expect("prepare the step");
-    let nulls = vec!["NULL"; 24].join(", ");
+    let nulls = vec!["NULL"; 26].join(", ");
     let rows = sql
         .query(&format!("EXPLAIN EXECUTE step({nulls})"), &[])
         .await
@@ -68,7 +68,7 @@ async fn a_step_commit_reads_only_its_run() {
     sql.batch_execute(&format!("PREPARE append AS {}", *FENCED_APPEND))
         .await
         .expect("prepare the append");
-    let nulls = vec!["NULL"; 13].join(", ");
+    let nulls = vec!["NULL"; 15].join(", ");
     let plan: Vec<String> = sql
         .query(&format!("EXPLAIN EXECUTE append({nulls})"), &[])
         .await
@@ -85,4 +85,56 @@ async fn a_step_commit_reads_only_its_run() {
         !plan.contains("approvals") && !plan.contains("inbox"),
         "an append opens nothing else:\n{plan}"
     );
+}
+
+/// A commit that changes what nearly every step changes (usage, cost,
+/// steps, head, phase, updated_at) and not the status is a HOT update: no
+/// column it writes is indexed (V13 keeps usage unindexed for this), so no
+/// index entry is written and the row stays on its page.
+#[tokio::test]
+async fn a_step_that_keeps_the_status_is_a_hot_update() {
+    let db = TestDb::new().await;
+    let _migrated = db.log().await;
+    let mut sql = db.sql().await;
+    let id = uuid::Uuid::now_v7();
+    sql.execute(
+        "INSERT INTO runs (id, tenant, goal, status, phase, head_seq, agent, agent_version, tags, metadata) \
+         VALUES ($1, 't', 'g', 'runnable', 'executing', 3, 'triage', 1, '{a,b}', '{\"k\": \"v\"}')",
+        &[&id],
+    )
+    .await
+    .expect("a run row");
+    let update = format!(
+        "UPDATE runs SET {} WHERE id = $1",
+        super::summary_set(2, "now()")
+    );
+    let tx = sql.transaction().await.expect("begin");
+    let usage: Vec<i64> = vec![2, 1, 1500, 100, 20, 0, 0, 0, 1234, 1];
+    let changed = tx
+        .execute(
+            &update,
+            &[
+                &id,
+                &"runnable",
+                &"reflecting",
+                &None::<serde_json::Value>,
+                &None::<serde_json::Value>,
+                &9_i64,
+                &usage,
+                &None::<String>,
+            ],
+        )
+        .await
+        .expect("the step's update");
+    assert_eq!(changed, 1);
+    let hot: i64 = tx
+        .query_one(
+            "SELECT pg_stat_get_xact_tuples_hot_updated('runs'::regclass)",
+            &[],
+        )
+        .await
+        .expect("this transaction's HOT updates")
+        .get(0);
+    assert_eq!(hot, 1, "the step's update of the run row is HOT");
+    tx.rollback().await.expect("rollback");
 }
