@@ -580,6 +580,16 @@ pub enum RunsCommand {
         /// Run id.
         run_id: String,
     },
+    /// Erase a finished run's content (`DELETE /v1/runs/{id}`; the token
+    /// needs the `erase` scope): goal, messages, tool arguments and
+    /// results become tombstones, counts and costs stay. Repeating it is
+    /// harmless.
+    Delete {
+        #[command(flatten)]
+        server: Server,
+        /// Run id.
+        run_id: String,
+    },
     /// Cancel a run (`POST /v1/runs/{id}/cancel`).
     Cancel {
         #[command(flatten)]
@@ -672,6 +682,20 @@ pub async fn runs(cmd: RunsCommand) -> Result<()> {
                     Method::POST,
                     &format!("/v1/runs/{run_id}/resume"),
                     Some(&json!({})),
+                    &[],
+                )
+                .await?
+                .checked()?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+        }
+        // Erasure is idempotent, so it goes through the outage retry too.
+        RunsCommand::Delete { server, run_id } => {
+            let answer = server
+                .call(
+                    &client,
+                    Method::DELETE,
+                    &format!("/v1/runs/{run_id}"),
+                    None,
                     &[],
                 )
                 .await?

@@ -263,7 +263,9 @@ RunSummaryDoc, "RunSummary", json!({
         "outcome": {"type": ["object", "null"], "required": ["kind"], "properties": {"kind": {"enum": ["succeeded", "failed", "cancelled"]}}},
         "head_seq": {"type": "integer", "minimum": 0},
         "created_at": {"type": "string", "format": "date-time"},
-        "updated_at": {"type": "string", "format": "date-time"}
+        "updated_at": {"type": "string", "format": "date-time"},
+        "erased_at": {"type": ["string", "null"], "format": "date-time", "description": "When the run's content was erased (DELETE /v1/runs/{id} or retention); its goal and outcome then read `⟦glia:erased⟧ content erased`."},
+        "erased_by": {"type": ["string", "null"], "description": "Who erased it: the token's name, or `retention`."}
     }
 }));
 
