@@ -13,6 +13,7 @@ mod inbox;
 mod module_graph;
 mod ops;
 mod payloads;
+mod retention;
 mod runs;
 mod schemathesis;
 mod stream;
