@@ -9,11 +9,17 @@ ALTER TABLE runs ADD COLUMN erased_by TEXT;
 -- oldest last commit first.
 CREATE INDEX runs_retention ON runs (tenant, updated_at) WHERE status = 'done' AND erased_at IS NULL;
 
--- Events stay append-only but for erasure: an UPDATE is refused unless the
--- run is marked erased (the erasing transaction marks it first) and it
--- keeps the event's run, seq, kind and time. DELETE stays refused (001).
+-- Events stay append-only but for erasure: an UPDATE is refused unless it
+-- runs inside `erase_run`'s transaction (which lists the run in `erasing`
+-- for its duration, as Postgres's `glia.erasing` setting), the run is
+-- marked erased, and it keeps the event's run, seq, kind and time. DELETE
+-- stays refused (001).
+CREATE TABLE erasing (
+    run_id  TEXT PRIMARY KEY
+) STRICT;
 DROP TRIGGER events_no_update;
 CREATE TRIGGER events_no_update BEFORE UPDATE ON events
 WHEN NEW.run_id IS NOT OLD.run_id OR NEW.seq IS NOT OLD.seq OR NEW.kind IS NOT OLD.kind OR NEW.at IS NOT OLD.at
+  OR NOT EXISTS (SELECT 1 FROM erasing WHERE run_id = OLD.run_id)
   OR NOT EXISTS (SELECT 1 FROM runs WHERE id = OLD.run_id AND erased_at IS NOT NULL)
 BEGIN SELECT RAISE(ABORT, 'glia: events is append-only; UPDATE rejected (only erasure rewrites an erased run''s payloads)'); END;

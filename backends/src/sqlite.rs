@@ -834,6 +834,9 @@ fn erase_in(tx: &Connection, run_id: Uuid, by: &str, at: DateTime<Utc>) -> Resul
     )
     .map_err(db("erase_run"))?;
     let events = read_events(tx, run_id, 0, usize::MAX)?;
+    // Listed in `erasing` while its events are rewritten (007's trigger).
+    tx.execute("INSERT INTO erasing (run_id) VALUES (?1)", [&id])
+        .map_err(db("erase_run"))?;
     let mut update = tx
         .prepare_cached("UPDATE events SET payload = ?3 WHERE run_id = ?1 AND seq = ?2")
         .map_err(db("erase_run"))?;
@@ -846,6 +849,8 @@ fn erase_in(tx: &Connection, run_id: Uuid, by: &str, at: DateTime<Utc>) -> Resul
                 .map_err(db("erase_run"))?;
         }
     }
+    tx.execute("DELETE FROM erasing WHERE run_id = ?1", [&id])
+        .map_err(db("erase_run"))?;
     tx.execute("DELETE FROM checkpoints WHERE run_id = ?1", [&id])
         .map_err(db("erase_run"))?;
     tx.execute(

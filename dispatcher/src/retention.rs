@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use glia_backends::{ExpiredFilter, LogError, RunSummary};
 use uuid::Uuid;
 
@@ -32,7 +32,9 @@ pub const RETENTION_BY: &str = "retention";
 /// `run_leased` (a worker is still letting it go), `log_unavailable`,
 /// `ledger_unavailable` (the log is erased; asking again forgets the rest).
 pub async fn erase(app: &App, run_id: Uuid, by: &str) -> Result<RunSummary, ApiError> {
-    let at = Utc::now();
+    // To the microsecond, as Postgres keeps it: the answer's `erased_at`
+    // equals `at` exactly when this call erased the run.
+    let at = Utc::now().trunc_subsecs(6);
     let run = app.log.erase_run(run_id, by, at).await?;
     app.ledger.forget_run(run_id).await?;
     if let Some(store) = &app.batches.store {
