@@ -1444,6 +1444,17 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     finds_expired_runs(&fresh().await).await;
 }
 
+/// Up to ten approval records of `run_id`, oldest first.
+async fn approvals_of(log: &dyn EventLog, run_id: Uuid) -> Vec<crate::ApprovalRow> {
+    log.approvals(&ApprovalFilter {
+        run_id: Some(run_id),
+        limit: 10,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
 /// Text of the sample log's content (goal, arguments, result, answer):
 /// found in no erased record.
 const SAMPLE_CONTENT: [&str; 3] = ["A1", "Refunded", "refunded"];
@@ -1571,14 +1582,7 @@ pub async fn erases_a_finished_run(log: &dyn EventLog) {
         spent,
         "the tenant's spend unchanged"
     );
-    let approvals = log
-        .approvals(&ApprovalFilter {
-            run_id: Some(s.run_id),
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let approvals = approvals_of(log, s.run_id).await;
     assert!(!approvals.is_empty());
     for a in &approvals {
         assert_eq!(a.input, glia_proto::erasure::erased_value());

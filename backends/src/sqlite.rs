@@ -788,7 +788,17 @@ fn summary(row: &Row<'_>) -> Result<RunSummary, LogError> {
 /// already erased is left as it is.
 fn erase_in(tx: &Connection, run_id: Uuid, by: &str, at: DateTime<Utc>) -> Result<(), LogError> {
     let id = run_id.to_string();
-    let row: Option<(String, Option<i64>, Option<String>, Option<i64>, String, Option<String>, Option<String>)> = tx
+    /// Status, erased at, lease owner and expiry, goal, outcome, pull point.
+    type Locked = (
+        String,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+        String,
+        Option<String>,
+        Option<String>,
+    );
+    let row: Option<Locked> = tx
         .query_row(
             "SELECT status, erased_at, lease_owner, lease_expires_at, goal, outcome, pull_point FROM runs WHERE id = ?1",
             [&id],

@@ -426,6 +426,8 @@ mod tests {
             head_seq: 9,
             created_at: t,
             updated_at: t,
+            erased_at: None,
+            erased_by: None,
         }
     }
 

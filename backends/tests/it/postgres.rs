@@ -237,6 +237,18 @@ async fn events_reject_update_delete_and_truncate_and_runs_stay() {
     );
 }
 
+/// `statement` fails with a message containing `expect`; a transaction it
+/// opened is rolled back.
+async fn refused(sql: &tokio_postgres::Client, statement: &str, expect: &str) {
+    let err = sql.batch_execute(statement).await.expect_err(statement);
+    let message = err
+        .as_db_error()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_default();
+    assert!(message.contains(expect), "{statement}: {err}");
+    let _ = sql.batch_execute("ROLLBACK").await;
+}
+
 /// Erasure rewrites a finished run's events in place (V14): blobs only its
 /// events referenced are deleted, one another run shares is kept; outside
 /// `erase_run` the log stays append-only, even for an erased run, and inside
@@ -271,23 +283,12 @@ async fn erasure_deletes_unshared_blobs_and_the_log_stays_append_only() {
     assert_eq!(db.count("SELECT count(*) FROM blobs").await, 2);
 
     let sql = db.sql().await;
-    let refused = |statement: &'static str, expect: &'static str| {
-        let sql = &sql;
-        async move {
-            let err = sql.batch_execute(statement).await.expect_err(statement);
-            let message = err
-                .as_db_error()
-                .map(|e| e.message().to_owned())
-                .unwrap_or_default();
-            assert!(message.contains(expect), "{statement}: {err}");
-        }
-    };
     refused(
+        &sql,
         "BEGIN; SELECT set_config('glia.erasing', 'on', true); UPDATE events SET payload = payload WHERE blob_hash IS NULL",
         "only an erased run",
     )
     .await;
-    sql.batch_execute("ROLLBACK").await.unwrap();
 
     log.erase_run(a, "ana", Utc::now()).await.unwrap();
     let erased = log.events(a, 0, 100).await.unwrap();
@@ -343,13 +344,7 @@ async fn erasure_deletes_unshared_blobs_and_the_log_stays_append_only() {
         (delete_a.as_str(), "append-only"),
         (renumber.as_str(), "payload only"),
     ] {
-        let err = sql.batch_execute(statement).await.expect_err(statement);
-        let message = err
-            .as_db_error()
-            .map(|e| e.message().to_owned())
-            .unwrap_or_default();
-        assert!(message.contains(expect), "{statement}: {err}");
-        let _ = sql.batch_execute("ROLLBACK").await;
+        refused(&sql, statement, expect).await;
     }
     assert_eq!(log.events(a, 0, 100).await.unwrap(), expected);
 }
