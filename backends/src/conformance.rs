@@ -2218,6 +2218,33 @@ pub async fn holds_tool_results(ledger: &dyn crate::Ledger) {
         .await
         .unwrap();
     assert_eq!(ledger.held_result(&k2).await.unwrap(), None);
+    // Forgetting a run (its erasure) drops its held results and running
+    // marks, and only its own.
+    let other = Uuid::now_v7();
+    let theirs = format!("{other}:1:call_1");
+    let running = format!("{run_id}:3:call_3");
+    ledger
+        .hold_results(&[(k1.clone(), ok.clone()), (theirs.clone(), ok.clone())])
+        .await
+        .unwrap();
+    ledger
+        .mark_running(
+            std::slice::from_ref(&running),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    ledger.forget_run(run_id).await.unwrap();
+    ledger.forget_run(run_id).await.unwrap();
+    assert_eq!(ledger.held_result(&k1).await.unwrap(), None, "forgotten");
+    assert_eq!(
+        ledger.held_result(&theirs).await.unwrap(),
+        Some(ok),
+        "another run's result stays"
+    );
+    if ledger.running(&running).await.unwrap() {
+        panic!("a forgotten run's running mark stays");
+    }
 }
 
 /// Running marks ([`crate::Ledger::mark_running`]): a marked key reads as

@@ -2483,7 +2483,9 @@ impl Ledger for SqliteLedger {
         .transpose()
     }
 
+    /// The held results in the file, and the running marks kept in process.
     async fn forget_run(&self, run_id: Uuid) -> Result<(), LedgerError> {
+        self.store.live.forget_run(run_id).await?;
         self.store
             .write_relaxed("forget_run", move |conn| {
                 let tx = immediate(conn)?;
