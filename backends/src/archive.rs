@@ -4,7 +4,7 @@
 //! ## The format (version 1)
 //!
 //! JSON Lines, UTF-8. The first line is an [`ArchiveHeader`]:
-//! `{"format": "glia-runs", "version": 1, "exported_at": "…", "source": "sqlite:node.db"}`.
+//! `{"format": "glia-runs", "version": 2, "exported_at": "…", "source": "sqlite:node.db"}`.
 //! Every further line is one [`RunRecord`]: the run's identity (id, tenant,
 //! idempotency key, batch, admission time), its whole event log (each event as
 //! the API serves it: `{"run_id", "seq", "at", "type", "data"}`), its
@@ -17,6 +17,9 @@
 //!
 //! A reader refuses a file whose `format` is not `glia-runs` or whose
 //! `version` it does not know; new fields are added only with a new version.
+//! Version 2 added [`RunRecord::erased`] (an erased run travels as its
+//! tombstones and stays erased where it is imported); version 1 files
+//! are read as before.
 //!
 //! ## Guarantees
 //!
@@ -39,8 +42,8 @@ use crate::{ApprovalStatus, EventLog, LogError};
 
 /// `format` of the header line.
 pub const FORMAT: &str = "glia-runs";
-/// The version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The version this build writes; it reads this one and every earlier one.
+pub const VERSION: u32 = 2;
 
 /// The first line of an export.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,9 +81,9 @@ impl ArchiveHeader {
                 header.format
             ));
         }
-        if header.version != VERSION {
+        if !(1..=VERSION).contains(&header.version) {
             return Err(format!(
-                "version {} of {FORMAT} is not supported (this build reads version {VERSION})",
+                "version {} of {FORMAT} is not supported (this build reads versions 1 to {VERSION})",
                 header.version
             ));
         }
@@ -118,6 +121,22 @@ pub struct RunRecord {
     /// The batch item's `custom_id` ([`crate::RunSummary::custom_id`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_id: Option<String>,
+    /// When and by whom its content was erased (version 2): its events,
+    /// approvals and inbox are then tombstones, and an import keeps it so
+    /// (whatever the file holds, an erased record's content is erased
+    /// again on import: [`RunRecord::erased_content`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erased: Option<Erasure>,
+}
+
+/// A run's erasure ([`crate::RunLog::erase_run`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Erasure {
+    /// When.
+    pub at: DateTime<Utc>,
+    /// Who.
+    pub by: String,
 }
 
 /// An approval of a [`RunRecord`] (the run and tenant are the record's).
@@ -241,8 +260,32 @@ impl RunRecord {
                 )));
             }
         }
-        RunState::replay(self.run_id, &self.events)
-            .map_err(|e| invalid(format!("the log does not replay: {e}")))
+        RunState::replay(self.run_id, &self.events).map_err(|e| match &self.erased {
+            Some(erased) => invalid(format!(
+                "the run was erased at {} by {}, and its tombstoned log does not replay: {e}",
+                erased.at, erased.by
+            )),
+            None => invalid(format!("the log does not replay: {e}")),
+        })
+    }
+
+    /// This record with its content erased when it is marked
+    /// [`RunRecord::erased`] (events, approvals' arguments, inbox payloads
+    /// as tombstones; idempotent), else as it is. What an import writes.
+    pub fn erased_content(&self) -> RunRecord {
+        if self.erased.is_none() {
+            return self.clone();
+        }
+        let mut run = self.clone();
+        run.events = run.events.iter().map(Event::erased).collect();
+        for a in &mut run.approvals {
+            a.input = glia_proto::erasure::erased_value();
+            a.args_hash = glia_proto::erasure::erased_args_hash();
+        }
+        for i in &mut run.inbox {
+            i.payload = i.payload.erased();
+        }
+        run
     }
 
     /// True when the run has work a worker should be woken for: not done,

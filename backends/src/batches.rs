@@ -363,6 +363,17 @@ pub trait BatchStore: Send + Sync {
     /// Items of the batches not finished (with an item queued, admitting or
     /// running) by [`ItemView::status`] (for metrics).
     async fn gauges(&self) -> Result<BTreeMap<String, u64>, LogError>;
+
+    /// Tombstone the goal of the item whose run is `run_id`
+    /// ([`glia_proto::TOMBSTONE`]), as part of erasing that run. The SQL
+    /// stores (Postgres, SQLite) do it inside
+    /// [`crate::RunLog::erase_run`]'s transaction, so for them this does
+    /// nothing; the in-memory twin, which keeps items apart from runs, does
+    /// it here. Idempotent.
+    async fn forget_run(&self, run_id: Uuid) -> Result<(), LogError> {
+        let _ = run_id;
+        Ok(())
+    }
 }
 
 // ----- Postgres ------------------------------------------------------------------------
@@ -1037,6 +1048,15 @@ fn visible(batch: &Batch, tenant: Option<&str>) -> bool {
 
 #[async_trait]
 impl BatchStore for MemoryBatches {
+    async fn forget_run(&self, run_id: Uuid) -> Result<(), LogError> {
+        for (_, items) in self.lock().batches.values_mut() {
+            for item in items.iter_mut().filter(|i| i.run_id == Some(run_id)) {
+                item.goal = glia_proto::TOMBSTONE.to_owned();
+            }
+        }
+        Ok(())
+    }
+
     async fn submit(
         &self,
         new: NewBatch,

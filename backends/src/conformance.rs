@@ -1325,6 +1325,48 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
         ),
         "present at another head"
     );
+
+    // An erased run exports as its tombstones and stays erased where it is
+    // imported.
+    let (e, lease) = finished_sample(src, &format!("t-{}", Uuid::now_v7())).await;
+    src.release(&lease).await.unwrap();
+    let when = DateTime::from_timestamp(2_000_000_000, 0).expect("a valid time");
+    src.erase_run(e.run_id, "ana", when).await.unwrap();
+    let erased = src.export_run(e.run_id).await.unwrap();
+    let line = serde_json::to_string(&erased).unwrap();
+    assert_eq!(holds_sample_content(&line), None, "content left in {line}");
+    assert_eq!(
+        erased.erased,
+        Some(crate::archive::Erasure {
+            at: when,
+            by: "ana".into()
+        })
+    );
+    assert_eq!(dst.import_run(&erased).await.unwrap(), Imported::Created);
+    let imported = dst.get_run(e.run_id).await.unwrap();
+    assert_eq!(
+        (imported.erased_at, imported.goal.as_str()),
+        (Some(when), glia_proto::TOMBSTONE)
+    );
+    let back = dst.export_run(e.run_id).await.unwrap();
+    assert_eq!(back.events, erased.events);
+    assert_eq!(back.erased, erased.erased);
+    // A record marked erased whose content is still there (an older
+    // export, edited) is erased on import.
+    let (f, lease) = finished_sample(src, &format!("t-{}", Uuid::now_v7())).await;
+    src.release(&lease).await.unwrap();
+    let mut marked = src.export_run(f.run_id).await.unwrap();
+    assert!(holds_sample_content(&serde_json::to_string(&marked).unwrap()).is_some());
+    marked.erased = Some(crate::archive::Erasure {
+        at: when,
+        by: "ana".into(),
+    });
+    assert_eq!(dst.import_run(&marked).await.unwrap(), Imported::Created);
+    let back = dst.export_run(f.run_id).await.unwrap();
+    assert_eq!(
+        holds_sample_content(&serde_json::to_string(&back).unwrap()),
+        None
+    );
 }
 
 /// The [`JobQueue`] contract on a fresh, empty queue with no other consumer:
@@ -1422,6 +1464,218 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     outbox_and_orphans(&fresh().await).await;
     lists_runs(&fresh().await).await;
     agent_versions(&fresh().await).await;
+    erases_a_finished_run(&fresh().await).await;
+    finds_expired_runs(&fresh().await).await;
+}
+
+/// Up to ten approval records of `run_id`, oldest first.
+async fn approvals_of(log: &dyn EventLog, run_id: Uuid) -> Vec<crate::ApprovalRow> {
+    log.approvals(&ApprovalFilter {
+        run_id: Some(run_id),
+        limit: 10,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// Text of the sample log's content (goal, arguments, result, answer):
+/// found in no erased record.
+const SAMPLE_CONTENT: [&str; 3] = ["A1", "Refunded", "refunded"];
+
+fn holds_sample_content(json: &str) -> Option<&'static str> {
+    SAMPLE_CONTENT.into_iter().find(|c| json.contains(c))
+}
+
+/// A sample run driven to done under lease `w`, an external result with
+/// content posted (and consumed) on the way; the lease is still held.
+async fn finished_sample(log: &dyn EventLog, tenant: &str) -> (SampleLog, crate::Lease) {
+    let s = sample_log();
+    log.create_run(new_run(tenant, None, &s.parked[0]))
+        .await
+        .unwrap();
+    let lease = log.acquire(s.run_id, "w", TTL).await.unwrap();
+    log.commit(
+        &lease,
+        &s.parked[1..],
+        &state_after(s.run_id, &s.parked),
+        &[],
+    )
+    .await
+    .unwrap();
+    let item = log
+        .post(
+            s.run_id,
+            Payload::ToolResult {
+                call_id: "c9".into(),
+                content: "A1 was refunded".into(),
+                is_error: false,
+            },
+        )
+        .await
+        .unwrap();
+    let all: Vec<Event> = s.parked.iter().chain(&s.rest).cloned().collect();
+    log.commit(&lease, &s.rest, &state_after(s.run_id, &all), &[item])
+        .await
+        .unwrap();
+    (s, lease)
+}
+
+/// [`RunLog::erase_run`]: a run not done is refused and one under a live
+/// lease too, nothing written; a finished one keeps every event's seq, kind,
+/// time and spend while its content becomes tombstones (events, summary,
+/// approvals), it still loads (the tombstones replay, to the same usage),
+/// it records who and when, takes no payload, and erasing it again changes
+/// nothing.
+pub async fn erases_a_finished_run(log: &dyn EventLog) {
+    let when = DateTime::from_timestamp(2_000_000_000, 0).expect("a valid time");
+    let unknown = Uuid::now_v7();
+    assert!(matches!(
+        log.erase_run(unknown, "ana", when).await,
+        Err(LogError::NotFound(_))
+    ));
+    // Not done: refused.
+    let parked = sample_log();
+    log.create_run(new_run("t", None, &parked.parked[0]))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            log.erase_run(parked.run_id, "ana", when).await,
+            Err(LogError::NotFinished(_))
+        ),
+        "a run not done is not erased"
+    );
+    assert_eq!(log.get_run(parked.run_id).await.unwrap().erased_at, None);
+
+    let (s, lease) = finished_sample(log, "t").await;
+    let before = log.events(s.run_id, 0, 1000).await.unwrap();
+    let usage_before = log.load(s.run_id).await.unwrap().usage;
+    let spent = log.tenant_usage("t", at().date_naive()).await.unwrap();
+    assert!(
+        matches!(
+            log.erase_run(s.run_id, "ana", when).await,
+            Err(LogError::LeaseHeld { .. })
+        ),
+        "a run under a live lease is not raced"
+    );
+    assert_eq!(log.events(s.run_id, 0, 1000).await.unwrap(), before);
+    log.release(&lease).await.unwrap();
+
+    let erased = log.erase_run(s.run_id, "ana", when).await.unwrap();
+    assert_eq!(
+        (erased.erased_at, erased.erased_by.as_deref()),
+        (Some(when), Some("ana"))
+    );
+    assert_eq!(erased.goal, glia_proto::TOMBSTONE);
+    assert_eq!(
+        erased.outcome,
+        Some(Outcome::Succeeded {
+            answer: glia_proto::TOMBSTONE.into(),
+            output: None
+        })
+    );
+    assert_eq!(
+        (erased.status, erased.head_seq),
+        (RunStatus::Done, before.len() as u64)
+    );
+    let after = log.events(s.run_id, 0, 1000).await.unwrap();
+    assert_eq!(after.len(), before.len(), "no event added or removed");
+    for (a, b) in after.iter().zip(&before) {
+        assert_eq!(*a, b.erased(), "event {} is its tombstone", b.seq);
+        assert_eq!((a.seq, a.at, a.kind.name()), (b.seq, b.at, b.kind.name()));
+        assert_eq!(
+            a.kind.spend(),
+            b.kind.spend(),
+            "event {}'s spend stays",
+            b.seq
+        );
+    }
+    let text = serde_json::to_string(&after).unwrap();
+    assert_eq!(holds_sample_content(&text), None, "content left in {text}");
+    assert!(text.contains(glia_proto::TOMBSTONE));
+    let state = log.load(s.run_id).await.unwrap();
+    assert_eq!(state.usage, usage_before, "usage unchanged");
+    assert_eq!(
+        state,
+        state_after(s.run_id, &after),
+        "load = replay of the tombstones"
+    );
+    assert_eq!(
+        log.tenant_usage("t", at().date_naive()).await.unwrap(),
+        spent,
+        "the tenant's spend unchanged"
+    );
+    let approvals = approvals_of(log, s.run_id).await;
+    assert!(!approvals.is_empty());
+    for a in &approvals {
+        assert_eq!(a.input, glia_proto::erasure::erased_value());
+        assert_eq!(a.args_hash, glia_proto::erasure::erased_args_hash());
+    }
+    assert!(matches!(
+        log.post(s.run_id, Payload::Cancel { reason: "x".into() })
+            .await,
+        Err(LogError::Finished(_))
+    ));
+    // Again: idempotent, the first erasure's record kept.
+    let again = log
+        .erase_run(s.run_id, "bo", when + chrono::Duration::hours(1))
+        .await
+        .unwrap();
+    assert_eq!(again, erased);
+    assert_eq!(log.events(s.run_id, 0, 1000).await.unwrap(), after);
+    // The other run is untouched.
+    assert_eq!(
+        log.get_run(parked.run_id).await.unwrap().goal,
+        "refund A1",
+        "only the erased run changes"
+    );
+}
+
+/// [`RunLog::expired_runs`]: finished, not erased runs of the tenant (or of
+/// every tenant but the excepted), last committed before the time, oldest
+/// first, at most the limit.
+pub async fn finds_expired_runs(log: &dyn EventLog) {
+    let (a, lease_a) = finished_sample(log, "ta").await;
+    log.release(&lease_a).await.unwrap();
+    let (b, lease_b) = finished_sample(log, "tb").await;
+    log.release(&lease_b).await.unwrap();
+    let (c, lease_c) = finished_sample(log, "ta").await;
+    log.release(&lease_c).await.unwrap();
+    let running = sample_log();
+    log.create_run(new_run("ta", None, &running.parked[0]))
+        .await
+        .unwrap();
+    let later = Utc::now() + chrono::Duration::hours(1);
+    let find = |tenant: Option<&str>, except: &[&str], before: DateTime<Utc>, limit: usize| {
+        let filter = crate::ExpiredFilter {
+            tenant: tenant.map(str::to_owned),
+            except_tenants: except.iter().map(|t| (*t).to_owned()).collect(),
+            finished_before: before,
+            limit,
+        };
+        async move { log.expired_runs(&filter).await.unwrap() }
+    };
+    assert_eq!(
+        find(Some("ta"), &[], later, 10).await,
+        vec![a.run_id, c.run_id],
+        "finished runs of the tenant, oldest first; not the running one"
+    );
+    assert_eq!(find(Some("ta"), &[], later, 1).await, vec![a.run_id]);
+    assert!(
+        find(Some("ta"), &[], at(), 10).await.is_empty(),
+        "none finished before then"
+    );
+    let others = find(None, &["ta"], later, 1000).await;
+    assert!(others.contains(&b.run_id) && !others.contains(&a.run_id));
+    log.erase_run(a.run_id, "retention", Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        find(Some("ta"), &[], later, 10).await,
+        vec![c.run_id],
+        "an erased run is not found again"
+    );
 }
 
 /// The agent registry: the same content again is the same version (nothing
@@ -2012,6 +2266,33 @@ pub async fn holds_tool_results(ledger: &dyn crate::Ledger) {
         .await
         .unwrap();
     assert_eq!(ledger.held_result(&k2).await.unwrap(), None);
+    // Forgetting a run (its erasure) drops its held results and running
+    // marks, and only its own.
+    let other = Uuid::now_v7();
+    let theirs = format!("{other}:1:call_1");
+    let running = format!("{run_id}:3:call_3");
+    ledger
+        .hold_results(&[(k1.clone(), ok.clone()), (theirs.clone(), ok.clone())])
+        .await
+        .unwrap();
+    ledger
+        .mark_running(
+            std::slice::from_ref(&running),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    ledger.forget_run(run_id).await.unwrap();
+    ledger.forget_run(run_id).await.unwrap();
+    assert_eq!(ledger.held_result(&k1).await.unwrap(), None, "forgotten");
+    assert_eq!(
+        ledger.held_result(&theirs).await.unwrap(),
+        Some(ok),
+        "another run's result stays"
+    );
+    if ledger.running(&running).await.unwrap() {
+        panic!("a forgotten run's running mark stays");
+    }
 }
 
 /// Running marks ([`crate::Ledger::mark_running`]): a marked key reads as

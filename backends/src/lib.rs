@@ -48,12 +48,40 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub use event_log::model::{
-    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CANCEL_KEY, InboxItem, Job, Lease,
-    LogError, LogGauges, NewRun, Opened, Opening, Orphan, OutcomeKind, PostFacts, RunFilter,
-    RunGaugeKey, RunStatus, RunSummary, agent_of, dedupe_key, dedupe_what, error_of, post_refusal,
-    steps_of, trace_id,
+    AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CANCEL_KEY, ExpiredFilter,
+    InboxItem, Job, Lease, LogError, LogGauges, NewRun, Opened, Opening, Orphan, OutcomeKind,
+    PostFacts, RunFilter, RunGaugeKey, RunStatus, RunSummary, agent_of, dedupe_key, dedupe_what,
+    error_of, post_refusal, steps_of, trace_id,
 };
 pub use event_log::{AgentRegistry, Approvals, EventLog, Inbox, Outbox, Reports, RunLog};
+
+/// True when `run` is what `filter` finds ([`RunLog::expired_runs`]):
+/// done, not erased, of the filter's tenant(s), last committed before its
+/// time. The rule the in-memory twin applies as the SQL adapters do.
+pub fn expired(run: &RunSummary, filter: &ExpiredFilter) -> bool {
+    run.status == RunStatus::Done
+        && run.erased_at.is_none()
+        && run.updated_at < filter.finished_before
+        && match &filter.tenant {
+            Some(t) => &run.tenant == t,
+            None => !filter.except_tenants.contains(&run.tenant),
+        }
+}
+
+/// The state of an erased run from its tombstones (`events`, the whole
+/// log). Erased logs replay (see [`glia_proto::erasure`]); should one not,
+/// the error names the erasure ([`LogError::Corrupt`]) rather than reading
+/// as an unexplained fold failure.
+pub fn erased_replay(
+    run_id: Uuid,
+    events: &[glia_proto::Event],
+) -> Result<glia_proto::RunState, LogError> {
+    glia_proto::RunState::replay(run_id, events).map_err(|e| {
+        LogError::Corrupt(format!(
+            "run {run_id} was erased and its tombstoned log does not replay: {e}"
+        ))
+    })
+}
 
 /// The spend a ledger counts and the results it holds are the contract's
 /// (`glia_proto`): the loop speaks them without linking a backend.
@@ -371,6 +399,19 @@ pub trait Ledger: Send + Sync {
     /// the results then simply expire.
     async fn release_held(&self, keys: &[String]) -> Result<(), LedgerError> {
         let _ = keys;
+        Ok(())
+    }
+
+    /// Forget everything kept for run `run_id` that holds its content: the
+    /// tool results held under its calls' idempotency keys (`{run_id}:…`)
+    /// and their running marks. Part of erasing a run
+    /// ([`RunLog::erase_run`]); forgetting again is safe.
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the store does not answer
+    /// (ask again: held results otherwise expire after
+    /// [`HELD_RESULT_TTL`]). The default keeps nothing, so forgets nothing.
+    async fn forget_run(&self, run_id: Uuid) -> Result<(), LedgerError> {
+        let _ = run_id;
         Ok(())
     }
 }

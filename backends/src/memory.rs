@@ -8,18 +8,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use glia_proto::{Event, EventKind, LiveEvent, Payload, Phase, RunState};
+use glia_proto::erasure::{erased_args_hash, erased_text, erased_value};
+use glia_proto::{Event, EventKind, LiveEvent, Outcome, Payload, Phase, PullPoint, RunState};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::{
     Acker, AgentRegistry, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, Approvals,
-    CapKind, Delivery, HeldResult, Inbox, InboxItem, Job, JobQueue, Lease, Ledger, LedgerError,
-    LogError, NewRun, Orphan, Outbox, PostFacts, QueueError, Reports, Reservation, RunFilter,
-    RunLog, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key, post_refusal,
+    CapKind, Delivery, ExpiredFilter, HeldResult, Inbox, InboxItem, Job, JobQueue, Lease, Ledger,
+    LedgerError, LogError, NewRun, Orphan, Outbox, PostFacts, QueueError, Reports, Reservation,
+    RunFilter, RunLog, RunStatus, RunSummary, Settlement, Signal, Spend, SpendCap, dedupe_key,
+    post_refusal,
 };
 
 struct Record {
@@ -275,6 +277,70 @@ impl RunLog for MemoryLog {
             }
         }
         Ok(())
+    }
+
+    /// The state is rebuilt by replaying the tombstones.
+    async fn erase_run(
+        &self,
+        run_id: Uuid,
+        by: &str,
+        at: DateTime<Utc>,
+    ) -> Result<RunSummary, LogError> {
+        let mut inner = lock(&self.inner);
+        let r = inner
+            .runs
+            .get_mut(&run_id)
+            .ok_or(LogError::NotFound(run_id))?;
+        if r.summary.erased_at.is_some() {
+            return Ok(r.summary.clone());
+        }
+        if r.summary.status != RunStatus::Done {
+            return Err(LogError::NotFinished(run_id));
+        }
+        if let Some(held) = r.lease.as_ref().filter(|l| l.expires_at > Utc::now()) {
+            return Err(LogError::LeaseHeld {
+                run_id,
+                owner: held.owner.clone(),
+                until: held.expires_at,
+            });
+        }
+        let events: Vec<Event> = r.events.iter().map(Event::erased).collect();
+        let state = crate::erased_replay(run_id, &events)?;
+        r.events = events;
+        r.state = state;
+        for (item, _, _) in &mut r.inbox {
+            item.payload = item.payload.erased();
+        }
+        r.summary.goal = erased_text(&r.summary.goal);
+        r.summary.outcome = r.summary.outcome.as_ref().map(Outcome::erased);
+        r.summary.pull_point = r.summary.pull_point.as_ref().map(PullPoint::erased);
+        if r.summary.error.is_some() {
+            r.summary.error = Some(glia_proto::TOMBSTONE.to_owned());
+        }
+        r.summary.erased_at = Some(at);
+        r.summary.erased_by = Some(by.to_owned());
+        let summary = r.summary.clone();
+        for a in inner.approvals.iter_mut().filter(|a| a.run_id == run_id) {
+            a.input = erased_value();
+            a.args_hash = erased_args_hash();
+        }
+        Ok(summary)
+    }
+
+    async fn expired_runs(&self, filter: &ExpiredFilter) -> Result<Vec<Uuid>, LogError> {
+        let inner = lock(&self.inner);
+        let mut runs: Vec<&RunSummary> = inner
+            .runs
+            .values()
+            .map(|r| &r.summary)
+            .filter(|s| crate::expired(s, filter))
+            .collect();
+        runs.sort_by_key(|s| (s.updated_at, s.run_id));
+        Ok(runs
+            .into_iter()
+            .take(filter.limit.clamp(1, 1000))
+            .map(|s| s.run_id)
+            .collect())
     }
 }
 
@@ -879,6 +945,19 @@ impl Ledger for MemoryLedger {
         for key in keys {
             kept.remove(key);
         }
+        Ok(())
+    }
+
+    async fn forget_run(&self, run_id: Uuid) -> Result<(), LedgerError> {
+        let prefix = format!("{run_id}:");
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|key, _| !key.starts_with(&prefix));
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|key, _| !key.starts_with(&prefix));
         Ok(())
     }
 }

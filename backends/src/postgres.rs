@@ -70,7 +70,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use deadpool_postgres::{
     GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Transaction,
 };
-use glia_proto::{Event, EventKind, Payload, Phase, RunState};
+use glia_proto::{Event, EventKind, Outcome, Payload, Phase, PullPoint, RunState, erasure};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -80,9 +80,10 @@ use tokio_postgres::{Config, NoTls, Row};
 use uuid::Uuid;
 
 use crate::{
-    AgentRegistry, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, Approvals, Inbox,
-    InboxItem, Job, Lease, LogError, LogGauges, NewRun, Opened, Opening, Orphan, Outbox, Reports,
-    RunFilter, RunGaugeKey, RunLog, RunStatus, RunSummary, Spend, dedupe_key,
+    AgentRegistry, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, Approvals,
+    ExpiredFilter, Inbox, InboxItem, Job, Lease, LogError, LogGauges, NewRun, Opened, Opening,
+    Orphan, Outbox, Reports, RunFilter, RunGaugeKey, RunLog, RunStatus, RunSummary, Spend,
+    dedupe_key,
 };
 
 mod codec;
@@ -545,7 +546,7 @@ fn optional_json<T: DeserializeOwned>(row: &Row, name: &str) -> Result<Option<T>
 
 const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point::text AS pull_point, outcome::text AS outcome, head_seq, created_at, updated_at, \
      agent, agent_version, tags, metadata, custom_id, turns, tool_calls, active_ms, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, \
-     tokens_estimated, cost_usd_micros, steps, error, ended_at";
+     tokens_estimated, cost_usd_micros, steps, error, ended_at, erased_at, erased_by";
 
 /// A non-negative `bigint` or `integer` column.
 fn count<T: TryFrom<i64>>(row: &Row, name: &str) -> Result<T, LogError> {
@@ -586,6 +587,8 @@ fn summary(row: &Row) -> Result<RunSummary, LogError> {
         error: col(row, "error")?,
         ended_at: col(row, "ended_at")?,
         trace_id: crate::trace_id(run_id),
+        erased_at: col(row, "erased_at")?,
+        erased_by: col(row, "erased_by")?,
     })
 }
 
@@ -1682,6 +1685,201 @@ impl RunLog for PgLog {
         })
         .await
     }
+
+    /// One transaction: the run row locked (`FOR UPDATE`: posts and commits
+    /// of the run wait), then the writes of [`RunLog::erase_run`]; events are
+    /// rewritten under `glia.erasing` (V14's triggers), only those whose
+    /// tombstone differs. A blob is deleted when no event references it any
+    /// more; one a concurrent commit of another run has just referenced makes
+    /// the erasure fail as [`LogError::Unavailable`] (ask again).
+    async fn erase_run(
+        &self,
+        run_id: Uuid,
+        by: &str,
+        at: DateTime<Utc>,
+    ) -> Result<RunSummary, LogError> {
+        self.bounded("erase_run", async {
+            let fail = |e: tokio_postgres::Error| write_error(run_id, "erase_run", &e);
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(fail)?;
+            let row = tx
+                .query_opt(
+                    "SELECT status, erased_at IS NOT NULL AS erased, lease_owner, lease_expires_at,                             coalesce(lease_expires_at > now(), false) AS live, goal, outcome::text AS outcome, pull_point::text AS pull_point                      FROM runs WHERE id = $1 FOR UPDATE",
+                    &[&run_id],
+                )
+                .await
+                .map_err(fail)?
+                .ok_or(LogError::NotFound(run_id))?;
+            if !col::<bool>(&row, "erased")? {
+                if parse_status(col(&row, "status")?)? != RunStatus::Done {
+                    return Err(LogError::NotFinished(run_id));
+                }
+                if col::<bool>(&row, "live")? {
+                    return Err(lease_held(run_id, &row)?);
+                }
+                erase_in(&tx, run_id, by, at, &row, self.blob_threshold).await?;
+            }
+            let summary = summary(
+                &tx.query_one(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = $1"), &[&run_id])
+                    .await
+                    .map_err(fail)?,
+            )?;
+            tx.commit().await.map_err(fail)?;
+            Ok(summary)
+        })
+        .await
+    }
+
+    async fn expired_runs(&self, filter: &ExpiredFilter) -> Result<Vec<Uuid>, LogError> {
+        let mut select =
+            Select::new("SELECT id FROM runs WHERE status = 'done' AND erased_at IS NULL");
+        select.and("updated_at <", filter.finished_before);
+        match &filter.tenant {
+            Some(tenant) => select.and("tenant =", tenant.clone()),
+            None if !filter.except_tenants.is_empty() => {
+                select.params.push(Box::new(filter.except_tenants.clone()));
+                select
+                    .sql
+                    .push_str(&format!(" AND tenant <> ALL(${})", select.params.len()));
+            }
+            None => {}
+        }
+        let rows = select
+            .rows(
+                self,
+                "expired_runs",
+                "updated_at, id",
+                filter.limit.clamp(1, 1000),
+            )
+            .await?;
+        rows.iter().map(|row| col(row, "id")).collect()
+    }
+}
+
+/// The writes of [`RunLog::erase_run`] for the run locked in `row`, in `tx`.
+async fn erase_in(
+    tx: &Transaction<'_>,
+    run_id: Uuid,
+    by: &str,
+    at: DateTime<Utc>,
+    row: &Row,
+    blob_threshold: usize,
+) -> Result<(), LogError> {
+    let fail = |e: tokio_postgres::Error| write_error(run_id, "erase_run", &e);
+    let invalid = |what: &str, e: serde_json::Error| LogError::Invalid {
+        run_id,
+        reason: format!("{what} does not serialise: {e}"),
+    };
+    let goal: String = col(row, "goal")?;
+    let outcome = optional_json::<Outcome>(row, "outcome")?
+        .map(|o| serde_json::to_value(o.erased()))
+        .transpose()
+        .map_err(|e| invalid("outcome", e))?;
+    let pull_point = optional_json::<PullPoint>(row, "pull_point")?
+        .map(|p| serde_json::to_value(p.erased()))
+        .transpose()
+        .map_err(|e| invalid("pull point", e))?;
+    // The run is marked first: V14's row trigger rewrites only an erased
+    // run's events.
+    tx.batch_execute("SELECT set_config('glia.erasing', 'on', true)")
+        .await
+        .map_err(fail)?;
+    tx.execute(
+        "UPDATE runs SET goal = $2, outcome = $3, pull_point = $4, erased_at = $5, erased_by = $6, \
+         error = CASE WHEN error IS NULL THEN NULL ELSE $7 END WHERE id = $1",
+        &[&run_id, &erasure::erased_text(&goal), &outcome, &pull_point, &at, &by, &glia_proto::TOMBSTONE],
+    )
+    .await
+    .map_err(fail)?;
+    let old_blobs: Vec<String> = tx
+        .query(
+            "SELECT DISTINCT blob_hash FROM events WHERE run_id = $1 AND blob_hash IS NOT NULL",
+            &[&run_id],
+        )
+        .await
+        .map_err(fail)?
+        .iter()
+        .map(|r| col(r, "blob_hash"))
+        .collect::<Result<_, _>>()?;
+    let events = read_events(tx, run_id, 0, i64::MAX).await?;
+    let changed: Vec<Event> = events
+        .iter()
+        .map(Event::erased)
+        .zip(&events)
+        .filter(|(erased, e)| erased != *e)
+        .map(|(erased, _)| erased)
+        .collect();
+    let enc = encode_events(run_id, &changed, blob_threshold)?;
+    if !enc.blobs.is_empty() {
+        let hashes: Vec<&str> = enc.blobs.iter().map(|(h, _)| h.as_str()).collect();
+        let bytes: Vec<&[u8]> = enc.blobs.iter().map(|(_, b)| b.as_slice()).collect();
+        tx.execute(INSERT_BLOBS, &[&hashes, &bytes])
+            .await
+            .map_err(fail)?;
+    }
+    tx.execute(
+        "UPDATE events e SET payload = t.payload::jsonb, blob_hash = t.blob_hash          FROM unnest($2::bigint[], $3::text[], $4::text[]) AS t(seq, payload, blob_hash)          WHERE e.run_id = $1 AND e.seq = t.seq",
+        &[&run_id, &enc.seqs, &enc.payloads, &enc.blob_hashes],
+    )
+    .await
+    .map_err(fail)?;
+    if !old_blobs.is_empty() {
+        tx.execute(
+            "DELETE FROM blobs b WHERE b.hash = ANY($1) AND NOT EXISTS (SELECT 1 FROM events e WHERE e.blob_hash = b.hash)",
+            &[&old_blobs],
+        )
+        .await
+        .map_err(|e| match e.code() {
+            Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
+                unavailable("erase_run: a blob was referenced again meanwhile", &e)
+            }
+            _ => fail(e),
+        })?;
+    }
+    tx.execute("DELETE FROM checkpoints WHERE run_id = $1", &[&run_id])
+        .await
+        .map_err(fail)?;
+    tx.execute(
+        "UPDATE approvals SET input = $2, args_hash = $3 WHERE run_id = $1",
+        &[
+            &run_id,
+            &erasure::erased_value(),
+            &erasure::erased_args_hash(),
+        ],
+    )
+    .await
+    .map_err(fail)?;
+    let items = tx
+        .query(
+            "SELECT id, payload::text AS payload, payload_raw FROM inbox WHERE run_id = $1",
+            &[&run_id],
+        )
+        .await
+        .map_err(fail)?;
+    for item in decode_inbox(&items)? {
+        let cell = JsonCell::of(&item.payload.erased()).map_err(|e| invalid("inbox payload", e))?;
+        tx.execute(
+            "UPDATE inbox SET payload = $2::text::jsonb, payload_raw = $3 WHERE id = $1",
+            &[&item.id, &cell.text, &cell.raw],
+        )
+        .await
+        .map_err(fail)?;
+    }
+    // A webhook delivery carries ids and kinds, and a decision's reason or
+    // a failure's text: those become the tombstone.
+    tx.execute(
+        "UPDATE webhook_deliveries SET payload = jsonb_set(payload, '{data}',              (payload->'data') || coalesce((SELECT jsonb_object_agg(k, to_jsonb($2::text))                  FROM jsonb_object_keys(payload->'data') AS k WHERE k IN ('reason', 'error')), '{}'::jsonb))          WHERE run_id = $1 AND jsonb_typeof(payload->'data') = 'object'",
+        &[&run_id, &glia_proto::TOMBSTONE],
+    )
+    .await
+    .map_err(fail)?;
+    tx.execute(
+        "UPDATE batch_items SET goal = $2 WHERE run_id = $1",
+        &[&run_id, &glia_proto::TOMBSTONE],
+    )
+    .await
+    .map_err(fail)?;
+    Ok(())
 }
 
 #[async_trait]
@@ -2285,7 +2483,7 @@ impl crate::archive::Archive for PgLog {
             let mut client = self.client().await?;
             let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).read_only(true).start().await.map_err(fail)?;
             let row = tx
-                .query_opt("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id FROM runs WHERE id = $1", &[&run_id])
+                .query_opt("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id, erased_at, erased_by FROM runs WHERE id = $1", &[&run_id])
                 .await
                 .map_err(fail)?
                 .ok_or(LogError::NotFound(run_id))?;
@@ -2337,6 +2535,10 @@ impl crate::archive::Archive for PgLog {
                 metadata: serde_json::from_value(col(&row, "metadata")?)
                     .map_err(|e| corrupt(format!("column metadata: {e}")))?,
                 custom_id: col(&row, "custom_id")?,
+                erased: match (col(&row, "erased_at")?, col::<Option<String>>(&row, "erased_by")?) {
+                    (Some(at), by) => Some(crate::archive::Erasure { at, by: by.unwrap_or_default() }),
+                    (None, _) => None,
+                },
             })
         })
         .await
@@ -2349,11 +2551,16 @@ impl crate::archive::Archive for PgLog {
     ) -> Result<crate::archive::Imported, LogError> {
         use crate::archive::Imported;
         let run_id = run.run_id;
+        let run = &run.erased_content();
         let state = run.validate()?;
         let job = run.job(&state);
         let encoded = encode_events(run_id, &run.events, self.blob_threshold)?;
         let columns = SummaryColumns::of(&state)?;
-        let goal = state.goal.replace('\0', "\u{FFFD}");
+        let goal = match run.erased {
+            Some(_) => glia_proto::TOMBSTONE.to_owned(),
+            None => state.goal.replace('\0', "\u{FFFD}"),
+        };
+        let (erased_at, erased_by) = run.erased.as_ref().map(|e| (e.at, e.by.clone())).unzip();
         let updated_at = run.events.last().map_or(run.created_at, |e| e.at);
         self.bounded("import_run", async {
             let fail = |e: tokio_postgres::Error| write_error(run_id, "import_run", &e);
@@ -2390,6 +2597,9 @@ impl crate::archive::Archive for PgLog {
             )
             .await
             .map_err(fail)?;
+            if erased_at.is_some() {
+                tx.execute("UPDATE runs SET erased_at = $2, erased_by = $3 WHERE id = $1", &[&run_id, &erased_at, &erased_by]).await.map_err(fail)?;
+            }
             write_events(&tx, run_id, &encoded).await.map_err(fail)?;
             for a in &run.approvals {
                 let status = if a.status == ApprovalStatus::Pending { "pending" } else { "decided" };

@@ -645,6 +645,59 @@ impl Ledger for RedisLedger {
         })
         .await
     }
+
+    /// `SCAN` for the run's held results and running marks
+    /// (`P:held:{run_id}:*`, `P:running:{run_id}:*`, the prefix's glob
+    /// characters escaped), each page deleted as it comes.
+    async fn forget_run(&self, run_id: Uuid) -> Result<(), LedgerError> {
+        let prefix = glob_escape(&self.prefix);
+        let patterns = [
+            format!("{prefix}:held:{run_id}:*"),
+            format!("{prefix}:running:{run_id}:*"),
+        ];
+        for pattern in patterns {
+            self.idempotent("forget_run", |mut conn| {
+                let pattern = pattern.clone();
+                async move {
+                    let mut cursor: u64 = 0;
+                    loop {
+                        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(&pattern)
+                            .arg("COUNT")
+                            .arg(1000)
+                            .query_async(&mut conn)
+                            .await?;
+                        if !keys.is_empty() {
+                            redis::cmd("DEL")
+                                .arg(&keys)
+                                .query_async::<()>(&mut conn)
+                                .await?;
+                        }
+                        if next == 0 {
+                            return Ok(());
+                        }
+                        cursor = next;
+                    }
+                }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `text` with Redis glob characters (`*`, `?`, `[`, `]`, `\`) escaped.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Open a pub/sub connection and subscribe it to `channel`, bounded by

@@ -75,7 +75,7 @@ use deadpool::Runtime;
 use deadpool::managed::{Metrics, PoolConfig, RecycleError, RecycleResult, Timeouts};
 use deadpool_sync::SyncWrapper;
 use futures::stream::BoxStream;
-use glia_proto::{Event, EventKind, LiveEvent, Payload, Phase, RunState};
+use glia_proto::{Event, EventKind, LiveEvent, Payload, Phase, RunState, erasure};
 use rusqlite::{Connection, OptionalExtension, Row, Savepoint, params};
 use rusqlite_migration::{M, Migrations};
 use serde::de::DeserializeOwned;
@@ -87,10 +87,10 @@ use crate::memory::MemoryLedger;
 use crate::postgres::next_checkpoint;
 use crate::{
     Acker, AgentRegistry, AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, Approvals,
-    CapKind, Delivery, HELD_RESULT_TTL, HeldResult, Inbox, InboxItem, Job, JobQueue, Lease, Ledger,
-    LedgerError, LogError, LogGauges, NewRun, Orphan, Outbox, QueueError, QueueStats, Reports,
-    Reservation, RunFilter, RunGaugeKey, RunLog, RunStatus, RunSummary, Settlement, Signal, Spend,
-    SpendCap, dedupe_key,
+    CapKind, Delivery, ExpiredFilter, HELD_RESULT_TTL, HeldResult, Inbox, InboxItem, Job, JobQueue,
+    Lease, Ledger, LedgerError, LogError, LogGauges, NewRun, Orphan, Outbox, QueueError,
+    QueueStats, Reports, Reservation, RunFilter, RunGaugeKey, RunLog, RunStatus, RunSummary,
+    Settlement, Signal, Spend, SpendCap, dedupe_key,
 };
 
 /// The event kinds that carry model spend, as an SQL list
@@ -121,6 +121,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/004_resume_jobs.sql"),
     include_str!("../sqlite_migrations/005_held_results.sql"),
     include_str!("../sqlite_migrations/006_run_listing.sql"),
+    include_str!("../sqlite_migrations/007_erasure.sql"),
 ];
 
 /// How a store is opened.
@@ -613,6 +614,14 @@ impl Store {
         states.insert(state.run_id, state);
     }
 
+    /// Drop the cached state of `run_id` (its log was rewritten).
+    fn forget(&self, run_id: Uuid) {
+        self.states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&run_id);
+    }
+
     /// Bring a cached state past committed `events` (dropping it if they do
     /// not follow it or do not apply, or the run is done).
     fn advance(&self, run_id: Uuid, events: &[Event]) {
@@ -764,7 +773,7 @@ fn get<T: rusqlite::types::FromSql>(row: &Row<'_>, name: &str) -> Result<T, LogE
 
 const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at, \
      agent, agent_version, tags, metadata, custom_id, turns, tool_calls, active_ms, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, \
-     tokens_estimated, cost_usd_micros, steps, error, ended_at";
+     tokens_estimated, cost_usd_micros, steps, error, ended_at, erased_at, erased_by";
 
 /// A non-negative integer column.
 fn count<T: TryFrom<i64>>(row: &Row<'_>, name: &str) -> Result<T, LogError> {
@@ -809,7 +818,127 @@ fn summary(row: &Row<'_>) -> Result<RunSummary, LogError> {
         error: get(row, "error")?,
         ended_at: get::<Option<i64>>(row, "ended_at")?.map(time),
         trace_id: crate::trace_id(run_id),
+        erased_at: get::<Option<i64>>(row, "erased_at")?.map(time),
+        erased_by: get(row, "erased_by")?,
     })
+}
+
+/// [`RunLog::erase_run`] inside the writer's transaction `tx`; a run
+/// already erased is left as it is.
+fn erase_in(tx: &Connection, run_id: Uuid, by: &str, at: DateTime<Utc>) -> Result<(), LogError> {
+    let id = run_id.to_string();
+    /// Status, erased at, lease owner and expiry, goal, outcome, pull point.
+    type Locked = (
+        String,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+        String,
+        Option<String>,
+        Option<String>,
+    );
+    let row: Option<Locked> = tx
+        .query_row(
+            "SELECT status, erased_at, lease_owner, lease_expires_at, goal, outcome, pull_point FROM runs WHERE id = ?1",
+            [&id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
+        )
+        .optional()
+        .map_err(db("erase_run"))?;
+    let Some((status, erased_at, owner, until, goal, outcome, pull_point)) = row else {
+        return Err(LogError::NotFound(run_id));
+    };
+    if erased_at.is_some() {
+        return Ok(());
+    }
+    if status != RunStatus::Done.as_str() {
+        return Err(LogError::NotFinished(run_id));
+    }
+    if let (Some(owner), Some(until)) = (owner, until)
+        && until > nanos(Utc::now())
+    {
+        return Err(LogError::LeaseHeld {
+            run_id,
+            owner,
+            until: time(until),
+        });
+    }
+    let outcome = outcome
+        .map(|t| {
+            parse::<glia_proto::Outcome>(&t, "column outcome")
+                .and_then(|o| json(run_id, &o.erased(), "outcome"))
+        })
+        .transpose()?;
+    let pull_point = pull_point
+        .map(|t| {
+            parse::<glia_proto::PullPoint>(&t, "column pull_point")
+                .and_then(|p| json(run_id, &p.erased(), "pull point"))
+        })
+        .transpose()?;
+    // The run is marked first: the events' trigger lets only an erased
+    // run's payloads be rewritten.
+    tx.execute(
+        "UPDATE runs SET goal = ?2, outcome = ?3, pull_point = ?4, erased_at = ?5, erased_by = ?6, \
+         error = CASE WHEN error IS NULL THEN NULL ELSE ?7 END WHERE id = ?1",
+        params![id, erasure::erased_text(&goal), outcome, pull_point, nanos(at), by, glia_proto::TOMBSTONE],
+    )
+    .map_err(db("erase_run"))?;
+    let events = read_events(tx, run_id, 0, usize::MAX)?;
+    // Listed in `erasing` while its events are rewritten (007's trigger).
+    tx.execute("INSERT INTO erasing (run_id) VALUES (?1)", [&id])
+        .map_err(db("erase_run"))?;
+    let mut update = tx
+        .prepare_cached("UPDATE events SET payload = ?3 WHERE run_id = ?1 AND seq = ?2")
+        .map_err(db("erase_run"))?;
+    for e in &events {
+        let erased = e.kind.erased();
+        if erased != e.kind {
+            let payload = json(run_id, &erased, &format!("event {}", e.seq))?;
+            update
+                .execute(params![id, i64_of(e.seq), payload])
+                .map_err(db("erase_run"))?;
+        }
+    }
+    tx.execute("DELETE FROM erasing WHERE run_id = ?1", [&id])
+        .map_err(db("erase_run"))?;
+    tx.execute("DELETE FROM checkpoints WHERE run_id = ?1", [&id])
+        .map_err(db("erase_run"))?;
+    tx.execute(
+        "UPDATE approvals SET input = ?2, args_hash = ?3 WHERE run_id = ?1",
+        params![
+            id,
+            json(run_id, &erasure::erased_value(), "input")?,
+            erasure::erased_args_hash()
+        ],
+    )
+    .map_err(db("erase_run"))?;
+    let items: Vec<(i64, String)> = tx
+        .prepare("SELECT id, payload FROM inbox WHERE run_id = ?1")
+        .and_then(|mut st| {
+            st.query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })
+        .map_err(db("erase_run"))?;
+    for (item, text) in items {
+        let payload: Payload = parse(&text, &format!("inbox item {item}"))?;
+        tx.execute(
+            "UPDATE inbox SET payload = ?2 WHERE id = ?1",
+            params![item, json(run_id, &payload.erased(), "inbox payload")?],
+        )
+        .map_err(db("erase_run"))?;
+    }
+    tx.execute(
+        "UPDATE batch_items SET goal = ?2 WHERE run_id = ?1",
+        params![id, glia_proto::TOMBSTONE],
+    )
+    .map_err(db("erase_run"))?;
+    // The ledger's held results share the file: `{run_id}:{turn}:{call_id}`.
+    tx.execute(
+        "DELETE FROM held_results WHERE substr(key, 1, 37) = ?1",
+        [format!("{id}:")],
+    )
+    .map_err(db("erase_run"))?;
+    Ok(())
 }
 
 /// The summary columns a commit writes from a state (see [`SUMMARY_SET`]).
@@ -1570,6 +1699,58 @@ impl RunLog for SqliteLog {
         }
         Ok(())
     }
+
+    /// One transaction on the writer; the ledger's held results of the run
+    /// (in the same file) go with it.
+    async fn erase_run(
+        &self,
+        run_id: Uuid,
+        by: &str,
+        at: DateTime<Utc>,
+    ) -> Result<RunSummary, LogError> {
+        let by = by.to_owned();
+        let summary = self
+            .store
+            .write("erase_run", move |conn| {
+                let tx = immediate(conn)?;
+                erase_in(&tx, run_id, &by, at)?;
+                let summary = tx
+                    .prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = ?1"))
+                    .map_err(db("erase_run"))?
+                    .query_row([run_id.to_string()], |row| Ok(summary(row)))
+                    .map_err(db("erase_run"))??;
+                tx.commit().map_err(db("erase_run"))?;
+                Ok(summary)
+            })
+            .await?;
+        self.store.forget(run_id);
+        Ok(summary)
+    }
+
+    async fn expired_runs(&self, filter: &ExpiredFilter) -> Result<Vec<Uuid>, LogError> {
+        let mut select = Select::new(
+            "SELECT id FROM runs WHERE status = 'done' AND erased_at IS NULL".to_owned(),
+        );
+        select.and("updated_at <", nanos(filter.finished_before));
+        match &filter.tenant {
+            Some(tenant) => select.and("tenant =", tenant.clone()),
+            None => {
+                for t in &filter.except_tenants {
+                    select.and("tenant <>", t.clone());
+                }
+            }
+        }
+        let limit = filter.limit.clamp(1, 1000);
+        let ids: Vec<String> = self
+            .store
+            .read("expired_runs", move |conn| {
+                select.rows(conn, "updated_at, id", limit, |row| {
+                    get::<String>(row, "id")
+                })
+            })
+            .await?;
+        ids.iter().map(|id| uuid_of(id, "run id")).collect()
+    }
 }
 
 #[async_trait]
@@ -1925,12 +2106,12 @@ impl Archive for SqliteLog {
             .read("export_run", move |conn| {
                 let tx = conn.transaction().map_err(db("export_run"))?;
                 let id = run_id.to_string();
-                type Identity = (String, Option<String>, Option<String>, i64, String, String, Option<String>);
+                type Identity = (String, Option<String>, Option<String>, i64, String, String, Option<String>, Option<i64>, Option<String>);
                 let row: Option<Identity> = tx
-                    .query_row("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id FROM runs WHERE id = ?1", [&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
+                    .query_row("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id, erased_at, erased_by FROM runs WHERE id = ?1", [&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?)))
                     .optional()
                     .map_err(db("export_run"))?;
-                let Some((tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id)) = row else { return Err(LogError::NotFound(run_id)) };
+                let Some((tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id, erased_at, erased_by)) = row else { return Err(LogError::NotFound(run_id)) };
                 let events = read_events(&tx, run_id, 0, usize::MAX)?;
                 let approvals = Select::new("SELECT run_id, tenant, call_id, tool, input, args_hash, status, requested_at, expires_at, escalated, interrupted FROM approvals WHERE 1")
                     .tap_and("run_id =", id.clone())
@@ -1958,12 +2139,14 @@ impl Archive for SqliteLog {
                     tags: parse(&tags, "column tags")?,
                     metadata: parse(&metadata, "column metadata")?,
                     custom_id,
+                    erased: erased_at.map(|at| crate::archive::Erasure { at: time(at), by: erased_by.unwrap_or_default() }),
                 })
             })
             .await
     }
 
     async fn import_run(&self, run: &RunRecord) -> Result<Imported, LogError> {
+        let run = &run.erased_content();
         let state = run.validate()?;
         let job = run.job(&state);
         let encoded = encode_events(run.run_id, &run.events)?;
@@ -2002,6 +2185,13 @@ impl Archive for SqliteLog {
                     created_at: nanos(run.created_at),
                 };
                 insert_run(&tx, &row, &state, &columns, updated_at)?;
+                if let Some(erased) = &run.erased {
+                    tx.execute(
+                        "UPDATE runs SET goal = ?2, erased_at = ?3, erased_by = ?4 WHERE id = ?1",
+                        params![id, glia_proto::TOMBSTONE, nanos(erased.at), erased.by],
+                    )
+                    .map_err(db("import_run"))?;
+                }
                 insert_events(&tx, run_id, &encoded)?;
                 for a in &run.approvals {
                     insert_approval(&tx, run_id, &run.tenant, a)?;
@@ -2476,6 +2666,24 @@ impl Ledger for SqliteLedger {
                 .map_err(|e| LedgerError::Unavailable(format!("decode held result: {e}")))
         })
         .transpose()
+    }
+
+    /// The held results in the file, and the running marks kept in process.
+    async fn forget_run(&self, run_id: Uuid) -> Result<(), LedgerError> {
+        self.store.live.forget_run(run_id).await?;
+        self.store
+            .write_relaxed("forget_run", move |conn| {
+                let tx = immediate(conn)?;
+                tx.execute(
+                    "DELETE FROM held_results WHERE substr(key, 1, 37) = ?1",
+                    [format!("{run_id}:")],
+                )
+                .map_err(db("forget_run"))?;
+                tx.commit().map_err(db("forget_run"))?;
+                Ok(())
+            })
+            .await
+            .map_err(ledger_error)
     }
 
     async fn release_held(&self, keys: &[String]) -> Result<(), LedgerError> {

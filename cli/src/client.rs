@@ -644,6 +644,16 @@ pub enum RunsCommand {
         #[command(flatten)]
         extend: ExtendArgs,
     },
+    /// Erase a finished run's content (`DELETE /v1/runs/{id}`; the token
+    /// needs the `erase` scope): goal, messages, tool arguments and
+    /// results become tombstones, counts and costs stay. Repeating it is
+    /// harmless.
+    Delete {
+        #[command(flatten)]
+        server: Server,
+        /// Run id.
+        run_id: String,
+    },
     /// Cancel a run (`POST /v1/runs/{id}/cancel`).
     Cancel {
         #[command(flatten)]
@@ -741,6 +751,20 @@ pub async fn runs(cmd: RunsCommand) -> Result<()> {
                 .await?
                 .checked()?;
             outln!("{}", serde_json::to_string_pretty(&answer)?);
+        }
+        // Erasure is idempotent, so it goes through the outage retry too.
+        RunsCommand::Delete { server, run_id } => {
+            let answer = server
+                .call(
+                    &client,
+                    Method::DELETE,
+                    &format!("/v1/runs/{run_id}"),
+                    None,
+                    &[],
+                )
+                .await?
+                .checked()?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
         }
         RunsCommand::Cancel {
             server,

@@ -555,6 +555,13 @@ pub struct DispatcherArgs {
     /// (runs by status, approvals, queue depth and consumers).
     #[arg(long, env = "GLIA_METRICS_SAMPLE_MS", default_value_t = 5000)]
     pub metrics_sample_ms: u64,
+    /// Retention periods, a JSON file: `{"default_days": 90, "tenants":
+    /// {"acme": {"days": 30}}}` (both parts optional). A finished run's
+    /// content is erased that long after its last event, by a sweeper in
+    /// every dispatcher (`docs/storage.md`, "Erasure and retention").
+    /// Without it nothing is erased but on request (`DELETE /v1/runs/{id}`).
+    #[arg(long, env = "GLIA_RETENTION", value_name = "FILE")]
+    pub retention: Option<PathBuf>,
 }
 
 impl DispatcherArgs {
@@ -577,10 +584,21 @@ impl DispatcherArgs {
 }
 
 impl DispatcherArgs {
+    /// The retention settings of `--retention` (default: keep everything).
+    fn retention(&self) -> Result<glia_dispatcher::retention::Retention> {
+        let Some(path) = &self.retention else {
+            return Ok(Default::default());
+        };
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        glia_dispatcher::retention::Retention::from_json(&text)
+            .map_err(|e| anyhow::anyhow!("invalid retention file {}: {e}", path.display()))
+    }
+
     /// `app` with the inbox's session settings, the webhooks' store,
     /// receiver policy and public URL, and the batch store and admission
-    /// caps from these options.
-    fn configure(&self, app: glia_dispatcher::App, ports: &Ports) -> glia_dispatcher::App {
+    /// caps and the retention periods from these options.
+    fn configure(&self, app: glia_dispatcher::App, ports: &Ports) -> Result<glia_dispatcher::App> {
         let webhooks = ports.webhooks.clone();
         let mut inbox = match &self.session_key {
             Some(key) if !key.is_empty() => glia_dispatcher::inbox::InboxConfig::with_secret(key),
@@ -605,12 +623,14 @@ impl DispatcherArgs {
             weights: self.batch_weights.iter().cloned().collect(),
             ..Default::default()
         };
-        app.with_inbox(inbox).with_webhooks(webhooks).with_batches(
-            glia_dispatcher::batches::BatchConfig {
+        Ok(app
+            .with_inbox(inbox)
+            .with_webhooks(webhooks)
+            .with_batches(glia_dispatcher::batches::BatchConfig {
                 store: ports.batches.clone(),
                 admission,
-            },
-        )
+            })
+            .with_retention(self.retention()?))
     }
 }
 
@@ -641,7 +661,7 @@ async fn serve_dispatcher(
         ports.ledger.clone(),
         args.auth()?,
     );
-    let mut app = args.configure(app, ports);
+    let mut app = args.configure(app, ports)?;
     app.admission = admission;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -676,7 +696,9 @@ pub async fn run_dispatcher(
 }
 
 /// The dispatcher's background tasks: the outbox relay, the reconciler
-/// (every `reconcile_every`) and the metrics sampler (every `sample_every`).
+/// (every `reconcile_every`), the metrics sampler (every `sample_every`),
+/// and where configured the webhook deliverer, batch admission and the
+/// retention sweeper.
 fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sample_every: Duration) {
     tokio::spawn(glia_dispatcher::relay(app.clone()));
     tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
@@ -690,6 +712,9 @@ fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sampl
     if app.batches.store.is_some() {
         tokio::spawn(glia_dispatcher::batches::admit(app.clone()));
     }
+    if app.retention.is_active() {
+        tokio::spawn(glia_dispatcher::retention::retention(app.clone()));
+    }
 }
 
 /// `glia dispatcher`: the HTTP API, the outbox relay and the reconciler.
@@ -699,6 +724,7 @@ fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sampl
 pub async fn dispatcher(urls: Urls, args: DispatcherArgs, catalogue: CatalogueArgs) -> Result<()> {
     urls.check()?;
     let auth = args.auth()?;
+    args.retention()?;
     let admission = catalogue.admission()?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -729,7 +755,7 @@ pub async fn dispatcher(urls: Urls, args: DispatcherArgs, catalogue: CatalogueAr
                 auth,
             ),
             &ports,
-        );
+        )?;
         app.admission = admission;
         spawn_background(
             &app,

@@ -8,7 +8,7 @@ use glia_backends::{EventLog, JobQueue, Ledger};
 use tokio::sync::Notify;
 
 use crate::auth::Auth;
-use crate::config::{BatchConfig, InboxConfig, WebhookConfig};
+use crate::config::{BatchConfig, InboxConfig, Retention, WebhookConfig};
 use crate::metrics::Metrics;
 
 /// Size and pacing limits. [`Limits::default`] is what production uses.
@@ -82,6 +82,8 @@ pub struct App {
     pub admission: Option<Admission>,
     /// Batch store and admission settings.
     pub batches: Arc<BatchConfig>,
+    /// Retention periods per tenant and the sweeper's pace.
+    pub retention: Arc<Retention>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) wake: Arc<Notify>,
     pub(crate) wake_admission: Arc<Notify>,
@@ -108,6 +110,7 @@ impl App {
             webhooks: Arc::new(WebhookConfig::default()),
             admission: None,
             batches: Arc::new(BatchConfig::default()),
+            retention: Arc::new(Retention::default()),
             metrics: Arc::new(Metrics::new()),
             wake: Arc::new(Notify::new()),
             wake_admission: Arc::new(Notify::new()),
@@ -118,6 +121,12 @@ impl App {
     /// The same app with this batch store and these admission settings.
     pub fn with_batches(mut self, config: BatchConfig) -> App {
         self.batches = Arc::new(config);
+        self
+    }
+
+    /// The same app with these retention settings.
+    pub fn with_retention(mut self, retention: Retention) -> App {
+        self.retention = Arc::new(retention);
         self
     }
 

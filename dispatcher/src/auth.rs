@@ -36,27 +36,33 @@ pub enum Scope {
     Approve,
     /// Register agent definitions (`PUT /v1/agents/{name}`) for its tenant.
     Agents,
+    /// Erase the content of its tenant's finished runs (`DELETE
+    /// /v1/runs/{id}`): a scope of its own, given to whoever answers
+    /// erasure requests, not to every client that submits.
+    Erase,
     /// Everything, across tenants.
     Admin,
 }
 
 impl Scope {
-    /// `submit`, `approve`, `agents` or `admin`.
+    /// `submit`, `approve`, `agents`, `erase` or `admin`.
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::Submit => "submit",
             Scope::Approve => "approve",
             Scope::Agents => "agents",
+            Scope::Erase => "erase",
             Scope::Admin => "admin",
         }
     }
 
-    /// Parse `submit`, `approve`, `agents` or `admin`.
+    /// Parse `submit`, `approve`, `agents`, `erase` or `admin`.
     pub fn parse(s: &str) -> Result<Scope, AuthError> {
         match s.trim() {
             "submit" => Ok(Scope::Submit),
             "approve" => Ok(Scope::Approve),
             "agents" => Ok(Scope::Agents),
+            "erase" => Ok(Scope::Erase),
             "admin" => Ok(Scope::Admin),
             other => Err(AuthError::UnknownScope(other.to_owned())),
         }
@@ -130,8 +136,8 @@ impl Principal {
 /// Why a token configuration is unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
-    /// A scope other than `submit`, `approve`, `admin`.
-    #[error("unknown scope {0:?} (expected submit, approve or admin)")]
+    /// A scope other than `submit`, `approve`, `agents`, `erase`, `admin`.
+    #[error("unknown scope {0:?} (expected submit, approve, agents, erase or admin)")]
     UnknownScope(String),
     /// A token spec not of the form `TOKEN:TENANT:SCOPE[,SCOPE…]` (the spec
     /// itself is not echoed: it holds a secret).

@@ -1,5 +1,6 @@
 //! Settings held by [`crate::App`]: the inbox's session key, webhooks'
-//! store and receiver policy, the batch store and its admission settings.
+//! store and receiver policy, the batch store and its admission settings,
+//! retention periods.
 //! Plain data (and the inbox's MAC); the modules that act on them re-export
 //! them where they were always found (`inbox::InboxConfig`,
 //! `webhooks::WebhookConfig`, `batches::BatchConfig`).
@@ -126,4 +127,82 @@ pub struct BatchConfig {
     pub store: Option<Arc<dyn BatchStore>>,
     /// Admission settings.
     pub admission: Admission,
+}
+
+/// Retention settings of the dispatcher ([`crate::App::retention`]; the sweeper is
+/// `crate::retention`): how long each
+/// tenant's finished runs keep their content. The default keeps everything.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Retention {
+    /// The period of tenants not in `tenants`; `None` keeps theirs.
+    pub default: Option<Duration>,
+    /// Periods per tenant. A run's period counts from its last event (when
+    /// it finished).
+    pub tenants: std::collections::BTreeMap<String, Duration>,
+    /// Pause between sweeps (default 60 s).
+    pub every: Duration,
+    /// Most runs one sweep erases per period (default 100).
+    pub per_sweep: usize,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            default: None,
+            tenants: Default::default(),
+            every: Duration::from_secs(60),
+            per_sweep: 100,
+        }
+    }
+}
+
+impl Retention {
+    /// True when some tenant has a period: the sweeper has work.
+    pub fn is_active(&self) -> bool {
+        self.default.is_some() || !self.tenants.is_empty()
+    }
+
+    /// Parse a retention file: `{"default_days": 90, "tenants": {"acme":
+    /// {"days": 30}}}` (both parts optional; days from 1 to 36,500). Unknown
+    /// fields are refused, naming the path.
+    pub fn from_json(text: &str) -> Result<Retention, String> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct File {
+            #[serde(default)]
+            default_days: Option<u32>,
+            #[serde(default)]
+            tenants: std::collections::BTreeMap<String, Tenant>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Tenant {
+            days: u32,
+        }
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let file: File = serde_path_to_error::deserialize(de)
+            .map_err(|e| format!("{}: {}", e.path(), e.inner()))?;
+        let days = |n: u32, at: &str| {
+            if (1..=36_500).contains(&n) {
+                Ok(Duration::from_secs(u64::from(n) * 86_400))
+            } else {
+                Err(format!("{at}: {n} days is outside 1 to 36500"))
+            }
+        };
+        Ok(Retention {
+            default: file
+                .default_days
+                .map(|n| days(n, "default_days"))
+                .transpose()?,
+            tenants: file
+                .tenants
+                .into_iter()
+                .map(|(t, p)| {
+                    let period = days(p.days, &format!("tenants.{t}.days"))?;
+                    Ok((t, period))
+                })
+                .collect::<Result<_, String>>()?,
+            ..Retention::default()
+        })
+    }
 }

@@ -312,7 +312,9 @@ RunSummaryDoc, "RunSummary", json!({
         "steps": {"type": "integer", "minimum": 0, "description": "Plan steps started in the current plan."},
         "error": {"type": ["string", "null"], "description": "Why a failed run failed, or why a cancelled run was cancelled."},
         "ended_at": {"type": ["string", "null"], "format": "date-time", "description": "When it reached `done`."},
-        "trace_id": {"type": "string", "pattern": "^[0-9a-f]{32}$", "description": "The OpenTelemetry trace id of the run's spans: the run id's 16 bytes in hex."}
+        "trace_id": {"type": "string", "pattern": "^[0-9a-f]{32}$", "description": "The OpenTelemetry trace id of the run's spans: the run id's 16 bytes in hex."},
+        "erased_at": {"type": ["string", "null"], "format": "date-time", "description": "When the run's content was erased (DELETE /v1/runs/{id} or retention); its goal and outcome then read `⟦glia:erased⟧ content erased`."},
+        "erased_by": {"type": ["string", "null"], "description": "Who erased it: the token's name, or `retention`."}
     }
 }));
 

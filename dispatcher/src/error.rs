@@ -165,6 +165,14 @@ pub enum ApiError {
     /// 409 `run_finished`: the run is done; nothing more can be posted.
     #[error("run {0} is finished")]
     RunFinished(Uuid),
+    /// 409 `run_not_finished`: the run is not done, so its content cannot
+    /// be erased; cancel it first.
+    #[error("run {0} is not finished; cancel it before erasing it")]
+    RunNotFinished(Uuid),
+    /// 409 `run_leased`: a worker still holds the run (it is letting a
+    /// finished run go); ask again in a moment.
+    #[error("run {0} is still held by a worker; ask again in a moment")]
+    RunLeased(Uuid),
     /// 409 `run_cancelled`: a cancel was posted and waits for a worker;
     /// nothing but the cancel is taken (the run ends cancelled).
     #[error("run {0} is being cancelled; nothing more is taken")]
@@ -308,6 +316,8 @@ impl ApiError {
             AlreadyPosted { .. } => (S::CONFLICT, "already_posted"),
             HeadMoved { .. } => (S::CONFLICT, "head_moved"),
             RunFinished(_) => (S::CONFLICT, "run_finished"),
+            RunNotFinished(_) => (S::CONFLICT, "run_not_finished"),
+            RunLeased(_) => (S::CONFLICT, "run_leased"),
             RunCancelled(_) => (S::CONFLICT, "run_cancelled"),
             BatchEnded(..) => (S::CONFLICT, "batch_ended"),
             IdempotencyConflict(_) => (S::CONFLICT, "idempotency_conflict"),
@@ -387,6 +397,8 @@ impl From<LogError> for ApiError {
             LogError::Duplicate { run_id, what } => ApiError::AlreadyPosted { run_id, what },
             LogError::Cancelled(run_id) => ApiError::RunCancelled(run_id),
             LogError::Finished(run_id) => ApiError::RunFinished(run_id),
+            LogError::NotFinished(run_id) => ApiError::RunNotFinished(run_id),
+            LogError::LeaseHeld { run_id, .. } => ApiError::RunLeased(run_id),
             LogError::Corrupt(what) => {
                 tracing::error!(code = "corrupt_record", "corrupt record: {what}");
                 ApiError::CorruptRecord(record_name(&what).to_owned())

@@ -436,6 +436,8 @@ mod tests {
             error: None,
             ended_at: None,
             trace_id: glia_backends::trace_id(Uuid::nil()),
+            erased_at: None,
+            erased_by: None,
         }
     }
 

@@ -41,7 +41,8 @@
 //! - the middle: [`admission`] (what makes a request a run), [`control`]
 //!   (posting decisions, pause, resume, cancel), [`batches`] (the batch
 //!   service and admission loop), [`extract`] (request extractors),
-//!   [`mod@relay`] and [`sampler`] (background tasks), [`history`];
+//!   [`mod@relay`], [`retention`] (erasure and its sweeper) and [`sampler`]
+//!   (background tasks), [`history`];
 //! - the state, [`app`] ([`App`], [`Limits`]), with its settings
 //!   ([`config`]), [`auth`] and [`metrics`];
 //! - the types: [`model`] (request and response shapes), [`docs`] (schemas
@@ -66,6 +67,7 @@ pub mod inbox;
 pub mod metrics;
 pub mod model;
 pub mod relay;
+pub mod retention;
 pub mod sampler;
 pub mod server;
 pub mod startup;

@@ -123,6 +123,10 @@ pub struct Metrics {
     pub relay_errors: Counter,
     /// Jobs re-enqueued by the reconciler.
     pub jobs_reconciled: Counter,
+    /// Runs whose content was erased (on request or by retention).
+    pub runs_erased: Counter,
+    /// Retention sweeps that failed (event log unavailable).
+    pub retention_errors: Counter,
     /// Open SSE streams.
     pub sse_streams: Gauge,
     /// Runs not done, by status and pull point (sampled).
@@ -166,6 +170,8 @@ impl Metrics {
             jobs_relayed: Counter::default(),
             relay_errors: Counter::default(),
             jobs_reconciled: Counter::default(),
+            runs_erased: Counter::default(),
+            retention_errors: Counter::default(),
             sse_streams: Gauge::default(),
             runs: Family::default(),
             approvals_pending: Gauge::default(),
@@ -218,6 +224,16 @@ impl Metrics {
             "jobs_reconciled",
             "Jobs re-enqueued by the reconciler for orphaned runs",
             m.jobs_reconciled.clone(),
+        );
+        registry.register(
+            "runs_erased",
+            "Runs whose content was erased, by DELETE /v1/runs/{id} or the retention sweeper",
+            m.runs_erased.clone(),
+        );
+        registry.register(
+            "retention_errors",
+            "Retention sweeps that failed (event log unavailable)",
+            m.retention_errors.clone(),
         );
         registry.register(
             "sse_streams",

@@ -62,7 +62,7 @@ pub fn routes() -> OpenApiRouter<App> {
     use utoipa::OpenApi;
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(runs::create_run, runs::list_runs))
-        .routes(routes!(runs::get_run))
+        .routes(routes!(runs::get_run, runs::delete_run))
         .routes(routes!(runs::list_events))
         .routes(routes!(stream::stream_events))
         .routes(routes!(approvals::list_approvals, approvals::decide_bulk))

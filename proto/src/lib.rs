@@ -18,7 +18,8 @@
 //! - [`tool_sources`]: MCP and HTTP tools a run names, per-tool policy;
 //! - [`provider`]: the provider boundary (the [`Provider`] trait, request,
 //!   response, error) and the provider kinds;
-//! - [`held`]: a tool call's outcome held until it is committed.
+//! - [`held`]: a tool call's outcome held until it is committed;
+//! - [`erasure`]: what a run's records look like once its content is erased.
 //!
 //! Pure: no I/O and no async runtime.
 
@@ -30,6 +31,7 @@ pub mod compaction;
 pub mod config;
 pub mod config_error;
 pub mod content;
+pub mod erasure;
 pub mod event;
 pub mod guardrails;
 pub mod held;
@@ -59,6 +61,7 @@ pub use content::{
     ContentBlock, IMAGE_MEDIA_TYPES, ImageSource, MAX_IMAGE_BASE64_LEN, Message, ResultBlock, Role,
     ToolContent, Usage,
 };
+pub use erasure::TOMBSTONE;
 pub use event::{
     Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent,
     Outcome, PauseReason, Payload, PullPoint, Retry, ToolCallRecord, ToolErrorKind,

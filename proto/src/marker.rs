@@ -3,7 +3,7 @@
 //!
 //! Every insert (a synthetic tool result, a policy reminder, the wrap-up notice,
 //! a compaction summary, a re-ask, a step note, an elision, a cut
-//! result's notice, an image's stand-in) starts with a byte-stable
+//! result's notice, an image's stand-in, erased content's tombstone) starts with a byte-stable
 //! marker `⟦glia:KIND⟧ `. [`is_machine_text`] answers for all of them at once;
 //! it matches only the registered kinds, so unmarked text can never pass as
 //! glia's own. A new kind of inserted text starts with an entry in [`Insert`].
@@ -51,10 +51,13 @@ pub enum Insert {
     /// The stand-in for an image sent to a model that takes no images
     /// ([`crate::ToolContent::without_images`]): media type and size.
     ImageOmitted,
+    /// The tombstone of erased content ([`crate::erasure::TOMBSTONE`]): a
+    /// run's content erased on request or by retention.
+    Erased,
 }
 
 impl Insert {
-    const ALL: [Insert; 11] = [
+    const ALL: [Insert; 12] = [
         Insert::Synthetic,
         Insert::OutcomeUnknown,
         Insert::Reminder,
@@ -66,6 +69,7 @@ impl Insert {
         Insert::Elided,
         Insert::Cut,
         Insert::ImageOmitted,
+        Insert::Erased,
     ];
 
     /// The marker, e.g. `⟦glia:reminder⟧ `.
@@ -82,6 +86,7 @@ impl Insert {
             Insert::Elided => "⟦glia:elided⟧ ",
             Insert::Cut => "⟦glia:cut⟧ ",
             Insert::ImageOmitted => "⟦glia:image-omitted⟧ ",
+            Insert::Erased => "⟦glia:erased⟧ ",
         }
     }
 

@@ -14,7 +14,8 @@
 //! - [`observability`]: every dashboard and alert expression has data in a
 //!   real Prometheus;
 //! - [`agents`]: agent definitions applied from files, runs started from them;
-//! - [`guardrails`]: denied text stored nowhere, tool results screened.
+//! - [`guardrails`]: denied text stored nowhere, tool results screened;
+//! - [`retention`]: an erased run's content found nowhere, its counts and costs kept.
 
 mod agents;
 mod approvals;
@@ -23,3 +24,4 @@ mod exactly_once;
 mod guardrails;
 mod limits;
 mod observability;
+mod retention;

@@ -806,6 +806,26 @@ fn check_replay(run: &Driven) -> Result<(), TestCaseError> {
         .collect();
     prop_assert_eq!(&parsed, &run.log);
     prop_assert_eq!(RunState::replay(RUN_ID, &parsed), Ok(run.state.clone()));
+    // Erasure (`glia_proto::erasure`): the tombstones replay, to the same
+    // phase, head, usage and kind of outcome; erasing twice changes nothing.
+    let erased: Vec<Event> = run.log.iter().map(Event::erased).collect();
+    let twice: Vec<Event> = erased.iter().map(Event::erased).collect();
+    prop_assert_eq!(&twice, &erased);
+    let tomb = RunState::replay(RUN_ID, &erased);
+    prop_assert!(
+        tomb.is_ok(),
+        "the tombstones replay: {:?}",
+        tomb.as_ref().err()
+    );
+    let tomb = tomb.unwrap_or_else(|_| unreachable!());
+    prop_assert_eq!(
+        (tomb.phase, tomb.head_seq, &tomb.usage),
+        (run.state.phase, run.state.head_seq, &run.state.usage)
+    );
+    prop_assert_eq!(
+        tomb.outcome.as_ref().map(glia_proto::Outcome::erased),
+        run.state.outcome.as_ref().map(glia_proto::Outcome::erased)
+    );
     Ok(())
 }
 

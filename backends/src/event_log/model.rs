@@ -164,6 +164,13 @@ pub struct RunSummary {
     /// bytes as 32 lowercase hex digits ([`trace_id`]); derived, never stored.
     #[serde(default)]
     pub trace_id: String,
+    /// When its content was erased ([`crate::RunLog::erase_run`]); the goal
+    /// and outcome then read as [`glia_proto::TOMBSTONE`]. `None`: not erased.
+    #[serde(default)]
+    pub erased_at: Option<DateTime<Utc>>,
+    /// Who erased it (a token's name, or `retention` for the sweeper).
+    #[serde(default)]
+    pub erased_by: Option<String>,
 }
 
 impl RunSummary {
@@ -193,6 +200,8 @@ impl RunSummary {
             error: None,
             ended_at: None,
             trace_id: trace_id(state.run_id),
+            erased_at: None,
+            erased_by: None,
         };
         run.updated(state, now)
     }
@@ -423,6 +432,23 @@ impl RunFilter {
     }
 }
 
+/// Which finished runs [`crate::RunLog::expired_runs`] finds: those of
+/// `tenant` (or of every tenant not in `except_tenants`) whose last event
+/// was committed before `finished_before`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpiredFilter {
+    /// Only this tenant's runs; `None`: every tenant not in `except_tenants`.
+    pub tenant: Option<String>,
+    /// Tenants left out when `tenant` is `None` (those with a retention
+    /// period of their own).
+    pub except_tenants: Vec<String>,
+    /// Runs whose `updated_at` (their last commit: when they finished) is
+    /// before this.
+    pub finished_before: DateTime<Utc>,
+    /// Most ids answered (at most 1,000).
+    pub limit: usize,
+}
+
 /// A worker's exclusive, expiring claim on a run. Every commit is fenced by
 /// `token`: a lease that lapsed and was taken over can no longer write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -598,6 +624,10 @@ pub enum LogError {
     /// The run is done: no payload is taken.
     #[error("run {0} is finished")]
     Finished(Uuid),
+    /// The run is not done: its content cannot be erased until it is
+    /// (cancel it first).
+    #[error("run {0} is not finished; cancel it before erasing it")]
+    NotFinished(Uuid),
     /// The events do not apply to the run's state (a bug in the caller).
     #[error("run {run_id}: invalid events: {reason}")]
     Invalid {

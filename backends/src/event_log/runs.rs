@@ -15,14 +15,18 @@
 //!   one transaction with the run's summary, its consumed inbox items, its
 //!   approval records and any job the commit causes; on a moved head or a
 //!   lost lease nothing is written.
+//! - Erasure is the one exception to append-only ([`RunLog::erase_run`]): a
+//!   finished run's content becomes tombstones in place
+//!   ([`glia_proto::erasure`]); no event is added, removed or renumbered.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use glia_proto::{Event, RunState};
 use uuid::Uuid;
 
-use crate::{Lease, LogError, NewRun, RunFilter, RunSummary};
+use crate::{ExpiredFilter, Lease, LogError, NewRun, RunFilter, RunSummary};
 
 /// Runs, their append-only event logs, leases and checkpoints. See the
 /// [module](self) for the contract.
@@ -68,4 +72,45 @@ pub trait RunLog: Send + Sync {
         state: &RunState,
         consumed: &[i64],
     ) -> Result<(), LogError>;
+
+    /// Erase the content of finished run `run_id`, for `by` (who asked: a
+    /// token's name, or `retention`), at `at`. In one transaction, fenced
+    /// against the run's writers:
+    ///
+    /// - every event becomes its tombstone ([`glia_proto::Event::erased`]):
+    ///   sequence numbers, kinds, times, ids, usage, cost and durations
+    ///   stay, so counts and costs (and [`crate::Reports::tenant_usage`])
+    ///   are unchanged, while goal, messages, tool arguments and results,
+    ///   model output, reasons and decisions' edits read
+    ///   [`glia_proto::TOMBSTONE`]. No event is added or removed;
+    /// - payloads stored apart (Postgres `blobs`) that no other run's event
+    ///   references are deleted; checkpoints are deleted (they hold the
+    ///   conversation; the state is rebuilt from the tombstones);
+    /// - the run's inbox payloads ([`glia_proto::Payload::erased`]), its
+    ///   approval records' arguments, its webhook deliveries' reasons and
+    ///   errors, and its batch item's goal and error are tombstoned;
+    /// - the run row's goal and outcome become tombstones and it records
+    ///   `erased_at = at` and `erased_by = by` ([`RunSummary::erased_at`]).
+    ///
+    /// The run's identity, tenant, batch, idempotency key, head, status,
+    /// times and configuration stay. Idempotent: erasing an erased run
+    /// writes nothing and answers its summary (with the first erasure's
+    /// time and author). Held results in the [`crate::Ledger`] are the
+    /// caller's to forget ([`crate::Ledger::forget_run`]).
+    ///
+    /// Errors: [`LogError::NotFound`]; [`LogError::NotFinished`] when the
+    /// run is not done (cancel it first); [`LogError::LeaseHeld`] when a
+    /// worker still holds an unexpired lease on it (it is letting it go;
+    /// ask again). Nothing is written then.
+    async fn erase_run(
+        &self,
+        run_id: Uuid,
+        by: &str,
+        at: DateTime<Utc>,
+    ) -> Result<RunSummary, LogError>;
+
+    /// Finished runs not yet erased whose last event was committed before
+    /// `filter.finished_before`, oldest first, at most `filter.limit` (at
+    /// most 1,000): what the retention sweeper erases.
+    async fn expired_runs(&self, filter: &ExpiredFilter) -> Result<Vec<Uuid>, LogError>;
 }

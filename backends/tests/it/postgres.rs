@@ -241,6 +241,118 @@ async fn events_reject_update_delete_and_truncate_and_runs_stay() {
     );
 }
 
+/// `statement` fails with a message containing `expect`; a transaction it
+/// opened is rolled back.
+async fn refused(sql: &tokio_postgres::Client, statement: &str, expect: &str) {
+    let err = sql.batch_execute(statement).await.expect_err(statement);
+    let message = err
+        .as_db_error()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_default();
+    assert!(message.contains(expect), "{statement}: {err}");
+    let _ = sql.batch_execute("ROLLBACK").await;
+}
+
+/// Erasure rewrites a finished run's events in place (V14): blobs only its
+/// events referenced are deleted, one another run shares is kept; outside
+/// `erase_run` the log stays append-only, even for an erased run, and inside
+/// it only an erased run's payloads change.
+#[tokio::test]
+async fn erasure_deletes_unshared_blobs_and_the_log_stays_append_only() {
+    let db = TestDb::new().await;
+    let log = db.log().await;
+    let unique = format!("secret-{}", "u".repeat(100 * 1024));
+    let shared = format!("shared-{}", "s".repeat(100 * 1024));
+    let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+    let mut events_a = tool_loop(a, 12, |round| match round {
+        0 => unique.clone().into(),
+        1 => shared.clone().into(),
+        _ => format!("small {round}").into(),
+    });
+    events_a.push(Event {
+        run_id: a,
+        seq: 13,
+        at: at(12),
+        kind: EventKind::SessionCancel {
+            reason: "stop".into(),
+        },
+    });
+    let events_b = tool_loop(b, 12, |round| match round {
+        1 => shared.clone().into(),
+        _ => format!("other {round}").into(),
+    });
+    let lease = commit_one_by_one(&log, &events_a).await;
+    log.release(&lease).await.unwrap();
+    commit_one_by_one(&log, &events_b).await;
+    assert_eq!(db.count("SELECT count(*) FROM blobs").await, 2);
+
+    let sql = db.sql().await;
+    refused(
+        &sql,
+        "BEGIN; SELECT set_config('glia.erasing', 'on', true); UPDATE events SET payload = payload WHERE blob_hash IS NULL",
+        "only an erased run",
+    )
+    .await;
+
+    log.erase_run(a, "ana", Utc::now()).await.unwrap();
+    let erased = log.events(a, 0, 100).await.unwrap();
+    let expected: Vec<Event> = events_a.iter().map(Event::erased).collect();
+    assert_eq!(erased, expected);
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM events WHERE run_id = '{a}' AND payload IS NULL"
+        ))
+        .await,
+        0,
+        "the tombstones are small: inline"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM blobs").await,
+        1,
+        "the blob only the erased run used is gone, the shared one kept"
+    );
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM blobs WHERE position(convert_to('secret-', 'UTF8') in bytes) > 0"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        log.events(b, 0, 100).await.unwrap(),
+        events_b,
+        "the other run reads as before"
+    );
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM checkpoints WHERE run_id = '{a}'"
+        ))
+        .await,
+        0
+    );
+    assert_eq!(
+        log.load(a).await.unwrap(),
+        replay(&expected),
+        "the erased run loads: its tombstones replay"
+    );
+
+    // Still append-only: a plain UPDATE or DELETE of the erased run's
+    // events is refused; under the erasure setting the keys stay.
+    let update_a = format!("UPDATE events SET payload = payload WHERE run_id = '{a}'");
+    let delete_a = format!("DELETE FROM events WHERE run_id = '{a}'");
+    let renumber = format!(
+        "BEGIN; SELECT set_config('glia.erasing', 'on', true); UPDATE events SET seq = seq + 100 WHERE run_id = '{a}'"
+    );
+    for (statement, expect) in [
+        (update_a.as_str(), "append-only"),
+        (delete_a.as_str(), "append-only"),
+        (renumber.as_str(), "payload only"),
+    ] {
+        refused(&sql, statement, expect).await;
+    }
+    assert_eq!(log.events(a, 0, 100).await.unwrap(), expected);
+}
+
 #[tokio::test]
 async fn large_payloads_go_to_blobs_and_read_back_identical() {
     let db = TestDb::new().await;

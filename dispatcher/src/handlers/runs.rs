@@ -18,6 +18,7 @@ use crate::model::*;
 
 use crate::admission::{admit_run, idempotency_key, own_batch};
 use crate::control::visible_run;
+use crate::retention::erase;
 
 /// Admit a run.
 ///
@@ -98,6 +99,31 @@ pub async fn get_run(
     ApiPath(id): ApiPath<Uuid>,
 ) -> Result<Json<RunSummary>, ApiError> {
     Ok(Json(visible_run(&app, &p, id).await?))
+}
+
+/// Erase a finished run's content.
+///
+/// The run's goal, messages, tool arguments and results, model output,
+/// approvals' arguments and edits, inbox payloads and batch item goal become
+/// the marked tombstone `⟦glia:erased⟧ content erased`; its events keep their
+/// sequence numbers, kinds, times, ids, usage and cost, so counts and costs
+/// are unchanged. Answers the run with `erased_at` and `erased_by` set.
+/// Idempotent: erasing an erased run answers it unchanged. Needs the `erase`
+/// scope (or `admin`); another tenant's run is 404. A run not done is 409
+/// `run_not_finished` (cancel it first); one a worker still holds is 409
+/// `run_leased` (ask again).
+#[utoipa::path(delete, path = "/v1/runs/{id}", tag = "runs", params(("id" = Uuid, Path, description = "Run id")),
+    responses((status = 200, description = "Erased (now or before)", body = RunSummaryDoc), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn delete_run(
+    State(app): State<App>,
+    p: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> Result<Json<RunSummary>, ApiError> {
+    p.require(Scope::Erase)?;
+    visible_run(&app, &p, id).await?;
+    Ok(Json(erase(&app, id, &p.by()).await?))
 }
 
 /// A page of a run's events with `seq > after`.

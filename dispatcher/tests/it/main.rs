@@ -14,6 +14,7 @@ mod module_graph;
 mod ops;
 mod payloads;
 mod run_listing;
+mod retention;
 mod runs;
 mod schemathesis;
 mod stream;

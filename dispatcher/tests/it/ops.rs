@@ -305,6 +305,7 @@ const ENDPOINTS: &[(&str, &str)] = &[
     ("post", "/v1/runs"),
     ("get", "/v1/runs"),
     ("get", "/v1/runs/{id}"),
+    ("delete", "/v1/runs/{id}"),
     ("get", "/v1/runs/{id}/events"),
     ("get", "/v1/runs/{id}/events/stream"),
     ("get", "/v1/approvals"),

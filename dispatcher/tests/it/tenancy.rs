@@ -48,7 +48,7 @@ struct T {
 async fn harness() -> T {
     let db = TestDb::new().await;
     let log = Arc::new(db.log().await);
-    let all = [Scope::Submit, Scope::Approve, Scope::Agents];
+    let all = [Scope::Submit, Scope::Approve, Scope::Agents, Scope::Erase];
     let p = |t: &str| Principal {
         tenant: t.into(),
         scopes: all.to_vec(),
