@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
-use glia_backends::{LogError, RunStatus, RunSummary};
+use glia_backends::{LogError, OutcomeKind, RunStatus, RunSummary};
 use glia_proto::{
     BudgetLimits, ContentBlock, Decision, Disposition, Event, EventKind, HookEffect, Message,
     Outcome, PauseReason, PullPoint, RunState, ToolSource, ToolSpec,
@@ -41,7 +41,9 @@ use crate::inbox::{
     Session, TEMPLATES, api_error_page, checked_post, diff, error_page, field, form, html, human,
     log_error_page, policy_origin_text, redacted, session, to_login, tokio_stream_from,
 };
-use crate::model::{CancelBody, MessageBody, PauseBody, ResumeBody, ToolResultBody};
+use crate::model::{
+    CancelBody, ListRunsQuery, MessageBody, PauseBody, ResumeBody, ToolResultBody, run_cursor,
+};
 
 /// The most events one run page shows.
 pub const PAGE_EVENTS: u64 = 100;
@@ -995,7 +997,7 @@ fn head(s: &Session, run: &RunSummary, st: &RunState) -> Head {
     let resume = submit || s.principal.has(Scope::Approve);
     let paused = matches!(run.pull_point, Some(PullPoint::Paused { .. }));
     let u = &st.usage;
-    let end = if done { run.updated_at } else { Utc::now() };
+    let end = run.ended_at.unwrap_or_else(Utc::now);
     let calls = |pred: &dyn Fn(&glia_proto::PendingCall) -> bool| {
         st.pending_calls
             .iter()
@@ -1017,9 +1019,13 @@ fn head(s: &Session, run: &RunSummary, st: &RunState) -> Head {
             .map(|a| (a.name.clone(), a.version)),
         model: st.config.model.clone(),
         batch_id: run.batch_id,
-        custom_id: None,
-        tags: Vec::new(),
-        metadata: Vec::new(),
+        custom_id: run.custom_id.clone(),
+        tags: run.tags.clone(),
+        metadata: run
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         cost: usd(u.cost_usd_micros),
         tokens: vec![
             fact("input", count(u.tokens.input_tokens)),
@@ -1036,7 +1042,7 @@ fn head(s: &Session, run: &RunSummary, st: &RunState) -> Head {
         },
         duration: human((end - run.created_at).num_milliseconds()),
         created_at: run.created_at,
-        trace_id: run.run_id.simple().to_string(),
+        trace_id: run.trace_id.clone(),
         head_seq: run.head_seq,
         done,
         can_cancel: !done && submit,
@@ -1479,30 +1485,156 @@ async fn tool_result(
 
 // ----- the list --------------------------------------------------------------------------
 
-/// The list's filters (query string; the URL is the saved query).
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-pub struct ListQuery {
-    /// `queued`, `running`, `parked` or `done`.
-    #[serde(default)]
-    pub status: Option<String>,
-    /// A batch id.
-    #[serde(default)]
-    pub batch_id: Option<String>,
-    /// The page cursor.
-    #[serde(default)]
-    pub cursor: Option<String>,
+/// Runs on one page of the list.
+pub const LIST_PAGE: usize = 50;
+
+/// The list's query as the API reads it (`GET /v1/runs`'s names): the GET
+/// form's fields without the blank ones, and `tag` and `meta` fields split
+/// at white space (each part one tag, one `key=value`).
+fn list_query(raw: Option<&str>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+        let v = v.trim();
+        if v.is_empty() {
+            continue;
+        }
+        if k == "tag" || k == "meta" {
+            out.extend(
+                v.split_whitespace()
+                    .map(|part| (k.to_string(), part.to_owned())),
+            );
+        } else {
+            out.push((k.into_owned(), v.to_owned()));
+        }
+    }
+    out
+}
+
+fn encode(pairs: &[(String, String)]) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
+}
+
+/// One row of the list.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    run_id: Uuid,
+    goal: String,
+    goal_title: String,
+    tags: Vec<String>,
+    agent: Option<String>,
+    agent_version: Option<u32>,
+    status: String,
+    outcome: Option<&'static str>,
+    where_: Option<&'static str>,
+    error: Option<String>,
+    steps: u32,
+    tokens: String,
+    tokens_title: String,
+    cost: String,
+    duration: String,
+    created_at: DateTime<Utc>,
+    started: String,
+}
+
+fn row(run: RunSummary, now: DateTime<Utc>) -> Row {
+    let t = &run.usage.tokens;
+    let (goal, rest) = cut(&run.goal, 120);
+    Row {
+        goal: if rest > 0 { format!("{goal}…") } else { goal },
+        goal_title: cut(&run.goal, 1_000).0,
+        tokens: count(t.input_tokens + t.output_tokens),
+        tokens_title: format!(
+            "input {} · output {} · cache write {} · cache read {}",
+            count(t.input_tokens),
+            count(t.output_tokens),
+            count(t.cache_write_tokens),
+            count(t.cache_read_tokens)
+        ),
+        cost: usd(run.usage.cost_usd_micros),
+        duration: human((run.ended_at.unwrap_or(now) - run.created_at).num_milliseconds()),
+        started: run.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        status: snake(&run.status),
+        outcome: run.outcome.as_ref().map(|o| OutcomeKind::of(o).as_str()),
+        where_: run.pull_point.as_ref().map(PullPoint::name),
+        error: run.error.as_deref().map(|e| cut(e, 160).0),
+        steps: run.steps,
+        created_at: run.created_at,
+        run_id: run.run_id,
+        tags: run.tags,
+        agent: run.agent,
+        agent_version: run.agent_version,
+    }
+}
+
+/// The form's fields as the page shows them again.
+#[derive(Debug, Clone, Default, Serialize)]
+struct Echo {
+    fields: HashMap<String, String>,
+    tag: Vec<String>,
+    meta: Vec<String>,
 }
 
 async fn list_page(
     State(app): State<App>,
     headers: HeaderMap,
-    Query(q): Query<ListQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
     let Some(s) = session(&app, &headers) else {
         return to_login();
     };
-    let _ = (&q, &s);
-    error_page(Some(&s), StatusCode::NOT_IMPLEMENTED, "soon")
+    let pairs = list_query(raw.as_deref());
+    let mut echo = Echo::default();
+    for (k, v) in &pairs {
+        match k.as_str() {
+            "tag" => echo.tag.push(v.clone()),
+            "meta" => echo.meta.push(v.clone()),
+            _ => {
+                echo.fields.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let filter = ListRunsQuery::parse(Some(&encode(&pairs))).and_then(|q| {
+        let tenant = if s.principal.is_admin() {
+            q.tenant.clone()
+        } else {
+            Some(s.principal.tenant.clone())
+        };
+        q.filter(tenant, LIST_PAGE)
+    });
+    let (status, rows, next, error) = match filter {
+        Err(e) => (e.status(), Vec::new(), None, Some(e.body().error.message)),
+        Ok(f) => match app.log.list_runs(&f).await {
+            Err(e) => return log_error_page(&s, e),
+            Ok(runs) => {
+                let next = (runs.len() == LIST_PAGE)
+                    .then(|| runs.last().map(|r| r.run_id))
+                    .flatten()
+                    .map(|last| {
+                        let mut p: Vec<(String, String)> = pairs
+                            .iter()
+                            .filter(|(k, _)| k != "cursor")
+                            .cloned()
+                            .collect();
+                        p.push(("cursor".into(), run_cursor::encode(last)));
+                        encode(&p)
+                    });
+                let now = Utc::now();
+                (
+                    StatusCode::OK,
+                    runs.into_iter().map(|r| row(r, now)).collect(),
+                    next,
+                    None,
+                )
+            }
+        },
+    };
+    html(
+        status,
+        "console_runs.html",
+        context! { who => s.principal.by(), csrf => s.csrf, rows, next, error, q => echo.fields, tags => echo.tag, metas => echo.meta },
+    )
 }
 
 #[cfg(test)]

@@ -85,9 +85,9 @@ async fn sign_in(h: &H, token: &str) -> (String, String) {
         "one sign-in for the inbox and the console: {set}"
     );
     let cookie = set.split(';').next().unwrap().to_owned();
-    let queue = send(&h.router, page("/inbox", &cookie)).await;
-    assert_eq!(queue.status, StatusCode::OK, "{}", queue.text);
-    (cookie, csrf_of(&queue.text))
+    let runs = send(&h.router, page("/console/runs", &cookie)).await;
+    assert_eq!(runs.status, StatusCode::OK, "{}", runs.text);
+    (cookie, csrf_of(&runs.text))
 }
 
 fn csrf_of(html: &str) -> String {
@@ -597,4 +597,118 @@ async fn a_long_run_is_paged() {
             .text
             .contains(&format!("/console/runs/{run}?from=101"))
     );
+}
+
+#[tokio::test]
+async fn the_runs_list_filters_pages_and_escapes() {
+    let h = harness_with(console_auth());
+    let (cookie, _) = sign_in(&h, OPS_A).await;
+    let failed = create(
+        &h,
+        SUB_A,
+        json!({"goal": format!("failing {XSS}"), "tags": ["t1", "t2"], "metadata": {"ticket": "T-1"}}),
+    )
+    .await;
+    commit(
+        &*h.log,
+        failed,
+        vec![EventKind::SessionComplete {
+            outcome: Outcome::Failed {
+                error: "Upstream <timeout>".into(),
+            },
+        }],
+    )
+    .await;
+    let tagged = create(&h, SUB_A, json!({"goal": "tagged", "tags": ["t1"]})).await;
+    let newest = create(&h, SUB_A, json!({"goal": "newest"})).await;
+    create(&h, SUB_B, json!({"goal": "b's run"})).await;
+
+    let list = |q: &str| send(&h.router, page(&format!("/console/runs{q}"), &cookie));
+    let all = list("").await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.text);
+    let order: Vec<usize> = [newest, tagged, failed]
+        .iter()
+        .map(|r| all.text.find(&format!("data-run=\"{r}\"")).expect("listed"))
+        .collect();
+    assert!(order.is_sorted(), "newest first: {order:?}");
+    assert_eq!(all.text.matches("<tr class=\"run\"").count(), 3, "not b's");
+    assert!(!all.text.contains("<script>alert") && all.text.contains("failing &lt;script&gt;"));
+    assert!(
+        all.text.contains("Upstream &lt;timeout&gt;"),
+        "the failure reason"
+    );
+
+    // Blank fields are no filter; tags and meta split at spaces; the URL is the query.
+    let r = list("?status=&outcome=failed&agent=&tag=t1+t2&meta=ticket%3DT-1&error=TIMEOUT").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.text.matches("<tr class=\"run\"").count(), 1, "{}", r.text);
+    assert!(r.text.contains(&format!("data-run=\"{failed}\"")));
+    assert!(
+        r.text.contains("<option value=\"failed\" selected>"),
+        "the form shows the query"
+    );
+    assert!(r.text.contains("value=\"t1 t2\""));
+    let r = list("?tag=t1").await;
+    assert_eq!(r.text.matches("<tr class=\"run\"").count(), 2);
+    let r = list("?status=done").await;
+    assert_eq!(r.text.matches("<tr class=\"run\"").count(), 1);
+
+    // A wrong field is named, as the API names it.
+    let r = list("?version=first").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(
+        r.text.contains("id=\"error\"") && r.text.contains("version"),
+        "{}",
+        r.text
+    );
+
+    // Paging: 50 a page, the next page by cursor, with the same filters.
+    for i in 0..50 {
+        create(
+            &h,
+            SUB_A,
+            json!({"goal": format!("bulk {i}"), "tags": ["bulk"]}),
+        )
+        .await;
+    }
+    let first = list("?tag=bulk").await;
+    assert_eq!(first.text.matches("<tr class=\"run\"").count(), 50);
+    let next = first
+        .text
+        .split("id=\"next\" href=\"")
+        .nth(1)
+        .expect("a next page")
+        .split('"')
+        .next()
+        .unwrap()
+        .replace("&amp;", "&");
+    assert!(
+        next.contains("tag=bulk") && next.contains("cursor="),
+        "{next}"
+    );
+    let second = send(&h.router, page(&next, &cookie)).await;
+    assert_eq!(second.status, StatusCode::OK, "{}", second.text);
+    assert_eq!(
+        second.text.matches("<tr class=\"run\"").count(),
+        0,
+        "all 50 were on the first"
+    );
+    let everything = list("").await;
+    assert_eq!(everything.text.matches("<tr class=\"run\"").count(), 50);
+    let rest = everything
+        .text
+        .split("id=\"next\" href=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_owned();
+    let rest = send(&h.router, page(&rest, &cookie)).await;
+    assert_eq!(
+        rest.text.matches("<tr class=\"run\"").count(),
+        3,
+        "the oldest three"
+    );
+    assert!(rest.text.contains(&format!("data-run=\"{failed}\"")));
 }
