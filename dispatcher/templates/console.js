@@ -23,8 +23,10 @@
       var seq = m.lastEventId;
       if (seq && document.getElementById("e" + seq)) { return; }
       timeline.insertAdjacentHTML("beforeend", m.data);
-      var shown = document.getElementById("shown-to");
-      if (shown && seq) { shown.textContent = seq; }
+      ["shown-to", "head-total"].forEach(function (id) {
+        var el = document.getElementById(id);
+        if (el && seq) { el.textContent = seq; }
+      });
     });
     es.addEventListener("head", function (m) {
       replace("run-facts", m.data);

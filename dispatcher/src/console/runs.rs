@@ -203,7 +203,8 @@ pub struct Request {
     /// Messages before the first shown.
     earlier: usize,
     tools: Vec<Fact>,
-    tool_names: Vec<String>,
+    /// `3 messages, 2 tools: a, b`.
+    summary: String,
 }
 
 /// One entry of the timeline: one event, as the templates see it.
@@ -404,10 +405,21 @@ fn request(state: &RunState, cuts: Cuts) -> Request {
         .iter()
         .flat_map(|m| message_texts(m, cuts, cuts.message))
         .collect();
+    let names: Vec<String> = state.step_tools.iter().map(|t| t.name.clone()).collect();
+    let summary = format!(
+        "{}, {}{}",
+        plural(n, "message"),
+        plural(names.len(), "tool"),
+        if names.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", names.join(", "))
+        }
+    );
     Request {
+        summary,
         messages,
         earlier: n - shown,
-        tool_names: state.step_tools.iter().map(|t| t.name.clone()).collect(),
         tools: state
             .step_tools
             .iter()
@@ -471,7 +483,7 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
             cost_usd_micros,
         } => {
             x.group = "plan";
-            x.title = format!("Plan drafted: {} steps", steps.len());
+            x.title = format!("Plan drafted: {}", plural(steps.len(), "step"));
             if *cost_usd_micros > 0 || usage.input_tokens > 0 {
                 x.facts.push(tokens_fact(usage));
                 x.facts.push(fact("cost", usd(*cost_usd_micros)));
@@ -480,7 +492,7 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
         }
         EventKind::PlanCommit { steps } => {
             x.group = "plan";
-            x.title = format!("Plan committed: {} steps", steps.len());
+            x.title = format!("Plan committed: {}", plural(steps.len(), "step"));
             x.texts.push(Text::new("steps", &numbered(steps), cuts));
         }
         EventKind::StepStart {
@@ -883,6 +895,15 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
         }
     }
     x
+}
+
+/// `1 step`, `2 steps`.
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }
 
 fn numbered(steps: &[String]) -> String {

@@ -96,7 +96,7 @@ fn the_runs_pages_in_a_real_browser() {
         // A run parked at an approval.
         let parked = submit(
             &api,
-            json!({"goal": "Refund order A1", "config": {"model": "script:refund",
+            json!({"goal": "Refund order A1", "tags": ["ticket-4711", "refunds"], "config": {"model": "script:refund",
                 "policies": [{"tool": "refund_order", "action": {"kind": "require_approval"}}]}}),
         )
         .await;
@@ -162,6 +162,7 @@ fn the_runs_pages_in_a_real_browser() {
             .unwrap();
         until("the parked run", || async { status_is(&c, "parked").await }).await;
         assert!(text(&c, "#pull-point").await.contains("awaiting approval"));
+        assert!(text(&c, "#tags").await.contains("ticket-4711"));
         let before = count(&c, "li.ev").await;
         let (s, approvals) = api
             .call(
@@ -195,6 +196,14 @@ fn the_runs_pages_in_a_real_browser() {
             "the arguments, as text"
         );
         assert_eq!(count(&c, "li.ev img, li.ev script").await, 0);
+        // The screenshot: the timeline from the model's first call, its request open.
+        click(&c, "li.ev[data-type='model.call'] details.request > summary").await;
+        c.execute(
+            "document.querySelector(\"li.ev[data-type='model.call']\").scrollIntoView()",
+            vec![],
+        )
+        .await
+        .unwrap();
         std::fs::write(
             screenshots_dir().join("console-run.png"),
             c.screenshot().await.unwrap(),
