@@ -61,10 +61,7 @@ pub fn routes() -> Router<App> {
         .route("/console/runs/{run}", get(run_page))
         .route("/console/runs/{run}/events/{seq}", get(event_page))
         .route("/console/runs/{run}/live", get(live))
-        .route("/console/runs/{run}/cancel", post(cancel))
-        .route("/console/runs/{run}/pause", post(pause))
-        .route("/console/runs/{run}/resume", post(resume))
-        .route("/console/runs/{run}/messages", post(message))
+        .route("/console/runs/{run}/{action}", post(act))
         .route("/console/runs/{run}/tool-results/{call}", post(tool_result))
         .route(
             "/console/static/console.js",
@@ -1304,10 +1301,14 @@ fn reason(f: &[(String, String)]) -> Option<String> {
         .map(str::to_owned)
 }
 
-async fn cancel(
+/// `POST /console/runs/{run}/{action}`: `cancel` and `pause` (an optional
+/// `reason`), `resume` (the budget extension of [`extension`]), `messages`
+/// (`text`, `head_seq`). Each calls the JSON API's handler with the
+/// session's principal.
+async fn act(
     State(app): State<App>,
     headers: HeaderMap,
-    Path(run_id): Path<Uuid>,
+    Path((run_id, action)): Path<(Uuid, String)>,
     body: Bytes,
 ) -> Response {
     let f = form(&body);
@@ -1315,36 +1316,63 @@ async fn cancel(
         Ok(s) => s,
         Err(r) => return r,
     };
-    let body = CancelBody { reason: reason(&f) };
-    let r = payloads::cancel(
-        State(app),
-        s.principal.clone(),
-        ApiPath(run_id),
-        OptJson(body),
-    )
-    .await;
-    done_or_error(&s, run_id, r)
-}
-
-async fn pause(
-    State(app): State<App>,
-    headers: HeaderMap,
-    Path(run_id): Path<Uuid>,
-    body: Bytes,
-) -> Response {
-    let f = form(&body);
-    let s = match checked_post(&app, &headers, &f) {
-        Ok(s) => s,
-        Err(r) => return r,
+    let (p, id) = (s.principal.clone(), ApiPath(run_id));
+    let r = match action.as_str() {
+        "cancel" => {
+            let body = CancelBody { reason: reason(&f) };
+            payloads::cancel(State(app), p, id, OptJson(body))
+                .await
+                .map(drop)
+        }
+        "pause" => {
+            let body = PauseBody { reason: reason(&f) };
+            payloads::pause(State(app), p, id, OptJson(body))
+                .await
+                .map(drop)
+        }
+        "resume" => {
+            let extend = match extension(&f) {
+                Ok(l) => (l != BudgetLimits::default()).then_some(l),
+                Err((name, why)) => {
+                    return error_page(
+                        Some(&s),
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        &format!("{name}: {why}"),
+                    );
+                }
+            };
+            let body = ResumeBody { extend };
+            payloads::resume(State(app), p, id, OptJson(body))
+                .await
+                .map(drop)
+        }
+        "messages" => {
+            let head_seq = match field(&f, "head_seq")
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+            {
+                None => None,
+                Some(v) => match v.parse() {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        return error_page(
+                            Some(&s),
+                            StatusCode::BAD_REQUEST,
+                            "head_seq: not an event seq",
+                        );
+                    }
+                },
+            };
+            let body = MessageBody {
+                text: field(&f, "text").unwrap_or("").to_owned(),
+                head_seq,
+            };
+            payloads::post_message(State(app), p, id, ApiJson(body))
+                .await
+                .map(drop)
+        }
+        _ => return error_page(Some(&s), StatusCode::NOT_FOUND, "no such action"),
     };
-    let body = PauseBody { reason: reason(&f) };
-    let r = payloads::pause(
-        State(app),
-        s.principal.clone(),
-        ApiPath(run_id),
-        OptJson(body),
-    )
-    .await;
     done_or_error(&s, run_id, r)
 }
 
@@ -1405,78 +1433,6 @@ fn usd_micros(v: &str) -> Option<u64> {
     };
     let frac: u64 = format!("{frac:0<6}").parse().ok()?;
     whole.checked_mul(1_000_000)?.checked_add(frac)
-}
-
-async fn resume(
-    State(app): State<App>,
-    headers: HeaderMap,
-    Path(run_id): Path<Uuid>,
-    body: Bytes,
-) -> Response {
-    let f = form(&body);
-    let s = match checked_post(&app, &headers, &f) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let extend = match extension(&f) {
-        Ok(l) => (l != BudgetLimits::default()).then_some(l),
-        Err((name, why)) => {
-            return error_page(
-                Some(&s),
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &format!("{name}: {why}"),
-            );
-        }
-    };
-    let r = payloads::resume(
-        State(app),
-        s.principal.clone(),
-        ApiPath(run_id),
-        OptJson(ResumeBody { extend }),
-    )
-    .await;
-    done_or_error(&s, run_id, r)
-}
-
-async fn message(
-    State(app): State<App>,
-    headers: HeaderMap,
-    Path(run_id): Path<Uuid>,
-    body: Bytes,
-) -> Response {
-    let f = form(&body);
-    let s = match checked_post(&app, &headers, &f) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let head_seq = match field(&f, "head_seq")
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-    {
-        None => None,
-        Some(v) => match v.parse() {
-            Ok(n) => Some(n),
-            Err(_) => {
-                return error_page(
-                    Some(&s),
-                    StatusCode::BAD_REQUEST,
-                    "head_seq: not an event seq",
-                );
-            }
-        },
-    };
-    let body = MessageBody {
-        text: field(&f, "text").unwrap_or("").to_owned(),
-        head_seq,
-    };
-    let r = payloads::post_message(
-        State(app),
-        s.principal.clone(),
-        ApiPath(run_id),
-        ApiJson(body),
-    )
-    .await;
-    done_or_error(&s, run_id, r)
 }
 
 async fn tool_result(

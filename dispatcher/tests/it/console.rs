@@ -5,9 +5,10 @@
 //! resumes after `Last-Event-ID`, long runs are paged.
 
 use crate::common;
+use crate::inbox::page;
 
 use axum::body::Body;
-use axum::http::{Method, Request, StatusCode, header};
+use axum::http::{Request, StatusCode, header};
 use common::*;
 use glia_backends::Inbox;
 use glia_dispatcher::{Auth, Principal, Scope};
@@ -40,30 +41,9 @@ fn console_auth() -> Auth {
     .unwrap()
 }
 
+/// A form post (`cookie` empty: none).
 fn form(uri: &str, cookie: &str, origin: Option<&str>, fields: &[(&str, &str)]) -> Request<Body> {
-    let body = form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(fields)
-        .finish();
-    let mut b = Request::builder()
-        .method(Method::POST)
-        .uri(uri)
-        .header(header::HOST, "glia.test")
-        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
-    if !cookie.is_empty() {
-        b = b.header(header::COOKIE, cookie);
-    }
-    if let Some(o) = origin {
-        b = b.header(header::ORIGIN, o);
-    }
-    b.body(Body::from(body)).unwrap()
-}
-
-fn page(uri: &str, cookie: &str) -> Request<Body> {
-    Request::builder()
-        .uri(uri)
-        .header(header::COOKIE, cookie)
-        .body(Body::empty())
-        .unwrap()
+    crate::inbox::form(uri, (!cookie.is_empty()).then_some(cookie), origin, fields)
 }
 
 /// Sign in at the inbox with `token`: the cookie and the form token.

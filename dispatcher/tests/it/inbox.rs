@@ -11,7 +11,7 @@ use glia_backends::Inbox;
 use glia_proto::{Decision, EventKind, Payload, args_hash};
 use serde_json::json;
 
-fn form(
+pub(crate) fn form(
     uri: &str,
     cookie: Option<&str>,
     origin: Option<&str>,
@@ -34,7 +34,7 @@ fn form(
     b.body(Body::from(body)).unwrap()
 }
 
-fn page(uri: &str, cookie: &str) -> Request<Body> {
+pub(crate) fn page(uri: &str, cookie: &str) -> Request<Body> {
     Request::builder()
         .uri(uri)
         .header(header::COOKIE, cookie)
