@@ -21,6 +21,8 @@ use crate::{
     NewRun, Opening, Orphan, RunFilter, RunGaugeKey, RunLog, RunStatus,
 };
 
+pub mod listing;
+
 const TTL: Duration = Duration::from_secs(30);
 
 fn at() -> DateTime<Utc> {
@@ -1216,9 +1218,9 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
         idempotency_key: Some("k".into()),
         batch_id: Some(Uuid::now_v7()),
         start: s.parked[0].clone(),
-        tags: Vec::new(),
-        metadata: Default::default(),
-        custom_id: None,
+        tags: vec!["vip".into(), "eu".into()],
+        metadata: [("ticket".to_owned(), "T-1".to_owned())].into(),
+        custom_id: Some("row-1".into()),
     })
     .await
     .unwrap();
@@ -1276,6 +1278,17 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
     assert_eq!(
         (summary.head_seq, summary.batch_id),
         (s.parked.len() as u64, record.batch_id)
+    );
+    let first = src.get_run(s.run_id).await.unwrap();
+    assert_eq!(
+        (&summary.tags, &summary.metadata, &summary.custom_id),
+        (&first.tags, &first.metadata, &first.custom_id),
+        "submission fields travel"
+    );
+    assert_eq!(
+        (summary.usage, summary.steps, &summary.agent),
+        (first.usage, first.steps, &first.agent),
+        "the summary is the state's"
     );
     assert!(
         matches!(

@@ -14,6 +14,7 @@
 //!   and late.
 //! - `memory`: resident memory of a `glia worker` process advancing many
 //!   runs at once.
+//! - `listing`: `GET /v1/runs` with each filter on 100,000 runs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,6 +55,10 @@ pub enum BenchCommand {
     /// decisions made in the inbox (its HTML form, with session cookie and
     /// CSRF token) and through the JSON API, interleaved.
     Approvals(ApprovalsArgs),
+    /// `GET /v1/runs` with each of its filters and a deep cursor on a table
+    /// of many runs (100,000 by default), through a dispatcher in this
+    /// process on Postgres.
+    Listing(ListingArgs),
 }
 
 /// `glia bench approvals`.
@@ -281,6 +286,7 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Growth(args) => serde_json::to_value(growth(&args).await?)?,
         BenchCommand::Memory(args) => serde_json::to_value(memory(&args).await?)?,
         BenchCommand::Approvals(args) => serde_json::to_value(approvals(&args).await?)?,
+        BenchCommand::Listing(args) => serde_json::to_value(listing(&args).await?)?,
     };
     println!("{}", serde_json::to_string_pretty(&result)?);
     Ok(())
@@ -1884,4 +1890,228 @@ impl Drop for ScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+// ----- listing -------------------------------------------------------------------
+
+/// `glia bench listing`.
+#[derive(Args)]
+pub struct ListingArgs {
+    #[command(flatten)]
+    urls: Urls,
+    /// Runs in the database (half of them the measured tenant's).
+    #[arg(long, default_value_t = 100_000)]
+    runs: u64,
+    /// Requests per query; medians are reported.
+    #[arg(long, default_value_t = 20)]
+    repeat: usize,
+    /// Page size of every request.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+}
+
+/// The time of one `GET /v1/runs` query, over `--repeat` requests.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryTime {
+    /// What it asks.
+    pub query: String,
+    /// Runs on the (first) page.
+    pub runs: usize,
+    /// Median request time (HTTP round trip to the dispatcher in this
+    /// process: its query, JSON and the client), ms.
+    pub p50_ms: f64,
+    /// 90th percentile, ms.
+    pub p90_ms: f64,
+}
+
+/// `listing`: `GET /v1/runs` on a big table.
+#[derive(Debug, Serialize)]
+pub struct ListingResult {
+    /// Runs in the database.
+    pub runs: u64,
+    /// The measured tenant's runs.
+    pub tenant_runs: u64,
+    /// Seconds to insert the runs (one `INSERT … SELECT generate_series`)
+    /// and analyse the table.
+    pub insert_secs: f64,
+    /// Whether the error search has its trigram index (pg_trgm present).
+    pub trigram_index: bool,
+    /// Each query.
+    pub queries: Vec<QueryTime>,
+}
+
+/// The measured tenant of `glia bench listing`.
+const LISTING_TENANT: &str = "bench-big";
+
+/// Run `i` of `n` (from 1) as SQL over `generate_series(1, n) AS i`: ids
+/// UUIDv7-shaped in creation order (one every 30 s, the newest now), half
+/// of them `bench-big`'s and the rest spread over 50 tenants; 70% done (one
+/// in seven failed with one of a few error texts, one in thirteen
+/// cancelled), 20% parked at an approval, 10% runnable; four agents with
+/// five versions each and a quarter without; two or three tags; two
+/// metadata pairs; costs and tokens spread.
+const FILL_RUNS: &str = "
+WITH s AS (
+  SELECT i, now() - ($1::bigint - i) * interval '30 seconds' AS at,
+         md5(i::text) AS h
+  FROM generate_series(1, $1::bigint) AS i
+), r AS (
+  SELECT i, at, h,
+    CASE WHEN i % 2 = 0 THEN 'bench-big' ELSE 'bench-' || (i % 50) END AS tenant,
+    CASE WHEN i % 10 < 7 THEN 'done' WHEN i % 10 < 9 THEN 'parked' ELSE 'runnable' END AS status,
+    CASE WHEN i % 10 >= 7 THEN NULL WHEN i % 7 = 0 THEN 'failed' WHEN i % 13 = 0 THEN 'cancelled' ELSE 'succeeded' END AS outcome
+  FROM s
+)
+INSERT INTO runs (id, tenant, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at,
+                  agent, agent_version, tags, metadata, turns, tool_calls, active_ms,
+                  input_tokens, output_tokens, cost_usd_micros, steps, error, ended_at)
+SELECT
+  (lpad(to_hex((extract(epoch FROM at) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+  tenant,
+  'Triage ticket ' || i || ': the customer asks about order ' || (i * 7 % 100000),
+  status,
+  CASE status WHEN 'done' THEN 'done' WHEN 'parked' THEN 'awaiting_tool' ELSE 'executing' END,
+  CASE WHEN status = 'parked' THEN '{\"kind\": \"awaiting_approval\", \"call_ids\": [\"c1\"]}'::json END,
+  CASE outcome
+    WHEN 'succeeded' THEN '{\"kind\": \"succeeded\", \"answer\": \"Done.\", \"output\": null}'::json
+    WHEN 'failed' THEN json_build_object('kind', 'failed', 'error', CASE WHEN i % 29 = 0 THEN 'model quota exceeded for tenant' ELSE 'tool crm_lookup failed: upstream timeout after ' || (i % 50) || ' s' END)
+    WHEN 'cancelled' THEN json_build_object('kind', 'cancelled', 'reason', 'cancelled by operator ' || (i % 5))
+  END,
+  12,
+  at,
+  at + interval '20 seconds',
+  CASE i % 4 WHEN 0 THEN 'triage' WHEN 1 THEN 'support' WHEN 2 THEN 'billing' END,
+  CASE WHEN i % 4 < 3 THEN 1 + (i / 4) % 5 END,
+  CASE WHEN i % 97 = 0 THEN ARRAY['vip', 'env-' || (i % 3), 'team-' || (i % 17)] ELSE ARRAY['env-' || (i % 3), 'team-' || (i % 17)] END,
+  jsonb_build_object('customer', 'c-' || (i % 1000), 'channel', CASE i % 3 WHEN 0 THEN 'email' WHEN 1 THEN 'chat' ELSE 'phone' END),
+  1 + i % 9, i % 7, 1000 + i % 60000,
+  (i * 7919) % 50000, (i * 104729) % 5000, (i * 7919) % 500000, 1 + i % 4,
+  CASE outcome
+    WHEN 'failed' THEN CASE WHEN i % 29 = 0 THEN 'model quota exceeded for tenant' ELSE 'tool crm_lookup failed: upstream timeout after ' || (i % 50) || ' s' END
+    WHEN 'cancelled' THEN 'cancelled by operator ' || (i % 5)
+  END,
+  CASE WHEN status = 'done' THEN at + interval '20 seconds' END
+FROM r";
+
+async fn listing(args: &ListingArgs) -> Result<ListingResult> {
+    let admin: tokio_postgres::Config = args.urls.database_url.parse().context("--database-url")?;
+    let db = ScratchDb::on(admin).await?;
+    let log = db.log().await?;
+    let sql = db.sql().await?;
+    let started = Instant::now();
+    let n = i64::try_from(args.runs).context("--runs")?;
+    sql.execute(FILL_RUNS, &[&n])
+        .await
+        .context("inserting the runs")?;
+    sql.batch_execute("ANALYZE runs").await?;
+    let insert_secs = started.elapsed().as_secs_f64();
+    let trigram_index: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE indexname = 'runs_error_trgm')",
+            &[],
+        )
+        .await?
+        .get(0);
+    let tenant_runs: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM runs WHERE tenant = $1",
+            &[&LISTING_TENANT],
+        )
+        .await?
+        .get(0);
+    // A cursor deep in the tenant's runs: after its 40,000th newest (or
+    // its middle, with fewer).
+    let depth = (tenant_runs * 4 / 5).min(40_000);
+    let deep: Uuid = sql
+        .query_one(
+            "SELECT id FROM runs WHERE tenant = $1 ORDER BY id DESC OFFSET $2 LIMIT 1",
+            &[&LISTING_TENANT, &(depth.max(1) - 1)],
+        )
+        .await?
+        .get(0);
+    let day: chrono::DateTime<chrono::Utc> = sql
+        .query_one(
+            "SELECT created_at FROM runs WHERE tenant = $1 ORDER BY id DESC OFFSET $2 LIMIT 1",
+            &[&LISTING_TENANT, &(tenant_runs / 2)],
+        )
+        .await?
+        .get(0);
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let server = serve(
+        Arc::new(log),
+        Arc::new(glia_backends::memory::MemoryQueue::default()),
+        Arc::new(glia_backends::memory::MemoryLedger::default()),
+        Some(&format!("bench-lister:{LISTING_TENANT}:submit")),
+        shutdown,
+    )
+    .await?;
+    let cursor = glia_dispatcher::model::run_cursor::encode(deep);
+    let since =
+        (day - chrono::Duration::hours(12)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let until =
+        (day + chrono::Duration::hours(12)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let queries = [
+        ("no filter".to_owned(), String::new()),
+        (
+            "status=done&outcome=failed".to_owned(),
+            "status=done&outcome=failed".to_owned(),
+        ),
+        (
+            "agent=triage&version=3".to_owned(),
+            "agent=triage&version=3".to_owned(),
+        ),
+        ("tag=vip (1 run in 97)".to_owned(), "tag=vip".to_owned()),
+        (
+            "meta=customer=c-42".to_owned(),
+            format!("meta={}", enc("customer=c-42")),
+        ),
+        (
+            "error=quota (1 run in 29 of the failed)".to_owned(),
+            "error=quota".to_owned(),
+        ),
+        (
+            "since..until (one day)".to_owned(),
+            format!("since={}&until={}", enc(&since), enc(&until)),
+        ),
+        (
+            format!("cursor after run {depth}"),
+            format!("cursor={cursor}"),
+        ),
+        (
+            "outcome=failed&error=timeout&cursor deep".to_owned(),
+            format!("outcome=failed&error=timeout&cursor={cursor}"),
+        ),
+    ];
+    let client = crate::client::http_client()?;
+    let mut times = Vec::new();
+    for (what, query) in queries {
+        let path = format!("/v1/runs?limit={}&{query}", args.limit);
+        let mut ms = Vec::with_capacity(args.repeat);
+        let mut runs = 0;
+        // One request first, not counted: the statement is prepared then.
+        for round in 0..=args.repeat {
+            let t = Instant::now();
+            let page = server.get(&client, &path).await?;
+            if round > 0 {
+                ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            runs = page["runs"].as_array().map_or(0, Vec::len);
+        }
+        ms.sort_by(f64::total_cmp);
+        times.push(QueryTime {
+            query: what,
+            runs,
+            p50_ms: percentile(&ms, 0.5).unwrap_or(0.0),
+            p90_ms: percentile(&ms, 0.9).unwrap_or(0.0),
+        });
+    }
+    let _ = shutdown_tx.send(true);
+    Ok(ListingResult {
+        runs: args.runs,
+        tenant_runs: u64::try_from(tenant_runs).unwrap_or(0),
+        insert_secs,
+        trigram_index,
+        queries: times,
+    })
 }

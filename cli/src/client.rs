@@ -530,28 +530,9 @@ async fn follow(
     }
 }
 
-/// `glia runs`.
+/// `glia runs` (with `list` and `get`, [`crate::runs_view::RunsCommand`]).
 #[derive(Subcommand)]
 pub enum RunsCommand {
-    /// List runs, newest first: a table (goal, agent@version, status,
-    /// steps, tokens, cost, duration, start), or JSON Lines with --json.
-    List {
-        #[command(flatten)]
-        server: Server,
-        #[command(flatten)]
-        args: crate::runs_view::ListArgs,
-    },
-    /// Show one run: status, agent@version, tags and metadata, error, steps,
-    /// tokens by kind, cost in USD, times, trace id.
-    Get {
-        #[command(flatten)]
-        server: Server,
-        /// Run id.
-        run_id: String,
-        /// Print the API's run view (JSON) instead.
-        #[arg(long)]
-        json: bool,
-    },
     /// Print a run's events.
     Events {
         #[command(flatten)]
@@ -597,16 +578,6 @@ pub enum RunsCommand {
 pub async fn runs(cmd: RunsCommand) -> Result<()> {
     let client = http_client()?;
     match cmd {
-        RunsCommand::List { server, args } => {
-            crate::runs_view::list(&client, &server, &args).await?;
-        }
-        RunsCommand::Get {
-            server,
-            run_id,
-            json,
-        } => {
-            crate::runs_view::get(&client, &server, &run_id, json).await?;
-        }
         RunsCommand::Events {
             server,
             run_id,

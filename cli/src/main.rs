@@ -99,7 +99,7 @@ enum Command {
     Submit(client::SubmitArgs),
     /// List and inspect runs on a dispatcher.
     #[command(subcommand)]
-    Runs(client::RunsCommand),
+    Runs(runs_view::RunsCommand),
     /// List and decide pending approvals on a dispatcher.
     #[command(subcommand)]
     Approvals(client::ApprovalsCommand),
@@ -222,7 +222,7 @@ async fn main() -> Result<()> {
         Command::Export(args) => archive::export(args).await,
         Command::Import(args) => archive::import(args).await,
         Command::Submit(args) => client::submit(args).await,
-        Command::Runs(cmd) => client::runs(cmd).await,
+        Command::Runs(cmd) => runs_view::runs(cmd).await,
         Command::Approvals(cmd) => client::approvals(cmd).await,
         Command::Webhooks(cmd) => client::webhooks(cmd).await,
         Command::Batch(cli) => batches::batch(cli).await,

@@ -7,14 +7,53 @@
 
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, NaiveDate, Utc};
-use clap::Args;
+use clap::{Args, Subcommand};
 use comfy_table::{Cell, CellAlignment, Table, presets};
 use glia_backends::{OutcomeKind, RunStatus, RunSummary};
 use reqwest::Client;
 use serde::Deserialize;
 use std::io::Write;
 
-use crate::client::Server;
+use crate::client::{self, Server};
+
+/// `glia runs`: `list` and `get` here, the rest in [`client::RunsCommand`].
+#[derive(Subcommand)]
+pub enum RunsCommand {
+    /// List runs, newest first: a table (goal, agent@version, status,
+    /// steps, tokens, cost, duration, start), or JSON Lines with --json.
+    List {
+        #[command(flatten)]
+        server: Server,
+        #[command(flatten)]
+        args: ListArgs,
+    },
+    /// Show one run: status, agent@version, tags and metadata, error, steps,
+    /// tokens by kind, cost in USD, times, trace id.
+    Get {
+        #[command(flatten)]
+        server: Server,
+        /// Run id.
+        run_id: String,
+        /// Print the API's run view (JSON) instead.
+        #[arg(long)]
+        json: bool,
+    },
+    #[command(flatten)]
+    Other(client::RunsCommand),
+}
+
+/// Run a `glia runs` command.
+pub async fn runs(cmd: RunsCommand) -> Result<()> {
+    match cmd {
+        RunsCommand::List { server, args } => list(&client::http_client()?, &server, &args).await,
+        RunsCommand::Get {
+            server,
+            run_id,
+            json,
+        } => get(&client::http_client()?, &server, &run_id, json).await,
+        RunsCommand::Other(cmd) => client::runs(cmd).await,
+    }
+}
 
 /// Flags of `glia runs list`: the query of `GET /v1/runs` (every filter
 /// given must match).

@@ -9,6 +9,11 @@ async fn memory_log_conformance() {
 }
 
 #[tokio::test]
+async fn memory_run_listing_conformance() {
+    conformance::listing::all(|| async { MemoryLog::default() }).await;
+}
+
+#[tokio::test]
 async fn memory_batches_conformance() {
     let log = std::sync::Arc::new(MemoryLog::default());
     let store = glia_backends::batches::MemoryBatches::new(log.clone());

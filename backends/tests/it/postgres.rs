@@ -191,6 +191,32 @@ async fn postgres_log_conformance() {
 }
 
 #[tokio::test]
+async fn postgres_run_listing_conformance() {
+    // Commits write the listed fields: every way a step is written.
+    for commit_mode in [
+        CommitMode::Transaction,
+        CommitMode::Statement,
+        CommitMode::Group,
+    ] {
+        let dbs = Mutex::new(Vec::new());
+        let dbs = &dbs;
+        conformance::listing::all(move || async move {
+            let db = TestDb::new().await;
+            let log = db
+                .log_with(PgOptions {
+                    commit_mode,
+                    max_connections: 4,
+                    ..PgOptions::default()
+                })
+                .await;
+            dbs.lock().unwrap_or_else(|e| e.into_inner()).push(db);
+            log
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
 async fn postgres_batches_conformance() {
     let db = TestDb::new().await;
     let log = db

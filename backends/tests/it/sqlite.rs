@@ -36,6 +36,22 @@ async fn sqlite_log_conformance() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_run_listing_conformance() {
+    let dirs = std::sync::Mutex::new(Vec::new());
+    conformance::listing::all(|| {
+        let dir = TempDir::new();
+        let path = dir.db();
+        dirs.lock().unwrap().push(dir);
+        async move {
+            SqliteLog::open(path, SqliteOptions::default())
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_second_process_cannot_open_the_same_file() {
     let dir = TempDir::new();

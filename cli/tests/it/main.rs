@@ -7,3 +7,4 @@ mod crate_graph;
 mod deploy;
 mod providers;
 mod run;
+mod runs_list;

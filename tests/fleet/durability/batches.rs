@@ -68,13 +68,13 @@ fn wait_batch(
 /// Every run of the batch (all pages).
 fn runs_of(api: &Api, id: &str) -> Vec<Value> {
     let mut runs = Vec::new();
-    let mut after = String::new();
+    let mut cursor = String::new();
     loop {
-        let (status, page) = api.get(&format!("/v1/runs?batch_id={id}&limit=1000{after}"));
+        let (status, page) = api.get(&format!("/v1/runs?batch_id={id}&limit=1000{cursor}"));
         assert_eq!(status, 200, "{page}");
         runs.extend(page["runs"].as_array().unwrap().iter().cloned());
-        match page["next"].as_str() {
-            Some(next) => after = format!("&after={next}"),
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = format!("&cursor={next}"),
             None => return runs,
         }
     }
