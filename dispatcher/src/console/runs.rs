@@ -535,7 +535,11 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
             x.title = format!("Model call to {model}");
             x.facts.push(fact(
                 "request",
-                format!("{messages} messages · {} tools", st.step_tools.len()),
+                format!(
+                    "{} · {}",
+                    plural(*messages, "message"),
+                    plural(st.step_tools.len(), "tool")
+                ),
             ));
             if *wrap_up {
                 x.facts.push(fact("wrap-up", "the turn's last call"));
