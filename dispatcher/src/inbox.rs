@@ -9,7 +9,7 @@
 //! | `POST /inbox/runs/{run}/calls/{call}/edit` | an edit's preview: validated against the tool's schema, shown as a diff |
 //! | `POST /inbox/runs/{run}/calls/{call}/decide` | post a decision (then the run's page) |
 //! | `POST /inbox/decide` | approve or reject the selected approvals |
-//! | `GET /inbox/runs/{run}` | a run: status, conversation, events (refreshes while it moves) |
+//! | `GET /inbox/runs/{run}` | redirects to the console's run page, `/console/runs/{run}` ([`crate::console`]) |
 //! | `GET /inbox/history` | decided, expired and escalated approvals from the event log; `?format=csv` |
 //! | `POST /inbox/logout` | sign out |
 //!
@@ -19,7 +19,7 @@
 //!   digest of the token (never the token), an expiry and a random nonce,
 //!   HMAC-SHA256-signed with [`InboxConfig::session_key`]. Each request looks
 //!   the digest up in the configured tokens again, so removing a token ends
-//!   its sessions. The cookie is `HttpOnly`, `SameSite=Strict`, `Path=/inbox`
+//!   its sessions. The cookie is `HttpOnly`, `SameSite=Strict`, `Path=/` (the console's pages share it)
 //!   (and `Secure` with [`InboxConfig::secure_cookies`]). Dispatcher replicas
 //!   behind one address must share the key (`GLIA_SESSION_KEY`).
 //! - **CSRF**: every form carries a token (HMAC of the session nonce); every
@@ -56,7 +56,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use chrono::{DateTime, Utc};
 use glia_backends::{ApprovalFilter, ApprovalRow, LogError};
-use glia_proto::{ContentBlock, Event, EventKind, Message, RunState, ToolSpec, args_hash};
+use glia_proto::{ContentBlock, Message, RunState, ToolSpec, args_hash};
 use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -121,7 +121,7 @@ fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// The session of a request, if its cookie is valid, unexpired, and its
 /// token still configured with scope `approve`.
-fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
+pub(crate) fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
     let raw = cookie_value(headers, COOKIE)?;
     let (body, sig) = raw.split_once('.')?;
     let want = app.inbox.mac(&[b"session", body.as_bytes()]);
@@ -174,7 +174,7 @@ fn same_origin(headers: &HeaderMap) -> bool {
 
 // ----- templates -------------------------------------------------------------------------
 
-static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
+pub(crate) static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     let mut env = Environment::new();
     for (name, source) in [
         ("base.html", include_str!("../templates/base.html")),
@@ -183,7 +183,26 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("rows.html", include_str!("../templates/rows.html")),
         ("detail.html", include_str!("../templates/detail.html")),
         ("edit.html", include_str!("../templates/edit.html")),
-        ("run.html", include_str!("../templates/run.html")),
+        (
+            "console_runs.html",
+            include_str!("../templates/console_runs.html"),
+        ),
+        (
+            "console_run.html",
+            include_str!("../templates/console_run.html"),
+        ),
+        (
+            "console_head.html",
+            include_str!("../templates/console_head.html"),
+        ),
+        (
+            "console_event.html",
+            include_str!("../templates/console_event.html"),
+        ),
+        (
+            "console_one.html",
+            include_str!("../templates/console_one.html"),
+        ),
         ("history.html", include_str!("../templates/history.html")),
         ("error.html", include_str!("../templates/error.html")),
     ] {
@@ -209,7 +228,7 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-fn html(status: StatusCode, template: &str, ctx: minijinja::Value) -> Response {
+pub(crate) fn html(status: StatusCode, template: &str, ctx: minijinja::Value) -> Response {
     match TEMPLATES.get_template(template).and_then(|t| t.render(ctx)) {
         Ok(body) => {
             let mut r = (status, body).into_response();
@@ -244,7 +263,7 @@ fn html(status: StatusCode, template: &str, ctx: minijinja::Value) -> Response {
     }
 }
 
-fn error_page(s: Option<&Session>, status: StatusCode, message: &str) -> Response {
+pub(crate) fn error_page(s: Option<&Session>, status: StatusCode, message: &str) -> Response {
     html(
         status,
         "error.html",
@@ -252,15 +271,15 @@ fn error_page(s: Option<&Session>, status: StatusCode, message: &str) -> Respons
     )
 }
 
-fn api_error_page(s: &Session, e: ApiError) -> Response {
+pub(crate) fn api_error_page(s: &Session, e: ApiError) -> Response {
     error_page(Some(s), e.status(), &e.body().error.message)
 }
 
-fn log_error_page(s: &Session, e: LogError) -> Response {
+pub(crate) fn log_error_page(s: &Session, e: LogError) -> Response {
     api_error_page(s, ApiError::from(e))
 }
 
-fn to_login() -> Response {
+pub(crate) fn to_login() -> Response {
     Redirect::to("/inbox/login").into_response()
 }
 
@@ -313,11 +332,11 @@ fn static_file(kind: &'static str, body: &'static str) -> Response {
 }
 
 /// The fields of a URL-encoded form body, in order (repeated names kept).
-fn form(body: &Bytes) -> Vec<(String, String)> {
+pub(crate) fn form(body: &Bytes) -> Vec<(String, String)> {
     form_urlencoded::parse(body).into_owned().collect()
 }
 
-fn field<'a>(f: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(f: &'a [(String, String)], name: &str) -> Option<&'a str> {
     f.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
@@ -325,7 +344,7 @@ fn field<'a>(f: &'a [(String, String)], name: &str) -> Option<&'a str> {
 // The error is the page to answer with (an axum `Response`), built once per
 // refused request; boxing it would buy nothing.
 #[allow(clippy::result_large_err)]
-fn checked_post(
+pub(crate) fn checked_post(
     app: &App,
     headers: &HeaderMap,
     f: &[(String, String)],
@@ -401,7 +420,7 @@ async fn login(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respo
         ""
     };
     let cookie = format!(
-        "{COOKIE}={}; Path=/inbox; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+        "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
         sign_cookie(&app.inbox, &claims),
         ttl.as_secs()
     );
@@ -419,7 +438,7 @@ async fn logout(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Resp
         return r;
     }
     let mut r = Redirect::to("/inbox/login").into_response();
-    let cookie = format!("{COOKIE}=; Path=/inbox; HttpOnly; SameSite=Strict; Max-Age=0");
+    let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
     r.headers_mut().insert(
         header::SET_COOKIE,
         HeaderValue::from_str(&cookie).expect("cookie is ASCII"),
@@ -679,7 +698,7 @@ async fn stream(State(app): State<App>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-fn tokio_stream_from<T: Send + 'static>(
+pub(crate) fn tokio_stream_from<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::Receiver<T>,
 ) -> impl futures::Stream<Item = T> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
@@ -858,7 +877,7 @@ fn policy_line(state: &RunState, tool: &str, interrupted: bool) -> Option<String
     Some(format!("{why} · {}", policy.describe()))
 }
 
-fn policy_origin_text(origin: glia_proto::PolicyOrigin) -> &'static str {
+pub(crate) fn policy_origin_text(origin: glia_proto::PolicyOrigin) -> &'static str {
     match origin {
         glia_proto::PolicyOrigin::Operator => "the operator's catalogue",
         glia_proto::PolicyOrigin::Agent => "the agent definition's tool_policy or policies",
@@ -1006,7 +1025,7 @@ fn check_edit(text: &str, schema: Option<&Value>) -> Result<Value, String> {
 }
 
 /// A line diff of two pretty-printed JSON values: (`+`, `-` or ` `, line).
-fn diff(old: &Value, new: &Value) -> Vec<(String, String)> {
+pub(crate) fn diff(old: &Value, new: &Value) -> Vec<(String, String)> {
     let a = serde_json::to_string_pretty(old).unwrap_or_default();
     let b = serde_json::to_string_pretty(new).unwrap_or_default();
     similar::TextDiff::from_lines(&a, &b)
@@ -1139,77 +1158,12 @@ async fn decide(
     }
 }
 
-// ----- a run -----------------------------------------------------------------------------
+// ----- a run ---------------------------------------------------------------------------
 
-/// An event as the run page shows it.
-#[derive(Debug, Clone, Serialize)]
-struct EventLine {
-    seq: u64,
-    at: String,
-    kind: String,
-    detail: String,
-}
-
-fn event_line(e: &Event) -> EventLine {
-    let detail = match &e.kind {
-        EventKind::ToolCall(c) => format!("{} {}", c.name, c.input),
-        EventKind::ToolResult {
-            call_id,
-            content,
-            redactions,
-            ..
-        } => format!("{}{call_id}: {content}", redacted(redactions)),
-        EventKind::GuardrailTripped {
-            stage,
-            guardrail,
-            reason,
-            ..
-        } => format!("{stage:?} {guardrail}: {reason}"),
-        EventKind::ToolError {
-            call_id, message, ..
-        } => format!("{call_id}: {message}"),
-        EventKind::ApprovalRequested { call_id, tool, .. } => format!("{call_id} {tool}"),
-        EventKind::ApprovalResolved {
-            call_id,
-            decision,
-            by,
-            ..
-        } => {
-            format!(
-                "{call_id} {} by {}",
-                serde_json::to_string(decision).unwrap_or_default(),
-                by.as_deref().unwrap_or("?")
-            )
-        }
-        EventKind::ApprovalEscalated { call_id, .. } => call_id.clone(),
-        EventKind::SessionComplete { outcome } => {
-            serde_json::to_string(outcome).unwrap_or_default()
-        }
-        EventKind::SessionPause { pull_point } => pull_point.name().to_owned(),
-        EventKind::SessionPauseRequested { reason, by } => {
-            format!("{reason} (by {})", by.as_deref().unwrap_or("?"))
-        }
-        EventKind::InputReceived { text, redactions } => format!("{}{text}", redacted(redactions)),
-        EventKind::MessageElided { index, reason } => format!("message {index} elided: {reason}"),
-        _ => String::new(),
-    };
-    let detail = if detail.chars().count() > 300 {
-        format!("{}…", detail.chars().take(299).collect::<String>())
-    } else {
-        detail
-    };
-    EventLine {
-        seq: e.seq,
-        at: e.at.format("%H:%M:%S%.3f").to_string(),
-        kind: e.kind.name().to_owned(),
-        detail,
-    }
-}
-
-/// What the guardrails redacted from an event's text, as the run page
-/// says it before the text (`redacted: email ×2 · `): the rules and
-/// counts, never what they removed.
-fn redacted(redactions: &[glia_proto::Redaction]) -> String {
+/// What the guardrails redacted from an event's text, as the pages say it
+/// before the text (`redacted: email ×2 · `): the rules and counts, never
+/// what they removed.
+pub(crate) fn redacted(redactions: &[glia_proto::Redaction]) -> String {
     if redactions.is_empty() {
         return String::new();
     }
@@ -1220,38 +1174,9 @@ fn redacted(redactions: &[glia_proto::Redaction]) -> String {
     format!("redacted: {} · ", rules.join(", "))
 }
 
-async fn run_page(
-    State(app): State<App>,
-    headers: HeaderMap,
-    Path(run_id): Path<Uuid>,
-) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return to_login();
-    };
-    let run = match visible_run(&app, &s.principal, run_id).await {
-        Ok(r) => r,
-        Err(e) => return api_error_page(&s, e),
-    };
-    let (events, state) = match (
-        history::all_events(&*app.log, run_id).await,
-        app.log.load(run_id).await,
-    ) {
-        (Ok(e), Ok(st)) => (e, st),
-        (Err(e), _) | (_, Err(e)) => return log_error_page(&s, e),
-    };
-    let events: Vec<EventLine> = events.iter().map(event_line).collect();
-    let status = serde_json::to_value(run.status)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
-    let pull_point = run.pull_point.as_ref().map(|p| p.name().to_owned());
-    let done = run.status == glia_backends::RunStatus::Done;
-    html(
-        StatusCode::OK,
-        "run.html",
-        context! { who => s.principal.by(), csrf => s.csrf, run_id, goal => run.goal, status, pull_point, done,
-        agent => state.config.model, answer => state.answer, conversation => lines(&state.messages), events, head => run.head_seq },
-    )
+/// The old run page: the console's run page replaced it.
+async fn run_page(Path(run_id): Path<Uuid>) -> Redirect {
+    Redirect::to(&format!("/console/runs/{run_id}"))
 }
 
 // ----- history ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ use crate::app::App;
 use crate::auth::OPEN_TENANT;
 use crate::error::ApiError;
 use crate::handlers::{agents, approvals, batches, ops, payloads, runs, stream};
-use crate::{docs, extract, inbox, metrics, webhooks};
+use crate::{console, docs, extract, inbox, metrics, webhooks};
 
 /// The document's header and security scheme; paths are added by the router.
 #[derive(OpenApi)]
@@ -103,6 +103,7 @@ pub fn router(app: App) -> Router {
     let limit = app.limits.max_body_bytes;
     routes
         .merge(inbox::routes())
+        .merge(console::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(app.clone(), track))

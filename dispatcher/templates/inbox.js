@@ -1,4 +1,4 @@
-// glia inbox: live queue (server-sent events) and run-page refresh.
+// glia inbox: the live queue (server-sent events).
 // Plain JavaScript, no build step. Fragments come from the server already
 // escaped; they are inserted only from same-origin responses.
 (function () {
@@ -37,21 +37,6 @@
       all.addEventListener("change", function () {
         document.querySelectorAll("input[name=item]").forEach(function (c) { c.checked = all.checked; });
       });
-    }
-    var run = document.querySelector("[data-refresh]");
-    if (run) {
-      var every = parseInt(run.dataset.refresh, 10) || 1000;
-      var timer = setInterval(function () {
-        fetch(location.href, { credentials: "same-origin" }).then(function (r) { return r.text(); }).then(function (html) {
-          var doc = new DOMParser().parseFromString(html, "text/html");
-          var fresh = doc.getElementById("run");
-          if (fresh) {
-            run.replaceWith(fresh);
-            run = fresh;
-            if (!fresh.dataset.refresh) { clearInterval(timer); }
-          }
-        }).catch(function (e) { console.warn(e); });
-      }, every);
     }
   });
 })();

@@ -11,7 +11,7 @@ use glia_backends::Inbox;
 use glia_proto::{Decision, EventKind, Payload, args_hash};
 use serde_json::json;
 
-fn form(
+pub(crate) fn form(
     uri: &str,
     cookie: Option<&str>,
     origin: Option<&str>,
@@ -34,7 +34,7 @@ fn form(
     b.body(Body::from(body)).unwrap()
 }
 
-fn page(uri: &str, cookie: &str) -> Request<Body> {
+pub(crate) fn page(uri: &str, cookie: &str) -> Request<Body> {
     Request::builder()
         .uri(uri)
         .header(header::COOKIE, cookie)
@@ -56,7 +56,7 @@ async fn sign_in(h: &H, token: &str) -> (String, String) {
     .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text);
     let set = r.headers[header::SET_COOKIE].to_str().unwrap().to_owned();
-    for attr in ["HttpOnly", "SameSite=Strict", "Path=/inbox"] {
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/;"] {
         assert!(set.contains(attr), "{set}");
     }
     assert!(!set.contains(token), "the cookie does not carry the token");
@@ -254,31 +254,44 @@ async fn the_run_page_shows_the_edited_arguments() {
     )
     .await;
     let (cookie, _) = sign_in(&h, APP_A).await;
+    // The old run page is the console's now.
     let r = send(&h.router, page(&format!("/inbox/runs/{run}"), &cookie)).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    let to = r.headers[header::LOCATION].to_str().unwrap().to_owned();
+    assert_eq!(to, format!("/console/runs/{run}"));
+    let r = send(&h.router, page(&to, &cookie)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
-    let (conversation, events) = r.text.split_once("<h2>Events</h2>").unwrap();
-    let conversation = conversation.split_once("<h2>Conversation</h2>").unwrap().1;
-    let tool_use = conversation
-        .split("tool_use</span><pre>")
-        .nth(1)
-        .unwrap()
-        .split("</pre>")
-        .next()
-        .unwrap();
+    let entry = |kind: &str| {
+        r.text
+            .split(&format!("data-type=\"{kind}\""))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {kind} in {}", r.text))
+            .split("</li>")
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    // The edit as a diff of the proposed and the edited arguments (keys in
+    // any order: a store may reorder them, Postgres jsonb).
+    let resolved = entry("approval.resolved");
     assert!(
-        // Keys in any order: JSON objects keep their order (serde_json
-        // `preserve_order`) and a store may reorder them (Postgres jsonb).
-        tool_use.starts_with("refund(")
-            && tool_use.contains("amount&quot;:10")
-            && !tool_use.contains("3000"),
-        "the call as it ran: {tool_use}"
+        resolved.contains("Edited and approved by ana"),
+        "{resolved}"
     );
-    assert!(conversation.contains("refunded 10"));
+    let removed: Vec<&str> = resolved.split("class=\"ddel\">").skip(1).collect();
+    let added: Vec<&str> = resolved.split("class=\"dadd\">").skip(1).collect();
     assert!(
-        !conversation.contains("3000"),
-        "the proposal is not in the conversation: {conversation}"
+        removed
+            .iter()
+            .any(|l| l.starts_with("-") && l.contains("3000"))
+            && added.iter().any(|l| l.starts_with("+") && l.contains("10")),
+        "{resolved}"
     );
-    assert!(events.contains("3000"), "the proposal stays in the log");
+    assert!(entry("tool.result").contains("refunded 10"));
+    assert!(
+        entry("tool.call").contains("3000"),
+        "the proposal stays in the log"
+    );
 }
 
 /// The approval card says why the call waits: the tool's resolved policy
