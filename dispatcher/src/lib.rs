@@ -36,7 +36,8 @@
 //!   document, serving; [`startup`] serves it behind a gate while the ports
 //!   connect;
 //! - the leaves, [`handlers`] (one module per resource of the JSON API),
-//!   [`inbox`] (the HTML approvals inbox) and [`webhooks`] (its API and the
+//!   [`inbox`] (the HTML approvals inbox), [`console`] (its other pages:
+//!   batches, agents) and [`webhooks`] (its API and the
 //!   deliverer);
 //! - the middle: [`admission`] (what makes a request a run), [`control`]
 //!   (posting decisions, pause, resume, cancel), [`batches`] (the batch
@@ -56,6 +57,7 @@ pub mod app;
 pub mod auth;
 pub mod batches;
 pub mod config;
+pub mod console;
 pub mod control;
 pub mod docs;
 pub mod error;

@@ -103,6 +103,7 @@ pub fn router(app: App) -> Router {
     let limit = app.limits.max_body_bytes;
     routes
         .merge(inbox::routes())
+        .merge(crate::console::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(app.clone(), track))

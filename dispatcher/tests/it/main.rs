@@ -8,6 +8,7 @@ mod agents;
 mod approvals;
 mod bad_input;
 mod batches;
+mod console_more;
 mod contract;
 mod inbox;
 mod module_graph;
