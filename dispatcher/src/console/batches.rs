@@ -36,10 +36,19 @@ pub(super) fn routes() -> Router<App> {
         .route("/console/batches/{id}/results", get(results))
 }
 
-/// `$0.012345` from USD micros.
+/// US dollars from USD micros, to the micro but without trailing zeros
+/// past the cents: `$0.00`, `$0.0123`, `$12.345678`.
 pub(super) fn usd(micros: u64) -> String {
-    format!("${}.{:06}", micros / 1_000_000, micros % 1_000_000)
+    let cents = format!("{:06}", micros % 1_000_000);
+    let fraction = cents.trim_end_matches('0');
+    let fraction = if fraction.len() < 2 {
+        &cents[..2]
+    } else {
+        fraction
+    };
+    format!("${}.{fraction}", micros / 1_000_000)
 }
+
 
 /// A batch as the pages show it.
 #[derive(Debug, Serialize)]
@@ -251,5 +260,16 @@ async fn results(State(app): State<App>, headers: HeaderMap, Path(id): Path<Stri
             r.into_response()
         }
         Err(e) => api_error_page(&s, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dollars_from_micros() {
+        assert_eq!(super::usd(0), "$0.00");
+        assert_eq!(super::usd(12_300), "$0.0123");
+        assert_eq!(super::usd(12_345_678), "$12.345678");
+        assert_eq!(super::usd(1_500_000), "$1.50");
     }
 }

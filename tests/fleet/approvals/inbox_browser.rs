@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 const TOKEN_A: &str = "inbox-tok-a";
 const TOKEN_B: &str = "inbox-tok-b";
 const XSS: &str = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">";
-const WAIT: Duration = Duration::from_secs(30);
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
 
 fn config(script: &str) -> Value {
     json!({
@@ -35,14 +35,14 @@ fn config(script: &str) -> Value {
 }
 
 /// chromedriver on a free loopback port; killed on drop.
-struct Driver {
+pub(crate) struct Driver {
     child: Child,
     port: u16,
     profile: PathBuf,
 }
 
 impl Driver {
-    fn start() -> Driver {
+    pub(crate) fn start() -> Driver {
         for bin in ["/usr/bin/chromium", "/usr/bin/chromedriver"] {
             assert!(
                 std::path::Path::new(bin).exists(),
@@ -69,7 +69,7 @@ impl Driver {
         }
     }
 
-    async fn client(&self) -> Client {
+    pub(crate) async fn client(&self) -> Client {
         let caps = json!({
             "browserName": "chrome",
             "goog:chromeOptions": {
@@ -111,13 +111,13 @@ impl Drop for Driver {
 }
 
 /// The JSON API with a bearer token.
-struct Api {
-    server: String,
-    http: reqwest::Client,
+pub(crate) struct Api {
+    pub(crate) server: String,
+    pub(crate) http: reqwest::Client,
 }
 
 impl Api {
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -204,7 +204,7 @@ impl Api {
 }
 
 /// Wait until `check` holds on the page (polling the DOM, no reloads).
-async fn until<F, Fut>(what: &str, mut check: F)
+pub(crate) async fn until<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -216,14 +216,14 @@ where
     }
 }
 
-async fn count(c: &Client, css: &str) -> usize {
+pub(crate) async fn count(c: &Client, css: &str) -> usize {
     c.find_all(Locator::Css(css)).await.map_or(0, |v| v.len())
 }
 
 /// The text of the first element matching `css`. The run page replaces its
 /// content while the run moves, so an element found may go stale before it
 /// is read: then it is found again.
-async fn text(c: &Client, css: &str) -> String {
+pub(crate) async fn text(c: &Client, css: &str) -> String {
     let mut last = None;
     for _ in 0..20 {
         match c.find(Locator::Css(css)).await {
@@ -238,7 +238,7 @@ async fn text(c: &Client, css: &str) -> String {
     panic!("{css}: {}", last.unwrap_or_default())
 }
 
-async fn sign_in(c: &Client, server: &str, token: &str) {
+pub(crate) async fn sign_in(c: &Client, server: &str, token: &str) {
     c.goto(&format!("{server}/inbox/login")).await.unwrap();
     c.find(Locator::Id("token"))
         .await
@@ -260,7 +260,7 @@ async fn sign_in(c: &Client, server: &str, token: &str) {
 
 /// `target/screenshots/`, or `docs/screenshots/` with
 /// `GLIA_REFRESH_SCREENSHOTS=1` (the explicit way to refresh the docs).
-fn screenshots_dir() -> PathBuf {
+pub(crate) fn screenshots_dir() -> PathBuf {
     let root = glia_testkit::workspace_root();
     let refresh = std::env::var("GLIA_REFRESH_SCREENSHOTS").is_ok_and(|v| v == "1");
     let dir = if refresh {
@@ -375,6 +375,13 @@ fn the_inbox_in_a_real_browser() {
         .await;
         assert!(text(&c, "#args").await.contains("\"order_id\": \"A1\""));
         assert!(text(&c, "#goal").await.contains("Refund for refund"));
+        // The card says why in plain words, and what the tool is.
+        assert!(
+            text(&c, "#why").await.contains("a rule in the `policies`"),
+            "{}",
+            text(&c, "#why").await
+        );
+        assert_eq!(text(&c, "#tool-source").await, "a tool of the worker");
         std::fs::write(
             screenshots_dir().join("inbox-detail.png"),
             c.screenshot().await.unwrap(),
@@ -450,7 +457,15 @@ fn the_inbox_in_a_real_browser() {
             .click()
             .await
             .unwrap();
+        // On to the next approval: none waits, so the queue.
+        until("the queue after the decision", || async {
+            c.current_url().await.is_ok_and(|u| u.path() == "/inbox")
+        })
+        .await;
         // The run continues in its page (which refreshes itself).
+        c.goto(&format!("{server}/inbox/runs/{edited}"))
+            .await
+            .unwrap();
         until("the run page showing the run done", || async {
             count(&c, "#status").await == 1 && text(&c, "#status").await == "done"
         })

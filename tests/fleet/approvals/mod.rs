@@ -1,3 +1,3 @@
 //! Approvals: the inbox approves and rejects pending calls in a browser.
 
-mod inbox_browser;
+pub(crate) mod inbox_browser;

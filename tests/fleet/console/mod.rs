@@ -1,0 +1,3 @@
+//! The console: its pages in a real browser.
+
+mod console_more_browser;
