@@ -108,6 +108,16 @@ pub struct RunRecord {
     pub approvals: Vec<ApprovalRecord>,
     /// Its inbox, oldest first.
     pub inbox: Vec<InboxRecord>,
+    /// Labels given at submission ([`crate::RunSummary::tags`]); absent in
+    /// archives written before runs had them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    /// String pairs given at submission ([`crate::RunSummary::metadata`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// The batch item's `custom_id` ([`crate::RunSummary::custom_id`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_id: Option<String>,
 }
 
 /// An approval of a [`RunRecord`] (the run and tenant are the record's).

@@ -117,8 +117,11 @@ pub struct NewItem {
     pub custom_id: String,
     /// The run's goal, as it will be submitted.
     pub goal: String,
-    /// JSON text of the item's metadata object, echoed in results.
+    /// JSON text of the item's metadata object (string values), echoed in
+    /// results and given to its run ([`crate::RunSummary::metadata`]).
     pub metadata: Option<String>,
+    /// JSON text of the item's tags (an array of strings), given to its run.
+    pub tags: Option<String>,
     /// JSON text of the item's configuration patch: a JSON merge patch
     /// (RFC 7396) applied to the batch's run configuration for this item's
     /// run; the store keeps it as given.
@@ -246,6 +249,10 @@ pub struct Claim {
     pub goal: String,
     /// Its configuration patch ([`NewItem::config`]).
     pub config: Option<String>,
+    /// Its metadata ([`NewItem::metadata`]).
+    pub metadata: Option<String>,
+    /// Its tags ([`NewItem::tags`]).
+    pub tags: Option<String>,
 }
 
 /// One item with its run, for results.
@@ -469,8 +476,8 @@ mod pg {
                 .map_err(fail)?;
             let insert = tx
                 .prepare_cached(
-                    "INSERT INTO batch_items (batch_id, n, custom_id, goal, metadata, config) \
-                     SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[]) ON CONFLICT DO NOTHING RETURNING n",
+                    "INSERT INTO batch_items (batch_id, n, custom_id, goal, metadata, config, tags) \
+                     SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) ON CONFLICT DO NOTHING RETURNING n",
                 )
                 .await
                 .map_err(fail)?;
@@ -493,8 +500,13 @@ mod pg {
                             items.iter().map(|i| i.metadata.as_deref()).collect();
                         let configs: Vec<Option<&str>> =
                             items.iter().map(|i| i.config.as_deref()).collect();
+                        let tags: Vec<Option<&str>> =
+                            items.iter().map(|i| i.tags.as_deref()).collect();
                         let rows = tx
-                            .query(&insert, &[&new.id, &ns, &ids, &goals, &metadata, &configs])
+                            .query(
+                                &insert,
+                                &[&new.id, &ns, &ids, &goals, &metadata, &configs, &tags],
+                            )
                             .await
                             .map_err(|e| match e.code() {
                                 Some(code) if code.code().starts_with("22") => SubmitError::Input {
@@ -754,7 +766,7 @@ mod pg {
                              ORDER BY n LIMIT $2 FOR UPDATE SKIP LOCKED) \
                          UPDATE batch_items i SET state = 'admitting', claimed_at = now() FROM picked \
                          WHERE i.batch_id = $1 AND i.n = picked.n \
-                         RETURNING i.n, i.custom_id, i.goal, i.config",
+                         RETURNING i.n, i.custom_id, i.goal, i.config, i.metadata, i.tags",
                         &[&batch, &(limit as i64), &lease.as_secs_f64()],
                     )
                     .await
@@ -768,6 +780,8 @@ mod pg {
                             custom_id: col(row, "custom_id")?,
                             goal: col(row, "goal")?,
                             config: col(row, "config")?,
+                            metadata: col(row, "metadata")?,
+                            tags: col(row, "tags")?,
                         })
                     })
                     .collect::<Result<_, LogError>>()?;
@@ -915,6 +929,7 @@ struct MemoryItem {
     custom_id: String,
     goal: String,
     metadata: Option<String>,
+    tags: Option<String>,
     config: Option<String>,
     state: ItemState,
     run_id: Option<Uuid>,
@@ -1056,6 +1071,7 @@ impl BatchStore for MemoryBatches {
                             custom_id,
                             goal,
                             metadata,
+                            tags,
                             config,
                             ..
                         } = item;
@@ -1063,6 +1079,7 @@ impl BatchStore for MemoryBatches {
                             custom_id,
                             goal,
                             metadata,
+                            tags,
                             config,
                             state: ItemState::Queued,
                             run_id: None,
@@ -1269,6 +1286,8 @@ impl BatchStore for MemoryBatches {
                     custom_id: item.custom_id.clone(),
                     goal: item.goal.clone(),
                     config: item.config.clone(),
+                    metadata: item.metadata.clone(),
+                    tags: item.tags.clone(),
                 });
             }
         }

@@ -21,6 +21,9 @@ use crate::{
     NewRun, Opening, Orphan, RunFilter, RunGaugeKey, RunLog, RunStatus,
 };
 
+mod listing;
+pub use listing::{lists_and_filters_runs, pages_by_cursor_while_runs_arrive};
+
 const TTL: Duration = Duration::from_secs(30);
 
 fn at() -> DateTime<Utc> {
@@ -177,6 +180,9 @@ fn new_run(tenant: &str, key: Option<&str>, start: &Event) -> NewRun {
         idempotency_key: key.map(str::to_owned),
         batch_id: None,
         start: start.clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     }
 }
 
@@ -1134,16 +1140,21 @@ pub async fn lists_runs(log: &dyn EventLog) {
             idempotency_key: None,
             batch_id: (i % 2 == 0).then_some(batch),
             start: s.parked[0].clone(),
+            tags: Vec::new(),
+            metadata: Default::default(),
+            custom_id: None,
         };
         log.create_run(new).await.unwrap();
         ids.push(s.run_id);
     }
-    let page = |after, limit| RunFilter {
+    let page = |before, limit| RunFilter {
         tenant: Some(tenant.clone()),
-        after,
+        before,
         limit,
         ..Default::default()
     };
+    // Newest first.
+    ids.reverse();
     let first = log.list_runs(&page(None, 3)).await.unwrap();
     assert_eq!(first.iter().map(|r| r.run_id).collect::<Vec<_>>(), ids[..3]);
     let second = log.list_runs(&page(Some(ids[2]), 3)).await.unwrap();
@@ -1208,6 +1219,9 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
         idempotency_key: Some("k".into()),
         batch_id: Some(Uuid::now_v7()),
         start: s.parked[0].clone(),
+        tags: vec!["vip".into(), "eu".into()],
+        metadata: [("ticket".to_owned(), "T-1".to_owned())].into(),
+        custom_id: Some("row-1".into()),
     })
     .await
     .unwrap();
@@ -1265,6 +1279,17 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
     assert_eq!(
         (summary.head_seq, summary.batch_id),
         (s.parked.len() as u64, record.batch_id)
+    );
+    let first = src.get_run(s.run_id).await.unwrap();
+    assert_eq!(
+        (&summary.tags, &summary.metadata, &summary.custom_id),
+        (&first.tags, &first.metadata, &first.custom_id),
+        "submission fields travel"
+    );
+    assert_eq!(
+        (summary.usage, summary.steps, &summary.agent),
+        (first.usage, first.steps, &first.agent),
+        "the summary is the state's"
     );
     assert!(
         matches!(
@@ -1397,6 +1422,8 @@ pub async fn all<L: EventLog, F: std::future::Future<Output = L>>(fresh: impl Fn
     an_interrupted_call_is_marked_in_the_queue(&fresh().await).await;
     outbox_and_orphans(&fresh().await).await;
     lists_runs(&fresh().await).await;
+    lists_and_filters_runs(&fresh().await).await;
+    pages_by_cursor_while_runs_arrive(&fresh().await).await;
     agent_versions(&fresh().await).await;
 }
 
@@ -1516,7 +1543,8 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
     let item = |i: u64| NewItem {
         custom_id: format!("c-{i}"),
         goal: format!("goal {i}"),
-        metadata: Some(format!("{{\"i\":{i}}}")),
+        metadata: Some(format!("{{\"i\":\"{i}\"}}")),
+        tags: (i % 2 == 0).then(|| format!("[\"even\",\"t-{i}\"]")),
         config: (i % 2 == 1).then(|| format!("{{\"model\":\"m-{i}\"}}")),
         line: i + 2,
     };
@@ -1609,10 +1637,14 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
             .iter()
             .map(|i| (i.n, i.custom_id.as_str(), i.metadata.as_deref()))
             .collect::<Vec<_>>(),
-        [(1, "c-1", Some("{\"i\":1}")), (2, "c-2", Some("{\"i\":2}"))]
+        [
+            (1, "c-1", Some("{\"i\":\"1\"}")),
+            (2, "c-2", Some("{\"i\":\"2\"}"))
+        ]
     );
 
-    // Claims come in order; a live claim is not taken again, a lapsed one is.
+    // Claims come in order, with what the item's run is admitted with; a
+    // live claim is not taken again, a lapsed one is.
     let claims = store.claim(id, 2, TTL).await.unwrap();
     assert_eq!(
         claims
@@ -1622,6 +1654,16 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         [
             (0, "goal 0", None),
             (1, "goal 1", Some("{\"model\":\"m-1\"}"))
+        ]
+    );
+    assert_eq!(
+        claims
+            .iter()
+            .map(|c| (c.metadata.as_deref(), c.tags.as_deref()))
+            .collect::<Vec<_>>(),
+        [
+            (Some("{\"i\":\"0\"}"), Some("[\"even\",\"t-0\"]")),
+            (Some("{\"i\":\"1\"}"), None)
         ]
     );
     let lane = store
@@ -1670,6 +1712,9 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         idempotency_key: None,
         batch_id: Some(id),
         start: s0.parked[0].clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();
@@ -1799,6 +1844,9 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         idempotency_key: None,
         batch_id: Some(within.id),
         start: s1.parked[0].clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();
@@ -1821,6 +1869,9 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         idempotency_key: None,
         batch_id: Some(late.id),
         start: s2.parked[0].clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();

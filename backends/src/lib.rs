@@ -49,8 +49,9 @@ use uuid::Uuid;
 
 pub use event_log::model::{
     AgentVersion, ApprovalFilter, ApprovalRow, ApprovalStatus, CANCEL_KEY, InboxItem, Job, Lease,
-    LogError, LogGauges, NewRun, Opened, Opening, Orphan, PostFacts, RunFilter, RunGaugeKey,
-    RunStatus, RunSummary, dedupe_key, dedupe_what, post_refusal,
+    LogError, LogGauges, NewRun, Opened, Opening, Orphan, OutcomeKind, PostFacts, RunFilter,
+    RunGaugeKey, RunStatus, RunSummary, agent_of, dedupe_key, dedupe_what, error_of, post_refusal,
+    steps_of, trace_id,
 };
 pub use event_log::{AgentRegistry, Approvals, EventLog, Inbox, Outbox, Reports, RunLog};
 

@@ -78,19 +78,7 @@ impl RunLog for MemoryLog {
             }
         })?;
         let now = Utc::now();
-        let summary = RunSummary {
-            run_id,
-            tenant: new.tenant.clone(),
-            batch_id: new.batch_id,
-            goal: state.goal.clone(),
-            status: RunStatus::of(&state),
-            phase: state.phase,
-            pull_point: None,
-            outcome: None,
-            head_seq: 1,
-            created_at: now,
-            updated_at: now,
-        };
+        let summary = RunSummary::admitted(&new, &state, now);
         if inner.runs.contains_key(&run_id) {
             return Err(LogError::Invalid {
                 run_id,
@@ -129,13 +117,10 @@ impl RunLog for MemoryLog {
             .runs
             .values()
             .map(|r| &r.summary)
-            .filter(|s| filter.tenant.as_ref().is_none_or(|t| &s.tenant == t))
-            .filter(|s| filter.status.is_none_or(|st| s.status == st))
-            .filter(|s| filter.batch_id.is_none_or(|b| s.batch_id == Some(b)))
-            .filter(|s| filter.after.is_none_or(|a| s.run_id > a))
+            .filter(|s| filter.before.is_none_or(|b| s.run_id < b) && filter.matches(s))
             .cloned()
             .collect();
-        runs.sort_by_key(|s| s.run_id);
+        runs.sort_by_key(|s| std::cmp::Reverse(s.run_id));
         runs.truncate(filter.limit.clamp(1, 1000));
         Ok(runs)
     }

@@ -70,7 +70,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use deadpool_postgres::{
     GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Transaction,
 };
-use glia_proto::{Event, EventKind, Payload, Phase, RunState};
+use glia_proto::{BudgetUsage, Event, EventKind, Payload, Phase, RunState};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -90,9 +90,9 @@ mod group;
 
 use codec::{
     EncodedEvents, SummaryColumns, describe, encode_events, has_nul, seq_of, sha256_hex, sql_seq,
-    write_error,
+    summary_set, write_error,
 };
-pub(crate) use codec::{col, corrupt, phase_name, unavailable};
+pub(crate) use codec::{USAGE_COLUMNS, col, corrupt, phase_name, unavailable, usage_cells};
 
 /// `backends/migrations/V<n>__<name>.sql`, compiled in. Edits to an
 /// existing file rebuild the crate; a new file is only picked up once this
@@ -546,12 +546,25 @@ fn optional_json<T: DeserializeOwned>(row: &Row, name: &str) -> Result<Option<T>
         .transpose()
 }
 
-const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point::text AS pull_point, outcome::text AS outcome, head_seq, created_at, updated_at";
+const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point::text AS pull_point, outcome::text AS outcome, head_seq, created_at, updated_at, \
+     agent, agent_version, tags, metadata, custom_id, turns, tool_calls, active_ms, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, \
+     tokens_estimated, cost_usd_micros, steps, error, ended_at";
+
+/// A non-negative `bigint` or `integer` column.
+fn count<T: TryFrom<i64>>(row: &Row, name: &str) -> Result<T, LogError> {
+    let n: i64 = match row.columns().iter().find(|c| c.name() == name) {
+        Some(c) if *c.type_() == tokio_postgres::types::Type::INT4 => col::<i32>(row, name)?.into(),
+        _ => col(row, name)?,
+    };
+    T::try_from(n).map_err(|_| corrupt(format!("column {name} is out of range ({n})")))
+}
 
 fn summary(row: &Row) -> Result<RunSummary, LogError> {
     let phase: String = col(row, "phase")?;
+    let run_id: Uuid = col(row, "id")?;
+    let metadata: Value = col(row, "metadata")?;
     Ok(RunSummary {
-        run_id: col(row, "id")?,
+        run_id,
         tenant: col(row, "tenant")?,
         batch_id: col(row, "batch_id")?,
         goal: col(row, "goal")?,
@@ -563,6 +576,31 @@ fn summary(row: &Row) -> Result<RunSummary, LogError> {
         head_seq: seq_of(col(row, "head_seq")?, "head_seq")?,
         created_at: col(row, "created_at")?,
         updated_at: col(row, "updated_at")?,
+        agent: col(row, "agent")?,
+        agent_version: col::<Option<i32>>(row, "agent_version")?
+            .map(|v| u32::try_from(v).map_err(|_| corrupt(format!("column agent_version is {v}"))))
+            .transpose()?,
+        tags: col(row, "tags")?,
+        metadata: serde_json::from_value(metadata)
+            .map_err(|e| corrupt(format!("column metadata: {e}")))?,
+        custom_id: col(row, "custom_id")?,
+        usage: BudgetUsage {
+            turns: count(row, "turns")?,
+            tool_calls: count(row, "tool_calls")?,
+            active_ms: count(row, "active_ms")?,
+            tokens: glia_proto::Usage {
+                input_tokens: count(row, "input_tokens")?,
+                output_tokens: count(row, "output_tokens")?,
+                cache_write_tokens: count(row, "cache_write_tokens")?,
+                cache_read_tokens: count(row, "cache_read_tokens")?,
+                estimated: col(row, "tokens_estimated")?,
+            },
+            cost_usd_micros: count(row, "cost_usd_micros")?,
+        },
+        steps: count(row, "steps")?,
+        error: col(row, "error")?,
+        ended_at: col(row, "ended_at")?,
+        trace_id: crate::trace_id(run_id),
     })
 }
 
@@ -858,6 +896,21 @@ fn ttl_secs(ttl: Duration) -> f64 {
     ttl.min(MAX_TTL).as_secs_f64()
 }
 
+/// `%text%` for `LIKE`/`ILIKE`, with `text`'s own `\\`, `%` and `_` escaped
+/// (`\\` is the default escape character): a substring match.
+fn like_pattern(text: &str) -> String {
+    let mut pattern = String::with_capacity(text.len() + 2);
+    pattern.push('%');
+    for c in text.chars() {
+        if matches!(c, '\\' | '%' | '_') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    pattern
+}
+
 /// A `SELECT` with optional `AND` predicates, each bound to the next
 /// numbered parameter, so only the filters in use reach the planner.
 struct Select {
@@ -915,7 +968,9 @@ impl Select {
 // SQL
 
 /// [`RunLog::create_run`]'s one statement: run `$1` of tenant `$2` (key
-/// `$3`, batch `$4`, goal `$5`, summary `$6`–`$10` as in [`UPDATE_SUMMARY`]),
+/// `$3`, batch `$4`, goal `$5`, status, phase, pull point, outcome and head
+/// `$6`–`$10`, agent and version `$20`, `$21`, tags `$22`, metadata `$23`,
+/// custom id `$24`; usage starts at zero),
 /// its `session.start` (`$11`–`$16`, as in [`INSERT_EVENTS`]), its start job
 /// `$17` in the outbox, and the event's blob if it has one (`$18` hashes,
 /// `$19` bytes). The run row comes first and every other part is driven
@@ -925,8 +980,9 @@ impl Select {
 static ADMIT_RUN: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH run AS ( \
-           INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq) \
-           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 \
+           INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq, \
+             agent, agent_version, tags, metadata, custom_id) \
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $20, $21, $22, $23, $24 \
            WHERE $4::uuid IS NULL OR EXISTS (SELECT 1 FROM batches WHERE id = $4 AND tenant = $2) \
            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
            RETURNING {SUMMARY_COLUMNS}), \
@@ -1017,8 +1073,9 @@ const INSERT_OUTBOX: &str = "INSERT INTO outbox (job) VALUES ($1)";
 const LOCK_RUN: &str = "SELECT head_seq, tenant, lease_token, coalesce(lease_expires_at > now(), false) AS live \
      FROM runs WHERE id = $1 FOR NO KEY UPDATE";
 
-const UPDATE_SUMMARY: &str = "UPDATE runs SET status = $2, phase = $3, pull_point = $4, outcome = $5, head_seq = $6, updated_at = now() \
-     WHERE id = $1";
+/// Run `$1`'s summary `$2`–`$8` ([`summary_set`]).
+static UPDATE_SUMMARY: LazyLock<String> =
+    LazyLock::new(|| format!("UPDATE runs SET {} WHERE id = $1", summary_set(2, "now()")));
 
 const INSERT_APPROVALS: &str = "INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, requested_at, expires_at, interrupted) \
      SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::json[], $6::text[], $7::timestamptz[], $8::timestamptz[], $9::bool[])";
@@ -1176,6 +1233,10 @@ impl RunLog for PgLog {
         )?;
         let columns = SummaryColumns::of(&state)?;
         let goal = state.goal.replace('\0', "\u{FFFD}");
+        let (agent, agent_version) = crate::agent_of(&state);
+        let agent_version = agent_version.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
+        let metadata = serde_json::to_value(&new.metadata)
+            .map_err(|e| LogError::Unavailable(e.to_string()))?;
         let job = serde_json::to_value(Job::start(run_id, state.head_seq))
             .map_err(|e| LogError::Unavailable(e.to_string()))?;
         let hashes: Vec<&str> = encoded.blobs.iter().map(|(h, _)| h.as_str()).collect();
@@ -1190,7 +1251,7 @@ impl RunLog for PgLog {
             };
             let client = self.client().await?;
             let admit = client.prepare_cached(&ADMIT_RUN).await.map_err(fail)?;
-            let params: [&(dyn ToSql + Sync); 19] = [
+            let params: [&(dyn ToSql + Sync); 24] = [
                 &run_id,
                 &new.tenant,
                 &new.idempotency_key,
@@ -1210,6 +1271,11 @@ impl RunLog for PgLog {
                 &job,
                 &hashes,
                 &bytes,
+                &agent,
+                &agent_version,
+                &new.tags,
+                &metadata,
+                &new.custom_id,
             ];
             let Some(batch) = new.batch_id else {
                 // One statement, its own transaction: one round trip.
@@ -1278,10 +1344,12 @@ impl RunLog for PgLog {
         .await
     }
 
-    /// Filters become SQL predicates (one cached statement per combination).
-    /// A tenant filter with U+0000 (which `text` cannot hold) matches nothing.
+    /// Filters become SQL predicates (one cached statement per combination),
+    /// newest first: each selective filter has an index that reads the
+    /// tenant's newest rows first (V13). A text filter with U+0000 (which no
+    /// stored text holds) matches nothing.
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError> {
-        if filter.tenant.as_deref().is_some_and(|t| t.contains('\0')) {
+        if filter.has_nul() {
             return Ok(Vec::new());
         }
         let mut select = Select::new(format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE true"));
@@ -1291,14 +1359,54 @@ impl RunLog for PgLog {
         if let Some(status) = filter.status {
             select.and("status =", status.as_str());
         }
+        if let Some(outcome) = filter.outcome {
+            select.and("status = 'done' AND outcome->>'kind' =", outcome.as_str());
+        }
+        if let Some(agent) = &filter.agent {
+            select.and("agent =", agent.clone());
+        }
+        if let Some(version) = filter.agent_version {
+            let Ok(version) = i32::try_from(version) else {
+                return Ok(Vec::new());
+            };
+            select.and("agent_version =", version);
+        }
         if let Some(batch) = filter.batch_id {
             select.and("batch_id =", batch);
         }
-        if let Some(after) = filter.after {
-            select.and("id >", after);
+        if !filter.tags.is_empty() {
+            select.and("tags @>", filter.tags.clone());
+        }
+        if !filter.metadata.is_empty() {
+            let pairs = serde_json::to_value(&filter.metadata)
+                .map_err(|e| LogError::Unavailable(e.to_string()))?;
+            select.and("metadata @>", pairs);
+        }
+        if let Some(after) = filter.created_after {
+            select.and("created_at >=", after);
+        }
+        if let Some(before) = filter.created_before {
+            select.and("created_at <", before);
+        }
+        if let Some(min) = filter.min_cost_usd_micros {
+            let Ok(min) = i64::try_from(min) else {
+                return Ok(Vec::new());
+            };
+            select.and("cost_usd_micros >=", min);
+        }
+        if let Some(max) = filter.max_cost_usd_micros {
+            select.and("cost_usd_micros <=", i64::try_from(max).unwrap_or(i64::MAX));
+        }
+        if let Some(q) = &filter.q {
+            // Only a failed or cancelled run has an error: `runs_tenant_status`
+            // serves the search where the trigram index does not.
+            select.and("status = 'done' AND error ILIKE", like_pattern(q));
+        }
+        if let Some(before) = filter.before {
+            select.and("id <", before);
         }
         let rows = select
-            .rows(self, "list_runs", "id", filter.limit.clamp(1, 1000))
+            .rows(self, "list_runs", "id DESC", filter.limit.clamp(1, 1000))
             .await?;
         rows.iter().map(summary).collect()
     }
@@ -1523,7 +1631,7 @@ impl RunLog for PgLog {
                 None
             };
 
-            let update = tx.prepare_cached(UPDATE_SUMMARY).await.map_err(fail)?;
+            let update = tx.prepare_cached(&UPDATE_SUMMARY).await.map_err(fail)?;
             let approve = tx.prepare_cached(INSERT_APPROVALS).await.map_err(fail)?;
             let decide = tx.prepare_cached(DECIDE_APPROVALS).await.map_err(fail)?;
             let close = tx.prepare_cached(CLOSE_APPROVALS).await.map_err(fail)?;
@@ -1533,13 +1641,15 @@ impl RunLog for PgLog {
             let save = tx.prepare_cached(INSERT_CHECKPOINT).await.map_err(fail)?;
             let prune = tx.prepare_cached(PRUNE_CHECKPOINTS).await.map_err(fail)?;
             let has_events = !events.is_empty();
-            let summary_params: [&(dyn ToSql + Sync); 6] = [
+            let summary_params: [&(dyn ToSql + Sync); 8] = [
                 &run_id,
                 &columns.status,
                 &columns.phase,
                 &columns.pull_point,
                 &columns.outcome,
                 &columns.head_seq,
+                &columns.usage,
+                &columns.error,
             ];
             let approval_params: [&(dyn ToSql + Sync); 9] = [
                 &run_id,
@@ -2190,7 +2300,7 @@ impl crate::archive::Archive for PgLog {
             let mut client = self.client().await?;
             let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).read_only(true).start().await.map_err(fail)?;
             let row = tx
-                .query_opt("SELECT tenant, idempotency_key, batch_id, created_at FROM runs WHERE id = $1", &[&run_id])
+                .query_opt("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id FROM runs WHERE id = $1", &[&run_id])
                 .await
                 .map_err(fail)?
                 .ok_or(LogError::NotFound(run_id))?;
@@ -2238,6 +2348,10 @@ impl crate::archive::Archive for PgLog {
                 events,
                 approvals,
                 inbox,
+                tags: col(&row, "tags")?,
+                metadata: serde_json::from_value(col(&row, "metadata")?)
+                    .map_err(|e| corrupt(format!("column metadata: {e}")))?,
+                custom_id: col(&row, "custom_id")?,
             })
         })
         .await
@@ -2274,23 +2388,20 @@ impl crate::archive::Archive for PgLog {
                 tx.execute(INSERT_BATCH, &[&batch, &run.tenant]).await.map_err(fail)?;
                 batch_owned_by(&tx, "import_run", run_id, batch, &run.tenant).await?;
             }
+            let (agent, agent_version) = crate::agent_of(&state);
+            let agent_version = agent_version.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
+            let metadata = serde_json::to_value(&run.metadata).map_err(|e| LogError::Unavailable(e.to_string()))?;
             tx.execute(
-                "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                &[
-                    &run_id,
-                    &run.tenant,
-                    &run.idempotency_key,
-                    &run.batch_id,
-                    &goal,
-                    &columns.status,
-                    &columns.phase,
-                    &columns.pull_point,
-                    &columns.outcome,
-                    &columns.head_seq,
-                    &run.created_at,
-                    &updated_at,
-                ],
+                "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, head_seq, created_at, agent, agent_version, tags, metadata, custom_id) \
+                 VALUES ($1, $2, $3, $4, $5, 'runnable', 'planning', 1, $6, $7, $8, $9, $10, $11)",
+                &[&run_id, &run.tenant, &run.idempotency_key, &run.batch_id, &goal, &run.created_at, &agent, &agent_version, &run.tags, &metadata, &run.custom_id],
+            )
+            .await
+            .map_err(fail)?;
+            // The summary as a commit writes it, dated by the run's last event.
+            tx.execute(
+                &format!("UPDATE runs SET {} WHERE id = $1", summary_set(2, "$9")),
+                &[&run_id, &columns.status, &columns.phase, &columns.pull_point, &columns.outcome, &columns.head_seq, &columns.usage, &columns.error, &updated_at],
             )
             .await
             .map_err(fail)?;

@@ -120,6 +120,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/003_batches.sql"),
     include_str!("../sqlite_migrations/004_resume_jobs.sql"),
     include_str!("../sqlite_migrations/005_held_results.sql"),
+    include_str!("../sqlite_migrations/006_run_listing.sql"),
 ];
 
 /// How a store is opened.
@@ -271,6 +272,7 @@ impl deadpool::managed::Manager for SqliteManager {
         SyncWrapper::new(Runtime::Tokio1, move || {
             let conn = Connection::open(path)?;
             conn.execute_batch(&pragmas)?;
+            register_functions(&conn)?;
             Ok(conn)
         })
         .await
@@ -288,6 +290,19 @@ impl deadpool::managed::Manager for SqliteManager {
 }
 
 type Pool = deadpool::managed::Pool<SqliteManager>;
+
+/// `glia_lower(text)`: the text in Unicode lower case, as Rust's
+/// `str::to_lowercase` (SQLite's own `lower()` folds ASCII only), for the
+/// case-insensitive error search of [`RunLog::list_runs`]; NULL stays NULL.
+fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
+    use rusqlite::functions::FunctionFlags;
+    conn.create_scalar_function(
+        "glia_lower",
+        1,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| Ok(ctx.get::<Option<String>>(0)?.map(|s| s.to_lowercase())),
+    )
+}
 
 fn pool(
     path: &Path,
@@ -747,12 +762,21 @@ fn get<T: rusqlite::types::FromSql>(row: &Row<'_>, name: &str) -> Result<T, LogE
         .map_err(|e| corrupt(format!("column {name}: {e}")))
 }
 
-const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at";
+const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at, \
+     agent, agent_version, tags, metadata, custom_id, turns, tool_calls, active_ms, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, \
+     tokens_estimated, cost_usd_micros, steps, error, ended_at";
+
+/// A non-negative integer column.
+fn count<T: TryFrom<i64>>(row: &Row<'_>, name: &str) -> Result<T, LogError> {
+    let n: i64 = get(row, name)?;
+    T::try_from(n).map_err(|_| corrupt(format!("column {name} is out of range ({n})")))
+}
 
 fn summary(row: &Row<'_>) -> Result<RunSummary, LogError> {
     let phase: String = get(row, "phase")?;
+    let run_id = uuid_of(&get::<String>(row, "id")?, "run id")?;
     Ok(RunSummary {
-        run_id: uuid_of(&get::<String>(row, "id")?, "run id")?,
+        run_id,
         tenant: get(row, "tenant")?,
         batch_id: get::<Option<String>>(row, "batch_id")?
             .map(|b| uuid_of(&b, "batch id"))
@@ -770,29 +794,113 @@ fn summary(row: &Row<'_>) -> Result<RunSummary, LogError> {
         head_seq: u64_of(get(row, "head_seq")?, "head_seq")?,
         created_at: time(get(row, "created_at")?),
         updated_at: time(get(row, "updated_at")?),
+        agent: get(row, "agent")?,
+        agent_version: get::<Option<i64>>(row, "agent_version")?
+            .map(|v| u32::try_from(v).map_err(|_| corrupt(format!("column agent_version is {v}"))))
+            .transpose()?,
+        tags: parse(&get::<String>(row, "tags")?, "column tags")?,
+        metadata: parse(&get::<String>(row, "metadata")?, "column metadata")?,
+        custom_id: get(row, "custom_id")?,
+        usage: glia_proto::BudgetUsage {
+            turns: count(row, "turns")?,
+            tool_calls: count(row, "tool_calls")?,
+            active_ms: count(row, "active_ms")?,
+            tokens: glia_proto::Usage {
+                input_tokens: count(row, "input_tokens")?,
+                output_tokens: count(row, "output_tokens")?,
+                cache_write_tokens: count(row, "cache_write_tokens")?,
+                cache_read_tokens: count(row, "cache_read_tokens")?,
+                estimated: get::<i64>(row, "tokens_estimated")? != 0,
+            },
+            cost_usd_micros: count(row, "cost_usd_micros")?,
+        },
+        steps: count(row, "steps")?,
+        error: get(row, "error")?,
+        ended_at: get::<Option<i64>>(row, "ended_at")?.map(time),
+        trace_id: crate::trace_id(run_id),
     })
 }
 
-/// A run row's summary columns: status, phase, pull point, outcome.
-type SummaryColumns = (&'static str, String, Option<String>, Option<String>);
+/// The summary columns a commit writes from a state (see [`SUMMARY_SET`]).
+struct SummaryColumns {
+    status: &'static str,
+    phase: String,
+    pull_point: Option<String>,
+    outcome: Option<String>,
+    head_seq: i64,
+    usage: [i64; 10],
+    error: Option<String>,
+}
 
-/// The summary columns a commit writes: status, phase, pull point, outcome.
 fn summary_columns(state: &RunState) -> Result<SummaryColumns, LogError> {
     let run_id = state.run_id;
-    Ok((
-        RunStatus::of(state).as_str(),
-        crate::postgres::phase_name(state.phase)?,
-        state
+    Ok(SummaryColumns {
+        status: RunStatus::of(state).as_str(),
+        phase: crate::postgres::phase_name(state.phase)?,
+        pull_point: state
             .parked
             .as_ref()
             .map(|p| json(run_id, p, "pull point"))
             .transpose()?,
-        state
+        outcome: state
             .outcome
             .as_ref()
             .map(|o| json(run_id, o, "outcome"))
             .transpose()?,
-    ))
+        head_seq: i64_of(state.head_seq),
+        usage: crate::postgres::usage_cells(state),
+        error: state
+            .outcome
+            .as_ref()
+            .and_then(crate::error_of)
+            .map(str::to_owned),
+    })
+}
+
+/// The update of run `?1`'s row to [`SummaryColumns`] (`?2`–`?6` status,
+/// phase, pull point, outcome, head; `?7` the time; `?8`–`?17` the usage
+/// columns; `?18` the error). `ended_at` is set to the time by the update
+/// that makes the run done, and kept after.
+static UPDATE_SUMMARY: LazyLock<String> = LazyLock::new(|| {
+    let usage: Vec<String> = crate::postgres::USAGE_COLUMNS
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{c} = ?{}", i + 8))
+        .collect();
+    format!(
+        "UPDATE runs SET status = ?2, phase = ?3, pull_point = ?4, outcome = ?5, head_seq = ?6, updated_at = ?7, {}, \
+         error = ?18, ended_at = CASE WHEN ?2 = 'done' THEN coalesce(ended_at, ?7) END WHERE id = ?1",
+        usage.join(", ")
+    )
+});
+
+/// Writes `columns` to run `run_id`'s row, dated `at`.
+fn update_summary(
+    tx: &Connection,
+    run_id: Uuid,
+    columns: &SummaryColumns,
+    at: i64,
+) -> Result<(), LogError> {
+    let mut values: Vec<rusqlite::types::Value> = vec![
+        run_id.to_string().into(),
+        columns.status.to_owned().into(),
+        columns.phase.clone().into(),
+        columns.pull_point.clone().into(),
+        columns.outcome.clone().into(),
+        columns.head_seq.into(),
+        at.into(),
+    ];
+    values.extend(
+        columns
+            .usage
+            .iter()
+            .map(|&n| rusqlite::types::Value::from(n)),
+    );
+    values.push(columns.error.clone().into());
+    tx.prepare_cached(&UPDATE_SUMMARY)
+        .and_then(|mut st| st.execute(rusqlite::params_from_iter(values)))
+        .map_err(db("writing the run's summary"))?;
+    Ok(())
 }
 
 fn read_events(
@@ -909,42 +1017,56 @@ fn encode_events(
         .collect()
 }
 
-/// The run's row, no lease. `columns`: status, phase, pull point, outcome.
-#[allow(clippy::too_many_arguments)]
+/// What a run's row is written with once, at admission or import.
+struct RunRow<'a> {
+    run_id: Uuid,
+    tenant: &'a str,
+    idempotency_key: Option<&'a str>,
+    batch_id: Option<Uuid>,
+    tags: &'a [String],
+    metadata: &'a std::collections::BTreeMap<String, String>,
+    custom_id: Option<&'a str>,
+    created_at: i64,
+}
+
+/// The run's row, no lease: `row`, and the summary `columns` of `state`
+/// dated `updated_at`.
 fn insert_run(
     tx: &Connection,
-    run_id: Uuid,
-    tenant: &str,
-    idempotency_key: Option<&str>,
-    batch_id: Option<Uuid>,
+    row: &RunRow<'_>,
     state: &RunState,
-    columns: (&str, &str, Option<&str>, Option<&str>),
-    created_at: i64,
+    columns: &SummaryColumns,
     updated_at: i64,
 ) -> Result<(), LogError> {
-    let (status, phase, pull_point, outcome) = columns;
+    let run_id = row.run_id;
+    let (agent, agent_version) = crate::agent_of(state);
+    let tags = json(run_id, &row.tags, "tags")?;
+    let metadata = json(run_id, &row.metadata, "metadata")?;
     tx.prepare_cached(
-        "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, head_seq, created_at, updated_at, \
+           agent, agent_version, tags, metadata, custom_id) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14)",
     )
     .and_then(|mut st| {
         st.execute(params![
             run_id.to_string(),
-            tenant,
-            idempotency_key,
-            batch_id.map(|b| b.to_string()),
+            row.tenant,
+            row.idempotency_key,
+            row.batch_id.map(|b| b.to_string()),
             state.goal,
-            status,
-            phase,
-            pull_point,
-            outcome,
-            i64_of(state.head_seq),
-            created_at,
-            updated_at
+            columns.status,
+            columns.phase,
+            columns.head_seq,
+            row.created_at,
+            agent,
+            agent_version,
+            tags,
+            metadata,
+            row.custom_id,
         ])
     })
     .map_err(db("writing the run"))?;
-    Ok(())
+    update_summary(tx, run_id, columns, updated_at)
 }
 
 fn insert_outbox(tx: &Connection, job: Job, now: i64) -> Result<(), LogError> {
@@ -1134,7 +1256,7 @@ impl RunLog for SqliteLog {
             }
         })?;
         let encoded = encode_events(run_id, std::slice::from_ref(&new.start))?;
-        let (status, phase, pull_point, outcome) = summary_columns(&state)?;
+        let columns = summary_columns(&state)?;
         self.store
             .write("create_run", move |conn| {
                 let tx = immediate(conn)?;
@@ -1156,8 +1278,17 @@ impl RunLog for SqliteLog {
                 if let Some(batch) = new.batch_id {
                     claim_batch(&tx, run_id, batch, &new.tenant, now)?;
                 }
-                let columns = (status, phase.as_str(), pull_point.as_deref(), outcome.as_deref());
-                insert_run(&tx, run_id, &new.tenant, new.idempotency_key.as_deref(), new.batch_id, &state, columns, now, now)?;
+                let row = RunRow {
+                    run_id,
+                    tenant: &new.tenant,
+                    idempotency_key: new.idempotency_key.as_deref(),
+                    batch_id: new.batch_id,
+                    tags: &new.tags,
+                    metadata: &new.metadata,
+                    custom_id: new.custom_id.as_deref(),
+                    created_at: now,
+                };
+                insert_run(&tx, &row, &state, &columns, now)?;
                 insert_events(&tx, run_id, &encoded)?;
                 insert_outbox(&tx, Job::start(run_id, state.head_seq), now)?;
                 let created = tx
@@ -1184,6 +1315,9 @@ impl RunLog for SqliteLog {
             .await
     }
 
+    /// Filters become SQL predicates, newest first: tags and metadata
+    /// pairs are looked up in the row's JSON (`json_each`), the error
+    /// search compares Unicode lower case (`glia_lower`).
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError> {
         let mut select = Select::new(format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE 1"));
         if let Some(tenant) = &filter.tenant {
@@ -1192,16 +1326,65 @@ impl RunLog for SqliteLog {
         if let Some(status) = filter.status {
             select.and("status =", status.as_str().to_owned());
         }
+        if let Some(outcome) = filter.outcome {
+            select.and(
+                "status = 'done' AND json_extract(outcome, '$.kind') =",
+                outcome.as_str().to_owned(),
+            );
+        }
+        if let Some(agent) = &filter.agent {
+            select.and("agent =", agent.clone());
+        }
+        if let Some(version) = filter.agent_version {
+            select.and("agent_version =", i64::from(version));
+        }
         if let Some(batch) = filter.batch_id {
             select.and("batch_id =", batch.to_string());
         }
-        if let Some(after) = filter.after {
-            select.and("id >", after.to_string());
+        for tag in &filter.tags {
+            select.and(
+                "EXISTS (SELECT 1 FROM json_each(runs.tags) t WHERE t.value =",
+                tag.clone(),
+            );
+            select.sql.push(')');
+        }
+        for (key, value) in &filter.metadata {
+            select.and(
+                "EXISTS (SELECT 1 FROM json_each(runs.metadata) m WHERE m.key =",
+                key.clone(),
+            );
+            select.and("m.value =", value.clone());
+            select.sql.push(')');
+        }
+        if let Some(after) = filter.created_after {
+            select.and("created_at >=", nanos(after));
+        }
+        if let Some(before) = filter.created_before {
+            select.and("created_at <", nanos(before));
+        }
+        if let Some(min) = filter.min_cost_usd_micros {
+            let Ok(min) = i64::try_from(min) else {
+                return Ok(Vec::new());
+            };
+            select.and("cost_usd_micros >=", min);
+        }
+        if let Some(max) = filter.max_cost_usd_micros {
+            select.and("cost_usd_micros <=", i64_of(max));
+        }
+        if let Some(q) = &filter.q {
+            select.and(
+                "status = 'done' AND instr(glia_lower(error),",
+                q.to_lowercase(),
+            );
+            select.sql.push_str(") > 0");
+        }
+        if let Some(before) = filter.before {
+            select.and("id <", before.to_string());
         }
         let limit = filter.limit.clamp(1, 1000);
         self.store
             .read("list_runs", move |conn| {
-                select.rows(conn, "id", limit, summary)
+                select.rows(conn, "id DESC", limit, summary)
             })
             .await
     }
@@ -1314,7 +1497,7 @@ impl RunLog for SqliteLog {
         let run_id = lease.run_id;
         crate::postgres::check_envelope(run_id, events, state)?;
         let encoded = encode_events(run_id, events)?;
-        let (status, phase, pull_point, outcome) = summary_columns(state)?;
+        let columns = summary_columns(state)?;
         let mut requested = Vec::new();
         let mut resolved = Vec::new();
         for e in events {
@@ -1362,9 +1545,7 @@ impl RunLog for SqliteLog {
                 let id = run_id.to_string();
                 if !events.is_empty() {
                     insert_events(&tx, run_id, &encoded)?;
-                    tx.prepare_cached("UPDATE runs SET status = ?2, phase = ?3, pull_point = ?4, outcome = ?5, head_seq = ?6, updated_at = ?7 WHERE id = ?1")
-                        .and_then(|mut st| st.execute(params![id, status, phase, pull_point, outcome, i64_of(claimed.head_seq), now]))
-                        .map_err(db("commit"))?;
+                    update_summary(&tx, run_id, &columns, now)?;
                 }
                 for a in &requested {
                     insert_approval(&tx, run_id, &tenant, a)?;
@@ -1753,11 +1934,12 @@ impl Archive for SqliteLog {
             .read("export_run", move |conn| {
                 let tx = conn.transaction().map_err(db("export_run"))?;
                 let id = run_id.to_string();
-                let row: Option<(String, Option<String>, Option<String>, i64)> = tx
-                    .query_row("SELECT tenant, idempotency_key, batch_id, created_at FROM runs WHERE id = ?1", [&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                type Identity = (String, Option<String>, Option<String>, i64, String, String, Option<String>);
+                let row: Option<Identity> = tx
+                    .query_row("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id FROM runs WHERE id = ?1", [&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
                     .optional()
                     .map_err(db("export_run"))?;
-                let Some((tenant, idempotency_key, batch_id, created_at)) = row else { return Err(LogError::NotFound(run_id)) };
+                let Some((tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id)) = row else { return Err(LogError::NotFound(run_id)) };
                 let events = read_events(&tx, run_id, 0, usize::MAX)?;
                 let approvals = Select::new("SELECT run_id, tenant, call_id, tool, input, args_hash, status, requested_at, expires_at, escalated, interrupted FROM approvals WHERE 1")
                     .tap_and("run_id =", id.clone())
@@ -1782,6 +1964,9 @@ impl Archive for SqliteLog {
                     events,
                     approvals,
                     inbox,
+                    tags: parse(&tags, "column tags")?,
+                    metadata: parse(&metadata, "column metadata")?,
+                    custom_id,
                 })
             })
             .await
@@ -1791,7 +1976,7 @@ impl Archive for SqliteLog {
         let state = run.validate()?;
         let job = run.job(&state);
         let encoded = encode_events(run.run_id, &run.events)?;
-        let (status, phase, pull_point, outcome) = summary_columns(&state)?;
+        let columns = summary_columns(&state)?;
         let run = run.clone();
         self.store
             .write("import_run", move |conn| {
@@ -1814,9 +1999,18 @@ impl Archive for SqliteLog {
                 if let Some(batch) = run.batch_id {
                     claim_batch(&tx, run_id, batch, &run.tenant, now)?;
                 }
-                let columns = (status, phase.as_str(), pull_point.as_deref(), outcome.as_deref());
                 let updated_at = run.events.last().map_or(now, |e| nanos(e.at));
-                insert_run(&tx, run_id, &run.tenant, run.idempotency_key.as_deref(), run.batch_id, &state, columns, nanos(run.created_at), updated_at)?;
+                let row = RunRow {
+                    run_id,
+                    tenant: &run.tenant,
+                    idempotency_key: run.idempotency_key.as_deref(),
+                    batch_id: run.batch_id,
+                    tags: &run.tags,
+                    metadata: &run.metadata,
+                    custom_id: run.custom_id.as_deref(),
+                    created_at: nanos(run.created_at),
+                };
+                insert_run(&tx, &row, &state, &columns, updated_at)?;
                 insert_events(&tx, run_id, &encoded)?;
                 for a in &run.approvals {
                     insert_approval(&tx, run_id, &run.tenant, a)?;

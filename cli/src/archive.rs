@@ -137,7 +137,7 @@ pub async fn export(args: ExportArgs) -> Result<()> {
             n += 1;
         }
         match page.last() {
-            Some(last) if page.len() == filter.limit => filter.after = Some(last.run_id),
+            Some(last) if page.len() == filter.limit => filter.before = Some(last.run_id),
             _ => break,
         }
     }

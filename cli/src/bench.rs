@@ -1096,6 +1096,9 @@ fn write_runs(
                         idempotency_key: None,
                         batch_id: None,
                         start,
+                        tags: Vec::new(),
+                        metadata: Default::default(),
+                        custom_id: None,
                     })
                     .await?;
                     let lease = match log
@@ -1285,6 +1288,9 @@ async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
         idempotency_key: None,
         batch_id: None,
         start,
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await?;
     let lease = log

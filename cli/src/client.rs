@@ -533,23 +533,24 @@ async fn follow(
 /// `glia runs`.
 #[derive(Subcommand)]
 pub enum RunsCommand {
-    /// List runs, newest last.
+    /// List runs, newest first: a table (goal, agent@version, status,
+    /// steps, tokens, cost, duration, start), or JSON Lines with --json.
     List {
         #[command(flatten)]
         server: Server,
-        /// Only runs with this status (runnable, parked, done).
-        #[arg(long)]
-        status: Option<String>,
-        /// Page size.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
+        #[command(flatten)]
+        args: crate::runs_view::ListArgs,
     },
-    /// Show one run.
+    /// Show one run: status, agent@version, tags and metadata, error, steps,
+    /// tokens by kind, cost in USD, times, trace id.
     Get {
         #[command(flatten)]
         server: Server,
         /// Run id.
         run_id: String,
+        /// Print the API's run view (JSON) instead.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a run's events.
     Events {
@@ -596,34 +597,15 @@ pub enum RunsCommand {
 pub async fn runs(cmd: RunsCommand) -> Result<()> {
     let client = http_client()?;
     match cmd {
-        RunsCommand::List {
-            server,
-            status,
-            limit,
-        } => {
-            let mut path = format!("/v1/runs?limit={limit}");
-            if let Some(s) = status {
-                path.push_str(&format!("&status={s}"));
-            }
-            let body = server.get(&client, &path).await?;
-            let runs = body["runs"]
-                .as_array()
-                .or(body.as_array())
-                .cloned()
-                .unwrap_or_default();
-            for r in runs {
-                println!(
-                    "{}  {:<9} head {:>4}  {}",
-                    r["run_id"].as_str().unwrap_or("?"),
-                    r["status"].as_str().unwrap_or("?"),
-                    r["head_seq"],
-                    r["goal"].as_str().unwrap_or("")
-                );
-            }
+        RunsCommand::List { server, args } => {
+            crate::runs_view::list(&client, &server, &args).await?;
         }
-        RunsCommand::Get { server, run_id } => {
-            let body = server.get(&client, &format!("/v1/runs/{run_id}")).await?;
-            println!("{}", serde_json::to_string_pretty(&body)?);
+        RunsCommand::Get {
+            server,
+            run_id,
+            json,
+        } => {
+            crate::runs_view::get(&client, &server, &run_id, json).await?;
         }
         RunsCommand::Events {
             server,

@@ -13,6 +13,7 @@ mod demo;
 mod observe;
 mod ports;
 mod provider;
+mod runs_view;
 mod serve;
 mod tau_driver;
 

@@ -435,7 +435,7 @@ async fn applied_what_was_posted(log: &dyn EventLog) -> Result<()> {
                 }
             }
             match page.last() {
-                Some(last) if page.len() == filter.limit => filter.after = Some(last.run_id),
+                Some(last) if page.len() == filter.limit => filter.before = Some(last.run_id),
                 _ => break,
             }
         }

@@ -4,6 +4,8 @@
 //! `admit_run`, the one function that creates a run: `POST /v1/runs` and
 //! each batch item go through it.
 
+use std::collections::BTreeMap;
+
 use axum::http::HeaderMap;
 use chrono::Utc;
 use glia_backends::{NewRun, RunSummary};
@@ -35,6 +37,90 @@ pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Api
     Ok(Some(s.to_owned()))
 }
 
+/// Most tags a run carries.
+pub const MAX_TAGS: usize = 20;
+/// Longest tag, and longest metadata key, in bytes.
+pub const MAX_LABEL_BYTES: usize = 64;
+/// Most metadata keys of a run.
+pub const MAX_METADATA_KEYS: usize = 20;
+/// Longest metadata value, in bytes.
+pub const MAX_METADATA_VALUE_BYTES: usize = 256;
+
+/// True for a tag or metadata key: 1 to [`MAX_LABEL_BYTES`] bytes of ASCII
+/// letters, digits and `_ - . : / @` (safe in URLs, shells and file names
+/// once quoted, and one meaning per byte).
+fn is_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_LABEL_BYTES
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.:/@".contains(&b))
+}
+
+/// A run's `tags` and `metadata` checked against the limits of
+/// `docs/limits.md`; answers the tags with repeats dropped (first kept).
+/// `at` prefixes the field names (`""`, or `items[3].` for a batch item).
+/// Errors: 422 naming the field (`tags`, `tags[2]`, `metadata`,
+/// `metadata.KEY`).
+pub(crate) fn check_labels(
+    at: &str,
+    tags: &[String],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<String>, ApiError> {
+    let invalid = |field: String, reason: String| ApiError::InvalidField {
+        field: format!("{at}{field}"),
+        reason,
+    };
+    let mut kept: Vec<String> = Vec::with_capacity(tags.len());
+    for (i, tag) in tags.iter().enumerate() {
+        if !is_label(tag) {
+            return Err(invalid(
+                format!("tags[{i}]"),
+                format!(
+                    "must be 1 to {MAX_LABEL_BYTES} bytes of ASCII letters, digits and _ - . : / @"
+                ),
+            ));
+        }
+        if !kept.contains(tag) {
+            kept.push(tag.clone());
+        }
+    }
+    if kept.len() > MAX_TAGS {
+        return Err(invalid(
+            "tags".into(),
+            format!("{} tags; at most {MAX_TAGS}", kept.len()),
+        ));
+    }
+    if metadata.len() > MAX_METADATA_KEYS {
+        return Err(invalid(
+            "metadata".into(),
+            format!("{} keys; at most {MAX_METADATA_KEYS}", metadata.len()),
+        ));
+    }
+    for (key, value) in metadata {
+        if !is_label(key) {
+            return Err(invalid(
+                "metadata".into(),
+                format!(
+                    "key {key:?}: keys are 1 to {MAX_LABEL_BYTES} bytes of ASCII letters, digits and _ - . : / @"
+                ),
+            ));
+        }
+        if value.len() > MAX_METADATA_VALUE_BYTES {
+            return Err(invalid(
+                format!("metadata.{key}"),
+                format!("{} bytes; at most {MAX_METADATA_VALUE_BYTES}", value.len()),
+            ));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(invalid(
+                format!("metadata.{key}"),
+                "contains a control character".into(),
+            ));
+        }
+    }
+    Ok(kept)
+}
+
 /// Checks a worker would otherwise fail on late: the dispatcher refuses them
 /// at admission, naming the field ([`RunConfig::validate`]: tool and output
 /// schemas are compiled as JSON Schema).
@@ -45,6 +131,7 @@ pub(crate) fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
             reason: "is blank".into(),
         });
     }
+    check_labels("", &req.tags, &req.metadata)?;
     if req.config.agent.is_some() {
         return Err(ApiError::InvalidField {
             field: "config.agent".into(),
@@ -126,15 +213,19 @@ pub(crate) async fn own_batch(app: &App, tenant: &str, batch: Uuid) -> Result<()
 /// authentication, and what a batch's admission loop does for each item
 /// (so a batch accepts exactly what a single submit accepts). Answers the
 /// run and whether it was created (false: the idempotency key found an
-/// earlier run with the same goal, config and batch). Errors: 422 for a bad
-/// goal or config, 409 `idempotency_conflict`, 503 when the log fails.
+/// earlier run with the same goal, config, batch, tags and metadata).
+/// `custom_id`: the batch item's, recorded on its run. Errors: 422 for a
+/// bad goal, config, tags or metadata, 409 `idempotency_conflict`, 503 when
+/// the log fails.
 pub(crate) async fn admit_run(
     app: &App,
     tenant: &str,
     key: Option<String>,
     req: &CreateRun,
+    custom_id: Option<&str>,
 ) -> Result<(RunSummary, bool), ApiError> {
     let config = run_config(app, tenant, req).await?;
+    let tags = check_labels("", &req.tags, &req.metadata)?;
     let run_id = Uuid::now_v7();
     // The goal is stored as the input redact rules leave it (so an
     // idempotent repeat is compared as redacted: goals that differ only in
@@ -159,7 +250,11 @@ pub(crate) async fn admit_run(
         idempotency_key: key.clone(),
         batch_id: req.batch_id,
         start,
+        tags,
+        metadata: req.metadata.clone(),
+        custom_id: custom_id.map(str::to_owned),
     };
+    let tags = new.tags.clone();
     let (run, created) = app.log.create_run(new).await?;
     if !created {
         let first = app.log.events(run.run_id, 0, 1).await?;
@@ -168,7 +263,13 @@ pub(crate) async fn admit_run(
                 goal: first_goal,
                 config: first,
                 ..
-            }) => *first_goal == goal && *first == config && run.batch_id == req.batch_id,
+            }) => {
+                *first_goal == goal
+                    && *first == config
+                    && run.batch_id == req.batch_id
+                    && run.tags == tags
+                    && run.metadata == req.metadata
+            }
             _ => false,
         };
         if !same {

@@ -53,7 +53,7 @@
 //! the runs whose pause carries one of its reasons (a run an operator paused
 //! on its own stays paused). See `docs/batches.md`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -64,7 +64,7 @@ use glia_proto::RunConfig;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::admission::{admit_run, catalogue_check, run_config, validate_run};
+use crate::admission::{admit_run, catalogue_check, check_labels, run_config, validate_run};
 use crate::app::App;
 use crate::auth::Principal;
 use crate::control::{cancel_run, pause_run, resume_paused_by};
@@ -108,6 +108,8 @@ pub(crate) async fn check_spec(
         config: spec.config.clone().unwrap_or_default(),
         batch_id: None,
         agent: spec.agent.clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
     };
     let config = run_config(app, tenant, &probe).await?;
     if let Some(agent) = &config.agent {
@@ -247,6 +249,8 @@ pub(crate) fn prepare(
                 config,
                 batch_id: None,
                 agent: None,
+                tags: Vec::new(),
+                metadata: Default::default(),
             };
             let checked =
                 validate_run(&probe).and_then(|()| catalogue_check(&rules.app, &probe.config));
@@ -266,13 +270,20 @@ pub(crate) fn prepare(
     if config.is_none() {
         screened_goal(&rules.screen, &goal)?;
     }
+    let pairs = item.metadata.clone().unwrap_or_default();
+    let tags = check_labels("", &item.tags, &pairs).map_err(|e| match e {
+        ApiError::InvalidField { field, reason } => (Some(field), reason),
+        other => (Some("tags".into()), other.to_string()),
+    })?;
     let metadata = item
         .metadata
         .map(|m| serde_json::to_string(&m).expect("JSON serialises"));
+    let tags = (!tags.is_empty()).then(|| serde_json::to_string(&tags).expect("JSON serialises"));
     Ok(NewItem {
         custom_id: item.custom_id,
         goal,
         metadata,
+        tags,
         config,
         line,
     })
@@ -598,14 +609,44 @@ async fn admit_item(
             return Ok(false);
         }
     };
+    // Its tags and metadata, checked at submit (a stored value that no
+    // longer reads refuses the item).
+    let labels = claim
+        .tags
+        .as_deref()
+        .map(serde_json::from_str::<Vec<String>>)
+        .transpose()
+        .and_then(|tags| {
+            let metadata = claim
+                .metadata
+                .as_deref()
+                .map(serde_json::from_str::<BTreeMap<String, String>>)
+                .transpose()?;
+            Ok((tags.unwrap_or_default(), metadata.unwrap_or_default()))
+        });
+    let (tags, metadata) = match labels {
+        Ok(labels) => labels,
+        Err(e) => {
+            store
+                .refused(
+                    claim.batch_id,
+                    claim.n,
+                    &format!("the item's stored tags or metadata cannot be read: {e}"),
+                )
+                .await?;
+            return Ok(false);
+        }
+    };
     let req = CreateRun {
         goal: claim.goal.clone(),
         config,
         batch_id: Some(claim.batch_id),
         agent: spec.agent,
+        tags,
+        metadata,
     };
     let key = format!("glia-batch:{}:{}", claim.batch_id, claim.custom_id);
-    let run = match admit_run(app, tenant, Some(key), &req).await {
+    let run = match admit_run(app, tenant, Some(key), &req, Some(&claim.custom_id)).await {
         Ok((run, _)) => run,
         Err(e) if e.status().is_client_error() => {
             tracing::warn!(batch_id = %claim.batch_id, custom_id = %claim.custom_id, "item refused at admission: {e}");

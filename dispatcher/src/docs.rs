@@ -139,6 +139,23 @@ pub enum RunStatusDoc {
     Done,
 }
 
+/// How a finished run ended (`glia_backends::OutcomeKind`; the `kind` of
+/// its `outcome`), as a listing filter.
+#[derive(utoipa::ToSchema)]
+#[schema(as = OutcomeKind)]
+#[allow(dead_code)]
+pub enum OutcomeKindDoc {
+    /// The goal was reached.
+    #[schema(rename = "succeeded")]
+    Succeeded,
+    /// The run failed.
+    #[schema(rename = "failed")]
+    Failed,
+    /// The run was cancelled.
+    #[schema(rename = "cancelled")]
+    Cancelled,
+}
+
 fn decision_json(bulk: bool) -> Value {
     let mut properties = json!({
         "decision": {"enum": ["approve", "reject", "edit"]},
@@ -251,7 +268,8 @@ foreign_schema!(
 /// `glia_backends::RunSummary`.
 RunSummaryDoc, "RunSummary", json!({
     "type": "object",
-    "required": ["run_id", "tenant", "goal", "status", "phase", "head_seq", "created_at", "updated_at"],
+    "required": ["run_id", "tenant", "goal", "status", "phase", "head_seq", "created_at", "updated_at",
+                 "tags", "metadata", "usage", "steps", "trace_id"],
     "properties": {
         "run_id": {"type": "string", "format": "uuid"},
         "tenant": {"type": "string"},
@@ -263,7 +281,38 @@ RunSummaryDoc, "RunSummary", json!({
         "outcome": {"type": ["object", "null"], "required": ["kind"], "properties": {"kind": {"enum": ["succeeded", "failed", "cancelled"]}}},
         "head_seq": {"type": "integer", "minimum": 0},
         "created_at": {"type": "string", "format": "date-time"},
-        "updated_at": {"type": "string", "format": "date-time"}
+        "updated_at": {"type": "string", "format": "date-time"},
+        "agent": {"type": ["string", "null"], "description": "The registered agent the run was admitted with (`agent: \"name@N\"`); null for an inline config."},
+        "agent_version": {"type": ["integer", "null"], "minimum": 1, "maximum": u32::MAX, "description": "That agent's version."},
+        "tags": {"type": "array", "items": {"type": "string"}, "description": "Labels given at submission."},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}, "description": "String pairs given at submission."},
+        "custom_id": {"type": ["string", "null"], "description": "The batch item's custom_id, for a run of a batch."},
+        "usage": {
+            "type": "object",
+            "description": "What the run has consumed so far (as of its last commit).",
+            "required": ["turns", "tool_calls", "active_ms", "tokens", "cost_usd_micros"],
+            "properties": {
+                "turns": {"type": "integer", "minimum": 0, "description": "Model calls."},
+                "tool_calls": {"type": "integer", "minimum": 0, "description": "Tool calls executed."},
+                "active_ms": {"type": "integer", "minimum": 0, "description": "Milliseconds a worker spent on the run (parked time never counts)."},
+                "tokens": {
+                    "type": "object",
+                    "required": ["input_tokens", "output_tokens"],
+                    "properties": {
+                        "input_tokens": {"type": "integer", "minimum": 0, "description": "Uncached input tokens."},
+                        "output_tokens": {"type": "integer", "minimum": 0},
+                        "cache_write_tokens": {"type": "integer", "minimum": 0},
+                        "cache_read_tokens": {"type": "integer", "minimum": 0},
+                        "estimated": {"type": "boolean", "description": "Some counts are glia's estimate (a server that sent no usage)."}
+                    }
+                },
+                "cost_usd_micros": {"type": "integer", "minimum": 0, "description": "Cost in USD micros (1 USD = 1,000,000)."}
+            }
+        },
+        "steps": {"type": "integer", "minimum": 0, "description": "Plan steps started in the current plan."},
+        "error": {"type": ["string", "null"], "description": "Why a failed run failed, or why a cancelled run was cancelled."},
+        "ended_at": {"type": ["string", "null"], "format": "date-time", "description": "When it reached `done`."},
+        "trace_id": {"type": "string", "pattern": "^[0-9a-f]{32}$", "description": "The OpenTelemetry trace id of the run's spans: the run id's 16 bytes in hex."}
     }
 }));
 

@@ -33,7 +33,9 @@ pub struct ErrorDetail {
     pub line: Option<u64>,
     /// For a value that is not acceptable (422 `invalid_request`): the
     /// field, as a path from the body's root, e.g.
-    /// `config.external_tools[1].input_schema`. Absent otherwise.
+    /// `config.external_tools[1].input_schema`; for a query parameter that
+    /// is (400 `invalid_query`, where named): the parameter, e.g. `cursor`.
+    /// Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
 }
@@ -205,6 +207,15 @@ pub enum ApiError {
     /// 400 `invalid_query`: query parameters of the wrong shape.
     #[error("invalid query: {0}")]
     InvalidQuery(String),
+    /// 400 `invalid_query` naming the parameter (`field` in the body): an
+    /// unknown one, a value of the wrong shape, a cursor not issued here.
+    #[error("invalid query: {name}: {reason}")]
+    InvalidParam {
+        /// The query parameter.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// 400 `invalid_path`: a path parameter of the wrong shape (e.g. a run id that is not a UUID).
     #[error("invalid path: {0}")]
     InvalidPath(String),
@@ -310,7 +321,7 @@ impl ApiError {
             UnsupportedMediaType => (S::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
             BodyTooLarge(_) => (S::PAYLOAD_TOO_LARGE, "body_too_large"),
             BodyRead(_) => (S::BAD_REQUEST, "body_unreadable"),
-            InvalidQuery(_) => (S::BAD_REQUEST, "invalid_query"),
+            InvalidQuery(_) | InvalidParam { .. } => (S::BAD_REQUEST, "invalid_query"),
             InvalidPath(_) => (S::BAD_REQUEST, "invalid_path"),
             InvalidHeader { .. } => (S::BAD_REQUEST, "invalid_header"),
             Invalid(_) => (S::UNPROCESSABLE_ENTITY, "invalid_request"),
@@ -339,6 +350,7 @@ impl ApiError {
     pub fn body(&self) -> ErrorBody {
         let (field, line) = match self {
             ApiError::InvalidField { field, .. }
+            | ApiError::InvalidParam { name: field, .. }
             | ApiError::BodyAt { field, .. }
             | ApiError::ScreenedInput { field, .. } => (Some(field.clone()), None),
             ApiError::InvalidLine { line, field, .. } => (field.clone(), Some(*line)),

@@ -9,7 +9,8 @@ pub mod batches;
 
 use std::collections::BTreeMap;
 
-use glia_backends::{RunStatus, RunSummary};
+use chrono::{DateTime, Utc};
+use glia_backends::{OutcomeKind, RunFilter, RunStatus, RunSummary};
 use glia_proto::{BudgetLimits, Decision, Event, RunConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -55,35 +56,219 @@ pub struct CreateRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}(@[0-9]+)?$")]
     pub agent: Option<String>,
+    /// Labels to find the run by (`GET /v1/runs?tag=…`): at most 20, each 1
+    /// to 64 bytes of ASCII letters, digits and `_ - . : / @`; a repeated
+    /// tag is kept once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 20, value_type = Vec<String>)]
+    pub tags: Vec<String>,
+    /// String pairs to find the run by (`GET /v1/runs?meta=key=value`): at
+    /// most 20 keys, each 1 to 64 bytes of ASCII letters, digits and
+    /// `_ - . : / @`; values at most 256 bytes of text without control
+    /// characters.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub metadata: BTreeMap<String, String>,
 }
 
-/// A page of runs, ordered by id (creation order).
+/// A page of runs, newest first.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct RunPage {
     /// The runs.
     #[schema(value_type = Vec<RunSummaryDoc>)]
     pub runs: Vec<RunSummary>,
-    /// Pass as `after` for the next page; absent on the last page.
-    pub next: Option<Uuid>,
+    /// Pass as `cursor` (with the same filters) for the next page, older
+    /// runs; null on the last page. Opaque.
+    pub next_cursor: Option<String>,
 }
 
-/// Query of `GET /v1/runs`.
-#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+/// Query of `GET /v1/runs`: every filter given must match. Read from the
+/// query string by [`ListRunsQuery::parse`] (`tag` and `meta` repeat); the
+/// console's runs page takes the same parameters.
+#[derive(Debug, Clone, Default, PartialEq, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
 pub struct ListRunsQuery {
     /// `runnable`, `parked` or `done`.
     #[param(inline, value_type = Option<crate::docs::RunStatusDoc>)]
     pub status: Option<RunStatus>,
+    /// How a finished run ended: `succeeded`, `failed` or `cancelled`.
+    #[param(inline, value_type = Option<crate::docs::OutcomeKindDoc>)]
+    pub outcome: Option<OutcomeKind>,
+    /// Only runs of this registered agent (admitted with `agent`).
+    pub agent: Option<String>,
+    /// Only runs of this agent version (from 1).
+    #[param(minimum = 1)]
+    pub version: Option<u32>,
     /// Only runs of this batch.
     pub batch_id: Option<Uuid>,
+    /// Only runs carrying this tag; repeat for several (all must match).
+    pub tag: Vec<String>,
+    /// Only runs whose metadata has this `key=value` pair; repeat for
+    /// several (all must match).
+    pub meta: Vec<String>,
+    /// Only runs admitted at or after this time (RFC 3339).
+    pub since: Option<DateTime<Utc>>,
+    /// Only runs admitted before this time (RFC 3339).
+    pub until: Option<DateTime<Utc>>,
+    /// Only runs that have cost at least this many USD micros.
+    pub min_cost_usd_micros: Option<u64>,
+    /// Only runs that have cost at most this many USD micros.
+    pub max_cost_usd_micros: Option<u64>,
+    /// Only failed or cancelled runs whose error (or cancel reason) contains
+    /// this text, compared case-insensitively.
+    pub error: Option<String>,
     /// Only this tenant's runs (admins only; others always see their own).
     pub tenant: Option<String>,
-    /// Cursor: the `next` of the previous page.
-    pub after: Option<Uuid>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
     /// Page size, 1 to 1,000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
+}
+
+impl ListRunsQuery {
+    /// The query of a `GET /v1/runs` URL's query string (`None`: no query).
+    /// Errors: 400 `invalid_query` naming the parameter (an unknown one, a
+    /// value of the wrong shape, a `meta` without `=`, a cursor this API did
+    /// not issue).
+    pub fn parse(query: Option<&str>) -> Result<ListRunsQuery, ApiError> {
+        fn value<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, ApiError>
+        where
+            T::Err: std::fmt::Display,
+        {
+            v.parse().map_err(|e| ApiError::InvalidParam {
+                name: name.to_owned(),
+                reason: format!("{e}"),
+            })
+        }
+        fn once<T>(slot: &mut Option<T>, name: &str, v: T) -> Result<(), ApiError> {
+            if slot.replace(v).is_some() {
+                return Err(ApiError::InvalidParam {
+                    name: name.to_owned(),
+                    reason: "is given twice".into(),
+                });
+            }
+            Ok(())
+        }
+        fn time(name: &str, v: &str) -> Result<DateTime<Utc>, ApiError> {
+            DateTime::parse_from_rfc3339(v)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| ApiError::InvalidParam {
+                    name: name.to_owned(),
+                    reason: format!("not an RFC 3339 time ({e})"),
+                })
+        }
+        let mut q = ListRunsQuery::default();
+        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            let v = v.as_ref();
+            match k.as_ref() {
+                "status" => once(&mut q.status, "status", value("status", v)?)?,
+                "outcome" => once(&mut q.outcome, "outcome", value("outcome", v)?)?,
+                "agent" => once(&mut q.agent, "agent", v.to_owned())?,
+                "version" => {
+                    let version: u32 = value("version", v)?;
+                    if version == 0 {
+                        return Err(ApiError::InvalidParam {
+                            name: "version".into(),
+                            reason: "versions start at 1".into(),
+                        });
+                    }
+                    once(&mut q.version, "version", version)?
+                }
+                "batch_id" => once(&mut q.batch_id, "batch_id", value("batch_id", v)?)?,
+                "tag" => q.tag.push(v.to_owned()),
+                "meta" => q.meta.push(v.to_owned()),
+                "since" => once(&mut q.since, "since", time("since", v)?)?,
+                "until" => once(&mut q.until, "until", time("until", v)?)?,
+                "min_cost_usd_micros" => once(
+                    &mut q.min_cost_usd_micros,
+                    "min_cost_usd_micros",
+                    value("min_cost_usd_micros", v)?,
+                )?,
+                "max_cost_usd_micros" => once(
+                    &mut q.max_cost_usd_micros,
+                    "max_cost_usd_micros",
+                    value("max_cost_usd_micros", v)?,
+                )?,
+                "error" => once(&mut q.error, "error", v.to_owned())?,
+                "tenant" => once(&mut q.tenant, "tenant", v.to_owned())?,
+                "cursor" => once(&mut q.cursor, "cursor", v.to_owned())?,
+                "limit" => once(&mut q.limit, "limit", value("limit", v)?)?,
+                other => {
+                    return Err(ApiError::InvalidParam {
+                        name: other.to_owned(),
+                        reason: "is not a parameter of this listing".into(),
+                    });
+                }
+            }
+        }
+        Ok(q)
+    }
+
+    /// The filter of this query for a caller who sees `tenant`'s runs
+    /// (`None`: every tenant's, an admin without `tenant`), pages of
+    /// `limit`. Empty `agent` and `error` values filter nothing (an empty
+    /// form field). Errors: 400 `invalid_query` naming `meta` (no `=`) or
+    /// `cursor` (not one this API issued).
+    pub fn filter(&self, tenant: Option<String>, limit: usize) -> Result<RunFilter, ApiError> {
+        let mut metadata = BTreeMap::new();
+        for pair in &self.meta {
+            let Some((k, v)) = pair.split_once('=') else {
+                return Err(ApiError::InvalidParam {
+                    name: "meta".into(),
+                    reason: format!("{pair:?} is not key=value"),
+                });
+            };
+            metadata.insert(k.to_owned(), v.to_owned());
+        }
+        let before = self.cursor.as_deref().map(run_cursor::decode).transpose()?;
+        let nonempty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+        Ok(RunFilter {
+            tenant,
+            status: self.status,
+            outcome: self.outcome,
+            agent: nonempty(&self.agent),
+            agent_version: self.version,
+            batch_id: self.batch_id,
+            tags: self.tag.iter().filter(|t| !t.is_empty()).cloned().collect(),
+            metadata,
+            created_after: self.since,
+            created_before: self.until,
+            min_cost_usd_micros: self.min_cost_usd_micros,
+            max_cost_usd_micros: self.max_cost_usd_micros,
+            q: nonempty(&self.error),
+            before,
+            limit,
+        })
+    }
+}
+
+/// The opaque cursor of `GET /v1/runs`: the last run id of a page, its 16
+/// bytes in unpadded base64url (22 characters).
+pub mod run_cursor {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use uuid::Uuid;
+
+    use crate::error::ApiError;
+
+    /// The cursor after run `last`.
+    pub fn encode(last: Uuid) -> String {
+        URL_SAFE_NO_PAD.encode(last.as_bytes())
+    }
+
+    /// The run id of a cursor. Errors: 400 `invalid_query` naming `cursor`.
+    pub fn decode(cursor: &str) -> Result<Uuid, ApiError> {
+        URL_SAFE_NO_PAD
+            .decode(cursor)
+            .ok()
+            .and_then(|bytes| Uuid::from_slice(&bytes).ok())
+            .ok_or_else(|| ApiError::InvalidParam {
+                name: "cursor".into(),
+                reason: "is not a cursor of this listing (pass a page's next_cursor as given)"
+                    .into(),
+            })
+    }
 }
 
 /// Query of `GET /v1/runs/{id}/events`.

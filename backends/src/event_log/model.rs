@@ -5,7 +5,9 @@
 //! crate root.
 
 use chrono::{DateTime, Utc};
-use glia_proto::{Event, Outcome, Payload, Phase, PullPoint, RunState, Status};
+use std::collections::BTreeMap;
+
+use glia_proto::{BudgetUsage, Event, Outcome, Payload, Phase, PullPoint, RunState, Status};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -99,7 +101,8 @@ impl RunStatus {
     }
 }
 
-/// A run's row: identity and a summary of its state.
+/// A run's row: identity, what it was submitted with, and a summary of its
+/// state (rewritten by every commit, [`RunSummary::updated`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunSummary {
     /// The run.
@@ -124,19 +127,189 @@ pub struct RunSummary {
     pub created_at: DateTime<Utc>,
     /// When its last event was committed.
     pub updated_at: DateTime<Utc>,
+    /// Name of the registered agent it was admitted with (`agent:
+    /// "name@N"`), from its `session.start` config; `None` for a run
+    /// submitted with an inline config.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// That agent's registry version (from 1).
+    #[serde(default)]
+    pub agent_version: Option<u32>,
+    /// Labels given at submission, in the order given, without duplicates
+    /// (see `docs/limits.md` for their limits).
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// String pairs given at submission (see `docs/limits.md`).
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// The batch item's `custom_id`, for a run of a batch.
+    #[serde(default)]
+    pub custom_id: Option<String>,
+    /// What it has consumed so far (turns, tool calls, active ms, tokens by
+    /// kind, cost in USD micros): the state's usage at its last commit.
+    #[serde(default)]
+    pub usage: BudgetUsage,
+    /// Plan steps started so far in its current plan (a replan starts
+    /// counting again from its first step); 0 before the first step.
+    #[serde(default)]
+    pub steps: u32,
+    /// Why it ended, when it ended failed (the error) or cancelled (the
+    /// reason); `None` otherwise.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// When it reached `done` (the commit that ended it).
+    #[serde(default)]
+    pub ended_at: Option<DateTime<Utc>>,
+    /// The OpenTelemetry trace id of every span of the run: the run id's 16
+    /// bytes as 32 lowercase hex digits ([`trace_id`]); derived, never stored.
+    #[serde(default)]
+    pub trace_id: String,
 }
 
 impl RunSummary {
-    /// The summary of `state`, keeping identity fields from `self`.
-    pub fn updated(&self, state: &RunState, now: DateTime<Utc>) -> RunSummary {
-        RunSummary {
+    /// The row of run `new` admitted at `now`: its identity and submission
+    /// fields, and the summary of `state` (its `session.start` applied).
+    pub fn admitted(new: &NewRun, state: &RunState, now: DateTime<Utc>) -> RunSummary {
+        let (agent, agent_version) = agent_of(state);
+        let run = RunSummary {
+            run_id: state.run_id,
+            tenant: new.tenant.clone(),
+            batch_id: new.batch_id,
+            goal: state.goal.clone(),
             status: RunStatus::of(state),
+            phase: state.phase,
+            pull_point: None,
+            outcome: None,
+            head_seq: state.head_seq,
+            created_at: now,
+            updated_at: now,
+            agent,
+            agent_version,
+            tags: new.tags.clone(),
+            metadata: new.metadata.clone(),
+            custom_id: new.custom_id.clone(),
+            usage: BudgetUsage::default(),
+            steps: 0,
+            error: None,
+            ended_at: None,
+            trace_id: trace_id(state.run_id),
+        };
+        run.updated(state, now)
+    }
+
+    /// The summary of `state` committed at `now`, keeping identity and
+    /// submission fields from `self`; `ended_at` is set by the commit that
+    /// ends the run and kept after.
+    pub fn updated(&self, state: &RunState, now: DateTime<Utc>) -> RunSummary {
+        let status = RunStatus::of(state);
+        RunSummary {
+            status,
             phase: state.phase,
             pull_point: state.parked.clone(),
             outcome: state.outcome.clone(),
             head_seq: state.head_seq,
             updated_at: now,
+            usage: state.usage,
+            steps: steps_of(state),
+            error: state.outcome.as_ref().and_then(error_of).map(str::to_owned),
+            ended_at: match status {
+                RunStatus::Done => Some(self.ended_at.unwrap_or(now)),
+                _ => None,
+            },
             ..self.clone()
+        }
+    }
+}
+
+/// The OpenTelemetry trace id of run `run_id`'s spans: the id's 16 bytes as
+/// 32 lowercase hex digits (`run_id.simple()`).
+pub fn trace_id(run_id: Uuid) -> String {
+    run_id.simple().to_string()
+}
+
+/// Plan steps started in `state`'s current plan.
+pub fn steps_of(state: &RunState) -> u32 {
+    state.step.map_or(0, |i| {
+        u32::try_from(i).unwrap_or(u32::MAX).saturating_add(1)
+    })
+}
+
+/// The error of a failed run or the reason of a cancelled one.
+pub fn error_of(outcome: &Outcome) -> Option<&str> {
+    match outcome {
+        Outcome::Succeeded { .. } => None,
+        Outcome::Failed { error } => Some(error),
+        Outcome::Cancelled { reason } => Some(reason),
+    }
+}
+
+/// The agent reference of a run's `session.start` config: name and version.
+pub fn agent_of(state: &RunState) -> (Option<String>, Option<u32>) {
+    match &state.config.agent {
+        Some(agent) => (Some(agent.name.clone()), Some(agent.version)),
+        None => (None, None),
+    }
+}
+
+/// How a finished run ended, without its details: what
+/// [`RunFilter::outcome`] selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    /// The goal was reached.
+    Succeeded,
+    /// The run failed.
+    Failed,
+    /// The run was cancelled.
+    Cancelled,
+}
+
+impl OutcomeKind {
+    /// The kind of `outcome`.
+    pub fn of(outcome: &Outcome) -> OutcomeKind {
+        match outcome {
+            Outcome::Succeeded { .. } => OutcomeKind::Succeeded,
+            Outcome::Failed { .. } => OutcomeKind::Failed,
+            Outcome::Cancelled { .. } => OutcomeKind::Cancelled,
+        }
+    }
+
+    /// `succeeded`, `failed`, `cancelled` (the `kind` of [`Outcome`]'s JSON).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeKind::Succeeded => "succeeded",
+            OutcomeKind::Failed => "failed",
+            OutcomeKind::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::str::FromStr for OutcomeKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<OutcomeKind, String> {
+        match s {
+            "succeeded" => Ok(OutcomeKind::Succeeded),
+            "failed" => Ok(OutcomeKind::Failed),
+            "cancelled" => Ok(OutcomeKind::Cancelled),
+            other => Err(format!(
+                "unknown outcome {other:?} (succeeded, failed or cancelled)"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for RunStatus {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<RunStatus, String> {
+        match s {
+            "runnable" => Ok(RunStatus::Runnable),
+            "parked" => Ok(RunStatus::Parked),
+            "done" => Ok(RunStatus::Done),
+            other => Err(format!(
+                "unknown status {other:?} (runnable, parked or done)"
+            )),
         }
     }
 }
@@ -154,22 +327,100 @@ pub struct NewRun {
     /// Its `session.start` event (seq 1), already validated by applying it to
     /// a fresh [`RunState`].
     pub start: Event,
+    /// Labels ([`RunSummary::tags`]), already validated by the caller.
+    pub tags: Vec<String>,
+    /// String pairs ([`RunSummary::metadata`]), already validated.
+    pub metadata: BTreeMap<String, String>,
+    /// The batch item's `custom_id`, for a run of a batch.
+    pub custom_id: Option<String>,
 }
 
-/// Which runs to list. Results are ordered by `run_id` (UUIDv7: creation
-/// order); `after` is the last `run_id` of the previous page.
+/// Which runs to list: newest first (by `run_id` descending; run ids are
+/// UUIDv7, so that is admission order). Every filter set must match; `None`
+/// and empty filters match every run. `before` is the cursor: the last
+/// `run_id` of the previous page.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunFilter {
     /// Only this tenant's runs (`None`: all tenants, for admins).
     pub tenant: Option<String>,
     /// Only runs with this status.
     pub status: Option<RunStatus>,
+    /// Only finished runs that ended this way.
+    pub outcome: Option<OutcomeKind>,
+    /// Only runs admitted with this registered agent.
+    pub agent: Option<String>,
+    /// Only runs of this agent version (with or without `agent`).
+    pub agent_version: Option<u32>,
     /// Only runs of this batch.
     pub batch_id: Option<Uuid>,
-    /// Page cursor.
-    pub after: Option<Uuid>,
-    /// Page size (at most 1,000).
+    /// Only runs carrying every one of these tags.
+    pub tags: Vec<String>,
+    /// Only runs whose metadata holds every one of these pairs.
+    pub metadata: BTreeMap<String, String>,
+    /// Only runs admitted at or after this time.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only runs admitted before this time.
+    pub created_before: Option<DateTime<Utc>>,
+    /// Only runs that have cost at least this many USD micros.
+    pub min_cost_usd_micros: Option<u64>,
+    /// Only runs that have cost at most this many USD micros.
+    pub max_cost_usd_micros: Option<u64>,
+    /// Only runs whose [`RunSummary::error`] contains this text, compared
+    /// case-insensitively (ASCII and Unicode simple case folding).
+    pub q: Option<String>,
+    /// Page cursor: only runs older than this one (ids below it).
+    pub before: Option<Uuid>,
+    /// Page size (1 to 1,000; 0 reads as 1).
     pub limit: usize,
+}
+
+impl RunFilter {
+    /// True when a text filter holds U+0000, which no stored text can (so
+    /// the filter matches nothing; SQL adapters answer an empty page).
+    pub fn has_nul(&self) -> bool {
+        let nul = |s: &String| s.contains('\0');
+        self.tenant.as_ref().is_some_and(nul)
+            || self.agent.as_ref().is_some_and(nul)
+            || self.q.as_ref().is_some_and(nul)
+            || self.tags.iter().any(nul)
+            || self.metadata.iter().any(|(k, v)| nul(k) || nul(v))
+    }
+
+    /// True when `run` passes every filter but the cursor and the limit:
+    /// the rule every adapter implements (the in-memory one with this).
+    pub fn matches(&self, run: &RunSummary) -> bool {
+        self.tenant.as_ref().is_none_or(|t| *t == run.tenant)
+            && self.status.is_none_or(|s| s == run.status)
+            && self
+                .outcome
+                .is_none_or(|o| run.outcome.as_ref().map(OutcomeKind::of) == Some(o))
+            && self
+                .agent
+                .as_ref()
+                .is_none_or(|a| run.agent.as_ref() == Some(a))
+            && self
+                .agent_version
+                .is_none_or(|v| run.agent_version == Some(v))
+            && self.batch_id.is_none_or(|b| run.batch_id == Some(b))
+            && self.tags.iter().all(|t| run.tags.contains(t))
+            && self
+                .metadata
+                .iter()
+                .all(|(k, v)| run.metadata.get(k) == Some(v))
+            && self.created_after.is_none_or(|t| run.created_at >= t)
+            && self.created_before.is_none_or(|t| run.created_at < t)
+            && self
+                .min_cost_usd_micros
+                .is_none_or(|c| run.usage.cost_usd_micros >= c)
+            && self
+                .max_cost_usd_micros
+                .is_none_or(|c| run.usage.cost_usd_micros <= c)
+            && self.q.as_ref().is_none_or(|q| {
+                run.error
+                    .as_ref()
+                    .is_some_and(|e| e.to_lowercase().contains(&q.to_lowercase()))
+            })
+    }
 }
 
 /// A worker's exclusive, expiring claim on a run. Every commit is fenced by

@@ -49,7 +49,7 @@ pub trait Reports: RunLog + Approvals {
                     .or_default() += 1;
             }
             match page.last() {
-                Some(last) if page.len() == filter.limit => filter.after = Some(last.run_id),
+                Some(last) if page.len() == filter.limit => filter.before = Some(last.run_id),
                 _ => break,
             }
         }

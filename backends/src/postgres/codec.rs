@@ -76,13 +76,83 @@ pub(crate) fn phase_name(phase: Phase) -> Result<String, LogError> {
     }
 }
 
-/// The summary columns a commit writes from a state.
+/// The summary columns a commit writes from a state: see [`summary_set`].
 pub(super) struct SummaryColumns {
     pub(super) status: &'static str,
     pub(super) phase: String,
     pub(super) pull_point: Option<Value>,
     pub(super) outcome: Option<Value>,
     pub(super) head_seq: i64,
+    /// [`USAGE_COLUMNS`], in order.
+    pub(super) usage: Vec<i64>,
+    /// The error of a failed run, the reason of a cancelled one (U+0000,
+    /// which `text` cannot hold, replaced).
+    pub(super) error: Option<String>,
+}
+
+/// The run row's columns of [`crate::RunSummary::usage`] and
+/// [`crate::RunSummary::steps`], in the order of [`SummaryColumns::usage`]
+/// (`tokens_estimated` as 0 or 1).
+pub(crate) const USAGE_COLUMNS: [&str; 10] = [
+    "turns",
+    "tool_calls",
+    "active_ms",
+    "input_tokens",
+    "output_tokens",
+    "cache_write_tokens",
+    "cache_read_tokens",
+    "tokens_estimated",
+    "cost_usd_micros",
+    "steps",
+];
+
+/// The `SET` list of an update writing a state's summary from parameters
+/// `$first` (status), `$first+1` (phase), `+2` (pull point), `+3`
+/// (outcome), `+4` (head), `+5` (`bigint[]` of [`USAGE_COLUMNS`]), `+6`
+/// (error): seven parameters, [`SummaryColumns`]. `updated_at` is set to
+/// `at` (an SQL expression: `now()` for a commit); `ended_at` to `at` by
+/// the update that makes the run done, and kept after.
+pub(super) fn summary_set(first: usize, at: &str) -> String {
+    let [status, phase, pull_point, outcome, head, usage, error] =
+        std::array::from_fn(|i| format!("${}", first + i));
+    let mut set = format!(
+        "status = {status}, phase = {phase}, pull_point = {pull_point}, outcome = {outcome}, head_seq = {head}"
+    );
+    for (i, column) in USAGE_COLUMNS.iter().enumerate() {
+        let cell = format!("({usage}::bigint[])[{}]", i + 1);
+        let value = match *column {
+            "tokens_estimated" => format!("{cell} <> 0"),
+            "steps" => format!("{cell}::integer"),
+            _ => cell,
+        };
+        set.push_str(&format!(", {column} = {value}"));
+    }
+    set.push_str(&format!(
+        ", error = {error}::text, ended_at = CASE WHEN {status}::text = 'done' THEN coalesce(ended_at, {at}) END, updated_at = {at}"
+    ));
+    set
+}
+
+fn bigint(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `state`'s values of [`USAGE_COLUMNS`], in order (counts past `i64::MAX`
+/// stored as `i64::MAX`).
+pub(crate) fn usage_cells(state: &RunState) -> [i64; 10] {
+    let u = &state.usage;
+    [
+        bigint(u.turns),
+        bigint(u.tool_calls),
+        bigint(u.active_ms),
+        bigint(u.tokens.input_tokens),
+        bigint(u.tokens.output_tokens),
+        bigint(u.tokens.cache_write_tokens),
+        bigint(u.tokens.cache_read_tokens),
+        i64::from(u.tokens.estimated),
+        bigint(u.cost_usd_micros),
+        i64::from(crate::steps_of(state)),
+    ]
 }
 
 impl SummaryColumns {
@@ -107,6 +177,12 @@ impl SummaryColumns {
                 .transpose()
                 .map_err(invalid)?,
             head_seq: sql_seq(state.head_seq),
+            usage: usage_cells(state).to_vec(),
+            error: state
+                .outcome
+                .as_ref()
+                .and_then(crate::error_of)
+                .map(|e| e.replace('\0', "\u{FFFD}")),
         })
     }
 }

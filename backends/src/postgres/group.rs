@@ -37,38 +37,45 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 use uuid::Uuid;
 
-use super::codec::{EncodedEvents, SummaryColumns, col, seq_of, unavailable, write_error};
+use super::codec::{
+    EncodedEvents, SummaryColumns, col, seq_of, summary_set, unavailable, write_error,
+};
 use crate::{Lease, LogError};
 
 /// The fence and the events of a step: the update of run `$1`'s row, fenced
 /// by lease token `$2`, the lease's expiry and head `$3`, writing the summary
-/// `$4`–`$8` (status, phase, pull point, outcome, new head), drives the
-/// insert of the events `$9`–`$13` (seq, kind, time, its nanoseconds, JSON
-/// payload), whose run id it supplies. [`FENCED_APPEND`] and
-/// [`FENCED_COMMIT`] begin with it.
-const FENCE_AND_EVENTS: &str = "WITH fence AS ( \
-       UPDATE runs SET status = $4, phase = $5, pull_point = $6, outcome = $7, head_seq = $8, updated_at = now() \
+/// `$4`–`$10` ([`summary_set`]: status, phase, pull point, outcome, new
+/// head, usage, error), drives the insert of the events `$11`–`$15` (seq,
+/// kind, time, its nanoseconds, JSON payload), whose run id it supplies.
+/// [`FENCED_APPEND`] and [`FENCED_COMMIT`] begin with it.
+static FENCE_AND_EVENTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH fence AS ( \
+       UPDATE runs SET {} \
        WHERE id = $1 AND lease_token = $2 AND lease_expires_at > now() AND head_seq = $3 \
        RETURNING id, tenant), \
      ev AS ( \
        INSERT INTO events (run_id, seq, kind, at, at_nanos, payload) \
        SELECT f.id, t.seq, t.kind, t.at, t.at_nanos, t.payload::jsonb FROM fence f, \
-         unnest($9::bigint[], $10::text[], $11::timestamptz[], $12::int4[], $13::text[]) AS t(seq, kind, at, at_nanos, payload))";
+         unnest($11::bigint[], $12::text[], $13::timestamptz[], $14::int4[], $15::text[]) AS t(seq, kind, at, at_nanos, payload))",
+        summary_set(4, "now()")
+    )
+});
 
 /// The answer of both step statements: whether the fence held.
 const FENCE_HELD: &str = " SELECT EXISTS (SELECT 1 FROM fence) AS ok";
 
-/// Most steps: [`FENCE_AND_EVENTS`] alone (parameters `$1`–`$13`), for a step
+/// Most steps: [`FENCE_AND_EVENTS`] alone (parameters `$1`–`$15`), for a step
 /// that requests and resolves no approval, consumes no inbox item and does
 /// not end the run. It touches only the run row and the events: the
 /// executor opens no other table or index for it.
 pub(super) static FENCED_APPEND: LazyLock<String> =
-    LazyLock::new(|| format!("{FENCE_AND_EVENTS}{FENCE_HELD}"));
+    LazyLock::new(|| format!("{}{FENCE_HELD}", *FENCE_AND_EVENTS));
 
-/// Any step: [`FENCE_AND_EVENTS`] and, driven by the fence too, `$14`–`$21`
+/// Any step: [`FENCE_AND_EVENTS`] and, driven by the fence too, `$16`–`$23`
 /// approvals requested (call, tool, input, hash, requested at, expires at,
-/// interrupted, already decided); `$22` calls resolved, `$23` the run ended
-/// (closes pending approvals), `$24` inbox items consumed. Answers `ok` (the
+/// interrupted, already decided); `$24` calls resolved, `$25` the run ended
+/// (closes pending approvals), `$26` inbox items consumed. Answers `ok` (the
 /// fence held).
 ///
 /// The conditions on parameters alone (`cardinality(…) > 0`) are one-time
@@ -77,20 +84,21 @@ pub(super) static FENCED_APPEND: LazyLock<String> =
 /// `inbox_pending`), never by scanning the fleet's.
 pub(super) static FENCED_COMMIT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "{FENCE_AND_EVENTS}, \
+        "{}, \
      requested AS ( \
        INSERT INTO approvals (run_id, tenant, call_id, tool, input, args_hash, requested_at, expires_at, interrupted, status, decided_at) \
        SELECT f.id, f.tenant, t.call_id, t.tool, t.input, t.args_hash, t.requested_at, t.expires_at, t.interrupted, \
          CASE WHEN t.decided THEN 'decided' ELSE 'pending' END, CASE WHEN t.decided THEN now() END \
-       FROM fence f, unnest($14::text[], $15::text[], $16::json[], $17::text[], $18::timestamptz[], $19::timestamptz[], $20::bool[], $21::bool[]) \
+       FROM fence f, unnest($16::text[], $17::text[], $18::json[], $19::text[], $20::timestamptz[], $21::timestamptz[], $22::bool[], $23::bool[]) \
          AS t(call_id, tool, input, args_hash, requested_at, expires_at, interrupted, decided)), \
      decided AS ( \
        UPDATE approvals SET status = 'decided', decided_at = now() \
-       WHERE run_id = $1 AND status = 'pending' AND ($23 OR call_id = ANY($22::text[])) \
-         AND ($23 OR cardinality($22::text[]) > 0) AND EXISTS (SELECT 1 FROM fence)), \
+       WHERE run_id = $1 AND status = 'pending' AND ($25 OR call_id = ANY($24::text[])) \
+         AND ($25 OR cardinality($24::text[]) > 0) AND EXISTS (SELECT 1 FROM fence)), \
      consumed AS ( \
-       UPDATE inbox SET consumed = true WHERE run_id = $1 AND id = ANY($24::bigint[]) AND NOT consumed \
-         AND cardinality($24::bigint[]) > 0 AND EXISTS (SELECT 1 FROM fence)){FENCE_HELD}"
+       UPDATE inbox SET consumed = true WHERE run_id = $1 AND id = ANY($26::bigint[]) AND NOT consumed \
+         AND cardinality($26::bigint[]) > 0 AND EXISTS (SELECT 1 FROM fence)){FENCE_HELD}",
+        *FENCE_AND_EVENTS
     )
 });
 
@@ -108,6 +116,8 @@ pub(super) struct Step {
     pull_point: Option<Value>,
     outcome: Option<Value>,
     head_seq: i64,
+    usage: Vec<i64>,
+    error: Option<String>,
     seqs: Vec<i64>,
     kinds: Vec<&'static str>,
     ats: Vec<DateTime<Utc>>,
@@ -156,6 +166,8 @@ impl Step {
             pull_point: columns.pull_point,
             outcome: columns.outcome,
             head_seq: columns.head_seq,
+            usage: columns.usage,
+            error: columns.error,
             seqs: encoded.seqs,
             kinds: encoded.kinds,
             ats: encoded.ats,
@@ -207,13 +219,13 @@ impl Step {
     /// [`Step::params`] it takes.
     fn statement<'a>(&self, statements: &'a Statements) -> (&'a Statement, usize) {
         if self.appends_only() {
-            (&statements.append, 13)
+            (&statements.append, 15)
         } else {
-            (&statements.commit, 24)
+            (&statements.commit, 26)
         }
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 24] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 26] {
         [
             &self.run_id,
             &self.token,
@@ -223,6 +235,8 @@ impl Step {
             &self.pull_point,
             &self.outcome,
             &self.head_seq,
+            &self.usage,
+            &self.error,
             &self.seqs,
             &self.kinds,
             &self.ats,

@@ -33,6 +33,9 @@ fn new_run(tenant: &str, key: Option<&str>, start: &Event) -> NewRun {
         idempotency_key: key.map(str::to_owned),
         batch_id: None,
         start: start.clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     }
 }
 

@@ -86,6 +86,9 @@ async fn events_are_append_only() {
         idempotency_key: None,
         batch_id: None,
         start: s.parked[0].clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();
@@ -111,6 +114,9 @@ async fn what_was_committed_survives_a_restart() {
             idempotency_key: Some("k".into()),
             batch_id: None,
             start: s.parked[0].clone(),
+            tags: Vec::new(),
+            metadata: Default::default(),
+            custom_id: None,
         })
         .await
         .unwrap();
@@ -183,6 +189,9 @@ async fn what_was_committed_survives_a_restart() {
             idempotency_key: Some("k".into()),
             batch_id: None,
             start: s2.parked[0].clone(),
+            tags: Vec::new(),
+            metadata: Default::default(),
+            custom_id: None,
         })
         .await
         .unwrap();
@@ -329,6 +338,9 @@ async fn writes_batched_together_fail_alone() {
         idempotency_key: None,
         batch_id: None,
         start: s.parked[0].clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();
@@ -397,6 +409,7 @@ async fn batch_uploads_are_whole_across_dropped_callers_and_restarts() {
                 custom_id: format!("c-{i}"),
                 goal: format!("goal {i}"),
                 metadata: None,
+                tags: None,
                 config: None,
                 line: i + 1,
             })

@@ -133,6 +133,9 @@ async fn admit(log: &dyn RunLog, tenant: &str, events: Vec<Event>) {
         idempotency_key: None,
         batch_id: None,
         start: events[0].clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();

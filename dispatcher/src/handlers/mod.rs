@@ -48,9 +48,9 @@ pub(crate) fn page(limit: Option<usize>, app: &App) -> Result<usize, ApiError> {
     match limit {
         None => Ok(app.limits.default_page),
         Some(n) if (1..=app.limits.max_page).contains(&n) => Ok(n),
-        Some(n) => Err(ApiError::InvalidQuery(format!(
-            "limit {n} is outside 1..={}",
-            app.limits.max_page
-        ))),
+        Some(n) => Err(ApiError::InvalidParam {
+            name: "limit".into(),
+            reason: format!("{n} is outside 1..={}", app.limits.max_page),
+        }),
     }
 }

@@ -1,10 +1,10 @@
 //! `/v1/runs`: admit, list, read a run and its events.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use glia_backends::{RunFilter, RunSummary};
+use glia_backends::RunSummary;
 use uuid::Uuid;
 
 use crate::app::App;
@@ -45,7 +45,7 @@ pub async fn create_run(
     if let Some(batch) = req.batch_id {
         own_batch(&app, &p.tenant, batch).await?;
     }
-    let (run, created) = admit_run(&app, &p.tenant, key, &req).await?;
+    let (run, created) = admit_run(&app, &p.tenant, key, &req, None).await?;
     if !created {
         return Ok((StatusCode::OK, Json(run)).into_response());
     }
@@ -59,33 +59,33 @@ pub async fn create_run(
         .into_response())
 }
 
-/// List runs visible to the caller, by id (creation order), with filters and a cursor.
+/// List runs visible to the caller, newest first, with filters and a cursor.
+///
+/// Every filter given must match (`tag` and `meta` repeat). A page holds
+/// at most `limit` runs; `next_cursor`, passed as `cursor` with the same
+/// filters, gives the next (older) runs; it is null on the last page.
+/// Runs admitted meanwhile never shift later pages (they are newer).
 #[utoipa::path(get, path = "/v1/runs", tag = "runs", params(ListRunsQuery),
-    responses((status = 200, body = RunPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    responses((status = 200, body = RunPage), (status = 400, description = "`invalid_query`: a parameter of the wrong shape, unknown, repeated, or a cursor this API did not issue; `field` names it", body = ErrorBody), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list_runs(
     State(app): State<App>,
     p: Principal,
-    ApiQuery(q): ApiQuery<ListRunsQuery>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<RunPage>, ApiError> {
+    let q = ListRunsQuery::parse(query.as_deref())?;
     let limit = page(q.limit, &app)?;
     let tenant = if p.is_admin() {
-        q.tenant
+        q.tenant.clone()
     } else {
         Some(p.tenant.clone())
     };
-    let filter = RunFilter {
-        tenant,
-        status: q.status,
-        batch_id: q.batch_id,
-        after: q.after,
-        limit,
-    };
+    let filter = q.filter(tenant, limit)?;
     let runs = app.log.list_runs(&filter).await?;
-    let next = (runs.len() == limit)
-        .then(|| runs.last().map(|r| r.run_id))
+    let next_cursor = (runs.len() == limit)
+        .then(|| runs.last().map(|r| run_cursor::encode(r.run_id)))
         .flatten();
-    Ok(Json(RunPage { runs, next }))
+    Ok(Json(RunPage { runs, next_cursor }))
 }
 
 /// One run's summary.

@@ -93,9 +93,14 @@ pub struct BatchItem {
     /// Variables for the goal's template.
     #[schema(value_type = Option<Object>)]
     pub inputs: Option<Map<String, Value>>,
-    /// Echoed in the item's result.
-    #[schema(value_type = Option<Object>)]
-    pub metadata: Option<Map<String, Value>>,
+    /// String pairs: the run's `metadata` (as in `POST /v1/runs`, with its
+    /// limits), echoed in the item's result.
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// The run's `tags` (as in `POST /v1/runs`, with its limits).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 20, value_type = Vec<String>)]
+    pub tags: Vec<String>,
     /// This item's own configuration: a JSON merge patch (RFC 7396) applied
     /// to the batch's `config` for its run (`{"model": "…", "system": "…"}`
     /// changes those two; `null` removes a key, back to its default). The

@@ -96,7 +96,8 @@ async fn get(b: &B, token: &str, uri: &str) -> Reply {
 }
 
 fn item(i: usize) -> Value {
-    json!({"custom_id": format!("t-{i}"), "goal": "Triage ticket {{ n }}", "inputs": {"n": i}, "metadata": {"row": i}})
+    json!({"custom_id": format!("t-{i}"), "goal": "Triage ticket {{ n }}", "inputs": {"n": i},
+           "metadata": {"row": i.to_string()}, "tags": ["triage", format!("n-{}", i % 2)]})
 }
 
 fn spec() -> Value {
@@ -253,6 +254,53 @@ async fn a_bad_submission_is_refused_whole_and_stores_nothing() {
         (r.status, r.body["error"]["field"].as_str()),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("items[1].custom_id")),
         "{}",
+        r.text
+    );
+
+    // Item tags and metadata have the limits of `POST /v1/runs`; metadata
+    // values are strings.
+    let r = post_json(
+        &b,
+        SUB_A,
+        "/v1/batches",
+        json!({"config": {}, "items": [item(0), {"custom_id": "x", "goal": "g", "tags": ["ok", "not ok"]}]}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.body["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("items[1].tags[1]")),
+        "{}",
+        r.text
+    );
+    let long = "v".repeat(257);
+    let r = jsonl(
+        &b,
+        SUB_A,
+        &[spec(), json!({"custom_id": "x", "goal": "g", "metadata": {"k": long}})],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (
+            r.status,
+            r.body["error"]["line"].as_u64(),
+            r.body["error"]["field"].as_str()
+        ),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some(2), Some("metadata.k")),
+        "{}",
+        r.text
+    );
+    let r = jsonl(
+        &b,
+        SUB_A,
+        &[spec(), json!({"custom_id": "x", "goal": "g", "metadata": {"row": 1}})],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.body["error"]["line"].as_u64()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some(2)),
+        "a metadata value that is not a string: {}",
         r.text
     );
 
@@ -580,7 +628,25 @@ async fn items_are_admitted_within_the_batch_cap_and_collected() {
         }
         admit_once(&b.app).await.unwrap();
     }
-    assert_eq!(batch_runs(&b, batch).await.len(), 10, "one run per item");
+    let runs = batch_runs(&b, batch).await;
+    assert_eq!(runs.len(), 10, "one run per item");
+    // Each run carries its item's custom_id, metadata and tags.
+    for run in &runs {
+        let n = run.goal.trim_start_matches("Triage ticket ");
+        assert_eq!(run.custom_id.as_deref(), Some(format!("t-{n}").as_str()));
+        assert_eq!(run.metadata, [("row".to_owned(), n.to_owned())].into());
+        let parity: u32 = n.parse::<u32>().unwrap() % 2;
+        assert_eq!(run.tags, ["triage".to_owned(), format!("n-{parity}")]);
+    }
+    let odd = get(
+        &b,
+        SUB_A,
+        &format!("/v1/runs?batch_id={batch}&tag=triage&tag=n-1&meta=row%3D7"),
+    )
+    .await;
+    assert_eq!(odd.status, StatusCode::OK, "{}", odd.text);
+    assert_eq!(odd.body["runs"].as_array().unwrap().len(), 1, "{}", odd.text);
+    assert_eq!(odd.body["runs"][0]["custom_id"], "t-7");
     let status = get(&b, SUB_A, &format!("/v1/batches/{batch}")).await;
     assert_eq!(status.body["status"], "completed", "{}", status.text);
     assert_eq!(
@@ -615,7 +681,7 @@ async fn items_are_admitted_within_the_batch_cap_and_collected() {
         (
             Some("succeeded"),
             Some("done: Triage ticket 4"),
-            &json!({"row": 4})
+            &json!({"row": "4"})
         )
     );
     assert_eq!(t4["usage"], json!({"tokens": 0, "usd_micros": 0}));
@@ -885,7 +951,10 @@ async fn a_pass_that_died_after_creating_a_run_creates_no_second_one() {
         .await
         .unwrap();
     assert_eq!(claimed.len(), 2);
-    let body = json!({"goal": claimed[0].goal, "config": {"model": "script:x"}, "batch_id": batch});
+    // (It created the run as the pass does: the item's tags and metadata.)
+    let labels = &item(claimed[0].n as usize);
+    let body = json!({"goal": claimed[0].goal, "config": {"model": "script:x"}, "batch_id": batch,
+                      "tags": labels["tags"], "metadata": labels["metadata"]});
     let mut req = common::request(Method::POST, "/v1/runs", Some(SUB_A), Some(&body));
     req.headers_mut().insert(
         "idempotency-key",

@@ -14,6 +14,7 @@ mod inbox;
 mod module_graph;
 mod ops;
 mod payloads;
+mod run_listing;
 mod runs;
 mod schemathesis;
 mod stream;

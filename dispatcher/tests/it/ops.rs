@@ -759,6 +759,9 @@ async fn parked_with_expired_approval(h: &common::H, action: glia_proto::Approva
             idempotency_key: None,
             batch_id: None,
             start,
+            tags: Vec::new(),
+            metadata: Default::default(),
+            custom_id: None,
         })
         .await
         .unwrap();

@@ -107,7 +107,7 @@ async fn list_and_get_runs_with_filters_pagination_and_tenants() {
     let b_run = create(&h, SUB_B, json!({"goal": "theirs"})).await;
     finish(&*h.log, a_runs[4]).await;
 
-    // Pagination by cursor.
+    // Pagination by cursor, newest first.
     let p1 = get(&h, "/v1/runs?limit=2", SUB_A).await;
     assert_eq!(p1.status, StatusCode::OK, "{}", p1.text);
     let ids = |r: &Reply| {
@@ -118,21 +118,21 @@ async fn list_and_get_runs_with_filters_pagination_and_tenants() {
             .map(|x| x["run_id"].as_str().unwrap().to_owned())
             .collect::<Vec<_>>()
     };
-    assert_eq!(ids(&p1), vec![a_runs[0].to_string(), a_runs[1].to_string()]);
-    let next = p1.body["next"].as_str().unwrap();
-    let p2 = get(&h, &format!("/v1/runs?limit=2&after={next}"), SUB_A).await;
-    assert_eq!(ids(&p2), vec![a_runs[2].to_string(), a_runs[3].to_string()]);
+    assert_eq!(ids(&p1), vec![a_runs[4].to_string(), a_runs[3].to_string()]);
+    let next = p1.body["next_cursor"].as_str().unwrap();
+    let p2 = get(&h, &format!("/v1/runs?limit=2&cursor={next}"), SUB_A).await;
+    assert_eq!(ids(&p2), vec![a_runs[2].to_string(), a_runs[1].to_string()]);
     let p3 = get(
         &h,
         &format!(
-            "/v1/runs?limit=2&after={}",
-            p2.body["next"].as_str().unwrap()
+            "/v1/runs?limit=2&cursor={}",
+            p2.body["next_cursor"].as_str().unwrap()
         ),
         SUB_A,
     )
     .await;
-    assert_eq!(ids(&p3), vec![a_runs[4].to_string()]);
-    assert!(p3.body["next"].is_null(), "last page has no cursor");
+    assert_eq!(ids(&p3), vec![a_runs[0].to_string()]);
+    assert!(p3.body["next_cursor"].is_null(), "last page has no cursor");
 
     // Filters.
     let in_batch = get(&h, &format!("/v1/runs?batch_id={batch}"), SUB_A).await;

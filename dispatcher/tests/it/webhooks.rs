@@ -84,6 +84,9 @@ async fn parked_run(log: &dyn RunLog, tenant: &str) -> (uuid::Uuid, RunState) {
         idempotency_key: None,
         batch_id: None,
         start: s.parked[0].clone(),
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();

@@ -687,6 +687,9 @@ async fn estimated_usage_counts_against_the_tenant_daily_cap() {
         idempotency_key: None,
         batch_id: None,
         start,
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();

@@ -194,6 +194,9 @@ async fn a_cancel_lets_running_calls_finish_within_their_grace_and_abandons_the_
         idempotency_key: None,
         batch_id: None,
         start,
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();

@@ -249,6 +249,9 @@ impl Fleet {
                 idempotency_key: None,
                 batch_id: None,
                 start,
+                tags: Vec::new(),
+                metadata: Default::default(),
+                custom_id: None,
             })
             .await
             .unwrap();
@@ -761,6 +764,9 @@ async fn submit_model(fleet: &Fleet, model: &str) -> Uuid {
             idempotency_key: None,
             batch_id: None,
             start,
+            tags: Vec::new(),
+            metadata: Default::default(),
+            custom_id: None,
         })
         .await
         .unwrap();

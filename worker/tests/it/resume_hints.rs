@@ -139,6 +139,9 @@ async fn a_posted_payload_resumes_the_run_through_its_hint_alone_even_after_the_
         idempotency_key: None,
         batch_id: None,
         start,
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
     })
     .await
     .unwrap();

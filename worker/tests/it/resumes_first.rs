@@ -120,6 +120,9 @@ impl Setup {
                 idempotency_key: None,
                 batch_id: None,
                 start,
+                tags: Vec::new(),
+                metadata: Default::default(),
+                custom_id: None,
             })
             .await
             .unwrap();

@@ -175,6 +175,9 @@ impl Fleet {
                 idempotency_key: None,
                 batch_id: None,
                 start,
+                tags: Vec::new(),
+                metadata: Default::default(),
+                custom_id: None,
             })
             .await
             .unwrap();

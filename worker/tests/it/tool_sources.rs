@@ -97,6 +97,9 @@ async fn no_run_stays_at_its_first_event_when_its_server_cannot_list_tools() {
             idempotency_key: None,
             batch_id: None,
             start,
+            tags: Vec::new(),
+            metadata: Default::default(),
+            custom_id: None,
         })
         .await
         .unwrap();
