@@ -472,6 +472,16 @@ mod tests {
             head_seq: 9,
             created_at: t,
             updated_at: t,
+            agent: None,
+            agent_version: None,
+            tags: Vec::new(),
+            metadata: Default::default(),
+            custom_id: None,
+            usage: Default::default(),
+            steps: 0,
+            error: None,
+            ended_at: None,
+            trace_id: String::new(),
         }
     }
 

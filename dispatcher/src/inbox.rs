@@ -649,8 +649,7 @@ impl RunInfo {
             agent_name: state.config.agent.as_ref().map(|a| a.name.clone()),
             model: state.config.model.clone(),
             batch_id: run.batch_id,
-            // TEMP(h-api): RunSummary::custom_id once merged.
-            custom_id: None,
+            custom_id: run.custom_id.clone(),
         }
     }
 
@@ -1537,8 +1536,10 @@ mod tests {
                 args_hash: "h".into(),
                 summary: "<script>alert(1)</script><img src=x onerror=alert(2)>".into(),
                 goal: "\"goal\"".into(),
-                agent: "a".into(),
+                agent: Some("a@1".into()),
+                model: "m".into(),
                 batch_id: None,
+                custom_id: Some("<i>item</i>".into()),
                 requested_at: Utc::now(),
                 age: "1s".into(),
                 deadline: None,
@@ -1549,7 +1550,10 @@ mod tests {
             }] })
             .unwrap();
         assert!(
-            !out.contains("<script>") && !out.contains("<img") && !out.contains("<b>"),
+            !out.contains("<script>")
+                && !out.contains("<img")
+                && !out.contains("<b>")
+                && !out.contains("<i>"),
             "{out}"
         );
         assert!(

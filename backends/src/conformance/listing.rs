@@ -158,7 +158,10 @@ pub async fn lists_and_filters_runs(log: &dyn EventLog) {
         (parked.agent.as_deref(), parked.agent_version),
         (Some("triage"), Some(1))
     );
-    assert_eq!((cancelled.agent.as_deref(), cancelled.agent_version), (None, None));
+    assert_eq!(
+        (cancelled.agent.as_deref(), cancelled.agent_version),
+        (None, None)
+    );
     assert_eq!(failed.tags, ["alpha", "beta"]);
     assert_eq!(
         cancelled.metadata,
@@ -489,7 +492,11 @@ pub async fn lists_and_filters_runs(log: &dyn EventLog) {
         tags: vec!["alpha".into()],
         ..RunFilter::default()
     };
-    assert!(!ids(log, mine(labelled.clone())).await.contains(&foreign.run_id));
+    assert!(
+        !ids(log, mine(labelled.clone()))
+            .await
+            .contains(&foreign.run_id)
+    );
     assert_eq!(
         ids(
             log,

@@ -49,7 +49,6 @@ pub(super) fn usd(micros: u64) -> String {
     format!("${}.{fraction}", micros / 1_000_000)
 }
 
-
 /// A batch as the pages show it.
 #[derive(Debug, Serialize)]
 struct Row {

@@ -276,7 +276,10 @@ async fn a_bad_submission_is_refused_whole_and_stores_nothing() {
     let r = jsonl(
         &b,
         SUB_A,
-        &[spec(), json!({"custom_id": "x", "goal": "g", "metadata": {"k": long}})],
+        &[
+            spec(),
+            json!({"custom_id": "x", "goal": "g", "metadata": {"k": long}}),
+        ],
         None,
     )
     .await;
@@ -286,14 +289,21 @@ async fn a_bad_submission_is_refused_whole_and_stores_nothing() {
             r.body["error"]["line"].as_u64(),
             r.body["error"]["field"].as_str()
         ),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some(2), Some("metadata.k")),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some(2),
+            Some("metadata.k")
+        ),
         "{}",
         r.text
     );
     let r = jsonl(
         &b,
         SUB_A,
-        &[spec(), json!({"custom_id": "x", "goal": "g", "metadata": {"row": 1}})],
+        &[
+            spec(),
+            json!({"custom_id": "x", "goal": "g", "metadata": {"row": 1}}),
+        ],
         None,
     )
     .await;
@@ -645,7 +655,12 @@ async fn items_are_admitted_within_the_batch_cap_and_collected() {
     )
     .await;
     assert_eq!(odd.status, StatusCode::OK, "{}", odd.text);
-    assert_eq!(odd.body["runs"].as_array().unwrap().len(), 1, "{}", odd.text);
+    assert_eq!(
+        odd.body["runs"].as_array().unwrap().len(),
+        1,
+        "{}",
+        odd.text
+    );
     assert_eq!(odd.body["runs"][0]["custom_id"], "t-7");
     let status = get(&b, SUB_A, &format!("/v1/batches/{batch}")).await;
     assert_eq!(status.body["status"], "completed", "{}", status.text);

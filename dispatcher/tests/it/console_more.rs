@@ -275,6 +275,25 @@ async fn batch_pages_show_progress_spend_failures_and_results() {
         "the same as the API's"
     );
 
+    // The queue names a batch run's batch and item.
+    park_for_approval(
+        &*h.log,
+        run_of("three"),
+        &[("c1", "refund", json!({"n": 3}))],
+    )
+    .await;
+    let queue = send(&h.router, page("/inbox", &cookie)).await;
+    let row = queue
+        .text
+        .split("<tr class=\"item")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no row: {}", queue.text));
+    assert!(
+        row.contains("<code>waits-3</code>")
+            && row.contains(&format!("href=\"/console/batches/{batch}\"")),
+        "{row}"
+    );
+
     for uri in [
         format!("/console/batches/{other}"),
         format!("/console/batches/{other}/results"),

@@ -164,9 +164,18 @@ async fn tags_and_metadata_beyond_the_limits_are_refused_naming_the_field() {
         (json!({"goal": "g", "tags": ["x".repeat(65)]}), "tags[0]"),
         (json!({"goal": "g", "tags": ["é"]}), "tags[0]"),
         (json!({"goal": "g", "metadata": many_keys}), "metadata"),
-        (json!({"goal": "g", "metadata": {"bad key": "v"}}), "metadata"),
-        (json!({"goal": "g", "metadata": {"k": "v".repeat(257)}}), "metadata.k"),
-        (json!({"goal": "g", "metadata": {"k": "line\nbreak"}}), "metadata.k"),
+        (
+            json!({"goal": "g", "metadata": {"bad key": "v"}}),
+            "metadata",
+        ),
+        (
+            json!({"goal": "g", "metadata": {"k": "v".repeat(257)}}),
+            "metadata.k",
+        ),
+        (
+            json!({"goal": "g", "metadata": {"k": "line\nbreak"}}),
+            "metadata.k",
+        ),
     ] {
         let r = post(&h, "/v1/runs", SUB_A, body.clone()).await;
         assert_eq!(
@@ -195,7 +204,12 @@ async fn tags_and_metadata_beyond_the_limits_are_refused_naming_the_field() {
         json!({"goal": "g", "metadata": {"k": 1}}),
     ] {
         let r = post(&h, "/v1/runs", SUB_A, body.clone()).await;
-        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {}", r.text);
+        assert_eq!(
+            r.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {}",
+            r.text
+        );
     }
 }
 
