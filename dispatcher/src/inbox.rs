@@ -3,14 +3,14 @@
 //!
 //! | page | what |
 //! |---|---|
-//! | `GET /inbox/login`, `POST /inbox/login` | sign in with an API token (scope `approve` or `admin`) |
+//! | `GET /inbox/login`, `POST /inbox/login` | sign in with an API token (scope `approve` or `admin`); with no tokens configured, no sign-in |
 //! | `GET /inbox` | the queue: pending approvals oldest first, filters, bulk decisions; live (SSE at `/inbox/stream`) |
-//! | `GET /inbox/runs/{run}/calls/{call}` | one approval: the run's context, the arguments, approve / reject / edit |
+//! | `GET /inbox/runs/{run}/calls/{call}` | one approval: why it waits, the tool (description, source, trust, server-supplied hints), the run's context, the arguments, approve / reject / edit |
 //! | `POST /inbox/runs/{run}/calls/{call}/edit` | an edit's preview: validated against the tool's schema, shown as a diff |
-//! | `POST /inbox/runs/{run}/calls/{call}/decide` | post a decision (then the run's page) |
+//! | `POST /inbox/runs/{run}/calls/{call}/decide` | post a decision (then the next pending approval, else the queue) |
 //! | `POST /inbox/decide` | approve or reject the selected approvals |
 //! | `GET /inbox/runs/{run}` | a run: status, conversation, events (refreshes while it moves) |
-//! | `GET /inbox/history` | decided, expired and escalated approvals from the event log; `?format=csv` |
+//! | `GET /inbox/history` | decided and expired approvals from the event log, with the attempts that lost a race; `?format=csv` |
 //! | `POST /inbox/logout` | sign out |
 //!
 //! Invariants:
@@ -969,10 +969,10 @@ fn why_approval(state: &RunState, tool: &str, interrupted: bool) -> Option<Strin
                 "The operator's catalogue requires approval for every call of this tool.".into()
             }
             glia_proto::PolicyOrigin::Agent => {
-                "The agent definition (its tool_policy) requires approval for every call of this tool.".into()
+                "The agent definition requires approval for every call of this tool (its tool_policy, or a rule of its policies naming the tool).".into()
             }
             glia_proto::PolicyOrigin::Run => {
-                "The run's config (its tool_policy) requires approval for every call of this tool.".into()
+                "The run's config requires approval for every call of this tool (its tool_policy, or a rule of its policies naming the tool).".into()
             }
             glia_proto::PolicyOrigin::Annotation => {
                 "The MCP server marks this tool destructive (destructiveHint), so every call needs approval.".into()

@@ -377,7 +377,9 @@ fn the_inbox_in_a_real_browser() {
         assert!(text(&c, "#goal").await.contains("Refund for refund"));
         // The card says why in plain words, and what the tool is.
         assert!(
-            text(&c, "#why").await.contains("a rule in the `policies`"),
+            text(&c, "#why")
+                .await
+                .contains("The run's config requires approval for every call of this tool"),
             "{}",
             text(&c, "#why").await
         );
