@@ -154,17 +154,30 @@ struct Failure {
     run_id: Option<Uuid>,
 }
 
-async fn one(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return to_login();
-    };
+/// The request's session and the batch `id` names, when the session may
+/// see it; otherwise the answer: to sign in, or a 404 page (not an id,
+/// missing, another tenant's).
+async fn session_batch(
+    app: &App,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<(Session, glia_backends::batches::Batch), Response> {
+    let s = session(app, headers).ok_or_else(to_login)?;
     let Ok(id) = id.parse::<Uuid>() else {
-        return error_page(Some(&s), StatusCode::NOT_FOUND, "no such batch");
+        return Err(error_page(Some(&s), StatusCode::NOT_FOUND, "no such batch"));
     };
-    let batch = match visible_batch(&app, &s.principal, id).await {
-        Ok(b) => b,
-        Err(e) => return api_error_page(&s, e),
+    match visible_batch(app, &s.principal, id).await {
+        Ok(b) => Ok((s, b)),
+        Err(e) => Err(api_error_page(&s, e)),
+    }
+}
+
+async fn one(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let (s, batch) = match session_batch(&app, &headers, &id).await {
+        Ok(found) => found,
+        Err(r) => return r,
     };
+    let id = batch.id;
     let view = match full_view(&app, &batch).await {
         Ok(v) => v,
         Err(e) => return api_error_page(&s, e),
@@ -238,16 +251,11 @@ async fn failures(
 /// The batch's results as a JSON Lines download: the body of `GET
 /// /v1/batches/{id}/results`, with the session's rights.
 async fn results(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return to_login();
+    let (s, batch) = match session_batch(&app, &headers, &id).await {
+        Ok(found) => found,
+        Err(r) => return r,
     };
-    let Ok(id) = id.parse::<Uuid>() else {
-        return error_page(Some(&s), StatusCode::NOT_FOUND, "no such batch");
-    };
-    let batch = match visible_batch(&app, &s.principal, id).await {
-        Ok(b) => b,
-        Err(e) => return api_error_page(&s, e),
-    };
+    let id = batch.id;
     match results_response(&app, &batch) {
         Ok(mut r) => {
             let disposition = format!("attachment; filename=\"batch-{id}-results.jsonl\"");

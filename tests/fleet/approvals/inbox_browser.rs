@@ -303,33 +303,44 @@ fn attacker_page(target: String, item: String) -> (String, std::thread::JoinHand
     (url, handle)
 }
 
-#[test]
-fn the_inbox_in_a_real_browser() {
-    let mut fleet = Fleet::new(&[
-        (
-            "refund",
-            json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]),
-        ),
-        (
-            "xss",
-            json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": XSS}}]}, {"text": "Done."}]),
-        ),
-    ]);
-    fleet.extra_env.push((
-        "GLIA_TOKENS".into(),
-        format!(
-            "{TOKEN_A}:acme:submit,approve:ana@acme {TOKEN_B}:globex:submit,approve:bob@globex"
-        ),
-    ));
+/// A fleet on `scripts` with `tokens` (`GLIA_TOKENS`), its dispatcher and
+/// one worker started, chromedriver, and a runtime to drive them: what
+/// every browser story starts from. Keep the fleet and driver alive.
+pub(crate) fn browser_fleet(
+    scripts: &[(&str, Value)],
+    tokens: String,
+) -> (Fleet, Driver, tokio::runtime::Runtime) {
+    let mut fleet = Fleet::new(scripts);
+    fleet.extra_env.push(("GLIA_TOKENS".into(), tokens));
     fleet.start_dispatcher();
     fleet.start_worker(5000);
-    let server = fleet.server.clone();
     let driver = Driver::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
+    (fleet, driver, rt)
+}
+
+#[test]
+fn the_inbox_in_a_real_browser() {
+    let (fleet, driver, rt) = browser_fleet(
+        &[
+            (
+                "refund",
+                json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]),
+            ),
+            (
+                "xss",
+                json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": XSS}}]}, {"text": "Done."}]),
+            ),
+        ],
+        format!(
+            "{TOKEN_A}:acme:submit,approve:ana@acme {TOKEN_B}:globex:submit,approve:bob@globex"
+        ),
+    );
+    let server = fleet.server.clone();
     rt.block_on(async {
         let api = Api {
             server: server.clone(),

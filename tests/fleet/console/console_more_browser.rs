@@ -16,12 +16,11 @@
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, Locator};
-use glia_testkit::fleet::Fleet;
 use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::approvals::inbox_browser::{
-    Api, Driver, WAIT, count, screenshots_dir, sign_in, text, until,
+    Api, WAIT, browser_fleet, count, screenshots_dir, sign_in, text, until,
 };
 
 const ANA: &str = "console-tok-ana";
@@ -70,31 +69,22 @@ async fn poll(api: &Api, path: &str, what: &str, done: impl Fn(&Value) -> bool) 
 
 #[test]
 fn batches_agents_and_a_race_in_a_real_browser() {
-    let mut fleet = Fleet::new(&[
-        ("ok", json!([{"text": "Done."}])),
-        ("boom", json!([{"error": "invalid"}])),
-        (
-            "refund",
-            json!([
-                {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]},
-                {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A2"}}]},
-                {"text": "Refunded."}
-            ]),
-        ),
-    ]);
-    fleet.extra_env.push((
-        "GLIA_TOKENS".into(),
+    let (fleet, driver, rt) = browser_fleet(
+        &[
+            ("ok", json!([{"text": "Done."}])),
+            ("boom", json!([{"error": "invalid"}])),
+            (
+                "refund",
+                json!([
+                    {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]},
+                    {"tool_calls": [{"name": "refund_order", "input": {"order_id": "A2"}}]},
+                    {"text": "Refunded."}
+                ]),
+            ),
+        ],
         format!("{ANA}:acme:submit,approve,agents:ana@acme {BOB}:acme:approve:bob@acme"),
-    ));
-    fleet.start_dispatcher();
-    fleet.start_worker(5000);
+    );
     let server = fleet.server.clone();
-    let driver = Driver::start();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     rt.block_on(async {
         let api = Api {
             server: server.clone(),
