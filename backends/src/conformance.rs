@@ -1544,7 +1544,7 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         custom_id: format!("c-{i}"),
         goal: format!("goal {i}"),
         metadata: Some(format!("{{\"i\":\"{i}\"}}")),
-        tags: (i % 2 == 0).then(|| format!("[\"even\",\"t-{i}\"]")),
+        tags: i.is_multiple_of(2).then(|| format!("[\"even\",\"t-{i}\"]")),
         config: (i % 2 == 1).then(|| format!("{{\"model\":\"m-{i}\"}}")),
         line: i + 2,
     };
