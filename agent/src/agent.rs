@@ -793,6 +793,20 @@ impl Agent {
                 self.complete(run, None).await?;
             }
             Payload::Cancel { reason } => run.record(EventKind::SessionCancel { reason }).await?,
+            Payload::ApprovalContested {
+                call_id,
+                by,
+                chose,
+                attempted_at,
+            } => {
+                run.record(EventKind::ApprovalContested {
+                    call_id,
+                    by,
+                    chose,
+                    attempted_at,
+                })
+                .await?
+            }
             Payload::Escalate {
                 call_id,
                 request_seq,

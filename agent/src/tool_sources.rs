@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use glia_proto::tool_names::{provider_tool_name, same_tool};
 use glia_proto::{
-    ConfigError, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind,
+    ConfigError, McpToolHints, PolicyOrigin, ResolvedPolicy, RunConfig, ToolContent, ToolErrorKind,
     ToolOutputSchema, ToolSource, ToolSpec, args_hash, tool_sources::resolve_max_total_ms,
 };
 use rmcp::model::ToolAnnotations;
@@ -329,6 +329,13 @@ impl ToolSources {
                         schema_hash: args_hash(&input_schema),
                         requires_approval: policy.requires_approval,
                         max_total_ms: Some(max_total_ms),
+                        hints: tool.annotations.as_ref().map(|a| McpToolHints {
+                            title: a.title.clone(),
+                            read_only_hint: a.read_only_hint,
+                            destructive_hint: a.destructive_hint,
+                            idempotent_hint: a.idempotent_hint,
+                            open_world_hint: a.open_world_hint,
+                        }),
                     }),
                     policy: Some(policy),
                     output_schema,

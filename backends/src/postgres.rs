@@ -1787,7 +1787,15 @@ async fn erase_in(
     tx.execute(
         "UPDATE runs SET goal = $2, outcome = $3, pull_point = $4, erased_at = $5, erased_by = $6, \
          error = CASE WHEN error IS NULL THEN NULL ELSE $7 END WHERE id = $1",
-        &[&run_id, &erasure::erased_text(&goal), &outcome, &pull_point, &at, &by, &glia_proto::TOMBSTONE],
+        &[
+            &run_id,
+            &erasure::erased_text(&goal),
+            &outcome,
+            &pull_point,
+            &at,
+            &by,
+            &glia_proto::TOMBSTONE,
+        ],
     )
     .await
     .map_err(fail)?;

@@ -880,7 +880,15 @@ fn erase_in(tx: &Connection, run_id: Uuid, by: &str, at: DateTime<Utc>) -> Resul
     tx.execute(
         "UPDATE runs SET goal = ?2, outcome = ?3, pull_point = ?4, erased_at = ?5, erased_by = ?6, \
          error = CASE WHEN error IS NULL THEN NULL ELSE ?7 END WHERE id = ?1",
-        params![id, erasure::erased_text(&goal), outcome, pull_point, nanos(at), by, glia_proto::TOMBSTONE],
+        params![
+            id,
+            erasure::erased_text(&goal),
+            outcome,
+            pull_point,
+            nanos(at),
+            by,
+            glia_proto::TOMBSTONE
+        ],
     )
     .map_err(db("erase_run"))?;
     let events = read_events(tx, run_id, 0, usize::MAX)?;

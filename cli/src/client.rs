@@ -1461,6 +1461,17 @@ pub fn describe(kind: &EventKind) -> String {
             "#{call_id} deadline {} passed: escalated",
             expires_at.map_or_else(|| "?".into(), |t| t.to_rfc3339())
         ),
+        EventKind::ApprovalContested {
+            call_id,
+            by,
+            chose,
+            attempted_at,
+        } => format!(
+            "#{call_id} {} by {} at {} lost: already decided",
+            chose.as_str(),
+            by.as_deref().unwrap_or("?"),
+            attempted_at.to_rfc3339()
+        ),
         EventKind::InputReceived { text, .. } => clip(text),
         EventKind::GuardrailTripped {
             stage,

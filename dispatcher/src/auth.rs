@@ -224,18 +224,25 @@ impl Auth {
         ))
     }
 
+    /// Who every request acts as without any credential: with no tokens
+    /// configured (a dispatcher that then serves loopback only, and `glia
+    /// dev` without `--token`), an admin of [`OPEN_TENANT`]; otherwise
+    /// nobody. The one rule for the API ([`Auth::authenticate`]) and the
+    /// console and inbox pages, which then open without sign-in.
+    pub fn open_principal(&self) -> Option<Principal> {
+        self.is_open().then(|| Principal {
+            tenant: OPEN_TENANT.to_owned(),
+            scopes: vec![Scope::Admin],
+            name: None,
+        })
+    }
+
     /// The principal of a token by its SHA-256 digest (what an inbox session
     /// cookie carries instead of the token); `None` once the token is no
     /// longer configured. With no tokens configured: the open admin.
     pub fn by_digest(&self, digest: &[u8; 32]) -> Option<Principal> {
-        if self.is_open() {
-            return Some(Principal {
-                tenant: OPEN_TENANT.to_owned(),
-                scopes: vec![Scope::Admin],
-                name: None,
-            });
-        }
-        self.tokens.get(digest).cloned()
+        self.open_principal()
+            .or_else(|| self.tokens.get(digest).cloned())
     }
 
     /// The SHA-256 digest of `token` and its principal, if configured.
@@ -270,12 +277,8 @@ impl Auth {
     /// [`ApiError::MissingToken`] (absent, or not `Bearer …`),
     /// [`ApiError::InvalidToken`] (not configured).
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, ApiError> {
-        if self.is_open() {
-            return Ok(Principal {
-                tenant: OPEN_TENANT.to_owned(),
-                scopes: vec![Scope::Admin],
-                name: None,
-            });
+        if let Some(open) = self.open_principal() {
+            return Ok(open);
         }
         let value = authorization.ok_or(ApiError::MissingToken)?.trim();
         let (scheme, token) = value.split_once(' ').ok_or(ApiError::MissingToken)?;

@@ -721,3 +721,52 @@ pub async fn admit(app: App) {
         let _ = tokio::time::timeout(app.batches.admission.poll, app.admission_woken()).await;
     }
 }
+
+/// Every item's result of `batch` as JSON Lines, in submission order,
+/// streamed from the store a page at a time (one [`ItemResult`] per line;
+/// items not finished show their status): the body of `GET
+/// /v1/batches/{id}/results` and of the console's download. A store
+/// failure mid-way cuts the body off (logged). Errors: 404
+/// `not_available` without a batch store.
+pub(crate) fn results_response(
+    app: &App,
+    batch: &Batch,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    const PAGE: usize = 1000;
+    let store = store(app)?.clone();
+    let batch_id = batch.id;
+    let lines = futures::stream::unfold(Some(0u64), move |from| {
+        let store = store.clone();
+        async move {
+            let from = from?;
+            match store.items(batch_id, from, PAGE).await {
+                Err(e) => {
+                    tracing::warn!(%batch_id, "results cut off: {e}");
+                    Some((Err(std::io::Error::other(e.to_string())), None))
+                }
+                Ok(items) if items.is_empty() => None,
+                Ok(items) => {
+                    let next = (items.len() == PAGE)
+                        .then(|| items.last().map(|i| i.n + 1))
+                        .flatten();
+                    let mut out = Vec::new();
+                    for item in items {
+                        serde_json::to_writer(&mut out, &ItemResult::of(item))
+                            .expect("results serialise");
+                        out.push(b'\n');
+                    }
+                    Some((
+                        Ok(axum::body::Bytes::from(out)),
+                        Some(next.unwrap_or(u64::MAX)),
+                    ))
+                }
+            }
+        }
+    });
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/jsonl")],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response())
+}

@@ -5,7 +5,7 @@
 //! admission loop all call these.
 
 use glia_backends::{ApprovalFilter, ApprovalRow, RunStatus, RunSummary};
-use glia_proto::{ApprovalStatus, Decision, PauseReason, Payload, PullPoint};
+use glia_proto::{ApprovalStatus, Decision, DecisionChoice, PauseReason, Payload, PullPoint};
 use uuid::Uuid;
 
 use crate::app::App;
@@ -51,6 +51,7 @@ pub(crate) async fn post(
         Payload::Close { .. } => "close",
         Payload::Cancel { .. } => "cancel",
         Payload::Escalate { .. } => "escalate",
+        Payload::ApprovalContested { .. } => "approval_contested",
     };
     let id = app.log.post(run_id, payload).await?;
     app.metrics().posted(kind);
@@ -91,7 +92,7 @@ pub(crate) async fn decide_one(
     let Some(call) = state.call(&call_id) else {
         let known = approval_row(app, run_id, &call_id).await?.is_some();
         return Err(if known {
-            ApiError::AlreadyDecided { run_id, call_id }
+            lost(app, p, &run, call_id, &decision).await
         } else {
             ApiError::CallNotFound { run_id, call_id }
         });
@@ -99,7 +100,7 @@ pub(crate) async fn decide_one(
     match call.approval {
         ApprovalStatus::Requested => {}
         ApprovalStatus::Approved | ApprovalStatus::Rejected => {
-            return Err(ApiError::AlreadyDecided { run_id, call_id });
+            return Err(lost(app, p, &run, call_id, &decision).await);
         }
         ApprovalStatus::NotNeeded | ApprovalStatus::Due => {
             return Err(ApiError::ApprovalNotFound { run_id, call_id });
@@ -141,13 +142,13 @@ pub(crate) async fn decide_one(
         by: Some(p.by()),
         request_seq: call.requested_seq,
     };
-    let (id, kind) = post(app, run_id, payload).await.map_err(|e| match e {
-        glia_backends::LogError::Duplicate { .. } => ApiError::AlreadyDecided {
-            run_id,
-            call_id: call_id.clone(),
-        },
-        e => e.into(),
-    })?;
+    let (id, kind) = match post(app, run_id, payload).await {
+        Ok(posted) => posted,
+        Err(glia_backends::LogError::Duplicate { .. }) => {
+            return Err(lost(app, p, &run, call_id, &decision).await);
+        }
+        Err(e) => return Err(e.into()),
+    };
     if let Ok(Some(row)) = approval_row(app, run_id, &call_id).await {
         let label = match &decision {
             Decision::Approve => "approve",
@@ -165,6 +166,101 @@ pub(crate) async fn decide_one(
         kinds: vec![kind.into()],
         decision: Some(decision),
     })
+}
+
+/// The answer to an attempt to decide `call_id` after another decision
+/// won: 409 `already_decided` naming the winner, once the attempt is
+/// recorded (`approval.contested`, posted for the worker to record: who,
+/// what, when). A record that cannot be posted (the run ended meanwhile,
+/// the store failed) is logged and the answer stays the 409.
+async fn lost(
+    app: &App,
+    p: &Principal,
+    run: &RunSummary,
+    call_id: String,
+    decision: &Decision,
+) -> ApiError {
+    let chose = match decision {
+        Decision::Reject { .. } => DecisionChoice::Reject,
+        Decision::Edit { .. } => DecisionChoice::Edit,
+        Decision::Approve | Decision::Expire => DecisionChoice::Approve,
+    };
+    let record = Payload::ApprovalContested {
+        call_id: call_id.clone(),
+        by: Some(p.by()),
+        chose,
+        attempted_at: chrono::Utc::now(),
+    };
+    if let Err(e) = post(app, run.run_id, record).await {
+        tracing::warn!(run_id = %run.run_id, %call_id, by = %p.by(), "a losing approval attempt was not recorded: {e}");
+    }
+    let winner = match winner(app, run, &call_id).await {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(run_id = %run.run_id, %call_id, "the winning decision could not be read: {e}");
+            None
+        }
+    };
+    ApiError::AlreadyDecided {
+        run_id: run.run_id,
+        call_id,
+        winner,
+    }
+}
+
+/// The decision that answered `call_id`, in words: from the log
+/// (`approval.resolved`: `reject by ana at 2025-…`), or, not yet applied,
+/// from the run's inbox (`approve by ana, posted, not yet applied`).
+async fn winner(
+    app: &App,
+    run: &RunSummary,
+    call_id: &str,
+) -> Result<Option<String>, glia_backends::LogError> {
+    let who = |by: &Option<String>| by.clone().unwrap_or_else(|| "someone".to_owned());
+    let records = crate::history::run_records(&*app.log, run).await?;
+    if let Some(r) = records
+        .iter()
+        .rev()
+        .find(|r| r.call_id == call_id && r.decision.is_some())
+    {
+        let at = r
+            .decided_at
+            .map(|t| {
+                format!(
+                    " at {}",
+                    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                )
+            })
+            .unwrap_or_default();
+        return Ok(Some(format!(
+            "{} by {}{at}",
+            r.resolution.as_str(),
+            who(&r.decided_by)
+        )));
+    }
+    Ok(app
+        .log
+        .inbox(run.run_id)
+        .await?
+        .into_iter()
+        .find_map(|i| match i.payload {
+            Payload::Approval {
+                call_id: c,
+                decision,
+                by,
+                ..
+            } if c == call_id => Some(format!(
+                "{} by {} (posted, not yet applied)",
+                match decision {
+                    Decision::Approve => "approved",
+                    Decision::Edit { .. } => "edited",
+                    Decision::Reject { .. } => "rejected",
+                    Decision::Expire => "expired",
+                },
+                who(&by)
+            )),
+            _ => None,
+        }))
 }
 
 /// How many runs' decisions a bulk request posts at once: each decision is

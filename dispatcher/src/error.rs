@@ -106,13 +106,17 @@ pub enum ApiError {
         /// The call.
         call_id: String,
     },
-    /// 409 `already_decided`: a decision for this call was already posted.
-    #[error("tool call {call_id} of run {run_id} was already decided")]
+    /// 409 `already_decided`: a decision for this call was already posted;
+    /// the message names the decision that won (who, what, when).
+    #[error("tool call {call_id} of run {run_id} was already decided{}", winner.as_deref().map(|w| format!(": {w}")).unwrap_or_default())]
     AlreadyDecided {
         /// The run.
         run_id: Uuid,
         /// The call.
         call_id: String,
+        /// The winning decision in words (`approve by ana at 2025-…`), when
+        /// the log or the inbox still says.
+        winner: Option<String>,
     },
     /// 409 `stale_args`: the decision quotes an `args_hash` other than the pending one.
     #[error(

@@ -101,6 +101,23 @@ pub struct ApprovalRecord {
     pub decided_at: Option<DateTime<Utc>>,
     /// From request to decision (or to now while pending), in ms.
     pub wait_ms: i64,
+    /// Attempts to decide it that lost to the decision recorded
+    /// (`approval.contested`: two approvers racing, or a stale page), oldest first.
+    #[serde(default)]
+    pub contested: Vec<LostAttempt>,
+}
+
+/// An attempt to decide an approval that another decision had already
+/// answered (`approval.contested`). JSON: `{"by": "bob", "chose": "reject",
+/// "attempted_at": "2025-…"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostAttempt {
+    /// Who tried (the token's principal name).
+    pub by: Option<String>,
+    /// What they chose: `approve`, `reject` or `edit`.
+    pub chose: glia_proto::DecisionChoice,
+    /// When the dispatcher refused it.
+    pub attempted_at: DateTime<Utc>,
 }
 
 impl ApprovalRecord {
@@ -162,6 +179,7 @@ pub fn records_of(run: &RunSummary, events: &[Event], now: DateTime<Utc>) -> Vec
                     decided_by: None,
                     decided_at: None,
                     wait_ms: 0,
+                    contested: Vec::new(),
                 });
             }
             EventKind::ApprovalEscalated { call_id, .. } => {
@@ -186,6 +204,21 @@ pub fn records_of(run: &RunSummary, events: &[Event], now: DateTime<Utc>) -> Vec
                     r.decision = Some(decision.clone());
                     r.decided_by = by.clone();
                     r.decided_at = Some(e.at);
+                }
+            }
+            EventKind::ApprovalContested {
+                call_id,
+                by,
+                chose,
+                attempted_at,
+            } => {
+                // The call's latest request: the one the attempt was made on.
+                if let Some(r) = records.iter_mut().rev().find(|r| &r.call_id == call_id) {
+                    r.contested.push(LostAttempt {
+                        by: by.clone(),
+                        chose: *chose,
+                        attempted_at: *attempted_at,
+                    });
                 }
             }
             EventKind::SessionComplete { .. } | EventKind::SessionCancel { .. } => {
@@ -347,7 +380,8 @@ pub async fn history(
 
 /// `records` as CSV (RFC 4180, header row first): run_id, call_id, tool,
 /// agent, batch_id, requested_at, expires_at, escalated_at, resolution,
-/// decided_by, decided_at, wait_ms, interrupted, reason, input, edited_input.
+/// decided_by, decided_at, wait_ms, interrupted, reason, input, edited_input,
+/// lost_attempts (`by chose at`, `; `-separated).
 /// Cells that a spreadsheet would take for a formula (`=`, `+`, `-`, `@`)
 /// are prefixed with `'`.
 pub fn to_csv(records: &[ApprovalRecord]) -> String {
@@ -365,7 +399,7 @@ pub fn to_csv(records: &[ApprovalRecord]) -> String {
     }
     let time = |t: Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339()).unwrap_or_default();
     let mut out = String::from(
-        "run_id,call_id,tool,agent,batch_id,requested_at,expires_at,escalated_at,resolution,decided_by,decided_at,wait_ms,interrupted,reason,input,edited_input\r\n",
+        "run_id,call_id,tool,agent,batch_id,requested_at,expires_at,escalated_at,resolution,decided_by,decided_at,wait_ms,interrupted,reason,input,edited_input,lost_attempts\r\n",
     );
     for r in records {
         let reason = match &r.decision {
@@ -389,6 +423,18 @@ pub fn to_csv(records: &[ApprovalRecord]) -> String {
             reason,
             r.input.to_string(),
             r.edited_input().map(|v| v.to_string()).unwrap_or_default(),
+            r.contested
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{} {} {}",
+                        a.by.as_deref().unwrap_or("?"),
+                        a.chose.as_str(),
+                        a.attempted_at.to_rfc3339()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
         ];
         out.push_str(&row.iter().map(|c| cell(c)).collect::<Vec<_>>().join(","));
         out.push_str("\r\n");

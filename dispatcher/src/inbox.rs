@@ -3,14 +3,14 @@
 //!
 //! | page | what |
 //! |---|---|
-//! | `GET /inbox/login`, `POST /inbox/login` | sign in with an API token (scope `approve` or `admin`) |
+//! | `GET /inbox/login`, `POST /inbox/login` | sign in with an API token (scope `approve` or `admin`); with no tokens configured, no sign-in |
 //! | `GET /inbox` | the queue: pending approvals oldest first, filters, bulk decisions; live (SSE at `/inbox/stream`) |
-//! | `GET /inbox/runs/{run}/calls/{call}` | one approval: the run's context, the arguments, approve / reject / edit |
+//! | `GET /inbox/runs/{run}/calls/{call}` | one approval: why it waits, the tool (description, source, trust, server-supplied hints), the run's context, the arguments, approve / reject / edit |
 //! | `POST /inbox/runs/{run}/calls/{call}/edit` | an edit's preview: validated against the tool's schema, shown as a diff |
-//! | `POST /inbox/runs/{run}/calls/{call}/decide` | post a decision (then the run's page) |
+//! | `POST /inbox/runs/{run}/calls/{call}/decide` | post a decision (then the next pending approval, else the queue) |
 //! | `POST /inbox/decide` | approve or reject the selected approvals |
 //! | `GET /inbox/runs/{run}` | redirects to the console's run page, `/console/runs/{run}` ([`crate::console`]) |
-//! | `GET /inbox/history` | decided, expired and escalated approvals from the event log; `?format=csv` |
+//! | `GET /inbox/history` | decided and expired approvals from the event log, with the attempts that lost a race; `?format=csv` |
 //! | `POST /inbox/logout` | sign out |
 //!
 //! Invariants:
@@ -19,9 +19,14 @@
 //!   digest of the token (never the token), an expiry and a random nonce,
 //!   HMAC-SHA256-signed with [`InboxConfig::session_key`]. Each request looks
 //!   the digest up in the configured tokens again, so removing a token ends
-//!   its sessions. The cookie is `HttpOnly`, `SameSite=Strict`, `Path=/` (the console's pages share it)
-//!   (and `Secure` with [`InboxConfig::secure_cookies`]). Dispatcher replicas
+//!   its sessions. The cookie is `HttpOnly`, `SameSite=Strict`, `Path=/`
+//!   (one sign-in for `/inbox` and the console's `/console` pages; and
+//!   `Secure` with [`InboxConfig::secure_cookies`]). Dispatcher replicas
 //!   behind one address must share the key (`GLIA_SESSION_KEY`).
+//! - **No sign-in** when no tokens are configured (`glia dev`, a loopback
+//!   dispatcher without tokens): every page acts as the open admin, as the
+//!   API does ([`crate::Auth::open_principal`], the one rule). Forms still
+//!   carry a CSRF token and are origin-checked.
 //! - **CSRF**: every form carries a token (HMAC of the session nonce); every
 //!   POST must carry it and, when the browser sends `Origin` or
 //!   `Sec-Fetch-Site`, come from the same origin. Sign-in (no session yet)
@@ -58,6 +63,7 @@ use chrono::{DateTime, Utc};
 use glia_backends::{ApprovalFilter, ApprovalRow, LogError};
 use glia_proto::{ContentBlock, Message, RunState, ToolSpec, args_hash};
 use minijinja::{Environment, context};
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -69,6 +75,21 @@ use crate::control::{decide_many, decide_one, visible_run};
 use crate::error::ApiError;
 use crate::history::{self, HistoryQuery};
 use crate::model::{DecisionBody, DecisionKind};
+
+/// What a path segment may not hold unencoded (RFC 3986 `pchar`): call ids
+/// are the provider's and may hold anything.
+const PATH_SEGMENT: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}');
 
 /// The session cookie's name.
 pub const COOKIE: &str = "glia_inbox";
@@ -84,14 +105,31 @@ struct Claims {
     n: String,
 }
 
-/// A signed-in approver.
+/// A signed-in approver (or, with no tokens configured, the open admin:
+/// see [`crate::Auth::open_principal`]).
 #[derive(Debug, Clone)]
 pub struct Session {
     /// Who.
     pub principal: Principal,
     /// The form token of this session.
     pub csrf: String,
+    /// No sign-in: no tokens are configured (loopback only, `glia dev`).
+    pub open: bool,
 }
+
+impl Session {
+    /// What every page's frame shows: who, the form token, whether it is the
+    /// open (no sign-in) session, and the tenant. Merge it into a page's
+    /// context with `context! { …, ..s.frame() }`.
+    pub(crate) fn frame(&self) -> minijinja::Value {
+        context! { who => self.principal.by(), csrf => self.csrf.clone(), open => self.open, tenant => self.principal.tenant.clone() }
+    }
+}
+
+/// The nonce CSRF tokens derive from when no tokens are configured (there
+/// is no cookie): the token is still an HMAC under the session key, which a
+/// page of another site cannot read or compute.
+const OPEN_NONCE: &str = "open";
 
 fn sign_cookie(cfg: &InboxConfig, claims: &Claims) -> String {
     let body = B64.encode(serde_json::to_vec(claims).expect("claims serialise"));
@@ -119,9 +157,18 @@ fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-/// The session of a request, if its cookie is valid, unexpired, and its
-/// token still configured with scope `approve`.
+/// The session of a request: with no tokens configured, the open admin's
+/// (no sign-in, [`crate::Auth::open_principal`], the API's rule); else the
+/// cookie's, if it is valid, unexpired, and its token still configured with
+/// scope `approve`.
 pub(crate) fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
+    if let Some(principal) = app.auth.open_principal() {
+        return Some(Session {
+            principal,
+            csrf: csrf_of(&app.inbox, OPEN_NONCE),
+            open: true,
+        });
+    }
     let raw = cookie_value(headers, COOKIE)?;
     let (body, sig) = raw.split_once('.')?;
     let want = app.inbox.mac(&[b"session", body.as_bytes()]);
@@ -137,6 +184,7 @@ pub(crate) fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
     principal.has(Scope::Approve).then(|| Session {
         principal,
         csrf: csrf_of(&app.inbox, &claims.n),
+        open: false,
     })
 }
 
@@ -205,6 +253,26 @@ pub(crate) static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ),
         ("history.html", include_str!("../templates/history.html")),
         ("error.html", include_str!("../templates/error.html")),
+        (
+            "console_batches.html",
+            include_str!("../templates/console_batches.html"),
+        ),
+        (
+            "console_batch.html",
+            include_str!("../templates/console_batch.html"),
+        ),
+        (
+            "console_agents.html",
+            include_str!("../templates/console_agents.html"),
+        ),
+        (
+            "console_agent.html",
+            include_str!("../templates/console_agent.html"),
+        ),
+        (
+            "console_diff.html",
+            include_str!("../templates/console_diff.html"),
+        ),
     ] {
         env.add_template(name, source)
             .expect("the inbox templates parse");
@@ -267,7 +335,7 @@ pub(crate) fn error_page(s: Option<&Session>, status: StatusCode, message: &str)
     html(
         status,
         "error.html",
-        context! { who => s.map(|s| s.principal.by()), csrf => s.map(|s| s.csrf.clone()), status => status.as_u16(), message },
+        context! { status => status.as_u16(), message, ..s.map(Session::frame).unwrap_or_default() },
     )
 }
 
@@ -279,6 +347,7 @@ pub(crate) fn log_error_page(s: &Session, e: LogError) -> Response {
     api_error_page(s, ApiError::from(e))
 }
 
+/// To the sign-in page (a request without a session).
 pub(crate) fn to_login() -> Response {
     Redirect::to("/inbox/login").into_response()
 }
@@ -370,6 +439,7 @@ pub(crate) fn checked_post(
 // ----- sign-in ---------------------------------------------------------------------------
 
 async fn login_page(State(app): State<App>, headers: HeaderMap) -> Response {
+    // Signed in, or no sign-in needed (no tokens configured).
     if session(&app, &headers).is_some() {
         return Redirect::to("/inbox").into_response();
     }
@@ -394,9 +464,8 @@ async fn login(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respo
         )
     };
     if app.auth.is_open() {
-        return fail(
-            "this dispatcher has no API tokens configured; the inbox needs tokens (start it with --token TOKEN:TENANT:approve:NAME)",
-        );
+        // Nothing to sign in to: every page acts as the open admin.
+        return Redirect::to("/inbox").into_response();
     }
     let Some((digest, principal)) = app.auth.lookup(token) else {
         return fail("unknown token");
@@ -434,8 +503,10 @@ async fn login(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respo
 }
 
 async fn logout(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(r) = checked_post(&app, &headers, &form(&body)) {
-        return r;
+    match checked_post(&app, &headers, &form(&body)) {
+        Err(r) => return r,
+        Ok(s) if s.open => return Redirect::to("/inbox").into_response(),
+        Ok(_) => {}
     }
     let mut r = Redirect::to("/inbox/login").into_response();
     let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
@@ -454,7 +525,8 @@ pub struct QueueFilter {
     /// Only this tool's.
     #[serde(default)]
     pub tool: Option<String>,
-    /// Only runs of this agent (model).
+    /// Only runs of this agent: its name, `name@version`, or (runs not
+    /// started from an agent definition) the model.
     #[serde(default)]
     pub agent: Option<String>,
     /// Only this batch's runs.
@@ -474,8 +546,13 @@ struct Item {
     args_hash: String,
     summary: String,
     goal: String,
-    agent: String,
+    /// `name@version` of the agent definition the run was started from.
+    agent: Option<String>,
+    /// The run's model (shown when it has no agent definition).
+    model: String,
     batch_id: Option<Uuid>,
+    /// The batch item's `custom_id`, for a batch run.
+    custom_id: Option<String>,
     requested_at: DateTime<Utc>,
     age: String,
     deadline: Option<String>,
@@ -530,7 +607,7 @@ async fn pending(app: &App, s: &Session, f: &QueueFilter) -> Result<Vec<Item>, L
     };
     let rows = app.log.approvals(&filter).await?;
     let now = Utc::now();
-    let mut runs: HashMap<Uuid, Option<(String, String, Option<Uuid>)>> = HashMap::new();
+    let mut runs: HashMap<Uuid, Option<RunInfo>> = HashMap::new();
     let mut items = Vec::new();
     let min_age_ms = f
         .min_age
@@ -544,36 +621,65 @@ async fn pending(app: &App, s: &Session, f: &QueueFilter) -> Result<Vec<Item>, L
                 app.log.get_run(row.run_id).await,
                 app.log.load(row.run_id).await,
             ) {
-                (Ok(run), Ok(state)) => Some((run.goal, state.config.model, run.batch_id)),
+                (Ok(run), Ok(state)) => Some(RunInfo::of(&run, &state)),
                 (Err(LogError::NotFound(_)), _) | (_, Err(LogError::NotFound(_))) => None,
                 (Err(e), _) | (_, Err(e)) => return Err(e),
             };
             e.insert(info);
         }
-        let Some((goal, agent, batch_id)) = runs[&row.run_id].clone() else {
+        let Some(info) = runs[&row.run_id].clone() else {
             continue;
         };
         let age_ms = (now - row.requested_at).num_milliseconds();
         if f.agent
             .as_deref()
-            .is_some_and(|a| !a.is_empty() && a != agent)
-            || batch.is_some_and(|b| batch_id.map(|id| id.to_string()).as_deref() != Some(b))
+            .map(str::trim)
+            .is_some_and(|a| !a.is_empty() && !info.is_agent(a))
+            || batch.is_some_and(|b| info.batch_id.map(|id| id.to_string()).as_deref() != Some(b))
             || min_age_ms.is_some_and(|m| age_ms < m)
         {
             continue;
         }
-        items.push(item(row, goal, agent, batch_id, now));
+        items.push(item(row, info, now));
     }
     Ok(items)
 }
 
-fn item(
-    row: ApprovalRow,
+/// What the queue and the card show of an approval's run.
+#[derive(Debug, Clone)]
+struct RunInfo {
     goal: String,
-    agent: String,
+    agent: Option<String>,
+    model: String,
+    agent_name: Option<String>,
     batch_id: Option<Uuid>,
-    now: DateTime<Utc>,
-) -> Item {
+    custom_id: Option<String>,
+}
+
+impl RunInfo {
+    fn of(run: &glia_backends::RunSummary, state: &RunState) -> RunInfo {
+        RunInfo {
+            goal: run.goal.clone(),
+            agent: state
+                .config
+                .agent
+                .as_ref()
+                .map(|a| format!("{}@{}", a.name, a.version)),
+            agent_name: state.config.agent.as_ref().map(|a| a.name.clone()),
+            model: state.config.model.clone(),
+            batch_id: run.batch_id,
+            custom_id: run.custom_id.clone(),
+        }
+    }
+
+    /// Whether the queue's agent filter `a` names this run's agent (its
+    /// name or `name@version`) or, for a run without one, its model.
+    fn is_agent(&self, a: &str) -> bool {
+        self.agent.as_deref() == Some(a) || self.agent_name.as_deref() == Some(a) || self.model == a
+    }
+}
+
+fn item(row: ApprovalRow, info: RunInfo, now: DateTime<Utc>) -> Item {
     let left = row.expires_at.map(|t| (t - now).num_milliseconds());
     Item {
         summary: summarize(&row.input),
@@ -590,9 +696,11 @@ fn item(
         call_id: row.call_id,
         tool: row.tool,
         args_hash: row.args_hash,
-        goal,
-        agent,
-        batch_id,
+        goal: info.goal,
+        agent: info.agent,
+        model: info.model,
+        batch_id: info.batch_id,
+        custom_id: info.custom_id,
         requested_at: row.requested_at,
         expires_at: row.expires_at,
         escalated: row.escalated,
@@ -616,7 +724,7 @@ async fn queue(
     html(
         StatusCode::OK,
         "queue.html",
-        context! { who => s.principal.by(), tenant => s.principal.tenant, csrf => s.csrf, items, filter => f, query },
+        context! { items, filter => f, query, ..s.frame() },
     )
 }
 
@@ -851,30 +959,48 @@ fn tool_schema(state: &RunState, tool: &str) -> Option<Value> {
     find(&state.step_tools).or_else(|| find(&state.config.external_tools))
 }
 
-/// Why a call of `tool` waits for a person, for the card's "Policy:" line:
-/// the tool's resolved policy as its step recorded it, and who decided it
-/// (operator, agent, run, annotation), or the run's `policies`, which
-/// required approval for these arguments.
-fn policy_line(state: &RunState, tool: &str, interrupted: bool) -> Option<String> {
+/// Why a call of `tool` waits for a person, in plain words, for the card's
+/// "Why approval is needed" line: a crash interrupted it; or the tool's
+/// resolved policy as its step recorded it, and who decided it (the
+/// operator, the agent definition, the run, the MCP server's annotation);
+/// or a rule of the run's `policies`, which looked at these arguments.
+/// `None` when the log does not say (a tool the step did not record).
+fn why_approval(state: &RunState, tool: &str, interrupted: bool) -> Option<String> {
+    if interrupted {
+        return Some(
+            "This call started once and its worker stopped before a result came back; the run asks before running it again (its on_interrupted_call setting).".into(),
+        );
+    }
     let spec = state.step_tools.iter().find(|t| t.name == tool)?;
     let policy = spec.policy.as_ref()?;
-    let why = if interrupted {
-        "asked again: a crash interrupted the call (on_interrupted_call)".to_owned()
-    } else if policy.requires_approval {
+    let tenant = if state.config.agent.is_some() {
+        "the agent definition"
+    } else {
+        "the run's config"
+    };
+    Some(if !policy.requires_approval {
         format!(
-            "requires approval, by the {} ({})",
-            policy.approval_by.as_str(),
-            policy_origin_text(policy.approval_by)
+            "The tool itself needs no approval, but a rule in the `policies` of {tenant} matched these arguments."
         )
     } else {
-        let by = if state.config.agent.is_some() {
-            "agent"
-        } else {
-            "run"
-        };
-        format!("requires approval, by the {by} (a rule of its `policies` matched these arguments)")
-    };
-    Some(format!("{why} · {}", policy.describe()))
+        match policy.approval_by {
+            glia_proto::PolicyOrigin::Operator => {
+                "The operator's catalogue requires approval for every call of this tool.".into()
+            }
+            glia_proto::PolicyOrigin::Agent => {
+                "The agent definition requires approval for every call of this tool (its tool_policy, or a rule of its policies naming the tool).".into()
+            }
+            glia_proto::PolicyOrigin::Run => {
+                "The run's config requires approval for every call of this tool (its tool_policy, or a rule of its policies naming the tool).".into()
+            }
+            glia_proto::PolicyOrigin::Annotation => {
+                "The MCP server marks this tool destructive (destructiveHint), so every call needs approval.".into()
+            }
+            glia_proto::PolicyOrigin::Default => {
+                "Every call of this tool needs approval.".into()
+            }
+        }
+    })
 }
 
 pub(crate) fn policy_origin_text(origin: glia_proto::PolicyOrigin) -> &'static str {
@@ -887,7 +1013,82 @@ pub(crate) fn policy_origin_text(origin: glia_proto::PolicyOrigin) -> &'static s
     }
 }
 
+/// What the card says about the tool: what it does (its description, as
+/// the model was shown it), where it runs, how far its server is trusted,
+/// the annotations its MCP server listed (claims, not verified), and its
+/// resolved policy in the log's terms.
+#[derive(Debug, Clone, Default, Serialize)]
+struct ToolCard {
+    description: Option<String>,
+    source: String,
+    trust: Option<String>,
+    hints: Vec<(String, String)>,
+    policy: Option<String>,
+}
+
+fn tool_card(state: &RunState, tool: &str) -> ToolCard {
+    let step = state.step_tools.iter().find(|t| t.name == tool);
+    let external = state.config.external_tools.iter().find(|t| t.name == tool);
+    let Some(spec) = step.or(external) else {
+        return ToolCard {
+            source: format!("tool {tool:?} (not among the tools the run recorded)"),
+            ..ToolCard::default()
+        };
+    };
+    let (source, hints) = match &spec.source {
+        Some(glia_proto::ToolSource::Mcp {
+            server,
+            tool: original,
+            hints,
+            ..
+        }) => {
+            let offered = if original != tool {
+                format!(" (offered to the model as {tool:?})")
+            } else {
+                String::new()
+            };
+            (
+                format!("MCP server {server:?}, tool {original:?}{offered}"),
+                hints
+                    .as_ref()
+                    .map(|h| {
+                        h.listed()
+                            .into_iter()
+                            .map(|(k, v)| (k.to_owned(), v))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            )
+        }
+        Some(glia_proto::ToolSource::Http { url, .. }) => {
+            (format!("HTTP tool: posts to {url}"), Vec::new())
+        }
+        None if spec.external => (
+            "external tool: the application that started the run executes it".to_owned(),
+            Vec::new(),
+        ),
+        None => ("a tool of the worker".to_owned(), Vec::new()),
+    };
+    let policy = spec.policy.as_ref();
+    let trust = policy.and_then(|p| p.trusted_server).map(|trusted| {
+        if trusted {
+            "trusted server: the operator's catalogue believes its annotations".to_owned()
+        } else {
+            "untrusted server: its annotations can only make a call stricter, never waive approval"
+                .to_owned()
+        }
+    });
+    ToolCard {
+        description: Some(spec.description.clone()).filter(|d| !d.trim().is_empty()),
+        source,
+        trust,
+        hints,
+        policy: policy.map(|p| p.describe()),
+    }
+}
+
 struct Loaded {
+    run: glia_backends::RunSummary,
     state: RunState,
     row: ApprovalRow,
 }
@@ -921,7 +1122,7 @@ async fn load_call(
         .load(run_id)
         .await
         .map_err(|e| log_error_page(s, e))?;
-    Ok(Loaded { state, row })
+    Ok(Loaded { run, state, row })
 }
 
 async fn detail(
@@ -932,19 +1133,11 @@ async fn detail(
     let Some(s) = session(&app, &headers) else {
         return to_login();
     };
-    let Loaded { state, row } = match load_call(&app, &s, run_id, &call_id).await {
+    let Loaded { run, state, row } = match load_call(&app, &s, run_id, &call_id).await {
         Ok(l) => l,
         Err(r) => return r,
     };
-    let record = match history::run_records(
-        &*app.log,
-        &match app.log.get_run(run_id).await {
-            Ok(r) => r,
-            Err(e) => return log_error_page(&s, e),
-        },
-    )
-    .await
-    {
+    let record = match history::run_records(&*app.log, &run).await {
         Ok(records) => records.into_iter().rev().find(|r| r.call_id == call_id),
         Err(e) => return log_error_page(&s, e),
     };
@@ -957,40 +1150,19 @@ async fn detail(
         .collect();
     let pending = row.status == glia_backends::ApprovalStatus::Pending;
     let schema = tool_schema(&state, &row.tool);
-    let policy = policy_line(&state, &row.tool, row.interrupted);
-    let source = source_line(&state, &row.tool);
+    let why = why_approval(&state, &row.tool, row.interrupted);
+    let tool = tool_card(&state, &row.tool);
     // The pending call's arguments; once decided, those the approver was shown.
     let shown_input = state
         .call(&call_id)
         .map_or_else(|| row.input.clone(), |c| c.input.clone());
-    let item = item(
-        row,
-        state.goal.clone(),
-        state.config.model.clone(),
-        None,
-        Utc::now(),
-    );
+    let item = item(row, RunInfo::of(&run, &state), Utc::now());
     html(
         StatusCode::OK,
         "detail.html",
-        context! { who => s.principal.by(), csrf => s.csrf, item, pending, record, goal => state.goal, recent, earlier_results,
-        input => serde_json::to_string_pretty(&shown_input).unwrap_or_default(), schema, policy, source, error => None::<String> },
+        context! { item, pending, record, goal => state.goal, recent, earlier_results,
+        input => serde_json::to_string_pretty(&shown_input).unwrap_or_default(), schema, why, tool, ..s.frame() },
     )
-}
-
-/// Where a call of `tool` goes, for the card's "Tool:" line, when the name
-/// the model called is not the one the tool has at its source: an MCP tool
-/// whose own name is outside the provider grammar (`calendar.read`) is
-/// offered under its provider-safe form (`glia_proto::tool_names`), and the
-/// approver sees the name the server is called with.
-fn source_line(state: &RunState, tool: &str) -> Option<String> {
-    let spec = state.step_tools.iter().find(|t| t.name == tool)?;
-    match &spec.source {
-        Some(glia_proto::ToolSource::Mcp { tool: original, .. }) if original != tool => Some(
-            format!("{} (offered to the model as {tool:?})", spec.describe()),
-        ),
-        _ => None,
-    }
 }
 
 /// The arguments of the call as the run holds them (the pending call's).
@@ -1052,7 +1224,7 @@ async fn edit_preview(
         Ok(s) => s,
         Err(r) => return r,
     };
-    let Loaded { state, row } = match load_call(&app, &s, run_id, &call_id).await {
+    let Loaded { run, state, row } = match load_call(&app, &s, run_id, &call_id).await {
         Ok(l) => l,
         Err(r) => return r,
     };
@@ -1062,17 +1234,11 @@ async fn edit_preview(
         Ok(input) => {
             let old = record_input(&state, &call_id);
             let lines = diff(&old, &input);
-            let item = item(
-                row,
-                state.goal.clone(),
-                state.config.model.clone(),
-                None,
-                Utc::now(),
-            );
+            let item = item(row, RunInfo::of(&run, &state), Utc::now());
             html(
                 StatusCode::OK,
                 "edit.html",
-                context! { who => s.principal.by(), csrf => s.csrf, item, lines, input => serde_json::to_string(&input).unwrap_or_default(), new_hash => args_hash(&input) },
+                context! { item, lines, input => serde_json::to_string(&input).unwrap_or_default(), new_hash => args_hash(&input), ..s.frame() },
             )
         }
         Err(message) => error_page(Some(&s), StatusCode::UNPROCESSABLE_ENTITY, &message),
@@ -1152,13 +1318,39 @@ async fn decide(
             );
         }
     };
-    match decide_one(&app, &s.principal, run_id, call_id, &body).await {
-        Ok(_) => Redirect::to(&format!("/inbox/runs/{run_id}")).into_response(),
+    match decide_one(&app, &s.principal, run_id, call_id.clone(), &body).await {
+        Ok(_) => Redirect::to(&next_item(&app, &s, run_id, &call_id).await).into_response(),
         Err(e) => api_error_page(&s, e),
     }
 }
 
-// ----- a run ---------------------------------------------------------------------------
+/// Where an approver goes after deciding `call_id` of `run_id`: the next
+/// approval waiting for them (the oldest pending one they may see, other
+/// than the one just decided), else the queue (which then says nothing
+/// waits). A store that fails to answer sends them to the queue too.
+async fn next_item(app: &App, s: &Session, run_id: Uuid, call_id: &str) -> String {
+    match pending(app, s, &QueueFilter::default()).await {
+        Ok(items) => items
+            .into_iter()
+            .find(|i| !(i.run_id == run_id && i.call_id == call_id))
+            .map_or_else(
+                || "/inbox".to_owned(),
+                |i| {
+                    format!(
+                        "/inbox/runs/{}/calls/{}",
+                        i.run_id,
+                        utf8_percent_encode(&i.call_id, PATH_SEGMENT)
+                    )
+                },
+            ),
+        Err(e) => {
+            tracing::warn!("the next approval could not be read: {e}");
+            "/inbox".to_owned()
+        }
+    }
+}
+
+// ----- a run -----------------------------------------------------------------------------
 
 /// What the guardrails redacted from an event's text, as the pages say it
 /// before the text (`redacted: email ×2 · `): the rules and counts, never
@@ -1189,10 +1381,12 @@ async fn history_page(
     let Some(s) = session(&app, &headers) else {
         return to_login();
     };
-    let records = match history::history(&*app.log, s.principal.tenant_filter(), &q).await {
+    let mut records = match history::history(&*app.log, s.principal.tenant_filter(), &q).await {
         Ok(r) => r,
         Err(e) => return log_error_page(&s, e),
     };
+    // Decided items only: what still waits is the queue's.
+    records.retain(|r| r.resolution != history::Resolution::Pending);
     if q.format == Some(history::HistoryFormat::Csv) {
         return (
             [
@@ -1231,7 +1425,7 @@ async fn history_page(
     html(
         StatusCode::OK,
         "history.html",
-        context! { who => s.principal.by(), csrf => s.csrf, rows, q => q, csv_query => csv_query.finish() },
+        context! { rows, q => q, csv_query => csv_query.finish(), ..s.frame() },
     )
 }
 
@@ -1277,8 +1471,10 @@ mod tests {
                 args_hash: "h".into(),
                 summary: "<script>alert(1)</script><img src=x onerror=alert(2)>".into(),
                 goal: "\"goal\"".into(),
-                agent: "a".into(),
+                agent: Some("a@1".into()),
+                model: "m".into(),
                 batch_id: None,
+                custom_id: Some("<i>item</i>".into()),
                 requested_at: Utc::now(),
                 age: "1s".into(),
                 deadline: None,
@@ -1289,7 +1485,10 @@ mod tests {
             }] })
             .unwrap();
         assert!(
-            !out.contains("<script>") && !out.contains("<img") && !out.contains("<b>"),
+            !out.contains("<script>")
+                && !out.contains("<img")
+                && !out.contains("<b>")
+                && !out.contains("<i>"),
             "{out}"
         );
         assert!(

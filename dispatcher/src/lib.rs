@@ -37,7 +37,7 @@
 //!   connect;
 //! - the leaves, [`handlers`] (one module per resource of the JSON API),
 //!   [`inbox`] (the HTML approvals inbox), [`console`] (the HTML pages of
-//!   runs, beside the inbox) and [`webhooks`] (its API and the
+//!   runs, batches and agents, beside the inbox) and [`webhooks`] (its API and the
 //!   deliverer);
 //! - the middle: [`admission`] (what makes a request a run), [`control`]
 //!   (posting decisions, pause, resume, cancel), [`batches`] (the batch

@@ -197,6 +197,8 @@ impl Payload {
     /// who, limits and deadlines stay.
     pub fn erased(&self) -> Payload {
         match self {
+            // Who, what they chose and when: no content.
+            Payload::ApprovalContested { .. } => self.clone(),
             Payload::Approval {
                 call_id,
                 decision,
@@ -262,6 +264,8 @@ impl EventKind {
     pub fn erased(&self) -> EventKind {
         use EventKind as K;
         match self {
+            // Who, what they chose and when: no content.
+            K::ApprovalContested { .. } => self.clone(),
             K::SessionStart {
                 goal,
                 config,

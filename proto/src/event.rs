@@ -274,6 +274,23 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expires_at: Option<DateTime<Utc>>,
     },
+    /// A person tried to decide an approval another decision had already
+    /// answered (two approvers racing, or a stale page): who, what they
+    /// chose and when. The first decision stands; this is the record of the
+    /// attempt that lost. Recorded by the worker from a
+    /// [`Payload::ApprovalContested`] the dispatcher posts when it answers
+    /// such an attempt 409 `already_decided`; no state changes.
+    #[serde(rename = "approval.contested")]
+    ApprovalContested {
+        /// The call.
+        call_id: String,
+        /// Who tried (the token's principal name).
+        by: Option<String>,
+        /// What they chose.
+        chose: DecisionChoice,
+        /// When the dispatcher refused the attempt.
+        attempted_at: DateTime<Utc>,
+    },
     /// The user's next message arrived.
     #[serde(rename = "input.received")]
     InputReceived {
@@ -389,7 +406,7 @@ impl EventKind {
     /// declaration order: the one list the OpenAPI document and the SQL
     /// adapters read. Each equals the variant's serde tag and [`Self::name`]
     /// (tested in `tests/roundtrip.rs`).
-    pub const NAMES: [&'static str; 30] = [
+    pub const NAMES: [&'static str; 31] = [
         "session.start",
         "plan.draft",
         "plan.commit",
@@ -408,6 +425,7 @@ impl EventKind {
         "approval.requested",
         "approval.resolved",
         "approval.escalated",
+        "approval.contested",
         "input.received",
         "guardrail.tripped",
         "context.compacted",
@@ -478,6 +496,7 @@ impl EventKind {
             EventKind::ApprovalRequested { .. } => "approval.requested",
             EventKind::ApprovalResolved { .. } => "approval.resolved",
             EventKind::ApprovalEscalated { .. } => "approval.escalated",
+            EventKind::ApprovalContested { .. } => "approval.contested",
             EventKind::InputReceived { .. } => "input.received",
             EventKind::GuardrailTripped { .. } => "guardrail.tripped",
             EventKind::ContextCompacted { .. } => "context.compacted",
@@ -581,6 +600,30 @@ pub enum ToolErrorKind {
     /// Its approval passed its deadline with no decision
     /// ([`Decision::Expire`]); the call did not run.
     Expired,
+}
+
+/// What an approver chose, without its content (the reason of a
+/// rejection, edited arguments): `approve`, `reject` or `edit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionChoice {
+    /// Approve as proposed.
+    Approve,
+    /// Reject.
+    Reject,
+    /// Approve with edited arguments.
+    Edit,
+}
+
+impl DecisionChoice {
+    /// `approve`, `reject` or `edit`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionChoice::Approve => "approve",
+            DecisionChoice::Reject => "reject",
+            DecisionChoice::Edit => "edit",
+        }
+    }
 }
 
 /// A person's decision on an approval.
@@ -909,6 +952,20 @@ pub enum Payload {
         /// The deadline that passed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expires_at: Option<DateTime<Utc>>,
+    },
+    /// Record a losing attempt to decide the approval of `call_id`
+    /// (`approval.contested`): the dispatcher refused it because a decision
+    /// was already posted. Taken wherever the run stands; changes nothing.
+    ApprovalContested {
+        /// The call.
+        call_id: String,
+        /// Who tried.
+        #[serde(default)]
+        by: Option<String>,
+        /// What they chose.
+        chose: DecisionChoice,
+        /// When the attempt was refused.
+        attempted_at: DateTime<Utc>,
     },
     /// Cancel the run (terminal), wherever it stands.
     Cancel {

@@ -63,8 +63,8 @@ pub use content::{
 };
 pub use erasure::TOMBSTONE;
 pub use event::{
-    Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic, LiveEvent,
-    Outcome, PauseReason, Payload, PullPoint, Retry, ToolCallRecord, ToolErrorKind,
+    Decision, DecisionChoice, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic,
+    LiveEvent, Outcome, PauseReason, Payload, PullPoint, Retry, ToolCallRecord, ToolErrorKind,
 };
 pub use guardrails::{Guardrails, Redaction, TextRule, Withheld};
 pub use held::{Held, HeldResult, RUNNING_MARK_REFRESH, RUNNING_MARK_TTL};
@@ -76,8 +76,8 @@ pub use provider::{
 pub use state::{ApprovalStatus, PendingCall, Phase, RunState, Status, TransitionError};
 pub use stop::{ProtectedTurn, RefusedTurn, RejectedAnswer, StopAction, StopClass, StopPolicy};
 pub use tool_sources::{
-    HttpTool, McpToolSource, OutputSchemaCheck, PolicyOrigin, ResolvedPolicy, ToolOutputSchema,
-    ToolPolicy, ToolSource,
+    HttpTool, McpToolHints, McpToolSource, OutputSchemaCheck, PolicyOrigin, ResolvedPolicy,
+    ToolOutputSchema, ToolPolicy, ToolSource,
 };
 
 pub mod testing;

@@ -847,6 +847,7 @@ impl RunState {
             }
             EventKind::BudgetWarn { .. }
             | EventKind::Error { .. }
+            | EventKind::ApprovalContested { .. }
             | EventKind::HookApplied { .. } => {}
             EventKind::ToolSourceUnavailable { attempt, .. } => {
                 not_parked(self)?;

@@ -286,6 +286,55 @@ impl ResolvedPolicy {
     }
 }
 
+/// The annotations an MCP server lists for a tool (`tools/list`, MCP
+/// 2025-06-18 "Tools" › `ToolAnnotations`), as it listed them. They are
+/// claims of the server, not verified: glia believes them only as far as
+/// the catalogue's `trust` says ([`ResolvedPolicy`]), and the approval card
+/// shows them as "server-supplied hints". JSON uses MCP's own names:
+/// `{"title": "…", "readOnlyHint": true, "destructiveHint": false,
+/// "idempotentHint": true, "openWorldHint": false}` (each optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct McpToolHints {
+    /// A human-readable title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// The tool does not change its environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_hint: Option<bool>,
+    /// The tool may make destructive updates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive_hint: Option<bool>,
+    /// Calling it twice with the same arguments has no further effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent_hint: Option<bool>,
+    /// The tool reaches an open world of outside entities (the web…).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_world_hint: Option<bool>,
+}
+
+impl McpToolHints {
+    /// The hints the server set, as `(MCP name, value)` pairs in MCP's
+    /// order (`title` first); empty when it set none.
+    pub fn listed(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.title {
+            out.push(("title", t.clone()));
+        }
+        for (name, v) in [
+            ("readOnlyHint", self.read_only_hint),
+            ("destructiveHint", self.destructive_hint),
+            ("idempotentHint", self.idempotent_hint),
+            ("openWorldHint", self.open_world_hint),
+        ] {
+            if let Some(v) = v {
+                out.push((name, v.to_string()));
+            }
+        }
+        out
+    }
+}
+
 /// Where a tool offered in a step comes from, frozen with it in `step.start`
 /// ([`crate::ToolSpec::source`]): the worker routes each call by it, and a
 /// reader sees which server version of the schema the model was shown.
@@ -310,6 +359,11 @@ pub enum ToolSource {
         /// recorded): `timeout_ms` bounds the whole call.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_total_ms: Option<u64>,
+        /// The annotations the server listed for the tool: its claims,
+        /// shown to approvers as such; `None` when it listed none (and in
+        /// logs written before they were recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hints: Option<McpToolHints>,
     },
     /// An HTTP tool of the run's config.
     Http {

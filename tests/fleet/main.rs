@@ -9,7 +9,7 @@
 //! - [`exactly_once`]: the recorded tau-bench batch reproduces exactly
 //!   (every call, result and approval), with a worker killed mid-batch;
 //! - [`approvals`]: the approval inbox, in a real browser;
-//! - [`console`]: the console's pages of runs, in a real browser;
+//! - [`console`]: the console's pages (runs, batches, agents), in a real browser;
 //! - [`limits`]: the provider's rate limits, retries and prices, fleet-wide;
 //!   tenant input bounded (and the dispatcher's memory with it);
 //! - [`observability`]: every dashboard and alert expression has data in a

@@ -10,6 +10,12 @@
 //! | `GET /console/runs/{id}/events/{seq}` | one event in full (a model call's whole request) |
 //! | `GET /console/runs/{id}/live` | server-sent events: each new event's rendered timeline entry, and the header |
 //! | `POST /console/runs/{id}/{cancel,pause,resume,messages}`, `POST /console/runs/{id}/tool-results/{call}` | the run's actions |
+//! | `GET /console/batches` | the tenant's batches: status, progress, spend |
+//! | `GET /console/batches/{id}` | one batch: items by state, spend, failures with their runs, results download |
+//! | `GET /console/batches/{id}/results` | the batch's results as JSON Lines (as `GET /v1/batches/{id}/results`) |
+//! | `GET /console/agents` | the tenant's agents, each with its versions |
+//! | `GET /console/agents/{name}` | an agent's versions, each definition readable |
+//! | `GET /console/agents/{name}/diff?from=N&to=M` | a line diff of two versions' definitions |
 //!
 //! One sign-in with the inbox: the same session cookie (`glia_inbox`,
 //! `Path=/`), CSRF tokens, origin checks, templates (minijinja, HTML
@@ -18,7 +24,8 @@
 //! action goes through the JSON API's handler
 //! ([`crate::handlers::payloads`]), so its scope, tenant and state checks
 //! are the API's: a page hides what the session's scopes do not allow, and
-//! the server checks again.
+//! the server checks again. Another tenant's run, batch or agent answers
+//! 404, like a missing one.
 
 use axum::Router;
 use axum::response::Redirect;
@@ -26,6 +33,8 @@ use axum::routing::get;
 
 use crate::app::App;
 
+mod agents;
+mod batches;
 pub mod runs;
 
 /// The console's routes (merged into [`crate::server::router`]).
@@ -34,4 +43,6 @@ pub fn routes() -> Router<App> {
         .route("/console", get(|| async { Redirect::to("/console/runs") }))
         .route("/console/", get(|| async { Redirect::to("/console/runs") }))
         .merge(runs::routes())
+        .merge(batches::routes())
+        .merge(agents::routes())
 }

@@ -775,6 +775,25 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
                 ));
             }
         }
+        EventKind::ApprovalContested {
+            call_id,
+            by,
+            chose,
+            attempted_at,
+        } => {
+            x.group = "approval";
+            x.title = format!(
+                "A late decision on {} lost the race (the first stands)",
+                tool_name(call_id)
+            );
+            x.facts
+                .push(fact("by", by.clone().unwrap_or_else(|| "unknown".into())));
+            x.facts.push(fact("chose", chose.as_str().to_owned()));
+            x.facts.push(fact(
+                "attempted",
+                attempted_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+            ));
+        }
         EventKind::InputReceived { text, redactions } => {
             x.group = "input";
             x.title = "User message".into();

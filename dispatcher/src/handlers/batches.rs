@@ -476,38 +476,7 @@ pub async fn results(
     ApiPath(id): ApiPath<Uuid>,
 ) -> Result<Response, ApiError> {
     let batch = visible_batch(&app, &p, id).await?;
-    let store = store(&app)?.clone();
-    const PAGE: usize = 1000;
-    let lines = futures::stream::unfold(Some(0u64), move |from| {
-        let store = store.clone();
-        async move {
-            let from = from?;
-            match store.items(batch.id, from, PAGE).await {
-                Err(e) => {
-                    tracing::warn!(batch_id = %batch.id, "results cut off: {e}");
-                    Some((Err(std::io::Error::other(e.to_string())), None))
-                }
-                Ok(items) if items.is_empty() => None,
-                Ok(items) => {
-                    let next = (items.len() == PAGE)
-                        .then(|| items.last().map(|i| i.n + 1))
-                        .flatten();
-                    let mut out = Vec::new();
-                    for item in items {
-                        serde_json::to_writer(&mut out, &ItemResult::of(item))
-                            .expect("results serialise");
-                        out.push(b'\n');
-                    }
-                    Some((Ok(Bytes::from(out)), Some(next.unwrap_or(u64::MAX))))
-                }
-            }
-        }
-    });
-    Ok((
-        [(header::CONTENT_TYPE, "application/jsonl")],
-        Body::from_stream(lines),
-    )
-        .into_response())
+    results_response(&app, &batch)
 }
 
 /// The batch's progress as server-sent events: a `progress` frame (a

@@ -112,7 +112,8 @@ async fn a_decision_is_posted_bound_to_the_pending_hash_and_the_first_wins() {
         outbox_before + 1,
         "the post wrote a job"
     );
-    // A second decision: 409, nothing written.
+    // A second decision: 409 naming the winner; nothing written but the
+    // record of the losing attempt (for the worker to log).
     let before = snapshot(&h).await;
     let again = post(
         &h,
@@ -125,7 +126,23 @@ async fn a_decision_is_posted_bound_to_the_pending_hash_and_the_first_wins() {
         (again.status, again.code()),
         (StatusCode::CONFLICT, "already_decided")
     );
-    assert_eq!(snapshot(&h).await, before);
+    assert!(
+        again.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("approved by ana (posted, not yet applied)"),
+        "{}",
+        again.text
+    );
+    let after = snapshot(&h).await;
+    assert_eq!(after.runs, before.runs, "no event");
+    assert_eq!(after.outbox, before.outbox + 1, "the record's job");
+    let posted = h.log.inbox(id).await.unwrap();
+    assert_eq!(posted.len(), 2);
+    assert!(
+        matches!(&posted[1].payload, Payload::ApprovalContested { by: Some(by), chose: glia_proto::DecisionChoice::Reject, .. } if by == "ana"),
+        "{posted:?}"
+    );
     // After a worker consumed it, still 409 (the call left the batch).
     let item = inbox[0].id;
     commit_consuming(
@@ -345,8 +362,13 @@ async fn two_concurrent_conflicting_decisions_one_wins() {
             &b
         };
         let inbox = h.log.inbox(id).await.unwrap();
-        assert_eq!(inbox.len(), 1, "exactly one decision is posted");
-        match &inbox[0].payload {
+        let decisions: Vec<_> = inbox
+            .iter()
+            .filter(|i| matches!(i.payload, Payload::Approval { .. }))
+            .collect();
+        assert_eq!(decisions.len(), 1, "exactly one decision is posted");
+        assert_eq!(inbox.len(), 2, "and the losing attempt's record: {inbox:?}");
+        match &decisions[0].payload {
             Payload::Approval { decision, .. } => assert_eq!(
                 serde_json::to_value(decision).unwrap(),
                 winner.body["decision"]
@@ -537,8 +559,10 @@ async fn bulk_decisions_report_per_item() {
             .await
             .unwrap()
             .into_iter()
-            .map(|item| match item.payload {
-                Payload::Approval { call_id, .. } => call_id,
+            .filter_map(|item| match item.payload {
+                Payload::Approval { call_id, .. } => Some(call_id),
+                // The refused repeat's record.
+                Payload::ApprovalContested { .. } => None,
                 other => panic!("not a decision: {other:?}"),
             })
             .collect();

@@ -43,7 +43,7 @@ pub(crate) fn page(uri: &str, cookie: &str) -> Request<Body> {
 }
 
 /// Sign in with `token`: the cookie (`name=value`) and the page's form token.
-async fn sign_in(h: &H, token: &str) -> (String, String) {
+pub(crate) async fn sign_in(h: &H, token: &str) -> (String, String) {
     let r = send(
         &h.router,
         form(
@@ -63,16 +63,18 @@ async fn sign_in(h: &H, token: &str) -> (String, String) {
     let cookie = set.split(';').next().unwrap().to_owned();
     let queue = send(&h.router, page("/inbox", &cookie)).await;
     assert_eq!(queue.status, StatusCode::OK);
-    let csrf = queue
-        .text
-        .split("name=\"csrf\" value=\"")
+    (cookie, csrf_of(&queue.text))
+}
+
+/// The form token a page carries.
+pub(crate) fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
         .nth(1)
-        .unwrap()
+        .unwrap_or_else(|| panic!("no form token on the page: {page}"))
         .split('"')
         .next()
         .unwrap()
-        .to_owned();
-    (cookie, csrf)
+        .to_owned()
 }
 
 #[tokio::test]
@@ -200,8 +202,9 @@ async fn sessions_forms_and_filters() {
         (r.status, r.headers[header::LOCATION].to_str().unwrap()),
         (
             StatusCode::SEE_OTHER,
-            format!("/inbox/runs/{refund}").as_str()
-        )
+            format!("/inbox/runs/{ship}/calls/c1").as_str()
+        ),
+        "on to the next approval waiting"
     );
     let posted = h.log.inbox(refund).await.unwrap();
     assert!(
@@ -294,13 +297,15 @@ async fn the_run_page_shows_the_edited_arguments() {
     );
 }
 
-/// The approval card says why the call waits: the tool's resolved policy
-/// as its step recorded it, and who decided it (here the operator's
-/// catalogue over an untrusted server that called the tool read-only), or
-/// the run's `policies` matching these arguments.
+/// The approval card says why the call waits, in plain words: the tool's
+/// resolved policy as its step recorded it and who decided it (here the
+/// operator's catalogue), or the run's `policies` matching these
+/// arguments; and what the tool is: its description, where it runs, how
+/// far its server is trusted, and its MCP annotations as server-supplied
+/// hints (escaped: the server wrote them).
 #[tokio::test]
-async fn the_card_shows_the_resolved_policy_and_who_decided_it() {
-    use glia_proto::{PolicyOrigin, ResolvedPolicy, ToolSpec};
+async fn the_card_says_why_and_what_the_tool_is() {
+    use glia_proto::{McpToolHints, PolicyOrigin, ResolvedPolicy, ToolSource, ToolSpec};
     let h = harness();
     let gated = ResolvedPolicy {
         requires_approval: true,
@@ -319,7 +324,24 @@ async fn the_card_shows_the_resolved_policy_and_who_decided_it() {
     let tools = vec![
         ToolSpec {
             policy: Some(gated),
-            ..ToolSpec::new("refund", "Refund.", json!({"type": "object"}))
+            source: Some(ToolSource::Mcp {
+                server: "payments".into(),
+                tool: "refund".into(),
+                schema_hash: String::new(),
+                requires_approval: true,
+                max_total_ms: None,
+                hints: Some(McpToolHints {
+                    title: Some("<b>Refund</b>".into()),
+                    read_only_hint: Some(true),
+                    destructive_hint: Some(false),
+                    ..McpToolHints::default()
+                }),
+            }),
+            ..ToolSpec::new(
+                "refund",
+                "Refund an order <script>x</script>.",
+                json!({"type": "object"}),
+            )
         },
         ToolSpec {
             policy: Some(open),
@@ -344,32 +366,48 @@ async fn the_card_shows_the_resolved_policy_and_who_decided_it() {
     )
     .await;
     assert_eq!(card.status, StatusCode::OK, "{}", card.text);
-    let line = card
-        .text
-        .split("id=\"policy\">")
-        .nth(1)
-        .and_then(|t| t.split("</p>").next())
-        .unwrap_or_else(|| panic!("no policy line: {}", card.text));
-    assert!(
-        line.starts_with(
-            "Policy: requires approval, by the operator (the operator&#x27;s catalogue)"
-        ),
-        "{line}"
+    let part = |id: &str, end: &str| {
+        card.text
+            .split(&format!("id=\"{id}\">"))
+            .nth(1)
+            .and_then(|t| t.split(end).next())
+            .unwrap_or_else(|| panic!("no {id}: {}", card.text))
+            .to_owned()
+    };
+    assert_eq!(
+        part("why", "</p>"),
+        "<strong>Why approval is needed:</strong> The operator&#x27;s catalogue requires approval for every call of this tool."
     );
-    assert!(line.contains("untrusted server"), "{line}");
+    assert_eq!(
+        part("tool-description", "</dd>"),
+        "Refund an order &lt;script&gt;x&lt;&#x2f;script&gt;."
+    );
+    assert!(part("tool-source", "</dd>").contains("MCP server &quot;payments&quot;"));
+    assert!(part("tool-trust", "</dd>").starts_with("untrusted server"));
+    let hints = part("tool-hints", "</dd>");
+    assert!(
+        card.text.contains("Server-supplied hints")
+            && hints.contains("not verified")
+            && hints.contains("readOnlyHint: true")
+            && hints.contains("destructiveHint: false")
+            && hints.contains("&lt;b&gt;Refund"),
+        "{hints}"
+    );
+    assert!(part("policy", "</dd>").contains("untrusted server"));
     let card = send(
         &h.router,
         page(&format!("/inbox/runs/{run}/calls/c2"), &cookie),
     )
     .await;
-    let line = card
+    let why = card
         .text
-        .split("id=\"policy\">")
+        .split("id=\"why\">")
         .nth(1)
         .and_then(|t| t.split("</p>").next())
         .unwrap();
     assert!(
-        line.contains("by the run (a rule of its `policies` matched these arguments)"),
-        "{line}"
+        why.contains("a rule in the `policies` of the run&#x27;s config matched these arguments"),
+        "{why}"
     );
+    assert!(card.text.contains("a tool of the worker"));
 }

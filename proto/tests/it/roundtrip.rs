@@ -13,11 +13,11 @@ use std::fmt::Debug;
 use chrono::{DateTime, Utc};
 use glia_proto::{
     AgentRef, ApprovalTimeout, BudgetLimits, BudgetUsage, CompactionSpec, CompactionStrategy,
-    ContentBlock, Decision, Disposition, Event, EventKind, GuardrailStage, Guardrails, HookEffect,
-    HookTopic, ImageSource, InterruptedCall, Limit, LiveEvent, Message, Outcome, PauseReason,
-    Payload, PlannerKind, Policy, PolicyAction, Pricing, PullPoint, RejectedAnswer, ResultBlock,
-    Retry, Role, RunConfig, StopAction, StopClass, StopPolicy, TextRule, ToolCallRecord,
-    ToolContent, ToolErrorKind, ToolSpec, Usage,
+    ContentBlock, Decision, DecisionChoice, Disposition, Event, EventKind, GuardrailStage,
+    Guardrails, HookEffect, HookTopic, ImageSource, InterruptedCall, Limit, LiveEvent, Message,
+    Outcome, PauseReason, Payload, PlannerKind, Policy, PolicyAction, Pricing, PullPoint,
+    RejectedAnswer, ResultBlock, Retry, Role, RunConfig, StopAction, StopClass, StopPolicy,
+    TextRule, ToolCallRecord, ToolContent, ToolErrorKind, ToolSpec, Usage,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -139,6 +139,14 @@ fn usage() -> impl Strategy<Value = Usage> {
                 }
             },
         )
+}
+
+fn choice() -> impl Strategy<Value = DecisionChoice> {
+    prop_oneof![
+        Just(DecisionChoice::Approve),
+        Just(DecisionChoice::Reject),
+        Just(DecisionChoice::Edit)
+    ]
 }
 
 fn budget_limits() -> impl Strategy<Value = BudgetLimits> {
@@ -701,6 +709,14 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
             call_id,
             expires_at: Some(DateTime::UNIX_EPOCH)
         }),
+        (text(), prop::option::of(text()), choice()).prop_map(|(call_id, by, chose)| {
+            EventKind::ApprovalContested {
+                call_id,
+                by,
+                chose,
+                attempted_at: DateTime::UNIX_EPOCH,
+            }
+        }),
         (text(), prop::option::of(text()))
             .prop_map(|(reason, by)| EventKind::SessionPauseRequested { reason, by }),
         (text(), text()).prop_map(|(call_id, idempotency_key)| EventKind::ToolRecovered {
@@ -774,6 +790,14 @@ fn resume() -> impl Strategy<Value = Payload> {
             }
         }),
         (text(), prop::option::of(text())).prop_map(|(reason, by)| Payload::Pause { reason, by }),
+        (text(), prop::option::of(text()), choice()).prop_map(|(call_id, by, chose)| {
+            Payload::ApprovalContested {
+                call_id,
+                by,
+                chose,
+                attempted_at: DateTime::UNIX_EPOCH,
+            }
+        }),
     ]
 }
 
@@ -886,6 +910,7 @@ fn variant_index(kind: &EventKind) -> usize {
         EventKind::ToolRecovered { .. } => 27,
         EventKind::ToolSourceUnavailable { .. } => 28,
         EventKind::ToolsChanged { .. } => 29,
+        EventKind::ApprovalContested { .. } => 30,
     }
 }
 
@@ -901,6 +926,7 @@ fn resume_variant_index(resume: &Payload) -> usize {
         Payload::Cancel { .. } => 6,
         Payload::Escalate { .. } => 7,
         Payload::Pause { .. } => 8,
+        Payload::ApprovalContested { .. } => 9,
     }
 }
 
@@ -919,11 +945,11 @@ fn variants_seen<T: Debug>(
 fn the_strategies_cover_every_variant() {
     assert_eq!(
         variants_seen(event_kind(), variant_index),
-        (0..30).collect()
+        (0..31).collect()
     );
     assert_eq!(
         variants_seen(resume(), resume_variant_index),
-        (0..9).collect()
+        (0..10).collect()
     );
 }
 

@@ -159,6 +159,7 @@ fn a_clash_names_both_tools() {
             schema_hash: String::new(),
             requires_approval: false,
             max_total_ms: None,
+            hints: None,
         }),
         ..ToolSpec::new(provider_tool_name(tool).into_owned(), "", json!({}))
     };

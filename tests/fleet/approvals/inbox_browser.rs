@@ -303,33 +303,44 @@ fn attacker_page(target: String, item: String) -> (String, std::thread::JoinHand
     (url, handle)
 }
 
-#[test]
-fn the_inbox_in_a_real_browser() {
-    let mut fleet = Fleet::new(&[
-        (
-            "refund",
-            json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]),
-        ),
-        (
-            "xss",
-            json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": XSS}}]}, {"text": "Done."}]),
-        ),
-    ]);
-    fleet.extra_env.push((
-        "GLIA_TOKENS".into(),
-        format!(
-            "{TOKEN_A}:acme:submit,approve:ana@acme {TOKEN_B}:globex:submit,approve:bob@globex"
-        ),
-    ));
+/// A fleet on `scripts` with `tokens` (`GLIA_TOKENS`), its dispatcher and
+/// one worker started, chromedriver, and a runtime to drive them: what
+/// every browser story starts from. Keep the fleet and driver alive.
+pub(crate) fn browser_fleet(
+    scripts: &[(&str, Value)],
+    tokens: String,
+) -> (Fleet, Driver, tokio::runtime::Runtime) {
+    let mut fleet = Fleet::new(scripts);
+    fleet.extra_env.push(("GLIA_TOKENS".into(), tokens));
     fleet.start_dispatcher();
     fleet.start_worker(5000);
-    let server = fleet.server.clone();
     let driver = Driver::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
+    (fleet, driver, rt)
+}
+
+#[test]
+fn the_inbox_in_a_real_browser() {
+    let (fleet, driver, rt) = browser_fleet(
+        &[
+            (
+                "refund",
+                json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]}, {"text": "Refunded."}]),
+            ),
+            (
+                "xss",
+                json!([{"tool_calls": [{"name": "refund_order", "input": {"order_id": XSS}}]}, {"text": "Done."}]),
+            ),
+        ],
+        format!(
+            "{TOKEN_A}:acme:submit,approve:ana@acme {TOKEN_B}:globex:submit,approve:bob@globex"
+        ),
+    );
+    let server = fleet.server.clone();
     rt.block_on(async {
         let api = Api {
             server: server.clone(),
@@ -375,6 +386,15 @@ fn the_inbox_in_a_real_browser() {
         .await;
         assert!(text(&c, "#args").await.contains("\"order_id\": \"A1\""));
         assert!(text(&c, "#goal").await.contains("Refund for refund"));
+        // The card says why in plain words, and what the tool is.
+        assert!(
+            text(&c, "#why")
+                .await
+                .contains("The run's config requires approval for every call of this tool"),
+            "{}",
+            text(&c, "#why").await
+        );
+        assert_eq!(text(&c, "#tool-source").await, "a tool of the worker");
         std::fs::write(
             screenshots_dir().join("inbox-detail.png"),
             c.screenshot().await.unwrap(),
@@ -450,7 +470,15 @@ fn the_inbox_in_a_real_browser() {
             .click()
             .await
             .unwrap();
+        // On to the next approval: none waits, so the queue.
+        until("the queue after the decision", || async {
+            c.current_url().await.is_ok_and(|u| u.path() == "/inbox")
+        })
+        .await;
         // The run continues in its page (the console's, live).
+        c.goto(&format!("{server}/inbox/runs/{edited}"))
+            .await
+            .unwrap();
         until("the run page showing the run done", || async {
             count(&c, "#status").await == 1 && text(&c, "#status").await == "succeeded"
         })

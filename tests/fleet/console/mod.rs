@@ -1,3 +1,4 @@
-//! The console: the pages of runs in a real browser.
+//! The console: its pages in a real browser.
 
+mod console_more_browser;
 mod runs_browser;
