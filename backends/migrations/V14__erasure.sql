@@ -6,8 +6,10 @@
 -- whom.
 ALTER TABLE runs ADD COLUMN erased_at timestamptz, ADD COLUMN erased_by text;
 -- The retention sweeper's scan: a tenant's finished runs not yet erased,
--- oldest last commit first.
-CREATE INDEX runs_retention ON runs (tenant, updated_at) WHERE status = 'done' AND erased_at IS NULL;
+-- the longest finished first. By `ended_at`, which a run's commits write
+-- once, not `updated_at`, which every commit changes: an index on it would
+-- make every step's row update a non-HOT one.
+CREATE INDEX runs_retention ON runs (tenant, ended_at) WHERE status = 'done' AND erased_at IS NULL;
 -- Whether another event still references a blob an erasure leaves behind.
 CREATE INDEX events_blob ON events (blob_hash) WHERE blob_hash IS NOT NULL;
 

@@ -7,7 +7,7 @@ ALTER TABLE runs ADD COLUMN erased_at INTEGER;
 ALTER TABLE runs ADD COLUMN erased_by TEXT;
 -- The retention sweeper's scan: a tenant's finished runs not yet erased,
 -- oldest last commit first.
-CREATE INDEX runs_retention ON runs (tenant, updated_at) WHERE status = 'done' AND erased_at IS NULL;
+CREATE INDEX runs_retention ON runs (tenant, ended_at) WHERE status = 'done' AND erased_at IS NULL;
 
 -- Events stay append-only but for erasure: an UPDATE is refused unless it
 -- runs inside `erase_run`'s transaction (which lists the run in `erasing`

@@ -61,7 +61,7 @@ pub use event_log::{AgentRegistry, Approvals, EventLog, Inbox, Outbox, Reports, 
 pub fn expired(run: &RunSummary, filter: &ExpiredFilter) -> bool {
     run.status == RunStatus::Done
         && run.erased_at.is_none()
-        && run.updated_at < filter.finished_before
+        && run.ended_at.unwrap_or(run.updated_at) < filter.finished_before
         && match &filter.tenant {
             Some(t) => &run.tenant == t,
             None => !filter.except_tenants.contains(&run.tenant),

@@ -335,7 +335,7 @@ impl RunLog for MemoryLog {
             .map(|r| &r.summary)
             .filter(|s| crate::expired(s, filter))
             .collect();
-        runs.sort_by_key(|s| (s.updated_at, s.run_id));
+        runs.sort_by_key(|s| (s.ended_at.unwrap_or(s.updated_at), s.run_id));
         Ok(runs
             .into_iter()
             .take(filter.limit.clamp(1, 1000))

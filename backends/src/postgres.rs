@@ -1733,7 +1733,7 @@ impl RunLog for PgLog {
     async fn expired_runs(&self, filter: &ExpiredFilter) -> Result<Vec<Uuid>, LogError> {
         let mut select =
             Select::new("SELECT id FROM runs WHERE status = 'done' AND erased_at IS NULL");
-        select.and("updated_at <", filter.finished_before);
+        select.and("ended_at <", filter.finished_before);
         match &filter.tenant {
             Some(tenant) => select.and("tenant =", tenant.clone()),
             None if !filter.except_tenants.is_empty() => {
@@ -1748,7 +1748,7 @@ impl RunLog for PgLog {
             .rows(
                 self,
                 "expired_runs",
-                "updated_at, id",
+                "ended_at, id",
                 filter.limit.clamp(1, 1000),
             )
             .await?;

@@ -1739,7 +1739,7 @@ impl RunLog for SqliteLog {
         let mut select = Select::new(
             "SELECT id FROM runs WHERE status = 'done' AND erased_at IS NULL".to_owned(),
         );
-        select.and("updated_at <", nanos(filter.finished_before));
+        select.and("ended_at <", nanos(filter.finished_before));
         match &filter.tenant {
             Some(tenant) => select.and("tenant =", tenant.clone()),
             None => {
@@ -1752,9 +1752,7 @@ impl RunLog for SqliteLog {
         let ids: Vec<String> = self
             .store
             .read("expired_runs", move |conn| {
-                select.rows(conn, "updated_at, id", limit, |row| {
-                    get::<String>(row, "id")
-                })
+                select.rows(conn, "ended_at, id", limit, |row| get::<String>(row, "id"))
             })
             .await?;
         ids.iter().map(|id| uuid_of(id, "run id")).collect()

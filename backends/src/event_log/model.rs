@@ -433,8 +433,8 @@ impl RunFilter {
 }
 
 /// Which finished runs [`crate::RunLog::expired_runs`] finds: those of
-/// `tenant` (or of every tenant not in `except_tenants`) whose last event
-/// was committed before `finished_before`.
+/// `tenant` (or of every tenant not in `except_tenants`) that finished
+/// (`ended_at`, the commit that ended them) before `finished_before`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExpiredFilter {
     /// Only this tenant's runs; `None`: every tenant not in `except_tenants`.
@@ -442,8 +442,7 @@ pub struct ExpiredFilter {
     /// Tenants left out when `tenant` is `None` (those with a retention
     /// period of their own).
     pub except_tenants: Vec<String>,
-    /// Runs whose `updated_at` (their last commit: when they finished) is
-    /// before this.
+    /// Runs whose `ended_at` (when they finished) is before this.
     pub finished_before: DateTime<Utc>,
     /// Most ids answered (at most 1,000).
     pub limit: usize,

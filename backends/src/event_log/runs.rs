@@ -109,8 +109,8 @@ pub trait RunLog: Send + Sync {
         at: DateTime<Utc>,
     ) -> Result<RunSummary, LogError>;
 
-    /// Finished runs not yet erased whose last event was committed before
-    /// `filter.finished_before`, oldest first, at most `filter.limit` (at
+    /// Finished runs not yet erased that ended (`ended_at`) before
+    /// `filter.finished_before`, the longest finished first, at most `filter.limit` (at
     /// most 1,000): what the retention sweeper erases.
     async fn expired_runs(&self, filter: &ExpiredFilter) -> Result<Vec<Uuid>, LogError>;
 }
