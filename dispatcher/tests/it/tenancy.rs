@@ -517,7 +517,8 @@ async fn bulk_decisions_and_inbox_pages_answer_the_same_for_another_tenants_run(
     let hash = glia_proto::args_hash(&json!({"amount": 1}));
     let pages = |run: Uuid| {
         vec![
-            ("run page", get(format!("/inbox/runs/{run}"))),
+            // The inbox's old run page redirects here for anyone (it reads nothing).
+            ("run page", get(format!("/console/runs/{run}"))),
             ("call page", get(format!("/inbox/runs/{run}/calls/c1"))),
             (
                 "edit preview",
