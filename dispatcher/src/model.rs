@@ -207,12 +207,12 @@ impl ListRunsQuery {
 
     /// The filter of this query for a caller who sees `tenant`'s runs
     /// (`None`: every tenant's, an admin without `tenant`), pages of
-    /// `limit`. Empty `agent` and `error` values filter nothing (an empty
-    /// form field). Errors: 400 `invalid_query` naming `meta` (no `=`) or
+    /// `limit`. Empty `agent`, `error`, `tag`, `meta` and `cursor` values
+    /// filter nothing (an empty form field). Errors: 400 `invalid_query` naming `meta` (no `=`) or
     /// `cursor` (not one this API issued).
     pub fn filter(&self, tenant: Option<String>, limit: usize) -> Result<RunFilter, ApiError> {
         let mut metadata = BTreeMap::new();
-        for pair in &self.meta {
+        for pair in self.meta.iter().filter(|p| !p.is_empty()) {
             let Some((k, v)) = pair.split_once('=') else {
                 return Err(ApiError::InvalidParam {
                     name: "meta".into(),
@@ -221,7 +221,10 @@ impl ListRunsQuery {
             };
             metadata.insert(k.to_owned(), v.to_owned());
         }
-        let before = self.cursor.as_deref().map(run_cursor::decode).transpose()?;
+        let before = (self.cursor.as_deref())
+            .filter(|c| !c.is_empty())
+            .map(run_cursor::decode)
+            .transpose()?;
         let nonempty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
         Ok(RunFilter {
             tenant,
