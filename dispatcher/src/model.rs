@@ -102,9 +102,11 @@ pub struct ListRunsQuery {
     /// Only runs of this batch.
     pub batch_id: Option<Uuid>,
     /// Only runs carrying this tag; repeat for several (all must match).
+    #[param(required = false)]
     pub tag: Vec<String>,
     /// Only runs whose metadata has this `key=value` pair; repeat for
-    /// several (all must match).
+    /// several (all must match). Empty: no filter.
+    #[param(required = false, pattern = "^$|=")]
     pub meta: Vec<String>,
     /// Only runs admitted at or after this time (RFC 3339).
     pub since: Option<DateTime<Utc>>,
@@ -119,7 +121,9 @@ pub struct ListRunsQuery {
     pub error: Option<String>,
     /// Only this tenant's runs (admins only; others always see their own).
     pub tenant: Option<String>,
-    /// The `next_cursor` of the previous page.
+    /// The `next_cursor` of the previous page (22 base64url characters:
+    /// 16 bytes); empty: the first page.
+    #[param(pattern = "^$|^[A-Za-z0-9_-]{21}[AQgw]$")]
     pub cursor: Option<String>,
     /// Page size, 1 to 1,000 (default 100).
     #[param(minimum = 1, maximum = 1000)]

@@ -470,7 +470,7 @@ fn runs_exported_from_a_single_node_continue_on_the_fleet() {
     .unwrap();
     assert_eq!(
         (header["format"].as_str(), header["version"].as_u64()),
-        (Some("glia-runs"), Some(1)),
+        (Some("glia-runs"), Some(2)),
         "{header}"
     );
     let said = glia(&[
