@@ -22,6 +22,8 @@ use crate::{
 };
 
 pub mod listing;
+// Issue 32, schedules.
+pub mod schedules;
 
 const TTL: Duration = Duration::from_secs(30);
 

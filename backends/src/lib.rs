@@ -33,6 +33,7 @@ pub mod memory;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod redis_ledger;
+pub mod schedules;
 pub mod sqlite;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

@@ -63,6 +63,8 @@
 //! process's clock (one node, one clock), stored in nanoseconds.
 
 mod batches;
+// Issue 32, schedules: the schedule store on the single node's file.
+mod schedules;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -122,6 +124,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/005_held_results.sql"),
     include_str!("../sqlite_migrations/006_run_listing.sql"),
     include_str!("../sqlite_migrations/007_erasure.sql"),
+    // Issue 32, schedules.
+    include_str!("../sqlite_migrations/010_schedules.sql"),
 ];
 
 /// How a store is opened.

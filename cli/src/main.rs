@@ -35,6 +35,7 @@ mod observe;
 mod ports;
 mod provider;
 mod runs_view;
+mod schedules;
 mod serve;
 mod tau_driver;
 
@@ -127,6 +128,10 @@ enum Command {
     /// Manage the tenant's webhook subscriptions and read their delivery log.
     #[command(subcommand)]
     Webhooks(client::WebhooksCommand),
+    /// Runs started on a cron expression or an interval: create, list, get
+    /// (next fire times), pause, unpause, backfill, delete.
+    #[command(subcommand)]
+    Schedules(schedules::SchedulesCommand),
     /// Replay a recording's conversations through a fleet (embedded, or a
     /// dispatcher at --server), as their customers and approvers; print a
     /// summary. Fails when a run diverged from its recording or failed.
@@ -262,6 +267,7 @@ async fn command(cli: Cli) -> Result<()> {
         Command::Runs(cmd) => runs_view::runs(cmd).await,
         Command::Approvals(cmd) => client::approvals(cmd).await,
         Command::Webhooks(cmd) => client::webhooks(cmd).await,
+        Command::Schedules(cmd) => schedules::schedules(cmd).await,
         Command::Batch(cli) => batches::batch(cli).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Agents(cmd) => agents::agents(cmd).await,

@@ -68,6 +68,8 @@ pub struct Ports {
     /// Batches and their items (Postgres, the single node's SQLite file,
     /// and the in-memory twin of `glia dev`).
     pub batches: Option<Arc<dyn glia_backends::batches::BatchStore>>,
+    /// Schedules (Postgres, the single node's file, the in-memory twin).
+    pub schedules: Option<Arc<dyn glia_backends::schedules::ScheduleStore>>,
     /// The Postgres log, for what only it offers: resume hints
     /// (`PgLog::resume_hints`) for a worker.
     pub postgres: Option<PgLog>,
@@ -112,7 +114,8 @@ impl Ports {
                 queue: Arc::new(queue),
                 ledger: Arc::new(ledger),
                 webhooks: Some(log.clone()),
-                batches: Some(log),
+                batches: Some(log.clone()),
+                schedules: Some(log),
                 postgres,
             }
         };
@@ -134,7 +137,8 @@ impl Ports {
             ledger: Arc::new(log.ledger()),
             log: log.clone(),
             webhooks: None,
-            batches: Some(log),
+            batches: Some(log.clone()),
+            schedules: Some(log),
             postgres: None,
         })
     }
@@ -169,6 +173,9 @@ impl Ports {
             ledger: Arc::new(MemoryLedger::default()),
             webhooks: None,
             batches: Some(batches),
+            schedules: Some(Arc::new(
+                glia_backends::schedules::MemorySchedules::default(),
+            )),
             postgres: None,
         }
     }

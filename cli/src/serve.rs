@@ -623,6 +623,11 @@ impl DispatcherArgs {
             weights: self.batch_weights.iter().cloned().collect(),
             ..Default::default()
         };
+        // Issue 32, schedules: the store, when the ports have one.
+        let app = match &ports.schedules {
+            Some(store) => app.with_schedules(store.clone()),
+            None => app,
+        };
         Ok(app
             .with_inbox(inbox)
             .with_webhooks(webhooks)
@@ -714,6 +719,10 @@ fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sampl
     }
     if app.retention.is_active() {
         tokio::spawn(glia_dispatcher::retention::retention(app.clone()));
+    }
+    // Issue 32, schedules: the scheduler, where there is a schedule store.
+    if app.schedules.is_some() {
+        tokio::spawn(glia_dispatcher::schedules::schedules(app.clone()));
     }
 }
 

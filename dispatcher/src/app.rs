@@ -84,6 +84,9 @@ pub struct App {
     pub batches: Arc<BatchConfig>,
     /// Retention periods per tenant and the sweeper's pace.
     pub retention: Arc<Retention>,
+    /// The schedule store (issue 32); `None`: `/v1/schedules` answers 404
+    /// `not_available` and no scheduler runs.
+    pub schedules: Option<Arc<dyn glia_backends::schedules::ScheduleStore>>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) wake: Arc<Notify>,
     pub(crate) wake_admission: Arc<Notify>,
@@ -111,6 +114,7 @@ impl App {
             admission: None,
             batches: Arc::new(BatchConfig::default()),
             retention: Arc::new(Retention::default()),
+            schedules: None,
             metrics: Arc::new(Metrics::new()),
             wake: Arc::new(Notify::new()),
             wake_admission: Arc::new(Notify::new()),
@@ -121,6 +125,16 @@ impl App {
     /// The same app with this batch store and these admission settings.
     pub fn with_batches(mut self, config: BatchConfig) -> App {
         self.batches = Arc::new(config);
+        self
+    }
+
+    /// The same app with this schedule store (`/v1/schedules` and the
+    /// scheduler, [`crate::schedules::schedules`]).
+    pub fn with_schedules(
+        mut self,
+        store: Arc<dyn glia_backends::schedules::ScheduleStore>,
+    ) -> App {
+        self.schedules = Some(store);
         self
     }
 

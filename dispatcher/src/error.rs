@@ -73,6 +73,12 @@ pub enum ApiError {
     /// 404 `webhook_not_found`: no such webhook subscription, or it belongs to another tenant.
     #[error("webhook {0} not found")]
     WebhookNotFound(Uuid),
+    /// 404 `schedule_not_found`: no such schedule, or it belongs to another tenant.
+    #[error("schedule {0} not found")]
+    ScheduleNotFound(Uuid),
+    /// 409 `schedule_exists`: the tenant has another schedule of this name.
+    #[error("the tenant already has a schedule named {0:?}")]
+    ScheduleExists(String),
     /// One line of a JSON Lines upload is bad: 400 `malformed_json` (not
     /// JSON), 422 `invalid_body` (wrong shape) or 422 `invalid_request` (a
     /// value refused); `line` and `field` say where.
@@ -302,6 +308,8 @@ impl ApiError {
             AgentNotFound(_) => (S::NOT_FOUND, "agent_not_found"),
             BatchNotFound(_) => (S::NOT_FOUND, "batch_not_found"),
             WebhookNotFound(_) => (S::NOT_FOUND, "webhook_not_found"),
+            ScheduleNotFound(_) => (S::NOT_FOUND, "schedule_not_found"),
+            ScheduleExists(_) => (S::CONFLICT, "schedule_exists"),
             InvalidLine {
                 code: code @ "malformed_json",
                 ..

@@ -71,6 +71,7 @@ pub mod model;
 pub mod relay;
 pub mod retention;
 pub mod sampler;
+pub mod schedules;
 pub mod server;
 pub mod startup;
 pub mod webhooks;

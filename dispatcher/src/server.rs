@@ -21,7 +21,7 @@ use utoipa_axum::routes;
 use crate::app::App;
 use crate::auth::OPEN_TENANT;
 use crate::error::ApiError;
-use crate::handlers::{agents, approvals, batches, ops, payloads, runs, stream};
+use crate::handlers::{agents, approvals, batches, ops, payloads, runs, schedules, stream};
 use crate::{console, docs, extract, inbox, metrics, webhooks};
 
 /// The document's header and security scheme; paths are added by the router.
@@ -40,6 +40,7 @@ use crate::{console, docs, extract, inbox, metrics, webhooks};
         (name = "payloads", description = "Tool results, messages, resume, cancel"),
         (name = "agents", description = "The agent registry: versioned agent definitions"),
         (name = "batches", description = "Many goals with one configuration: submit (JSON or JSON Lines), progress, results, cancel, pause, resume"),
+        (name = "schedules", description = "Runs started on a cron expression or an interval: create, list, next fire times, change, pause, unpause, backfill, delete"),
         (name = "ops", description = "Health, readiness, metrics, this document")
     )
 )]
@@ -77,6 +78,12 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(batches::cancel))
         .routes(routes!(batches::pause))
         .routes(routes!(batches::resume))
+        // Issue 32, schedules.
+        .routes(routes!(schedules::create, schedules::list))
+        .routes(routes!(schedules::get, schedules::patch, schedules::delete))
+        .routes(routes!(schedules::pause))
+        .routes(routes!(schedules::unpause))
+        .routes(routes!(schedules::backfill))
         .routes(routes!(approvals::decide))
         .routes(routes!(payloads::post_tool_result))
         .routes(routes!(payloads::post_message))

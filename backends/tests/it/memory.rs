@@ -17,6 +17,11 @@ async fn memory_batches_conformance() {
 }
 
 #[tokio::test]
+async fn memory_schedules_conformance() {
+    conformance::schedules::all(&glia_backends::schedules::MemorySchedules::default()).await;
+}
+
+#[tokio::test]
 async fn memory_queue_resumes_before_starts() {
     conformance::resumes_before_starts(&MemoryQueue::default(), 50).await;
 }

@@ -39,6 +39,7 @@ pub mod batches;
 pub mod ops;
 pub mod payloads;
 pub mod runs;
+pub mod schedules;
 pub mod stream;
 
 use crate::app::App;
