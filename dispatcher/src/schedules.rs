@@ -99,6 +99,8 @@ pub const TICK: StdDuration = StdDuration::from_secs(1);
 /// Most fire times one schedule handles in one tick (the rest wait for the
 /// next).
 pub const PER_TICK: usize = 100;
+/// Most late fire times one tick counts before it jumps over the rest.
+pub const MAX_LATE_COUNTED: u64 = 10_000;
 /// Most schedules one tick reads.
 pub const DUE_PER_TICK: usize = 500;
 /// Metadata keys the scheduler sets on every run it starts.
@@ -709,9 +711,27 @@ impl Scheduler {
                 .unwrap_or(DEFAULT_CATCH_UP_WINDOW_MS)
                 .min(i64::MAX as u64) as i64,
         );
-        // Fire times this far back are late whatever their jitter.
+        // Fire times this far back are late whatever their jitter: counted
+        // (up to a bound: a long downtime of a frequent schedule is jumped
+        // over), never fired.
         let floor = now - window - Duration::milliseconds(def.jitter_ms as i64 + 1);
-        let mut from = next.cursor.max(floor);
+        let mut from = next.cursor;
+        let mut late = 0u64;
+        while from < floor && late < MAX_LATE_COUNTED {
+            match timing.next_after(from) {
+                Some(t) if t <= floor => {
+                    late += 1;
+                    from = t;
+                    next.cursor = t;
+                }
+                _ => break,
+            }
+        }
+        from = from.max(floor);
+        if late > 0 {
+            report.late += late;
+            tracing::info!(schedule_id = %next.id, late, "fire times skipped: later than the catch-up window");
+        }
         let result = async {
             if let Some(waiting) = next.buffered
                 && !self.running(next.last_run_id).await?
