@@ -18,6 +18,7 @@ mod payloads;
 mod retention;
 mod run_listing;
 mod runs;
+mod schedules;
 mod schemathesis;
 mod stream;
 mod tenancy;

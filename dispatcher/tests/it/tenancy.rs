@@ -72,7 +72,8 @@ async fn harness() -> T {
             ..WebhookPolicy::default()
         },
         public_url: None,
-    });
+    })
+    .with_schedules(log.clone());
     T {
         router: glia_dispatcher::router(app),
         log,
@@ -139,6 +140,7 @@ struct Ids {
     run: Uuid,
     batch: Uuid,
     webhook: Uuid,
+    schedule: Uuid,
     agent: String,
     missing: Uuid,
 }
@@ -152,6 +154,7 @@ impl Ids {
             p if p.starts_with("/v1/runs/") => self.run.to_string(),
             p if p.starts_with("/v1/batches/") => self.batch.to_string(),
             p if p.starts_with("/v1/webhooks/") => self.webhook.to_string(),
+            p if p.starts_with("/v1/schedules/") => self.schedule.to_string(),
             p if p.contains("{id}") => {
                 panic!("{path}: the test does not know what {{id}} names; add it here")
             }
@@ -181,6 +184,7 @@ impl Ids {
         body.replace(&self.run.to_string(), "<id>")
             .replace(&self.batch.to_string(), "<id>")
             .replace(&self.webhook.to_string(), "<id>")
+            .replace(&self.schedule.to_string(), "<id>")
             .replace(&self.missing.to_string(), "<id>")
             .replace(&self.agent, "<name>")
             .replace("nobody-made-this", "<name>")
@@ -194,6 +198,10 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
         ("post", p) if p.ends_with("/approvals/{call_id}") => Some(json!({"decision": "approve"})),
         ("post", p) if p.ends_with("/tool-results/{call_id}") => Some(json!({"content": "42"})),
         ("post", p) if p.ends_with("/messages") => Some(json!({"text": "hello"})),
+        ("post", p) if p.ends_with("/backfill") => {
+            Some(json!({"from": "2025-01-01T00:00:00Z", "to": "2025-01-01T02:00:00Z"}))
+        }
+        ("patch", _) => Some(json!({})),
         ("post", _) => Some(json!({})),
         ("put", "/v1/agents/{name}") => None,
         _ => None,
@@ -279,10 +287,28 @@ async fn tenant_a_things(t: &T) -> Ids {
     )
     .await;
     assert_eq!(put.status, StatusCode::CREATED, "{}", put.body);
+    let created = call(
+        &t.router,
+        api(
+            &Method::POST,
+            "/v1/schedules",
+            A,
+            Some(&json!({"name": "nightly", "cron": "0 * * * *", "time_zone": "Europe/Berlin",
+                         "goal": "Reconcile the tickets of {{ fire_time }}"})),
+        ),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let schedule: Uuid = serde_json::from_str::<Value>(&created.body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     Ids {
         run,
         batch,
         webhook,
+        schedule,
         agent,
         missing: Uuid::now_v7(),
     }

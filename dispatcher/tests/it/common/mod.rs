@@ -66,12 +66,14 @@ pub fn harness_with(auth: Auth) -> H {
     let queue = Arc::new(MemoryQueue::default());
     let ledger = Arc::new(MemoryLedger::default());
     let batches = glia_backends::batches::MemoryBatches::new(log.clone());
-    let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth).with_batches(
-        glia_dispatcher::batches::BatchConfig {
+    let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth)
+        .with_batches(glia_dispatcher::batches::BatchConfig {
             store: Some(Arc::new(batches)),
             admission: Default::default(),
-        },
-    );
+        })
+        .with_schedules(Arc::new(
+            glia_backends::schedules::MemorySchedules::default(),
+        ));
     let router = glia_dispatcher::router(app.clone());
     H {
         app,
