@@ -348,7 +348,11 @@ mod pg {
             .await
         }
 
-        async fn schedule(&self, tenant: Option<&str>, id: Uuid) -> Result<Option<Schedule>, LogError> {
+        async fn schedule(
+            &self,
+            tenant: Option<&str>,
+            id: Uuid,
+        ) -> Result<Option<Schedule>, LogError> {
             self.bounded("schedule", async {
                 let client = self.client().await?;
                 let sql = format!("SELECT {COLUMNS} FROM schedules WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)");
@@ -419,7 +423,10 @@ mod pg {
             self.bounded("delete schedule", async {
                 let client = self.client().await?;
                 let n = client
-                    .execute("DELETE FROM schedules WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)", &[&id, &tenant])
+                    .execute(
+                        "DELETE FROM schedules WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+                        &[&id, &tenant],
+                    )
                     .await
                     .map_err(|e| unavailable("delete schedule", &e))?;
                 Ok(n > 0)

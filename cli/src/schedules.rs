@@ -210,10 +210,7 @@ fn text<'a>(v: &'a Value, key: &str) -> &'a str {
 fn rule(s: &Value) -> String {
     let d = &s["definition"];
     match (d["cron"].as_str(), d["interval_ms"].as_u64()) {
-        (Some(cron), _) => format!(
-            "cron {cron:?} {}",
-            d["time_zone"].as_str().unwrap_or("UTC")
-        ),
+        (Some(cron), _) => format!("cron {cron:?} {}", d["time_zone"].as_str().unwrap_or("UTC")),
         (None, Some(ms)) => format!("every {ms} ms"),
         _ => "?".into(),
     }
@@ -325,14 +322,26 @@ pub async fn schedules(cmd: SchedulesCommand) -> Result<()> {
         }
         SchedulesCommand::Pause { server, id } => {
             let s = server
-                .call(&client, Method::POST, &format!("/v1/schedules/{id}/pause"), None, &[])
+                .call(
+                    &client,
+                    Method::POST,
+                    &format!("/v1/schedules/{id}/pause"),
+                    None,
+                    &[],
+                )
                 .await?
                 .checked()?;
             errln!("paused {}", text(&s, "name"));
         }
         SchedulesCommand::Unpause { server, id } => {
             let s = server
-                .call(&client, Method::POST, &format!("/v1/schedules/{id}/unpause"), None, &[])
+                .call(
+                    &client,
+                    Method::POST,
+                    &format!("/v1/schedules/{id}/unpause"),
+                    None,
+                    &[],
+                )
                 .await?
                 .checked()?;
             errln!("unpaused {}: fire times count from now", text(&s, "name"));

@@ -197,9 +197,9 @@ impl Timing {
                     .map_err(|e| invalid("cron", e.to_string()))?;
                 let zone: Tz = match &def.time_zone {
                     None => Tz::UTC,
-                    Some(name) => name.parse().map_err(|e| {
-                        invalid("time_zone", format!("not an IANA time zone: {e}"))
-                    })?,
+                    Some(name) => name
+                        .parse()
+                        .map_err(|e| invalid("time_zone", format!("not an IANA time zone: {e}")))?,
                 };
                 let timing = Timing::Cron {
                     cron: Box::new(cron),
@@ -367,9 +367,7 @@ pub async fn check(
         ));
     }
     let timing = Timing::of(def)?;
-    let window = def
-        .catch_up_window_ms
-        .unwrap_or(DEFAULT_CATCH_UP_WINDOW_MS);
+    let window = def.catch_up_window_ms.unwrap_or(DEFAULT_CATCH_UP_WINDOW_MS);
     if !CATCH_UP_WINDOW_MS.contains(&window) {
         return Err(invalid(
             "catch_up_window_ms",
@@ -529,7 +527,9 @@ pub async fn backfill(
         if times.len() == MAX_BACKFILL {
             return Err(invalid(
                 "to",
-                format!("the range holds more than {MAX_BACKFILL} fire times; backfill at most {MAX_BACKFILL} at once"),
+                format!(
+                    "the range holds more than {MAX_BACKFILL} fire times; backfill at most {MAX_BACKFILL} at once"
+                ),
             ));
         }
         times.push(t);
@@ -537,8 +537,7 @@ pub async fn backfill(
     }
     let mut runs = Vec::with_capacity(times.len());
     for t in times {
-        let req =
-            run_request(&def, &timing, s.id, t).map_err(|reason| invalid("goal", reason))?;
+        let req = run_request(&def, &timing, s.id, t).map_err(|reason| invalid("goal", reason))?;
         let (run, created) = admit(app, &s.tenant, s.id, t, &req).await?;
         runs.push(BackfillRun {
             fire_time: t,
@@ -776,7 +775,9 @@ impl Scheduler {
     ) -> Result<(), ApiError> {
         let running = self.running(next.last_run_id).await?;
         match (def.overlap, running) {
-            (_, false) | (Overlap::AllowAll, true) => self.start(next, def, timing, t, report).await,
+            (_, false) | (Overlap::AllowAll, true) => {
+                self.start(next, def, timing, t, report).await
+            }
             (Overlap::Skip, true) => {
                 report.skipped += 1;
                 Ok(())

@@ -28,7 +28,8 @@ fn def(cron: Option<&str>, zone: Option<&str>, interval_ms: Option<u64>) -> Crea
         agent: None,
         agent_version: None,
         config: None,
-        goal: "Reconcile the tickets of {{ fire_time }} ({{ fire_time_local }}), {{ schedule }}".into(),
+        goal: "Reconcile the tickets of {{ fire_time }} ({{ fire_time_local }}), {{ schedule }}"
+            .into(),
         tags: Vec::new(),
         metadata: Default::default(),
         overlap: Overlap::Skip,
@@ -58,10 +59,17 @@ fn cron_without_seconds_fires_on_its_minutes() {
     let t = cron("*/15 * * * *", None);
     assert_eq!(
         times(&t, "2026-05-04T10:07:12Z", 3),
-        ["2026-05-04T10:15:00Z", "2026-05-04T10:30:00Z", "2026-05-04T10:45:00Z"]
+        [
+            "2026-05-04T10:15:00Z",
+            "2026-05-04T10:30:00Z",
+            "2026-05-04T10:45:00Z"
+        ]
     );
     // Strictly after: a fire time is not its own successor.
-    assert_eq!(times(&t, "2026-05-04T10:15:00Z", 1), ["2026-05-04T10:30:00Z"]);
+    assert_eq!(
+        times(&t, "2026-05-04T10:15:00Z", 1),
+        ["2026-05-04T10:30:00Z"]
+    );
     let weekdays = cron("0 9 * * MON-FRI", Some("America/New_York"));
     // Friday 2026-05-08 09:00 EDT, then Monday.
     assert_eq!(
@@ -80,18 +88,31 @@ fn cron_with_seconds_fires_on_its_seconds() {
     let every = cron("*/20 * * * * *", None);
     assert_eq!(
         times(&every, "2026-05-04T10:00:00Z", 3),
-        ["2026-05-04T10:00:20Z", "2026-05-04T10:00:40Z", "2026-05-04T10:01:00Z"]
+        [
+            "2026-05-04T10:00:20Z",
+            "2026-05-04T10:00:40Z",
+            "2026-05-04T10:01:00Z"
+        ]
     );
 }
 
 #[test]
 fn bad_cron_expressions_and_zones_name_their_field() {
-    for bad in ["61 * * * *", "* * *", "* * * * * * * *", "every day", "* * 32 * *"] {
+    for bad in [
+        "61 * * * *",
+        "* * *",
+        "* * * * * * * *",
+        "every day",
+        "* * 32 * *",
+    ] {
         let e = Timing::of(&def(Some(bad), None, None)).unwrap_err();
         assert_eq!(field_of(e), "cron", "{bad}");
     }
     let e = Timing::of(&def(Some("0 0 30 2 *"), None, None)).unwrap_err();
-    assert!(e.to_string().contains("cron"), "February 30th never comes: {e}");
+    assert!(
+        e.to_string().contains("cron"),
+        "February 30th never comes: {e}"
+    );
     let e = Timing::of(&def(Some("0 * * * *"), Some("Mars/Olympus_Mons"), None)).unwrap_err();
     assert_eq!(field_of(e), "time_zone");
     let e = Timing::of(&def(Some("0 * * * *"), None, Some(60_000))).unwrap_err();
@@ -111,7 +132,11 @@ fn intervals_count_from_their_anchor() {
     let t = Timing::of(&d).unwrap();
     assert_eq!(
         times(&t, "2026-01-01T00:01:40Z", 3),
-        ["2026-01-01T00:03:00Z", "2026-01-01T00:04:30Z", "2026-01-01T00:06:00Z"]
+        [
+            "2026-01-01T00:03:00Z",
+            "2026-01-01T00:04:30Z",
+            "2026-01-01T00:06:00Z"
+        ]
     );
     // Before the anchor too: the anchor is one fire time among others.
     assert_eq!(
@@ -128,7 +153,10 @@ fn intervals_count_from_their_anchor() {
     );
     // The default anchor is the epoch: hourly fires on the hour, UTC.
     let hourly = Timing::of(&def(None, None, Some(3_600_000))).unwrap();
-    assert_eq!(times(&hourly, "2026-05-04T10:07:00Z", 1), ["2026-05-04T11:00:00Z"]);
+    assert_eq!(
+        times(&hourly, "2026-05-04T10:07:00Z", 1),
+        ["2026-05-04T11:00:00Z"]
+    );
 }
 
 /// Berlin springs forward on 2026-03-29: 02:00 CET becomes 03:00 CEST.
@@ -143,7 +171,10 @@ fn spring_forward_a_fixed_time_in_the_gap_fires_once_right_after_it() {
             "2026-03-30T00:30:00Z", // 02:30 CEST
         ]
     );
-    assert_eq!(t.local(utc("2026-03-29T01:00:00Z")), "2026-03-29T03:00:00+02:00");
+    assert_eq!(
+        t.local(utc("2026-03-29T01:00:00Z")),
+        "2026-03-29T03:00:00+02:00"
+    );
 }
 
 #[test]
@@ -184,7 +215,10 @@ fn fall_back_a_fixed_time_fires_once_at_its_first_occurrence() {
         ]
     );
     // From between the two occurrences, the second is not a fire time.
-    assert_eq!(times(&t, "2026-10-25T00:45:00Z", 1), ["2026-10-26T01:30:00Z"]);
+    assert_eq!(
+        times(&t, "2026-10-25T00:45:00Z", 1),
+        ["2026-10-26T01:30:00Z"]
+    );
 }
 
 #[test]
@@ -210,24 +244,45 @@ fn jitter_is_deterministic_bounded_and_spread() {
     for i in 0..50 {
         let t = start + Duration::hours(i);
         let j = jitter(id, t, 30_000);
-        assert_eq!(j, jitter(id, t, 30_000), "the same on every call (and dispatcher)");
-        assert!(j >= Duration::zero() && j <= Duration::milliseconds(30_000), "{j}");
+        assert_eq!(
+            j,
+            jitter(id, t, 30_000),
+            "the same on every call (and dispatcher)"
+        );
+        assert!(
+            j >= Duration::zero() && j <= Duration::milliseconds(30_000),
+            "{j}"
+        );
         seen.insert(j);
     }
-    assert!(seen.len() > 40, "fire times spread: {} distinct of 50", seen.len());
+    assert!(
+        seen.len() > 40,
+        "fire times spread: {} distinct of 50",
+        seen.len()
+    );
     assert_eq!(jitter(id, start, 0), Duration::zero());
     assert_ne!(
-        (0..20).map(|i| jitter(id, start + Duration::hours(i), 30_000)).collect::<Vec<_>>(),
-        (0..20).map(|i| jitter(Uuid::now_v7(), start + Duration::hours(i), 30_000)).collect::<Vec<_>>(),
+        (0..20)
+            .map(|i| jitter(id, start + Duration::hours(i), 30_000))
+            .collect::<Vec<_>>(),
+        (0..20)
+            .map(|i| jitter(Uuid::now_v7(), start + Duration::hours(i), 30_000))
+            .collect::<Vec<_>>(),
         "another schedule spreads otherwise"
     );
     // Pinned: a jitter is a pure function of the key.
     let fixed = Uuid::parse_str("01890000-0000-7000-8000-000000000000").unwrap();
     let key = idempotency_key(fixed, start);
-    assert_eq!(key, "schedule:01890000-0000-7000-8000-000000000000:2026-05-04T00:00:00Z");
+    assert_eq!(
+        key,
+        "schedule:01890000-0000-7000-8000-000000000000:2026-05-04T00:00:00Z"
+    );
     let digest = Sha256::digest(key.as_bytes());
     let n = u64::from_be_bytes(digest[..8].try_into().unwrap()) % 30_001;
-    assert_eq!(jitter(fixed, start, 30_000), Duration::milliseconds(n as i64));
+    assert_eq!(
+        jitter(fixed, start, 30_000),
+        Duration::milliseconds(n as i64)
+    );
 }
 
 #[test]
@@ -287,7 +342,8 @@ impl Twin {
     async fn add(&self, mut d: CreateSchedule) -> Schedule {
         let now = *self.clock.lock().unwrap();
         let id = Uuid::now_v7();
-        d.catch_up_window_ms.get_or_insert(DEFAULT_CATCH_UP_WINDOW_MS);
+        d.catch_up_window_ms
+            .get_or_insert(DEFAULT_CATCH_UP_WINDOW_MS);
         let timing = Timing::of(&d).unwrap();
         let s = Schedule {
             id,
@@ -325,7 +381,9 @@ impl Twin {
             .await
             .unwrap();
         runs.sort_by_key(|r| r.metadata["fire_time"].clone());
-        runs.iter().map(|r| r.metadata["fire_time"].clone()).collect()
+        runs.iter()
+            .map(|r| r.metadata["fire_time"].clone())
+            .collect()
     }
 }
 
@@ -344,7 +402,11 @@ async fn after_downtime_fire_times_older_than_the_window_are_skipped() {
     assert_eq!((r.created, r.late), (2, 2), "{r:?}");
     assert_eq!(
         tw.fire_times().await,
-        ["2026-05-04T10:00:00Z", "2026-05-04T13:00:00Z", "2026-05-04T14:00:00Z"]
+        [
+            "2026-05-04T10:00:00Z",
+            "2026-05-04T13:00:00Z",
+            "2026-05-04T14:00:00Z"
+        ]
     );
     // Nothing more until 15:00; again, nothing twice.
     assert_eq!(tw.at("2026-05-04T14:59:59Z").await.schedules, 0);

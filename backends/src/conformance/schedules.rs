@@ -76,7 +76,10 @@ pub async fn creates_reads_and_isolates_tenants(store: &dyn ScheduleStore) {
         store.schedule(Some(&tenant), a.id).await.unwrap(),
         Some(created.clone())
     );
-    assert_eq!(store.schedule(None, a.id).await.unwrap(), Some(created.clone()));
+    assert_eq!(
+        store.schedule(None, a.id).await.unwrap(),
+        Some(created.clone())
+    );
     assert_eq!(
         store.schedule(Some(&other), a.id).await.unwrap(),
         None,
@@ -90,7 +93,13 @@ pub async fn creates_reads_and_isolates_tenants(store: &dyn ScheduleStore) {
     let mut ids = vec![a.id];
     for i in 0..4 {
         ids.push(
-            saved(store.create(&sample(&tenant, &format!("s{i}"))).await.unwrap()).id,
+            saved(
+                store
+                    .create(&sample(&tenant, &format!("s{i}")))
+                    .await
+                    .unwrap(),
+            )
+            .id,
         );
     }
     let first = store.schedules(Some(&tenant), None, 3).await.unwrap();
@@ -144,13 +153,19 @@ pub async fn compare_and_set_on_the_revision(store: &dyn ScheduleStore) {
     next.tenant = s.tenant.clone();
     next.created_at = s.created_at;
     next.revision = 2;
-    assert_eq!(written, next, "every mutable field is written, the revision bumped");
+    assert_eq!(
+        written, next,
+        "every mutable field is written, the revision bumped"
+    );
     assert_eq!(
         store.save(&s).await.unwrap(),
         Saved::Stale,
         "a write on an old revision lands nowhere"
     );
-    assert_eq!(store.schedule(None, s.id).await.unwrap(), Some(next.clone()));
+    assert_eq!(
+        store.schedule(None, s.id).await.unwrap(),
+        Some(next.clone())
+    );
     // Two writers on one revision: exactly one lands.
     let one = Schedule {
         cursor: at(7200),
@@ -196,11 +211,51 @@ pub async fn answers_what_is_due(store: &dyn ScheduleStore) {
         cursor: base,
         ..sample(&tenant, name)
     };
-    let later = saved(store.create(&make("later", Some(base + Duration::seconds(20)), false, false)).await.unwrap());
-    let sooner = saved(store.create(&make("sooner", Some(base + Duration::seconds(10)), false, false)).await.unwrap());
-    let _future = saved(store.create(&make("future", Some(base + Duration::seconds(60)), false, false)).await.unwrap());
-    let _paused = saved(store.create(&make("paused", Some(base), true, true)).await.unwrap());
-    let buffered = saved(store.create(&make("buffered", None, false, true)).await.unwrap());
+    let later = saved(
+        store
+            .create(&make(
+                "later",
+                Some(base + Duration::seconds(20)),
+                false,
+                false,
+            ))
+            .await
+            .unwrap(),
+    );
+    let sooner = saved(
+        store
+            .create(&make(
+                "sooner",
+                Some(base + Duration::seconds(10)),
+                false,
+                false,
+            ))
+            .await
+            .unwrap(),
+    );
+    let _future = saved(
+        store
+            .create(&make(
+                "future",
+                Some(base + Duration::seconds(60)),
+                false,
+                false,
+            ))
+            .await
+            .unwrap(),
+    );
+    let _paused = saved(
+        store
+            .create(&make("paused", Some(base), true, true))
+            .await
+            .unwrap(),
+    );
+    let buffered = saved(
+        store
+            .create(&make("buffered", None, false, true))
+            .await
+            .unwrap(),
+    );
     let ids = |v: Vec<Schedule>| -> Vec<Uuid> {
         v.into_iter()
             .filter(|s| s.tenant == tenant)
@@ -214,7 +269,11 @@ pub async fn answers_what_is_due(store: &dyn ScheduleStore) {
         "due ones earliest first, then buffered ones; not paused, not future"
     );
     let due = store.due(base + Duration::seconds(10), 1000).await.unwrap();
-    assert_eq!(ids(due), vec![sooner.id, buffered.id], "due at exactly its time");
+    assert_eq!(
+        ids(due),
+        vec![sooner.id, buffered.id],
+        "due at exactly its time"
+    );
     for s in store.schedules(Some(&tenant), None, 100).await.unwrap() {
         store.delete(None, s.id).await.unwrap();
     }

@@ -62,7 +62,11 @@ fn name_taken(conn: &Connection, tenant: &str, name: &str, id: &str) -> Result<b
     .map(|found| found.is_some())
 }
 
-fn collect(conn: &Connection, sql: &str, args: impl rusqlite::Params) -> Result<Vec<Schedule>, LogError> {
+fn collect(
+    conn: &Connection,
+    sql: &str,
+    args: impl rusqlite::Params,
+) -> Result<Vec<Schedule>, LogError> {
     let mut st = conn.prepare_cached(sql).map_err(db("schedules"))?;
     let mut rows = st.query(args).map_err(db("schedules"))?;
     let mut out = Vec::new();

@@ -147,16 +147,21 @@ fn rfc(t: DateTime<Utc>) -> String {
 
 /// The next whole hour after now (and a second).
 fn next_hour() -> DateTime<Utc> {
-    (Utc::now() + Duration::seconds(1)).duration_trunc(Duration::hours(1)).unwrap() + Duration::hours(1)
+    (Utc::now() + Duration::seconds(1))
+        .duration_trunc(Duration::hours(1))
+        .unwrap()
+        + Duration::hours(1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_dispatchers_over_a_simulated_day_start_every_fire_time_exactly_once() {
     let f = fleet().await;
     let cron = f
-        .create(json!({"name": "half-hourly", "cron": "*/30 * * * *", "time_zone": "Europe/Berlin",
+        .create(
+            json!({"name": "half-hourly", "cron": "*/30 * * * *", "time_zone": "Europe/Berlin",
                        "goal": "Report for {{ fire_time_local }}", "overlap": "allow_all",
-                       "jitter_ms": 90000, "catch_up_window_ms": 3600000, "tags": ["nightly"]}))
+                       "jitter_ms": 90000, "catch_up_window_ms": 3600000, "tags": ["nightly"]}),
+        )
         .await;
     let interval = f
         .create(json!({"name": "every-45-min", "interval_ms": 2700000, "goal": "Check at {{ fire_time }}",
@@ -193,7 +198,10 @@ async fn two_dispatchers_over_a_simulated_day_start_every_fire_time_exactly_once
     }
     let cron_runs = f.runs(cron).await;
     let interval_runs = f.runs(interval).await;
-    for (runs, expected) in [(&cron_runs, &expected_cron), (&interval_runs, &expected_interval)] {
+    for (runs, expected) in [
+        (&cron_runs, &expected_cron),
+        (&interval_runs, &expected_interval),
+    ] {
         for at in expected {
             assert_eq!(
                 runs.get(at).map(Vec::len),
@@ -204,7 +212,10 @@ async fn two_dispatchers_over_a_simulated_day_start_every_fire_time_exactly_once
         assert!(
             runs.values().all(|v| v.len() == 1),
             "no fire time twice: {:?}",
-            runs.iter().filter(|(_, v)| v.len() > 1).map(|(k, _)| k).collect::<Vec<_>>()
+            runs.iter()
+                .filter(|(_, v)| v.len() > 1)
+                .map(|(k, _)| k)
+                .collect::<Vec<_>>()
         );
     }
     assert!(expected_cron.len() >= 48, "{}", expected_cron.len());
@@ -243,9 +254,11 @@ async fn both_dispatchers_down_across_three_fire_times_catch_up_per_window_and_p
     let mut ids = BTreeMap::new();
     for policy in ["skip", "buffer_one", "allow_all", "cancel_previous"] {
         let id = f
-            .create(json!({"name": format!("hourly-{policy}"), "cron": "0 * * * *",
+            .create(
+                json!({"name": format!("hourly-{policy}"), "cron": "0 * * * *",
                            "goal": "Reconcile {{ fire_time }}", "overlap": policy,
-                           "catch_up_window_ms": 7200000}))
+                           "catch_up_window_ms": 7200000}),
+            )
             .await;
         ids.insert(policy, id);
     }
@@ -254,7 +267,9 @@ async fn both_dispatchers_down_across_three_fire_times_catch_up_per_window_and_p
     let r = f.tick(h0 + Duration::seconds(2)).await;
     assert_eq!(r.created, 4, "{r:?}");
     // Down across H1, H2, H3.
-    let r = f.tick(h0 + Duration::hours(3) + Duration::minutes(30)).await;
+    let r = f
+        .tick(h0 + Duration::hours(3) + Duration::minutes(30))
+        .await;
     // H1 is late for each of the four (counted by each dispatcher that
     // handled the schedule before the other saved it).
     assert!((4..=8).contains(&r.late), "{r:?}");
@@ -268,22 +283,37 @@ async fn both_dispatchers_down_across_three_fire_times_catch_up_per_window_and_p
     assert_eq!(all.keys().cloned().collect::<Vec<_>>(), [h(0), h(2), h(3)]);
     // cancel_previous: H2 cancels H0's run and starts; H3 cancels H2's and starts.
     let cancel = runs(ids["cancel_previous"]).await;
-    assert_eq!(cancel.keys().cloned().collect::<Vec<_>>(), [h(0), h(2), h(3)]);
+    assert_eq!(
+        cancel.keys().cloned().collect::<Vec<_>>(),
+        [h(0), h(2), h(3)]
+    );
     assert!(f.cancel_posted(cancel[&h(0)][0].run_id).await);
     assert!(f.cancel_posted(cancel[&h(2)][0].run_id).await);
     assert!(!f.cancel_posted(cancel[&h(3)][0].run_id).await);
     // buffer_one: H2 waits (H3 is skipped: one is buffered already).
     let buffer = runs(ids["buffer_one"]).await;
     assert_eq!(buffer.keys().cloned().collect::<Vec<_>>(), [h(0)]);
-    let stored = f.log.schedule(None, ids["buffer_one"]).await.unwrap().unwrap();
+    let stored = f
+        .log
+        .schedule(None, ids["buffer_one"])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.buffered.map(rfc), Some(h(2)));
     // H0's run ends: the buffered H2 starts at the next tick, once.
     finish(&*f.log, buffer[&h(0)][0].run_id).await;
-    let r = f.tick(h0 + Duration::hours(3) + Duration::minutes(31)).await;
+    let r = f
+        .tick(h0 + Duration::hours(3) + Duration::minutes(31))
+        .await;
     assert_eq!(r.created, 1, "{r:?}");
     let buffer = runs(ids["buffer_one"]).await;
     assert_eq!(buffer.keys().cloned().collect::<Vec<_>>(), [h(0), h(2)]);
-    let stored = f.log.schedule(None, ids["buffer_one"]).await.unwrap().unwrap();
+    let stored = f
+        .log
+        .schedule(None, ids["buffer_one"])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.buffered, None);
     assert_eq!(stored.last_run_id, Some(buffer[&h(2)][0].run_id));
     // Nothing fired twice anywhere.
@@ -300,8 +330,10 @@ async fn each_overlap_policy_with_a_run_still_running() {
     let mut ids = BTreeMap::new();
     for policy in ["skip", "buffer_one", "allow_all", "cancel_previous"] {
         let id = f
-            .create(json!({"name": format!("ten-{policy}"), "interval_ms": 600000,
-                           "goal": "Poll at {{ fire_time }}", "overlap": policy}))
+            .create(
+                json!({"name": format!("ten-{policy}"), "interval_ms": 600000,
+                           "goal": "Poll at {{ fire_time }}", "overlap": policy}),
+            )
             .await;
         ids.insert(policy, id);
     }
@@ -315,7 +347,10 @@ async fn each_overlap_policy_with_a_run_still_running() {
     // skip: the first run is still running at 1 and 2.
     assert_eq!(keys(&f.runs(ids["skip"]).await), [key(0)]);
     // allow_all: all three.
-    assert_eq!(keys(&f.runs(ids["allow_all"]).await), [key(0), key(1), key(2)]);
+    assert_eq!(
+        keys(&f.runs(ids["allow_all"]).await),
+        [key(0), key(1), key(2)]
+    );
     // cancel_previous: all three, each cancelling the one before.
     let c = f.runs(ids["cancel_previous"]).await;
     assert_eq!(keys(&c), [key(0), key(1), key(2)]);
@@ -335,7 +370,12 @@ async fn each_overlap_policy_with_a_run_still_running() {
     assert_eq!(keys(&f.runs(ids["skip"]).await), [key(0), key(3)]);
     // buffer_one's run of 1 runs: 3 is buffered.
     assert_eq!(keys(&f.runs(ids["buffer_one"]).await), [key(0), key(1)]);
-    let stored = f.log.schedule(None, ids["buffer_one"]).await.unwrap().unwrap();
+    let stored = f
+        .log
+        .schedule(None, ids["buffer_one"])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.buffered.map(rfc), Some(key(3)));
     // A run of a finished schedule is a run like any: the cancelled ones
     // are still there, not done (no worker), and counted once each.
@@ -355,37 +395,83 @@ async fn bad_input_names_the_field_and_creates_nothing() {
     let cases = [
         (with("cron", json!("61 * * * *")), 422, "cron"),
         (with("cron", json!("* * *")), 422, "cron"),
-        (with("time_zone", json!("Mars/Olympus_Mons")), 422, "time_zone"),
+        (
+            with("time_zone", json!("Mars/Olympus_Mons")),
+            422,
+            "time_zone",
+        ),
         (with("unexpected", json!(1)), 422, "unexpected"),
         (with("agent", json!("nobody-registered-this")), 422, "agent"),
         (with("goal", json!("Run {{ fire_tim }}")), 422, "goal"),
         (with("interval_ms", json!(60000)), 422, "interval_ms"),
         (with("jitter_ms", json!(3600001)), 422, "jitter_ms"),
         (with("overlap", json!("sometimes")), 422, "overlap"),
-        (with("metadata", json!({"schedule_id": "x"})), 422, "metadata.schedule_id"),
-        (with("config", json!({"budget": {"max_turns": "9"}})), 422, "config.budget.max_turns"),
+        (
+            with("metadata", json!({"schedule_id": "x"})),
+            422,
+            "metadata.schedule_id",
+        ),
+        (
+            with("config", json!({"budget": {"max_turns": "9"}})),
+            422,
+            "config.budget.max_turns",
+        ),
     ];
     for (body, status, field) in cases {
-        let r = f.call(Method::POST, "/v1/schedules", SUB_A, Some(body.clone())).await;
+        let r = f
+            .call(Method::POST, "/v1/schedules", SUB_A, Some(body.clone()))
+            .await;
         assert_eq!(r.status.as_u16(), status, "{body}: {}", r.text);
         assert_eq!(r.body["error"]["field"], field, "{body}: {}", r.text);
         assert!(!r.body["error"]["message"].as_str().unwrap().is_empty());
     }
     // The parser's reason is in the answer.
     let r = f
-        .call(Method::POST, "/v1/schedules", SUB_A, Some(with("cron", json!("61 * * * *"))))
+        .call(
+            Method::POST,
+            "/v1/schedules",
+            SUB_A,
+            Some(with("cron", json!("61 * * * *"))),
+        )
         .await;
-    assert!(r.text.to_lowercase().contains("61") || r.text.contains("out of bounds") || r.text.contains("range"), "{}", r.text);
+    assert!(
+        r.text.to_lowercase().contains("61")
+            || r.text.contains("out of bounds")
+            || r.text.contains("range"),
+        "{}",
+        r.text
+    );
     // Without the submit scope.
-    let r = f.call(Method::POST, "/v1/schedules", APP_A, Some(good.clone())).await;
+    let r = f
+        .call(Method::POST, "/v1/schedules", APP_A, Some(good.clone()))
+        .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
-    assert!(f.log.schedules(None, None, 100).await.unwrap().is_empty(), "nothing stored");
-    assert!(f.log.list_runs(&RunFilter { limit: 10, ..Default::default() }).await.unwrap().is_empty());
+    assert!(
+        f.log.schedules(None, None, 100).await.unwrap().is_empty(),
+        "nothing stored"
+    );
+    assert!(
+        f.log
+            .list_runs(&RunFilter {
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // A name is unique per tenant; another tenant may use it.
     f.create(good.clone()).await;
-    let r = f.call(Method::POST, "/v1/schedules", SUB_A, Some(good.clone())).await;
-    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "schedule_exists"));
-    let r = f.call(Method::POST, "/v1/schedules", SUB_B, Some(good.clone())).await;
+    let r = f
+        .call(Method::POST, "/v1/schedules", SUB_A, Some(good.clone()))
+        .await;
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::CONFLICT, "schedule_exists")
+    );
+    let r = f
+        .call(Method::POST, "/v1/schedules", SUB_B, Some(good.clone()))
+        .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
 }
 
@@ -393,8 +479,10 @@ async fn bad_input_names_the_field_and_creates_nothing() {
 async fn the_api_shows_next_fire_times_pauses_patches_backfills_and_isolates_tenants() {
     let f = fleet().await;
     let id = f
-        .create(json!({"name": "berlin", "cron": "30 2 * * *", "time_zone": "Europe/Berlin",
-                       "goal": "Nightly {{ fire_time }}"}))
+        .create(
+            json!({"name": "berlin", "cron": "30 2 * * *", "time_zone": "Europe/Berlin",
+                       "goal": "Nightly {{ fire_time }}"}),
+        )
         .await;
     let uri = format!("/v1/schedules/{id}");
     let r = f.call(Method::GET, &uri, SUB_A, None).await;
@@ -403,15 +491,26 @@ async fn the_api_shows_next_fire_times_pauses_patches_backfills_and_isolates_ten
     assert_eq!(next.len(), 5);
     for n in next {
         let local = n["local"].as_str().unwrap();
-        assert!(local.contains("T02:30:00+0") || local.contains("T03:00:00+02:00"), "{local}");
+        assert!(
+            local.contains("T02:30:00+0") || local.contains("T03:00:00+02:00"),
+            "{local}"
+        );
         assert!(n["utc"].as_str().unwrap().ends_with('Z'));
     }
     // Another tenant: exactly like a missing one.
     let theirs = f.call(Method::GET, &uri, SUB_B, None).await;
     let missing = f
-        .call(Method::GET, &format!("/v1/schedules/{}", Uuid::now_v7()), SUB_B, None)
+        .call(
+            Method::GET,
+            &format!("/v1/schedules/{}", Uuid::now_v7()),
+            SUB_B,
+            None,
+        )
         .await;
-    assert_eq!((theirs.status, theirs.code()), (StatusCode::NOT_FOUND, "schedule_not_found"));
+    assert_eq!(
+        (theirs.status, theirs.code()),
+        (StatusCode::NOT_FOUND, "schedule_not_found")
+    );
     assert_eq!(theirs.code(), missing.code());
     let list_b = f.call(Method::GET, "/v1/schedules", SUB_B, None).await;
     assert_eq!(list_b.body["schedules"].as_array().unwrap().len(), 0);
@@ -427,55 +526,113 @@ async fn the_api_shows_next_fire_times_pauses_patches_backfills_and_isolates_ten
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{m} {path}: {}", r.text);
     }
     // Pause: no next fire times, not due; unpause counts from now.
-    let r = f.call(Method::POST, &format!("{uri}/pause"), SUB_A, None).await;
+    let r = f
+        .call(Method::POST, &format!("{uri}/pause"), SUB_A, None)
+        .await;
     assert_eq!(r.body["paused"], true, "{}", r.text);
     let r = f.call(Method::GET, &uri, SUB_A, None).await;
     assert!(r.body.get("next_fire_times").is_none(), "{}", r.text);
     let far = Utc::now() + Duration::days(3);
-    assert_eq!(f.tick(far).await.schedules, 0, "a paused schedule is never due");
-    let r = f.call(Method::POST, &format!("{uri}/unpause"), SUB_A, None).await;
+    assert_eq!(
+        f.tick(far).await.schedules,
+        0,
+        "a paused schedule is never due"
+    );
+    let r = f
+        .call(Method::POST, &format!("{uri}/unpause"), SUB_A, None)
+        .await;
     assert_eq!(r.body["paused"], false);
     // Patch: switch to an interval; the cron fields go.
     let r = f
-        .call(Method::PATCH, &uri, SUB_A, Some(json!({"interval_ms": 3600000, "overlap": "allow_all"})))
+        .call(
+            Method::PATCH,
+            &uri,
+            SUB_A,
+            Some(json!({"interval_ms": 3600000, "overlap": "allow_all"})),
+        )
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.body["definition"]["interval_ms"], 3600000);
     assert!(r.body["definition"].get("cron").is_none(), "{}", r.text);
     let r = f
-        .call(Method::PATCH, &uri, SUB_A, Some(json!({"time_zone": "Nowhere/Else"})))
+        .call(
+            Method::PATCH,
+            &uri,
+            SUB_A,
+            Some(json!({"time_zone": "Nowhere/Else"})),
+        )
         .await;
     assert_eq!(r.body["error"]["field"], "time_zone", "{}", r.text);
     // Backfill: one run per hour in the range, keyed like a firing; again: the same runs.
     let to = Utc::now().duration_trunc(Duration::hours(1)).unwrap() - Duration::hours(1);
     let from = to - Duration::hours(2);
     let body = json!({"from": rfc(from), "to": rfc(to)});
-    let r = f.call(Method::POST, &format!("{uri}/backfill"), SUB_A, Some(body.clone())).await;
+    let r = f
+        .call(
+            Method::POST,
+            &format!("{uri}/backfill"),
+            SUB_A,
+            Some(body.clone()),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let runs = r.body["runs"].as_array().unwrap().clone();
     assert_eq!(runs.len(), 3);
     assert!(runs.iter().all(|x| x["created"] == true));
-    let again = f.call(Method::POST, &format!("{uri}/backfill"), SUB_A, Some(body)).await;
+    let again = f
+        .call(Method::POST, &format!("{uri}/backfill"), SUB_A, Some(body))
+        .await;
     assert_eq!(again.body["runs"].as_array().unwrap().len(), 3);
-    assert!(again.body["runs"].as_array().unwrap().iter().all(|x| x["created"] == false));
+    assert!(
+        again.body["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["created"] == false)
+    );
     assert_eq!(f.runs(id).await.len(), 3);
     // Bounds: the future, more than 100 fire times, to before from.
     for (b, field) in [
-        (json!({"from": rfc(from), "to": rfc(Utc::now() + Duration::hours(1))}), "to"),
-        (json!({"from": rfc(from - Duration::days(10)), "to": rfc(to)}), "to"),
+        (
+            json!({"from": rfc(from), "to": rfc(Utc::now() + Duration::hours(1))}),
+            "to",
+        ),
+        (
+            json!({"from": rfc(from - Duration::days(10)), "to": rfc(to)}),
+            "to",
+        ),
         (json!({"from": rfc(to), "to": rfc(from)}), "to"),
         (json!({"from": rfc(from)}), ""),
     ] {
-        let r = f.call(Method::POST, &format!("{uri}/backfill"), SUB_A, Some(b.clone())).await;
-        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{b}: {}", r.text);
+        let r = f
+            .call(
+                Method::POST,
+                &format!("{uri}/backfill"),
+                SUB_A,
+                Some(b.clone()),
+            )
+            .await;
+        assert_eq!(
+            r.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{b}: {}",
+            r.text
+        );
         if !field.is_empty() {
             assert_eq!(r.body["error"]["field"], field, "{b}: {}", r.text);
         }
     }
-    assert_eq!(f.runs(id).await.len(), 3, "a refused backfill starts nothing");
+    assert_eq!(
+        f.runs(id).await.len(),
+        3,
+        "a refused backfill starts nothing"
+    );
     // Delete: gone; its runs stay.
     let r = f.call(Method::DELETE, &uri, SUB_A, None).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT);
-    assert_eq!(f.call(Method::GET, &uri, SUB_A, None).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        f.call(Method::GET, &uri, SUB_A, None).await.status,
+        StatusCode::NOT_FOUND
+    );
     assert_eq!(f.runs(id).await.len(), 3);
 }

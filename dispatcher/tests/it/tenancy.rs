@@ -293,8 +293,10 @@ async fn tenant_a_things(t: &T) -> Ids {
             &Method::POST,
             "/v1/schedules",
             A,
-            Some(&json!({"name": "nightly", "cron": "0 * * * *", "time_zone": "Europe/Berlin",
-                         "goal": "Reconcile the tickets of {{ fire_time }}"})),
+            Some(
+                &json!({"name": "nightly", "cron": "0 * * * *", "time_zone": "Europe/Berlin",
+                         "goal": "Reconcile the tickets of {{ fire_time }}"}),
+            ),
         ),
     )
     .await;

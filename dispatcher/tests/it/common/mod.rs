@@ -483,8 +483,9 @@ impl Real {
             store: Some(log.clone()),
             admission: Default::default(),
         };
-        let app =
-            App::new(log.clone(), queue.clone(), ledger.clone(), auth()).with_batches(batches);
+        let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth())
+            .with_batches(batches)
+            .with_schedules(log.clone());
         let router = glia_dispatcher::router(app.clone());
         Real {
             app,
