@@ -188,7 +188,7 @@ async fn two_dispatchers_over_a_simulated_day_start_every_fire_time_exactly_once
     let mut expected_interval = Vec::new();
     let mut m = start.duration_trunc(Duration::minutes(1)).unwrap() + Duration::minutes(1);
     while m <= last - Duration::minutes(2) {
-        if m.minute() % 30 == 0 {
+        if m.minute().is_multiple_of(30) {
             expected_cron.push(rfc(m));
         }
         if m.timestamp() % 2700 == 0 {
