@@ -8,3 +8,4 @@ mod deploy;
 mod providers;
 mod run;
 mod runs_list;
+mod schedules;
