@@ -8,8 +8,8 @@
 //!
 //! | scope | endpoints |
 //! |---|---|
-//! | any valid token | `GET /v1/runs`, `GET /v1/runs/{id}`, events, stream |
-//! | `submit` | `POST /v1/runs`, tool results, messages, close, cancel, resume |
+//! | any valid token | `GET /v1/runs`, `GET /v1/runs/{id}`, events, stream, `GET /v1/schedules`, `GET /v1/schedules/{id}` |
+//! | `submit` | `POST /v1/runs`, tool results, messages, close, cancel, resume; creating, changing, pausing, unpausing, backfilling and deleting schedules |
 //! | `approve` | `GET /v1/approvals`, decisions (single and bulk), resume |
 //! | `admin` | everything, across tenants |
 //!

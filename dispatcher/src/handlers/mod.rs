@@ -11,6 +11,7 @@
 //! | `POST /v1/approvals` | approve | 200 per-item results | – |
 //! | `GET /v1/approvals/history` | approve | 200 records (JSON or CSV) | – |
 //! | `POST`, `GET /v1/webhooks`, `DELETE /v1/webhooks/{id}`, `GET /v1/webhooks/{id}/deliveries` | submit or approve | see [`crate::webhooks`] | |
+//! | `POST`, `GET /v1/schedules`, `GET`, `PATCH`, `DELETE /v1/schedules/{id}`, `POST /v1/schedules/{id}/pause`, `/unpause`, `/backfill` | submit to write, any to read | see [`crate::schedules`] | 404 `schedule_not_found`, 409 `schedule_exists` |
 //! | `POST /v1/runs/{id}/approvals/{call_id}` | approve | 202 | 404 `run_not_found` / `call_not_found` / `approval_not_found`, 409 `already_decided` / `stale_args` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/tool-results/{call_id}` | submit | 202 | 404 `run_not_found` / `call_not_found`, 409 `not_external` / `already_answered` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/messages` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` / `run_cancelled` |
