@@ -258,6 +258,10 @@ pub(crate) static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
             include_str!("../templates/console_batches.html"),
         ),
         (
+            "console_schedules.html",
+            include_str!("../templates/console_schedules.html"),
+        ),
+        (
             "console_batch.html",
             include_str!("../templates/console_batch.html"),
         ),

@@ -37,7 +37,7 @@
 //! [`schedules`]) ticks every [`TICK`]: for each schedule due it takes the
 //! nominal fire times after its cursor whose due time (nominal + jitter,
 //! [`jitter`]) has come, in order, and starts each through
-//! [`crate::admission::admit_run`] (the path of `POST /v1/runs`, every
+//! `crate::admission::admit_run` (the path of `POST /v1/runs`, every
 //! config check included) with the idempotency key
 //! `schedule:{id}:{nominal fire time, RFC 3339 UTC}` ([`idempotency_key`])
 //! and the metadata `schedule_id` and `fire_time`: however many
@@ -500,7 +500,7 @@ pub fn view(s: &Schedule, n: usize, now: DateTime<Utc>) -> Result<ScheduleView, 
 }
 
 /// Start one run per nominal fire time of `s` in `[from, to]` (see the
-/// module doc), through [`admit_run`] with the scheduler's idempotency
+/// module doc), through `admit_run` with the scheduler's idempotency
 /// keys. Errors: 422 naming `to` (before `from`, in the future, more than
 /// [`MAX_BACKFILL`] fire times), or what admission answers (nothing is
 /// started after a refused fire time; earlier ones stay).

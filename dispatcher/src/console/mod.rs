@@ -12,6 +12,7 @@
 //! | `POST /console/runs/{id}/{cancel,pause,resume,messages}`, `POST /console/runs/{id}/tool-results/{call}` | the run's actions |
 //! | `GET /console/batches` | the tenant's batches: status, progress, spend |
 //! | `GET /console/batches/{id}` | one batch: items by state, spend, failures with their runs, results download |
+//! | `GET /console/schedules` | the tenant's schedules: rule, next and last fire time, last run |
 //! | `GET /console/batches/{id}/results` | the batch's results as JSON Lines (as `GET /v1/batches/{id}/results`) |
 //! | `GET /console/agents` | the tenant's agents, each with its versions |
 //! | `GET /console/agents/{name}` | an agent's versions, each definition readable |
@@ -36,6 +37,8 @@ use crate::app::App;
 mod agents;
 mod batches;
 pub mod runs;
+// Issue 32, schedules.
+mod schedules;
 
 /// The console's routes (merged into [`crate::server::router`]).
 pub fn routes() -> Router<App> {
@@ -45,4 +48,5 @@ pub fn routes() -> Router<App> {
         .merge(runs::routes())
         .merge(batches::routes())
         .merge(agents::routes())
+        .merge(schedules::routes())
 }

@@ -568,3 +568,49 @@ async fn pages_open_without_sign_in_only_without_tokens() {
         );
     }
 }
+
+/// Issue 32: the schedules page lists the tenant's schedules (not another
+/// tenant's), their rule, next fire time in the zone, and escapes names.
+#[tokio::test]
+async fn the_schedules_page_lists_the_tenants_schedules() {
+    let h = with_bob();
+    let mine = post(
+        &h,
+        "/v1/schedules",
+        SUB_A,
+        json!({"name": "nightly", "cron": "30 2 * * *", "time_zone": "Europe/Berlin",
+               "goal": "<b>Reconcile</b> {{ fire_time }}", "overlap": "buffer_one"}),
+    )
+    .await;
+    assert_eq!(mine.status, StatusCode::CREATED, "{}", mine.text);
+    let theirs = post(
+        &h,
+        "/v1/schedules",
+        SUB_B,
+        json!({"name": "theirs", "interval_ms": 60000, "goal": "g"}),
+    )
+    .await;
+    assert_eq!(theirs.status, StatusCode::CREATED, "{}", theirs.text);
+    let (cookie, _) = sign_in(&h, APP_A).await;
+    let list = send(&h.router, page("/console/schedules", &cookie)).await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.text);
+    assert!(list.text.contains("nightly"), "{}", list.text);
+    assert!(
+        list.text.contains("30 2 * * * (Europe&#x2f;Berlin)"),
+        "{}",
+        list.text
+    );
+    assert!(list.text.contains("buffer_one"));
+    assert!(
+        list.text.contains("T02:30:00+0") || list.text.contains("T03:00:00+02:00"),
+        "the next fire time in the zone: {}",
+        list.text
+    );
+    assert!(
+        !list.text.contains("theirs"),
+        "tenant b's schedule is not listed"
+    );
+    assert!(list.text.contains("href=\"/console/schedules\""));
+    let bad = send(&h.router, page("/console/schedules?after=x", &cookie)).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
