@@ -22,6 +22,7 @@ use crate::{
 };
 
 pub mod listing;
+pub mod waits;
 
 const TTL: Duration = Duration::from_secs(30);
 

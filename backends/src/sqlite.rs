@@ -63,6 +63,7 @@
 //! process's clock (one node, one clock), stored in nanoseconds.
 
 mod batches;
+mod waits;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -122,6 +123,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/005_held_results.sql"),
     include_str!("../sqlite_migrations/006_run_listing.sql"),
     include_str!("../sqlite_migrations/007_erasure.sql"),
+    // issue 32: waits
+    include_str!("../sqlite_migrations/008_waits.sql"),
 ];
 
 /// How a store is opened.

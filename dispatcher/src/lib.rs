@@ -73,6 +73,7 @@ pub mod retention;
 pub mod sampler;
 pub mod server;
 pub mod startup;
+pub mod waits;
 pub mod webhooks;
 
 pub use app::{Admission, App, Limits};

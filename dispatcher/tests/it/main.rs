@@ -21,4 +21,5 @@ mod runs;
 mod schemathesis;
 mod stream;
 mod tenancy;
+mod waits;
 mod webhooks;
