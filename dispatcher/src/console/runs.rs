@@ -1661,6 +1661,23 @@ async fn list_page(
     )
 }
 
+// --- issue 32: waits ---
+/// What a built-in wait waits for, in words.
+fn wait_text(wait: &glia_proto::Wait) -> String {
+    match wait {
+        glia_proto::Wait::Timer { wake_at_ms, .. } => format!(
+            "the run sleeps until {}",
+            glia_proto::wait::rfc3339_ms(*wake_at_ms)
+        ),
+        glia_proto::Wait::Event {
+            key, timeout_at_ms, ..
+        } => format!(
+            "the run waits for an event {key} until {}",
+            glia_proto::wait::rfc3339_ms(*timeout_at_ms)
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1686,22 +1703,5 @@ mod tests {
     fn cuts_count_characters() {
         assert_eq!(cut("héllo", 2), ("hé".to_owned(), 3));
         assert_eq!(cut("hi", 5), ("hi".to_owned(), 0));
-    }
-}
-
-// --- issue 32: waits ---
-/// What a built-in wait waits for, in words.
-fn wait_text(wait: &glia_proto::Wait) -> String {
-    match wait {
-        glia_proto::Wait::Timer { wake_at_ms, .. } => format!(
-            "the run sleeps until {}",
-            glia_proto::wait::rfc3339_ms(*wake_at_ms)
-        ),
-        glia_proto::Wait::Event {
-            key, timeout_at_ms, ..
-        } => format!(
-            "the run waits for an event {key} until {}",
-            glia_proto::wait::rfc3339_ms(*timeout_at_ms)
-        ),
     }
 }
