@@ -5,4 +5,5 @@
 //! began is delivered when it begins. No worker holds a waiting run. Every
 //! wait is "eventually, within a generous deadline": the machine is busy.
 
+mod bench;
 mod timers;
