@@ -793,6 +793,9 @@ impl Agent {
                 self.complete(run, None).await?;
             }
             Payload::Cancel { reason } => run.record(EventKind::SessionCancel { reason }).await?,
+            // --- issue 32: waits ---
+            Payload::Wake { due_at_ms, event } => self.wake(run, due_at_ms, event).await?,
+            // --- end waits ---
             Payload::ApprovalContested {
                 call_id,
                 by,
@@ -834,6 +837,77 @@ impl Agent {
         }
         Ok(())
     }
+
+    // --- issue 32: waits ---
+    /// A [`Payload::Wake`]: each waiting call it ends gets its result, in
+    /// call order (a timer due at or before `due_at_ms`: when it woke; an
+    /// event wait: the event, or at its timeout a `timed_out` result). A
+    /// wake that ends nothing (a duplicate, a wait already over) is refused
+    /// as an invalid resume, and the worker drops it.
+    async fn wake(
+        &self,
+        run: &mut Run<'_>,
+        due_at_ms: i64,
+        event: Option<glia_proto::ArrivedEvent>,
+    ) -> Result<(), AgentError> {
+        use glia_proto::wait::{Wait, event_result, timeout_result, timer_result};
+        let now_ms = run.clock.now().timestamp_millis();
+        let ended: Vec<(String, String)> = run
+            .state
+            .pending_calls
+            .iter()
+            .filter(|c| c.result.is_none())
+            .filter_map(|c| {
+                let text = match (c.wait.as_ref()?, &event) {
+                    (Wait::Event { key, .. }, Some(e)) if *key == e.key => event_result(e),
+                    (_, Some(_)) => return None,
+                    (Wait::Timer { wake_at_ms, .. }, None) if *wake_at_ms <= due_at_ms => {
+                        timer_result(*wake_at_ms, now_ms.max(*wake_at_ms))
+                    }
+                    (
+                        Wait::Event {
+                            key, timeout_at_ms, ..
+                        },
+                        None,
+                    ) if *timeout_at_ms <= due_at_ms => timeout_result(key, *timeout_at_ms),
+                    _ => return None,
+                };
+                Some((c.call_id.clone(), text))
+            })
+            .collect();
+        if ended.is_empty() {
+            return Err(AgentError::InvalidResume(
+                "the wake ends no waiting call (a duplicate, or the wait is over)".into(),
+            ));
+        }
+        for (call_id, text) in ended {
+            // An event's payload is the tenant's text: screened like any
+            // tool result (a timer's or timeout's text is glia's own).
+            let (result, redactions) = if event.is_some() {
+                self.screen_result(run, &call_id, Ok(text.into())).await?
+            } else {
+                (Ok(text.into()), Vec::new())
+            };
+            let kind = match result {
+                Ok(content) => EventKind::ToolResult {
+                    call_id,
+                    content,
+                    reminder: None,
+                    duration_ms: 0,
+                    redactions,
+                },
+                Err(f) => EventKind::ToolError {
+                    call_id,
+                    error: f.kind,
+                    message: f.message,
+                    duration_ms: 0,
+                },
+            };
+            run.record(kind).await?;
+        }
+        Ok(())
+    }
+    // --- end waits ---
 
     /// The user's message at `awaiting_input`: refused when blank, recorded
     /// as `input.received`, or as `guardrail.tripped` when an input
@@ -1105,6 +1179,19 @@ impl Agent {
             glia_proto::ToolSpec::check_distinct(&tools)
                 .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
         }
+        // --- issue 32: waits --- glia's built-in tools the run enabled.
+        if !config.builtin_tools.is_empty() {
+            tools.extend(
+                config
+                    .builtin_tools
+                    .iter()
+                    .filter_map(|name| glia_proto::config::builtin_tool_spec(name))
+                    .map(|t| with_tenant_policy(config, t)),
+            );
+            glia_proto::ToolSpec::check_distinct(&tools)
+                .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
+        }
+        // --- end waits ---
         if let Some(schema) = &config.output_schema {
             tools.push(ToolSpec {
                 name: OUTPUT_TOOL.into(),
@@ -1721,6 +1808,16 @@ impl Agent {
                     Ok(PolicyAction::Deny { reason }) => {
                         refusal(ToolErrorKind::Denied, format!("Denied by policy: {reason}"))
                     }
+                    // --- issue 32: waits --- a built-in wait is never run
+                    // by a worker nor approved: it parks the run.
+                    Ok(_) if run.state.config.builtin_tools.contains(&call.name) => {
+                        let now_ms = run.clock.now().timestamp_millis();
+                        match glia_proto::wait::parse_wait(&call.name, &input, now_ms) {
+                            Ok(wait) => Disposition::Wait { wait },
+                            Err(message) => refusal(ToolErrorKind::InvalidArguments, message),
+                        }
+                    }
+                    // --- end waits ---
                     Ok(PolicyAction::RequireApproval) => Disposition::Approval,
                     Ok(_) if *source_requires_approval => Disposition::Approval,
                     Ok(_) if *external => Disposition::External,

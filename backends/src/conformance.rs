@@ -24,6 +24,7 @@ use crate::{
 pub mod listing;
 // Issue 32, schedules.
 pub mod schedules;
+pub mod waits;
 
 const TTL: Duration = Duration::from_secs(30);
 

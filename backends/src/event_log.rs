@@ -9,6 +9,7 @@
 //! - [`Outbox`] ([`outbox`]): jobs awaiting relay and runs awaiting a job.
 //! - [`AgentRegistry`] ([`agents`]): agent definitions.
 //! - [`Reports`] ([`reports`]): tenant usage, readiness, gauges.
+//! - [`Waits`] ([`waits`]): due timers and event waits, kept events.
 //!
 //! [`model`] holds the records they take and answer, and [`crate::LogError`].
 //!
@@ -27,6 +28,7 @@ pub mod model;
 pub mod outbox;
 pub mod reports;
 pub mod runs;
+pub mod waits;
 
 pub use agents::AgentRegistry;
 pub use approvals::Approvals;
@@ -34,6 +36,7 @@ pub use inbox::Inbox;
 pub use outbox::Outbox;
 pub use reports::Reports;
 pub use runs::RunLog;
+pub use waits::{DueWait, Waits};
 
 /// The run store. Postgres in the fleet, [`crate::memory::MemoryLog`] in
 /// `glia dev`.
@@ -43,6 +46,7 @@ pub use runs::RunLog;
 ///
 /// Implemented for every type that implements the six concerns; there is
 /// nothing else to implement.
-pub trait EventLog: RunLog + Inbox + Approvals + Outbox + AgentRegistry + Reports {}
+pub trait EventLog: RunLog + Inbox + Approvals + Outbox + AgentRegistry + Reports + Waits {}
 
-impl<T> EventLog for T where T: RunLog + Inbox + Approvals + Outbox + AgentRegistry + Reports {}
+impl<T> EventLog for T where T: RunLog + Inbox + Approvals + Outbox + AgentRegistry + Reports + Waits
+{}

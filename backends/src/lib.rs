@@ -54,7 +54,9 @@ pub use event_log::model::{
     PostFacts, RunFilter, RunGaugeKey, RunStatus, RunSummary, agent_of, dedupe_key, dedupe_what,
     error_of, post_refusal, steps_of, trace_id,
 };
-pub use event_log::{AgentRegistry, Approvals, EventLog, Inbox, Outbox, Reports, RunLog};
+pub use event_log::{
+    AgentRegistry, Approvals, DueWait, EventLog, Inbox, Outbox, Reports, RunLog, Waits,
+};
 
 /// True when `run` is what `filter` finds ([`RunLog::expired_runs`]):
 /// done, not erased, of the filter's tenant(s), last committed before its

@@ -40,6 +40,8 @@ struct Inner {
     outbox: BTreeMap<i64, Job>,
     next_id: i64,
     agents: BTreeMap<(String, String), Vec<AgentVersion>>,
+    /// Kept events (issue 32: waits), by tenant, in arrival order.
+    wait_events: Vec<(String, glia_proto::ArrivedEvent)>,
 }
 
 impl Inner {
@@ -961,3 +963,110 @@ impl Ledger for MemoryLedger {
         Ok(())
     }
 }
+
+// --- issue 32: waits ---
+#[async_trait]
+impl crate::Waits for MemoryLog {
+    async fn due_waits(&self, now_ms: i64, limit: usize) -> Result<Vec<crate::DueWait>, LogError> {
+        let inner = lock(&self.inner);
+        let mut due: Vec<crate::DueWait> = inner
+            .runs
+            .values()
+            .filter(|r| r.summary.status == RunStatus::Parked)
+            .filter_map(|r| {
+                let at = match r.summary.pull_point.as_ref()? {
+                    PullPoint::AwaitingTimer { wake_at_ms, .. } => *wake_at_ms,
+                    PullPoint::AwaitingEvent {
+                        timeout_at_ms: Some(at),
+                        ..
+                    } => *at,
+                    _ => return None,
+                };
+                (at <= now_ms).then_some(crate::DueWait {
+                    run_id: r.summary.run_id,
+                    due_at_ms: at,
+                })
+            })
+            .collect();
+        due.sort_by_key(|d| (d.due_at_ms, d.run_id));
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    async fn keep_event(
+        &self,
+        tenant: &str,
+        event: &glia_proto::ArrivedEvent,
+    ) -> Result<bool, LogError> {
+        let mut inner = lock(&self.inner);
+        if inner
+            .wait_events
+            .iter()
+            .any(|(t, e)| t == tenant && e.id == event.id)
+        {
+            return Ok(false);
+        }
+        inner.wait_events.push((tenant.to_owned(), event.clone()));
+        Ok(true)
+    }
+
+    async fn event_deliveries(
+        &self,
+        since_ms: i64,
+        only: Option<(&str, Uuid)>,
+        limit: usize,
+    ) -> Result<Vec<(Uuid, glia_proto::ArrivedEvent)>, LogError> {
+        let inner = lock(&self.inner);
+        let mut events: Vec<&(String, glia_proto::ArrivedEvent)> = inner
+            .wait_events
+            .iter()
+            .filter(|(t, e)| {
+                e.received_at_ms >= since_ms
+                    && only.is_none_or(|(tenant, id)| tenant == t && id == e.id)
+            })
+            .collect();
+        events.sort_by_key(|(_, e)| (e.received_at_ms, e.id));
+        let mut out = Vec::new();
+        let mut runs: Vec<&Record> = inner.runs.values().collect();
+        runs.sort_by_key(|r| r.summary.run_id);
+        for r in runs {
+            let Some(PullPoint::AwaitingEvent { keys, .. }) = &r.summary.pull_point else {
+                continue;
+            };
+            if r.summary.status != RunStatus::Parked {
+                continue;
+            }
+            let pending = r.inbox.iter().any(|(_, key, consumed)| {
+                !consumed && key.as_deref().is_some_and(|k| k.starts_with("event:"))
+            });
+            if pending {
+                continue;
+            }
+            let first = events.iter().find(|(t, e)| {
+                *t == r.summary.tenant
+                    && keys.contains(&e.key)
+                    && !r
+                        .inbox
+                        .iter()
+                        .any(|(_, key, _)| key.as_deref() == Some(&format!("event:{}", e.id)))
+            });
+            if let Some((_, e)) = first {
+                out.push((r.summary.run_id, e.clone()));
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn forget_events(&self, before_ms: i64) -> Result<u64, LogError> {
+        let mut inner = lock(&self.inner);
+        let before = inner.wait_events.len();
+        inner
+            .wait_events
+            .retain(|(_, e)| e.received_at_ms >= before_ms);
+        Ok((before - inner.wait_events.len()) as u64)
+    }
+}
+// --- end waits ---

@@ -88,6 +88,7 @@ use crate::{
 
 mod codec;
 mod group;
+mod waits;
 
 use codec::{
     EncodedEvents, SummaryColumns, describe, encode_events, has_nul, seq_of, sha256_hex, sql_seq,

@@ -65,6 +65,7 @@
 mod batches;
 // Issue 32, schedules: the schedule store on the single node's file.
 mod schedules;
+mod waits;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -124,6 +125,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/005_held_results.sql"),
     include_str!("../sqlite_migrations/006_run_listing.sql"),
     include_str!("../sqlite_migrations/007_erasure.sql"),
+    // issue 32: waits
+    include_str!("../sqlite_migrations/008_waits.sql"),
     // Issue 32, schedules.
     include_str!("../sqlite_migrations/010_schedules.sql"),
 ];

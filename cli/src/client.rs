@@ -1379,6 +1379,18 @@ pub fn describe(kind: &EventKind) -> String {
                 glia_proto::Disposition::Run { .. } => "run".to_owned(),
                 glia_proto::Disposition::External => "external".to_owned(),
                 glia_proto::Disposition::Approval => "approval".to_owned(),
+                // issue 32: waits
+                glia_proto::Disposition::Wait { wait } => match wait {
+                    glia_proto::Wait::Timer { wake_at_ms, .. } => {
+                        format!("sleep until {}", glia_proto::wait::rfc3339_ms(*wake_at_ms))
+                    }
+                    glia_proto::Wait::Event {
+                        key, timeout_at_ms, ..
+                    } => format!(
+                        "wait for event {key} until {}",
+                        glia_proto::wait::rfc3339_ms(*timeout_at_ms)
+                    ),
+                },
                 glia_proto::Disposition::Refused { error, message } => {
                     format!("refused ({}): {}", wire(error), clip(message))
                 }

@@ -540,6 +540,10 @@ pub struct DispatcherArgs {
     /// Seconds between reconciler passes.
     #[arg(long, default_value_t = 2)]
     pub reconcile_every: u64,
+    /// How long an event posted to `POST /v1/events` is kept for waits that
+    /// begin after it arrived, in seconds (docs/waits.md).
+    #[arg(long, env = "GLIA_EVENT_RETENTION_SECS", default_value_t = 900)]
+    pub event_retention_secs: u64,
     /// Most batch runs not done at once across all tenants; keep it below
     /// the fleet's worker slots so single runs always find one.
     #[arg(long, env = "GLIA_BATCH_MAX_IN_FLIGHT", default_value_t = 256)]
@@ -628,7 +632,12 @@ impl DispatcherArgs {
             Some(store) => app.with_schedules(store.clone()),
             None => app,
         };
+        let limits = glia_dispatcher::Limits {
+            event_retention: Duration::from_secs(self.event_retention_secs),
+            ..app.limits.clone()
+        };
         Ok(app
+            .with_limits(limits)
             .with_inbox(inbox)
             .with_webhooks(webhooks)
             .with_batches(glia_dispatcher::batches::BatchConfig {
@@ -708,6 +717,8 @@ fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sampl
     tokio::spawn(glia_dispatcher::relay(app.clone()));
     tokio::spawn(glia_dispatcher::reconcile(app.clone(), reconcile_every));
     tokio::spawn(glia_dispatcher::sample(app.clone(), sample_every));
+    // issue 32: waits (due timers, timeouts, kept events, start_at)
+    tokio::spawn(glia_dispatcher::waits::waits(app.clone()));
     if app.webhooks.store.is_some() {
         tokio::spawn(glia_dispatcher::webhooks::deliver(
             app.clone(),

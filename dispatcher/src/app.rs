@@ -34,6 +34,14 @@ pub struct Limits {
     pub relay_batch: usize,
     /// Time each readiness check may take (default 2 s).
     pub ready_timeout: Duration,
+    // --- issue 32: waits ---
+    /// How often the waits loop ([`crate::waits::waits`]) looks for due
+    /// timers, timeouts and undelivered events (default 1 s).
+    pub waits_poll: Duration,
+    /// How long an event posted to `POST /v1/events` is kept for waits that
+    /// begin after it arrived (default 15 min; `docs/waits.md`).
+    pub event_retention: Duration,
+    // --- end waits ---
 }
 
 impl Default for Limits {
@@ -48,6 +56,8 @@ impl Default for Limits {
             relay_poll: Duration::from_millis(10),
             relay_batch: 256,
             ready_timeout: Duration::from_secs(2),
+            waits_poll: Duration::from_secs(1),
+            event_retention: Duration::from_secs(15 * 60),
         }
     }
 }

@@ -52,6 +52,8 @@ pub(crate) async fn post(
         Payload::Cancel { .. } => "cancel",
         Payload::Escalate { .. } => "escalate",
         Payload::ApprovalContested { .. } => "approval_contested",
+        // issue 32: waits
+        Payload::Wake { .. } => "wake",
     };
     let id = app.log.post(run_id, payload).await?;
     app.metrics().posted(kind);

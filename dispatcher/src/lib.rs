@@ -74,6 +74,7 @@ pub mod sampler;
 pub mod schedules;
 pub mod server;
 pub mod startup;
+pub mod waits;
 pub mod webhooks;
 
 pub use app::{Admission, App, Limits};

@@ -580,6 +580,43 @@ pub struct NotReady {
     pub checks: BTreeMap<String, String>,
 }
 
+// --- issue 32: waits ---
+/// Body of `POST /v1/events`: `{"key": "order/42:signed", "payload": {…},
+/// "id": "…"}` (`docs/waits.md`).
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventBody {
+    /// The event key the waits name: letters, digits and `. _ : / @ -`,
+    /// 1 to 200 characters.
+    #[schema(
+        pattern = "^[A-Za-z0-9._:/@-]{1,200}$",
+        min_length = 1,
+        max_length = 200
+    )]
+    pub key: String,
+    /// Any JSON, at most 64 KiB serialised: the waiting calls' result.
+    #[schema(value_type = Object)]
+    pub payload: Value,
+    /// Idempotency: the same id posted again by the same tenant is the same
+    /// event (delivered once per run); without it glia makes one up.
+    #[serde(default)]
+    pub id: Option<Uuid>,
+}
+
+/// Answer of `POST /v1/events` (202).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, ToSchema)]
+pub struct EventAccepted {
+    /// The event's id (the one posted, or the one glia made up).
+    pub id: Uuid,
+    /// How many waiting runs it was posted to now; waits that begin within
+    /// the retention get it later.
+    pub delivered: usize,
+    /// True when an event with this id was posted before: the first one is
+    /// kept, this body is not stored again.
+    pub duplicate: bool,
+}
+// --- end waits ---
+
 /// The component schema each request body is checked against (see [`Documented`]).
 macro_rules! documented {
     ($($ty:ty => $name:literal),* $(,)?) => {
@@ -599,4 +636,5 @@ documented! {
     PauseBody => "PauseBody",
     CancelBody => "CancelBody",
     CloseBody => "CloseBody",
+    EventBody => "EventBody",
 }

@@ -21,7 +21,7 @@ use utoipa_axum::routes;
 use crate::app::App;
 use crate::auth::OPEN_TENANT;
 use crate::error::ApiError;
-use crate::handlers::{agents, approvals, batches, ops, payloads, runs, schedules, stream};
+use crate::handlers::{agents, approvals, batches, events, ops, payloads, runs, schedules, stream};
 use crate::{console, docs, extract, inbox, metrics, webhooks};
 
 /// The document's header and security scheme; paths are added by the router.
@@ -41,6 +41,7 @@ use crate::{console, docs, extract, inbox, metrics, webhooks};
         (name = "agents", description = "The agent registry: versioned agent definitions"),
         (name = "batches", description = "Many goals with one configuration: submit (JSON or JSON Lines), progress, results, cancel, pause, resume"),
         (name = "schedules", description = "Runs started on a cron expression or an interval: create, list, next fire times, change, pause, unpause, backfill, delete"),
+        (name = "events", description = "Events for runs waiting in wait_for_event (docs/waits.md)"),
         (name = "ops", description = "Health, readiness, metrics, this document")
     )
 )]
@@ -98,6 +99,8 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(agents::put_agent, agents::get_agent))
         .routes(routes!(agents::list_agents))
         .routes(routes!(agents::get_version))
+        // issue 32: waits
+        .routes(routes!(events::post_event))
 }
 
 /// The HTTP API over `app`: every endpoint of [`routes()`] (documented in

@@ -200,6 +200,19 @@ macro_rules! run_fields {
             pub provider: Option<String>
         ] $($rest)*);
     };
+    // --- issue 32: waits ---
+    (@common builtin_tools $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// glia's built-in tools this run offers the model: `sleep`,
+            /// `wait_until`, `wait_for_event` ([`crate::wait`],
+            /// `docs/waits.md`); each at most once. A call parks the run at
+            /// `awaiting_timer` or `awaiting_event` and no worker holds it.
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            #[cfg_attr(feature = "schemars", schemars(length(max = 3)))]
+            pub builtin_tools: Vec<String>
+        ] $($rest)*);
+    };
+    // --- end waits ---
     (@field $head:tt [$($done:tt)*] [$($extra:tt)*] [$($decl:tt)*] $($rest:tt)*) => {
         $crate::config::run_fields!(@munch $head [$($done)* $($extra)* $($decl)*,] $($rest)*);
     };
@@ -268,6 +281,7 @@ run_fields! {
         common tool_policy,
         common provider,
         common max_result_bytes,
+        common builtin_tools,
     }
 }
 
@@ -338,6 +352,7 @@ impl Default for RunConfig {
             guardrails: Guardrails::default(),
             compaction: None,
             agent: None,
+            builtin_tools: Vec::new(),
             mcp: Vec::new(),
             http_tools: Vec::new(),
             tool_policy: BTreeMap::new(),
@@ -797,6 +812,36 @@ impl RunConfig {
             }
         }
         check_result_bytes("max_result_bytes", self.max_result_bytes)?;
+        // --- issue 32: waits ---
+        for (i, name) in self.builtin_tools.iter().enumerate() {
+            if !crate::wait::BUILTIN_TOOLS.contains(&name.as_str()) {
+                return Err(config_error(
+                    format!("builtin_tools[{i}]"),
+                    format!(
+                        "{name:?} is not a built-in tool; the built-in tools are {}",
+                        crate::wait::BUILTIN_TOOLS.join(", ")
+                    ),
+                ));
+            }
+            if self.builtin_tools[..i].contains(name) {
+                return Err(config_error(
+                    format!("builtin_tools[{i}]"),
+                    format!("{name:?} is listed twice"),
+                ));
+            }
+            if self.external_tools.iter().any(|t| t.name == *name)
+                || self.http_tools.iter().any(|t| t.name == *name)
+                || self.tools.iter().flatten().any(|t| t == name)
+            {
+                return Err(config_error(
+                    format!("builtin_tools[{i}]"),
+                    format!(
+                        "{name:?} is also the name of another tool of the run; rename that one"
+                    ),
+                ));
+            }
+        }
+        // --- end waits ---
         if self.provider.as_ref().is_some_and(|p| p.trim().is_empty()) {
             return Err(config_error("provider", "is blank"));
         }
@@ -943,6 +988,7 @@ impl RunConfig {
                 .flat_map(|s| s.allow.iter().map(String::as_str)),
         );
         names.extend(self.tools.iter().flatten().map(String::as_str));
+        names.extend(self.builtin_tools.iter().map(String::as_str));
         if self.output_schema.is_some() {
             names.push(OUTPUT_TOOL);
         }
@@ -1245,3 +1291,73 @@ mod tests {
         }
     }
 }
+
+// --- issue 32: waits ---
+/// The built-in wait tool `name` ([`crate::wait`]) as offered to the model, or `None` for a name
+/// that is not one of [`crate::wait::BUILTIN_TOOLS`].
+pub fn builtin_tool_spec(name: &str) -> Option<ToolSpec> {
+    let (description, schema) = match name {
+        crate::wait::SLEEP => (
+            "Pause this task for a number of seconds, then continue. Nothing runs while it sleeps; the result says when it woke.",
+            serde_json::json!({
+                "type": "object",
+                "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": crate::wait::MAX_WAIT_MS / 1000,
+                    "description": "How long to sleep, in seconds (fractions allowed; at most 366 days)."}},
+                "required": ["seconds"],
+                "additionalProperties": false
+            }),
+        ),
+        crate::wait::WAIT_UNTIL => (
+            "Pause this task until a time, then continue. A time already past continues at once.",
+            serde_json::json!({
+                "type": "object",
+                "properties": {"time": {"type": "string",
+                    "description": "RFC 3339 time with an offset, e.g. 2026-12-07T10:00:00Z (at most 366 days ahead)."}},
+                "required": ["time"],
+                "additionalProperties": false
+            }),
+        ),
+        crate::wait::WAIT_FOR_EVENT => (
+            "Pause this task until an event with this key is posted, or the timeout passes. The result is the event's payload, or {\"timed_out\": true}.",
+            serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "key": {"type": "string", "pattern": crate::wait::EVENT_KEY_PATTERN,
+                        "description": "The event key: letters, digits and . _ : / @ -, 1 to 200 characters."},
+                    "timeout_seconds": {"type": "number", "minimum": 0, "maximum": crate::wait::MAX_WAIT_MS / 1000,
+                        "description": "Give up after this many seconds (default and most: 366 days)."}
+                },
+                "required": ["key"],
+                "additionalProperties": false
+            }),
+        ),
+        _ => return None,
+    };
+    Some(ToolSpec {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        input_schema: schema,
+        idempotent: true,
+        timeout_ms: 30_000,
+        external: false,
+        return_direct: false,
+        cancel_grace_ms: DEFAULT_CANCEL_GRACE_MS,
+        source: None,
+        policy: None,
+        max_result_bytes: None,
+        output_schema: None,
+    })
+}
+
+#[cfg(test)]
+mod builtin_tests {
+    #[test]
+    fn every_builtin_has_a_schema_that_compiles() {
+        for name in crate::wait::BUILTIN_TOOLS {
+            let spec = super::builtin_tool_spec(name).unwrap();
+            super::compile_tool_schema(&spec.input_schema).unwrap();
+        }
+        assert!(super::builtin_tool_spec("nap").is_none());
+    }
+}
+// --- end waits ---

@@ -169,6 +169,22 @@ impl PullPoint {
                     | PauseReason::ModelStop { .. }) => other.clone(),
                 },
             },
+            // issue 32: waits. Event keys are the tenant's text: erased
+            // (to one tombstone, as the waits' keys in `tool.call` erase to
+            // the same text, so the log still replays).
+            PullPoint::AwaitingEvent {
+                call_ids,
+                keys,
+                timeout_at_ms,
+            } => PullPoint::AwaitingEvent {
+                call_ids: call_ids.clone(),
+                keys: if keys.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![TOMBSTONE.to_owned()]
+                },
+                timeout_at_ms: *timeout_at_ms,
+            },
             other => other.clone(),
         }
     }
@@ -235,6 +251,16 @@ impl Payload {
             },
             Payload::Cancel { reason } => Payload::Cancel {
                 reason: erased_text(reason),
+            },
+            // issue 32: waits. An event's key and payload are content.
+            Payload::Wake { due_at_ms, event } => Payload::Wake {
+                due_at_ms: *due_at_ms,
+                event: event.as_ref().map(|e| crate::ArrivedEvent {
+                    id: e.id,
+                    key: TOMBSTONE.to_owned(),
+                    payload: erased_value(),
+                    received_at_ms: e.received_at_ms,
+                }),
             },
             other @ (Payload::ExtendBudget { .. }
             | Payload::Resume { .. }
@@ -342,6 +368,21 @@ impl EventKind {
                     Disposition::Refused { error, message } => Disposition::Refused {
                         error: *error,
                         message: erased_text(message),
+                    },
+                    // issue 32: waits. The key is the tenant's text.
+                    Disposition::Wait { wait } => Disposition::Wait {
+                        wait: match wait {
+                            crate::Wait::Event {
+                                started_at_ms,
+                                timeout_at_ms,
+                                ..
+                            } => crate::Wait::Event {
+                                key: TOMBSTONE.to_owned(),
+                                started_at_ms: *started_at_ms,
+                                timeout_at_ms: *timeout_at_ms,
+                            },
+                            timer @ crate::Wait::Timer { .. } => timer.clone(),
+                        },
                     },
                     other @ (Disposition::External | Disposition::Approval) => other.clone(),
                 };

@@ -557,6 +557,16 @@ pub enum Disposition {
     External,
     /// A person must approve it first; the run parks at `awaiting_approval`.
     Approval,
+    // --- issue 32: waits ---
+    /// A built-in wait (`sleep`, `wait_until`, `wait_for_event`;
+    /// [`crate::wait`]): the run parks at `awaiting_timer` or
+    /// `awaiting_event` until a [`Payload::Wake`] gives the call its result.
+    /// JSON: `{"kind": "wait", "wait": {"kind": "timer", …}}`.
+    Wait {
+        /// What it waits for, and since when.
+        wait: crate::wait::Wait,
+    },
+    // --- end waits ---
     /// It will not run (a policy denied it, a hook cancelled or skipped it,
     /// the tool is unknown); a `tool.error` with this kind and message
     /// follows at once.
@@ -670,16 +680,40 @@ pub enum PullPoint {
         /// Why.
         reason: PauseReason,
     },
+    // --- issue 32: waits ---
+    /// Built-in timers (`sleep`, `wait_until`) are due later; the
+    /// dispatcher posts a [`Payload::Wake`] at `wake_at_ms`.
+    AwaitingTimer {
+        /// The waiting calls.
+        call_ids: Vec<String>,
+        /// The earliest due time of the turn's waits, Unix ms.
+        wake_at_ms: i64,
+    },
+    /// `wait_for_event` calls wait for events with these keys (timers of the
+    /// same turn may wait too).
+    AwaitingEvent {
+        /// The waiting calls, timers of the same turn included.
+        call_ids: Vec<String>,
+        /// The keys waited for, sorted, distinct.
+        keys: Vec<String>,
+        /// The earliest time something of the turn is due without an event
+        /// (an event wait's timeout or a timer's wake time), Unix ms.
+        timeout_at_ms: Option<i64>,
+    },
+    // --- end waits ---
 }
 
 impl PullPoint {
-    /// `awaiting_tool`, `awaiting_approval`, `awaiting_input` or `paused`.
+    /// `awaiting_tool`, `awaiting_approval`, `awaiting_input`, `paused`,
+    /// `awaiting_timer` or `awaiting_event`.
     pub fn name(&self) -> &'static str {
         match self {
             PullPoint::AwaitingTool { .. } => "awaiting_tool",
             PullPoint::AwaitingApproval { .. } => "awaiting_approval",
             PullPoint::AwaitingInput => "awaiting_input",
             PullPoint::Paused { .. } => "paused",
+            PullPoint::AwaitingTimer { .. } => "awaiting_timer",
+            PullPoint::AwaitingEvent { .. } => "awaiting_event",
         }
     }
 }
@@ -967,6 +1001,24 @@ pub enum Payload {
         /// When the attempt was refused.
         attempted_at: DateTime<Utc>,
     },
+    // --- issue 32: waits ---
+    /// A wait is over: posted by the dispatcher's waits loop
+    /// (`dispatcher/src/waits.rs`), at least once. Without `event`: every
+    /// waiting call of the run due at or before `due_at_ms` (a timer's wake
+    /// time, an event wait's timeout) gets its result. With `event`: every
+    /// call of the run waiting for `event.key` gets the event as its result.
+    /// A wake that finds nothing to end is dropped. Deduplicated per run
+    /// ([`Payload::Wake`]'s dedupe key is `event:{id}` for an event, so a run
+    /// never receives the same event twice, and `wake:{due_at_ms}` for a time).
+    Wake {
+        /// The due time this wake is for, Unix ms (for an event, its
+        /// arrival).
+        due_at_ms: i64,
+        /// The event that arrived, for event waits.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        event: Option<crate::wait::ArrivedEvent>,
+    },
+    // --- end waits ---
     /// Cancel the run (terminal), wherever it stands.
     Cancel {
         /// Why.

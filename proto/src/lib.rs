@@ -47,6 +47,7 @@ pub mod tool_names;
 #[cfg(feature = "schemars")]
 pub mod tool_schema;
 pub mod tool_sources;
+pub mod wait;
 
 pub use agent::AgentDefinition;
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing, Spend, SpendCap};
@@ -79,8 +80,11 @@ pub use tool_sources::{
     HttpTool, McpToolHints, McpToolSource, OutputSchemaCheck, PolicyOrigin, ResolvedPolicy,
     ToolOutputSchema, ToolPolicy, ToolSource,
 };
+pub use wait::{ArrivedEvent, BUILTIN_TOOLS, Wait};
 
 pub mod testing;
 
 #[cfg(test)]
 mod state_tests;
+#[cfg(test)]
+mod wait_tests;

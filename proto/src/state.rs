@@ -87,6 +87,12 @@ pub struct PendingCall {
     /// again (`approval.requested` with `interrupted`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupted: bool,
+    // --- issue 32: waits ---
+    /// What a built-in wait call waits for (set by its `tool.call`,
+    /// [`Disposition::Wait`]); `None` for every other call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<crate::wait::Wait>,
+    // --- end waits ---
 }
 
 impl PendingCall {
@@ -101,6 +107,7 @@ impl PendingCall {
             Some(Disposition::Run { .. }) => self.approval != ApprovalStatus::Requested,
             Some(Disposition::Refused { .. }) => true,
             Some(Disposition::External) => false,
+            Some(Disposition::Wait { .. }) => false,
             Some(Disposition::Approval) => match self.approval {
                 ApprovalStatus::Due | ApprovalStatus::Rejected => true,
                 ApprovalStatus::Approved => !self.external,
@@ -553,6 +560,7 @@ impl RunState {
                         result: None,
                         requested_seq: None,
                         interrupted: false,
+                        wait: None,
                     })
                     .collect();
                 let mut ids: Vec<&str> = calls.iter().map(|c| c.call_id.as_str()).collect();
@@ -617,8 +625,22 @@ impl RunState {
                 // approvals included, so approvals cannot overrun the budget.
                 let counts = matches!(
                     disposition,
-                    Disposition::Run { .. } | Disposition::External | Disposition::Approval
+                    Disposition::Run { .. }
+                        | Disposition::External
+                        | Disposition::Approval
+                        | Disposition::Wait { .. }
                 );
+                if matches!(disposition, Disposition::Wait { .. })
+                    && !self.config.builtin_tools.contains(&call.name)
+                {
+                    return Err(illegal(
+                        self,
+                        &format!(
+                            "tool call {call_id} waits, but {:?} is not a built-in tool of the run",
+                            call.name
+                        ),
+                    ));
+                }
                 let call = self
                     .pending_calls
                     .iter_mut()
@@ -627,6 +649,9 @@ impl RunState {
                 call.disposition = Some(disposition.clone());
                 if *disposition == Disposition::Approval {
                     call.approval = ApprovalStatus::Due;
+                }
+                if let Disposition::Wait { wait } = disposition {
+                    call.wait = Some(wait.clone());
                 }
                 if counts {
                     self.usage.tool_calls += 1;
@@ -728,7 +753,9 @@ impl RunState {
             } => {
                 let call = self.pending(call_id)?;
                 let may = match &call.disposition {
-                    Some(Disposition::Run { .. }) | Some(Disposition::External) => true,
+                    Some(Disposition::Run { .. })
+                    | Some(Disposition::External)
+                    | Some(Disposition::Wait { .. }) => true,
                     Some(Disposition::Approval) => call.approval == ApprovalStatus::Approved,
                     _ => false,
                 };
@@ -738,7 +765,7 @@ impl RunState {
                         &format!("tool call {call_id} cannot take a result now"),
                     ));
                 }
-                if self.parked.is_some() && !call.awaits_caller() {
+                if self.parked.is_some() && !call.awaits_caller() && call.wait.is_none() {
                     return Err(illegal(self, "run is parked"));
                 }
                 let budget = self.result_budget(&call.name);
@@ -770,7 +797,7 @@ impl RunState {
                         &format!("tool call {call_id} cannot take an error now"),
                     ));
                 }
-                if self.parked.is_some() && !call.awaits_caller() {
+                if self.parked.is_some() && !call.awaits_caller() && call.wait.is_none() {
                     return Err(illegal(self, "run is parked"));
                 }
                 // `outcome_unknown` errors are glia's own (marked) text;
@@ -881,7 +908,9 @@ impl RunState {
                 not_parked(self)?;
                 match pull_point {
                     PullPoint::AwaitingTool { call_ids }
-                    | PullPoint::AwaitingApproval { call_ids } => {
+                    | PullPoint::AwaitingApproval { call_ids }
+                    | PullPoint::AwaitingTimer { call_ids, .. }
+                    | PullPoint::AwaitingEvent { call_ids, .. } => {
                         if self.phase != Phase::AwaitingTool
                             || self.tool_park().as_ref() != Some(pull_point)
                         {
@@ -1076,7 +1105,41 @@ impl RunState {
             .filter(|c| c.awaits_caller())
             .map(|c| c.call_id.clone())
             .collect();
-        (!external.is_empty()).then_some(PullPoint::AwaitingTool { call_ids: external })
+        if !external.is_empty() {
+            return Some(PullPoint::AwaitingTool { call_ids: external });
+        }
+        // --- issue 32: waits --- (after approvals, caller results and
+        // children; an event wait before a timer: its pull point carries the
+        // earliest due time of every wait of the turn, timers included)
+        let waiting: Vec<&PendingCall> = self
+            .pending_calls
+            .iter()
+            .filter(|c| c.result.is_none() && c.wait.is_some())
+            .collect();
+        let due = waiting
+            .iter()
+            .filter_map(|c| c.wait.as_ref().map(crate::wait::Wait::due_at_ms))
+            .min()?;
+        let call_ids: Vec<String> = waiting.iter().map(|c| c.call_id.clone()).collect();
+        let mut keys: Vec<String> = waiting
+            .iter()
+            .filter_map(|c| c.wait.as_ref().and_then(|w| w.key()).map(str::to_owned))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        if keys.is_empty() {
+            Some(PullPoint::AwaitingTimer {
+                call_ids,
+                wake_at_ms: due,
+            })
+        } else {
+            Some(PullPoint::AwaitingEvent {
+                call_ids,
+                keys,
+                timeout_at_ms: Some(due),
+            })
+        }
+        // --- end waits ---
     }
 
     /// After a payload arrives at a tool pull point: stay parked on what is
@@ -1084,7 +1147,12 @@ impl RunState {
     fn refresh_tool_park(&mut self) {
         if matches!(
             self.parked,
-            Some(PullPoint::AwaitingTool { .. } | PullPoint::AwaitingApproval { .. })
+            Some(
+                PullPoint::AwaitingTool { .. }
+                    | PullPoint::AwaitingApproval { .. }
+                    | PullPoint::AwaitingTimer { .. }
+                    | PullPoint::AwaitingEvent { .. }
+            )
         ) {
             self.parked = self.tool_park();
         }

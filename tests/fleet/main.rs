@@ -16,7 +16,8 @@
 //!   real Prometheus;
 //! - [`agents`]: agent definitions applied from files, runs started from them;
 //! - [`guardrails`]: denied text stored nowhere, tool results screened;
-//! - [`retention`]: an erased run's content found nowhere, its counts and costs kept.
+//! - [`retention`]: an erased run's content found nowhere, its counts and costs kept;
+//! - [`waits`]: timers across a dispatcher restart, event waits across a worker kill.
 
 mod agents;
 mod approvals;
@@ -27,3 +28,4 @@ mod guardrails;
 mod limits;
 mod observability;
 mod retention;
+mod waits;

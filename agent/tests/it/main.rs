@@ -19,3 +19,4 @@ mod provider_events;
 mod pull_points;
 mod replay_prop;
 mod result_budget;
+mod waits;

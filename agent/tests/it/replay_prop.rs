@@ -612,6 +612,15 @@ fn respond(
         PullPoint::Paused { .. } => Payload::Resume {
             by: Some("operator".into()),
         },
+        // issue 32: waits (a time wake at the due time).
+        PullPoint::AwaitingTimer { wake_at_ms, .. } => Payload::Wake {
+            due_at_ms: *wake_at_ms,
+            event: None,
+        },
+        PullPoint::AwaitingEvent { timeout_at_ms, .. } => Payload::Wake {
+            due_at_ms: timeout_at_ms.unwrap_or(i64::MAX),
+            event: None,
+        },
     };
     Action::Advance(Some(resume))
 }
@@ -649,6 +658,11 @@ fn misfit(pull_point: &PullPoint) -> Payload {
         PullPoint::Paused { .. } => Payload::Close {
             text: Some("bye".into()),
             redactions: Vec::new(),
+        },
+        // issue 32: waits. A wake before anything is due ends nothing.
+        PullPoint::AwaitingTimer { .. } | PullPoint::AwaitingEvent { .. } => Payload::Wake {
+            due_at_ms: i64::MIN,
+            event: None,
         },
     }
 }

@@ -716,6 +716,15 @@ pub fn dedupe_key(payload: &Payload) -> Option<String> {
             ..
         } => Some(format!("escalate:{call_id}:{}", request_seq.unwrap_or(0))),
         Payload::Cancel { .. } => Some(CANCEL_KEY.to_owned()),
+        // --- issue 32: waits --- an event once per run, a due time once.
+        Payload::Wake {
+            event: Some(event), ..
+        } => Some(format!("event:{}", event.id)),
+        Payload::Wake {
+            due_at_ms,
+            event: None,
+        } => Some(format!("wake:{due_at_ms}")),
+        // --- end waits ---
         _ => None,
     }
 }

@@ -71,3 +71,9 @@ async fn memory_queue_a_consumer_waiting_for_a_resume_does_not_hold_back_starts(
         .unwrap();
     assert_eq!(waited, resume);
 }
+
+// issue 32: waits
+#[tokio::test]
+async fn memory_waits_conformance() {
+    conformance::waits::waits(&MemoryLog::default()).await;
+}

@@ -1302,3 +1302,16 @@ async fn a_post_that_waited_for_a_cancel_sees_it() {
         .collect();
     assert_eq!(kinds, ["cancel"], "only the cancel is in the inbox");
 }
+
+// issue 32: waits
+#[tokio::test]
+async fn postgres_waits_conformance() {
+    let db = TestDb::new().await;
+    let log = db
+        .log_with(PgOptions {
+            max_connections: 4,
+            ..PgOptions::default()
+        })
+        .await;
+    conformance::waits::waits(&log).await;
+}

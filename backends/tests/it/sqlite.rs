@@ -545,3 +545,11 @@ async fn sqlite_holds_tool_results_across_a_restart() {
         "held in the file, not in the process"
     );
 }
+
+// issue 32: waits
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_waits_conformance() {
+    let dir = TempDir::new();
+    let log = open(&dir).await;
+    conformance::waits::waits(&log).await;
+}

@@ -352,6 +352,28 @@ fn pull_text(p: &PullPoint) -> String {
         }
         PullPoint::AwaitingInput => "awaiting the user's message".into(),
         PullPoint::Paused { reason } => format!("paused: {}", pause_text(reason)),
+        // issue 32: waits
+        PullPoint::AwaitingTimer {
+            call_ids,
+            wake_at_ms,
+        } => format!(
+            "sleeping until {} ({})",
+            glia_proto::wait::rfc3339_ms(*wake_at_ms),
+            call_ids.join(", ")
+        ),
+        PullPoint::AwaitingEvent {
+            call_ids,
+            keys,
+            timeout_at_ms,
+        } => format!(
+            "awaiting an event {} ({}){}",
+            keys.join(", "),
+            call_ids.join(", "),
+            timeout_at_ms.map_or(String::new(), |t| format!(
+                ", until {}",
+                glia_proto::wait::rfc3339_ms(t)
+            ))
+        ),
     }
 }
 
@@ -608,6 +630,8 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
                 },
                 Disposition::External => "the caller runs it (the run waits for its result)".into(),
                 Disposition::Approval => "waits for a person's approval".into(),
+                // issue 32: waits
+                Disposition::Wait { wait } => wait_text(wait),
                 Disposition::Refused { error, message } => {
                     x.failed = true;
                     format!("refused ({}): {message}", snake(error))
@@ -1635,6 +1659,23 @@ async fn list_page(
         "console_runs.html",
         context! { who => s.principal.by(), csrf => s.csrf, rows, next, error, q => echo.fields, tags => echo.tag, metas => echo.meta },
     )
+}
+
+// --- issue 32: waits ---
+/// What a built-in wait waits for, in words.
+fn wait_text(wait: &glia_proto::Wait) -> String {
+    match wait {
+        glia_proto::Wait::Timer { wake_at_ms, .. } => format!(
+            "the run sleeps until {}",
+            glia_proto::wait::rfc3339_ms(*wake_at_ms)
+        ),
+        glia_proto::Wait::Event {
+            key, timeout_at_ms, ..
+        } => format!(
+            "the run waits for an event {key} until {}",
+            glia_proto::wait::rfc3339_ms(*timeout_at_ms)
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 //! | `POST /v1/runs/{id}/resume` | submit or approve | 202 | 404, 409 `not_paused` / `already_posted` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/close` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/cancel` | submit | 202 | 404, 409 `run_finished`, 503 `ledger_unavailable` |
+//! | `POST /v1/events` | submit | 202 `{id, delivered, duplicate}` | – (`docs/waits.md`) |
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | none | 200 | 503 `not_ready` |
 //!
 //! Any handler may answer 503 `log_unavailable` / `queue_unavailable` when a
@@ -37,6 +38,7 @@
 pub mod agents;
 pub mod approvals;
 pub mod batches;
+pub mod events;
 pub mod ops;
 pub mod payloads;
 pub mod runs;

@@ -242,6 +242,15 @@ fn endpoints(id: Uuid) -> Vec<Ep> {
             false,
             None,
         ),
+        ep(
+            Method::POST,
+            "/v1/events".into(),
+            Some(json!({"key": "k", "payload": {}})),
+            Some(json!({"key": 5, "payload": {}})),
+            Some(APP_A),
+            false,
+            None,
+        ),
     ]
 }
 

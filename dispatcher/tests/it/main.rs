@@ -22,4 +22,5 @@ mod schedules;
 mod schemathesis;
 mod stream;
 mod tenancy;
+mod waits;
 mod webhooks;

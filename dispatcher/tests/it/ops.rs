@@ -347,6 +347,7 @@ const ENDPOINTS: &[(&str, &str)] = &[
     ("get", "/v1/agents"),
     ("get", "/v1/agents/{name}"),
     ("get", "/v1/agents/{name}/versions/{version}"),
+    ("post", "/v1/events"),
 ];
 
 #[tokio::test]

@@ -431,6 +431,26 @@ fn disposition() -> impl Strategy<Value = Disposition> {
         Just(Disposition::Approval),
         (tool_error_kind(), text())
             .prop_map(|(error, message)| Disposition::Refused { error, message }),
+        wait().prop_map(|wait| Disposition::Wait { wait }),
+    ]
+}
+
+// issue 32: waits
+fn wait() -> impl Strategy<Value = glia_proto::Wait> {
+    prop_oneof![
+        (any::<i64>(), any::<i64>()).prop_map(|(started_at_ms, wake_at_ms)| {
+            glia_proto::Wait::Timer {
+                started_at_ms,
+                wake_at_ms,
+            }
+        }),
+        (text(), any::<i64>(), any::<i64>()).prop_map(|(key, started_at_ms, timeout_at_ms)| {
+            glia_proto::Wait::Event {
+                key,
+                started_at_ms,
+                timeout_at_ms,
+            }
+        }),
     ]
 }
 
@@ -483,6 +503,20 @@ fn pull_point() -> impl Strategy<Value = PullPoint> {
         call_ids().prop_map(|call_ids| PullPoint::AwaitingApproval { call_ids }),
         Just(PullPoint::AwaitingInput),
         pause_reason().prop_map(|reason| PullPoint::Paused { reason }),
+        (call_ids(), any::<i64>()).prop_map(|(call_ids, wake_at_ms)| PullPoint::AwaitingTimer {
+            call_ids,
+            wake_at_ms
+        }),
+        (
+            call_ids(),
+            prop::collection::vec(text(), 0..3),
+            prop::option::of(any::<i64>())
+        )
+            .prop_map(|(call_ids, keys, timeout_at_ms)| PullPoint::AwaitingEvent {
+                call_ids,
+                keys,
+                timeout_at_ms
+            }),
     ]
 }
 
@@ -798,6 +832,21 @@ fn resume() -> impl Strategy<Value = Payload> {
                 attempted_at: DateTime::UNIX_EPOCH,
             }
         }),
+        (
+            any::<i64>(),
+            prop::option::of((any::<u128>(), text(), text(), any::<i64>()))
+        )
+            .prop_map(|(due_at_ms, event)| Payload::Wake {
+                due_at_ms,
+                event: event.map(|(id, key, payload, received_at_ms)| {
+                    glia_proto::ArrivedEvent {
+                        id: Uuid::from_u128(id),
+                        key,
+                        payload: json!({ "text": payload }),
+                        received_at_ms,
+                    }
+                }),
+            }),
     ]
 }
 
@@ -927,6 +976,7 @@ fn resume_variant_index(resume: &Payload) -> usize {
         Payload::Escalate { .. } => 7,
         Payload::Pause { .. } => 8,
         Payload::ApprovalContested { .. } => 9,
+        Payload::Wake { .. } => 10,
     }
 }
 
@@ -949,7 +999,7 @@ fn the_strategies_cover_every_variant() {
     );
     assert_eq!(
         variants_seen(resume(), resume_variant_index),
-        (0..10).collect()
+        (0..11).collect()
     );
 }
 

@@ -323,6 +323,15 @@ impl Fleet {
                         ..BudgetLimits::default()
                     },
                 },
+                // issue 32: waits (what the dispatcher's waits loop posts).
+                Some(PullPoint::AwaitingTimer { wake_at_ms, .. }) => Payload::Wake {
+                    due_at_ms: *wake_at_ms,
+                    event: None,
+                },
+                Some(PullPoint::AwaitingEvent { timeout_at_ms, .. }) => Payload::Wake {
+                    due_at_ms: timeout_at_ms.unwrap_or(i64::MAX),
+                    event: None,
+                },
             };
             self.log.post(run_id, payload).await.unwrap();
         }
