@@ -182,6 +182,9 @@ fn new_run(tenant: &str, key: Option<&str>, start: &Event) -> NewRun {
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     }
 }
 
@@ -1142,6 +1145,9 @@ pub async fn lists_runs(log: &dyn EventLog) {
             tags: Vec::new(),
             metadata: Default::default(),
             custom_id: None,
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         };
         log.create_run(new).await.unwrap();
         ids.push(s.run_id);
@@ -1221,6 +1227,9 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
         tags: vec!["vip".into(), "eu".into()],
         metadata: [("ticket".to_owned(), "T-1".to_owned())].into(),
         custom_id: Some("row-1".into()),
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();
@@ -1966,6 +1975,9 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();
@@ -2098,6 +2110,9 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();
@@ -2123,6 +2138,9 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();

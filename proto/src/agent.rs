@@ -90,7 +90,14 @@ run_fields! {
         pub max_tokens: Option<u32>,
         common approval_timeout_ms #[serde(skip_serializing_if = "Option::is_none")],
         common max_result_bytes,
+        // Issue 32, child runs.
+        common agents,
     }
+}
+
+/// True for a registry name: `^[a-z0-9][a-z0-9_-]{0,63}$`.
+pub fn is_agent_name(name: &str) -> bool {
+    AGENT_NAME.is_match(name)
 }
 
 impl AgentDefinition {
@@ -130,6 +137,7 @@ impl AgentDefinition {
             guardrails: self.guardrails.clone(),
             compaction: self.compaction.clone(),
             agent,
+            agents: self.agents.clone(),
             ..defaults
         }
     }

@@ -236,6 +236,20 @@ impl Payload {
             Payload::Cancel { reason } => Payload::Cancel {
                 reason: erased_text(reason),
             },
+            // Issue 32: the child's answer, output or error is content.
+            Payload::ChildEnded {
+                call_id,
+                child_run_id,
+                outcome,
+                usage,
+                cost_usd_micros,
+            } => Payload::ChildEnded {
+                call_id: call_id.clone(),
+                child_run_id: *child_run_id,
+                outcome: outcome.erased(),
+                usage: *usage,
+                cost_usd_micros: *cost_usd_micros,
+            },
             other @ (Payload::ExtendBudget { .. }
             | Payload::Resume { .. }
             | Payload::Escalate { .. }) => other.clone(),
@@ -343,7 +357,9 @@ impl EventKind {
                         error: *error,
                         message: erased_text(message),
                     },
-                    other @ (Disposition::External | Disposition::Approval) => other.clone(),
+                    other @ (Disposition::External
+                    | Disposition::Approval
+                    | Disposition::Child) => other.clone(),
                 };
                 K::ToolCall(record)
             }
@@ -447,6 +463,23 @@ impl EventKind {
             },
             K::SessionComplete { outcome } => K::SessionComplete {
                 outcome: outcome.erased(),
+            },
+            // Issue 32: the child's answer, output or error is content;
+            // ids, the agent, usage and cost stay.
+            K::ChildEnded {
+                call_id,
+                child_run_id,
+                agent,
+                outcome,
+                usage,
+                cost_usd_micros,
+            } => K::ChildEnded {
+                call_id: call_id.clone(),
+                child_run_id: *child_run_id,
+                agent: agent.clone(),
+                outcome: outcome.erased(),
+                usage: *usage,
+                cost_usd_micros: *cost_usd_micros,
             },
             K::Error { message, fatal } => K::Error {
                 message: erased_text(message),

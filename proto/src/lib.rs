@@ -19,6 +19,7 @@
 //! - [`provider`]: the provider boundary (the [`Provider`] trait, request,
 //!   response, error) and the provider kinds;
 //! - [`held`]: a tool call's outcome held until it is committed;
+//! - [`children`]: child runs, agents offered as tools;
 //! - [`erasure`]: what a run's records look like once its content is erased.
 //!
 //! Pure: no I/O and no async runtime.
@@ -27,6 +28,7 @@
 
 pub mod agent;
 pub mod budget;
+pub mod children;
 pub mod compaction;
 pub mod config;
 pub mod config_error;
@@ -50,6 +52,7 @@ pub mod tool_sources;
 
 pub use agent::AgentDefinition;
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing, Spend, SpendCap};
+pub use children::{ChildAgent, ChildCall, MAX_CHILD_DEPTH};
 pub use compaction::{CompactionSpec, CompactionStrategy};
 pub use config::{
     AgentRef, ApprovalTimeout, DEFAULT_CANCEL_GRACE_MS, DEFAULT_MAX_RESULT_BYTES, InterruptedCall,

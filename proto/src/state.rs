@@ -87,6 +87,10 @@ pub struct PendingCall {
     /// again (`approval.requested` with `interrupted`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupted: bool,
+    /// Issue 32: a call of an agent tool (set by its `tool.call` with
+    /// [`Disposition::Child`]): the child it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<crate::children::ChildCall>,
 }
 
 impl PendingCall {
@@ -100,7 +104,7 @@ impl PendingCall {
             None => true,
             Some(Disposition::Run { .. }) => self.approval != ApprovalStatus::Requested,
             Some(Disposition::Refused { .. }) => true,
-            Some(Disposition::External) => false,
+            Some(Disposition::External) | Some(Disposition::Child) => false,
             Some(Disposition::Approval) => match self.approval {
                 ApprovalStatus::Due | ApprovalStatus::Rejected => true,
                 ApprovalStatus::Approved => !self.external,
@@ -553,6 +557,7 @@ impl RunState {
                         result: None,
                         requested_seq: None,
                         interrupted: false,
+                        child: None,
                     })
                     .collect();
                 let mut ids: Vec<&str> = calls.iter().map(|c| c.call_id.as_str()).collect();
@@ -585,6 +590,7 @@ impl RunState {
                 input,
                 args_hash: hash,
                 disposition,
+                idempotency_key,
                 ..
             }) => {
                 if self.phase != Phase::AwaitingTool {
@@ -613,11 +619,44 @@ impl RunState {
                         &format!("tool call {call_id}: args_hash does not match its input"),
                     ));
                 }
+                // Issue 32: a child call names an agent tool of the step.
+                let child = if *disposition == Disposition::Child {
+                    let source = self
+                        .step_tools
+                        .iter()
+                        .find(|t| t.name == call.name)
+                        .and_then(|t| t.source.as_ref());
+                    let Some(crate::ToolSource::Agent {
+                        agent,
+                        content_hash,
+                    }) = source
+                    else {
+                        return Err(illegal(
+                            self,
+                            &format!("tool call {call_id}: only an agent tool starts a child"),
+                        ));
+                    };
+                    // The loop checked the arguments against the tool's
+                    // schema; an erased log holds a tombstone instead.
+                    let goal = input.get("goal").and_then(Value::as_str).unwrap_or_default();
+                    Some(crate::children::ChildCall {
+                        agent: agent.clone(),
+                        content_hash: content_hash.clone(),
+                        goal: goal.to_owned(),
+                        key: idempotency_key.clone(),
+                        child_run_id: None,
+                    })
+                } else {
+                    None
+                };
                 // A call counts against `max_tool_calls` when it is decided,
                 // approvals included, so approvals cannot overrun the budget.
                 let counts = matches!(
                     disposition,
-                    Disposition::Run { .. } | Disposition::External | Disposition::Approval
+                    Disposition::Run { .. }
+                        | Disposition::External
+                        | Disposition::Approval
+                        | Disposition::Child
                 );
                 let call = self
                     .pending_calls
@@ -625,6 +664,7 @@ impl RunState {
                     .find(|c| &c.call_id == call_id)
                     .expect("checked above");
                 call.disposition = Some(disposition.clone());
+                call.child = child;
                 if *disposition == Disposition::Approval {
                     call.approval = ApprovalStatus::Due;
                 }
@@ -787,6 +827,64 @@ impl RunState {
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.finish_turn_if_complete();
             }
+            // Issue 32, child runs.
+            EventKind::ChildEnded {
+                call_id,
+                child_run_id,
+                agent,
+                outcome,
+                usage,
+                cost_usd_micros,
+            } => {
+                let call = self.pending(call_id)?;
+                let Some(child) = call.child.as_ref() else {
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} did not start a child"),
+                    ));
+                };
+                if call.result.is_some() || call.disposition != Some(Disposition::Child) {
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} has its result"),
+                    ));
+                }
+                if child.agent != *agent {
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} called {}, not {agent}", child.agent),
+                    ));
+                }
+                if self.parked == Some(PullPoint::AwaitingInput) {
+                    return Err(illegal(self, "run is parked"));
+                }
+                if matches!(outcome, Outcome::Succeeded { .. }) && child_run_id.is_none() {
+                    return Err(illegal(self, "a child that never ran did not succeed"));
+                }
+                let (text, is_error) = crate::children::result_of(agent, outcome);
+                let budget = self.result_budget(&call.name);
+                let seen = ToolContent::Text(neutralise(&text).into_owned())
+                    .cut(budget)
+                    .into_owned();
+                let call = self.pending_mut(call_id);
+                call.result = Some((seen, is_error));
+                if let Some(child) = call.child.as_mut() {
+                    child.child_run_id = *child_run_id;
+                }
+                self.usage.tokens += *usage;
+                self.usage.cost_usd_micros =
+                    self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
+                // A child may end while the run waits elsewhere (a caller's
+                // result, an approval, a pause): a pause stays in force.
+                let paused = match &self.parked {
+                    Some(p @ PullPoint::Paused { .. }) => Some(p.clone()),
+                    _ => None,
+                };
+                self.finish_turn_if_complete();
+                if paused.is_some() {
+                    self.parked = paused;
+                }
+            }
             EventKind::InputReceived { text, .. } => {
                 if self.parked != Some(PullPoint::AwaitingInput) {
                     return Err(illegal(self, "input is taken at awaiting_input"));
@@ -881,7 +979,8 @@ impl RunState {
                 not_parked(self)?;
                 match pull_point {
                     PullPoint::AwaitingTool { call_ids }
-                    | PullPoint::AwaitingApproval { call_ids } => {
+                    | PullPoint::AwaitingApproval { call_ids }
+                    | PullPoint::AwaitingChildren { call_ids } => {
                         if self.phase != Phase::AwaitingTool
                             || self.tool_park().as_ref() != Some(pull_point)
                         {
@@ -1076,7 +1175,17 @@ impl RunState {
             .filter(|c| c.awaits_caller())
             .map(|c| c.call_id.clone())
             .collect();
-        (!external.is_empty()).then_some(PullPoint::AwaitingTool { call_ids: external })
+        if !external.is_empty() {
+            return Some(PullPoint::AwaitingTool { call_ids: external });
+        }
+        // Issue 32, child runs: after approvals and caller results.
+        let children: Vec<String> = self
+            .pending_calls
+            .iter()
+            .filter(|c| c.result.is_none() && c.disposition == Some(Disposition::Child))
+            .map(|c| c.call_id.clone())
+            .collect();
+        (!children.is_empty()).then_some(PullPoint::AwaitingChildren { call_ids: children })
     }
 
     /// After a payload arrives at a tool pull point: stay parked on what is
@@ -1084,7 +1193,11 @@ impl RunState {
     fn refresh_tool_park(&mut self) {
         if matches!(
             self.parked,
-            Some(PullPoint::AwaitingTool { .. } | PullPoint::AwaitingApproval { .. })
+            Some(
+                PullPoint::AwaitingTool { .. }
+                    | PullPoint::AwaitingApproval { .. }
+                    | PullPoint::AwaitingChildren { .. }
+            )
         ) {
             self.parked = self.tool_park();
         }

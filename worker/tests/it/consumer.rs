@@ -252,6 +252,9 @@ impl Fleet {
                 tags: Vec::new(),
                 metadata: Default::default(),
                 custom_id: None,
+                parent_run_id: None,
+                parent_call_id: None,
+                depth: 0,
             })
             .await
             .unwrap();
@@ -767,6 +770,9 @@ async fn submit_model(fleet: &Fleet, model: &str) -> Uuid {
             tags: Vec::new(),
             metadata: Default::default(),
             custom_id: None,
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         })
         .await
         .unwrap();
