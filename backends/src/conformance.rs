@@ -22,6 +22,8 @@ use crate::{
 };
 
 pub mod listing;
+// Issue 32, child runs.
+pub mod children;
 
 const TTL: Duration = Duration::from_secs(30);
 

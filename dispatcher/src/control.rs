@@ -461,8 +461,8 @@ pub(crate) async fn cancel_run(
 /// children paused so, and only them.
 pub(crate) const PARENT_PAUSED: &str = "the parent run was paused";
 
-/// The child runs of run `id` that are not done (at most 1,000).
-pub(crate) async fn running_children(
+/// The child runs of run `id`, newest first (at most 1,000).
+pub(crate) async fn children_of(
     app: &App,
     id: Uuid,
 ) -> Result<Vec<RunSummary>, glia_backends::LogError> {
@@ -471,9 +471,15 @@ pub(crate) async fn running_children(
         limit: 1000,
         ..Default::default()
     };
-    Ok(app
-        .log
-        .list_runs(&filter)
+    app.log.list_runs(&filter).await
+}
+
+/// The child runs of run `id` that are not done (at most 1,000).
+pub(crate) async fn running_children(
+    app: &App,
+    id: Uuid,
+) -> Result<Vec<RunSummary>, glia_backends::LogError> {
+    Ok(children_of(app, id)
         .await?
         .into_iter()
         .filter(|r| r.status != RunStatus::Done)

@@ -1030,6 +1030,12 @@ impl RunConfig {
                 .flat_map(|s| s.allow.iter().map(String::as_str)),
         );
         names.extend(self.tools.iter().flatten().map(String::as_str));
+        // Issue 32: the agents offered as tools, by name.
+        names.extend(
+            self.agents
+                .iter()
+                .filter_map(|a| crate::children::parse_agent_ref(a).ok().map(|(n, _)| n)),
+        );
         if self.output_schema.is_some() {
             names.push(OUTPUT_TOOL);
         }

@@ -87,3 +87,6 @@ pub mod testing;
 
 #[cfg(test)]
 mod state_tests;
+// Issue 32, child runs.
+#[cfg(test)]
+mod children_tests;

@@ -191,6 +191,7 @@ async fn postgres_log_conformance() {
         };
         conformance::all(fresh).await;
         conformance::listing::all(fresh).await;
+        conformance::children::all(fresh).await;
     }
 }
 

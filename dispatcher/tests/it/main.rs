@@ -7,6 +7,7 @@ mod admission;
 mod agents;
 mod approvals;
 mod bad_input;
+mod children;
 mod batches;
 mod console;
 mod console_more;

@@ -429,6 +429,7 @@ fn disposition() -> impl Strategy<Value = Disposition> {
         prop::option::of(text()).prop_map(|reminder| Disposition::Run { reminder }),
         Just(Disposition::External),
         Just(Disposition::Approval),
+        Just(Disposition::Child),
         (tool_error_kind(), text())
             .prop_map(|(error, message)| Disposition::Refused { error, message }),
     ]
@@ -483,6 +484,7 @@ fn pull_point() -> impl Strategy<Value = PullPoint> {
         call_ids().prop_map(|call_ids| PullPoint::AwaitingApproval { call_ids }),
         Just(PullPoint::AwaitingInput),
         pause_reason().prop_map(|reason| PullPoint::Paused { reason }),
+        call_ids().prop_map(|call_ids| PullPoint::AwaitingChildren { call_ids }),
     ]
 }
 
@@ -741,6 +743,18 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                 removed,
                 changed,
             }),
+        (text(), prop::option::of(uuid()), text(), outcome(), usage(), any::<u64>()).prop_map(
+            |(call_id, child_run_id, agent, outcome, usage, cost_usd_micros)| {
+                EventKind::ChildEnded {
+                    call_id,
+                    child_run_id,
+                    agent,
+                    outcome,
+                    usage,
+                    cost_usd_micros,
+                }
+            }
+        ),
     ]
 }
 
@@ -798,6 +812,15 @@ fn resume() -> impl Strategy<Value = Payload> {
                 attempted_at: DateTime::UNIX_EPOCH,
             }
         }),
+        (text(), prop::option::of(uuid()), outcome(), usage(), any::<u64>()).prop_map(
+            |(call_id, child_run_id, outcome, usage, cost_usd_micros)| Payload::ChildEnded {
+                call_id,
+                child_run_id,
+                outcome,
+                usage,
+                cost_usd_micros,
+            }
+        ),
     ]
 }
 
@@ -911,6 +934,7 @@ fn variant_index(kind: &EventKind) -> usize {
         EventKind::ToolSourceUnavailable { .. } => 28,
         EventKind::ToolsChanged { .. } => 29,
         EventKind::ApprovalContested { .. } => 30,
+        EventKind::ChildEnded { .. } => 31,
     }
 }
 
@@ -927,6 +951,7 @@ fn resume_variant_index(resume: &Payload) -> usize {
         Payload::Escalate { .. } => 7,
         Payload::Pause { .. } => 8,
         Payload::ApprovalContested { .. } => 9,
+        Payload::ChildEnded { .. } => 10,
     }
 }
 
@@ -945,11 +970,11 @@ fn variants_seen<T: Debug>(
 fn the_strategies_cover_every_variant() {
     assert_eq!(
         variants_seen(event_kind(), variant_index),
-        (0..31).collect()
+        (0..32).collect()
     );
     assert_eq!(
         variants_seen(resume(), resume_variant_index),
-        (0..10).collect()
+        (0..11).collect()
     );
 }
 
@@ -1052,6 +1077,17 @@ fn every_event_serialises_under_its_name() {
             removed: vec!["a".into()],
             changed: vec!["c".into()],
         },
+        EventKind::ChildEnded {
+            call_id: "c".into(),
+            child_run_id: Some(Uuid::nil()),
+            agent: "refund@2".into(),
+            outcome: Outcome::Succeeded {
+                answer: "refunded".into(),
+                output: None,
+            },
+            usage: Usage::default(),
+            cost_usd_micros: 10,
+        },
     ];
     let expected = [
         "session.start",
@@ -1067,6 +1103,7 @@ fn every_event_serialises_under_its_name() {
         "tool.recovered",
         "tool_source.unavailable",
         "tools.changed",
+        "child.ended",
     ];
     for (kind, name) in kinds.into_iter().zip(expected) {
         assert_eq!(kind.name(), name);
