@@ -503,6 +503,7 @@ impl ToolSpec {
             Some(ToolSource::Mcp { server, tool, .. }) => {
                 format!("MCP server {server:?} tool {tool:?}")
             }
+            Some(ToolSource::Agent { agent, .. }) => format!("agent {agent}"),
             _ => format!("tool {:?}", self.name),
         }
     }

@@ -28,8 +28,8 @@ fn child(name: &str) -> ChildAgent {
 /// A config offering three agents, as admission freezes them.
 fn config(budget: BudgetLimits) -> RunConfig {
     RunConfig {
-        agents: vec!["refund@2".into(), "billing@2".into(), "search@2".into()],
-        child_agents: vec![child("refund"), child("billing"), child("search")],
+        agents: vec!["payouts@2".into(), "billing@2".into(), "search@2".into()],
+        child_agents: vec![child("payouts"), child("billing"), child("search")],
         budget,
         ..RunConfig::default()
     }
@@ -38,7 +38,7 @@ fn config(budget: BudgetLimits) -> RunConfig {
 fn three_calls() -> Vec<ScriptedTurn> {
     vec![
         ScriptedTurn::calls(&[
-            ("refund", json!({"goal": "refund order A1"})),
+            ("payouts", json!({"goal": "refund order A1"})),
             ("billing", json!({"goal": "check invoice 7"})),
             ("search", json!({"goal": "find the policy"})),
         ]),
@@ -84,13 +84,13 @@ async fn three_agent_calls_park_and_resume_with_results_in_call_order() {
     );
     // The three tools were offered as agents, with the goal schema.
     let offered = &provider.requests()[0].tools;
-    for name in ["refund", "billing", "search"] {
+    for name in ["payouts", "billing", "search"] {
         let spec = offered.iter().find(|t| t.name == name).expect("offered");
         assert_eq!(spec.input_schema["required"], json!(["goal"]));
     }
     assert!(matches!(
-        state.step_tools.iter().find(|t| t.name == "refund").unwrap().source,
-        Some(ToolSource::Agent { ref agent, .. }) if agent == "refund@2"
+        state.step_tools.iter().find(|t| t.name == "payouts").unwrap().source,
+        Some(ToolSource::Agent { ref agent, .. }) if agent == "payouts@2"
     ));
     // Each call is a child call with its goal and key.
     for c in &state.pending_calls {

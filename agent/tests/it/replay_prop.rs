@@ -37,7 +37,8 @@ use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_agent::{Agent, AgentError, EventSink, FixedClock, SinkError, async_trait};
 use glia_proto::{
     ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, PauseReason,
-    Payload, PlannerKind, Policy, PolicyAction, PullPoint, RunConfig, RunState, Status, StopAction,
+    Outcome, Payload, PlannerKind, Policy, PolicyAction, PullPoint, RunConfig, RunState, Status,
+    StopAction,
     StopPolicy, ToolSpec,
 };
 use proptest::prelude::*;
@@ -154,6 +155,8 @@ enum Call {
     Lookup(&'static str),
     /// A tool nobody registered.
     Unknown,
+    /// Issue 32: the agent tool `helper` (a child run answers it).
+    Agent(&'static str),
 }
 
 impl Call {
@@ -165,6 +168,7 @@ impl Call {
             Call::Refund(amount) => ("refund", json!({ "order": "A-1", "amount": amount })),
             Call::Lookup(q) => ("lookup", json!({ "q": q })),
             Call::Unknown => ("no_such_tool", json!({})),
+            Call::Agent(goal) => ("helper", json!({ "goal": goal })),
         }
     }
 }
@@ -262,6 +266,7 @@ fn call() -> impl Strategy<Value = Call> {
         2 => prop::sample::select(vec![5u64, 50, 500]).prop_map(Call::Refund),
         2 => word().prop_map(Call::Lookup),
         1 => Just(Call::Unknown),
+        2 => word().prop_map(Call::Agent),
     ]
 }
 
@@ -330,6 +335,14 @@ fn scenario() -> impl Strategy<Value = Scenario> {
 fn config(s: &Scenario) -> RunConfig {
     RunConfig {
         external_tools: vec![lookup_spec()],
+        // Issue 32: one agent offered as a tool.
+        agents: vec!["helper@1".into()],
+        child_agents: vec![glia_proto::ChildAgent {
+            name: "helper".into(),
+            version: 1,
+            content_hash: format!("sha256:{}", "0".repeat(64)),
+            description: "Helps.".into(),
+        }],
         policies: vec![
             Policy {
                 tool: "refund".into(),
@@ -612,6 +625,33 @@ fn respond(
         PullPoint::Paused { .. } => Payload::Resume {
             by: Some("operator".into()),
         },
+        // Issue 32: a child ends, succeeded or not, with some spend.
+        PullPoint::AwaitingChildren { call_ids } => {
+            let call_id = call_ids[choices.pick(call_ids.len())].clone();
+            let outcome = match choices.pick(3) {
+                0 => Outcome::Succeeded {
+                    answer: WORDS[choices.pick(WORDS.len())].to_owned(),
+                    output: None,
+                },
+                1 => Outcome::Failed {
+                    error: "the child failed".into(),
+                },
+                _ => Outcome::Cancelled {
+                    reason: "cancelled".into(),
+                },
+            };
+            Payload::ChildEnded {
+                call_id,
+                child_run_id: Some(uuid::Uuid::from_u128(choices.pick(1000) as u128)),
+                outcome,
+                usage: glia_proto::Usage {
+                    input_tokens: choices.pick(50) as u64,
+                    output_tokens: choices.pick(50) as u64,
+                    ..glia_proto::Usage::default()
+                },
+                cost_usd_micros: choices.pick(100) as u64,
+            }
+        }
     };
     Action::Advance(Some(resume))
 }
@@ -649,6 +689,14 @@ fn misfit(pull_point: &PullPoint) -> Payload {
         PullPoint::Paused { .. } => Payload::Close {
             text: Some("bye".into()),
             redactions: Vec::new(),
+        },
+        // Issue 32: the end of a child for a call that started none.
+        PullPoint::AwaitingChildren { .. } => Payload::ChildEnded {
+            call_id: "no_such_call".into(),
+            child_run_id: None,
+            outcome: Outcome::Failed { error: "x".into() },
+            usage: glia_proto::Usage::default(),
+            cost_usd_micros: 0,
         },
     }
 }
