@@ -996,7 +996,7 @@ fn names(log: &[Event]) -> Vec<String> {
 fn the_scenarios_reach_every_pull_point_and_disposition() {
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..64 {
+    for _ in 0..96 {
         let s = scenario()
             .new_tree(&mut runner)
             .expect("a scenario")
@@ -1047,6 +1047,10 @@ fn the_scenarios_reach_every_pull_point_and_disposition() {
         "session.cancel",
         "session.complete",
         "error",
+        // Issue 32, child runs.
+        "awaiting_children",
+        "Child",
+        "child.ended",
     ];
     let missing: Vec<&str> = expected
         .into_iter()
