@@ -1127,7 +1127,7 @@ impl Agent {
             .map(|t| with_tenant_policy(config, t))
             .collect();
         // Issue 32: the agents frozen at admission, offered as tools.
-        tools.extend(config.child_agents.iter().map(|a| a.tool_spec()));
+        tools.extend(config.child_agents.iter().map(ToolSpec::of_agent));
         if !config.child_agents.is_empty() {
             glia_proto::ToolSpec::check_distinct(&tools)
                 .map_err(|clash| OfferError::Invalid(clash.to_string()))?;

@@ -558,7 +558,10 @@ impl ToolSources {
             // Issue 32: an agent tool starts a child run; no worker runs it.
             Some(ToolSource::Agent { agent, .. }) => Err(ToolFailure {
                 kind: ToolErrorKind::Unavailable,
-                message: format!("tool {} is the agent {agent}: a child run answers it", spec.name),
+                message: format!(
+                    "tool {} is the agent {agent}: a child run answers it",
+                    spec.name
+                ),
             }),
         }
     }

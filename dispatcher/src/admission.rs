@@ -429,8 +429,8 @@ pub(crate) async fn resolve_children(
                     "no agent {reference:?} is registered for this tenant (glia agents list)"
                 ),
             })?;
-        let def: AgentDefinition = glia_proto::strict::from_json_str(&found.definition)
-            .map_err(|e| {
+        let def: AgentDefinition =
+            glia_proto::strict::from_json_str(&found.definition).map_err(|e| {
                 ApiError::Internal(format!(
                     "agent {reference}: stored definition does not parse: {e}"
                 ))

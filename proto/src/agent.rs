@@ -95,11 +95,6 @@ run_fields! {
     }
 }
 
-/// True for a registry name: `^[a-z0-9][a-z0-9_-]{0,63}$`.
-pub fn is_agent_name(name: &str) -> bool {
-    AGENT_NAME.is_match(name)
-}
-
 impl AgentDefinition {
     /// `sha256:` and the hex SHA-256 of the definition's canonical JSON (keys
     /// sorted, defaults written out): the same content, however written (TOML

@@ -22,9 +22,6 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::budget::{BudgetLimits, BudgetUsage};
-use crate::config::ToolSpec;
-use crate::event::Outcome;
-use crate::tool_sources::ToolSource;
 
 /// The deepest a child run may be: a run admitted by a client has depth 0,
 /// its children 1, theirs 2 … A call that would start a child deeper than
@@ -59,31 +56,6 @@ impl ChildAgent {
     /// `name@version`.
     pub fn reference(&self) -> String {
         format!("{}@{}", self.name, self.version)
-    }
-
-    /// The tool the model is offered for this agent: its name, a
-    /// description, the input `{"goal": string}` (agent definitions declare
-    /// no input of their own), and its source [`ToolSource::Agent`].
-    pub fn tool_spec(&self) -> ToolSpec {
-        let about = if self.description.trim().is_empty() {
-            String::new()
-        } else {
-            format!(" {}", self.description.trim())
-        };
-        ToolSpec {
-            source: Some(ToolSource::Agent {
-                agent: self.reference(),
-                content_hash: self.content_hash.clone(),
-            }),
-            ..ToolSpec::new(
-                self.name.clone(),
-                format!(
-                    "Hand a task to the agent {:?} (version {}) and wait for its answer.{about}",
-                    self.name, self.version
-                ),
-                child_input_schema(),
-            )
-        }
     }
 }
 
@@ -142,10 +114,22 @@ pub fn parse_agent_ref(s: &str) -> Result<(&str, Option<u32>), String> {
     if name.is_empty() {
         return Err("names no agent (use `name` or `name@VERSION`)".into());
     }
-    if !crate::agent::is_agent_name(name) {
+    if !is_agent_name(name) {
         return Err(format!("{name:?} must match ^[a-z0-9][a-z0-9_-]{{0,63}}$"));
     }
     Ok((name, version))
+}
+
+/// True for a registry name: `^[a-z0-9][a-z0-9_-]{0,63}$` (the agent
+/// definition's rule, here without a regex).
+pub fn is_agent_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b[1..]
+            .iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-')
 }
 
 /// What is left of `limits` after `usage`, per limit (an unlimited limit
@@ -183,24 +167,6 @@ pub fn bounded(own: &BudgetLimits, by: &BudgetLimits) -> BudgetLimits {
         max_cache_write_tokens: min(own.max_cache_write_tokens, by.max_cache_write_tokens),
         max_cache_read_tokens: min(own.max_cache_read_tokens, by.max_cache_read_tokens),
         max_cost_usd_micros: min(own.max_cost_usd_micros, by.max_cost_usd_micros),
-    }
-}
-
-/// The text the parent's model sees for a child that ended with
-/// `outcome`, and whether it is an error: the structured output as JSON
-/// when the child has an output schema, else its answer; a failure or a
-/// cancel is an error naming the agent.
-pub fn result_of(agent: &str, outcome: &Outcome) -> (String, bool) {
-    match outcome {
-        Outcome::Succeeded {
-            output: Some(output),
-            ..
-        } => (output.to_string(), false),
-        Outcome::Succeeded { answer, .. } => (answer.clone(), false),
-        Outcome::Failed { error } => (format!("The agent {agent} failed: {error}"), true),
-        Outcome::Cancelled { reason } => {
-            (format!("The agent {agent} was cancelled: {reason}"), true)
-        }
     }
 }
 

@@ -37,8 +37,8 @@ fn parked_with_children(budget: BudgetLimits) -> Log {
         index: 0,
         description: "s".into(),
         tools: vec![
-            agent("a").tool_spec(),
-            agent("b").tool_spec(),
+            ToolSpec::of_agent(&agent("a")),
+            ToolSpec::of_agent(&agent("b")),
             ToolSpec::new("t", "t", json!({"type": "object"})),
         ],
     })
@@ -165,9 +165,7 @@ fn agent_calls_park_at_awaiting_children_after_the_callers_results() {
     log.ok(ended(
         "c1",
         "a@1",
-        Outcome::Failed {
-            error: "no".into(),
-        },
+        Outcome::Failed { error: "no".into() },
         7,
     ));
     // All results in: one user turn in call order, executing again.
@@ -235,7 +233,13 @@ fn a_childs_structured_output_is_the_result_and_a_second_end_is_refused() {
     assert_eq!(content.to_text(), r#"{"refund":30}"#);
     assert!(!is_error);
     assert_eq!(
-        log.state.call("c1").unwrap().child.as_ref().unwrap().child_run_id,
+        log.state
+            .call("c1")
+            .unwrap()
+            .child
+            .as_ref()
+            .unwrap()
+            .child_run_id,
         Some(uuid::Uuid::from_u128(7))
     );
 }
@@ -245,7 +249,12 @@ fn erased_agent_calls_still_replay() {
     let mut log = parked_with_children(BudgetLimits::default());
     log.ok(call("c1", "a", json!({"goal": "one"}), Disposition::Child))
         .ok(call("c2", "b", json!({"goal": "two"}), Disposition::Child))
-        .ok(call("c3", "t", json!({}), Disposition::Run { reminder: None }))
+        .ok(call(
+            "c3",
+            "t",
+            json!({}),
+            Disposition::Run { reminder: None },
+        ))
         .ok(EventKind::ToolResult {
             call_id: "c3".into(),
             content: "ok".into(),

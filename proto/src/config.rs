@@ -471,6 +471,32 @@ pub struct ToolSpec {
 pub const DEFAULT_MAX_RESULT_BYTES: u64 = 64 * 1024;
 
 impl ToolSpec {
+    /// Issue 32: the tool the model is offered for agent `agent`
+    /// ([`crate::ChildAgent`]): its name, a description, the input
+    /// `{"goal": string}` (agent definitions declare no input of their
+    /// own), and its source [`ToolSource::Agent`].
+    pub fn of_agent(agent: &crate::children::ChildAgent) -> ToolSpec {
+        let about = if agent.description.trim().is_empty() {
+            String::new()
+        } else {
+            format!(" {}", agent.description.trim())
+        };
+        ToolSpec {
+            source: Some(ToolSource::Agent {
+                agent: agent.reference(),
+                content_hash: agent.content_hash.clone(),
+            }),
+            ..ToolSpec::new(
+                agent.name.clone(),
+                format!(
+                    "Hand a task to the agent {:?} (version {}) and wait for its answer.{about}",
+                    agent.name, agent.version
+                ),
+                crate::children::child_input_schema(),
+            )
+        }
+    }
+
     /// A tool the worker runs, with the defaults: not idempotent, a 30 s
     /// timeout, no hand-off, a [`DEFAULT_CANCEL_GRACE_MS`] grace. Set
     /// `external: true` (struct update) for a tool the caller executes.
@@ -978,7 +1004,10 @@ impl RunConfig {
             let (name, _) = crate::children::parse_agent_ref(a)
                 .map_err(|reason| config_error(field.clone(), format!("{a:?}: {reason}")))?;
             if !seen.insert(name) {
-                return Err(config_error(field, format!("agent {name:?} is listed twice")));
+                return Err(config_error(
+                    field,
+                    format!("agent {name:?} is listed twice"),
+                ));
             }
             if name == OUTPUT_TOOL || !names.insert(name) {
                 return Err(config_error(

@@ -357,9 +357,10 @@ impl EventKind {
                         error: *error,
                         message: erased_text(message),
                     },
-                    other @ (Disposition::External
-                    | Disposition::Approval
-                    | Disposition::Child) => other.clone(),
+                    other
+                    @ (Disposition::External | Disposition::Approval | Disposition::Child) => {
+                        other.clone()
+                    }
                 };
                 K::ToolCall(record)
             }

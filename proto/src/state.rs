@@ -638,7 +638,10 @@ impl RunState {
                     };
                     // The loop checked the arguments against the tool's
                     // schema; an erased log holds a tombstone instead.
-                    let goal = input.get("goal").and_then(Value::as_str).unwrap_or_default();
+                    let goal = input
+                        .get("goal")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
                     Some(crate::children::ChildCall {
                         agent: agent.clone(),
                         content_hash: content_hash.clone(),
@@ -861,7 +864,7 @@ impl RunState {
                 if matches!(outcome, Outcome::Succeeded { .. }) && child_run_id.is_none() {
                     return Err(illegal(self, "a child that never ran did not succeed"));
                 }
-                let (text, is_error) = crate::children::result_of(agent, outcome);
+                let (text, is_error) = child_result(agent, outcome);
                 let budget = self.result_budget(&call.name);
                 let seen = ToolContent::Text(neutralise(&text).into_owned())
                     .cut(budget)
@@ -1228,6 +1231,24 @@ impl RunState {
         });
         self.parked = None;
         self.phase = Phase::Executing;
+    }
+}
+
+/// The text the parent's model sees for a child that ended with
+/// `outcome`, and whether it is an error: the structured output as JSON
+/// when the child has an output schema, else its answer; a failure or a
+/// cancel is an error naming the agent.
+fn child_result(agent: &str, outcome: &Outcome) -> (String, bool) {
+    match outcome {
+        Outcome::Succeeded {
+            output: Some(output),
+            ..
+        } => (output.to_string(), false),
+        Outcome::Succeeded { answer, .. } => (answer.clone(), false),
+        Outcome::Failed { error } => (format!("The agent {agent} failed: {error}"), true),
+        Outcome::Cancelled { reason } => {
+            (format!("The agent {agent} was cancelled: {reason}"), true)
+        }
     }
 }
 

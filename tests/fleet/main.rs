@@ -16,10 +16,13 @@
 //!   real Prometheus;
 //! - [`agents`]: agent definitions applied from files, runs started from them;
 //! - [`guardrails`]: denied text stored nowhere, tool results screened;
-//! - [`retention`]: an erased run's content found nowhere, its counts and costs kept.
+//! - [`retention`]: an erased run's content found nowhere, its counts and costs kept;
+//! - [`children`]: child runs (agents as tools): parallel children, kills, cancel, budgets.
 
 mod agents;
 mod approvals;
+// Issue 32, child runs.
+mod children;
 mod console;
 mod durability;
 mod exactly_once;

@@ -72,7 +72,12 @@ async fn three_agent_calls_park_and_resume_with_results_in_call_order() {
     let (agent, provider) = agent(three_calls());
     let mut log = Vec::new();
     let (mut state, status) = agent
-        .run(run_id(), "triage ticket 9", config(BudgetLimits::default()), &mut log)
+        .run(
+            run_id(),
+            "triage ticket 9",
+            config(BudgetLimits::default()),
+            &mut log,
+        )
         .await
         .unwrap();
     let ids = vec!["call_1".to_owned(), "call_2".into(), "call_3".into()];
@@ -98,21 +103,24 @@ async fn three_agent_calls_park_and_resume_with_results_in_call_order() {
         let child = c.child.as_ref().unwrap();
         assert!(child.key.ends_with(&c.call_id));
     }
-    assert_eq!(state.pending_calls[0].child.as_ref().unwrap().goal, "refund order A1");
+    assert_eq!(
+        state.pending_calls[0].child.as_ref().unwrap().goal,
+        "refund order A1"
+    );
     assert_eq!(state.usage.tool_calls, 3);
 
     // Children end out of order; the run stays parked until the last.
     let mut cost = 0;
-    for (call, answer, micros) in [
-        ("call_3", "policy P-4", 300),
-        ("call_1", "refunded", 100),
-    ] {
+    for (call, answer, micros) in [("call_3", "policy P-4", 300), ("call_1", "refunded", 100)] {
         let s = agent
             .advance(&mut state, Some(ended(call, ok(answer), micros)), &mut log)
             .await
             .unwrap();
         cost += micros;
-        assert!(matches!(s, Status::Parked(PullPoint::AwaitingChildren { .. })), "{s:?}");
+        assert!(
+            matches!(s, Status::Parked(PullPoint::AwaitingChildren { .. })),
+            "{s:?}"
+        );
         assert_eq!(state.usage.cost_usd_micros, cost);
     }
     assert_eq!(
@@ -126,7 +134,10 @@ async fn three_agent_calls_park_and_resume_with_results_in_call_order() {
     let again = agent
         .advance(&mut state, Some(ended("call_1", ok("again"), 1)), &mut log)
         .await;
-    assert!(matches!(again, Err(AgentError::InvalidResume(_))), "{again:?}");
+    assert!(
+        matches!(again, Err(AgentError::InvalidResume(_))),
+        "{again:?}"
+    );
     assert_eq!(log.len(), before);
 
     let failed = Outcome::Failed {
@@ -155,7 +166,11 @@ async fn three_agent_calls_park_and_resume_with_results_in_call_order() {
     assert_eq!(result_in(request, "call_1"), ("refunded".into(), false));
     let (billing, is_error) = result_in(request, "call_2");
     assert!(is_error);
-    assert!(billing.to_text().contains("billing@2 failed: the billing system is down"));
+    assert!(
+        billing
+            .to_text()
+            .contains("billing@2 failed: the billing system is down")
+    );
     // Spend: the children's tokens and cost count toward the parent's usage.
     assert_eq!(state.usage.cost_usd_micros, 450);
     assert!(state.usage.tokens.input_tokens >= 300);
@@ -164,7 +179,10 @@ async fn three_agent_calls_park_and_resume_with_results_in_call_order() {
         .filter(|e| matches!(e.kind, EventKind::ChildEnded { .. }))
         .collect();
     assert_eq!(ends.len(), 3);
-    assert!(!ends[0].kind.carries_spend(), "tenant caps count the child's own events");
+    assert!(
+        !ends[0].kind.carries_spend(),
+        "tenant caps count the child's own events"
+    );
     assert_replays(&log, &state);
 }
 
@@ -173,24 +191,43 @@ async fn resumed_from_json_at_each_end_gives_the_same_log() {
     let payloads = [
         ended("call_2", ok("invoice paid"), 10),
         ended("call_1", ok("refunded"), 20),
-        ended("call_3", Outcome::Cancelled { reason: "stop".into() }, 30),
+        ended(
+            "call_3",
+            Outcome::Cancelled {
+                reason: "stop".into(),
+            },
+            30,
+        ),
     ];
     // Uninterrupted.
     let (agent_a, _) = agent(three_calls());
     let mut log_a = Vec::new();
     let (mut state_a, _) = agent_a
-        .run(run_id(), "triage", config(BudgetLimits::default()), &mut log_a)
+        .run(
+            run_id(),
+            "triage",
+            config(BudgetLimits::default()),
+            &mut log_a,
+        )
         .await
         .unwrap();
     for p in payloads.clone() {
-        agent_a.advance(&mut state_a, Some(p), &mut log_a).await.unwrap();
+        agent_a
+            .advance(&mut state_a, Some(p), &mut log_a)
+            .await
+            .unwrap();
     }
     // Through JSON, with a fresh agent at every payload.
     let mut log_b = Vec::new();
     let mut checkpoint = {
         let (agent_b, _) = agent(three_calls());
         let (state, _) = agent_b
-            .run(run_id(), "triage", config(BudgetLimits::default()), &mut log_b)
+            .run(
+                run_id(),
+                "triage",
+                config(BudgetLimits::default()),
+                &mut log_b,
+            )
             .await
             .unwrap();
         serde_json::to_string(&state).unwrap()
@@ -198,7 +235,10 @@ async fn resumed_from_json_at_each_end_gives_the_same_log() {
     for p in payloads {
         let mut state: RunState = serde_json::from_str(&checkpoint).unwrap();
         let (agent_b, _) = agent_at(three_calls(), served(&log_b));
-        agent_b.advance(&mut state, Some(p), &mut log_b).await.unwrap();
+        agent_b
+            .advance(&mut state, Some(p), &mut log_b)
+            .await
+            .unwrap();
         checkpoint = serde_json::to_string(&state).unwrap();
     }
     let state_b: RunState = serde_json::from_str(&checkpoint).unwrap();
@@ -231,9 +271,7 @@ async fn the_childrens_cost_counts_toward_the_parents_budget() {
     assert_eq!(
         state.parked,
         Some(PullPoint::Paused {
-            reason: PauseReason::Budget {
-                limit: Limit::Cost
-            }
+            reason: PauseReason::Budget { limit: Limit::Cost }
         })
     );
     assert_eq!(provider.requests().len(), 1);

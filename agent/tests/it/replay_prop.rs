@@ -36,10 +36,9 @@ use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
 use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_agent::{Agent, AgentError, EventSink, FixedClock, SinkError, async_trait};
 use glia_proto::{
-    ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, PauseReason,
-    Outcome, Payload, PlannerKind, Policy, PolicyAction, PullPoint, RunConfig, RunState, Status,
-    StopAction,
-    StopPolicy, ToolSpec,
+    ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, Outcome,
+    PauseReason, Payload, PlannerKind, Policy, PolicyAction, PullPoint, RunConfig, RunState,
+    Status, StopAction, StopPolicy, ToolSpec,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;

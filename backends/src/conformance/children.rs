@@ -56,7 +56,11 @@ pub async fn children_link_dedupe_and_filter(log: &dyn EventLog) {
         .unwrap();
     assert!(created);
     assert_eq!(
-        (parent.parent_run_id, parent.parent_call_id.as_deref(), parent.depth),
+        (
+            parent.parent_run_id,
+            parent.parent_call_id.as_deref(),
+            parent.depth
+        ),
         (None, None, 0)
     );
 
@@ -99,7 +103,11 @@ pub async fn children_link_dedupe_and_filter(log: &dyn EventLog) {
         .await
         .unwrap();
     let ids: Vec<Uuid> = children.iter().map(|r| r.run_id).collect();
-    assert_eq!(ids, [second.run_id, first.run_id], "newest first, only children");
+    assert_eq!(
+        ids,
+        [second.run_id, first.run_id],
+        "newest first, only children"
+    );
     assert!(children.iter().all(|c| c.depth == 1));
     let none = log
         .list_runs(&RunFilter {
@@ -114,7 +122,9 @@ pub async fn children_link_dedupe_and_filter(log: &dyn EventLog) {
     // Where a parked run waits selects it; a runnable one never.
     let lease = log.acquire(parent.run_id, "w", TTL).await.unwrap();
     let state = glia_proto::RunState::replay(p.run_id, &p.parked).unwrap();
-    log.commit(&lease, &p.parked[1..], &state, &[]).await.unwrap();
+    log.commit(&lease, &p.parked[1..], &state, &[])
+        .await
+        .unwrap();
     let waiting = |point: &str| {
         let filter = RunFilter {
             tenant: Some(tenant.clone()),

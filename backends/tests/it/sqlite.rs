@@ -35,7 +35,7 @@ async fn sqlite_log_conformance() {
     };
     conformance::all(fresh).await;
     conformance::listing::all(fresh).await;
-        conformance::children::all(fresh).await;
+    conformance::children::all(fresh).await;
 }
 
 #[tokio::test]

@@ -311,7 +311,9 @@ fn source_text(spec: Option<&ToolSpec>) -> String {
                 format!("MCP server {server:?}, tool {tool:?}")
             }
             Some(ToolSource::Http { url, .. }) => format!("HTTP {url}"),
-            Some(ToolSource::Agent { agent, .. }) => format!("agent {agent}: a child run answers it"),
+            Some(ToolSource::Agent { agent, .. }) => {
+                format!("agent {agent}: a child run answers it")
+            }
             None => "worker (a registered tool)".into(),
         },
     }

@@ -67,7 +67,10 @@ async fn work(h: &H, agent: &Agent, id: Uuid) -> Status {
         _ => None,
     });
     if let Some(reason) = cancel {
-        agent.cancel(&mut state, &reason, &mut events).await.unwrap();
+        agent
+            .cancel(&mut state, &reason, &mut events)
+            .await
+            .unwrap();
     }
     for item in inbox {
         consumed.push(item.id);
@@ -76,7 +79,10 @@ async fn work(h: &H, agent: &Agent, id: Uuid) -> Status {
         }
         let payload = match item.payload {
             Payload::Cancel { reason } => {
-                agent.cancel(&mut state, &reason, &mut events).await.unwrap();
+                agent
+                    .cancel(&mut state, &reason, &mut events)
+                    .await
+                    .unwrap();
                 continue;
             }
             p => p,
@@ -178,13 +184,20 @@ async fn three_children_run_once_and_resume_the_parent_in_call_order() {
 
     // The children run (the last first); nothing is posted before they end.
     for child in children.iter().rev() {
-        assert!(matches!(work(&h, &agent, child.run_id).await, Status::Done(_)));
+        assert!(matches!(
+            work(&h, &agent, child.run_id).await,
+            Status::Done(_)
+        ));
     }
     for _ in 0..3 {
         sweep_once(&h.app).await.unwrap();
     }
     let inbox = h.log.inbox(parent).await.unwrap();
-    assert_eq!(inbox.len(), 3, "one child_ended per child, however many passes");
+    assert_eq!(
+        inbox.len(),
+        3,
+        "one child_ended per child, however many passes"
+    );
     let status = work(&h, &agent, parent).await;
     assert!(
         matches!(status, Status::Done(Outcome::Succeeded { ref answer, .. }) if answer == "All three refunded."),
@@ -260,7 +273,10 @@ async fn cancel_pause_and_resume_cascade_to_running_children() {
     for c in &children {
         let inbox = h.log.inbox(c.run_id).await.unwrap();
         assert!(
-            matches!(inbox.last().map(|i| &i.payload), Some(Payload::Resume { .. })),
+            matches!(
+                inbox.last().map(|i| &i.payload),
+                Some(Payload::Resume { .. })
+            ),
             "{inbox:?}"
         );
     }
@@ -330,11 +346,21 @@ async fn the_parents_remainder_bounds_a_childs_budget() {
     // min(own, parent's limit - parent's use), per limit.
     assert_eq!(config.budget.max_turns, Some(2), "min(10, 3 - 1)");
     assert_eq!(config.budget.max_cost_usd_micros, Some(500));
-    assert_eq!(config.budget.max_tool_calls, Some(4), "the parent has no such limit");
-    assert!(matches!(work(&h, &agent, child.run_id).await, Status::Done(_)));
+    assert_eq!(
+        config.budget.max_tool_calls,
+        Some(4),
+        "the parent has no such limit"
+    );
+    assert!(matches!(
+        work(&h, &agent, child.run_id).await,
+        Status::Done(_)
+    ));
     sweep_once(&h.app).await.unwrap();
     let status = work(&h, &agent, parent).await;
-    assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })), "{status:?}");
+    assert!(
+        matches!(status, Status::Done(Outcome::Succeeded { .. })),
+        "{status:?}"
+    );
 }
 
 #[tokio::test]
@@ -384,7 +410,10 @@ async fn a_child_paused_by_its_budget_is_cancelled_and_the_parent_told() {
     );
     sweep_once(&h.app).await.unwrap();
     let status = work(&h, &agent, parent).await;
-    assert!(matches!(status, Status::Done(Outcome::Succeeded { .. })), "{status:?}");
+    assert!(
+        matches!(status, Status::Done(Outcome::Succeeded { .. })),
+        "{status:?}"
+    );
     let state = h.log.load(parent).await.unwrap();
     let seen = serde_json::to_string(&state.messages).unwrap();
     assert!(seen.contains("was cancelled"), "{seen}");
@@ -435,8 +464,8 @@ async fn a_cycle_of_agents_stops_at_the_depth_limit() {
             .await
             .unwrap();
         for r in runs.iter().filter(|r| r.status != RunStatus::Done) {
-            let runnable = r.status == RunStatus::Runnable
-                || !h.log.inbox(r.run_id).await.unwrap().is_empty();
+            let runnable =
+                r.status == RunStatus::Runnable || !h.log.inbox(r.run_id).await.unwrap().is_empty();
             if runnable {
                 work(&h, &agent, r.run_id).await;
             }
@@ -470,7 +499,9 @@ async fn a_cycle_of_agents_stops_at_the_depth_limit() {
         _ => None,
     });
     assert!(
-        refused.as_deref().is_some_and(|e| e.contains("depth") && e.contains("limit")),
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("depth") && e.contains("limit")),
         "{refused:?}"
     );
     assert!(matches!(

@@ -743,18 +743,26 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                 removed,
                 changed,
             }),
-        (text(), prop::option::of(uuid()), text(), outcome(), usage(), any::<u64>()).prop_map(
-            |(call_id, child_run_id, agent, outcome, usage, cost_usd_micros)| {
-                EventKind::ChildEnded {
-                    call_id,
-                    child_run_id,
-                    agent,
-                    outcome,
-                    usage,
-                    cost_usd_micros,
+        (
+            text(),
+            prop::option::of(uuid()),
+            text(),
+            outcome(),
+            usage(),
+            any::<u64>()
+        )
+            .prop_map(
+                |(call_id, child_run_id, agent, outcome, usage, cost_usd_micros)| {
+                    EventKind::ChildEnded {
+                        call_id,
+                        child_run_id,
+                        agent,
+                        outcome,
+                        usage,
+                        cost_usd_micros,
+                    }
                 }
-            }
-        ),
+            ),
     ]
 }
 
@@ -812,15 +820,22 @@ fn resume() -> impl Strategy<Value = Payload> {
                 attempted_at: DateTime::UNIX_EPOCH,
             }
         }),
-        (text(), prop::option::of(uuid()), outcome(), usage(), any::<u64>()).prop_map(
-            |(call_id, child_run_id, outcome, usage, cost_usd_micros)| Payload::ChildEnded {
-                call_id,
-                child_run_id,
-                outcome,
-                usage,
-                cost_usd_micros,
-            }
-        ),
+        (
+            text(),
+            prop::option::of(uuid()),
+            outcome(),
+            usage(),
+            any::<u64>()
+        )
+            .prop_map(|(call_id, child_run_id, outcome, usage, cost_usd_micros)| {
+                Payload::ChildEnded {
+                    call_id,
+                    child_run_id,
+                    outcome,
+                    usage,
+                    cost_usd_micros,
+                }
+            }),
     ]
 }
 
