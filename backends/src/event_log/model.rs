@@ -726,7 +726,8 @@ pub struct LogGauges {
 /// The dedupe key of a payload: approvals are accepted once per approval
 /// request (its `request_seq`; without one, per call and arguments hash),
 /// escalations once per approval request, external results once per call,
-/// a cancel once ([`CANCEL_KEY`]); other payloads are not deduplicated. So
+/// a cancel once ([`CANCEL_KEY`]), a child's end once per call and child
+/// run; other payloads are not deduplicated. So
 /// a call that is asked about again (after a crash), or a later call that
 /// reuses a call id (some providers number ids per response), can still be
 /// decided.
@@ -747,6 +748,14 @@ pub fn dedupe_key(payload: &Payload) -> Option<String> {
             ..
         } => Some(format!("escalate:{call_id}:{}", request_seq.unwrap_or(0))),
         Payload::Cancel { .. } => Some(CANCEL_KEY.to_owned()),
+        // Issue 32: a child's end once per call and child. (A child that
+        // never started has no id: such a post is not deduplicated here, and
+        // a second one is dropped by the worker, the call having its result.)
+        Payload::ChildEnded {
+            call_id,
+            child_run_id: Some(child),
+            ..
+        } => Some(format!("child:{call_id}:{child}")),
         _ => None,
     }
 }
