@@ -326,6 +326,10 @@ impl Fleet {
                         ..BudgetLimits::default()
                     },
                 },
+                // Issue 32: these runs offer no agents.
+                Some(PullPoint::AwaitingChildren { .. }) => {
+                    panic!("no run here calls an agent")
+                }
             };
             self.log.post(run_id, payload).await.unwrap();
         }
