@@ -241,6 +241,53 @@ async fn three_children_run_once_and_resume_the_parent_in_call_order() {
     // Passes after the end post nothing more.
     sweep_once(&h.app).await.unwrap();
     assert!(h.log.inbox(parent).await.unwrap().is_empty());
+
+    // The console: the parent lists its children, a child links its parent,
+    // the timeline shows the ends.
+    let login = send(
+        &h.router,
+        crate::inbox::form(
+            "/inbox/login",
+            None,
+            Some("http://glia.test"),
+            &[("token", APP_A)],
+        ),
+    )
+    .await;
+    assert_eq!(login.status, StatusCode::SEE_OTHER, "{}", login.text);
+    let cookie = login.headers[axum::http::header::SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = send(
+        &h.router,
+        crate::inbox::page(&format!("/console/runs/{parent}"), &cookie),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+    assert!(page.text.contains("Child runs"), "{}", page.text);
+    for child in &children {
+        assert!(
+            page.text
+                .contains(&format!("/console/runs/{}", child.run_id))
+        );
+    }
+    assert!(
+        page.text.contains("Child run of refunder@1 succeeded"),
+        "{}",
+        page.text
+    );
+    let page = send(
+        &h.router,
+        crate::inbox::page(&format!("/console/runs/{}", children[0].run_id), &cookie),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+    assert!(page.text.contains("Child run of"), "{}", page.text);
+    assert!(page.text.contains(&format!("/console/runs/{parent}")));
 }
 
 #[tokio::test]
