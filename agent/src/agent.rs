@@ -796,6 +796,35 @@ impl Agent {
             // --- issue 32: waits ---
             Payload::Wake { due_at_ms, event } => self.wake(run, due_at_ms, event).await?,
             // --- end waits ---
+            // Issue 32: a child run ended (or could not start).
+            Payload::ChildEnded {
+                call_id,
+                child_run_id,
+                outcome,
+                usage,
+                cost_usd_micros,
+            } => {
+                let agent = run
+                    .state
+                    .call(&call_id)
+                    .filter(|c| c.result.is_none())
+                    .and_then(|c| c.child.as_ref())
+                    .map(|c| c.agent.clone());
+                let Some(agent) = agent else {
+                    return Err(AgentError::InvalidResume(format!(
+                        "{call_id} is not an agent call waiting for its child"
+                    )));
+                };
+                run.record(EventKind::ChildEnded {
+                    call_id,
+                    child_run_id,
+                    agent,
+                    outcome,
+                    usage,
+                    cost_usd_micros,
+                })
+                .await?
+            }
             Payload::ApprovalContested {
                 call_id,
                 by,
@@ -1171,6 +1200,12 @@ impl Agent {
             }))
             .map(|t| with_tenant_policy(config, t))
             .collect();
+        // Issue 32: the agents frozen at admission, offered as tools.
+        tools.extend(config.child_agents.iter().map(ToolSpec::of_agent));
+        if !config.child_agents.is_empty() {
+            glia_proto::ToolSpec::check_distinct(&tools)
+                .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
+        }
         if !config.mcp.is_empty() || !config.http_tools.is_empty() {
             let sources = self.sources.as_ref().ok_or_else(|| {
                 OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into())
@@ -1749,7 +1784,13 @@ impl Agent {
             .and_then(|t| self.invalid_arguments(t, &input));
         // What the decision needs of the spec: whether its source asks for
         // an approval, whether the caller runs it.
-        let spec = spec.map(|t| (t.requires_approval(), t.external));
+        let spec = spec.map(|t| {
+            (
+                t.requires_approval(),
+                t.external,
+                matches!(t.source, Some(glia_proto::ToolSource::Agent { .. })),
+            )
+        });
         let disposition = match (&fired.verdict, &spec) {
             (Verdict::Cancel(reason), _) => refusal(
                 ToolErrorKind::Cancelled,
@@ -1800,7 +1841,7 @@ impl Agent {
                 ToolErrorKind::InvalidArguments,
                 invalid.clone().unwrap_or_default(),
             ),
-            (_, Some((source_requires_approval, external))) => {
+            (_, Some((source_requires_approval, external, agent))) => {
                 match CompiledPolicies::new(&run.state.config.policies)
                     .map(|p| p.decide(&call.name, &input))
                 {
@@ -1818,6 +1859,9 @@ impl Agent {
                         }
                     }
                     // --- end waits ---
+                    // Issue 32: an agent tool starts a child run (a policy
+                    // may deny it; approvals gate the child's own calls).
+                    Ok(_) if *agent => Disposition::Child,
                     Ok(PolicyAction::RequireApproval) => Disposition::Approval,
                     Ok(_) if *source_requires_approval => Disposition::Approval,
                     Ok(_) if *external => Disposition::External,

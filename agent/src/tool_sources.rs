@@ -555,6 +555,14 @@ impl ToolSources {
                 kind: ToolErrorKind::Unavailable,
                 message: format!("tool {} has no source on this worker", spec.name),
             }),
+            // Issue 32: an agent tool starts a child run; no worker runs it.
+            Some(ToolSource::Agent { agent, .. }) => Err(ToolFailure {
+                kind: ToolErrorKind::Unavailable,
+                message: format!(
+                    "tool {} is the agent {agent}: a child run answers it",
+                    spec.name
+                ),
+            }),
         }
     }
 }

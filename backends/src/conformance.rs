@@ -25,6 +25,8 @@ pub mod listing;
 // Issue 32, schedules.
 pub mod schedules;
 pub mod waits;
+// Issue 32, child runs.
+pub mod children;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -185,6 +187,9 @@ fn new_run(tenant: &str, key: Option<&str>, start: &Event) -> NewRun {
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     }
 }
 
@@ -1145,6 +1150,9 @@ pub async fn lists_runs(log: &dyn EventLog) {
             tags: Vec::new(),
             metadata: Default::default(),
             custom_id: None,
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         };
         log.create_run(new).await.unwrap();
         ids.push(s.run_id);
@@ -1224,6 +1232,9 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
         tags: vec!["vip".into(), "eu".into()],
         metadata: [("ticket".to_owned(), "T-1".to_owned())].into(),
         custom_id: Some("row-1".into()),
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();
@@ -1969,6 +1980,9 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();
@@ -2101,6 +2115,9 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();
@@ -2126,6 +2143,9 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();

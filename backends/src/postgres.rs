@@ -547,7 +547,7 @@ fn optional_json<T: DeserializeOwned>(row: &Row, name: &str) -> Result<Option<T>
 
 const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point::text AS pull_point, outcome::text AS outcome, head_seq, created_at, updated_at, \
      agent, agent_version, tags, metadata, custom_id, turns, tool_calls, active_ms, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, \
-     tokens_estimated, cost_usd_micros, steps, error, ended_at, erased_at, erased_by";
+     tokens_estimated, cost_usd_micros, steps, error, ended_at, erased_at, erased_by, parent_run_id, parent_call_id, depth";
 
 /// A non-negative `bigint` or `integer` column.
 fn count<T: TryFrom<i64>>(row: &Row, name: &str) -> Result<T, LogError> {
@@ -590,6 +590,9 @@ fn summary(row: &Row) -> Result<RunSummary, LogError> {
         trace_id: crate::trace_id(run_id),
         erased_at: col(row, "erased_at")?,
         erased_by: col(row, "erased_by")?,
+        parent_run_id: col(row, "parent_run_id")?,
+        parent_call_id: col(row, "parent_call_id")?,
+        depth: count(row, "depth")?,
     })
 }
 
@@ -970,8 +973,8 @@ static ADMIT_RUN: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH run AS ( \
            INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, pull_point, outcome, head_seq, \
-             agent, agent_version, tags, metadata, custom_id) \
-           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $20, $21, $22, $23, $24 \
+             agent, agent_version, tags, metadata, custom_id, parent_run_id, parent_call_id, depth) \
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $20, $21, $22, $23, $24, $25, $26, $27 \
            WHERE $4::uuid IS NULL OR EXISTS (SELECT 1 FROM batches WHERE id = $4 AND tenant = $2) \
            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
            RETURNING {SUMMARY_COLUMNS}), \
@@ -1240,7 +1243,8 @@ impl RunLog for PgLog {
             };
             let client = self.client().await?;
             let admit = client.prepare_cached(&ADMIT_RUN).await.map_err(fail)?;
-            let params: [&(dyn ToSql + Sync); 24] = [
+            let depth = i32::try_from(new.depth).unwrap_or(i32::MAX);
+            let params: [&(dyn ToSql + Sync); 27] = [
                 &run_id,
                 &new.tenant,
                 &new.idempotency_key,
@@ -1265,6 +1269,9 @@ impl RunLog for PgLog {
                 &new.tags,
                 &metadata,
                 &new.custom_id,
+                &new.parent_run_id,
+                &new.parent_call_id,
+                &depth,
             ];
             let Some(batch) = new.batch_id else {
                 // One statement, its own transaction: one round trip.
@@ -1390,6 +1397,12 @@ impl RunLog for PgLog {
             // Only a failed or cancelled run has an error: `runs_tenant_status`
             // serves the search where the trigram index does not.
             select.and("status = 'done' AND error ILIKE", like_pattern(q));
+        }
+        if let Some(parent) = filter.parent {
+            select.and("parent_run_id =", parent);
+        }
+        if let Some(point) = &filter.pull_point {
+            select.and("status = 'parked' AND pull_point->>'kind' =", point.clone());
         }
         if let Some(before) = filter.before {
             select.and("id <", before);

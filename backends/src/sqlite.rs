@@ -127,6 +127,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/007_erasure.sql"),
     // issue 32: waits
     include_str!("../sqlite_migrations/008_waits.sql"),
+    // Issue 32, child runs.
+    include_str!("../sqlite_migrations/009_child_runs.sql"),
     // Issue 32, schedules.
     include_str!("../sqlite_migrations/010_schedules.sql"),
 ];
@@ -780,7 +782,7 @@ fn get<T: rusqlite::types::FromSql>(row: &Row<'_>, name: &str) -> Result<T, LogE
 
 const SUMMARY_COLUMNS: &str = "id, tenant, batch_id, goal, status, phase, pull_point, outcome, head_seq, created_at, updated_at, \
      agent, agent_version, tags, metadata, custom_id, turns, tool_calls, active_ms, input_tokens, output_tokens, cache_write_tokens, cache_read_tokens, \
-     tokens_estimated, cost_usd_micros, steps, error, ended_at, erased_at, erased_by";
+     tokens_estimated, cost_usd_micros, steps, error, ended_at, erased_at, erased_by, parent_run_id, parent_call_id, depth";
 
 /// A non-negative integer column.
 fn count<T: TryFrom<i64>>(row: &Row<'_>, name: &str) -> Result<T, LogError> {
@@ -827,6 +829,11 @@ fn summary(row: &Row<'_>) -> Result<RunSummary, LogError> {
         trace_id: crate::trace_id(run_id),
         erased_at: get::<Option<i64>>(row, "erased_at")?.map(time),
         erased_by: get(row, "erased_by")?,
+        parent_run_id: get::<Option<String>>(row, "parent_run_id")?
+            .map(|p| uuid_of(&p, "parent run id"))
+            .transpose()?,
+        parent_call_id: get(row, "parent_call_id")?,
+        depth: count(row, "depth")?,
     })
 }
 
@@ -1162,6 +1169,10 @@ struct RunRow<'a> {
     metadata: &'a std::collections::BTreeMap<String, String>,
     custom_id: Option<&'a str>,
     created_at: i64,
+    // Issue 32, child runs.
+    parent_run_id: Option<Uuid>,
+    parent_call_id: Option<&'a str>,
+    depth: u32,
 }
 
 /// The run's row, no lease: `row`, and the summary `columns` of `state`
@@ -1179,8 +1190,8 @@ fn insert_run(
     let metadata = json(run_id, &row.metadata, "metadata")?;
     tx.prepare_cached(
         "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, head_seq, created_at, updated_at, \
-           agent, agent_version, tags, metadata, custom_id) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14)",
+           agent, agent_version, tags, metadata, custom_id, parent_run_id, parent_call_id, depth) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -1198,6 +1209,9 @@ fn insert_run(
             tags,
             metadata,
             row.custom_id,
+            row.parent_run_id.map(|p| p.to_string()),
+            row.parent_call_id,
+            i64::from(row.depth),
         ])
     })
     .map_err(db("writing the run"))?;
@@ -1422,6 +1436,9 @@ impl RunLog for SqliteLog {
                     metadata: &new.metadata,
                     custom_id: new.custom_id.as_deref(),
                     created_at: now,
+                    parent_run_id: new.parent_run_id,
+                    parent_call_id: new.parent_call_id.as_deref(),
+                    depth: new.depth,
                 };
                 insert_run(&tx, &row, &state, &columns, now)?;
                 insert_events(&tx, run_id, &encoded)?;
@@ -1512,6 +1529,15 @@ impl RunLog for SqliteLog {
                 q.to_lowercase(),
             );
             select.sql.push_str(") > 0");
+        }
+        if let Some(parent) = filter.parent {
+            select.and("parent_run_id =", parent.to_string());
+        }
+        if let Some(point) = &filter.pull_point {
+            select.and(
+                "status = 'parked' AND json_extract(pull_point, '$.kind') =",
+                point.clone(),
+            );
         }
         if let Some(before) = filter.before {
             select.and("id <", before.to_string());
@@ -2196,6 +2222,10 @@ impl Archive for SqliteLog {
                     metadata: &run.metadata,
                     custom_id: run.custom_id.as_deref(),
                     created_at: nanos(run.created_at),
+                    // Issue 32: archives do not carry the parent link yet.
+                    parent_run_id: None,
+                    parent_call_id: None,
+                    depth: 0,
                 };
                 insert_run(&tx, &row, &state, &columns, updated_at)?;
                 if let Some(erased) = &run.erased {

@@ -1105,6 +1105,9 @@ fn write_runs(
                         tags: Vec::new(),
                         metadata: Default::default(),
                         custom_id: None,
+                        parent_run_id: None,
+                        parent_call_id: None,
+                        depth: 0,
                     })
                     .await?;
                     let lease = match log
@@ -1297,6 +1300,9 @@ async fn growth(args: &GrowthArgs) -> Result<GrowthResult> {
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await?;
     let lease = log

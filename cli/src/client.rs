@@ -1391,6 +1391,7 @@ pub fn describe(kind: &EventKind) -> String {
                         glia_proto::wait::rfc3339_ms(*timeout_at_ms)
                     ),
                 },
+                glia_proto::Disposition::Child => "child run".to_owned(),
                 glia_proto::Disposition::Refused { error, message } => {
                     format!("refused ({}): {}", wire(error), clip(message))
                 }
@@ -1534,6 +1535,28 @@ pub fn describe(kind: &EventKind) -> String {
             wire(topic),
             clip(&serde_json::to_string(effect).unwrap_or_default())
         ),
+        // Issue 32, child runs.
+        EventKind::ChildEnded {
+            call_id,
+            child_run_id,
+            agent,
+            outcome,
+            usage,
+            cost_usd_micros,
+        } => {
+            let child = child_run_id.map_or_else(|| "not started".to_owned(), |id| id.to_string());
+            let how = match outcome {
+                Outcome::Succeeded { answer, .. } => format!("succeeded: {}", clip(answer)),
+                Outcome::Failed { error } => format!("failed: {}", clip(error)),
+                Outcome::Cancelled { reason } => format!("cancelled: {}", clip(reason)),
+            };
+            format!(
+                "{agent}#{call_id} child {child} {how} ({} in / {} out tokens, {})",
+                usage.input_tokens,
+                usage.output_tokens,
+                usd(*cost_usd_micros)
+            )
+        }
     }
 }
 

@@ -74,6 +74,9 @@ pub struct ListArgs {
     /// Only runs of this batch (its id).
     #[arg(long = "batch", value_name = "BATCH_ID")]
     pub batch_id: Option<uuid::Uuid>,
+    /// Only the child runs of this run (issue 32, `docs/child-runs.md`).
+    #[arg(long = "parent", value_name = "RUN_ID")]
+    pub parent: Option<uuid::Uuid>,
     /// Only runs carrying this tag; repeat for several (all must match).
     #[arg(long = "tag", value_name = "TAG")]
     pub tags: Vec<String>,
@@ -146,6 +149,9 @@ impl ListArgs {
         }
         if let Some(v) = self.agent_version {
             q.append_pair("version", &v.to_string());
+        }
+        if let Some(p) = self.parent {
+            q.append_pair("parent", &p.to_string());
         }
         if let Some(b) = self.batch_id {
             q.append_pair("batch_id", &b.to_string());
@@ -342,7 +348,28 @@ pub async fn get(client: &Client, server: &Server, run_id: &str, json: bool) -> 
     }
     let run: RunSummary = serde_json::from_value(body).context("the dispatcher's run")?;
     out!("{}", describe(&run, Utc::now()));
+    // Issue 32: the run's children, one line each.
+    let page = server
+        .get(client, &format!("/v1/runs?parent={run_id}&limit=1000"))
+        .await?;
+    let children: Vec<RunSummary> = serde_json::from_value(page["runs"].clone())
+        .context("the dispatcher's list of child runs")?;
+    for child in children.iter().rev() {
+        outln!("{}", child_line(child));
+    }
     Ok(())
+}
+
+/// Issue 32: what `glia runs get` prints of one child run of the run.
+pub fn child_line(child: &RunSummary) -> String {
+    format!(
+        "{:<11} {} {} ({}, call {})",
+        "child",
+        child.run_id,
+        agent_of(child),
+        status_of(child),
+        printable(child.parent_call_id.as_deref().unwrap_or("?"))
+    )
 }
 
 /// What `glia runs get` prints of `run`.
@@ -362,6 +389,17 @@ pub fn describe(run: &RunSummary, now: DateTime<Utc>) -> String {
         ("agent", agent_of(run)),
         ("goal", cut(&run.goal, 200)),
     ];
+    // Issue 32: a child run names its parent.
+    if let Some(parent) = run.parent_run_id {
+        lines.push((
+            "parent",
+            format!(
+                "{parent} (call {}, depth {})",
+                printable(run.parent_call_id.as_deref().unwrap_or("?")),
+                run.depth
+            ),
+        ));
+    }
     if let Some(b) = run.batch_id {
         let item = run
             .custom_id

@@ -735,6 +735,8 @@ fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sampl
     if app.schedules.is_some() {
         tokio::spawn(glia_dispatcher::schedules::schedules(app.clone()));
     }
+    // Issue 32, child runs: start children, deliver their ends.
+    tokio::spawn(glia_dispatcher::children::children(app.clone()));
 }
 
 /// `glia dispatcher`: the HTTP API, the outbox relay and the reconciler.

@@ -138,6 +138,12 @@ pub(crate) fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
             reason: "is set by the dispatcher: name the agent in `agent`".into(),
         });
     }
+    if !req.config.child_agents.is_empty() {
+        return Err(ApiError::InvalidField {
+            field: "config.child_agents".into(),
+            reason: "is set by the dispatcher from `agents`".into(),
+        });
+    }
     req.config.validate().map_err(|e| ApiError::InvalidField {
         field: format!("config.{}", e.field),
         reason: e.reason,
@@ -170,7 +176,9 @@ pub(crate) async fn run_config(
     validate_run(req)?;
     let Some(agent) = &req.agent else {
         catalogue_check(app, &req.config)?;
-        return Ok(req.config.clone());
+        let mut config = req.config.clone();
+        resolve_children(app, tenant, &mut config, "config.").await?;
+        return Ok(config);
     };
     if req.config != RunConfig::default() {
         return Err(ApiError::InvalidField {
@@ -178,11 +186,12 @@ pub(crate) async fn run_config(
             reason: "cannot be combined with `agent` (the definition is the config)".into(),
         });
     }
-    let config = resolve(app, tenant, agent).await?;
+    let mut config = resolve(app, tenant, agent).await?;
     config.validate().map_err(|e| ApiError::InvalidField {
         field: format!("agent ({agent}).{}", e.field),
         reason: e.reason,
     })?;
+    resolve_children(app, tenant, &mut config, &format!("agent ({agent}).")).await?;
     if let Some(admit) = &app.admission {
         admit(&config).map_err(|e| ApiError::InvalidField {
             field: format!("agent ({agent}).{}", e.field),
@@ -253,6 +262,9 @@ pub(crate) async fn admit_run(
         tags,
         metadata: req.metadata.clone(),
         custom_id: custom_id.map(str::to_owned),
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     };
     let tags = new.tags.clone();
     let (run, created) = app.log.create_run(new).await?;
@@ -380,4 +392,56 @@ pub async fn resolve(app: &App, tenant: &str, agent: &str) -> Result<RunConfig, 
         version: found.version,
         content_hash: found.content_hash,
     })))
+}
+
+// ----- issue 32, child runs -----
+
+/// Resolve `config.agents` for `tenant` and freeze them in
+/// `config.child_agents` (name, version, content hash, description), so the
+/// run never depends on the registry later (`docs/child-runs.md`). `at`
+/// prefixes the field (`config.`, or `agent (NAME@N).`). Errors: 422
+/// naming `{at}agents[i]` for a malformed name or an agent the tenant has
+/// not registered (another tenant's answers the same), 503 when the
+/// registry fails.
+pub(crate) async fn resolve_children(
+    app: &App,
+    tenant: &str,
+    config: &mut RunConfig,
+    at: &str,
+) -> Result<(), ApiError> {
+    let mut frozen = Vec::with_capacity(config.agents.len());
+    for (i, reference) in config.agents.iter().enumerate() {
+        let field = format!("{at}agents[{i}]");
+        let (name, version) =
+            glia_proto::children::parse_agent_ref(reference).map_err(|reason| {
+                ApiError::InvalidField {
+                    field: field.clone(),
+                    reason,
+                }
+            })?;
+        let found = app
+            .log
+            .get_agent(tenant, name, version)
+            .await?
+            .ok_or_else(|| ApiError::InvalidField {
+                field: field.clone(),
+                reason: format!(
+                    "no agent {reference:?} is registered for this tenant (glia agents list)"
+                ),
+            })?;
+        let def: AgentDefinition =
+            glia_proto::strict::from_json_str(&found.definition).map_err(|e| {
+                ApiError::Internal(format!(
+                    "agent {reference}: stored definition does not parse: {e}"
+                ))
+            })?;
+        frozen.push(glia_proto::ChildAgent {
+            name: found.name,
+            version: found.version,
+            content_hash: found.content_hash,
+            description: def.description,
+        });
+    }
+    config.child_agents = frozen;
+    Ok(())
 }

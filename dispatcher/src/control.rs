@@ -54,6 +54,7 @@ pub(crate) async fn post(
         Payload::ApprovalContested { .. } => "approval_contested",
         // issue 32: waits
         Payload::Wake { .. } => "wake",
+        Payload::ChildEnded { .. } => "child_ended",
     };
     let id = app.log.post(run_id, payload).await?;
     app.metrics().posted(kind);
@@ -365,6 +366,7 @@ pub(crate) async fn pause_run(
         tracing::warn!(run_id = %id, "pause flag not set (the posted pause applies at the run's next job): {e}");
     }
     tracing::info!(run_id = %id, %by, %reason, "pause requested");
+    pause_children(app, id, by).await;
     Ok(Some(inbox_id))
 }
 
@@ -450,5 +452,104 @@ pub(crate) async fn cancel_run(
     }
     app.metrics().cancels_requested.inc();
     tracing::info!(run_id = %id, %by, %reason, "cancel requested");
+    cancel_children(app, id, by).await;
     Ok(inbox_id)
+}
+
+// ----- issue 32, child runs: cancel, pause and resume cascade -----
+
+/// The start of the reason of a pause a parent's operator pause passed on
+/// to its children (`docs/child-runs.md`): a parent's resume resumes the
+/// children paused so, and only them.
+pub(crate) const PARENT_PAUSED: &str = "the parent run was paused";
+
+/// The child runs of run `id`, newest first (at most 1,000).
+pub(crate) async fn children_of(
+    app: &App,
+    id: Uuid,
+) -> Result<Vec<RunSummary>, glia_backends::LogError> {
+    let filter = glia_backends::RunFilter {
+        parent: Some(id),
+        limit: 1000,
+        ..Default::default()
+    };
+    app.log.list_runs(&filter).await
+}
+
+/// The child runs of run `id` that are not done (at most 1,000).
+pub(crate) async fn running_children(
+    app: &App,
+    id: Uuid,
+) -> Result<Vec<RunSummary>, glia_backends::LogError> {
+    Ok(children_of(app, id)
+        .await?
+        .into_iter()
+        .filter(|r| r.status != RunStatus::Done)
+        .collect())
+}
+
+type Cascade<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
+/// Cancel the running children of run `id` (each cascades to its own):
+/// what cancelling a parent does after its own cancel is posted. Failures
+/// are logged (a child left running ends on its own; its `child_ended` is
+/// refused by the finished parent).
+pub(crate) fn cancel_children<'a>(app: &'a App, id: Uuid, by: &'a str) -> Cascade<'a> {
+    Box::pin(async move {
+        let children = match running_children(app, id).await {
+            Ok(children) => children,
+            Err(e) => {
+                tracing::warn!(run_id = %id, "children not cancelled: {e}");
+                return;
+            }
+        };
+        for child in children {
+            let reason = format!("the parent run {id} was cancelled");
+            if let Err(e) = cancel_run(app, child.run_id, &reason, by).await {
+                tracing::warn!(run_id = %child.run_id, parent = %id, "child not cancelled: {e}");
+            }
+        }
+    })
+}
+
+/// Pause the running children of run `id` (an operator pause, reason
+/// starting [`PARENT_PAUSED`]; each cascades to its own).
+pub(crate) fn pause_children<'a>(app: &'a App, id: Uuid, by: &'a str) -> Cascade<'a> {
+    Box::pin(async move {
+        let children = match running_children(app, id).await {
+            Ok(children) => children,
+            Err(e) => {
+                tracing::warn!(run_id = %id, "children not paused: {e}");
+                return;
+            }
+        };
+        for child in children {
+            let reason = format!("{PARENT_PAUSED} ({id})");
+            if let Err(e) = pause_run(app, child.run_id, &reason, by).await {
+                tracing::warn!(run_id = %child.run_id, parent = %id, "child not paused: {e}");
+            }
+        }
+    })
+}
+
+/// Resume the children of run `id` that its pause paused (and theirs):
+/// what resuming a parent does after its own resume is posted.
+pub(crate) fn resume_children<'a>(app: &'a App, id: Uuid, by: &'a str) -> Cascade<'a> {
+    Box::pin(async move {
+        let children = match running_children(app, id).await {
+            Ok(children) => children,
+            Err(e) => {
+                tracing::warn!(run_id = %id, "children not resumed: {e}");
+                return;
+            }
+        };
+        for child in children {
+            match resume_paused_by(app, child.run_id, by, |r| r.starts_with(PARENT_PAUSED)).await {
+                Ok(_) => resume_children(app, child.run_id, by).await,
+                Err(e) => {
+                    tracing::warn!(run_id = %child.run_id, parent = %id, "child not resumed: {e}")
+                }
+            }
+        }
+    })
 }

@@ -228,11 +228,13 @@ BatchProgressEventDoc, "BatchProgressEvent", json!({
         "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/BatchView"}}}
 }));
 
-const PULL_POINTS: [&str; 4] = [
+const PULL_POINTS: [&str; 5] = [
     "awaiting_tool",
     "awaiting_approval",
     "awaiting_input",
     "paused",
+    // Issue 32, child runs.
+    "awaiting_children",
 ];
 
 foreign_schema!(
@@ -314,7 +316,10 @@ RunSummaryDoc, "RunSummary", json!({
         "ended_at": {"type": ["string", "null"], "format": "date-time", "description": "When it reached `done`."},
         "trace_id": {"type": "string", "pattern": "^[0-9a-f]{32}$", "description": "The OpenTelemetry trace id of the run's spans: the run id's 16 bytes in hex."},
         "erased_at": {"type": ["string", "null"], "format": "date-time", "description": "When the run's content was erased (DELETE /v1/runs/{id} or retention); its goal and outcome then read `⟦glia:erased⟧ content erased`."},
-        "erased_by": {"type": ["string", "null"], "description": "Who erased it: the token's name, or `retention`."}
+        "erased_by": {"type": ["string", "null"], "description": "Who erased it: the token's name, or `retention`."},
+        "parent_run_id": {"type": ["string", "null"], "format": "uuid", "description": "Issue 32: the run whose agent-tool call started this child run; null for a run a client started. `GET /v1/runs?parent=ID` lists a run's children."},
+        "parent_call_id": {"type": ["string", "null"], "description": "That call's id in the parent."},
+        "depth": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "description": "0 for a run a client started; a child's is its parent's + 1 (at most 4)."}
     }
 }));
 

@@ -484,6 +484,9 @@ mod tests {
             trace_id: glia_backends::trace_id(Uuid::nil()),
             erased_at: None,
             erased_by: None,
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         }
     }
 

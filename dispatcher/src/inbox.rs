@@ -1067,6 +1067,10 @@ fn tool_card(state: &RunState, tool: &str) -> ToolCard {
         Some(glia_proto::ToolSource::Http { url, .. }) => {
             (format!("HTTP tool: posts to {url}"), Vec::new())
         }
+        Some(glia_proto::ToolSource::Agent { agent, .. }) => (
+            format!("the agent {agent}: a child run answers the call"),
+            Vec::new(),
+        ),
         None if spec.external => (
             "external tool: the application that started the run executes it".to_owned(),
             Vec::new(),

@@ -57,6 +57,8 @@ pub mod admission;
 pub mod app;
 pub mod auth;
 pub mod batches;
+// Issue 32, child runs.
+pub mod children;
 pub mod config;
 pub mod console;
 pub mod control;

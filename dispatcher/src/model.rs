@@ -122,6 +122,8 @@ pub struct ListRunsQuery {
     pub error: Option<String>,
     /// Only this tenant's runs (admins only; others always see their own).
     pub tenant: Option<String>,
+    /// Issue 32: only the child runs of this run (`docs/child-runs.md`).
+    pub parent: Option<Uuid>,
     /// The `next_cursor` of the previous page (22 base64url characters:
     /// 16 bytes); empty: the first page.
     #[param(pattern = "^$|^[A-Za-z0-9_-]{21}[AQgw]$")]
@@ -197,6 +199,7 @@ impl ListRunsQuery {
                 )?,
                 "error" => once(&mut q.error, "error", v.to_owned())?,
                 "tenant" => once(&mut q.tenant, "tenant", v.to_owned())?,
+                "parent" => once(&mut q.parent, "parent", value("parent", v)?)?,
                 "cursor" => once(&mut q.cursor, "cursor", v.to_owned())?,
                 "limit" => once(&mut q.limit, "limit", value("limit", v)?)?,
                 other => {
@@ -245,6 +248,8 @@ impl ListRunsQuery {
             min_cost_usd_micros: self.min_cost_usd_micros,
             max_cost_usd_micros: self.max_cost_usd_micros,
             q: nonempty(&self.error),
+            parent: self.parent,
+            pull_point: None,
             before,
             limit,
         })

@@ -91,6 +91,8 @@ run_fields! {
         pub max_tokens: Option<u32>,
         common approval_timeout_ms #[serde(skip_serializing_if = "Option::is_none")],
         common max_result_bytes,
+        // Issue 32, child runs.
+        common agents,
     }
 }
 
@@ -132,6 +134,7 @@ impl AgentDefinition {
             guardrails: self.guardrails.clone(),
             compaction: self.compaction.clone(),
             agent,
+            agents: self.agents.clone(),
             ..defaults
         }
     }

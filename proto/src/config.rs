@@ -213,6 +213,21 @@ macro_rules! run_fields {
         ] $($rest)*);
     };
     // --- end waits ---
+    // Issue 32, child runs: the agents offered as tools.
+    (@common agents $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// Registered agents of the tenant offered to the model as tools
+            /// (`docs/child-runs.md`): `name@VERSION`, or `name` for the
+            /// latest version at admission. A call starts a child run whose
+            /// answer is the tool's result. The tool name is the agent's
+            /// name; its input is `{"goal": string}`. At most 16
+            /// ([`crate::children::MAX_AGENTS`]); resolved and frozen at
+            /// admission ([`RunConfig::child_agents`]).
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            #[cfg_attr(feature = "schemars", schemars(length(max = $crate::children::MAX_AGENTS)))]
+            pub agents: Vec<String>
+        ] $($rest)*);
+    };
     (@field $head:tt [$($done:tt)*] [$($extra:tt)*] [$($decl:tt)*] $($rest:tt)*) => {
         $crate::config::run_fields!(@munch $head [$($done)* $($extra)* $($decl)*,] $($rest)*);
     };
@@ -282,6 +297,16 @@ run_fields! {
         common provider,
         common max_result_bytes,
         common builtin_tools,
+        // Issue 32, child runs.
+        common agents,
+        /// The agents of [`RunConfig::agents`] as the dispatcher resolved
+        /// them for the run's tenant at admission (name, version, content
+        /// hash), in the same order: what the worker offers, so a run never
+        /// depends on the registry later. Set by the dispatcher; refused in
+        /// a request's config.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        #[cfg_attr(feature = "schemars", schemars(skip))]
+        pub child_agents: Vec<crate::children::ChildAgent>,
     }
 }
 
@@ -358,6 +383,9 @@ impl Default for RunConfig {
             tool_policy: BTreeMap::new(),
             provider: None,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            // Issue 32, child runs.
+            agents: Vec::new(),
+            child_agents: Vec::new(),
         }
     }
 }
@@ -458,6 +486,32 @@ pub struct ToolSpec {
 pub const DEFAULT_MAX_RESULT_BYTES: u64 = 64 * 1024;
 
 impl ToolSpec {
+    /// Issue 32: the tool the model is offered for agent `agent`
+    /// ([`crate::ChildAgent`]): its name, a description, the input
+    /// `{"goal": string}` (agent definitions declare no input of their
+    /// own), and its source [`ToolSource::Agent`].
+    pub fn of_agent(agent: &crate::children::ChildAgent) -> ToolSpec {
+        let about = if agent.description.trim().is_empty() {
+            String::new()
+        } else {
+            format!(" {}", agent.description.trim())
+        };
+        ToolSpec {
+            source: Some(ToolSource::Agent {
+                agent: agent.reference(),
+                content_hash: agent.content_hash.clone(),
+            }),
+            ..ToolSpec::new(
+                agent.name.clone(),
+                format!(
+                    "Hand a task to the agent {:?} (version {}) and wait for its answer.{about}",
+                    agent.name, agent.version
+                ),
+                crate::children::child_input_schema(),
+            )
+        }
+    }
+
     /// A tool the worker runs, with the defaults: not idempotent, a 30 s
     /// timeout, no hand-off, a [`DEFAULT_CANCEL_GRACE_MS`] grace. Set
     /// `external: true` (struct update) for a tool the caller executes.
@@ -490,6 +544,7 @@ impl ToolSpec {
             Some(ToolSource::Mcp { server, tool, .. }) => {
                 format!("MCP server {server:?} tool {tool:?}")
             }
+            Some(ToolSource::Agent { agent, .. }) => format!("agent {agent}"),
             _ => format!("tool {:?}", self.name),
         }
     }
@@ -928,6 +983,7 @@ impl RunConfig {
             }
         }
         self.validate_tool_sources(&mut names)?;
+        self.validate_agents(&mut names)?;
         self.on_tool_source_unavailable
             .validate()
             .map_err(|(field, reason)| {
@@ -969,6 +1025,67 @@ impl RunConfig {
 }
 
 impl RunConfig {
+    /// Issue 32, child runs: `agents` well formed (`name` or
+    /// `name@VERSION`), each named once, no name taken by an external or
+    /// HTTP tool or the output tool, and `child_agents`, when set, naming
+    /// the same agents in the same order. Errors name `agents[i]`.
+    fn validate_agents<'a>(
+        &'a self,
+        names: &mut std::collections::HashSet<&'a str>,
+    ) -> Result<(), ConfigError> {
+        if self.agents.len() > crate::children::MAX_AGENTS {
+            return Err(config_error(
+                "agents",
+                format!(
+                    "{} agents; at most {}",
+                    self.agents.len(),
+                    crate::children::MAX_AGENTS
+                ),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, a) in self.agents.iter().enumerate() {
+            let field = format!("agents[{i}]");
+            let (name, _) = crate::children::parse_agent_ref(a)
+                .map_err(|reason| config_error(field.clone(), format!("{a:?}: {reason}")))?;
+            if !seen.insert(name) {
+                return Err(config_error(
+                    field,
+                    format!("agent {name:?} is listed twice"),
+                ));
+            }
+            if name == OUTPUT_TOOL || !names.insert(name) {
+                return Err(config_error(
+                    field,
+                    format!("the tool name {name:?} is taken by another tool"),
+                ));
+            }
+            if let Some(tools) = &self.tools
+                && tools.iter().any(|t| t == name)
+            {
+                return Err(config_error(
+                    field,
+                    format!("the tool name {name:?} is taken by a tool in `tools`"),
+                ));
+            }
+        }
+        if !self.child_agents.is_empty() {
+            let same = self.child_agents.len() == self.agents.len()
+                && self.child_agents.iter().zip(&self.agents).all(|(c, a)| {
+                    crate::children::parse_agent_ref(a).is_ok_and(|(name, version)| {
+                        c.name == name && version.is_none_or(|v| v == c.version)
+                    })
+                });
+            if !same {
+                return Err(config_error(
+                    "child_agents",
+                    "does not match `agents` (it is set by the dispatcher)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The tool names this config offers by itself: its external tools,
     /// HTTP tools, the MCP tools its `mcp[].allow` lists name, its `tools`
     /// list and the output tool when it has an output schema. The second
@@ -989,6 +1106,12 @@ impl RunConfig {
         );
         names.extend(self.tools.iter().flatten().map(String::as_str));
         names.extend(self.builtin_tools.iter().map(String::as_str));
+        // Issue 32: the agents offered as tools, by name.
+        names.extend(
+            self.agents
+                .iter()
+                .filter_map(|a| crate::children::parse_agent_ref(a).ok().map(|(n, _)| n)),
+        );
         if self.output_schema.is_some() {
             names.push(OUTPUT_TOOL);
         }

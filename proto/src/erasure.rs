@@ -262,6 +262,20 @@ impl Payload {
                     received_at_ms: e.received_at_ms,
                 }),
             },
+            // Issue 32: the child's answer, output or error is content.
+            Payload::ChildEnded {
+                call_id,
+                child_run_id,
+                outcome,
+                usage,
+                cost_usd_micros,
+            } => Payload::ChildEnded {
+                call_id: call_id.clone(),
+                child_run_id: *child_run_id,
+                outcome: outcome.erased(),
+                usage: *usage,
+                cost_usd_micros: *cost_usd_micros,
+            },
             other @ (Payload::ExtendBudget { .. }
             | Payload::Resume { .. }
             | Payload::Escalate { .. }) => other.clone(),
@@ -384,7 +398,10 @@ impl EventKind {
                             timer @ crate::Wait::Timer { .. } => timer.clone(),
                         },
                     },
-                    other @ (Disposition::External | Disposition::Approval) => other.clone(),
+                    other
+                    @ (Disposition::External | Disposition::Approval | Disposition::Child) => {
+                        other.clone()
+                    }
                 };
                 K::ToolCall(record)
             }
@@ -488,6 +505,23 @@ impl EventKind {
             },
             K::SessionComplete { outcome } => K::SessionComplete {
                 outcome: outcome.erased(),
+            },
+            // Issue 32: the child's answer, output or error is content;
+            // ids, the agent, usage and cost stay.
+            K::ChildEnded {
+                call_id,
+                child_run_id,
+                agent,
+                outcome,
+                usage,
+                cost_usd_micros,
+            } => K::ChildEnded {
+                call_id: call_id.clone(),
+                child_run_id: *child_run_id,
+                agent: agent.clone(),
+                outcome: outcome.erased(),
+                usage: *usage,
+                cost_usd_micros: *cost_usd_micros,
             },
             K::Error { message, fatal } => K::Error {
                 message: erased_text(message),

@@ -399,6 +399,31 @@ pub enum EventKind {
         /// What it did.
         effect: HookEffect,
     },
+    // ----- issue 32, child runs -----
+    /// A child run started by a call of an agent tool ended (or could not
+    /// start: `child_run_id` is `None` and `outcome` is failed, e.g. past
+    /// the depth limit). Recorded by the worker from a
+    /// [`Payload::ChildEnded`]; sets the call's result (the child's answer
+    /// or structured output; a failure or cancel is an error result) and
+    /// adds the child's usage and cost to this run's, so the parent's
+    /// budget counts them. Not in [`EventKind::SPEND_NAMES`]: the child's
+    /// own events already count toward the tenant's caps.
+    #[serde(rename = "child.ended")]
+    ChildEnded {
+        /// The call of the agent tool.
+        call_id: String,
+        /// The child run, when one was started.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        child_run_id: Option<Uuid>,
+        /// The agent, `name@version`.
+        agent: String,
+        /// How the child ended.
+        outcome: Outcome,
+        /// Tokens the child used (its whole run, its own children included).
+        usage: Usage,
+        /// Its cost in USD micros.
+        cost_usd_micros: u64,
+    },
 }
 
 impl EventKind {
@@ -406,7 +431,7 @@ impl EventKind {
     /// declaration order: the one list the OpenAPI document and the SQL
     /// adapters read. Each equals the variant's serde tag and [`Self::name`]
     /// (tested in `tests/roundtrip.rs`).
-    pub const NAMES: [&'static str; 31] = [
+    pub const NAMES: [&'static str; 32] = [
         "session.start",
         "plan.draft",
         "plan.commit",
@@ -438,6 +463,8 @@ impl EventKind {
         "session.complete",
         "error",
         "hook.applied",
+        // Issue 32, child runs.
+        "child.ended",
     ];
 
     /// The event types that carry model spend (usage and cost), by name:
@@ -509,6 +536,7 @@ impl EventKind {
             EventKind::SessionComplete { .. } => "session.complete",
             EventKind::Error { .. } => "error",
             EventKind::HookApplied { .. } => "hook.applied",
+            EventKind::ChildEnded { .. } => "child.ended",
         }
     }
 }
@@ -567,6 +595,9 @@ pub enum Disposition {
         wait: crate::wait::Wait,
     },
     // --- end waits ---
+    /// Issue 32: a call of an agent tool; a child run gives its result and
+    /// the run parks at `awaiting_children` until it ends.
+    Child,
     /// It will not run (a policy denied it, a hook cancelled or skipped it,
     /// the tool is unknown); a `tool.error` with this kind and message
     /// follows at once.
@@ -701,6 +732,12 @@ pub enum PullPoint {
         timeout_at_ms: Option<i64>,
     },
     // --- end waits ---
+    /// Issue 32: child runs started by calls of agent tools are running;
+    /// their ends (`child_ended`) are due.
+    AwaitingChildren {
+        /// Calls whose child has not ended.
+        call_ids: Vec<String>,
+    },
 }
 
 impl PullPoint {
@@ -714,6 +751,7 @@ impl PullPoint {
             PullPoint::Paused { .. } => "paused",
             PullPoint::AwaitingTimer { .. } => "awaiting_timer",
             PullPoint::AwaitingEvent { .. } => "awaiting_event",
+            PullPoint::AwaitingChildren { .. } => "awaiting_children",
         }
     }
 }
@@ -1023,6 +1061,25 @@ pub enum Payload {
     Cancel {
         /// Why.
         reason: String,
+    },
+    /// Issue 32: the child run of agent-tool call `call_id` ended, or could
+    /// not be started (`child_run_id` `None`, `outcome` failed). Posted by
+    /// the dispatcher; recorded as `child.ended`. Refused when the call has
+    /// its result already.
+    ChildEnded {
+        /// The call.
+        call_id: String,
+        /// The child run, when one was started.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        child_run_id: Option<Uuid>,
+        /// How it ended.
+        outcome: Outcome,
+        /// Tokens it used.
+        #[serde(default)]
+        usage: Usage,
+        /// Its cost in USD micros.
+        #[serde(default)]
+        cost_usd_micros: u64,
     },
 }
 

@@ -19,6 +19,7 @@
 //! - [`provider`]: the provider boundary (the [`Provider`] trait, request,
 //!   response, error) and the provider kinds;
 //! - [`held`]: a tool call's outcome held until it is committed;
+//! - [`children`]: child runs, agents offered as tools;
 //! - [`erasure`]: what a run's records look like once its content is erased.
 //!
 //! Pure: no I/O and no async runtime.
@@ -27,6 +28,7 @@
 
 pub mod agent;
 pub mod budget;
+pub mod children;
 pub mod compaction;
 pub mod config;
 pub mod config_error;
@@ -51,6 +53,7 @@ pub mod wait;
 
 pub use agent::AgentDefinition;
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing, Spend, SpendCap};
+pub use children::{ChildAgent, ChildCall, MAX_CHILD_DEPTH};
 pub use compaction::{CompactionSpec, CompactionStrategy};
 pub use config::{
     AgentRef, ApprovalTimeout, DEFAULT_CANCEL_GRACE_MS, DEFAULT_MAX_RESULT_BYTES, InterruptedCall,
@@ -88,3 +91,6 @@ pub mod testing;
 mod state_tests;
 #[cfg(test)]
 mod wait_tests;
+// Issue 32, child runs.
+#[cfg(test)]
+mod children_tests;

@@ -93,6 +93,10 @@ pub struct PendingCall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<crate::wait::Wait>,
     // --- end waits ---
+    /// Issue 32: a call of an agent tool (set by its `tool.call` with
+    /// [`Disposition::Child`]): the child it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<crate::children::ChildCall>,
 }
 
 impl PendingCall {
@@ -106,8 +110,7 @@ impl PendingCall {
             None => true,
             Some(Disposition::Run { .. }) => self.approval != ApprovalStatus::Requested,
             Some(Disposition::Refused { .. }) => true,
-            Some(Disposition::External) => false,
-            Some(Disposition::Wait { .. }) => false,
+            Some(Disposition::External | Disposition::Child | Disposition::Wait { .. }) => false,
             Some(Disposition::Approval) => match self.approval {
                 ApprovalStatus::Due | ApprovalStatus::Rejected => true,
                 ApprovalStatus::Approved => !self.external,
@@ -561,6 +564,7 @@ impl RunState {
                         requested_seq: None,
                         interrupted: false,
                         wait: None,
+                        child: None,
                     })
                     .collect();
                 let mut ids: Vec<&str> = calls.iter().map(|c| c.call_id.as_str()).collect();
@@ -593,6 +597,7 @@ impl RunState {
                 input,
                 args_hash: hash,
                 disposition,
+                idempotency_key,
                 ..
             }) => {
                 if self.phase != Phase::AwaitingTool {
@@ -621,6 +626,39 @@ impl RunState {
                         &format!("tool call {call_id}: args_hash does not match its input"),
                     ));
                 }
+                // Issue 32: a child call names an agent tool of the step.
+                let child = if *disposition == Disposition::Child {
+                    let source = self
+                        .step_tools
+                        .iter()
+                        .find(|t| t.name == call.name)
+                        .and_then(|t| t.source.as_ref());
+                    let Some(crate::ToolSource::Agent {
+                        agent,
+                        content_hash,
+                    }) = source
+                    else {
+                        return Err(illegal(
+                            self,
+                            &format!("tool call {call_id}: only an agent tool starts a child"),
+                        ));
+                    };
+                    // The loop checked the arguments against the tool's
+                    // schema; an erased log holds a tombstone instead.
+                    let goal = input
+                        .get("goal")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    Some(crate::children::ChildCall {
+                        agent: agent.clone(),
+                        content_hash: content_hash.clone(),
+                        goal: goal.to_owned(),
+                        key: idempotency_key.clone(),
+                        child_run_id: None,
+                    })
+                } else {
+                    None
+                };
                 // A call counts against `max_tool_calls` when it is decided,
                 // approvals included, so approvals cannot overrun the budget.
                 let counts = matches!(
@@ -629,6 +667,7 @@ impl RunState {
                         | Disposition::External
                         | Disposition::Approval
                         | Disposition::Wait { .. }
+                        | Disposition::Child
                 );
                 if matches!(disposition, Disposition::Wait { .. })
                     && !self.config.builtin_tools.contains(&call.name)
@@ -647,6 +686,7 @@ impl RunState {
                     .find(|c| &c.call_id == call_id)
                     .expect("checked above");
                 call.disposition = Some(disposition.clone());
+                call.child = child;
                 if *disposition == Disposition::Approval {
                     call.approval = ApprovalStatus::Due;
                 }
@@ -814,6 +854,64 @@ impl RunState {
                 self.usage.active_ms = self.usage.active_ms.saturating_add(*duration_ms);
                 self.finish_turn_if_complete();
             }
+            // Issue 32, child runs.
+            EventKind::ChildEnded {
+                call_id,
+                child_run_id,
+                agent,
+                outcome,
+                usage,
+                cost_usd_micros,
+            } => {
+                let call = self.pending(call_id)?;
+                let Some(child) = call.child.as_ref() else {
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} did not start a child"),
+                    ));
+                };
+                if call.result.is_some() || call.disposition != Some(Disposition::Child) {
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} has its result"),
+                    ));
+                }
+                if child.agent != *agent {
+                    return Err(illegal(
+                        self,
+                        &format!("tool call {call_id} called {}, not {agent}", child.agent),
+                    ));
+                }
+                if self.parked == Some(PullPoint::AwaitingInput) {
+                    return Err(illegal(self, "run is parked"));
+                }
+                if matches!(outcome, Outcome::Succeeded { .. }) && child_run_id.is_none() {
+                    return Err(illegal(self, "a child that never ran did not succeed"));
+                }
+                let (text, is_error) = child_result(agent, outcome);
+                let budget = self.result_budget(&call.name);
+                let seen = ToolContent::Text(neutralise(&text).into_owned())
+                    .cut(budget)
+                    .into_owned();
+                let call = self.pending_mut(call_id);
+                call.result = Some((seen, is_error));
+                if let Some(child) = call.child.as_mut() {
+                    child.child_run_id = *child_run_id;
+                }
+                self.usage.tokens += *usage;
+                self.usage.cost_usd_micros =
+                    self.usage.cost_usd_micros.saturating_add(*cost_usd_micros);
+                // A child may end while the run waits elsewhere (a caller's
+                // result, an approval, a pause): a pause stays in force.
+                let paused = match &self.parked {
+                    Some(p @ PullPoint::Paused { .. }) => Some(p.clone()),
+                    _ => None,
+                };
+                self.finish_turn_if_complete();
+                if paused.is_some() {
+                    self.parked = paused;
+                }
+            }
             EventKind::InputReceived { text, .. } => {
                 if self.parked != Some(PullPoint::AwaitingInput) {
                     return Err(illegal(self, "input is taken at awaiting_input"));
@@ -910,7 +1008,8 @@ impl RunState {
                     PullPoint::AwaitingTool { call_ids }
                     | PullPoint::AwaitingApproval { call_ids }
                     | PullPoint::AwaitingTimer { call_ids, .. }
-                    | PullPoint::AwaitingEvent { call_ids, .. } => {
+                    | PullPoint::AwaitingEvent { call_ids, .. }
+                    | PullPoint::AwaitingChildren { call_ids } => {
                         if self.phase != Phase::AwaitingTool
                             || self.tool_park().as_ref() != Some(pull_point)
                         {
@@ -1108,6 +1207,16 @@ impl RunState {
         if !external.is_empty() {
             return Some(PullPoint::AwaitingTool { call_ids: external });
         }
+        // Issue 32, child runs: after approvals and caller results.
+        let children: Vec<String> = self
+            .pending_calls
+            .iter()
+            .filter(|c| c.result.is_none() && c.disposition == Some(Disposition::Child))
+            .map(|c| c.call_id.clone())
+            .collect();
+        if !children.is_empty() {
+            return Some(PullPoint::AwaitingChildren { call_ids: children });
+        }
         // --- issue 32: waits --- (after approvals, caller results and
         // children; an event wait before a timer: its pull point carries the
         // earliest due time of every wait of the turn, timers included)
@@ -1152,6 +1261,7 @@ impl RunState {
                     | PullPoint::AwaitingApproval { .. }
                     | PullPoint::AwaitingTimer { .. }
                     | PullPoint::AwaitingEvent { .. }
+                    | PullPoint::AwaitingChildren { .. }
             )
         ) {
             self.parked = self.tool_park();
@@ -1183,6 +1293,24 @@ impl RunState {
         });
         self.parked = None;
         self.phase = Phase::Executing;
+    }
+}
+
+/// The text the parent's model sees for a child that ended with
+/// `outcome`, and whether it is an error: the structured output as JSON
+/// when the child has an output schema, else its answer; a failure or a
+/// cancel is an error naming the agent.
+fn child_result(agent: &str, outcome: &Outcome) -> (String, bool) {
+    match outcome {
+        Outcome::Succeeded {
+            output: Some(output),
+            ..
+        } => (output.to_string(), false),
+        Outcome::Succeeded { answer, .. } => (answer.clone(), false),
+        Outcome::Failed { error } => (format!("The agent {agent} failed: {error}"), true),
+        Outcome::Cancelled { reason } => {
+            (format!("The agent {agent} was cancelled: {reason}"), true)
+        }
     }
 }
 

@@ -375,6 +375,14 @@ pub enum ToolSource {
         #[serde(default)]
         requires_approval: bool,
     },
+    /// Issue 32, child runs: a registered agent offered as a tool
+    /// ([`crate::ChildAgent`]); a call starts a child run.
+    Agent {
+        /// `name@version`.
+        agent: String,
+        /// Its definition's content hash, frozen at admission.
+        content_hash: String,
+    },
 }
 
 impl ToolSource {
@@ -387,6 +395,7 @@ impl ToolSource {
             | ToolSource::Http {
                 requires_approval, ..
             } => *requires_approval,
+            ToolSource::Agent { .. } => false,
         }
     }
 }

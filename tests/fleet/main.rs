@@ -18,9 +18,12 @@
 //! - [`guardrails`]: denied text stored nowhere, tool results screened;
 //! - [`retention`]: an erased run's content found nowhere, its counts and costs kept;
 //! - [`waits`]: timers across a dispatcher restart, event waits across a worker kill.
+//! - [`children`]: child runs (agents as tools): parallel children, kills, cancel, budgets.
 
 mod agents;
 mod approvals;
+// Issue 32, child runs.
+mod children;
 mod console;
 mod durability;
 mod exactly_once;

@@ -4,6 +4,7 @@
 mod common;
 
 mod bad_input;
+mod child_runs;
 mod declarative;
 mod gate_bypass;
 mod hooks;

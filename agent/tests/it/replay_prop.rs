@@ -36,9 +36,9 @@ use glia_agent::provider::{ScriptedProvider, ScriptedTurn};
 use glia_agent::tool::{Tool, ToolContext, ToolFailure, ToolRegistry};
 use glia_agent::{Agent, AgentError, EventSink, FixedClock, SinkError, async_trait};
 use glia_proto::{
-    ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, PauseReason,
-    Payload, PlannerKind, Policy, PolicyAction, PullPoint, RunConfig, RunState, Status, StopAction,
-    StopPolicy, ToolSpec,
+    ApprovalStatus, BudgetLimits, Decision, Disposition, Event, EventKind, HookTopic, Outcome,
+    PauseReason, Payload, PlannerKind, Policy, PolicyAction, PullPoint, RunConfig, RunState,
+    Status, StopAction, StopPolicy, ToolSpec,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -154,6 +154,8 @@ enum Call {
     Lookup(&'static str),
     /// A tool nobody registered.
     Unknown,
+    /// Issue 32: the agent tool `helper` (a child run answers it).
+    Agent(&'static str),
 }
 
 impl Call {
@@ -165,6 +167,7 @@ impl Call {
             Call::Refund(amount) => ("refund", json!({ "order": "A-1", "amount": amount })),
             Call::Lookup(q) => ("lookup", json!({ "q": q })),
             Call::Unknown => ("no_such_tool", json!({})),
+            Call::Agent(goal) => ("helper", json!({ "goal": goal })),
         }
     }
 }
@@ -262,6 +265,7 @@ fn call() -> impl Strategy<Value = Call> {
         2 => prop::sample::select(vec![5u64, 50, 500]).prop_map(Call::Refund),
         2 => word().prop_map(Call::Lookup),
         1 => Just(Call::Unknown),
+        2 => word().prop_map(Call::Agent),
     ]
 }
 
@@ -330,6 +334,14 @@ fn scenario() -> impl Strategy<Value = Scenario> {
 fn config(s: &Scenario) -> RunConfig {
     RunConfig {
         external_tools: vec![lookup_spec()],
+        // Issue 32: one agent offered as a tool.
+        agents: vec!["helper@1".into()],
+        child_agents: vec![glia_proto::ChildAgent {
+            name: "helper".into(),
+            version: 1,
+            content_hash: format!("sha256:{}", "0".repeat(64)),
+            description: "Helps.".into(),
+        }],
         policies: vec![
             Policy {
                 tool: "refund".into(),
@@ -621,6 +633,33 @@ fn respond(
             due_at_ms: timeout_at_ms.unwrap_or(i64::MAX),
             event: None,
         },
+        // Issue 32: a child ends, succeeded or not, with some spend.
+        PullPoint::AwaitingChildren { call_ids } => {
+            let call_id = call_ids[choices.pick(call_ids.len())].clone();
+            let outcome = match choices.pick(3) {
+                0 => Outcome::Succeeded {
+                    answer: WORDS[choices.pick(WORDS.len())].to_owned(),
+                    output: None,
+                },
+                1 => Outcome::Failed {
+                    error: "the child failed".into(),
+                },
+                _ => Outcome::Cancelled {
+                    reason: "cancelled".into(),
+                },
+            };
+            Payload::ChildEnded {
+                call_id,
+                child_run_id: Some(uuid::Uuid::from_u128(choices.pick(1000) as u128)),
+                outcome,
+                usage: glia_proto::Usage {
+                    input_tokens: choices.pick(50) as u64,
+                    output_tokens: choices.pick(50) as u64,
+                    ..glia_proto::Usage::default()
+                },
+                cost_usd_micros: choices.pick(100) as u64,
+            }
+        }
     };
     Action::Advance(Some(resume))
 }
@@ -663,6 +702,14 @@ fn misfit(pull_point: &PullPoint) -> Payload {
         PullPoint::AwaitingTimer { .. } | PullPoint::AwaitingEvent { .. } => Payload::Wake {
             due_at_ms: i64::MIN,
             event: None,
+        },
+        // Issue 32: the end of a child for a call that started none.
+        PullPoint::AwaitingChildren { .. } => Payload::ChildEnded {
+            call_id: "no_such_call".into(),
+            child_run_id: None,
+            outcome: Outcome::Failed { error: "x".into() },
+            usage: glia_proto::Usage::default(),
+            cost_usd_micros: 0,
         },
     }
 }
@@ -962,7 +1009,7 @@ fn names(log: &[Event]) -> Vec<String> {
 fn the_scenarios_reach_every_pull_point_and_disposition() {
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..64 {
+    for _ in 0..96 {
         let s = scenario()
             .new_tree(&mut runner)
             .expect("a scenario")
@@ -1013,6 +1060,10 @@ fn the_scenarios_reach_every_pull_point_and_disposition() {
         "session.cancel",
         "session.complete",
         "error",
+        // Issue 32, child runs.
+        "awaiting_children",
+        "Child",
+        "child.ended",
     ];
     let missing: Vec<&str> = expected
         .into_iter()

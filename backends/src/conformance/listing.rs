@@ -71,6 +71,9 @@ async fn admit(log: &dyn EventLog, tenant: &str, f: &Fixture) -> RunSummary {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             custom_id: Some(format!("item-{}", s.run_id)),
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         })
         .await
         .unwrap();

@@ -171,6 +171,16 @@ pub struct RunSummary {
     /// Who erased it (a token's name, or `retention` for the sweeper).
     #[serde(default)]
     pub erased_by: Option<String>,
+    // Issue 32, child runs.
+    /// The run whose agent-tool call started this one (`docs/child-runs.md`).
+    #[serde(default)]
+    pub parent_run_id: Option<Uuid>,
+    /// That call's id in the parent.
+    #[serde(default)]
+    pub parent_call_id: Option<String>,
+    /// 0 for a run a client started, the parent's depth + 1 for a child.
+    #[serde(default)]
+    pub depth: u32,
 }
 
 impl RunSummary {
@@ -202,6 +212,9 @@ impl RunSummary {
             trace_id: trace_id(state.run_id),
             erased_at: None,
             erased_by: None,
+            parent_run_id: new.parent_run_id,
+            parent_call_id: new.parent_call_id.clone(),
+            depth: new.depth,
         };
         run.updated(state, now)
     }
@@ -342,6 +355,13 @@ pub struct NewRun {
     pub metadata: BTreeMap<String, String>,
     /// The batch item's `custom_id`, for a run of a batch.
     pub custom_id: Option<String>,
+    // Issue 32, child runs.
+    /// The parent run, for a child run.
+    pub parent_run_id: Option<Uuid>,
+    /// The parent's call that started it.
+    pub parent_call_id: Option<String>,
+    /// 0, or the parent's depth + 1.
+    pub depth: u32,
 }
 
 /// Which runs to list: newest first (by `run_id` descending; run ids are
@@ -377,6 +397,11 @@ pub struct RunFilter {
     /// Only runs whose [`RunSummary::error`] contains this text, compared
     /// case-insensitively (ASCII and Unicode simple case folding).
     pub q: Option<String>,
+    /// Issue 32: only the children of this run.
+    pub parent: Option<Uuid>,
+    /// Issue 32: only runs parked at this pull point (its name, e.g.
+    /// `awaiting_children`); for the dispatcher's loops, not the API.
+    pub pull_point: Option<String>,
     /// Page cursor: only runs older than this one (ids below it).
     pub before: Option<Uuid>,
     /// Page size (1 to 1,000; 0 reads as 1).
@@ -389,6 +414,7 @@ impl RunFilter {
     pub fn has_nul(&self) -> bool {
         let nul = |s: &String| s.contains('\0');
         self.tenant.as_ref().is_some_and(nul)
+            || self.pull_point.as_ref().is_some_and(nul)
             || self.agent.as_ref().is_some_and(nul)
             || self.q.as_ref().is_some_and(nul)
             || self.tags.iter().any(nul)
@@ -416,6 +442,11 @@ impl RunFilter {
                 .metadata
                 .iter()
                 .all(|(k, v)| run.metadata.get(k) == Some(v))
+            && self.parent.is_none_or(|p| run.parent_run_id == Some(p))
+            && self.pull_point.as_ref().is_none_or(|n| {
+                run.status == RunStatus::Parked
+                    && run.pull_point.as_ref().map(PullPoint::name) == Some(n.as_str())
+            })
             && self.created_after.is_none_or(|t| run.created_at >= t)
             && self.created_before.is_none_or(|t| run.created_at < t)
             && self
@@ -695,7 +726,8 @@ pub struct LogGauges {
 /// The dedupe key of a payload: approvals are accepted once per approval
 /// request (its `request_seq`; without one, per call and arguments hash),
 /// escalations once per approval request, external results once per call,
-/// a cancel once ([`CANCEL_KEY`]); other payloads are not deduplicated. So
+/// a cancel once ([`CANCEL_KEY`]), a child's end once per call and child
+/// run; other payloads are not deduplicated. So
 /// a call that is asked about again (after a crash), or a later call that
 /// reuses a call id (some providers number ids per response), can still be
 /// decided.
@@ -725,6 +757,14 @@ pub fn dedupe_key(payload: &Payload) -> Option<String> {
             event: None,
         } => Some(format!("wake:{due_at_ms}")),
         // --- end waits ---
+        // Issue 32: a child's end once per call and child. (A child that
+        // never started has no id: such a post is not deduplicated here, and
+        // a second one is dropped by the worker, the call having its result.)
+        Payload::ChildEnded {
+            call_id,
+            child_run_id: Some(child),
+            ..
+        } => Some(format!("child:{call_id}:{child}")),
         _ => None,
     }
 }

@@ -7,6 +7,7 @@ use glia_backends::memory::{MemoryLog, MemoryQueue};
 async fn memory_log_conformance() {
     conformance::all(|| async { MemoryLog::default() }).await;
     conformance::listing::all(|| async { MemoryLog::default() }).await;
+    conformance::children::all(|| async { MemoryLog::default() }).await;
 }
 
 #[tokio::test]

@@ -36,6 +36,9 @@ fn new_run(tenant: &str, key: Option<&str>, start: &Event) -> NewRun {
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     }
 }
 
@@ -188,6 +191,7 @@ async fn postgres_log_conformance() {
         };
         conformance::all(fresh).await;
         conformance::listing::all(fresh).await;
+        conformance::children::all(fresh).await;
     }
 }
 

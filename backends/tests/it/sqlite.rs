@@ -35,6 +35,7 @@ async fn sqlite_log_conformance() {
     };
     conformance::all(fresh).await;
     conformance::listing::all(fresh).await;
+    conformance::children::all(fresh).await;
 }
 
 #[tokio::test]
@@ -90,6 +91,9 @@ async fn events_are_append_only() {
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();
@@ -118,6 +122,9 @@ async fn what_was_committed_survives_a_restart() {
             tags: Vec::new(),
             metadata: Default::default(),
             custom_id: None,
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         })
         .await
         .unwrap();
@@ -193,6 +200,9 @@ async fn what_was_committed_survives_a_restart() {
             tags: Vec::new(),
             metadata: Default::default(),
             custom_id: None,
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         })
         .await
         .unwrap();
@@ -342,6 +352,9 @@ async fn writes_batched_together_fail_alone() {
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();

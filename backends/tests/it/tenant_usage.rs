@@ -136,6 +136,9 @@ async fn admit(log: &dyn RunLog, tenant: &str, events: Vec<Event>) {
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();

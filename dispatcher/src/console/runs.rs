@@ -311,6 +311,9 @@ fn source_text(spec: Option<&ToolSpec>) -> String {
                 format!("MCP server {server:?}, tool {tool:?}")
             }
             Some(ToolSource::Http { url, .. }) => format!("HTTP {url}"),
+            Some(ToolSource::Agent { agent, .. }) => {
+                format!("agent {agent}: a child run answers it")
+            }
             None => "worker (a registered tool)".into(),
         },
     }
@@ -374,6 +377,9 @@ fn pull_text(p: &PullPoint) -> String {
                 glia_proto::wait::rfc3339_ms(t)
             ))
         ),
+        PullPoint::AwaitingChildren { call_ids } => {
+            format!("awaiting child runs ({})", call_ids.join(", "))
+        }
     }
 }
 
@@ -632,6 +638,7 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
                 Disposition::Approval => "waits for a person's approval".into(),
                 // issue 32: waits
                 Disposition::Wait { wait } => wait_text(wait),
+                Disposition::Child => "starts a child run (the run waits for it to end)".into(),
                 Disposition::Refused { error, message } => {
                     x.failed = true;
                     format!("refused ({}): {message}", snake(error))
@@ -937,6 +944,46 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
                 x.texts.push(Text::new("detail", &t, cuts));
             }
         }
+        // Issue 32, child runs.
+        EventKind::ChildEnded {
+            call_id,
+            child_run_id,
+            agent,
+            outcome,
+            usage,
+            cost_usd_micros,
+        } => {
+            x.group = "tool";
+            x.facts.push(fact("call", call_id.clone()));
+            x.facts.push(fact(
+                "child run",
+                child_run_id.map_or_else(|| "not started".to_owned(), |id| id.to_string()),
+            ));
+            x.facts.push(fact(
+                "tokens",
+                format!("{} in · {} out", usage.input_tokens, usage.output_tokens),
+            ));
+            x.facts.push(fact("cost", usd(*cost_usd_micros)));
+            match outcome {
+                Outcome::Succeeded { answer, output } => {
+                    x.title = format!("Child run of {agent} succeeded");
+                    match output {
+                        Some(o) => x.texts.push(Text::new("output", &pretty(o), cuts)),
+                        None => x.texts.push(Text::new("answer", answer, cuts)),
+                    }
+                }
+                Outcome::Failed { error } => {
+                    x.failed = true;
+                    x.title = format!("Child run of {agent} failed");
+                    x.texts.push(Text::new("error", error, cuts));
+                }
+                Outcome::Cancelled { reason } => {
+                    x.failed = true;
+                    x.title = format!("Child run of {agent} was cancelled");
+                    x.texts.push(Text::new("reason", reason, cuts));
+                }
+            }
+        }
     }
     x
 }
@@ -1173,10 +1220,32 @@ async fn run_page(
     let earlier = (from > 1).then(|| from.saturating_sub(PAGE_EVENTS).max(1));
     let later = (!tail).then_some(to + 1);
     let live = (tail && !h.done).then(|| format!("/console/runs/{run_id}/live?after={shown_to}"));
+    // Issue 32, child runs: the parent's link and the children's list.
+    let parent = run.parent_run_id.map(|id| {
+        serde_json::json!({"id": id.to_string(), "call": run.parent_call_id.clone().unwrap_or_default(), "depth": run.depth})
+    });
+    let children = match crate::control::children_of(&app, run_id).await {
+        Ok(children) => children
+            .iter()
+            .rev()
+            .map(|c| {
+                serde_json::json!({
+                    "id": c.run_id.to_string(),
+                    "call": c.parent_call_id.clone().unwrap_or_default(),
+                    "agent": c.agent.as_ref().map(|a| format!("{a}@{}", c.agent_version.unwrap_or(0))),
+                    "status": c.outcome.as_ref().map_or_else(
+                        || c.pull_point.as_ref().map_or_else(|| c.status.as_str().to_owned(), |p| p.name().to_owned()),
+                        |o| glia_backends::OutcomeKind::of(o).as_str().to_owned(),
+                    ),
+                })
+            })
+            .collect::<Vec<_>>(),
+        Err(e) => return log_error_page(&s, e),
+    };
     html(
         StatusCode::OK,
         "console_run.html",
-        context! { who => s.principal.by(), csrf => s.csrf, h, entries, run_id, earlier, later, live, from, to => shown_to },
+        context! { who => s.principal.by(), csrf => s.csrf, h, entries, run_id, earlier, later, live, from, to => shown_to, parent, children },
     )
 }
 

@@ -210,6 +210,10 @@ pub async fn resume(
         accepted.inbox_ids.push(inbox_id);
         accepted.kinds.push(kind.into());
     }
+    // Issue 32: the children this run's pause paused resume with it.
+    if operator.is_some() {
+        crate::control::resume_children(&app, id, &p.by()).await;
+    }
     Ok((StatusCode::ACCEPTED, Json(accepted)))
 }
 

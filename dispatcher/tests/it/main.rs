@@ -8,6 +8,7 @@ mod agents;
 mod approvals;
 mod bad_input;
 mod batches;
+mod children;
 mod console;
 mod console_more;
 mod contract;

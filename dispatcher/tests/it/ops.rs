@@ -773,6 +773,9 @@ async fn parked_with_expired_approval(h: &common::H, action: glia_proto::Approva
             tags: Vec::new(),
             metadata: Default::default(),
             custom_id: None,
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         })
         .await
         .unwrap();

@@ -148,6 +148,9 @@ async fn run_of(log: &dyn RunLog, tenant: &str, running: bool) -> Uuid {
         metadata: Default::default(),
         custom_id: None,
         start,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();

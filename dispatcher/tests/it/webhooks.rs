@@ -87,6 +87,9 @@ async fn parked_run(log: &dyn RunLog, tenant: &str) -> (uuid::Uuid, RunState) {
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();

@@ -429,6 +429,7 @@ fn disposition() -> impl Strategy<Value = Disposition> {
         prop::option::of(text()).prop_map(|reminder| Disposition::Run { reminder }),
         Just(Disposition::External),
         Just(Disposition::Approval),
+        Just(Disposition::Child),
         (tool_error_kind(), text())
             .prop_map(|(error, message)| Disposition::Refused { error, message }),
         wait().prop_map(|wait| Disposition::Wait { wait }),
@@ -517,6 +518,7 @@ fn pull_point() -> impl Strategy<Value = PullPoint> {
                 keys,
                 timeout_at_ms
             }),
+        call_ids().prop_map(|call_ids| PullPoint::AwaitingChildren { call_ids }),
     ]
 }
 
@@ -775,6 +777,26 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
                 removed,
                 changed,
             }),
+        (
+            text(),
+            prop::option::of(uuid()),
+            text(),
+            outcome(),
+            usage(),
+            any::<u64>()
+        )
+            .prop_map(
+                |(call_id, child_run_id, agent, outcome, usage, cost_usd_micros)| {
+                    EventKind::ChildEnded {
+                        call_id,
+                        child_run_id,
+                        agent,
+                        outcome,
+                        usage,
+                        cost_usd_micros,
+                    }
+                }
+            ),
     ]
 }
 
@@ -846,6 +868,22 @@ fn resume() -> impl Strategy<Value = Payload> {
                         received_at_ms,
                     }
                 }),
+            }),
+        (
+            text(),
+            prop::option::of(uuid()),
+            outcome(),
+            usage(),
+            any::<u64>()
+        )
+            .prop_map(|(call_id, child_run_id, outcome, usage, cost_usd_micros)| {
+                Payload::ChildEnded {
+                    call_id,
+                    child_run_id,
+                    outcome,
+                    usage,
+                    cost_usd_micros,
+                }
             }),
     ]
 }
@@ -960,6 +998,7 @@ fn variant_index(kind: &EventKind) -> usize {
         EventKind::ToolSourceUnavailable { .. } => 28,
         EventKind::ToolsChanged { .. } => 29,
         EventKind::ApprovalContested { .. } => 30,
+        EventKind::ChildEnded { .. } => 31,
     }
 }
 
@@ -977,6 +1016,7 @@ fn resume_variant_index(resume: &Payload) -> usize {
         Payload::Pause { .. } => 8,
         Payload::ApprovalContested { .. } => 9,
         Payload::Wake { .. } => 10,
+        Payload::ChildEnded { .. } => 11,
     }
 }
 
@@ -995,11 +1035,11 @@ fn variants_seen<T: Debug>(
 fn the_strategies_cover_every_variant() {
     assert_eq!(
         variants_seen(event_kind(), variant_index),
-        (0..31).collect()
+        (0..32).collect()
     );
     assert_eq!(
         variants_seen(resume(), resume_variant_index),
-        (0..11).collect()
+        (0..12).collect()
     );
 }
 
@@ -1102,6 +1142,17 @@ fn every_event_serialises_under_its_name() {
             removed: vec!["a".into()],
             changed: vec!["c".into()],
         },
+        EventKind::ChildEnded {
+            call_id: "c".into(),
+            child_run_id: Some(Uuid::nil()),
+            agent: "refund@2".into(),
+            outcome: Outcome::Succeeded {
+                answer: "refunded".into(),
+                output: None,
+            },
+            usage: Usage::default(),
+            cost_usd_micros: 10,
+        },
     ];
     let expected = [
         "session.start",
@@ -1117,6 +1168,7 @@ fn every_event_serialises_under_its_name() {
         "tool.recovered",
         "tool_source.unavailable",
         "tools.changed",
+        "child.ended",
     ];
     for (kind, name) in kinds.into_iter().zip(expected) {
         assert_eq!(kind.name(), name);

@@ -690,6 +690,9 @@ async fn estimated_usage_counts_against_the_tenant_daily_cap() {
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();

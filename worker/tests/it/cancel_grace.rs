@@ -197,6 +197,9 @@ async fn a_cancel_lets_running_calls_finish_within_their_grace_and_abandons_the_
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();

@@ -252,6 +252,9 @@ impl Fleet {
                 tags: Vec::new(),
                 metadata: Default::default(),
                 custom_id: None,
+                parent_run_id: None,
+                parent_call_id: None,
+                depth: 0,
             })
             .await
             .unwrap();
@@ -332,6 +335,10 @@ impl Fleet {
                     due_at_ms: timeout_at_ms.unwrap_or(i64::MAX),
                     event: None,
                 },
+                // Issue 32: these runs offer no agents.
+                Some(PullPoint::AwaitingChildren { .. }) => {
+                    panic!("no run here calls an agent")
+                }
             };
             self.log.post(run_id, payload).await.unwrap();
         }
@@ -776,6 +783,9 @@ async fn submit_model(fleet: &Fleet, model: &str) -> Uuid {
             tags: Vec::new(),
             metadata: Default::default(),
             custom_id: None,
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         })
         .await
         .unwrap();

@@ -253,6 +253,9 @@ impl Setup {
                 tags: Vec::new(),
                 metadata: Default::default(),
                 custom_id: None,
+                parent_run_id: None,
+                parent_call_id: None,
+                depth: 0,
             })
             .await
             .unwrap();

@@ -142,6 +142,9 @@ async fn a_posted_payload_resumes_the_run_through_its_hint_alone_even_after_the_
         tags: Vec::new(),
         metadata: Default::default(),
         custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
     })
     .await
     .unwrap();

@@ -178,6 +178,9 @@ impl Fleet {
                 tags: Vec::new(),
                 metadata: Default::default(),
                 custom_id: None,
+                parent_run_id: None,
+                parent_call_id: None,
+                depth: 0,
             })
             .await
             .unwrap();

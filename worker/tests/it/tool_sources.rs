@@ -100,6 +100,9 @@ async fn no_run_stays_at_its_first_event_when_its_server_cannot_list_tools() {
             tags: Vec::new(),
             metadata: Default::default(),
             custom_id: None,
+            parent_run_id: None,
+            parent_call_id: None,
+            depth: 0,
         })
         .await
         .unwrap();
