@@ -6,7 +6,7 @@
 //! codes, content types, headers and bodies as documented; what the document
 //! allows is accepted and what it forbids refused; authentication is not
 //! ignored. The number of examples per operation is bounded (a seed makes
-//! runs repeatable) so the test takes well under two minutes.
+//! runs repeatable); with some 50 operations the test takes about three minutes.
 //!
 //! Where schemathesis is: `GLIA_SCHEMATHESIS`, else `.ci/venv/bin/schemathesis`
 //! under the workspace, else `schemathesis` on `PATH`. When none is there the
