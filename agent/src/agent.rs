@@ -872,7 +872,8 @@ impl Agent {
     /// call order (a timer due at or before `due_at_ms`: when it woke; an
     /// event wait: the event, or at its timeout a `timed_out` result). A
     /// wake that ends nothing (a duplicate, a wait already over) is refused
-    /// as an invalid resume, and the worker drops it.
+    /// as an invalid resume, and the worker drops it. A run parked for its
+    /// start time (`start_at`, no calls) is started: `session.resume`.
     async fn wake(
         &self,
         run: &mut Run<'_>,
@@ -880,6 +881,21 @@ impl Agent {
         event: Option<glia_proto::ArrivedEvent>,
     ) -> Result<(), AgentError> {
         use glia_proto::wait::{Wait, event_result, timeout_result, timer_result};
+        // A delayed start (`start_at`): parked on a timer with no calls; its
+        // wake starts the run.
+        if let Some(PullPoint::AwaitingTimer {
+            call_ids,
+            wake_at_ms,
+        }) = &run.state.parked
+            && call_ids.is_empty()
+        {
+            if event.is_some() || *wake_at_ms > due_at_ms {
+                return Err(AgentError::InvalidResume(
+                    "the run waits for its start time; this wake is not it".into(),
+                ));
+            }
+            return run.record(EventKind::SessionResume { by: None }).await;
+        }
         let now_ms = run.clock.now().timestamp_millis();
         let ended: Vec<(String, String)> = run
             .state

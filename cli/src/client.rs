@@ -378,8 +378,19 @@ pub struct SubmitArgs {
     /// Do not follow the run's events; print its id and return.
     #[arg(long)]
     detach: bool,
+    /// Start the run later: an RFC 3339 time with an offset, at most 366
+    /// days ahead (`docs/waits.md`). The run is admitted now and parks at
+    /// `awaiting_timer` until then.
+    #[arg(long, value_name = "RFC3339", value_parser = parse_start_at)]
+    start_at: Option<chrono::DateTime<chrono::FixedOffset>>,
     /// The goal.
     goal: String,
+}
+
+fn parse_start_at(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, String> {
+    chrono::DateTime::parse_from_rfc3339(s).map_err(|e| {
+        format!("{s:?} is not an RFC 3339 time with an offset (2026-12-07T10:00:00Z): {e}")
+    })
 }
 
 /// Create a run and stream its events until it parks or ends. Exits with an
@@ -393,6 +404,10 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
         }
         (None, None) => json!({ "goal": args.goal, "config": RunConfig::default() }),
     };
+    let mut body = body;
+    if let Some(at) = args.start_at {
+        body["start_at"] = json!(at.to_rfc3339());
+    }
     let client = http_client()?;
     let key = args
         .idempotency_key
@@ -1570,6 +1585,16 @@ mod tests {
     use axum::routing::post;
 
     use super::*;
+
+    #[test]
+    fn a_start_time_is_rfc3339_with_an_offset() {
+        let at = parse_start_at("2026-12-08T09:00:00+01:00").unwrap();
+        assert_eq!(at.timestamp(), 1_796_716_800, "08:00 UTC");
+        for bad in ["tomorrow", "2026-12-08T09:00:00", "2026-12-08"] {
+            let e = parse_start_at(bad).unwrap_err();
+            assert!(e.contains("RFC 3339") && e.contains(bad), "{e}");
+        }
+    }
 
     /// A dispatcher stand-in on a loopback port whose `POST /v1/runs` fails
     /// with `failing` for the first `failures` requests, then answers 201

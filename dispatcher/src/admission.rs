@@ -144,6 +144,24 @@ pub(crate) fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
             reason: "is set by the dispatcher from `agents`".into(),
         });
     }
+    if req.config.start_at_ms.is_some() {
+        return Err(ApiError::InvalidField {
+            field: "config.start_at_ms".into(),
+            reason: "is set by the dispatcher: give the start time in `start_at`".into(),
+        });
+    }
+    if let Some(at) = req.start_at {
+        let ahead = at.timestamp_millis() - Utc::now().timestamp_millis();
+        if ahead > glia_proto::wait::MAX_WAIT_MS {
+            return Err(ApiError::InvalidField {
+                field: "start_at".into(),
+                reason: format!(
+                    "{} is more than 366 days ahead, the longest wait",
+                    at.to_rfc3339()
+                ),
+            });
+        }
+    }
     req.config.validate().map_err(|e| ApiError::InvalidField {
         field: format!("config.{}", e.field),
         reason: e.reason,
@@ -173,6 +191,15 @@ pub(crate) async fn run_config(
     tenant: &str,
     req: &CreateRun,
 ) -> Result<RunConfig, ApiError> {
+    let mut config = resolved_config(app, tenant, req).await?;
+    // Issue 32: a delayed start rides in the frozen config (`session.start`
+    // parks the run until then).
+    config.start_at_ms = req.start_at.map(|at| at.timestamp_millis());
+    Ok(config)
+}
+
+/// [`run_config`] before the start time: the request's config or agent.
+async fn resolved_config(app: &App, tenant: &str, req: &CreateRun) -> Result<RunConfig, ApiError> {
     validate_run(req)?;
     let Some(agent) = &req.agent else {
         catalogue_check(app, &req.config)?;

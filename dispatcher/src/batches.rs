@@ -110,6 +110,7 @@ pub(crate) async fn check_spec(
         agent: spec.agent.clone(),
         tags: Vec::new(),
         metadata: Default::default(),
+        start_at: None,
     };
     let config = run_config(app, tenant, &probe).await?;
     if let Some(agent) = &config.agent {
@@ -251,6 +252,7 @@ pub(crate) fn prepare(
                 agent: None,
                 tags: Vec::new(),
                 metadata: Default::default(),
+                start_at: None,
             };
             let checked =
                 validate_run(&probe).and_then(|()| catalogue_check(&rules.app, &probe.config));
@@ -644,6 +646,7 @@ async fn admit_item(
         agent: spec.agent,
         tags,
         metadata,
+        start_at: None,
     };
     let key = format!("glia-batch:{}:{}", claim.batch_id, claim.custom_id);
     let run = match admit_run(app, tenant, Some(key), &req, Some(&claim.custom_id)).await {

@@ -70,6 +70,13 @@ pub struct CreateRun {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schema(value_type = BTreeMap<String, String>)]
     pub metadata: BTreeMap<String, String>,
+    /// Issue 32, a delayed start (`docs/waits.md`): an RFC 3339 time with an
+    /// offset; the run is admitted now (its id, its idempotency) and parks
+    /// at `awaiting_timer` with no calls until then, holding no worker. A
+    /// time already past starts it at once; more than 366 days ahead is 422
+    /// naming `start_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<DateTime<Utc>>,
 }
 
 /// A page of runs, newest first.

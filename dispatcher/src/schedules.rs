@@ -336,6 +336,7 @@ pub fn run_request(
         agent: agent_ref(def),
         tags: def.tags.clone(),
         metadata,
+        start_at: None,
     })
 }
 

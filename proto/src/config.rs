@@ -307,6 +307,15 @@ run_fields! {
         #[serde(skip_serializing_if = "Vec::is_empty")]
         #[cfg_attr(feature = "schemars", schemars(skip))]
         pub child_agents: Vec<crate::children::ChildAgent>,
+        /// Issue 32, a delayed start (`docs/waits.md`): when the run is to
+        /// start, Unix ms (UTC). A run whose `session.start` is recorded
+        /// before this time parks at `awaiting_timer` with no calls until the
+        /// dispatcher wakes it ([`crate::Payload::Wake`]); a time already
+        /// past starts it at once. Set by the dispatcher from a request's
+        /// `start_at`; refused in a request's config.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "schemars", schemars(skip))]
+        pub start_at_ms: Option<i64>,
     }
 }
 
@@ -386,6 +395,7 @@ impl Default for RunConfig {
             // Issue 32, child runs.
             agents: Vec::new(),
             child_agents: Vec::new(),
+            start_at_ms: None,
         }
     }
 }

@@ -363,7 +363,9 @@ pub enum EventKind {
     /// An operator resumed a paused run or, when a pause is requested and not
     /// yet in effect (`session.pause_requested`), withdrew that request (the
     /// run stays where it is; a second resume resumes a run paused for
-    /// another reason).
+    /// another reason). With `by` null it is glia's own: a budget extension
+    /// ended a budget pause, or a delayed run's start time came (issue 32:
+    /// it leaves `awaiting_timer` with no calls).
     #[serde(rename = "session.resume")]
     SessionResume {
         /// Who, free text.

@@ -392,6 +392,17 @@ impl RunState {
                 self.limits = config.budget;
                 self.messages = vec![Message::user(self.goal.clone())];
                 self.phase = Phase::Planning;
+                // Issue 32, a delayed start: parked on a timer with no calls
+                // until the start time (decided against the event's own
+                // time, so replay parks the same way).
+                if let Some(start_at_ms) = config.start_at_ms
+                    && start_at_ms > event.at.timestamp_millis()
+                {
+                    self.parked = Some(PullPoint::AwaitingTimer {
+                        call_ids: Vec::new(),
+                        wake_at_ms: start_at_ms,
+                    });
+                }
             }
             EventKind::PlanDraft {
                 usage,
@@ -1063,7 +1074,16 @@ impl RunState {
                 }
                 self.pause_due = Some(reason.clone());
             }
-            EventKind::SessionResume { .. } => match &self.parked {
+            EventKind::SessionResume { by } => match &self.parked {
+                // Issue 32: the start time of a delayed run came (the
+                // worker's answer to its wake; an operator's resume never
+                // starts it early). A pause requested meanwhile stays due and
+                // takes effect before the first step.
+                Some(PullPoint::AwaitingTimer { call_ids, .. })
+                    if call_ids.is_empty() && by.is_none() =>
+                {
+                    self.parked = None
+                }
                 // A pause not yet in effect is withdrawn first (a run parked
                 // at another pause stays there: a second resume resumes it).
                 _ if self.pause_due.is_some() => self.pause_due = None,

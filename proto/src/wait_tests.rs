@@ -304,3 +304,59 @@ fn erased_waits_still_replay() {
     let erased = serde_json::to_string(&wake.erased()).unwrap();
     assert!(!erased.contains("x.example") && !erased.contains("s3cr3t"));
 }
+
+fn delayed(start_at_ms: i64) -> EventKind {
+    EventKind::SessionStart {
+        redactions: Vec::new(),
+        goal: "g".into(),
+        config: RunConfig {
+            start_at_ms: Some(start_at_ms),
+            ..RunConfig::default()
+        },
+    }
+}
+
+#[test]
+fn a_delayed_start_parks_on_a_timer_with_no_calls_until_glia_resumes_it() {
+    let mut log = Log::new();
+    log.ok(delayed(5_000));
+    let park = PullPoint::AwaitingTimer {
+        call_ids: vec![],
+        wake_at_ms: 5_000,
+    };
+    assert_eq!(log.state.status(), Status::Parked(park.clone()));
+    assert_eq!(log.phase(), Phase::Planning);
+    // Nothing moves it but its wake: no plan, no operator's resume.
+    log.refused(EventKind::PlanCommit {
+        steps: vec!["a".into()],
+    });
+    log.refused(EventKind::SessionResume {
+        by: Some("ops".into()),
+    });
+    // A pause requested while it waits stays due past the start.
+    log.ok(EventKind::SessionPauseRequested {
+        reason: "hold".into(),
+        by: Some("ops".into()),
+    });
+    log.ok(EventKind::SessionResume { by: None });
+    assert_eq!(log.state.status(), Status::Runnable);
+    assert_eq!(log.state.pause_due.as_deref(), Some("hold"));
+    assert!(log.state.pausable());
+    let replayed = RunState::replay(Uuid::nil(), &log.events).unwrap();
+    assert_eq!(replayed, log.state, "replay equals the live state");
+    let checkpoint: RunState =
+        serde_json::from_str(&serde_json::to_string(&log.state).unwrap()).unwrap();
+    assert_eq!(checkpoint, log.state);
+}
+
+#[test]
+fn a_start_time_not_after_session_start_starts_at_once() {
+    // The test log's events are at the Unix epoch.
+    let mut log = Log::new();
+    log.ok(delayed(0));
+    assert_eq!(log.state.status(), Status::Runnable);
+    log.refused(EventKind::SessionResume { by: None });
+    let mut log = Log::new();
+    log.ok(delayed(-1));
+    assert_eq!(log.state.status(), Status::Runnable);
+}

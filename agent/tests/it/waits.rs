@@ -352,3 +352,60 @@ async fn resuming_from_the_checkpoint_gives_the_same_log() {
     assert!(matches!(state_b.outcome, Some(Outcome::Succeeded { .. })));
     assert_replays(&log_a, &state_a);
 }
+
+#[tokio::test]
+async fn a_delayed_start_waits_for_its_wake_then_runs_from_the_top() {
+    let (agent, provider) = agent(vec![ScriptedTurn::text("Reconciled.")]);
+    let config = RunConfig {
+        start_at_ms: Some(5_000),
+        ..RunConfig::default()
+    };
+    let mut log = Vec::new();
+    let (mut state, status) = agent
+        .run(run_id(), "reconcile", config, &mut log)
+        .await
+        .unwrap();
+    assert_eq!(
+        status,
+        Status::Parked(PullPoint::AwaitingTimer {
+            call_ids: vec![],
+            wake_at_ms: 5_000
+        })
+    );
+    assert_eq!(log.len(), 1, "only session.start: {log:?}");
+    assert!(
+        provider.requests().is_empty(),
+        "no model call before the start"
+    );
+    // Not its wake: an earlier time, an event. Refused, nothing recorded.
+    for wrong in [
+        Payload::Wake {
+            due_at_ms: 4_999,
+            event: None,
+        },
+        Payload::Wake {
+            due_at_ms: 5_000,
+            event: Some(signed("k")),
+        },
+    ] {
+        let r = agent.advance(&mut state, Some(wrong), &mut log).await;
+        assert!(matches!(r, Err(AgentError::InvalidResume(_))), "{r:?}");
+        assert_eq!(log.len(), 1);
+    }
+    let wake = wake_at(&state);
+    let status = agent
+        .advance(&mut state, Some(wake), &mut log)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&status, Status::Done(Outcome::Succeeded { answer, .. }) if answer == "Reconciled."),
+        "{status:?}"
+    );
+    assert_eq!(
+        log[1].kind,
+        EventKind::SessionResume { by: None },
+        "the start is recorded as glia's resume"
+    );
+    assert_eq!(provider.requests().len(), 1);
+    assert_replays(&log, &state);
+}

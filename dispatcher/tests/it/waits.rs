@@ -349,3 +349,122 @@ async fn a_due_timer_is_woken_once_however_often_the_loop_passes() {
         "a resume job goes with the wake"
     );
 }
+
+/// `req` with an `Idempotency-Key` header.
+fn idempotent(
+    mut req: axum::http::Request<axum::body::Body>,
+) -> axum::http::Request<axum::body::Body> {
+    req.headers_mut()
+        .insert("idempotency-key", "start-later-1".parse().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn start_at_admits_now_parks_until_then_and_is_woken_once() {
+    let h = harness();
+    let at = Utc::now() + chrono::Duration::hours(1);
+    let at_ms = at.timestamp_millis();
+    let body = json!({"goal": "later", "start_at": at.to_rfc3339()});
+    let r = send(
+        &h.router,
+        idempotent(request(
+            axum::http::Method::POST,
+            "/v1/runs",
+            Some(SUB_A),
+            Some(&body),
+        )),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let run: Uuid = r.body["run_id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(r.body["status"], "parked", "{}", r.body);
+    assert_eq!(
+        r.body["pull_point"],
+        json!({"kind": "awaiting_timer", "call_ids": [], "wake_at_ms": at_ms})
+    );
+    // The same request again is the same run; another start time is another
+    // request.
+    let again = send(
+        &h.router,
+        idempotent(request(
+            axum::http::Method::POST,
+            "/v1/runs",
+            Some(SUB_A),
+            Some(&body),
+        )),
+    )
+    .await;
+    assert_eq!(again.body["run_id"], r.body["run_id"], "{}", again.text);
+    let moved =
+        json!({"goal": "later", "start_at": (at + chrono::Duration::seconds(1)).to_rfc3339()});
+    let conflict = send(
+        &h.router,
+        idempotent(request(
+            axum::http::Method::POST,
+            "/v1/runs",
+            Some(SUB_A),
+            Some(&moved),
+        )),
+    )
+    .await;
+    assert_eq!(conflict.status, StatusCode::CONFLICT, "{}", conflict.text);
+
+    assert_eq!(waits_once(&h.app, at_ms - 1).await.unwrap().woken, 0);
+    assert_eq!(waits_once(&h.app, at_ms).await.unwrap().woken, 1);
+    assert_eq!(
+        waits_once(&h.app, at_ms + 1_000).await.unwrap().woken,
+        0,
+        "woken once"
+    );
+    let inbox: Vec<Payload> = h
+        .log
+        .inbox(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.payload)
+        .collect();
+    assert_eq!(
+        inbox,
+        vec![Payload::Wake {
+            due_at_ms: at_ms,
+            event: None
+        }]
+    );
+
+    // A time already past starts at once.
+    let past = json!({"goal": "now", "start_at": "2020-01-01T00:00:00Z"});
+    let r = post(&h, "/v1/runs", SUB_A, past).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(r.body["status"], "runnable", "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_bad_start_is_refused_naming_the_field_and_admits_nothing() {
+    let h = harness();
+    let before = snapshot(&h).await;
+    let far = (Utc::now() + chrono::Duration::days(400)).to_rfc3339();
+    let cases = [
+        (json!({"goal": "g", "start_at": far}), "start_at"),
+        (json!({"goal": "g", "start_at": "tomorrow"}), "start_at"),
+        (
+            json!({"goal": "g", "start_at": "2026-12-07T10:00:00"}),
+            "start_at",
+        ),
+        (
+            json!({"goal": "g", "config": {"start_at_ms": 1}}),
+            "start_at_ms",
+        ),
+    ];
+    for (body, field) in cases {
+        let r = post(&h, "/v1/runs", SUB_A, body.clone()).await;
+        assert!(
+            r.status.is_client_error(),
+            "{body}: {} {}",
+            r.status,
+            r.text
+        );
+        assert!(r.text.contains(field), "names {field}: {}", r.text);
+    }
+    assert_eq!(snapshot(&h).await, before, "nothing admitted");
+}

@@ -146,3 +146,48 @@ fn an_event_posted_before_the_wait_is_delivered_when_it_begins() {
     let got: Value = serde_json::from_str(&results[0]).unwrap();
     assert_eq!(got["payload"], json!({"by": "legal"}), "{got}");
 }
+
+#[test]
+fn a_delayed_start_parks_across_a_dispatcher_restart_and_runs_once_due() {
+    let mut fleet = Fleet::new(&[("later", json!([{"text": "started"}]))]);
+    fleet.start_dispatcher();
+    fleet.start_worker(2_000);
+    // Far enough ahead that a busy machine admits it before the time.
+    let start_at = chrono::Utc::now() + chrono::Duration::seconds(20);
+    let (status, run) = fleet.post(
+        "/v1/runs",
+        json!({"goal": "start in twenty seconds", "config": {"model": "script:later"},
+               "start_at": start_at.to_rfc3339()}),
+    );
+    assert_eq!(status, 201, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    assert!(parked_at(&run, "awaiting_timer"), "admitted parked: {run}");
+    assert_eq!(run["pull_point"]["call_ids"], json!([]), "{run}");
+    assert_eq!(
+        run["pull_point"]["wake_at_ms"],
+        json!(start_at.timestamp_millis())
+    );
+    assert_eq!(
+        fleet.live_leases_of("w0"),
+        0,
+        "no worker holds a run waiting to start"
+    );
+    fleet.restart_dispatcher();
+    let done = wait_run(&fleet, &id, "started and done", succeeded);
+    assert_answer(&done, "started");
+    let events = fleet.events(&id);
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(kinds[..2], ["session.start", "session.resume"], "{kinds:?}");
+    assert_eq!(events[1]["data"]["by"], Value::Null, "glia's own resume");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "session.resume").count(),
+        1,
+        "started once: {kinds:?}"
+    );
+    let first_call = events
+        .iter()
+        .find(|e| e["type"] == "model.call")
+        .expect("a model call");
+    let at = chrono::DateTime::parse_from_rfc3339(first_call["at"].as_str().unwrap()).unwrap();
+    assert!(at >= start_at, "never before its start time: {first_call}");
+}
