@@ -129,6 +129,24 @@ impl RunLog for MemoryLog {
         Ok(runs)
     }
 
+    async fn stranded_children(&self, limit: usize) -> Result<Vec<Uuid>, LogError> {
+        let inner = lock(&self.inner);
+        let done = |id: &Uuid| {
+            inner
+                .runs
+                .get(id)
+                .is_some_and(|p| p.summary.status == RunStatus::Done)
+        };
+        Ok(inner
+            .runs
+            .values()
+            .map(|r| &r.summary)
+            .filter(|s| s.status != RunStatus::Done && s.parent_run_id.as_ref().is_some_and(done))
+            .map(|s| s.run_id)
+            .take(limit)
+            .collect())
+    }
+
     async fn events(&self, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError> {
         let inner = lock(&self.inner);
         let r = inner.runs.get(&run_id).ok_or(LogError::NotFound(run_id))?;

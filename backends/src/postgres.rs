@@ -1340,6 +1340,24 @@ impl RunLog for PgLog {
         .await
     }
 
+    async fn stranded_children(&self, limit: usize) -> Result<Vec<Uuid>, LogError> {
+        self.bounded("stranded_children", async {
+            let client = self.client().await?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = client
+                .query(
+                    "SELECT c.id FROM runs c JOIN runs p ON p.id = c.parent_run_id \
+                     WHERE c.parent_run_id IS NOT NULL AND c.status <> 'done' \
+                       AND p.status = 'done' LIMIT $1",
+                    &[&limit],
+                )
+                .await
+                .map_err(|e| unavailable("stranded_children", &e))?;
+            rows.iter().map(|r| col(r, "id")).collect()
+        })
+        .await
+    }
+
     /// Filters become SQL predicates (one cached statement per combination),
     /// newest first: each selective filter has an index that reads the
     /// tenant's newest rows first (V13). A text filter with U+0000 (which no

@@ -1392,6 +1392,10 @@ impl Select {
 // ---------------------------------------------------------------------------
 // The event log
 
+/// [`RunLog::stranded_children`]: children not done whose parent is done.
+const STRANDED_SQL: &str = "SELECT c.id FROM runs c JOIN runs p ON p.id = c.parent_run_id \
+     WHERE c.parent_run_id IS NOT NULL AND c.status <> 'done' AND p.status = 'done' LIMIT ?1";
+
 #[async_trait]
 impl RunLog for SqliteLog {
     /// One transaction: the batch (created on first use), the run row,
@@ -1546,6 +1550,23 @@ impl RunLog for SqliteLog {
         self.store
             .read("list_runs", move |conn| {
                 select.rows(conn, "id DESC", limit, summary)
+            })
+            .await
+    }
+
+    async fn stranded_children(&self, limit: usize) -> Result<Vec<Uuid>, LogError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.store
+            .read("stranded_children", move |conn| {
+                let mut st = conn
+                    .prepare_cached(STRANDED_SQL)
+                    .map_err(db("stranded_children"))?;
+                let ids = st
+                    .query_map([limit], |row| row.get::<_, String>(0))
+                    .map_err(db("stranded_children"))?
+                    .collect::<Result<Vec<String>, _>>()
+                    .map_err(db("stranded_children"))?;
+                ids.iter().map(|id| uuid_of(id, "run id")).collect()
             })
             .await
     }

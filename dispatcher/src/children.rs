@@ -21,6 +21,10 @@
 //!   remainder, or its own, is spent), cancels it: nobody extends a
 //!   child's budget, and its parent gets the failure as a tool error.
 //!
+//! Every 5 s it also cancels the children of parents that are done
+//! ([`cancel_stranded`]): a cancel's cascade cut short by a crash, or a
+//! child admitted while its parent's cancel waited, ends all the same.
+//!
 //! Everything it acts on is read from the store each pass, so a dispatcher
 //! that dies between a child's end and the post leaves nothing lost: the
 //! next pass (of any dispatcher) posts it. The loop writes no event: it
@@ -56,14 +60,59 @@ pub const CHILD_KEY_META: &str = "glia.child_key";
 /// Who the loop posts and cancels as.
 const BY: &str = "glia-children";
 
-/// The children loop: [`sweep_once`] every [`SWEEP_EVERY`], for ever.
+/// How many [`SWEEP_EVERY`] passes between two looks for stranded
+/// children ([`cancel_stranded`]): every 5 s.
+const STRANDED_EVERY_PASSES: u32 = 20;
+
+/// The children loop: [`sweep_once`] every [`SWEEP_EVERY`], and
+/// [`cancel_stranded`] every 5 s, for ever.
 pub async fn children(app: App) {
+    let mut pass: u32 = 0;
     loop {
         if let Err(e) = sweep_once(&app).await {
             tracing::warn!("children sweep failed: {e}");
         }
+        if pass.is_multiple_of(STRANDED_EVERY_PASSES)
+            && let Err(e) = cancel_stranded(&app).await
+        {
+            tracing::warn!("stranded children not cancelled: {e}");
+        }
+        pass = pass.wrapping_add(1);
         tokio::time::sleep(SWEEP_EVERY).await;
     }
+}
+
+/// Cancel the children a done parent left behind
+/// ([`glia_backends::RunLog::stranded_children`]: its cancel's cascade
+/// was cut short by a crash, or a child was admitted while the parent's
+/// cancel waited to be applied), at most 1,000 a pass; each cancel
+/// cascades to the child's own children. No child outlives its parent.
+/// Answers how many cancels it posted. Errors: the store
+/// failed (a child whose cancel fails is logged and skipped).
+pub async fn cancel_stranded(app: &App) -> Result<usize, ApiError> {
+    let stranded = app.log.stranded_children(1000).await?;
+    let mut cancelled = 0;
+    for child in stranded {
+        // A cancel posted and not yet applied (no worker took it yet) is
+        // enough: posting nothing twice.
+        let inbox = app.log.inbox(child).await?;
+        if inbox
+            .iter()
+            .any(|i| matches!(i.payload, Payload::Cancel { .. }))
+        {
+            continue;
+        }
+        let parent = app.log.get_run(child).await?.parent_run_id;
+        let reason = match parent {
+            Some(p) => format!("the parent run {p} ended"),
+            None => "the parent run ended".to_owned(),
+        };
+        match cancel_run(app, child, &reason, BY).await {
+            Ok(_) => cancelled += 1,
+            Err(e) => tracing::warn!(run_id = %child, "stranded child not cancelled: {e}"),
+        }
+    }
+    Ok(cancelled)
 }
 
 /// One pass over every parent parked at `awaiting_children` (at most

@@ -1,8 +1,8 @@
 //! Issue 32, child runs: conformance of the parent link on runs
 //! ([`crate::NewRun::parent_run_id`], `parent_call_id`, `depth`), the
-//! listing's `parent` and `pull_point` filters, and idempotent child
-//! creation by the per-tenant key the dispatcher derives from the parent's
-//! call. Every adapter's tests run [`all`].
+//! listing's `parent` and `pull_point` filters, idempotent child creation
+//! by the per-tenant key the dispatcher derives from the parent's call, and
+//! the children a done parent left behind ([`crate::RunLog::stranded_children`]). Every adapter's tests run [`all`].
 
 use uuid::Uuid;
 
@@ -139,4 +139,40 @@ pub async fn children_link_dedupe_and_filter(log: &dyn EventLog) {
     assert_eq!(at_approval[0].run_id, parent.run_id);
     assert_eq!(at_approval[0].status, RunStatus::Parked);
     assert!(waiting("awaiting_children").await.is_empty());
+
+    // A child of a parent not done is not stranded; once the parent is done,
+    // its children not done are, until they end too.
+    let stranded = || async { log.stranded_children(100_000).await.unwrap() };
+    let before = stranded().await;
+    assert!(!before.contains(&first.run_id) && !before.contains(&second.run_id));
+    let mut all = p.parked.clone();
+    all.extend(p.rest.iter().cloned());
+    let done = glia_proto::RunState::replay(p.run_id, &all).unwrap();
+    assert_eq!(done.phase, glia_proto::Phase::Done);
+    log.commit(&lease, &p.rest, &done, &[]).await.unwrap();
+    let after = stranded().await;
+    assert!(
+        after.contains(&first.run_id) && after.contains(&second.run_id),
+        "{after:?}"
+    );
+    assert!(
+        !after.contains(&parent.run_id),
+        "a root run is never stranded"
+    );
+    let events = log.events(first.run_id, 0, 1).await.unwrap();
+    let mut child_log = events.clone();
+    let c = sample_log();
+    for e in c.parked.iter().chain(&c.rest).skip(1) {
+        let mut e = e.clone();
+        e.run_id = first.run_id;
+        child_log.push(e);
+    }
+    let child_done = glia_proto::RunState::replay(first.run_id, &child_log).unwrap();
+    let child_lease = log.acquire(first.run_id, "w", TTL).await.unwrap();
+    log.commit(&child_lease, &child_log[1..], &child_done, &[])
+        .await
+        .unwrap();
+    let after = stranded().await;
+    assert!(!after.contains(&first.run_id), "a child that ended is not");
+    assert!(after.contains(&second.run_id));
 }

@@ -43,6 +43,13 @@ pub trait RunLog: Send + Sync {
     /// A page of runs.
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, LogError>;
 
+    /// Issue 32, child runs: child runs not done whose parent is done (a
+    /// cancel cascade cut short by a crash, a child admitted while its
+    /// parent's cancel waited), at most `limit`, in no promised order. The
+    /// dispatcher's children loop cancels them: no child outlives its
+    /// parent.
+    async fn stranded_children(&self, limit: usize) -> Result<Vec<Uuid>, LogError>;
+
     /// Events with `seq > after`, in order, at most `limit`.
     async fn events(&self, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError>;
 

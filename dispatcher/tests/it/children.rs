@@ -4,7 +4,8 @@
 //! (`children::sweep_once`). Admission resolves and freezes `agents`;
 //! three agent calls start three linked children, once however often the
 //! loop passes; their ends resume the parent with the results in call
-//! order; cancel, pause and resume cascade; the parent's remainder bounds a
+//! order; cancel, pause and resume cascade, and children a done parent
+//! left behind (a cascade cut short) are cancelled once; the parent's remainder bounds a
 //! child's budget and a child stopped by it is a tool error; a cycle of
 //! agents ends at the depth limit; bad names are refused with nothing
 //! started.
@@ -18,7 +19,7 @@ use axum::http::StatusCode;
 use glia_agent::agent::Agent;
 use glia_agent::provider::{ScriptLibrary, ScriptedTurn};
 use glia_backends::{AgentRegistry, Inbox, RunFilter, RunLog, RunStatus, RunSummary};
-use glia_dispatcher::children::sweep_once;
+use glia_dispatcher::children::{cancel_stranded, sweep_once};
 use glia_proto::{AgentDefinition, EventKind, Outcome, Payload, PullPoint, Status};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -356,6 +357,61 @@ async fn cancel_pause_and_resume_cascade_to_running_children() {
     // Nothing is posted to a finished parent.
     sweep_once(&h.app).await.unwrap();
     assert!(h.log.inbox(parent).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn children_a_cancelled_parent_left_behind_are_cancelled_once() {
+    let h = harness();
+    register(&h, "a", refunder()).await;
+    let agent = scripts(&[("parent", three_calls())]);
+    let parent = create(
+        &h,
+        SUB_A,
+        json!({"goal": "g", "config": {"model": "script:parent", "agents": ["refunder@1"]}}),
+    )
+    .await;
+    work(&h, &agent, parent).await;
+    sweep_once(&h.app).await.unwrap();
+    let children = children_of(&h, parent).await;
+    assert_eq!(children.len(), 3);
+    assert_eq!(
+        cancel_stranded(&h.app).await.unwrap(),
+        0,
+        "a parent not done strands nobody"
+    );
+    // The parent's cancel is applied but its cascade never ran (the
+    // dispatcher died right after posting it).
+    h.log
+        .post(
+            parent,
+            Payload::Cancel {
+                reason: "stop".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        work(&h, &agent, parent).await,
+        Status::Done(Outcome::Cancelled { .. })
+    ));
+    assert_eq!(cancel_stranded(&h.app).await.unwrap(), 3);
+    assert_eq!(
+        cancel_stranded(&h.app).await.unwrap(),
+        0,
+        "a cancel waiting is not posted again"
+    );
+    for c in &children {
+        let inbox = h.log.inbox(c.run_id).await.unwrap();
+        assert!(
+            matches!(&inbox[..], [i] if matches!(&i.payload, Payload::Cancel { reason } if reason.contains(&parent.to_string()))),
+            "{inbox:?}"
+        );
+        assert!(matches!(
+            work(&h, &agent, c.run_id).await,
+            Status::Done(Outcome::Cancelled { .. })
+        ));
+    }
+    assert_eq!(cancel_stranded(&h.app).await.unwrap(), 0);
 }
 
 #[tokio::test]
