@@ -291,8 +291,9 @@ async fn three_children_run_once_and_resume_the_parent_in_call_order() {
     assert!(page.text.contains(&format!("/console/runs/{parent}")));
 }
 
-#[tokio::test]
-async fn cancel_pause_and_resume_cascade_to_running_children() {
+/// A parent whose model called `refunder` three times, and its three
+/// children started by one pass of the loop.
+async fn parent_with_three_children() -> (H, Agent, Uuid, Vec<RunSummary>) {
     let h = harness();
     register(&h, "a", refunder()).await;
     let agent = scripts(&[("parent", three_calls())]);
@@ -306,6 +307,12 @@ async fn cancel_pause_and_resume_cascade_to_running_children() {
     sweep_once(&h.app).await.unwrap();
     let children = children_of(&h, parent).await;
     assert_eq!(children.len(), 3);
+    (h, agent, parent, children)
+}
+
+#[tokio::test]
+async fn cancel_pause_and_resume_cascade_to_running_children() {
+    let (h, agent, parent, children) = parent_with_three_children().await;
 
     let r = post(&h, &format!("/v1/runs/{parent}/pause"), SUB_A, json!({})).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
@@ -361,19 +368,7 @@ async fn cancel_pause_and_resume_cascade_to_running_children() {
 
 #[tokio::test]
 async fn children_a_cancelled_parent_left_behind_are_cancelled_once() {
-    let h = harness();
-    register(&h, "a", refunder()).await;
-    let agent = scripts(&[("parent", three_calls())]);
-    let parent = create(
-        &h,
-        SUB_A,
-        json!({"goal": "g", "config": {"model": "script:parent", "agents": ["refunder@1"]}}),
-    )
-    .await;
-    work(&h, &agent, parent).await;
-    sweep_once(&h.app).await.unwrap();
-    let children = children_of(&h, parent).await;
-    assert_eq!(children.len(), 3);
+    let (h, agent, parent, children) = parent_with_three_children().await;
     assert_eq!(
         cancel_stranded(&h.app).await.unwrap(),
         0,
