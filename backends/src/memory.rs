@@ -1000,7 +1000,9 @@ impl crate::Waits for MemoryLog {
                     } => *at,
                     _ => return None,
                 };
-                (at <= now_ms).then_some(crate::DueWait {
+                let key = format!("wake:{at}");
+                let posted = r.inbox.iter().any(|(_, d, _)| d.as_ref() == Some(&key));
+                (at <= now_ms && !posted).then_some(crate::DueWait {
                     run_id: r.summary.run_id,
                     due_at_ms: at,
                 })

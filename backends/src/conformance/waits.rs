@@ -295,6 +295,16 @@ pub async fn waits(log: &dyn EventLog) {
         .await,
         Err(crate::LogError::Duplicate { .. })
     ));
+    // A run posted its wake is not due again for that time: wakes waiting
+    // for a worker never hide later due runs from a pass.
+    let due: Vec<Uuid> = log
+        .due_waits(30_000, 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.run_id)
+        .collect();
+    assert_eq!(due, vec![t1_wait, t2_wait]);
 
     // Forgotten by age.
     assert_eq!(log.forget_events(2_600).await.unwrap(), 3);

@@ -7,7 +7,8 @@
 //! - What is due is derived from the state at each commit: a run parked at
 //!   `awaiting_timer` is due at its pull point's `wake_at_ms`, one parked at
 //!   `awaiting_event` at its `timeout_at_ms` ([`Waits::due_waits`]; an
-//!   indexed read of the run rows, no table of its own).
+//!   indexed read of the run rows, no table of its own), until a wake for
+//!   that time is posted.
 //! - An event is kept once per `(tenant, id)` ([`Waits::keep_event`]) until
 //!   [`Waits::forget_events`] drops it (the loop forgets what is older than
 //!   the retention, `docs/waits.md`).
@@ -39,7 +40,9 @@ pub struct DueWait {
 pub trait Waits: Inbox {
     /// Runs parked at `awaiting_timer` whose `wake_at_ms`, or at
     /// `awaiting_event` whose `timeout_at_ms`, is at or before `now_ms`
-    /// (Unix ms), earliest first, at most `limit`.
+    /// (Unix ms) and that were not posted a wake for that time yet (an
+    /// inbox item `wake:{due_at_ms}`: so wakes waiting for a worker never
+    /// hide later due runs from a pass), earliest first, at most `limit`.
     async fn due_waits(&self, now_ms: i64, limit: usize) -> Result<Vec<DueWait>, LogError>;
 
     /// Keep `event` of `tenant` for delivery. `false` when an event with the

@@ -17,6 +17,7 @@ const DUE: &str = "SELECT id, due FROM ( \
       SELECT id, (pull_point->>'timeout_at_ms')::bigint AS due FROM runs \
       WHERE status = 'parked' AND (pull_point->>'kind') = 'awaiting_event' \
         AND (pull_point->>'timeout_at_ms')::bigint <= $1) d \
+    WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = d.id AND i.dedupe_key = 'wake:' || d.due::text) \
     ORDER BY due, id LIMIT $2";
 
 const DELIVERIES: &str = "SELECT DISTINCT ON (r.id) r.id AS run_id, e.id, e.key, e.payload::text AS payload, e.received_at_ms \

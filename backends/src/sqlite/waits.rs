@@ -16,7 +16,8 @@ const DUE: &str = "SELECT id, due FROM ( \
       UNION ALL \
       SELECT id, json_extract(pull_point, '$.timeout_at_ms') AS due FROM runs \
       WHERE status = 'parked' AND json_extract(pull_point, '$.kind') = 'awaiting_event' \
-        AND json_extract(pull_point, '$.timeout_at_ms') <= ?1) \
+        AND json_extract(pull_point, '$.timeout_at_ms') <= ?1) d \
+    WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = d.id AND i.dedupe_key = 'wake:' || d.due) \
     ORDER BY due, id LIMIT ?2";
 
 /// Each waiting run's candidate events, oldest first; the first per run is
