@@ -31,6 +31,7 @@ mod bench;
 mod client;
 mod config_file;
 mod demo;
+mod events;
 mod observe;
 mod ports;
 mod provider;
@@ -128,6 +129,10 @@ enum Command {
     /// Manage the tenant's webhook subscriptions and read their delivery log.
     #[command(subcommand)]
     Webhooks(client::WebhooksCommand),
+    /// Post an event to the runs of the tenant waiting on its key
+    /// (`wait_for_event`).
+    #[command(subcommand)]
+    Events(events::EventsCommand),
     /// Runs started on a cron expression or an interval: create, list, get
     /// (next fire times), pause, unpause, backfill, delete.
     #[command(subcommand)]
@@ -268,6 +273,7 @@ async fn command(cli: Cli) -> Result<()> {
         Command::Approvals(cmd) => client::approvals(cmd).await,
         Command::Webhooks(cmd) => client::webhooks(cmd).await,
         Command::Schedules(cmd) => schedules::schedules(cmd).await,
+        Command::Events(cmd) => events::events(cmd).await,
         Command::Batch(cli) => batches::batch(cli).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Agents(cmd) => agents::agents(cmd).await,

@@ -90,7 +90,9 @@ pub fn waiting_log(run_id: Uuid, tool: &str, input: serde_json::Value, wait: Wai
     events
 }
 
-async fn park(log: &dyn EventLog, tenant: &str, events: &[Event]) {
+/// Admit a run of `tenant` whose log is `events` (a [`waiting_log`]) and
+/// commit the rest: the run is parked where its last event says.
+pub async fn park(log: &dyn EventLog, tenant: &str, events: &[Event]) {
     let run_id = events[0].run_id;
     log.create_run(new_run(tenant, None, &events[0]))
         .await

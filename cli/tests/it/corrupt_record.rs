@@ -22,13 +22,7 @@ async fn a_corrupt_row_answers_500_and_is_not_retried() {
         Arc::new(MemoryLedger::default()),
         Auth::open(),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(glia_dispatcher::serve(
-        app,
-        listener,
-        std::future::pending(),
-    ));
+    let server = crate::common::serve(app).await;
 
     let http = reqwest::Client::new();
     let created: serde_json::Value = http

@@ -2,6 +2,7 @@
 //! concern (see `tests/README.md`).
 
 mod bench;
+mod common;
 mod corrupt_record;
 mod crate_graph;
 mod deploy;
@@ -9,3 +10,4 @@ mod providers;
 mod run;
 mod runs_list;
 mod schedules;
+mod waits;

@@ -2,32 +2,13 @@
 //! a loopback port, the in-memory log): filters as flags, newest first,
 //! `--all` following cursors, the table and `--json`, a run's fields.
 
-use std::process::{Command, Output};
 use std::sync::Arc;
 
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
 use glia_dispatcher::{App, Auth};
 use serde_json::{Value, json};
 
-async fn glia(args: Vec<String>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_glia"))
-            .args(&args)
-            .env_remove("GLIA_TOKEN")
-            .env("GLIA_MAX_OUTAGE_SECS", "0")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-fn args(list: &[&str], server: &str) -> Vec<String> {
-    list.iter()
-        .map(|s| (*s).to_owned())
-        .chain(["--server".to_owned(), server.to_owned()])
-        .collect()
-}
+use crate::common::glia;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_list_filters_pages_and_prints_a_table_or_json() {
@@ -37,13 +18,7 @@ async fn runs_list_filters_pages_and_prints_a_table_or_json() {
         Arc::new(MemoryLedger::default()),
         Auth::open(),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(glia_dispatcher::serve(
-        app,
-        listener,
-        std::future::pending(),
-    ));
+    let server = crate::common::serve(app).await;
     let http = reqwest::Client::new();
     let mut ids = Vec::new();
     for i in 0..5 {
@@ -68,10 +43,10 @@ async fn runs_list_filters_pages_and_prints_a_table_or_json() {
     }
 
     // JSON Lines, newest first, every page with --all.
-    let out = glia(args(
+    let out = glia(
         &["runs", "list", "--json", "--all", "--limit", "2"],
         &server,
-    ))
+    )
     .await;
     assert!(
         out.status.success(),
@@ -92,7 +67,7 @@ async fn runs_list_filters_pages_and_prints_a_table_or_json() {
     assert_eq!(listed, newest_first);
 
     // One page: the next cursor on stderr, and it gives the next page.
-    let out = glia(args(&["runs", "list", "--json", "--limit", "2"], &server)).await;
+    let out = glia(&["runs", "list", "--json", "--limit", "2"], &server).await;
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let cursor = stderr
         .split("--cursor ")
@@ -100,12 +75,12 @@ async fn runs_list_filters_pages_and_prints_a_table_or_json() {
         .unwrap_or_else(|| panic!("no cursor: {stderr}"))
         .trim()
         .to_owned();
-    let out = glia(args(
+    let out = glia(
         &[
             "runs", "list", "--json", "--limit", "2", "--cursor", &cursor,
         ],
         &server,
-    ))
+    )
     .await;
     let page: Vec<Value> = String::from_utf8(out.stdout)
         .unwrap()
@@ -115,12 +90,12 @@ async fn runs_list_filters_pages_and_prints_a_table_or_json() {
     assert_eq!(page[0]["run_id"].as_str(), Some(newest_first[2].as_str()));
 
     // Filters as flags.
-    let out = glia(args(
+    let out = glia(
         &[
             "runs", "list", "--json", "--tag", "even", "--meta", "order=2",
         ],
         &server,
-    ))
+    )
     .await;
     let only: Vec<Value> = String::from_utf8(out.stdout)
         .unwrap()
@@ -131,7 +106,7 @@ async fn runs_list_filters_pages_and_prints_a_table_or_json() {
     assert_eq!(only[0]["run_id"].as_str(), Some(ids[2].as_str()));
 
     // The table: a header, one line per run, control characters gone.
-    let out = glia(args(&["runs", "list", "--tag", "even"], &server)).await;
+    let out = glia(&["runs", "list", "--tag", "even"], &server).await;
     assert!(
         out.status.success(),
         "{}",
@@ -159,12 +134,12 @@ async fn runs_list_filters_pages_and_prints_a_table_or_json() {
     );
 
     // A bad flag value is refused before anything is sent.
-    let out = glia(args(&["runs", "list", "--status", "sleeping"], &server)).await;
+    let out = glia(&["runs", "list", "--status", "sleeping"], &server).await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sleeping"));
 
     // One run's fields.
-    let out = glia(args(&["runs", "get", &ids[1]], &server)).await;
+    let out = glia(&["runs", "get", &ids[1]], &server).await;
     assert!(
         out.status.success(),
         "{}",
@@ -183,7 +158,7 @@ async fn runs_list_filters_pages_and_prints_a_table_or_json() {
         text.contains(&format!("trace id    {}", ids[1].replace('-', ""))),
         "{text}"
     );
-    let out = glia(args(&["runs", "get", "--json", &ids[1]], &server)).await;
+    let out = glia(&["runs", "get", "--json", &ids[1]], &server).await;
     let view: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(view["metadata"], json!({"order": "1"}));
 }

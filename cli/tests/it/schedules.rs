@@ -4,59 +4,13 @@
 //! pause and unpause, a backfill's runs, delete; a bad cron expression
 //! fails naming the field.
 
-use std::process::{Command, Output};
-use std::sync::Arc;
-
-use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
-use glia_backends::schedules::MemorySchedules;
-use glia_dispatcher::{App, Auth};
 use serde_json::Value;
 
-async fn glia(args: &[&str], server: &str) -> Output {
-    let args: Vec<String> = args
-        .iter()
-        .map(|s| (*s).to_owned())
-        .chain(["--server".to_owned(), server.to_owned()])
-        .collect();
-    tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_glia"))
-            .args(&args)
-            .env_remove("GLIA_TOKEN")
-            .env("GLIA_MAX_OUTAGE_SECS", "0")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use crate::common::{dispatcher, glia, ok};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedules_commands_create_show_pause_backfill_and_delete() {
-    let log = Arc::new(MemoryLog::default());
-    let app = App::new(
-        log.clone(),
-        Arc::new(MemoryQueue::default()),
-        Arc::new(MemoryLedger::default()),
-        Auth::open(),
-    )
-    .with_schedules(Arc::new(MemorySchedules::default()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(glia_dispatcher::serve(
-        app,
-        listener,
-        std::future::pending(),
-    ));
+    let (log, server) = dispatcher().await;
 
     let created = ok(&glia(
         &[
