@@ -993,8 +993,10 @@ impl Agent {
 
     async fn plan(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
         // A run admitted elsewhere (the dispatcher records its session.start):
-        // its goal meets the input guardrails here, before anything else.
-        if run.state.head_seq == 1 {
+        // its goal meets the input guardrails here, before anything else —
+        // before its first plan, whatever came between (a delayed start's
+        // resume, a pause before the first pickup).
+        if run.state.plan.is_empty() {
             let declared = self.declared_guardrails(&run.state.config)?;
             if let Some((guardrail, reason)) = self.check_input(&declared, &run.state.goal.clone())
             {

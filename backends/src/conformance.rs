@@ -1133,6 +1133,40 @@ pub async fn outbox_and_orphans(log: &dyn EventLog) {
             .contains(&orphan(Job::resume(s.run_id, head), false)),
         "parked, a payload waiting: a resume"
     );
+
+    // A delayed start parks at admission (head 1, no lease): with its wake
+    // waiting it is a resume, never a queued start.
+    let delayed = sample_log();
+    let mut start = delayed.parked[0].clone();
+    if let EventKind::SessionStart { config, .. } = &mut start.kind {
+        config.start_at_ms = Some(at().timestamp_millis() + 60_000);
+    }
+    let (run, _) = log.create_run(new_run("t", None, &start)).await.unwrap();
+    assert_eq!(run.status, RunStatus::Parked);
+    assert!(
+        !log.orphaned(10_000)
+            .await
+            .unwrap()
+            .iter()
+            .any(|o| o.job.run_id == delayed.run_id),
+        "waiting for its start time"
+    );
+    log.post(
+        delayed.run_id,
+        Payload::Wake {
+            due_at_ms: at().timestamp_millis() + 60_000,
+            event: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        log.orphaned(10_000)
+            .await
+            .unwrap()
+            .contains(&orphan(Job::resume(delayed.run_id, 1), false)),
+        "its wake waiting: a resume, not queued"
+    );
 }
 
 /// Listing filters by tenant, status and batch, and pages by run id.

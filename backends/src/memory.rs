@@ -140,9 +140,17 @@ impl RunLog for MemoryLog {
         Ok(inner
             .runs
             .values()
-            .map(|r| &r.summary)
-            .filter(|s| s.status != RunStatus::Done && s.parent_run_id.as_ref().is_some_and(done))
-            .map(|s| s.run_id)
+            .filter(|r| {
+                let s = &r.summary;
+                let cancel_waiting = r
+                    .inbox
+                    .iter()
+                    .any(|(_, d, consumed)| !consumed && d.as_deref() == Some(crate::CANCEL_KEY));
+                s.status != RunStatus::Done
+                    && s.parent_run_id.as_ref().is_some_and(done)
+                    && !cancel_waiting
+            })
+            .map(|r| r.summary.run_id)
             .take(limit)
             .collect())
     }
@@ -494,7 +502,9 @@ impl Outbox for MemoryLog {
                     head_seq: r.summary.head_seq,
                     resume: r.inbox.iter().any(|(_, _, done)| !done),
                 },
-                queued: r.summary.head_seq == 1 && r.lease.is_none(),
+                queued: r.summary.head_seq == 1
+                    && r.summary.status == RunStatus::Runnable
+                    && r.lease.is_none(),
             })
             .collect();
         jobs.sort_by_key(|o| (o.queued, o.job.run_id));

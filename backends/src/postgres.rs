@@ -1348,7 +1348,9 @@ impl RunLog for PgLog {
                 .query(
                     "SELECT c.id FROM runs c JOIN runs p ON p.id = c.parent_run_id \
                      WHERE c.parent_run_id IS NOT NULL AND c.status <> 'done' \
-                       AND p.status = 'done' LIMIT $1",
+                       AND p.status = 'done' \
+                       AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = c.id \
+                         AND i.dedupe_key = 'cancel' AND NOT i.consumed) LIMIT $1",
                     &[&limit],
                 )
                 .await
@@ -2339,7 +2341,7 @@ impl Outbox for PgLog {
             let st = client
                 .prepare_cached(
                     "SELECT id, head_seq, resume, queued FROM ( \
-                       SELECT id, head_seq, status, (head_seq = 1 AND lease_expires_at IS NULL) AS queued, \
+                       SELECT id, head_seq, status, (head_seq = 1 AND status = 'runnable' AND lease_expires_at IS NULL) AS queued, \
                          EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND NOT i.consumed) AS resume FROM runs r \
                        WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= now()) \
                      ) o WHERE status = 'runnable' OR resume \

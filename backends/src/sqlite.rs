@@ -131,6 +131,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/009_child_runs.sql"),
     // Issue 32, schedules.
     include_str!("../sqlite_migrations/010_schedules.sql"),
+    // Issue 32, child runs: live children (`stranded_children`).
+    include_str!("../sqlite_migrations/011_live_children.sql"),
 ];
 
 /// How a store is opened.
@@ -1394,7 +1396,9 @@ impl Select {
 
 /// [`RunLog::stranded_children`]: children not done whose parent is done.
 const STRANDED_SQL: &str = "SELECT c.id FROM runs c JOIN runs p ON p.id = c.parent_run_id \
-     WHERE c.parent_run_id IS NOT NULL AND c.status <> 'done' AND p.status = 'done' LIMIT ?1";
+     WHERE c.parent_run_id IS NOT NULL AND c.status <> 'done' AND p.status = 'done' \
+       AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = c.id \
+         AND i.dedupe_key = 'cancel' AND i.consumed = 0) LIMIT ?1";
 
 #[async_trait]
 impl RunLog for SqliteLog {
@@ -1992,7 +1996,7 @@ impl Outbox for SqliteLog {
                 let mut st = conn
                     .prepare_cached(
                         "SELECT id, head_seq, resume, queued FROM ( \
-                           SELECT id, head_seq, status, (head_seq = 1 AND lease_expires_at IS NULL) AS queued, \
+                           SELECT id, head_seq, status, (head_seq = 1 AND status = 'runnable' AND lease_expires_at IS NULL) AS queued, \
                              EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = r.id AND i.consumed = 0) AS resume FROM runs r \
                            WHERE status <> 'done' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) \
                          ) WHERE status = 'runnable' OR resume \

@@ -380,7 +380,8 @@ pub struct SubmitArgs {
     detach: bool,
     /// Start the run later: an RFC 3339 time with an offset, at most 366
     /// days ahead (`docs/waits.md`). The run is admitted now and parks at
-    /// `awaiting_timer` until then.
+    /// `awaiting_timer` until then; the command prints its id and start
+    /// time and returns (follow it later with `glia runs events --follow`).
     #[arg(long, value_name = "RFC3339", value_parser = parse_start_at)]
     start_at: Option<chrono::DateTime<chrono::FixedOffset>>,
     /// The goal.
@@ -431,6 +432,18 @@ pub async fn submit(args: SubmitArgs) -> Result<()> {
         .to_owned();
     if args.detach {
         outln!("{run_id}");
+        return Ok(());
+    }
+    // A delayed start parks at admission (no `session.pause` to follow):
+    // say when it starts and let go.
+    if run["pull_point"]["kind"] == "awaiting_timer" && run["pull_point"]["call_ids"] == json!([]) {
+        outln!("{run_id}");
+        errln!(
+            "run {run_id} starts at {}",
+            run["pull_point"]["wake_at_ms"]
+                .as_i64()
+                .map_or_else(|| "-".to_owned(), glia_proto::wait::rfc3339_ms)
+        );
         return Ok(());
     }
     errln!("run {run_id}");

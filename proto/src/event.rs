@@ -714,10 +714,11 @@ pub enum PullPoint {
         reason: PauseReason,
     },
     // --- issue 32: waits ---
-    /// Built-in timers (`sleep`, `wait_until`) are due later; the
-    /// dispatcher posts a [`Payload::Wake`] at `wake_at_ms`.
+    /// Built-in timers (`sleep`, `wait_until`) are due later, or, with no
+    /// calls, a delayed start ([`crate::RunConfig::start_at_ms`]) has not
+    /// come; the dispatcher posts a [`Payload::Wake`] at `wake_at_ms`.
     AwaitingTimer {
-        /// The waiting calls.
+        /// The waiting calls; empty for a delayed start.
         call_ids: Vec<String>,
         /// The earliest due time of the turn's waits, Unix ms.
         wake_at_ms: i64,
@@ -1047,7 +1048,8 @@ pub enum Payload {
     /// waiting call of the run due at or before `due_at_ms` (a timer's wake
     /// time, an event wait's timeout) gets its result. With `event`: every
     /// call of the run waiting for `event.key` gets the event as its result.
-    /// A wake that finds nothing to end is dropped. Deduplicated per run
+    /// A run parked for its start time is started (`session.resume`). A
+    /// wake that finds nothing to end is dropped. Deduplicated per run
     /// ([`Payload::Wake`]'s dedupe key is `event:{id}` for an event, so a run
     /// never receives the same event twice, and `wake:{due_at_ms}` for a time).
     Wake {

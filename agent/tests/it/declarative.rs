@@ -143,10 +143,9 @@ async fn declared_input_rules_refuse_a_user_message_and_keep_the_run_waiting() {
     assert_replays(&log, &state);
 }
 
-#[tokio::test]
-async fn a_goal_admitted_elsewhere_meets_the_declared_input_rules() {
-    // The dispatcher records session.start; the worker's first advance checks the goal.
-    let (agent, provider) = agent(vec![ScriptedTurn::text("never")]);
+/// A run as the dispatcher admits it: its `session.start` with `config`,
+/// and the state after it.
+fn admitted(goal: &str, config: RunConfig) -> (RunState, Vec<Event>) {
     let id = run_id();
     let start = Event {
         run_id: id,
@@ -154,22 +153,51 @@ async fn a_goal_admitted_elsewhere_meets_the_declared_input_rules() {
         at: Utc::now(),
         kind: EventKind::SessionStart {
             redactions: Vec::new(),
-            goal: "refund 4111-1111-1111-1111".into(),
-            config: config(),
+            goal: goal.into(),
+            config,
         },
     };
     let mut state = RunState::new(id);
     state.apply(&start).unwrap();
-    let mut log = vec![start];
+    (state, vec![start])
+}
+
+fn rejected_card(status: &Status) -> bool {
+    matches!(status, Status::Done(Outcome::Failed { error }) if error.contains("card numbers are not accepted"))
+}
+
+#[tokio::test]
+async fn a_goal_admitted_elsewhere_meets_the_declared_input_rules() {
+    // The dispatcher records session.start; the worker's first advance checks the goal.
+    let (agent, provider) = agent(vec![ScriptedTurn::text("never")]);
+    let (mut state, mut log) = admitted("refund 4111-1111-1111-1111", config());
     let status = agent.advance(&mut state, None, &mut log).await.unwrap();
-    assert!(
-        matches!(status, Status::Done(Outcome::Failed { ref error }) if error.contains("card numbers are not accepted")),
-        "{status:?}"
-    );
+    assert!(rejected_card(&status), "{status:?}");
     assert_eq!(
         trips(&log),
         vec![(GuardrailStage::Input, "no-card-numbers".into())]
     );
+    assert_eq!(provider.served(), 0);
+    assert_replays(&log, &state);
+
+    // The same goal with a delayed start: checked when the run starts.
+    let delayed = RunConfig {
+        start_at_ms: Some(Utc::now().timestamp_millis() + 60_000),
+        ..config()
+    };
+    let (mut state, mut log) = admitted("refund 4111-1111-1111-1111", delayed);
+    let Some(PullPoint::AwaitingTimer { wake_at_ms, .. }) = state.parked else {
+        panic!("a delayed start parks: {:?}", state.parked)
+    };
+    let wake = Payload::Wake {
+        due_at_ms: wake_at_ms,
+        event: None,
+    };
+    let status = agent
+        .advance(&mut state, Some(wake), &mut log)
+        .await
+        .unwrap();
+    assert!(rejected_card(&status), "{status:?}");
     assert_eq!(provider.served(), 0);
     assert_replays(&log, &state);
 }

@@ -175,4 +175,14 @@ pub async fn children_link_dedupe_and_filter(log: &dyn EventLog) {
     let after = stranded().await;
     assert!(!after.contains(&first.run_id), "a child that ended is not");
     assert!(after.contains(&second.run_id));
+    // Nor one whose cancel waits for a worker.
+    log.post(
+        second.run_id,
+        glia_proto::Payload::Cancel {
+            reason: "parent ended".into(),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!stranded().await.contains(&second.run_id));
 }

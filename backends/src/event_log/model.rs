@@ -38,8 +38,10 @@ pub struct Orphan {
     /// The job that would wake it: at its head, a resume when a payload
     /// waits in its inbox.
     pub job: Job,
-    /// Admitted and never started, as far as the log tells: no lease (none
-    /// taken, or one let go) and nothing after its `session.start` (head 1).
+    /// Admitted and never started, as far as the log tells: runnable, no
+    /// lease (none taken, or one let go) and nothing after its
+    /// `session.start` (head 1). A delayed start (parked at admission) is
+    /// not queued: its wake is a payload like any parked run's.
     /// Its admission's job normally still waits in the queue, behind a
     /// backlog of other starts. False for every other orphan: a lease that
     /// lapsed (its worker died or stalled after acking the job), a run let

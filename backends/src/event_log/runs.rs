@@ -45,9 +45,11 @@ pub trait RunLog: Send + Sync {
 
     /// Issue 32, child runs: child runs not done whose parent is done (a
     /// cancel cascade cut short by a crash, a child admitted while its
-    /// parent's cancel waited), at most `limit`, in no promised order. The
-    /// dispatcher's children loop cancels them: no child outlives its
-    /// parent.
+    /// parent's cancel waited) and with no cancel waiting in their inbox,
+    /// at most `limit`, in no promised order. The dispatcher's children
+    /// loop cancels them: no child outlives its parent. (A child whose
+    /// cancel waits for a worker is left out, so such children never fill
+    /// a page and hide others.)
     async fn stranded_children(&self, limit: usize) -> Result<Vec<Uuid>, LogError>;
 
     /// Events with `seq > after`, in order, at most `limit`.

@@ -38,6 +38,16 @@ async fn submit_start_at_admits_a_run_parked_until_its_start() {
             wake_at_ms: at.timestamp_millis()
         })
     );
+    // Without --detach it says when the run starts and returns (a delayed
+    // run parks at admission: there is nothing to follow until then).
+    let out = glia(
+        &["submit", "--start-at", &at.to_rfc3339(), "later"],
+        &server,
+    )
+    .await;
+    let run: Uuid = ok(&out).trim().parse().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains(&format!("run {run} starts at ")), "{said}");
     let bad = glia(&["submit", "--start-at", "tomorrow", "g"], &server).await;
     assert!(!bad.status.success());
     assert!(

@@ -359,6 +359,13 @@ fn pull_text(p: &PullPoint) -> String {
         PullPoint::AwaitingTimer {
             call_ids,
             wake_at_ms,
+        } if call_ids.is_empty() => format!(
+            "starts at {} (start_at)",
+            glia_proto::wait::rfc3339_ms(*wake_at_ms)
+        ),
+        PullPoint::AwaitingTimer {
+            call_ids,
+            wake_at_ms,
         } => format!(
             "sleeping until {} ({})",
             glia_proto::wait::rfc3339_ms(*wake_at_ms),

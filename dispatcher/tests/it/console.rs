@@ -233,6 +233,23 @@ async fn a_failed_run_says_why_first_and_shows_the_model_output_escaped() {
 }
 
 #[tokio::test]
+async fn a_delayed_run_says_when_it_starts() {
+    let h = harness_with(console_auth());
+    let at = chrono::Utc::now() + chrono::Duration::days(30);
+    let run = create(
+        &h,
+        SUB_A,
+        json!({"goal": "later", "start_at": at.to_rfc3339()}),
+    )
+    .await;
+    let (cookie, _) = sign_in(&h, OPS_A).await;
+    let r = send(&h.router, page(&format!("/console/runs/{run}"), &cookie)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let when = glia_proto::wait::rfc3339_ms(at.timestamp_millis());
+    assert!(r.text.contains(&format!("starts at {when}")), "{}", r.text);
+}
+
+#[tokio::test]
 async fn another_tenants_run_is_not_there() {
     let h = harness_with(console_auth());
     let run = create(&h, SUB_A, json!({"goal": "a's"})).await;
