@@ -4,7 +4,7 @@
 //! ## The format (version 1)
 //!
 //! JSON Lines, UTF-8. The first line is an [`ArchiveHeader`]:
-//! `{"format": "glia-runs", "version": 2, "exported_at": "…", "source": "sqlite:node.db"}`.
+//! `{"format": "glia-runs", "version": 3, "exported_at": "…", "source": "sqlite:node.db"}`.
 //! Every further line is one [`RunRecord`]: the run's identity (id, tenant,
 //! idempotency key, batch, admission time), its whole event log (each event as
 //! the API serves it: `{"run_id", "seq", "at", "type", "data"}`), its
@@ -18,8 +18,9 @@
 //! A reader refuses a file whose `format` is not `glia-runs` or whose
 //! `version` it does not know; new fields are added only with a new version.
 //! Version 2 added [`RunRecord::erased`] (an erased run travels as its
-//! tombstones and stays erased where it is imported); version 1 files
-//! are read as before.
+//! tombstones and stays erased where it is imported); version 3 the parent
+//! link of a child run ([`RunRecord::parent_run_id`], `parent_call_id`,
+//! `depth`; issue 32). Earlier files are read as before.
 //!
 //! ## Guarantees
 //!
@@ -43,7 +44,7 @@ use crate::{ApprovalStatus, EventLog, LogError};
 /// `format` of the header line.
 pub const FORMAT: &str = "glia-runs";
 /// The version this build writes; it reads this one and every earlier one.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// The first line of an export.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,6 +128,20 @@ pub struct RunRecord {
     /// again on import: [`RunRecord::erased_content`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub erased: Option<Erasure>,
+    /// A child run's parent (version 3; [`crate::RunSummary::parent_run_id`]).
+    /// The parent need not be in the same file, nor imported first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<Uuid>,
+    /// The parent's call that started it (version 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_call_id: Option<String>,
+    /// Its depth: 0 for a run a client started (version 3).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub depth: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A run's erasure ([`crate::RunLog::erase_run`]).

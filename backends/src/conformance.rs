@@ -1266,9 +1266,10 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
         tags: vec!["vip".into(), "eu".into()],
         metadata: [("ticket".to_owned(), "T-1".to_owned())].into(),
         custom_id: Some("row-1".into()),
-        parent_run_id: None,
-        parent_call_id: None,
-        depth: 0,
+        // A child run: its parent link travels (its parent need not).
+        parent_run_id: Some(Uuid::now_v7()),
+        parent_call_id: Some("call_7".into()),
+        depth: 2,
     })
     .await
     .unwrap();
@@ -1333,6 +1334,16 @@ pub async fn export_import_round_trip(src: &dyn Archive, dst: &dyn Archive) {
         (&first.tags, &first.metadata, &first.custom_id),
         "submission fields travel"
     );
+    assert_eq!(
+        (
+            summary.parent_run_id,
+            &summary.parent_call_id,
+            summary.depth
+        ),
+        (first.parent_run_id, &first.parent_call_id, 2),
+        "the parent link travels"
+    );
+    assert!(first.parent_run_id.is_some());
     assert_eq!(
         (summary.usage, summary.steps, &summary.agent),
         (first.usage, first.steps, &first.agent),

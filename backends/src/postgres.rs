@@ -2525,7 +2525,7 @@ impl crate::archive::Archive for PgLog {
             let mut client = self.client().await?;
             let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).read_only(true).start().await.map_err(fail)?;
             let row = tx
-                .query_opt("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id, erased_at, erased_by FROM runs WHERE id = $1", &[&run_id])
+                .query_opt("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id, erased_at, erased_by, parent_run_id, parent_call_id, depth FROM runs WHERE id = $1", &[&run_id])
                 .await
                 .map_err(fail)?
                 .ok_or(LogError::NotFound(run_id))?;
@@ -2581,6 +2581,9 @@ impl crate::archive::Archive for PgLog {
                     (Some(at), by) => Some(crate::archive::Erasure { at, by: by.unwrap_or_default() }),
                     (None, _) => None,
                 },
+                parent_run_id: col(&row, "parent_run_id")?,
+                parent_call_id: col(&row, "parent_call_id")?,
+                depth: u32::try_from(col::<i32>(&row, "depth")?).map_err(|e| corrupt(format!("column depth: {e}")))?,
             })
         })
         .await
@@ -2604,6 +2607,10 @@ impl crate::archive::Archive for PgLog {
         };
         let (erased_at, erased_by) = run.erased.as_ref().map(|e| (e.at, e.by.clone())).unzip();
         let updated_at = run.events.last().map_or(run.created_at, |e| e.at);
+        let depth = i32::try_from(run.depth).map_err(|_| LogError::Invalid {
+            run_id,
+            reason: format!("depth {} is out of range", run.depth),
+        })?;
         self.bounded("import_run", async {
             let fail = |e: tokio_postgres::Error| write_error(run_id, "import_run", &e);
             let mut client = self.client().await?;
@@ -2626,9 +2633,11 @@ impl crate::archive::Archive for PgLog {
             let agent_version = agent_version.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
             let metadata = serde_json::to_value(&run.metadata).map_err(|e| LogError::Unavailable(e.to_string()))?;
             tx.execute(
-                "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, head_seq, created_at, agent, agent_version, tags, metadata, custom_id) \
-                 VALUES ($1, $2, $3, $4, $5, 'runnable', 'planning', 1, $6, $7, $8, $9, $10, $11)",
-                &[&run_id, &run.tenant, &run.idempotency_key, &run.batch_id, &goal, &run.created_at, &agent, &agent_version, &run.tags, &metadata, &run.custom_id],
+                "INSERT INTO runs (id, tenant, idempotency_key, batch_id, goal, status, phase, head_seq, created_at, agent, agent_version, tags, metadata, custom_id, \
+                   parent_run_id, parent_call_id, depth) \
+                 VALUES ($1, $2, $3, $4, $5, 'runnable', 'planning', 1, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                &[&run_id, &run.tenant, &run.idempotency_key, &run.batch_id, &goal, &run.created_at, &agent, &agent_version, &run.tags, &metadata, &run.custom_id,
+                  &run.parent_run_id, &run.parent_call_id, &depth],
             )
             .await
             .map_err(fail)?;

@@ -2171,11 +2171,12 @@ impl Archive for SqliteLog {
                 let tx = conn.transaction().map_err(db("export_run"))?;
                 let id = run_id.to_string();
                 type Identity = (String, Option<String>, Option<String>, i64, String, String, Option<String>, Option<i64>, Option<String>);
-                let row: Option<Identity> = tx
-                    .query_row("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id, erased_at, erased_by FROM runs WHERE id = ?1", [&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?)))
+                type Parent = (Option<String>, Option<String>, i64);
+                let row: Option<(Identity, Parent)> = tx
+                    .query_row("SELECT tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id, erased_at, erased_by, parent_run_id, parent_call_id, depth FROM runs WHERE id = ?1", [&id], |r| Ok(((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?), (r.get(9)?, r.get(10)?, r.get(11)?))))
                     .optional()
                     .map_err(db("export_run"))?;
-                let Some((tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id, erased_at, erased_by)) = row else { return Err(LogError::NotFound(run_id)) };
+                let Some(((tenant, idempotency_key, batch_id, created_at, tags, metadata, custom_id, erased_at, erased_by), (parent_run_id, parent_call_id, depth))) = row else { return Err(LogError::NotFound(run_id)) };
                 let events = read_events(&tx, run_id, 0, usize::MAX)?;
                 let approvals = Select::new("SELECT run_id, tenant, call_id, tool, input, args_hash, status, requested_at, expires_at, escalated, interrupted FROM approvals WHERE 1")
                     .tap_and("run_id =", id.clone())
@@ -2204,6 +2205,9 @@ impl Archive for SqliteLog {
                     metadata: parse(&metadata, "column metadata")?,
                     custom_id,
                     erased: erased_at.map(|at| crate::archive::Erasure { at: time(at), by: erased_by.unwrap_or_default() }),
+                    parent_run_id: parent_run_id.map(|p| uuid_of(&p, "parent run id")).transpose()?,
+                    parent_call_id,
+                    depth: u32::try_from(depth).map_err(|_| corrupt(format!("depth {depth}")))?,
                 })
             })
             .await
@@ -2247,10 +2251,10 @@ impl Archive for SqliteLog {
                     metadata: &run.metadata,
                     custom_id: run.custom_id.as_deref(),
                     created_at: nanos(run.created_at),
-                    // Issue 32: archives do not carry the parent link yet.
-                    parent_run_id: None,
-                    parent_call_id: None,
-                    depth: 0,
+                    // Issue 32: the parent link (archive version 3).
+                    parent_run_id: run.parent_run_id,
+                    parent_call_id: run.parent_call_id.as_deref(),
+                    depth: run.depth,
                 };
                 insert_run(&tx, &row, &state, &columns, updated_at)?;
                 if let Some(erased) = &run.erased {

@@ -1,6 +1,6 @@
 //! `glia export` and `glia import`: move runs between a single node's SQLite
 //! file and a fleet's Postgres (either way), in the JSON Lines format of
-//! `glia_backends::archive` (format `glia-runs`, version 1).
+//! `glia_backends::archive` (format `glia-runs`, version 3).
 
 use std::io::{BufRead, BufWriter, Write};
 use std::path::PathBuf;
