@@ -47,7 +47,7 @@
 //! and an interrupted call in some log (outcome-unknown, re-approved or
 //! recovered from the held copy); a round with partitions must have cut off
 //! a worker holding runs (partitions are aimed, like kills, and last until
-//! one of its runs is taken over, 15 s at most) and seen one taken over.
+//! one of its runs is taken over, 30 s at most) and seen one taken over.
 //!
 //! `cargo test -p glia-e2e --test chaos` runs the short round: a fixed seed
 //! and a random one (printed), `GLIA_CHAOS_FAULTS` faults each (default 8:
@@ -1040,8 +1040,13 @@ fn round(seed: u64, faults: usize) -> Figures {
                         // moved on while its worker was cut off. The partition
                         // lasts until one of the runs it held is taken over (the
                         // reconciler hands an expired lease's run to another
-                        // worker within seconds), 15 s at most.
-                        let takeover_until = Instant::now() + Duration::from_secs(15);
+                        // worker within seconds), 30 s at most: a refund the
+                        // cut-off worker was running keeps its running mark
+                        // (`RUNNING_MARK_TTL`, 15 s) and the next worker waits
+                        // for the mark to lapse before it acts, so 15 s alone
+                        // was a race a busy machine could lose.
+                        let takeover_until =
+                            Instant::now() + glia_proto::RUNNING_MARK_TTL + Duration::from_secs(15);
                         let taken = loop {
                             let after = heads(&db_url);
                             let taken = held
