@@ -10,11 +10,9 @@ use crate::inbox::page;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use common::*;
-use glia_backends::Inbox;
 use glia_dispatcher::{Auth, Principal, Scope};
 use glia_proto::{BudgetLimits, ContentBlock, EventKind, Message, Outcome, Payload, Role, Usage};
 use serde_json::json;
-use uuid::Uuid;
 
 /// Tenant `a`'s operator: submit and approve.
 const OPS_A: &str = "tok-ops-a";
@@ -78,16 +76,6 @@ fn csrf_of(html: &str) -> String {
         .next()
         .unwrap()
         .to_owned()
-}
-
-async fn inbox_of(h: &H, run: Uuid) -> Vec<Payload> {
-    h.log
-        .inbox(run)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.payload)
-        .collect()
 }
 
 fn answer(text: &str) -> EventKind {

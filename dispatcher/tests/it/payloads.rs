@@ -500,14 +500,7 @@ async fn pause_posts_a_pause_sets_the_flag_and_a_resume_withdraws_or_resumes_it(
     )
     .await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
-    let inbox: Vec<Payload> = h
-        .log
-        .inbox(id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.payload)
-        .collect();
+    let inbox = inbox_of(&h, id).await;
     assert_eq!(
         inbox,
         vec![

@@ -296,6 +296,31 @@ async fn an_early_event_is_kept_delivered_when_the_wait_begins_and_never_twice()
     assert_eq!(r.body["delivered"], 1, "{}", r.text);
 }
 
+/// The waits loop wakes `run` at `due` (Unix ms), not a ms before, and
+/// later passes post nothing more: its inbox holds that one wake.
+async fn assert_woken_once_at(h: &H, run: Uuid, due: i64) {
+    assert_eq!(
+        waits_once(&h.app, due - 1).await.unwrap().woken,
+        0,
+        "not due yet"
+    );
+    assert_eq!(waits_once(&h.app, due).await.unwrap().woken, 1);
+    for later in [10, 1_000] {
+        assert_eq!(
+            waits_once(&h.app, due + later).await.unwrap().woken,
+            0,
+            "a duplicate is refused"
+        );
+    }
+    assert_eq!(
+        inbox_of(h, run).await,
+        vec![Payload::Wake {
+            due_at_ms: due,
+            event: None
+        }]
+    );
+}
+
 #[tokio::test]
 async fn a_due_timer_is_woken_once_however_often_the_loop_passes() {
     let h = harness();
@@ -313,32 +338,7 @@ async fn a_due_timer_is_woken_once_however_often_the_loop_passes() {
         },
     )
     .await;
-    assert_eq!(
-        waits_once(&h.app, now - 1).await.unwrap().woken,
-        0,
-        "not due yet"
-    );
-    assert_eq!(waits_once(&h.app, now).await.unwrap().woken, 1);
-    assert_eq!(
-        waits_once(&h.app, now + 10).await.unwrap().woken,
-        0,
-        "a duplicate is refused"
-    );
-    let wakes: Vec<Payload> = h
-        .log
-        .inbox(run)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.payload)
-        .collect();
-    assert_eq!(
-        wakes,
-        vec![Payload::Wake {
-            due_at_ms: now,
-            event: None
-        }]
-    );
+    assert_woken_once_at(&h, run, now).await;
     assert!(
         h.log
             .outbox(100)
@@ -409,28 +409,7 @@ async fn start_at_admits_now_parks_until_then_and_is_woken_once() {
     .await;
     assert_eq!(conflict.status, StatusCode::CONFLICT, "{}", conflict.text);
 
-    assert_eq!(waits_once(&h.app, at_ms - 1).await.unwrap().woken, 0);
-    assert_eq!(waits_once(&h.app, at_ms).await.unwrap().woken, 1);
-    assert_eq!(
-        waits_once(&h.app, at_ms + 1_000).await.unwrap().woken,
-        0,
-        "woken once"
-    );
-    let inbox: Vec<Payload> = h
-        .log
-        .inbox(run)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.payload)
-        .collect();
-    assert_eq!(
-        inbox,
-        vec![Payload::Wake {
-            due_at_ms: at_ms,
-            event: None
-        }]
-    );
+    assert_woken_once_at(&h, run, at_ms).await;
 
     // A time already past starts at once.
     let past = json!({"goal": "now", "start_at": "2020-01-01T00:00:00Z"});

@@ -146,6 +146,17 @@ pub async fn post(h: &H, uri: &str, token: &str, body: Value) -> Reply {
     .await
 }
 
+/// The payloads waiting in run `run`'s inbox, oldest first.
+pub async fn inbox_of(h: &H, run: Uuid) -> Vec<glia_proto::Payload> {
+    h.log
+        .inbox(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.payload)
+        .collect()
+}
+
 /// Admit a run through the API; returns its id.
 pub async fn create(h: &H, token: &str, body: Value) -> Uuid {
     let r = post(h, "/v1/runs", token, body).await;
