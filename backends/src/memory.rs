@@ -129,7 +129,7 @@ impl RunLog for MemoryLog {
         Ok(runs)
     }
 
-    async fn stranded_children(&self, limit: usize) -> Result<Vec<Uuid>, LogError> {
+    async fn stranded_children(&self, limit: usize) -> Result<Vec<(Uuid, Uuid)>, LogError> {
         let inner = lock(&self.inner);
         let done = |id: &Uuid| {
             inner
@@ -141,16 +141,15 @@ impl RunLog for MemoryLog {
             .runs
             .values()
             .filter(|r| {
-                let s = &r.summary;
-                let cancel_waiting = r
-                    .inbox
-                    .iter()
-                    .any(|(_, d, consumed)| !consumed && d.as_deref() == Some(crate::CANCEL_KEY));
-                s.status != RunStatus::Done
-                    && s.parent_run_id.as_ref().is_some_and(done)
-                    && !cancel_waiting
+                r.summary.status != RunStatus::Done
+                    && !r.inbox.iter().any(|(_, d, consumed)| {
+                        !consumed && d.as_deref() == Some(crate::CANCEL_KEY)
+                    })
             })
-            .map(|r| r.summary.run_id)
+            .filter_map(|r| {
+                let parent = r.summary.parent_run_id.filter(done)?;
+                Some((r.summary.run_id, parent))
+            })
             .take(limit)
             .collect())
     }

@@ -1340,13 +1340,13 @@ impl RunLog for PgLog {
         .await
     }
 
-    async fn stranded_children(&self, limit: usize) -> Result<Vec<Uuid>, LogError> {
+    async fn stranded_children(&self, limit: usize) -> Result<Vec<(Uuid, Uuid)>, LogError> {
         self.bounded("stranded_children", async {
             let client = self.client().await?;
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             let rows = client
                 .query(
-                    "SELECT c.id FROM runs c JOIN runs p ON p.id = c.parent_run_id \
+                    "SELECT c.id, p.id AS parent FROM runs c JOIN runs p ON p.id = c.parent_run_id \
                      WHERE c.parent_run_id IS NOT NULL AND c.status <> 'done' \
                        AND p.status = 'done' \
                        AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = c.id \
@@ -1355,7 +1355,9 @@ impl RunLog for PgLog {
                 )
                 .await
                 .map_err(|e| unavailable("stranded_children", &e))?;
-            rows.iter().map(|r| col(r, "id")).collect()
+            rows.iter()
+                .map(|r| Ok((col(r, "id")?, col(r, "parent")?)))
+                .collect()
         })
         .await
     }

@@ -1395,7 +1395,7 @@ impl Select {
 // The event log
 
 /// [`RunLog::stranded_children`]: children not done whose parent is done.
-const STRANDED_SQL: &str = "SELECT c.id FROM runs c JOIN runs p ON p.id = c.parent_run_id \
+const STRANDED_SQL: &str = "SELECT c.id, p.id FROM runs c JOIN runs p ON p.id = c.parent_run_id \
      WHERE c.parent_run_id IS NOT NULL AND c.status <> 'done' AND p.status = 'done' \
        AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.run_id = c.id \
          AND i.dedupe_key = 'cancel' AND i.consumed = 0) LIMIT ?1";
@@ -1558,7 +1558,7 @@ impl RunLog for SqliteLog {
             .await
     }
 
-    async fn stranded_children(&self, limit: usize) -> Result<Vec<Uuid>, LogError> {
+    async fn stranded_children(&self, limit: usize) -> Result<Vec<(Uuid, Uuid)>, LogError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.store
             .read("stranded_children", move |conn| {
@@ -1566,11 +1566,15 @@ impl RunLog for SqliteLog {
                     .prepare_cached(STRANDED_SQL)
                     .map_err(db("stranded_children"))?;
                 let ids = st
-                    .query_map([limit], |row| row.get::<_, String>(0))
+                    .query_map([limit], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                    })
                     .map_err(db("stranded_children"))?
-                    .collect::<Result<Vec<String>, _>>()
+                    .collect::<Result<Vec<(String, String)>, _>>()
                     .map_err(db("stranded_children"))?;
-                ids.iter().map(|id| uuid_of(id, "run id")).collect()
+                ids.iter()
+                    .map(|(c, p)| Ok((uuid_of(c, "run id")?, uuid_of(p, "parent run id")?)))
+                    .collect()
             })
             .await
     }

@@ -92,14 +92,10 @@ pub async fn children(app: App) {
 pub async fn cancel_stranded(app: &App) -> Result<usize, ApiError> {
     let stranded = app.log.stranded_children(1000).await?;
     let mut cancelled = 0;
-    for child in stranded {
+    for (child, parent) in stranded {
         // (A child whose cancel waits for a worker is not listed: nothing
         // is posted twice.)
-        let parent = app.log.get_run(child).await?.parent_run_id;
-        let reason = match parent {
-            Some(p) => format!("the parent run {p} ended"),
-            None => "the parent run ended".to_owned(),
-        };
+        let reason = format!("the parent run {parent} ended");
         match cancel_run(app, child, &reason, BY).await {
             Ok(_) => cancelled += 1,
             Err(e) => tracing::warn!(run_id = %child, "stranded child not cancelled: {e}"),

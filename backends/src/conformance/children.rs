@@ -142,7 +142,19 @@ pub async fn children_link_dedupe_and_filter(log: &dyn EventLog) {
 
     // A child of a parent not done is not stranded; once the parent is done,
     // its children not done are, until they end too.
-    let stranded = || async { log.stranded_children(100_000).await.unwrap() };
+    let parent_id = parent.run_id;
+    let stranded = || async {
+        let pairs = log.stranded_children(100_000).await.unwrap();
+        for (child, parent) in &pairs {
+            if [first.run_id, second.run_id].contains(child) {
+                assert_eq!(*parent, parent_id, "each child with its parent");
+            }
+        }
+        pairs
+            .into_iter()
+            .map(|(child, _)| child)
+            .collect::<Vec<_>>()
+    };
     let before = stranded().await;
     assert!(!before.contains(&first.run_id) && !before.contains(&second.run_id));
     let mut all = p.parked.clone();

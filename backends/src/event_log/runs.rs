@@ -49,8 +49,8 @@ pub trait RunLog: Send + Sync {
     /// at most `limit`, in no promised order. The dispatcher's children
     /// loop cancels them: no child outlives its parent. (A child whose
     /// cancel waits for a worker is left out, so such children never fill
-    /// a page and hide others.)
-    async fn stranded_children(&self, limit: usize) -> Result<Vec<Uuid>, LogError>;
+    /// a page and hide others.) Each as `(child, parent)`.
+    async fn stranded_children(&self, limit: usize) -> Result<Vec<(Uuid, Uuid)>, LogError>;
 
     /// Events with `seq > after`, in order, at most `limit`.
     async fn events(&self, run_id: Uuid, after: u64, limit: usize) -> Result<Vec<Event>, LogError>;
