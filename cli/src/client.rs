@@ -398,14 +398,13 @@ fn parse_start_at(s: &str) -> Result<chrono::DateTime<chrono::FixedOffset>, Stri
 /// error when the run failed or was cancelled.
 pub async fn submit(args: SubmitArgs) -> Result<()> {
     // What the dispatcher would refuse (422) is refused here, before anything is sent.
-    let body = match (&args.config, &args.agent) {
+    let mut body = match (&args.config, &args.agent) {
         (_, Some(agent)) => json!({ "goal": args.goal, "agent": agent }),
         (Some(p), None) => {
             json!({ "goal": args.goal, "config": crate::config_file::read_config(p)? })
         }
         (None, None) => json!({ "goal": args.goal, "config": RunConfig::default() }),
     };
-    let mut body = body;
     if let Some(at) = args.start_at {
         body["start_at"] = json!(at.to_rfc3339());
     }
