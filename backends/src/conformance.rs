@@ -23,6 +23,7 @@ use crate::{
 
 pub mod listing;
 // Issue 32, schedules.
+pub mod evals;
 pub mod schedules;
 pub mod waits;
 // Issue 32, child runs.

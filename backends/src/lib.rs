@@ -28,6 +28,7 @@ pub mod archive;
 pub mod batches;
 #[cfg(feature = "testkit")]
 pub mod conformance;
+pub mod evals;
 pub mod event_log;
 pub mod memory;
 pub mod postgres;

@@ -64,6 +64,7 @@
 
 mod batches;
 // Issue 32, schedules: the schedule store on the single node's file.
+mod evals;
 mod schedules;
 mod waits;
 
@@ -133,6 +134,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/010_schedules.sql"),
     // Issue 32, child runs: live children (`stranded_children`).
     include_str!("../sqlite_migrations/011_live_children.sql"),
+    // Issue 31, evals.
+    include_str!("../sqlite_migrations/012_evals.sql"),
 ];
 
 /// How a store is opened.

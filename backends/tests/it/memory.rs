@@ -23,6 +23,11 @@ async fn memory_schedules_conformance() {
 }
 
 #[tokio::test]
+async fn memory_evals_conformance() {
+    conformance::evals::all(&glia_backends::evals::MemoryEvals::default()).await;
+}
+
+#[tokio::test]
 async fn memory_queue_resumes_before_starts() {
     conformance::resumes_before_starts(&MemoryQueue::default(), 50).await;
 }

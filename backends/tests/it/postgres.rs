@@ -220,6 +220,18 @@ async fn postgres_schedules_conformance() {
 }
 
 #[tokio::test]
+async fn postgres_evals_conformance() {
+    let db = TestDb::new().await;
+    let log = db
+        .log_with(PgOptions {
+            max_connections: 4,
+            ..PgOptions::default()
+        })
+        .await;
+    conformance::evals::all(&log).await;
+}
+
+#[tokio::test]
 async fn events_reject_update_delete_and_truncate_and_runs_stay() {
     let (db, log, s) = admitted(PgOptions::default()).await;
     let sql = db.sql().await;

@@ -407,6 +407,13 @@ async fn sqlite_schedules_conformance() {
     conformance::schedules::all(&log).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_evals_conformance() {
+    let dir = TempDir::new();
+    let log = open(&dir).await;
+    conformance::evals::all(&log).await;
+}
+
 /// A batch upload whose caller goes away mid-upload leaves nothing and holds
 /// no idempotency key; one left by a process that died is deleted when the
 /// file is opened next; a submitted batch and its items survive a restart.
