@@ -18,8 +18,8 @@ CREATE TABLE eval_datasets (
 
 -- An experiment: the eval spec as the dispatcher validated it (`spec`,
 -- opaque JSON text), the batch of each agent version (`batches`, a JSON
--- array of ids in the spec's order; empty until they are submitted) and
--- its state. `(tenant, idempotency_key)` makes a repeated submit answer the
+-- array of ids in the spec's order; empty until they are submitted), its
+-- state and which dispatcher tends it. `(tenant, idempotency_key)` makes a repeated submit answer the
 -- first experiment.
 CREATE TABLE eval_experiments (
     id               uuid PRIMARY KEY,
@@ -32,6 +32,10 @@ CREATE TABLE eval_experiments (
     state            text NOT NULL CHECK (state IN ('running', 'completed', 'cancelled')),
     created_at       timestamptz NOT NULL,
     finished_at      timestamptz,
+    -- The dispatcher tending it (posting scripted turns, deciding
+    -- approvals, grading) and until when; another takes over after.
+    tended_by        uuid,
+    tended_until     timestamptz,
     UNIQUE (tenant, idempotency_key)
 );
 CREATE INDEX eval_experiments_running ON eval_experiments (id) WHERE state = 'running';

@@ -21,6 +21,8 @@ CREATE TABLE eval_experiments (
     state            TEXT NOT NULL CHECK (state IN ('running', 'completed', 'cancelled')),
     created_at       INTEGER NOT NULL,
     finished_at      INTEGER,
+    tended_by        TEXT,
+    tended_until     INTEGER,
     UNIQUE (tenant, idempotency_key)
 );
 CREATE INDEX eval_experiments_running ON eval_experiments (id) WHERE state = 'running';

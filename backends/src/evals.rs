@@ -221,6 +221,23 @@ pub trait EvalStore: Send + Sync {
     /// Errors: as [`EvalStore::dataset`].
     async fn running_experiments(&self, limit: usize) -> Result<Vec<Experiment>, LogError>;
 
+    /// Claim the running experiment `id` for dispatcher `owner` until
+    /// `until`: true when no other dispatcher holds it at `now` (never
+    /// claimed, its claim ran out, or `owner`'s own, which this extends).
+    /// One dispatcher tends an experiment at a time (posts its runs'
+    /// scripted turns and decisions, grades its cells); another takes over
+    /// when the holder stops renewing. False for an experiment that is not
+    /// running.
+    ///
+    /// Errors: [`LogError::Unavailable`].
+    async fn tend(
+        &self,
+        id: Uuid,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<bool, LogError>;
+
     /// Record the batches of a running experiment (in the spec's order).
     /// False when it is not running (or gone); nothing is written then.
     ///
@@ -271,6 +288,8 @@ struct MemoryInner {
     /// By (tenant, name, version).
     datasets: BTreeMap<(String, String, u32), Dataset>,
     experiments: BTreeMap<Uuid, Experiment>,
+    /// Who tends each experiment, until when.
+    tended: BTreeMap<Uuid, (Uuid, DateTime<Utc>)>,
     /// By (experiment, version, cell).
     grades: BTreeMap<(Uuid, String, String), Grade>,
 }
@@ -421,6 +440,30 @@ impl EvalStore for MemoryEvals {
             .collect())
     }
 
+    async fn tend(
+        &self,
+        id: Uuid,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<bool, LogError> {
+        let mut inner = self.lock();
+        if inner
+            .experiments
+            .get(&id)
+            .is_none_or(|e| e.state != ExperimentState::Running)
+        {
+            return Ok(false);
+        }
+        match inner.tended.get(&id) {
+            Some((holder, held_until)) if *holder != owner && *held_until >= now => Ok(false),
+            _ => {
+                inner.tended.insert(id, (owner, until));
+                Ok(true)
+            }
+        }
+    }
+
     async fn set_batches(&self, id: Uuid, batches: &[Uuid]) -> Result<bool, LogError> {
         let mut inner = self.lock();
         match inner.experiments.get_mut(&id) {
@@ -541,10 +584,6 @@ mod pg {
         })
     }
 
-    fn is_unique(e: &tokio_postgres::Error) -> bool {
-        e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-    }
-
     fn page(limit: usize) -> i64 {
         limit.clamp(1, MAX_PAGE) as i64
     }
@@ -561,42 +600,44 @@ mod pg {
             at: DateTime<Utc>,
         ) -> Result<PutDataset, LogError> {
             self.bounded("put dataset", async {
-                let client = self.client().await?;
-                // Two puts of one name race for the next version: the loser's
-                // insert fails on the key and it reads again.
-                for _ in 0..5 {
-                    let latest = client
-                        .query_opt(
-                            &format!("SELECT {INFO} FROM eval_datasets WHERE tenant = $1 AND name = $2 ORDER BY version DESC LIMIT 1"),
-                            &[&tenant, &name],
-                        )
-                        .await
-                        .map_err(|e| unavailable("put dataset", &e))?;
-                    let latest = latest.as_ref().map(info).transpose()?;
-                    if let Some(latest) = &latest
-                        && latest.content_hash == hash
-                    {
-                        return Ok(PutDataset::Unchanged(latest.clone()));
-                    }
-                    let version = latest.map_or(1, |l| l.version as i32 + 1);
-                    let inserted = client
-                        .query_one(
-                            &format!(
-                                "INSERT INTO eval_datasets (tenant, name, version, content_hash, case_count, cases, created_at) \
-                                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {INFO}"
-                            ),
-                            &[&tenant, &name, &version, &hash, &(count as i32), &cases, &at],
-                        )
-                        .await;
-                    match inserted {
-                        Ok(row) => return Ok(PutDataset::Created(info(&row)?)),
-                        Err(e) if is_unique(&e) => continue,
-                        Err(e) => return Err(unavailable("put dataset", &e)),
-                    }
+                let mut client = self.client().await?;
+                let fail = |e: tokio_postgres::Error| unavailable("put dataset", &e);
+                // Puts of one name are serialised by a transaction-scoped
+                // advisory lock, so each reads the latest version it follows.
+                let tx = client.transaction().await.map_err(fail)?;
+                tx.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended('glia.eval_datasets:' || $1 || '/' || $2, 0))",
+                    &[&tenant, &name],
+                )
+                .await
+                .map_err(fail)?;
+                let latest = tx
+                    .query_opt(
+                        &format!("SELECT {INFO} FROM eval_datasets WHERE tenant = $1 AND name = $2 ORDER BY version DESC LIMIT 1"),
+                        &[&tenant, &name],
+                    )
+                    .await
+                    .map_err(fail)?;
+                let latest = latest.as_ref().map(info).transpose()?;
+                if let Some(latest) = &latest
+                    && latest.content_hash == hash
+                {
+                    return Ok(PutDataset::Unchanged(latest.clone()));
                 }
-                Err(LogError::Unavailable(
-                    "put dataset: the version kept changing under this write".into(),
-                ))
+                let version = latest.map_or(1, |l| l.version as i32 + 1);
+                let row = tx
+                    .query_one(
+                        &format!(
+                            "INSERT INTO eval_datasets (tenant, name, version, content_hash, case_count, cases, created_at) \
+                             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {INFO}"
+                        ),
+                        &[&tenant, &name, &version, &hash, &(count as i32), &cases, &at],
+                    )
+                    .await
+                    .map_err(fail)?;
+                let created = info(&row)?;
+                tx.commit().await.map_err(fail)?;
+                Ok(PutDataset::Created(created))
             })
             .await
         }
@@ -741,6 +782,28 @@ mod pg {
                     .await
                     .map_err(|e| unavailable("running experiments", &e))?;
                 rows.iter().map(experiment).collect()
+            })
+            .await
+        }
+
+        async fn tend(
+            &self,
+            id: Uuid,
+            owner: Uuid,
+            now: DateTime<Utc>,
+            until: DateTime<Utc>,
+        ) -> Result<bool, LogError> {
+            self.bounded("tend experiment", async {
+                let client = self.client().await?;
+                let n = client
+                    .execute(
+                        "UPDATE eval_experiments SET tended_by = $2, tended_until = $4 WHERE id = $1 AND state = 'running' \
+                         AND (tended_by IS NULL OR tended_by = $2 OR tended_until < $3)",
+                        &[&id, &owner, &now, &until],
+                    )
+                    .await
+                    .map_err(|e| unavailable("tend experiment", &e))?;
+                Ok(n > 0)
             })
             .await
         }

@@ -42,6 +42,39 @@ pub async fn all(store: &dyn EvalStore) {
     experiments_are_created_once_per_key(store).await;
     batches_and_state_change_only_while_running(store).await;
     a_cell_is_graded_once(store).await;
+    one_dispatcher_tends_an_experiment(store).await;
+}
+
+/// A claim holds against other dispatchers until it runs out; its holder
+/// renews it; a finished experiment is tended by none.
+pub async fn one_dispatcher_tends_an_experiment(store: &dyn EvalStore) {
+    let e = experiment(&tenant(), None);
+    store.create_experiment(&e).await.unwrap();
+    let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+    assert!(store.tend(e.id, a, at(0), at(10)).await.unwrap());
+    assert!(
+        !store.tend(e.id, b, at(5), at(15)).await.unwrap(),
+        "held by a"
+    );
+    assert!(
+        store.tend(e.id, a, at(5), at(15)).await.unwrap(),
+        "a renews"
+    );
+    assert!(
+        !store.tend(e.id, b, at(12), at(22)).await.unwrap(),
+        "renewed"
+    );
+    assert!(
+        store.tend(e.id, b, at(16), at(26)).await.unwrap(),
+        "a's claim ran out"
+    );
+    assert!(!store.tend(e.id, a, at(17), at(27)).await.unwrap());
+    store
+        .finish_experiment(None, e.id, ExperimentState::Completed, at(18))
+        .await
+        .unwrap();
+    assert!(!store.tend(e.id, b, at(19), at(29)).await.unwrap());
+    assert!(!store.tend(Uuid::now_v7(), a, at(0), at(1)).await.unwrap());
 }
 
 /// A name's first put is version 1; other content is version 2; the same

@@ -291,6 +291,27 @@ impl EvalStore for SqliteLog {
             .await
     }
 
+    async fn tend(
+        &self,
+        id: Uuid,
+        owner: Uuid,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<bool, LogError> {
+        self.store
+            .write("tend experiment", move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE eval_experiments SET tended_by = ?2, tended_until = ?4 WHERE id = ?1 AND state = 'running' \
+                         AND (tended_by IS NULL OR tended_by = ?2 OR tended_until < ?3)",
+                        params![id.to_string(), owner.to_string(), at(now), at(until)],
+                    )
+                    .map_err(db("tend experiment"))?;
+                Ok(n > 0)
+            })
+            .await
+    }
+
     async fn set_batches(&self, id: Uuid, batches: &[Uuid]) -> Result<bool, LogError> {
         let text = batches_text(batches);
         self.store
