@@ -305,9 +305,55 @@ impl Provider for ScriptedProvider {
     }
 }
 
+/// One script of a [`ScriptLibrary`]: the turns every run gets (a JSON
+/// array of [`ScriptedTurn`]), or turns chosen by the run's goal:
+/// `{"by_goal": [{"contains": "A1", "turns": […]}, …], "otherwise": […]}`
+/// — the first entry whose `contains` is in the request's first user
+/// message, else `otherwise` (without it, such a request is refused). So a
+/// scripted model can answer each case of an eval dataset its own way.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Script {
+    /// The same turns for every run.
+    Turns(Vec<ScriptedTurn>),
+    /// Turns by goal.
+    ByGoal {
+        /// Tried in order.
+        by_goal: Vec<GoalScript>,
+        /// For a goal no entry matches.
+        #[serde(default)]
+        otherwise: Option<Vec<ScriptedTurn>>,
+    },
+}
+
+/// The turns of a [`Script::ByGoal`] for goals containing `contains`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GoalScript {
+    /// Matched against the request's first user message (case-sensitive).
+    pub contains: String,
+    /// The turns served.
+    pub turns: Vec<ScriptedTurn>,
+}
+
+impl Script {
+    /// The turns for a request whose first user message is `goal`.
+    fn turns(&self, goal: &str) -> Option<&[ScriptedTurn]> {
+        match self {
+            Script::Turns(turns) => Some(turns),
+            Script::ByGoal { by_goal, otherwise } => by_goal
+                .iter()
+                .find(|s| goal.contains(&s.contains))
+                .map(|s| s.turns.as_slice())
+                .or(otherwise.as_deref()),
+        }
+    }
+}
+
 /// Scripts by name, served statelessly: a request for model `script:NAME`
-/// gets turn *k* of script `NAME`, where *k* is the number of assistant turns
-/// already in the request. Any worker, in any process, after any restart,
+/// gets turn *k* of script `NAME` (its turns for the request's goal, see
+/// [`Script`]), where *k* is the number of assistant turns already in the
+/// request. Any worker, in any process, after any restart,
 /// answers a run's request the same way, which is what a fleet of stateless
 /// workers needs. Default call ids are `call_{k}_{i}`.
 ///
@@ -316,18 +362,24 @@ impl Provider for ScriptedProvider {
 /// the reason in its log and the worker process stays up.
 #[derive(Debug, Clone, Default)]
 pub struct ScriptLibrary {
-    scripts: std::collections::HashMap<String, Vec<ScriptedTurn>>,
+    scripts: std::collections::HashMap<String, Script>,
 }
 
 impl ScriptLibrary {
-    /// Add (or replace) the script `name`.
+    /// Add (or replace) the script `name`, the same turns for every run.
     pub fn insert(&mut self, name: &str, turns: Vec<ScriptedTurn>) -> &mut Self {
-        self.scripts.insert(name.to_owned(), turns);
+        self.insert_script(name, Script::Turns(turns))
+    }
+
+    /// Add (or replace) the script `name`.
+    pub fn insert_script(&mut self, name: &str, script: Script) -> &mut Self {
+        self.scripts.insert(name.to_owned(), script);
         self
     }
 
-    /// Every `*.json` file of `dir` (a JSON array of [`ScriptedTurn`]), named
-    /// by its file stem. Errors name the file that failed.
+    /// Every `*.json` file of `dir` (a [`Script`]: a JSON array of
+    /// [`ScriptedTurn`], or turns by goal), named by its file stem. Errors
+    /// name the file that failed.
     pub fn from_dir(dir: &std::path::Path) -> Result<Self, String> {
         let mut lib = ScriptLibrary::default();
         let entries =
@@ -337,14 +389,18 @@ impl ScriptLibrary {
             if path.extension().is_some_and(|x| x == "json") {
                 let text = std::fs::read_to_string(&path)
                     .map_err(|e| format!("reading {}: {e}", path.display()))?;
-                let turns = serde_json::from_str(&text)
-                    .map_err(|e| format!("parsing {}: {e}", path.display()))?;
+                let script = serde_json::from_str(&text).map_err(|e| {
+                    format!(
+                        "parsing {}: {e} (a script is an array of turns or {{\"by_goal\": [{{\"contains\", \"turns\"}}], \"otherwise\"?}})",
+                        path.display()
+                    )
+                })?;
                 let name = path
                     .file_stem()
                     .and_then(|s| s.to_str())
                     .unwrap_or_default()
                     .to_owned();
-                lib.insert(&name, turns);
+                lib.insert_script(&name, script);
             }
         }
         Ok(lib)
@@ -367,6 +423,17 @@ impl Provider for ScriptLibrary {
             .scripts
             .get(name)
             .ok_or_else(|| ProviderError::InvalidRequest(format!("no script named {name:?}")))?;
+        let goal = request
+            .messages
+            .iter()
+            .find(|m| m.role == Role::User)
+            .map(Message::text)
+            .unwrap_or_default();
+        let script = script.turns(&goal).ok_or_else(|| {
+            ProviderError::InvalidRequest(format!(
+                "script {name:?} has no turns for this goal (no by_goal entry matches and no otherwise)"
+            ))
+        })?;
         let k = request
             .messages
             .iter()

@@ -70,6 +70,9 @@ pub struct Ports {
     pub batches: Option<Arc<dyn glia_backends::batches::BatchStore>>,
     /// Schedules (Postgres, the single node's file, the in-memory twin).
     pub schedules: Option<Arc<dyn glia_backends::schedules::ScheduleStore>>,
+    /// Datasets, experiments and grades (Postgres, the single node's file,
+    /// the in-memory twin).
+    pub evals: Option<Arc<dyn glia_backends::evals::EvalStore>>,
     /// The Postgres log, for what only it offers: resume hints
     /// (`PgLog::resume_hints`) for a worker.
     pub postgres: Option<PgLog>,
@@ -115,7 +118,8 @@ impl Ports {
                 ledger: Arc::new(ledger),
                 webhooks: Some(log.clone()),
                 batches: Some(log.clone()),
-                schedules: Some(log),
+                schedules: Some(log.clone()),
+                evals: Some(log),
                 postgres,
             }
         };
@@ -138,7 +142,8 @@ impl Ports {
             log: log.clone(),
             webhooks: None,
             batches: Some(log.clone()),
-            schedules: Some(log),
+            schedules: Some(log.clone()),
+            evals: Some(log),
             postgres: None,
         })
     }
@@ -176,6 +181,7 @@ impl Ports {
             schedules: Some(Arc::new(
                 glia_backends::schedules::MemorySchedules::default(),
             )),
+            evals: Some(Arc::new(glia_backends::evals::MemoryEvals::default())),
             postgres: None,
         }
     }

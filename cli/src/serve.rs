@@ -632,6 +632,11 @@ impl DispatcherArgs {
             Some(store) => app.with_schedules(store.clone()),
             None => app,
         };
+        // Issue 31, evals: datasets and experiments, when the ports have a store.
+        let app = match &ports.evals {
+            Some(store) => app.with_evals(store.clone()),
+            None => app,
+        };
         let limits = glia_dispatcher::Limits {
             event_retention: Duration::from_secs(self.event_retention_secs),
             ..app.limits.clone()
@@ -734,6 +739,10 @@ fn spawn_background(app: &glia_dispatcher::App, reconcile_every: Duration, sampl
     // Issue 32, schedules: the scheduler, where there is a schedule store.
     if app.schedules.is_some() {
         tokio::spawn(glia_dispatcher::schedules::schedules(app.clone()));
+    }
+    // Issue 31, evals: drive and grade experiments.
+    if app.evals.is_some() {
+        tokio::spawn(glia_dispatcher::evals::evals(app.clone()));
     }
     // Issue 32, child runs: start children, deliver their ends.
     tokio::spawn(glia_dispatcher::children::children(app.clone()));

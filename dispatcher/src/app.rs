@@ -97,6 +97,9 @@ pub struct App {
     /// The schedule store (issue 32); `None`: `/v1/schedules` answers 404
     /// `not_available` and no scheduler runs.
     pub schedules: Option<Arc<dyn glia_backends::schedules::ScheduleStore>>,
+    /// The eval store (issue 31); `None`: `/v1/datasets` and
+    /// `/v1/experiments` answer 404 `not_available` and no experiment is tended.
+    pub evals: Option<Arc<dyn glia_backends::evals::EvalStore>>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) wake: Arc<Notify>,
     pub(crate) wake_admission: Arc<Notify>,
@@ -125,6 +128,7 @@ impl App {
             batches: Arc::new(BatchConfig::default()),
             retention: Arc::new(Retention::default()),
             schedules: None,
+            evals: None,
             metrics: Arc::new(Metrics::new()),
             wake: Arc::new(Notify::new()),
             wake_admission: Arc::new(Notify::new()),
@@ -145,6 +149,13 @@ impl App {
         store: Arc<dyn glia_backends::schedules::ScheduleStore>,
     ) -> App {
         self.schedules = Some(store);
+        self
+    }
+
+    /// The same app with this eval store (`/v1/datasets`, `/v1/experiments`
+    /// and the loop that tends experiments, [`crate::evals::evals`]).
+    pub fn with_evals(mut self, store: Arc<dyn glia_backends::evals::EvalStore>) -> App {
+        self.evals = Some(store);
         self
     }
 

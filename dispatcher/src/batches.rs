@@ -375,6 +375,30 @@ pub(crate) async fn not_ended(app: &App, p: &Principal, id: Uuid) -> Result<(), 
 /// Give every run of batch `id` not done an operator pause with `reason`
 /// (runs already paused or pausing, and runs that finished meanwhile, are
 /// left as they are).
+/// Cancel batch `id` (if `tenant` sees it; `None`: any): nothing more is
+/// admitted, unadmitted items are `cancelled`, and its runs not done are
+/// cancelled by `by`. Answers the batch. Errors: 404 `batch_not_found`.
+pub(crate) async fn cancel_batch(
+    app: &App,
+    tenant: Option<&str>,
+    id: Uuid,
+    by: &str,
+) -> Result<Batch, ApiError> {
+    let store = store(app)?;
+    let batch = store
+        .update(tenant, id, Some(BatchState::Cancelled), None)
+        .await?
+        .ok_or(ApiError::BatchNotFound(id))?;
+    let reason = format!("batch {id} cancelled by {by}");
+    for run_id in store.live_runs(id).await? {
+        match crate::control::cancel_run(app, run_id, &reason, by).await {
+            Ok(_) | Err(ApiError::RunFinished(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(batch)
+}
+
 pub(crate) async fn park_runs(app: &App, id: Uuid, reason: &str, by: &str) -> Result<(), ApiError> {
     for run_id in store(app)?.live_runs(id).await? {
         match pause_run(app, run_id, reason, by).await {

@@ -79,6 +79,15 @@ pub enum ApiError {
     /// 409 `schedule_exists`: the tenant has another schedule of this name.
     #[error("the tenant already has a schedule named {0:?}")]
     ScheduleExists(String),
+    /// 404 `dataset_not_found`: the tenant has no such dataset (or version).
+    #[error("dataset {0} not found")]
+    DatasetNotFound(String),
+    /// 404 `experiment_not_found`: no such experiment, or it belongs to another tenant.
+    #[error("experiment {0} not found")]
+    ExperimentNotFound(Uuid),
+    /// 409 `experiment_ended`: the experiment completed or was cancelled.
+    #[error("experiment {0} has ended")]
+    ExperimentEnded(Uuid),
     /// One line of a JSON Lines upload is bad: 400 `malformed_json` (not
     /// JSON), 422 `invalid_body` (wrong shape) or 422 `invalid_request` (a
     /// value refused); `line` and `field` say where.
@@ -310,6 +319,9 @@ impl ApiError {
             WebhookNotFound(_) => (S::NOT_FOUND, "webhook_not_found"),
             ScheduleNotFound(_) => (S::NOT_FOUND, "schedule_not_found"),
             ScheduleExists(_) => (S::CONFLICT, "schedule_exists"),
+            DatasetNotFound(_) => (S::NOT_FOUND, "dataset_not_found"),
+            ExperimentNotFound(_) => (S::NOT_FOUND, "experiment_not_found"),
+            ExperimentEnded(_) => (S::CONFLICT, "experiment_ended"),
             InvalidLine {
                 code: code @ "malformed_json",
                 ..

@@ -64,6 +64,7 @@ pub mod console;
 pub mod control;
 pub mod docs;
 pub mod error;
+pub mod evals;
 pub mod extract;
 pub mod handlers;
 pub mod history;

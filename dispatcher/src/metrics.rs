@@ -125,6 +125,8 @@ pub struct Metrics {
     pub jobs_reconciled: Counter,
     /// Runs whose content was erased (on request or by retention).
     pub runs_erased: Counter,
+    /// Experiment cells graded (issue 31).
+    pub eval_cells_graded: Counter,
     /// Retention sweeps that failed (event log unavailable).
     pub retention_errors: Counter,
     /// Open SSE streams.
@@ -171,6 +173,7 @@ impl Metrics {
             relay_errors: Counter::default(),
             jobs_reconciled: Counter::default(),
             runs_erased: Counter::default(),
+            eval_cells_graded: Counter::default(),
             retention_errors: Counter::default(),
             sse_streams: Gauge::default(),
             runs: Family::default(),
@@ -229,6 +232,11 @@ impl Metrics {
             "runs_erased",
             "Runs whose content was erased, by DELETE /v1/runs/{id} or the retention sweeper",
             m.runs_erased.clone(),
+        );
+        registry.register(
+            "eval_cells_graded",
+            "Experiment cells graded (each cell once)",
+            m.eval_cells_graded.clone(),
         );
         registry.register(
             "retention_errors",

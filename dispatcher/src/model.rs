@@ -6,6 +6,7 @@
 //! The batch shapes are in [`batches`].
 
 pub mod batches;
+pub mod evals;
 pub mod schedules;
 
 use std::collections::BTreeMap;

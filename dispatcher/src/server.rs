@@ -21,7 +21,9 @@ use utoipa_axum::routes;
 use crate::app::App;
 use crate::auth::OPEN_TENANT;
 use crate::error::ApiError;
-use crate::handlers::{agents, approvals, batches, events, ops, payloads, runs, schedules, stream};
+use crate::handlers::{
+    agents, approvals, batches, evals, events, ops, payloads, runs, schedules, stream,
+};
 use crate::{console, docs, extract, inbox, metrics, webhooks};
 
 /// The document's header and security scheme; paths are added by the router.
@@ -40,6 +42,7 @@ use crate::{console, docs, extract, inbox, metrics, webhooks};
         (name = "payloads", description = "Tool results, messages, resume, cancel"),
         (name = "agents", description = "The agent registry: versioned agent definitions"),
         (name = "batches", description = "Many goals with one configuration: submit (JSON or JSON Lines), progress, results, cancel, pause, resume"),
+        (name = "evals", description = "Datasets (versioned cases) and experiments (agent versions run over a dataset as batches, graded, compared)"),
         (name = "schedules", description = "Runs started on a cron expression or an interval: create, list, next fire times, change, pause, unpause, backfill, delete"),
         (name = "events", description = "Events for runs waiting in wait_for_event (docs/waits.md)"),
         (name = "ops", description = "Health, readiness, metrics, this document")
@@ -85,6 +88,12 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(schedules::pause))
         .routes(routes!(schedules::unpause))
         .routes(routes!(schedules::backfill))
+        // Issue 31, evals.
+        .routes(routes!(evals::put, evals::get_dataset))
+        .routes(routes!(evals::list_datasets))
+        .routes(routes!(evals::create, evals::list))
+        .routes(routes!(evals::get))
+        .routes(routes!(evals::cancel))
         .routes(routes!(approvals::decide))
         .routes(routes!(payloads::post_tool_result))
         .routes(routes!(payloads::post_message))

@@ -21,7 +21,6 @@ use uuid::Uuid;
 use crate::admission::idempotency_key;
 use crate::app::App;
 use crate::auth::{Principal, Scope};
-use crate::control::cancel_run;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, ApiPath, ApiQuery, OptJson, conforms, integral_numbers, is_json};
 
@@ -544,18 +543,7 @@ pub async fn cancel(
     ApiPath(id): ApiPath<Uuid>,
 ) -> Result<Json<BatchView>, ApiError> {
     p.require(Scope::Submit)?;
-    let store = store(&app)?;
-    let batch = store
-        .update(tenant_of(&p), id, Some(BatchState::Cancelled), None)
-        .await?
-        .ok_or(ApiError::BatchNotFound(id))?;
-    let reason = format!("batch {id} cancelled by {}", p.by());
-    for run_id in store.live_runs(id).await? {
-        match cancel_run(&app, run_id, &reason, &p.by()).await {
-            Ok(_) | Err(ApiError::RunFinished(_)) => {}
-            Err(e) => return Err(e),
-        }
-    }
+    let batch = cancel_batch(&app, tenant_of(&p), id, &p.by()).await?;
     Ok(Json(full_view(&app, &batch).await?))
 }
 

@@ -19,6 +19,7 @@
 //! | `POST /v1/runs/{id}/resume` | submit or approve | 202 | 404, 409 `not_paused` / `already_posted` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/close` | submit | 202 | 404, 409 `not_awaiting_input` / `already_posted` / `run_finished` / `run_cancelled` |
 //! | `POST /v1/runs/{id}/cancel` | submit | 202 | 404, 409 `run_finished`, 503 `ledger_unavailable` |
+//! | `PUT /v1/datasets/{name}`, `GET /v1/datasets`, `GET /v1/datasets/{name}`, `POST`, `GET /v1/experiments`, `GET /v1/experiments/{id}`, `POST /v1/experiments/{id}/cancel` | submit to write, any to read | see [`crate::evals`] | 404 `dataset_not_found` / `experiment_not_found`, 409 `experiment_ended` |
 //! | `POST /v1/events` | submit | 202 `{id, delivered, duplicate}` | – (`docs/waits.md`) |
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | none | 200 | 503 `not_ready` |
 //!
@@ -38,6 +39,7 @@
 pub mod agents;
 pub mod approvals;
 pub mod batches;
+pub mod evals;
 pub mod events;
 pub mod ops;
 pub mod payloads;
