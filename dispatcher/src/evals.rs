@@ -580,7 +580,7 @@ async fn tend(app: &App, exp: &Experiment, http: &reqwest::Client) -> Result<usi
 }
 
 /// Post a waiting conversation's next scripted customer turn, or close it
-/// when the case has no more. Nothing when a message or close already waits
+/// (with the case's farewell, if any) when the case has no more. Nothing when a message or close already waits
 /// in its inbox.
 async fn speak(app: &App, run: Uuid, case: &Case) -> Result<(), ApiError> {
     if app
@@ -603,9 +603,19 @@ async fn speak(app: &App, run: Uuid, case: &Case) -> Result<(), ApiError> {
                 crate::admission::redacted_input(app, run, "text", text.clone()).await?;
             Payload::Input { text, redactions }
         }
-        None => Payload::Close {
-            text: None,
-            redactions: Vec::new(),
+        None => match &case.farewell {
+            Some(text) => {
+                let (text, redactions) =
+                    crate::admission::redacted_input(app, run, "text", text.clone()).await?;
+                Payload::Close {
+                    text: Some(text),
+                    redactions,
+                }
+            }
+            None => Payload::Close {
+                text: None,
+                redactions: Vec::new(),
+            },
         },
     };
     match post(app, run, payload).await {

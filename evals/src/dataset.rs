@@ -14,7 +14,10 @@
 //!   `turns`. A run starts from its goal, so only user messages can be
 //!   scripted;
 //! - `turns`: scripted customer messages, posted in order each time the run
-//!   waits for input (not with `messages`);
+//!   waits for input (not with `messages`); when they run out the
+//!   conversation is closed;
+//! - `farewell`: the customer's last words, given with the close (recorded,
+//!   and no model call follows: a "thanks, bye" that needs no answer);
 //! - `expected`: an object the graders read (`expected.answer`,
 //!   `expected.tools`, …);
 //! - `metadata`: string → string, at most 20 keys;
@@ -50,6 +53,10 @@ pub struct Case {
     /// for input.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turns: Vec<String>,
+    /// The customer's last words, posted with the close once `turns` ran
+    /// out (no model call follows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub farewell: Option<String>,
     /// What the graders compare against, by key.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub expected: Map<String, Value>,
@@ -162,8 +169,8 @@ fn sorted(map: Map<String, Value>) -> Map<String, Value> {
 type FieldError = (String, String);
 
 fn parse_case(mut object: Map<String, Value>) -> Result<Case, FieldError> {
-    const KEYS: [&str; 7] = [
-        "id", "goal", "messages", "turns", "expected", "metadata", "config",
+    const KEYS: [&str; 8] = [
+        "id", "goal", "messages", "turns", "farewell", "expected", "metadata", "config",
     ];
     if let Some(unknown) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
         return Err((
@@ -215,6 +222,10 @@ fn parse_case(mut object: Map<String, Value>) -> Result<Case, FieldError> {
             (goal, texts.collect())
         }
     };
+    let farewell = object
+        .remove("farewell")
+        .map(|v| non_blank("farewell", v))
+        .transpose()?;
     let expected = match object.remove("expected") {
         None => Map::new(),
         Some(Value::Object(map)) => map,
@@ -248,6 +259,7 @@ fn parse_case(mut object: Map<String, Value>) -> Result<Case, FieldError> {
         id,
         goal,
         turns,
+        farewell,
         expected,
         metadata,
         config,

@@ -17,6 +17,7 @@ fn case(expected: Value) -> Case {
         id: "c1".into(),
         goal: "Refund order 42".into(),
         turns: vec!["yes please".into()],
+        farewell: None,
         expected: expected.as_object().expect("an object").clone(),
         metadata: [("tier".to_owned(), "gold".to_owned())].into(),
         config: None,
