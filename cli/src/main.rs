@@ -31,6 +31,7 @@ mod bench;
 mod client;
 mod config_file;
 mod demo;
+mod evals;
 mod events;
 mod observe;
 mod ports;
@@ -143,6 +144,11 @@ enum Command {
     /// With a subcommand: batches on a dispatcher (submit, status, results,
     /// cancel, pause, resume, list).
     Batch(batches::BatchCli),
+    /// Evals: run an eval file as an experiment (agent versions over a
+    /// dataset, graded) and gate on it; show, list and compare experiments;
+    /// datasets.
+    #[command(subcommand)]
+    Eval(evals::EvalCommand),
     /// Measure the fleet on the real services (see BENCHMARKS.md); prints
     /// JSON.
     #[command(subcommand)]
@@ -237,7 +243,7 @@ async fn command(cli: Cli) -> Result<()> {
     // A benchmark prints JSON; the pools it tears down would only warn.
     let default_level = match cli.command {
         // (The embedded dispatcher's "no tokens, loopback only" is expected.)
-        Command::Batch(_) => "warn,glia_dispatcher=error",
+        Command::Batch(_) | Command::Eval(_) => "warn,glia_dispatcher=error",
         Command::Bench(_) => "error",
         // Its stdout is the MCP stream; logs go to stderr, which the worker logs.
         Command::ReplayTools { .. } => "warn",
@@ -276,6 +282,7 @@ async fn command(cli: Cli) -> Result<()> {
         Command::Events(cmd) => events::events(cmd).await,
         Command::Batch(cli) => batches::batch(cli).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
+        Command::Eval(cmd) => evals::eval(cmd).await,
         Command::Agents(cmd) => agents::agents(cmd).await,
         Command::Schemas(args) => agents::schemas(args),
         Command::ReplayTools { file, tools } => {

@@ -264,7 +264,7 @@ impl WorkerArgs {
 }
 
 /// An agent that replays `recording`: its provider and its recorded tools.
-fn replay_agent(recording: &glia_replay::Recording) -> Result<Agent> {
+pub fn replay_agent(recording: &glia_replay::Recording) -> Result<Agent> {
     Ok(Agent::new(Arc::new(recording.provider())).with_tools(recording.tools()?))
 }
 
@@ -353,6 +353,19 @@ impl Embedded {
                 .await
                 .map_err(|e| anyhow::anyhow!("--mcp-server {name}: {e}"))?;
         }
+        Embedded::start_agent(agent, workers, concurrency, data).await
+    }
+
+    /// Start `workers` workers (each advancing `concurrency` runs at once)
+    /// running `agent`, and a dispatcher for them (with batches, schedules
+    /// and evals), on the SQLite file `data` (runs already in it continue),
+    /// or on a new file in a temporary directory of its own.
+    pub async fn start_agent(
+        agent: Arc<Agent>,
+        workers: usize,
+        concurrency: usize,
+        data: Option<&Path>,
+    ) -> Result<Embedded> {
         let (path, scratch) = match data {
             Some(path) => (path.to_owned(), None),
             None => {
@@ -394,10 +407,16 @@ impl Embedded {
             per_tenant: glia_dispatcher::batches::Admission::default().max_in_flight,
             ..Default::default()
         };
-        let app = app.with_batches(glia_dispatcher::batches::BatchConfig {
+        let mut app = app.with_batches(glia_dispatcher::batches::BatchConfig {
             store: ports.batches.clone(),
             admission,
         });
+        if let Some(store) = &ports.schedules {
+            app = app.with_schedules(store.clone());
+        }
+        if let Some(store) = &ports.evals {
+            app = app.with_evals(store.clone());
+        }
         tokio::spawn(run_dispatcher(
             app,
             listener,
