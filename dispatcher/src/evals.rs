@@ -25,7 +25,7 @@
 //! (idempotency key from the experiment, cell and grader: admitted once,
 //! its cost recorded on it), its verdict the structured output; a judge
 //! that does not succeed or answers garbage is a grading error, never a
-//! pass. An `http` grader POSTs to an origin the operator's catalogue
+//! pass (one paused by its budget is cancelled, so it ends). An `http` grader POSTs to an origin the operator's catalogue
 //! allows (`[http] allowed_origins`, checked at create and again before
 //! each call; no catalogue, no HTTP grader), redirects not followed.
 
@@ -631,7 +631,8 @@ async fn speak(app: &App, run: Uuid, case: &Case) -> Result<(), ApiError> {
 }
 
 /// Decide a waiting run's approvals as the eval says (`approve`, `reject`;
-/// `leave` decides nothing), by `experiment:{id}`.
+/// `leave` decides nothing), by `experiment:{id}`; a call whose decision
+/// already waits in the run's inbox is left alone.
 async fn decide(app: &App, exp: &Experiment, spec: &EvalSpec, run: Uuid) -> Result<(), ApiError> {
     let decision = match spec.approvals {
         Approvals::Leave => return Ok(()),
@@ -642,13 +643,23 @@ async fn decide(app: &App, exp: &Experiment, spec: &EvalSpec, run: Uuid) -> Resu
     };
     let body: crate::model::DecisionBody =
         serde_json::from_value(decision).expect("a decision body");
+    // A decision already waiting for a worker is not made again (that
+    // would be a contested decision, recorded against the first).
+    let waiting: HashSet<String> = app
+        .log
+        .inbox(run)
+        .await?
+        .into_iter()
+        .filter_map(|i| match i.payload {
+            Payload::Approval { call_id, .. } => Some(call_id),
+            _ => None,
+        })
+        .collect();
     let state = app.log.load(run).await?;
     let p = acting(exp);
-    for call in state
-        .pending_calls
-        .iter()
-        .filter(|c| c.approval == glia_proto::ApprovalStatus::Requested)
-    {
+    for call in state.pending_calls.iter().filter(|c| {
+        c.approval == glia_proto::ApprovalStatus::Requested && !waiting.contains(&c.call_id)
+    }) {
         match crate::control::decide_one(app, &p, run, call.call_id.clone(), &body).await {
             Ok(_)
             | Err(
@@ -783,12 +794,24 @@ async fn judge(
         Err(e) => return error(format!("the judge run was refused: {e}")),
     };
     if run.status != glia_backends::RunStatus::Done {
+        // A judge that spent its budget (calling tools it does not have, say)
+        // waits for nobody: cancel it, and its end is a grading error.
+        if let Some(PullPoint::Paused {
+            reason: glia_proto::PauseReason::Budget { limit },
+        }) = &run.pull_point
+        {
+            let reason = format!("the judge's budget ({limit:?}) is spent");
+            crate::control::cancel_run(app, run.run_id, &reason, &acting(exp).by()).await?;
+        }
         return Ok(None);
     }
     let facts = RunFacts::from_events(&events_of(app, run.run_id).await?);
     let mut verdict =
         grade::judge_verdict(&task.grader, task.required, task.pass_threshold, &facts);
-    verdict.reason = format!("{} (judge run {})", verdict.reason, run.run_id);
+    verdict.reason = match verdict.reason.is_empty() {
+        true => format!("judge run {}", run.run_id),
+        false => format!("{} (judge run {})", verdict.reason, run.run_id),
+    };
     Ok(Some(verdict))
 }
 

@@ -13,93 +13,17 @@
 use crate::common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::http::StatusCode;
 use glia_agent::agent::Agent;
-use glia_agent::provider::{ScriptLibrary, ScriptedTurn};
-use glia_backends::{AgentRegistry, Inbox, RunFilter, RunLog, RunStatus, RunSummary};
+use glia_agent::provider::ScriptedTurn;
+use glia_backends::{Inbox, RunFilter, RunLog, RunStatus, RunSummary};
 use glia_dispatcher::children::{cancel_stranded, sweep_once};
-use glia_proto::{AgentDefinition, EventKind, Outcome, Payload, PullPoint, Status};
+use glia_proto::{EventKind, Outcome, Payload, PullPoint, Status};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use common::*;
-
-/// Register `def` (a definition's JSON) for tenant `tenant`.
-async fn register(h: &H, tenant: &str, def: Value) {
-    let def: AgentDefinition = glia_proto::strict::from_json_value(def).unwrap();
-    def.validate().unwrap();
-    let text = serde_json::to_string(&def).unwrap();
-    h.log
-        .put_agent(tenant, &def.name, &text, &def.content_hash())
-        .await
-        .unwrap();
-}
-
-fn scripts(named: &[(&str, Vec<ScriptedTurn>)]) -> Agent {
-    let mut lib = ScriptLibrary::default();
-    for (name, turns) in named {
-        lib.insert(name, turns.clone());
-    }
-    Agent::new(Arc::new(lib))
-}
-
-/// What a worker does with one job of run `id`: open it under a lease,
-/// apply what waits in its inbox (or go on when it is runnable), commit
-/// the events and consume the items, let go. Answers the status.
-async fn work(h: &H, agent: &Agent, id: Uuid) -> Status {
-    let mut state = h.log.load(id).await.unwrap();
-    let inbox = h.log.inbox(id).await.unwrap();
-    let lease = h
-        .log
-        .acquire(id, "test-worker", Duration::from_secs(30))
-        .await
-        .unwrap();
-    let mut events = Vec::new();
-    let mut consumed = Vec::new();
-    if inbox.is_empty() {
-        agent.advance(&mut state, None, &mut events).await.unwrap();
-    }
-    // A cancel waiting wins over everything before it, as the worker's
-    // cancel flag makes it.
-    let cancel = inbox.iter().find_map(|i| match &i.payload {
-        Payload::Cancel { reason } => Some(reason.clone()),
-        _ => None,
-    });
-    if let Some(reason) = cancel {
-        agent
-            .cancel(&mut state, &reason, &mut events)
-            .await
-            .unwrap();
-    }
-    for item in inbox {
-        consumed.push(item.id);
-        if state.outcome.is_some() {
-            continue;
-        }
-        let payload = match item.payload {
-            Payload::Cancel { reason } => {
-                agent
-                    .cancel(&mut state, &reason, &mut events)
-                    .await
-                    .unwrap();
-                continue;
-            }
-            p => p,
-        };
-        agent
-            .advance(&mut state, Some(payload), &mut events)
-            .await
-            .unwrap();
-    }
-    h.log
-        .commit(&lease, &events, &state, &consumed)
-        .await
-        .unwrap();
-    h.log.release(&lease).await.unwrap();
-    state.status()
-}
 
 async fn children_of(h: &H, parent: Uuid) -> Vec<RunSummary> {
     let mut runs = h
@@ -553,34 +477,13 @@ async fn a_cycle_of_agents_stops_at_the_depth_limit() {
     let top = create(&h, SUB_A, json!({"goal": "start", "agent": "ping"})).await;
     // Drive everything until the top run is done.
     for _ in 0..40 {
-        let runs = h
-            .log
-            .list_runs(&RunFilter {
-                limit: 1000,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        for r in runs.iter().filter(|r| r.status != RunStatus::Done) {
-            let runnable =
-                r.status == RunStatus::Runnable || !h.log.inbox(r.run_id).await.unwrap().is_empty();
-            if runnable {
-                work(&h, &agent, r.run_id).await;
-            }
-        }
+        work_all(&h, &agent).await;
         sweep_once(&h.app).await.unwrap();
         if h.log.get_run(top).await.unwrap().status == RunStatus::Done {
             break;
         }
     }
-    let runs = h
-        .log
-        .list_runs(&RunFilter {
-            limit: 1000,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let runs = all_runs(&h).await;
     // Depths 0 … 4: five runs, the deepest call refused, nothing more started.
     let mut depths: Vec<u32> = runs.iter().map(|r| r.depth).collect();
     depths.sort_unstable();
@@ -674,37 +577,6 @@ async fn bad_agent_names_are_refused_naming_the_field_with_nothing_started() {
             r.text
         );
     }
-    let runs = h
-        .log
-        .list_runs(&RunFilter {
-            limit: 1000,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let runs = all_runs(&h).await;
     assert!(runs.is_empty(), "nothing started: {runs:?}");
-}
-
-/// `calculator` for the budget test's child.
-struct Calculator;
-
-impl glia_agent::tool::DynTool for Calculator {
-    fn spec(&self) -> glia_proto::ToolSpec {
-        glia_proto::ToolSpec {
-            idempotent: true,
-            ..glia_proto::ToolSpec::new(
-                "calculator",
-                "Add.",
-                json!({"type": "object", "properties": {"op": {"type": "string"}, "a": {"type": "number"}, "b": {"type": "number"}}}),
-            )
-        }
-    }
-
-    fn call_raw(
-        &self,
-        _input: Value,
-        _ctx: glia_agent::tool::ToolContext,
-    ) -> futures::future::BoxFuture<'static, Result<String, glia_agent::tool::ToolFailure>> {
-        Box::pin(async { Ok(json!({"result": 3}).to_string()) })
-    }
 }

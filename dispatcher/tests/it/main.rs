@@ -12,6 +12,7 @@ mod children;
 mod console;
 mod console_more;
 mod contract;
+mod evals;
 mod inbox;
 mod module_graph;
 mod ops;

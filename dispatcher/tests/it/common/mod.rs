@@ -10,8 +10,9 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use chrono::Utc;
 use glia_backends::memory::{MemoryLedger, MemoryLog, MemoryQueue};
-use glia_backends::{Inbox, JobQueue, Outbox, RunFilter, RunLog};
+use glia_backends::{AgentRegistry, Inbox, JobQueue, Outbox, RunFilter, RunLog};
 use glia_dispatcher::{App, Auth, Principal, Scope};
+use glia_proto::Payload;
 use glia_proto::{
     ContentBlock, Disposition, Event, EventKind, Limit, Message, Outcome, PauseReason, PullPoint,
     Role, RunState, ToolCallRecord, Usage, args_hash,
@@ -534,5 +535,130 @@ impl Real {
         let r = self.post("/v1/runs", token, body).await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
         r.body["run_id"].as_str().unwrap().parse().unwrap()
+    }
+}
+
+/// Register `def` (a definition's JSON) for tenant `tenant`.
+pub async fn register(h: &H, tenant: &str, def: Value) {
+    let def: glia_proto::AgentDefinition = glia_proto::strict::from_json_value(def).unwrap();
+    def.validate().unwrap();
+    let text = serde_json::to_string(&def).unwrap();
+    h.log
+        .put_agent(tenant, &def.name, &text, &def.content_hash())
+        .await
+        .unwrap();
+}
+
+pub fn scripts(
+    named: &[(&str, Vec<glia_agent::provider::ScriptedTurn>)],
+) -> glia_agent::agent::Agent {
+    let mut lib = glia_agent::provider::ScriptLibrary::default();
+    for (name, turns) in named {
+        lib.insert(name, turns.clone());
+    }
+    glia_agent::agent::Agent::new(Arc::new(lib))
+}
+
+/// What a worker does with one job of run `id`: open it under a lease,
+/// apply what waits in its inbox (or go on when it is runnable), commit
+/// the events and consume the items, let go. Answers the status.
+pub async fn work(h: &H, agent: &glia_agent::agent::Agent, id: Uuid) -> glia_proto::Status {
+    let mut state = h.log.load(id).await.unwrap();
+    let inbox = h.log.inbox(id).await.unwrap();
+    let lease = h
+        .log
+        .acquire(id, "test-worker", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    let mut consumed = Vec::new();
+    if inbox.is_empty() {
+        agent.advance(&mut state, None, &mut events).await.unwrap();
+    }
+    // A cancel waiting wins over everything before it, as the worker's
+    // cancel flag makes it.
+    let cancel = inbox.iter().find_map(|i| match &i.payload {
+        Payload::Cancel { reason } => Some(reason.clone()),
+        _ => None,
+    });
+    if let Some(reason) = cancel {
+        agent
+            .cancel(&mut state, &reason, &mut events)
+            .await
+            .unwrap();
+    }
+    for item in inbox {
+        consumed.push(item.id);
+        if state.outcome.is_some() {
+            continue;
+        }
+        let payload = match item.payload {
+            Payload::Cancel { reason } => {
+                agent
+                    .cancel(&mut state, &reason, &mut events)
+                    .await
+                    .unwrap();
+                continue;
+            }
+            p => p,
+        };
+        agent
+            .advance(&mut state, Some(payload), &mut events)
+            .await
+            .unwrap();
+    }
+    h.log
+        .commit(&lease, &events, &state, &consumed)
+        .await
+        .unwrap();
+    h.log.release(&lease).await.unwrap();
+    state.status()
+}
+
+/// Every run (up to 1000), newest first.
+pub async fn all_runs(h: &H) -> Vec<glia_backends::RunSummary> {
+    h.log
+        .list_runs(&RunFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// A worker job ([`work`]) for every run that can go on: runnable, or not
+/// done with something waiting in its inbox.
+pub async fn work_all(h: &H, agent: &glia_agent::agent::Agent) {
+    for r in all_runs(h).await {
+        let runnable = r.status == glia_backends::RunStatus::Runnable
+            || (r.status != glia_backends::RunStatus::Done
+                && !h.log.inbox(r.run_id).await.unwrap().is_empty());
+        if runnable {
+            work(h, agent, r.run_id).await;
+        }
+    }
+}
+
+/// `calculator`: adds (answers `{"result": 3}` whatever it is given).
+pub struct Calculator;
+
+impl glia_agent::tool::DynTool for Calculator {
+    fn spec(&self) -> glia_proto::ToolSpec {
+        glia_proto::ToolSpec {
+            idempotent: true,
+            ..glia_proto::ToolSpec::new(
+                "calculator",
+                "Add.",
+                json!({"type": "object", "properties": {"op": {"type": "string"}, "a": {"type": "number"}, "b": {"type": "number"}}}),
+            )
+        }
+    }
+
+    fn call_raw(
+        &self,
+        _input: Value,
+        _ctx: glia_agent::tool::ToolContext,
+    ) -> futures::future::BoxFuture<'static, Result<String, glia_agent::tool::ToolFailure>> {
+        Box::pin(async { Ok(json!({"result": 3}).to_string()) })
     }
 }

@@ -1,0 +1,945 @@
+//! Issue 31, evals, in one process: the dispatcher over the in-memory twins
+//! with an eval store, a hand-driven worker (the real loop over scripts by
+//! model name, [`work`]) and the background passes called by hand (the
+//! experiments loop's `tend_once`, batch admission's `admit_once`). Two
+//! versions of an agent, one regressing on two cases, graded once per cell;
+//! scripted customer turns and approvals; the trajectory grader; a judge
+//! run, once per cell, whose garbage is a grading error; bad input refused
+//! naming the field with nothing stored; idempotent creation; cancel.
+
+use crate::common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use glia_agent::agent::Agent;
+use glia_agent::provider::{GoalScript, Script, ScriptLibrary, ScriptedTurn};
+use glia_backends::evals::MemoryEvals;
+use glia_backends::{RunLog, RunStatus, RunSummary};
+use glia_dispatcher::batches::admit_once;
+use glia_dispatcher::evals::tend_once;
+use glia_proto::{ContentBlock, Decision, EventKind};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use common::*;
+
+/// The harness with an eval store.
+fn evals_harness() -> H {
+    let mut h = harness();
+    h.app = h.app.clone().with_evals(Arc::new(MemoryEvals::default()));
+    h.router = glia_dispatcher::router(h.app.clone());
+    h
+}
+
+/// `PUT /v1/datasets/{name}` with `text` as JSON Lines.
+async fn put_text(h: &H, name: &str, text: String) -> Reply {
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(format!("/v1/datasets/{name}"))
+        .header(header::AUTHORIZATION, format!("Bearer {SUB_A}"))
+        .header(header::CONTENT_TYPE, "application/jsonl")
+        .body(Body::from(text))
+        .unwrap();
+    send(&h.router, req).await
+}
+
+/// Store `cases` as dataset `name`; a new version is expected.
+async fn put_cases(h: &H, name: &str, cases: &[Value]) {
+    let text: String = cases.iter().map(|c| format!("{c}\n")).collect();
+    let r = put_text(h, name, text).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+}
+
+/// `POST /v1/experiments`, with an `Idempotency-Key` when given.
+async fn create_experiment(h: &H, eval: Value, key: Option<&str>) -> Reply {
+    let mut req = request(
+        Method::POST,
+        "/v1/experiments",
+        Some(SUB_A),
+        Some(&json!({ "eval": eval })),
+    );
+    if let Some(key) = key {
+        req.headers_mut()
+            .insert("idempotency-key", key.parse().unwrap());
+    }
+    send(&h.router, req).await
+}
+
+/// Register agent `def` for tenant `a` and store its dataset `name`.
+async fn setup(h: &H, def: Value, name: &str, cases: &[Value]) {
+    register(h, "a", def).await;
+    put_cases(h, name, cases).await;
+}
+
+/// `POST /v1/experiments/{id}/cancel` as `token`.
+async fn cancel(h: &H, id: &str, token: &str) -> Reply {
+    post(h, &format!("/v1/experiments/{id}/cancel"), token, json!({})).await
+}
+
+/// Create an experiment; its id.
+async fn start(h: &H, eval: Value) -> String {
+    let r = create_experiment(h, eval, None).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(r.body["state"], "running", "{}", r.text);
+    r.body["id"].as_str().unwrap().to_owned()
+}
+
+/// A worker's scripts (with the `calculator` tool): `named` by model name.
+fn library(named: Vec<(&str, Script)>) -> Agent {
+    let mut lib = ScriptLibrary::default();
+    for (name, script) in named {
+        lib.insert_script(name, script);
+    }
+    let mut tools = glia_agent::tool::ToolRegistry::default();
+    tools.register_dyn(Arc::new(Calculator)).unwrap();
+    Agent::new(Arc::new(lib)).with_tools(tools)
+}
+
+/// A script answering each goal containing a key with its turns.
+fn by_goal(entries: Vec<(&str, Vec<ScriptedTurn>)>) -> Script {
+    Script::ByGoal {
+        by_goal: entries
+            .into_iter()
+            .map(|(contains, turns)| GoalScript {
+                contains: contains.into(),
+                turns,
+            })
+            .collect(),
+        otherwise: None,
+    }
+}
+
+/// The dispatcher whose passes the tests make (its claims on experiments
+/// last [`glia_dispatcher::evals::CLAIM_FOR`]).
+const OWNER: Uuid = Uuid::from_u128(31);
+
+/// Drive the fleet by hand until experiment `id` is `completed`: a pass of
+/// the experiments loop, one of batch admission, then a worker job for
+/// every run that can go on. Answers the experiment's view and how many
+/// cells the loop's passes said they graded.
+async fn drive(h: &H, agent: &Agent, id: &str) -> (Value, usize) {
+    let http = reqwest::Client::new();
+    let mut graded = 0;
+    for _ in 0..40 {
+        graded += tend_once(&h.app, OWNER, &http).await.unwrap();
+        // Another dispatcher's pass, and this one's again at once, grade nothing.
+        assert_eq!(tend_once(&h.app, Uuid::now_v7(), &http).await.unwrap(), 0);
+        assert_eq!(tend_once(&h.app, OWNER, &http).await.unwrap(), 0);
+        let got = get(h, &format!("/v1/experiments/{id}"), SUB_A).await;
+        assert_eq!(got.status, StatusCode::OK, "{}", got.text);
+        if got.body["state"] == "completed" {
+            return (got.body, graded);
+        }
+        admit_once(&h.app).await.unwrap();
+        work_all(h, agent).await;
+    }
+    let left: Vec<String> = all_runs(h)
+        .await
+        .iter()
+        .filter(|r| r.status != RunStatus::Done)
+        .map(|r| format!("{} {:?} {:?}", r.run_id, r.tags, r.pull_point))
+        .collect();
+    let got = get(h, &format!("/v1/experiments/{id}"), SUB_A).await;
+    panic!(
+        "experiment {id} did not complete; runs left {left:?}: {}",
+        got.text
+    )
+}
+
+/// The cells of a view for `version`, in the view's order.
+fn cells_of<'a>(view: &'a Value, version: &str) -> Vec<&'a Value> {
+    view["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["version"] == version)
+        .collect()
+}
+
+fn cell<'a>(view: &'a Value, version: &str, case: &str) -> &'a Value {
+    cells_of(view, version)
+        .into_iter()
+        .find(|c| c["case_id"] == case)
+        .unwrap_or_else(|| panic!("no cell {version} {case}: {view}"))
+}
+
+async fn events(h: &H, run: &str) -> Vec<glia_proto::Event> {
+    h.log.events(run.parse().unwrap(), 0, 10_000).await.unwrap()
+}
+
+const CASES: [&str; 5] = ["A1", "A2", "A3", "A4", "A5"];
+
+/// Register `support` v1 (right on every case) and v2 (wrong on A4 and
+/// A5), and store dataset `cases`: one refund case per order.
+async fn two_versions(h: &H) -> Agent {
+    register(
+        h,
+        "a",
+        json!({"name": "support", "model": "script:support-v1", "tools": []}),
+    )
+    .await;
+    register(
+        h,
+        "a",
+        json!({"name": "support", "model": "script:support-v2", "tools": []}),
+    )
+    .await;
+    let cases: Vec<Value> = CASES
+        .iter()
+        .map(|o| json!({"id": o, "goal": format!("Refund order {o}."), "expected": {"answer": format!("order {o} is refunded")}}))
+        .collect();
+    put_cases(h, "cases", &cases).await;
+    let answer =
+        |o: &str, word: &str| vec![ScriptedTurn::text(&format!("Done: order {o} is {word}."))];
+    let v1 = by_goal(CASES.iter().map(|o| (*o, answer(o, "refunded"))).collect());
+    let v2 = by_goal(
+        CASES
+            .iter()
+            .map(|o| {
+                let word = if ["A4", "A5"].contains(o) {
+                    "not refundable"
+                } else {
+                    "refunded"
+                };
+                (*o, answer(o, word))
+            })
+            .collect(),
+    );
+    library(vec![("support-v1", v1), ("support-v2", v2)])
+}
+
+fn refunds_eval() -> Value {
+    json!({"name": "refunds", "dataset": "cases", "agents": ["support@1", "support@2"],
+        "repetitions": 2, "graders": [{"kind": "contains", "expected": "answer"}]})
+}
+
+#[tokio::test]
+async fn two_versions_one_regresses_every_cell_graded_once() {
+    let h = evals_harness();
+    let agent = two_versions(&h).await;
+    let id = start(&h, refunds_eval()).await;
+    let (view, graded) = drive(&h, &agent, &id).await;
+
+    // 2 versions × 5 cases × 2 repetitions, each graded once.
+    assert_eq!(graded, 20, "the passes graded each cell once");
+    assert_eq!(view["progress"], json!({"cells": 20, "graded": 20}));
+    let grades = h
+        .app
+        .evals
+        .as_ref()
+        .unwrap()
+        .grades(id.parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(grades.len(), 20);
+    let distinct: BTreeSet<(String, String)> = grades
+        .iter()
+        .map(|g| (g.version.clone(), g.cell.clone()))
+        .collect();
+    assert_eq!(distinct.len(), 20);
+    let http = reqwest::Client::new();
+    assert_eq!(
+        tend_once(&h.app, Uuid::now_v7(), &http).await.unwrap(),
+        0,
+        "nothing is graded again"
+    );
+    assert_eq!(view["dataset"], "cases@1");
+    assert_eq!(view["versions"][0]["label"], "support@1");
+    assert_eq!(view["versions"][1]["label"], "support@2");
+
+    // Pass rates, and the cases that changed verdict.
+    let summary = &view["summary"];
+    assert_eq!(summary["versions"][0]["version"], "support@1");
+    assert_eq!(summary["versions"][0]["pass_rate"], json!(1.0));
+    assert_eq!(summary["versions"][0]["passed"], json!(10));
+    assert_eq!(summary["versions"][1]["pass_rate"], json!(0.6));
+    assert_eq!(summary["versions"][1]["passed"], json!(6));
+    let changes = summary["changes"].as_array().unwrap();
+    let changed: BTreeSet<&str> = changes
+        .iter()
+        .map(|c| c["case_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(changed, BTreeSet::from(["A4", "A5"]), "{summary}");
+    for c in changes {
+        assert_eq!(c["from_version"], "support@1");
+        assert_eq!(c["to_version"], "support@2");
+        assert_eq!(
+            (&c["from_pass"], &c["to_pass"]),
+            (&json!(true), &json!(false))
+        );
+    }
+    let regressed = cell(&view, "support@2", "A4");
+    assert_eq!(regressed["pass"], json!(false));
+    assert!(
+        regressed["verdicts"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("order A4 is refunded"),
+        "{regressed}"
+    );
+
+    // Every cell is a real run of its version, tagged with the experiment.
+    let cells = view["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 20);
+    let mut runs = BTreeSet::new();
+    for c in cells {
+        let run = c["run_id"].as_str().unwrap();
+        assert!(runs.insert(run.to_owned()), "one run per cell");
+        let got = get(&h, &format!("/v1/runs/{run}"), SUB_A).await;
+        assert_eq!(got.status, StatusCode::OK, "{}", got.text);
+        assert_eq!(got.body["metadata"]["glia.experiment"], json!(id));
+        assert_eq!(got.body["outcome"]["kind"], "succeeded", "{}", got.text);
+        let version = got.body["agent_version"].as_u64().unwrap();
+        assert_eq!(c["version"], json!(format!("support@{version}")));
+        let answer = c["facts"]["answer"].as_str().unwrap();
+        let case = c["case_id"].as_str().unwrap();
+        assert!(answer.contains(case), "{c}");
+        let start = events(&h, run).await;
+        let EventKind::SessionStart { config, .. } = &start[0].kind else {
+            panic!("session.start first")
+        };
+        let model = match c["version"].as_str().unwrap() {
+            "support@1" => "script:support-v1",
+            _ => "script:support-v2",
+        };
+        assert_eq!(config.model, model);
+    }
+
+    // The CI gate finds the regression.
+    let summary: glia_evals::stats::Summary = serde_json::from_value(summary.clone()).unwrap();
+    let failures = glia_evals::stats::gate(&summary, None, Some("support@1"));
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    assert!(
+        failures.iter().any(|f| f.contains("\"A4\"")),
+        "{failures:?}"
+    );
+    assert!(
+        failures.iter().any(|f| f.contains("\"A5\"")),
+        "{failures:?}"
+    );
+    assert!(
+        glia_evals::stats::gate(&summary, Some(0.9), None)
+            .iter()
+            .any(|f| f.contains("support@2"))
+    );
+
+    // The list shows it, without results.
+    let list = get(&h, "/v1/experiments", SUB_A).await;
+    assert_eq!(list.body["experiments"].as_array().unwrap().len(), 1);
+    assert_eq!(list.body["experiments"][0]["state"], "completed");
+    assert!(
+        list.body["experiments"][0]
+            .get("cells")
+            .is_none_or(Value::is_null)
+    );
+    // Another tenant sees nothing.
+    let foreign = get(&h, &format!("/v1/experiments/{id}"), SUB_B).await;
+    assert_eq!(foreign.status, StatusCode::NOT_FOUND, "{}", foreign.text);
+}
+
+#[tokio::test]
+async fn scripted_turns_are_posted_and_the_conversation_closed() {
+    let h = evals_harness();
+    setup(
+        &h,
+        json!({"name": "chat", "model": "script:chat", "tools": [], "conversational": true}),
+        "talk",
+        &[
+            json!({"id": "one", "goal": "Hello ONE.", "turns": ["second message"], "expected": {"answer": "got it"}}),
+            json!({"id": "two", "goal": "Hello TWO.", "turns": ["second message", "third message"], "expected": {"answer": "bye"}}),
+            json!({"id": "none", "goal": "Hello NONE.", "expected": {"answer": "what else"}}),
+        ],
+    )
+    .await;
+    let chat = vec![
+        ScriptedTurn::text("Hi, what else?"),
+        ScriptedTurn::text("Got it."),
+        ScriptedTurn::text("Got it, bye."),
+    ];
+    let agent = library(vec![("chat", Script::Turns(chat))]);
+    let id = start(
+        &h,
+        json!({"name": "talk", "dataset": "talk", "agents": ["chat"], "graders": [{"kind": "contains"}]}),
+    )
+    .await;
+    let (view, graded) = drive(&h, &agent, &id).await;
+    assert_eq!(graded, 3);
+    for (case, turns, answer) in [
+        ("one", &["second message"][..], "Got it."),
+        (
+            "two",
+            &["second message", "third message"][..],
+            "Got it, bye.",
+        ),
+        ("none", &[][..], "Hi, what else?"),
+    ] {
+        let c = cell(&view, "chat@1", case);
+        assert_eq!(c["pass"], json!(true), "{c}");
+        assert_eq!(c["facts"]["outcome"], "succeeded");
+        assert_eq!(c["facts"]["answer"], answer, "{c}");
+        let events = events(&h, c["run_id"].as_str().unwrap()).await;
+        let inputs: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::InputReceived { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(inputs, turns, "{case}: each turn posted once, in order");
+        assert!(
+            matches!(
+                &events.last().unwrap().kind,
+                EventKind::SessionComplete {
+                    outcome: glia_proto::Outcome::Succeeded { .. }
+                }
+            ),
+            "{case}: closed after the turns ran out: {:?}",
+            events.last()
+        );
+    }
+}
+
+#[tokio::test]
+async fn approvals_are_decided_as_the_eval_says() {
+    let h = evals_harness();
+    setup(
+        &h,
+        json!({"name": "refunder", "model": "script:refund", "tools": ["calculator"],
+            "policies": [{"tool": "calculator", "action": {"kind": "require_approval"}}]}),
+        "refund",
+        &[json!({"id": "r1", "goal": "Refund order R1.", "expected": {"answer": "finished"}})],
+    )
+    .await;
+    let agent = library(vec![(
+        "refund",
+        Script::Turns(vec![
+            ScriptedTurn::call("calculator", json!({"op": "add", "a": 1, "b": 2})),
+            ScriptedTurn::text("Refund finished."),
+        ]),
+    )]);
+    for approvals in ["approve", "reject"] {
+        let id = start(
+            &h,
+            json!({"name": approvals, "dataset": "refund", "agents": ["refunder"], "approvals": approvals,
+                "graders": [{"kind": "contains"}]}),
+        )
+        .await;
+        // The run parks for approval; the loop decides, once however many
+        // passes look before a worker applies the decision.
+        let http = reqwest::Client::new();
+        tend_once(&h.app, OWNER, &http).await.unwrap();
+        admit_once(&h.app).await.unwrap();
+        let run = all_runs(&h)
+            .await
+            .into_iter()
+            .find(|r| r.metadata.get("glia.experiment") == Some(&id))
+            .unwrap();
+        let parked = work(&h, &agent, run.run_id).await;
+        assert!(
+            matches!(
+                parked,
+                glia_proto::Status::Parked(glia_proto::PullPoint::AwaitingApproval { .. })
+            ),
+            "{parked:?}"
+        );
+        for _ in 0..3 {
+            tend_once(&h.app, OWNER, &http).await.unwrap();
+        }
+        let inbox = inbox_of(&h, run.run_id).await;
+        assert!(
+            matches!(&inbox[..], [glia_proto::Payload::Approval { by: Some(by), .. }] if *by == format!("experiment:{id}")),
+            "one decision waits, nothing contested: {inbox:?}"
+        );
+        let (view, _) = drive(&h, &agent, &id).await;
+        let c = cell(&view, "refunder@1", "r1");
+        assert_eq!(c["pass"], json!(true), "{c}");
+        let run = c["run_id"].as_str().unwrap();
+        let events = events(&h, run).await;
+        let resolved: Vec<(&Decision, Option<&str>)> = events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::ApprovalResolved { decision, by, .. } => Some((decision, by.as_deref())),
+                _ => None,
+            })
+            .collect();
+        let by = format!("experiment:{id}");
+        assert_eq!(resolved.len(), 1, "{approvals}: {resolved:?}");
+        let decision = match approvals {
+            "approve" => Decision::Approve,
+            _ => Decision::Reject {
+                reason: "rejected by the eval reject".into(),
+            },
+        };
+        assert_eq!(resolved[0].0, &decision, "{approvals}");
+        assert_eq!(resolved[0].1, Some(by.as_str()));
+        // What the model saw for the call.
+        let state = h.log.load(run.parse().unwrap()).await.unwrap();
+        let result = state
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .find_map(|b| match b {
+                ContentBlock::ToolResult { content, .. } => {
+                    Some(serde_json::to_string(content).unwrap())
+                }
+                _ => None,
+            })
+            .unwrap();
+        match approvals {
+            "approve" => assert!(result.contains("result"), "{result}"),
+            _ => assert!(
+                result.contains("rejected by the eval reject") && !result.contains("result"),
+                "the call did not run: {result}"
+            ),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_trajectory_grader_compares_tool_calls() {
+    let h = evals_harness();
+    let add = json!([{"name": "calculator", "input": {"op": "add"}}]);
+    setup(
+        &h,
+        json!({"name": "tooler", "model": "script:tooler", "tools": ["calculator"]}),
+        "traj",
+        &[
+            json!({"id": "right", "goal": "Compute RIGHT.", "expected": {"tools": add}}),
+            json!({"id": "wrong-args", "goal": "Compute WRONG.", "expected": {"tools": add}}),
+            json!({"id": "no-call", "goal": "Compute NONE.", "expected": {"tools": add}}),
+            json!({"id": "extra", "goal": "Compute TWICE.", "expected": {"tools": add}}),
+        ],
+    )
+    .await;
+    let call = |op: &str| ScriptedTurn::call("calculator", json!({"op": op, "a": 1, "b": 2}));
+    let agent = library(vec![(
+        "tooler",
+        by_goal(vec![
+            ("RIGHT", vec![call("add"), ScriptedTurn::text("3")]),
+            ("WRONG", vec![call("sub"), ScriptedTurn::text("-1")]),
+            ("NONE", vec![ScriptedTurn::text("3, by heart")]),
+            (
+                "TWICE",
+                vec![call("add"), call("add"), ScriptedTurn::text("3")],
+            ),
+        ]),
+    )]);
+    let id = start(
+        &h,
+        json!({"name": "traj", "dataset": "traj", "agents": ["tooler"],
+            "graders": [{"kind": "trajectory", "order": "exact", "args": "subset"}]}),
+    )
+    .await;
+    let (view, graded) = drive(&h, &agent, &id).await;
+    assert_eq!(graded, 4);
+    let verdict = |case: &str| cell(&view, "tooler@1", case)["verdicts"][0].clone();
+    let right = verdict("right");
+    assert_eq!(
+        (right["pass"].clone(), right["score"].clone()),
+        (json!(true), json!(1.0)),
+        "{right}"
+    );
+    for case in ["wrong-args", "no-call", "extra"] {
+        let v = verdict(case);
+        assert_eq!(v["pass"], json!(false), "{case}: {v}");
+        assert!(v["error"].is_null(), "{case}: a verdict, not an error: {v}");
+        assert!(!v["reason"].as_str().unwrap().is_empty(), "{case}: {v}");
+        assert_eq!(cell(&view, "tooler@1", case)["pass"], json!(false));
+    }
+    assert_eq!(view["summary"]["versions"][0]["pass_rate"], json!(0.25));
+}
+
+/// A tenant with `support` v1 and dataset `cases`, on a dispatcher whose
+/// catalogue has no provider and allows HTTP to one origin only.
+async fn catalogued() -> H {
+    let mut h = evals_harness();
+    let catalogue = glia_agent::catalogue::Catalogue::parse(
+        "[http]\nallowed_origins = [\"https://grader.example.com\"]\n",
+        "fleet.toml",
+    )
+    .unwrap();
+    h.app = h
+        .app
+        .clone()
+        .with_admission(Arc::new(move |config| catalogue.admit(config)));
+    h.router = glia_dispatcher::router(h.app.clone());
+    one_case(&h).await;
+    h
+}
+
+/// `support` v1 and dataset `cases` of one case.
+async fn one_case(h: &H) {
+    setup(
+        h,
+        json!({"name": "support", "model": "script:support-v1", "tools": []}),
+        "cases",
+        &[json!({"id": "c1", "goal": "g", "expected": {"answer": "a"}})],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_naming_the_field_with_nothing_stored() {
+    let h = catalogued().await;
+    // A dataset whose case patches the config (only an inline version takes it).
+    put_cases(
+        &h,
+        "patched",
+        &[json!({"id": "p", "goal": "g", "config": {"max_tokens": 100}})],
+    )
+    .await;
+    let base = || {
+        json!({"name": "bad", "dataset": "cases", "agents": ["support@1"],
+            "graders": [{"kind": "contains"}]})
+    };
+    let with = |key: &str, value: Value| {
+        let mut eval = base();
+        eval[key] = value;
+        eval
+    };
+    let cases = [
+        (with("grdrs", json!([])), 422, "eval.grdrs"),
+        (
+            with("graders", json!([{"kind": "regex", "patern": "x"}])),
+            422,
+            "eval.graders[0].patern",
+        ),
+        (with("agents", json!(["support@9"])), 422, "eval.agents[0]"),
+        (with("agents", json!(["nobody"])), 422, "eval.agents[0]"),
+        (
+            with("agents", json!(["support@1", "support"])),
+            422,
+            "eval.agents[1]",
+        ),
+        (with("dataset", json!("missing")), 404, ""),
+        (
+            with(
+                "graders",
+                json!([{"kind": "judge", "provider": "elsewhere", "model": "m", "rubric": "r"}]),
+            ),
+            422,
+            "eval.graders[0].provider",
+        ),
+        (
+            with(
+                "graders",
+                json!([{"kind": "contains"}, {"kind": "http", "url": "https://evil.example.net/grade"}]),
+            ),
+            422,
+            "eval.graders[1].url",
+        ),
+        (
+            with("graders", json!([{"kind": "exact"}, {"kind": "unknown"}])),
+            422,
+            "eval.graders[1].kind",
+        ),
+        (with("repetitions", json!(0)), 422, "eval.repetitions"),
+        (
+            with("agents", json!([{"label": "x", "config": {"modle": "m"}}])),
+            422,
+            "eval.agents[0].config.modle",
+        ),
+        (with("dataset", json!("patched")), 422, "eval.agents[0]"),
+        (
+            json!({"name": "bad", "dataset_file": "cases.jsonl", "agents": ["support@1"],
+                "graders": [{"kind": "contains"}]}),
+            422,
+            "eval.dataset_file",
+        ),
+    ];
+    for (eval, status, field) in cases {
+        let r = create_experiment(&h, eval.clone(), None).await;
+        assert_eq!(r.status.as_u16(), status, "{eval}: {}", r.text);
+        if status == 404 {
+            assert_eq!(r.code(), "dataset_not_found", "{}", r.text);
+        } else {
+            assert_eq!(r.body["error"]["field"], json!(field), "{eval}: {}", r.text);
+        }
+    }
+    // With no catalogue at all, no HTTP grader.
+    let bare = evals_harness();
+    one_case(&bare).await;
+    let r = create_experiment(
+        &bare,
+        with(
+            "graders",
+            json!([{"kind": "http", "url": "https://grader.example.com/x"}]),
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert_eq!(
+        r.body["error"]["field"], "eval.graders[0].url",
+        "{}",
+        r.text
+    );
+    assert!(r.text.contains("no catalogue"), "{}", r.text);
+
+    // Datasets: not JSON Lines, a repeated id, an unknown key; nothing stored.
+    let req = request(
+        Method::PUT,
+        "/v1/datasets/json",
+        Some(SUB_A),
+        Some(&json!({"id": "x", "goal": "g"})),
+    );
+    let r = send(&h.router, req).await;
+    assert_eq!(r.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", r.text);
+    let dup = [
+        json!({"id": "x", "goal": "g"}),
+        json!({"id": "y", "goal": "g"}),
+        json!({"id": "x", "goal": "g"}),
+    ];
+    let r = put_text(&h, "dups", dup.iter().map(|c| format!("{c}\n")).collect()).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert_eq!(r.body["error"]["line"], json!(3), "{}", r.text);
+    assert_eq!(r.body["error"]["field"], "id", "{}", r.text);
+    assert!(r.text.contains("line 1"), "names the first use: {}", r.text);
+    let r = put_text(
+        &h,
+        "unknown",
+        format!("{}\n", json!({"id": "x", "goal": "g", "expectd": {}})),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert_eq!(r.body["error"]["line"], json!(1), "{}", r.text);
+    assert_eq!(r.body["error"]["field"], "expectd", "{}", r.text);
+
+    for h in [&h, &bare] {
+        let list = get(h, "/v1/experiments", SUB_A).await;
+        assert_eq!(list.body["experiments"], json!([]), "{}", list.text);
+        let batches = get(h, "/v1/batches", SUB_A).await;
+        assert_eq!(batches.body["batches"], json!([]), "{}", batches.text);
+        assert!(all_runs(h).await.is_empty());
+    }
+    let datasets = get(&h, "/v1/datasets", SUB_A).await;
+    let names: Vec<&str> = datasets.body["datasets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["cases", "patched"], "{}", datasets.text);
+
+    // What the catalogue has is accepted: the refusals were the fields'.
+    let fine = with(
+        "graders",
+        json!([{"kind": "http", "url": "https://grader.example.com/grade"},
+            {"kind": "judge", "model": "m", "rubric": "r"}]),
+    );
+    let r = create_experiment(&h, fine, None).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(r.body["eval"]["agents"], json!(["support@1"]));
+}
+
+#[tokio::test]
+async fn creation_is_idempotent_by_key() {
+    let h = evals_harness();
+    two_versions(&h).await;
+    let first = create_experiment(&h, refunds_eval(), Some("k-1")).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text);
+    let again = create_experiment(&h, refunds_eval(), Some("k-1")).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text);
+    assert_eq!(again.body["id"], first.body["id"]);
+    assert_eq!(again.body["versions"], first.body["versions"]);
+    let mut other = refunds_eval();
+    other["repetitions"] = json!(3);
+    let conflict = create_experiment(&h, other.clone(), Some("k-1")).await;
+    assert_eq!(conflict.status, StatusCode::CONFLICT, "{}", conflict.text);
+    assert_eq!(conflict.code(), "idempotency_conflict");
+    let list = get(&h, "/v1/experiments", SUB_A).await;
+    assert_eq!(list.body["experiments"].as_array().unwrap().len(), 1);
+    let batches = get(&h, "/v1/batches", SUB_A).await;
+    assert_eq!(
+        batches.body["batches"].as_array().unwrap().len(),
+        2,
+        "{}",
+        batches.text
+    );
+    // Another key is another experiment.
+    let second = create_experiment(&h, other, Some("k-2")).await;
+    assert_eq!(second.status, StatusCode::CREATED, "{}", second.text);
+    assert_ne!(second.body["id"], first.body["id"]);
+
+    // A dataset put again unchanged is the same version; changed, the next.
+    let cases = get(&h, "/v1/datasets/cases", SUB_A).await;
+    assert_eq!(
+        cases.body["cases"].as_array().unwrap().len(),
+        5,
+        "{}",
+        cases.text
+    );
+    let text: String = cases.body["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| format!("{c}\n"))
+        .collect();
+    let same = put_text(&h, "cases", text.clone()).await;
+    assert_eq!(same.status, StatusCode::OK, "{}", same.text);
+    assert_eq!(same.body["version"], json!(1), "{}", same.text);
+    let more = format!(
+        "{text}{}\n",
+        json!({"id": "A6", "goal": "Refund order A6."})
+    );
+    let next = put_text(&h, "cases", more).await;
+    assert_eq!(next.status, StatusCode::CREATED, "{}", next.text);
+    assert_eq!(next.body["version"], json!(2), "{}", next.text);
+    // The experiment stays pinned to the version it started with.
+    let first_id = first.body["id"].as_str().unwrap();
+    let got = get(&h, &format!("/v1/experiments/{first_id}"), SUB_A).await;
+    assert_eq!(got.body["dataset"], "cases@1");
+    assert_eq!(got.body["progress"]["cells"], json!(20));
+}
+
+#[tokio::test]
+async fn a_judge_is_a_run_once_per_cell_and_its_garbage_an_error() {
+    let h = evals_harness();
+    // One case a judge grades, three it answers garbage on.
+    setup(
+        &h,
+        json!({"name": "support", "model": "script:answers", "tools": []}),
+        "judged",
+        &[
+            json!({"id": "good", "goal": "Refund order GOOD."}),
+            json!({"id": "prose", "goal": "Refund order PROSE."}),
+            json!({"id": "word", "goal": "Refund order WORD."}),
+            json!({"id": "tools", "goal": "Refund order TOOLS."}),
+        ],
+    )
+    .await;
+    let verdict = json!({"score": 0.9, "pass": true, "reasoning": "The refund was confirmed."});
+    let word = json!({"score": "high", "pass": true, "reasoning": "Great."});
+    let lookup = ScriptedTurn::call("lookup", json!({"q": "refund"}));
+    let agent = library(vec![
+        (
+            "answers",
+            Script::Turns(vec![ScriptedTurn::text("The refund is approved.")]),
+        ),
+        (
+            "judge",
+            by_goal(vec![
+                ("GOOD", vec![ScriptedTurn::call("final_output", verdict)]),
+                // Text, never the structured output: re-asked, then failed.
+                ("PROSE", vec![ScriptedTurn::text("high"); 3]),
+                // A score that is a word: refused by the output schema.
+                ("WORD", vec![ScriptedTurn::call("final_output", word); 3]),
+                // Tools it does not have, until its budget is spent.
+                ("TOOLS", vec![lookup; 4]),
+            ]),
+        ),
+    ]);
+    let id = start(
+        &h,
+        json!({"name": "judged", "dataset": "judged", "agents": ["support@1"], "repetitions": 2,
+            "graders": [{"kind": "judge", "model": "script:judge", "rubric": "The refund is confirmed."}]}),
+    )
+    .await;
+    let (view, graded) = drive(&h, &agent, &id).await;
+    assert_eq!(graded, 8);
+    let judges: Vec<RunSummary> = all_runs(&h)
+        .await
+        .into_iter()
+        .filter(|r| r.tags.iter().any(|t| t == "eval-judge"))
+        .collect();
+    for rep in cells_of(&view, "support@1") {
+        let v = &rep["verdicts"][0];
+        let reason = v["reason"].as_str().unwrap();
+        assert!(
+            judges
+                .iter()
+                .any(|j| reason.contains(&j.run_id.to_string())),
+            "the verdict names its judge run: {v}"
+        );
+        let error = v["error"].as_str().unwrap_or_default();
+        match rep["case_id"].as_str().unwrap() {
+            "good" => {
+                assert_eq!(rep["pass"], json!(true), "{rep}");
+                assert_eq!(v["score"], json!(0.9));
+                assert!(v["error"].is_null(), "{v}");
+                assert!(reason.contains("The refund was confirmed."), "{reason}");
+            }
+            case => {
+                assert_eq!(rep["pass"], json!(false), "garbage never passes: {rep}");
+                assert_eq!((&v["pass"], &v["score"]), (&json!(false), &json!(0.0)));
+                assert!(rep["error"].as_str().is_some(), "{rep}");
+                let why = match case {
+                    "prose" => "must be given by calling final_output",
+                    "word" => "\"high\" is not of type \"number\"",
+                    _ => "budget",
+                };
+                assert!(error.starts_with("the judge run "), "{case}: {v}");
+                assert!(error.contains(why), "{case}: {v}");
+            }
+        }
+    }
+    assert_eq!(view["summary"]["versions"][0]["errors"], json!(6));
+    assert_eq!(view["summary"]["versions"][0]["passed"], json!(2));
+    // One judge run per cell, however many passes looked at it; each
+    // tagged and carrying the experiment, and ended.
+    assert_eq!(judges.len(), 8, "{judges:?}");
+    for j in &judges {
+        assert_eq!(j.metadata.get("glia.experiment"), Some(&id));
+        assert_eq!(j.status, RunStatus::Done);
+        assert_eq!(j.batch_id, None);
+    }
+}
+
+#[tokio::test]
+async fn cancel_ends_the_experiment_and_its_batches() {
+    let h = evals_harness();
+    let agent = two_versions(&h).await;
+    let id = start(&h, refunds_eval()).await;
+    // Part of it runs.
+    admit_once(&h.app).await.unwrap();
+    let first = all_runs(&h).await;
+    assert!(!first.is_empty());
+    work(&h, &agent, first[0].run_id).await;
+    // Another tenant cannot cancel it.
+    let foreign = cancel(&h, &id, SUB_B).await;
+    assert_eq!(foreign.status, StatusCode::NOT_FOUND, "{}", foreign.text);
+    assert_eq!(foreign.code(), "experiment_not_found");
+
+    let r = cancel(&h, &id, SUB_A).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["state"], "cancelled");
+    assert!(r.body["finished_at"].is_string(), "{}", r.text);
+    for v in r.body["versions"].as_array().unwrap() {
+        let batch = v["batch_id"].as_str().unwrap();
+        let b = get(&h, &format!("/v1/batches/{batch}"), SUB_A).await;
+        assert_eq!(b.body["status"], "cancelled", "{}", b.text);
+    }
+    // Its runs still going are asked to stop.
+    let runs = all_runs(&h).await;
+    assert_eq!(runs.len(), 20, "every cell was admitted");
+    for r in runs.iter().filter(|r| r.status != RunStatus::Done) {
+        let inbox = inbox_of(&h, r.run_id).await;
+        assert!(
+            inbox
+                .iter()
+                .any(|p| matches!(p, glia_proto::Payload::Cancel { .. })),
+            "{inbox:?}"
+        );
+        work(&h, &agent, r.run_id).await;
+    }
+    assert!(
+        all_runs(&h)
+            .await
+            .iter()
+            .all(|r| r.status == RunStatus::Done)
+    );
+    let again = cancel(&h, &id, SUB_A).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.text);
+    assert_eq!(again.code(), "experiment_ended");
+    // The loop leaves it alone: nothing graded, nothing admitted.
+    let http = reqwest::Client::new();
+    assert_eq!(tend_once(&h.app, Uuid::now_v7(), &http).await.unwrap(), 0);
+    admit_once(&h.app).await.unwrap();
+    let got = get(&h, &format!("/v1/experiments/{id}"), SUB_A).await;
+    assert_eq!(got.body["state"], "cancelled");
+    let missing = cancel(&h, &Uuid::now_v7().to_string(), SUB_A).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.text);
+}
