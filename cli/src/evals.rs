@@ -98,21 +98,23 @@ pub enum DatasetCommand {
         #[command(flatten)]
         server: Server,
     },
-    /// Write a replay dataset from a tau-bench recording: a case per
-    /// conversation, its customer turns and farewell scripted, the recorded
-    /// tool calls expected (`expected.tools`, for a trajectory grader) and
-    /// the model `replay:{id}` as its config patch. Run it with an inline
-    /// version holding `glia_replay`'s run config (see
-    /// examples/evals/tau-airline.toml) on workers started with `--replay`.
+    /// Write a replay eval of a tau-bench recording into DIR:
+    /// `tau-airline.jsonl`, a case per conversation (its customer turns and
+    /// farewell scripted, the recorded tool calls expected in
+    /// `expected.tools`, its model `replay:{id}` and system prompt as the
+    /// config patch), and `tau-airline.json`, the eval: one inline version
+    /// with the recording's run config, approvals approved, a trajectory
+    /// grader. Run it with `glia eval run DIR/tau-airline.json --replay
+    /// FILE` (or on workers started with `--replay`).
     Tau {
         /// The recording's trajectories (`gpt-4o-airline.json`).
         file: PathBuf,
         /// The tool list, when not `tools.json` beside FILE.
         #[arg(long)]
         tools: Option<PathBuf>,
-        /// Write here instead of stdout.
-        #[arg(long)]
-        out: Option<PathBuf>,
+        /// Where to write the dataset and the eval.
+        #[arg(long, value_name = "DIR")]
+        out_dir: PathBuf,
     },
 }
 
@@ -257,22 +259,28 @@ pub async fn eval(cmd: EvalCommand) -> Result<()> {
             }
             Ok(())
         }
-        EvalCommand::Dataset(DatasetCommand::Tau { file, tools, out }) => {
+        EvalCommand::Dataset(DatasetCommand::Tau {
+            file,
+            tools,
+            out_dir,
+        }) => {
             let tools = tools.unwrap_or_else(|| file.with_file_name(glia_replay::tau::TOOLS));
             let recording = glia_replay::tau::load(&file, &tools)?;
-            let jsonl = tau_dataset(&recording)?;
-            match out {
-                Some(path) => {
-                    std::fs::write(&path, &jsonl)
-                        .with_context(|| format!("writing {}", path.display()))?;
-                    errln!(
-                        "{}: {} cases",
-                        path.display(),
-                        recording.conversations().len()
-                    );
-                }
-                None => outln!("{}", jsonl.trim_end()),
-            }
+            std::fs::create_dir_all(&out_dir)
+                .with_context(|| format!("creating {}", out_dir.display()))?;
+            let cases = out_dir.join("tau-airline.jsonl");
+            std::fs::write(&cases, tau_dataset(&recording)?)
+                .with_context(|| format!("writing {}", cases.display()))?;
+            let eval = out_dir.join("tau-airline.json");
+            let text = serde_json::to_string_pretty(&tau_eval(&recording)?)?;
+            std::fs::write(&eval, text + "\n")
+                .with_context(|| format!("writing {}", eval.display()))?;
+            outln!(
+                "{} ({} cases), {}",
+                cases.display(),
+                recording.conversations().len(),
+                eval.display()
+            );
             Ok(())
         }
     }
@@ -655,6 +663,31 @@ fn compare(a: &Value, b: &Value, version_a: Option<&str>, version_b: Option<&str
         bail!("{} case(s) pass in A and fail in B", regressions.len());
     }
     Ok(())
+}
+
+/// The replay eval of a tau-bench recording (see [`DatasetCommand::Tau`]):
+/// one inline version, the recording's run config without the model and
+/// system prompt (each case's patch gives them).
+fn tau_eval(recording: &glia_replay::Recording) -> Result<Value> {
+    let first = recording
+        .conversations()
+        .first()
+        .context("the recording holds no conversation")?;
+    let mut config = serde_json::to_value(recording.run_config(first))?;
+    let object = config.as_object_mut().expect("a config is an object");
+    object.remove("model");
+    object.remove("system");
+    let eval = json!({
+        "name": "tau-airline",
+        "dataset_file": "tau-airline.jsonl",
+        "agents": [{"label": "recorded", "config": config}],
+        "approvals": "approve",
+        "options": {"max_in_flight": 64},
+        "graders": [{"kind": "trajectory", "expected": "tools", "order": "exact", "args": "exact"}],
+    });
+    glia_evals::spec::EvalSpec::from_value(eval.clone())
+        .map_err(|e| anyhow::anyhow!("the recording's eval: {e}"))?;
+    Ok(eval)
 }
 
 /// The replay dataset of a tau-bench recording (see

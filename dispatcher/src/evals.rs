@@ -43,7 +43,7 @@ use glia_evals::dataset::{self, Case};
 use glia_evals::grade::{self, Graded, HttpTask, JudgeTask, RunFacts, Verdict};
 use glia_evals::spec::{Approvals, EvalSpec, GraderKind, VersionSpec};
 use glia_evals::stats::Cell;
-use glia_proto::{Event, Payload, PullPoint, RunConfig};
+use glia_proto::{Event, PauseReason, Payload, PullPoint, RunConfig};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -542,6 +542,15 @@ async fn tend(app: &App, exp: &Experiment, http: &reqwest::Client) -> Result<usi
             };
             match (item.run_id, item.pull_point.as_ref()) {
                 (Some(run), Some(PullPoint::AwaitingInput)) => speak(app, run, case).await?,
+                // Out of budget, as a harness's turn limit ends a
+                // conversation: close it, so it completes with its last
+                // answer and is graded (a bounds grader sees the spend).
+                (
+                    Some(run),
+                    Some(PullPoint::Paused {
+                        reason: PauseReason::Budget { .. },
+                    }),
+                ) => close_spent(app, run).await?,
                 (Some(run), Some(PullPoint::AwaitingApproval { .. })) => {
                     decide(app, exp, &spec, run).await?
                 }
@@ -622,6 +631,33 @@ async fn speak(app: &App, run: Uuid, case: &Case) -> Result<(), ApiError> {
         Ok(_) => Ok(()),
         // The run moved on (ended, a cancel waits): the next pass sees it.
         Err(
+            glia_backends::LogError::Finished(_)
+            | glia_backends::LogError::Cancelled(_)
+            | glia_backends::LogError::Duplicate { .. },
+        ) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Close a run paused by its budget (once: nothing when a close already
+/// waits in its inbox).
+async fn close_spent(app: &App, run: Uuid) -> Result<(), ApiError> {
+    if app
+        .log
+        .inbox(run)
+        .await?
+        .iter()
+        .any(|i| matches!(i.payload, Payload::Close { .. }))
+    {
+        return Ok(());
+    }
+    let close = Payload::Close {
+        text: None,
+        redactions: Vec::new(),
+    };
+    match post(app, run, close).await {
+        Ok(_)
+        | Err(
             glia_backends::LogError::Finished(_)
             | glia_backends::LogError::Cancelled(_)
             | glia_backends::LogError::Duplicate { .. },
