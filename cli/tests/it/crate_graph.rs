@@ -10,7 +10,9 @@
 //!   crate and no `glia-backends`;
 //! - replay depends on the boundary and the loop, never on storage;
 //! - the contract is pure: `glia-proto` links no other glia crate and no
-//!   async runtime.
+//!   async runtime;
+//! - what an eval is, is pure: `glia-evals` links no glia crate but
+//!   `glia-proto`, and no storage, broker, cache or async runtime.
 //!
 //! A `cargo tree` that fails fails the test (it never passes vacuously).
 
@@ -100,6 +102,21 @@ fn replay_links_no_storage() {
     let mut forbidden = IO_CRATES.to_vec();
     forbidden.extend(["glia-backends", "glia-worker", "glia-providers"]);
     assert_links_none("glia-replay", &forbidden);
+}
+
+#[test]
+fn evals_are_pure() {
+    let mut forbidden = IO_CRATES.to_vec();
+    forbidden.extend([
+        "tokio",
+        "glia-agent",
+        "glia-backends",
+        "glia-worker",
+        "glia-providers",
+        "glia-replay",
+        "glia-dispatcher",
+    ]);
+    assert_links_none("glia-evals", &forbidden);
 }
 
 #[test]
