@@ -19,6 +19,7 @@
 //! - [`retention`]: an erased run's content found nowhere, its counts and costs kept;
 //! - [`waits`]: timers across a dispatcher restart, event waits across a worker kill.
 //! - [`children`]: child runs (agents as tools): parallel children, kills, cancel, budgets.
+//! - [`evals`]: the tau-bench replay eval on the fleet, through worker and dispatcher kills.
 
 mod agents;
 mod approvals;
@@ -26,6 +27,8 @@ mod approvals;
 mod children;
 mod console;
 mod durability;
+// Issue 31, evals.
+mod evals;
 mod exactly_once;
 mod guardrails;
 mod limits;
