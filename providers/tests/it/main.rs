@@ -7,6 +7,7 @@ mod common;
 mod anthropic;
 mod config;
 mod grammar;
+mod judge;
 mod openai;
 mod pricing;
 mod refusal;
