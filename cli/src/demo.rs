@@ -135,7 +135,10 @@ fn record_refund(path: &std::path::Path, key: &str) -> std::io::Result<()> {
     let applied = ledger
         .lines()
         .any(|l| l.strip_prefix("refund ") == Some(key));
-    writeln!(file, "{} {key}", if applied { "replay" } else { "refund" })
+    // One write of the whole line: a process killed mid-call never leaves
+    // half a line, and a reader never sees one.
+    let line = format!("{} {key}\n", if applied { "replay" } else { "refund" });
+    file.write_all(line.as_bytes())
 }
 
 /// `calculator`, `get_order`, `refund_order`.

@@ -6,6 +6,7 @@ mod common;
 mod corrupt_record;
 mod crate_graph;
 mod deploy;
+mod evals;
 mod providers;
 mod run;
 mod runs_list;
