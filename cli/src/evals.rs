@@ -421,6 +421,17 @@ async fn run(client: &Client, args: RunArgs) -> Result<()> {
         bail!("--min-pass-rate must be 0 to 1, not {rate}");
     }
     let mut eval = read_eval(&args.file)?;
+    // A bad dataset file fails here, naming its line, before anything starts.
+    let dataset_file = match eval.get("dataset_file").and_then(Value::as_str) {
+        Some(file) => {
+            let path = args.file.parent().unwrap_or(Path::new(".")).join(file);
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading the eval's dataset_file {}", path.display()))?;
+            dataset::parse_jsonl(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            Some((path, text))
+        }
+        None => None,
+    };
     let (server, _node) = match &args.server {
         Some(url) => (
             Server {
@@ -452,10 +463,7 @@ async fn run(client: &Client, args: RunArgs) -> Result<()> {
         apply_agents(client, &server, path).await?;
     }
     // A dataset file is uploaded as the dataset named after the eval.
-    if let Some(file) = eval.get("dataset_file").and_then(Value::as_str) {
-        let path = args.file.parent().unwrap_or(Path::new(".")).join(file);
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading the eval's dataset_file {}", path.display()))?;
+    if let Some((path, text)) = dataset_file {
         let name = eval["name"].as_str().unwrap_or("eval").to_owned();
         let v = push_dataset(client, &server, &name, &text, &path).await?;
         let object = eval.as_object_mut().expect("an eval is an object");
@@ -681,7 +689,9 @@ fn tau_eval(recording: &glia_replay::Recording) -> Result<Value> {
         "name": "tau-airline",
         "dataset_file": "tau-airline.jsonl",
         "agents": [{"label": "recorded", "config": config}],
-        "approvals": "approve",
+        // Recorded tools are safe to run twice: a call a crash
+        // interrupted is run again, as the recording has it.
+        "approvals": "approve_all",
         "options": {"max_in_flight": 64},
         "graders": [{"kind": "trajectory", "expected": "tools", "order": "exact", "args": "exact"}],
     });

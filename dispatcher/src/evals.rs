@@ -42,7 +42,7 @@ use glia_backends::evals::{
 use glia_evals::dataset::{self, Case};
 use glia_evals::grade::{self, Graded, HttpTask, JudgeTask, RunFacts, Verdict};
 use glia_evals::spec::{Approvals, EvalSpec, GraderKind, VersionSpec};
-use glia_evals::stats::Cell;
+use glia_evals::stats::{Cell, Summary};
 use glia_proto::{Event, PauseReason, Payload, PullPoint, RunConfig};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -936,25 +936,42 @@ pub(crate) async fn view(
     exp: &Experiment,
     results: bool,
 ) -> Result<ExperimentView, ApiError> {
+    if !results {
+        let graded = store(app)?.grades(exp.id).await?.len() as u64;
+        return head(app, exp, &spec_of(exp)?, graded).await;
+    }
+    let (mut view, cells, summary) = view_results(app, exp).await?;
+    view.summary = Some(serde_json::to_value(summary).expect("a summary serialises"));
+    view.cells = Some(
+        cells
+            .iter()
+            .map(|c| serde_json::to_value(c).expect("a cell serialises"))
+            .collect(),
+    );
+    Ok(view)
+}
+
+/// The view of `exp` without results, and its cells and summary as they
+/// are (the console's experiment page).
+pub(crate) async fn view_results(
+    app: &App,
+    exp: &Experiment,
+) -> Result<(ExperimentView, Vec<Cell>, Summary), ApiError> {
     let spec = spec_of(exp)?;
+    let cells = self::cells(app, exp, &spec).await?;
+    let graded = cells.iter().filter(|c| c.pass.is_some()).count() as u64;
+    let summary = glia_evals::stats::summarize(&spec.labels(), &cells);
+    Ok((head(app, exp, &spec, graded).await?, cells, summary))
+}
+
+/// The view of `exp` (eval `spec`, `graded` cells graded), without results.
+async fn head(
+    app: &App,
+    exp: &Experiment,
+    spec: &EvalSpec,
+    graded: u64,
+) -> Result<ExperimentView, ApiError> {
     let labels = spec.labels();
-    let (summary, cells, graded) = if results {
-        let cells = self::cells(app, exp, &spec).await?;
-        let graded = cells.iter().filter(|c| c.pass.is_some()).count() as u64;
-        let summary = glia_evals::stats::summarize(&labels, &cells);
-        (
-            Some(serde_json::to_value(summary).expect("a summary serialises")),
-            Some(
-                cells
-                    .iter()
-                    .map(|c| serde_json::to_value(c).expect("a cell serialises"))
-                    .collect(),
-            ),
-            graded,
-        )
-    } else {
-        (None, None, store(app)?.grades(exp.id).await?.len() as u64)
-    };
     let (name, version) = spec.dataset_ref().unwrap_or_default();
     let cases = match version {
         Some(v) => store(app)?
@@ -984,8 +1001,8 @@ pub(crate) async fn view(
         created_at: exp.created_at,
         finished_at: exp.finished_at,
         eval: serde_json::from_str(&exp.spec).unwrap_or(Value::Null),
-        summary,
-        cells,
+        summary: None,
+        cells: None,
     })
 }
 

@@ -262,6 +262,14 @@ pub(crate) static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
             include_str!("../templates/console_schedules.html"),
         ),
         (
+            "console_experiments.html",
+            include_str!("../templates/console_experiments.html"),
+        ),
+        (
+            "console_experiment.html",
+            include_str!("../templates/console_experiment.html"),
+        ),
+        (
             "console_batch.html",
             include_str!("../templates/console_batch.html"),
         ),

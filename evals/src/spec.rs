@@ -130,8 +130,12 @@ impl<'de> Deserialize<'de> for VersionSpec {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Approvals {
-    /// Approve every call.
+    /// Approve every new call; reject running again a call a crash
+    /// interrupted (its outcome is unknown: fail closed).
     Approve,
+    /// Approve every call, also running again a call a crash interrupted:
+    /// only for tools safe to run twice (recorded ones, a replay eval).
+    ApproveAll,
     /// Reject every call.
     Reject,
     /// Leave it parked until the batch's completion window ends.

@@ -99,22 +99,9 @@ async fn list(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return to_login();
-    };
-    // `?after=ID`: the cursor (the Next link's).
-    let after = match q.get("after").map(|a| a.trim()).filter(|a| !a.is_empty()) {
-        None => None,
-        Some(a) => match a.parse::<Uuid>() {
-            Ok(id) => Some(id),
-            Err(_) => {
-                return error_page(
-                    Some(&s),
-                    StatusCode::BAD_REQUEST,
-                    "after: not a batch id (use the page's Next link)",
-                );
-            }
-        },
+    let (s, after) = match super::list_start(&app, &headers, &q, "after", "a batch") {
+        Ok(found) => found,
+        Err(r) => return r,
     };
     let store = match store(&app) {
         Ok(st) => st,
@@ -127,9 +114,7 @@ async fn list(
         Ok(b) => b,
         Err(e) => return api_error_page(&s, e.into()),
     };
-    let next = (batches.len() == LIST_PAGE)
-        .then(|| batches.last().map(|b| b.id))
-        .flatten();
+    let next = super::next_cursor(&batches, LIST_PAGE, |x| x.id);
     let mut rows = Vec::with_capacity(batches.len());
     for b in &batches {
         match full_view(&app, b).await {

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::app::App;
 use crate::batches::tenant_of;
-use crate::inbox::{api_error_page, error_page, html, session, to_login};
+use crate::inbox::{api_error_page, html};
 use crate::schedules::{store, view};
 
 /// Schedules per page of the list.
@@ -47,21 +47,9 @@ async fn list(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let Some(s) = session(&app, &headers) else {
-        return to_login();
-    };
-    let after = match q.get("after").map(|a| a.trim()).filter(|a| !a.is_empty()) {
-        None => None,
-        Some(a) => match a.parse::<Uuid>() {
-            Ok(id) => Some(id),
-            Err(_) => {
-                return error_page(
-                    Some(&s),
-                    StatusCode::BAD_REQUEST,
-                    "after: not a schedule id (use the page's Next link)",
-                );
-            }
-        },
+    let (s, after) = match super::list_start(&app, &headers, &q, "after", "a schedule") {
+        Ok(found) => found,
+        Err(r) => return r,
     };
     let store = match store(&app) {
         Ok(st) => st,
@@ -74,9 +62,7 @@ async fn list(
         Ok(found) => found,
         Err(e) => return api_error_page(&s, e.into()),
     };
-    let next = (found.len() == LIST_PAGE)
-        .then(|| found.last().map(|x| x.id))
-        .flatten();
+    let next = super::next_cursor(&found, LIST_PAGE, |x| x.id);
     let now = Utc::now();
     let mut rows = Vec::with_capacity(found.len());
     for sch in &found {

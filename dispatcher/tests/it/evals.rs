@@ -5,18 +5,17 @@
 //! versions of an agent, one regressing on two cases, graded once per cell;
 //! scripted customer turns and approvals; the trajectory grader; a judge
 //! run, once per cell, whose garbage is a grading error; bad input refused
-//! naming the field with nothing stored; idempotent creation; cancel.
+//! naming the field with nothing stored; idempotent creation; cancel. The
+//! helpers that make and drive experiments are `common/experiments.rs`.
 
 use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode, header};
+use axum::http::{Method, StatusCode};
 use glia_agent::agent::Agent;
-use glia_agent::provider::{GoalScript, Script, ScriptLibrary, ScriptedTurn};
-use glia_backends::evals::MemoryEvals;
+use glia_agent::provider::{Script, ScriptedTurn};
 use glia_backends::{RunLog, RunStatus, RunSummary};
 use glia_dispatcher::batches::admit_once;
 use glia_dispatcher::evals::tend_once;
@@ -25,48 +24,6 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use common::*;
-
-/// The harness with an eval store.
-fn evals_harness() -> H {
-    let mut h = harness();
-    h.app = h.app.clone().with_evals(Arc::new(MemoryEvals::default()));
-    h.router = glia_dispatcher::router(h.app.clone());
-    h
-}
-
-/// `PUT /v1/datasets/{name}` with `text` as JSON Lines.
-async fn put_text(h: &H, name: &str, text: String) -> Reply {
-    let req = Request::builder()
-        .method(Method::PUT)
-        .uri(format!("/v1/datasets/{name}"))
-        .header(header::AUTHORIZATION, format!("Bearer {SUB_A}"))
-        .header(header::CONTENT_TYPE, "application/jsonl")
-        .body(Body::from(text))
-        .unwrap();
-    send(&h.router, req).await
-}
-
-/// Store `cases` as dataset `name`; a new version is expected.
-async fn put_cases(h: &H, name: &str, cases: &[Value]) {
-    let text: String = cases.iter().map(|c| format!("{c}\n")).collect();
-    let r = put_text(h, name, text).await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
-}
-
-/// `POST /v1/experiments`, with an `Idempotency-Key` when given.
-async fn create_experiment(h: &H, eval: Value, key: Option<&str>) -> Reply {
-    let mut req = request(
-        Method::POST,
-        "/v1/experiments",
-        Some(SUB_A),
-        Some(&json!({ "eval": eval })),
-    );
-    if let Some(key) = key {
-        req.headers_mut()
-            .insert("idempotency-key", key.parse().unwrap());
-    }
-    send(&h.router, req).await
-}
 
 /// Register agent `def` for tenant `a` and store its dataset `name`.
 async fn setup(h: &H, def: Value, name: &str, cases: &[Value]) {
@@ -77,76 +34,6 @@ async fn setup(h: &H, def: Value, name: &str, cases: &[Value]) {
 /// `POST /v1/experiments/{id}/cancel` as `token`.
 async fn cancel(h: &H, id: &str, token: &str) -> Reply {
     post(h, &format!("/v1/experiments/{id}/cancel"), token, json!({})).await
-}
-
-/// Create an experiment; its id.
-async fn start(h: &H, eval: Value) -> String {
-    let r = create_experiment(h, eval, None).await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
-    assert_eq!(r.body["state"], "running", "{}", r.text);
-    r.body["id"].as_str().unwrap().to_owned()
-}
-
-/// A worker's scripts (with the `calculator` tool): `named` by model name.
-fn library(named: Vec<(&str, Script)>) -> Agent {
-    let mut lib = ScriptLibrary::default();
-    for (name, script) in named {
-        lib.insert_script(name, script);
-    }
-    let mut tools = glia_agent::tool::ToolRegistry::default();
-    tools.register_dyn(Arc::new(Calculator)).unwrap();
-    Agent::new(Arc::new(lib)).with_tools(tools)
-}
-
-/// A script answering each goal containing a key with its turns.
-fn by_goal(entries: Vec<(&str, Vec<ScriptedTurn>)>) -> Script {
-    Script::ByGoal {
-        by_goal: entries
-            .into_iter()
-            .map(|(contains, turns)| GoalScript {
-                contains: contains.into(),
-                turns,
-            })
-            .collect(),
-        otherwise: None,
-    }
-}
-
-/// The dispatcher whose passes the tests make (its claims on experiments
-/// last [`glia_dispatcher::evals::CLAIM_FOR`]).
-const OWNER: Uuid = Uuid::from_u128(31);
-
-/// Drive the fleet by hand until experiment `id` is `completed`: a pass of
-/// the experiments loop, one of batch admission, then a worker job for
-/// every run that can go on. Answers the experiment's view and how many
-/// cells the loop's passes said they graded.
-async fn drive(h: &H, agent: &Agent, id: &str) -> (Value, usize) {
-    let http = reqwest::Client::new();
-    let mut graded = 0;
-    for _ in 0..40 {
-        graded += tend_once(&h.app, OWNER, &http).await.unwrap();
-        // Another dispatcher's pass, and this one's again at once, grade nothing.
-        assert_eq!(tend_once(&h.app, Uuid::now_v7(), &http).await.unwrap(), 0);
-        assert_eq!(tend_once(&h.app, OWNER, &http).await.unwrap(), 0);
-        let got = get(h, &format!("/v1/experiments/{id}"), SUB_A).await;
-        assert_eq!(got.status, StatusCode::OK, "{}", got.text);
-        if got.body["state"] == "completed" {
-            return (got.body, graded);
-        }
-        admit_once(&h.app).await.unwrap();
-        work_all(h, agent).await;
-    }
-    let left: Vec<String> = all_runs(h)
-        .await
-        .iter()
-        .filter(|r| r.status != RunStatus::Done)
-        .map(|r| format!("{} {:?} {:?}", r.run_id, r.tags, r.pull_point))
-        .collect();
-    let got = get(h, &format!("/v1/experiments/{id}"), SUB_A).await;
-    panic!(
-        "experiment {id} did not complete; runs left {left:?}: {}",
-        got.text
-    )
 }
 
 /// The cells of a view for `version`, in the view's order.
@@ -172,43 +59,9 @@ async fn events(h: &H, run: &str) -> Vec<glia_proto::Event> {
 
 const CASES: [&str; 5] = ["A1", "A2", "A3", "A4", "A5"];
 
-/// Register `support` v1 (right on every case) and v2 (wrong on A4 and
-/// A5), and store dataset `cases`: one refund case per order.
+/// `support` v1 and v2 over dataset `cases`, v2 wrong on A4 and A5.
 async fn two_versions(h: &H) -> Agent {
-    register(
-        h,
-        "a",
-        json!({"name": "support", "model": "script:support-v1", "tools": []}),
-    )
-    .await;
-    register(
-        h,
-        "a",
-        json!({"name": "support", "model": "script:support-v2", "tools": []}),
-    )
-    .await;
-    let cases: Vec<Value> = CASES
-        .iter()
-        .map(|o| json!({"id": o, "goal": format!("Refund order {o}."), "expected": {"answer": format!("order {o} is refunded")}}))
-        .collect();
-    put_cases(h, "cases", &cases).await;
-    let answer =
-        |o: &str, word: &str| vec![ScriptedTurn::text(&format!("Done: order {o} is {word}."))];
-    let v1 = by_goal(CASES.iter().map(|o| (*o, answer(o, "refunded"))).collect());
-    let v2 = by_goal(
-        CASES
-            .iter()
-            .map(|o| {
-                let word = if ["A4", "A5"].contains(o) {
-                    "not refundable"
-                } else {
-                    "refunded"
-                };
-                (*o, answer(o, word))
-            })
-            .collect(),
-    );
-    library(vec![("support-v1", v1), ("support-v2", v2)])
+    two_versions_over(h, &CASES, &["A4", "A5"]).await
 }
 
 fn refunds_eval() -> Value {

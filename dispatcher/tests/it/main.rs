@@ -10,6 +10,7 @@ mod bad_input;
 mod batches;
 mod children;
 mod console;
+mod console_experiments;
 mod console_more;
 mod contract;
 mod evals;

@@ -22,6 +22,9 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 use uuid::Uuid;
 
+mod experiments;
+pub use experiments::*;
+
 /// Tokens: tenant `a` has a submitter, an approver; tenant `b` a submitter
 /// with both scopes; `admin` sees everything.
 pub const SUB_A: &str = "tok-sub-a";
