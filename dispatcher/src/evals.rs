@@ -447,33 +447,105 @@ pub async fn evals(app: App) {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("an HTTP client builds");
+    // While runs wait on the loop (a turn to post, an approval to decide, a
+    // cell to grade) it passes again soon, backing off to TEND_EVERY when
+    // nothing needs it: a conversation's turn is not held up for a whole
+    // period each time.
+    let mut idle = FAST_PASS;
+    let mut cases = Cases::default();
     loop {
-        if let Err(e) = tend_once(&app, owner, &http).await {
-            tracing::warn!("evals: {e}");
+        match tend_pass(&app, owner, &http, &mut cases).await {
+            Ok(pass) if pass.acted > 0 => idle = FAST_PASS,
+            Ok(_) => idle = (idle * 2).min(TEND_EVERY),
+            Err(e) => {
+                tracing::warn!("evals: {e}");
+                idle = TEND_EVERY;
+            }
         }
-        tokio::time::sleep(TEND_EVERY).await;
+        tokio::time::sleep(idle).await;
+    }
+}
+
+/// The pause between passes while runs wait on the loop.
+const FAST_PASS: Duration = Duration::from_millis(25);
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Cells graded.
+    pub graded: usize,
+    /// Runs that waited on the loop (a turn, a close, approvals; whether
+    /// or not this pass posted, a post may still wait for a worker) plus
+    /// cells graded.
+    pub acted: usize,
+}
+
+/// The cases of the datasets experiments use, by tenant, name and version
+/// (a version never changes, so what was read once holds): a pass does not
+/// read and parse a dataset again.
+#[derive(Default)]
+pub struct Cases(BTreeMap<(String, String, u32), Arc<Vec<Case>>>);
+
+impl Cases {
+    /// At most this many datasets are kept; past it the cache starts over.
+    const MAX: usize = 64;
+
+    async fn get(
+        &mut self,
+        app: &App,
+        tenant: &str,
+        name: &str,
+        version: u32,
+    ) -> Result<Arc<Vec<Case>>, ApiError> {
+        let key = (tenant.to_owned(), name.to_owned(), version);
+        if let Some(cases) = self.0.get(&key) {
+            return Ok(cases.clone());
+        }
+        let (_, cases) = dataset_cases(app, tenant, name, Some(version)).await?;
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        let cases = Arc::new(cases);
+        self.0.insert(key, cases.clone());
+        Ok(cases)
     }
 }
 
 /// One pass over the running experiments this dispatcher (`owner`) can
 /// claim; answers how many cells it graded.
 pub async fn tend_once(app: &App, owner: Uuid, http: &reqwest::Client) -> Result<usize, ApiError> {
+    Ok(tend_pass(app, owner, http, &mut Cases::default())
+        .await?
+        .graded)
+}
+
+/// One pass over the running experiments this dispatcher (`owner`) can
+/// claim, reading datasets through `cases`.
+pub async fn tend_pass(
+    app: &App,
+    owner: Uuid,
+    http: &reqwest::Client,
+    cases: &mut Cases,
+) -> Result<Pass, ApiError> {
     let Some(store) = app.evals.clone() else {
-        return Ok(0);
+        return Ok(Pass::default());
     };
-    let mut graded = 0;
+    let mut total = Pass::default();
     for exp in store.running_experiments(100).await? {
         let now = Utc::now();
         let until = now + chrono::Duration::from_std(CLAIM_FOR).expect("a short duration");
         if !store.tend(exp.id, owner, now, until).await? {
             continue;
         }
-        match tend(app, &exp, http).await {
-            Ok(n) => graded += n,
+        match tend(app, &exp, http, cases).await {
+            Ok(pass) => {
+                total.graded += pass.graded;
+                total.acted += pass.acted;
+            }
             Err(e) => tracing::warn!(experiment_id = %exp.id, "evals: {e}"),
         }
     }
-    Ok(graded)
+    Ok(total)
 }
 
 /// Every item of batch `id`, in order.
@@ -508,13 +580,20 @@ fn ended(status: &str) -> bool {
     matches!(status, "succeeded" | "failed" | "cancelled" | "expired")
 }
 
-/// Tend one experiment; answers how many cells it graded.
-async fn tend(app: &App, exp: &Experiment, http: &reqwest::Client) -> Result<usize, ApiError> {
+/// Tend one experiment.
+async fn tend(
+    app: &App,
+    exp: &Experiment,
+    http: &reqwest::Client,
+    cache: &mut Cases,
+) -> Result<Pass, ApiError> {
     let spec = spec_of(exp)?;
-    let (name, version) = spec
-        .dataset_ref()
-        .ok_or_else(|| ApiError::Internal("a stored experiment names its dataset".into()))?;
-    let (_, cases) = dataset_cases(app, &exp.tenant, &name, version).await?;
+    let Some((name, Some(version))) = spec.dataset_ref() else {
+        return Err(ApiError::Internal(
+            "a stored experiment names its dataset's version".into(),
+        ));
+    };
+    let cases = cache.get(app, &exp.tenant, &name, version).await?;
     let batches = if exp.batches.len() == spec.agents.len() {
         exp.batches.clone()
     } else {
@@ -531,6 +610,7 @@ async fn tend(app: &App, exp: &Experiment, http: &reqwest::Client) -> Result<usi
     let labels = spec.labels();
     let mut all_graded = true;
     let mut graded = 0;
+    let mut waiting = 0;
     for (label, batch) in labels.iter().zip(&batches) {
         for item in items_of(app, *batch).await? {
             if done.contains(&(label.clone(), item.custom_id.clone())) {
@@ -541,7 +621,10 @@ async fn tend(app: &App, exp: &Experiment, http: &reqwest::Client) -> Result<usi
                 continue;
             };
             match (item.run_id, item.pull_point.as_ref()) {
-                (Some(run), Some(PullPoint::AwaitingInput)) => speak(app, run, case).await?,
+                (Some(run), Some(PullPoint::AwaitingInput)) => {
+                    waiting += 1;
+                    speak(app, run, case).await?
+                }
                 // Out of budget, as a harness's turn limit ends a
                 // conversation: close it, so it completes with its last
                 // answer and is graded (a bounds grader sees the spend).
@@ -550,8 +633,12 @@ async fn tend(app: &App, exp: &Experiment, http: &reqwest::Client) -> Result<usi
                     Some(PullPoint::Paused {
                         reason: PauseReason::Budget { .. },
                     }),
-                ) => close_spent(app, run).await?,
+                ) => {
+                    waiting += 1;
+                    close_spent(app, run).await?
+                }
                 (Some(run), Some(PullPoint::AwaitingApproval { .. })) => {
+                    waiting += 1;
                     decide(app, exp, &spec, run).await?
                 }
                 _ if ended(&item.status) => {
@@ -585,7 +672,10 @@ async fn tend(app: &App, exp: &Experiment, http: &reqwest::Client) -> Result<usi
     {
         tracing::info!(experiment_id = %exp.id, cells = expected, "experiment completed");
     }
-    Ok(graded)
+    Ok(Pass {
+        graded,
+        acted: waiting + graded,
+    })
 }
 
 /// Post a waiting conversation's next scripted customer turn, or close it
@@ -666,19 +756,35 @@ async fn close_spent(app: &App, run: Uuid) -> Result<(), ApiError> {
     }
 }
 
-/// Decide a waiting run's approvals as the eval says (`approve`, `reject`;
-/// `leave` decides nothing), by `experiment:{id}`; a call whose decision
-/// already waits in the run's inbox is left alone.
+/// Decide a waiting run's approvals as the eval says, by
+/// `experiment:{id}`: `approve` approves new calls and rejects running
+/// again a call a crash interrupted (its outcome is unknown), `approve_all`
+/// approves both, `reject` rejects both, `leave` decides nothing; a call
+/// whose decision already waits in the run's inbox is left alone.
 async fn decide(app: &App, exp: &Experiment, spec: &EvalSpec, run: Uuid) -> Result<(), ApiError> {
-    let decision = match spec.approvals {
+    let body = |decision: Value| -> crate::model::DecisionBody {
+        serde_json::from_value(decision).expect("a decision body")
+    };
+    let reject = |why: String| body(json!({"decision": "reject", "reason": why}));
+    let (new, interrupted) = match spec.approvals {
         Approvals::Leave => return Ok(()),
-        Approvals::Approve => json!({"decision": "approve"}),
+        Approvals::Approve => (
+            body(json!({"decision": "approve"})),
+            // Its outcome is unknown: never run again on the eval's word.
+            reject(format!(
+                "the eval {} does not run again a call a crash interrupted (its outcome is unknown)",
+                spec.name
+            )),
+        ),
+        Approvals::ApproveAll => (
+            body(json!({"decision": "approve"})),
+            body(json!({"decision": "approve"})),
+        ),
         Approvals::Reject => {
-            json!({"decision": "reject", "reason": format!("rejected by the eval {}", spec.name)})
+            let why = format!("rejected by the eval {}", spec.name);
+            (reject(why.clone()), reject(why))
         }
     };
-    let body: crate::model::DecisionBody =
-        serde_json::from_value(decision).expect("a decision body");
     // A decision already waiting for a worker is not made again (that
     // would be a contested decision, recorded against the first).
     let waiting: HashSet<String> = app
@@ -696,7 +802,8 @@ async fn decide(app: &App, exp: &Experiment, spec: &EvalSpec, run: Uuid) -> Resu
     for call in state.pending_calls.iter().filter(|c| {
         c.approval == glia_proto::ApprovalStatus::Requested && !waiting.contains(&c.call_id)
     }) {
-        match crate::control::decide_one(app, &p, run, call.call_id.clone(), &body).await {
+        let body = if call.interrupted { &interrupted } else { &new };
+        match crate::control::decide_one(app, &p, run, call.call_id.clone(), body).await {
             Ok(_)
             | Err(
                 ApiError::AlreadyDecided { .. }
