@@ -500,7 +500,8 @@ impl Real {
         };
         let app = App::new(log.clone(), queue.clone(), ledger.clone(), auth())
             .with_batches(batches)
-            .with_schedules(log.clone());
+            .with_schedules(log.clone())
+            .with_evals(log.clone());
         let router = glia_dispatcher::router(app.clone());
         Real {
             app,
