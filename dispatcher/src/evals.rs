@@ -272,6 +272,12 @@ pub(crate) async fn create_experiment(
         },
         reason: e.reason,
     })?;
+    // Deciding approvals is the approve scope's: an eval that decides its
+    // runs' approvals needs a caller who may (a submit-only token cannot
+    // have its consequential calls approved by an eval instead of a person).
+    if spec.approvals != Approvals::Leave {
+        p.require(Scope::Approve)?;
+    }
     if spec.dataset_file.is_some() {
         return Err(ApiError::InvalidField {
             field: "eval.dataset_file".into(),
@@ -454,8 +460,11 @@ pub async fn evals(app: App) {
     let mut idle = FAST_PASS;
     let mut cases = Cases::default();
     loop {
+        let started = std::time::Instant::now();
         match tend_pass(&app, owner, &http, &mut cases).await {
-            Ok(pass) if pass.acted > 0 => idle = FAST_PASS,
+            // At most half the time in passes: a big experiment's pass is
+            // followed by a pause as long.
+            Ok(pass) if pass.acted > 0 => idle = FAST_PASS.max(started.elapsed()),
             Ok(_) => idle = (idle * 2).min(TEND_EVERY),
             Err(e) => {
                 tracing::warn!("evals: {e}");
@@ -637,7 +646,10 @@ async fn tend(
                     waiting += 1;
                     close_spent(app, run).await?
                 }
-                (Some(run), Some(PullPoint::AwaitingApproval { .. })) => {
+                // Approvals left to people are not the loop's to wait on.
+                (Some(run), Some(PullPoint::AwaitingApproval { .. }))
+                    if spec.approvals != Approvals::Leave =>
+                {
                     waiting += 1;
                     decide(app, exp, &spec, run).await?
                 }

@@ -273,6 +273,34 @@ async fn approvals_are_decided_as_the_eval_says() {
             ScriptedTurn::text("Refund finished."),
         ]),
     )]);
+    // Deciding approvals is the approve scope's: a submit-only token cannot
+    // start an eval that would decide them instead of a person.
+    let submit_only = send(
+        &h.router,
+        request(
+            Method::POST,
+            "/v1/experiments",
+            Some(SUB_A),
+            Some(
+                &json!({"eval": {"name": "sneaky", "dataset": "refund", "agents": ["refunder"],
+                "approvals": "approve", "graders": [{"kind": "contains"}]}}),
+            ),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (submit_only.status, submit_only.code()),
+        (StatusCode::FORBIDDEN, "forbidden"),
+        "{:?}",
+        submit_only.body
+    );
+    let list = get(&h, "/v1/experiments", SUB_A).await;
+    assert_eq!(
+        list.body["experiments"].as_array().map(Vec::len),
+        Some(0),
+        "nothing stored: {:?}",
+        list.body
+    );
     for approvals in ["approve", "reject"] {
         let id = start(
             &h,

@@ -50,7 +50,7 @@ pub async fn create_experiment(h: &H, eval: Value, key: Option<&str>) -> Reply {
     let mut req = request(
         Method::POST,
         "/v1/experiments",
-        Some(SUB_A),
+        Some(SUB_APP_A),
         Some(&json!({ "eval": eval })),
     );
     if let Some(key) = key {

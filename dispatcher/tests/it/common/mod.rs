@@ -31,6 +31,9 @@ pub const SUB_A: &str = "tok-sub-a";
 pub const APP_A: &str = "tok-app-a";
 pub const SUB_B: &str = "tok-sub-b";
 pub const ADMIN: &str = "tok-admin";
+/// Tenant a's token that may submit and approve (an eval that decides its
+/// runs' approvals needs both).
+pub const SUB_APP_A: &str = "tok-sub-app-a";
 
 pub struct H {
     pub app: App,
@@ -57,6 +60,10 @@ pub fn auth() -> Auth {
         ),
         (SUB_B.to_owned(), p("b", &[Scope::Submit, Scope::Approve])),
         (ADMIN.to_owned(), p("ops", &[Scope::Admin])),
+        (
+            SUB_APP_A.to_owned(),
+            p("a", &[Scope::Submit, Scope::Approve]),
+        ),
     ])
     .unwrap()
 }
