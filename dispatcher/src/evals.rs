@@ -449,10 +449,7 @@ async fn submit_batches(
 /// dispatcher can claim. Never returns; errors are logged and retried.
 pub async fn evals(app: App) {
     let owner = Uuid::now_v7();
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("an HTTP client builds");
+    let http = grader_client();
     // While runs wait on the loop (a turn to post, an approval to decide, a
     // cell to grade) it passes again soon, backing off to TEND_EVERY when
     // nothing needs it: a conversation's turn is not held up for a whole
@@ -487,6 +484,15 @@ pub struct Pass {
     /// or not this pass posted, a post may still wait for a worker) plus
     /// cells graded.
     pub acted: usize,
+}
+
+/// The client HTTP graders are called with: redirects are not followed (a
+/// grader's origin is the catalogue's word, not the grader's).
+pub fn grader_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("an HTTP client builds")
 }
 
 /// The cases of the datasets experiments use, by tenant, name and version

@@ -433,6 +433,131 @@ async fn the_trajectory_grader_compares_tool_calls() {
     assert_eq!(view["summary"]["versions"][0]["pass_rate"], json!(0.25));
 }
 
+/// An HTTP grader the catalogue allows, against a grader server in the
+/// test: a verdict grades by it; garbage, a 500, an answer after the
+/// timeout and a redirect (not followed) are grading errors; each cell's
+/// grader is called once however many passes look.
+#[tokio::test]
+async fn an_http_grader_grades_and_its_garbage_is_an_error() {
+    use axum::extract::State;
+    use std::sync::Mutex;
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let grader = axum::Router::new()
+        .route(
+            "/grade",
+            axum::routing::post(
+                |State(seen): State<Arc<Mutex<Vec<Value>>>>,
+                 axum::Json(body): axum::Json<Value>| async move {
+                    seen.lock().unwrap().push(body.clone());
+                    let answer = |status: u16, text: &str| {
+                        axum::response::Response::builder()
+                            .status(status)
+                            .header("content-type", "application/json")
+                            .header("location", "http://169.254.169.254/latest")
+                            .body(axum::body::Body::from(text.to_owned()))
+                            .unwrap()
+                    };
+                    match body["case"]["id"].as_str().unwrap_or_default() {
+                        "good" => answer(
+                            200,
+                            r#"{"score": 0.75, "pass": true, "reason": "polite and right"}"#,
+                        ),
+                        "garbage" => answer(200, r#"{"verdict": "yes"}"#),
+                        "down" => answer(500, r#"{"error": "boom"}"#),
+                        "moved" => answer(302, ""),
+                        _ => {
+                            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                            answer(200, r#"{"score": 1, "pass": true}"#)
+                        }
+                    }
+                },
+            ),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, grader).await.unwrap() });
+    let mut h = evals_harness();
+    let catalogue = glia_agent::catalogue::Catalogue::parse(
+        &format!("[http]\nallowed_origins = [\"{origin}\"]\n"),
+        "fleet.toml",
+    )
+    .unwrap();
+    h.app = h
+        .app
+        .clone()
+        .with_admission(Arc::new(move |config| catalogue.admit(config)));
+    h.router = glia_dispatcher::router(h.app.clone());
+    let cases: Vec<Value> = ["good", "garbage", "down", "moved", "slow"]
+        .iter()
+        .map(|id| json!({"id": id, "goal": format!("Answer {id}."), "expected": {"answer": "ok"}}))
+        .collect();
+    setup(
+        &h,
+        json!({"name": "support", "model": "script:support-v1", "tools": []}),
+        "graded",
+        &cases,
+    )
+    .await;
+    let agent = library(vec![(
+        "support-v1",
+        Script::Turns(vec![ScriptedTurn::text("ok")]),
+    )]);
+    let id = start(
+        &h,
+        json!({"name": "http", "dataset": "graded", "agents": ["support"],
+            "graders": [{"kind": "http", "url": format!("{origin}/grade"), "timeout_ms": 300}]}),
+    )
+    .await;
+    let (view, graded) = drive(&h, &agent, &id).await;
+    assert_eq!(graded, 5);
+    let verdict = |case: &str| cell(&view, "support@1", case)["verdicts"][0].clone();
+    let good = verdict("good");
+    assert_eq!(
+        (
+            good["pass"].clone(),
+            good["score"].clone(),
+            good["reason"].clone()
+        ),
+        (json!(true), json!(0.75), json!("polite and right")),
+        "{good}"
+    );
+    assert_eq!(cell(&view, "support@1", "good")["pass"], json!(true));
+    for case in ["garbage", "down", "moved", "slow"] {
+        let v = verdict(case);
+        assert_eq!(v["pass"], json!(false), "{case}: {v}");
+        assert!(v["error"].is_string(), "{case}: a grading error: {v}");
+        assert_eq!(
+            cell(&view, "support@1", case)["pass"],
+            json!(false),
+            "{case}"
+        );
+    }
+    assert!(
+        verdict("slow")["error"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer")
+    );
+    // The body: the case and the run's facts; one call per cell.
+    let seen = seen.lock().unwrap().clone();
+    let mut ids: Vec<&str> = seen
+        .iter()
+        .map(|b| b["case"]["id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["down", "garbage", "good", "moved", "slow"],
+        "{seen:?}"
+    );
+    let good_body = seen.iter().find(|b| b["case"]["id"] == "good").unwrap();
+    assert_eq!(good_body["grader"], "http");
+    assert_eq!(good_body["case"]["expected"], json!({"answer": "ok"}));
+    assert_eq!(good_body["run"]["answer"], "ok");
+    assert_eq!(good_body["run"]["outcome"], "succeeded");
+}
+
 /// A tenant with `support` v1 and dataset `cases`, on a dispatcher whose
 /// catalogue has no provider and allows HTTP to one origin only.
 async fn catalogued() -> H {

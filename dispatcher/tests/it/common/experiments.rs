@@ -102,7 +102,7 @@ pub const OWNER: Uuid = Uuid::from_u128(31);
 /// every run that can go on. Answers the experiment's view and how many
 /// cells the loop's passes said they graded.
 pub async fn drive(h: &H, agent: &Agent, id: &str) -> (Value, usize) {
-    let http = reqwest::Client::new();
+    let http = glia_dispatcher::evals::grader_client();
     let mut graded = 0;
     for _ in 0..40 {
         graded += tend_once(&h.app, OWNER, &http).await.unwrap();
