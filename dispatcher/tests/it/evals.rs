@@ -477,17 +477,7 @@ async fn an_http_grader_grades_and_its_garbage_is_an_error() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let origin = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, grader).await.unwrap() });
-    let mut h = evals_harness();
-    let catalogue = glia_agent::catalogue::Catalogue::parse(
-        &format!("[http]\nallowed_origins = [\"{origin}\"]\n"),
-        "fleet.toml",
-    )
-    .unwrap();
-    h.app = h
-        .app
-        .clone()
-        .with_admission(Arc::new(move |config| catalogue.admit(config)));
-    h.router = glia_dispatcher::router(h.app.clone());
+    let h = allowing(&origin);
     let cases: Vec<Value> = ["good", "garbage", "down", "moved", "slow"]
         .iter()
         .map(|id| json!({"id": id, "goal": format!("Answer {id}."), "expected": {"answer": "ok"}}))
@@ -561,9 +551,17 @@ async fn an_http_grader_grades_and_its_garbage_is_an_error() {
 /// A tenant with `support` v1 and dataset `cases`, on a dispatcher whose
 /// catalogue has no provider and allows HTTP to one origin only.
 async fn catalogued() -> H {
+    let h = allowing("https://grader.example.com");
+    one_case(&h).await;
+    h
+}
+
+/// An evals harness whose catalogue has no provider and allows HTTP to
+/// `origin` only.
+fn allowing(origin: &str) -> H {
     let mut h = evals_harness();
     let catalogue = glia_agent::catalogue::Catalogue::parse(
-        "[http]\nallowed_origins = [\"https://grader.example.com\"]\n",
+        &format!("[http]\nallowed_origins = [\"{origin}\"]\n"),
         "fleet.toml",
     )
     .unwrap();
@@ -572,7 +570,6 @@ async fn catalogued() -> H {
         .clone()
         .with_admission(Arc::new(move |config| catalogue.admit(config)));
     h.router = glia_dispatcher::router(h.app.clone());
-    one_case(&h).await;
     h
 }
 
