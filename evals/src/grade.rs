@@ -20,7 +20,6 @@ use crate::dataset::Case;
 use crate::spec::{
     ArgsMatch, GraderKind, GraderSpec, Order, Target, compile_pattern, compile_schema, needles,
 };
-use crate::truncate;
 
 /// Most characters of a value quoted in a reason.
 const QUOTE_CHARS: usize = 200;
@@ -915,4 +914,13 @@ pub fn cell_pass(outcome_ok: bool, verdicts: &[Verdict]) -> (bool, Option<String
         true => (true, None),
         false => (false, Some(why.join("; "))),
     }
+}
+
+/// `text` cut to at most `max` characters, the last of them `…` when cut.
+pub(crate) fn truncate(text: &str, max: usize) -> String {
+    if text.chars().nth(max).is_none() {
+        return text.to_owned();
+    }
+    let kept: String = text.chars().take(max.saturating_sub(1)).collect();
+    kept + "…"
 }

@@ -47,12 +47,3 @@ pub use stats::{
     CaseRow, CaseVerdict, Cell, Change, Summary, VersionStats, changes_between, gate, summarize,
     wilson,
 };
-
-/// `text` cut to at most `max` characters, the last of them `…` when cut.
-fn truncate(text: &str, max: usize) -> String {
-    if text.chars().nth(max).is_none() {
-        return text.to_owned();
-    }
-    let kept: String = text.chars().take(max.saturating_sub(1)).collect();
-    kept + "…"
-}

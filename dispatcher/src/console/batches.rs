@@ -99,7 +99,7 @@ async fn list(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let (s, after) = match super::list_start(&app, &headers, &q, "after", "a batch") {
+    let (s, after) = match super::paging::list_start(&app, &headers, &q, "after", "a batch") {
         Ok(found) => found,
         Err(r) => return r,
     };
@@ -114,7 +114,7 @@ async fn list(
         Ok(b) => b,
         Err(e) => return api_error_page(&s, e.into()),
     };
-    let next = super::next_cursor(&batches, LIST_PAGE, |x| x.id);
+    let next = super::paging::next_cursor(&batches, LIST_PAGE, |x| x.id);
     let mut rows = Vec::with_capacity(batches.len());
     for b in &batches {
         match full_view(&app, b).await {

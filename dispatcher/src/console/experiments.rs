@@ -78,7 +78,8 @@ async fn list(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let (s, before) = match super::list_start(&app, &headers, &q, "before", "an experiment") {
+    let (s, before) = match super::paging::list_start(&app, &headers, &q, "before", "an experiment")
+    {
         Ok(found) => found,
         Err(r) => return r,
     };
@@ -106,7 +107,10 @@ async fn page(
     for exp in &found {
         rows.push(row(&view(app, exp, false).await?));
     }
-    Ok((rows, super::next_cursor(&found, LIST_PAGE, |x| x.id)))
+    Ok((
+        rows,
+        super::paging::next_cursor(&found, LIST_PAGE, |x| x.id),
+    ))
 }
 
 /// One version's numbers as the page shows them.

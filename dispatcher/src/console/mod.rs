@@ -30,19 +30,15 @@
 //! the server checks again. Another tenant's run, batch, agent or
 //! experiment answers 404, like a missing one.
 
-use std::collections::HashMap;
-
 use axum::Router;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{Redirect, Response};
+use axum::response::Redirect;
 use axum::routing::get;
-use uuid::Uuid;
 
 use crate::app::App;
-use crate::inbox::{Session, error_page, session, to_login};
 
 mod agents;
 mod batches;
+mod paging;
 pub mod runs;
 // Issue 31, evals.
 mod experiments;
@@ -59,37 +55,4 @@ pub fn routes() -> Router<App> {
         .merge(agents::routes())
         .merge(schedules::routes())
         .merge(experiments::routes())
-}
-
-/// A list page's session and its cursor, `?{param}=ID` (the page's Next
-/// link), or the answer: to sign in, or a 400 page naming `param` (`what`:
-/// the kind of id, `a batch`).
-// The error is the page to answer with, as `inbox::checked_post`'s.
-#[allow(clippy::result_large_err)]
-fn list_start(
-    app: &App,
-    headers: &HeaderMap,
-    q: &HashMap<String, String>,
-    param: &str,
-    what: &str,
-) -> Result<(Session, Option<Uuid>), Response> {
-    let s = session(app, headers).ok_or_else(to_login)?;
-    match q.get(param).map(|a| a.trim()).filter(|a| !a.is_empty()) {
-        None => Ok((s, None)),
-        Some(a) => match a.parse::<Uuid>() {
-            Ok(id) => Ok((s, Some(id))),
-            Err(_) => Err(error_page(
-                Some(&s),
-                StatusCode::BAD_REQUEST,
-                &format!("{param}: not {what} id (use the page's Next link)"),
-            )),
-        },
-    }
-}
-
-/// The Next link's cursor: the id of a full page's last entry.
-fn next_cursor<T>(found: &[T], page: usize, id: impl Fn(&T) -> Uuid) -> Option<Uuid> {
-    (found.len() == page)
-        .then(|| found.last().map(id))
-        .flatten()
 }

@@ -47,7 +47,7 @@ async fn list(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let (s, after) = match super::list_start(&app, &headers, &q, "after", "a schedule") {
+    let (s, after) = match super::paging::list_start(&app, &headers, &q, "after", "a schedule") {
         Ok(found) => found,
         Err(r) => return r,
     };
@@ -62,7 +62,7 @@ async fn list(
         Ok(found) => found,
         Err(e) => return api_error_page(&s, e.into()),
     };
-    let next = super::next_cursor(&found, LIST_PAGE, |x| x.id);
+    let next = super::paging::next_cursor(&found, LIST_PAGE, |x| x.id);
     let now = Utc::now();
     let mut rows = Vec::with_capacity(found.len());
     for sch in &found {

@@ -21,14 +21,15 @@ use crate::model::evals::*;
 
 /// Store a new version of the caller's dataset `name`: the body is JSON
 /// Lines (`Content-Type: application/jsonl` or `application/x-ndjson`), one
-/// case per line (`{"id", "goal" | "messages", "turns"?, "expected"?,
+/// case per line, or JSON `{"cases": [{…}, …]}` (a case's line is then its
+/// index + 1) (`{"id", "goal" | "messages", "turns"?, "expected"?,
 /// "metadata"?, "config"?}`; `docs/evals.md`). The same content as the
 /// latest version answers 200 with it and stores nothing. A bad line refuses
 /// the whole upload (422 `invalid_request` with `line` and `field`: an
 /// unknown key, a repeated `id`, a bad `messages` role). At most 64 MiB.
 #[utoipa::path(put, path = "/v1/datasets/{name}", tag = "evals",
     params(("name" = String, Path, description = "Dataset name, 1 to 100 characters of `A-Z a-z 0-9 _ . -`")),
-    request_body(content = String, content_type = "application/jsonl", description = "One case per line"),
+    request_body(content((PutDataset = "application/json"), (String = "application/jsonl")), description = "JSON `{\"cases\": […]}`, or JSON Lines: one case per line"),
     responses((status = 201, description = "A new version", body = DatasetView),
         (status = 200, description = "Unchanged: the latest version has this content", body = DatasetView),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -53,15 +54,28 @@ pub async fn put(
                 "application/jsonl" | "application/x-ndjson" | "application/json-lines"
             )
         });
-    if !jsonl {
+    let json = crate::extract::is_json(request.headers());
+    if !jsonl && !json {
         return Err(ApiError::UnsupportedMediaType);
     }
+    let headers = request.headers().clone();
     let bytes = axum::body::to_bytes(request.into_body(), MAX_DATASET_BYTES)
         .await
         .map_err(|_| ApiError::BodyTooLarge(MAX_DATASET_BYTES))?;
-    let text = std::str::from_utf8(&bytes)
-        .map_err(|e| ApiError::MalformedJson(format!("the body is not UTF-8: {e}")))?;
-    let (info, created) = put_dataset(&app, &p.tenant, &name, text).await?;
+    let text = if jsonl {
+        std::str::from_utf8(&bytes)
+            .map_err(|e| ApiError::MalformedJson(format!("the body is not UTF-8: {e}")))?
+            .to_owned()
+    } else {
+        // The JSON form: each case becomes a line of the JSON Lines form.
+        let body: PutDataset = crate::extract::parse(&headers, &bytes)?;
+        body.cases
+            .iter()
+            .map(|c| serde_json::to_string(c).expect("JSON serialises"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (info, created) = put_dataset(&app, &p.tenant, &name, &text).await?;
     let status = if created {
         StatusCode::CREATED
     } else {

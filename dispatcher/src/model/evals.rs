@@ -149,10 +149,27 @@ pub struct ExperimentPage {
 
 /// `?before=…&limit=…` of `GET /v1/experiments`.
 #[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListExperimentsQuery {
     /// Experiments older than this one.
     pub before: Option<Uuid>,
-    /// Page size (default and bounds: the API's page limits).
+    /// Page size, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
+}
+
+/// The JSON form of `PUT /v1/datasets/{name}`: `{"cases": [{…}, …]}`, each
+/// case as a line of the JSON Lines form.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutDataset {
+    /// The cases (`{id, goal | messages, turns?, farewell?, expected?,
+    /// metadata?, config?}`), at least one.
+    #[schema(value_type = Vec<Object>, min_items = 1)]
+    pub cases: Vec<Value>,
+}
+
+impl Documented for PutDataset {
+    const SCHEMA: &'static str = "PutDataset";
 }

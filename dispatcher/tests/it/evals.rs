@@ -682,7 +682,9 @@ async fn bad_input_is_refused_naming_the_field_with_nothing_stored() {
     );
     assert!(r.text.contains("no catalogue"), "{}", r.text);
 
-    // Datasets: not JSON Lines, a repeated id, an unknown key; nothing stored.
+    // Datasets: JSON of the wrong shape (a case, not `{"cases": […]}`),
+    // neither JSON nor JSON Lines, a repeated id, an unknown key; nothing
+    // stored.
     let req = request(
         Method::PUT,
         "/v1/datasets/json",
@@ -690,6 +692,20 @@ async fn bad_input_is_refused_naming_the_field_with_nothing_stored() {
         Some(&json!({"id": "x", "goal": "g"})),
     );
     let r = send(&h.router, req).await;
+    assert_eq!(
+        (r.status, r.code(), r.body["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", Some("id")),
+        "{}",
+        r.text
+    );
+    let plain = axum::http::Request::builder()
+        .method(Method::PUT)
+        .uri("/v1/datasets/plain")
+        .header(axum::http::header::AUTHORIZATION, format!("Bearer {SUB_A}"))
+        .header(axum::http::header::CONTENT_TYPE, "text/plain")
+        .body(axum::body::Body::from("{\"id\": \"x\", \"goal\": \"g\"}\n"))
+        .unwrap();
+    let r = send(&h.router, plain).await;
     assert_eq!(r.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", r.text);
     let dup = [
         json!({"id": "x", "goal": "g"}),
@@ -945,4 +961,42 @@ async fn cancel_ends_the_experiment_and_its_batches() {
     assert_eq!(got.body["state"], "cancelled");
     let missing = cancel(&h, &Uuid::now_v7().to_string(), SUB_A).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.text);
+}
+
+/// The JSON form of a dataset upload, `{"cases": […]}`, is the JSON Lines
+/// form's content: the same cases are the same version.
+#[tokio::test]
+async fn a_dataset_as_json_is_the_same_as_json_lines() {
+    let h = evals_harness();
+    let cases = [
+        json!({"id": "a", "goal": "Refund A1.", "expected": {"answer": "done"}}),
+        json!({"id": "b", "messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "B2"}]}),
+    ];
+    let r = put_text(&h, "same", cases.iter().map(|c| format!("{c}\n")).collect()).await;
+    assert_eq!(
+        (r.status, r.body["version"].as_u64()),
+        (StatusCode::CREATED, Some(1)),
+        "{}",
+        r.text
+    );
+    let hash = r.body["content_hash"].clone();
+    let req = request(
+        Method::PUT,
+        "/v1/datasets/same",
+        Some(SUB_A),
+        Some(&json!({"cases": cases})),
+    );
+    let r = send(&h.router, req).await;
+    assert_eq!(
+        (
+            r.status,
+            r.body["version"].as_u64(),
+            r.body["content_hash"].clone()
+        ),
+        (StatusCode::OK, Some(1), hash),
+        "{}",
+        r.text
+    );
+    let got = get(&h, "/v1/datasets/same", SUB_A).await;
+    assert_eq!(got.body["cases"][1]["turns"], json!(["B2"]), "{}", got.text);
 }

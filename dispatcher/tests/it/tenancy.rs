@@ -73,7 +73,8 @@ async fn harness() -> T {
         },
         public_url: None,
     })
-    .with_schedules(log.clone());
+    .with_schedules(log.clone())
+    .with_evals(log.clone());
     T {
         router: glia_dispatcher::router(app),
         log,
@@ -141,6 +142,8 @@ struct Ids {
     batch: Uuid,
     webhook: Uuid,
     schedule: Uuid,
+    experiment: Uuid,
+    /// The agent's name, also the name of a dataset of A's.
     agent: String,
     missing: Uuid,
 }
@@ -155,6 +158,7 @@ impl Ids {
             p if p.starts_with("/v1/batches/") => self.batch.to_string(),
             p if p.starts_with("/v1/webhooks/") => self.webhook.to_string(),
             p if p.starts_with("/v1/schedules/") => self.schedule.to_string(),
+            p if p.starts_with("/v1/experiments/") => self.experiment.to_string(),
             p if p.contains("{id}") => {
                 panic!("{path}: the test does not know what {{id}} names; add it here")
             }
@@ -185,6 +189,7 @@ impl Ids {
             .replace(&self.batch.to_string(), "<id>")
             .replace(&self.webhook.to_string(), "<id>")
             .replace(&self.schedule.to_string(), "<id>")
+            .replace(&self.experiment.to_string(), "<id>")
             .replace(&self.missing.to_string(), "<id>")
             .replace(&self.agent, "<name>")
             .replace("nobody-made-this", "<name>")
@@ -306,11 +311,43 @@ async fn tenant_a_things(t: &T) -> Ids {
         .unwrap()
         .parse()
         .unwrap();
+    // A dataset named as the agent, and an experiment over it.
+    let put = call(
+        &t.router,
+        api(
+            &Method::PUT,
+            &format!("/v1/datasets/{agent}"),
+            A,
+            Some(&json!({"cases": [{"id": "c1", "goal": "g"}]})),
+        ),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{}", put.body);
+    let created = call(
+        &t.router,
+        api(
+            &Method::POST,
+            "/v1/experiments",
+            A,
+            Some(
+                &json!({"eval": {"name": "e", "dataset": agent, "agents": [agent],
+                "graders": [{"kind": "contains", "value": "x"}]}}),
+            ),
+        ),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let experiment: Uuid = serde_json::from_str::<Value>(&created.body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     Ids {
         run,
         batch,
         webhook,
         schedule,
+        experiment,
         agent,
         missing: Uuid::now_v7(),
     }
