@@ -234,6 +234,16 @@ fn routes_with_ids() -> Vec<(String, String)> {
     routes
 }
 
+/// The id (field `field`) of what a 201 answer created.
+fn created_id(answer: &Answer, field: &str) -> Uuid {
+    assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+    serde_json::from_str::<Value>(&answer.body).unwrap()[field]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 async fn tenant_a_things(t: &T) -> Ids {
     let created = call(
         &t.router,
@@ -245,12 +255,7 @@ async fn tenant_a_things(t: &T) -> Ids {
         ),
     )
     .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
-    let run: Uuid = serde_json::from_str::<Value>(&created.body).unwrap()["run_id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let run = created_id(&created, "run_id");
     park_for_approval(&*t.log, run, &[("c1", "refund", json!({"amount": 1}))]).await;
     let batch = call(
         &t.router,
@@ -262,12 +267,7 @@ async fn tenant_a_things(t: &T) -> Ids {
         ),
     )
     .await;
-    assert_eq!(batch.status, StatusCode::CREATED, "{}", batch.body);
-    let batch: Uuid = serde_json::from_str::<Value>(&batch.body).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let batch = created_id(&batch, "id");
     let hook = call(
         &t.router,
         api(
@@ -278,12 +278,7 @@ async fn tenant_a_things(t: &T) -> Ids {
         ),
     )
     .await;
-    assert_eq!(hook.status, StatusCode::CREATED, "{}", hook.body);
-    let webhook: Uuid = serde_json::from_str::<Value>(&hook.body).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let webhook = created_id(&hook, "id");
     let agent = "a-support".to_owned();
     let def = json!({"name": agent, "model": "script:x", "system": "You help."});
     let put = call(
@@ -305,12 +300,7 @@ async fn tenant_a_things(t: &T) -> Ids {
         ),
     )
     .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
-    let schedule: Uuid = serde_json::from_str::<Value>(&created.body).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let schedule = created_id(&created, "id");
     // A dataset named as the agent, and an experiment over it.
     let put = call(
         &t.router,
@@ -336,12 +326,7 @@ async fn tenant_a_things(t: &T) -> Ids {
         ),
     )
     .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
-    let experiment: Uuid = serde_json::from_str::<Value>(&created.body).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let experiment = created_id(&created, "id");
     Ids {
         run,
         batch,
