@@ -43,7 +43,7 @@ use glia_evals::dataset::{self, Case};
 use glia_evals::grade::{self, Graded, HttpTask, JudgeTask, RunFacts, Verdict};
 use glia_evals::spec::{Approvals, EvalSpec, GraderKind, VersionSpec};
 use glia_evals::stats::{Cell, Summary};
-use glia_proto::{Event, PauseReason, Payload, PullPoint, RunConfig};
+use glia_proto::{Event, PauseReason, Payload, PolicyOrigin, PullPoint, RunConfig};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -343,9 +343,15 @@ pub(crate) async fn create_experiment(
             reason,
         })?;
     }
+    // Every case under every version is checked now, as its batch item will
+    // be: a refused goal or config patch stores nothing.
+    let id = Uuid::now_v7();
+    for i in 0..spec.agents.len() {
+        version_items(app, &p.tenant, id, &spec, i, &cases).await?;
+    }
     let now = Utc::now();
     let experiment = Experiment {
-        id: Uuid::now_v7(),
+        id,
         tenant: p.tenant.clone(),
         name: spec.name.clone(),
         idempotency_key: key.clone(),
@@ -381,6 +387,50 @@ fn spec_of(exp: &Experiment) -> Result<EvalSpec, ApiError> {
         .map_err(|e| ApiError::Internal(format!("experiment {} spec does not parse: {e}", exp.id)))
 }
 
+/// Version `i`'s batch spec (its agent pinned) and its items, every case's
+/// goal and config patch checked as a batch item's is (`case …` named in
+/// the error, under `eval.agents[i]`).
+async fn version_items(
+    app: &App,
+    tenant: &str,
+    experiment: Uuid,
+    spec: &EvalSpec,
+    i: usize,
+    cases: &[Case],
+) -> Result<(BatchSpec, Vec<glia_backends::batches::NewItem>), ApiError> {
+    let mut bspec = batch_spec(i, &spec.agents[i], spec)?;
+    let config = check_spec(app, tenant, &mut bspec).await?;
+    let rules = ItemRules::new(app, &bspec, &config)?;
+    let mut items = Vec::with_capacity(cases.len() * spec.repetitions as usize);
+    for case in cases {
+        for rep in 0..spec.repetitions {
+            let item = BatchItem {
+                custom_id: cell_id(&case.id, rep),
+                goal: case.goal.clone(),
+                inputs: None,
+                metadata: Some(BTreeMap::from([(
+                    EXPERIMENT_META.to_owned(),
+                    experiment.to_string(),
+                )])),
+                tags: vec!["eval".into()],
+                config: case.config.clone(),
+            };
+            let line = items.len() as u64;
+            items.push(prepare(item, line, &rules).map_err(|(field, reason)| {
+                ApiError::InvalidField {
+                    field: format!("eval.agents[{i}]"),
+                    reason: format!(
+                        "case {:?}: {}{reason}",
+                        case.id,
+                        field.map(|f| format!("{f}: ")).unwrap_or_default()
+                    ),
+                }
+            })?);
+        }
+    }
+    Ok((bspec, items))
+}
+
 /// Submit each version's batch (idempotent by `experiment:{id}:{i}`) and
 /// record them on the experiment; answers their ids in the spec's order.
 async fn submit_batches(
@@ -392,37 +442,8 @@ async fn submit_batches(
     let batches = crate::batches::store(app)?.clone();
     let p = acting(exp);
     let mut ids = Vec::with_capacity(spec.agents.len());
-    for (i, version) in spec.agents.iter().enumerate() {
-        let mut bspec = batch_spec(i, version, spec)?;
-        let config = check_spec(app, &exp.tenant, &mut bspec).await?;
-        let rules = ItemRules::new(app, &bspec, &config)?;
-        let mut items = Vec::with_capacity(cases.len() * spec.repetitions as usize);
-        for case in cases {
-            for rep in 0..spec.repetitions {
-                let item = BatchItem {
-                    custom_id: cell_id(&case.id, rep),
-                    goal: case.goal.clone(),
-                    inputs: None,
-                    metadata: Some(BTreeMap::from([(
-                        EXPERIMENT_META.to_owned(),
-                        exp.id.to_string(),
-                    )])),
-                    tags: vec!["eval".into()],
-                    config: case.config.clone(),
-                };
-                let line = items.len() as u64;
-                items.push(prepare(item, line, &rules).map_err(|(field, reason)| {
-                    ApiError::InvalidField {
-                        field: format!("eval.agents[{i}]"),
-                        reason: format!(
-                            "case {:?}: {}{reason}",
-                            case.id,
-                            field.map(|f| format!("{f}: ")).unwrap_or_default()
-                        ),
-                    }
-                })?);
-            }
-        }
+    for i in 0..spec.agents.len() {
+        let (bspec, items) = version_items(app, &exp.tenant, exp.id, spec, i, cases).await?;
         let mut chunks: Vec<Result<Upload, SubmitError>> = Vec::new();
         let mut rest = items.into_iter().peekable();
         while rest.peek().is_some() {
@@ -459,15 +480,16 @@ pub async fn evals(app: App) {
     loop {
         let started = std::time::Instant::now();
         match tend_pass(&app, owner, &http, &mut cases).await {
-            // At most half the time in passes: a big experiment's pass is
-            // followed by a pause as long.
-            Ok(pass) if pass.acted > 0 => idle = FAST_PASS.max(started.elapsed()),
+            Ok(pass) if pass.acted > 0 => idle = FAST_PASS,
             Ok(_) => idle = (idle * 2).min(TEND_EVERY),
             Err(e) => {
                 tracing::warn!("evals: {e}");
                 idle = TEND_EVERY;
             }
         }
+        // At most half the time in passes: a long pass is followed by a
+        // pause as long.
+        idle = idle.max(started.elapsed());
         tokio::time::sleep(idle).await;
     }
 }
@@ -552,7 +574,7 @@ pub async fn tend_pass(
         if !store.tend(exp.id, owner, now, until).await? {
             continue;
         }
-        match tend(app, &exp, http, cases).await {
+        match tend(app, &exp, owner, http, cases).await {
             Ok(pass) => {
                 total.graded += pass.graded;
                 total.acted += pass.acted;
@@ -599,6 +621,7 @@ fn ended(status: &str) -> bool {
 async fn tend(
     app: &App,
     exp: &Experiment,
+    owner: Uuid,
     http: &reqwest::Client,
     cache: &mut Cases,
 ) -> Result<Pass, ApiError> {
@@ -635,49 +658,68 @@ async fn tend(
             let Some(case) = split_cell(&item.custom_id).and_then(|(c, _)| by_id.get(c)) else {
                 continue;
             };
-            match (item.run_id, item.pull_point.as_ref()) {
-                (Some(run), Some(PullPoint::AwaitingInput)) => {
-                    waiting += 1;
-                    speak(app, run, case).await?
-                }
-                // Out of budget, as a harness's turn limit ends a
-                // conversation: close it, so it completes with its last
-                // answer and is graded (a bounds grader sees the spend).
-                (
-                    Some(run),
+            let acts = match (item.run_id, item.pull_point.as_ref()) {
+                (Some(_), Some(PullPoint::AwaitingInput))
+                | (
+                    Some(_),
                     Some(PullPoint::Paused {
                         reason: PauseReason::Budget { .. },
                     }),
-                ) => {
-                    waiting += 1;
-                    close_spent(app, run).await?
+                ) => true,
+                (Some(_), Some(PullPoint::AwaitingApproval { .. })) => {
+                    spec.approvals != Approvals::Leave
                 }
-                // Approvals left to people are not the loop's to wait on.
-                (Some(run), Some(PullPoint::AwaitingApproval { .. }))
-                    if spec.approvals != Approvals::Leave =>
-                {
-                    waiting += 1;
-                    decide(app, exp, &spec, run).await?
+                _ => ended(&item.status),
+            };
+            if !acts {
+                continue;
+            }
+            // The claim is held again before each effect: a pass that
+            // outlasts it (slow HTTP graders) stops here, so two
+            // dispatchers never act on one experiment at once.
+            let now = Utc::now();
+            let until = now + chrono::Duration::from_std(CLAIM_FOR).expect("a short duration");
+            if !store.tend(exp.id, owner, now, until).await? {
+                return Ok(Pass {
+                    graded,
+                    acted: waiting + graded,
+                });
+            }
+            let at = At {
+                exp,
+                spec: &spec,
+                label,
+                case,
+                item: &item,
+            };
+            let acted = act(app, &at, http).await;
+            match acted {
+                Ok(Acted::Waited) => waiting += 1,
+                Ok(Acted::Graded(true)) => {
+                    graded += 1;
+                    app.metrics().eval_cells_graded.inc();
                 }
-                _ if ended(&item.status) => {
-                    if let Some(cell) =
-                        grade_cell(app, exp, &spec, label, case, &item, http).await?
-                    {
-                        let grade = Grade {
-                            experiment_id: exp.id,
-                            version: label.clone(),
-                            cell: item.custom_id.clone(),
-                            run_id: item.run_id.unwrap_or(Uuid::nil()),
-                            grade: serde_json::to_string(&cell).expect("a cell serialises"),
-                            graded_at: Utc::now(),
-                        };
-                        if store.record_grade(&grade).await? {
-                            graded += 1;
-                            app.metrics().eval_cells_graded.inc();
+                Ok(Acted::Graded(false) | Acted::Nothing) => {}
+                // The stores are down: the whole pass waits for them.
+                Err(e @ (ApiError::LogUnavailable(_) | ApiError::QueueUnavailable(_))) => {
+                    return Err(e);
+                }
+                // One cell's trouble never holds up the others: a scripted
+                // turn a guardrail refuses ends that run (its cell fails),
+                // anything else is logged and tried again next pass.
+                Err(ApiError::ScreenedInput { reason, .. }) => {
+                    if let Some(run) = item.run_id {
+                        let why = format!("the eval's scripted turn was refused: {reason}");
+                        let by = format!("experiment:{}", exp.id);
+                        match crate::control::cancel_run(app, run, &why, &by).await {
+                            Ok(_) | Err(ApiError::RunFinished(_)) => {}
+                            Err(e) => tracing::warn!(experiment_id = %exp.id, %run, "evals: {e}"),
                         }
                     }
                 }
-                _ => {}
+                Err(e) => {
+                    tracing::warn!(experiment_id = %exp.id, cell = %item.custom_id, "evals: {e}");
+                }
             }
         }
     }
@@ -694,6 +736,72 @@ async fn tend(
         graded,
         acted: waiting + graded,
     })
+}
+
+/// What the loop did for one cell.
+enum Acted {
+    /// Its run waits on the loop (a turn, a close, approvals).
+    Waited,
+    /// It was graded (true: this grade was written, false: an earlier
+    /// one stands).
+    Graded(bool),
+    /// Nothing (a judge run still going).
+    Nothing,
+}
+
+/// One cell as the loop sees it: its experiment, eval, version, case and
+/// batch item.
+struct At<'a> {
+    exp: &'a Experiment,
+    spec: &'a EvalSpec,
+    label: &'a str,
+    case: &'a Case,
+    item: &'a ItemView,
+}
+
+/// Do for one cell what its item's state asks: speak, close, decide, or
+/// grade it once it ended.
+async fn act(app: &App, at: &At<'_>, http: &reqwest::Client) -> Result<Acted, ApiError> {
+    let At {
+        exp,
+        spec,
+        label,
+        case,
+        item,
+    } = *at;
+    match (item.run_id, item.pull_point.as_ref()) {
+        (Some(run), Some(PullPoint::AwaitingInput)) => {
+            speak(app, run, case).await?;
+            Ok(Acted::Waited)
+        }
+        (
+            Some(run),
+            Some(PullPoint::Paused {
+                reason: PauseReason::Budget { limit },
+            }),
+        ) => {
+            spent(app, exp, run, *limit).await?;
+            Ok(Acted::Waited)
+        }
+        (Some(run), Some(PullPoint::AwaitingApproval { .. })) => {
+            decide(app, exp, spec, run).await?;
+            Ok(Acted::Waited)
+        }
+        _ => match grade_cell(app, at, http).await? {
+            None => Ok(Acted::Nothing),
+            Some(cell) => {
+                let grade = Grade {
+                    experiment_id: exp.id,
+                    version: label.to_owned(),
+                    cell: item.custom_id.clone(),
+                    run_id: item.run_id.unwrap_or(Uuid::nil()),
+                    grade: serde_json::to_string(&cell).expect("a cell serialises"),
+                    graded_at: Utc::now(),
+                };
+                Ok(Acted::Graded(store(app)?.record_grade(&grade).await?))
+            }
+        },
+    }
 }
 
 /// Post a waiting conversation's next scripted customer turn, or close it
@@ -747,6 +855,27 @@ async fn speak(app: &App, run: Uuid, case: &Case) -> Result<(), ApiError> {
     }
 }
 
+/// A run paused by its budget: out of turns, it is closed (as a harness's
+/// turn limit ends a conversation: it completes with its last answer and a
+/// `bounds` grader sees the spend); out of anything else (cost, tokens,
+/// time), it is cancelled, so its cell fails rather than passing on a
+/// last answer its budget cut short.
+async fn spent(
+    app: &App,
+    exp: &Experiment,
+    run: Uuid,
+    limit: glia_proto::budget::Limit,
+) -> Result<(), ApiError> {
+    if limit == glia_proto::budget::Limit::Turns {
+        return close_spent(app, run).await;
+    }
+    let why = format!("the run ran out of its {limit} budget in an eval");
+    match crate::control::cancel_run(app, run, &why, &format!("experiment:{}", exp.id)).await {
+        Ok(_) | Err(ApiError::RunFinished(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Close a run paused by its budget (once: nothing when a close already
 /// waits in its inbox).
 async fn close_spent(app: &App, run: Uuid) -> Result<(), ApiError> {
@@ -777,8 +906,11 @@ async fn close_spent(app: &App, run: Uuid) -> Result<(), ApiError> {
 /// Decide a waiting run's approvals as the eval says, by
 /// `experiment:{id}`: `approve` approves new calls and rejects running
 /// again a call a crash interrupted (its outcome is unknown), `approve_all`
-/// approves both, `reject` rejects both, `leave` decides nothing; a call
-/// whose decision already waits in the run's inbox is left alone.
+/// approves both (for tools safe to run twice), `reject` rejects both,
+/// `leave` decides nothing. A call whose approval the operator's catalogue
+/// requires (`require_approval`, `require_approval_no_retry`) is left for
+/// a person whatever the eval says, and a call whose decision already
+/// waits in the run's inbox is left alone.
 async fn decide(app: &App, exp: &Experiment, spec: &EvalSpec, run: Uuid) -> Result<(), ApiError> {
     let body = |decision: Value| -> crate::model::DecisionBody {
         serde_json::from_value(decision).expect("a decision body")
@@ -820,6 +952,16 @@ async fn decide(app: &App, exp: &Experiment, spec: &EvalSpec, run: Uuid) -> Resu
     for call in state.pending_calls.iter().filter(|c| {
         c.approval == glia_proto::ApprovalStatus::Requested && !waiting.contains(&c.call_id)
     }) {
+        let policy = state
+            .step_tools
+            .iter()
+            .find(|t| t.name == call.name)
+            .and_then(|t| t.policy.as_ref());
+        // The operator's word that a person approves this tool is not the
+        // eval's to decide: it waits for one (the batch window ends it).
+        if policy.is_some_and(|p| p.requires_approval && p.approval_by == PolicyOrigin::Operator) {
+            continue;
+        }
         let body = if call.interrupted { &interrupted } else { &new };
         match crate::control::decide_one(app, &p, run, call.call_id.clone(), body).await {
             Ok(_)
@@ -838,13 +980,10 @@ async fn decide(app: &App, exp: &Experiment, spec: &EvalSpec, run: Uuid) -> Resu
 /// Grade an ended cell; `None` while a judge run it needs is still going.
 async fn grade_cell(
     app: &App,
-    exp: &Experiment,
-    spec: &EvalSpec,
-    label: &str,
-    case: &Case,
-    item: &ItemView,
+    at: &At<'_>,
     http: &reqwest::Client,
 ) -> Result<Option<Cell>, ApiError> {
+    let (exp, spec, label, case, item) = (at.exp, at.spec, at.label, at.case, at.item);
     let rep = split_cell(&item.custom_id).map_or(0, |(_, r)| r);
     let Some(run_id) = item.run_id else {
         return Ok(Some(Cell {
