@@ -13,20 +13,25 @@
 //! dataset version, `repetitions` times, as one managed batch per version
 //! (idempotency key `experiment:{id}:{i}`, items `{case}#{rep}`): the
 //! batches' caps, spend cap and admission apply, and every cell is a run
-//! the console shows. The loop ([`evals`], every [`TEND_EVERY`], in every
-//! dispatcher; one tends an experiment at a time by a claim that runs out,
-//! [`CLAIM_FOR`]) submits batches not yet submitted, posts each case's
-//! scripted customer turns when its run waits for input (and closes the
-//! conversation when they run out), decides approvals as the eval says,
-//! grades every ended cell once (`EvalStore::record_grade`: the first grade
-//! stands), and completes the experiment when every cell is graded.
+//! the console shows. The loop ([`evals`], in every dispatcher: soon after
+//! a pass that had runs waiting on it, at most every [`TEND_EVERY`]
+//! otherwise; one dispatcher tends an experiment at a time by a claim that
+//! runs out, [`CLAIM_FOR`], held again before each effect) submits batches
+//! not yet submitted, posts each case's scripted customer turns when its
+//! run waits for input (and closes the conversation when they run out),
+//! closes a run out of turns and cancels one out of any other budget,
+//! decides approvals as the eval says (never one the operator's catalogue
+//! reserves for a person), grades every ended cell once
+//! (`EvalStore::record_grade`: the first grade stands), and completes the
+//! experiment when every cell is graded. Creating one needs the `approve`
+//! scope too when the eval decides approvals.
 //!
 //! Grading is `glia_evals::grade`. A `judge` grader is a run of its own
 //! (idempotency key from the experiment, cell and grader: admitted once,
 //! its cost recorded on it), its verdict the structured output; a judge
 //! that does not succeed or answers garbage is a grading error, never a
-//! pass (one paused by its budget is cancelled, so it ends). An `http` grader POSTs to an origin the operator's catalogue
-//! allows (`[http] allowed_origins`, checked at create and again before
+//! pass (one paused by its budget is cancelled, so it ends). An `http`
+//! grader POSTs to an origin the operator's catalogue allows (`[http] allowed_origins`, checked at create and again before
 //! each call; no catalogue, no HTTP grader), redirects not followed.
 
 use std::collections::{BTreeMap, HashSet};
