@@ -1199,39 +1199,21 @@ impl Agent {
     /// The tools offered for a step, frozen in `step.start`: the worker's
     /// registered tools the config allows, the external tools, the MCP and
     /// HTTP tools the config names (listed from their servers now, each
-    /// with its source and schema hash), and the output tool when the run
-    /// has an output schema.
+    /// with its source and schema hash) — or, for a run answered from a
+    /// recording, the recording's tools instead of all those — then the
+    /// built-in waits it enables, and the output tool when the run has an
+    /// output schema.
     async fn step_tools(&self, config: &RunConfig) -> Result<Vec<ToolSpec>, OfferError> {
-        let mut tools: Vec<ToolSpec> = self
-            .tools
-            .specs()
-            .into_iter()
-            .filter(|t| {
-                config
-                    .tools
-                    .as_ref()
-                    .is_none_or(|allowed| allowed.contains(&t.name))
-            })
-            .chain(config.external_tools.iter().cloned().map(|t| ToolSpec {
-                external: true,
-                ..t
-            }))
-            .map(|t| with_tenant_policy(config, t))
-            .collect();
-        // Issue 32: the agents frozen at admission, offered as tools.
-        tools.extend(config.child_agents.iter().map(ToolSpec::of_agent));
-        if !config.child_agents.is_empty() {
-            glia_proto::ToolSpec::check_distinct(&tools)
-                .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
-        }
-        if !config.mcp.is_empty() || !config.http_tools.is_empty() {
-            let sources = self.sources.as_ref().ok_or_else(|| {
-                OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into())
-            })?;
-            tools.extend(sources.offered(config).await?);
-            glia_proto::ToolSpec::check_distinct(&tools)
-                .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
-        }
+        let mut tools = match &config.recorded_tools {
+            // A run answered from a recording is offered its tools only,
+            // and contacts no tool source.
+            Some(recorded) => recorded
+                .tools
+                .iter()
+                .map(|t| recorded_spec(config, t))
+                .collect(),
+            None => self.configured_tools(config).await?,
+        };
         // --- issue 32: waits --- glia's built-in tools the run enabled.
         if !config.builtin_tools.is_empty() {
             tools.extend(
@@ -1264,6 +1246,43 @@ impl Agent {
         for tool in tools.iter_mut().filter(|t| t.name != OUTPUT_TOOL) {
             gate_by_policies(config, tool);
             tool.max_result_bytes = Some(config.max_result_bytes_for(&tool.name));
+        }
+        Ok(tools)
+    }
+
+    /// The tools the config names: the worker's registered tools it allows,
+    /// its external tools, its agents, and its MCP and HTTP tools (listed
+    /// from their servers now).
+    async fn configured_tools(&self, config: &RunConfig) -> Result<Vec<ToolSpec>, OfferError> {
+        let mut tools: Vec<ToolSpec> = self
+            .tools
+            .specs()
+            .into_iter()
+            .filter(|t| {
+                config
+                    .tools
+                    .as_ref()
+                    .is_none_or(|allowed| allowed.contains(&t.name))
+            })
+            .chain(config.external_tools.iter().cloned().map(|t| ToolSpec {
+                external: true,
+                ..t
+            }))
+            .map(|t| with_tenant_policy(config, t))
+            .collect();
+        // Issue 32: the agents frozen at admission, offered as tools.
+        tools.extend(config.child_agents.iter().map(ToolSpec::of_agent));
+        if !config.child_agents.is_empty() {
+            glia_proto::ToolSpec::check_distinct(&tools)
+                .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
+        }
+        if !config.mcp.is_empty() || !config.http_tools.is_empty() {
+            let sources = self.sources.as_ref().ok_or_else(|| {
+                OfferError::Invalid("this worker has no catalogue for MCP and HTTP tools".into())
+            })?;
+            tools.extend(sources.offered(config).await?);
+            glia_proto::ToolSpec::check_distinct(&tools)
+                .map_err(|clash| OfferError::Invalid(clash.to_string()))?;
         }
         Ok(tools)
     }
@@ -1987,6 +2006,7 @@ impl Agent {
         // running then is abandoned (its task aborted) as `outcome_unknown`.
         let cancel = run.sink.cancelled().shared();
         let (sink, step_tools) = (&*run.sink, &run.state.step_tools);
+        let (recorded, messages) = (&run.state.config.recorded_tools, &run.state.messages);
         // The marks refreshed while the calls run, each refresh bounded.
         let marks = async {
             loop {
@@ -2019,6 +2039,8 @@ impl Agent {
                 let work = async {
                     match sourced {
                         _ if name == OUTPUT_TOOL => Ok("Output accepted.".into()),
+                        // A run answered from a recording runs no tool.
+                        _ if recorded.is_some() => recorded_answer(recorded, messages, &ctx.call_id, name, input),
                         Some((spec, sources)) => sources.execute(spec, input.clone(), &ctx, &progress).await,
                         None => self.tools.execute(name, input.clone(), ctx.clone()).await.map(ToolContent::from),
                     }
@@ -2537,6 +2559,54 @@ impl Agent {
 /// A worker's registered tool or an external tool with the tenant's
 /// `tool_policy` for its name applied (approval, idempotency, timeout,
 /// hand-off) and its [`ResolvedPolicy`] recorded.
+/// What a recording answers a call ([`glia_proto::recorded::RecordedTools::answer`]):
+/// a call it does not have fails, and nothing runs.
+fn recorded_answer(
+    recorded: &Option<glia_proto::recorded::RecordedTools>,
+    messages: &[glia_proto::Message],
+    call_id: &str,
+    name: &str,
+    input: &Value,
+) -> Result<ToolContent, ToolFailure> {
+    let recorded = recorded.as_ref().expect("called for a recorded run");
+    match recorded.answer(messages, call_id, name, input) {
+        Ok(Ok(content)) => Ok(content),
+        Ok(Err(message)) => Err(ToolFailure::failed(message)),
+        Err(missing) => Err(ToolFailure::failed(missing)),
+    }
+}
+
+/// A recording's tool as a step offers it ([`glia_proto::recorded`]): its
+/// source [`glia_proto::ToolSource::Recorded`], the tenant's `tool_policy`
+/// applied, and an approval whenever the recorded tool required one.
+fn recorded_spec(config: &RunConfig, t: &glia_proto::recorded::RecordedToolSpec) -> ToolSpec {
+    let spec = ToolSpec {
+        name: t.name.clone(),
+        description: t.description.clone(),
+        input_schema: t.input_schema.clone(),
+        idempotent: t.idempotent,
+        timeout_ms: 30_000,
+        external: false,
+        return_direct: false,
+        cancel_grace_ms: glia_proto::DEFAULT_CANCEL_GRACE_MS,
+        source: Some(glia_proto::ToolSource::Recorded {
+            requires_approval: t.requires_approval,
+        }),
+        policy: None,
+        max_result_bytes: None,
+        output_schema: None,
+    };
+    let mut spec = with_tenant_policy(config, spec);
+    if let Some(policy) = spec.policy.as_mut()
+        && t.requires_approval
+        && !policy.requires_approval
+    {
+        policy.requires_approval = true;
+        policy.approval_by = crate::tool_sources::tenant_origin(config);
+    }
+    spec
+}
+
 fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
     let tenant = config
         .tool_policy_for(&tool.name)

@@ -555,6 +555,11 @@ impl ToolSources {
                 kind: ToolErrorKind::Unavailable,
                 message: format!("tool {} has no source on this worker", spec.name),
             }),
+            // A recording answers its tools in the loop; nothing runs them.
+            Some(ToolSource::Recorded { .. }) => Err(ToolFailure {
+                kind: ToolErrorKind::Unavailable,
+                message: format!("tool {} is answered from the run's recording", spec.name),
+            }),
             // Issue 32: an agent tool starts a child run; no worker runs it.
             Some(ToolSource::Agent { agent, .. }) => Err(ToolFailure {
                 kind: ToolErrorKind::Unavailable,

@@ -126,6 +126,10 @@ pub struct NewItem {
     /// (RFC 7396) applied to the batch's run configuration for this item's
     /// run; the store keeps it as given.
     pub config: Option<String>,
+    /// JSON text of the item's recorded tools
+    /// ([`glia_proto::recorded::RecordedTools`]): its run's calls are
+    /// answered from them.
+    pub recorded_tools: Option<String>,
     /// Where the item is in the caller's input (a JSON Lines line number, an
     /// array index), for errors; not stored.
     pub line: u64,
@@ -253,6 +257,8 @@ pub struct Claim {
     pub metadata: Option<String>,
     /// Its tags ([`NewItem::tags`]).
     pub tags: Option<String>,
+    /// Its recorded tools ([`NewItem::recorded_tools`]).
+    pub recorded_tools: Option<String>,
 }
 
 /// One item with its run, for results.
@@ -487,8 +493,8 @@ mod pg {
                 .map_err(fail)?;
             let insert = tx
                 .prepare_cached(
-                    "INSERT INTO batch_items (batch_id, n, custom_id, goal, metadata, config, tags) \
-                     SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) ON CONFLICT DO NOTHING RETURNING n",
+                    "INSERT INTO batch_items (batch_id, n, custom_id, goal, metadata, config, tags, recorded_tools) \
+                     SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[]) ON CONFLICT DO NOTHING RETURNING n",
                 )
                 .await
                 .map_err(fail)?;
@@ -513,10 +519,15 @@ mod pg {
                             items.iter().map(|i| i.config.as_deref()).collect();
                         let tags: Vec<Option<&str>> =
                             items.iter().map(|i| i.tags.as_deref()).collect();
+                        let recorded: Vec<Option<&str>> =
+                            items.iter().map(|i| i.recorded_tools.as_deref()).collect();
                         let rows = tx
                             .query(
                                 &insert,
-                                &[&new.id, &ns, &ids, &goals, &metadata, &configs, &tags],
+                                &[
+                                    &new.id, &ns, &ids, &goals, &metadata, &configs, &tags,
+                                    &recorded,
+                                ],
                             )
                             .await
                             .map_err(|e| match e.code() {
@@ -777,7 +788,7 @@ mod pg {
                              ORDER BY n LIMIT $2 FOR UPDATE SKIP LOCKED) \
                          UPDATE batch_items i SET state = 'admitting', claimed_at = now() FROM picked \
                          WHERE i.batch_id = $1 AND i.n = picked.n \
-                         RETURNING i.n, i.custom_id, i.goal, i.config, i.metadata, i.tags",
+                         RETURNING i.n, i.custom_id, i.goal, i.config, i.metadata, i.tags, i.recorded_tools",
                         &[&batch, &(limit as i64), &lease.as_secs_f64()],
                     )
                     .await
@@ -793,6 +804,7 @@ mod pg {
                             config: col(row, "config")?,
                             metadata: col(row, "metadata")?,
                             tags: col(row, "tags")?,
+                            recorded_tools: col(row, "recorded_tools")?,
                         })
                     })
                     .collect::<Result<_, LogError>>()?;
@@ -942,6 +954,7 @@ struct MemoryItem {
     metadata: Option<String>,
     tags: Option<String>,
     config: Option<String>,
+    recorded_tools: Option<String>,
     state: ItemState,
     run_id: Option<Uuid>,
     spend: Spend,
@@ -1093,6 +1106,7 @@ impl BatchStore for MemoryBatches {
                             metadata,
                             tags,
                             config,
+                            recorded_tools,
                             ..
                         } = item;
                         items.push(MemoryItem {
@@ -1101,6 +1115,7 @@ impl BatchStore for MemoryBatches {
                             metadata,
                             tags,
                             config,
+                            recorded_tools,
                             state: ItemState::Queued,
                             run_id: None,
                             spend: Spend::default(),
@@ -1308,6 +1323,7 @@ impl BatchStore for MemoryBatches {
                     config: item.config.clone(),
                     metadata: item.metadata.clone(),
                     tags: item.tags.clone(),
+                    recorded_tools: item.recorded_tools.clone(),
                 });
             }
         }

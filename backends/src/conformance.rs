@@ -1850,13 +1850,17 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
         cap: crate::SpendCap::default(),
         expires_at: None,
     };
-    // Odd items carry a configuration patch, kept as given.
+    // Odd items carry a configuration patch, even ones recorded tools,
+    // each kept as given.
     let item = |i: u64| NewItem {
         custom_id: format!("c-{i}"),
         goal: format!("goal {i}"),
         metadata: Some(format!("{{\"i\":\"{i}\"}}")),
         tags: i.is_multiple_of(2).then(|| format!("[\"even\",\"t-{i}\"]")),
         config: (i % 2 == 1).then(|| format!("{{\"model\":\"m-{i}\"}}")),
+        recorded_tools: i
+            .is_multiple_of(2)
+            .then(|| format!("{{\"tools\":[],\"i\":{i}}}")),
         line: i + 2,
     };
     let upload = |chunks: Vec<Vec<NewItem>>, done: bool| {
@@ -1976,6 +1980,13 @@ pub async fn batch_store(log: &dyn RunLog, store: &dyn crate::batches::BatchStor
             (Some("{\"i\":\"0\"}"), Some("[\"even\",\"t-0\"]")),
             (Some("{\"i\":\"1\"}"), None)
         ]
+    );
+    assert_eq!(
+        claims
+            .iter()
+            .map(|c| c.recorded_tools.as_deref())
+            .collect::<Vec<_>>(),
+        [Some("{\"tools\":[],\"i\":0}"), None]
     );
     let lane = store
         .lanes()

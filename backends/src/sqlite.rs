@@ -136,6 +136,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../sqlite_migrations/011_live_children.sql"),
     // Issue 31, evals.
     include_str!("../sqlite_migrations/012_evals.sql"),
+    // Issue 31, replay evals: an item's recorded tools.
+    include_str!("../sqlite_migrations/013_batch_item_recordings.sql"),
 ];
 
 /// How a store is opened.

@@ -25,7 +25,7 @@ use glia_agent::agent::Agent;
 use glia_agent::provider::ScriptLibrary;
 use glia_evals::dataset;
 use glia_evals::stats::{Cell, Summary};
-use glia_proto::AgentDefinition;
+use glia_proto::{AgentDefinition, Event};
 use reqwest::{Client, Method};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -97,6 +97,37 @@ pub enum DatasetCommand {
     List {
         #[command(flatten)]
         server: Server,
+    },
+    /// Make a replay dataset from recorded runs that succeeded: a case per
+    /// run (its goal, the messages it received, its answer and tool calls
+    /// expected), its tools answered from the run's recorded results, so
+    /// a version compared on it touches nothing the runs reached. Writes
+    /// JSON Lines to `--out`, and stores them as dataset `--push NAME`.
+    /// Runs that did not succeed are skipped, each named.
+    FromRuns {
+        #[command(flatten)]
+        server: Server,
+        /// A run (repeat for several).
+        #[arg(long = "run", value_name = "RUN_ID")]
+        runs: Vec<String>,
+        /// The runs of this batch.
+        #[arg(long)]
+        batch: Option<String>,
+        /// The runs of this registered agent, `name` or `name@VERSION`.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only runs with this tag (repeat: all must match).
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        /// At most this many runs from a listing, newest first.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Where to write the cases.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Store the cases as the next version of this dataset.
+        #[arg(long, value_name = "NAME")]
+        push: Option<String>,
     },
     /// Write a replay eval of a tau-bench recording into DIR:
     /// `tau-airline.jsonl`, a case per conversation (its customer turns and
@@ -259,6 +290,54 @@ pub async fn eval(cmd: EvalCommand) -> Result<()> {
             }
             Ok(())
         }
+        EvalCommand::Dataset(DatasetCommand::FromRuns {
+            server,
+            runs,
+            batch,
+            agent,
+            tags,
+            limit,
+            out,
+            push,
+        }) => {
+            if out.is_none() && push.is_none() {
+                bail!("give --out FILE, --push NAME, or both");
+            }
+            let listed = batch.is_some() || agent.is_some() || !tags.is_empty();
+            if runs.is_empty() && !listed {
+                bail!("name the runs: --run ID, --batch ID, --agent NAME or --tag TAG");
+            }
+            let mut ids = runs;
+            if listed {
+                ids.extend(succeeded_runs(&client, &server, batch, agent, &tags, limit).await?);
+            }
+            let mut cases = Vec::new();
+            for id in &ids {
+                let events = run_events(&client, &server, id).await?;
+                match glia_evals::case_from_run(id, &events) {
+                    Ok(case) => cases.push(case),
+                    Err(why) => errln!("skipped run {id}: {why}"),
+                }
+            }
+            if cases.is_empty() {
+                bail!("none of the {} run(s) makes a case", ids.len());
+            }
+            let text = glia_evals::to_jsonl(&cases);
+            // What is written reads back as a dataset (a line over 1 MiB
+            // is named here, before anything is written).
+            dataset::parse_jsonl(&text).map_err(|e| anyhow::anyhow!("the cases: {e}"))?;
+            if let Some(path) = &out {
+                std::fs::write(path, &text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                outln!("{} ({} cases)", path.display(), cases.len());
+            }
+            if let Some(name) = &push {
+                let from = out.clone().unwrap_or_else(|| PathBuf::from("(from runs)"));
+                let v = push_dataset(&client, &server, name, &text, &from).await?;
+                outln!("dataset {name}@{} ({} cases)", v["version"], v["cases"]);
+            }
+            Ok(())
+        }
         EvalCommand::Dataset(DatasetCommand::Tau {
             file,
             tools,
@@ -292,6 +371,78 @@ fn text(v: &Value) -> &str {
 
 fn text_of(v: &Value) -> String {
     v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+}
+
+/// The ids of the runs that succeeded and match the filters, newest first,
+/// at most `limit`.
+async fn succeeded_runs(
+    client: &Client,
+    server: &Server,
+    batch: Option<String>,
+    agent: Option<String>,
+    tags: &[String],
+    limit: usize,
+) -> Result<Vec<String>> {
+    let mut query = vec![("outcome".to_owned(), "succeeded".to_owned())];
+    if let Some(batch) = batch {
+        query.push(("batch_id".into(), batch));
+    }
+    if let Some(agent) = agent {
+        match agent.split_once('@') {
+            Some((name, version)) => {
+                query.push(("agent".into(), name.into()));
+                query.push(("version".into(), version.into()));
+            }
+            None => query.push(("agent".into(), agent)),
+        }
+    }
+    query.extend(tags.iter().map(|t| ("tag".to_owned(), t.clone())));
+    let mut ids = Vec::new();
+    let mut cursor = String::new();
+    while ids.len() < limit {
+        let mut page_query = query.clone();
+        page_query.push(("limit".into(), (limit - ids.len()).min(1000).to_string()));
+        page_query.push(("cursor".into(), cursor.clone()));
+        let qs = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(&page_query)
+            .finish();
+        let page = server.get(client, &format!("/v1/runs?{qs}")).await?;
+        for run in page["runs"].as_array().into_iter().flatten() {
+            ids.push(text(&run["run_id"]).to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) if !next.is_empty() => cursor = next.to_owned(),
+            _ => break,
+        }
+    }
+    ids.truncate(limit);
+    Ok(ids)
+}
+
+/// Every event of run `id`, in order.
+async fn run_events(client: &Client, server: &Server, id: &str) -> Result<Vec<Event>> {
+    let mut events = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = server
+            .get(
+                client,
+                &format!("/v1/runs/{id}/events?after={after}&limit=1000"),
+            )
+            .await
+            .with_context(|| format!("reading run {id}"))?;
+        let got = page["events"].as_array().cloned().unwrap_or_default();
+        for e in &got {
+            let event: Event = serde_json::from_value(e.clone())
+                .with_context(|| format!("run {id}: an event glia cannot read: {e}"))?;
+            events.push(event);
+        }
+        let next = page["next_after"].as_u64().unwrap_or(after);
+        if got.is_empty() || next <= after {
+            return Ok(events);
+        }
+        after = next;
+    }
 }
 
 /// PUT `text` as the next version of dataset `name`; answers the version.

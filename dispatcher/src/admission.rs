@@ -150,6 +150,18 @@ pub(crate) fn validate_run(req: &CreateRun) -> Result<(), ApiError> {
             reason: "is set by the dispatcher: give the start time in `start_at`".into(),
         });
     }
+    if req.config.recorded_tools.is_some() {
+        return Err(ApiError::InvalidField {
+            field: "config.recorded_tools".into(),
+            reason: "is set by the dispatcher: give the recording in `recorded_tools`".into(),
+        });
+    }
+    if let Some(recorded) = &req.recorded_tools {
+        recorded.validate().map_err(|e| ApiError::InvalidField {
+            field: e.field,
+            reason: e.reason,
+        })?;
+    }
     if let Some(at) = req.start_at {
         let ahead = at.timestamp_millis() - Utc::now().timestamp_millis();
         if ahead > glia_proto::wait::MAX_WAIT_MS {
@@ -195,6 +207,8 @@ pub(crate) async fn run_config(
     // Issue 32: a delayed start rides in the frozen config (`session.start`
     // parks the run until then).
     config.start_at_ms = req.start_at.map(|at| at.timestamp_millis());
+    // A replay's recording rides in it too: the worker answers from it.
+    config.recorded_tools = req.recorded_tools.clone();
     Ok(config)
 }
 

@@ -111,6 +111,7 @@ pub(crate) async fn check_spec(
         tags: Vec::new(),
         metadata: Default::default(),
         start_at: None,
+        recorded_tools: None,
     };
     let config = run_config(app, tenant, &probe).await?;
     if let Some(agent) = &config.agent {
@@ -253,6 +254,7 @@ pub(crate) fn prepare(
                 tags: Vec::new(),
                 metadata: Default::default(),
                 start_at: None,
+                recorded_tools: None,
             };
             let checked =
                 validate_run(&probe).and_then(|()| catalogue_check(&rules.app, &probe.config));
@@ -277,6 +279,13 @@ pub(crate) fn prepare(
         ApiError::InvalidField { field, reason } => (Some(field), reason),
         other => (Some("tags".into()), other.to_string()),
     })?;
+    let recorded_tools = match &item.recorded_tools {
+        None => None,
+        Some(recorded) => {
+            recorded.validate().map_err(|e| (Some(e.field), e.reason))?;
+            Some(serde_json::to_string(recorded).expect("JSON serialises"))
+        }
+    };
     let metadata = item
         .metadata
         .map(|m| serde_json::to_string(&m).expect("JSON serialises"));
@@ -287,6 +296,7 @@ pub(crate) fn prepare(
         metadata,
         tags,
         config,
+        recorded_tools,
         line,
     })
 }
@@ -663,6 +673,20 @@ async fn admit_item(
             return Ok(false);
         }
     };
+    let recorded_tools = match claim.recorded_tools.as_deref().map(serde_json::from_str) {
+        None => None,
+        Some(Ok(recorded)) => Some(recorded),
+        Some(Err(e)) => {
+            store
+                .refused(
+                    claim.batch_id,
+                    claim.n,
+                    &format!("the item's stored recorded tools cannot be read: {e}"),
+                )
+                .await?;
+            return Ok(false);
+        }
+    };
     let req = CreateRun {
         goal: claim.goal.clone(),
         config,
@@ -671,6 +695,7 @@ async fn admit_item(
         tags,
         metadata,
         start_at: None,
+        recorded_tools,
     };
     let key = format!("glia-batch:{}:{}", claim.batch_id, claim.custom_id);
     let run = match admit_run(app, tenant, Some(key), &req, Some(&claim.custom_id)).await {

@@ -92,6 +92,7 @@ pub fn generated_schemas() -> Vec<(String, Value)> {
     generator.subschema_for::<glia_proto::HttpTool>();
     generator.subschema_for::<glia_proto::Policy>();
     generator.subschema_for::<glia_proto::Guardrails>();
+    generator.subschema_for::<glia_proto::recorded::RecordedTools>();
     generator.take_definitions(true).into_iter().collect()
 }
 
@@ -253,6 +254,10 @@ fn generated(name: &str) -> Value {
 foreign_schema!(
     /// `glia_proto::RunConfig` (generated).
     RunConfigDoc, "RunConfig", generated("RunConfig"));
+
+foreign_schema!(
+    /// `glia_proto::recorded::RecordedTools` (generated).
+    RecordedToolsDoc, "RecordedTools", generated("RecordedTools"));
 
 foreign_schema!(
     /// `glia_proto::AgentDefinition` (generated).

@@ -419,6 +419,7 @@ async fn version_items(
                 )])),
                 tags: vec!["eval".into()],
                 config: case.config.clone(),
+                recorded_tools: case.recorded_tools.clone(),
             };
             let line = items.len() as u64;
             items.push(prepare(item, line, &rules).map_err(|(field, reason)| {
@@ -1092,6 +1093,7 @@ async fn judge(
         tags: vec!["eval-judge".into()],
         metadata: BTreeMap::from([(EXPERIMENT_META.to_owned(), exp.id.to_string())]),
         start_at: None,
+        recorded_tools: None,
     };
     let run = match admit_run(app, &exp.tenant, Some(key), &req, None).await {
         Ok((run, _)) => run,

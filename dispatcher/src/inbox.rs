@@ -1079,6 +1079,10 @@ fn tool_card(state: &RunState, tool: &str) -> ToolCard {
             format!("the agent {agent}: a child run answers the call"),
             Vec::new(),
         ),
+        Some(glia_proto::ToolSource::Recorded { .. }) => (
+            "a recorded tool: the run's recording answers the call; nothing runs".to_owned(),
+            Vec::new(),
+        ),
         None if spec.external => (
             "external tool: the application that started the run executes it".to_owned(),
             Vec::new(),

@@ -78,6 +78,16 @@ pub struct CreateRun {
     /// naming `start_at`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<DateTime<Utc>>,
+    /// Answer the run's tool calls from a recording of earlier runs
+    /// (`docs/evals.md`, "Replay evals"): the run is offered the
+    /// recording's tools instead of any other, and a call is answered with
+    /// the recorded output of the same tool and arguments (a call the
+    /// recording lacks is an error result); nothing runs. At most 128
+    /// tools, 10,000 calls and 4 MiB of inputs and outputs; 422 naming
+    /// `recorded_tools.…` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::docs::RecordedToolsDoc>)]
+    pub recorded_tools: Option<glia_proto::recorded::RecordedTools>,
 }
 
 /// A page of runs, newest first.

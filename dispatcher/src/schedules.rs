@@ -337,6 +337,7 @@ pub fn run_request(
         tags: def.tags.clone(),
         metadata,
         start_at: None,
+        recorded_tools: None,
     })
 }
 

@@ -22,7 +22,12 @@
 //!   `expected.tools`, …);
 //! - `metadata`: string → string, at most 20 keys;
 //! - `config`: a JSON merge patch over the version's run config (checked by
-//!   the server; only for versions given inline).
+//!   the server; only for versions given inline);
+//! - `recorded_tools`: the tools a recorded run was offered and what its
+//!   calls answered ([`glia_proto::recorded::RecordedTools`]): the case's
+//!   runs are offered those tools and answered from the recording, so
+//!   nothing they reach is touched (`glia eval dataset from-runs` writes
+//!   them).
 //!
 //! Blank lines are skipped; unknown keys are refused.
 
@@ -66,6 +71,9 @@ pub struct Case {
     /// A JSON merge patch over the version's run config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<Map<String, Value>>,
+    /// Tools answered from a recording ([`glia_proto::recorded`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_tools: Option<glia_proto::recorded::RecordedTools>,
 }
 
 /// A dataset that does not parse: where (`line`, from 1; 0 for the dataset
@@ -169,8 +177,16 @@ fn sorted(map: Map<String, Value>) -> Map<String, Value> {
 type FieldError = (String, String);
 
 fn parse_case(mut object: Map<String, Value>) -> Result<Case, FieldError> {
-    const KEYS: [&str; 8] = [
-        "id", "goal", "messages", "turns", "farewell", "expected", "metadata", "config",
+    const KEYS: [&str; 9] = [
+        "id",
+        "goal",
+        "messages",
+        "turns",
+        "farewell",
+        "expected",
+        "metadata",
+        "config",
+        "recorded_tools",
     ];
     if let Some(unknown) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
         return Err((
@@ -255,6 +271,15 @@ fn parse_case(mut object: Map<String, Value>) -> Result<Case, FieldError> {
             return Err(("config".into(), reason.into()));
         }
     };
+    let recorded_tools = match object.remove("recorded_tools") {
+        None => None,
+        Some(value) => {
+            let recorded: glia_proto::recorded::RecordedTools = serde_json::from_value(value)
+                .map_err(|e| ("recorded_tools".to_owned(), e.to_string()))?;
+            recorded.validate().map_err(|e| (e.field, e.reason))?;
+            Some(recorded)
+        }
+    };
     Ok(Case {
         id,
         goal,
@@ -263,6 +288,7 @@ fn parse_case(mut object: Map<String, Value>) -> Result<Case, FieldError> {
         expected,
         metadata,
         config,
+        recorded_tools,
     })
 }
 

@@ -21,6 +21,7 @@ fn case(expected: Value) -> Case {
         expected: expected.as_object().expect("an object").clone(),
         metadata: [("tier".to_owned(), "gold".to_owned())].into(),
         config: None,
+        recorded_tools: None,
     }
 }
 

@@ -17,7 +17,9 @@
 //! - [`stats`]: pass rates with Wilson intervals, cost and latency
 //!   percentiles, majority verdicts per case, verdict changes between
 //!   versions, and the gate a CI job applies;
-//! - [`report`]: JUnit XML and Markdown.
+//! - [`report`]: JUnit XML and Markdown;
+//! - [`from_run`]: a replay case from a recorded run, its tools answered
+//!   from the recording.
 //!
 //! Pure: no I/O and no async runtime. Money is in USD micros, durations in
 //! ms, sizes of model use in tokens.
@@ -25,6 +27,7 @@
 #![deny(missing_docs)]
 
 pub mod dataset;
+pub mod from_run;
 pub mod grade;
 pub mod report;
 pub mod spec;
@@ -34,6 +37,7 @@ pub mod stats;
 mod grade_tests;
 
 pub use dataset::{Case, DatasetError, content_hash, parse_jsonl, to_jsonl};
+pub use from_run::case_from_run;
 pub use grade::{
     Graded, HttpTask, JudgeTask, RunFacts, ToolCallFact, Verdict, cell_pass, grade, http_verdict,
     judge_verdict,

@@ -316,6 +316,13 @@ run_fields! {
         #[serde(skip_serializing_if = "Option::is_none")]
         #[cfg_attr(feature = "schemars", schemars(skip))]
         pub start_at_ms: Option<i64>,
+        /// Tools answered from a recording of earlier runs
+        /// ([`crate::recorded`]): offered instead of every other tool the
+        /// config names, and no call runs. Set by the dispatcher from a
+        /// request's `recorded_tools`; refused in a request's config.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "schemars", schemars(skip))]
+        pub recorded_tools: Option<crate::recorded::RecordedTools>,
     }
 }
 
@@ -396,6 +403,7 @@ impl Default for RunConfig {
             agents: Vec::new(),
             child_agents: Vec::new(),
             start_at_ms: None,
+            recorded_tools: None,
         }
     }
 }
@@ -994,6 +1002,9 @@ impl RunConfig {
         }
         self.validate_tool_sources(&mut names)?;
         self.validate_agents(&mut names)?;
+        if let Some(recorded) = &self.recorded_tools {
+            recorded.validate()?;
+        }
         self.on_tool_source_unavailable
             .validate()
             .map_err(|(field, reason)| {

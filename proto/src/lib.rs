@@ -20,7 +20,8 @@
 //!   response, error) and the provider kinds;
 //! - [`held`]: a tool call's outcome held until it is committed;
 //! - [`children`]: child runs, agents offered as tools;
-//! - [`erasure`]: what a run's records look like once its content is erased.
+//! - [`erasure`]: what a run's records look like once its content is erased;
+//! - [`recorded`]: recorded tools, a run's calls answered from a recording.
 //!
 //! Pure: no I/O and no async runtime.
 
@@ -41,6 +42,7 @@ pub mod json;
 pub mod limits;
 pub mod marker;
 pub mod provider;
+pub mod recorded;
 pub mod repair;
 pub mod state;
 pub mod stop;

@@ -383,6 +383,13 @@ pub enum ToolSource {
         /// Its definition's content hash, frozen at admission.
         content_hash: String,
     },
+    /// A tool of a recording ([`crate::recorded::RecordedTools`]): a call
+    /// is answered from the recording and runs nothing.
+    Recorded {
+        /// Calls need a person's approval (the recorded tool required it).
+        #[serde(default)]
+        requires_approval: bool,
+    },
 }
 
 impl ToolSource {
@@ -394,7 +401,8 @@ impl ToolSource {
             }
             | ToolSource::Http {
                 requires_approval, ..
-            } => *requires_approval,
+            }
+            | ToolSource::Recorded { requires_approval } => *requires_approval,
             ToolSource::Agent { .. } => false,
         }
     }

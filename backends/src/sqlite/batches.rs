@@ -247,12 +247,12 @@ impl BatchStore for SqliteLog {
                         .write("submit batch items", move |conn| {
                             let mut st = conn
                                 .prepare_cached(
-                                    "INSERT INTO batch_items (batch_id, n, custom_id, goal, metadata, config, tags) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING",
+                                    "INSERT INTO batch_items (batch_id, n, custom_id, goal, metadata, config, tags, recorded_tools) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
                                 )
                                 .map_err(db("submit batch items"))?;
                             for (i, item) in items.into_iter().enumerate() {
                                 let n = i64_of(from + i as u64);
-                                if st.execute(params![id, n, item.custom_id, item.goal, item.metadata, item.config, item.tags]).map_err(db("submit batch items"))? == 0 {
+                                if st.execute(params![id, n, item.custom_id, item.goal, item.metadata, item.config, item.tags, item.recorded_tools]).map_err(db("submit batch items"))? == 0 {
                                     return Ok(Some((item.line, item.custom_id)));
                                 }
                             }
@@ -486,7 +486,7 @@ impl BatchStore for SqliteLog {
                          WHERE batch_id = ?1 AND n IN (SELECT n FROM batch_items \
                              WHERE batch_id = ?1 AND state IN ('queued', 'admitting') AND (state = 'queued' OR claimed_at < ?4) \
                              ORDER BY n LIMIT ?2) \
-                         RETURNING n, custom_id, goal, config, metadata, tags",
+                         RETURNING n, custom_id, goal, config, metadata, tags, recorded_tools",
                     )
                     .map_err(db("claim batch items"))?;
                 let mut rows = st.query(params![batch.to_string(), limit as i64, now, now.saturating_sub(ttl_nanos(lease))]).map_err(db("claim batch items"))?;
@@ -500,6 +500,7 @@ impl BatchStore for SqliteLog {
                         config: get(row, "config")?,
                         metadata: get(row, "metadata")?,
                         tags: get(row, "tags")?,
+                        recorded_tools: get(row, "recorded_tools")?,
                     });
                 }
                 claims.sort_by_key(|c| c.n);

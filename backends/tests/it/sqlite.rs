@@ -439,6 +439,7 @@ async fn batch_uploads_are_whole_across_dropped_callers_and_restarts() {
                 metadata: None,
                 tags: None,
                 config: None,
+                recorded_tools: None,
                 line: i + 1,
             })
             .collect::<Vec<_>>()

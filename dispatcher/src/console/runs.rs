@@ -314,6 +314,7 @@ fn source_text(spec: Option<&ToolSpec>) -> String {
             Some(ToolSource::Agent { agent, .. }) => {
                 format!("agent {agent}: a child run answers it")
             }
+            Some(ToolSource::Recorded { .. }) => "the run's recording answers it".into(),
             None => "worker (a registered tool)".into(),
         },
     }

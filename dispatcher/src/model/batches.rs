@@ -108,6 +108,11 @@ pub struct BatchItem {
     /// allowed in a batch that names an `agent`.
     #[schema(value_type = Option<Object>)]
     pub config: Option<Map<String, Value>>,
+    /// Answer the run's tool calls from a recording, as `recorded_tools`
+    /// in `POST /v1/runs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::docs::RecordedToolsDoc>)]
+    pub recorded_tools: Option<glia_proto::recorded::RecordedTools>,
 }
 
 /// Body of `POST /v1/batches` as JSON.

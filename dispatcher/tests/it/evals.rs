@@ -1000,3 +1000,197 @@ async fn a_dataset_as_json_is_the_same_as_json_lines() {
     let got = get(&h, "/v1/datasets/same", SUB_A).await;
     assert_eq!(got.body["cases"][1]["turns"], json!(["B2"]), "{}", got.text);
 }
+
+/// Replay evals: cases made from two recorded runs
+/// ([`glia_evals::case_from_run`]) are run under another version on a
+/// worker that has no tools at all. The runs are offered the recording's
+/// tools; a call the recording has is answered with the recorded result,
+/// one it lacks is an error result (nothing runs either way), and the
+/// trajectory grader tells the two apart.
+#[tokio::test]
+async fn a_replay_eval_answers_tools_from_the_recording_and_runs_nothing() {
+    let h = evals_harness();
+    let def = |model: &str| json!({"name": "tooler", "model": format!("script:{model}"), "system": model, "tools": ["calculator"]});
+    register(&h, "a", def("rec")).await;
+    register(&h, "a", def("v2")).await;
+    let call = |op: &str| ScriptedTurn::call("calculator", json!({"op": op, "a": 1, "b": 2}));
+    let recorder = library(vec![(
+        "rec",
+        by_goal(vec![
+            ("SAME", vec![call("add"), ScriptedTurn::text("3")]),
+            ("OTHER", vec![call("add"), ScriptedTurn::text("3")]),
+        ]),
+    )]);
+    let mut recorded = Vec::new();
+    for (case, goal) in [("same", "Compute SAME."), ("other", "Compute OTHER.")] {
+        let r = post(
+            &h,
+            "/v1/runs",
+            SUB_A,
+            json!({"goal": goal, "agent": "tooler@1"}),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        recorded.push((case, r.body["run_id"].as_str().unwrap().to_owned()));
+    }
+    work_all(&h, &recorder).await;
+
+    let mut cases = Vec::new();
+    for (case, run) in &recorded {
+        let c = glia_evals::case_from_run(case, &events(&h, run).await).unwrap();
+        assert_eq!(c.expected["answer"], json!("3"));
+        assert_eq!(
+            c.expected["tools"],
+            json!([{"name": "calculator", "input": {"op": "add", "a": 1, "b": 2}}])
+        );
+        assert_eq!(c.metadata["source_run"], *run);
+        assert_eq!(c.metadata["source_agent"], "tooler@1");
+        let tools = c.recorded_tools.as_ref().unwrap();
+        assert_eq!(tools.tools.len(), 1, "{tools:?}");
+        assert_eq!(tools.tools[0].name, "calculator");
+        assert_eq!(tools.calls.len(), 1);
+        assert_eq!(
+            tools.calls[0].output,
+            glia_proto::ToolContent::Text(json!({"result": 3}).to_string())
+        );
+        cases.push(c);
+    }
+    let put = put_text(&h, "replayed", glia_evals::to_jsonl(&cases)).await;
+    assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+
+    // Version 2 calls as recorded on SAME and with other arguments on
+    // OTHER, on a worker with no tools: nothing could run a call.
+    let mut lib = glia_agent::provider::ScriptLibrary::default();
+    lib.insert_script(
+        "v2",
+        by_goal(vec![
+            ("SAME", vec![call("add"), ScriptedTurn::text("3")]),
+            ("OTHER", vec![call("sub"), ScriptedTurn::text("-1")]),
+        ]),
+    );
+    let replayer = Agent::new(Arc::new(lib));
+    let id = start(
+        &h,
+        json!({"name": "replay", "dataset": "replayed", "agents": ["tooler@2"],
+            "graders": [{"kind": "trajectory", "order": "exact", "args": "exact"}]}),
+    )
+    .await;
+    let (view, graded) = drive(&h, &replayer, &id).await;
+    assert_eq!(graded, 2);
+    assert_eq!(
+        cell(&view, "tooler@2", "same")["pass"],
+        json!(true),
+        "{view}"
+    );
+    assert_eq!(
+        cell(&view, "tooler@2", "other")["pass"],
+        json!(false),
+        "{view}"
+    );
+
+    let same = events(
+        &h,
+        cell(&view, "tooler@2", "same")["run_id"].as_str().unwrap(),
+    )
+    .await;
+    let offered: Vec<_> = same
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::StepStart { tools, .. } => Some(tools.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert!(!offered.is_empty());
+    assert!(
+        offered
+            .iter()
+            .all(|t| matches!(t.source, Some(glia_proto::ToolSource::Recorded { .. }))),
+        "{offered:?}"
+    );
+    let results: Vec<_> = same
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolResult { content, .. } => Some(content.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        results,
+        vec![glia_proto::ToolContent::Text(
+            json!({"result": 3}).to_string()
+        )]
+    );
+    let other = events(
+        &h,
+        cell(&view, "tooler@2", "other")["run_id"].as_str().unwrap(),
+    )
+    .await;
+    let errors: Vec<String> = other
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolError { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors.len(), 1, "{other:?}");
+    assert!(
+        errors[0].contains("the recording has no call of calculator"),
+        "{errors:?}"
+    );
+}
+
+/// A recording is tenant input like any other: checked when a dataset is
+/// stored and when a run is submitted, 422 naming the field; the run
+/// config's own field is the dispatcher's.
+#[tokio::test]
+async fn a_bad_recording_is_refused_naming_the_field() {
+    let h = evals_harness();
+    let tool = json!({"name": "lookup", "input_schema": {"type": "object"}});
+    let call = |name: &str| json!({"name": name, "input": {}, "output": "ok"});
+    let case =
+        |recorded: Value| json!({"id": "c1", "goal": "Look it up.", "recorded_tools": recorded});
+    for (recorded, field) in [
+        (
+            json!({"tools": [tool], "calls": [call("other")]}),
+            "recorded_tools.calls[0].name",
+        ),
+        (
+            json!({"tools": [tool, tool]}),
+            "recorded_tools.tools[1].name",
+        ),
+        (
+            json!({"tools": [{"name": "x", "input_schema": {"type": "bogus"}}]}),
+            "recorded_tools.tools[0].input_schema",
+        ),
+        (json!({"tools": [], "extra": 1}), "recorded_tools"),
+    ] {
+        let r = put_text(
+            &h,
+            "bad",
+            serde_json::to_string(&case(recorded.clone())).unwrap(),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+        assert!(r.text.contains(field), "{field}: {}", r.text);
+        let r = post(
+            &h,
+            "/v1/runs",
+            SUB_A,
+            json!({"goal": "Look it up.", "recorded_tools": recorded}),
+        )
+        .await;
+        assert!(r.status.is_client_error(), "{}", r.text);
+    }
+    let r = get(&h, "/v1/datasets", SUB_A).await;
+    assert_eq!(r.body["datasets"], json!([]), "{}", r.text);
+    let r = post(
+        &h,
+        "/v1/runs",
+        SUB_A,
+        json!({"goal": "Look it up.", "config": {"recorded_tools": {"tools": [tool]}}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert!(r.text.contains("config.recorded_tools"), "{}", r.text);
+}
