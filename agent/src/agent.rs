@@ -2516,7 +2516,11 @@ impl Agent {
             .validate()
             .map_err(|e| AgentError::Config(e.to_string()))?;
         CompiledPolicies::new(&config.policies).map_err(|e| AgentError::Config(e.to_string()))?;
-        if let Some(allowed) = &config.tools
+        // A run answered from a recording needs none of the worker's tools.
+        if let Some(allowed) = config
+            .tools
+            .as_ref()
+            .filter(|_| config.recorded_tools.is_none())
             && let Some((i, missing)) = allowed
                 .iter()
                 .enumerate()
@@ -2597,6 +2601,12 @@ fn recorded_spec(config: &RunConfig, t: &glia_proto::recorded::RecordedToolSpec)
         output_schema: None,
     };
     let mut spec = with_tenant_policy(config, spec);
+    // Answering from a recording has no effect: a call a crash interrupted
+    // is answered again, never `outcome_unknown`.
+    spec.idempotent = true;
+    if let Some(policy) = spec.policy.as_mut() {
+        policy.idempotent = true;
+    }
     if let Some(policy) = spec.policy.as_mut()
         && t.requires_approval
         && !policy.requires_approval

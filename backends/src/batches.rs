@@ -1065,6 +1065,7 @@ impl BatchStore for MemoryBatches {
         for (_, items) in self.lock().batches.values_mut() {
             for item in items.iter_mut().filter(|i| i.run_id == Some(run_id)) {
                 item.goal = glia_proto::TOMBSTONE.to_owned();
+                item.recorded_tools = None;
             }
         }
         Ok(())

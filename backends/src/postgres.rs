@@ -1918,7 +1918,7 @@ async fn erase_in(
     .await
     .map_err(fail)?;
     tx.execute(
-        "UPDATE batch_items SET goal = $2 WHERE run_id = $1",
+        "UPDATE batch_items SET goal = $2, recorded_tools = NULL WHERE run_id = $1",
         &[&run_id, &glia_proto::TOMBSTONE],
     )
     .await

@@ -957,7 +957,7 @@ fn erase_in(tx: &Connection, run_id: Uuid, by: &str, at: DateTime<Utc>) -> Resul
         .map_err(db("erase_run"))?;
     }
     tx.execute(
-        "UPDATE batch_items SET goal = ?2 WHERE run_id = ?1",
+        "UPDATE batch_items SET goal = ?2, recorded_tools = NULL WHERE run_id = ?1",
         params![id, glia_proto::TOMBSTONE],
     )
     .map_err(db("erase_run"))?;

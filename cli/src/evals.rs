@@ -315,7 +315,18 @@ pub async fn eval(cmd: EvalCommand) -> Result<()> {
             for id in &ids {
                 let events = run_events(&client, &server, id).await?;
                 match glia_evals::case_from_run(id, &events) {
-                    Ok(case) => cases.push(case),
+                    Ok(case) => {
+                        // One case is one line, at most a line's bytes.
+                        let bytes = glia_evals::to_jsonl(std::slice::from_ref(&case)).len();
+                        if bytes > dataset::MAX_LINE_BYTES {
+                            errln!(
+                                "skipped run {id}: its case takes {bytes} bytes, more than a dataset line's {}",
+                                dataset::MAX_LINE_BYTES
+                            );
+                        } else {
+                            cases.push(case);
+                        }
+                    }
                     Err(why) => errln!("skipped run {id}: {why}"),
                 }
             }

@@ -83,7 +83,7 @@ pub struct CreateRun {
     /// recording's tools instead of any other, and a call is answered with
     /// the recorded output of the same tool and arguments (a call the
     /// recording lacks is an error result); nothing runs. At most 128
-    /// tools, 10,000 calls and 4 MiB of inputs and outputs; 422 naming
+    /// tools, 10,000 calls and 1 MiB as JSON; 422 naming
     /// `recorded_tools.…` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<crate::docs::RecordedToolsDoc>)]

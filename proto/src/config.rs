@@ -18,8 +18,9 @@ use crate::tool_names::{ToolNameClash, same_tool};
 use crate::tool_sources::{ResolvedPolicy, ToolOutputSchema, ToolSource};
 use std::collections::BTreeMap;
 
-/// Name of the forced tool through which a run with an output schema answers.
-pub const OUTPUT_TOOL: &str = "final_output";
+pub use crate::json::json_type;
+pub use crate::limits::compile_tool_schema;
+pub use crate::tool_names::OUTPUT_TOOL;
 
 /// Default cap on model calls within one turn (one user input to one answer).
 pub const DEFAULT_MAX_MODEL_CALLS_PER_TURN: u32 = 16;
@@ -628,32 +629,6 @@ fn default_cancel_grace_ms() -> u64 {
     DEFAULT_CANCEL_GRACE_MS
 }
 
-/// Compile `schema` as the JSON Schema of a tool's arguments (or of a run's
-/// final output, which the model gives as the arguments of a forced tool).
-///
-/// Tool arguments are a JSON object in both provider APIs (Anthropic
-/// `tools[].input_schema`, OpenAI `tools[].function.parameters`), so the
-/// schema must be an object that passes its meta-schema (the draft its
-/// `$schema` names, default 2020-12), compiles, and has `"type": "object"`. References are resolved within the schema only: a `$ref`
-/// to another document (`https://…`, `file:…`) is an error, never fetched
-/// or read. Errors: the reason, as text.
-pub fn compile_tool_schema(schema: &Value) -> Result<jsonschema::Validator, String> {
-    let Some(object) = schema.as_object() else {
-        return Err(format!(
-            "must be a JSON Schema object, not {}",
-            json_type(schema)
-        ));
-    };
-    let validator =
-        jsonschema::validator_for(schema).map_err(|e| format!("not a valid JSON Schema: {e}"))?;
-    if object.get("type") != Some(&Value::String("object".into())) {
-        return Err(
-            "must describe a JSON object: tool arguments are one (set \"type\": \"object\")".into(),
-        );
-    }
-    Ok(validator)
-}
-
 /// A result budget (`field` names it) is 1 to [`crate::limits::MAX_RESULT_BYTES`].
 fn check_result_bytes(field: &str, bytes: u64) -> Result<(), ConfigError> {
     if bytes == 0 {
@@ -669,18 +644,6 @@ fn check_result_bytes(field: &str, bytes: u64) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
-}
-
-/// The JSON type name of `value`: `null`, `boolean`, `number`, `string`, `array`, `object`.
-pub fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }
 
 impl RunConfig {
@@ -1004,6 +967,18 @@ impl RunConfig {
         self.validate_agents(&mut names)?;
         if let Some(recorded) = &self.recorded_tools {
             recorded.validate()?;
+            // Built-in waits the run enables are offered beside them.
+            if let Some((i, t)) = recorded
+                .tools
+                .iter()
+                .enumerate()
+                .find(|(_, t)| self.builtin_tools.contains(&t.name))
+            {
+                return Err(config_error(
+                    format!("recorded_tools.tools[{i}].name"),
+                    format!("{:?} is a built-in tool the run enables", t.name),
+                ));
+            }
         }
         self.on_tool_source_unavailable
             .validate()

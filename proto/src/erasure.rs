@@ -312,7 +312,7 @@ impl EventKind {
                 redactions,
             } => K::SessionStart {
                 goal: erased_text(goal),
-                config: config.clone(),
+                config: erased_config(config),
                 redactions: redactions.clone(),
             },
             K::PlanDraft {
@@ -560,6 +560,19 @@ impl EventKind {
     }
 }
 
+/// `config` with its recorded tools' call inputs and outputs erased (they
+/// are content of the runs they were recorded from); the rest is not content.
+fn erased_config(config: &crate::RunConfig) -> crate::RunConfig {
+    let mut config = config.clone();
+    if let Some(recorded) = config.recorded_tools.as_mut() {
+        for call in &mut recorded.calls {
+            call.input = serde_json::Value::String(TOMBSTONE.to_owned());
+            call.output = crate::ToolContent::Text(TOMBSTONE.to_owned());
+        }
+    }
+    config
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,5 +584,33 @@ mod tests {
         assert_eq!(classify(TOMBSTONE), Some(Insert::Erased));
         assert_eq!(erased_text(""), "");
         assert_eq!(erased_text("Alice's card 4242"), TOMBSTONE);
+    }
+
+    #[test]
+    fn recorded_calls_in_the_config_are_content() {
+        let mut config = crate::RunConfig::default();
+        config.recorded_tools = Some(
+            serde_json::from_value(serde_json::json!({
+                "tools": [{"name": "card", "input_schema": {"type": "object"}}],
+                "calls": [{"name": "card", "input": {"owner": "Alice"}, "output": "4242"}]
+            }))
+            .unwrap(),
+        );
+        let start = EventKind::SessionStart {
+            goal: "g".into(),
+            config,
+            redactions: Vec::new(),
+        };
+        let EventKind::SessionStart { config, .. } = start.erased() else {
+            unreachable!()
+        };
+        let recorded = config.recorded_tools.unwrap();
+        assert_eq!(recorded.tools[0].name, "card", "names are not content");
+        assert_eq!(recorded.calls[0].name, "card");
+        assert_eq!(recorded.calls[0].input, Value::String(TOMBSTONE.into()));
+        assert_eq!(
+            recorded.calls[0].output,
+            ToolContent::Text(TOMBSTONE.into())
+        );
     }
 }

@@ -48,3 +48,15 @@ pub fn args_hash(input: &Value) -> String {
     let digest = Sha256::digest(canonical_json(input).as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The JSON type name of `value`: `null`, `boolean`, `number`, `string`, `array`, `object`.
+pub fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}

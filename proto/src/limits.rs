@@ -129,3 +129,29 @@ pub fn compile_regex(pattern: &str, set_size: usize) -> Result<Regex, regex::Err
         .dfa_size_limit((REGEX_DFA_BUDGET / n).min(2 << 20))
         .build()
 }
+
+/// Compile `schema` as the JSON Schema of a tool's arguments (or of a run's
+/// final output, which the model gives as the arguments of a forced tool).
+///
+/// Tool arguments are a JSON object in both provider APIs (Anthropic
+/// `tools[].input_schema`, OpenAI `tools[].function.parameters`), so the
+/// schema must be an object that passes its meta-schema (the draft its
+/// `$schema` names, default 2020-12), compiles, and has `"type": "object"`. References are resolved within the schema only: a `$ref`
+/// to another document (`https://…`, `file:…`) is an error, never fetched
+/// or read. Errors: the reason, as text.
+pub fn compile_tool_schema(schema: &Value) -> Result<jsonschema::Validator, String> {
+    let Some(object) = schema.as_object() else {
+        return Err(format!(
+            "must be a JSON Schema object, not {}",
+            crate::json::json_type(schema)
+        ));
+    };
+    let validator =
+        jsonschema::validator_for(schema).map_err(|e| format!("not a valid JSON Schema: {e}"))?;
+    if object.get("type") != Some(&Value::String("object".into())) {
+        return Err(
+            "must describe a JSON object: tool arguments are one (set \"type\": \"object\")".into(),
+        );
+    }
+    Ok(validator)
+}

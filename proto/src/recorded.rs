@@ -27,8 +27,9 @@ use crate::limits::MAX_TOOLS;
 /// Most recorded calls a run may carry.
 pub const MAX_RECORDED_CALLS: usize = 10_000;
 
-/// Most bytes of recorded outputs a run may carry (4 MiB).
-pub const MAX_RECORDED_BYTES: usize = 4 << 20;
+/// Most bytes a recording may take as JSON (1 MiB: a request body's, a
+/// batch line's and a dataset line's bound too).
+pub const MAX_RECORDED_BYTES: usize = 1 << 20;
 
 /// The tools a recording offered, and the calls it answered.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -109,19 +110,11 @@ impl RecordedTools {
                 format!("{} calls; at most {MAX_RECORDED_CALLS}", self.calls.len()),
             ));
         }
-        let bytes: usize = self
-            .calls
-            .iter()
-            .map(|c| {
-                c.output.text_len()
-                    + c.output.images().map(|i| i.decoded_len()).sum::<usize>()
-                    + canonical_json(&c.input).len()
-            })
-            .sum();
+        let bytes = serde_json::to_vec(self).map_or(usize::MAX, |json| json.len());
         if bytes > MAX_RECORDED_BYTES {
             return Err(config_error(
                 field("calls".into()),
-                format!("{bytes} bytes of inputs and outputs; at most {MAX_RECORDED_BYTES}"),
+                format!("{bytes} bytes as JSON; at most {MAX_RECORDED_BYTES}"),
             ));
         }
         let mut names = HashSet::new();
@@ -132,7 +125,7 @@ impl RecordedTools {
                     format!("{:?} must match ^[a-zA-Z0-9_-]{{1,64}}$", t.name),
                 ));
             }
-            if t.name == crate::OUTPUT_TOOL {
+            if t.name == crate::tool_names::OUTPUT_TOOL {
                 return Err(config_error(
                     field(format!("tools[{i}].name")),
                     format!("{:?} is reserved for the output schema's tool", t.name),
@@ -144,7 +137,9 @@ impl RecordedTools {
                     format!("{:?} is listed twice", t.name),
                 ));
             }
-            crate::compile_tool_schema(&t.input_schema).map_err(|reason| {
+            let schema_field = field(format!("tools[{i}].input_schema"));
+            crate::limits::check_schema(&schema_field, &t.input_schema)?;
+            crate::limits::compile_tool_schema(&t.input_schema).map_err(|reason| {
                 config_error(field(format!("tools[{i}].input_schema")), reason)
             })?;
         }
@@ -161,10 +156,12 @@ impl RecordedTools {
 
     /// The recorded answer to call `call_id` of `name` with `input`, in a
     /// run whose conversation is `messages` (the assistant message holding
-    /// the call among them): the k-th call of `name` with these arguments
-    /// in the run gets the k-th such recorded answer, a call past the
-    /// recorded ones the last of them, so a crash and a replay answer it
-    /// the same way. `Ok(Err(text))` is a recorded tool error. `Err` says
+    /// the call among them, its last use of `call_id`): the k-th call of
+    /// `name` with these arguments in the conversation gets the k-th such
+    /// recorded answer, a call past the recorded ones the last of them, so
+    /// a crash and a replay answer it the same way. Arguments are compared
+    /// as canonical JSON with integral numbers as integers (`2.0` is `2`).
+    /// A compacted conversation counts the calls it still holds. `Ok(Err(text))` is a recorded tool error. `Err` says
     /// the recording has no call of `name` with these arguments (the model
     /// sees it as the call's error; nothing runs).
     pub fn answer(
@@ -174,20 +171,16 @@ impl RecordedTools {
         name: &str,
         input: &Value,
     ) -> Result<Result<ToolContent, String>, String> {
-        let args = canonical_json(input);
-        let same = |n: &str, i: &Value| n == name && canonical_json(i) == args;
-        // Calls of it with these arguments before this one, in the run.
-        let mut earlier = 0;
-        'count: for m in messages {
-            for (id, n, i) in m.tool_uses() {
-                if id == call_id {
-                    break 'count;
-                }
-                if same(n, i) {
-                    earlier += 1;
-                }
-            }
-        }
+        let args = key(input);
+        let same = |n: &str, i: &Value| n == name && key(i) == args;
+        // Calls of it with these arguments before this one (the last use
+        // of its id: some providers use an id again in a later turn).
+        let uses: Vec<(&str, &str, &Value)> = messages.iter().flat_map(|m| m.tool_uses()).collect();
+        let at = uses
+            .iter()
+            .rposition(|(id, ..)| *id == call_id)
+            .unwrap_or(uses.len());
+        let earlier = uses[..at].iter().filter(|(_, n, i)| same(n, i)).count();
         let recorded: Vec<&RecordedCall> = self
             .calls
             .iter()
@@ -198,7 +191,7 @@ impl RecordedTools {
                 .calls
                 .iter()
                 .filter(|c| c.name == name)
-                .map(|c| canonical_json(&c.input))
+                .map(|c| key(&c.input))
                 .collect();
             known.dedup();
             let known = if known.is_empty() {
@@ -217,6 +210,27 @@ impl RecordedTools {
             Ok(call.output.clone())
         })
     }
+}
+
+/// What two arguments are compared by: canonical JSON, integral numbers
+/// as integers.
+fn key(input: &Value) -> String {
+    fn integral(v: &Value) -> Value {
+        match v {
+            Value::Number(n) => match n.as_f64() {
+                Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                    Value::from(f as i64)
+                }
+                _ => v.clone(),
+            },
+            Value::Array(items) => Value::Array(items.iter().map(integral).collect()),
+            Value::Object(map) => {
+                Value::Object(map.iter().map(|(k, v)| (k.clone(), integral(v))).collect())
+            }
+            _ => v.clone(),
+        }
+    }
+    canonical_json(&integral(input))
 }
 
 /// `text` cut to at most `max` characters, `…` marking a cut.
@@ -300,6 +314,18 @@ mod tests {
     }
 
     #[test]
+    fn an_id_used_again_and_integral_numbers() {
+        let r = recording();
+        // A provider that numbers calls per turn uses `call_0` again.
+        let messages = [Message::user("go"), calls(&["call_0"]), calls(&["call_0"])];
+        let input = json!({"id": 1.0, "x": [1, 2.0]});
+        assert_eq!(
+            r.answer(&messages, "call_0", "get", &input),
+            Ok(Ok(ToolContent::Text("after".into())))
+        );
+    }
+
+    #[test]
     fn validation_names_the_field() {
         let mut r = recording();
         r.calls[1].name = "nope".into();
@@ -314,7 +340,7 @@ mod tests {
             "recorded_tools.tools[1].name"
         );
         let mut r = recording();
-        r.tools[0].name = crate::OUTPUT_TOOL.into();
+        r.tools[0].name = crate::tool_names::OUTPUT_TOOL.into();
         assert_eq!(
             r.validate().unwrap_err().field,
             "recorded_tools.tools[0].name"

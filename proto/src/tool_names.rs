@@ -40,6 +40,9 @@ use sha2::{Digest, Sha256};
 
 use crate::config_error::TOOL_NAME;
 
+/// Name of the forced tool through which a run with an output schema answers.
+pub const OUTPUT_TOOL: &str = "final_output";
+
 /// Characters of the original name (after replacing the disallowed ones)
 /// kept in front of the hash suffix of a mapped name.
 pub const MAPPED_PREFIX_CHARS: usize = 55;

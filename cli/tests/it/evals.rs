@@ -711,3 +711,151 @@ fn a_tau_bench_replay_eval_of_ten_conversations() {
         assert_eq!(&c["facts"]["tool_calls"], tools, "{c}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// A replay dataset from recorded runs.
+
+/// Three refunds recorded on `glia dev` (a real refund each, in the
+/// effects file) and a run that failed become a replay dataset with
+/// `glia eval dataset from-runs` (the failed run skipped, named); another
+/// version run on it passes the trajectory and answer graders, and no
+/// refund is applied again: the recording answered every call.
+#[test]
+fn a_replay_dataset_from_runs_touches_nothing_the_runs_reached() {
+    let tmp = TempDir::new();
+    let fx = tmp.path().join("effects");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let server = format!("http://{listen}");
+    let _dev = Glia::start(
+        tmp.path(),
+        "dev",
+        &["dev", "--demo", "--listen", &listen, "--workers", "1"],
+        &[("GLIA_DEMO_EFFECTS", path(&fx))],
+    );
+    let deadline = Instant::now() + PATIENCE;
+    while !reqwest::blocking::get(format!("{server}/healthz"))
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "glia dev did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let submit = |tag: &str, model: &str| -> String {
+        let config = tmp.path().join(format!("{tag}.json"));
+        let body = serde_json::json!({"model": model, "tools": ["get_order", "refund_order"]});
+        std::fs::write(&config, body.to_string()).unwrap();
+        let out = glia(
+            tmp.path(),
+            tag,
+            &[
+                "submit",
+                "--server",
+                &server,
+                "--json",
+                "--config",
+                path(&config),
+                "Refund order A1",
+            ],
+        );
+        let first: Value = serde_json::from_str(out.stdout.lines().next().unwrap_or("null"))
+            .unwrap_or_else(|e| panic!("{e}: {}", out.show()));
+        first["run_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}", out.show()))
+            .to_owned()
+    };
+    let recorded: Vec<String> = (0..3)
+        .map(|i| submit(&format!("rec{i}"), "script:refund"))
+        .collect();
+    let failed = submit("failed", "script:no-such-script");
+    assert_eq!(
+        effects(&fx)
+            .iter()
+            .filter(|(kind, ..)| kind == "refund")
+            .count(),
+        3,
+        "one refund per recorded run"
+    );
+
+    let cases = tmp.path().join("cases.jsonl");
+    let mut from = vec!["eval", "dataset", "from-runs", "--server", &server];
+    for id in recorded.iter().chain([&failed]) {
+        from.extend(["--run", id.as_str()]);
+    }
+    from.extend(["--out", path(&cases), "--push", "replayed"]);
+    let out = glia(tmp.path(), "from-runs", &from);
+    assert_eq!(out.code(), Some(0), "{}", out.show());
+    assert!(
+        out.stdout.contains("dataset replayed@1 (3 cases)"),
+        "{}",
+        out.show()
+    );
+    assert!(
+        out.stderr
+            .contains(&format!("skipped run {failed}: the run failed")),
+        "{}",
+        out.show()
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(&cases)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    for case in &lines {
+        let tools: BTreeSet<&str> = case["recorded_tools"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            tools,
+            BTreeSet::from(["get_order", "refund_order"]),
+            "{case}"
+        );
+        let calls: Vec<&str> = case["recorded_tools"]["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(calls, ["get_order", "refund_order"], "{case}");
+        assert!(recorded.contains(&case["metadata"]["source_run"].as_str().unwrap().to_owned()));
+    }
+
+    // Another version (its own system prompt) on the recording.
+    let eval = tmp.path().join("replay.json");
+    let spec = serde_json::json!({
+        "name": "replay", "dataset": "replayed",
+        "agents": [{"label": "v2", "config": {"model": "script:refund", "system": "You are v2."}}],
+        "graders": [{"kind": "trajectory", "order": "exact", "args": "exact"},
+                    {"kind": "contains", "expected": "answer"}],
+    });
+    std::fs::write(&eval, spec.to_string()).unwrap();
+    let out = glia(
+        tmp.path(),
+        "replay",
+        &[
+            "eval",
+            "run",
+            path(&eval),
+            "--server",
+            &server,
+            "--min-pass-rate",
+            "1",
+        ],
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.show());
+    assert!(out.stdout.contains("100.0%"), "{}", out.show());
+    assert_eq!(
+        effects(&fx).len(),
+        3,
+        "the replay applied no refund: {:?}",
+        effects(&fx)
+    );
+}

@@ -165,7 +165,7 @@ pub struct ListExperimentsQuery {
 #[serde(deny_unknown_fields)]
 pub struct PutDataset {
     /// The cases (`{id, goal | messages, turns?, farewell?, expected?,
-    /// metadata?, config?}`), at least one.
+    /// metadata?, config?, recorded_tools?}`), at least one.
     #[schema(value_type = Vec<Object>, min_items = 1)]
     pub cases: Vec<Value>,
 }
