@@ -178,6 +178,17 @@ pub trait EvalStore: Send + Sync {
         version: Option<u32>,
     ) -> Result<Option<Dataset>, LogError>;
 
+    /// What [`EvalStore::dataset`] answers, without its cases (a listing's
+    /// read: no case text is read).
+    ///
+    /// Errors: as [`EvalStore::dataset`].
+    async fn dataset_info(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<DatasetInfo>, LogError>;
+
     /// Every version of the tenant's datasets (every tenant's for `None`),
     /// by name then version, at most [`MAX_PAGE`].
     ///
@@ -215,8 +226,11 @@ pub trait EvalStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<Experiment>, LogError>;
 
-    /// Every tenant's running experiments, oldest first, at most `limit`
-    /// (1 to [`MAX_PAGE`]; clamped): what the dispatcher's loop tends.
+    /// Every tenant's running experiments, least recently claimed first
+    /// (never claimed first, then by when the last claim runs out; ties
+    /// oldest first), at most `limit` (1 to [`MAX_PAGE`]; clamped): what the
+    /// dispatcher's loop tends. A pass's claims send those experiments to
+    /// the back, so more running experiments than `limit` take turns.
     ///
     /// Errors: as [`EvalStore::dataset`].
     async fn running_experiments(&self, limit: usize) -> Result<Vec<Experiment>, LogError>;
@@ -268,6 +282,11 @@ pub trait EvalStore: Send + Sync {
     ///
     /// Errors: as [`EvalStore::dataset`].
     async fn grades(&self, experiment: Uuid) -> Result<Vec<Grade>, LogError>;
+
+    /// How many cells of the experiment are graded (a listing's read).
+    ///
+    /// Errors: as [`EvalStore::dataset`].
+    async fn grade_count(&self, experiment: Uuid) -> Result<u64, LogError>;
 }
 
 /// `t` kept to the microsecond, as the stores keep times.
@@ -363,6 +382,15 @@ impl EvalStore for MemoryEvals {
         Ok(found.next_back().cloned())
     }
 
+    async fn dataset_info(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<DatasetInfo>, LogError> {
+        Ok(self.dataset(tenant, name, version).await?.map(|d| d.info))
+    }
+
     async fn datasets(&self, tenant: Option<&str>) -> Result<Vec<DatasetInfo>, LogError> {
         let inner = self.lock();
         let mut all: Vec<DatasetInfo> = inner
@@ -430,11 +458,15 @@ impl EvalStore for MemoryEvals {
     }
 
     async fn running_experiments(&self, limit: usize) -> Result<Vec<Experiment>, LogError> {
-        Ok(self
-            .lock()
+        let inner = self.lock();
+        let mut running: Vec<&Experiment> = inner
             .experiments
             .values()
             .filter(|e| e.state == ExperimentState::Running)
+            .collect();
+        running.sort_by_key(|e| (inner.tended.get(&e.id).map(|(_, until)| *until), e.id));
+        Ok(running
+            .into_iter()
             .take(limit.clamp(1, MAX_PAGE))
             .cloned()
             .collect())
@@ -524,6 +556,15 @@ impl EvalStore for MemoryEvals {
             .take_while(|((e, _, _), _)| *e == experiment)
             .map(|(_, g)| g.clone())
             .collect())
+    }
+
+    async fn grade_count(&self, experiment: Uuid) -> Result<u64, LogError> {
+        Ok(self
+            .lock()
+            .grades
+            .range((experiment, String::new(), String::new())..)
+            .take_while(|((e, _, _), _)| *e == experiment)
+            .count() as u64)
     }
 }
 
@@ -672,6 +713,30 @@ mod pg {
             .await
         }
 
+        async fn dataset_info(
+            &self,
+            tenant: Option<&str>,
+            name: &str,
+            version: Option<u32>,
+        ) -> Result<Option<DatasetInfo>, LogError> {
+            self.bounded("dataset info", async {
+                let client = self.client().await?;
+                let version = version.map(|v| v.min(i32::MAX as u32) as i32);
+                let row = client
+                    .query_opt(
+                        &format!(
+                            "SELECT {INFO} FROM eval_datasets WHERE ($1::text IS NULL OR tenant = $1) AND name = $2 \
+                             AND ($3::int IS NULL OR version = $3) ORDER BY version DESC LIMIT 1"
+                        ),
+                        &[&tenant, &name, &version],
+                    )
+                    .await
+                    .map_err(|e| unavailable("dataset info", &e))?;
+                row.map(|r| info(&r)).transpose()
+            })
+            .await
+        }
+
         async fn datasets(&self, tenant: Option<&str>) -> Result<Vec<DatasetInfo>, LogError> {
             self.bounded("datasets", async {
                 let client = self.client().await?;
@@ -776,7 +841,7 @@ mod pg {
                 let client = self.client().await?;
                 let rows = client
                     .query(
-                        &format!("SELECT {EXPERIMENT} FROM eval_experiments WHERE state = 'running' ORDER BY id LIMIT $1"),
+                        &format!("SELECT {EXPERIMENT} FROM eval_experiments WHERE state = 'running' ORDER BY tended_until NULLS FIRST, id LIMIT $1"),
                         &[&page(limit)],
                     )
                     .await
@@ -878,6 +943,21 @@ mod pg {
                     .await
                     .map_err(|e| unavailable("grades", &e))?;
                 rows.iter().map(grade).collect()
+            })
+            .await
+        }
+
+        async fn grade_count(&self, experiment: Uuid) -> Result<u64, LogError> {
+            self.bounded("grade count", async {
+                let client = self.client().await?;
+                let row = client
+                    .query_one(
+                        "SELECT count(*) AS n FROM eval_grades WHERE experiment_id = $1",
+                        &[&experiment],
+                    )
+                    .await
+                    .map_err(|e| unavailable("grade count", &e))?;
+                Ok(col::<i64>(&row, "n")?.max(0) as u64)
             })
             .await
         }

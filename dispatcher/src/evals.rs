@@ -65,6 +65,9 @@ use crate::model::evals::{ExperimentProgress, ExperimentVersion, ExperimentView}
 
 /// How often the loop looks at running experiments.
 pub const TEND_EVERY: Duration = Duration::from_millis(500);
+/// The tag of judge runs (each also carries [`EXPERIMENT_META`]).
+pub const JUDGE_TAG: &str = "eval-judge";
+
 /// How long a dispatcher's claim on an experiment lasts unless renewed.
 pub const CLAIM_FOR: Duration = Duration::from_secs(15);
 /// Most bytes of one dataset upload.
@@ -1090,7 +1093,7 @@ async fn judge(
         config,
         batch_id: None,
         agent: None,
-        tags: vec!["eval-judge".into()],
+        tags: vec![JUDGE_TAG.into()],
         metadata: BTreeMap::from([(EXPERIMENT_META.to_owned(), exp.id.to_string())]),
         start_at: None,
         recorded_tools: None,
@@ -1208,7 +1211,7 @@ pub(crate) async fn view(
     results: bool,
 ) -> Result<ExperimentView, ApiError> {
     if !results {
-        let graded = store(app)?.grades(exp.id).await?.len() as u64;
+        let graded = store(app)?.grade_count(exp.id).await?;
         return head(app, exp, &spec_of(exp)?, graded).await;
     }
     let (mut view, cells, summary) = view_results(app, exp).await?;
@@ -1246,9 +1249,9 @@ async fn head(
     let (name, version) = spec.dataset_ref().unwrap_or_default();
     let cases = match version {
         Some(v) => store(app)?
-            .dataset(Some(&exp.tenant), &name, Some(v))
+            .dataset_info(Some(&exp.tenant), &name, Some(v))
             .await?
-            .map_or(0, |d| d.info.cases),
+            .map_or(0, |d| d.cases),
         None => 0,
     };
     Ok(ExperimentView {
@@ -1295,6 +1298,35 @@ pub(crate) async fn cancel(app: &App, p: &Principal, id: Uuid) -> Result<Experim
     }
     for batch in &exp.batches {
         crate::batches::cancel_batch(app, Some(&exp.tenant), *batch, &p.by()).await?;
+    }
+    // Its judge runs still going are cancelled too: nobody reads them now.
+    for status in [
+        glia_backends::RunStatus::Runnable,
+        glia_backends::RunStatus::Parked,
+    ] {
+        let mut filter = glia_backends::RunFilter {
+            tenant: Some(exp.tenant.clone()),
+            status: Some(status),
+            tags: vec![JUDGE_TAG.into()],
+            metadata: BTreeMap::from([(EXPERIMENT_META.to_owned(), id.to_string())]),
+            limit: 1000,
+            ..Default::default()
+        };
+        loop {
+            let page = app.log.list_runs(&filter).await?;
+            for run in &page {
+                match crate::control::cancel_run(app, run.run_id, "experiment cancelled", &p.by())
+                    .await
+                {
+                    Ok(_) | Err(ApiError::RunFinished(_) | ApiError::RunCancelled(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() == filter.limit => filter.before = Some(last.run_id),
+                _ => break,
+            }
+        }
     }
     tracing::info!(experiment_id = %id, by = %p.by(), "experiment cancelled");
     store

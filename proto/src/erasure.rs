@@ -588,14 +588,16 @@ mod tests {
 
     #[test]
     fn recorded_calls_in_the_config_are_content() {
-        let mut config = crate::RunConfig::default();
-        config.recorded_tools = Some(
-            serde_json::from_value(serde_json::json!({
-                "tools": [{"name": "card", "input_schema": {"type": "object"}}],
-                "calls": [{"name": "card", "input": {"owner": "Alice"}, "output": "4242"}]
-            }))
-            .unwrap(),
-        );
+        let config = crate::RunConfig {
+            recorded_tools: Some(
+                serde_json::from_value(serde_json::json!({
+                    "tools": [{"name": "card", "input_schema": {"type": "object"}}],
+                    "calls": [{"name": "card", "input": {"owner": "Alice"}, "output": "4242"}]
+                }))
+                .unwrap(),
+            ),
+            ..Default::default()
+        };
         let start = EventKind::SessionStart {
             goal: "g".into(),
             config,

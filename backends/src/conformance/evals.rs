@@ -43,6 +43,47 @@ pub async fn all(store: &dyn EvalStore) {
     batches_and_state_change_only_while_running(store).await;
     a_cell_is_graded_once(store).await;
     one_dispatcher_tends_an_experiment(store).await;
+    running_experiments_take_turns(store).await;
+}
+
+/// The running experiments come least recently claimed first: one just
+/// claimed goes behind one never claimed, though it is older, so a loop
+/// that tends a page at a time reaches them all.
+pub async fn running_experiments_take_turns(store: &dyn EvalStore) {
+    let t = tenant();
+    let (older, newer) = (experiment(&t, None), experiment(&t, None));
+    store.create_experiment(&older).await.unwrap();
+    store.create_experiment(&newer).await.unwrap();
+    let place = |running: &[Experiment], id: Uuid| running.iter().position(|e| e.id == id);
+    let running = store.running_experiments(1000).await.unwrap();
+    assert!(
+        place(&running, older.id) < place(&running, newer.id),
+        "oldest first"
+    );
+    let owner = Uuid::now_v7();
+    assert!(
+        store
+            .tend(
+                older.id,
+                owner,
+                Utc::now(),
+                Utc::now() + chrono::Duration::minutes(5)
+            )
+            .await
+            .unwrap()
+    );
+    let running = store.running_experiments(1000).await.unwrap();
+    let (o, n) = (place(&running, older.id), place(&running, newer.id));
+    assert!(
+        o.is_some() && n < o,
+        "the one just claimed goes last: {o:?} {n:?}"
+    );
+    for e in [&older, &newer] {
+        store
+            .finish_experiment(None, e.id, ExperimentState::Cancelled, at(1))
+            .await
+            .unwrap();
+    }
 }
 
 /// A claim holds against other dispatchers until it runs out; its holder
@@ -148,6 +189,16 @@ pub async fn datasets_are_versioned_and_immutable(store: &dyn EvalStore) {
             .unwrap()
             .is_none()
     );
+    // The same answers without the cases.
+    for (tenant, version, want) in [
+        (Some(t.as_str()), None, Some(&v3)),
+        (Some(t.as_str()), Some(2), Some(&v2)),
+        (Some(t.as_str()), Some(9), None),
+        (Some("someone-else"), None, None),
+    ] {
+        let info = store.dataset_info(tenant, "cases", version).await.unwrap();
+        assert_eq!(info.as_ref(), want, "{tenant:?} {version:?}");
+    }
     let listed = store.datasets(Some(&t)).await.unwrap();
     assert_eq!(
         listed.iter().map(|d| d.version).collect::<Vec<_>>(),
@@ -324,6 +375,8 @@ pub async fn a_cell_is_graded_once(store: &dyn EvalStore) {
         "by version then cell, the first grade of a cell kept"
     );
     assert!(store.grades(Uuid::now_v7()).await.unwrap().is_empty());
+    assert_eq!(store.grade_count(e.id).await.unwrap(), 3);
+    assert_eq!(store.grade_count(Uuid::now_v7()).await.unwrap(), 0);
     let stray = Grade {
         experiment_id: Uuid::now_v7(),
         ..grade("v", "c", "{}")

@@ -178,6 +178,31 @@ impl EvalStore for SqliteLog {
             .await
     }
 
+    async fn dataset_info(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Option<DatasetInfo>, LogError> {
+        let (tenant, name) = (tenant.map(str::to_owned), name.to_owned());
+        let version = version.map(i64::from);
+        self.store
+            .read("dataset info", move |conn| {
+                conn.query_row(
+                    &format!(
+                        "SELECT {INFO} FROM eval_datasets WHERE (?1 IS NULL OR tenant = ?1) AND name = ?2 \
+                         AND (?3 IS NULL OR version = ?3) ORDER BY version DESC LIMIT 1"
+                    ),
+                    params![tenant, name, version],
+                    |row| Ok(info(row)),
+                )
+                .optional()
+                .map_err(db("dataset info"))?
+                .transpose()
+            })
+            .await
+    }
+
     async fn datasets(&self, tenant: Option<&str>) -> Result<Vec<DatasetInfo>, LogError> {
         let tenant = tenant.map(str::to_owned);
         self.store
@@ -283,7 +308,7 @@ impl EvalStore for SqliteLog {
                 rows(
                     conn,
                     "running experiments",
-                    &format!("SELECT {EXPERIMENT} FROM eval_experiments WHERE state = 'running' ORDER BY id LIMIT ?1"),
+                    &format!("SELECT {EXPERIMENT} FROM eval_experiments WHERE state = 'running' ORDER BY tended_until NULLS FIRST, id LIMIT ?1"),
                     params![limit],
                     experiment,
                 )
@@ -387,6 +412,21 @@ impl EvalStore for SqliteLog {
                     [experiment.to_string()],
                     grade,
                 )
+            })
+            .await
+    }
+
+    async fn grade_count(&self, experiment: Uuid) -> Result<u64, LogError> {
+        self.store
+            .read("grade count", move |conn| {
+                let n: i64 = conn
+                    .query_row(
+                        "SELECT count(*) FROM eval_grades WHERE experiment_id = ?1",
+                        [experiment.to_string()],
+                        |row| row.get(0),
+                    )
+                    .map_err(db("grade count"))?;
+                Ok(n.max(0) as u64)
             })
             .await
     }

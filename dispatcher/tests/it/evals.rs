@@ -1194,3 +1194,95 @@ async fn a_bad_recording_is_refused_naming_the_field() {
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
     assert!(r.text.contains("config.recorded_tools"), "{}", r.text);
 }
+
+/// Cancelling an experiment cancels its judge runs still going, not only
+/// its batches: nobody will read their verdicts.
+#[tokio::test]
+async fn cancel_cancels_its_judge_runs_still_going() {
+    let h = evals_harness();
+    setup(
+        &h,
+        json!({"name": "support", "model": "script:answers", "tools": []}),
+        "judged",
+        &[json!({"id": "one", "goal": "Refund order ONE."})],
+    )
+    .await;
+    let agent = library(vec![(
+        "answers",
+        Script::Turns(vec![ScriptedTurn::text("The refund is approved.")]),
+    )]);
+    let id = start(
+        &h,
+        json!({"name": "judged", "dataset": "judged", "agents": ["support@1"],
+            "graders": [{"kind": "judge", "model": "script:judge", "rubric": "The refund is confirmed."}]}),
+    )
+    .await;
+    let http = glia_dispatcher::evals::grader_client();
+    // The cell's run ends; the next pass admits its judge, which no
+    // worker has taken yet.
+    tend_once(&h.app, OWNER, &http).await.unwrap();
+    admit_once(&h.app).await.unwrap();
+    work_all(&h, &agent).await;
+    tend_once(&h.app, OWNER, &http).await.unwrap();
+    let judges: Vec<RunSummary> = all_runs(&h)
+        .await
+        .into_iter()
+        .filter(|r| {
+            r.tags
+                .iter()
+                .any(|t| t == glia_dispatcher::evals::JUDGE_TAG)
+        })
+        .collect();
+    assert_eq!(judges.len(), 1, "{judges:?}");
+    assert_ne!(judges[0].status, RunStatus::Done);
+
+    let r = cancel(&h, &id, SUB_A).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let inbox = inbox_of(&h, judges[0].run_id).await;
+    assert!(
+        inbox
+            .iter()
+            .any(|p| matches!(p, glia_proto::Payload::Cancel { .. })),
+        "the judge is asked to stop: {inbox:?}"
+    );
+}
+
+/// A run out of anything but turns (here tool calls) is cancelled, and its
+/// cell fails: it never passes on an answer it did not finish. A run out
+/// of turns is closed instead (`scripted_turns_are_posted_…`).
+#[tokio::test]
+async fn a_run_out_of_tool_calls_is_cancelled_and_its_cell_fails() {
+    let h = evals_harness();
+    setup(
+        &h,
+        json!({"name": "looper", "model": "script:looper", "tools": ["calculator"],
+            "budget": {"max_tool_calls": 1}}),
+        "loops",
+        &[json!({"id": "loop", "goal": "Add forever.", "expected": {"answer": "3"}})],
+    )
+    .await;
+    let add = ScriptedTurn::call("calculator", json!({"op": "add", "a": 1, "b": 2}));
+    let agent = library(vec![(
+        "looper",
+        Script::Turns(vec![add.clone(), add, ScriptedTurn::text("3")]),
+    )]);
+    let id = start(
+        &h,
+        json!({"name": "loops", "dataset": "loops", "agents": ["looper"],
+            "graders": [{"kind": "contains", "expected": "answer"}]}),
+    )
+    .await;
+    let (view, graded) = drive(&h, &agent, &id).await;
+    assert_eq!(graded, 1);
+    let c = cell(&view, "looper@1", "loop");
+    assert_eq!(c["pass"], json!(false), "{c}");
+    let run = c["run_id"].as_str().unwrap();
+    let cancelled = events(&h, run).await.iter().any(|e| {
+        matches!(
+            &e.kind,
+            EventKind::SessionCancel { reason } if reason.contains("ran out of its tool_calls budget")
+        )
+    });
+    assert!(cancelled, "{c}");
+    assert_eq!(c["status"], "cancelled", "{c}");
+}
