@@ -57,6 +57,13 @@ pub struct RateLimits {
 }
 
 impl RateLimits {
+    /// No cap applies (every per-minute limit is 0).
+    pub fn uncapped(&self) -> bool {
+        self.requests_per_minute == 0
+            && self.input_tokens_per_minute == 0
+            && self.output_tokens_per_minute == 0
+    }
+
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn spacing_ms(&self) -> u64 {
         self.resume_spacing_ms

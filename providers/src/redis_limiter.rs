@@ -36,7 +36,11 @@ local spacing, jitter, ttl = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV
 local function remember(result, wait)
   wait = math.ceil(wait)
   redis.call('HSET', KEYS[3], 'result', result, 'wait', wait, 'r', need[1], 'i', need[2], 'o', need[3])
-  redis.call('PEXPIRE', KEYS[3], ttl)
+  if result == 'wait' then
+    redis.call('PEXPIRE', KEYS[3], math.min(ttl, wait + 60000))
+  else
+    redis.call('PEXPIRE', KEYS[3], ttl)
+  end
   return {result, wait}
 end
 local till = tonumber(redis.call('HGET', KEYS[2], 'until') or '0')
@@ -73,7 +77,7 @@ return remember('granted', 0)
 const SETTLE: &str = r"
 local rec = redis.call('HMGET', KEYS[2], 'result', 'settled', 'r', 'i', 'o')
 if rec[1] ~= 'granted' or rec[2] then return 0 end
-redis.call('HSET', KEYS[2], 'settled', 1)
+redis.call('DEL', KEYS[2])
 local fields = {'r', 'i', 'o'}
 for k = 1, 3 do
   local cap = tonumber(ARGV[k])
@@ -100,8 +104,13 @@ redis.call('PEXPIRE', KEYS[1], till - now + 60000)
 return till
 ";
 
-/// How long a reservation record is kept (for idempotent retries), ms.
+/// How long a granted reservation's record is kept for its settlement
+/// (which deletes it) and for idempotent retries, ms; a `wait` answer's
+/// record lasts the wait and a minute more.
 const RECORD_TTL_MS: u64 = 15 * 60 * 1000;
+/// How long a key's cooldown, once read, is taken as known when no cap
+/// applies to it, ms (clock time).
+const COOLDOWN_READ_EVERY_MS: u64 = 1000;
 /// Script calls are retried this many times with the same request id.
 const SCRIPT_TRIES: usize = 3;
 
@@ -115,6 +124,9 @@ pub struct RateLimiter {
     reserve: Script,
     settle: Script,
     cooldown: Script,
+    /// Uncapped keys' cooldowns as last read: cooldown key → (read at, ends
+    /// at), Unix ms.
+    cooldowns: std::sync::Arc<std::sync::Mutex<HashMap<String, (u64, u64)>>>,
 }
 
 impl std::fmt::Debug for RateLimiter {
@@ -148,6 +160,7 @@ impl RateLimiter {
             reserve: Script::new(RESERVE),
             settle: Script::new(SETTLE),
             cooldown: Script::new(COOLDOWN),
+            cooldowns: Default::default(),
         })
     }
 
@@ -257,7 +270,22 @@ impl RateLimiter {
         clock: &dyn Clock,
         max_wait: Duration,
     ) -> Result<(Option<Permit>, Duration), CallError> {
-        let spacing = self.limits(key).spacing_ms();
+        let limits = self.limits(key);
+        // No cap applies: nothing is reserved or recorded, and no permit is
+        // settled. Only a cooldown (a provider's `retry-after`, set by any
+        // worker) holds the call, read at most once a second per key; during
+        // one, callers take their slots through the reservation below.
+        if limits.uncapped() {
+            match self.cooldown_until(key, clock.now_ms()).await {
+                Ok(till) if till <= clock.now_ms() => return Ok((None, Duration::ZERO)),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "rate limiter unavailable; calling without a permit");
+                    return Ok((None, Duration::ZERO));
+                }
+            }
+        }
+        let spacing = limits.spacing_ms();
         let mut waited = Duration::ZERO;
         for round in 0u32.. {
             let id = format!("{request_id}:{round}");
@@ -324,12 +352,48 @@ impl RateLimiter {
         now_ms: u64,
     ) -> Result<u64, RateLimitError> {
         let (_, cooldown) = self.keys(key);
-        self.run(
-            &self.cooldown,
-            &[&cooldown],
-            &[now_ms, u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)],
-        )
-        .await
+        let till: u64 = self
+            .run(
+                &self.cooldown,
+                &[&cooldown],
+                &[now_ms, u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)],
+            )
+            .await?;
+        self.cooldowns
+            .lock()
+            .expect("the cooldown cache is never poisoned")
+            .insert(cooldown, (now_ms, till));
+        Ok(till)
+    }
+
+    /// When the cooldown of `key` ends (Unix ms; 0 for none), as read from
+    /// Redis at most every [`COOLDOWN_READ_EVERY_MS`] of clock time.
+    async fn cooldown_until(&self, key: &RateKey, now_ms: u64) -> Result<u64, RateLimitError> {
+        let (_, cooldown) = self.keys(key);
+        let known = self
+            .cooldowns
+            .lock()
+            .expect("the cooldown cache is never poisoned")
+            .get(&cooldown)
+            .copied();
+        if let Some((read_at, till)) = known
+            && now_ms >= read_at
+            && now_ms - read_at < COOLDOWN_READ_EVERY_MS
+        {
+            return Ok(till);
+        }
+        let mut conn = self.conn.clone();
+        let till: Option<u64> = redis::cmd("HGET")
+            .arg(&cooldown)
+            .arg("until")
+            .query_async(&mut conn)
+            .await?;
+        let till = till.unwrap_or(0);
+        self.cooldowns
+            .lock()
+            .expect("the cooldown cache is never poisoned")
+            .insert(cooldown, (now_ms, till));
+        Ok(till)
     }
 
     /// How long the cooldown of `key` still lasts at `now_ms`, if any.

@@ -358,3 +358,123 @@ async fn fifty_runs_respect_a_fleet_wide_retry_after() {
     }
     cleanup(&p).await;
 }
+
+/// A clock that moves only when told (Unix ms); its sleeps end at once.
+struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl glia_providers::clock::Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn sleep(&self, _: Duration) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// Keys under `prefix` now.
+async fn keys_under(prefix: &str) -> Vec<String> {
+    let client = redis::Client::open(url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// With no cap, a call reserves nothing, settles nothing and leaves no
+/// key; the only read is the key's cooldown, at most once a second of
+/// clock time: a cooldown another worker sets is seen from the next read
+/// on, and holds the call.
+#[tokio::test]
+async fn no_cap_reserves_nothing_and_leaves_no_key() {
+    let p = prefix();
+    let _keys = Keys(p.clone());
+    let rl = RateLimiter::connect(&url(), p.clone(), limits(0, 0, 0))
+        .await
+        .unwrap();
+    let clock = ManualClock(std::sync::atomic::AtomicU64::new(T0));
+    let k = key();
+    for i in 0..100 {
+        let (permit, waited) = rl
+            .acquire(&k, &format!("run{i}"), cost(10, 10), &clock, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!((permit, waited), (None, Duration::ZERO));
+    }
+    assert_eq!(keys_under(&p).await, Vec::<String>::new(), "no key left");
+
+    // Another worker meets a `retry-after` of 30 s.
+    let other = RateLimiter::connect(&url(), p.clone(), limits(0, 0, 0))
+        .await
+        .unwrap();
+    other
+        .cooldown(&k, Duration::from_secs(30), T0)
+        .await
+        .unwrap();
+    // Within the second of its last read, this limiter does not read again.
+    clock.0.store(T0 + 999, std::sync::atomic::Ordering::SeqCst);
+    let (permit, _) = rl
+        .acquire(&k, "run-a", cost(10, 10), &clock, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(permit, None);
+    // A second later it reads the cooldown, and the call waits for it.
+    clock
+        .0
+        .store(T0 + 1000, std::sync::atomic::Ordering::SeqCst);
+    let held = rl
+        .acquire(&k, "run-b", cost(10, 10), &clock, Duration::from_secs(1))
+        .await;
+    assert!(
+        matches!(held, Err(glia_providers::error::CallError::WaitTooLong { wait }) if wait >= Duration::from_secs(28)),
+        "{held:?}"
+    );
+    cleanup(&p).await;
+}
+
+/// Reservation records do not pile up: a settled one is deleted, and a
+/// `wait` answer's lasts its wait and a minute more, not 15 minutes.
+#[tokio::test]
+async fn reservation_records_are_bounded() {
+    let p = prefix();
+    let _keys = Keys(p.clone());
+    let rl = RateLimiter::connect(&url(), p.clone(), limits(1, 0, 0))
+        .await
+        .unwrap();
+    let k = key();
+    assert_eq!(
+        rl.reserve(&k, "first", cost(1, 1), T0, 0).await.unwrap(),
+        Admission::Granted
+    );
+    let permit = Permit {
+        key: k.clone(),
+        request_id: "first".into(),
+        cost: cost(1, 1),
+    };
+    assert!(rl.settle(&permit, cost(1, 1), T0).await.unwrap());
+    assert!(
+        !rl.settle(&permit, cost(1, 1), T0).await.unwrap(),
+        "a retried settlement takes nothing back twice"
+    );
+    let Admission::Wait(wait) = rl.reserve(&k, "second", cost(1, 1), T0, 0).await.unwrap() else {
+        panic!("one request a minute: the second waits");
+    };
+    let records: Vec<String> = keys_under(&p)
+        .await
+        .into_iter()
+        .filter(|k| k.contains(":req:"))
+        .collect();
+    assert_eq!(records.len(), 1, "only the waiting answer's: {records:?}");
+    let client = redis::Client::open(url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&records[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let most = wait.as_millis() as i64 + 60_000;
+    assert!(ttl > 0 && ttl <= most, "{ttl} ms, at most {most}");
+    cleanup(&p).await;
+}
