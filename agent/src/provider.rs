@@ -265,6 +265,10 @@ impl Provider for ScriptedProvider {
                 .id
                 .clone()
                 .unwrap_or_else(|| format!("call_{}", first_call + i + 1));
+            live(LiveEvent::ModelDelta {
+                channel: "tool_call".into(),
+                delta: call.name.clone(),
+            });
             content.push(ContentBlock::ToolUse {
                 id,
                 name: call.name.clone(),

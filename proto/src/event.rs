@@ -914,14 +914,16 @@ pub enum LiveEvent {
     /// A streamed piece of the model's answer.
     #[serde(rename = "model.delta")]
     ModelDelta {
-        /// `text` or `thinking`.
+        /// `text`, `thinking`, or `tool_call`: the name of a tool the model
+        /// has begun to call (once per call; its arguments arrive with the
+        /// answer, in `model.response`).
         channel: String,
         /// The piece.
         delta: String,
     },
     /// An attempt of the model call failed and will be retried: drop the
-    /// text and thinking streamed since the call (or the last discard)
-    /// began; the next attempt streams its answer from the start.
+    /// deltas streamed since the call (or the last discard) began; the
+    /// next attempt streams its answer from the start.
     #[serde(rename = "model.discard")]
     ModelDiscard {
         /// The attempt that failed, from 1.

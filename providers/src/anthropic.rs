@@ -505,13 +505,17 @@ impl Assembly {
                     return Err(malformed(format!("content block {index} started twice")));
                 }
                 let block = start_block(index, &v["content_block"])?;
-                if let Kind::Text(text) = &block
-                    && !text.is_empty()
-                {
-                    live(LiveEvent::ModelDelta {
+                match &block {
+                    Kind::Text(text) if !text.is_empty() => live(LiveEvent::ModelDelta {
                         channel: "text".into(),
                         delta: text.clone(),
-                    });
+                    }),
+                    // The model has begun a tool call: its name.
+                    Kind::Tool { name, .. } => live(LiveEvent::ModelDelta {
+                        channel: "tool_call".into(),
+                        delta: name.clone(),
+                    }),
+                    _ => {}
                 }
                 self.blocks.insert(
                     index,

@@ -391,8 +391,9 @@ struct Assembly {
 }
 
 impl Assembly {
-    /// One `delta.tool_calls[k]` entry (or a legacy `function_call`).
-    fn tool_delta(&mut self, tc: &Value) -> Result<(), CallError> {
+    /// One `delta.tool_calls[k]` entry (or a legacy `function_call`); a
+    /// call's name, once known, is streamed (channel `tool_call`).
+    fn tool_delta(&mut self, tc: &Value, live: &LiveFn<'_>) -> Result<(), CallError> {
         let id = tc["id"].as_str().filter(|s| !s.is_empty());
         let f = &tc["function"];
         let name = f["name"].as_str().filter(|s| !s.is_empty());
@@ -441,7 +442,13 @@ impl Assembly {
             call.id = id.to_owned();
         }
         match name {
-            Some(name) if call.name.is_empty() => call.name = name.to_owned(),
+            Some(name) if call.name.is_empty() => {
+                call.name = name.to_owned();
+                live(LiveEvent::ModelDelta {
+                    channel: "tool_call".into(),
+                    delta: name.to_owned(),
+                });
+            }
             Some(name) if call.name != name => {
                 return Err(malformed(format!(
                     "tool call {:?} at index {index} renamed from {:?} to {name:?}",
@@ -505,11 +512,12 @@ impl Assembly {
                 });
             }
             for tc in d["tool_calls"].as_array().into_iter().flatten() {
-                self.tool_delta(tc)?;
+                self.tool_delta(tc, live)?;
             }
             if d["function_call"].is_object() {
                 self.tool_delta(
                     &json!({ "index": FUNCTION_CALL_INDEX, "function": d["function_call"] }),
+                    live,
                 )?;
             }
             match choice["finish_reason"].as_str() {

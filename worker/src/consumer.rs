@@ -334,14 +334,22 @@ impl Worker {
         }
         // Holding the lease, the job has done its part: ack now.
         ack(delivery, ()).await;
-        let (stop_heartbeat, heartbeat, renewed) = self.heartbeat(lease.clone());
+        let (mut heartbeat, renewed) =
+            Heartbeat::start(self.log.clone(), self.options.lease_ttl, lease.clone());
         let mut released = false;
         let mut retry_after = None;
         let handled = self
-            .drive(opened, renewed, &mut retry_after, &mut released)
+            .drive(
+                opened,
+                renewed,
+                &mut heartbeat,
+                &mut retry_after,
+                &mut released,
+            )
             .await;
-        let _ = stop_heartbeat.send(true);
-        let _ = heartbeat.await;
+        // Stopped (and a renewal under way finished) before the lease is let
+        // go: a renewal after the release would find it gone.
+        heartbeat.stop().await;
         // A transient failure without a wait keeps the lease until it
         // lapses (the reconciler retries then); with one (the provider's
         // hint, or an interrupted call still running elsewhere), let go and
@@ -372,56 +380,6 @@ impl Worker {
         });
     }
 
-    /// Renew the lease every third of its length until told to stop; the
-    /// receiver sees the lease as last renewed (its expiry bounds commit
-    /// retries, see [`LogSink::commit`]). A renewal the database did not
-    /// answer is tried again every [`HEARTBEAT_RETRY`] while the lease
-    /// lives, so it is renewed as soon as the database is back; a lease
-    /// lost or lapsed ends the heartbeat.
-    fn heartbeat(
-        &self,
-        mut lease: Lease,
-    ) -> (
-        watch::Sender<bool>,
-        tokio::task::JoinHandle<()>,
-        watch::Receiver<Lease>,
-    ) {
-        let (tx, mut rx) = watch::channel(false);
-        let (renewed_tx, renewed) = watch::channel(lease.clone());
-        let log = self.log.clone();
-        let ttl = self.options.lease_ttl;
-        let task = tokio::spawn(async move {
-            let mut wait = ttl / 3;
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = rx.wait_for(|s| *s) => return,
-                }
-                match log.renew(&lease, ttl).await {
-                    Ok(fresh) => {
-                        if wait != ttl / 3 {
-                            info!(run_id = %lease.run_id, "lease renewed again");
-                        }
-                        lease = fresh;
-                        wait = ttl / 3;
-                        renewed_tx.send_replace(lease.clone());
-                    }
-                    Err(e) if e.is_transient() && chrono::Utc::now() < lease.expires_at => {
-                        if wait != HEARTBEAT_RETRY {
-                            warn!(run_id = %lease.run_id, error = %e, "lease renewal failed; trying again every {} ms while the lease lives", HEARTBEAT_RETRY.as_millis());
-                        }
-                        wait = HEARTBEAT_RETRY;
-                    }
-                    Err(e) => {
-                        warn!(run_id = %lease.run_id, error = %e, "lease renewal failed; commits will be refused");
-                        return;
-                    }
-                }
-            }
-        });
-        (tx, task, renewed)
-    }
-
     /// Apply inbox payloads and advance until the run parks or ends, then
     /// let go of the lease once the inbox is empty ([`Inbox::release_if_idle`](glia_backends::Inbox::release_if_idle),
     /// which sets `released`). With [`Handled::Retry`], `retry_after` is how
@@ -432,6 +390,7 @@ impl Worker {
         &self,
         opened: Opened,
         renewed: watch::Receiver<Lease>,
+        heartbeat: &mut Heartbeat,
         retry_after: &mut Option<Duration>,
         released: &mut bool,
     ) -> Handled {
@@ -514,13 +473,18 @@ impl Worker {
                 self.agent.advance(&mut state, input, &mut sink).await
             } else {
                 // Parked or done with nothing left to apply: let go, unless
-                // something was posted meanwhile.
+                // something was posted meanwhile. The heartbeat stops first
+                // (a renewal under way finishes): one after the release
+                // would find the lease gone and call it lost.
+                heartbeat.stop().await;
                 match self.log.release_if_idle(&lease).await {
                     Ok(more) if more.is_empty() => {
                         *released = true;
                         return Handled::Advanced(RunStatus::of(&state));
                     }
                     Ok(more) => {
+                        // Still held: renew it again while those are applied.
+                        heartbeat.resume();
                         inbox = Some(more);
                         continue;
                     }
@@ -599,6 +563,126 @@ impl Worker {
 /// How often a worker tries to renew a lease whose renewal the database did
 /// not answer (while the lease lives).
 pub const HEARTBEAT_RETRY: Duration = Duration::from_millis(250);
+
+/// A run's lease renewal: a task renewing the lease every third of its
+/// length, whose receiver sees the lease as last renewed (its expiry bounds
+/// commit retries, see [`LogSink::commit`]). A renewal the database did not
+/// answer is tried again every [`HEARTBEAT_RETRY`] while the lease lives, so
+/// it is renewed as soon as the database is back; a lease lost or lapsed
+/// ends the task.
+///
+/// It is stopped, and awaited, before the lease is let go
+/// ([`Heartbeat::stop`]): a renewal after the release would find the lease
+/// gone and report it lost. Dropped without a stop, it stops at its next
+/// wake-up.
+struct Heartbeat {
+    log: Arc<dyn EventLog>,
+    ttl: Duration,
+    /// The running task and the flag that stops it.
+    running: Option<(watch::Sender<bool>, tokio::task::JoinHandle<Beat>)>,
+    /// Stopped by [`Heartbeat::stop`], the lease still ours: what
+    /// [`Heartbeat::resume`] needs to renew it again.
+    stopped: Option<watch::Sender<Lease>>,
+}
+
+/// How a heartbeat task ended.
+enum Beat {
+    /// Told to stop; the renewed lease's sender, to start again with.
+    Stopped(watch::Sender<Lease>),
+    /// The lease was lost or lapsed.
+    Lost,
+}
+
+impl Heartbeat {
+    /// Start renewing `lease`; the receiver sees it as last renewed.
+    fn start(
+        log: Arc<dyn EventLog>,
+        ttl: Duration,
+        lease: Lease,
+    ) -> (Heartbeat, watch::Receiver<Lease>) {
+        let (renewed_tx, renewed) = watch::channel(lease);
+        let mut heartbeat = Heartbeat {
+            log,
+            ttl,
+            running: None,
+            stopped: Some(renewed_tx),
+        };
+        heartbeat.resume();
+        (heartbeat, renewed)
+    }
+
+    /// Stop renewing, and wait for a renewal under way to finish: after
+    /// this, nothing touches the lease until [`Heartbeat::resume`].
+    async fn stop(&mut self) {
+        let Some((stop, task)) = self.running.take() else {
+            return;
+        };
+        let _ = stop.send(true);
+        if let Ok(Beat::Stopped(renewed)) = task.await {
+            self.stopped = Some(renewed);
+        }
+    }
+
+    /// Renew again after a [`Heartbeat::stop`] (the lease kept), from the
+    /// lease as last renewed; nothing if it is running or the lease was lost.
+    fn resume(&mut self) {
+        if self.running.is_some() {
+            return;
+        }
+        let Some(renewed) = self.stopped.take() else {
+            return;
+        };
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(beat(self.log.clone(), self.ttl, renewed, rx));
+        self.running = Some((stop, task));
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        if let Some((stop, _)) = &self.running {
+            let _ = stop.send(true);
+        }
+    }
+}
+
+/// The heartbeat's task: renew the lease in `renewed` every third of `ttl`
+/// until `stop` turns true.
+async fn beat(
+    log: Arc<dyn EventLog>,
+    ttl: Duration,
+    renewed: watch::Sender<Lease>,
+    mut stop: watch::Receiver<bool>,
+) -> Beat {
+    let mut lease = renewed.borrow().clone();
+    let mut wait = ttl / 3;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(|s| *s) => return Beat::Stopped(renewed),
+        }
+        match log.renew(&lease, ttl).await {
+            Ok(fresh) => {
+                if wait != ttl / 3 {
+                    info!(run_id = %lease.run_id, "lease renewed again");
+                }
+                lease = fresh;
+                wait = ttl / 3;
+                renewed.send_replace(lease.clone());
+            }
+            Err(e) if e.is_transient() && chrono::Utc::now() < lease.expires_at => {
+                if wait != HEARTBEAT_RETRY {
+                    warn!(run_id = %lease.run_id, error = %e, "lease renewal failed; trying again every {} ms while the lease lives", HEARTBEAT_RETRY.as_millis());
+                }
+                wait = HEARTBEAT_RETRY;
+            }
+            Err(e) => {
+                warn!(run_id = %lease.run_id, error = %e, "lease renewal failed; commits will be refused");
+                return Beat::Lost;
+            }
+        }
+    }
+}
 
 /// Longest wait between two attempts of a commit the database did not
 /// answer (the first wait is 50 ms, doubling, with jitter). Attempts go on

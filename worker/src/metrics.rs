@@ -19,7 +19,7 @@
 //! | `glia_worker_runs_completed_total` | counter | `outcome` (`succeeded`, `failed`, `cancelled`) | runs ended |
 //! | `glia_worker_steps_total` | counter | – | plan steps ended |
 //! | `glia_worker_model_calls_total` | counter | `provider`, `model`, `outcome` (`ok`, `transient`, `failed`, `paused`) | model calls, after the provider's own retries |
-//! | `glia_worker_model_time_to_first_token_seconds` | histogram | `provider`, `model` | `model.call` → first streamed delta of the attempt that answered |
+//! | `glia_worker_model_time_to_first_token_seconds` | histogram | `provider`, `model` | `model.call` → first streamed delta of the attempt that answered, of any channel (`text`, `thinking`, or `tool_call`: a tool call begun) |
 //! | `glia_worker_model_duration_seconds` | histogram | `provider`, `model` | whole call (`model.response` `duration_ms`) |
 //! | `glia_worker_model_tokens_total` | counter | `provider`, `model`, `kind` (`input`, `output`, `cache_write`, `cache_read`) | tokens used |
 //! | `glia_worker_model_cost_usd_micros_total` | counter | `provider`, `model` | cost in USD micros (1 USD = 1,000,000) |
@@ -38,6 +38,10 @@
 //! | `glia_worker_lease_takeovers_total` | counter | – | leases taken over after they lapsed unreleased |
 //! | `glia_worker_busy_slots` | gauge | – | jobs in hand |
 //! | `glia_worker_slots` | gauge | – | jobs this worker handles at once |
+//!
+//! Served alongside under their own names, without the `glia_worker_`
+//! prefix (added through [`WorkerMetrics::registry_mut`]): the provider
+//! adapter's `glia_provider_*` (`glia_providers::ProviderMetrics`).
 //!
 //! Spans (through `tracing`; exported over OTLP when an endpoint is
 //! configured, see `glia-cli`'s `observe`) follow the OpenTelemetry GenAI
@@ -248,7 +252,9 @@ impl WorkerMetrics {
     /// every model metric (a worker talks to one provider: `scripted`,
     /// `anthropic`, `openai`).
     pub fn new(provider: &str) -> WorkerMetrics {
-        let mut registry = Registry::with_prefix("glia_worker");
+        // The prefix is a sub-registry's: what is added through
+        // `registry_mut` keeps its own name.
+        let mut registry = Registry::default();
         let m = WorkerMetrics {
             registry: Registry::default(),
             provider: provider.to_owned(),
@@ -276,7 +282,7 @@ impl WorkerMetrics {
             busy_slots: Gauge::default(),
             slots: Gauge::default(),
         };
-        let r = &mut registry;
+        let r = registry.sub_registry_with_prefix("glia_worker");
         r.register(
             "runs_started",
             "Runs whose first step a worker recorded",
@@ -379,8 +385,9 @@ impl WorkerMetrics {
         WorkerMetrics { registry, ..m }
     }
 
-    /// The registry, to add more metrics (e.g. the providers' own) before the
-    /// handles are shared.
+    /// The registry, to add more metrics before the handles are shared,
+    /// under their own names (no `glia_worker_` prefix): the provider
+    /// adapter's `glia_provider_*` (`glia_providers::ProviderMetrics`).
     pub fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry
     }
@@ -853,8 +860,9 @@ impl RunObserver {
         }
     }
 
-    /// Observe one live event: the first delta of a call is its time to
-    /// first token; a discard (the attempt failed) starts that over.
+    /// Observe one live event: the first delta of a call, of any channel
+    /// (text, thinking, a tool call begun), is its time to first token; a
+    /// discard (the attempt failed) starts that over.
     pub fn live(&self, event: &LiveEvent) {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
         let Some(call) = in_flight.as_mut() else {

@@ -5,6 +5,7 @@
 
 use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use glia_proto::{Event, EventKind, Outcome, RunState, Status};
@@ -353,16 +354,19 @@ impl Drop for Child {
     }
 }
 
-#[test]
-fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
-    let server = Local::streams(&["anthropic/loop_turn1.sse", "anthropic/loop_turn2.sse"]);
-    let port = TcpListener::bind("127.0.0.1:0")
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let _dev = Child(
+        .port()
+}
+
+/// `glia dev` with one worker on Anthropic at `base`, plus `extra`
+/// arguments, once its API answers; and the API's URL.
+fn dev_on(base: &str, extra: &[&str]) -> (Child, String) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let dev = Child(
         glia()
             .args([
                 "dev",
@@ -374,11 +378,12 @@ fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
                 "--provider",
                 "anthropic",
                 "--base-url",
-                &server.base,
+                base,
                 "--allow-missing-key",
                 "--prices",
                 PRICES,
             ])
+            .args(extra)
             .env_remove("ANTHROPIC_API_KEY")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -393,8 +398,19 @@ fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
         assert!(Instant::now() < deadline, "glia dev did not come up");
         std::thread::sleep(Duration::from_millis(50));
     }
+    (dev, dispatcher)
+}
+
+/// Submit "What is 2 + 40?" on claude-sonnet-4-5 to `dispatcher` and wait
+/// for the run's end: its log, which must answer 42.
+fn add_2_and_40(dispatcher: &str) -> Vec<Event> {
     // The run's config names no prices: the worker's price file applies.
-    let config = std::env::temp_dir().join(format!("glia-cli-dev-{}.json", std::process::id()));
+    static SUBMITTED: AtomicUsize = AtomicUsize::new(0);
+    let config = std::env::temp_dir().join(format!(
+        "glia-cli-dev-{}-{}.json",
+        std::process::id(),
+        SUBMITTED.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::write(
         &config,
         json!({"model": "claude-sonnet-4-5", "max_tokens": 1024}).to_string(),
@@ -403,7 +419,7 @@ fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
     let out = run(glia().args([
         "submit",
         "--server",
-        &dispatcher,
+        dispatcher,
         "--json",
         "--config",
         config.to_str().unwrap(),
@@ -417,6 +433,14 @@ fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
     );
     let log = events(&out);
     assert!(answer(&log).contains("42"));
+    log
+}
+
+#[test]
+fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
+    let server = Local::streams(&["anthropic/loop_turn1.sse", "anthropic/loop_turn2.sse"]);
+    let (_dev, dispatcher) = dev_on(&server.base, &[]);
+    let log = add_2_and_40(&dispatcher);
     let pricing = PriceTable::from_file(format!("{}/{PRICES}", env!("CARGO_MANIFEST_DIR")))
         .unwrap()
         .pricing("anthropic", "claude-sonnet-4-5")
@@ -431,4 +455,63 @@ fn glia_dev_drives_runs_on_a_real_provider_and_prices_them() {
     );
     assert_eq!(server.seen().len(), 2);
     assert_eq!(server.seen()[0].header("x-api-key"), None);
+}
+
+/// The worker's `/metrics` as Prometheus scrapes it: the provider adapter's
+/// counters under their documented names (`glia_provider_*`, not
+/// `glia_worker_glia_provider_*`), and a time to first token for every
+/// model call, the one whose answer is a tool call only included.
+#[test]
+fn glia_dev_serves_provider_metrics_under_their_documented_names() {
+    let server = Local::streams(&[
+        "anthropic/loop_turn1_tool_only.sse",
+        "anthropic/loop_turn2.sse",
+    ]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (_dev, dispatcher) = dev_on(&server.base, &["--metrics-listen", &metrics]);
+    let log = add_2_and_40(&dispatcher);
+    assert_eq!(responses(&log).len(), 2);
+    let scraped = reqwest::blocking::get(format!("http://{metrics}/metrics"))
+        .and_then(|r| r.error_for_status())
+        .and_then(|r| r.text())
+        .expect("the worker serves /metrics");
+    let sample = |series: &str| -> Option<f64> {
+        scraped
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
+    assert!(!scraped.contains("glia_worker_glia_provider"), "{scraped}");
+    // (A family with no series yet, such as the retries, is not exported.)
+    assert!(
+        scraped.contains("# TYPE glia_provider_requests counter"),
+        "{scraped}"
+    );
+    assert!(
+        sample(
+            r#"glia_provider_tokens_total{provider="anthropic",model="claude-sonnet-4-5",kind="output"}"#
+        )
+        .is_some_and(|n| n > 0.0),
+        "{scraped}"
+    );
+    assert_eq!(
+        sample(
+            r#"glia_provider_requests_total{provider="anthropic",model="claude-sonnet-4-5",outcome="ok"}"#
+        ),
+        Some(2.0),
+        "{scraped}"
+    );
+    assert_eq!(
+        sample(
+            r#"glia_worker_model_calls_total{provider="anthropic",model="claude-sonnet-4-5",outcome="ok"}"#
+        ),
+        Some(2.0),
+        "{scraped}"
+    );
+    assert_eq!(
+        sample(
+            r#"glia_worker_model_time_to_first_token_seconds_count{provider="anthropic",model="claude-sonnet-4-5"}"#
+        ),
+        Some(2.0),
+        "{scraped}"
+    );
 }

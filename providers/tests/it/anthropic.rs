@@ -43,11 +43,20 @@ fn text_and_tool_use_assemble_from_partial_json() {
     // Input and cache tokens from message_start, output from message_delta.
     assert_eq!(r.usage, usage(472, 61, 1830, 0));
     assert_eq!(deltas.joined("text"), "Let me look up that order.");
+    assert_eq!(deltas.of("tool_call"), ["lookup_order"]);
 }
 
 #[test]
 fn parallel_tool_uses_keep_their_order() {
-    let r = decode("parallel_tools.sse").0.unwrap();
+    let (r, deltas) = decode("parallel_tools.sse");
+    let r = r.unwrap();
+    // An answer of tool calls only streams too: each call's name as it
+    // begins, the first of them its first delta (time to first token).
+    assert_eq!(
+        deltas.first(),
+        Some(("tool_call".into(), "get_weather".into()))
+    );
+    assert_eq!(deltas.of("tool_call"), ["get_weather", "get_time"]);
     let calls: Vec<_> = r
         .message
         .tool_uses()

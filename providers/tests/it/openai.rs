@@ -48,11 +48,20 @@ fn text_then_tool_call_with_usage_from_the_final_chunk() {
     // prompt_tokens 2302 of which 1792 cached: cached tokens are cache reads, not input.
     assert_eq!(r.usage, usage(510, 61, 0, 1792));
     assert_eq!(deltas.joined("text"), "Let me look up that order.");
+    assert_eq!(deltas.of("tool_call"), ["lookup_order"]);
 }
 
 #[test]
 fn parallel_calls_are_assembled_by_index() {
-    let r = decode("parallel_tools.sse").0.unwrap();
+    let (r, deltas) = decode("parallel_tools.sse");
+    let r = r.unwrap();
+    // An answer of tool calls only streams too: each call's name as it
+    // begins, the first of them its first delta (time to first token).
+    assert_eq!(
+        deltas.first(),
+        Some(("tool_call".into(), "get_weather".into()))
+    );
+    assert_eq!(deltas.of("tool_call"), ["get_weather", "get_time"]);
     assert_eq!(
         calls(&r),
         vec![

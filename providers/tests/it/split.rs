@@ -11,7 +11,9 @@ use glia_providers::error::CallError;
 use glia_providers::http::ByteStream;
 use glia_providers::{anthropic, openai};
 
-type Decoded = (Result<ModelResponse, CallError>, String, String);
+/// The answer, and the deltas of each channel: text, thinking, tool calls
+/// begun (their names, one after another).
+type Decoded = (Result<ModelResponse, CallError>, String, String, String);
 
 fn decode(kind: &str, stream: ByteStream<'static>) -> Decoded {
     let deltas = Deltas::default();
@@ -22,7 +24,12 @@ fn decode(kind: &str, stream: ByteStream<'static>) -> Decoded {
             _ => openai::decode_stream(stream, &live).await,
         }
     });
-    (result, deltas.joined("text"), deltas.joined("thinking"))
+    (
+        result,
+        deltas.joined("text"),
+        deltas.joined("thinking"),
+        deltas.joined("tool_call"),
+    )
 }
 
 fn fixtures(kind: &str) -> Vec<String> {

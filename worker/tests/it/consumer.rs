@@ -47,7 +47,8 @@ struct Fleet {
     lease_ttl: Duration,
 }
 
-fn scripts() -> ScriptLibrary {
+/// The scripts of the runs here, by name.
+pub(crate) fn scripts() -> ScriptLibrary {
     let mut lib = ScriptLibrary::default();
     lib.insert(
         "plain",
@@ -87,6 +88,33 @@ fn scripts() -> ScriptLibrary {
     long.push(ScriptedTurn::text("rested"));
     lib.insert("long", long);
     lib
+}
+
+/// A new run of `script` (from [`scripts`]), tenant `t`.
+pub(crate) fn new_run(script: &str) -> NewRun {
+    let run_id = Uuid::now_v7();
+    let start = Event {
+        run_id,
+        seq: 1,
+        at: chrono::Utc::now(),
+        kind: EventKind::SessionStart {
+            redactions: Vec::new(),
+            goal: script.into(),
+            config: config(script),
+        },
+    };
+    NewRun {
+        tenant: "t".into(),
+        idempotency_key: None,
+        batch_id: None,
+        start,
+        tags: Vec::new(),
+        metadata: Default::default(),
+        custom_id: None,
+        parent_run_id: None,
+        parent_call_id: None,
+        depth: 0,
+    }
 }
 
 fn config(script: &str) -> RunConfig {
@@ -232,32 +260,9 @@ impl Fleet {
     }
 
     async fn submit(&self, script: &str) -> Uuid {
-        let run_id = Uuid::now_v7();
-        let start = Event {
-            run_id,
-            seq: 1,
-            at: chrono::Utc::now(),
-            kind: EventKind::SessionStart {
-                redactions: Vec::new(),
-                goal: script.into(),
-                config: config(script),
-            },
-        };
-        self.log
-            .create_run(NewRun {
-                tenant: "t".into(),
-                idempotency_key: None,
-                batch_id: None,
-                start,
-                tags: Vec::new(),
-                metadata: Default::default(),
-                custom_id: None,
-                parent_run_id: None,
-                parent_call_id: None,
-                depth: 0,
-            })
-            .await
-            .unwrap();
+        let new = new_run(script);
+        let run_id = new.start.run_id;
+        self.log.create_run(new).await.unwrap();
         run_id
     }
 

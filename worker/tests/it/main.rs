@@ -8,6 +8,7 @@ mod observed;
 mod cancel_grace;
 mod consumer;
 mod held_results;
+mod lease_release;
 mod metrics;
 mod resume_hints;
 mod resumes_first;

@@ -81,13 +81,13 @@ async fn model_tool_and_run_metrics_follow_the_log() {
         ),
         Some(3.0)
     );
-    // Only the text answer streams deltas.
+    // Every answer streams a first delta: the tool calls theirs too.
     assert_eq!(
         sample(
             m,
             r#"glia_worker_model_time_to_first_token_seconds_count{provider="scripted",model="m1"}"#
         ),
-        Some(1.0)
+        Some(3.0)
     );
     assert!(
         sample(

@@ -42,6 +42,22 @@ impl Deltas {
         }
     }
 
+    /// The deltas of `channel`, one by one.
+    pub fn of(&self, channel: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(c, _)| c == channel)
+            .map(|(_, d)| d.clone())
+            .collect()
+    }
+
+    /// The first delta, of any channel.
+    pub fn first(&self) -> Option<(String, String)> {
+        self.0.lock().unwrap().first().cloned()
+    }
+
     /// The concatenated deltas of `channel`.
     pub fn joined(&self, channel: &str) -> String {
         self.0
