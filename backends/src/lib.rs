@@ -264,6 +264,33 @@ pub trait Ledger: Send + Sync {
     async fn cancel(&self, run_id: Uuid) -> Result<(), LedgerError>;
     /// True when the run is flagged as cancelled.
     async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError>;
+    /// Which of `runs` are flagged as cancelled, in their order (one round
+    /// trip where the store can: a worker's catch-up over every run it
+    /// advances). Default: [`Ledger::is_cancelled`] of each.
+    async fn cancelled_among(&self, runs: &[Uuid]) -> Result<Vec<Uuid>, LedgerError> {
+        let mut flagged = Vec::new();
+        for run in runs {
+            if self.is_cancelled(*run).await? {
+                flagged.push(*run);
+            }
+        }
+        Ok(flagged)
+    }
+    /// Cancellations as any process flags them, for a process that watches
+    /// many runs with one subscription: `Some(run)` as `run` is flagged;
+    /// `None` after the subscription was lost and made again (what was
+    /// flagged meanwhile is not announced: read the runs that matter with
+    /// [`Ledger::cancelled_among`]). The stream does not end while the
+    /// store lives. `Ok(None)`: this store announces nothing (poll
+    /// [`Ledger::is_cancelled`]); the default.
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the first subscription
+    /// fails.
+    async fn watch_cancellations(
+        &self,
+    ) -> Result<Option<BoxStream<'static, Option<Uuid>>>, LedgerError> {
+        Ok(None)
+    }
     /// Set (`true`) or clear the run's operator-pause flag. The pause itself
     /// is a `pause` payload in the run's inbox; the flag only tells the
     /// worker advancing the run to look at its inbox at the next durability

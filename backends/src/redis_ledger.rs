@@ -265,7 +265,7 @@ impl RedisLedger {
     /// Errors: [`LedgerError::Unavailable`] when the first subscription
     /// fails.
     pub async fn subscribe_cancellations(&self) -> Result<BoxStream<'static, Uuid>, LedgerError> {
-        subscription(self.client.clone(), self.cancel_channel(), |bytes| {
+        subscription(self.client.clone(), self.cancel_channel(), None, |bytes| {
             std::str::from_utf8(bytes).ok()?.parse().ok()
         })
         .await
@@ -342,6 +342,49 @@ impl Ledger for RedisLedger {
     /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
     async fn is_cancelled(&self, run_id: Uuid) -> Result<bool, LedgerError> {
         self.exists("is_cancelled", self.cancel_key(run_id)).await
+    }
+
+    /// `MGET` of the runs' cancel flags, 1,000 a round trip (each retried
+    /// once).
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when Redis does not answer.
+    async fn cancelled_among(&self, runs: &[Uuid]) -> Result<Vec<Uuid>, LedgerError> {
+        let mut flagged = Vec::new();
+        for chunk in runs.chunks(1000) {
+            let keys: Vec<String> = chunk.iter().map(|r| self.cancel_key(*r)).collect();
+            let values: Vec<Option<String>> = self
+                .idempotent("cancelled_among", |mut conn| {
+                    let keys = keys.clone();
+                    async move { redis::cmd("MGET").arg(&keys).query_async(&mut conn).await }
+                })
+                .await?;
+            flagged.extend(
+                chunk
+                    .iter()
+                    .zip(values)
+                    .filter(|(_, v)| v.is_some())
+                    .map(|(r, _)| *r),
+            );
+        }
+        Ok(flagged)
+    }
+
+    /// The cancel channel (`P:cancelled`) on a pub/sub connection of its
+    /// own, `None` after each resubscription.
+    ///
+    /// Errors: [`LedgerError::Unavailable`] when the first subscription
+    /// fails.
+    async fn watch_cancellations(
+        &self,
+    ) -> Result<Option<BoxStream<'static, Option<Uuid>>>, LedgerError> {
+        let stream = subscription(
+            self.client.clone(),
+            self.cancel_channel(),
+            Some(None),
+            |bytes| Some(std::str::from_utf8(bytes).ok()?.parse().ok()),
+        )
+        .await?;
+        Ok(Some(stream))
     }
 
     /// `SET P:pause:{run_id} 1 EX ttl` (the cancel flag's TTL) or `DEL` it.
@@ -424,9 +467,12 @@ impl Ledger for RedisLedger {
         &self,
         run_id: Uuid,
     ) -> Result<BoxStream<'static, LiveEvent>, LedgerError> {
-        subscription(self.client.clone(), self.live_channel(run_id), |bytes| {
-            serde_json::from_slice(bytes).ok()
-        })
+        subscription(
+            self.client.clone(),
+            self.live_channel(run_id),
+            None,
+            |bytes| serde_json::from_slice(bytes).ok(),
+        )
         .await
     }
 
@@ -722,24 +768,29 @@ async fn open_subscription(
 
 /// A never-ending stream of `channel`'s messages decoded by `decode`
 /// (undecodable ones skipped), resubscribing on a new connection after a
-/// disconnect. Returns once the first subscription is confirmed.
-async fn subscription<T: Send + 'static>(
+/// disconnect, and then yielding `resubscribed` when given (messages
+/// published meanwhile are lost). Returns once the first subscription is
+/// confirmed.
+async fn subscription<T: Clone + Send + Sync + 'static>(
     client: Client,
     channel: String,
+    resubscribed: Option<T>,
     decode: fn(&[u8]) -> Option<T>,
 ) -> Result<BoxStream<'static, T>, LedgerError> {
     let first = open_subscription(&client, &channel)
         .await
         .map_err(|e| unavailable(&format!("subscribe {channel}"), e))?;
-    struct State {
+    struct State<T> {
         client: Client,
         channel: String,
         link: Option<(PubSubSink, PubSubStream)>,
+        resubscribed: Option<T>,
     }
     let state = State {
         client,
         channel,
         link: Some(first),
+        resubscribed,
     };
     let stream = futures::stream::unfold(state, move |mut st| async move {
         let mut delays = backoff().build();
@@ -750,6 +801,9 @@ async fn subscription<T: Send + 'static>(
                         debug!(channel = %st.channel, "redis: resubscribed");
                         st.link = Some(link);
                         delays = backoff().build();
+                        if let Some(marker) = st.resubscribed.clone() {
+                            return Some((marker, st));
+                        }
                     }
                     Err(e) => {
                         let delay = delays.next().unwrap_or(Duration::from_secs(5));

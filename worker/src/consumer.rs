@@ -51,6 +51,7 @@ use uuid::Uuid;
 
 use tracing::Instrument;
 
+use crate::cancel_watch::CancelWatch;
 use crate::metrics::{RunObserver, WorkerMetrics};
 use glia_agent::agent::{Agent, AgentError, Clock, EventSink, SinkError, SystemClock};
 use glia_agent::budget_gate::{BudgetGate, GateDecision, GateError, Spend, TenantCap, TenantCaps};
@@ -122,6 +123,9 @@ pub struct Worker {
     serial_cancel_check: bool,
     resume_slots: usize,
     hints: Mutex<Option<mpsc::Receiver<Job>>>,
+    /// One watch of the cancel flags for every run in hand, made when the
+    /// worker starts ([`crate::cancel_watch`]); `None`: each run polls.
+    cancels: Mutex<Option<Arc<CancelWatch>>>,
 }
 
 /// A job in hand: from the queue, or a resume hint ([`Worker::with_hints`]).
@@ -150,6 +154,7 @@ impl Worker {
             serial_cancel_check: false,
             resume_slots: 1,
             hints: Mutex::new(None),
+            cancels: Mutex::new(None),
         }
     }
 
@@ -214,6 +219,8 @@ impl Worker {
             m.slots.set(concurrency as i64);
         }
         let mut hints = self.hints.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let cancels = CancelWatch::start(self.ledger.clone()).await;
+        *self.cancels.lock().unwrap_or_else(|e| e.into_inner()) = cancels;
         info!(worker = %self.options.id, concurrency, reserved, hints = hints.is_some(), "worker started");
         'slots: loop {
             let permit = tokio::select! {
@@ -336,12 +343,20 @@ impl Worker {
         ack(delivery, ()).await;
         let (mut heartbeat, renewed) =
             Heartbeat::start(self.log.clone(), self.options.lease_ttl, lease.clone());
+        // Watched while in hand, so that a cancel reaches a call under way.
+        let watched = self
+            .cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|w| w.watch(run_id));
         let mut released = false;
         let mut retry_after = None;
         let handled = self
             .drive(
                 opened,
                 renewed,
+                watched.as_ref().map(|w| w.cancelled.clone()),
                 &mut heartbeat,
                 &mut retry_after,
                 &mut released,
@@ -390,6 +405,7 @@ impl Worker {
         &self,
         opened: Opened,
         renewed: watch::Receiver<Lease>,
+        cancel_flag: Option<watch::Receiver<bool>>,
         heartbeat: &mut Heartbeat,
         retry_after: &mut Option<Duration>,
         released: &mut bool,
@@ -437,6 +453,7 @@ impl Worker {
                 observer: RunObserver::new(self.metrics.clone(), &state)
                     .with_default_provider(&self.provider),
                 serial_cancel_check: self.serial_cancel_check,
+                cancelled: cancel_flag.clone(),
                 watch_pause: !stale_flag,
                 pause_flagged: false,
             };
@@ -756,6 +773,8 @@ struct LogSink {
     consumed: Vec<i64>,
     observer: RunObserver,
     serial_cancel_check: bool,
+    /// The run's flag from the worker's cancel watch; `None`: poll.
+    cancelled: Option<watch::Receiver<bool>>,
     /// Look at the operator-pause flag at each commit.
     watch_pause: bool,
     /// The pause flag as of the last commit ([`EventSink::pause_flagged`]).
@@ -827,9 +846,18 @@ impl EventSink for LogSink {
         Ok(())
     }
 
-    /// Polls the run's cancel flag in the ledger every [`CANCEL_POLL`] (a
+    /// Ends when the worker's cancel watch flags the run; without a watch,
+    /// polls the run's cancel flag in the ledger every [`CANCEL_POLL`] (a
     /// ledger that does not answer counts as not cancelled).
     fn cancelled(&self) -> futures::future::BoxFuture<'_, ()> {
+        if let Some(mut flag) = self.cancelled.clone() {
+            return Box::pin(async move {
+                if flag.wait_for(|cancelled| *cancelled).await.is_err() {
+                    // Unwatched (the run is being let go): never.
+                    futures::future::pending::<()>().await;
+                }
+            });
+        }
         let (ledger, run_id) = (self.ledger.clone(), self.lease.run_id);
         Box::pin(async move {
             loop {

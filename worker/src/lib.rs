@@ -13,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cancel_watch;
 pub mod consumer;
 pub mod metrics;
 pub mod trace;

@@ -279,8 +279,16 @@ async fn ledger_survives_a_redis_restart() {
     let run = Uuid::now_v7();
     let mut live = ledger.subscribe_live(run).await.unwrap();
     let mut cancellations = ledger.subscribe_cancellations().await.unwrap();
+    // A worker's watch: each cancel as it is flagged, a marker after a
+    // resubscription (what was flagged meanwhile is read back by id).
+    let mut watch = ledger
+        .watch_cancellations()
+        .await
+        .unwrap()
+        .expect("Redis announces");
     ledger.cancel(run).await.unwrap();
     assert_eq!(next(&mut cancellations).await, run);
+    assert_eq!(next(&mut watch).await, Some(run));
     ledger.publish_live(run, &delta("before")).await.unwrap();
     assert_eq!(next(&mut live).await, delta("before"));
 
@@ -309,8 +317,19 @@ async fn ledger_survives_a_redis_restart() {
         !ledger.is_cancelled(run).await.unwrap(),
         "a restarted Redis without persistence lost the flag (the log keeps the truth)"
     );
+    // The watch says it resubscribed: nothing it missed is announced, so
+    // a worker reads its runs' flags, in one round trip.
+    assert_eq!(
+        within(60, "the watch's resubscription", watch.next()).await,
+        Some(None)
+    );
     ledger.cancel(run).await.unwrap();
     assert!(ledger.is_cancelled(run).await.unwrap());
+    let other = Uuid::now_v7();
+    assert_eq!(
+        ledger.cancelled_among(&[other, run]).await.unwrap(),
+        vec![run]
+    );
 
     // Subscriptions opened before the restart resubscribe by themselves;
     // what was published while they were away is lost, so publish until

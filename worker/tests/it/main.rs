@@ -6,6 +6,7 @@ mod common;
 mod observed;
 
 mod cancel_grace;
+mod cancel_watch;
 mod consumer;
 mod held_results;
 mod lease_release;
