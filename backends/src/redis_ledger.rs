@@ -381,7 +381,7 @@ impl Ledger for RedisLedger {
             self.client.clone(),
             self.cancel_channel(),
             Some(None),
-            |bytes| Some(std::str::from_utf8(bytes).ok()?.parse().ok()),
+            |bytes| std::str::from_utf8(bytes).ok()?.parse().ok().map(Some),
         )
         .await?;
         Ok(Some(stream))

@@ -409,12 +409,27 @@ impl<W: Wire> HttpProvider<W> {
                             o.rate_limit_wait(self.wire.provider(), &request.model, waited);
                         }
                     }
-                    permit.map(|p| (limiter.clone(), key, p))
+                    Some((limiter.clone(), key, permit))
                 }
                 None => None,
             };
             let result = self.exchange(request, live).await;
-            if let Some((limiter, key, permit)) = permit {
+            let Some((limiter, key, permit)) = permit else {
+                return result;
+            };
+            // A 429's `retry-after` holds every worker's calls of the key,
+            // whether or not this call needed a permit (a key with no cap
+            // takes none).
+            if let Err(CallError::RateLimited {
+                retry_after: Some(wait),
+                ..
+            }) = &result
+            {
+                limiter
+                    .cooldown_quietly(&key, *wait, self.clock.now_ms())
+                    .await;
+            }
+            if let Some(permit) = permit {
                 // Charge what the provider consumed: the answer's usage; for a
                 // cut stream the input it read; nothing for a refused request.
                 let used = match &result {
@@ -433,15 +448,6 @@ impl<W: Wire> HttpProvider<W> {
                 limiter
                     .settle_quietly(&permit, used, self.clock.now_ms())
                     .await;
-                if let Err(CallError::RateLimited {
-                    retry_after: Some(wait),
-                    ..
-                }) = &result
-                {
-                    limiter
-                        .cooldown_quietly(&key, *wait, self.clock.now_ms())
-                        .await;
-                }
             }
             result
         })

@@ -22,7 +22,7 @@
 //!    reservation waits for it.
 //!
 //! Each reservation carries a request id. The script records its answer
-//! under that id, and settlement marks it settled, so a script call retried
+//! under that id, and settlement deletes it, so a script call retried
 //! after a lost reply (the connection manager returns the in-flight error)
 //! never counts twice. Times come from the caller's [`Clock`] (Unix ms), so
 //! tests drive the buckets with a scaled clock.

@@ -109,8 +109,11 @@ return till
 /// record lasts the wait and a minute more.
 const RECORD_TTL_MS: u64 = 15 * 60 * 1000;
 /// How long a key's cooldown, once read, is taken as known when no cap
-/// applies to it, ms (clock time).
+/// applies to it, ms.
 const COOLDOWN_READ_EVERY_MS: u64 = 1000;
+
+/// A cooldown as last read: clock ms then, the instant then, its end (clock ms).
+type Known = (u64, std::time::Instant, u64);
 /// Script calls are retried this many times with the same request id.
 const SCRIPT_TRIES: usize = 3;
 
@@ -124,9 +127,9 @@ pub struct RateLimiter {
     reserve: Script,
     settle: Script,
     cooldown: Script,
-    /// Uncapped keys' cooldowns as last read: cooldown key → (read at, ends
-    /// at), Unix ms.
-    cooldowns: std::sync::Arc<std::sync::Mutex<HashMap<String, (u64, u64)>>>,
+    /// Uncapped keys' cooldowns as last read: cooldown key → (read at, clock
+    /// ms; read at, monotonic; ends at, clock ms).
+    cooldowns: std::sync::Arc<std::sync::Mutex<HashMap<String, Known>>>,
 }
 
 impl std::fmt::Debug for RateLimiter {
@@ -359,15 +362,13 @@ impl RateLimiter {
                 &[now_ms, u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)],
             )
             .await?;
-        self.cooldowns
-            .lock()
-            .expect("the cooldown cache is never poisoned")
-            .insert(cooldown, (now_ms, till));
+        self.remember(cooldown, now_ms, till);
         Ok(till)
     }
 
     /// When the cooldown of `key` ends (Unix ms; 0 for none), as read from
-    /// Redis at most every [`COOLDOWN_READ_EVERY_MS`] of clock time.
+    /// Redis at most every [`COOLDOWN_READ_EVERY_MS`] (of clock time and of
+    /// real time both: a test clock that stands still reads again).
     async fn cooldown_until(&self, key: &RateKey, now_ms: u64) -> Result<u64, RateLimitError> {
         let (_, cooldown) = self.keys(key);
         let known = self
@@ -376,9 +377,10 @@ impl RateLimiter {
             .expect("the cooldown cache is never poisoned")
             .get(&cooldown)
             .copied();
-        if let Some((read_at, till)) = known
+        if let Some((read_at, read_when, till)) = known
             && now_ms >= read_at
             && now_ms - read_at < COOLDOWN_READ_EVERY_MS
+            && read_when.elapsed() < Duration::from_millis(COOLDOWN_READ_EVERY_MS)
         {
             return Ok(till);
         }
@@ -388,12 +390,24 @@ impl RateLimiter {
             .arg("until")
             .query_async(&mut conn)
             .await?;
-        let till = till.unwrap_or(0);
-        self.cooldowns
+        Ok(self.remember(cooldown, now_ms, till.unwrap_or(0)))
+    }
+
+    /// Keep what is known of a cooldown (a cooldown only grows while it
+    /// lasts, so a read that finishes after a newer end was stored keeps
+    /// the later end); answers the end kept.
+    fn remember(&self, cooldown: String, now_ms: u64, till: u64) -> u64 {
+        let mut known = self
+            .cooldowns
             .lock()
-            .expect("the cooldown cache is never poisoned")
-            .insert(cooldown, (now_ms, till));
-        Ok(till)
+            .expect("the cooldown cache is never poisoned");
+        // Bounded: keys come from run configs' model names.
+        if known.len() >= 4096 && !known.contains_key(&cooldown) {
+            known.clear();
+        }
+        let till = known.get(&cooldown).map_or(till, |k| k.2.max(till));
+        known.insert(cooldown, (now_ms, std::time::Instant::now(), till));
+        till
     }
 
     /// How long the cooldown of `key` still lasts at `now_ms`, if any.

@@ -12,9 +12,12 @@
 //! local reads) is polled per run as before.
 //!
 //! A run is watched from when its lease is taken until it is let go
-//! ([`CancelWatch::watch`] answers a [`Watched`] that stops on drop). The
-//! flag is also read at each commit ([`Ledger::signal`]), which covers a
-//! cancel flagged before the run was watched.
+//! ([`CancelWatch::watch`] answers a [`Watched`] that stops on drop); its
+//! flag is read once when it is watched (a cancel flagged before), and at
+//! each commit ([`Ledger::signal`]). When the subscription cannot be made
+//! (Redis down as the worker starts) it is tried again every
+//! [`RESUBSCRIBE_EVERY`], with the catch-up read once it is made; runs
+//! still end on their flags read at commits meanwhile.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -31,10 +34,23 @@ use uuid::Uuid;
 /// noticing.
 pub const SAFETY_POLL: Duration = Duration::from_secs(30);
 
+/// How often a subscription that could not be made is tried again.
+pub const RESUBSCRIBE_EVERY: Duration = Duration::from_secs(5);
+
 /// The runs a worker watches, each with the sender of its flag.
 pub struct CancelWatch {
     runs: Mutex<HashMap<Uuid, (u64, watch::Sender<bool>)>>,
     next: std::sync::atomic::AtomicU64,
+    /// The task serving it, stopped when the watch is dropped.
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for CancelWatch {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            task.abort();
+        }
+    }
 }
 
 /// A watched run: its flag (true once cancelled); unwatched on drop.
@@ -44,6 +60,18 @@ pub struct Watched {
     watch: Arc<CancelWatch>,
     /// Becomes true when the run is flagged as cancelled.
     pub cancelled: watch::Receiver<bool>,
+}
+
+impl Watched {
+    /// The run watched.
+    pub fn run_id(&self) -> Uuid {
+        self.run
+    }
+
+    /// Flag the run as cancelled (its flag was read set).
+    pub fn flag(&self) {
+        self.watch.flag(self.run);
+    }
 }
 
 impl Drop for Watched {
@@ -58,22 +86,25 @@ impl Drop for Watched {
 impl CancelWatch {
     /// Subscribe to `ledger`'s cancellations and serve them to watched
     /// runs on a task of its own (ending when the watch is dropped).
-    /// `None` when the ledger announces nothing, or its subscription
-    /// cannot be made now (logged): runs then poll their flags.
+    /// `None` when the ledger announces nothing: runs then poll their
+    /// flags. A subscription that cannot be made now is tried again in the
+    /// background (logged).
     pub async fn start(ledger: Arc<dyn Ledger>) -> Option<Arc<CancelWatch>> {
         let stream = match ledger.watch_cancellations().await {
-            Ok(Some(stream)) => stream,
+            Ok(Some(stream)) => Some(stream),
             Ok(None) => return None,
             Err(e) => {
-                warn!(error = %e, "cannot watch cancellations; each run polls its cancel flag");
-                return None;
+                warn!(error = %e, "cannot watch cancellations yet; trying again every {} s", RESUBSCRIBE_EVERY.as_secs());
+                None
             }
         };
         let watch = Arc::new(CancelWatch {
             runs: Mutex::new(HashMap::new()),
             next: std::sync::atomic::AtomicU64::new(0),
+            task: Mutex::new(None),
         });
-        tokio::spawn(serve(Arc::downgrade(&watch), ledger, stream));
+        let task = tokio::spawn(serve(Arc::downgrade(&watch), ledger, stream));
+        *watch.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         Some(watch)
     }
 
@@ -110,12 +141,30 @@ impl CancelWatch {
     }
 }
 
-/// Serve announcements and catch-up reads until the watch is dropped.
+/// Serve announcements and catch-up reads until the watch is dropped;
+/// without a subscription (`stream` `None`), make one first.
 async fn serve(
     watch: Weak<CancelWatch>,
     ledger: Arc<dyn Ledger>,
-    mut stream: futures::stream::BoxStream<'static, Option<Uuid>>,
+    stream: Option<futures::stream::BoxStream<'static, Option<Uuid>>>,
 ) {
+    let mut stream = match stream {
+        Some(stream) => stream,
+        None => loop {
+            tokio::time::sleep(RESUBSCRIBE_EVERY).await;
+            if watch.strong_count() == 0 {
+                return;
+            }
+            match ledger.watch_cancellations().await {
+                // Subscribed at last: read what was flagged meanwhile.
+                Ok(Some(stream)) => {
+                    break futures::stream::once(async { None }).chain(stream).boxed();
+                }
+                Ok(None) => return,
+                Err(e) => debug!(error = %e, "cancellations not watched yet"),
+            }
+        },
+    };
     let mut poll = tokio::time::interval(SAFETY_POLL);
     poll.tick().await;
     loop {

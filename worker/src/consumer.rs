@@ -283,6 +283,13 @@ impl Worker {
         let _ = slots
             .acquire_many(self.options.concurrency.max(1) as u32)
             .await;
+        // Its subscription ends with it.
+        drop(
+            self.cancels
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         info!(worker = %self.options.id, "worker stopped");
     }
 
@@ -343,13 +350,19 @@ impl Worker {
         ack(delivery, ()).await;
         let (mut heartbeat, renewed) =
             Heartbeat::start(self.log.clone(), self.options.lease_ttl, lease.clone());
-        // Watched while in hand, so that a cancel reaches a call under way.
-        let watched = self
+        // Watched while in hand, so that a cancel reaches a call under way;
+        // one flagged before it was watched is read once now.
+        let cancels = self
             .cancels
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|w| w.watch(run_id));
+            .clone();
+        let watched = cancels.map(|w| w.watch(run_id));
+        if let Some(w) = &watched
+            && self.ledger.is_cancelled(run_id).await.unwrap_or(false)
+        {
+            w.flag();
+        }
         let mut released = false;
         let mut retry_after = None;
         let handled = self
@@ -850,16 +863,16 @@ impl EventSink for LogSink {
     /// polls the run's cancel flag in the ledger every [`CANCEL_POLL`] (a
     /// ledger that does not answer counts as not cancelled).
     fn cancelled(&self) -> futures::future::BoxFuture<'_, ()> {
-        if let Some(mut flag) = self.cancelled.clone() {
-            return Box::pin(async move {
-                if flag.wait_for(|cancelled| *cancelled).await.is_err() {
-                    // Unwatched (the run is being let go): never.
-                    futures::future::pending::<()>().await;
-                }
-            });
-        }
         let (ledger, run_id) = (self.ledger.clone(), self.lease.run_id);
+        let watched = self.cancelled.clone();
         Box::pin(async move {
+            if let Some(mut flag) = watched
+                && flag.wait_for(|cancelled| *cancelled).await.is_ok()
+            {
+                return;
+            }
+            // No watch, or no longer watched (the run was taken up again
+            // in this worker): poll.
             loop {
                 tokio::time::sleep(CANCEL_POLL).await;
                 if ledger.is_cancelled(run_id).await.unwrap_or(false) {

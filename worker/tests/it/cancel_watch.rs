@@ -23,6 +23,8 @@ struct Announcing {
     announce: Mutex<Option<mpsc::UnboundedReceiver<Option<Uuid>>>>,
     /// Per-run flag reads (`is_cancelled`, `signal`) and batch reads.
     reads: Mutex<(usize, usize)>,
+    /// Subscriptions to refuse (the store is down) before one is made.
+    refuse: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
@@ -47,6 +49,11 @@ impl Ledger for Announcing {
     async fn watch_cancellations(
         &self,
     ) -> Result<Option<BoxStream<'static, Option<Uuid>>>, LedgerError> {
+        let refuse = &self.refuse;
+        if refuse.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            refuse.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(LedgerError::Unavailable("down".into()));
+        }
         let rx = self.announce.lock().unwrap().take().expect("watched once");
         Ok(Some(
             futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
@@ -242,4 +249,30 @@ async fn a_model_call_in_flight_is_cancelled_by_the_announcement() {
     );
     let _ = stop.send(true);
     relay.abort();
+}
+
+/// A store down when the worker starts: the watch is made anyway and
+/// subscribes once the store answers, then reads what was flagged
+/// meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_watch_made_while_the_store_is_down_subscribes_later() {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let ledger = Arc::new(Announcing {
+        announce: Mutex::new(Some(rx)),
+        refuse: std::sync::atomic::AtomicUsize::new(2),
+        ..Default::default()
+    });
+    let watch = CancelWatch::start(ledger.clone())
+        .await
+        .expect("made anyway");
+    let run = Uuid::now_v7();
+    let mut watched = watch.watch(run);
+    ledger.cancel(run).await.unwrap();
+    flagged(&mut watched.cancelled).await;
+    assert_eq!(ledger.refuse.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // Subscribed now: announcements arrive.
+    let other = watch.watch(Uuid::now_v7());
+    let mut other_flag = other.cancelled.clone();
+    tx.send(Some(other.run_id())).unwrap();
+    flagged(&mut other_flag).await;
 }
