@@ -2006,7 +2006,10 @@ impl Agent {
         // running then is abandoned (its task aborted) as `outcome_unknown`.
         let cancel = run.sink.cancelled().shared();
         let (sink, step_tools) = (&*run.sink, &run.state.step_tools);
-        let (recorded, messages) = (&run.state.config.recorded_tools, &run.state.messages);
+        let (recorded, messages) = (
+            run.state.config.recorded_tools.as_ref(),
+            &run.state.messages,
+        );
         // The marks refreshed while the calls run, each refresh bounded.
         let marks = async {
             loop {
@@ -2037,12 +2040,12 @@ impl Agent {
                 let started = clock.now();
                 let progress = |message: String| sink.live(&LiveEvent::ToolProgress { call_id: ctx.call_id.clone(), message });
                 let work = async {
-                    match sourced {
+                    match (recorded, sourced) {
                         _ if name == OUTPUT_TOOL => Ok("Output accepted.".into()),
                         // A run answered from a recording runs no tool.
-                        _ if recorded.is_some() => recorded_answer(recorded, messages, &ctx.call_id, name, input),
-                        Some((spec, sources)) => sources.execute(spec, input.clone(), &ctx, &progress).await,
-                        None => self.tools.execute(name, input.clone(), ctx.clone()).await.map(ToolContent::from),
+                        (Some(recorded), _) => recorded_answer(recorded, messages, &ctx.call_id, name, input),
+                        (None, Some((spec, sources))) => sources.execute(spec, input.clone(), &ctx, &progress).await,
+                        (None, None) => self.tools.execute(name, input.clone(), ctx.clone()).await.map(ToolContent::from),
                     }
                 };
                 let result = tokio::select! {
@@ -2560,23 +2563,19 @@ impl Agent {
     }
 }
 
-/// A worker's registered tool or an external tool with the tenant's
-/// `tool_policy` for its name applied (approval, idempotency, timeout,
-/// hand-off) and its [`ResolvedPolicy`] recorded.
 /// What a recording answers a call ([`glia_proto::recorded::RecordedTools::answer`]):
 /// a call it does not have fails, and nothing runs.
 fn recorded_answer(
-    recorded: &Option<glia_proto::recorded::RecordedTools>,
+    recorded: &glia_proto::recorded::RecordedTools,
     messages: &[glia_proto::Message],
     call_id: &str,
     name: &str,
     input: &Value,
 ) -> Result<ToolContent, ToolFailure> {
-    let recorded = recorded.as_ref().expect("called for a recorded run");
     match recorded.answer(messages, call_id, name, input) {
         Ok(Ok(content)) => Ok(content),
-        Ok(Err(message)) => Err(ToolFailure::failed(message)),
-        Err(missing) => Err(ToolFailure::failed(missing)),
+        // The recorded tool's error, or a call the recording lacks.
+        Ok(Err(message)) | Err(message) => Err(ToolFailure::failed(message)),
     }
 }
 
@@ -2588,7 +2587,9 @@ fn recorded_spec(config: &RunConfig, t: &glia_proto::recorded::RecordedToolSpec)
         name: t.name.clone(),
         description: t.description.clone(),
         input_schema: t.input_schema.clone(),
-        idempotent: t.idempotent,
+        // Answering from a recording has no effect: a call a crash
+        // interrupted is answered again, never `outcome_unknown`.
+        idempotent: true,
         timeout_ms: 30_000,
         external: false,
         return_direct: false,
@@ -2600,23 +2601,22 @@ fn recorded_spec(config: &RunConfig, t: &glia_proto::recorded::RecordedToolSpec)
         max_result_bytes: None,
         output_schema: None,
     };
+    // The tenant's `tool_policy` may not make it otherwise.
     let mut spec = with_tenant_policy(config, spec);
-    // Answering from a recording has no effect: a call a crash interrupted
-    // is answered again, never `outcome_unknown`.
     spec.idempotent = true;
     if let Some(policy) = spec.policy.as_mut() {
         policy.idempotent = true;
-    }
-    if let Some(policy) = spec.policy.as_mut()
-        && t.requires_approval
-        && !policy.requires_approval
-    {
-        policy.requires_approval = true;
-        policy.approval_by = crate::tool_sources::tenant_origin(config);
+        if t.requires_approval && !policy.requires_approval {
+            policy.requires_approval = true;
+            policy.approval_by = crate::tool_sources::tenant_origin(config);
+        }
     }
     spec
 }
 
+/// A worker's registered tool or an external tool with the tenant's
+/// `tool_policy` for its name applied (approval, idempotency, timeout,
+/// hand-off) and its [`ResolvedPolicy`] recorded.
 fn with_tenant_policy(config: &RunConfig, mut tool: ToolSpec) -> ToolSpec {
     let tenant = config
         .tool_policy_for(&tool.name)

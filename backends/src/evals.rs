@@ -587,6 +587,10 @@ mod pg {
 
     const EXPERIMENT: &str = "id, tenant, name, idempotency_key, request_hash, spec, batches, state, created_at, finished_at";
     const INFO: &str = "tenant, name, version, content_hash, case_count, created_at";
+    /// The dataset `dataset` and `dataset_info` answer: `$1` tenant (NULL:
+    /// any), `$2` name, `$3` version (NULL: the latest).
+    const PICK_DATASET: &str = "FROM eval_datasets WHERE ($1::text IS NULL OR tenant = $1) AND name = $2 \
+         AND ($3::int IS NULL OR version = $3) ORDER BY version DESC LIMIT 1";
 
     fn info(row: &Row) -> Result<DatasetInfo, LogError> {
         Ok(DatasetInfo {
@@ -694,10 +698,7 @@ mod pg {
                 let version = version.map(|v| v.min(i32::MAX as u32) as i32);
                 let row = client
                     .query_opt(
-                        &format!(
-                            "SELECT {INFO}, cases FROM eval_datasets WHERE ($1::text IS NULL OR tenant = $1) AND name = $2 \
-                             AND ($3::int IS NULL OR version = $3) ORDER BY version DESC LIMIT 1"
-                        ),
+                        &format!("SELECT {INFO}, cases {PICK_DATASET}"),
                         &[&tenant, &name, &version],
                     )
                     .await
@@ -724,10 +725,7 @@ mod pg {
                 let version = version.map(|v| v.min(i32::MAX as u32) as i32);
                 let row = client
                     .query_opt(
-                        &format!(
-                            "SELECT {INFO} FROM eval_datasets WHERE ($1::text IS NULL OR tenant = $1) AND name = $2 \
-                             AND ($3::int IS NULL OR version = $3) ORDER BY version DESC LIMIT 1"
-                        ),
+                        &format!("SELECT {INFO} {PICK_DATASET}"),
                         &[&tenant, &name, &version],
                     )
                     .await

@@ -8,6 +8,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
+use glia_proto::json::integral_numbers;
 use serde::de::DeserializeOwned;
 
 use crate::app::App;
@@ -284,33 +285,5 @@ mod mime_lite {
         pub fn is_json(&self) -> bool {
             self.ty == "application" && (self.subtype == "json" || self.subtype.ends_with("+json"))
         }
-    }
-}
-
-/// JSON Schema (and so the OpenAPI document) counts a number with a zero
-/// fraction as an integer (`5.0` is an `integer`); serde's integer fields do
-/// not. Rewrite such numbers that fit an `i64` or `u64` as integers
-/// everywhere in the body, so that what the document allows is what the
-/// server accepts. (The same number, in JSON terms.)
-pub(crate) fn integral_numbers(value: &mut serde_json::Value) {
-    // 2^64 and -2^63, exactly representable as f64.
-    const U64_END: f64 = 18_446_744_073_709_551_616.0;
-    const I64_MIN: f64 = -9_223_372_036_854_775_808.0;
-    match value {
-        serde_json::Value::Number(n) if n.is_f64() => {
-            let Some(f) = n.as_f64() else { return };
-            if f.fract() != 0.0 {
-                return;
-            }
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            if (0.0..U64_END).contains(&f) {
-                *n = serde_json::Number::from(f as u64);
-            } else if (I64_MIN..0.0).contains(&f) {
-                *n = serde_json::Number::from(f as i64);
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(integral_numbers),
-        serde_json::Value::Object(map) => map.values_mut().for_each(integral_numbers),
-        _ => {}
     }
 }

@@ -79,7 +79,6 @@ pub fn case_from_run(id: &str, events: &[Event]) -> Result<Case, String> {
                         name: t.name.clone(),
                         description: t.description.clone(),
                         input_schema: t.input_schema.clone(),
-                        idempotent: t.idempotent,
                         requires_approval: t.requires_approval(),
                     });
                 }

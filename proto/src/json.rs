@@ -60,3 +60,32 @@ pub fn json_type(value: &Value) -> &'static str {
         Value::Object(_) => "object",
     }
 }
+
+/// Rewrite every number with a zero fraction that fits an `i64` or `u64`
+/// as an integer, everywhere in `value` (the same number, in JSON terms).
+/// JSON Schema counts `5.0` as an `integer` and serde's integer fields do
+/// not: the dispatcher rewrites request bodies so, so that what its
+/// OpenAPI document allows is what it accepts; recorded tool arguments are
+/// compared so ([`crate::recorded`]).
+pub fn integral_numbers(value: &mut Value) {
+    // 2^64 and -2^63, exactly representable as f64.
+    const U64_END: f64 = 18_446_744_073_709_551_616.0;
+    const I64_MIN: f64 = -9_223_372_036_854_775_808.0;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let Some(f) = n.as_f64() else { return };
+            if f.fract() != 0.0 {
+                return;
+            }
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            if (0.0..U64_END).contains(&f) {
+                *n = serde_json::Number::from(f as u64);
+            } else if (I64_MIN..0.0).contains(&f) {
+                *n = serde_json::Number::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_numbers),
+        Value::Object(map) => map.values_mut().for_each(integral_numbers),
+        _ => {}
+    }
+}

@@ -47,7 +47,8 @@ pub struct RecordedTools {
     pub calls: Vec<RecordedCall>,
 }
 
-/// One tool as a recording offered it.
+/// One tool as a recording offered it. Offered idempotent whatever it was
+/// (answering from the recording runs nothing).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -63,9 +64,6 @@ pub struct RecordedToolSpec {
         schemars(with = "crate::tool_schema::ToolInputSchema")
     )]
     pub input_schema: Value,
-    /// Calls may run twice (a call a crash interrupted is answered again).
-    #[serde(default)]
-    pub idempotent: bool,
     /// Calls need a person's approval whatever the run's policies say (the
     /// recorded tool's source required it: an MCP annotation, the
     /// operator's catalogue).
@@ -213,24 +211,11 @@ impl RecordedTools {
 }
 
 /// What two arguments are compared by: canonical JSON, integral numbers
-/// as integers.
+/// as integers ([`crate::json::integral_numbers`]).
 fn key(input: &Value) -> String {
-    fn integral(v: &Value) -> Value {
-        match v {
-            Value::Number(n) => match n.as_f64() {
-                Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                    Value::from(f as i64)
-                }
-                _ => v.clone(),
-            },
-            Value::Array(items) => Value::Array(items.iter().map(integral).collect()),
-            Value::Object(map) => {
-                Value::Object(map.iter().map(|(k, v)| (k.clone(), integral(v))).collect())
-            }
-            _ => v.clone(),
-        }
-    }
-    canonical_json(&integral(input))
+    let mut input = input.clone();
+    crate::json::integral_numbers(&mut input);
+    canonical_json(&input)
 }
 
 /// `text` cut to at most `max` characters, `…` marking a cut.

@@ -18,6 +18,10 @@ use crate::evals::{
 
 const EXPERIMENT: &str = "id, tenant, name, idempotency_key, request_hash, spec, batches, state, created_at, finished_at";
 const INFO: &str = "tenant, name, version, content_hash, case_count, created_at";
+/// The dataset `dataset` and `dataset_info` answer: `?1` tenant (NULL:
+/// any), `?2` name, `?3` version (NULL: the latest).
+const PICK_DATASET: &str = "FROM eval_datasets WHERE (?1 IS NULL OR tenant = ?1) AND name = ?2 \
+     AND (?3 IS NULL OR version = ?3) ORDER BY version DESC LIMIT 1";
 
 fn at(t: DateTime<Utc>) -> i64 {
     nanos(crate::schedules::micros(t))
@@ -157,10 +161,7 @@ impl EvalStore for SqliteLog {
         self.store
             .read("dataset", move |conn| {
                 conn.query_row(
-                    &format!(
-                        "SELECT {INFO}, cases FROM eval_datasets WHERE (?1 IS NULL OR tenant = ?1) AND name = ?2 \
-                         AND (?3 IS NULL OR version = ?3) ORDER BY version DESC LIMIT 1"
-                    ),
+                    &format!("SELECT {INFO}, cases {PICK_DATASET}"),
                     params![tenant, name, version],
                     |row| {
                         Ok(info(row).and_then(|info| {
@@ -189,10 +190,7 @@ impl EvalStore for SqliteLog {
         self.store
             .read("dataset info", move |conn| {
                 conn.query_row(
-                    &format!(
-                        "SELECT {INFO} FROM eval_datasets WHERE (?1 IS NULL OR tenant = ?1) AND name = ?2 \
-                         AND (?3 IS NULL OR version = ?3) ORDER BY version DESC LIMIT 1"
-                    ),
+                    &format!("SELECT {INFO} {PICK_DATASET}"),
                     params![tenant, name, version],
                     |row| Ok(info(row)),
                 )

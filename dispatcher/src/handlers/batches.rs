@@ -22,7 +22,8 @@ use crate::admission::idempotency_key;
 use crate::app::App;
 use crate::auth::{Principal, Scope};
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{ApiJson, ApiPath, ApiQuery, OptJson, conforms, integral_numbers, is_json};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, OptJson, conforms, is_json};
+use glia_proto::json::integral_numbers;
 
 use crate::batches::*;
 use crate::model::batches::*;
