@@ -229,11 +229,15 @@ BatchProgressEventDoc, "BatchProgressEvent", json!({
         "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {"$ref": "#/components/schemas/BatchView"}}}
 }));
 
-const PULL_POINTS: [&str; 5] = [
+/// Every `glia_proto::PullPoint` kind (`PullPoint::name`).
+const PULL_POINTS: [&str; 7] = [
     "awaiting_tool",
     "awaiting_approval",
     "awaiting_input",
     "paused",
+    // Issue 32, waits.
+    "awaiting_timer",
+    "awaiting_event",
     // Issue 32, child runs.
     "awaiting_children",
 ];
@@ -267,7 +271,14 @@ fn pull_point_json() -> Value {
     json!({
         "type": ["object", "null"],
         "required": ["kind"],
-        "properties": {"kind": {"enum": PULL_POINTS}, "call_ids": {"type": "array", "items": {"type": "string"}}, "reason": {"type": "object"}}
+        "properties": {
+            "kind": {"enum": PULL_POINTS},
+            "call_ids": {"type": "array", "items": {"type": "string"}, "description": "The calls waited on (every kind but `awaiting_input` and `paused`; empty for a delayed start)."},
+            "reason": {"type": "object", "description": "`paused`: why."},
+            "wake_at_ms": {"type": "integer", "description": "`awaiting_timer`: the earliest due time, Unix ms."},
+            "keys": {"type": "array", "items": {"type": "string"}, "description": "`awaiting_event`: the event keys waited for."},
+            "timeout_at_ms": {"type": ["integer", "null"], "description": "`awaiting_event`: when something is due without an event, Unix ms."}
+        }
     })
 }
 
@@ -285,7 +296,13 @@ RunSummaryDoc, "RunSummary", json!({
         "status": {"enum": ["runnable", "parked", "done"]},
         "phase": {"enum": ["idle", "planning", "executing", "awaiting_tool", "reflecting", "done"]},
         "pull_point": pull_point_json(),
-        "outcome": {"type": ["object", "null"], "required": ["kind"], "properties": {"kind": {"enum": ["succeeded", "failed", "cancelled"]}}},
+        "outcome": {"type": ["object", "null"], "required": ["kind"], "description": "How a done run ended (`glia_proto::Outcome`).", "properties": {
+            "kind": {"enum": ["succeeded", "failed", "cancelled"]},
+            "answer": {"type": "string", "description": "`succeeded`: the final answer."},
+            "output": {"description": "`succeeded`: the validated structured output, when the run has an output schema."},
+            "error": {"type": "string", "description": "`failed`: why."},
+            "reason": {"type": "string", "description": "`cancelled`: why."}
+        }},
         "head_seq": {"type": "integer", "minimum": 0},
         "created_at": {"type": "string", "format": "date-time"},
         "updated_at": {"type": "string", "format": "date-time"},
