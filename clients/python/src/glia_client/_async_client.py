@@ -1,0 +1,496 @@
+"""The asynchronous client, :class:`AsyncClient`: :class:`Client`'s methods
+as coroutines (asyncio or trio, through httpx and anyio). Both send what
+``_ops`` builds and follow ``_core``'s retry and stream state; only the
+sending and sleeping differ."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+from httpx_sse import EventSource
+
+from . import _ops as ops
+from . import models
+from ._core import (
+    BATCH_ENDED,
+    TRANSIENT_STATUSES,
+    AppliedAgent,
+    Call,
+    EventFollow,
+    Outage,
+    ResultsRead,
+    Settings,
+    StreamBroken,
+    WaitPlan,
+    batch_frame,
+    describe,
+    retry_after,
+    transient_why,
+)
+from .errors import WaitTimeout
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """An asynchronous client of the glia dispatcher's HTTP API: every method
+    of :class:`~glia_client.Client`, awaited (iterators are async
+    iterators). Arguments as :class:`~glia_client.Client`'s; ``http`` is an
+    ``httpx.AsyncClient``. Use ``async with``, or ``await aclose()``."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        *,
+        max_outage: float | None = None,
+        timeout: httpx.Timeout | float | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        url = base_url or os.environ.get("GLIA_URL") or "http://127.0.0.1:8080"
+        self._settings = Settings(
+            base_url=url.rstrip("/"),
+            token=token if token is not None else os.environ.get("GLIA_TOKEN"),
+        )
+        if max_outage is not None:
+            self._settings.max_outage = max_outage
+        if timeout is not None:
+            self._settings.timeout = (
+                timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+            )
+        self._own = http is None
+        self._http = http or httpx.AsyncClient()
+        self._http.base_url = httpx.URL(self._settings.base_url)
+
+    # --- plumbing ---------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the connections (not those of an ``http`` client passed in)."""
+        if self._own:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _call(self, call: Call[T]) -> T:
+        outage = Outage(self._settings, call.endpoint.idempotent)
+        request = call.request(self._http, self._settings)
+        while True:
+            outage.attempts += 1
+            try:
+                response = await self._http.send(request)
+            except httpx.TransportError as e:
+                await anyio.sleep(outage.transport_failed(e))
+                continue
+            if response.status_code in TRANSIENT_STATUSES:
+                why = transient_why(response.status_code, response.content)
+                await anyio.sleep(outage.failed(why, retry_after(response.headers)))
+                continue
+            return call.result(response.status_code, response.content, outage.attempts)  # type: ignore[return-value]
+
+    async def _open(
+        self, call: Call[Any], outage: Outage, timeout: httpx.Timeout
+    ) -> httpx.Response:
+        while True:
+            outage.attempts += 1
+            request = call.request(self._http, self._settings, timeout=timeout)
+            try:
+                response = await self._http.send(request, stream=True)
+            except httpx.TransportError as e:
+                await anyio.sleep(outage.transport_failed(e))
+                continue
+            if response.status_code in TRANSIENT_STATUSES:
+                content = await response.aread()
+                await response.aclose()
+                why = transient_why(response.status_code, content)
+                await anyio.sleep(outage.failed(why, retry_after(response.headers)))
+                continue
+            if not 200 <= response.status_code < 300:
+                content = await response.aread()
+                await response.aclose()
+                raise call.error(response.status_code, content, outage.attempts)
+            return response
+
+    # --- runs ---------------------------------------------------------------
+
+    async def submit(
+        self,
+        goal: str,
+        *,
+        config: Mapping[str, Any] | models.RunConfig | None = None,
+        agent: str | None = None,
+        batch_id: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        start_at: datetime | str | None = None,
+        idempotency_key: str | None = None,
+    ) -> models.RunSummary:
+        """As :meth:`Client.submit`."""
+        return await self._call(
+            ops.submit(
+                goal,
+                config=config,
+                agent=agent,
+                batch_id=batch_id,
+                tags=tags,
+                metadata=metadata,
+                start_at=start_at,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    async def get_run(self, run_id: str) -> models.RunSummary:
+        """As :meth:`Client.get_run`."""
+        return await self._call(ops.get_run(str(run_id)))
+
+    async def list_runs(self, **filters: Any) -> models.RunPage:
+        """As :meth:`Client.list_runs`."""
+        return await self._call(ops.list_runs(**filters))
+
+    async def iter_runs(self, **filters: Any) -> AsyncIterator[models.RunSummary]:
+        """As :meth:`Client.iter_runs`."""
+        cursor = filters.pop("cursor", None)
+        while True:
+            page = await self.list_runs(cursor=cursor, **filters)
+            for run in page.runs:
+                yield run
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def events(
+        self, run_id: str, *, after: int = 0, limit: int | None = None
+    ) -> models.EventPage:
+        """As :meth:`Client.events`."""
+        return await self._call(ops.events(str(run_id), after, limit))
+
+    async def iter_events(self, run_id: str, *, after: int = 0) -> AsyncIterator[models.Event]:
+        """As :meth:`Client.iter_events`."""
+        while True:
+            page = await self.events(run_id, after=after, limit=1000)
+            for event in page.events:
+                yield event
+            if not page.events or page.next_after >= page.head_seq:
+                return
+            after = page.next_after
+
+    async def stream(
+        self, run_id: str, *, after: int = 0, include_live: bool = False
+    ) -> AsyncIterator[models.Event | models.LiveEvent]:
+        """As :meth:`Client.stream`: every event once, in order, resumed with
+        ``Last-Event-ID`` across disconnects."""
+        follow = EventFollow(
+            str(run_id), after, Outage(self._settings), include_live=include_live
+        )
+        async for item in self._follow(follow):
+            yield item
+
+    async def _follow(
+        self, follow: EventFollow
+    ) -> AsyncIterator[models.Event | models.LiveEvent]:
+        while True:
+            response = await self._open(follow.call(), follow.outage, follow.timeout())
+            follow.connected()
+            try:
+                async for sse in EventSource(response).aiter_sse():
+                    item = follow.on_frame(sse.event, sse.data)
+                    if item is not None:
+                        yield item
+                    if follow.finished:
+                        return
+                why = "the stream ended before the run did"
+            except httpx.TransportError as e:
+                why = describe(e)
+            except StreamBroken as e:
+                why = str(e)
+            finally:
+                await response.aclose()
+            await anyio.sleep(follow.broken(why))
+
+    async def wait(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        until: str = "pull_point",
+        timeout: float | None = None,
+    ) -> models.RunSummary:
+        """As :meth:`Client.wait`."""
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        plan = WaitPlan(str(run_id), after, until, deadline)
+        run = await self.get_run(run_id)
+        while not plan.satisfied(run):
+            events = self._follow(plan.follow(run, self._settings))
+            try:
+                async for event in events:
+                    if plan.stops_at(event):
+                        break
+            except WaitTimeout:
+                raise plan.timed_out(await self.get_run(run_id)) from None
+            finally:
+                await events.aclose()
+            run = await self.get_run(run_id)
+            if deadline is not None and time.monotonic() >= deadline and not plan.satisfied(run):
+                raise plan.timed_out(run)
+        return run
+
+    async def cancel(self, run_id: str, *, reason: str | None = None) -> models.Accepted:
+        """As :meth:`Client.cancel`."""
+        return await self._call(ops.cancel(str(run_id), reason))
+
+    async def pause(self, run_id: str, *, reason: str | None = None) -> models.Accepted:
+        """As :meth:`Client.pause`."""
+        return await self._call(ops.pause(str(run_id), reason))
+
+    async def resume(
+        self, run_id: str, *, extend: Mapping[str, Any] | models.BudgetLimits | None = None
+    ) -> models.Accepted:
+        """As :meth:`Client.resume`."""
+        return await self._call(ops.resume(str(run_id), extend))
+
+    async def erase(self, run_id: str) -> models.RunSummary:
+        """As :meth:`Client.erase`."""
+        return await self._call(ops.erase_run(str(run_id)))
+
+    # --- payloads -------------------------------------------------------------
+
+    async def post_tool_result(
+        self, run_id: str, call_id: str, content: Any, *, is_error: bool = False
+    ) -> models.Accepted | None:
+        """As :meth:`Client.post_tool_result`."""
+        return await self._call(ops.tool_result(str(run_id), call_id, content, is_error))
+
+    async def send_message(
+        self, run_id: str, text: str, *, head_seq: int | None = None
+    ) -> models.Accepted | None:
+        """As :meth:`Client.send_message`."""
+        if head_seq is None:
+            head_seq = (await self.get_run(run_id)).head_seq
+        return await self._call(ops.message(str(run_id), text, head_seq))
+
+    async def close_conversation(
+        self, run_id: str, *, text: str | None = None, head_seq: int | None = None
+    ) -> models.Accepted | None:
+        """As :meth:`Client.close_conversation`."""
+        if head_seq is None:
+            head_seq = (await self.get_run(run_id)).head_seq
+        return await self._call(ops.close(str(run_id), text, head_seq))
+
+    # --- approvals --------------------------------------------------------------
+
+    async def list_approvals(
+        self,
+        *,
+        run_id: str | None = None,
+        tool: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+    ) -> models.ApprovalPage:
+        """As :meth:`Client.list_approvals`."""
+        return await self._call(
+            ops.list_approvals(
+                run_id=str(run_id) if run_id else None, tool=tool, status=status, limit=limit
+            )
+        )
+
+    async def approve(
+        self, run_id: str, call_id: str, *, args_hash: str | None = None
+    ) -> models.Accepted | None:
+        """As :meth:`Client.approve`."""
+        return await self._call(ops.decide(str(run_id), call_id, "approve", args_hash=args_hash))
+
+    async def reject(
+        self, run_id: str, call_id: str, *, reason: str | None = None, args_hash: str | None = None
+    ) -> models.Accepted | None:
+        """As :meth:`Client.reject`."""
+        return await self._call(
+            ops.decide(str(run_id), call_id, "reject", reason=reason, args_hash=args_hash)
+        )
+
+    async def edit(
+        self,
+        run_id: str,
+        call_id: str,
+        input: Mapping[str, Any],
+        *,
+        args_hash: str | None = None,
+    ) -> models.Accepted | None:
+        """As :meth:`Client.edit`."""
+        return await self._call(
+            ops.decide(str(run_id), call_id, "edit", input=input, args_hash=args_hash)
+        )
+
+    async def decide_many(
+        self, decisions: Iterable[Mapping[str, Any] | models.BulkDecision]
+    ) -> models.BulkResults:
+        """As :meth:`Client.decide_many`."""
+        return await self._call(ops.decide_many(decisions))
+
+    # --- agents -------------------------------------------------------------------
+
+    async def apply_agent(
+        self, definition: Mapping[str, Any] | models.AgentDefinition
+    ) -> AppliedAgent:
+        """As :meth:`Client.apply_agent`."""
+        return await self._call(ops.apply_agent(definition))
+
+    async def apply_agents(
+        self, definitions: Iterable[Mapping[str, Any] | models.AgentDefinition]
+    ) -> list[AppliedAgent]:
+        """As :meth:`Client.apply_agents`."""
+        defs = list(definitions)
+        ops.check_agent_names(defs)
+        return [await self.apply_agent(d) for d in defs]
+
+    async def get_agent(self, name: str, *, version: int | None = None) -> models.AgentBody:
+        """As :meth:`Client.get_agent`."""
+        return await self._call(ops.get_agent(name, version))
+
+    async def list_agents(self) -> models.AgentList:
+        """As :meth:`Client.list_agents`."""
+        return await self._call(ops.list_agents())
+
+    # --- batches -----------------------------------------------------------------
+
+    async def submit_batch(
+        self,
+        items: Iterable[Mapping[str, Any] | models.BatchItem] | bytes,
+        *,
+        config: Mapping[str, Any] | models.RunConfig | None = None,
+        agent: str | None = None,
+        max_in_flight: int | None = None,
+        spend_cap: Mapping[str, int] | models.SpendCapBody | None = None,
+        completion_window_secs: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> models.BatchView:
+        """As :meth:`Client.submit_batch`."""
+        return await self._call(
+            ops.submit_batch(
+                items,
+                config=config,
+                agent=agent,
+                max_in_flight=max_in_flight,
+                spend_cap=spend_cap,
+                completion_window_secs=completion_window_secs,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    async def get_batch(self, batch_id: str) -> models.BatchView:
+        """As :meth:`Client.get_batch`."""
+        return await self._call(ops.get_batch(str(batch_id)))
+
+    async def list_batches(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> models.BatchPage:
+        """As :meth:`Client.list_batches`."""
+        return await self._call(ops.list_batches(after, limit))
+
+    async def batch_progress(self, batch_id: str) -> AsyncIterator[models.BatchView]:
+        """As :meth:`Client.batch_progress`."""
+        outage = Outage(self._settings)
+        call = ops.batch_stream(str(batch_id))
+        follow = EventFollow(str(batch_id), 0, outage)
+        while True:
+            response = await self._open(call, outage, follow.timeout())
+            follow.connected()
+            try:
+                async for sse in EventSource(response).aiter_sse():
+                    view = batch_frame(sse.event, sse.data)
+                    if view is not None:
+                        follow.last += 1
+                        yield view
+                        if view.status in BATCH_ENDED:
+                            return
+                return
+            except httpx.TransportError as e:
+                why = describe(e)
+            finally:
+                await response.aclose()
+            await anyio.sleep(follow.broken(why))
+
+    async def wait_batch(
+        self, batch_id: str, *, timeout: float | None = None
+    ) -> models.BatchView:
+        """As :meth:`Client.wait_batch`."""
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        progress = self.batch_progress(batch_id)
+        try:
+            async for view in progress:
+                if view.status in BATCH_ENDED:
+                    return view
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(f"batch {batch_id} is still {view.status}", view)
+        finally:
+            await progress.aclose()
+        return await self.get_batch(batch_id)
+
+    async def batch_results(self, batch_id: str) -> AsyncIterator[models.ItemResult]:
+        """As :meth:`Client.batch_results`."""
+        outage = Outage(self._settings)
+        read = ResultsRead()
+        call = ops.batch_results(str(batch_id))
+        while True:
+            response = await self._open(call, outage, self._settings.timeout)
+            read.start()
+            try:
+                async for line in response.aiter_lines():
+                    result = read.on_line(line)
+                    if result is not None:
+                        yield result
+                return
+            except httpx.TransportError as e:
+                why = describe(e)
+            finally:
+                await response.aclose()
+            await anyio.sleep(outage.failed(why, None))
+
+    async def cancel_batch(self, batch_id: str) -> models.BatchView:
+        """As :meth:`Client.cancel_batch`."""
+        return await self._call(ops.batch_control(str(batch_id), "cancel"))
+
+    async def pause_batch(self, batch_id: str) -> models.BatchView:
+        """As :meth:`Client.pause_batch`."""
+        return await self._call(ops.batch_control(str(batch_id), "pause"))
+
+    async def resume_batch(
+        self, batch_id: str, *, spend_cap: Mapping[str, int] | models.SpendCapBody | None = None
+    ) -> models.BatchView:
+        """As :meth:`Client.resume_batch`."""
+        body = ops.without_none(spend_cap=spend_cap)
+        return await self._call(ops.batch_control(str(batch_id), "resume", body))
+
+    # --- webhooks ---------------------------------------------------------------
+
+    async def create_webhook(
+        self, url: str, *, events: Sequence[str] | None = None, format: str | None = None
+    ) -> models.Created:
+        """As :meth:`Client.create_webhook`."""
+        return await self._call(ops.create_webhook(url, events, format))
+
+    async def list_webhooks(self) -> models.Subscriptions:
+        """As :meth:`Client.list_webhooks`."""
+        return await self._call(ops.list_webhooks())
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        """As :meth:`Client.delete_webhook`."""
+        await self._call(ops.delete_webhook(str(webhook_id)))
+
+    async def webhook_deliveries(self, webhook_id: str) -> models.Deliveries:
+        """As :meth:`Client.webhook_deliveries`."""
+        return await self._call(ops.webhook_deliveries(str(webhook_id)))
