@@ -158,17 +158,22 @@ fn text(v: &Value) -> &str {
 /// `glia schemas`.
 #[derive(Args)]
 pub struct SchemasArgs {
-    /// Directory to write the schemas to.
+    /// Directory to write the schemas and the OpenAPI document to.
     #[arg(long, default_value = "schemas")]
     pub out: PathBuf,
 }
 
 /// Write the JSON Schema of each configuration file type (the same schemas
-/// `/openapi.json` serves), for editors to validate files with.
+/// `/openapi.json` serves), for editors to validate files with, and the
+/// OpenAPI document itself (`openapi.json`), which the clients under
+/// `clients/` are generated from and checked against.
 pub fn schemas(args: SchemasArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    for (file, schema) in glia_dispatcher::docs::config_schemas() {
+    let documents = glia_dispatcher::docs::config_schemas()
+        .into_iter()
+        .chain([("openapi.json", glia_dispatcher::openapi())]);
+    for (file, schema) in documents {
         let path = args.out.join(file);
         std::fs::write(
             &path,

@@ -551,7 +551,7 @@ pub struct DispatcherArgs {
     #[arg(long, env = "GLIA_PUBLIC_URL")]
     pub public_url: Option<String>,
     /// Let tenants' webhooks reach loopback and private addresses (refused by default).
-    #[arg(long)]
+    #[arg(long, env = "GLIA_WEBHOOK_ALLOW_PRIVATE")]
     pub webhook_allow_private: bool,
     /// A host tenants' webhooks may reach whatever it resolves to; repeatable.
     #[arg(long = "webhook-allow-host")]

@@ -20,11 +20,14 @@
 //! - [`waits`]: timers across a dispatcher restart, event waits across a worker kill.
 //! - [`children`]: child runs (agents as tools): parallel children, kills, cancel, budgets.
 //! - [`evals`]: the tau-bench replay eval on the fleet, through worker and dispatcher kills.
+//! - [`clients`]: the Python and TypeScript clients' own suites against a fleet.
 
 mod agents;
 mod approvals;
 // Issue 32, child runs.
 mod children;
+// Issue 33, the Python and TypeScript clients.
+mod clients;
 mod console;
 mod durability;
 // Issue 31, evals.

@@ -877,10 +877,23 @@ async fn reconciler_backs_off_per_run() {
 }
 
 /// `schemas/` holds exactly what `glia schemas` writes: the configuration
-/// types' JSON Schemas as `/openapi.json` serves them.
+/// types' JSON Schemas as `/openapi.json` serves them, and the document
+/// itself (`schemas/openapi.json`, which the clients under `clients/` are
+/// generated from and checked against in their suites).
 #[test]
 fn schemas_directory_is_current() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas");
+    let path = dir.join("openapi.json");
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    let expected = format!(
+        "{}\n",
+        serde_json::to_string_pretty(&glia_dispatcher::openapi()).unwrap()
+    );
+    assert!(
+        written == expected,
+        "{} is stale or missing: regenerate with `cargo run -p glia-cli -- schemas` (writes schemas/), regenerate the clients' types (clients/README.md) and commit them",
+        path.display()
+    );
     for (file, schema) in glia_dispatcher::docs::config_schemas() {
         let path = dir.join(file);
         let written = std::fs::read_to_string(&path).unwrap_or_default();
