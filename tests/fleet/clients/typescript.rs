@@ -13,7 +13,12 @@ use super::{client_fleet, root, run_suite};
 fn node_major() -> Option<u32> {
     let out = Command::new("node").arg("--version").output().ok()?;
     let text = String::from_utf8(out.stdout).ok()?;
-    text.trim().trim_start_matches('v').split('.').next()?.parse().ok()
+    text.trim()
+        .trim_start_matches('v')
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[test]
@@ -25,7 +30,10 @@ fn typescript_client_suite() {
     ) else {
         return;
     };
-    assert!(major >= 20, "the TypeScript client needs Node.js 20 or later, found {major}");
+    assert!(
+        major >= 20,
+        "the TypeScript client needs Node.js 20 or later, found {major}"
+    );
     let dir = root().join("clients/typescript");
     let installed = dir.join("node_modules/.bin/tsc");
     if glia_testkit::require(
