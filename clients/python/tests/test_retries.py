@@ -120,7 +120,7 @@ def test_transient_answers_are_retried_with_the_same_idempotency_key(stand_in, s
 
 def test_a_key_given_is_the_key_sent(stand_in) -> None:
     server = stand_in(flaky(1, 503))
-    with Client(server.url, None, max_outage=30) as glia:
+    with Client(server.url, "", max_outage=30) as glia:  # "": no token, whatever $GLIA_TOKEN says
         glia.submit("g", idempotency_key="order-A1-refund")
     assert [r["idempotency-key"] for r in server.requests] == ["order-A1-refund"] * 2
     assert "authorization" not in server.requests[0]

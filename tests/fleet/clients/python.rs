@@ -10,8 +10,8 @@
 //! .ci/clients-venv/bin/pip install --no-deps --no-build-isolation -e clients/python
 //! ```
 //!
-//! `GLIA_PYTEST_ARGS` (split on spaces) is added to pytest's arguments,
-//! e.g. `-k stream` to run some tests only.
+//! `GLIA_PYTEST_ARGS` (split on spaces) replaces the default `tests`, e.g.
+//! `tests/test_stream.py tests/test_batches.py` to run those files only.
 
 use std::process::Command;
 
@@ -38,9 +38,10 @@ fn python_client_suite() {
     }
     let fleet = client_fleet();
     let mut pytest = Command::new(&venv);
-    pytest.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]);
-    if let Ok(extra) = std::env::var("GLIA_PYTEST_ARGS") {
-        pytest.args(extra.split_whitespace());
-    }
+    pytest.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"]);
+    match std::env::var("GLIA_PYTEST_ARGS") {
+        Ok(args) if !args.trim().is_empty() => pytest.args(args.split_whitespace()),
+        _ => pytest.arg("tests"),
+    };
     run_suite(&fleet, pytest, &root().join("clients/python"));
 }

@@ -19,7 +19,6 @@ from httpx_sse import EventSource
 from . import _ops as ops
 from . import models
 from ._core import (
-    BATCH_ENDED,
     TRANSIENT_STATUSES,
     AppliedAgent,
     Call,
@@ -29,6 +28,7 @@ from ._core import (
     Settings,
     StreamBroken,
     WaitPlan,
+    batch_ended,
     batch_frame,
     describe,
     retry_after,
@@ -336,7 +336,7 @@ class AsyncClient:
         )
 
     async def decide_many(
-        self, decisions: Iterable[Mapping[str, Any] | models.BulkDecision]
+        self, decisions: Iterable[Mapping[str, Any] | models.BulkDecision1 | models.BulkDecision2]
     ) -> models.BulkResults:
         """As :meth:`Client.decide_many`."""
         return await self._call(ops.decide_many(decisions))
@@ -415,7 +415,7 @@ class AsyncClient:
                     if view is not None:
                         follow.last += 1
                         yield view
-                        if view.status in BATCH_ENDED:
+                        if batch_ended(view):
                             return
                 return
             except httpx.TransportError as e:
@@ -432,7 +432,7 @@ class AsyncClient:
         progress = self.batch_progress(batch_id)
         try:
             async for view in progress:
-                if view.status in BATCH_ENDED:
+                if batch_ended(view):
                     return view
                 if deadline is not None and time.monotonic() >= deadline:
                     raise WaitTimeout(f"batch {batch_id} is still {view.status}", view)

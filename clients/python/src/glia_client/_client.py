@@ -17,7 +17,6 @@ from httpx_sse import EventSource
 from . import _ops as ops
 from . import models
 from ._core import (
-    BATCH_ENDED,
     TRANSIENT_STATUSES,
     AppliedAgent,
     Call,
@@ -27,6 +26,7 @@ from ._core import (
     Settings,
     StreamBroken,
     WaitPlan,
+    batch_ended,
     batch_frame,
     describe,
     retry_after,
@@ -43,7 +43,7 @@ class Client:
     Args:
         base_url: The dispatcher's base URL; default ``$GLIA_URL``, else
             ``http://127.0.0.1:8080``.
-        token: The bearer token; default ``$GLIA_TOKEN``.
+        token: The bearer token; default ``$GLIA_TOKEN`` (``""``: send none).
         max_outage: Seconds to wait out a dispatcher that cannot be reached or
             answers 502/503/504, retrying with backoff, before
             :class:`~glia_client.errors.UnreachableError` (default 120; 0
@@ -419,7 +419,7 @@ class Client:
         )
 
     def decide_many(
-        self, decisions: Iterable[Mapping[str, Any] | models.BulkDecision]
+        self, decisions: Iterable[Mapping[str, Any] | models.BulkDecision1 | models.BulkDecision2]
     ) -> models.BulkResults:
         """Decide up to 100 approvals in one request (``POST /v1/approvals``);
         each decision (``run_id``, ``call_id``, ``decision``: ``approve``,
@@ -520,7 +520,7 @@ class Client:
                     if view is not None:
                         follow.last += 1
                         yield view
-                        if view.status in BATCH_ENDED:
+                        if batch_ended(view):
                             return
                 return
             except httpx.TransportError as e:
@@ -537,7 +537,7 @@ class Client:
         progress = self.batch_progress(batch_id)
         try:
             for view in progress:
-                if view.status in BATCH_ENDED:
+                if batch_ended(view):
                     return view
                 if deadline is not None and time.monotonic() >= deadline:
                     raise WaitTimeout(f"batch {batch_id} is still {view.status}", view)

@@ -543,6 +543,11 @@ BATCH_ENDED = frozenset({"completed", "expired", "cancelled"})
 """Batch statuses after which nothing more happens."""
 
 
+def batch_ended(view: models.BatchView) -> bool:
+    """The batch has ended: ``completed``, ``expired`` or ``cancelled``."""
+    return view.status in BATCH_ENDED
+
+
 # --- agents -------------------------------------------------------------------
 
 

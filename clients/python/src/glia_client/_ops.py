@@ -160,7 +160,7 @@ def decide(
     )
 
 
-def decide_many(decisions: Iterable[Mapping[str, Any] | models.BulkDecision]) -> Call[models.BulkResults]:
+def decide_many(decisions: Iterable[Mapping[str, Any] | models.BulkDecision1 | models.BulkDecision2]) -> Call[models.BulkResults]:
     """``POST /v1/approvals``: each decision a mapping with ``run_id``,
     ``call_id``, ``decision`` (``approve``, ``reject``, ``edit``) and
     optionally ``reason``, ``input``, ``args_hash``."""

@@ -145,17 +145,6 @@ class BatchProgressEvent(BaseModel):
     )
 
 
-class BatchStatus(
-    RootModel[Literal["active", "paused", "completed", "expired", "cancelled"]]
-):
-    root: Literal["active", "paused", "completed", "expired", "cancelled"]
-    """
-    A batch's status: the one function every view of a batch uses (`GET
-    /v1/batches`, `GET /v1/batches/{id}`, its stream, `glia batch status`
-    and the progress bars read it from those), so no two views disagree.
-    """
-
-
 class BudgetLimits(BaseModel):
     """
     Limits of one run; `None` (null or absent) means unlimited. Units:
@@ -242,10 +231,6 @@ class BulkDecision2(BaseModel):
     call_id: str
 
 
-class BulkDecision(RootModel[BulkDecision1 | BulkDecision2]):
-    root: BulkDecision1 | BulkDecision2
-
-
 class BulkDecisions(BaseModel):
     """
     Body of `POST /v1/approvals`: `{"decisions": [{run_id, call_id, decision, …}, …]}` (at most 100).
@@ -254,7 +239,7 @@ class BulkDecisions(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    decisions: list[BulkDecision] = Field(..., max_length=100)
+    decisions: list[BulkDecision1 | BulkDecision2] = Field(..., max_length=100)
     """
     The decisions, each on its own; at most 100. One run's decisions are
     applied in the order given; different runs' are posted concurrently.
@@ -786,13 +771,6 @@ class NotReady(BaseModel):
     """
 
 
-class Overlap(RootModel[Literal["skip", "buffer_one", "allow_all", "cancel_previous"]]):
-    root: Literal["skip", "buffer_one", "allow_all", "cancel_previous"]
-    """
-    What a firing does when the run the schedule started last has not ended.
-    """
-
-
 class PauseBody(BaseModel):
     """
     Body of `POST /v1/runs/{id}/pause` (may be empty): `{"reason": "…"}`.
@@ -1188,10 +1166,6 @@ class JsonSchemaNode1(BaseModel):
     maxItems: int | None = Field(None, ge=0)
 
 
-class JsonSchemaNode(RootModel[JsonSchemaNode1 | bool]):
-    root: JsonSchemaNode1 | bool
-
-
 class PolicyAction1(BaseModel):
     """
     Run the call.
@@ -1244,22 +1218,6 @@ class PolicyAction4(BaseModel):
     """
 
 
-class PolicyAction(
-    RootModel[PolicyAction1 | PolicyAction2 | PolicyAction3 | PolicyAction4]
-):
-    root: PolicyAction1 | PolicyAction2 | PolicyAction3 | PolicyAction4
-    """
-    The effect of a matching [`Policy`].
-    """
-
-
-class PlannerKind(RootModel[Literal["single", "model"]]):
-    root: Literal["single", "model"]
-    """
-    Which planner a run uses.
-    """
-
-
 class Pricing(BaseModel):
     """
     Prices of one model in USD micros per million tokens, by token kind.
@@ -1287,36 +1245,6 @@ class Pricing(BaseModel):
     cache_read: int = Field(..., ge=0, le=18446744073709551615)
     """
     USD micros per million cache-read tokens.
-    """
-
-
-class ApprovalTimeout(RootModel[Literal["reject", "escalate"]]):
-    root: Literal["reject", "escalate"]
-    """
-    What happens to an approval nobody decided in time.
-    """
-
-
-class InterruptedCall(RootModel[Literal["outcome_unknown", "require_approval"]]):
-    root: Literal["outcome_unknown", "require_approval"]
-    """
-    What happens to a non-idempotent tool call a crash interrupted: it was
-    cleared and started, and nobody knows whether it took effect.
-    """
-
-
-class StopAction(RootModel[Literal["reask", "pause", "fail"]]):
-    root: Literal["reask", "pause", "fail"]
-    """
-    What the loop does with an answer that is not a finished turn.
-    """
-
-
-class UnavailableAction(RootModel[Literal["pause", "fail"]]):
-    root: Literal["pause", "fail"]
-    """
-    What a run does once its tool source stayed unavailable for all its
-    attempts ([`ToolSourceUnavailable::then`]).
     """
 
 
@@ -1390,25 +1318,6 @@ class TextRule2(BaseModel):
     reason: Any | None = None
 
 
-class TextRule(RootModel[TextRule1 | TextRule2]):
-    root: TextRule1 | TextRule2
-    """
-    A rule over text: exactly one of `deny` and `redact`, a regex searched
-    anywhere in the text (Rust `regex` syntax, no look-around or
-    back-references).
-
-    Its schema says the same: one of `deny` and `redact` (a string, not
-    null); `reason` goes with `deny`, `replacement` with `redact`.
-    """
-
-
-class CompactionStrategy(RootModel[Literal["drop_oldest", "summarize"]]):
-    root: Literal["drop_oldest", "summarize"]
-    """
-    How [`CompactionSpec`] shrinks a context.
-    """
-
-
 class AgentRef(BaseModel):
     """
     The definition a run was resolved from, recorded in its config
@@ -1463,16 +1372,6 @@ class McpToolSource(BaseModel):
     allow: list[AllowItem] = Field(..., min_length=1)
     """
     Tool names of that server the model is offered, at least one.
-    """
-
-
-class OutputSchemaCheck(RootModel[Literal["enforce", "warn"]]):
-    root: Literal["enforce", "warn"]
-    """
-    What a result that does not match its tool's `outputSchema` (or has no
-    `structuredContent` though the tool declares one: MCP 2025-06-18,
-    "Tools" › "Output Schema", servers MUST provide structured results that
-    conform) becomes. Set per tool by `tool_policy.NAME.output_schema`.
     """
 
 
@@ -1637,7 +1536,7 @@ class BatchView(BaseModel):
     """
     Spend so far.
     """
-    status: BatchStatus
+    status: Literal["active", "paused", "completed", "expired", "cancelled"]
     """
     What became of the batch ([`BatchStatus::of`]).
     """
@@ -1844,9 +1743,9 @@ class ToolInputSchema(BaseModel):
     )
     type: Literal["object"]
     description: str | None = None
-    properties: dict[str, JsonSchemaNode] | None = None
+    properties: dict[str, JsonSchemaNode1 | bool] | None = None
     required: list[str] | None = None
-    additionalProperties: JsonSchemaNode | None = None
+    additionalProperties: JsonSchemaNode1 | bool | None = None
 
 
 class Policy(BaseModel):
@@ -1870,7 +1769,7 @@ class Policy(BaseModel):
     Regex (Rust `regex` syntax) searched in the canonical JSON of the
     arguments (see [`crate::canonical_json`]); `None` matches any arguments.
     """
-    action: PolicyAction
+    action: PolicyAction1 | PolicyAction2 | PolicyAction3 | PolicyAction4
     """
     What happens on a match.
     """
@@ -1889,27 +1788,27 @@ class StopPolicy(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    truncated: StopAction | None = Field("reask", validate_default=True)
+    truncated: Literal["reask", "pause", "fail"] | None = "reask"
     """
     `max_tokens` / `length` / `pause_turn`. Default: re-ask.
     """
-    empty: StopAction | None = Field("reask", validate_default=True)
+    empty: Literal["reask", "pause", "fail"] | None = "reask"
     """
     A finished turn with no text and no tool call. Default: re-ask.
     """
-    refusal: StopAction | None = Field("fail", validate_default=True)
+    refusal: Literal["reask", "pause", "fail"] | None = "fail"
     """
     `refusal`. Default: fail.
     """
-    content_filter: StopAction | None = Field("fail", validate_default=True)
+    content_filter: Literal["reask", "pause", "fail"] | None = "fail"
     """
     `content_filter`. Default: fail.
     """
-    context_window: StopAction | None = Field("fail", validate_default=True)
+    context_window: Literal["reask", "pause", "fail"] | None = "fail"
     """
     `model_context_window_exceeded`. Default: fail.
     """
-    unknown: StopAction | None = Field("fail", validate_default=True)
+    unknown: Literal["reask", "pause", "fail"] | None = "fail"
     """
     Any stop reason glia does not know. Default: fail.
     """
@@ -1947,7 +1846,7 @@ class ToolSourceUnavailable(BaseModel):
     Wait before the second attempt, in ms; doubles for each next one,
     at most [`MAX_TOOL_SOURCE_BACKOFF_MS`]. Default 1000.
     """
-    then: UnavailableAction | None = Field("pause", validate_default=True)
+    then: Literal["pause", "fail"] | None = "pause"
     """
     What happens at the last attempt. Default `pause`.
     """
@@ -1977,15 +1876,19 @@ class Guardrails(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    input: list[TextRule] | None = Field([], max_length=64, validate_default=True)
+    input: list[TextRule1 | TextRule2] | None = Field(
+        [], max_length=64, validate_default=True
+    )
     """
     Rules over the goal and user messages.
     """
-    output: list[TextRule] | None = Field([], max_length=64, validate_default=True)
+    output: list[TextRule1 | TextRule2] | None = Field(
+        [], max_length=64, validate_default=True
+    )
     """
     Rules over the model's answers.
     """
-    tool_results: list[TextRule] | None = Field(None, max_length=64)
+    tool_results: list[TextRule1 | TextRule2] | None = Field(None, max_length=64)
     """
     Rules over tool results (text blocks), applied before a result is
     stored, sent to a model or shown: `redact` rewrites the result
@@ -2016,7 +1919,7 @@ class CompactionSpec(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    strategy: CompactionStrategy
+    strategy: Literal["drop_oldest", "summarize"]
     """
     `drop_oldest` or `summarize`.
     """
@@ -2123,7 +2026,7 @@ class ToolPolicy(BaseModel):
     the whole); default the run's `max_result_bytes`. 1 to 1 MiB. Applies
     to every tool: the worker's, external, HTTP and MCP tools.
     """
-    output_schema: OutputSchemaCheck | None = None
+    output_schema: Literal["enforce", "warn"] | None = None
     """
     What a result of this MCP tool that does not match its
     `outputSchema` becomes: `enforce` (default; a tool error the model
@@ -2369,7 +2272,7 @@ class AgentDefinition(BaseModel):
     """
     Per-run budget.
     """
-    planner: PlannerKind | None = Field("single", validate_default=True)
+    planner: Literal["single", "model"] | None = "single"
     """
     Which planner drafts the plan.
     """
@@ -2523,7 +2426,7 @@ class RunConfig(BaseModel):
     When true the run parks at `awaiting_input` after each answer
     instead of finishing; it finishes when the caller closes it.
     """
-    planner: PlannerKind | None = Field("single", validate_default=True)
+    planner: Literal["single", "model"] | None = "single"
     """
     Which planner drafts the plan.
     """
@@ -2549,12 +2452,12 @@ class RunConfig(BaseModel):
     """
     How long an approval may wait, in ms; `None` waits forever.
     """
-    on_approval_timeout: ApprovalTimeout | None = Field("reject", validate_default=True)
+    on_approval_timeout: Literal["reject", "escalate"] | None = "reject"
     """
     What the reconciler does with an approval past its deadline.
     """
-    on_interrupted_call: InterruptedCall | None = Field(
-        "outcome_unknown", validate_default=True
+    on_interrupted_call: Literal["outcome_unknown", "require_approval"] | None = (
+        "outcome_unknown"
     )
     """
     What happens to a non-idempotent call whose worker died while it ran
@@ -2869,7 +2772,7 @@ class CreateSchedule(BaseModel):
     Unique within the tenant: 1 to 64 bytes of ASCII letters, digits and
     `_ - . : / @`.
     """
-    overlap: Overlap | None = None
+    overlap: Literal["skip", "buffer_one", "allow_all", "cancel_previous"] | None = None
     """
     What a firing does while the last run has not ended (default `skip`).
     """
@@ -2947,7 +2850,7 @@ class PatchSchedule(BaseModel):
     """
     As in [`CreateSchedule`].
     """
-    overlap: Overlap | None = None
+    overlap: Literal["skip", "buffer_one", "allow_all", "cancel_previous"] | None = None
     tags: list[str] | None = Field(None, max_length=20)
     """
     As in [`CreateSchedule`].
