@@ -136,6 +136,13 @@ export interface WaitOptions extends CallOptions {
   pullPoints?: readonly string[];
   /** Give up after this many ms with {@link GliaTimeoutError} (default: wait as long as it takes). */
   timeoutMs?: number;
+  /**
+   * Return a parked run only once its log has moved past this seq: pass the
+   * `head_seq` of the parked run you just answered, since a posted decision
+   * (or result, or message) leaves the run parked where it was until a
+   * worker takes it up. A run that is done always returns.
+   */
+  afterSeq?: number;
 }
 
 /** The request's `METHOD path`, for errors. */
@@ -403,6 +410,8 @@ export class GliaClient {
   /**
    * Wait until the run parks at one of `pullPoints` (default: one a caller
    * answers, {@link ANSWERABLE_PULL_POINTS}) or is done, and return it.
+   * After answering a parked run, pass its `head_seq` as `afterSeq`: until a
+   * worker takes the answer up the run still shows the pull point answered.
    * Follows the run's event stream and reads the run after each event (and
    * every 2 s while nothing comes).
    */
@@ -410,7 +419,10 @@ export class GliaClient {
     const wanted = options.pullPoints ?? ANSWERABLE_PULL_POINTS;
     const settled = (run: Run) =>
       run.status === "done" ||
-      (run.status === "parked" && run.pull_point != null && wanted.includes(run.pull_point.kind));
+      (run.status === "parked" &&
+        run.pull_point != null &&
+        wanted.includes(run.pull_point.kind) &&
+        (options.afterSeq === undefined || run.head_seq > options.afterSeq));
     const local = new AbortController();
     const signals = [local.signal];
     if (options.signal) {

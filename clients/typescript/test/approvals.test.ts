@@ -37,13 +37,13 @@ test("approve with an edit: the edited arguments run", async () => {
   const posted = await glia.edit(run.run_id, row.call_id, { order_id: "A2" }, { argsHash: row.args_hash });
   assert.deepEqual(posted.kinds, ["approval"]);
   assert.equal(posted.repeated, undefined);
-  // The first decision wins.
+  // The first decision wins (or the run has finished meanwhile).
   await assert.rejects(
     glia.approve(run.run_id, row.call_id),
-    (e: unknown) => e instanceof GliaError && e.status === 409 && e.code === "already_decided",
+    (e: unknown) => e instanceof GliaError && e.status === 409 && (e.code === "already_decided" || e.code === "run_finished"),
   );
 
-  const done = await glia.wait(run.run_id, { timeoutMs: 90_000 });
+  const done = await glia.wait(run.run_id, { timeoutMs: 90_000, afterSeq: parked.head_seq });
   assert.equal(done.outcome?.kind, "succeeded");
   const events = await allEvents(run.run_id);
   const result = events.find((e) => e.type === "tool.result" && (e.data as { call_id: string }).call_id === row.call_id);
@@ -81,7 +81,9 @@ test("bulk decisions: reject one run's refund and approve another's", async () =
   assert.equal(results.results[0]?.accepted?.run_id, a.run_id);
   assert.equal(results.results[1]?.accepted?.run_id, b.run_id);
   assert.ok(results.results[2]?.error, "an unknown call is refused on its own");
-  const [doneA, doneB] = await Promise.all(runs.map((r) => glia.wait(r.run_id, { timeoutMs: 90_000 })));
+  const [doneA, doneB] = await Promise.all(
+    parked.map((r) => glia.wait(r.run_id, { timeoutMs: 90_000, afterSeq: r.head_seq })),
+  );
   assert.equal(doneA?.status, "done");
   assert.equal(doneB?.status, "done");
   const eventsA = await allEvents(a.run_id);

@@ -14,6 +14,7 @@ test("submit a run and get its answer", async () => {
   const done = await glia.wait(run.run_id, { timeoutMs: 90_000 });
   assert.equal(done.status, "done");
   assert.equal(done.outcome?.kind, "succeeded");
+  assert.equal(done.outcome?.answer, "Done: the goal is met.");
   const fetched = await glia.getRun(run.run_id);
   assert.equal(fetched.run_id, run.run_id);
   assert.deepEqual(fetched.tags, ["ts-client"]);
