@@ -328,83 +328,40 @@ export class GliaClient {
         return;
       }
     }
-    const label = `GET /v1/runs/${runId}/events/stream`;
-    let outageStart: number | undefined;
-    let failures = 0;
-    let lastError: GliaError | undefined;
-    for (;;) {
-      const connection = new AbortController();
-      const signal = options.signal ? AbortSignal.any([options.signal, connection.signal]) : connection.signal;
-      let progressed = false;
-      let reason = "the stream ended before the run did";
-      try {
-        const { data: body, error, response } = await this.api.GET("/v1/runs/{id}/events/stream", {
-          params: {
-            path: { id: runId },
-            ...(last > 0 ? { header: { "Last-Event-ID": last } } : {}),
-          },
+    const onLive = options.onLive;
+    yield* this.#resumable<Event>({
+      label: `GET /v1/runs/${runId}/events/stream`,
+      signal: options.signal,
+      open: (fetch, signal) =>
+        this.api.GET("/v1/runs/{id}/events/stream", {
+          params: { path: { id: runId }, ...(last > 0 ? { header: { "Last-Event-ID": last } } : {}) },
           parseAs: "stream",
           signal,
-          fetch: this.#sender({ retry: true, buffer: false, signal: options.signal }),
-        });
-        if (!response.ok) {
-          throw GliaError.fromBody(response.status, error, label);
-        }
-        if (!body) {
-          throw new GliaError({ code: "http_200", status: 200, message: "the stream has no body", request: label });
-        }
-        const idleMs = this.#streamIdleMs;
-        for await (const frame of readSse(body, idleMs, () =>
-          connection.abort(new Error(`the stream sent nothing for ${idleMs} ms`)),
-        )) {
+          fetch,
+        }),
+      async *read(body, idle) {
+        for await (const frame of readSse(body, idle.ms, idle.abort)) {
           if (frame.event === "event") {
             const event = JSON.parse(frame.data) as Event;
             if (event.seq <= last) {
               continue;
             }
             last = event.seq;
-            progressed = true;
-            outageStart = undefined;
-            failures = 0;
-            lastError = undefined;
             yield event;
             if (TERMINAL.has(event.type)) {
-              return;
+              return true;
             }
           } else if (frame.event === "live") {
-            options.onLive?.(JSON.parse(frame.data) as LiveEvent);
+            onLive?.(JSON.parse(frame.data) as LiveEvent);
           } else if (frame.event === "error") {
             // The dispatcher gave up reading the log (a store outage): an outage to wait out.
-            lastError = GliaError.fromBody(503, JSON.parse(frame.data), label);
-            reason = lastError.message;
-            break;
+            return `the dispatcher's stream failed: ${frame.data}`;
           }
         }
-      } catch (e) {
-        if (options.signal?.aborted) {
-          throw options.signal.reason;
-        }
-        if (e instanceof GliaError || e instanceof GliaUnreachableError) {
-          throw e;
-        }
-        reason = connection.signal.aborted ? describe(connection.signal.reason) : describe(e);
-      } finally {
-        connection.abort();
-      }
-      if (!progressed) {
-        const now = Date.now();
-        outageStart ??= now;
-        failures++;
-        if (now - outageStart >= this.#policy.maxOutageMs) {
-          throw (
-            lastError ??
-            new GliaUnreachableError({ baseUrl: this.#baseUrl, attempts: failures, waitedMs: now - outageStart, last: reason })
-          );
-        }
-        await sleep(backoffMs(this.#policy, failures), options.signal);
-      }
-      options.onReconnect?.(last, reason);
-    }
+        return "the stream ended before the run did";
+      },
+      onReconnect: (reason) => options.onReconnect?.(last, reason),
+    });
   }
 
   /**
@@ -658,62 +615,27 @@ export class GliaClient {
    * connection breaks (the first view after it is the current one).
    */
   async *batchProgress(batchId: string, options: CallOptions = {}): AsyncGenerator<BatchView, void, undefined> {
-    const label = `GET /v1/batches/${batchId}/stream`;
     let previous: string | undefined;
-    let failures = 0;
-    let outageStart: number | undefined;
-    for (;;) {
-      const connection = new AbortController();
-      const signal = options.signal ? AbortSignal.any([options.signal, connection.signal]) : connection.signal;
-      let reason: string;
-      let progressed = false;
-      try {
-        const { data: body, error, response } = await this.api.GET("/v1/batches/{id}/stream", {
-          params: { path: { id: batchId } },
-          parseAs: "stream",
-          signal,
-          fetch: this.#sender({ retry: true, buffer: false, signal: options.signal }),
-        });
-        if (!response.ok || !body) {
-          throw GliaError.fromBody(response.status, error, label);
-        }
-        const idleMs = this.#streamIdleMs;
-        for await (const frame of readSse(body, idleMs, () =>
-          connection.abort(new Error(`the stream sent nothing for ${idleMs} ms`)),
-        )) {
-          if (frame.event !== "progress") {
-            continue;
-          }
-          progressed = true;
-          failures = 0;
-          outageStart = undefined;
-          if (frame.data !== previous) {
+    yield* this.#resumable<BatchView>({
+      label: `GET /v1/batches/${batchId}/stream`,
+      signal: options.signal,
+      open: (fetch, signal) =>
+        this.api.GET("/v1/batches/{id}/stream", { params: { path: { id: batchId } }, parseAs: "stream", signal, fetch }),
+      async *read(body, idle) {
+        for await (const frame of readSse(body, idle.ms, idle.abort)) {
+          if (frame.event === "progress" && frame.data !== previous) {
             previous = frame.data;
             yield JSON.parse(frame.data) as BatchView;
           }
         }
-        return;
-      } catch (e) {
-        if (options.signal?.aborted) {
-          throw options.signal.reason;
-        }
-        if (e instanceof GliaError || e instanceof GliaUnreachableError) {
-          throw e;
-        }
-        reason = connection.signal.aborted ? describe(connection.signal.reason) : describe(e);
-      } finally {
-        connection.abort();
-      }
-      if (!progressed) {
-        const now = Date.now();
-        outageStart ??= now;
-        failures++;
-        if (now - outageStart >= this.#policy.maxOutageMs) {
-          throw new GliaUnreachableError({ baseUrl: this.#baseUrl, attempts: failures, waitedMs: now - outageStart, last: reason });
-        }
-        await sleep(backoffMs(this.#policy, failures), options.signal);
-      }
-    }
+        // The dispatcher ends the stream after a view with nothing left to run.
+        const view = previous === undefined ? undefined : (JSON.parse(previous) as BatchView);
+        const open = view
+          ? view.counts.queued + view.counts.running + Object.values(view.counts.parked ?? {}).reduce((a, b) => a + b, 0)
+          : 1;
+        return open === 0 ? true : "the stream ended before the batch did";
+      },
+    });
   }
 
   /**
@@ -723,57 +645,102 @@ export class GliaClient {
    * already yielded.
    */
   async *batchResults(batchId: string, options: CallOptions = {}): AsyncGenerator<ItemResult, void, undefined> {
-    const label = `GET /v1/batches/${batchId}/results`;
     let yielded = 0;
-    let failures = 0;
-    let outageStart: number | undefined;
-    for (;;) {
-      const connection = new AbortController();
-      const signal = options.signal ? AbortSignal.any([options.signal, connection.signal]) : connection.signal;
-      let reason: string;
-      let progressed = false;
-      try {
-        const { data: body, error, response } = await this.api.GET("/v1/batches/{id}/results", {
-          params: { path: { id: batchId } },
-          parseAs: "stream",
-          signal,
-          fetch: this.#sender({ retry: true, buffer: false, signal: options.signal }),
-        });
-        if (!response.ok || !body) {
-          throw GliaError.fromBody(response.status, error, label);
-        }
+    yield* this.#resumable<ItemResult>({
+      label: `GET /v1/batches/${batchId}/results`,
+      signal: options.signal,
+      open: (fetch, signal) =>
+        this.api.GET("/v1/batches/{id}/results", { params: { path: { id: batchId } }, parseAs: "stream", signal, fetch }),
+      async *read(body) {
         let index = 0;
         for await (const line of readJsonLines(body)) {
-          if (index++ < yielded) {
-            continue;
+          if (index++ >= yielded) {
+            yielded++;
+            yield line as ItemResult;
           }
-          yielded++;
-          progressed = true;
-          yield line as ItemResult;
         }
-        return;
+        return true;
+      },
+    });
+  }
+
+  /**
+   * The values `read` takes from a streamed answer of `open`, reconnecting
+   * when the connection breaks, goes idle or ends early (`read` returns the
+   * reason) until `read` returns true. Connections that bring nothing count
+   * as an outage: backoff, then {@link GliaUnreachableError} after
+   * `maxOutageMs`. A refusal is its {@link GliaError}.
+   */
+  async *#resumable<T>(stream: {
+    label: Label;
+    signal: AbortSignal | undefined;
+    open: (
+      fetch: (request: Request) => Promise<Response>,
+      signal: AbortSignal,
+    ) => Promise<{ data?: ReadableStream<Uint8Array> | null; error?: unknown; response: Response }>;
+    read: (
+      body: ReadableStream<Uint8Array>,
+      idle: { ms: number; abort: () => void },
+    ) => AsyncGenerator<T, true | string, undefined>;
+    onReconnect?: (reason: string) => void;
+  }): AsyncGenerator<T, void, undefined> {
+    let outageStart: number | undefined;
+    let failures = 0;
+    for (;;) {
+      const connection = new AbortController();
+      const signal = stream.signal ? AbortSignal.any([stream.signal, connection.signal]) : connection.signal;
+      let progressed = false;
+      let reason: string;
+      let values: AsyncGenerator<T, true | string, undefined> | undefined;
+      try {
+        const { data: body, error, response } = await stream.open(
+          this.#sender({ retry: true, buffer: false, signal: stream.signal }),
+          signal,
+        );
+        if (!response.ok || !body) {
+          throw GliaError.fromBody(response.status, error, stream.label);
+        }
+        const idleMs = this.#streamIdleMs;
+        values = stream.read(body, {
+          ms: idleMs,
+          abort: () => connection.abort(new Error(`the stream sent nothing for ${idleMs} ms`)),
+        });
+        for (;;) {
+          const next = await values.next();
+          if (next.done) {
+            if (next.value === true) {
+              return;
+            }
+            reason = next.value;
+            break;
+          }
+          progressed = true;
+          outageStart = undefined;
+          failures = 0;
+          yield next.value;
+        }
       } catch (e) {
-        if (options.signal?.aborted) {
-          throw options.signal.reason;
+        if (stream.signal?.aborted) {
+          throw stream.signal.reason;
         }
         if (e instanceof GliaError || e instanceof GliaUnreachableError || e instanceof SyntaxError) {
           throw e;
         }
-        reason = describe(e);
+        reason = connection.signal.aborted ? describe(connection.signal.reason) : describe(e);
       } finally {
         connection.abort();
+        values?.return(true).catch(() => undefined);
       }
-      if (progressed) {
-        failures = 0;
-        outageStart = undefined;
+      if (!progressed) {
+        const now = Date.now();
+        outageStart ??= now;
+        failures++;
+        if (now - outageStart >= this.#policy.maxOutageMs) {
+          throw new GliaUnreachableError({ baseUrl: this.#baseUrl, attempts: failures, waitedMs: now - outageStart, last: reason });
+        }
+        await sleep(backoffMs(this.#policy, failures), stream.signal);
       }
-      const now = Date.now();
-      outageStart ??= now;
-      failures++;
-      if (now - outageStart >= this.#policy.maxOutageMs) {
-        throw new GliaUnreachableError({ baseUrl: this.#baseUrl, attempts: failures, waitedMs: now - outageStart, last: reason });
-      }
-      await sleep(backoffMs(this.#policy, failures), options.signal);
+      stream.onReconnect?.(reason);
     }
   }
 
