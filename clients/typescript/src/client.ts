@@ -83,11 +83,13 @@ export type CreatedSubscription = Schemas["Created"];
 
 /**
  * What a payload endpoint answered, or, when `repeated` is true, that a
- * retried attempt found the payload already there (409 `already_decided`,
- * `already_answered`, `already_posted`, `head_moved` or `run_finished` after
- * an attempt whose answer was lost): the earlier attempt landed, and its
- * inbox ids are not known (`inbox_ids` and `kinds` are empty). Read the
- * run's events to see whose decision stands.
+ * retry after an attempt whose answer was lost found the payload already
+ * there: 409 `already_decided` (a decision: the call is decided, read the
+ * run's events for whose decision stands), `already_answered` (a tool
+ * result), `already_posted` or `head_moved` with this text received (a
+ * message), `run_finished` (a cancel: the run is done either way). The
+ * earlier attempt's inbox ids are not known (`inbox_ids` and `kinds` are
+ * empty).
  */
 export type Posted = Accepted & { repeated?: boolean };
 
@@ -149,7 +151,6 @@ export interface WaitOptions extends CallOptions {
 type Label = string;
 
 const TERMINAL = new Set(["session.complete", "session.cancel"]);
-const REPEATED_CODES = new Set(["already_decided", "already_answered", "already_posted", "head_moved", "run_finished"]);
 
 /**
  * A client of one dispatcher.
@@ -219,8 +220,9 @@ export class GliaClient {
   }
 
   /**
-   * A payload post retried through outages: after a retry, a 409 whose code
-   * says the payload is already there means the lost attempt landed.
+   * A payload post retried through outages: after a retry, a 409 that
+   * `landed` takes for the lost attempt's payload is a {@link Posted} with
+   * `repeated`; without a retry every refusal is its {@link GliaError}.
    */
   async #post(
     label: Label,
@@ -228,12 +230,13 @@ export class GliaClient {
     callId: string | undefined,
     send: (fetch: (request: Request) => Promise<Response>) => Promise<{ data?: Accepted; error?: unknown; response: Response }>,
     signal: AbortSignal | undefined,
+    landed: (e: GliaError) => boolean | Promise<boolean>,
   ): Promise<Posted> {
     const attempts = { count: 0 };
     try {
       return await this.#unwrap(label, send(this.#sender({ retry: true, buffer: true, signal, attempts })));
     } catch (e) {
-      if (e instanceof GliaError && e.status === 409 && attempts.count > 1 && REPEATED_CODES.has(e.code)) {
+      if (e instanceof GliaError && e.status === 409 && attempts.count > 1 && (await landed(e))) {
         return { run_id: runId, call_id: callId ?? null, inbox_ids: [], kinds: [], repeated: true };
       }
       throw e;
@@ -459,6 +462,7 @@ export class GliaClient {
           fetch,
         }),
       options.signal,
+      (e) => e.code === "already_decided",
     );
   }
 
@@ -523,6 +527,7 @@ export class GliaClient {
           fetch,
         }),
       options.signal,
+      (e) => e.code === "already_answered",
     );
   }
 
@@ -545,6 +550,19 @@ export class GliaClient {
           fetch,
         }),
       options.signal,
+      async (e) => {
+        if (e.code === "already_posted") {
+          return true;
+        }
+        if (e.code !== "head_moved") {
+          return false;
+        }
+        // The head moved: by this message only if the run received this text next.
+        const page = await this.listEvents(runId, { after: headSeq, limit: 100 }, options);
+        const received = page.events.find((ev) => ev.type === "input.received");
+        const data = received?.data as { text?: unknown; redactions?: unknown[] } | undefined;
+        return data !== undefined && (data.text === text || (data.redactions?.length ?? 0) > 0);
+      },
     );
   }
 
@@ -565,6 +583,7 @@ export class GliaClient {
           fetch,
         }),
       options.signal,
+      (e) => e.code === "run_finished",
     );
   }
 

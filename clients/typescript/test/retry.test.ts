@@ -134,3 +134,34 @@ test("an abort stops the retries", async () => {
     await server.close();
   }
 });
+
+test("a retried message is taken as landed only when the run received its text next", async () => {
+  let received = "Yes, refund it.";
+  const server = await fake((_n, req, res) => {
+    if (req.method === "POST" && server.requests.filter((r) => r.method === "POST").length % 2 === 1) {
+      res.writeHead(504).end("gateway timeout");
+      return;
+    }
+    if (req.method === "POST") {
+      res.writeHead(409, { "content-type": "application/json" });
+      res.end(JSON.stringify({ error: { code: "head_moved", message: "the run's head is 9, not 7" } }));
+      return;
+    }
+    assert.match(req.url ?? "", /\/events\?after=7/);
+    res.writeHead(200, { "content-type": "application/json" });
+    const event = { run_id: RUN.run_id, seq: 8, at: "2026-12-07T00:00:00Z", type: "input.received", data: { text: received } };
+    res.end(JSON.stringify({ events: [event], head_seq: 9, next_after: 8 }));
+  });
+  try {
+    const glia = new GliaClient({ baseUrl: server.url, minDelayMs: 10, maxDelayMs: 20 });
+    const posted = await glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 });
+    assert.equal(posted.repeated, true);
+    received = "Something someone else said.";
+    await assert.rejects(
+      glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 }),
+      (e: unknown) => e instanceof GliaError && e.code === "head_moved",
+    );
+  } finally {
+    await server.close();
+  }
+});
