@@ -5,7 +5,6 @@ sending and sleeping differ."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -17,24 +16,9 @@ import httpx
 from httpx_sse import EventSource
 
 from . import _ops as ops
-from . import models
-from ._core import (
-    TRANSIENT_STATUSES,
-    AppliedAgent,
-    Call,
-    EventFollow,
-    Outage,
-    ResultsRead,
-    Settings,
-    StreamBroken,
-    WaitPlan,
-    batch_ended,
-    batch_frame,
-    describe,
-    retry_after,
-    transient_why,
-)
-from .errors import WaitTimeout
+from . import _steps, models
+from ._core import AppliedAgent, Call, EventFollow, Outage, Settings, WaitPlan
+from ._steps import Close, Emit, NextFrame, NextLine, Open, ReadAll, Send, Sleep, Steps
 
 T = TypeVar("T")
 
@@ -54,17 +38,7 @@ class AsyncClient:
         timeout: httpx.Timeout | float | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
-        url = base_url or os.environ.get("GLIA_URL") or "http://127.0.0.1:8080"
-        self._settings = Settings(
-            base_url=url.rstrip("/"),
-            token=token if token is not None else os.environ.get("GLIA_TOKEN"),
-        )
-        if max_outage is not None:
-            self._settings.max_outage = max_outage
-        if timeout is not None:
-            self._settings.timeout = (
-                timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
-            )
+        self._settings = Settings.of(base_url, token, max_outage, timeout)
         self._own = http is None
         self._http = http or httpx.AsyncClient()
         self._http.base_url = httpx.URL(self._settings.base_url)
@@ -87,44 +61,91 @@ class AsyncClient:
     ) -> None:
         await self.aclose()
 
-    async def _call(self, call: Call[T]) -> T:
-        outage = Outage(self._settings, call.endpoint.idempotent)
-        request = call.request(self._http, self._settings)
-        while True:
-            outage.attempts += 1
-            try:
-                response = await self._http.send(request)
-            except httpx.TransportError as e:
-                await anyio.sleep(outage.transport_failed(e))
-                continue
-            if response.status_code in TRANSIENT_STATUSES:
-                why = transient_why(response.status_code, response.content)
-                await anyio.sleep(outage.failed(why, retry_after(response.headers)))
-                continue
-            return call.result(response.status_code, response.content, outage.attempts)  # type: ignore[return-value]
+    async def _drive(self, steps: Steps[Any]) -> AsyncIterator[tuple[bool, Any]]:
+        """As :meth:`Client._drive`, awaiting each step."""
+        opened: dict[int, httpx.Response] = {}
+        frames: dict[int, AsyncIterator[Any]] = {}
+        lines: dict[int, AsyncIterator[str]] = {}
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    step = steps.send(reply)
+                except StopIteration as done:
+                    yield True, done.value
+                    return
+                reply = None
+                if isinstance(step, Send):
+                    try:
+                        reply = await self._http.send(step.request)
+                    except httpx.TransportError as e:
+                        reply = e
+                elif isinstance(step, Sleep):
+                    await anyio.sleep(step.seconds)
+                elif isinstance(step, Open):
+                    try:
+                        reply = await self._http.send(step.request, stream=True)
+                        opened[id(reply)] = reply
+                    except httpx.TransportError as e:
+                        reply = e
+                elif isinstance(step, ReadAll):
+                    try:
+                        reply = await step.response.aread()
+                    except httpx.TransportError:
+                        reply = b""
+                    await step.response.aclose()
+                elif isinstance(step, NextFrame):
+                    it = frames.setdefault(
+                        id(step.response), EventSource(step.response).aiter_sse()
+                    )
+                    try:
+                        reply = await anext(it, None)
+                    except httpx.TransportError as e:
+                        reply = e
+                elif isinstance(step, NextLine):
+                    it2 = lines.setdefault(id(step.response), step.response.aiter_lines())
+                    try:
+                        reply = await anext(it2, None)
+                    except httpx.TransportError as e:
+                        reply = e
+                elif isinstance(step, Close):
+                    await step.response.aclose()
+                    for table in (opened, frames, lines):
+                        table.pop(id(step.response), None)
+                elif isinstance(step, Emit):
+                    yield False, step.item
+        finally:
+            steps.close()
+            for response in opened.values():
+                await response.aclose()
 
-    async def _open(
-        self, call: Call[Any], outage: Outage, timeout: httpx.Timeout
-    ) -> httpx.Response:
-        while True:
-            outage.attempts += 1
-            request = call.request(self._http, self._settings, timeout=timeout)
-            try:
-                response = await self._http.send(request, stream=True)
-            except httpx.TransportError as e:
-                await anyio.sleep(outage.transport_failed(e))
-                continue
-            if response.status_code in TRANSIENT_STATUSES:
-                content = await response.aread()
-                await response.aclose()
-                why = transient_why(response.status_code, content)
-                await anyio.sleep(outage.failed(why, retry_after(response.headers)))
-                continue
-            if not 200 <= response.status_code < 300:
-                content = await response.aread()
-                await response.aclose()
-                raise call.error(response.status_code, content, outage.attempts)
-            return response
+    async def _run(self, steps: Steps[T]) -> T:
+        """The result of an operation that hands out no items."""
+        drive = self._drive(steps)
+        try:
+            async for done, value in drive:
+                if done:
+                    return value  # type: ignore[no-any-return]
+        finally:
+            await drive.aclose()
+        raise AssertionError("an operation ended without a result")
+
+    async def _iterate(self, steps: Steps[Any]) -> AsyncIterator[Any]:
+        """The items an operation hands out."""
+        drive = self._drive(steps)
+        try:
+            async for done, value in drive:
+                if done:
+                    return
+                yield value
+        finally:
+            await drive.aclose()
+
+    async def _call(self, call: Call[T]) -> T:
+        """As :meth:`Client._call`."""
+        return await self._run(_steps.call(self._http, self._settings, call))  # type: ignore[arg-type]
+
+
 
     # --- runs ---------------------------------------------------------------
 
@@ -162,16 +183,9 @@ class AsyncClient:
         """As :meth:`Client.list_runs`."""
         return await self._call(ops.list_runs(**filters))
 
-    async def iter_runs(self, **filters: Any) -> AsyncIterator[models.RunSummary]:
+    def iter_runs(self, **filters: Any) -> AsyncIterator[models.RunSummary]:
         """As :meth:`Client.iter_runs`."""
-        cursor = filters.pop("cursor", None)
-        while True:
-            page = await self.list_runs(cursor=cursor, **filters)
-            for run in page.runs:
-                yield run
-            if not page.next_cursor:
-                return
-            cursor = page.next_cursor
+        return self._iterate(_steps.runs(self._http, self._settings, dict(filters)))
 
     async def events(
         self, run_id: str, *, after: int = 0, limit: int | None = None
@@ -179,17 +193,11 @@ class AsyncClient:
         """As :meth:`Client.events`."""
         return await self._call(ops.events(str(run_id), after, limit))
 
-    async def iter_events(self, run_id: str, *, after: int = 0) -> AsyncIterator[models.Event]:
+    def iter_events(self, run_id: str, *, after: int = 0) -> AsyncIterator[models.Event]:
         """As :meth:`Client.iter_events`."""
-        while True:
-            page = await self.events(run_id, after=after, limit=1000)
-            for event in page.events:
-                yield event
-            if not page.events or page.next_after >= page.head_seq:
-                return
-            after = page.next_after
+        return self._iterate(_steps.events(self._http, self._settings, str(run_id), after))
 
-    async def stream(
+    def stream(
         self, run_id: str, *, after: int = 0, include_live: bool = False
     ) -> AsyncIterator[models.Event | models.LiveEvent]:
         """As :meth:`Client.stream`: every event once, in order, resumed with
@@ -197,30 +205,7 @@ class AsyncClient:
         follow = EventFollow(
             str(run_id), after, Outage(self._settings), include_live=include_live
         )
-        async for item in self._follow(follow):
-            yield item
-
-    async def _follow(
-        self, follow: EventFollow
-    ) -> AsyncIterator[models.Event | models.LiveEvent]:
-        while True:
-            response = await self._open(follow.call(), follow.outage, follow.timeout())
-            follow.connected()
-            try:
-                async for sse in EventSource(response).aiter_sse():
-                    item = follow.on_frame(sse.event, sse.data)
-                    if item is not None:
-                        yield item
-                    if follow.finished:
-                        return
-                why = "the stream ended before the run did"
-            except httpx.TransportError as e:
-                why = describe(e)
-            except StreamBroken as e:
-                why = str(e)
-            finally:
-                await response.aclose()
-            await anyio.sleep(follow.broken(why))
+        return self._iterate(_steps.follow(self._http, self._settings, follow))
 
     async def wait(
         self,
@@ -233,21 +218,7 @@ class AsyncClient:
         """As :meth:`Client.wait`."""
         deadline = time.monotonic() + timeout if timeout is not None else None
         plan = WaitPlan(str(run_id), after, until, deadline)
-        run = await self.get_run(run_id)
-        while not plan.satisfied(run):
-            events = self._follow(plan.follow(run, self._settings))
-            try:
-                async for event in events:
-                    if plan.stops_at(event):
-                        break
-            except WaitTimeout:
-                raise plan.timed_out(await self.get_run(run_id)) from None
-            finally:
-                await events.aclose()
-            run = await self.get_run(run_id)
-            if deadline is not None and time.monotonic() >= deadline and not plan.satisfied(run):
-                raise plan.timed_out(run)
-        return run
+        return await self._run(_steps.wait(self._http, self._settings, plan))
 
     async def cancel(self, run_id: str, *, reason: str | None = None) -> models.Accepted:
         """As :meth:`Client.cancel`."""
@@ -401,64 +372,20 @@ class AsyncClient:
         """As :meth:`Client.list_batches`."""
         return await self._call(ops.list_batches(after, limit))
 
-    async def batch_progress(self, batch_id: str) -> AsyncIterator[models.BatchView]:
+    def batch_progress(self, batch_id: str) -> AsyncIterator[models.BatchView]:
         """As :meth:`Client.batch_progress`."""
-        outage = Outage(self._settings)
-        call = ops.batch_stream(str(batch_id))
-        follow = EventFollow(str(batch_id), 0, outage)
-        while True:
-            response = await self._open(call, outage, follow.timeout())
-            follow.connected()
-            try:
-                async for sse in EventSource(response).aiter_sse():
-                    view = batch_frame(sse.event, sse.data)
-                    if view is not None:
-                        follow.last += 1
-                        yield view
-                        if batch_ended(view):
-                            return
-                return
-            except httpx.TransportError as e:
-                why = describe(e)
-            finally:
-                await response.aclose()
-            await anyio.sleep(follow.broken(why))
+        return self._iterate(_steps.batch_progress(self._http, self._settings, str(batch_id)))
 
     async def wait_batch(
         self, batch_id: str, *, timeout: float | None = None
     ) -> models.BatchView:
         """As :meth:`Client.wait_batch`."""
         deadline = time.monotonic() + timeout if timeout is not None else None
-        progress = self.batch_progress(batch_id)
-        try:
-            async for view in progress:
-                if batch_ended(view):
-                    return view
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise WaitTimeout(f"batch {batch_id} is still {view.status}", view)
-        finally:
-            await progress.aclose()
-        return await self.get_batch(batch_id)
+        return await self._run(_steps.wait_batch(self._http, self._settings, str(batch_id), deadline))
 
-    async def batch_results(self, batch_id: str) -> AsyncIterator[models.ItemResult]:
+    def batch_results(self, batch_id: str) -> AsyncIterator[models.ItemResult]:
         """As :meth:`Client.batch_results`."""
-        outage = Outage(self._settings)
-        read = ResultsRead()
-        call = ops.batch_results(str(batch_id))
-        while True:
-            response = await self._open(call, outage, self._settings.timeout)
-            read.start()
-            try:
-                async for line in response.aiter_lines():
-                    result = read.on_line(line)
-                    if result is not None:
-                        yield result
-                return
-            except httpx.TransportError as e:
-                why = describe(e)
-            finally:
-                await response.aclose()
-            await anyio.sleep(outage.failed(why, None))
+        return self._iterate(_steps.batch_results(self._http, self._settings, str(batch_id)))
 
     async def cancel_batch(self, batch_id: str) -> models.BatchView:
         """As :meth:`Client.cancel_batch`."""

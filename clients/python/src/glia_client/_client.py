@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -15,24 +14,9 @@ import httpx
 from httpx_sse import EventSource
 
 from . import _ops as ops
-from . import models
-from ._core import (
-    TRANSIENT_STATUSES,
-    AppliedAgent,
-    Call,
-    EventFollow,
-    Outage,
-    ResultsRead,
-    Settings,
-    StreamBroken,
-    WaitPlan,
-    batch_ended,
-    batch_frame,
-    describe,
-    retry_after,
-    transient_why,
-)
-from .errors import WaitTimeout
+from . import _steps, models
+from ._core import AppliedAgent, Call, EventFollow, Outage, Settings, WaitPlan
+from ._steps import Close, Emit, NextFrame, NextLine, Open, ReadAll, Send, Sleep, Steps
 
 T = TypeVar("T")
 
@@ -66,17 +50,7 @@ class Client:
         timeout: httpx.Timeout | float | None = None,
         http: httpx.Client | None = None,
     ) -> None:
-        url = base_url or os.environ.get("GLIA_URL") or "http://127.0.0.1:8080"
-        self._settings = Settings(
-            base_url=url.rstrip("/"),
-            token=token if token is not None else os.environ.get("GLIA_TOKEN"),
-        )
-        if max_outage is not None:
-            self._settings.max_outage = max_outage
-        if timeout is not None:
-            self._settings.timeout = (
-                timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
-            )
+        self._settings = Settings.of(base_url, token, max_outage, timeout)
         self._own = http is None
         self._http = http or httpx.Client()
         self._http.base_url = httpx.URL(self._settings.base_url)
@@ -99,46 +73,86 @@ class Client:
     ) -> None:
         self.close()
 
+    def _drive(self, steps: Steps[T]) -> Iterator[tuple[bool, Any]]:
+        """Carry out ``steps`` (``_steps``): yields ``(False, item)`` for
+        each item handed out, then ``(True, result)``. Every answer opened
+        is closed when the operation ends, however it ends."""
+        opened: dict[int, httpx.Response] = {}
+        frames: dict[int, Iterator[Any]] = {}
+        lines: dict[int, Iterator[str]] = {}
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    step = steps.send(reply)
+                except StopIteration as done:
+                    yield True, done.value
+                    return
+                reply = None
+                if isinstance(step, Send):
+                    try:
+                        reply = self._http.send(step.request)
+                    except httpx.TransportError as e:
+                        reply = e
+                elif isinstance(step, Sleep):
+                    time.sleep(step.seconds)
+                elif isinstance(step, Open):
+                    try:
+                        reply = self._http.send(step.request, stream=True)
+                        opened[id(reply)] = reply
+                    except httpx.TransportError as e:
+                        reply = e
+                elif isinstance(step, ReadAll):
+                    try:
+                        reply = step.response.read()
+                    except httpx.TransportError:
+                        reply = b""
+                    step.response.close()
+                elif isinstance(step, NextFrame):
+                    it = frames.setdefault(
+                        id(step.response), EventSource(step.response).iter_sse()
+                    )
+                    try:
+                        reply = next(it, None)
+                    except httpx.TransportError as e:
+                        reply = e
+                elif isinstance(step, NextLine):
+                    it = lines.setdefault(id(step.response), step.response.iter_lines())
+                    try:
+                        reply = next(it, None)
+                    except httpx.TransportError as e:
+                        reply = e
+                elif isinstance(step, Close):
+                    step.response.close()
+                    for table in (opened, frames, lines):
+                        table.pop(id(step.response), None)
+                elif isinstance(step, Emit):
+                    yield False, step.item
+        finally:
+            steps.close()
+            for response in opened.values():
+                response.close()
+
+    def _run(self, steps: Steps[T]) -> T:
+        """The result of an operation that hands out no items."""
+        for done, value in self._drive(steps):
+            if done:
+                return value  # type: ignore[no-any-return]
+        raise AssertionError("an operation ended without a result")
+
+    def _iterate(self, steps: Steps[Any]) -> Iterator[Any]:
+        """The items an operation hands out."""
+        for done, value in self._drive(steps):
+            if done:
+                return
+            yield value
+
     def _call(self, call: Call[T]) -> T:
         """Send ``call``, retried through an outage; its result (``None``
         only where the operation documents it)."""
-        outage = Outage(self._settings, call.endpoint.idempotent)
-        request = call.request(self._http, self._settings)
-        while True:
-            outage.attempts += 1
-            try:
-                response = self._http.send(request)
-            except httpx.TransportError as e:
-                time.sleep(outage.transport_failed(e))
-                continue
-            if response.status_code in TRANSIENT_STATUSES:
-                why = transient_why(response.status_code, response.content)
-                time.sleep(outage.failed(why, retry_after(response.headers)))
-                continue
-            return call.result(response.status_code, response.content, outage.attempts)  # type: ignore[return-value]
+        return self._run(_steps.call(self._http, self._settings, call))  # type: ignore[return-value]
 
-    def _open(self, call: Call[Any], outage: Outage, timeout: httpx.Timeout) -> httpx.Response:
-        """Open a streamed answer of ``call`` (2xx), retried through an
-        outage; the caller closes it. Raises the typed error of a refusal."""
-        while True:
-            outage.attempts += 1
-            request = call.request(self._http, self._settings, timeout=timeout)
-            try:
-                response = self._http.send(request, stream=True)
-            except httpx.TransportError as e:
-                time.sleep(outage.transport_failed(e))
-                continue
-            if response.status_code in TRANSIENT_STATUSES:
-                content = response.read()
-                response.close()
-                why = transient_why(response.status_code, content)
-                time.sleep(outage.failed(why, retry_after(response.headers)))
-                continue
-            if not 200 <= response.status_code < 300:
-                content = response.read()
-                response.close()
-                raise call.error(response.status_code, content, outage.attempts)
-            return response
+
 
     # --- runs ---------------------------------------------------------------
 
@@ -204,13 +218,7 @@ class Client:
     def iter_runs(self, **filters: Any) -> Iterator[models.RunSummary]:
         """Every run matching ``filters`` (as :meth:`list_runs`), newest
         first, following the cursors."""
-        cursor = filters.pop("cursor", None)
-        while True:
-            page = self.list_runs(cursor=cursor, **filters)
-            yield from page.runs
-            if not page.next_cursor:
-                return
-            cursor = page.next_cursor
+        return self._iterate(_steps.runs(self._http, self._settings, dict(filters)))
 
     def events(self, run_id: str, *, after: int = 0, limit: int | None = None) -> models.EventPage:
         """One page of a run's events with ``seq > after`` (``GET
@@ -219,12 +227,7 @@ class Client:
 
     def iter_events(self, run_id: str, *, after: int = 0) -> Iterator[models.Event]:
         """A run's events after ``after`` up to its head now, page by page."""
-        while True:
-            page = self.events(run_id, after=after, limit=1000)
-            yield from page.events
-            if not page.events or page.next_after >= page.head_seq:
-                return
-            after = page.next_after
+        return self._iterate(_steps.events(self._http, self._settings, str(run_id), after))
 
     def stream(
         self, run_id: str, *, after: int = 0, include_live: bool = False
@@ -247,27 +250,9 @@ class Client:
         follow = EventFollow(
             str(run_id), after, Outage(self._settings), include_live=include_live
         )
-        yield from self._follow(follow)
+        return self._iterate(_steps.follow(self._http, self._settings, follow))
 
-    def _follow(self, follow: EventFollow) -> Iterator[models.Event | models.LiveEvent]:
-        while True:
-            response = self._open(follow.call(), follow.outage, follow.timeout())
-            follow.connected()
-            try:
-                for sse in EventSource(response).iter_sse():
-                    item = follow.on_frame(sse.event, sse.data)
-                    if item is not None:
-                        yield item
-                    if follow.finished:
-                        return
-                why = "the stream ended before the run did"
-            except httpx.TransportError as e:
-                why = describe(e)
-            except StreamBroken as e:
-                why = str(e)
-            finally:
-                response.close()
-            time.sleep(follow.broken(why))
+
 
     def wait(
         self,
@@ -292,21 +277,7 @@ class Client:
         """
         deadline = time.monotonic() + timeout if timeout is not None else None
         plan = WaitPlan(str(run_id), after, until, deadline)
-        run = self.get_run(run_id)
-        while not plan.satisfied(run):
-            events = self._follow(plan.follow(run, self._settings))
-            try:
-                for event in events:
-                    if plan.stops_at(event):
-                        break
-            except WaitTimeout:
-                raise plan.timed_out(self.get_run(run_id)) from None
-            finally:
-                events.close()
-            run = self.get_run(run_id)
-            if deadline is not None and time.monotonic() >= deadline and not plan.satisfied(run):
-                raise plan.timed_out(run)
-        return run
+        return self._run(_steps.wait(self._http, self._settings, plan))
 
     def cancel(self, run_id: str, *, reason: str | None = None) -> models.Accepted:
         """Cancel a run (``POST /v1/runs/{id}/cancel``); a finished run is 409
@@ -508,65 +479,21 @@ class Client:
         """The batch's view at once and whenever it changes, until nothing is
         left to run (``GET /v1/batches/{id}/stream``); a broken stream is
         reopened (it starts with the view as it is then)."""
-        outage = Outage(self._settings)
-        call = ops.batch_stream(str(batch_id))
-        follow = EventFollow(str(batch_id), 0, outage)
-        while True:
-            response = self._open(call, outage, follow.timeout())
-            follow.connected()
-            try:
-                for sse in EventSource(response).iter_sse():
-                    view = batch_frame(sse.event, sse.data)
-                    if view is not None:
-                        follow.last += 1
-                        yield view
-                        if batch_ended(view):
-                            return
-                return
-            except httpx.TransportError as e:
-                why = describe(e)
-            finally:
-                response.close()
-            time.sleep(follow.broken(why))
+        return self._iterate(_steps.batch_progress(self._http, self._settings, str(batch_id)))
 
     def wait_batch(self, batch_id: str, *, timeout: float | None = None) -> models.BatchView:
         """Follow :meth:`batch_progress` until nothing is left to run (or
         ``timeout`` seconds: :class:`~glia_client.errors.WaitTimeout`), and
         return the batch's view then."""
         deadline = time.monotonic() + timeout if timeout is not None else None
-        progress = self.batch_progress(batch_id)
-        try:
-            for view in progress:
-                if batch_ended(view):
-                    return view
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise WaitTimeout(f"batch {batch_id} is still {view.status}", view)
-        finally:
-            progress.close()
-        return self.get_batch(batch_id)
+        return self._run(_steps.wait_batch(self._http, self._settings, str(batch_id), deadline))
 
     def batch_results(self, batch_id: str) -> Iterator[models.ItemResult]:
         """Every item's result in submission order (``GET
         /v1/batches/{id}/results``, JSON Lines read as they arrive); an item
         still going shows its status. A read that breaks is resumed after
         the results already yielded."""
-        outage = Outage(self._settings)
-        read = ResultsRead()
-        call = ops.batch_results(str(batch_id))
-        while True:
-            response = self._open(call, outage, self._settings.timeout)
-            read.start()
-            try:
-                for line in response.iter_lines():
-                    result = read.on_line(line)
-                    if result is not None:
-                        yield result
-                return
-            except httpx.TransportError as e:
-                why = describe(e)
-            finally:
-                response.close()
-            time.sleep(outage.failed(why, None))
+        return self._iterate(_steps.batch_results(self._http, self._settings, str(batch_id)))
 
     def cancel_batch(self, batch_id: str) -> models.BatchView:
         """Cancel a batch: items not started are cancelled, runs get a cancel."""

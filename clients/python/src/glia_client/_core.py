@@ -20,6 +20,7 @@ could not even be made.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 import uuid
@@ -118,6 +119,30 @@ class Settings:
     token: str | None
     max_outage: float = DEFAULT_MAX_OUTAGE
     timeout: httpx.Timeout = field(default_factory=lambda: DEFAULT_TIMEOUT)
+
+    @classmethod
+    def of(
+        cls,
+        base_url: str | None,
+        token: str | None,
+        max_outage: float | None,
+        timeout: httpx.Timeout | float | None,
+    ) -> Settings:
+        """The settings of a client's arguments: ``base_url`` defaults to
+        ``$GLIA_URL``, else ``http://127.0.0.1:8080``; ``token`` to
+        ``$GLIA_TOKEN`` (``""``: none); ``max_outage`` to
+        :data:`DEFAULT_MAX_OUTAGE`; ``timeout`` (seconds, or an
+        ``httpx.Timeout``) to :data:`DEFAULT_TIMEOUT`."""
+        url = base_url or os.environ.get("GLIA_URL") or "http://127.0.0.1:8080"
+        settings = cls(
+            base_url=url.rstrip("/"),
+            token=token if token is not None else os.environ.get("GLIA_TOKEN"),
+        )
+        if max_outage is not None:
+            settings.max_outage = max_outage
+        if timeout is not None:
+            settings.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        return settings
 
     def headers(self) -> dict[str, str]:
         """Headers every request carries."""
@@ -341,6 +366,7 @@ class EventFollow:
     deadline: float | None = None
     connections: int = 0
     finished: bool = False
+    response: Any = None
     _connected_at: float = 0.0
     _last_at_connect: int = 0
 
@@ -359,8 +385,9 @@ class EventFollow:
             read = max(min(read, self.deadline - time.monotonic()), 0.05)
         return httpx.Timeout(DEFAULT_TIMEOUT.connect, read=read, write=60.0, pool=10.0)
 
-    def connected(self) -> None:
-        """A connection was answered 200."""
+    def connected(self, response: Any = None) -> None:
+        """A connection was answered 200 (``response``, open)."""
+        self.response = response
         self.connections += 1
         self._connected_at = time.monotonic()
         self._last_at_connect = self.last

@@ -1,0 +1,323 @@
+"""Every operation's control flow, written once, without I/O: each is a
+generator that yields *steps* (send this request, sleep this long, read the
+next frame of that stream, hand this item to the caller) and receives their
+outcome. :class:`~glia_client.Client` carries steps out blocking,
+:class:`~glia_client.AsyncClient` with ``await`` (``_drive`` in each); the
+retry rule, the stream's resume, waiting, and reading batch results live
+only here and in ``_core``.
+
+An operation's generator returns its result; items it hands out on the way
+(``Emit``) are what an iterator method yields.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar, Union
+
+import httpx
+
+from . import _ops as ops
+from . import models
+from ._core import (
+    TRANSIENT_STATUSES,
+    Call,
+    EventFollow,
+    Outage,
+    ResultsRead,
+    Settings,
+    StreamBroken,
+    WaitPlan,
+    batch_ended,
+    batch_frame,
+    describe,
+    retry_after,
+    transient_why,
+)
+from .errors import WaitTimeout
+
+T = TypeVar("T")
+
+
+@dataclass
+class Send:
+    """Send ``request`` and read the whole answer. Outcome: the
+    ``httpx.Response``, or the ``httpx.TransportError``."""
+
+    request: httpx.Request
+
+
+@dataclass
+class Open:
+    """Send ``request`` and open the answer as a stream. Outcome: the open
+    ``httpx.Response`` (the driver closes it at :class:`Close` or when the
+    operation ends), or the ``httpx.TransportError``."""
+
+    request: httpx.Request
+
+
+@dataclass
+class ReadAll:
+    """Read the rest of an open answer and close it. Outcome: the bytes."""
+
+    response: httpx.Response
+
+
+@dataclass
+class NextFrame:
+    """The next server-sent event of an open answer. Outcome: an object with
+    ``event`` and ``data`` (httpx-sse's ``ServerSentEvent``), ``None`` at the
+    end, or the ``httpx.TransportError`` that broke it."""
+
+    response: httpx.Response
+
+
+@dataclass
+class NextLine:
+    """The next line of an open answer. Outcome: the ``str``, ``None`` at the
+    end, or the ``httpx.TransportError`` that broke it."""
+
+    response: httpx.Response
+
+
+@dataclass
+class Close:
+    """Close an open answer. Outcome: ``None``."""
+
+    response: httpx.Response
+
+
+@dataclass
+class Sleep:
+    """Wait ``seconds``. Outcome: ``None``."""
+
+    seconds: float
+
+
+@dataclass
+class Emit:
+    """Hand ``item`` to the caller (an iterator method yields it). Outcome:
+    ``None``."""
+
+    item: Any
+
+
+Step = Union[Send, Open, ReadAll, NextFrame, NextLine, Close, Sleep, Emit]
+Steps = Generator[Step, Any, T]
+
+Http = Union[httpx.Client, httpx.AsyncClient]
+
+
+def call(http: Http, settings: Settings, c: Call[T]) -> Steps[T | None]:
+    """``c`` sent and retried through an outage (``_core.Outage``); its
+    result (``Call.result``)."""
+    outage = Outage(settings, c.endpoint.idempotent)
+    request = c.request(http, settings)
+    while True:
+        outage.attempts += 1
+        reply = yield Send(request)
+        if isinstance(reply, httpx.TransportError):
+            yield Sleep(outage.transport_failed(reply))
+            continue
+        if reply.status_code in TRANSIENT_STATUSES:
+            why = transient_why(reply.status_code, reply.content)
+            yield Sleep(outage.failed(why, retry_after(reply.headers)))
+            continue
+        return c.result(reply.status_code, reply.content, outage.attempts)
+
+
+def open_stream(
+    http: Http, settings: Settings, c: Call[Any], outage: Outage, timeout: httpx.Timeout
+) -> Steps[httpx.Response]:
+    """The open 2xx answer of ``c`` (retried through ``outage``). Raises the
+    typed error of a refusal."""
+    while True:
+        outage.attempts += 1
+        reply = yield Open(c.request(http, settings, timeout=timeout))
+        if isinstance(reply, httpx.TransportError):
+            yield Sleep(outage.transport_failed(reply))
+            continue
+        if reply.status_code in TRANSIENT_STATUSES:
+            content = yield ReadAll(reply)
+            yield Sleep(outage.failed(transient_why(reply.status_code, content), retry_after(reply.headers)))
+            continue
+        if not 200 <= reply.status_code < 300:
+            content = yield ReadAll(reply)
+            raise c.error(reply.status_code, content, outage.attempts)
+        return reply
+
+
+def records(
+    response: httpx.Response,
+    next_record: Callable[[httpx.Response], Step],
+    handle: Callable[[Any], tuple[Any, bool]],
+    ended: str | None,
+) -> Steps[str | None]:
+    """Read an open answer record by record (``NextFrame`` or ``NextLine``):
+    ``handle(record)`` gives the item to hand out (or ``None``) and whether
+    to stop. Returns ``None`` when done (stopped, or the answer ended and
+    ``ended`` is ``None``), else why the stream broke (``ended`` for an end
+    that comes too early); the answer is closed either way."""
+    while True:
+        record = yield next_record(response)
+        if isinstance(record, httpx.TransportError):
+            why = describe(record)
+            break
+        if record is None:
+            if ended is None:
+                yield Close(response)
+                return None
+            why = ended
+            break
+        try:
+            item, stop = handle(record)
+        except StreamBroken as e:
+            why = str(e)
+            break
+        if item is not None:
+            yield Emit(item)
+        if stop:
+            yield Close(response)
+            return None
+    yield Close(response)
+    return why
+
+
+def first(sub: Steps[Any], accept: Callable[[Any], bool]) -> Steps[Any | None]:
+    """Carry out ``sub``'s steps until it hands out an item ``accept``
+    takes: that item (``sub`` is closed then), or ``None`` when ``sub``
+    ends first."""
+    reply: Any = None
+    try:
+        while True:
+            try:
+                step = sub.send(reply)
+            except StopIteration:
+                return None
+            reply = None
+            if isinstance(step, Emit):
+                if accept(step.item):
+                    return step.item
+                continue
+            reply = yield step
+    finally:
+        sub.close()
+
+
+def follow(http: Http, settings: Settings, f: EventFollow) -> Steps[None]:
+    """A run's events (``Emit``), each once and in order, reconnecting with
+    ``Last-Event-ID`` until the run's last event (``_core.EventFollow``)."""
+
+    def handle(frame: Any) -> tuple[Any, bool]:
+        return f.on_frame(frame.event, frame.data), f.finished
+
+    while True:
+        response = yield from open_stream(http, settings, f.call(), f.outage, f.timeout())
+        f.connected(response)
+        why = yield from records(response, NextFrame, handle, "the stream ended before the run did")
+        if why is None:
+            return
+        yield Sleep(f.broken(why))
+
+
+def wait(http: Http, settings: Settings, plan: WaitPlan) -> Steps[models.RunSummary]:
+    """The run once ``plan`` is satisfied: read it, follow its stream to the
+    next park or end, read it again (``_core.WaitPlan``)."""
+    get = ops.get_run(plan.run_id)
+    run = yield from call(http, settings, get)
+    assert run is not None
+    while not plan.satisfied(run):
+        f = plan.follow(run, settings)
+        try:
+            yield from first(follow(http, settings, f), plan.stops_at)
+        except WaitTimeout:
+            latest = yield from call(http, settings, get)
+            raise plan.timed_out(latest) from None
+        if f.response is not None:
+            yield Close(f.response)
+        run = yield from call(http, settings, get)
+        assert run is not None
+        expired = plan.deadline is not None and time.monotonic() >= plan.deadline
+        if expired and not plan.satisfied(run):
+            raise plan.timed_out(run)
+    return run
+
+
+def batch_progress(http: Http, settings: Settings, batch_id: str) -> Steps[None]:
+    """The batch's view (``Emit``) at once and on every change until it
+    ends; a broken stream is reopened (it starts with the view then)."""
+    f = EventFollow(batch_id, 0, Outage(settings))
+    c = ops.batch_stream(batch_id)
+
+    def handle(frame: Any) -> tuple[Any, bool]:
+        view = batch_frame(frame.event, frame.data)
+        if view is not None:
+            f.last += 1  # progress: a healthy stream
+        return view, view is not None and batch_ended(view)
+
+    while True:
+        response = yield from open_stream(http, settings, c, f.outage, f.timeout())
+        f.connected(response)
+        why = yield from records(response, NextFrame, handle, None)
+        if why is None:
+            return
+        yield Sleep(f.broken(why))
+
+
+def wait_batch(
+    http: Http, settings: Settings, batch_id: str, deadline: float | None
+) -> Steps[models.BatchView]:
+    """The batch's view once it ended (or ``WaitTimeout`` past ``deadline``)."""
+
+    def accept(view: models.BatchView) -> bool:
+        return batch_ended(view) or (deadline is not None and time.monotonic() >= deadline)
+
+    view = yield from first(batch_progress(http, settings, batch_id), accept)
+    if view is not None and not batch_ended(view):
+        raise WaitTimeout(f"batch {batch_id} is still {view.status}", view)
+    final = yield from call(http, settings, ops.get_batch(batch_id))
+    assert final is not None
+    return final
+
+
+def batch_results(http: Http, settings: Settings, batch_id: str) -> Steps[None]:
+    """Every item's result (``Emit``) in submission order; a read that
+    breaks is resumed after the results already handed out."""
+    outage = Outage(settings)
+    read = ResultsRead()
+    c = ops.batch_results(batch_id)
+    while True:
+        response = yield from open_stream(http, settings, c, outage, settings.timeout)
+        read.start()
+        why = yield from records(response, NextLine, lambda line: (read.on_line(line), False), None)
+        if why is None:
+            return
+        yield Sleep(outage.failed(why, None))
+
+
+def runs(http: Http, settings: Settings, filters: dict[str, Any]) -> Steps[None]:
+    """Every run matching ``filters`` (``Emit``), newest first, following
+    the listing's cursors."""
+    cursor = filters.pop("cursor", None)
+    while True:
+        page = yield from call(http, settings, ops.list_runs(cursor=cursor, **filters))
+        assert page is not None
+        for run in page.runs:
+            yield Emit(run)
+        if not page.next_cursor:
+            return
+        cursor = page.next_cursor
+
+
+def events(http: Http, settings: Settings, run_id: str, after: int) -> Steps[None]:
+    """A run's events after ``after`` up to its head (``Emit``), page by page."""
+    while True:
+        page = yield from call(http, settings, ops.events(run_id, after, 1000))
+        assert page is not None
+        for event in page.events:
+            yield Emit(event)
+        if not page.events or page.next_after >= page.head_seq:
+            return
+        after = page.next_after
