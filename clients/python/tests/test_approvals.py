@@ -7,12 +7,13 @@ refund to the effects file (its key names the run)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from conftest import REFUND, WAIT, refunds_of
 
-from glia_client import AsyncClient, Client, ConflictError, NotFoundError, models
+from glia_client import AsyncClient, Client, ConflictError, NotFoundError, WaitTimeout, models
 
 
 def parked_for_approval(client: Client, goal: str) -> tuple[models.RunSummary, models.ApprovalRow]:
@@ -75,6 +76,12 @@ def test_a_stale_view_is_refused(client: Client) -> None:
     with pytest.raises(NotFoundError) as missing:
         client.approve(run.run_id, "no-such-call")
     assert missing.value.code == "call_not_found"
+    # Nothing answers it: waiting past the park gives up at the deadline, the run still parked.
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout) as waited:
+        client.wait(run.run_id, after=run.head_seq, timeout=2)
+    assert 2 <= time.monotonic() - started < 30
+    assert waited.value.run.status == "parked" and waited.value.run.head_seq == run.head_seq
     client.reject(run.run_id, row.call_id, reason="cleanup")
 
 

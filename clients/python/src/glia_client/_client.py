@@ -1,6 +1,8 @@
 """The blocking client, :class:`Client`. Its twin :class:`AsyncClient`
-(``_async_client.py``) has the same methods as coroutines; both send what
-``_ops`` and ``_core`` build."""
+(``_async_client.py``) has the same methods as coroutines. Both build
+requests with ``_ops``, run each operation's steps from ``_steps`` and keep
+its state in ``_core``; only carrying a step out (``_drive``: send, read,
+sleep) differs."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ how answers become models or typed errors, when and how long to wait
 before a retry, and the state of an event stream that resumes across
 disconnects. Nothing here does I/O; the two clients only send what this
 builds and sleep what this says, each in its own way (blocking or
-``await``).
+``await``); ``_steps`` strings these into each operation's control flow.
 
 Retries follow the CLI (``cli/src/client.rs``): a connection error, a
 timeout, a body cut off or a 502/503/504 is retried with exponential backoff
@@ -357,6 +357,7 @@ class EventFollow:
         connections: Connections made so far.
         finished: The run's last event (``session.complete`` or
             ``session.cancel``) was yielded.
+        response: The open answer of the current connection, if any.
     """
 
     run_id: str
