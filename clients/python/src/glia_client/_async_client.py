@@ -6,10 +6,10 @@ sending and sleeping differ."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import httpx
@@ -61,7 +61,7 @@ class AsyncClient:
     ) -> None:
         await self.aclose()
 
-    async def _drive(self, steps: Steps[Any]) -> AsyncIterator[tuple[bool, Any]]:
+    async def _drive(self, steps: Steps[Any]) -> AsyncGenerator[tuple[bool, Any], None]:
         """As :meth:`Client._drive`, awaiting each step."""
         opened: dict[int, httpx.Response] = {}
         frames: dict[int, AsyncIterator[Any]] = {}
@@ -143,7 +143,7 @@ class AsyncClient:
 
     async def _call(self, call: Call[T]) -> T:
         """As :meth:`Client._call`."""
-        return await self._run(_steps.call(self._http, self._settings, call))  # type: ignore[arg-type]
+        return cast(T, await self._run(_steps.call(self._http, self._settings, call)))
 
 
 

@@ -68,6 +68,7 @@ PARK_EVENTS = frozenset({"session.pause"})
 """The event type a run writes when it parks at a pull point."""
 
 T = TypeVar("T")
+R = TypeVar("R", covariant=True)
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -156,7 +157,7 @@ _NO_BODY: Any = object()
 
 
 @dataclass
-class Call(Generic[T]):
+class Call(Generic[R]):
     """One request of an operation, as data.
 
     Attributes:
@@ -181,7 +182,7 @@ class Call(Generic[T]):
     json: Any = _NO_BODY
     content: bytes | None = None
     headers: dict[str, str] = field(default_factory=dict)
-    parse: Callable[[int, bytes], T] | None = None
+    parse: Callable[[int, bytes], R] | None = None
     landed: frozenset[str] = frozenset()
     fix_error: Callable[[ApiError], ApiError] | None = None
 
@@ -209,13 +210,13 @@ class Call(Generic[T]):
         return http.build_request(
             self.endpoint.method,
             self.path,
-            params=self.query or None,
+            params=httpx.QueryParams(tuple(self.query)) if self.query else None,
             headers=headers,
             timeout=timeout or settings.timeout,
             **kwargs,
         )
 
-    def result(self, status: int, content: bytes, attempts: int) -> T | None:
+    def result(self, status: int, content: bytes, attempts: int) -> R | None:
         """The result of a final (not transient) answer: the parsed body of a
         2xx, ``None`` for a ``landed`` code after a retry; else raises the
         :class:`ApiError` of the answer."""

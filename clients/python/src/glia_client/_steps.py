@@ -110,7 +110,7 @@ Steps = Generator[Step, Any, T]
 Http = Union[httpx.Client, httpx.AsyncClient]
 
 
-def call(http: Http, settings: Settings, c: Call[T]) -> Steps[T | None]:
+def call(http: Http, settings: Settings, c: Call[T]) -> Steps[Any]:
     """``c`` sent and retried through an outage (``_core.Outage``); its
     result (``Call.result``)."""
     outage = Outage(settings, c.endpoint.idempotent)
@@ -234,6 +234,7 @@ def wait(http: Http, settings: Settings, plan: WaitPlan) -> Steps[models.RunSumm
             yield from first(follow(http, settings, f), plan.stops_at)
         except WaitTimeout:
             latest = yield from call(http, settings, get)
+            assert latest is not None
             raise plan.timed_out(latest) from None
         if f.response is not None:
             yield Close(f.response)
