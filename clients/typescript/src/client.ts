@@ -399,21 +399,24 @@ export class GliaClient {
       if (settled(run)) {
         return run;
       }
-      events = this.streamEvents(runId, { after: run.head_seq, signal });
+      const stream = this.streamEvents(runId, { after: run.head_seq, signal });
+      events = stream;
+      // Every pending read is handled, so one left behind when this returns rejects quietly.
+      const advance = () => {
+        const pending = stream.next();
+        pending.catch(() => undefined);
+        return pending;
+      };
       const never = new Promise<never>(() => undefined);
-      let next: Promise<unknown> = events.next();
+      let next: Promise<IteratorResult<Event, void>> = advance();
       for (;;) {
         let timer: ReturnType<typeof setTimeout> | undefined;
         const tick = new Promise<"tick">((resolve) => {
           timer = setTimeout(() => resolve("tick"), 2_000);
         });
-        const pending = next;
-        pending.catch(() => undefined);
-        const which = await Promise.race([pending.then((r) => ({ r })), tick]);
-        clearTimeout(timer);
+        const which = await Promise.race([next.then((result) => ({ result })), tick]).finally(() => clearTimeout(timer));
         if (which !== "tick") {
-          const result = which.r as IteratorResult<Event>;
-          next = result.done ? never : events.next();
+          next = which.result.done ? never : advance();
         }
         run = await this.getRun(runId, { signal });
         if (settled(run)) {

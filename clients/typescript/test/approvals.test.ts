@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { GliaError, type Event } from "../src/index.js";
+import { GliaError, GliaTimeoutError, type Event } from "../src/index.js";
 import { client, env, refundWithApproval } from "./helpers.js";
 
 async function allEvents(runId: string): Promise<Event[]> {
@@ -27,6 +27,8 @@ test("approve with an edit: the edited arguments run", async () => {
   const parked = await glia.wait(run.run_id, { timeoutMs: 90_000 });
   assert.equal(parked.status, "parked");
   assert.equal(parked.pull_point?.kind, "awaiting_approval");
+  // Waiting for a pull point it is not at ends with a timeout.
+  await assert.rejects(glia.wait(run.run_id, { pullPoints: ["awaiting_input"], timeoutMs: 2_500 }), GliaTimeoutError);
   const queue = await glia.listApprovals({ run_id: run.run_id });
   assert.equal(queue.approvals.length, 1);
   const row = queue.approvals[0];
