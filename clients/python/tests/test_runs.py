@@ -34,6 +34,10 @@ def test_submit_and_get_the_answer(client: Client) -> None:
     assert events[0].type == "session.start" and events[-1].type == "session.complete"
     page = client.events(run.run_id, after=1, limit=2)
     assert [e.seq for e in page.events] == [2, 3] and page.next_after == 3
+    # The stream of a finished run: from a seq, the rest; past its end, nothing.
+    tail = [e.seq for e in client.stream(run.run_id, after=done.head_seq - 2)]
+    assert tail == [done.head_seq - 1, done.head_seq]
+    assert list(client.stream(run.run_id, after=done.head_seq)) == []
 
     # Listed by its tag.
     listed = client.list_runs(tags=["py-answer"], status="done", limit=10)

@@ -205,7 +205,7 @@ class AsyncClient:
         follow = EventFollow(
             str(run_id), after, Outage(self._settings), include_live=include_live
         )
-        return self._iterate(_steps.follow(self._http, self._settings, follow))
+        return self._iterate(_steps.stream(self._http, self._settings, follow))
 
     async def wait(
         self,

@@ -243,7 +243,8 @@ class Client:
         arrives for 45 s) the client reconnects with ``Last-Event-ID`` = the
         last seq yielded, and drops any event at or below it. It gives up
         with :class:`~glia_client.errors.UnreachableError` once the stream
-        has been broken for ``max_outage`` seconds.
+        has been broken for ``max_outage`` seconds. A run already done
+        whose last event is at or before ``after`` yields nothing.
 
         Args:
             include_live: Also yield ``LiveEvent`` deltas (model tokens, tool
@@ -252,7 +253,7 @@ class Client:
         follow = EventFollow(
             str(run_id), after, Outage(self._settings), include_live=include_live
         )
-        return self._iterate(_steps.follow(self._http, self._settings, follow))
+        return self._iterate(_steps.stream(self._http, self._settings, follow))
 
 
 

@@ -222,6 +222,17 @@ def follow(http: Http, settings: Settings, f: EventFollow) -> Steps[None]:
         yield Sleep(f.broken(why))
 
 
+def stream(http: Http, settings: Settings, f: EventFollow) -> Steps[None]:
+    """:func:`follow`, except that a run already done whose last event is
+    at or before ``f.last`` hands out nothing (the dispatcher's stream would
+    wait for an event that never comes)."""
+    if f.last > 0:
+        run = yield from call(http, settings, ops.get_run(f.run_id))
+        if run.status == "done" and run.head_seq <= f.last:
+            return
+    yield from follow(http, settings, f)
+
+
 def wait(http: Http, settings: Settings, plan: WaitPlan) -> Steps[models.RunSummary]:
     """The run once ``plan`` is satisfied: read it, follow its stream to the
     next park or end, read it again (``_core.WaitPlan``)."""
