@@ -397,11 +397,15 @@ DecisionDoc, "Decision", json!({
 /// event seq, `Idempotency-Key` 1 to 255 visible ASCII characters); integer
 /// parameters stop at [`MAX_U64`]; and every `/v1` operation may
 /// answer 503 when a backing store fails (`log_unavailable`,
-/// `queue_unavailable`, `ledger_unavailable`).
+/// `queue_unavailable`, `ledger_unavailable`); and an `operationId` the
+/// handlers' names repeat across resources (`list`, `create`, `cancel`, …)
+/// becomes `<tag>_<id>` (`batches_list`), as OpenAPI requires ids unique
+/// (typed clients generated from the document need them so).
 pub fn complete(doc: &mut Value) {
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };
+    unique_operation_ids(paths);
     for (path, item) in paths.iter_mut() {
         let Some(operations) = item.as_object_mut() else {
             continue;
@@ -448,6 +452,37 @@ pub fn complete(doc: &mut Value) {
                     })
                 });
             }
+        }
+    }
+}
+
+/// Rename each `operationId` that more than one operation of `paths` uses
+/// to `<first tag>_<id>`; ids used once are kept.
+fn unique_operation_ids(paths: &mut serde_json::Map<String, Value>) {
+    let ids = || {
+        paths
+            .values()
+            .filter_map(Value::as_object)
+            .flat_map(|item| item.values())
+            .filter_map(|op| op.get("operationId").and_then(Value::as_str))
+    };
+    let mut uses = std::collections::HashMap::<String, usize>::new();
+    for id in ids() {
+        *uses.entry(id.to_owned()).or_default() += 1;
+    }
+    for op in paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+    {
+        let (Some(id), Some(tag)) = (
+            op.get("operationId").and_then(Value::as_str),
+            op.pointer("/tags/0").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        if uses.get(id).copied().unwrap_or(0) > 1 {
+            op["operationId"] = json!(format!("{tag}_{id}"));
         }
     }
 }

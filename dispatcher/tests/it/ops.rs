@@ -392,6 +392,18 @@ async fn openapi_documents_every_route_and_every_documented_route_exists() {
         documented, expected,
         "the document lists exactly the API's endpoints"
     );
+    // Every operation has an id, and no two share one (OpenAPI requires it;
+    // the generated clients under clients/ rely on it).
+    let mut ids: Vec<&str> = paths
+        .values()
+        .flat_map(|item| item.as_object().unwrap().values())
+        .filter(|op| op.get("responses").is_some())
+        .map(|op| op["operationId"].as_str().expect("an operationId"))
+        .collect();
+    let count = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), count, "operationIds are unique: {ids:?}");
     // Each documented route is served (not a route_not_found / method_not_allowed).
     for (method, path) in &documented {
         let uri = path

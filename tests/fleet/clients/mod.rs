@@ -15,7 +15,9 @@
 //! `answer` answers at once; `refund` looks order A1 up, refunds it and
 //! answers (with `"policies": [{"tool": "refund_order", "action": {"kind":
 //! "require_approval"}}]` in the run's config the refund waits for a
-//! decision, as in `examples/refund.config.json`); `slow` calls `sleep`
+//! decision, as in `examples/refund.config.json`); `lookup` calls
+//! `lookup_order` (declare it in the run's `external_tools`: the caller
+//! posts its result) and answers; `slow` calls `sleep`
 //! (a built-in wait; the run's config must allow it:
 //! `"builtin_tools": ["sleep"]`) before it answers. Webhooks may reach loopback
 //! (`GLIA_WEBHOOK_ALLOW_PRIVATE`).
@@ -24,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use glia_testkit::fleet::Fleet;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 mod python;
 mod typescript;
@@ -39,6 +41,13 @@ fn scripts() -> Vec<(&'static str, Value)> {
                 {"text": "Looking up A1.", "tool_calls": [{"name": "get_order", "input": {"order_id": "A1"}}]},
                 {"text": "Refunding it.", "tool_calls": [{"name": "refund_order", "input": {"order_id": "A1"}}]},
                 {"text": "Order A1 is refunded."}
+            ]),
+        ),
+        (
+            "lookup",
+            json!([
+                {"text": "Looking A1 up.", "tool_calls": [{"name": "lookup_order", "input": {"order_id": "A1"}}]},
+                {"text": "Looked up."}
             ]),
         ),
         (
