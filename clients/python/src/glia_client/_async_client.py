@@ -220,7 +220,7 @@ class AsyncClient:
         plan = WaitPlan(str(run_id), after, until, deadline)
         return await self._run(_steps.wait(self._http, self._settings, plan))
 
-    async def cancel(self, run_id: str, *, reason: str | None = None) -> models.Accepted:
+    async def cancel(self, run_id: str, *, reason: str | None = None) -> models.Accepted | None:
         """As :meth:`Client.cancel`."""
         return await self._call(ops.cancel(str(run_id), reason))
 
@@ -250,17 +250,17 @@ class AsyncClient:
         self, run_id: str, text: str, *, head_seq: int | None = None
     ) -> models.Accepted | None:
         """As :meth:`Client.send_message`."""
-        if head_seq is None:
-            head_seq = (await self.get_run(run_id)).head_seq
-        return await self._call(ops.message(str(run_id), text, head_seq))
+        return await self._run(
+            _steps.message(self._http, self._settings, str(run_id), text, head_seq, close=False)
+        )
 
     async def close_conversation(
         self, run_id: str, *, text: str | None = None, head_seq: int | None = None
     ) -> models.Accepted | None:
         """As :meth:`Client.close_conversation`."""
-        if head_seq is None:
-            head_seq = (await self.get_run(run_id)).head_seq
-        return await self._call(ops.close(str(run_id), text, head_seq))
+        return await self._run(
+            _steps.message(self._http, self._settings, str(run_id), text, head_seq, close=True)
+        )
 
     # --- approvals --------------------------------------------------------------
 

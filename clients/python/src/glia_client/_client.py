@@ -282,9 +282,10 @@ class Client:
         plan = WaitPlan(str(run_id), after, until, deadline)
         return self._run(_steps.wait(self._http, self._settings, plan))
 
-    def cancel(self, run_id: str, *, reason: str | None = None) -> models.Accepted:
+    def cancel(self, run_id: str, *, reason: str | None = None) -> models.Accepted | None:
         """Cancel a run (``POST /v1/runs/{id}/cancel``); a finished run is 409
-        ``run_finished``."""
+        ``run_finished``, except after a retry, where the run is finished as
+        asked and ``None`` is returned."""
         return self._call(ops.cancel(str(run_id), reason))
 
     def pause(self, run_id: str, *, reason: str | None = None) -> models.Accepted:
@@ -323,20 +324,22 @@ class Client:
         The post carries ``head_seq`` (default: the run's head now, read
         first), so it lands only while the run still waits where the sender
         saw it (else 409 ``head_moved``) and a retry is never taken as a
-        second message. Returns ``None`` when a retry found the message
-        already waiting (409 ``already_posted``)."""
-        if head_seq is None:
-            head_seq = self.get_run(run_id).head_seq
-        return self._call(ops.message(str(run_id), text, head_seq))
+        second message. Returns ``None`` when a retry found that an earlier
+        attempt landed (409 ``already_posted``, or ``head_moved`` with this
+        text received next); a ``head_moved`` otherwise (someone else
+        answered) is raised."""
+        return self._run(
+            _steps.message(self._http, self._settings, str(run_id), text, head_seq, close=False)
+        )
 
     def close_conversation(
         self, run_id: str, *, text: str | None = None, head_seq: int | None = None
     ) -> models.Accepted | None:
         """End a conversational run parked at ``awaiting_input`` (``POST
         /v1/runs/{id}/close``), with ``head_seq`` as :meth:`send_message`."""
-        if head_seq is None:
-            head_seq = self.get_run(run_id).head_seq
-        return self._call(ops.close(str(run_id), text, head_seq))
+        return self._run(
+            _steps.message(self._http, self._settings, str(run_id), text, head_seq, close=True)
+        )
 
     # --- approvals --------------------------------------------------------------
 

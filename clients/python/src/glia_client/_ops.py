@@ -27,10 +27,12 @@ from ._core import (
 # After a retry, these 409 codes mean an earlier attempt of the same post
 # landed (its answer was lost): a decision or a tool result is deduplicated
 # per call, a message or close that waits in the inbox is refused as
-# already posted.
+# already posted, a cancel applied leaves the run finished (which is what a
+# cancel asks for, whoever finished it).
 DECISION_LANDED = frozenset({"already_decided"})
 RESULT_LANDED = frozenset({"already_answered"})
 INPUT_LANDED = frozenset({"already_posted"})
+CANCEL_LANDED = frozenset({"run_finished"})
 
 
 def submit(
@@ -215,12 +217,14 @@ def close(run_id: str, text: str | None, head_seq: int) -> Call[models.Accepted]
 
 
 def cancel(run_id: str, reason: str | None) -> Call[models.Accepted]:
-    """``POST /v1/runs/{id}/cancel``."""
+    """``POST /v1/runs/{id}/cancel`` (a repeat while the cancel waits
+    answers it again; once applied, 409 ``run_finished``)."""
     return Call(
         ep.CANCEL_RUN,
         {"id": run_id},
         json=without_none(reason=reason),
         parse=model_parser(models.Accepted),
+        landed=CANCEL_LANDED,
     )
 
 

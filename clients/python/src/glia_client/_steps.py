@@ -36,7 +36,7 @@ from ._core import (
     retry_after,
     transient_why,
 )
-from .errors import WaitTimeout
+from .errors import ConflictError, WaitTimeout
 
 T = TypeVar("T")
 
@@ -333,3 +333,33 @@ def events(http: Http, settings: Settings, run_id: str, after: int) -> Steps[Non
         if not page.events or page.next_after >= page.head_seq:
             return
         after = page.next_after
+
+
+def message(
+    http: Http,
+    settings: Settings,
+    run_id: str,
+    text: str | None,
+    head_seq: int | None,
+    close: bool,
+) -> Steps[models.Accepted | None]:
+    """Post a message (or, with ``close``, a close with ``text``) carrying
+    ``head_seq`` (default: the run's head, read first). After a retry, 409
+    ``already_posted`` means this post waits in the inbox, and 409
+    ``head_moved`` that it landed when the run's next ``input.received``
+    after ``head_seq`` carries ``text``: ``None`` then (its answer was lost).
+    Any other ``head_moved`` is raised: someone else answered."""
+    if head_seq is None:
+        run = yield from call(http, settings, ops.get_run(run_id))
+        head_seq = run.head_seq
+    c = ops.close(run_id, text, head_seq) if close else ops.message(run_id, text or "", head_seq)
+    try:
+        accepted: models.Accepted | None = yield from call(http, settings, c)
+        return accepted
+    except ConflictError as e:
+        if e.attempts > 1 and e.code == "head_moved" and text is not None:
+            page = yield from call(http, settings, ops.events(run_id, head_seq, 100))
+            received = [ev for ev in page.events if ev.type == "input.received"]
+            if received and isinstance(received[0].data, dict) and received[0].data.get("text") == text:
+                return None
+        raise

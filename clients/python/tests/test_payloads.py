@@ -1,0 +1,63 @@
+"""Payloads other than decisions against the real fleet: a conversational
+run's messages and close, and an external tool's result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import WAIT
+
+from glia_client import Client, ConflictError
+
+CHAT = {"model": "script:answer", "conversational": True}
+EXTERNAL = {
+    "model": "script:lookup",
+    "external_tools": [
+        {"name": "lookup_order", "description": "Look an order up (the caller's system).",
+         "input_schema": {"type": "object"}, "external": True}
+    ],
+}
+
+
+def test_a_message_to_a_conversation(client: Client) -> None:
+    run = client.submit("Hello.", config=CHAT)
+    run = client.wait(run.run_id, timeout=WAIT)
+    assert run.pull_point is not None and run.pull_point.kind == "awaiting_input", run
+    accepted = client.send_message(run.run_id, "And one more thing.")
+    assert accepted is not None and accepted.kinds == ["input"]
+    # Another message against the head the first was sent at: refused.
+    with pytest.raises(ConflictError) as err:
+        client.send_message(run.run_id, "Again.", head_seq=run.head_seq)
+    assert err.value.code in ("already_posted", "head_moved")
+    # The scripted model has no second answer: the run ends once it took the message.
+    client.wait(run.run_id, after=run.head_seq, until="done", timeout=WAIT)
+    texts = [e.data.get("text") for e in client.iter_events(run.run_id) if e.type == "input.received"]
+    assert texts == ["And one more thing."], texts
+
+
+def test_close_a_conversation(client: Client) -> None:
+    run = client.submit("Hello, briefly.", config=CHAT)
+    run = client.wait(run.run_id, timeout=WAIT)
+    assert run.pull_point is not None and run.pull_point.kind == "awaiting_input", run
+    closed = client.close_conversation(run.run_id)
+    assert closed is not None and closed.kinds == ["close"]
+    done = client.wait(run.run_id, after=run.head_seq, until="done", timeout=WAIT)
+    assert done.outcome is not None
+    assert (done.outcome.kind, done.outcome.answer) == ("succeeded", "Done: the goal is met.")
+
+
+def test_an_external_tool_result(client: Client) -> None:
+    run = client.submit("Look order A1 up, outside.", config=EXTERNAL)
+    run = client.wait(run.run_id, timeout=WAIT)
+    assert run.pull_point is not None and run.pull_point.kind == "awaiting_tool", run
+    [call_id] = run.pull_point.call_ids or []
+    accepted = client.post_tool_result(run.run_id, call_id, {"order_id": "A1", "status": "delivered"})
+    assert accepted is not None and accepted.call_id == call_id
+    with pytest.raises(ConflictError) as err:
+        client.post_tool_result(run.run_id, call_id, "twice")
+    assert err.value.code == "already_answered"
+    done = client.wait(run.run_id, after=run.head_seq, until="done", timeout=WAIT)
+    assert done.outcome is not None and done.outcome.answer == "Looked up."
+    [result] = [e for e in client.iter_events(run.run_id) if e.type == "tool.result" and e.data.get("call_id") == call_id]
+    assert "delivered" in json.dumps(result.data)
