@@ -57,6 +57,8 @@ pub fn foreign_schemas() -> Vec<(String, Value)> {
         ("SseEvent", SseEventDoc::json()),
         ("BatchProgressEvent", BatchProgressEventDoc::json()),
         ("LiveEvent", LiveEventDoc::json()),
+        ("WebhookSubscription", WebhookSubscriptionDoc::json()),
+        ("WebhookDelivery", WebhookDeliveryDoc::json()),
     ];
     hand_written
         .into_iter()
@@ -381,6 +383,46 @@ ApprovalRowDoc, "ApprovalRow", json!({
         "decided_by": {"type": ["string", "null"], "description": "Who decided: the token's principal name; `reconciler` for an expiry."},
         "decided_at": {"type": ["string", "null"], "format": "date-time"},
         "escalated_at": {"type": ["string", "null"], "format": "date-time", "description": "When `approval.escalated` was recorded."}
+    }
+}));
+
+foreign_schema!(
+/// `glia_backends::webhooks::Subscription`: a tenant's webhook subscription
+/// (never its secret).
+WebhookSubscriptionDoc, "WebhookSubscription", json!({
+    "type": "object",
+    "required": ["id", "tenant", "url", "events", "format", "created_at"],
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "tenant": {"type": "string", "description": "The owning tenant."},
+        "url": {"type": "string", "description": "The receiver's URL."},
+        "events": {"type": "array", "items": {"type": "string"}, "description": "Event types delivered: `approval.requested`, `approval.escalated`, `approval.expired`, `approval.resolved`, `run.completed`, `run.failed`."},
+        "format": {"enum": ["standard", "slack"], "description": "The body format."},
+        "created_at": {"type": "string", "format": "date-time"}
+    }
+}));
+
+foreign_schema!(
+/// `glia_backends::webhooks::Delivery`: one event for one subscription, with
+/// its attempts so far.
+WebhookDeliveryDoc, "WebhookDelivery", json!({
+    "type": "object",
+    "required": ["id", "msg_id", "subscription_id", "event_type", "run_id", "seq", "payload", "status", "attempts", "next_attempt_at", "last_status", "last_error", "created_at", "delivered_at"],
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": MAX_U64},
+        "msg_id": {"type": "string", "format": "uuid", "description": "The `webhook-id` header: the same on every attempt."},
+        "subscription_id": {"type": "string", "format": "uuid"},
+        "event_type": {"type": "string"},
+        "run_id": {"type": "string", "format": "uuid"},
+        "seq": {"type": "integer", "minimum": 0, "maximum": MAX_U64, "description": "The run event's seq."},
+        "payload": {"type": "object", "description": "The standard body: `{type, timestamp, data}`."},
+        "status": {"enum": ["pending", "delivered", "dead"]},
+        "attempts": {"type": "integer", "minimum": 0, "maximum": 4294967295u32},
+        "next_attempt_at": {"type": "string", "format": "date-time", "description": "When the next attempt is due (pending ones)."},
+        "last_status": {"type": ["integer", "null"], "minimum": 0, "maximum": 65535, "description": "The last attempt's HTTP status, if one answered."},
+        "last_error": {"type": ["string", "null"], "description": "Why the last attempt failed."},
+        "created_at": {"type": "string", "format": "date-time"},
+        "delivered_at": {"type": ["string", "null"], "format": "date-time", "description": "When a 2xx came back."}
     }
 }));
 

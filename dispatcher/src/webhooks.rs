@@ -82,7 +82,7 @@ pub struct NewSubscription {
 pub struct Created {
     /// The subscription.
     #[serde(flatten)]
-    #[schema(value_type = Object)]
+    #[schema(value_type = crate::docs::WebhookSubscriptionDoc)]
     pub subscription: Subscription,
     /// `whsec_…`: verify `webhook-signature` with it. Not shown again.
     pub secret: String,
@@ -92,7 +92,7 @@ pub struct Created {
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct Subscriptions {
     /// Oldest first.
-    #[schema(value_type = Vec<Object>)]
+    #[schema(value_type = Vec<crate::docs::WebhookSubscriptionDoc>)]
     pub webhooks: Vec<Subscription>,
 }
 
@@ -100,7 +100,7 @@ pub struct Subscriptions {
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct Deliveries {
     /// Newest first (at most 100).
-    #[schema(value_type = Vec<Object>)]
+    #[schema(value_type = Vec<crate::docs::WebhookDeliveryDoc>)]
     pub deliveries: Vec<Delivery>,
 }
 

@@ -11,6 +11,7 @@ from conftest import WAIT
 from glia_client import Client, ConflictError
 
 CHAT = {"model": "script:answer", "conversational": True}
+TWO_ANSWERS = {"model": "script:chat", "conversational": True}
 EXTERNAL = {
     "model": "script:lookup",
     "external_tools": [
@@ -21,17 +22,22 @@ EXTERNAL = {
 
 
 def test_a_message_to_a_conversation(client: Client) -> None:
-    run = client.submit("Hello.", config=CHAT)
+    run = client.submit("Hello.", config=TWO_ANSWERS)
     run = client.wait(run.run_id, timeout=WAIT)
     assert run.pull_point is not None and run.pull_point.kind == "awaiting_input", run
     accepted = client.send_message(run.run_id, "And one more thing.")
     assert accepted is not None and accepted.kinds == ["input"]
-    # Another message against the head the first was sent at: refused.
+    # Another message against the head the first was sent at: refused,
+    # whether or not a worker took the first yet (the run answers it and
+    # waits for input again, so it is not finished either way).
     with pytest.raises(ConflictError) as err:
         client.send_message(run.run_id, "Again.", head_seq=run.head_seq)
     assert err.value.code in ("already_posted", "head_moved")
-    # The scripted model has no second answer: the run ends once it took the message.
-    client.wait(run.run_id, after=run.head_seq, until="done", timeout=WAIT)
+    answered = client.wait(run.run_id, after=run.head_seq, timeout=WAIT)
+    assert answered.pull_point is not None and answered.pull_point.kind == "awaiting_input", answered
+    client.close_conversation(run.run_id)
+    done = client.wait(run.run_id, after=answered.head_seq, until="done", timeout=WAIT)
+    assert done.outcome is not None and done.outcome.answer == "Noted.", done
     texts = [e.data.get("text") for e in client.iter_events(run.run_id) if e.type == "input.received"]
     assert texts == ["And one more thing."], texts
 
@@ -48,16 +54,23 @@ def test_close_a_conversation(client: Client) -> None:
 
 
 def test_an_external_tool_result(client: Client) -> None:
-    run = client.submit("Look order A1 up, outside.", config=EXTERNAL)
+    run = client.submit("Look orders A1 and B2 up, outside.", config=EXTERNAL)
     run = client.wait(run.run_id, timeout=WAIT)
     assert run.pull_point is not None and run.pull_point.kind == "awaiting_tool", run
-    [call_id] = run.pull_point.call_ids or []
-    accepted = client.post_tool_result(run.run_id, call_id, {"order_id": "A1", "status": "delivered"})
-    assert accepted is not None and accepted.call_id == call_id
+    [first] = run.pull_point.call_ids or []
+    accepted = client.post_tool_result(run.run_id, first, {"order_id": "A1", "status": "delivered"})
+    assert accepted is not None and accepted.call_id == first
+    # A second result for the same call is refused, whether or not a worker
+    # took the first yet (the run then waits for its second call, B2).
     with pytest.raises(ConflictError) as err:
-        client.post_tool_result(run.run_id, call_id, "twice")
+        client.post_tool_result(run.run_id, first, "twice")
     assert err.value.code == "already_answered"
-    done = client.wait(run.run_id, after=run.head_seq, until="done", timeout=WAIT)
+    waiting = client.wait(run.run_id, after=run.head_seq, timeout=WAIT)
+    assert waiting.pull_point is not None and waiting.pull_point.kind == "awaiting_tool", waiting
+    [second] = waiting.pull_point.call_ids or []
+    assert second != first
+    client.post_tool_result(waiting.run_id, second, {"order_id": "B2", "status": "shipped"})
+    done = client.wait(run.run_id, after=waiting.head_seq, until="done", timeout=WAIT)
     assert done.outcome is not None and done.outcome.answer == "Looked up."
-    [result] = [e for e in client.iter_events(run.run_id) if e.type == "tool.result" and e.data.get("call_id") == call_id]
-    assert "delivered" in json.dumps(result.data)
+    results = {e.data.get("call_id"): json.dumps(e.data) for e in client.iter_events(run.run_id) if e.type == "tool.result"}
+    assert "delivered" in results[first] and "shipped" in results[second], results

@@ -73,8 +73,8 @@ def test_a_real_delivery_verifies_and_a_changed_one_does_not(client: Client, rec
     created = client.create_webhook(receiver.url, events=["run.completed"])
     secret = created.secret
     assert secret.startswith("whsec_")
-    webhook_id = created.model_extra["id"] if created.model_extra else None
-    assert webhook_id, created
+    webhook_id = created.id
+    assert created.events == ["run.completed"] and created.format == "standard", created
     try:
         run = client.submit("Answer, and tell the webhook.", config=ANSWER)
         client.wait(run.run_id, until="done", timeout=WAIT)
@@ -96,9 +96,9 @@ def test_a_real_delivery_verifies_and_a_changed_one_does_not(client: Client, rec
             webhooks.verify(other, body, headers)
         json.loads(body)  # the body is the standard JSON
 
-        ids = [w["id"] for w in client.list_webhooks().webhooks]
+        ids = [w.id for w in client.list_webhooks().webhooks]
         assert webhook_id in ids
-        assert any(d["msg_id"] for d in client.webhook_deliveries(webhook_id).deliveries)
+        assert any(d.run_id == run.run_id for d in client.webhook_deliveries(webhook_id).deliveries)
     finally:
         client.delete_webhook(webhook_id)
-    assert webhook_id not in [w["id"] for w in client.list_webhooks().webhooks]
+    assert webhook_id not in [w.id for w in client.list_webhooks().webhooks]

@@ -82,7 +82,7 @@ test("a real delivery verifies; a tampered body or an old timestamp does not", a
     );
     await assert.rejects(verifyWebhook("whsec_" + btoa("another key, 24 bytes!!!"), delivery.headers, delivery.body), WebhookVerificationError);
   } finally {
-    await glia.deleteWebhook(String((subscription as { id?: unknown }).id));
+    await glia.deleteWebhook(subscription.id);
     await new Promise<void>((resolve) => server.close(() => resolve()));
   }
 });

@@ -16,8 +16,10 @@
 //! answers (with `"policies": [{"tool": "refund_order", "action": {"kind":
 //! "require_approval"}}]` in the run's config the refund waits for a
 //! decision, as in `examples/refund.config.json`); `lookup` calls
-//! `lookup_order` (declare it in the run's `external_tools`: the caller
-//! posts its result) and answers; `slow` calls `sleep`
+//! `lookup_order` twice, for A1 and then B2 (declare it in the run's
+//! `external_tools`: the caller posts each result), and answers; `chat`
+//! answers twice (a conversational run's first answer and its answer to one
+//! message); `slow` calls `sleep`
 //! (a built-in wait; the run's config must allow it:
 //! `"builtin_tools": ["sleep"]`) before it answers. Webhooks may reach loopback
 //! (`GLIA_WEBHOOK_ALLOW_PRIVATE`).
@@ -47,8 +49,13 @@ fn scripts() -> Vec<(&'static str, Value)> {
             "lookup",
             json!([
                 {"text": "Looking A1 up.", "tool_calls": [{"name": "lookup_order", "input": {"order_id": "A1"}}]},
+                {"text": "Now B2.", "tool_calls": [{"name": "lookup_order", "input": {"order_id": "B2"}}]},
                 {"text": "Looked up."}
             ]),
+        ),
+        (
+            "chat",
+            json!([{"text": "Hello; what else?"}, {"text": "Noted."}]),
         ),
         (
             "slow",

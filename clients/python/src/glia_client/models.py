@@ -303,21 +303,6 @@ class CreateExperiment(BaseModel):
     """
 
 
-class Created(BaseModel):
-    """
-    A created subscription: the listing's fields plus the signing secret,
-    shown this once.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-    )
-    secret: str
-    """
-    `whsec_…`: verify `webhook-signature` with it. Not shown again.
-    """
-
-
 class DatasetView(BaseModel):
     """
     One version of a dataset.
@@ -397,20 +382,6 @@ class DecisionBody2(BaseModel):
 
 class DecisionBody(RootModel[DecisionBody1 | DecisionBody2]):
     root: DecisionBody1 | DecisionBody2
-
-
-class Deliveries(BaseModel):
-    """
-    Answer of `GET /v1/webhooks/{id}/deliveries`.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-    )
-    deliveries: list[dict[str, Any]]
-    """
-    Newest first (at most 100).
-    """
 
 
 class ErrorDetail(BaseModel):
@@ -1082,20 +1053,6 @@ class SseEvent(RootModel[SseEvent1 | SseEvent2]):
     """
 
 
-class Subscriptions(BaseModel):
-    """
-    Answer of `GET /v1/webhooks`.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-    )
-    webhooks: list[dict[str, Any]]
-    """
-    Oldest first.
-    """
-
-
 class ToolResultBody(BaseModel):
     """
     Body of `POST /v1/runs/{id}/tool-results/{call_id}`: `{"content": "…", "is_error": false}`.
@@ -1112,6 +1069,71 @@ class ToolResultBody(BaseModel):
     """
     True when the tool failed.
     """
+
+
+class WebhookDelivery(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    id: int = Field(..., ge=0, le=18446744073709551615)
+    msg_id: UUID
+    """
+    The `webhook-id` header: the same on every attempt.
+    """
+    subscription_id: UUID
+    event_type: str
+    run_id: UUID
+    seq: int = Field(..., ge=0, le=18446744073709551615)
+    """
+    The run event's seq.
+    """
+    payload: dict[str, Any]
+    """
+    The standard body: `{type, timestamp, data}`.
+    """
+    status: Literal["pending", "delivered", "dead"]
+    attempts: int = Field(..., ge=0, le=4294967295)
+    next_attempt_at: AwareDatetime
+    """
+    When the next attempt is due (pending ones).
+    """
+    last_status: int | None = Field(..., ge=0, le=65535)
+    """
+    The last attempt's HTTP status, if one answered.
+    """
+    last_error: str | None
+    """
+    Why the last attempt failed.
+    """
+    created_at: AwareDatetime
+    delivered_at: AwareDatetime | None
+    """
+    When a 2xx came back.
+    """
+
+
+class WebhookSubscription(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    id: UUID
+    tenant: str
+    """
+    The owning tenant.
+    """
+    url: str
+    """
+    The receiver's URL.
+    """
+    events: list[str]
+    """
+    Event types delivered: `approval.requested`, `approval.escalated`, `approval.expired`, `approval.resolved`, `run.completed`, `run.failed`.
+    """
+    format: Literal["standard", "slack"]
+    """
+    The body format.
+    """
+    created_at: AwareDatetime
 
 
 class LiveEvent(BaseModel):
@@ -1592,6 +1614,21 @@ class BulkResults(BaseModel):
     """
 
 
+class Created(WebhookSubscription):
+    """
+    A created subscription: the listing's fields plus the signing secret,
+    shown this once.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    secret: str
+    """
+    `whsec_…`: verify `webhook-signature` with it. Not shown again.
+    """
+
+
 class DatasetCases(BaseModel):
     """
     One version of a dataset with its cases.
@@ -1621,6 +1658,20 @@ class DatasetList(BaseModel):
     datasets: list[DatasetView]
     """
     The versions.
+    """
+
+
+class Deliveries(BaseModel):
+    """
+    Answer of `GET /v1/webhooks/{id}/deliveries`.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    deliveries: list[WebhookDelivery]
+    """
+    Newest first (at most 100).
     """
 
 
@@ -1730,6 +1781,20 @@ class RunPage(BaseModel):
     runs: list[RunSummary]
     """
     The runs.
+    """
+
+
+class Subscriptions(BaseModel):
+    """
+    Answer of `GET /v1/webhooks`.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    webhooks: list[WebhookSubscription]
+    """
+    Oldest first.
     """
 
 

@@ -1582,7 +1582,7 @@ export interface components {
          * @description A created subscription: the listing's fields plus the signing secret,
          *     shown this once.
          */
-        Created: Record<string, unknown> & {
+        Created: components["schemas"]["WebhookSubscription"] & {
             /** @description `whsec_…`: verify `webhook-signature` with it. Not shown again. */
             secret: string;
         };
@@ -1647,7 +1647,7 @@ export interface components {
         /** @description Answer of `GET /v1/webhooks/{id}/deliveries`. */
         Deliveries: {
             /** @description Newest first (at most 100). */
-            deliveries: Record<string, unknown>[];
+            deliveries: components["schemas"]["WebhookDelivery"][];
         };
         /** @description The JSON body of every error: `{"error": {"code": …, "message": …}}`. */
         ErrorBody: {
@@ -2422,7 +2422,7 @@ export interface components {
         /** @description Answer of `GET /v1/webhooks`. */
         Subscriptions: {
             /** @description Oldest first. */
-            webhooks: Record<string, unknown>[];
+            webhooks: components["schemas"]["WebhookSubscription"][];
         };
         /** @description Body of `POST /v1/runs/{id}/tool-results/{call_id}`: `{"content": "…", "is_error": false}`. */
         ToolResultBody: {
@@ -2430,6 +2430,59 @@ export interface components {
             content: string;
             /** @description True when the tool failed. */
             is_error?: boolean;
+        };
+        WebhookDelivery: {
+            id: number;
+            /**
+             * Format: uuid
+             * @description The `webhook-id` header: the same on every attempt.
+             */
+            msg_id: string;
+            /** Format: uuid */
+            subscription_id: string;
+            event_type: string;
+            /** Format: uuid */
+            run_id: string;
+            /** @description The run event's seq. */
+            seq: number;
+            /** @description The standard body: `{type, timestamp, data}`. */
+            payload: Record<string, unknown>;
+            /** @enum {unknown} */
+            status: "pending" | "delivered" | "dead";
+            attempts: number;
+            /**
+             * Format: date-time
+             * @description When the next attempt is due (pending ones).
+             */
+            next_attempt_at: string;
+            /** @description The last attempt's HTTP status, if one answered. */
+            last_status: number | null;
+            /** @description Why the last attempt failed. */
+            last_error: string | null;
+            /** Format: date-time */
+            created_at: string;
+            /**
+             * Format: date-time
+             * @description When a 2xx came back.
+             */
+            delivered_at: string | null;
+        };
+        WebhookSubscription: {
+            /** Format: uuid */
+            id: string;
+            /** @description The owning tenant. */
+            tenant: string;
+            /** @description The receiver's URL. */
+            url: string;
+            /** @description Event types delivered: `approval.requested`, `approval.escalated`, `approval.expired`, `approval.resolved`, `run.completed`, `run.failed`. */
+            events: string[];
+            /**
+             * @description The body format.
+             * @enum {unknown}
+             */
+            format: "standard" | "slack";
+            /** Format: date-time */
+            created_at: string;
         };
         LiveEvent: {
             /** @enum {unknown} */
