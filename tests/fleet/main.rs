@@ -20,6 +20,7 @@
 //! - [`waits`]: timers across a dispatcher restart, event waits across a worker kill.
 //! - [`children`]: child runs (agents as tools): parallel children, kills, cancel, budgets.
 //! - [`evals`]: the tau-bench replay eval on the fleet, through worker and dispatcher kills.
+//! - [`mcp`]: glia as an MCP server, with the rmcp client and the TypeScript SDK's.
 
 mod agents;
 mod approvals;
@@ -32,6 +33,7 @@ mod evals;
 mod exactly_once;
 mod guardrails;
 mod limits;
+mod mcp;
 mod observability;
 mod retention;
 mod waits;
