@@ -14,8 +14,6 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::model::DecisionKind;
-
 /// Lists the token's pending approvals (scope `approve`).
 pub const LIST_APPROVALS: &str = "_glia_list_approvals";
 /// Decides one pending approval (scope `approve`).
@@ -312,26 +310,9 @@ pub struct ListArgs {
     pub limit: Option<usize>,
 }
 
-/// The arguments of [`DECIDE_APPROVAL`].
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DecideArgs {
-    /// The run.
-    pub run_id: Uuid,
-    /// The call.
-    pub call_id: String,
-    /// approve, reject or edit.
-    pub decision: DecisionKind,
-    /// For reject.
-    #[serde(default)]
-    pub reason: Option<String>,
-    /// For edit.
-    #[serde(default)]
-    pub input: Option<Value>,
-    /// The args_hash seen.
-    #[serde(default)]
-    pub args_hash: Option<String>,
-}
+/// The arguments of [`DECIDE_APPROVAL`]: one decision of `POST
+/// /v1/approvals`.
+pub type DecideArgs = crate::model::BulkDecision;
 
 /// The arguments of [`WAIT_RUN`].
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -394,6 +375,7 @@ pub fn parse<T: DeserializeOwned>(name: &str, args: Option<&JsonObject>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::DecisionKind;
 
     fn args(v: Value) -> JsonObject {
         v.as_object().unwrap().clone()
@@ -454,10 +436,11 @@ mod tests {
     #[test]
     fn own_tool_names_cannot_be_agent_names() {
         for name in [LIST_APPROVALS, DECIDE_APPROVAL, WAIT_RUN, CANCEL_RUN] {
-            let def = json!({"name": name});
+            let def = json!({"name": name, "model": "m"});
             let def: AgentDefinition = glia_proto::strict::from_json_value(def).unwrap();
-            assert!(
-                def.validate().is_err(),
+            assert_eq!(
+                def.validate().map_err(|e| e.field),
+                Err("name".to_owned()),
                 "{name} is refused as an agent name"
             );
             assert_eq!(glia_proto::tool_names::provider_tool_name(name), name);
