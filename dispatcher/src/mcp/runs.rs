@@ -158,9 +158,7 @@ async fn notify(p: &Progress, run_id: Uuid, e: &Event) {
 /// arguments, results or text.
 pub fn describe(e: &Event) -> String {
     let what = match &e.kind {
-        EventKind::StepStart {
-            index, description, ..
-        } => format!("step {} started: {}", index + 1, clip(description)),
+        EventKind::StepStart { index, .. } => format!("step {} started", index + 1),
         EventKind::StepEnd { index, .. } => format!("step {} ended", index + 1),
         EventKind::ModelCall { model, .. } => format!("model {model} called"),
         EventKind::ToolCall(call) => format!("tool {} called ({})", call.name, call.call_id),
@@ -179,14 +177,6 @@ pub fn describe(e: &Event) -> String {
         other => other.name().to_owned(),
     };
     format!("{} {}: {what}", e.seq, e.kind.name())
-}
-
-fn clip(s: &str) -> String {
-    const MAX: usize = 80;
-    match s.char_indices().nth(MAX) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_owned(),
-    }
 }
 
 /// The pending approvals of run `id`, oldest first.
@@ -266,8 +256,12 @@ pub async fn result(
         body["status"] = json!(status);
         return Ok(answer(text, body, error));
     }
+    // A payload posted and not yet applied (a decision, a message) moves
+    // the run on: it is running, not waiting for anyone.
     let parked = match (&run.status, &run.pull_point) {
-        (RunStatus::Parked, Some(point)) if needs_outside(point) => Some(point),
+        (RunStatus::Parked, Some(point)) if needs_outside(point) => {
+            app.log.inbox(id).await?.is_empty().then_some(point)
+        }
         _ => None,
     };
     let Some(point) = parked else {
