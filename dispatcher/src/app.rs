@@ -42,6 +42,13 @@ pub struct Limits {
     /// begin after it arrived (default 15 min; `docs/waits.md`).
     pub event_retention: Duration,
     // --- end waits ---
+    /// How long an MCP `tools/call` of an agent waits for its run before it
+    /// answers where the run stands (default 50 s, under the 60 s request
+    /// timeout common MCP clients keep; `docs/mcp.md`).
+    pub mcp_wait: Duration,
+    /// The longest wait an MCP call may ask for (`_meta` `glia/wait_ms`,
+    /// `_glia_wait_run`'s `wait_ms`; default 10 min).
+    pub mcp_max_wait: Duration,
 }
 
 impl Default for Limits {
@@ -58,6 +65,8 @@ impl Default for Limits {
             ready_timeout: Duration::from_secs(2),
             waits_poll: Duration::from_secs(1),
             event_retention: Duration::from_secs(15 * 60),
+            mcp_wait: Duration::from_secs(50),
+            mcp_max_wait: Duration::from_secs(600),
         }
     }
 }

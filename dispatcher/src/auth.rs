@@ -13,6 +13,9 @@
 //! | `approve` | `GET /v1/approvals`, decisions (single and bulk), resume |
 //! | `admin` | everything, across tenants |
 //!
+//! `/mcp` (the MCP server, [`crate::mcp`]) takes the same tokens: agents as
+//! tools with `submit`, the approval tools with `approve`.
+//!
 //! `/healthz`, `/readyz`, `/metrics` and `/openapi.json` need no token.
 
 use std::collections::HashMap;

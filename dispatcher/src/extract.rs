@@ -117,8 +117,9 @@ fn located(e: &jsonschema::ValidationError<'_>) -> ApiError {
     }
 }
 
-/// `(field, reason)` of a schema error; see [`located`].
-fn place(e: &jsonschema::ValidationError<'_>) -> (String, String) {
+/// `(field, reason)` of a schema error; see [`located`]. (Also how the
+/// MCP server names the field of a tool's arguments.)
+pub(crate) fn place(e: &jsonschema::ValidationError<'_>) -> (String, String) {
     use jsonschema::error::ValidationErrorKind as Kind;
     let pointer = e.instance_path().to_string();
     let mut field = String::new();

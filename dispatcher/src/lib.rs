@@ -37,8 +37,8 @@
 //!   connect;
 //! - the leaves, [`handlers`] (one module per resource of the JSON API),
 //!   [`inbox`] (the HTML approvals inbox), [`console`] (the HTML pages of
-//!   runs, batches and agents, beside the inbox) and [`webhooks`] (its API and the
-//!   deliverer);
+//!   runs, batches and agents, beside the inbox), [`mcp`] (glia as an MCP
+//!   server at `/mcp`) and [`webhooks`] (its API and the deliverer);
 //! - the middle: [`admission`] (what makes a request a run), [`control`]
 //!   (posting decisions, pause, resume, cancel), [`batches`] (the batch
 //!   service and admission loop), [`extract`] (request extractors),
@@ -69,6 +69,7 @@ pub mod extract;
 pub mod handlers;
 pub mod history;
 pub mod inbox;
+pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod relay;

@@ -24,7 +24,7 @@ use crate::error::ApiError;
 use crate::handlers::{
     agents, approvals, batches, evals, events, ops, payloads, runs, schedules, stream,
 };
-use crate::{console, docs, extract, inbox, metrics, webhooks};
+use crate::{console, docs, extract, inbox, mcp, metrics, webhooks};
 
 /// The document's header and security scheme; paths are added by the router.
 #[derive(OpenApi)]
@@ -113,7 +113,7 @@ pub fn routes() -> OpenApiRouter<App> {
 }
 
 /// The HTTP API over `app`: every endpoint of [`routes()`] (documented in
-/// [`openapi`]), JSON errors for unknown routes (404 `route_not_found`) and
+/// [`openapi`]), the MCP server at `/mcp` ([`mcp::routes`]), JSON errors for unknown routes (404 `route_not_found`) and
 /// methods (405 `method_not_allowed`), panics (500 `internal`), a body limit
 /// of [`crate::Limits::max_body_bytes`], and request metrics.
 pub fn router(app: App) -> Router {
@@ -123,6 +123,7 @@ pub fn router(app: App) -> Router {
     routes
         .merge(inbox::routes())
         .merge(console::routes())
+        .merge(mcp::routes(&app))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(app.clone(), track))

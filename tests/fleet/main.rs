@@ -21,6 +21,7 @@
 //! - [`children`]: child runs (agents as tools): parallel children, kills, cancel, budgets.
 //! - [`evals`]: the tau-bench replay eval on the fleet, through worker and dispatcher kills.
 //! - [`clients`]: the Python and TypeScript clients' own suites against a fleet.
+//! - [`mcp`]: glia as an MCP server, with the rmcp client and the TypeScript SDK's.
 
 mod agents;
 mod approvals;
@@ -35,6 +36,7 @@ mod evals;
 mod exactly_once;
 mod guardrails;
 mod limits;
+mod mcp;
 mod observability;
 mod retention;
 mod waits;

@@ -22,6 +22,7 @@
 //! | `PUT /v1/datasets/{name}`, `GET /v1/datasets`, `GET /v1/datasets/{name}`, `POST`, `GET /v1/experiments`, `GET /v1/experiments/{id}`, `POST /v1/experiments/{id}/cancel` | submit to write, any to read | see [`crate::evals`] | 404 `dataset_not_found` / `experiment_not_found`, 409 `experiment_ended` |
 //! | `POST /v1/events` | submit | 202 `{id, delivered, duplicate}` | – (`docs/waits.md`) |
 //! | `GET /healthz`, `/readyz`, `/metrics`, `/openapi.json` | none | 200 | 503 `not_ready` |
+//! | `POST`, `GET`, `DELETE /mcp` (MCP, streamable HTTP; [`crate::mcp`], not in the OpenAPI document) | any; per tool as `/v1` | JSON-RPC | 401 without a token |
 //!
 //! Any handler may answer 503 `log_unavailable` / `queue_unavailable` when a
 //! backing store fails, and every route but `/healthz` and `/readyz` answers

@@ -15,6 +15,7 @@ mod console_more;
 mod contract;
 mod evals;
 mod inbox;
+mod mcp;
 mod module_graph;
 mod ops;
 mod payloads;
