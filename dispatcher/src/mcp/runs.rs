@@ -102,11 +102,13 @@ pub async fn follow(
             match settled(app, id).await {
                 Ok((now, settled)) => {
                     run = now;
-                    if settled {
-                        return Stop::Answer(Box::new(run));
-                    }
+                    // Events the read did not see yet go out first, so
+                    // progress ends with the event the answer follows.
                     if run.head_seq > after {
                         continue;
+                    }
+                    if settled {
+                        return Stop::Answer(Box::new(run));
                     }
                 }
                 Err(e) => tracing::warn!(run_id = %id, "MCP call: reading the run failed: {e}"),
