@@ -93,6 +93,8 @@ run_fields! {
         common max_result_bytes,
         // Issue 32, child runs.
         common agents,
+        // Issue 33: catalogue hooks by name.
+        common hooks,
     }
 }
 
@@ -135,6 +137,7 @@ impl AgentDefinition {
             compaction: self.compaction.clone(),
             agent,
             agents: self.agents.clone(),
+            hooks: self.hooks.clone(),
             ..defaults
         }
     }
