@@ -20,6 +20,7 @@
 //! - [`waits`]: timers across a dispatcher restart, event waits across a worker kill.
 //! - [`children`]: child runs (agents as tools): parallel children, kills, cancel, budgets.
 //! - [`evals`]: the tau-bench replay eval on the fleet, through worker and dispatcher kills.
+//! - [`hooks`]: HTTP hooks of the operator's catalogue, not called again after a worker kill.
 
 mod agents;
 mod approvals;
@@ -31,6 +32,8 @@ mod durability;
 mod evals;
 mod exactly_once;
 mod guardrails;
+// Issue 33, HTTP hooks.
+mod hooks;
 mod limits;
 mod observability;
 mod retention;
