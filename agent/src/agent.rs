@@ -2550,7 +2550,18 @@ impl Agent {
                 break;
             }
         }
-        if asked_any {
+        // Durable before they take effect: committed now, unless calls of
+        // this turn are already cleared to run (a commit would show them to
+        // the next worker as interrupted before they started); then with
+        // them, at the commit before they run. An answer a crash loses
+        // before its commit is asked again under the same `webhook-id`.
+        if asked_any
+            && !run
+                .state
+                .pending_calls
+                .iter()
+                .any(glia_proto::PendingCall::cleared_without_result)
+        {
             run.commit().await?;
         }
         Ok(())
@@ -2744,6 +2755,21 @@ impl Agent {
             return Err(AgentError::Config(format!(
                 "tools[{i}]: tool {missing} is not registered on this worker"
             )));
+        }
+        for (i, hook) in config.hooks.iter().enumerate() {
+            match &self.http_hooks {
+                Some(h) if h.has(hook) => {}
+                Some(_) => {
+                    return Err(AgentError::Config(format!(
+                        "hooks[{i}]: {hook:?} is not a hook in this worker's catalogue"
+                    )));
+                }
+                None => {
+                    return Err(AgentError::Config(format!(
+                        "hooks[{i}]: this worker has no catalogue hooks (glia worker --catalogue FILE)"
+                    )));
+                }
+            }
         }
         if let Some(name) = &config.provider
             && !self.named.contains_key(name)

@@ -310,12 +310,7 @@ impl HttpHooks {
 
     /// One signed POST within the hook's timeout: the 2xx body, or how it
     /// failed (never naming the URL or the secret).
-    async fn post(
-        &self,
-        hook: &HttpHook,
-        body: &Value,
-        id: &str,
-    ) -> Result<Vec<u8>, (HookOutcome, String)> {
+    async fn post(&self, hook: &HttpHook, body: &Value, id: &str) -> Result<Vec<u8>, Failure> {
         let bytes =
             serde_json::to_vec(body).map_err(|e| (HookOutcome::BadAnswer, e.to_string()))?;
         let timestamp = chrono::Utc::now().timestamp();
@@ -384,6 +379,13 @@ fn failure(e: &reqwest::Error) -> String {
     .to_owned()
 }
 
+/// A change an answer makes: the payload's field (`input`, `steps`,
+/// `description`, `content`) and its new value.
+pub type Change = (&'static str, Value);
+
+/// A call's failure: its outcome and why (never the URL or the secret).
+pub type Failure = (HookOutcome, String);
+
 /// What asking a hook led to: the change to the payload's field the topic
 /// lets it change (`input`, `steps`, `description`, `content`), and the
 /// verdict.
@@ -392,7 +394,7 @@ pub struct Asked {
     /// How the call went.
     pub outcome: HookOutcome,
     /// `(field, value)` the hook set, if any.
-    pub change: Option<(&'static str, Value)>,
+    pub change: Option<Change>,
     /// What the loop does next.
     pub verdict: Verdict,
     /// How long the call took, in ms.
@@ -400,11 +402,7 @@ pub struct Asked {
 }
 
 /// What a failed call of `hook` on `topic` means (its `on_failure`).
-fn failed(
-    hook: &HttpHook,
-    topic: HookTopic,
-    outcome: HookOutcome,
-) -> (Option<(&'static str, Value)>, Verdict) {
+fn failed(hook: &HttpHook, topic: HookTopic, outcome: HookOutcome) -> (Option<Change>, Verdict) {
     if hook.entry.on_failure == HookFailure::Open {
         return (None, Verdict::Continue);
     }
@@ -490,10 +488,7 @@ impl Answer {
     /// A change comes with `allow` only; `deny` and `pause` need a
     /// non-blank `reason` of at most [`MAX_REASON_CHARS`]. Anything else is
     /// `bad_answer`.
-    pub fn read(
-        topic: HookTopic,
-        bytes: &[u8],
-    ) -> Result<(Option<(&'static str, Value)>, Verdict), (HookOutcome, String)> {
+    pub fn read(topic: HookTopic, bytes: &[u8]) -> Result<(Option<Change>, Verdict), Failure> {
         let bad = |why: String| (HookOutcome::BadAnswer, why);
         let a: Answer = serde_json::from_slice(bytes)
             .map_err(|e| bad(format!("the answer is not a verdict: {e}")))?;
@@ -514,7 +509,7 @@ impl Answer {
                 topic.name()
             )));
         }
-        let mut changes: Vec<(&'static str, Value)> = Vec::new();
+        let mut changes: Vec<Change> = Vec::new();
         if let Some(input) = a.input {
             if topic != BeforeToolCall {
                 return Err(bad(format!("{} takes no `input`", topic.name())));
@@ -551,7 +546,7 @@ impl Answer {
         if change.is_some() && a.verdict != WireVerdict::Allow {
             return Err(bad("a change comes with the verdict allow only".into()));
         }
-        let reason = || -> Result<String, (HookOutcome, String)> {
+        let reason = || -> Result<String, Failure> {
             match a.reason.as_deref().map(str::trim) {
                 Some(r) if !r.is_empty() && r.chars().count() <= MAX_REASON_CHARS => {
                     Ok(r.to_owned())

@@ -524,8 +524,27 @@ async fn scope_always_named_and_unknown() {
     };
     let (a, _) = common::agent(vec![ScriptedTurn::text("done")]);
     let agent = a.with_http_hooks(http_hooks("GLIA_TEST_HOOK_SECRET_SCOPE", toml, &server.url));
+    // Started here: refused before anything is recorded.
     let mut log = Vec::new();
-    let mut state = agent.start(run_id(), "x", unknown, &mut log).await.unwrap();
+    let err = agent
+        .start(run_id(), "x", unknown.clone(), &mut log)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("hooks[0]"), "{err}");
+    assert!(log.is_empty());
+    // Admitted elsewhere (another catalogue): failed at its first advance.
+    let start = Event {
+        run_id: run_id(),
+        seq: 1,
+        at: epoch(),
+        kind: EventKind::SessionStart {
+            goal: "x".into(),
+            config: unknown,
+            redactions: Vec::new(),
+        },
+    };
+    let mut log = vec![start];
+    let mut state = RunState::replay(run_id(), &log).unwrap();
     let status = agent.advance(&mut state, None, &mut log).await.unwrap();
     assert!(
         matches!(&status, Status::Done(glia_proto::Outcome::Failed { error }) if error.contains("hooks[0]")),
