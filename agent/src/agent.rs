@@ -1078,14 +1078,10 @@ impl Agent {
                 json!({ "goal": run.state.goal }),
             )
             .await?;
+        if self.stopped_by_hook(run, &fired).await? {
+            return Ok(());
+        }
         let draft = match fired.verdict {
-            Verdict::Cancel(reason) => {
-                return run.record(EventKind::SessionCancel { reason }).await;
-            }
-            Verdict::Pause(ref reason) => {
-                let (hook, reason) = (last_hook(&fired), reason.clone());
-                return self.pause(run, PauseReason::Hook { hook, reason }).await;
-            }
             Verdict::Skip => {
                 SinglePlanner
                     .draft(run.state, &*self.provider_for(run.state))
@@ -1118,15 +1114,8 @@ impl Agent {
         let fired = self
             .fire(run, HookTopic::AfterPlan, json!({ "steps": draft.steps }))
             .await?;
-        match fired.verdict {
-            Verdict::Cancel(reason) => {
-                return run.record(EventKind::SessionCancel { reason }).await;
-            }
-            Verdict::Pause(ref reason) => {
-                let (hook, reason) = (last_hook(&fired), reason.clone());
-                return self.pause(run, PauseReason::Hook { hook, reason }).await;
-            }
-            _ => {}
+        if self.stopped_by_hook(run, &fired).await? {
+            return Ok(());
         }
         let steps: Vec<String> =
             serde_json::from_value(fired.payload["steps"].clone()).unwrap_or(draft.steps);
@@ -1187,15 +1176,8 @@ impl Agent {
                 json!({ "index": index, "description": description }),
             )
             .await?;
-        match fired.verdict {
-            Verdict::Cancel(reason) => {
-                return run.record(EventKind::SessionCancel { reason }).await;
-            }
-            Verdict::Pause(ref reason) => {
-                let (hook, reason) = (last_hook(&fired), reason.clone());
-                return self.pause(run, PauseReason::Hook { hook, reason }).await;
-            }
-            _ => {}
+        if self.stopped_by_hook(run, &fired).await? {
+            return Ok(());
         }
         let description = fired.payload["description"]
             .as_str()
@@ -1627,12 +1609,7 @@ impl Agent {
                 json!({ "index": index, "answer": answer }),
             )
             .await?;
-        let hook = last_hook(&fired);
-        match fired.verdict {
-            Verdict::Cancel(reason) => run.record(EventKind::SessionCancel { reason }).await,
-            Verdict::Pause(reason) => self.pause(run, PauseReason::Hook { hook, reason }).await,
-            _ => Ok(()),
-        }
+        self.stopped_by_hook(run, &fired).await.map(|_| ())
     }
 
     // ----- tool calls ------------------------------------------------------
@@ -2565,6 +2542,24 @@ impl Agent {
             run.commit().await?;
         }
         Ok(())
+    }
+
+    /// Act on a plan or step topic's verdict that stops the run here:
+    /// `cancel` cancels it, `pause` parks it as paused naming the hook.
+    /// True when it did.
+    async fn stopped_by_hook(&self, run: &mut Run<'_>, fired: &Fired) -> Result<bool, AgentError> {
+        match &fired.verdict {
+            Verdict::Cancel(reason) => {
+                let reason = reason.clone();
+                run.record(EventKind::SessionCancel { reason }).await?;
+            }
+            Verdict::Pause(reason) => {
+                let (hook, reason) = (last_hook(fired), reason.clone());
+                self.pause(run, PauseReason::Hook { hook, reason }).await?;
+            }
+            Verdict::Continue | Verdict::Skip => return Ok(false),
+        }
+        Ok(true)
     }
 
     /// Fire an observing topic: subscribers see the payload; nothing they do

@@ -117,6 +117,29 @@ pub struct HookEntry {
     pub apply: HookApply,
 }
 
+impl HookEntry {
+    /// The signing secret of the hook `name`, read now from the variable
+    /// `secret_env` names. Errors: (`hooks.NAME.secret_env`, reason) for an
+    /// unset variable or a value that is not `whsec_` + base64; the reason
+    /// names the variable, never the value.
+    pub fn secret(&self, name: &str) -> Result<String, (String, String)> {
+        let at = || format!("hooks.{name}.secret_env");
+        let value = std::env::var(&self.secret_env).map_err(|_| {
+            (
+                at(),
+                format!("the environment variable {} is not set", self.secret_env),
+            )
+        })?;
+        glia_proto::webhook_signature::check_secret(&value).map_err(|e| {
+            (
+                at(),
+                format!("the environment variable {}: {e}", self.secret_env),
+            )
+        })?;
+        Ok(value)
+    }
+}
+
 fn hook_timeout_default() -> u64 {
     5_000
 }
@@ -570,19 +593,7 @@ impl Catalogue {
             }
         }
         for (name, h) in &self.hooks {
-            let at = format!("hooks.{name}.secret_env");
-            let value = std::env::var(&h.secret_env).map_err(|_| {
-                (
-                    at.clone(),
-                    format!("the environment variable {} is not set", h.secret_env),
-                )
-            })?;
-            glia_proto::webhook_signature::check_secret(&value).map_err(|e| {
-                (
-                    at.clone(),
-                    format!("the environment variable {}: {e}", h.secret_env),
-                )
-            })?;
+            h.secret(name)?;
         }
         for (name, s) in &self.mcp_servers {
             for (var, source) in &s.env {

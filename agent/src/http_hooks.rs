@@ -144,15 +144,7 @@ impl HttpHooks {
     pub fn from_catalogue(catalogue: &Catalogue) -> Result<HttpHooks, (String, String)> {
         let mut hooks = Vec::new();
         for (name, entry) in &catalogue.hooks {
-            let at = format!("hooks.{name}.secret_env");
-            let secret = std::env::var(&entry.secret_env).map_err(|_| {
-                (
-                    at.clone(),
-                    format!("the environment variable {} is not set", entry.secret_env),
-                )
-            })?;
-            glia_proto::webhook_signature::check_secret(&secret)
-                .map_err(|e| (at.clone(), format!("{}: {e}", entry.secret_env)))?;
+            let secret = entry.secret(name)?;
             hooks.push(Arc::new(HttpHook {
                 name: name.clone(),
                 entry: entry.clone(),

@@ -1,6 +1,7 @@
 //! The tenant of a run, for the loop's HTTP hooks (`tenants` filters of the
-//! operator's catalogue, the `tenant` of a hook's request): read from the
-//! run's summary in the event log once, then remembered.
+//! operator's catalogue, the `tenant` of a hook's request) and the budget
+//! gate's tenant caps: read from the run's summary in the event log once,
+//! then remembered.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

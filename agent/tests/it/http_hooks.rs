@@ -53,30 +53,10 @@ async fn hook_server(answer: impl Fn(&Value) -> Reply + Send + Sync + 'static) -
         axum::routing::post(move |headers: HeaderMap, body: Bytes| {
             let (calls, bad, answer) = (c.clone(), b.clone(), answer.clone());
             async move {
-                let h = |n: &str| {
-                    headers
-                        .get(n)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_owned()
-                };
-                let id = h("webhook-id");
-                let ts: i64 = h("webhook-timestamp").parse().unwrap_or(0);
-                let now = chrono::Utc::now().timestamp();
-                if glia_proto::webhook_signature::verify(
-                    SECRET,
-                    &id,
-                    ts,
-                    &body,
-                    &h("webhook-signature"),
-                    now,
-                    300,
-                )
-                .is_err()
-                {
+                let Some(id) = glia_testkit::signed::verified(SECRET, &headers, &body) else {
                     bad.fetch_add(1, Ordering::SeqCst);
                     return StatusCode::UNAUTHORIZED.into_response();
-                }
+                };
                 let body: Value = serde_json::from_slice(&body).unwrap();
                 calls.lock().unwrap().push((id, body.clone()));
                 match answer(&body) {

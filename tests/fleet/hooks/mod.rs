@@ -44,27 +44,11 @@ fn hook_server() -> HookServer {
                 axum::routing::post(move |headers: HeaderMap, body: Bytes| {
                     let (requests, unsigned) = (r.clone(), u.clone());
                     async move {
-                        let h = |n: &str| {
-                            headers
-                                .get(n)
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("")
-                                .to_owned()
-                        };
-                        let (id, ts) = (h("webhook-id"), h("webhook-timestamp"));
-                        let signed = glia_proto::webhook_signature::verify(
-                            SECRET,
-                            &id,
-                            ts.parse().unwrap_or(0),
-                            &body,
-                            &h("webhook-signature"),
-                            chrono::Utc::now().timestamp(),
-                            300,
-                        );
-                        if signed.is_err() {
+                        let Some(id) = glia_testkit::signed::verified(SECRET, &headers, &body)
+                        else {
                             *unsigned.lock().unwrap() += 1;
                             return StatusCode::UNAUTHORIZED.into_response();
-                        }
+                        };
                         let body: Value = serde_json::from_slice(&body).unwrap();
                         let topic = body["topic"].as_str().unwrap_or_default().to_owned();
                         requests
