@@ -51,7 +51,7 @@ use uuid::Uuid;
 use crate::budget_gate::{self, BudgetGate, GateDecision, GateError, Spend};
 use crate::compact::Compactor;
 use crate::hooks::{Fired, Hooks, Verdict};
-use crate::http_hooks::{HttpHooks, RunHooks, ScopeError, hook_key, request_body, webhook_id};
+use crate::http_hooks::{HttpHooks, RunHooks, ScopeError, hook_key, request};
 use crate::planner::{Draft, ModelPlanner, PlanError, Planner, Reflection, SinglePlanner};
 use crate::policy::{CompiledPolicies, Guardrail};
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
@@ -2459,12 +2459,12 @@ impl Agent {
             let (payload, effect) = match run.state.hook_answer(hook.name(), &key) {
                 Some((payload, effect)) => (payload.cloned(), effect.clone()),
                 None => {
-                    let id = webhook_id(run.state.run_id, hook.name(), &key);
-                    let body = request_body(
+                    let (id, body) = request(
                         &hook,
                         topic,
                         run.state,
                         run.hooks.tenant.as_deref(),
+                        &key,
                         &fired.payload,
                     );
                     let asked = http.ask(&hook, topic, &body, &id).await;
@@ -2574,12 +2574,12 @@ impl Agent {
         let hooks: Vec<_> = run.hooks.on(topic).cloned().collect();
         for hook in hooks {
             let key = format!("{}:{}", topic.name(), run.state.head_seq);
-            let id = webhook_id(run.state.run_id, hook.name(), &key);
-            let body = request_body(
+            let (id, body) = request(
                 &hook,
                 topic,
                 run.state,
                 run.hooks.tenant.as_deref(),
+                &key,
                 &payload,
             );
             run.notices

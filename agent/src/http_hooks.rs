@@ -590,15 +590,17 @@ pub fn webhook_id(run_id: Uuid, hook: &str, key: &str) -> String {
     format!("msg_{}", &format!("{hash:x}")[..32])
 }
 
-/// The request body of a call of `hook` on `topic` (module docs).
-pub fn request_body(
+/// The `webhook-id` ([`webhook_id`] of `key`) and the body (module docs)
+/// of a call of `hook` on `topic`.
+pub fn request(
     hook: &HttpHook,
     topic: HookTopic,
     state: &RunState,
     tenant: Option<&str>,
+    key: &str,
     payload: &Value,
-) -> Value {
-    json!({
+) -> (String, Value) {
+    let body = json!({
         "topic": topic.name(),
         "hook": hook.name,
         "run_id": state.run_id,
@@ -606,5 +608,6 @@ pub fn request_body(
         "agent": state.config.agent,
         "seq": state.head_seq,
         "payload": payload,
-    })
+    });
+    (webhook_id(state.run_id, &hook.name, key), body)
 }
