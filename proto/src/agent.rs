@@ -226,6 +226,29 @@ max_tokens = 100
     }
 
     #[test]
+    fn hooks_are_names_each_once_at_most_sixteen() {
+        let def: AgentDefinition =
+            from_toml_str(&format!("hooks = [\"audit\", \"pii\"]\n{TOML}")).unwrap();
+        def.validate().unwrap();
+        assert_eq!(def.resolve(None).hooks, ["audit", "pii"]);
+        let mut bad = def.clone();
+        bad.hooks = vec!["audit".into(), "https://evil.example/".into()];
+        assert_eq!(bad.validate().unwrap_err().field, "hooks[1]");
+        bad.hooks = vec!["audit".into(), "audit".into()];
+        assert_eq!(bad.validate().unwrap_err().field, "hooks[1]");
+        bad.hooks = (0..17).map(|i| format!("h{i}")).collect();
+        assert_eq!(bad.validate().unwrap_err().field, "hooks");
+        assert_ne!(
+            def.content_hash(),
+            AgentDefinition {
+                hooks: Vec::new(),
+                ..def.clone()
+            }
+            .content_hash()
+        );
+    }
+
+    #[test]
     fn bad_definitions_name_the_field() {
         let e = from_toml_str::<AgentDefinition>(&format!("command = \"rm -rf /\"\n{TOML}"))
             .unwrap_err();
