@@ -2454,11 +2454,27 @@ impl Agent {
         };
         let hooks: Vec<_> = run.hooks.on(topic).cloned().collect();
         let mut asked_any = false;
+        // Commits around a hook call: not while calls of this turn are
+        // cleared to run (a commit would show the next worker calls that
+        // never started as interrupted); then the answers are committed
+        // with them, at the commit before they run.
+        let may_commit = !run
+            .state
+            .pending_calls
+            .iter()
+            .any(glia_proto::PendingCall::cleared_without_result);
         for hook in hooks {
             let key = hook_key(run.state, topic, &fired.payload);
             let (payload, effect) = match run.state.hook_answer(hook.name(), &key) {
                 Some((payload, effect)) => (payload.cloned(), effect.clone()),
                 None => {
+                    // A hook call is an outside effect: what led to it is
+                    // durable first, so a worker that dies during the call
+                    // leaves the same point (the same key and `webhook-id`)
+                    // to the next.
+                    if !asked_any && may_commit {
+                        run.commit().await?;
+                    }
                     let (id, body) = request(
                         &hook,
                         topic,
@@ -2527,18 +2543,9 @@ impl Agent {
                 break;
             }
         }
-        // Durable before they take effect: committed now, unless calls of
-        // this turn are already cleared to run (a commit would show them to
-        // the next worker as interrupted before they started); then with
-        // them, at the commit before they run. An answer a crash loses
-        // before its commit is asked again under the same `webhook-id`.
-        if asked_any
-            && !run
-                .state
-                .pending_calls
-                .iter()
-                .any(glia_proto::PendingCall::cleared_without_result)
-        {
+        // Durable before they take effect. An answer a crash loses before
+        // its commit is asked again under the same `webhook-id`.
+        if asked_any && may_commit {
             run.commit().await?;
         }
         Ok(())

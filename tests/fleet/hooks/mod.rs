@@ -3,7 +3,9 @@
 //! worker is killed (`kill -9`); the approval is posted; a new worker
 //! finishes the run — the hook was called exactly once, the refund ran once
 //! with the hook's arguments, and the `on_complete` notification arrived.
-//! The hook's signing secret reaches no event and no process log.
+//! And a worker killed while the hook is still answering: the next worker
+//! asks again under the same `webhook-id` (the hook can dedupe). The hook's
+//! signing secret reaches no event and no process log.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,14 +23,15 @@ const SECRET: &str = "whsec_c2VjcmV0LWtleS1vZi10aGUtZmxlZXQtdGVzdA==";
 
 /// A hook server on 127.0.0.1:0 in a thread of its own: checks every
 /// request's signature, keeps `(topic, webhook-id, body)`, and answers a
-/// `before_tool_call` by changing `order_id` to `B2`.
+/// `before_tool_call` by changing `order_id` to `B2` (with `hold_first`,
+/// the first one is never answered).
 struct HookServer {
     url: String,
     requests: Arc<Mutex<Vec<(String, String, Value)>>>,
     unsigned: Arc<Mutex<usize>>,
 }
 
-fn hook_server() -> HookServer {
+fn hook_server(hold_first: bool) -> HookServer {
     let requests: Arc<Mutex<Vec<(String, String, Value)>>> = Arc::default();
     let unsigned: Arc<Mutex<usize>> = Arc::default();
     let (r, u) = (requests.clone(), unsigned.clone());
@@ -55,6 +58,15 @@ fn hook_server() -> HookServer {
                             .lock()
                             .unwrap()
                             .push((topic.clone(), id, body.clone()));
+                        let asked = requests
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .filter(|(t, ..)| t == "before_tool_call")
+                            .count();
+                        if topic == "before_tool_call" && hold_first && asked == 1 {
+                            std::future::pending::<()>().await;
+                        }
                         if topic == "before_tool_call" {
                             let mut input = body["payload"]["input"].clone();
                             input["order_id"] = json!("B2");
@@ -93,9 +105,9 @@ fn wait_for<T>(fleet: &Fleet, what: &str, mut probe: impl FnMut() -> Option<T>) 
     }
 }
 
-#[test]
-fn a_hook_answered_before_a_kill_is_not_called_again() {
-    let server = hook_server();
+/// A fleet of one worker with the hook `gate` in its catalogue, and a run
+/// whose refund needs approval.
+fn fleet_and_run(server: &HookServer) -> (Fleet, String) {
     let mut fleet = Fleet::new(&[(
         "refund",
         json!([
@@ -119,14 +131,67 @@ fn a_hook_answered_before_a_kill_is_not_called_again() {
             "policies": [{"tool": "refund_order", "action": {"kind": "require_approval"}}]
         }),
     );
-    let call = wait_for(&fleet, "the refund to wait for approval", || {
+    (fleet, run)
+}
+
+fn pending_approval(fleet: &Fleet, run: &str) -> Value {
+    wait_for(fleet, "the refund to wait for approval", || {
         let (_, pending) = fleet.get("/v1/approvals");
         pending["approvals"]
             .as_array()?
             .iter()
-            .find(|a| a["run_id"] == run.as_str())
+            .find(|a| a["run_id"] == run)
             .cloned()
+    })
+}
+
+fn approve_and_finish(fleet: &Fleet, run: &str, call: &Value) {
+    let path = format!(
+        "/v1/runs/{run}/approvals/{}",
+        call["call_id"].as_str().unwrap()
+    );
+    let (status, body) = fleet.post(&path, json!({"decision": "approve"}));
+    assert!(status == 200 || status == 202, "approve: {status} {body}");
+    let done = wait_for(fleet, "the run to finish", || {
+        let (_, r) = fleet.get(&format!("/v1/runs/{run}"));
+        (r["status"] == "done").then_some(r)
     });
+    assert_eq!(done["outcome"]["kind"], "succeeded", "{done}");
+    assert_eq!(fleet.effects().len(), 1, "the refund ran once");
+}
+
+#[test]
+fn a_worker_killed_while_the_hook_answers_asks_again_under_the_same_id() {
+    let server = hook_server(true);
+    let (mut fleet, run) = fleet_and_run(&server);
+    wait_for(&fleet, "the hook to be asked", || {
+        (!server.requests.lock().unwrap().is_empty()).then_some(())
+    });
+    fleet.kill_and_replace_worker(0, LEASE_MS);
+    let call = pending_approval(&fleet, &run);
+    assert_eq!(call["input"], json!({"order_id": "B2"}));
+    approve_and_finish(&fleet, &run, &call);
+    let asked: Vec<String> = server
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, ..)| t == "before_tool_call")
+        .map(|(_, id, _)| id.clone())
+        .collect();
+    assert_eq!(asked.len(), 2, "asked again: no answer was recorded");
+    assert_eq!(
+        asked[0], asked[1],
+        "the same webhook-id for the same logical call"
+    );
+    assert_eq!(*server.unsigned.lock().unwrap(), 0);
+}
+
+#[test]
+fn a_hook_answered_before_a_kill_is_not_called_again() {
+    let server = hook_server(false);
+    let (mut fleet, run) = fleet_and_run(&server);
+    let call = pending_approval(&fleet, &run);
     assert_eq!(
         call["input"],
         json!({"order_id": "B2"}),
@@ -134,17 +199,7 @@ fn a_hook_answered_before_a_kill_is_not_called_again() {
     );
     // The worker that asked the hook dies; another takes the run up.
     fleet.kill_and_replace_worker(0, LEASE_MS);
-    let path = format!(
-        "/v1/runs/{run}/approvals/{}",
-        call["call_id"].as_str().unwrap()
-    );
-    let (status, body) = fleet.post(&path, json!({"decision": "approve"}));
-    assert!(status == 200 || status == 202, "approve: {status} {body}");
-    let done = wait_for(&fleet, "the run to finish", || {
-        let (_, r) = fleet.get(&format!("/v1/runs/{run}"));
-        (r["status"] == "done").then_some(r)
-    });
-    assert_eq!(done["outcome"]["kind"], "succeeded", "{done}");
+    approve_and_finish(&fleet, &run, &call);
     wait_for(&fleet, "the on_complete notification", || {
         server
             .requests
@@ -168,9 +223,7 @@ fn a_hook_answered_before_a_kill_is_not_called_again() {
     );
     assert_eq!(requests[0].2["run_id"], run.as_str());
     assert_eq!(requests[0].2["tenant"], "default", "{:?}", requests[0].2);
-    // The refund ran once, with the hook's arguments; the answer is in the log.
-    let effects = fleet.effects();
-    assert_eq!(effects.len(), 1, "{effects:?}");
+    // The refund ran with the hook's arguments; the answer is in the log.
     let events = check_log(&fleet, &run);
     let recorded: Vec<&glia_proto::Event> = events
         .iter()
