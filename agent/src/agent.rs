@@ -51,7 +51,7 @@ use uuid::Uuid;
 use crate::budget_gate::{self, BudgetGate, GateDecision, GateError, Spend};
 use crate::compact::Compactor;
 use crate::hooks::{Fired, Hooks, Verdict};
-use crate::http_hooks::{HttpHooks, RunHooks, ScopeError, hook_key, request};
+use crate::http_hooks::{HttpHook, HttpHooks, RunHooks, ScopeError, hook_key, request};
 use crate::planner::{Draft, ModelPlanner, PlanError, Planner, Reflection, SinglePlanner};
 use crate::policy::{CompiledPolicies, Guardrail};
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
@@ -348,6 +348,25 @@ impl Run<'_> {
             done = work => Ok(done),
             () = self.sink.cancelled() => Err(AgentError::Cancelled),
         }
+    }
+
+    /// The `webhook-id` and body of a call of `hook` on `topic` for this
+    /// run ([`crate::http_hooks::request`]).
+    fn hook_request(
+        &self,
+        hook: &HttpHook,
+        topic: HookTopic,
+        key: &str,
+        payload: &Value,
+    ) -> (String, Value) {
+        request(
+            hook,
+            topic,
+            self.state,
+            self.hooks.tenant.as_deref(),
+            key,
+            payload,
+        )
     }
 
     fn elapsed_ms(&self, since: DateTime<Utc>) -> u64 {
@@ -2475,14 +2494,7 @@ impl Agent {
                     if !asked_any && may_commit {
                         run.commit().await?;
                     }
-                    let (id, body) = request(
-                        &hook,
-                        topic,
-                        run.state,
-                        run.hooks.tenant.as_deref(),
-                        &key,
-                        &fired.payload,
-                    );
+                    let (id, body) = run.hook_request(&hook, topic, &key, &fired.payload);
                     let asked = http.ask(&hook, topic, &body, &id).await;
                     let call = glia_proto::HookCall {
                         key,
@@ -2581,14 +2593,7 @@ impl Agent {
         let hooks: Vec<_> = run.hooks.on(topic).cloned().collect();
         for hook in hooks {
             let key = format!("{}:{}", topic.name(), run.state.head_seq);
-            let (id, body) = request(
-                &hook,
-                topic,
-                run.state,
-                run.hooks.tenant.as_deref(),
-                &key,
-                &payload,
-            );
+            let (id, body) = run.hook_request(&hook, topic, &key, &payload);
             run.notices
                 .get_mut()
                 .unwrap_or_else(|e| e.into_inner())
