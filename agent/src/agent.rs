@@ -51,6 +51,7 @@ use uuid::Uuid;
 use crate::budget_gate::{self, BudgetGate, GateDecision, GateError, Spend};
 use crate::compact::Compactor;
 use crate::hooks::{Fired, Hooks, Verdict};
+use crate::http_hooks::{HttpHook, HttpHooks, RunHooks, ScopeError, hook_key, request};
 use crate::planner::{Draft, ModelPlanner, PlanError, Planner, Reflection, SinglePlanner};
 use crate::policy::{CompiledPolicies, Guardrail};
 use crate::provider::{ModelRequest, Provider, ProviderError, ToolChoice};
@@ -243,6 +244,10 @@ pub enum AgentError {
     /// [`glia_proto::RUNNING_MARK_TTL`] of its worker's last refresh).
     #[error("call {0} is still running under a worker that lost the lease")]
     CallRunning(String),
+    /// Which HTTP hooks apply to the run could not be decided (its tenant
+    /// could not be read): nothing was recorded; retry later.
+    #[error("the run's hooks cannot be decided: {0}")]
+    Hooks(String),
     /// The run was cancelled while it advanced ([`EventSink::cancelled`]):
     /// everything recorded is committed (tool calls that finished within
     /// their grace period with their results, the others as
@@ -283,6 +288,8 @@ pub struct Agent {
     clock: Arc<dyn Clock>,
     budget_gate: Option<Arc<dyn BudgetGate>>,
     sources: Option<Arc<ToolSources>>,
+    /// The catalogue's HTTP hooks ([`crate::http_hooks`]), if any.
+    http_hooks: Option<Arc<HttpHooks>>,
     /// Compiled JSON Schemas (tool inputs, output schemas) by their JSON
     /// text: a step's tools are checked at every call, and compiling a
     /// schema costs far more than checking arguments against it. A plain
@@ -301,6 +308,11 @@ struct Run<'a> {
     state: &'a mut RunState,
     sink: &'a mut dyn EventSink,
     clock: &'a dyn Clock,
+    /// The HTTP hooks that apply to this run (decided at each advance).
+    hooks: RunHooks,
+    /// Notifications of `on_*` HTTP hooks, sent after the next commit (in
+    /// a mutex: a run is shared across awaits, and a future is not `Sync`).
+    notices: Mutex<Vec<BoxFuture<'static, ()>>>,
 }
 
 impl Run<'_> {
@@ -317,9 +329,14 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Durability barrier: see [`EventSink::commit`].
+    /// Durability barrier: see [`EventSink::commit`]. Then the `on_*`
+    /// HTTP hooks' notifications of what it made durable are sent.
     async fn commit(&mut self) -> Result<(), AgentError> {
         self.sink.commit(self.state).await?;
+        let notices = std::mem::take(self.notices.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if !notices.is_empty() {
+            futures::future::join_all(notices).await;
+        }
         Ok(())
     }
 
@@ -331,6 +348,25 @@ impl Run<'_> {
             done = work => Ok(done),
             () = self.sink.cancelled() => Err(AgentError::Cancelled),
         }
+    }
+
+    /// The `webhook-id` and body of a call of `hook` on `topic` for this
+    /// run ([`crate::http_hooks::request`]).
+    fn hook_request(
+        &self,
+        hook: &HttpHook,
+        topic: HookTopic,
+        key: &str,
+        payload: &Value,
+    ) -> (String, Value) {
+        request(
+            hook,
+            topic,
+            self.state,
+            self.hooks.tenant.as_deref(),
+            key,
+            payload,
+        )
     }
 
     fn elapsed_ms(&self, since: DateTime<Utc>) -> u64 {
@@ -363,6 +399,7 @@ impl Agent {
             clock: Arc::new(SystemClock),
             budget_gate: None,
             sources: None,
+            http_hooks: None,
             validators: Mutex::default(),
         }
     }
@@ -390,6 +427,19 @@ impl Agent {
     pub fn with_hooks(mut self, hooks: Hooks) -> Self {
         self.hooks = hooks;
         self
+    }
+
+    /// Call the operator catalogue's HTTP hooks ([`crate::http_hooks`]) on
+    /// the runs they apply to, after the in-process hooks of each topic.
+    pub fn with_http_hooks(mut self, hooks: HttpHooks) -> Self {
+        self.http_hooks = Some(Arc::new(hooks));
+        self
+    }
+
+    /// Take the HTTP hooks back (to give them the worker's ports, then set
+    /// them again); `None` when there are none.
+    pub fn take_http_hooks(&mut self) -> Option<HttpHooks> {
+        Arc::try_unwrap(self.http_hooks.take()?).ok()
     }
 
     /// Add a guardrail over the goal and user messages.
@@ -472,6 +522,8 @@ impl Agent {
             state: &mut state,
             sink,
             clock: &*self.clock,
+            hooks: RunHooks::default(),
+            notices: Mutex::default(),
         };
         let declared = self.declared_guardrails(&config)?;
         let (goal, redactions) = declared.redact_input(goal);
@@ -540,7 +592,33 @@ impl Agent {
             state,
             sink,
             clock: &*self.clock,
+            hooks: RunHooks::default(),
+            notices: Mutex::default(),
         };
+        // The HTTP hooks that apply to the run: decided before anything it
+        // does, so nothing goes ungated (a hook the run names and may not
+        // have fails it; an unreadable tenant leaves it to a later try).
+        if let Some(http) = &self.http_hooks
+            && run.state.phase != Phase::Done
+        {
+            match http.scope(run.state).await {
+                Ok(hooks) => run.hooks = hooks,
+                Err(ScopeError::Unavailable(why)) => return Err(AgentError::Hooks(why)),
+                Err(ScopeError::Refused { field, reason }) => {
+                    self.fail(&mut run, format!("{field}: {reason}")).await?;
+                    run.commit().await?;
+                    return Ok(run.state.status());
+                }
+            }
+        } else if !run.state.config.hooks.is_empty() && run.state.phase != Phase::Done {
+            self.fail(
+                &mut run,
+                "hooks: this worker has no catalogue hooks (glia worker --catalogue FILE)".into(),
+            )
+            .await?;
+            run.commit().await?;
+            return Ok(run.state.status());
+        }
         if let Some(input) = input {
             self.accept(&mut run, input).await?;
         }
@@ -604,6 +682,8 @@ impl Agent {
                 state,
                 sink,
                 clock: &*self.clock,
+                hooks: RunHooks::default(),
+                notices: Mutex::default(),
             };
             run.record(EventKind::SessionCancel {
                 reason: reason.to_owned(),
@@ -1017,10 +1097,10 @@ impl Agent {
                 json!({ "goal": run.state.goal }),
             )
             .await?;
+        if self.stopped_by_hook(run, &fired).await? {
+            return Ok(());
+        }
         let draft = match fired.verdict {
-            Verdict::Cancel(reason) => {
-                return run.record(EventKind::SessionCancel { reason }).await;
-            }
             Verdict::Skip => {
                 SinglePlanner
                     .draft(run.state, &*self.provider_for(run.state))
@@ -1053,8 +1133,8 @@ impl Agent {
         let fired = self
             .fire(run, HookTopic::AfterPlan, json!({ "steps": draft.steps }))
             .await?;
-        if let Verdict::Cancel(reason) = fired.verdict {
-            return run.record(EventKind::SessionCancel { reason }).await;
+        if self.stopped_by_hook(run, &fired).await? {
+            return Ok(());
         }
         let steps: Vec<String> =
             serde_json::from_value(fired.payload["steps"].clone()).unwrap_or(draft.steps);
@@ -1115,8 +1195,8 @@ impl Agent {
                 json!({ "index": index, "description": description }),
             )
             .await?;
-        if let Verdict::Cancel(reason) = fired.verdict {
-            return run.record(EventKind::SessionCancel { reason }).await;
+        if self.stopped_by_hook(run, &fired).await? {
+            return Ok(());
         }
         let description = fired.payload["description"]
             .as_str()
@@ -1548,16 +1628,7 @@ impl Agent {
                 json!({ "index": index, "answer": answer }),
             )
             .await?;
-        let hook = fired
-            .effects
-            .last()
-            .map(|(h, _)| h.clone())
-            .unwrap_or_default();
-        match fired.verdict {
-            Verdict::Cancel(reason) => run.record(EventKind::SessionCancel { reason }).await,
-            Verdict::Pause(reason) => self.pause(run, PauseReason::Hook { hook, reason }).await,
-            _ => Ok(()),
-        }
+        self.stopped_by_hook(run, &fired).await.map(|_| ())
     }
 
     // ----- tool calls ------------------------------------------------------
@@ -1783,7 +1854,7 @@ impl Agent {
                 pull_point: pull_point.clone(),
             })
             .await?;
-            self.observe(HookTopic::OnPause, json!({ "pull_point": pull_point }));
+            self.observe(run, HookTopic::OnPause, json!({ "pull_point": pull_point }));
         }
         Ok(())
     }
@@ -1874,6 +1945,16 @@ impl Agent {
                     }
                 }
             }
+            // Arguments a hook changed are checked like the model's; a
+            // change the schema refuses is never run (fail closed), and the
+            // model is told it was the hook's, not its own.
+            (_, Some(_)) if invalid.is_some() && input != call.input => refusal(
+                ToolErrorKind::Cancelled,
+                format!(
+                    "A hook changed this call's arguments to ones the tool's schema refuses, so it was not run: {}",
+                    invalid.clone().unwrap_or_default()
+                ),
+            ),
             (_, Some(_)) if invalid.is_some() => refusal(
                 ToolErrorKind::InvalidArguments,
                 invalid.clone().unwrap_or_default(),
@@ -2166,6 +2247,7 @@ impl Agent {
             })
             .await?;
             self.observe(
+                run,
                 HookTopic::OnPause,
                 json!({ "pull_point": PullPoint::AwaitingInput }),
             );
@@ -2201,7 +2283,7 @@ impl Agent {
             outcome: outcome.clone(),
         })
         .await?;
-        self.observe(HookTopic::OnComplete, json!({ "outcome": outcome }));
+        self.observe(run, HookTopic::OnComplete, json!({ "outcome": outcome }));
         Ok(())
     }
 
@@ -2211,13 +2293,13 @@ impl Agent {
             fatal: true,
         })
         .await?;
-        self.observe(HookTopic::OnError, json!({ "message": error }));
+        self.observe(run, HookTopic::OnError, json!({ "message": error }));
         let outcome = Outcome::Failed { error };
         run.record(EventKind::SessionComplete {
             outcome: outcome.clone(),
         })
         .await?;
-        self.observe(HookTopic::OnComplete, json!({ "outcome": outcome }));
+        self.observe(run, HookTopic::OnComplete, json!({ "outcome": outcome }));
         Ok(())
     }
 
@@ -2232,7 +2314,7 @@ impl Agent {
                     fatal: false,
                 })
                 .await?;
-                self.observe(HookTopic::OnError, json!({ "message": e.to_string() }));
+                self.observe(run, HookTopic::OnError, json!({ "message": e.to_string() }));
                 run.commit().await?;
                 Err(AgentError::Provider(e))
             }
@@ -2258,6 +2340,7 @@ impl Agent {
         limit: glia_proto::Limit,
     ) -> Result<(), AgentError> {
         self.observe(
+            run,
             HookTopic::OnBudgetExceeded,
             json!({ "limit": limit, "usage": run.state.usage, "limits": run.state.limits }),
         );
@@ -2276,7 +2359,7 @@ impl Agent {
             pull_point: pull_point.clone(),
         })
         .await?;
-        self.observe(HookTopic::OnPause, json!({ "pull_point": pull_point }));
+        self.observe(run, HookTopic::OnPause, json!({ "pull_point": pull_point }));
         Ok(())
     }
 
@@ -2332,7 +2415,9 @@ impl Agent {
 
     // ----- hooks, guardrails, helpers --------------------------------------
 
-    /// Fire an intercepting topic and record the effects it honours.
+    /// Fire an intercepting topic: the in-process hooks, then, unless one
+    /// ended the chain, the run's HTTP hooks of the topic; record the
+    /// effects it honours.
     async fn fire(
         &self,
         run: &mut Run<'_>,
@@ -2349,9 +2434,13 @@ impl Agent {
                     topic,
                     hook,
                     effect,
+                    call: None,
                 })
                 .await?;
             }
+        }
+        if fired.verdict == Verdict::Continue {
+            self.fire_http(run, topic, &mut fired).await?;
         }
         if !matches!(
             topic,
@@ -2365,10 +2454,151 @@ impl Agent {
         Ok(fired)
     }
 
+    /// The run's HTTP hooks of the intercepting `topic`, in order, over
+    /// `fired` (the payload as the in-process hooks left it): each answer
+    /// is taken from the state when it is recorded there (a resume, a
+    /// retry: the hook is not called again), else the hook is asked and
+    /// its answer recorded as `hook.applied` with its `call` (a change as
+    /// `modified`, then the verdict, `continued` included) and committed
+    /// before it takes effect. The first verdict other than `continue`
+    /// ends the chain.
+    async fn fire_http(
+        &self,
+        run: &mut Run<'_>,
+        topic: HookTopic,
+        fired: &mut Fired,
+    ) -> Result<(), AgentError> {
+        let Some(http) = &self.http_hooks else {
+            return Ok(());
+        };
+        let hooks: Vec<_> = run.hooks.on(topic).cloned().collect();
+        let mut asked_any = false;
+        // Commits around a hook call: not while calls of this turn are
+        // cleared to run (a commit would show the next worker calls that
+        // never started as interrupted); then the answers are committed
+        // with them, at the commit before they run.
+        let may_commit = !run
+            .state
+            .pending_calls
+            .iter()
+            .any(glia_proto::PendingCall::cleared_without_result);
+        for hook in hooks {
+            let key = hook_key(run.state, topic, &fired.payload);
+            let (payload, effect) = match run.state.hook_answer(hook.name(), &key) {
+                Some((payload, effect)) => (payload.cloned(), effect.clone()),
+                None => {
+                    // A hook call is an outside effect: what led to it is
+                    // durable first, so a worker that dies during the call
+                    // leaves the same point (the same key and `webhook-id`)
+                    // to the next.
+                    if !asked_any && may_commit {
+                        run.commit().await?;
+                    }
+                    let (id, body) = run.hook_request(&hook, topic, &key, &fired.payload);
+                    let asked = http.ask(&hook, topic, &body, &id).await;
+                    let call = glia_proto::HookCall {
+                        key,
+                        outcome: asked.outcome,
+                        duration_ms: asked.duration_ms,
+                    };
+                    let payload = asked.change.map(|(field, value)| {
+                        let mut p = fired.payload.clone();
+                        p[field] = value;
+                        p
+                    });
+                    if let Some(payload) = &payload {
+                        run.record(EventKind::HookApplied {
+                            topic,
+                            hook: hook.name().to_owned(),
+                            effect: HookEffect::Modified {
+                                payload: payload.clone(),
+                            },
+                            call: Some(call.clone()),
+                        })
+                        .await?;
+                    }
+                    let effect = match asked.verdict {
+                        Verdict::Continue => HookEffect::Continued,
+                        Verdict::Cancel(reason) => HookEffect::Cancelled { reason },
+                        Verdict::Skip => HookEffect::Skipped,
+                        Verdict::Pause(reason) => HookEffect::Paused { reason },
+                    };
+                    run.record(EventKind::HookApplied {
+                        topic,
+                        hook: hook.name().to_owned(),
+                        effect: effect.clone(),
+                        call: Some(call),
+                    })
+                    .await?;
+                    asked_any = true;
+                    (payload, effect)
+                }
+            };
+            if let Some(payload) = payload {
+                fired.effects.push((
+                    hook.name().to_owned(),
+                    HookEffect::Modified {
+                        payload: payload.clone(),
+                    },
+                ));
+                fired.payload = payload;
+            }
+            let verdict = match &effect {
+                HookEffect::Continued | HookEffect::Modified { .. } => Verdict::Continue,
+                HookEffect::Cancelled { reason } => Verdict::Cancel(reason.clone()),
+                HookEffect::Skipped => Verdict::Skip,
+                HookEffect::Paused { reason } => Verdict::Pause(reason.clone()),
+            };
+            if verdict != Verdict::Continue {
+                fired.effects.push((hook.name().to_owned(), effect));
+                fired.verdict = verdict;
+                break;
+            }
+        }
+        // Durable before they take effect. An answer a crash loses before
+        // its commit is asked again under the same `webhook-id`.
+        if asked_any && may_commit {
+            run.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// Act on a plan or step topic's verdict that stops the run here:
+    /// `cancel` cancels it, `pause` parks it as paused naming the hook.
+    /// True when it did.
+    async fn stopped_by_hook(&self, run: &mut Run<'_>, fired: &Fired) -> Result<bool, AgentError> {
+        match &fired.verdict {
+            Verdict::Cancel(reason) => {
+                let reason = reason.clone();
+                run.record(EventKind::SessionCancel { reason }).await?;
+            }
+            Verdict::Pause(reason) => {
+                let (hook, reason) = (last_hook(fired), reason.clone());
+                self.pause(run, PauseReason::Hook { hook, reason }).await?;
+            }
+            Verdict::Continue | Verdict::Skip => return Ok(false),
+        }
+        Ok(true)
+    }
+
     /// Fire an observing topic: subscribers see the payload; nothing they do
-    /// changes the run.
-    fn observe(&self, topic: HookTopic, payload: Value) {
-        let _ = self.hooks.fire(topic, payload);
+    /// changes the run. The run's HTTP hooks of the topic are notified
+    /// after the next commit (the event is durable then), once each; their
+    /// answers are not read.
+    fn observe(&self, run: &mut Run<'_>, topic: HookTopic, payload: Value) {
+        let _ = self.hooks.fire(topic, payload.clone());
+        let Some(http) = &self.http_hooks else {
+            return;
+        };
+        let hooks: Vec<_> = run.hooks.on(topic).cloned().collect();
+        for hook in hooks {
+            let key = format!("{}:{}", topic.name(), run.state.head_seq);
+            let (id, body) = run.hook_request(&hook, topic, &key, &payload);
+            run.notices
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(http.notify(hook, topic, body, id));
+        }
     }
 
     /// The run's declarative guardrails (`RunConfig::guardrails`), compiled;
@@ -2532,6 +2762,21 @@ impl Agent {
             return Err(AgentError::Config(format!(
                 "tools[{i}]: tool {missing} is not registered on this worker"
             )));
+        }
+        for (i, hook) in config.hooks.iter().enumerate() {
+            match &self.http_hooks {
+                Some(h) if h.has(hook) => {}
+                Some(_) => {
+                    return Err(AgentError::Config(format!(
+                        "hooks[{i}]: {hook:?} is not a hook in this worker's catalogue"
+                    )));
+                }
+                None => {
+                    return Err(AgentError::Config(format!(
+                        "hooks[{i}]: this worker has no catalogue hooks (glia worker --catalogue FILE)"
+                    )));
+                }
+            }
         }
         if let Some(name) = &config.provider
             && !self.named.contains_key(name)
@@ -2745,6 +2990,15 @@ fn approval_deadline(run: &Run<'_>) -> Option<DateTime<Utc>> {
     )
 }
 
+/// The hook whose effect came last (the one that ended the chain).
+fn last_hook(fired: &Fired) -> String {
+    fired
+        .effects
+        .last()
+        .map(|(h, _)| h.clone())
+        .unwrap_or_default()
+}
+
 /// Which verdicts take effect on a topic (see the table in [`crate::hooks`]).
 fn honours(topic: HookTopic, verdict: &Verdict) -> bool {
     use HookTopic::*;
@@ -2755,13 +3009,14 @@ fn honours(topic: HookTopic, verdict: &Verdict) -> bool {
             BeforePlan | AfterPlan | BeforeStep | AfterStep | BeforeToolCall
         ),
         Verdict::Skip => matches!(topic, BeforePlan | BeforeStep | BeforeToolCall),
-        Verdict::Pause(_) => matches!(topic, AfterStep),
+        Verdict::Pause(_) => matches!(topic, BeforePlan | AfterPlan | BeforeStep | AfterStep),
     }
 }
 
 fn honours_effect(topic: HookTopic, effect: &HookEffect) -> bool {
     use HookTopic::*;
     match effect {
+        HookEffect::Continued => true,
         HookEffect::Modified { .. } => matches!(
             topic,
             AfterPlan | BeforeStep | BeforeToolCall | AfterToolCall

@@ -41,6 +41,16 @@
 //!
 //! [http]
 //! allowed_origins = ["https://orders.example.com"]
+//!
+//! [hooks.audit]                       # an HTTP hook (docs/hooks.md)
+//! url = "https://hooks.example.com/glia"
+//! topics = ["before_tool_call", "after_tool_call"]
+//! secret_env = "AUDIT_HOOK_SECRET"    # holds whsec_…; never the secret itself
+//! timeout_ms = 2000                   # default 5000
+//! on_failure = "closed"               # or "open"
+//! tenants = ["acme"]                  # optional: only these tenants' runs
+//! agents = ["support"]                # optional: only runs of these agents
+//! apply = "always"                    # default; "when_named": only runs naming it in `hooks`
 //! ```
 
 use std::collections::BTreeMap;
@@ -64,6 +74,100 @@ pub struct Catalogue {
     /// What HTTP tools may reach.
     #[serde(default)]
     pub http: HttpAllow,
+    /// HTTP hooks by name (`RunConfig::hooks`, `docs/hooks.md`).
+    #[serde(default)]
+    pub hooks: BTreeMap<String, HookEntry>,
+}
+
+/// An HTTP hook: an endpoint the worker calls, signed, on some of the ten
+/// topics of the runs it applies to (`glia_agent::http_hooks`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HookEntry {
+    /// Where the worker POSTs the signed JSON request: `http(s)://…`, no
+    /// credentials in it. Redirects are not followed.
+    pub url: String,
+    /// The topics it is called on, at least one, each once.
+    pub topics: Vec<glia_proto::HookTopic>,
+    /// Name of the environment variable holding its signing secret
+    /// (`whsec_` + base64, Standard Webhooks), never the secret itself.
+    pub secret_env: String,
+    /// How long a call may take, in ms (1 to 60000; default 5000).
+    #[serde(default = "hook_timeout_default")]
+    pub timeout_ms: u64,
+    /// What a call that does not answer in time, cannot connect, answers
+    /// other than 2xx or answers garbage means: `open` (go on as if it
+    /// allowed; logged and counted) or `closed` (per topic, `docs/hooks.md`:
+    /// a tool call is refused, a plan or step pauses the run, a tool result
+    /// is withheld).
+    pub on_failure: HookFailure,
+    /// The tenants whose runs it applies to and may be named by; `None`
+    /// (left out) = every tenant. A run of another tenant naming it is
+    /// failed by the worker.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+    /// Only runs of these agents (by registry name); `None` = every run.
+    /// For `apply = "always"` only.
+    #[serde(default)]
+    pub agents: Option<Vec<String>>,
+    /// `always` (default): every run `tenants` and `agents` admit, whatever
+    /// the run says. `when_named`: only runs whose config or agent
+    /// definition names it in `hooks`.
+    #[serde(default)]
+    pub apply: HookApply,
+}
+
+impl HookEntry {
+    /// The signing secret of the hook `name`, read now from the variable
+    /// `secret_env` names. Errors: (`hooks.NAME.secret_env`, reason) for an
+    /// unset variable or a value that is not `whsec_` + base64; the reason
+    /// names the variable, never the value.
+    pub fn secret(&self, name: &str) -> Result<String, (String, String)> {
+        let at = || format!("hooks.{name}.secret_env");
+        let value = std::env::var(&self.secret_env).map_err(|_| {
+            (
+                at(),
+                format!("the environment variable {} is not set", self.secret_env),
+            )
+        })?;
+        glia_proto::webhook_signature::check_secret(&value).map_err(|e| {
+            (
+                at(),
+                format!("the environment variable {}: {e}", self.secret_env),
+            )
+        })?;
+        Ok(value)
+    }
+}
+
+fn hook_timeout_default() -> u64 {
+    5_000
+}
+
+/// The longest `timeout_ms` of a hook, in ms.
+pub const MAX_HOOK_TIMEOUT_MS: u64 = 60_000;
+
+/// What a failed hook call means ([`HookEntry::on_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HookFailure {
+    /// Go on as if the hook allowed (logged and counted).
+    Open,
+    /// Do not go on (per topic; see `docs/hooks.md`).
+    Closed,
+}
+
+/// Which runs a hook is applied to ([`HookEntry::apply`]).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum HookApply {
+    /// Every run its `tenants` and `agents` admit; a run cannot opt out.
+    #[default]
+    Always,
+    /// Only runs that name it (`hooks`), of its `tenants`.
+    WhenNamed,
 }
 
 /// A model provider.
@@ -399,6 +503,63 @@ impl Catalogue {
                 }
             }
         }
+        for (name, h) in &self.hooks {
+            let at = |k: &str| format!("hooks.{name}.{k}");
+            if !NAME.is_match(name) {
+                return Err((
+                    format!("hooks.{name}"),
+                    "names are ^[a-zA-Z0-9_-]{1,64}$".into(),
+                ));
+            }
+            check_hook_url(&h.url).map_err(|r| (at("url"), r))?;
+            if h.topics.is_empty() {
+                return Err((at("topics"), "name at least one topic".into()));
+            }
+            for (i, t) in h.topics.iter().enumerate() {
+                if h.topics[..i].contains(t) {
+                    return Err((
+                        at(&format!("topics[{i}]")),
+                        format!("{:?} is listed twice", t.name()),
+                    ));
+                }
+            }
+            check_env_name(&h.secret_env).map_err(|r| (at("secret_env"), r))?;
+            if !(1..=MAX_HOOK_TIMEOUT_MS).contains(&h.timeout_ms) {
+                return Err((
+                    at("timeout_ms"),
+                    format!(
+                        "{} ms; a hook's timeout is 1 to {MAX_HOOK_TIMEOUT_MS} ms",
+                        h.timeout_ms
+                    ),
+                ));
+            }
+            for (key, list) in [("tenants", &h.tenants), ("agents", &h.agents)] {
+                if let Some(list) = list {
+                    if list.is_empty() {
+                        return Err((
+                            at(key),
+                            "is empty, so the hook would apply to no run; leave it out for every run"
+                                .into(),
+                        ));
+                    }
+                    for (i, v) in list.iter().enumerate() {
+                        if v.trim().is_empty() || v.chars().any(char::is_control) {
+                            return Err((
+                                at(&format!("{key}[{i}]")),
+                                "is blank or holds control characters".into(),
+                            ));
+                        }
+                    }
+                }
+            }
+            if h.apply == HookApply::WhenNamed && h.agents.is_some() {
+                return Err((
+                    at("agents"),
+                    "is for apply = \"always\"; a when_named hook applies to exactly the runs naming it"
+                        .into(),
+                ));
+            }
+        }
         for (i, origin) in self.http.allowed_origins.iter().enumerate() {
             let at = format!("http.allowed_origins[{i}]");
             let normal =
@@ -430,6 +591,9 @@ impl Catalogue {
                     format!("the environment variable {} is not set", p.api_key_env),
                 ));
             }
+        }
+        for (name, h) in &self.hooks {
+            h.secret(name)?;
         }
         for (name, s) in &self.mcp_servers {
             for (var, source) in &s.env {
@@ -504,6 +668,14 @@ impl Catalogue {
                 });
             }
         }
+        for (i, hook) in config.hooks.iter().enumerate() {
+            if !self.hooks.contains_key(hook) {
+                return Err(ConfigError {
+                    field: format!("hooks[{i}]"),
+                    reason: format!("{hook:?} is not a hook in this fleet's catalogue"),
+                });
+            }
+        }
         if let Some(provider) = &config.provider
             && !self.providers.contains_key(provider)
         {
@@ -545,6 +717,21 @@ fn check_tool_name(tool: &str) -> Result<(), String> {
             tool.len(),
             glia_proto::limits::MAX_TOOL_NAME_BYTES
         ));
+    }
+    Ok(())
+}
+
+/// A hook's URL: `http` or `https`, a host, no user or password.
+fn check_hook_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("scheme {:?} is not http or https", parsed.scheme()));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err("the URL has no host".into());
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("credentials in the URL are not accepted; the request is signed".into());
     }
     Ok(())
 }

@@ -10,15 +10,19 @@
 //!
 //! | topic | payload | a change to | Cancel | Skip | Pause |
 //! |---|---|---|---|---|---|
-//! | before_plan | `{goal}` | – | cancels the run | uses the single implicit step | – |
-//! | after_plan | `{steps}` | `steps` is committed | cancels the run | – | – |
-//! | before_step | `{index, description}` | `description` | cancels the run | skips the step | – |
+//! | before_plan | `{goal}` | – | cancels the run | uses the single implicit step | parks the run as paused |
+//! | after_plan | `{steps}` | `steps` is committed | cancels the run | – | parks the run as paused |
+//! | before_step | `{index, description}` | `description` | cancels the run | skips the step | parks the run as paused |
 //! | after_step | `{index, answer}` | – | cancels the run | – | parks the run as paused |
 //! | before_tool_call | `{call_id, name, input}` | `input` runs | refuses the call | refuses the call | – |
 //! | after_tool_call | `{call_id, name, content, is_error}` | `content` is recorded | – | – | – |
 //! | on_error, on_pause, on_budget_exceeded, on_complete | the event's data | – | – | – | – |
 //!
-//! A verdict a topic does not honour is ignored and not recorded.
+//! A verdict a topic does not honour is ignored and not recorded. The
+//! operator catalogue's HTTP hooks ([`crate::http_hooks`], `docs/hooks.md`)
+//! run after these on the same topics, with the same table; their answers,
+//! `continue` included, are recorded so that a resumed run never asks them
+//! again.
 
 use glia_proto::{HookEffect, HookTopic};
 use serde_json::Value;

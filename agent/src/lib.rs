@@ -27,6 +27,7 @@ pub mod budget_gate;
 pub mod catalogue;
 pub mod compact;
 pub mod hooks;
+pub mod http_hooks;
 pub mod http_tool;
 pub mod mcp;
 pub mod planner;

@@ -1557,10 +1557,15 @@ pub fn describe(kind: &EventKind) -> String {
             topic,
             hook,
             effect,
+            call,
         } => format!(
-            "{} {hook}: {}",
+            "{} {hook}: {}{}",
             wire(topic),
-            clip(&serde_json::to_string(effect).unwrap_or_default())
+            clip(&serde_json::to_string(effect).unwrap_or_default()),
+            call.as_ref()
+                .filter(|c| c.outcome != glia_proto::HookOutcome::Answered)
+                .map(|c| format!(" (hook {}, failure mode applied)", c.outcome.name()))
+                .unwrap_or_default()
         ),
         // Issue 32, child runs.
         EventKind::ChildEnded {

@@ -145,19 +145,52 @@ impl CatalogueArgs {
 
 /// `agent` offering `catalogue`'s MCP and HTTP tools (its MCP servers
 /// started); unchanged without one.
-fn equip(catalogue: Option<glia_agent::catalogue::Catalogue>, agent: Agent) -> Agent {
+fn equip(catalogue: Option<glia_agent::catalogue::Catalogue>, agent: Agent) -> Result<Agent> {
     let Some(catalogue) = catalogue else {
-        return agent;
+        return Ok(agent);
     };
     info!(
         providers = catalogue.providers.len(),
         mcp_servers = catalogue.mcp_servers.len(),
         http_origins = catalogue.http.allowed_origins.len(),
+        hooks = catalogue.hooks.len(),
         "operator catalogue loaded"
     );
-    agent.with_tool_sources(Arc::new(glia_agent::tool_sources::ToolSources::start(
-        catalogue,
-    )))
+    // The hooks' secrets are read from the environment now (their
+    // variables were checked with the catalogue).
+    let hooks = glia_agent::http_hooks::HttpHooks::from_catalogue(&catalogue)
+        .map_err(|(key, reason)| anyhow::anyhow!("invalid catalogue: {key}: {reason}"))?;
+    let agent = if hooks.is_empty() {
+        agent
+    } else {
+        agent.with_http_hooks(hooks)
+    };
+    Ok(
+        agent.with_tool_sources(Arc::new(glia_agent::tool_sources::ToolSources::start(
+            catalogue,
+        ))),
+    )
+}
+
+/// `agent`'s HTTP hooks given the worker's ports: runs' tenants from the
+/// event log, calls counted in `metrics`. Unchanged without hooks.
+fn with_hook_ports(
+    agent: Arc<Agent>,
+    ports: &Ports,
+    metrics: Option<&Arc<WorkerMetrics>>,
+) -> Result<Arc<Agent>> {
+    let mut agent = Arc::try_unwrap(agent)
+        .map_err(|_| anyhow::anyhow!("the agent is shared before its hooks are set"))?;
+    if let Some(hooks) = agent.take_http_hooks() {
+        let mut hooks = hooks.with_tenants(Arc::new(glia_worker::run_tenants::LogTenants::new(
+            ports.log.clone(),
+        )));
+        if let Some(m) = metrics {
+            hooks = hooks.with_observer(m.clone());
+        }
+        agent = agent.with_http_hooks(hooks);
+    }
+    Ok(Arc::new(agent))
 }
 
 impl WorkerArgs {
@@ -177,7 +210,7 @@ impl WorkerArgs {
         if let Some(dir) = &self.replay {
             let recording = glia_replay::tau::load_dir(dir)?;
             info!(conversations = recording.conversations().len(), dir = %dir.display(), "replaying a recording");
-            return Ok(Arc::new(equip(catalogue, replay_agent(&recording)?)));
+            return Ok(Arc::new(equip(catalogue, replay_agent(&recording)?)?));
         }
         self.provider
             .check(catalogue.as_ref().is_some_and(|c| !c.providers.is_empty()))?;
@@ -219,7 +252,7 @@ impl WorkerArgs {
             } else {
                 agent
             },
-        )))
+        )?))
     }
 
     /// Metric handles labelled with this worker's provider, the provider
@@ -341,7 +374,7 @@ impl Embedded {
         let agent = replay_agent(recording)?;
         let agent = Arc::new(match mcp {
             Some((name, file, tools)) => {
-                equip(Some(replay_tools_catalogue(name, file, tools)?), agent)
+                equip(Some(replay_tools_catalogue(name, file, tools)?), agent)?
             }
             None => agent,
         });
@@ -857,6 +890,7 @@ pub async fn worker(urls: Urls, args: WorkerArgs) -> Result<()> {
     readiness.connected(&ports);
     info!("worker ready: Postgres, RabbitMQ and Redis connected");
     let agent = with_caps(agent, caps, &ports)?;
+    let agent = with_hook_ports(agent, &ports, metrics.as_ref())?;
     let agent_sources = agent.tool_sources().cloned();
     let mut worker = ports
         .worker(agent, args.options(0))
@@ -933,6 +967,7 @@ pub async fn dev(store: Store, node: NodeArgs) -> Result<()> {
     let agent = with_caps(agent, caps, &ports)?;
     readiness.connected(&ports);
     let metrics = metrics.map(Arc::new);
+    let agent = with_hook_ports(agent, &ports, metrics.as_ref())?;
     if let (Some(metrics), Some(addr)) = (&metrics, worker_args.metrics_listen) {
         let listener = crate::observe::serve_metrics(
             addr,

@@ -11,11 +11,13 @@
 //! On a dispatcher without the Postgres event log (`glia dev`, `glia serve`)
 //! every one answers 404 `not_available`.
 //!
-//! **Signatures** follow Standard Webhooks (<https://www.standardwebhooks.com>):
-//! headers `webhook-id` (the delivery's `msg_id`, the same on every retry),
-//! `webhook-timestamp` (Unix seconds of this attempt) and `webhook-signature`
-//! = `v1,` + base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}")), where the
-//! key is the base64 part of the `whsec_…` secret.
+//! **Signatures** follow Standard Webhooks (<https://www.standardwebhooks.com/>),
+//! signed by [`glia_proto::webhook_signature`] (shared with the worker's HTTP
+//! hooks): headers `webhook-id` (the delivery's `msg_id`, the same on every
+//! retry), `webhook-timestamp` (Unix seconds of this attempt) and
+//! `webhook-signature` = `v1,` + base64(HMAC-SHA256(key,
+//! "{id}.{timestamp}.{body}")), where the key is the base64 part of the
+//! `whsec_…` secret.
 //!
 //! **Retries**: a delivery that gets no 2xx is tried again after 1 s, 2 s,
 //! 4 s, … up to [`DeliveryOptions::max_backoff`] (5 min), for
@@ -46,10 +48,8 @@ use chrono::Utc;
 use glia_backends::webhooks::{
     Claimed, Delivery, EVENT_TYPES, Subscription, WebhookFormat, WebhookStore,
 };
-use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sha2::Sha256;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -122,22 +122,6 @@ pub fn new_secret() -> String {
     let mut key = [0u8; 24];
     getrandom::fill(&mut key).expect("the OS random source works");
     format!("whsec_{}", B64.encode(key))
-}
-
-/// `webhook-signature` for `body` sent as message `id` at `timestamp`:
-/// `v1,<base64 HMAC-SHA256>` (Standard Webhooks). Errors when the secret's
-/// key part is not base64.
-pub fn sign(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Result<String, String> {
-    let key = B64
-        .decode(secret.strip_prefix("whsec_").unwrap_or(secret))
-        .map_err(|e| format!("secret is not base64: {e}"))?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(&key).map_err(|e| e.to_string())?;
-    mac.update(id.as_bytes());
-    mac.update(b".");
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    Ok(format!("v1,{}", B64.encode(mac.finalize().into_bytes())))
 }
 
 /// True for addresses a tenant's webhook may not reach without the operator's leave.
@@ -413,7 +397,8 @@ async fn attempt(
         .map_err(|e| (None, e.to_string()))?;
     let id = format!("msg_{}", c.delivery.msg_id.simple());
     let ts = Utc::now().timestamp();
-    let signature = sign(&c.secret, &id, ts, &body).map_err(|e| (None, e))?;
+    let signature = glia_proto::webhook_signature::sign(&c.secret, &id, ts, &body)
+        .map_err(|e| (None, e.to_string()))?;
     let host = url.host_str().unwrap_or_default().to_owned();
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -509,15 +494,6 @@ impl crate::model::Documented for NewSubscription {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn signatures_follow_standard_webhooks() {
-        // The example of the Standard Webhooks specification's reference libraries.
-        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-        let body = br#"{"test": 2432232314}"#;
-        let sig = sign(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body).unwrap();
-        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
-    }
 
     #[test]
     fn internal_addresses() {

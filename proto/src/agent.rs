@@ -93,6 +93,8 @@ run_fields! {
         common max_result_bytes,
         // Issue 32, child runs.
         common agents,
+        // Issue 33: catalogue hooks by name.
+        common hooks,
     }
 }
 
@@ -135,6 +137,7 @@ impl AgentDefinition {
             compaction: self.compaction.clone(),
             agent,
             agents: self.agents.clone(),
+            hooks: self.hooks.clone(),
             ..defaults
         }
     }
@@ -220,6 +223,29 @@ max_tokens = 100
         let mut other = def.clone();
         other.system = "x".into();
         assert_ne!(other.content_hash(), def.content_hash());
+    }
+
+    #[test]
+    fn hooks_are_names_each_once_at_most_sixteen() {
+        let def: AgentDefinition =
+            from_toml_str(&format!("hooks = [\"audit\", \"pii\"]\n{TOML}")).unwrap();
+        def.validate().unwrap();
+        assert_eq!(def.resolve(None).hooks, ["audit", "pii"]);
+        let mut bad = def.clone();
+        bad.hooks = vec!["audit".into(), "https://evil.example/".into()];
+        assert_eq!(bad.validate().unwrap_err().field, "hooks[1]");
+        bad.hooks = vec!["audit".into(), "audit".into()];
+        assert_eq!(bad.validate().unwrap_err().field, "hooks[1]");
+        bad.hooks = (0..17).map(|i| format!("h{i}")).collect();
+        assert_eq!(bad.validate().unwrap_err().field, "hooks");
+        assert_ne!(
+            def.content_hash(),
+            AgentDefinition {
+                hooks: Vec::new(),
+                ..def.clone()
+            }
+            .content_hash()
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::budget::{BudgetLimits, Pricing};
 use crate::config_error::{ConfigError, TOOL_NAME, config_error};
 use crate::guardrails::Guardrails;
 use crate::limits::{
-    MAX_PATTERN_BYTES, MAX_POLICIES, MAX_TOOL_NAME_BYTES, MAX_TOOLS, check_schema, over,
+    MAX_HOOKS, MAX_PATTERN_BYTES, MAX_POLICIES, MAX_TOOL_NAME_BYTES, MAX_TOOLS, check_schema, over,
 };
 use crate::stop::StopPolicy;
 use crate::tool_names::{ToolNameClash, same_tool};
@@ -229,6 +229,26 @@ macro_rules! run_fields {
             pub agents: Vec<String>
         ] $($rest)*);
     };
+    // Issue 33: HTTP hooks of the operator's catalogue.
+    (@common hooks $extra:tt $head:tt [$($done:tt)*] $($rest:tt)*) => {
+        $crate::config::run_fields!(@field $head [$($done)*] $extra [
+            /// HTTP hooks of the operator's catalogue (`[hooks.NAME]`) this
+            /// run is also called with, by name (never a URL): at most 16,
+            /// each once, `^[a-zA-Z0-9_-]{1,64}$`. Added to the hooks the
+            /// operator applies to the run; nothing here removes one
+            /// (`docs/hooks.md`). A name the catalogue lacks is refused at
+            /// admission and by the worker.
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            #[cfg_attr(
+                feature = "schemars",
+                schemars(
+                    length(max = $crate::limits::MAX_HOOKS),
+                    inner(pattern(crate::config_error::TOOL_NAME_PATTERN))
+                )
+            )]
+            pub hooks: Vec<String>
+        ] $($rest)*);
+    };
     (@field $head:tt [$($done:tt)*] [$($extra:tt)*] [$($decl:tt)*] $($rest:tt)*) => {
         $crate::config::run_fields!(@munch $head [$($done)* $($extra)* $($decl)*,] $($rest)*);
     };
@@ -300,6 +320,8 @@ run_fields! {
         common builtin_tools,
         // Issue 32, child runs.
         common agents,
+        // Issue 33, HTTP hooks.
+        common hooks,
         /// The agents of [`RunConfig::agents`] as the dispatcher resolved
         /// them for the run's tenant at admission (name, version, content
         /// hash), in the same order: what the worker offers, so a run never
@@ -403,6 +425,7 @@ impl Default for RunConfig {
             // Issue 32, child runs.
             agents: Vec::new(),
             child_agents: Vec::new(),
+            hooks: Vec::new(),
             start_at_ms: None,
             recorded_tools: None,
         }
@@ -654,6 +677,14 @@ impl RunConfig {
         let config = self;
         crate::guardrails::check_guardrails(&config.guardrails)
             .map_err(|e| config_error(format!("guardrails.{}", e.field), e.reason))?;
+        if config.hooks.len() > MAX_HOOKS {
+            return Err(over(
+                "hooks",
+                format!("{} hooks", config.hooks.len()),
+                MAX_HOOKS,
+                "max_hooks",
+            ));
+        }
         if config.policies.len() > MAX_POLICIES {
             return Err(over(
                 "policies",
@@ -914,6 +945,21 @@ impl RunConfig {
         }
         if self.max_tokens == 0 {
             return Err(config_error("max_tokens", "must be at least 1"));
+        }
+        let mut hooks = std::collections::HashSet::new();
+        for (i, h) in self.hooks.iter().enumerate() {
+            if !TOOL_NAME.is_match(h) {
+                return Err(config_error(
+                    format!("hooks[{i}]"),
+                    format!("{h:?} must match ^[a-zA-Z0-9_-]{{1,64}}$ (a catalogue hook's name)"),
+                ));
+            }
+            if !hooks.insert(h.as_str()) {
+                return Err(config_error(
+                    format!("hooks[{i}]"),
+                    format!("{h:?} is listed twice"),
+                ));
+            }
         }
         let mut names = std::collections::HashSet::new();
         for (i, t) in self.external_tools.iter().enumerate() {

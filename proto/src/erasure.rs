@@ -531,10 +531,13 @@ impl EventKind {
                 topic,
                 hook,
                 effect,
+                call,
             } => K::HookApplied {
                 topic: *topic,
                 hook: hook.clone(),
+                call: call.clone(),
                 effect: match effect {
+                    HookEffect::Continued => HookEffect::Continued,
                     HookEffect::Modified { .. } => HookEffect::Modified {
                         payload: erased_value(),
                     },

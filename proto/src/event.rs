@@ -391,15 +391,23 @@ pub enum EventKind {
         /// Whether the run ended because of it.
         fatal: bool,
     },
-    /// A hook changed, cancelled, skipped or paused something.
+    /// A hook changed, cancelled, skipped or paused something; or, for an
+    /// HTTP hook of the operator's catalogue (`call` set), its answer on an
+    /// intercepting topic, `continued` included: recorded before it takes
+    /// effect, and found in the state ([`crate::RunState::hook_answer`]) by
+    /// a worker that resumes the run, so the hook is never called again for
+    /// the same logical call (`docs/hooks.md`).
     #[serde(rename = "hook.applied")]
     HookApplied {
         /// Topic it ran on.
         topic: HookTopic,
-        /// Hook name.
+        /// Hook name (an HTTP hook's catalogue name).
         hook: String,
         /// What it did.
         effect: HookEffect,
+        /// The HTTP call this answers (HTTP hooks only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call: Option<HookCall>,
     },
     // ----- issue 32, child runs -----
     /// A child run started by a call of an agent tool ended (or could not
@@ -843,7 +851,8 @@ pub enum GuardrailStage {
 }
 
 /// The ten hook topics of the harness contract.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum HookTopic {
     /// Before the planner drafts.
@@ -869,6 +878,34 @@ pub enum HookTopic {
 }
 
 impl HookTopic {
+    /// The snake_case name, as in the catalogue's `topics`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HookTopic::BeforePlan => "before_plan",
+            HookTopic::AfterPlan => "after_plan",
+            HookTopic::BeforeStep => "before_step",
+            HookTopic::AfterStep => "after_step",
+            HookTopic::BeforeToolCall => "before_tool_call",
+            HookTopic::AfterToolCall => "after_tool_call",
+            HookTopic::OnError => "on_error",
+            HookTopic::OnPause => "on_pause",
+            HookTopic::OnBudgetExceeded => "on_budget_exceeded",
+            HookTopic::OnComplete => "on_complete",
+        }
+    }
+
+    /// Whether the topic intercepts (its hooks' answers may change what
+    /// the loop does) rather than notifies (`on_*`).
+    pub fn intercepts(self) -> bool {
+        !matches!(
+            self,
+            HookTopic::OnError
+                | HookTopic::OnPause
+                | HookTopic::OnBudgetExceeded
+                | HookTopic::OnComplete
+        )
+    }
+
     /// Every topic, in the order of the harness contract.
     pub const ALL: [HookTopic; 10] = [
         HookTopic::BeforePlan,
@@ -884,10 +921,59 @@ impl HookTopic {
     ];
 }
 
+/// One HTTP hook call as recorded in its `hook.applied` events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookCall {
+    /// The logical call: `{topic}:{turns}:{subject}:{payload hash}` (the
+    /// subject is the call id, the step index or `plan`). The same on a
+    /// retry or a resume at the same point; `webhook-id` is derived from
+    /// it. The state keys recorded answers by hook and this key.
+    pub key: String,
+    /// How the call went; anything but `answered` is the hook's failure
+    /// mode at work (its effect says which: `continued` = failed open).
+    pub outcome: HookOutcome,
+    /// How long the call took, in ms.
+    pub duration_ms: u64,
+}
+
+/// How an HTTP hook call went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookOutcome {
+    /// A 2xx with an answer the topic takes.
+    Answered,
+    /// No answer within the hook's `timeout_ms`.
+    TimedOut,
+    /// No connection, or the connection failed.
+    Unreachable,
+    /// An answer that is not 2xx.
+    BadStatus,
+    /// A 2xx whose body is not an answer the topic takes (not JSON, an
+    /// unknown field or verdict, a change the topic does not allow, too
+    /// large).
+    BadAnswer,
+}
+
+impl HookOutcome {
+    /// The snake_case name (metrics label, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            HookOutcome::Answered => "answered",
+            HookOutcome::TimedOut => "timed_out",
+            HookOutcome::Unreachable => "unreachable",
+            HookOutcome::BadStatus => "bad_status",
+            HookOutcome::BadAnswer => "bad_answer",
+        }
+    }
+}
+
 /// What a hook did, as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum HookEffect {
+    /// An HTTP hook let the transition go on (recorded so that its answer
+    /// is not asked again; in-process hooks record no such effect).
+    Continued,
     /// It changed the payload to this.
     Modified {
         /// The payload after the hook.

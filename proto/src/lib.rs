@@ -52,6 +52,7 @@ pub mod tool_names;
 pub mod tool_schema;
 pub mod tool_sources;
 pub mod wait;
+pub mod webhook_signature;
 
 pub use agent::AgentDefinition;
 pub use budget::{BudgetLimits, BudgetUsage, Limit, Pricing, Spend, SpendCap};
@@ -69,8 +70,9 @@ pub use content::{
 };
 pub use erasure::TOMBSTONE;
 pub use event::{
-    Decision, DecisionChoice, Disposition, Event, EventKind, GuardrailStage, HookEffect, HookTopic,
-    LiveEvent, Outcome, PauseReason, Payload, PullPoint, Retry, ToolCallRecord, ToolErrorKind,
+    Decision, DecisionChoice, Disposition, Event, EventKind, GuardrailStage, HookCall, HookEffect,
+    HookOutcome, HookTopic, LiveEvent, Outcome, PauseReason, Payload, PullPoint, Retry,
+    ToolCallRecord, ToolErrorKind,
 };
 pub use guardrails::{Guardrails, Redaction, TextRule, Withheld};
 pub use held::{Held, HeldResult, RUNNING_MARK_REFRESH, RUNNING_MARK_TTL};

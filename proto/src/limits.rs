@@ -35,6 +35,8 @@ pub const MAX_REGEX_SIZE: usize = 1 << 20;
 pub const REGEX_DFA_BUDGET: usize = 16 << 20;
 /// Tool-call policies in one config.
 pub const MAX_POLICIES: usize = 64;
+/// Catalogue hooks one config may name (`hooks`).
+pub const MAX_HOOKS: usize = 16;
 /// Tools one config may name: worker tools, external tools, HTTP tools and
 /// MCP allow-list entries together; also the most `tool_policy` entries.
 pub const MAX_TOOLS: usize = 128;

@@ -16,8 +16,8 @@ use uuid::Uuid;
 use crate::budget::{BudgetLimits, BudgetUsage};
 use crate::config::{RunConfig, ToolSpec};
 use crate::event::{
-    Decision, Disposition, Event, EventKind, GuardrailStage, Outcome, PauseReason, PullPoint,
-    ToolCallRecord, ToolErrorKind,
+    Decision, Disposition, Event, EventKind, GuardrailStage, HookEffect, Outcome, PauseReason,
+    PullPoint, ToolCallRecord, ToolErrorKind,
 };
 use crate::marker::{Insert, neutralise};
 use crate::repair::elide;
@@ -199,6 +199,23 @@ pub struct RunState {
     /// resume of a [`PauseReason::ToolSource`] pause.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub tool_source_attempts: u32,
+    /// Answers of HTTP hooks recorded for hook points not yet behind the
+    /// run (`hook.applied` with a `call`), by `"{hook} {key}"`; emptied at
+    /// every `model.call`, `plan.commit` and `session.resume`. See
+    /// [`RunState::hook_answer`].
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub hook_answers: std::collections::BTreeMap<String, RecordedHookAnswer>,
+}
+
+/// An HTTP hook's recorded answer ([`RunState::hook_answers`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecordedHookAnswer {
+    /// The payload as the hook left it, when it changed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+    /// Its verdict (`continued`, `cancelled`, `skipped`, `paused`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<HookEffect>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -295,6 +312,7 @@ impl RunState {
             outcome: None,
             pause_due: None,
             tool_source_attempts: 0,
+            hook_answers: std::collections::BTreeMap::new(),
         }
     }
 
@@ -1130,8 +1148,42 @@ impl RunState {
                 self.outcome = Some(outcome.clone());
             }
         }
+        // HTTP hooks' recorded answers (`hook.applied` with `call`): kept
+        // until the point they answer for is behind the run. No hook point
+        // spans a model call or a plan's commit, and a resume asks a hook
+        // whose failure paused the run again.
+        match &event.kind {
+            EventKind::ModelCall { .. }
+            | EventKind::PlanCommit { .. }
+            | EventKind::SessionResume { .. } => self.hook_answers.clear(),
+            EventKind::HookApplied {
+                hook,
+                effect,
+                call: Some(call),
+                ..
+            } => {
+                let answer = self
+                    .hook_answers
+                    .entry(format!("{hook} {}", call.key))
+                    .or_default();
+                match effect {
+                    HookEffect::Modified { payload } => answer.payload = Some(payload.clone()),
+                    verdict => answer.verdict = Some(verdict.clone()),
+                }
+            }
+            _ => {}
+        }
         self.head_seq = event.seq;
         Ok(())
+    }
+
+    /// The recorded answer of the HTTP hook `hook` to the logical call
+    /// `key` ([`crate::HookCall::key`]): the payload it left (when it
+    /// changed it) and its verdict. `None` until its verdict is recorded:
+    /// then the hook is called (again).
+    pub fn hook_answer(&self, hook: &str, key: &str) -> Option<(Option<&Value>, &HookEffect)> {
+        let answer = self.hook_answers.get(&format!("{hook} {key}"))?;
+        Some((answer.payload.as_ref(), answer.verdict.as_ref()?))
     }
 
     /// True between a `model.call` and its answer: executing a step, at

@@ -38,6 +38,7 @@ pub mod odd_mcp;
 pub mod postgres;
 pub mod proxy;
 pub mod require;
+pub mod signed;
 pub mod tools;
 
 pub use glia_backends::testkit::{

@@ -22,6 +22,7 @@
 //! - [`evals`]: the tau-bench replay eval on the fleet, through worker and dispatcher kills.
 //! - [`clients`]: the Python and TypeScript clients' own suites against a fleet.
 //! - [`mcp`]: glia as an MCP server, with the rmcp client and the TypeScript SDK's.
+//! - [`hooks`]: HTTP hooks of the operator's catalogue, not called again after a worker kill.
 
 mod agents;
 mod approvals;
@@ -35,6 +36,8 @@ mod durability;
 mod evals;
 mod exactly_once;
 mod guardrails;
+// Issue 33, HTTP hooks.
+mod hooks;
 mod limits;
 mod mcp;
 mod observability;

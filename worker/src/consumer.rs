@@ -31,7 +31,6 @@
 //! agent's budget gate: counters in the ledger (Redis), rebuilt from the
 //! event log when missing.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -1004,13 +1003,10 @@ pub struct LedgerGate {
     ledger: Arc<dyn Ledger>,
     log: Arc<dyn EventLog>,
     caps: RwLock<TenantCaps>,
-    tenants: Mutex<HashMap<Uuid, String>>,
+    tenants: crate::run_tenants::LogTenants,
     clock: Arc<dyn Clock>,
     ttl: Duration,
 }
-
-/// Runs whose tenant a [`LedgerGate`] remembers before it forgets them all.
-const REMEMBERED_TENANTS: usize = 100_000;
 
 /// How many times a gate seeds a counter that keeps disappearing before it
 /// gives up.
@@ -1026,9 +1022,9 @@ impl LedgerGate {
     pub fn new(ledger: Arc<dyn Ledger>, log: Arc<dyn EventLog>, caps: TenantCaps) -> LedgerGate {
         LedgerGate {
             ledger,
+            tenants: crate::run_tenants::LogTenants::new(log.clone()),
             log,
             caps: RwLock::new(caps),
-            tenants: Mutex::new(HashMap::new()),
             clock: Arc::new(SystemClock),
             ttl: DEFAULT_BUDGET_TTL,
         }
@@ -1063,21 +1059,8 @@ impl LedgerGate {
 
     /// The run's tenant, from its summary (remembered).
     async fn tenant(&self, run_id: Uuid) -> Result<String, GateError> {
-        if let Some(t) = self
-            .tenants
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&run_id)
-        {
-            return Ok(t.clone());
-        }
-        let tenant = self.log.get_run(run_id).await.map_err(gate_error)?.tenant;
-        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
-        if tenants.len() >= REMEMBERED_TENANTS {
-            tenants.clear();
-        }
-        tenants.insert(run_id, tenant.clone());
-        Ok(tenant)
+        use glia_agent::http_hooks::RunTenants;
+        self.tenants.tenant(run_id).await.map_err(GateError)
     }
 
     /// The capped tenant of the run, its caps, today and today's scope; `None`

@@ -9,6 +9,7 @@
 //! - [`consumer`]: the job consumer ([`consumer::Worker`]) and the ledger-backed
 //!   budget gate;
 //! - [`metrics`]: a worker's Prometheus metrics and GenAI spans, derived from recorded events;
+//! - [`run_tenants`]: a run's tenant from the event log, for the loop's HTTP hooks;
 //! - [`trace`]: how a run's spans form one OpenTelemetry trace (trace id = run id).
 
 #![warn(missing_docs)]
@@ -16,4 +17,5 @@
 pub mod cancel_watch;
 pub mod consumer;
 pub mod metrics;
+pub mod run_tenants;
 pub mod trace;

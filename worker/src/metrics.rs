@@ -4,7 +4,10 @@
 //!
 //! Nothing here is called by the loop: [`RunObserver`] derives everything
 //! from the events the worker's sink records (and the live deltas it
-//! forwards), and [`crate::consumer::Worker`] counts its own job handling.
+//! forwards), and [`crate::consumer::Worker`] counts its own job handling;
+//! the one exception, HTTP hook calls (their outcome and latency are not
+//! all in events), are reported by the loop's hook client through
+//! [`glia_agent::http_hooks::HookObserver`].
 //! Events are observed when the loop records them, so work that is
 //! abandoned (lease lost) and redone elsewhere is counted twice — as the
 //! model calls it made were.
@@ -33,6 +36,8 @@
 //! | `glia_worker_approvals_resolved_total` | counter | `decision` (`approve`, `reject`, `edit`) | decisions applied |
 //! | `glia_worker_budget_pauses_total` | counter | `limit` | runs paused by a budget limit |
 //! | `glia_worker_pauses_total` | counter | `pull_point` | runs parked, by pull point |
+//! | `glia_worker_hook_calls_total` | counter | `hook`, `topic`, `outcome` (`answered`, `timed_out`, `unreachable`, `bad_status`, `bad_answer`) | calls of the catalogue's HTTP hooks (`glia_agent::http_hooks`); anything but `answered` had the hook's failure mode applied |
+//! | `glia_worker_hook_duration_seconds` | histogram | `hook`, `topic` | seconds an HTTP hook call took (up to its timeout) |
 //! | `glia_worker_jobs_total` | counter | `result` (`advanced`, `stale`, `held`, `gone`, `abandoned`, `retry`) | jobs handled |
 //! | `glia_worker_job_lag_seconds` | histogram | – | job published → taken by this worker |
 //! | `glia_worker_lease_takeovers_total` | counter | – | leases taken over after they lapsed unreleased |
@@ -176,6 +181,26 @@ pub struct PullPointLabel {
     pub pull_point: String,
 }
 
+/// Labels of `hook_calls_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookLabels {
+    /// The hook's catalogue name.
+    pub hook: String,
+    /// The topic (`before_tool_call`, …).
+    pub topic: String,
+    /// `answered`, `timed_out`, `unreachable`, `bad_status`, `bad_answer`.
+    pub outcome: String,
+}
+
+/// Labels of `hook_duration_seconds`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookTopicLabels {
+    /// The hook's catalogue name.
+    pub hook: String,
+    /// The topic.
+    pub topic: String,
+}
+
 /// Label `result`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabel {
@@ -235,6 +260,10 @@ pub struct WorkerMetrics {
     pub budget_pauses: Family<LimitLabel, Counter>,
     /// Runs parked, by pull point.
     pub pauses: Family<PullPointLabel, Counter>,
+    /// HTTP hook calls, by hook, topic and outcome.
+    pub hook_calls: Family<HookLabels, Counter>,
+    /// Seconds of HTTP hook calls, by hook and topic.
+    pub hook_duration: Hist<HookTopicLabels>,
     /// Jobs handled, by result.
     pub jobs: Family<JobLabel, Counter>,
     /// Seconds from publish to take.
@@ -276,6 +305,8 @@ impl WorkerMetrics {
             approvals_resolved: Family::default(),
             budget_pauses: Family::default(),
             pauses: Family::default(),
+            hook_calls: Family::default(),
+            hook_duration: Family::new_with_constructor(short_buckets as fn() -> Histogram),
             jobs: Family::default(),
             job_lag: short_buckets(),
             lease_takeovers: Counter::default(),
@@ -357,6 +388,16 @@ impl WorkerMetrics {
             m.budget_pauses.clone(),
         );
         r.register("pauses", "Runs parked, by pull point", m.pauses.clone());
+        r.register(
+            "hook_calls",
+            "Calls of the catalogue's HTTP hooks, by hook, topic and outcome (answered, timed_out, unreachable, bad_status, bad_answer)",
+            m.hook_calls.clone(),
+        );
+        r.register(
+            "hook_duration_seconds",
+            "Seconds an HTTP hook call took, by hook and topic",
+            m.hook_duration.clone(),
+        );
         r.register(
             "jobs",
             "Jobs handled, by result (advanced, stale, held, gone, abandoned, retry)",
@@ -447,6 +488,32 @@ struct InFlight {
     started: Instant,
     first_token: Option<Duration>,
     span: Span,
+}
+
+/// HTTP hook calls are counted here: the loop's hook client reports each
+/// (`glia_agent::http_hooks::HttpHooks::with_observer`).
+impl glia_agent::http_hooks::HookObserver for WorkerMetrics {
+    fn observed(
+        &self,
+        hook: &str,
+        topic: glia_proto::HookTopic,
+        outcome: glia_proto::HookOutcome,
+        elapsed: Duration,
+    ) {
+        self.hook_calls
+            .get_or_create(&HookLabels {
+                hook: hook.to_owned(),
+                topic: topic.name().to_owned(),
+                outcome: outcome.name().to_owned(),
+            })
+            .inc();
+        self.hook_duration
+            .get_or_create(&HookTopicLabels {
+                hook: hook.to_owned(),
+                topic: topic.name().to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
 }
 
 /// Watches one run's recorded events and live deltas for a worker: counts

@@ -148,7 +148,7 @@ async fn subscribers_run_in_registration_order_and_see_each_others_changes() {
         .take(4)
         .collect();
     assert!(
-        matches!(interesting[0], EventKind::HookApplied { topic: HookTopic::BeforeToolCall, hook, effect: HookEffect::Modified { payload } }
+        matches!(interesting[0], EventKind::HookApplied { topic: HookTopic::BeforeToolCall, hook, effect: HookEffect::Modified { payload }, .. }
         if hook == "double-a" && payload["input"] == json!({"a": 10, "b": 1}))
     );
     assert!(

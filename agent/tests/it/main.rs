@@ -8,6 +8,7 @@ mod child_runs;
 mod declarative;
 mod gate_bypass;
 mod hooks;
+mod http_hooks;
 mod http_tools;
 mod loop_features;
 mod markers;

@@ -939,15 +939,24 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
             topic,
             hook,
             effect,
+            call,
         } => {
             x.group = "plan";
             let (what, text) = match effect {
+                HookEffect::Continued => ("let it go on", None),
                 HookEffect::Modified { payload } => ("modified", Some(pretty(payload))),
                 HookEffect::Cancelled { reason } => ("cancelled", Some(reason.clone())),
                 HookEffect::Skipped => ("skipped", None),
                 HookEffect::Paused { reason } => ("paused", Some(reason.clone())),
             };
             x.title = format!("Hook {hook} ({}) {what}", snake(topic));
+            if let Some(c) = call
+                .as_ref()
+                .filter(|c| c.outcome != glia_proto::HookOutcome::Answered)
+            {
+                x.title
+                    .push_str(&format!(" (it {}: its failure mode)", c.outcome.name()));
+            }
             if let Some(t) = text {
                 x.texts.push(Text::new("detail", &t, cuts));
             }

@@ -540,6 +540,7 @@ fn hook_effect() -> impl Strategy<Value = HookEffect> {
         json_value().prop_map(|payload| HookEffect::Modified { payload }),
         text().prop_map(|reason| HookEffect::Cancelled { reason }),
         Just(HookEffect::Skipped),
+        Just(HookEffect::Continued),
         text().prop_map(|reason| HookEffect::Paused { reason }),
     ]
 }
@@ -734,13 +735,24 @@ fn event_kind() -> impl Strategy<Value = EventKind> {
         text().prop_map(|reason| EventKind::SessionCancel { reason }),
         outcome().prop_map(|outcome| EventKind::SessionComplete { outcome }),
         (text(), any::<bool>()).prop_map(|(message, fatal)| EventKind::Error { message, fatal }),
-        (hook_topic(), text(), hook_effect()).prop_map(|(topic, hook, effect)| {
-            EventKind::HookApplied {
-                topic,
-                hook,
-                effect,
-            }
-        }),
+        (
+            hook_topic(),
+            text(),
+            hook_effect(),
+            prop::option::of((text(), any::<u64>()))
+        )
+            .prop_map(|(topic, hook, effect, call)| {
+                EventKind::HookApplied {
+                    topic,
+                    hook,
+                    effect,
+                    call: call.map(|(key, duration_ms)| glia_proto::HookCall {
+                        key,
+                        outcome: glia_proto::HookOutcome::TimedOut,
+                        duration_ms,
+                    }),
+                }
+            }),
         text().prop_map(|call_id| EventKind::ApprovalEscalated {
             call_id,
             expires_at: Some(DateTime::UNIX_EPOCH)
@@ -1112,6 +1124,7 @@ fn every_event_serialises_under_its_name() {
             topic: HookTopic::BeforeToolCall,
             hook: "h".into(),
             effect: HookEffect::Skipped,
+            call: None,
         },
         EventKind::ModelRetry(Retry {
             attempt: 1,

@@ -183,3 +183,58 @@ async fn budget_pauses_and_a_spend_cap_are_counted_by_limit_and_outcome() {
         Some(2.0)
     );
 }
+
+/// HTTP hook calls are counted by hook, topic and outcome, with their
+/// latency: a `before_tool_call` hook whose address refuses connections
+/// (failing open, so the run goes on) is counted `unreachable` once per call.
+#[tokio::test]
+async fn http_hook_calls_are_counted_by_hook_topic_and_outcome() {
+    let metrics = Arc::new(WorkerMetrics::new("scripted"));
+    // An address nothing listens on: bound, then let go.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    // SAFETY: a variable only this test reads, set before anything reads it.
+    unsafe {
+        std::env::set_var(
+            "GLIA_TEST_WORKER_HOOK_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        )
+    };
+    let catalogue = glia_agent::catalogue::Catalogue::parse(
+        &format!("[hooks.gone]\nurl = \"http://{addr}/hook\"\ntopics = [\"before_tool_call\"]\nsecret_env = \"GLIA_TEST_WORKER_HOOK_SECRET\"\non_failure = \"open\"\n"),
+        "<test>",
+    )
+    .unwrap();
+    let hooks = glia_agent::http_hooks::HttpHooks::from_catalogue(&catalogue)
+        .unwrap()
+        .with_observer(metrics.clone());
+    let (agent, _) = common::agent(vec![
+        ScriptedTurn::call("add", json!({"a": 2, "b": 3})),
+        ScriptedTurn::call("add", json!({"a": 4, "b": 5})),
+        ScriptedTurn::text("done"),
+    ]);
+    let agent = agent.with_http_hooks(hooks);
+    let mut log = Vec::new();
+    let (_, status) = agent
+        .run(run_id(), "add", RunConfig::default(), &mut log)
+        .await
+        .unwrap();
+    assert!(matches!(status, Status::Done(_)), "{status:?}");
+    let m = &*metrics;
+    assert_eq!(
+        sample(
+            m,
+            r#"glia_worker_hook_calls_total{hook="gone",topic="before_tool_call",outcome="unreachable"}"#
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            m,
+            r#"glia_worker_hook_duration_seconds_count{hook="gone",topic="before_tool_call"}"#
+        ),
+        Some(2.0)
+    );
+}
