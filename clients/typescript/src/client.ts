@@ -7,7 +7,7 @@
 
 import createClient, { type Client } from "openapi-fetch";
 
-import { GliaError, GliaTimeoutError, GliaUnreachableError } from "./errors.js";
+import { GliaError, GliaTimeoutError, GliaUnreachableError, type GliaConnectionLostError } from "./errors.js";
 import {
   DEFAULT_RETRY,
   backoffMs,
@@ -83,13 +83,16 @@ export type CreatedSubscription = Schemas["Created"];
 
 /**
  * What a payload endpoint answered, or, when `repeated` is true, that a
- * retry after an attempt whose answer was lost found the payload already
- * there: 409 `already_decided` (a decision: the call is decided, read the
- * run's events for whose decision stands), `already_answered` (a tool
- * result), `already_posted` or `head_moved` with this text received (a
- * message), `run_finished` (a cancel: the run is done either way). The
- * earlier attempt's inbox ids are not known (`inbox_ids` and `kinds` are
- * empty).
+ * retry after an attempt whose answer was lost was refused because the
+ * payload had already landed, as the run's log shows: a decision's
+ * `approval.resolved` with the same decision (and, for an edit, the same
+ * input; for a reject, the same reason), an external result's `tool.result`
+ * (or `tool.error` for `is_error`) with the same content, a message's
+ * `input.received` with the same text as the next input after its
+ * `head_seq`, a cancel's `session.cancel`. A refusal the log does not show
+ * to be this payload's (another person's decision or message, a run that
+ * finished without it) is thrown as its {@link GliaError}. The earlier
+ * attempt's inbox ids are not known (`inbox_ids` and `kinds` are empty).
  */
 export type Posted = Accepted & { repeated?: boolean };
 
@@ -101,6 +104,9 @@ export const ANSWERABLE_PULL_POINTS: readonly string[] = [
   "awaiting_event",
   "paused",
 ];
+
+/** Methods whose repeat is harmless, retried through outages by {@link GliaClient.api}. */
+const SAFE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
 
 /** Options of a {@link GliaClient}. */
 export interface GliaClientOptions extends RetryOptions {
@@ -114,6 +120,13 @@ export interface GliaClientOptions extends RetryOptions {
   headers?: Record<string, string>;
   /** An event stream that sends nothing (not even its 15 s keep-alive) for this long is reconnected, ms (default 45,000). */
   streamIdleMs?: number;
+  /**
+   * A stream connection that stayed open this long before it broke shows
+   * the dispatcher answering: the outage count starts again, even when no
+   * event came (a run parked for hours behind a gateway that cuts long
+   * answers), ms (default 15,000, the dispatcher's keep-alive period).
+   */
+  streamHealthyMs?: number;
 }
 
 /** The caller's cancellation of one call. */
@@ -152,6 +165,45 @@ type Label = string;
 
 const TERMINAL = new Set(["session.complete", "session.cancel"]);
 
+/** Refusals of a retried tool result that its earlier attempt may have caused (see {@link GliaClient.postToolResult}). */
+const TOOL_RESULT_LANDED_CODES = new Set(["already_answered", "call_not_found", "run_finished"]);
+
+/** Refusals of a retried message that its earlier attempt may have caused (see {@link GliaClient.postMessage}). */
+const MESSAGE_LANDED_CODES = new Set(["already_posted", "head_moved", "not_awaiting_input", "run_finished"]);
+
+/** `value` as JSON with object keys sorted, so equal values compare equal whatever their key order. */
+function canonical(value: unknown): string {
+  if (Array.isArray(value)) {
+    return `[${value.map(canonical).join(",")}]`;
+  }
+  if (value !== null && typeof value === "object") {
+    const entries = Object.entries(value as Record<string, unknown>)
+      .filter(([, v]) => v !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonical(v)}`).join(",")}}`;
+  }
+  return JSON.stringify(value) ?? "null";
+}
+
+/**
+ * Whether a logged decision (`approval.resolved`'s `decision`: `{kind,
+ * reason?, input?}`) is `body`: the same kind; for an edit the same input;
+ * for a reject with a reason, the same reason.
+ */
+function sameDecision(logged: unknown, body: DecisionBody): boolean {
+  const d = (logged ?? {}) as { kind?: unknown; reason?: unknown; input?: unknown };
+  if (d.kind !== body.decision) {
+    return false;
+  }
+  if (body.decision === "edit") {
+    return canonical(d.input) === canonical(body.input);
+  }
+  if (body.decision === "reject" && body.reason !== undefined) {
+    return d.reason === body.reason;
+  }
+  return true;
+}
+
 /**
  * A client of one dispatcher.
  *
@@ -160,7 +212,10 @@ const TERMINAL = new Set(["session.complete", "session.cancel"]);
  * {@link GliaUnreachableError} when it cannot be reached within
  * `maxOutageMs`. Reads, submits with an `Idempotency-Key`, decisions, tool
  * results, messages (bound to the run's `head_seq`), cancels and agent
- * registrations are retried through outages; nothing else is.
+ * registrations are retried through outages (a retried payload's refusal is
+ * checked against the run's log, see {@link Posted}). Anything else is
+ * retried only while its connection cannot be made; once it may have been
+ * sent, a failed connection is a {@link GliaConnectionLostError}.
  */
 export class GliaClient {
   /** The typed fetch client over the whole document, for endpoints this class does not wrap (schedules, datasets, experiments, …). */
@@ -169,6 +224,7 @@ export class GliaClient {
   readonly #policy: RetryPolicy;
   readonly #fetch: (request: Request) => Promise<Response>;
   readonly #streamIdleMs: number;
+  readonly #streamHealthyMs: number;
 
   constructor(options: GliaClientOptions) {
     this.#baseUrl = options.baseUrl.replace(/\/+$/, "");
@@ -180,13 +236,15 @@ export class GliaClient {
     };
     this.#fetch = options.fetch ?? ((request: Request) => globalThis.fetch(request));
     this.#streamIdleMs = options.streamIdleMs ?? 45_000;
+    this.#streamHealthyMs = options.streamHealthyMs ?? 15_000;
     this.api = createClient<paths>({
       baseUrl: this.#baseUrl,
       headers: {
         ...(options.token !== undefined ? { Authorization: `Bearer ${options.token}` } : {}),
         ...options.headers,
       },
-      fetch: this.#sender({ retry: false, buffer: true }),
+      // Reads are retried through outages; anything else only while its connection cannot be made.
+      fetch: (request: Request) => this.#sender({ retry: SAFE_METHODS.has(request.method), buffer: true })(request),
     });
   }
 
@@ -220,9 +278,11 @@ export class GliaClient {
   }
 
   /**
-   * A payload post retried through outages: after a retry, a 409 that
-   * `landed` takes for the lost attempt's payload is a {@link Posted} with
-   * `repeated`; without a retry every refusal is its {@link GliaError}.
+   * A payload post retried through outages. After a retry (an earlier
+   * attempt may have landed with its answer lost), a refusal that `landed`
+   * finds this payload's effect for in the run's log is a {@link Posted}
+   * with `repeated`; any other refusal, and every refusal without a retry,
+   * is its {@link GliaError}.
    */
   async #post(
     label: Label,
@@ -236,8 +296,68 @@ export class GliaClient {
     try {
       return await this.#unwrap(label, send(this.#sender({ retry: true, buffer: true, signal, attempts })));
     } catch (e) {
-      if (e instanceof GliaError && e.status === 409 && attempts.count > 1 && (await landed(e))) {
-        return { run_id: runId, call_id: callId ?? null, inbox_ids: [], kinds: [], repeated: true };
+      if (e instanceof GliaError && attempts.count > 1) {
+        let shown = false;
+        try {
+          shown = await landed(e);
+        } catch {
+          if (signal?.aborted) {
+            throw signal.reason;
+          }
+          // The log could not be read: not shown to be this payload's, so the refusal stands.
+        }
+        if (shown) {
+          return { run_id: runId, call_id: callId ?? null, inbox_ids: [], kinds: [], repeated: true };
+        }
+      }
+      throw e;
+    }
+  }
+
+  /**
+   * Whether the run's log after `after` shows a payload's effect: the first
+   * event `verdict` decides for (true: this payload's, false: another's)
+   * decides. With `follow` the log is followed as it grows (the payload may
+   * still wait in the run's inbox) until the run ends, or for at most
+   * `maxOutageMs` (then false: not shown); without, only what is written
+   * now is read. Not shown, not landed: the caller's refusal stands.
+   */
+  async #logShows(
+    runId: string,
+    after: number,
+    follow: boolean,
+    verdict: (event: Event) => boolean | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<boolean> {
+    if (!follow) {
+      let from = after;
+      for (;;) {
+        const page = await this.listEvents(runId, { after: from, limit: 1000 }, { signal });
+        for (const event of page.events) {
+          const v = verdict(event);
+          if (v !== undefined) {
+            return v;
+          }
+        }
+        if (page.events.length === 0 || page.next_after <= from) {
+          return false;
+        }
+        from = page.next_after;
+      }
+    }
+    const deadline = AbortSignal.timeout(Math.max(this.#policy.maxOutageMs, 1_000));
+    const bounded = signal ? AbortSignal.any([signal, deadline]) : deadline;
+    try {
+      for await (const event of this.streamEvents(runId, { after, signal: bounded })) {
+        const v = verdict(event);
+        if (v !== undefined) {
+          return v;
+        }
+      }
+      return false;
+    } catch (e) {
+      if (deadline.aborted && !signal?.aborted) {
+        return false;
       }
       throw e;
     }
@@ -373,7 +493,9 @@ export class GliaClient {
    * After answering a parked run, pass its `head_seq` as `afterSeq`: until a
    * worker takes the answer up the run still shows the pull point answered.
    * Follows the run's event stream and reads the run after each event (and
-   * every 2 s while nothing comes).
+   * every 2 s while nothing comes); when the stream fails (a gateway that
+   * refuses streams) it goes on reading the run every 2 s, so only a
+   * dispatcher that does not answer those reads ends the wait early.
    */
   async wait(runId: string, options: WaitOptions = {}): Promise<Run> {
     const wanted = options.pullPoints ?? ANSWERABLE_PULL_POINTS;
@@ -401,22 +523,23 @@ export class GliaClient {
       }
       const stream = this.streamEvents(runId, { after: run.head_seq, signal });
       events = stream;
-      // Every pending read is handled, so one left behind when this returns rejects quietly.
-      const advance = () => {
-        const pending = stream.next();
-        pending.catch(() => undefined);
-        return pending;
-      };
+      // Every pending read is handled, so one left behind when this returns
+      // rejects quietly; a stream that fails ends, and the reads every 2 s go on.
+      const advance = (): Promise<{ done: boolean }> =>
+        stream.next().then(
+          (result) => ({ done: result.done === true }),
+          () => ({ done: true }),
+        );
       const never = new Promise<never>(() => undefined);
-      let next: Promise<IteratorResult<Event, void>> = advance();
+      let next: Promise<{ done: boolean }> = advance();
       for (;;) {
         let timer: ReturnType<typeof setTimeout> | undefined;
         const tick = new Promise<"tick">((resolve) => {
           timer = setTimeout(() => resolve("tick"), 2_000);
         });
-        const which = await Promise.race([next.then((result) => ({ result })), tick]).finally(() => clearTimeout(timer));
+        const which = await Promise.race([next, tick]).finally(() => clearTimeout(timer));
         if (which !== "tick") {
-          next = which.result.done ? never : advance();
+          next = which.done ? never : advance();
         }
         run = await this.getRun(runId, { signal });
         if (settled(run)) {
@@ -465,7 +588,19 @@ export class GliaClient {
           fetch,
         }),
       options.signal,
-      (e) => e.code === "already_decided",
+      // The call is decided or the run done: landed only if the decision in the log is this one.
+      (e) =>
+        (e.code === "already_decided" || e.code === "run_finished") &&
+        this.#logShows(
+          runId,
+          0,
+          e.code === "already_decided",
+          (event) => {
+            const data = event.data as { call_id?: unknown; decision?: unknown };
+            return event.type === "approval.resolved" && data.call_id === callId ? sameDecision(data.decision, body) : undefined;
+          },
+          options.signal,
+        ),
     );
   }
 
@@ -530,7 +665,29 @@ export class GliaClient {
           fetch,
         }),
       options.signal,
-      (e) => e.code === "already_answered",
+      // The call is answered (the result may wait in the inbox), no longer pending (the run
+      // went on) or the run is done: landed only if the result in the log is this one.
+      (e) =>
+        TOOL_RESULT_LANDED_CODES.has(e.code) &&
+        this.#logShows(
+          runId,
+          0,
+          e.code === "already_answered",
+          (event) => {
+            const data = event.data as { call_id?: unknown; content?: unknown; message?: unknown };
+            if (data.call_id !== callId) {
+              return undefined;
+            }
+            if (event.type === "tool.result") {
+              return body.is_error !== true && data.content === body.content;
+            }
+            if (event.type === "tool.error") {
+              return body.is_error === true && data.message === body.content;
+            }
+            return undefined;
+          },
+          options.signal,
+        ),
     );
   }
 
@@ -538,7 +695,9 @@ export class GliaClient {
    * Post the user's next message to a run waiting at `awaiting_input`
    * (`POST /v1/runs/{id}/messages`). The message is bound to the run's
    * `head_seq` (the given one, else read now), so a retry is never taken
-   * as a second message: 409 `head_moved` when the run moved on.
+   * as a second message: 409 `head_moved` when the run moved on. After a
+   * retry, a refusal is `{repeated: true}` only when the run's next input
+   * after `head_seq` is this text (see {@link Posted}).
    */
   async postMessage(runId: string, text: string, options: CallOptions & { headSeq?: number } = {}): Promise<Posted> {
     const headSeq = options.headSeq ?? (await this.getRun(runId, options)).head_seq;
@@ -553,19 +712,24 @@ export class GliaClient {
           fetch,
         }),
       options.signal,
-      async (e) => {
-        if (e.code === "already_posted") {
-          return true;
-        }
-        if (e.code !== "head_moved") {
-          return false;
-        }
-        // The head moved: by this message only if the run received this text next.
-        const page = await this.listEvents(runId, { after: headSeq, limit: 100 }, options);
-        const received = page.events.find((ev) => ev.type === "input.received");
-        const data = received?.data as { text?: unknown; redactions?: unknown[] } | undefined;
-        return data !== undefined && (data.text === text || (data.redactions?.length ?? 0) > 0);
-      },
+      // Landed only if the run's next input after headSeq is this text. A
+      // message waiting in the inbox (already_posted) may be another's: follow
+      // the log until a worker takes it. Otherwise (head_moved,
+      // not_awaiting_input, run_finished) a message taken is in the log now.
+      (e) =>
+        MESSAGE_LANDED_CODES.has(e.code) &&
+        this.#logShows(
+          runId,
+          headSeq,
+          e.code === "already_posted",
+          (event) => {
+            if (event.type === "input.received") {
+              return (event.data as { text?: unknown }).text === text;
+            }
+            return TERMINAL.has(event.type) ? false : undefined;
+          },
+          options.signal,
+        ),
     );
   }
 
@@ -586,7 +750,8 @@ export class GliaClient {
           fetch,
         }),
       options.signal,
-      (e) => e.code === "run_finished",
+      // The run is done: landed if it was cancelled (a cancel answers the first cancel's; any counts).
+      async (e) => e.code === "run_finished" && (await this.getRun(runId, options)).outcome?.kind === "cancelled",
     );
   }
 
@@ -595,7 +760,9 @@ export class GliaClient {
   /**
    * Submit a batch as JSON Lines (`POST /v1/batches`): line 1 the `spec`,
    * then one line per item. Stored whole or not at all: a bad line refuses
-   * the batch with a {@link GliaError} carrying `line` and `field`. Sends an
+   * the batch with a {@link GliaError} carrying `field`, `line` (the
+   * dispatcher's line: 1 is the spec) and `item` (the index of the bad item
+   * in `items`, from 1; null when the spec is at fault). Sends an
    * `Idempotency-Key` (given or a new UUID), reused on retries.
    */
   async submitBatch(
@@ -608,16 +775,20 @@ export class GliaClient {
       lines.push(JSON.stringify(item));
     }
     const key = options.idempotencyKey ?? crypto.randomUUID();
-    return this.#unwrap(
-      "POST /v1/batches",
-      this.api.POST("/v1/batches", {
-        params: { header: { "Idempotency-Key": key } },
-        body: `${lines.join("\n")}\n`,
-        bodySerializer: (body: unknown) => body,
-        headers: { "Content-Type": "application/jsonl" },
-        fetch: this.#sender({ retry: true, buffer: true, signal: options.signal }),
-      }),
-    );
+    try {
+      return await this.#unwrap(
+        "POST /v1/batches",
+        this.api.POST("/v1/batches", {
+          params: { header: { "Idempotency-Key": key } },
+          body: `${lines.join("\n")}\n`,
+          bodySerializer: (body: unknown) => body,
+          headers: { "Content-Type": "application/jsonl" },
+          fetch: this.#sender({ retry: true, buffer: true, signal: options.signal }),
+        }),
+      );
+    } catch (e) {
+      throw e instanceof GliaError && e.line !== undefined ? e.inBatch() : e;
+    }
   }
 
   /** A batch with its counts, spend and status (`GET /v1/batches/{id}`). */
@@ -689,9 +860,12 @@ export class GliaClient {
   /**
    * The values `read` takes from a streamed answer of `open`, reconnecting
    * when the connection breaks, goes idle or ends early (`read` returns the
-   * reason) until `read` returns true. Connections that bring nothing count
-   * as an outage: backoff, then {@link GliaUnreachableError} after
-   * `maxOutageMs`. A refusal is its {@link GliaError}.
+   * reason) until `read` returns true. Connections that bring no value and
+   * broke before `streamHealthyMs` count as an outage: backoff, then
+   * {@link GliaUnreachableError} after `maxOutageMs`. One that stayed open
+   * that long (keep-alives only: a parked run behind a gateway that cuts
+   * long answers) shows the dispatcher answering, and the outage count
+   * starts again. A refusal is its {@link GliaError}.
    */
   async *#resumable<T>(stream: {
     label: Label;
@@ -712,6 +886,7 @@ export class GliaClient {
       const connection = new AbortController();
       const signal = stream.signal ? AbortSignal.any([stream.signal, connection.signal]) : connection.signal;
       let progressed = false;
+      let openedAt: number | undefined;
       let reason: string;
       let values: AsyncGenerator<T, true | string, undefined> | undefined;
       try {
@@ -722,6 +897,7 @@ export class GliaClient {
         if (!response.ok || !body) {
           throw GliaError.fromBody(response.status, error, stream.label);
         }
+        openedAt = Date.now();
         const idleMs = this.#streamIdleMs;
         values = stream.read(body, {
           ms: idleMs,
@@ -752,6 +928,12 @@ export class GliaClient {
       } finally {
         connection.abort();
         values?.return(true).catch(() => undefined);
+      }
+      if (!progressed && openedAt !== undefined && Date.now() - openedAt >= this.#streamHealthyMs) {
+        // Open long enough to show the dispatcher answers: not an outage, reconnect at once.
+        progressed = true;
+        outageStart = undefined;
+        failures = 0;
       }
       if (!progressed) {
         const now = Date.now();

@@ -4,7 +4,10 @@
  * Every error the dispatcher answers is `{"error": {"code", "message",
  * "field"?, "line"?}}` with an HTTP status (`dispatcher/src/error.rs`); the
  * client throws it as a {@link GliaError}. A dispatcher that could not be
- * reached within the retry deadline is a {@link GliaUnreachableError}.
+ * reached within the retry deadline is a {@link GliaUnreachableError}; a
+ * request that is not repeated (it is not idempotent) whose connection
+ * failed after it may have reached the dispatcher is a
+ * {@link GliaConnectionLostError}.
  */
 
 /**
@@ -71,10 +74,18 @@ export class GliaError extends Error {
   readonly status: number;
   /** For a refused value (422 `invalid_request`, `invalid_body`) or query parameter (400 `invalid_query`): the field's path from the body's root, e.g. `config.max_turns`. */
   readonly field: string | undefined;
-  /** For an error in one line of a JSON Lines upload: its number, from 1. */
+  /** For an error in one line of a JSON Lines upload: the dispatcher's line number, from 1, as on the wire (a batch's line 1 is its spec). */
   readonly line: number | undefined;
+  /**
+   * For an error in a batch's item (`submitBatch`): the item's index among
+   * the items passed, from 1 (`line` - 1); null when the error is not in an
+   * item (the spec line, or no line at all).
+   */
+  readonly item: number | null;
   /** The request, as `METHOD path`. */
   readonly request: string;
+  /** The dispatcher's message alone (`message` adds the request, status and code). */
+  readonly detail: string;
 
   constructor(init: {
     code: ErrorCode;
@@ -82,15 +93,35 @@ export class GliaError extends Error {
     message: string;
     field?: string | undefined;
     line?: number | undefined;
+    item?: number | null | undefined;
     request: string;
   }) {
-    super(`${init.request}: ${init.status} ${init.code}: ${init.message}`);
+    const where = init.item != null ? ` (line ${init.line} is item ${init.item})` : "";
+    super(`${init.request}: ${init.status} ${init.code}: ${init.message}${where}`);
     this.name = "GliaError";
     this.code = init.code;
     this.status = init.status;
     this.field = init.field;
     this.line = init.line;
+    this.item = init.item ?? null;
     this.request = init.request;
+    this.detail = init.message;
+  }
+
+  /**
+   * This error placed in a batch upload whose line 1 is the spec: `item` is
+   * `line` - 1 for a line from 2 on, null otherwise.
+   */
+  inBatch(): GliaError {
+    return new GliaError({
+      code: this.code,
+      status: this.status,
+      message: this.detail,
+      field: this.field,
+      line: this.line,
+      item: this.line !== undefined && this.line >= 2 ? this.line - 1 : null,
+      request: this.request,
+    });
   }
 
   /**
@@ -151,6 +182,31 @@ export class GliaUnreachableError extends Error {
     this.baseUrl = init.baseUrl;
     this.attempts = init.attempts;
     this.waitedMs = init.waitedMs;
+    this.last = init.last;
+  }
+}
+
+/**
+ * A request that is not repeated through outages (it is not idempotent:
+ * pausing or resuming a batch, creating a webhook subscription, a `POST`
+ * through `GliaClient.api`) was sent, and its connection failed or
+ * timed out before the answer came: it may or may not have taken effect.
+ * Check before sending it again. (A connection that could not even be made
+ * is retried like any request, since nothing was sent.)
+ */
+export class GliaConnectionLostError extends Error {
+  /** The request, as `METHOD path`. */
+  readonly request: string;
+  /** What the attempt got: the connection error or the timeout. */
+  readonly last: string;
+
+  constructor(init: { request: string; last: string; cause?: unknown }) {
+    super(
+      `${init.request}: the connection failed before the answer came (${init.last}); the request may have reached the dispatcher and is not repeated, as a repeat would not be harmless: check whether it took effect`,
+      init.cause === undefined ? undefined : { cause: init.cause },
+    );
+    this.name = "GliaConnectionLostError";
+    this.request = init.request;
     this.last = init.last;
   }
 }

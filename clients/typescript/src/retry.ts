@@ -5,12 +5,15 @@
  * to 3 s, plus up to as much again of random jitter; at least the
  * `Retry-After` hint) until the dispatcher answers or `maxOutageMs` have
  * passed since the outage began. Only requests whose repeat is harmless are
- * retried: reads, `PUT`, and `POST`s the dispatcher deduplicates (a run or
- * batch by its `Idempotency-Key`, a decision or tool result per call, a
- * cancel per run).
+ * retried once they may have reached the dispatcher: reads, `PUT`, and
+ * `POST`s the dispatcher deduplicates (a run or batch by its
+ * `Idempotency-Key`, a decision or tool result per call, a cancel per run).
+ * Any request is retried when its connection could not even be made
+ * ({@link neverSent}); one that is not repeated and whose connection failed
+ * after that is a {@link GliaConnectionLostError}.
  */
 
-import { GliaUnreachableError } from "./errors.js";
+import { GliaConnectionLostError, GliaUnreachableError } from "./errors.js";
 
 /** How long and how to wait out an outage. */
 export interface RetryOptions {
@@ -85,9 +88,42 @@ export function describe(error: unknown): string {
   return parts.join(": ");
 }
 
+/**
+ * Connection errors (Node's `fetch` names them in the error's `cause`
+ * chain) raised before any byte of the request was sent: the address did
+ * not resolve, or nothing accepted the connection.
+ */
+const NEVER_SENT_CODES = new Set([
+  "ECONNREFUSED",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "UND_ERR_CONNECT_TIMEOUT",
+]);
+
+/**
+ * True when a thrown fetch failure shows the connection was never made, so
+ * the request cannot have reached the dispatcher and even one that is not
+ * idempotent may be sent again. Unknown failures (a browser's opaque
+ * `TypeError`, a reset or timeout after connecting) are taken as possibly
+ * sent.
+ */
+export function neverSent(error: unknown): boolean {
+  let e: unknown = error;
+  for (let depth = 0; e !== undefined && e !== null && depth < 5; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && NEVER_SENT_CODES.has(code)) {
+      return true;
+    }
+    e = e instanceof Error ? e.cause : undefined;
+  }
+  return false;
+}
+
 /** How a request is sent by {@link sendWithRetries}. */
 export interface SendOptions {
-  /** Repeat it through an outage (only when a repeat is harmless). */
+  /** Repeat it through an outage once it may have reached the dispatcher (only when a repeat is harmless); any request is repeated while its connection cannot be made. */
   retry: boolean;
   /** Read the whole answer within the attempt (so a body cut off is retried); false for streams, which return at the headers. */
   buffer: boolean;
@@ -100,9 +136,11 @@ export interface SendOptions {
 /**
  * Send `request` with `fetchImpl`, retrying transient failures per `policy`
  * when `options.retry`. Answers the first non-transient response (or the
- * last transient one when the deadline passed); throws
- * {@link GliaUnreachableError} when no attempt got an answer, and the
- * signal's reason when the caller aborted.
+ * last transient one when the deadline passed, or the one answer of a
+ * request not retried); throws {@link GliaUnreachableError} when no attempt
+ * got an answer, {@link GliaConnectionLostError} when a request not retried
+ * may have been sent and got no answer, and the signal's reason when the
+ * caller aborted.
  */
 export async function sendWithRetries(
   fetchImpl: (request: Request) => Promise<Response>,
@@ -125,6 +163,7 @@ export async function sendWithRetries(
     let hint: number | undefined;
     let last: Response | undefined;
     let cause: unknown;
+    let maybeSent = true;
     try {
       const response = await fetchImpl(attemptRequest);
       if (!transientStatus(response.status)) {
@@ -155,11 +194,19 @@ export async function sendWithRetries(
       }
       failure = timeout.signal.aborted ? describe(timeout.signal.reason) : describe(error);
       cause = error;
+      maybeSent = timeout.signal.aborted || !neverSent(error);
+    }
+    if (!options.retry && last === undefined && maybeSent) {
+      throw new GliaConnectionLostError({
+        request: `${request.method} ${new URL(request.url).pathname}`,
+        last: failure,
+        cause,
+      });
     }
     const now = Date.now();
     outageStart ??= now;
     const waited = now - outageStart;
-    if (!options.retry || waited >= policy.maxOutageMs) {
+    if ((!options.retry && last !== undefined) || waited >= policy.maxOutageMs) {
       if (last !== undefined) {
         return last;
       }

@@ -39,17 +39,34 @@ export interface VerifiedWebhook {
   payload: unknown;
 }
 
-function header(headers: WebhookHeaders, name: string): string | undefined {
+/**
+ * The values of header `name`, each occurrence on its own: a fetch
+ * `Headers` and Node (for a header it does not know) join repeated headers
+ * with ", ", which is split again here (no value of the three headers holds
+ * ", ": ids and timestamps have no spaces, signatures are `v1,<base64>`).
+ */
+function headerValues(headers: WebhookHeaders, name: string): string[] {
+  let values: readonly string[] = [];
   if (typeof (headers as Headers).get === "function") {
-    return (headers as Headers).get(name) ?? undefined;
-  }
-  const record = headers as Record<string, string | readonly string[] | undefined>;
-  for (const [key, value] of Object.entries(record)) {
-    if (key.toLowerCase() === name) {
-      return typeof value === "string" ? value : value?.join(", ");
+    const value = (headers as Headers).get(name);
+    values = value === null ? [] : [value];
+  } else {
+    for (const [key, value] of Object.entries(headers as Record<string, string | readonly string[] | undefined>)) {
+      if (key.toLowerCase() === name && value !== undefined) {
+        values = values.concat(value);
+      }
     }
   }
-  return undefined;
+  return values.flatMap((v) => v.split(", ")).map((v) => v.trim()).filter((v) => v !== "");
+}
+
+/** The one value of header `name`; a header repeated with different values is refused (which one was signed is unknown). */
+function header(headers: WebhookHeaders, name: string): string | undefined {
+  const values = [...new Set(headerValues(headers, name))];
+  if (values.length > 1) {
+    throw new WebhookVerificationError(`${name} is repeated with different values`);
+  }
+  return values[0];
 }
 
 function fromBase64(text: string): Uint8Array<ArrayBuffer> {
@@ -67,9 +84,13 @@ function fromBase64(text: string): Uint8Array<ArrayBuffer> {
  * `secret` is the subscription's `whsec_…` secret (shown once, by
  * `POST /v1/webhooks`); `body` the raw body exactly as received (bytes or
  * the undecoded text: parse and re-serialise it and the signature breaks).
- * Throws {@link WebhookVerificationError} when a header is missing, the
- * timestamp is further than `toleranceSecs` from now (a replay), no `v1`
- * signature matches, or the body is not JSON.
+ * Throws {@link WebhookVerificationError} when a header is missing (or
+ * `webhook-id` or `webhook-timestamp` is repeated with different values),
+ * the secret is empty or not base64, the timestamp is further than
+ * `toleranceSecs` from now (a replay), no `v1` signature matches, or the
+ * body is not JSON. Signatures may come space-separated in one
+ * `webhook-signature` or in repeated ones (joined with ", " by Node or a
+ * fetch `Headers`).
  */
 export async function verifyWebhook(
   secret: string,
@@ -79,8 +100,9 @@ export async function verifyWebhook(
 ): Promise<VerifiedWebhook> {
   const id = header(headers, "webhook-id");
   const timestampText = header(headers, "webhook-timestamp");
-  const signatures = header(headers, "webhook-signature");
-  if (id === undefined || timestampText === undefined || signatures === undefined) {
+  // Signatures: space-separated in one header, or several headers.
+  const signatures = headerValues(headers, "webhook-signature").flatMap((v) => v.split(/\s+/));
+  if (id === undefined || timestampText === undefined || signatures.length === 0) {
     throw new WebhookVerificationError(
       "missing header: a delivery carries webhook-id, webhook-timestamp and webhook-signature",
     );
@@ -102,14 +124,22 @@ export async function verifyWebhook(
   } catch {
     throw new WebhookVerificationError("the secret is not `whsec_` and base64");
   }
+  if (key.length === 0) {
+    throw new WebhookVerificationError("the secret is empty: pass the subscription's `whsec_…` secret");
+  }
   const bodyBytes = typeof body === "string" ? new TextEncoder().encode(body) : body;
   const prefix = new TextEncoder().encode(`${id}.${timestamp}.`);
   const signed = new Uint8Array(prefix.length + bodyBytes.length);
   signed.set(prefix, 0);
   signed.set(bodyBytes, prefix.length);
-  const cryptoKey = await crypto.subtle.importKey("raw", key, { name: "HMAC", hash: "SHA-256" }, false, ["verify"]);
+  let cryptoKey: CryptoKey;
+  try {
+    cryptoKey = await crypto.subtle.importKey("raw", key, { name: "HMAC", hash: "SHA-256" }, false, ["verify"]);
+  } catch (e) {
+    throw new WebhookVerificationError(`the secret is not a usable HMAC key: ${e instanceof Error ? e.message : String(e)}`);
+  }
   let matched = false;
-  for (const entry of signatures.split(" ")) {
+  for (const entry of signatures) {
     const comma = entry.indexOf(",");
     if (comma < 0 || entry.slice(0, comma) !== "v1") {
       continue;

@@ -52,7 +52,7 @@ test("a 200-item batch runs every item and yields every result in order", async 
   assert.equal(fetched.counts.succeeded, 200);
 });
 
-test("a bad line refuses the batch, naming the line and field", async () => {
+test("a bad line refuses the batch, naming the line, the item and the field", async () => {
   const glia = client();
   const items: BatchItem[] = [
     { custom_id: "ok", goal: "Fine." },
@@ -61,7 +61,22 @@ test("a bad line refuses the batch, naming the line and field", async () => {
   await assert.rejects(glia.submitBatch({ config: scriptConfig("answer") }, items), (e: unknown) => {
     assert.ok(e instanceof GliaError, String(e));
     assert.equal(e.status, 422);
+    // The dispatcher's line (1 is the spec), and the caller's item.
     assert.equal(e.line, 3);
+    assert.equal(e.item, 2);
+    assert.match(e.message, /\(line 3 is item 2\)$/);
     return true;
   });
+  // A bad spec is line 1 and no item.
+  await assert.rejects(
+    glia.submitBatch({ config: scriptConfig("answer", { budget: { max_turns: -1 } }) }, [{ custom_id: "a", goal: "Fine." }]),
+    (e: unknown) => {
+      assert.ok(e instanceof GliaError, String(e));
+      assert.equal(e.status, 422);
+      assert.equal(e.line, 1, e.message);
+      assert.equal(e.item, null);
+      assert.doesNotMatch(e.message, /is item/);
+      return true;
+    },
+  );
 });

@@ -1,12 +1,12 @@
 // Retries through an outage, against a local server that plays the
 // dispatcher: 503s then an answer, a refused connection, a POST that is not
-// idempotent.
+// idempotent, a retried payload checked against the run's log.
 
 import assert from "node:assert/strict";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { test } from "node:test";
 
-import { GliaClient, GliaError, GliaUnreachableError } from "../src/index.js";
+import { GliaClient, GliaConnectionLostError, GliaError, GliaUnreachableError } from "../src/index.js";
 
 /** A server answering each request with `answer(n, req)`, n from 1; records the requests. */
 async function fake(
@@ -38,6 +38,21 @@ const RUN = {
   tags: [],
   metadata: {},
 };
+
+/** Answer a stream request with `events` (the run's log from seq 1) as server-sent events, then end. */
+function sse(res: ServerResponse, events: { type: string; data: unknown }[]): void {
+  res.writeHead(200, { "content-type": "text/event-stream" });
+  events.forEach((e, i) => {
+    const event = { run_id: RUN.run_id, seq: i + 1, at: "2026-12-07T00:00:00Z", type: e.type, data: e.data };
+    res.write(`event: event\nid: ${i + 1}\ndata: ${JSON.stringify(event)}\n\n`);
+  });
+  res.end();
+}
+
+function conflict(res: ServerResponse, code: string): void {
+  res.writeHead(409, { "content-type": "application/json" });
+  res.end(JSON.stringify({ error: { code, message: code } }));
+}
 
 function unavailable(res: ServerResponse): void {
   res.writeHead(503, { "content-type": "application/json", "retry-after": "0" });
@@ -86,23 +101,39 @@ test("a non-idempotent POST is sent once; a persistent 503 becomes its GliaError
   }
 });
 
-test("a decision whose answer was lost is reported as landed", async () => {
-  // First attempt: the server takes the decision but the answer is a 502; the retry finds it decided.
-  const server = await fake((n, _req, res) => {
-    if (n === 1) {
+test("a decision whose answer was lost is landed only when the log holds the same decision", async () => {
+  // Each decision's first attempt gets a 502; the retry finds the call decided. The log says how.
+  let logged: unknown = { kind: "edit", input: { b: [1, { c: null }], a: "x" } };
+  let posts = 0;
+  const server = await fake((_n, req, res) => {
+    if (req.method === "POST" && posts++ % 2 === 0) {
       res.writeHead(502).end("bad gateway");
-      return;
+    } else if (req.method === "POST") {
+      conflict(res, "already_decided");
+    } else {
+      assert.match(req.url ?? "", /\/events\/stream$/);
+      sse(res, [
+        { type: "approval.requested", data: { call_id: "c1" } },
+        { type: "approval.resolved", data: { call_id: "c0", decision: { kind: "reject", reason: "r" } } },
+        { type: "approval.resolved", data: { call_id: "c1", decision: logged } },
+      ]);
     }
-    res.writeHead(409, { "content-type": "application/json" });
-    res.end(JSON.stringify({ error: { code: "already_decided", message: "call c1 is already decided" } }));
   });
   try {
     const glia = new GliaClient({ baseUrl: server.url, minDelayMs: 10, maxDelayMs: 20 });
-    const posted = await glia.approve(RUN.run_id, "c1");
+    // The same input in another key order is the same edit.
+    const posted = await glia.edit(RUN.run_id, "c1", { a: "x", b: [1, { c: null }] });
     assert.equal(posted.repeated, true);
     assert.deepEqual(posted.inbox_ids, []);
-    // Without a retry, the same 409 is an error.
+    const anotherEdit = glia.edit(RUN.run_id, "c1", { a: "y", b: [1, { c: null }] });
+    await assert.rejects(anotherEdit, (e: unknown) => e instanceof GliaError && e.code === "already_decided");
     await assert.rejects(glia.approve(RUN.run_id, "c1"), (e: unknown) => e instanceof GliaError && e.code === "already_decided");
+    logged = { kind: "reject", reason: "too much" };
+    await assert.rejects(glia.reject(RUN.run_id, "c1", "not now"), (e: unknown) => e instanceof GliaError && e.code === "already_decided");
+    assert.equal((await glia.reject(RUN.run_id, "c1", "too much")).repeated, true);
+    // Without a retry, the same 409 is an error.
+    posts = 1;
+    await assert.rejects(glia.reject(RUN.run_id, "c1", "too much"), (e: unknown) => e instanceof GliaError && e.code === "already_decided");
   } finally {
     await server.close();
   }
@@ -135,8 +166,75 @@ test("an abort stops the retries", async () => {
   }
 });
 
-test("a retried message is taken as landed only when the run received its text next", async () => {
+test("a retried message that finds a message waiting is landed only when the run then receives its text", async () => {
   let received = "Yes, refund it.";
+  let posts = 0;
+  const server = await fake((_n, req, res) => {
+    if (req.method === "POST") {
+      if (posts++ % 2 === 0) {
+        unavailable(res);
+      } else {
+        conflict(res, "already_posted");
+      }
+      return;
+    }
+    if (req.url === `/v1/runs/${RUN.run_id}`) {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ ...RUN, status: "parked", head_seq: 7 }));
+      return;
+    }
+    // Followed from the message's head_seq (7) until the run takes the waiting input.
+    assert.match(req.url ?? "", /\/events\/stream$/);
+    assert.equal(req.headers["last-event-id"], "7");
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    const event = (seq: number, type: string, data: unknown) =>
+      `event: event\nid: ${seq}\ndata: ${JSON.stringify({ run_id: RUN.run_id, seq, at: "2026-12-07T00:00:00Z", type, data })}\n\n`;
+    res.write(event(8, "session.resume", { by: null }));
+    res.end(event(9, "input.received", { text: received }));
+  });
+  try {
+    const glia = new GliaClient({ baseUrl: server.url, minDelayMs: 10, maxDelayMs: 20 });
+    assert.equal((await glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 })).repeated, true);
+    received = "Another person's message.";
+    await assert.rejects(
+      glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 }),
+      (e: unknown) => e instanceof GliaError && e.code === "already_posted",
+    );
+  } finally {
+    await server.close();
+  }
+});
+
+test("a non-idempotent request whose connection failed after sending is GliaConnectionLostError, not retried", async () => {
+  const server = await fake((_n, req) => req.socket.destroy());
+  try {
+    const glia = new GliaClient({ baseUrl: server.url, minDelayMs: 10, maxDelayMs: 20, maxOutageMs: 5_000 });
+    await assert.rejects(glia.pauseBatch("0190a0a0-0000-7000-8000-000000000002"), (e: unknown) => {
+      assert.ok(e instanceof GliaConnectionLostError, String(e));
+      assert.equal(e.request, "POST /v1/batches/0190a0a0-0000-7000-8000-000000000002/pause");
+      assert.match(e.message, /may have reached the dispatcher/);
+      return true;
+    });
+    assert.equal(server.requests.length, 1, "the pause is not repeated");
+    // The typed client's POSTs too; its reads are retried.
+    await assert.rejects(glia.api.POST("/v1/webhooks", { body: { url: "http://127.0.0.1:1/h" } }), GliaConnectionLostError);
+    assert.equal(server.requests.length, 2);
+  } finally {
+    await server.close();
+  }
+  // A connection never made sent nothing: even a request that is not idempotent is retried, then unreachable.
+  const closed = await fake(() => undefined);
+  await closed.close();
+  const glia = new GliaClient({ baseUrl: closed.url, minDelayMs: 10, maxDelayMs: 20, maxOutageMs: 200 });
+  await assert.rejects(glia.createWebhook({ url: "http://127.0.0.1:1/h" }), (e: unknown) => {
+    assert.ok(e instanceof GliaUnreachableError, String(e));
+    assert.ok(e.attempts > 1, `retried (${e.attempts} attempts)`);
+    return true;
+  });
+});
+
+test("a retried message is taken as landed only when the run received its text next", async () => {
+  let received: { text: string; redactions?: unknown[] } = { text: "Yes, refund it." };
   const server = await fake((_n, req, res) => {
     if (req.method === "POST" && server.requests.filter((r) => r.method === "POST").length % 2 === 1) {
       res.writeHead(504).end("gateway timeout");
@@ -149,14 +247,20 @@ test("a retried message is taken as landed only when the run received its text n
     }
     assert.match(req.url ?? "", /\/events\?after=7/);
     res.writeHead(200, { "content-type": "application/json" });
-    const event = { run_id: RUN.run_id, seq: 8, at: "2026-12-07T00:00:00Z", type: "input.received", data: { text: received } };
+    const event = { run_id: RUN.run_id, seq: 8, at: "2026-12-07T00:00:00Z", type: "input.received", data: received };
     res.end(JSON.stringify({ events: [event], head_seq: 9, next_after: 8 }));
   });
   try {
     const glia = new GliaClient({ baseUrl: server.url, minDelayMs: 10, maxDelayMs: 20 });
     const posted = await glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 });
     assert.equal(posted.repeated, true);
-    received = "Something someone else said.";
+    received = { text: "Something someone else said." };
+    await assert.rejects(
+      glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 }),
+      (e: unknown) => e instanceof GliaError && e.code === "head_moved",
+    );
+    // A redacted message is not this one either: its text is not this text.
+    received = { text: "My card is [redacted].", redactions: [{ guardrail: "card", count: 1 }] };
     await assert.rejects(
       glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 }),
       (e: unknown) => e instanceof GliaError && e.code === "head_moved",

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { GliaError, type Event } from "../src/index.js";
-import { client, scriptConfig } from "./helpers.js";
+import { client, refundWithApproval, scriptConfig } from "./helpers.js";
 
 test("submit a run and get its answer", async () => {
   const glia = client();
@@ -103,12 +103,16 @@ test("another tenant cannot see acme's run", async () => {
 
 test("cancel a run mid-way", async () => {
   const glia = client();
-  const run = await glia.submitRun({ goal: "Wait, then answer.", config: scriptConfig("slow", { builtin_tools: ["sleep"] }) });
+  // Parked where only this test can let it go on (the refund waits for a decision), then cancelled.
+  const run = await glia.submitRun({ goal: "Refund order A1.", config: refundWithApproval() });
+  const parked = await glia.wait(run.run_id, { timeoutMs: 90_000 });
+  assert.equal(parked.pull_point?.kind, "awaiting_approval", JSON.stringify(parked));
   const posted = await glia.cancel(run.run_id, { reason: "the test cancels it" });
   assert.deepEqual(posted.kinds, ["cancel"]);
-  const done = await glia.wait(run.run_id, { timeoutMs: 90_000 });
+  assert.equal(posted.repeated, undefined);
+  // Until a worker takes the cancel up the run still shows its approval: wait for its end only.
+  const done = await glia.wait(run.run_id, { pullPoints: [], timeoutMs: 90_000 });
   assert.equal(done.status, "done");
-  // The sleep takes 2 s, so the cancel posted right after admission comes first.
   assert.equal(done.outcome?.kind, "cancelled", JSON.stringify(done));
   assert.match(done.error ?? "", /the test cancels it/);
   await assert.rejects(glia.cancel(run.run_id), (e: unknown) => e instanceof GliaError && e.status === 409 && e.code === "run_finished");

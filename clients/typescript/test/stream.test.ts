@@ -5,8 +5,8 @@ import assert from "node:assert/strict";
 import { createServer, connect, type Socket } from "node:net";
 import { test } from "node:test";
 
-import { type Event } from "../src/index.js";
-import { client, env, refundWithApproval } from "./helpers.js";
+import { GliaError, GliaUnreachableError, type Event } from "../src/index.js";
+import { FaultyProxy, client, env, eventually, refundWithApproval } from "./helpers.js";
 
 /** A TCP proxy to the dispatcher that records each connection's request head and can cut connections. */
 class CuttingProxy {
@@ -14,7 +14,7 @@ class CuttingProxy {
   readonly #server = createServer((downstream) => this.#accept(downstream));
   readonly #target: URL;
   readonly #sockets = new Set<Socket>();
-  /** Cut the first connection once it has forwarded an answer chunk containing this text. */
+  /** Cut the first connection once it has forwarded the whole frame (up to its blank line) containing this text. */
   cutAfter: string | undefined;
   cuts = 0;
 
@@ -46,7 +46,9 @@ class CuttingProxy {
     upstream.on("data", (chunk: Buffer) => {
       downstream.write(chunk);
       answered += chunk.toString("utf8");
-      if (this.cutAfter !== undefined && this.cuts === 0 && answered.includes(this.cutAfter)) {
+      const at = this.cutAfter === undefined ? -1 : answered.indexOf(this.cutAfter);
+      // The frame ends at the blank line after the match: cut only once that has gone through.
+      if (at >= 0 && this.cuts === 0 && answered.indexOf("\n\n", at) >= 0) {
         this.cuts++;
         // Let the chunk reach the client, then cut both sides mid-stream.
         downstream.once("drain", cut);
@@ -136,4 +138,78 @@ test("a stream started after a finished run's last event ends at once", async ()
     tail.map((e) => e.type),
     ["session.complete"],
   );
+});
+
+test("a stream cut again and again while the run waits, with only keep-alives, is not an outage", async () => {
+  // A gateway that cuts every answer after 3 s (the dispatcher answers every time).
+  const proxy = new FaultyProxy(env("GLIA_URL"), (_method, url) =>
+    url.includes("/events/stream") ? { kind: "forward", cutAfterMs: 3_000 } : { kind: "forward" },
+  );
+  // Outages end after 1 s; a connection open for 0.5 s shows the dispatcher is there.
+  const proxied = client("acme", { baseUrl: await proxy.listen(), maxOutageMs: 1_000, streamHealthyMs: 500, minDelayMs: 10, maxDelayMs: 50 });
+  const direct = client();
+  try {
+    const run = await direct.submitRun({ goal: "Refund order A1.", config: refundWithApproval() });
+    const seen: Event[] = [];
+    let approving: Promise<unknown> | undefined;
+    for await (const event of proxied.streamEvents(run.run_id)) {
+      seen.push(event);
+      if (event.type === "approval.requested") {
+        // Approve (beside the stream, which must go on reconnecting) only after
+        // three more connections cut with no event: far past maxOutageMs.
+        const streamsBefore = proxy.count("forward", "/events/stream");
+        const callId = (event.data as { call_id: string }).call_id;
+        approving = eventually("three more stream connections", () =>
+          proxy.count("forward", "/events/stream") >= streamsBefore + 3 ? true : undefined,
+        ).then(() => direct.approve(run.run_id, callId));
+        approving.catch(() => undefined);
+      }
+    }
+    assert.ok(approving, "the approval was requested");
+    await approving;
+    assert.equal(seen.at(-1)?.type, "session.complete");
+    assert.deepEqual(
+      seen.map((e) => e.seq),
+      seen.map((_, i) => i + 1),
+    );
+    assert.deepEqual(proxy.failures, []);
+  } finally {
+    await proxy.close();
+  }
+});
+
+test("wait goes on reading the run when its stream fails", async () => {
+  // A gateway that refuses event streams (503) and passes everything else.
+  const proxy = new FaultyProxy(env("GLIA_URL"), (_method, url) =>
+    url.includes("/events/stream") ? { kind: "refuse" } : { kind: "forward" },
+  );
+  const proxied = client("acme", { baseUrl: await proxy.listen(), maxOutageMs: 500, minDelayMs: 10, maxDelayMs: 50 });
+  const direct = client();
+  try {
+    const run = await direct.submitRun({ goal: "Refund order A1.", config: refundWithApproval() });
+    const parked = await direct.wait(run.run_id, { timeoutMs: 90_000 });
+    assert.equal(parked.pull_point?.kind, "awaiting_approval");
+    // The stream alone gives up after maxOutageMs.
+    await assert.rejects(
+      proxied.streamEvents(run.run_id).next(),
+      (e: unknown) => (e instanceof GliaError && e.status === 503) || e instanceof GliaUnreachableError,
+    );
+    let failed: unknown;
+    const waiting = proxied.wait(run.run_id, { afterSeq: parked.head_seq, timeoutMs: 120_000 });
+    waiting.catch((e: unknown) => {
+      failed = e;
+    });
+    // Once its stream has failed (refused for longer than maxOutageMs), the run goes on.
+    const refusedBefore = proxy.count("refuse", "/events/stream");
+    await eventually("the wait's stream refused", () => (proxy.count("refuse", "/events/stream") > refusedBefore ? true : undefined));
+    const firstRefusal = Date.now();
+    await eventually("the wait's stream given up", () => (failed !== undefined || Date.now() - firstRefusal > 2_000 ? true : undefined));
+    assert.equal(failed, undefined, `the wait failed: ${String(failed)}`);
+    await direct.approve(run.run_id, parked.pull_point?.call_ids?.[0] ?? "");
+    const done = await waiting;
+    assert.equal(done.status, "done");
+    assert.equal(done.outcome?.kind, "succeeded");
+  } finally {
+    await proxy.close();
+  }
 });

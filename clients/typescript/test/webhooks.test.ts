@@ -29,6 +29,33 @@ test("the specification's example verifies, and a changed byte does not", async 
   await assert.rejects(verifyWebhook(secret, unsigned, body, { nowMs }), /missing header/);
 });
 
+test("repeated signature headers verify; an empty secret or a repeated id with two values is refused", async () => {
+  const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+  const body = '{"test": 2432232314}';
+  const good = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+  const base = { "webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "webhook-timestamp": "1614265330" };
+  const nowMs = 1614265330_000;
+  // Node joins a repeated header it does not know with ", "; its raw form is a list; fetch's Headers joins too.
+  await verifyWebhook(secret, { ...base, "webhook-signature": `v1,AAAA, ${good}` }, body, { nowMs });
+  await verifyWebhook(secret, { ...base, "webhook-signature": ["v1,AAAA", good] }, body, { nowMs });
+  const fetchHeaders = new Headers(base);
+  fetchHeaders.append("webhook-signature", "v1,AAAA v2,BBBB");
+  fetchHeaders.append("webhook-signature", good);
+  await verifyWebhook(secret, fetchHeaders, body, { nowMs });
+  await assert.rejects(verifyWebhook(secret, { ...base, "webhook-signature": ["v1,AAAA", "v1,BBBB"] }, body, { nowMs }), /no v1 signature/);
+  for (const empty of ["", "whsec_"]) {
+    await assert.rejects(verifyWebhook(empty, { ...base, "webhook-signature": good }, body, { nowMs }), (e: unknown) => {
+      assert.ok(e instanceof WebhookVerificationError, `${JSON.stringify(empty)}: ${String(e)}`);
+      assert.match(e.message, /secret is empty/);
+      return true;
+    });
+  }
+  await assert.rejects(
+    verifyWebhook(secret, { ...base, "webhook-id": ["msg_a", "msg_b"], "webhook-signature": good }, body, { nowMs }),
+    (e: unknown) => e instanceof WebhookVerificationError && /webhook-id is repeated/.test(e.message),
+  );
+});
+
 interface Delivery {
   headers: IncomingHttpHeaders;
   body: Buffer;
