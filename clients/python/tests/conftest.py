@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from glia_client import Client
+from glia_client import Client, models
 
 ANSWER = {"model": "script:answer"}
 """A run that answers at once: `Done: the goal is met.`"""
@@ -31,6 +31,18 @@ REFUND = {
 
 SLOW = {"model": "script:slow", "builtin_tools": ["sleep"]}
 """A run that sleeps 2 s (a built-in timer) before it answers."""
+
+CHAT = {"model": "script:answer", "conversational": True}
+TWO_ANSWERS = {"model": "script:chat", "conversational": True}
+EXTERNAL = {
+    "model": "script:lookup",
+    "external_tools": [
+        {"name": "lookup_order", "description": "Look an order up (the caller's system).",
+         "input_schema": {"type": "object"}, "external": True}
+    ],
+}
+"""Conversational runs (one answer, or two: the second to one message) and
+a run that looks orders A1 and B2 up with an external tool the caller answers."""
 
 WAIT = 120.0
 """Seconds a test waits for a run at most (a busy 2-core machine)."""
@@ -89,3 +101,24 @@ def refunds_of(effects_file: Path, run_id: object) -> list[str]:
     if not effects_file.exists():
         return []
     return [line for line in effects_file.read_text().splitlines() if f" {run_id}:" in line]
+
+
+def parked_for_approval(client: Client, goal: str) -> tuple[models.RunSummary, models.ApprovalRow]:
+    """A ``REFUND`` run parked for its refund's approval, and the approval
+    (order A1)."""
+    run = client.submit(goal, config=REFUND)
+    run = client.wait(run.run_id, timeout=WAIT)
+    assert run.status == "parked" and run.pull_point is not None, run
+    assert run.pull_point.kind == "awaiting_approval", run.pull_point
+    [row] = client.list_approvals(run_id=run.run_id).approvals
+    assert row.tool == "refund_order" and row.input == {"order_id": "A1"}
+    assert row.call_id in (run.pull_point.call_ids or [])
+    return run, row
+
+
+def parked_for_input(client: Client, goal: str, config: dict[str, object]) -> models.RunSummary:
+    """A conversational run parked at ``awaiting_input``."""
+    run = client.submit(goal, config=config)
+    run = client.wait(run.run_id, timeout=WAIT)
+    assert run.pull_point is not None and run.pull_point.kind == "awaiting_input", run
+    return run

@@ -11,20 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REFUND, WAIT, refunds_of
+from conftest import WAIT, parked_for_approval, refunds_of
 
 from glia_client import AsyncClient, Client, ConflictError, NotFoundError, WaitTimeout, models
-
-
-def parked_for_approval(client: Client, goal: str) -> tuple[models.RunSummary, models.ApprovalRow]:
-    run = client.submit(goal, config=REFUND)
-    run = client.wait(run.run_id, timeout=WAIT)
-    assert run.status == "parked" and run.pull_point is not None, run
-    assert run.pull_point.kind == "awaiting_approval", run.pull_point
-    [row] = client.list_approvals(run_id=run.run_id).approvals
-    assert row.tool == "refund_order" and row.input == {"order_id": "A1"}
-    assert row.call_id in (run.pull_point.call_ids or [])
-    return run, row
 
 
 def tool_outcome(client: Client, run_id: object, call_id: str) -> models.Event:

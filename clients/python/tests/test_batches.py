@@ -54,7 +54,9 @@ async def test_a_bad_item_refuses_the_batch_naming_its_line(glia_url: str, token
                 [{"custom_id": "a", "goal": "fine"}, {"custom_id": "b", "goal": "bad", "tags": "not-a-list"}],
                 config=ANSWER,
             )
-        assert err.value.line == 2, err.value  # the second item
+        # The dispatcher's line (1 is the spec the client wrote) and the item.
+        assert (err.value.line, err.value.item, err.value.field) == (3, 2, "tags"), err.value
+        assert "(item 2) (line 3)" in str(err.value), str(err.value)
         small = await glia.submit_batch(
             [{"custom_id": "x", "goal": "One."}, {"custom_id": "y", "goal": "Two."}], config=ANSWER
         )

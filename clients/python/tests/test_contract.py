@@ -14,11 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from glia_client import _endpoints, _ops
+from pydantic import BaseModel, ValidationError
+
+from glia_client import _endpoints, _ops, models
+from glia_client._core import _NO_BODY
 
 HERE = Path(__file__).resolve().parent.parent
 DOCUMENT = HERE.parent.parent / "schemas" / "openapi.json"
 MODELS = HERE / "src" / "glia_client" / "models.py"
+RUN_ID = "6f1c1a52-0000-4000-8000-000000000002"
 
 
 def test_models_are_generated_from_the_document(tmp_path: Path) -> None:
@@ -108,3 +112,91 @@ def test_query_parameters_are_documented() -> None:
         documented = {p["name"] for p in operation.get("parameters", []) if p["in"] == "query"}
         sent = {name for name, _ in call.query}
         assert sent <= documented, f"{call.endpoint.path}: {sent - documented} not documented"
+
+
+def extra_fields(value: object, where: str = "") -> list[str]:
+    """Where a validated model (and the models in it) kept fields its
+    schema does not declare (``model_extra``: the models accept unknown
+    fields, so a body field the document renamed lands there)."""
+    found: list[str] = []
+    if isinstance(value, BaseModel):
+        found += [f"{where}.{k}".lstrip(".") for k in (value.model_extra or {})]
+        for name in type(value).model_fields:
+            found += extra_fields(getattr(value, name), f"{where}.{name}")
+        root = getattr(value, "root", None)
+        if root is not None and "root" not in type(value).model_fields:
+            found += extra_fields(root, where)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found += extra_fields(v, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            found += extra_fields(v, f"{where}.{k}")
+    return found
+
+
+def request_model(path: str, method: str, content_type: str = "application/json") -> type[BaseModel]:
+    """The generated model of an operation's request body, by the
+    document's ``$ref``."""
+    paths = json.loads(DOCUMENT.read_text())["paths"]
+    ref = paths[path][method.lower()]["requestBody"]["content"][content_type]["schema"]["$ref"]
+    return getattr(models, ref.rsplit("/", 1)[1])  # type: ignore[no-any-return]
+
+
+def conforms(model: type[BaseModel], body: object) -> None:
+    """``body`` is valid for ``model`` and uses no field it lacks."""
+    try:
+        parsed = model.model_validate(body)
+    except ValidationError as e:
+        raise AssertionError(f"{model.__name__} refuses the body the client builds {body}: {e}") from e
+    extra = extra_fields(parsed)
+    assert not extra, f"{model.__name__}: the client sends fields the document lacks: {extra}"
+
+
+def test_request_bodies_match_the_document() -> None:
+    """Every JSON body the client builds, with every optional field set,
+    validates against its operation's request schema in the document and
+    uses only fields the schema declares (a renamed field fails here)."""
+    calls = [
+        _ops.submit(
+            "g", config={"model": "m", "budget": {"max_turns": 3}}, agent=None,
+            batch_id="6f1c1a52-0000-4000-8000-000000000001",
+            tags=["t"], metadata={"k": "v"}, start_at="2026-01-01T00:00:00Z", idempotency_key="k",
+        ),
+        _ops.submit(
+            "g", config=None, agent="support@2", batch_id=None, tags=None, metadata=None,
+            start_at=None, idempotency_key=None,
+        ),
+        _ops.decide("r", "c", "approve", args_hash="0" * 64),
+        _ops.decide("r", "c", "reject", reason="no", args_hash="0" * 64),
+        _ops.decide("r", "c", "edit", input={"order_id": "B7"}, args_hash="0" * 64),
+        _ops.decide_many(
+            [
+                {"run_id": RUN_ID, "call_id": "c", "decision": "reject", "reason": "no", "args_hash": "0" * 64},
+                {"run_id": RUN_ID, "call_id": "d", "decision": "edit", "input": {"a": 1}},
+            ]
+        ),
+        _ops.tool_result("r", "c", {"status": "ok"}, True),
+        _ops.message("r", "hello", 7),
+        _ops.close("r", "bye", 7),
+        _ops.close("r", None, 7),
+        _ops.cancel("r", "not needed"),
+        _ops.pause("r", "hold"),
+        _ops.resume("r", {"max_turns": 10, "max_cost_usd_micros": 5}),
+        _ops.apply_agent({"name": "support", "model": "m", "system": "Be kind."}),
+        _ops.batch_control("b", "resume", {"spend_cap": {"usd_micros": 5}}),
+        _ops.create_webhook("https://hooks.example.com/x", ["run.completed"], "standard"),
+    ]
+    for call in calls:
+        assert call.json is not _NO_BODY, call.endpoint
+        conforms(request_model(call.endpoint.path, call.endpoint.method), call.json)
+
+    # A batch upload: line 1 the spec, then one item per line.
+    batch = _ops.submit_batch(
+        [{"custom_id": "a", "goal": "g", "inputs": {"n": 1}, "metadata": {"k": "v"}, "tags": ["t"]}],
+        config={"model": "m"}, agent=None, max_in_flight=5, spend_cap={"usd_micros": 9},
+        completion_window_secs=3600, idempotency_key=None,
+    )
+    spec, item = (json.loads(line) for line in (batch.content or b"").splitlines())
+    conforms(models.BatchSpec, spec)
+    conforms(models.BatchItem, item)

@@ -10,7 +10,8 @@ import uuid
 import pytest
 
 from glia_client import StreamError, UnreachableError, models
-from glia_client._core import EventFollow, Outage, Settings, StreamBroken, WaitPlan
+from glia_client._core import EventFollow, Outage, Settings, StreamBroken, WaitPlan, batch_item
+from glia_client.errors import api_error
 
 RUN = str(uuid.uuid4())
 
@@ -48,9 +49,11 @@ def test_keepalives_live_deltas_and_error_frames() -> None:
         f.on_frame("event", '{"seq": "one"}')
 
 
-def run_view(status: str, head: int) -> models.RunSummary:
+def run_view(status: str, head: int, parked_at: str | None = "awaiting_approval") -> models.RunSummary:
+    extra = {"pull_point": {"kind": parked_at, "call_ids": []}} if status == "parked" and parked_at else {}
     return models.RunSummary.model_validate(
         {
+            **extra,
             "run_id": RUN, "tenant": "acme", "goal": "g", "status": status, "phase": "idle",
             "head_seq": head, "created_at": "2026-12-07T10:00:00Z", "updated_at": "2026-12-07T10:00:00Z",
             "tags": [], "metadata": {}, "steps": 0, "trace_id": "0" * 32,
@@ -72,6 +75,29 @@ def test_what_a_wait_counts_as_arrived() -> None:
     assert not done.satisfied(run_view("parked", 5)) and done.satisfied(run_view("done", 5))
     with pytest.raises(ValueError):
         WaitPlan(RUN, None, "parked", None)
+
+
+def test_a_wait_returns_at_pull_points_a_caller_answers() -> None:
+    answerable = WaitPlan(RUN, None, "pull_point", None)
+    for kind in ("awaiting_approval", "awaiting_tool", "awaiting_input", "paused"):
+        assert answerable.satisfied(run_view("parked", 5, kind)), kind
+    # A timer, a delayed start, children: the run goes on by itself.
+    for kind in ("awaiting_timer", "awaiting_children"):
+        assert not answerable.satisfied(run_view("parked", 5, kind)), kind
+    timers = WaitPlan(RUN, None, "pull_point", None, frozenset({"awaiting_timer"}))
+    assert timers.satisfied(run_view("parked", 5, "awaiting_timer"))
+    assert not timers.satisfied(run_view("parked", 5, "awaiting_approval"))
+    with pytest.raises(ValueError):
+        WaitPlan(RUN, None, "pull_point", None, "awaiting_timer")  # type: ignore[arg-type]
+
+
+def test_a_batch_error_names_the_item_and_keeps_the_line() -> None:
+    body = json.dumps({"error": {"code": "invalid_body", "message": "bad", "field": "tags", "line": 3}}).encode()
+    err = batch_item(api_error(422, body, method="POST", path="/v1/batches"))
+    assert (err.line, err.item) == (3, 2)
+    assert str(err) == "POST /v1/batches: 422 invalid_body (item 2) (line 3) (field tags): bad"
+    spec = batch_item(api_error(422, body.replace(b'"line": 3', b'"line": 1'), method="POST", path="/v1/batches"))
+    assert (spec.line, spec.item) == (1, None) and "item" not in str(spec)
 
 
 def test_the_backoff_grows_to_three_seconds_and_honours_retry_after() -> None:

@@ -6,19 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import WAIT
+from conftest import CHAT, EXTERNAL, TWO_ANSWERS, WAIT
 
 from glia_client import Client, ConflictError
 
-CHAT = {"model": "script:answer", "conversational": True}
-TWO_ANSWERS = {"model": "script:chat", "conversational": True}
-EXTERNAL = {
-    "model": "script:lookup",
-    "external_tools": [
-        {"name": "lookup_order", "description": "Look an order up (the caller's system).",
-         "input_schema": {"type": "object"}, "external": True}
-    ],
-}
 
 
 def test_a_message_to_a_conversation(client: Client) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from conftest import ANSWER, WAIT
+from conftest import ANSWER, WAIT, parked_for_approval
 
 from glia_client import (
     AsyncClient,
@@ -103,13 +103,11 @@ def test_another_tenant_cannot_see_the_run(client: Client, glia_url: str, token_
 
 
 def test_cancel_a_waiting_run(client: Client) -> None:
-    run = client.submit("Sleep, then answer.", config={"model": "script:slow", "builtin_tools": ["sleep"]})
-    try:
-        accepted = client.cancel(run.run_id, reason="not needed")
-    except ConflictError as e:  # the run ended first (a very slow client)
-        assert e.code == "run_finished"
-        return
-    assert accepted.kinds == ["cancel"] and accepted.run_id == run.run_id
+    # Parked where only this test can release it (its refund waits for a
+    # decision nobody makes), so the cancel always finds it waiting.
+    run, _ = parked_for_approval(client, "Refund order A1 (cancel it).")
+    accepted = client.cancel(run.run_id, reason="not needed")
+    assert accepted is not None and accepted.kinds == ["cancel"] and accepted.run_id == run.run_id
     done = client.wait(run.run_id, until="done", timeout=WAIT)
     assert done.outcome is not None
     assert (done.outcome.kind, done.outcome.reason) == ("cancelled", "not needed")

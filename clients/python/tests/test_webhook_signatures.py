@@ -84,3 +84,25 @@ def test_the_timestamp_must_be_within_the_tolerance() -> None:
 def test_a_malformed_secret_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         webhooks.verify("whsec_***", BODY, headers(int(time.time())))
+
+
+def test_a_secret_given_as_bytes_of_its_text_verifies() -> None:
+    """``whsec_…`` read as bytes (a file, ``os.environb``) is the same secret."""
+    now = int(time.time())
+    assert webhooks.verify(SECRET.encode(), BODY, headers(now)) == json.loads(BODY)
+    assert webhooks.verify(SECRET.encode() + b"\n", BODY, headers(now)) == json.loads(BODY)
+    raw = base64.b64decode(SECRET.removeprefix("whsec_"))
+    assert webhooks.verify(raw, BODY, headers(now)) == json.loads(BODY), "raw key bytes still work"
+
+
+def test_signature_headers_joined_by_a_framework_verify() -> None:
+    now = int(time.time())
+    h = headers(now)
+    h["webhook-signature"] = "v1,AAAA, " + h["webhook-signature"]  # two headers, joined
+    assert webhooks.verify(SECRET, BODY, h)["data"]["run_id"] == "r1"
+
+
+def test_an_empty_secret_is_a_value_error() -> None:
+    for secret in ("whsec_", "", b""):
+        with pytest.raises(ValueError, match="empty"):
+            webhooks.verify(secret, BODY, headers(int(time.time())))

@@ -20,7 +20,7 @@
 from . import errors, models, webhooks
 from ._async_client import AsyncClient
 from ._client import Client
-from ._core import DEFAULT_MAX_OUTAGE, AppliedAgent
+from ._core import ANSWERABLE_PULL_POINTS, DEFAULT_MAX_OUTAGE, AppliedAgent
 from .errors import (
     ApiError,
     AuthenticationError,
@@ -46,6 +46,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "AppliedAgent",
+    "ANSWERABLE_PULL_POINTS",
     "DEFAULT_MAX_OUTAGE",
     "errors",
     "models",

@@ -214,10 +214,10 @@ class AsyncClient:
         after: int | None = None,
         until: str = "pull_point",
         timeout: float | None = None,
+        pull_points: Iterable[str] | None = None,
     ) -> models.RunSummary:
         """As :meth:`Client.wait`."""
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        plan = WaitPlan(str(run_id), after, until, deadline)
+        plan = WaitPlan.of(run_id, after, until, timeout, pull_points)
         return await self._run(_steps.wait(self._http, self._settings, plan))
 
     async def cancel(self, run_id: str, *, reason: str | None = None) -> models.Accepted | None:
@@ -244,7 +244,9 @@ class AsyncClient:
         self, run_id: str, call_id: str, content: Any, *, is_error: bool = False
     ) -> models.Accepted | None:
         """As :meth:`Client.post_tool_result`."""
-        return await self._call(ops.tool_result(str(run_id), call_id, content, is_error))
+        return await self._run(
+            _steps.tool_result(self._http, self._settings, str(run_id), call_id, content, is_error)
+        )
 
     async def send_message(
         self, run_id: str, text: str, *, head_seq: int | None = None
@@ -283,14 +285,19 @@ class AsyncClient:
         self, run_id: str, call_id: str, *, args_hash: str | None = None
     ) -> models.Accepted | None:
         """As :meth:`Client.approve`."""
-        return await self._call(ops.decide(str(run_id), call_id, "approve", args_hash=args_hash))
+        return await self._run(
+            _steps.decide(self._http, self._settings, str(run_id), call_id, "approve", args_hash=args_hash)
+        )
 
     async def reject(
         self, run_id: str, call_id: str, *, reason: str | None = None, args_hash: str | None = None
     ) -> models.Accepted | None:
         """As :meth:`Client.reject`."""
-        return await self._call(
-            ops.decide(str(run_id), call_id, "reject", reason=reason, args_hash=args_hash)
+        return await self._run(
+            _steps.decide(
+                self._http, self._settings, str(run_id), call_id, "reject",
+                reason=reason, args_hash=args_hash,
+            )
         )
 
     async def edit(
@@ -302,8 +309,11 @@ class AsyncClient:
         args_hash: str | None = None,
     ) -> models.Accepted | None:
         """As :meth:`Client.edit`."""
-        return await self._call(
-            ops.decide(str(run_id), call_id, "edit", input=input, args_hash=args_hash)
+        return await self._run(
+            _steps.decide(
+                self._http, self._settings, str(run_id), call_id, "edit",
+                input=input, args_hash=args_hash,
+            )
         )
 
     async def decide_many(

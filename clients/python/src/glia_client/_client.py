@@ -264,10 +264,13 @@ class Client:
         after: int | None = None,
         until: str = "pull_point",
         timeout: float | None = None,
+        pull_points: Iterable[str] | None = None,
     ) -> models.RunSummary:
-        """Wait until the run parks at a pull point or ends
+        """Wait until the run parks at a pull point a caller answers or ends
         (``until="pull_point"``), or until it ends (``until="done"``), and
-        return it then. Follows the event stream (no polling).
+        return it then. Follows the event stream (no polling) and reads the
+        run after each event that may leave it parked (``PARK_EVENTS``: its
+        park, a pause requested at an approval …) or ends it.
 
         Args:
             after: Only a park or end after this seq counts: pass the
@@ -277,9 +280,14 @@ class Client:
                 ``None``: a run parked or done now is returned at once.
             timeout: Seconds to wait at most; then
                 :class:`~glia_client.errors.WaitTimeout` (the run goes on).
+            pull_points: The pull point kinds to return at (default
+                ``ANSWERABLE_PULL_POINTS``: ``awaiting_approval``,
+                ``awaiting_tool``, ``awaiting_input``, ``awaiting_event``,
+                ``paused``); a run parked elsewhere (``awaiting_timer``,
+                ``awaiting_children``, a ``start_at`` not yet due) goes on
+                by itself and is followed further.
         """
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        plan = WaitPlan(str(run_id), after, until, deadline)
+        plan = WaitPlan.of(run_id, after, until, timeout, pull_points)
         return self._run(_steps.wait(self._http, self._settings, plan))
 
     def cancel(self, run_id: str, *, reason: str | None = None) -> models.Accepted | None:
@@ -289,14 +297,20 @@ class Client:
         return self._call(ops.cancel(str(run_id), reason))
 
     def pause(self, run_id: str, *, reason: str | None = None) -> models.Accepted:
-        """Pause a run at its next step boundary (``POST /v1/runs/{id}/pause``)."""
+        """Pause a run at its next step boundary (``POST /v1/runs/{id}/pause``).
+        Not repeated once it may have reached the dispatcher (a repeat could
+        pause a run resumed meanwhile): a lost answer raises
+        :class:`~glia_client.errors.ConnectionLostError`."""
         return self._call(ops.pause(str(run_id), reason))
 
     def resume(
         self, run_id: str, *, extend: Mapping[str, Any] | models.BudgetLimits | None = None
     ) -> models.Accepted:
         """Resume a paused run, optionally adding ``extend`` to its budget
-        limits (``POST /v1/runs/{id}/resume``)."""
+        limits (``POST /v1/runs/{id}/resume``). Not repeated once it may have
+        reached the dispatcher (a repeat after the run paused again would add
+        ``extend`` twice): a lost answer raises
+        :class:`~glia_client.errors.ConnectionLostError`."""
         return self._call(ops.resume(str(run_id), extend))
 
     def erase(self, run_id: str) -> models.RunSummary:
@@ -311,9 +325,13 @@ class Client:
     ) -> models.Accepted | None:
         """Post the result of an external tool call (``POST
         /v1/runs/{id}/tool-results/{call_id}``); ``content`` that is not a
-        string is sent as JSON text. Returns ``None`` when a retry found the
-        call answered (409 ``already_answered``: an earlier attempt landed)."""
-        return self._call(ops.tool_result(str(run_id), call_id, content, is_error))
+        string is sent as JSON text. Returns ``None`` when a retry was
+        refused (409 ``already_answered`` or ``run_finished``) and the call's
+        recorded result is this content (an earlier attempt landed); another
+        result is raised."""
+        return self._run(
+            _steps.tool_result(self._http, self._settings, str(run_id), call_id, content, is_error)
+        )
 
     def send_message(
         self, run_id: str, text: str, *, head_seq: int | None = None
@@ -324,10 +342,12 @@ class Client:
         The post carries ``head_seq`` (default: the run's head now, read
         first), so it lands only while the run still waits where the sender
         saw it (else 409 ``head_moved``) and a retry is never taken as a
-        second message. Returns ``None`` when a retry found that an earlier
-        attempt landed (409 ``already_posted``, or ``head_moved`` with this
-        text received next); a ``head_moved`` otherwise (someone else
-        answered) is raised."""
+        second message. Returns ``None`` when a retry was refused (409
+        ``already_posted``, ``head_moved``, ``not_awaiting_input``,
+        ``run_finished``) and the run's log shows this text received next
+        after ``head_seq`` (an earlier attempt landed; it waits for a
+        message still in the inbox to be applied, up to ``max_outage``);
+        otherwise (someone else answered) the refusal is raised."""
         return self._run(
             _steps.message(self._http, self._settings, str(run_id), text, head_seq, close=False)
         )
@@ -336,7 +356,9 @@ class Client:
         self, run_id: str, *, text: str | None = None, head_seq: int | None = None
     ) -> models.Accepted | None:
         """End a conversational run parked at ``awaiting_input`` (``POST
-        /v1/runs/{id}/close``), with ``head_seq`` as :meth:`send_message`."""
+        /v1/runs/{id}/close``), with ``head_seq`` as :meth:`send_message`: a
+        refused retry returns ``None`` when the log shows the run closed
+        right after ``head_seq`` (with ``text`` received first, if given)."""
         return self._run(
             _steps.message(self._http, self._settings, str(run_id), text, head_seq, close=True)
         )
@@ -367,18 +389,24 @@ class Client:
 
         ``args_hash``: the pending call's hash as you saw it; when the
         arguments changed since, 409 ``stale_args``. The first decision wins:
-        a call decided already is 409 ``already_decided`` — except after a
-        retry, where that means this call's earlier attempt landed and
-        ``None`` is returned (read the run's events for whose decision it
-        was)."""
-        return self._call(ops.decide(str(run_id), call_id, "approve", args_hash=args_hash))
+        a call decided already is 409 ``already_decided``. After a retry
+        (the answer of an earlier attempt was lost), ``already_decided`` or
+        ``run_finished`` returns ``None`` only when the call's recorded
+        decision (``approval.resolved``) is this one; someone else's
+        decision is raised."""
+        return self._run(
+            _steps.decide(self._http, self._settings, str(run_id), call_id, "approve", args_hash=args_hash)
+        )
 
     def reject(
         self, run_id: str, call_id: str, *, reason: str | None = None, args_hash: str | None = None
     ) -> models.Accepted | None:
         """Reject a call; the model sees ``reason``. As :meth:`approve`."""
-        return self._call(
-            ops.decide(str(run_id), call_id, "reject", reason=reason, args_hash=args_hash)
+        return self._run(
+            _steps.decide(
+                self._http, self._settings, str(run_id), call_id, "reject",
+                reason=reason, args_hash=args_hash,
+            )
         )
 
     def edit(
@@ -391,8 +419,11 @@ class Client:
     ) -> models.Accepted | None:
         """Approve a call with replacement arguments ``input`` (a JSON
         object, checked against the tool's input schema). As :meth:`approve`."""
-        return self._call(
-            ops.decide(str(run_id), call_id, "edit", input=input, args_hash=args_hash)
+        return self._run(
+            _steps.decide(
+                self._http, self._settings, str(run_id), call_id, "edit",
+                input=input, args_hash=args_hash,
+            )
         )
 
     def decide_many(
@@ -402,7 +433,10 @@ class Client:
         each decision (``run_id``, ``call_id``, ``decision``: ``approve``,
         ``reject`` or ``edit``, and ``reason``, ``input``, ``args_hash``) is
         applied on its own, and its result carries the status the single
-        endpoint would have answered."""
+        endpoint would have answered. The request is retried through an
+        outage: after a retry, an item's 409 ``already_decided`` may be this
+        request's own earlier attempt (read the call's ``approval.resolved``
+        to tell)."""
         return self._call(ops.decide_many(decisions))
 
     # --- agents -------------------------------------------------------------------
@@ -458,8 +492,10 @@ class Client:
                 retries).
 
         Raises:
-            ApiError: a refused item refuses the batch; ``line`` is the item's
-                line among ``items`` (1 = the first), ``field`` the field.
+            ApiError: a refused item refuses the batch; ``item`` is its
+                position among ``items`` (1 = the first), ``line`` its line in
+                the upload as the dispatcher counts it (``item + 1``: line 1 is
+                the spec), ``field`` the field.
         """
         return self._call(
             ops.submit_batch(

@@ -64,8 +64,34 @@ or a gateway in front of it cannot reach it (502, 504)."""
 TERMINAL_EVENTS = frozenset({"session.complete", "session.cancel"})
 """Event types after which a run's stream ends."""
 
-PARK_EVENTS = frozenset({"session.pause"})
-"""The event type a run writes when it parks at a pull point."""
+PARK_EVENTS = frozenset(
+    {
+        "session.pause",
+        "session.pause_requested",
+        "session.resume",
+        "approval.contested",
+        "approval.escalated",
+    }
+)
+"""Events after which a run may be parked: its park (``session.pause``),
+and what a worker records on a parked run that stays parked (a pause
+requested or withdrawn at an approval, a contested or escalated approval).
+``wait`` reads the run after these and the run's last event only: mid-step
+(after a ``tool.result``, a ``model.call`` …) the run's summary may still
+show the park the step is leaving."""
+
+ANSWERABLE_PULL_POINTS = frozenset(
+    {"awaiting_approval", "awaiting_tool", "awaiting_input", "awaiting_event", "paused"}
+)
+"""Pull points a caller answers (a decision, a tool result, a message, an
+event, a resume): ``wait`` returns at these by default. A run parked at
+another (``awaiting_timer``, ``awaiting_children``, a ``start_at`` not yet
+due) goes on by itself, so ``wait`` keeps following it."""
+
+REFUSED_UNSENT = frozenset({"not_ready"})
+"""Codes of a 503 the dispatcher answers before it handles the request (it
+is starting, or a readiness check failed): nothing was done, so even a
+request that is not idempotent may be sent again."""
 
 T = TypeVar("T")
 R = TypeVar("R", covariant=True)
@@ -304,6 +330,21 @@ class Outage:
             ) from e
         return self.failed(describe(e), None)
 
+    def transient(self, status: int, content: bytes, hint: float | None) -> float:
+        """An attempt was answered 502/503/504: the seconds to wait before
+        the next. A request that is not idempotent is repeated only after a
+        503 the dispatcher itself answered without acting
+        (:data:`REFUSED_UNSENT`); any other such answer (a gateway's, or the
+        dispatcher failing mid-request) may have followed its effect, so it
+        raises :class:`ConnectionLostError`."""
+        why = transient_why(status, content)
+        if not self.idempotent and transient_code(content) not in REFUSED_UNSENT:
+            raise ConnectionLostError(
+                f"{why}; the request may have reached the dispatcher and is not repeated, "
+                "as a repeat would not be harmless: check whether it took effect"
+            )
+        return self.failed(why, hint)
+
     def failed(self, why: str, hint: float | None) -> float:
         """An attempt failed transiently (``why``; ``hint``: the answer's
         ``Retry-After``): the seconds to wait before the next, or
@@ -322,6 +363,16 @@ class Outage:
         if hint is not None:
             delay = max(delay, hint)
         return min(delay, max(self.settings.max_outage - waited, 0.0) + 0.05)
+
+
+def transient_code(content: bytes) -> str | None:
+    """The API error code of a 502/503/504 answer, if it carries one (a
+    gateway's page does not)."""
+    try:
+        code = json.loads(content)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None
 
 
 def transient_why(status: int, content: bytes) -> str:
@@ -457,44 +508,72 @@ class WaitPlan:
         after: Only a park or an end after this seq counts (the ``head_seq``
             of the run as the caller last saw it, e.g. parked before a
             decision); ``None``: the run's state now counts.
-        until: ``"pull_point"`` (parked or done) or ``"done"``.
+        until: ``"pull_point"`` (parked at one of ``pull_points``, or done)
+            or ``"done"``.
         deadline: ``time.monotonic()`` to give up at, if any.
+        pull_points: The pull point kinds that end a ``"pull_point"`` wait
+            (default :data:`ANSWERABLE_PULL_POINTS`); a done run always does.
     """
 
     run_id: str
     after: int | None
     until: str
     deadline: float | None
+    pull_points: frozenset[str] = ANSWERABLE_PULL_POINTS
+
+    @classmethod
+    def of(
+        cls,
+        run_id: object,
+        after: int | None,
+        until: str,
+        timeout: float | None,
+        pull_points: Iterable[str] | None,
+    ) -> WaitPlan:
+        """The plan of ``wait``'s arguments (``timeout`` in seconds from
+        now; ``pull_points`` ``None``: :data:`ANSWERABLE_PULL_POINTS`)."""
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        kinds = ANSWERABLE_PULL_POINTS if pull_points is None else pull_points
+        return cls(str(run_id), after, until, deadline, kinds)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         if self.until not in ("pull_point", "done"):
             raise ValueError(f"until must be 'pull_point' or 'done', not {self.until!r}")
+        if isinstance(self.pull_points, str):
+            raise ValueError("pull_points is a collection of kinds, not one string")
+        self.pull_points = frozenset(self.pull_points)
 
     def satisfied(self, run: models.RunSummary) -> bool:
         """The run is where the caller waits for it."""
-        if self.after is not None and run.head_seq <= self.after and run.status != "done":
+        if run.status == "done":
+            return True
+        if self.after is not None and run.head_seq <= self.after:
             return False
-        return run.status == "done" or (self.until == "pull_point" and run.status == "parked")
+        if self.until != "pull_point" or run.status != "parked" or run.pull_point is None:
+            return False
+        return run.pull_point.kind in self.pull_points
 
     def follow(self, run: models.RunSummary, settings: Settings) -> EventFollow:
         """The stream to follow from ``run`` (its head, or ``after``)."""
         start = max(run.head_seq, self.after or 0)
         return EventFollow(str(self.run_id), start, Outage(settings), deadline=self.deadline)
 
-    def stops_at(self, event: models.Event | models.LiveEvent) -> bool:
-        """Following can stop after ``event``."""
-        if not isinstance(event, models.Event):
-            return False
-        return event.type in TERMINAL_EVENTS or (
-            self.until == "pull_point" and event.type in PARK_EVENTS
-        )
+    def expired(self) -> bool:
+        """The deadline has passed."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def rereads_after(self, event: models.Event) -> bool:
+        """The run is read again after ``event`` (:data:`PARK_EVENTS` and
+        the run's last events)."""
+        return event.type in PARK_EVENTS or event.type in TERMINAL_EVENTS
 
     def timed_out(self, run: models.RunSummary) -> WaitTimeout:
         """The error of a wait that reached its deadline."""
+        where = run.pull_point.kind if run.pull_point is not None else run.status
         return WaitTimeout(
             f"run {self.run_id} did not reach "
             f"{'a pull point or its end' if self.until == 'pull_point' else 'its end'} "
-            f"in time (now {run.status}, head {run.head_seq})",
+            f"in time (now {where}, head {run.head_seq})",
             run,
         )
 
@@ -526,12 +605,13 @@ def batch_upload(
     return b"\n".join(lines) + b"\n"
 
 
-def item_line(err: ApiError) -> ApiError:
-    """A batch upload's error with ``line`` counted in the caller's items
-    (line 1 of the upload is the spec the client wrote; the first item is
-    line 2): the first item is 1; an error of the spec has no line."""
-    if err.line is not None:
-        err.line = err.line - 1 if err.line > 1 else None
+def batch_item(err: ApiError) -> ApiError:
+    """A batch upload's error with :attr:`ApiError.item` set: line 1 of the
+    upload is the spec the client wrote, so line ``n`` > 1 is the caller's
+    item ``n - 1`` (1 = the first); ``line`` stays the upload's line, as the
+    dispatcher answered it."""
+    if err.line is not None and err.line > 1:
+        err.item = err.line - 1
     return err
 
 

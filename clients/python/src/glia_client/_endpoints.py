@@ -23,7 +23,8 @@ class Endpoint:
     decision per call, a tool result per call, a cancel, a message that
     carries ``head_seq``) and for posts that carry an ``Idempotency-Key``
     (runs, batches). A request that is not idempotent is retried only when
-    it never reached the dispatcher (the connection could not be made).
+    it never reached the dispatcher (the connection could not be made, or
+    the dispatcher answered 503 ``not_ready`` before handling it).
     """
 
     method: str
@@ -59,8 +60,11 @@ DECIDE = Endpoint("POST", "/v1/runs/{id}/approvals/{call_id}", idempotent=True)
 
 POST_TOOL_RESULT = Endpoint("POST", "/v1/runs/{id}/tool-results/{call_id}", idempotent=True)
 POST_MESSAGE = Endpoint("POST", "/v1/runs/{id}/messages", idempotent=True)  # with head_seq
-PAUSE_RUN = Endpoint("POST", "/v1/runs/{id}/pause", idempotent=True)
-RESUME_RUN = Endpoint("POST", "/v1/runs/{id}/resume", idempotent=True)
+# Not deduplicated: a repeat after the first landed and the run moved on
+# (resumed, paused again on its budget) would pause it again or add the
+# extension twice.
+PAUSE_RUN = Endpoint("POST", "/v1/runs/{id}/pause", idempotent=False)
+RESUME_RUN = Endpoint("POST", "/v1/runs/{id}/resume", idempotent=False)
 CANCEL_RUN = Endpoint("POST", "/v1/runs/{id}/cancel", idempotent=True)
 CLOSE_RUN = Endpoint("POST", "/v1/runs/{id}/close", idempotent=True)  # with head_seq
 

@@ -17,21 +17,22 @@ from ._core import (
     agent_name,
     applied_agent,
     batch_upload,
-    item_line,
+    batch_item,
     model_parser,
     new_idempotency_key,
     to_jsonable,
     without_none,
 )
 
-# After a retry, these 409 codes mean an earlier attempt of the same post
-# landed (its answer was lost): a decision or a tool result is deduplicated
-# per call, a message or close that waits in the inbox is refused as
-# already posted, a cancel applied leaves the run finished (which is what a
-# cancel asks for, whoever finished it).
-DECISION_LANDED = frozenset({"already_decided"})
-RESULT_LANDED = frozenset({"already_answered"})
-INPUT_LANDED = frozenset({"already_posted"})
+# After a retry, these 409 codes may mean an earlier attempt of the same
+# post landed (its answer was lost), or that someone else's did: the
+# operation then reads the run's log for this post's own effect
+# (``call_not_found``: the run went on past the call's turn)
+# (``_steps.posted``) before it reports success. A cancel applied leaves the
+# run finished, which is what a cancel asks for, whoever finished it.
+DECISION_LANDED = frozenset({"already_decided", "call_not_found", "run_finished"})
+RESULT_LANDED = frozenset({"already_answered", "call_not_found", "run_finished"})
+INPUT_LANDED = frozenset({"already_posted", "head_moved", "not_awaiting_input", "run_finished"})
 CANCEL_LANDED = frozenset({"run_finished"})
 
 
@@ -158,14 +159,15 @@ def decide(
         {"id": run_id, "call_id": call_id},
         json=body,
         parse=model_parser(models.Accepted),
-        landed=DECISION_LANDED,
     )
 
 
 def decide_many(decisions: Iterable[Mapping[str, Any] | models.BulkDecision1 | models.BulkDecision2]) -> Call[models.BulkResults]:
     """``POST /v1/approvals``: each decision a mapping with ``run_id``,
     ``call_id``, ``decision`` (``approve``, ``reject``, ``edit``) and
-    optionally ``reason``, ``input``, ``args_hash``."""
+    optionally ``reason``, ``input``, ``args_hash``. Retried through an
+    outage (each decision is deduplicated per call): after a retry an item's
+    409 ``already_decided`` may be this request's own earlier attempt."""
     items = []
     for d in decisions:
         item = to_jsonable(d)
@@ -188,7 +190,6 @@ def tool_result(
         {"id": run_id, "call_id": call_id},
         json={"content": text, "is_error": is_error},
         parse=model_parser(models.Accepted),
-        landed=RESULT_LANDED,
     )
 
 
@@ -201,7 +202,6 @@ def message(run_id: str, text: str, head_seq: int) -> Call[models.Accepted]:
         {"id": run_id},
         json={"text": text, "head_seq": head_seq},
         parse=model_parser(models.Accepted),
-        landed=INPUT_LANDED,
     )
 
 
@@ -212,7 +212,6 @@ def close(run_id: str, text: str | None, head_seq: int) -> Call[models.Accepted]
         {"id": run_id},
         json=without_none(text=text, head_seq=head_seq),
         parse=model_parser(models.Accepted),
-        landed=INPUT_LANDED,
     )
 
 
@@ -229,7 +228,8 @@ def cancel(run_id: str, reason: str | None) -> Call[models.Accepted]:
 
 
 def pause(run_id: str, reason: str | None) -> Call[models.Accepted]:
-    """``POST /v1/runs/{id}/pause``."""
+    """``POST /v1/runs/{id}/pause`` (not repeated once it may have been
+    sent: a resumed run may be paused again by the repeat)."""
     return Call(
         ep.PAUSE_RUN,
         {"id": run_id},
@@ -242,7 +242,8 @@ def resume(
     run_id: str, extend: Mapping[str, Any] | models.BudgetLimits | None
 ) -> Call[models.Accepted]:
     """``POST /v1/runs/{id}/resume`` (``extend``: amounts added to the
-    run's budget limits)."""
+    run's budget limits; not repeated once it may have been sent: a repeat
+    after the run paused again would add ``extend`` twice)."""
     return Call(
         ep.RESUME_RUN,
         {"id": run_id},
@@ -306,7 +307,7 @@ def submit_batch(
             "Idempotency-Key": idempotency_key or new_idempotency_key(),
         },
         parse=model_parser(models.BatchView),
-        fix_error=item_line,
+        fix_error=batch_item,
     )
 
 

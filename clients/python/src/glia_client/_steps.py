@@ -34,9 +34,10 @@ from ._core import (
     batch_frame,
     describe,
     retry_after,
+    to_jsonable,
     transient_why,
 )
-from .errors import ConflictError, WaitTimeout
+from .errors import ConflictError, NotFoundError, WaitTimeout
 
 T = TypeVar("T")
 
@@ -122,8 +123,7 @@ def call(http: Http, settings: Settings, c: Call[T]) -> Steps[Any]:
             yield Sleep(outage.transport_failed(reply))
             continue
         if reply.status_code in TRANSIENT_STATUSES:
-            why = transient_why(reply.status_code, reply.content)
-            yield Sleep(outage.failed(why, retry_after(reply.headers)))
+            yield Sleep(outage.transient(reply.status_code, reply.content, retry_after(reply.headers)))
             continue
         return c.result(reply.status_code, reply.content, outage.attempts)
 
@@ -234,25 +234,49 @@ def stream(http: Http, settings: Settings, f: EventFollow) -> Steps[None]:
 
 
 def wait(http: Http, settings: Settings, plan: WaitPlan) -> Steps[models.RunSummary]:
-    """The run once ``plan`` is satisfied: read it, follow its stream to the
-    next park or end, read it again (``_core.WaitPlan``)."""
+    """The run once ``plan`` is satisfied: read it, then follow its stream
+    and read it again after each event that may leave it parked (its park,
+    and what a payload records on a parked run without a new park:
+    ``session.pause_requested``, ``approval.contested`` …: ``PARK_EVENTS``)
+    or ends it, until it is (``_core.WaitPlan``)."""
     get = ops.get_run(plan.run_id)
     run = yield from call(http, settings, get)
-    assert run is not None
     while not plan.satisfied(run):
         f = plan.follow(run, settings)
+        sub = follow(http, settings, f)
+        reply: Any = None
+        arrived = False
         try:
-            yield from first(follow(http, settings, f), plan.stops_at)
+            while True:
+                try:
+                    step = sub.send(reply)
+                except StopIteration:
+                    break  # the run's last event: read it below
+                reply = None
+                if isinstance(step, Emit):
+                    if not isinstance(step.item, models.Event):
+                        continue
+                    if not plan.rereads_after(step.item):
+                        if plan.expired():
+                            break
+                        continue
+                    run = yield from call(http, settings, get)
+                    if plan.satisfied(run) or plan.expired():
+                        arrived = plan.satisfied(run)
+                        break
+                    continue
+                reply = yield step
         except WaitTimeout:
             latest = yield from call(http, settings, get)
-            assert latest is not None
             raise plan.timed_out(latest) from None
+        finally:
+            sub.close()
         if f.response is not None:
             yield Close(f.response)
+        if arrived:
+            return run
         run = yield from call(http, settings, get)
-        assert run is not None
-        expired = plan.deadline is not None and time.monotonic() >= plan.deadline
-        if expired and not plan.satisfied(run):
+        if plan.expired() and not plan.satisfied(run):
             raise plan.timed_out(run)
     return run
 
@@ -272,7 +296,9 @@ def batch_progress(http: Http, settings: Settings, batch_id: str) -> Steps[None]
     while True:
         response = yield from open_stream(http, settings, c, f.outage, f.timeout())
         f.connected(response)
-        why = yield from records(response, NextFrame, handle, None)
+        why = yield from records(
+            response, NextFrame, handle, "the stream ended before the batch did"
+        )
         if why is None:
             return
         yield Sleep(f.broken(why))
@@ -283,15 +309,19 @@ def wait_batch(
 ) -> Steps[models.BatchView]:
     """The batch's view once it ended (or ``WaitTimeout`` past ``deadline``)."""
 
-    def accept(view: models.BatchView) -> bool:
-        return batch_ended(view) or (deadline is not None and time.monotonic() >= deadline)
+    def expired() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
 
-    view = yield from first(batch_progress(http, settings, batch_id), accept)
-    if view is not None and not batch_ended(view):
-        raise WaitTimeout(f"batch {batch_id} is still {view.status}", view)
-    final = yield from call(http, settings, ops.get_batch(batch_id))
-    assert final is not None
-    return final
+    while True:
+        view = yield from first(
+            batch_progress(http, settings, batch_id),
+            lambda v: batch_ended(v) or expired(),
+        )
+        final = yield from call(http, settings, ops.get_batch(batch_id))
+        if batch_ended(final):
+            return final
+        if expired() or (view is not None and not batch_ended(view)):
+            raise WaitTimeout(f"batch {batch_id} is still {final.status}", final)
 
 
 def batch_results(http: Http, settings: Settings, batch_id: str) -> Steps[None]:
@@ -335,6 +365,154 @@ def events(http: Http, settings: Settings, run_id: str, after: int) -> Steps[Non
         after = page.next_after
 
 
+# --- payloads: after a retry, did this post land? ---------------------------
+
+
+def posted(
+    http: Http,
+    settings: Settings,
+    c: Call[models.Accepted],
+    codes: frozenset[str],
+    landed: Callable[[], Steps[bool]],
+) -> Steps[models.Accepted | None]:
+    """Send the payload ``c``. When a retry is refused (409, or 404
+    ``call_not_found``) with one of ``codes`` (an earlier attempt may have
+    landed and lost its answer, or someone else's payload got there first), ``landed()`` reads the run's log for
+    this payload's own effect: ``None`` if it is there (done, its answer
+    lost), else the refusal is raised."""
+    try:
+        accepted: models.Accepted | None = yield from call(http, settings, c)
+        return accepted
+    except (ConflictError, NotFoundError) as e:
+        if e.attempts > 1 and e.code in codes:
+            mine = yield from landed()
+            if mine:
+                return None
+        raise
+
+
+def log_until(
+    http: Http,
+    settings: Settings,
+    run_id: str,
+    after: int,
+    stop: Callable[[models.Event], bool],
+) -> Steps[list[models.Event]]:
+    """The run's events after ``after`` up to the first that ``stop`` takes
+    or the run's last, waiting for them to come (a payload waiting in the
+    inbox is applied a moment later), at most ``max_outage`` seconds (at
+    least 30); then :class:`WaitTimeout`."""
+    deadline = time.monotonic() + max(settings.max_outage, 30.0)
+    f = EventFollow(run_id, after, Outage(settings), deadline=deadline)
+    seen: list[models.Event] = []
+
+    def take(event: Any) -> bool:
+        if not isinstance(event, models.Event):
+            return False
+        seen.append(event)
+        return stop(event)
+
+    yield from first(stream(http, settings, f), take)
+    if f.response is not None:
+        yield Close(f.response)
+    return seen
+
+
+def terminal(event: models.Event) -> bool:
+    """The run's last event."""
+    return event.type in ("session.complete", "session.cancel")
+
+
+def for_call(event: models.Event, types: tuple[str, ...], call_id: str) -> bool:
+    """``event`` is one of ``types`` about call ``call_id``."""
+    return (
+        event.type in types
+        and isinstance(event.data, dict)
+        and event.data.get("call_id") == call_id
+    )
+
+
+def decision_recorded(
+    recorded: Any, decision: str, reason: str | None, input: Any
+) -> bool:
+    """The ``decision`` of an ``approval.resolved`` event is this one."""
+    if not isinstance(recorded, dict) or recorded.get("kind") != decision:
+        return False
+    if decision == "reject" and reason is not None and reason.strip():
+        return bool(recorded.get("reason") == reason.strip())
+    if decision == "edit":
+        return bool(recorded.get("input") == to_jsonable(input))
+    return True
+
+
+def decide(
+    http: Http,
+    settings: Settings,
+    run_id: str,
+    call_id: str,
+    decision: str,
+    *,
+    reason: str | None = None,
+    input: Any = None,
+    args_hash: str | None = None,
+) -> Steps[models.Accepted | None]:
+    """Decide an approval. After a retry, 409 ``already_decided`` (or
+    ``run_finished``) is success (``None``) only when the call's
+    ``approval.resolved`` carries this decision (and for an edit, this
+    input; for a reject with a reason, this reason): someone else's decision
+    is raised."""
+    c = ops.decide(run_id, call_id, decision, reason=reason, input=input, args_hash=args_hash)
+
+    def landed() -> Steps[bool]:
+        try:
+            events = yield from log_until(
+                http, settings, run_id, 0, lambda e: for_call(e, ("approval.resolved",), call_id) or terminal(e)
+            )
+        except WaitTimeout:
+            return False
+        return any(
+            for_call(e, ("approval.resolved",), call_id)
+            and decision_recorded(e.data.get("decision"), decision, reason, input)
+            for e in events
+        )
+
+    return (yield from posted(http, settings, c, ops.DECISION_LANDED, landed))
+
+
+def tool_result(
+    http: Http, settings: Settings, run_id: str, call_id: str, content: Any, is_error: bool
+) -> Steps[models.Accepted | None]:
+    """Post an external tool's result. After a retry, 409
+    ``already_answered`` (or ``run_finished``) is success (``None``) only
+    when the call's recorded result is this content."""
+    c = ops.tool_result(run_id, call_id, content, is_error)
+    text = c.json["content"]
+
+    def landed() -> Steps[bool]:
+        types = ("tool.result", "tool.error")
+        try:
+            events = yield from log_until(
+                http, settings, run_id, 0, lambda e: for_call(e, types, call_id) or terminal(e)
+            )
+        except WaitTimeout:
+            return False
+        return any(
+            for_call(e, ("tool.result",), call_id) and result_text(e.data.get("content")) == text
+            for e in events
+        )
+
+    return (yield from posted(http, settings, c, ops.RESULT_LANDED, landed))
+
+
+def result_text(content: Any) -> str | None:
+    """The text of a ``tool.result``'s content (a string, or text blocks)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in content):
+        return "".join(str(b.get("text", "")) for b in content)
+    return None
+
+
 def message(
     http: Http,
     settings: Settings,
@@ -344,22 +522,37 @@ def message(
     close: bool,
 ) -> Steps[models.Accepted | None]:
     """Post a message (or, with ``close``, a close with ``text``) carrying
-    ``head_seq`` (default: the run's head, read first). After a retry, 409
-    ``already_posted`` means this post waits in the inbox, and 409
-    ``head_moved`` that it landed when the run's next ``input.received``
-    after ``head_seq`` carries ``text``: ``None`` then (its answer was lost).
-    Any other ``head_moved`` is raised: someone else answered."""
+    ``head_seq`` (default: the run's head, read first). After a retry, a
+    409 ``already_posted``, ``head_moved``, ``not_awaiting_input`` or
+    ``run_finished`` is success (``None``: its answer was lost) only when
+    the log after ``head_seq`` shows this post applied: a message's
+    ``input.received`` carries ``text`` first; a close ended the run
+    (``session.complete``) with no model call after ``head_seq``, its
+    ``input.received`` (if any) carrying ``text``. Anything else (someone
+    else answered) is raised."""
     if head_seq is None:
         run = yield from call(http, settings, ops.get_run(run_id))
         head_seq = run.head_seq
-    c = ops.close(run_id, text, head_seq) if close else ops.message(run_id, text or "", head_seq)
-    try:
-        accepted: models.Accepted | None = yield from call(http, settings, c)
-        return accepted
-    except ConflictError as e:
-        if e.attempts > 1 and e.code == "head_moved" and text is not None:
-            page = yield from call(http, settings, ops.events(run_id, head_seq, 100))
-            received = [ev for ev in page.events if ev.type == "input.received"]
-            if received and isinstance(received[0].data, dict) and received[0].data.get("text") == text:
-                return None
-        raise
+    at = head_seq
+    c = ops.close(run_id, text, at) if close else ops.message(run_id, text or "", at)
+
+    def landed() -> Steps[bool]:
+        def stop(e: models.Event) -> bool:
+            if close:  # a close ends the run; a model call or a park shows it did not
+                return terminal(e) or e.type in ("model.call", "model.response", "session.pause")
+            return terminal(e) or e.type == "input.received"
+
+        try:
+            events = yield from log_until(http, settings, run_id, at, stop)
+        except WaitTimeout:
+            return False
+        received = [e.data.get("text") for e in events if e.type == "input.received"]
+        if not close:
+            return bool(received) and received[0] == text
+        if not events or events[-1].type != "session.complete":
+            return False
+        if any(e.type in ("model.call", "model.response") for e in events):
+            return False
+        return received == ([text] if text is not None else [])
+
+    return (yield from posted(http, settings, c, ops.INPUT_LANDED, landed))

@@ -33,8 +33,12 @@ class ApiError(GliaError):
         field: For 422 ``invalid_request`` / ``invalid_body`` and 400
             ``invalid_query``: the offending field, as a path from the body's
             root (``config.budget.max_turns``) or the query parameter's name.
-        line: For an error in one line of a JSON Lines upload: its number,
-            from 1.
+        line: For an error in one line of a JSON Lines upload: its number in
+            the upload, from 1, as the dispatcher answered it. A batch
+            upload's line 1 is the spec the client writes before the items.
+        item: For a batch upload's error in one of the caller's items: its
+            position among them, from 1 (``line - 1``); ``None`` when the
+            error is not in an item (the spec line, or no line).
         method, path: The request that failed.
         attempts: How many attempts the request took (more than 1 after a
             retry through an outage; see ``Client``).
@@ -49,6 +53,7 @@ class ApiError(GliaError):
         message: str,
         field: str | None = None,
         line: int | None = None,
+        item: int | None = None,
         method: str = "",
         path: str = "",
         attempts: int = 1,
@@ -59,14 +64,24 @@ class ApiError(GliaError):
         self.message = message
         self.field = field
         self.line = line
+        self.item = item
         self.method = method
         self.path = path
         self.attempts = attempts
         self.body = body
+        super().__init__(status, code, message)
+
+    def __str__(self) -> str:
+        # Built when shown, so an adjustment after construction (``item``)
+        # shows too.
         where = "".join(
-            [f" (line {line})" if line is not None else "", f" (field {field})" if field else ""]
+            [
+                f" (item {self.item})" if self.item is not None else "",
+                f" (line {self.line})" if self.line is not None else "",
+                f" (field {self.field})" if self.field else "",
+            ]
         )
-        super().__init__(f"{method} {path}: {status} {code}{where}: {message}")
+        return f"{self.method} {self.path}: {self.status} {self.code}{where}: {self.message}"
 
 
 class BadRequestError(ApiError):

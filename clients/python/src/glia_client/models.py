@@ -13,6 +13,10 @@ class Tool(RootModel[str]):
     root: str = Field(..., pattern="^[a-zA-Z0-9_-]{1,64}$")
 
 
+class Hook(RootModel[str]):
+    root: str = Field(..., pattern="^[a-zA-Z0-9_-]{1,64}$")
+
+
 class ApprovalHistory(BaseModel):
     """
     Answer of `GET /v1/approvals/history`: newest request first.
@@ -2379,6 +2383,15 @@ class AgentDefinition(BaseModel):
     ([`crate::children::MAX_AGENTS`]); resolved and frozen at
     admission ([`RunConfig::child_agents`]).
     """
+    hooks: list[Hook] | None = Field(None, max_length=16)
+    """
+    HTTP hooks of the operator's catalogue (`[hooks.NAME]`) this
+    run is also called with, by name (never a URL): at most 16,
+    each once, `^[a-zA-Z0-9_-]{1,64}$`. Added to the hooks the
+    operator applies to the run; nothing here removes one
+    (`docs/hooks.md`). A name the catalogue lacks is refused at
+    admission and by the worker.
+    """
 
 
 class BatchItem(BaseModel):
@@ -2620,6 +2633,15 @@ class RunConfig(BaseModel):
     name; its input is `{"goal": string}`. At most 16
     ([`crate::children::MAX_AGENTS`]); resolved and frozen at
     admission ([`RunConfig::child_agents`]).
+    """
+    hooks: list[Hook] | None = Field(None, max_length=16)
+    """
+    HTTP hooks of the operator's catalogue (`[hooks.NAME]`) this
+    run is also called with, by name (never a URL): at most 16,
+    each once, `^[a-zA-Z0-9_-]{1,64}$`. Added to the hooks the
+    operator applies to the run; nothing here removes one
+    (`docs/hooks.md`). A name the catalogue lacks is refused at
+    admission and by the worker.
     """
 
 

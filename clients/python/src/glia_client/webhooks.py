@@ -37,8 +37,16 @@ _PREFIX = "whsec_"
 
 
 def _key(secret: str | bytes) -> bytes:
-    if isinstance(secret, bytes):
-        key = secret
+    """The HMAC key of a secret: the base64 part of ``whsec_…`` (as text,
+    or as bytes read from a file or an environment variable), or raw key
+    bytes."""
+    if isinstance(secret, (bytes, bytearray)) and bytes(secret).startswith(_PREFIX.encode()):
+        try:
+            secret = bytes(secret).decode("ascii").strip()
+        except UnicodeDecodeError as e:
+            raise ValueError("the webhook secret is not `whsec_` and base64") from e
+    if isinstance(secret, (bytes, bytearray)):
+        key = bytes(secret)
     else:
         try:
             key = base64.b64decode(secret.removeprefix(_PREFIX), validate=True)
@@ -52,7 +60,8 @@ def _key(secret: str | bytes) -> bytes:
 def sign(secret: str | bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     """The ``webhook-signature`` value (``v1,<base64>``) of ``body`` sent as
     message ``msg_id`` at ``timestamp`` (Unix seconds) with ``secret``
-    (``whsec_…``, or the raw key bytes). For tests and for relaying."""
+    (``whsec_…`` as text or bytes, or the raw key bytes). For tests and
+    for relaying."""
     mac = hmac.new(_key(secret), f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256)
     return "v1," + base64.b64encode(mac.digest()).decode()
 
@@ -68,11 +77,13 @@ def verify(
     """Verify one delivery and return its JSON body.
 
     Args:
-        secret: The subscription's ``whsec_…`` secret.
+        secret: The subscription's ``whsec_…`` secret (text, or the same as
+            bytes), or the raw key bytes.
         body: The request body exactly as received (bytes; a ``str`` is
             encoded as UTF-8).
         headers: The request headers (any mapping; names are matched without
-            regard to case).
+            regard to case). A ``webhook-signature`` repeated in the request
+            and joined with ``", "`` by the framework is read as its parts.
         tolerance: Seconds the ``webhook-timestamp`` may differ from ``now``
             either way (default 300).
         now: The current Unix time in seconds (default: the clock).
@@ -114,7 +125,8 @@ def verify(
             f"webhook-timestamp is {timestamp - current:.0f} s ahead (tolerance {tolerance:g} s)"
         )
     expected = hmac.new(key, f"{msg_id}.{stamp}.".encode() + raw, hashlib.sha256).digest()
-    for entry in signatures.split():
+    # Space-separated; a framework joining repeated headers adds ", ".
+    for entry in signatures.replace(", ", " ").split():
         version, _, value = entry.partition(",")
         if version != "v1":
             continue
