@@ -1061,6 +1061,15 @@ export interface components {
              *     admission ([`RunConfig::child_agents`]).
              */
             agents?: string[];
+            /**
+             * @description HTTP hooks of the operator's catalogue (`[hooks.NAME]`) this
+             *     run is also called with, by name (never a URL): at most 16,
+             *     each once, `^[a-zA-Z0-9_-]{1,64}$`. Added to the hooks the
+             *     operator applies to the run; nothing here removes one
+             *     (`docs/hooks.md`). A name the catalogue lacks is refused at
+             *     admission and by the worker.
+             */
+            hooks?: string[];
         };
         /** @description The tenant's agents, the latest version of each, by name. */
         AgentList: {
@@ -2208,6 +2217,15 @@ export interface components {
              *     admission ([`RunConfig::child_agents`]).
              */
             agents?: string[];
+            /**
+             * @description HTTP hooks of the operator's catalogue (`[hooks.NAME]`) this
+             *     run is also called with, by name (never a URL): at most 16,
+             *     each once, `^[a-zA-Z0-9_-]{1,64}$`. Added to the hooks the
+             *     operator applies to the run; nothing here removes one
+             *     (`docs/hooks.md`). A name the catalogue lacks is refused at
+             *     admission and by the worker.
+             */
+            hooks?: string[];
         };
         /** @description A page of runs, newest first. */
         RunPage: {
