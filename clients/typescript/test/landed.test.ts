@@ -169,3 +169,31 @@ test("a cancel whose answer was lost is landed once the run is cancelled; not on
   );
   assert.equal((await direct.getRun(answered.run_id)).outcome?.kind, "succeeded");
 });
+
+test("a message whose answer was lost is landed once the run took it; another's message is not", async () => {
+  const direct = client();
+  const run = await direct.submitRun({ goal: "Hello.", config: { model: "script:chat", conversational: true } });
+  const first = await next(run.run_id);
+  assert.equal(first.pull_point?.kind, "awaiting_input", JSON.stringify(first));
+  // Forwarded, answer lost, retried once the run answered it (the head moved).
+  const posted = await throughProxy("/messages", { kind: "lose", then: () => next(run.run_id, first.head_seq) }, (glia) =>
+    glia.postMessage(run.run_id, "And one more thing.", { headSeq: first.head_seq }),
+  );
+  assert.equal(posted.repeated, true, JSON.stringify(posted));
+  const second = await next(run.run_id, first.head_seq);
+  assert.equal(second.pull_point?.kind, "awaiting_input", JSON.stringify(second));
+  // Refused on its way while another message is posted: whether that one waits or was taken, not landed.
+  const theirs = () => direct.postMessage(run.run_id, "Someone else's words.", { headSeq: second.head_seq });
+  await throughProxy("/messages", { kind: "refuse", first: theirs }, (glia) =>
+    assert.rejects(
+      glia.postMessage(run.run_id, "My words.", { headSeq: second.head_seq }),
+      refusedWith("already_posted", "head_moved", "not_awaiting_input", "run_finished"),
+    ),
+  );
+  await next(run.run_id, second.head_seq); // the other message taken
+  const inputs = (await allEvents(run.run_id)).filter((e) => e.type === "input.received");
+  assert.deepEqual(
+    inputs.map((e) => (e.data as { text: string }).text),
+    ["And one more thing.", "Someone else's words."],
+  );
+});

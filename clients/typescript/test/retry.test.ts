@@ -235,36 +235,42 @@ test("a non-idempotent request whose connection failed after sending is GliaConn
 
 test("a retried message is taken as landed only when the run received its text next", async () => {
   let received: { text: string; redactions?: unknown[] } = { text: "Yes, refund it." };
+  let code = "head_moved";
   const server = await fake((_n, req, res) => {
     if (req.method === "POST" && server.requests.filter((r) => r.method === "POST").length % 2 === 1) {
       res.writeHead(504).end("gateway timeout");
       return;
     }
     if (req.method === "POST") {
-      res.writeHead(409, { "content-type": "application/json" });
-      res.end(JSON.stringify({ error: { code: "head_moved", message: "the run's head is 9, not 7" } }));
+      conflict(res, code);
       return;
     }
-    assert.match(req.url ?? "", /\/events\?after=7/);
+    // The log after the message's head_seq (7) as it is now: the input a worker took.
+    const after = new URL(req.url ?? "", server.url).searchParams.get("after");
+    assert.match(req.url ?? "", /\/events\?/);
+    const events = after === "7" ? [{ run_id: RUN.run_id, seq: 8, at: "2026-12-07T00:00:00Z", type: "input.received", data: received }] : [];
     res.writeHead(200, { "content-type": "application/json" });
-    const event = { run_id: RUN.run_id, seq: 8, at: "2026-12-07T00:00:00Z", type: "input.received", data: received };
-    res.end(JSON.stringify({ events: [event], head_seq: 9, next_after: 8 }));
+    res.end(JSON.stringify({ events, head_seq: 9, next_after: 8 }));
   });
   try {
     const glia = new GliaClient({ baseUrl: server.url, minDelayMs: 10, maxDelayMs: 20 });
-    const posted = await glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 });
-    assert.equal(posted.repeated, true);
-    received = { text: "Something someone else said." };
-    await assert.rejects(
-      glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 }),
-      (e: unknown) => e instanceof GliaError && e.code === "head_moved",
-    );
-    // A redacted message is not this one either: its text is not this text.
-    received = { text: "My card is [redacted].", redactions: [{ guardrail: "card", count: 1 }] };
-    await assert.rejects(
-      glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 }),
-      (e: unknown) => e instanceof GliaError && e.code === "head_moved",
-    );
+    // The run took the message and moved on, is mid-step, or is done.
+    for (code of ["head_moved", "not_awaiting_input", "run_finished"]) {
+      received = { text: "Yes, refund it." };
+      const posted = await glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 });
+      assert.equal(posted.repeated, true, code);
+      received = { text: "Something someone else said." };
+      await assert.rejects(
+        glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 }),
+        (e: unknown) => e instanceof GliaError && e.code === code,
+      );
+      // A redacted message is not this one either: its text is not this text.
+      received = { text: "My card is [redacted].", redactions: [{ guardrail: "card", count: 1 }] };
+      await assert.rejects(
+        glia.postMessage(RUN.run_id, "Yes, refund it.", { headSeq: 7 }),
+        (e: unknown) => e instanceof GliaError && e.code === code,
+      );
+    }
   } finally {
     await server.close();
   }
