@@ -160,8 +160,10 @@ export class GliaError extends Error {
 
 /**
  * The dispatcher could not be reached, or kept answering 502/503/504, for
- * longer than the client's `maxOutageMs` (or the request was not safe to
- * repeat and its one attempt failed that way).
+ * longer than the client's `maxOutageMs`. For a request that is not
+ * repeated once sent, this means no connection could be made: it did not
+ * reach the dispatcher (a connection that failed after it may have is a
+ * {@link GliaConnectionLostError}).
  */
 export class GliaUnreachableError extends Error {
   /** The dispatcher's base URL. */
