@@ -65,6 +65,9 @@ def test_a_retried_decision_that_finds_another_decision_is_raised(
     client: Client, token: str, proxies: Callable[..., LosingProxy], effects_file: Path
 ) -> None:
     run, row = parked_for_approval(client, "Refund order A1 (two approvers race).")
+    # An operator pause holds the run once B's decision lets it go on, so
+    # A's retry finds the call decided (not a later turn or the run's end).
+    client.pause(run.run_id, reason="hold after the decision")
     # A's approve is answered 503 by the gateway, never sent; B rejects meanwhile.
     proxy = proxies(
         first("POST", f"/approvals/{row.call_id}", Act.UNSENT,
@@ -77,7 +80,10 @@ def test_a_retried_decision_that_finds_another_decision_is_raised(
     assert err.value.code in ("already_decided", "call_not_found", "run_finished"), err.value
     assert err.value.attempts == 2
     assert statuses(proxy, "POST", f"/approvals/{row.call_id}") in ([None, 409], [None, 404])
-    client.wait(run.run_id, after=run.head_seq, until="done", timeout=WAIT)
+    [resolved] = [e for e in client.iter_events(run.run_id) if e.type == "approval.resolved"]
+    assert resolved.data["decision"] == {"kind": "reject", "reason": "B was first"}, resolved.data
+    client.cancel(run.run_id, reason="cleanup")
+    client.wait(run.run_id, until="done", timeout=WAIT)
     assert refunds_of(effects_file, run.run_id) == [], "B's reject stands"
 
 
