@@ -49,6 +49,12 @@ pub struct Limits {
     /// The longest wait an MCP call may ask for (`_meta` `glia/wait_ms`,
     /// `_glia_wait_run`'s `wait_ms`; default 10 min).
     pub mcp_max_wait: Duration,
+    /// MCP sessions one principal may hold open on this dispatcher (default
+    /// 100; beyond, `initialize` answers 429 `too_many_mcp_sessions`).
+    pub mcp_sessions_per_principal: usize,
+    /// MCP sessions this dispatcher holds open in all (default 2000, about
+    /// 150 KB each; beyond, `initialize` answers 503 `too_many_mcp_sessions`).
+    pub mcp_sessions: usize,
 }
 
 impl Default for Limits {
@@ -67,6 +73,8 @@ impl Default for Limits {
             event_retention: Duration::from_secs(15 * 60),
             mcp_wait: Duration::from_secs(50),
             mcp_max_wait: Duration::from_secs(600),
+            mcp_sessions_per_principal: 100,
+            mcp_sessions: 2000,
         }
     }
 }

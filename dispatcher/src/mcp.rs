@@ -9,25 +9,27 @@
 //!
 //! Auth: every HTTP request to `/mcp` is authenticated like `/v1` (no token
 //! or an unknown one: 401 with the API's error body) and carries its
-//! [`Principal`] to the handler; a session is bound to the principal that
-//! used it first (another token's request on it is refused). "Not yours"
+//! [`Principal`] to the handler. A session is bound at the HTTP layer to
+//! the principal whose `initialize` opened it ([`sessions::gate`]): a POST,
+//! GET (also a `Last-Event-ID` resume) or DELETE naming another
+//! principal's session answers 404 as for an unknown session. "Not yours"
 //! answers like "not there" (a run of another tenant is an unknown run).
+//! Sessions are capped per principal and in total ([`sessions`]).
 //!
 //! Sessions live in the memory of the dispatcher that opened them (rmcp's
 //! `LocalSessionManager`); behind several dispatchers a client's requests
 //! must reach the same one (sticky routing), else it opens a new session.
 
 mod runs;
+mod sessions;
 pub mod tools;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::middleware;
 use glia_backends::{ApprovalFilter, RunStatus};
 use rmcp::ServerHandler;
 use rmcp::model::{
@@ -39,6 +41,7 @@ use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
+use sessions::{GatedSessions, Sessions};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -72,27 +75,25 @@ pub fn routes(app: &App) -> Router<App> {
     // Longer than the longest call, so a waiting call keeps its session.
     sessions.session_config.keep_alive =
         Some(app.limits.mcp_max_wait + SessionConfig::DEFAULT_KEEP_ALIVE);
+    let owners = Sessions::new(
+        app.limits.mcp_sessions_per_principal,
+        app.limits.mcp_sessions,
+        app.metrics.mcp_sessions.clone(),
+    );
     let factory_app = app.clone();
     let service = StreamableHttpService::new(
         move || Ok(GliaMcp::new(factory_app.clone())),
-        Arc::new(sessions),
+        Arc::new(GatedSessions::new(sessions, owners.clone())),
         config,
     );
+    // 401 without a valid token (like `/v1`: the `Principal` extractor);
+    // then the session check and caps.
     Router::new()
         .route_service("/mcp", service)
-        .route_layer(middleware::from_fn_with_state(app.clone(), authenticate))
-}
-
-/// 401 without a valid token (like `/v1`); else the request goes on with
-/// its principal in its extensions (rmcp hands them to the handler).
-async fn authenticate(
-    State(_): State<App>,
-    p: Principal,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    req.extensions_mut().insert(p);
-    next.run(req).await
+        .route_layer(middleware::from_fn_with_state(
+            app.clone(),
+            move |p: Principal, req, next| sessions::gate(owners.clone(), p, req, next),
+        ))
 }
 
 /// One MCP session's server (a fresh one per session; per request for
@@ -103,20 +104,42 @@ struct GliaMcp {
     session: Arc<Session>,
 }
 
-/// What a session keeps: the principal that opened it, and its calls in
-/// flight (for `notifications/cancelled`).
-#[derive(Default)]
+/// What a session keeps: a random nonce (its idempotency keys: a retried
+/// request of the session finds its run; a fresh one per request without
+/// sessions), and its calls in flight (for `notifications/cancelled`).
 struct Session {
-    owner: OnceLock<Principal>,
+    nonce: String,
     calls: Mutex<HashMap<RequestId, Call>>,
 }
 
-/// A call of an agent tool in flight: its run once admitted, and a cancel
-/// that came before (applied once the run exists).
+impl Default for Session {
+    fn default() -> Session {
+        let mut bytes = [0u8; 16];
+        // No randomness: a nonce from the clock still differs per session
+        // (the keys only need to be unguessable across sessions).
+        if getrandom::fill(&mut bytes).is_err() {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            bytes = nanos.to_le_bytes();
+        }
+        Session {
+            nonce: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+            calls: Mutex::default(),
+        }
+    }
+}
+
+/// A call of an agent tool: its run once admitted, and a cancel that came
+/// before (applied once the run exists; one that came before the call
+/// itself keeps it from starting a run). `active` once the call runs (a
+/// cancel's marker for a call not yet seen is not).
 #[derive(Default)]
 struct Call {
     run: Option<Uuid>,
     cancel: Option<(Principal, String)>,
+    active: bool,
 }
 
 /// How long a cancelled call stays known to its session: rmcp cancels the
@@ -199,33 +222,41 @@ impl GliaMcp {
         }
     }
 
-    /// The request's principal, which must be the session's (the first
-    /// one seen on it).
+    /// The request's principal. The session is the principal's: the HTTP
+    /// layer ([`sessions::gate`]) lets no other principal's request reach it.
     fn caller(&self, extensions: &Extensions) -> Result<Principal, ErrorData> {
-        let p = principal(extensions)?;
-        let owner = self.session.owner.get_or_init(|| p.clone());
-        if *owner != p {
-            return Err(ErrorData::invalid_request(
-                "this MCP session was opened with another token; open a new session",
-                None,
-            ));
-        }
-        Ok(p)
+        principal(extensions)
     }
 
     /// The wait of a call: `requested` ms (none: [`crate::Limits::mcp_wait`]),
-    /// at most [`crate::Limits::mcp_max_wait`]. Errors: invalid params
-    /// naming `field`.
-    fn wait(&self, requested: Option<u64>, field: &str) -> Result<Duration, ErrorData> {
+    /// at most [`crate::Limits::mcp_max_wait`]. Errors: why `requested` is
+    /// too long.
+    fn wait(&self, requested: Option<u64>) -> Result<Duration, String> {
         let max = self.app.limits.mcp_max_wait;
         match requested {
             None => Ok(self.app.limits.mcp_wait.min(max)),
             Some(ms) if u128::from(ms) <= max.as_millis() => Ok(Duration::from_millis(ms)),
-            Some(ms) => Err(bad_args(tools::ArgError {
-                field: field.to_owned(),
-                reason: format!("{ms} is more than the longest wait, {} ms", max.as_millis()),
-            })),
+            Some(ms) => Err(format!(
+                "{ms} is more than the longest wait, {} ms",
+                max.as_millis()
+            )),
         }
+    }
+
+    /// The session's record of call `id`, made active; `None` when a
+    /// cancel for it came already (the call must not start a run).
+    fn register(&self, id: &RequestId) -> Result<Option<()>, ErrorData> {
+        let mut calls = self.calls()?;
+        let call = calls.entry(id.clone()).or_default();
+        call.active = true;
+        Ok(call.cancel.is_none().then_some(()))
+    }
+
+    fn calls(&self) -> Result<std::sync::MutexGuard<'_, HashMap<RequestId, Call>>, ErrorData> {
+        self.session
+            .calls
+            .lock()
+            .map_err(|_| ErrorData::internal_error("the session's calls are poisoned", None))
     }
 
     async fn call_agent(
@@ -235,6 +266,17 @@ impl GliaMcp {
     ) -> Result<CallToolResult, ErrorData> {
         let p = self.caller(&context.extensions)?;
         let name = request.name.to_string();
+        // The call is known to its session from here on: a cancel that
+        // comes at any later point finds it (and one that came before it
+        // keeps it from starting a run).
+        let _guard = CallGuard {
+            session: self.session.clone(),
+            id: context.id.clone(),
+            cancelled: context.ct.clone(),
+        };
+        if self.register(&context.id)?.is_none() || context.ct.is_cancelled() {
+            return Err(call_cancelled());
+        }
         if !p.has(Scope::Submit) {
             return Err(forbidden(Scope::Submit));
         }
@@ -256,14 +298,14 @@ impl GliaMcp {
         let meta = &context.meta.0.0;
         let wait_ms = match meta.get(WAIT_META_KEY) {
             None => None,
-            Some(v) => Some(v.as_u64().ok_or_else(|| {
-                bad_args(tools::ArgError {
-                    field: format!("_meta.{WAIT_META_KEY}"),
-                    reason: "must be a whole number of ms".into(),
-                })
-            })?),
+            Some(v) => Some(
+                whole_ms(v)
+                    .ok_or_else(|| bad_meta(WAIT_META_KEY, "must be a whole number of ms"))?,
+            ),
         };
-        let wait = self.wait(wait_ms, &format!("_meta.{WAIT_META_KEY}"))?;
+        let wait = self
+            .wait(wait_ms)
+            .map_err(|reason| bad_meta(WAIT_META_KEY, &reason))?;
         let key = self.idempotency_key(&context)?;
         crate::admission::check_labels("", &args.tags, &args.metadata).map_err(|e| match e {
             ApiError::InvalidField { field, reason } => bad_args(tools::ArgError { field, reason }),
@@ -279,16 +321,14 @@ impl GliaMcp {
             start_at: None,
             recorded_tools: None,
         };
-        let _guard = CallGuard {
-            session: self.session.clone(),
-            id: context.id.clone(),
-            cancelled: context.ct.clone(),
-        };
-        self.session
-            .calls
-            .lock()
-            .map_err(|_| ErrorData::internal_error("the session's calls are poisoned", None))?
-            .insert(context.id.clone(), Call::default());
+        // A cancel that came while the call was read: no run.
+        let cancelled_early = self
+            .calls()?
+            .get(&context.id)
+            .is_some_and(|c| c.cancel.is_some());
+        if cancelled_early || context.ct.is_cancelled() {
+            return Err(call_cancelled());
+        }
         let (run, created) =
             match crate::admission::admit_run(&self.app, &p.tenant, key, &req, None).await {
                 Ok(admitted) => admitted,
@@ -297,10 +337,7 @@ impl GliaMcp {
         tracing::info!(run_id = %run.run_id, agent = %name, created, tenant = %p.tenant, "run admitted over MCP");
         // A cancel that came while the run was admitted applies now.
         let early = {
-            let mut calls =
-                self.session.calls.lock().map_err(|_| {
-                    ErrorData::internal_error("the session's calls are poisoned", None)
-                })?;
+            let mut calls = self.calls()?;
             let call = calls.entry(context.id.clone()).or_default();
             call.run = Some(run.run_id);
             call.cancel.take()
@@ -334,19 +371,25 @@ impl GliaMcp {
         )
         .await;
         match stop {
-            Stop::Answer(run) => runs::result(&self.app, &run, wait).await.or_else(refused),
-            Stop::Abandoned => Err(ErrorData::internal_error(
-                "the call was cancelled",
-                Some(json!({"code": "cancelled"})),
-            )),
+            // The run exists: a store that fails now still answers its id
+            // and how to wait for it again.
+            Stop::Answer(run) => match runs::result(&self.app, &run, wait).await {
+                Ok(result) => Ok(result),
+                Err(e) => {
+                    tracing::warn!(run_id = %run.run_id, "MCP call: reading where the run stands failed: {e}");
+                    Ok(runs::running(&run, wait, true))
+                }
+            },
+            Stop::Abandoned => Err(call_cancelled()),
         }
     }
 
     /// The call's idempotency key: from the client's `_meta`
     /// [`IDEMPOTENCY_META_KEY`] when given (the same key names the same run
-    /// in any session), else from the MCP session and the request id (a
-    /// retried request of the session finds its run). Hashed, prefixed
-    /// `mcp:`; none for a request without a session or key.
+    /// in any session), else from the session's nonce and the request id (a
+    /// retried request of the session finds its run; without sessions each
+    /// request has its own nonce, so only the `_meta` key makes a retry
+    /// find its run). Hashed, prefixed `mcp:`.
     fn idempotency_key(
         &self,
         context: &RequestContext<RoleServer>,
@@ -356,23 +399,17 @@ impl GliaMcp {
             let key = v.as_str().filter(|k| !k.is_empty() && k.len() <= 1024);
             return match key {
                 Some(k) => Ok(Some(hash(&format!("key\u{0}{k}")))),
-                None => Err(bad_args(tools::ArgError {
-                    field: format!("_meta.{IDEMPOTENCY_META_KEY}"),
-                    reason: "must be a string of 1 to 1024 bytes".into(),
-                })),
+                None => Err(bad_meta(
+                    IDEMPOTENCY_META_KEY,
+                    "must be a string of 1 to 1024 bytes",
+                )),
             };
         }
-        let session = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.headers.get("mcp-session-id"))
-            .and_then(|v| v.to_str().ok());
-        Ok(session.map(|s| {
-            hash(&format!(
-                "session\u{0}{s}\u{0}{}",
-                request_id_text(&context.id)
-            ))
-        }))
+        Ok(Some(hash(&format!(
+            "session\u{0}{}\u{0}{}",
+            self.session.nonce,
+            request_id_text(&context.id)
+        ))))
     }
 
     async fn list_approvals(
@@ -472,7 +509,12 @@ impl GliaMcp {
         args: WaitArgs,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let wait = self.wait(args.wait_ms, "wait_ms")?;
+        let wait = self.wait(args.wait_ms).map_err(|reason| {
+            bad_args(tools::ArgError {
+                field: "wait_ms".into(),
+                reason,
+            })
+        })?;
         let run = match crate::control::visible_run(&self.app, p, args.run_id).await {
             Ok(run) => run,
             Err(e) => return refused(e),
@@ -496,7 +538,11 @@ impl GliaMcp {
         let status = if run.status == RunStatus::Done {
             "done"
         } else {
-            let reason = args.reason.unwrap_or_else(|| "cancelled over MCP".into());
+            let reason = args
+                .reason
+                .map(|r| r.trim().to_owned())
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| "cancelled over MCP".into());
             if let Err(e) =
                 crate::control::cancel_run(&self.app, run.run_id, &reason, &p.by()).await
             {
@@ -515,6 +561,30 @@ impl GliaMcp {
         );
         Ok(result)
     }
+}
+
+/// The error of a call cancelled by its client (or its session's end).
+fn call_cancelled() -> ErrorData {
+    ErrorData::internal_error("the call was cancelled", Some(json!({"code": "cancelled"})))
+}
+
+/// Invalid params for `_meta` key `key` (not an argument of the tool).
+fn bad_meta(key: &str, reason: &str) -> ErrorData {
+    let field = format!("_meta.{key}");
+    ErrorData::invalid_params(
+        format!("{field}: {reason}"),
+        Some(json!({"field": field, "reason": reason})),
+    )
+}
+
+/// A JSON whole number of ms (`5` or `5.0`, as the tools' integer
+/// arguments take it).
+fn whole_ms(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| *f >= 0.0 && f.fract() == 0.0 && *f <= u64::MAX as f64)
+            .map(|f| f as u64)
+    })
 }
 
 fn request_id_text(id: &RequestId) -> String {
@@ -614,7 +684,7 @@ impl ServerHandler for GliaMcp {
             return;
         };
         let Ok(p) = self.caller(&context.extensions) else {
-            tracing::warn!("MCP cancel ignored: not the session's principal");
+            tracing::warn!("MCP cancel ignored: no principal");
             return;
         };
         let reason = notification
@@ -629,6 +699,26 @@ impl ServerHandler for GliaMcp {
                 return;
             };
             let Some(call) = calls.get_mut(&request) else {
+                // The call is not here yet (rmcp runs the request and this
+                // notification as separate tasks) or is over: a marker
+                // keeps a call that comes later from starting a run, and
+                // goes after a while.
+                calls.insert(
+                    request.clone(),
+                    Call {
+                        cancel: Some((p, reason)),
+                        ..Call::default()
+                    },
+                );
+                let session = self.session.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(CANCELLED_CALL_LINGER).await;
+                    if let Ok(mut calls) = session.calls.lock()
+                        && calls.get(&request).is_some_and(|c| !c.active)
+                    {
+                        calls.remove(&request);
+                    }
+                });
                 return;
             };
             match call.run {

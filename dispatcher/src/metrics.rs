@@ -13,6 +13,7 @@
 //! | `glia_dispatcher_relay_errors_total` | counter | – | failed relay passes |
 //! | `glia_dispatcher_jobs_reconciled_total` | counter | – | jobs re-enqueued by the reconciler |
 //! | `glia_dispatcher_sse_streams` | gauge | – | open SSE streams |
+//! | `glia_dispatcher_mcp_sessions` | gauge | – | open MCP sessions (`/mcp`) |
 //! | `glia_dispatcher_runs` | gauge | `status` (`runnable`, `parked`), `pull_point` (parked runs: `awaiting_approval`, `awaiting_tool`, `awaiting_input`, `paused`; else empty) | runs not done (sampled; ended runs are `glia_worker_runs_completed_total`) |
 //! | `glia_dispatcher_approvals_pending` | gauge | – | approvals waiting for a decision (sampled) |
 //! | `glia_dispatcher_approvals_overdue` | gauge | – | pending approvals past their deadline (sampled) |
@@ -131,6 +132,8 @@ pub struct Metrics {
     pub retention_errors: Counter,
     /// Open SSE streams.
     pub sse_streams: Gauge,
+    /// Open MCP sessions.
+    pub mcp_sessions: Gauge,
     /// Runs not done, by status and pull point (sampled).
     pub runs: Family<RunLabels, Gauge>,
     /// Pending approvals (sampled).
@@ -176,6 +179,7 @@ impl Metrics {
             eval_cells_graded: Counter::default(),
             retention_errors: Counter::default(),
             sse_streams: Gauge::default(),
+            mcp_sessions: Gauge::default(),
             runs: Family::default(),
             approvals_pending: Gauge::default(),
             approvals_overdue: Gauge::default(),
@@ -248,6 +252,7 @@ impl Metrics {
             "Open SSE event streams",
             m.sse_streams.clone(),
         );
+        registry.register("mcp_sessions", "Open MCP sessions", m.mcp_sessions.clone());
         registry.register(
             "runs",
             "Runs not done in the event log, by status and pull point (sampled)",

@@ -53,6 +53,10 @@ pub fn needs_outside(point: &PullPoint) -> bool {
 const RECHECK: Duration = Duration::from_secs(1);
 /// Failed log reads in a row after which the call stops waiting.
 const MAX_FAILURES: u32 = 20;
+/// The longest a progress notification may take to go out (a client that
+/// stops reading its stream): after it, the call sends no more progress
+/// and still answers by its deadline.
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Follow run `run` (as admitted or last read) from event `after` until
 /// `deadline` or `cancelled` resolves; each event read is sent to
@@ -72,14 +76,23 @@ pub async fn follow(
     let mut failures = 0u32;
     let mut checked = Instant::now();
     let mut check = true;
+    let mut stalled = false;
     loop {
         match app.log.events(id, after, app.limits.stream_page).await {
             Ok(events) => {
                 failures = 0;
                 let full = events.len() == app.limits.stream_page;
                 for e in &events {
-                    if let Some(p) = progress {
-                        notify(p, id, e).await;
+                    if let Some(p) = progress.filter(|_| !stalled) {
+                        let give_up = deadline.min(Instant::now() + NOTIFY_TIMEOUT);
+                        tokio::select! {
+                            _ = notify(p, id, e) => {}
+                            _ = tokio::time::sleep_until(give_up) => {
+                                tracing::debug!(run_id = %id, "MCP progress stalled (the client reads no more); no more progress for this call");
+                                stalled = true;
+                            }
+                            _ = &mut cancelled => return Stop::Abandoned,
+                        }
                     }
                     after = e.seq;
                 }
@@ -267,16 +280,7 @@ pub async fn result(
         _ => None,
     };
     let Some(point) = parked else {
-        body["status"] = json!("running");
-        if let Some(point) = &run.pull_point {
-            body["pull_point"] = json!(point);
-        }
-        body["next"] = json!([wait_next]);
-        let text = format!(
-            "The run {id} is still running after the wait limit ({} s). Call {WAIT_RUN} with {{\"run_id\": \"{id}\"}} to wait for it again.",
-            wait.as_secs()
-        );
-        return Ok(answer(text, body, false));
+        return Ok(running(run, wait, false));
     };
     body["status"] = json!("waiting");
     body["pull_point"] = json!(point);
@@ -353,6 +357,26 @@ pub async fn result(
     next.push(wait_next);
     body["next"] = Value::Array(next);
     Ok(answer(text, body, false))
+}
+
+/// The "running" continue result of `run` (not done, or where it waits
+/// could not be read: `unread`): its id and how to wait for it again.
+pub fn running(run: &RunSummary, wait: Duration, unread: bool) -> CallToolResult {
+    let id = run.run_id;
+    let mut body = json!({"run_id": id, "status": "running"});
+    if let Some(point) = &run.pull_point {
+        body["pull_point"] = json!(point);
+    }
+    body["next"] = json!([{"action": "wait", "tool": WAIT_RUN, "arguments": {"run_id": id}, "http": format!("GET /v1/runs/{id}/events/stream")}]);
+    let why = if unread {
+        "glia could not read where it stands (its store failed)".to_owned()
+    } else {
+        format!("still running after the wait limit ({} s)", wait.as_secs())
+    };
+    let text = format!(
+        "The run {id} is {why}. Call {WAIT_RUN} with {{\"run_id\": \"{id}\"}} to wait for it again."
+    );
+    answer(text, body, false)
 }
 
 /// A result: `text`, then `body` as JSON text (for clients that read only
