@@ -20,9 +20,9 @@ use glia_testkit::fleet::{Fleet, http_as};
 use serde_json::{Value, json};
 
 /// `tok-acme`: tenant `acme`, submit and approve; `tok-other`: tenant
-/// `other`, submit and approve; `tok-agents`: tenant `acme`, agents only.
-const TOKENS: &str =
-    "tok-acme:acme:submit,approve:ana tok-other:other:submit,approve tok-agents:acme:agents";
+/// `other`, submit and approve; `tok-agents`: tenant `acme`, agents only;
+/// `tok-submit`: tenant `acme`, submit only.
+const TOKENS: &str = "tok-acme:acme:submit,approve:ana tok-other:other:submit,approve tok-agents:acme:agents tok-submit:acme:submit";
 
 /// The fleet's scripts: `answer` answers at once; `refund` looks order A1
 /// up and refunds it (the agent requires approval of the refund); `slow`

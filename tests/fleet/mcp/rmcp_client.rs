@@ -16,6 +16,10 @@ use serde_json::{Value, json};
 
 /// Generous: a story takes seconds; the deadline only stops a hang.
 const DEADLINE: Duration = Duration::from_secs(180);
+/// The wait every agent call asks for (`_meta` `glia/wait_ms`; the
+/// server's longest): on a loaded machine the default 50 s may pass before
+/// a run ends, and the call would answer "running".
+const LONG_WAIT_MS: u64 = 600_000;
 
 /// A client that keeps every progress notification it receives.
 #[derive(Clone, Default)]
@@ -42,15 +46,42 @@ impl ClientHandler for Recorder {
 }
 
 impl Recorder {
-    /// The progress messages of the request with `token`'s progress token.
+    /// The progress messages of the request with `token`'s progress token,
+    /// in progress order (rmcp's client hands notifications to spawned
+    /// tasks, so they may be recorded out of order).
     fn messages(&self, token: &rmcp::model::ProgressToken) -> Vec<String> {
-        self.progress
+        let mut seen: Vec<(f64, String)> = self
+            .progress
             .lock()
             .unwrap()
             .iter()
             .filter(|p| &p.progress_token == token)
-            .filter_map(|p| p.message.clone())
-            .collect()
+            .filter_map(|p| p.message.clone().map(|m| (p.progress, m)))
+            .collect();
+        seen.sort_by(|a, b| a.0.total_cmp(&b.0));
+        seen.into_iter().map(|(_, m)| m).collect()
+    }
+
+    /// The progress messages of `token` once one contains `needle` (they
+    /// may be recorded after the call's answer), or a panic after
+    /// [`DEADLINE`].
+    async fn messages_until(
+        &self,
+        token: &rmcp::model::ProgressToken,
+        needle: &str,
+    ) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let messages = self.messages(token);
+            if messages.iter().any(|m| m.contains(needle)) {
+                return messages;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no progress with {needle:?}: {messages:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// The run id the progress of `token` names (`_meta` `glia/run_id`).
@@ -97,9 +128,38 @@ async fn connect(
     Ok((service, recorder))
 }
 
+/// A call of tool `name`; an agent's asks for [`LONG_WAIT_MS`].
 fn call(name: &str, args: Value) -> CallToolRequestParams {
-    CallToolRequestParams::new(name.to_owned())
-        .with_arguments(args.as_object().cloned().unwrap_or_default())
+    let mut params = CallToolRequestParams::new(name.to_owned())
+        .with_arguments(args.as_object().cloned().unwrap_or_default());
+    if !name.starts_with("_glia_") {
+        let mut meta = rmcp::model::RequestMetaObject::default();
+        meta.0.0.insert("glia/wait_ms".into(), json!(LONG_WAIT_MS));
+        params.meta = Some(meta);
+    }
+    params
+}
+
+/// Waits with `_glia_wait_run` until run `run_id` is no longer "running"
+/// (each wait as long as the server allows), answering the last result.
+async fn wait_run(service: &RunningService<RoleClient, Recorder>, run_id: &str) -> CallToolResult {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let result = call_tool(
+            service,
+            "_glia_wait_run",
+            json!({"run_id": run_id, "wait_ms": LONG_WAIT_MS}),
+        )
+        .await
+        .expect("_glia_wait_run answers");
+        let still_running = result
+            .structured_content
+            .as_ref()
+            .is_some_and(|b| b["status"] == "running");
+        if !still_running || tokio::time::Instant::now() >= deadline {
+            return result;
+        }
+    }
 }
 
 async fn call_tool(
@@ -193,6 +253,7 @@ fn agents_are_tools_that_answer_or_say_how_to_continue() {
             .await
             .unwrap();
         let token = handle.progress_token.clone();
+        let request_id = handle.id.clone();
         let ServerResult::CallToolResult(done) = handle.await_response().await.expect("the call answers") else {
             panic!("not a tool result")
         };
@@ -202,19 +263,28 @@ fn agents_are_tools_that_answer_or_say_how_to_continue() {
         assert_eq!(body["status"], "succeeded");
         assert_eq!(body["answer"], "Done: the goal is met.");
         let run_id = body["run_id"].as_str().unwrap().to_owned();
-        let messages = recorder.messages(&token);
+        let messages = recorder.messages_until(&token, "session.complete").await;
         assert!(messages.first().is_some_and(|m| m.starts_with("1 session.start")), "{messages:?}");
         assert!(messages.iter().any(|m| m.contains("session.complete: succeeded")), "{messages:?}");
         assert_eq!(recorder.run_id(&token).as_deref(), Some(run_id.as_str()));
         let (_, run) = http("GET", format!("{}/v1/runs/{run_id}", fleet.server), None, Some("tok-acme")).await;
         assert_eq!((run["agent"].as_str(), run["tags"].clone()), (Some("answerer"), json!(["mcp"])));
+        // A cancel for the call once it answered changes nothing: the run
+        // stays succeeded and the session goes on.
+        service
+            .peer()
+            .notify_cancelled(rmcp::model::CancelledNotificationParam::new(Some(request_id), Some("too late".into())))
+            .await
+            .expect("the notification is sent");
+        assert!(service.peer().list_all_tools().await.is_ok(), "the session goes on");
+        let (_, run) = http("GET", format!("{}/v1/runs/{run_id}", fleet.server), None, Some("tok-acme")).await;
+        assert_eq!(run["outcome"]["kind"], "succeeded", "{run}");
 
         // A retried call (same idempotency key) finds the same run.
         let keyed = |goal: &str| {
             let mut params = call("answerer", json!({"goal": goal}));
-            let mut meta = rmcp::model::RequestMetaObject::default();
+            let meta = params.meta.get_or_insert_with(Default::default);
             meta.0.0.insert("glia/idempotency_key".into(), json!("retry-1"));
-            params.meta = Some(meta);
             params
         };
         let first = structured(&service.peer().call_tool(keyed("Once.")).await.unwrap());
@@ -237,6 +307,21 @@ fn agents_are_tools_that_answer_or_say_how_to_continue() {
         let run_id = body["run_id"].as_str().unwrap().to_owned();
         assert!(fleet.api.effects().iter().all(|l| !l.contains(&run_id)), "nothing refunded before the decision");
 
+        // A token that may submit but not approve cannot decide it.
+        let (submitter, _) = connect(&fleet, Some("tok-submit")).await.expect("connects");
+        let seen = submitter.peer().list_all_tools().await.unwrap();
+        assert!(seen.iter().all(|t| t.name != "_glia_decide_approval"), "{seen:?}");
+        match call_tool(
+            &submitter,
+            "_glia_decide_approval",
+            json!({"run_id": run_id, "call_id": approval["call_id"], "decision": "approve", "args_hash": approval["args_hash"]}),
+        )
+        .await
+        {
+            Err(ServiceError::McpError(e)) => assert!(e.message.contains("approve"), "{e:?}"),
+            other => panic!("a submit-only token decided: {other:?}"),
+        }
+        submitter.cancel().await.unwrap();
         let listed = structured(&call_tool(&service, "_glia_list_approvals", json!({})).await.unwrap());
         assert!(listed["approvals"].as_array().unwrap().iter().any(|a| a["run_id"] == run_id.as_str() && a["call_id"] == approval["call_id"]), "{listed}");
         let decided = call_tool(
@@ -247,7 +332,7 @@ fn agents_are_tools_that_answer_or_say_how_to_continue() {
         .await
         .unwrap();
         assert_eq!(decided.is_error, Some(false), "{decided:?}");
-        let finished = call_tool(&service, "_glia_wait_run", json!({"run_id": run_id})).await.unwrap();
+        let finished = wait_run(&service, &run_id).await;
         let body = structured(&finished);
         assert_eq!((body["status"].clone(), body["answer"].clone()), (json!("succeeded"), json!("Order A1 is refunded.")), "{body}");
         let again = call_tool(

@@ -17,9 +17,11 @@ await client.connect(transport);
 const { tools } = await client.listTools();
 const progress = [];
 const result = await client.callTool(
-  { name: "answerer", arguments: { goal: "Say done." } },
+  // Wait for the run as long as the server allows (a loaded machine may
+  // take longer than the default wait); the SDK's own timeout is longer.
+  { name: "answerer", arguments: { goal: "Say done." }, _meta: { "glia/wait_ms": 600000 } },
   undefined,
-  { onprogress: (p) => progress.push(p.message ?? String(p.progress)), timeout: 120000 },
+  { onprogress: (p) => progress.push(p.message ?? String(p.progress)), timeout: 660000 },
 );
 let refused = null;
 try {
