@@ -267,35 +267,30 @@ async fn sessions_are_capped_per_principal_and_in_total() {
     };
     let a1 = open_session(&h, common::SUB_A).await;
     let _a2 = open_session(&h, common::SUB_A).await;
-    let r = mcp(
-        &h,
-        Method::POST,
+    let refused = |token: &'static str, status: StatusCode, what: &'static str| {
+        let h = &h;
+        async move {
+            let r = mcp(h, Method::POST, token, None, &[], Some(initialize())).await;
+            assert_eq!(
+                (r.status, r.code()),
+                (status, "too_many_mcp_sessions"),
+                "{what}"
+            );
+        }
+    };
+    refused(
         common::SUB_A,
-        None,
-        &[],
-        Some(initialize()),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a third session of one token",
     )
     .await;
-    assert_eq!(
-        (r.status, r.code()),
-        (StatusCode::TOO_MANY_REQUESTS, "too_many_mcp_sessions"),
-        "a third session of one token"
-    );
     let _b1 = open_session(&h, common::SUB_B).await;
-    let r = mcp(
-        &h,
-        Method::POST,
+    refused(
         common::SUB_B,
-        None,
-        &[],
-        Some(initialize()),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a fourth session in all",
     )
     .await;
-    assert_eq!(
-        (r.status, r.code()),
-        (StatusCode::SERVICE_UNAVAILABLE, "too_many_mcp_sessions"),
-        "a fourth session in all"
-    );
     let metrics = common::send(
         &h.router,
         common::request(Method::GET, "/metrics", None, None),
