@@ -75,6 +75,25 @@ def test_a_stale_view_is_refused(client: Client) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_wait_past_keep_alives_gives_up_at_its_deadline(client: Client, glia_url: str, token: str) -> None:
+    # The dispatcher sends a keep-alive every 15 s while the run waits; they
+    # are no events, so only the deadline itself can end these waits (before
+    # the fix they followed the stream until the approval was decided).
+    run, row = parked_for_approval(client, "Refund order A1 (a long wait).")
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout):
+        client.wait(run.run_id, after=run.head_seq, timeout=17)
+    assert 17 <= time.monotonic() - started < 120
+    async with AsyncClient(glia_url, token) as glia:
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout) as waited:
+            await glia.wait(run.run_id, after=run.head_seq, timeout=17)
+        assert 17 <= time.monotonic() - started < 120
+    assert waited.value.run.status == "parked"
+    client.reject(run.run_id, row.call_id, reason="cleanup")
+
+
+@pytest.mark.anyio
 async def test_bulk_decisions_answer_per_item(
     client: Client, glia_url: str, token: str, token_other: str, effects_file: Path
 ) -> None:

@@ -5,6 +5,7 @@ sending and sleeping differ."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -98,8 +99,20 @@ class AsyncClient:
                     it = frames.setdefault(
                         id(step.response), EventSource(step.response).aiter_sse()
                     )
+                    wait = (
+                        math.inf
+                        if step.deadline is None
+                        else max(step.deadline - time.monotonic(), 0.0)
+                    )
                     try:
-                        reply = await anext(it, None)
+                        with anyio.move_on_after(wait) as scope:
+                            reply = await anext(it, None)
+                        if scope.cancelled_caught:
+                            # The deadline cut the read (keep-alives are no
+                            # frames): the answer is not read further.
+                            frames.pop(id(step.response), None)
+                            await it.aclose()
+                            reply = httpx.ReadTimeout("the wait's deadline passed")
                     except httpx.TransportError as e:
                         reply = e
                 elif isinstance(step, NextLine):

@@ -6,6 +6,8 @@ sleep) differs."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -114,10 +116,14 @@ class Client:
                     it = frames.setdefault(
                         id(step.response), EventSource(step.response).iter_sse()
                     )
+                    cut = _cut_at(step.response, step.deadline)
                     try:
                         reply = next(it, None)
                     except httpx.TransportError as e:
                         reply = e
+                    finally:
+                        if cut is not None:
+                            cut.cancel()
                 elif isinstance(step, NextLine):
                     it = lines.setdefault(id(step.response), step.response.iter_lines())
                     try:
@@ -574,3 +580,26 @@ class Client:
     def webhook_deliveries(self, webhook_id: str) -> models.Deliveries:
         """A subscription's delivery log, newest first."""
         return self._call(ops.webhook_deliveries(str(webhook_id)))
+
+
+def _cut_at(response: httpx.Response, deadline: float | None) -> threading.Timer | None:
+    """A timer that shuts the answer's socket down at ``deadline``
+    (``time.monotonic()``), waking a read blocked on it (the read then fails
+    as a transport error); ``None`` without a deadline. Cancel it once the
+    read returned."""
+    if deadline is None:
+        return None
+
+    def shut() -> None:
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
+
+    timer = threading.Timer(max(deadline - time.monotonic(), 0.0), shut)
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -70,9 +70,13 @@ class ReadAll:
 class NextFrame:
     """The next server-sent event of an open answer. Outcome: an object with
     ``event`` and ``data`` (httpx-sse's ``ServerSentEvent``), ``None`` at the
-    end, or the ``httpx.TransportError`` that broke it."""
+    end, or the ``httpx.TransportError`` that broke it. With a ``deadline``
+    (``time.monotonic()``), the read is cut at that time (the outcome is
+    then a transport error): the dispatcher's keep-alives (every 15 s) are
+    no frames, so a read timeout alone would never fire."""
 
     response: httpx.Response
+    deadline: float | None = None
 
 
 @dataclass
@@ -216,7 +220,12 @@ def follow(http: Http, settings: Settings, f: EventFollow) -> Steps[None]:
     while True:
         response = yield from open_stream(http, settings, f.call(), f.outage, f.timeout())
         f.connected(response)
-        why = yield from records(response, NextFrame, handle, "the stream ended before the run did")
+        why = yield from records(
+            response,
+            lambda r: NextFrame(r, f.deadline),
+            handle,
+            "the stream ended before the run did",
+        )
         if why is None:
             return
         yield Sleep(f.broken(why))
