@@ -1841,6 +1841,9 @@ impl Agent {
             };
             run.record(kind).await?;
         }
+        // 3b. Arguments an approver edited are asked about again, like the
+        //     model's: no hook or policy is undone by an edit.
+        self.recheck_edited(run).await?;
         // 4. Run what may run, concurrently; record results in call order.
         self.execute(run).await?;
         // 5. Park on what is still due.
@@ -2027,6 +2030,71 @@ impl Agent {
             .await?;
         }
         Ok(Decided::Recorded)
+    }
+
+    /// Calls a worker is about to run with arguments an approver edited
+    /// ([`glia_proto::PendingCall::edited`]): the `before_tool_call` hooks
+    /// (in-process, then HTTP; their answers recorded under the edited
+    /// payload's key, so a resume does not ask again) and the policies see
+    /// the edited arguments first. A hook's cancel or skip, a hook's change
+    /// (the person approved these arguments, not the changed ones), a
+    /// failure under `fail_closed`, or a policy's deny refuses the call
+    /// (`tool.error`, the model reads why); it never runs. Calls the caller
+    /// runs (external tools) are the caller's: it was given the edited
+    /// arguments with the approval.
+    async fn recheck_edited(&self, run: &mut Run<'_>) -> Result<(), AgentError> {
+        let edited: Vec<(String, String, Value)> = run
+            .state
+            .pending_calls
+            .iter()
+            .filter(|c| c.edited && c.result.is_none() && !c.external)
+            .filter(|c| c.approval == ApprovalStatus::Approved)
+            .map(|c| (c.call_id.clone(), c.name.clone(), c.input.clone()))
+            .collect();
+        for (call_id, name, input) in edited {
+            let fired = self
+                .fire(
+                    run,
+                    HookTopic::BeforeToolCall,
+                    json!({ "call_id": call_id, "name": name, "input": input }),
+                )
+                .await?;
+            let changed = fired.payload.get("input").is_some_and(|i| *i != input);
+            let refused = match &fired.verdict {
+                Verdict::Cancel(reason) => Some((
+                    ToolErrorKind::Cancelled,
+                    format!("A person edited this call's arguments, and a hook refused the edited ones: {reason}"),
+                )),
+                Verdict::Skip => Some((
+                    ToolErrorKind::Cancelled,
+                    "A person edited this call's arguments, and a hook skipped the edited call.".to_owned(),
+                )),
+                _ if changed => Some((
+                    ToolErrorKind::Cancelled,
+                    "A person edited this call's arguments, and a hook changed the edited ones; arguments no person approved are not run.".to_owned(),
+                )),
+                _ => match CompiledPolicies::new(&run.state.config.policies)
+                    .map(|p| p.decide(&name, &input))
+                {
+                    Err(e) => Some((ToolErrorKind::Denied, format!("Denied: {e}"))),
+                    Ok(PolicyAction::Deny { reason }) => Some((
+                        ToolErrorKind::Denied,
+                        format!("A person edited this call's arguments, and a policy denies the edited ones: {reason}"),
+                    )),
+                    Ok(_) => None,
+                },
+            };
+            if let Some((error, message)) = refused {
+                run.record(EventKind::ToolError {
+                    call_id,
+                    error,
+                    message,
+                    duration_ms: 0,
+                })
+                .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Run every call that is cleared and has no result, concurrently, then
@@ -2768,7 +2836,7 @@ impl Agent {
                 Some(h) if h.has(hook) => {}
                 Some(_) => {
                     return Err(AgentError::Config(format!(
-                        "hooks[{i}]: {hook:?} is not a hook in this worker's catalogue"
+                        "hooks[{i}]: {hook:?} is not a hook available to this run"
                     )));
                 }
                 None => {

@@ -49,7 +49,7 @@
 //! timeout_ms = 2000                   # default 5000
 //! on_failure = "closed"               # or "open"
 //! tenants = ["acme"]                  # optional: only these tenants' runs
-//! agents = ["support"]                # optional: only runs of these agents
+//! agents = ["support"]                # optional, beside tenants: only runs of these agents
 //! apply = "always"                    # default; "when_named": only runs naming it in `hooks`
 //! ```
 
@@ -107,7 +107,9 @@ pub struct HookEntry {
     #[serde(default)]
     pub tenants: Option<Vec<String>>,
     /// Only runs of these agents (by registry name); `None` = every run.
-    /// For `apply = "always"` only.
+    /// For `apply = "always"` only, and only beside `tenants` (agent names
+    /// are unique within a tenant, so the hook applies to runs of these
+    /// agents of the tenants listed).
     #[serde(default)]
     pub agents: Option<Vec<String>>,
     /// `always` (default): every run `tenants` and `agents` admit, whatever
@@ -123,8 +125,19 @@ impl HookEntry {
     /// unset variable or a value that is not `whsec_` + base64; the reason
     /// names the variable, never the value.
     pub fn secret(&self, name: &str) -> Result<String, (String, String)> {
+        self.secret_from(name, &|var| std::env::var(var).ok())
+    }
+
+    /// Like [`HookEntry::secret`], reading the variable through `lookup`
+    /// (the process environment in a worker; tests give their own, since
+    /// setting a process variable while other threads run is unsound).
+    pub fn secret_from(
+        &self,
+        name: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<String, (String, String)> {
         let at = || format!("hooks.{name}.secret_env");
-        let value = std::env::var(&self.secret_env).map_err(|_| {
+        let value = lookup(&self.secret_env).ok_or_else(|| {
             (
                 at(),
                 format!("the environment variable {} is not set", self.secret_env),
@@ -552,6 +565,15 @@ impl Catalogue {
                     }
                 }
             }
+            // Agent names are unique within a tenant only: an `agents`
+            // list alone would reach another tenant's agent of that name.
+            if h.agents.is_some() && h.tenants.is_none() {
+                return Err((
+                    at("agents"),
+                    "needs `tenants` beside it: agent names are unique within a tenant only, so `agents` alone would reach other tenants' agents of those names"
+                        .into(),
+                ));
+            }
             if h.apply == HookApply::WhenNamed && h.agents.is_some() {
                 return Err((
                     at("agents"),
@@ -672,7 +694,7 @@ impl Catalogue {
             if !self.hooks.contains_key(hook) {
                 return Err(ConfigError {
                     field: format!("hooks[{i}]"),
-                    reason: format!("{hook:?} is not a hook in this fleet's catalogue"),
+                    reason: format!("{hook:?} is not a hook available to this run"),
                 });
             }
         }

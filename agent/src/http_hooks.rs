@@ -44,6 +44,26 @@ use crate::hooks::Verdict;
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// The most characters of a `reason` (the model may read it).
 pub const MAX_REASON_CHARS: usize = 2_000;
+/// The most steps an `after_plan` answer's `steps` may hold.
+pub const MAX_PLAN_STEPS: usize = 64;
+/// The most characters of one step's description (`after_plan`'s
+/// `steps[i]`, `before_step`'s `description`).
+pub const MAX_STEP_CHARS: usize = 4_000;
+
+/// A step description a hook gave, checked: not blank, at most
+/// [`MAX_STEP_CHARS`] characters. `field` names it in the error.
+fn step_text(field: &str, text: &str) -> Result<(), Failure> {
+    if text.trim().is_empty() {
+        return Err((HookOutcome::BadAnswer, format!("`{field}` is blank")));
+    }
+    if text.chars().count() > MAX_STEP_CHARS {
+        return Err((
+            HookOutcome::BadAnswer,
+            format!("`{field}` is over {MAX_STEP_CHARS} characters"),
+        ));
+    }
+    Ok(())
+}
 
 /// Where a worker reads the tenant of a run (the fleet's event log: the
 /// run's summary). Only asked when a catalogue hook has `tenants`, or to
@@ -71,12 +91,20 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// One catalogue hook with its secret read from the environment.
-#[derive(Debug)]
+/// One catalogue hook with its secret read from the environment. Its
+/// `Debug` shows its name only (a URL's query may hold a token).
 pub struct HttpHook {
     name: String,
     entry: HookEntry,
     secret: Secret,
+}
+
+impl std::fmt::Debug for HttpHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpHook")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HttpHook {
@@ -142,9 +170,19 @@ impl HttpHooks {
     /// that is unset or not a `whsec_` secret; the reason never holds a
     /// value.
     pub fn from_catalogue(catalogue: &Catalogue) -> Result<HttpHooks, (String, String)> {
+        Self::from_catalogue_with(catalogue, &|var| std::env::var(var).ok())
+    }
+
+    /// Like [`HttpHooks::from_catalogue`], each secret read through
+    /// `lookup` (variable name to value) instead of the process
+    /// environment.
+    pub fn from_catalogue_with(
+        catalogue: &Catalogue,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<HttpHooks, (String, String)> {
         let mut hooks = Vec::new();
         for (name, entry) in &catalogue.hooks {
-            let secret = entry.secret(name)?;
+            let secret = entry.secret_from(name, lookup)?;
             hooks.push(Arc::new(HttpHook {
                 name: name.clone(),
                 entry: entry.clone(),
@@ -212,16 +250,17 @@ impl HttpHooks {
         };
         for (i, name) in named.iter().enumerate() {
             let field = format!("hooks[{i}]");
-            let Some(h) = self.hooks.iter().find(|h| &h.name == name) else {
-                return Err(ScopeError::Refused {
-                    field,
-                    reason: format!("{name:?} is not a hook in this worker's catalogue"),
-                });
+            // One answer whether the catalogue lacks the hook or keeps it
+            // from this tenant: a tenant learns nothing of other tenants'
+            // hooks.
+            let available = match self.hooks.iter().find(|h| &h.name == name) {
+                Some(h) => admits_tenant(h)?,
+                None => false,
             };
-            if !admits_tenant(h)? {
+            if !available {
                 return Err(ScopeError::Refused {
                     field,
-                    reason: format!("hook {name:?} is not available to this run's tenant"),
+                    reason: format!("{name:?} is not a hook available to this run"),
                 });
             }
         }
@@ -478,7 +517,9 @@ impl Answer {
     /// | after_tool_call | allow | `content` |
     ///
     /// A change comes with `allow` only; `deny` and `pause` need a
-    /// non-blank `reason` of at most [`MAX_REASON_CHARS`]. Anything else is
+    /// non-blank `reason` of at most [`MAX_REASON_CHARS`]. `steps` holds 1
+    /// to [`MAX_PLAN_STEPS`] steps; each step and a `description` are
+    /// non-blank, at most [`MAX_STEP_CHARS`] characters. Anything else is
     /// `bad_answer`.
     pub fn read(topic: HookTopic, bytes: &[u8]) -> Result<(Option<Change>, Verdict), Failure> {
         let bad = |why: String| (HookOutcome::BadAnswer, why);
@@ -515,12 +556,27 @@ impl Answer {
             if topic != AfterPlan {
                 return Err(bad(format!("{} takes no `steps`", topic.name())));
             }
+            if steps.is_empty() {
+                return Err(bad(
+                    "`steps` is empty; a plan has at least one step (deny to stop the run)".into(),
+                ));
+            }
+            if steps.len() > MAX_PLAN_STEPS {
+                return Err(bad(format!(
+                    "`steps` holds {} steps, more than {MAX_PLAN_STEPS}",
+                    steps.len()
+                )));
+            }
+            for (i, step) in steps.iter().enumerate() {
+                step_text(&format!("steps[{i}]"), step)?;
+            }
             changes.push(("steps", json!(steps)));
         }
         if let Some(description) = a.description {
             if topic != BeforeStep {
                 return Err(bad(format!("{} takes no `description`", topic.name())));
             }
+            step_text("description", &description)?;
             changes.push(("description", Value::String(description)));
         }
         if let Some(content) = a.content {

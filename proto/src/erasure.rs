@@ -206,6 +206,21 @@ impl Decision {
     }
 }
 
+impl crate::HookCall {
+    /// This hook call erased: the key's last part, a hash of the payload
+    /// (arguments, descriptions, results), becomes `erased`
+    /// (`before_tool_call:3:c1:erased`); its topic, turn and subject, the
+    /// outcome and the duration stay. (A resumed erased run asks its hooks
+    /// again rather than take an answer about content it no longer holds.)
+    pub fn erased(&self) -> crate::HookCall {
+        let point = self.key.rsplit_once(':').map_or("", |(point, _)| point);
+        crate::HookCall {
+            key: format!("{point}:erased"),
+            ..self.clone()
+        }
+    }
+}
+
 impl Payload {
     /// This posted payload erased: a decision's edit and reason, an external
     /// result's text, a user's message, a pause's or cancel's reason become
@@ -535,7 +550,7 @@ impl EventKind {
             } => K::HookApplied {
                 topic: *topic,
                 hook: hook.clone(),
-                call: call.clone(),
+                call: call.as_ref().map(crate::HookCall::erased),
                 effect: match effect {
                     HookEffect::Continued => HookEffect::Continued,
                     HookEffect::Modified { .. } => HookEffect::Modified {
@@ -587,6 +602,33 @@ mod tests {
         assert_eq!(classify(TOMBSTONE), Some(Insert::Erased));
         assert_eq!(erased_text(""), "");
         assert_eq!(erased_text("Alice's card 4242"), TOMBSTONE);
+    }
+
+    #[test]
+    fn a_hook_calls_payload_hash_is_erased() {
+        let applied = EventKind::HookApplied {
+            topic: crate::HookTopic::BeforeToolCall,
+            hook: "limit".into(),
+            effect: HookEffect::Continued,
+            call: Some(crate::HookCall {
+                key: "before_tool_call:3:c1:0123456789abcdef".into(),
+                outcome: crate::HookOutcome::Answered,
+                duration_ms: 12,
+            }),
+        };
+        let EventKind::HookApplied { call, hook, .. } = applied.erased() else {
+            unreachable!()
+        };
+        let call = call.unwrap();
+        assert_eq!(call.key, "before_tool_call:3:c1:erased");
+        assert_eq!(hook, "limit");
+        assert_eq!(call.outcome, crate::HookOutcome::Answered);
+        assert_eq!(call.duration_ms, 12);
+        assert!(
+            !serde_json::to_string(&call)
+                .unwrap()
+                .contains("0123456789abcdef")
+        );
     }
 
     #[test]

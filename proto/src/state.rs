@@ -97,6 +97,11 @@ pub struct PendingCall {
     /// [`Disposition::Child`]): the child it starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<crate::children::ChildCall>,
+    /// An approver edited the arguments (`approval.resolved` with `edit`):
+    /// the worker asks the `before_tool_call` hooks and the policies about
+    /// the edited `input` before it runs the call (`docs/hooks.md`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub edited: bool,
 }
 
 impl PendingCall {
@@ -594,6 +599,7 @@ impl RunState {
                         interrupted: false,
                         wait: None,
                         child: None,
+                        edited: false,
                     })
                     .collect();
                 let mut ids: Vec<&str> = calls.iter().map(|c| c.call_id.as_str()).collect();
@@ -789,6 +795,7 @@ impl RunState {
                     Decision::Approve => call.approval = ApprovalStatus::Approved,
                     Decision::Edit { input } => {
                         call.approval = ApprovalStatus::Approved;
+                        call.edited = true;
                         self.set_call_input(call_id, input);
                     }
                     Decision::Reject { .. } | Decision::Expire => {

@@ -543,6 +543,12 @@ impl Worker {
                     warn!(%run_id, error = %e, "budget gate unavailable; retrying after the lease lapses");
                     return Handled::Retry;
                 }
+                Err(AgentError::Hooks(e)) => {
+                    // The run's tenant (which decides its hooks) could not
+                    // be read: nothing was advanced without its hooks.
+                    warn!(%run_id, error = %e, "the run's hooks cannot be decided (its tenant could not be read); retrying after the lease lapses");
+                    return Handled::Retry;
+                }
                 Err(AgentError::ToolSource {
                     reason,
                     retry_in_ms,

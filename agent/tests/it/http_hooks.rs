@@ -33,6 +33,12 @@ enum Reply {
     Garbage,
     /// Never answers (the worker's timeout ends the call).
     Hang,
+    /// Answers with this status and an allowing body.
+    Status(u16),
+    /// A 2xx whose body is over the 1 MiB the worker reads.
+    Huge,
+    /// A redirect to an allowing answer (which the worker must not follow).
+    Redirect,
 }
 
 /// A hook server: every request's signature is checked against
@@ -66,6 +72,18 @@ async fn hook_server(answer: impl Fn(&Value) -> Reply + Send + Sync + 'static) -
                         std::future::pending::<()>().await;
                         unreachable!()
                     }
+                    Reply::Status(code) => (
+                        StatusCode::from_u16(code).unwrap(),
+                        axum::Json(json!({"verdict": "allow"})),
+                    )
+                        .into_response(),
+                    Reply::Huge => {
+                        let pad = "x".repeat(glia_agent::http_hooks::MAX_ANSWER_BYTES);
+                        axum::Json(json!({"verdict": "allow", "reason": pad})).into_response()
+                    }
+                    Reply::Redirect => {
+                        (StatusCode::TEMPORARY_REDIRECT, [("location", "/hook")]).into_response()
+                    }
                 }
             }
         }),
@@ -81,14 +99,24 @@ async fn hook_server(answer: impl Fn(&Value) -> Reply + Send + Sync + 'static) -
 }
 
 /// The catalogue's hooks from TOML `hooks` (each `url = "URL"` replaced by
-/// the server's), their secret in a variable of this test's own.
+/// the server's), their secret in variable `var`, read through an injected
+/// lookup (no process variable is set: other tests run on other threads).
 fn http_hooks(var: &str, toml: &str, url: &str) -> HttpHooks {
-    // SAFETY: a variable only this test reads, set before anything reads it.
-    unsafe { std::env::set_var(var, SECRET) };
     let catalogue = Catalogue::parse(&toml.replace("URL", url).replace("VAR", var), "<test>")
         .expect("the catalogue parses");
-    catalogue.check_environment().expect("the secret is set");
-    HttpHooks::from_catalogue(&catalogue).unwrap()
+    let var = var.to_owned();
+    HttpHooks::from_catalogue_with(&catalogue, &move |v| (v == var).then(|| SECRET.to_owned()))
+        .expect("the secret is set")
+}
+
+/// Every run's tenant is the one given.
+struct OneTenant(&'static str);
+
+#[async_trait::async_trait]
+impl glia_agent::http_hooks::RunTenants for OneTenant {
+    async fn tenant(&self, _run_id: uuid::Uuid) -> Result<String, String> {
+        Ok(self.0.to_owned())
+    }
 }
 
 fn tool_calls(log: &[Event]) -> Vec<&glia_proto::ToolCallRecord> {
@@ -234,16 +262,67 @@ async fn allow_deny_and_changed_arguments_through_the_loop() {
     assert!(!text.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"));
 }
 
-/// Four hooks on `before_tool_call`, each the only one of its run: one that
-/// never answers and one that answers garbage, each failing open and closed.
+/// Hooks on `before_tool_call`, each the only one of its run: one that
+/// never answers and one that answers garbage, each failing open and
+/// closed; a 503, an answer over 1 MiB, a redirect (not followed: the
+/// redirect's target would allow) and a refused connection.
 #[tokio::test]
 async fn timeouts_and_garbage_fail_open_and_closed() {
     let hang = hook_server(|_| Reply::Hang).await;
     let junk = hook_server(|_| Reply::Garbage).await;
+    let down = hook_server(|_| Reply::Status(503)).await;
+    let huge = hook_server(|_| Reply::Huge).await;
+    let moved = hook_server(|_| Reply::Redirect).await;
+    // A port nothing listens on: bound, its address kept, then closed.
+    let refused = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        drop(listener);
+        HookServer {
+            url,
+            calls: Arc::default(),
+            bad_signatures: Arc::default(),
+        }
+    };
     for (name, server, timeout, failure, outcome) in [
         ("hang-open", &hang, 300, "open", HookOutcome::TimedOut),
         ("hang-closed", &hang, 300, "closed", HookOutcome::TimedOut),
         ("junk-open", &junk, 30_000, "open", HookOutcome::BadAnswer),
+        (
+            "down-closed",
+            &down,
+            30_000,
+            "closed",
+            HookOutcome::BadStatus,
+        ),
+        (
+            "huge-closed",
+            &huge,
+            30_000,
+            "closed",
+            HookOutcome::BadAnswer,
+        ),
+        (
+            "moved-closed",
+            &moved,
+            30_000,
+            "closed",
+            HookOutcome::BadStatus,
+        ),
+        (
+            "refused-closed",
+            &refused,
+            30_000,
+            "closed",
+            HookOutcome::Unreachable,
+        ),
+        (
+            "refused-open",
+            &refused,
+            30_000,
+            "open",
+            HookOutcome::Unreachable,
+        ),
         (
             "junk-closed",
             &junk,
@@ -296,6 +375,8 @@ async fn timeouts_and_garbage_fail_open_and_closed() {
             assert!(text.contains(outcome.name()), "{name}: {text}");
         }
     }
+    // The redirect was not followed: its target was never asked.
+    assert_eq!(moved.calls.lock().unwrap().len(), 1);
 }
 
 /// Failing closed elsewhere: a `before_step` hook that answers garbage
@@ -460,13 +541,15 @@ async fn a_worker_killed_after_the_answer_goes_on_from_it() {
 #[tokio::test]
 async fn scope_always_named_and_unknown() {
     let server = hook_server(|_| Reply::Json(json!({"verdict": "allow"}))).await;
-    let toml = "[hooks.always-support]\nurl = \"URL\"\ntopics = [\"before_step\"]\nsecret_env = \"VAR\"\non_failure = \"closed\"\nagents = [\"support\"]\n\n[hooks.opt-in]\nurl = \"URL\"\ntopics = [\"before_step\"]\nsecret_env = \"VAR\"\non_failure = \"open\"\napply = \"when_named\"\n";
-    let run = |config: RunConfig| {
+    let toml = "[hooks.always-support]\nurl = \"URL\"\ntopics = [\"before_step\"]\nsecret_env = \"VAR\"\non_failure = \"closed\"\nagents = [\"support\"]\ntenants = [\"acme\"]\n\n[hooks.opt-in]\nurl = \"URL\"\ntopics = [\"before_step\"]\nsecret_env = \"VAR\"\non_failure = \"open\"\napply = \"when_named\"\n";
+    let run_of = |tenant: &'static str, config: RunConfig| {
         let server_url = server.url.clone();
         async move {
             let (a, _) = common::agent(vec![ScriptedTurn::text("done")]);
-            let agent =
-                a.with_http_hooks(http_hooks("GLIA_TEST_HOOK_SECRET_SCOPE", toml, &server_url));
+            let agent = a.with_http_hooks(
+                http_hooks("GLIA_TEST_HOOK_SECRET_SCOPE", toml, &server_url)
+                    .with_tenants(Arc::new(OneTenant(tenant))),
+            );
             let mut log = Vec::new();
             let (_, status) = agent.run(run_id(), "x", config, &mut log).await.unwrap();
             let hooks: Vec<String> = hook_calls(&log)
@@ -476,6 +559,7 @@ async fn scope_always_named_and_unknown() {
             (status, hooks)
         }
     };
+    let run = |config: RunConfig| run_of("acme", config);
     let (_, hooks) = run(RunConfig::default()).await;
     assert!(hooks.is_empty(), "{hooks:?}");
     let support = RunConfig {
@@ -488,6 +572,9 @@ async fn scope_always_named_and_unknown() {
     };
     let (_, hooks) = run(support.clone()).await;
     assert_eq!(hooks, ["always-support"]);
+    // Another tenant's agent of the same name is not reached.
+    let (_, hooks) = run_of("globex", support.clone()).await;
+    assert!(hooks.is_empty(), "{hooks:?}");
     let named = RunConfig {
         hooks: vec!["opt-in".into()],
         ..support
@@ -568,15 +655,27 @@ fn the_catalogue_checks_hooks_strictly() {
     // A missing variable and a value that is not a secret name the key, never a value.
     let c = Catalogue::parse(&ok.replace("\"H\"", "\"GLIA_TEST_HOOK_UNSET\""), "<t>").unwrap();
     assert_eq!(c.check_environment().unwrap_err().0, "hooks.h.secret_env");
-    unsafe { std::env::set_var("GLIA_TEST_HOOK_NOT_A_SECRET", "hunter2 !") };
-    let c = Catalogue::parse(
-        &ok.replace("\"H\"", "\"GLIA_TEST_HOOK_NOT_A_SECRET\""),
+    let c = Catalogue::parse(ok, "<t>").unwrap();
+    let (key, reason) = c.hooks["h"]
+        .secret_from("h", &|_| Some("hunter2 !".to_owned()))
+        .unwrap_err();
+    assert_eq!(key, "hooks.h.secret_env");
+    assert!(!reason.contains("hunter2"), "{reason}");
+    let Err((key, _)) = HttpHooks::from_catalogue_with(&c, &|_| Some("hunter2 !".to_owned()))
+    else {
+        panic!("a value that is not a secret is refused");
+    };
+    assert_eq!(key, "hooks.h.secret_env");
+    // `agents` alone would reach other tenants' agents of those names.
+    assert_eq!(
+        bad(&format!("{ok}agents = [\"support\"]\n")),
+        "hooks.h.agents"
+    );
+    Catalogue::parse(
+        &format!("{ok}agents = [\"support\"]\ntenants = [\"acme\"]\n"),
         "<t>",
     )
     .unwrap();
-    let (key, reason) = c.check_environment().unwrap_err();
-    assert_eq!(key, "hooks.h.secret_env");
-    assert!(!reason.contains("hunter2"), "{reason}");
     // A run naming a hook the catalogue lacks is refused at admission.
     let c = Catalogue::parse(ok, "<t>").unwrap();
     let config = RunConfig {
@@ -584,4 +683,135 @@ fn the_catalogue_checks_hooks_strictly() {
         ..RunConfig::default()
     };
     assert_eq!(c.admit(&config).unwrap_err().field, "hooks[1]");
+}
+
+/// An approver's edit does not undo a `before_tool_call` hook: the edited
+/// arguments go to the hook (under their own key) and to the policies
+/// before the call runs; refused, the tool never runs and the model reads
+/// why. An edit the hook allows runs.
+#[tokio::test]
+async fn an_approvers_edit_is_asked_about_again() {
+    let server = hook_server(|body| {
+        let amount = body["payload"]["input"]["amount"].as_u64().unwrap_or(0);
+        if amount > 100 {
+            Reply::Json(json!({"verdict": "deny", "reason": "refunds over 100 need finance"}))
+        } else {
+            Reply::Json(json!({"verdict": "allow"}))
+        }
+    })
+    .await;
+    let toml = "[hooks.limit]\nurl = \"URL\"\ntopics = [\"before_tool_call\"]\nsecret_env = \"VAR\"\ntimeout_ms = 30000\non_failure = \"closed\"\n";
+    let run = |edited: u64| {
+        let url = server.url.clone();
+        async move {
+            let refunds = Arc::new(AtomicUsize::new(0));
+            let provider = Arc::new(glia_agent::provider::ScriptedProvider::new(vec![
+                ScriptedTurn::call("refund", json!({"order": "A1", "amount": 50})),
+                ScriptedTurn::text("done"),
+            ]));
+            let agent = glia_agent::Agent::new(provider)
+                .with_tools(common::tools(refunds.clone()))
+                .with_clock(glia_agent::FixedClock(epoch()))
+                .with_http_hooks(http_hooks("GLIA_TEST_HOOK_SECRET_EDIT", toml, &url));
+            let mut log = Vec::new();
+            let (mut state, status) = agent
+                .run(run_id(), "refund", approval_config(), &mut log)
+                .await
+                .unwrap();
+            assert!(matches!(status, Status::Parked(_)), "{status:?}");
+            let call = state.pending_calls[0].clone();
+            let edit = glia_proto::Payload::Approval {
+                call_id: call.call_id.clone(),
+                args_hash: call.args_hash.clone(),
+                decision: glia_proto::Decision::Edit {
+                    input: json!({"order": "A1", "amount": edited}),
+                },
+                by: Some("ana".into()),
+                request_seq: None,
+            };
+            let status = agent
+                .advance(&mut state, Some(edit), &mut log)
+                .await
+                .unwrap();
+            assert!(
+                matches!(status, Status::Done(glia_proto::Outcome::Succeeded { .. })),
+                "{status:?}"
+            );
+            assert_replays(&log, &state);
+            (log, call.call_id, refunds.load(Ordering::SeqCst))
+        }
+    };
+    // Edited over the hook's limit: refused, never run.
+    let before = server.calls.lock().unwrap().len();
+    let (log, call_id, refunds) = run(10_000).await;
+    assert_eq!(refunds, 0, "the edited call must not run");
+    let (text, kind) = outcome_of(&log, &call_id);
+    assert_eq!(kind, Some(ToolErrorKind::Cancelled));
+    assert!(text.contains("refunds over 100 need finance"), "{text}");
+    let requests: Vec<Value> = server.calls.lock().unwrap()[before..]
+        .iter()
+        .map(|(_, b)| b["payload"]["input"]["amount"].clone())
+        .collect();
+    assert_eq!(
+        requests,
+        [json!(50), json!(10_000)],
+        "asked again about the edit"
+    );
+    let keys: Vec<&str> = log
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::HookApplied { call: Some(c), .. } => Some(c.key.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[0], keys[1], "the edited payload has its own key");
+    // Edited within it: runs with the edited arguments.
+    let (log, call_id, refunds) = run(70).await;
+    assert_eq!(refunds, 1);
+    let (text, kind) = outcome_of(&log, &call_id);
+    assert_eq!(kind, None);
+    assert!(text.contains("\"refunded\":70"), "{text}");
+}
+
+/// A plan or step a hook gives is bounded: an empty plan, a blank step, too
+/// many steps or an overlong description is a bad answer (the hook's
+/// failure mode), never a run that ends with no answer.
+#[test]
+fn plan_and_step_changes_are_checked() {
+    use glia_agent::http_hooks::{Answer, MAX_PLAN_STEPS, MAX_STEP_CHARS};
+    use glia_proto::HookTopic::{AfterPlan, BeforeStep};
+    let read = |topic, v: Value| Answer::read(topic, &serde_json::to_vec(&v).unwrap());
+    let bad = |topic, v: Value| {
+        let (outcome, why) = read(topic, v).unwrap_err();
+        assert_eq!(outcome, HookOutcome::BadAnswer);
+        why
+    };
+    let ok = read(
+        AfterPlan,
+        json!({"verdict": "allow", "steps": ["look", "act"]}),
+    )
+    .unwrap();
+    assert_eq!(ok.0, Some(("steps", json!(["look", "act"]))));
+    assert!(bad(AfterPlan, json!({"verdict": "allow", "steps": []})).contains("`steps` is empty"));
+    assert!(bad(AfterPlan, json!({"verdict": "allow", "steps": ["a", "  "]})).contains("steps[1]"));
+    let many: Vec<String> = (0..=MAX_PLAN_STEPS).map(|i| format!("step {i}")).collect();
+    assert!(bad(AfterPlan, json!({"verdict": "allow", "steps": many})).contains("more than"));
+    let long = "x".repeat(MAX_STEP_CHARS + 1);
+    assert!(
+        bad(
+            AfterPlan,
+            json!({"verdict": "allow", "steps": [long.clone()]})
+        )
+        .contains("steps[0]")
+    );
+    assert!(
+        bad(BeforeStep, json!({"verdict": "allow", "description": long})).contains("description")
+    );
+    assert!(bad(BeforeStep, json!({"verdict": "allow", "description": ""})).contains("blank"));
+    read(
+        BeforeStep,
+        json!({"verdict": "allow", "description": "look first"}),
+    )
+    .unwrap();
 }
