@@ -954,8 +954,10 @@ fn entry(e: &Event, fold: &Fold, cuts: Cuts) -> Entry {
                 .as_ref()
                 .filter(|c| c.outcome != glia_proto::HookOutcome::Answered)
             {
-                x.title
-                    .push_str(&format!(" (it {}: its failure mode)", c.outcome.name()));
+                x.title.push_str(&format!(
+                    " (no answer: {}; its on_failure decided)",
+                    c.outcome.name()
+                ));
             }
             if let Some(t) = text {
                 x.texts.push(Text::new("detail", &t, cuts));
